@@ -1,0 +1,40 @@
+"""The blocking check on the manifest: every digest re-verified and every gate rule holds."""
+
+import dagster as dg
+
+from corpus_assets.assets.layers import manifest
+from corpus_assets.assets.partitions import snapshots
+from corpus_assets.assets.resources import CorpusResource
+from corpus_assets.core import states
+from corpus_assets.core.keys import validate_partition_key
+from corpus_assets.core.verify import validate
+
+
+@dg.asset_check(
+    asset=manifest,
+    blocking=True,
+    partitions_def=snapshots,
+    description="Recompute every digest and apply the gate rules; "
+    "on success the snapshot moves BUILDING -> VALIDATED.",
+)
+def snapshot_validates(
+    context: dg.AssetCheckExecutionContext, corpus: CorpusResource
+) -> dg.AssetCheckResult:
+    key = validate_partition_key(context.partition_key)
+    with corpus.workspace() as ws:
+        manifest_digest = ws.catalog.layer_output(key, "manifest")
+        if manifest_digest is None:
+            return dg.AssetCheckResult(passed=False, description=f"no manifest for {key}")
+        report = validate(ws.cas, ws.catalog, manifest_digest)
+        state = states.get(ws.catalog, report.snapshot_id).state
+    return dg.AssetCheckResult(
+        passed=report.ok,
+        description="; ".join(report.findings[:5]) if report.findings else "all digests verified",
+        metadata={
+            "snapshotId": report.snapshot_id,
+            "state": state,
+            "objects_checked": report.objects_checked,
+            "bytes_checked": report.bytes_checked,
+            "findings": len(report.findings),
+        },
+    )

@@ -1,0 +1,49 @@
+"""Jobs: build every layer of one snapshot partition; activate one approved snapshot."""
+
+import dagster as dg
+
+from corpus_assets.assets.layers import LAYER_ASSETS
+from corpus_assets.assets.partitions import snapshots
+from corpus_assets.assets.resources import CorpusResource
+from corpus_assets.core.publish import activate
+
+build_snapshot = dg.define_asset_job(
+    "build_snapshot",
+    selection=dg.AssetSelection.assets(*LAYER_ASSETS),
+    partitions_def=snapshots,
+    description="Freeze (or reuse the freeze of) a partition and materialize all seven layers.",
+)
+
+
+class ActivationConfig(dg.Config):
+    snapshot_id: str
+
+
+@dg.op(description="Compare-and-swap the alias gate row to this APPROVED snapshot.")
+def activate_alias(
+    context: dg.OpExecutionContext, config: ActivationConfig, corpus: CorpusResource
+) -> None:
+    with corpus.workspace() as ws:
+        row = activate(ws.cas, ws.catalog, config.snapshot_id, actor=f"run:{context.run_id}")
+    context.log.info(f"alias {row.alias} -> {row.active_snapshot} generation {row.generation}")
+    context.log_event(
+        dg.AssetObservation(
+            asset_key="manifest",
+            metadata={
+                "alias": row.alias,
+                "generation": row.generation,
+                "active_snapshot": row.active_snapshot or "",
+            },
+        )
+    )
+
+
+@dg.job(
+    description="Activate an APPROVED snapshot on its alias (requested by the publication sensor)."
+)
+def activate_snapshot() -> None:
+    activate_alias()
+
+
+def activation_run_config(snapshot_id: str) -> dict:
+    return {"ops": {"activate_alias": {"config": {"snapshot_id": snapshot_id}}}}

@@ -1,0 +1,88 @@
+"""The seven layer assets. Each is a thin wrapper: validate the key, call core, report metadata."""
+
+from collections.abc import Sequence
+from typing import Any
+
+import dagster as dg
+
+from corpus_assets.assets.partitions import snapshots
+from corpus_assets.assets.resources import CorpusResource
+from corpus_assets.core.keys import validate_partition_key
+from corpus_assets.core.layers import LayerResult
+from corpus_assets.core.pipeline import BUILDERS
+
+DESCRIPTIONS = {
+    "raw_snapshot": "Source objects pinned by sha256 at freeze time and copied into the CAS.",
+    "canonical_records": "Envelope + document records (NFC text); bad lines quarantined by reason.",
+    "dedup_clusters": "Exact duplicate clusters on dedup-normalised text, stable representative.",
+    "splits": "Salted group hash into train / validation / test.",
+    "mixed_samples": "The training stream: natural proportions, seeded deterministic order.",
+    "packed_blocks": "UTF-8 byte tokens + EOS packed into fixed-length blocks with a spans table.",
+    "manifest": "training.dataset.snapshot.v1: the digest a training run names.",
+}
+
+
+def to_materialize_result(result: LayerResult) -> dg.MaterializeResult:
+    metadata: dict[str, Any] = {"index_digest": dg.MetadataValue.text(result.digest)}
+    metadata.update({name: dg.MetadataValue.int(v) for name, v in result.counts.items()})
+    metadata.update(
+        {f"run.{name}": dg.MetadataValue.int(v) for name, v in result.run_stats.items()}
+    )
+    metadata.update({name: dg.MetadataValue.text(v) for name, v in result.digests.items()})
+    if result.preview:
+        metadata["preview"] = preview_table(result.preview)
+    return dg.MaterializeResult(metadata=metadata, data_version=dg.DataVersion(result.digest))
+
+
+def preview_table(rows: list[dict[str, Any]]) -> dg.TableMetadataValue:
+    def cell(value: Any) -> Any:
+        return value if isinstance(value, str | int | bool) or value is None else str(value)
+
+    columns = list(rows[0])
+    kinds = {bool: "bool", int: "int"}
+    schema = dg.TableSchema(
+        columns=[dg.TableColumn(c, kinds.get(type(rows[0][c]), "string")) for c in columns]
+    )
+    return dg.MetadataValue.table(
+        records=[dg.TableRecord({c: cell(r[c]) for c in columns}) for r in rows], schema=schema
+    )
+
+
+def layer_asset(layer: str, deps: Sequence[str]) -> dg.AssetsDefinition:
+    build = BUILDERS[layer]
+
+    @dg.asset(
+        name=layer,
+        deps=list(deps),
+        partitions_def=snapshots,
+        group_name="corpus",
+        description=DESCRIPTIONS[layer],
+        kinds={"python", "parquet"},
+    )
+    def _layer(context: dg.AssetExecutionContext, corpus: CorpusResource) -> dg.MaterializeResult:
+        key = validate_partition_key(context.partition_key)
+        with corpus.workspace() as ws:
+            result = build(ws, key)
+        context.log.info(f"{layer} {key}: {result.digest} {result.counts}")
+        return to_materialize_result(result)
+
+    return _layer
+
+
+raw_snapshot = layer_asset("raw_snapshot", [])
+canonical_records = layer_asset("canonical_records", ["raw_snapshot"])
+dedup_clusters = layer_asset("dedup_clusters", ["canonical_records"])
+splits = layer_asset("splits", ["dedup_clusters", "canonical_records"])
+mixed_samples = layer_asset("mixed_samples", ["splits"])
+packed_blocks = layer_asset("packed_blocks", ["mixed_samples", "canonical_records"])
+manifest = layer_asset("manifest", ["packed_blocks", "splits", "canonical_records"])
+
+LAYER_ASSETS = [
+    raw_snapshot,
+    canonical_records,
+    dedup_clusters,
+    splits,
+    mixed_samples,
+    packed_blocks,
+    manifest,
+]

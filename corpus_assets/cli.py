@@ -1,0 +1,302 @@
+"""``corpus-assets``: build, verify, approve, activate and inspect snapshots without the UI.
+
+Builds and activations run the same Dagster jobs the UI and sensors run, on the instance in
+``DAGSTER_HOME`` (default ``./.dagster``), so every CLI run shows up in ``dagster dev`` afterwards.
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy.engine import make_url
+
+from corpus_assets.core import gate, states
+from corpus_assets.core.cas import CasError, ContentStore
+from corpus_assets.core.catalog import Catalog
+from corpus_assets.core.config import ConfigError, config_path, default_home
+from corpus_assets.core.demo import write_demo
+from corpus_assets.core.keys import PartitionKeyError, new_partition_key, validate_partition_key
+from corpus_assets.core.layers import LAYERS
+from corpus_assets.core.publish import PublishError, approve
+from corpus_assets.core.sources import SourceError
+from corpus_assets.core.verify import load_manifest, resolve, validate, verify
+from corpus_assets.core.workspace import open_home, open_workspace
+
+DAGSTER_YAML = "telemetry:\n  enabled: false\n"
+
+
+class CliError(RuntimeError):
+    pass
+
+
+EXPECTED_ERRORS = (
+    CliError,
+    ConfigError,
+    CasError,
+    states.StateError,
+    gate.GateError,
+    PublishError,
+    PartitionKeyError,
+    SourceError,
+)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.config:
+        os.environ["CORPUS_CONFIG"] = str(Path(args.config).resolve())
+    try:
+        return args.run(args)
+    except EXPECTED_ERRORS as error:
+        print(f"corpus-assets: error: {error}", file=sys.stderr)
+        return 1
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="corpus-assets", description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--config",
+        help="corpus.yaml (default: $CORPUS_CONFIG or "
+        "$CORPUS_HOME/corpus.yaml; CORPUS_HOME defaults to ./.corpus)",
+    )
+    sub = parser.add_subparsers(required=True, metavar="COMMAND")
+
+    def command(name: str, run: Any, help_text: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        p.set_defaults(run=run)
+        return p
+
+    command(
+        "demo",
+        cmd_demo,
+        "write the demo sources + corpus.yaml, build, validate, approve, "
+        "activate, and print the snapshotId and alias generation",
+    )
+    p = command("build", cmd_build, "freeze a partition and materialize all seven layers")
+    p.add_argument("--partition", help="partition key to (re)build; default: a new key")
+    p = command("verify", cmd_verify, "recompute and check every digest of a snapshot")
+    p.add_argument("digest")
+    p = command("approve", cmd_approve, "approve a VALIDATED snapshot (bound to its digest)")
+    p.add_argument("digest")
+    p.add_argument("--by", required=True, help="who approves")
+    p = command("activate", cmd_activate, "activate an APPROVED snapshot on its alias now")
+    p.add_argument("digest")
+    p = command("status", cmd_status, "snapshots, states, aliases and generations")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p = command("show", cmd_show, "print a snapshot's manifest JSON")
+    p.add_argument("digest")
+    return parser
+
+
+# storage ---------------------------------------------------------------------------------------
+def _storage() -> tuple[Path, ContentStore, Catalog]:
+    """The data home named by the config if there is one, else ``$CORPUS_HOME``."""
+    if config_path().is_file():
+        ws = open_workspace()
+        return ws.home, ws.cas, ws.catalog
+    return open_home()
+
+
+def _instance():
+    from dagster import DagsterInstance
+
+    home = Path(os.environ.setdefault("DAGSTER_HOME", str(Path(".dagster").resolve())))
+    home.mkdir(parents=True, exist_ok=True)
+    if not (home / "dagster.yaml").exists():
+        (home / "dagster.yaml").write_text(DAGSTER_YAML)
+    return DagsterInstance.get()
+
+
+def _failure(result: Any) -> str:
+    for event in result.all_events:
+        if event.is_failure and event.event_specific_data is not None:
+            error = getattr(event.event_specific_data, "error", None)
+            if error is not None:
+                return f"step {event.step_key} failed: {error.message.strip().splitlines()[-1]}"
+    return "the run failed; see the Dagster UI for its logs"
+
+
+# commands --------------------------------------------------------------------------------------
+def build(partition: str | None) -> dict[str, Any]:
+    """Run the build_snapshot job for one partition; return what the CLI prints."""
+    from corpus_assets.definitions import defs
+
+    with open_workspace() as ws:
+        taken = set(ws.catalog.partition_keys())
+        before = set(ws.cas.iter_digests())
+    instance = _instance()
+    taken |= set(instance.get_dynamic_partitions("snapshots"))
+    key = validate_partition_key(partition) if partition else new_partition_key(taken)
+    instance.add_dynamic_partitions("snapshots", [key])
+    started = time.perf_counter()
+    result = defs.resolve_job_def("build_snapshot").execute_in_process(
+        partition_key=key, instance=instance, raise_on_error=False
+    )
+    if not result.success:
+        raise CliError(f"build of partition {key} failed: {_failure(result)}")
+    with open_workspace() as ws:
+        manifest_digest = ws.catalog.layer_output(key, "manifest")
+        snapshot = resolve(ws.catalog, manifest_digest)
+        report = verify(ws.cas, ws.catalog, snapshot.snapshot_id)
+        layers = {layer: ws.catalog.layer_output(key, layer) for layer in LAYERS}
+    return {
+        "partition": key,
+        "snapshotId": snapshot.snapshot_id,
+        "state": snapshot.state,
+        "layers": layers,
+        "seconds": round(time.perf_counter() - started, 2),
+        "casObjects": len(report.digests),
+        "casReused": len(report.digests & before),
+    }
+
+
+def _print_build(built: dict[str, Any]) -> None:
+    print(f"partition {built['partition']}: 7 layers materialized in {built['seconds']} s")
+    for layer, digest in built["layers"].items():
+        print(f"  {layer:<18} {digest}")
+    print(
+        f"CAS objects in this snapshot: {built['casObjects']}, "
+        f"already present before this build (reused): {built['casReused']}"
+    )
+    print(f"snapshotId {built['snapshotId']} state {built['state']}")
+
+
+def cmd_build(args: argparse.Namespace) -> int:
+    built = build(args.partition)
+    _print_build(built)
+    return 0 if built["state"] != states.BUILDING else 1
+
+
+def activate_via_job(digest: str) -> gate.Gate:
+    from corpus_assets.assets.jobs import activation_run_config
+    from corpus_assets.definitions import defs
+
+    _home, _cas, catalog = _storage()
+    snapshot = resolve(catalog, digest)
+    result = defs.resolve_job_def("activate_snapshot").execute_in_process(
+        run_config=activation_run_config(snapshot.snapshot_id),
+        instance=_instance(),
+        raise_on_error=False,
+        tags={"corpus/snapshot": snapshot.snapshot_id},
+    )
+    if not result.success:
+        raise CliError(f"activation of {snapshot.snapshot_id} failed: {_failure(result)}")
+    return gate.read_gate(catalog, snapshot.alias)
+
+
+def cmd_demo(_args: argparse.Namespace) -> int:
+    home = default_home()
+    config = write_demo(home)
+    os.environ.setdefault("CORPUS_CONFIG", str(config))
+    print(f"demo sources and config under {home}")
+    built = build(None)
+    _print_build(built)
+    if built["state"] != states.VALIDATED:
+        raise CliError(f"snapshot {built['snapshotId']} did not validate")
+    _home, cas, catalog = _storage()
+    approve(cas, catalog, built["snapshotId"], by="demo")
+    row = activate_via_job(built["snapshotId"])
+    print(f"approved by demo; alias {row.alias} -> {row.active_snapshot}")
+    print(f"snapshotId {built['snapshotId']}")
+    print(f"alias {row.alias} generation {row.generation}")
+    return 0
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    _home, cas, catalog = _storage()
+    report = verify(cas, catalog, args.digest)
+    for finding in report.findings:
+        print(f"FAIL {finding}", file=sys.stderr)
+    if not report.ok:
+        print(
+            f"corpus-assets: error: verify failed for {report.snapshot_id}: "
+            f"{len(report.findings)} problem(s)",
+            file=sys.stderr,
+        )
+        return 1
+    print(
+        f"OK {report.snapshot_id}: {report.objects_checked} objects, "
+        f"{report.bytes_checked} bytes re-hashed"
+    )
+    return 0
+
+
+def cmd_approve(args: argparse.Namespace) -> int:
+    _home, cas, catalog = _storage()
+    snapshot = resolve(catalog, args.digest)
+    if snapshot.state == states.BUILDING:
+        report = validate(cas, catalog, snapshot.snapshot_id)
+        if not report.ok:
+            raise CliError(f"{snapshot.snapshot_id} does not validate: {report.findings[0]}")
+    snapshot = approve(cas, catalog, args.digest, args.by)
+    print(f"{snapshot.snapshot_id} APPROVED by {snapshot.approved_by}")
+    return 0
+
+
+def cmd_activate(args: argparse.Namespace) -> int:
+    row = activate_via_job(args.digest)
+    print(f"alias {row.alias} -> {row.active_snapshot} generation {row.generation}")
+    return 0
+
+
+def status_payload() -> dict[str, Any]:
+    home, _cas, catalog = _storage()
+    snaps = states.find(catalog)
+    aliases = sorted({s.alias for s in snaps})
+    return {
+        "home": str(home),
+        "catalog": make_url(catalog.url).render_as_string(hide_password=True),
+        "aliases": [
+            {
+                "alias": row.alias,
+                "generation": row.generation,
+                "active": row.active_snapshot,
+                "tombstoneWatermark": str(row.tombstone_watermark),
+                "benchmarkFence": str(row.benchmark_fence),
+            }
+            for row in (gate.read_gate(catalog, a) for a in aliases)
+        ],
+        "snapshots": [
+            {
+                "snapshotId": s.snapshot_id,
+                "partition": s.partition_key,
+                "alias": s.alias,
+                "state": s.state,
+                "approvedBy": s.approved_by,
+                "createdAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(s.created_at)),
+            }
+            for s in snaps
+        ],
+    }
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    payload = status_payload()
+    if args.json:
+        print(json.dumps(payload, indent=2))
+        return 0
+    print(f"home {payload['home']}  catalog {payload['catalog']}")
+    for a in payload["aliases"]:
+        print(
+            f"alias {a['alias']}: generation {a['generation']} -> {a['active'] or '(none)'} "
+            f"(tombstone {a['tombstoneWatermark']}, benchmark fence {a['benchmarkFence']})"
+        )
+    if not payload["snapshots"]:
+        print("no snapshots yet")
+    for s in payload["snapshots"]:
+        print(f"{s['createdAt']}  {s['partition']:<24} {s['state']:<10} {s['snapshotId']}")
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    _home, cas, catalog = _storage()
+    print(json.dumps(load_manifest(cas, resolve(catalog, args.digest)), indent=2, sort_keys=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

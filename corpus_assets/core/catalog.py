@@ -1,0 +1,232 @@
+"""The catalog: one SQLAlchemy Core schema on SQLite or PostgreSQL (``CORPUS_CATALOG_URL``).
+
+It holds the facts that must be shared and linearisable across workers: freezes, per-layer output
+digests, chunk tasks, snapshot states and the alias gate row. Bulk data never lives here; it is in
+the CAS and the catalog points at it by digest.
+"""
+
+import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    Column,
+    Connection,
+    Engine,
+    Float,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    create_engine,
+    event,
+    insert,
+    select,
+    update,
+)
+from sqlalchemy.exc import IntegrityError
+
+metadata = MetaData()
+
+freezes = Table(
+    "freezes",
+    metadata,
+    Column("partition_key", String(64), primary_key=True),
+    Column("spec_digest", String(71), nullable=False),
+    Column("fingerprint", String(71), nullable=False),
+    Column("created_at", Float, nullable=False),
+)
+
+layer_outputs = Table(
+    "layer_outputs",
+    metadata,
+    Column("partition_key", String(64), primary_key=True),
+    Column("layer", String(32), primary_key=True),
+    Column("index_digest", String(71), nullable=False),
+    Column("code_version", String(64), nullable=False),
+    Column("updated_at", Float, nullable=False),
+)
+
+chunk_tasks = Table(
+    "chunk_tasks",
+    metadata,
+    Column("layer", String(32), primary_key=True),
+    Column("chunk_key", String(200), primary_key=True),
+    Column("input_digest", String(71), primary_key=True),
+    Column("code_version", String(64), primary_key=True),
+    Column("status", String(10), nullable=False),
+    Column("attempts", Integer, nullable=False, default=0),
+    Column("heartbeat_at", Float),
+    Column("last_error", Text),
+    Column("output_digest", String(71)),
+    Column("output_size", BigInteger),
+    Column("dead_letter", Boolean, nullable=False, default=False),
+    Column("updated_at", Float, nullable=False),
+)
+
+snapshots = Table(
+    "snapshots",
+    metadata,
+    Column("snapshot_id", String(71), primary_key=True),
+    Column("partition_key", String(64), nullable=False, index=True),
+    Column("manifest_digest", String(71), nullable=False),
+    Column("alias", String(64), nullable=False),
+    Column("state", String(12), nullable=False),
+    Column("approved_by", String(128)),
+    Column("created_at", Float, nullable=False),
+    Column("updated_at", Float, nullable=False),
+)
+
+snapshot_events = Table(
+    "snapshot_events",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("snapshot_id", String(71), nullable=False, index=True),
+    Column("from_state", String(12)),
+    Column("to_state", String(12), nullable=False),
+    Column("actor", String(128), nullable=False),
+    Column("detail", Text),
+    Column("at", Float, nullable=False),
+)
+
+gate = Table(
+    "gate",
+    metadata,
+    Column("alias", String(64), primary_key=True),
+    Column("tombstone_watermark", BigInteger, nullable=False),
+    Column("benchmark_fence", BigInteger, nullable=False),
+    Column("generation", BigInteger, nullable=False),
+    Column("active_snapshot", String(71)),
+    Column("updated_at", Float, nullable=False),
+)
+
+alias_history = Table(
+    "alias_history",
+    metadata,
+    Column("alias", String(64), primary_key=True),
+    Column("generation", BigInteger, primary_key=True),
+    Column("snapshot_id", String(71), nullable=False),
+    Column("at", Float, nullable=False),
+)
+
+tombstones = Table(
+    "tombstones",
+    metadata,
+    Column(
+        "seq", BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
+    ),
+    Column("record_id", String(512), nullable=False),
+    Column("reason", Text, nullable=False),
+    Column("at", Float, nullable=False),
+)
+
+
+def default_catalog_url(home: Path) -> str:
+    return os.environ.get("CORPUS_CATALOG_URL") or f"sqlite:///{home / 'catalog.sqlite'}"
+
+
+def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA synchronous=FULL")
+    cursor.execute("PRAGMA busy_timeout=30000")
+    cursor.close()
+
+
+class Catalog:
+    """Engine plus schema; modules that own a concept (tasks, states, gate) query through it."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        if url.startswith("sqlite"):
+            path = url.split("///", 1)[-1]
+            if path and path != ":memory:":
+                Path(path).parent.mkdir(parents=True, exist_ok=True)
+            self.engine: Engine = create_engine(url, connect_args={"timeout": 30})
+            event.listen(self.engine, "connect", _sqlite_pragmas)
+        else:
+            self.engine = create_engine(url, pool_pre_ping=True)
+        metadata.create_all(self.engine)
+
+    @contextmanager
+    def begin(self) -> Iterator[Connection]:
+        with self.engine.begin() as connection:
+            yield connection
+
+    def dispose(self) -> None:
+        self.engine.dispose()
+
+    # freezes -------------------------------------------------------------------------------
+    def freeze_digest(self, partition_key: str) -> str | None:
+        with self.begin() as conn:
+            return conn.scalar(
+                select(freezes.c.spec_digest).where(freezes.c.partition_key == partition_key)
+            )
+
+    def record_freeze(self, partition_key: str, spec_digest: str, fingerprint: str) -> str:
+        """Write the freeze once; a concurrent or repeated writer gets the first one back."""
+        try:
+            with self.begin() as conn:
+                conn.execute(
+                    insert(freezes).values(
+                        partition_key=partition_key,
+                        spec_digest=spec_digest,
+                        fingerprint=fingerprint,
+                        created_at=time.time(),
+                    )
+                )
+            return spec_digest
+        except IntegrityError:
+            existing = self.freeze_digest(partition_key)
+            assert existing is not None
+            return existing
+
+    def latest_freeze(self) -> dict[str, Any] | None:
+        with self.begin() as conn:
+            row = (
+                conn.execute(select(freezes).order_by(freezes.c.created_at.desc()).limit(1))
+                .mappings()
+                .first()
+            )
+            return dict(row) if row else None
+
+    def partition_keys(self) -> list[str]:
+        with self.begin() as conn:
+            return list(
+                conn.scalars(select(freezes.c.partition_key).order_by(freezes.c.created_at))
+            )
+
+    # layer outputs -------------------------------------------------------------------------
+    def set_layer_output(self, partition_key: str, layer: str, digest: str, code: str) -> None:
+        now = time.time()
+        with self.begin() as conn:
+            changed = conn.execute(
+                update(layer_outputs)
+                .where(layer_outputs.c.partition_key == partition_key)
+                .where(layer_outputs.c.layer == layer)
+                .values(index_digest=digest, code_version=code, updated_at=now)
+            ).rowcount
+            if not changed:
+                conn.execute(
+                    insert(layer_outputs).values(
+                        partition_key=partition_key,
+                        layer=layer,
+                        index_digest=digest,
+                        code_version=code,
+                        updated_at=now,
+                    )
+                )
+
+    def layer_output(self, partition_key: str, layer: str) -> str | None:
+        with self.begin() as conn:
+            return conn.scalar(
+                select(layer_outputs.c.index_digest)
+                .where(layer_outputs.c.partition_key == partition_key)
+                .where(layer_outputs.c.layer == layer)
+            )

@@ -1,0 +1,42 @@
+"""Approval and activation, each bound to a manifest digest (seed 001).
+
+Approval re-verifies the snapshot before recording the approver, so nobody approves bytes that no
+longer match. Activation takes the manifest's own watermarks to the gate's compare-and-swap.
+"""
+
+from corpus_assets.core import gate, states
+from corpus_assets.core.cas import ContentStore
+from corpus_assets.core.catalog import Catalog
+from corpus_assets.core.verify import load_manifest, resolve, verify
+
+
+class PublishError(RuntimeError):
+    pass
+
+
+def approve(cas: ContentStore, catalog: Catalog, digest: str, by: str) -> states.Snapshot:
+    snapshot = resolve(catalog, digest)
+    report = verify(cas, catalog, snapshot.snapshot_id)
+    if not report.ok:
+        raise PublishError(f"refusing to approve {snapshot.snapshot_id}: {report.findings[0]}")
+    return states.approve(catalog, snapshot.snapshot_id, by)
+
+
+def activate(cas: ContentStore, catalog: Catalog, digest: str, actor: str) -> gate.Gate:
+    snapshot = resolve(catalog, digest)
+    manifest = load_manifest(cas, snapshot)
+    return gate.activate(
+        catalog,
+        snapshot.snapshot_id,
+        tombstone_watermark=int(manifest["tombstoneWatermark"]),
+        benchmark_fence=int(manifest["benchmarkFence"]),
+        actor=actor,
+    )
+
+
+def next_to_activate(catalog: Catalog) -> list[states.Snapshot]:
+    """Per alias, the newest APPROVED snapshot: what the publication sensor should activate."""
+    newest: dict[str, states.Snapshot] = {}
+    for snapshot in states.find(catalog, states.APPROVED):
+        newest[snapshot.alias] = snapshot
+    return sorted(newest.values(), key=lambda s: s.alias)

@@ -1,0 +1,74 @@
+"""splits: salted hash of the group id into train/validation/test.
+
+The map is group -> split, stable as data grows: a group's new records land where the group already
+is. ``u(g)`` is the first 8 bytes of sha256(salt NUL group) scaled to [0, 100) without floats.
+"""
+
+import hashlib
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from corpus_assets.core.artifacts import get_table, put_table
+from corpus_assets.core.config import SplitPolicy
+from corpus_assets.core.layers import LayerResult, publish_index, read_index
+from corpus_assets.core.records import load_records
+from corpus_assets.core.workspace import Workspace
+
+CODE = "splits.group-hash.v1"
+SPLITS = ("train", "validation", "test")
+SPLIT_COLUMNS = pa.schema(
+    [("record_id", pa.string()), ("group_id", pa.string()), ("split", pa.string())]
+)
+
+
+def split_of(group_id: str, policy: SplitPolicy) -> str:
+    h = hashlib.sha256(policy.salt.encode() + b"\x00" + group_id.encode("utf-8")).digest()
+    percent = (int.from_bytes(h[:8], "big") * 100) >> 64
+    if percent < policy.train_percent:
+        return "train"
+    if percent < policy.train_percent + policy.validation_percent:
+        return "validation"
+    return "test"
+
+
+def build_splits(ws: Workspace, partition_key: str) -> LayerResult:
+    dedup_ref, dedup = read_index(ws, partition_key, "dedup_clusters")
+    canonical_ref, canonical = read_index(ws, partition_key, "canonical_records")
+    clusters = get_table(ws.cas, dedup["outputs"]["clusters"], "dedup clusters")
+    kept = clusters.filter(clusters.column("is_representative")).column("record_id")
+    records = load_records(ws, canonical).select(["record_id", "group_id"])
+    members = records.filter(pc.is_in(records.column("record_id"), value_set=kept))
+    members = members.sort_by("record_id")
+    policy = ws.config.policies.splits
+    groups = members.column("group_id").to_pylist()
+    table = pa.Table.from_pydict(
+        {
+            "record_id": members.column("record_id"),
+            "group_id": groups,
+            "split": [split_of(g, policy) for g in groups],
+        },
+        schema=SPLIT_COLUMNS,
+    )
+    assigned = table.column("split").to_pylist()
+    counts = {name: assigned.count(name) for name in SPLITS}
+    counts["records"] = table.num_rows
+    counts["groups"] = len(set(groups))
+    out = put_table(ws.cas, table)
+    ref = publish_index(
+        ws,
+        partition_key,
+        "splits",
+        CODE,
+        ws.config.policy_digest("splits"),
+        [dedup_ref, canonical_ref],
+        {"splits": out},
+        counts,
+    )
+    return LayerResult(
+        layer="splits",
+        digest=ref["digest"],
+        counts=counts,
+        preview=table.slice(0, 10).to_pylist(),
+        digests={"splits": out["digest"]},
+    )

@@ -1,0 +1,47 @@
+"""One opened data home: validated config, content store and catalog, shared by every layer."""
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from corpus_assets.core.cas import ContentStore
+from corpus_assets.core.catalog import Catalog, default_catalog_url
+from corpus_assets.core.config import CorpusConfig, LoadedConfig, default_home, load_config
+
+
+@dataclass
+class Workspace:
+    loaded: LoadedConfig
+    home: Path
+    cas: ContentStore
+    catalog: Catalog
+
+    @property
+    def config(self) -> CorpusConfig:
+        return self.loaded.config
+
+    def close(self) -> None:
+        self.catalog.dispose()
+
+    def __enter__(self) -> "Workspace":
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+
+def open_home(
+    home: Path | None = None, catalog_url: str | None = None
+) -> tuple[Path, ContentStore, Catalog]:
+    """Open storage only (CAS + catalog): enough for verify/status/show without a config file."""
+    home = Path(home) if home else default_home()
+    return home, ContentStore(home / "cas"), Catalog(catalog_url or default_catalog_url(home))
+
+
+def open_workspace(config: str | Path | None = None) -> Workspace:
+    loaded = load_config(config)
+    storage = loaded.config.storage
+    home = (loaded.path.parent / storage.home).resolve() if storage.home else default_home()
+    url = os.environ.get("CORPUS_CATALOG_URL") or storage.catalog_url
+    home, cas, catalog = open_home(home, url)
+    return Workspace(loaded=loaded, home=home, cas=cas, catalog=catalog)
