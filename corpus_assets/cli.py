@@ -26,7 +26,9 @@ from corpus_assets.core.sources import SourceError
 from corpus_assets.core.verify import load_manifest, resolve, validate, verify
 from corpus_assets.core.workspace import open_home, open_workspace
 
-DAGSTER_YAML = "telemetry:\n  enabled: false\n"
+# The repository's dagster.yaml, as data (a test keeps the two equal).
+DAGSTER_YAML = "storage: {sqlite: {base_dir: {env: DAGSTER_HOME}}}\ntelemetry: {enabled: false}\n"
+QUIET = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
 
 
 class CliError(RuntimeError):
@@ -111,6 +113,10 @@ def _instance():
     return DagsterInstance.get()
 
 
+def _run_config() -> dict[str, Any]:
+    return {} if os.environ.get("CORPUS_VERBOSE") else QUIET
+
+
 def _failure(result: Any) -> str:
     for event in result.all_events:
         if event.is_failure and event.event_specific_data is not None:
@@ -134,7 +140,7 @@ def build(partition: str | None) -> dict[str, Any]:
     instance.add_dynamic_partitions("snapshots", [key])
     started = time.perf_counter()
     result = defs.resolve_job_def("build_snapshot").execute_in_process(
-        partition_key=key, instance=instance, raise_on_error=False
+        partition_key=key, instance=instance, raise_on_error=False, run_config=_run_config()
     )
     if not result.success:
         raise CliError(f"build of partition {key} failed: {_failure(result)}")
@@ -178,7 +184,7 @@ def activate_via_job(digest: str) -> gate.Gate:
     _home, _cas, catalog = _storage()
     snapshot = resolve(catalog, digest)
     result = defs.resolve_job_def("activate_snapshot").execute_in_process(
-        run_config=activation_run_config(snapshot.snapshot_id),
+        run_config={**activation_run_config(snapshot.snapshot_id), **_run_config()},
         instance=_instance(),
         raise_on_error=False,
         tags={"corpus/snapshot": snapshot.snapshot_id},
@@ -246,7 +252,8 @@ def cmd_activate(args: argparse.Namespace) -> int:
 def status_payload() -> dict[str, Any]:
     home, _cas, catalog = _storage()
     snaps = states.find(catalog)
-    aliases = sorted({s.alias for s in snaps})
+    gates = [gate.read_gate(catalog, a) for a in sorted({s.alias for s in snaps})]
+    current = {row.active_snapshot for row in gates}
     return {
         "home": str(home),
         "catalog": make_url(catalog.url).render_as_string(hide_password=True),
@@ -258,7 +265,7 @@ def status_payload() -> dict[str, Any]:
                 "tombstoneWatermark": str(row.tombstone_watermark),
                 "benchmarkFence": str(row.benchmark_fence),
             }
-            for row in (gate.read_gate(catalog, a) for a in aliases)
+            for row in gates
         ],
         "snapshots": [
             {
@@ -266,6 +273,7 @@ def status_payload() -> dict[str, Any]:
                 "partition": s.partition_key,
                 "alias": s.alias,
                 "state": s.state,
+                "current": s.snapshot_id in current,
                 "approvedBy": s.approved_by,
                 "createdAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(s.created_at)),
             }
@@ -288,7 +296,10 @@ def cmd_status(args: argparse.Namespace) -> int:
     if not payload["snapshots"]:
         print("no snapshots yet")
     for s in payload["snapshots"]:
-        print(f"{s['createdAt']}  {s['partition']:<24} {s['state']:<10} {s['snapshotId']}")
+        mark = "*" if s["current"] else " "
+        print(f"{mark} {s['createdAt']}  {s['partition']:<24} {s['state']:<10} {s['snapshotId']}")
+    if any(s["current"] for s in payload["snapshots"]):
+        print("(* = what its alias points at now)")
     return 0
 
 

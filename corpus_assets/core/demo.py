@@ -55,7 +55,7 @@ def demo_objects() -> dict[str, bytes]:
     essays[7]["text"] = "Cafe\u0301 notes: " + essays[7]["text"]
     second = [{"id": f"e{n:04d}", "text": _paragraph(rng)} for n in range(120, 200)]
     second[0]["text"] = essays[3]["text"]
-    second[1]["text"] = essays[4]["text"].replace(". ", ".  ", 1) + "  \r\n"
+    second[1]["text"] = essays[4]["text"] + "  \r\n"
     second[2]["text"] = essays[5]["text"]
     dialogs = []
     for thread in range(30):

@@ -5,7 +5,6 @@ source object by the sha256 of the bytes actually copied into the CAS. The spec 
 partition key; re-materializing reuses it, so every later layer sees exactly the same inputs.
 """
 
-import time
 from typing import Any
 
 from corpus_assets.core import gate
@@ -50,7 +49,6 @@ def _take_freeze(ws: Workspace, partition_key: str) -> dict[str, Any]:
         "benchmarkFence": str(fence.benchmark_fence),
         "parents": [fence.active_snapshot] if fence.active_snapshot else [],
         "fingerprint": print_fp,
-        "frozenAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "sources": sources,
         "config": {
             "sources": [s.model_dump(mode="json") for s in config.sources],

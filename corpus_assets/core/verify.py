@@ -111,9 +111,11 @@ def validate(cas: ContentStore, catalog: Catalog, digest: str) -> Report:
     """Run every gate rule; on success move the snapshot BUILDING -> VALIDATED."""
     report = verify(cas, catalog, digest)
     snapshot = resolve(catalog, digest)
-    if report.ok:
-        manifest = load_manifest(cas, snapshot)
-        report.findings.extend(_gate_rules(cas, catalog, manifest))
+    try:
+        rules = _gate_rules(cas, catalog, load_manifest(cas, snapshot))
+    except CasError as error:  # already reported by verify, by object name
+        rules = [str(error)]
+    report.findings.extend(dict.fromkeys(f for f in rules if f not in report.findings))
     if report.ok and snapshot.state == states.BUILDING:
         states.transition(
             catalog,

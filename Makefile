@@ -1,0 +1,41 @@
+# Set-up is part of every target: a fresh clone needs only Python 3.11 (uv comes from PyPI).
+PYTHON ?= python3
+UV_VERSION := 0.13.8
+UV := .tools/bin/uv
+export CORPUS_HOME ?= $(CURDIR)/.corpus
+export DAGSTER_HOME ?= $(CURDIR)/.dagster
+
+.PHONY: demo test lint ui bench clean
+
+$(UV):
+	$(PYTHON) -m venv .tools
+	.tools/bin/pip install --quiet --disable-pip-version-check uv==$(UV_VERSION)
+
+.venv/.synced: $(UV) pyproject.toml uv.lock
+	$(UV) sync --frozen --python $(PYTHON)
+	touch $@
+
+## Build, validate, approve and activate a demo snapshot; prints the snapshotId and generation.
+demo: .venv/.synced
+	$(UV) run --frozen --no-sync corpus-assets demo
+
+## Run the test suite (slow benchmarks are skipped; PostgreSQL tests need 127.0.0.1:5432).
+test: .venv/.synced
+	$(UV) run --frozen --no-sync ruff check corpus_assets corpus_assets_tests bench
+	$(UV) run --frozen --no-sync pytest
+
+lint: .venv/.synced
+	$(UV) run --frozen --no-sync ruff check corpus_assets corpus_assets_tests bench
+	$(UV) run --frozen --no-sync ruff format --check corpus_assets corpus_assets_tests bench
+
+## The Dagster UI on the same data home and instance as the CLI.
+ui: .venv/.synced
+	mkdir -p $(DAGSTER_HOME)
+	test -f $(DAGSTER_HOME)/dagster.yaml || cp dagster.yaml $(DAGSTER_HOME)/dagster.yaml
+	$(UV) run --frozen --no-sync dagster dev -w workspace.yaml
+
+bench: .venv/.synced
+	$(UV) run --frozen --no-sync python bench/pipeline_bench.py
+
+clean:
+	rm -rf .corpus .dagster

@@ -1,0 +1,69 @@
+"""Shared fixtures: throwaway data homes and real catalogs (SQLite file, PostgreSQL database)."""
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg2
+import pytest
+
+from corpus_assets.core.demo import write_demo
+from corpus_assets.core.workspace import Workspace, open_workspace
+
+PG_ADMIN_DSN = os.environ.get(
+    "CORPUS_TEST_PG_DSN", "host=127.0.0.1 port=5432 user=postgres dbname=postgres"
+)
+PG_URL = os.environ.get("CORPUS_TEST_PG_URL", "postgresql+psycopg2://postgres@127.0.0.1:5432")
+
+
+def _admin(sql: str) -> None:
+    connection = psycopg2.connect(PG_ADMIN_DSN, connect_timeout=5)
+    connection.autocommit = True
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute(sql)
+    finally:
+        connection.close()
+
+
+@pytest.fixture
+def postgres_url() -> Iterator[str]:
+    """A fresh PostgreSQL database on the local server, dropped afterwards."""
+    name = f"corpus_test_{uuid.uuid4().hex[:12]}"
+    try:
+        _admin(f'CREATE DATABASE "{name}"')
+    except psycopg2.OperationalError as error:
+        pytest.fail(f"PostgreSQL at 127.0.0.1:5432 is required for the catalog tests: {error}")
+    yield f"{PG_URL}/{name}"
+    _admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def catalog_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'catalog.sqlite'}"
+    return request.getfixturevalue("postgres_url")
+
+
+@pytest.fixture
+def demo_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A data home holding the demo sources and corpus.yaml, with the env pointing at it."""
+    home = tmp_path / "corpus"
+    config = write_demo(home)
+    monkeypatch.setenv("CORPUS_HOME", str(home))
+    monkeypatch.setenv("CORPUS_CONFIG", str(config))
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster"))
+    monkeypatch.delenv("CORPUS_CATALOG_URL", raising=False)
+    return home
+
+
+@pytest.fixture
+def workspace(
+    demo_home: Path, catalog_url: str, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Workspace]:
+    """The demo workspace on each catalog backend."""
+    monkeypatch.setenv("CORPUS_CATALOG_URL", catalog_url)
+    ws = open_workspace()
+    yield ws
+    ws.close()

@@ -1,0 +1,128 @@
+"""A whole snapshot through the core layers on both catalogs: determinism, reuse, verification."""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from sqlalchemy import insert
+
+from corpus_assets.core import states
+from corpus_assets.core.catalog import tombstones
+from corpus_assets.core.layers import LAYERS
+from corpus_assets.core.pipeline import BUILDERS, build_all
+from corpus_assets.core.verify import validate, verify
+from corpus_assets.core.workspace import Workspace, open_workspace
+
+
+def _layer_digests(ws: Workspace, key: str) -> dict[str, str]:
+    return {layer: ws.catalog.layer_output(key, layer) for layer in LAYERS}
+
+
+def test_build_validates_and_rebuild_is_identical(workspace: Workspace) -> None:
+    first = build_all(workspace, "p1")
+    sid = first["manifest"].digests["snapshotId"]
+    report = validate(workspace.cas, workspace.catalog, sid)
+    assert report.ok, report.findings
+    assert states.get(workspace.catalog, sid).state == states.VALIDATED
+    counts = first["manifest"].counts
+    # demo set: 3 exact duplicates, 1 malformed + 1 blank line quarantined
+    assert (counts["duplicates_removed"], counts["quarantined"]) == (4, 2)
+    assert counts["members"] == counts["records"] - counts["duplicates_removed"]
+    assert counts["train"] + counts["validation"] + counts["test"] == counts["members"]
+
+    digests = _layer_digests(workspace, "p1")
+    again = build_all(workspace, "p1")
+    assert again["manifest"].digests["snapshotId"] == sid
+    assert _layer_digests(workspace, "p1") == digests
+    assert again["canonical_records"].run_stats == {"chunks_reused": 3, "chunks_built": 0}
+
+
+def test_second_partition_reuses_every_unchanged_object(workspace: Workspace) -> None:
+    build_all(workspace, "p1")
+    before = set(workspace.cas.iter_digests())
+    second = build_all(workspace, "p2")
+    created = set(workspace.cas.iter_digests()) - before
+    one, two = _layer_digests(workspace, "p1"), _layer_digests(workspace, "p2")
+    assert {k for k in LAYERS if one[k] != two[k]} == {"manifest"}
+    # only the new freeze spec (it names the partition) and the new manifest are new bytes
+    assert created == {workspace.catalog.freeze_digest("p2"), two["manifest"]}
+    manifest = json.loads(workspace.cas.get_bytes(two["manifest"]))
+    first_id = states.for_partition(workspace.catalog, "p1")[0].snapshot_id
+    assert manifest["snapshotId"] == second["manifest"].digests["snapshotId"] != first_id
+
+
+def test_same_inputs_give_same_bytes_in_another_home(
+    demo_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with open_workspace() as ws:
+        ids = [build_all(ws, "p1")["manifest"].digests["snapshotId"]]
+        first = _layer_digests(ws, "p1")
+    other = tmp_path / "elsewhere"
+    shutil.copytree(demo_home / "demo-sources", other / "demo-sources")
+    shutil.copy(demo_home / "corpus.yaml", other / "corpus.yaml")
+    monkeypatch.setenv("CORPUS_HOME", str(other))
+    monkeypatch.setenv("CORPUS_CONFIG", str(other / "corpus.yaml"))
+    with open_workspace() as ws:
+        ids.append(build_all(ws, "p1")["manifest"].digests["snapshotId"])
+        assert _layer_digests(ws, "p1") == first
+    assert ids[0] == ids[1]
+
+
+def test_flipping_any_byte_of_any_object_fails_verify_naming_it(demo_home: Path) -> None:
+    with open_workspace() as ws:
+        sid = build_all(ws, "p1")["manifest"].digests["snapshotId"]
+        assert verify(ws.cas, ws.catalog, sid).ok
+        every = sorted(ws.cas.iter_digests())
+        assert len(every) > 20
+        for digest in every:
+            path = ws.cas.path(digest)
+            original = path.read_bytes()
+            flipped = bytearray(original)
+            flipped[len(flipped) // 2] ^= 0x01
+            path.write_bytes(bytes(flipped))
+            try:
+                report = verify(ws.cas, ws.catalog, sid)
+            finally:
+                path.write_bytes(original)
+            assert not report.ok, f"flipping {digest} went unnoticed"
+            assert any(digest in finding for finding in report.findings), report.findings
+        assert verify(ws.cas, ws.catalog, sid).ok
+
+
+def test_corrupt_raw_object_is_dead_lettered_and_blocks_validation(workspace: Workspace) -> None:
+    BUILDERS["raw_snapshot"](workspace, "p1")
+    spec = json.loads(workspace.cas.get_bytes(workspace.catalog.freeze_digest("p1")))
+    victim = spec["sources"][0]["objects"][1]["sha256"]
+    path = workspace.cas.path(victim)
+    path.write_bytes(path.read_bytes() + b"tampered")
+
+    results = {layer: BUILDERS[layer](workspace, "p1") for layer in LAYERS[1:]}
+    canonical = results["canonical_records"].counts
+    assert (canonical["dead_letters"], canonical["chunks"]) == (1, 2)  # the rest went on
+    report = validate(workspace.cas, workspace.catalog, results["manifest"].digests["snapshotId"])
+    assert any(
+        f.startswith("dead letter open: chunk essays/essays-00001.jsonl: CorruptObjectError")
+        for f in report.findings
+    ), report.findings
+    assert any(victim in f for f in report.findings)  # verify names the corrupt object too
+    sid = results["manifest"].digests["snapshotId"]
+    assert states.get(workspace.catalog, sid).state == states.BUILDING
+
+    # repaired bytes: the dead letter is retried, closes, and the snapshot validates
+    path.write_bytes(path.read_bytes()[: -len(b"tampered")])
+    results = {layer: BUILDERS[layer](workspace, "p1") for layer in LAYERS[1:]}
+    assert results["canonical_records"].counts["dead_letters"] == 0
+    assert validate(workspace.cas, workspace.catalog, results["manifest"].digests["snapshotId"]).ok
+
+
+def test_tombstoned_member_blocks_validation(workspace: Workspace) -> None:
+    results = build_all(workspace, "p1")
+    sid = results["manifest"].digests["snapshotId"]
+    with workspace.catalog.begin() as conn:
+        conn.execute(
+            insert(tombstones).values(seq=0, record_id="essays/e0001", reason="test", at=0.0)
+        )
+    report = validate(workspace.cas, workspace.catalog, sid)
+    assert report.findings == ["tombstoned record 'essays/e0001' is a member"]
+    assert states.get(workspace.catalog, sid).state == states.BUILDING
