@@ -5,7 +5,7 @@ UV := .tools/bin/uv
 export CORPUS_HOME ?= $(CURDIR)/.corpus
 export DAGSTER_HOME ?= $(CURDIR)/.dagster
 
-.PHONY: demo test lint ui bench clean
+.PHONY: demo test lint ui clean
 
 $(UV):
 	$(PYTHON) -m venv .tools
@@ -21,21 +21,18 @@ demo: .venv/.synced
 
 ## Run the test suite (slow benchmarks are skipped; PostgreSQL tests need 127.0.0.1:5432).
 test: .venv/.synced
-	$(UV) run --frozen --no-sync ruff check corpus_assets corpus_assets_tests bench
+	$(UV) run --frozen --no-sync ruff check corpus_assets corpus_assets_tests
 	$(UV) run --frozen --no-sync pytest
 
 lint: .venv/.synced
-	$(UV) run --frozen --no-sync ruff check corpus_assets corpus_assets_tests bench
-	$(UV) run --frozen --no-sync ruff format --check corpus_assets corpus_assets_tests bench
+	$(UV) run --frozen --no-sync ruff check corpus_assets corpus_assets_tests
+	$(UV) run --frozen --no-sync ruff format --check corpus_assets corpus_assets_tests
 
 ## The Dagster UI on the same data home and instance as the CLI.
 ui: .venv/.synced
 	mkdir -p $(DAGSTER_HOME)
 	test -f $(DAGSTER_HOME)/dagster.yaml || cp dagster.yaml $(DAGSTER_HOME)/dagster.yaml
 	$(UV) run --frozen --no-sync dagster dev -w workspace.yaml
-
-bench: .venv/.synced
-	$(UV) run --frozen --no-sync python bench/pipeline_bench.py
 
 clean:
 	rm -rf .corpus .dagster

@@ -118,11 +118,13 @@ def _run_config() -> dict[str, Any]:
 
 
 def _failure(result: Any) -> str:
+    """The innermost error of the first failed step: the user's reason, not Dagster's wrapper."""
     for event in result.all_events:
-        if event.is_failure and event.event_specific_data is not None:
-            error = getattr(event.event_specific_data, "error", None)
-            if error is not None:
-                return f"step {event.step_key} failed: {error.message.strip().splitlines()[-1]}"
+        if event.is_step_failure:
+            error = event.step_failure_data.error
+            while error.cause is not None:
+                error = error.cause
+            return f"step {event.step_key}: {error.message.strip()}"
     return "the run failed; see the Dagster UI for its logs"
 
 

@@ -3,14 +3,12 @@
 import dagster as dg
 
 from corpus_assets.assets.layers import LAYER_ASSETS
-from corpus_assets.assets.partitions import snapshots
 from corpus_assets.assets.resources import CorpusResource
 from corpus_assets.core.publish import activate
 
 build_snapshot = dg.define_asset_job(
     "build_snapshot",
     selection=dg.AssetSelection.assets(*LAYER_ASSETS),
-    partitions_def=snapshots,
     description="Freeze (or reuse the freeze of) a partition and materialize all seven layers.",
 )
 

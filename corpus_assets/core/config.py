@@ -115,6 +115,21 @@ class LoadedConfig(BaseModel):
         return (self.path.parent / os.path.expanduser(source.path)).resolve()
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that refuses repeated mapping keys instead of silently keeping the last one."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: set[Any] = set()
+        for key_node, _value in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {key!r} appears twice in one mapping", key_node.start_mark
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
 def default_home() -> Path:
     return Path(os.environ.get("CORPUS_HOME", DEFAULT_HOME)).resolve()
 
@@ -155,8 +170,12 @@ def load_config(explicit: str | os.PathLike[str] | None = None) -> LoadedConfig:
             f"{path}: config file not found (pass --config, set CORPUS_CONFIG, "
             f"or run `corpus-assets demo` to write one)"
         ) from None
+    except UnicodeDecodeError as error:
+        raise ConfigError(f"{path}: not UTF-8 (byte {error.start}: {error.reason})") from None
+    except OSError as error:
+        raise ConfigError(f"{path}: cannot read config file: {error.strerror}") from None
     try:
-        raw = yaml.safe_load(text)
+        raw = yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader subclass
     except yaml.YAMLError as error:
         raise ConfigError(f"{path}: not valid YAML: {error}") from None
     return LoadedConfig(config=parse_config(raw, str(path)), path=path)

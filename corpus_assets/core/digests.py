@@ -28,7 +28,7 @@ def json_digest(payload: Any) -> str:
 
 
 def check_digest(value: str, what: str = "digest") -> str:
-    if not isinstance(value, str) or not DIGEST_RE.match(value):
+    if not isinstance(value, str) or not DIGEST_RE.fullmatch(value):
         raise DigestError(f"{what} {value!r} is not of the form sha256:<64 lowercase hex>")
     return value
 

@@ -95,6 +95,13 @@ def parse_document(
     record_id = f"{source.id}/{local_id}"
     group = obj.get(source.group_field) if source.group_field else None
     group_id = f"{source.id}/{group}" if isinstance(group, str | int) and group != "" else record_id
+    for field_name, value in (("text", text), ("id", record_id), ("group", group_id)):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as error:
+            raise Quarantined(
+                "invalid_unicode", f"{field_name} has a lone surrogate at {error.start}"
+            ) from None
     payload = {
         "schema": RECORD_SCHEMA,
         "record_id": record_id,

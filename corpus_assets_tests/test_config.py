@@ -1,0 +1,343 @@
+import copy
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from corpus_assets.core.config import (
+    ConfigError,
+    CorpusConfig,
+    DedupPolicy,
+    MixingPolicy,
+    PackingPolicy,
+    SplitPolicy,
+    load_config,
+    parse_config,
+)
+from corpus_assets.core.demo import write_demo
+
+WHERE = "corpus.yaml"
+POLICIES = ("dedup", "splits", "mixing", "packing")
+
+
+def minimal() -> dict[str, Any]:
+    return {
+        "version": 1,
+        "purpose": "pretraining",
+        "sources": [{"id": "web", "kind": "objects", "path": "sources/web"}],
+    }
+
+
+def mutated(change: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+    raw = minimal()
+    change(raw)
+    return raw
+
+
+def config_error(raw: Any) -> str:
+    with pytest.raises(ConfigError) as info:
+        parse_config(raw, WHERE)
+    message = str(info.value)
+    assert message.startswith(f"{WHERE}: "), message
+    return message
+
+
+def write_yaml(path: Path, raw: dict[str, Any]) -> Path:
+    path.write_text(yaml.safe_dump(raw, sort_keys=False), encoding="utf-8")
+    return path
+
+
+def test_minimal_config_loads_with_defaults() -> None:
+    config = parse_config(minimal(), WHERE)
+
+    assert config.version == 1
+    assert config.purpose == "pretraining"
+    assert config.alias == "train"
+    (source,) = config.sources
+    assert (source.id, source.kind, source.path) == ("web", "objects", "sources/web")
+    assert source.include == ["*.jsonl", "*.jsonl.zst"]
+    assert (source.text_field, source.id_field, source.group_field) == ("text", "id", None)
+    assert config.policies.dedup == DedupPolicy(normalization="nfc-lf-rstrip")
+    assert config.policies.splits == SplitPolicy(
+        salt="corpus-assets-v1", train_percent=80, validation_percent=10, test_percent=10
+    )
+    assert config.policies.mixing == MixingPolicy(seed="mix-v1", alpha="1", unit="documents")
+    assert config.policies.packing == PackingPolicy(
+        tokenizer="utf8-bytes-v1", block_tokens=2048, overlong="split", tail="pad"
+    )
+    assert (config.storage.home, config.storage.catalog_url) == (None, None)
+
+
+def test_load_config_reads_yaml_and_resolves_sources_against_its_folder(tmp_path: Path) -> None:
+    raw = mutated(lambda r: r.update(policies={"packing": {"block_tokens": 512}}))
+    path = write_yaml(tmp_path / "corpus.yaml", raw)
+
+    loaded = load_config(path)
+
+    assert loaded.path == path.resolve()
+    assert loaded.config == parse_config(raw, WHERE)
+    assert loaded.config.policies.packing.block_tokens == 512
+    source = loaded.config.sources[0]
+    assert loaded.source_path(source) == (tmp_path / "sources" / "web").resolve()
+
+
+@pytest.mark.parametrize(
+    ("change", "key"),
+    [
+        (lambda r: r.update(colour="red"), "colour"),
+        (lambda r: r.update(policies={"splits": {"sallt": "x"}}), "policies.splits.sallt"),
+        (lambda r: r.update(policies={"packng": {}}), "policies.packng"),
+        (lambda r: r["sources"][0].update(colour="red"), "sources[0].colour"),
+        (lambda r: r.update(storage={"hme": "/x"}), "storage.hme"),
+    ],
+    ids=["top", "policies.splits", "policies", "sources[0]", "storage"],
+)
+def test_unknown_key_is_an_error_naming_its_path(
+    change: Callable[[dict[str, Any]], None], key: str
+) -> None:
+    message = config_error(mutated(change))
+    assert f"{WHERE}: {key}: " in message
+    assert "Extra inputs are not permitted" in message
+
+
+def test_unknown_key_in_a_later_source_names_its_index() -> None:
+    def change(raw: dict[str, Any]) -> None:
+        raw["sources"].append({"id": "books", "kind": "objects", "path": "b", "txt_field": "t"})
+
+    assert "sources[1].txt_field: " in config_error(mutated(change))
+
+
+def test_unknown_key_in_a_file_names_the_file_and_the_key(tmp_path: Path) -> None:
+    path = write_yaml(
+        tmp_path / "corpus.yaml", mutated(lambda r: r.update(policies={"splits": {"sallt": "x"}}))
+    )
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert str(path.resolve()) in str(info.value)
+    assert "policies.splits.sallt" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("change", "key"),
+    [
+        (lambda r: r.update(purpose=5), "purpose"),
+        (lambda r: r.update(version="1"), "version"),
+        (lambda r: r.update(sources={"id": "web"}), "sources"),
+        (lambda r: r.update(policies={"packing": {"block_tokens": "256"}}), "block_tokens"),
+        (lambda r: r.update(policies={"packing": {"block_tokens": 256.0}}), "block_tokens"),
+        (lambda r: r.update(policies={"splits": {"train_percent": True}}), "train_percent"),
+        (lambda r: r.update(policies={"splits": {"salt": 7}}), "policies.splits.salt"),
+        (lambda r: r.update(policies="default"), "policies"),
+        (lambda r: r["sources"][0].update(include="*.jsonl"), "sources[0].include"),
+        (lambda r: r["sources"][0].update(group_field=3), "sources[0].group_field"),
+        (lambda r: r["sources"][0].update(kind="s3"), "sources[0].kind"),
+    ],
+    ids=[
+        "purpose-int",
+        "version-str",
+        "sources-mapping",
+        "block-str",
+        "block-float",
+        "percent-bool",
+        "salt-int",
+        "policies-str",
+        "include-str",
+        "group-int",
+        "kind-unknown",
+    ],
+)
+def test_wrong_type_names_the_key(change: Callable[[dict[str, Any]], None], key: str) -> None:
+    message = config_error(mutated(change))
+    path = message.split(": ", 2)[1]
+    assert path.endswith(key), message
+
+
+@pytest.mark.parametrize(
+    ("change", "key"),
+    [
+        (
+            lambda r: r.update(policies={"packing": {"block_tokens": 4}}),
+            "policies.packing.block_tokens",
+        ),
+        (lambda r: r.update(policies={"splits": {"salt": ""}}), "policies.splits.salt"),
+        (lambda r: r.update(purpose="has space"), "purpose"),
+        (lambda r: r["sources"][0].update(id="Web"), "sources[0].id"),
+        (lambda r: r.update(sources=[]), "sources"),
+        (lambda r: r.pop("version"), "version"),
+    ],
+    ids=["block-too-small", "empty-salt", "purpose-pattern", "id-pattern", "no-sources", "no-ver"],
+)
+def test_out_of_range_or_missing_values_name_the_key(
+    change: Callable[[dict[str, Any]], None], key: str
+) -> None:
+    assert f": {key}" in config_error(mutated(change))
+
+
+@pytest.mark.parametrize(
+    "percents",
+    [(80, 10, 5), (80, 10, 20), (0, 0, 0), (100, 100, 0)],
+)
+def test_split_percents_must_sum_to_100(percents: tuple[int, int, int]) -> None:
+    train, validation, test = percents
+    splits = {"train_percent": train, "validation_percent": validation, "test_percent": test}
+    message = config_error(mutated(lambda r: r.update(policies={"splits": splits})))
+    assert "policies.splits" in message
+    assert f"sum to {sum(percents)}, not 100" in message
+
+
+def test_split_percents_summing_to_100_are_accepted() -> None:
+    splits = {"train_percent": 100, "validation_percent": 0, "test_percent": 0}
+    config = parse_config(mutated(lambda r: r.update(policies={"splits": splits})), WHERE)
+    assert config.policies.splits.train_percent == 100
+
+
+def test_duplicate_source_ids_are_refused() -> None:
+    def change(raw: dict[str, Any]) -> None:
+        raw["sources"].append({"id": "web", "kind": "objects", "path": "elsewhere"})
+
+    message = config_error(mutated(change))
+    assert "'web' is used twice" in message
+
+
+def test_top_level_must_be_a_mapping() -> None:
+    assert "mapping" in config_error([minimal()])
+    assert "mapping" in config_error(None)
+
+
+def test_missing_file_is_a_config_error_naming_the_path(tmp_path: Path) -> None:
+    path = tmp_path / "nowhere" / "corpus.yaml"
+    with pytest.raises(ConfigError, match="not found") as info:
+        load_config(path)
+    assert str(path) in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "version: 1\npurpose: [unclosed\n",
+        "version: 1\n  purpose: x\n bad: indent\n",
+        "sources:\n\t- id: web\n",
+    ],
+    ids=["unclosed-flow", "bad-indent", "tab-indent"],
+)
+def test_invalid_yaml_is_a_config_error_naming_the_path(tmp_path: Path, text: str) -> None:
+    path = tmp_path / "corpus.yaml"
+    path.write_text(text, encoding="utf-8")
+    with pytest.raises(ConfigError, match="not valid YAML") as info:
+        load_config(path)
+    assert str(info.value).startswith(f"{path}: ")
+
+
+def test_empty_file_is_a_config_error(tmp_path: Path) -> None:
+    path = tmp_path / "corpus.yaml"
+    path.write_text("", encoding="utf-8")
+    with pytest.raises(ConfigError, match="mapping") as info:
+        load_config(path)
+    assert str(path) in str(info.value)
+
+
+def test_undecodable_file_is_a_config_error_naming_the_path(tmp_path: Path) -> None:
+    """A corpus.yaml saved as Latin-1 is unreadable config, not a crash without the path."""
+    path = tmp_path / "corpus.yaml"
+    path.write_bytes("# café\nversion: 1\n".encode("latin-1"))
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert str(path) in str(info.value)
+
+
+def test_duplicate_yaml_keys_are_refused(tmp_path: Path) -> None:
+    """A repeated section must not silently reset the first one's policy to defaults."""
+    path = tmp_path / "corpus.yaml"
+    path.write_text(
+        "version: 1\n"
+        "purpose: pretraining\n"
+        "sources: [{id: web, kind: objects, path: web}]\n"
+        "policies:\n"
+        "  splits: {salt: mine}\n"
+        "policies:\n"
+        "  packing: {block_tokens: 512}\n",
+        encoding="utf-8",
+    )
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert "policies" in str(info.value)
+
+
+def policy_digests(config: CorpusConfig) -> dict[str, str]:
+    return {name: config.policy_digest(name) for name in POLICIES}
+
+
+def test_policy_digest_is_stable_and_counts_defaults_as_written() -> None:
+    base = policy_digests(parse_config(minimal(), WHERE))
+    assert len(set(base.values())) == len(POLICIES)
+    assert all(d.startswith("sha256:") for d in base.values())
+    assert policy_digests(parse_config(minimal(), WHERE)) == base
+
+    explicit = mutated(
+        lambda r: r.update(
+            policies={
+                "splits": {"test_percent": 10, "salt": "corpus-assets-v1", "train_percent": 80},
+                "packing": {"block_tokens": 2048},
+            }
+        )
+    )
+    assert policy_digests(parse_config(explicit, WHERE)) == base
+
+
+@pytest.mark.parametrize(
+    ("policy", "value"),
+    [
+        ("splits", {"salt": "other"}),
+        ("splits", {"train_percent": 70, "validation_percent": 20}),
+        ("mixing", {"seed": "mix-v2"}),
+        ("packing", {"block_tokens": 1024}),
+    ],
+)
+def test_policy_digest_changes_only_for_the_changed_policy(
+    policy: str, value: dict[str, Any]
+) -> None:
+    base = policy_digests(parse_config(minimal(), WHERE))
+    changed = policy_digests(
+        parse_config(mutated(lambda r: r.update(policies={policy: value})), WHERE)
+    )
+    assert changed[policy] != base[policy]
+    assert {k: v for k, v in changed.items() if k != policy} == {
+        k: v for k, v in base.items() if k != policy
+    }
+
+
+def test_policy_digest_ignores_non_policy_fields() -> None:
+    base = policy_digests(parse_config(minimal(), WHERE))
+
+    def change(raw: dict[str, Any]) -> None:
+        raw.update(purpose="other", alias="prod", storage={"home": "/data"})
+        raw["sources"][0].update(path="moved")
+
+    assert policy_digests(parse_config(mutated(change), WHERE)) == base
+
+
+def test_parse_config_does_not_mutate_its_input() -> None:
+    raw = minimal()
+    before = copy.deepcopy(raw)
+    parse_config(raw, WHERE)
+    assert raw == before
+
+
+def test_demo_config_is_valid(tmp_path: Path) -> None:
+    path = write_demo(tmp_path)
+
+    loaded = load_config(path)
+
+    config = loaded.config
+    assert config.purpose == "demo-pretraining"
+    assert config.alias == "demo"
+    assert [s.id for s in config.sources] == ["essays", "dialogs"]
+    assert config.sources[1].group_field == "thread"
+    assert config.policies.packing.block_tokens == 256
+    assert config.policies.splits.salt == "demo-v1"
+    for source in config.sources:
+        folder = loaded.source_path(source)
+        assert folder.is_dir(), folder
+        assert any(folder.iterdir()), folder

@@ -1,0 +1,131 @@
+"""Through Dagster: all seven assets + the blocking check for a partition, and both sensors."""
+
+from pathlib import Path
+
+import dagster as dg
+import pytest
+
+from corpus_assets.assets.checks import snapshot_validates
+from corpus_assets.assets.layers import LAYER_ASSETS
+from corpus_assets.assets.resources import CorpusResource
+from corpus_assets.assets.sensors import publication, source_discovery
+from corpus_assets.core import gate, states
+from corpus_assets.core.layers import LAYERS
+from corpus_assets.core.publish import approve
+from corpus_assets.core.workspace import open_workspace
+from corpus_assets.definitions import defs
+
+RESOURCES = {"corpus": CorpusResource()}
+
+
+def _materialize(instance: dg.DagsterInstance, key: str) -> dg.ExecuteInProcessResult:
+    instance.add_dynamic_partitions("snapshots", [key])
+    return dg.materialize(
+        [*LAYER_ASSETS, snapshot_validates],
+        partition_key=key,
+        instance=instance,
+        resources=RESOURCES,
+        raise_on_error=False,
+    )
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+def test_materialize_all_seven_layers(
+    demo_home: Path, backend: str, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if backend == "postgres":
+        monkeypatch.setenv("CORPUS_CATALOG_URL", request.getfixturevalue("postgres_url"))
+    with dg.instance_for_test() as instance:
+        result = _materialize(instance, "p1")
+        assert result.success
+        events = result.get_asset_materialization_events()
+        by_layer = {e.asset_key.path[-1]: e.materialization for e in events}
+        assert set(by_layer) == set(LAYERS)
+        assert all(m.partition == "p1" for m in by_layer.values())
+        checks = result.get_asset_check_evaluations()
+        assert [(c.check_name, c.passed) for c in checks] == [("snapshot_validates", True)]
+        sid = checks[0].metadata["snapshotId"].value
+        assert by_layer["manifest"].metadata["snapshotId"].value == sid
+        assert by_layer["canonical_records"].metadata["records"].value == 269
+        assert by_layer["dedup_clusters"].metadata["removed"].value == 4
+        assert len(by_layer["packed_blocks"].metadata["preview"].value.records) == 10
+
+        with open_workspace() as ws:
+            assert states.get(ws.catalog, sid).state == states.VALIDATED
+            digests = {layer: ws.catalog.layer_output("p1", layer) for layer in LAYERS}
+        assert {k: by_layer[k].tags["dagster/data_version"] for k in LAYERS} == digests
+
+        again = _materialize(instance, "p1")
+        assert again.get_asset_check_evaluations()[0].metadata["snapshotId"].value == sid
+
+
+def test_invalid_partition_key_fails_the_run_with_a_clear_message(demo_home: Path) -> None:
+    with dg.instance_for_test() as instance:
+        result = _materialize(instance, "Bad Key!")
+        assert not result.success
+        failure = next(e for e in result.all_events if e.is_step_failure)
+        error = failure.step_failure_data.error
+        while error.cause is not None:
+            error = error.cause
+        assert error.cls_name == "PartitionKeyError"
+        assert "partition key 'Bad Key!' is invalid" in error.message
+
+
+def test_discovery_sensor_adds_one_partition_per_source_change(demo_home: Path) -> None:
+    with dg.instance_for_test() as instance:
+        context = dg.build_sensor_context(instance=instance, resources=RESOURCES)
+        first = source_discovery(context)
+        assert len(first.run_requests) == 1
+        request = first.run_requests[0]
+        (add,) = first.dynamic_partitions_requests
+        assert add.partition_keys == [request.partition_key]
+        assert first.cursor == request.run_key
+
+        # the same source state is not requested twice while its build is pending
+        pending = source_discovery(
+            dg.build_sensor_context(instance=instance, resources=RESOURCES, cursor=first.cursor)
+        )
+        assert not pending.run_requests
+
+        # after the build froze it, an unchanged source is skipped
+        assert _materialize(instance, request.partition_key).success
+        unchanged = source_discovery(
+            dg.build_sensor_context(instance=instance, resources=RESOURCES, cursor=first.cursor)
+        )
+        assert not unchanged.run_requests
+        assert "unchanged" in str(unchanged.skip_reason)
+
+        # a new object is a new source state: one more partition and run
+        (demo_home / "demo-sources" / "essays" / "essays-00002.jsonl").write_text(
+            '{"id": "late", "text": "A late essay arrives."}\n'
+        )
+        changed = source_discovery(
+            dg.build_sensor_context(instance=instance, resources=RESOURCES, cursor=first.cursor)
+        )
+        assert len(changed.run_requests) == 1
+        assert changed.run_requests[0].run_key != request.run_key
+
+
+def test_publication_sensor_requests_activation_of_approved_snapshot(demo_home: Path) -> None:
+    with dg.instance_for_test() as instance:
+        result = _materialize(instance, "p1")
+        sid = result.get_asset_check_evaluations()[0].metadata["snapshotId"].value
+        context = dg.build_sensor_context(instance=instance, resources=RESOURCES)
+        assert not publication(context).run_requests  # VALIDATED is not enough
+
+        with open_workspace() as ws:
+            approve(ws.cas, ws.catalog, sid, by="reviewer")
+        (run,) = publication(
+            dg.build_sensor_context(instance=instance, resources=RESOURCES)
+        ).run_requests
+        assert run.run_key == f"activate:{sid}"
+
+        job = defs.resolve_job_def("activate_snapshot")
+        assert job.execute_in_process(run_config=run.run_config, instance=instance).success
+        with open_workspace() as ws:
+            row = gate.read_gate(ws.catalog, "demo")
+            assert (row.generation, row.active_snapshot) == (1, sid)
+            assert states.get(ws.catalog, sid).state == states.ACTIVE
+        assert not publication(
+            dg.build_sensor_context(instance=instance, resources=RESOURCES)
+        ).run_requests

@@ -1,0 +1,437 @@
+import hashlib
+import json
+import random
+import string
+from array import array
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from corpus_assets.core.config import ObjectsSource, SplitPolicy
+from corpus_assets.core.dedup import CLUSTER_COLUMNS, cluster, dedup_key
+from corpus_assets.core.demo import demo_objects
+from corpus_assets.core.packing import EOS, PAD, Packed, pack, token_bytes, tokenize
+from corpus_assets.core.records import RECORD_COLUMNS, Quarantined, parse_document
+from corpus_assets.core.splits import split_of
+
+SOURCE = ObjectsSource(id="s", kind="objects", path=".")
+THREADED = ObjectsSource(id="s", kind="objects", path=".", group_field="thread")
+
+
+def line(obj: Any) -> bytes:
+    return json.dumps(obj, ensure_ascii=False).encode("utf-8")
+
+
+# --- canonical_records: parse_document ------------------------------------------------------
+
+
+def test_valid_line_gives_nfc_text_and_source_scoped_ids() -> None:
+    parsed = parse_document(SOURCE, "part-0.jsonl", 3, line({"id": "a1", "text": "Cafe\u0301!"}))
+
+    assert parsed["text"] == "Caf\u00e9!"
+    assert parsed["record_id"] == "s/a1"
+    assert parsed["group_id"] == "s/a1"
+    assert parsed["record_digest"].startswith("sha256:")
+
+
+def test_integer_id_and_missing_id() -> None:
+    assert parse_document(SOURCE, "o.jsonl", 1, line({"id": 7, "text": "x"}))["record_id"] == "s/7"
+    missing = parse_document(SOURCE, "dir/o.jsonl", 12, line({"text": "x"}))
+    assert missing["record_id"] == "s/dir/o.jsonl#L12"
+
+
+def test_trailing_whitespace_around_the_json_is_accepted() -> None:
+    parsed = parse_document(SOURCE, "o.jsonl", 1, b'  {"id": 1, "text": "x"}\r')
+    assert parsed["text"] == "x"
+
+
+def test_record_digest_depends_on_normalised_text_and_identity() -> None:
+    composed = parse_document(SOURCE, "o.jsonl", 1, line({"id": 1, "text": "\u00e9"}))
+    decomposed = parse_document(SOURCE, "other.jsonl", 9, line({"id": 1, "text": "e\u0301"}))
+    other_text = parse_document(SOURCE, "o.jsonl", 1, line({"id": 1, "text": "e"}))
+    other_id = parse_document(SOURCE, "o.jsonl", 1, line({"id": 2, "text": "\u00e9"}))
+
+    assert composed["record_digest"] == decomposed["record_digest"]
+    assert other_text["record_digest"] != composed["record_digest"]
+    assert other_id["record_digest"] != composed["record_digest"]
+
+
+def test_custom_text_and_id_fields() -> None:
+    source = ObjectsSource(id="s", kind="objects", path=".", text_field="body", id_field="uid")
+    parsed = parse_document(source, "o.jsonl", 1, line({"uid": "u", "body": "b", "text": "t"}))
+    assert (parsed["record_id"], parsed["text"]) == ("s/u", "b")
+
+
+@pytest.mark.parametrize(
+    ("obj", "group_id"),
+    [
+        ({"id": "m1", "thread": "t7", "text": "x"}, "s/t7"),
+        ({"id": "m1", "thread": 42, "text": "x"}, "s/42"),
+        ({"id": "m1", "text": "x"}, "s/m1"),
+        ({"id": "m1", "thread": "", "text": "x"}, "s/m1"),
+        ({"id": "m1", "thread": None, "text": "x"}, "s/m1"),
+    ],
+    ids=["str", "int", "absent", "empty", "null"],
+)
+def test_group_id_comes_from_group_field(obj: dict[str, Any], group_id: str) -> None:
+    assert parse_document(THREADED, "o.jsonl", 1, line(obj))["group_id"] == group_id
+
+
+def test_group_field_is_ignored_when_not_configured() -> None:
+    parsed = parse_document(SOURCE, "o.jsonl", 1, line({"id": "m1", "thread": "t7", "text": "x"}))
+    assert parsed["group_id"] == "s/m1"
+
+
+@pytest.mark.parametrize(
+    ("raw", "reason"),
+    [
+        (b"", "blank_line"),
+        (b"  \t ", "blank_line"),
+        (b'{"text": "caf\xe9"}', "invalid_utf8"),
+        (b"\xff\xfe", "invalid_utf8"),
+        (b'{"text": "unterminated', "invalid_json"),
+        (b'{"text": "x"} trailing', "invalid_json"),
+        (b"\xef\xbb\xbf" + b'{"text": "x"}', "invalid_json"),
+        (b'["text"]', "not_an_object"),
+        (b'"text"', "not_an_object"),
+        (b"null", "not_an_object"),
+        (b'{"id": 1}', "missing_text"),
+        (b'{"Text": "x"}', "missing_text"),
+        (b'{"text": 5}', "text_not_string"),
+        (b'{"text": null}', "text_not_string"),
+        (b'{"text": ["a"]}', "text_not_string"),
+        (b'{"text": ""}', "empty_text"),
+        (b'{"text": " \\n\\t "}', "empty_text"),
+        (b'{"text": "x", "id": [1]}', "bad_id"),
+        (b'{"text": "x", "id": {"a": 1}}', "bad_id"),
+        (b'{"text": "x", "id": 1.5}', "bad_id"),
+        (b'{"text": "x", "id": true}', "bad_id"),
+    ],
+)
+def test_uninterpretable_lines_are_quarantined_with_a_reason(raw: bytes, reason: str) -> None:
+    with pytest.raises(Quarantined) as info:
+        parse_document(SOURCE, "o.jsonl", 1, raw)
+    assert info.value.reason == reason
+    assert info.value.detail
+    assert str(info.value).startswith(f"{reason}: ")
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [b'{"id": 1, "text": "a\\ud800b"}', b'{"id": "\\udc00", "text": "x"}'],
+    ids=["text", "id"],
+)
+def test_lone_surrogate_escape_is_quarantined_not_a_crash(raw: bytes) -> None:
+    """Valid JSON syntax, but not encodable text; must quarantine the line, not fail the chunk."""
+    with pytest.raises(Quarantined) as info:
+        parse_document(SOURCE, "o.jsonl", 1, raw)
+    assert info.value.reason
+
+
+# --- dedup_clusters --------------------------------------------------------------------------
+
+
+def test_dedup_key_ignores_line_endings_and_trailing_whitespace() -> None:
+    base = dedup_key("line one\nline two")
+    assert dedup_key("line one\r\nline two") == base
+    assert dedup_key("line one\rline two") == base
+    assert dedup_key("line one   \nline two\t ") == base
+    assert dedup_key("line one\nline two\n") == base
+    assert dedup_key("line one\r\nline two  \r\n") == base
+
+
+def test_dedup_key_folds_unicode_to_nfc() -> None:
+    assert dedup_key("caf\u00e9") == dedup_key("cafe\u0301")
+
+
+def test_dedup_key_keeps_what_changes_meaning() -> None:
+    code = "def f():\n    return 1"
+    assert dedup_key(code) != dedup_key("def f():\nreturn 1")
+    assert dedup_key(code) != dedup_key("def f():\n  return 1")
+    assert dedup_key("a b") != dedup_key("a  b")
+    assert dedup_key("Word") != dedup_key("word")
+    assert dedup_key("a\nb") != dedup_key("a\n\nb")
+
+
+def test_dedup_key_is_sha256_of_the_normalised_utf8() -> None:
+    assert dedup_key("x  \r\ny") == "sha256:" + hashlib.sha256(b"x\ny").hexdigest()
+
+
+def records_table(rows: list[tuple[str, str]]) -> pa.Table:
+    """(record_id, text) rows; the source id is the record id's prefix."""
+    return pa.Table.from_pylist(
+        [
+            {
+                "record_id": rid,
+                "source_id": rid.split("/", 1)[0],
+                "object": "sha256:" + "0" * 64,
+                "line": n + 1,
+                "group_id": rid,
+                "record_digest": "sha256:" + hashlib.sha256(rid.encode()).hexdigest(),
+                "text": text,
+            }
+            for n, (rid, text) in enumerate(rows)
+        ],
+        schema=RECORD_COLUMNS,
+    )
+
+
+ORDER = {"web": 0, "books": 1}
+ROWS = [
+    ("books/a", "shared text"),
+    ("web/z", "shared text\r\n"),
+    ("web/m", "shared text  "),
+    ("books/b", "only in books"),
+    ("web/10", "twice in web"),
+    ("web/2", "twice in web\n"),
+    ("books/c", "    indented"),
+    ("books/d", "indented"),
+]
+
+
+def test_cluster_representative_is_first_by_source_order_then_record_id() -> None:
+    table = cluster(records_table(ROWS), ORDER)
+
+    assert table.schema == CLUSTER_COLUMNS
+    rows = {r["record_id"]: r for r in table.to_pylist()}
+    assert table.column("record_id").to_pylist() == sorted(rid for rid, _ in ROWS)
+    reps = {rid: r["representative_id"] for rid, r in rows.items()}
+    assert reps == {
+        # web is listed first in the config, so it wins even though "books/a" sorts first.
+        "books/a": "web/m",
+        "web/m": "web/m",
+        "web/z": "web/m",
+        "books/b": "books/b",
+        # record_id order is string order: "web/10" < "web/2".
+        "web/10": "web/10",
+        "web/2": "web/10",
+        "books/c": "books/c",
+        "books/d": "books/d",
+    }
+    assert {rid for rid, r in rows.items() if r["is_representative"]} == {
+        "web/m",
+        "books/b",
+        "web/10",
+        "books/c",
+        "books/d",
+    }
+    assert rows["books/a"]["source_id"] == "books"
+    assert rows["books/a"]["dedup_key"] == dedup_key("shared text")
+
+
+def test_cluster_source_order_comes_from_config_not_names() -> None:
+    table = cluster(records_table(ROWS), {"books": 0, "web": 1})
+    columns = table.to_pydict()
+    reps = dict(zip(columns["record_id"], columns["representative_id"], strict=True))
+    assert reps["web/z"] == reps["web/m"] == reps["books/a"] == "books/a"
+
+
+def test_cluster_output_does_not_depend_on_input_row_order() -> None:
+    expected = cluster(records_table(ROWS), ORDER)
+    rng = random.Random(5)
+    for _ in range(20):
+        shuffled = ROWS[:]
+        rng.shuffle(shuffled)
+        assert cluster(records_table(shuffled), ORDER).equals(expected)
+
+
+def test_cluster_of_no_records_is_empty() -> None:
+    table = cluster(RECORD_COLUMNS.empty_table(), ORDER)
+    assert table.num_rows == 0
+    assert table.schema == CLUSTER_COLUMNS
+
+
+# --- splits ----------------------------------------------------------------------------------
+
+DEFAULT_SPLITS = SplitPolicy()
+
+
+def test_split_of_is_deterministic_and_matches_the_documented_hash() -> None:
+    for n in range(200):
+        group = f"web/g{n}"
+        h = hashlib.sha256(b"corpus-assets-v1\x00" + group.encode()).digest()
+        percent = int.from_bytes(h[:8], "big") * 100 // 2**64
+        expected = "train" if percent < 80 else "validation" if percent < 90 else "test"
+        assert split_of(group, DEFAULT_SPLITS) == expected
+        assert split_of(group, SplitPolicy()) == expected
+
+
+THIRDS = SplitPolicy(salt="x", train_percent=34, validation_percent=33, test_percent=33)
+
+
+def test_records_of_one_group_share_a_split() -> None:
+    def splits_of(thread_of: Callable[[int], str]) -> set[str]:
+        return {
+            split_of(
+                parse_document(
+                    THREADED,
+                    "o.jsonl",
+                    n,
+                    line({"id": f"m{n}", "thread": thread_of(n), "text": "x"}),
+                )["group_id"],
+                THIRDS,
+            )
+            for n in range(60)
+        }
+
+    assert len(splits_of(lambda n: "t-shared")) == 1
+    assert splits_of(lambda n: f"t{n}") == {"train", "validation", "test"}
+
+
+def test_salt_changes_some_assignments() -> None:
+    groups = [f"g{n}" for n in range(1000)]
+    other = SplitPolicy(salt="another-salt")
+    moved = sum(split_of(g, DEFAULT_SPLITS) != split_of(g, other) for g in groups)
+    # Independent 80/10/10 draws disagree with probability 0.34.
+    assert 250 < moved < 430
+
+
+def test_shares_over_10000_groups_are_within_two_points_of_policy() -> None:
+    counts = Counter(split_of(f"src/group-{n}", DEFAULT_SPLITS) for n in range(10_000))
+    assert set(counts) == {"train", "validation", "test"}
+    assert abs(counts["train"] / 100 - 80) <= 2
+    assert abs(counts["validation"] / 100 - 10) <= 2
+    assert abs(counts["test"] / 100 - 10) <= 2
+
+
+@pytest.mark.parametrize(
+    ("percents", "only"),
+    [((100, 0, 0), "train"), ((0, 100, 0), "validation"), ((0, 0, 100), "test")],
+)
+def test_degenerate_policy_puts_everything_in_one_split(
+    percents: tuple[int, int, int], only: str
+) -> None:
+    train, validation, test = percents
+    policy = SplitPolicy(train_percent=train, validation_percent=validation, test_percent=test)
+    assert {split_of(f"g{n}", policy) for n in range(2000)} == {only}
+
+
+# --- packed_blocks ---------------------------------------------------------------------------
+
+
+def spans_of(packed: Packed) -> list[dict[str, Any]]:
+    names = list(packed.spans)
+    return [dict(zip(names, row, strict=True)) for row in zip(*packed.spans.values(), strict=True)]
+
+
+def check_packing(samples: list[tuple[str, list[int]]], block: int) -> Packed:
+    """Assert the packing invariants that hold for any input; return the result."""
+    packed = pack(samples, block)
+    tokens = packed.tokens.tolist()
+    assert len(tokens) == packed.blocks * block
+    assert tokens.count(PAD) == packed.pad
+
+    covered = [False] * len(tokens)
+    by_record: dict[str, list[int]] = {}
+    source = dict(samples)
+    for span in spans_of(packed):
+        assert 0 <= span["start"] < span["end"] <= block
+        first = span["block"] * block
+        piece = tokens[first + span["start"] : first + span["end"]]
+        offset = span["record_offset"]
+        assert piece == source[span["record_id"]][offset : offset + len(piece)]
+        assert offset == len(by_record.get(span["record_id"], []))
+        by_record.setdefault(span["record_id"], []).extend(piece)
+        for position in range(first + span["start"], first + span["end"]):
+            assert not covered[position], "spans overlap"
+            covered[position] = True
+    assert covered == [t != PAD for t in tokens], "spans must cover exactly the non-PAD tokens"
+    assert by_record == {rid: toks for rid, toks in samples if toks}
+    return packed
+
+
+def test_book_example_5_4_3_in_blocks_of_8() -> None:
+    samples = [
+        ("a", [1, 2, 3, 4, EOS]),
+        ("b", [5, 6, 7, EOS]),
+        ("c", [8, 9, EOS]),
+    ]
+    packed = check_packing(samples, 8)
+
+    assert packed.blocks == 2
+    assert packed.pad == 4
+    assert packed.tokens.tolist() == [
+        *[1, 2, 3, 4, EOS, PAD, PAD, PAD],
+        *[5, 6, 7, EOS, 8, 9, EOS, PAD],
+    ]
+    contents = [sum(t != PAD for t in packed.tokens[b * 8 : (b + 1) * 8]) for b in range(2)]
+    assert contents == [5, 7]
+    assert [(s["block"], s["start"], s["end"], s["record_id"]) for s in spans_of(packed)] == [
+        (0, 0, 5, "a"),
+        (1, 0, 4, "b"),
+        (1, 4, 7, "c"),
+    ]
+
+
+def test_exact_fit_needs_no_padding() -> None:
+    packed = check_packing([("a", [1] * 5), ("b", [2] * 3), ("c", [3] * 8)], 8)
+    assert (packed.blocks, packed.pad) == (2, 0)
+
+
+def test_overlong_sample_is_split_at_block_multiples() -> None:
+    tokens = [*range(20), EOS]
+    packed = check_packing([("long", tokens), ("short", [7, EOS])], 8)
+
+    spans = spans_of(packed)
+    long_spans = [s for s in spans if s["record_id"] == "long"]
+    assert [s["record_offset"] for s in long_spans] == [0, 8, 16]
+    assert [(s["block"], s["start"], s["end"]) for s in long_spans] == [
+        (0, 0, 8),
+        (1, 0, 8),
+        (2, 0, 5),
+    ]
+    (short,) = [s for s in spans if s["record_id"] == "short"]
+    assert (short["block"], short["start"], short["end"], short["record_offset"]) == (2, 5, 7, 0)
+    assert (packed.blocks, packed.pad) == (3, 1)
+
+
+def test_nothing_to_pack_gives_no_blocks() -> None:
+    packed = pack([], 8)
+    assert (packed.blocks, packed.pad, len(packed.tokens)) == (0, 0, 0)
+
+
+@pytest.mark.parametrize("block", [8, 13, 64])
+def test_packing_invariants_on_random_samples(block: int) -> None:
+    rng = random.Random(block)
+    samples = []
+    for n in range(300):
+        text = "".join(
+            rng.choice(string.ascii_letters + "é ✓\n") for _ in range(rng.randint(0, 90))
+        )
+        samples.append((f"src/r{n}", tokenize(text)))
+    packed = check_packing(samples, block)
+    for record_id, tokens in samples:
+        if len(tokens) <= block:
+            count = packed.spans["record_id"].count(record_id)
+            assert count == 1, f"{record_id} fits in a block but was split"
+
+
+def test_tokenize_is_utf8_bytes_then_eos() -> None:
+    assert tokenize("") == [EOS]
+    assert tokenize("A é") == [0x41, 0x20, 0xC3, 0xA9, EOS]
+    assert tokenize("✓") == [0xE2, 0x9C, 0x93, 256]
+    assert (EOS, PAD) == (256, 257)
+
+
+def test_token_bytes_are_little_endian_uint16() -> None:
+    tokens = array("H", [1, EOS, PAD, 0xABCD])
+    assert token_bytes(tokens) == b"\x01\x00" + b"\x00\x01" + b"\x01\x01" + b"\xcd\xab"
+    assert tokens.tolist() == [1, EOS, PAD, 0xABCD]
+
+
+# --- demo ------------------------------------------------------------------------------------
+
+
+def test_demo_objects_are_byte_identical_across_calls() -> None:
+    first, second = demo_objects(), demo_objects()
+    assert list(first) == list(second)
+    assert first == second
+    assert sorted(first) == [
+        "dialogs/dialogs-00000.jsonl",
+        "essays/essays-00000.jsonl.zst",
+        "essays/essays-00001.jsonl",
+    ]
+    assert all(first.values())
