@@ -1,5 +1,7 @@
 """Sensors: discover source changes (adds a partition + run), and gate publication."""
 
+import warnings
+
 import dagster as dg
 
 from corpus_assets.assets.jobs import activate_snapshot, activation_run_config, build_snapshot
@@ -9,50 +11,53 @@ from corpus_assets.core.keys import new_partition_key
 from corpus_assets.core.publish import next_to_activate
 from corpus_assets.core.sources import fingerprint
 
+# Dagster 1.13 warns (BetaWarning: `owners`) from inside its own sensor decorator even when
+# `owners` is not passed; silence exactly that category while the sensors are defined.
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore", dg.BetaWarning)
 
-@dg.sensor(
-    job=build_snapshot,
-    minimum_interval_seconds=60,
-    default_status=dg.DefaultSensorStatus.RUNNING,
-    description="Adds a snapshot partition and requests a build when the sources' "
-    "listing fingerprint differs from the last freeze.",
-)
-def source_discovery(
-    context: dg.SensorEvaluationContext, corpus: CorpusResource
-) -> dg.SensorResult:
-    with corpus.workspace() as ws:
-        current = fingerprint(ws.loaded)
-        latest = ws.catalog.latest_freeze()
-    if latest is not None and latest["fingerprint"] == current:
-        return dg.SensorResult(skip_reason=f"sources unchanged since {latest['partition_key']}")
-    if context.cursor == current:
-        return dg.SensorResult(skip_reason="a build for this source state is already requested")
-    key = new_partition_key(set(context.instance.get_dynamic_partitions(snapshots.name)))
-    return dg.SensorResult(
-        run_requests=[dg.RunRequest(partition_key=key, run_key=current)],
-        dynamic_partitions_requests=[snapshots.build_add_request([key])],
-        cursor=current,
+    @dg.sensor(
+        job=build_snapshot,
+        minimum_interval_seconds=60,
+        default_status=dg.DefaultSensorStatus.RUNNING,
+        description="Adds a snapshot partition and requests a build when the sources' "
+        "listing fingerprint differs from the last freeze.",
     )
+    def source_discovery(
+        context: dg.SensorEvaluationContext, corpus: CorpusResource
+    ) -> dg.SensorResult:
+        with corpus.workspace() as ws:
+            current = fingerprint(ws.loaded)
+            latest = ws.catalog.latest_freeze()
+        if latest is not None and latest["fingerprint"] == current:
+            return dg.SensorResult(skip_reason=f"sources unchanged since {latest['partition_key']}")
+        if context.cursor == current:
+            return dg.SensorResult(skip_reason="a build for this source state is already requested")
+        key = new_partition_key(set(context.instance.get_dynamic_partitions(snapshots.name)))
+        return dg.SensorResult(
+            run_requests=[dg.RunRequest(partition_key=key, run_key=current)],
+            dynamic_partitions_requests=[snapshots.build_add_request([key])],
+            cursor=current,
+        )
 
-
-@dg.sensor(
-    job=activate_snapshot,
-    minimum_interval_seconds=30,
-    default_status=dg.DefaultSensorStatus.RUNNING,
-    description="Requests activation of the newest APPROVED snapshot of each alias.",
-)
-def publication(context: dg.SensorEvaluationContext, corpus: CorpusResource) -> dg.SensorResult:
-    with corpus.workspace() as ws:
-        ready = next_to_activate(ws.catalog)
-    if not ready:
-        return dg.SensorResult(skip_reason="no APPROVED snapshot waiting")
-    return dg.SensorResult(
-        run_requests=[
-            dg.RunRequest(
-                run_key=f"activate:{s.snapshot_id}",
-                run_config=activation_run_config(s.snapshot_id),
-                tags={"corpus/snapshot": s.snapshot_id, "corpus/alias": s.alias},
-            )
-            for s in ready
-        ]
+    @dg.sensor(
+        job=activate_snapshot,
+        minimum_interval_seconds=30,
+        default_status=dg.DefaultSensorStatus.RUNNING,
+        description="Requests activation of the newest APPROVED snapshot of each alias.",
     )
+    def publication(context: dg.SensorEvaluationContext, corpus: CorpusResource) -> dg.SensorResult:
+        with corpus.workspace() as ws:
+            ready = next_to_activate(ws.catalog)
+        if not ready:
+            return dg.SensorResult(skip_reason="no APPROVED snapshot waiting")
+        return dg.SensorResult(
+            run_requests=[
+                dg.RunRequest(
+                    run_key=f"activate:{s.snapshot_id}",
+                    run_config=activation_run_config(s.snapshot_id),
+                    tags={"corpus/snapshot": s.snapshot_id, "corpus/alias": s.alias},
+                )
+                for s in ready
+            ]
+        )
