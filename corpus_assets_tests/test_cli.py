@@ -3,6 +3,7 @@
 import json
 import os
 import re
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -79,6 +80,21 @@ def test_demo_verify_rebuild_reuse_and_tamper(tmp_path: Path) -> None:
     assert (
         tampered.stderr.strip().splitlines()[-1].startswith("corpus-assets: error: verify failed")
     )
+    data[100] ^= 0xFF
+    path.write_bytes(bytes(data))
+    assert run(tmp_path, "verify", sid).returncode == 0
+
+    # a tombstone inside the gate's watermark makes the next build fail validation, by name
+    with sqlite3.connect(tmp_path / ".corpus" / "catalog.sqlite") as db:
+        db.execute("INSERT INTO tombstones (record_id, reason, at) VALUES ('essays/e0001', 't', 0)")
+        db.execute("UPDATE gate SET tombstone_watermark = 1")
+    fenced = run(tmp_path, "build")
+    assert fenced.returncode == 1
+    assert fenced.stderr.startswith("corpus-assets: error: snapshot sha256:")
+    assert fenced.stderr.rstrip().endswith(
+        "did not validate: tombstoned record 'essays/e0001' is a member"
+    )
+    assert len(fenced.stderr.strip().splitlines()) == 1
 
 
 def test_errors_are_one_clear_line(tmp_path: Path) -> None:

@@ -11,9 +11,9 @@ import hashlib
 import unicodedata
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
-from corpus_assets.core.artifacts import put_table
-from corpus_assets.core.layers import LayerResult, publish_index, read_index
+from corpus_assets.core.layers import LayerResult, publish_table_layer, read_index
 from corpus_assets.core.records import load_records
 from corpus_assets.core.workspace import Workspace
 
@@ -71,22 +71,16 @@ def build_dedup_clusters(ws: Workspace, partition_key: str) -> LayerResult:
         "removed": table.num_rows - kept,
         "clusters": clusters,
     }
-    out = put_table(ws.cas, table)
-    ref = publish_index(
+    removed = table.filter(pc.invert(table.column("is_representative")))
+    return publish_table_layer(
         ws,
         partition_key,
-        "dedup_clusters",
-        CODE,
-        ws.config.policy_digest("dedup"),
-        [canonical_ref],
-        {"clusters": out},
-        counts,
-    )
-    removed = table.filter(pa.compute.invert(table.column("is_representative")))
-    return LayerResult(
         layer="dedup_clusters",
-        digest=ref["digest"],
+        code=CODE,
+        policy="dedup",
+        inputs=[canonical_ref],
+        name="clusters",
+        table=table,
         counts=counts,
         preview=removed.select(["record_id", "representative_id"]).slice(0, 10).to_pylist(),
-        digests={"clusters": out["digest"]},
     )

@@ -8,7 +8,9 @@ snapshot has the same digest as before and nothing downstream of it is rewritten
 from dataclasses import dataclass, field
 from typing import Any
 
-from corpus_assets.core.artifacts import JSON, Ref, get_json, make_ref, put_json
+import pyarrow as pa
+
+from corpus_assets.core.artifacts import JSON, Ref, get_json, make_ref, put_json, put_table
 from corpus_assets.core.workspace import Workspace
 
 LAYERS = (
@@ -65,6 +67,33 @@ def publish_index(
     ref = put_json(ws.cas, index)
     ws.catalog.set_layer_output(partition_key, layer, ref["digest"], code)
     return ref
+
+
+def publish_table_layer(
+    ws: Workspace,
+    partition_key: str,
+    *,
+    layer: str,
+    code: str,
+    policy: str,
+    inputs: list[Ref],
+    name: str,
+    table: pa.Table,
+    counts: dict[str, int],
+    preview: list[dict[str, Any]] | None = None,
+) -> LayerResult:
+    """Publish a layer whose single output is one Parquet table named ``name``."""
+    out = put_table(ws.cas, table)
+    ref = publish_index(
+        ws, partition_key, layer, code, ws.config.policy_digest(policy), inputs, {name: out}, counts
+    )
+    return LayerResult(
+        layer=layer,
+        digest=ref["digest"],
+        counts=counts,
+        preview=table.slice(0, 10).to_pylist() if preview is None else preview,
+        digests={name: out["digest"]},
+    )
 
 
 def read_index(ws: Workspace, partition_key: str, layer: str) -> tuple[Ref, dict[str, Any]]:

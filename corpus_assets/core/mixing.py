@@ -11,8 +11,8 @@ import hashlib
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from corpus_assets.core.artifacts import get_table, put_table
-from corpus_assets.core.layers import LayerResult, publish_index, read_index
+from corpus_assets.core.artifacts import get_table
+from corpus_assets.core.layers import LayerResult, publish_table_layer, read_index
 from corpus_assets.core.workspace import Workspace
 
 CODE = "mixed_samples.natural.v1"
@@ -36,21 +36,14 @@ def build_mixed_samples(ws: Workspace, partition_key: str) -> LayerResult:
     )
     counts = {"samples": mixed.num_rows}
     counts.update({f"source.{s.id}": sources.count(s.id) for s in ws.config.sources})
-    out = put_table(ws.cas, mixed)
-    ref = publish_index(
+    return publish_table_layer(
         ws,
         partition_key,
-        "mixed_samples",
-        CODE,
-        ws.config.policy_digest("mixing"),
-        [splits_ref],
-        {"samples": out},
-        counts,
-    )
-    return LayerResult(
         layer="mixed_samples",
-        digest=ref["digest"],
+        code=CODE,
+        policy="mixing",
+        inputs=[splits_ref],
+        name="samples",
+        table=mixed,
         counts=counts,
-        preview=mixed.slice(0, 10).to_pylist(),
-        digests={"samples": out["digest"]},
     )

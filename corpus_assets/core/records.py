@@ -12,7 +12,15 @@ from typing import Any
 
 import pyarrow as pa
 
-from corpus_assets.core.artifacts import Ref, get_json, get_table, put_json, put_table
+from corpus_assets.core.artifacts import (
+    JSON,
+    Ref,
+    get_json,
+    get_table,
+    make_ref,
+    put_json,
+    put_table,
+)
 from corpus_assets.core.config import ObjectsSource
 from corpus_assets.core.digests import json_digest
 from corpus_assets.core.layers import LayerResult, publish_index, read_index
@@ -194,11 +202,7 @@ def build_canonical_records(ws: Workspace, partition_key: str) -> LayerResult:
             {
                 "chunk": task.chunk_key,
                 "input": task.input_digest,
-                "output": {
-                    "digest": outcome.output_digest,
-                    "media": "application/json",
-                    "size": ws.cas.size(outcome.output_digest),
-                },
+                "output": make_ref(outcome.output_digest, JSON, ws.cas.size(outcome.output_digest)),
             }
         )
     counts = {

@@ -9,9 +9,9 @@ import hashlib
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from corpus_assets.core.artifacts import get_table, put_table
+from corpus_assets.core.artifacts import get_table
 from corpus_assets.core.config import SplitPolicy
-from corpus_assets.core.layers import LayerResult, publish_index, read_index
+from corpus_assets.core.layers import LayerResult, publish_table_layer, read_index
 from corpus_assets.core.records import load_records
 from corpus_assets.core.workspace import Workspace
 
@@ -54,21 +54,14 @@ def build_splits(ws: Workspace, partition_key: str) -> LayerResult:
     counts = {name: assigned.count(name) for name in SPLITS}
     counts["records"] = table.num_rows
     counts["groups"] = len(set(groups))
-    out = put_table(ws.cas, table)
-    ref = publish_index(
+    return publish_table_layer(
         ws,
         partition_key,
-        "splits",
-        CODE,
-        ws.config.policy_digest("splits"),
-        [dedup_ref, canonical_ref],
-        {"splits": out},
-        counts,
-    )
-    return LayerResult(
         layer="splits",
-        digest=ref["digest"],
+        code=CODE,
+        policy="splits",
+        inputs=[dedup_ref, canonical_ref],
+        name="splits",
+        table=table,
         counts=counts,
-        preview=table.slice(0, 10).to_pylist(),
-        digests={"splits": out["digest"]},
     )
