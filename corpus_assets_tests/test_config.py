@@ -57,7 +57,7 @@ def test_minimal_config_loads_with_defaults() -> None:
     assert config.alias == "train"
     (source,) = config.sources
     assert (source.id, source.kind, source.path) == ("web", "objects", "sources/web")
-    assert source.include == ["*.jsonl", "*.jsonl.zst"]
+    assert source.include == ["*.jsonl", "*.jsonl.zst", "*.jsonl.gz", "*.parquet"]
     assert (source.text_field, source.id_field, source.group_field) == ("text", "id", None)
     assert config.policies.dedup == DedupPolicy(normalization="nfc-lf-rstrip")
     assert config.policies.splits == SplitPolicy(
@@ -80,7 +80,7 @@ def test_load_config_reads_yaml_and_resolves_sources_against_its_folder(tmp_path
     assert loaded.config == parse_config(raw, WHERE)
     assert loaded.config.policies.packing.block_tokens == 512
     source = loaded.config.sources[0]
-    assert loaded.source_path(source) == (tmp_path / "sources" / "web").resolve()
+    assert loaded.resolve(source.path) == (tmp_path / "sources" / "web").resolve()
 
 
 @pytest.mark.parametrize(
@@ -338,6 +338,6 @@ def test_demo_config_is_valid(tmp_path: Path) -> None:
     assert config.policies.packing.block_tokens == 256
     assert config.policies.splits.salt == "demo-v1"
     for source in config.sources:
-        folder = loaded.source_path(source)
+        folder = loaded.resolve(source.path)
         assert folder.is_dir(), folder
         assert any(folder.iterdir()), folder

@@ -9,6 +9,7 @@ from corpus_assets.assets.partitions import snapshots
 from corpus_assets.assets.resources import CorpusResource
 from corpus_assets.core import states
 from corpus_assets.core.keys import validate_partition_key
+from corpus_assets.core.pinning import late_changes
 from corpus_assets.core.verify import validate
 
 
@@ -20,7 +21,7 @@ def _snapshot_validates(
         manifest_digest = ws.catalog.layer_output(key, "manifest")
         if manifest_digest is None:
             return dg.AssetCheckResult(passed=False, description=f"no manifest for {key}")
-        report = validate(ws.cas, ws.catalog, manifest_digest)
+        report = validate(ws.cas, ws.catalog, manifest_digest, late_changes(ws))
         state = states.get(ws.catalog, report.snapshot_id).state
     return dg.AssetCheckResult(
         passed=report.ok,

@@ -4,6 +4,7 @@ import dagster as dg
 
 from corpus_assets.assets.layers import LAYER_ASSETS
 from corpus_assets.assets.resources import CorpusResource
+from corpus_assets.core.pinning import late_changes
 from corpus_assets.core.publish import activate
 
 build_snapshot = dg.define_asset_job(
@@ -22,7 +23,13 @@ def activate_alias(
     context: dg.OpExecutionContext, config: ActivationConfig, corpus: CorpusResource
 ) -> None:
     with corpus.workspace() as ws:
-        row = activate(ws.cas, ws.catalog, config.snapshot_id, actor=f"run:{context.run_id}")
+        row = activate(
+            ws.cas,
+            ws.catalog,
+            config.snapshot_id,
+            actor=f"run:{context.run_id}",
+            late_changes=late_changes(ws),
+        )
     context.log.info(f"alias {row.alias} -> {row.active_snapshot} generation {row.generation}")
     context.log_event(
         dg.AssetObservation(

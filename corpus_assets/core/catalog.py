@@ -62,6 +62,7 @@ chunk_tasks = Table(
     Column("code_version", String(64), primary_key=True),
     Column("status", String(10), nullable=False),
     Column("attempts", Integer, nullable=False, default=0),
+    Column("owner", String(128)),
     Column("heartbeat_at", Float),
     Column("last_error", Text),
     Column("output_digest", String(71)),
@@ -195,6 +196,21 @@ class Catalog:
                 .first()
             )
             return dict(row) if row else None
+
+    def previous_freeze(self, partition_key: str) -> str | None:
+        """The spec digest of the freeze recorded just before ``partition_key``'s, if any."""
+        with self.begin() as conn:
+            created = conn.scalar(
+                select(freezes.c.created_at).where(freezes.c.partition_key == partition_key)
+            )
+            if created is None:
+                return None
+            return conn.scalar(
+                select(freezes.c.spec_digest)
+                .where(freezes.c.created_at < created)
+                .order_by(freezes.c.created_at.desc())
+                .limit(1)
+            )
 
     def partition_keys(self) -> list[str]:
         with self.begin() as conn:

@@ -16,6 +16,8 @@ from corpus_assets.core.digests import json_digest
 
 SOURCE_ID_RE = r"^[a-z0-9][a-z0-9_-]{0,63}$"
 DEFAULT_HOME = ".corpus"
+URL_SCHEMES = ("file://", "http://", "https://")
+SOURCE_KINDS = ("objects", "changelog")
 CONFIG_NAME = "corpus.yaml"
 
 
@@ -28,15 +30,62 @@ class _Strict(BaseModel):
 
 
 class ObjectsSource(_Strict):
-    """A folder of JSONL / JSONL.zst objects, pinned by sha256 at freeze time."""
+    """Objects pinned by sha256 at freeze time: a local folder, listed URLs, or an index file.
+
+    Exactly one of ``path`` (a folder, filtered by ``include``), ``urls`` (``file://``,
+    ``http://`` or ``https://``) or ``index`` (a path or URL of a text file listing one object URL
+    per line, relative URLs resolved against it) names the objects.
+    """
 
     id: Annotated[str, Field(pattern=SOURCE_ID_RE)]
     kind: Literal["objects"]
-    path: str
-    include: list[str] = Field(default_factory=lambda: ["*.jsonl", "*.jsonl.zst"])
+    path: str | None = None
+    urls: list[str] | None = None
+    index: str | None = None
+    include: list[str] = Field(
+        default_factory=lambda: ["*.jsonl", "*.jsonl.zst", "*.jsonl.gz", "*.parquet"]
+    )
+    format: Literal["auto", "jsonl", "parquet"] = "auto"
     text_field: str = "text"
     id_field: str = "id"
     group_field: str | None = None
+
+    @model_validator(mode="after")
+    def _one_location(self) -> "ObjectsSource":
+        given = [k for k in ("path", "urls", "index") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError(f"give exactly one of path, urls, index (got {given or 'none'})")
+        for url in self.urls or []:
+            if not url.startswith(URL_SCHEMES):
+                raise ValueError(f"url {url!r} must start with one of {', '.join(URL_SCHEMES)}")
+        return self
+
+
+class ChangelogSource(_Strict):
+    """Append-only CDC segment files (Debezium-style events) folded to a table at a watermark."""
+
+    id: Annotated[str, Field(pattern=SOURCE_ID_RE)]
+    kind: Literal["changelog"]
+    path: str
+    include: list[str] = Field(default_factory=lambda: ["*.jsonl", "*.jsonl.zst", "*.jsonl.gz"])
+    key_field: str = "id"
+    text_field: str = "text"
+    group_field: str | None = None
+    start_lsn: Annotated[int, Field(ge=0)] = 1
+
+    @property
+    def id_field(self) -> str:
+        return self.key_field
+
+
+Source = Annotated[ObjectsSource | ChangelogSource, Field(discriminator="kind")]
+
+
+class Limits(_Strict):
+    """Decompression bounds: a bomb stops with an error naming the object, not an OOM."""
+
+    max_output_bytes: Annotated[int, Field(ge=1)] = 64 << 30
+    max_ratio: Annotated[int, Field(ge=2)] = 1000
 
 
 class DedupPolicy(_Strict):
@@ -86,8 +135,9 @@ class CorpusConfig(_Strict):
     version: Literal[1]
     purpose: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")]
     alias: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9._-]{0,63}$")] = "train"
-    sources: Annotated[list[ObjectsSource], Field(min_length=1)]
+    sources: Annotated[list[Source], Field(min_length=1)]
     policies: Policies = Policies()
+    limits: Limits = Limits()
     storage: Storage = Storage()
 
     @model_validator(mode="after")
@@ -111,8 +161,9 @@ class LoadedConfig(BaseModel):
     config: CorpusConfig
     path: Path
 
-    def source_path(self, source: ObjectsSource) -> Path:
-        return (self.path.parent / os.path.expanduser(source.path)).resolve()
+    def resolve(self, location: str) -> Path:
+        """A path from the config, relative to the config file's folder."""
+        return (self.path.parent / os.path.expanduser(location)).resolve()
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -150,15 +201,23 @@ def parse_config(raw: Any, where: str) -> CorpusConfig:
         return CorpusConfig.model_validate(raw)
     except ValidationError as error:
         first = error.errors()[0]
-        key = (
-            "".join(
-                f"[{part}]" if isinstance(part, int) else f".{part}" for part in first["loc"]
-            ).lstrip(".")
-            or "(top level)"
-        )
+        key = _key_path(first["loc"])
+        if first["type"] in ("union_tag_invalid", "union_tag_not_found"):
+            key += ".kind"
         problem = re.sub(r"^Value error, ", "", first["msg"])
         more = f" (and {error.error_count() - 1} more)" if error.error_count() > 1 else ""
         raise ConfigError(f"{where}: {key}: {problem}{more}") from None
+
+
+def _key_path(loc: tuple[int | str, ...]) -> str:
+    """``sources[0].colour`` from pydantic's location, minus the union tag it inserts."""
+    parts: list[str] = []
+    for n, part in enumerate(loc):
+        if isinstance(part, int):
+            parts.append(f"[{part}]")
+        elif not (n and isinstance(loc[n - 1], int) and part in SOURCE_KINDS):
+            parts.append(f".{part}")
+    return "".join(parts).lstrip(".") or "(top level)"
 
 
 def load_config(explicit: str | os.PathLike[str] | None = None) -> LoadedConfig:

@@ -4,6 +4,10 @@ Approval re-verifies the snapshot before recording the approver, so nobody appro
 longer match. Activation takes the manifest's own watermarks to the gate's compare-and-swap.
 """
 
+import json
+from collections.abc import Callable
+from typing import Any
+
 from corpus_assets.core import gate, states
 from corpus_assets.core.cas import ContentStore
 from corpus_assets.core.catalog import Catalog
@@ -22,9 +26,28 @@ def approve(cas: ContentStore, catalog: Catalog, digest: str, by: str) -> states
     return states.approve(catalog, snapshot.snapshot_id, by)
 
 
-def activate(cas: ContentStore, catalog: Catalog, digest: str, actor: str) -> gate.Gate:
+def activate(
+    cas: ContentStore,
+    catalog: Catalog,
+    digest: str,
+    actor: str,
+    late_changes: Callable[[dict[str, Any]], list[str]] | None = None,
+) -> gate.Gate:
+    """Activate after a last look for late source changes (which make it INCOMPLETE instead)."""
     snapshot = resolve(catalog, digest)
     manifest = load_manifest(cas, snapshot)
+    if late_changes is not None:
+        late = late_changes(json.loads(cas.get_bytes(manifest["freeze"]["digest"], "freeze spec")))
+        if late:
+            states.transition(
+                catalog,
+                snapshot.snapshot_id,
+                snapshot.state,
+                states.INCOMPLETE,
+                actor,
+                "; ".join(late),
+            )
+            raise PublishError(f"{snapshot.snapshot_id} is INCOMPLETE: {late[0]}")
     return gate.activate(
         catalog,
         snapshot.snapshot_id,

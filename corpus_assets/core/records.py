@@ -8,24 +8,25 @@ record count so every exclusion has a denominator.
 import json
 import unicodedata
 from collections import Counter
+from collections.abc import Iterator
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from corpus_assets.core.artifacts import (
     JSON,
-    Ref,
     get_json,
     get_table,
     make_ref,
     put_json,
     put_table,
 )
-from corpus_assets.core.config import ObjectsSource
+from corpus_assets.core.config import Source
 from corpus_assets.core.digests import json_digest
 from corpus_assets.core.layers import LayerResult, publish_index, read_index
 from corpus_assets.core.sources import iter_lines
-from corpus_assets.core.tasks import ChunkTask, run_chunk
+from corpus_assets.core.tasks import ChunkTask, preload, run_chunk
 from corpus_assets.core.workspace import Workspace
 
 CODE = "canonical_records.v1"
@@ -71,10 +72,8 @@ def record_schema_digest() -> str:
     )
 
 
-def parse_document(
-    source: ObjectsSource, object_name: str, line_no: int, raw: bytes
-) -> dict[str, Any]:
-    """One JSONL line to an envelope + ``document`` payload, or ``Quarantined`` with the reason."""
+def parse_line(raw: bytes) -> dict[str, Any]:
+    """One JSONL line to a JSON object, or ``Quarantined`` with the reason."""
     if not raw.strip():
         raise Quarantined("blank_line", "line is empty")
     try:
@@ -87,6 +86,18 @@ def parse_document(
         raise Quarantined("invalid_json", f"column {error.colno}: {error.msg}") from None
     if not isinstance(obj, dict):
         raise Quarantined("not_an_object", f"top level is {type(obj).__name__}")
+    return obj
+
+
+def parse_document(source: Source, object_name: str, line_no: int, raw: bytes) -> dict[str, Any]:
+    """One JSONL line to an envelope + ``document`` payload, or ``Quarantined`` with the reason."""
+    return document_from_row(source, object_name, line_no, parse_line(raw))
+
+
+def document_from_row(
+    source: Source, object_name: str, row_no: int, obj: dict[str, Any]
+) -> dict[str, Any]:
+    """One source row (a JSON object or a Parquet row) to envelope + ``document`` payload."""
     if source.text_field not in obj:
         raise Quarantined("missing_text", f"no {source.text_field!r} field")
     text = obj[source.text_field]
@@ -97,7 +108,7 @@ def parse_document(
         raise Quarantined("empty_text", f"{source.text_field!r} is blank")
     local_id = obj.get(source.id_field)
     if local_id is None:
-        local_id = f"{object_name}#L{line_no}"
+        local_id = f"{object_name}#L{row_no}"
     elif isinstance(local_id, bool) or not isinstance(local_id, str | int):
         raise Quarantined("bad_id", f"{source.id_field!r} is {type(local_id).__name__}")
     record_id = f"{source.id}/{local_id}"
@@ -126,29 +137,51 @@ def parse_document(
     }
 
 
-def _parse_object(ws: Workspace, source: ObjectsSource, name: str, object_ref: Ref) -> str:
-    digest = object_ref["digest"]
-    rows: dict[str, list[Any]] = {f.name: [] for f in RECORD_COLUMNS}
-    quarantine: dict[str, list[Any]] = {f.name: [] for f in QUARANTINE_COLUMNS}
-    reasons: Counter[str] = Counter()
-    what = f"raw object {source.id}/{name} ({digest})"
+def _source_rows(
+    ws: Workspace, item: dict[str, Any], what: str
+) -> Iterator[tuple[int, dict[str, Any] | Quarantined]]:
+    """(1-based line or row number, object or the reason it was quarantined) of a raw object."""
+    digest = item["object"]["digest"]
+    if item["format"] == "parquet":
+        ws.cas.verify(digest, what)
+        number = 0
+        for batch in pq.ParquetFile(ws.cas.path(digest)).iter_batches(batch_size=4096):
+            for row in batch.to_pylist():
+                number += 1
+                yield number, row
+        return
     with ws.cas.open(digest, what) as stream:
         for line_no, raw in iter_lines(stream, what):
             try:
-                parsed = parse_document(source, name, line_no, raw)
+                yield line_no, parse_line(raw)
             except Quarantined as q:
-                reasons[q.reason] += 1
-                for key, value in (
-                    ("object", digest),
-                    ("line", line_no),
-                    ("reason", q.reason),
-                    ("detail", q.detail),
-                ):
-                    quarantine[key].append(value)
-                continue
-            parsed.update(source_id=source.id, object=digest, line=line_no)
-            for key, column in rows.items():
-                column.append(parsed[key])
+                yield line_no, q
+
+
+def _parse_object(ws: Workspace, source: Source, item: dict[str, Any]) -> str:
+    digest = item["object"]["digest"]
+    rows: dict[str, list[Any]] = {f.name: [] for f in RECORD_COLUMNS}
+    quarantine: dict[str, list[Any]] = {f.name: [] for f in QUARANTINE_COLUMNS}
+    reasons: Counter[str] = Counter()
+    what = f"raw object {source.id}/{item['name']} ({digest})"
+    for number, obj in _source_rows(ws, item, what):
+        try:
+            if isinstance(obj, Quarantined):
+                raise obj
+            parsed = document_from_row(source, item["name"], number, obj)
+        except Quarantined as q:
+            reasons[q.reason] += 1
+            for key, value in (
+                ("object", digest),
+                ("line", number),
+                ("reason", q.reason),
+                ("detail", q.detail),
+            ):
+                quarantine[key].append(value)
+            continue
+        parsed.update(source_id=source.id, object=digest, line=number)
+        for key, column in rows.items():
+            column.append(parsed[key])
     records = pa.Table.from_pydict(rows, schema=RECORD_COLUMNS)
     descriptor = {
         "schema": CHUNK_SCHEMA,
@@ -167,6 +200,7 @@ def build_canonical_records(ws: Workspace, partition_key: str) -> LayerResult:
     raw_ref, raw_index = read_index(ws, partition_key, "raw_snapshot")
     sources = {s.id: s for s in ws.config.sources}
     chunks, dead, skipped = [], [], 0
+    done = preload(ws.catalog, "canonical_records", CODE)
     reasons: Counter[str] = Counter()
     records = 0
     for item in raw_index["outputs"]["objects"]:
@@ -175,7 +209,11 @@ def build_canonical_records(ws: Workspace, partition_key: str) -> LayerResult:
             layer="canonical_records",
             chunk_key=f"{source.id}/{item['name']}",
             input_digest=json_digest(
-                {"object": item["object"]["digest"], "source": source.model_dump(mode="json")}
+                {
+                    "object": item["object"]["digest"],
+                    "format": item["format"],
+                    "source": source.model_dump(mode="json"),
+                }
             ),
             code_version=CODE,
         )
@@ -183,7 +221,8 @@ def build_canonical_records(ws: Workspace, partition_key: str) -> LayerResult:
             ws.catalog,
             ws.cas,
             task,
-            lambda s=source, i=item: _parse_object(ws, s, i["name"], i["object"]),
+            lambda s=source, i=item: _parse_object(ws, s, i),
+            done=done,
         )
         if outcome.output_digest is None:
             dead.append(

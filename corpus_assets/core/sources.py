@@ -1,11 +1,15 @@
-"""Source objects: listing, cheap change fingerprints, codec sniffing and line iteration.
+"""Source listing and cheap change fingerprints, for every source kind.
 
-Listing is sorted by relative POSIX name so every machine sees the same order. The fingerprint
-(name, size, mtime) is cheap enough for a sensor tick; the pinned sha256 is taken at freeze time.
+Listing is sorted by name (relative POSIX path for folders, the URL for URL sources) so every
+machine sees the same order. A listed object carries a cheap *version* - ``mtime_ns`` for local
+files, the ETag or Last-Modified for HTTP - that the discovery sensor compares between ticks; the
+pinned sha256 of the bytes is only taken at freeze time.
 """
 
 import gzip
 import io
+import urllib.parse
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,11 +17,12 @@ from typing import BinaryIO
 
 import zstandard
 
-from corpus_assets.core.config import LoadedConfig, ObjectsSource
+from corpus_assets.core.config import ChangelogSource, LoadedConfig, ObjectsSource
 from corpus_assets.core.digests import json_digest
 
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 GZIP_MAGIC = b"\x1f\x8b"
+INDEX_LIMIT = 64 << 20
 
 
 class SourceError(RuntimeError):
@@ -26,14 +31,88 @@ class SourceError(RuntimeError):
 
 @dataclass(frozen=True)
 class ListedObject:
+    """One object as a listing saw it: where it is and its cheap version."""
+
     name: str
-    path: Path
-    size: int
-    mtime_ns: int
+    location: str
+    size: int | None
+    version: str
+
+    @property
+    def remote(self) -> bool:
+        return self.location.startswith(("http://", "https://"))
+
+
+def local_object(name: str, path: Path) -> ListedObject:
+    stat = path.stat()
+    return ListedObject(name, str(path), stat.st_size, f"mtime_ns:{stat.st_mtime_ns}")
+
+
+def remote_object(url: str) -> ListedObject:
+    from corpus_assets.core.download import head
+
+    version = head(url)
+    validator = (
+        f"etag:{version.etag}"
+        if version.etag
+        else f"last-modified:{version.last_modified}"
+        if version.last_modified
+        else ""
+    )
+    return ListedObject(url, url, version.size, validator)
+
+
+def url_object(url: str) -> ListedObject:
+    if url.startswith("file://"):
+        path = Path(urllib.parse.unquote(urllib.parse.urlparse(url).path))
+        if not path.is_file():
+            raise FileNotFoundError(path)
+        return local_object(url, path)
+    return remote_object(url)
+
+
+def read_index(loaded: LoadedConfig, source: ObjectsSource) -> tuple[str, bytes, list[str]]:
+    """The index location, its bytes, and the object URLs it lists (relative ones resolved)."""
+    assert source.index is not None
+    location = source.index
+    if "://" not in location:
+        location = loaded.resolve(location).as_uri()
+    try:
+        with urllib.request.urlopen(location, timeout=30) as response:
+            data = response.read(INDEX_LIMIT + 1)
+    except OSError as error:
+        raise SourceError(f"source {source.id!r}: cannot read index {location}: {error}") from None
+    if len(data) > INDEX_LIMIT:
+        raise SourceError(f"source {source.id!r}: index {location} is larger than 64 MiB")
+    urls = []
+    for number, line in enumerate(data.decode("utf-8").splitlines(), start=1):
+        entry = line.strip()
+        if not entry or entry.startswith("#"):
+            continue
+        url = urllib.parse.urljoin(location, entry)
+        if not url.startswith(("file://", "http://", "https://")):
+            raise SourceError(f"source {source.id!r}: index {location} line {number}: bad URL")
+        urls.append(url)
+    return location, data, urls
+
+
+def object_urls(loaded: LoadedConfig, source: ObjectsSource) -> list[str]:
+    if source.urls is not None:
+        return list(source.urls)
+    return read_index(loaded, source)[2]
 
 
 def list_objects(loaded: LoadedConfig, source: ObjectsSource) -> list[ListedObject]:
-    root = loaded.source_path(source)
+    """Every object of an ``objects`` source, sorted by name."""
+    if source.path is None:
+        listed = []
+        for url in sorted(set(object_urls(loaded, source))):
+            try:
+                listed.append(url_object(url))
+            except (OSError, SourceError) as error:
+                raise SourceError(f"source {source.id!r}: cannot list {url}: {error}") from None
+        return listed
+    root = loaded.resolve(source.path)
     if not root.is_dir():
         raise SourceError(f"source {source.id!r}: folder {root} does not exist")
     seen: dict[str, ListedObject] = {}
@@ -41,19 +120,32 @@ def list_objects(loaded: LoadedConfig, source: ObjectsSource) -> list[ListedObje
         for path in root.rglob(pattern):
             if not path.is_file() or path.name.startswith("."):
                 continue
-            stat = path.stat()
             name = path.relative_to(root).as_posix()
-            seen[name] = ListedObject(name, path, stat.st_size, stat.st_mtime_ns)
+            try:
+                seen[name] = local_object(name, path)
+            except FileNotFoundError:
+                continue  # deleted while listing: not part of this listing
     return [seen[name] for name in sorted(seen)]
 
 
 def fingerprint(loaded: LoadedConfig) -> str:
-    """Digest of every source's listing; changes when an object is added, removed or touched."""
-    listing = {
-        source.id: [[o.name, str(o.size), str(o.mtime_ns)] for o in list_objects(loaded, source)]
-        for source in loaded.config.sources
-    }
-    return json_digest(listing)
+    """Digest of every source's cheap state; it changes when an object or segment changes."""
+    state: dict[str, object] = {}
+    for source in loaded.config.sources:
+        if isinstance(source, ChangelogSource):
+            from corpus_assets.core.changelog import head_offset, list_segments
+
+            segments = list_segments(loaded.resolve(source.path), source.include)
+            head = head_offset(segments)
+            state[source.id] = {
+                "segments": [[s.name, str(s.size), str(s.mtime_ns)] for s in segments],
+                "head": None if head is None else str(head),
+            }
+        else:
+            state[source.id] = [
+                [o.name, str(o.size), o.version] for o in list_objects(loaded, source)
+            ]
+    return json_digest(state)
 
 
 def sniff_codec(head: bytes) -> str:

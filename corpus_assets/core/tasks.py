@@ -1,22 +1,36 @@
-"""Chunk tasks (seed 004): idempotent per-chunk work with retries and a dead letter.
+"""Chunk tasks (seed 004): idempotent per-chunk work with retries, heartbeats and a dead letter.
 
 A task is keyed by (layer, chunk key, input digest, code version). SUCCESS with the same key and an
-output that is present in the CAS at the recorded size is skipped. A failure is retried with
-backoff; after ``max_attempts`` the task becomes a dead letter carrying its last error, the rest of
-the layer goes on, and the snapshot cannot validate while the dead letter is open.
+output present in the CAS at the recorded size is skipped; callers that walk many chunks preload
+the layer's successes in one query (``preload``) so a skip costs a dict lookup and one ``stat``.
+
+A worker claims a task with one conditional UPDATE that succeeds only if nobody else holds a live
+claim. While ``work`` runs, a heartbeat thread refreshes the claim; a RUNNING row whose heartbeat
+is older than ``stale_after`` - or whose owner process on this host is gone (SIGKILL) - is taken
+over. A failure is retried with exponential backoff; after ``max_attempts`` the task becomes a dead
+letter with its last error, the rest of the layer goes on, and the snapshot cannot validate while
+the dead letter is open.
 """
 
+import os
+import socket
+import threading
 import time
 import traceback
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from sqlalchemy import and_, insert, select, update
+from sqlalchemy import and_, insert, or_, select, update
+from sqlalchemy.exc import IntegrityError
 
 from corpus_assets.core.cas import ContentStore
 from corpus_assets.core.catalog import Catalog, chunk_tasks
 
 PENDING, RUNNING, SUCCESS, FAILED = "PENDING", "RUNNING", "SUCCESS", "FAILED"
+WORKER = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+Done = dict[tuple[str, str], tuple[str, int]]
 
 
 @dataclass(frozen=True)
@@ -26,7 +40,7 @@ class ChunkTask:
     input_digest: str
     code_version: str
 
-    def where(self):
+    def where(self):  # a SQLAlchemy clause
         return and_(
             chunk_tasks.c.layer == self.layer,
             chunk_tasks.c.chunk_key == self.chunk_key,
@@ -47,6 +61,30 @@ class ChunkOutcome:
         return self.output_digest is None
 
 
+@dataclass(frozen=True)
+class TaskPolicy:
+    max_attempts: int = 3
+    backoff_seconds: float = 0.05
+    stale_after: float = 30.0
+
+
+def preload(catalog: Catalog, layer: str, code_version: str) -> Done:
+    """Every SUCCESS of one layer and code version, keyed by (chunk key, input digest)."""
+    with catalog.begin() as conn:
+        rows = conn.execute(
+            select(
+                chunk_tasks.c.chunk_key,
+                chunk_tasks.c.input_digest,
+                chunk_tasks.c.output_digest,
+                chunk_tasks.c.output_size,
+            )
+            .where(chunk_tasks.c.layer == layer)
+            .where(chunk_tasks.c.code_version == code_version)
+            .where(chunk_tasks.c.status == SUCCESS)
+        ).all()
+    return {(r.chunk_key, r.input_digest): (r.output_digest, r.output_size) for r in rows}
+
+
 def run_chunk(
     catalog: Catalog,
     cas: ContentStore,
@@ -54,34 +92,40 @@ def run_chunk(
     work: Callable[[], str],
     max_attempts: int = 3,
     backoff_seconds: float = 0.05,
+    *,
+    done: Done | None = None,
+    stale_after: float = 30.0,
 ) -> ChunkOutcome:
     """Run ``work`` (puts its output in the CAS, returns the digest) at most once per key."""
-    done = _reusable_output(catalog, cas, task)
-    if done is not None:
-        return ChunkOutcome(task, done, skipped=True)
+    known = done.get((task.chunk_key, task.input_digest)) if done is not None else None
+    if known is None and done is None:
+        known = _success_row(catalog, task)
+    if known is not None and _present(cas, *known):
+        return ChunkOutcome(task, known[0], skipped=True)
     error = ""
     for attempt in range(1, max_attempts + 1):
-        _mark_running(catalog, task)
-        try:
-            digest = work()
-        except Exception as exc:
-            error = f"{type(exc).__name__}: {exc}"
-            _finish(
-                catalog,
-                task,
-                FAILED,
-                error=error + "\n" + traceback.format_exc(limit=5),
-                dead_letter=attempt == max_attempts,
-            )
-            if attempt < max_attempts:
-                time.sleep(backoff_seconds * 2 ** (attempt - 1))
-            continue
-        _finish(catalog, task, SUCCESS, output=(digest, cas.size(digest)))
-        return ChunkOutcome(task, digest, skipped=False)
+        reused = _claim_or_wait(catalog, cas, task, stale_after)
+        if reused is not None:
+            return ChunkOutcome(task, reused, skipped=True)
+        trace = ""
+        with _Heartbeat(catalog, task, interval=max(stale_after / 4, 0.05)):
+            try:
+                digest = work()
+            except Exception as exc:
+                error = f"{type(exc).__name__}: {exc}"
+                trace = traceback.format_exc(limit=5)
+        if not trace:
+            _finish(catalog, task, SUCCESS, output=(digest, cas.size(digest)))
+            return ChunkOutcome(task, digest, skipped=False)
+        _finish(
+            catalog, task, FAILED, error=f"{error}\n{trace}", dead_letter=attempt == max_attempts
+        )
+        if attempt < max_attempts:
+            time.sleep(backoff_seconds * 2 ** (attempt - 1))
     return ChunkOutcome(task, None, skipped=False, error=error)
 
 
-def open_dead_letters(catalog: Catalog, tasks: list[ChunkTask]) -> list[tuple[ChunkTask, str]]:
+def open_dead_letters(catalog: Catalog, tasks: Iterable[ChunkTask]) -> list[tuple[ChunkTask, str]]:
     """Dead letters among ``tasks`` (with their last error) that no later success has closed."""
     found = []
     with catalog.begin() as conn:
@@ -96,7 +140,14 @@ def open_dead_letters(catalog: Catalog, tasks: list[ChunkTask]) -> list[tuple[Ch
     return found
 
 
-def _reusable_output(catalog: Catalog, cas: ContentStore, task: ChunkTask) -> str | None:
+def _present(cas: ContentStore, digest: str, size: int) -> bool:
+    try:
+        return cas.path(digest).stat().st_size == size
+    except FileNotFoundError:
+        return False
+
+
+def _success_row(catalog: Catalog, task: ChunkTask) -> tuple[str, int] | None:
     with catalog.begin() as conn:
         row = conn.execute(
             select(
@@ -105,42 +156,130 @@ def _reusable_output(catalog: Catalog, cas: ContentStore, task: ChunkTask) -> st
         ).first()
     if row is None or row.status != SUCCESS or row.output_digest is None:
         return None
-    path = cas.path(row.output_digest)
+    return row.output_digest, row.output_size
+
+
+def _owner_is_gone(owner: str | None) -> bool:
+    """True if ``owner`` names a process on this host that no longer exists."""
+    if not owner:
+        return True
+    host, _, rest = owner.partition(":")
+    pid = rest.partition(":")[0]
+    if host != socket.gethostname() or not pid.isdigit():
+        return False
     try:
-        present = path.stat().st_size == row.output_size
-    except FileNotFoundError:
-        present = False
-    return row.output_digest if present else None
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
 
 
-def _mark_running(catalog: Catalog, task: ChunkTask) -> None:
+def _claim_or_wait(
+    catalog: Catalog, cas: ContentStore, task: ChunkTask, stale_after: float
+) -> str | None:
+    """Claim the task; if another live worker finishes it first, reuse its output."""
+    while True:
+        if _claim(catalog, task, stale_after):
+            return None
+        with catalog.begin() as conn:
+            row = conn.execute(
+                select(
+                    chunk_tasks.c.status,
+                    chunk_tasks.c.owner,
+                    chunk_tasks.c.output_digest,
+                    chunk_tasks.c.output_size,
+                ).where(task.where())
+            ).first()
+        if (
+            row is not None
+            and row.status == SUCCESS
+            and _present(cas, row.output_digest, row.output_size)
+        ):
+            return row.output_digest
+        if (
+            row is not None
+            and row.status == RUNNING
+            and _owner_is_gone(row.owner)
+            and _claim(catalog, task, stale_after, take_over=row.owner)
+        ):
+            return None
+        time.sleep(min(1.0, stale_after / 10))
+
+
+def _claim(
+    catalog: Catalog, task: ChunkTask, stale_after: float, take_over: str | None = None
+) -> bool:
     now = time.time()
+    free = or_(
+        chunk_tasks.c.status != RUNNING,
+        chunk_tasks.c.heartbeat_at < now - stale_after,
+        chunk_tasks.c.owner == WORKER,
+    )
+    if take_over is not None:
+        free = or_(free, chunk_tasks.c.owner == take_over)
+    values = {
+        "status": RUNNING,
+        "owner": WORKER,
+        "heartbeat_at": now,
+        "dead_letter": False,
+        "updated_at": now,
+    }
     with catalog.begin() as conn:
         moved = conn.execute(
             update(chunk_tasks)
             .where(task.where())
-            .values(
-                status=RUNNING,
-                attempts=chunk_tasks.c.attempts + 1,
-                heartbeat_at=now,
-                dead_letter=False,
-                updated_at=now,
-            )
+            .where(free)
+            .values(attempts=chunk_tasks.c.attempts + 1, **values)
         ).rowcount
-        if not moved:
+        if moved:
+            return True
+        exists = conn.execute(select(chunk_tasks.c.status).where(task.where())).first()
+    if exists is not None:
+        return False
+    try:
+        with catalog.begin() as conn:
             conn.execute(
                 insert(chunk_tasks).values(
                     layer=task.layer,
                     chunk_key=task.chunk_key,
                     input_digest=task.input_digest,
                     code_version=task.code_version,
-                    status=RUNNING,
                     attempts=1,
-                    heartbeat_at=now,
-                    dead_letter=False,
-                    updated_at=now,
+                    **values,
                 )
             )
+    except IntegrityError:
+        return False
+    return True
+
+
+class _Heartbeat:
+    """Refreshes this worker's claim on a task from a daemon thread while the work runs."""
+
+    def __init__(self, catalog: Catalog, task: ChunkTask, interval: float) -> None:
+        self._catalog, self._task, self._interval = catalog, task, interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, daemon=True)
+
+    def __enter__(self) -> "_Heartbeat":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self._interval):
+            with self._catalog.begin() as conn:
+                conn.execute(
+                    update(chunk_tasks)
+                    .where(self._task.where())
+                    .where(chunk_tasks.c.owner == WORKER)
+                    .values(heartbeat_at=time.time())
+                )
 
 
 def _finish(

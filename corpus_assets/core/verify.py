@@ -8,6 +8,7 @@ sources, no tombstone hits, watermarks equal to the freeze - and moves BUILDING 
 
 import json
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -107,16 +108,41 @@ def _walk(cas: ContentStore, node: Any, where: str, report: Report, seen: set[st
             _walk(cas, value, f"{where}[{n}]", report, seen)
 
 
-def validate(cas: ContentStore, catalog: Catalog, digest: str) -> Report:
-    """Run every gate rule; on success move the snapshot BUILDING -> VALIDATED."""
+def validate(
+    cas: ContentStore,
+    catalog: Catalog,
+    digest: str,
+    late_changes: Callable[[dict[str, Any]], list[str]] | None = None,
+) -> Report:
+    """Run every gate rule; on success move the snapshot BUILDING -> VALIDATED.
+
+    A freeze that is not a consistent boundary (CDC offset gap at freeze time, or late events at
+    or below its watermark found now by ``late_changes``) moves the snapshot to INCOMPLETE, from
+    any state before ACTIVE: it can never be published.
+    """
     report = verify(cas, catalog, digest)
     snapshot = resolve(catalog, digest)
     try:
-        rules = _gate_rules(cas, catalog, load_manifest(cas, snapshot))
+        manifest = load_manifest(cas, snapshot)
+        freeze = json.loads(cas.get_bytes(manifest["freeze"]["digest"], "freeze spec"))
+        rules = _gate_rules(cas, catalog, manifest, freeze)
+        incomplete = list(freeze.get("incomplete", []))
+        if late_changes is not None:
+            incomplete += late_changes(freeze)
     except CasError as error:  # already reported by verify, by object name
-        rules = [str(error)]
+        rules, incomplete = [str(error)], []
     report.findings.extend(dict.fromkeys(f for f in rules if f not in report.findings))
-    if report.ok and snapshot.state == states.BUILDING:
+    report.findings.extend(incomplete)
+    if incomplete and snapshot.state in (states.BUILDING, states.VALIDATED, states.APPROVED):
+        states.transition(
+            catalog,
+            snapshot.snapshot_id,
+            snapshot.state,
+            states.INCOMPLETE,
+            "validator",
+            "; ".join(incomplete),
+        )
+    elif report.ok and snapshot.state == states.BUILDING:
         states.transition(
             catalog,
             snapshot.snapshot_id,
@@ -128,9 +154,10 @@ def validate(cas: ContentStore, catalog: Catalog, digest: str) -> Report:
     return report
 
 
-def _gate_rules(cas: ContentStore, catalog: Catalog, manifest: dict[str, Any]) -> list[str]:
+def _gate_rules(
+    cas: ContentStore, catalog: Catalog, manifest: dict[str, Any], freeze: dict[str, Any]
+) -> list[str]:
     findings = []
-    freeze = json.loads(cas.get_bytes(manifest["freeze"]["digest"], "freeze spec"))
     for key in ("tombstoneWatermark", "benchmarkFence"):
         if manifest[key] != freeze[key]:
             findings.append(f"{key} {manifest[key]} differs from the freeze's {freeze[key]}")
