@@ -181,8 +181,6 @@ def _claim_or_wait(
 ) -> str | None:
     """Claim the task; if another live worker finishes it first, reuse its output."""
     while True:
-        if _claim(catalog, task, stale_after):
-            return None
         with catalog.begin() as conn:
             row = conn.execute(
                 select(
@@ -192,52 +190,57 @@ def _claim_or_wait(
                     chunk_tasks.c.output_size,
                 ).where(task.where())
             ).first()
-        if (
-            row is not None
-            and row.status == SUCCESS
-            and _present(cas, row.output_digest, row.output_size)
-        ):
+        if row is None:
+            if _insert_claim(catalog, task):
+                return None
+            continue
+        if row.status == SUCCESS and _present(cas, row.output_digest, row.output_size):
             return row.output_digest
-        if (
-            row is not None
-            and row.status == RUNNING
-            and _owner_is_gone(row.owner)
-            and _claim(catalog, task, stale_after, take_over=row.owner)
-        ):
+        gone = row.status == RUNNING and _owner_is_gone(row.owner)
+        if _claim(catalog, task, row.status, stale_after, row.owner if gone else None):
             return None
         time.sleep(min(1.0, stale_after / 10))
 
 
-def _claim(
-    catalog: Catalog, task: ChunkTask, stale_after: float, take_over: str | None = None
-) -> bool:
+def _claim_values() -> dict[str, object]:
     now = time.time()
-    free = or_(
-        chunk_tasks.c.status != RUNNING,
-        chunk_tasks.c.heartbeat_at < now - stale_after,
-        chunk_tasks.c.owner == WORKER,
-    )
-    if take_over is not None:
-        free = or_(free, chunk_tasks.c.owner == take_over)
-    values = {
+    return {
         "status": RUNNING,
         "owner": WORKER,
         "heartbeat_at": now,
         "dead_letter": False,
         "updated_at": now,
     }
+
+
+def _claim(
+    catalog: Catalog, task: ChunkTask, seen: str, stale_after: float, take_over: str | None
+) -> bool:
+    """Compare-and-swap the row from the status just seen to RUNNING under this worker.
+
+    A RUNNING row is only free when its heartbeat is stale, it is ours, or its owner is gone.
+    """
+    condition = chunk_tasks.c.status == seen
+    if seen == RUNNING:
+        live = [
+            chunk_tasks.c.heartbeat_at < time.time() - stale_after,
+            chunk_tasks.c.owner == WORKER,
+        ]
+        if take_over is not None:
+            live.append(chunk_tasks.c.owner == take_over)
+        condition = and_(condition, or_(*live))
     with catalog.begin() as conn:
-        moved = conn.execute(
-            update(chunk_tasks)
-            .where(task.where())
-            .where(free)
-            .values(attempts=chunk_tasks.c.attempts + 1, **values)
-        ).rowcount
-        if moved:
-            return True
-        exists = conn.execute(select(chunk_tasks.c.status).where(task.where())).first()
-    if exists is not None:
-        return False
+        return bool(
+            conn.execute(
+                update(chunk_tasks)
+                .where(task.where())
+                .where(condition)
+                .values(attempts=chunk_tasks.c.attempts + 1, **_claim_values())
+            ).rowcount
+        )
+
+
+def _insert_claim(catalog: Catalog, task: ChunkTask) -> bool:
     try:
         with catalog.begin() as conn:
             conn.execute(
@@ -247,7 +250,7 @@ def _claim(
                     input_digest=task.input_digest,
                     code_version=task.code_version,
                     attempts=1,
-                    **values,
+                    **_claim_values(),
                 )
             )
     except IntegrityError:
