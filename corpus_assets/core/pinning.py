@@ -18,12 +18,20 @@ from typing import Any
 from corpus_assets.core.artifacts import NDJSON, put_bytes
 from corpus_assets.core.config import ChangelogSource, ObjectsSource
 from corpus_assets.core.digests import json_digest
+from corpus_assets.core.download import (
+    DownloadError,
+    RemoteVersion,
+    ResumeRefused,
+    fetch_to_cas,
+    head,
+)
 from corpus_assets.core.sources import (
     ListedObject,
     list_objects,
     local_object,
     read_index,
     url_object,
+    version_of,
 )
 from corpus_assets.core.tasks import ChunkTask, Done, preload, run_chunk
 from corpus_assets.core.workspace import Workspace
@@ -35,6 +43,10 @@ COPY_RETRIES = 3
 
 class ObjectChanged(RuntimeError):
     """The object changed between listing and copying; it must be listed again."""
+
+
+class ObjectVanished(RuntimeError):
+    """A listed object is gone before it could be pinned: it belongs to the next snapshot."""
 
 
 class PinError(RuntimeError):
@@ -108,7 +120,7 @@ def _pin_objects(ws: Workspace, source: ObjectsSource) -> PinnedSource:
     for listed in before:
         try:
             pinned.append(_pin(ws, source, listed, done))
-        except FileNotFoundError:
+        except (FileNotFoundError, ObjectVanished):
             deferred.append({"name": listed.name, "change": "removed", "pinned": False})
         except PinError as error:
             failures.append(str(error))
@@ -117,7 +129,7 @@ def _pin_objects(ws: Workspace, source: ObjectsSource) -> PinnedSource:
             f"source {source.id!r}: {len(failures)} object(s) could not be pinned "
             f"(the others are pinned; a rerun resumes): " + "; ".join(failures[:5])
         )
-    after = {o.name: o for o in list_objects(ws.loaded, source)}
+    after = {o.name: o for o in list_objects(ws.loaded, source, missing_ok=True)}
     names = {o.name for o in before}
     deferred += [
         {"name": n, "change": "added", "pinned": False} for n in sorted(set(after) - names)
@@ -151,21 +163,23 @@ def _pin(ws: Workspace, source: ObjectsSource, listed: ListedObject, done: Done)
             ),
             CODE,
         )
-        changed: list[str] = []
-
-        def work(obj: ListedObject = listed, changed: list[str] = changed) -> str:
-            try:
-                return _copy(ws, obj)
-            except ObjectChanged as error:
-                changed.append(str(error))
-                raise
-
-        outcome = run_chunk(ws.catalog, ws.cas, task, work, done=done)
-        if outcome.output_digest is not None:
-            return _entry(ws, source, listed, outcome.output_digest)
-        if not changed:
+        try:
+            outcome = run_chunk(
+                ws.catalog,
+                ws.cas,
+                task,
+                lambda obj=listed: _copy(ws, obj),
+                done=done,
+                passthrough=(ObjectChanged, ObjectVanished, FileNotFoundError, ResumeRefused),
+            )
+        except ResumeRefused as error:
+            raise PinError(f"{listed.name}: {error}") from None
+        except ObjectChanged:
+            listed = _relist(listed)
+            continue
+        if outcome.output_digest is None:
             raise PinError(f"{listed.name}: {outcome.error}")
-        listed = _relist(listed)
+        return _entry(ws, source, listed, outcome.output_digest)
     raise PinError(f"{listed.name}: kept changing while being copied ({COPY_RETRIES} tries)")
 
 
@@ -177,8 +191,6 @@ def _relist(listed: ListedObject) -> ListedObject:
 
 def _copy(ws: Workspace, listed: ListedObject) -> str:
     if listed.remote:
-        from corpus_assets.core.download import DownloadError, RemoteVersion, fetch_to_cas
-
         etag = listed.version[5:] if listed.version.startswith("etag:") else None
         modified = (
             listed.version[len("last-modified:") :]
@@ -194,9 +206,15 @@ def _copy(ws: Workspace, listed: ListedObject) -> str:
                 expected=expected,
                 resume_only=resume_only(),
             )
+        except ResumeRefused:
+            raise
         except DownloadError as error:
-            if "pinned version" in str(error):
-                raise ObjectChanged(str(error)) from None
+            try:
+                now = head(listed.location)
+            except (DownloadError, OSError):
+                raise ObjectVanished(f"{listed.name} is gone: {error}") from None
+            if version_of(now.etag, now.last_modified) != listed.version:
+                raise ObjectChanged(f"{listed.name} changed while it was fetched") from None
             raise
         return fetched.digest
     path = Path(listed.location)

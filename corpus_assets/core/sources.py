@@ -8,6 +8,7 @@ pinned sha256 of the bytes is only taken at freeze time.
 
 import gzip
 import io
+import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
@@ -19,6 +20,7 @@ import zstandard
 
 from corpus_assets.core.config import ChangelogSource, LoadedConfig, ObjectsSource
 from corpus_assets.core.digests import json_digest
+from corpus_assets.core.download import DownloadError, head
 
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 GZIP_MAGIC = b"\x1f\x8b"
@@ -48,18 +50,16 @@ def local_object(name: str, path: Path) -> ListedObject:
     return ListedObject(name, str(path), stat.st_size, f"mtime_ns:{stat.st_mtime_ns}")
 
 
-def remote_object(url: str) -> ListedObject:
-    from corpus_assets.core.download import head
+def version_of(etag: str | None, last_modified: str | None) -> str:
+    """The cheap version of a remote object: its ETag, else its Last-Modified, else unversioned."""
+    if etag:
+        return f"etag:{etag}"
+    return f"last-modified:{last_modified}" if last_modified else ""
 
+
+def remote_object(url: str) -> ListedObject:
     version = head(url)
-    validator = (
-        f"etag:{version.etag}"
-        if version.etag
-        else f"last-modified:{version.last_modified}"
-        if version.last_modified
-        else ""
-    )
-    return ListedObject(url, url, version.size, validator)
+    return ListedObject(url, url, version.size, version_of(version.etag, version.last_modified))
 
 
 def url_object(url: str) -> ListedObject:
@@ -102,14 +102,22 @@ def object_urls(loaded: LoadedConfig, source: ObjectsSource) -> list[str]:
     return read_index(loaded, source)[2]
 
 
-def list_objects(loaded: LoadedConfig, source: ObjectsSource) -> list[ListedObject]:
-    """Every object of an ``objects`` source, sorted by name."""
+def list_objects(
+    loaded: LoadedConfig, source: ObjectsSource, missing_ok: bool = False
+) -> list[ListedObject]:
+    """Every object of an ``objects`` source, sorted by name.
+
+    A URL that the source names but that does not exist is an error naming it, unless
+    ``missing_ok`` (the re-listing after a freeze, where a deletion is a fact to report).
+    """
     if source.path is None:
         listed = []
         for url in sorted(set(object_urls(loaded, source))):
             try:
                 listed.append(url_object(url))
-            except (OSError, SourceError) as error:
+            except (OSError, DownloadError) as error:
+                if missing_ok and _is_missing(error):
+                    continue
                 raise SourceError(f"source {source.id!r}: cannot list {url}: {error}") from None
         return listed
     root = loaded.resolve(source.path)
@@ -128,6 +136,13 @@ def list_objects(loaded: LoadedConfig, source: ObjectsSource) -> list[ListedObje
     return [seen[name] for name in sorted(seen)]
 
 
+def _is_missing(error: Exception) -> bool:
+    cause = error.__cause__ if isinstance(error, DownloadError) else error
+    if isinstance(cause, urllib.error.HTTPError):
+        return cause.code in (404, 410)
+    return isinstance(cause, FileNotFoundError)
+
+
 def fingerprint(loaded: LoadedConfig) -> str:
     """Digest of every source's cheap state; it changes when an object or segment changes."""
     state: dict[str, object] = {}
@@ -143,7 +158,8 @@ def fingerprint(loaded: LoadedConfig) -> str:
             }
         else:
             state[source.id] = [
-                [o.name, str(o.size), o.version] for o in list_objects(loaded, source)
+                [o.name, str(o.size), o.version]
+                for o in list_objects(loaded, source, missing_ok=True)
             ]
     return json_digest(state)
 

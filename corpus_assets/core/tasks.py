@@ -95,8 +95,13 @@ def run_chunk(
     *,
     done: Done | None = None,
     stale_after: float = 30.0,
+    passthrough: tuple[type[Exception], ...] = (),
 ) -> ChunkOutcome:
-    """Run ``work`` (puts its output in the CAS, returns the digest) at most once per key."""
+    """Run ``work`` (puts its output in the CAS, returns the digest) at most once per key.
+
+    Exceptions of a ``passthrough`` type are facts for the caller, not failures to retry: the
+    task is marked FAILED (not a dead letter) and the exception propagates.
+    """
     known = done.get((task.chunk_key, task.input_digest)) if done is not None else None
     if known is None and done is None:
         known = _success_row(catalog, task)
@@ -111,6 +116,9 @@ def run_chunk(
         with _Heartbeat(catalog, task, interval=max(stale_after / 4, 0.05)):
             try:
                 digest = work()
+            except passthrough as exc:
+                _finish(catalog, task, FAILED, error=f"{type(exc).__name__}: {exc}")
+                raise
             except Exception as exc:
                 error = f"{type(exc).__name__}: {exc}"
                 trace = traceback.format_exc(limit=5)

@@ -1,0 +1,176 @@
+"""``objects`` sources over real loopback HTTP: listed URLs, index files, formats, and objects that
+change, vanish or appear while a freeze is scanning."""
+
+import gzip
+import hashlib
+import io
+import json
+import threading
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import zstandard
+
+from corpus_assets.core.pipeline import BUILDERS, build_all
+from corpus_assets.core.sources import fingerprint
+from corpus_assets.core.verify import validate
+from corpus_assets.core.workspace import Workspace, open_workspace
+
+
+class Site:
+    """Objects by path, each with an ETag; ``after_get`` hooks run once a GET was answered."""
+
+    def __init__(self) -> None:
+        self.objects: dict[str, bytes] = {}
+        self.after_get: dict[str, Callable[[], None]] = {}
+        self.lock = threading.Lock()
+
+    def put(self, path: str, body: bytes) -> None:
+        with self.lock:
+            self.objects[path] = body
+
+    def etag(self, path: str) -> str:
+        return '"' + hashlib.sha256(self.objects[path]).hexdigest()[:16] + '"'
+
+
+def _handler(site: Site) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *_args: object) -> None:
+            pass
+
+        def do_HEAD(self) -> None:
+            self._answer(body=False)
+
+        def do_GET(self) -> None:
+            self._answer(body=True)
+            hook = site.after_get.pop(self.path, None)
+            if hook is not None:
+                hook()
+
+        def _answer(self, body: bool) -> None:
+            with site.lock:
+                data = site.objects.get(self.path)
+                etag = site.etag(self.path) if data is not None else None
+            if data is None:
+                self.send_error(404)
+                return
+            start = 0
+            wanted = self.headers.get("Range")
+            if wanted and self.headers.get("If-Range", etag) == etag:
+                start = int(wanted.removeprefix("bytes=").split("-")[0])
+            self.send_response(206 if start else 200)
+            if start:
+                self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
+            self.send_header("Content-Length", str(len(data) - start))
+            self.send_header("ETag", etag)
+            self.send_header("Accept-Ranges", "bytes")
+            self.end_headers()
+            if body:
+                self.wfile.write(data[start:])
+
+    return Handler
+
+
+@pytest.fixture
+def site() -> Iterator[tuple[Site, str]]:
+    site = Site()
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(site))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield site, f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def _jsonl(prefix: str, n: int) -> bytes:
+    return "".join(
+        json.dumps({"id": f"{prefix}{i}", "text": f"{prefix} document number {i}"}) + "\n"
+        for i in range(n)
+    ).encode()
+
+
+def _parquet(prefix: str, n: int) -> bytes:
+    table = pa.table(
+        {
+            "id": [f"{prefix}{i}" for i in range(n)],
+            "text": [f"{prefix} parquet row {i}" for i in range(n)],
+        }
+    )
+    sink = io.BytesIO()
+    pq.write_table(table, sink)
+    return sink.getvalue()
+
+
+def _workspace(tmp_path: Path, source: str) -> Workspace:
+    config = tmp_path / "corpus.yaml"
+    config.write_text(
+        f"version: 1\npurpose: http-test\nstorage: {{home: {tmp_path / 'home'}}}\n"
+        f"sources:\n  - {source}\n"
+    )
+    return open_workspace(config)
+
+
+def test_listed_urls_in_three_formats_build_and_validate(site, tmp_path: Path) -> None:
+    web, base = site
+    web.put("/a.jsonl.zst", zstandard.compress(_jsonl("a", 40)))
+    web.put("/b.jsonl.gz", gzip.compress(_jsonl("b", 30), mtime=0))
+    web.put("/c.parquet", _parquet("c", 20))
+    urls = [f"{base}/a.jsonl.zst", f"{base}/b.jsonl.gz", f"{base}/c.parquet"]
+    with _workspace(tmp_path, f"{{id: web, kind: objects, urls: {json.dumps(urls)}}}") as ws:
+        results = build_all(ws, "p1")
+        spec = json.loads(ws.cas.get_bytes(ws.catalog.freeze_digest("p1")))
+        (source,) = spec["sources"]
+        assert [(o["name"], o["format"]) for o in source["objects"]] == [
+            (urls[0], "jsonl"),
+            (urls[1], "jsonl"),
+            (urls[2], "parquet"),
+        ]
+        for entry in source["objects"]:
+            path = entry["name"].removeprefix(base)
+            assert entry["etag"] == web.etag(path)
+            assert entry["sha256"] == "sha256:" + hashlib.sha256(web.objects[path]).hexdigest()
+        assert source["deferred"] == []
+        assert results["canonical_records"].counts["records"] == 90
+        report = validate(ws.cas, ws.catalog, results["manifest"].digests["snapshotId"])
+        assert report.ok, report.findings
+
+
+def test_changes_during_the_scan_belong_to_the_next_snapshot(site, tmp_path: Path) -> None:
+    web, base = site
+    for name in "abc":
+        web.put(f"/{name}.jsonl", _jsonl(name, 5))
+    web.put("/index.txt", b"a.jsonl\nb.jsonl\nc.jsonl\n")
+    pinned_a = "sha256:" + hashlib.sha256(web.objects["/a.jsonl"]).hexdigest()
+
+    def mutate() -> None:  # runs once the freeze has fetched b (a is already pinned)
+        web.put("/a.jsonl", _jsonl("a-rewritten", 5))
+        with web.lock:
+            del web.objects["/c.jsonl"]
+        web.put("/d.jsonl", _jsonl("d", 5))
+        web.put("/index.txt", b"a.jsonl\nb.jsonl\nc.jsonl\nd.jsonl\n")
+
+    web.after_get["/b.jsonl"] = mutate
+    with _workspace(tmp_path, f"{{id: web, kind: objects, index: {base}/index.txt}}") as ws:
+        listed = fingerprint(ws.loaded)
+        BUILDERS["raw_snapshot"](ws, "p1")
+        spec = json.loads(ws.cas.get_bytes(ws.catalog.freeze_digest("p1")))
+        (source,) = spec["sources"]
+        objects = {o["name"].removeprefix(base): o for o in source["objects"]}
+        assert set(objects) == {"/a.jsonl", "/b.jsonl"}
+        assert objects["/a.jsonl"]["sha256"] == pinned_a  # the pinned version wins
+        assert [
+            (d["name"].removeprefix(base), d["change"], d["pinned"]) for d in source["deferred"]
+        ] == [
+            ("/a.jsonl", "changed", True),
+            ("/c.jsonl", "removed", False),
+            ("/d.jsonl", "added", False),
+        ]
+        assert source["index"]["digest"].startswith("sha256:")
+        assert fingerprint(ws.loaded) != listed  # the sensor will see the next snapshot
+        # the pinned copy is what later layers read, not the rewritten object
+        canonical = BUILDERS["canonical_records"](ws, "p1")
+        assert canonical.counts["records"] == 10
