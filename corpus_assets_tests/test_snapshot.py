@@ -5,10 +5,11 @@ import shutil
 from pathlib import Path
 
 import pytest
-from sqlalchemy import insert
+import zstandard
+from sqlalchemy import insert, select
 
 from corpus_assets.core import states
-from corpus_assets.core.catalog import tombstones
+from corpus_assets.core.catalog import chunk_tasks, tombstones
 from corpus_assets.core.layers import LAYERS
 from corpus_assets.core.pipeline import BUILDERS, build_all
 from corpus_assets.core.verify import validate, verify
@@ -126,3 +127,27 @@ def test_tombstoned_member_blocks_validation(workspace: Workspace) -> None:
     report = validate(workspace.cas, workspace.catalog, sid)
     assert report.findings == ["tombstoned record 'essays/e0001' is a member"]
     assert states.get(workspace.catalog, sid).state == states.BUILDING
+
+
+def test_poisoned_chunk_is_dead_lettered_while_the_others_finish(workspace: Workspace) -> None:
+    source = workspace.loaded.resolve("demo-sources/essays")
+    whole = zstandard.compress(b'{"id": "t", "text": "cut short"}\n' * 5000)
+    (source / "essays-00002.jsonl.zst").write_bytes(whole[: len(whole) // 2])
+    results = build_all(workspace, "p1")
+    canonical = results["canonical_records"].counts
+    assert (canonical["dead_letters"], canonical["chunks"]) == (1, 3)
+    assert canonical["records"] == 269  # every other object was parsed
+    with workspace.catalog.begin() as conn:
+        row = conn.execute(
+            select(chunk_tasks.c.attempts, chunk_tasks.c.dead_letter, chunk_tasks.c.last_error)
+            .where(chunk_tasks.c.chunk_key == "essays/essays-00002.jsonl.zst")
+            .where(chunk_tasks.c.layer == "canonical_records")
+        ).one()
+    assert (row.attempts, row.dead_letter) == (3, True)
+    assert row.last_error.startswith(
+        "TruncatedStreamError: raw object essays/essays-00002.jsonl.zst"
+    )
+    report = validate(workspace.cas, workspace.catalog, results["manifest"].digests["snapshotId"])
+    assert [f for f in report.findings if f.startswith("dead letter open")] == [
+        "dead letter open: chunk essays/essays-00002.jsonl.zst: " + row.last_error.splitlines()[0]
+    ]

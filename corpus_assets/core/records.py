@@ -22,10 +22,10 @@ from corpus_assets.core.artifacts import (
     put_json,
     put_table,
 )
+from corpus_assets.core.codecs import DecompressionLimits, iter_lines
 from corpus_assets.core.config import Source
 from corpus_assets.core.digests import json_digest
 from corpus_assets.core.layers import LayerResult, publish_index, read_index
-from corpus_assets.core.sources import iter_lines
 from corpus_assets.core.tasks import ChunkTask, preload, run_chunk
 from corpus_assets.core.workspace import Workspace
 
@@ -150,8 +150,12 @@ def _source_rows(
                 number += 1
                 yield number, row
         return
+    bounds = ws.config.limits
+    limits = DecompressionLimits(
+        max_output_bytes=bounds.max_output_bytes, max_ratio=bounds.max_ratio
+    )
     with ws.cas.open(digest, what) as stream:
-        for line_no, raw in iter_lines(stream, what):
+        for line_no, raw in iter_lines(stream, what, limits):
             try:
                 yield line_no, parse_line(raw)
             except Quarantined as q:
