@@ -83,6 +83,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     p = command("build", cmd_build, "freeze a partition and materialize all seven layers")
     p.add_argument("--partition", help="partition key to (re)build; default: a new key")
+    p.add_argument(
+        "--resume-only",
+        action="store_true",
+        help="only resume interrupted downloads; refuse to start any from scratch",
+    )
     p = command("verify", cmd_verify, "recompute and check every digest of a snapshot")
     p.add_argument("digest")
     p = command("approve", cmd_approve, "approve a VALIDATED snapshot (bound to its digest)")
@@ -183,6 +188,8 @@ def _print_build(built: dict[str, Any]) -> None:
 
 
 def cmd_build(args: argparse.Namespace) -> int:
+    if args.resume_only:
+        os.environ["CORPUS_RESUME_ONLY"] = "1"
     built = build(args.partition)
     _print_build(built)
     return 0
