@@ -21,12 +21,12 @@ demo: .venv/.synced
 
 ## Run the test suite (slow benchmarks are skipped; PostgreSQL tests need 127.0.0.1:5432).
 test: .venv/.synced
-	$(UV) run --frozen --no-sync ruff check corpus_assets corpus_assets_tests
+	$(UV) run --frozen --no-sync ruff check corpus_assets corpus_assets_tests bench
 	$(UV) run --frozen --no-sync pytest
 
 lint: .venv/.synced
-	$(UV) run --frozen --no-sync ruff check corpus_assets corpus_assets_tests
-	$(UV) run --frozen --no-sync ruff format --check corpus_assets corpus_assets_tests
+	$(UV) run --frozen --no-sync ruff check corpus_assets corpus_assets_tests bench
+	$(UV) run --frozen --no-sync ruff format --check corpus_assets corpus_assets_tests bench
 
 ## The Dagster UI on the same data home and instance as the CLI.
 ui: .venv/.synced

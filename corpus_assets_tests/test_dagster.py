@@ -49,6 +49,11 @@ def test_materialize_all_seven_layers(
         assert by_layer["canonical_records"].metadata["records"].value == 269
         assert by_layer["dedup_clusters"].metadata["removed"].value == 4
         assert len(by_layer["packed_blocks"].metadata["preview"].value.records) == 10
+        raw = by_layer["raw_snapshot"].metadata
+        assert (raw["unversioned_objects"].value, raw["deferred_changes"].value) == (0, 0)
+        sources = {r.data["source"]: r.data for r in raw["preview"].value.records}
+        assert sources["essays"]["objects"] == 2 and sources["essays"]["new"] == 2
+        assert sources["dialogs"]["unchanged"] == 0 and sources["dialogs"]["removed"] == 0
 
         with open_workspace() as ws:
             assert states.get(ws.catalog, sid).state == states.VALIDATED

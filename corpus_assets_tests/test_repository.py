@@ -6,6 +6,7 @@ from pathlib import Path
 import yaml
 
 from corpus_assets.cli import DAGSTER_YAML
+from corpus_assets.core.config import parse_config
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -32,3 +33,17 @@ def test_ci_runs_the_readme_test_command() -> None:
     ci = (ROOT / ".ci" / "run").read_text()
     assert "make test" in readme.split("## Open the UI")[0]
     assert "\nmake test\n" in ci
+
+
+def test_readme_config_examples_are_valid() -> None:
+    """Every YAML block in the README parses as (a source list entry of) a valid corpus.yaml."""
+    from corpus_assets.core.config import parse_config
+
+    readme = (ROOT / "README.md").read_text()
+    blocks = readme.split("```yaml\n")[1:]
+    assert len(blocks) >= 5
+    for block in (b.split("```")[0] for b in blocks):
+        raw = yaml.safe_load(block if "version:" in block else "sources:\n" + block)
+        raw.setdefault("version", 1)
+        raw.setdefault("purpose", "readme")
+        parse_config(raw, "README.md")
