@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from corpus_assets.core.artifacts import NDJSON, put_bytes
+from corpus_assets.core.changelog import fold, late_events, list_segments
 from corpus_assets.core.config import ChangelogSource, ObjectsSource
 from corpus_assets.core.digests import json_digest
 from corpus_assets.core.download import (
@@ -71,8 +72,6 @@ def pin_source(ws: Workspace, source: ObjectsSource | ChangelogSource) -> Pinned
 
 def _freeze_changelog(ws: Workspace, source: ChangelogSource) -> PinnedSource:
     """Fold the change log up to its current head; the folded table is the pinned object."""
-    from corpus_assets.core.changelog import fold, list_segments
-
     segments = list_segments(ws.loaded.resolve(source.path), source.include)
     result = fold(
         segments,
@@ -258,8 +257,6 @@ def _format(ws: Workspace, source: ObjectsSource, name: str, digest: str) -> str
 def late_changes(ws: Workspace) -> Callable[[dict[str, Any]], list[str]]:
     """A checker for a freeze spec: findings for CDC events at or below a frozen watermark that
     arrived (or changed) after the freeze. Such a snapshot must become INCOMPLETE."""
-    from corpus_assets.core.changelog import late_events, list_segments
-
     configured = {s.id: s for s in ws.config.sources if isinstance(s, ChangelogSource)}
 
     def check(spec: dict[str, Any]) -> list[str]:
@@ -276,6 +273,8 @@ def late_changes(ws: Workspace) -> Callable[[dict[str, Any]], list[str]]:
                 key_field=source.key_field,
                 start_lsn=source.start_lsn,
                 what=f"source {source.id!r}",
+                gaps=frozen["gaps"],
+                segments_at_freeze=frozen["segments"],
             )
         return findings
 

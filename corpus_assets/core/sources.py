@@ -6,24 +6,17 @@ files, the ETag or Last-Modified for HTTP - that the discovery sensor compares b
 pinned sha256 of the bytes is only taken at freeze time.
 """
 
-import gzip
-import io
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
 
-import zstandard
-
+from corpus_assets.core.changelog import head_offset, list_segments
 from corpus_assets.core.config import ChangelogSource, LoadedConfig, ObjectsSource
 from corpus_assets.core.digests import json_digest
 from corpus_assets.core.download import DownloadError, head
 
-ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
-GZIP_MAGIC = b"\x1f\x8b"
 INDEX_LIMIT = 64 << 20
 
 
@@ -148,8 +141,6 @@ def fingerprint(loaded: LoadedConfig) -> str:
     state: dict[str, object] = {}
     for source in loaded.config.sources:
         if isinstance(source, ChangelogSource):
-            from corpus_assets.core.changelog import head_offset, list_segments
-
             segments = list_segments(loaded.resolve(source.path), source.include)
             head = head_offset(segments)
             state[source.id] = {
@@ -162,33 +153,3 @@ def fingerprint(loaded: LoadedConfig) -> str:
                 for o in list_objects(loaded, source, missing_ok=True)
             ]
     return json_digest(state)
-
-
-def sniff_codec(head: bytes) -> str:
-    if head.startswith(ZSTD_MAGIC):
-        return "zstd"
-    if head.startswith(GZIP_MAGIC):
-        return "gzip"
-    return "plain"
-
-
-def decompressed(stream: BinaryIO, what: str) -> BinaryIO:
-    """Wrap ``stream`` in the decompressor its magic bytes call for."""
-    buffered = io.BufferedReader(stream, buffer_size=1 << 20)  # type: ignore[arg-type]
-    codec = sniff_codec(buffered.peek(4)[:4])
-    if codec == "zstd":
-        return zstandard.ZstdDecompressor().stream_reader(buffered, read_across_frames=True)
-    if codec == "gzip":
-        return gzip.GzipFile(fileobj=buffered, mode="rb")  # type: ignore[return-value]
-    return buffered
-
-
-def iter_lines(stream: BinaryIO, what: str) -> Iterator[tuple[int, bytes]]:
-    """Yield (1-based line number, line bytes without newline) from a maybe-compressed stream."""
-    reader = io.BufferedReader(decompressed(stream, what), buffer_size=1 << 20)  # type: ignore[arg-type]
-    number = 0
-    try:
-        for number, line in enumerate(reader, start=1):
-            yield number, line.rstrip(b"\r\n")
-    except (zstandard.ZstdError, EOFError, OSError) as error:
-        raise SourceError(f"{what}: cannot decompress after line {number}: {error}") from error
