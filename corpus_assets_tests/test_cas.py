@@ -328,3 +328,18 @@ def test_concurrent_puts_of_same_bytes_make_exactly_one_object(tmp_path: Path, m
     assert files_under(root / "sha256") == [store.path(digest)]
     assert store.get_bytes(digest) == data
     assert files_under(root / "tmp") == []
+
+
+def test_adopt_file_links_without_copying_and_removes_the_source(tmp_path: Path) -> None:
+    store = ContentStore(tmp_path / "cas")
+    finished = tmp_path / "download.partial"
+    finished.write_bytes(b"downloaded bytes" * 1000)
+    inode = finished.stat().st_ino
+    digest, size = store.adopt_file(finished)
+    assert (digest, size) == (sha256_digest(b"downloaded bytes" * 1000), 16000)
+    assert store.path(digest).stat().st_ino == inode  # linked, not copied
+    assert not finished.exists()
+    again = tmp_path / "again.partial"
+    again.write_bytes(b"downloaded bytes" * 1000)
+    assert store.adopt_file(again) == (digest, size)
+    assert not again.exists() and (store.stats.created, store.stats.reused) == (1, 1)

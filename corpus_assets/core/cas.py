@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from corpus_assets.core.digests import check_digest, hex_of
-from corpus_assets.core.fsio import link_into_place, write_temp
+from corpus_assets.core.fsio import fsync_dir, link_into_place, write_temp
 
 COPY_CHUNK = 1 << 20
 
@@ -100,6 +100,33 @@ class ContentStore:
             self.stats.record(False)
         else:
             self.stats.record(link_into_place(temp, target))
+        return digest, size
+
+    def adopt_file(self, path: Path) -> tuple[str, int]:
+        """Move a finished, fsynced file into the store by hard link instead of copying it.
+
+        The file is hashed once (its name in the store must be the hash of what the disk holds);
+        it falls back to a copy across filesystems. ``path`` is gone afterwards either way.
+        """
+        hasher = hashlib.sha256()
+        size = 0
+        with open(path, "rb") as handle:
+            while block := handle.read(COPY_CHUNK):
+                hasher.update(block)
+                size += len(block)
+        digest = "sha256:" + hasher.hexdigest()
+        target = self.path(digest)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.link(path, target)
+        except FileExistsError:
+            self.stats.record(False)
+        except OSError:  # another filesystem: copy instead
+            digest, size = self.put_file(path)
+        else:
+            fsync_dir(target.parent)
+            self.stats.record(True)
+        path.unlink(missing_ok=True)
         return digest, size
 
     def put_file(self, path: Path) -> tuple[str, int]:

@@ -427,7 +427,7 @@ class _Download:
         self._save()
         state = self.state
         digest = "sha256:" + state.hasher.hexdigest()
-        stored, size = self.cas.put_file(self.partial)  # re-hashes what the disk holds
+        stored, size = self.cas.adopt_file(self.partial)  # re-hashes what the disk holds
         if stored != digest or size != state.verified:
             self._reset()
             raise DownloadError(

@@ -1,0 +1,238 @@
+"""Benchmark: resumable download into the CAS + streaming zstd JSONL lines, against curl | zstd.
+
+Generates a zstd-compressed JSONL object, serves it from a loopback ThreadingHTTPServer and times,
+in the same run, ``curl -s URL | zstd -d > /dev/null`` against ``fetch_to_cas`` followed by
+``iter_lines`` over the CAS object (run in a child process, so its peak RSS is its own).
+
+    .venv/bin/python bench/download_bench.py --size-mb 100      # ~100 MB compressed, 5 reps
+    .venv/bin/python bench/download_bench.py --big              # 1 GiB uncompressed, memory gate
+"""
+
+import argparse
+import hashlib
+import json
+import os
+import random
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import zstandard
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+MB = 1_000_000
+BIG_UNCOMPRESSED = 1 << 30
+BIG_PEAK_LIMIT_MB = 200
+
+
+def generate(path: Path, *, compressed_target: int | None, raw_target: int | None) -> dict:
+    """Write deterministic JSONL through zstd level 3 until either target is reached."""
+    rng = random.Random(20240601)
+    alphabet = "abcdefghijklmnopqrstuvwxyz"
+    words = ["".join(rng.choices(alphabet, k=rng.randint(2, 11))) for _ in range(30_000)]
+    raw = lines = 0
+    with open(path, "wb") as sink:
+        writer = zstandard.ZstdCompressor(level=3).stream_writer(sink, closefd=False)
+        while True:
+            batch = []
+            for _ in range(2000):
+                text = " ".join(rng.choices(words, k=rng.randint(20, 220)))
+                batch.append(f'{{"id": {lines}, "source": "bench", "text": "{text}"}}\n')
+                lines += 1
+            data = "".join(batch).encode()
+            writer.write(data)
+            raw += len(data)
+            if raw_target is not None and raw >= raw_target:
+                break
+            if compressed_target is not None and sink.tell() >= compressed_target:
+                break
+        writer.flush(zstandard.FLUSH_FRAME)
+        writer.close()
+    return {"lines": lines, "raw_bytes": raw, "compressed_bytes": path.stat().st_size}
+
+
+class FileHandler(BaseHTTPRequestHandler):
+    """Serves one file with Range support via sendfile; enough for curl and fetch_to_cas."""
+
+    protocol_version = "HTTP/1.1"
+    served: Path
+    etag: str
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+    def do_HEAD(self) -> None:
+        self._respond(body=False)
+
+    def do_GET(self) -> None:
+        self._respond(body=True)
+
+    def _respond(self, body: bool) -> None:
+        size = self.served.stat().st_size
+        start, end, status = 0, size - 1, 200
+        match = re.fullmatch(r"bytes=(\d+)-(\d*)", self.headers.get("Range") or "")
+        if match and self.headers.get("If-Range") in (None, self.etag):
+            start = int(match[1])
+            end = min(int(match[2]), end) if match[2] else end
+            status = 206
+        self.send_response(status)
+        self.send_header("ETag", self.etag)
+        self.send_header("Accept-Ranges", "bytes")
+        self.send_header("Content-Length", str(end - start + 1))
+        if status == 206:
+            self.send_header("Content-Range", f"bytes {start}-{end}/{size}")
+        self.end_headers()
+        if body:
+            self.wfile.flush()
+            with open(self.served, "rb") as handle:
+                self.connection.sendfile(handle, start, end - start + 1)
+
+
+def serve(path: Path) -> tuple[ThreadingHTTPServer, str]:
+    handler = type("Handler", (FileHandler,), {"served": path, "etag": '"bench-1"'})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
+    return server, f"http://127.0.0.1:{server.server_address[1]}/{path.name}"
+
+
+def run_baseline(url: str) -> float:
+    started = time.perf_counter()
+    subprocess.run(
+        ["bash", "-o", "pipefail", "-c", f"curl -sf '{url}' | zstd -dq > /dev/null"], check=True
+    )
+    return time.perf_counter() - started
+
+
+def run_ours(url: str, scratch: Path) -> tuple[float, dict]:
+    scratch.mkdir(parents=True)
+    started = time.perf_counter()
+    done = subprocess.run(
+        [sys.executable, __file__, "--child", url, str(scratch)],
+        check=True,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+    )
+    wall = time.perf_counter() - started
+    shutil.rmtree(scratch)
+    return wall, json.loads(done.stdout)
+
+
+def child(url: str, scratch: Path) -> None:
+    """What the lead's pipeline does: download into the CAS, then stream the lines out of it."""
+    from corpus_assets.core.cas import ContentStore
+    from corpus_assets.core.codecs import iter_lines
+    from corpus_assets.core.download import fetch_to_cas
+
+    cas = ContentStore(scratch / "cas")
+    started = time.perf_counter()
+    fetched = fetch_to_cas(url, cas, scratch / "work")
+    downloaded = time.perf_counter()
+    with cas.open(fetched.digest, "bench object") as stream:
+        lines = sum(1 for _ in iter_lines(stream, "bench object"))
+    finished = time.perf_counter()
+    status = Path("/proc/self/status").read_text()
+    peak_kb = int(re.search(r"VmHWM:\s+(\d+) kB", status)[1])  # type: ignore[index]
+    result = {
+        "digest": fetched.digest,
+        "lines": lines,
+        "download_s": downloaded - started,
+        "decode_s": finished - downloaded,
+        "peak_rss_mb": peak_kb * 1024 / MB,
+    }
+    print(json.dumps(result))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size-mb", type=float, default=100.0, help="compressed size (MB)")
+    parser.add_argument("--big", action="store_true", help="1 GiB uncompressed; peak RSS gate")
+    parser.add_argument("--reps", type=int, default=None, help="repetitions (5; --big: 1)")
+    parser.add_argument("--tmp", type=Path, default=None, help="scratch folder (default: $TMPDIR)")
+    parser.add_argument("--child", nargs=2, metavar=("URL", "SCRATCH"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child(args.child[0], Path(args.child[1]))
+        return 0
+    reps = args.reps or (1 if args.big else 5)
+
+    with tempfile.TemporaryDirectory(dir=args.tmp, prefix="download-bench-") as tmp:
+        root = Path(tmp)
+        obj = root / "bench.jsonl.zst"
+        started = time.perf_counter()
+        if args.big:
+            info = generate(obj, compressed_target=None, raw_target=BIG_UNCOMPRESSED)
+        else:
+            info = generate(obj, compressed_target=int(args.size_mb * MB), raw_target=None)
+        with open(obj, "rb") as handle:
+            digest = "sha256:" + hashlib.file_digest(handle, "sha256").hexdigest()
+        print(
+            f"object: {info['compressed_bytes'] / MB:.1f} MB zstd, {info['raw_bytes'] / MB:.1f} MB"
+            f" JSONL, {info['lines']} lines (generated in {time.perf_counter() - started:.1f} s)"
+        )
+        server, url = serve(obj)
+        try:
+            tools = [tool for tool in ("curl", "zstd") if shutil.which(tool) is None]
+            baseline: list[float] = []
+            if tools:
+                print(f"baseline skipped: {' and '.join(tools)} not on PATH")
+            ours: list[float] = []
+            details: list[dict] = []
+            for rep in range(reps):
+                if not tools:
+                    baseline.append(run_baseline(url))
+                wall, result = run_ours(url, root / f"rep-{rep}")
+                if result["digest"] != digest or result["lines"] != info["lines"]:
+                    print(f"WRONG RESULT: {result} (want {digest}, {info['lines']} lines)")
+                    return 1
+                ours.append(wall)
+                details.append(result)
+        finally:
+            server.shutdown()
+            server.server_close()
+
+    report(info, baseline, ours, details, reps)
+    peak = max(result["peak_rss_mb"] for result in details)
+    if args.big:
+        verdict = "PASS" if peak < BIG_PEAK_LIMIT_MB else "FAIL"
+        print(f"{verdict}: peak RSS {peak:.1f} MB (limit {BIG_PEAK_LIMIT_MB} MB)")
+        return 0 if verdict == "PASS" else 1
+    return 0
+
+
+def report(
+    info: dict, baseline: list[float], ours: list[float], details: list[dict], reps: int
+) -> None:
+    compressed, raw = info["compressed_bytes"] / MB, info["raw_bytes"] / MB
+
+    def line(name: str, seconds: float) -> str:
+        return (
+            f"{name:<10} median {seconds:7.3f} s   {compressed / seconds:8.1f} MB/s compressed"
+            f"   {raw / seconds:8.1f} MB/s decompressed"
+        )
+
+    print(f"medians of {reps} repetitions (MB = 10^6 bytes)")
+    ours_median = statistics.median(ours)
+    if baseline:
+        base_median = statistics.median(baseline)
+        print(line("baseline", base_median) + "   (curl -s URL | zstd -d > /dev/null)")
+    print(line("ours", ours_median) + "   (child wall time incl. interpreter start)")
+    download = statistics.median(result["download_s"] for result in details)
+    decode = statistics.median(result["decode_s"] for result in details)
+    print(f"ours, inside the child: fetch_to_cas {download:.3f} s + iter_lines {decode:.3f} s")
+    if baseline:
+        print(f"ratio ours/baseline: {ours_median / base_median:.2f}x wall time")
+    peak = max(result["peak_rss_mb"] for result in details)
+    print(f"ours peak RSS (VmHWM of the child): {peak:.1f} MB")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,202 @@
+import gzip
+import io
+import struct
+import time
+import tracemalloc
+
+import pytest
+import zstandard
+
+from corpus_assets.core.cas import ContentStore
+from corpus_assets.core.codecs import (
+    CodecError,
+    DecompressionBombError,
+    DecompressionLimits,
+    TruncatedStreamError,
+    iter_lines,
+    open_decompressed,
+    sniff_codec,
+)
+
+LINES = [b'{"id": %d, "text": "line %d"}' % (i, i * 7) for i in range(20_000)]
+JSONL = b"\n".join(LINES) + b"\n"
+
+
+def zstd_frames(*parts: bytes) -> bytes:
+    return b"".join(zstandard.ZstdCompressor(write_checksum=True).compress(p) for p in parts)
+
+
+def read_all(stream: io.BufferedIOBase, what: str, **kwargs: object) -> bytes:
+    with open_decompressed(stream, what, **kwargs) as reader:  # type: ignore[arg-type]
+        return reader.read()
+
+
+def test_sniff_codec() -> None:
+    assert sniff_codec(zstandard.ZstdCompressor().compress(b"x")[:4]) == "zstd"
+    assert sniff_codec(gzip.compress(b"x")[:4]) == "gzip"
+    assert sniff_codec(b'{"a"') == "plain"
+    assert sniff_codec(b"") == "plain"
+    assert sniff_codec(b"\x28\xb5") == "plain"  # too short to be a zstd frame
+
+
+@pytest.mark.parametrize(
+    "encode",
+    [
+        pytest.param(lambda data: data, id="plain"),
+        pytest.param(lambda data: zstd_frames(data), id="zstd"),
+        pytest.param(lambda data: gzip.compress(data), id="gzip"),
+    ],
+)
+def test_round_trip_through_every_codec(encode) -> None:  # type: ignore[no-untyped-def]
+    assert read_all(io.BytesIO(encode(JSONL)), "obj") == JSONL
+    assert [line for _, line in iter_lines(io.BytesIO(encode(JSONL)), "obj")] == LINES
+
+
+def test_multi_frame_zstd_and_skippable_frames() -> None:
+    third = len(JSONL) // 3
+    skippable = struct.pack("<II", 0x184D2A50, 5) + b"notes"
+    payload = (
+        zstd_frames(JSONL[:third])
+        + skippable
+        + zstd_frames(JSONL[third : 2 * third], JSONL[2 * third :])
+    )
+    assert read_all(io.BytesIO(payload), "multi.zst") == JSONL
+    numbered = list(iter_lines(io.BytesIO(payload), "multi.zst"))
+    assert numbered[0] == (1, LINES[0])
+    assert numbered[-1] == (len(LINES), LINES[-1])
+
+
+def test_multi_member_gzip() -> None:
+    half = len(JSONL) // 2
+    payload = gzip.compress(JSONL[:half]) + gzip.compress(JSONL[half:])
+    assert read_all(io.BytesIO(payload), "multi.gz") == JSONL
+
+
+def test_truncated_zstd_raises_naming_the_object_at_every_cut() -> None:
+    first = zstd_frames(JSONL[:50_000])
+    payload = first + zstd_frames(JSONL[50_000:])
+    frame_end = len(first)
+    cuts = [4, 5, 9, 100, frame_end - 1, frame_end + 4, frame_end + 50, len(payload) - 4]
+    cuts += [len(payload) - 1, len(payload) // 2]
+    for cut in cuts:
+        with pytest.raises(TruncatedStreamError, match=r"shard-7\.jsonl\.zst"):
+            read_all(io.BytesIO(payload[:cut]), "shard-7.jsonl.zst")
+        with pytest.raises(TruncatedStreamError, match=r"shard-7\.jsonl\.zst.*after line"):
+            list(iter_lines(io.BytesIO(payload[:cut]), "shard-7.jsonl.zst"))
+
+
+def test_zstandard_stream_reader_alone_would_miss_the_truncation() -> None:
+    """Why the decoder exists: the library's reader reports a clean EOF on a cut frame."""
+    payload = zstd_frames(JSONL)
+    reader = zstandard.ZstdDecompressor().stream_reader(io.BytesIO(payload[:-10]))
+    assert len(reader.read()) < len(JSONL)  # no exception
+
+
+def test_truncated_gzip_raises_naming_the_object_at_every_cut() -> None:
+    member = gzip.compress(JSONL[:50_000])
+    payload = member + gzip.compress(JSONL[50_000:])
+    cuts = [2, 5, 10, 60, len(member) - 1, len(member) + 3, len(payload) // 2, len(payload) - 8]
+    cuts.append(len(payload) - 1)
+    for cut in cuts:
+        with pytest.raises(TruncatedStreamError, match=r"shard-7\.jsonl\.gz"):
+            read_all(io.BytesIO(payload[:cut]), "shard-7.jsonl.gz")
+
+
+def test_corrupt_zstd_raises_codec_error_naming_the_object() -> None:
+    payload = bytearray(zstd_frames(JSONL))
+    payload[len(payload) // 2] ^= 0xFF
+    with pytest.raises(CodecError, match=r"bad\.zst"):
+        read_all(io.BytesIO(bytes(payload)), "bad.zst")
+    with pytest.raises(CodecError, match=r"trailing\.zst"):
+        read_all(io.BytesIO(zstd_frames(b"ok\n") + b"garbage!"), "trailing.zst")
+
+
+def test_errors_stay_raised_on_a_second_read() -> None:
+    reader = open_decompressed(io.BytesIO(zstd_frames(JSONL)[:-3]), "again.zst")
+    with pytest.raises(TruncatedStreamError):
+        reader.read()
+    with pytest.raises(TruncatedStreamError):
+        reader.read()
+
+
+@pytest.mark.parametrize("codec", ["zstd", "gzip"])
+def test_bomb_is_stopped_early_with_bounded_memory(codec: str) -> None:
+    zeros = b"\0" * (200 << 20)
+    if codec == "zstd":
+        bomb = zstandard.ZstdCompressor(level=3).compress(zeros)
+    else:
+        bomb = gzip.compress(zeros, compresslevel=6)
+    del zeros
+    tracemalloc.start()
+    started = time.perf_counter()
+    try:
+        with pytest.raises(DecompressionBombError, match=r"bomb\.bin") as raised:
+            read_all(io.BytesIO(bomb), "bomb.bin", limits=DecompressionLimits(max_ratio=100))
+        elapsed = time.perf_counter() - started
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert "max_ratio=100" in str(raised.value)
+    assert elapsed < 2.0
+    assert peak < 64 << 20  # never near the 200 MB the bomb would expand to
+
+
+def test_output_size_limit_names_limit_and_counts() -> None:
+    payload = zstd_frames(JSONL)
+    limits = DecompressionLimits(max_output_bytes=100_000)
+    with pytest.raises(DecompressionBombError) as raised:
+        read_all(io.BytesIO(payload), "big.zst", limits=limits)
+    message = str(raised.value)
+    assert "big.zst" in message and "max_output_bytes=100000" in message
+    assert "compressed" in message
+
+
+def test_small_highly_compressible_file_passes_the_ratio_floor() -> None:
+    zeros = b"\0" * (4 << 20)  # ratio far above 1000, but below the 16 MiB floor
+    assert read_all(io.BytesIO(zstd_frames(zeros)), "zeros.zst") == zeros
+
+
+def test_plain_streams_pass_through_without_limits() -> None:
+    data = b"a\n" * 100_000
+    limits = DecompressionLimits(max_output_bytes=10)
+    assert read_all(io.BytesIO(data), "plain.txt", limits=limits) == data
+
+
+def test_crlf_and_last_line_without_newline() -> None:
+    data = b"one\r\ntwo\n\r\n\nfive\r\r\nlast"
+    assert list(iter_lines(io.BytesIO(data), "crlf.txt")) == [
+        (1, b"one"),
+        (2, b"two"),
+        (3, b""),
+        (4, b""),
+        (5, b"five\r"),
+        (6, b"last"),
+    ]
+    assert list(iter_lines(io.BytesIO(zstd_frames(b"a\r\nb")), "crlf.zst")) == [
+        (1, b"a"),
+        (2, b"b"),
+    ]
+    assert list(iter_lines(io.BytesIO(b""), "empty")) == []
+    assert list(iter_lines(io.BytesIO(b"x\n"), "one")) == [(1, b"x")]
+
+
+def test_over_long_line_names_the_line() -> None:
+    data = b"short\n" + b"x" * 5000 + b"\nafter\n"
+    with pytest.raises(CodecError, match=r"long\.jsonl: line 2 is longer than 1000 bytes"):
+        list(iter_lines(io.BytesIO(data), "long.jsonl", max_line_bytes=1000))
+    exact = b"y" * 1000 + b"\n"
+    assert list(iter_lines(io.BytesIO(exact), "exact", max_line_bytes=1000)) == [(1, b"y" * 1000)]
+
+
+def test_reads_a_cas_object_and_keeps_its_integrity_check(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    cas = ContentStore(tmp_path / "cas")
+    digest = cas.put_bytes(zstd_frames(JSONL))
+    with cas.open(digest, "shard") as stream:
+        assert sum(1 for _ in iter_lines(stream, "shard")) == len(LINES)
+    path = cas.path(digest)
+    path.chmod(0o644)
+    raw = bytearray(path.read_bytes())
+    raw[-1] ^= 0x01  # flips the checksum: zstd or the CAS must refuse it
+    path.write_bytes(bytes(raw))
+    with cas.open(digest, "shard") as stream, pytest.raises(RuntimeError, match="shard"):
+        list(iter_lines(stream, "shard"))

@@ -1,0 +1,578 @@
+import fcntl
+import hashlib
+import json
+import os
+import random
+import re
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+import corpus_assets
+from corpus_assets.core.cas import ContentStore
+from corpus_assets.core.download import (
+    DownloadError,
+    Fetched,
+    RemoteVersion,
+    ResumeRefused,
+    fetch_to_cas,
+    head,
+)
+
+REPO_ROOT = Path(corpus_assets.__file__).resolve().parents[1]
+SIZE = 3 * (1 << 20) + 12_345
+BODY = random.Random(3).randbytes(SIZE)
+DIGEST = "sha256:" + hashlib.sha256(BODY).hexdigest()
+LAST_MODIFIED = "Wed, 01 Jan 2025 00:00:00 GMT"
+
+
+@dataclass
+class Drop:
+    """How one GET response fails: after ``at`` body bytes, by RST, FIN, stall or no response."""
+
+    at: int = 0
+    how: str = "rst"  # rst | fin | stall | noresponse | status
+    status: int = 503
+    stall_seconds: float = 0.0
+
+
+@dataclass
+class Remote:
+    """The object a loopback server serves, and how it misbehaves; shared with handler threads."""
+
+    body: bytes = BODY
+    etag: str | None = '"v1"'
+    last_modified: str | None = LAST_MODIFIED
+    honor_range: bool = True
+    allow_head: bool = True
+    chunked: bool = False
+    drops: list[Drop] = field(default_factory=list)
+    after_drop: Callable[["Remote"], None] | None = None
+    piece: int = 64 << 10
+    delay: float = 0.0
+    sent: int = 0
+    gets: int = 0
+    ranges: list[str | None] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def change(self, body: bytes, etag: str) -> None:
+        with self.lock:
+            self.body, self.etag = body, etag
+            self.last_modified = "Thu, 02 Jan 2025 00:00:00 GMT"
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: "Server"
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+    def do_HEAD(self) -> None:
+        remote = self.server.remote
+        if self.path.endswith("-missing"):
+            self.send_error(404)
+            return
+        if not remote.allow_head:
+            self.send_error(405)
+            return
+        with remote.lock:
+            body, etag, last_modified = remote.body, remote.etag, remote.last_modified
+        self.send_response(200)
+        self._validators(etag, last_modified)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+
+    def do_GET(self) -> None:
+        remote = self.server.remote
+        with remote.lock:
+            remote.gets += 1
+            body, etag, last_modified = remote.body, remote.etag, remote.last_modified
+            drop = remote.drops.pop(0) if remote.drops else None
+            remote.ranges.append(self.headers.get("Range"))
+        if drop and drop.how == "noresponse":
+            self._abort(drop, remote)
+            return
+        if drop and drop.how == "status":
+            self.send_error(drop.status)
+            return
+        start, end, status = 0, len(body) - 1, 200
+        wanted = self.headers.get("Range")
+        if_range = self.headers.get("If-Range")
+        if (
+            wanted
+            and remote.honor_range
+            and (if_range is None or if_range in (etag, last_modified))
+        ):
+            match = re.fullmatch(r"bytes=(\d+)-(\d*)", wanted)
+            assert match, wanted
+            start = int(match[1])
+            end = min(int(match[2]), end) if match[2] else end
+            if start >= len(body):
+                self.send_response(416)
+                self.send_header("Content-Range", f"bytes */{len(body)}")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            status = 206
+        payload = memoryview(body)[start : end + 1]
+        self.send_response(status)
+        self._validators(etag, last_modified)
+        self.send_header("Accept-Ranges", "bytes")
+        if status == 206:
+            self.send_header("Content-Range", f"bytes {start}-{end}/{len(body)}")
+        if remote.chunked and status == 200:
+            self.send_header("Transfer-Encoding", "chunked")
+        else:
+            self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        limit = drop.at if drop else len(payload)
+        position = 0
+        try:
+            while position < min(limit, len(payload)):
+                piece = payload[position : min(position + remote.piece, limit)]
+                if remote.chunked and status == 200:
+                    self.wfile.write(b"%x\r\n" % len(piece) + bytes(piece) + b"\r\n")
+                else:
+                    self.wfile.write(piece)
+                with remote.lock:
+                    remote.sent += len(piece)
+                position += len(piece)
+                if remote.delay:
+                    time.sleep(remote.delay)
+            if drop:
+                self._abort(drop, remote)
+            elif remote.chunked and status == 200:
+                self.wfile.write(b"0\r\n\r\n")
+        except OSError:  # the client went away (killed, or gave up after a timeout)
+            self.close_connection = True
+
+    def _validators(self, etag: str | None, last_modified: str | None) -> None:
+        if etag:
+            self.send_header("ETag", etag)
+        if last_modified:
+            self.send_header("Last-Modified", last_modified)
+
+    def _abort(self, drop: Drop, remote: Remote) -> None:
+        self.close_connection = True
+        if drop.how == "stall":
+            time.sleep(drop.stall_seconds)
+        elif drop.how == "rst":
+            self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        else:
+            self.connection.shutdown(socket.SHUT_RDWR)
+        self.connection.close()
+        if remote.after_drop:
+            remote.after_drop(remote)
+
+
+class Server(ThreadingHTTPServer):
+    daemon_threads = True
+    remote: Remote
+
+
+@pytest.fixture
+def serve() -> Iterator[Callable[..., tuple[Remote, str]]]:
+    servers: list[Server] = []
+
+    def start(**kwargs: object) -> tuple[Remote, str]:
+        server = Server(("127.0.0.1", 0), Handler)
+        server.remote = Remote(**kwargs)  # type: ignore[arg-type]
+        threading.Thread(target=server.serve_forever, args=(0.01,), daemon=True).start()
+        servers.append(server)
+        return server.remote, f"http://127.0.0.1:{server.server_address[1]}/shard-0001.jsonl.zst"
+
+    yield start
+    for server in servers:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.fixture
+def cas(tmp_path: Path) -> ContentStore:
+    return ContentStore(tmp_path / "cas")
+
+
+def fetch(url: str, cas: ContentStore, work: Path, **kwargs: object) -> Fetched:
+    options: dict[str, object] = {"backoff_seconds": 0.001, "timeout": 5.0}
+    options.update(kwargs)
+    return fetch_to_cas(url, cas, work, **options)  # type: ignore[arg-type]
+
+
+def checkpoint_of(work: Path, url: str) -> Path:
+    return work / f"{hashlib.sha256(url.encode()).hexdigest()}.partial.json"
+
+
+def assert_published(fetched: Fetched, cas: ContentStore, work: Path, body: bytes = BODY) -> None:
+    assert fetched.digest == "sha256:" + hashlib.sha256(body).hexdigest()
+    assert fetched.size == len(body)
+    assert cas.get_bytes(fetched.digest) == body
+    assert list(work.iterdir()) == []  # partial and checkpoint are gone
+
+
+DROP_OFFSETS = [
+    0,
+    1,
+    2,
+    4095,
+    65_535,
+    65_536,
+    100_000,
+    (1 << 20) - 1,
+    1 << 20,
+    (1 << 20) + 1,
+    1_500_000,
+    (2 << 20) - 7,
+    2 << 20,
+    2_500_000,
+    3 << 20,
+    SIZE - 65_537,
+    SIZE - 4096,
+    SIZE - 100,
+    SIZE - 2,
+    SIZE - 1,
+]
+
+
+@pytest.mark.parametrize("how", ["rst", "fin"])
+@pytest.mark.parametrize("at", DROP_OFFSETS)
+def test_completes_after_a_drop_at_any_offset(
+    serve: Callable[..., tuple[Remote, str]], cas: ContentStore, tmp_path: Path, at: int, how: str
+) -> None:
+    remote, url = serve(drops=[Drop(at, how)])
+    work = tmp_path / "work"
+    fetched = fetch(url, cas, work)
+    assert_published(fetched, cas, work)
+    assert fetched.bytes_transferred < 1.5 * SIZE
+    assert fetched.restarts == 0
+    assert fetched.etag == '"v1"' and fetched.last_modified == LAST_MODIFIED
+    assert remote.gets == 2
+    if how == "fin" and at:  # a clean close delivers every byte sent: resume exactly there
+        assert fetched.resumed
+        assert fetched.bytes_transferred == SIZE
+        assert remote.ranges[1] == f"bytes={at}-"
+
+
+def test_many_drops_in_a_row_including_zero_progress(
+    serve: Callable[..., tuple[Remote, str]], cas: ContentStore, tmp_path: Path
+) -> None:
+    drops = [Drop(0), Drop(0, "fin"), Drop(300_000), Drop(0, "noresponse"), Drop(200_000, "fin")]
+    drops += [Drop(0, "status", status=503), Drop(1 << 20), Drop(5)]
+    remote, url = serve(drops=list(drops))
+    fetched = fetch(url, cas, tmp_path / "work")
+    assert_published(fetched, cas, tmp_path / "work")
+    assert remote.gets == len(drops) + 1
+    assert fetched.bytes_transferred < 1.5 * SIZE
+
+
+def test_a_stalled_connection_times_out_and_resumes(
+    serve: Callable[..., tuple[Remote, str]], cas: ContentStore, tmp_path: Path
+) -> None:
+    remote, url = serve(drops=[Drop(700_000, "stall", stall_seconds=1.0)])
+    fetched = fetch(url, cas, tmp_path / "work", timeout=0.3)
+    assert_published(fetched, cas, tmp_path / "work")
+    assert fetched.resumed and fetched.bytes_transferred == SIZE
+    assert remote.ranges[1] == "bytes=700000-"
+
+
+def test_gives_up_after_max_attempts_and_names_the_url(
+    serve: Callable[..., tuple[Remote, str]], cas: ContentStore, tmp_path: Path
+) -> None:
+    remote, url = serve(drops=[Drop(100_000, "fin")] * 3)
+    with pytest.raises(DownloadError, match=re.escape(url) + ".*3 attempts at byte 300000"):
+        fetch(url, cas, tmp_path / "work", max_attempts=3)
+    assert remote.gets == 3
+
+
+def test_a_client_error_is_not_retried(
+    serve: Callable[..., tuple[Remote, str]], cas: ContentStore, tmp_path: Path
+) -> None:
+    remote, url = serve(drops=[Drop(how="status", status=404)])
+    with pytest.raises(DownloadError, match=re.escape(url) + ": HTTP 404"):
+        fetch(url, cas, tmp_path / "work")
+    assert remote.gets == 1
+
+
+def test_corrupt_partial_prefix_restarts_from_zero(
+    serve: Callable[..., tuple[Remote, str]], cas: ContentStore, tmp_path: Path
+) -> None:
+    remote, url = serve(drops=[Drop(1 << 20, "fin")])
+    work = tmp_path / "work"
+    with pytest.raises(DownloadError, match="gave up after 1 attempts"):
+        fetch(url, cas, work, max_attempts=1)
+    checkpoint = json.loads(checkpoint_of(work, url).read_text())
+    assert checkpoint["verified_bytes"] == 1 << 20
+    assert checkpoint["sha256_prefix"] == hashlib.sha256(BODY[: 1 << 20]).hexdigest()
+    partial = work / checkpoint_of(work, url).name.removesuffix(".json")
+    data = bytearray(partial.read_bytes())
+    data[12_345] ^= 0x40
+    partial.write_bytes(bytes(data))
+
+    fetched = fetch(url, cas, work)
+    assert_published(fetched, cas, work)
+    assert fetched.restarts == 1 and not fetched.resumed
+    assert fetched.bytes_transferred == SIZE
+    assert remote.ranges[1] is None  # asked for the whole object again
+
+
+def test_bytes_written_after_the_last_checkpoint_are_cut_off(
+    serve: Callable[..., tuple[Remote, str]], cas: ContentStore, tmp_path: Path
+) -> None:
+    """A crash between appending data and committing the checkpoint is recoverable."""
+    remote, url = serve(drops=[Drop(1 << 20, "fin")])
+    work = tmp_path / "work"
+    with pytest.raises(DownloadError):
+        fetch(url, cas, work, max_attempts=1)
+    partial = work / checkpoint_of(work, url).name.removesuffix(".json")
+    with open(partial, "ab") as handle:
+        handle.write(b"bytes the checkpoint never committed")
+    fetched = fetch(url, cas, work)
+    assert_published(fetched, cas, work)
+    assert fetched.resumed and fetched.restarts == 0
+    assert fetched.bytes_transferred == SIZE - (1 << 20)
+    assert remote.ranges[1] == f"bytes={1 << 20}-"
+
+
+def test_a_checkpoint_claiming_missing_bytes_restarts_from_zero(
+    serve: Callable[..., tuple[Remote, str]], cas: ContentStore, tmp_path: Path
+) -> None:
+    """What a checkpoint-first order would leave after a crash: the claim without the bytes."""
+    _remote, url = serve(drops=[Drop(1 << 20, "fin")])
+    work = tmp_path / "work"
+    with pytest.raises(DownloadError):
+        fetch(url, cas, work, max_attempts=1)
+    partial = work / checkpoint_of(work, url).name.removesuffix(".json")
+    os.truncate(partial, (1 << 20) - 10)
+    fetched = fetch(url, cas, work)
+    assert_published(fetched, cas, work)
+    assert fetched.restarts == 1 and fetched.bytes_transferred == SIZE
+
+
+def test_a_complete_unpublished_download_is_published_without_the_network(
+    serve: Callable[..., tuple[Remote, str]], cas: ContentStore, tmp_path: Path
+) -> None:
+    remote, url = serve()
+    work = tmp_path / "work"
+    work.mkdir()
+    checkpoint = checkpoint_of(work, url)
+    (work / checkpoint.name.removesuffix(".json")).write_bytes(BODY)
+    checkpoint.write_text(
+        json.dumps(
+            {
+                "url": url,
+                "verified_bytes": SIZE,
+                "expected_size": SIZE,
+                "sha256_prefix": DIGEST.removeprefix("sha256:"),
+                "etag": '"v1"',
+                "last_modified": LAST_MODIFIED,
+            }
+        )
+    )
+    fetched = fetch(url, cas, work, resume_only=True)
+    assert_published(fetched, cas, work)
+    assert fetched.bytes_transferred == 0 and fetched.resumed
+    assert remote.gets == 0
+
+
+def test_a_server_ignoring_range_still_works_after_a_drop(
+    serve: Callable[..., tuple[Remote, str]], cas: ContentStore, tmp_path: Path
+) -> None:
+    remote, url = serve(honor_range=False, drops=[Drop(1_500_000, "fin")])
+    fetched = fetch(url, cas, tmp_path / "work")
+    assert_published(fetched, cas, tmp_path / "work")
+    assert fetched.restarts == 1 and not fetched.resumed
+    assert fetched.bytes_transferred == 1_500_000 + SIZE
+    assert remote.ranges[1] == "bytes=1500000-"
+
+
+def test_a_chunked_body_without_length_completes_and_resumes(
+    serve: Callable[..., tuple[Remote, str]], cas: ContentStore, tmp_path: Path
+) -> None:
+    remote, url = serve(chunked=True, drops=[Drop(800_000, "rst")])
+    fetched = fetch(url, cas, tmp_path / "work")
+    assert_published(fetched, cas, tmp_path / "work")
+    assert remote.gets == 2 and fetched.bytes_transferred < 1.5 * SIZE
+
+
+NEW_BODY = random.Random(4).randbytes(SIZE + 1000)
+
+
+def test_pinned_version_that_changed_between_attempts_is_refused(
+    serve: Callable[..., tuple[Remote, str]], cas: ContentStore, tmp_path: Path
+) -> None:
+    remote, url = serve(drops=[Drop(1 << 20, "rst")])
+    pinned = head(url)
+    assert pinned == RemoteVersion(url, SIZE, '"v1"', LAST_MODIFIED)
+    remote.after_drop = lambda r: r.change(NEW_BODY, '"v2"')
+    with pytest.raises(DownloadError) as raised:
+        fetch(url, cas, tmp_path / "work", expected=pinned)
+    message = str(raised.value)
+    assert url in message and "no longer matches its pinned version" in message
+    assert '"v1"' in message and '"v2"' in message
+    assert list(cas.iter_digests()) == []
+
+
+def test_pinned_version_already_gone_is_refused_before_any_byte(
+    serve: Callable[..., tuple[Remote, str]], cas: ContentStore, tmp_path: Path
+) -> None:
+    remote, url = serve()
+    pinned = head(url)
+    remote.change(NEW_BODY, '"v2"')
+    with pytest.raises(DownloadError, match=re.escape(url) + ".*pinned version"):
+        fetch(url, cas, tmp_path / "work", expected=pinned)
+    partials = list((tmp_path / "work").glob("*.partial"))
+    assert [p.stat().st_size for p in partials] == [0]  # not one byte of the new version kept
+    assert list(cas.iter_digests()) == []
+
+
+def test_unpinned_object_that_changed_restarts_and_fetches_the_new_bytes(
+    serve: Callable[..., tuple[Remote, str]], cas: ContentStore, tmp_path: Path
+) -> None:
+    remote, url = serve(drops=[Drop(1 << 20, "fin")])
+    remote.after_drop = lambda r: r.change(NEW_BODY, '"v2"')
+    fetched = fetch(url, cas, tmp_path / "work")
+    assert_published(fetched, cas, tmp_path / "work", NEW_BODY)
+    assert fetched.restarts == 1 and fetched.etag == '"v2"'
+    assert fetched.bytes_transferred == (1 << 20) + len(NEW_BODY)
+
+
+def test_a_server_that_sends_a_changed_206_is_not_appended(
+    serve: Callable[..., tuple[Remote, str]], cas: ContentStore, tmp_path: Path
+) -> None:
+    """Even if a server ignores If-Range, a 206 with another ETag never joins the old bytes."""
+    remote, url = serve(drops=[Drop(1 << 20, "fin")])
+    work = tmp_path / "work"
+    with pytest.raises(DownloadError):
+        fetch(url, cas, work, max_attempts=1)
+    remote.change(NEW_BODY, '"v2"')
+    remote.last_modified = LAST_MODIFIED  # If-Range on the date would still match
+    checkpoint = checkpoint_of(work, url)
+    payload = json.loads(checkpoint.read_text())
+    payload["etag"] = 'W/"v1"'  # a weak ETag: If-Range must fall back to the date
+    checkpoint.write_text(json.dumps(payload))
+    fetched = fetch(url, cas, work)
+    assert_published(fetched, cas, work, NEW_BODY)
+    assert fetched.restarts == 1
+
+
+def test_resume_only_refuses_without_a_checkpoint(
+    serve: Callable[..., tuple[Remote, str]], cas: ContentStore, tmp_path: Path
+) -> None:
+    remote, url = serve(drops=[Drop(0, "fin")])
+    work = tmp_path / "work"
+    with pytest.raises(ResumeRefused, match=re.escape(url) + ".*no checkpoint"):
+        fetch(url, cas, work, resume_only=True)
+    assert remote.gets == 0
+    with pytest.raises(DownloadError):  # leaves a checkpoint, but with no verified byte
+        fetch(url, cas, work, max_attempts=1)
+    assert json.loads(checkpoint_of(work, url).read_text())["verified_bytes"] == 0
+    with pytest.raises(ResumeRefused, match="no verified bytes"):
+        fetch(url, cas, work, resume_only=True)
+    assert remote.gets == 1
+
+
+def test_resume_only_resumes_from_a_checkpoint(
+    serve: Callable[..., tuple[Remote, str]], cas: ContentStore, tmp_path: Path
+) -> None:
+    _remote, url = serve(drops=[Drop(2 << 20, "fin")])
+    work = tmp_path / "work"
+    with pytest.raises(DownloadError):
+        fetch(url, cas, work, max_attempts=1)
+    fetched = fetch(url, cas, work, resume_only=True)
+    assert_published(fetched, cas, work)
+    assert fetched.resumed and fetched.bytes_transferred == SIZE - (2 << 20)
+
+
+def test_resume_only_refuses_when_the_object_changed(
+    serve: Callable[..., tuple[Remote, str]], cas: ContentStore, tmp_path: Path
+) -> None:
+    remote, url = serve(drops=[Drop(1 << 20, "fin")])
+    work = tmp_path / "work"
+    with pytest.raises(DownloadError):
+        fetch(url, cas, work, max_attempts=1)
+    remote.change(NEW_BODY, '"v2"')
+    with pytest.raises(ResumeRefused, match="object changed"):
+        fetch(url, cas, work, resume_only=True)
+
+
+def test_head_falls_back_to_a_one_byte_get(serve: Callable[..., tuple[Remote, str]]) -> None:
+    remote, url = serve(allow_head=False)
+    assert head(url) == RemoteVersion(url, SIZE, '"v1"', LAST_MODIFIED)
+    assert remote.ranges == ["bytes=0-0"]
+
+
+def test_head_names_the_url_on_failure(serve: Callable[..., tuple[Remote, str]]) -> None:
+    _remote, url = serve()
+    with pytest.raises(
+        DownloadError, match=re.escape(url + "-missing") + ": HEAD answered HTTP 404"
+    ):
+        head(url + "-missing")
+
+
+def test_a_second_downloader_of_the_same_url_is_refused(
+    serve: Callable[..., tuple[Remote, str]], cas: ContentStore, tmp_path: Path
+) -> None:
+    _remote, url = serve()
+    work = tmp_path / "work"
+    work.mkdir()
+    partial = work / checkpoint_of(work, url).name.removesuffix(".json")
+    with open(partial, "wb") as holder:
+        fcntl.flock(holder.fileno(), fcntl.LOCK_EX)
+        with pytest.raises(DownloadError, match="another process is downloading"):
+            fetch(url, cas, work)
+
+
+CHILD = textwrap.dedent(
+    """
+    import sys
+    from pathlib import Path
+    from corpus_assets.core.cas import ContentStore
+    from corpus_assets.core.download import fetch_to_cas
+
+    url, cas_root, work = sys.argv[1:4]
+    fetch_to_cas(url, ContentStore(Path(cas_root)), Path(work),
+                 checkpoint_bytes=128 << 10, checkpoint_seconds=0.05)
+    """
+)
+
+
+def test_sigkill_mid_download_then_resume(
+    serve: Callable[..., tuple[Remote, str]], cas: ContentStore, tmp_path: Path
+) -> None:
+    remote, url = serve(piece=32 << 10, delay=0.02)  # ~1.6 MB/s: two seconds for the object
+    work = tmp_path / "work"
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD, url, str(cas.root), str(work)], env=env, cwd=REPO_ROOT
+    )
+    checkpoint = checkpoint_of(work, url)
+    deadline = time.monotonic() + 20
+    verified = 0
+    while verified < (1 << 20):
+        assert child.poll() is None, "the child finished before it could be killed"
+        assert time.monotonic() < deadline, "no checkpoint past 1 MiB"
+        time.sleep(0.01)
+        try:
+            verified = json.loads(checkpoint.read_text())["verified_bytes"]
+        except (FileNotFoundError, ValueError):
+            continue
+    os.kill(child.pid, signal.SIGKILL)
+    assert child.wait(timeout=10) == -signal.SIGKILL
+    remote.delay = 0.0
+
+    fetched = fetch(url, cas, work)
+    assert_published(fetched, cas, work)
+    assert fetched.resumed and fetched.restarts == 0
+    assert fetched.bytes_transferred <= SIZE - verified
+    assert remote.sent < 1.5 * SIZE  # both processes together, counted by the server
