@@ -34,9 +34,7 @@ def main() -> None:
     root = Path(tempfile.mkdtemp(prefix="chunk-skip-"))
     cas = ContentStore(root / "cas")
     catalog = Catalog(args.catalog_url or f"sqlite:///{root / 'catalog.sqlite'}")
-    tasks = [
-        ChunkTask("bench", f"chunk/{n}", f"sha256:{n:064x}", "v1") for n in range(args.chunks)
-    ]
+    tasks = [ChunkTask("bench", f"chunk/{n}", f"sha256:{n:064x}", "v1") for n in range(args.chunks)]
     started = time.perf_counter()
     for n, task in enumerate(tasks):
         run_chunk(catalog, cas, task, lambda n=n: cas.put_bytes(f"output {n}".encode()))
