@@ -37,8 +37,6 @@ def test_ci_runs_the_readme_test_command() -> None:
 
 def test_readme_config_examples_are_valid() -> None:
     """Every YAML block in the README parses as (a source list entry of) a valid corpus.yaml."""
-    from corpus_assets.core.config import parse_config
-
     readme = (ROOT / "README.md").read_text()
     blocks = readme.split("```yaml\n")[1:]
     assert len(blocks) >= 5
