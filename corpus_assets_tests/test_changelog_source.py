@@ -10,7 +10,7 @@ from corpus_assets.core.pinning import late_changes
 from corpus_assets.core.pipeline import build_all
 from corpus_assets.core.publish import PublishError, activate, approve
 from corpus_assets.core.sources import fingerprint
-from corpus_assets.core.verify import validate
+from corpus_assets.core.validation import validate
 from corpus_assets.core.workspace import Workspace, open_workspace
 
 

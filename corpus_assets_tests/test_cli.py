@@ -92,7 +92,7 @@ def test_demo_verify_rebuild_reuse_and_tamper(tmp_path: Path) -> None:
     assert fenced.returncode == 1
     assert fenced.stderr.startswith("corpus-assets: error: snapshot sha256:")
     assert fenced.stderr.rstrip().endswith(
-        "did not validate: tombstoned record 'essays/e0001' is a member"
+        "did not validate: tombstone 1 (record 'essays/e0001') hits this snapshot"
     )
     assert len(fenced.stderr.strip().splitlines()) == 1
 

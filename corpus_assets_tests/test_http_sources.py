@@ -17,7 +17,7 @@ import zstandard
 
 from corpus_assets.core.pipeline import BUILDERS, build_all
 from corpus_assets.core.sources import fingerprint
-from corpus_assets.core.verify import validate
+from corpus_assets.core.validation import validate
 from corpus_assets.core.workspace import Workspace, open_workspace
 
 

@@ -10,7 +10,9 @@ from corpus_assets.assets.resources import CorpusResource
 from corpus_assets.core import states
 from corpus_assets.core.keys import validate_partition_key
 from corpus_assets.core.pinning import late_changes
-from corpus_assets.core.verify import validate
+from corpus_assets.core.records import canary_replay
+from corpus_assets.core.transform import transform_image
+from corpus_assets.core.validation import validate
 
 
 def _snapshot_validates(
@@ -21,7 +23,14 @@ def _snapshot_validates(
         manifest_digest = ws.catalog.layer_output(key, "manifest")
         if manifest_digest is None:
             return dg.AssetCheckResult(passed=False, description=f"no manifest for {key}")
-        report = validate(ws.cas, ws.catalog, manifest_digest, late_changes(ws))
+        report = validate(
+            ws.cas,
+            ws.catalog,
+            manifest_digest,
+            late_changes=late_changes(ws),
+            replay=canary_replay(ws),
+            current_image=transform_image(),
+        )
         state = states.get(ws.catalog, report.snapshot_id).state
     return dg.AssetCheckResult(
         passed=report.ok,
@@ -32,6 +41,8 @@ def _snapshot_validates(
             "objects_checked": report.objects_checked,
             "bytes_checked": report.bytes_checked,
             "findings": len(report.findings),
+            "gate_report": dg.MetadataValue.json(report.gate),
+            **{f"gate.{k}": v for k, v in report.gate.items() if isinstance(v, int | str)},
         },
     )
 

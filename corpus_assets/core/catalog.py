@@ -49,7 +49,7 @@ layer_outputs = Table(
     Column("partition_key", String(64), primary_key=True),
     Column("layer", String(32), primary_key=True),
     Column("index_digest", String(71), nullable=False),
-    Column("code_version", String(64), nullable=False),
+    Column("code_version", String(200), nullable=False),
     Column("updated_at", Float, nullable=False),
 )
 
@@ -77,6 +77,7 @@ snapshots = Table(
     Column("snapshot_id", String(71), primary_key=True),
     Column("partition_key", String(64), nullable=False, index=True),
     Column("manifest_digest", String(71), nullable=False),
+    Column("build_id", String(71), index=True),
     Column("alias", String(64), nullable=False),
     Column("state", String(12), nullable=False),
     Column("approved_by", String(128)),
@@ -122,8 +123,34 @@ tombstones = Table(
     Column(
         "seq", BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
     ),
-    Column("record_id", String(512), nullable=False),
+    Column("kind", String(16), nullable=False, default="record"),  # record | object | group
+    Column("record_id", String(512), nullable=False),  # the revoked record id, object or group
     Column("reason", Text, nullable=False),
+    Column("at", Float, nullable=False),
+)
+
+benchmark_items = Table(
+    "benchmark_items",
+    metadata,
+    Column(
+        "seq", BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
+    ),
+    Column("benchmark", String(128), nullable=False),
+    Column("dedup_key", String(71), nullable=False, index=True),  # dedup-normalised text digest
+    Column("at", Float, nullable=False),
+)
+
+permits = Table(
+    "permits",
+    metadata,
+    Column("permit_id", String(71), primary_key=True),
+    Column("run_id", String(200), nullable=False, unique=True),
+    Column("snapshot_id", String(71), nullable=False, index=True),
+    Column("alias", String(64)),
+    Column("purpose", String(128), nullable=False),
+    Column("tombstone_watermark", BigInteger, nullable=False),
+    Column("benchmark_fence", BigInteger, nullable=False),
+    Column("generation", BigInteger),
     Column("at", Float, nullable=False),
 )
 
@@ -138,6 +165,10 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     cursor.execute("PRAGMA synchronous=FULL")
     cursor.execute("PRAGMA busy_timeout=30000")
     cursor.close()
+
+
+class LayerConflict(RuntimeError):
+    """A layer rebuilt with the same code and inputs produced different bytes."""
 
 
 class Catalog:
@@ -220,15 +251,20 @@ class Catalog:
 
     # layer outputs -------------------------------------------------------------------------
     def set_layer_output(self, partition_key: str, layer: str, digest: str, code: str) -> None:
+        """Record a layer's index; the same code producing other bytes is refused, not overwritten.
+
+        ``code`` is the layer's build spec (code, transform image, policy, inputs): the same spec
+        must give the same bytes. A different spec is a new build of the partition and may
+        replace the pointer (the old index stays in the CAS); a ``~partial`` one may be retried.
+        """
         now = time.time()
         with self.begin() as conn:
-            changed = conn.execute(
-                update(layer_outputs)
+            row = conn.execute(
+                select(layer_outputs.c.index_digest, layer_outputs.c.code_version)
                 .where(layer_outputs.c.partition_key == partition_key)
                 .where(layer_outputs.c.layer == layer)
-                .values(index_digest=digest, code_version=code, updated_at=now)
-            ).rowcount
-            if not changed:
+            ).first()
+            if row is None:
                 conn.execute(
                     insert(layer_outputs).values(
                         partition_key=partition_key,
@@ -237,6 +273,22 @@ class Catalog:
                         code_version=code,
                         updated_at=now,
                     )
+                )
+            elif (
+                row.code_version == code
+                and not code.endswith("~partial")
+                and row.index_digest != digest
+            ):
+                raise LayerConflict(
+                    f"{layer} of partition {partition_key!r} was {row.index_digest} and the same "
+                    f"code ({code}) now gives {digest}: nondeterministic output, not overwritten"
+                )
+            elif row.index_digest != digest or row.code_version != code:
+                conn.execute(
+                    update(layer_outputs)
+                    .where(layer_outputs.c.partition_key == partition_key)
+                    .where(layer_outputs.c.layer == layer)
+                    .values(index_digest=digest, code_version=code, updated_at=now)
                 )
 
     def layer_output(self, partition_key: str, layer: str) -> str | None:

@@ -11,6 +11,8 @@ from typing import Any
 import pyarrow as pa
 
 from corpus_assets.core.artifacts import JSON, Ref, get_json, make_ref, put_json, put_table
+from corpus_assets.core.digests import json_digest
+from corpus_assets.core.transform import transform_image
 from corpus_assets.core.workspace import Workspace
 
 LAYERS = (
@@ -65,8 +67,26 @@ def publish_index(
         "counts": counts,
     }
     ref = put_json(ws.cas, index)
-    ws.catalog.set_layer_output(partition_key, layer, ref["digest"], code)
+    ws.catalog.set_layer_output(partition_key, layer, ref["digest"], build_spec(index))
     return ref
+
+
+def build_spec(index: dict[str, Any]) -> str:
+    """What must determine a layer's bytes: code, transform image, policy and input digests.
+
+    An index with open dead letters is marked ``~partial``: a retry that closes them may give
+    other bytes from the same spec, and that is progress, not nondeterminism.
+    """
+    spec = json_digest(
+        {
+            "code": index["code"],
+            "image": transform_image(),
+            "policy": index["policy"],
+            "inputs": [i["digest"] for i in index["inputs"]],
+        }
+    )
+    partial = index["outputs"].get("dead_letters") if isinstance(index["outputs"], dict) else None
+    return spec + ("~partial" if partial else "")
 
 
 def publish_table_layer(

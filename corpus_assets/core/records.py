@@ -8,7 +8,7 @@ record count so every exclusion has a denominator.
 import json
 import unicodedata
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pyarrow as pa
@@ -286,3 +286,20 @@ def load_records(ws: Workspace, index: dict[str, Any]) -> pa.Table:
         for c in index["outputs"]["chunks"]
     ]
     return pa.concat_tables(tables) if tables else RECORD_COLUMNS.empty_table()
+
+
+def canary_replay(ws: Workspace) -> Callable[[dict[str, Any], list[str]], dict[str, str]]:
+    """Re-parse chosen chunks from their pinned objects with this code, bypassing the task table
+    (a replay must recompute, not reuse); returns chunk key -> chunk output digest."""
+
+    def replay(canonical: dict[str, Any], chunk_keys: list[str]) -> dict[str, str]:
+        raw = get_json(ws.cas, canonical["inputs"][0], "raw_snapshot index")
+        items = {f"{o['source']}/{o['name']}": o for o in raw["outputs"]["objects"]}
+        sources = {s.id: s for s in ws.config.sources}
+        return {
+            key: _parse_object(ws, sources[items[key]["source"]], items[key])
+            for key in chunk_keys
+            if key in items and items[key]["source"] in sources
+        }
+
+    return replay

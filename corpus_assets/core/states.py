@@ -38,10 +38,16 @@ class Snapshot:
     state: str
     approved_by: str | None
     created_at: float
+    build_id: str | None = None
 
 
 def register(
-    catalog: Catalog, snapshot_id: str, partition_key: str, manifest_digest: str, alias: str
+    catalog: Catalog,
+    snapshot_id: str,
+    partition_key: str,
+    manifest_digest: str,
+    alias: str,
+    build_id: str | None = None,
 ) -> Snapshot:
     """Record a new manifest as BUILDING; a rebuild of the same snapshot keeps its state."""
     now = time.time()
@@ -52,6 +58,7 @@ def register(
                     snapshot_id=snapshot_id,
                     partition_key=partition_key,
                     manifest_digest=manifest_digest,
+                    build_id=build_id,
                     alias=alias,
                     state=BUILDING,
                     created_at=now,

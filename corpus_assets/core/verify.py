@@ -7,21 +7,17 @@ sources, no tombstone hits, watermarks equal to the freeze - and moves BUILDING 
 """
 
 import json
-from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from sqlalchemy import select
 
 from corpus_assets.core import states
 from corpus_assets.core.artifacts import JSON, PARQUET, is_ref
 from corpus_assets.core.cas import CasError, ContentStore
-from corpus_assets.core.catalog import Catalog, tombstones
+from corpus_assets.core.catalog import Catalog
 from corpus_assets.core.manifest import snapshot_id as compute_snapshot_id
-from corpus_assets.core.tasks import ChunkTask, open_dead_letters
 
 
 @dataclass
@@ -31,6 +27,7 @@ class Report:
     bytes_checked: int = 0
     findings: list[str] = field(default_factory=list)
     digests: set[str] = field(default_factory=set)
+    gate: dict[str, Any] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -106,94 +103,3 @@ def _walk(cas: ContentStore, node: Any, where: str, report: Report, seen: set[st
     elif isinstance(node, list):
         for n, value in enumerate(node):
             _walk(cas, value, f"{where}[{n}]", report, seen)
-
-
-def validate(
-    cas: ContentStore,
-    catalog: Catalog,
-    digest: str,
-    late_changes: Callable[[dict[str, Any]], list[str]] | None = None,
-) -> Report:
-    """Run every gate rule; on success move the snapshot BUILDING -> VALIDATED.
-
-    A freeze that is not a consistent boundary (CDC offset gap at freeze time, or late events at
-    or below its watermark found now by ``late_changes``) moves the snapshot to INCOMPLETE, from
-    any state before ACTIVE: it can never be published.
-    """
-    report = verify(cas, catalog, digest)
-    snapshot = resolve(catalog, digest)
-    try:
-        manifest = load_manifest(cas, snapshot)
-        freeze = json.loads(cas.get_bytes(manifest["freeze"]["digest"], "freeze spec"))
-        rules = _gate_rules(cas, catalog, manifest, freeze)
-        incomplete = list(freeze.get("incomplete", []))
-        if late_changes is not None:
-            incomplete += late_changes(freeze)
-    except CasError as error:  # already reported by verify, by object name
-        rules, incomplete = [str(error)], []
-    report.findings.extend(dict.fromkeys(f for f in rules if f not in report.findings))
-    report.findings.extend(incomplete)
-    if incomplete and snapshot.state in (states.BUILDING, states.VALIDATED, states.APPROVED):
-        states.transition(
-            catalog,
-            snapshot.snapshot_id,
-            snapshot.state,
-            states.INCOMPLETE,
-            "validator",
-            "; ".join(incomplete),
-        )
-    elif report.ok and snapshot.state == states.BUILDING:
-        states.transition(
-            catalog,
-            snapshot.snapshot_id,
-            states.BUILDING,
-            states.VALIDATED,
-            "validator",
-            f"{report.objects_checked} objects verified",
-        )
-    return report
-
-
-def _gate_rules(
-    cas: ContentStore, catalog: Catalog, manifest: dict[str, Any], freeze: dict[str, Any]
-) -> list[str]:
-    findings = []
-    for key in ("tombstoneWatermark", "benchmarkFence"):
-        if manifest[key] != freeze[key]:
-            findings.append(f"{key} {manifest[key]} differs from the freeze's {freeze[key]}")
-    canonical = json.loads(cas.get_bytes(manifest["layers"]["canonical_records"]["digest"]))
-    for dead in canonical["outputs"]["dead_letters"]:
-        findings.append(f"dead letter open: chunk {dead['chunk']}: {dead['error']}")
-    tasks = [
-        ChunkTask("canonical_records", c["chunk"], c["input"], canonical["code"])
-        for c in canonical["outputs"]["chunks"]
-    ]
-    for task, error in open_dead_letters(catalog, tasks):
-        findings.append(f"dead letter open: chunk {task.chunk_key}: {error}")
-    members = pq.read_table(pa.BufferReader(cas.get_bytes(manifest["members"]["digest"])))
-    ids = members.column("record_id").to_pylist()
-    for record_id, n in Counter(ids).items():
-        if n > 1:
-            findings.append(f"record_id {record_id!r} appears {n} times in members")
-    known = {s["id"] for s in freeze["sources"]}
-    unknown = set(members.column("source_id").to_pylist()) - known
-    if unknown:
-        findings.append(f"members from unknown sources: {sorted(unknown)}")
-    bad_split = set(members.column("split").to_pylist()) - {"train", "validation", "test"}
-    if bad_split:
-        findings.append(f"members with unknown split: {sorted(bad_split)}")
-    watermark = int(manifest["tombstoneWatermark"])
-    with catalog.begin() as conn:
-        hits = (
-            conn.execute(
-                select(tombstones.c.record_id)
-                .where(tombstones.c.seq <= watermark)
-                .where(tombstones.c.record_id.in_(ids))
-            )
-            .scalars()
-            .all()
-            if ids
-            else []
-        )
-    findings.extend(f"tombstoned record {rid!r} is a member" for rid in sorted(set(hits)))
-    return findings

@@ -1,0 +1,265 @@
+"""Validation gates (seed 001): the rules a snapshot must pass before anyone may approve it.
+
+``validate`` re-verifies every digest, then checks: every pinned source version still readable;
+record ids unique and each in exactly one known split; tombstone and benchmark hits 0; unknown
+sources 0; no open dead letters; lineage complete (every member traces to a pinned object and a
+canonical row); member count equal to the table; a canary replay of a fixed subset of objects
+from their pinned versions giving exactly the recorded records. It returns the gate report the
+blocking asset check shows, and moves BUILDING -> VALIDATED, or -> INCOMPLETE when the freeze was
+not a consistent boundary.
+"""
+
+import json
+import time
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from sqlalchemy import select
+
+from corpus_assets.core import states
+from corpus_assets.core.cas import CasError, ContentStore
+from corpus_assets.core.catalog import Catalog, benchmark_items, freezes, tombstones
+from corpus_assets.core.digests import json_digest
+from corpus_assets.core.tasks import ChunkTask, open_dead_letters
+from corpus_assets.core.verify import Report, load_manifest, resolve, verify
+
+SPLITS = {"train", "validation", "test"}
+Replay = Callable[[dict[str, Any], list[str]], dict[str, str]]
+
+
+def validate(
+    cas: ContentStore,
+    catalog: Catalog,
+    digest: str,
+    late_changes: Callable[[dict[str, Any]], list[str]] | None = None,
+    replay: Replay | None = None,
+    current_image: str | None = None,
+) -> Report:
+    """Run every gate; VALIDATED on success, INCOMPLETE if the freeze was not consistent.
+
+    ``late_changes`` re-reads change logs for late events; ``replay`` re-parses canary chunks
+    with this code (chunk key -> output digest); ``current_image`` is this code's transform image.
+    """
+    report = verify(cas, catalog, digest)
+    snapshot = resolve(catalog, digest)
+    incomplete: list[str] = []
+    try:
+        manifest = load_manifest(cas, snapshot)
+        freeze = json.loads(cas.get_bytes(manifest["freeze"]["digest"], "freeze spec"))
+        rules = _gates(cas, catalog, manifest, freeze, report, replay, current_image)
+        incomplete = list(freeze.get("incomplete", []))
+        if late_changes is not None:
+            incomplete += late_changes(freeze)
+    except CasError as error:  # already reported by verify, by object name
+        rules = [str(error)]
+    report.findings.extend(dict.fromkeys(f for f in rules if f not in report.findings))
+    report.findings.extend(incomplete)
+    report.gate["incomplete"] = len(incomplete)
+    if incomplete and snapshot.state in (states.BUILDING, states.VALIDATED, states.APPROVED):
+        states.transition(
+            catalog,
+            snapshot.snapshot_id,
+            snapshot.state,
+            states.INCOMPLETE,
+            "validator",
+            "; ".join(incomplete),
+        )
+    elif report.ok and snapshot.state == states.BUILDING:
+        states.transition(
+            catalog,
+            snapshot.snapshot_id,
+            states.BUILDING,
+            states.VALIDATED,
+            "validator",
+            f"{report.objects_checked} objects verified",
+        )
+    return report
+
+
+def _gates(
+    cas: ContentStore,
+    catalog: Catalog,
+    manifest: dict[str, Any],
+    freeze: dict[str, Any],
+    report: Report,
+    replay: Replay | None,
+    current_image: str | None,
+) -> list[str]:
+    findings: list[str] = []
+    gate = report.gate
+    for key in ("tombstoneWatermark", "benchmarkFence"):
+        if manifest[key] != freeze[key]:
+            findings.append(f"{key} {manifest[key]} differs from the freeze's {freeze[key]}")
+
+    pinned = {o["sha256"]: s["id"] for s in freeze["sources"] for o in s["objects"]}
+    unreadable = [d for d in pinned if not cas.contains(d)]
+    findings += [f"pinned source version {d} is not readable" for d in unreadable]
+    gate["unversioned_objects"] = sum(
+        1 for s in freeze["sources"] for o in s["objects"] if not o.get("sha256")
+    )
+    gate["source_watermark_coverage"] = _coverage(freeze)
+
+    canonical = json.loads(cas.get_bytes(manifest["layers"]["canonical_records"]["digest"]))
+    dead = [
+        f"dead letter open: chunk {d['chunk']}: {d['error']}"
+        for d in canonical["outputs"]["dead_letters"]
+    ]
+    tasks = [
+        ChunkTask("canonical_records", c["chunk"], c["input"], canonical["code"])
+        for c in canonical["outputs"]["chunks"]
+    ]
+    dead += [
+        f"dead letter open: chunk {t.chunk_key}: {e}" for t, e in open_dead_letters(catalog, tasks)
+    ]
+    findings += list(dict.fromkeys(dead))
+    gate["dead_letters"] = len(set(dead))
+
+    members = pq.read_table(pa.BufferReader(cas.get_bytes(manifest["members"]["digest"])))
+    if members.num_rows != manifest["members"]["count"]:
+        findings.append(
+            f"members table has {members.num_rows} rows, "
+            f"manifest says {manifest['members']['count']}"
+        )
+    ids = members.column("record_id").to_pylist()
+    duplicates = sorted(rid for rid, n in Counter(ids).items() if n > 1)
+    by_id: dict[str, set[str]] = {}
+    for rid, split in zip(ids, members.column("split").to_pylist(), strict=True):
+        by_id.setdefault(rid, set()).add(split)
+    for rid in duplicates:
+        splits = sorted(by_id[rid])
+        where = f" in splits {', '.join(splits)}" if len(splits) > 1 else ""
+        findings.append(f"record_id {rid!r} appears {ids.count(rid)} times in members{where}")
+    gate["duplicate_ids"] = len(duplicates)
+    bad_split = set(members.column("split").to_pylist()) - SPLITS
+    if bad_split:
+        findings.append(f"members with unknown split: {sorted(bad_split)}")
+    unknown = set(members.column("source_id").to_pylist()) - {s["id"] for s in freeze["sources"]}
+    if unknown:
+        findings.append(f"members from unknown sources: {sorted(unknown)}")
+    gate["unknown_sources"] = len(unknown)
+
+    records = _canonical_rows(cas, canonical)
+    orphans = [
+        rid
+        for rid, obj, line in zip(
+            ids,
+            members.column("object").to_pylist(),
+            members.column("line").to_pylist(),
+            strict=True,
+        )
+        if obj not in pinned or records.get(rid) != (obj, line)
+    ]
+    findings += [f"member {rid!r} has no lineage to a pinned object row" for rid in orphans[:20]]
+    gate["orphan_ids"] = len(orphans)
+    gate["lineage_completeness"] = _percent(len(ids) - len(orphans), len(ids))
+    dedup = json.loads(cas.get_bytes(manifest["layers"]["dedup_clusters"]["digest"]))
+    unexplained = len(records) - len(ids) - dedup["counts"]["removed"]
+    if unexplained:
+        findings.append(f"{unexplained} canonical rows are neither members nor duplicates")
+    gate["unexplained_rows"] = unexplained
+
+    tombstone_hits = _tombstone_hits(catalog, int(manifest["tombstoneWatermark"]), members)
+    findings += tombstone_hits
+    gate["tombstone_hits"] = len(tombstone_hits)
+    benchmark_hits = _benchmark_hits(catalog, int(manifest["benchmarkFence"]), members)
+    findings += benchmark_hits
+    gate["benchmark_hits"] = len(benchmark_hits)
+
+    if current_image is not None and current_image != manifest["transformImage"]:
+        tag = manifest["transformImage"].partition("@")[0]
+        same = " (same tag, another digest)" if tag == current_image.partition("@")[0] else ""
+        findings.append(
+            f"transform image {manifest['transformImage']} is not this code's {current_image}"
+            f"{same}: a replay would not run the manifest's transform"
+        )
+    if replay is not None:
+        findings += _canary(canonical, replay, gate)
+    with catalog.begin() as conn:
+        frozen_at = conn.scalar(
+            select(freezes.c.created_at).where(freezes.c.partition_key == manifest["partition"])
+        )
+    gate["build_latency_seconds"] = round(time.time() - frozen_at, 1) if frozen_at else None
+    return findings
+
+
+def canary_chunks(canonical: dict[str, Any]) -> list[str]:
+    """The fixed canary subset: the first chunk of each source, in index order."""
+    seen: dict[str, str] = {}
+    for chunk in canonical["outputs"]["chunks"]:
+        seen.setdefault(chunk["chunk"].split("/", 1)[0], chunk["chunk"])
+    return list(seen.values())
+
+
+def _canary(canonical: dict[str, Any], replay: Replay, gate: dict[str, Any]) -> list[str]:
+    chosen = canary_chunks(canonical)
+    recorded = {c["chunk"]: c["output"]["digest"] for c in canonical["outputs"]["chunks"]}
+    replayed = replay(canonical, chosen)
+    gate["canary_chunks"] = len(chosen)
+    gate["transform_replay_hash"] = json_digest(dict(sorted(replayed.items())))
+    differ = [c for c in chosen if replayed.get(c) != recorded[c]]
+    gate["set_difference"] = len(differ)
+    return [
+        f"canary replay of {c} gave {replayed.get(c)}, the snapshot recorded {recorded[c]}"
+        for c in differ
+    ]
+
+
+def _canonical_rows(cas: ContentStore, canonical: dict[str, Any]) -> dict[str, tuple[str, int]]:
+    rows: dict[str, tuple[str, int]] = {}
+    for chunk in canonical["outputs"]["chunks"]:
+        descriptor = json.loads(cas.get_bytes(chunk["output"]["digest"]))
+        table = pq.read_table(
+            pa.BufferReader(cas.get_bytes(descriptor["records"]["digest"])),
+            columns=["record_id", "object", "line"],
+        )
+        for rid, obj, line in zip(*(table.column(i).to_pylist() for i in range(3)), strict=True):
+            rows[rid] = (obj, line)
+    return rows
+
+
+def _tombstone_hits(catalog: Catalog, watermark: int, members: pa.Table) -> list[str]:
+    with catalog.begin() as conn:
+        revoked = conn.execute(
+            select(tombstones.c.seq, tombstones.c.kind, tombstones.c.record_id).where(
+                tombstones.c.seq <= watermark
+            )
+        ).all()
+    if not revoked:
+        return []
+    columns = {"record": "record_id", "object": "object", "group": "group_id"}
+    values = {kind: set(members.column(col).to_pylist()) for kind, col in columns.items()}
+    return [
+        f"tombstone {seq} ({kind} {target!r}) hits this snapshot"
+        for seq, kind, target in revoked
+        if target in values.get(kind, set())
+    ]
+
+
+def _benchmark_hits(catalog: Catalog, fence: int, members: pa.Table) -> list[str]:
+    keys = set(members.column("dedup_key").to_pylist())
+    with catalog.begin() as conn:
+        items = conn.execute(
+            select(benchmark_items.c.benchmark, benchmark_items.c.dedup_key).where(
+                benchmark_items.c.seq <= fence
+            )
+        ).all()
+    return [f"benchmark {name!r} item {key} is a member" for name, key in items if key in keys]
+
+
+def _coverage(freeze: dict[str, Any]) -> dict[str, str]:
+    coverage = {}
+    for source in freeze["sources"]:
+        if source["kind"] == "changelog":
+            span = int(source["watermark"]) - int(source["startLsn"]) + 1
+            missing = sum(int(hi) - int(lo) + 1 for lo, hi in source["gaps"])
+            coverage[source["id"]] = _percent(span - missing, span)
+        else:
+            coverage[source["id"]] = "100%"
+    return coverage
+
+
+def _percent(part: int, whole: int) -> str:
+    return "100%" if whole == 0 else f"{100 * part / whole:.2f}%".replace(".00%", "%")
