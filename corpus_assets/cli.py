@@ -24,7 +24,8 @@ from corpus_assets.core.keys import PartitionKeyError, new_partition_key, valida
 from corpus_assets.core.layers import LAYERS
 from corpus_assets.core.publish import PublishError, approve
 from corpus_assets.core.sources import SourceError
-from corpus_assets.core.verify import load_manifest, resolve, validate, verify
+from corpus_assets.core.validation import validate
+from corpus_assets.core.verify import load_manifest, resolve, verify
 from corpus_assets.core.workspace import open_home, open_workspace
 
 # The repository's dagster.yaml, as data (a test keeps the two equal).
