@@ -8,6 +8,7 @@ sources, no tombstone hits, watermarks equal to the freeze - and moves BUILDING 
 
 import json
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -18,6 +19,8 @@ from corpus_assets.core.artifacts import JSON, PARQUET, is_ref
 from corpus_assets.core.cas import CasError, ContentStore
 from corpus_assets.core.catalog import Catalog
 from corpus_assets.core.manifest import snapshot_id as compute_snapshot_id
+from corpus_assets.core.manifest_schema import schema_errors
+from corpus_assets.core.signing import SignatureError, verify_signature
 
 
 @dataclass
@@ -46,7 +49,11 @@ def load_manifest(cas: ContentStore, snapshot: states.Snapshot) -> dict[str, Any
     return json.loads(cas.get_bytes(snapshot.manifest_digest, "manifest"))
 
 
-def verify(cas: ContentStore, catalog: Catalog, digest: str) -> Report:
+def verify(
+    cas: ContentStore, catalog: Catalog, digest: str, public_key: Path | None = None
+) -> Report:
+    """Re-derive the snapshotId, check the schema and the signature (by ``public_key``, default
+    the data home's key, which lives outside the CAS), and re-hash every reachable object."""
     snapshot = resolve(catalog, digest)
     report = Report(snapshot.snapshot_id)
     try:
@@ -61,6 +68,13 @@ def verify(cas: ContentStore, catalog: Catalog, digest: str) -> Report:
             f"manifest {snapshot.manifest_digest}: snapshotId is {manifest.get('snapshotId')}, "
             f"catalog says {snapshot.snapshot_id}, payload hashes to {recomputed}"
         )
+    report.findings += [f"manifest schema: {e}" for e in schema_errors(manifest)]
+    try:
+        verify_signature(
+            manifest.get("signature"), recomputed, public_key=public_key, home=cas.root.parent
+        )
+    except SignatureError as error:
+        report.findings.append(f"manifest signature: {error}")
     report.digests.add(snapshot.manifest_digest)
     _walk(cas, manifest, "manifest", report, seen=report.digests)
     members = manifest.get("members", {})

@@ -1,0 +1,235 @@
+"""The training entry point on both catalogs: digest-only API, gate permits, verified reads."""
+
+import json
+import threading
+import time
+
+import pytest
+from sqlalchemy import select, text
+
+from corpus_assets.core import states, training
+from corpus_assets.core.cas import CorruptObjectError
+from corpus_assets.core.catalog import permits
+from corpus_assets.core.pipeline import build_all
+from corpus_assets.core.publish import activate, approve
+from corpus_assets.core.training import (
+    Permit,
+    TrainingError,
+    TrainingReader,
+    resolve_alias,
+    take_permit,
+)
+from corpus_assets.core.validation import validate
+from corpus_assets.core.workspace import Workspace
+
+
+def _built(ws: Workspace, key: str) -> str:
+    sid = build_all(ws, key)["manifest"].digests["snapshotId"]
+    report = validate(ws.cas, ws.catalog, sid)
+    assert report.ok, report.findings
+    return sid
+
+
+def _active(ws: Workspace, key: str) -> str:
+    sid = _built(ws, key)
+    approve(ws.cas, ws.catalog, sid, "reviewer")
+    activate(ws.cas, ws.catalog, sid, "publisher")
+    assert states.get(ws.catalog, sid).state == states.ACTIVE
+    return sid
+
+
+def _packed(ws: Workspace, sid: str) -> dict:
+    manifest = json.loads(ws.cas.get_bytes(states.get(ws.catalog, sid).manifest_digest))
+    return json.loads(ws.cas.get_bytes(manifest["layers"]["packed_blocks"]["digest"]))
+
+
+def _all_tokens(reader: TrainingReader) -> tuple[list[int], bytes]:
+    indexes, data = [], bytearray()
+    for index, block in reader.blocks():
+        assert len(block) == reader.block_tokens
+        indexes.append(index)
+        data += bytes(block)
+    return indexes, bytes(data)
+
+
+def test_only_an_active_digest_for_its_purpose_gets_a_permit(workspace: Workspace) -> None:
+    ws = workspace
+    alias, purpose = ws.config.alias, ws.config.purpose
+    validated = _built(ws, "p1")
+    with pytest.raises(TrainingError, match=r"VALIDATED.*ACTIVE") as refused:
+        take_permit(ws.cas, ws.catalog, validated, "run-1", purpose)
+    assert validated in str(refused.value) and "run-1" in str(refused.value)
+    with pytest.raises(TrainingError, match="no active snapshot"):
+        resolve_alias(ws.catalog, alias)
+
+    approve(ws.cas, ws.catalog, validated, "reviewer")
+    activate(ws.cas, ws.catalog, validated, "publisher")
+    for name in ("latest", alias, validated.removeprefix("sha256:"), validated.upper()):
+        with pytest.raises(TrainingError, match="accepts only a snapshot digest"):
+            take_permit(ws.cas, ws.catalog, name, "run-1", purpose)
+    with pytest.raises(TrainingError, match="no snapshot with id or manifest digest"):
+        take_permit(ws.cas, ws.catalog, "sha256:" + "0" * 64, "run-1", purpose)
+    with pytest.raises(TrainingError, match=r"purposes must match") as wrong:
+        take_permit(ws.cas, ws.catalog, validated, "run-1", "not-" + purpose)
+    assert repr(purpose) in str(wrong.value) and validated in str(wrong.value)
+    with pytest.raises(TrainingError, match="non-empty run id"):
+        take_permit(ws.cas, ws.catalog, validated, " ", purpose)
+    with ws.catalog.begin() as conn:
+        assert conn.execute(select(permits)).all() == []  # refusals leave nothing behind
+
+    # the alias is resolved once, explicitly; the manifest CAS digest names the same snapshot
+    assert resolve_alias(ws.catalog, alias) == validated
+    manifest_digest = states.get(ws.catalog, validated).manifest_digest
+    permit = take_permit(ws.cas, ws.catalog, manifest_digest, "run-1", purpose)
+    assert (permit.snapshot_id, permit.alias, permit.resumed) == (validated, alias, False)
+    assert permit.generation == 1
+
+
+def test_reader_yields_the_verified_tokens_and_reports_every_digest(workspace: Workspace) -> None:
+    ws = workspace
+    sid = _active(ws, "p1")
+    permit = take_permit(ws.cas, ws.catalog, sid, "run-1", ws.config.purpose)
+    packed = _packed(ws, sid)
+    outputs, counts = packed["outputs"], packed["counts"]
+    reader = TrainingReader(ws.cas, ws.catalog, permit)
+
+    indexes, data = _all_tokens(reader)
+    assert indexes == list(range(counts["blocks"]))
+    assert len(data) == counts["blocks"] * counts["block_tokens"] * 2
+    assert data == ws.cas.get_bytes(outputs["tokens"]["digest"])
+    assert [i for i, _ in reader.blocks(start=counts["blocks"] - 1)] == [counts["blocks"] - 1]
+
+    members, spans = reader.members(), reader.spans()
+    manifest = json.loads(ws.cas.get_bytes(states.get(ws.catalog, sid).manifest_digest))
+    assert members.num_rows == manifest["members"]["count"]
+    assert spans.num_rows == counts["spans"]
+    # every span points at a member
+    assert set(spans.column("record_id").to_pylist()) <= set(
+        members.column("record_id").to_pylist()
+    )
+
+    report = reader.report()
+    assert (report["snapshotId"], report["runId"], report["permitId"]) == (
+        sid,
+        "run-1",
+        permit.permit_id,
+    )
+    read = {entry["what"]: (entry["digest"], entry["bytes"]) for entry in report["read"]}
+    assert read["tokens"] == (outputs["tokens"]["digest"], outputs["tokens"]["size"])
+    assert read["spans"] == (outputs["spans"]["digest"], outputs["spans"]["size"])
+    assert read["members"] == (manifest["members"]["digest"], manifest["members"]["size"])
+    assert read["manifest"][0] == states.get(ws.catalog, sid).manifest_digest
+
+    # a Permit object that the catalog never granted opens nothing
+    forged = Permit(**{**permit.__dict__, "run_id": "run-forged"})
+    with pytest.raises(TrainingError, match="not recorded in the catalog"):
+        TrainingReader(ws.cas, ws.catalog, forged)
+
+
+def test_resume_keeps_the_original_digest_and_new_data_is_a_new_run(workspace: Workspace) -> None:
+    ws = workspace
+    purpose = ws.config.purpose
+    first = _active(ws, "p1")
+    permit = take_permit(ws.cas, ws.catalog, first, "run-1", purpose)
+    second = _active(ws, "p2")
+    assert second != first and resolve_alias(ws.catalog, ws.config.alias) == second
+
+    resumed = take_permit(ws.cas, ws.catalog, first, "run-1", purpose)
+    assert resumed == Permit(**{**permit.__dict__, "resumed": True})
+    with pytest.raises(TrainingError, match="changed data means a new run") as changed:
+        take_permit(ws.cas, ws.catalog, second, "run-1", purpose)
+    assert first in str(changed.value) and second in str(changed.value)
+    with pytest.raises(TrainingError, match="purposes must match"):
+        take_permit(ws.cas, ws.catalog, first, "run-1", "other")
+    fresh = take_permit(ws.cas, ws.catalog, second, "run-2", purpose)
+    assert (fresh.snapshot_id, fresh.resumed, fresh.generation) == (second, False, 2)
+    assert fresh.permit_id != permit.permit_id
+
+
+def test_a_fence_moved_after_activation_refuses_new_permits_not_pinned_runs(
+    workspace: Workspace,
+) -> None:
+    ws = workspace
+    purpose = ws.config.purpose
+    sid = _active(ws, "p1")
+    pinned = take_permit(ws.cas, ws.catalog, sid, "run-1", purpose)
+    reader = TrainingReader(ws.cas, ws.catalog, pinned)
+    before = _all_tokens(reader)
+
+    with ws.catalog.begin() as conn:  # what a tombstone advance does to the gate row
+        conn.execute(text("UPDATE gate SET tombstone_watermark = tombstone_watermark + 1"))
+    with pytest.raises(TrainingError, match=r"tombstone watermark 0 .* tombstone watermark 1"):
+        take_permit(ws.cas, ws.catalog, sid, "run-2", purpose)
+    with ws.catalog.begin() as conn:
+        conn.execute(text("UPDATE gate SET benchmark_fence = benchmark_fence + 5"))
+    with pytest.raises(TrainingError, match=r"benchmark fence 0.*benchmark fence 5"):
+        take_permit(ws.cas, ws.catalog, sid, "run-2", purpose)
+
+    # the run that already holds a permit resumes and reads its pinned inputs unchanged
+    again = take_permit(ws.cas, ws.catalog, sid, "run-1", purpose)
+    assert again.permit_id == pinned.permit_id and again.resumed
+    assert _all_tokens(TrainingReader(ws.cas, ws.catalog, again)) == before
+
+
+def test_a_permit_serialises_with_a_concurrent_fence_advance(workspace: Workspace) -> None:
+    """The advance holds the gate row; the permit waits for it and then sees the new fence."""
+    ws = workspace
+    sid = _active(ws, "p1")
+    outcome: dict[str, object] = {}
+
+    def permit() -> None:
+        try:
+            outcome["permit"] = take_permit(ws.cas, ws.catalog, sid, "run-1", ws.config.purpose)
+        except TrainingError as error:
+            outcome["error"] = error
+
+    with ws.catalog.engine.connect() as conn:
+        advance = conn.begin()
+        conn.execute(text("UPDATE gate SET tombstone_watermark = tombstone_watermark + 1"))
+        worker = threading.Thread(target=permit)
+        worker.start()
+        time.sleep(0.5)
+        assert worker.is_alive(), outcome  # waiting on the gate row, not deciding on stale data
+        advance.commit()
+    worker.join(timeout=30)
+    assert "permit" not in outcome
+    assert "tombstone watermark 1" in str(outcome["error"])
+
+
+def test_a_flipped_byte_in_the_tokens_is_caught_before_any_block(workspace: Workspace) -> None:
+    ws = workspace
+    sid = _active(ws, "p1")
+    permit = take_permit(ws.cas, ws.catalog, sid, "run-1", ws.config.purpose)
+    reader = TrainingReader(ws.cas, ws.catalog, permit)
+    digest = _packed(ws, sid)["outputs"]["tokens"]["digest"]
+    path = ws.cas.path(digest)
+    flipped = bytearray(path.read_bytes())
+    flipped[len(flipped) - 1] ^= 0x01  # the last byte: only a whole-file hash can see it
+    path.write_bytes(bytes(flipped))
+
+    delivered = []
+    with pytest.raises(CorruptObjectError, match=digest):
+        for block in reader.blocks():
+            delivered.append(block)
+    assert delivered == []
+    assert all(entry["what"] != "tokens" for entry in reader.report()["read"])
+
+
+def test_tokens_changed_while_being_read_fail_the_run_at_the_end(
+    workspace: Workspace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Bytes are hashed before the first block; a change after that is caught by the re-hash."""
+    ws = workspace
+    sid = _active(ws, "p1")
+    permit = take_permit(ws.cas, ws.catalog, sid, "run-1", ws.config.purpose)
+    reader = TrainingReader(ws.cas, ws.catalog, permit)
+    monkeypatch.setattr(training, "READ_BLOCKS", 1)  # one block per read
+    digest = _packed(ws, sid)["outputs"]["tokens"]["digest"]
+    blocks = reader.blocks()
+    assert next(blocks)[0] == 0
+    path = ws.cas.path(digest)
+    flipped = bytearray(path.read_bytes())
+    flipped[-1] ^= 0x01
+    path.write_bytes(bytes(flipped))
+    with pytest.raises(CorruptObjectError, match=rf"while being read\) {digest} is corrupt"):
+        list(blocks)
