@@ -31,6 +31,7 @@ def to_materialize_result(result: LayerResult) -> dg.MaterializeResult:
     metadata.update({name: dg.MetadataValue.text(v) for name, v in result.digests.items()})
     if result.preview:
         metadata["preview"] = preview_table(result.preview)
+    metadata.update({name: dg.MetadataValue.json(v) for name, v in result.details.items()})
     return dg.MaterializeResult(metadata=metadata, data_version=dg.DataVersion(result.digest))
 
 

@@ -45,6 +45,7 @@ class LayerResult:
     preview: list[dict[str, Any]] = field(default_factory=list)
     digests: dict[str, str] = field(default_factory=dict)
     run_stats: dict[str, int] = field(default_factory=dict)
+    details: dict[str, Any] = field(default_factory=dict)
 
 
 def publish_index(

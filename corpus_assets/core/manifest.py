@@ -16,14 +16,15 @@ from corpus_assets.core import states
 from corpus_assets.core.artifacts import get_table, put_json, put_table
 from corpus_assets.core.digests import json_digest
 from corpus_assets.core.freeze import freeze
+from corpus_assets.core.identity import SELF_EXCLUDED, snapshot_id
 from corpus_assets.core.layers import LAYERS, LayerResult, read_index
 from corpus_assets.core.records import load_records, record_schema_digest
+from corpus_assets.core.shadow import shadow_diff
 from corpus_assets.core.signing import sign_snapshot
 from corpus_assets.core.transform import transform_image
 from corpus_assets.core.workspace import Workspace
 
 MANIFEST_SCHEMA = "training.dataset.snapshot.v1"
-SELF_EXCLUDED = ("snapshotId", "signature")
 MEMBER_COLUMNS = [
     "record_id",
     "source_id",
@@ -39,11 +40,6 @@ MEMBER_COLUMNS = [
 
 class BuildConflict(RuntimeError):
     """The same build identity produced different content: nondeterminism, never overwritten."""
-
-
-def snapshot_id(manifest: dict[str, Any]) -> str:
-    """sha256 of the RFC 8785 payload without ``snapshotId`` and ``signature``."""
-    return json_digest({k: v for k, v in manifest.items() if k not in SELF_EXCLUDED})
 
 
 def members_table(
@@ -155,8 +151,15 @@ def build_manifest(ws: Workspace, partition_key: str) -> LayerResult:
         config.alias,
         build_id=manifest["buildId"],
     )
+    diff = shadow_diff(ws.cas, ws.catalog, manifest["snapshotId"])
     return LayerResult(
         layer="manifest",
+        details={"shadow_diff": diff},
+        run_stats={
+            "shadow.added": diff["added"],
+            "shadow.removed": diff["removed"],
+            "shadow.split_migrations": diff["split_migrations"],
+        },
         digest=manifest_ref["digest"],
         counts=dict(manifest["counts"]),
         preview=members.slice(0, 10).to_pylist(),

@@ -30,7 +30,7 @@ from corpus_assets.core import states
 from corpus_assets.core.cas import ContentStore, CorruptObjectError, MissingObjectError
 from corpus_assets.core.catalog import Catalog, gate, permits
 from corpus_assets.core.digests import DIGEST_RE, json_digest
-from corpus_assets.core.manifest import snapshot_id as compute_snapshot_id
+from corpus_assets.core.identity import snapshot_id as compute_snapshot_id
 from corpus_assets.core.verify import load_manifest, resolve
 
 TOKEN_DTYPE = "uint16-le"

@@ -18,7 +18,7 @@ from corpus_assets.core import states
 from corpus_assets.core.artifacts import JSON, PARQUET, is_ref
 from corpus_assets.core.cas import CasError, ContentStore
 from corpus_assets.core.catalog import Catalog
-from corpus_assets.core.manifest import snapshot_id as compute_snapshot_id
+from corpus_assets.core.identity import snapshot_id as compute_snapshot_id
 from corpus_assets.core.manifest_schema import schema_errors
 from corpus_assets.core.signing import SignatureError, verify_signature
 
