@@ -123,7 +123,7 @@ def test_publication_sensor_requests_activation_of_approved_snapshot(demo_home: 
         (run,) = publication(
             dg.build_sensor_context(instance=instance, resources=RESOURCES)
         ).run_requests
-        assert run.run_key == f"activate:{sid}"
+        assert run.run_key == f"activate:{sid}:generation:0"  # retries of this pair are no-ops
 
         job = defs.resolve_job_def("activate_snapshot")
         assert job.execute_in_process(run_config=run.run_config, instance=instance).success

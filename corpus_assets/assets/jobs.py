@@ -5,7 +5,8 @@ import dagster as dg
 from corpus_assets.assets.layers import LAYER_ASSETS
 from corpus_assets.assets.resources import CorpusResource
 from corpus_assets.core.pinning import late_changes
-from corpus_assets.core.publish import activate
+from corpus_assets.core.publish import activate, approve
+from corpus_assets.core.shadow import shadow_diff
 
 build_snapshot = dg.define_asset_job(
     "build_snapshot",
@@ -48,6 +49,45 @@ def activate_alias(
 )
 def activate_snapshot() -> None:
     activate_alias()
+
+
+class ApprovalConfig(dg.Config):
+    snapshot_id: str
+    approved_by: str
+
+
+@dg.op(description="Approve a VALIDATED snapshot, bound to its digest (re-verified first).")
+def approve_digest(
+    context: dg.OpExecutionContext, config: ApprovalConfig, corpus: CorpusResource
+) -> None:
+    with corpus.workspace() as ws:
+        diff = shadow_diff(ws.cas, ws.catalog, config.snapshot_id)
+        snapshot = approve(ws.cas, ws.catalog, config.snapshot_id, by=config.approved_by)
+    context.log.info(f"{snapshot.snapshot_id} APPROVED by {snapshot.approved_by}")
+    context.log_event(
+        dg.AssetObservation(
+            asset_key="manifest",
+            partition=snapshot.partition_key,
+            metadata={
+                "approved": snapshot.snapshot_id,
+                "approved_by": snapshot.approved_by or "",
+                "shadow_diff": dg.MetadataValue.json(diff),
+            },
+        )
+    )
+
+
+@dg.job(description="Approve a snapshot digest (launch from the UI with the digest as config).")
+def approve_snapshot() -> None:
+    approve_digest()
+
+
+def approval_run_config(snapshot_id: str, approved_by: str) -> dict:
+    return {
+        "ops": {
+            "approve_digest": {"config": {"snapshot_id": snapshot_id, "approved_by": approved_by}}
+        }
+    }
 
 
 def activation_run_config(snapshot_id: str) -> dict:

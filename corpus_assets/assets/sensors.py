@@ -7,6 +7,7 @@ import dagster as dg
 from corpus_assets.assets.jobs import activate_snapshot, activation_run_config, build_snapshot
 from corpus_assets.assets.partitions import snapshots
 from corpus_assets.assets.resources import CorpusResource
+from corpus_assets.core.gate import read_gate
 from corpus_assets.core.keys import new_partition_key
 from corpus_assets.core.publish import next_to_activate
 from corpus_assets.core.sources import fingerprint
@@ -48,16 +49,18 @@ with warnings.catch_warnings():
     )
     def publication(context: dg.SensorEvaluationContext, corpus: CorpusResource) -> dg.SensorResult:
         with corpus.workspace() as ws:
-            ready = next_to_activate(ws.catalog)
+            ready = [
+                (s, read_gate(ws.catalog, s.alias).generation) for s in next_to_activate(ws.catalog)
+            ]
         if not ready:
             return dg.SensorResult(skip_reason="no APPROVED snapshot waiting")
         return dg.SensorResult(
             run_requests=[
                 dg.RunRequest(
-                    run_key=f"activate:{s.snapshot_id}",
+                    run_key=f"activate:{s.snapshot_id}:generation:{generation}",
                     run_config=activation_run_config(s.snapshot_id),
                     tags={"corpus/snapshot": s.snapshot_id, "corpus/alias": s.alias},
                 )
-                for s in ready
+                for s, generation in ready
             ]
         )
