@@ -5,6 +5,7 @@ Builds and activations run the same Dagster jobs the UI and sensors run, on the 
 """
 
 import argparse
+import getpass
 import json
 import os
 import sys
@@ -17,13 +18,21 @@ from sqlalchemy.engine import make_url
 
 from corpus_assets.core import gate, states
 from corpus_assets.core.cas import CasError, ContentStore
-from corpus_assets.core.catalog import Catalog
+from corpus_assets.core.catalog import Catalog, LayerConflict
 from corpus_assets.core.config import ConfigError, config_path, default_home
+from corpus_assets.core.dedup import dedup_key
 from corpus_assets.core.demo import write_demo
 from corpus_assets.core.keys import PartitionKeyError, new_partition_key, validate_partition_key
 from corpus_assets.core.layers import LAYERS
-from corpus_assets.core.publish import PublishError, approve
+from corpus_assets.core.lineage import tombstone_hits
+from corpus_assets.core.manifest import BuildConflict
+from corpus_assets.core.pinning import PinError
+from corpus_assets.core.prov import prov_document
+from corpus_assets.core.publish import PublishError, approve, rollback
+from corpus_assets.core.shadow import shadow_diff
+from corpus_assets.core.signing import SignatureError
 from corpus_assets.core.sources import SourceError
+from corpus_assets.core.training import TrainingError, TrainingReader, take_permit
 from corpus_assets.core.validation import validate
 from corpus_assets.core.verify import load_manifest, resolve, verify
 from corpus_assets.core.workspace import open_home, open_workspace
@@ -38,6 +47,7 @@ class CliError(RuntimeError):
 
 
 EXPECTED_ERRORS = (
+    TrainingError,
     CliError,
     ConfigError,
     CasError,
@@ -46,6 +56,10 @@ EXPECTED_ERRORS = (
     PublishError,
     PartitionKeyError,
     SourceError,
+    LayerConflict,
+    BuildConflict,
+    PinError,
+    SignatureError,
 )
 
 
@@ -100,6 +114,33 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p = command("show", cmd_show, "print a snapshot's manifest JSON")
     p.add_argument("digest")
+    p = command("diff", cmd_diff, "shadow diff of a snapshot against its alias's active one")
+    p.add_argument("digest")
+    p = command("prov", cmd_prov, "W3C PROV-JSON of how a snapshot was produced")
+    p.add_argument("digest")
+    p = command("rollback", cmd_rollback, "point the alias back at an earlier active snapshot")
+    p.add_argument("digest")
+    p = command("tombstone", cmd_tombstone_hits, "revoke data, or show where a tombstone hits")
+    tomb = p.add_subparsers(required=True, metavar="ACTION")
+    add = tomb.add_parser("add", help="revoke a record, source object or group; fences all aliases")
+    target = add.add_mutually_exclusive_group(required=True)
+    target.add_argument("--record", help="record id, e.g. essays/e0001")
+    target.add_argument("--object", help="raw object digest sha256:...")
+    target.add_argument("--group", help="group id")
+    add.add_argument("--reason", required=True)
+    add.set_defaults(run=cmd_tombstone_add)
+    show_hits = tomb.add_parser("hits", help="deletion lineage: snapshots, members, spans, runs")
+    show_hits.add_argument("seq", type=int)
+    p = command("benchmark", cmd_benchmark, "register benchmark items; advances the fence")
+    p.add_argument("name", help="benchmark name")
+    p.add_argument("file", help="JSONL file of benchmark items")
+    p.add_argument("--text-field", default="text")
+    p = command(
+        "read", cmd_read, "training entry: take a permit for a digest and read it, verified"
+    )
+    p.add_argument("digest", help="a snapshotId (an alias is never accepted)")
+    p.add_argument("--run-id", required=True)
+    p.add_argument("--purpose", required=True)
     return parser
 
 
@@ -326,6 +367,70 @@ def cmd_show(args: argparse.Namespace) -> int:
     _home, cas, catalog = _storage()
     print(json.dumps(load_manifest(cas, resolve(catalog, args.digest)), indent=2, sort_keys=True))
     return 0
+
+
+def _print_json(payload: Any) -> int:
+    print(json.dumps(payload, indent=2, sort_keys=True))
+    return 0
+
+
+def cmd_diff(args: argparse.Namespace) -> int:
+    _home, cas, catalog = _storage()
+    return _print_json(shadow_diff(cas, catalog, args.digest))
+
+
+def cmd_prov(args: argparse.Namespace) -> int:
+    _home, cas, catalog = _storage()
+    manifest = load_manifest(cas, resolve(catalog, args.digest))
+    freeze = json.loads(cas.get_bytes(manifest["freeze"]["digest"], "freeze spec"))
+    return _print_json(prov_document(manifest, freeze, agent=f"{getpass.getuser()}@corpus-assets"))
+
+
+def cmd_rollback(args: argparse.Namespace) -> int:
+    _home, cas, catalog = _storage()
+    row = rollback(cas, catalog, args.digest, actor=f"cli:{getpass.getuser()}")
+    print(f"alias {row.alias} -> {row.active_snapshot} generation {row.generation} (rollback)")
+    return 0
+
+
+def cmd_tombstone_add(args: argparse.Namespace) -> int:
+    _home, _cas, catalog = _storage()
+    kind, target = next((k, v) for k in ("record", "object", "group") if (v := getattr(args, k)))
+    seq = gate.add_tombstone(catalog, kind, target, args.reason)
+    print(f"tombstone {seq}: {kind} {target}; every alias is fenced at tombstone watermark {seq}")
+    return 0
+
+
+def cmd_tombstone_hits(args: argparse.Namespace) -> int:
+    _home, cas, catalog = _storage()
+    try:
+        return _print_json(tombstone_hits(cas, catalog, args.seq))
+    except LookupError as error:
+        raise CliError(str(error)) from None
+
+
+def cmd_benchmark(args: argparse.Namespace) -> int:
+    _home, _cas, catalog = _storage()
+    keys = []
+    with open(args.file, "rb") as handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                keys.append(dedup_key(json.loads(line)[args.text_field]))
+            except (ValueError, KeyError, TypeError) as error:
+                raise CliError(f"{args.file} line {number}: {error!r}") from None
+    fence = gate.add_benchmark_items(catalog, args.name, keys)
+    print(f"benchmark {args.name}: {len(set(keys))} items; benchmark fence now {fence}")
+    return 0
+
+
+def cmd_read(args: argparse.Namespace) -> int:
+    _home, cas, catalog = _storage()
+    permit = take_permit(cas, catalog, args.digest, args.run_id, args.purpose)
+    reader = TrainingReader(cas, catalog, permit)
+    blocks = sum(1 for _ in reader.blocks())
+    return _print_json({**reader.report(), "blocks": blocks, "resumed": permit.resumed})
 
 
 if __name__ == "__main__":

@@ -3,7 +3,6 @@
 import json
 import os
 import re
-import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -84,17 +83,23 @@ def test_demo_verify_rebuild_reuse_and_tamper(tmp_path: Path) -> None:
     path.write_bytes(bytes(data))
     assert run(tmp_path, "verify", sid).returncode == 0
 
-    # a tombstone inside the gate's watermark makes the next build fail validation, by name
-    with sqlite3.connect(tmp_path / ".corpus" / "catalog.sqlite") as db:
-        db.execute("INSERT INTO tombstones (record_id, reason, at) VALUES ('essays/e0001', 't', 0)")
-        db.execute("UPDATE gate SET tombstone_watermark = 1")
-    fenced = run(tmp_path, "build")
-    assert fenced.returncode == 1
-    assert fenced.stderr.startswith("corpus-assets: error: snapshot sha256:")
-    assert fenced.stderr.rstrip().endswith(
-        "did not validate: tombstone 1 (record 'essays/e0001') hits this snapshot"
-    )
-    assert len(fenced.stderr.strip().splitlines()) == 1
+    # a tombstone fences the gate: the candidate built before it cannot activate, the record's
+    # lineage is answerable, and the next build excludes it
+    candidate = _field(second.stdout, "snapshotId")
+    assert run(tmp_path, "approve", candidate, "--by", "alice").returncode == 0
+    added = run(tmp_path, "tombstone", "add", "--record", "essays/e0001", "--reason", "erase")
+    assert added.returncode == 0, added.stderr
+    assert added.stdout.startswith("tombstone 1: record essays/e0001")
+    hits = json.loads(run(tmp_path, "tombstone", "hits", "1").stdout)
+    assert {s["snapshotId"] for s in hits["snapshots"]} == {sid, candidate}
+    refused = run(tmp_path, "activate", candidate)
+    assert refused.returncode == 1
+    assert "gate is at tombstone 1" in refused.stderr
+    assert len(refused.stderr.strip().splitlines()) == 1
+    after = run(tmp_path, "build")
+    assert after.returncode == 0, after.stderr
+    shown = json.loads(run(tmp_path, "show", _field(after.stdout, "snapshotId")).stdout)
+    assert shown["tombstoneWatermark"] == "1"
 
 
 def test_errors_are_one_clear_line(tmp_path: Path) -> None:

@@ -73,10 +73,12 @@ def layer_asset(layer: str, deps: Sequence[str]) -> dg.AssetsDefinition:
 raw_snapshot = layer_asset("raw_snapshot", [])
 canonical_records = layer_asset("canonical_records", ["raw_snapshot"])
 dedup_clusters = layer_asset("dedup_clusters", ["canonical_records"])
-splits = layer_asset("splits", ["dedup_clusters", "canonical_records"])
+splits = layer_asset("splits", ["dedup_clusters"])
 mixed_samples = layer_asset("mixed_samples", ["splits"])
 packed_blocks = layer_asset("packed_blocks", ["mixed_samples", "canonical_records"])
-manifest = layer_asset("manifest", ["packed_blocks", "splits", "canonical_records"])
+manifest = layer_asset(
+    "manifest", ["packed_blocks", "splits", "dedup_clusters", "canonical_records"]
+)
 
 LAYER_ASSETS = [
     raw_snapshot,

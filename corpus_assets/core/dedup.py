@@ -4,7 +4,8 @@ The dedup key is its own hash (not the record digest): NFC text with CRLF/CR tur
 trailing whitespace removed per line, so code indentation still counts. Within a cluster the
 representative is the first record in a stated total order - (config source order, record_id) -
 never the order in which chunks happened to finish. Every removed record keeps its own row
-pointing at its representative, so source lineage survives dedup.
+pointing at its representative, so source lineage survives dedup. Records revoked by a tombstone
+at or below the freeze's watermark are excluded here, before representatives are chosen.
 """
 
 import hashlib
@@ -13,7 +14,9 @@ import unicodedata
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from corpus_assets.core.freeze import freeze
 from corpus_assets.core.layers import LayerResult, publish_table_layer, read_index
+from corpus_assets.core.lineage import tombstone_matches
 from corpus_assets.core.records import load_records
 from corpus_assets.core.workspace import Workspace
 
@@ -22,9 +25,13 @@ CLUSTER_COLUMNS = pa.schema(
     [
         ("record_id", pa.string()),
         ("source_id", pa.string()),
+        ("object", pa.string()),
+        ("line", pa.int64()),
+        ("group_id", pa.string()),
         ("dedup_key", pa.string()),
         ("representative_id", pa.string()),
         ("is_representative", pa.bool_()),
+        ("excluded", pa.string()),
     ]
 )
 
@@ -35,24 +42,49 @@ def dedup_key(text: str) -> str:
     return "sha256:" + hashlib.sha256(normalised.encode("utf-8")).hexdigest()
 
 
-def cluster(records: pa.Table, source_order: dict[str, int]) -> pa.Table:
-    """One row per record, sorted by record_id, naming its cluster's representative."""
-    ids = records.column("record_id").to_pylist()
-    sources = records.column("source_id").to_pylist()
+def cluster(
+    records: pa.Table, source_order: dict[str, int], revoked: dict[int, str] | None = None
+) -> pa.Table:
+    """One row per canonical record, sorted by (record_id, object, line), naming its cluster's
+    representative.
+
+    Order is (config source order, record_id, object, line). A record id seen again later in
+    that order is excluded as a duplicate id (record ids must be unique in a snapshot), and
+    ``revoked`` rows (tombstoned: row index -> reason) take no part either, so a revoked
+    representative hands its cluster to the next record. Excluded rows keep their row with an
+    empty representative and the reason in ``excluded``.
+    """
+    excluded = dict(revoked or {})
+    columns = {
+        c: records.column(c).to_pylist()
+        for c in ("record_id", "source_id", "object", "line", "group_id")
+    }
+    ids, objects, lines = columns["record_id"], columns["object"], columns["line"]
     keys = [dedup_key(t) for t in records.column("text").to_pylist()]
-    order = sorted(range(len(ids)), key=lambda i: (source_order[sources[i]], ids[i]))
-    representative: dict[str, str] = {}
+    order = sorted(
+        range(len(ids)),
+        key=lambda i: (source_order[columns["source_id"][i]], ids[i], objects[i], lines[i]),
+    )
+    first_of: dict[str, int] = {}
     for i in order:
-        representative.setdefault(keys[i], ids[i])
-    rows = sorted(range(len(ids)), key=lambda i: ids[i])
-    reps = [representative[keys[i]] for i in rows]
+        first = first_of.setdefault(ids[i], i)
+        if first != i:
+            excluded.setdefault(
+                i, f"duplicate record_id (first at {objects[first]} line {lines[first]})"
+            )
+    representative: dict[str, int] = {}
+    for i in order:
+        if i not in excluded:
+            representative.setdefault(keys[i], i)
+    rows = sorted(range(len(ids)), key=lambda i: (ids[i], objects[i], lines[i]))
+    reps = [None if i in excluded else representative[keys[i]] for i in rows]
     return pa.Table.from_pydict(
         {
-            "record_id": [ids[i] for i in rows],
-            "source_id": [sources[i] for i in rows],
+            **{c: [values[i] for i in rows] for c, values in columns.items()},
             "dedup_key": [keys[i] for i in rows],
-            "representative_id": reps,
-            "is_representative": [ids[i] == rep for i, rep in zip(rows, reps, strict=True)],
+            "representative_id": ["" if r is None else ids[r] for r in reps],
+            "is_representative": [r == i for i, r in zip(rows, reps, strict=True)],
+            "excluded": [excluded.get(i, "") for i in rows],
         },
         schema=CLUSTER_COLUMNS,
     )
@@ -62,13 +94,18 @@ def build_dedup_clusters(ws: Workspace, partition_key: str) -> LayerResult:
     canonical_ref, canonical = read_index(ws, partition_key, "canonical_records")
     records = load_records(ws, canonical)
     order = {s.id: n for n, s in enumerate(ws.config.sources)}
-    table = cluster(records, order)
+    _, spec = freeze(ws, partition_key)
+    revoked = tombstone_matches(ws.catalog, int(spec["tombstoneWatermark"]), records)
+    table = cluster(records, order, revoked)
     kept = sum(table.column("is_representative").to_pylist())
     clusters = len(set(table.column("dedup_key").to_pylist()))
+    excluded = sum(1 for e in table.column("excluded").to_pylist() if e)
     counts = {
         "records": table.num_rows,
         "kept": kept,
-        "removed": table.num_rows - kept,
+        "removed": table.num_rows - kept - excluded,
+        "tombstoned": len(revoked),
+        "duplicate_ids": excluded - len(revoked),
         "clusters": clusters,
     }
     removed = table.filter(pc.invert(table.column("is_representative")))

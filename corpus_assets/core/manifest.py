@@ -47,15 +47,16 @@ def members_table(
 ) -> pa.Table:
     """One row per member: stable id, source version, logical digests, split - never the text."""
     split_table = get_table(ws.cas, splits["outputs"]["splits"], "splits table")
-    records = load_records(ws, canonical)
-    records = records.filter(
-        pc.is_in(records.column("record_id"), value_set=split_table.column("record_id"))
+    clusters = get_table(ws.cas, dedup["outputs"]["clusters"], "dedup clusters")
+    chosen = clusters.filter(clusters.column("is_representative")).select(
+        ["record_id", "object", "line", "dedup_key"]
     )
+    records = load_records(ws, canonical)
     lengths = pc.binary_length(pc.cast(records.column("text"), pa.binary()))
     records = records.drop_columns(["text", "group_id"]).append_column("text_bytes", lengths)
-    clusters = get_table(ws.cas, dedup["outputs"]["clusters"], "dedup clusters")
-    keys = clusters.select(["record_id", "dedup_key"])
-    joined = records.join(split_table, "record_id").join(keys, "record_id")
+    joined = records.join(chosen, ["record_id", "object", "line"], join_type="inner").join(
+        split_table, "record_id"
+    )
     return joined.select(MEMBER_COLUMNS).sort_by("record_id")
 
 

@@ -63,3 +63,16 @@ def next_to_activate(catalog: Catalog) -> list[states.Snapshot]:
     for snapshot in states.find(catalog, states.APPROVED):
         newest[snapshot.alias] = snapshot
     return sorted(newest.values(), key=lambda s: s.alias)
+
+
+def rollback(cas: ContentStore, catalog: Catalog, digest: str, actor: str) -> gate.Gate:
+    """Point the alias back at an earlier active snapshot, under the manifest's own watermarks."""
+    snapshot = resolve(catalog, digest)
+    manifest = load_manifest(cas, snapshot)
+    return gate.rollback(
+        catalog,
+        snapshot.snapshot_id,
+        tombstone_watermark=int(manifest["tombstoneWatermark"]),
+        benchmark_fence=int(manifest["benchmarkFence"]),
+        actor=actor,
+    )

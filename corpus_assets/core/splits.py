@@ -7,12 +7,10 @@ is. ``u(g)`` is the first 8 bytes of sha256(salt NUL group) scaled to [0, 100) w
 import hashlib
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from corpus_assets.core.artifacts import get_table
 from corpus_assets.core.config import SplitPolicy
 from corpus_assets.core.layers import LayerResult, publish_table_layer, read_index
-from corpus_assets.core.records import load_records
 from corpus_assets.core.workspace import Workspace
 
 CODE = "splits.group-hash.v1"
@@ -34,11 +32,10 @@ def split_of(group_id: str, policy: SplitPolicy) -> str:
 
 def build_splits(ws: Workspace, partition_key: str) -> LayerResult:
     dedup_ref, dedup = read_index(ws, partition_key, "dedup_clusters")
-    canonical_ref, canonical = read_index(ws, partition_key, "canonical_records")
     clusters = get_table(ws.cas, dedup["outputs"]["clusters"], "dedup clusters")
-    kept = clusters.filter(clusters.column("is_representative")).column("record_id")
-    records = load_records(ws, canonical).select(["record_id", "group_id"])
-    members = records.filter(pc.is_in(records.column("record_id"), value_set=kept))
+    members = clusters.filter(clusters.column("is_representative")).select(
+        ["record_id", "group_id"]
+    )
     members = members.sort_by("record_id")
     policy = ws.config.policies.splits
     groups = members.column("group_id").to_pylist()
@@ -60,7 +57,7 @@ def build_splits(ws: Workspace, partition_key: str) -> LayerResult:
         layer="splits",
         code=CODE,
         policy="splits",
-        inputs=[dedup_ref, canonical_ref],
+        inputs=[dedup_ref],
         name="splits",
         table=table,
         counts=counts,

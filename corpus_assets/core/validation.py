@@ -21,8 +21,9 @@ from sqlalchemy import select
 
 from corpus_assets.core import states
 from corpus_assets.core.cas import CasError, ContentStore
-from corpus_assets.core.catalog import Catalog, benchmark_items, freezes, tombstones
+from corpus_assets.core.catalog import Catalog, benchmark_items, freezes
 from corpus_assets.core.digests import json_digest
+from corpus_assets.core.lineage import tombstone_matches
 from corpus_assets.core.tasks import ChunkTask, open_dead_letters
 from corpus_assets.core.verify import Report, load_manifest, resolve, verify
 
@@ -156,7 +157,9 @@ def _gates(
     gate["orphan_ids"] = len(orphans)
     gate["lineage_completeness"] = _percent(len(ids) - len(orphans), len(ids))
     dedup = json.loads(cas.get_bytes(manifest["layers"]["dedup_clusters"]["digest"]))
-    unexplained = len(records) - len(ids) - dedup["counts"]["removed"]
+    unexplained = (
+        len(records) - len(ids) - dedup["counts"]["removed"] - dedup["counts"].get("tombstoned", 0)
+    )
     if unexplained:
         findings.append(f"{unexplained} canonical rows are neither members nor duplicates")
     gate["unexplained_rows"] = unexplained
@@ -221,21 +224,8 @@ def _canonical_rows(cas: ContentStore, canonical: dict[str, Any]) -> dict[str, t
 
 
 def _tombstone_hits(catalog: Catalog, watermark: int, members: pa.Table) -> list[str]:
-    with catalog.begin() as conn:
-        revoked = conn.execute(
-            select(tombstones.c.seq, tombstones.c.kind, tombstones.c.record_id).where(
-                tombstones.c.seq <= watermark
-            )
-        ).all()
-    if not revoked:
-        return []
-    columns = {"record": "record_id", "object": "object", "group": "group_id"}
-    values = {kind: set(members.column(col).to_pylist()) for kind, col in columns.items()}
-    return [
-        f"tombstone {seq} ({kind} {target!r}) hits this snapshot"
-        for seq, kind, target in revoked
-        if target in values.get(kind, set())
-    ]
+    reasons = sorted(set(tombstone_matches(catalog, watermark, members).values()))
+    return [f"{reason} hits this snapshot" for reason in reasons]
 
 
 def _benchmark_hits(catalog: Catalog, fence: int, members: pa.Table) -> list[str]:

@@ -1,0 +1,118 @@
+"""Fault injection from seed 001: each fault is caught with a named reason, never published."""
+
+import json
+import shutil
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from sqlalchemy import update
+
+from corpus_assets.core import states
+from corpus_assets.core.artifacts import put_table
+from corpus_assets.core.catalog import snapshots
+from corpus_assets.core.digests import canonical_json
+from corpus_assets.core.identity import snapshot_id
+from corpus_assets.core.pipeline import build_all
+from corpus_assets.core.signing import sign_snapshot
+from corpus_assets.core.transform import PACKAGE_ROOT, image_digest, transform_image
+from corpus_assets.core.validation import validate
+from corpus_assets.core.verify import verify
+from corpus_assets.core.workspace import Workspace, open_workspace
+
+
+def test_duplicate_record_ids_are_excluded_by_name_at_build(tmp_path: Path) -> None:
+    folder = tmp_path / "src"
+    folder.mkdir()
+    (folder / "a.jsonl").write_text(json.dumps({"id": "x", "text": "one text"}) + "\n")
+    (folder / "b.jsonl").write_text(json.dumps({"id": "x", "text": "another text"}) + "\n")
+    config = tmp_path / "corpus.yaml"
+    config.write_text(
+        f"version: 1\npurpose: faults\nstorage: {{home: {tmp_path / 'home'}}}\n"
+        "sources:\n  - {id: dup, kind: objects, path: src}\n"
+    )
+    with open_workspace(config) as ws:
+        results = build_all(ws, "p1")
+        assert results["dedup_clusters"].counts["duplicate_ids"] == 1
+        assert results["manifest"].counts["members"] == 1
+        clusters = json.loads(ws.cas.get_bytes(ws.catalog.layer_output("p1", "dedup_clusters")))
+        table = pq.read_table(
+            pa.BufferReader(ws.cas.get_bytes(clusters["outputs"]["clusters"]["digest"]))
+        )
+        reasons = [e for e in table.column("excluded").to_pylist() if e]
+        assert len(reasons) == 1 and reasons[0].startswith("duplicate record_id (first at sha256:")
+        assert validate(ws.cas, ws.catalog, results["manifest"].digests["snapshotId"]).ok
+
+
+def test_same_record_id_in_two_splits_is_refused(workspace: Workspace) -> None:
+    """A forged (re-signed) manifest whose members table holds one id in two splits."""
+    build_all(workspace, "p1")
+    manifest = json.loads(workspace.cas.get_bytes(workspace.catalog.layer_output("p1", "manifest")))
+    members = pq.read_table(pa.BufferReader(workspace.cas.get_bytes(manifest["members"]["digest"])))
+    row = members.slice(0, 1).to_pylist()[0]
+    twin = {**row, "split": "test" if row["split"] != "test" else "train"}
+    forged = pa.concat_tables([members, pa.Table.from_pylist([twin], schema=members.schema)])
+    ref = put_table(workspace.cas, forged)
+    manifest["members"] = {
+        **manifest["members"],
+        **ref,
+        "uri": workspace.cas.uri(ref["digest"]),
+        "count": forged.num_rows,
+    }
+    manifest.pop("signature")
+    manifest["snapshotId"] = sid = snapshot_id(manifest)
+    manifest["signature"] = sign_snapshot(workspace.home, sid)
+    stored = workspace.cas.put_bytes(canonical_json(manifest))
+    states.register(workspace.catalog, sid, "p1", stored, "demo")
+    report = validate(workspace.cas, workspace.catalog, sid)
+    splits = ", ".join(sorted({row["split"], twin["split"]}))
+    assert report.findings[0] == (
+        f"record_id {row['record_id']!r} appears 2 times in members in splits {splits}"
+    ), report.findings
+
+
+def test_truncated_members_table_is_named(workspace: Workspace) -> None:
+    results = build_all(workspace, "p1")
+    members = results["manifest"].digests["members"]
+    path = workspace.cas.path(members)
+    path.write_bytes(path.read_bytes()[:-100])
+    report = verify(workspace.cas, workspace.catalog, results["manifest"].digests["snapshotId"])
+    assert any(
+        f.startswith(f"CAS object at manifest.members {members} is corrupt")
+        for f in report.findings
+    ), report.findings
+
+
+def test_manifest_edited_after_signing_is_named(workspace: Workspace) -> None:
+    sid = build_all(workspace, "p1")["manifest"].digests["snapshotId"]
+    manifest_digest = workspace.catalog.layer_output("p1", "manifest")
+    manifest = json.loads(workspace.cas.get_bytes(manifest_digest))
+    manifest["purpose"] = "something-else"  # edited, re-stored, catalog repointed
+    edited = workspace.cas.put_bytes(json.dumps(manifest).encode())
+    with workspace.catalog.begin() as conn:
+        conn.execute(update(snapshots).values(manifest_digest=edited))
+    report = verify(workspace.cas, workspace.catalog, sid)
+    assert any("payload hashes to" in f for f in report.findings), report.findings
+
+    # an editor who also recomputes the snapshotId still cannot make the signature cover it
+    manifest["snapshotId"] = forged = snapshot_id(manifest)
+    again = workspace.cas.put_bytes(json.dumps(manifest).encode())
+    with workspace.catalog.begin() as conn:
+        conn.execute(update(snapshots).values(manifest_digest=again, snapshot_id=forged))
+    report = verify(workspace.cas, workspace.catalog, forged)
+    assert any(f.startswith("manifest signature: subject mismatch") for f in report.findings), (
+        report.findings
+    )
+
+
+def test_same_tag_with_another_digest_is_named(workspace: Workspace, tmp_path: Path) -> None:
+    sid = build_all(workspace, "p1")["manifest"].digests["snapshotId"]
+    other = tmp_path / "other" / "corpus_assets"
+    shutil.copytree(PACKAGE_ROOT, other, ignore=shutil.ignore_patterns("__pycache__"))
+    with open(other / "core" / "dedup.py", "a") as handle:
+        handle.write("\n# a one-line change, same version tag\n")
+    tag = transform_image().partition("@")[0]
+    retagged = f"{tag}@{image_digest(other)}"
+    assert retagged != transform_image()
+    report = validate(workspace.cas, workspace.catalog, sid, current_image=retagged)
+    assert any("(same tag, another digest)" in f for f in report.findings), report.findings
