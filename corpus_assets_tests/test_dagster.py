@@ -6,12 +6,12 @@ import dagster as dg
 import pytest
 
 from corpus_assets.assets.checks import snapshot_validates
+from corpus_assets.assets.jobs import approval_run_config
 from corpus_assets.assets.layers import LAYER_ASSETS
 from corpus_assets.assets.resources import CorpusResource
 from corpus_assets.assets.sensors import publication, source_discovery
 from corpus_assets.core import gate, states
 from corpus_assets.core.layers import LAYERS
-from corpus_assets.core.publish import approve
 from corpus_assets.core.workspace import open_workspace
 from corpus_assets.definitions import defs
 
@@ -45,6 +45,11 @@ def test_materialize_all_seven_layers(
         checks = result.get_asset_check_evaluations()
         assert [(c.check_name, c.passed) for c in checks] == [("snapshot_validates", True)]
         sid = checks[0].metadata["snapshotId"].value
+        gate_report = checks[0].metadata["gate_report"].value
+        assert gate_report["lineage_completeness"] == "100%"
+        assert gate_report["canary_chunks"] == 2 and gate_report["set_difference"] == 0
+        assert gate_report["transform_replay_hash"].startswith("sha256:")
+        assert (gate_report["tombstone_hits"], gate_report["unexplained_rows"]) == (0, 0)
         assert by_layer["manifest"].metadata["snapshotId"].value == sid
         assert by_layer["canonical_records"].metadata["records"].value == 269
         assert by_layer["dedup_clusters"].metadata["removed"].value == 4
@@ -118,8 +123,10 @@ def test_publication_sensor_requests_activation_of_approved_snapshot(demo_home: 
         context = dg.build_sensor_context(instance=instance, resources=RESOURCES)
         assert not publication(context).run_requests  # VALIDATED is not enough
 
-        with open_workspace() as ws:
-            approve(ws.cas, ws.catalog, sid, by="reviewer")
+        approval = defs.resolve_job_def("approve_snapshot").execute_in_process(
+            run_config=approval_run_config(sid, "reviewer"), instance=instance
+        )
+        assert approval.success  # approval bound to the digest, launched as a job with config
         (run,) = publication(
             dg.build_sensor_context(instance=instance, resources=RESOURCES)
         ).run_requests
