@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from jsonschema import Draft202012Validator
 
+from corpus_assets.core.layers import LAYERS
 from corpus_assets.core.manifest_schema import schema, schema_errors
 from corpus_assets.core.pipeline import build_all
 from corpus_assets.core.workspace import Workspace
@@ -102,14 +103,7 @@ def test_non_objects_are_refused_at_the_root() -> None:
 def _minimal(overrides: dict[str, Any]) -> dict[str, Any]:
     digest = "sha256:" + "0" * 64
     ref = {"digest": digest, "media": "application/json", "size": 1}
-    layers = [
-        "raw_snapshot",
-        "canonical_records",
-        "dedup_clusters",
-        "splits",
-        "mixed_samples",
-        "packed_blocks",
-    ]
+    layers = list(LAYERS[:-1])  # every layer but the manifest itself
     counts = ["records", "quarantined", "duplicates_removed", "members", "train"]
     manifest = {
         "schema": "training.dataset.snapshot.v1",
