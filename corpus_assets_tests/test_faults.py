@@ -6,13 +6,15 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 from sqlalchemy import update
 
 from corpus_assets.core import states
 from corpus_assets.core.artifacts import put_table
-from corpus_assets.core.catalog import snapshots
+from corpus_assets.core.catalog import LayerConflict, snapshots
 from corpus_assets.core.digests import canonical_json
 from corpus_assets.core.identity import snapshot_id
+from corpus_assets.core.manifest import BuildConflict
 from corpus_assets.core.pipeline import build_all
 from corpus_assets.core.signing import sign_snapshot
 from corpus_assets.core.transform import PACKAGE_ROOT, image_digest, transform_image
@@ -116,3 +118,25 @@ def test_same_tag_with_another_digest_is_named(workspace: Workspace, tmp_path: P
     assert retagged != transform_image()
     report = validate(workspace.cas, workspace.catalog, sid, current_image=retagged)
     assert any("(same tag, another digest)" in f for f in report.findings), report.findings
+
+
+def test_same_build_giving_other_content_stops_with_a_diagnosis(workspace: Workspace) -> None:
+    first = build_all(workspace, "p1")["manifest"]
+    manifest = json.loads(workspace.cas.get_bytes(first.digest))
+    manifest["counts"] = {**manifest["counts"], "tokens": 1}  # "the earlier run" differed
+    manifest["snapshotId"] = earlier = snapshot_id(manifest)
+    stored = workspace.cas.put_bytes(canonical_json(manifest))
+    states.register(workspace.catalog, earlier, "p0", stored, "demo", build_id=manifest["buildId"])
+    with pytest.raises(BuildConflict, match=r"different content in counts; nothing was"):
+        build_all(workspace, "p1")
+
+
+def test_a_layer_pointer_is_never_overwritten_by_the_same_spec(workspace: Workspace) -> None:
+    build_all(workspace, "p1")
+    spec = "sha256:" + "5" * 64
+    workspace.catalog.set_layer_output("p9", "splits", "sha256:" + "1" * 64, spec)
+    with pytest.raises(LayerConflict, match="nondeterministic output, not overwritten"):
+        workspace.catalog.set_layer_output("p9", "splits", "sha256:" + "2" * 64, spec)
+    assert workspace.catalog.layer_output("p9", "splits") == "sha256:" + "1" * 64
+    workspace.catalog.set_layer_output("p9", "splits", "sha256:" + "2" * 64, spec + "~partial")
+    assert workspace.catalog.layer_output("p9", "splits") == "sha256:" + "2" * 64

@@ -85,6 +85,7 @@ def build_identity(freeze_digest: str, ws: Workspace, image: str) -> str:
             "purpose": config.purpose,
             "alias": config.alias,
             "policies": {n: config.policy_digest(n) for n in type(config.policies).model_fields},
+            "sources": [s.model_dump(mode="json") for s in config.sources],
         }
     )
 

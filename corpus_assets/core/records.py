@@ -260,7 +260,12 @@ def build_canonical_records(ws: Workspace, partition_key: str) -> LayerResult:
         partition_key,
         "canonical_records",
         CODE,
-        record_schema_digest(),
+        json_digest(
+            {
+                "recordSchema": record_schema_digest(),
+                "sources": [s.model_dump(mode="json") for s in ws.config.sources],
+            }
+        ),
         [raw_ref],
         {"chunks": chunks, "dead_letters": dead},
         counts,
