@@ -410,18 +410,23 @@ def cmd_tombstone_hits(args: argparse.Namespace) -> int:
 
 
 def cmd_benchmark(args: argparse.Namespace) -> int:
-    _home, _cas, catalog = _storage()
-    keys = []
+    _home, cas, catalog = _storage()
+    items = []
     with open(args.file, "rb") as handle:
         for number, line in enumerate(handle, start=1):
             if not line.strip():
                 continue
             try:
-                keys.append(dedup_key(json.loads(line)[args.text_field]))
-            except (ValueError, KeyError, TypeError) as error:
+                row = json.loads(line)
+                text = row[args.text_field]
+                item_id = f"{args.name}/{row.get('id', number)}"
+                items.append(
+                    gate.BenchmarkItem(item_id, cas.put_bytes(text.encode()), dedup_key(text))
+                )
+            except (ValueError, KeyError, TypeError, AttributeError) as error:
                 raise CliError(f"{args.file} line {number}: {error!r}") from None
-    fence = gate.add_benchmark_items(catalog, args.name, keys)
-    print(f"benchmark {args.name}: {len(set(keys))} items; benchmark fence now {fence}")
+    fence = gate.add_benchmark_items(catalog, args.name, items)
+    print(f"benchmark {args.name}: {len(items)} items; benchmark fence now {fence}")
     return 0
 
 

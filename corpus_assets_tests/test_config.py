@@ -333,7 +333,7 @@ def test_demo_config_is_valid(tmp_path: Path) -> None:
     config = loaded.config
     assert config.purpose == "demo-pretraining"
     assert config.alias == "demo"
-    assert [s.id for s in config.sources] == ["essays", "dialogs"]
+    assert [s.id for s in config.sources] == ["essays", "dialogs", "chats"]
     assert config.sources[1].group_field == "thread"
     assert config.policies.packing.block_tokens == 256
     assert config.policies.splits.salt == "demo-v1"

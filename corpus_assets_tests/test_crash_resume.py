@@ -38,7 +38,7 @@ def _sources(root: Path, objects: int = 30) -> None:
     for n in range(objects):
         lines = [
             json.dumps({"id": f"{n}-{i}", "text": f"{n} {i} " + texts[(n * 31 + i) % 256]})
-            for i in range(3000)
+            for i in range(800)
         ]
         data = ("\n".join(lines) + "\n").encode()
         (root / f"part-{n:03d}.jsonl.zst").write_bytes(zstandard.compress(data))

@@ -47,11 +47,11 @@ def test_materialize_all_seven_layers(
         sid = checks[0].metadata["snapshotId"].value
         gate_report = checks[0].metadata["gate_report"].value
         assert gate_report["lineage_completeness"] == "100%"
-        assert gate_report["canary_chunks"] == 2 and gate_report["set_difference"] == 0
+        assert gate_report["canary_chunks"] == 3 and gate_report["set_difference"] == 0
         assert gate_report["transform_replay_hash"].startswith("sha256:")
         assert (gate_report["tombstone_hits"], gate_report["unexplained_rows"]) == (0, 0)
         assert by_layer["manifest"].metadata["snapshotId"].value == sid
-        assert by_layer["canonical_records"].metadata["records"].value == 269
+        assert by_layer["canonical_records"].metadata["records"].value == 289
         assert by_layer["dedup_clusters"].metadata["removed"].value == 4
         assert len(by_layer["packed_blocks"].metadata["preview"].value.records) == 10
         raw = by_layer["raw_snapshot"].metadata

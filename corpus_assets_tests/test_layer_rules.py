@@ -10,11 +10,14 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
+from corpus_assets.core.canonicalize import Excluded as Quarantined
+from corpus_assets.core.canonicalize import Stages, canonicalize, parse_line
 from corpus_assets.core.config import ObjectsSource, SplitPolicy
 from corpus_assets.core.dedup import CLUSTER_COLUMNS, cluster, dedup_key
 from corpus_assets.core.demo import demo_objects
 from corpus_assets.core.packing import EOS, PAD, Packed, pack, token_bytes, tokenize
-from corpus_assets.core.records import RECORD_COLUMNS, Quarantined, parse_document
+from corpus_assets.core.quality import QualityPolicy
+from corpus_assets.core.records import RECORD_COLUMNS
 from corpus_assets.core.splits import split_of
 
 SOURCE = ObjectsSource(id="s", kind="objects", path=".")
@@ -25,7 +28,12 @@ def line(obj: Any) -> bytes:
     return json.dumps(obj, ensure_ascii=False).encode("utf-8")
 
 
-# --- canonical_records: parse_document ------------------------------------------------------
+# --- canonical_records: one line through the canonical stages ----------------------------------
+
+
+def parse_document(source: ObjectsSource, name: str, line_no: int, raw: bytes) -> dict[str, Any]:
+    stages = Stages(purpose="test", quality=QualityPolicy(), index=None)
+    return canonicalize(source, name, line_no, parse_line(raw), stages)
 
 
 def test_valid_line_gives_nfc_text_and_source_scoped_ids() -> None:
@@ -88,27 +96,27 @@ def test_group_field_is_ignored_when_not_configured() -> None:
 @pytest.mark.parametrize(
     ("raw", "reason"),
     [
-        (b"", "blank_line"),
-        (b"  \t ", "blank_line"),
-        (b'{"text": "caf\xe9"}', "invalid_utf8"),
-        (b"\xff\xfe", "invalid_utf8"),
-        (b'{"text": "unterminated', "invalid_json"),
-        (b'{"text": "x"} trailing', "invalid_json"),
-        (b"\xef\xbb\xbf" + b'{"text": "x"}', "invalid_json"),
-        (b'["text"]', "not_an_object"),
-        (b'"text"', "not_an_object"),
-        (b"null", "not_an_object"),
-        (b'{"id": 1}', "missing_text"),
-        (b'{"Text": "x"}', "missing_text"),
-        (b'{"text": 5}', "text_not_string"),
-        (b'{"text": null}', "text_not_string"),
-        (b'{"text": ["a"]}', "text_not_string"),
-        (b'{"text": ""}', "empty_text"),
-        (b'{"text": " \\n\\t "}', "empty_text"),
-        (b'{"text": "x", "id": [1]}', "bad_id"),
-        (b'{"text": "x", "id": {"a": 1}}', "bad_id"),
-        (b'{"text": "x", "id": 1.5}', "bad_id"),
-        (b'{"text": "x", "id": true}', "bad_id"),
+        (b"", "parse.blank_line"),
+        (b"  \t ", "parse.blank_line"),
+        (b'{"text": "caf\xe9"}', "parse.invalid_utf8"),
+        (b"\xff\xfe", "parse.invalid_utf8"),
+        (b'{"text": "unterminated', "parse.invalid_json"),
+        (b'{"text": "x"} trailing', "parse.invalid_json"),
+        (b"\xef\xbb\xbf" + b'{"text": "x"}', "parse.invalid_json"),
+        (b'["text"]', "parse.not_an_object"),
+        (b'"text"', "parse.not_an_object"),
+        (b"null", "parse.not_an_object"),
+        (b'{"id": 1}', "schema.unknown"),
+        (b'{"Text": "x"}', "schema.unknown"),
+        (b'{"text": 5}', "schema.unknown"),
+        (b'{"text": null}', "schema.unknown"),
+        (b'{"text": ["a"]}', "schema.unknown"),
+        (b'{"text": ""}', "parse.empty_text"),
+        (b'{"text": " \\n\\t "}', "parse.empty_text"),
+        (b'{"text": "x", "id": [1]}', "schema.bad_id"),
+        (b'{"text": "x", "id": {"a": 1}}', "schema.bad_id"),
+        (b'{"text": "x", "id": 1.5}', "schema.bad_id"),
+        (b'{"text": "x", "id": true}', "schema.bad_id"),
     ],
 )
 def test_uninterpretable_lines_are_quarantined_with_a_reason(raw: bytes, reason: str) -> None:
@@ -147,17 +155,20 @@ def test_dedup_key_folds_unicode_to_nfc() -> None:
     assert dedup_key("caf\u00e9") == dedup_key("cafe\u0301")
 
 
-def test_dedup_key_keeps_what_changes_meaning() -> None:
+def test_dedup_key_keeps_what_changes_meaning_per_kind() -> None:
     code = "def f():\n    return 1"
-    assert dedup_key(code) != dedup_key("def f():\nreturn 1")
-    assert dedup_key(code) != dedup_key("def f():\n  return 1")
-    assert dedup_key("a b") != dedup_key("a  b")
-    assert dedup_key("Word") != dedup_key("word")
-    assert dedup_key("a\nb") != dedup_key("a\n\nb")
+    assert dedup_key(code, "code") != dedup_key("def f():\nreturn 1", "code")
+    assert dedup_key(code, "code") != dedup_key("def f():\n  return 1", "code")
+    assert dedup_key("a  b", "code") != dedup_key("a b", "code")
+    assert dedup_key("Word", "code") != dedup_key("word", "code")
+    # prose ignores spacing and case, never words
+    assert dedup_key("a  b") == dedup_key("a b") and dedup_key("Word") == dedup_key("word")
+    assert dedup_key("a b") != dedup_key("a c")
 
 
 def test_dedup_key_is_sha256_of_the_normalised_utf8() -> None:
-    assert dedup_key("x  \r\ny") == "sha256:" + hashlib.sha256(b"x\ny").hexdigest()
+    assert dedup_key("x  \r\ny", "code") == "sha256:" + hashlib.sha256(b"x\ny").hexdigest()
+    assert dedup_key("X  \r\ny") == "sha256:" + hashlib.sha256(b"x y").hexdigest()
 
 
 def records_table(rows: list[tuple[str, str]]) -> pa.Table:
@@ -171,6 +182,7 @@ def records_table(rows: list[tuple[str, str]]) -> pa.Table:
                 "line": sum(map(ord, rid)),  # a row's identity, not its position
                 "group_id": rid,
                 "record_digest": "sha256:" + hashlib.sha256(rid.encode()).hexdigest(),
+                "dedup_key": dedup_key(text, "code"),
                 "text": text,
             }
             for rid, text in rows
@@ -219,7 +231,7 @@ def test_cluster_representative_is_first_by_source_order_then_record_id() -> Non
         "books/d",
     }
     assert rows["books/a"]["source_id"] == "books"
-    assert rows["books/a"]["dedup_key"] == dedup_key("shared text")
+    assert rows["books/a"]["dedup_key"] == dedup_key("shared text", "code")
 
 
 def test_cluster_source_order_comes_from_config_not_names() -> None:
@@ -430,6 +442,7 @@ def test_demo_objects_are_byte_identical_across_calls() -> None:
     assert list(first) == list(second)
     assert first == second
     assert sorted(first) == [
+        "chats/chats-00000.jsonl",
         "dialogs/dialogs-00000.jsonl",
         "essays/essays-00000.jsonl.zst",
         "essays/essays-00001.jsonl",

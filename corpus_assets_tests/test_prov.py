@@ -206,7 +206,7 @@ def test_demo_snapshot_lineage_covers_every_pinned_object(demo_home: Path) -> No
     _check_shape(doc)
     assert doc["entity"][manifest["snapshotId"]]["corpus:buildId"] == manifest["buildId"]
     pinned = {(s["id"], o["name"], o["sha256"]) for s in freeze["sources"] for o in s["objects"]}
-    assert len(pinned) == 3
+    assert len(pinned) == 4
     used = {
         (u["corpus:source"], u["corpus:name"], u["prov:entity"])
         for u in doc["used"].values()

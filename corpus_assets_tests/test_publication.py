@@ -60,7 +60,8 @@ def test_a_candidate_built_before_a_fence_cannot_activate(workspace: Workspace) 
     sid = build_all(workspace, "p1")["manifest"].digests["snapshotId"]
     assert validate(workspace.cas, workspace.catalog, sid).ok
     approve(workspace.cas, workspace.catalog, sid, by="reviewer")
-    gate.add_benchmark_items(workspace.catalog, "bench-x", ["sha256:" + "9" * 64])
+    item = gate.BenchmarkItem("bench-x/1", "sha256:" + "8" * 64, "sha256:" + "9" * 64)
+    gate.add_benchmark_items(workspace.catalog, "bench-x", [item])
     with pytest.raises(gate.GateError, match="benchmark fence 1"):
         activate(workspace.cas, workspace.catalog, sid, actor="test")
     assert states.get(workspace.catalog, sid).state == states.APPROVED

@@ -29,8 +29,8 @@ def test_build_validates_and_rebuild_is_identical(workspace: Workspace) -> None:
     assert report.ok, report.findings
     assert states.get(workspace.catalog, sid).state == states.VALIDATED
     counts = first["manifest"].counts
-    # demo set: 3 exact duplicates, 1 malformed + 1 blank line quarantined
-    assert (counts["duplicates_removed"], counts["quarantined"]) == (4, 2)
+    # demo set: 4 exact duplicates; 1 malformed, 1 blank line, 1 non-chat row quarantined
+    assert (counts["duplicates_removed"], counts["quarantined"]) == (4, 3)
     assert counts["members"] == counts["records"] - counts["duplicates_removed"]
     assert counts["train"] + counts["validation"] + counts["test"] == counts["members"]
 
@@ -38,7 +38,7 @@ def test_build_validates_and_rebuild_is_identical(workspace: Workspace) -> None:
     again = build_all(workspace, "p1")
     assert again["manifest"].digests["snapshotId"] == sid
     assert _layer_digests(workspace, "p1") == digests
-    assert again["canonical_records"].run_stats == {"chunks_reused": 3, "chunks_built": 0}
+    assert again["canonical_records"].run_stats == {"chunks_reused": 4, "chunks_built": 0}
 
 
 def test_second_partition_reuses_every_unchanged_object(workspace: Workspace) -> None:
@@ -104,7 +104,7 @@ def test_corrupt_raw_object_is_dead_lettered_and_blocks_validation(workspace: Wo
 
     results = {layer: BUILDERS[layer](workspace, "p1") for layer in LAYERS[1:]}
     canonical = results["canonical_records"].counts
-    assert (canonical["dead_letters"], canonical["chunks"]) == (1, 2)  # the rest went on
+    assert (canonical["dead_letters"], canonical["chunks"]) == (1, 3)  # the rest went on
     report = validate(workspace.cas, workspace.catalog, results["manifest"].digests["snapshotId"])
     assert any(
         f.startswith("dead letter open: chunk essays/essays-00001.jsonl: CorruptObjectError")
@@ -139,8 +139,8 @@ def test_poisoned_chunk_is_dead_lettered_while_the_others_finish(workspace: Work
     (source / "essays-00002.jsonl.zst").write_bytes(whole[: len(whole) // 2])
     results = build_all(workspace, "p1")
     canonical = results["canonical_records"].counts
-    assert (canonical["dead_letters"], canonical["chunks"]) == (1, 3)
-    assert canonical["records"] == 269  # every other object was parsed
+    assert (canonical["dead_letters"], canonical["chunks"]) == (1, 4)
+    assert canonical["records"] == 289  # every other object was parsed
     with workspace.catalog.begin() as conn:
         row = conn.execute(
             select(chunk_tasks.c.attempts, chunk_tasks.c.dead_letter, chunk_tasks.c.last_error)

@@ -136,6 +136,8 @@ benchmark_items = Table(
         "seq", BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
     ),
     Column("benchmark", String(128), nullable=False),
+    Column("item_id", String(256), nullable=False),
+    Column("text_digest", String(71), nullable=False),  # the item's text, in the CAS
     Column("dedup_key", String(71), nullable=False, index=True),  # dedup-normalised text digest
     Column("at", Float, nullable=False),
 )

@@ -29,7 +29,30 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
-class ObjectsSource(_Strict):
+ADAPTERS = ("jsonl-text.v1", "chat-messages.v1", "preference.v1", "debezium-row.v1")
+
+
+class _RecordFields(_Strict):
+    """How a source's rows become typed records: the adapter, field names and governance."""
+
+    adapter: Literal["jsonl-text.v1", "chat-messages.v1", "preference.v1", "debezium-row.v1"] = (
+        "jsonl-text.v1"
+    )
+    content: Literal["prose", "code"] = "prose"
+    text_field: str = "text"
+    group_field: str | None = None
+    messages_field: str = "messages"
+    prompt_field: str = "prompt"
+    chosen_field: str = "chosen"
+    rejected_field: str = "rejected"
+    lang_field: str | None = None
+    time_field: str | None = None
+    licence: str | None = None
+    purposes: list[str] | None = None
+    retention: str | None = None
+
+
+class ObjectsSource(_RecordFields):
     """Objects pinned by sha256 at freeze time: a local folder, listed URLs, or an index file.
 
     Exactly one of ``path`` (a folder, filtered by ``include``), ``urls`` (``file://``,
@@ -46,9 +69,7 @@ class ObjectsSource(_Strict):
         default_factory=lambda: ["*.jsonl", "*.jsonl.zst", "*.jsonl.gz", "*.parquet"]
     )
     format: Literal["auto", "jsonl", "parquet"] = "auto"
-    text_field: str = "text"
     id_field: str = "id"
-    group_field: str | None = None
 
     @model_validator(mode="after")
     def _one_location(self) -> "ObjectsSource":
@@ -61,16 +82,15 @@ class ObjectsSource(_Strict):
         return self
 
 
-class ChangelogSource(_Strict):
+class ChangelogSource(_RecordFields):
     """Append-only CDC segment files (Debezium-style events) folded to a table at a watermark."""
 
     id: Annotated[str, Field(pattern=SOURCE_ID_RE)]
     kind: Literal["changelog"]
     path: str
     include: list[str] = Field(default_factory=lambda: ["*.jsonl", "*.jsonl.zst", "*.jsonl.gz"])
+    adapter: Literal["debezium-row.v1"] = "debezium-row.v1"
     key_field: str = "id"
-    text_field: str = "text"
-    group_field: str | None = None
     start_lsn: Annotated[int, Field(ge=0)] = 1
 
     @property
@@ -119,7 +139,33 @@ class PackingPolicy(_Strict):
     tail: Literal["pad"] = "pad"
 
 
+class QualityConfig(_Strict):
+    """Heuristic quality thresholds; ratios in parts per million so hashed policies carry no
+    floats. Defaults keep everything a sane parser produces."""
+
+    min_chars: Annotated[int, Field(ge=0)] = 1
+    max_chars: Annotated[int, Field(ge=1)] = 1_000_000
+    max_symbol_ratio_ppm: Annotated[int, Field(ge=0, le=1_000_000)] = 1_000_000
+    min_alpha_ratio_ppm: Annotated[int, Field(ge=0, le=1_000_000)] = 0
+    max_repeated_line_ratio_ppm: Annotated[int, Field(ge=0, le=1_000_000)] = 1_000_000
+    max_repeated_ngram_ratio_ppm: Annotated[int, Field(ge=0, le=1_000_000)] = 1_000_000
+    ngram: Annotated[int, Field(ge=1, le=32)] = 3
+
+
+class ContaminationConfig(_Strict):
+    ngram_words: Annotated[int, Field(ge=3, le=64)] = 13
+    ngram_chars: Annotated[int, Field(ge=8, le=256)] = 50
+    threshold_ppm: Annotated[int, Field(ge=1, le=1_000_000)] = 500_000
+
+
+class PiiConfig(_Strict):
+    redact: bool = True
+
+
 class Policies(_Strict):
+    quality: QualityConfig = QualityConfig()
+    contamination: ContaminationConfig = ContaminationConfig()
+    pii: PiiConfig = PiiConfig()
     dedup: DedupPolicy = DedupPolicy()
     splits: SplitPolicy = SplitPolicy()
     mixing: MixingPolicy = MixingPolicy()
@@ -131,6 +177,12 @@ class Storage(_Strict):
     catalog_url: str | None = None
 
 
+class Execution(_Strict):
+    """How many processes canonicalise chunks; output bytes never depend on it."""
+
+    workers: Annotated[int, Field(ge=1, le=256)] = 1
+
+
 class CorpusConfig(_Strict):
     version: Literal[1]
     purpose: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")]
@@ -138,6 +190,7 @@ class CorpusConfig(_Strict):
     sources: Annotated[list[Source], Field(min_length=1)]
     policies: Policies = Policies()
     limits: Limits = Limits()
+    execution: Execution = Execution()
     storage: Storage = Storage()
 
     @model_validator(mode="after")

@@ -1,15 +1,14 @@
 """dedup_clusters: exact dedup on dedup-normalised text with a stable representative.
 
-The dedup key is its own hash (not the record digest): NFC text with CRLF/CR turned into LF and
-trailing whitespace removed per line, so code indentation still counts. Within a cluster the
-representative is the first record in a stated total order - (config source order, record_id) -
-never the order in which chunks happened to finish. Every removed record keeps its own row
-pointing at its representative, so source lineage survives dedup. Records revoked by a tombstone
-at or below the freeze's watermark are excluded here, before representatives are chosen.
+The dedup key is its own hash (not the record digest), computed at canonicalisation from the
+dedup-normalised text: prose collapses whitespace and case, code keeps its indentation. Within a
+cluster the representative is the first record in a stated total order - (config source order,
+record_id) - never the order in which chunks happened to finish. Every removed record keeps its
+own row pointing at its representative, so source lineage survives dedup. Records revoked by a
+tombstone at or below the freeze's watermark are excluded here, before representatives are chosen.
 """
 
 import hashlib
-import unicodedata
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -17,6 +16,7 @@ import pyarrow.compute as pc
 from corpus_assets.core.freeze import freeze
 from corpus_assets.core.layers import LayerResult, publish_table_layer, read_index
 from corpus_assets.core.lineage import tombstone_matches
+from corpus_assets.core.normalize import dedup_normalize
 from corpus_assets.core.records import load_records
 from corpus_assets.core.workspace import Workspace
 
@@ -36,10 +36,9 @@ CLUSTER_COLUMNS = pa.schema(
 )
 
 
-def dedup_key(text: str) -> str:
-    normalised = unicodedata.normalize("NFC", text).replace("\r\n", "\n").replace("\r", "\n")
-    normalised = "\n".join(line.rstrip() for line in normalised.split("\n")).strip("\n")
-    return "sha256:" + hashlib.sha256(normalised.encode("utf-8")).hexdigest()
+def dedup_key(text: str, kind: str = "prose") -> str:
+    """sha256 of the dedup-normalised text (prose and code normalise differently)."""
+    return "sha256:" + hashlib.sha256(dedup_normalize(text, kind).encode("utf-8")).hexdigest()
 
 
 def cluster(
@@ -60,7 +59,7 @@ def cluster(
         for c in ("record_id", "source_id", "object", "line", "group_id")
     }
     ids, objects, lines = columns["record_id"], columns["object"], columns["line"]
-    keys = [dedup_key(t) for t in records.column("text").to_pylist()]
+    keys = records.column("dedup_key").to_pylist()  # computed per record kind at canonicalisation
     order = sorted(
         range(len(ids)),
         key=lambda i: (source_order[columns["source_id"][i]], ids[i], objects[i], lines[i]),
@@ -92,7 +91,9 @@ def cluster(
 
 def build_dedup_clusters(ws: Workspace, partition_key: str) -> LayerResult:
     canonical_ref, canonical = read_index(ws, partition_key, "canonical_records")
-    records = load_records(ws, canonical)
+    records = load_records(
+        ws, canonical, ["record_id", "source_id", "object", "line", "group_id", "dedup_key"]
+    )
     order = {s.id: n for n, s in enumerate(ws.config.sources)}
     _, spec = freeze(ws, partition_key)
     revoked = tombstone_matches(ws.catalog, int(spec["tombstoneWatermark"]), records)

@@ -1,8 +1,10 @@
 """A small, deterministic demo source set and the ``corpus.yaml`` that names it.
 
 It is built to exercise every layer: exact duplicates across objects and sources, a CRLF and
-trailing-space variant, decomposed Unicode that NFC must fold, grouped dialog threads, one
-malformed line and one blank line for quarantine, and zstd plus plain objects.
+trailing-space variant, decomposed Unicode that NFC must fold, grouped dialog threads, chat
+``messages`` records (one with a paired tool call, one with an email address to redact, one that
+matches no adapter), one malformed line and one blank line for quarantine, and zstd plus plain
+objects.
 """
 
 import json
@@ -33,6 +35,11 @@ sources:
     kind: objects
     path: demo-sources/dialogs
     group_field: thread
+  - id: chats
+    kind: objects
+    path: demo-sources/chats
+    adapter: chat-messages.v1
+    licence: CC-BY-4.0
 policies:
   splits: {salt: demo-v1, train_percent: 80, validation_percent: 10, test_percent: 10}
   mixing: {seed: demo-mix-v1}
@@ -72,11 +79,34 @@ def demo_objects() -> dict[str, bytes]:
     def jsonl(rows: list[dict]) -> bytes:
         return "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows).encode("utf-8")
 
+    chats = [
+        {
+            "id": f"c{n:03d}",
+            "messages": [
+                {"role": "user", "content": _paragraph(rng)},
+                {"role": "assistant", "content": _paragraph(rng)},
+            ],
+        }
+        for n in range(20)
+    ]
+    chats[0]["messages"][0]["content"] += " Write to me at ada.lovelace@example.org."
+    chats[1]["messages"] = [
+        {"role": "user", "content": "What is the weather in Lisbon?"},
+        {
+            "role": "assistant",
+            "content": "Let me look.",
+            "tool_calls": [{"id": "t1", "name": "weather"}],
+        },
+        {"role": "tool", "tool_call_id": "t1", "content": "18 C and sunny"},
+        {"role": "assistant", "content": "It is 18 C and sunny in Lisbon."},
+    ]
+    chats.append({"id": "not-a-chat", "text": "a row with no messages field"})
     first_part = jsonl(essays) + b'{"id": "broken", "text": "unterminated\n' + b"\n"
     return {
         "essays/essays-00000.jsonl.zst": zstandard.ZstdCompressor(level=3).compress(first_part),
         "essays/essays-00001.jsonl": jsonl(second),
         "dialogs/dialogs-00000.jsonl": jsonl(dialogs),
+        "chats/chats-00000.jsonl": jsonl(chats),
     }
 
 

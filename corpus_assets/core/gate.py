@@ -200,14 +200,27 @@ def add_tombstone(catalog: Catalog, kind: str, target: str, reason: str) -> int:
     return seq
 
 
-def add_benchmark_items(catalog: Catalog, benchmark: str, dedup_keys: list[str]) -> int:
-    """Register benchmark items (dedup keys) and advance every alias's benchmark fence."""
+@dataclass(frozen=True)
+class BenchmarkItem:
+    item_id: str
+    text_digest: str  # the item's text in the CAS
+    dedup_key: str
+
+
+def add_benchmark_items(catalog: Catalog, benchmark: str, items: list[BenchmarkItem]) -> int:
+    """Register benchmark items (in item id order) and advance every alias's benchmark fence."""
     with catalog.begin() as conn:
         seq = 0
-        for key in sorted(set(dedup_keys)):
+        for item in sorted(set(items), key=lambda i: i.item_id):
             seq = conn.execute(
                 insert(benchmark_items)
-                .values(benchmark=benchmark, dedup_key=key, at=time.time())
+                .values(
+                    benchmark=benchmark,
+                    item_id=item.item_id,
+                    text_digest=item.text_digest,
+                    dedup_key=item.dedup_key,
+                    at=time.time(),
+                )
                 .returning(benchmark_items.c.seq)
             ).scalar_one()
         if seq:

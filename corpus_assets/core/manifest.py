@@ -51,9 +51,11 @@ def members_table(
     chosen = clusters.filter(clusters.column("is_representative")).select(
         ["record_id", "object", "line", "dedup_key"]
     )
-    records = load_records(ws, canonical)
+    records = load_records(
+        ws, canonical, ["record_id", "source_id", "object", "line", "record_digest", "text"]
+    )
     lengths = pc.binary_length(pc.cast(records.column("text"), pa.binary()))
-    records = records.drop_columns(["text", "group_id"]).append_column("text_bytes", lengths)
+    records = records.drop_columns(["text"]).append_column("text_bytes", lengths)
     joined = records.join(chosen, ["record_id", "object", "line"], join_type="inner").join(
         split_table, "record_id"
     )

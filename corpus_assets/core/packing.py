@@ -86,7 +86,7 @@ def build_packed_blocks(ws: Workspace, partition_key: str) -> LayerResult:
     mixed_ref, mixed = read_index(ws, partition_key, "mixed_samples")
     canonical_ref, canonical = read_index(ws, partition_key, "canonical_records")
     order = get_table(ws.cas, mixed["outputs"]["samples"], "mixed samples").column("record_id")
-    records = load_records(ws, canonical)
+    records = load_records(ws, canonical, ["record_id", "text"])
     text_of = dict(
         zip(
             records.column("record_id").to_pylist(), records.column("text").to_pylist(), strict=True

@@ -1,50 +1,69 @@
-"""canonical_records: typed records (envelope + ``document`` payload) parsed from raw objects.
+"""canonical_records: typed records (envelope + typed payload) canonicalised from raw objects.
 
-Each raw object is one chunk task. Lines that cannot be interpreted are quarantined under a reason
-code with their object and line, never silently dropped; the per-reason counts sit beside the
-record count so every exclusion has a denominator.
+Each raw object is one chunk task whose output (records Parquet, an exclusions Parquet with
+location and reason only, and an account) is keyed by (object digest, source adapter and fields,
+policy digest, benchmark index digest), so an unchanged object costs nothing in the next
+snapshot. Every row is accounted for per source and stage: rows in = kept + quarantined +
+rejected, each exclusion under its reason code. Chunks may run in several processes
+(``execution.workers``); the output is assembled in index order, so bytes never depend on it.
 """
 
-import json
-import unicodedata
+import multiprocessing
+import os
 from collections import Counter
 from collections.abc import Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+from sqlalchemy import select
 
-from corpus_assets.core.artifacts import (
-    JSON,
-    get_json,
-    get_table,
-    make_ref,
-    put_json,
-    put_table,
+from corpus_assets.core.artifacts import JSON, get_json, get_table, make_ref, put_json, put_table
+from corpus_assets.core.canonicalize import (
+    RECORD_SCHEMA,
+    Excluded,
+    Stages,
+    canonicalize,
+    contaminated,
+    parse_line,
 )
+from corpus_assets.core.catalog import benchmark_items
 from corpus_assets.core.codecs import DecompressionLimits, iter_lines
 from corpus_assets.core.config import Source
+from corpus_assets.core.contamination import BenchmarkIndex, ContaminationPolicy, policy_payload
 from corpus_assets.core.digests import json_digest
+from corpus_assets.core.freeze import freeze
 from corpus_assets.core.layers import LayerResult, publish_index, read_index
-from corpus_assets.core.tasks import ChunkTask, preload, run_chunk
-from corpus_assets.core.workspace import Workspace
+from corpus_assets.core.quality import policy_payload as quality_payload
+from corpus_assets.core.tasks import ChunkOutcome, ChunkTask, preload, run_chunk
+from corpus_assets.core.workspace import Workspace, open_workspace
 
-CODE = "canonical_records.v1"
-RECORD_SCHEMA = "corpus.record.v1"
-CHUNK_SCHEMA = "corpus.chunk.v1"
-
+CODE = "canonical_records.v2"
+CHUNK_SCHEMA = "corpus.chunk.v2"
 RECORD_COLUMNS = pa.schema(
     [
         ("record_id", pa.string()),
+        ("group_id", pa.string()),
         ("source_id", pa.string()),
         ("object", pa.string()),
         ("line", pa.int64()),
-        ("group_id", pa.string()),
+        ("kind", pa.string()),
+        ("adapter", pa.string()),
+        ("lang", pa.string()),
+        ("script", pa.string()),
+        ("modality", pa.string()),
+        ("licence", pa.string()),
+        ("pii", pa.string()),
+        ("event_time", pa.string()),
         ("record_digest", pa.string()),
+        ("text_digest", pa.string()),
+        ("dedup_key", pa.string()),
+        ("payload", pa.string()),
         ("text", pa.string()),
     ]
 )
-QUARANTINE_COLUMNS = pa.schema(
+EXCLUSION_COLUMNS = pa.schema(
     [
         ("object", pa.string()),
         ("line", pa.int64()),
@@ -54,93 +73,21 @@ QUARANTINE_COLUMNS = pa.schema(
 )
 
 
-class Quarantined(ValueError):
-    def __init__(self, reason: str, detail: str) -> None:
-        super().__init__(f"{reason}: {detail}")
-        self.reason = reason
-        self.detail = detail
-
-
 def record_schema_digest() -> str:
     """Digest of the record contract, so a manifest names the exact schema its members follow."""
     return json_digest(
         {
             "schema": RECORD_SCHEMA,
-            "payload": "document",
+            "kinds": ["document", "messages", "preference"],
             "columns": [[f.name, str(f.type)] for f in RECORD_COLUMNS],
         }
     )
 
 
-def parse_line(raw: bytes) -> dict[str, Any]:
-    """One JSONL line to a JSON object, or ``Quarantined`` with the reason."""
-    if not raw.strip():
-        raise Quarantined("blank_line", "line is empty")
-    try:
-        text_line = raw.decode("utf-8")
-    except UnicodeDecodeError as error:
-        raise Quarantined("invalid_utf8", f"byte {error.start}: {error.reason}") from None
-    try:
-        obj = json.loads(text_line)
-    except json.JSONDecodeError as error:
-        raise Quarantined("invalid_json", f"column {error.colno}: {error.msg}") from None
-    if not isinstance(obj, dict):
-        raise Quarantined("not_an_object", f"top level is {type(obj).__name__}")
-    return obj
-
-
-def parse_document(source: Source, object_name: str, line_no: int, raw: bytes) -> dict[str, Any]:
-    """One JSONL line to an envelope + ``document`` payload, or ``Quarantined`` with the reason."""
-    return document_from_row(source, object_name, line_no, parse_line(raw))
-
-
-def document_from_row(
-    source: Source, object_name: str, row_no: int, obj: dict[str, Any]
-) -> dict[str, Any]:
-    """One source row (a JSON object or a Parquet row) to envelope + ``document`` payload."""
-    if source.text_field not in obj:
-        raise Quarantined("missing_text", f"no {source.text_field!r} field")
-    text = obj[source.text_field]
-    if not isinstance(text, str):
-        raise Quarantined("text_not_string", f"{source.text_field!r} is {type(text).__name__}")
-    text = unicodedata.normalize("NFC", text)
-    if not text.strip():
-        raise Quarantined("empty_text", f"{source.text_field!r} is blank")
-    local_id = obj.get(source.id_field)
-    if local_id is None:
-        local_id = f"{object_name}#L{row_no}"
-    elif isinstance(local_id, bool) or not isinstance(local_id, str | int):
-        raise Quarantined("bad_id", f"{source.id_field!r} is {type(local_id).__name__}")
-    record_id = f"{source.id}/{local_id}"
-    group = obj.get(source.group_field) if source.group_field else None
-    group_id = f"{source.id}/{group}" if isinstance(group, str | int) and group != "" else record_id
-    for field_name, value in (("text", text), ("id", record_id), ("group", group_id)):
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError as error:
-            raise Quarantined(
-                "invalid_unicode", f"{field_name} has a lone surrogate at {error.start}"
-            ) from None
-    payload = {
-        "schema": RECORD_SCHEMA,
-        "record_id": record_id,
-        "source_id": source.id,
-        "group_id": group_id,
-        "type": "document",
-        "document": {"text": text},
-    }
-    return {
-        "record_id": record_id,
-        "group_id": group_id,
-        "record_digest": json_digest(payload),
-        "text": text,
-    }
-
-
-def _source_rows(
+def _rows(
     ws: Workspace, item: dict[str, Any], what: str
-) -> Iterator[tuple[int, dict[str, Any] | Quarantined]]:
-    """(1-based line or row number, object or the reason it was quarantined) of a raw object."""
+) -> Iterator[tuple[int, dict[str, Any] | Excluded]]:
+    """(1-based line or row number, object or why it could not be parsed) of a raw object."""
     digest = item["object"]["digest"]
     if item["format"] == "parquet":
         ws.cas.verify(digest, what)
@@ -158,76 +105,178 @@ def _source_rows(
         for line_no, raw in iter_lines(stream, what, limits):
             try:
                 yield line_no, parse_line(raw)
-            except Quarantined as q:
-                yield line_no, q
+            except Excluded as excluded:
+                yield line_no, excluded
 
 
-def _parse_object(ws: Workspace, source: Source, item: dict[str, Any]) -> str:
+def _exclude(table: dict[str, list[Any]], digest: str, line: int, why: Excluded) -> None:
+    for key, value in (
+        ("object", digest),
+        ("line", line),
+        ("reason", why.reason),
+        ("detail", why.detail),
+    ):
+        table[key].append(value)
+
+
+def _canonicalize_object(
+    ws: Workspace, source: Source, item: dict[str, Any], stages: Stages
+) -> str:
     digest = item["object"]["digest"]
     rows: dict[str, list[Any]] = {f.name: [] for f in RECORD_COLUMNS}
-    quarantine: dict[str, list[Any]] = {f.name: [] for f in QUARANTINE_COLUMNS}
+    excluded: dict[str, list[Any]] = {f.name: [] for f in EXCLUSION_COLUMNS}
     reasons: Counter[str] = Counter()
+    rows_in = chars_kept = 0
     what = f"raw object {source.id}/{item['name']} ({digest})"
-    for number, obj in _source_rows(ws, item, what):
+    kept: list[dict[str, Any]] = []
+    for number, obj in _rows(ws, item, what):
+        rows_in += 1
         try:
-            if isinstance(obj, Quarantined):
+            if isinstance(obj, Excluded):
                 raise obj
-            parsed = document_from_row(source, item["name"], number, obj)
-        except Quarantined as q:
-            reasons[q.reason] += 1
-            for key, value in (
-                ("object", digest),
-                ("line", number),
-                ("reason", q.reason),
-                ("detail", q.detail),
-            ):
-                quarantine[key].append(value)
+            record = canonicalize(source, item["name"], number, obj, stages)
+        except Excluded as why:
+            reasons[why.reason] += 1
+            _exclude(excluded, digest, number, why)
             continue
-        parsed.update(source_id=source.id, object=digest, line=number)
+        record.update(source_id=source.id, object=digest, line=number)
+        kept.append(record)
+    hits = contaminated(stages.index, [r["text"] for r in kept])
+    for n, record in enumerate(kept):
+        if n in hits:
+            reasons[hits[n].reason] += 1
+            _exclude(excluded, digest, record["line"], hits[n])
+            continue
+        chars_kept += len(record["text"])
         for key, column in rows.items():
-            column.append(parsed[key])
+            column.append(record[key])
     records = pa.Table.from_pydict(rows, schema=RECORD_COLUMNS)
+    quarantined = {r: n for r, n in sorted(reasons.items()) if r.startswith(("parse.", "schema."))}
+    rejected = {r: n for r, n in sorted(reasons.items()) if r not in quarantined}
     descriptor = {
         "schema": CHUNK_SCHEMA,
         "layer": "canonical_records",
         "records": put_table(ws.cas, records),
         "count": records.num_rows,
-        "quarantine": put_table(
-            ws.cas, pa.Table.from_pydict(quarantine, schema=QUARANTINE_COLUMNS)
-        ),
-        "reasons": dict(sorted(reasons.items())),
+        "excluded": put_table(ws.cas, pa.Table.from_pydict(excluded, schema=EXCLUSION_COLUMNS)),
+        "account": {
+            "rows_in": rows_in,
+            "kept": records.num_rows,
+            "quarantined": quarantined,
+            "rejected": rejected,
+            "pii_redacted": dict(sorted(stages.pii.items())),
+            "normalized": dict(sorted(stages.normalized.items())),
+            "chars_kept": chars_kept,
+        },
     }
     return put_json(ws.cas, descriptor)["digest"]
 
 
+def benchmark_index(ws: Workspace, fence: int) -> BenchmarkIndex | None:
+    """The contamination index of every benchmark item at or below the freeze's fence."""
+    with ws.catalog.begin() as conn:
+        items = conn.execute(
+            select(benchmark_items.c.item_id, benchmark_items.c.text_digest)
+            .where(benchmark_items.c.seq <= fence)
+            .order_by(benchmark_items.c.seq)
+        ).all()
+    if not items:
+        return None
+    texts = [
+        (item_id, ws.cas.get_bytes(digest, f"benchmark item {item_id}").decode())
+        for item_id, digest in items
+    ]
+    return BenchmarkIndex.build(texts, contamination_policy(ws))
+
+
+def contamination_policy(ws: Workspace) -> ContaminationPolicy:
+    return ContaminationPolicy(**ws.config.policies.contamination.model_dump())
+
+
+def _policy_digest(ws: Workspace, index: BenchmarkIndex | None) -> str:
+    config = ws.config
+    return json_digest(
+        {
+            "recordSchema": record_schema_digest(),
+            "quality": quality_payload(Stages.for_config(config, None).quality),
+            "contamination": policy_payload(contamination_policy(ws)),
+            "benchmarkIndex": index.digest if index is not None else None,
+            "pii": config.policies.pii.model_dump(mode="json"),
+            "purpose": config.purpose,
+        }
+    )
+
+
+def _task(source: Source, item: dict[str, Any], policy: str) -> ChunkTask:
+    return ChunkTask(
+        layer="canonical_records",
+        chunk_key=f"{source.id}/{item['name']}",
+        input_digest=json_digest(
+            {
+                "object": item["object"]["digest"],
+                "format": item["format"],
+                "source": source.model_dump(mode="json"),
+                "policy": policy,
+            }
+        ),
+        code_version=CODE,
+    )
+
+
+_WORKER: dict[str, Any] = {}
+
+
+def _worker_init(config: str, environ: dict[str, str], fence: int) -> None:
+    os.environ.update(environ)
+    ws = open_workspace(config)
+    _WORKER.update(ws=ws, index=benchmark_index(ws, fence))
+
+
+def _worker_run(job: tuple[str, dict[str, Any], str]) -> ChunkOutcome:
+    source_id, item, policy = job
+    ws, index = _WORKER["ws"], _WORKER["index"]
+    source = next(s for s in ws.config.sources if s.id == source_id)
+    return _run(ws, source, item, policy, index, done=None)
+
+
+def _run(
+    ws: Workspace,
+    source: Source,
+    item: dict[str, Any],
+    policy: str,
+    index: BenchmarkIndex | None,
+    done: Any,
+) -> ChunkOutcome:
+    def work() -> str:
+        return _canonicalize_object(ws, source, item, Stages.for_config(ws.config, index))
+
+    return run_chunk(ws.catalog, ws.cas, _task(source, item, policy), work, done=done)
+
+
 def build_canonical_records(ws: Workspace, partition_key: str) -> LayerResult:
     raw_ref, raw_index = read_index(ws, partition_key, "raw_snapshot")
+    _, spec = freeze(ws, partition_key)
+    fence = int(spec["benchmarkFence"])
+    index = benchmark_index(ws, fence)
+    policy = _policy_digest(ws, index)
     sources = {s.id: s for s in ws.config.sources}
-    chunks, dead, skipped = [], [], 0
+    items = raw_index["outputs"]["objects"]
     done = preload(ws.catalog, "canonical_records", CODE)
-    reasons: Counter[str] = Counter()
-    records = 0
-    for item in raw_index["outputs"]["objects"]:
-        source = sources[item["source"]]
-        task = ChunkTask(
-            layer="canonical_records",
-            chunk_key=f"{source.id}/{item['name']}",
-            input_digest=json_digest(
-                {
-                    "object": item["object"]["digest"],
-                    "format": item["format"],
-                    "source": source.model_dump(mode="json"),
-                }
-            ),
-            code_version=CODE,
-        )
-        outcome = run_chunk(
-            ws.catalog,
-            ws.cas,
-            task,
-            lambda s=source, i=item: _parse_object(ws, s, i),
-            done=done,
-        )
+    workers = min(ws.config.execution.workers, max(len(items), 1))
+    if workers > 1:
+        environ = {k: v for k, v in os.environ.items() if k.startswith("CORPUS_")}
+        with ProcessPoolExecutor(
+            workers,
+            mp_context=multiprocessing.get_context("spawn"),
+            initializer=_worker_init,
+            initargs=(str(ws.loaded.path), environ, fence),
+        ) as pool:
+            outcomes = list(pool.map(_worker_run, [(i["source"], i, policy) for i in items]))
+    else:
+        outcomes = [_run(ws, sources[i["source"]], i, policy, index, done) for i in items]
+    chunks, dead, account = [], [], _Account()
+    for item, outcome in zip(items, outcomes, strict=True):
+        task = outcome.task
         if outcome.output_digest is None:
             dead.append(
                 {
@@ -237,10 +286,8 @@ def build_canonical_records(ws: Workspace, partition_key: str) -> LayerResult:
                 }
             )
             continue
-        skipped += outcome.skipped
         descriptor = get_json(ws.cas, outcome.output_digest, f"chunk {task.chunk_key}")
-        records += descriptor["count"]
-        reasons.update(descriptor["reasons"])
+        account.add(item["source"], descriptor["account"])
         chunks.append(
             {
                 "chunk": task.chunk_key,
@@ -248,61 +295,119 @@ def build_canonical_records(ws: Workspace, partition_key: str) -> LayerResult:
                 "output": make_ref(outcome.output_digest, JSON, ws.cas.size(outcome.output_digest)),
             }
         )
-    counts = {
-        "records": records,
-        "quarantined": sum(reasons.values()),
-        "chunks": len(chunks),
-        "dead_letters": len(dead),
-    }
-    counts.update({f"quarantined.{k}": v for k, v in sorted(reasons.items())})
+    skipped = sum(o.skipped for o in outcomes if o.output_digest is not None)
+    counts = account.counts()
+    counts.update(chunks=len(chunks), dead_letters=len(dead))
     ref = publish_index(
         ws,
         partition_key,
         "canonical_records",
         CODE,
-        json_digest(
-            {
-                "recordSchema": record_schema_digest(),
-                "sources": [s.model_dump(mode="json") for s in ws.config.sources],
-            }
-        ),
+        policy,
         [raw_ref],
-        {"chunks": chunks, "dead_letters": dead},
+        {"chunks": chunks, "dead_letters": dead, "accounting": account.by_source()},
         counts,
     )
-    preview = load_records(ws, {"outputs": {"chunks": chunks[:1]}}).slice(0, 5).to_pylist()
     return LayerResult(
         layer="canonical_records",
         digest=ref["digest"],
         counts=counts,
-        preview=[{k: (v[:80] if isinstance(v, str) else v) for k, v in r.items()} for r in preview],
+        preview=account.table(),
         run_stats={"chunks_reused": skipped, "chunks_built": len(chunks) - skipped},
     )
 
 
-def load_records(ws: Workspace, index: dict[str, Any]) -> pa.Table:
+class _Account:
+    """Per source: rows in = kept + quarantined + rejected, with every reason code."""
+
+    def __init__(self) -> None:
+        self.sources: dict[str, Counter[str]] = {}
+
+    def add(self, source: str, account: dict[str, Any]) -> None:
+        total = self.sources.setdefault(source, Counter())
+        total["rows_in"] += account["rows_in"]
+        total["kept"] += account["kept"]
+        total["chars_kept"] += account["chars_kept"]
+        for group in ("quarantined", "rejected"):
+            for reason, n in account[group].items():
+                total[f"{group}:{reason}"] += n
+                total[group] += n
+        for kind, n in account["pii_redacted"].items():
+            total[f"pii:{kind}"] += n
+
+    def by_source(self) -> dict[str, dict[str, int]]:
+        return {s: dict(sorted(c.items())) for s, c in sorted(self.sources.items())}
+
+    def counts(self) -> dict[str, int]:
+        total: Counter[str] = Counter()
+        for counter in self.sources.values():
+            total.update(counter)
+        counts = {
+            "records": total["kept"],
+            "rows_in": total["rows_in"],
+            "quarantined": total["quarantined"],
+            "rejected": total["rejected"],
+            "unexplained": total["rows_in"]
+            - total["kept"]
+            - total["quarantined"]
+            - total["rejected"],
+        }
+        counts.update({k.replace(":", "."): v for k, v in sorted(total.items()) if ":" in k})
+        return counts
+
+    def table(self) -> list[dict[str, Any]]:
+        return [
+            {
+                "source": source,
+                "denominator": "source rows",
+                "rows_in": c["rows_in"],
+                "kept": c["kept"],
+                "quarantined": c["quarantined"],
+                "rejected": c["rejected"],
+                "unexplained": c["rows_in"] - c["kept"] - c["quarantined"] - c["rejected"],
+                "characters_kept": c["chars_kept"],
+                "reasons": ", ".join(
+                    f"{k.split(':', 1)[1]}={v}"
+                    for k, v in sorted(c.items())
+                    if k.startswith(("quarantined:", "rejected:"))
+                ),
+            }
+            for source, c in sorted(self.sources.items())
+        ]
+
+
+def load_records(
+    ws: Workspace, index: dict[str, Any], columns: list[str] | None = None
+) -> pa.Table:
     """All canonical records of a layer index, in index (source, object, line) order."""
-    tables = [
-        get_table(
-            ws.cas,
-            get_json(ws.cas, c["output"], f"chunk {c['chunk']}")["records"],
-            f"records of {c['chunk']}",
-        )
-        for c in index["outputs"]["chunks"]
-    ]
-    return pa.concat_tables(tables) if tables else RECORD_COLUMNS.empty_table()
+    tables = []
+    for chunk in index["outputs"]["chunks"]:
+        records = get_json(ws.cas, chunk["output"], f"chunk {chunk['chunk']}")["records"]
+        table = get_table(ws.cas, records, f"records of {chunk['chunk']}")
+        tables.append(table.select(columns) if columns else table)
+    if tables:
+        return pa.concat_tables(tables)
+    empty = RECORD_COLUMNS.empty_table()
+    return empty.select(columns) if columns else empty
 
 
-def canary_replay(ws: Workspace) -> Callable[[dict[str, Any], list[str]], dict[str, str]]:
-    """Re-parse chosen chunks from their pinned objects with this code, bypassing the task table
-    (a replay must recompute, not reuse); returns chunk key -> chunk output digest."""
+def canary_replay(
+    ws: Workspace,
+) -> Callable[[dict[str, Any], dict[str, Any], list[str]], dict[str, str]]:
+    """Re-canonicalise chosen chunks from their pinned objects with this code, bypassing the task
+    table (a replay must recompute, not reuse); returns chunk key -> chunk output digest."""
 
-    def replay(canonical: dict[str, Any], chunk_keys: list[str]) -> dict[str, str]:
+    def replay(
+        canonical: dict[str, Any], freeze_spec: dict[str, Any], chunk_keys: list[str]
+    ) -> dict[str, str]:
         raw = get_json(ws.cas, canonical["inputs"][0], "raw_snapshot index")
         items = {f"{o['source']}/{o['name']}": o for o in raw["outputs"]["objects"]}
         sources = {s.id: s for s in ws.config.sources}
+        index = benchmark_index(ws, int(freeze_spec["benchmarkFence"]))
         return {
-            key: _parse_object(ws, sources[items[key]["source"]], items[key])
+            key: _canonicalize_object(
+                ws, sources[items[key]["source"]], items[key], Stages.for_config(ws.config, index)
+            )
             for key in chunk_keys
             if key in items and items[key]["source"] in sources
         }

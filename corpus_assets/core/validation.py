@@ -28,7 +28,7 @@ from corpus_assets.core.tasks import ChunkTask, open_dead_letters
 from corpus_assets.core.verify import Report, load_manifest, resolve, verify
 
 SPLITS = {"train", "validation", "test"}
-Replay = Callable[[dict[str, Any], list[str]], dict[str, str]]
+Replay = Callable[[dict[str, Any], dict[str, Any], list[str]], dict[str, str]]
 
 
 def validate(
@@ -179,7 +179,7 @@ def _gates(
             f"{same}: a replay would not run the manifest's transform"
         )
     if replay is not None:
-        findings += _canary(canonical, replay, gate)
+        findings += _canary(canonical, freeze, replay, gate)
     with catalog.begin() as conn:
         frozen_at = conn.scalar(
             select(freezes.c.created_at).where(freezes.c.partition_key == manifest["partition"])
@@ -196,10 +196,12 @@ def canary_chunks(canonical: dict[str, Any]) -> list[str]:
     return list(seen.values())
 
 
-def _canary(canonical: dict[str, Any], replay: Replay, gate: dict[str, Any]) -> list[str]:
+def _canary(
+    canonical: dict[str, Any], freeze: dict[str, Any], replay: Replay, gate: dict[str, Any]
+) -> list[str]:
     chosen = canary_chunks(canonical)
     recorded = {c["chunk"]: c["output"]["digest"] for c in canonical["outputs"]["chunks"]}
-    replayed = replay(canonical, chosen)
+    replayed = replay(canonical, freeze, chosen)
     gate["canary_chunks"] = len(chosen)
     gate["transform_replay_hash"] = json_digest(dict(sorted(replayed.items())))
     differ = [c for c in chosen if replayed.get(c) != recorded[c]]

@@ -1,0 +1,178 @@
+"""Decoding/normalisation stage: terminal artefacts out, one newline convention, NFC.
+
+Runs on every text string of every record, so a clean string costs a byte-level control scan
+and an NFC quick check and comes back as the same object. Each fix that fired is named in
+``Normalized.changes`` so the chunk account can count them; a string that is binary rather than
+text is a ``ParseReject`` with a ``parse.*`` reason (quarantined, not "bad quality").
+
+Rules, in order (``kind="code"`` skips the two marked *prose*; any other kind is prose):
+
+1. ``parse.nul_bytes``: more than 1% NUL characters rejects; fewer are stripped (``nul``).
+2. *prose* ANSI escape sequences (CSI, OSC/DCS/APC strings, two-byte escapes) are removed
+   (``ansi``), including a CSI cut short by the next ESC, as a terminal would drop it.
+3. CRLF and lone CR become LF (``crlf``).
+4. *prose* backspace overstrike is resolved per line like a printer would (``overstrike``):
+   ``_\\bx`` and ``x\\b_`` are underlined ``x``, ``x\\bx`` is bold ``x``, an accent struck over a
+   letter (``'\\be``, ``^\\bo``, ``"\\bu``, ``,\\bc``) is that letter with the combining accent
+   (NFC then composes ``é``), otherwise the later character wins; a ``\\b`` with nothing to its
+   left on the line is dropped.
+5. ``parse.control_chars``: more than 1% (and at least 4) of the characters are C0 controls that
+   no text format uses (not BEL/BS/TAB/LF/VT/FF/CR/ESC) - binary decoded as text. Otherwise
+   every remaining C0/C1 control except LF and TAB is removed (``control``); code also keeps FF,
+   which Python and C grammars treat as whitespace.
+6. Unicode NFC (``nfc``).
+
+``dedup_normalize`` is a separate, lossy view used only for the dedup key.
+"""
+
+import re
+import unicodedata
+from dataclasses import dataclass
+
+CODE_KIND = "code"
+
+# Any of these means the slow path; everything else is clean except for NFC. C0 and DEL are
+# found in the UTF-8 bytes (bytes.translate runs at memory speed, a regex scan at ~0.2 GB/s),
+# C1 (UTF-8 C2 80..C2 9F) by regex only when a C2 byte is there at all.
+_NEEDS_WORK_PROSE = bytes([*range(0x00, 0x09), *range(0x0B, 0x20), 0x7F])
+_NEEDS_WORK_CODE = bytes([*range(0x00, 0x09), 0x0B, *range(0x0D, 0x20), 0x7F])
+_C1 = re.compile(r"[\x80-\x9f]")
+_CONTROL_PROSE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]+")
+_CONTROL_CODE = re.compile(r"[\x00-\x08\x0b\x0e-\x1f\x7f-\x9f]+")
+# C0 controls that no text format uses: their density tells binary from text with a stray BEL.
+_BINARY_CONTROL = re.compile(r"[\x01-\x06\x0e-\x1a\x1c-\x1f]")
+_ANSI = re.compile(
+    r"\x1b(?:"
+    r"\[[0-?]*[ -/]*(?:[@-~]|(?=\x1b)|\Z)"  # CSI, also one aborted by the next ESC or the end
+    r"|[\]PX^_][^\x07\x1b]{0,4096}(?:\x07|\x1b\\)"  # OSC/DCS/SOS/PM/APC string, terminated
+    r"|[ -/]+[0-~]"  # nF escape (charset selection)
+    r"|[0-~]"  # any other two-byte escape, including an unterminated string's opener
+    r")"
+)
+_CR = re.compile(r"\r\n?")
+
+NUL_REJECT_PPM = 10_000
+CONTROL_REJECT_PPM = 10_000
+CONTROL_REJECT_MIN = 4
+
+# Overstruck accent -> combining mark (NFC composes it with the letter).
+_ACCENTS = {
+    "'": "\u0301",
+    "`": "\u0300",
+    "^": "\u0302",
+    '"': "\u0308",
+    "~": "\u0303",
+    ",": "\u0327",
+}
+
+
+@dataclass(frozen=True)
+class Normalized:
+    """The normalised text and which fixes fired (stage order, each at most once)."""
+
+    text: str
+    changes: tuple[str, ...]
+
+
+class ParseReject(ValueError):
+    """The string is not usable text; ``detail`` holds counts only, never the text."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
+def _strike(old: str, new: str) -> str:
+    """What a printer leaves when ``new`` is struck over ``old``."""
+    if old == "_" or old == new:
+        return new
+    if new == "_":
+        return old
+    if old in _ACCENTS and new.isalpha():
+        return new + _ACCENTS[old]
+    if new in _ACCENTS and old.isalpha():
+        return old + _ACCENTS[new]
+    return new
+
+
+def _overstrike_line(line: str) -> str:
+    cells: list[str] = []
+    pos = 0
+    for char in line:
+        if char == "\b":
+            if pos:
+                pos -= 1
+        elif pos < len(cells):
+            cells[pos] = _strike(cells[pos], char)
+            pos += 1
+        else:
+            cells.append(char)
+            pos += 1
+    return "".join(cells)
+
+
+def _overstrike(text: str) -> str:
+    """Resolve backspaces line by line (a backspace never crosses a newline)."""
+    return "\n".join(_overstrike_line(line) if "\b" in line else line for line in text.split("\n"))
+
+
+def _exceeds(count: int, total: int, ppm: int) -> bool:
+    return count * 1_000_000 > ppm * total
+
+
+def normalize_text(text: str, *, kind: str = "prose") -> Normalized:
+    """``text`` after the stage rules in the module docstring, or ``ParseReject``."""
+    code = kind == CODE_KIND
+    raw = text.encode("utf-8", "surrogatepass")
+    if len(raw.translate(None, _NEEDS_WORK_CODE if code else _NEEDS_WORK_PROSE)) == len(raw) and (
+        b"\xc2" not in raw or _C1.search(text) is None
+    ):
+        if text.isascii() or unicodedata.is_normalized("NFC", text):
+            return Normalized(text, ())
+        return Normalized(unicodedata.normalize("NFC", text), ("nfc",))
+
+    changes: list[str] = []
+    if "\x00" in text:
+        nul = text.count("\x00")
+        if _exceeds(nul, len(text), NUL_REJECT_PPM):
+            raise ParseReject("parse.nul_bytes", f"{nul} NUL in {len(text)} characters")
+        text = text.replace("\x00", "")
+        changes.append("nul")
+    if not code and "\x1b" in text:
+        text, n = _ANSI.subn("", text)
+        if n:
+            changes.append("ansi")
+    if "\r" in text:
+        text = _CR.sub("\n", text)
+        changes.append("crlf")
+    if not code and "\b" in text:
+        text = _overstrike(text)
+        changes.append("overstrike")
+    binary = len(_BINARY_CONTROL.findall(text))
+    if binary >= CONTROL_REJECT_MIN and _exceeds(binary, len(text), CONTROL_REJECT_PPM):
+        raise ParseReject(
+            "parse.control_chars", f"{binary} binary control characters in {len(text)}"
+        )
+    text, n = (_CONTROL_CODE if code else _CONTROL_PROSE).subn("", text)
+    if n:
+        changes.append("control")
+    if not text.isascii() and not unicodedata.is_normalized("NFC", text):
+        text = unicodedata.normalize("NFC", text)
+        changes.append("nfc")
+    return Normalized(text, tuple(changes))
+
+
+def dedup_normalize(text: str, kind: str = "prose") -> str:
+    """The lossy text whose hash is the dedup key (expects ``normalize_text`` output).
+
+    Prose: whitespace runs become one space, ends trimmed, casefolded (then NFC again, since
+    casefolding can decompose). Code: indentation is meaning, so only trailing whitespace per
+    line and blank lines go (every blank line, so files differing only in spacing match).
+    """
+    if kind == CODE_KIND:
+        return "\n".join(filter(None, [line.rstrip() for line in text.split("\n")]))
+    text = " ".join(text.split()).casefold()
+    if text.isascii() or unicodedata.is_normalized("NFC", text):
+        return text
+    return unicodedata.normalize("NFC", text)
