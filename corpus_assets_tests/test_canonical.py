@@ -11,8 +11,11 @@ import pytest
 import zstandard
 
 from corpus_assets.core import gate
+from corpus_assets.core.canonicalize import Excluded, Stages, canonicalize
+from corpus_assets.core.config import ObjectsSource
 from corpus_assets.core.dedup import dedup_key
 from corpus_assets.core.pipeline import BUILDERS
+from corpus_assets.core.quality import QualityPolicy
 from corpus_assets.core.records import load_records
 from corpus_assets.core.workspace import Workspace, open_workspace
 
@@ -172,3 +175,36 @@ def test_real_python_stdlib_keeps_indentation_byte_for_byte(tmp_path: Path) -> N
         assert row["text"] in (original, unicodedata.normalize("NFC", original)) or redacted
         identical += row["text"] == original
     assert identical > 0.75 * len(originals)
+
+
+def _one(adapter: str, row: dict, **fields: str) -> dict:
+    source = ObjectsSource(id="s", kind="objects", path=".", adapter=adapter, **fields)
+    return canonicalize(source, "o.jsonl", 1, row, Stages("p", QualityPolicy(), None))
+
+
+def test_preference_is_one_record_with_its_three_parts() -> None:
+    record = _one("preference.v1", {"id": 1, "prompt": "2+2?", "chosen": "4", "rejected": "5"})
+    assert record["kind"] == "preference"
+    assert json.loads(record["payload"]) == {"prompt": "2+2?", "chosen": "4", "rejected": "5"}
+    with pytest.raises(Excluded, match=r"schema.preference.identical"):
+        _one("preference.v1", {"prompt": "q", "chosen": "same", "rejected": "same"})
+
+
+def test_unpaired_tool_results_and_unknown_roles_are_schema_errors() -> None:
+    orphan = {
+        "messages": [
+            {"role": "user", "content": "hi"},
+            {"role": "tool", "tool_call_id": "x", "content": "42"},
+        ]
+    }
+    with pytest.raises(Excluded, match=r"schema.messages.tool"):
+        _one("chat-messages.v1", orphan)
+    with pytest.raises(Excluded, match=r"schema.messages.role"):
+        _one("chat-messages.v1", {"messages": [{"role": "narrator", "content": "x"}]})
+    with pytest.raises(Excluded, match=r"schema.unknown"):
+        _one("chat-messages.v1", {"text": "no messages here"})
+
+
+def test_purpose_outside_a_sources_licence_is_a_governance_rejection() -> None:
+    with pytest.raises(Excluded, match=r"governance.purpose"):
+        _one("jsonl-text.v1", {"text": "x"}, purposes=["research"])

@@ -1,7 +1,9 @@
 import hashlib
 import math
+import random
 
 import pytest
+import rfc8785
 
 from corpus_assets.core.digests import (
     DigestError,
@@ -120,3 +122,39 @@ def test_check_digest_error_names_what_was_checked() -> None:
 
 def test_digest_error_is_a_value_error() -> None:
     assert issubclass(DigestError, ValueError)
+
+
+def test_fast_canonical_json_matches_rfc8785_byte_for_byte() -> None:
+    """Golden comparison of the fast path against the reference implementation."""
+
+    rng = random.Random(8785)
+    alphabet = [
+        "a",
+        "é",
+        "\u2028",
+        "\x00",
+        "\x1f",
+        '"',
+        "\\",
+        "\n",
+        "\t",
+        "😀",
+        "\u00e9",
+        "中",
+        "/",
+    ]
+
+    def value(depth: int) -> object:
+        roll = rng.random()
+        if depth > 3 or roll < 0.3:
+            return "".join(rng.choices(alphabet, k=rng.randint(0, 8)))
+        if roll < 0.45:
+            return rng.choice([0, -1, 2**53 - 1, -(2**53) + 1, 42, True, False, None])
+        if roll < 0.7:
+            return [value(depth + 1) for _ in range(rng.randint(0, 4))]
+        keys = ["b", "a", "A", "_", "z9", "aa", ""]
+        return {k: value(depth + 1) for k in rng.sample(keys, rng.randint(0, len(keys)))}
+
+    for _ in range(2000):
+        payload = {"root": value(0)}
+        assert canonical_json(payload) == rfc8785.dumps(payload)

@@ -1,6 +1,7 @@
 """Digests written ``sha256:<hex>`` and RFC 8785 canonical JSON, the only hashed JSON form."""
 
 import hashlib
+import json
 import re
 from typing import Any
 
@@ -18,8 +19,16 @@ def sha256_digest(data: bytes) -> str:
 
 
 def canonical_json(payload: Any) -> bytes:
-    """RFC 8785 bytes; floats are refused so hashed payloads never depend on float formatting."""
-    _refuse_floats(payload, "$")
+    """RFC 8785 bytes; floats are refused so hashed payloads never depend on float formatting.
+
+    Payloads of strings, integers within 2**53, booleans, None, lists and dicts with ASCII keys
+    (every payload this project hashes) serialise identically under the standard library's
+    encoder with sorted keys and no escaping of non-ASCII - and some 10x faster than the pure
+    Python ``rfc8785`` walk, which remains the path for anything else. ``test_digests`` checks
+    the two agree byte for byte.
+    """
+    if _simple(payload, "$"):
+        return _FAST.encode(payload).encode("utf-8")
     return rfc8785.dumps(payload)
 
 
@@ -37,12 +46,28 @@ def hex_of(digest: str) -> str:
     return check_digest(digest).split(":", 1)[1]
 
 
-def _refuse_floats(value: Any, path: str) -> None:
+_FAST = json.JSONEncoder(ensure_ascii=False, sort_keys=True, separators=(",", ":"))
+_SAFE_INT = 2**53
+
+
+def _simple(value: Any, path: str) -> bool:
+    """Refuse floats (naming the path); True if the fast encoder gives RFC 8785 bytes."""
+    if isinstance(value, str):
+        return True
+    if isinstance(value, bool) or value is None:
+        return True
+    if isinstance(value, int):
+        return -_SAFE_INT < value < _SAFE_INT
     if isinstance(value, float):
         raise TypeError(f"float at {path} in a hashed payload; write it as a decimal string")
     if isinstance(value, dict):
+        simple = True
         for key, item in value.items():
-            _refuse_floats(item, f"{path}.{key}")
-    elif isinstance(value, list | tuple):
+            simple &= _simple(item, f"{path}.{key}") and isinstance(key, str) and key.isascii()
+        return simple
+    if isinstance(value, list | tuple):
+        simple = True
         for index, item in enumerate(value):
-            _refuse_floats(item, f"{path}[{index}]")
+            simple &= _simple(item, f"{path}[{index}]")
+        return simple
+    return False

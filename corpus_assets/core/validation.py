@@ -104,6 +104,10 @@ def _gates(
     gate["source_watermark_coverage"] = _coverage(freeze)
 
     canonical = json.loads(cas.get_bytes(manifest["layers"]["canonical_records"]["digest"]))
+    unaccounted = canonical["counts"].get("unexplained", 0)
+    if unaccounted:
+        findings.append(f"canonical_records: {unaccounted} source rows are not accounted for")
+    gate["canonical_unexplained_rows"] = unaccounted
     dead = [
         f"dead letter open: chunk {d['chunk']}: {d['error']}"
         for d in canonical["outputs"]["dead_letters"]
