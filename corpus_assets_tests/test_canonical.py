@@ -208,3 +208,22 @@ def test_unpaired_tool_results_and_unknown_roles_are_schema_errors() -> None:
 def test_purpose_outside_a_sources_licence_is_a_governance_rejection() -> None:
     with pytest.raises(Excluded, match=r"governance.purpose"):
         _one("jsonl-text.v1", {"text": "x"}, purposes=["research"])
+
+
+def test_lineage_offsets_point_at_the_source_line(demo_home: Path) -> None:
+    with open_workspace() as ws:
+        _index, records = _canonical(ws)
+        rows = records.select(["record_id", "object", "line", "byte_offset"]).to_pylist()
+        objects = {r["object"] for r in rows}
+        raw = {
+            d: zstandard.ZstdDecompressor().decompressobj().decompress(ws.cas.get_bytes(d))
+            if ws.cas.get_bytes(d)[:4] == b"\x28\xb5\x2f\xfd"
+            else ws.cas.get_bytes(d)
+            for d in objects
+        }
+    for row in rows:
+        data = raw[row["object"]]
+        assert data[: row["byte_offset"]].count(b"\n") == row["line"] - 1
+        local_id = row["record_id"].split("/", 1)[1]
+        line = data[row["byte_offset"] :].split(b"\n", 1)[0]
+        assert json.loads(line)["id"] == local_id

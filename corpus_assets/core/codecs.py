@@ -99,8 +99,22 @@ def iter_lines(
     ``stream`` may be compressed; it is decoded with ``open_decompressed``. A line longer than
     ``max_line_bytes`` raises ``CodecError`` naming it instead of growing without bound.
     """
+    for number, _offset, line in iter_located_lines(
+        stream, what, limits, max_line_bytes=max_line_bytes
+    ):
+        yield number, line
+
+
+def iter_located_lines(
+    stream: BinaryIO,
+    what: str,
+    limits: DecompressionLimits = DEFAULT_LIMITS,
+    *,
+    max_line_bytes: int = MAX_LINE_BYTES,
+) -> Iterator[tuple[int, int, bytes]]:
+    """Like ``iter_lines`` plus each line's byte offset in the decompressed stream (lineage)."""
     reader = open_decompressed(stream, what, limits)
-    number = 0
+    number = offset = 0
     while True:
         try:
             line = reader.readline(max_line_bytes + 1)
@@ -109,11 +123,12 @@ def iter_lines(
         if not line:
             return
         number += 1
+        start, offset = offset, offset + len(line)
         if line.endswith(b"\n"):
             line = line[:-2] if line.endswith(b"\r\n") else line[:-1]
         elif len(line) > max_line_bytes:
             raise CodecError(f"{what}: line {number} is longer than {max_line_bytes} bytes")
-        yield number, line
+        yield number, start, line
 
 
 @dataclass

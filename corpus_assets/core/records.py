@@ -29,7 +29,7 @@ from corpus_assets.core.canonicalize import (
     parse_line,
 )
 from corpus_assets.core.catalog import benchmark_items
-from corpus_assets.core.codecs import DecompressionLimits, iter_lines
+from corpus_assets.core.codecs import DecompressionLimits, iter_located_lines
 from corpus_assets.core.config import Source
 from corpus_assets.core.contamination import BenchmarkIndex, ContaminationPolicy, policy_payload
 from corpus_assets.core.digests import json_digest
@@ -48,6 +48,7 @@ RECORD_COLUMNS = pa.schema(
         ("source_id", pa.string()),
         ("object", pa.string()),
         ("line", pa.int64()),
+        ("byte_offset", pa.int64()),
         ("kind", pa.string()),
         ("adapter", pa.string()),
         ("lang", pa.string()),
@@ -86,8 +87,9 @@ def record_schema_digest() -> str:
 
 def _rows(
     ws: Workspace, item: dict[str, Any], what: str
-) -> Iterator[tuple[int, dict[str, Any] | Excluded]]:
-    """(1-based line or row number, object or why it could not be parsed) of a raw object."""
+) -> Iterator[tuple[int, int | None, dict[str, Any] | Excluded]]:
+    """(1-based line or row number, byte offset of the line in the decompressed object (None for
+    Parquet rows), object or why it could not be parsed) of a raw object."""
     digest = item["object"]["digest"]
     if item["format"] == "parquet":
         ws.cas.verify(digest, what)
@@ -95,18 +97,18 @@ def _rows(
         for batch in pq.ParquetFile(ws.cas.path(digest)).iter_batches(batch_size=4096):
             for row in batch.to_pylist():
                 number += 1
-                yield number, row
+                yield number, None, row
         return
     bounds = ws.config.limits
     limits = DecompressionLimits(
         max_output_bytes=bounds.max_output_bytes, max_ratio=bounds.max_ratio
     )
     with ws.cas.open(digest, what) as stream:
-        for line_no, raw in iter_lines(stream, what, limits):
+        for line_no, offset, raw in iter_located_lines(stream, what, limits):
             try:
-                yield line_no, parse_line(raw)
+                yield line_no, offset, parse_line(raw)
             except Excluded as excluded:
-                yield line_no, excluded
+                yield line_no, offset, excluded
 
 
 def _exclude(table: dict[str, list[Any]], digest: str, line: int, why: Excluded) -> None:
@@ -129,7 +131,7 @@ def _canonicalize_object(
     rows_in = chars_kept = 0
     what = f"raw object {source.id}/{item['name']} ({digest})"
     kept: list[dict[str, Any]] = []
-    for number, obj in _rows(ws, item, what):
+    for number, offset, obj in _rows(ws, item, what):
         rows_in += 1
         try:
             if isinstance(obj, Excluded):
@@ -139,7 +141,7 @@ def _canonicalize_object(
             reasons[why.reason] += 1
             _exclude(excluded, digest, number, why)
             continue
-        record.update(source_id=source.id, object=digest, line=number)
+        record.update(source_id=source.id, object=digest, line=number, byte_offset=offset)
         kept.append(record)
     hits = contaminated(stages.index, [r["text"] for r in kept])
     for n, record in enumerate(kept):
