@@ -9,6 +9,7 @@ from corpus_assets.core import states
 from corpus_assets.core.pinning import late_changes
 from corpus_assets.core.pipeline import build_all
 from corpus_assets.core.publish import PublishError, activate, approve
+from corpus_assets.core.records import load_records
 from corpus_assets.core.sources import fingerprint
 from corpus_assets.core.validation import validate
 from corpus_assets.core.workspace import Workspace, open_workspace
@@ -57,6 +58,14 @@ def test_log_is_folded_at_its_watermark_and_later_events_wait(tmp_path: Path) ->
         (source,) = _freeze(ws, "p1")["sources"]
         assert (source["watermark"], source["events"], source["gaps"]) == ("6", 6, [])
         assert results["canonical_records"].counts["records"] == 3  # tickets 1, 2, 4
+        index = json.loads(ws.cas.get_bytes(results["canonical_records"].digest))
+        records = load_records(ws, index, ["record_id", "cdc_lsn"]).to_pylist()
+        # lineage names the CDC key (in the record id) and the lsn that last wrote the row
+        assert {r["record_id"]: r["cdc_lsn"] for r in records} == {
+            "tickets/1": "1",
+            "tickets/2": "4",
+            "tickets/4": "6",
+        }
         report = validate(
             ws.cas, ws.catalog, results["manifest"].digests["snapshotId"], late_changes(ws)
         )

@@ -18,7 +18,7 @@ import json
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import closing
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -60,6 +60,7 @@ class FoldResult:
     events_digest: str
     segments: list[dict[str, Any]]
     after_watermark: int
+    row_lsns: list[int] = field(default_factory=list)  # the lsn that last wrote each row
 
     @property
     def complete(self) -> bool:
@@ -266,6 +267,7 @@ def _apply(
     pinned: dict[str, dict[str, Any]],
 ) -> FoldResult:
     state: dict[str, dict[str, Any]] = {}
+    written: dict[str, int] = {}
     hasher = hashlib.sha256()
     gaps: list[tuple[int, int]] = []
     duplicates: list[int] = []
@@ -300,6 +302,7 @@ def _apply(
             if event.lsn > last_folded + 1:
                 gaps.append((last_folded + 1, event.lsn - 1))
             _upsert(state, event)
+            written[event.key] = event.lsn
             hasher.update(event.canon + b"\n")
             folded += 1
             first = event.lsn if first is None else first
@@ -322,6 +325,7 @@ def _apply(
         events_digest="sha256:" + hasher.hexdigest(),
         segments=[pinned[s.name] for s in ordered],
         after_watermark=after,
+        row_lsns=[written[key] for key in sorted(state, key=_key_order)],
     )
 
 

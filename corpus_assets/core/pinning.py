@@ -38,6 +38,7 @@ from corpus_assets.core.tasks import ChunkTask, Done, preload, run_chunk
 from corpus_assets.core.workspace import Workspace
 
 CODE = "raw_snapshot.pin.v1"
+CDC_LSN_FIELD = "__cdc_lsn"
 PARQUET_MAGIC = b"PAR1"
 COPY_RETRIES = 3
 
@@ -79,9 +80,16 @@ def _freeze_changelog(ws: Workspace, source: ChangelogSource) -> PinnedSource:
         start_lsn=source.start_lsn,
         what=f"source {source.id!r}",
     )
+    # each state line carries the lsn that last wrote it, so a record's lineage names it
     state = b"".join(
-        json.dumps(row, sort_keys=True, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
-        for row in result.rows
+        json.dumps(
+            {**row, CDC_LSN_FIELD: str(lsn)},
+            sort_keys=True,
+            ensure_ascii=False,
+            separators=(",", ":"),
+        ).encode()
+        + b"\n"
+        for row, lsn in zip(result.rows, result.row_lsns, strict=True)
     )
     ref = put_bytes(ws.cas, state, NDJSON)
     watermark = str(result.watermark)

@@ -35,6 +35,7 @@ from corpus_assets.core.contamination import BenchmarkIndex, ContaminationPolicy
 from corpus_assets.core.digests import json_digest
 from corpus_assets.core.freeze import freeze
 from corpus_assets.core.layers import LayerResult, publish_index, read_index
+from corpus_assets.core.pinning import CDC_LSN_FIELD
 from corpus_assets.core.quality import policy_payload as quality_payload
 from corpus_assets.core.tasks import ChunkOutcome, ChunkTask, preload, run_chunk
 from corpus_assets.core.workspace import Workspace, open_workspace
@@ -49,6 +50,7 @@ RECORD_COLUMNS = pa.schema(
         ("object", pa.string()),
         ("line", pa.int64()),
         ("byte_offset", pa.int64()),
+        ("cdc_lsn", pa.string()),
         ("kind", pa.string()),
         ("adapter", pa.string()),
         ("lang", pa.string()),
@@ -141,7 +143,10 @@ def _canonicalize_object(
             reasons[why.reason] += 1
             _exclude(excluded, digest, number, why)
             continue
-        record.update(source_id=source.id, object=digest, line=number, byte_offset=offset)
+        lsn = obj.get(CDC_LSN_FIELD) if source.kind == "changelog" else None
+        record.update(
+            source_id=source.id, object=digest, line=number, byte_offset=offset, cdc_lsn=lsn
+        )
         kept.append(record)
     hits = contaminated(stages.index, [r["text"] for r in kept])
     for n, record in enumerate(kept):
