@@ -210,6 +210,13 @@ def fetch(url: str, cas: ContentStore, work: Path, **kwargs: object) -> Fetched:
     return fetch_to_cas(url, cas, work, **options)  # type: ignore[arg-type]
 
 
+def interrupted(url: str, cas: ContentStore, work: Path) -> Path:
+    """One attempt against a server that drops mid-body; returns the partial file it leaves."""
+    with pytest.raises(DownloadError):
+        fetch(url, cas, work, max_attempts=1)
+    return work / checkpoint_of(work, url).name.removesuffix(".json")
+
+
 def checkpoint_of(work: Path, url: str) -> Path:
     return work / f"{hashlib.sha256(url.encode()).hexdigest()}.partial.json"
 
@@ -332,9 +339,7 @@ def test_bytes_written_after_the_last_checkpoint_are_cut_off(
     """A crash between appending data and committing the checkpoint is recoverable."""
     remote, url = serve(drops=[Drop(1 << 20, "fin")])
     work = tmp_path / "work"
-    with pytest.raises(DownloadError):
-        fetch(url, cas, work, max_attempts=1)
-    partial = work / checkpoint_of(work, url).name.removesuffix(".json")
+    partial = interrupted(url, cas, work)
     with open(partial, "ab") as handle:
         handle.write(b"bytes the checkpoint never committed")
     fetched = fetch(url, cas, work)
@@ -350,9 +355,7 @@ def test_a_checkpoint_claiming_missing_bytes_restarts_from_zero(
     """What a checkpoint-first order would leave after a crash: the claim without the bytes."""
     _remote, url = serve(drops=[Drop(1 << 20, "fin")])
     work = tmp_path / "work"
-    with pytest.raises(DownloadError):
-        fetch(url, cas, work, max_attempts=1)
-    partial = work / checkpoint_of(work, url).name.removesuffix(".json")
+    partial = interrupted(url, cas, work)
     os.truncate(partial, (1 << 20) - 10)
     fetched = fetch(url, cas, work)
     assert_published(fetched, cas, work)
@@ -453,8 +456,7 @@ def test_a_server_that_sends_a_changed_206_is_not_appended(
     """Even if a server ignores If-Range, a 206 with another ETag never joins the old bytes."""
     remote, url = serve(drops=[Drop(1 << 20, "fin")])
     work = tmp_path / "work"
-    with pytest.raises(DownloadError):
-        fetch(url, cas, work, max_attempts=1)
+    interrupted(url, cas, work)
     remote.change(NEW_BODY, '"v2"')
     remote.last_modified = LAST_MODIFIED  # If-Range on the date would still match
     checkpoint = checkpoint_of(work, url)
@@ -487,8 +489,7 @@ def test_resume_only_resumes_from_a_checkpoint(
 ) -> None:
     _remote, url = serve(drops=[Drop(2 << 20, "fin")])
     work = tmp_path / "work"
-    with pytest.raises(DownloadError):
-        fetch(url, cas, work, max_attempts=1)
+    interrupted(url, cas, work)
     fetched = fetch(url, cas, work, resume_only=True)
     assert_published(fetched, cas, work)
     assert fetched.resumed and fetched.bytes_transferred == SIZE - (2 << 20)
@@ -499,8 +500,7 @@ def test_resume_only_refuses_when_the_object_changed(
 ) -> None:
     remote, url = serve(drops=[Drop(1 << 20, "fin")])
     work = tmp_path / "work"
-    with pytest.raises(DownloadError):
-        fetch(url, cas, work, max_attempts=1)
+    interrupted(url, cas, work)
     remote.change(NEW_BODY, '"v2"')
     with pytest.raises(ResumeRefused, match="object changed"):
         fetch(url, cas, work, resume_only=True)
