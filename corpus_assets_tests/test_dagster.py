@@ -52,7 +52,11 @@ def test_materialize_all_seven_layers(
         assert (gate_report["tombstone_hits"], gate_report["unexplained_rows"]) == (0, 0)
         assert by_layer["manifest"].metadata["snapshotId"].value == sid
         assert by_layer["canonical_records"].metadata["records"].value == 289
-        assert by_layer["dedup_clusters"].metadata["removed"].value == 4
+        dedup = by_layer["dedup_clusters"].metadata
+        assert (dedup["exact_duplicates"].value, dedup["near_duplicates"].value) == (4, 1)
+        assert dedup["removed"].value == 5
+        curve = {p["s"]: p["p"] for p in dedup["s_curve"].value}
+        assert curve["0.80"] == "0.947049" and len(curve) == 10
         assert len(by_layer["packed_blocks"].metadata["preview"].value.records) == 10
         raw = by_layer["raw_snapshot"].metadata
         assert (raw["unversioned_objects"].value, raw["deferred_changes"].value) == (0, 0)

@@ -6,6 +6,7 @@ must fail loudly (unknown keys are errors) instead of silently falling back to a
 
 import os
 import re
+from decimal import Decimal
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -108,8 +109,36 @@ class Limits(_Strict):
     max_ratio: Annotated[int, Field(ge=2)] = 1000
 
 
+class NearDedupPolicy(_Strict):
+    """MinHash/LSH near-dedup: every field changes which records survive, so all are hashed."""
+
+    enabled: bool = True
+    signature: Literal["minhash.v2", "minhash.v1"] = "minhash.v2"
+    num_perm: Annotated[int, Field(ge=8, le=1024)] = 128
+    seed: Annotated[int, Field(ge=0)] = 1
+    shingle_words: Annotated[int, Field(ge=1, le=64)] = 5
+    shingle_chars: Annotated[int, Field(ge=1, le=64)] = 5
+    bands: Annotated[int, Field(ge=1)] = 16
+    rows: Annotated[int, Field(ge=1)] = 8
+    # A decimal, not a float: it is hashed into the policy digest as its exact text ("0.8").
+    threshold: Annotated[Decimal, Field(gt=0, le=1, strict=False, allow_inf_nan=False)] = Decimal(
+        "0.8"
+    )
+    bucket_heads: Annotated[int, Field(ge=1, le=4096)] = 32
+
+    @model_validator(mode="after")
+    def _bands_cover_signature(self) -> "NearDedupPolicy":
+        if self.bands * self.rows != self.num_perm:
+            raise ValueError(
+                f"bands x rows = {self.bands} x {self.rows} = {self.bands * self.rows}, "
+                f"but num_perm is {self.num_perm}; they must be equal"
+            )
+        return self
+
+
 class DedupPolicy(_Strict):
     normalization: Literal["nfc-lf-rstrip"] = "nfc-lf-rstrip"
+    near: NearDedupPolicy = NearDedupPolicy()
 
 
 class SplitPolicy(_Strict):

@@ -1,26 +1,61 @@
-"""dedup_clusters: exact dedup on dedup-normalised text with a stable representative.
+"""dedup_clusters: exact dedup, then MinHash/LSH near-dedup, with a stated representative order.
 
-The dedup key is its own hash (not the record digest), computed at canonicalisation from the
-dedup-normalised text: prose collapses whitespace and case, code keeps its indentation. Within a
-cluster the representative is the first record in a stated total order - (config source order,
-record_id) - never the order in which chunks happened to finish. Every removed record keeps its
-own row pointing at its representative, so source lineage survives dedup. Records revoked by a
-tombstone at or below the freeze's watermark are excluded here, before representatives are chosen.
+Every canonical record keeps its row, with a verdict:
+
+- ``exact_duplicate``: its dedup key (sha256 of the dedup-normalised text, computed per source
+  content kind at canonicalisation: prose folds whitespace and case, code keeps indentation)
+  equals that of a record earlier in the total order;
+- ``near_duplicate``: among exact representatives of the same class (record kind x content kind)
+  it directly reaches the Jaccard threshold with a record that is kept (algorithm 18.1, see
+  :mod:`corpus_assets.core.near_dedup`); ``match_id``/``match_jaccard`` name that evidence;
+- ``keep``; or ``excluded`` (revoked by a tombstone at or below the freeze's watermark, or a
+  record id already used earlier - ids are unique in a snapshot) with the reason.
+
+The total order (stated, never completion order): source priority (config order - where a user
+ranks sources by governance and trust), longer text first (the fuller copy wins), record id,
+object, line. ``representative_id`` is the kept record that stands for a removed one, so its
+lineage and source aliases stay attached to what training reads; ``leakage_id`` names the
+connected component over groups, exact clusters and verified near edges (its smallest group
+id), which the splits layer keeps in one split.
 """
 
 import hashlib
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import asdict
+from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from corpus_assets.core.artifacts import make_ref, put_json, put_table
+from corpus_assets.core.config import NearDedupPolicy
 from corpus_assets.core.freeze import freeze
-from corpus_assets.core.layers import LayerResult, publish_table_layer, read_index
+from corpus_assets.core.layers import LayerResult, publish_index, read_index
 from corpus_assets.core.lineage import tombstone_matches
+from corpus_assets.core.minhash import fingerprints, jaccard_sorted, spec_payload
+from corpus_assets.core.near_dedup import (
+    BAND_KEY,
+    LshParams,
+    NearResult,
+    SignatureBlock,
+    near_dedup,
+    s_curve,
+)
 from corpus_assets.core.normalize import dedup_normalize
 from corpus_assets.core.records import load_records
+from corpus_assets.core.signature_cache import (
+    NPY,
+    chunk_texts,
+    ensure_signatures,
+    load_signatures,
+    signature_spec,
+)
 from corpus_assets.core.workspace import Workspace
 
-CODE = "dedup_clusters.exact.v1"
+CODE = "dedup_clusters.v2"
+KEEP, EXACT, NEAR, EXCLUDED = "keep", "exact_duplicate", "near_duplicate", "excluded"
 CLUSTER_COLUMNS = pa.schema(
     [
         ("record_id", pa.string()),
@@ -29,11 +64,16 @@ CLUSTER_COLUMNS = pa.schema(
         ("line", pa.int64()),
         ("group_id", pa.string()),
         ("dedup_key", pa.string()),
+        ("verdict", pa.string()),
         ("representative_id", pa.string()),
         ("is_representative", pa.bool_()),
+        ("match_id", pa.string()),
+        ("match_jaccard", pa.float64()),
+        ("leakage_id", pa.string()),
         ("excluded", pa.string()),
     ]
 )
+_LOADED = ["record_id", "source_id", "object", "line", "group_id", "kind", "dedup_key", "text"]
 
 
 def dedup_key(text: str, kind: str = "prose") -> str:
@@ -41,29 +81,67 @@ def dedup_key(text: str, kind: str = "prose") -> str:
     return "sha256:" + hashlib.sha256(dedup_normalize(text, kind).encode("utf-8")).hexdigest()
 
 
-def cluster(
-    records: pa.Table, source_order: dict[str, int], revoked: dict[int, str] | None = None
-) -> pa.Table:
-    """One row per canonical record, sorted by (record_id, object, line), naming its cluster's
-    representative.
-
-    Order is (config source order, record_id, object, line). A record id seen again later in
-    that order is excluded as a duplicate id (record ids must be unique in a snapshot), and
-    ``revoked`` rows (tombstoned: row index -> reason) take no part either, so a revoked
-    representative hands its cluster to the next record. Excluded rows keep their row with an
-    empty representative and the reason in ``excluded``.
-    """
-    excluded = dict(revoked or {})
-    columns = {
-        c: records.column(c).to_pylist()
-        for c in ("record_id", "source_id", "object", "line", "group_id")
-    }
-    ids, objects, lines = columns["record_id"], columns["object"], columns["line"]
-    keys = records.column("dedup_key").to_pylist()  # computed per record kind at canonicalisation
-    order = sorted(
-        range(len(ids)),
-        key=lambda i: (source_order[columns["source_id"][i]], ids[i], objects[i], lines[i]),
+def total_order(records: pa.Table, source_order: dict[str, int]) -> list[int]:
+    """Row indices in the stated total order (see module docstring)."""
+    sources = records.column("source_id").to_pylist()
+    if "length" in records.column_names:
+        lengths = records.column("length").to_pylist()
+    else:
+        lengths = pc.utf8_length(records.column("text")).to_pylist()
+    ids = records.column("record_id").to_pylist()
+    objects, lines = records.column("object").to_pylist(), records.column("line").to_pylist()
+    return sorted(
+        range(records.num_rows),
+        key=lambda i: (source_order[sources[i]], -lengths[i], ids[i], objects[i], lines[i]),
     )
+
+
+class _Leakage:
+    """Union-find over row indices; a component is named by its smallest group id."""
+
+    def __init__(self, groups: list[str]) -> None:
+        self.parent = list(range(len(groups)))
+        first: dict[str, int] = {}
+        for row, group in enumerate(groups):
+            self.union(row, first.setdefault(group, row))
+
+    def find(self, x: int) -> int:
+        parent = self.parent
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    def union(self, a: int, b: int) -> None:
+        ra, rb = self.find(a), self.find(b)
+        if ra != rb:
+            self.parent[max(ra, rb)] = min(ra, rb)
+
+    def names(self, groups: list[str]) -> list[str]:
+        roots = [self.find(row) for row in range(len(groups))]
+        smallest: dict[int, str] = {}
+        for root, group in zip(roots, groups, strict=True):
+            if root not in smallest or group < smallest[root]:
+                smallest[root] = group
+        return [smallest[root] for root in roots]
+
+
+def cluster(
+    records: pa.Table,
+    source_order: dict[str, int],
+    revoked: dict[int, str] | None = None,
+    near: "NearStage | None" = None,
+) -> tuple[pa.Table, dict[str, Any]]:
+    """The dedup table (sorted by record_id, object, line) and its report.
+
+    ``records`` needs record_id, source_id, object, line, group_id, kind, dedup_key and length
+    columns, in the row order the signatures of ``near`` were computed in.
+    """
+    n = records.num_rows
+    excluded = dict(revoked or {})
+    col = {c: records.column(c).to_pylist() for c in CLUSTER_COLUMNS.names if c in _LOADED}
+    ids, objects, lines = col["record_id"], col["object"], col["line"]
+    order = total_order(records, source_order)
     first_of: dict[str, int] = {}
     for i in order:
         first = first_of.setdefault(ids[i], i)
@@ -71,54 +149,251 @@ def cluster(
             excluded.setdefault(
                 i, f"duplicate record_id (first at {objects[first]} line {lines[first]})"
             )
-    representative: dict[str, int] = {}
+    verdict = [EXCLUDED if i in excluded else KEEP for i in range(n)]
+    match: list[int | None] = [None] * n
+    match_j: list[float | None] = [None] * n
+    exact_rep: dict[str, int] = {}
     for i in order:
         if i not in excluded:
-            representative.setdefault(keys[i], i)
-    rows = sorted(range(len(ids)), key=lambda i: (ids[i], objects[i], lines[i]))
-    reps = [None if i in excluded else representative[keys[i]] for i in rows]
-    return pa.Table.from_pydict(
+            rep = exact_rep.setdefault(col["dedup_key"][i], i)
+            if rep != i:
+                verdict[i], match[i], match_j[i] = EXACT, rep, 1.0
+    leakage = _Leakage(col["group_id"])
+    for i, rep in enumerate(match):
+        if rep is not None:
+            leakage.union(i, rep)
+    report: dict[str, Any] = {}
+    if near is not None:
+        report = near.run(records, [i for i in order if verdict[i] == KEEP])
+        for x, y, _ in near.edges:
+            leakage.union(x, y)
+        for x, (y, j) in near.matches.items():
+            verdict[x], match[x], match_j[x] = NEAR, y, j
+    final = [_final(i, verdict, match) for i in range(n)]
+    leakage_ids = leakage.names(col["group_id"])
+    rows = sorted(range(n), key=lambda i: (ids[i], objects[i], lines[i]))
+    table = pa.Table.from_pydict(
         {
-            **{c: [values[i] for i in rows] for c, values in columns.items()},
-            "dedup_key": [keys[i] for i in rows],
-            "representative_id": ["" if r is None else ids[r] for r in reps],
-            "is_representative": [r == i for i, r in zip(rows, reps, strict=True)],
+            **{c: [col[c][i] for i in rows] for c in col},
+            "verdict": [verdict[i] for i in rows],
+            "representative_id": ["" if final[i] is None else ids[final[i]] for i in rows],
+            "is_representative": [verdict[i] == KEEP for i in rows],
+            "match_id": ["" if match[i] is None else ids[match[i]] for i in rows],
+            "match_jaccard": [match_j[i] for i in rows],
+            "leakage_id": [leakage_ids[i] for i in rows],
             "excluded": [excluded.get(i, "") for i in rows],
         },
         schema=CLUSTER_COLUMNS,
     )
+    return table, report
+
+
+def _final(i: int, verdict: list[str], match: list[int | None]) -> int | None:
+    """The kept record standing for row i (an exact duplicate's representative may itself be a
+    near duplicate of an earlier kept record)."""
+    if verdict[i] == EXCLUDED:
+        return None
+    while verdict[i] != KEEP:
+        i = match[i]  # type: ignore[assignment]
+    return i
+
+
+class NearStage:
+    """Near-dedup over exact representatives, one run per class (record kind x content kind)."""
+
+    def __init__(
+        self,
+        policy: NearDedupPolicy,
+        signature_chunks: Sequence[SignatureBlock],
+        texts: "TextLookup",
+        content_of: dict[str, str],
+    ) -> None:
+        self.policy = policy
+        self.spec = signature_spec(policy)
+        self.chunks = signature_chunks
+        self.texts = texts
+        self.content_of = content_of
+        self.edges: list[tuple[int, int, float]] = []
+        self.matches: dict[int, tuple[int, float]] = {}
+
+    def run(self, records: pa.Table, eligible: list[int]) -> dict[str, Any]:
+        params = LshParams(
+            self.policy.bands,
+            self.policy.rows,
+            float(self.policy.threshold),
+            self.policy.bucket_heads,
+        )
+        kinds, sources = records.column("kind").to_pylist(), records.column("source_id")
+        sources = sources.to_pylist()
+        classes: dict[str, list[int]] = {}
+        for i in eligible:
+            classes.setdefault(f"{kinds[i]}/{self.content_of[sources[i]]}", []).append(i)
+        per_class = {}
+        for name, rows in sorted(classes.items()):
+            order = np.asarray(rows, dtype=np.int64)
+
+            def prints(ranks: np.ndarray, order: np.ndarray = order) -> list[np.ndarray]:
+                return fingerprints(self.texts.get(order[ranks]), self.spec)
+
+            result = near_dedup(self.chunks, order, params, prints, jaccard_sorted)
+            per_class[name] = _class_report(result, len(rows))
+            for x, y, j in result.edges:
+                self.edges.append((int(order[x]), int(order[y]), j))
+            for x in np.flatnonzero(~result.kept).tolist():
+                self.matches[int(order[x])] = (
+                    int(order[result.match[x]]),
+                    float(result.match_jaccard[x]),
+                )
+        return {
+            "signature": spec_payload(self.spec),
+            "band_key": BAND_KEY,
+            "lsh": {k: v for k, v in asdict(params).items() if k != "threshold"}
+            | {"threshold": str(self.policy.threshold)},
+            # Decimal strings: a hashed payload holds no floats.
+            "s_curve": [
+                {"s": f"{p['s']:.2f}", "p": f"{p['p']:.6f}"}
+                for p in s_curve(params.bands, params.rows)
+            ],
+            "classes": per_class,
+        }
+
+
+def _class_report(result: NearResult, participants: int) -> dict[str, Any]:
+    clusters = Counter(result.match[~result.kept].tolist())
+    sizes = Counter(1 + n for n in clusters.values())
+    return {
+        "participants": participants,
+        "near_duplicates": int((~result.kept).sum()),
+        "candidate_pairs": result.candidate_pairs,
+        "verified_pairs": result.verified_pairs,
+        "verified_edges": len(result.edges),
+        "skipped_same_group": result.skipped_same_group,
+        "fingerprinted": result.fingerprinted,
+        "cluster_sizes": _histogram(sizes),
+        "bands": {
+            "buckets": sum(b.buckets for b in result.bands),
+            "largest_bucket": max((b.largest for b in result.bands), default=0),
+            "capped_buckets": sum(b.capped_buckets for b in result.bands),
+            "pairs": sum(b.pairs for b in result.bands),
+            "pairs_skipped_by_cap": sum(b.pairs_skipped_by_cap for b in result.bands),
+        },
+    }
+
+
+def _histogram(sizes: Counter[int]) -> dict[str, int]:
+    """Cluster-size histogram with power-of-two bins: 2, 3-4, 5-8, ..."""
+    bins: Counter[str] = Counter()
+    for size, count in sizes.items():
+        low = 2
+        while low * 2 < size:
+            low *= 2
+        label = "2" if size == 2 else f"{low + 1}-{low * 2}"
+        bins[label] += count
+    return dict(sorted(bins.items(), key=lambda kv: int(kv[0].split("-")[0])))
+
+
+class TextLookup:
+    """Texts of records by global row index, read chunk by chunk on demand."""
+
+    def __init__(self, ws: Workspace, chunks: list[dict[str, Any]], counts: list[int]) -> None:
+        self.ws = ws
+        self.chunks = chunks
+        self.starts = np.cumsum([0, *counts])
+
+    def get(self, rows: np.ndarray) -> list[str]:
+        rows = np.asarray(rows, dtype=np.int64)
+        chunk_of = np.searchsorted(self.starts, rows, side="right") - 1
+        out: list[str] = [""] * len(rows)
+        for c in np.unique(chunk_of).tolist():
+            texts = chunk_texts(self.ws, self.chunks[c])
+            for k in np.flatnonzero(chunk_of == c).tolist():
+                out[k] = texts[int(rows[k] - self.starts[c])]
+        return out
 
 
 def build_dedup_clusters(ws: Workspace, partition_key: str) -> LayerResult:
     canonical_ref, canonical = read_index(ws, partition_key, "canonical_records")
-    records = load_records(
-        ws, canonical, ["record_id", "source_id", "object", "line", "group_id", "dedup_key"]
-    )
+    records = _records_with_length(ws, canonical)
     order = {s.id: n for n, s in enumerate(ws.config.sources)}
     _, spec = freeze(ws, partition_key)
     revoked = tombstone_matches(ws.catalog, int(spec["tombstoneWatermark"]), records)
-    table = cluster(records, order, revoked)
-    kept = sum(table.column("is_representative").to_pylist())
-    clusters = len(set(table.column("dedup_key").to_pylist()))
-    excluded = sum(1 for e in table.column("excluded").to_pylist() if e)
+    policy = ws.config.policies.dedup.near
+    near, run_stats, signature_refs = None, {}, []
+    if policy.enabled:
+        chunks = canonical["outputs"]["chunks"]
+        sig_spec = signature_spec(policy)
+        cached = ensure_signatures(ws, chunks, sig_spec, ws.config.execution.workers)
+        arrays = [load_signatures(ws, c, sig_spec) for c in cached]
+        texts = TextLookup(ws, chunks, [c.records for c in cached])
+        content = {s.id: s.content for s in ws.config.sources}
+        near = NearStage(policy, arrays, texts, content)
+        # The signatures are inputs of this layer: listed (and so verified) with its outputs.
+        signature_refs = [
+            {"chunk": c.chunk, "signatures": make_ref(c.digest, NPY, ws.cas.size(c.digest))}
+            for c in cached
+        ]
+        run_stats = {
+            "signatures_hashed": sum(c.records for c in cached if c.hashed),
+            "signatures_reused": sum(c.records for c in cached if not c.hashed),
+        }
+    table, report = cluster(records, order, revoked, near)
+    verdicts = Counter(table.column("verdict").to_pylist())
     counts = {
         "records": table.num_rows,
-        "kept": kept,
-        "removed": table.num_rows - kept - excluded,
+        "kept": verdicts[KEEP],
+        "removed": verdicts[EXACT] + verdicts[NEAR],
+        "exact_duplicates": verdicts[EXACT],
+        "near_duplicates": verdicts[NEAR],
         "tombstoned": len(revoked),
-        "duplicate_ids": excluded - len(revoked),
-        "clusters": clusters,
+        "duplicate_ids": verdicts[EXCLUDED] - len(revoked),
+        "clusters": len(set(table.column("representative_id").to_pylist()) - {""}),
+        "leakage_groups": len(set(table.column("leakage_id").to_pylist())),
     }
-    removed = table.filter(pc.invert(table.column("is_representative")))
-    return publish_table_layer(
+    by_source = _per_source(table)
+    report["per_source"] = by_source
+    out: dict[str, Any] = {
+        "clusters": put_table(ws.cas, table),
+        "report": put_json(ws.cas, report),
+        "signatures": signature_refs,
+    }
+    ref = publish_index(
         ws,
         partition_key,
-        layer="dedup_clusters",
-        code=CODE,
-        policy="dedup",
-        inputs=[canonical_ref],
-        name="clusters",
-        table=table,
-        counts=counts,
-        preview=removed.select(["record_id", "representative_id"]).slice(0, 10).to_pylist(),
+        "dedup_clusters",
+        CODE,
+        ws.config.policy_digest("dedup"),
+        [canonical_ref],
+        out,
+        counts,
     )
+    return LayerResult(
+        layer="dedup_clusters",
+        digest=ref["digest"],
+        counts=counts,
+        preview=[{"source": s, **c} for s, c in by_source.items()],
+        digests={name: out[name]["digest"] for name in ("clusters", "report")},
+        run_stats=run_stats,
+        details={k: v for k, v in report.items() if k != "per_source"},
+    )
+
+
+def _records_with_length(ws: Workspace, canonical: dict[str, Any]) -> pa.Table:
+    """The columns dedup needs, with text length instead of text, one chunk in memory at once."""
+    tables = []
+    for chunk in canonical["outputs"]["chunks"]:
+        table = load_records(ws, {"outputs": {"chunks": [chunk]}}, _LOADED)
+        length = pc.utf8_length(table.column("text"))
+        tables.append(table.drop_columns(["text"]).append_column("length", length))
+    if not tables:
+        empty = load_records(ws, {"outputs": {"chunks": []}}, _LOADED)
+        return empty.drop_columns(["text"]).append_column("length", pa.array([], pa.int32()))
+    return pa.concat_tables(tables)
+
+
+def _per_source(table: pa.Table) -> dict[str, dict[str, int]]:
+    out: dict[str, Counter[str]] = {}
+    for source, verdict in zip(
+        table.column("source_id").to_pylist(), table.column("verdict").to_pylist(), strict=True
+    ):
+        out.setdefault(source, Counter())[verdict] += 1
+    return {s: {v: c[v] for v in (KEEP, EXACT, NEAR, EXCLUDED)} for s, c in sorted(out.items())}

@@ -1,7 +1,8 @@
 """A small, deterministic demo source set and the ``corpus.yaml`` that names it.
 
 It is built to exercise every layer: exact duplicates across objects and sources, a CRLF and
-trailing-space variant, decomposed Unicode that NFC must fold, grouped dialog threads, chat
+trailing-space variant, a near duplicate (one word changed in a long essay), decomposed Unicode
+that NFC must fold, grouped dialog threads, chat
 ``messages`` records (one with a paired tool call, one with an email address to redact, one that
 matches no adapter), one malformed line and one blank line for quarantine, and zstd plus plain
 objects.
@@ -64,6 +65,11 @@ def demo_objects() -> dict[str, bytes]:
     second[0]["text"] = essays[3]["text"]
     second[1]["text"] = essays[4]["text"] + "  \r\n"
     second[2]["text"] = essays[5]["text"]
+    # A near duplicate: a long essay and a copy with one word changed (Jaccard about 0.9).
+    essays[20]["text"] = " ".join(_paragraph(rng) for _ in range(6))
+    edited = essays[20]["text"].split(" ")
+    edited[len(edited) // 2] = "unexpectedly"
+    second[3]["text"] = " ".join(edited)
     dialogs = []
     for thread in range(30):
         for turn in range(rng.randint(1, 3)):

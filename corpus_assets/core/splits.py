@@ -1,7 +1,10 @@
-"""splits: salted hash of the group id into train/validation/test.
+"""splits: salted hash of the leakage group into train/validation/test.
 
-The map is group -> split, stable as data grows: a group's new records land where the group already
-is. ``u(g)`` is the first 8 bytes of sha256(salt NUL group) scaled to [0, 100) without floats.
+The unit is the dedup layer's leakage group: records sharing a group id, an exact cluster or a
+verified near-duplicate edge (even through a removed record) never straddle two splits. A group
+with no such links is its own leakage group (named by its group id), so the map is group ->
+split and stable as data grows: a group's new records land where the group already is.
+``u(g)`` is the first 8 bytes of sha256(salt NUL group) scaled to [0, 100) without floats.
 """
 
 import hashlib
@@ -13,10 +16,15 @@ from corpus_assets.core.config import SplitPolicy
 from corpus_assets.core.layers import LayerResult, publish_table_layer, read_index
 from corpus_assets.core.workspace import Workspace
 
-CODE = "splits.group-hash.v1"
+CODE = "splits.leakage-group-hash.v2"
 SPLITS = ("train", "validation", "test")
 SPLIT_COLUMNS = pa.schema(
-    [("record_id", pa.string()), ("group_id", pa.string()), ("split", pa.string())]
+    [
+        ("record_id", pa.string()),
+        ("group_id", pa.string()),
+        ("leakage_id", pa.string()),
+        ("split", pa.string()),
+    ]
 )
 
 
@@ -34,15 +42,16 @@ def build_splits(ws: Workspace, partition_key: str) -> LayerResult:
     dedup_ref, dedup = read_index(ws, partition_key, "dedup_clusters")
     clusters = get_table(ws.cas, dedup["outputs"]["clusters"], "dedup clusters")
     members = clusters.filter(clusters.column("is_representative")).select(
-        ["record_id", "group_id"]
+        ["record_id", "group_id", "leakage_id"]
     )
     members = members.sort_by("record_id")
     policy = ws.config.policies.splits
-    groups = members.column("group_id").to_pylist()
+    groups = members.column("leakage_id").to_pylist()
     table = pa.Table.from_pydict(
         {
             "record_id": members.column("record_id"),
-            "group_id": groups,
+            "group_id": members.column("group_id"),
+            "leakage_id": groups,
             "split": [split_of(g, policy) for g in groups],
         },
         schema=SPLIT_COLUMNS,
@@ -50,7 +59,8 @@ def build_splits(ws: Workspace, partition_key: str) -> LayerResult:
     assigned = table.column("split").to_pylist()
     counts = {name: assigned.count(name) for name in SPLITS}
     counts["records"] = table.num_rows
-    counts["groups"] = len(set(groups))
+    counts["groups"] = len(set(members.column("group_id").to_pylist()))
+    counts["leakage_groups"] = len(set(groups))
     return publish_table_layer(
         ws,
         partition_key,

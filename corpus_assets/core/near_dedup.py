@@ -1,0 +1,294 @@
+"""Near-duplicate clustering: sort-based LSH banding, verified edges, algorithm 18.1, leakage.
+
+Input: MinHash signatures (uint32 rows, possibly memory-mapped per chunk), the participants in a
+stated total order, and a way to fetch exact shingle fingerprints. Output, per participant: kept
+or dropped, the direct match that justified a drop and its Jaccard, and the verified edges.
+
+- **Banding** is sort based and one band at a time: the ``rows`` columns of a band are mixed
+  into a 64-bit key per record, the keys are sorted (stable, so ties stay in total order) and
+  runs of equal keys are the buckets. Memory is O(records) per band, never O(records x bands),
+  and a bucket never becomes an in-memory dict of lists.
+- **Star edges with a head cap**: in a bucket, each member is paired only with the members
+  before it among the bucket's first ``bucket_heads`` (in total order), not with every other
+  member. A template bucket of u records costs at most ``u x bucket_heads`` pairs instead of
+  ``u(u-1)/2``; the pairs not examined are counted and reported, because a cap changes recall.
+- **Verification** computes the exact Jaccard of the two shingle-fingerprint sets; an LSH
+  collision alone never deletes anything.
+- **Deletion (algorithm 18.1)** scans records in total order. A record is dropped only when a
+  candidate that is *kept* directly reaches ``threshold``; its direct match is the first such
+  candidate in total order. Kept records may still be linked through dropped ones (the chapter's
+  non-transitive A-B-C example keeps A and C).
+- **Leakage**: every verified edge (at or above threshold, in either state) joins two records in
+  a union-find; its connected components are the leakage groups the splits layer keeps together.
+  A candidate already in the record's component is not re-verified once the record's fate is
+  known (it can add neither a match nor a new link).
+"""
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from itertools import pairwise
+from typing import Protocol
+
+import numpy as np
+
+BAND_KEY = "xor-mul-shift64(seed=band)"
+_MIX = np.uint64(0x9E3779B97F4A7C15)
+_SHIFT = np.uint64(29)
+
+
+class SignatureBlock(Protocol):
+    """A block of records' signatures that can hand out one band at a time."""
+
+    def band(self, band: int, rows: int) -> np.ndarray:
+        """The band's ``rows`` signature components, shape (rows, records), uint32."""
+        ...
+
+
+@dataclass(frozen=True)
+class RowMajor:
+    """An in-memory (records x num_perm) signature array as a :class:`SignatureBlock`."""
+
+    rows: np.ndarray
+
+    def band(self, band: int, rows: int) -> np.ndarray:
+        return self.rows[:, band * rows : (band + 1) * rows].T
+
+
+@dataclass(frozen=True)
+class LshParams:
+    bands: int = 16
+    rows: int = 8
+    threshold: float = 0.8
+    bucket_heads: int = 32
+
+
+@dataclass
+class BandStats:
+    band: int
+    buckets: int  # buckets holding two or more records
+    records: int  # records in such buckets
+    largest: int
+    capped_buckets: int  # buckets larger than bucket_heads + 1
+    pairs: int  # (member, head) pairs emitted
+    pairs_skipped_by_cap: int  # pairs a full all-pairs expansion would add
+
+
+@dataclass
+class NearResult:
+    """By rank (position in the total order): kept flag, direct match, verified edges."""
+
+    kept: np.ndarray  # bool, by rank
+    match: np.ndarray  # int64 rank of the direct match, -1 when kept
+    match_jaccard: np.ndarray  # float64, nan when kept
+    edges: list[tuple[int, int, float]]  # verified (x, y, J) with J >= threshold, y < x
+    bands: list[BandStats] = field(default_factory=list)
+    candidate_pairs: int = 0  # unique (x, y) pairs after all bands
+    verified_pairs: int = 0  # exact Jaccard computations
+    skipped_same_group: int = 0  # candidates already linked once the record's fate was known
+    fingerprinted: int = 0  # records whose shingle fingerprints were needed
+
+
+def s_curve(bands: int, rows: int) -> list[dict[str, float]]:
+    """Candidate probability 1 - (1 - s^r)^b at s = 0.50, 0.55, ..., 0.95."""
+    points = [round(0.5 + 0.05 * i, 2) for i in range(10)]
+    return [{"s": s, "p": round(1.0 - (1.0 - s**rows) ** bands, 6)} for s in points]
+
+
+def band_keys(columns: np.ndarray, band: int) -> np.ndarray:
+    """64-bit key per record of one band, from its (rows, records) uint32 components, folded
+    with xor-multiply-shift.
+
+    Two records share a key when the components are equal; a 64-bit fold collision only adds a
+    candidate, which verification then rejects.
+    """
+    seed = ((band + 1) * int(_MIX)) & 0xFFFFFFFFFFFFFFFF
+    key = np.full(columns.shape[1], seed, dtype=np.uint64)
+    for row in columns:
+        key ^= row.astype(np.uint64)
+        key *= _MIX
+        key ^= key >> _SHIFT
+    return key
+
+
+def _unique(values: np.ndarray) -> np.ndarray:
+    """Sorted unique values by sort + mask (numpy 2's hash-based ``unique`` is far slower here)."""
+    values = np.sort(values)
+    return values[np.r_[True, values[1:] != values[:-1]]] if len(values) else values
+
+
+def _band_pairs(keys_by_rank: np.ndarray, heads: int, band: int) -> tuple[np.ndarray, BandStats]:
+    """(x, y) rank pairs, y < x, packed as ``x * n + y``, of one band's buckets (star + cap)."""
+    n = len(keys_by_rank)
+    by_key = np.argsort(keys_by_rank, kind="stable")  # ties keep rank order
+    sorted_keys = keys_by_rank[by_key]
+    starts = np.flatnonzero(np.r_[True, sorted_keys[1:] != sorted_keys[:-1]])
+    sizes = np.diff(np.r_[starts, n])
+    multi = sizes >= 2
+    stats = BandStats(
+        band=band,
+        buckets=int(multi.sum()),
+        records=int(sizes[multi].sum()),
+        largest=int(sizes.max(initial=0)),
+        capped_buckets=int((sizes > heads + 1).sum()),
+        pairs=0,
+        pairs_skipped_by_cap=0,
+    )
+    if not stats.buckets:
+        return np.empty(0, dtype=np.int64), stats
+    in_multi = np.repeat(multi, sizes)  # sorted positions inside a bucket of two or more
+    positions = np.flatnonzero(in_multi)
+    run_starts = np.repeat(starts, sizes)[in_multi]
+    offset = positions - run_starts  # position of the member inside its bucket
+    fan = np.minimum(offset, heads)  # heads before this member
+    member = np.repeat(positions, fan)
+    first = np.repeat(run_starts, fan)
+    step = np.arange(len(member)) - np.repeat(np.cumsum(fan) - fan, fan)
+    x = by_key[member].astype(np.int64)
+    y = by_key[first + step].astype(np.int64)
+    stats.pairs = len(x)
+    full = (sizes[multi] * (sizes[multi] - 1) // 2).sum()
+    stats.pairs_skipped_by_cap = int(full - stats.pairs)
+    return x * n + y, stats
+
+
+def candidate_pairs(
+    signature_chunks: Sequence[SignatureBlock], order: np.ndarray, params: LshParams
+) -> tuple[np.ndarray, list[BandStats]]:
+    """Unique packed (x, y) rank pairs over all bands, sorted by x then y.
+
+    ``signature_chunks`` are blocks whose concatenation indexes records; ``order`` lists the
+    participating record indices in total order. One band is in memory at a time.
+    """
+    pending: list[np.ndarray] = []
+    pending_rows = compacted = 0
+    stats = []
+    for band in range(params.bands):
+        keys = np.concatenate(
+            [band_keys(chunk.band(band, params.rows), band) for chunk in signature_chunks]
+            or [np.empty(0, dtype=np.uint64)]
+        )
+        band_pairs, band_stats = _band_pairs(keys[order], params.bucket_heads, band)
+        del keys
+        stats.append(band_stats)
+        pending.append(band_pairs)
+        pending_rows += len(band_pairs)
+        if pending_rows > 2 * compacted + (1 << 20):  # the same pairs recur across bands
+            pending = [_unique(np.concatenate(pending))]
+            pending_rows = compacted = len(pending[0])
+    pairs = _unique(np.concatenate(pending)) if pending else np.empty(0, dtype=np.int64)
+    return pairs, stats
+
+
+class _Groups:
+    """Union-find over ranks with path halving; the smaller rank becomes the root."""
+
+    def __init__(self, n: int) -> None:
+        self.parent = list(range(n))
+
+    def find(self, x: int) -> int:
+        parent = self.parent
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    def union(self, a: int, b: int) -> None:
+        ra, rb = self.find(a), self.find(b)
+        if ra != rb:
+            self.parent[max(ra, rb)] = min(ra, rb)
+
+
+class _Prints:
+    """Fingerprints fetched a window at a time, just before first use, dropped after last use,
+    so memory follows the records in flight rather than every record that collided."""
+
+    WINDOW = 8192
+
+    def __init__(
+        self, xs: np.ndarray, ys: np.ndarray, fetch: Callable[[np.ndarray], list[np.ndarray]]
+    ) -> None:
+        records = np.concatenate([xs, ys])
+        times = np.concatenate([xs, xs])  # a record is used while its pair's x is scanned
+        by_record = np.lexsort((times, records))
+        records, times = records[by_record], times[by_record]
+        starts = np.flatnonzero(np.r_[True, records[1:] != records[:-1]])
+        ends = np.r_[starts[1:], len(records)] - 1
+        self.involved = records[starts]
+        first, last = times[starts], times[ends]
+        by_first = np.argsort(first, kind="stable")
+        self.fetch_order, self.fetch_at = self.involved[by_first], first[by_first]
+        by_last = np.argsort(last, kind="stable")
+        self.drop_order, self.drop_at = self.involved[by_last], last[by_last]
+        self.fetched = self.dropped = 0
+        self.fetch = fetch
+        self.live: dict[int, np.ndarray] = {}
+
+    def before(self, x: int) -> None:
+        """Make sure every record first used at scan position ``x`` is loaded."""
+        if self.fetched < len(self.fetch_order) and self.fetch_at[self.fetched] <= x:
+            end = min(self.fetched + self.WINDOW, len(self.fetch_order))
+            end = max(end, int(np.searchsorted(self.fetch_at, x, side="right")))
+            batch = self.fetch_order[self.fetched : end]
+            self.live.update(zip(batch.tolist(), self.fetch(batch), strict=True))
+            self.fetched = end
+
+    def after(self, x: int) -> None:
+        """Forget every record whose last use was at scan position ``x``."""
+        end = int(np.searchsorted(self.drop_at, x, side="right"))
+        for record in self.drop_order[self.dropped : end].tolist():
+            self.live.pop(record, None)
+        self.dropped = max(self.dropped, end)
+
+
+def near_dedup(
+    signature_chunks: Sequence[SignatureBlock],
+    order: np.ndarray,
+    params: LshParams,
+    fingerprints: Callable[[np.ndarray], list[np.ndarray]],
+    jaccard: Callable[[np.ndarray, np.ndarray], float],
+) -> NearResult:
+    """Algorithm 18.1 over LSH candidates; see the module docstring.
+
+    ``fingerprints(ranks)`` returns the sorted-unique shingle fingerprints of the records at
+    those ranks (only records that share a bucket are asked for, a window at a time);
+    ``jaccard`` compares two.
+    """
+    n = len(order)
+    pairs, band_stats = candidate_pairs(signature_chunks, order, params)
+    kept = np.ones(n, dtype=bool)
+    match = np.full(n, -1, dtype=np.int64)
+    match_j = np.full(n, np.nan, dtype=np.float64)
+    result = NearResult(kept, match, match_j, [], band_stats, candidate_pairs=len(pairs))
+    if not len(pairs):
+        return result
+    xs, ys = np.divmod(pairs, n)
+    del pairs
+    prints = _Prints(xs, ys, fingerprints)
+    result.fingerprinted = len(prints.involved)
+    groups = _Groups(n)
+    alive = bytearray(b"\x01") * n  # kept flags as a bytearray: cheap to index in the loop
+    tau = params.threshold
+    bounds = np.flatnonzero(np.r_[True, xs[1:] != xs[:-1], True]).tolist()
+    for lo, hi in pairwise(bounds):
+        x = int(xs[lo])
+        prints.before(x)
+        fx = prints.live[x]
+        direct = -1
+        for y in ys[lo:hi].tolist():  # ascending rank: the first kept match is the direct one
+            if (direct >= 0 or not alive[y]) and groups.find(x) == groups.find(y):
+                result.skipped_same_group += 1
+                continue
+            j = jaccard(fx, prints.live[y])
+            result.verified_pairs += 1
+            if j >= tau:
+                groups.union(x, y)
+                result.edges.append((x, y, j))
+                if direct < 0 and alive[y]:
+                    direct = y
+                    match_j[x] = j
+        if direct >= 0:
+            alive[x] = 0
+            match[x] = direct
+        prints.after(x)
+    kept[:] = np.frombuffer(bytes(alive), dtype=np.uint8).astype(bool)
+    return result

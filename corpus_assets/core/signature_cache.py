@@ -1,0 +1,172 @@
+"""MinHash signatures cached per canonical chunk, so a new snapshot only hashes new records.
+
+A chunk's signatures are a chunk task (seed 004) keyed by the chunk's records-table digest and
+the full signature spec: the same records under the same spec are never hashed twice, whichever
+snapshot asks, and a crash mid-layer resumes with the chunks already done. The output is an
+``.npy`` file in the CAS holding the uint32 signatures *band-major* - shape (num_perm, records),
+one row per permutation - so a band is one contiguous byte range. It is verified once on load;
+banding then reads one band's rows at a time with a plain file read (no memory map whose pages
+would stay resident), never holding every signature.
+"""
+
+import io
+import multiprocessing
+import os
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from corpus_assets.core.artifacts import get_json, get_table
+from corpus_assets.core.config import NearDedupPolicy
+from corpus_assets.core.digests import json_digest
+from corpus_assets.core.minhash import SignatureSpec, signatures, spec_payload
+from corpus_assets.core.tasks import ChunkOutcome, ChunkTask, preload, run_chunk
+from corpus_assets.core.workspace import Workspace, open_workspace
+
+LAYER = "dedup_signatures"
+NPY = "application/x-npy"
+
+
+def signature_spec(policy: NearDedupPolicy) -> SignatureSpec:
+    return SignatureSpec(
+        version=policy.signature,
+        num_perm=policy.num_perm,
+        seed=policy.seed,
+        shingle_words=policy.shingle_words,
+        shingle_chars=policy.shingle_chars,
+    )
+
+
+@dataclass(frozen=True)
+class ChunkSignatures:
+    chunk: str
+    records: int
+    digest: str
+    hashed: bool  # computed in this run (False: reused from the cache)
+
+
+def chunk_texts(ws: Workspace, chunk: dict[str, Any]) -> list[str]:
+    descriptor = get_json(ws.cas, chunk["output"], f"chunk {chunk['chunk']}")
+    table = get_table(ws.cas, descriptor["records"], f"records of {chunk['chunk']}")
+    return table.column("text").to_pylist()
+
+
+def _records_digest(ws: Workspace, chunk: dict[str, Any]) -> str:
+    return get_json(ws.cas, chunk["output"], f"chunk {chunk['chunk']}")["records"]["digest"]
+
+
+def _task(chunk_key: str, records_digest: str, spec: SignatureSpec) -> ChunkTask:
+    return ChunkTask(
+        layer=LAYER,
+        chunk_key=chunk_key,
+        input_digest=json_digest({"records": records_digest, "spec": spec_payload(spec)}),
+        code_version=spec.version,
+    )
+
+
+def band_major_npy(signature_rows: np.ndarray) -> bytes:
+    """The cache file of (records, num_perm) signatures: a band-major uint32 ``.npy``."""
+    sink = io.BytesIO()
+    np.save(sink, np.ascontiguousarray(signature_rows.T, dtype="<u4"), allow_pickle=False)
+    return sink.getvalue()
+
+
+@dataclass(frozen=True)
+class BandMajorFile:
+    """A band-major signature ``.npy`` read one band at a time (a ``SignatureBlock``)."""
+
+    path: Path
+    records: int
+    num_perm: int
+    offset: int
+
+    @classmethod
+    def open(cls, path: Path) -> "BandMajorFile":
+        with open(path, "rb") as f:
+            fmt = np.lib.format
+            version = fmt.read_magic(f)
+            header = fmt.read_array_header_1_0 if version == (1, 0) else fmt.read_array_header_2_0
+            shape, fortran, dtype = header(f)
+            offset = f.tell()
+        if dtype != np.dtype("<u4") or fortran or len(shape) != 2:
+            raise ValueError(f"{path}: not a band-major uint32 signature file ({shape} {dtype})")
+        return cls(path, shape[1], shape[0], offset)
+
+    def band(self, band: int, rows: int) -> np.ndarray:
+        count = rows * self.records
+        start = self.offset + band * count * 4
+        data = np.fromfile(self.path, dtype="<u4", count=count, offset=start)
+        return data.reshape(rows, self.records)
+
+
+def _compute(ws: Workspace, chunk: dict[str, Any], spec: SignatureSpec, done: Any) -> ChunkOutcome:
+    task = _task(chunk["chunk"], _records_digest(ws, chunk), spec)
+
+    def work() -> str:
+        return ws.cas.put_bytes(band_major_npy(signatures(chunk_texts(ws, chunk), spec)))
+
+    return run_chunk(ws.catalog, ws.cas, task, work, done=done)
+
+
+_WORKER: dict[str, Any] = {}
+
+
+def _worker_init(config: str, environ: dict[str, str]) -> None:
+    os.environ.update(environ)
+    _WORKER["ws"] = open_workspace(config)
+
+
+def _worker_run(job: tuple[dict[str, Any], SignatureSpec]) -> ChunkOutcome:
+    chunk, spec = job
+    return _compute(_WORKER["ws"], chunk, spec, done=None)
+
+
+def ensure_signatures(
+    ws: Workspace, chunks: list[dict[str, Any]], spec: SignatureSpec, workers: int
+) -> list[ChunkSignatures]:
+    """Signatures of every chunk of a canonical index, computing only the missing ones.
+
+    ``workers > 1`` hashes chunks in a spawn pool; each chunk's bytes do not depend on it.
+    """
+    workers = min(workers, max(len(chunks), 1))
+    if workers > 1:
+        environ = {k: v for k, v in os.environ.items() if k.startswith("CORPUS_")}
+        with ProcessPoolExecutor(
+            workers,
+            mp_context=multiprocessing.get_context("spawn"),
+            initializer=_worker_init,
+            initargs=(str(ws.loaded.path), environ),
+        ) as pool:
+            outcomes = list(pool.map(_worker_run, [(c, spec) for c in chunks]))
+    else:
+        done = preload(ws.catalog, LAYER, spec.version)
+        outcomes = [_compute(ws, c, spec, done) for c in chunks]
+    out = []
+    for chunk, outcome in zip(chunks, outcomes, strict=True):
+        if outcome.output_digest is None:
+            raise RuntimeError(
+                f"MinHash signatures of chunk {chunk['chunk']} failed: {outcome.error}"
+            )
+        descriptor = get_json(ws.cas, chunk["output"], f"chunk {chunk['chunk']}")
+        out.append(
+            ChunkSignatures(
+                chunk["chunk"], descriptor["count"], outcome.output_digest, not outcome.skipped
+            )
+        )
+    return out
+
+
+def load_signatures(ws: Workspace, item: ChunkSignatures, spec: SignatureSpec) -> BandMajorFile:
+    """The chunk's signatures, verified against their digest and checked for shape."""
+    what = f"MinHash signatures of chunk {item.chunk}"
+    ws.cas.verify(item.digest, what)
+    block = BandMajorFile.open(ws.cas.path(item.digest))
+    if (block.num_perm, block.records) != (spec.num_perm, item.records):
+        raise ValueError(
+            f"{what} ({item.digest}) holds {block.num_perm} x {block.records} values, "
+            f"expected {spec.num_perm} x {item.records}"
+        )
+    return block
