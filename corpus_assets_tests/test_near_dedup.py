@@ -15,6 +15,7 @@ from corpus_assets.core.cas import CasError
 from corpus_assets.core.config import NearDedupPolicy
 from corpus_assets.core.dedup import EXACT, KEEP, NEAR, NearStage, cluster, dedup_key
 from corpus_assets.core.layers import LayerResult
+from corpus_assets.core.lineage import hits
 from corpus_assets.core.minhash import fingerprints, jaccard_sorted, signatures
 from corpus_assets.core.near_dedup import (
     LshParams,
@@ -23,7 +24,7 @@ from corpus_assets.core.near_dedup import (
     near_dedup,
     s_curve,
 )
-from corpus_assets.core.pipeline import BUILDERS
+from corpus_assets.core.pipeline import BUILDERS, build_all
 from corpus_assets.core.records import RECORD_COLUMNS, load_records
 from corpus_assets.core.signature_cache import signature_spec
 from corpus_assets.core.workspace import Workspace, open_workspace
@@ -407,3 +408,22 @@ def test_real_python_docs_lose_nothing(tmp_path: Path) -> None:
     assert counts["records"] == 497 and counts["kept"] == 497
     assert {r["verdict"] for r in table} == {KEEP}
     ws.close()
+
+
+def test_a_removed_duplicate_stays_in_deletion_lineage_through_its_representative(
+    demo_home: Path,
+) -> None:
+    with open_workspace() as ws:
+        sid = build_all(ws, "p1")["manifest"].digests["snapshotId"]
+        found = hits(ws.cas, ws.catalog, "record", "essays/e0020")  # the demo's near copy
+        (representative,) = hits(ws.cas, ws.catalog, "record", "essays/e0123")
+    assert [s["snapshotId"] for s in found] == [sid]
+    assert found[0]["members"] == []  # not trained on as itself...
+    (alias,) = found[0]["carried_by"]  # ...but through the record that stood for it
+    assert (alias["verdict"], alias["representative_id"]) == (NEAR, "essays/e0123")
+    assert 0.8 <= alias["match_jaccard"] < 1
+    # Its spans and runs are the representative's (none in blocks if it is not a train record).
+    assert (found[0]["spans"], found[0]["blocks"]) == (
+        representative["spans"],
+        representative["blocks"],
+    )

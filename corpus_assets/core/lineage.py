@@ -2,7 +2,10 @@
 
 A revoked record, source object or group is looked up in every snapshot's members table, and
 the matching record ids in its packed spans, so an audit can say exactly which training inputs
-carried it and which runs (permits) read them.
+carried it and which runs (permits) read them. A target that dedup removed is not a member, but
+its content reached training through its kept representative: the dedup table's rows keep that
+alias, and it is reported under ``carried_by`` (with the verdict and Jaccard) and its
+representative's spans are counted.
 """
 
 import json
@@ -53,9 +56,15 @@ def hits(cas: ContentStore, catalog: Catalog, kind: str, target: str) -> list[di
         manifest = json.loads(cas.get_bytes(snapshot.manifest_digest, "manifest"))
         members = _table(cas, manifest["members"]["digest"], "members table")
         matched = members.filter(pc.equal(members.column(COLUMN[kind]), target))
-        if not matched.num_rows:
+        carried = _carried_by(cas, manifest, kind, target)
+        if not matched.num_rows and not carried:
             continue
-        ids = matched.column("record_id")
+        ids = pa.concat_arrays(
+            [
+                matched.column("record_id").combine_chunks(),
+                pa.array([c["representative_id"] for c in carried], pa.string()),
+            ]
+        )
         packed = json.loads(cas.get_bytes(manifest["layers"]["packed_blocks"]["digest"]))
         spans = _table(cas, packed["outputs"]["spans"]["digest"], "spans table")
         spans = spans.filter(pc.is_in(spans.column("record_id"), value_set=ids))
@@ -68,13 +77,32 @@ def hits(cas: ContentStore, catalog: Catalog, kind: str, target: str) -> list[di
                 "snapshotId": snapshot.snapshot_id,
                 "partition": snapshot.partition_key,
                 "state": snapshot.state,
-                "members": sorted(ids.to_pylist()),
+                "members": sorted(matched.column("record_id").to_pylist()),
+                "carried_by": carried,
                 "spans": spans.num_rows,
                 "blocks": sorted(set(spans.column("block").to_pylist())),
                 "runs": sorted(runs),
             }
         )
     return found
+
+
+def _carried_by(
+    cas: ContentStore, manifest: dict[str, Any], kind: str, target: str
+) -> list[dict[str, Any]]:
+    """Removed duplicates matching the target, with the kept record that carried their content."""
+    dedup = json.loads(cas.get_bytes(manifest["layers"]["dedup_clusters"]["digest"], "dedup index"))
+    clusters = _table(cas, dedup["outputs"]["clusters"]["digest"], "dedup clusters")
+    if "verdict" not in clusters.column_names:  # an index written before near-dedup
+        return []
+    rows = clusters.filter(
+        pc.and_(
+            pc.equal(clusters.column(COLUMN[kind]), target),
+            pc.is_in(clusters.column("verdict"), pa.array(["exact_duplicate", "near_duplicate"])),
+        )
+    )
+    columns = ["record_id", "verdict", "representative_id", "match_id", "match_jaccard"]
+    return sorted(rows.select(columns).to_pylist(), key=lambda r: r["record_id"])
 
 
 def tombstone_hits(cas: ContentStore, catalog: Catalog, seq: int) -> dict[str, Any]:
