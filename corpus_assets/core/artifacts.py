@@ -70,5 +70,8 @@ def put_table(cas: ContentStore, table: pa.Table) -> Ref:
     return put_bytes(cas, table_bytes(table), PARQUET)
 
 
-def get_table(cas: ContentStore, ref: Ref, what: str = "table") -> pa.Table:
-    return pq.read_table(pa.BufferReader(cas.get_bytes(ref["digest"], what)))
+def get_table(
+    cas: ContentStore, ref: Ref, what: str = "table", columns: list[str] | None = None
+) -> pa.Table:
+    """A verified Parquet table; ``columns`` decodes only those (the rest is never expanded)."""
+    return pq.read_table(pa.BufferReader(cas.get_bytes(ref["digest"], what)), columns=columns)

@@ -81,35 +81,61 @@ def dedup_key(text: str, kind: str = "prose") -> str:
     return "sha256:" + hashlib.sha256(dedup_normalize(text, kind).encode("utf-8")).hexdigest()
 
 
-def total_order(records: pa.Table, source_order: dict[str, int]) -> list[int]:
-    """Row indices in the stated total order (see module docstring)."""
-    sources = records.column("source_id").to_pylist()
+def _codes(
+    column: pa.ChunkedArray | pa.Array, ordered: bool = False
+) -> tuple[np.ndarray, pa.Array]:
+    """Integer code per row and the distinct values; with ``ordered`` the codes follow the
+    values' string order, so the smallest code is the smallest value."""
+    values = pc.unique(column)
+    if ordered:
+        values = values.take(pc.array_sort_indices(values))
+    codes = pc.index_in(column, value_set=values)
+    return np.asarray(codes.to_numpy(zero_copy_only=False), dtype=np.int64), values
+
+
+def total_order(records: pa.Table, source_order: dict[str, int]) -> np.ndarray:
+    """Row indices in the stated total order (see module docstring); sorted in Arrow, so memory
+    is a few machine words per record."""
+    ranked = pa.array(sorted(source_order, key=source_order.__getitem__), pa.string())
     if "length" in records.column_names:
-        lengths = records.column("length").to_pylist()
+        length = records.column("length")
     else:
-        lengths = pc.utf8_length(records.column("text")).to_pylist()
-    ids = records.column("record_id").to_pylist()
-    objects, lines = records.column("object").to_pylist(), records.column("line").to_pylist()
-    return sorted(
-        range(records.num_rows),
-        key=lambda i: (source_order[sources[i]], -lengths[i], ids[i], objects[i], lines[i]),
+        length = pc.utf8_length(records.column("text"))
+    keys = pa.table(
+        {
+            "source": pc.index_in(records.column("source_id"), value_set=ranked),
+            "length": pc.negate(pc.cast(length, pa.int64())),
+            "record_id": records.column("record_id"),
+            "object": records.column("object"),
+            "line": records.column("line"),
+        }
     )
+    order = pc.sort_indices(keys, sort_keys=[(name, "ascending") for name in keys.column_names])
+    return order.to_numpy().astype(np.int64)
+
+
+def _first_in_order(codes_in_order: np.ndarray) -> np.ndarray:
+    """Mask of positions holding the first occurrence of their code (sort based, stable)."""
+    by_code = np.argsort(codes_in_order, kind="stable")
+    sorted_codes = codes_in_order[by_code]
+    first = np.zeros(len(codes_in_order), dtype=bool)
+    if not len(first):
+        return first
+    first[by_code[np.r_[True, sorted_codes[1:] != sorted_codes[:-1]]]] = True
+    return first
 
 
 class _Leakage:
-    """Union-find over row indices; a component is named by its smallest group id."""
+    """Union-find over group codes (ordered, so the smallest code is the smallest group id)."""
 
-    def __init__(self, groups: list[str]) -> None:
-        self.parent = list(range(len(groups)))
-        first: dict[str, int] = {}
-        for row, group in enumerate(groups):
-            self.union(row, first.setdefault(group, row))
+    def __init__(self, groups: int) -> None:
+        self.parent = np.arange(groups, dtype=np.int64)
 
     def find(self, x: int) -> int:
         parent = self.parent
         while parent[x] != x:
             parent[x] = parent[parent[x]]
-            x = parent[x]
+            x = int(parent[x])
         return x
 
     def union(self, a: int, b: int) -> None:
@@ -117,13 +143,23 @@ class _Leakage:
         if ra != rb:
             self.parent[max(ra, rb)] = min(ra, rb)
 
-    def names(self, groups: list[str]) -> list[str]:
-        roots = [self.find(row) for row in range(len(groups))]
-        smallest: dict[int, str] = {}
-        for root, group in zip(roots, groups, strict=True):
-            if root not in smallest or group < smallest[root]:
-                smallest[root] = group
-        return [smallest[root] for root in roots]
+    def roots(self) -> np.ndarray:
+        parent = self.parent
+        while True:  # pointer jumping until every code points at its root
+            jumped = parent[parent]
+            if np.array_equal(jumped, parent):
+                return parent
+            parent = jumped
+
+
+_VERDICTS = pa.array([KEEP, EXACT, NEAR, EXCLUDED], pa.string())
+_KEEP, _EXACT, _NEAR, _EXCLUDED = range(4)
+
+
+def _ids_at(ids: pa.ChunkedArray, rows: np.ndarray) -> pa.Array:
+    """Record ids at ``rows``, "" where the row is -1."""
+    taken = ids.take(pa.array(np.where(rows < 0, 0, rows), mask=rows < 0))
+    return pc.fill_null(taken, "")
 
 
 def cluster(
@@ -135,67 +171,77 @@ def cluster(
     """The dedup table (sorted by record_id, object, line) and its report.
 
     ``records`` needs record_id, source_id, object, line, group_id, kind, dedup_key and length
-    columns, in the row order the signatures of ``near`` were computed in.
+    (or text) columns, in the row order the signatures of ``near`` were computed in. Everything
+    per record is an Arrow or numpy vector; Python loops run only over duplicates and edges.
     """
     n = records.num_rows
     excluded = dict(revoked or {})
-    col = {c: records.column(c).to_pylist() for c in CLUSTER_COLUMNS.names if c in _LOADED}
-    ids, objects, lines = col["record_id"], col["object"], col["line"]
     order = total_order(records, source_order)
-    first_of: dict[str, int] = {}
-    for i in order:
-        first = first_of.setdefault(ids[i], i)
-        if first != i:
-            excluded.setdefault(
-                i, f"duplicate record_id (first at {objects[first]} line {lines[first]})"
-            )
-    verdict = [EXCLUDED if i in excluded else KEEP for i in range(n)]
-    match: list[int | None] = [None] * n
-    match_j: list[float | None] = [None] * n
-    exact_rep: dict[str, int] = {}
-    for i in order:
-        if i not in excluded:
-            rep = exact_rep.setdefault(col["dedup_key"][i], i)
-            if rep != i:
-                verdict[i], match[i], match_j[i] = EXACT, rep, 1.0
-    leakage = _Leakage(col["group_id"])
-    for i, rep in enumerate(match):
-        if rep is not None:
-            leakage.union(i, rep)
+    verdict = np.full(n, _KEEP, dtype=np.int8)
+    match = np.full(n, -1, dtype=np.int64)
+    match_j = np.full(n, np.nan, dtype=np.float64)
+
+    id_codes, _ = _codes(records.column("record_id"))
+    first = _first_in_order(id_codes[order])
+    first_row_of = np.empty(int(id_codes.max(initial=-1)) + 1, dtype=np.int64)
+    first_row_of[id_codes[order[first]]] = order[first]
+    objects, lines = records.column("object"), records.column("line")
+    for row in order[~first].tolist():
+        at = int(first_row_of[id_codes[row]])
+        excluded.setdefault(
+            row, f"duplicate record_id (first at {objects[at].as_py()} line {lines[at].as_py()})"
+        )
+    if excluded:
+        verdict[np.fromiter(excluded, dtype=np.int64, count=len(excluded))] = _EXCLUDED
+
+    eligible = order[verdict[order] == _KEEP]
+    key_codes, _ = _codes(records.column("dedup_key"))
+    first = _first_in_order(key_codes[eligible])
+    rep_of = np.empty(int(key_codes.max(initial=-1)) + 1, dtype=np.int64)
+    rep_of[key_codes[eligible[first]]] = eligible[first]
+    copies = eligible[~first]
+    verdict[copies], match[copies], match_j[copies] = _EXACT, rep_of[key_codes[copies]], 1.0
+
     report: dict[str, Any] = {}
+    edges: list[tuple[int, int]] = list(zip(copies.tolist(), match[copies].tolist(), strict=True))
     if near is not None:
-        report = near.run(records, [i for i in order if verdict[i] == KEEP])
-        for x, y, _ in near.edges:
-            leakage.union(x, y)
+        report = near.run(records, eligible[first])
+        edges += [(x, y) for x, y, _ in near.edges]
         for x, (y, j) in near.matches.items():
-            verdict[x], match[x], match_j[x] = NEAR, y, j
-    final = [_final(i, verdict, match) for i in range(n)]
-    leakage_ids = leakage.names(col["group_id"])
-    rows = sorted(range(n), key=lambda i: (ids[i], objects[i], lines[i]))
-    table = pa.Table.from_pydict(
+            verdict[x], match[x], match_j[x] = _NEAR, y, j
+
+    final = np.where(verdict == _KEEP, np.arange(n), match)
+    exact = np.flatnonzero(verdict == _EXACT)
+    rep = match[exact]
+    final[exact] = np.where(verdict[rep] == _NEAR, match[rep], rep)  # the chain ends at a keep
+    final[verdict == _EXCLUDED] = -1
+
+    group_codes, groups = _codes(records.column("group_id"), ordered=True)
+    leakage = _Leakage(len(groups))
+    for x, y in edges:
+        leakage.union(int(group_codes[x]), int(group_codes[y]))
+    leakage_ids = groups.take(pa.array(leakage.roots()[group_codes]))
+
+    reasons = [""] * n
+    for row, reason in excluded.items():
+        reasons[row] = reason
+    table = pa.table(
         {
-            **{c: [col[c][i] for i in rows] for c in col},
-            "verdict": [verdict[i] for i in rows],
-            "representative_id": ["" if final[i] is None else ids[final[i]] for i in rows],
-            "is_representative": [verdict[i] == KEEP for i in rows],
-            "match_id": ["" if match[i] is None else ids[match[i]] for i in rows],
-            "match_jaccard": [match_j[i] for i in rows],
-            "leakage_id": [leakage_ids[i] for i in rows],
-            "excluded": [excluded.get(i, "") for i in rows],
-        },
-        schema=CLUSTER_COLUMNS,
+            **{c: records.column(c) for c in CLUSTER_COLUMNS.names if c in _LOADED},
+            "verdict": _VERDICTS.take(pa.array(verdict)),
+            "representative_id": _ids_at(records.column("record_id"), final),
+            "is_representative": pa.array(verdict == _KEEP),
+            "match_id": _ids_at(records.column("record_id"), match),
+            "match_jaccard": pa.array(match_j, mask=match < 0),
+            "leakage_id": leakage_ids,
+            "excluded": pa.array(reasons, pa.string()),
+        }
     )
-    return table, report
-
-
-def _final(i: int, verdict: list[str], match: list[int | None]) -> int | None:
-    """The kept record standing for row i (an exact duplicate's representative may itself be a
-    near duplicate of an earlier kept record)."""
-    if verdict[i] == EXCLUDED:
-        return None
-    while verdict[i] != KEEP:
-        i = match[i]  # type: ignore[assignment]
-    return i
+    rows = pc.sort_indices(
+        table,
+        sort_keys=[("record_id", "ascending"), ("object", "ascending"), ("line", "ascending")],
+    )
+    return table.take(rows).cast(CLUSTER_COLUMNS).combine_chunks(), report
 
 
 class NearStage:
@@ -216,21 +262,28 @@ class NearStage:
         self.edges: list[tuple[int, int, float]] = []
         self.matches: dict[int, tuple[int, float]] = {}
 
-    def run(self, records: pa.Table, eligible: list[int]) -> dict[str, Any]:
+    def run(self, records: pa.Table, eligible: np.ndarray) -> dict[str, Any]:
         params = LshParams(
             self.policy.bands,
             self.policy.rows,
             float(self.policy.threshold),
             self.policy.bucket_heads,
         )
-        kinds, sources = records.column("kind").to_pylist(), records.column("source_id")
-        sources = sources.to_pylist()
-        classes: dict[str, list[int]] = {}
-        for i in eligible:
-            classes.setdefault(f"{kinds[i]}/{self.content_of[sources[i]]}", []).append(i)
+        kind_codes, kinds = _codes(records.column("kind"))
+        source_codes, sources = _codes(records.column("source_id"))
+        names = [
+            [f"{kind}/{self.content_of[source]}" for source in sources.to_pylist()]
+            for kind in kinds.to_pylist()
+        ]
+        pair = kind_codes[eligible] * max(len(sources), 1) + source_codes[eligible]
+        classes: dict[str, list[np.ndarray]] = {}
+        for code in np.unique(pair).tolist():
+            name = names[code // len(sources)][code % len(sources)]
+            classes.setdefault(name, []).append(pair == code)
         per_class = {}
-        for name, rows in sorted(classes.items()):
-            order = np.asarray(rows, dtype=np.int64)
+        for name, masks in sorted(classes.items()):
+            order = eligible[np.logical_or.reduce(masks)]  # still in total order
+            rows = order
 
             def prints(ranks: np.ndarray, order: np.ndarray = order) -> list[np.ndarray]:
                 return fingerprints(self.texts.get(order[ranks]), self.spec)

@@ -390,8 +390,7 @@ def load_records(
     tables = []
     for chunk in index["outputs"]["chunks"]:
         records = get_json(ws.cas, chunk["output"], f"chunk {chunk['chunk']}")["records"]
-        table = get_table(ws.cas, records, f"records of {chunk['chunk']}")
-        tables.append(table.select(columns) if columns else table)
+        tables.append(get_table(ws.cas, records, f"records of {chunk['chunk']}", columns))
     if tables:
         return pa.concat_tables(tables)
     empty = RECORD_COLUMNS.empty_table()

@@ -50,7 +50,7 @@ class ChunkSignatures:
 
 def chunk_texts(ws: Workspace, chunk: dict[str, Any]) -> list[str]:
     descriptor = get_json(ws.cas, chunk["output"], f"chunk {chunk['chunk']}")
-    table = get_table(ws.cas, descriptor["records"], f"records of {chunk['chunk']}")
+    table = get_table(ws.cas, descriptor["records"], f"records of {chunk['chunk']}", ["text"])
     return table.column("text").to_pylist()
 
 
