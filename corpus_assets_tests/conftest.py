@@ -1,6 +1,7 @@
 """Shared fixtures: throwaway data homes and real catalogs (SQLite file, PostgreSQL database)."""
 
 import os
+import shutil
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -67,3 +68,15 @@ def workspace(
     ws = open_workspace()
     yield ws
     ws.close()
+
+
+def use_demo_copy(
+    demo_home: Path, home: Path, workers: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Copy the demo sources and config to ``home`` with ``execution.workers`` set, and point
+    the environment at the copy (for comparing builds with different worker counts)."""
+    shutil.copytree(demo_home / "demo-sources", home / "demo-sources")
+    config = (demo_home / "corpus.yaml").read_text() + f"execution: {{workers: {workers}}}\n"
+    (home / "corpus.yaml").write_text(config)
+    monkeypatch.setenv("CORPUS_HOME", str(home))
+    monkeypatch.setenv("CORPUS_CONFIG", str(home / "corpus.yaml"))

@@ -1,7 +1,6 @@
 """canonical_records end to end: typed kinds, stages and reason codes, accounting, workers."""
 
 import json
-import shutil
 import unicodedata
 from pathlib import Path
 
@@ -18,6 +17,7 @@ from corpus_assets.core.pipeline import BUILDERS
 from corpus_assets.core.quality import QualityPolicy
 from corpus_assets.core.records import load_records
 from corpus_assets.core.workspace import Workspace, open_workspace
+from corpus_assets_tests.conftest import use_demo_copy
 
 CORPORA = Path(__file__).resolve().parents[2] / "shared" / "corpora"
 
@@ -94,12 +94,7 @@ def test_one_and_two_workers_give_identical_bytes(
 ) -> None:
     digests = []
     for workers in (1, 2):
-        home = tmp_path / f"w{workers}"
-        shutil.copytree(demo_home / "demo-sources", home / "demo-sources")
-        config = (demo_home / "corpus.yaml").read_text() + f"execution: {{workers: {workers}}}\n"
-        (home / "corpus.yaml").write_text(config)
-        monkeypatch.setenv("CORPUS_HOME", str(home))
-        monkeypatch.setenv("CORPUS_CONFIG", str(home / "corpus.yaml"))
+        use_demo_copy(demo_home, tmp_path / f"w{workers}", workers, monkeypatch)
         with open_workspace() as ws:
             result = BUILDERS["raw_snapshot"](ws, "p1")
             canonical = BUILDERS["canonical_records"](ws, "p1")

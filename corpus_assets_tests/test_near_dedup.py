@@ -2,7 +2,7 @@
 
 import json
 import random
-import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,7 @@ from corpus_assets.core.pipeline import BUILDERS, build_all
 from corpus_assets.core.records import RECORD_COLUMNS, load_records
 from corpus_assets.core.signature_cache import signature_spec
 from corpus_assets.core.workspace import Workspace, open_workspace
+from corpus_assets_tests.conftest import use_demo_copy
 
 
 def _sets_jaccard(a: np.ndarray, b: np.ndarray) -> float:
@@ -126,6 +127,9 @@ class ListTexts:
     def get(self, rows: np.ndarray) -> list[str]:
         return [self.texts[int(i)] for i in rows]
 
+    def release(self) -> None:
+        pass
+
 
 def _records(rows: list[tuple[str, str]], content: str = "prose") -> pa.Table:
     return pa.Table.from_pylist(
@@ -158,6 +162,7 @@ def _cluster(
         [RowMajor(signatures(texts, signature_spec(policy)))],
         ListTexts(texts),
         {s: "prose" for s in sources},
+        Path(tempfile.gettempdir()),
     )
     out, report = cluster(table, {s: n for n, s in enumerate(sorted(sources))}, near=stage)
     return {r["record_id"]: r for r in out.to_pylist()}, report
@@ -253,12 +258,7 @@ def test_one_and_two_workers_and_reruns_give_the_same_dedup_table(
 ) -> None:
     digests = []
     for workers in (1, 2, 2):
-        home = tmp_path / f"w{len(digests)}"
-        shutil.copytree(demo_home / "demo-sources", home / "demo-sources")
-        config = (demo_home / "corpus.yaml").read_text() + f"execution: {{workers: {workers}}}\n"
-        (home / "corpus.yaml").write_text(config)
-        monkeypatch.setenv("CORPUS_HOME", str(home))
-        monkeypatch.setenv("CORPUS_CONFIG", str(home / "corpus.yaml"))
+        use_demo_copy(demo_home, tmp_path / f"w{len(digests)}", workers, monkeypatch)
         with open_workspace() as ws:
             result = _build(ws, "p1")
             assert result.counts["near_duplicates"] == 1

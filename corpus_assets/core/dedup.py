@@ -20,9 +20,12 @@ id), which the splits layer keeps in one split.
 """
 
 import hashlib
+import os
+import tempfile
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -253,12 +256,14 @@ class NearStage:
         signature_chunks: Sequence[SignatureBlock],
         texts: "TextLookup",
         content_of: dict[str, str],
+        tmp: Path,
     ) -> None:
         self.policy = policy
         self.spec = signature_spec(policy)
         self.chunks = signature_chunks
         self.texts = texts
         self.content_of = content_of
+        self.tmp = tmp
         self.edges: list[tuple[int, int, float]] = []
         self.matches: dict[int, tuple[int, float]] = {}
 
@@ -285,10 +290,13 @@ class NearStage:
             order = eligible[np.logical_or.reduce(masks)]  # still in total order
             rows = order
 
-            def prints(ranks: np.ndarray, order: np.ndarray = order) -> list[np.ndarray]:
-                return fingerprints(self.texts.get(order[ranks]), self.spec)
-
-            result = near_dedup(self.chunks, order, params, prints, jaccard_sorted)
+            prints = SpilledFingerprints(self.texts, self.spec, order, self.tmp)
+            try:
+                result = near_dedup(
+                    self.chunks, order, params, prints, jaccard_sorted, prints.prefetch
+                )
+            finally:
+                prints.close()
             per_class[name] = _class_report(result, len(rows))
             for x, y, j in result.edges:
                 self.edges.append((int(order[x]), int(order[y]), j))
@@ -346,22 +354,75 @@ def _histogram(sizes: Counter[int]) -> dict[str, int]:
 
 
 class TextLookup:
-    """Texts of records by global row index, read chunk by chunk on demand."""
+    """Texts of records by global row index, read chunk by chunk (the last chunk is kept, so
+    ascending requests read each chunk once)."""
 
     def __init__(self, ws: Workspace, chunks: list[dict[str, Any]], counts: list[int]) -> None:
         self.ws = ws
         self.chunks = chunks
         self.starts = np.cumsum([0, *counts])
+        self._last: tuple[int, list[str]] = (-1, [])
+
+    def _chunk(self, c: int) -> list[str]:
+        if self._last[0] != c:
+            self._last = (-1, [])  # let the previous chunk go before reading the next
+            self._last = (c, chunk_texts(self.ws, self.chunks[c]))
+        return self._last[1]
 
     def get(self, rows: np.ndarray) -> list[str]:
         rows = np.asarray(rows, dtype=np.int64)
         chunk_of = np.searchsorted(self.starts, rows, side="right") - 1
         out: list[str] = [""] * len(rows)
         for c in np.unique(chunk_of).tolist():
-            texts = chunk_texts(self.ws, self.chunks[c])
+            texts = self._chunk(c)
             for k in np.flatnonzero(chunk_of == c).tolist():
                 out[k] = texts[int(rows[k] - self.starts[c])]
         return out
+
+    def release(self) -> None:
+        self._last = (-1, [])
+
+
+class SpilledFingerprints:
+    """Shingle fingerprints of the records near-dedup asks for, computed in one ascending pass
+    over the texts (each chunk read once) and spilled to a temporary file; the scan then reads
+    each record's sorted uint64 set back with one ``pread``. Memory holds one chunk of text and
+    one batch of fingerprints, not every record that collided."""
+
+    BATCH = 4096
+
+    def __init__(self, texts: "TextLookup", spec: Any, order: np.ndarray, tmp: Path) -> None:
+        self.texts, self.spec, self.order, self.tmp = texts, spec, order, tmp
+        self.rows = np.empty(0, dtype=np.int64)
+        self.offsets = np.zeros(1, dtype=np.int64)
+        self.file: Any = None
+
+    def prefetch(self, ranks: np.ndarray) -> None:
+        self.close()
+        self.tmp.mkdir(parents=True, exist_ok=True)
+        self.file = tempfile.TemporaryFile(dir=self.tmp)  # noqa: SIM115 - closed by close()
+        self.rows = np.sort(self.order[ranks])
+        sizes = []
+        for start in range(0, len(self.rows), self.BATCH):
+            batch = fingerprints(self.texts.get(self.rows[start : start + self.BATCH]), self.spec)
+            sizes += [len(f) for f in batch]
+            self.file.write(b"".join(np.ascontiguousarray(f, "<u8").tobytes() for f in batch))
+        self.texts.release()
+        self.file.flush()
+        self.offsets = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])
+
+    def __call__(self, ranks: np.ndarray) -> list[np.ndarray]:
+        at = np.searchsorted(self.rows, self.order[ranks])
+        fd, out = self.file.fileno(), []
+        for i in at.tolist():
+            start, end = int(self.offsets[i]), int(self.offsets[i + 1])
+            out.append(np.frombuffer(os.pread(fd, (end - start) * 8, start * 8), dtype="<u8"))
+        return out
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
+            self.file = None
 
 
 def build_dedup_clusters(ws: Workspace, partition_key: str) -> LayerResult:
@@ -379,7 +440,7 @@ def build_dedup_clusters(ws: Workspace, partition_key: str) -> LayerResult:
         arrays = [load_signatures(ws, c, sig_spec) for c in cached]
         texts = TextLookup(ws, chunks, [c.records for c in cached])
         content = {s.id: s.content for s in ws.config.sources}
-        near = NearStage(policy, arrays, texts, content)
+        near = NearStage(policy, arrays, texts, content, ws.home / "tmp")
         # The signatures are inputs of this layer: listed (and so verified) with its outputs.
         signature_refs = [
             {"chunk": c.chunk, "signatures": make_ref(c.digest, NPY, ws.cas.size(c.digest))}

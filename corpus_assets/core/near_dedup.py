@@ -246,11 +246,13 @@ def near_dedup(
     params: LshParams,
     fingerprints: Callable[[np.ndarray], list[np.ndarray]],
     jaccard: Callable[[np.ndarray, np.ndarray], float],
+    prefetch: Callable[[np.ndarray], None] | None = None,
 ) -> NearResult:
     """Algorithm 18.1 over LSH candidates; see the module docstring.
 
     ``fingerprints(ranks)`` returns the sorted-unique shingle fingerprints of the records at
     those ranks (only records that share a bucket are asked for, a window at a time);
+    ``prefetch``, if given, first receives every rank that will be asked for, ascending, once;
     ``jaccard`` compares two.
     """
     n = len(order)
@@ -265,6 +267,8 @@ def near_dedup(
     del pairs
     prints = _Prints(xs, ys, fingerprints)
     result.fingerprinted = len(prints.involved)
+    if prefetch is not None:
+        prefetch(prints.involved)
     groups = _Groups(n)
     alive = bytearray(b"\x01") * n  # kept flags as a bytearray: cheap to index in the loop
     tau = params.threshold

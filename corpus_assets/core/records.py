@@ -8,11 +8,9 @@ rejected, each exclusion under its reason code. Chunks may run in several proces
 (``execution.workers``); the output is assembled in index order, so bytes never depend on it.
 """
 
-import multiprocessing
 import os
 from collections import Counter
 from collections.abc import Callable, Iterator
-from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 import pyarrow as pa
@@ -38,7 +36,7 @@ from corpus_assets.core.layers import LayerResult, publish_index, read_index
 from corpus_assets.core.pinning import CDC_LSN_FIELD
 from corpus_assets.core.quality import policy_payload as quality_payload
 from corpus_assets.core.tasks import ChunkOutcome, ChunkTask, preload, run_chunk
-from corpus_assets.core.workspace import Workspace, open_workspace
+from corpus_assets.core.workspace import Workspace, open_workspace, worker_pool
 
 CODE = "canonical_records.v2"
 CHUNK_SCHEMA = "corpus.chunk.v2"
@@ -271,13 +269,7 @@ def build_canonical_records(ws: Workspace, partition_key: str) -> LayerResult:
     done = preload(ws.catalog, "canonical_records", CODE)
     workers = min(ws.config.execution.workers, max(len(items), 1))
     if workers > 1:
-        environ = {k: v for k, v in os.environ.items() if k.startswith("CORPUS_")}
-        with ProcessPoolExecutor(
-            workers,
-            mp_context=multiprocessing.get_context("spawn"),
-            initializer=_worker_init,
-            initargs=(str(ws.loaded.path), environ, fence),
-        ) as pool:
+        with worker_pool(ws, workers, _worker_init, fence) as pool:
             outcomes = list(pool.map(_worker_run, [(i["source"], i, policy) for i in items]))
     else:
         outcomes = [_run(ws, sources[i["source"]], i, policy, index, done) for i in items]

@@ -10,9 +10,7 @@ would stay resident), never holding every signature.
 """
 
 import io
-import multiprocessing
 import os
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,7 +22,7 @@ from corpus_assets.core.config import NearDedupPolicy
 from corpus_assets.core.digests import json_digest
 from corpus_assets.core.minhash import SignatureSpec, signatures, spec_payload
 from corpus_assets.core.tasks import ChunkOutcome, ChunkTask, preload, run_chunk
-from corpus_assets.core.workspace import Workspace, open_workspace
+from corpus_assets.core.workspace import Workspace, open_workspace, worker_pool
 
 LAYER = "dedup_signatures"
 NPY = "application/x-npy"
@@ -131,21 +129,27 @@ def ensure_signatures(
 
     ``workers > 1`` hashes chunks in a spawn pool; each chunk's bytes do not depend on it.
     """
-    workers = min(workers, max(len(chunks), 1))
-    if workers > 1:
-        environ = {k: v for k, v in os.environ.items() if k.startswith("CORPUS_")}
-        with ProcessPoolExecutor(
-            workers,
-            mp_context=multiprocessing.get_context("spawn"),
-            initializer=_worker_init,
-            initargs=(str(ws.loaded.path), environ),
-        ) as pool:
-            outcomes = list(pool.map(_worker_run, [(c, spec) for c in chunks]))
+    done = preload(ws.catalog, LAYER, spec.version)
+    outcomes: list[ChunkOutcome | None] = [None] * len(chunks)
+    missing = []
+    for n, chunk in enumerate(chunks):
+        task = _task(chunk["chunk"], _records_digest(ws, chunk), spec)
+        if (task.chunk_key, task.input_digest) in done:  # cached: a dict hit and a stat
+            outcomes[n] = _compute(ws, chunk, spec, done)
+        else:
+            missing.append(n)
+    workers = min(workers, len(missing))
+    if workers > 1:  # a pool only for chunks that really need hashing
+        with worker_pool(ws, workers, _worker_init) as pool:
+            jobs = [(chunks[n], spec) for n in missing]
+            for n, outcome in zip(missing, pool.map(_worker_run, jobs), strict=True):
+                outcomes[n] = outcome
     else:
-        done = preload(ws.catalog, LAYER, spec.version)
-        outcomes = [_compute(ws, c, spec, done) for c in chunks]
+        for n in missing:
+            outcomes[n] = _compute(ws, chunks[n], spec, done)
     out = []
     for chunk, outcome in zip(chunks, outcomes, strict=True):
+        assert outcome is not None
         if outcome.output_digest is None:
             raise RuntimeError(
                 f"MinHash signatures of chunk {chunk['chunk']} failed: {outcome.error}"

@@ -1,8 +1,12 @@
 """One opened data home: validated config, content store and catalog, shared by every layer."""
 
+import multiprocessing
 import os
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from corpus_assets.core.cas import ContentStore
 from corpus_assets.core.catalog import Catalog, default_catalog_url
@@ -45,3 +49,17 @@ def open_workspace(config: str | Path | None = None) -> Workspace:
     url = os.environ.get("CORPUS_CATALOG_URL") or storage.catalog_url
     home, cas, catalog = open_home(home, url)
     return Workspace(loaded=loaded, home=home, cas=cas, catalog=catalog)
+
+
+def worker_pool(
+    ws: Workspace, workers: int, initializer: Callable[..., None], *initargs: Any
+) -> ProcessPoolExecutor:
+    """A spawn pool whose workers get ``initializer(config_path, corpus_env, *initargs)``: they
+    reopen this workspace from its config with the same ``CORPUS_*`` environment."""
+    environ = {k: v for k, v in os.environ.items() if k.startswith("CORPUS_")}
+    return ProcessPoolExecutor(
+        workers,
+        mp_context=multiprocessing.get_context("spawn"),
+        initializer=initializer,
+        initargs=(str(ws.loaded.path), environ, *initargs),
+    )
