@@ -26,6 +26,9 @@ def test_activation_and_tombstone_race_has_exactly_one_winner(catalog_url: str) 
     catalog = Catalog(catalog_url)
     wins = {"activation": 0, "tombstone": 0}
     rng = random.Random(18)
+    # Head start in seconds: > 0 delays the tombstone, < 0 the activation. It moves towards the
+    # side that lost, so both orders keep happening however loaded the machine is.
+    offset = 0.0
     for n in range(1, TRIALS + 1):
         sid = _approved(catalog, n)
         seen = gate.read_gate(catalog, "train")
@@ -33,12 +36,14 @@ def test_activation_and_tombstone_race_has_exactly_one_winner(catalog_url: str) 
         outcome: dict[str, bool] = {}
 
         def activation(
+            delay: float = 0.0,
             sid: str = sid,
             seen: gate.Gate = seen,
             barrier: threading.Barrier = barrier,
             outcome: dict[str, bool] = outcome,
         ) -> None:
             barrier.wait()
+            time.sleep(max(0.0, -delay))
             try:
                 gate.activate(
                     catalog,
@@ -52,27 +57,31 @@ def test_activation_and_tombstone_race_has_exactly_one_winner(catalog_url: str) 
             except gate.GateError:
                 outcome["activation"] = False
 
-        jitter = rng.uniform(0, 0.0015)
+        delay = offset + rng.uniform(-0.0005, 0.0005)
 
         def tombstone(
+            delay: float = 0.0,
             seen: gate.Gate = seen,
-            jitter: float = jitter,
             barrier: threading.Barrier = barrier,
             outcome: dict[str, bool] = outcome,
         ) -> None:
             barrier.wait()
-            time.sleep(jitter)  # the activation reads the snapshot first; even the odds
+            time.sleep(max(0.0, delay))
             outcome["tombstone"] = gate.advance_tombstone(
                 catalog, seen, seen.tombstone_watermark + 1
             )
 
-        threads = [threading.Thread(target=activation), threading.Thread(target=tombstone)]
+        threads = [
+            threading.Thread(target=activation, args=(delay,)),
+            threading.Thread(target=tombstone, args=(delay,)),
+        ]
         for thread in threads:
             thread.start()
         for thread in threads:
             thread.join()
         assert sum(outcome.values()) == 1, f"trial {n}: {outcome}"
         after = gate.read_gate(catalog, "train")
+        offset += 0.0002 if outcome["tombstone"] else -0.0002
         if outcome["tombstone"]:
             wins["tombstone"] += 1
             # the candidate is not active and stays APPROVED; nothing else moved
