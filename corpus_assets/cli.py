@@ -20,7 +20,7 @@ from corpus_assets.core import gate, states
 from corpus_assets.core.cas import CasError, ContentStore
 from corpus_assets.core.catalog import Catalog, LayerConflict
 from corpus_assets.core.config import ConfigError, config_path, default_home
-from corpus_assets.core.dedup import dedup_key
+from corpus_assets.core.dedup import dedup_key, explain
 from corpus_assets.core.demo import write_demo
 from corpus_assets.core.keys import PartitionKeyError, new_partition_key, validate_partition_key
 from corpus_assets.core.layers import LAYERS
@@ -118,6 +118,14 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("digest")
     p = command("prov", cmd_prov, "W3C PROV-JSON of how a snapshot was produced")
     p.add_argument("digest")
+    p = command(
+        "dedup",
+        cmd_dedup,
+        "why a record was kept or removed: verdict, direct match and Jaccard, its cluster, "
+        "and its leakage group with splits",
+    )
+    p.add_argument("digest", help="snapshotId")
+    p.add_argument("record_id")
     p = command("rollback", cmd_rollback, "point the alias back at an earlier active snapshot")
     p.add_argument("digest")
     p = command("tombstone", cmd_tombstone_hits, "revoke data, or show where a tombstone hits")
@@ -384,6 +392,15 @@ def cmd_prov(args: argparse.Namespace) -> int:
     manifest = load_manifest(cas, resolve(catalog, args.digest))
     freeze = json.loads(cas.get_bytes(manifest["freeze"]["digest"], "freeze spec"))
     return _print_json(prov_document(manifest, freeze, agent=f"{getpass.getuser()}@corpus-assets"))
+
+
+def cmd_dedup(args: argparse.Namespace) -> int:
+    _home, cas, catalog = _storage()
+    manifest = load_manifest(cas, resolve(catalog, args.digest))
+    try:
+        return _print_json(explain(cas, manifest, args.record_id))
+    except KeyError as error:
+        raise CliError(error.args[0]) from None
 
 
 def cmd_rollback(args: argparse.Namespace) -> int:

@@ -68,6 +68,17 @@ def test_demo_verify_rebuild_reuse_and_tamper(tmp_path: Path) -> None:
     shown = json.loads(run(tmp_path, "show", sid).stdout)
     assert shown["schema"] == "training.dataset.snapshot.v1" and shown["snapshotId"] == sid
 
+    # why the demo's near copy was removed: the direct evidence, its cluster, its leakage group
+    why = json.loads(run(tmp_path, "dedup", sid, "essays/e0020").stdout)
+    assert why["record"]["verdict"] == "near_duplicate"
+    assert why["record"]["match_id"] == why["record"]["representative_id"] == "essays/e0123"
+    assert 0.8 <= why["record"]["match_jaccard"] < 1
+    assert {r["record_id"] for r in why["cluster"]} == {"essays/e0020", "essays/e0123"}
+    kept = [r for r in why["leakage_group"]["records"] if r["verdict"] == "keep"]
+    assert [r["record_id"] for r in kept] == ["essays/e0123"] and kept[0]["split"]
+    unknown = run(tmp_path, "dedup", sid, "essays/none")
+    assert unknown.returncode == 1 and "'essays/none' is not in snapshot" in unknown.stderr
+
     members = shown["members"]["digest"]
     path = tmp_path / ".corpus" / "cas" / "sha256" / members[7:9] / members[9:11] / members[7:]
     data = bytearray(path.read_bytes())

@@ -32,7 +32,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from corpus_assets.core.artifacts import make_ref, put_json, put_table
+from corpus_assets.core.artifacts import get_json, get_table, make_ref, put_json, put_table
+from corpus_assets.core.cas import ContentStore
 from corpus_assets.core.config import NearDedupPolicy
 from corpus_assets.core.freeze import freeze
 from corpus_assets.core.layers import LayerResult, publish_index, read_index
@@ -511,3 +512,34 @@ def _per_source(table: pa.Table) -> dict[str, dict[str, int]]:
     ):
         out.setdefault(source, Counter())[verdict] += 1
     return {s: {v: c[v] for v in (KEEP, EXACT, NEAR, EXCLUDED)} for s, c in sorted(out.items())}
+
+
+def explain(cas: ContentStore, manifest: dict[str, Any], record_id: str) -> dict[str, Any]:
+    """Why a record of a snapshot was kept or removed: its row, every record standing behind
+    the same representative, and its leakage group with each kept member's split."""
+    layers = manifest["layers"]
+    dedup = get_json(cas, layers["dedup_clusters"]["digest"], "dedup_clusters index")
+    table = get_table(cas, dedup["outputs"]["clusters"], "dedup clusters")
+    mine = table.filter(pc.equal(table.column("record_id"), record_id)).to_pylist()
+    if not mine:
+        raise KeyError(f"record {record_id!r} is not in snapshot {manifest['snapshotId']}")
+    row = mine[0]
+    splits_index = get_json(cas, layers["splits"]["digest"], "splits index")
+    splits = get_table(cas, splits_index["outputs"]["splits"], "splits table")
+    split_of = dict(
+        zip(splits.column("record_id").to_pylist(), splits.column("split").to_pylist(), strict=True)
+    )
+    cluster = table.filter(pc.equal(table.column("representative_id"), row["representative_id"]))
+    group = table.filter(pc.equal(table.column("leakage_id"), row["leakage_id"]))
+    columns = ["record_id", "source_id", "verdict", "match_id", "match_jaccard"]
+    return {
+        "record": row,
+        "cluster": cluster.select(columns).to_pylist() if row["representative_id"] else [],
+        "leakage_group": {
+            "id": row["leakage_id"],
+            "records": [
+                {**r, "split": split_of.get(r["record_id"])}
+                for r in group.select(["record_id", "verdict"]).to_pylist()
+            ],
+        },
+    }
