@@ -341,3 +341,28 @@ def test_demo_config_is_valid(tmp_path: Path) -> None:
         folder = loaded.resolve(source.path)
         assert folder.is_dir(), folder
         assert any(folder.iterdir()), folder
+
+
+@pytest.mark.parametrize(
+    ("near", "expected"),
+    [
+        ({"bands": 10}, "policies.dedup.near: bands x rows = 10 x 8 = 80, but num_perm is 128"),
+        ({"threshold": 1.5}, "policies.dedup.near.threshold: Input should be less than or equal"),
+        ({"threshold": 0}, "policies.dedup.near.threshold: Input should be greater than 0"),
+        ({"signature": "minhash.v9"}, "policies.dedup.near.signature: Input should be"),
+        ({"bucket_heads": 0}, "policies.dedup.near.bucket_heads: Input should be greater"),
+    ],
+)
+def test_bad_near_dedup_policy_is_named(near: dict[str, Any], expected: str) -> None:
+    message = config_error(mutated(lambda r: r.update(policies={"dedup": {"near": near}})))
+    assert f"{WHERE}: {expected}" in message
+
+
+def test_near_dedup_threshold_is_hashed_as_its_decimal_text() -> None:
+    a = parse_config(mutated(lambda r: r.update(policies={"dedup": {"near": {}}})), WHERE)
+    b = parse_config(
+        mutated(lambda r: r.update(policies={"dedup": {"near": {"threshold": 0.85}}})), WHERE
+    )
+    assert a.policies.dedup.near.model_dump(mode="json")["threshold"] == "0.8"
+    assert b.policies.dedup.near.model_dump(mode="json")["threshold"] == "0.85"
+    assert a.policy_digest("dedup") != b.policy_digest("dedup")

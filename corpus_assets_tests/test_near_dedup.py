@@ -427,3 +427,19 @@ def test_a_removed_duplicate_stays_in_deletion_lineage_through_its_representativ
         representative["spans"],
         representative["blocks"],
     )
+
+
+def test_unspaced_scripts_use_character_shingles() -> None:
+    rng = random.Random(9)
+    han = "".join(chr(rng.randrange(0x4E00, 0x9FFF)) for _ in range(300))
+    edited = list(han)
+    for at in (50, 150, 250):
+        edited[at] = "\u3042"
+    rows = [("s/zh", han + "\u3002"), ("s/zh2", "".join(edited)), ("s/other", han[::-1])]
+    out, _ = _cluster(rows)
+    # A text without spaces has one "word": word 5-grams would see nothing in common.
+    assert out["s/zh2"]["verdict"] == NEAR and out["s/zh2"]["match_id"] == "s/zh"
+    assert out["s/zh2"]["match_jaccard"] == pytest.approx(
+        _shingle_jaccard(han + "\u3002", "".join(edited), NearDedupPolicy())
+    )
+    assert out["s/other"]["verdict"] == KEEP
