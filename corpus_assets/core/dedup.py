@@ -20,8 +20,6 @@ id), which the splits layer keeps in one split.
 """
 
 import hashlib
-import os
-import tempfile
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict
@@ -35,10 +33,11 @@ import pyarrow.compute as pc
 from corpus_assets.core.artifacts import get_json, get_table, make_ref, put_json, put_table
 from corpus_assets.core.cas import ContentStore
 from corpus_assets.core.config import NearDedupPolicy
+from corpus_assets.core.fingerprint_store import SpilledFingerprints, TextLookup
 from corpus_assets.core.freeze import freeze
 from corpus_assets.core.layers import LayerResult, publish_index, read_index
 from corpus_assets.core.lineage import tombstone_matches
-from corpus_assets.core.minhash import fingerprints, jaccard_sorted, spec_payload
+from corpus_assets.core.minhash import jaccard_sorted, spec_payload
 from corpus_assets.core.near_dedup import (
     BAND_KEY,
     LshParams,
@@ -51,7 +50,6 @@ from corpus_assets.core.normalize import dedup_normalize
 from corpus_assets.core.records import load_records
 from corpus_assets.core.signature_cache import (
     NPY,
-    chunk_texts,
     ensure_signatures,
     load_signatures,
     signature_spec,
@@ -255,7 +253,7 @@ class NearStage:
         self,
         policy: NearDedupPolicy,
         signature_chunks: Sequence[SignatureBlock],
-        texts: "TextLookup",
+        texts: TextLookup,
         content_of: dict[str, str],
         tmp: Path,
     ) -> None:
@@ -352,78 +350,6 @@ def _histogram(sizes: Counter[int]) -> dict[str, int]:
         label = "2" if size == 2 else f"{low + 1}-{low * 2}"
         bins[label] += count
     return dict(sorted(bins.items(), key=lambda kv: int(kv[0].split("-")[0])))
-
-
-class TextLookup:
-    """Texts of records by global row index, read chunk by chunk (the last chunk is kept, so
-    ascending requests read each chunk once)."""
-
-    def __init__(self, ws: Workspace, chunks: list[dict[str, Any]], counts: list[int]) -> None:
-        self.ws = ws
-        self.chunks = chunks
-        self.starts = np.cumsum([0, *counts])
-        self._last: tuple[int, list[str]] = (-1, [])
-
-    def _chunk(self, c: int) -> list[str]:
-        if self._last[0] != c:
-            self._last = (-1, [])  # let the previous chunk go before reading the next
-            self._last = (c, chunk_texts(self.ws, self.chunks[c]))
-        return self._last[1]
-
-    def get(self, rows: np.ndarray) -> list[str]:
-        rows = np.asarray(rows, dtype=np.int64)
-        chunk_of = np.searchsorted(self.starts, rows, side="right") - 1
-        out: list[str] = [""] * len(rows)
-        for c in np.unique(chunk_of).tolist():
-            texts = self._chunk(c)
-            for k in np.flatnonzero(chunk_of == c).tolist():
-                out[k] = texts[int(rows[k] - self.starts[c])]
-        return out
-
-    def release(self) -> None:
-        self._last = (-1, [])
-
-
-class SpilledFingerprints:
-    """Shingle fingerprints of the records near-dedup asks for, computed in one ascending pass
-    over the texts (each chunk read once) and spilled to a temporary file; the scan then reads
-    each record's sorted uint64 set back with one ``pread``. Memory holds one chunk of text and
-    one batch of fingerprints, not every record that collided."""
-
-    BATCH = 4096
-
-    def __init__(self, texts: "TextLookup", spec: Any, order: np.ndarray, tmp: Path) -> None:
-        self.texts, self.spec, self.order, self.tmp = texts, spec, order, tmp
-        self.rows = np.empty(0, dtype=np.int64)
-        self.offsets = np.zeros(1, dtype=np.int64)
-        self.file: Any = None
-
-    def prefetch(self, ranks: np.ndarray) -> None:
-        self.close()
-        self.tmp.mkdir(parents=True, exist_ok=True)
-        self.file = tempfile.TemporaryFile(dir=self.tmp)  # noqa: SIM115 - closed by close()
-        self.rows = np.sort(self.order[ranks])
-        sizes = []
-        for start in range(0, len(self.rows), self.BATCH):
-            batch = fingerprints(self.texts.get(self.rows[start : start + self.BATCH]), self.spec)
-            sizes += [len(f) for f in batch]
-            self.file.write(b"".join(np.ascontiguousarray(f, "<u8").tobytes() for f in batch))
-        self.texts.release()
-        self.file.flush()
-        self.offsets = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])
-
-    def __call__(self, ranks: np.ndarray) -> list[np.ndarray]:
-        at = np.searchsorted(self.rows, self.order[ranks])
-        fd, out = self.file.fileno(), []
-        for i in at.tolist():
-            start, end = int(self.offsets[i]), int(self.offsets[i + 1])
-            out.append(np.frombuffer(os.pread(fd, (end - start) * 8, start * 8), dtype="<u8"))
-        return out
-
-    def close(self) -> None:
-        if self.file is not None:
-            self.file.close()
-            self.file = None
 
 
 def build_dedup_clusters(ws: Workspace, partition_key: str) -> LayerResult:
