@@ -55,8 +55,10 @@ def test_materialize_all_seven_layers(
         dedup = by_layer["dedup_clusters"].metadata
         assert (dedup["exact_duplicates"].value, dedup["near_duplicates"].value) == (4, 1)
         assert dedup["removed"].value == 5
-        curve = {p["s"]: p["p"] for p in dedup["s_curve"].value}
+        curve = {r.data["s"]: r.data["p"] for r in dedup["s_curve"].records}  # a table
         assert curve["0.80"] == "0.947049" and len(curve) == 10
+        classes = dedup["classes"].value["document/prose"]
+        assert classes["near_duplicates"] == 1 and classes["bands"]["capped_buckets"] == 0
         assert len(by_layer["packed_blocks"].metadata["preview"].value.records) == 10
         raw = by_layer["raw_snapshot"].metadata
         assert (raw["unversioned_objects"].value, raw["deferred_changes"].value) == (0, 0)

@@ -34,8 +34,16 @@ def to_materialize_result(result: LayerResult) -> dg.MaterializeResult:
     metadata.update({name: dg.MetadataValue.text(v) for name, v in result.digests.items()})
     if result.preview:
         metadata["preview"] = preview_table(result.preview)
-    metadata.update({name: dg.MetadataValue.json(v) for name, v in result.details.items()})
+    for name, value in result.details.items():
+        flat = isinstance(value, list) and value and all(_flat(row) for row in value)
+        metadata[name] = preview_table(value) if flat else dg.MetadataValue.json(value)
     return dg.MaterializeResult(metadata=metadata, data_version=dg.DataVersion(result.digest))
+
+
+def _flat(row: Any) -> bool:
+    return isinstance(row, dict) and all(
+        isinstance(v, str | int | bool) or v is None for v in row.values()
+    )
 
 
 def preview_table(rows: list[dict[str, Any]]) -> dg.TableMetadataValue:
