@@ -443,3 +443,16 @@ def test_unspaced_scripts_use_character_shingles() -> None:
         _shingle_jaccard(han + "\u3002", "".join(edited), NearDedupPolicy())
     )
     assert out["s/other"]["verdict"] == KEEP
+
+
+def test_near_dedup_can_be_switched_off(
+    demo_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    use_demo_copy(demo_home, tmp_path / "off", 1, monkeypatch)
+    config = tmp_path / "off" / "corpus.yaml"
+    off = "policies:\n  dedup: {near: {enabled: false}}\n"
+    config.write_text(config.read_text().replace("policies:\n", off))
+    with open_workspace() as ws:
+        result = _build(ws, "p1")
+    assert (result.counts["exact_duplicates"], result.counts["near_duplicates"]) == (4, 0)
+    assert result.run_stats == {} and "s_curve" not in result.details
