@@ -456,3 +456,24 @@ def test_near_dedup_can_be_switched_off(
         result = _build(ws, "p1")
     assert (result.counts["exact_duplicates"], result.counts["near_duplicates"]) == (4, 0)
     assert result.run_stats == {} and "s_curve" not in result.details
+
+
+def test_prose_and_code_are_never_compared() -> None:
+    rng = random.Random(4)
+    text = " ".join(_words(rng, 200))
+    rows = [("a/1", text), ("b/1", text + " x"), ("b/2", text + " y")]
+    table = _records(rows)
+    texts = [t for _, t in rows]
+    policy = NearDedupPolicy()
+    stage = NearStage(
+        policy,
+        [RowMajor(signatures(texts, signature_spec(policy)))],
+        ListTexts(texts),
+        {"a": "prose", "b": "code"},
+        Path(tempfile.gettempdir()),
+    )
+    out, report = cluster(table, {"a": 0, "b": 1}, near=stage)
+    verdicts = {r["record_id"]: r["verdict"] for r in out.to_pylist()}
+    # a/1 is prose, b/* are code: only the two code records are each other's near duplicates.
+    assert verdicts == {"a/1": KEEP, "b/1": KEEP, "b/2": NEAR}
+    assert sorted(report["classes"]) == ["document/code", "document/prose"]

@@ -275,20 +275,16 @@ class NearStage:
         )
         kind_codes, kinds = _codes(records.column("kind"))
         source_codes, sources = _codes(records.column("source_id"))
-        names = [
-            [f"{kind}/{self.content_of[source]}" for source in sources.to_pylist()]
-            for kind in kinds.to_pylist()
-        ]
-        pair = kind_codes[eligible] * max(len(sources), 1) + source_codes[eligible]
-        classes: dict[str, list[np.ndarray]] = {}
+        kind_names, source_names = kinds.to_pylist(), sources.to_pylist()
+        pair = kind_codes[eligible] * len(source_names) + source_codes[eligible]
+        classes: dict[str, np.ndarray] = {}  # class name -> mask over eligible
         for code in np.unique(pair).tolist():
-            name = names[code // len(sources)][code % len(sources)]
-            classes.setdefault(name, []).append(pair == code)
+            kind, source = divmod(code, len(source_names))
+            name = f"{kind_names[kind]}/{self.content_of[source_names[source]]}"
+            classes[name] = classes.get(name, False) | (pair == code)
         per_class = {}
-        for name, masks in sorted(classes.items()):
-            order = eligible[np.logical_or.reduce(masks)]  # still in total order
-            rows = order
-
+        for name, mask in sorted(classes.items()):
+            order = eligible[mask]  # still in total order
             prints = SpilledFingerprints(self.texts, self.spec, order, self.tmp)
             try:
                 result = near_dedup(
@@ -296,7 +292,7 @@ class NearStage:
                 )
             finally:
                 prints.close()
-            per_class[name] = _class_report(result, len(rows))
+            per_class[name] = _class_report(result, len(order))
             for x, y, j in result.edges:
                 self.edges.append((int(order[x]), int(order[y]), j))
             for x in np.flatnonzero(~result.kept).tolist():

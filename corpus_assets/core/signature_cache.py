@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from corpus_assets.core.artifacts import get_json, get_table
+from corpus_assets.core.artifacts import Ref, get_json, get_table
 from corpus_assets.core.config import NearDedupPolicy
 from corpus_assets.core.digests import json_digest
 from corpus_assets.core.minhash import SignatureSpec, signatures, spec_payload
@@ -46,14 +46,27 @@ class ChunkSignatures:
     hashed: bool  # computed in this run (False: reused from the cache)
 
 
+@dataclass(frozen=True)
+class _Chunk:
+    """What signatures need of a canonical chunk, read once from its descriptor."""
+
+    key: str
+    records: Ref  # the chunk's records table
+    count: int
+
+    @classmethod
+    def of(cls, ws: Workspace, chunk: dict[str, Any]) -> "_Chunk":
+        descriptor = get_json(ws.cas, chunk["output"], f"chunk {chunk['chunk']}")
+        return cls(chunk["chunk"], descriptor["records"], descriptor["count"])
+
+    def texts(self, ws: Workspace) -> list[str]:
+        table = get_table(ws.cas, self.records, f"records of {self.key}", ["text"])
+        return table.column("text").to_pylist()
+
+
 def chunk_texts(ws: Workspace, chunk: dict[str, Any]) -> list[str]:
-    descriptor = get_json(ws.cas, chunk["output"], f"chunk {chunk['chunk']}")
-    table = get_table(ws.cas, descriptor["records"], f"records of {chunk['chunk']}", ["text"])
-    return table.column("text").to_pylist()
-
-
-def _records_digest(ws: Workspace, chunk: dict[str, Any]) -> str:
-    return get_json(ws.cas, chunk["output"], f"chunk {chunk['chunk']}")["records"]["digest"]
+    """The texts of a canonical chunk (an entry of the canonical index), in record order."""
+    return _Chunk.of(ws, chunk).texts(ws)
 
 
 def _task(chunk_key: str, records_digest: str, spec: SignatureSpec) -> ChunkTask:
@@ -100,12 +113,11 @@ class BandMajorFile:
         return data.reshape(rows, self.records)
 
 
-def _compute(ws: Workspace, chunk: dict[str, Any], spec: SignatureSpec, done: Any) -> ChunkOutcome:
-    task = _task(chunk["chunk"], _records_digest(ws, chunk), spec)
-
+def _compute(ws: Workspace, chunk: _Chunk, spec: SignatureSpec, done: Any) -> ChunkOutcome:
     def work() -> str:
-        return ws.cas.put_bytes(band_major_npy(signatures(chunk_texts(ws, chunk), spec)))
+        return ws.cas.put_bytes(band_major_npy(signatures(chunk.texts(ws), spec)))
 
+    task = _task(chunk.key, chunk.records["digest"], spec)
     return run_chunk(ws.catalog, ws.cas, task, work, done=done)
 
 
@@ -117,7 +129,7 @@ def _worker_init(config: str, environ: dict[str, str]) -> None:
     _WORKER["ws"] = open_workspace(config)
 
 
-def _worker_run(job: tuple[dict[str, Any], SignatureSpec]) -> ChunkOutcome:
+def _worker_run(job: tuple[_Chunk, SignatureSpec]) -> ChunkOutcome:
     chunk, spec = job
     return _compute(_WORKER["ws"], chunk, spec, done=None)
 
@@ -130,36 +142,30 @@ def ensure_signatures(
     ``workers > 1`` hashes chunks in a spawn pool; each chunk's bytes do not depend on it.
     """
     done = preload(ws.catalog, LAYER, spec.version)
-    outcomes: list[ChunkOutcome | None] = [None] * len(chunks)
+    items = [_Chunk.of(ws, chunk) for chunk in chunks]
+    outcomes: list[ChunkOutcome | None] = [None] * len(items)
     missing = []
-    for n, chunk in enumerate(chunks):
-        task = _task(chunk["chunk"], _records_digest(ws, chunk), spec)
-        if (task.chunk_key, task.input_digest) in done:  # cached: a dict hit and a stat
-            outcomes[n] = _compute(ws, chunk, spec, done)
+    for n, item in enumerate(items):
+        if (item.key, _task(item.key, item.records["digest"], spec).input_digest) in done:
+            outcomes[n] = _compute(ws, item, spec, done)  # cached: a dict hit and a stat
         else:
             missing.append(n)
     workers = min(workers, len(missing))
     if workers > 1:  # a pool only for chunks that really need hashing
         with worker_pool(ws, workers, _worker_init) as pool:
-            jobs = [(chunks[n], spec) for n in missing]
+            jobs = [(items[n], spec) for n in missing]
             for n, outcome in zip(missing, pool.map(_worker_run, jobs), strict=True):
                 outcomes[n] = outcome
     else:
         for n in missing:
-            outcomes[n] = _compute(ws, chunks[n], spec, done)
+            outcomes[n] = _compute(ws, items[n], spec, done)
     out = []
-    for chunk, outcome in zip(chunks, outcomes, strict=True):
+    for item, outcome in zip(items, outcomes, strict=True):
         assert outcome is not None
         if outcome.output_digest is None:
-            raise RuntimeError(
-                f"MinHash signatures of chunk {chunk['chunk']} failed: {outcome.error}"
-            )
-        descriptor = get_json(ws.cas, chunk["output"], f"chunk {chunk['chunk']}")
-        out.append(
-            ChunkSignatures(
-                chunk["chunk"], descriptor["count"], outcome.output_digest, not outcome.skipped
-            )
-        )
+            raise RuntimeError(f"MinHash signatures of chunk {item.key} failed: {outcome.error}")
+        hashed = not outcome.skipped
+        out.append(ChunkSignatures(item.key, item.count, outcome.output_digest, hashed))
     return out
 
 
