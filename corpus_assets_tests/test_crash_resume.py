@@ -1,4 +1,5 @@
-"""A build killed with SIGKILL at random points resumes and ends with the same digests."""
+"""A build killed with SIGKILL at random points (pinning, canonicalisation, MinHash signatures)
+resumes and ends with the same digests."""
 
 import json
 import os
@@ -21,11 +22,14 @@ BUILD = textwrap.dedent(
     with open_workspace(sys.argv[1]) as ws:
         raw = BUILDERS["raw_snapshot"](ws, "p1")
         canonical = BUILDERS["canonical_records"](ws, "p1")
+        dedup = BUILDERS["dedup_clusters"](ws, "p1")
         print(json.dumps({
             "freeze": ws.catalog.freeze_digest("p1"),
             "raw": raw.digest,
             "canonical": canonical.digest,
+            "dedup": dedup.digest,
             "reused": canonical.run_stats["chunks_reused"],
+            "signatures_reused": dedup.run_stats["signatures_reused"],
         }))
     """
 )
@@ -88,10 +92,10 @@ def test_sigkilled_builds_resume_to_identical_digests(tmp_path: Path) -> None:
 
     config = _home(tmp_path / "crashed", sources)
     catalog = tmp_path / "crashed" / "catalog.sqlite"
-    total = 2 * 30  # one pin task and one parse task per object
+    total = 3 * 30  # one pin, one parse and one MinHash signature task per object
     rng = random.Random(2026)
     kills, points = 0, set()
-    while kills < 10:
+    while kills < 40:  # until the build finishes on its own
         # kill at a random point of the remaining work: once 1-6 more chunk tasks have finished,
         # plus a random delay that usually lands inside the next one
         done = _successes(catalog)
@@ -113,11 +117,14 @@ def test_sigkilled_builds_resume_to_identical_digests(tmp_path: Path) -> None:
         kills += 1
     assert kills >= 10, f"only {kills} runs could be killed before the build finished"
     assert len(points) >= 8, f"kills landed at too few distinct points: {sorted(points)}"
+    phases = {min(p // 30, 2) for p in points}  # pinning, canonicalisation, signatures
+    assert phases == {0, 1, 2}, f"kills missed a phase: {sorted(points)}"
 
     resumed = _finish(config)
     assert resumed["reused"] > 0  # finished chunks were skipped, not redone
-    assert {k: resumed[k] for k in ("freeze", "raw", "canonical")} == {
-        k: reference[k] for k in ("freeze", "raw", "canonical")
+    assert resumed["signatures_reused"] > 0
+    assert {k: resumed[k] for k in ("freeze", "raw", "canonical", "dedup")} == {
+        k: reference[k] for k in ("freeze", "raw", "canonical", "dedup")
     }
     leftovers = list((tmp_path / "crashed" / "cas" / "sha256").rglob(".tmp-*"))
     assert leftovers == []  # temp files live in cas/tmp, never beside published objects
