@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from corpus_assets.core.artifacts import get_json, get_table, make_ref, put_json, put_table
 from corpus_assets.core.cas import ContentStore
@@ -47,7 +48,7 @@ from corpus_assets.core.near_dedup import (
     s_curve,
 )
 from corpus_assets.core.normalize import dedup_normalize
-from corpus_assets.core.records import load_records
+from corpus_assets.core.records import RECORD_COLUMNS
 from corpus_assets.core.signature_cache import (
     NPY,
     ensure_signatures,
@@ -415,15 +416,24 @@ def build_dedup_clusters(ws: Workspace, partition_key: str) -> LayerResult:
 
 
 def _records_with_length(ws: Workspace, canonical: dict[str, Any]) -> pa.Table:
-    """The columns dedup needs, with text length instead of text, one chunk in memory at once."""
+    """The columns dedup needs, with text length instead of text. Texts are decoded a batch at
+    a time, so the transient memory is one batch, not one chunk (let alone the partition)."""
+    columns = [c for c in _LOADED if c != "text"]
     tables = []
     for chunk in canonical["outputs"]["chunks"]:
-        table = load_records(ws, {"outputs": {"chunks": [chunk]}}, _LOADED)
-        length = pc.utf8_length(table.column("text"))
-        tables.append(table.drop_columns(["text"]).append_column("length", length))
+        descriptor = get_json(ws.cas, chunk["output"], f"chunk {chunk['chunk']}")
+        data = ws.cas.get_bytes(descriptor["records"]["digest"], f"records of {chunk['chunk']}")
+        parquet = pq.ParquetFile(pa.BufferReader(data))
+        table = parquet.read(columns=columns)
+        lengths = [
+            pc.utf8_length(batch.column(0))
+            for batch in parquet.iter_batches(batch_size=4096, columns=["text"])
+        ]
+        length = pa.chunked_array(lengths, pa.int32())
+        tables.append(table.append_column("length", length))
     if not tables:
-        empty = load_records(ws, {"outputs": {"chunks": []}}, _LOADED)
-        return empty.drop_columns(["text"]).append_column("length", pa.array([], pa.int32()))
+        empty = RECORD_COLUMNS.empty_table().select(columns)
+        return empty.append_column("length", pa.array([], pa.int32()))
     return pa.concat_tables(tables)
 
 
