@@ -44,6 +44,7 @@ from corpus_assets.core.near_dedup import (
     LshParams,
     NearResult,
     SignatureBlock,
+    UnionFind,
     near_dedup,
     s_curve,
 )
@@ -128,33 +129,6 @@ def _first_in_order(codes_in_order: np.ndarray) -> np.ndarray:
     return first
 
 
-class _Leakage:
-    """Union-find over group codes (ordered, so the smallest code is the smallest group id)."""
-
-    def __init__(self, groups: int) -> None:
-        self.parent = np.arange(groups, dtype=np.int64)
-
-    def find(self, x: int) -> int:
-        parent = self.parent
-        while parent[x] != x:
-            parent[x] = parent[parent[x]]
-            x = int(parent[x])
-        return x
-
-    def union(self, a: int, b: int) -> None:
-        ra, rb = self.find(a), self.find(b)
-        if ra != rb:
-            self.parent[max(ra, rb)] = min(ra, rb)
-
-    def roots(self) -> np.ndarray:
-        parent = self.parent
-        while True:  # pointer jumping until every code points at its root
-            jumped = parent[parent]
-            if np.array_equal(jumped, parent):
-                return parent
-            parent = jumped
-
-
 _VERDICTS = pa.array([KEEP, EXACT, NEAR, EXCLUDED], pa.string())
 _KEEP, _EXACT, _NEAR, _EXCLUDED = range(4)
 
@@ -220,7 +194,7 @@ def cluster(
     final[verdict == _EXCLUDED] = -1
 
     group_codes, groups = _codes(records.column("group_id"), ordered=True)
-    leakage = _Leakage(len(groups))
+    leakage = UnionFind(len(groups))  # over group codes ordered by group id
     for x, y in edges:
         leakage.union(int(group_codes[x]), int(group_codes[y]))
     leakage_ids = groups.take(pa.array(leakage.roots()[group_codes]))
@@ -375,7 +349,12 @@ def build_dedup_clusters(ws: Workspace, partition_key: str) -> LayerResult:
             "signatures_reused": sum(c.records for c in cached if not c.hashed),
         }
     table, report = cluster(records, order, revoked, near)
-    verdicts = Counter(table.column("verdict").to_pylist())
+    by_source = _per_source(table)
+    verdicts = Counter[str]()
+    for per_verdict in by_source.values():
+        verdicts.update(per_verdict)
+    representatives = table.column("representative_id")
+    kept_ids = pc.filter(representatives, pc.not_equal(representatives, ""))
     counts = {
         "records": table.num_rows,
         "kept": verdicts[KEEP],
@@ -384,10 +363,9 @@ def build_dedup_clusters(ws: Workspace, partition_key: str) -> LayerResult:
         "near_duplicates": verdicts[NEAR],
         "tombstoned": len(revoked),
         "duplicate_ids": verdicts[EXCLUDED] - len(revoked),
-        "clusters": len(set(table.column("representative_id").to_pylist()) - {""}),
-        "leakage_groups": len(set(table.column("leakage_id").to_pylist())),
+        "clusters": pc.count_distinct(kept_ids).as_py(),
+        "leakage_groups": pc.count_distinct(table.column("leakage_id")).as_py(),
     }
-    by_source = _per_source(table)
     report["per_source"] = by_source
     out: dict[str, Any] = {
         "clusters": put_table(ws.cas, table),
@@ -438,12 +416,13 @@ def _records_with_length(ws: Workspace, canonical: dict[str, Any]) -> pa.Table:
 
 
 def _per_source(table: pa.Table) -> dict[str, dict[str, int]]:
-    out: dict[str, Counter[str]] = {}
-    for source, verdict in zip(
-        table.column("source_id").to_pylist(), table.column("verdict").to_pylist(), strict=True
-    ):
-        out.setdefault(source, Counter())[verdict] += 1
-    return {s: {v: c[v] for v in (KEEP, EXACT, NEAR, EXCLUDED)} for s, c in sorted(out.items())}
+    """Verdict counts per source, every verdict listed (zeros too)."""
+    grouped = table.group_by(["source_id", "verdict"]).aggregate([([], "count_all")])
+    out: dict[str, dict[str, int]] = {}
+    for row in grouped.to_pylist():
+        counts = out.setdefault(row["source_id"], dict.fromkeys((KEEP, EXACT, NEAR, EXCLUDED), 0))
+        counts[row["verdict"]] = row["count_all"]
+    return dict(sorted(out.items()))
 
 
 def explain(cas: ContentStore, manifest: dict[str, Any], record_id: str) -> dict[str, Any]:

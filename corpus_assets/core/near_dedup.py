@@ -179,8 +179,9 @@ def candidate_pairs(
     return pairs, stats
 
 
-class _Groups:
-    """Union-find over ranks with path halving; the smaller rank becomes the root."""
+class UnionFind:
+    """Union-find over 0..n-1 with path halving; the smaller index becomes the root, so a
+    component is named by its smallest member."""
 
     def __init__(self, n: int) -> None:
         self.parent = list(range(n))
@@ -196,6 +197,15 @@ class _Groups:
         ra, rb = self.find(a), self.find(b)
         if ra != rb:
             self.parent[max(ra, rb)] = min(ra, rb)
+
+    def roots(self) -> np.ndarray:
+        """Every element's root (its component's smallest member), by pointer jumping."""
+        parent = np.asarray(self.parent, dtype=np.int64)
+        while True:
+            jumped = parent[parent]
+            if np.array_equal(jumped, parent):
+                return parent
+            parent = jumped
 
 
 class _Prints:
@@ -269,7 +279,7 @@ def near_dedup(
     result.fingerprinted = len(prints.involved)
     if prefetch is not None:
         prefetch(prints.involved)
-    groups = _Groups(n)
+    groups = UnionFind(n)
     alive = bytearray(b"\x01") * n  # kept flags as a bytearray: cheap to index in the loop
     tau = params.threshold
     bounds = np.flatnonzero(np.r_[True, xs[1:] != xs[:-1], True]).tolist()
