@@ -10,8 +10,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from corpus_assets.core.artifacts import get_table
-from corpus_assets.core.cas import CasError
+from corpus_assets.core.artifacts import get_table, put_json, put_table
+from corpus_assets.core.cas import CasError, ContentStore
 from corpus_assets.core.config import NearDedupPolicy
 from corpus_assets.core.dedup import EXACT, KEEP, NEAR, NearStage, cluster, dedup_key
 from corpus_assets.core.layers import LayerResult
@@ -27,6 +27,7 @@ from corpus_assets.core.near_dedup import (
 from corpus_assets.core.pipeline import BUILDERS, build_all
 from corpus_assets.core.records import RECORD_COLUMNS, load_records
 from corpus_assets.core.signature_cache import signature_spec
+from corpus_assets.core.validation import dedup_invariants
 from corpus_assets.core.workspace import Workspace, open_workspace
 from corpus_assets_tests.conftest import use_demo_copy
 
@@ -477,3 +478,29 @@ def test_prose_and_code_are_never_compared() -> None:
     # a/1 is prose, b/* are code: only the two code records are each other's near duplicates.
     assert verdicts == {"a/1": KEEP, "b/1": KEEP, "b/2": NEAR}
     assert sorted(report["classes"]) == ["document/code", "document/prose"]
+
+
+def test_validation_names_brokendedup_invariants(tmp_path: Path) -> None:
+    cas = ContentStore(tmp_path / "cas")
+    rows = [  # record, verdict, representative, match, jaccard, leakage group
+        ("a", KEEP, "a", "", None, "g1"),
+        ("c", KEEP, "c", "", None, "g1"),  # linked to a through b, but in another split
+        ("b", NEAR, "a", "a", 0.7, "g1"),  # below the 0.8 threshold
+        ("d", EXACT, "x", "x", 1.0, "g2"),  # stands behind a record that is no member
+    ]
+    names = ["record_id", "verdict", "representative_id", "match_id", "match_jaccard"]
+    clusters = pa.table({n: [r[i] for r in rows] for i, n in enumerate([*names, "leakage_id"])})
+    dedup = {
+        "outputs": {
+            "clusters": put_table(cas, clusters),
+            "report": put_json(cas, {"lsh": {"threshold": "0.8"}}),
+        }
+    }
+    members = pa.table({"record_id": ["a", "c"], "split": ["train", "test"]})
+    findings, leaks = dedup_invariants(cas, dedup, members)
+    assert leaks == 1 and "leakage group 'g1' spans splits test, train" in findings
+    assert any(
+        f.startswith("near duplicate 'b': direct match 'a' at Jaccard 0.7") for f in findings
+    )
+    assert "removed record 'd' stands behind 'x', which is no member" in findings
+    assert len(findings) == 3

@@ -28,6 +28,8 @@ def test_build_validates_and_rebuild_is_identical(workspace: Workspace) -> None:
     report = validate(workspace.cas, workspace.catalog, sid)
     assert report.ok, report.findings
     assert states.get(workspace.catalog, sid).state == states.VALIDATED
+    assert report.gate["dedup_invariant_violations"] == 0
+    assert report.gate["leakage_group_split_violations"] == 0
     counts = first["manifest"].counts
     # demo set: 4 exact duplicates; 1 malformed, 1 blank line, 1 non-chat row quarantined
     assert (counts["duplicates_removed"], counts["quarantined"]) == (5, 3)  # 4 exact, 1 near

@@ -2,7 +2,9 @@
 
 ``validate`` re-verifies every digest, then checks: every pinned source version still readable;
 record ids unique and each in exactly one known split; tombstone and benchmark hits 0; unknown
-sources 0; no open dead letters; lineage complete (every member traces to a pinned object and a
+sources 0; no open dead letters; every removed duplicate standing behind a member (a near
+duplicate's direct match a member at or above the threshold) and no leakage group across two
+splits; lineage complete (every member traces to a pinned object and a
 canonical row); member count equal to the table; a canary replay of a fixed subset of objects
 from their pinned versions giving exactly the recorded records. It returns the gate report the
 blocking asset check shows, and moves BUILDING -> VALIDATED, or -> INCOMPLETE when the freeze was
@@ -16,6 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from sqlalchemy import select
 
@@ -167,6 +170,10 @@ def _gates(
     if unexplained:
         findings.append(f"{unexplained} canonical rows are neither members nor duplicates")
     gate["unexplained_rows"] = unexplained
+    dedup_findings, leaks = dedup_invariants(cas, dedup, members)
+    findings += dedup_findings[:20]
+    gate["dedup_invariant_violations"] = len(dedup_findings) - leaks
+    gate["leakage_group_split_violations"] = leaks
 
     tombstone_hits = _tombstone_hits(catalog, int(manifest["tombstoneWatermark"]), members)
     findings += tombstone_hits
@@ -190,6 +197,59 @@ def _gates(
         )
     gate["build_latency_seconds"] = round(time.time() - frozen_at, 1) if frozen_at else None
     return findings
+
+
+def dedup_invariants(
+    cas: ContentStore, dedup: dict[str, Any], members: pa.Table
+) -> tuple[list[str], int]:
+    """Algorithm 18.1's invariant and the leakage promise, checked on the published tables.
+
+    Every removed record stands behind a member; a near duplicate's direct match is a member at
+    or above the threshold; all members of one leakage group share one split. Returns the
+    findings and how many of them are split leaks.
+    """
+    if "report" not in dedup["outputs"]:  # an index written before near-dedup
+        return [], 0
+    columns = ["record_id", "verdict", "representative_id", "match_id", "match_jaccard"]
+    clusters = pq.read_table(
+        pa.BufferReader(cas.get_bytes(dedup["outputs"]["clusters"]["digest"])),
+        columns=[*columns, "leakage_id"],
+    )
+    report = json.loads(cas.get_bytes(dedup["outputs"]["report"]["digest"]))
+    threshold = float(report.get("lsh", {}).get("threshold", "0"))
+    split_of = dict(
+        zip(
+            members.column("record_id").to_pylist(),
+            members.column("split").to_pylist(),
+            strict=True,
+        )
+    )
+    findings = []
+    removed = pc.is_in(clusters.column("verdict"), pa.array(["exact_duplicate", "near_duplicate"]))
+    for row in clusters.filter(removed).to_pylist():
+        rid, rep = row["record_id"], row["representative_id"]
+        if rep not in split_of:
+            findings.append(f"removed record {rid!r} stands behind {rep!r}, which is no member")
+        if row["verdict"] == "near_duplicate" and (
+            row["match_id"] not in split_of or row["match_jaccard"] < threshold
+        ):
+            findings.append(
+                f"near duplicate {rid!r}: direct match {row['match_id']!r} at Jaccard "
+                f"{row['match_jaccard']} is not a member at or above {threshold}"
+            )
+    kept = clusters.filter(pc.equal(clusters.column("verdict"), "keep"))
+    split_by_group: dict[str, set[str]] = {}
+    for rid, group in zip(
+        kept.column("record_id").to_pylist(), kept.column("leakage_id").to_pylist(), strict=True
+    ):
+        if rid in split_of:
+            split_by_group.setdefault(group, set()).add(split_of[rid])
+    leaks = [
+        f"leakage group {group!r} spans splits {', '.join(sorted(splits))}"
+        for group, splits in sorted(split_by_group.items())
+        if len(splits) > 1
+    ]
+    return findings + leaks, len(leaks)
 
 
 def canary_chunks(canonical: dict[str, Any]) -> list[str]:
