@@ -57,6 +57,8 @@ def test_materialize_all_seven_layers(
         assert dedup["removed"].value == 5
         curve = {r.data["s"]: r.data["p"] for r in dedup["s_curve"].records}  # a table
         assert curve["0.80"] == "0.947049" and len(curve) == 10
+        bands = [r.data for r in dedup["bucket_stats"].records]  # a table: class x band
+        assert [b["band"] for b in bands if b["class"] == "document/prose"] == list(range(16))
         classes = dedup["classes"].value["document/prose"]
         assert classes["near_duplicates"] == 1 and classes["bands"]["capped_buckets"] == 0
         assert len(by_layer["packed_blocks"].metadata["preview"].value.records) == 10

@@ -257,7 +257,7 @@ class NearStage:
             kind, source = divmod(code, len(source_names))
             name = f"{kind_names[kind]}/{self.content_of[source_names[source]]}"
             classes[name] = classes.get(name, False) | (pair == code)
-        per_class = {}
+        per_class, bucket_stats = {}, []
         for name, mask in sorted(classes.items()):
             order = eligible[mask]  # still in total order
             prints = SpilledFingerprints(self.texts, self.spec, order, self.tmp)
@@ -268,6 +268,7 @@ class NearStage:
             finally:
                 prints.close()
             per_class[name] = _class_report(result, len(order))
+            bucket_stats += [{"class": name, **asdict(band)} for band in result.bands]
             for x, y, j in result.edges:
                 self.edges.append((int(order[x]), int(order[y]), j))
             for x in np.flatnonzero(~result.kept).tolist():
@@ -286,6 +287,7 @@ class NearStage:
                 for p in s_curve(params.bands, params.rows)
             ],
             "classes": per_class,
+            "bucket_stats": bucket_stats,  # per class and band
         }
 
 
