@@ -215,7 +215,9 @@ def build(partition: str | None) -> dict[str, Any]:
         snapshot = resolve(ws.catalog, manifest_digest)
         report = verify(ws.cas, ws.catalog, snapshot.snapshot_id)
         layers = {layer: ws.catalog.layer_output(key, layer) for layer in LAYERS}
+        dedup = json.loads(ws.cas.get_bytes(layers["dedup_clusters"], "dedup_clusters index"))
     return {
+        "dedup": dedup["counts"],
         "partition": key,
         "snapshotId": snapshot.snapshot_id,
         "state": snapshot.state,
@@ -230,6 +232,12 @@ def _print_build(built: dict[str, Any]) -> None:
     print(f"partition {built['partition']}: 7 layers materialized in {built['seconds']} s")
     for layer, digest in built["layers"].items():
         print(f"  {layer:<18} {digest}")
+    dedup = built["dedup"]
+    print(
+        f"dedup: {dedup['exact_duplicates']} exact and {dedup['near_duplicates']} near "
+        f"duplicates removed from {dedup['records']} records "
+        "(`corpus-assets dedup SNAPSHOT RECORD_ID` explains one)"
+    )
     print(
         f"CAS objects in this snapshot: {built['casObjects']}, "
         f"already present before this build (reused): {built['casReused']}"

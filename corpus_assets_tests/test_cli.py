@@ -35,6 +35,7 @@ def test_demo_verify_rebuild_reuse_and_tamper(tmp_path: Path) -> None:
     sid = _field(demo.stdout, "snapshotId")
     assert re.fullmatch(r"sha256:[0-9a-f]{64}", sid)
     assert re.search(r"^alias demo generation 1$", demo.stdout, re.MULTILINE)
+    assert "dedup: 4 exact and 1 near duplicates removed from 289 records" in demo.stdout
 
     verified = run(tmp_path, "verify", sid)
     assert verified.returncode == 0, verified.stderr
