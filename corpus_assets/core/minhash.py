@@ -1,4 +1,5 @@
-"""MinHash signatures for near-duplicate detection (signature part only; no LSH banding yet).
+"""MinHash signatures and shingle fingerprints for near-duplicate detection (banding and
+clustering live in :mod:`corpus_assets.core.near_dedup`).
 
 A signature is fully determined by a versioned :class:`SignatureSpec`: the normalisation and
 shingling rule, the shingle hash, and the permutation family with its seed. Two versions exist;
