@@ -55,6 +55,10 @@ def test_materialize_all_seven_layers(
         dedup = by_layer["dedup_clusters"].metadata
         assert (dedup["exact_duplicates"].value, dedup["near_duplicates"].value) == (4, 1)
         assert dedup["removed"].value == 5
+        # counts and output digests of the same name both show, the digest with a suffix
+        assert isinstance(dedup["clusters"].value, int)
+        assert dedup["clusters_digest"].value.startswith("sha256:")
+        assert isinstance(by_layer["packed_blocks"].metadata["tokens"].value, int)
         curve = {r.data["s"]: r.data["p"] for r in dedup["s_curve"].records}  # a table
         assert curve["0.80"] == "0.947049" and len(curve) == 10
         bands = [r.data for r in dedup["bucket_stats"].records]  # a table: class x band

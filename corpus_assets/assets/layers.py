@@ -31,7 +31,9 @@ def to_materialize_result(result: LayerResult) -> dg.MaterializeResult:
     metadata.update(
         {f"run.{name}": dg.MetadataValue.int(v) for name, v in result.run_stats.items()}
     )
-    metadata.update({name: dg.MetadataValue.text(v) for name, v in result.digests.items()})
+    for name, digest in result.digests.items():  # a count of the same name keeps its label
+        label = f"{name}_digest" if name in result.counts else name
+        metadata[label] = dg.MetadataValue.text(digest)
     if result.preview:
         metadata["preview"] = preview_table(result.preview)
     for name, value in result.details.items():
