@@ -55,7 +55,7 @@ class SpilledFingerprints:
 
     BATCH = 4096
 
-    def __init__(self, texts: "TextLookup", spec: Any, order: np.ndarray, tmp: Path) -> None:
+    def __init__(self, texts: TextLookup, spec: Any, order: np.ndarray, tmp: Path) -> None:
         self.texts, self.spec, self.order, self.tmp = texts, spec, order, tmp
         self.rows = np.empty(0, dtype=np.int64)
         self.offsets = np.zeros(1, dtype=np.int64)

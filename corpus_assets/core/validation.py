@@ -23,6 +23,7 @@ import pyarrow.parquet as pq
 from sqlalchemy import select
 
 from corpus_assets.core import states
+from corpus_assets.core.artifacts import get_json, get_table
 from corpus_assets.core.cas import CasError, ContentStore
 from corpus_assets.core.catalog import Catalog, benchmark_items, freezes
 from corpus_assets.core.digests import json_digest
@@ -211,11 +212,9 @@ def dedup_invariants(
     if "report" not in dedup["outputs"]:  # an index written before near-dedup
         return [], 0
     columns = ["record_id", "verdict", "representative_id", "match_id", "match_jaccard"]
-    clusters = pq.read_table(
-        pa.BufferReader(cas.get_bytes(dedup["outputs"]["clusters"]["digest"])),
-        columns=[*columns, "leakage_id"],
-    )
-    report = json.loads(cas.get_bytes(dedup["outputs"]["report"]["digest"]))
+    columns.append("leakage_id")
+    clusters = get_table(cas, dedup["outputs"]["clusters"], "dedup clusters", columns)
+    report = get_json(cas, dedup["outputs"]["report"], "dedup report")
     threshold = float(report.get("lsh", {}).get("threshold", "0"))
     split_of = dict(
         zip(
