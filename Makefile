@@ -19,13 +19,15 @@ $(UV):
 demo: .venv/.synced
 	$(UV) run --frozen --no-sync corpus-assets demo
 
-## Run the test suite (slow benchmarks are skipped; PostgreSQL tests need 127.0.0.1:5432).
+## Run ruff, the import-layering contracts and the test suite (slow benchmarks are skipped; PostgreSQL tests need 127.0.0.1:5432).
 test: .venv/.synced
 	$(UV) run --frozen --no-sync ruff check corpus_assets corpus_assets_tests bench
+	$(UV) run --frozen --no-sync lint-imports
 	$(UV) run --frozen --no-sync pytest
 
 lint: .venv/.synced
 	$(UV) run --frozen --no-sync ruff check corpus_assets corpus_assets_tests bench
+	$(UV) run --frozen --no-sync lint-imports
 	$(UV) run --frozen --no-sync ruff format --check corpus_assets corpus_assets_tests bench
 
 ## The Dagster UI on the same data home and instance as the CLI.

@@ -24,10 +24,16 @@ from pathlib import Path
 
 import zstandard
 
-from corpus_assets.core.canonicalize import Excluded, Stages, canonicalize, contaminated, parse_line
-from corpus_assets.core.config import ObjectsSource
-from corpus_assets.core.contamination import BenchmarkIndex, ContaminationPolicy
-from corpus_assets.core.quality import QualityPolicy
+from corpus_assets.core.records.canonicalize import (
+    Excluded,
+    Stages,
+    canonicalize,
+    contaminated,
+    parse_line,
+)
+from corpus_assets.core.records.contamination import BenchmarkIndex, ContaminationPolicy
+from corpus_assets.core.records.quality import QualityPolicy
+from corpus_assets.core.runtime.config import ObjectsSource
 
 CORPORA = {
     "fortunes": {},

@@ -19,9 +19,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from corpus_assets.core.cas import ContentStore
-from corpus_assets.core.catalog import Catalog
-from corpus_assets.core.tasks import ChunkTask, preload, run_chunk
+from corpus_assets.core.storage.cas import ContentStore
+from corpus_assets.core.storage.catalog import Catalog
+from corpus_assets.core.storage.tasks import ChunkTask, preload, run_chunk
 
 
 def main() -> None:

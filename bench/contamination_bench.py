@@ -29,7 +29,7 @@ import unicodedata
 from collections.abc import Callable
 from pathlib import Path
 
-from corpus_assets.core.contamination import (
+from corpus_assets.core.records.contamination import (
     BenchmarkIndex,
     ContaminationPolicy,
     Match,

@@ -47,8 +47,8 @@ from pathlib import Path
 
 import numpy as np
 
-from corpus_assets.core.near_dedup import LshParams, candidate_pairs, near_dedup
-from corpus_assets.core.signature_cache import BandMajorFile, band_major_npy
+from corpus_assets.core.dedup.near_dedup import LshParams, candidate_pairs, near_dedup
+from corpus_assets.core.dedup.signature_cache import BandMajorFile, band_major_npy
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 NUM_PERM = 128
@@ -63,11 +63,11 @@ TARGET_DOCS_PER_S = 150_000
 def jaccard_impl():
     """(callable, description): ``minhash.jaccard_sorted`` when it exists, else a local one."""
     try:
-        from corpus_assets.core.minhash import jaccard_sorted
+        from corpus_assets.core.dedup.minhash import jaccard_sorted
     except ImportError:
         pass
     else:
-        return jaccard_sorted, "corpus_assets.core.minhash.jaccard_sorted"
+        return jaccard_sorted, "corpus_assets.core.dedup.minhash.jaccard_sorted"
 
     def jaccard_local(a: np.ndarray, b: np.ndarray) -> float:
         if not len(a) and not len(b):

@@ -69,7 +69,7 @@ def _status_kb() -> dict[str, int]:
 
 def child(config: str, partition: str, prepare: bool) -> None:
     from corpus_assets.core.pipeline import BUILDERS
-    from corpus_assets.core.workspace import open_workspace
+    from corpus_assets.core.runtime.workspace import open_workspace
 
     with open_workspace(config) as ws:
         if prepare:

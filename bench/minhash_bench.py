@@ -27,8 +27,8 @@ from pathlib import Path
 import numpy as np
 from datasketch import MinHash
 
-from corpus_assets.core import minhash as mh
-from corpus_assets.core.minhash import SignatureSpec, shingles, signatures, sketch
+from corpus_assets.core.dedup import minhash as mh
+from corpus_assets.core.dedup.minhash import SignatureSpec, shingles, signatures, sketch
 
 TARGET_MBPS = 12.0
 _SYNTH_TEXT = (

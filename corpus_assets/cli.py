@@ -16,26 +16,30 @@ from typing import Any
 
 from sqlalchemy.engine import make_url
 
-from corpus_assets.core import gate, states
-from corpus_assets.core.cas import CasError, ContentStore
-from corpus_assets.core.catalog import Catalog, LayerConflict
-from corpus_assets.core.config import ConfigError, config_path, default_home
-from corpus_assets.core.dedup import dedup_key, explain
-from corpus_assets.core.demo import write_demo
-from corpus_assets.core.keys import PartitionKeyError, new_partition_key, validate_partition_key
-from corpus_assets.core.layers import LAYERS
-from corpus_assets.core.lineage import tombstone_hits
-from corpus_assets.core.manifest import BuildConflict
-from corpus_assets.core.pinning import PinError
-from corpus_assets.core.prov import prov_document
-from corpus_assets.core.publish import PublishError, approve, rollback
-from corpus_assets.core.shadow import shadow_diff
-from corpus_assets.core.signing import SignatureError
-from corpus_assets.core.sources import SourceError
-from corpus_assets.core.training import TrainingError, TrainingReader, take_permit
-from corpus_assets.core.validation import validate
-from corpus_assets.core.verify import load_manifest, resolve, verify
-from corpus_assets.core.workspace import open_home, open_workspace
+from corpus_assets.core.dedup.layer import dedup_key, explain
+from corpus_assets.core.governance import gate, states
+from corpus_assets.core.governance.lineage import tombstone_hits
+from corpus_assets.core.ingest.pinning import PinError
+from corpus_assets.core.ingest.sources import SourceError
+from corpus_assets.core.release.manifest import BuildConflict
+from corpus_assets.core.release.prov import prov_document
+from corpus_assets.core.release.publish import PublishError, approve, rollback
+from corpus_assets.core.release.shadow import shadow_diff
+from corpus_assets.core.release.signing import SignatureError
+from corpus_assets.core.release.training import TrainingError, TrainingReader, take_permit
+from corpus_assets.core.release.validation import validate
+from corpus_assets.core.release.verify import load_manifest, resolve, verify
+from corpus_assets.core.runtime.config import ConfigError, config_path, default_home
+from corpus_assets.core.runtime.keys import (
+    PartitionKeyError,
+    new_partition_key,
+    validate_partition_key,
+)
+from corpus_assets.core.runtime.layers import LAYERS
+from corpus_assets.core.runtime.workspace import open_home, open_workspace
+from corpus_assets.core.storage.cas import CasError, ContentStore
+from corpus_assets.core.storage.catalog import Catalog, LayerConflict
+from corpus_assets.demo import write_demo
 
 # The repository's dagster.yaml, as data (a test keeps the two equal).
 DAGSTER_YAML = "storage: {sqlite: {base_dir: {env: DAGSTER_HOME}}}\ntelemetry: {enabled: false}\n"

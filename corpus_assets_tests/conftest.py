@@ -9,8 +9,8 @@ from pathlib import Path
 import psycopg2
 import pytest
 
-from corpus_assets.core.demo import write_demo
-from corpus_assets.core.workspace import Workspace, open_workspace
+from corpus_assets.core.runtime.workspace import Workspace, open_workspace
+from corpus_assets.demo import write_demo
 
 PG_ADMIN_DSN = os.environ.get(
     "CORPUS_TEST_PG_DSN", "host=127.0.0.1 port=5432 user=postgres dbname=postgres"

@@ -9,14 +9,14 @@ import pyarrow.parquet as pq
 import pytest
 import zstandard
 
-from corpus_assets.core import gate
-from corpus_assets.core.canonicalize import Excluded, Stages, canonicalize
-from corpus_assets.core.config import ObjectsSource
-from corpus_assets.core.dedup import dedup_key
+from corpus_assets.core.dedup.layer import dedup_key
+from corpus_assets.core.governance import gate
 from corpus_assets.core.pipeline import BUILDERS
-from corpus_assets.core.quality import QualityPolicy
-from corpus_assets.core.records import load_records
-from corpus_assets.core.workspace import Workspace, open_workspace
+from corpus_assets.core.records.canonicalize import Excluded, Stages, canonicalize
+from corpus_assets.core.records.layer import load_records
+from corpus_assets.core.records.quality import QualityPolicy
+from corpus_assets.core.runtime.config import ObjectsSource
+from corpus_assets.core.runtime.workspace import Workspace, open_workspace
 from corpus_assets_tests.conftest import use_demo_copy
 
 CORPORA = Path(__file__).resolve().parents[2] / "shared" / "corpora"

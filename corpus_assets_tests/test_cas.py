@@ -14,13 +14,13 @@ from pathlib import Path
 import pytest
 
 import corpus_assets
-from corpus_assets.core.cas import (
+from corpus_assets.core.storage.cas import (
     COPY_CHUNK,
     ContentStore,
     CorruptObjectError,
     MissingObjectError,
 )
-from corpus_assets.core.digests import DigestError, sha256_digest
+from corpus_assets.core.storage.digests import DigestError, sha256_digest
 
 REPO_ROOT = Path(corpus_assets.__file__).resolve().parents[1]
 
@@ -29,7 +29,7 @@ CHILD_PRELUDE = textwrap.dedent(
     """
     import io, json, random, sys, time
     from pathlib import Path
-    from corpus_assets.core.cas import ContentStore
+    from corpus_assets.core.storage.cas import ContentStore
 
     class SlowStream(io.RawIOBase):
         def __init__(self, data, delay):

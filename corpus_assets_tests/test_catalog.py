@@ -5,11 +5,17 @@ import threading
 import pytest
 from sqlalchemy import select, update
 
-from corpus_assets.core import gate, states
-from corpus_assets.core.cas import ContentStore
-from corpus_assets.core.catalog import Catalog, chunk_tasks
-from corpus_assets.core.catalog import gate as gate_table
-from corpus_assets.core.tasks import FAILED, SUCCESS, ChunkTask, open_dead_letters, run_chunk
+from corpus_assets.core.governance import gate, states
+from corpus_assets.core.storage.cas import ContentStore
+from corpus_assets.core.storage.catalog import Catalog, chunk_tasks
+from corpus_assets.core.storage.catalog import gate as gate_table
+from corpus_assets.core.storage.tasks import (
+    FAILED,
+    SUCCESS,
+    ChunkTask,
+    open_dead_letters,
+    run_chunk,
+)
 
 SID = "sha256:" + "a" * 64
 SID2 = "sha256:" + "b" * 64

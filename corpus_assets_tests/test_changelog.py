@@ -10,7 +10,7 @@ import pytest
 import rfc8785
 import zstandard
 
-from corpus_assets.core.changelog import (
+from corpus_assets.core.ingest.changelog import (
     DEFAULT_INCLUDE,
     ChangelogError,
     FoldResult,

@@ -5,14 +5,14 @@ from pathlib import Path
 
 import pytest
 
-from corpus_assets.core import states
-from corpus_assets.core.pinning import late_changes
+from corpus_assets.core.governance import states
+from corpus_assets.core.ingest.pinning import late_changes
+from corpus_assets.core.ingest.sources import fingerprint
 from corpus_assets.core.pipeline import build_all
-from corpus_assets.core.publish import PublishError, activate, approve
-from corpus_assets.core.records import load_records
-from corpus_assets.core.sources import fingerprint
-from corpus_assets.core.validation import validate
-from corpus_assets.core.workspace import Workspace, open_workspace
+from corpus_assets.core.records.layer import load_records
+from corpus_assets.core.release.publish import PublishError, activate, approve
+from corpus_assets.core.release.validation import validate
+from corpus_assets.core.runtime.workspace import Workspace, open_workspace
 
 
 def _event(lsn: int, op: str, key: int, body: str | None = None) -> dict:

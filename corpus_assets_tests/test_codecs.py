@@ -7,8 +7,7 @@ import tracemalloc
 import pytest
 import zstandard
 
-from corpus_assets.core.cas import ContentStore
-from corpus_assets.core.codecs import (
+from corpus_assets.core.ingest.codecs import (
     CodecError,
     DecompressionBombError,
     DecompressionLimits,
@@ -17,6 +16,7 @@ from corpus_assets.core.codecs import (
     open_decompressed,
     sniff_codec,
 )
+from corpus_assets.core.storage.cas import ContentStore
 
 LINES = [b'{"id": %d, "text": "line %d"}' % (i, i * 7) for i in range(20_000)]
 JSONL = b"\n".join(LINES) + b"\n"

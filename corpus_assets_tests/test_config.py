@@ -6,7 +6,7 @@ from typing import Any
 import pytest
 import yaml
 
-from corpus_assets.core.config import (
+from corpus_assets.core.runtime.config import (
     ConfigError,
     CorpusConfig,
     DedupPolicy,
@@ -16,7 +16,7 @@ from corpus_assets.core.config import (
     load_config,
     parse_config,
 )
-from corpus_assets.core.demo import write_demo
+from corpus_assets.demo import write_demo
 
 WHERE = "corpus.yaml"
 POLICIES = ("dedup", "splits", "mixing", "packing")

@@ -8,8 +8,8 @@ import random
 import numpy as np
 import pytest
 
-from corpus_assets.core import contamination
-from corpus_assets.core.contamination import (
+from corpus_assets.core.records import contamination
+from corpus_assets.core.records.contamination import (
     BenchmarkIndex,
     ContaminationPolicy,
     Match,
@@ -19,7 +19,7 @@ from corpus_assets.core.contamination import (
     policy_payload,
     word_ngrams,
 )
-from corpus_assets.core.digests import json_digest
+from corpus_assets.core.storage.digests import json_digest
 
 POLICY = ContaminationPolicy()
 QUESTION = (

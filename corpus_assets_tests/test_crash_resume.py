@@ -18,7 +18,7 @@ BUILD = textwrap.dedent(
     """
     import json, sys
     from corpus_assets.core.pipeline import BUILDERS
-    from corpus_assets.core.workspace import open_workspace
+    from corpus_assets.core.runtime.workspace import open_workspace
     with open_workspace(sys.argv[1]) as ws:
         raw = BUILDERS["raw_snapshot"](ws, "p1")
         canonical = BUILDERS["canonical_records"](ws, "p1")

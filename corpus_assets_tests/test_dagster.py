@@ -10,9 +10,9 @@ from corpus_assets.assets.jobs import approval_run_config
 from corpus_assets.assets.layers import LAYER_ASSETS
 from corpus_assets.assets.resources import CorpusResource
 from corpus_assets.assets.sensors import publication, source_discovery
-from corpus_assets.core import gate, states
-from corpus_assets.core.layers import LAYERS
-from corpus_assets.core.workspace import open_workspace
+from corpus_assets.core.governance import gate, states
+from corpus_assets.core.runtime.layers import LAYERS
+from corpus_assets.core.runtime.workspace import open_workspace
 from corpus_assets.definitions import defs
 
 RESOURCES = {"corpus": CorpusResource()}

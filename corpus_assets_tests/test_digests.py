@@ -5,7 +5,7 @@ import random
 import pytest
 import rfc8785
 
-from corpus_assets.core.digests import (
+from corpus_assets.core.storage.digests import (
     DigestError,
     canonical_json,
     check_digest,

@@ -20,8 +20,7 @@ from pathlib import Path
 import pytest
 
 import corpus_assets
-from corpus_assets.core.cas import ContentStore
-from corpus_assets.core.download import (
+from corpus_assets.core.ingest.download import (
     DownloadError,
     Fetched,
     RemoteVersion,
@@ -29,6 +28,7 @@ from corpus_assets.core.download import (
     fetch_to_cas,
     head,
 )
+from corpus_assets.core.storage.cas import ContentStore
 
 REPO_ROOT = Path(corpus_assets.__file__).resolve().parents[1]
 SIZE = 3 * (1 << 20) + 12_345
@@ -537,8 +537,8 @@ CHILD = textwrap.dedent(
     """
     import sys
     from pathlib import Path
-    from corpus_assets.core.cas import ContentStore
-    from corpus_assets.core.download import fetch_to_cas
+    from corpus_assets.core.storage.cas import ContentStore
+    from corpus_assets.core.ingest.download import fetch_to_cas
 
     url, cas_root, work = sys.argv[1:4]
     fetch_to_cas(url, ContentStore(Path(cas_root)), Path(work),

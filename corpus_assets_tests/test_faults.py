@@ -9,18 +9,18 @@ import pyarrow.parquet as pq
 import pytest
 from sqlalchemy import update
 
-from corpus_assets.core import states
-from corpus_assets.core.artifacts import put_table
-from corpus_assets.core.catalog import LayerConflict, snapshots
-from corpus_assets.core.digests import canonical_json
-from corpus_assets.core.identity import snapshot_id
-from corpus_assets.core.manifest import BuildConflict
+from corpus_assets.core.governance import states
 from corpus_assets.core.pipeline import build_all
-from corpus_assets.core.signing import sign_snapshot
-from corpus_assets.core.transform import PACKAGE_ROOT, image_digest, transform_image
-from corpus_assets.core.validation import validate
-from corpus_assets.core.verify import verify
-from corpus_assets.core.workspace import Workspace, open_workspace
+from corpus_assets.core.release.identity import snapshot_id
+from corpus_assets.core.release.manifest import BuildConflict
+from corpus_assets.core.release.signing import sign_snapshot
+from corpus_assets.core.release.validation import validate
+from corpus_assets.core.release.verify import verify
+from corpus_assets.core.runtime.transform import PACKAGE_ROOT, image_digest, transform_image
+from corpus_assets.core.runtime.workspace import Workspace, open_workspace
+from corpus_assets.core.storage.artifacts import put_table
+from corpus_assets.core.storage.catalog import LayerConflict, snapshots
+from corpus_assets.core.storage.digests import canonical_json
 
 
 def test_duplicate_record_ids_are_excluded_by_name_at_build(tmp_path: Path) -> None:
@@ -111,7 +111,7 @@ def test_same_tag_with_another_digest_is_named(workspace: Workspace, tmp_path: P
     sid = build_all(workspace, "p1")["manifest"].digests["snapshotId"]
     other = tmp_path / "other" / "corpus_assets"
     shutil.copytree(PACKAGE_ROOT, other, ignore=shutil.ignore_patterns("__pycache__"))
-    with open(other / "core" / "dedup.py", "a") as handle:
+    with open(other / "core" / "dedup" / "layer.py", "a") as handle:
         handle.write("\n# a one-line change, same version tag\n")
     tag = transform_image().partition("@")[0]
     retagged = f"{tag}@{image_digest(other)}"

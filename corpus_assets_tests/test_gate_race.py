@@ -8,8 +8,8 @@ import random
 import threading
 import time
 
-from corpus_assets.core import gate, states
-from corpus_assets.core.catalog import Catalog
+from corpus_assets.core.governance import gate, states
+from corpus_assets.core.storage.catalog import Catalog
 
 TRIALS = 200
 

@@ -15,10 +15,10 @@ import pyarrow.parquet as pq
 import pytest
 import zstandard
 
+from corpus_assets.core.ingest.sources import fingerprint
 from corpus_assets.core.pipeline import BUILDERS, build_all
-from corpus_assets.core.sources import fingerprint
-from corpus_assets.core.validation import validate
-from corpus_assets.core.workspace import Workspace, open_workspace
+from corpus_assets.core.release.validation import validate
+from corpus_assets.core.runtime.workspace import Workspace, open_workspace
 
 
 class Site:

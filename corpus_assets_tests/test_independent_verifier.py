@@ -61,7 +61,7 @@ BUILD = """
 import json, sys
 from pathlib import Path
 from corpus_assets.core.pipeline import build_all
-from corpus_assets.core.workspace import open_workspace
+from corpus_assets.core.runtime.workspace import open_workspace
 
 out = Path(sys.argv[1])
 with open_workspace() as ws:
@@ -80,7 +80,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
     base = tmp_path_factory.mktemp("independent")
     home = base / "corpus"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("CORPUS_", "DAGSTER_"))}
-    setup = "from corpus_assets.core.demo import write_demo; import sys; "
+    setup = "from corpus_assets.demo import write_demo; import sys; "
     setup += "print(write_demo(__import__('pathlib').Path(sys.argv[1])))"
     config = subprocess.run(
         [sys.executable, "-c", setup, str(home)],

@@ -10,15 +10,15 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from corpus_assets.core.canonicalize import Excluded as Quarantined
-from corpus_assets.core.canonicalize import Stages, canonicalize, parse_line
-from corpus_assets.core.config import ObjectsSource, SplitPolicy
-from corpus_assets.core.dedup import CLUSTER_COLUMNS, cluster, dedup_key
-from corpus_assets.core.demo import demo_objects
-from corpus_assets.core.packing import EOS, PAD, Packed, pack, token_bytes, tokenize
-from corpus_assets.core.quality import QualityPolicy
-from corpus_assets.core.records import RECORD_COLUMNS
-from corpus_assets.core.splits import split_of
+from corpus_assets.core.dedup.layer import CLUSTER_COLUMNS, cluster, dedup_key
+from corpus_assets.core.records.canonicalize import Excluded as Quarantined
+from corpus_assets.core.records.canonicalize import Stages, canonicalize, parse_line
+from corpus_assets.core.records.layer import RECORD_COLUMNS
+from corpus_assets.core.records.quality import QualityPolicy
+from corpus_assets.core.runtime.config import ObjectsSource, SplitPolicy
+from corpus_assets.core.training_view.packing import EOS, PAD, Packed, pack, token_bytes, tokenize
+from corpus_assets.core.training_view.splits import split_of
+from corpus_assets.demo import demo_objects
 
 SOURCE = ObjectsSource(id="s", kind="objects", path=".")
 THREADED = ObjectsSource(id="s", kind="objects", path=".", group_field="thread")

@@ -6,8 +6,8 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from corpus_assets.core import minhash as mh
-from corpus_assets.core.minhash import (
+from corpus_assets.core.dedup import minhash as mh
+from corpus_assets.core.dedup.minhash import (
     SignatureSpec,
     fingerprint64,
     fingerprint64_units,

@@ -10,25 +10,25 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from corpus_assets.core.artifacts import get_table, put_json, put_table
-from corpus_assets.core.cas import CasError, ContentStore
-from corpus_assets.core.config import NearDedupPolicy
-from corpus_assets.core.dedup import EXACT, KEEP, NEAR, NearStage, cluster, dedup_key
-from corpus_assets.core.layers import LayerResult
-from corpus_assets.core.lineage import hits
-from corpus_assets.core.minhash import fingerprints, jaccard_sorted, signatures
-from corpus_assets.core.near_dedup import (
+from corpus_assets.core.dedup.layer import EXACT, KEEP, NEAR, NearStage, cluster, dedup_key
+from corpus_assets.core.dedup.minhash import fingerprints, jaccard_sorted, signatures
+from corpus_assets.core.dedup.near_dedup import (
     LshParams,
     RowMajor,
     candidate_pairs,
     near_dedup,
     s_curve,
 )
+from corpus_assets.core.dedup.signature_cache import signature_spec
+from corpus_assets.core.governance.lineage import hits
 from corpus_assets.core.pipeline import BUILDERS, build_all
-from corpus_assets.core.records import RECORD_COLUMNS, load_records
-from corpus_assets.core.signature_cache import signature_spec
-from corpus_assets.core.validation import dedup_invariants
-from corpus_assets.core.workspace import Workspace, open_workspace
+from corpus_assets.core.records.layer import RECORD_COLUMNS, load_records
+from corpus_assets.core.release.validation import dedup_invariants
+from corpus_assets.core.runtime.config import NearDedupPolicy
+from corpus_assets.core.runtime.layers import LayerResult
+from corpus_assets.core.runtime.workspace import Workspace, open_workspace
+from corpus_assets.core.storage.artifacts import get_table, put_json, put_table
+from corpus_assets.core.storage.cas import CasError, ContentStore
 from corpus_assets_tests.conftest import use_demo_copy
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import zstandard
 
-from corpus_assets.core.normalize import (
+from corpus_assets.core.records.normalize import (
     Normalized,
     ParseReject,
     dedup_normalize,

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import zstandard
 
-from corpus_assets.core.pii import Redaction, redact
+from corpus_assets.core.records.pii import Redaction, redact
 
 CORPORA = Path(__file__).parents[2] / "shared" / "corpora"
 

@@ -6,12 +6,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from corpus_assets.core import gate, states
-from corpus_assets.core.lineage import tombstone_hits
+from corpus_assets.core.governance import gate, states
+from corpus_assets.core.governance.lineage import tombstone_hits
 from corpus_assets.core.pipeline import build_all
-from corpus_assets.core.publish import activate, approve, rollback
-from corpus_assets.core.validation import validate
-from corpus_assets.core.workspace import Workspace
+from corpus_assets.core.release.publish import activate, approve, rollback
+from corpus_assets.core.release.validation import validate
+from corpus_assets.core.runtime.workspace import Workspace
 
 
 def _publish(ws: Workspace, key: str) -> str:

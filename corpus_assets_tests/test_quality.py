@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from corpus_assets.core.quality import QualityPolicy, check_quality, policy_payload
+from corpus_assets.core.records.quality import QualityPolicy, check_quality, policy_payload
 
 PARAGRAPH = (
     "A celebrity is a person who is known for his well-knownness. The critic, on the other\n"

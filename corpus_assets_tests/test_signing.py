@@ -17,8 +17,7 @@ from cryptography.hazmat.primitives.serialization import (
 from securesystemslib.dsse import Envelope
 from securesystemslib.signer import CryptoSigner
 
-from corpus_assets.core.digests import canonical_json
-from corpus_assets.core.signing import (
+from corpus_assets.core.release.signing import (
     KEY_ENV,
     PAYLOAD_TYPE,
     SignatureError,
@@ -29,6 +28,7 @@ from corpus_assets.core.signing import (
     statement,
     verify_signature,
 )
+from corpus_assets.core.storage.digests import canonical_json
 
 SID = "sha256:" + "5a" * 32
 OTHER = "sha256:" + "c3" * 32

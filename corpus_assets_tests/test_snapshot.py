@@ -8,14 +8,14 @@ import pytest
 import zstandard
 from sqlalchemy import insert, select
 
-from corpus_assets.core import states
-from corpus_assets.core.catalog import chunk_tasks, tombstones
-from corpus_assets.core.layers import LAYERS
+from corpus_assets.core.governance import states
 from corpus_assets.core.pipeline import BUILDERS, build_all
-from corpus_assets.core.signing import key_paths
-from corpus_assets.core.validation import validate
-from corpus_assets.core.verify import verify
-from corpus_assets.core.workspace import Workspace, open_workspace
+from corpus_assets.core.release.signing import key_paths
+from corpus_assets.core.release.validation import validate
+from corpus_assets.core.release.verify import verify
+from corpus_assets.core.runtime.layers import LAYERS
+from corpus_assets.core.runtime.workspace import Workspace, open_workspace
+from corpus_assets.core.storage.catalog import chunk_tasks, tombstones
 
 
 def _layer_digests(ws: Workspace, key: str) -> dict[str, str]:

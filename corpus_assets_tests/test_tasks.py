@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select, update
 
-from corpus_assets.core.cas import ContentStore
-from corpus_assets.core.catalog import Catalog, chunk_tasks
-from corpus_assets.core.tasks import RUNNING, SUCCESS, ChunkTask, preload, run_chunk
+from corpus_assets.core.storage.cas import ContentStore
+from corpus_assets.core.storage.catalog import Catalog, chunk_tasks
+from corpus_assets.core.storage.tasks import RUNNING, SUCCESS, ChunkTask, preload, run_chunk
 
 TASK = ChunkTask("canonical_records", "s/a.jsonl", "sha256:" + "d" * 64, "v1")
 
@@ -19,9 +19,9 @@ HOLDER = textwrap.dedent(
     """
     import sys, time
     from pathlib import Path
-    from corpus_assets.core.cas import ContentStore
-    from corpus_assets.core.catalog import Catalog
-    from corpus_assets.core.tasks import ChunkTask, run_chunk
+    from corpus_assets.core.storage.cas import ContentStore
+    from corpus_assets.core.storage.catalog import Catalog
+    from corpus_assets.core.storage.tasks import ChunkTask, run_chunk
     url, root, flag, hold = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3]), float(sys.argv[4])
     task = ChunkTask("canonical_records", "s/a.jsonl", "sha256:" + "d" * 64, "v1")
     def work():

@@ -7,20 +7,21 @@ import time
 import pytest
 from sqlalchemy import select, text
 
-from corpus_assets.core import states, training
-from corpus_assets.core.cas import CorruptObjectError
-from corpus_assets.core.catalog import permits
+from corpus_assets.core.governance import states
 from corpus_assets.core.pipeline import build_all
-from corpus_assets.core.publish import activate, approve
-from corpus_assets.core.training import (
+from corpus_assets.core.release import training
+from corpus_assets.core.release.publish import activate, approve
+from corpus_assets.core.release.training import (
     Permit,
     TrainingError,
     TrainingReader,
     resolve_alias,
     take_permit,
 )
-from corpus_assets.core.validation import validate
-from corpus_assets.core.workspace import Workspace
+from corpus_assets.core.release.validation import validate
+from corpus_assets.core.runtime.workspace import Workspace
+from corpus_assets.core.storage.cas import CorruptObjectError
+from corpus_assets.core.storage.catalog import permits
 
 
 def _built(ws: Workspace, key: str) -> str:

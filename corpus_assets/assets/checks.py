@@ -7,12 +7,12 @@ import dagster as dg
 from corpus_assets.assets.layers import manifest
 from corpus_assets.assets.partitions import snapshots
 from corpus_assets.assets.resources import CorpusResource
-from corpus_assets.core import states
-from corpus_assets.core.keys import validate_partition_key
-from corpus_assets.core.pinning import late_changes
-from corpus_assets.core.records import canary_replay
-from corpus_assets.core.transform import transform_image
-from corpus_assets.core.validation import validate
+from corpus_assets.core.governance import states
+from corpus_assets.core.ingest.pinning import late_changes
+from corpus_assets.core.records.layer import canary_replay
+from corpus_assets.core.release.validation import validate
+from corpus_assets.core.runtime.keys import validate_partition_key
+from corpus_assets.core.runtime.transform import transform_image
 
 
 def _snapshot_validates(

@@ -4,9 +4,9 @@ import dagster as dg
 
 from corpus_assets.assets.layers import LAYER_ASSETS
 from corpus_assets.assets.resources import CorpusResource
-from corpus_assets.core.pinning import late_changes
-from corpus_assets.core.publish import activate, approve
-from corpus_assets.core.shadow import shadow_diff
+from corpus_assets.core.ingest.pinning import late_changes
+from corpus_assets.core.release.publish import activate, approve
+from corpus_assets.core.release.shadow import shadow_diff
 
 build_snapshot = dg.define_asset_job(
     "build_snapshot",

@@ -7,9 +7,9 @@ import dagster as dg
 
 from corpus_assets.assets.partitions import snapshots
 from corpus_assets.assets.resources import CorpusResource
-from corpus_assets.core.keys import validate_partition_key
-from corpus_assets.core.layers import LayerResult
 from corpus_assets.core.pipeline import BUILDERS
+from corpus_assets.core.runtime.keys import validate_partition_key
+from corpus_assets.core.runtime.layers import LayerResult
 
 DESCRIPTIONS = {
     "raw_snapshot": "Source objects pinned by sha256 at freeze time and copied into the CAS.",

@@ -4,7 +4,7 @@ from typing import Optional
 
 import dagster as dg
 
-from corpus_assets.core.workspace import Workspace, open_workspace
+from corpus_assets.core.runtime.workspace import Workspace, open_workspace
 
 
 class CorpusResource(dg.ConfigurableResource):

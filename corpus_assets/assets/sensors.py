@@ -7,10 +7,10 @@ import dagster as dg
 from corpus_assets.assets.jobs import activate_snapshot, activation_run_config, build_snapshot
 from corpus_assets.assets.partitions import snapshots
 from corpus_assets.assets.resources import CorpusResource
-from corpus_assets.core.gate import read_gate
-from corpus_assets.core.keys import new_partition_key
-from corpus_assets.core.publish import next_to_activate
-from corpus_assets.core.sources import fingerprint
+from corpus_assets.core.governance.gate import read_gate
+from corpus_assets.core.ingest.sources import fingerprint
+from corpus_assets.core.release.publish import next_to_activate
+from corpus_assets.core.runtime.keys import new_partition_key
 
 # Dagster 1.13 warns (BetaWarning: `owners`) from inside its own sensor decorator even when
 # `owners` is not passed; silence exactly that category while the sensors are defined.

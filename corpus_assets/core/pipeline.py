@@ -2,15 +2,15 @@
 
 from collections.abc import Callable
 
-from corpus_assets.core.dedup import build_dedup_clusters
-from corpus_assets.core.freeze import build_raw_snapshot
-from corpus_assets.core.layers import LAYERS, LayerResult
-from corpus_assets.core.manifest import build_manifest
-from corpus_assets.core.mixing import build_mixed_samples
-from corpus_assets.core.packing import build_packed_blocks
-from corpus_assets.core.records import build_canonical_records
-from corpus_assets.core.splits import build_splits
-from corpus_assets.core.workspace import Workspace
+from corpus_assets.core.dedup.layer import build_dedup_clusters
+from corpus_assets.core.ingest.freeze import build_raw_snapshot
+from corpus_assets.core.records.layer import build_canonical_records
+from corpus_assets.core.release.manifest import build_manifest
+from corpus_assets.core.runtime.layers import LAYERS, LayerResult
+from corpus_assets.core.runtime.workspace import Workspace
+from corpus_assets.core.training_view.mixing import build_mixed_samples
+from corpus_assets.core.training_view.packing import build_packed_blocks
+from corpus_assets.core.training_view.splits import build_splits
 
 BUILDERS: dict[str, Callable[[Workspace, str], LayerResult]] = {
     "raw_snapshot": build_raw_snapshot,

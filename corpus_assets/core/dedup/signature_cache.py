@@ -1,0 +1,182 @@
+"""MinHash signatures cached per canonical chunk, so a new snapshot only hashes new records.
+
+A chunk's signatures are a chunk task (seed 004) keyed by the chunk's records-table digest and
+the full signature spec: the same records under the same spec are never hashed twice, whichever
+snapshot asks, and a crash mid-layer resumes with the chunks already done. The output is an
+``.npy`` file in the CAS holding the uint32 signatures *band-major* - shape (num_perm, records),
+one row per permutation - so a band is one contiguous byte range. It is verified once on load;
+banding then reads one band's rows at a time with a plain file read (no memory map whose pages
+would stay resident), never holding every signature.
+"""
+
+import io
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from corpus_assets.core.dedup.minhash import SignatureSpec, signatures, spec_payload
+from corpus_assets.core.runtime.config import NearDedupPolicy
+from corpus_assets.core.runtime.workspace import Workspace, open_workspace, worker_pool
+from corpus_assets.core.storage.artifacts import Ref, get_json, get_table
+from corpus_assets.core.storage.digests import json_digest
+from corpus_assets.core.storage.tasks import ChunkOutcome, ChunkTask, preload, run_chunk
+
+LAYER = "dedup_signatures"
+NPY = "application/x-npy"
+
+
+def signature_spec(policy: NearDedupPolicy) -> SignatureSpec:
+    return SignatureSpec(
+        version=policy.signature,
+        num_perm=policy.num_perm,
+        seed=policy.seed,
+        shingle_words=policy.shingle_words,
+        shingle_chars=policy.shingle_chars,
+    )
+
+
+@dataclass(frozen=True)
+class ChunkSignatures:
+    chunk: str
+    records: int
+    digest: str
+    hashed: bool  # computed in this run (False: reused from the cache)
+
+
+@dataclass(frozen=True)
+class _Chunk:
+    """What signatures need of a canonical chunk, read once from its descriptor."""
+
+    key: str
+    records: Ref  # the chunk's records table
+    count: int
+
+    @classmethod
+    def of(cls, ws: Workspace, chunk: dict[str, Any]) -> "_Chunk":
+        descriptor = get_json(ws.cas, chunk["output"], f"chunk {chunk['chunk']}")
+        return cls(chunk["chunk"], descriptor["records"], descriptor["count"])
+
+    def texts(self, ws: Workspace) -> list[str]:
+        table = get_table(ws.cas, self.records, f"records of {self.key}", ["text"])
+        return table.column("text").to_pylist()
+
+
+def chunk_texts(ws: Workspace, chunk: dict[str, Any]) -> list[str]:
+    """The texts of a canonical chunk (an entry of the canonical index), in record order."""
+    return _Chunk.of(ws, chunk).texts(ws)
+
+
+def _task(chunk_key: str, records_digest: str, spec: SignatureSpec) -> ChunkTask:
+    return ChunkTask(
+        layer=LAYER,
+        chunk_key=chunk_key,
+        input_digest=json_digest({"records": records_digest, "spec": spec_payload(spec)}),
+        code_version=spec.version,
+    )
+
+
+def band_major_npy(signature_rows: np.ndarray) -> bytes:
+    """The cache file of (records, num_perm) signatures: a band-major uint32 ``.npy``."""
+    sink = io.BytesIO()
+    np.save(sink, np.ascontiguousarray(signature_rows.T, dtype="<u4"), allow_pickle=False)
+    return sink.getvalue()
+
+
+@dataclass(frozen=True)
+class BandMajorFile:
+    """A band-major signature ``.npy`` read one band at a time (a ``SignatureBlock``)."""
+
+    path: Path
+    records: int
+    num_perm: int
+    offset: int
+
+    @classmethod
+    def open(cls, path: Path) -> "BandMajorFile":
+        with open(path, "rb") as f:
+            fmt = np.lib.format
+            version = fmt.read_magic(f)
+            header = fmt.read_array_header_1_0 if version == (1, 0) else fmt.read_array_header_2_0
+            shape, fortran, dtype = header(f)
+            offset = f.tell()
+        if dtype != np.dtype("<u4") or fortran or len(shape) != 2:
+            raise ValueError(f"{path}: not a band-major uint32 signature file ({shape} {dtype})")
+        return cls(path, shape[1], shape[0], offset)
+
+    def band(self, band: int, rows: int) -> np.ndarray:
+        count = rows * self.records
+        start = self.offset + band * count * 4
+        data = np.fromfile(self.path, dtype="<u4", count=count, offset=start)
+        return data.reshape(rows, self.records)
+
+
+def _compute(ws: Workspace, chunk: _Chunk, spec: SignatureSpec, done: Any) -> ChunkOutcome:
+    def work() -> str:
+        return ws.cas.put_bytes(band_major_npy(signatures(chunk.texts(ws), spec)))
+
+    task = _task(chunk.key, chunk.records["digest"], spec)
+    return run_chunk(ws.catalog, ws.cas, task, work, done=done)
+
+
+_WORKER: dict[str, Any] = {}
+
+
+def _worker_init(config: str, environ: dict[str, str]) -> None:
+    os.environ.update(environ)
+    _WORKER["ws"] = open_workspace(config)
+
+
+def _worker_run(job: tuple[_Chunk, SignatureSpec]) -> ChunkOutcome:
+    chunk, spec = job
+    return _compute(_WORKER["ws"], chunk, spec, done=None)
+
+
+def ensure_signatures(
+    ws: Workspace, chunks: list[dict[str, Any]], spec: SignatureSpec, workers: int
+) -> list[ChunkSignatures]:
+    """Signatures of every chunk of a canonical index, computing only the missing ones.
+
+    ``workers > 1`` hashes chunks in a spawn pool; each chunk's bytes do not depend on it.
+    """
+    done = preload(ws.catalog, LAYER, spec.version)
+    items = [_Chunk.of(ws, chunk) for chunk in chunks]
+    outcomes: list[ChunkOutcome | None] = [None] * len(items)
+    missing = []
+    for n, item in enumerate(items):
+        if (item.key, _task(item.key, item.records["digest"], spec).input_digest) in done:
+            outcomes[n] = _compute(ws, item, spec, done)  # cached: a dict hit and a stat
+        else:
+            missing.append(n)
+    workers = min(workers, len(missing))
+    if workers > 1:  # a pool only for chunks that really need hashing
+        with worker_pool(ws, workers, _worker_init) as pool:
+            jobs = [(items[n], spec) for n in missing]
+            for n, outcome in zip(missing, pool.map(_worker_run, jobs), strict=True):
+                outcomes[n] = outcome
+    else:
+        for n in missing:
+            outcomes[n] = _compute(ws, items[n], spec, done)
+    out = []
+    for item, outcome in zip(items, outcomes, strict=True):
+        assert outcome is not None
+        if outcome.output_digest is None:
+            raise RuntimeError(f"MinHash signatures of chunk {item.key} failed: {outcome.error}")
+        hashed = not outcome.skipped
+        out.append(ChunkSignatures(item.key, item.count, outcome.output_digest, hashed))
+    return out
+
+
+def load_signatures(ws: Workspace, item: ChunkSignatures, spec: SignatureSpec) -> BandMajorFile:
+    """The chunk's signatures, verified against their digest and checked for shape."""
+    what = f"MinHash signatures of chunk {item.chunk}"
+    ws.cas.verify(item.digest, what)
+    block = BandMajorFile.open(ws.cas.path(item.digest))
+    if (block.num_perm, block.records) != (spec.num_perm, item.records):
+        raise ValueError(
+            f"{what} ({item.digest}) holds {block.num_perm} x {block.records} values, "
+            f"expected {spec.num_perm} x {item.records}"
+        )
+    return block

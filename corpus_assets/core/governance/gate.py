@@ -1,0 +1,237 @@
+"""The alias gate: one row per alias that activation and fence advances compete on.
+
+Activation is a single conditional UPDATE that succeeds only if the tombstone watermark and the
+benchmark fence still equal the manifest's and the generation has not moved since it was read.
+Whichever of activation and a fence advance commits first wins; the other sees rowcount 0.
+"""
+
+import time
+from dataclasses import dataclass
+
+from sqlalchemy import Connection, insert, select, update
+from sqlalchemy.exc import IntegrityError
+
+from corpus_assets.core.governance import states
+from corpus_assets.core.storage.catalog import (
+    Catalog,
+    alias_history,
+    benchmark_items,
+    gate,
+    snapshot_events,
+    tombstones,
+)
+
+TOMBSTONE_KINDS = ("record", "object", "group")
+
+
+class GateError(RuntimeError):
+    """Activation refused: a fence moved, the generation raced, or the snapshot is not APPROVED."""
+
+
+@dataclass(frozen=True)
+class Gate:
+    alias: str
+    tombstone_watermark: int
+    benchmark_fence: int
+    generation: int
+    active_snapshot: str | None
+
+
+def read_gate(catalog: Catalog, alias: str) -> Gate:
+    """The alias's gate row, created at generation 0 with zero watermarks on first use."""
+    with catalog.begin() as conn:
+        row = conn.execute(select(gate).where(gate.c.alias == alias)).mappings().first()
+    if row is None:
+        try:
+            with catalog.begin() as conn:
+                conn.execute(
+                    insert(gate).values(
+                        alias=alias,
+                        tombstone_watermark=0,
+                        benchmark_fence=0,
+                        generation=0,
+                        active_snapshot=None,
+                        updated_at=time.time(),
+                    )
+                )
+        except IntegrityError:
+            pass
+        return read_gate(catalog, alias)
+    return Gate(**{k: row[k] for k in Gate.__dataclass_fields__})
+
+
+def _swap(conn: Connection, seen: Gate, **values: object) -> bool:
+    """The one conditional UPDATE everything competes with: succeeds only on the row ``seen``."""
+    return (
+        conn.execute(
+            update(gate)
+            .where(gate.c.alias == seen.alias)
+            .where(gate.c.tombstone_watermark == seen.tombstone_watermark)
+            .where(gate.c.benchmark_fence == seen.benchmark_fence)
+            .where(gate.c.generation == seen.generation)
+            .values(updated_at=time.time(), **values)
+        ).rowcount
+        == 1
+    )
+
+
+def _point(conn: Connection, seen: Gate, snapshot_id: str, actor: str, detail: str) -> None:
+    """Swap the alias to ``snapshot_id`` at the next generation and record it in the history."""
+    generation = seen.generation + 1
+    if not _swap(conn, seen, generation=generation, active_snapshot=snapshot_id):
+        raise GateError(
+            f"alias {seen.alias!r}: the gate moved while {detail} {snapshot_id} (a fence advanced "
+            "or another activation won); nothing was changed"
+        )
+    conn.execute(
+        insert(alias_history).values(
+            alias=seen.alias, generation=generation, snapshot_id=snapshot_id, at=time.time()
+        )
+    )
+
+
+def activate(
+    catalog: Catalog,
+    snapshot_id: str,
+    tombstone_watermark: int,
+    benchmark_fence: int,
+    actor: str,
+    seen: Gate | None = None,
+) -> Gate:
+    """Compare-and-swap the alias to ``snapshot_id``; returns the gate row after the swap.
+
+    ``seen`` is the gate row the caller decided on (read now if not given); if anything moved
+    since - a tombstone, the benchmark fence, another activation - nothing changes.
+    """
+    snapshot = states.get(catalog, snapshot_id)
+    if snapshot.state != states.APPROVED:
+        raise GateError(f"snapshot {snapshot_id} is {snapshot.state}; only APPROVED can activate")
+    seen = seen or read_gate(catalog, snapshot.alias)
+    if (seen.tombstone_watermark, seen.benchmark_fence) != (tombstone_watermark, benchmark_fence):
+        raise GateError(
+            f"alias {snapshot.alias!r}: gate is at tombstone {seen.tombstone_watermark}, benchmark "
+            f"fence {seen.benchmark_fence}; the manifest was built at {tombstone_watermark}, "
+            f"{benchmark_fence}. Build a new snapshot."
+        )
+    with catalog.begin() as conn:
+        _point(conn, seen, snapshot_id, actor, "activating")
+        states.transition(
+            catalog,
+            snapshot_id,
+            states.APPROVED,
+            states.ACTIVE,
+            actor,
+            f"alias {snapshot.alias} generation {seen.generation + 1}",
+            conn=conn,
+        )
+    return read_gate(catalog, snapshot.alias)
+
+
+def rollback(
+    catalog: Catalog, snapshot_id: str, tombstone_watermark: int, benchmark_fence: int, actor: str
+) -> Gate:
+    """Point the alias back at an earlier ACTIVE snapshot under a new, higher generation.
+
+    Refused if the snapshot was built before the gate's tombstone watermark or benchmark fence:
+    a rollback must never resurrect revoked or benchmark-contaminated data.
+    """
+    snapshot = states.get(catalog, snapshot_id)
+    seen = read_gate(catalog, snapshot.alias)
+    with catalog.begin() as conn:
+        was_active = conn.scalar(
+            select(alias_history.c.generation)
+            .where(alias_history.c.alias == snapshot.alias)
+            .where(alias_history.c.snapshot_id == snapshot_id)
+            .limit(1)
+        )
+    if was_active is None or snapshot.state != states.ACTIVE:
+        raise GateError(f"snapshot {snapshot_id} was never active on {snapshot.alias!r}")
+    if seen.active_snapshot == snapshot_id:
+        raise GateError(f"alias {snapshot.alias!r} already points at {snapshot_id}")
+    if tombstone_watermark < seen.tombstone_watermark:
+        raise GateError(
+            f"rollback to {snapshot_id} refused: it was built at tombstone watermark "
+            f"{tombstone_watermark}, the gate is at {seen.tombstone_watermark}; it may hold "
+            "revoked records"
+        )
+    if benchmark_fence < seen.benchmark_fence:
+        raise GateError(
+            f"rollback to {snapshot_id} refused: it was built at benchmark fence "
+            f"{benchmark_fence}, the gate is at {seen.benchmark_fence}"
+        )
+    with catalog.begin() as conn:
+        _point(conn, seen, snapshot_id, actor, "rolling back to")
+        conn.execute(
+            insert(snapshot_events).values(
+                snapshot_id=snapshot_id,
+                from_state=states.ACTIVE,
+                to_state=states.ACTIVE,
+                actor=actor,
+                detail=f"rollback: alias {snapshot.alias} generation {seen.generation + 1}",
+                at=time.time(),
+            )
+        )
+    return read_gate(catalog, snapshot.alias)
+
+
+def advance_tombstone(catalog: Catalog, seen: Gate, watermark: int) -> bool:
+    """One attempt to fence ``seen.alias`` at tombstone ``watermark``; False if the gate moved."""
+    with catalog.begin() as conn:
+        return _swap(conn, seen, tombstone_watermark=watermark)
+
+
+def add_tombstone(catalog: Catalog, kind: str, target: str, reason: str) -> int:
+    """Record a revocation and fence every alias at its sequence number, in one transaction.
+
+    Each alias's fence is a compare-and-swap on its gate row; losing a race to an activation
+    re-reads the row and tries again, so the tombstone always lands and an activation that read
+    the old watermark can no longer commit.
+    """
+    if kind not in TOMBSTONE_KINDS:
+        raise GateError(f"tombstone kind {kind!r} is not one of {', '.join(TOMBSTONE_KINDS)}")
+    with catalog.begin() as conn:
+        seq = conn.execute(
+            insert(tombstones)
+            .values(kind=kind, record_id=target, reason=reason, at=time.time())
+            .returning(tombstones.c.seq)
+        ).scalar_one()
+        for alias in conn.scalars(select(gate.c.alias)).all():
+            _fence(conn, alias, "tombstone_watermark", seq)
+    return seq
+
+
+@dataclass(frozen=True)
+class BenchmarkItem:
+    item_id: str
+    text_digest: str  # the item's text in the CAS
+    dedup_key: str
+
+
+def add_benchmark_items(catalog: Catalog, benchmark: str, items: list[BenchmarkItem]) -> int:
+    """Register benchmark items (in item id order) and advance every alias's benchmark fence."""
+    with catalog.begin() as conn:
+        seq = 0
+        for item in sorted(set(items), key=lambda i: i.item_id):
+            seq = conn.execute(
+                insert(benchmark_items)
+                .values(
+                    benchmark=benchmark,
+                    item_id=item.item_id,
+                    text_digest=item.text_digest,
+                    dedup_key=item.dedup_key,
+                    at=time.time(),
+                )
+                .returning(benchmark_items.c.seq)
+            ).scalar_one()
+        if seq:
+            for alias in conn.scalars(select(gate.c.alias)).all():
+                _fence(conn, alias, "benchmark_fence", seq)
+    return seq
+
+
+def _fence(conn: Connection, alias: str, column: str, value: int) -> None:
+    while True:
+        row = conn.execute(select(gate).where(gate.c.alias == alias)).mappings().one()
+        seen = Gate(**{k: row[k] for k in Gate.__dataclass_fields__})
+        if row[column] >= value or _swap(conn, seen, **{column: value}):
+            return

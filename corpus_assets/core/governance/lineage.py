@@ -1,0 +1,119 @@
+"""Deletion lineage: which snapshots, members and packed spans a tombstone reaches.
+
+A revoked record, source object or group is looked up in every snapshot's members table, and
+the matching record ids in its packed spans, so an audit can say exactly which training inputs
+carried it and which runs (permits) read them. A target that dedup removed is not a member, but
+its content reached training through its kept representative: the dedup table's rows keep that
+alias, and it is reported under ``carried_by`` (with the verdict and Jaccard) and its
+representative's spans are counted.
+"""
+
+import json
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from sqlalchemy import select
+
+from corpus_assets.core.governance import states
+from corpus_assets.core.storage.cas import ContentStore
+from corpus_assets.core.storage.catalog import Catalog, permits, tombstones
+
+COLUMN = {"record": "record_id", "object": "object", "group": "group_id"}
+
+
+def tombstone_matches(catalog: Catalog, watermark: int, table: pa.Table) -> dict[int, str]:
+    """Row index -> "tombstone <seq> (<kind> '<target>')" for rows of ``table`` (with record_id,
+    object and group_id columns) revoked by a tombstone at or below ``watermark``."""
+    with catalog.begin() as conn:
+        revoked = conn.execute(
+            select(tombstones.c.seq, tombstones.c.kind, tombstones.c.record_id)
+            .where(tombstones.c.seq <= watermark)
+            .order_by(tombstones.c.seq)
+        ).all()
+    if not revoked or not table.num_rows:
+        return {}
+    by_kind: dict[str, dict[str, str]] = {}
+    for seq, kind, target in revoked:
+        by_kind.setdefault(kind, {}).setdefault(target, f"tombstone {seq} ({kind} {target!r})")
+    found: dict[int, str] = {}
+    for kind, targets in by_kind.items():
+        for row, value in enumerate(table.column(COLUMN[kind]).to_pylist()):
+            if value in targets:
+                found.setdefault(row, targets[value])
+    return found
+
+
+def _table(cas: ContentStore, digest: str, what: str) -> pa.Table:
+    return pq.read_table(pa.BufferReader(cas.get_bytes(digest, what)))
+
+
+def hits(cas: ContentStore, catalog: Catalog, kind: str, target: str) -> list[dict[str, Any]]:
+    """Per snapshot that holds the target: its state, members hit, spans hit, runs that read it."""
+    found = []
+    for snapshot in states.find(catalog):
+        manifest = json.loads(cas.get_bytes(snapshot.manifest_digest, "manifest"))
+        members = _table(cas, manifest["members"]["digest"], "members table")
+        matched = members.filter(pc.equal(members.column(COLUMN[kind]), target))
+        carried = _carried_by(cas, manifest, kind, target)
+        if not matched.num_rows and not carried:
+            continue
+        ids = pa.concat_arrays(
+            [
+                matched.column("record_id").combine_chunks(),
+                pa.array([c["representative_id"] for c in carried], pa.string()),
+            ]
+        )
+        packed = json.loads(cas.get_bytes(manifest["layers"]["packed_blocks"]["digest"]))
+        spans = _table(cas, packed["outputs"]["spans"]["digest"], "spans table")
+        spans = spans.filter(pc.is_in(spans.column("record_id"), value_set=ids))
+        with catalog.begin() as conn:
+            runs = conn.scalars(
+                select(permits.c.run_id).where(permits.c.snapshot_id == snapshot.snapshot_id)
+            ).all()
+        found.append(
+            {
+                "snapshotId": snapshot.snapshot_id,
+                "partition": snapshot.partition_key,
+                "state": snapshot.state,
+                "members": sorted(matched.column("record_id").to_pylist()),
+                "carried_by": carried,
+                "spans": spans.num_rows,
+                "blocks": sorted(set(spans.column("block").to_pylist())),
+                "runs": sorted(runs),
+            }
+        )
+    return found
+
+
+def _carried_by(
+    cas: ContentStore, manifest: dict[str, Any], kind: str, target: str
+) -> list[dict[str, Any]]:
+    """Removed duplicates matching the target, with the kept record that carried their content."""
+    dedup = json.loads(cas.get_bytes(manifest["layers"]["dedup_clusters"]["digest"], "dedup index"))
+    clusters = _table(cas, dedup["outputs"]["clusters"]["digest"], "dedup clusters")
+    if "verdict" not in clusters.column_names:  # an index written before near-dedup
+        return []
+    rows = clusters.filter(
+        pc.and_(
+            pc.equal(clusters.column(COLUMN[kind]), target),
+            pc.is_in(clusters.column("verdict"), pa.array(["exact_duplicate", "near_duplicate"])),
+        )
+    )
+    columns = ["record_id", "verdict", "representative_id", "match_id", "match_jaccard"]
+    return sorted(rows.select(columns).to_pylist(), key=lambda r: r["record_id"])
+
+
+def tombstone_hits(cas: ContentStore, catalog: Catalog, seq: int) -> dict[str, Any]:
+    with catalog.begin() as conn:
+        row = conn.execute(select(tombstones).where(tombstones.c.seq == seq)).mappings().first()
+    if row is None:
+        raise LookupError(f"no tombstone {seq}")
+    return {
+        "tombstone": seq,
+        "kind": row["kind"],
+        "target": row["record_id"],
+        "reason": row["reason"],
+        "snapshots": hits(cas, catalog, row["kind"], row["record_id"]),
+    }

@@ -1,0 +1,289 @@
+"""Pinning source objects into the CAS at freeze time, with the consistency rules of seed 001.
+
+An object is pinned by the sha256 of the bytes actually copied (plus size, and the HTTP ETag /
+Last-Modified where the server gives them). Each copy is a chunk task, so a freeze killed halfway
+resumes without re-copying what is already pinned. The source is listed before and after pinning:
+objects added, removed or rewritten during the scan are reported as belonging to the next snapshot
+and the pinned version wins. A copy that raced a writer (the file changed while being read) is
+retried, so a pinned digest is always the digest of one consistent version.
+"""
+
+import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from corpus_assets.core.ingest.changelog import fold, late_events, list_segments
+from corpus_assets.core.ingest.download import (
+    DownloadError,
+    RemoteVersion,
+    ResumeRefused,
+    fetch_to_cas,
+    head,
+)
+from corpus_assets.core.ingest.sources import (
+    ListedObject,
+    list_objects,
+    local_object,
+    read_index,
+    url_object,
+    version_of,
+)
+from corpus_assets.core.runtime.config import ChangelogSource, ObjectsSource
+from corpus_assets.core.runtime.workspace import Workspace
+from corpus_assets.core.storage.artifacts import NDJSON, put_bytes
+from corpus_assets.core.storage.digests import json_digest
+from corpus_assets.core.storage.tasks import ChunkTask, Done, preload, run_chunk
+
+CODE = "raw_snapshot.pin.v1"
+CDC_LSN_FIELD = "__cdc_lsn"
+PARQUET_MAGIC = b"PAR1"
+COPY_RETRIES = 3
+
+
+class ObjectChanged(RuntimeError):
+    """The object changed between listing and copying; it must be listed again."""
+
+
+class ObjectVanished(RuntimeError):
+    """A listed object is gone before it could be pinned: it belongs to the next snapshot."""
+
+
+class PinError(RuntimeError):
+    """Some objects could not be pinned; the freeze is not written (rerun resumes the rest)."""
+
+
+@dataclass(frozen=True)
+class PinnedSource:
+    spec: dict[str, Any]
+    incomplete: list[str]
+
+
+def resume_only() -> bool:
+    return os.environ.get("CORPUS_RESUME_ONLY", "") not in ("", "0")
+
+
+def pin_source(ws: Workspace, source: ObjectsSource | ChangelogSource) -> PinnedSource:
+    if isinstance(source, ChangelogSource):
+        return _freeze_changelog(ws, source)
+    return _pin_objects(ws, source)
+
+
+def _freeze_changelog(ws: Workspace, source: ChangelogSource) -> PinnedSource:
+    """Fold the change log up to its current head; the folded table is the pinned object."""
+    segments = list_segments(ws.loaded.resolve(source.path), source.include)
+    result = fold(
+        segments,
+        key_field=source.key_field,
+        start_lsn=source.start_lsn,
+        what=f"source {source.id!r}",
+    )
+    # each state line carries the lsn that last wrote it, so a record's lineage names it
+    state = b"".join(
+        json.dumps(
+            {**row, CDC_LSN_FIELD: str(lsn)},
+            sort_keys=True,
+            ensure_ascii=False,
+            separators=(",", ":"),
+        ).encode()
+        + b"\n"
+        for row, lsn in zip(result.rows, result.row_lsns, strict=True)
+    )
+    ref = put_bytes(ws.cas, state, NDJSON)
+    watermark = str(result.watermark)
+    spec = {
+        "id": source.id,
+        "kind": "changelog",
+        "watermark": watermark,
+        "startLsn": str(source.start_lsn),
+        "events": result.events,
+        "eventsDigest": result.events_digest,
+        "afterWatermark": result.after_watermark,
+        "gaps": [[str(lo), str(hi)] for lo, hi in result.gaps],
+        "segments": result.segments,
+        "objects": [
+            {
+                "name": f"state@lsn:{watermark}",
+                "sha256": ref["digest"],
+                "size": ref["size"],
+                "format": "jsonl",
+                "rows": len(result.rows),
+            }
+        ],
+    }
+    incomplete = [
+        f"source {source.id!r}: CDC offsets missing lsn {lo}-{hi} (watermark {watermark})"
+        for lo, hi in result.gaps
+    ]
+    return PinnedSource(spec=spec, incomplete=incomplete)
+
+
+def _pin_objects(ws: Workspace, source: ObjectsSource) -> PinnedSource:
+    done = preload(ws.catalog, "raw_snapshot", CODE)
+    before = list_objects(ws.loaded, source)
+    pinned, deferred, failures = [], [], []
+    for listed in before:
+        try:
+            pinned.append(_pin(ws, source, listed, done))
+        except (FileNotFoundError, ObjectVanished):
+            deferred.append({"name": listed.name, "change": "removed", "pinned": False})
+        except PinError as error:
+            failures.append(str(error))
+    if failures:
+        raise PinError(
+            f"source {source.id!r}: {len(failures)} object(s) could not be pinned "
+            f"(the others are pinned; a rerun resumes): " + "; ".join(failures[:5])
+        )
+    after = {o.name: o for o in list_objects(ws.loaded, source, missing_ok=True)}
+    names = {o.name for o in before}
+    deferred += [
+        {"name": n, "change": "added", "pinned": False} for n in sorted(set(after) - names)
+    ]
+    for entry in pinned:
+        now = after.get(entry["name"])
+        if now is None:
+            deferred.append({"name": entry["name"], "change": "removed", "pinned": True})
+        elif now.version != entry["listedVersion"] or now.size != entry["size"]:
+            deferred.append({"name": entry["name"], "change": "changed", "pinned": True})
+    spec: dict[str, Any] = {
+        "id": source.id,
+        "kind": "objects",
+        "objects": [{k: v for k, v in e.items() if k != "listedVersion"} for e in pinned],
+        "deferred": sorted(deferred, key=lambda d: (d["name"], d["change"])),
+    }
+    if source.index is not None:
+        location, data, _urls = read_index(ws.loaded, source)
+        spec["index"] = {"location": location, **put_bytes(ws.cas, data, "text/plain")}
+    return PinnedSource(spec=spec, incomplete=[])
+
+
+def _pin(ws: Workspace, source: ObjectsSource, listed: ListedObject, done: Done) -> dict[str, Any]:
+    """Pin one object (relisting it if it changed under us); returns its freeze entry."""
+    for _ in range(COPY_RETRIES):
+        task = ChunkTask(
+            "raw_snapshot",
+            f"{source.id}/{listed.name}",
+            json_digest(
+                {"location": listed.location, "size": str(listed.size), "version": listed.version}
+            ),
+            CODE,
+        )
+        try:
+            outcome = run_chunk(
+                ws.catalog,
+                ws.cas,
+                task,
+                lambda obj=listed: _copy(ws, obj),
+                done=done,
+                passthrough=(ObjectChanged, ObjectVanished, FileNotFoundError, ResumeRefused),
+            )
+        except ResumeRefused as error:
+            raise PinError(f"{listed.name}: {error}") from None
+        except ObjectChanged:
+            listed = _relist(listed)
+            continue
+        if outcome.output_digest is None:
+            raise PinError(f"{listed.name}: {outcome.error}")
+        return _entry(ws, source, listed, outcome.output_digest)
+    raise PinError(f"{listed.name}: kept changing while being copied ({COPY_RETRIES} tries)")
+
+
+def _relist(listed: ListedObject) -> ListedObject:
+    if listed.remote or listed.name.startswith("file://"):
+        return url_object(listed.name)
+    return local_object(listed.name, Path(listed.location))
+
+
+def _copy(ws: Workspace, listed: ListedObject) -> str:
+    if listed.remote:
+        etag = listed.version[5:] if listed.version.startswith("etag:") else None
+        modified = (
+            listed.version[len("last-modified:") :]
+            if listed.version.startswith("last-modified:")
+            else None
+        )
+        expected = RemoteVersion(listed.location, listed.size, etag, modified)
+        try:
+            fetched = fetch_to_cas(
+                listed.location,
+                ws.cas,
+                ws.home / "downloads",
+                expected=expected,
+                resume_only=resume_only(),
+            )
+        except ResumeRefused:
+            raise
+        except DownloadError as error:
+            try:
+                now = head(listed.location)
+            except (DownloadError, OSError):
+                raise ObjectVanished(f"{listed.name} is gone: {error}") from None
+            if version_of(now.etag, now.last_modified) != listed.version:
+                raise ObjectChanged(f"{listed.name} changed while it was fetched") from None
+            raise
+        return fetched.digest
+    path = Path(listed.location)
+    stat = path.stat()
+    if f"mtime_ns:{stat.st_mtime_ns}" != listed.version or stat.st_size != listed.size:
+        raise ObjectChanged(f"{listed.name} changed after it was listed")
+    digest, size = ws.cas.put_file(path)
+    after = path.stat()
+    if (after.st_size, after.st_mtime_ns) != (
+        stat.st_size,
+        stat.st_mtime_ns,
+    ) or size != stat.st_size:
+        raise ObjectChanged(f"{listed.name} changed while it was copied")
+    return digest
+
+
+def _entry(ws: Workspace, source: ObjectsSource, listed: ListedObject, digest: str) -> dict:
+    size = ws.cas.size(digest)
+    entry: dict[str, Any] = {
+        "name": listed.name,
+        "sha256": digest,
+        "size": size,
+        "format": _format(ws, source, listed.name, digest),
+        "listedVersion": listed.version,
+    }
+    if listed.remote and listed.version:
+        kind, _, value = listed.version.partition(":")
+        entry["etag" if kind == "etag" else "lastModified"] = value
+    return entry
+
+
+def _format(ws: Workspace, source: ObjectsSource, name: str, digest: str) -> str:
+    if source.format != "auto":
+        return source.format
+    if name.endswith(".parquet"):
+        return "parquet"
+    with open(ws.cas.path(digest), "rb") as handle:
+        return "parquet" if handle.read(4) == PARQUET_MAGIC else "jsonl"
+
+
+def late_changes(ws: Workspace) -> Callable[[dict[str, Any]], list[str]]:
+    """A checker for a freeze spec: findings for CDC events at or below a frozen watermark that
+    arrived (or changed) after the freeze. Such a snapshot must become INCOMPLETE."""
+    configured = {s.id: s for s in ws.config.sources if isinstance(s, ChangelogSource)}
+
+    def check(spec: dict[str, Any]) -> list[str]:
+        findings = []
+        for frozen in spec["sources"]:
+            source = configured.get(frozen["id"])
+            if frozen["kind"] != "changelog" or source is None:
+                continue
+            segments = list_segments(ws.loaded.resolve(source.path), source.include)
+            findings += late_events(
+                segments,
+                watermark=int(frozen["watermark"]),
+                events_digest=frozen["eventsDigest"],
+                key_field=source.key_field,
+                start_lsn=source.start_lsn,
+                what=f"source {source.id!r}",
+                gaps=frozen["gaps"],
+                segments_at_freeze=frozen["segments"],
+            )
+        return findings
+
+    return check

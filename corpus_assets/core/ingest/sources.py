@@ -1,0 +1,155 @@
+"""Source listing and cheap change fingerprints, for every source kind.
+
+Listing is sorted by name (relative POSIX path for folders, the URL for URL sources) so every
+machine sees the same order. A listed object carries a cheap *version* - ``mtime_ns`` for local
+files, the ETag or Last-Modified for HTTP - that the discovery sensor compares between ticks; the
+pinned sha256 of the bytes is only taken at freeze time.
+"""
+
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from corpus_assets.core.ingest.changelog import head_offset, list_segments
+from corpus_assets.core.ingest.download import DownloadError, head
+from corpus_assets.core.runtime.config import ChangelogSource, LoadedConfig, ObjectsSource
+from corpus_assets.core.storage.digests import json_digest
+
+INDEX_LIMIT = 64 << 20
+
+
+class SourceError(RuntimeError):
+    """A source cannot be listed or read; the message names the source and object."""
+
+
+@dataclass(frozen=True)
+class ListedObject:
+    """One object as a listing saw it: where it is and its cheap version."""
+
+    name: str
+    location: str
+    size: int | None
+    version: str
+
+    @property
+    def remote(self) -> bool:
+        return self.location.startswith(("http://", "https://"))
+
+
+def local_object(name: str, path: Path) -> ListedObject:
+    stat = path.stat()
+    return ListedObject(name, str(path), stat.st_size, f"mtime_ns:{stat.st_mtime_ns}")
+
+
+def version_of(etag: str | None, last_modified: str | None) -> str:
+    """The cheap version of a remote object: its ETag, else its Last-Modified, else unversioned."""
+    if etag:
+        return f"etag:{etag}"
+    return f"last-modified:{last_modified}" if last_modified else ""
+
+
+def remote_object(url: str) -> ListedObject:
+    version = head(url)
+    return ListedObject(url, url, version.size, version_of(version.etag, version.last_modified))
+
+
+def url_object(url: str) -> ListedObject:
+    if url.startswith("file://"):
+        path = Path(urllib.parse.unquote(urllib.parse.urlparse(url).path))
+        if not path.is_file():
+            raise FileNotFoundError(path)
+        return local_object(url, path)
+    return remote_object(url)
+
+
+def read_index(loaded: LoadedConfig, source: ObjectsSource) -> tuple[str, bytes, list[str]]:
+    """The index location, its bytes, and the object URLs it lists (relative ones resolved)."""
+    assert source.index is not None
+    location = source.index
+    if "://" not in location:
+        location = loaded.resolve(location).as_uri()
+    try:
+        with urllib.request.urlopen(location, timeout=30) as response:
+            data = response.read(INDEX_LIMIT + 1)
+    except OSError as error:
+        raise SourceError(f"source {source.id!r}: cannot read index {location}: {error}") from None
+    if len(data) > INDEX_LIMIT:
+        raise SourceError(f"source {source.id!r}: index {location} is larger than 64 MiB")
+    urls = []
+    for number, line in enumerate(data.decode("utf-8").splitlines(), start=1):
+        entry = line.strip()
+        if not entry or entry.startswith("#"):
+            continue
+        url = urllib.parse.urljoin(location, entry)
+        if not url.startswith(("file://", "http://", "https://")):
+            raise SourceError(f"source {source.id!r}: index {location} line {number}: bad URL")
+        urls.append(url)
+    return location, data, urls
+
+
+def object_urls(loaded: LoadedConfig, source: ObjectsSource) -> list[str]:
+    if source.urls is not None:
+        return list(source.urls)
+    return read_index(loaded, source)[2]
+
+
+def list_objects(
+    loaded: LoadedConfig, source: ObjectsSource, missing_ok: bool = False
+) -> list[ListedObject]:
+    """Every object of an ``objects`` source, sorted by name.
+
+    A URL that the source names but that does not exist is an error naming it, unless
+    ``missing_ok`` (the re-listing after a freeze, where a deletion is a fact to report).
+    """
+    if source.path is None:
+        listed = []
+        for url in sorted(set(object_urls(loaded, source))):
+            try:
+                listed.append(url_object(url))
+            except (OSError, DownloadError) as error:
+                if missing_ok and _is_missing(error):
+                    continue
+                raise SourceError(f"source {source.id!r}: cannot list {url}: {error}") from None
+        return listed
+    root = loaded.resolve(source.path)
+    if not root.is_dir():
+        raise SourceError(f"source {source.id!r}: folder {root} does not exist")
+    seen: dict[str, ListedObject] = {}
+    for pattern in source.include:
+        for path in root.rglob(pattern):
+            if not path.is_file() or path.name.startswith("."):
+                continue
+            name = path.relative_to(root).as_posix()
+            try:
+                seen[name] = local_object(name, path)
+            except FileNotFoundError:
+                continue  # deleted while listing: not part of this listing
+    return [seen[name] for name in sorted(seen)]
+
+
+def _is_missing(error: Exception) -> bool:
+    cause = error.__cause__ if isinstance(error, DownloadError) else error
+    if isinstance(cause, urllib.error.HTTPError):
+        return cause.code in (404, 410)
+    return isinstance(cause, FileNotFoundError)
+
+
+def fingerprint(loaded: LoadedConfig) -> str:
+    """Digest of every source's cheap state; it changes when an object or segment changes."""
+    state: dict[str, object] = {}
+    for source in loaded.config.sources:
+        if isinstance(source, ChangelogSource):
+            segments = list_segments(loaded.resolve(source.path), source.include)
+            head = head_offset(segments)
+            state[source.id] = {
+                "segments": [[s.name, str(s.size), str(s.mtime_ns)] for s in segments],
+                "head": None if head is None else str(head),
+            }
+        else:
+            state[source.id] = [
+                [o.name, str(o.size), o.version]
+                for o in list_objects(loaded, source, missing_ok=True)
+            ]
+    return json_digest(state)

@@ -1,0 +1,239 @@
+"""One source row to one canonical record, through separate stages with their own reason codes.
+
+parse (``parse.*``) -> adapter (``schema.*``) -> normalise (``parse.*``) -> governance
+(``governance.*``) -> PII redaction (``pii.*`` counts; the record is kept, the values never
+leave) -> quality (``quality.*``) -> benchmark contamination (``contamination.benchmark``, run
+per chunk in one batch by ``contaminated``).
+Parse and schema failures are *quarantined* (the structure could not be interpreted); governance,
+quality and contamination are *rejections* (interpretable, but excluded by policy). Both keep
+only the location and the reason: the raw text stays behind the raw snapshot's access.
+"""
+
+import hashlib
+import json
+import re
+import unicodedata
+from collections import Counter
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any
+
+from corpus_assets.core.records.adapters import ADAPTERS, SchemaMismatch, render, replace, strings
+from corpus_assets.core.records.adapters import field as row_field
+from corpus_assets.core.records.contamination import BenchmarkIndex
+from corpus_assets.core.records.normalize import ParseReject, dedup_normalize, normalize_text
+from corpus_assets.core.records.pii import redact
+from corpus_assets.core.records.quality import QualityPolicy, check_quality
+from corpus_assets.core.runtime.config import CorpusConfig, Source
+from corpus_assets.core.storage.digests import json_digest
+
+RECORD_SCHEMA = "corpus.record.v2"
+QUARANTINE_PREFIXES = ("parse.", "schema.")
+SCRIPTS = (
+    ("LATIN", "Latn"),
+    ("CYRILLIC", "Cyrl"),
+    ("GREEK", "Grek"),
+    ("ARABIC", "Arab"),
+    ("HEBREW", "Hebr"),
+    ("DEVANAGARI", "Deva"),
+    ("BENGALI", "Beng"),
+    ("TAMIL", "Taml"),
+    ("TELUGU", "Telu"),
+    ("THAI", "Thai"),
+    ("HANGUL", "Hang"),
+    ("HIRAGANA", "Jpan"),
+    ("KATAKANA", "Jpan"),
+    ("CJK", "Hani"),
+    ("GEORGIAN", "Geor"),
+    ("ARMENIAN", "Armn"),
+)
+
+
+class Excluded(ValueError):
+    """The row is not a member; ``reason`` is a stage reason code, ``detail`` never holds text."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+    @property
+    def quarantined(self) -> bool:
+        return self.reason.startswith(QUARANTINE_PREFIXES)
+
+
+@dataclass
+class Stages:
+    """Everything a chunk needs to canonicalise rows, and the per-stage account it keeps."""
+
+    purpose: str
+    quality: QualityPolicy
+    index: BenchmarkIndex | None
+    redact_pii: bool = True
+    pii: Counter[str] = field(default_factory=Counter)
+    normalized: Counter[str] = field(default_factory=Counter)
+
+    @classmethod
+    def for_config(cls, config: CorpusConfig, index: BenchmarkIndex | None) -> "Stages":
+        q = config.policies.quality
+        quality = QualityPolicy(**q.model_dump())
+        return cls(config.purpose, quality, index, config.policies.pii.redact)
+
+
+def parse_line(raw: bytes) -> dict[str, Any]:
+    """One JSONL line to a JSON object, or ``Excluded`` with a ``parse.*`` reason."""
+    if not raw.strip():
+        raise Excluded("parse.blank_line", "line is empty")
+    try:
+        text_line = raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise Excluded("parse.invalid_utf8", f"byte {error.start}: {error.reason}") from None
+    try:
+        obj = json.loads(text_line)
+    except json.JSONDecodeError as error:
+        raise Excluded("parse.invalid_json", f"column {error.colno}: {error.msg}") from None
+    except RecursionError:
+        raise Excluded("parse.invalid_json", "nested too deeply") from None
+    if not isinstance(obj, dict):
+        raise Excluded("parse.not_an_object", f"top level is {type(obj).__name__}")
+    return obj
+
+
+_LETTER = re.compile(r"[^\W\d_]")
+
+
+@lru_cache(maxsize=65536)
+def _script_of_char(char: str) -> str | None:
+    name = unicodedata.name(char, "")
+    for prefix, code in SCRIPTS:
+        if name.startswith(prefix):
+            return code
+    return None
+
+
+def script_of(text: str, sample: int = 64) -> str:
+    """ISO 15924 code of the dominant script among the first letters (``Zyyy`` if none)."""
+    head = text[:2048]
+    if head.isascii():
+        return "Latn" if _LETTER.search(head) else "Zyyy"
+    counts: Counter[str] = Counter()
+    seen = 0
+    for match in _LETTER.finditer(head):
+        code = _script_of_char(match.group())
+        if code is not None:
+            counts[code] += 1
+            seen += 1
+            if seen >= sample:
+                break
+    return counts.most_common(1)[0][0] if counts else "Zyyy"
+
+
+def contaminated(index: BenchmarkIndex | None, texts: list[str]) -> dict[int, Excluded]:
+    """Position -> exclusion for the texts that contain a registered benchmark item."""
+    if index is None or not texts:
+        return {}
+    return {
+        n: Excluded(
+            "contamination.benchmark",
+            f"item {match.item_id} containment {match.containment_ppm / 10_000:.2f}%",
+        )
+        for n, match in enumerate(index.match_many(texts))
+        if match is not None
+    }
+
+
+def _local_id(source: Source, obj: dict[str, Any], object_name: str, row_no: int) -> str:
+    value = row_field(obj, source.id_field)
+    if value is None:
+        return f"{object_name}#L{row_no}"
+    if isinstance(value, bool) or not isinstance(value, str | int):
+        raise Excluded("schema.bad_id", f"{source.id_field!r} is {type(value).__name__}")
+    return str(value)
+
+
+def canonicalize(
+    source: Source, object_name: str, row_no: int, obj: dict[str, Any], stages: Stages
+) -> dict[str, Any]:
+    """The canonical record columns for one row, or ``Excluded`` naming stage and reason."""
+    adapter = ADAPTERS[source.adapter]
+    try:
+        payload = adapter.parse(source, obj)
+    except SchemaMismatch as error:
+        raise Excluded(error.reason, error.detail) from None
+    kind = adapter.kind
+    record_id = f"{source.id}/{_local_id(source, obj, object_name, row_no)}"
+    group = row_field(obj, source.group_field) if source.group_field else None
+    group_id = f"{source.id}/{group}" if isinstance(group, str | int) and group != "" else record_id
+
+    for path, value in strings(kind, payload):
+        try:
+            normalized = normalize_text(value, kind=source.content)
+        except ParseReject as error:
+            raise Excluded(error.reason, error.detail) from None
+        stages.normalized.update(normalized.changes)
+        replace(payload, path, normalized.text)
+    for label, value in (("id", record_id), ("group", group_id), ("text", render(kind, payload))):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as error:
+            raise Excluded(
+                "parse.invalid_unicode", f"{label} has a lone surrogate at {error.start}"
+            ) from None
+    if not render(kind, payload).strip():
+        raise Excluded("parse.empty_text", "no text after normalisation")
+
+    if source.purposes is not None and stages.purpose not in source.purposes:
+        raise Excluded("governance.purpose", f"source allows {sorted(source.purposes)}")
+
+    pii: Counter[str] = Counter()
+    if stages.redact_pii:
+        for path, value in strings(kind, payload):
+            redaction = redact(value)
+            if redaction.counts:
+                pii.update(redaction.counts)
+                replace(payload, path, redaction.text)
+        stages.pii.update(pii)
+
+    text = render(kind, payload)
+    rejected = check_quality(text, source.content, stages.quality)
+    if rejected:
+        raise Excluded(rejected, f"{len(text)} characters")
+
+    lang = row_field(obj, source.lang_field) if source.lang_field else None
+    event_time = row_field(obj, source.time_field) if source.time_field else None
+    envelope = {
+        "schema": RECORD_SCHEMA,
+        "record_id": record_id,
+        "group_id": group_id,
+        "source_id": source.id,
+        "kind": kind,
+        "adapter": adapter.name,
+        "lang": lang if isinstance(lang, str) else None,
+        "script": script_of(text),
+        "modality": "text",
+        "governance": {
+            "licence": source.licence,
+            "purposes": sorted(source.purposes) if source.purposes is not None else None,
+            "retention": source.retention,
+            "pii": dict(sorted(pii.items())),
+        },
+        "event_time": str(event_time) if event_time is not None else None,
+    }
+    return {
+        "record_id": record_id,
+        "group_id": group_id,
+        "kind": kind,
+        "adapter": adapter.name,
+        "lang": envelope["lang"],
+        "script": envelope["script"],
+        "modality": "text",
+        "licence": source.licence,
+        "pii": json.dumps(envelope["governance"]["pii"], sort_keys=True),
+        "event_time": envelope["event_time"],
+        "record_digest": json_digest({**envelope, "payload": payload}),
+        "text_digest": "sha256:" + hashlib.sha256(text.encode()).hexdigest(),
+        "dedup_key": "sha256:"
+        + hashlib.sha256(dedup_normalize(text, source.content).encode()).hexdigest(),
+        "payload": json.dumps(payload, ensure_ascii=False, sort_keys=True, separators=(",", ":")),
+        "text": text,
+    }

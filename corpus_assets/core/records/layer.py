@@ -1,0 +1,424 @@
+"""canonical_records: typed records (envelope + typed payload) canonicalised from raw objects.
+
+Each raw object is one chunk task whose output (records Parquet, an exclusions Parquet with
+location and reason only, and an account) is keyed by (object digest, source adapter and fields,
+policy digest, benchmark index digest), so an unchanged object costs nothing in the next
+snapshot. Every row is accounted for per source and stage: rows in = kept + quarantined +
+rejected, each exclusion under its reason code. Chunks may run in several processes
+(``execution.workers``); the output is assembled in index order, so bytes never depend on it.
+"""
+
+import os
+from collections import Counter
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from sqlalchemy import select
+
+from corpus_assets.core.ingest.codecs import DecompressionLimits, iter_located_lines
+from corpus_assets.core.ingest.freeze import freeze
+from corpus_assets.core.ingest.pinning import CDC_LSN_FIELD
+from corpus_assets.core.records.canonicalize import (
+    RECORD_SCHEMA,
+    Excluded,
+    Stages,
+    canonicalize,
+    contaminated,
+    parse_line,
+)
+from corpus_assets.core.records.contamination import (
+    BenchmarkIndex,
+    ContaminationPolicy,
+    policy_payload,
+)
+from corpus_assets.core.records.quality import policy_payload as quality_payload
+from corpus_assets.core.runtime.config import Source
+from corpus_assets.core.runtime.layers import LayerResult, publish_index, read_index
+from corpus_assets.core.runtime.workspace import Workspace, open_workspace, worker_pool
+from corpus_assets.core.storage.artifacts import (
+    JSON,
+    get_json,
+    get_table,
+    make_ref,
+    put_json,
+    put_table,
+)
+from corpus_assets.core.storage.catalog import benchmark_items
+from corpus_assets.core.storage.digests import json_digest
+from corpus_assets.core.storage.tasks import ChunkOutcome, ChunkTask, preload, run_chunk
+
+CODE = "canonical_records.v2"
+CHUNK_SCHEMA = "corpus.chunk.v2"
+RECORD_COLUMNS = pa.schema(
+    [
+        ("record_id", pa.string()),
+        ("group_id", pa.string()),
+        ("source_id", pa.string()),
+        ("object", pa.string()),
+        ("line", pa.int64()),
+        ("byte_offset", pa.int64()),
+        ("cdc_lsn", pa.string()),
+        ("kind", pa.string()),
+        ("adapter", pa.string()),
+        ("lang", pa.string()),
+        ("script", pa.string()),
+        ("modality", pa.string()),
+        ("licence", pa.string()),
+        ("pii", pa.string()),
+        ("event_time", pa.string()),
+        ("record_digest", pa.string()),
+        ("text_digest", pa.string()),
+        ("dedup_key", pa.string()),
+        ("payload", pa.string()),
+        ("text", pa.string()),
+    ]
+)
+EXCLUSION_COLUMNS = pa.schema(
+    [
+        ("object", pa.string()),
+        ("line", pa.int64()),
+        ("reason", pa.string()),
+        ("detail", pa.string()),
+    ]
+)
+
+
+def record_schema_digest() -> str:
+    """Digest of the record contract, so a manifest names the exact schema its members follow."""
+    return json_digest(
+        {
+            "schema": RECORD_SCHEMA,
+            "kinds": ["document", "messages", "preference"],
+            "columns": [[f.name, str(f.type)] for f in RECORD_COLUMNS],
+        }
+    )
+
+
+def _rows(
+    ws: Workspace, item: dict[str, Any], what: str
+) -> Iterator[tuple[int, int | None, dict[str, Any] | Excluded]]:
+    """(1-based line or row number, byte offset of the line in the decompressed object (None for
+    Parquet rows), object or why it could not be parsed) of a raw object."""
+    digest = item["object"]["digest"]
+    if item["format"] == "parquet":
+        ws.cas.verify(digest, what)
+        number = 0
+        for batch in pq.ParquetFile(ws.cas.path(digest)).iter_batches(batch_size=4096):
+            for row in batch.to_pylist():
+                number += 1
+                yield number, None, row
+        return
+    bounds = ws.config.limits
+    limits = DecompressionLimits(
+        max_output_bytes=bounds.max_output_bytes, max_ratio=bounds.max_ratio
+    )
+    with ws.cas.open(digest, what) as stream:
+        for line_no, offset, raw in iter_located_lines(stream, what, limits):
+            try:
+                yield line_no, offset, parse_line(raw)
+            except Excluded as excluded:
+                yield line_no, offset, excluded
+
+
+def _exclude(table: dict[str, list[Any]], digest: str, line: int, why: Excluded) -> None:
+    for key, value in (
+        ("object", digest),
+        ("line", line),
+        ("reason", why.reason),
+        ("detail", why.detail),
+    ):
+        table[key].append(value)
+
+
+def _canonicalize_object(
+    ws: Workspace, source: Source, item: dict[str, Any], stages: Stages
+) -> str:
+    digest = item["object"]["digest"]
+    rows: dict[str, list[Any]] = {f.name: [] for f in RECORD_COLUMNS}
+    excluded: dict[str, list[Any]] = {f.name: [] for f in EXCLUSION_COLUMNS}
+    reasons: Counter[str] = Counter()
+    rows_in = chars_kept = 0
+    what = f"raw object {source.id}/{item['name']} ({digest})"
+    kept: list[dict[str, Any]] = []
+    for number, offset, obj in _rows(ws, item, what):
+        rows_in += 1
+        try:
+            if isinstance(obj, Excluded):
+                raise obj
+            record = canonicalize(source, item["name"], number, obj, stages)
+        except Excluded as why:
+            reasons[why.reason] += 1
+            _exclude(excluded, digest, number, why)
+            continue
+        lsn = obj.get(CDC_LSN_FIELD) if source.kind == "changelog" else None
+        record.update(
+            source_id=source.id, object=digest, line=number, byte_offset=offset, cdc_lsn=lsn
+        )
+        kept.append(record)
+    hits = contaminated(stages.index, [r["text"] for r in kept])
+    for n, record in enumerate(kept):
+        if n in hits:
+            reasons[hits[n].reason] += 1
+            _exclude(excluded, digest, record["line"], hits[n])
+            continue
+        chars_kept += len(record["text"])
+        for key, column in rows.items():
+            column.append(record[key])
+    records = pa.Table.from_pydict(rows, schema=RECORD_COLUMNS)
+    quarantined = {r: n for r, n in sorted(reasons.items()) if r.startswith(("parse.", "schema."))}
+    rejected = {r: n for r, n in sorted(reasons.items()) if r not in quarantined}
+    descriptor = {
+        "schema": CHUNK_SCHEMA,
+        "layer": "canonical_records",
+        "records": put_table(ws.cas, records),
+        "count": records.num_rows,
+        "excluded": put_table(ws.cas, pa.Table.from_pydict(excluded, schema=EXCLUSION_COLUMNS)),
+        "account": {
+            "rows_in": rows_in,
+            "kept": records.num_rows,
+            "quarantined": quarantined,
+            "rejected": rejected,
+            "pii_redacted": dict(sorted(stages.pii.items())),
+            "normalized": dict(sorted(stages.normalized.items())),
+            "chars_kept": chars_kept,
+        },
+    }
+    return put_json(ws.cas, descriptor)["digest"]
+
+
+def benchmark_index(ws: Workspace, fence: int) -> BenchmarkIndex | None:
+    """The contamination index of every benchmark item at or below the freeze's fence."""
+    with ws.catalog.begin() as conn:
+        items = conn.execute(
+            select(benchmark_items.c.item_id, benchmark_items.c.text_digest)
+            .where(benchmark_items.c.seq <= fence)
+            .order_by(benchmark_items.c.seq)
+        ).all()
+    if not items:
+        return None
+    texts = [
+        (item_id, ws.cas.get_bytes(digest, f"benchmark item {item_id}").decode())
+        for item_id, digest in items
+    ]
+    return BenchmarkIndex.build(texts, contamination_policy(ws))
+
+
+def contamination_policy(ws: Workspace) -> ContaminationPolicy:
+    return ContaminationPolicy(**ws.config.policies.contamination.model_dump())
+
+
+def _policy_digest(ws: Workspace, index: BenchmarkIndex | None) -> str:
+    config = ws.config
+    return json_digest(
+        {
+            "recordSchema": record_schema_digest(),
+            "quality": quality_payload(Stages.for_config(config, None).quality),
+            "contamination": policy_payload(contamination_policy(ws)),
+            "benchmarkIndex": index.digest if index is not None else None,
+            "pii": config.policies.pii.model_dump(mode="json"),
+            "purpose": config.purpose,
+        }
+    )
+
+
+def _task(source: Source, item: dict[str, Any], policy: str) -> ChunkTask:
+    return ChunkTask(
+        layer="canonical_records",
+        chunk_key=f"{source.id}/{item['name']}",
+        input_digest=json_digest(
+            {
+                "object": item["object"]["digest"],
+                "format": item["format"],
+                "source": source.model_dump(mode="json"),
+                "policy": policy,
+            }
+        ),
+        code_version=CODE,
+    )
+
+
+_WORKER: dict[str, Any] = {}
+
+
+def _worker_init(config: str, environ: dict[str, str], fence: int) -> None:
+    os.environ.update(environ)
+    ws = open_workspace(config)
+    _WORKER.update(ws=ws, index=benchmark_index(ws, fence))
+
+
+def _worker_run(job: tuple[str, dict[str, Any], str]) -> ChunkOutcome:
+    source_id, item, policy = job
+    ws, index = _WORKER["ws"], _WORKER["index"]
+    source = next(s for s in ws.config.sources if s.id == source_id)
+    return _run(ws, source, item, policy, index, done=None)
+
+
+def _run(
+    ws: Workspace,
+    source: Source,
+    item: dict[str, Any],
+    policy: str,
+    index: BenchmarkIndex | None,
+    done: Any,
+) -> ChunkOutcome:
+    def work() -> str:
+        return _canonicalize_object(ws, source, item, Stages.for_config(ws.config, index))
+
+    return run_chunk(ws.catalog, ws.cas, _task(source, item, policy), work, done=done)
+
+
+def build_canonical_records(ws: Workspace, partition_key: str) -> LayerResult:
+    raw_ref, raw_index = read_index(ws, partition_key, "raw_snapshot")
+    _, spec = freeze(ws, partition_key)
+    fence = int(spec["benchmarkFence"])
+    index = benchmark_index(ws, fence)
+    policy = _policy_digest(ws, index)
+    sources = {s.id: s for s in ws.config.sources}
+    items = raw_index["outputs"]["objects"]
+    done = preload(ws.catalog, "canonical_records", CODE)
+    workers = min(ws.config.execution.workers, max(len(items), 1))
+    if workers > 1:
+        with worker_pool(ws, workers, _worker_init, fence) as pool:
+            outcomes = list(pool.map(_worker_run, [(i["source"], i, policy) for i in items]))
+    else:
+        outcomes = [_run(ws, sources[i["source"]], i, policy, index, done) for i in items]
+    chunks, dead, account = [], [], _Account()
+    for item, outcome in zip(items, outcomes, strict=True):
+        task = outcome.task
+        if outcome.output_digest is None:
+            dead.append(
+                {
+                    "chunk": task.chunk_key,
+                    "input": task.input_digest,
+                    "error": (outcome.error or "").splitlines()[0],
+                }
+            )
+            continue
+        descriptor = get_json(ws.cas, outcome.output_digest, f"chunk {task.chunk_key}")
+        account.add(item["source"], descriptor["account"])
+        chunks.append(
+            {
+                "chunk": task.chunk_key,
+                "input": task.input_digest,
+                "output": make_ref(outcome.output_digest, JSON, ws.cas.size(outcome.output_digest)),
+            }
+        )
+    skipped = sum(o.skipped for o in outcomes if o.output_digest is not None)
+    counts = account.counts()
+    counts.update(chunks=len(chunks), dead_letters=len(dead))
+    ref = publish_index(
+        ws,
+        partition_key,
+        "canonical_records",
+        CODE,
+        policy,
+        [raw_ref],
+        {"chunks": chunks, "dead_letters": dead, "accounting": account.by_source()},
+        counts,
+    )
+    return LayerResult(
+        layer="canonical_records",
+        digest=ref["digest"],
+        counts=counts,
+        preview=account.table(),
+        run_stats={"chunks_reused": skipped, "chunks_built": len(chunks) - skipped},
+    )
+
+
+class _Account:
+    """Per source: rows in = kept + quarantined + rejected, with every reason code."""
+
+    def __init__(self) -> None:
+        self.sources: dict[str, Counter[str]] = {}
+
+    def add(self, source: str, account: dict[str, Any]) -> None:
+        total = self.sources.setdefault(source, Counter())
+        total["rows_in"] += account["rows_in"]
+        total["kept"] += account["kept"]
+        total["chars_kept"] += account["chars_kept"]
+        for group in ("quarantined", "rejected"):
+            for reason, n in account[group].items():
+                total[f"{group}:{reason}"] += n
+                total[group] += n
+        for kind, n in account["pii_redacted"].items():
+            total[f"pii:{kind}"] += n
+
+    def by_source(self) -> dict[str, dict[str, int]]:
+        return {s: dict(sorted(c.items())) for s, c in sorted(self.sources.items())}
+
+    def counts(self) -> dict[str, int]:
+        total: Counter[str] = Counter()
+        for counter in self.sources.values():
+            total.update(counter)
+        counts = {
+            "records": total["kept"],
+            "rows_in": total["rows_in"],
+            "quarantined": total["quarantined"],
+            "rejected": total["rejected"],
+            "unexplained": total["rows_in"]
+            - total["kept"]
+            - total["quarantined"]
+            - total["rejected"],
+        }
+        counts.update({k.replace(":", "."): v for k, v in sorted(total.items()) if ":" in k})
+        return counts
+
+    def table(self) -> list[dict[str, Any]]:
+        return [
+            {
+                "source": source,
+                "denominator": "source rows",
+                "rows_in": c["rows_in"],
+                "kept": c["kept"],
+                "quarantined": c["quarantined"],
+                "rejected": c["rejected"],
+                "unexplained": c["rows_in"] - c["kept"] - c["quarantined"] - c["rejected"],
+                "characters_kept": c["chars_kept"],
+                "reasons": ", ".join(
+                    f"{k.split(':', 1)[1]}={v}"
+                    for k, v in sorted(c.items())
+                    if k.startswith(("quarantined:", "rejected:"))
+                ),
+            }
+            for source, c in sorted(self.sources.items())
+        ]
+
+
+def load_records(
+    ws: Workspace, index: dict[str, Any], columns: list[str] | None = None
+) -> pa.Table:
+    """All canonical records of a layer index, in index (source, object, line) order."""
+    tables = []
+    for chunk in index["outputs"]["chunks"]:
+        records = get_json(ws.cas, chunk["output"], f"chunk {chunk['chunk']}")["records"]
+        tables.append(get_table(ws.cas, records, f"records of {chunk['chunk']}", columns))
+    if tables:
+        return pa.concat_tables(tables)
+    empty = RECORD_COLUMNS.empty_table()
+    return empty.select(columns) if columns else empty
+
+
+def canary_replay(
+    ws: Workspace,
+) -> Callable[[dict[str, Any], dict[str, Any], list[str]], dict[str, str]]:
+    """Re-canonicalise chosen chunks from their pinned objects with this code, bypassing the task
+    table (a replay must recompute, not reuse); returns chunk key -> chunk output digest."""
+
+    def replay(
+        canonical: dict[str, Any], freeze_spec: dict[str, Any], chunk_keys: list[str]
+    ) -> dict[str, str]:
+        raw = get_json(ws.cas, canonical["inputs"][0], "raw_snapshot index")
+        items = {f"{o['source']}/{o['name']}": o for o in raw["outputs"]["objects"]}
+        sources = {s.id: s for s in ws.config.sources}
+        index = benchmark_index(ws, int(freeze_spec["benchmarkFence"]))
+        return {
+            key: _canonicalize_object(
+                ws, sources[items[key]["source"]], items[key], Stages.for_config(ws.config, index)
+            )
+            for key in chunk_keys
+            if key in items and items[key]["source"] in sources
+        }
+
+    return replay

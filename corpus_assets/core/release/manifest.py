@@ -1,0 +1,199 @@
+"""manifest: the ``training.dataset.snapshot.v1`` contract a training run names by digest.
+
+snapshotId = sha256 of the RFC 8785 payload with ``snapshotId`` and ``signature`` removed, so the
+manifest can carry its own id without referring to itself. It enumerates facts, not queries: the
+freeze (pinned object digests, watermarks), every layer index, the policy digests and the members
+table (stable record id, source object, line, record digest, split) in the CAS.
+"""
+
+import json
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from corpus_assets.core.governance import states
+from corpus_assets.core.ingest.freeze import freeze
+from corpus_assets.core.records.layer import load_records, record_schema_digest
+from corpus_assets.core.release.identity import SELF_EXCLUDED, snapshot_id
+from corpus_assets.core.release.shadow import shadow_diff
+from corpus_assets.core.release.signing import sign_snapshot
+from corpus_assets.core.runtime.layers import LAYERS, LayerResult, read_index
+from corpus_assets.core.runtime.transform import transform_image
+from corpus_assets.core.runtime.workspace import Workspace
+from corpus_assets.core.storage.artifacts import get_table, put_json, put_table
+from corpus_assets.core.storage.digests import json_digest
+
+MANIFEST_SCHEMA = "training.dataset.snapshot.v1"
+MEMBER_COLUMNS = [
+    "record_id",
+    "source_id",
+    "object",
+    "line",
+    "record_digest",
+    "dedup_key",
+    "text_bytes",
+    "group_id",
+    "split",
+]
+
+
+class BuildConflict(RuntimeError):
+    """The same build identity produced different content: nondeterminism, never overwritten."""
+
+
+def members_table(
+    ws: Workspace, canonical: dict[str, Any], dedup: dict[str, Any], splits: dict[str, Any]
+) -> pa.Table:
+    """One row per member: stable id, source version, logical digests, split - never the text."""
+    split_table = get_table(ws.cas, splits["outputs"]["splits"], "splits table")
+    clusters = get_table(ws.cas, dedup["outputs"]["clusters"], "dedup clusters")
+    chosen = clusters.filter(clusters.column("is_representative")).select(
+        ["record_id", "object", "line", "dedup_key"]
+    )
+    records = load_records(
+        ws, canonical, ["record_id", "source_id", "object", "line", "record_digest", "text"]
+    )
+    lengths = pc.binary_length(pc.cast(records.column("text"), pa.binary()))
+    records = records.drop_columns(["text"]).append_column("text_bytes", lengths)
+    joined = records.join(chosen, ["record_id", "object", "line"], join_type="inner").join(
+        split_table, "record_id"
+    )
+    return joined.select(MEMBER_COLUMNS).sort_by("record_id")
+
+
+def source_versions(spec: dict[str, Any]) -> list[dict[str, Any]]:
+    """The seed's per-source fields: object versions, or table snapshot + CDC high watermark."""
+    out = []
+    for source in spec["sources"]:
+        entry = {"id": source["id"], "kind": source["kind"]}
+        if source["kind"] == "changelog":
+            entry["tableSnapshot"] = source["objects"][0]["sha256"]
+            entry["cdcHighWatermark"] = f"lsn:{source['watermark']}"
+        else:
+            entry["objects"] = str(len(source["objects"]))
+            entry["objectVersions"] = json_digest(source["objects"])
+        out.append(entry)
+    return out
+
+
+def build_identity(freeze_digest: str, ws: Workspace, image: str) -> str:
+    """Digest of the build specification (inputs + config + code), apart from the content."""
+    config = ws.config
+    return json_digest(
+        {
+            "freeze": freeze_digest,
+            "transformImage": image,
+            "purpose": config.purpose,
+            "alias": config.alias,
+            "policies": {n: config.policy_digest(n) for n in type(config.policies).model_fields},
+            "sources": [s.model_dump(mode="json") for s in config.sources],
+        }
+    )
+
+
+def build_manifest(ws: Workspace, partition_key: str) -> LayerResult:
+    freeze_ref, spec = freeze(ws, partition_key)
+    indexes = {layer: read_index(ws, partition_key, layer) for layer in LAYERS[:-1]}
+    members = members_table(
+        ws, indexes["canonical_records"][1], indexes["dedup_clusters"][1], indexes["splits"][1]
+    )
+    members_ref = put_table(ws.cas, members)
+    config = ws.config
+    image = transform_image()
+    counts = {layer: index["counts"] for layer, (_, index) in indexes.items()}
+    manifest: dict[str, Any] = {
+        "schema": MANIFEST_SCHEMA,
+        "buildId": build_identity(freeze_ref["digest"], ws, image),
+        "partition": partition_key,
+        "parents": spec["parents"],
+        "purpose": spec["purpose"],
+        "alias": spec["alias"],
+        "freeze": freeze_ref,
+        "sources": source_versions(spec),
+        "tombstoneWatermark": spec["tombstoneWatermark"],
+        "benchmarkFence": spec["benchmarkFence"],
+        "recordSchema": record_schema_digest(),
+        "selectionPolicy": config.policy_digest("dedup"),
+        "splitPolicy": config.policy_digest("splits"),
+        "mixingPolicy": config.policy_digest("mixing"),
+        "packingPolicy": config.policy_digest("packing"),
+        "transformImage": image,
+        "transform": {layer: index["code"] for layer, (_, index) in indexes.items()},
+        "layers": {layer: ref for layer, (ref, _) in indexes.items()},
+        "members": {
+            "uri": ws.cas.uri(members_ref["digest"]),
+            **members_ref,
+            "count": members.num_rows,
+        },
+        "counts": {
+            "records": counts["canonical_records"]["records"],
+            "quarantined": counts["canonical_records"]["quarantined"],
+            "dead_letters": counts["canonical_records"]["dead_letters"],
+            "duplicates_removed": counts["dedup_clusters"]["removed"],
+            "members": members.num_rows,
+            "train": counts["splits"]["train"],
+            "validation": counts["splits"]["validation"],
+            "test": counts["splits"]["test"],
+            "blocks": counts["packed_blocks"]["blocks"],
+            "tokens": counts["packed_blocks"]["tokens"],
+        },
+    }
+    manifest["snapshotId"] = snapshot_id(manifest)
+    _refuse_conflicting_rebuild(ws, manifest)
+    manifest["signature"] = sign_snapshot(ws.home, manifest["snapshotId"])
+    manifest_ref = put_json(ws.cas, manifest)
+    partial = "~partial" if manifest["counts"]["dead_letters"] else ""
+    ws.catalog.set_layer_output(
+        partition_key, "manifest", manifest_ref["digest"], manifest["buildId"] + partial
+    )
+    snapshot = states.register(
+        ws.catalog,
+        manifest["snapshotId"],
+        partition_key,
+        manifest_ref["digest"],
+        config.alias,
+        build_id=manifest["buildId"],
+    )
+    diff = shadow_diff(ws.cas, ws.catalog, manifest["snapshotId"])
+    return LayerResult(
+        layer="manifest",
+        details={"shadow_diff": diff},
+        run_stats={
+            "shadow.added": diff["added"],
+            "shadow.removed": diff["removed"],
+            "shadow.split_migrations": diff["split_migrations"],
+        },
+        digest=manifest_ref["digest"],
+        counts=dict(manifest["counts"]),
+        preview=members.slice(0, 10).to_pylist(),
+        digests={
+            "snapshotId": manifest["snapshotId"],
+            "buildId": manifest["buildId"],
+            "transformImage": image,
+            "members": members_ref["digest"],
+            "state": snapshot.state,
+        },
+    )
+
+
+def _refuse_conflicting_rebuild(ws: Workspace, manifest: dict[str, Any]) -> None:
+    for earlier in states.find(ws.catalog):
+        if (
+            earlier.build_id == manifest["buildId"]
+            and earlier.snapshot_id != manifest["snapshotId"]
+        ):
+            old = json.loads(ws.cas.get_bytes(earlier.manifest_digest, "earlier manifest"))
+            if old["counts"].get("dead_letters") or manifest["counts"]["dead_letters"]:
+                continue  # a build with open dead letters was never complete: retrying is progress
+            differing = sorted(
+                k
+                for k in set(old) | set(manifest)
+                if k not in SELF_EXCLUDED and old.get(k) != manifest.get(k)
+            )
+            raise BuildConflict(
+                f"build {manifest['buildId']} (partition {manifest['partition']}) was built before "
+                f"as {earlier.snapshot_id} and now gives {manifest['snapshotId']}: the same "
+                f"inputs, config and code produced different content in {', '.join(differing)}; "
+                "nothing was overwritten"
+            )

@@ -1,0 +1,231 @@
+"""Snapshot signatures: a DSSE envelope over an in-toto Statement naming the snapshotId.
+
+The builder signs what it validated (seed 001: the manifest is signed after the checks); the
+signature proves only that the statement comes from the trusted builder key, the set checks in
+``verify`` prove the statement true. The signed subject is the snapshotId itself, which already
+excludes ``signature``, so the envelope can travel inside the manifest without self-reference.
+
+Keys are Ed25519 (deterministic: the same key and snapshotId give the same envelope bytes, so a
+rebuild in the same data home stores the same manifest digest). They live in ``<home>/keys``,
+outside the CAS, created on first use; ``CORPUS_SIGNING_KEY`` may name an existing PEM PKCS#8
+private key instead, whose public half is then published in ``<home>/keys`` for verifiers.
+"""
+
+import binascii
+import copy
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.serialization import (
+    Encoding,
+    NoEncryption,
+    PrivateFormat,
+    PublicFormat,
+    load_pem_private_key,
+    load_pem_public_key,
+)
+from securesystemslib.dsse import Envelope
+from securesystemslib.exceptions import UnverifiedSignatureError, VerificationError
+from securesystemslib.signer import CryptoSigner, SSlibKey
+
+from corpus_assets.core.storage.digests import DigestError, canonical_json, check_digest, hex_of
+from corpus_assets.core.storage.fsio import atomic_create, atomic_write
+
+KEY_ENV = "CORPUS_SIGNING_KEY"
+PAYLOAD_TYPE = "application/vnd.in-toto+json"
+STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
+PREDICATE_TYPE = "https://corpus-assets.dev/training-dataset-snapshot/v1"
+SUBJECT_NAME = "training.dataset.snapshot"
+PRIVATE_NAME = "snapshot-signing.key.pem"
+PUBLIC_NAME = "snapshot-signing.pub.pem"
+
+
+class SignatureError(RuntimeError):
+    """A snapshot signature that is missing, malformed, from an unknown key, bad, or for another
+    snapshot; the message starts with the reason."""
+
+
+def key_paths(home: Path) -> tuple[Path, Path]:
+    """(private, public) key files of a data home: ``<home>/keys``, never inside ``<home>/cas``."""
+    folder = Path(home) / "keys"
+    return folder / PRIVATE_NAME, folder / PUBLIC_NAME
+
+
+def public_key_of(home: Path) -> Path:
+    """The public key file verifiers of this data home trust."""
+    return key_paths(home)[1]
+
+
+def ensure_keypair(home: Path) -> str:
+    """Create the home's Ed25519 key pair on first use (or adopt ``CORPUS_SIGNING_KEY``); key id."""
+    return _signer(home).public_key.keyid
+
+
+def sign_snapshot(home: Path, snapshot_id: str) -> dict[str, Any]:
+    """DSSE envelope (a JSON-able dict) over the in-toto Statement naming ``snapshot_id``."""
+    check_digest(snapshot_id, "snapshotId")
+    envelope = Envelope(canonical_json(statement(snapshot_id)), PAYLOAD_TYPE, {})
+    envelope.sign(_signer(home))
+    return envelope.to_dict()
+
+
+def statement(snapshot_id: str) -> dict[str, Any]:
+    """The in-toto Statement v1 a snapshot signature covers."""
+    return {
+        "_type": STATEMENT_TYPE,
+        "subject": [{"name": SUBJECT_NAME, "digest": {"sha256": hex_of(snapshot_id)}}],
+        "predicateType": PREDICATE_TYPE,
+        "predicate": {"snapshotId": snapshot_id},
+    }
+
+
+def verify_signature(
+    envelope: Any,
+    snapshot_id: str,
+    public_key: Path | None = None,
+    home: Path | None = None,
+) -> str:
+    """Check ``envelope`` is a good signature by the trusted key over ``snapshot_id``; key id.
+
+    The trusted key is ``public_key`` or else the data home's. Raises ``SignatureError``.
+    """
+    if public_key is None:
+        if home is None:
+            raise ValueError("verify_signature needs public_key or home")
+        public_key = public_key_of(home)
+    if not envelope:
+        raise SignatureError(f"unsigned: snapshot {snapshot_id} carries no signature envelope")
+    parsed = _parse_envelope(envelope, snapshot_id)
+    key = _load_public(public_key)
+    signature = parsed.signatures.get(key.keyid)
+    if signature is None:
+        raise SignatureError(
+            f"unknown key: snapshot {snapshot_id} is signed by "
+            f"{', '.join(sorted(parsed.signatures))}, the trusted key {key.keyid} "
+            f"({public_key}) did not sign it"
+        )
+    try:
+        key.verify_signature(signature, parsed.pae())
+    except (UnverifiedSignatureError, VerificationError) as error:
+        raise SignatureError(
+            f"bad signature: the signature by {key.keyid} on snapshot {snapshot_id} does not "
+            f"verify ({error})"
+        ) from None
+    _check_statement(parsed.payload, snapshot_id)
+    return key.keyid
+
+
+def _parse_envelope(envelope: Any, snapshot_id: str) -> Envelope:
+    def malformed(why: str) -> SignatureError:
+        return SignatureError(f"malformed envelope on snapshot {snapshot_id}: {why}")
+
+    if not isinstance(envelope, dict):
+        raise malformed(f"expected a JSON object, got {type(envelope).__name__}")
+    missing = [k for k in ("payload", "payloadType", "signatures") if k not in envelope]
+    if missing:
+        raise malformed(f"missing {', '.join(missing)}")
+    if envelope["payloadType"] != PAYLOAD_TYPE:
+        raise malformed(f"payloadType {envelope['payloadType']!r}, expected {PAYLOAD_TYPE!r}")
+    signatures = envelope["signatures"]
+    if not isinstance(envelope["payload"], str):
+        raise malformed("payload is not a base64 string")
+    if not isinstance(signatures, list) or not signatures:
+        raise malformed("signatures is not a non-empty list")
+    for n, entry in enumerate(signatures):
+        if not (
+            isinstance(entry, dict)
+            and isinstance(entry.get("keyid"), str)
+            and isinstance(entry.get("sig"), str)
+        ):
+            raise malformed(f"signatures[{n}] needs string keyid and sig")
+    try:
+        # from_dict rewrites the signature dicts in place: give it a copy
+        return Envelope.from_dict(copy.deepcopy(envelope))
+    except (binascii.Error, ValueError, KeyError, TypeError) as error:
+        raise malformed(f"{type(error).__name__}: {error}") from None
+
+
+def _check_statement(payload: bytes, snapshot_id: str) -> None:
+    try:
+        signed = json.loads(payload)
+        subjects = signed["subject"]
+        kinds = (signed["_type"], signed["predicateType"])
+        digests = [s["digest"]["sha256"] for s in subjects if s.get("name") == SUBJECT_NAME]
+        predicate_id = signed["predicate"]["snapshotId"]
+    except (ValueError, KeyError, TypeError, AttributeError) as error:
+        raise SignatureError(
+            f"malformed envelope on snapshot {snapshot_id}: payload is not an in-toto "
+            f"snapshot statement ({type(error).__name__}: {error})"
+        ) from None
+    if kinds != (STATEMENT_TYPE, PREDICATE_TYPE):
+        raise SignatureError(
+            f"malformed envelope on snapshot {snapshot_id}: statement types {kinds}, expected "
+            f"{(STATEMENT_TYPE, PREDICATE_TYPE)}"
+        )
+    try:
+        expected = hex_of(snapshot_id)
+    except DigestError as error:
+        raise SignatureError(f"subject mismatch: {error}") from None
+    if digests != [expected] or predicate_id != snapshot_id:
+        named = ", ".join(f"sha256:{d}" for d in digests) or "nothing"
+        raise SignatureError(
+            f"subject mismatch: the signed statement names {named} (predicate {predicate_id}), "
+            f"not snapshot {snapshot_id}"
+        )
+
+
+def _signer(home: Path) -> CryptoSigner:
+    private, public = key_paths(home)
+    configured = os.environ.get(KEY_ENV)
+    if configured:
+        private = Path(configured)
+        if not private.is_file():
+            raise FileNotFoundError(f"{KEY_ENV}={configured}: no such private key file")
+    else:
+        _refuse_inside_cas(home, private)
+        if not private.exists():
+            private.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            pem = Ed25519PrivateKey.generate().private_bytes(
+                Encoding.PEM, PrivateFormat.PKCS8, NoEncryption()
+            )
+            # put-if-absent, never replace: two first builds racing must end on one key
+            atomic_create(private, [pem])
+            os.chmod(private, 0o600)
+    _refuse_inside_cas(home, private)
+    key = load_pem_private_key(private.read_bytes(), None)
+    if not isinstance(key, Ed25519PrivateKey):
+        raise SignatureError(f"signing key {private} is not an Ed25519 private key")
+    signer = CryptoSigner(key)
+    _publish_public(public, key)
+    return signer
+
+
+def _publish_public(path: Path, key: Ed25519PrivateKey) -> None:
+    pem = key.public_key().public_bytes(Encoding.PEM, PublicFormat.SubjectPublicKeyInfo)
+    if path.is_file() and path.read_bytes() == pem:
+        return
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    atomic_write(path, pem)
+    os.chmod(path, 0o644)
+
+
+def _load_public(path: Path) -> SSlibKey:
+    try:
+        crypto_key = load_pem_public_key(Path(path).read_bytes())
+    except FileNotFoundError:
+        raise SignatureError(f"unknown key: no trusted public key at {path}") from None
+    except ValueError as error:
+        raise SignatureError(f"unknown key: {path} is not a PEM public key ({error})") from None
+    try:
+        return SSlibKey.from_crypto(crypto_key)
+    except ValueError as error:
+        raise SignatureError(f"unknown key: {path}: {error}") from None
+
+
+def _refuse_inside_cas(home: Path, path: Path) -> None:
+    cas = (Path(home) / "cas").resolve()
+    if path.resolve().is_relative_to(cas):
+        raise SignatureError(f"signing key {path} is inside the CAS {cas}: keys live outside it")

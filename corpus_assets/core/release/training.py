@@ -1,0 +1,382 @@
+"""The training entry point: a run names a snapshot by digest, takes a permit, reads verified bytes.
+
+Seed 001: the training API accepts only a manifest digest. An alias is resolved once, explicitly
+(``resolve_alias``), and the caller records the digest it got; nothing else here accepts an alias
+or "latest". ``take_permit`` checks the snapshot in the same gate that activation uses (ACTIVE,
+purpose, tombstone watermark and benchmark fence equal to the alias gate row) and records a permit
+bound to the digest and the run id, in one transaction with the gate row read. A run that resumes
+gets its original permit back (even if the alias moved on or a fence advanced since: its pinned
+inputs do not change); the same run id with another digest is refused, since changed data means a
+new run. ``TrainingReader`` opens exactly the CAS objects the manifest names, verifies every digest
+before handing out a byte, and reports what it read.
+"""
+
+import hashlib
+import json
+import os
+import sys
+import time
+from array import array
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from sqlalchemy import Connection, insert, select
+from sqlalchemy.exc import IntegrityError
+
+from corpus_assets.core.governance import states
+from corpus_assets.core.release.identity import snapshot_id as compute_snapshot_id
+from corpus_assets.core.release.verify import load_manifest, resolve
+from corpus_assets.core.storage.cas import ContentStore, CorruptObjectError, MissingObjectError
+from corpus_assets.core.storage.catalog import Catalog, gate, permits
+from corpus_assets.core.storage.digests import DIGEST_RE, json_digest
+
+TOKEN_DTYPE = "uint16-le"
+TOKEN_BYTES = 2
+READ_BLOCKS = 1 << 22  # bytes per read of the tokens object (whole blocks, at least one)
+
+
+class TrainingError(RuntimeError):
+    """A training request refused; the message names the digest, the run id and the rule."""
+
+
+@dataclass(frozen=True)
+class Permit:
+    permit_id: str
+    run_id: str
+    snapshot_id: str
+    alias: str
+    purpose: str
+    tombstone_watermark: int
+    benchmark_fence: int
+    generation: int | None
+    resumed: bool
+
+
+def resolve_alias(catalog: Catalog, alias: str) -> str:
+    """The alias's active snapshot id, read once from the gate row. Record it: it is the run's."""
+    with catalog.begin() as conn:
+        active = conn.scalar(select(gate.c.active_snapshot).where(gate.c.alias == alias))
+    if active is None:
+        raise TrainingError(f"alias {alias!r} has no active snapshot; nothing to train on")
+    return active
+
+
+def take_permit(
+    cas: ContentStore, catalog: Catalog, snapshot_id: str, run_id: str, purpose: str
+) -> Permit:
+    """A permit for ``run_id`` to train on ``snapshot_id`` (snapshotId or manifest CAS digest).
+
+    Rules, each refusal naming it: the argument is a digest (never an alias or "latest"); the run
+    id is not empty; a run that already holds a permit gets it back (``resumed``) if it names the
+    same snapshot and purpose, and is refused otherwise; the snapshot is ACTIVE; its manifest
+    verifies and its purpose equals ``purpose``; its tombstone watermark and benchmark fence equal
+    the alias gate row's current values.
+    """
+    if not isinstance(snapshot_id, str) or not DIGEST_RE.fullmatch(snapshot_id):
+        raise TrainingError(
+            f"run {run_id!r}: training accepts only a snapshot digest (sha256:<64 hex>), not "
+            f"{snapshot_id!r}; resolve an alias once with resolve_alias and record the digest"
+        )
+    if not isinstance(run_id, str) or not run_id.strip():
+        raise TrainingError(f"snapshot {snapshot_id}: a permit needs a non-empty run id")
+    try:
+        snapshot = resolve(catalog, snapshot_id)
+    except states.StateError:
+        raise TrainingError(
+            f"run {run_id!r}: no snapshot with id or manifest digest {snapshot_id} in the catalog"
+        ) from None
+    sid = snapshot.snapshot_id
+
+    existing = _permit_for_run(catalog, run_id)
+    if existing is not None:
+        return _resume(existing, sid, purpose)
+
+    if snapshot.state != states.ACTIVE:
+        raise TrainingError(
+            f"run {run_id!r}: snapshot {sid} is {snapshot.state}; only a snapshot activated "
+            "through the gate (ACTIVE) can be trained on"
+        )
+    manifest = _manifest(cas, snapshot, run_id)
+    if manifest.get("purpose") != purpose:
+        raise TrainingError(
+            f"run {run_id!r}: snapshot {sid} was built for purpose {manifest.get('purpose')!r}, "
+            f"the run asks for {purpose!r}; purposes must match"
+        )
+    if manifest.get("alias") != snapshot.alias:
+        raise TrainingError(
+            f"run {run_id!r}: snapshot {sid} manifest names alias {manifest.get('alias')!r}, "
+            f"the catalog {snapshot.alias!r}"
+        )
+    watermark = int(manifest["tombstoneWatermark"])
+    fence = int(manifest["benchmarkFence"])
+    permit_id = json_digest(
+        {
+            "runId": run_id,
+            "snapshotId": sid,
+            "purpose": purpose,
+            "tombstoneWatermark": str(watermark),
+            "benchmarkFence": str(fence),
+        }
+    )
+    try:
+        with catalog.begin() as conn:
+            row = _lock_gate_row(conn, snapshot.alias)
+            raced = _permit_row(conn, run_id)
+            if raced is not None:  # another process permitted this run after our first look
+                return _resume(_to_permit(raced, resumed=True), sid, purpose)
+            if row is None:
+                raise TrainingError(
+                    f"run {run_id!r}: alias {snapshot.alias!r} of snapshot {sid} has no gate row"
+                )
+            if (row["tombstone_watermark"], row["benchmark_fence"]) != (watermark, fence):
+                raise TrainingError(
+                    f"run {run_id!r}: snapshot {sid} was built at tombstone watermark {watermark} "
+                    f"and benchmark fence {fence}, but alias {snapshot.alias!r} is now at "
+                    f"tombstone watermark {row['tombstone_watermark']} and benchmark fence "
+                    f"{row['benchmark_fence']}: it may hold revoked or benchmark data; build and "
+                    "activate a new snapshot"
+                )
+            values = {
+                "permit_id": permit_id,
+                "run_id": run_id,
+                "snapshot_id": sid,
+                "alias": snapshot.alias,
+                "purpose": purpose,
+                "tombstone_watermark": watermark,
+                "benchmark_fence": fence,
+                "generation": row["generation"],
+            }
+            conn.execute(insert(permits).values(**values, at=time.time()))
+    except IntegrityError:
+        # Same run id committed concurrently (PostgreSQL reports it at our INSERT): resume it.
+        again = _permit_for_run(catalog, run_id)
+        if again is None:
+            raise
+        return _resume(again, sid, purpose)
+    return Permit(**values, resumed=False)
+
+
+def _lock_gate_row(conn: Connection, alias: str) -> Any:
+    """Read the alias gate row so that no fence advance or activation can commit until we do.
+
+    PostgreSQL: ``SELECT ... FOR UPDATE`` row-locks the gate row; a concurrent fence advance (an
+    UPDATE of that row) waits for our commit, and if it committed first we read its new values
+    (READ COMMITTED re-reads the latest version after the lock wait). SQLite has no row locks and
+    SQLAlchemy renders no FOR UPDATE there; instead the transaction starts with ``BEGIN
+    IMMEDIATE``, which takes the database write lock before the read. pysqlite only begins
+    implicitly before DML, so this is the transaction's first statement and ``commit``/``rollback``
+    end it as usual. A writer that committed before we got the lock is visible to our read (the
+    WAL read snapshot starts with this transaction); one that comes after waits for us
+    (busy_timeout). Either way the check and the permit INSERT see the same gate values that are
+    current at commit.
+    """
+    if conn.dialect.name == "sqlite":
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+    return (
+        conn.execute(select(gate).where(gate.c.alias == alias).with_for_update()).mappings().first()
+    )
+
+
+def _permit_row(conn: Connection, run_id: str) -> Any:
+    return conn.execute(select(permits).where(permits.c.run_id == run_id)).mappings().first()
+
+
+def _permit_for_run(catalog: Catalog, run_id: str) -> Permit | None:
+    with catalog.begin() as conn:
+        row = _permit_row(conn, run_id)
+    return _to_permit(row, resumed=True) if row is not None else None
+
+
+def _to_permit(row: Any, resumed: bool) -> Permit:
+    fields = [f for f in Permit.__dataclass_fields__ if f != "resumed"]
+    return Permit(**{f: row[f] for f in fields}, resumed=resumed)
+
+
+def _resume(existing: Permit, snapshot_id: str, purpose: str) -> Permit:
+    """Resuming keeps the original digest; asking for anything else is a new run."""
+    if existing.snapshot_id != snapshot_id:
+        raise TrainingError(
+            f"run {existing.run_id!r} holds permit {existing.permit_id} for snapshot "
+            f"{existing.snapshot_id}, not {snapshot_id}: changed data means a new run"
+        )
+    if existing.purpose != purpose:
+        raise TrainingError(
+            f"run {existing.run_id!r} holds permit {existing.permit_id} for purpose "
+            f"{existing.purpose!r}, not {purpose!r}: purposes must match"
+        )
+    return existing
+
+
+def _manifest(cas: ContentStore, snapshot: states.Snapshot, run_id: str) -> dict[str, Any]:
+    """The manifest from the CAS (get re-hashes it), its snapshotId recomputed from its payload."""
+    manifest = load_manifest(cas, snapshot)
+    recomputed = compute_snapshot_id(manifest)
+    if recomputed != snapshot.snapshot_id or manifest.get("snapshotId") != snapshot.snapshot_id:
+        raise TrainingError(
+            f"run {run_id!r}: manifest {snapshot.manifest_digest} says snapshotId "
+            f"{manifest.get('snapshotId')}, its payload hashes to {recomputed}, the catalog says "
+            f"{snapshot.snapshot_id}"
+        )
+    return manifest
+
+
+class TrainingReader:
+    """Reads a permitted snapshot's exact CAS objects, verifying every digest it reads.
+
+    Opening checks the permit against the catalog (a Permit object alone grants nothing) and
+    loads the manifest and the packed_blocks index, both verified. It does not re-check the gate:
+    a run's pinned inputs stay readable after a fence advance (new permits are refused instead).
+    """
+
+    def __init__(self, cas: ContentStore, catalog: Catalog, permit: Permit) -> None:
+        self.cas = cas
+        self.catalog = catalog
+        self.permit = permit
+        self._read: dict[tuple[str, str], int] = {}
+        with catalog.begin() as conn:
+            row = _permit_row(conn, permit.run_id)
+        if row is None or (row["permit_id"], row["snapshot_id"]) != (
+            permit.permit_id,
+            permit.snapshot_id,
+        ):
+            raise TrainingError(
+                f"run {permit.run_id!r}: permit {permit.permit_id} for snapshot "
+                f"{permit.snapshot_id} is not recorded in the catalog; take_permit first"
+            )
+        snapshot = states.get(catalog, permit.snapshot_id)
+        self.manifest = _manifest(cas, snapshot, permit.run_id)
+        self._note("manifest", snapshot.manifest_digest, cas.size(snapshot.manifest_digest))
+        index_ref = self.manifest["layers"]["packed_blocks"]
+        self.packed = json.loads(self._get(index_ref, "packed_blocks index"))
+        outputs, counts = self.packed["outputs"], self.packed["counts"]
+        if outputs.get("dtype") != TOKEN_DTYPE:
+            raise TrainingError(
+                f"snapshot {permit.snapshot_id}: tokens dtype {outputs.get('dtype')!r}, this "
+                f"reader reads {TOKEN_DTYPE!r}"
+            )
+        self.block_tokens = int(counts["block_tokens"])
+        self.block_count = int(counts["blocks"])
+        self.tokenizer, self.eos, self.pad = outputs["tokenizer"], outputs["eos"], outputs["pad"]
+        self._tokens_ref = outputs["tokens"]
+        expected = self.block_count * self.block_tokens * TOKEN_BYTES
+        if self._tokens_ref["size"] != expected:
+            raise TrainingError(
+                f"snapshot {permit.snapshot_id}: tokens {self._tokens_ref['digest']} is "
+                f"{self._tokens_ref['size']} bytes, {self.block_count} blocks of "
+                f"{self.block_tokens} uint16 tokens need {expected}"
+            )
+
+    def blocks(self, start: int = 0) -> Iterator[tuple[int, memoryview | array]]:
+        """(block index, ``block_tokens`` uint16 tokens) from ``start`` on, all bytes verified.
+
+        The tokens object can be many GB and its digest covers the whole file, so no byte can be
+        checked before the whole file is hashed. The file is opened once; a first pass hashes it
+        in constant memory (``CorruptObjectError`` naming the digest, before any block is yielded,
+        if it does not match); then blocks are read from the same descriptor. The CAS never
+        rewrites an object, so the bytes read are the bytes hashed, barring in-place corruption
+        during the run: the second pass hashes again and raises at the end if the file changed
+        under the run (its blocks must then be discarded). Blocks are memoryviews cast to native
+        uint16 (arrays byteswapped from little-endian on big-endian hosts).
+        """
+        digest = self._tokens_ref["digest"]
+        if not 0 <= start <= self.block_count:
+            raise TrainingError(
+                f"run {self.permit.run_id!r}: block {start} is outside 0..{self.block_count}"
+            )
+        try:
+            fd = os.open(self.cas.path(digest), os.O_RDONLY)
+        except FileNotFoundError:
+            raise MissingObjectError(digest, "tokens") from None
+        try:
+            size = _hash_fd(fd, digest, "tokens")
+            if size != self._tokens_ref["size"]:
+                raise TrainingError(
+                    f"tokens {digest}: {size} bytes, the index says {self._tokens_ref['size']}"
+                )
+            self._note("tokens", digest, size)
+            block_bytes = self.block_tokens * TOKEN_BYTES
+            per_read = max(1, READ_BLOCKS // block_bytes) * block_bytes
+            hasher = hashlib.sha256()
+            # blocks before ``start`` are hashed too, so the end-of-run check covers the file
+            offset, first = 0, start * block_bytes
+            while offset < size:
+                chunk = os.pread(fd, min(per_read, size - offset), offset)
+                if not chunk:
+                    break
+                hasher.update(chunk)
+                view = memoryview(chunk)
+                for at in range(max(0, first - offset), len(chunk), block_bytes):
+                    yield (offset + at) // block_bytes, _tokens(view[at : at + block_bytes])
+                offset += len(chunk)
+            actual = "sha256:" + hasher.hexdigest()
+            if actual != digest:
+                raise CorruptObjectError(digest, actual, "tokens (changed while being read)")
+        finally:
+            os.close(fd)
+
+    def members(self) -> pa.Table:
+        """The manifest's members table, verified, with the row count the manifest states."""
+        ref = self.manifest["members"]
+        table = _table(self._get(ref, "members"))
+        if table.num_rows != ref.get("count"):
+            raise TrainingError(
+                f"snapshot {self.permit.snapshot_id}: members {ref['digest']} has "
+                f"{table.num_rows} rows, the manifest says {ref.get('count')}"
+            )
+        return table
+
+    def spans(self) -> pa.Table:
+        """The packed_blocks spans table (block, start, end, record_id, record_offset), verified."""
+        return _table(self._get(self.packed["outputs"]["spans"], "spans"))
+
+    def report(self) -> dict[str, Any]:
+        """What this run read: every object with its digest and size, for the run's record."""
+        return {
+            "snapshotId": self.permit.snapshot_id,
+            "runId": self.permit.run_id,
+            "permitId": self.permit.permit_id,
+            "read": [
+                {"what": what, "digest": digest, "bytes": size}
+                for (what, digest), size in self._read.items()
+            ],
+        }
+
+    def _get(self, ref: dict[str, Any], what: str) -> bytes:
+        data = self.cas.get_bytes(ref["digest"], what)  # re-hashes; CorruptObjectError names it
+        if len(data) != ref["size"]:
+            raise TrainingError(
+                f"snapshot {self.permit.snapshot_id}: {what} {ref['digest']} is {len(data)} "
+                f"bytes, its ref says {ref['size']}"
+            )
+        self._note(what, ref["digest"], len(data))
+        return data
+
+    def _note(self, what: str, digest: str, size: int) -> None:
+        self._read[(what, digest)] = size
+
+
+def _hash_fd(fd: int, digest: str, what: str) -> int:
+    hasher = hashlib.sha256()
+    offset = 0
+    while chunk := os.pread(fd, 1 << 22, offset):
+        hasher.update(chunk)
+        offset += len(chunk)
+    actual = "sha256:" + hasher.hexdigest()
+    if actual != digest:
+        raise CorruptObjectError(digest, actual, what)
+    return offset
+
+
+def _tokens(view: memoryview) -> memoryview | array:
+    if sys.byteorder == "little":
+        return view.cast("H")
+    tokens = array("H", view.tobytes())
+    tokens.byteswap()
+    return tokens
+
+
+def _table(data: bytes) -> pa.Table:
+    return pq.read_table(pa.BufferReader(data))

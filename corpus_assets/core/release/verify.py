@@ -1,0 +1,119 @@
+"""Verification and validation of a built snapshot.
+
+``verify`` recomputes every digest reachable from the manifest (the snapshotId itself, then each
+CAS object by walking refs) and names every object that does not match. ``validate`` adds the gate
+rules of seed 001 - no open dead letters, unique record ids with exactly one split, no unknown
+sources, no tombstone hits, watermarks equal to the freeze - and moves BUILDING -> VALIDATED.
+"""
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from corpus_assets.core.governance import states
+from corpus_assets.core.release.identity import snapshot_id as compute_snapshot_id
+from corpus_assets.core.release.manifest_schema import schema_errors
+from corpus_assets.core.release.signing import SignatureError, verify_signature
+from corpus_assets.core.storage.artifacts import JSON, PARQUET, is_ref
+from corpus_assets.core.storage.cas import CasError, ContentStore
+from corpus_assets.core.storage.catalog import Catalog
+
+
+@dataclass
+class Report:
+    snapshot_id: str
+    objects_checked: int = 0
+    bytes_checked: int = 0
+    findings: list[str] = field(default_factory=list)
+    digests: set[str] = field(default_factory=set)
+    gate: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return not self.findings
+
+
+def resolve(catalog: Catalog, digest: str) -> states.Snapshot:
+    """A snapshot by its snapshotId, or by the CAS digest of its manifest document."""
+    for snapshot in states.find(catalog):
+        if digest in (snapshot.snapshot_id, snapshot.manifest_digest):
+            return snapshot
+    raise states.StateError(f"no snapshot with id or manifest digest {digest} in the catalog")
+
+
+def load_manifest(cas: ContentStore, snapshot: states.Snapshot) -> dict[str, Any]:
+    return json.loads(cas.get_bytes(snapshot.manifest_digest, "manifest"))
+
+
+def verify(
+    cas: ContentStore, catalog: Catalog, digest: str, public_key: Path | None = None
+) -> Report:
+    """Re-derive the snapshotId, check the schema and the signature (by ``public_key``, default
+    the data home's key, which lives outside the CAS), and re-hash every reachable object."""
+    snapshot = resolve(catalog, digest)
+    report = Report(snapshot.snapshot_id)
+    try:
+        manifest = load_manifest(cas, snapshot)
+    except CasError as error:
+        report.findings.append(f"manifest: {error}")
+        return report
+    report.objects_checked += 1
+    recomputed = compute_snapshot_id(manifest)
+    if recomputed != manifest.get("snapshotId") or recomputed != snapshot.snapshot_id:
+        report.findings.append(
+            f"manifest {snapshot.manifest_digest}: snapshotId is {manifest.get('snapshotId')}, "
+            f"catalog says {snapshot.snapshot_id}, payload hashes to {recomputed}"
+        )
+    report.findings += [f"manifest schema: {e}" for e in schema_errors(manifest)]
+    try:
+        verify_signature(
+            manifest.get("signature"), recomputed, public_key=public_key, home=cas.root.parent
+        )
+    except SignatureError as error:
+        report.findings.append(f"manifest signature: {error}")
+    report.digests.add(snapshot.manifest_digest)
+    _walk(cas, manifest, "manifest", report, seen=report.digests)
+    members = manifest.get("members", {})
+    if report.ok and is_ref(members):
+        rows = pq.read_metadata(pa.BufferReader(cas.get_bytes(members["digest"]))).num_rows
+        if rows != members.get("count"):
+            report.findings.append(
+                f"members table {members['digest']}: has {rows} rows, manifest says "
+                f"{members.get('count')}"
+            )
+    return report
+
+
+def _walk(cas: ContentStore, node: Any, where: str, report: Report, seen: set[str]) -> None:
+    """Verify every ref under ``node``; descend into JSON documents."""
+    if is_ref(node):
+        digest = node["digest"]
+        if digest in seen:
+            return
+        seen.add(digest)
+        try:
+            data = cas.get_bytes(digest, f"object at {where}")
+        except CasError as error:
+            report.findings.append(str(error))
+            return
+        report.objects_checked += 1
+        report.bytes_checked += len(data)
+        if len(data) != node["size"]:
+            report.findings.append(
+                f"CAS object at {where} {digest}: {len(data)} bytes, ref says {node['size']}"
+            )
+        if node["media"] == JSON:
+            _walk(cas, json.loads(data), where, report, seen)
+        elif node["media"] == PARQUET:
+            pq.read_metadata(pa.BufferReader(data))
+        return
+    if isinstance(node, dict):
+        for key, value in node.items():
+            _walk(cas, value, f"{where}.{key}", report, seen)
+    elif isinstance(node, list):
+        for n, value in enumerate(node):
+            _walk(cas, value, f"{where}[{n}]", report, seen)

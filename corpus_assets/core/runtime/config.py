@@ -1,0 +1,322 @@
+"""``corpus.yaml``: sources, policies, purpose and storage, validated strictly.
+
+Every policy here changes output bytes, so each policy section is hashed into the manifest; a typo
+must fail loudly (unknown keys are errors) instead of silently falling back to a default.
+"""
+
+import os
+import re
+from decimal import Decimal
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from corpus_assets.core.storage.digests import json_digest
+
+SOURCE_ID_RE = r"^[a-z0-9][a-z0-9_-]{0,63}$"
+DEFAULT_HOME = ".corpus"
+URL_SCHEMES = ("file://", "http://", "https://")
+SOURCE_KINDS = ("objects", "changelog")
+CONFIG_NAME = "corpus.yaml"
+
+
+class ConfigError(ValueError):
+    """The configuration file is missing, unreadable or invalid; the message names the key."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+ADAPTERS = ("jsonl-text.v1", "chat-messages.v1", "preference.v1", "debezium-row.v1")
+
+
+class _RecordFields(_Strict):
+    """How a source's rows become typed records: the adapter, field names and governance."""
+
+    adapter: Literal["jsonl-text.v1", "chat-messages.v1", "preference.v1", "debezium-row.v1"] = (
+        "jsonl-text.v1"
+    )
+    content: Literal["prose", "code"] = "prose"
+    text_field: str = "text"
+    group_field: str | None = None
+    messages_field: str = "messages"
+    prompt_field: str = "prompt"
+    chosen_field: str = "chosen"
+    rejected_field: str = "rejected"
+    lang_field: str | None = None
+    time_field: str | None = None
+    licence: str | None = None
+    purposes: list[str] | None = None
+    retention: str | None = None
+
+
+class ObjectsSource(_RecordFields):
+    """Objects pinned by sha256 at freeze time: a local folder, listed URLs, or an index file.
+
+    Exactly one of ``path`` (a folder, filtered by ``include``), ``urls`` (``file://``,
+    ``http://`` or ``https://``) or ``index`` (a path or URL of a text file listing one object URL
+    per line, relative URLs resolved against it) names the objects.
+    """
+
+    id: Annotated[str, Field(pattern=SOURCE_ID_RE)]
+    kind: Literal["objects"]
+    path: str | None = None
+    urls: list[str] | None = None
+    index: str | None = None
+    include: list[str] = Field(
+        default_factory=lambda: ["*.jsonl", "*.jsonl.zst", "*.jsonl.gz", "*.parquet"]
+    )
+    format: Literal["auto", "jsonl", "parquet"] = "auto"
+    id_field: str = "id"
+
+    @model_validator(mode="after")
+    def _one_location(self) -> "ObjectsSource":
+        given = [k for k in ("path", "urls", "index") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError(f"give exactly one of path, urls, index (got {given or 'none'})")
+        for url in self.urls or []:
+            if not url.startswith(URL_SCHEMES):
+                raise ValueError(f"url {url!r} must start with one of {', '.join(URL_SCHEMES)}")
+        return self
+
+
+class ChangelogSource(_RecordFields):
+    """Append-only CDC segment files (Debezium-style events) folded to a table at a watermark."""
+
+    id: Annotated[str, Field(pattern=SOURCE_ID_RE)]
+    kind: Literal["changelog"]
+    path: str
+    include: list[str] = Field(default_factory=lambda: ["*.jsonl", "*.jsonl.zst", "*.jsonl.gz"])
+    adapter: Literal["debezium-row.v1"] = "debezium-row.v1"
+    key_field: str = "id"
+    start_lsn: Annotated[int, Field(ge=0)] = 1
+
+    @property
+    def id_field(self) -> str:
+        return self.key_field
+
+
+Source = Annotated[ObjectsSource | ChangelogSource, Field(discriminator="kind")]
+
+
+class Limits(_Strict):
+    """Decompression bounds: a bomb stops with an error naming the object, not an OOM."""
+
+    max_output_bytes: Annotated[int, Field(ge=1)] = 64 << 30
+    max_ratio: Annotated[int, Field(ge=2)] = 1000
+
+
+class NearDedupPolicy(_Strict):
+    """MinHash/LSH near-dedup: every field changes which records survive, so all are hashed."""
+
+    enabled: bool = True
+    signature: Literal["minhash.v2", "minhash.v1"] = "minhash.v2"
+    num_perm: Annotated[int, Field(ge=8, le=1024)] = 128
+    seed: Annotated[int, Field(ge=0)] = 1
+    shingle_words: Annotated[int, Field(ge=1, le=64)] = 5
+    shingle_chars: Annotated[int, Field(ge=1, le=64)] = 5
+    bands: Annotated[int, Field(ge=1)] = 16
+    rows: Annotated[int, Field(ge=1)] = 8
+    # A decimal, not a float: it is hashed into the policy digest as its exact text ("0.8").
+    threshold: Annotated[Decimal, Field(gt=0, le=1, strict=False, allow_inf_nan=False)] = Decimal(
+        "0.8"
+    )
+    bucket_heads: Annotated[int, Field(ge=1, le=4096)] = 32
+
+    @model_validator(mode="after")
+    def _bands_cover_signature(self) -> "NearDedupPolicy":
+        if self.bands * self.rows != self.num_perm:
+            raise ValueError(
+                f"bands x rows = {self.bands} x {self.rows} = {self.bands * self.rows}, "
+                f"but num_perm is {self.num_perm}; they must be equal"
+            )
+        return self
+
+
+class DedupPolicy(_Strict):
+    normalization: Literal["nfc-lf-rstrip"] = "nfc-lf-rstrip"
+    near: NearDedupPolicy = NearDedupPolicy()
+
+
+class SplitPolicy(_Strict):
+    salt: Annotated[str, Field(min_length=1)] = "corpus-assets-v1"
+    train_percent: Annotated[int, Field(ge=0, le=100)] = 80
+    validation_percent: Annotated[int, Field(ge=0, le=100)] = 10
+    test_percent: Annotated[int, Field(ge=0, le=100)] = 10
+
+    @model_validator(mode="after")
+    def _sums_to_100(self) -> "SplitPolicy":
+        total = self.train_percent + self.validation_percent + self.test_percent
+        if total != 100:
+            raise ValueError(f"train/validation/test percents sum to {total}, not 100")
+        return self
+
+
+class MixingPolicy(_Strict):
+    seed: Annotated[str, Field(min_length=1)] = "mix-v1"
+    alpha: Literal["1"] = "1"
+    unit: Literal["documents"] = "documents"
+
+
+class PackingPolicy(_Strict):
+    tokenizer: Literal["utf8-bytes-v1"] = "utf8-bytes-v1"
+    block_tokens: Annotated[int, Field(ge=8, le=1 << 20)] = 2048
+    overlong: Literal["split"] = "split"
+    tail: Literal["pad"] = "pad"
+
+
+class QualityConfig(_Strict):
+    """Heuristic quality thresholds; ratios in parts per million so hashed policies carry no
+    floats. Defaults keep everything a sane parser produces."""
+
+    min_chars: Annotated[int, Field(ge=0)] = 1
+    max_chars: Annotated[int, Field(ge=1)] = 1_000_000
+    max_symbol_ratio_ppm: Annotated[int, Field(ge=0, le=1_000_000)] = 1_000_000
+    min_alpha_ratio_ppm: Annotated[int, Field(ge=0, le=1_000_000)] = 0
+    max_repeated_line_ratio_ppm: Annotated[int, Field(ge=0, le=1_000_000)] = 1_000_000
+    max_repeated_ngram_ratio_ppm: Annotated[int, Field(ge=0, le=1_000_000)] = 1_000_000
+    ngram: Annotated[int, Field(ge=1, le=32)] = 3
+
+
+class ContaminationConfig(_Strict):
+    ngram_words: Annotated[int, Field(ge=3, le=64)] = 13
+    ngram_chars: Annotated[int, Field(ge=8, le=256)] = 50
+    threshold_ppm: Annotated[int, Field(ge=1, le=1_000_000)] = 500_000
+
+
+class PiiConfig(_Strict):
+    redact: bool = True
+
+
+class Policies(_Strict):
+    quality: QualityConfig = QualityConfig()
+    contamination: ContaminationConfig = ContaminationConfig()
+    pii: PiiConfig = PiiConfig()
+    dedup: DedupPolicy = DedupPolicy()
+    splits: SplitPolicy = SplitPolicy()
+    mixing: MixingPolicy = MixingPolicy()
+    packing: PackingPolicy = PackingPolicy()
+
+
+class Storage(_Strict):
+    home: str | None = None
+    catalog_url: str | None = None
+
+
+class Execution(_Strict):
+    """How many processes canonicalise chunks; output bytes never depend on it."""
+
+    workers: Annotated[int, Field(ge=1, le=256)] = 1
+
+
+class CorpusConfig(_Strict):
+    version: Literal[1]
+    purpose: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")]
+    alias: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9._-]{0,63}$")] = "train"
+    sources: Annotated[list[Source], Field(min_length=1)]
+    policies: Policies = Policies()
+    limits: Limits = Limits()
+    execution: Execution = Execution()
+    storage: Storage = Storage()
+
+    @model_validator(mode="after")
+    def _unique_source_ids(self) -> "CorpusConfig":
+        seen: set[str] = set()
+        for source in self.sources:
+            if source.id in seen:
+                raise ValueError(f"source id {source.id!r} is used twice")
+            seen.add(source.id)
+        return self
+
+    def policy_digest(self, name: str) -> str:
+        return json_digest(getattr(self.policies, name).model_dump(mode="json"))
+
+
+class LoadedConfig(BaseModel):
+    """A validated config plus where it came from (relative paths resolve against its folder)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    config: CorpusConfig
+    path: Path
+
+    def resolve(self, location: str) -> Path:
+        """A path from the config, relative to the config file's folder."""
+        return (self.path.parent / os.path.expanduser(location)).resolve()
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that refuses repeated mapping keys instead of silently keeping the last one."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: set[Any] = set()
+        for key_node, _value in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {key!r} appears twice in one mapping", key_node.start_mark
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def default_home() -> Path:
+    return Path(os.environ.get("CORPUS_HOME", DEFAULT_HOME)).resolve()
+
+
+def config_path(explicit: str | os.PathLike[str] | None = None) -> Path:
+    """``--config`` beats ``CORPUS_CONFIG`` beats ``$CORPUS_HOME/corpus.yaml``."""
+    if explicit:
+        return Path(explicit).resolve()
+    if os.environ.get("CORPUS_CONFIG"):
+        return Path(os.environ["CORPUS_CONFIG"]).resolve()
+    return default_home() / CONFIG_NAME
+
+
+def parse_config(raw: Any, where: str) -> CorpusConfig:
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where}: expected a mapping at the top level")
+    try:
+        return CorpusConfig.model_validate(raw)
+    except ValidationError as error:
+        first = error.errors()[0]
+        key = _key_path(first["loc"])
+        if first["type"] in ("union_tag_invalid", "union_tag_not_found"):
+            key += ".kind"
+        problem = re.sub(r"^Value error, ", "", first["msg"])
+        more = f" (and {error.error_count() - 1} more)" if error.error_count() > 1 else ""
+        raise ConfigError(f"{where}: {key}: {problem}{more}") from None
+
+
+def _key_path(loc: tuple[int | str, ...]) -> str:
+    """``sources[0].colour`` from pydantic's location, minus the union tag it inserts."""
+    parts: list[str] = []
+    for n, part in enumerate(loc):
+        if isinstance(part, int):
+            parts.append(f"[{part}]")
+        elif not (n and isinstance(loc[n - 1], int) and part in SOURCE_KINDS):
+            parts.append(f".{part}")
+    return "".join(parts).lstrip(".") or "(top level)"
+
+
+def load_config(explicit: str | os.PathLike[str] | None = None) -> LoadedConfig:
+    path = config_path(explicit)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(
+            f"{path}: config file not found (pass --config, set CORPUS_CONFIG, "
+            f"or run `corpus-assets demo` to write one)"
+        ) from None
+    except UnicodeDecodeError as error:
+        raise ConfigError(f"{path}: not UTF-8 (byte {error.start}: {error.reason})") from None
+    except OSError as error:
+        raise ConfigError(f"{path}: cannot read config file: {error.strerror}") from None
+    try:
+        raw = yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader subclass
+    except yaml.YAMLError as error:
+        raise ConfigError(f"{path}: not valid YAML: {error}") from None
+    return LoadedConfig(config=parse_config(raw, str(path)), path=path)

@@ -1,0 +1,77 @@
+"""Typed CAS artifacts: canonical JSON documents and Parquet tables, referenced by ``ref`` dicts.
+
+A ref ``{"digest", "media", "size"}`` is the only way one artifact points at another, so the
+verifier can walk the closure of a manifest by following refs whose media is JSON.
+"""
+
+import io
+import json
+from typing import Any, TypedDict
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from corpus_assets.core.storage.cas import ContentStore
+from corpus_assets.core.storage.digests import canonical_json
+
+JSON = "application/json"
+PARQUET = "application/vnd.apache.parquet"
+BINARY = "application/octet-stream"
+NDJSON = "application/x-ndjson"
+
+
+class Ref(TypedDict):
+    digest: str
+    media: str
+    size: int
+
+
+def make_ref(digest: str, media: str, size: int) -> Ref:
+    return {"digest": digest, "media": media, "size": size}
+
+
+def is_ref(value: Any) -> bool:
+    return isinstance(value, dict) and set(value) >= {"digest", "media", "size"}
+
+
+def put_json(cas: ContentStore, payload: Any) -> Ref:
+    data = canonical_json(payload)
+    return make_ref(cas.put_bytes(data), JSON, len(data))
+
+
+def get_json(cas: ContentStore, ref: Ref | str, what: str = "JSON document") -> Any:
+    digest = ref if isinstance(ref, str) else ref["digest"]
+    return json.loads(cas.get_bytes(digest, what))
+
+
+def put_bytes(cas: ContentStore, data: bytes, media: str = BINARY) -> Ref:
+    return make_ref(cas.put_bytes(data), media, len(data))
+
+
+def table_bytes(table: pa.Table) -> bytes:
+    """Parquet with every byte-affecting option pinned, so equal tables give equal digests."""
+    sink = io.BytesIO()
+    pq.write_table(
+        table,
+        sink,
+        compression="zstd",
+        compression_level=3,
+        use_dictionary=True,
+        write_statistics=False,
+        row_group_size=1 << 20,
+        data_page_version="2.0",
+        version="2.6",
+        store_schema=True,
+    )
+    return sink.getvalue()
+
+
+def put_table(cas: ContentStore, table: pa.Table) -> Ref:
+    return put_bytes(cas, table_bytes(table), PARQUET)
+
+
+def get_table(
+    cas: ContentStore, ref: Ref, what: str = "table", columns: list[str] | None = None
+) -> pa.Table:
+    """A verified Parquet table; ``columns`` decodes only those (the rest is never expanded)."""
+    return pq.read_table(pa.BufferReader(cas.get_bytes(ref["digest"], what)), columns=columns)
