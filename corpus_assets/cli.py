@@ -16,11 +16,12 @@ from typing import Any
 
 from sqlalchemy.engine import make_url
 
-from corpus_assets.core.dedup.layer import dedup_key, explain
+from corpus_assets.core.dedup.layer import explain
 from corpus_assets.core.governance import gate, states
 from corpus_assets.core.governance.lineage import tombstone_hits
 from corpus_assets.core.ingest.pinning import PinError
 from corpus_assets.core.ingest.sources import SourceError
+from corpus_assets.core.records.normalize import dedup_key
 from corpus_assets.core.release.manifest import BuildConflict
 from corpus_assets.core.release.prov import prov_document
 from corpus_assets.core.release.publish import PublishError, approve, rollback

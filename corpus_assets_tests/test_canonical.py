@@ -9,11 +9,11 @@ import pyarrow.parquet as pq
 import pytest
 import zstandard
 
-from corpus_assets.core.dedup.layer import dedup_key
 from corpus_assets.core.governance import gate
 from corpus_assets.core.pipeline import BUILDERS
 from corpus_assets.core.records.canonicalize import Excluded, Stages, canonicalize
 from corpus_assets.core.records.layer import load_records
+from corpus_assets.core.records.normalize import dedup_key
 from corpus_assets.core.records.quality import QualityPolicy
 from corpus_assets.core.runtime.config import ObjectsSource
 from corpus_assets.core.runtime.workspace import Workspace, open_workspace

@@ -3,8 +3,10 @@ import random
 import sys
 import tracemalloc
 
+import datasketch
 import numpy as np
 import pytest
+from datasketch.minhash import _fmix
 
 from corpus_assets.core.dedup import minhash as mh
 from corpus_assets.core.dedup.minhash import (
@@ -20,9 +22,6 @@ from corpus_assets.core.dedup.minhash import (
     sketch,
     spec_payload,
 )
-
-datasketch = pytest.importorskip("datasketch")
-from datasketch.minhash import _fmix  # noqa: E402  (datasketch's own finalisers)
 
 SPEC = SignatureSpec(version="minhash.v1")  # the v1 tests below
 V2 = SignatureSpec()

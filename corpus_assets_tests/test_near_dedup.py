@@ -10,7 +10,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from corpus_assets.core.dedup.layer import EXACT, KEEP, NEAR, NearStage, cluster, dedup_key
+from corpus_assets.core.dedup.layer import EXACT, KEEP, NEAR, NearStage, cluster
 from corpus_assets.core.dedup.minhash import fingerprints, jaccard_sorted, signatures
 from corpus_assets.core.dedup.near_dedup import (
     LshParams,
@@ -23,6 +23,7 @@ from corpus_assets.core.dedup.signature_cache import signature_spec
 from corpus_assets.core.governance.lineage import hits
 from corpus_assets.core.pipeline import BUILDERS, build_all
 from corpus_assets.core.records.layer import RECORD_COLUMNS, load_records
+from corpus_assets.core.records.normalize import dedup_key
 from corpus_assets.core.release.validation import dedup_invariants
 from corpus_assets.core.runtime.config import NearDedupPolicy
 from corpus_assets.core.runtime.layers import LayerResult

@@ -19,7 +19,6 @@ connected component over groups, exact clusters and verified near edges (its sma
 id), which the splits layer keeps in one split.
 """
 
-import hashlib
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict
@@ -43,7 +42,6 @@ from corpus_assets.core.dedup.near_dedup import (
     s_curve,
 )
 from corpus_assets.core.dedup.signature_cache import (
-    NPY,
     ensure_signatures,
     load_signatures,
     signature_spec,
@@ -51,11 +49,17 @@ from corpus_assets.core.dedup.signature_cache import (
 from corpus_assets.core.governance.lineage import tombstone_matches
 from corpus_assets.core.ingest.freeze import freeze
 from corpus_assets.core.records.layer import RECORD_COLUMNS
-from corpus_assets.core.records.normalize import dedup_normalize
 from corpus_assets.core.runtime.config import NearDedupPolicy
 from corpus_assets.core.runtime.layers import LayerResult, publish_index, read_index
 from corpus_assets.core.runtime.workspace import Workspace
-from corpus_assets.core.storage.artifacts import get_json, get_table, make_ref, put_json, put_table
+from corpus_assets.core.storage.artifacts import (
+    NPY,
+    get_json,
+    get_table,
+    make_ref,
+    put_json,
+    put_table,
+)
 from corpus_assets.core.storage.cas import ContentStore
 
 CODE = "dedup_clusters.v2"
@@ -78,11 +82,6 @@ CLUSTER_COLUMNS = pa.schema(
     ]
 )
 _LOADED = ["record_id", "source_id", "object", "line", "group_id", "kind", "dedup_key", "text"]
-
-
-def dedup_key(text: str, kind: str = "prose") -> str:
-    """sha256 of the dedup-normalised text (prose and code normalise differently)."""
-    return "sha256:" + hashlib.sha256(dedup_normalize(text, kind).encode("utf-8")).hexdigest()
 
 
 def _codes(

@@ -25,7 +25,6 @@ from corpus_assets.core.storage.digests import json_digest
 from corpus_assets.core.storage.tasks import ChunkOutcome, ChunkTask, preload, run_chunk
 
 LAYER = "dedup_signatures"
-NPY = "application/x-npy"
 
 
 def signature_spec(policy: NearDedupPolicy) -> SignatureSpec:

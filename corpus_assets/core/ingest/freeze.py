@@ -14,11 +14,19 @@ from corpus_assets.core.ingest.pinning import pin_source
 from corpus_assets.core.ingest.sources import fingerprint
 from corpus_assets.core.runtime.layers import LayerResult, publish_index
 from corpus_assets.core.runtime.workspace import Workspace
-from corpus_assets.core.storage.artifacts import JSON, Ref, get_json, make_ref, put_json
+from corpus_assets.core.storage.artifacts import (
+    JSON,
+    NDJSON,
+    PARQUET,
+    Ref,
+    get_json,
+    make_ref,
+    put_json,
+)
 
 FREEZE_SCHEMA = "corpus.freeze.v1"
 CODE = "raw_snapshot.v2"
-MEDIA = {"jsonl": "application/x-ndjson", "parquet": "application/vnd.apache.parquet"}
+MEDIA = {"jsonl": NDJSON, "parquet": PARQUET}
 
 
 def freeze(ws: Workspace, partition_key: str) -> tuple[Ref, dict[str, Any]]:

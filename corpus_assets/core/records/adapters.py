@@ -9,9 +9,9 @@ structure: ``messages`` keeps ordered turns with tool calls paired to their resu
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, get_args
 
-from corpus_assets.core.runtime.config import Source
+from corpus_assets.core.runtime.config import AdapterName, Source
 
 ROLES = ("system", "user", "assistant", "tool")
 
@@ -120,6 +120,8 @@ ADAPTERS = {
         Adapter("debezium-row.v1", "debezium after-image row", "document.v1", _document),
     )
 }
+if set(ADAPTERS) != set(get_args(AdapterName)):  # the config names them; this implements them
+    raise ImportError(f"adapters {sorted(ADAPTERS)} differ from config.AdapterName")
 
 
 def render(kind: str, payload: dict[str, Any]) -> str:

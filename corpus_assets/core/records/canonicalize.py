@@ -9,7 +9,6 @@ quality and contamination are *rejections* (interpretable, but excluded by polic
 only the location and the reason: the raw text stays behind the raw snapshot's access.
 """
 
-import hashlib
 import json
 import re
 import unicodedata
@@ -21,11 +20,11 @@ from typing import Any
 from corpus_assets.core.records.adapters import ADAPTERS, SchemaMismatch, render, replace, strings
 from corpus_assets.core.records.adapters import field as row_field
 from corpus_assets.core.records.contamination import BenchmarkIndex
-from corpus_assets.core.records.normalize import ParseReject, dedup_normalize, normalize_text
+from corpus_assets.core.records.normalize import ParseReject, dedup_key, normalize_text
 from corpus_assets.core.records.pii import redact
 from corpus_assets.core.records.quality import QualityPolicy, check_quality
 from corpus_assets.core.runtime.config import CorpusConfig, Source
-from corpus_assets.core.storage.digests import json_digest
+from corpus_assets.core.storage.digests import json_digest, sha256_digest
 
 RECORD_SCHEMA = "corpus.record.v2"
 QUARANTINE_PREFIXES = ("parse.", "schema.")
@@ -231,9 +230,8 @@ def canonicalize(
         "pii": json.dumps(envelope["governance"]["pii"], sort_keys=True),
         "event_time": envelope["event_time"],
         "record_digest": json_digest({**envelope, "payload": payload}),
-        "text_digest": "sha256:" + hashlib.sha256(text.encode()).hexdigest(),
-        "dedup_key": "sha256:"
-        + hashlib.sha256(dedup_normalize(text, source.content).encode()).hexdigest(),
+        "text_digest": sha256_digest(text.encode()),
+        "dedup_key": dedup_key(text, source.content),
         "payload": json.dumps(payload, ensure_ascii=False, sort_keys=True, separators=(",", ":")),
         "text": text,
     }

@@ -21,6 +21,7 @@ from corpus_assets.core.ingest.codecs import DecompressionLimits, iter_located_l
 from corpus_assets.core.ingest.freeze import freeze
 from corpus_assets.core.ingest.pinning import CDC_LSN_FIELD
 from corpus_assets.core.records.canonicalize import (
+    QUARANTINE_PREFIXES,
     RECORD_SCHEMA,
     Excluded,
     Stages,
@@ -167,7 +168,7 @@ def _canonicalize_object(
         for key, column in rows.items():
             column.append(record[key])
     records = pa.Table.from_pydict(rows, schema=RECORD_COLUMNS)
-    quarantined = {r: n for r, n in sorted(reasons.items()) if r.startswith(("parse.", "schema."))}
+    quarantined = {r: n for r, n in sorted(reasons.items()) if r.startswith(QUARANTINE_PREFIXES)}
     rejected = {r: n for r, n in sorted(reasons.items()) if r not in quarantined}
     descriptor = {
         "schema": CHUNK_SCHEMA,

@@ -29,6 +29,8 @@ import re
 import unicodedata
 from dataclasses import dataclass
 
+from corpus_assets.core.storage.digests import sha256_digest
+
 CODE_KIND = "code"
 
 # Any of these means the slow path; everything else is clean except for NFC. C0 and DEL are
@@ -161,6 +163,11 @@ def normalize_text(text: str, *, kind: str = "prose") -> Normalized:
         text = unicodedata.normalize("NFC", text)
         changes.append("nfc")
     return Normalized(text, tuple(changes))
+
+
+def dedup_key(text: str, kind: str = "prose") -> str:
+    """sha256 of the dedup-normalised text: what exact dedup and benchmark matching compare."""
+    return sha256_digest(dedup_normalize(text, kind).encode("utf-8"))
 
 
 def dedup_normalize(text: str, kind: str = "prose") -> str:

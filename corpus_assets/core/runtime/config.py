@@ -30,15 +30,14 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
-ADAPTERS = ("jsonl-text.v1", "chat-messages.v1", "preference.v1", "debezium-row.v1")
+# The declared adapters, named once; ``records.adapters`` implements exactly these.
+AdapterName = Literal["jsonl-text.v1", "chat-messages.v1", "preference.v1", "debezium-row.v1"]
 
 
 class _RecordFields(_Strict):
     """How a source's rows become typed records: the adapter, field names and governance."""
 
-    adapter: Literal["jsonl-text.v1", "chat-messages.v1", "preference.v1", "debezium-row.v1"] = (
-        "jsonl-text.v1"
-    )
+    adapter: AdapterName = "jsonl-text.v1"
     content: Literal["prose", "code"] = "prose"
     text_field: str = "text"
     group_field: str | None = None

@@ -18,6 +18,7 @@ JSON = "application/json"
 PARQUET = "application/vnd.apache.parquet"
 BINARY = "application/octet-stream"
 NDJSON = "application/x-ndjson"
+NPY = "application/x-npy"
 
 
 class Ref(TypedDict):

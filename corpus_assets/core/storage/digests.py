@@ -14,8 +14,16 @@ class DigestError(ValueError):
     """A string that should be a ``sha256:<hex>`` digest is not one."""
 
 
+PREFIX = "sha256:"
+
+
 def sha256_digest(data: bytes) -> str:
-    return "sha256:" + hashlib.sha256(data).hexdigest()
+    return hasher_digest(hashlib.sha256(data))
+
+
+def hasher_digest(hasher: "hashlib._Hash") -> str:
+    """The ``sha256:<hex>`` form of a finished streaming hash (the one place it is spelled)."""
+    return PREFIX + hasher.hexdigest()
 
 
 def canonical_json(payload: Any) -> bytes:

@@ -61,13 +61,6 @@ class ChunkOutcome:
         return self.output_digest is None
 
 
-@dataclass(frozen=True)
-class TaskPolicy:
-    max_attempts: int = 3
-    backoff_seconds: float = 0.05
-    stale_after: float = 30.0
-
-
 def preload(catalog: Catalog, layer: str, code_version: str) -> Done:
     """Every SUCCESS of one layer and code version, keyed by (chunk key, input digest)."""
     with catalog.begin() as conn:
