@@ -12,7 +12,7 @@ import zstandard
 from corpus_assets.core.governance import gate
 from corpus_assets.core.pipeline import BUILDERS
 from corpus_assets.core.records.canonicalize import Excluded, Stages, canonicalize
-from corpus_assets.core.records.layer import load_records
+from corpus_assets.core.records.index import CanonicalIndex
 from corpus_assets.core.records.normalize import dedup_key
 from corpus_assets.core.records.quality import QualityPolicy
 from corpus_assets.core.runtime.config import ObjectsSource
@@ -26,7 +26,7 @@ def _canonical(ws: Workspace, key: str = "p1") -> tuple[dict, pa.Table]:
     BUILDERS["raw_snapshot"](ws, key)
     result = BUILDERS["canonical_records"](ws, key)
     index = json.loads(ws.cas.get_bytes(result.digest))
-    return index, load_records(ws, index)
+    return index, CanonicalIndex.load(ws.cas, result.digest).table()
 
 
 def _exclusions(ws: Workspace, index: dict) -> list[dict]:

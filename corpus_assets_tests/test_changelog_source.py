@@ -9,7 +9,7 @@ from corpus_assets.core.governance import states
 from corpus_assets.core.ingest.pinning import late_changes
 from corpus_assets.core.ingest.sources import fingerprint
 from corpus_assets.core.pipeline import build_all
-from corpus_assets.core.records.layer import load_records
+from corpus_assets.core.records.index import CanonicalIndex
 from corpus_assets.core.release.publish import PublishError, activate, approve
 from corpus_assets.core.release.validation import validate
 from corpus_assets.core.runtime.workspace import Workspace, open_workspace
@@ -58,8 +58,8 @@ def test_log_is_folded_at_its_watermark_and_later_events_wait(tmp_path: Path) ->
         (source,) = _freeze(ws, "p1")["sources"]
         assert (source["watermark"], source["events"], source["gaps"]) == ("6", 6, [])
         assert results["canonical_records"].counts["records"] == 3  # tickets 1, 2, 4
-        index = json.loads(ws.cas.get_bytes(results["canonical_records"].digest))
-        records = load_records(ws, index, ["record_id", "cdc_lsn"]).to_pylist()
+        canonical = CanonicalIndex.load(ws.cas, results["canonical_records"].digest)
+        records = canonical.table(["record_id", "cdc_lsn"]).to_pylist()
         # lineage names the CDC key (in the record id) and the lsn that last wrote the row
         assert {r["record_id"]: r["cdc_lsn"] for r in records} == {
             "tickets/1": "1",

@@ -10,10 +10,10 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from corpus_assets.core.dedup.layer import CLUSTER_COLUMNS, cluster
+from corpus_assets.core.dedup.clusters import CLUSTER_COLUMNS, cluster
 from corpus_assets.core.records.canonicalize import Excluded as Quarantined
 from corpus_assets.core.records.canonicalize import Stages, canonicalize, parse_line
-from corpus_assets.core.records.layer import RECORD_COLUMNS
+from corpus_assets.core.records.index import RECORD_COLUMNS
 from corpus_assets.core.records.normalize import dedup_key
 from corpus_assets.core.records.quality import QualityPolicy
 from corpus_assets.core.runtime.config import ObjectsSource, SplitPolicy

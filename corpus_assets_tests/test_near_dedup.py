@@ -10,7 +10,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from corpus_assets.core.dedup.layer import EXACT, KEEP, NEAR, NearStage, cluster
+from corpus_assets.core.dedup.clusters import EXACT, KEEP, NEAR, cluster
 from corpus_assets.core.dedup.minhash import fingerprints, jaccard_sorted, signatures
 from corpus_assets.core.dedup.near_dedup import (
     LshParams,
@@ -19,10 +19,12 @@ from corpus_assets.core.dedup.near_dedup import (
     near_dedup,
     s_curve,
 )
+from corpus_assets.core.dedup.near_stage import NearStage
+from corpus_assets.core.dedup.report import NearReport
 from corpus_assets.core.dedup.signature_cache import signature_spec
 from corpus_assets.core.governance.lineage import hits
 from corpus_assets.core.pipeline import BUILDERS, build_all
-from corpus_assets.core.records.layer import RECORD_COLUMNS, load_records
+from corpus_assets.core.records.index import RECORD_COLUMNS, CanonicalIndex
 from corpus_assets.core.records.normalize import dedup_key
 from corpus_assets.core.release.validation import dedup_invariants
 from corpus_assets.core.runtime.config import NearDedupPolicy
@@ -154,7 +156,7 @@ def _records(rows: list[tuple[str, str]], content: str = "prose") -> pa.Table:
 
 def _cluster(
     rows: list[tuple[str, str]], policy: NearDedupPolicy | None = None
-) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
+) -> tuple[dict[str, dict[str, Any]], NearReport]:
     policy = policy or NearDedupPolicy()
     texts = [t for _, t in rows]
     table = _records(rows)
@@ -167,6 +169,7 @@ def _cluster(
         Path(tempfile.gettempdir()),
     )
     out, report = cluster(table, {s: n for n, s in enumerate(sorted(sources))}, near=stage)
+    assert report is not None
     return {r["record_id"]: r for r in out.to_pylist()}, report
 
 
@@ -212,7 +215,7 @@ def test_exact_then_near_with_representative_chain_and_evidence() -> None:
     assert out["s/2"]["representative_id"] == out["s/3"]["representative_id"] == "s/1"
     assert {r["leakage_id"] for k, r in out.items() if k != "s/4"} == {"s/1"}
     assert out["s/4"]["leakage_id"] == "s/4"
-    assert report["classes"]["document/prose"]["near_duplicates"] == 1
+    assert report.classes["document/prose"].near_duplicates == 1
 
 
 def _edited(rng: random.Random, words: list[str], edits: int) -> list[str]:
@@ -325,8 +328,8 @@ def _real_dedup(tmp_path: Path, name: str, content: str) -> tuple[Workspace, lis
 def _near_figures(ws: Workspace, table: list[dict]) -> tuple[int, int, list[np.ndarray]]:
     """README-style figures over exact-distinct records: pairs at J >= 0.8 (exact Jaccard) inside
     our near-duplicate components, and the number of such components."""
-    canonical = json.loads(ws.cas.get_bytes(ws.catalog.layer_output("p1", "canonical_records")))
-    records = load_records(ws, canonical, ["record_id", "text"]).to_pydict()
+    canonical = CanonicalIndex.load(ws.cas, ws.catalog.layer_output("p1", "canonical_records"))
+    records = canonical.table(["record_id", "text"]).to_pydict()
     text = dict(zip(records["record_id"], records["text"], strict=True))
     members: dict[str, list[str]] = {}
     for row in table:
@@ -369,8 +372,8 @@ def _components_by_brute_force(prints: list[np.ndarray], tau: float) -> int:
 
 
 def _text_identical_duplicates(ws: Workspace) -> int:
-    canonical = json.loads(ws.cas.get_bytes(ws.catalog.layer_output("p1", "canonical_records")))
-    digests = load_records(ws, canonical, ["text_digest"]).column("text_digest").to_pylist()
+    canonical = CanonicalIndex.load(ws.cas, ws.catalog.layer_output("p1", "canonical_records"))
+    digests = canonical.table(["text_digest"]).column("text_digest").to_pylist()
     return len(digests) - len(set(digests))
 
 
@@ -478,7 +481,7 @@ def test_prose_and_code_are_never_compared() -> None:
     verdicts = {r["record_id"]: r["verdict"] for r in out.to_pylist()}
     # a/1 is prose, b/* are code: only the two code records are each other's near duplicates.
     assert verdicts == {"a/1": KEEP, "b/1": KEEP, "b/2": NEAR}
-    assert sorted(report["classes"]) == ["document/code", "document/prose"]
+    assert report is not None and sorted(report.classes) == ["document/code", "document/prose"]
 
 
 def test_validation_names_brokendedup_invariants(tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from corpus_assets.core.dedup.minhash import fingerprints
-from corpus_assets.core.dedup.signature_cache import chunk_texts
+from corpus_assets.core.records.index import ChunkRecords
 from corpus_assets.core.runtime.workspace import Workspace
 
 
@@ -21,16 +21,16 @@ class TextLookup:
     """Texts of records by global row index, read chunk by chunk (the last chunk is kept, so
     ascending requests read each chunk once)."""
 
-    def __init__(self, ws: Workspace, chunks: list[dict[str, Any]], counts: list[int]) -> None:
+    def __init__(self, ws: Workspace, chunks: list[ChunkRecords]) -> None:
         self.ws = ws
         self.chunks = chunks
-        self.starts = np.cumsum([0, *counts])
+        self.starts = np.cumsum([0, *(c.count for c in chunks)])
         self._last: tuple[int, list[str]] = (-1, [])
 
     def _chunk(self, c: int) -> list[str]:
         if self._last[0] != c:
             self._last = (-1, [])  # let the previous chunk go before reading the next
-            self._last = (c, chunk_texts(self.ws, self.chunks[c]))
+            self._last = (c, self.chunks[c].texts(self.ws.cas))
         return self._last[1]
 
     def get(self, rows: np.ndarray) -> list[str]:

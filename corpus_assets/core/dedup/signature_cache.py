@@ -18,9 +18,9 @@ from typing import Any
 import numpy as np
 
 from corpus_assets.core.dedup.minhash import SignatureSpec, signatures, spec_payload
+from corpus_assets.core.records.index import ChunkRecords
 from corpus_assets.core.runtime.config import NearDedupPolicy
 from corpus_assets.core.runtime.workspace import Workspace, open_workspace, worker_pool
-from corpus_assets.core.storage.artifacts import Ref, get_json, get_table
 from corpus_assets.core.storage.digests import json_digest
 from corpus_assets.core.storage.tasks import ChunkOutcome, ChunkTask, preload, run_chunk
 
@@ -43,29 +43,6 @@ class ChunkSignatures:
     records: int
     digest: str
     hashed: bool  # computed in this run (False: reused from the cache)
-
-
-@dataclass(frozen=True)
-class _Chunk:
-    """What signatures need of a canonical chunk, read once from its descriptor."""
-
-    key: str
-    records: Ref  # the chunk's records table
-    count: int
-
-    @classmethod
-    def of(cls, ws: Workspace, chunk: dict[str, Any]) -> "_Chunk":
-        descriptor = get_json(ws.cas, chunk["output"], f"chunk {chunk['chunk']}")
-        return cls(chunk["chunk"], descriptor["records"], descriptor["count"])
-
-    def texts(self, ws: Workspace) -> list[str]:
-        table = get_table(ws.cas, self.records, f"records of {self.key}", ["text"])
-        return table.column("text").to_pylist()
-
-
-def chunk_texts(ws: Workspace, chunk: dict[str, Any]) -> list[str]:
-    """The texts of a canonical chunk (an entry of the canonical index), in record order."""
-    return _Chunk.of(ws, chunk).texts(ws)
 
 
 def _task(chunk_key: str, records_digest: str, spec: SignatureSpec) -> ChunkTask:
@@ -112,9 +89,9 @@ class BandMajorFile:
         return data.reshape(rows, self.records)
 
 
-def _compute(ws: Workspace, chunk: _Chunk, spec: SignatureSpec, done: Any) -> ChunkOutcome:
+def _compute(ws: Workspace, chunk: ChunkRecords, spec: SignatureSpec, done: Any) -> ChunkOutcome:
     def work() -> str:
-        return ws.cas.put_bytes(band_major_npy(signatures(chunk.texts(ws), spec)))
+        return ws.cas.put_bytes(band_major_npy(signatures(chunk.texts(ws.cas), spec)))
 
     task = _task(chunk.key, chunk.records["digest"], spec)
     return run_chunk(ws.catalog, ws.cas, task, work, done=done)
@@ -128,20 +105,19 @@ def _worker_init(config: str, environ: dict[str, str]) -> None:
     _WORKER["ws"] = open_workspace(config)
 
 
-def _worker_run(job: tuple[_Chunk, SignatureSpec]) -> ChunkOutcome:
+def _worker_run(job: tuple[ChunkRecords, SignatureSpec]) -> ChunkOutcome:
     chunk, spec = job
     return _compute(_WORKER["ws"], chunk, spec, done=None)
 
 
 def ensure_signatures(
-    ws: Workspace, chunks: list[dict[str, Any]], spec: SignatureSpec, workers: int
+    ws: Workspace, items: list[ChunkRecords], spec: SignatureSpec, workers: int
 ) -> list[ChunkSignatures]:
     """Signatures of every chunk of a canonical index, computing only the missing ones.
 
     ``workers > 1`` hashes chunks in a spawn pool; each chunk's bytes do not depend on it.
     """
     done = preload(ws.catalog, LAYER, spec.version)
-    items = [_Chunk.of(ws, chunk) for chunk in chunks]
     outcomes: list[ChunkOutcome | None] = [None] * len(items)
     missing = []
     for n, item in enumerate(items):

@@ -22,7 +22,6 @@ from corpus_assets.core.ingest.freeze import freeze
 from corpus_assets.core.ingest.pinning import CDC_LSN_FIELD
 from corpus_assets.core.records.canonicalize import (
     QUARANTINE_PREFIXES,
-    RECORD_SCHEMA,
     Excluded,
     Stages,
     canonicalize,
@@ -34,14 +33,27 @@ from corpus_assets.core.records.contamination import (
     ContaminationPolicy,
     policy_payload,
 )
+from corpus_assets.core.records.index import (
+    EXCLUSION_COLUMNS,
+    RECORD_COLUMNS,
+    CanonicalIndex,
+    ChunkAccount,
+    ChunkDescriptor,
+    ChunkEntry,
+    DeadLetter,
+    record_schema_digest,
+)
 from corpus_assets.core.records.quality import policy_payload as quality_payload
 from corpus_assets.core.runtime.config import Source
-from corpus_assets.core.runtime.layers import LayerResult, publish_index, read_index
+from corpus_assets.core.runtime.layers import (
+    LayerResult,
+    load_index,
+    publish_index,
+    read_layer_index,
+)
 from corpus_assets.core.runtime.workspace import Workspace, open_workspace, worker_pool
 from corpus_assets.core.storage.artifacts import (
     JSON,
-    get_json,
-    get_table,
     make_ref,
     put_json,
     put_table,
@@ -51,50 +63,6 @@ from corpus_assets.core.storage.digests import json_digest
 from corpus_assets.core.storage.tasks import ChunkOutcome, ChunkTask, preload, run_chunk
 
 CODE = "canonical_records.v2"
-CHUNK_SCHEMA = "corpus.chunk.v2"
-RECORD_COLUMNS = pa.schema(
-    [
-        ("record_id", pa.string()),
-        ("group_id", pa.string()),
-        ("source_id", pa.string()),
-        ("object", pa.string()),
-        ("line", pa.int64()),
-        ("byte_offset", pa.int64()),
-        ("cdc_lsn", pa.string()),
-        ("kind", pa.string()),
-        ("adapter", pa.string()),
-        ("lang", pa.string()),
-        ("script", pa.string()),
-        ("modality", pa.string()),
-        ("licence", pa.string()),
-        ("pii", pa.string()),
-        ("event_time", pa.string()),
-        ("record_digest", pa.string()),
-        ("text_digest", pa.string()),
-        ("dedup_key", pa.string()),
-        ("payload", pa.string()),
-        ("text", pa.string()),
-    ]
-)
-EXCLUSION_COLUMNS = pa.schema(
-    [
-        ("object", pa.string()),
-        ("line", pa.int64()),
-        ("reason", pa.string()),
-        ("detail", pa.string()),
-    ]
-)
-
-
-def record_schema_digest() -> str:
-    """Digest of the record contract, so a manifest names the exact schema its members follow."""
-    return json_digest(
-        {
-            "schema": RECORD_SCHEMA,
-            "kinds": ["document", "messages", "preference"],
-            "columns": [[f.name, str(f.type)] for f in RECORD_COLUMNS],
-        }
-    )
 
 
 def _rows(
@@ -170,23 +138,21 @@ def _canonicalize_object(
     records = pa.Table.from_pydict(rows, schema=RECORD_COLUMNS)
     quarantined = {r: n for r, n in sorted(reasons.items()) if r.startswith(QUARANTINE_PREFIXES)}
     rejected = {r: n for r, n in sorted(reasons.items()) if r not in quarantined}
-    descriptor = {
-        "schema": CHUNK_SCHEMA,
-        "layer": "canonical_records",
-        "records": put_table(ws.cas, records),
-        "count": records.num_rows,
-        "excluded": put_table(ws.cas, pa.Table.from_pydict(excluded, schema=EXCLUSION_COLUMNS)),
-        "account": {
-            "rows_in": rows_in,
-            "kept": records.num_rows,
-            "quarantined": quarantined,
-            "rejected": rejected,
-            "pii_redacted": dict(sorted(stages.pii.items())),
-            "normalized": dict(sorted(stages.normalized.items())),
-            "chars_kept": chars_kept,
-        },
-    }
-    return put_json(ws.cas, descriptor)["digest"]
+    descriptor = ChunkDescriptor(
+        records=put_table(ws.cas, records),
+        count=records.num_rows,
+        excluded=put_table(ws.cas, pa.Table.from_pydict(excluded, schema=EXCLUSION_COLUMNS)),
+        account=ChunkAccount(
+            rows_in=rows_in,
+            kept=records.num_rows,
+            quarantined=quarantined,
+            rejected=rejected,
+            pii_redacted=dict(sorted(stages.pii.items())),
+            normalized=dict(sorted(stages.normalized.items())),
+            chars_kept=chars_kept,
+        ),
+    )
+    return put_json(ws.cas, descriptor.document())["digest"]
 
 
 def benchmark_index(ws: Workspace, fence: int) -> BenchmarkIndex | None:
@@ -271,13 +237,13 @@ def _run(
 
 
 def build_canonical_records(ws: Workspace, partition_key: str) -> LayerResult:
-    raw_ref, raw_index = read_index(ws, partition_key, "raw_snapshot")
+    raw_ref, raw_index = read_layer_index(ws, partition_key, "raw_snapshot")
     _, spec = freeze(ws, partition_key)
     fence = int(spec["benchmarkFence"])
     index = benchmark_index(ws, fence)
     policy = _policy_digest(ws, index)
     sources = {s.id: s for s in ws.config.sources}
-    items = raw_index["outputs"]["objects"]
+    items = raw_index.output("objects")
     done = preload(ws.catalog, "canonical_records", CODE)
     workers = min(ws.config.execution.workers, max(len(items), 1))
     if workers > 1:
@@ -285,27 +251,7 @@ def build_canonical_records(ws: Workspace, partition_key: str) -> LayerResult:
             outcomes = list(pool.map(_worker_run, [(i["source"], i, policy) for i in items]))
     else:
         outcomes = [_run(ws, sources[i["source"]], i, policy, index, done) for i in items]
-    chunks, dead, account = [], [], _Account()
-    for item, outcome in zip(items, outcomes, strict=True):
-        task = outcome.task
-        if outcome.output_digest is None:
-            dead.append(
-                {
-                    "chunk": task.chunk_key,
-                    "input": task.input_digest,
-                    "error": (outcome.error or "").splitlines()[0],
-                }
-            )
-            continue
-        descriptor = get_json(ws.cas, outcome.output_digest, f"chunk {task.chunk_key}")
-        account.add(item["source"], descriptor["account"])
-        chunks.append(
-            {
-                "chunk": task.chunk_key,
-                "input": task.input_digest,
-                "output": make_ref(outcome.output_digest, JSON, ws.cas.size(outcome.output_digest)),
-            }
-        )
+    chunks, dead, account = _assemble(ws, items, outcomes)
     skipped = sum(o.skipped for o in outcomes if o.output_digest is not None)
     counts = account.counts()
     counts.update(chunks=len(chunks), dead_letters=len(dead))
@@ -316,7 +262,11 @@ def build_canonical_records(ws: Workspace, partition_key: str) -> LayerResult:
         CODE,
         policy,
         [raw_ref],
-        {"chunks": chunks, "dead_letters": dead, "accounting": account.by_source()},
+        {
+            "chunks": [c.document() for c in chunks],
+            "dead_letters": [d.document() for d in dead],
+            "accounting": account.by_source(),
+        },
         counts,
     )
     return LayerResult(
@@ -328,22 +278,41 @@ def build_canonical_records(ws: Workspace, partition_key: str) -> LayerResult:
     )
 
 
+def _assemble(
+    ws: Workspace, items: list[dict[str, Any]], outcomes: list[ChunkOutcome]
+) -> tuple[list[ChunkEntry], list[DeadLetter], "_Account"]:
+    """Index entries, dead letters and the account, in index order whatever finished first."""
+    chunks, dead, account = [], [], _Account()
+    for item, outcome in zip(items, outcomes, strict=True):
+        task, digest = outcome.task, outcome.output_digest
+        if digest is None:
+            error = (outcome.error or "").splitlines()[0]
+            dead.append(DeadLetter(chunk=task.chunk_key, input=task.input_digest, error=error))
+            continue
+        output = make_ref(digest, JSON, ws.cas.size(digest))
+        entry = ChunkEntry(chunk=task.chunk_key, input=task.input_digest, output=output)
+        account.add(item["source"], CanonicalIndex.descriptor_at(ws.cas, entry).account)
+        chunks.append(entry)
+    return chunks, dead, account
+
+
 class _Account:
     """Per source: rows in = kept + quarantined + rejected, with every reason code."""
 
     def __init__(self) -> None:
         self.sources: dict[str, Counter[str]] = {}
 
-    def add(self, source: str, account: dict[str, Any]) -> None:
+    def add(self, source: str, account: ChunkAccount) -> None:
         total = self.sources.setdefault(source, Counter())
-        total["rows_in"] += account["rows_in"]
-        total["kept"] += account["kept"]
-        total["chars_kept"] += account["chars_kept"]
-        for group in ("quarantined", "rejected"):
-            for reason, n in account[group].items():
+        total["rows_in"] += account.rows_in
+        total["kept"] += account.kept
+        total["chars_kept"] += account.chars_kept
+        excluded = {"quarantined": account.quarantined, "rejected": account.rejected}
+        for group, reasons in excluded.items():
+            for reason, n in reasons.items():
                 total[f"{group}:{reason}"] += n
                 total[group] += n
-        for kind, n in account["pii_redacted"].items():
+        for kind, n in account.pii_redacted.items():
             total[f"pii:{kind}"] += n
 
     def by_source(self) -> dict[str, dict[str, int]]:
@@ -387,20 +356,6 @@ class _Account:
         ]
 
 
-def load_records(
-    ws: Workspace, index: dict[str, Any], columns: list[str] | None = None
-) -> pa.Table:
-    """All canonical records of a layer index, in index (source, object, line) order."""
-    tables = []
-    for chunk in index["outputs"]["chunks"]:
-        records = get_json(ws.cas, chunk["output"], f"chunk {chunk['chunk']}")["records"]
-        tables.append(get_table(ws.cas, records, f"records of {chunk['chunk']}", columns))
-    if tables:
-        return pa.concat_tables(tables)
-    empty = RECORD_COLUMNS.empty_table()
-    return empty.select(columns) if columns else empty
-
-
 def canary_replay(
     ws: Workspace,
 ) -> Callable[[dict[str, Any], dict[str, Any], list[str]], dict[str, str]]:
@@ -410,8 +365,8 @@ def canary_replay(
     def replay(
         canonical: dict[str, Any], freeze_spec: dict[str, Any], chunk_keys: list[str]
     ) -> dict[str, str]:
-        raw = get_json(ws.cas, canonical["inputs"][0], "raw_snapshot index")
-        items = {f"{o['source']}/{o['name']}": o for o in raw["outputs"]["objects"]}
+        raw = load_index(ws.cas, canonical["inputs"][0], "raw_snapshot")
+        items = {f"{o['source']}/{o['name']}": o for o in raw.output("objects")}
         sources = {s.id: s for s in ws.config.sources}
         index = benchmark_index(ws, int(freeze_spec["benchmarkFence"]))
         return {

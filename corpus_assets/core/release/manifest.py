@@ -14,7 +14,8 @@ import pyarrow.compute as pc
 
 from corpus_assets.core.governance import states
 from corpus_assets.core.ingest.freeze import freeze
-from corpus_assets.core.records.layer import load_records, record_schema_digest
+from corpus_assets.core.records.index import CanonicalIndex, record_schema_digest
+from corpus_assets.core.runtime.layers import LayerIndex
 from corpus_assets.core.release.identity import SELF_EXCLUDED, snapshot_id
 from corpus_assets.core.release.shadow import shadow_diff
 from corpus_assets.core.release.signing import sign_snapshot
@@ -51,8 +52,8 @@ def members_table(
     chosen = clusters.filter(clusters.column("is_representative")).select(
         ["record_id", "object", "line", "dedup_key"]
     )
-    records = load_records(
-        ws, canonical, ["record_id", "source_id", "object", "line", "record_digest", "text"]
+    records = CanonicalIndex(ws.cas, LayerIndex.model_validate(canonical)).table(
+        ["record_id", "source_id", "object", "line", "record_digest", "text"]
     )
     lengths = pc.binary_length(pc.cast(records.column("text"), pa.binary()))
     records = records.drop_columns(["text"]).append_column("text_bytes", lengths)

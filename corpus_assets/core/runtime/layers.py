@@ -6,13 +6,15 @@ snapshot has the same digest as before and nothing downstream of it is rewritten
 """
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import pyarrow as pa
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from corpus_assets.core.runtime.transform import transform_image
 from corpus_assets.core.runtime.workspace import Workspace
 from corpus_assets.core.storage.artifacts import JSON, Ref, get_json, make_ref, put_json, put_table
+from corpus_assets.core.storage.cas import ContentStore
 from corpus_assets.core.storage.digests import json_digest
 
 LAYERS = (
@@ -29,6 +31,10 @@ INDEX_SCHEMA = "corpus.layer.v1"
 
 class LayerOrderError(RuntimeError):
     """A layer ran before the layer it reads from was materialized for the same partition."""
+
+
+class LayerIndexError(ValueError):
+    """A stored layer index does not match the ``corpus.layer.v1`` model."""
 
 
 @dataclass
@@ -48,6 +54,45 @@ class LayerResult:
     details: dict[str, Any] = field(default_factory=dict)
 
 
+class LayerIndex(BaseModel):
+    """The index document (``corpus.layer.v1``); its canonical JSON digest names the layer."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+    index_schema: Literal["corpus.layer.v1"] = Field(INDEX_SCHEMA, alias="schema")
+    layer: str
+    code: str
+    policy: str | None
+    inputs: list[Ref]
+    outputs: dict[str, Any]  # per layer: refs and small facts, read through the layer's reader
+    counts: dict[str, int]
+
+    def document(self) -> dict[str, Any]:
+        return self.model_dump(by_alias=True)
+
+    def output(self, name: str) -> Any:
+        """One named output, or an error naming the layer and the output."""
+        if name not in self.outputs:
+            raise KeyError(f"{self.layer} index has no output {name!r}")
+        return self.outputs[name]
+
+    def build_spec(self) -> str:
+        """What must determine a layer's bytes: code, transform image, policy and input digests.
+
+        An index with open dead letters is marked ``~partial``: a retry that closes them may
+        give other bytes from the same spec, and that is progress, not nondeterminism.
+        """
+        spec = json_digest(
+            {
+                "code": self.code,
+                "image": transform_image(),
+                "policy": self.policy,
+                "inputs": [i["digest"] for i in self.inputs],
+            }
+        )
+        return spec + ("~partial" if self.outputs.get("dead_letters") else "")
+
+
 def publish_index(
     ws: Workspace,
     partition_key: str,
@@ -58,36 +103,12 @@ def publish_index(
     outputs: dict[str, Any],
     counts: dict[str, int],
 ) -> Ref:
-    index = {
-        "schema": INDEX_SCHEMA,
-        "layer": layer,
-        "code": code,
-        "policy": policy,
-        "inputs": inputs,
-        "outputs": outputs,
-        "counts": counts,
-    }
-    ref = put_json(ws.cas, index)
-    ws.catalog.set_layer_output(partition_key, layer, ref["digest"], build_spec(index))
-    return ref
-
-
-def build_spec(index: dict[str, Any]) -> str:
-    """What must determine a layer's bytes: code, transform image, policy and input digests.
-
-    An index with open dead letters is marked ``~partial``: a retry that closes them may give
-    other bytes from the same spec, and that is progress, not nondeterminism.
-    """
-    spec = json_digest(
-        {
-            "code": index["code"],
-            "image": transform_image(),
-            "policy": index["policy"],
-            "inputs": [i["digest"] for i in index["inputs"]],
-        }
+    index = LayerIndex(
+        layer=layer, code=code, policy=policy, inputs=inputs, outputs=outputs, counts=counts
     )
-    partial = index["outputs"].get("dead_letters") if isinstance(index["outputs"], dict) else None
-    return spec + ("~partial" if partial else "")
+    ref = put_json(ws.cas, index.document())
+    ws.catalog.set_layer_output(partition_key, layer, ref["digest"], index.build_spec())
+    return ref
 
 
 def publish_table_layer(
@@ -117,7 +138,16 @@ def publish_table_layer(
     )
 
 
-def read_index(ws: Workspace, partition_key: str, layer: str) -> tuple[Ref, dict[str, Any]]:
+def load_index(cas: ContentStore, ref: Ref | str, layer: str) -> LayerIndex:
+    """A layer index from the CAS, verified on read and checked against its schema."""
+    try:
+        return LayerIndex.model_validate(get_json(cas, ref, f"{layer} index"))
+    except ValidationError as error:
+        digest = ref if isinstance(ref, str) else ref["digest"]
+        raise LayerIndexError(f"{layer} index {digest} is malformed: {error}") from None
+
+
+def read_layer_index(ws: Workspace, partition_key: str, layer: str) -> tuple[Ref, LayerIndex]:
     """The upstream layer's index for this partition, verified on read."""
     digest = ws.catalog.layer_output(partition_key, layer)
     if digest is None:
@@ -125,5 +155,10 @@ def read_index(ws: Workspace, partition_key: str, layer: str) -> tuple[Ref, dict
             f"{layer} has not been materialized for partition {partition_key!r}; "
             "materialize it (or the whole build job) first"
         )
-    index = get_json(ws.cas, digest, f"{layer} index")
-    return make_ref(digest, JSON, ws.cas.size(digest)), index
+    return make_ref(digest, JSON, ws.cas.size(digest)), load_index(ws.cas, digest, layer)
+
+
+def read_index(ws: Workspace, partition_key: str, layer: str) -> tuple[Ref, dict[str, Any]]:
+    """The upstream layer's index as a plain document (callers not yet on ``LayerIndex``)."""
+    ref, index = read_layer_index(ws, partition_key, layer)
+    return ref, index.document()

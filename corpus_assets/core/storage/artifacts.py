@@ -6,10 +6,11 @@ verifier can walk the closure of a manifest by following refs whose media is JSO
 
 import io
 import json
-from typing import Any, TypedDict
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+from typing_extensions import TypedDict  # pydantic validates only this TypedDict on 3.11
 
 from corpus_assets.core.storage.cas import ContentStore
 from corpus_assets.core.storage.digests import canonical_json

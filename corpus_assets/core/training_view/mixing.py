@@ -11,9 +11,10 @@ import hashlib
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from corpus_assets.core.runtime.layers import LayerResult, publish_table_layer, read_index
+from corpus_assets.core.runtime.layers import LayerResult, publish_table_layer, read_layer_index
 from corpus_assets.core.runtime.workspace import Workspace
 from corpus_assets.core.storage.artifacts import get_table
+from corpus_assets.core.training_view.splits import TRAIN
 
 CODE = "mixed_samples.natural.v1"
 MIX_COLUMNS = pa.schema(
@@ -22,9 +23,9 @@ MIX_COLUMNS = pa.schema(
 
 
 def build_mixed_samples(ws: Workspace, partition_key: str) -> LayerResult:
-    splits_ref, splits = read_index(ws, partition_key, "splits")
-    table = get_table(ws.cas, splits["outputs"]["splits"], "splits table")
-    train = table.filter(pc.equal(table.column("split"), "train")).column("record_id").to_pylist()
+    splits_ref, splits = read_layer_index(ws, partition_key, "splits")
+    table = get_table(ws.cas, splits.output("splits"), "splits table")
+    train = table.filter(pc.equal(table.column("split"), TRAIN)).column("record_id").to_pylist()
     seed = ws.config.policies.mixing.seed.encode()
     ordered = sorted(
         train, key=lambda rid: (hashlib.sha256(seed + b"\x00" + rid.encode()).digest(), rid)

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 
-from corpus_assets.core.records.layer import load_records
-from corpus_assets.core.runtime.layers import LayerResult, publish_index, read_index
+from corpus_assets.core.records.index import CanonicalIndex
+from corpus_assets.core.runtime.layers import LayerResult, publish_index, read_layer_index
 from corpus_assets.core.runtime.workspace import Workspace
 from corpus_assets.core.storage.artifacts import BINARY, get_table, put_bytes, put_table
 
@@ -83,10 +83,10 @@ def token_bytes(tokens: array) -> bytes:
 
 
 def build_packed_blocks(ws: Workspace, partition_key: str) -> LayerResult:
-    mixed_ref, mixed = read_index(ws, partition_key, "mixed_samples")
-    canonical_ref, canonical = read_index(ws, partition_key, "canonical_records")
-    order = get_table(ws.cas, mixed["outputs"]["samples"], "mixed samples").column("record_id")
-    records = load_records(ws, canonical, ["record_id", "text"])
+    mixed_ref, mixed = read_layer_index(ws, partition_key, "mixed_samples")
+    canonical_ref, canonical = CanonicalIndex.read(ws, partition_key)
+    order = get_table(ws.cas, mixed.output("samples"), "mixed samples").column("record_id")
+    records = canonical.table(["record_id", "text"])
     text_of = dict(
         zip(
             records.column("record_id").to_pylist(), records.column("text").to_pylist(), strict=True

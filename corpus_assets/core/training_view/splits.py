@@ -12,12 +12,13 @@ import hashlib
 import pyarrow as pa
 
 from corpus_assets.core.runtime.config import SplitPolicy
-from corpus_assets.core.runtime.layers import LayerResult, publish_table_layer, read_index
+from corpus_assets.core.runtime.layers import LayerResult, publish_table_layer, read_layer_index
 from corpus_assets.core.runtime.workspace import Workspace
 from corpus_assets.core.storage.artifacts import get_table
 
 CODE = "splits.leakage-group-hash.v2"
-SPLITS = ("train", "validation", "test")
+TRAIN, VALIDATION, TEST = "train", "validation", "test"
+SPLITS = (TRAIN, VALIDATION, TEST)  # the split names, defined here only
 SPLIT_COLUMNS = pa.schema(
     [
         ("record_id", pa.string()),
@@ -32,15 +33,15 @@ def split_of(group_id: str, policy: SplitPolicy) -> str:
     h = hashlib.sha256(policy.salt.encode() + b"\x00" + group_id.encode("utf-8")).digest()
     percent = (int.from_bytes(h[:8], "big") * 100) >> 64
     if percent < policy.train_percent:
-        return "train"
+        return TRAIN
     if percent < policy.train_percent + policy.validation_percent:
-        return "validation"
-    return "test"
+        return VALIDATION
+    return TEST
 
 
 def build_splits(ws: Workspace, partition_key: str) -> LayerResult:
-    dedup_ref, dedup = read_index(ws, partition_key, "dedup_clusters")
-    clusters = get_table(ws.cas, dedup["outputs"]["clusters"], "dedup clusters")
+    dedup_ref, dedup = read_layer_index(ws, partition_key, "dedup_clusters")
+    clusters = get_table(ws.cas, dedup.output("clusters"), "dedup clusters")
     members = clusters.filter(clusters.column("is_representative")).select(
         ["record_id", "group_id", "leakage_id"]
     )

@@ -1,0 +1,185 @@
+"""The canonical_records documents and their one reader.
+
+The layer index lists one entry per raw object (chunk); each entry points at a chunk descriptor
+naming the chunk's records table, its exclusions table and its account. Every later stage reads
+canonical records through ``CanonicalIndex`` (all records, or one chunk at a time), so the
+layout lives here and nowhere else.
+"""
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from corpus_assets.core.records.canonicalize import RECORD_SCHEMA
+from corpus_assets.core.runtime.layers import LayerIndex, load_index, read_layer_index
+from corpus_assets.core.runtime.workspace import Workspace
+from corpus_assets.core.storage.artifacts import Ref, get_json, get_table
+from corpus_assets.core.storage.cas import ContentStore
+from corpus_assets.core.storage.digests import json_digest
+
+LAYER = "canonical_records"
+CHUNK_SCHEMA = "corpus.chunk.v2"
+RECORD_COLUMNS = pa.schema(
+    [
+        ("record_id", pa.string()),
+        ("group_id", pa.string()),
+        ("source_id", pa.string()),
+        ("object", pa.string()),
+        ("line", pa.int64()),
+        ("byte_offset", pa.int64()),
+        ("cdc_lsn", pa.string()),
+        ("kind", pa.string()),
+        ("adapter", pa.string()),
+        ("lang", pa.string()),
+        ("script", pa.string()),
+        ("modality", pa.string()),
+        ("licence", pa.string()),
+        ("pii", pa.string()),
+        ("event_time", pa.string()),
+        ("record_digest", pa.string()),
+        ("text_digest", pa.string()),
+        ("dedup_key", pa.string()),
+        ("payload", pa.string()),
+        ("text", pa.string()),
+    ]
+)
+EXCLUSION_COLUMNS = pa.schema(
+    [
+        ("object", pa.string()),
+        ("line", pa.int64()),
+        ("reason", pa.string()),
+        ("detail", pa.string()),
+    ]
+)
+
+
+def record_schema_digest() -> str:
+    """Digest of the record contract, so a manifest names the exact schema its members follow."""
+    return json_digest(
+        {
+            "schema": RECORD_SCHEMA,
+            "kinds": ["document", "messages", "preference"],
+            "columns": [[f.name, str(f.type)] for f in RECORD_COLUMNS],
+        }
+    )
+
+
+class _Document(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+    def document(self) -> dict[str, Any]:
+        return self.model_dump(by_alias=True)
+
+
+class ChunkAccount(_Document):
+    """Rows in = kept + quarantined + rejected for one raw object, by reason code."""
+
+    rows_in: int
+    kept: int
+    quarantined: dict[str, int]
+    rejected: dict[str, int]
+    pii_redacted: dict[str, int]
+    normalized: dict[str, int]
+    chars_kept: int
+
+
+class ChunkDescriptor(_Document):
+    """What one chunk task produced: its records, its exclusions and their account."""
+
+    chunk_schema: Literal["corpus.chunk.v2"] = Field(CHUNK_SCHEMA, alias="schema")
+    layer: Literal["canonical_records"] = LAYER
+    records: Ref
+    count: int
+    excluded: Ref
+    account: ChunkAccount
+
+
+class ChunkEntry(_Document):
+    """The index's entry for a chunk: task key, input digest, descriptor ref."""
+
+    chunk: str
+    input: str
+    output: Ref
+
+
+class DeadLetter(_Document):
+    """A chunk whose task exhausted its retries; validation refuses while any is open."""
+
+    chunk: str
+    input: str
+    error: str
+
+
+@dataclass(frozen=True)
+class ChunkRecords:
+    """A chunk's records table, small enough to hand to a worker process."""
+
+    key: str
+    records: Ref
+    count: int
+
+    def table(self, cas: ContentStore, columns: list[str] | None = None) -> pa.Table:
+        return get_table(cas, self.records, f"records of {self.key}", columns)
+
+    def texts(self, cas: ContentStore) -> list[str]:
+        return self.table(cas, ["text"]).column("text").to_pylist()
+
+    def parquet(self, cas: ContentStore) -> pq.ParquetFile:
+        """The verified table as a Parquet file, for reading a batch of columns at a time."""
+        return pq.ParquetFile(pa.BufferReader(cas.get_bytes(self.records["digest"], self.what)))
+
+    @property
+    def what(self) -> str:
+        return f"records of {self.key}"
+
+
+class CanonicalIndex:
+    """The canonical_records index of one build, read through typed documents."""
+
+    def __init__(self, cas: ContentStore, index: LayerIndex) -> None:
+        if index.layer != LAYER:
+            raise ValueError(f"a {index.layer} index is not a {LAYER} index")
+        self.cas, self.index = cas, index
+        self.entries = [ChunkEntry.model_validate(c) for c in index.output("chunks")]
+        self.dead_letters = [DeadLetter.model_validate(d) for d in index.output("dead_letters")]
+
+    @classmethod
+    def read(cls, ws: Workspace, partition_key: str) -> tuple[Ref, "CanonicalIndex"]:
+        ref, index = read_layer_index(ws, partition_key, LAYER)
+        return ref, cls(ws.cas, index)
+
+    @classmethod
+    def load(cls, cas: ContentStore, ref: Ref | str) -> "CanonicalIndex":
+        return cls(cas, load_index(cas, ref, LAYER))
+
+    def descriptor(self, entry: ChunkEntry) -> ChunkDescriptor:
+        return self.descriptor_at(self.cas, entry)
+
+    @staticmethod
+    def descriptor_at(cas: ContentStore, entry: ChunkEntry) -> ChunkDescriptor:
+        """The typed descriptor an entry points at (also before its index is written)."""
+        document = get_json(cas, entry.output, f"chunk {entry.chunk}")
+        try:
+            return ChunkDescriptor.model_validate(document)
+        except ValidationError as error:
+            raise ValueError(f"chunk {entry.chunk} descriptor is malformed: {error}") from None
+
+    def chunks(self) -> list[ChunkRecords]:
+        """Every chunk's records table in index (source, object) order; one descriptor read
+        per chunk."""
+        out = []
+        for entry in self.entries:
+            descriptor = self.descriptor(entry)
+            out.append(ChunkRecords(entry.chunk, descriptor.records, descriptor.count))
+        return out
+
+    def table(self, columns: list[str] | None = None) -> pa.Table:
+        """All records in index (source, object, line) order; only ``columns`` are decoded."""
+        tables = [chunk.table(self.cas, columns) for chunk in self.chunks()]
+        if tables:
+            return pa.concat_tables(tables)
+        empty = RECORD_COLUMNS.empty_table()
+        return empty.select(columns) if columns else empty
