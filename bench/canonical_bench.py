@@ -31,7 +31,8 @@ from corpus_assets.core.records.canonicalize import (
     contaminated,
     parse_line,
 )
-from corpus_assets.core.records.contamination import BenchmarkIndex, ContaminationPolicy
+from corpus_assets.core.records.contamination import ContaminationPolicy
+from corpus_assets.core.records.contamination_index import BenchmarkIndex
 from corpus_assets.core.records.quality import QualityPolicy
 from corpus_assets.core.runtime.config import ObjectsSource
 

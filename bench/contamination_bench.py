@@ -30,7 +30,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 from corpus_assets.core.records.contamination import (
-    BenchmarkIndex,
     ContaminationPolicy,
     Match,
     char_ngrams,
@@ -38,6 +37,7 @@ from corpus_assets.core.records.contamination import (
     normalise,
     word_ngrams,
 )
+from corpus_assets.core.records.contamination_index import BenchmarkIndex
 
 DEFAULT_CORPORA = Path(__file__).resolve().parents[2] / "shared" / "corpora"
 

@@ -61,13 +61,13 @@ TARGET_DOCS_PER_S = 150_000
 
 
 def jaccard_impl():
-    """(callable, description): ``minhash.jaccard_sorted`` when it exists, else a local one."""
+    """(callable, description): ``jaccard.jaccard_sorted`` when it exists, else a local one."""
     try:
-        from corpus_assets.core.dedup.minhash import jaccard_sorted
+        from corpus_assets.core.dedup.jaccard import jaccard_sorted
     except ImportError:
         pass
     else:
-        return jaccard_sorted, "corpus_assets.core.dedup.minhash.jaccard_sorted"
+        return jaccard_sorted, "corpus_assets.core.dedup.jaccard.jaccard_sorted"
 
     def jaccard_local(a: np.ndarray, b: np.ndarray) -> float:
         if not len(a) and not len(b):
@@ -75,7 +75,7 @@ def jaccard_impl():
         inter = len(np.intersect1d(a, b, assume_unique=True))
         return inter / (len(a) + len(b) - inter)
 
-    return jaccard_local, "local np.intersect1d (minhash.jaccard_sorted not available)"
+    return jaccard_local, "local np.intersect1d (jaccard.jaccard_sorted not available)"
 
 
 # --- corpus -------------------------------------------------------------------------------------

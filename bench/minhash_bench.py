@@ -27,8 +27,10 @@ from pathlib import Path
 import numpy as np
 from datasketch import MinHash
 
-from corpus_assets.core.dedup import minhash as mh
-from corpus_assets.core.dedup.minhash import SignatureSpec, shingles, signatures, sketch
+from corpus_assets.core.dedup import shingling, unit_hash
+from corpus_assets.core.dedup.minhash import signatures, sketch
+from corpus_assets.core.dedup.shingling import shingles
+from corpus_assets.core.dedup.signature_spec import SignatureSpec
 
 TARGET_MBPS = 12.0
 _SYNTH_TEXT = (
@@ -107,10 +109,10 @@ def check(docs: list[str], v1: SignatureSpec, v2: SignatureSpec) -> None:
     ours2 = signatures(sample, v2)
 
     def hv(units: tuple[str, ...]) -> int:
-        return mh.fingerprint64_units(units) >> 32
+        return unit_hash.fingerprint64_units(units) >> 32
 
     ref2 = MinHash.bulk(
-        [mh.shingle_units(d, v2) for d in sample],
+        [shingling.shingle_units(d, v2) for d in sample],
         num_perm=v2.num_perm,
         seed=v2.seed,
         scheme="affine32",

@@ -1,4 +1,4 @@
-"""Benchmark decontamination by n-gram containment (core/contamination.py).
+"""Benchmark decontamination by n-gram containment (core/records/contamination*.py).
 
 Texts are generated here, so the tests do not need ../shared.
 """
@@ -8,9 +8,8 @@ import random
 import numpy as np
 import pytest
 
-from corpus_assets.core.records import contamination
+from corpus_assets.core.records import contamination, contamination_stream
 from corpus_assets.core.records.contamination import (
-    BenchmarkIndex,
     ContaminationPolicy,
     Match,
     char_ngrams,
@@ -19,6 +18,7 @@ from corpus_assets.core.records.contamination import (
     policy_payload,
     word_ngrams,
 )
+from corpus_assets.core.records.contamination_index import BenchmarkIndex
 from corpus_assets.core.storage.digests import json_digest
 
 POLICY = ContaminationPolicy()
@@ -67,7 +67,7 @@ def brute_force(items: list[tuple[str, str]], text: str, policy: ContaminationPo
     best = None
     for item_id, item_text in sorted(items):
         norm = normalise(item_text)
-        mode = contamination._mode(norm, policy)
+        mode = contamination.item_mode(norm, policy)
         if mode is None:
             continue
         if mode == "word":
@@ -235,9 +235,9 @@ def test_empty_inputs() -> None:
 )
 def test_vectorised_normalisation_equals_the_reference(text: str) -> None:
     texts = [text, "filler " + text + " filler", text]
-    stream = contamination._normalise_stream(texts)
+    stream = contamination_stream.normalise_stream(texts)
     assert [stream.text(r) for r in range(len(texts))] == [normalise(t) for t in texts]
-    single = contamination._Stream.single(text)
+    single = contamination_stream.Stream.single(text)
     assert single.text(0) == normalise(text)
 
 
@@ -272,7 +272,7 @@ def test_hash_collisions_cost_time_but_never_change_a_result(monkeypatch) -> Non
     """With a degenerate hash (sum of code points, position-free) nearly everything collides;
     the exact confirmation must still give the brute-force answer."""
     ones = np.ones(1 << 20, dtype=np.uint64)
-    monkeypatch.setattr(contamination, "_powers", lambda n: (ones, ones))
+    monkeypatch.setattr(contamination_stream, "_powers", lambda n: (ones, ones))
     items = [("q1", QUESTION), ("zh", ZH_ITEM)]
     scrambled = " ".join(reversed(QUESTION.split()))  # same letters, other n-grams
     documents = [embed(QUESTION, 300, seed=20), embed(scrambled, 300, seed=21), ZH_ITEM[::-1]]

@@ -8,20 +8,12 @@ import numpy as np
 import pytest
 from datasketch.minhash import _fmix
 
-from corpus_assets.core.dedup import minhash as mh
-from corpus_assets.core.dedup.minhash import (
-    SignatureSpec,
-    fingerprint64,
-    fingerprint64_units,
-    fingerprints,
-    jaccard,
-    jaccard_sorted,
-    shingle_units,
-    shingles,
-    signatures,
-    sketch,
-    spec_payload,
-)
+from corpus_assets.core.dedup import minhash_v1, minhash_v2, shingling, unit_hash
+from corpus_assets.core.dedup.jaccard import jaccard, jaccard_sorted
+from corpus_assets.core.dedup.minhash import fingerprints, signatures, sketch
+from corpus_assets.core.dedup.shingling import shingle_units, shingles
+from corpus_assets.core.dedup.signature_spec import MAX_HASH, VERSION, SignatureSpec, spec_payload
+from corpus_assets.core.dedup.unit_hash import fingerprint64, fingerprint64_units, unit_hash64
 
 SPEC = SignatureSpec(version="minhash.v1")  # the v1 tests below
 V2 = SignatureSpec()
@@ -192,7 +184,7 @@ def test_golden_vectors_match_datasketch_legacy_bit_for_bit():
     assert ours.shape == (50, 128) and ours.dtype == np.uint32
     for text, row in zip(texts, ours, strict=True):
         ref = _datasketch_sig(shingles(text, SPEC))
-        assert ref.max() <= mh.MAX_HASH
+        assert ref.max() <= MAX_HASH
         assert row.tobytes() == ref.astype(np.uint32).tobytes(), text
 
 
@@ -204,11 +196,11 @@ def test_other_num_perm_and_seed_match_datasketch():
 
 
 def test_fast_mod_equals_numpy_mod_including_edges():
-    a, b = mh._permutations(128, 1)
+    a, b = minhash_v1._permutations(128, 1)
     hv = np.random.default_rng(0).integers(0, 1 << 32, 20000, dtype=np.uint64)
-    hv = np.concatenate([hv, np.array([0, 1, mh.MAX_HASH], dtype=np.uint64)])
-    ref = ((hv[:, None] * a + b) % np.uint64(mh.MERSENNE_PRIME)) & np.uint64(mh.MAX_HASH)
-    assert np.array_equal(mh._permute(hv, a, b), ref.astype(np.uint32))
+    hv = np.concatenate([hv, np.array([0, 1, MAX_HASH], dtype=np.uint64)])
+    ref = ((hv[:, None] * a + b) % np.uint64(minhash_v1.MERSENNE_PRIME)) & np.uint64(MAX_HASH)
+    assert np.array_equal(minhash_v1._permute(hv, a, b), ref.astype(np.uint32))
 
 
 def test_v1_fingerprints_are_sha1_prefixes():
@@ -222,7 +214,7 @@ def test_v1_fingerprints_are_sha1_prefixes():
 
 
 def test_default_spec_is_v2_and_v1_stays_selectable():
-    assert SignatureSpec().version == mh.VERSION == "minhash.v2"
+    assert SignatureSpec().version == VERSION == "minhash.v2"
     texts = _golden_texts()[:10]
     assert np.array_equal(signatures(texts), signatures(texts, SignatureSpec(version="minhash.v2")))
     v1 = signatures(texts, SPEC)
@@ -246,7 +238,7 @@ def test_v2_golden_vectors_match_datasketch_affine32_bit_for_bit(num_perm, seed)
 
 def test_v2_permutations_and_finalisers_are_datasketchs():
     for num_perm, seed in [(128, 1), (7, 3)]:
-        a, b = mh._affine32_permutations(num_perm, seed)
+        a, b = minhash_v2._affine32_permutations(num_perm, seed)
         ref = datasketch.MinHash(num_perm=num_perm, seed=seed, scheme="affine32").permutations
         assert a.dtype == b.dtype == np.uint32
         assert np.array_equal(a, ref[0]) and np.array_equal(b, ref[1])
@@ -255,10 +247,10 @@ def test_v2_permutations_and_finalisers_are_datasketchs():
     edges = np.array([0, 1, 2**32 - 1, 2**32, 2**64 - 1], dtype=np.uint64)
     x64 = np.concatenate([rng.integers(0, 2**64 - 1, 5000, dtype=np.uint64), edges])
     assert x64.dtype == np.uint64
-    assert np.array_equal(mh._fmix64(x64.copy()), _fmix(x64, 64))
-    assert [mh._fmix64_int(int(v)) for v in x64[:200]] == _fmix(x64[:200], 64).tolist()
+    assert np.array_equal(unit_hash._fmix64(x64.copy()), _fmix(x64, 64))
+    assert [unit_hash._fmix64_int(int(v)) for v in x64[:200]] == _fmix(x64[:200], 64).tolist()
     x32 = x64.astype(np.uint32)
-    assert np.array_equal(mh._fmix32(x32.copy()), _fmix(x32, 32))
+    assert np.array_equal(minhash_v2._fmix32(x32.copy()), _fmix(x32, 32))
 
 
 def _spec_fmix64(x: int) -> int:
@@ -291,12 +283,12 @@ def test_v2_scalar_reference_follows_the_documented_definition():
     assert fingerprint64("hello") == 0x7E839500E4B82888
     assert fingerprint64("a") == 0x76EFD33DB82B96BD
     assert fingerprint64("数据去重是", unspaced=True) == 0x907EBA798F9095D6
-    assert mh.unit_hash64("the") == 0xCE3F1378860BE8A4
+    assert unit_hash64("the") == 0xCE3F1378860BE8A4
     # Word mode splits the shingle text at " ", char mode takes its code points.
     assert fingerprint64("a b c") == fingerprint64_units(["a", "b", "c"])
     assert fingerprint64("a b", unspaced=True) == fingerprint64_units(["a", " ", "b"])
     assert fingerprint64("ab") != fingerprint64("ab", unspaced=True)
-    assert mh.unit_hash64("a\x00") != mh.unit_hash64("a")  # the length is hashed too
+    assert unit_hash64("a\x00") != unit_hash64("a")  # the length is hashed too
 
 
 @pytest.mark.parametrize(
@@ -311,9 +303,9 @@ def test_v2_scalar_reference_follows_the_documented_definition():
 )
 def test_v2_vectorised_fingerprints_match_scalar_reference(spec):
     texts = _golden_texts() + _unicode_texts(400) + _long_texts()
-    norms = [mh._normalise(t) for t in texts]
-    chars = [n for n in norms if n and mh._unspaced(n)]
-    words = [n for n in norms if n and not mh._unspaced(n)]
+    norms = [shingling.normalise(t) for t in texts]
+    chars = [n for n in norms if n and shingling.is_unspaced(n)]
+    words = [n for n in norms if n and not shingling.is_unspaced(n)]
     assert len(chars) > 100 and len(words) > 150  # both modes well covered, and
     assert sum(len(n.split(" ")) >= 9 for n in words) > 30  # long and short documents
     assert sum(len(n) < 5 for n in chars) > 10 and sum(len(n) >= 9 for n in chars) > 50
@@ -339,8 +331,8 @@ def test_v2_short_document_rule_and_empty_documents():
     assert fp[3].tolist() == [fingerprint64("中文", unspaced=True)]
     assert len(fp[4]) == 3  # 7 chars, 5-grams
     sig = signatures(["", "x", " "], V2)
-    assert (sig[0] == mh.MAX_HASH).all() and (sig[2] == mh.MAX_HASH).all()
-    assert not (sig[1] == mh.MAX_HASH).all()
+    assert (sig[0] == MAX_HASH).all() and (sig[2] == MAX_HASH).all()
+    assert not (sig[1] == MAX_HASH).all()
     assert signatures([], V2).shape == (0, 128) and fingerprints([], V2) == []
 
 
@@ -372,10 +364,11 @@ def test_block_sizes_do_not_change_results(monkeypatch, spec):
     one_by_one = np.vstack([signatures([t], spec) for t in texts])
     assert np.array_equal(whole_sig, one_by_one)
     for codepoints, rows in [(7, 3), (64, 7), (1000, 1), (5000, 50)]:
-        monkeypatch.setattr(mh, "_BLOCK_CODEPOINTS", codepoints)  # long texts go in pieces
-        monkeypatch.setattr(mh, "_BLOCK_CELLS", 128 * rows)  # documents span blocks
-        monkeypatch.setattr(mh, "_AFFINE_BLOCK_CELLS", 128 * rows)
-        monkeypatch.setattr(mh, "_SPLIT_MAX", codepoints)
+        monkeypatch.setattr(minhash_v1, "_BLOCK_CODEPOINTS", codepoints)
+        monkeypatch.setattr(minhash_v2, "_BLOCK_CODEPOINTS", codepoints)  # long texts in pieces
+        monkeypatch.setattr(minhash_v1, "_BLOCK_CELLS", 128 * rows)  # documents span blocks
+        monkeypatch.setattr(minhash_v2, "_AFFINE_BLOCK_CELLS", 128 * rows)
+        monkeypatch.setattr(shingling, "_SPLIT_MAX", codepoints)
         sig, fps = sketch(texts, spec)
         assert np.array_equal(whole_sig, sig), codepoints
         assert all(np.array_equal(x, y) for x, y in zip(whole_fp, fps, strict=True))
@@ -385,7 +378,7 @@ def test_v2_long_documents_in_pieces_match_scalar_reference(monkeypatch):
     texts = [*_long_texts(), "w" * 40, "p q", "a" + " b" * 30, "数据" * 30]
     for spec in (V2, SignatureSpec(shingle_words=1, shingle_chars=2)):
         for limit in (3, 5, 16, 101):
-            monkeypatch.setattr(mh, "_BLOCK_CODEPOINTS", limit)
+            monkeypatch.setattr(minhash_v2, "_BLOCK_CODEPOINTS", limit)
             for text, fp in zip(texts, fingerprints(texts, spec), strict=True):
                 assert fp.tolist() == _reference_fps(text, spec), (limit, text[:40])
             assert np.array_equal(
@@ -395,19 +388,19 @@ def test_v2_long_documents_in_pieces_match_scalar_reference(monkeypatch):
 
 
 def test_long_text_whitespace_collapse_equals_split_join():
-    assert sorted(mh._SPACES) == [c for c in range(sys.maxunicode + 1) if chr(c).isspace()]
+    assert sorted(shingling._SPACES) == [c for c in range(sys.maxunicode + 1) if chr(c).isspace()]
     rng = random.Random(2)
     texts = [*_unicode_texts(200, seed=4), "  a   b  ", "\u3000\u3000x\u2028\u2029y\x1c"]
     texts += [
         "".join(rng.choice(" \t\n\xa0ab") for _ in range(rng.randrange(300))) for _ in "x" * 50
     ]
-    normal = [mh._normalise(t) for t in texts]
-    saved = mh._SPLIT_MAX
+    normal = [shingling.normalise(t) for t in texts]
+    saved = shingling._SPLIT_MAX
     try:
-        mh._SPLIT_MAX = 0
-        assert [mh._normalise(t) for t in texts] == normal
+        shingling._SPLIT_MAX = 0
+        assert [shingling.normalise(t) for t in texts] == normal
     finally:
-        mh._SPLIT_MAX = saved
+        shingling._SPLIT_MAX = saved
 
 
 @pytest.mark.parametrize("spec", [SPEC, V2, "v2-long"], ids=["v1", "v2", "v2-long"])
@@ -416,8 +409,9 @@ def test_memory_is_bounded_by_blocks(monkeypatch, spec):
     texts = [_english(rng, 150) + str(i) for i in range(2000)]  # ~1.8 M code points
     if spec == "v2-long":
         spec, texts = V2, [" ".join(texts[:600])]
-    monkeypatch.setattr(mh, "_BLOCK_CODEPOINTS", 1 << 14)
-    monkeypatch.setattr(mh, "_AFFINE_BLOCK_CELLS", 1 << 16)
+    monkeypatch.setattr(minhash_v1, "_BLOCK_CODEPOINTS", 1 << 14)
+    monkeypatch.setattr(minhash_v2, "_BLOCK_CODEPOINTS", 1 << 14)
+    monkeypatch.setattr(minhash_v2, "_AFFINE_BLOCK_CELLS", 1 << 16)
     sketch(["warm up caches and lazy imports", "x " * 30], spec)
     for fn in (signatures, fingerprints):
         tracemalloc.start()
@@ -467,8 +461,8 @@ def test_short_document_rule():
     assert shingles("中文", SPEC) == ["中文".encode()]
     assert len(shingles("数据去重是一个", SPEC)) == 3  # 7 chars, 5-grams
     sig = signatures(["", "x"], SPEC)
-    assert (sig[0] == mh.MAX_HASH).all()  # no shingles: datasketch's empty value
-    assert not (sig[1] == mh.MAX_HASH).all()
+    assert (sig[0] == MAX_HASH).all()  # no shingles: datasketch's empty value
+    assert not (sig[1] == MAX_HASH).all()
 
 
 def test_normalisation_and_script_choice():
@@ -490,8 +484,8 @@ def test_normalisation_and_script_choice():
 
 def test_shingle_units_are_the_shingles():
     for text in _golden_texts() + _unicode_texts(100):
-        norm = mh._normalise(text)
-        sep = "" if norm and mh._unspaced(norm) else " "
+        norm = shingling.normalise(text)
+        sep = "" if norm and shingling.is_unspaced(norm) else " "
         assert [sep.join(u).encode() for u in shingle_units(text, V2)] == shingles(text, V2)
 
 

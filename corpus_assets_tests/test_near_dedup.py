@@ -11,7 +11,8 @@ import pyarrow as pa
 import pytest
 
 from corpus_assets.core.dedup.clusters import EXACT, KEEP, NEAR, cluster
-from corpus_assets.core.dedup.minhash import fingerprints, jaccard_sorted, signatures
+from corpus_assets.core.dedup.jaccard import jaccard_sorted
+from corpus_assets.core.dedup.minhash import fingerprints, signatures
 from corpus_assets.core.dedup.near_dedup import (
     LshParams,
     RowMajor,
@@ -26,7 +27,7 @@ from corpus_assets.core.governance.lineage import hits
 from corpus_assets.core.pipeline import BUILDERS, build_all
 from corpus_assets.core.records.index import RECORD_COLUMNS, CanonicalIndex
 from corpus_assets.core.records.normalize import dedup_key
-from corpus_assets.core.release.validation import dedup_invariants
+from corpus_assets.core.release.gates import dedup_invariants
 from corpus_assets.core.runtime.config import NearDedupPolicy
 from corpus_assets.core.runtime.layers import LayerResult
 from corpus_assets.core.runtime.workspace import Workspace, open_workspace

@@ -14,7 +14,7 @@ import numpy as np
 import pyarrow as pa
 
 from corpus_assets.core.dedup.fingerprint_store import SpilledFingerprints, TextLookup
-from corpus_assets.core.dedup.minhash import jaccard_sorted, spec_payload
+from corpus_assets.core.dedup.jaccard import jaccard_sorted
 from corpus_assets.core.dedup.near_dedup import (
     BAND_KEY,
     LshParams,
@@ -34,6 +34,7 @@ from corpus_assets.core.dedup.report import (
     size_histogram,
 )
 from corpus_assets.core.dedup.signature_cache import signature_spec
+from corpus_assets.core.dedup.signature_spec import spec_payload
 from corpus_assets.core.runtime.config import NearDedupPolicy
 
 

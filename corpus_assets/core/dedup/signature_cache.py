@@ -17,7 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from corpus_assets.core.dedup.minhash import SignatureSpec, signatures, spec_payload
+from corpus_assets.core.dedup.minhash import signatures
+from corpus_assets.core.dedup.signature_spec import SignatureSpec, spec_payload
 from corpus_assets.core.records.index import ChunkRecords
 from corpus_assets.core.runtime.config import NearDedupPolicy
 from corpus_assets.core.runtime.workspace import Workspace, open_workspace, worker_pool

@@ -48,6 +48,7 @@ def field(row: dict[str, Any], path: str) -> Any:
 
 
 def _string(row: dict[str, Any], path: str, what: str) -> str:
+    """A required string field, or ``schema.unknown`` naming what was found instead."""
     value = field(row, path)
     if not isinstance(value, str):
         found = "missing" if value is None else type(value).__name__
@@ -60,6 +61,7 @@ def _document(source: Source, row: dict[str, Any]) -> dict[str, Any]:
 
 
 def _messages(source: Source, row: dict[str, Any]) -> dict[str, Any]:
+    """Ordered chat turns; every tool call must be answered and every tool result called."""
     turns = field(row, source.messages_field)
     if not isinstance(turns, list) or not turns:
         raise SchemaMismatch(
@@ -101,6 +103,7 @@ def _messages(source: Source, row: dict[str, Any]) -> dict[str, Any]:
 
 
 def _preference(source: Source, row: dict[str, Any]) -> dict[str, Any]:
+    """One (prompt, chosen, rejected) record: a pair is only meaningful if the two differ."""
     payload = {
         "prompt": _string(row, source.prompt_field, "prompt"),
         "chosen": _string(row, source.chosen_field, "chosen"),
@@ -143,6 +146,7 @@ def strings(kind: str, payload: dict[str, Any]) -> list[tuple[tuple[str | int, .
 
 
 def replace(payload: dict[str, Any], path: tuple[str | int, ...], value: str) -> None:
+    """Set the string at a :func:`strings` path, in place (stages rewrite text, not structure)."""
     node: Any = payload
     for part in path[:-1]:
         node = node[part]

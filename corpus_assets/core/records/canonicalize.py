@@ -17,9 +17,16 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
-from corpus_assets.core.records.adapters import ADAPTERS, SchemaMismatch, render, replace, strings
+from corpus_assets.core.records.adapters import (
+    ADAPTERS,
+    Adapter,
+    SchemaMismatch,
+    render,
+    replace,
+    strings,
+)
 from corpus_assets.core.records.adapters import field as row_field
-from corpus_assets.core.records.contamination import BenchmarkIndex
+from corpus_assets.core.records.contamination_index import BenchmarkIndex
 from corpus_assets.core.records.normalize import ParseReject, dedup_key, normalize_text
 from corpus_assets.core.records.pii import redact
 from corpus_assets.core.records.quality import QualityPolicy, check_quality
@@ -142,6 +149,7 @@ def contaminated(index: BenchmarkIndex | None, texts: list[str]) -> dict[int, Ex
 
 
 def _local_id(source: Source, obj: dict[str, Any], object_name: str, row_no: int) -> str:
+    """The row's own id, or its location when the source declares none (``schema.bad_id``)."""
     value = row_field(obj, source.id_field)
     if value is None:
         return f"{object_name}#L{row_no}"
@@ -153,17 +161,42 @@ def _local_id(source: Source, obj: dict[str, Any], object_name: str, row_no: int
 def canonicalize(
     source: Source, object_name: str, row_no: int, obj: dict[str, Any], stages: Stages
 ) -> dict[str, Any]:
-    """The canonical record columns for one row, or ``Excluded`` naming stage and reason."""
+    """The canonical record columns for one row, or ``Excluded`` naming stage and reason.
+
+    The stages run in the module docstring's order; each helper raises its own reason codes.
+    """
     adapter = ADAPTERS[source.adapter]
+    payload = _adapt(adapter, source, obj)
+    record_id, group_id = _identity(source, obj, object_name, row_no)
+    _normalise_strings(source, adapter.kind, payload, stages)
+    _check_text(adapter.kind, payload, record_id, group_id)
+    _check_governance(source, stages)
+    pii = _redact_pii(adapter.kind, payload, stages)
+    text = render(adapter.kind, payload)
+    _check_quality(source, text, stages)
+    return _record(source, obj, adapter, payload, record_id, group_id, pii, text)
+
+
+def _adapt(adapter: Adapter, source: Source, obj: dict[str, Any]) -> dict[str, Any]:
+    """Adapter stage: the row as the adapter's typed payload (``schema.*``)."""
     try:
-        payload = adapter.parse(source, obj)
+        return adapter.parse(source, obj)
     except SchemaMismatch as error:
         raise Excluded(error.reason, error.detail) from None
-    kind = adapter.kind
+
+
+def _identity(
+    source: Source, obj: dict[str, Any], object_name: str, row_no: int
+) -> tuple[str, str]:
+    """``(record_id, group_id)``; a row without a group is its own group (``schema.bad_id``)."""
     record_id = f"{source.id}/{_local_id(source, obj, object_name, row_no)}"
     group = row_field(obj, source.group_field) if source.group_field else None
     group_id = f"{source.id}/{group}" if isinstance(group, str | int) and group != "" else record_id
+    return record_id, group_id
 
+
+def _normalise_strings(source: Source, kind: str, payload: dict[str, Any], stages: Stages) -> None:
+    """Normalise stage, in place on every payload string (``parse.*`` from the normaliser)."""
     for path, value in strings(kind, payload):
         try:
             normalized = normalize_text(value, kind=source.content)
@@ -171,6 +204,10 @@ def canonicalize(
             raise Excluded(error.reason, error.detail) from None
         stages.normalized.update(normalized.changes)
         replace(payload, path, normalized.text)
+
+
+def _check_text(kind: str, payload: dict[str, Any], record_id: str, group_id: str) -> None:
+    """End of the normalise stage: ids and text must encode, and some text must be left."""
     for label, value in (("id", record_id), ("group", group_id), ("text", render(kind, payload))):
         try:
             value.encode("utf-8")
@@ -181,9 +218,15 @@ def canonicalize(
     if not render(kind, payload).strip():
         raise Excluded("parse.empty_text", "no text after normalisation")
 
+
+def _check_governance(source: Source, stages: Stages) -> None:
+    """Governance stage: the chunk's purpose must be one the source allows."""
     if source.purposes is not None and stages.purpose not in source.purposes:
         raise Excluded("governance.purpose", f"source allows {sorted(source.purposes)}")
 
+
+def _redact_pii(kind: str, payload: dict[str, Any], stages: Stages) -> Counter[str]:
+    """PII stage, in place: placeholders replace the values; only the counts are kept."""
     pii: Counter[str] = Counter()
     if stages.redact_pii:
         for path, value in strings(kind, payload):
@@ -192,12 +235,27 @@ def canonicalize(
                 pii.update(redaction.counts)
                 replace(payload, path, redaction.text)
         stages.pii.update(pii)
+    return pii
 
-    text = render(kind, payload)
+
+def _check_quality(source: Source, text: str, stages: Stages) -> None:
+    """Quality stage on the rendered, redacted text (``quality.*``)."""
     rejected = check_quality(text, source.content, stages.quality)
     if rejected:
         raise Excluded(rejected, f"{len(text)} characters")
 
+
+def _record(
+    source: Source,
+    obj: dict[str, Any],
+    adapter: Adapter,
+    payload: dict[str, Any],
+    record_id: str,
+    group_id: str,
+    pii: Counter[str],
+    text: str,
+) -> dict[str, Any]:
+    """The record columns; ``record_digest`` hashes the envelope with the payload."""
     lang = row_field(obj, source.lang_field) if source.lang_field else None
     event_time = row_field(obj, source.time_field) if source.time_field else None
     envelope = {
@@ -205,7 +263,7 @@ def canonicalize(
         "record_id": record_id,
         "group_id": group_id,
         "source_id": source.id,
-        "kind": kind,
+        "kind": adapter.kind,
         "adapter": adapter.name,
         "lang": lang if isinstance(lang, str) else None,
         "script": script_of(text),
@@ -221,7 +279,7 @@ def canonicalize(
     return {
         "record_id": record_id,
         "group_id": group_id,
-        "kind": kind,
+        "kind": adapter.kind,
         "adapter": adapter.name,
         "lang": envelope["lang"],
         "script": envelope["script"],

@@ -28,11 +28,8 @@ from corpus_assets.core.records.canonicalize import (
     contaminated,
     parse_line,
 )
-from corpus_assets.core.records.contamination import (
-    BenchmarkIndex,
-    ContaminationPolicy,
-    policy_payload,
-)
+from corpus_assets.core.records.contamination import ContaminationPolicy, policy_payload
+from corpus_assets.core.records.contamination_index import BenchmarkIndex
 from corpus_assets.core.records.index import (
     EXCLUSION_COLUMNS,
     RECORD_COLUMNS,

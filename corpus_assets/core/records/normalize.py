@@ -99,6 +99,7 @@ def _strike(old: str, new: str) -> str:
 
 
 def _overstrike_line(line: str) -> str:
+    """One line as a terminal would show it: a backspace moves back, the next char overstrikes."""
     cells: list[str] = []
     pos = 0
     for char in line:
@@ -120,6 +121,7 @@ def _overstrike(text: str) -> str:
 
 
 def _exceeds(count: int, total: int, ppm: int) -> bool:
+    """``count / total > ppm / 1e6`` in integers (policies carry no floats)."""
     return count * 1_000_000 > ppm * total
 
 

@@ -145,6 +145,7 @@ _NON_DIGIT = re.compile(r"[^0-9]+")
 
 
 def _luhn(digits: str) -> bool:
+    """Luhn checksum: rejects most digit runs that only look like card numbers."""
     total = 0
     for i, char in enumerate(reversed(digits)):
         d = ord(char) - 48
@@ -171,11 +172,13 @@ def _card_network(digits: str) -> bool:
 
 
 def _is_card(value: str) -> bool:
+    """A payment card number: network prefix and length, then Luhn (cheapest test first)."""
     digits = _NON_DIGIT.sub("", value)
     return 13 <= len(digits) <= 19 and _card_network(digits) and _luhn(digits)
 
 
 def _is_ipv4(text: str, start: int, end: int) -> bool:
+    """A globally routable IPv4 at ``text[start:end]`` not preceded by a version/numbering word."""
     address = 0
     for octet in text[start:end].split("."):
         if len(octet) > 1 and octet[0] == "0":
@@ -191,6 +194,7 @@ def _is_ipv4(text: str, start: int, end: int) -> bool:
 
 
 def _is_ipv6(candidate: str) -> bool:
+    """A well-formed, globally routable IPv6 (``::`` expanded, optional dotted IPv4 tail)."""
     s = candidate
     tail: list[int] = []
     if "." in s:
@@ -231,6 +235,7 @@ def _is_ipv6(candidate: str) -> bool:
 
 
 def _is_phone(value: str) -> bool:
+    """A phone-shaped match with a phone's digit count (7-15 with ``+``, else 7-13, no ZIP+4)."""
     digits = len(_NON_DIGIT.sub("", value.replace("(0)", "")))
     if value[0] == "+":
         return 7 <= digits <= 15
@@ -248,6 +253,7 @@ def _splice(text: str, spans: list[tuple[int, int, str]]) -> str:
 
 
 def _email_spans(text: str) -> list[tuple[int, int, str]]:
+    """Email spans, found from each ``@domain`` back to its local part (anchored: fast)."""
     spans: list[tuple[int, int, str]] = []
     for m in _EMAIL_DOMAIN.finditer(text):
         at = m.start()
@@ -259,6 +265,7 @@ def _email_spans(text: str) -> list[tuple[int, int, str]]:
 
 
 def _ipv6_spans(text: str) -> list[tuple[int, int, str]]:
+    """IPv6 spans, searched from ``::`` or ``:h:h:`` hints rather than at every position."""
     spans: list[tuple[int, int, str]] = []
     pos = 0
     while (hint := _IPV6_HINT.search(text, pos)) is not None:
@@ -284,6 +291,7 @@ _KIND = {"[EMAIL]": "email", "[CARD]": "payment_card", "[IP]": "ip", "[PHONE]": 
 
 
 def _number_spans(text: str) -> list[tuple[int, int, str]]:
+    """Card, IPv4 and phone spans in one pass: the first rule matching at a position wins."""
     spans: list[tuple[int, int, str]] = []
     for m in _NUMBERS.finditer(text):
         kind = m.lastgroup
@@ -302,6 +310,7 @@ def _number_spans(text: str) -> list[tuple[int, int, str]]:
 
 
 def _count(counts: dict[str, int], spans: list[tuple[int, int, str]]) -> None:
+    """Add the spans to the per-type counts (the only thing about a value that leaves)."""
     for _, _, placeholder in spans:
         kind = _KIND[placeholder]
         counts[kind] = counts.get(kind, 0) + 1

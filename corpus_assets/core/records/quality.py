@@ -155,6 +155,7 @@ def _repeated_ngrams(text: str, n: int, ppm: int) -> tuple[int, int]:
 
 
 def _above(count: int, total: int, ppm: int) -> bool:
+    """``count / total > ppm / 1e6`` in integers (policies carry no floats)."""
     return count * PPM > ppm * total
 
 
