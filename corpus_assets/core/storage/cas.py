@@ -12,7 +12,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from corpus_assets.core.storage.digests import check_digest, hex_of
+from corpus_assets.core.storage.digests import (
+    PREFIX,
+    check_digest,
+    hasher_digest,
+    hex_of,
+    sha256_digest,
+)
 from corpus_assets.core.storage.fsio import fsync_dir, link_into_place, write_temp
 
 COPY_CHUNK = 1 << 20
@@ -72,7 +78,7 @@ class ContentStore:
             raise MissingObjectError(digest) from None
 
     def put_bytes(self, data: bytes) -> str:
-        digest = "sha256:" + hashlib.sha256(data).hexdigest()
+        digest = sha256_digest(data)
         target = self.path(digest)
         created = False
         if not target.exists():
@@ -93,7 +99,7 @@ class ContentStore:
                 yield block
 
         temp = write_temp(self._tmp, chunks())
-        digest = "sha256:" + hasher.hexdigest()
+        digest = hasher_digest(hasher)
         target = self.path(digest)
         if target.exists():
             temp.unlink(missing_ok=True)
@@ -114,7 +120,7 @@ class ContentStore:
             while block := handle.read(COPY_CHUNK):
                 hasher.update(block)
                 size += len(block)
-        digest = "sha256:" + hasher.hexdigest()
+        digest = hasher_digest(hasher)
         target = self.path(digest)
         target.parent.mkdir(parents=True, exist_ok=True)
         try:
@@ -139,7 +145,7 @@ class ContentStore:
             data = self.path(digest).read_bytes()
         except FileNotFoundError:
             raise MissingObjectError(digest, what) from None
-        actual = "sha256:" + hashlib.sha256(data).hexdigest()
+        actual = sha256_digest(data)
         if actual != digest:
             raise CorruptObjectError(digest, actual, what)
         return data
@@ -164,7 +170,7 @@ class ContentStore:
             return
         for _dirpath, _dirs, files in os.walk(base):
             for name in files:
-                yield "sha256:" + name
+                yield PREFIX + name
 
 
 class _VerifyingReader(io.RawIOBase):
@@ -184,7 +190,7 @@ class _VerifyingReader(io.RawIOBase):
             self._hasher.update(memoryview(buffer)[:count])
         elif not self._done:
             self._done = True
-            actual = "sha256:" + self._hasher.hexdigest()
+            actual = hasher_digest(self._hasher)
             if actual != self._digest:
                 raise CorruptObjectError(self._digest, actual, self._what)
         return count or 0
