@@ -129,7 +129,7 @@ def run_ours(url: str, scratch: Path) -> tuple[float, dict]:
 def child(url: str, scratch: Path) -> None:
     """What the lead's pipeline does: download into the CAS, then stream the lines out of it."""
     from corpus_assets.core.ingest.codecs import iter_lines
-    from corpus_assets.core.ingest.download import fetch_to_cas
+    from corpus_assets.core.ingest.download_transfer import fetch_to_cas
     from corpus_assets.core.storage.cas import ContentStore
 
     cas = ContentStore(scratch / "cas")

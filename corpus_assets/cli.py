@@ -12,12 +12,12 @@ import sys
 import time
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from sqlalchemy.engine import make_url
 
 from corpus_assets.core.dedup.layer import explain
-from corpus_assets.core.governance import gate, states
+from corpus_assets.core.governance import benchmarks, gate, states, tombstones
 from corpus_assets.core.governance.lineage import tombstone_hits
 from corpus_assets.core.ingest.pinning import PinError
 from corpus_assets.core.ingest.sources import SourceError
@@ -28,7 +28,6 @@ from corpus_assets.core.release.publish import PublishError, approve, rollback
 from corpus_assets.core.release.shadow import shadow_diff
 from corpus_assets.core.release.signing import SignatureError
 from corpus_assets.core.release.training import TrainingError, TrainingReader, take_permit
-from corpus_assets.core.release.validation import validate
 from corpus_assets.core.release.verify import load_manifest, resolve, verify
 from corpus_assets.core.runtime.config import ConfigError, config_path, default_home
 from corpus_assets.core.runtime.keys import (
@@ -42,13 +41,16 @@ from corpus_assets.core.storage.cas import CasError, ContentStore
 from corpus_assets.core.storage.catalog import Catalog, LayerConflict
 from corpus_assets.demo import write_demo
 
+if TYPE_CHECKING:
+    from dagster import DagsterInstance
+
 # The repository's dagster.yaml, as data (a test keeps the two equal).
 DAGSTER_YAML = "storage: {sqlite: {base_dir: {env: DAGSTER_HOME}}}\ntelemetry: {enabled: false}\n"
 QUIET = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
 
 
 class CliError(RuntimeError):
-    pass
+    """A refusal of the command itself; printed as the one error line."""
 
 
 EXPECTED_ERRORS = (
@@ -69,6 +71,7 @@ EXPECTED_ERRORS = (
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one command; expected errors become one ``corpus-assets: error:`` line and exit 1."""
     # Dagster's own beta/preview notices are for framework users, not for this command's users.
     warnings.filterwarnings("ignore", module="dagster")
     args = _parser().parse_args(argv)
@@ -82,6 +85,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
+    """The command line, one group of subcommands per concern, in the order ``--help`` lists."""
     parser = argparse.ArgumentParser(prog="corpus-assets", description=__doc__.splitlines()[0])
     parser.add_argument(
         "--config",
@@ -89,41 +93,67 @@ def _parser() -> argparse.ArgumentParser:
         "$CORPUS_HOME/corpus.yaml; CORPUS_HOME defaults to ./.corpus)",
     )
     sub = parser.add_subparsers(required=True, metavar="COMMAND")
+    _build_commands(sub)
+    _publication_commands(sub)
+    _inspection_commands(sub)
+    _governance_commands(sub)
+    p = _command(
+        sub, "read", cmd_read, "training entry: take a permit for a digest and read it, verified"
+    )
+    p.add_argument("digest", help="a snapshotId (an alias is never accepted)")
+    p.add_argument("--run-id", required=True)
+    p.add_argument("--purpose", required=True)
+    return parser
 
-    def command(name: str, run: Any, help_text: str) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, help=help_text, description=help_text)
-        p.set_defaults(run=run)
-        return p
 
-    command(
+Subcommands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+
+
+def _command(sub: Subcommands, name: str, run: Any, help_text: str) -> argparse.ArgumentParser:
+    """A subcommand whose help and description are the same line, dispatching to ``run``."""
+    p = sub.add_parser(name, help=help_text, description=help_text)
+    p.set_defaults(run=run)
+    return p
+
+
+def _build_commands(sub: Subcommands) -> None:
+    _command(
+        sub,
         "demo",
         cmd_demo,
         "write the demo sources + corpus.yaml, build, validate, approve, "
         "activate, and print the snapshotId and alias generation",
     )
-    p = command("build", cmd_build, "freeze a partition and materialize all seven layers")
+    p = _command(sub, "build", cmd_build, "freeze a partition and materialize all seven layers")
     p.add_argument("--partition", help="partition key to (re)build; default: a new key")
     p.add_argument(
         "--resume-only",
         action="store_true",
         help="only resume interrupted downloads; refuse to start any from scratch",
     )
-    p = command("verify", cmd_verify, "recompute and check every digest of a snapshot")
+    p = _command(sub, "verify", cmd_verify, "recompute and check every digest of a snapshot")
     p.add_argument("digest")
-    p = command("approve", cmd_approve, "approve a VALIDATED snapshot (bound to its digest)")
+
+
+def _publication_commands(sub: Subcommands) -> None:
+    p = _command(sub, "approve", cmd_approve, "approve a VALIDATED snapshot (bound to its digest)")
     p.add_argument("digest")
     p.add_argument("--by", required=True, help="who approves")
-    p = command("activate", cmd_activate, "activate an APPROVED snapshot on its alias now")
+    p = _command(sub, "activate", cmd_activate, "activate an APPROVED snapshot on its alias now")
     p.add_argument("digest")
-    p = command("status", cmd_status, "snapshots, states, aliases and generations")
+
+
+def _inspection_commands(sub: Subcommands) -> None:
+    p = _command(sub, "status", cmd_status, "snapshots, states, aliases and generations")
     p.add_argument("--json", action="store_true", help="machine-readable output")
-    p = command("show", cmd_show, "print a snapshot's manifest JSON")
+    p = _command(sub, "show", cmd_show, "print a snapshot's manifest JSON")
     p.add_argument("digest")
-    p = command("diff", cmd_diff, "shadow diff of a snapshot against its alias's active one")
+    p = _command(sub, "diff", cmd_diff, "shadow diff of a snapshot against its alias's active one")
     p.add_argument("digest")
-    p = command("prov", cmd_prov, "W3C PROV-JSON of how a snapshot was produced")
+    p = _command(sub, "prov", cmd_prov, "W3C PROV-JSON of how a snapshot was produced")
     p.add_argument("digest")
-    p = command(
+    p = _command(
+        sub,
         "dedup",
         cmd_dedup,
         "why a record was kept or removed: verdict, direct match and Jaccard, its cluster, "
@@ -131,9 +161,16 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("digest", help="snapshotId")
     p.add_argument("record_id")
-    p = command("rollback", cmd_rollback, "point the alias back at an earlier active snapshot")
+
+
+def _governance_commands(sub: Subcommands) -> None:
+    p = _command(
+        sub, "rollback", cmd_rollback, "point the alias back at an earlier active snapshot"
+    )
     p.add_argument("digest")
-    p = command("tombstone", cmd_tombstone_hits, "revoke data, or show where a tombstone hits")
+    p = _command(
+        sub, "tombstone", cmd_tombstone_hits, "revoke data, or show where a tombstone hits"
+    )
     tomb = p.add_subparsers(required=True, metavar="ACTION")
     add = tomb.add_parser("add", help="revoke a record, source object or group; fences all aliases")
     target = add.add_mutually_exclusive_group(required=True)
@@ -144,17 +181,10 @@ def _parser() -> argparse.ArgumentParser:
     add.set_defaults(run=cmd_tombstone_add)
     show_hits = tomb.add_parser("hits", help="deletion lineage: snapshots, members, spans, runs")
     show_hits.add_argument("seq", type=int)
-    p = command("benchmark", cmd_benchmark, "register benchmark items; advances the fence")
+    p = _command(sub, "benchmark", cmd_benchmark, "register benchmark items; advances the fence")
     p.add_argument("name", help="benchmark name")
     p.add_argument("file", help="JSONL file of benchmark items")
     p.add_argument("--text-field", default="text")
-    p = command(
-        "read", cmd_read, "training entry: take a permit for a digest and read it, verified"
-    )
-    p.add_argument("digest", help="a snapshotId (an alias is never accepted)")
-    p.add_argument("--run-id", required=True)
-    p.add_argument("--purpose", required=True)
-    return parser
 
 
 # storage ---------------------------------------------------------------------------------------
@@ -166,7 +196,9 @@ def _storage() -> tuple[Path, ContentStore, Catalog]:
     return open_home()
 
 
-def _instance():
+def _instance() -> "DagsterInstance":
+    """The Dagster instance in ``$DAGSTER_HOME`` (so CLI runs show in the UI), created on first
+    use; dagster is imported only by the commands that run jobs."""
     from dagster import DagsterInstance
 
     home = Path(os.environ.setdefault("DAGSTER_HOME", str(Path(".dagster").resolve())))
@@ -177,6 +209,7 @@ def _instance():
 
 
 def _run_config() -> dict[str, Any]:
+    """Dagster's console logs only with ``CORPUS_VERBOSE``: the CLI prints its own lines."""
     return {} if os.environ.get("CORPUS_VERBOSE") else QUIET
 
 
@@ -259,6 +292,7 @@ def cmd_build(args: argparse.Namespace) -> int:
 
 
 def activate_via_job(digest: str) -> gate.Gate:
+    """Activate through the same Dagster job the publication sensor requests."""
     from corpus_assets.assets.jobs import activation_run_config
     from corpus_assets.definitions import defs
 
@@ -276,6 +310,7 @@ def activate_via_job(digest: str) -> gate.Gate:
 
 
 def cmd_demo(_args: argparse.Namespace) -> int:
+    """The whole path once: build, validate, approve and activate, as a user would."""
     home = default_home()
     config = write_demo(home)
     os.environ.setdefault("CORPUS_CONFIG", str(config))
@@ -284,8 +319,8 @@ def cmd_demo(_args: argparse.Namespace) -> int:
     _print_build(built)
     if built["state"] != states.VALIDATED:
         raise CliError(f"snapshot {built['snapshotId']} did not validate")
-    _home, cas, catalog = _storage()
-    approve(cas, catalog, built["snapshotId"], by="demo")
+    with open_workspace() as ws:
+        approve(ws, built["snapshotId"], by="demo")
     row = activate_via_job(built["snapshotId"])
     print(f"approved by demo; alias {row.alias} -> {row.active_snapshot}")
     print(f"snapshotId {built['snapshotId']}")
@@ -313,13 +348,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_approve(args: argparse.Namespace) -> int:
-    _home, cas, catalog = _storage()
-    snapshot = resolve(catalog, args.digest)
-    if snapshot.state == states.BUILDING:
-        report = validate(cas, catalog, snapshot.snapshot_id)
-        if not report.ok:
-            raise CliError(f"{snapshot.snapshot_id} does not validate: {report.findings[0]}")
-    snapshot = approve(cas, catalog, args.digest, args.by)
+    """Every validity rule needs the config (the canary re-parses its sources), not just a home."""
+    with open_workspace() as ws:
+        snapshot = approve(ws, args.digest, args.by)
     print(f"{snapshot.snapshot_id} APPROVED by {snapshot.approved_by}")
     return 0
 
@@ -331,6 +362,7 @@ def cmd_activate(args: argparse.Namespace) -> int:
 
 
 def status_payload() -> dict[str, Any]:
+    """What ``status`` prints, as data (``--json`` prints it as is)."""
     home, _cas, catalog = _storage()
     snaps = states.find(catalog)
     gates = [gate.read_gate(catalog, a) for a in sorted({s.alias for s in snaps})]
@@ -426,7 +458,7 @@ def cmd_rollback(args: argparse.Namespace) -> int:
 def cmd_tombstone_add(args: argparse.Namespace) -> int:
     _home, _cas, catalog = _storage()
     kind, target = next((k, v) for k in ("record", "object", "group") if (v := getattr(args, k)))
-    seq = gate.add_tombstone(catalog, kind, target, args.reason)
+    seq = tombstones.add_tombstone(catalog, kind, target, args.reason)
     print(f"tombstone {seq}: {kind} {target}; every alias is fenced at tombstone watermark {seq}")
     return 0
 
@@ -451,11 +483,11 @@ def cmd_benchmark(args: argparse.Namespace) -> int:
                 text = row[args.text_field]
                 item_id = f"{args.name}/{row.get('id', number)}"
                 items.append(
-                    gate.BenchmarkItem(item_id, cas.put_bytes(text.encode()), dedup_key(text))
+                    benchmarks.BenchmarkItem(item_id, cas.put_bytes(text.encode()), dedup_key(text))
                 )
             except (ValueError, KeyError, TypeError, AttributeError) as error:
                 raise CliError(f"{args.file} line {number}: {error!r}") from None
-    fence = gate.add_benchmark_items(catalog, args.name, items)
+    fence = benchmarks.add_benchmark_items(catalog, args.name, items)
     print(f"benchmark {args.name}: {len(items)} items; benchmark fence now {fence}")
     return 0
 

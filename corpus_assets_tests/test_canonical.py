@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 import zstandard
 
-from corpus_assets.core.governance import gate
+from corpus_assets.core.governance import benchmarks, gate
 from corpus_assets.core.pipeline import BUILDERS
 from corpus_assets.core.records.canonicalize import Excluded, Stages, canonicalize
 from corpus_assets.core.records.index import CanonicalIndex
@@ -77,11 +77,11 @@ def test_benchmark_item_embedded_in_a_document_is_excluded(demo_home: Path) -> N
             json.dumps({"id": "leak", "text": long_text + " " + question + " " + long_text}) + "\n"
         )
     with open_workspace() as ws:
-        item = gate.BenchmarkItem(
+        item = benchmarks.BenchmarkItem(
             "quiz/7", ws.cas.put_bytes(question.encode()), dedup_key(question)
         )
         gate.read_gate(ws.catalog, "demo")
-        gate.add_benchmark_items(ws.catalog, "quiz", [item])
+        benchmarks.add_benchmark_items(ws.catalog, "quiz", [item])
         index, records = _canonical(ws)
         excluded = [r for r in _exclusions(ws, index) if r["reason"] == "contamination.benchmark"]
     assert "essays/leak" not in records.column("record_id").to_pylist()

@@ -10,18 +10,10 @@ import pytest
 import rfc8785
 import zstandard
 
-from corpus_assets.core.ingest.changelog import (
-    DEFAULT_INCLUDE,
-    ChangelogError,
-    FoldResult,
-    _canonical,
-    _jcs,
-    _load,
-    fold,
-    head_offset,
-    late_events,
-    list_segments,
-)
+from corpus_assets.core.ingest.changelog_events import ChangelogError, canonical_event, load_event
+from corpus_assets.core.ingest.changelog_fold import FoldResult, fold, late_events
+from corpus_assets.core.ingest.changelog_segments import DEFAULT_INCLUDE, head_offset, list_segments
+from corpus_assets.core.storage.digests import canonical_foreign_json
 
 WHAT = "source 'orders'"
 
@@ -404,16 +396,22 @@ def test_big_integers_floats_and_string_lsns(tmp_path: Path) -> None:
     ],
 )
 def test_canonical_event_bytes_are_rfc8785(line: str) -> None:
-    body, simple = _load(line.encode(), WHAT, "here")
-    fast = _canonical(body, simple, WHAT, "here")
-    assert fast == _canonical(body, False, WHAT, "here")
+    body, plain = load_event(line.encode(), WHAT, "here")
+    fast = canonical_event(body, plain, WHAT, "here")
+    assert fast == canonical_event(body, False, WHAT, "here")
     if "big" not in body:
         assert fast == rfc8785.dumps(body)
-    assert simple == ("f" not in body and "e" not in body)
+    assert plain == ("f" not in body and "e" not in body)
 
 
 def test_big_integers_are_written_exactly_in_the_slow_path() -> None:
-    assert _jcs({"n": 2**60, "x": [0.5]}) == b'{"n":1152921504606846976,"x":[0.5]}'
+    exact = canonical_foreign_json({"n": 2**60, "x": [0.5]}, plain=False)
+    assert exact == b'{"n":1152921504606846976,"x":[0.5]}'
+
+
+def test_unencodable_event_is_refused_naming_where() -> None:
+    with pytest.raises(ChangelogError, match="here: cannot canonicalize event"):
+        canonical_event({"s": "\ud800"}, True, WHAT, "here")
 
 
 def test_list_segments_sorted_filtered_and_missing_folder(tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ from corpus_assets.core.ingest.sources import fingerprint
 from corpus_assets.core.pipeline import build_all
 from corpus_assets.core.records.index import CanonicalIndex
 from corpus_assets.core.release.publish import PublishError, activate, approve
-from corpus_assets.core.release.validation import validate
+from corpus_assets.core.release.validation import validate_snapshot
 from corpus_assets.core.runtime.workspace import Workspace, open_workspace
 
 
@@ -66,9 +66,7 @@ def test_log_is_folded_at_its_watermark_and_later_events_wait(tmp_path: Path) ->
             "tickets/2": "4",
             "tickets/4": "6",
         }
-        report = validate(
-            ws.cas, ws.catalog, results["manifest"].digests["snapshotId"], late_changes(ws)
-        )
+        report = validate_snapshot(ws, results["manifest"].digests["snapshotId"])
         assert report.ok, report.findings
 
         before = fingerprint(ws.loaded)
@@ -89,7 +87,7 @@ def test_offset_gap_makes_the_snapshot_incomplete_naming_the_range(tmp_path: Pat
     with _workspace(tmp_path) as ws:
         results = build_all(ws, "p1")
         sid = results["manifest"].digests["snapshotId"]
-        report = validate(ws.cas, ws.catalog, sid, late_changes(ws))
+        report = validate_snapshot(ws, sid)
         assert "source 'tickets': CDC offsets missing lsn 3-5 (watermark 6)" in report.findings
         assert states.get(ws.catalog, sid).state == states.INCOMPLETE
 
@@ -103,11 +101,11 @@ def test_rewritten_old_event_stops_activation(tmp_path: Path) -> None:
     _segment(tmp_path / "cdc", "000.jsonl", LOG)
     with _workspace(tmp_path) as ws:
         sid = build_all(ws, "p1")["manifest"].digests["snapshotId"]
-        assert validate(ws.cas, ws.catalog, sid, late_changes(ws)).ok
-        approve(ws.cas, ws.catalog, sid, by="alice")
+        assert validate_snapshot(ws, sid).ok
+        approve(ws, sid, by="alice")
         changed = [*LOG]
         changed[1] = _event(2, "c", 2, "second ticket, silently rewritten")
         _segment(tmp_path / "cdc", "000.jsonl", changed)
         with pytest.raises(PublishError, match="INCOMPLETE"):
-            activate(ws.cas, ws.catalog, sid, actor="test", late_changes=late_changes(ws))
+            activate(ws, sid, actor="test")
         assert states.get(ws.catalog, sid).state == states.INCOMPLETE

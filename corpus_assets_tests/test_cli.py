@@ -9,6 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from corpus_assets.cli import main
+from corpus_assets.core.governance import gate, states
+from corpus_assets.core.pipeline import build_all
+from corpus_assets.core.runtime.workspace import open_workspace
+
 CLI = str(Path(sys.executable).parent / "corpus-assets")
 
 
@@ -40,8 +45,19 @@ def test_demo_verify_rebuild_reuse_and_tamper(tmp_path: Path) -> None:
     verified = run(tmp_path, "verify", sid)
     assert verified.returncode == 0, verified.stderr
     assert verified.stdout.startswith(f"OK {sid}: ")
+    partition = _status_after_demo(tmp_path, sid)
+    candidate = _rebuild_is_identical_and_reuses(tmp_path, sid, partition)
 
-    status = json.loads(run(tmp_path, "status", "--json").stdout)
+    shown = json.loads(run(tmp_path, "show", sid).stdout)
+    assert shown["schema"] == "training.dataset.snapshot.v1" and shown["snapshotId"] == sid
+    _dedup_is_explained(tmp_path, sid)
+    _tampering_is_named(tmp_path, sid, shown["members"]["digest"])
+    _tombstone_fences_the_candidate(tmp_path, sid, candidate)
+
+
+def _status_after_demo(home: Path, sid: str) -> str:
+    """The demo's snapshot is ACTIVE, approved by demo, at generation 1; returns its partition."""
+    status = json.loads(run(home, "status", "--json").stdout)
     (snap,) = status["snapshots"]
     assert (snap["state"], snap["current"], snap["approvedBy"]) == ("ACTIVE", True, "demo")
     assert status["aliases"] == [
@@ -53,39 +69,47 @@ def test_demo_verify_rebuild_reuse_and_tamper(tmp_path: Path) -> None:
             "benchmarkFence": "0",
         }
     ]
+    return snap["partition"]
 
-    rebuilt = run(tmp_path, "build", "--partition", snap["partition"])
+
+def _rebuild_is_identical_and_reuses(home: Path, sid: str, partition: str) -> str:
+    """Rebuilding the partition gives the same id; a new one reuses all but two objects.
+    Returns the new partition's snapshotId."""
+    rebuilt = run(home, "build", "--partition", partition)
     assert rebuilt.returncode == 0, rebuilt.stderr
     assert _field(rebuilt.stdout, "snapshotId") == sid
 
-    second = run(tmp_path, "build")
+    second = run(home, "build")
     assert second.returncode == 0, second.stderr
     reuse = re.search(r"CAS objects in this snapshot: (\d+), .*\(reused\): (\d+)", second.stdout)
     assert reuse, second.stdout
     total, reused = map(int, reuse.groups())
     assert total - reused == 2  # a new freeze spec and a new manifest; everything else reused
-    assert _field(second.stdout, "snapshotId") != sid
+    candidate = _field(second.stdout, "snapshotId")
+    assert candidate != sid
+    return candidate
 
-    shown = json.loads(run(tmp_path, "show", sid).stdout)
-    assert shown["schema"] == "training.dataset.snapshot.v1" and shown["snapshotId"] == sid
 
-    # why the demo's near copy was removed: the direct evidence, its cluster, its leakage group
-    why = json.loads(run(tmp_path, "dedup", sid, "essays/e0020").stdout)
+def _dedup_is_explained(home: Path, sid: str) -> None:
+    """Why the demo's near copy was removed: the direct evidence, its cluster, its leakage group."""
+    why = json.loads(run(home, "dedup", sid, "essays/e0020").stdout)
     assert why["record"]["verdict"] == "near_duplicate"
     assert why["record"]["match_id"] == why["record"]["representative_id"] == "essays/e0123"
     assert 0.8 <= why["record"]["match_jaccard"] < 1
     assert {r["record_id"] for r in why["cluster"]} == {"essays/e0020", "essays/e0123"}
     kept = [r for r in why["leakage_group"]["records"] if r["verdict"] == "keep"]
     assert [r["record_id"] for r in kept] == ["essays/e0123"] and kept[0]["split"]
-    unknown = run(tmp_path, "dedup", sid, "essays/none")
+    unknown = run(home, "dedup", sid, "essays/none")
     assert unknown.returncode == 1 and "'essays/none' is not in snapshot" in unknown.stderr
 
-    members = shown["members"]["digest"]
-    path = tmp_path / ".corpus" / "cas" / "sha256" / members[7:9] / members[9:11] / members[7:]
+
+def _tampering_is_named(home: Path, sid: str, members: str) -> None:
+    """One flipped byte of the members table fails verify naming it; restored, it verifies."""
+    path = home / ".corpus" / "cas" / "sha256" / members[7:9] / members[9:11] / members[7:]
     data = bytearray(path.read_bytes())
     data[100] ^= 0xFF
     path.write_bytes(bytes(data))
-    tampered = run(tmp_path, "verify", sid)
+    tampered = run(home, "verify", sid)
     assert tampered.returncode == 1
     assert f"CAS object at manifest.members {members} is corrupt" in tampered.stderr
     assert (
@@ -93,24 +117,25 @@ def test_demo_verify_rebuild_reuse_and_tamper(tmp_path: Path) -> None:
     )
     data[100] ^= 0xFF
     path.write_bytes(bytes(data))
-    assert run(tmp_path, "verify", sid).returncode == 0
+    assert run(home, "verify", sid).returncode == 0
 
-    # a tombstone fences the gate: the candidate built before it cannot activate, the record's
-    # lineage is answerable, and the next build excludes it
-    candidate = _field(second.stdout, "snapshotId")
-    assert run(tmp_path, "approve", candidate, "--by", "alice").returncode == 0
-    added = run(tmp_path, "tombstone", "add", "--record", "essays/e0001", "--reason", "erase")
+
+def _tombstone_fences_the_candidate(home: Path, sid: str, candidate: str) -> None:
+    """A tombstone fences the gate: the candidate built before it cannot activate, the record's
+    lineage is answerable, and the next build excludes it."""
+    assert run(home, "approve", candidate, "--by", "alice").returncode == 0
+    added = run(home, "tombstone", "add", "--record", "essays/e0001", "--reason", "erase")
     assert added.returncode == 0, added.stderr
     assert added.stdout.startswith("tombstone 1: record essays/e0001")
-    hits = json.loads(run(tmp_path, "tombstone", "hits", "1").stdout)
+    hits = json.loads(run(home, "tombstone", "hits", "1").stdout)
     assert {s["snapshotId"] for s in hits["snapshots"]} == {sid, candidate}
-    refused = run(tmp_path, "activate", candidate)
+    refused = run(home, "activate", candidate)
     assert refused.returncode == 1
     assert "gate is at tombstone 1" in refused.stderr
     assert len(refused.stderr.strip().splitlines()) == 1
-    after = run(tmp_path, "build")
+    after = run(home, "build")
     assert after.returncode == 0, after.stderr
-    shown = json.loads(run(tmp_path, "show", _field(after.stdout, "snapshotId")).stdout)
+    shown = json.loads(run(home, "show", _field(after.stdout, "snapshotId")).stdout)
     assert shown["tombstoneWatermark"] == "1"
 
 
@@ -163,3 +188,66 @@ def test_demo_runs_on_postgresql_catalog(tmp_path: Path, postgres_url: str) -> N
         "postgresql+psycopg2://postgres@127.0.0.1:5432/corpus_test_"
     )
     assert status["aliases"][0]["generation"] == 1
+
+
+# The approve and activate commands apply every validity rule (the one rule set of
+# ``validate_snapshot``), not only the digests: these run the real entry point in-process.
+def _cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
+    capsys.readouterr()
+    code = main(list(args))
+    return code, capsys.readouterr().err
+
+
+def test_a_snapshot_whose_canary_replay_differs_is_neither_approved_nor_activated(
+    demo_home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with open_workspace() as ws:
+        sid = build_all(ws, "p1")["manifest"].digests["snapshotId"]
+    config = demo_home / "corpus.yaml"
+    original = config.read_text()
+    # The same code and sources under a stricter quality policy: re-parsing the canary chunks
+    # no longer gives the records the snapshot recorded.
+    changed = original + "  quality: {min_chars: 200}\n"
+    config.write_text(changed)
+    code, err = _cli(capsys, "approve", sid, "--by", "alice")
+    assert code == 1 and "canary replay of" in err, err
+    with open_workspace() as ws:
+        assert states.get(ws.catalog, sid).state == states.BUILDING
+
+    config.write_text(original)
+    assert _cli(capsys, "approve", sid, "--by", "alice")[0] == 0
+    config.write_text(changed)
+    code, err = _cli(capsys, "activate", sid)
+    assert code == 1 and "canary replay of" in err, err
+    with open_workspace() as ws:
+        assert states.get(ws.catalog, sid).state == states.APPROVED
+        assert gate.read_gate(ws.catalog, "demo").active_snapshot is None
+
+
+def _cdc_event(lsn: int, key: int, body: str) -> str:
+    event = {"op": "c", "before": None, "after": {"id": key, "body": body}, "source": {"lsn": lsn}}
+    return json.dumps(event) + "\n"
+
+
+def test_a_late_cdc_event_blocks_cli_approval(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    log = tmp_path / "cdc" / "000.jsonl"
+    log.parent.mkdir()
+    log.write_text(_cdc_event(1, 1, "first ticket") + _cdc_event(2, 2, "second ticket"))
+    config = tmp_path / "corpus.yaml"
+    config.write_text(
+        f"version: 1\npurpose: cdc-test\nstorage: {{home: {tmp_path / 'home'}}}\n"
+        "sources:\n  - {id: tickets, kind: changelog, path: cdc, key_field: id, "
+        "text_field: body}\n"
+    )
+    monkeypatch.setenv("CORPUS_CONFIG", str(config))
+    monkeypatch.delenv("CORPUS_CATALOG_URL", raising=False)
+    with open_workspace() as ws:
+        sid = build_all(ws, "p1")["manifest"].digests["snapshotId"]
+    # an event at or below the frozen watermark, rewritten after the freeze
+    log.write_text(_cdc_event(1, 1, "first ticket") + _cdc_event(2, 2, "silently rewritten"))
+    code, err = _cli(capsys, "approve", sid, "--by", "alice")
+    assert code == 1 and "after the freeze" in err, err
+    with open_workspace() as ws:
+        assert states.get(ws.catalog, sid).state == states.INCOMPLETE

@@ -20,14 +20,8 @@ from pathlib import Path
 import pytest
 
 import corpus_assets
-from corpus_assets.core.ingest.download import (
-    DownloadError,
-    Fetched,
-    RemoteVersion,
-    ResumeRefused,
-    fetch_to_cas,
-    head,
-)
+from corpus_assets.core.ingest.download_transfer import Fetched, ResumeRefused, fetch_to_cas
+from corpus_assets.core.ingest.remote_http import DownloadError, RemoteVersion, head
 from corpus_assets.core.storage.cas import ContentStore
 
 REPO_ROOT = Path(corpus_assets.__file__).resolve().parents[1]
@@ -538,7 +532,7 @@ CHILD = textwrap.dedent(
     import sys
     from pathlib import Path
     from corpus_assets.core.storage.cas import ContentStore
-    from corpus_assets.core.ingest.download import fetch_to_cas
+    from corpus_assets.core.ingest.download_transfer import fetch_to_cas
 
     url, cas_root, work = sys.argv[1:4]
     fetch_to_cas(url, ContentStore(Path(cas_root)), Path(work),

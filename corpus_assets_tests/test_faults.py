@@ -14,8 +14,9 @@ from corpus_assets.core.pipeline import build_all
 from corpus_assets.core.release.identity import snapshot_id
 from corpus_assets.core.release.manifest import BuildConflict
 from corpus_assets.core.release.signing import sign_snapshot
-from corpus_assets.core.release.validation import validate
+from corpus_assets.core.release.validation import validate_snapshot
 from corpus_assets.core.release.verify import verify
+from corpus_assets.core.runtime import transform
 from corpus_assets.core.runtime.transform import PACKAGE_ROOT, image_digest, transform_image
 from corpus_assets.core.runtime.workspace import Workspace, open_workspace
 from corpus_assets.core.storage.artifacts import put_table
@@ -43,7 +44,7 @@ def test_duplicate_record_ids_are_excluded_by_name_at_build(tmp_path: Path) -> N
         )
         reasons = [e for e in table.column("excluded").to_pylist() if e]
         assert len(reasons) == 1 and reasons[0].startswith("duplicate record_id (first at sha256:")
-        assert validate(ws.cas, ws.catalog, results["manifest"].digests["snapshotId"]).ok
+        assert validate_snapshot(ws, results["manifest"].digests["snapshotId"]).ok
 
 
 def test_same_record_id_in_two_splits_is_refused(workspace: Workspace) -> None:
@@ -66,7 +67,7 @@ def test_same_record_id_in_two_splits_is_refused(workspace: Workspace) -> None:
     manifest["signature"] = sign_snapshot(workspace.home, sid)
     stored = workspace.cas.put_bytes(canonical_json(manifest))
     states.register(workspace.catalog, sid, "p1", stored, "demo")
-    report = validate(workspace.cas, workspace.catalog, sid)
+    report = validate_snapshot(workspace, sid)
     splits = ", ".join(sorted({row["split"], twin["split"]}))
     assert report.findings[0] == (
         f"record_id {row['record_id']!r} appears 2 times in members in splits {splits}"
@@ -107,7 +108,9 @@ def test_manifest_edited_after_signing_is_named(workspace: Workspace) -> None:
     )
 
 
-def test_same_tag_with_another_digest_is_named(workspace: Workspace, tmp_path: Path) -> None:
+def test_same_tag_with_another_digest_is_named(
+    workspace: Workspace, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     sid = build_all(workspace, "p1")["manifest"].digests["snapshotId"]
     other = tmp_path / "other" / "corpus_assets"
     shutil.copytree(PACKAGE_ROOT, other, ignore=shutil.ignore_patterns("__pycache__"))
@@ -116,7 +119,8 @@ def test_same_tag_with_another_digest_is_named(workspace: Workspace, tmp_path: P
     tag = transform_image().partition("@")[0]
     retagged = f"{tag}@{image_digest(other)}"
     assert retagged != transform_image()
-    report = validate(workspace.cas, workspace.catalog, sid, current_image=retagged)
+    monkeypatch.setattr(transform, "transform_image", lambda: retagged)  # this code, edited
+    report = validate_snapshot(workspace, sid)
     assert any("(same tag, another digest)" in f for f in report.findings), report.findings
 
 

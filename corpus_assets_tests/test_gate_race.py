@@ -8,7 +8,7 @@ import random
 import threading
 import time
 
-from corpus_assets.core.governance import gate, states
+from corpus_assets.core.governance import gate, states, tombstones
 from corpus_assets.core.storage.catalog import Catalog
 
 TRIALS = 200
@@ -22,6 +22,68 @@ def _approved(catalog: Catalog, n: int) -> str:
     return sid
 
 
+def _activation(
+    catalog: Catalog,
+    sid: str,
+    seen: gate.Gate,
+    barrier: threading.Barrier,
+    delay: float,
+    outcome: dict[str, bool],
+) -> None:
+    barrier.wait()
+    time.sleep(max(0.0, -delay))
+    try:
+        gate.activate(
+            catalog, sid, seen.tombstone_watermark, seen.benchmark_fence, actor="race", seen=seen
+        )
+        outcome["activation"] = True
+    except gate.GateError:
+        outcome["activation"] = False
+
+
+def _tombstone(
+    catalog: Catalog,
+    seen: gate.Gate,
+    barrier: threading.Barrier,
+    delay: float,
+    outcome: dict[str, bool],
+) -> None:
+    barrier.wait()
+    time.sleep(max(0.0, delay))
+    outcome["tombstone"] = tombstones.advance_tombstone(catalog, seen, seen.tombstone_watermark + 1)
+
+
+def _race(catalog: Catalog, sid: str, seen: gate.Gate, delay: float) -> dict[str, bool]:
+    """Both sides released together by a barrier, ``delay`` apart; which committed."""
+    barrier = threading.Barrier(2)
+    outcome: dict[str, bool] = {}
+    threads = [
+        threading.Thread(target=_activation, args=(catalog, sid, seen, barrier, delay, outcome)),
+        threading.Thread(target=_tombstone, args=(catalog, seen, barrier, delay, outcome)),
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return outcome
+
+
+def _winner(catalog: Catalog, sid: str, seen: gate.Gate, outcome: dict[str, bool]) -> str:
+    """The side that committed, after checking the gate row shows exactly its change."""
+    after = gate.read_gate(catalog, "train")
+    if outcome["tombstone"]:
+        # the candidate is not active and stays APPROVED; nothing else moved
+        assert after.active_snapshot == seen.active_snapshot
+        assert after.generation == seen.generation
+        assert after.tombstone_watermark == seen.tombstone_watermark + 1
+        assert states.get(catalog, sid).state == states.APPROVED
+        return "tombstone"
+    assert (after.active_snapshot, after.generation) == (sid, seen.generation + 1)
+    assert after.tombstone_watermark == seen.tombstone_watermark
+    assert states.get(catalog, sid).state == states.ACTIVE
+    return "activation"
+
+
 def test_activation_and_tombstone_race_has_exactly_one_winner(catalog_url: str) -> None:
     catalog = Catalog(catalog_url)
     wins = {"activation": 0, "tombstone": 0}
@@ -32,68 +94,11 @@ def test_activation_and_tombstone_race_has_exactly_one_winner(catalog_url: str) 
     for n in range(1, TRIALS + 1):
         sid = _approved(catalog, n)
         seen = gate.read_gate(catalog, "train")
-        barrier = threading.Barrier(2)
-        outcome: dict[str, bool] = {}
-
-        def activation(
-            delay: float = 0.0,
-            sid: str = sid,
-            seen: gate.Gate = seen,
-            barrier: threading.Barrier = barrier,
-            outcome: dict[str, bool] = outcome,
-        ) -> None:
-            barrier.wait()
-            time.sleep(max(0.0, -delay))
-            try:
-                gate.activate(
-                    catalog,
-                    sid,
-                    seen.tombstone_watermark,
-                    seen.benchmark_fence,
-                    actor="race",
-                    seen=seen,
-                )
-                outcome["activation"] = True
-            except gate.GateError:
-                outcome["activation"] = False
-
-        delay = offset + rng.uniform(-0.0005, 0.0005)
-
-        def tombstone(
-            delay: float = 0.0,
-            seen: gate.Gate = seen,
-            barrier: threading.Barrier = barrier,
-            outcome: dict[str, bool] = outcome,
-        ) -> None:
-            barrier.wait()
-            time.sleep(max(0.0, delay))
-            outcome["tombstone"] = gate.advance_tombstone(
-                catalog, seen, seen.tombstone_watermark + 1
-            )
-
-        threads = [
-            threading.Thread(target=activation, args=(delay,)),
-            threading.Thread(target=tombstone, args=(delay,)),
-        ]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
+        outcome = _race(catalog, sid, seen, offset + rng.uniform(-0.0005, 0.0005))
         assert sum(outcome.values()) == 1, f"trial {n}: {outcome}"
-        after = gate.read_gate(catalog, "train")
-        offset += 0.0002 if outcome["tombstone"] else -0.0002
-        if outcome["tombstone"]:
-            wins["tombstone"] += 1
-            # the candidate is not active and stays APPROVED; nothing else moved
-            assert after.active_snapshot == seen.active_snapshot
-            assert after.generation == seen.generation
-            assert after.tombstone_watermark == seen.tombstone_watermark + 1
-            assert states.get(catalog, sid).state == states.APPROVED
-        else:
-            wins["activation"] += 1
-            assert (after.active_snapshot, after.generation) == (sid, seen.generation + 1)
-            assert after.tombstone_watermark == seen.tombstone_watermark
-            assert states.get(catalog, sid).state == states.ACTIVE
+        winner = _winner(catalog, sid, seen, outcome)
+        wins[winner] += 1
+        offset += 0.0002 if winner == "tombstone" else -0.0002
     catalog.dispose()
     assert wins["activation"] + wins["tombstone"] == TRIALS
     print(f"winners over {TRIALS} trials: {wins}")

@@ -17,7 +17,7 @@ import zstandard
 
 from corpus_assets.core.ingest.sources import fingerprint
 from corpus_assets.core.pipeline import BUILDERS, build_all
-from corpus_assets.core.release.validation import validate
+from corpus_assets.core.release.validation import validate_snapshot
 from corpus_assets.core.runtime.workspace import Workspace, open_workspace
 
 
@@ -135,7 +135,7 @@ def test_listed_urls_in_three_formats_build_and_validate(site, tmp_path: Path) -
             assert entry["sha256"] == "sha256:" + hashlib.sha256(web.objects[path]).hexdigest()
         assert source["deferred"] == []
         assert results["canonical_records"].counts["records"] == 90
-        report = validate(ws.cas, ws.catalog, results["manifest"].digests["snapshotId"])
+        report = validate_snapshot(ws, results["manifest"].digests["snapshotId"])
         assert report.ok, report.findings
 
 

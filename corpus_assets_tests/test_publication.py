@@ -6,20 +6,20 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from corpus_assets.core.governance import gate, states
+from corpus_assets.core.governance import benchmarks, gate, states, tombstones
 from corpus_assets.core.governance.lineage import tombstone_hits
 from corpus_assets.core.pipeline import build_all
 from corpus_assets.core.release.publish import activate, approve, rollback
-from corpus_assets.core.release.validation import validate
+from corpus_assets.core.release.validation import validate_snapshot
 from corpus_assets.core.runtime.workspace import Workspace
 
 
 def _publish(ws: Workspace, key: str) -> str:
     sid = build_all(ws, key)["manifest"].digests["snapshotId"]
-    report = validate(ws.cas, ws.catalog, sid)
+    report = validate_snapshot(ws, sid)
     assert report.ok, report.findings
-    approve(ws.cas, ws.catalog, sid, by="reviewer")
-    activate(ws.cas, ws.catalog, sid, actor="test")
+    approve(ws, sid, by="reviewer")
+    activate(ws, sid, actor="test")
     return sid
 
 
@@ -38,7 +38,7 @@ def test_rollback_bumps_generation_and_never_crosses_a_tombstone(workspace: Work
     with pytest.raises(gate.GateError, match="already points"):
         rollback(workspace.cas, workspace.catalog, first, actor="test")
 
-    seq = gate.add_tombstone(workspace.catalog, "record", "essays/e0001", "deletion request")
+    seq = tombstones.add_tombstone(workspace.catalog, "record", "essays/e0001", "deletion request")
     fenced = gate.read_gate(workspace.catalog, "demo")
     assert (fenced.tombstone_watermark, fenced.generation) == (seq, 3)
     with pytest.raises(gate.GateError, match=f"tombstone watermark 0, the gate is at {seq}"):
@@ -58,11 +58,11 @@ def test_rollback_bumps_generation_and_never_crosses_a_tombstone(workspace: Work
 
 def test_a_candidate_built_before_a_fence_cannot_activate(workspace: Workspace) -> None:
     sid = build_all(workspace, "p1")["manifest"].digests["snapshotId"]
-    assert validate(workspace.cas, workspace.catalog, sid).ok
-    approve(workspace.cas, workspace.catalog, sid, by="reviewer")
-    item = gate.BenchmarkItem("bench-x/1", "sha256:" + "8" * 64, "sha256:" + "9" * 64)
-    gate.add_benchmark_items(workspace.catalog, "bench-x", [item])
+    assert validate_snapshot(workspace, sid).ok
+    approve(workspace, sid, by="reviewer")
+    item = benchmarks.BenchmarkItem("bench-x/1", "sha256:" + "8" * 64, "sha256:" + "9" * 64)
+    benchmarks.add_benchmark_items(workspace.catalog, "bench-x", [item])
     with pytest.raises(gate.GateError, match="benchmark fence 1"):
-        activate(workspace.cas, workspace.catalog, sid, actor="test")
+        activate(workspace, sid, actor="test")
     assert states.get(workspace.catalog, sid).state == states.APPROVED
     assert gate.read_gate(workspace.catalog, "demo").active_snapshot is None

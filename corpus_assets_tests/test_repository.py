@@ -1,5 +1,6 @@
 """Promises about the repository itself: layering, the front door, the instance config."""
 
+import ast
 import tomllib
 from pathlib import Path
 
@@ -45,3 +46,28 @@ def test_readme_config_examples_are_valid() -> None:
         raw.setdefault("version", 1)
         raw.setdefault("purpose", "readme")
         parse_config(raw, "README.md")
+
+
+MAX_MODULE_LINES = 450
+MAX_FUNCTION_LINES = 60
+LONG_FUNCTION_MARK = "# long function:"  # followed by why (a tight loop, say)
+
+
+def test_core_modules_and_functions_stay_short() -> None:
+    """A module reads at once under ~450 lines and a function under ~60; a longer function
+    must say why inside it (``# long function: ...``)."""
+    offenders = []
+    for path in sorted((ROOT / "corpus_assets" / "core").rglob("*.py")):
+        text = path.read_text()
+        name = path.relative_to(ROOT).as_posix()
+        lines = text.splitlines()
+        if len(lines) > MAX_MODULE_LINES:
+            offenders.append(f"{name}: {len(lines)} lines")
+        for node in ast.walk(ast.parse(text)):
+            if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            length = node.end_lineno - node.lineno + 1
+            body = "\n".join(lines[node.lineno - 1 : node.end_lineno])
+            if length > MAX_FUNCTION_LINES and LONG_FUNCTION_MARK not in body:
+                offenders.append(f"{name}:{node.lineno} {node.name}: {length} lines")
+    assert offenders == []

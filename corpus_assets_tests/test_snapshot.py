@@ -11,7 +11,7 @@ from sqlalchemy import insert, select
 from corpus_assets.core.governance import states
 from corpus_assets.core.pipeline import BUILDERS, build_all
 from corpus_assets.core.release.signing import key_paths
-from corpus_assets.core.release.validation import validate
+from corpus_assets.core.release.validation import validate_snapshot
 from corpus_assets.core.release.verify import verify
 from corpus_assets.core.runtime.layers import LAYERS
 from corpus_assets.core.runtime.workspace import Workspace, open_workspace
@@ -25,11 +25,31 @@ def _layer_digests(ws: Workspace, key: str) -> dict[str, str]:
 def test_build_validates_and_rebuild_is_identical(workspace: Workspace) -> None:
     first = build_all(workspace, "p1")
     sid = first["manifest"].digests["snapshotId"]
-    report = validate(workspace.cas, workspace.catalog, sid)
+    report = validate_snapshot(workspace, sid)
     assert report.ok, report.findings
     assert states.get(workspace.catalog, sid).state == states.VALIDATED
-    assert report.gate["dedup_invariant_violations"] == 0
-    assert report.gate["leakage_group_split_violations"] == 0
+    assert report.gate.dedup_invariant_violations == 0
+    assert report.gate.leakage_group_split_violations == 0
+    # the keys the blocking check shows as its gate report, in its order
+    assert list(report.gate.serialized()) == [
+        "source_watermark_coverage",
+        "canonical_unexplained_rows",
+        "dead_letters",
+        "duplicate_ids",
+        "unknown_sources",
+        "orphan_ids",
+        "lineage_completeness",
+        "unexplained_rows",
+        "dedup_invariant_violations",
+        "leakage_group_split_violations",
+        "tombstone_hits",
+        "benchmark_hits",
+        "canary_chunks",
+        "transform_replay_hash",
+        "set_difference",
+        "build_latency_seconds",
+        "incomplete",
+    ]
     counts = first["manifest"].counts
     # demo set: 4 exact duplicates; 1 malformed, 1 blank line, 1 non-chat row quarantined
     assert (counts["duplicates_removed"], counts["quarantined"]) == (5, 3)  # 4 exact, 1 near
@@ -107,7 +127,7 @@ def test_corrupt_raw_object_is_dead_lettered_and_blocks_validation(workspace: Wo
     results = {layer: BUILDERS[layer](workspace, "p1") for layer in LAYERS[1:]}
     canonical = results["canonical_records"].counts
     assert (canonical["dead_letters"], canonical["chunks"]) == (1, 3)  # the rest went on
-    report = validate(workspace.cas, workspace.catalog, results["manifest"].digests["snapshotId"])
+    report = validate_snapshot(workspace, results["manifest"].digests["snapshotId"])
     assert any(
         f.startswith("dead letter open: chunk essays/essays-00001.jsonl: CorruptObjectError")
         for f in report.findings
@@ -120,7 +140,7 @@ def test_corrupt_raw_object_is_dead_lettered_and_blocks_validation(workspace: Wo
     path.write_bytes(path.read_bytes()[: -len(b"tampered")])
     results = {layer: BUILDERS[layer](workspace, "p1") for layer in LAYERS[1:]}
     assert results["canonical_records"].counts["dead_letters"] == 0
-    assert validate(workspace.cas, workspace.catalog, results["manifest"].digests["snapshotId"]).ok
+    assert validate_snapshot(workspace, results["manifest"].digests["snapshotId"]).ok
 
 
 def test_tombstoned_member_blocks_validation(workspace: Workspace) -> None:
@@ -130,7 +150,7 @@ def test_tombstoned_member_blocks_validation(workspace: Workspace) -> None:
         conn.execute(
             insert(tombstones).values(seq=0, record_id="essays/e0001", reason="test", at=0.0)
         )
-    report = validate(workspace.cas, workspace.catalog, sid)
+    report = validate_snapshot(workspace, sid)
     assert report.findings == ["tombstone 0 (record 'essays/e0001') hits this snapshot"]
     assert states.get(workspace.catalog, sid).state == states.BUILDING
 
@@ -153,7 +173,7 @@ def test_poisoned_chunk_is_dead_lettered_while_the_others_finish(workspace: Work
     assert row.last_error.startswith(
         "TruncatedStreamError: raw object essays/essays-00002.jsonl.zst"
     )
-    report = validate(workspace.cas, workspace.catalog, results["manifest"].digests["snapshotId"])
+    report = validate_snapshot(workspace, results["manifest"].digests["snapshotId"])
     assert [f for f in report.findings if f.startswith("dead letter open")] == [
         "dead letter open: chunk essays/essays-00002.jsonl.zst: " + row.last_error.splitlines()[0]
     ]

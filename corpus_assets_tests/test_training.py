@@ -18,7 +18,7 @@ from corpus_assets.core.release.training import (
     resolve_alias,
     take_permit,
 )
-from corpus_assets.core.release.validation import validate
+from corpus_assets.core.release.validation import validate_snapshot
 from corpus_assets.core.runtime.workspace import Workspace
 from corpus_assets.core.storage.cas import CorruptObjectError
 from corpus_assets.core.storage.catalog import permits
@@ -26,15 +26,15 @@ from corpus_assets.core.storage.catalog import permits
 
 def _built(ws: Workspace, key: str) -> str:
     sid = build_all(ws, key)["manifest"].digests["snapshotId"]
-    report = validate(ws.cas, ws.catalog, sid)
+    report = validate_snapshot(ws, sid)
     assert report.ok, report.findings
     return sid
 
 
 def _active(ws: Workspace, key: str) -> str:
     sid = _built(ws, key)
-    approve(ws.cas, ws.catalog, sid, "reviewer")
-    activate(ws.cas, ws.catalog, sid, "publisher")
+    approve(ws, sid, "reviewer")
+    activate(ws, sid, "publisher")
     assert states.get(ws.catalog, sid).state == states.ACTIVE
     return sid
 
@@ -63,8 +63,8 @@ def test_only_an_active_digest_for_its_purpose_gets_a_permit(workspace: Workspac
     with pytest.raises(TrainingError, match="no active snapshot"):
         resolve_alias(ws.catalog, alias)
 
-    approve(ws.cas, ws.catalog, validated, "reviewer")
-    activate(ws.cas, ws.catalog, validated, "publisher")
+    approve(ws, validated, "reviewer")
+    activate(ws, validated, "publisher")
     for name in ("latest", alias, validated.removeprefix("sha256:"), validated.upper()):
         with pytest.raises(TrainingError, match="accepts only a snapshot digest"):
             take_permit(ws.cas, ws.catalog, name, "run-1", purpose)

@@ -1,10 +1,11 @@
 """Jobs: build every layer of one snapshot partition; activate one approved snapshot."""
 
+from typing import Any
+
 import dagster as dg
 
 from corpus_assets.assets.layers import LAYER_ASSETS
 from corpus_assets.assets.resources import CorpusResource
-from corpus_assets.core.ingest.pinning import late_changes
 from corpus_assets.core.release.publish import activate, approve
 from corpus_assets.core.release.shadow import shadow_diff
 
@@ -16,21 +17,20 @@ build_snapshot = dg.define_asset_job(
 
 
 class ActivationConfig(dg.Config):
+    """The snapshot to activate, by snapshotId or manifest digest."""
+
     snapshot_id: str
 
 
-@dg.op(description="Compare-and-swap the alias gate row to this APPROVED snapshot.")
+@dg.op(
+    description="Re-apply every validity rule, then compare-and-swap the alias gate row to this "
+    "APPROVED snapshot."
+)
 def activate_alias(
     context: dg.OpExecutionContext, config: ActivationConfig, corpus: CorpusResource
 ) -> None:
     with corpus.workspace() as ws:
-        row = activate(
-            ws.cas,
-            ws.catalog,
-            config.snapshot_id,
-            actor=f"run:{context.run_id}",
-            late_changes=late_changes(ws),
-        )
+        row = activate(ws, config.snapshot_id, actor=f"run:{context.run_id}")
     context.log.info(f"alias {row.alias} -> {row.active_snapshot} generation {row.generation}")
     context.log_event(
         dg.AssetObservation(
@@ -52,17 +52,19 @@ def activate_snapshot() -> None:
 
 
 class ApprovalConfig(dg.Config):
+    """The snapshot to approve, by digest, and who approves it."""
+
     snapshot_id: str
     approved_by: str
 
 
-@dg.op(description="Approve a VALIDATED snapshot, bound to its digest (re-verified first).")
+@dg.op(description="Approve a snapshot bound to its digest, once every validity rule holds.")
 def approve_digest(
     context: dg.OpExecutionContext, config: ApprovalConfig, corpus: CorpusResource
 ) -> None:
     with corpus.workspace() as ws:
         diff = shadow_diff(ws.cas, ws.catalog, config.snapshot_id)
-        snapshot = approve(ws.cas, ws.catalog, config.snapshot_id, by=config.approved_by)
+        snapshot = approve(ws, config.snapshot_id, by=config.approved_by)
     context.log.info(f"{snapshot.snapshot_id} APPROVED by {snapshot.approved_by}")
     context.log_event(
         dg.AssetObservation(
@@ -82,7 +84,8 @@ def approve_snapshot() -> None:
     approve_digest()
 
 
-def approval_run_config(snapshot_id: str, approved_by: str) -> dict:
+def approval_run_config(snapshot_id: str, approved_by: str) -> dict[str, Any]:
+    """Run config for ``approve_snapshot`` (the UI's launchpad takes the same)."""
     return {
         "ops": {
             "approve_digest": {"config": {"snapshot_id": snapshot_id, "approved_by": approved_by}}
@@ -90,5 +93,6 @@ def approval_run_config(snapshot_id: str, approved_by: str) -> dict:
     }
 
 
-def activation_run_config(snapshot_id: str) -> dict:
+def activation_run_config(snapshot_id: str) -> dict[str, Any]:
+    """Run config for ``activate_snapshot``, as the publication sensor requests it."""
     return {"ops": {"activate_alias": {"config": {"snapshot_id": snapshot_id}}}}

@@ -3,6 +3,8 @@
 Activation is a single conditional UPDATE that succeeds only if the tombstone watermark and the
 benchmark fence still equal the manifest's and the generation has not moved since it was read.
 Whichever of activation and a fence advance commits first wins; the other sees rowcount 0.
+Tombstones (``tombstones``) and benchmark items (``benchmarks``) advance the fences through
+``fence_every_alias``; this module owns the row and every write to it.
 """
 
 import time
@@ -12,16 +14,9 @@ from sqlalchemy import Connection, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
 from corpus_assets.core.governance import states
-from corpus_assets.core.storage.catalog import (
-    Catalog,
-    alias_history,
-    benchmark_items,
-    gate,
-    snapshot_events,
-    tombstones,
-)
+from corpus_assets.core.storage.catalog import Catalog, alias_history, gate, snapshot_events
 
-TOMBSTONE_KINDS = ("record", "object", "group")
+FENCES = ("tombstone_watermark", "benchmark_fence")
 
 
 class GateError(RuntimeError):
@@ -30,6 +25,8 @@ class GateError(RuntimeError):
 
 @dataclass(frozen=True)
 class Gate:
+    """An alias's gate row as read: what a compare-and-swap expects still to be there."""
+
     alias: str
     tombstone_watermark: int
     benchmark_fence: int
@@ -174,64 +171,32 @@ def rollback(
     return read_gate(catalog, snapshot.alias)
 
 
-def advance_tombstone(catalog: Catalog, seen: Gate, watermark: int) -> bool:
-    """One attempt to fence ``seen.alias`` at tombstone ``watermark``; False if the gate moved."""
+def advance(catalog: Catalog, seen: Gate, fence: str, value: int) -> bool:
+    """One attempt to move ``seen.alias``'s ``fence`` column to ``value``; False if the gate
+    moved since ``seen`` was read (the caller decides whether to re-read and retry)."""
     with catalog.begin() as conn:
-        return _swap(conn, seen, tombstone_watermark=watermark)
+        return _swap(conn, seen, **{_fence_column(fence): value})
 
 
-def add_tombstone(catalog: Catalog, kind: str, target: str, reason: str) -> int:
-    """Record a revocation and fence every alias at its sequence number, in one transaction.
-
-    Each alias's fence is a compare-and-swap on its gate row; losing a race to an activation
-    re-reads the row and tries again, so the tombstone always lands and an activation that read
-    the old watermark can no longer commit.
-    """
-    if kind not in TOMBSTONE_KINDS:
-        raise GateError(f"tombstone kind {kind!r} is not one of {', '.join(TOMBSTONE_KINDS)}")
-    with catalog.begin() as conn:
-        seq = conn.execute(
-            insert(tombstones)
-            .values(kind=kind, record_id=target, reason=reason, at=time.time())
-            .returning(tombstones.c.seq)
-        ).scalar_one()
-        for alias in conn.scalars(select(gate.c.alias)).all():
-            _fence(conn, alias, "tombstone_watermark", seq)
-    return seq
+def fence_every_alias(conn: Connection, fence: str, value: int) -> None:
+    """Raise ``fence`` to at least ``value`` on every alias, inside the caller's transaction."""
+    column = _fence_column(fence)
+    for alias in conn.scalars(select(gate.c.alias)).all():
+        _raise_fence(conn, alias, column, value)
 
 
-@dataclass(frozen=True)
-class BenchmarkItem:
-    item_id: str
-    text_digest: str  # the item's text in the CAS
-    dedup_key: str
-
-
-def add_benchmark_items(catalog: Catalog, benchmark: str, items: list[BenchmarkItem]) -> int:
-    """Register benchmark items (in item id order) and advance every alias's benchmark fence."""
-    with catalog.begin() as conn:
-        seq = 0
-        for item in sorted(set(items), key=lambda i: i.item_id):
-            seq = conn.execute(
-                insert(benchmark_items)
-                .values(
-                    benchmark=benchmark,
-                    item_id=item.item_id,
-                    text_digest=item.text_digest,
-                    dedup_key=item.dedup_key,
-                    at=time.time(),
-                )
-                .returning(benchmark_items.c.seq)
-            ).scalar_one()
-        if seq:
-            for alias in conn.scalars(select(gate.c.alias)).all():
-                _fence(conn, alias, "benchmark_fence", seq)
-    return seq
-
-
-def _fence(conn: Connection, alias: str, column: str, value: int) -> None:
+def _raise_fence(conn: Connection, alias: str, column: str, value: int) -> None:
+    """Compare-and-swap until it lands: losing to an activation re-reads the row and tries
+    again, so the fence always lands and an activation that read the old value cannot commit."""
     while True:
         row = conn.execute(select(gate).where(gate.c.alias == alias)).mappings().one()
         seen = Gate(**{k: row[k] for k in Gate.__dataclass_fields__})
         if row[column] >= value or _swap(conn, seen, **{column: value}):
             return
+
+
+def _fence_column(fence: str) -> str:
+    """The column name, checked: a fence name becomes SQL, so only the two known ones pass."""
+    if fence not in FENCES:
+        raise GateError(f"{fence!r} is not a gate fence ({', '.join(FENCES)})")
+    return fence

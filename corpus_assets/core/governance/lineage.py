@@ -106,6 +106,7 @@ def _carried_by(
 
 
 def tombstone_hits(cas: ContentStore, catalog: Catalog, seq: int) -> dict[str, Any]:
+    """Deletion lineage of tombstone ``seq``: what it revokes and every snapshot it reaches."""
     with catalog.begin() as conn:
         row = conn.execute(select(tombstones).where(tombstones.c.seq == seq)).mappings().first()
     if row is None:

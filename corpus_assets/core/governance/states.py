@@ -31,6 +31,8 @@ class StateError(RuntimeError):
 
 @dataclass(frozen=True)
 class Snapshot:
+    """A snapshot's catalog row: its ids, alias, where it stands and who approved it."""
+
     snapshot_id: str
     partition_key: str
     manifest_digest: str
@@ -78,6 +80,8 @@ def transition(
     detail: str | None = None,
     conn: Connection | None = None,
 ) -> None:
+    """Move ``expected`` -> ``target`` or raise; ``conn`` joins the caller's transaction (so a
+    gate swap and the state move commit together)."""
     if target not in ALLOWED[expected]:
         raise StateError(f"snapshot {snapshot_id}: {expected} -> {target} is not allowed")
     if conn is None:
@@ -88,6 +92,7 @@ def transition(
 
 
 def approve(catalog: Catalog, snapshot_id: str, by: str) -> Snapshot:
+    """VALIDATED -> APPROVED, recording who approved (the rules are ``publish.approve``'s)."""
     if not by.strip():
         raise StateError("approval needs a non-empty --by name")
     with catalog.begin() as conn:
@@ -96,6 +101,7 @@ def approve(catalog: Catalog, snapshot_id: str, by: str) -> Snapshot:
 
 
 def get(catalog: Catalog, snapshot_id: str) -> Snapshot:
+    """The snapshot as the catalog has it now; StateError if unknown."""
     with catalog.begin() as conn:
         row = _row(conn, snapshot_id)
     if row is None:
@@ -104,6 +110,7 @@ def get(catalog: Catalog, snapshot_id: str) -> Snapshot:
 
 
 def find(catalog: Catalog, state: str | None = None) -> list[Snapshot]:
+    """Snapshots (in ``state``, if given), oldest first."""
     query = select(snapshots).order_by(snapshots.c.created_at, snapshots.c.snapshot_id)
     if state:
         query = query.where(snapshots.c.state == state)

@@ -13,16 +13,22 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from corpus_assets.core.ingest.changelog import fold, late_events, list_segments
-from corpus_assets.core.ingest.download import (
-    DownloadError,
-    RemoteVersion,
-    ResumeRefused,
-    fetch_to_cas,
-    head,
+from corpus_assets.core.ingest.changelog_fold import fold, late_events
+from corpus_assets.core.ingest.changelog_segments import list_segments
+from corpus_assets.core.ingest.download_transfer import ResumeRefused, fetch_to_cas
+from corpus_assets.core.ingest.freeze_spec import (
+    ChangelogSourceSpec,
+    DeferredChange,
+    FreezeSpec,
+    FrozenSegment,
+    ObjectsSourceSpec,
+    PinnedIndex,
+    PinnedObject,
+    SourceSpec,
 )
+from corpus_assets.core.ingest.remote_http import DownloadError, RemoteVersion, head
 from corpus_assets.core.ingest.sources import (
     ListedObject,
     list_objects,
@@ -57,7 +63,7 @@ class PinError(RuntimeError):
 
 @dataclass(frozen=True)
 class PinnedSource:
-    spec: dict[str, Any]
+    spec: SourceSpec
     incomplete: list[str]
 
 
@@ -92,27 +98,27 @@ def _freeze_changelog(ws: Workspace, source: ChangelogSource) -> PinnedSource:
         for row, lsn in zip(result.rows, result.row_lsns, strict=True)
     )
     ref = put_bytes(ws.cas, state, NDJSON)
-    watermark = str(result.watermark)
-    spec = {
-        "id": source.id,
-        "kind": "changelog",
-        "watermark": watermark,
-        "startLsn": str(source.start_lsn),
-        "events": result.events,
-        "eventsDigest": result.events_digest,
-        "afterWatermark": result.after_watermark,
-        "gaps": [[str(lo), str(hi)] for lo, hi in result.gaps],
-        "segments": result.segments,
-        "objects": [
-            {
-                "name": f"state@lsn:{watermark}",
-                "sha256": ref["digest"],
-                "size": ref["size"],
-                "format": "jsonl",
-                "rows": len(result.rows),
-            }
+    watermark = result.watermark
+    spec = ChangelogSourceSpec(
+        id=source.id,
+        kind="changelog",
+        watermark=watermark,
+        start_lsn=source.start_lsn,
+        events=result.events,
+        events_digest=result.events_digest,
+        after_watermark=result.after_watermark,
+        gaps=result.gaps,
+        segments=[FrozenSegment(**segment) for segment in result.segments],
+        objects=[
+            PinnedObject(
+                name=f"state@lsn:{watermark}",
+                sha256=ref["digest"],
+                size=ref["size"],
+                format="jsonl",
+                rows=len(result.rows),
+            )
         ],
-    }
+    )
     incomplete = [
         f"source {source.id!r}: CDC offsets missing lsn {lo}-{hi} (watermark {watermark})"
         for lo, hi in result.gaps
@@ -123,12 +129,14 @@ def _freeze_changelog(ws: Workspace, source: ChangelogSource) -> PinnedSource:
 def _pin_objects(ws: Workspace, source: ObjectsSource) -> PinnedSource:
     done = preload(ws.catalog, "raw_snapshot", CODE)
     before = list_objects(ws.loaded, source)
-    pinned, deferred, failures = [], [], []
+    pinned: list[tuple[PinnedObject, str]] = []  # each with the version it was listed at
+    deferred: list[DeferredChange] = []
+    failures: list[str] = []
     for listed in before:
         try:
             pinned.append(_pin(ws, source, listed, done))
         except (FileNotFoundError, ObjectVanished):
-            deferred.append({"name": listed.name, "change": "removed", "pinned": False})
+            deferred.append(DeferredChange(name=listed.name, change="removed", pinned=False))
         except PinError as error:
             failures.append(str(error))
     if failures:
@@ -139,28 +147,32 @@ def _pin_objects(ws: Workspace, source: ObjectsSource) -> PinnedSource:
     after = {o.name: o for o in list_objects(ws.loaded, source, missing_ok=True)}
     names = {o.name for o in before}
     deferred += [
-        {"name": n, "change": "added", "pinned": False} for n in sorted(set(after) - names)
+        DeferredChange(name=n, change="added", pinned=False) for n in sorted(set(after) - names)
     ]
-    for entry in pinned:
-        now = after.get(entry["name"])
+    for entry, listed_version in pinned:
+        now = after.get(entry.name)
         if now is None:
-            deferred.append({"name": entry["name"], "change": "removed", "pinned": True})
-        elif now.version != entry["listedVersion"] or now.size != entry["size"]:
-            deferred.append({"name": entry["name"], "change": "changed", "pinned": True})
-    spec: dict[str, Any] = {
-        "id": source.id,
-        "kind": "objects",
-        "objects": [{k: v for k, v in e.items() if k != "listedVersion"} for e in pinned],
-        "deferred": sorted(deferred, key=lambda d: (d["name"], d["change"])),
-    }
+            deferred.append(DeferredChange(name=entry.name, change="removed", pinned=True))
+        elif now.version != listed_version or now.size != entry.size:
+            deferred.append(DeferredChange(name=entry.name, change="changed", pinned=True))
+    index = None
     if source.index is not None:
         location, data, _urls = read_index(ws.loaded, source)
-        spec["index"] = {"location": location, **put_bytes(ws.cas, data, "text/plain")}
+        index = PinnedIndex(location=location, **put_bytes(ws.cas, data, "text/plain"))
+    spec = ObjectsSourceSpec(
+        id=source.id,
+        kind="objects",
+        objects=[entry for entry, _ in pinned],
+        deferred=sorted(deferred, key=lambda d: (d.name, d.change)),
+        index=index,
+    )
     return PinnedSource(spec=spec, incomplete=[])
 
 
-def _pin(ws: Workspace, source: ObjectsSource, listed: ListedObject, done: Done) -> dict[str, Any]:
-    """Pin one object (relisting it if it changed under us); returns its freeze entry."""
+def _pin(
+    ws: Workspace, source: ObjectsSource, listed: ListedObject, done: Done
+) -> tuple[PinnedObject, str]:
+    """Pin one object (relisting it if it changed under us): its entry and its listed version."""
     for _ in range(COPY_RETRIES):
         task = ChunkTask(
             "raw_snapshot",
@@ -186,7 +198,7 @@ def _pin(ws: Workspace, source: ObjectsSource, listed: ListedObject, done: Done)
             continue
         if outcome.output_digest is None:
             raise PinError(f"{listed.name}: {outcome.error}")
-        return _entry(ws, source, listed, outcome.output_digest)
+        return _entry(ws, source, listed, outcome.output_digest), listed.version
     raise PinError(f"{listed.name}: kept changing while being copied ({COPY_RETRIES} tries)")
 
 
@@ -238,22 +250,23 @@ def _copy(ws: Workspace, listed: ListedObject) -> str:
     return digest
 
 
-def _entry(ws: Workspace, source: ObjectsSource, listed: ListedObject, digest: str) -> dict:
-    size = ws.cas.size(digest)
-    entry: dict[str, Any] = {
-        "name": listed.name,
-        "sha256": digest,
-        "size": size,
-        "format": _format(ws, source, listed.name, digest),
-        "listedVersion": listed.version,
-    }
+def _entry(ws: Workspace, source: ObjectsSource, listed: ListedObject, digest: str) -> PinnedObject:
+    validators: dict[str, str] = {}
     if listed.remote and listed.version:
         kind, _, value = listed.version.partition(":")
-        entry["etag" if kind == "etag" else "lastModified"] = value
-    return entry
+        validators["etag" if kind == "etag" else "last_modified"] = value
+    return PinnedObject(
+        name=listed.name,
+        sha256=digest,
+        size=ws.cas.size(digest),
+        format=_format(ws, source, listed.name, digest),
+        **validators,
+    )
 
 
-def _format(ws: Workspace, source: ObjectsSource, name: str, digest: str) -> str:
+def _format(
+    ws: Workspace, source: ObjectsSource, name: str, digest: str
+) -> Literal["jsonl", "parquet"]:
     if source.format != "auto":
         return source.format
     if name.endswith(".parquet"):
@@ -267,22 +280,22 @@ def late_changes(ws: Workspace) -> Callable[[dict[str, Any]], list[str]]:
     arrived (or changed) after the freeze. Such a snapshot must become INCOMPLETE."""
     configured = {s.id: s for s in ws.config.sources if isinstance(s, ChangelogSource)}
 
-    def check(spec: dict[str, Any]) -> list[str]:
+    def check(document: dict[str, Any]) -> list[str]:
         findings = []
-        for frozen in spec["sources"]:
-            source = configured.get(frozen["id"])
-            if frozen["kind"] != "changelog" or source is None:
+        for frozen in FreezeSpec.parse(document).sources:
+            source = configured.get(frozen.id)
+            if not isinstance(frozen, ChangelogSourceSpec) or source is None:
                 continue
             segments = list_segments(ws.loaded.resolve(source.path), source.include)
             findings += late_events(
                 segments,
-                watermark=int(frozen["watermark"]),
-                events_digest=frozen["eventsDigest"],
+                watermark=frozen.watermark,
+                events_digest=frozen.events_digest,
                 key_field=source.key_field,
                 start_lsn=source.start_lsn,
                 what=f"source {source.id!r}",
-                gaps=frozen["gaps"],
-                segments_at_freeze=frozen["segments"],
+                gaps=frozen.gaps,
+                segments_at_freeze=[segment.model_dump() for segment in frozen.segments],
             )
         return findings
 

@@ -12,8 +12,8 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from corpus_assets.core.ingest.changelog import head_offset, list_segments
-from corpus_assets.core.ingest.download import DownloadError, head
+from corpus_assets.core.ingest.changelog_segments import head_offset, list_segments
+from corpus_assets.core.ingest.remote_http import DownloadError, head
 from corpus_assets.core.runtime.config import ChangelogSource, LoadedConfig, ObjectsSource
 from corpus_assets.core.storage.digests import json_digest
 

@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 from sqlalchemy import select
 
 from corpus_assets.core.ingest.codecs import DecompressionLimits, iter_located_lines
-from corpus_assets.core.ingest.freeze import freeze
+from corpus_assets.core.ingest.freeze import freeze_spec
 from corpus_assets.core.ingest.pinning import CDC_LSN_FIELD
 from corpus_assets.core.records.canonicalize import (
     QUARANTINE_PREFIXES,
@@ -235,8 +235,8 @@ def _run(
 
 def build_canonical_records(ws: Workspace, partition_key: str) -> LayerResult:
     raw_ref, raw_index = read_layer_index(ws, partition_key, "raw_snapshot")
-    _, spec = freeze(ws, partition_key)
-    fence = int(spec["benchmarkFence"])
+    _, spec = freeze_spec(ws, partition_key)
+    fence = spec.benchmark_fence
     index = benchmark_index(ws, fence)
     policy = _policy_digest(ws, index)
     sources = {s.id: s for s in ws.config.sources}

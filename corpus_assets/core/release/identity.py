@@ -12,4 +12,5 @@ SELF_EXCLUDED = ("snapshotId", "signature")
 
 
 def snapshot_id(manifest: dict[str, Any]) -> str:
+    """The id a manifest names itself by (see the module docstring for why these fields)."""
     return json_digest({k: v for k, v in manifest.items() if k not in SELF_EXCLUDED})

@@ -15,15 +15,15 @@ import pyarrow.compute as pc
 from corpus_assets.core.governance import states
 from corpus_assets.core.ingest.freeze import freeze
 from corpus_assets.core.records.index import CanonicalIndex, record_schema_digest
-from corpus_assets.core.runtime.layers import LayerIndex
 from corpus_assets.core.release.identity import SELF_EXCLUDED, snapshot_id
 from corpus_assets.core.release.shadow import shadow_diff
 from corpus_assets.core.release.signing import sign_snapshot
-from corpus_assets.core.runtime.layers import LAYERS, LayerResult, read_index
+from corpus_assets.core.runtime.layers import LAYERS, LayerIndex, LayerResult, read_index
 from corpus_assets.core.runtime.transform import transform_image
 from corpus_assets.core.runtime.workspace import Workspace
 from corpus_assets.core.storage.artifacts import get_table, put_json, put_table
 from corpus_assets.core.storage.digests import json_digest
+from corpus_assets.core.training_view.splits import SPLITS
 
 MANIFEST_SCHEMA = "training.dataset.snapshot.v1"
 MEMBER_COLUMNS = [
@@ -94,68 +94,25 @@ def build_identity(freeze_digest: str, ws: Workspace, image: str) -> str:
 
 
 def build_manifest(ws: Workspace, partition_key: str) -> LayerResult:
+    """Assemble, sign, store and register the snapshot of a partition from its six layers."""
     freeze_ref, spec = freeze(ws, partition_key)
     indexes = {layer: read_index(ws, partition_key, layer) for layer in LAYERS[:-1]}
     members = members_table(
         ws, indexes["canonical_records"][1], indexes["dedup_clusters"][1], indexes["splits"][1]
     )
     members_ref = put_table(ws.cas, members)
-    config = ws.config
-    image = transform_image()
-    counts = {layer: index["counts"] for layer, (_, index) in indexes.items()}
-    manifest: dict[str, Any] = {
-        "schema": MANIFEST_SCHEMA,
-        "buildId": build_identity(freeze_ref["digest"], ws, image),
-        "partition": partition_key,
-        "parents": spec["parents"],
-        "purpose": spec["purpose"],
-        "alias": spec["alias"],
-        "freeze": freeze_ref,
-        "sources": source_versions(spec),
-        "tombstoneWatermark": spec["tombstoneWatermark"],
-        "benchmarkFence": spec["benchmarkFence"],
-        "recordSchema": record_schema_digest(),
-        "selectionPolicy": config.policy_digest("dedup"),
-        "splitPolicy": config.policy_digest("splits"),
-        "mixingPolicy": config.policy_digest("mixing"),
-        "packingPolicy": config.policy_digest("packing"),
-        "transformImage": image,
-        "transform": {layer: index["code"] for layer, (_, index) in indexes.items()},
-        "layers": {layer: ref for layer, (ref, _) in indexes.items()},
-        "members": {
-            "uri": ws.cas.uri(members_ref["digest"]),
-            **members_ref,
-            "count": members.num_rows,
-        },
-        "counts": {
-            "records": counts["canonical_records"]["records"],
-            "quarantined": counts["canonical_records"]["quarantined"],
-            "dead_letters": counts["canonical_records"]["dead_letters"],
-            "duplicates_removed": counts["dedup_clusters"]["removed"],
-            "members": members.num_rows,
-            "train": counts["splits"]["train"],
-            "validation": counts["splits"]["validation"],
-            "test": counts["splits"]["test"],
-            "blocks": counts["packed_blocks"]["blocks"],
-            "tokens": counts["packed_blocks"]["tokens"],
-        },
+    members_entry = {
+        "uri": ws.cas.uri(members_ref["digest"]),
+        **members_ref,
+        "count": members.num_rows,
     }
+    image = transform_image()
+    manifest = _document(ws, partition_key, freeze_ref, spec, indexes, members_entry, image)
     manifest["snapshotId"] = snapshot_id(manifest)
     _refuse_conflicting_rebuild(ws, manifest)
     manifest["signature"] = sign_snapshot(ws.home, manifest["snapshotId"])
     manifest_ref = put_json(ws.cas, manifest)
-    partial = "~partial" if manifest["counts"]["dead_letters"] else ""
-    ws.catalog.set_layer_output(
-        partition_key, "manifest", manifest_ref["digest"], manifest["buildId"] + partial
-    )
-    snapshot = states.register(
-        ws.catalog,
-        manifest["snapshotId"],
-        partition_key,
-        manifest_ref["digest"],
-        config.alias,
-        build_id=manifest["buildId"],
-    )
+    snapshot = _register(ws, partition_key, manifest, manifest_ref["digest"])
     diff = shadow_diff(ws.cas, ws.catalog, manifest["snapshotId"])
     return LayerResult(
         layer="manifest",
@@ -178,7 +135,82 @@ def build_manifest(ws: Workspace, partition_key: str) -> LayerResult:
     )
 
 
+def _document(
+    ws: Workspace,
+    partition_key: str,
+    freeze_ref: dict[str, Any],
+    spec: dict[str, Any],
+    indexes: dict[str, tuple[dict[str, Any], dict[str, Any]]],
+    members: dict[str, Any],
+    image: str,
+) -> dict[str, Any]:
+    """The manifest payload (without snapshotId and signature): facts, each by digest."""
+    config = ws.config
+    return {
+        "schema": MANIFEST_SCHEMA,
+        "buildId": build_identity(freeze_ref["digest"], ws, image),
+        "partition": partition_key,
+        "parents": spec["parents"],
+        "purpose": spec["purpose"],
+        "alias": spec["alias"],
+        "freeze": freeze_ref,
+        "sources": source_versions(spec),
+        "tombstoneWatermark": spec["tombstoneWatermark"],
+        "benchmarkFence": spec["benchmarkFence"],
+        "recordSchema": record_schema_digest(),
+        "selectionPolicy": config.policy_digest("dedup"),
+        "splitPolicy": config.policy_digest("splits"),
+        "mixingPolicy": config.policy_digest("mixing"),
+        "packingPolicy": config.policy_digest("packing"),
+        "transformImage": image,
+        "transform": {layer: index["code"] for layer, (_, index) in indexes.items()},
+        "layers": {layer: ref for layer, (ref, _) in indexes.items()},
+        "members": members,
+        "counts": _counts(indexes, members["count"]),
+    }
+
+
+def _counts(
+    indexes: dict[str, tuple[dict[str, Any], dict[str, Any]]], members: int
+) -> dict[str, int]:
+    """The headline counts a reviewer compares, taken from the layers that produced them."""
+    counts = {layer: index["counts"] for layer, (_, index) in indexes.items()}
+    canonical = counts["canonical_records"]
+    return {
+        "records": canonical["records"],
+        "quarantined": canonical["quarantined"],
+        "dead_letters": canonical["dead_letters"],
+        "duplicates_removed": counts["dedup_clusters"]["removed"],
+        "members": members,
+        **{split: counts["splits"][split] for split in SPLITS},
+        "blocks": counts["packed_blocks"]["blocks"],
+        "tokens": counts["packed_blocks"]["tokens"],
+    }
+
+
+def _register(
+    ws: Workspace, partition_key: str, manifest: dict[str, Any], manifest_digest: str
+) -> states.Snapshot:
+    """Point the partition's manifest layer at it and record the snapshot as BUILDING.
+
+    A build with open dead letters is marked partial, so a retry may replace it."""
+    partial = "~partial" if manifest["counts"]["dead_letters"] else ""
+    ws.catalog.set_layer_output(
+        partition_key, "manifest", manifest_digest, manifest["buildId"] + partial
+    )
+    return states.register(
+        ws.catalog,
+        manifest["snapshotId"],
+        partition_key,
+        manifest_digest,
+        ws.config.alias,
+        build_id=manifest["buildId"],
+    )
+
+
 def _refuse_conflicting_rebuild(ws: Workspace, manifest: dict[str, Any]) -> None:
+    """The same build identity must give the same snapshot; a difference is nondeterminism,
+    reported by field and never overwritten."""
     for earlier in states.find(ws.catalog):
         if (
             earlier.build_id == manifest["buildId"]

@@ -10,6 +10,7 @@ so the same manifest and freeze give the same document.
 """
 
 import re
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
@@ -31,13 +32,54 @@ def _qname(value: str) -> dict[str, str]:
 
 
 def agent_id(agent: str) -> str:
+    """A PROV qualified name for the agent, percent-encoded so any user@host is one."""
     if not isinstance(agent, str) or not agent.strip():
         raise ValueError(f"PROV agent {agent!r} must be a non-empty string")
     return "agent:" + quote(agent, safe=":@._-")
 
 
+@dataclass(frozen=True)
+class _Names:
+    """The digests a document is about, each checked before anything is written."""
+
+    snapshot: str
+    freeze: str
+    build: str
+    image: str
+    plan: str
+    parents: list[str]
+
+
 def prov_document(manifest: dict[str, Any], freeze: dict[str, Any], agent: str) -> dict[str, Any]:
     """PROV-JSON for ``manifest`` built from ``freeze`` (the spec its ``freeze`` ref names)."""
+    names = _names(manifest, freeze)
+    who = agent_id(agent)
+    entity = _core_entities(manifest, freeze, names)
+    used = _usages(freeze, names, entity)
+    was_derived_from = _revisions(names, entity)
+    return {
+        "prefix": dict(PREFIXES),
+        "entity": entity,
+        "activity": {names.build: _build_activity(manifest)},
+        "agent": {who: {"prov:type": _qname("prov:SoftwareAgent"), "prov:label": agent}},
+        "wasGeneratedBy": {
+            "_:generated": {"prov:entity": names.snapshot, "prov:activity": names.build}
+        },
+        "used": used,
+        "wasAssociatedWith": {
+            "_:associated": {
+                "prov:activity": names.build,
+                "prov:agent": who,
+                "prov:plan": names.plan,
+            }
+        },
+        "wasAttributedTo": {"_:attributed": {"prov:entity": names.snapshot, "prov:agent": who}},
+        "wasDerivedFrom": was_derived_from,
+    }
+
+
+def _names(manifest: dict[str, Any], freeze: dict[str, Any]) -> _Names:
+    """Refuse a manifest whose freeze is not this one or whose names are not digests."""
     snapshot = check_digest(manifest["snapshotId"], "manifest snapshotId")
     freeze_digest = check_digest(manifest["freeze"]["digest"], "manifest freeze digest")
     if json_digest(freeze) != freeze_digest:
@@ -50,17 +92,21 @@ def prov_document(manifest: dict[str, Any], freeze: dict[str, Any], agent: str) 
     matched = IMAGE_RE.fullmatch(image) if isinstance(image, str) else None
     if matched is None:
         raise ValueError(f"transformImage {image!r} is not <name>@sha256:<hex>: no digest to name")
-    plan = matched["digest"]
-    who = agent_id(agent)
     parents = [check_digest(p, f"parent of {snapshot}") for p in manifest["parents"]]
+    return _Names(snapshot, freeze_digest, build, image, matched["digest"], parents)
 
-    entity: dict[str, dict[str, Any]] = {
-        snapshot: {
+
+def _core_entities(
+    manifest: dict[str, Any], freeze: dict[str, Any], names: _Names
+) -> dict[str, dict[str, Any]]:
+    """The snapshot, its freeze spec and the transform image (the plan)."""
+    return {
+        names.snapshot: {
             "prov:type": _qname("corpus:TrainingDatasetSnapshot"),
             "prov:label": f"{manifest['alias']}/{manifest['partition']}",
             "corpus:schema": manifest["schema"],
             "corpus:buildId": manifest["buildId"],
-            "corpus:transformImage": image,
+            "corpus:transformImage": names.image,
             "corpus:purpose": manifest["purpose"],
             "corpus:alias": manifest["alias"],
             "corpus:partition": manifest["partition"],
@@ -69,56 +115,76 @@ def prov_document(manifest: dict[str, Any], freeze: dict[str, Any], agent: str) 
             "corpus:tombstoneWatermark": manifest["tombstoneWatermark"],
             "corpus:benchmarkFence": manifest["benchmarkFence"],
         },
-        freeze_digest: {
+        names.freeze: {
             "prov:type": _qname("corpus:FreezeSpec"),
             "corpus:schema": freeze["schema"],
             "corpus:partition": freeze["partition"],
         },
-        plan: {"prov:type": _qname("prov:Plan"), "corpus:image": image},
+        names.plan: {"prov:type": _qname("prov:Plan"), "corpus:image": names.image},
     }
+
+
+def _usages(
+    freeze: dict[str, Any], names: _Names, entity: dict[str, dict[str, Any]]
+) -> dict[str, dict[str, Any]]:
+    """One ``used`` per pinned object read (where it was read from is a fact of the usage);
+    each distinct object digest becomes one entity."""
     used: dict[str, dict[str, Any]] = {
         "_:used-freeze": {
-            "prov:activity": build,
-            "prov:entity": freeze_digest,
+            "prov:activity": names.build,
+            "prov:entity": names.freeze,
             "prov:role": _qname("corpus:freeze"),
         }
     }
     for source in freeze["sources"]:
         for n, obj in enumerate(source["objects"]):
             digest = check_digest(obj["sha256"], f"source {source['id']!r} object {obj['name']!r}")
-            if digest not in entity:
-                entity[digest] = {
-                    "prov:type": _qname("corpus:SourceObject"),
-                    "corpus:size": obj["size"],
-                }
-            usage: dict[str, Any] = {
-                "prov:activity": build,
-                "prov:entity": digest,
-                "prov:role": _qname("corpus:source"),
-                "corpus:source": source["id"],
-                "corpus:kind": source["kind"],
-                "corpus:name": obj["name"],
-            }
-            for key in ("etag", "lastModified"):
-                if key in obj:
-                    usage[f"corpus:{key}"] = obj[key]
-            if source["kind"] == "changelog":
-                usage["corpus:watermark"] = f"lsn:{source['watermark']}"
-            used[f"_:used-{quote(source['id'], safe='')}-{n}"] = usage
+            entity.setdefault(
+                digest, {"prov:type": _qname("corpus:SourceObject"), "corpus:size": obj["size"]}
+            )
+            key = f"_:used-{quote(source['id'], safe='')}-{n}"
+            used[key] = _usage(names.build, digest, source, obj)
+    return used
+
+
+def _usage(build: str, digest: str, source: dict[str, Any], obj: dict[str, Any]) -> dict[str, Any]:
+    """Where and how the object was read: source, name, ETag / Last-Modified, CDC watermark."""
+    usage: dict[str, Any] = {
+        "prov:activity": build,
+        "prov:entity": digest,
+        "prov:role": _qname("corpus:source"),
+        "corpus:source": source["id"],
+        "corpus:kind": source["kind"],
+        "corpus:name": obj["name"],
+    }
+    for key in ("etag", "lastModified"):
+        if key in obj:
+            usage[f"corpus:{key}"] = obj[key]
+    if source["kind"] == "changelog":
+        usage["corpus:watermark"] = f"lsn:{source['watermark']}"
+    return usage
+
+
+def _revisions(names: _Names, entity: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The snapshot revises its parents, in manifest order."""
     was_derived_from: dict[str, dict[str, Any]] = {}
-    for n, parent in enumerate(parents):
+    for n, parent in enumerate(names.parents):
         entity.setdefault(parent, {"prov:type": _qname("corpus:TrainingDatasetSnapshot")})
         was_derived_from[f"_:parent-{n}"] = {
-            "prov:generatedEntity": snapshot,
+            "prov:generatedEntity": names.snapshot,
             "prov:usedEntity": parent,
-            "prov:activity": build,
+            "prov:activity": names.build,
             "prov:type": _qname("prov:Revision"),
         }
+    return was_derived_from
 
-    activity_attrs: dict[str, Any] = {
+
+def _build_activity(manifest: dict[str, Any]) -> dict[str, Any]:
+    """The build: its identity, transform image, policy digests and per-layer code versions."""
+    attributes: dict[str, Any] = {
         "prov:type": _qname("corpus:SnapshotBuild"),
         "corpus:buildId": manifest["buildId"],
-        "corpus:transformImage": image,
+        "corpus:transformImage": manifest["transformImage"],
         "corpus:recordSchema": manifest["recordSchema"],
         "corpus:selectionPolicy": manifest["selectionPolicy"],
         "corpus:splitPolicy": manifest["splitPolicy"],
@@ -126,17 +192,5 @@ def prov_document(manifest: dict[str, Any], freeze: dict[str, Any], agent: str) 
         "corpus:packingPolicy": manifest["packingPolicy"],
     }
     for layer, code in manifest["transform"].items():
-        activity_attrs[f"corpus:transform.{layer}"] = code
-    return {
-        "prefix": dict(PREFIXES),
-        "entity": entity,
-        "activity": {build: activity_attrs},
-        "agent": {who: {"prov:type": _qname("prov:SoftwareAgent"), "prov:label": agent}},
-        "wasGeneratedBy": {"_:generated": {"prov:entity": snapshot, "prov:activity": build}},
-        "used": used,
-        "wasAssociatedWith": {
-            "_:associated": {"prov:activity": build, "prov:agent": who, "prov:plan": plan}
-        },
-        "wasAttributedTo": {"_:attributed": {"prov:entity": snapshot, "prov:agent": who}},
-        "wasDerivedFrom": was_derived_from,
-    }
+        attributes[f"corpus:transform.{layer}"] = code
+    return attributes

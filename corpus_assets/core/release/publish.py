@@ -1,55 +1,43 @@
 """Approval and activation, each bound to a manifest digest (seed 001).
 
-Approval re-verifies the snapshot before recording the approver, so nobody approves bytes that no
-longer match. Activation takes the manifest's own watermarks to the gate's compare-and-swap.
+Both re-apply every validity rule (``validate_snapshot``) first, so nobody approves or activates
+bytes that no longer verify, a snapshot whose canary no longer replays, or one whose freeze a
+late CDC event has overtaken (which makes it INCOMPLETE instead). Activation then takes the
+manifest's own watermarks to the gate's compare-and-swap.
 """
 
-import json
-from collections.abc import Callable
-from typing import Any
-
 from corpus_assets.core.governance import gate, states
-from corpus_assets.core.release.verify import load_manifest, resolve, verify
+from corpus_assets.core.release.validation import validate_snapshot
+from corpus_assets.core.release.verify import load_manifest, resolve
+from corpus_assets.core.runtime.workspace import Workspace
 from corpus_assets.core.storage.cas import ContentStore
 from corpus_assets.core.storage.catalog import Catalog
 
 
 class PublishError(RuntimeError):
-    pass
+    """Approval or activation refused: the snapshot does not (or no longer) validate."""
 
 
-def approve(cas: ContentStore, catalog: Catalog, digest: str, by: str) -> states.Snapshot:
-    snapshot = resolve(catalog, digest)
-    report = verify(cas, catalog, snapshot.snapshot_id)
+def approve(ws: Workspace, digest: str, by: str) -> states.Snapshot:
+    """Record ``by`` as approver once every rule holds now (a BUILDING snapshot validates first)."""
+    report = validate_snapshot(ws, digest)
     if not report.ok:
-        raise PublishError(f"refusing to approve {snapshot.snapshot_id}: {report.findings[0]}")
-    return states.approve(catalog, snapshot.snapshot_id, by)
+        raise PublishError(f"refusing to approve {report.snapshot_id}: {report.findings[0]}")
+    return states.approve(ws.catalog, report.snapshot_id, by)
 
 
-def activate(
-    cas: ContentStore,
-    catalog: Catalog,
-    digest: str,
-    actor: str,
-    late_changes: Callable[[dict[str, Any]], list[str]] | None = None,
-) -> gate.Gate:
-    """Activate after a last look for late source changes (which make it INCOMPLETE instead)."""
-    snapshot = resolve(catalog, digest)
-    manifest = load_manifest(cas, snapshot)
-    if late_changes is not None:
-        late = late_changes(json.loads(cas.get_bytes(manifest["freeze"]["digest"], "freeze spec")))
-        if late:
-            states.transition(
-                catalog,
-                snapshot.snapshot_id,
-                snapshot.state,
-                states.INCOMPLETE,
-                actor,
-                "; ".join(late),
-            )
-            raise PublishError(f"{snapshot.snapshot_id} is INCOMPLETE: {late[0]}")
+def activate(ws: Workspace, digest: str, actor: str) -> gate.Gate:
+    """Compare-and-swap the alias to this APPROVED snapshot once every rule holds now."""
+    report = validate_snapshot(ws, digest)
+    snapshot = states.get(ws.catalog, report.snapshot_id)
+    if not report.ok:
+        raise PublishError(
+            f"{snapshot.snapshot_id} is {snapshot.state}; refusing to activate it: "
+            f"{report.findings[0]}"
+        )
+    manifest = load_manifest(ws.cas, snapshot)
     return gate.activate(
-        catalog,
+        ws.catalog,
         snapshot.snapshot_id,
         tombstone_watermark=int(manifest["tombstoneWatermark"]),
         benchmark_fence=int(manifest["benchmarkFence"]),

@@ -5,7 +5,6 @@ reads today: members added and removed, records that migrated between splits, an
 shifts (share of each source and split, byte-length quantiles).
 """
 
-import json
 from typing import Any
 
 import pyarrow as pa
@@ -84,7 +83,3 @@ def shadow_diff(cas: ContentStore, catalog: Catalog, digest: str) -> dict[str, A
         },
     )
     return diff
-
-
-def render(diff: dict[str, Any]) -> str:
-    return json.dumps(diff, indent=2, sort_keys=True)

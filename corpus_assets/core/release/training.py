@@ -18,7 +18,7 @@ import sys
 import time
 from array import array
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import pyarrow as pa
@@ -31,7 +31,7 @@ from corpus_assets.core.release.identity import snapshot_id as compute_snapshot_
 from corpus_assets.core.release.verify import load_manifest, resolve
 from corpus_assets.core.storage.cas import ContentStore, CorruptObjectError, MissingObjectError
 from corpus_assets.core.storage.catalog import Catalog, gate, permits
-from corpus_assets.core.storage.digests import DIGEST_RE, json_digest
+from corpus_assets.core.storage.digests import DIGEST_RE, hasher_digest, json_digest
 
 TOKEN_DTYPE = "uint16-le"
 TOKEN_BYTES = 2
@@ -44,6 +44,8 @@ class TrainingError(RuntimeError):
 
 @dataclass(frozen=True)
 class Permit:
+    """A run's recorded right to read one snapshot, at the fences it was granted under."""
+
     permit_id: str
     run_id: str
     snapshot_id: str
@@ -75,6 +77,31 @@ def take_permit(
     verifies and its purpose equals ``purpose``; its tombstone watermark and benchmark fence equal
     the alias gate row's current values.
     """
+    snapshot = _requested(catalog, snapshot_id, run_id)
+    existing = _permit_for_run(catalog, run_id)
+    if existing is not None:
+        return _resume(existing, snapshot.snapshot_id, purpose)
+    manifest = _trainable(cas, snapshot, run_id, purpose)
+    request = _Request(
+        run_id=run_id,
+        snapshot_id=snapshot.snapshot_id,
+        alias=snapshot.alias,
+        purpose=purpose,
+        tombstone_watermark=int(manifest["tombstoneWatermark"]),
+        benchmark_fence=int(manifest["benchmarkFence"]),
+    )
+    try:
+        return _record_permit(catalog, request)
+    except IntegrityError:
+        # Same run id committed concurrently (PostgreSQL reports it at our INSERT): resume it.
+        again = _permit_for_run(catalog, run_id)
+        if again is None:
+            raise
+        return _resume(again, snapshot.snapshot_id, purpose)
+
+
+def _requested(catalog: Catalog, snapshot_id: str, run_id: str) -> states.Snapshot:
+    """The snapshot a request names, refused unless it names one by digest for a named run."""
     if not isinstance(snapshot_id, str) or not DIGEST_RE.fullmatch(snapshot_id):
         raise TrainingError(
             f"run {run_id!r}: training accepts only a snapshot digest (sha256:<64 hex>), not "
@@ -83,17 +110,18 @@ def take_permit(
     if not isinstance(run_id, str) or not run_id.strip():
         raise TrainingError(f"snapshot {snapshot_id}: a permit needs a non-empty run id")
     try:
-        snapshot = resolve(catalog, snapshot_id)
+        return resolve(catalog, snapshot_id)
     except states.StateError:
         raise TrainingError(
             f"run {run_id!r}: no snapshot with id or manifest digest {snapshot_id} in the catalog"
         ) from None
+
+
+def _trainable(
+    cas: ContentStore, snapshot: states.Snapshot, run_id: str, purpose: str
+) -> dict[str, Any]:
+    """The verified manifest of an ACTIVE snapshot built for ``purpose`` and its own alias."""
     sid = snapshot.snapshot_id
-
-    existing = _permit_for_run(catalog, run_id)
-    if existing is not None:
-        return _resume(existing, sid, purpose)
-
     if snapshot.state != states.ACTIVE:
         raise TrainingError(
             f"run {run_id!r}: snapshot {sid} is {snapshot.state}; only a snapshot activated "
@@ -110,52 +138,60 @@ def take_permit(
             f"run {run_id!r}: snapshot {sid} manifest names alias {manifest.get('alias')!r}, "
             f"the catalog {snapshot.alias!r}"
         )
-    watermark = int(manifest["tombstoneWatermark"])
-    fence = int(manifest["benchmarkFence"])
-    permit_id = json_digest(
-        {
-            "runId": run_id,
-            "snapshotId": sid,
-            "purpose": purpose,
-            "tombstoneWatermark": str(watermark),
-            "benchmarkFence": str(fence),
-        }
-    )
-    try:
-        with catalog.begin() as conn:
-            row = _lock_gate_row(conn, snapshot.alias)
-            raced = _permit_row(conn, run_id)
-            if raced is not None:  # another process permitted this run after our first look
-                return _resume(_to_permit(raced, resumed=True), sid, purpose)
-            if row is None:
-                raise TrainingError(
-                    f"run {run_id!r}: alias {snapshot.alias!r} of snapshot {sid} has no gate row"
-                )
-            if (row["tombstone_watermark"], row["benchmark_fence"]) != (watermark, fence):
-                raise TrainingError(
-                    f"run {run_id!r}: snapshot {sid} was built at tombstone watermark {watermark} "
-                    f"and benchmark fence {fence}, but alias {snapshot.alias!r} is now at "
-                    f"tombstone watermark {row['tombstone_watermark']} and benchmark fence "
-                    f"{row['benchmark_fence']}: it may hold revoked or benchmark data; build and "
-                    "activate a new snapshot"
-                )
-            values = {
-                "permit_id": permit_id,
-                "run_id": run_id,
-                "snapshot_id": sid,
-                "alias": snapshot.alias,
-                "purpose": purpose,
-                "tombstone_watermark": watermark,
-                "benchmark_fence": fence,
-                "generation": row["generation"],
+    return manifest
+
+
+@dataclass(frozen=True)
+class _Request:
+    """What a permit is asked for: a run, a snapshot, and the fences the snapshot was built at."""
+
+    run_id: str
+    snapshot_id: str
+    alias: str
+    purpose: str
+    tombstone_watermark: int
+    benchmark_fence: int
+
+    @property
+    def permit_id(self) -> str:
+        """The same request always names the same permit."""
+        return json_digest(
+            {
+                "runId": self.run_id,
+                "snapshotId": self.snapshot_id,
+                "purpose": self.purpose,
+                "tombstoneWatermark": str(self.tombstone_watermark),
+                "benchmarkFence": str(self.benchmark_fence),
             }
-            conn.execute(insert(permits).values(**values, at=time.time()))
-    except IntegrityError:
-        # Same run id committed concurrently (PostgreSQL reports it at our INSERT): resume it.
-        again = _permit_for_run(catalog, run_id)
-        if again is None:
-            raise
-        return _resume(again, sid, purpose)
+        )
+
+
+def _record_permit(catalog: Catalog, request: _Request) -> Permit:
+    """Insert the permit in one transaction with the locked gate row it was checked against."""
+    run_id, sid, alias = request.run_id, request.snapshot_id, request.alias
+    watermark, fence = request.tombstone_watermark, request.benchmark_fence
+    with catalog.begin() as conn:
+        row = _lock_gate_row(conn, alias)
+        raced = _permit_row(conn, run_id)
+        if raced is not None:  # another process permitted this run after our first look
+            return _resume(_to_permit(raced, resumed=True), sid, request.purpose)
+        if row is None:
+            raise TrainingError(
+                f"run {run_id!r}: alias {alias!r} of snapshot {sid} has no gate row"
+            )
+        if (row["tombstone_watermark"], row["benchmark_fence"]) != (watermark, fence):
+            raise TrainingError(
+                f"run {run_id!r}: snapshot {sid} was built at tombstone watermark {watermark} "
+                f"and benchmark fence {fence}, but alias {alias!r} is now at tombstone watermark "
+                f"{row['tombstone_watermark']} and benchmark fence {row['benchmark_fence']}: it "
+                "may hold revoked or benchmark data; build and activate a new snapshot"
+            )
+        values = {
+            **asdict(request),
+            "permit_id": request.permit_id,
+            "generation": row["generation"],
+        }
+        conn.execute(insert(permits).values(**values, at=time.time()))
     return Permit(**values, resumed=False)
 
 
@@ -311,7 +347,7 @@ class TrainingReader:
                 for at in range(max(0, first - offset), len(chunk), block_bytes):
                     yield (offset + at) // block_bytes, _tokens(view[at : at + block_bytes])
                 offset += len(chunk)
-            actual = "sha256:" + hasher.hexdigest()
+            actual = hasher_digest(hasher)
             if actual != digest:
                 raise CorruptObjectError(digest, actual, "tokens (changed while being read)")
         finally:
@@ -359,12 +395,13 @@ class TrainingReader:
 
 
 def _hash_fd(fd: int, digest: str, what: str) -> int:
+    """Hash a whole file in constant memory; its size, or CorruptObjectError naming it."""
     hasher = hashlib.sha256()
     offset = 0
     while chunk := os.pread(fd, 1 << 22, offset):
         hasher.update(chunk)
         offset += len(chunk)
-    actual = "sha256:" + hasher.hexdigest()
+    actual = hasher_digest(hasher)
     if actual != digest:
         raise CorruptObjectError(digest, actual, what)
     return offset

@@ -1,9 +1,9 @@
-"""Verification and validation of a built snapshot.
+"""Verification of a built snapshot: the first of the validity rules, and usable alone.
 
 ``verify`` recomputes every digest reachable from the manifest (the snapshotId itself, then each
-CAS object by walking refs) and names every object that does not match. ``validate`` adds the gate
-rules of seed 001 - no open dead letters, unique record ids with exactly one split, no unknown
-sources, no tombstone hits, watermarks equal to the freeze - and moves BUILDING -> VALIDATED.
+CAS object by walking refs) and names every object that does not match. It needs no config, so
+``corpus-assets verify`` works on a bare data home; ``validation.validate_snapshot`` runs it and
+then every other rule.
 """
 
 import json
@@ -15,6 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from corpus_assets.core.governance import states
+from corpus_assets.core.release.gates import GateReport
 from corpus_assets.core.release.identity import snapshot_id as compute_snapshot_id
 from corpus_assets.core.release.manifest_schema import schema_errors
 from corpus_assets.core.release.signing import SignatureError, verify_signature
@@ -25,12 +26,14 @@ from corpus_assets.core.storage.catalog import Catalog
 
 @dataclass
 class Report:
+    """Findings (empty = valid) and what was checked; ``gate`` is filled by validation."""
+
     snapshot_id: str
     objects_checked: int = 0
     bytes_checked: int = 0
     findings: list[str] = field(default_factory=list)
     digests: set[str] = field(default_factory=set)
-    gate: dict[str, Any] = field(default_factory=dict)
+    gate: GateReport = field(default_factory=GateReport)
 
     @property
     def ok(self) -> bool:
@@ -46,6 +49,7 @@ def resolve(catalog: Catalog, digest: str) -> states.Snapshot:
 
 
 def load_manifest(cas: ContentStore, snapshot: states.Snapshot) -> dict[str, Any]:
+    """The manifest document, re-hashed by the CAS on read."""
     return json.loads(cas.get_bytes(snapshot.manifest_digest, "manifest"))
 
 

@@ -40,6 +40,21 @@ def canonical_json(payload: Any) -> bytes:
     return rfc8785.dumps(payload)
 
 
+def canonical_foreign_json(value: Any, *, plain: bool) -> bytes:
+    """RFC 8785 bytes of JSON read from outside, which may hold floats and integers past 2**53.
+
+    ``plain`` is the caller's word (a parser learns it for free) that ``value`` has no floats and
+    only ASCII member names; the fast encoder then writes the RFC 8785 bytes. Integers of any size
+    are written exactly on both paths instead of being refused.
+    """
+    if plain:
+        return _FAST.encode(value).encode("utf-8")
+    try:
+        return rfc8785.dumps(value)
+    except rfc8785.IntegerDomainError:
+        return _exact_integers(value)
+
+
 def json_digest(payload: Any) -> str:
     return sha256_digest(canonical_json(payload))
 
@@ -79,3 +94,16 @@ def _simple(value: Any, path: str) -> bool:
             simple &= _simple(item, f"{path}[{index}]")
         return simple
     return False
+
+
+def _exact_integers(value: Any) -> bytes:
+    """RFC 8785 walk that writes integers beyond 2**53 exactly (``rfc8785`` refuses them)."""
+    if isinstance(value, dict):
+        items = sorted(value.items(), key=lambda kv: kv[0].encode("utf-16-be", "surrogatepass"))
+        members = (rfc8785.dumps(k) + b":" + _exact_integers(v) for k, v in items)
+        return b"{" + b",".join(members) + b"}"
+    if isinstance(value, list):
+        return b"[" + b",".join(_exact_integers(item) for item in value) + b"]"
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value).encode("ascii")
+    return rfc8785.dumps(value)

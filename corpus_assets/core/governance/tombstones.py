@@ -1,0 +1,34 @@
+"""Tombstones: revoking a record, source object or group, fenced through every alias's gate.
+
+A tombstone is a row with a sequence number; recording it raises every alias's tombstone
+watermark to that number in the same transaction, so a snapshot built before it can no longer
+activate and later builds exclude what it revokes.
+"""
+
+import time
+
+from sqlalchemy import insert
+
+from corpus_assets.core.governance import gate
+from corpus_assets.core.storage.catalog import Catalog, tombstones
+
+TOMBSTONE_KINDS = ("record", "object", "group")
+
+
+def add_tombstone(catalog: Catalog, kind: str, target: str, reason: str) -> int:
+    """Record a revocation and fence every alias at its sequence number, in one transaction."""
+    if kind not in TOMBSTONE_KINDS:
+        raise gate.GateError(f"tombstone kind {kind!r} is not one of {', '.join(TOMBSTONE_KINDS)}")
+    with catalog.begin() as conn:
+        seq = conn.execute(
+            insert(tombstones)
+            .values(kind=kind, record_id=target, reason=reason, at=time.time())
+            .returning(tombstones.c.seq)
+        ).scalar_one()
+        gate.fence_every_alias(conn, "tombstone_watermark", seq)
+    return seq
+
+
+def advance_tombstone(catalog: Catalog, seen: gate.Gate, watermark: int) -> bool:
+    """One attempt to fence ``seen.alias`` at tombstone ``watermark``; False if the gate moved."""
+    return gate.advance(catalog, seen, "tombstone_watermark", watermark)

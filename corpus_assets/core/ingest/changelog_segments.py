@@ -1,0 +1,155 @@
+"""Changelog segment files as a listing saw them, and reads bounded by that listing.
+
+The source side of a changelog: listing and the cheap head offset feed the discovery fingerprint
+without folding anything. Each segment is read only up to the size its listing saw: a live writer
+appending meanwhile cannot move the boundary, and the recorded sha256 is of exactly the bytes read.
+"""
+
+import hashlib
+import io
+from collections.abc import Iterator, Sequence
+from contextlib import closing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+from corpus_assets.core.ingest.changelog_events import ChangelogError, load_event, lsn_of
+from corpus_assets.core.ingest.codecs import CodecError, iter_lines, sniff_codec
+from corpus_assets.core.storage.digests import hasher_digest
+
+DEFAULT_INCLUDE = ("*.jsonl", "*.jsonl.zst", "*.jsonl.gz")
+_TAIL_BLOCK = 64 << 10
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One segment file as a listing saw it; ``size`` bounds every later read of it."""
+
+    name: str
+    path: Path
+    size: int
+    mtime_ns: int
+
+
+def list_segments(root: Path, include: Sequence[str] = DEFAULT_INCLUDE) -> list[Segment]:
+    """Segment files under ``root`` matching ``include``, sorted by relative POSIX name."""
+    root = Path(root)
+    if not root.is_dir():
+        raise ChangelogError(f"changelog folder {root} does not exist")
+    seen: dict[str, Segment] = {}
+    for pattern in include:
+        for path in root.rglob(pattern):
+            if path.name.startswith(".") or not path.is_file():
+                continue
+            try:
+                stat = path.stat()
+            except FileNotFoundError:
+                continue  # removed while listing (retention): not part of this listing
+            name = path.relative_to(root).as_posix()
+            seen[name] = Segment(name, path, stat.st_size, stat.st_mtime_ns)
+    return [seen[name] for name in sorted(seen)]
+
+
+def head_offset(segments: Sequence[Segment], *, what: str = "changelog") -> int | None:
+    """Max lsn present, from the last event of each segment (append order holds inside a file).
+
+    Plain segments are read backwards from their listed size; compressed ones cannot seek, so they
+    are streamed to their last line. Names are not trusted to be in log order: every segment counts.
+    An unterminated last line that does not parse is a write in progress and is skipped; a fold of
+    the same listing refuses it instead, because a freeze must not guess.
+    """
+    head: int | None = None
+    for segment in segments:
+        with closing(_tail_lines(segment, what)) as lines:
+            for where, raw, terminated in lines:
+                try:
+                    lsn = lsn_of(load_event(raw, what, where)[0], what, where)
+                except ChangelogError:
+                    if terminated:
+                        raise
+                    continue  # a writer is mid-line: that event is not present yet
+                head = lsn if head is None else max(head, lsn)
+                break
+    return head
+
+
+class PinnedReader(io.RawIOBase):
+    """Reads exactly the listed size of a segment and hashes it; a shrunk segment is an error."""
+
+    def __init__(self, handle: BinaryIO, segment: Segment, what: str) -> None:
+        self._handle = handle
+        self._segment = segment
+        self._what = what
+        self._left = segment.size
+        self._hasher = hashlib.sha256()
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: memoryview) -> int:  # type: ignore[override]
+        return self._pull(memoryview(buffer))
+
+    def drain(self) -> None:
+        """Hash whatever a decompressor left unread; works after the line reader closed us."""
+        scratch = memoryview(bytearray(1 << 20))
+        while self._pull(scratch):
+            pass
+
+    def _pull(self, buffer: memoryview) -> int:
+        if self._left <= 0:
+            return 0
+        view = buffer[: self._left]
+        count = self._handle.readinto(view) or 0  # type: ignore[attr-defined]
+        if count == 0:
+            raise ChangelogError(
+                f"{self._what}: segment {self._segment.name} is shorter than the "
+                f"{self._segment.size} bytes listed; append-only segments must not shrink"
+            )
+        self._hasher.update(view[:count])
+        self._left -= count
+        return count
+
+    def digest(self) -> str:
+        return hasher_digest(self._hasher)
+
+
+def _tail_lines(segment: Segment, what: str) -> Iterator[tuple[str, bytes, bool]]:
+    """Non-blank lines from the end: (where, line, terminated by a newline)."""
+    label = f"{what}: segment {segment.name}"
+    with open(segment.path, "rb") as handle:
+        if sniff_codec(handle.read(4)) != "plain":
+            handle.seek(0)
+            found: tuple[str, bytes, bool] | None = None
+            try:
+                for line_no, raw in iter_lines(PinnedReader(handle, segment, what), label):  # type: ignore[arg-type]
+                    if raw.strip():
+                        found = (f"segment {segment.name} line {line_no}", raw, True)
+            except CodecError as error:
+                raise ChangelogError(str(error)) from error
+            if found is not None:
+                yield found
+            return
+        tail = b""
+        position = segment.size
+        while position > 0:
+            step = min(_TAIL_BLOCK, position)
+            position -= step
+            handle.seek(position)
+            block = handle.read(step)
+            if len(block) != step:
+                raise ChangelogError(f"{label} is shorter than the {segment.size} bytes listed")
+            lines = (block + tail).split(b"\n")
+            end = position + len(block) + len(tail)
+            # lines[0] may be cut by the block start; the others are whole lines.
+            for index in range(len(lines) - 1, 0 if position > 0 else -1, -1):
+                raw = lines[index]
+                start = end - len(raw)
+                end = start - 1
+                if raw.strip():
+                    terminated = start + len(raw) < segment.size
+                    yield (
+                        f"segment {segment.name} line at byte {start}",
+                        raw.rstrip(b"\r"),
+                        terminated,
+                    )
+            tail = lines[0]

@@ -1,0 +1,211 @@
+"""The partial download on disk and its checkpoint: which prefix is verified, of which version.
+
+The body streams to ``<work_dir>/<sha256(url)>.partial``; ``<same>.partial.json`` is the
+checkpoint ``{url, verified_bytes, expected_size, sha256_prefix, etag, last_modified}``. Only
+bytes whose prefix hash matches the checkpoint are ever trusted, so a dropped connection, a killed
+process or a flipped bit on disk costs at most a re-download, never a silently wrong object.
+
+Write order, and why it differs from the seed's wording. The seed says "checkpoint first, then
+data", like a write-ahead log, to avoid a checkpoint that lags the file and makes the next resume
+append duplicate suffix bytes. That failure only exists if a resume appends at the end of the
+file. Here a resume always starts at ``verified_bytes``: on restart, a file longer than the
+checkpoint is truncated to ``verified_bytes`` before the prefix is re-hashed, and a file shorter
+than it, or a prefix that hashes differently, restarts from zero. Given that rule the safe order
+is data first: append and fsync the bytes, then atomically replace the checkpoint (the commit
+record). A crash between the two leaves extra unverified bytes that are cut off, losing at most
+one checkpoint interval. Writing the checkpoint first would, after a crash in between, leave a
+checkpoint claiming bytes the file never got, and the whole partial would have to be thrown away.
+Whichever instant the process dies at, the invariant holds: the checkpoint never claims a byte
+that is not durably on disk, and its hash covers exactly the bytes it claims.
+
+The running sha256 stays in memory, so checkpoints (throttled by bytes and seconds) cost no
+re-hash; only a new process re-hashes the prefix once.
+"""
+
+import errno
+import fcntl
+import hashlib
+import json
+import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from corpus_assets.core.ingest.remote_http import DownloadError, RemoteVersion
+from corpus_assets.core.storage.digests import hasher_digest
+from corpus_assets.core.storage.fsio import atomic_write
+
+HASH_CHUNK = 1 << 20
+
+_Signature = tuple[int, str | None, str | None, int | None]
+
+
+@dataclass
+class PartialState:
+    """What the bytes on disk are: how many are verified and which version they belong to."""
+
+    verified: int = 0
+    hasher: Any = field(default_factory=hashlib.sha256)
+    expected_size: int | None = None
+    etag: str | None = None
+    last_modified: str | None = None
+
+    @property
+    def complete(self) -> bool:
+        return self.expected_size is not None and self.verified == self.expected_size
+
+
+@contextmanager
+def locked_partial(
+    url: str, work_dir: Path, *, checkpoint_bytes: int, checkpoint_seconds: float
+) -> Iterator["PartialFile"]:
+    """The URL's partial file in ``work_dir``, locked so no second process writes it meanwhile."""
+    work_dir = Path(work_dir)
+    work_dir.mkdir(parents=True, exist_ok=True)
+    key = hashlib.sha256(url.encode("utf-8")).hexdigest()
+    path = work_dir / f"{key}.partial"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    with os.fdopen(fd, "r+b") as handle:
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as error:
+            if error.errno not in (errno.EAGAIN, errno.EACCES):
+                raise
+            raise DownloadError(f"{url}: another process is downloading it into {path}") from None
+        yield PartialFile(
+            url=url,
+            handle=handle,
+            path=path,
+            checkpoint=work_dir / f"{key}.partial.json",
+            checkpoint_bytes=checkpoint_bytes,
+            checkpoint_seconds=checkpoint_seconds,
+        )
+
+
+@dataclass
+class PartialFile:
+    """The partial body and its checkpoint file; the only code that writes either of them."""
+
+    url: str
+    handle: BinaryIO
+    path: Path
+    checkpoint: Path
+    checkpoint_bytes: int
+    checkpoint_seconds: float
+    state: PartialState = field(default_factory=PartialState)
+    _saved: _Signature | None = None
+    _saved_at: float = 0.0
+
+    def adopt(self) -> str | None:
+        """Take over the checkpoint if the on-disk prefix still hashes to it; else say why not."""
+        try:
+            payload = json.loads(self.checkpoint.read_bytes())
+        except FileNotFoundError:
+            return "no checkpoint"
+        except (OSError, ValueError) as error:
+            return f"unreadable checkpoint: {error}"
+        try:
+            verified = int(payload["verified_bytes"])
+            expected_size = payload["expected_size"]
+            prefix = str(payload["sha256_prefix"])
+            state = PartialState(
+                verified=verified,
+                expected_size=None if expected_size is None else int(expected_size),
+                etag=payload["etag"],
+                last_modified=payload["last_modified"],
+            )
+            if payload["url"] != self.url:
+                return f"checkpoint is for {payload['url']}"
+        except (KeyError, TypeError, ValueError) as error:
+            return f"malformed checkpoint: {error!r}"
+        if verified < 0 or (state.expected_size is not None and verified > state.expected_size):
+            return f"checkpoint claims {verified} of {state.expected_size} bytes"
+        reason = self._rehash(state, prefix)
+        if reason is None:
+            self.state = state
+            self._saved = self._signature()
+            self._saved_at = time.monotonic()
+        return reason
+
+    def _rehash(self, state: PartialState, prefix: str) -> str | None:
+        """Hash the first ``state.verified`` bytes on disk into ``state``, cutting off the rest."""
+        verified = state.verified
+        on_disk = os.fstat(self.handle.fileno()).st_size
+        if on_disk < verified:
+            return f"partial file has {on_disk} bytes but the checkpoint verified {verified}"
+        if on_disk > verified:  # appended after the last checkpoint: unverified, cut off
+            self.handle.truncate(verified)
+        self.handle.seek(0)
+        remaining = verified
+        while remaining:
+            block = self.handle.read(min(HASH_CHUNK, remaining))
+            if not block:
+                return "partial file shrank while it was re-hashed"
+            state.hasher.update(block)
+            remaining -= len(block)
+        if state.hasher.hexdigest() != prefix:
+            return "partial file's prefix does not hash to its checkpoint"
+        return None
+
+    def reset(self) -> None:
+        """Forget every byte on disk: truncate first, so a crash here never leaves a claim."""
+        self.handle.seek(0)
+        self.handle.truncate(0)
+        self.handle.flush()
+        os.fsync(self.handle.fileno())
+        self.checkpoint.unlink(missing_ok=True)
+        self.state = PartialState()
+        self._saved = None
+
+    def append(self, block: bytes) -> None:
+        """Write and hash body bytes; they count as verified once a checkpoint commits them."""
+        self.handle.write(block)
+        self.state.hasher.update(block)
+        self.state.verified += len(block)
+
+    def save_if_due(self) -> None:
+        """Commit a checkpoint every ``checkpoint_bytes`` or ``checkpoint_seconds``."""
+        if (
+            self.state.verified - (self._saved[0] if self._saved else 0) >= self.checkpoint_bytes
+            or time.monotonic() - self._saved_at >= self.checkpoint_seconds
+        ):
+            self.save()
+
+    def save(self) -> None:
+        """Make the appended bytes durable, then commit them in the checkpoint (data first)."""
+        if self._saved == self._signature():
+            return
+        self.handle.flush()
+        os.fsync(self.handle.fileno())
+        state = self.state
+        payload = {
+            "url": self.url,
+            "verified_bytes": state.verified,
+            "expected_size": state.expected_size,
+            "sha256_prefix": state.hasher.hexdigest(),
+            "etag": state.etag,
+            "last_modified": state.last_modified,
+        }
+        atomic_write(self.checkpoint, json.dumps(payload, sort_keys=True).encode("utf-8"))
+        self._saved = self._signature()
+        self._saved_at = time.monotonic()
+
+    def version(self) -> RemoteVersion:
+        """The version the bytes on disk belong to."""
+        state = self.state
+        return RemoteVersion(self.url, state.expected_size, state.etag, state.last_modified)
+
+    def digest(self) -> str:
+        return hasher_digest(self.state.hasher)
+
+    def remove(self) -> None:
+        """Drop the checkpoint and the partial file once the CAS holds the bytes."""
+        self.checkpoint.unlink(missing_ok=True)
+        self.path.unlink(missing_ok=True)
+
+    def _signature(self) -> _Signature:
+        state = self.state
+        return (state.verified, state.etag, state.last_modified, state.expected_size)

@@ -1,0 +1,297 @@
+"""Resumable streaming HTTP(S) downloads into the CAS (seed 003): requests, retries, resumes.
+
+Each attempt asks for the bytes from the verified offset (``Range`` with ``If-Range``) and only
+appends a body that provably continues the same version; anything else restarts from zero or, when
+a version is pinned, fails. What is verified on disk, and when it is committed, is
+``download_checkpoint``'s business. Memory is flat: one chunk at a time.
+"""
+
+import http.client
+import time
+import urllib.error
+from dataclasses import dataclass
+from pathlib import Path
+
+from corpus_assets.core.ingest.download_checkpoint import PartialFile, locked_partial
+from corpus_assets.core.ingest.remote_http import (
+    DownloadError,
+    RemoteVersion,
+    content_length,
+    content_range,
+    differences,
+    if_range,
+    open_url,
+    validators,
+)
+from corpus_assets.core.storage.cas import ContentStore
+
+RETRYABLE_STATUS = frozenset({408, 425, 429, 500, 502, 503, 504})
+MAX_BACKOFF_SECONDS = 5.0
+
+
+@dataclass(frozen=True)
+class Fetched:
+    """A published download; ``bytes_transferred`` counts every body byte received this call."""
+
+    digest: str
+    size: int
+    etag: str | None
+    last_modified: str | None
+    bytes_transferred: int
+    resumed: bool
+    restarts: int
+
+
+class ResumeRefused(DownloadError):
+    """Resume-only mode found no usable checkpoint, so it refuses to download from scratch."""
+
+
+def fetch_to_cas(
+    url: str,
+    cas: ContentStore,
+    work_dir: Path,
+    *,
+    expected: RemoteVersion | None = None,
+    resume_only: bool = False,
+    max_attempts: int = 50,
+    chunk_size: int = 1 << 20,
+    timeout: float = 30.0,
+    backoff_seconds: float = 0.05,
+    checkpoint_bytes: int = 4 << 20,
+    checkpoint_seconds: float = 1.0,
+) -> Fetched:
+    """Download ``url`` into ``cas``, resuming from a verified checkpoint in ``work_dir``.
+
+    ``expected`` pins a version (from ``head``): if the server's ETag, Last-Modified or size
+    differ, ``DownloadError`` is raised instead of fetching different bytes (the partial is kept).
+    Without it a changed object restarts from zero. ``resume_only`` raises ``ResumeRefused``
+    rather than (re)start from byte zero. Drops, timeouts and 408/429/5xx answers are retried up
+    to ``max_attempts`` requests, with exponential backoff from ``backoff_seconds``. A checkpoint
+    is committed every ``checkpoint_bytes`` or ``checkpoint_seconds``, whichever comes first, and
+    after every drop: a killed process loses at most that much. Two processes fetching the same
+    URL into one ``work_dir`` are excluded by a lock on the partial file.
+    """
+    with locked_partial(
+        url, work_dir, checkpoint_bytes=checkpoint_bytes, checkpoint_seconds=checkpoint_seconds
+    ) as partial:
+        download = _Download(
+            url=url,
+            cas=cas,
+            partial=partial,
+            expected=expected,
+            resume_only=resume_only,
+            chunk_size=chunk_size,
+            timeout=timeout,
+        )
+        return download.run(max_attempts, backoff_seconds)
+
+
+class _Dropped(Exception):
+    """A retryable network failure after ``received`` body bytes of this attempt."""
+
+    def __init__(self, reason: str, received: int = 0) -> None:
+        super().__init__(reason)
+        self.received = received
+
+
+@dataclass
+class _Download:
+    url: str
+    cas: ContentStore
+    partial: PartialFile
+    expected: RemoteVersion | None
+    resume_only: bool
+    chunk_size: int
+    timeout: float
+    transferred: int = 0
+    restarts: int = 0
+    resumed: bool = False
+
+    def run(self, max_attempts: int, backoff_seconds: float) -> Fetched:
+        self._start()
+        attempts = 0
+        failures = 0
+        last_error = "no attempt made"
+        while not self.partial.state.complete:
+            if attempts >= max_attempts:
+                raise DownloadError(
+                    f"{self.url}: gave up after {attempts} attempts at byte"
+                    f" {self.partial.state.verified} of {self.partial.state.expected_size}:"
+                    f" {last_error}"
+                )
+            if failures:
+                time.sleep(min(backoff_seconds * 2 ** (failures - 1), MAX_BACKOFF_SECONDS))
+            attempts += 1
+            try:
+                self._attempt()
+                failures = 0
+            except _Dropped as drop:
+                last_error = str(drop)
+                failures = 1 if drop.received else failures + 1
+                self.partial.save()
+        return self._publish()
+
+    def _start(self) -> None:
+        """Adopt the checkpoint if the on-disk prefix still hashes to it, else start from zero."""
+        reason = self.partial.adopt()
+        if reason is None and self.expected is not None:
+            changed = differences(self.expected, self.partial.version())
+            if changed:
+                reason = f"the checkpoint holds another version ({changed})"
+        state = self.partial.state
+        if reason is None and self.resume_only and not (state.verified or state.complete):
+            reason = "the checkpoint has no verified bytes"  # resuming at 0 is starting over
+        if reason is None:
+            self.resumed = state.verified > 0
+            return
+        if self.resume_only:
+            raise ResumeRefused(
+                f"{self.url}: resume-only mode and no usable checkpoint ({reason});"
+                " refusing to download from scratch"
+            )
+        if reason != "no checkpoint":
+            self.restarts += 1
+        self._reset()
+
+    def _reset(self) -> None:
+        self.partial.reset()
+        self.resumed = False
+
+    def _restart(self, reason: str) -> None:
+        if self.resume_only:
+            raise ResumeRefused(
+                f"{self.url}: resume-only mode and {reason}; refusing to download from scratch"
+            )
+        self.restarts += 1
+        self._reset()
+
+    def _attempt(self) -> None:
+        """One GET from the verified offset; returns when the body ended cleanly."""
+        offset = self.partial.state.verified
+        headers: dict[str, str] = {}
+        if offset:
+            headers["Range"] = f"bytes={offset}-"
+            validator = if_range(self.partial.version())
+            if validator:
+                headers["If-Range"] = validator
+        try:
+            response = open_url(self.url, "GET", headers, self.timeout)
+        except urllib.error.HTTPError as error:
+            error.close()
+            if error.code in RETRYABLE_STATUS:
+                raise _Dropped(f"HTTP {error.code} {error.reason}") from None
+            if error.code == 416 and offset:
+                self._restart(f"the server refused the range from byte {offset} (HTTP 416)")
+                return
+            raise DownloadError(f"{self.url}: HTTP {error.code} {error.reason}") from None
+        except (urllib.error.URLError, OSError, http.client.HTTPException) as error:
+            raise _Dropped(f"request failed: {error!r}") from None
+        with response:
+            self._take(response, offset)
+
+    def _take(self, response: http.client.HTTPResponse, offset: int) -> None:
+        """Append the body if it continues the bytes on disk (or, restarted, replaces them)."""
+        seen = self._seen(response)
+        if not self._continues(response, offset, seen):
+            return
+        state = self.partial.state
+        state.etag, state.last_modified = seen.etag, seen.last_modified
+        state.expected_size = seen.size
+        self.partial.save()
+        self._stream(response, seen.size)
+
+    def _seen(self, response: http.client.HTTPResponse) -> RemoteVersion:
+        """The version this answer is of; a version other than the pinned one is refused."""
+        etag, last_modified = validators(response)
+        if response.status == 206:
+            parsed = content_range(response)
+            # "bytes a-b/*": the total is unknown; keep the one we learnt earlier, if any.
+            known = self.partial.state.expected_size
+            total = parsed[2] if parsed and parsed[2] is not None else known
+        elif response.status == 200:
+            total = content_length(response)
+        else:
+            raise DownloadError(f"{self.url}: unexpected HTTP {response.status} to a GET")
+        seen = RemoteVersion(self.url, total, etag, last_modified)
+        if self.expected is not None:
+            changed = differences(self.expected, seen)
+            if changed:
+                raise DownloadError(
+                    f"{self.url}: the object no longer matches its pinned version"
+                    f" ({changed}); refusing to fetch different bytes"
+                )
+        return seen
+
+    def _continues(
+        self, response: http.client.HTTPResponse, offset: int, seen: RemoteVersion
+    ) -> bool:
+        """Whether to read this body: a 206 must resume the same version at ``offset``; a 200
+        to a ranged request restarts from zero and is read whole."""
+        changed = differences(self.partial.version(), seen) if offset else ""
+        if response.status == 206:
+            if changed:
+                self._restart(f"the object changed ({changed})")
+                return False
+            parsed = content_range(response)
+            if parsed is None or parsed[0] != offset:
+                self._restart(
+                    f"the server answered Content-Range {response.headers.get('Content-Range')!r}"
+                    f" to a request from byte {offset}"
+                )
+                return False
+            self.resumed = self.resumed or offset > 0
+        elif offset:
+            self._restart(
+                f"the object changed ({changed})" if changed else "the server ignored the Range"
+            )
+        return True
+
+    def _stream(self, response: http.client.HTTPResponse, total: int | None) -> None:
+        """Append the body chunk by chunk, checkpointing as it goes; a short body is a drop."""
+        partial = self.partial
+        declared = response.length
+        received = 0
+        while True:
+            try:
+                block = response.read1(self.chunk_size)
+            except (OSError, http.client.HTTPException) as error:
+                raise _Dropped(
+                    f"connection dropped after {received} bytes: {error!r}", received
+                ) from error
+            if not block:
+                break
+            if total is not None and partial.state.verified + len(block) > total:
+                raise DownloadError(
+                    f"{self.url}: server sent more than the {total} bytes it declared"
+                )
+            partial.append(block)
+            received += len(block)
+            self.transferred += len(block)
+            partial.save_if_due()
+        if declared is not None and received < declared:
+            raise _Dropped(f"body ended after {received} of {declared} bytes", received)
+        if total is None:  # no length announced: a clean end (chunked terminator) is the end
+            partial.state.expected_size = partial.state.verified
+
+    def _publish(self) -> Fetched:
+        partial = self.partial
+        partial.save()
+        state = partial.state
+        digest = partial.digest()
+        stored, size = self.cas.adopt_file(partial.path)  # re-hashes what the disk holds
+        if stored != digest or size != state.verified:
+            self._reset()
+            raise DownloadError(
+                f"{self.url}: the partial file changed on disk: received {state.verified} bytes"
+                f" hashing to {digest}, the file holds {size} bytes hashing to {stored}"
+            )
+        partial.remove()
+        return Fetched(
+            digest=digest,
+            size=size,
+            etag=state.etag,
+            last_modified=state.last_modified,
+            bytes_transferred=self.transferred,
+            resumed=self.resumed,
+            restarts=self.restarts,
+        )

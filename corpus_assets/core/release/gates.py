@@ -1,0 +1,417 @@
+"""The validation gates of seed 001, one small function each, and the gate report they fill.
+
+A gate reads the evidence of one snapshot (manifest, freeze spec, layer indexes, members table,
+catalog), returns its findings - empty when it holds - and sets its metrics on the
+``GateReport`` that the blocking check shows. Which gates make a snapshot valid is decided in
+one place only, ``validation.snapshot_rules``; this module defines them and nothing runs them
+but ``validation.validate_snapshot``.
+"""
+
+import json
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from pydantic import BaseModel, ConfigDict
+from sqlalchemy import select
+
+from corpus_assets.core.governance.lineage import tombstone_matches
+from corpus_assets.core.storage.artifacts import get_json, get_table
+from corpus_assets.core.storage.cas import ContentStore
+from corpus_assets.core.storage.catalog import Catalog, benchmark_items, freezes
+from corpus_assets.core.storage.digests import json_digest
+from corpus_assets.core.storage.tasks import ChunkTask, open_dead_letters
+from corpus_assets.core.training_view.splits import SPLITS
+
+# canonical_records index, freeze spec, chunk keys -> chunk key -> output digest with this code
+Replay = Callable[[dict[str, Any], dict[str, Any], list[str]], dict[str, str]]
+LateChanges = Callable[[dict[str, Any]], list[str]]
+
+
+class GateReport(BaseModel):
+    """The gate metrics, typed; a gate that could not read its evidence leaves its keys out.
+
+    Field order is the order the check's metadata shows them in.
+    """
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    source_watermark_coverage: dict[str, str] | None = None
+    canonical_unexplained_rows: int | None = None
+    dead_letters: int | None = None
+    duplicate_ids: int | None = None
+    unknown_sources: int | None = None
+    orphan_ids: int | None = None
+    lineage_completeness: str | None = None
+    unexplained_rows: int | None = None
+    dedup_invariant_violations: int | None = None
+    leakage_group_split_violations: int | None = None
+    tombstone_hits: int | None = None
+    benchmark_hits: int | None = None
+    canary_chunks: int | None = None
+    transform_replay_hash: str | None = None
+    set_difference: int | None = None
+    build_latency_seconds: float | None = None
+    incomplete: int | None = None
+
+    def serialized(self) -> dict[str, Any]:
+        """The JSON form the check shows: exactly the metrics that were measured."""
+        return self.model_dump(exclude_unset=True)
+
+
+@dataclass
+class Evidence:
+    """What the gates read of one snapshot, loaded once and shared (the members table is the
+    largest object, and several gates need it)."""
+
+    cas: ContentStore
+    catalog: Catalog
+    manifest: dict[str, Any]
+    freeze: dict[str, Any]
+    canonical: dict[str, Any]
+    dedup: dict[str, Any]
+    members: pa.Table
+
+    @classmethod
+    def load(cls, cas: ContentStore, catalog: Catalog, manifest: dict[str, Any]) -> "Evidence":
+        """Read the freeze spec, the two layer indexes and the members table (CasError if not)."""
+        layers = manifest["layers"]
+        return cls(
+            cas=cas,
+            catalog=catalog,
+            manifest=manifest,
+            freeze=json.loads(cas.get_bytes(manifest["freeze"]["digest"], "freeze spec")),
+            canonical=json.loads(cas.get_bytes(layers["canonical_records"]["digest"])),
+            dedup=json.loads(cas.get_bytes(layers["dedup_clusters"]["digest"])),
+            members=pq.read_table(pa.BufferReader(cas.get_bytes(manifest["members"]["digest"]))),
+        )
+
+    @cached_property
+    def pinned(self) -> dict[str, str]:
+        """Pinned object digest -> source id, in freeze order."""
+        return {o["sha256"]: s["id"] for s in self.freeze["sources"] for o in s["objects"]}
+
+    @cached_property
+    def ids(self) -> list[str]:
+        return self.members.column("record_id").to_pylist()
+
+    @cached_property
+    def canonical_rows(self) -> dict[str, tuple[str, int]]:
+        """record id -> (pinned object, line) of every canonical record."""
+        rows: dict[str, tuple[str, int]] = {}
+        for chunk in self.canonical["outputs"]["chunks"]:
+            descriptor = json.loads(self.cas.get_bytes(chunk["output"]["digest"]))
+            table = pq.read_table(
+                pa.BufferReader(self.cas.get_bytes(descriptor["records"]["digest"])),
+                columns=["record_id", "object", "line"],
+            )
+            columns = (table.column(i).to_pylist() for i in range(3))
+            for rid, obj, line in zip(*columns, strict=True):
+                rows[rid] = (obj, line)
+        return rows
+
+
+Gate = Callable[[Evidence, GateReport], list[str]]
+
+
+def fences_match(ev: Evidence, _report: GateReport) -> list[str]:
+    """The manifest names the fences its freeze was built behind, not later ones."""
+    return [
+        f"{key} {ev.manifest[key]} differs from the freeze's {ev.freeze[key]}"
+        for key in ("tombstoneWatermark", "benchmarkFence")
+        if ev.manifest[key] != ev.freeze[key]
+    ]
+
+
+def pinned_versions_readable(ev: Evidence, report: GateReport) -> list[str]:
+    """A replay or an audit needs every pinned source version; coverage shows CDC gaps."""
+    report.source_watermark_coverage = _coverage(ev.freeze)
+    return [
+        f"pinned source version {d} is not readable" for d in ev.pinned if not ev.cas.contains(d)
+    ]
+
+
+def canonical_rows_accounted(ev: Evidence, report: GateReport) -> list[str]:
+    """Every source row became a record or was excluded with a reason code."""
+    unaccounted = ev.canonical["counts"].get("unexplained", 0)
+    report.canonical_unexplained_rows = unaccounted
+    if unaccounted:
+        return [f"canonical_records: {unaccounted} source rows are not accounted for"]
+    return []
+
+
+def no_open_dead_letters(ev: Evidence, report: GateReport) -> list[str]:
+    """A chunk that failed for good means records are missing: the index's or the task table's."""
+    canonical = ev.canonical
+    dead = [
+        f"dead letter open: chunk {d['chunk']}: {d['error']}"
+        for d in canonical["outputs"]["dead_letters"]
+    ]
+    tasks = [
+        ChunkTask("canonical_records", c["chunk"], c["input"], canonical["code"])
+        for c in canonical["outputs"]["chunks"]
+    ]
+    dead += [
+        f"dead letter open: chunk {t.chunk_key}: {e}"
+        for t, e in open_dead_letters(ev.catalog, tasks)
+    ]
+    report.dead_letters = len(set(dead))
+    return list(dict.fromkeys(dead))
+
+
+def member_count_matches(ev: Evidence, _report: GateReport) -> list[str]:
+    """The count a training run checks against is the table's."""
+    stated = ev.manifest["members"]["count"]
+    if ev.members.num_rows != stated:
+        return [f"members table has {ev.members.num_rows} rows, manifest says {stated}"]
+    return []
+
+
+def record_ids_unique(ev: Evidence, report: GateReport) -> list[str]:
+    """One record id is one member, so it cannot sit in two splits."""
+    counts = Counter(ev.ids)
+    duplicates = sorted(rid for rid, n in counts.items() if n > 1)
+    by_id: dict[str, set[str]] = {}
+    for rid, split in zip(ev.ids, ev.members.column("split").to_pylist(), strict=True):
+        by_id.setdefault(rid, set()).add(split)
+    findings = []
+    for rid in duplicates:
+        splits = sorted(by_id[rid])
+        where = f" in splits {', '.join(splits)}" if len(splits) > 1 else ""
+        findings.append(f"record_id {rid!r} appears {counts[rid]} times in members{where}")
+    report.duplicate_ids = len(duplicates)
+    return findings
+
+
+def splits_known(ev: Evidence, _report: GateReport) -> list[str]:
+    """Training reads only the splits the splits layer assigns."""
+    unknown = set(ev.members.column("split").to_pylist()) - set(SPLITS)
+    return [f"members with unknown split: {sorted(unknown)}"] if unknown else []
+
+
+def sources_known(ev: Evidence, report: GateReport) -> list[str]:
+    """Every member comes from a source the freeze pinned."""
+    frozen = {s["id"] for s in ev.freeze["sources"]}
+    unknown = set(ev.members.column("source_id").to_pylist()) - frozen
+    report.unknown_sources = len(unknown)
+    return [f"members from unknown sources: {sorted(unknown)}"] if unknown else []
+
+
+def lineage_complete(ev: Evidence, report: GateReport) -> list[str]:
+    """Every member traces to a pinned object and the canonical row it came from."""
+    members = ev.members
+    rows = ev.canonical_rows
+    orphans = [
+        rid
+        for rid, obj, line in zip(
+            ev.ids,
+            members.column("object").to_pylist(),
+            members.column("line").to_pylist(),
+            strict=True,
+        )
+        if obj not in ev.pinned or rows.get(rid) != (obj, line)
+    ]
+    report.orphan_ids = len(orphans)
+    report.lineage_completeness = _percent(len(ev.ids) - len(orphans), len(ev.ids))
+    return [f"member {rid!r} has no lineage to a pinned object row" for rid in orphans[:20]]
+
+
+def rows_explained(ev: Evidence, report: GateReport) -> list[str]:
+    """Each canonical row is a member, a removed duplicate or tombstoned: nothing is lost."""
+    counts = ev.dedup["counts"]
+    removed = counts["removed"] + counts.get("tombstoned", 0)
+    unexplained = len(ev.canonical_rows) - len(ev.ids) - removed
+    report.unexplained_rows = unexplained
+    if unexplained:
+        return [f"{unexplained} canonical rows are neither members nor duplicates"]
+    return []
+
+
+def dedup_invariants_hold(ev: Evidence, report: GateReport) -> list[str]:
+    """Dedup removed nothing without a member standing behind it, and leaked no group."""
+    findings, leaks = dedup_invariants(ev.cas, ev.dedup, ev.members)
+    report.dedup_invariant_violations = len(findings) - leaks
+    report.leakage_group_split_violations = leaks
+    return findings[:20]
+
+
+def no_tombstone_hits(ev: Evidence, report: GateReport) -> list[str]:
+    """No record revoked at or below the snapshot's watermark is a member."""
+    watermark = int(ev.manifest["tombstoneWatermark"])
+    reasons = sorted(set(tombstone_matches(ev.catalog, watermark, ev.members).values()))
+    report.tombstone_hits = len(reasons)
+    return [f"{reason} hits this snapshot" for reason in reasons]
+
+
+def no_benchmark_hits(ev: Evidence, report: GateReport) -> list[str]:
+    """No benchmark item registered at or below the snapshot's fence is a member."""
+    keys = set(ev.members.column("dedup_key").to_pylist())
+    with ev.catalog.begin() as conn:
+        items = conn.execute(
+            select(benchmark_items.c.benchmark, benchmark_items.c.dedup_key).where(
+                benchmark_items.c.seq <= int(ev.manifest["benchmarkFence"])
+            )
+        ).all()
+    hits = [f"benchmark {name!r} item {key} is a member" for name, key in items if key in keys]
+    report.benchmark_hits = len(hits)
+    return hits
+
+
+def transform_image_is(current: str) -> Gate:
+    """The gate that the manifest's transform image is ``current``: otherwise a replay (and the
+    canary) would not run the transform that built the snapshot."""
+
+    def same_transform_image(ev: Evidence, _report: GateReport) -> list[str]:
+        recorded = ev.manifest["transformImage"]
+        if recorded == current:
+            return []
+        same = recorded.partition("@")[0] == current.partition("@")[0]
+        note = " (same tag, another digest)" if same else ""
+        return [
+            f"transform image {recorded} is not this code's {current}{note}: "
+            "a replay would not run the manifest's transform"
+        ]
+
+    return same_transform_image
+
+
+def canary_replays(replay: Replay) -> Gate:
+    """The gate that re-parsing the canary chunks from their pinned objects with ``replay``
+    gives exactly the chunk outputs the snapshot recorded."""
+
+    def canary_reproduces(ev: Evidence, report: GateReport) -> list[str]:
+        chosen = canary_chunks(ev.canonical)
+        chunks = ev.canonical["outputs"]["chunks"]
+        recorded = {c["chunk"]: c["output"]["digest"] for c in chunks}
+        replayed = replay(ev.canonical, ev.freeze, chosen)
+        differ = [c for c in chosen if replayed.get(c) != recorded[c]]
+        report.canary_chunks = len(chosen)
+        report.transform_replay_hash = json_digest(dict(sorted(replayed.items())))
+        report.set_difference = len(differ)
+        return [
+            f"canary replay of {c} gave {replayed.get(c)}, the snapshot recorded {recorded[c]}"
+            for c in differ
+        ]
+
+    return canary_reproduces
+
+
+def build_latency(ev: Evidence, report: GateReport) -> list[str]:
+    """Not a rule, a metric: seconds from the freeze to this validation."""
+    with ev.catalog.begin() as conn:
+        frozen_at = conn.scalar(
+            select(freezes.c.created_at).where(freezes.c.partition_key == ev.manifest["partition"])
+        )
+    report.build_latency_seconds = round(time.time() - frozen_at, 1) if frozen_at else None
+    return []
+
+
+def freeze_consistent(ev: Evidence, _report: GateReport) -> list[str]:
+    """What the freeze itself found inconsistent (a CDC offset gap, say): INCOMPLETE."""
+    return list(ev.freeze.get("incomplete", []))
+
+
+def no_late_changes(late_changes: LateChanges) -> Gate:
+    """The gate that no source event at or below a frozen watermark arrived after the freeze
+    (``late_changes`` re-reads the change logs): otherwise the freeze was no boundary."""
+
+    def nothing_arrived_late(ev: Evidence, _report: GateReport) -> list[str]:
+        return late_changes(ev.freeze)
+
+    return nothing_arrived_late
+
+
+def dedup_invariants(
+    cas: ContentStore, dedup: dict[str, Any], members: pa.Table
+) -> tuple[list[str], int]:
+    """Algorithm 18.1's invariant and the leakage promise, checked on the published tables.
+
+    Every removed record stands behind a member; a near duplicate's direct match is a member at
+    or above the threshold; all members of one leakage group share one split. Returns the
+    findings and how many of them are split leaks.
+    """
+    if "report" not in dedup["outputs"]:  # an index written before near-dedup
+        return [], 0
+    columns = ["record_id", "verdict", "representative_id", "match_id", "match_jaccard"]
+    clusters = get_table(
+        cas, dedup["outputs"]["clusters"], "dedup clusters", [*columns, "leakage_id"]
+    )
+    report = get_json(cas, dedup["outputs"]["report"], "dedup report")
+    threshold = float(report.get("lsh", {}).get("threshold", "0"))
+    split_of = dict(
+        zip(
+            members.column("record_id").to_pylist(),
+            members.column("split").to_pylist(),
+            strict=True,
+        )
+    )
+    findings = _removed_without_member(clusters, split_of, threshold)
+    leaks = _leaked_groups(clusters, split_of)
+    return findings + leaks, len(leaks)
+
+
+def _removed_without_member(
+    clusters: pa.Table, split_of: dict[str, str], threshold: float
+) -> list[str]:
+    """Removed records whose representative, or direct near match, is not a member."""
+    findings = []
+    removed = pc.is_in(clusters.column("verdict"), pa.array(["exact_duplicate", "near_duplicate"]))
+    for row in clusters.filter(removed).to_pylist():
+        rid, rep = row["record_id"], row["representative_id"]
+        if rep not in split_of:
+            findings.append(f"removed record {rid!r} stands behind {rep!r}, which is no member")
+        if row["verdict"] == "near_duplicate" and (
+            row["match_id"] not in split_of or row["match_jaccard"] < threshold
+        ):
+            findings.append(
+                f"near duplicate {rid!r}: direct match {row['match_id']!r} at Jaccard "
+                f"{row['match_jaccard']} is not a member at or above {threshold}"
+            )
+    return findings
+
+
+def _leaked_groups(clusters: pa.Table, split_of: dict[str, str]) -> list[str]:
+    """Leakage groups whose kept members sit in more than one split."""
+    kept = clusters.filter(pc.equal(clusters.column("verdict"), "keep"))
+    split_by_group: dict[str, set[str]] = {}
+    for rid, group in zip(
+        kept.column("record_id").to_pylist(), kept.column("leakage_id").to_pylist(), strict=True
+    ):
+        if rid in split_of:
+            split_by_group.setdefault(group, set()).add(split_of[rid])
+    return [
+        f"leakage group {group!r} spans splits {', '.join(sorted(splits))}"
+        for group, splits in sorted(split_by_group.items())
+        if len(splits) > 1
+    ]
+
+
+def canary_chunks(canonical: dict[str, Any]) -> list[str]:
+    """The fixed canary subset: the first chunk of each source, in index order."""
+    seen: dict[str, str] = {}
+    for chunk in canonical["outputs"]["chunks"]:
+        seen.setdefault(chunk["chunk"].split("/", 1)[0], chunk["chunk"])
+    return list(seen.values())
+
+
+def _coverage(freeze: dict[str, Any]) -> dict[str, str]:
+    """Per source, the share of its CDC offsets up to the watermark that the freeze holds."""
+    coverage = {}
+    for source in freeze["sources"]:
+        if source["kind"] == "changelog":
+            span = int(source["watermark"]) - int(source["startLsn"]) + 1
+            missing = sum(int(hi) - int(lo) + 1 for lo, hi in source["gaps"])
+            coverage[source["id"]] = _percent(span - missing, span)
+        else:
+            coverage[source["id"]] = "100%"
+    return coverage
+
+
+def _percent(part: int, whole: int) -> str:
+    return "100%" if whole == 0 else f"{100 * part / whole:.2f}%".replace(".00%", "%")

@@ -1,0 +1,85 @@
+"""Every command of the README's CLI table, run as a user runs it, in one snapshot lifecycle.
+
+The table in README.md is the contract: a documented command that no step here runs fails
+``test_every_documented_command_is_exercised``, so the examples cannot drift from the code.
+"""
+
+import json
+import re
+from pathlib import Path
+
+from corpus_assets_tests.test_cli import _field, run
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def documented_commands() -> set[str]:
+    """First word after ``corpus-assets`` in each row of the README's CLI table."""
+    table = ROOT.joinpath("README.md").read_text().split("## The CLI", 1)[1].split("\n## ", 1)[0]
+    return set(re.findall(r"^\| `corpus-assets ([a-z]+)", table, re.MULTILINE))
+
+
+class Session:
+    """Runs CLI commands in one data home and remembers which commands it ran."""
+
+    def __init__(self, home: Path) -> None:
+        self.home, self.ran = home, set()
+
+    def __call__(self, *args: str, ok: bool = True) -> str:
+        self.ran.add(args[0])
+        done = run(self.home, *args)
+        assert (done.returncode == 0) == ok, (args, done.stdout, done.stderr)
+        return done.stdout if ok else done.stderr
+
+    def json(self, *args: str) -> dict:
+        return json.loads(self(*args))
+
+
+def test_every_documented_command_is_exercised(tmp_path: Path) -> None:
+    cli = Session(tmp_path)
+    first = _field(cli("demo"), "snapshotId")
+    second = _field(cli("build"), "snapshotId")
+    assert cli("verify", second).startswith(f"OK {second}: ")
+    assert cli.json("show", second)["snapshotId"] == second
+    assert cli("approve", second, "--by", "alice") == f"{second} APPROVED by alice\n"
+
+    diff = cli.json("diff", second)  # against what the alias serves now
+    assert (diff["candidate"], diff["active"]) == (second, first)
+    assert (diff["added"], diff["removed"], diff["split_migrations"]) == (0, 0, 0)
+
+    assert cli("activate", second) == f"alias demo -> {second} generation 2\n"
+    prov = cli.json("prov", second)
+    assert second in prov["entity"] and "latest" not in json.dumps(prov)
+    (activity,) = prov["activity"].values()
+    assert activity["corpus:transformImage"].startswith("corpus-assets/")
+
+    read = cli.json("read", second, "--run-id", "run-1", "--purpose", "demo-pretraining")
+    assert (read["snapshotId"], read["runId"], read["resumed"]) == (second, "run-1", False)
+    assert read["blocks"] > 0 and all(e["digest"].startswith("sha256:") for e in read["read"])
+    again = cli.json("read", second, "--run-id", "run-1", "--purpose", "demo-pretraining")
+    assert again["resumed"] is True and again["read"] == read["read"]
+    other_digest = cli(
+        "read", first, "--run-id", "run-1", "--purpose", "demo-pretraining", ok=False
+    )
+    assert "run-1" in other_digest and len(other_digest.strip().splitlines()) == 1
+
+    assert cli("rollback", first) == f"alias demo -> {first} generation 3 (rollback)\n"
+    why = cli.json("dedup", first, "essays/e0020")
+    assert why["record"]["verdict"] == "near_duplicate"
+
+    bench = tmp_path / "bench.jsonl"
+    bench.write_text(json.dumps({"id": "q1", "text": "What is the capital of France?"}) + "\n")
+    assert (
+        cli("benchmark", "quiz", str(bench)) == "benchmark quiz: 1 items; benchmark fence now 1\n"
+    )
+    refused = cli("rollback", second, ok=False)  # built before the fence: never resurrected
+    assert "benchmark fence" in refused
+
+    seq = cli("tombstone", "add", "--record", "essays/e0001", "--reason", "erase")
+    assert seq.startswith("tombstone 1: record essays/e0001")
+    hits = cli.json("tombstone", "hits", "1")
+    assert {s["snapshotId"] for s in hits["snapshots"]} == {first, second}
+    status = cli.json("status", "--json")
+    assert [a["generation"] for a in status["aliases"]] == [3]
+
+    assert documented_commands() == cli.ran
