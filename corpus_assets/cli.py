@@ -35,8 +35,9 @@ from corpus_assets.core.runtime.keys import (
     new_partition_key,
     validate_partition_key,
 )
-from corpus_assets.core.runtime.layers import LAYERS
+from corpus_assets.core.runtime.layers import LAYERS, load_index
 from corpus_assets.core.runtime.workspace import open_home, open_workspace
+from corpus_assets.core.storage.artifacts import get_json
 from corpus_assets.core.storage.cas import CasError, ContentStore
 from corpus_assets.core.storage.catalog import Catalog, LayerConflict
 from corpus_assets.demo import write_demo
@@ -253,9 +254,9 @@ def build(partition: str | None) -> dict[str, Any]:
         snapshot = resolve(ws.catalog, manifest_digest)
         report = verify(ws.cas, ws.catalog, snapshot.snapshot_id)
         layers = {layer: ws.catalog.layer_output(key, layer) for layer in LAYERS}
-        dedup = json.loads(ws.cas.get_bytes(layers["dedup_clusters"], "dedup_clusters index"))
+        dedup = load_index(ws.cas, layers["dedup_clusters"], "dedup_clusters")
     return {
-        "dedup": dedup["counts"],
+        "dedup": dedup.counts,
         "partition": key,
         "snapshotId": snapshot.snapshot_id,
         "state": snapshot.state,
@@ -435,7 +436,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
 def cmd_prov(args: argparse.Namespace) -> int:
     _home, cas, catalog = _storage()
     manifest = load_manifest(cas, resolve(catalog, args.digest))
-    freeze = json.loads(cas.get_bytes(manifest["freeze"]["digest"], "freeze spec"))
+    freeze = get_json(cas, manifest["freeze"], "freeze spec")
     return _print_json(prov_document(manifest, freeze, agent=f"{getpass.getuser()}@corpus-assets"))
 
 

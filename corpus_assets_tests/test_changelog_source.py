@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from corpus_assets.core.governance import states
+from corpus_assets.core.ingest.freeze_spec import FreezeSpec
 from corpus_assets.core.ingest.pinning import late_changes
 from corpus_assets.core.ingest.sources import fingerprint
 from corpus_assets.core.pipeline import build_all
@@ -50,6 +51,10 @@ def _freeze(ws: Workspace, key: str) -> dict:
     return json.loads(ws.cas.get_bytes(ws.catalog.freeze_digest(key)))
 
 
+def _spec(ws: Workspace, key: str) -> FreezeSpec:
+    return FreezeSpec.load(ws.cas, ws.catalog.freeze_digest(key))
+
+
 def test_log_is_folded_at_its_watermark_and_later_events_wait(tmp_path: Path) -> None:
     _segment(tmp_path / "cdc", "000.jsonl", LOG[:3])
     _segment(tmp_path / "cdc", "001.jsonl", LOG[3:])
@@ -75,7 +80,7 @@ def test_log_is_folded_at_its_watermark_and_later_events_wait(tmp_path: Path) ->
         again = build_all(ws, "p1")  # the same partition keeps its freeze and its bytes
         snapshot = again["manifest"].digests["snapshotId"]
         assert snapshot == results["manifest"].digests["snapshotId"]
-        assert late_changes(ws)(_freeze(ws, "p1")) == []  # lsn 7 belongs to the next snapshot
+        assert late_changes(ws)(_spec(ws, "p1")) == []  # lsn 7 belongs to the next snapshot
 
         build_all(ws, "p2")
         assert _freeze(ws, "p2")["sources"][0]["watermark"] == "7"
@@ -93,7 +98,7 @@ def test_offset_gap_makes_the_snapshot_incomplete_naming_the_range(tmp_path: Pat
 
         # the missing events arrive late: still INCOMPLETE, and now named as late
         _segment(tmp_path / "cdc", "002.jsonl", LOG[2:5])
-        late = late_changes(ws)(_freeze(ws, "p1"))
+        late = late_changes(ws)(_spec(ws, "p1"))
         assert any("lsn 3" in f and "after the freeze" in f for f in late), late
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from corpus_assets.core.ingest.freeze import freeze, freeze_spec
+from corpus_assets.core.ingest.freeze import freeze
 from corpus_assets.core.ingest.freeze_spec import (
     ChangelogSourceSpec,
     FreezeSpec,
@@ -90,12 +90,11 @@ def every_kind(tmp_path: Path, base_url: str) -> Iterator[Workspace]:
 
 
 def _assert_round_trip(ws: Workspace) -> FreezeSpec:
-    ref, spec = freeze_spec(ws, "p1")
+    ref, spec = freeze(ws, "p1")
     stored = ws.cas.get_bytes(ref["digest"])
-    assert canonical_json(spec.to_document()) == stored
-    assert json_digest(spec.to_document()) == ref["digest"]
+    assert canonical_json(spec.document()) == stored
+    assert json_digest(spec.document()) == ref["digest"]
     assert FreezeSpec.load(ws.cas, ref["digest"]) == spec
-    assert freeze(ws, "p1") == (ref, spec.to_document())  # the untyped reader still agrees
     return spec
 
 
@@ -120,7 +119,7 @@ def test_every_member_kind_round_trips_to_the_stored_bytes(every_kind: Workspace
         "c.jsonl": (None, None),
     }
     assert spec.incomplete and "missing lsn 2-3" in spec.incomplete[0]
-    document = spec.to_document()
+    document = spec.document()
     assert document["sources"][0]["gaps"] == [["2", "3"]]  # offsets stay decimal strings
     dated = next(o for o in document["sources"][1]["objects"] if o["name"].endswith("dated.jsonl"))
     assert "lastModified" in dated and "etag" not in dated  # absent, not null
@@ -164,8 +163,8 @@ def _drop(path: tuple[str | int, ...]) -> Callable[[dict[str, Any]], None]:
 def test_malformed_spec_is_refused_naming_the_member(
     every_kind: Workspace, change: Callable[[dict[str, Any]], None], member: str, why: str
 ) -> None:
-    _, document = freeze(every_kind, "p1")
-    FreezeSpec.parse(document)
+    _, spec = freeze(every_kind, "p1")
+    document = spec.document()
     broken = copy.deepcopy(document)
     change(broken)
     with pytest.raises(FreezeSpecError) as info:

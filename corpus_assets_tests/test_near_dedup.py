@@ -31,8 +31,8 @@ from corpus_assets.core.release.gates import dedup_invariants
 from corpus_assets.core.runtime.config import NearDedupPolicy
 from corpus_assets.core.runtime.layers import LayerResult
 from corpus_assets.core.runtime.workspace import Workspace, open_workspace
-from corpus_assets.core.storage.artifacts import get_table, put_json, put_table
-from corpus_assets.core.storage.cas import CasError, ContentStore
+from corpus_assets.core.storage.artifacts import get_table
+from corpus_assets.core.storage.cas import CasError
 from corpus_assets_tests.conftest import use_demo_copy
 
 
@@ -486,7 +486,6 @@ def test_prose_and_code_are_never_compared() -> None:
 
 
 def test_validation_names_brokendedup_invariants(tmp_path: Path) -> None:
-    cas = ContentStore(tmp_path / "cas")
     rows = [  # record, verdict, representative, match, jaccard, leakage group
         ("a", KEEP, "a", "", None, "g1"),
         ("c", KEEP, "c", "", None, "g1"),  # linked to a through b, but in another split
@@ -495,14 +494,8 @@ def test_validation_names_brokendedup_invariants(tmp_path: Path) -> None:
     ]
     names = ["record_id", "verdict", "representative_id", "match_id", "match_jaccard"]
     clusters = pa.table({n: [r[i] for r in rows] for i, n in enumerate([*names, "leakage_id"])})
-    dedup = {
-        "outputs": {
-            "clusters": put_table(cas, clusters),
-            "report": put_json(cas, {"lsh": {"threshold": "0.8"}}),
-        }
-    }
     members = pa.table({"record_id": ["a", "c"], "split": ["train", "test"]})
-    findings, leaks = dedup_invariants(cas, dedup, members)
+    findings, leaks = dedup_invariants(clusters, 0.8, members)
     assert leaks == 1 and "leakage group 'g1' spans splits test, train" in findings
     assert any(
         f.startswith("near duplicate 'b': direct match 'a' at Jaccard 0.7") for f in findings

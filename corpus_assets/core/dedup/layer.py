@@ -23,7 +23,7 @@ from corpus_assets.core.dedup.signature_cache import (
     signature_spec,
 )
 from corpus_assets.core.governance.lineage import tombstone_matches
-from corpus_assets.core.ingest.freeze import freeze_spec
+from corpus_assets.core.ingest.freeze import freeze
 from corpus_assets.core.records.index import RECORD_COLUMNS, CanonicalIndex
 from corpus_assets.core.runtime.layers import LayerResult, load_index, publish_index
 from corpus_assets.core.runtime.workspace import Workspace
@@ -37,7 +37,7 @@ _NEEDED = [*CARRIED, "kind"]  # plus the text length, never the text itself
 def build_dedup_clusters(ws: Workspace, partition_key: str) -> LayerResult:
     canonical_ref, canonical = CanonicalIndex.read(ws, partition_key)
     records = _records_with_length(ws, canonical)
-    _, spec = freeze_spec(ws, partition_key)
+    _, spec = freeze(ws, partition_key)
     revoked = tombstone_matches(ws.catalog, spec.tombstone_watermark, records)
     near, signature_refs, run_stats = _near_stage(ws, canonical)
     order = {s.id: n for n, s in enumerate(ws.config.sources)}

@@ -8,15 +8,15 @@ alias, and it is reported under ``carried_by`` (with the verdict and Jaccard) an
 representative's spans are counted.
 """
 
-import json
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 from sqlalchemy import select
 
 from corpus_assets.core.governance import states
+from corpus_assets.core.runtime.layers import load_index
+from corpus_assets.core.storage.artifacts import get_json, get_table
 from corpus_assets.core.storage.cas import ContentStore
 from corpus_assets.core.storage.catalog import Catalog, permits, tombstones
 
@@ -45,16 +45,12 @@ def tombstone_matches(catalog: Catalog, watermark: int, table: pa.Table) -> dict
     return found
 
 
-def _table(cas: ContentStore, digest: str, what: str) -> pa.Table:
-    return pq.read_table(pa.BufferReader(cas.get_bytes(digest, what)))
-
-
 def hits(cas: ContentStore, catalog: Catalog, kind: str, target: str) -> list[dict[str, Any]]:
     """Per snapshot that holds the target: its state, members hit, spans hit, runs that read it."""
     found = []
     for snapshot in states.find(catalog):
-        manifest = json.loads(cas.get_bytes(snapshot.manifest_digest, "manifest"))
-        members = _table(cas, manifest["members"]["digest"], "members table")
+        manifest = get_json(cas, snapshot.manifest_digest, "manifest")
+        members = get_table(cas, manifest["members"], "members table")
         matched = members.filter(pc.equal(members.column(COLUMN[kind]), target))
         carried = _carried_by(cas, manifest, kind, target)
         if not matched.num_rows and not carried:
@@ -65,8 +61,8 @@ def hits(cas: ContentStore, catalog: Catalog, kind: str, target: str) -> list[di
                 pa.array([c["representative_id"] for c in carried], pa.string()),
             ]
         )
-        packed = json.loads(cas.get_bytes(manifest["layers"]["packed_blocks"]["digest"]))
-        spans = _table(cas, packed["outputs"]["spans"]["digest"], "spans table")
+        packed = load_index(cas, manifest["layers"]["packed_blocks"], "packed_blocks")
+        spans = get_table(cas, packed.output("spans"), "spans table")
         spans = spans.filter(pc.is_in(spans.column("record_id"), value_set=ids))
         with catalog.begin() as conn:
             runs = conn.scalars(
@@ -91,8 +87,8 @@ def _carried_by(
     cas: ContentStore, manifest: dict[str, Any], kind: str, target: str
 ) -> list[dict[str, Any]]:
     """Removed duplicates matching the target, with the kept record that carried their content."""
-    dedup = json.loads(cas.get_bytes(manifest["layers"]["dedup_clusters"]["digest"], "dedup index"))
-    clusters = _table(cas, dedup["outputs"]["clusters"]["digest"], "dedup clusters")
+    dedup = load_index(cas, manifest["layers"]["dedup_clusters"], "dedup_clusters")
+    clusters = get_table(cas, dedup.output("clusters"), "dedup clusters")
     if "verdict" not in clusters.column_names:  # an index written before near-dedup
         return []
     rows = clusters.filter(

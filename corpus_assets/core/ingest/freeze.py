@@ -26,7 +26,6 @@ from corpus_assets.core.storage.artifacts import (
     NDJSON,
     PARQUET,
     Ref,
-    get_json,
     make_ref,
     put_json,
 )
@@ -35,21 +34,14 @@ CODE = "raw_snapshot.v2"
 MEDIA = {"jsonl": NDJSON, "parquet": PARQUET}
 
 
-def freeze(ws: Workspace, partition_key: str) -> tuple[Ref, dict[str, Any]]:
-    """Return the partition's freeze spec document, creating it on first use."""
+def freeze(ws: Workspace, partition_key: str) -> tuple[Ref, FreezeSpec]:
+    """Return the partition's freeze spec, taking it on first use (written once per partition)."""
     existing = ws.catalog.freeze_digest(partition_key)
     if existing is None:
         listing_fingerprint = fingerprint(ws.loaded)
-        ref = put_json(ws.cas, _take_freeze(ws, partition_key).to_document())
+        ref = put_json(ws.cas, _take_freeze(ws, partition_key).document())
         existing = ws.catalog.record_freeze(partition_key, ref["digest"], listing_fingerprint)
-    spec = get_json(ws.cas, existing, "freeze spec")
-    return make_ref(existing, JSON, ws.cas.size(existing)), spec
-
-
-def freeze_spec(ws: Workspace, partition_key: str) -> tuple[Ref, FreezeSpec]:
-    """Return the partition's freeze spec as the typed model, creating it on first use."""
-    ref, document = freeze(ws, partition_key)
-    return ref, FreezeSpec.parse(document, f"freeze spec {ref['digest']}")
+    return make_ref(existing, JSON, ws.cas.size(existing)), FreezeSpec.load(ws.cas, existing)
 
 
 def _take_freeze(ws: Workspace, partition_key: str) -> FreezeSpec:
@@ -90,7 +82,7 @@ def pinned_objects(spec: FreezeSpec) -> list[dict[str, Any]]:
 
 def build_raw_snapshot(ws: Workspace, partition_key: str) -> LayerResult:
     """Pin the freeze and publish an index of the CAS copies later layers may read."""
-    freeze_ref, spec = freeze_spec(ws, partition_key)
+    freeze_ref, spec = freeze(ws, partition_key)
     objects = pinned_objects(spec)
     for item in objects:
         ws.cas.verify(item["object"]["digest"], f"raw object {item['source']}/{item['name']}")

@@ -25,7 +25,7 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
-from corpus_assets.core.storage.artifacts import get_json
+from corpus_assets.core.storage.artifacts import Ref, get_json
 from corpus_assets.core.storage.cas import ContentStore
 from corpus_assets.core.storage.digests import check_digest
 
@@ -188,11 +188,12 @@ class FreezeSpec(_Member):
             raise FreezeSpecError(f"{what}: {problems}") from None
 
     @classmethod
-    def load(cls, cas: ContentStore, digest: str, what: str = "freeze spec") -> Self:
-        """The verified spec stored under ``digest``."""
+    def load(cls, cas: ContentStore, ref: Ref | str, what: str = "freeze spec") -> Self:
+        """The verified spec stored under ``ref``."""
+        digest = ref if isinstance(ref, str) else ref["digest"]
         return cls.parse(get_json(cas, digest, what), f"{what} {digest}")
 
-    def to_document(self) -> dict[str, Any]:
+    def document(self) -> dict[str, Any]:
         """The JSON document, exactly as written at the freeze (``put_json`` it to store it)."""
         return self.model_dump(mode="json")
 

@@ -13,7 +13,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from corpus_assets.core.ingest.changelog_fold import fold, late_events
 from corpus_assets.core.ingest.changelog_segments import list_segments
@@ -275,14 +275,14 @@ def _format(
         return "parquet" if handle.read(4) == PARQUET_MAGIC else "jsonl"
 
 
-def late_changes(ws: Workspace) -> Callable[[dict[str, Any]], list[str]]:
+def late_changes(ws: Workspace) -> Callable[[FreezeSpec], list[str]]:
     """A checker for a freeze spec: findings for CDC events at or below a frozen watermark that
     arrived (or changed) after the freeze. Such a snapshot must become INCOMPLETE."""
     configured = {s.id: s for s in ws.config.sources if isinstance(s, ChangelogSource)}
 
-    def check(document: dict[str, Any]) -> list[str]:
+    def check(spec: FreezeSpec) -> list[str]:
         findings = []
-        for frozen in FreezeSpec.parse(document).sources:
+        for frozen in spec.sources:
             source = configured.get(frozen.id)
             if not isinstance(frozen, ChangelogSourceSpec) or source is None:
                 continue

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from corpus_assets.core.records.canonicalize import RECORD_SCHEMA
 from corpus_assets.core.runtime.layers import LayerIndex, load_index, read_layer_index
 from corpus_assets.core.runtime.workspace import Workspace
-from corpus_assets.core.storage.artifacts import Ref, get_json, get_table
+from corpus_assets.core.storage.artifacts import Ref, get_json, get_parquet, get_table
 from corpus_assets.core.storage.cas import ContentStore
 from corpus_assets.core.storage.digests import json_digest
 
@@ -129,7 +129,7 @@ class ChunkRecords:
 
     def parquet(self, cas: ContentStore) -> pq.ParquetFile:
         """The verified table as a Parquet file, for reading a batch of columns at a time."""
-        return pq.ParquetFile(pa.BufferReader(cas.get_bytes(self.records["digest"], self.what)))
+        return get_parquet(cas, self.records, self.what)
 
     @property
     def what(self) -> str:

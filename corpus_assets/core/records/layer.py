@@ -18,7 +18,8 @@ import pyarrow.parquet as pq
 from sqlalchemy import select
 
 from corpus_assets.core.ingest.codecs import DecompressionLimits, iter_located_lines
-from corpus_assets.core.ingest.freeze import freeze_spec
+from corpus_assets.core.ingest.freeze import freeze
+from corpus_assets.core.ingest.freeze_spec import FreezeSpec
 from corpus_assets.core.ingest.pinning import CDC_LSN_FIELD
 from corpus_assets.core.records.canonicalize import (
     QUARANTINE_PREFIXES,
@@ -235,7 +236,7 @@ def _run(
 
 def build_canonical_records(ws: Workspace, partition_key: str) -> LayerResult:
     raw_ref, raw_index = read_layer_index(ws, partition_key, "raw_snapshot")
-    _, spec = freeze_spec(ws, partition_key)
+    _, spec = freeze(ws, partition_key)
     fence = spec.benchmark_fence
     index = benchmark_index(ws, fence)
     policy = _policy_digest(ws, index)
@@ -353,19 +354,20 @@ class _Account:
         ]
 
 
-def canary_replay(
-    ws: Workspace,
-) -> Callable[[dict[str, Any], dict[str, Any], list[str]], dict[str, str]]:
+Replay = Callable[[CanonicalIndex, FreezeSpec, list[str]], dict[str, str]]
+
+
+def canary_replay(ws: Workspace) -> Replay:
     """Re-canonicalise chosen chunks from their pinned objects with this code, bypassing the task
     table (a replay must recompute, not reuse); returns chunk key -> chunk output digest."""
 
     def replay(
-        canonical: dict[str, Any], freeze_spec: dict[str, Any], chunk_keys: list[str]
+        canonical: CanonicalIndex, spec: FreezeSpec, chunk_keys: list[str]
     ) -> dict[str, str]:
-        raw = load_index(ws.cas, canonical["inputs"][0], "raw_snapshot")
+        raw = load_index(ws.cas, canonical.index.inputs[0], "raw_snapshot")
         items = {f"{o['source']}/{o['name']}": o for o in raw.output("objects")}
         sources = {s.id: s for s in ws.config.sources}
-        index = benchmark_index(ws, int(freeze_spec["benchmarkFence"]))
+        index = benchmark_index(ws, spec.benchmark_fence)
         return {
             key: _canonicalize_object(
                 ws, sources[items[key]["source"]], items[key], Stages.for_config(ws.config, index)

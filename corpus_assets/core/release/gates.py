@@ -7,7 +7,6 @@ one place only, ``validation.snapshot_rules``; this module defines them and noth
 but ``validation.validate_snapshot``.
 """
 
-import json
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -17,11 +16,15 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict
 from sqlalchemy import select
 
+from corpus_assets.core.dedup.report import DedupReport
 from corpus_assets.core.governance.lineage import tombstone_matches
+from corpus_assets.core.ingest.freeze_spec import ChangelogSourceSpec, FreezeSpec
+from corpus_assets.core.records.index import CanonicalIndex
+from corpus_assets.core.records.layer import Replay
+from corpus_assets.core.runtime.layers import LayerIndex, load_index
 from corpus_assets.core.storage.artifacts import get_json, get_table
 from corpus_assets.core.storage.cas import ContentStore
 from corpus_assets.core.storage.catalog import Catalog, benchmark_items, freezes
@@ -29,9 +32,7 @@ from corpus_assets.core.storage.digests import json_digest
 from corpus_assets.core.storage.tasks import ChunkTask, open_dead_letters
 from corpus_assets.core.training_view.splits import SPLITS
 
-# canonical_records index, freeze spec, chunk keys -> chunk key -> output digest with this code
-Replay = Callable[[dict[str, Any], dict[str, Any], list[str]], dict[str, str]]
-LateChanges = Callable[[dict[str, Any]], list[str]]
+LateChanges = Callable[[FreezeSpec], list[str]]
 
 
 class GateReport(BaseModel):
@@ -73,9 +74,9 @@ class Evidence:
     cas: ContentStore
     catalog: Catalog
     manifest: dict[str, Any]
-    freeze: dict[str, Any]
-    canonical: dict[str, Any]
-    dedup: dict[str, Any]
+    freeze: FreezeSpec
+    canonical: CanonicalIndex
+    dedup: LayerIndex
     members: pa.Table
 
     @classmethod
@@ -86,16 +87,16 @@ class Evidence:
             cas=cas,
             catalog=catalog,
             manifest=manifest,
-            freeze=json.loads(cas.get_bytes(manifest["freeze"]["digest"], "freeze spec")),
-            canonical=json.loads(cas.get_bytes(layers["canonical_records"]["digest"])),
-            dedup=json.loads(cas.get_bytes(layers["dedup_clusters"]["digest"])),
-            members=pq.read_table(pa.BufferReader(cas.get_bytes(manifest["members"]["digest"]))),
+            freeze=FreezeSpec.load(cas, manifest["freeze"]),
+            canonical=CanonicalIndex.load(cas, layers["canonical_records"]),
+            dedup=load_index(cas, layers["dedup_clusters"], "dedup_clusters"),
+            members=get_table(cas, manifest["members"], "members table"),
         )
 
     @cached_property
     def pinned(self) -> dict[str, str]:
         """Pinned object digest -> source id, in freeze order."""
-        return {o["sha256"]: s["id"] for s in self.freeze["sources"] for o in s["objects"]}
+        return {entry.sha256: source for source, entry in self.freeze.pinned()}
 
     @cached_property
     def ids(self) -> list[str]:
@@ -105,12 +106,8 @@ class Evidence:
     def canonical_rows(self) -> dict[str, tuple[str, int]]:
         """record id -> (pinned object, line) of every canonical record."""
         rows: dict[str, tuple[str, int]] = {}
-        for chunk in self.canonical["outputs"]["chunks"]:
-            descriptor = json.loads(self.cas.get_bytes(chunk["output"]["digest"]))
-            table = pq.read_table(
-                pa.BufferReader(self.cas.get_bytes(descriptor["records"]["digest"])),
-                columns=["record_id", "object", "line"],
-            )
+        for chunk in self.canonical.chunks():
+            table = chunk.table(self.cas, ["record_id", "object", "line"])
             columns = (table.column(i).to_pylist() for i in range(3))
             for rid, obj, line in zip(*columns, strict=True):
                 rows[rid] = (obj, line)
@@ -122,10 +119,14 @@ Gate = Callable[[Evidence, GateReport], list[str]]
 
 def fences_match(ev: Evidence, _report: GateReport) -> list[str]:
     """The manifest names the fences its freeze was built behind, not later ones."""
+    frozen = {
+        "tombstoneWatermark": str(ev.freeze.tombstone_watermark),
+        "benchmarkFence": str(ev.freeze.benchmark_fence),
+    }
     return [
-        f"{key} {ev.manifest[key]} differs from the freeze's {ev.freeze[key]}"
-        for key in ("tombstoneWatermark", "benchmarkFence")
-        if ev.manifest[key] != ev.freeze[key]
+        f"{key} {ev.manifest[key]} differs from the freeze's {value}"
+        for key, value in frozen.items()
+        if ev.manifest[key] != value
     ]
 
 
@@ -139,7 +140,7 @@ def pinned_versions_readable(ev: Evidence, report: GateReport) -> list[str]:
 
 def canonical_rows_accounted(ev: Evidence, report: GateReport) -> list[str]:
     """Every source row became a record or was excluded with a reason code."""
-    unaccounted = ev.canonical["counts"].get("unexplained", 0)
+    unaccounted = ev.canonical.index.counts.get("unexplained", 0)
     report.canonical_unexplained_rows = unaccounted
     if unaccounted:
         return [f"canonical_records: {unaccounted} source rows are not accounted for"]
@@ -149,14 +150,9 @@ def canonical_rows_accounted(ev: Evidence, report: GateReport) -> list[str]:
 def no_open_dead_letters(ev: Evidence, report: GateReport) -> list[str]:
     """A chunk that failed for good means records are missing: the index's or the task table's."""
     canonical = ev.canonical
-    dead = [
-        f"dead letter open: chunk {d['chunk']}: {d['error']}"
-        for d in canonical["outputs"]["dead_letters"]
-    ]
-    tasks = [
-        ChunkTask("canonical_records", c["chunk"], c["input"], canonical["code"])
-        for c in canonical["outputs"]["chunks"]
-    ]
+    dead = [f"dead letter open: chunk {d.chunk}: {d.error}" for d in canonical.dead_letters]
+    code = canonical.index.code
+    tasks = [ChunkTask("canonical_records", c.chunk, c.input, code) for c in canonical.entries]
     dead += [
         f"dead letter open: chunk {t.chunk_key}: {e}"
         for t, e in open_dead_letters(ev.catalog, tasks)
@@ -197,7 +193,7 @@ def splits_known(ev: Evidence, _report: GateReport) -> list[str]:
 
 def sources_known(ev: Evidence, report: GateReport) -> list[str]:
     """Every member comes from a source the freeze pinned."""
-    frozen = {s["id"] for s in ev.freeze["sources"]}
+    frozen = {s.id for s in ev.freeze.sources}
     unknown = set(ev.members.column("source_id").to_pylist()) - frozen
     report.unknown_sources = len(unknown)
     return [f"members from unknown sources: {sorted(unknown)}"] if unknown else []
@@ -224,7 +220,7 @@ def lineage_complete(ev: Evidence, report: GateReport) -> list[str]:
 
 def rows_explained(ev: Evidence, report: GateReport) -> list[str]:
     """Each canonical row is a member, a removed duplicate or tombstoned: nothing is lost."""
-    counts = ev.dedup["counts"]
+    counts = ev.dedup.counts
     removed = counts["removed"] + counts.get("tombstoned", 0)
     unexplained = len(ev.canonical_rows) - len(ev.ids) - removed
     report.unexplained_rows = unexplained
@@ -235,7 +231,13 @@ def rows_explained(ev: Evidence, report: GateReport) -> list[str]:
 
 def dedup_invariants_hold(ev: Evidence, report: GateReport) -> list[str]:
     """Dedup removed nothing without a member standing behind it, and leaked no group."""
-    findings, leaks = dedup_invariants(ev.cas, ev.dedup, ev.members)
+    columns = ["record_id", "verdict", "representative_id", "match_id", "match_jaccard"]
+    clusters = get_table(
+        ev.cas, ev.dedup.output("clusters"), "dedup clusters", [*columns, "leakage_id"]
+    )
+    dedup = DedupReport.parse(get_json(ev.cas, ev.dedup.output("report"), "dedup report"))
+    threshold = float(dedup.near.lsh.threshold) if dedup.near is not None else 0.0
+    findings, leaks = dedup_invariants(clusters, threshold, ev.members)
     report.dedup_invariant_violations = len(findings) - leaks
     report.leakage_group_split_violations = leaks
     return findings[:20]
@@ -287,8 +289,7 @@ def canary_replays(replay: Replay) -> Gate:
 
     def canary_reproduces(ev: Evidence, report: GateReport) -> list[str]:
         chosen = canary_chunks(ev.canonical)
-        chunks = ev.canonical["outputs"]["chunks"]
-        recorded = {c["chunk"]: c["output"]["digest"] for c in chunks}
+        recorded = {c.chunk: c.output["digest"] for c in ev.canonical.entries}
         replayed = replay(ev.canonical, ev.freeze, chosen)
         differ = [c for c in chosen if replayed.get(c) != recorded[c]]
         report.canary_chunks = len(chosen)
@@ -314,7 +315,7 @@ def build_latency(ev: Evidence, report: GateReport) -> list[str]:
 
 def freeze_consistent(ev: Evidence, _report: GateReport) -> list[str]:
     """What the freeze itself found inconsistent (a CDC offset gap, say): INCOMPLETE."""
-    return list(ev.freeze.get("incomplete", []))
+    return list(ev.freeze.incomplete)
 
 
 def no_late_changes(late_changes: LateChanges) -> Gate:
@@ -328,7 +329,7 @@ def no_late_changes(late_changes: LateChanges) -> Gate:
 
 
 def dedup_invariants(
-    cas: ContentStore, dedup: dict[str, Any], members: pa.Table
+    clusters: pa.Table, threshold: float, members: pa.Table
 ) -> tuple[list[str], int]:
     """Algorithm 18.1's invariant and the leakage promise, checked on the published tables.
 
@@ -336,14 +337,6 @@ def dedup_invariants(
     or above the threshold; all members of one leakage group share one split. Returns the
     findings and how many of them are split leaks.
     """
-    if "report" not in dedup["outputs"]:  # an index written before near-dedup
-        return [], 0
-    columns = ["record_id", "verdict", "representative_id", "match_id", "match_jaccard"]
-    clusters = get_table(
-        cas, dedup["outputs"]["clusters"], "dedup clusters", [*columns, "leakage_id"]
-    )
-    report = get_json(cas, dedup["outputs"]["report"], "dedup report")
-    threshold = float(report.get("lsh", {}).get("threshold", "0"))
     split_of = dict(
         zip(
             members.column("record_id").to_pylist(),
@@ -392,24 +385,24 @@ def _leaked_groups(clusters: pa.Table, split_of: dict[str, str]) -> list[str]:
     ]
 
 
-def canary_chunks(canonical: dict[str, Any]) -> list[str]:
+def canary_chunks(canonical: CanonicalIndex) -> list[str]:
     """The fixed canary subset: the first chunk of each source, in index order."""
     seen: dict[str, str] = {}
-    for chunk in canonical["outputs"]["chunks"]:
-        seen.setdefault(chunk["chunk"].split("/", 1)[0], chunk["chunk"])
+    for entry in canonical.entries:
+        seen.setdefault(entry.chunk.split("/", 1)[0], entry.chunk)
     return list(seen.values())
 
 
-def _coverage(freeze: dict[str, Any]) -> dict[str, str]:
+def _coverage(freeze: FreezeSpec) -> dict[str, str]:
     """Per source, the share of its CDC offsets up to the watermark that the freeze holds."""
     coverage = {}
-    for source in freeze["sources"]:
-        if source["kind"] == "changelog":
-            span = int(source["watermark"]) - int(source["startLsn"]) + 1
-            missing = sum(int(hi) - int(lo) + 1 for lo, hi in source["gaps"])
-            coverage[source["id"]] = _percent(span - missing, span)
+    for source in freeze.sources:
+        if isinstance(source, ChangelogSourceSpec):
+            span = source.watermark - source.start_lsn + 1
+            missing = sum(hi - lo + 1 for lo, hi in source.gaps)
+            coverage[source.id] = _percent(span - missing, span)
         else:
-            coverage[source["id"]] = "100%"
+            coverage[source.id] = "100%"
     return coverage
 
 

@@ -6,7 +6,6 @@ freeze (pinned object digests, watermarks), every layer index, the policy digest
 table (stable record id, source object, line, record digest, split) in the CAS.
 """
 
-import json
 from typing import Any
 
 import pyarrow as pa
@@ -14,18 +13,20 @@ import pyarrow.compute as pc
 
 from corpus_assets.core.governance import states
 from corpus_assets.core.ingest.freeze import freeze
+from corpus_assets.core.ingest.freeze_spec import ChangelogSourceSpec, FreezeSpec
 from corpus_assets.core.records.index import CanonicalIndex, record_schema_digest
 from corpus_assets.core.release.identity import SELF_EXCLUDED, snapshot_id
 from corpus_assets.core.release.shadow import shadow_diff
 from corpus_assets.core.release.signing import sign_snapshot
-from corpus_assets.core.runtime.layers import LAYERS, LayerIndex, LayerResult, read_index
+from corpus_assets.core.runtime.layers import LAYERS, LayerIndex, LayerResult, read_layer_index
 from corpus_assets.core.runtime.transform import transform_image
 from corpus_assets.core.runtime.workspace import Workspace
-from corpus_assets.core.storage.artifacts import get_table, put_json, put_table
+from corpus_assets.core.storage.artifacts import Ref, get_json, get_table, put_json, put_table
 from corpus_assets.core.storage.digests import json_digest
 from corpus_assets.core.training_view.splits import SPLITS
 
 MANIFEST_SCHEMA = "training.dataset.snapshot.v1"
+Indexes = dict[str, tuple[Ref, LayerIndex]]  # layer -> (ref, index) of the six built layers
 MEMBER_COLUMNS = [
     "record_id",
     "source_id",
@@ -43,16 +44,14 @@ class BuildConflict(RuntimeError):
     """The same build identity produced different content: nondeterminism, never overwritten."""
 
 
-def members_table(
-    ws: Workspace, canonical: dict[str, Any], dedup: dict[str, Any], splits: dict[str, Any]
-) -> pa.Table:
+def members_table(ws: Workspace, indexes: Indexes) -> pa.Table:
     """One row per member: stable id, source version, logical digests, split - never the text."""
-    split_table = get_table(ws.cas, splits["outputs"]["splits"], "splits table")
-    clusters = get_table(ws.cas, dedup["outputs"]["clusters"], "dedup clusters")
+    split_table = get_table(ws.cas, indexes["splits"][1].output("splits"), "splits table")
+    clusters = get_table(ws.cas, indexes["dedup_clusters"][1].output("clusters"), "dedup clusters")
     chosen = clusters.filter(clusters.column("is_representative")).select(
         ["record_id", "object", "line", "dedup_key"]
     )
-    records = CanonicalIndex(ws.cas, LayerIndex.model_validate(canonical)).table(
+    records = CanonicalIndex(ws.cas, indexes["canonical_records"][1]).table(
         ["record_id", "source_id", "object", "line", "record_digest", "text"]
     )
     lengths = pc.binary_length(pc.cast(records.column("text"), pa.binary()))
@@ -63,17 +62,18 @@ def members_table(
     return joined.select(MEMBER_COLUMNS).sort_by("record_id")
 
 
-def source_versions(spec: dict[str, Any]) -> list[dict[str, Any]]:
+def source_versions(spec: FreezeSpec) -> list[dict[str, Any]]:
     """The seed's per-source fields: object versions, or table snapshot + CDC high watermark."""
     out = []
-    for source in spec["sources"]:
-        entry = {"id": source["id"], "kind": source["kind"]}
-        if source["kind"] == "changelog":
-            entry["tableSnapshot"] = source["objects"][0]["sha256"]
-            entry["cdcHighWatermark"] = f"lsn:{source['watermark']}"
+    for source in spec.sources:
+        entry = {"id": source.id, "kind": source.kind}
+        if isinstance(source, ChangelogSourceSpec):
+            entry["tableSnapshot"] = source.objects[0].sha256
+            entry["cdcHighWatermark"] = f"lsn:{source.watermark}"
         else:
-            entry["objects"] = str(len(source["objects"]))
-            entry["objectVersions"] = json_digest(source["objects"])
+            objects = [o.model_dump(mode="json") for o in source.objects]  # as frozen
+            entry["objects"] = str(len(objects))
+            entry["objectVersions"] = json_digest(objects)
         out.append(entry)
     return out
 
@@ -96,10 +96,8 @@ def build_identity(freeze_digest: str, ws: Workspace, image: str) -> str:
 def build_manifest(ws: Workspace, partition_key: str) -> LayerResult:
     """Assemble, sign, store and register the snapshot of a partition from its six layers."""
     freeze_ref, spec = freeze(ws, partition_key)
-    indexes = {layer: read_index(ws, partition_key, layer) for layer in LAYERS[:-1]}
-    members = members_table(
-        ws, indexes["canonical_records"][1], indexes["dedup_clusters"][1], indexes["splits"][1]
-    )
+    indexes = {layer: read_layer_index(ws, partition_key, layer) for layer in LAYERS[:-1]}
+    members = members_table(ws, indexes)
     members_ref = put_table(ws.cas, members)
     members_entry = {
         "uri": ws.cas.uri(members_ref["digest"]),
@@ -138,9 +136,9 @@ def build_manifest(ws: Workspace, partition_key: str) -> LayerResult:
 def _document(
     ws: Workspace,
     partition_key: str,
-    freeze_ref: dict[str, Any],
-    spec: dict[str, Any],
-    indexes: dict[str, tuple[dict[str, Any], dict[str, Any]]],
+    freeze_ref: Ref,
+    spec: FreezeSpec,
+    indexes: Indexes,
     members: dict[str, Any],
     image: str,
 ) -> dict[str, Any]:
@@ -150,31 +148,29 @@ def _document(
         "schema": MANIFEST_SCHEMA,
         "buildId": build_identity(freeze_ref["digest"], ws, image),
         "partition": partition_key,
-        "parents": spec["parents"],
-        "purpose": spec["purpose"],
-        "alias": spec["alias"],
+        "parents": spec.parents,
+        "purpose": spec.purpose,
+        "alias": spec.alias,
         "freeze": freeze_ref,
         "sources": source_versions(spec),
-        "tombstoneWatermark": spec["tombstoneWatermark"],
-        "benchmarkFence": spec["benchmarkFence"],
+        "tombstoneWatermark": str(spec.tombstone_watermark),
+        "benchmarkFence": str(spec.benchmark_fence),
         "recordSchema": record_schema_digest(),
         "selectionPolicy": config.policy_digest("dedup"),
         "splitPolicy": config.policy_digest("splits"),
         "mixingPolicy": config.policy_digest("mixing"),
         "packingPolicy": config.policy_digest("packing"),
         "transformImage": image,
-        "transform": {layer: index["code"] for layer, (_, index) in indexes.items()},
+        "transform": {layer: index.code for layer, (_, index) in indexes.items()},
         "layers": {layer: ref for layer, (ref, _) in indexes.items()},
         "members": members,
         "counts": _counts(indexes, members["count"]),
     }
 
 
-def _counts(
-    indexes: dict[str, tuple[dict[str, Any], dict[str, Any]]], members: int
-) -> dict[str, int]:
+def _counts(indexes: Indexes, members: int) -> dict[str, int]:
     """The headline counts a reviewer compares, taken from the layers that produced them."""
-    counts = {layer: index["counts"] for layer, (_, index) in indexes.items()}
+    counts = {layer: index.counts for layer, (_, index) in indexes.items()}
     canonical = counts["canonical_records"]
     return {
         "records": canonical["records"],
@@ -216,7 +212,7 @@ def _refuse_conflicting_rebuild(ws: Workspace, manifest: dict[str, Any]) -> None
             earlier.build_id == manifest["buildId"]
             and earlier.snapshot_id != manifest["snapshotId"]
         ):
-            old = json.loads(ws.cas.get_bytes(earlier.manifest_digest, "earlier manifest"))
+            old = get_json(ws.cas, earlier.manifest_digest, "earlier manifest")
             if old["counts"].get("dead_letters") or manifest["counts"]["dead_letters"]:
                 continue  # a build with open dead letters was never complete: retrying is progress
             differing = sorted(

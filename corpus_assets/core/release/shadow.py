@@ -9,10 +9,10 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from corpus_assets.core.governance import gate
 from corpus_assets.core.release.verify import load_manifest, resolve
+from corpus_assets.core.storage.artifacts import get_table
 from corpus_assets.core.storage.cas import ContentStore
 from corpus_assets.core.storage.catalog import Catalog
 
@@ -20,10 +20,8 @@ QUANTILES = (0.1, 0.5, 0.9, 0.99)
 
 
 def _members(cas: ContentStore, manifest: dict[str, Any]) -> pa.Table:
-    return pq.read_table(
-        pa.BufferReader(cas.get_bytes(manifest["members"]["digest"], "members table")),
-        columns=["record_id", "source_id", "split", "text_bytes"],
-    )
+    columns = ["record_id", "source_id", "split", "text_bytes"]
+    return get_table(cas, manifest["members"], "members table", columns)
 
 
 def _profile(members: pa.Table) -> dict[str, Any]:

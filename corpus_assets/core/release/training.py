@@ -12,7 +12,6 @@ before handing out a byte, and reports what it read.
 """
 
 import hashlib
-import json
 import os
 import sys
 import time
@@ -22,13 +21,14 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 from sqlalchemy import Connection, insert, select
 from sqlalchemy.exc import IntegrityError
 
 from corpus_assets.core.governance import states
 from corpus_assets.core.release.identity import snapshot_id as compute_snapshot_id
 from corpus_assets.core.release.verify import load_manifest, resolve
+from corpus_assets.core.runtime.layers import LayerIndex, load_index
+from corpus_assets.core.storage.artifacts import decode_table
 from corpus_assets.core.storage.cas import ContentStore, CorruptObjectError, MissingObjectError
 from corpus_assets.core.storage.catalog import Catalog, gate, permits
 from corpus_assets.core.storage.digests import DIGEST_RE, hasher_digest, json_digest
@@ -285,18 +285,18 @@ class TrainingReader:
         snapshot = states.get(catalog, permit.snapshot_id)
         self.manifest = _manifest(cas, snapshot, permit.run_id)
         self._note("manifest", snapshot.manifest_digest, cas.size(snapshot.manifest_digest))
-        index_ref = self.manifest["layers"]["packed_blocks"]
-        self.packed = json.loads(self._get(index_ref, "packed_blocks index"))
-        outputs, counts = self.packed["outputs"], self.packed["counts"]
-        if outputs.get("dtype") != TOKEN_DTYPE:
+        self.packed = self._index(self.manifest["layers"]["packed_blocks"], "packed_blocks")
+        dtype = self.packed.outputs.get("dtype")
+        if dtype != TOKEN_DTYPE:
             raise TrainingError(
-                f"snapshot {permit.snapshot_id}: tokens dtype {outputs.get('dtype')!r}, this "
+                f"snapshot {permit.snapshot_id}: tokens dtype {dtype!r}, this "
                 f"reader reads {TOKEN_DTYPE!r}"
             )
-        self.block_tokens = int(counts["block_tokens"])
-        self.block_count = int(counts["blocks"])
-        self.tokenizer, self.eos, self.pad = outputs["tokenizer"], outputs["eos"], outputs["pad"]
-        self._tokens_ref = outputs["tokens"]
+        self.block_tokens = int(self.packed.counts["block_tokens"])
+        self.block_count = int(self.packed.counts["blocks"])
+        self.tokenizer = self.packed.output("tokenizer")
+        self.eos, self.pad = self.packed.output("eos"), self.packed.output("pad")
+        self._tokens_ref = self.packed.output("tokens")
         expected = self.block_count * self.block_tokens * TOKEN_BYTES
         if self._tokens_ref["size"] != expected:
             raise TrainingError(
@@ -356,7 +356,7 @@ class TrainingReader:
     def members(self) -> pa.Table:
         """The manifest's members table, verified, with the row count the manifest states."""
         ref = self.manifest["members"]
-        table = _table(self._get(ref, "members"))
+        table = decode_table(self._get(ref, "members"))
         if table.num_rows != ref.get("count"):
             raise TrainingError(
                 f"snapshot {self.permit.snapshot_id}: members {ref['digest']} has "
@@ -366,7 +366,7 @@ class TrainingReader:
 
     def spans(self) -> pa.Table:
         """The packed_blocks spans table (block, start, end, record_id, record_offset), verified."""
-        return _table(self._get(self.packed["outputs"]["spans"], "spans"))
+        return decode_table(self._get(self.packed.output("spans"), "spans"))
 
     def report(self) -> dict[str, Any]:
         """What this run read: every object with its digest and size, for the run's record."""
@@ -382,13 +382,23 @@ class TrainingReader:
 
     def _get(self, ref: dict[str, Any], what: str) -> bytes:
         data = self.cas.get_bytes(ref["digest"], what)  # re-hashes; CorruptObjectError names it
-        if len(data) != ref["size"]:
+        self._checked(ref, what, len(data))
+        return data
+
+    def _index(self, ref: dict[str, Any], layer: str) -> LayerIndex:
+        """A layer index (re-hashed and schema-checked on read), size-checked and noted too."""
+        index = load_index(self.cas, ref["digest"], layer)  # errors name it "<layer> index"
+        self._checked(ref, f"{layer} index", self.cas.size(ref["digest"]))
+        return index
+
+    def _checked(self, ref: dict[str, Any], what: str, size: int) -> None:
+        """Every object read must have the size its ref states; it is noted for the report."""
+        if size != ref["size"]:
             raise TrainingError(
-                f"snapshot {self.permit.snapshot_id}: {what} {ref['digest']} is {len(data)} "
+                f"snapshot {self.permit.snapshot_id}: {what} {ref['digest']} is {size} "
                 f"bytes, its ref says {ref['size']}"
             )
-        self._note(what, ref["digest"], len(data))
-        return data
+        self._note(what, ref["digest"], size)
 
     def _note(self, what: str, digest: str, size: int) -> None:
         self._read[(what, digest)] = size
@@ -413,7 +423,3 @@ def _tokens(view: memoryview) -> memoryview | array:
     tokens = array("H", view.tobytes())
     tokens.byteswap()
     return tokens
-
-
-def _table(data: bytes) -> pa.Table:
-    return pq.read_table(pa.BufferReader(data))

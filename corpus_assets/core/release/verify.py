@@ -6,20 +6,24 @@ CAS object by walking refs) and names every object that does not match. It needs
 then every other rule.
 """
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-import pyarrow as pa
-import pyarrow.parquet as pq
 
 from corpus_assets.core.governance import states
 from corpus_assets.core.release.gates import GateReport
 from corpus_assets.core.release.identity import snapshot_id as compute_snapshot_id
 from corpus_assets.core.release.manifest_schema import schema_errors
 from corpus_assets.core.release.signing import SignatureError, verify_signature
-from corpus_assets.core.storage.artifacts import JSON, PARQUET, is_ref
+from corpus_assets.core.storage.artifacts import (
+    JSON,
+    PARQUET,
+    decode_json,
+    get_json,
+    get_table_rows,
+    is_ref,
+    table_rows,
+)
 from corpus_assets.core.storage.cas import CasError, ContentStore
 from corpus_assets.core.storage.catalog import Catalog
 
@@ -50,7 +54,7 @@ def resolve(catalog: Catalog, digest: str) -> states.Snapshot:
 
 def load_manifest(cas: ContentStore, snapshot: states.Snapshot) -> dict[str, Any]:
     """The manifest document, re-hashed by the CAS on read."""
-    return json.loads(cas.get_bytes(snapshot.manifest_digest, "manifest"))
+    return get_json(cas, snapshot.manifest_digest, "manifest")
 
 
 def verify(
@@ -83,7 +87,7 @@ def verify(
     _walk(cas, manifest, "manifest", report, seen=report.digests)
     members = manifest.get("members", {})
     if report.ok and is_ref(members):
-        rows = pq.read_metadata(pa.BufferReader(cas.get_bytes(members["digest"]))).num_rows
+        rows = get_table_rows(cas, members, "object")
         if rows != members.get("count"):
             report.findings.append(
                 f"members table {members['digest']}: has {rows} rows, manifest says "
@@ -111,9 +115,9 @@ def _walk(cas: ContentStore, node: Any, where: str, report: Report, seen: set[st
                 f"CAS object at {where} {digest}: {len(data)} bytes, ref says {node['size']}"
             )
         if node["media"] == JSON:
-            _walk(cas, json.loads(data), where, report, seen)
+            _walk(cas, decode_json(data), where, report, seen)
         elif node["media"] == PARQUET:
-            pq.read_metadata(pa.BufferReader(data))
+            table_rows(data)  # reads the footer: raises unless the bytes are Parquet
         return
     if isinstance(node, dict):
         for key, value in node.items():

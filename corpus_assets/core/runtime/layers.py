@@ -156,9 +156,3 @@ def read_layer_index(ws: Workspace, partition_key: str, layer: str) -> tuple[Ref
             "materialize it (or the whole build job) first"
         )
     return make_ref(digest, JSON, ws.cas.size(digest)), load_index(ws.cas, digest, layer)
-
-
-def read_index(ws: Workspace, partition_key: str, layer: str) -> tuple[Ref, dict[str, Any]]:
-    """The upstream layer's index as a plain document (callers not yet on ``LayerIndex``)."""
-    ref, index = read_layer_index(ws, partition_key, layer)
-    return ref, index.document()

@@ -43,7 +43,12 @@ def put_json(cas: ContentStore, payload: Any) -> Ref:
 
 def get_json(cas: ContentStore, ref: Ref | str, what: str = "JSON document") -> Any:
     digest = ref if isinstance(ref, str) else ref["digest"]
-    return json.loads(cas.get_bytes(digest, what))
+    return decode_json(cas.get_bytes(digest, what))
+
+
+def decode_json(data: bytes) -> Any:
+    """A JSON document from bytes the caller already read (verified) for its own size checks."""
+    return json.loads(data)
 
 
 def put_bytes(cas: ContentStore, data: bytes, media: str = BINARY) -> Ref:
@@ -76,4 +81,26 @@ def get_table(
     cas: ContentStore, ref: Ref, what: str = "table", columns: list[str] | None = None
 ) -> pa.Table:
     """A verified Parquet table; ``columns`` decodes only those (the rest is never expanded)."""
-    return pq.read_table(pa.BufferReader(cas.get_bytes(ref["digest"], what)), columns=columns)
+    return decode_table(cas.get_bytes(ref["digest"], what), columns)
+
+
+def decode_table(data: bytes, columns: list[str] | None = None) -> pa.Table:
+    """A Parquet table from bytes the caller already read (verified) for its own size checks."""
+    return pq.read_table(pa.BufferReader(data), columns=columns)
+
+
+def table_rows(data: bytes) -> int:
+    """Row count from the Parquet footer alone; raises if ``data`` is not Parquet at all."""
+    return pq.read_metadata(pa.BufferReader(data)).num_rows
+
+
+def get_table_rows(cas: ContentStore, ref: Ref | str, what: str = "table") -> int:
+    """A verified table's row count, so checking a stated count decodes no column."""
+    digest = ref if isinstance(ref, str) else ref["digest"]
+    return table_rows(cas.get_bytes(digest, what))
+
+
+def get_parquet(cas: ContentStore, ref: Ref | str, what: str = "table") -> pq.ParquetFile:
+    """A verified Parquet file, for reading a few columns a batch at a time."""
+    digest = ref if isinstance(ref, str) else ref["digest"]
+    return pq.ParquetFile(pa.BufferReader(cas.get_bytes(digest, what)))
