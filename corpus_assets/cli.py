@@ -246,7 +246,8 @@ def build(partition: str | None) -> dict[str, Any]:
             if not check.passed:
                 sid = check.metadata["snapshotId"].value
                 raise CliError(
-                    f"snapshot {sid} (partition {key}) did not validate: {check.description}"
+                    f"snapshot {sid} (partition {key}) did not validate and is "
+                    f"{check.metadata['state'].value}: {check.description}"
                 )
         raise CliError(f"build of partition {key} failed: {_failure(result)}")
     with open_workspace() as ws:
@@ -368,6 +369,12 @@ def status_payload() -> dict[str, Any]:
     snaps = states.find(catalog)
     gates = [gate.read_gate(catalog, a) for a in sorted({s.alias for s in snaps})]
     current = {row.active_snapshot for row in gates}
+    ended = (states.INCOMPLETE, states.REJECTED, states.SUPERSEDED)
+    reasons = {
+        s.snapshot_id: states.history(catalog, s.snapshot_id)[-1].detail
+        for s in snaps
+        if s.state in ended
+    }
     return {
         "home": str(home),
         "catalog": make_url(catalog.url).render_as_string(hide_password=True),
@@ -390,6 +397,7 @@ def status_payload() -> dict[str, Any]:
                 "current": s.snapshot_id in current,
                 "approvedBy": s.approved_by,
                 "createdAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(s.created_at)),
+                "reason": reasons.get(s.snapshot_id),  # why it ended INCOMPLETE, REJECTED, ...
             }
             for s in snaps
         ],
@@ -412,6 +420,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     for s in payload["snapshots"]:
         mark = "*" if s["current"] else " "
         print(f"{mark} {s['createdAt']}  {s['partition']:<24} {s['state']:<10} {s['snapshotId']}")
+        if s["reason"]:
+            reason = s["reason"] if len(s["reason"]) <= 160 else s["reason"][:159] + "…"
+            print(f"    {reason}")
     if any(s["current"] for s in payload["snapshots"]):
         print("(* = what its alias points at now)")
     return 0

@@ -4,6 +4,7 @@ from pathlib import Path
 
 import dagster as dg
 import pytest
+from sqlalchemy import select
 
 from corpus_assets.assets.checks import snapshot_validates
 from corpus_assets.assets.jobs import approval_run_config
@@ -11,8 +12,10 @@ from corpus_assets.assets.layers import LAYER_ASSETS
 from corpus_assets.assets.resources import CorpusResource
 from corpus_assets.assets.sensors import publication, source_discovery
 from corpus_assets.core.governance import gate, states
+from corpus_assets.core.runtime.keys import validate_partition_key
 from corpus_assets.core.runtime.layers import LAYERS
 from corpus_assets.core.runtime.workspace import open_workspace
+from corpus_assets.core.storage.catalog import freezes
 from corpus_assets.definitions import defs
 
 RESOURCES = {"corpus": CorpusResource()}
@@ -93,39 +96,70 @@ def test_invalid_partition_key_fails_the_run_with_a_clear_message(demo_home: Pat
         assert "partition key 'Bad Key!' is invalid" in error.message
 
 
+def _discover(instance: dg.DagsterInstance, cursor: str | None) -> dg.SensorResult:
+    """One daemon-less evaluation of the discovery sensor against the real instance."""
+    return source_discovery(
+        dg.build_sensor_context(instance=instance, resources=RESOURCES, cursor=cursor)
+    )
+
+
+def _requested(result: dg.SensorResult) -> dg.RunRequest:
+    """The one run the evaluation requested, whose partition it also adds."""
+    (request,) = result.run_requests
+    (add,) = result.dynamic_partitions_requests
+    assert add.partition_keys == [request.partition_key]
+    assert validate_partition_key(request.partition_key) == request.partition_key
+    return request
+
+
 def test_discovery_sensor_adds_one_partition_per_source_change(demo_home: Path) -> None:
+    """A -> B -> A with a build in between: three partitions, three runs, three run keys, each
+    naming its partition (a run key naming the source state would repeat A's and be dropped)."""
+    late = demo_home / "demo-sources" / "essays" / "essays-00002.jsonl"
+    requests, cursor = [], None
     with dg.instance_for_test() as instance:
-        context = dg.build_sensor_context(instance=instance, resources=RESOURCES)
-        first = source_discovery(context)
-        assert len(first.run_requests) == 1
-        request = first.run_requests[0]
-        (add,) = first.dynamic_partitions_requests
-        assert add.partition_keys == [request.partition_key]
-        assert first.cursor == request.run_key
+        for change in (None, "add", "remove"):
+            if change == "add":
+                late.write_text('{"id": "late", "text": "A late essay arrives."}\n')
+            elif change == "remove":
+                late.unlink()
+            found = _discover(instance, cursor)
+            requests.append(_requested(found))
+            cursor = found.cursor
+            # the same source state is not requested twice while its build is pending
+            pending = _discover(instance, cursor)
+            assert not pending.run_requests
+            assert requests[-1].partition_key in str(pending.skip_reason)
+            assert _materialize(instance, requests[-1].partition_key).success
+            # after the build froze it, an unchanged source is skipped
+            unchanged = _discover(instance, cursor)
+            assert not unchanged.run_requests and "unchanged" in str(unchanged.skip_reason)
 
-        # the same source state is not requested twice while its build is pending
-        pending = source_discovery(
-            dg.build_sensor_context(instance=instance, resources=RESOURCES, cursor=first.cursor)
-        )
-        assert not pending.run_requests
+        keys = [r.partition_key for r in requests]
+        assert len(set(keys)) == 3
+        assert sorted(instance.get_dynamic_partitions("snapshots")) == sorted(keys)
+        run_keys = [r.run_key for r in requests]
+        assert len(set(run_keys)) == 3, run_keys
+        assert run_keys == [f"build:{key}" for key in keys]
+    with open_workspace() as ws, ws.catalog.begin() as conn:
+        rows = conn.execute(select(freezes.c.partition_key, freezes.c.fingerprint)).all()
+    frozen = {key: fingerprint for key, fingerprint in rows}
+    assert frozen[keys[0]] == frozen[keys[2]] != frozen[keys[1]]
 
-        # after the build froze it, an unchanged source is skipped
-        assert _materialize(instance, request.partition_key).success
-        unchanged = source_discovery(
-            dg.build_sensor_context(instance=instance, resources=RESOURCES, cursor=first.cursor)
-        )
-        assert not unchanged.run_requests
-        assert "unchanged" in str(unchanged.skip_reason)
 
-        # a new object is a new source state: one more partition and run
-        (demo_home / "demo-sources" / "essays" / "essays-00002.jsonl").write_text(
-            '{"id": "late", "text": "A late essay arrives."}\n'
-        )
-        changed = source_discovery(
-            dg.build_sensor_context(instance=instance, resources=RESOURCES, cursor=first.cursor)
-        )
-        assert len(changed.run_requests) == 1
-        assert changed.run_requests[0].run_key != request.run_key
+def test_discovery_sensor_requests_a_state_its_pending_build_froze_past(demo_home: Path) -> None:
+    """Requested at A, the build froze B (the sources moved meanwhile), then they went back to A:
+    A is not frozen anywhere, so the sensor requests it rather than waiting on a build that is done.
+    """
+    late = demo_home / "demo-sources" / "essays" / "essays-00002.jsonl"
+    with dg.instance_for_test() as instance:
+        first = _discover(instance, None)
+        late.write_text('{"id": "late", "text": "A late essay arrives."}\n')
+        assert _materialize(instance, _requested(first).partition_key).success
+        late.unlink()
+        again = _discover(instance, first.cursor)
+        assert _requested(again).partition_key != _requested(first).partition_key
+        assert not _discover(instance, again.cursor).run_requests
 
 
 def test_publication_sensor_requests_activation_of_approved_snapshot(demo_home: Path) -> None:

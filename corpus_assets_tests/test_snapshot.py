@@ -134,9 +134,9 @@ def test_corrupt_raw_object_is_dead_lettered_and_blocks_validation(workspace: Wo
     ), report.findings
     assert any(victim in f for f in report.findings)  # verify names the corrupt object too
     sid = results["manifest"].digests["snapshotId"]
-    assert states.get(workspace.catalog, sid).state == states.BUILDING
+    assert states.get(workspace.catalog, sid).state == states.REJECTED
 
-    # repaired bytes: the dead letter is retried, closes, and the snapshot validates
+    # repaired bytes: the dead letter is retried, closes, and the new snapshot validates
     path.write_bytes(path.read_bytes()[: -len(b"tampered")])
     results = {layer: BUILDERS[layer](workspace, "p1") for layer in LAYERS[1:]}
     assert results["canonical_records"].counts["dead_letters"] == 0
@@ -152,7 +152,7 @@ def test_tombstoned_member_blocks_validation(workspace: Workspace) -> None:
         )
     report = validate_snapshot(workspace, sid)
     assert report.findings == ["tombstone 0 (record 'essays/e0001') hits this snapshot"]
-    assert states.get(workspace.catalog, sid).state == states.BUILDING
+    assert states.get(workspace.catalog, sid).state == states.REJECTED
 
 
 def test_poisoned_chunk_is_dead_lettered_while_the_others_finish(workspace: Workspace) -> None:

@@ -49,5 +49,5 @@ with warnings.catch_warnings():
         blocking=True,
         partitions_def=snapshots,
         description="Recompute every digest and apply the gate rules; "
-        "on success the snapshot moves BUILDING -> VALIDATED.",
+        "the snapshot moves BUILDING -> VALIDATED, or REJECTED naming the failed rules.",
     )(_snapshot_validates)

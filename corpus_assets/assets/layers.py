@@ -1,4 +1,8 @@
-"""The seven layer assets. Each is a thin wrapper: validate the key, call core, report metadata."""
+"""The seven layer assets. Each is a thin wrapper: validate the key, call core, report metadata.
+
+Each asset's Dagster ``code_version`` is its layer's code identity (the one its index names), so
+the UI marks a layer stale when the code it runs changes, not when someone remembers to bump it.
+"""
 
 from collections.abc import Sequence
 from typing import Any
@@ -7,9 +11,16 @@ import dagster as dg
 
 from corpus_assets.assets.partitions import snapshots
 from corpus_assets.assets.resources import CorpusResource
+from corpus_assets.core.dedup import layer as dedup_layer
+from corpus_assets.core.ingest import freeze
 from corpus_assets.core.pipeline import BUILDERS
+from corpus_assets.core.records import layer as records_layer
+from corpus_assets.core.release import manifest as release_manifest
+from corpus_assets.core.runtime.code_identity import stage_code
 from corpus_assets.core.runtime.keys import validate_partition_key
-from corpus_assets.core.runtime.layers import LayerResult
+from corpus_assets.core.runtime.layers import LAYERS, LayerResult
+from corpus_assets.core.training_view import mixing, packing
+from corpus_assets.core.training_view import splits as splits_layer
 
 DESCRIPTIONS = {
     "raw_snapshot": "Source objects pinned by sha256 at freeze time and copied into the CAS.",
@@ -23,6 +34,19 @@ DESCRIPTIONS = {
     "packed_blocks": "UTF-8 byte tokens + EOS packed into fixed-length blocks with a spans table.",
     "manifest": "training.dataset.snapshot.v1: the digest a training run names.",
 }
+
+
+CODE_VERSIONS: dict[str, str] = {
+    "raw_snapshot": freeze.CODE,
+    "canonical_records": records_layer.CODE,
+    "dedup_clusters": dedup_layer.CODE,
+    "splits": splits_layer.CODE,
+    "mixed_samples": mixing.CODE,
+    "packed_blocks": packing.CODE,
+    # the manifest's index is the snapshot itself; its code is the manifest module's closure
+    "manifest": stage_code("manifest", release_manifest.__name__),
+}
+assert tuple(CODE_VERSIONS) == LAYERS
 
 
 def to_materialize_result(result: LayerResult) -> dg.MaterializeResult:
@@ -72,6 +96,7 @@ def layer_asset(layer: str, deps: Sequence[str]) -> dg.AssetsDefinition:
         group_name="corpus",
         description=DESCRIPTIONS[layer],
         kinds={"python", "parquet"},
+        code_version=CODE_VERSIONS[layer],
     )
     def _layer(context: dg.AssetExecutionContext, corpus: CorpusResource) -> dg.MaterializeResult:
         key = validate_partition_key(context.partition_key)

@@ -1,5 +1,6 @@
 """Sensors: discover source changes (adds a partition + run), and gate publication."""
 
+import json
 import warnings
 
 import dagster as dg
@@ -11,6 +12,17 @@ from corpus_assets.core.governance.gate import read_gate
 from corpus_assets.core.ingest.sources import fingerprint
 from corpus_assets.core.release.publish import next_to_activate
 from corpus_assets.core.runtime.keys import new_partition_key
+
+
+def _last_request(cursor: str | None) -> dict[str, str]:
+    """The discovery cursor: the source fingerprint last requested and the partition added for
+    it. A cursor this code did not write (an older bare fingerprint) names no request."""
+    try:
+        last = json.loads(cursor or "{}")
+    except ValueError:
+        return {}
+    return last if isinstance(last, dict) else {}
+
 
 # Dagster 1.13 warns (BetaWarning: `owners`) from inside its own sensor decorator even when
 # `owners` is not passed; silence exactly that category while the sensors are defined.
@@ -27,25 +39,34 @@ with warnings.catch_warnings():
     def source_discovery(
         context: dg.SensorEvaluationContext, corpus: CorpusResource
     ) -> dg.SensorResult:
+        last = _last_request(context.cursor)
         with corpus.workspace() as ws:
             current = fingerprint(ws.loaded)
             latest = ws.catalog.latest_freeze()
+            # requested for this state and not frozen yet: its build is queued or underway
+            requested = last.get("partition") if last.get("fingerprint") == current else None
+            pending = requested is not None and ws.catalog.freeze_digest(requested) is None
         if latest is not None and latest["fingerprint"] == current:
             return dg.SensorResult(skip_reason=f"sources unchanged since {latest['partition_key']}")
-        if context.cursor == current:
-            return dg.SensorResult(skip_reason="a build for this source state is already requested")
+        if pending:
+            return dg.SensorResult(
+                skip_reason=f"partition {requested} is requested for this source state"
+            )
         key = new_partition_key(set(context.instance.get_dynamic_partitions(snapshots.name)))
+        # the run key names the partition: Dagster launches one run per run key, so a key
+        # naming the source state would drop the build of a state the sources return to
         return dg.SensorResult(
-            run_requests=[dg.RunRequest(partition_key=key, run_key=current)],
+            run_requests=[dg.RunRequest(partition_key=key, run_key=f"build:{key}")],
             dynamic_partitions_requests=[snapshots.build_add_request([key])],
-            cursor=current,
+            cursor=json.dumps({"fingerprint": current, "partition": key}, sort_keys=True),
         )
 
     @dg.sensor(
         job=activate_snapshot,
         minimum_interval_seconds=30,
         default_status=dg.DefaultSensorStatus.RUNNING,
-        description="Requests activation of the newest APPROVED snapshot of each alias.",
+        description="Requests activation of the newest APPROVED snapshot of each alias, only "
+        "if it is newer (a later freeze) than the one the alias serves: never a rollback.",
     )
     def publication(context: dg.SensorEvaluationContext, corpus: CorpusResource) -> dg.SensorResult:
         with corpus.workspace() as ws:

@@ -25,12 +25,13 @@ from corpus_assets.core.dedup.signature_cache import (
 from corpus_assets.core.governance.lineage import tombstone_matches
 from corpus_assets.core.ingest.freeze import freeze
 from corpus_assets.core.records.index import RECORD_COLUMNS, CanonicalIndex
+from corpus_assets.core.runtime.code_identity import stage_code
 from corpus_assets.core.runtime.layers import LayerResult, load_index, publish_index
 from corpus_assets.core.runtime.workspace import Workspace
 from corpus_assets.core.storage.artifacts import NPY, Ref, get_table, make_ref, put_json, put_table
 from corpus_assets.core.storage.cas import ContentStore
 
-CODE = "dedup_clusters.v2"
+CODE = stage_code("dedup_clusters.v2", __name__)  # this module's closure, hashed at import
 _NEEDED = [*CARRIED, "kind"]  # plus the text length, never the text itself
 
 

@@ -1,12 +1,13 @@
 """MinHash signatures cached per canonical chunk, so a new snapshot only hashes new records.
 
-A chunk's signatures are a chunk task (seed 004) keyed by the chunk's records-table digest and
-the full signature spec: the same records under the same spec are never hashed twice, whichever
-snapshot asks, and a crash mid-layer resumes with the chunks already done. The output is an
-``.npy`` file in the CAS holding the uint32 signatures *band-major* - shape (num_perm, records),
-one row per permutation - so a band is one contiguous byte range. It is verified once on load;
-banding then reads one band's rows at a time with a plain file read (no memory map whose pages
-would stay resident), never holding every signature.
+A chunk's signatures are a chunk task (seed 004) keyed by the chunk's records-table digest, the
+full signature spec and the code identity of this module (its closure holds the minhash modules,
+the ``.npy`` layout and the reader of the texts): the same records under the same spec and code
+are never hashed twice, whichever snapshot asks, and a crash mid-layer resumes with the chunks
+already done. The output is an ``.npy`` file in the CAS holding the uint32 signatures
+*band-major* - shape (num_perm, records), one row per permutation - so a band is one contiguous
+byte range. It is verified once on load; banding then reads one band's rows at a time with a
+plain file read (no memory map whose pages would stay resident), never holding every signature.
 """
 
 import io
@@ -20,12 +21,14 @@ import numpy as np
 from corpus_assets.core.dedup.minhash import signatures
 from corpus_assets.core.dedup.signature_spec import SignatureSpec, spec_payload
 from corpus_assets.core.records.index import ChunkRecords
+from corpus_assets.core.runtime.code_identity import code_identity
 from corpus_assets.core.runtime.config import NearDedupPolicy
 from corpus_assets.core.runtime.workspace import Workspace, open_workspace, worker_pool
 from corpus_assets.core.storage.digests import json_digest
 from corpus_assets.core.storage.tasks import ChunkOutcome, ChunkTask, preload, run_chunk
 
 LAYER = "dedup_signatures"
+_IDENTITY = code_identity(__name__)  # hashed at import, from the source this process loaded
 
 
 def signature_spec(policy: NearDedupPolicy) -> SignatureSpec:
@@ -46,12 +49,18 @@ class ChunkSignatures:
     hashed: bool  # computed in this run (False: reused from the cache)
 
 
+def code_version(spec: SignatureSpec) -> str:
+    """``<signature version>@<code identity>``: a fix to the hashing, the file layout or the
+    text reader hashes again; the records digest in the input covers what the texts are."""
+    return f"{spec.version}@{_IDENTITY}"
+
+
 def _task(chunk_key: str, records_digest: str, spec: SignatureSpec) -> ChunkTask:
     return ChunkTask(
         layer=LAYER,
         chunk_key=chunk_key,
         input_digest=json_digest({"records": records_digest, "spec": spec_payload(spec)}),
-        code_version=spec.version,
+        code_version=code_version(spec),
     )
 
 
@@ -118,7 +127,7 @@ def ensure_signatures(
 
     ``workers > 1`` hashes chunks in a spawn pool; each chunk's bytes do not depend on it.
     """
-    done = preload(ws.catalog, LAYER, spec.version)
+    done = preload(ws.catalog, LAYER, code_version(spec))
     outcomes: list[ChunkOutcome | None] = [None] * len(items)
     missing = []
     for n, item in enumerate(items):

@@ -25,6 +25,7 @@ class BenchmarkItem:
 def add_benchmark_items(catalog: Catalog, benchmark: str, items: list[BenchmarkItem]) -> int:
     """Register benchmark items (in item id order) and advance every alias's benchmark fence."""
     with catalog.begin() as conn:
+        gate.lock_registrations(conn)  # an alias created meanwhile starts at or above ``seq``
         seq = 0
         for item in sorted(set(items), key=lambda i: i.item_id):
             seq = conn.execute(

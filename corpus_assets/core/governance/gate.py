@@ -10,13 +10,22 @@ Tombstones (``tombstones``) and benchmark items (``benchmarks``) advance the fen
 import time
 from dataclasses import dataclass
 
-from sqlalchemy import Connection, insert, select, update
+from sqlalchemy import Connection, func, insert, literal, null, select, update
 from sqlalchemy.exc import IntegrityError
 
 from corpus_assets.core.governance import states
-from corpus_assets.core.storage.catalog import Catalog, alias_history, gate, snapshot_events
+from corpus_assets.core.storage.catalog import (
+    Catalog,
+    alias_history,
+    benchmark_items,
+    gate,
+    snapshot_events,
+    tombstones,
+)
 
 FENCES = ("tombstone_watermark", "benchmark_fence")
+# pg_advisory_xact_lock key that registrations and gate-row creation serialise on
+REGISTRATION_LOCK = 0x636F7270_6761_7465  # "corp" "ga" "te"
 
 
 class GateError(RuntimeError):
@@ -35,26 +44,47 @@ class Gate:
 
 
 def read_gate(catalog: Catalog, alias: str) -> Gate:
-    """The alias's gate row, created at generation 0 with zero watermarks on first use."""
+    """The alias's gate row; on first use created at generation 0 with its fences at the
+    registries' heads, so tombstones and benchmark items registered before it bind it too."""
     with catalog.begin() as conn:
         row = conn.execute(select(gate).where(gate.c.alias == alias)).mappings().first()
     if row is None:
-        try:
-            with catalog.begin() as conn:
-                conn.execute(
-                    insert(gate).values(
-                        alias=alias,
-                        tombstone_watermark=0,
-                        benchmark_fence=0,
-                        generation=0,
-                        active_snapshot=None,
-                        updated_at=time.time(),
-                    )
-                )
-        except IntegrityError:
-            pass
+        _create_at_heads(catalog, alias)
         return read_gate(catalog, alias)
     return Gate(**{k: row[k] for k in Gate.__dataclass_fields__})
+
+
+def lock_registrations(conn: Connection) -> None:
+    """Serialise a registration with gate-row creation, first thing in its transaction.
+
+    A registration fences the aliases that exist when it lists them; a row created meanwhile
+    must start at or above its sequence number. On PostgreSQL both take this transaction-level
+    advisory lock, so whichever comes second sees the other committed (READ COMMITTED reads per
+    statement). SQLite writers are serial already: a registration holds the write lock from its
+    first INSERT, and the creating INSERT reads the heads under that lock.
+    """
+    if conn.dialect.name == "postgresql":
+        conn.execute(select(func.pg_advisory_xact_lock(REGISTRATION_LOCK)))
+
+
+def _create_at_heads(catalog: Catalog, alias: str) -> None:
+    """Insert the alias's row at the newest tombstone and benchmark item, read in the insert
+    itself under ``lock_registrations``; a concurrent creator of the same alias wins quietly."""
+    heads = select(
+        literal(alias),
+        select(func.coalesce(func.max(tombstones.c.seq), 0)).scalar_subquery(),
+        select(func.coalesce(func.max(benchmark_items.c.seq), 0)).scalar_subquery(),
+        literal(0),
+        null(),
+        literal(time.time()),
+    )
+    columns = ["alias", *FENCES, "generation", "active_snapshot", "updated_at"]
+    try:
+        with catalog.begin() as conn:
+            lock_registrations(conn)
+            conn.execute(insert(gate).from_select(columns, heads))
+    except IntegrityError:
+        pass
 
 
 def _swap(conn: Connection, seen: Gate, **values: object) -> bool:
@@ -98,30 +128,47 @@ def activate(
     """Compare-and-swap the alias to ``snapshot_id``; returns the gate row after the swap.
 
     ``seen`` is the gate row the caller decided on (read now if not given); if anything moved
-    since - a tombstone, the benchmark fence, another activation - nothing changes.
+    since - a tombstone, the benchmark fence, another activation - nothing changes. A snapshot
+    older than the one ``seen`` serves is refused (``refuse_backwards``); the swap also makes every
+    VALIDATED or APPROVED snapshot of the alias older than this one SUPERSEDED, in the same
+    transaction, so none of them can be activated after it.
     """
     snapshot = states.get(catalog, snapshot_id)
+    seen = seen or read_gate(catalog, snapshot.alias)
+    refuse_backwards(catalog, snapshot, seen.active_snapshot)
     if snapshot.state != states.APPROVED:
         raise GateError(f"snapshot {snapshot_id} is {snapshot.state}; only APPROVED can activate")
-    seen = seen or read_gate(catalog, snapshot.alias)
     if (seen.tombstone_watermark, seen.benchmark_fence) != (tombstone_watermark, benchmark_fence):
         raise GateError(
             f"alias {snapshot.alias!r}: gate is at tombstone {seen.tombstone_watermark}, benchmark "
             f"fence {seen.benchmark_fence}; the manifest was built at {tombstone_watermark}, "
             f"{benchmark_fence}. Build a new snapshot."
         )
+    where = f"alias {snapshot.alias} generation {seen.generation + 1}"
     with catalog.begin() as conn:
         _point(conn, seen, snapshot_id, actor, "activating")
         states.transition(
-            catalog,
-            snapshot_id,
-            states.APPROVED,
-            states.ACTIVE,
-            actor,
-            f"alias {snapshot.alias} generation {seen.generation + 1}",
-            conn=conn,
+            catalog, snapshot_id, states.APPROVED, states.ACTIVE, actor, where, conn=conn
         )
+        superseded_by = f"superseded by {snapshot_id} (partition {snapshot.partition_key}, {where})"
+        states.supersede_older(conn, snapshot.alias, snapshot_id, actor, superseded_by)
     return read_gate(catalog, snapshot.alias)
+
+
+def refuse_backwards(catalog: Catalog, snapshot: states.Snapshot, active: str | None) -> None:
+    """An alias only moves to a later freeze (``states.Position``): refuse ``snapshot`` if it is
+    older than ``active``, what the alias serves now. Going back is ``rollback``'s alone."""
+    if active is None or active == snapshot.snapshot_id:
+        return
+    order = states.positions(catalog, snapshot.alias)
+    mine, served = order[snapshot.snapshot_id], order.get(active)
+    if served is not None and mine < served:
+        raise GateError(
+            f"refusing to activate {snapshot.snapshot_id} ({snapshot.state}): alias "
+            f"{snapshot.alias!r} serves {active}, and this snapshot {mine.older_reason(served)}; "
+            "an alias only moves to a later freeze (only `corpus-assets rollback` goes back, to "
+            "a snapshot that was active)"
+        )
 
 
 def rollback(
@@ -169,13 +216,6 @@ def rollback(
             )
         )
     return read_gate(catalog, snapshot.alias)
-
-
-def advance(catalog: Catalog, seen: Gate, fence: str, value: int) -> bool:
-    """One attempt to move ``seen.alias``'s ``fence`` column to ``value``; False if the gate
-    moved since ``seen`` was read (the caller decides whether to re-read and retry)."""
-    with catalog.begin() as conn:
-        return _swap(conn, seen, **{_fence_column(fence): value})
 
 
 def fence_every_alias(conn: Connection, fence: str, value: int) -> None:

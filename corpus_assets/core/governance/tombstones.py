@@ -20,6 +20,7 @@ def add_tombstone(catalog: Catalog, kind: str, target: str, reason: str) -> int:
     if kind not in TOMBSTONE_KINDS:
         raise gate.GateError(f"tombstone kind {kind!r} is not one of {', '.join(TOMBSTONE_KINDS)}")
     with catalog.begin() as conn:
+        gate.lock_registrations(conn)  # an alias created meanwhile starts at or above ``seq``
         seq = conn.execute(
             insert(tombstones)
             .values(kind=kind, record_id=target, reason=reason, at=time.time())
@@ -27,8 +28,3 @@ def add_tombstone(catalog: Catalog, kind: str, target: str, reason: str) -> int:
         ).scalar_one()
         gate.fence_every_alias(conn, "tombstone_watermark", seq)
     return seq
-
-
-def advance_tombstone(catalog: Catalog, seen: gate.Gate, watermark: int) -> bool:
-    """One attempt to fence ``seen.alias`` at tombstone ``watermark``; False if the gate moved."""
-    return gate.advance(catalog, seen, "tombstone_watermark", watermark)

@@ -19,6 +19,7 @@ from corpus_assets.core.ingest.freeze_spec import (
 )
 from corpus_assets.core.ingest.pinning import pin_source
 from corpus_assets.core.ingest.sources import fingerprint
+from corpus_assets.core.runtime.code_identity import stage_code
 from corpus_assets.core.runtime.layers import LayerResult, publish_index
 from corpus_assets.core.runtime.workspace import Workspace
 from corpus_assets.core.storage.artifacts import (
@@ -30,7 +31,7 @@ from corpus_assets.core.storage.artifacts import (
     put_json,
 )
 
-CODE = "raw_snapshot.v2"
+CODE = stage_code("raw_snapshot.v2", __name__)  # the freeze + pinning closure, hashed at import
 MEDIA = {"jsonl": NDJSON, "parquet": PARQUET}
 
 

@@ -37,13 +37,16 @@ from corpus_assets.core.ingest.sources import (
     url_object,
     version_of,
 )
+from corpus_assets.core.runtime.code_identity import stage_code
 from corpus_assets.core.runtime.config import ChangelogSource, ObjectsSource
 from corpus_assets.core.runtime.workspace import Workspace
 from corpus_assets.core.storage.artifacts import NDJSON, put_bytes
 from corpus_assets.core.storage.digests import json_digest
 from corpus_assets.core.storage.tasks import ChunkTask, Done, preload, run_chunk
 
-CODE = "raw_snapshot.pin.v1"
+# pin tasks: this module's import closure, hashed at import (ingest only, so a fix to a record
+# stage re-pins nothing)
+CODE = stage_code("raw_snapshot.pin.v1", __name__)
 CDC_LSN_FIELD = "__cdc_lsn"
 PARQUET_MAGIC = b"PAR1"
 COPY_RETRIES = 3

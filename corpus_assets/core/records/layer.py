@@ -2,9 +2,10 @@
 
 Each raw object is one chunk task whose output (records Parquet, an exclusions Parquet with
 location and reason only, and an account) is keyed by (object digest, source adapter and fields,
-policy digest, benchmark index digest), so an unchanged object costs nothing in the next
-snapshot. Every row is accounted for per source and stage: rows in = kept + quarantined +
-rejected, each exclusion under its reason code. Chunks may run in several processes
+policy digest, benchmark index digest, code identity), so an unchanged object costs nothing in the
+next snapshot and a fix to a row stage (``pii``, ``normalize``, ``adapters``, ...) re-runs them.
+Every row is accounted for per source and stage: rows in = kept + quarantined + rejected, each
+exclusion under its reason code. Chunks may run in several processes
 (``execution.workers``); the output is assembled in index order, so bytes never depend on it.
 """
 
@@ -42,6 +43,7 @@ from corpus_assets.core.records.index import (
     record_schema_digest,
 )
 from corpus_assets.core.records.quality import policy_payload as quality_payload
+from corpus_assets.core.runtime.code_identity import stage_code
 from corpus_assets.core.runtime.config import Source
 from corpus_assets.core.runtime.layers import (
     LayerResult,
@@ -60,7 +62,10 @@ from corpus_assets.core.storage.catalog import benchmark_items
 from corpus_assets.core.storage.digests import json_digest
 from corpus_assets.core.storage.tasks import ChunkOutcome, ChunkTask, preload, run_chunk
 
-CODE = "canonical_records.v2"
+# The chunk tasks' and the index's code: this module's import closure holds every row stage, so a
+# fix to one re-runs the chunks it could have changed. Hashed at import, from the source this
+# process loaded (a long-running code server must not hash files edited after it started).
+CODE = stage_code("canonical_records.v2", __name__)
 
 
 def _rows(
@@ -188,7 +193,7 @@ def _policy_digest(ws: Workspace, index: BenchmarkIndex | None) -> str:
     )
 
 
-def _task(source: Source, item: dict[str, Any], policy: str) -> ChunkTask:
+def _task(source: Source, item: dict[str, Any], policy: str, code: str) -> ChunkTask:
     return ChunkTask(
         layer="canonical_records",
         chunk_key=f"{source.id}/{item['name']}",
@@ -200,24 +205,24 @@ def _task(source: Source, item: dict[str, Any], policy: str) -> ChunkTask:
                 "policy": policy,
             }
         ),
-        code_version=CODE,
+        code_version=code,
     )
 
 
 _WORKER: dict[str, Any] = {}
 
 
-def _worker_init(config: str, environ: dict[str, str], fence: int) -> None:
+def _worker_init(config: str, environ: dict[str, str], fence: int, code: str) -> None:
     os.environ.update(environ)
     ws = open_workspace(config)
-    _WORKER.update(ws=ws, index=benchmark_index(ws, fence))
+    _WORKER.update(ws=ws, index=benchmark_index(ws, fence), code=code)
 
 
 def _worker_run(job: tuple[str, dict[str, Any], str]) -> ChunkOutcome:
     source_id, item, policy = job
     ws, index = _WORKER["ws"], _WORKER["index"]
     source = next(s for s in ws.config.sources if s.id == source_id)
-    return _run(ws, source, item, policy, index, done=None)
+    return _run(ws, source, item, policy, index, done=None, code=_WORKER["code"])
 
 
 def _run(
@@ -227,11 +232,12 @@ def _run(
     policy: str,
     index: BenchmarkIndex | None,
     done: Any,
+    code: str,
 ) -> ChunkOutcome:
     def work() -> str:
         return _canonicalize_object(ws, source, item, Stages.for_config(ws.config, index))
 
-    return run_chunk(ws.catalog, ws.cas, _task(source, item, policy), work, done=done)
+    return run_chunk(ws.catalog, ws.cas, _task(source, item, policy, code), work, done=done)
 
 
 def build_canonical_records(ws: Workspace, partition_key: str) -> LayerResult:
@@ -245,10 +251,10 @@ def build_canonical_records(ws: Workspace, partition_key: str) -> LayerResult:
     done = preload(ws.catalog, "canonical_records", CODE)
     workers = min(ws.config.execution.workers, max(len(items), 1))
     if workers > 1:
-        with worker_pool(ws, workers, _worker_init, fence) as pool:
+        with worker_pool(ws, workers, _worker_init, fence, CODE) as pool:  # keys = index code
             outcomes = list(pool.map(_worker_run, [(i["source"], i, policy) for i in items]))
     else:
-        outcomes = [_run(ws, sources[i["source"]], i, policy, index, done) for i in items]
+        outcomes = [_run(ws, sources[i["source"]], i, policy, index, done, CODE) for i in items]
     chunks, dead, account = _assemble(ws, items, outcomes)
     skipped = sum(o.skipped for o in outcomes if o.output_digest is not None)
     counts = account.counts()

@@ -19,7 +19,16 @@ class PublishError(RuntimeError):
 
 
 def approve(ws: Workspace, digest: str, by: str) -> states.Snapshot:
-    """Record ``by`` as approver once every rule holds now (a BUILDING snapshot validates first)."""
+    """Record ``by`` as approver once every rule holds now (a BUILDING snapshot validates first).
+
+    A REJECTED snapshot is not re-judged here: a rebuild of its partition is the new attempt."""
+    candidate = resolve(ws.catalog, digest)
+    if candidate.state == states.REJECTED:
+        raise PublishError(
+            f"refusing to approve {candidate.snapshot_id}: it is REJECTED (its failed rules are "
+            "in its history); after a fix, `corpus-assets build --partition "
+            f"{candidate.partition_key}` makes a new attempt"
+        )
     report = validate_snapshot(ws, digest)
     if not report.ok:
         raise PublishError(f"refusing to approve {report.snapshot_id}: {report.findings[0]}")
@@ -27,7 +36,14 @@ def approve(ws: Workspace, digest: str, by: str) -> states.Snapshot:
 
 
 def activate(ws: Workspace, digest: str, actor: str) -> gate.Gate:
-    """Compare-and-swap the alias to this APPROVED snapshot once every rule holds now."""
+    """Compare-and-swap the alias to this APPROVED snapshot once every rule holds now.
+
+    A snapshot older than the alias's active one is refused before the (costly) validation;
+    ``gate.activate`` checks it again against the gate row it swaps."""
+    candidate = resolve(ws.catalog, digest)
+    gate.refuse_backwards(
+        ws.catalog, candidate, gate.read_gate(ws.catalog, candidate.alias).active_snapshot
+    )
     report = validate_snapshot(ws, digest)
     snapshot = states.get(ws.catalog, report.snapshot_id)
     if not report.ok:
@@ -46,11 +62,17 @@ def activate(ws: Workspace, digest: str, actor: str) -> gate.Gate:
 
 
 def next_to_activate(catalog: Catalog) -> list[states.Snapshot]:
-    """Per alias, the newest APPROVED snapshot: what the publication sensor should activate."""
-    newest: dict[str, states.Snapshot] = {}
-    for snapshot in states.find(catalog, states.APPROVED):
-        newest[snapshot.alias] = snapshot
-    return sorted(newest.values(), key=lambda s: s.alias)
+    """What the publication sensor should activate: per alias at most one snapshot, the newest
+    APPROVED (``states.Position``), and only if it is newer than what the alias serves now."""
+    approved = states.find(catalog, states.APPROVED)
+    chosen = []
+    for alias in sorted({s.alias for s in approved}):
+        order = states.positions(catalog, alias)
+        newest = max((s for s in approved if s.alias == alias), key=lambda s: order[s.snapshot_id])
+        active = gate.read_gate(catalog, alias).active_snapshot
+        if active not in order or order[active] < order[newest.snapshot_id]:
+            chosen.append(newest)
+    return chosen
 
 
 def rollback(cas: ContentStore, catalog: Catalog, digest: str, actor: str) -> gate.Gate:

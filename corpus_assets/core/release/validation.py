@@ -10,6 +10,8 @@ splits, tombstone and benchmark hits 0, the manifest's transform image this code
 replay of a fixed subset of chunks from their pinned versions giving exactly the recorded
 output. Separately, the freeze must have been a consistent boundary (no CDC gap, no late CDC
 event); when it was not the snapshot becomes INCOMPLETE, since no rebuild of it can fix that.
+A snapshot whose first validation fails any other rule becomes REJECTED, its history naming each
+failed rule; only a rebuild of its partition starts a new attempt (``states.register``).
 """
 
 from dataclasses import dataclass
@@ -24,6 +26,9 @@ from corpus_assets.core.runtime import transform
 from corpus_assets.core.runtime.workspace import Workspace
 from corpus_assets.core.storage.cas import CasError
 from corpus_assets.core.storage.catalog import Catalog
+
+Failure = tuple[str, str]  # (the rule's name, one finding)
+SHOWN = 20  # failed rules written into a REJECTED event's detail; the check shows them all
 
 
 @dataclass(frozen=True)
@@ -63,7 +68,8 @@ def snapshot_rules(ws: Workspace) -> SnapshotRules:
 
 def validate_snapshot(ws: Workspace, digest: str) -> Report:
     """Apply every rule of ``snapshot_rules`` to the snapshot ``digest`` (snapshotId or manifest
-    digest); BUILDING -> VALIDATED when all hold, -> INCOMPLETE when the freeze was not consistent.
+    digest). A BUILDING snapshot leaves BUILDING here: VALIDATED when all hold, INCOMPLETE when the
+    freeze was not consistent, REJECTED (naming each failed rule in its history) otherwise.
 
     The report's findings are verify's, then the gates', then the boundary's; ``report.gate`` is
     the typed gate report the blocking check shows.
@@ -71,39 +77,60 @@ def validate_snapshot(ws: Workspace, digest: str) -> Report:
     report = verify(ws.cas, ws.catalog, digest)
     snapshot = resolve(ws.catalog, digest)
     rules = snapshot_rules(ws)
+    failed = [("verify", finding) for finding in report.findings]
     try:
         evidence = Evidence.load(ws.cas, ws.catalog, load_manifest(ws.cas, snapshot))
     except CasError as error:  # already reported by verify, by object name
-        findings, incomplete = [str(error)], []
+        failed.append(("evidence", str(error)))
+        incomplete: list[str] = []
     else:
-        findings = _apply(rules.gates, evidence, report.gate)
-        incomplete = _apply(rules.boundary, evidence, report.gate)
-    report.findings.extend(dict.fromkeys(f for f in findings if f not in report.findings))
+        failed += _apply(rules.gates, evidence, report.gate)
+        incomplete = [f for _rule, f in _apply(rules.boundary, evidence, report.gate)]
+    report.findings.extend(dict.fromkeys(f for _rule, f in failed if f not in report.findings))
     report.findings.extend(incomplete)
     report.gate.incomplete = len(incomplete)
-    _move(ws.catalog, snapshot, report, incomplete)
+    _move(ws.catalog, snapshot, report, incomplete, failed)
     return report
 
 
-def _apply(rules: tuple[Gate, ...], evidence: Evidence, report: GateReport) -> list[str]:
-    """Every rule's findings in order; a rule whose evidence is unreadable reports that."""
-    findings: list[str] = []
+def _apply(rules: tuple[Gate, ...], evidence: Evidence, report: GateReport) -> list[Failure]:
+    """Every rule's findings in order, each with the rule's name; a rule whose evidence is
+    unreadable reports that."""
+    failed: list[Failure] = []
     for rule in rules:
         try:
-            findings += rule(evidence, report)
+            failed += [(rule.__name__, finding) for finding in rule(evidence, report)]
         except CasError as error:
-            findings.append(str(error))
-    return findings
+            failed.append((rule.__name__, str(error)))
+    return failed
 
 
 def _move(
-    catalog: Catalog, snapshot: states.Snapshot, report: Report, incomplete: list[str]
+    catalog: Catalog,
+    snapshot: states.Snapshot,
+    report: Report,
+    incomplete: list[str],
+    failed: list[Failure],
 ) -> None:
-    """INCOMPLETE for an inconsistent freeze (even once approved); VALIDATED from BUILDING."""
+    """INCOMPLETE for an inconsistent freeze, even once approved (no rebuild fixes a freeze).
+    Otherwise only BUILDING moves: VALIDATED when every rule holds, else REJECTED naming the
+    failed rules. A snapshot that validated once and fails later (changed code or config, say)
+    keeps its state; approval and activation refuse it."""
     sid = snapshot.snapshot_id
     if incomplete and snapshot.state in (states.BUILDING, states.VALIDATED, states.APPROVED):
         detail = "; ".join(incomplete)
         states.transition(catalog, sid, snapshot.state, states.INCOMPLETE, "validator", detail)
-    elif report.ok and snapshot.state == states.BUILDING:
+    elif snapshot.state != states.BUILDING:
+        return
+    elif report.ok:
         detail = f"{report.objects_checked} objects verified"
         states.transition(catalog, sid, states.BUILDING, states.VALIDATED, "validator", detail)
+    else:
+        states.transition(catalog, sid, states.BUILDING, states.REJECTED, "validator", _why(failed))
+
+
+def _why(failed: list[Failure]) -> str:
+    """The REJECTED event's detail: each failed rule with its finding, the first ``SHOWN``."""
+    shown = "; ".join(f"{rule}: {finding}" for rule, finding in failed[:SHOWN])
+    more = f"; and {len(failed) - SHOWN} more" if len(failed) > SHOWN else ""
+    return f"failed rules: {shown}{more}"

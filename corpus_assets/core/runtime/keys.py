@@ -20,10 +20,11 @@ def validate_partition_key(key: str) -> str:
 
 
 def new_partition_key(taken: set[str], now: float | None = None) -> str:
-    """``snap-YYYYMMDD-HHMMSS`` in UTC, with a numeric suffix if that second is already used."""
+    """``snap-YYYYMMDD-HHMMSS`` in UTC, with a numeric suffix if that second is already used;
+    validated here too, since the sensor adds it as a partition before any run checks it."""
     base = time.strftime("snap-%Y%m%d-%H%M%S", time.gmtime(time.time() if now is None else now))
     key, n = base, 1
     while key in taken:
         n += 1
         key = f"{base}-{n}"
-    return key
+    return validate_partition_key(key)

@@ -59,7 +59,7 @@ chunk_tasks = Table(
     Column("layer", String(32), primary_key=True),
     Column("chunk_key", String(200), primary_key=True),
     Column("input_digest", String(71), primary_key=True),
-    Column("code_version", String(64), primary_key=True),
+    Column("code_version", String(200), primary_key=True),  # name@sha256:<hex>
     Column("status", String(10), nullable=False),
     Column("attempts", Integer, nullable=False, default=0),
     Column("owner", String(128)),

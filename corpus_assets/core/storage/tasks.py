@@ -3,6 +3,8 @@
 A task is keyed by (layer, chunk key, input digest, code version). SUCCESS with the same key and an
 output present in the CAS at the recorded size is skipped; callers that walk many chunks preload
 the layer's successes in one query (``preload``) so a skip costs a dict lookup and one ``stat``.
+The code version is the stage's code identity (``runtime.code_identity``: its name and the digest
+of the source it runs), so changed code never reuses what older code produced.
 
 A worker claims a task with one conditional UPDATE that succeeds only if nobody else holds a live
 claim. While ``work`` runs, a heartbeat thread refreshes the claim; a RUNNING row whose heartbeat

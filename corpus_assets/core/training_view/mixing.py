@@ -11,12 +11,13 @@ import hashlib
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from corpus_assets.core.runtime.code_identity import stage_code
 from corpus_assets.core.runtime.layers import LayerResult, publish_table_layer, read_layer_index
 from corpus_assets.core.runtime.workspace import Workspace
 from corpus_assets.core.storage.artifacts import get_table
 from corpus_assets.core.training_view.splits import TRAIN
 
-CODE = "mixed_samples.natural.v1"
+CODE = stage_code("mixed_samples.natural.v1", __name__)  # its closure, hashed at import
 MIX_COLUMNS = pa.schema(
     [("position", pa.int64()), ("record_id", pa.string()), ("source_id", pa.string())]
 )

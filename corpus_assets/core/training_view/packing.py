@@ -14,11 +14,12 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 
 from corpus_assets.core.records.index import CanonicalIndex
+from corpus_assets.core.runtime.code_identity import stage_code
 from corpus_assets.core.runtime.layers import LayerResult, publish_index, read_layer_index
 from corpus_assets.core.runtime.workspace import Workspace
 from corpus_assets.core.storage.artifacts import BINARY, get_table, put_bytes, put_table
 
-CODE = "packed_blocks.atomic-split.v1"
+CODE = stage_code("packed_blocks.atomic-split.v1", __name__)  # its closure, hashed at import
 EOS, PAD = 256, 257
 SPAN_COLUMNS = pa.schema(
     [

@@ -11,12 +11,13 @@ import hashlib
 
 import pyarrow as pa
 
+from corpus_assets.core.runtime.code_identity import stage_code
 from corpus_assets.core.runtime.config import SplitPolicy
 from corpus_assets.core.runtime.layers import LayerResult, publish_table_layer, read_layer_index
 from corpus_assets.core.runtime.workspace import Workspace
 from corpus_assets.core.storage.artifacts import get_table
 
-CODE = "splits.leakage-group-hash.v2"
+CODE = stage_code("splits.leakage-group-hash.v2", __name__)  # its closure, hashed at import
 TRAIN, VALIDATION, TEST = "train", "validation", "test"
 SPLITS = (TRAIN, VALIDATION, TEST)  # the split names, defined here only
 SPLIT_COLUMNS = pa.schema(
