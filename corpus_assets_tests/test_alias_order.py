@@ -113,6 +113,24 @@ def test_the_cli_refuses_to_move_an_alias_to_an_older_freeze(
     assert re.search(rf"p1 +SUPERSEDED +{older}$", out, re.MULTILINE), out
 
 
+def test_a_snapshot_older_than_the_active_one_is_not_approved(
+    workspace: Workspace, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Still BUILDING when a newer freeze went live, it could never be activated: approving it
+    would leave an APPROVED snapshot that nothing will ever publish."""
+    older = build_all(workspace, "p1")["manifest"].digests["snapshotId"]  # not validated yet
+    newer = _validated(workspace, "p2")
+    assert _cli(capsys, "approve", newer, "--by", "alice")[0] == 0
+    assert _cli(capsys, "activate", newer)[0] == 0
+
+    code, _out, err = _cli(capsys, "approve", older, "--by", "alice")
+    assert code == 1 and len(err.strip().splitlines()) == 1, err
+    assert f"refusing to approve {older}" in err and newer in err, err
+    assert "an alias only moves to a later freeze" in err, err
+    assert states.get(workspace.catalog, older).state != states.APPROVED
+    assert next_to_activate(workspace.catalog) == []
+
+
 def test_rollback_to_an_earlier_active_snapshot_still_works(
     workspace: Workspace, capsys: pytest.CaptureFixture[str]
 ) -> None:

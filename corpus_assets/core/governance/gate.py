@@ -155,7 +155,9 @@ def activate(
     return read_gate(catalog, snapshot.alias)
 
 
-def refuse_backwards(catalog: Catalog, snapshot: states.Snapshot, active: str | None) -> None:
+def refuse_backwards(
+    catalog: Catalog, snapshot: states.Snapshot, active: str | None, action: str = "activate"
+) -> None:
     """An alias only moves to a later freeze (``states.Position``): refuse ``snapshot`` if it is
     older than ``active``, what the alias serves now. Going back is ``rollback``'s alone."""
     if active is None or active == snapshot.snapshot_id:
@@ -164,7 +166,7 @@ def refuse_backwards(catalog: Catalog, snapshot: states.Snapshot, active: str | 
     mine, served = order[snapshot.snapshot_id], order.get(active)
     if served is not None and mine < served:
         raise GateError(
-            f"refusing to activate {snapshot.snapshot_id} ({snapshot.state}): alias "
+            f"refusing to {action} {snapshot.snapshot_id} ({snapshot.state}): alias "
             f"{snapshot.alias!r} serves {active}, and this snapshot {mine.older_reason(served)}; "
             "an alias only moves to a later freeze (only `corpus-assets rollback` goes back, to "
             "a snapshot that was active)"

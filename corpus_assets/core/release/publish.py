@@ -21,8 +21,11 @@ class PublishError(RuntimeError):
 def approve(ws: Workspace, digest: str, by: str) -> states.Snapshot:
     """Record ``by`` as approver once every rule holds now (a BUILDING snapshot validates first).
 
-    A REJECTED snapshot is not re-judged here: a rebuild of its partition is the new attempt."""
+    A REJECTED snapshot is not re-judged here: a rebuild of its partition is the new attempt.
+    One older than what its alias serves is refused too: it could never be activated."""
     candidate = resolve(ws.catalog, digest)
+    active = gate.read_gate(ws.catalog, candidate.alias).active_snapshot
+    gate.refuse_backwards(ws.catalog, candidate, active, action="approve")
     if candidate.state == states.REJECTED:
         raise PublishError(
             f"refusing to approve {candidate.snapshot_id}: it is REJECTED (its failed rules are "
