@@ -26,14 +26,15 @@ from corpus_assets.core.runtime.transform import PACKAGE_ROOT
 from corpus_assets.core.runtime.workspace import open_workspace
 
 CORE = "corpus_assets.core"
-CHANGED_BY_PII = [  # every stage whose code imports records/pii.py (records.index does)
+CHANGED_BY_PII = [  # every stage whose code imports records/pii.py
     f"{CORE}.records.layer",
+    f"{CORE}.release.manifest",
+]
+UNCHANGED_BY_PII = [  # ingest never imports records; the rest read canonical records through
+    # records.index, which holds the record contract but no row stage
     f"{CORE}.dedup.signature_cache",
     f"{CORE}.dedup.layer",
     f"{CORE}.training_view.packing",
-    f"{CORE}.release.manifest",
-]
-UNCHANGED_BY_PII = [  # ingest never imports records; splits and mixing read tables only
     f"{CORE}.ingest.pinning",
     f"{CORE}.ingest.freeze",
     f"{CORE}.dedup.minhash",

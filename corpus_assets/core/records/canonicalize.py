@@ -27,13 +27,13 @@ from corpus_assets.core.records.adapters import (
 )
 from corpus_assets.core.records.adapters import field as row_field
 from corpus_assets.core.records.contamination_index import BenchmarkIndex
+from corpus_assets.core.records.index import RECORD_SCHEMA
 from corpus_assets.core.records.normalize import ParseReject, dedup_key, normalize_text
 from corpus_assets.core.records.pii import redact
 from corpus_assets.core.records.quality import QualityPolicy, check_quality
 from corpus_assets.core.runtime.config import CorpusConfig, Source
 from corpus_assets.core.storage.digests import json_digest, sha256_digest
 
-RECORD_SCHEMA = "corpus.record.v2"
 QUARANTINE_PREFIXES = ("parse.", "schema.")
 SCRIPTS = (
     ("LATIN", "Latn"),

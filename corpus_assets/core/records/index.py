@@ -13,7 +13,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from corpus_assets.core.records.canonicalize import RECORD_SCHEMA
 from corpus_assets.core.runtime.layers import LayerIndex, load_index, read_layer_index
 from corpus_assets.core.runtime.workspace import Workspace
 from corpus_assets.core.storage.artifacts import Ref, get_json, get_parquet, get_table
@@ -21,6 +20,7 @@ from corpus_assets.core.storage.cas import ContentStore
 from corpus_assets.core.storage.digests import json_digest
 
 LAYER = "canonical_records"
+RECORD_SCHEMA = "corpus.record.v2"  # the record contract: envelope + payload kinds + columns
 CHUNK_SCHEMA = "corpus.chunk.v2"
 RECORD_COLUMNS = pa.schema(
     [
