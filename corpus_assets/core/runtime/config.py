@@ -145,6 +145,7 @@ class SplitPolicy(_Strict):
     train_percent: Annotated[int, Field(ge=0, le=100)] = 80
     validation_percent: Annotated[int, Field(ge=0, le=100)] = 10
     test_percent: Annotated[int, Field(ge=0, le=100)] = 10
+    on_conflict: Literal["quarantine_new", "move_smaller"] = "quarantine_new"
 
     @model_validator(mode="after")
     def _sums_to_100(self) -> "SplitPolicy":
