@@ -42,6 +42,8 @@ def test_build_validates_and_rebuild_is_identical(workspace: Workspace) -> None:
         "unexplained_rows",
         "dedup_invariant_violations",
         "leakage_group_split_violations",
+        "split_conflicts",
+        "split_quarantined",
         "tombstone_hits",
         "benchmark_hits",
         "canary_chunks",

@@ -9,7 +9,7 @@ but ``validation.validate_snapshot``.
 
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -30,7 +30,7 @@ from corpus_assets.core.storage.cas import ContentStore
 from corpus_assets.core.storage.catalog import Catalog, benchmark_items, freezes
 from corpus_assets.core.storage.digests import json_digest
 from corpus_assets.core.storage.tasks import ChunkTask, open_dead_letters
-from corpus_assets.core.training_view.splits import SPLITS
+from corpus_assets.core.training_view.splits import EXCLUDED, SPLITS
 
 LateChanges = Callable[[FreezeSpec], list[str]]
 
@@ -53,6 +53,8 @@ class GateReport(BaseModel):
     unexplained_rows: int | None = None
     dedup_invariant_violations: int | None = None
     leakage_group_split_violations: int | None = None
+    split_conflicts: int | None = None
+    split_quarantined: int | None = None
     tombstone_hits: int | None = None
     benchmark_hits: int | None = None
     canary_chunks: int | None = None
@@ -77,6 +79,7 @@ class Evidence:
     freeze: FreezeSpec
     canonical: CanonicalIndex
     dedup: LayerIndex
+    splits: LayerIndex
     members: pa.Table
 
     @classmethod
@@ -90,6 +93,7 @@ class Evidence:
             freeze=FreezeSpec.load(cas, manifest["freeze"]),
             canonical=CanonicalIndex.load(cas, layers["canonical_records"]),
             dedup=load_index(cas, layers["dedup_clusters"], "dedup_clusters"),
+            splits=load_index(cas, layers["splits"], "splits"),
             members=get_table(cas, manifest["members"], "members table"),
         )
 
@@ -97,6 +101,16 @@ class Evidence:
     def pinned(self) -> dict[str, str]:
         """Pinned object digest -> source id, in freeze order."""
         return {entry.sha256: source for source, entry in self.freeze.pinned()}
+
+    @cached_property
+    def split_conflicts(self) -> pa.Table:
+        return get_table(self.cas, self.splits.output("split_conflicts"), "split conflicts")
+
+    @cached_property
+    def quarantined(self) -> list[str]:
+        """Records a split conflict excluded (``split.bridge``): explained, never members."""
+        moves = get_table(self.cas, self.splits.output("split_moves"), "split moves")
+        return moves.filter(pc.equal(moves.column("to"), EXCLUDED)).column("record_id").to_pylist()
 
     @cached_property
     def ids(self) -> list[str]:
@@ -219,9 +233,10 @@ def lineage_complete(ev: Evidence, report: GateReport) -> list[str]:
 
 
 def rows_explained(ev: Evidence, report: GateReport) -> list[str]:
-    """Each canonical row is a member, a removed duplicate or tombstoned: nothing is lost."""
+    """Each canonical row is a member, a removed duplicate, tombstoned or quarantined by a split
+    conflict: nothing is lost."""
     counts = ev.dedup.counts
-    removed = counts["removed"] + counts.get("tombstoned", 0)
+    removed = counts["removed"] + counts.get("tombstoned", 0) + len(ev.quarantined)
     unexplained = len(ev.canonical_rows) - len(ev.ids) - removed
     report.unexplained_rows = unexplained
     if unexplained:
@@ -237,10 +252,25 @@ def dedup_invariants_hold(ev: Evidence, report: GateReport) -> list[str]:
     )
     dedup = DedupReport.parse(get_json(ev.cas, ev.dedup.output("report"), "dedup report"))
     threshold = float(dedup.near.lsh.threshold) if dedup.near is not None else 0.0
-    findings, leaks = dedup_invariants(clusters, threshold, ev.members)
+    findings, leaks = dedup_invariants(clusters, threshold, ev.members, *_resolved(ev))
     report.dedup_invariant_violations = len(findings) - leaks
     report.leakage_group_split_violations = leaks
     return findings[:20]
+
+
+def split_conflicts_resolved(ev: Evidence, report: GateReport) -> list[str]:
+    """A split conflict quarantined its bridging records: none of them is a member."""
+    report.split_conflicts = ev.split_conflicts.num_rows
+    report.split_quarantined = len(ev.quarantined)
+    members = set(ev.ids)
+    return [f"quarantined record {rid!r} is a member" for rid in ev.quarantined if rid in members]
+
+
+def _resolved(ev: Evidence) -> tuple[list[str], set[str]]:
+    """Quarantined records; components whose conflict they bridged (old members stay put)."""
+    conflicts = ev.split_conflicts
+    by = pc.equal(conflicts.column("resolution"), "quarantine_new")
+    return ev.quarantined, set(conflicts.filter(by).column("component").to_pylist())
 
 
 def no_tombstone_hits(ev: Evidence, report: GateReport) -> list[str]:
@@ -329,13 +359,19 @@ def no_late_changes(late_changes: LateChanges) -> Gate:
 
 
 def dedup_invariants(
-    clusters: pa.Table, threshold: float, members: pa.Table
+    clusters: pa.Table,
+    threshold: float,
+    members: pa.Table,
+    quarantined: Collection[str] = (),
+    bridged: Collection[str] = (),
 ) -> tuple[list[str], int]:
     """Algorithm 18.1's invariant and the leakage promise, checked on the published tables.
 
     Every removed record stands behind a member; a near duplicate's direct match is a member at
-    or above the threshold; all members of one leakage group share one split. Returns the
-    findings and how many of them are split leaks.
+    or above the threshold; all members of one leakage group share one split, unless its split
+    conflict was resolved by quarantining the ``bridged`` component's new records (a removed
+    record may stand behind a ``quarantined`` one). Returns the findings and how many of them
+    are split leaks.
     """
     split_of = dict(
         zip(
@@ -344,8 +380,10 @@ def dedup_invariants(
             strict=True,
         )
     )
-    findings = _removed_without_member(clusters, split_of, threshold)
-    leaks = _leaked_groups(clusters, split_of)
+    findings = _removed_without_member(
+        clusters, split_of | dict.fromkeys(quarantined, ""), threshold
+    )
+    leaks = _leaked_groups(clusters, split_of, bridged)
     return findings + leaks, len(leaks)
 
 
@@ -369,8 +407,10 @@ def _removed_without_member(
     return findings
 
 
-def _leaked_groups(clusters: pa.Table, split_of: dict[str, str]) -> list[str]:
-    """Leakage groups whose kept members sit in more than one split."""
+def _leaked_groups(
+    clusters: pa.Table, split_of: dict[str, str], bridged: Collection[str]
+) -> list[str]:
+    """Leakage groups, other than ``bridged`` ones, whose members sit in more than one split."""
     kept = clusters.filter(pc.equal(clusters.column("verdict"), "keep"))
     split_by_group: dict[str, set[str]] = {}
     for rid, group in zip(
@@ -381,7 +421,7 @@ def _leaked_groups(clusters: pa.Table, split_of: dict[str, str]) -> list[str]:
     return [
         f"leakage group {group!r} spans splits {', '.join(sorted(splits))}"
         for group, splits in sorted(split_by_group.items())
-        if len(splits) > 1
+        if len(splits) > 1 and group not in bridged
     ]
 
 

@@ -45,7 +45,9 @@ class BuildConflict(RuntimeError):
 
 
 def members_table(ws: Workspace, indexes: Indexes) -> pa.Table:
-    """One row per member: stable id, source version, logical digests, split - never the text."""
+    """One row per member: stable id, source version, logical digests, split - never the text.
+
+    Members are the dedup representatives the splits layer assigned a split."""
     split_table = get_table(ws.cas, indexes["splits"][1].output("splits"), "splits table")
     clusters = get_table(ws.cas, indexes["dedup_clusters"][1].output("clusters"), "dedup clusters")
     chosen = clusters.filter(clusters.column("is_representative")).select(
@@ -57,8 +59,10 @@ def members_table(ws: Workspace, indexes: Indexes) -> pa.Table:
     lengths = pc.binary_length(pc.cast(records.column("text"), pa.binary()))
     records = records.drop_columns(["text"]).append_column("text_bytes", lengths)
     joined = records.join(chosen, ["record_id", "object", "line"], join_type="inner").join(
-        split_table, "record_id"
-    )
+        split_table,
+        "record_id",
+        join_type="inner",  # a record a split conflict quarantined
+    )  # is in no split, so no member
     return joined.select(MEMBER_COLUMNS).sort_by("record_id")
 
 

@@ -52,6 +52,7 @@ class Conflict:
     record_b: str  # smallest parent member of another side
     split_b: str
     evidence: str
+    resolution: str  # "quarantine_new": newcomers excluded, else "move_smaller"
 
 
 @dataclass
@@ -65,7 +66,7 @@ class Assignment:
         return [m.record_id for m in self.moves if m.to_split == EXCLUDED]
 
 
-def hashed_split(key: str, policy: SplitPolicy) -> str:
+def split_of(key: str, policy: SplitPolicy) -> str:
     h = hashlib.sha256(policy.salt.encode() + b"\x00" + key.encode("utf-8")).digest()
     percent = (int.from_bytes(h[:8], "big") * 100) >> 64
     if percent < policy.train_percent:
@@ -105,17 +106,19 @@ def _assign_component(
         if m.record_id in parent:
             sides.setdefault(parent[m.record_id], []).append(m.record_id)
     if not sides:
-        target = hashed_split(min(m.content_key for m in group), policy)
+        target = split_of(min(m.content_key for m in group), policy)
         out.split.update((m.record_id, target) for m in group)
         return
     order = sorted(sides, key=lambda s: (-len(sides[s]), SPLITS.index(s) if s in SPLITS else 9, s))
     target = order[0]
+    newcomers = [m.record_id for m in group if m.record_id not in parent]
+    quarantine = policy.on_conflict == "quarantine_new" and bool(newcomers)
+    resolution = "quarantine_new" if quarantine else "move_smaller"
     for other in order[1:]:
         out.conflicts.append(
-            Conflict(name, sides[target][0], target, sides[other][0], other, evidence)
+            Conflict(name, sides[target][0], target, sides[other][0], other, evidence, resolution)
         )
-    newcomers = [m.record_id for m in group if m.record_id not in parent]
-    if len(order) > 1 and policy.on_conflict == "quarantine_new" and newcomers:
+    if len(order) > 1 and quarantine:
         for rid in newcomers:
             out.moves.append(Move(rid, "", EXCLUDED, BRIDGE, f"leakage {name}; {evidence}"))
         out.split.update((rid, parent[rid]) for s in order for rid in sides[s])

@@ -9,6 +9,8 @@ smallest ``dedup_key``, and lists every move (``split_moves``) and conflict
 (``split_conflicts``). Records a conflict quarantines are in no split and so no member.
 """
 
+from dataclasses import asdict
+
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -25,6 +27,7 @@ from corpus_assets.core.runtime.workspace import Workspace
 from corpus_assets.core.storage.artifacts import Ref, get_json, get_table, put_table
 from corpus_assets.core.training_view.split_assign import (
     BRIDGE,
+    EXCLUDED,
     SPLITS,
     TEST,
     TRAIN,
@@ -32,9 +35,19 @@ from corpus_assets.core.training_view.split_assign import (
     Assignment,
     Member,
     assign,
+    split_of,
 )
 
-__all__ = ["SPLITS", "TEST", "TRAIN", "VALIDATION", "build_splits", "parent_splits"]
+__all__ = [
+    "EXCLUDED",
+    "SPLITS",
+    "TEST",
+    "TRAIN",
+    "VALIDATION",
+    "build_splits",
+    "parent_splits",
+    "split_of",
+]
 
 CODE = stage_code("splits.inherited-components.v3", __name__)  # its closure, hashed at import
 SPLIT_COLUMNS = pa.schema(
@@ -51,7 +64,15 @@ MOVE_COLUMNS = pa.schema(
 CONFLICT_COLUMNS = pa.schema(
     [
         (c, pa.string())
-        for c in ("component", "record_a", "split_a", "record_b", "split_b", "evidence")
+        for c in (
+            "component",
+            "record_a",
+            "split_a",
+            "record_b",
+            "split_b",
+            "evidence",
+            "resolution",
+        )
     ]
 )
 
@@ -152,16 +173,4 @@ def _moves_table(result: Assignment) -> pa.Table:
 
 
 def _conflicts_table(result: Assignment) -> pa.Table:
-    return pa.Table.from_pylist(
-        [
-            dict(
-                zip(
-                    CONFLICT_COLUMNS.names,
-                    (c.component, c.record_a, c.split_a, c.record_b, c.split_b, c.evidence),
-                    strict=True,
-                )
-            )
-            for c in result.conflicts
-        ],
-        schema=CONFLICT_COLUMNS,
-    )
+    return pa.Table.from_pylist([asdict(c) for c in result.conflicts], schema=CONFLICT_COLUMNS)
