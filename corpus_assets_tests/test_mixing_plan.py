@@ -131,6 +131,10 @@ def test_an_infeasible_plan_names_source_need_and_fit() -> None:
     assert "'long' needs 300 documents" in message
     assert "100 x max_epochs 2 = 200" in message
     assert "max_epochs >= 3" in message and "budget <= 800" in message
+    empty = {"a": _members("a", 10, 1), "b": _members("b", 0, 1)}
+    ratios = MixingPolicy(policy="ratios", ratios={"a": "0.5", "b": "0.5"})
+    with pytest.raises(MixingError, match="'b' needs 5 documents but has no train records"):
+        plan_mixture(ratios, _populations(empty))
 
 
 def test_max_fraction_caps_and_redistributes_or_fails() -> None:

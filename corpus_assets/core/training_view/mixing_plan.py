@@ -124,8 +124,13 @@ def apply_fraction_caps(
 def _check_epochs(plans: list[SourcePlan], budget: int, unit: str) -> None:
     for plan in plans:
         have = None if plan.max_epochs is None else plan.size * plan.max_epochs
-        if plan.amount and (plan.size == 0 or (have is not None and plan.amount > have)):
-            needed = -(-plan.amount // plan.size) if plan.size else None
+        if plan.amount and plan.size == 0:
+            raise MixingError(
+                f"source {plan.source!r} needs {plan.amount} {unit} but has no train records; "
+                "give it a share of 0 or add records"
+            )
+        if plan.amount and have is not None and plan.amount > have:
+            needed = -(-plan.amount // plan.size)
             fit = min(
                 (
                     (p.size * p.max_epochs * p.target.denominator) // p.target.numerator
