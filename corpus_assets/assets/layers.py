@@ -30,7 +30,7 @@ DESCRIPTIONS = {
         "a verdict, representative, direct match and leakage group for every record."
     ),
     "splits": "Salted hash of each leakage group into train / validation / test.",
-    "mixed_samples": "The training stream: natural proportions, seeded deterministic order.",
+    "mixed_samples": "The training stream: planned per-source mix, content-keyed picks and order.",
     "packed_blocks": "UTF-8 byte tokens + EOS packed into fixed-length blocks with a spans table.",
     "manifest": "training.dataset.snapshot.v1: the digest a training run names.",
 }
@@ -112,7 +112,7 @@ raw_snapshot = layer_asset("raw_snapshot", [])
 canonical_records = layer_asset("canonical_records", ["raw_snapshot"])
 dedup_clusters = layer_asset("dedup_clusters", ["canonical_records"])
 splits = layer_asset("splits", ["dedup_clusters"])
-mixed_samples = layer_asset("mixed_samples", ["splits"])
+mixed_samples = layer_asset("mixed_samples", ["splits", "canonical_records"])
 packed_blocks = layer_asset("packed_blocks", ["mixed_samples", "canonical_records"])
 manifest = layer_asset(
     "manifest", ["packed_blocks", "splits", "dedup_clusters", "canonical_records"]

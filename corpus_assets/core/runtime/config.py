@@ -155,10 +155,47 @@ class SplitPolicy(_Strict):
         return self
 
 
+_Share = Annotated[Decimal, Field(gt=0, le=1, strict=False, allow_inf_nan=False)]
+
+
+class SourceMixing(_Strict):
+    """Per-source caps: at most ``max_epochs`` passes, at most ``max_fraction`` of the mix."""
+
+    max_epochs: Annotated[int, Field(ge=1)] | None = None
+    max_fraction: _Share | None = None
+
+
 class MixingPolicy(_Strict):
+    """How the train split becomes the training stream (see ``training_view.mixing_plan``).
+
+    Shares and alpha are decimals (hashed as their exact text). ``budget`` counts ``unit``s; none
+    means the train split's total. ``max_epochs`` is the default cap of every source.
+    """
+
     seed: Annotated[str, Field(min_length=1)] = "mix-v1"
-    alpha: Literal["1"] = "1"
-    unit: Literal["documents"] = "documents"
+    policy: Literal["natural", "ratios", "temperature", "unimax"] = "natural"
+    alpha: Annotated[Decimal, Field(gt=0, le=1, strict=False, allow_inf_nan=False)] = Decimal("1")
+    unit: Literal["documents", "tokens"] = "documents"
+    ratios: dict[str, _Share] | None = None
+    budget: Annotated[int, Field(ge=1)] | None = None
+    max_epochs: Annotated[int, Field(ge=1)] | None = None
+    sources: dict[str, SourceMixing] = {}
+
+    @model_validator(mode="after")
+    def _policy_fields(self) -> "MixingPolicy":
+        if (self.policy == "ratios") != (self.ratios is not None):
+            raise ValueError("ratios are required by, and only allowed with, policy: ratios")
+        if self.ratios is not None and sum(self.ratios.values()) != 1:
+            raise ValueError(f"ratios sum to {sum(self.ratios.values())}, not 1")
+        if self.alpha != 1 and self.policy != "temperature":
+            raise ValueError(f"alpha {self.alpha} needs policy: temperature")
+        if self.policy == "unimax" and (self.budget is None or self.max_epochs is None):
+            raise ValueError("policy: unimax needs budget and max_epochs")
+        return self
+
+    def epochs_of(self, source: str) -> int | None:
+        own = self.sources.get(source)
+        return own.max_epochs if own and own.max_epochs is not None else self.max_epochs
 
 
 class PackingPolicy(_Strict):
@@ -229,6 +266,10 @@ class CorpusConfig(_Strict):
             if source.id in seen:
                 raise ValueError(f"source id {source.id!r} is used twice")
             seen.add(source.id)
+        mixing = self.policies.mixing
+        for name in [*(mixing.ratios or {}), *mixing.sources]:
+            if name not in seen:
+                raise ValueError(f"policies.mixing names unknown source {name!r}")
         return self
 
     def policy_digest(self, name: str) -> str:

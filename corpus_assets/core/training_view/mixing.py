@@ -1,51 +1,89 @@
-"""mixed_samples: the training stream drawn from the train split.
+"""mixed_samples: the training stream drawn from the train split under ``policies.mixing``.
 
-With alpha = 1 (natural proportions, unit = documents) every train record is used exactly once, so
-the target share of each source equals its document share. The order is a seeded hash shuffle -
-sort by sha256(seed NUL record_id), ties by record_id - so it depends on the seed and the member
-set, never on worker count or completion order.
+The plan (``mixing_plan``) says how many documents or tokens each source contributes; the
+selection (``mixing_select``) picks them by a content-keyed hash per source and pass and orders
+the stream by the same key. Token counts are the packing tokenizer's (``utf8-bytes-v1``: UTF-8
+bytes of the text + 1 EOS), computed with Arrow ``binary_length`` one chunk at a time. The layer
+outputs the samples table and a per-source report (also in ``counts`` and the run's details).
 """
 
-import hashlib
-
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from corpus_assets.core.records.index import CanonicalIndex
 from corpus_assets.core.runtime.code_identity import stage_code
-from corpus_assets.core.runtime.layers import LayerResult, publish_table_layer, read_layer_index
+from corpus_assets.core.runtime.layers import LayerResult, publish_index, read_layer_index
 from corpus_assets.core.runtime.workspace import Workspace
-from corpus_assets.core.storage.artifacts import get_table
+from corpus_assets.core.storage.artifacts import get_table, put_table
+from corpus_assets.core.training_view.mixing_plan import Population, plan_mixture
+from corpus_assets.core.training_view.mixing_select import Members, mix, report
 from corpus_assets.core.training_view.splits import TRAIN
 
-CODE = stage_code("mixed_samples.natural.v1", __name__)  # its closure, hashed at import
-MIX_COLUMNS = pa.schema(
-    [("position", pa.int64()), ("record_id", pa.string()), ("source_id", pa.string())]
-)
+CODE = stage_code("mixed_samples.planned.v2", __name__)  # its closure, hashed at import
+MEMBER_COLUMNS = ["record_id", "source_id", "record_digest"]
+
+
+def train_members(ws: Workspace, train: pa.Array, canonical: CanonicalIndex) -> pa.Table:
+    """record_id, source_id, record_digest and tokens of the train records, by record_id."""
+    parts = []
+    for chunk in canonical.chunks():
+        table = chunk.table(ws.cas, [*MEMBER_COLUMNS, "text"])
+        table = table.filter(pc.is_in(table.column("record_id"), value_set=train))
+        tokens = pc.add(pc.binary_length(table.column("text")).cast(pa.int64()), 1)
+        parts.append(table.select(MEMBER_COLUMNS).append_column("tokens", tokens))
+    schema = pa.schema([(c, pa.string()) for c in MEMBER_COLUMNS] + [("tokens", pa.int64())])
+    merged = pa.concat_tables(parts) if parts else schema.empty_table()
+    return merged.sort_by("record_id")
+
+
+def source_members(table: pa.Table, source: str) -> Members:
+    own = table.filter(pc.equal(table.column("source_id"), source))
+    return Members(
+        own.column("record_id").combine_chunks(),
+        own.column("record_digest").combine_chunks(),
+        own.column("tokens").to_numpy().astype(np.int64),
+    )
 
 
 def build_mixed_samples(ws: Workspace, partition_key: str) -> LayerResult:
     splits_ref, splits = read_layer_index(ws, partition_key, "splits")
+    canonical_ref, canonical = CanonicalIndex.read(ws, partition_key)
     table = get_table(ws.cas, splits.output("splits"), "splits table")
-    train = table.filter(pc.equal(table.column("split"), TRAIN)).column("record_id").to_pylist()
-    seed = ws.config.policies.mixing.seed.encode()
-    ordered = sorted(
-        train, key=lambda rid: (hashlib.sha256(seed + b"\x00" + rid.encode()).digest(), rid)
-    )
-    sources = [rid.split("/", 1)[0] for rid in ordered]
-    mixed = pa.Table.from_pydict(
-        {"position": list(range(len(ordered))), "record_id": ordered, "source_id": sources},
-        schema=MIX_COLUMNS,
-    )
-    counts = {"samples": mixed.num_rows}
-    counts.update({f"source.{s.id}": sources.count(s.id) for s in ws.config.sources})
-    return publish_table_layer(
+    train = table.filter(pc.equal(table.column("split"), TRAIN)).column("record_id")
+    members_table = train_members(ws, train.combine_chunks(), canonical)
+    policy = ws.config.policies.mixing
+    sources = [s.id for s in ws.config.sources]
+    members = {s: source_members(members_table, s) for s in sources}
+    populations = [
+        Population(s, len(members[s].record_id), int(np.sum(members[s].tokens))) for s in sources
+    ]
+    plans = plan_mixture(policy, populations)
+    weighted = any(p.target != p.natural for p in plans if p.amount)
+    mixed, picks = mix(policy.seed, policy.unit, plans, members, weighted)
+    rows = report(plans, members, picks)
+    counts = {"samples": mixed.num_rows, "tokens": sum(r["selected_tokens"] for r in rows)}
+    for row in rows:
+        counts[f"source.{row['source']}"] = row["selected_docs"]
+        counts[f"tokens.{row['source']}"] = row["selected_tokens"]
+    out = put_table(ws.cas, mixed)
+    outputs = {"samples": out, "unit": policy.unit, "policy": policy.policy, "report": rows}
+    inputs = [splits_ref, canonical_ref]
+    ref = publish_index(
         ws,
         partition_key,
+        "mixed_samples",
+        CODE,
+        ws.config.policy_digest("mixing"),
+        inputs,
+        outputs,
+        counts,
+    )
+    return LayerResult(
         layer="mixed_samples",
-        code=CODE,
-        policy="mixing",
-        inputs=[splits_ref],
-        name="samples",
-        table=mixed,
+        digest=ref["digest"],
         counts=counts,
+        preview=mixed.slice(0, 10).to_pylist(),
+        digests={"samples": out["digest"]},
+        details={"mixing_report": rows},
     )
