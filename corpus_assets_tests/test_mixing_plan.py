@@ -25,6 +25,7 @@ from corpus_assets.core.training_view.mixing_plan import (
     plan_mixture,
 )
 from corpus_assets.core.training_view.mixing_select import Members, mix, report
+from corpus_assets_tests.conftest import use_demo_copy
 
 
 def _members(source: str, count: int, length: int, start: int = 0) -> Members:
@@ -231,3 +232,20 @@ def test_build_natural_keeps_train_set_and_ratios_rebuild_identically(
     assert runs[0][0].equals(runs[1][0]) and runs[0][0].num_rows == 40
     assert [r["selected_docs"] for r in runs[0][1]["report"]] == [20, 10, 10]
     assert set(runs[0][0].column("weight").to_pylist()) != {"1"}
+
+
+def test_one_and_two_workers_give_the_same_splits_samples_and_blocks(
+    demo_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Worker count changes how canonical chunks and signatures are computed, never the bytes
+    of the layers a trainer reads."""
+    built = []
+    for workers in (1, 2):
+        use_demo_copy(demo_home, tmp_path / f"w{workers}", workers, monkeypatch)
+        with open_workspace() as ws:
+            results = build_all(ws, "p1")
+            layers = ("splits", "mixed_samples", "packed_blocks")
+            built.append({layer: results[layer].digest for layer in layers})
+            samples = read_layer_index(ws, "p1", "mixed_samples")[1].output("samples")
+            built[-1]["samples_table"] = samples["digest"]
+    assert built[0] == built[1]
