@@ -6,7 +6,6 @@ Builds and activations run the same Dagster jobs the UI and sensors run, on the 
 
 import argparse
 import getpass
-import json
 import os
 import sys
 import time
@@ -14,32 +13,37 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias
 
-from sqlalchemy.engine import make_url
-
-from corpus_assets.core.dedup.layer import explain
-from corpus_assets.core.governance import benchmarks, gate, states, tombstones
-from corpus_assets.core.governance.lineage import tombstone_hits
+from corpus_assets.cli_catalog import (
+    CliError,
+    cmd_benchmark,
+    cmd_dedup,
+    cmd_diff,
+    cmd_prov,
+    cmd_read,
+    cmd_show,
+    cmd_status,
+    cmd_tombstone_add,
+    cmd_tombstone_hits,
+    storage,
+)
+from corpus_assets.core.governance import gate, states
 from corpus_assets.core.ingest.pinning import PinError
 from corpus_assets.core.ingest.sources import SourceError
-from corpus_assets.core.records.normalize import dedup_key
 from corpus_assets.core.release.manifest import BuildConflict
-from corpus_assets.core.release.prov import prov_document
 from corpus_assets.core.release.publish import PublishError, approve, rollback
-from corpus_assets.core.release.shadow import shadow_diff
 from corpus_assets.core.release.signing import SignatureError
-from corpus_assets.core.release.training import TrainingError, TrainingReader, take_permit
-from corpus_assets.core.release.verify import load_manifest, resolve, verify
-from corpus_assets.core.runtime.config import ConfigError, config_path, default_home
+from corpus_assets.core.release.training import TrainingError
+from corpus_assets.core.release.verify import resolve, verify
+from corpus_assets.core.runtime.config import ConfigError, default_home
 from corpus_assets.core.runtime.keys import (
     PartitionKeyError,
     new_partition_key,
     validate_partition_key,
 )
 from corpus_assets.core.runtime.layers import LAYERS, load_index
-from corpus_assets.core.runtime.workspace import open_home, open_workspace
-from corpus_assets.core.storage.artifacts import get_json
-from corpus_assets.core.storage.cas import CasError, ContentStore
-from corpus_assets.core.storage.catalog import Catalog, LayerConflict
+from corpus_assets.core.runtime.workspace import open_workspace
+from corpus_assets.core.storage.cas import CasError
+from corpus_assets.core.storage.catalog import LayerConflict
 from corpus_assets.demo import write_demo
 
 if TYPE_CHECKING:
@@ -48,10 +52,6 @@ if TYPE_CHECKING:
 # The repository's dagster.yaml, as data (a test keeps the two equal).
 DAGSTER_YAML = "storage: {sqlite: {base_dir: {env: DAGSTER_HOME}}}\ntelemetry: {enabled: false}\n"
 QUIET = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
-
-
-class CliError(RuntimeError):
-    """A refusal of the command itself; printed as the one error line."""
 
 
 EXPECTED_ERRORS = (
@@ -189,14 +189,6 @@ def _governance_commands(sub: Subcommands) -> None:
 
 
 # storage ---------------------------------------------------------------------------------------
-def _storage() -> tuple[Path, ContentStore, Catalog]:
-    """The data home named by the config if there is one, else ``$CORPUS_HOME``."""
-    if config_path().is_file():
-        ws = open_workspace()
-        return ws.home, ws.cas, ws.catalog
-    return open_home()
-
-
 def _instance() -> "DagsterInstance":
     """The Dagster instance in ``$DAGSTER_HOME`` (so CLI runs show in the UI), created on first
     use; dagster is imported only by the commands that run jobs."""
@@ -298,7 +290,7 @@ def activate_via_job(digest: str) -> gate.Gate:
     from corpus_assets.assets.jobs import activation_run_config
     from corpus_assets.definitions import defs
 
-    _home, _cas, catalog = _storage()
+    _home, _cas, catalog = storage()
     snapshot = resolve(catalog, digest)
     result = defs.resolve_job_def("activate_snapshot").execute_in_process(
         run_config={**activation_run_config(snapshot.snapshot_id), **_run_config()},
@@ -331,7 +323,7 @@ def cmd_demo(_args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    _home, cas, catalog = _storage()
+    _home, cas, catalog = storage()
     report = verify(cas, catalog, args.digest)
     for finding in report.findings:
         print(f"FAIL {finding}", file=sys.stderr)
@@ -363,153 +355,11 @@ def cmd_activate(args: argparse.Namespace) -> int:
     return 0
 
 
-def status_payload() -> dict[str, Any]:
-    """What ``status`` prints, as data (``--json`` prints it as is)."""
-    home, _cas, catalog = _storage()
-    snaps = states.find(catalog)
-    gates = [gate.read_gate(catalog, a) for a in sorted({s.alias for s in snaps})]
-    current = {row.active_snapshot for row in gates}
-    ended = (states.INCOMPLETE, states.REJECTED, states.SUPERSEDED)
-    reasons = {
-        s.snapshot_id: states.history(catalog, s.snapshot_id)[-1].detail
-        for s in snaps
-        if s.state in ended
-    }
-    return {
-        "home": str(home),
-        "catalog": make_url(catalog.url).render_as_string(hide_password=True),
-        "aliases": [
-            {
-                "alias": row.alias,
-                "generation": row.generation,
-                "active": row.active_snapshot,
-                "tombstoneWatermark": str(row.tombstone_watermark),
-                "benchmarkFence": str(row.benchmark_fence),
-            }
-            for row in gates
-        ],
-        "snapshots": [
-            {
-                "snapshotId": s.snapshot_id,
-                "partition": s.partition_key,
-                "alias": s.alias,
-                "state": s.state,
-                "current": s.snapshot_id in current,
-                "approvedBy": s.approved_by,
-                "createdAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(s.created_at)),
-                "reason": reasons.get(s.snapshot_id),  # why it ended INCOMPLETE, REJECTED, ...
-            }
-            for s in snaps
-        ],
-    }
-
-
-def cmd_status(args: argparse.Namespace) -> int:
-    payload = status_payload()
-    if args.json:
-        print(json.dumps(payload, indent=2))
-        return 0
-    print(f"home {payload['home']}  catalog {payload['catalog']}")
-    for a in payload["aliases"]:
-        print(
-            f"alias {a['alias']}: generation {a['generation']} -> {a['active'] or '(none)'} "
-            f"(tombstone {a['tombstoneWatermark']}, benchmark fence {a['benchmarkFence']})"
-        )
-    if not payload["snapshots"]:
-        print("no snapshots yet")
-    for s in payload["snapshots"]:
-        mark = "*" if s["current"] else " "
-        print(f"{mark} {s['createdAt']}  {s['partition']:<24} {s['state']:<10} {s['snapshotId']}")
-        if s["reason"]:
-            reason = s["reason"] if len(s["reason"]) <= 160 else s["reason"][:159] + "…"
-            print(f"    {reason}")
-    if any(s["current"] for s in payload["snapshots"]):
-        print("(* = what its alias points at now)")
-    return 0
-
-
-def cmd_show(args: argparse.Namespace) -> int:
-    _home, cas, catalog = _storage()
-    print(json.dumps(load_manifest(cas, resolve(catalog, args.digest)), indent=2, sort_keys=True))
-    return 0
-
-
-def _print_json(payload: Any) -> int:
-    print(json.dumps(payload, indent=2, sort_keys=True))
-    return 0
-
-
-def cmd_diff(args: argparse.Namespace) -> int:
-    _home, cas, catalog = _storage()
-    return _print_json(shadow_diff(cas, catalog, args.digest))
-
-
-def cmd_prov(args: argparse.Namespace) -> int:
-    _home, cas, catalog = _storage()
-    manifest = load_manifest(cas, resolve(catalog, args.digest))
-    freeze = get_json(cas, manifest["freeze"], "freeze spec")
-    return _print_json(prov_document(manifest, freeze, agent=f"{getpass.getuser()}@corpus-assets"))
-
-
-def cmd_dedup(args: argparse.Namespace) -> int:
-    _home, cas, catalog = _storage()
-    manifest = load_manifest(cas, resolve(catalog, args.digest))
-    try:
-        return _print_json(explain(cas, manifest, args.record_id))
-    except KeyError as error:
-        raise CliError(error.args[0]) from None
-
-
 def cmd_rollback(args: argparse.Namespace) -> int:
-    _home, cas, catalog = _storage()
+    _home, cas, catalog = storage()
     row = rollback(cas, catalog, args.digest, actor=f"cli:{getpass.getuser()}")
     print(f"alias {row.alias} -> {row.active_snapshot} generation {row.generation} (rollback)")
     return 0
-
-
-def cmd_tombstone_add(args: argparse.Namespace) -> int:
-    _home, _cas, catalog = _storage()
-    kind, target = next((k, v) for k in ("record", "object", "group") if (v := getattr(args, k)))
-    seq = tombstones.add_tombstone(catalog, kind, target, args.reason)
-    print(f"tombstone {seq}: {kind} {target}; every alias is fenced at tombstone watermark {seq}")
-    return 0
-
-
-def cmd_tombstone_hits(args: argparse.Namespace) -> int:
-    _home, cas, catalog = _storage()
-    try:
-        return _print_json(tombstone_hits(cas, catalog, args.seq))
-    except LookupError as error:
-        raise CliError(str(error)) from None
-
-
-def cmd_benchmark(args: argparse.Namespace) -> int:
-    _home, cas, catalog = _storage()
-    items = []
-    with open(args.file, "rb") as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-                text = row[args.text_field]
-                item_id = f"{args.name}/{row.get('id', number)}"
-                items.append(
-                    benchmarks.BenchmarkItem(item_id, cas.put_bytes(text.encode()), dedup_key(text))
-                )
-            except (ValueError, KeyError, TypeError, AttributeError) as error:
-                raise CliError(f"{args.file} line {number}: {error!r}") from None
-    fence = benchmarks.add_benchmark_items(catalog, args.name, items)
-    print(f"benchmark {args.name}: {len(items)} items; benchmark fence now {fence}")
-    return 0
-
-
-def cmd_read(args: argparse.Namespace) -> int:
-    _home, cas, catalog = _storage()
-    permit = take_permit(cas, catalog, args.digest, args.run_id, args.purpose)
-    reader = TrainingReader(cas, catalog, permit)
-    blocks = sum(1 for _ in reader.blocks())
-    return _print_json({**reader.report(), "blocks": blocks, "resumed": permit.resumed})
 
 
 if __name__ == "__main__":

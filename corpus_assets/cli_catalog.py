@@ -1,0 +1,181 @@
+"""``corpus-assets`` commands that work on the catalog and CAS directly, without a Dagster run:
+inspection (status, show, diff, prov, dedup), the tombstone and benchmark registries, and the
+training read. ``corpus_assets.cli`` parses the command line and dispatches here.
+"""
+
+import argparse
+import getpass
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy.engine import make_url
+
+from corpus_assets.core.dedup.layer import explain
+from corpus_assets.core.governance import benchmarks, gate, states, tombstones
+from corpus_assets.core.governance.lineage import tombstone_hits
+from corpus_assets.core.records.normalize import dedup_key
+from corpus_assets.core.release.prov import prov_document
+from corpus_assets.core.release.shadow import shadow_diff
+from corpus_assets.core.release.training import TrainingReader, take_permit
+from corpus_assets.core.release.verify import load_manifest, resolve
+from corpus_assets.core.runtime.config import config_path
+from corpus_assets.core.runtime.workspace import open_home, open_workspace
+from corpus_assets.core.storage.artifacts import get_json
+from corpus_assets.core.storage.cas import ContentStore
+from corpus_assets.core.storage.catalog import Catalog
+
+
+class CliError(RuntimeError):
+    """A refusal of the command itself; printed as the one error line."""
+
+
+def storage() -> tuple[Path, ContentStore, Catalog]:
+    """The data home named by the config if there is one, else ``$CORPUS_HOME``."""
+    if config_path().is_file():
+        ws = open_workspace()
+        return ws.home, ws.cas, ws.catalog
+    return open_home()
+
+
+def status_payload() -> dict[str, Any]:
+    """What ``status`` prints, as data (``--json`` prints it as is)."""
+    home, _cas, catalog = storage()
+    snaps = states.find(catalog)
+    gates = [gate.read_gate(catalog, a) for a in sorted({s.alias for s in snaps})]
+    current = {row.active_snapshot for row in gates}
+    ended = (states.INCOMPLETE, states.REJECTED, states.SUPERSEDED)
+    reasons = {
+        s.snapshot_id: states.history(catalog, s.snapshot_id)[-1].detail
+        for s in snaps
+        if s.state in ended
+    }
+    return {
+        "home": str(home),
+        "catalog": make_url(catalog.url).render_as_string(hide_password=True),
+        "aliases": [
+            {
+                "alias": row.alias,
+                "generation": row.generation,
+                "active": row.active_snapshot,
+                "tombstoneWatermark": str(row.tombstone_watermark),
+                "benchmarkFence": str(row.benchmark_fence),
+            }
+            for row in gates
+        ],
+        "snapshots": [
+            {
+                "snapshotId": s.snapshot_id,
+                "partition": s.partition_key,
+                "alias": s.alias,
+                "state": s.state,
+                "current": s.snapshot_id in current,
+                "approvedBy": s.approved_by,
+                "createdAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(s.created_at)),
+                "reason": reasons.get(s.snapshot_id),  # why it ended INCOMPLETE, REJECTED, ...
+            }
+            for s in snaps
+        ],
+    }
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    payload = status_payload()
+    if args.json:
+        print(json.dumps(payload, indent=2))
+        return 0
+    print(f"home {payload['home']}  catalog {payload['catalog']}")
+    for a in payload["aliases"]:
+        print(
+            f"alias {a['alias']}: generation {a['generation']} -> {a['active'] or '(none)'} "
+            f"(tombstone {a['tombstoneWatermark']}, benchmark fence {a['benchmarkFence']})"
+        )
+    if not payload["snapshots"]:
+        print("no snapshots yet")
+    for s in payload["snapshots"]:
+        mark = "*" if s["current"] else " "
+        print(f"{mark} {s['createdAt']}  {s['partition']:<24} {s['state']:<10} {s['snapshotId']}")
+        if s["reason"]:
+            reason = s["reason"] if len(s["reason"]) <= 160 else s["reason"][:159] + "…"
+            print(f"    {reason}")
+    if any(s["current"] for s in payload["snapshots"]):
+        print("(* = what its alias points at now)")
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    _home, cas, catalog = storage()
+    print(json.dumps(load_manifest(cas, resolve(catalog, args.digest)), indent=2, sort_keys=True))
+    return 0
+
+
+def print_json(payload: Any) -> int:
+    print(json.dumps(payload, indent=2, sort_keys=True))
+    return 0
+
+
+def cmd_diff(args: argparse.Namespace) -> int:
+    _home, cas, catalog = storage()
+    return print_json(shadow_diff(cas, catalog, args.digest))
+
+
+def cmd_prov(args: argparse.Namespace) -> int:
+    _home, cas, catalog = storage()
+    manifest = load_manifest(cas, resolve(catalog, args.digest))
+    freeze = get_json(cas, manifest["freeze"], "freeze spec")
+    return print_json(prov_document(manifest, freeze, agent=f"{getpass.getuser()}@corpus-assets"))
+
+
+def cmd_dedup(args: argparse.Namespace) -> int:
+    _home, cas, catalog = storage()
+    manifest = load_manifest(cas, resolve(catalog, args.digest))
+    try:
+        return print_json(explain(cas, manifest, args.record_id))
+    except KeyError as error:
+        raise CliError(error.args[0]) from None
+
+
+def cmd_tombstone_add(args: argparse.Namespace) -> int:
+    _home, _cas, catalog = storage()
+    kind, target = next((k, v) for k in ("record", "object", "group") if (v := getattr(args, k)))
+    seq = tombstones.add_tombstone(catalog, kind, target, args.reason)
+    print(f"tombstone {seq}: {kind} {target}; every alias is fenced at tombstone watermark {seq}")
+    return 0
+
+
+def cmd_tombstone_hits(args: argparse.Namespace) -> int:
+    _home, cas, catalog = storage()
+    try:
+        return print_json(tombstone_hits(cas, catalog, args.seq))
+    except LookupError as error:
+        raise CliError(str(error)) from None
+
+
+def cmd_benchmark(args: argparse.Namespace) -> int:
+    _home, cas, catalog = storage()
+    items = []
+    with open(args.file, "rb") as handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+                text = row[args.text_field]
+                item_id = f"{args.name}/{row.get('id', number)}"
+                items.append(
+                    benchmarks.BenchmarkItem(item_id, cas.put_bytes(text.encode()), dedup_key(text))
+                )
+            except (ValueError, KeyError, TypeError, AttributeError) as error:
+                raise CliError(f"{args.file} line {number}: {error!r}") from None
+    fence = benchmarks.add_benchmark_items(catalog, args.name, items)
+    print(f"benchmark {args.name}: {len(items)} items; benchmark fence now {fence}")
+    return 0
+
+
+def cmd_read(args: argparse.Namespace) -> int:
+    _home, cas, catalog = storage()
+    permit = take_permit(cas, catalog, args.digest, args.run_id, args.purpose)
+    reader = TrainingReader(cas, catalog, permit)
+    blocks = sum(1 for _ in reader.blocks())
+    return print_json({**reader.report(), "blocks": blocks, "resumed": permit.resumed})
