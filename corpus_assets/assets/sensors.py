@@ -1,6 +1,5 @@
 """Sensors: discover source changes (adds a partition + run), and gate publication."""
 
-import json
 import warnings
 
 import dagster as dg
@@ -9,20 +8,9 @@ from corpus_assets.assets.jobs import activate_snapshot, activation_run_config, 
 from corpus_assets.assets.partitions import snapshots
 from corpus_assets.assets.resources import CorpusResource
 from corpus_assets.core.governance.gate import read_gate
-from corpus_assets.core.ingest.sources import fingerprint
+from corpus_assets.core.ingest.discovery import DiscoveryCursor, build_run_key, discovery_skip
 from corpus_assets.core.release.publish import next_to_activate
 from corpus_assets.core.runtime.keys import new_partition_key
-
-
-def _last_request(cursor: str | None) -> dict[str, str]:
-    """The discovery cursor: the source fingerprint last requested and the partition added for
-    it. A cursor this code did not write (an older bare fingerprint) names no request."""
-    try:
-        last = json.loads(cursor or "{}")
-    except ValueError:
-        return {}
-    return last if isinstance(last, dict) else {}
-
 
 # Dagster 1.13 warns (BetaWarning: `owners`) from inside its own sensor decorator even when
 # `owners` is not passed; silence exactly that category while the sensors are defined.
@@ -39,26 +27,16 @@ with warnings.catch_warnings():
     def source_discovery(
         context: dg.SensorEvaluationContext, corpus: CorpusResource
     ) -> dg.SensorResult:
-        last = _last_request(context.cursor)
+        cursor = DiscoveryCursor.parse(context.cursor)
         with corpus.workspace() as ws:
-            current = fingerprint(ws.loaded)
-            latest = ws.catalog.latest_freeze()
-            # requested for this state and not frozen yet: its build is queued or underway
-            requested = last.get("partition") if last.get("fingerprint") == current else None
-            pending = requested is not None and ws.catalog.freeze_digest(requested) is None
-        if latest is not None and latest["fingerprint"] == current:
-            return dg.SensorResult(skip_reason=f"sources unchanged since {latest['partition_key']}")
-        if pending:
-            return dg.SensorResult(
-                skip_reason=f"partition {requested} is requested for this source state"
-            )
+            current, skip = discovery_skip(ws, cursor)
+        if skip is not None:
+            return dg.SensorResult(skip_reason=skip)
         key = new_partition_key(set(context.instance.get_dynamic_partitions(snapshots.name)))
-        # the run key names the partition: Dagster launches one run per run key, so a key
-        # naming the source state would drop the build of a state the sources return to
         return dg.SensorResult(
-            run_requests=[dg.RunRequest(partition_key=key, run_key=f"build:{key}")],
+            run_requests=[dg.RunRequest(partition_key=key, run_key=build_run_key(key))],
             dynamic_partitions_requests=[snapshots.build_add_request([key])],
-            cursor=json.dumps({"fingerprint": current, "partition": key}, sort_keys=True),
+            cursor=DiscoveryCursor(current, key).dump(),
         )
 
     @dg.sensor(
