@@ -18,7 +18,7 @@ from corpus_assets.core.records.normalize import dedup_key
 from corpus_assets.core.records.quality import QualityPolicy
 from corpus_assets.core.runtime.config import ObjectsSource, SplitPolicy
 from corpus_assets.core.training_view.packing import EOS, PAD, Packed, pack, token_bytes, tokenize
-from corpus_assets.core.training_view.splits import split_of
+from corpus_assets.core.training_view.split_assign import split_of
 from corpus_assets.demo import demo_objects
 
 SOURCE = ObjectsSource(id="s", kind="objects", path=".")
@@ -206,7 +206,7 @@ ROWS = [
 
 
 def test_cluster_representative_is_first_by_source_order_then_length_then_record_id() -> None:
-    table, _ = cluster(records_table(ROWS), ORDER)
+    table, _, _ = cluster(records_table(ROWS), ORDER)
 
     assert table.schema == CLUSTER_COLUMNS
     rows = {r["record_id"]: r for r in table.to_pylist()}
@@ -236,23 +236,25 @@ def test_cluster_representative_is_first_by_source_order_then_length_then_record
 
 
 def test_cluster_source_order_comes_from_config_not_names() -> None:
-    table, _ = cluster(records_table(ROWS), {"books": 0, "web": 1})
+    table, _, _ = cluster(records_table(ROWS), {"books": 0, "web": 1})
     columns = table.to_pydict()
     reps = dict(zip(columns["record_id"], columns["representative_id"], strict=True))
     assert reps["web/z"] == reps["web/m"] == reps["books/a"] == "books/a"
 
 
 def test_cluster_output_does_not_depend_on_input_row_order() -> None:
-    expected, _ = cluster(records_table(ROWS), ORDER)
+    expected = cluster(records_table(ROWS), ORDER)
+    assert expected.edges.num_rows > 0  # the published edges, too
     rng = random.Random(5)
     for _ in range(20):
         shuffled = ROWS[:]
         rng.shuffle(shuffled)
-        assert cluster(records_table(shuffled), ORDER)[0].equals(expected)
+        got = cluster(records_table(shuffled), ORDER)
+        assert got.table.equals(expected.table) and got.edges.equals(expected.edges)
 
 
 def test_cluster_of_no_records_is_empty() -> None:
-    table, _ = cluster(RECORD_COLUMNS.empty_table(), ORDER)
+    table, _, _ = cluster(RECORD_COLUMNS.empty_table(), ORDER)
     assert table.num_rows == 0
     assert table.schema == CLUSTER_COLUMNS
 

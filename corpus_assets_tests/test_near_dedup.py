@@ -27,7 +27,7 @@ from corpus_assets.core.governance.lineage import hits
 from corpus_assets.core.pipeline import BUILDERS, build_all
 from corpus_assets.core.records.index import RECORD_COLUMNS, CanonicalIndex
 from corpus_assets.core.records.normalize import dedup_key
-from corpus_assets.core.release.gates import dedup_invariants
+from corpus_assets.core.release.leakage_check import dedup_invariants
 from corpus_assets.core.runtime.config import NearDedupPolicy
 from corpus_assets.core.runtime.layers import LayerResult
 from corpus_assets.core.runtime.workspace import Workspace, open_workspace
@@ -169,7 +169,7 @@ def _cluster(
         {s: "prose" for s in sources},
         Path(tempfile.gettempdir()),
     )
-    out, report = cluster(table, {s: n for n, s in enumerate(sorted(sources))}, near=stage)
+    out, report, _ = cluster(table, {s: n for n, s in enumerate(sorted(sources))}, near=stage)
     assert report is not None
     return {r["record_id"]: r for r in out.to_pylist()}, report
 
@@ -478,7 +478,7 @@ def test_prose_and_code_are_never_compared() -> None:
         {"a": "prose", "b": "code"},
         Path(tempfile.gettempdir()),
     )
-    out, report = cluster(table, {"a": 0, "b": 1}, near=stage)
+    out, report, _ = cluster(table, {"a": 0, "b": 1}, near=stage)
     verdicts = {r["record_id"]: r["verdict"] for r in out.to_pylist()}
     # a/1 is prose, b/* are code: only the two code records are each other's near duplicates.
     assert verdicts == {"a/1": KEEP, "b/1": KEEP, "b/2": NEAR}
@@ -494,9 +494,20 @@ def test_validation_names_brokendedup_invariants(tmp_path: Path) -> None:
     ]
     names = ["record_id", "verdict", "representative_id", "match_id", "match_jaccard"]
     clusters = pa.table({n: [r[i] for r in rows] for i, n in enumerate([*names, "leakage_id"])})
+    clusters = clusters.append_column("group_id", clusters["record_id"]).append_column(
+        "is_representative", pa.array([r[1] == KEEP for r in rows])
+    )
+    edges = pa.table(
+        {
+            "record_a": ["b", "b", "d"],
+            "record_b": ["a", "c", "x"],
+            "kind": ["near", "near", "exact"],
+            "jaccard": [0.7, 0.85, 1.0],
+        }
+    )
     members = pa.table({"record_id": ["a", "c"], "split": ["train", "test"]})
-    findings, leaks = dedup_invariants(clusters, 0.8, members)
-    assert leaks == 1 and "leakage group 'g1' spans splits test, train" in findings
+    findings, leaks = dedup_invariants(clusters, edges, 0.8, members)
+    assert leaks == 1 and "leakage group 'g1' spans splits test (1), train (1)" in findings
     assert any(
         f.startswith("near duplicate 'b': direct match 'a' at Jaccard 0.7") for f in findings
     )

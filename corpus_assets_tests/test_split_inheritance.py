@@ -9,8 +9,10 @@ components.
 
 import json
 import random
+from dataclasses import dataclass
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 
 from corpus_assets.core.pipeline import build_all
@@ -20,13 +22,17 @@ from corpus_assets.core.runtime.config import SplitPolicy
 from corpus_assets.core.runtime.layers import LayerIndex, read_layer_index
 from corpus_assets.core.runtime.workspace import Workspace, open_workspace
 from corpus_assets.core.storage.artifacts import get_table
-from corpus_assets.core.training_view.split_assign import (
+from corpus_assets.core.training_view import split_assign
+from corpus_assets.core.training_view.split_assign import SPLIT_TABLE, split_of
+from corpus_assets.core.training_view.split_bridges import LeakageGraph
+from corpus_assets.core.training_view.split_residual import resolve_residual
+from corpus_assets.core.training_view.splits_schema import (
     BRIDGE,
+    BRIDGE_COPY,
     EXCLUDED,
     SPLITS,
-    Member,
-    assign,
-    split_of,
+    UNLINKED,
+    Move,
 )
 
 DIALOGS = Path("demo-sources") / "dialogs"
@@ -100,7 +106,9 @@ def test_first_build_has_no_parent_and_moves_nothing(workspace: Workspace) -> No
     assert index.outputs["parent"] is None and (moves, conflicts) == ([], [])
     assert (index.counts["moves"], index.counts["conflicts"], index.counts["excluded"]) == (0, 0, 0)
     assert sum(index.counts[s] for s in SPLITS) == index.counts["records"] == len(split)
-    assert sum(index.counts[f"{s}_components"] for s in SPLITS) == index.counts["leakage_groups"]
+    table = get_table(workspace.cas, index.output("splits"), "splits")
+    components = len(set(table["leakage_id"].to_pylist()))
+    assert sum(index.counts[f"{s}_components"] for s in SPLITS) == components
     for name in SPLITS:  # deviation in basis points of records from the policy's percent
         share = index.counts[name] * 10000 // index.counts["records"]
         assert index.counts[f"{name}_deviation_bp"] == share - {"train": 8000}.get(name, 1000)
@@ -201,11 +209,13 @@ def test_a_bridge_between_two_splits_is_a_listed_conflict(
     assert f"dialogs/zz-bridge->dialogs/{large[0]['id']}@1.0000" in conflict["evidence"]
     if on_conflict == "quarantine_new":
         assert {r: after[r] for r in before} == before  # old members stay put
-        assert "dialogs/zz-new" not in after
+        # The bridge is the removed copy (its thread joins the large thread's text): it is
+        # unlinked; the other newcomer only touches its own thread and joins its split.
+        assert after["dialogs/zz-new"] == small_split
         assert [(m["record_id"], m["to"], m["reason"]) for m in moves] == [
-            ("dialogs/zz-new", EXCLUDED, BRIDGE)
+            ("dialogs/zz-bridge", UNLINKED, BRIDGE_COPY)
         ]
-        assert index.counts["excluded"] == report.gate.split_quarantined == 1
+        assert (index.counts["excluded"], index.counts["unlinked"]) == (0, 1)
     else:
         moved = sorted(f"dialogs/{r['id']}" for r in small)
         assert (
@@ -224,6 +234,85 @@ def test_a_bridge_between_two_splits_is_a_listed_conflict(
 POLICIES = [SplitPolicy(salt="p", on_conflict=c) for c in ("quarantine_new", "move_smaller")]
 
 
+@dataclass(frozen=True)
+class Member:
+    record_id: str
+    component: str  # its group id too: a synthetic component is one group
+    content_key: str
+
+
+@dataclass
+class Result:
+    split: dict[str, str]
+    moves: list[Move]
+    conflicts: list
+    excluded: list[str]
+
+
+def _graph(members: list[Member], edges: list[tuple[str, str]], leakage: dict[str, str]):
+    n = len(members)
+    clusters = pa.table(
+        {
+            "record_id": [m.record_id for m in members],
+            "group_id": [m.component for m in members],
+            "leakage_id": [leakage.get(m.component, m.component) for m in members],
+            "verdict": ["keep"] * n,
+            "representative_id": [m.record_id for m in members],
+            "is_representative": [True] * n,
+        }
+    )
+    table = pa.table(
+        {"record_a": [a for a, _ in edges], "record_b": [b for _, b in edges]},
+        schema=pa.schema([("record_a", pa.string()), ("record_b", pa.string())]),
+    )
+    return LeakageGraph(clusters, table)
+
+
+def assign(
+    members: list[Member],
+    parent: dict[str, str],
+    policy: SplitPolicy,
+    edges: list[tuple[str, str]] = (),
+    leakage: dict[str, str] | None = None,
+) -> Result:
+    """The splits layer's assignment (assign, then the residual rule) on plain lists."""
+    graph = _graph(members, list(edges), leakage or {})
+    table = pa.table(
+        {
+            "record_id": [m.record_id for m in members],
+            "component": graph.clusters["leakage_id"],
+            "content_key": [m.content_key for m in members],
+            "event_time": pa.nulls(len(members), pa.string()),
+        }
+    )
+    old = pa.table({"record_id": list(parent), "split": list(parent.values())}, schema=SPLIT_TABLE)
+    out = resolve_residual(split_assign.assign(table, old, policy, graph=graph), graph)
+    moves = [Move(*row.values()) for row in out.moves.to_pylist()]
+    return Result(out.as_dict(), moves, out.conflicts, out.excluded)
+
+
+def _oracle_components(members: list[Member], edges, dropped: set[str]) -> list[set[str]]:
+    """Plain union-find over groups and edges without ``dropped``: the test's own oracle."""
+    parent: dict[str, str] = {}
+
+    def find(x: str) -> str:
+        while parent.setdefault(x, x) != x:
+            x = parent[x]
+        return x
+
+    for m in members:
+        if m.record_id not in dropped:
+            parent[find(m.record_id)] = find("group:" + m.component)
+    for a, b in edges:
+        if a not in dropped and b not in dropped:
+            parent[find(a)] = find(b)
+    out: dict[str, set[str]] = {}
+    for m in members:
+        if m.record_id not in dropped:
+            out.setdefault(find(m.record_id), set()).add(m.record_id)
+    return list(out.values())
+
+
 def _components(rng: random.Random, n: int, prefix: str) -> list[list[Member]]:
     out = []
     for c in range(n):
@@ -238,21 +327,14 @@ def _flat(components: list[list[Member]]) -> list[Member]:
     return [m for c in components for m in c]
 
 
-def _check_invariants(members: list[Member], result, parent: dict[str, str] | None = None) -> None:
-    """No record in two splits; every component in one split, except one whose conflict was
-    resolved by quarantine: its bridge records are excluded and its old members stay put."""
-    quarantined = {c.component for c in result.conflicts if c.resolution == "quarantine_new"}
-    by_component: dict[str, set[str]] = {}
-    for m in members:
-        if m.component in quarantined:
-            assert result.split.get(m.record_id, EXCLUDED) == (parent or {}).get(
-                m.record_id, EXCLUDED
-            )
-        elif m.record_id in result.split:
-            by_component.setdefault(m.component, set()).add(result.split[m.record_id])
-    assert all(len(s) == 1 for s in by_component.values())
-    assert set(result.split) | set(result.excluded) == {m.record_id for m in members}
-    assert not set(result.split) & set(result.excluded)
+def _check_invariants(members: list[Member], result: Result, edges=()) -> None:
+    """No record in two splits or both placed and excluded; on the graph without the excluded
+    records, every component's members sit in one split (the oracle's union-find)."""
+    excluded = set(result.excluded)
+    for component in _oracle_components(members, edges, excluded):
+        assert len({result.split[r] for r in component}) == 1, component
+    assert set(result.split) | excluded == {m.record_id for m in members}
+    assert not set(result.split) & excluded
 
 
 @pytest.mark.parametrize("seed", range(20))
@@ -272,34 +354,37 @@ def test_pure_additions_move_nothing_and_every_component_is_in_one_split(seed: i
 
 @pytest.mark.parametrize("seed", range(20))
 def test_injected_bridges_are_all_conflicts_and_nothing_else_is(seed: int) -> None:
+    """Odd seeds bridge two old components through a new record (quarantine_new excludes
+    exactly it), even seeds by a new edge between two old records (the smaller side moves)."""
     rng = random.Random(seed)
     for policy in POLICIES:
         old = _components(rng, 80, "g")
         parent = assign(_flat(old), {}, policy).split
         side = {c[0].component: parent[c[0].record_id] for c in old}
         pairs = [(a, b) for a in old for b in old if side[a[0].component] < side[b[0].component]]
-        bridged = rng.sample(pairs, 5)
         used: set[str] = set()
         merged: dict[str, str] = {}  # component -> the bridge's new name
-        expected = set()
-        for a, b in bridged:
+        members, edges = _flat(old), []
+        for a, b in rng.sample(pairs, 5):
             if {a[0].component, b[0].component} & used:
                 continue
             used |= {a[0].component, b[0].component}
             name = f"a-{a[0].component}"  # renamed, as a new smallest group id does
-            merged[a[0].component] = merged[b[0].component] = name
-            expected.add(name)
-        members = [
-            Member(m.record_id, merged.get(m.component, m.component), m.content_key)
-            for m in _flat(old)
-        ]
-        members += [Member(f"{n}-bridge", n, "b") for n in sorted(expected) if seed % 2]
-        result = assign(members, parent, policy)
-        _check_invariants(members, result, parent)
+            merged[a[0].component] = merged[b[0].component] = merged[name] = name
+            if seed % 2:
+                members.append(Member(f"{name}-bridge", name, "b"))
+                edges += [(f"{name}-bridge", a[0].record_id), (f"{name}-bridge", b[0].record_id)]
+            else:
+                edges.append((a[0].record_id, b[0].record_id))
+        expected = set(merged.values())
+        result = assign(members, parent, policy, edges, merged)
+        _check_invariants(members, result, edges)
         assert {c.component for c in result.conflicts} == expected
         if policy.on_conflict == "quarantine_new" and seed % 2:
             assert sorted(result.excluded) == sorted(f"{n}-bridge" for n in expected)
-            assert {r: result.split[r] for r in parent} == parent
+            assert {r: result.split[r] for r in parent} == parent and result.moves == [
+                m for m in result.moves if m.reason == BRIDGE
+            ]
         else:
             assert all(m.reason != BRIDGE for m in result.moves)
             assert {m.record_id for m in result.moves} == {
@@ -316,3 +401,60 @@ def test_a_renamed_component_keeps_its_split_in_the_pure_function() -> None:
     renamed = [Member(m.record_id, name, m.content_key) for m in old]
     child = assign([*renamed, Member("new", name, "k")], parent, policy)
     assert set(child.split.values()) == {target} and child.moves == []
+
+
+def test_a_bridge_beside_a_direct_old_edge_is_quarantined_and_the_old_edge_moves() -> None:
+    """Quarantining the bridging newcomer is not enough when two old records are also joined
+    directly: the residual rule moves the smaller side, and both conflicts are listed."""
+    policy = POLICIES[0]
+    old = [Member("a1", "ga", "k1"), Member("a2", "ga", "k2"), Member("b1", "gb", "k3")]
+    parent = {"a1": "train", "a2": "train", "b1": "test"}
+    members = [*old, Member("n", "gn", "k4")]
+    edges = [("n", "a1"), ("n", "b1"), ("a2", "b1")]
+    leakage = {"ga": "ga", "gb": "ga", "gn": "ga"}
+    result = assign(members, parent, policy, edges, leakage)
+    _check_invariants(members, result, edges)
+    assert result.excluded == ["n"]
+    assert result.split == {"a1": "train", "a2": "train", "b1": "train"}
+    assert [(m.record_id, m.from_split, m.to_split) for m in result.moves] == [
+        ("b1", "test", "train"),
+        ("n", "", EXCLUDED),
+    ]
+    assert [c.resolution for c in result.conflicts] == ["quarantine_new", "move_smaller"]
+
+
+def test_new_eval_version_rehashes_everything_and_lists_every_change() -> None:
+    policy = SplitPolicy(salt="p", on_conflict="new_eval_version")
+    rng = random.Random(5)
+    old = _components(rng, 60, "g")
+    parent = assign(_flat(old), {}, policy).split
+    a = next(c for c in old if parent[c[0].record_id] == "train")
+    b = next(c for c in old if parent[c[0].record_id] != "train")
+    edges = [(a[0].record_id, b[0].record_id)]
+    leakage = {a[0].component: "a-bridge", b[0].component: "a-bridge"}
+    members = _flat(old)
+    graph = _graph(members, edges, leakage)
+    table = pa.table(
+        {
+            "record_id": [m.record_id for m in members],
+            "component": graph.clusters["leakage_id"],
+            "content_key": [m.content_key for m in members],
+            "event_time": pa.nulls(len(members), pa.string()),
+        }
+    )
+    old_table = pa.table(
+        {"record_id": list(parent), "split": list(parent.values())}, schema=SPLIT_TABLE
+    )
+    out = split_assign.assign(table, old_table, policy, graph=graph, parent_version=3)
+    assert out.eval_version == 4
+    assert [c.resolution for c in out.conflicts] == ["new_eval_version"]
+    after = out.as_dict()
+    changed = {r for r in parent if after[r] != parent[r]}
+    assert changed and {m["record_id"] for m in out.moves.to_pylist()} == changed
+    assert {m["reason"] for m in out.moves.to_pylist()} == {"split.new_eval_version"}
+    assert len({after[m.record_id] for m in a + b}) == 1  # the bridged component is whole
+    for m in members:  # hashed under the version-4 salt, by the component's smallest key
+        if m.component not in (a[0].component, b[0].component):
+            component = [x for x in members if x.component == m.component]
+            key = min(x.content_key for x in component)
+            assert after[m.record_id] == split_of(key, policy, version=4)

@@ -10,6 +10,7 @@ Python loops run only over duplicates and edges.
 """
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -36,6 +37,14 @@ CLUSTER_COLUMNS = pa.schema(
         ("match_jaccard", pa.float64()),
         ("leakage_id", pa.string()),
         ("excluded", pa.string()),
+    ]
+)
+EDGE_COLUMNS = pa.schema(
+    [
+        ("record_a", pa.string()),  # the later record in the total order
+        ("record_b", pa.string()),
+        ("kind", pa.string()),  # "exact" (same dedup key) or "near" (verified Jaccard)
+        ("jaccard", pa.float64()),
     ]
 )
 # The columns of a canonical record that the dedup table carries over unchanged.
@@ -68,13 +77,19 @@ class _Verdicts:
         return final
 
 
+class Clustered(NamedTuple):
+    table: pa.Table  # one row per record, sorted by record_id, object, line
+    report: NearReport | None
+    edges: pa.Table  # every exact and verified near edge (EDGE_COLUMNS), sorted
+
+
 def cluster(
     records: pa.Table,
     source_order: dict[str, int],
     revoked: dict[int, str] | None = None,
     near: NearStage | None = None,
-) -> tuple[pa.Table, NearReport | None]:
-    """The dedup table (sorted by record_id, object, line) and the near-dedup report.
+) -> Clustered:
+    """The dedup table, the near-dedup report and the edges that justify the leakage groups.
 
     ``records`` needs record_id, source_id, object, line, group_id, kind, dedup_key and length
     (or text) columns, in the row order the signatures of ``near`` were computed in.
@@ -86,14 +101,36 @@ def cluster(
         state.verdict[np.fromiter(excluded, dtype=np.int64, count=len(excluded))] = _EXCLUDED
     representatives, copies = _exact(records, order[state.verdict[order] == _KEEP], state)
     edges = list(zip(copies.tolist(), state.match[copies].tolist(), strict=True))
+    near_edges: list[tuple[int, int, float]] = []
     report = None
     if near is not None:
         report = near.run(records, representatives)
-        edges += [(x, y) for x, y, _ in near.edges]
+        near_edges = near.edges
+        edges += [(x, y) for x, y, _ in near_edges]
         for x, (y, j) in near.matches.items():
             state.verdict[x], state.match[x], state.jaccard[x] = _NEAR, y, j
     table = _table(records, state, _leakage_ids(records, edges), excluded)
-    return table, report
+    return Clustered(table, report, _edge_table(records, copies, state.match, near_edges))
+
+
+def _edge_table(
+    records: pa.Table, copies: np.ndarray, match: np.ndarray, near: list[tuple[int, int, float]]
+) -> pa.Table:
+    """Exact (copy -> its key's representative) and verified near edges, by record id."""
+    near_rows = np.array([(x, y) for x, y, _ in near], dtype=np.int64).reshape(-1, 2)
+    a = np.concatenate([copies, near_rows[:, 0]])
+    b = np.concatenate([match[copies], near_rows[:, 1]])
+    ids = records.column("record_id")
+    table = pa.table(
+        {
+            "record_a": ids.take(pa.array(a)),
+            "record_b": ids.take(pa.array(b)),
+            "kind": pa.array(np.repeat(["exact", "near"], [len(copies), len(near)]), pa.string()),
+            "jaccard": np.concatenate([np.ones(len(copies)), [j for _, _, j in near]]),
+        }
+    )
+    keys = [("record_a", "ascending"), ("record_b", "ascending"), ("kind", "ascending")]
+    return table.take(pc.sort_indices(table, sort_keys=keys)).cast(EDGE_COLUMNS).combine_chunks()
 
 
 def _exclude_repeated_ids(

@@ -31,7 +31,7 @@ from corpus_assets.core.runtime.workspace import Workspace
 from corpus_assets.core.storage.artifacts import NPY, Ref, get_table, make_ref, put_json, put_table
 from corpus_assets.core.storage.cas import ContentStore
 
-CODE = stage_code("dedup_clusters.v2", __name__)  # this module's closure, hashed at import
+CODE = stage_code("dedup_clusters.v3", __name__)  # this module's closure, hashed at import
 _NEEDED = [*CARRIED, "kind"]  # plus the text length, never the text itself
 
 
@@ -42,11 +42,12 @@ def build_dedup_clusters(ws: Workspace, partition_key: str) -> LayerResult:
     revoked = tombstone_matches(ws.catalog, spec.tombstone_watermark, records)
     near, signature_refs, run_stats = _near_stage(ws, canonical)
     order = {s.id: n for n, s in enumerate(ws.config.sources)}
-    table, near_report = cluster(records, order, revoked, near)
+    table, near_report, edges = cluster(records, order, revoked, near)
     report = DedupReport(near=near_report, per_source=_per_source(table))
     counts = _counts(table, report, tombstoned=len(revoked))
     out: dict[str, Any] = {
         "clusters": put_table(ws.cas, table),
+        "edges": put_table(ws.cas, edges),
         "report": put_json(ws.cas, report.document()),
         "signatures": signature_refs,
     }

@@ -9,7 +9,7 @@ but ``validation.validate_snapshot``.
 
 import time
 from collections import Counter
-from collections.abc import Callable, Collection
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -24,13 +24,14 @@ from corpus_assets.core.governance.lineage import tombstone_matches
 from corpus_assets.core.ingest.freeze_spec import ChangelogSourceSpec, FreezeSpec
 from corpus_assets.core.records.index import CanonicalIndex
 from corpus_assets.core.records.layer import Replay
+from corpus_assets.core.release.leakage_check import dedup_invariants
 from corpus_assets.core.runtime.layers import LayerIndex, load_index
 from corpus_assets.core.storage.artifacts import get_json, get_table
 from corpus_assets.core.storage.cas import ContentStore
 from corpus_assets.core.storage.catalog import Catalog, benchmark_items, freezes
 from corpus_assets.core.storage.digests import json_digest
 from corpus_assets.core.storage.tasks import ChunkTask, open_dead_letters
-from corpus_assets.core.training_view.splits import EXCLUDED, SPLITS
+from corpus_assets.core.training_view.splits import EXCLUDED, SPLITS, UNLINKED
 
 LateChanges = Callable[[FreezeSpec], list[str]]
 
@@ -111,6 +112,12 @@ class Evidence:
         """Records a split conflict excluded (``split.bridge``): explained, never members."""
         moves = get_table(self.cas, self.splits.output("split_moves"), "split moves")
         return moves.filter(pc.equal(moves.column("to"), EXCLUDED)).column("record_id").to_pylist()
+
+    @cached_property
+    def unlinked(self) -> list[str]:
+        """Removed newcomers a split conflict took out of the leakage graph (``bridge_copy``)."""
+        moves = get_table(self.cas, self.splits.output("split_moves"), "split moves")
+        return moves.filter(pc.equal(moves.column("to"), UNLINKED)).column("record_id").to_pylist()
 
     @cached_property
     def ids(self) -> list[str]:
@@ -245,14 +252,21 @@ def rows_explained(ev: Evidence, report: GateReport) -> list[str]:
 
 
 def dedup_invariants_hold(ev: Evidence, report: GateReport) -> list[str]:
-    """Dedup removed nothing without a member standing behind it, and leaked no group."""
+    """Dedup removed nothing without a member standing behind it, and no exact or verified
+    near edge (through removed records too) joins two splits once quarantined records are
+    out."""
     columns = ["record_id", "verdict", "representative_id", "match_id", "match_jaccard"]
     clusters = get_table(
-        ev.cas, ev.dedup.output("clusters"), "dedup clusters", [*columns, "leakage_id"]
+        ev.cas,
+        ev.dedup.output("clusters"),
+        "dedup clusters",
+        [*columns, "group_id", "leakage_id", "is_representative"],
     )
+    edges = get_table(ev.cas, ev.dedup.output("edges"), "dedup edges")
     dedup = DedupReport.parse(get_json(ev.cas, ev.dedup.output("report"), "dedup report"))
     threshold = float(dedup.near.lsh.threshold) if dedup.near is not None else 0.0
-    findings, leaks = dedup_invariants(clusters, threshold, ev.members, *_resolved(ev))
+    dropped = [*ev.quarantined, *ev.unlinked]
+    findings, leaks = dedup_invariants(clusters, edges, threshold, ev.members, dropped)
     report.dedup_invariant_violations = len(findings) - leaks
     report.leakage_group_split_violations = leaks
     return findings[:20]
@@ -264,13 +278,6 @@ def split_conflicts_resolved(ev: Evidence, report: GateReport) -> list[str]:
     report.split_quarantined = len(ev.quarantined)
     members = set(ev.ids)
     return [f"quarantined record {rid!r} is a member" for rid in ev.quarantined if rid in members]
-
-
-def _resolved(ev: Evidence) -> tuple[list[str], set[str]]:
-    """Quarantined records; components whose conflict they bridged (old members stay put)."""
-    conflicts = ev.split_conflicts
-    by = pc.equal(conflicts.column("resolution"), "quarantine_new")
-    return ev.quarantined, set(conflicts.filter(by).column("component").to_pylist())
 
 
 def no_tombstone_hits(ev: Evidence, report: GateReport) -> list[str]:
@@ -356,73 +363,6 @@ def no_late_changes(late_changes: LateChanges) -> Gate:
         return late_changes(ev.freeze)
 
     return nothing_arrived_late
-
-
-def dedup_invariants(
-    clusters: pa.Table,
-    threshold: float,
-    members: pa.Table,
-    quarantined: Collection[str] = (),
-    bridged: Collection[str] = (),
-) -> tuple[list[str], int]:
-    """Algorithm 18.1's invariant and the leakage promise, checked on the published tables.
-
-    Every removed record stands behind a member; a near duplicate's direct match is a member at
-    or above the threshold; all members of one leakage group share one split, unless its split
-    conflict was resolved by quarantining the ``bridged`` component's new records (a removed
-    record may stand behind a ``quarantined`` one). Returns the findings and how many of them
-    are split leaks.
-    """
-    split_of = dict(
-        zip(
-            members.column("record_id").to_pylist(),
-            members.column("split").to_pylist(),
-            strict=True,
-        )
-    )
-    findings = _removed_without_member(
-        clusters, split_of | dict.fromkeys(quarantined, ""), threshold
-    )
-    leaks = _leaked_groups(clusters, split_of, bridged)
-    return findings + leaks, len(leaks)
-
-
-def _removed_without_member(
-    clusters: pa.Table, split_of: dict[str, str], threshold: float
-) -> list[str]:
-    """Removed records whose representative, or direct near match, is not a member."""
-    findings = []
-    removed = pc.is_in(clusters.column("verdict"), pa.array(["exact_duplicate", "near_duplicate"]))
-    for row in clusters.filter(removed).to_pylist():
-        rid, rep = row["record_id"], row["representative_id"]
-        if rep not in split_of:
-            findings.append(f"removed record {rid!r} stands behind {rep!r}, which is no member")
-        if row["verdict"] == "near_duplicate" and (
-            row["match_id"] not in split_of or row["match_jaccard"] < threshold
-        ):
-            findings.append(
-                f"near duplicate {rid!r}: direct match {row['match_id']!r} at Jaccard "
-                f"{row['match_jaccard']} is not a member at or above {threshold}"
-            )
-    return findings
-
-
-def _leaked_groups(
-    clusters: pa.Table, split_of: dict[str, str], bridged: Collection[str]
-) -> list[str]:
-    """Leakage groups, other than ``bridged`` ones, whose members sit in more than one split."""
-    kept = clusters.filter(pc.equal(clusters.column("verdict"), "keep"))
-    split_by_group: dict[str, set[str]] = {}
-    for rid, group in zip(
-        kept.column("record_id").to_pylist(), kept.column("leakage_id").to_pylist(), strict=True
-    ):
-        if rid in split_of:
-            split_by_group.setdefault(group, set()).add(split_of[rid])
-    return [
-        f"leakage group {group!r} spans splits {', '.join(sorted(splits))}"
-        for group, splits in sorted(split_by_group.items())
-        if len(splits) > 1 and group not in bridged
-    ]
 
 
 def canary_chunks(canonical: CanonicalIndex) -> list[str]:

@@ -6,12 +6,20 @@ must fail loudly (unknown keys are errors) instead of silently falling back to a
 
 import os
 import re
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from corpus_assets.core.storage.digests import json_digest
 
@@ -145,13 +153,29 @@ class SplitPolicy(_Strict):
     train_percent: Annotated[int, Field(ge=0, le=100)] = 80
     validation_percent: Annotated[int, Field(ge=0, le=100)] = 10
     test_percent: Annotated[int, Field(ge=0, le=100)] = 10
-    on_conflict: Literal["quarantine_new", "move_smaller"] = "quarantine_new"
+    on_conflict: Literal["quarantine_new", "move_smaller", "new_eval_version"] = "quarantine_new"
+    # Records with event_time at or after the cutoff are held out in test; those within ``gap``
+    # before it are excluded. Naive times are UTC.
+    time_cutoff: Annotated[datetime, Field(strict=False)] | None = None
+    gap: Annotated[timedelta, Field(strict=False, ge=timedelta(0))] = timedelta(0)
+
+    @field_validator("time_cutoff")
+    @classmethod
+    def _utc(cls, value: datetime | None) -> datetime | None:
+        return value.replace(tzinfo=UTC) if value and value.tzinfo is None else value
 
     @model_validator(mode="after")
     def _sums_to_100(self) -> "SplitPolicy":
         total = self.train_percent + self.validation_percent + self.test_percent
         if total != 100:
             raise ValueError(f"train/validation/test percents sum to {total}, not 100")
+        if self.time_cutoff is not None and self.test_percent:
+            raise ValueError(
+                "time_cutoff holds out test by time: set test_percent: 0 "
+                "(train_percent + validation_percent = 100)"
+            )
+        if self.time_cutoff is None and self.gap:
+            raise ValueError("gap needs time_cutoff")
         return self
 
 

@@ -6,16 +6,18 @@ parent is the snapshot the freeze spec names (the alias's active snapshot when t
 was frozen, the manifest's ``parents``); its ``splits`` table says where each old record is.
 ``split_assign.assign`` keeps those, hashes components without a parent member by their
 smallest ``dedup_key``, and lists every move (``split_moves``) and conflict
-(``split_conflicts``). Records a conflict quarantines are in no split and so no member.
+(``split_conflicts``). Records a conflict quarantines are in no split. Quarantining a bridge
+can leave another path between two splits (a direct edge between old records, or one through a
+removed duplicate): ``leakage_graph`` finds those on the graph without the quarantined records
+and their smaller sides move (``split.residual_bridge``), listed too.
 """
-
-from dataclasses import asdict
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from corpus_assets.core.governance import states
 from corpus_assets.core.ingest.freeze import freeze
+from corpus_assets.core.records.index import CanonicalIndex
 from corpus_assets.core.runtime.code_identity import stage_code
 from corpus_assets.core.runtime.layers import (
     LayerResult,
@@ -25,17 +27,18 @@ from corpus_assets.core.runtime.layers import (
 )
 from corpus_assets.core.runtime.workspace import Workspace
 from corpus_assets.core.storage.artifacts import Ref, get_json, get_table, put_table
-from corpus_assets.core.training_view.split_assign import (
-    BRIDGE,
+from corpus_assets.core.training_view.split_assign import SPLIT_TABLE, Assignment, assign
+from corpus_assets.core.training_view.split_bridges import LeakageGraph
+from corpus_assets.core.training_view.split_report import split_counts, split_report
+from corpus_assets.core.training_view.split_residual import resolve_residual
+from corpus_assets.core.training_view.splits_schema import (
     EXCLUDED,
     SPLITS,
     TEST,
     TRAIN,
+    UNLINKED,
     VALIDATION,
-    Assignment,
-    Member,
-    assign,
-    split_of,
+    conflict_table,
 )
 
 __all__ = [
@@ -43,13 +46,13 @@ __all__ = [
     "SPLITS",
     "TEST",
     "TRAIN",
+    "UNLINKED",
     "VALIDATION",
     "build_splits",
     "parent_splits",
-    "split_of",
 ]
 
-CODE = stage_code("splits.inherited-components.v3", __name__)  # its closure, hashed at import
+CODE = stage_code("splits.inherited-components.v4", __name__)  # its closure, hashed at import
 SPLIT_COLUMNS = pa.schema(
     [
         ("record_id", pa.string()),
@@ -58,100 +61,92 @@ SPLIT_COLUMNS = pa.schema(
         ("split", pa.string()),
     ]
 )
-MOVE_COLUMNS = pa.schema(
-    [(c, pa.string()) for c in ("record_id", "from", "to", "reason", "evidence")]
-)
-CONFLICT_COLUMNS = pa.schema(
-    [
-        (c, pa.string())
-        for c in (
-            "component",
-            "record_a",
-            "split_a",
-            "record_b",
-            "split_b",
-            "evidence",
-            "resolution",
-        )
-    ]
-)
+_PREVIEW = 50  # rows of moves and conflicts shown as metadata tables
 
 
-def parent_splits(ws: Workspace, parent: str | None) -> tuple[list[Ref], dict[str, str]]:
-    """The parent snapshot's splits index (as an input ref) and its record id -> split; nothing
-    for a first build."""
+def parent_splits(ws: Workspace, parent: str | None) -> tuple[list[Ref], pa.Table, int]:
+    """The parent snapshot's splits index (as an input ref), its record_id/split table and its
+    evaluation version; nothing for a first build."""
     if parent is None:
-        return [], {}
+        return [], SPLIT_TABLE.empty_table(), 0
     manifest = get_json(ws.cas, states.get(ws.catalog, parent).manifest_digest, "parent manifest")
     ref = manifest["layers"]["splits"]
-    table = get_table(ws.cas, load_index(ws.cas, ref, "splits").output("splits"), "parent splits")
-    ids, splits = table.column("record_id").to_pylist(), table.column("split").to_pylist()
-    return [ref], dict(zip(ids, splits, strict=True))
+    index = load_index(ws.cas, ref, "splits")
+    table = get_table(ws.cas, index.output("splits"), "parent splits")
+    return [ref], table.select(["record_id", "split"]), int(index.outputs.get("eval_version", 0))
 
 
 def build_splits(ws: Workspace, partition_key: str) -> LayerResult:
     parents = freeze(ws, partition_key)[1].parents  # the manifest's parents, too
     parent = parents[0] if parents else None
-    parent_refs, parent_split = parent_splits(ws, parent)
+    parent_refs, parent_table, parent_version = parent_splits(ws, parent)
     dedup_ref, dedup = read_layer_index(ws, partition_key, "dedup_clusters")
     clusters = get_table(ws.cas, dedup.output("clusters"), "dedup clusters")
-    members = clusters.filter(clusters.column("is_representative")).sort_by("record_id")
-    rows = members.select(["record_id", "leakage_id", "dedup_key"]).to_pylist()
-    result = assign(
-        [Member(r["record_id"], r["leakage_id"], r["dedup_key"]) for r in rows],
-        parent_split,
-        ws.config.policies.splits,
-        _edge_evidence(clusters),
-    )
-    kept = members.filter(pc.is_in(members.column("record_id"), pa.array(list(result.split))))
-    table = pa.Table.from_pydict(
-        {
-            "record_id": kept.column("record_id"),
-            "group_id": kept.column("group_id"),
-            "leakage_id": kept.column("leakage_id"),
-            "split": [result.split[r] for r in kept.column("record_id").to_pylist()],
-        },
-        schema=SPLIT_COLUMNS,
-    )
+    edges = get_table(ws.cas, dedup.output("edges"), "dedup edges")
+    policy = ws.config.policies.splits
+    members = _members(ws, partition_key, clusters, policy.time_cutoff is not None)
+    evidence = _edge_evidence(clusters)
+    graph = LeakageGraph(clusters, edges)
+    result = assign(members, parent_table, policy, evidence, parent_version, graph)
+    result = resolve_residual(result, graph)
+    table = _split_table(clusters, result)
     outputs = {
         "splits": put_table(ws.cas, table),
-        "split_moves": put_table(ws.cas, _moves_table(result)),
-        "split_conflicts": put_table(ws.cas, _conflicts_table(result)),
+        "split_moves": put_table(ws.cas, result.moves),
+        "split_conflicts": put_table(ws.cas, conflict_table(result.conflicts)),
         "parent": parent,
+        "eval_version": result.eval_version,
     }
-    counts = split_counts(table, result, ws.config.policies.splits.model_dump())
-    policy = ws.config.policy_digest("splits")
+    report = split_report(table, clusters, policy)
+    counts = split_counts(report, result)
     inputs = [dedup_ref, *parent_refs]  # a child's bytes depend on its parent's splits
-    ref = publish_index(ws, partition_key, "splits", CODE, policy, inputs, outputs, counts)
+    digest = ws.config.policy_digest("splits")
+    ref = publish_index(ws, partition_key, "splits", CODE, digest, inputs, outputs, counts)
     return LayerResult(
         layer="splits",
         digest=ref["digest"],
         counts=counts,
         preview=table.slice(0, 10).to_pylist(),
         digests={k: v["digest"] for k, v in outputs.items() if isinstance(v, dict)},
-        details={"parent": parent},
+        details={
+            "parent": parent,
+            "split_report": report,
+            "split_moves": result.moves.slice(0, _PREVIEW).to_pylist(),
+            "split_conflicts": conflict_table(result.conflicts[:_PREVIEW]).to_pylist(),
+        },
     )
 
 
-def split_counts(table: pa.Table, result: Assignment, policy: dict) -> dict[str, int]:
-    """Records and components per split, each split's deviation from its target in basis
-    points of records, and the moves, conflicts and quarantined records."""
-    assigned = table.column("split").to_pylist()
-    components = dict(
-        zip(table.column("leakage_id").to_pylist(), assigned, strict=True)
-    )  # one split per component once resolved (a quarantined conflict: its last member's)
-    counts = {name: assigned.count(name) for name in SPLITS}
-    for name in SPLITS:
-        counts[f"{name}_components"] = sum(1 for s in components.values() if s == name)
-        share = counts[name] * 10000 // table.num_rows if table.num_rows else 0
-        counts[f"{name}_deviation_bp"] = share - policy[f"{name}_percent"] * 100
-    counts["records"] = table.num_rows
-    counts["groups"] = len(set(table.column("group_id").to_pylist()))
-    counts["leakage_groups"] = len(components)
-    counts["moves"] = sum(1 for m in result.moves if m.reason != BRIDGE)
-    counts["conflicts"] = len(result.conflicts)
-    counts["excluded"] = len(result.excluded)
-    return counts
+def _members(ws: Workspace, partition_key: str, clusters: pa.Table, timed: bool) -> pa.Table:
+    """Kept records: record_id, component, content_key and (with a time cutoff) event_time."""
+    kept = clusters.filter(clusters["is_representative"])
+    members = pa.table(
+        {
+            "record_id": kept["record_id"],
+            "component": kept["leakage_id"],
+            "content_key": kept["dedup_key"],
+        }
+    )
+    if not timed:
+        return members.append_column("event_time", pa.nulls(len(members), pa.string()))
+    times = _event_times(ws, partition_key)
+    return members.join(times, "record_id", join_type="left outer")
+
+
+def _event_times(ws: Workspace, partition_key: str) -> pa.Table:
+    _, canonical = CanonicalIndex.read(ws, partition_key)
+    parts = [chunk.table(ws.cas, ["record_id", "event_time"]) for chunk in canonical.chunks()]
+    schema = pa.schema([("record_id", pa.string()), ("event_time", pa.string())])
+    return pa.concat_tables(parts).cast(schema) if parts else schema.empty_table()
+
+
+def _split_table(clusters: pa.Table, result: Assignment) -> pa.Table:
+    """record_id, group_id, leakage_id, split of every member, by record_id."""
+    kept = clusters.filter(clusters["is_representative"]).select(
+        ["record_id", "group_id", "leakage_id"]
+    )
+    table = kept.join(result.table, "record_id", join_type="inner").sort_by("record_id")
+    return table.select(SPLIT_COLUMNS.names).cast(SPLIT_COLUMNS)
 
 
 def _edge_evidence(clusters: pa.Table) -> dict[str, str]:
@@ -163,14 +158,3 @@ def _edge_evidence(clusters: pa.Table) -> dict[str, str]:
             f"{row['record_id']}->{row['match_id']}@{row['match_jaccard']:.4f}"
         )
     return {k: ", ".join(v[:3]) for k, v in out.items()}
-
-
-def _moves_table(result: Assignment) -> pa.Table:
-    rows = [(m.record_id, m.from_split, m.to_split, m.reason, m.evidence) for m in result.moves]
-    return pa.Table.from_pylist(
-        [dict(zip(MOVE_COLUMNS.names, r, strict=True)) for r in rows], schema=MOVE_COLUMNS
-    )
-
-
-def _conflicts_table(result: Assignment) -> pa.Table:
-    return pa.Table.from_pylist([asdict(c) for c in result.conflicts], schema=CONFLICT_COLUMNS)

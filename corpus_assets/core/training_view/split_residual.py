@@ -1,0 +1,66 @@
+"""The residual rule: after quarantine, no path may still join two splits.
+
+Quarantining the bridging newcomers leaves old records linked directly (an edge between two
+old records, or one through an old removed duplicate) where they were. On the leakage graph
+without the quarantined and unlinked records, every component still holding members of two
+splits has its smaller sides moved to the largest (``split.residual_bridge``), listed as moves
+and as a conflict resolved ``move_smaller``.
+"""
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from corpus_assets.core.training_view.leakage_graph import (
+    components,
+    dropped_with_copies,
+    straddling,
+)
+from corpus_assets.core.training_view.split_assign import Assignment
+from corpus_assets.core.training_view.split_bridges import LeakageGraph
+from corpus_assets.core.training_view.split_conflicts import largest_side
+from corpus_assets.core.training_view.splits_schema import RESIDUAL, Conflict, Move, move_table
+
+
+def resolve_residual(result: Assignment, graph: LeakageGraph) -> Assignment:
+    """Move the smaller sides of every component still spanning two splits once the
+    quarantined records (and the duplicates behind them) are gone."""
+    clusters = graph.clusters
+    dropped = dropped_with_copies(clusters, result.excluded + result.unlinked)
+    component_of = components(clusters, graph.edges, dropped)
+    wide = straddling(component_of, result.table)
+    if not len(wide):
+        return result
+    placed = component_of.join(result.table, "record_id", join_type="inner").sort_by("record_id")
+    leakage = clusters.select(["record_id", "leakage_id"])
+    moves: list[Move] = []
+    conflicts: list[Conflict] = []
+    for component in pc.unique(wide["component"]).to_pylist():
+        rows = placed.filter(pc.equal(placed["component"], component))
+        sides: dict[str, list[str]] = {}
+        for rid, split in zip(
+            rows["record_id"].to_pylist(), rows["split"].to_pylist(), strict=True
+        ):
+            sides.setdefault(split, []).append(rid)
+        order = largest_side(sides)
+        first = sides[order[0]][0]
+        name = leakage.filter(pc.equal(leakage["record_id"], first))["leakage_id"][0].as_py()
+        why = f"leakage {name}; still joined after quarantine"
+        for other in order[1:]:
+            conflicts.append(
+                Conflict(name, first, order[0], sides[other][0], other, why, "move_smaller")
+            )
+            moves += [Move(rid, other, order[0], RESIDUAL, why) for rid in sides[other]]
+    return _with_moves(result, moves, conflicts)
+
+
+def _with_moves(result: Assignment, moves: list[Move], conflicts: list[Conflict]) -> Assignment:
+    moved = pa.array([m.record_id for m in moves], pa.string())
+    targets = pa.array([m.to_split for m in moves], pa.string())
+    at = pc.index_in(result.table["record_id"], value_set=moved)
+    split = pc.coalesce(pc.take(targets, at), result.table["split"])
+    return Assignment(
+        pa.table({"record_id": result.table["record_id"], "split": split}),
+        pa.concat_tables([result.moves, move_table(moves)]).sort_by("record_id"),
+        sorted([*result.conflicts, *conflicts], key=lambda c: c.component),
+        result.eval_version,
+    )
