@@ -25,6 +25,7 @@ from corpus_assets.core.storage.artifacts import get_table
 from corpus_assets.core.training_view import split_assign
 from corpus_assets.core.training_view.split_assign import SPLIT_TABLE, split_of
 from corpus_assets.core.training_view.split_bridges import LeakageGraph
+from corpus_assets.core.training_view.split_time import EventTimeError
 from corpus_assets.core.training_view.split_residual import resolve_residual
 from corpus_assets.core.training_view.splits_schema import (
     BRIDGE,
@@ -458,3 +459,70 @@ def test_new_eval_version_rehashes_everything_and_lists_every_change() -> None:
             component = [x for x in members if x.component == m.component]
             key = min(x.content_key for x in component)
             assert after[m.record_id] == split_of(key, policy, version=4)
+
+
+# --- the time boundary --------------------------------------------------------------------------
+
+TIMED = SplitPolicy(
+    salt="p",
+    train_percent=90,
+    validation_percent=10,
+    test_percent=0,
+    time_cutoff="2024-06-01T00:00:00Z",
+    gap="P7D",
+)
+
+
+def _timed(rows: list[tuple[str, str, str | None]], parent: dict[str, str] | None = None):
+    """rows: (record id, component, event time)."""
+    table = pa.table(
+        {
+            "record_id": [r for r, _, _ in rows],
+            "component": [c for _, c, _ in rows],
+            "content_key": [f"k-{r}" for r, _, _ in rows],
+            "event_time": pa.array([t for _, _, t in rows], pa.string()),
+        }
+    )
+    parent = parent or {}
+    old = pa.table({"record_id": list(parent), "split": list(parent.values())}, schema=SPLIT_TABLE)
+    return split_assign.assign(table, old, TIMED)
+
+
+def test_the_time_cutoff_holds_out_the_future_and_excludes_the_gap() -> None:
+    out = _timed(
+        [
+            ("early", "c1", "2024-01-01"),
+            ("late", "c2", "2024-06-01T00:00:00Z"),  # at the cutoff: held out
+            ("late-zone", "c3", "2024-06-01T01:00:00+02:00"),  # 23:00 UTC the day before: gap
+            ("in-gap", "c4", "2024-05-28 12:00:00"),
+            ("untimed", "c5", None),
+            ("s-early", "c6", "2023-01-01"),  # c6 straddles: all of it is held out
+            ("s-late", "c6", "2025-01-01"),
+        ],
+        parent={"s-early": "train"},
+    )
+    split = out.as_dict()
+    assert split["late"] == split["s-early"] == split["s-late"] == "test"
+    assert split["early"] in ("train", "validation") and split["untimed"] != "test"
+    assert "in-gap" not in split and "late-zone" not in split
+    moves = {(m["record_id"], m["to"], m["reason"]) for m in out.moves.to_pylist()}
+    assert moves == {
+        ("in-gap", EXCLUDED, "split.time_gap"),
+        ("late-zone", EXCLUDED, "split.time_gap"),
+        ("s-early", "test", "split.time_cutoff"),
+    }
+    [conflict] = out.conflicts
+    assert (conflict.component, conflict.record_a, conflict.record_b) == ("c6", "s-late", "s-early")
+    assert conflict.resolution == "time_held_out"
+
+
+def test_a_bad_event_time_names_the_record() -> None:
+    with pytest.raises(EventTimeError, match=r"record 'r2': event_time 'yesterday'"):
+        _timed([("r1", "c1", "2024-01-01"), ("r2", "c2", "yesterday")])
+
+
+def test_time_cutoff_needs_test_percent_zero() -> None:
+    with pytest.raises(ValueError, match="set test_percent: 0"):
+        SplitPolicy(time_cutoff="2024-06-01")
+    with pytest.raises(ValueError, match="gap needs time_cutoff"):
+        SplitPolicy(gap="P1D")
