@@ -177,7 +177,7 @@ def test_a_renamed_component_keeps_its_split(workspace: Workspace, demo_home: Pa
     assert index.counts["moves"] == index.counts["conflicts"] == 0
 
 
-@pytest.mark.parametrize("on_conflict", ["quarantine_new", "move_smaller"])
+@pytest.mark.parametrize("on_conflict", ["quarantine_new", "move_smaller", "new_eval_version"])
 def test_a_bridge_between_two_splits_is_a_listed_conflict(
     demo_home: Path, catalog_url: str, monkeypatch: pytest.MonkeyPatch, on_conflict: str
 ) -> None:
@@ -217,6 +217,12 @@ def test_a_bridge_between_two_splits_is_a_listed_conflict(
             ("dialogs/zz-bridge", UNLINKED, BRIDGE_COPY)
         ]
         assert (index.counts["excluded"], index.counts["unlinked"]) == (0, 1)
+    elif on_conflict == "new_eval_version":
+        assert index.outputs["eval_version"] == index.counts["eval_version"] == 1
+        changed = sorted(r for r in before if before[r] != after[r])
+        assert changed and sorted(m["record_id"] for m in moves) == changed
+        assert {m["reason"] for m in moves} == {"split.new_eval_version"}
+        assert len({after[f"dialogs/{r['id']}"] for r in small + large}) == 1
     else:
         moved = sorted(f"dialogs/{r['id']}" for r in small)
         assert (

@@ -118,7 +118,9 @@ def assign(
     wide = per.filter(pc.greater(per.column("sides"), 1))
     conflicted = joined.filter(pc.is_in(joined.column("component"), value_set=wide["component"]))
     if len(wide) and policy.on_conflict == "new_eval_version":
-        return _new_version(joined, timed, time_moves, time_conflicts, policy, parent_version, wide)
+        return _new_version(
+            joined, timed, time_moves, time_conflicts, policy, parent_version, evidence or {}
+        )
     resolved, moves, conflicts = resolve_conflicts(
         conflicted, parent, Resolution(policy, evidence or {}, graph)
     )
@@ -158,12 +160,14 @@ def _new_version(
     time_conflicts: list[Conflict],
     policy: SplitPolicy,
     parent_version: int,
-    wide: pa.Table,
+    evidence: Mapping[str, str],
 ) -> Assignment:
     """Every component hashed again under the next evaluation version; changes are moves."""
     version = parent_version + 1
+    per = _per_component(joined)
+    wide = per.filter(pc.greater(per.column("sides"), 1))
     conflicted = joined.filter(pc.is_in(joined["component"], value_set=wide["component"]))
-    listing = Resolution(policy.model_copy(update={"on_conflict": "move_smaller"}), {}, None)
+    listing = Resolution(policy.model_copy(update={"on_conflict": "move_smaller"}), evidence, None)
     _, _, found = resolve_conflicts(conflicted, pa.table({}), listing)
     conflicts = [replace(c, resolution="new_eval_version") for c in found]
     fresh = joined.drop_columns(["parent_split"]).append_column(
