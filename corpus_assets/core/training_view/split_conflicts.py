@@ -95,8 +95,10 @@ def _resolve_component(
 
 
 def _regions(name: str, parent: pa.Table, how: Resolution) -> pa.Table | None:
-    if how.policy.on_conflict != "quarantine_new" or how.graph is None:
+    if how.policy.on_conflict != "quarantine_new":
         return None
+    if how.graph is None:
+        raise ValueError("on_conflict quarantine_new needs the leakage graph to find bridges")
     return bridge_regions(how.graph.component(name), parent)
 
 
