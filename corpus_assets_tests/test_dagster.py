@@ -69,6 +69,11 @@ def test_materialize_all_seven_layers(
         classes = dedup["classes"].value["document/prose"]
         assert classes["near_duplicates"] == 1 and classes["bands"]["capped_buckets"] == 0
         assert len(by_layer["packed_blocks"].metadata["preview"].value.records) == 10
+        splits = by_layer["splits"].metadata  # the per-split report is a table
+        per_split = {r.data["split"]: r.data for r in splits["split_report"].value.records}
+        assert sum(r["records"] for r in per_split.values()) == splits["records"].value
+        assert per_split["train"]["records"] == splits["train"].value
+        assert splits["moves"].value == 0 and splits["split_moves"].value == []
         raw = by_layer["raw_snapshot"].metadata
         assert raw["deferred_changes"].value == 0
         sources = {r.data["source"]: r.data for r in raw["preview"].value.records}
