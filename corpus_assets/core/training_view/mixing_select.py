@@ -1,63 +1,166 @@
-"""Which records realise a mixing plan, and in which order (pure; no workspace).
+"""Which records realise a mixing plan, and in which order (pure numpy and Arrow; no workspace).
 
-A record's key for pass r is H = sha256(seed NUL source NUL record_digest NUL r): it depends on
-the mix seed, the source and the record's content, never on the snapshot, other sources or the
-worker count. Pass r of a source ranks its records by (H, record_id) and keeps a bottom-k prefix:
-all of them while whole passes fit the plan, then the first k (documents) or the shortest prefix
-whose tokens reach the plan (tokens, so the source overshoots by less than one document). The
-stream is every selected (record, pass) ordered by (H, record_id, pass).
+The selection key of a record in pass ``r`` of source ``s`` under mix seed ``m`` is, in unsigned
+64-bit arithmetic (multiplication modulo 2**64)::
+
+    h   = the record content digest's 64 sha256 hex digits (its last 64 characters, so a
+          ``sha256:`` prefix is allowed); D = int(h[:16], 16), the digest's first 64 bits
+    K   = int.from_bytes(sha256(f"{m}\\x00{s}\\x00{r}".encode()).digest()[:8], "big")
+    key = fmix64(D ^ K)
+    fmix64(z): z ^= z >> 33; z *= 0xff51afd7ed558ccd; z ^= z >> 33;
+               z *= 0xc4ceb9fe1a85ec53; z ^= z >> 33        (MurmurHash3's bijective finaliser)
+
+It is a keyed function of (seed, source, record content, pass) only - never the snapshot, other
+sources or the worker count - so appending records to one source changes no other source's
+selection. D is already uniform (a sha256 prefix); the per-pass key K and the finaliser give each
+pass its own order. Everything is computed over whole numpy arrays; no Python loop per record.
+
+Pass r of a source ranks its records by (key, record_id): whole passes while they fit the plan,
+then the first k (documents: bottom-k) or the shortest prefix whose tokens reach the plan
+(tokens: the source overshoots by less than one document). The stream is every selected
+(record, pass) ordered by (key, record_id, pass) across sources.
 """
 
 import hashlib
+import logging
 from dataclasses import dataclass
+from decimal import Decimal
 from fractions import Fraction
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
-from corpus_assets.core.training_view.mixing_plan import SourcePlan, decimal_text
+from corpus_assets.core.training_view.mixing_plan import MixingError, SourcePlan, decimal_text
+
+log = logging.getLogger(__name__)
+
+_FMIX_MULTIPLIERS = (np.uint64(0xFF51AFD7ED558CCD), np.uint64(0xC4CEB9FE1A85EC53))
+_SHIFT = np.uint64(33)
+_NOT_HEX = np.uint8(255)
+_HEX_VALUE = np.full(256, _NOT_HEX, dtype=np.uint8)
+_HEX_VALUE[np.frombuffer(b"0123456789abcdef", np.uint8)] = np.arange(16, dtype=np.uint8)
+_HEX_VALUE[np.frombuffer(b"ABCDEF", np.uint8)] = np.arange(10, 16, dtype=np.uint8)
+_PARSE_BATCH = 1 << 20  # digests parsed at a time: bounds the temporaries to ~40 MB
 
 
 @dataclass(frozen=True)
 class Members:
-    """One source's train records: ids, content digests and token counts as Arrow/numpy."""
+    """One source's train records, sorted by record_id: ids, content digests, token counts."""
 
     record_id: pa.Array
     record_digest: pa.Array
     tokens: np.ndarray
 
 
-@dataclass
+@dataclass(frozen=True)
 class Selection:
-    keys: list[bytes]
-    rows: list[int]  # index into the source's members
-    repeats: list[int]
+    """One source's chosen (record, pass) pairs: ``whole`` full passes over all its records,
+    then ``rows`` (indices into its members) of pass number ``whole``."""
+
+    whole: int
+    rows: np.ndarray
+    digest_bits: np.ndarray  # D of each member, kept so the stream does not parse them again
+
+    @property
+    def docs(self) -> int:
+        return self.whole * len(self.digest_bits) + len(self.rows)
+
+    @property
+    def epochs_used(self) -> int:
+        """Passes the source contributes to (highest repeat index + 1; 0 when unused)."""
+        return self.whole + (1 if len(self.rows) else 0)
+
+    def tokens(self, tokens: np.ndarray) -> int:
+        return self.whole * int(tokens.sum()) + int(tokens[self.rows].sum())
 
 
-def pass_keys(seed: str, source: str, digests: pa.Array, repeat: int) -> list[bytes]:
-    prefix = f"{seed}\x00{source}\x00".encode()
-    tail = f"\x00{repeat}".encode()
-    return [hashlib.sha256(prefix + d.encode() + tail).digest() for d in digests.to_pylist()]
+def fmix64(values: np.ndarray) -> np.ndarray:
+    """MurmurHash3's 64-bit finaliser, in place on a uint64 array (wrapping multiplication)."""
+    for multiplier in _FMIX_MULTIPLIERS:
+        values ^= values >> _SHIFT
+        values *= multiplier
+    values ^= values >> _SHIFT
+    return values
+
+
+def pass_key(seed: str, source: str, repeat: int) -> int:
+    """K: the first 64 bits of sha256(seed NUL source NUL repeat), big-endian."""
+    material = f"{seed}\x00{source}\x00{repeat}".encode()
+    return int.from_bytes(hashlib.sha256(material).digest()[:8], "big")
+
+
+def selection_keys(digest_bits: np.ndarray, seed: str, source: str, repeat: int) -> np.ndarray:
+    """fmix64(D ^ K) for every record of ``source`` in pass ``repeat`` (a new array)."""
+    return fmix64(digest_bits ^ np.uint64(pass_key(seed, source, repeat)))
+
+
+def digest_bits(digests: pa.Array) -> np.ndarray:
+    """D of each digest: the first 16 of its last 64 hex characters as a uint64, vectorised."""
+    out = np.empty(len(digests), dtype=np.uint64)
+    for start in range(0, len(digests), _PARSE_BATCH):
+        part = digests.slice(start, _PARSE_BATCH)
+        out[start : start + len(part)] = _hex_words(pc.utf8_slice_codeunits(part, -64, -48))
+    return out
+
+
+def _hex_words(hexes: pa.Array) -> np.ndarray:
+    """16-hex-digit strings as big-endian uint64s; anything else raises ``MixingError``."""
+    count = len(hexes)
+    if hexes.null_count:
+        raise MixingError(f"{hexes.null_count} train records have no record_digest")
+    wide = pa.types.is_large_string(hexes.type)
+    offsets = np.frombuffer(hexes.buffers()[1], dtype=np.int64 if wide else np.int32)
+    offsets = offsets[hexes.offset : hexes.offset + count + 1]
+    data = hexes.buffers()[2]
+    chars = np.frombuffer(data, np.uint8) if data is not None else np.empty(0, np.uint8)
+    nibbles = _HEX_VALUE[chars[offsets[0] : offsets[-1]]] if count else chars[:0]
+    if nibbles.size != 16 * count or (nibbles == _NOT_HEX).any():
+        raise MixingError("a record_digest is not a sha256 hex digest (64 hex digits at its end)")
+    nibbles = nibbles.reshape(count, 16)
+    octets = (nibbles[:, 0::2] << np.uint8(4)) | nibbles[:, 1::2]
+    return np.ascontiguousarray(octets).view(">u8").ravel().astype(np.uint64)
+
+
+def _first(keys: np.ndarray, k: int, ordered: bool) -> np.ndarray:
+    """Rows of the first ``k`` records in (key, row) order; in that order when ``ordered``."""
+    threshold = np.partition(keys, k - 1)[k - 1]
+    below = np.flatnonzero(keys < threshold)
+    rows = np.concatenate([below, np.flatnonzero(keys == threshold)[: k - len(below)]])
+    # stable: equal keys keep row (= record_id) order, and every `below` key < threshold
+    return rows[np.argsort(keys[rows], kind="stable")] if ordered else rows
+
+
+def _token_prefix(keys: np.ndarray, tokens: np.ndarray, left: int) -> np.ndarray:
+    """Rows of the shortest (key, row)-ordered prefix whose tokens reach ``left``.
+
+    Sorts only a candidate prefix (a guess from the mean length, doubled until it reaches)."""
+    count = len(keys)
+    guess = min(count, int(left * count / max(int(tokens.sum()), 1) * 1.1) + 16)
+    while True:
+        rows = _first(keys, guess, ordered=True)
+        reach = np.cumsum(tokens[rows])
+        if reach[-1] >= left or guess == count:
+            return rows[: min(int(np.searchsorted(reach, left)) + 1, len(rows))]
+        guess = min(count, guess * 2)
 
 
 def select_source(seed: str, plan: SourcePlan, members: Members, unit: str) -> Selection:
     """The (record, pass) pairs of one source that realise ``plan.amount`` units."""
-    chosen = Selection([], [], [])
-    left, ids, repeat = plan.amount, members.record_id.to_pylist(), 0
-    while left > 0 and ids:
-        keys = pass_keys(seed, plan.source, members.record_digest, repeat)
-        ranked = sorted(range(len(ids)), key=lambda i: (keys[i], ids[i]))
-        if unit == "documents":
-            take = min(left, len(ranked))
-        else:
-            reach = np.cumsum(members.tokens[ranked])
-            take = min(int(np.searchsorted(reach, left)) + 1, len(ranked))
-        left -= take if unit == "documents" else int(np.sum(members.tokens[ranked[:take]]))
-        chosen.keys.extend(keys[i] for i in ranked[:take])
-        chosen.rows.extend(ranked[:take])
-        chosen.repeats.extend([repeat] * take)
-        repeat += 1
-    return chosen
+    bits = digest_bits(members.record_digest)
+    nothing = np.empty(0, dtype=np.int64)
+    if plan.amount <= 0 or not len(bits):
+        return Selection(0, nothing, bits)
+    per_pass = len(bits) if unit == "documents" else int(members.tokens.sum())
+    if per_pass <= 0:
+        raise MixingError(f"source {plan.source!r} needs {plan.amount} {unit} but has none")
+    whole, left = divmod(plan.amount, per_pass)
+    if not left:
+        return Selection(whole, nothing, bits)
+    keys = selection_keys(bits, seed, plan.source, whole)
+    if unit == "documents":
+        return Selection(whole, _first(keys, left, ordered=False), bits)
+    return Selection(whole, _token_prefix(keys, members.tokens, left), bits)
 
 
 MIX_COLUMNS = pa.schema(
@@ -71,38 +174,121 @@ MIX_COLUMNS = pa.schema(
 )
 
 
+@dataclass(frozen=True)
+class Stream:
+    """Every selected (record, pass) as parallel arrays; ``row`` indexes the concatenation of
+    the sources' record ids (in plan order), ``source`` the plan list."""
+
+    key: np.ndarray
+    row: np.ndarray
+    repeat: np.ndarray
+    source: np.ndarray
+
+
+def stream_of(seed: str, plans: list[SourcePlan], picks: dict[str, Selection]) -> Stream:
+    """The selected pairs of all sources, keys recomputed per pass into preallocated arrays."""
+    total = sum(pick.docs for pick in picks.values())
+    stream = Stream(
+        np.empty(total, np.uint64),
+        np.empty(total, np.int64),
+        np.empty(total, np.int64),
+        np.empty(total, np.int32),
+    )
+    at = base = 0
+    for index, plan in enumerate(plans):
+        pick = picks[plan.source]
+        passes = [(r, None) for r in range(pick.whole)] + [(pick.whole, pick.rows)]
+        for repeat, rows in passes:
+            bits = pick.digest_bits if rows is None else pick.digest_bits[rows]
+            end = at + len(bits)
+            stream.key[at:end] = selection_keys(bits, seed, plan.source, repeat)
+            if rows is None:
+                stream.row[at:end] = np.arange(base, base + len(bits))
+            else:
+                stream.row[at:end] = rows + base
+            stream.repeat[at:end] = repeat
+            stream.source[at:end] = index
+            at = end
+        base += len(pick.digest_bits)
+    return stream
+
+
+def stream_order(stream: Stream, record_ids: pa.Array) -> np.ndarray:
+    """The permutation putting ``stream`` in (key, record_id, repeat) order.
+
+    One argsort by key; the rare equal keys (a 64-bit collision, or records with the same
+    content digest) are re-ordered by record_id and repeat with an Arrow sort of just those."""
+    order = np.argsort(stream.key, kind="stable")
+    sorted_keys = stream.key[order]
+    tied = np.flatnonzero(sorted_keys[1:] == sorted_keys[:-1])
+    if tied.size:
+        slots = np.union1d(tied, tied + 1)  # runs of equal keys, runs in ascending key order
+        entries = order[slots]
+        ties = pa.table(
+            {
+                "key": stream.key[entries],
+                "record_id": record_ids.take(pa.array(stream.row[entries])),
+                "repeat": stream.repeat[entries],
+            }
+        )
+        rank = pc.sort_indices(ties, [(c, "ascending") for c in ties.column_names])
+        order[slots] = entries[rank.to_numpy()]
+    return order
+
+
 def mix(
     seed: str, unit: str, plans: list[SourcePlan], members: dict[str, Members], weighted: bool
 ) -> tuple[pa.Table, dict[str, Selection]]:
-    """The ordered sample table and each source's selection."""
+    """The ordered sample table (built with Arrow ``take``) and each source's selection."""
     picks = {p.source: select_source(seed, p, members[p.source], unit) for p in plans}
-    entries = []
-    for plan in plans:
-        chosen, ids = picks[plan.source], members[plan.source].record_id
-        weight = decimal_text(plan.weight) if weighted else "1"
-        for key, row, repeat in zip(chosen.keys, chosen.rows, chosen.repeats, strict=True):
-            entries.append((key, ids[row].as_py(), repeat, plan.source, weight))
-    entries.sort()
-    table = pa.Table.from_pydict(
+    stream = stream_of(seed, plans, picks)
+    record_ids = pa.concat_arrays([members[p.source].record_id.cast(pa.string()) for p in plans])
+    order = stream_order(stream, record_ids)
+    rows, repeats, source = stream.row[order], stream.repeat[order], pa.array(stream.source[order])
+    del stream, order  # the keys and unsorted columns are not needed past the order
+    weights = [decimal_text(p.weight) if weighted else "1" for p in plans]
+    table = pa.table(
         {
-            "position": list(range(len(entries))),
-            "record_id": [e[1] for e in entries],
-            "source_id": [e[3] for e in entries],
-            "repeat": [e[2] for e in entries],
-            "weight": [e[4] for e in entries],
+            "position": pa.array(np.arange(len(rows), dtype=np.int64)),
+            "record_id": record_ids.take(pa.array(rows)),
+            "source_id": pa.array([p.source for p in plans], pa.string()).take(source),
+            "repeat": pa.array(repeats),
+            "weight": pa.array(weights, pa.string()).take(source),
         },
         schema=MIX_COLUMNS,
     )
     return table, picks
 
 
+def weights_over_bound(plans: list[SourcePlan], max_weight: Decimal | None) -> set[str]:
+    """Sources whose importance weight q_i / p_i exceeds ``max_weight``, each logged as a warning
+    (a large weight means few real documents stand for a large share of the mix)."""
+    if max_weight is None:
+        return set()
+    over = set()
+    for plan in plans:
+        if plan.weight > Fraction(max_weight):
+            log.warning(
+                "mixing: source %r has importance weight %s, above max_weight %s",
+                plan.source,
+                decimal_text(plan.weight),
+                max_weight,
+            )
+            over.add(plan.source)
+    return over
+
+
 def report(
-    plans: list[SourcePlan], members: dict[str, Members], picks: dict[str, Selection]
+    plans: list[SourcePlan],
+    members: dict[str, Members],
+    picks: dict[str, Selection],
+    max_weight: Decimal | None = None,
 ) -> list[dict]:
-    """Per source: population, target share, selection and realised shares (decimal text)."""
-    docs = {p.source: len(picks[p.source].rows) for p in plans}
-    tokens = {p.source: int(np.sum(members[p.source].tokens[picks[p.source].rows])) for p in plans}
+    """Per source: population, target share, selection, realised shares (decimal text), weight."""
+    docs = {p.source: picks[p.source].docs for p in plans}
+    tokens = {p.source: picks[p.source].tokens(members[p.source].tokens) for p in plans}
     all_docs, all_tokens = sum(docs.values()), sum(tokens.values())
+    over = weights_over_bound(plans, max_weight)
     rows = []
     for plan in plans:
         own = members[plan.source]
@@ -117,7 +303,10 @@ def report(
                 "doc_share": decimal_text(Fraction(docs[plan.source], all_docs or 1)),
                 "token_share": decimal_text(Fraction(tokens[plan.source], all_tokens or 1)),
                 "max_epochs": plan.max_epochs,
+                "epochs_used": picks[plan.source].epochs_used,
                 "cap_hit": plan.cap_hit,
+                "weight": decimal_text(plan.weight),
+                "weight_over_bound": plan.source in over,
             }
         )
     return rows
