@@ -20,11 +20,14 @@ from corpus_assets.core.training_view.mixing_plan import (
 )
 from corpus_assets.core.training_view.mixing_select import (
     Members,
+    Stream,
+    _first,
     digest_bits,
     mix,
     pass_key,
     report,
     selection_keys,
+    stream_order,
 )
 
 MASK = (1 << 64) - 1
@@ -72,6 +75,12 @@ def members_of(source: str, lengths: list[int], prefixed: bool = False) -> Membe
     return Members(pa.array(ids), pa.array(digests), np.array(lengths, dtype=np.int64))
 
 
+def duplicated(members: Members, distinct: int) -> Members:
+    digests = members.record_digest.to_pylist()
+    shared = [digests[i % distinct] for i in range(len(digests))]
+    return Members(members.record_id, pa.array(shared), members.tokens)
+
+
 def run(policy: MixingPolicy, members: dict[str, Members]) -> tuple[list[SourcePlan], pa.Table]:
     populations = [Population(s, len(m.tokens), int(m.tokens.sum())) for s, m in members.items()]
     plans = plan_mixture(policy, populations)
@@ -106,6 +115,8 @@ def test_digest_bits_parse_prefixed_bare_sliced_and_reject_non_digests() -> None
     prefixed = pa.array(["sha256:" + d.upper() for d in bare], pa.large_string())
     assert (digest_bits(prefixed) == expected).all()
     assert (digest_bits(pa.array(bare).slice(1000, 7)) == expected[1000:1007]).all()
+    mixed = pa.array([("sha256:" if i % 3 else "") + d for i, d in enumerate(bare)])  # 2 widths
+    assert (digest_bits(mixed) == expected).all()
     assert digest_bits(pa.array([], pa.string())).size == 0
     for bad in (["abc"], ["sha256:" + bare[0][:15] + "g" + bare[0][16:]], [None], ["é" * 64]):
         with pytest.raises(MixingError, match="record_digest"):
@@ -121,7 +132,7 @@ def test_digest_bits_parse_prefixed_bare_sliced_and_reject_non_digests() -> None
         MixingPolicy(policy="unimax", budget=650, max_epochs=5, seed="s4"),
         MixingPolicy(
             policy="ratios",
-            ratios={"web": "0.2", "code": "0.3", "books": "0.5"},
+            ratios={"web": "0.2", "code": "0.3", "books": "0.4", "dups": "0.1"},
             unit="tokens",
             budget=200_000,
             seed="s5",
@@ -136,6 +147,8 @@ def test_stream_equals_the_plain_python_reference(policy: MixingPolicy) -> None:
         "code": members_of("code", rng.integers(1, 400, 60).tolist(), prefixed=True),
         # one huge record: the mean overestimates a prefix, so the token guess must grow
         "books": members_of("books", [1] * 39 + [50_000]),
+        # 5 distinct digests over 50 records: equal keys, ordered by record_id
+        "dups": duplicated(members_of("dups", rng.integers(1, 60, 50).tolist()), 5),
     }
     plans, table = run(policy, members)
     assert rows_of(table) == reference_stream(policy.seed, policy.unit, plans, members)
@@ -190,3 +203,31 @@ def test_weight_above_max_weight_warns_and_is_reported(caplog: pytest.LogCapture
             rows = report(plans, members, picks, bound)
             assert not any(r["weight_over_bound"] for r in rows)
     assert not caplog.records
+
+
+def test_orders_equal_a_stable_sort_when_keys_tie_in_any_bits() -> None:
+    """The packed sort orders by the keys' top bits only; keys that agree there (small values,
+    duplicates) must still come out in (key, index) order, and the stream in (key, record_id,
+    repeat) order."""
+    rng = np.random.default_rng(3)
+    for keys in (
+        rng.integers(0, 2**64, 5000, dtype=np.uint64),  # uniform: top bits hardly ever tie
+        rng.integers(0, 40, 5000).astype(np.uint64),  # small: every top bit ties
+        np.array([9, 3, 3, 1, 7, 3], dtype=np.uint64),
+    ):
+        expected = np.argsort(keys, kind="stable")
+        for k in (1, 3, len(keys) // 2, len(keys)):
+            assert (_first(keys, k, ordered=True) == expected[:k]).all()
+            assert sorted(_first(keys, k, ordered=False)) == sorted(expected[:k])
+    count = 4000
+    stream = Stream(
+        rng.integers(0, 30, count).astype(np.uint64),
+        rng.permutation(count).astype(np.int64),
+        rng.integers(0, 3, count).astype(np.int64),
+        np.zeros(count, np.int32),
+    )
+    ids = pa.array([f"r{rng.integers(0, 500):04d}" for _ in range(count)])
+    table = pa.table({"key": stream.key, "record_id": ids.take(stream.row), "r": stream.repeat})
+    by = [("key", "ascending"), ("record_id", "ascending"), ("r", "ascending")]
+    ordered = table.take(stream_order(stream, ids))
+    assert ordered.equals(table.sort_by(by))
