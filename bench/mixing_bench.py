@@ -16,9 +16,10 @@ parsing, selection, stream order, the samples table built with Arrow ``take``) +
 
 Baselines, measured in the same run:
 
-- ``v2``: the previous implementation (git 87aa490; sha256 per record with ``hashlib``, a Python sort with a
-  key lambda per pass, the stream as a Python list of tuples) on a ``--baseline-records`` subset
-  (the first records of each source, same shares), with ours timed on the same subset; the
+- ``v2``: the previous implementation (git 87aa490; sha256 per record with ``hashlib``, a Python
+  sort with a key lambda per pass, the stream as a Python list of tuples) on a
+  ``--baseline-records`` subset (the first records of each source, same shares), with ours timed
+  on the same subset; the
   per-record cost is extrapolated linearly to N (which flatters it: its sorts are n log n);
 - ordering only: Arrow ``Table.sort_by([key, record_id, repeat])`` of the natural stream at N
   against ours (``stream_order``: one in-place numpy sort of the keys' top bits packed with the
