@@ -56,6 +56,7 @@ from corpus_assets.core.runtime.config import MixingPolicy
 from corpus_assets.core.training_view.mixing_plan import Population, SourcePlan, plan_mixture
 from corpus_assets.core.training_view.mixing_select import (
     Members,
+    digest_bits,
     mix,
     report,
     stream_of,
@@ -213,7 +214,8 @@ def ordering_baseline(members: dict[str, Members], repeats: int) -> tuple[float,
     plans = plan_mixture(policy, populations(members))
     table, picks = mix(policy.seed, policy.unit, plans, members, False)
     del table
-    stream = stream_of(policy.seed, plans, picks)
+    bits = {p.source: digest_bits(members[p.source].record_digest) for p in plans}
+    stream = stream_of(policy.seed, plans, picks, bits)
     ids = pa.concat_arrays([members[p.source].record_id for p in plans])
     keyed = pa.table({"key": stream.key, "record_id": ids.take(stream.row), "r": stream.repeat})
     by = [("key", "ascending"), ("record_id", "ascending"), ("r", "ascending")]

@@ -55,16 +55,16 @@ class Members:
 
 @dataclass(frozen=True)
 class Selection:
-    """One source's chosen (record, pass) pairs: ``whole`` full passes over all its records,
-    then ``rows`` (indices into its members) of pass number ``whole``."""
+    """One source's chosen (record, pass) pairs: ``whole`` full passes over all its
+    ``population`` records, then ``rows`` (indices into its members) of pass number ``whole``."""
 
     whole: int
     rows: np.ndarray
-    digest_bits: np.ndarray  # D of each member, kept so the stream does not parse them again
+    population: int
 
     @property
     def docs(self) -> int:
-        return self.whole * len(self.digest_bits) + len(self.rows)
+        return self.whole * self.population + len(self.rows)
 
     @property
     def epochs_used(self) -> int:
@@ -191,22 +191,24 @@ def _token_prefix(keys: np.ndarray, tokens: np.ndarray, left: int) -> np.ndarray
         guess = min(count, guess * 2)
 
 
-def select_source(seed: str, plan: SourcePlan, members: Members, unit: str) -> Selection:
-    """The (record, pass) pairs of one source that realise ``plan.amount`` units."""
-    bits = digest_bits(members.record_digest)
-    nothing = np.empty(0, dtype=np.int64)
-    if plan.amount <= 0 or not len(bits):
-        return Selection(0, nothing, bits)
-    per_pass = len(bits) if unit == "documents" else int(members.tokens.sum())
+def select_source(
+    seed: str, plan: SourcePlan, bits: np.ndarray, tokens: np.ndarray, unit: str
+) -> Selection:
+    """The (record, pass) pairs of one source (its members' ``digest_bits`` and token counts)
+    that realise ``plan.amount`` units."""
+    nothing, count = np.empty(0, dtype=np.int64), len(bits)
+    if plan.amount <= 0 or not count:
+        return Selection(0, nothing, count)
+    per_pass = count if unit == "documents" else int(tokens.sum())
     if per_pass <= 0:
         raise MixingError(f"source {plan.source!r} needs {plan.amount} {unit} but has none")
     whole, left = divmod(plan.amount, per_pass)
     if not left:
-        return Selection(whole, nothing, bits)
+        return Selection(whole, nothing, count)
     keys = selection_keys(bits, seed, plan.source, whole)
     if unit == "documents":
-        return Selection(whole, _first(keys, left, ordered=False), bits)
-    return Selection(whole, _token_prefix(keys, members.tokens, left), bits)
+        return Selection(whole, _first(keys, left, ordered=False), count)
+    return Selection(whole, _token_prefix(keys, tokens, left), count)
 
 
 MIX_COLUMNS = pa.schema(
@@ -220,7 +222,7 @@ MIX_COLUMNS = pa.schema(
 )
 
 
-@dataclass(frozen=True)
+@dataclass
 class Stream:
     """Every selected (record, pass) as parallel arrays; ``row`` indexes the concatenation of
     the sources' record ids (in plan order), ``source`` the plan list."""
@@ -230,32 +232,44 @@ class Stream:
     repeat: np.ndarray
     source: np.ndarray
 
+    def release_sorted(self, order: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """row, repeat and source in ``order``; each array is dropped from the stream once
+        gathered, so at most one extra column is alive (the stream is empty afterwards)."""
+        none = np.empty(0, dtype=np.int64)
+        self.key = none
+        row, self.row = self.row[order], none
+        repeat, self.repeat = self.repeat[order], none
+        source, self.source = self.source[order], none
+        return row, repeat, source
 
-def stream_of(seed: str, plans: list[SourcePlan], picks: dict[str, Selection]) -> Stream:
+
+def stream_of(
+    seed: str, plans: list[SourcePlan], picks: dict[str, Selection], bits: dict[str, np.ndarray]
+) -> Stream:
     """The selected pairs of all sources, keys recomputed per pass into preallocated arrays."""
     total = sum(pick.docs for pick in picks.values())
     stream = Stream(
         np.empty(total, np.uint64),
         np.empty(total, np.int64),
-        np.empty(total, np.int64),
+        np.empty(total, np.int32),
         np.empty(total, np.int32),
     )
     at = base = 0
     for index, plan in enumerate(plans):
-        pick = picks[plan.source]
+        pick, own = picks[plan.source], bits[plan.source]
         passes = [(r, None) for r in range(pick.whole)] + [(pick.whole, pick.rows)]
         for repeat, rows in passes:
-            bits = pick.digest_bits if rows is None else pick.digest_bits[rows]
-            end = at + len(bits)
-            stream.key[at:end] = selection_keys(bits, seed, plan.source, repeat)
+            chosen = own if rows is None else own[rows]
+            end = at + len(chosen)
+            stream.key[at:end] = selection_keys(chosen, seed, plan.source, repeat)
             if rows is None:
-                stream.row[at:end] = np.arange(base, base + len(bits))
+                stream.row[at:end] = np.arange(base, base + len(own))
             else:
                 stream.row[at:end] = rows + base
             stream.repeat[at:end] = repeat
             stream.source[at:end] = index
             at = end
-        base += len(pick.digest_bits)
+        base += len(own)
     return stream
 
 
@@ -281,19 +295,23 @@ def mix(
     seed: str, unit: str, plans: list[SourcePlan], members: dict[str, Members], weighted: bool
 ) -> tuple[pa.Table, dict[str, Selection]]:
     """The ordered sample table (built with Arrow ``take``) and each source's selection."""
-    picks = {p.source: select_source(seed, p, members[p.source], unit) for p in plans}
-    stream = stream_of(seed, plans, picks)
+    bits = {p.source: digest_bits(members[p.source].record_digest) for p in plans}
+    picks = {
+        p.source: select_source(seed, p, bits[p.source], members[p.source].tokens, unit)
+        for p in plans
+    }
+    stream = stream_of(seed, plans, picks, bits)
+    del bits  # the stream holds the keys now
     record_ids = pa.concat_arrays([members[p.source].record_id.cast(pa.string()) for p in plans])
-    order = stream_order(stream, record_ids)
-    rows, repeats, source = stream.row[order], stream.repeat[order], pa.array(stream.source[order])
-    del stream, order  # the keys and unsorted columns are not needed past the order
+    rows, repeats, source_index = stream.release_sorted(stream_order(stream, record_ids))
+    source = pa.array(source_index)
     weights = [decimal_text(p.weight) if weighted else "1" for p in plans]
     table = pa.table(
         {
             "position": pa.array(np.arange(len(rows), dtype=np.int64)),
             "record_id": record_ids.take(pa.array(rows)),
             "source_id": pa.array([p.source for p in plans], pa.string()).take(source),
-            "repeat": pa.array(repeats),
+            "repeat": pa.array(repeats.astype(np.int64)),
             "weight": pa.array(weights, pa.string()).take(source),
         },
         schema=MIX_COLUMNS,
