@@ -246,7 +246,8 @@ class Stream:
 def stream_of(
     seed: str, plans: list[SourcePlan], picks: dict[str, Selection], bits: dict[str, np.ndarray]
 ) -> Stream:
-    """The selected pairs of all sources, keys recomputed per pass into preallocated arrays."""
+    """The selected pairs of all sources, keys recomputed into preallocated arrays: a source's
+    whole passes as one (passes x records) block, then its partial pass."""
     total = sum(pick.docs for pick in picks.values())
     stream = Stream(
         np.empty(total, np.uint64),
@@ -257,19 +258,20 @@ def stream_of(
     at = base = 0
     for index, plan in enumerate(plans):
         pick, own = picks[plan.source], bits[plan.source]
-        passes = [(r, None) for r in range(pick.whole)] + [(pick.whole, pick.rows)]
-        for repeat, rows in passes:
-            chosen = own if rows is None else own[rows]
-            end = at + len(chosen)
-            stream.key[at:end] = selection_keys(chosen, seed, plan.source, repeat)
-            if rows is None:
-                stream.row[at:end] = np.arange(base, base + len(own))
-            else:
-                stream.row[at:end] = rows + base
-            stream.repeat[at:end] = repeat
-            stream.source[at:end] = index
-            at = end
-        base += len(own)
+        span = pick.whole * len(own)
+        if span:
+            passes = range(pick.whole)
+            pass_keys = np.array([pass_key(seed, plan.source, r) for r in passes], np.uint64)
+            block = stream.key[at : at + span].reshape(pick.whole, len(own))
+            fmix64(np.bitwise_xor(own[None, :], pass_keys[:, None], out=block))
+            stream.row[at : at + span].reshape(block.shape)[:] = np.arange(base, base + len(own))
+            stream.repeat[at : at + span].reshape(block.shape)[:] = np.arange(pick.whole)[:, None]
+        end = at + span + len(pick.rows)
+        stream.key[at + span : end] = selection_keys(own[pick.rows], seed, plan.source, pick.whole)
+        stream.row[at + span : end] = pick.rows + base
+        stream.repeat[at + span : end] = pick.whole
+        stream.source[at:end] = index
+        at, base = end, base + len(own)
     return stream
 
 
