@@ -194,6 +194,8 @@ class MixingPolicy(_Strict):
 
     Shares and alpha are decimals (hashed as their exact text). ``budget`` counts ``unit``s; none
     means the train split's total. ``max_epochs`` is the default cap of every source.
+    ``max_weight`` bounds the importance weight q_i / p_i: above it the build warns (it still
+    builds; the report row says ``weight_over_bound``).
     """
 
     seed: Annotated[str, Field(min_length=1)] = "mix-v1"
@@ -203,6 +205,8 @@ class MixingPolicy(_Strict):
     ratios: dict[str, _Share] | None = None
     budget: Annotated[int, Field(ge=1)] | None = None
     max_epochs: Annotated[int, Field(ge=1)] | None = None
+    # warn (log + report row) when a source's importance weight q_i / p_i exceeds this
+    max_weight: Annotated[Decimal, Field(gt=0, strict=False, allow_inf_nan=False)] | None = None
     sources: dict[str, SourceMixing] = {}
 
     @model_validator(mode="after")

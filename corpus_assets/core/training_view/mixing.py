@@ -1,10 +1,12 @@
 """mixed_samples: the training stream drawn from the train split under ``policies.mixing``.
 
 The plan (``mixing_plan``) says how many documents or tokens each source contributes; the
-selection (``mixing_select``) picks them by a content-keyed hash per source and pass and orders
-the stream by the same key. Token counts are the packing tokenizer's (``utf8-bytes-v1``: UTF-8
-bytes of the text + 1 EOS), computed with Arrow ``binary_length`` one chunk at a time. The layer
-outputs the samples table and a per-source report (also in ``counts`` and the run's details).
+selection (``mixing_select``) picks them by a content-keyed 64-bit key per source and pass
+(vectorised numpy) and orders the stream by the same key. Token counts are the packing
+tokenizer's (``utf8-bytes-v1``: UTF-8 bytes of the text + 1 EOS), computed with Arrow
+``binary_length`` one chunk at a time. The layer outputs the samples table and a per-source
+report (also in ``counts`` and the run's details; it names sources whose importance weight
+exceeds ``max_weight``, which is also logged as a warning).
 """
 
 import numpy as np
@@ -20,7 +22,7 @@ from corpus_assets.core.training_view.mixing_plan import Population, plan_mixtur
 from corpus_assets.core.training_view.mixing_select import Members, mix, report
 from corpus_assets.core.training_view.splits import TRAIN
 
-CODE = stage_code("mixed_samples.planned.v2", __name__)  # its closure, hashed at import
+CODE = stage_code("mixed_samples.planned.v3", __name__)  # its closure, hashed at import
 MEMBER_COLUMNS = ["record_id", "source_id", "record_digest"]
 
 
@@ -55,13 +57,14 @@ def build_mixed_samples(ws: Workspace, partition_key: str) -> LayerResult:
     policy = ws.config.policies.mixing
     sources = [s.id for s in ws.config.sources]
     members = {s: source_members(members_table, s) for s in sources}
+    del members_table  # each source holds its own copy; keep one set of plan arrays
     populations = [
         Population(s, len(members[s].record_id), int(np.sum(members[s].tokens))) for s in sources
     ]
     plans = plan_mixture(policy, populations)
     weighted = any(p.target != p.natural for p in plans if p.amount)
     mixed, picks = mix(policy.seed, policy.unit, plans, members, weighted)
-    rows = report(plans, members, picks)
+    rows = report(plans, members, picks, policy.max_weight)
     counts = {"samples": mixed.num_rows, "tokens": sum(r["selected_tokens"] for r in rows)}
     for row in rows:
         counts[f"source.{row['source']}"] = row["selected_docs"]
