@@ -25,8 +25,8 @@ from corpus_assets.core.storage.artifacts import get_table
 from corpus_assets.core.training_view import split_assign
 from corpus_assets.core.training_view.split_assign import SPLIT_TABLE, split_of
 from corpus_assets.core.training_view.split_bridges import LeakageGraph
-from corpus_assets.core.training_view.split_time import EventTimeError
 from corpus_assets.core.training_view.split_residual import resolve_residual
+from corpus_assets.core.training_view.split_time import EventTimeError
 from corpus_assets.core.training_view.splits_schema import (
     BRIDGE,
     BRIDGE_COPY,
