@@ -201,8 +201,8 @@ def cmd_tokenizer_train(args: argparse.Namespace) -> int:
         except (LayerOrderError, ValueError) as error:  # FitError, a too small vocab size
             raise CliError(str(error)) from None
     print(
-        f"tokenizer {fitted.digest}: byte-level BPE, {fitted.vocab_size} ids, trained on "
-        f"{fitted.records} train records of partition {args.partition}"
+        f"tokenizer {fitted.digest} (byte-level BPE, {fitted.vocab_size} ids, trained on "
+        f"{fitted.records} train records of partition {args.partition})"
     )
     if out is not None:
         print(f"written to {out}")

@@ -31,7 +31,7 @@ DESCRIPTIONS = {
     ),
     "splits": "Salted hash of each leakage group into train / validation / test.",
     "mixed_samples": "The training stream: planned per-source mix, content-keyed picks and order.",
-    "packed_blocks": "UTF-8 byte tokens + EOS packed into fixed-length blocks with a spans table.",
+    "packed_blocks": "Cached tokens (policies.tokenizer) packed into fixed-length blocks + spans.",
     "manifest": "training.dataset.snapshot.v1: the digest a training run names.",
 }
 
