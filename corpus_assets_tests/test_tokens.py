@@ -25,7 +25,7 @@ from corpus_assets.core.runtime.workspace import Workspace, open_workspace
 from corpus_assets.core.storage.artifacts import get_json, get_table
 from corpus_assets.core.tokens.bpe import train_byte_level_bpe
 from corpus_assets.core.tokens.cache import ensure_tokens, open_tokens
-from corpus_assets.core.tokens.encode import encode_batch
+from corpus_assets.core.tokens.encode import byte_slices, encode_batch
 from corpus_assets.core.tokens.spec import (
     HUGGINGFACE,
     Special,
@@ -95,6 +95,15 @@ def test_utf8_bytes_are_the_utf8_of_each_text_then_eos(kind: pa.DataType) -> Non
     assert (len(empty_tokens), len(empty_counts)) == (0, 0)
     with pytest.raises(ValueError, match="null"):
         encode_batch(utf8_spec(), pa.array(["a", None]))
+
+
+def test_byte_slices_bound_each_encode_call_and_keep_every_text() -> None:
+    texts = pa.array(["", *_texts(400, seed=2), "x" * 500]).slice(1)
+    slices = list(byte_slices(texts, 100))
+    assert pa.concat_arrays(slices).to_pylist() == texts.to_pylist()
+    for piece in slices:
+        size = sum(len(t.encode()) for t in piece.to_pylist())
+        assert size <= 100 or len(piece) == 1
 
 
 def test_huggingface_tokens_equal_direct_encode_calls() -> None:

@@ -44,7 +44,7 @@ class NpyStream:
 
     def write(self, values: np.ndarray) -> None:
         """Append ``values`` (cast to the stream's dtype, which is little-endian by contract)."""
-        self._file.write(np.ascontiguousarray(values, dtype=self.dtype).tobytes())
+        self._file.write(memoryview(np.ascontiguousarray(values, dtype=self.dtype)))
         self.length += len(values)
 
     def __enter__(self) -> "NpyStream":

@@ -27,12 +27,13 @@ from corpus_assets.core.storage.artifacts import JSON, Ref, get_json, make_ref, 
 from corpus_assets.core.storage.digests import json_digest
 from corpus_assets.core.storage.npy_stream import NpyStream
 from corpus_assets.core.storage.tasks import ChunkOutcome, ChunkTask, preload, run_chunk
-from corpus_assets.core.tokens.encode import encode_batch
+from corpus_assets.core.tokens.encode import byte_slices, encode_batch
 from corpus_assets.core.tokens.spec import HUGGINGFACE, TokenizerSpec, load_hf
 
 LAYER = "tokens"
 TOKENS_SCHEMA = "corpus.tokens.v1"
-BATCH_RECORDS = 8192  # records per encode call: bounds the transient memory to one batch
+BATCH_RECORDS = 1024  # records per Parquet read
+SLICE_BYTES = 4 << 20  # text bytes per encode call (one longer text alone): bounds the memory
 _IDENTITY = code_identity(__name__)  # hashed at import, from the source this process loaded
 
 
@@ -78,10 +79,11 @@ def tokenize_chunk(ws: Workspace, chunk: ChunkRecords, spec: TokenizerSpec) -> s
     counts = [np.zeros(1, np.int64)]
     with NpyStream(ws.cas, spec.dtype) as ids:
         parquet = chunk.parquet(ws.cas)
-        for batch in parquet.iter_batches(batch_size=BATCH_RECORDS, columns=["text"]):
-            tokens, per_record = encode_batch(spec, batch.column(0), tokenizer)
-            ids.write(tokens)
-            counts.append(per_record)
+        for batch in parquet.iter_batches(BATCH_RECORDS, columns=["text"], use_threads=False):
+            for texts in byte_slices(batch.column(0), SLICE_BYTES):
+                tokens, per_record = encode_batch(spec, texts, tokenizer)
+                ids.write(tokens)
+                counts.append(per_record)
     with NpyStream(ws.cas, "<i8") as offsets:
         offsets.write(np.cumsum(np.concatenate(counts)))
     assert ids.ref is not None and offsets.ref is not None

@@ -1,18 +1,22 @@
 """Batch encoders: a batch of record texts -> one flat token array + each record's token count.
 
 Every record becomes ``[BOS] + content + [EOS]`` (BOS only when declared) in the spec's dtype.
-``utf8-bytes-v1`` is numpy over the Arrow string buffer and its offsets: no Python object per
-record or byte. Hugging Face runs ``encode_batch`` with ``add_special_tokens=False``, so a
-file's own post-processor (a Llama-style template adding BOS, say) never adds specials beside
-the declared ones: a record's tokens are ``encode(text, add_special_tokens=False).ids`` between
-the declared BOS and EOS (for a tokenizer without a post-processor, such as the ones
-``tokens.bpe`` trains, that is ``encode(text).ids + [eos]``).
+``utf8-bytes-v1`` stays in Arrow and numpy, with no Python object per record or byte: Arrow
+joins a placeholder byte around each text (one C++ pass), numpy widens the bytes to token ids
+and writes the specials over the placeholders at positions the offsets give. Hugging Face runs
+``encode_batch`` with ``add_special_tokens=False``, so a file's own post-processor (a
+Llama-style template adding BOS, say) never adds specials beside the declared ones: a record's
+tokens are ``encode(text, add_special_tokens=False).ids`` between the declared BOS and EOS (for
+a tokenizer without a post-processor, such as the ones ``tokens.bpe`` trains, that is
+``encode(text).ids + [eos]``).
 """
 
+from collections.abc import Iterator
 from itertools import chain
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from tokenizers import Tokenizer
 
 from corpus_assets.core.tokens.spec import UTF8_BYTES, TokenizerSpec
@@ -25,8 +29,7 @@ def encode_batch(
     if texts.null_count:
         raise ValueError(f"{texts.null_count} record text(s) are null; every record has a text")
     if spec.kind == UTF8_BYTES:
-        data, offsets = string_buffers(texts)
-        return with_specials(spec, data, np.diff(offsets))
+        return utf8_tokens(spec, texts)
     if tokenizer is None:
         raise ValueError(f"tokenizer {spec.digest} is a file: pass the parsed tokenizer")
     encodings = tokenizer.encode_batch(texts.to_pylist(), add_special_tokens=False)
@@ -34,6 +37,30 @@ def encode_batch(
     counts = np.fromiter(map(len, ids), np.int64, len(ids))
     content = np.fromiter(chain.from_iterable(ids), spec.dtype, int(counts.sum()))
     return with_specials(spec, content, counts)
+
+
+def utf8_tokens(spec: TokenizerSpec, texts: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """``[BOS] + UTF-8 bytes + [EOS]`` of every text (BOS only when declared)."""
+    mark = pa.scalar("\x00", texts.type)
+    parts = [mark, texts, mark] if spec.bos is not None else [texts, mark]
+    data, offsets = string_buffers(pc.binary_join_element_wise(*parts, pa.scalar("", texts.type)))
+    tokens = data.astype(spec.dtype)
+    if spec.bos is not None:
+        tokens[offsets[:-1]] = spec.bos.id
+    tokens[offsets[1:] - 1] = spec.eos.id
+    return tokens, np.diff(offsets)
+
+
+def byte_slices(texts: pa.Array, limit: int) -> Iterator[pa.Array]:
+    """Consecutive slices of ``texts`` holding at most ``limit`` bytes of text (a longer text
+    alone), so one encode call's temporaries stay bounded whatever the record sizes."""
+    _data, offsets = string_buffers(texts)
+    start = 0
+    while start < len(texts):
+        end = int(np.searchsorted(offsets, offsets[start] + limit, side="right")) - 1
+        end = max(end, start + 1)
+        yield texts.slice(start, end - start)
+        start = end
 
 
 def string_buffers(texts: pa.Array) -> tuple[np.ndarray, np.ndarray]:
