@@ -14,9 +14,10 @@ user + system time), against the baseline ``text.encode("utf-8")`` over the same
 ``str`` list (and, for context, our encoder alone on an in-memory Arrow array). Target: >= 200
 MB/s per core. (b) Hugging Face: a byte-level BPE trained by our trainer (``tokens.bpe``) on
 the first ``--train-mb`` MB of the texts; ours against ``Tokenizer.encode_batch(texts,
-add_special_tokens=False)`` called directly on each chunk's in-memory texts (on the first
-``--hf-mb`` MB). Target: ours / direct <= 1.2. Before timing, ours is checked token for token
-against the baselines on the first chunk (exit 1 on a mismatch). Medians of ``--repeats``.
+add_special_tokens=False)`` called directly on the same in-memory texts (on the first ``--hf-mb``
+MB), a whole chunk per call and 1,024 texts per call; the ratio is against the faster. Target:
+ours / direct <= 1.2. Before timing, ours is checked token for token against the baselines on
+the first chunk (exit 1 on a mismatch). Medians of ``--repeats``.
 
 Usage: .venv/bin/python bench/tokenize_bench.py [--corpora ../shared/corpora] [--repeats 5]
 """
@@ -242,20 +243,24 @@ def bench_hf(root: Path, chunks: list[list[str]], args: argparse.Namespace) -> N
         direct = tokenizer.encode_batch(hf_chunks[0], add_special_tokens=False)
         check_first_chunk(config, chunks_file, [[*e.ids, eos] for e in direct])
 
-        def baseline() -> None:
+        def baseline(batch: int) -> None:
             for texts in hf_chunks:
-                tokenizer.encode_batch(texts, add_special_tokens=False)
+                for n in range(0, len(texts), batch):
+                    tokenizer.encode_batch(texts[n : n + batch], add_special_tokens=False)
 
-        direct_time = median_time(baseline, args.repeats)
+        whole = median_time(lambda: baseline(CHUNK_DOCS), args.repeats)
+        batched = median_time(lambda: baseline(1024), args.repeats)
         runs = [run_ours(ws, config, chunks_file) for _ in range(args.repeats)]
     wall = statistics.median(r["seconds"] for r in runs)
     peak = statistics.median(r["peak_kb"] for r in runs) / 1024
+    direct_time = min(whole, batched)
     ratio = wall / direct_time
-    print(f"  baseline Tokenizer.encode_batch (direct): {megabytes / direct_time:6.2f} MB/s")
+    print(f"  baseline encode_batch, a chunk per call:  {megabytes / whole:6.2f} MB/s")
+    print(f"  baseline encode_batch, 1,024 per call:    {megabytes / batched:6.2f} MB/s")
     print(f"  ours ensure_tokens (1 worker):            {megabytes / wall:6.2f} MB/s")
     print(f"  ours peak RSS {peak:.0f} MB")
     verdict = "PASS" if ratio <= HF_TARGET else "FAIL"
-    print(f"  ours / direct time: {ratio:.3f} vs target <= {HF_TARGET}: {verdict}")
+    print(f"  ours / faster baseline time: {ratio:.3f} vs target <= {HF_TARGET}: {verdict}")
 
 
 def _first_mb(chunks: list[list[str]], limit_mb: float) -> list[list[str]]:
