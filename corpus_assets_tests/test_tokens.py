@@ -389,3 +389,22 @@ def test_the_fitted_bpe_never_learns_what_only_held_out_records_say(
     for record in held_out:
         marker = marker_of[record]
         assert marker not in vocab and "Ġ" + marker not in vocab, (record, marker)
+
+
+def test_a_repeated_id_packs_the_text_dedup_kept(workspace: Workspace) -> None:
+    """Two rows with one record id: the sample is the dedup representative's row (the longer
+    text, in a later object), not the first row of that id in index order."""
+    longer = " ".join(["a much longer text that now stands for this record id"] * 20)
+    path = workspace.home / "demo-sources" / "essays" / "essays-00002.jsonl"
+    path.write_text(json.dumps({"id": "e0000", "text": longer}) + "\n")
+    every = {"train_percent": 100, "validation_percent": 0, "test_percent": 0}
+    document = yaml.safe_load(workspace.loaded.path.read_text())
+    document["policies"]["splits"].update(every)
+    config = workspace.loaded.path.with_name("all-train.yaml")
+    config.write_text(yaml.safe_dump(document))
+    with open_workspace(config) as ws:
+        build_all(ws, "p1")
+        _packed_outputs, tokens, block, spans = _packed(ws, "p1", "<u2")
+    mine = [s for s in spans if s["record_id"] == "essays/e0000"]
+    assert mine and mine[0]["record_offset"] == 0
+    _check_spans(tokens, block, mine, {"essays/e0000": [*longer.encode(), 256]})

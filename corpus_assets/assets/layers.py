@@ -113,7 +113,9 @@ canonical_records = layer_asset("canonical_records", ["raw_snapshot"])
 dedup_clusters = layer_asset("dedup_clusters", ["canonical_records"])
 splits = layer_asset("splits", ["dedup_clusters"])
 mixed_samples = layer_asset("mixed_samples", ["splits", "canonical_records"])
-packed_blocks = layer_asset("packed_blocks", ["mixed_samples", "canonical_records"])
+packed_blocks = layer_asset(
+    "packed_blocks", ["mixed_samples", "canonical_records", "dedup_clusters"]
+)
 manifest = layer_asset(
     "manifest", ["packed_blocks", "splits", "dedup_clusters", "canonical_records"]
 )

@@ -19,7 +19,12 @@ import pyarrow as pa
 
 from corpus_assets.core.records.index import CanonicalIndex
 from corpus_assets.core.runtime.code_identity import stage_code
-from corpus_assets.core.runtime.layers import LayerResult, publish_index, read_layer_index
+from corpus_assets.core.runtime.layers import (
+    LayerIndex,
+    LayerResult,
+    publish_index,
+    read_layer_index,
+)
 from corpus_assets.core.runtime.workspace import Workspace
 from corpus_assets.core.storage.artifacts import BINARY, get_table, put_bytes, put_table
 from corpus_assets.core.tokens.cache import TokenArrays, TokenCache, open_tokens, token_cache
@@ -94,17 +99,28 @@ def token_bytes(tokens: array) -> bytes:
 
 
 def sample_tokens(
-    ws: Workspace, canonical: CanonicalIndex, cache: TokenCache, order: list[str]
+    ws: Workspace,
+    canonical: CanonicalIndex,
+    cache: TokenCache,
+    order: list[str],
+    dedup: LayerIndex,
 ) -> Iterator[tuple[str, np.ndarray]]:
-    """(record id, its cached tokens) in stream order; the first record of an id in index order
-    stands for it (dedup excludes repeated ids)."""
+    """(record id, its cached tokens) in stream order. A sample is a member, so its row is the
+    dedup representative's (object, line): a repeated id elsewhere (excluded) never stands in."""
+    columns = ["record_id", "object", "line", "is_representative"]
+    clusters = get_table(ws.cas, dedup.output("clusters"), "dedup clusters", columns)
+    chosen = clusters.filter(clusters.column("is_representative"))
+    rows = zip(*(chosen.column(c).to_pylist() for c in columns[:3]), strict=True)
+    member_at = {record_id: (name, line) for record_id, name, line in rows}
     arrays: list[TokenArrays] = []
     where: dict[str, tuple[int, int]] = {}
     for n, (chunk, cached) in enumerate(zip(canonical.chunks(), cache.chunks, strict=True)):
         arrays.append(open_tokens(ws, cached, cache.spec))
-        ids = chunk.table(ws.cas, ["record_id"]).column("record_id").to_pylist()
-        for row, record_id in enumerate(ids):
-            where.setdefault(record_id, (n, row))
+        table = chunk.table(ws.cas, columns[:3])
+        located = zip(*(table.column(c).to_pylist() for c in columns[:3]), strict=True)
+        for row, (record_id, name, line) in enumerate(located):
+            if member_at.get(record_id) == (name, line):
+                where[record_id] = (n, row)
     for record_id in order:
         chunk_at, row = where[record_id]
         yield record_id, arrays[chunk_at].record(row)
@@ -113,11 +129,12 @@ def sample_tokens(
 def build_packed_blocks(ws: Workspace, partition_key: str) -> LayerResult:
     mixed_ref, mixed = read_layer_index(ws, partition_key, "mixed_samples")
     canonical_ref, canonical = CanonicalIndex.read(ws, partition_key)
+    dedup_ref, dedup = read_layer_index(ws, partition_key, "dedup_clusters")
     order = get_table(ws.cas, mixed.output("samples"), "mixed samples").column("record_id")
     cache = token_cache(ws, canonical.chunks(), resolve_tokenizer(ws))
     spec = cache.spec
     policy = ws.config.policies.packing
-    samples = sample_tokens(ws, canonical, cache, order.to_pylist())
+    samples = sample_tokens(ws, canonical, cache, order.to_pylist(), dedup)
     typecode = "H" if spec.dtype.itemsize == 2 else "I"
     packed = pack(samples, policy.block_tokens, spec.pad.id, typecode)
     spans = pa.Table.from_pydict(packed.spans, schema=SPAN_COLUMNS)
@@ -149,7 +166,7 @@ def build_packed_blocks(ws: Workspace, partition_key: str) -> LayerResult:
         "packed_blocks",
         CODE,
         ws.config.policy_digest("packing"),
-        [mixed_ref, canonical_ref, cache.tokenizer_ref(ws)],
+        [mixed_ref, canonical_ref, dedup_ref, cache.tokenizer_ref(ws)],
         outputs,
         counts,
     )
