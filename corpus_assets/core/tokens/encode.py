@@ -4,7 +4,8 @@ Every record becomes ``[BOS] + content + [EOS]`` (BOS only when declared) in the
 ``utf8-bytes-v1`` stays in Arrow and numpy, with no Python object per record or byte: Arrow
 joins a placeholder byte around each text (one C++ pass), numpy widens the bytes to token ids
 and writes the specials over the placeholders at positions the offsets give. Hugging Face runs
-``encode_batch`` with ``add_special_tokens=False``, so a file's own post-processor (a
+``encode_batch_fast`` (``encode_batch`` without character offsets: the same ids, ~1.4x faster)
+with ``add_special_tokens=False``, so a file's own post-processor (a
 Llama-style template adding BOS, say) never adds specials beside the declared ones: a record's
 tokens are ``encode(text, add_special_tokens=False).ids`` between the declared BOS and EOS (for
 a tokenizer without a post-processor, such as the ones ``tokens.bpe`` trains, that is
@@ -32,7 +33,7 @@ def encode_batch(
         return utf8_tokens(spec, texts)
     if tokenizer is None:
         raise ValueError(f"tokenizer {spec.digest} is a file: pass the parsed tokenizer")
-    encodings = tokenizer.encode_batch(texts.to_pylist(), add_special_tokens=False)
+    encodings = tokenizer.encode_batch_fast(texts.to_pylist(), add_special_tokens=False)
     ids = [encoding.ids for encoding in encodings]
     counts = np.fromiter(map(len, ids), np.int64, len(ids))
     content = np.fromiter(chain.from_iterable(ids), spec.dtype, int(counts.sum()))
