@@ -22,6 +22,7 @@ from corpus_assets.cli_catalog import (
     cmd_read,
     cmd_show,
     cmd_status,
+    cmd_tokenizer_train,
     cmd_tombstone_add,
     cmd_tombstone_hits,
     storage,
@@ -44,6 +45,7 @@ from corpus_assets.core.runtime.layers import LAYERS, load_index
 from corpus_assets.core.runtime.workspace import open_workspace
 from corpus_assets.core.storage.cas import CasError
 from corpus_assets.core.storage.catalog import LayerConflict
+from corpus_assets.core.tokens.spec import TokenizerError
 from corpus_assets.demo import write_demo
 
 if TYPE_CHECKING:
@@ -68,6 +70,7 @@ EXPECTED_ERRORS = (
     BuildConflict,
     PinError,
     SignatureError,
+    TokenizerError,
 )
 
 
@@ -98,6 +101,7 @@ def _parser() -> argparse.ArgumentParser:
     _publication_commands(sub)
     _inspection_commands(sub)
     _governance_commands(sub)
+    _tokenizer_commands(sub)
     p = _command(
         sub, "read", cmd_read, "training entry: take a permit for a digest and read it, verified"
     )
@@ -186,6 +190,26 @@ def _governance_commands(sub: Subcommands) -> None:
     p.add_argument("name", help="benchmark name")
     p.add_argument("file", help="JSONL file of benchmark items")
     p.add_argument("--text-field", default="text")
+
+
+def _tokenizer_commands(sub: Subcommands) -> None:
+    p = sub.add_parser("tokenizer", help="train a tokenizer on a partition's train split")
+    actions = p.add_subparsers(required=True, metavar="ACTION")
+    train = actions.add_parser(
+        "train",
+        help="byte-level BPE on the train split only; pins its tokenizer.json in the CAS",
+        description="Train a byte-level BPE (Hugging Face tokenizers) on the train split of a "
+        "built partition, pin its tokenizer.json in the CAS and print its digest and the "
+        "corpus.yaml lines that use it. Special tokens default to policies.tokenizer's when it "
+        "is a huggingface tokenizer, else <|endoftext|> and <|pad|>.",
+    )
+    train.add_argument("--partition", required=True, help="a built partition (its splits exist)")
+    train.add_argument("--vocab-size", type=int, default=4096, help="at most this many ids")
+    train.add_argument("--out", help="also write the tokenizer.json here")
+    train.add_argument("--eos", help="end-of-sequence token (default <|endoftext|>)")
+    train.add_argument("--pad", help="padding token (default <|pad|>)")
+    train.add_argument("--bos", help="beginning-of-sequence token (default: none)")
+    train.set_defaults(run=cmd_tokenizer_train)
 
 
 # storage ---------------------------------------------------------------------------------------

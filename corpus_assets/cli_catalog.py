@@ -1,6 +1,6 @@
 """``corpus-assets`` commands that work on the catalog and CAS directly, without a Dagster run:
-inspection (status, show, diff, prov, dedup), the tombstone and benchmark registries, and the
-training read. ``corpus_assets.cli`` parses the command line and dispatches here.
+inspection (status, show, diff, prov, dedup), the tombstone and benchmark registries, tokenizer
+training and the training read. ``corpus_assets.cli`` parses the command line and dispatches here.
 """
 
 import argparse
@@ -21,10 +21,12 @@ from corpus_assets.core.release.shadow import shadow_diff
 from corpus_assets.core.release.training import TrainingReader, take_permit
 from corpus_assets.core.release.verify import load_manifest, resolve
 from corpus_assets.core.runtime.config import config_path
+from corpus_assets.core.runtime.layers import LayerOrderError
 from corpus_assets.core.runtime.workspace import open_home, open_workspace
 from corpus_assets.core.storage.artifacts import get_json
 from corpus_assets.core.storage.cas import ContentStore
 from corpus_assets.core.storage.catalog import Catalog
+from corpus_assets.core.training_view.tokenizer_fit import fit_tokenizer
 
 
 class CliError(RuntimeError):
@@ -179,3 +181,37 @@ def cmd_read(args: argparse.Namespace) -> int:
     reader = TrainingReader(cas, catalog, permit)
     blocks = sum(1 for _ in reader.blocks())
     return print_json({**reader.report(), "blocks": blocks, "resumed": permit.resumed})
+
+
+DEFAULT_SPECIALS = {"eos": "<|endoftext|>", "pad": "<|pad|>", "bos": None}
+
+
+def cmd_tokenizer_train(args: argparse.Namespace) -> int:
+    """Train on the partition's train split, pin the file, print how to use it."""
+    with open_workspace() as ws:
+        declared = ws.config.policies.tokenizer
+        specials = {}
+        for name, default in DEFAULT_SPECIALS.items():
+            configured = getattr(declared, name) if declared.kind == "huggingface" else None
+            specials[name] = getattr(args, name) or configured or default
+        tokens = [specials[n] for n in ("eos", "pad", "bos") if specials[n] is not None]
+        out = Path(args.out).resolve() if args.out else None
+        try:
+            fitted = fit_tokenizer(ws, args.partition, args.vocab_size, tokens, out)
+        except (LayerOrderError, ValueError) as error:  # FitError, a too small vocab size
+            raise CliError(str(error)) from None
+    print(
+        f"tokenizer {fitted.digest} (byte-level BPE, {fitted.vocab_size} ids, trained on "
+        f"{fitted.records} train records of partition {args.partition})"
+    )
+    if out is not None:
+        print(f"written to {out}")
+    print("use it in corpus.yaml:")
+    print("policies:\n  tokenizer:\n    kind: huggingface")
+    print(f"    digest: {fitted.digest}")
+    if out is not None:
+        print(f"    path: {json.dumps(str(out))}")
+    for name in ("bos", "eos", "pad"):
+        if specials[name] is not None:
+            print(f"    {name}: {json.dumps(specials[name])}")
+    return 0

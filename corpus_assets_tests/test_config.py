@@ -13,13 +13,14 @@ from corpus_assets.core.runtime.config import (
     MixingPolicy,
     PackingPolicy,
     SplitPolicy,
+    TokenizerPolicy,
     load_config,
     parse_config,
 )
 from corpus_assets.demo import write_demo
 
 WHERE = "corpus.yaml"
-POLICIES = ("dedup", "splits", "mixing", "packing")
+POLICIES = ("dedup", "splits", "mixing", "packing", "tokenizer")
 
 
 def minimal() -> dict[str, Any]:
@@ -64,9 +65,8 @@ def test_minimal_config_loads_with_defaults() -> None:
         salt="corpus-assets-v1", train_percent=80, validation_percent=10, test_percent=10
     )
     assert config.policies.mixing == MixingPolicy(seed="mix-v1", alpha="1", unit="documents")
-    assert config.policies.packing == PackingPolicy(
-        tokenizer="utf8-bytes-v1", block_tokens=2048, overlong="split", tail="pad"
-    )
+    assert config.policies.packing == PackingPolicy(block_tokens=2048, overlong="split", tail="pad")
+    assert config.policies.tokenizer == TokenizerPolicy(kind="utf8-bytes-v1")
     assert (config.storage.home, config.storage.catalog_url) == (None, None)
 
 
@@ -293,6 +293,7 @@ def test_policy_digest_is_stable_and_counts_defaults_as_written() -> None:
         ("splits", {"train_percent": 70, "validation_percent": 20}),
         ("mixing", {"seed": "mix-v2"}),
         ("packing", {"block_tokens": 1024}),
+        ("tokenizer", {"bos": "<bos>"}),
     ],
 )
 def test_policy_digest_changes_only_for_the_changed_policy(
@@ -366,3 +367,35 @@ def test_near_dedup_threshold_is_hashed_as_its_decimal_text() -> None:
     assert a.policies.dedup.near.model_dump(mode="json")["threshold"] == "0.8"
     assert b.policies.dedup.near.model_dump(mode="json")["threshold"] == "0.85"
     assert a.policy_digest("dedup") != b.policy_digest("dedup")
+
+
+@pytest.mark.parametrize(
+    ("tokenizer", "expected"),
+    [
+        ({"kind": "huggingface"}, "needs a path (tokenizer.json) or a digest"),
+        ({"kind": "huggingface", "path": "t.json"}, "needs eos and pad token strings"),
+        (
+            {"kind": "huggingface", "path": "t.json", "eos": "<e>", "pad": "<e>"},
+            "bos, eos and pad must be different tokens",
+        ),
+        ({"kind": "huggingface", "digest": "sha256:abc", "eos": "a", "pad": "b"}, "digest"),
+        ({"path": "t.json"}, "utf8-bytes-v1 needs no file"),
+        ({"eos": "</s>"}, "utf8-bytes-v1's eos token is '<eos>', not '</s>'"),
+        ({"kind": "sentencepiece"}, "policies.tokenizer.kind"),
+    ],
+)
+def test_tokenizer_section_is_checked_per_kind(tokenizer: dict[str, Any], expected: str) -> None:
+    message = config_error(mutated(lambda r: r.update(policies={"tokenizer": tokenizer})))
+    assert "policies.tokenizer" in message and expected in message, message
+
+
+def test_packing_tokenizer_points_at_the_tokenizer_section() -> None:
+    """An old config naming its tokenizer under packing is told where it moved; one that does
+    not name it loads as before."""
+    raw = mutated(lambda r: r.update(policies={"packing": {"tokenizer": "utf8-bytes-v1"}}))
+    message = config_error(raw)
+    assert "policies.packing: tokenizer moved to policies.tokenizer" in message, message
+    ok = parse_config(
+        mutated(lambda r: r.update(policies={"packing": {"block_tokens": 64}})), WHERE
+    )
+    assert ok.policies.tokenizer.kind == "utf8-bytes-v1"

@@ -17,7 +17,9 @@ from corpus_assets.core.records.index import RECORD_COLUMNS
 from corpus_assets.core.records.normalize import dedup_key
 from corpus_assets.core.records.quality import QualityPolicy
 from corpus_assets.core.runtime.config import ObjectsSource, SplitPolicy
-from corpus_assets.core.training_view.packing import EOS, PAD, Packed, pack, token_bytes, tokenize
+from corpus_assets.core.tokens.encode import encode_batch
+from corpus_assets.core.tokens.spec import utf8_spec
+from corpus_assets.core.training_view.packing import EOS, PAD, Packed, pack, token_bytes
 from corpus_assets.core.training_view.split_assign import split_of
 from corpus_assets.demo import demo_objects
 
@@ -325,6 +327,13 @@ def test_degenerate_policy_puts_everything_in_one_split(
 
 
 # --- packed_blocks ---------------------------------------------------------------------------
+
+
+def tokenize(text: str) -> list[int]:
+    """One text through the utf8-bytes-v1 encoder the token cache runs."""
+    tokens, counts = encode_batch(utf8_spec(), pa.array([text]))
+    assert counts.tolist() == [len(tokens)]
+    return tokens.tolist()
 
 
 def spans_of(packed: Packed) -> list[dict[str, Any]]:

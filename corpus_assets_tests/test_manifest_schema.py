@@ -36,6 +36,16 @@ def _drop(key: str) -> Callable[[dict[str, Any]], None]:
     return lambda manifest: manifest.pop(key)
 
 
+def _drop_at(path: str, key: str) -> Callable[[dict[str, Any]], None]:
+    def damage(manifest: dict[str, Any]) -> None:
+        node: Any = manifest
+        for part in path.split("."):
+            node = node[part]
+        node.pop(key)
+
+    return damage
+
+
 DAMAGES: list[tuple[str, Callable[[dict[str, Any]], None], str]] = [
     ("required key removed", _drop("tombstoneWatermark"), "tombstoneWatermark: required"),
     ("signature removed", _drop("signature"), "signature: required"),
@@ -56,6 +66,13 @@ DAMAGES: list[tuple[str, Callable[[dict[str, Any]], None], str]] = [
     ("cas uri", _set("members.uri", "s3://bucket/members"), "members.uri: "),
     ("sig not base64", _set("signature.signatures.0.sig", "***"), "signature.signatures[0].sig: "),
     ("schema name", _set("schema", "training.dataset.snapshot.v2"), "schema: "),
+    ("tokenizer dropped", _drop("tokenizer"), "tokenizer: required"),
+    ("vocab size as text", _set("tokenizer.vocabSize", "259"), "tokenizer.vocabSize: '259'"),
+    ("no eos", _drop_at("tokenizer.specialTokens", "eos"), "tokenizer.specialTokens.eos: required"),
+    ("negative token id", _set("tokenizer.specialTokens.eos.id", -1), "tokenizer.specialTokens"),
+    ("tokenizer by path", _set("tokenizer.digest", "tok.json"), "tokenizer"),
+    ("mixture row", _set("mixture.0", {"docs": 3}), "mixture[0].source: required"),
+    ("float share", _set("mixture.0.doc_share", 0.5), "mixture[0].doc_share: 0.5"),
 ]
 
 
@@ -124,6 +141,18 @@ def _minimal(overrides: dict[str, Any]) -> dict[str, Any]:
         "transformImage": "corpus-assets/0.1.0@" + digest,
         "transform": {layer: f"{layer}.v1" for layer in layers},
         "layers": {layer: ref for layer in layers},
+        "tokenizer": {
+            "schema": "corpus.tokenizer.v1",
+            "kind": "utf8-bytes-v1",
+            "digest": "utf8-bytes-v1",
+            "vocabSize": 259,
+            "dtype": "uint16-le",
+            "specialTokens": {
+                "eos": {"token": "<eos>", "id": 256},
+                "pad": {"token": "<pad>", "id": 257},
+            },
+        },
+        "mixture": [{"source": "essays", "selected_docs": 3, "doc_share": "1", "max_epochs": None}],
         "members": {
             "uri": "cas://sha256/" + "0" * 64,
             "digest": digest,

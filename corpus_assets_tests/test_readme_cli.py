@@ -82,4 +82,15 @@ def test_every_documented_command_is_exercised(tmp_path: Path) -> None:
     status = cli.json("status", "--json")
     assert [a["generation"] for a in status["aliases"]] == [3]
 
+    partition = next(s["partition"] for s in status["snapshots"] if s["snapshotId"] == first)
+    trained = cli("tokenizer", "train", "--partition", partition, "--vocab-size", "300")
+    digest = _field(trained, "tokenizer")
+    assert f"trained on {status_train(cli, first)} train records" in trained
+    assert "    kind: huggingface\n" in trained and f"    digest: {digest}\n" in trained
+
     assert documented_commands() == cli.ran
+
+
+def status_train(cli: Session, snapshot: str) -> int:
+    """The train split's size in a snapshot's manifest."""
+    return cli.json("show", snapshot)["counts"]["train"]

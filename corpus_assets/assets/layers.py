@@ -31,7 +31,7 @@ DESCRIPTIONS = {
     ),
     "splits": "Salted hash of each leakage group into train / validation / test.",
     "mixed_samples": "The training stream: planned per-source mix, content-keyed picks and order.",
-    "packed_blocks": "UTF-8 byte tokens + EOS packed into fixed-length blocks with a spans table.",
+    "packed_blocks": "Cached tokens (policies.tokenizer) packed into fixed-length blocks + spans.",
     "manifest": "training.dataset.snapshot.v1: the digest a training run names.",
 }
 
@@ -113,7 +113,9 @@ canonical_records = layer_asset("canonical_records", ["raw_snapshot"])
 dedup_clusters = layer_asset("dedup_clusters", ["canonical_records"])
 splits = layer_asset("splits", ["dedup_clusters"])
 mixed_samples = layer_asset("mixed_samples", ["splits", "canonical_records"])
-packed_blocks = layer_asset("packed_blocks", ["mixed_samples", "canonical_records"])
+packed_blocks = layer_asset(
+    "packed_blocks", ["mixed_samples", "canonical_records", "dedup_clusters"]
+)
 manifest = layer_asset(
     "manifest", ["packed_blocks", "splits", "dedup_clusters", "canonical_records"]
 )

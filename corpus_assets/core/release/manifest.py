@@ -2,8 +2,10 @@
 
 snapshotId = sha256 of the RFC 8785 payload with ``snapshotId`` and ``signature`` removed, so the
 manifest can carry its own id without referring to itself. It enumerates facts, not queries: the
-freeze (pinned object digests, watermarks), every layer index, the policy digests and the members
-table (stable record id, source object, line, record digest, split) in the CAS.
+freeze (pinned object digests, watermarks), every layer index, the policy digests, the tokenizer
+the blocks were packed with (by digest, with its special tokens and vocabulary size), the realised
+mixture per source and the members table (stable record id, source object, line, record digest,
+split) in the CAS.
 """
 
 from typing import Any
@@ -23,6 +25,7 @@ from corpus_assets.core.runtime.transform import transform_image
 from corpus_assets.core.runtime.workspace import Workspace
 from corpus_assets.core.storage.artifacts import Ref, get_json, get_table, put_json, put_table
 from corpus_assets.core.storage.digests import json_digest
+from corpus_assets.core.tokens.spec import resolve_tokenizer
 from corpus_assets.core.training_view.splits import SPLITS
 
 MANIFEST_SCHEMA = "training.dataset.snapshot.v1"
@@ -83,7 +86,9 @@ def source_versions(spec: FreezeSpec) -> list[dict[str, Any]]:
 
 
 def build_identity(freeze_digest: str, ws: Workspace, image: str) -> str:
-    """Digest of the build specification (inputs + config + code), apart from the content."""
+    """Digest of the build specification (inputs + config + code), apart from the content.
+
+    The tokenizer counts by its digest: the same config path may hold another file."""
     config = ws.config
     return json_digest(
         {
@@ -93,6 +98,7 @@ def build_identity(freeze_digest: str, ws: Workspace, image: str) -> str:
             "alias": config.alias,
             "policies": {n: config.policy_digest(n) for n in type(config.policies).model_fields},
             "sources": [s.model_dump(mode="json") for s in config.sources],
+            "tokenizer": resolve_tokenizer(ws).document(),
         }
     )
 
@@ -167,6 +173,8 @@ def _document(
         "transformImage": image,
         "transform": {layer: index.code for layer, (_, index) in indexes.items()},
         "layers": {layer: ref for layer, (ref, _) in indexes.items()},
+        "tokenizer": indexes["packed_blocks"][1].output("tokenizer"),
+        "mixture": indexes["mixed_samples"][1].output("report"),
         "members": members,
         "counts": _counts(indexes, members["count"]),
     }

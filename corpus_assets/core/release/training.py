@@ -33,8 +33,7 @@ from corpus_assets.core.storage.cas import ContentStore, CorruptObjectError, Mis
 from corpus_assets.core.storage.catalog import Catalog, gate, permits
 from corpus_assets.core.storage.digests import DIGEST_RE, hasher_digest, json_digest
 
-TOKEN_DTYPE = "uint16-le"
-TOKEN_BYTES = 2
+TOKEN_TYPECODES = {"uint16-le": "H", "uint32-le": "I"}  # stored dtype -> native array type
 READ_BLOCKS = 1 << 22  # bytes per read of the tokens object (whole blocks, at least one)
 
 
@@ -287,26 +286,28 @@ class TrainingReader:
         self._note("manifest", snapshot.manifest_digest, cas.size(snapshot.manifest_digest))
         self.packed = self._index(self.manifest["layers"]["packed_blocks"], "packed_blocks")
         dtype = self.packed.outputs.get("dtype")
-        if dtype != TOKEN_DTYPE:
+        if dtype not in TOKEN_TYPECODES:
             raise TrainingError(
                 f"snapshot {permit.snapshot_id}: tokens dtype {dtype!r}, this "
-                f"reader reads {TOKEN_DTYPE!r}"
+                f"reader reads {' or '.join(map(repr, TOKEN_TYPECODES))}"
             )
+        self.typecode = TOKEN_TYPECODES[dtype]
+        token_bytes = array(self.typecode).itemsize
         self.block_tokens = int(self.packed.counts["block_tokens"])
         self.block_count = int(self.packed.counts["blocks"])
         self.tokenizer = self.packed.output("tokenizer")
         self.eos, self.pad = self.packed.output("eos"), self.packed.output("pad")
         self._tokens_ref = self.packed.output("tokens")
-        expected = self.block_count * self.block_tokens * TOKEN_BYTES
+        expected = self.block_count * self.block_tokens * token_bytes
         if self._tokens_ref["size"] != expected:
             raise TrainingError(
                 f"snapshot {permit.snapshot_id}: tokens {self._tokens_ref['digest']} is "
                 f"{self._tokens_ref['size']} bytes, {self.block_count} blocks of "
-                f"{self.block_tokens} uint16 tokens need {expected}"
+                f"{self.block_tokens} {dtype} tokens need {expected}"
             )
 
     def blocks(self, start: int = 0) -> Iterator[tuple[int, memoryview | array]]:
-        """(block index, ``block_tokens`` uint16 tokens) from ``start`` on, all bytes verified.
+        """(block index, ``block_tokens`` tokens) from ``start`` on, all bytes verified.
 
         The tokens object can be many GB and its digest covers the whole file, so no byte can be
         checked before the whole file is hashed. The file is opened once; a first pass hashes it
@@ -315,7 +316,7 @@ class TrainingReader:
         rewrites an object, so the bytes read are the bytes hashed, barring in-place corruption
         during the run: the second pass hashes again and raises at the end if the file changed
         under the run (its blocks must then be discarded). Blocks are memoryviews cast to native
-        uint16 (arrays byteswapped from little-endian on big-endian hosts).
+        uint16 or uint32 as stored (arrays byteswapped from little-endian on big-endian hosts).
         """
         digest = self._tokens_ref["digest"]
         if not 0 <= start <= self.block_count:
@@ -333,7 +334,7 @@ class TrainingReader:
                     f"tokens {digest}: {size} bytes, the index says {self._tokens_ref['size']}"
                 )
             self._note("tokens", digest, size)
-            block_bytes = self.block_tokens * TOKEN_BYTES
+            block_bytes = self.block_tokens * array(self.typecode).itemsize
             per_read = max(1, READ_BLOCKS // block_bytes) * block_bytes
             hasher = hashlib.sha256()
             # blocks before ``start`` are hashed too, so the end-of-run check covers the file
@@ -345,7 +346,8 @@ class TrainingReader:
                 hasher.update(chunk)
                 view = memoryview(chunk)
                 for at in range(max(0, first - offset), len(chunk), block_bytes):
-                    yield (offset + at) // block_bytes, _tokens(view[at : at + block_bytes])
+                    block = view[at : at + block_bytes]
+                    yield (offset + at) // block_bytes, _tokens(block, self.typecode)
                 offset += len(chunk)
             actual = hasher_digest(hasher)
             if actual != digest:
@@ -417,9 +419,9 @@ def _hash_fd(fd: int, digest: str, what: str) -> int:
     return offset
 
 
-def _tokens(view: memoryview) -> memoryview | array:
+def _tokens(view: memoryview, typecode: str) -> memoryview | array:
     if sys.byteorder == "little":
-        return view.cast("H")
-    tokens = array("H", view.tobytes())
+        return view.cast(typecode)
+    tokens = array(typecode, view.tobytes())
     tokens.byteswap()
     return tokens

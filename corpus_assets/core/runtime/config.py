@@ -21,7 +21,7 @@ from pydantic import (
     model_validator,
 )
 
-from corpus_assets.core.storage.digests import json_digest
+from corpus_assets.core.storage.digests import DIGEST_RE, json_digest
 
 SOURCE_ID_RE = r"^[a-z0-9][a-z0-9_-]{0,63}$"
 DEFAULT_HOME = ".corpus"
@@ -226,11 +226,60 @@ class MixingPolicy(_Strict):
         return own.max_epochs if own and own.max_epochs is not None else self.max_epochs
 
 
+# utf8-bytes-v1's special tokens: fixed names (and, in ``tokens.spec``, fixed ids).
+UTF8_SPECIALS = {"eos": "<eos>", "pad": "<pad>", "bos": "<bos>"}
+
+
+class TokenizerPolicy(_Strict):
+    """The tokenizer mixing counts with and packing packs (``tokens.spec`` resolves it).
+
+    ``utf8-bytes-v1`` needs no file (token = byte, fixed ``<eos>`` and ``<pad>``; ``bos: <bos>``
+    prepends one). ``huggingface`` names a ``tokenizer.json`` by ``path`` (relative to this file)
+    and/or by ``digest`` (a file already in the CAS); ``eos`` and ``pad`` are token strings of
+    its vocabulary, ``bos`` is optional. Caches and the manifest name the file by digest only.
+    """
+
+    kind: Literal["utf8-bytes-v1", "huggingface"] = "utf8-bytes-v1"
+    path: Annotated[str, Field(min_length=1)] | None = None
+    digest: Annotated[str, Field(pattern=DIGEST_RE.pattern)] | None = None
+    bos: Annotated[str, Field(min_length=1)] | None = None
+    eos: Annotated[str, Field(min_length=1)] | None = None
+    pad: Annotated[str, Field(min_length=1)] | None = None
+
+    @model_validator(mode="after")
+    def _fits_kind(self) -> "TokenizerPolicy":
+        if self.kind == "utf8-bytes-v1":
+            if self.path is not None or self.digest is not None:
+                raise ValueError("utf8-bytes-v1 needs no file: drop path and digest")
+            for name in ("bos", "eos", "pad"):
+                value, fixed = getattr(self, name), UTF8_SPECIALS[name]
+                if value is not None and value != fixed:
+                    raise ValueError(f"utf8-bytes-v1's {name} token is {fixed!r}, not {value!r}")
+            return self
+        if self.path is None and self.digest is None:
+            raise ValueError("a huggingface tokenizer needs a path (tokenizer.json) or a digest")
+        if self.eos is None or self.pad is None:
+            raise ValueError("a huggingface tokenizer needs eos and pad token strings")
+        given = [t for t in (self.bos, self.eos, self.pad) if t is not None]
+        if len(set(given)) != len(given):
+            raise ValueError("bos, eos and pad must be different tokens")
+        return self
+
+
 class PackingPolicy(_Strict):
-    tokenizer: Literal["utf8-bytes-v1"] = "utf8-bytes-v1"
     block_tokens: Annotated[int, Field(ge=8, le=1 << 20)] = 2048
     overlong: Literal["split"] = "split"
     tail: Literal["pad"] = "pad"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _tokenizer_moved(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "tokenizer" in data:
+            raise ValueError(
+                f"tokenizer moved to policies.tokenizer (kind: {data['tokenizer']}); "
+                "remove it from policies.packing"
+            )
+        return data
 
 
 class QualityConfig(_Strict):
@@ -264,6 +313,7 @@ class Policies(_Strict):
     splits: SplitPolicy = SplitPolicy()
     mixing: MixingPolicy = MixingPolicy()
     packing: PackingPolicy = PackingPolicy()
+    tokenizer: TokenizerPolicy = TokenizerPolicy()
 
 
 class Storage(_Strict):

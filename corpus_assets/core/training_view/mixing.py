@@ -3,10 +3,10 @@
 The plan (``mixing_plan``) says how many documents or tokens each source contributes; the
 selection (``mixing_select``) picks them by a content-keyed 64-bit key per source and pass
 (vectorised numpy) and orders the stream by the same key. Token counts are the packing
-tokenizer's (``utf8-bytes-v1``: UTF-8 bytes of the text + 1 EOS), computed with Arrow
-``binary_length`` one chunk at a time. The layer outputs the samples table and a per-source
-report (also in ``counts`` and the run's details; it names sources whose importance weight
-exceeds ``max_weight``, which is also logged as a warning).
+tokenizer's (``policies.tokenizer``, specials included), read from the per-chunk token cache
+(``tokens.cache``), whose refs and the tokenizer spec the index lists. The layer outputs the
+samples table and a per-source report (also in ``counts`` and the run's details; it names
+sources whose importance weight exceeds ``max_weight``, which is also logged as a warning).
 """
 
 import numpy as np
@@ -18,6 +18,8 @@ from corpus_assets.core.runtime.code_identity import stage_code
 from corpus_assets.core.runtime.layers import LayerResult, publish_index, read_layer_index
 from corpus_assets.core.runtime.workspace import Workspace
 from corpus_assets.core.storage.artifacts import get_table, put_table
+from corpus_assets.core.tokens.cache import TokenCache, open_tokens, token_cache
+from corpus_assets.core.tokens.spec import resolve_tokenizer
 from corpus_assets.core.training_view.mixing_plan import Population, plan_mixture
 from corpus_assets.core.training_view.mixing_select import Members, mix, report
 from corpus_assets.core.training_view.splits import TRAIN
@@ -26,14 +28,18 @@ CODE = stage_code("mixed_samples.planned.v3", __name__)  # its closure, hashed a
 MEMBER_COLUMNS = ["record_id", "source_id", "record_digest"]
 
 
-def train_members(ws: Workspace, train: pa.Array, canonical: CanonicalIndex) -> pa.Table:
-    """record_id, source_id, record_digest and tokens of the train records, by record_id."""
+def train_members(
+    ws: Workspace, train: pa.Array, canonical: CanonicalIndex, tokens: TokenCache
+) -> pa.Table:
+    """record_id, source_id, record_digest and tokens of the train records, by record_id.
+
+    A record's tokens are its count in the token cache (only the offsets are read)."""
     parts = []
-    for chunk in canonical.chunks():
-        table = chunk.table(ws.cas, [*MEMBER_COLUMNS, "text"])
-        table = table.filter(pc.is_in(table.column("record_id"), value_set=train))
-        tokens = pc.add(pc.binary_length(table.column("text")).cast(pa.int64()), 1)
-        parts.append(table.select(MEMBER_COLUMNS).append_column("tokens", tokens))
+    for chunk, cached in zip(canonical.chunks(), tokens.chunks, strict=True):
+        table = chunk.table(ws.cas, MEMBER_COLUMNS)
+        counts = open_tokens(ws, cached, tokens.spec, ids=False).counts()
+        table = table.append_column("tokens", pa.array(counts, pa.int64()))
+        parts.append(table.filter(pc.is_in(table.column("record_id"), value_set=train)))
     schema = pa.schema([(c, pa.string()) for c in MEMBER_COLUMNS] + [("tokens", pa.int64())])
     merged = pa.concat_tables(parts) if parts else schema.empty_table()
     return merged.sort_by("record_id")
@@ -53,7 +59,8 @@ def build_mixed_samples(ws: Workspace, partition_key: str) -> LayerResult:
     canonical_ref, canonical = CanonicalIndex.read(ws, partition_key)
     table = get_table(ws.cas, splits.output("splits"), "splits table")
     train = table.filter(pc.equal(table.column("split"), TRAIN)).column("record_id")
-    members_table = train_members(ws, train.combine_chunks(), canonical)
+    tokens = token_cache(ws, canonical.chunks(), resolve_tokenizer(ws))
+    members_table = train_members(ws, train.combine_chunks(), canonical, tokens)
     policy = ws.config.policies.mixing
     sources = [s.id for s in ws.config.sources]
     members = {s: source_members(members_table, s) for s in sources}
@@ -71,7 +78,8 @@ def build_mixed_samples(ws: Workspace, partition_key: str) -> LayerResult:
         counts[f"tokens.{row['source']}"] = row["selected_tokens"]
     out = put_table(ws.cas, mixed)
     outputs = {"samples": out, "unit": policy.unit, "policy": policy.policy, "report": rows}
-    inputs = [splits_ref, canonical_ref]
+    outputs.update(tokenizer=tokens.spec.document(), token_cache=tokens.refs(ws))
+    inputs = [splits_ref, canonical_ref, tokens.tokenizer_ref(ws)]
     ref = publish_index(
         ws,
         partition_key,
@@ -89,4 +97,5 @@ def build_mixed_samples(ws: Workspace, partition_key: str) -> LayerResult:
         preview=mixed.slice(0, 10).to_pylist(),
         digests={"samples": out["digest"]},
         details={"mixing_report": rows},
+        run_stats=tokens.run_stats(),
     )

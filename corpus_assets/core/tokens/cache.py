@@ -1,0 +1,235 @@
+"""Token arrays cached per canonical chunk: a new snapshot only tokenises records it never saw.
+
+A chunk's tokens are a chunk task (seed 004) keyed by the chunk's records-table digest, the
+tokenizer (by digest, with its specials and dtype: ``TokenizerSpec.token_key``) and the code
+identity of this module (its closure holds the encoders and the file layout): the same records
+under the same tokenizer and code are never tokenised twice, whichever snapshot or layer asks.
+
+Layout: the task's output is a small JSON descriptor (``corpus.tokens.v1``: tokenizer digest,
+dtype, record and token counts) with refs to two ``.npy`` files in the CAS, so ``verify`` walks
+from a layer index to both: ``ids``, every record's tokens back to back (``[BOS] + content +
+[EOS]``, little-endian uint16, or uint32 above 65,536 ids), and ``offsets``, int64, records + 1
+of them: record ``i`` is ``ids[offsets[i]:offsets[i + 1]]``. Both are written batch by batch
+(``storage.npy_stream``) and read memory-mapped (``TokenArrays``), verified once when opened.
+"""
+
+import os
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from corpus_assets.core.records.index import ChunkRecords
+from corpus_assets.core.runtime.code_identity import code_identity
+from corpus_assets.core.runtime.workspace import Workspace, open_workspace, worker_pool
+from corpus_assets.core.storage.artifacts import JSON, Ref, get_json, make_ref, put_json
+from corpus_assets.core.storage.digests import json_digest
+from corpus_assets.core.storage.npy_stream import NpyStream
+from corpus_assets.core.storage.tasks import ChunkOutcome, ChunkTask, preload, run_chunk
+from corpus_assets.core.tokens.encode import byte_slices, encode_batch
+from corpus_assets.core.tokens.spec import HUGGINGFACE, TokenizerSpec, load_hf
+
+LAYER = "tokens"
+TOKENS_SCHEMA = "corpus.tokens.v1"
+BATCH_RECORDS = 1024  # records per Parquet read
+SLICE_BYTES = 4 << 20  # text bytes per encode call (one longer text alone): bounds the memory
+_IDENTITY = code_identity(__name__)  # hashed at import, from the source this process loaded
+
+
+class TokensDescriptor(BaseModel):
+    """The cached tokens of one chunk: what they were made with and where the arrays are."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+    descriptor_schema: Literal["corpus.tokens.v1"] = Field(TOKENS_SCHEMA, alias="schema")
+    tokenizer: str
+    dtype: str
+    records: int
+    tokens: int
+    ids: Ref
+    offsets: Ref
+
+
+@dataclass(frozen=True)
+class ChunkTokens:
+    chunk: str
+    records: int
+    digest: str  # the descriptor
+    tokenized: bool  # computed in this run (False: reused from the cache)
+
+
+def code_version() -> str:
+    """``tokens.v1@<code identity>``: a fix to an encoder or the layout tokenises again."""
+    return f"tokens.v1@{_IDENTITY}"
+
+
+def _task(chunk_key: str, records_digest: str, spec: TokenizerSpec) -> ChunkTask:
+    return ChunkTask(
+        layer=LAYER,
+        chunk_key=chunk_key,
+        input_digest=json_digest({"records": records_digest, "tokenizer": spec.token_key()}),
+        code_version=code_version(),
+    )
+
+
+def tokenize_chunk(ws: Workspace, chunk: ChunkRecords, spec: TokenizerSpec) -> str:
+    """Tokenise one chunk a batch at a time into the CAS; returns the descriptor's digest."""
+    tokenizer = load_hf(ws.cas, spec.digest) if spec.kind == HUGGINGFACE else None
+    counts = [np.zeros(1, np.int64)]
+    with NpyStream(ws.cas, spec.dtype) as ids:
+        parquet = chunk.parquet(ws.cas)
+        for batch in parquet.iter_batches(BATCH_RECORDS, columns=["text"], use_threads=False):
+            for texts in byte_slices(batch.column(0), SLICE_BYTES):
+                tokens, per_record = encode_batch(spec, texts, tokenizer)
+                ids.write(tokens)
+                counts.append(per_record)
+    with NpyStream(ws.cas, "<i8") as offsets:
+        offsets.write(np.cumsum(np.concatenate(counts)))
+    assert ids.ref is not None and offsets.ref is not None
+    if offsets.length != chunk.count + 1:
+        raise ValueError(f"{chunk.what}: {offsets.length - 1} texts read, {chunk.count} expected")
+    descriptor = TokensDescriptor(
+        tokenizer=spec.digest,
+        dtype=spec.dtype_name,
+        records=chunk.count,
+        tokens=ids.length,
+        ids=ids.ref,
+        offsets=offsets.ref,
+    )
+    return put_json(ws.cas, descriptor.model_dump(by_alias=True))["digest"]
+
+
+def _compute(ws: Workspace, chunk: ChunkRecords, spec: TokenizerSpec, done: Any) -> ChunkOutcome:
+    task = _task(chunk.key, chunk.records["digest"], spec)
+    return run_chunk(ws.catalog, ws.cas, task, lambda: tokenize_chunk(ws, chunk, spec), done=done)
+
+
+_WORKER: dict[str, Any] = {}
+
+
+def _worker_init(config: str, environ: dict[str, str]) -> None:
+    os.environ.update(environ)
+    _WORKER["ws"] = open_workspace(config)
+
+
+def _worker_run(job: tuple[ChunkRecords, TokenizerSpec]) -> ChunkOutcome:
+    chunk, spec = job
+    return _compute(_WORKER["ws"], chunk, spec, done=None)
+
+
+def ensure_tokens(
+    ws: Workspace, chunks: list[ChunkRecords], spec: TokenizerSpec, workers: int
+) -> list[ChunkTokens]:
+    """The tokens of every chunk, tokenising only the missing ones.
+
+    ``workers > 1`` tokenises chunks in a spawn pool; each chunk's bytes do not depend on it.
+    """
+    done = preload(ws.catalog, LAYER, code_version())
+    outcomes: list[ChunkOutcome | None] = [None] * len(chunks)
+    missing = []
+    for n, chunk in enumerate(chunks):
+        if (chunk.key, _task(chunk.key, chunk.records["digest"], spec).input_digest) in done:
+            outcomes[n] = _compute(ws, chunk, spec, done)  # cached: a dict hit and a stat
+        else:
+            missing.append(n)
+    workers = min(workers, len(missing))
+    if workers > 1:  # a pool only for chunks that really need tokenising
+        with worker_pool(ws, workers, _worker_init) as pool:
+            jobs = [(chunks[n], spec) for n in missing]
+            for n, outcome in zip(missing, pool.map(_worker_run, jobs), strict=True):
+                outcomes[n] = outcome
+    else:
+        for n in missing:
+            outcomes[n] = _compute(ws, chunks[n], spec, done)
+    out = []
+    for chunk, outcome in zip(chunks, outcomes, strict=True):
+        assert outcome is not None
+        if outcome.output_digest is None:
+            raise RuntimeError(f"tokens of chunk {chunk.key} failed: {outcome.error}")
+        out.append(ChunkTokens(chunk.key, chunk.count, outcome.output_digest, not outcome.skipped))
+    return out
+
+
+@dataclass
+class TokenArrays:
+    """One chunk's cached tokens, memory-mapped: per-record counts and a record's tokens."""
+
+    chunk: str
+    offsets: np.ndarray
+    ids: np.ndarray | None  # None when opened for counts only
+
+    def counts(self) -> np.ndarray:
+        """Tokens per record (int64), in the chunk's record order."""
+        return np.diff(self.offsets)
+
+    def record(self, row: int) -> np.ndarray:
+        """The tokens of the chunk's ``row``-th record: a read-only view of the mapped file."""
+        if self.ids is None:
+            raise ValueError(f"tokens of chunk {self.chunk} were opened for counts only")
+        return self.ids[self.offsets[row] : self.offsets[row + 1]]
+
+
+def open_tokens(
+    ws: Workspace, item: ChunkTokens, spec: TokenizerSpec, ids: bool = True
+) -> TokenArrays:
+    """A chunk's cached tokens, verified against their digests and checked for shape.
+
+    ``ids=False`` maps the offsets alone (token counts need no token)."""
+    what = f"tokens of chunk {item.chunk}"
+    try:
+        descriptor = TokensDescriptor.model_validate(get_json(ws.cas, item.digest, what))
+    except ValidationError as error:
+        raise ValueError(f"{what} ({item.digest}): malformed descriptor: {error}") from None
+    if (descriptor.tokenizer, descriptor.dtype) != (spec.digest, spec.dtype_name):
+        raise ValueError(
+            f"{what} ({item.digest}) were made by {descriptor.tokenizer} as {descriptor.dtype}, "
+            f"not by {spec.digest} as {spec.dtype_name}"
+        )
+    offsets = _mapped(ws, descriptor.offsets, f"{what}: offsets", np.dtype("<i8"))
+    if len(offsets) != item.records + 1 or int(offsets[-1]) != descriptor.tokens:
+        raise ValueError(f"{what}: {len(offsets)} offsets up to {offsets[-1]} for {item.records}")
+    mapped = _mapped(ws, descriptor.ids, f"{what}: ids", spec.dtype) if ids else None
+    if mapped is not None and len(mapped) != descriptor.tokens:
+        raise ValueError(f"{what}: {len(mapped)} ids, the descriptor says {descriptor.tokens}")
+    return TokenArrays(item.chunk, offsets, mapped)
+
+
+def _mapped(ws: Workspace, ref: Ref, what: str, dtype: np.dtype) -> np.ndarray:
+    ws.cas.verify(ref["digest"], what)
+    array = np.load(ws.cas.path(ref["digest"]), mmap_mode="r", allow_pickle=False)
+    if array.dtype != dtype or array.ndim != 1:
+        raise ValueError(f"{what} ({ref['digest']}): {array.dtype} {array.shape}, not 1-D {dtype}")
+    return array
+
+
+@dataclass(frozen=True)
+class TokenCache:
+    """A layer's view of the cache: the spec, every chunk's tokens, and what to list."""
+
+    spec: TokenizerSpec
+    chunks: list[ChunkTokens] = field(default_factory=list)
+
+    def refs(self, ws: Workspace) -> list[dict[str, Any]]:
+        """Per chunk, the descriptor ref a layer index lists in its outputs (``verify`` walks
+        it to both arrays)."""
+        return [
+            {"chunk": c.chunk, "tokens": make_ref(c.digest, JSON, ws.cas.size(c.digest))}
+            for c in self.chunks
+        ]
+
+    def tokenizer_ref(self, ws: Workspace) -> Ref:
+        """The spec document in the CAS: a layer lists it among its inputs, so its build spec
+        (and ``verify``, through the file ref inside) covers the tokenizer."""
+        return put_json(ws.cas, self.spec.document())
+
+    def run_stats(self) -> dict[str, int]:
+        return {
+            "tokens_tokenized": sum(c.records for c in self.chunks if c.tokenized),
+            "tokens_reused": sum(c.records for c in self.chunks if not c.tokenized),
+        }
+
+
+def token_cache(ws: Workspace, chunks: list[ChunkRecords], spec: TokenizerSpec) -> TokenCache:
+    """Ensure the tokens of ``chunks`` under ``spec`` with the configured worker count."""
+    return TokenCache(spec, ensure_tokens(ws, chunks, spec, ws.config.execution.workers))
