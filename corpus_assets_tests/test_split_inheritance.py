@@ -16,6 +16,7 @@ import pyarrow as pa
 import pytest
 
 from corpus_assets.core.pipeline import build_all
+from corpus_assets.core.records.index import CanonicalIndex
 from corpus_assets.core.release.publish import activate, approve
 from corpus_assets.core.release.validation import validate_snapshot
 from corpus_assets.core.runtime.config import SplitPolicy
@@ -110,6 +111,11 @@ def test_first_build_has_no_parent_and_moves_nothing(workspace: Workspace) -> No
     table = get_table(workspace.cas, index.output("splits"), "splits")
     components = len(set(table["leakage_id"].to_pylist()))
     assert sum(index.counts[f"{s}_components"] for s in SPLITS) == components
+    texts = CanonicalIndex.read(workspace, "p1")[1].table(["record_id", "text"]).to_pylist()
+    size = {r["record_id"]: len(r["text"].encode()) + 1 for r in texts}  # utf8-bytes-v1 + EOS
+    for name in SPLITS:  # the configured tokenizer's tokens per split
+        ids = [r for r, s in split.items() if s == name]
+        assert index.counts[f"{name}_tokens"] == sum(size[r] for r in ids) > 0
     for name in SPLITS:  # deviation in basis points of records from the policy's percent
         share = index.counts[name] * 10000 // index.counts["records"]
         assert index.counts[f"{name}_deviation_bp"] == share - {"train": 8000}.get(name, 1000)

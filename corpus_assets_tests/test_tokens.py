@@ -149,14 +149,15 @@ def _check_spans(tokens: np.ndarray, block: int, spans: list[dict], expected: di
 
 
 def test_a_new_snapshot_tokenises_only_its_new_chunk(workspace: Workspace) -> None:
-    first = build_all(workspace, "p1")
-    assert first["mixed_samples"].run_stats == {"tokens_tokenized": 289, "tokens_reused": 0}
+    first = build_all(workspace, "p1")  # splits tokenises first (per-split token counts)
+    assert first["splits"].run_stats == {"tokens_tokenized": 289, "tokens_reused": 0}
+    assert first["mixed_samples"].run_stats == {"tokens_tokenized": 0, "tokens_reused": 289}
     assert first["packed_blocks"].run_stats == {"tokens_tokenized": 0, "tokens_reused": 289}
     extra = [{"id": f"x{n}", "text": f"A new essay number {n} about rivers."} for n in range(5)]
     path = workspace.home / "demo-sources" / "essays" / "essays-00002.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in extra))
     second = build_all(workspace, "p2")
-    assert second["mixed_samples"].run_stats == {"tokens_tokenized": 5, "tokens_reused": 289}
+    assert second["splits"].run_stats == {"tokens_tokenized": 5, "tokens_reused": 289}
 
     _ref, outputs = _index(workspace, "p2", "packed_blocks")
     _ref, mixed = _index(workspace, "p2", "mixed_samples")
@@ -252,7 +253,7 @@ def test_a_huggingface_tokenizer_by_path_and_digest_packs_its_encode_ids(
     path = _with_tokenizer(config, "hf.yaml", {**hf, "eos": SPECIALS[0], "pad": SPECIALS[1]})
     with open_workspace(path) as ws:
         results = build_all(ws, "p2")
-        assert results["mixed_samples"].run_stats["tokens_tokenized"] == 289
+        assert results["splits"].run_stats["tokens_tokenized"] == 289
         manifest = get_json(ws.cas, ws.catalog.layer_output("p2", "manifest"))
         packed, tokens, block, spans = _packed(ws, "p2", "<u2")
         text_of = _text_of(ws, "p2")

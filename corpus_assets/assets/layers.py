@@ -29,7 +29,8 @@ DESCRIPTIONS = {
         "Exact dedup, then MinHash/LSH near-dedup verified by real Jaccard (algorithm 18.1): "
         "a verdict, representative, direct match and leakage group for every record."
     ),
-    "splits": "Salted hash of each leakage group into train / validation / test.",
+    "splits": "Each leakage component in train / validation / test: inherited from the parent "
+    "snapshot, new components hashed; moves and conflicts listed; per-split report.",
     "mixed_samples": "The training stream: planned per-source mix, content-keyed picks and order.",
     "packed_blocks": "Cached tokens (policies.tokenizer) packed into fixed-length blocks + spans.",
     "manifest": "training.dataset.snapshot.v1: the digest a training run names.",
@@ -111,7 +112,7 @@ def layer_asset(layer: str, deps: Sequence[str]) -> dg.AssetsDefinition:
 raw_snapshot = layer_asset("raw_snapshot", [])
 canonical_records = layer_asset("canonical_records", ["raw_snapshot"])
 dedup_clusters = layer_asset("dedup_clusters", ["canonical_records"])
-splits = layer_asset("splits", ["dedup_clusters"])
+splits = layer_asset("splits", ["dedup_clusters", "canonical_records"])
 mixed_samples = layer_asset("mixed_samples", ["splits", "canonical_records"])
 packed_blocks = layer_asset(
     "packed_blocks", ["mixed_samples", "canonical_records", "dedup_clusters"]

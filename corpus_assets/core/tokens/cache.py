@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
+import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from corpus_assets.core.records.index import ChunkRecords
@@ -233,3 +234,23 @@ class TokenCache:
 def token_cache(ws: Workspace, chunks: list[ChunkRecords], spec: TokenizerSpec) -> TokenCache:
     """Ensure the tokens of ``chunks`` under ``spec`` with the configured worker count."""
     return TokenCache(spec, ensure_tokens(ws, chunks, spec, ws.config.execution.workers))
+
+
+def token_counts(ws: Workspace, chunks: list[ChunkRecords], cache: TokenCache) -> pa.Table:
+    """record_id, object, line and tokens of every canonical row (one chunk read at a time;
+    object and line tell a repeated record id's rows apart)."""
+    parts = []
+    for chunk, cached in zip(chunks, cache.chunks, strict=True):
+        table = chunk.table(ws.cas, ["record_id", "object", "line"])
+        counts = open_tokens(ws, cached, cache.spec, ids=False).counts()
+        parts.append(table.append_column("tokens", pa.array(counts, pa.int64())))
+    if parts:
+        return pa.concat_tables(parts)
+    return pa.schema(
+        [
+            ("record_id", pa.string()),
+            ("object", pa.string()),
+            ("line", pa.int64()),
+            ("tokens", pa.int64()),
+        ]
+    ).empty_table()

@@ -11,11 +11,17 @@ from corpus_assets.core.training_view.split_assign import Assignment
 from corpus_assets.core.training_view.splits_schema import SPLITS
 
 
-def split_report(table: pa.Table, clusters: pa.Table, policy: SplitPolicy) -> list[dict[str, Any]]:
-    """One row per split (a metadata table): records, groups, components, tokens when known,
-    each source's share of the split in basis points and the deviation from the target."""
-    sources = clusters.select(["record_id", "source_id"])
-    placed = table.join(sources, "record_id", join_type="inner")
+def split_report(
+    table: pa.Table, clusters: pa.Table, policy: SplitPolicy, tokens: pa.Table
+) -> list[dict[str, Any]]:
+    """One row per split (a metadata table): records, tokens (the configured tokenizer's),
+    groups, components, each source's share of the split's records in basis points and the
+    deviation from the target. ``tokens`` has record_id and tokens of each member."""
+    kept = clusters.filter(clusters["is_representative"]).select(["record_id", "source_id"])
+    placed = table.join(kept, "record_id", join_type="inner")
+    placed = placed.join(tokens.select(["record_id", "tokens"]), "record_id", join_type="inner")
+    if placed.num_rows != table.num_rows:  # every member has one kept row and its tokens
+        raise ValueError(f"{table.num_rows} split members but {placed.num_rows} with tokens")
     total = table.num_rows
     names = sorted(pc.unique(clusters["source_id"]).to_pylist())
     rows = []
@@ -25,6 +31,7 @@ def split_report(table: pa.Table, clusters: pa.Table, policy: SplitPolicy) -> li
         row: dict[str, Any] = {
             "split": name,
             "records": n,
+            "tokens": pc.sum(own["tokens"]).as_py() or 0,
             "groups": pc.count_distinct(own["group_id"]).as_py(),
             "components": pc.count_distinct(own["leakage_id"]).as_py(),
             "target_percent": getattr(policy, f"{name}_percent"),
@@ -51,6 +58,7 @@ def split_counts(report: list[dict[str, Any]], result: Assignment) -> dict[str, 
     for row in report:
         name = row["split"]
         counts[name] = row["records"]
+        counts[f"{name}_tokens"] = row["tokens"]
         counts[f"{name}_components"] = row["components"]
         counts[f"{name}_deviation_bp"] = row["deviation_bp"]
     counts["records"] = sum(row["records"] for row in report)

@@ -27,6 +27,8 @@ from corpus_assets.core.runtime.layers import (
 )
 from corpus_assets.core.runtime.workspace import Workspace
 from corpus_assets.core.storage.artifacts import Ref, get_json, get_table, put_table
+from corpus_assets.core.tokens.cache import token_cache, token_counts
+from corpus_assets.core.tokens.spec import resolve_tokenizer
 from corpus_assets.core.training_view.split_assign import SPLIT_TABLE, Assignment, assign
 from corpus_assets.core.training_view.split_bridges import LeakageGraph
 from corpus_assets.core.training_view.split_report import split_counts, split_report
@@ -52,7 +54,7 @@ __all__ = [
     "parent_splits",
 ]
 
-CODE = stage_code("splits.inherited-components.v4", __name__)  # its closure, hashed at import
+CODE = stage_code("splits.inherited-components.v5", __name__)  # its closure, hashed at import
 SPLIT_COLUMNS = pa.schema(
     [
         ("record_id", pa.string()),
@@ -90,16 +92,26 @@ def build_splits(ws: Workspace, partition_key: str) -> LayerResult:
     result = assign(members, parent_table, policy, evidence, parent_version, graph)
     result = resolve_residual(result, graph)
     table = _split_table(clusters, result)
+    _, canonical = CanonicalIndex.read(ws, partition_key)
+    tokens = token_cache(ws, canonical.chunks(), resolve_tokenizer(ws))
     outputs = {
         "splits": put_table(ws.cas, table),
         "split_moves": put_table(ws.cas, result.moves),
         "split_conflicts": put_table(ws.cas, conflict_table(result.conflicts)),
         "parent": parent,
         "eval_version": result.eval_version,
+        "tokenizer": tokens.spec.document(),
+        "token_cache": tokens.refs(ws),
     }
-    report = split_report(table, clusters, policy)
+    kept_tokens = (
+        clusters.filter(clusters["is_representative"])
+        .select(["record_id", "object", "line"])
+        .join(token_counts(ws, canonical.chunks(), tokens), ["record_id", "object", "line"])
+    )
+    report = split_report(table, clusters, policy, kept_tokens)
     counts = split_counts(report, result)
-    inputs = [dedup_ref, *parent_refs]  # a child's bytes depend on its parent's splits
+    # a child's bytes depend on its parent's splits; the token counts on the tokenizer
+    inputs = [dedup_ref, *parent_refs, tokens.tokenizer_ref(ws)]
     digest = ws.config.policy_digest("splits")
     ref = publish_index(ws, partition_key, "splits", CODE, digest, inputs, outputs, counts)
     return LayerResult(
@@ -114,6 +126,7 @@ def build_splits(ws: Workspace, partition_key: str) -> LayerResult:
             "split_moves": result.moves.slice(0, _PREVIEW).to_pylist(),
             "split_conflicts": conflict_table(result.conflicts[:_PREVIEW]).to_pylist(),
         },
+        run_stats=tokens.run_stats(),
     )
 
 
