@@ -409,3 +409,29 @@ def test_a_repeated_id_packs_the_text_dedup_kept(workspace: Workspace) -> None:
     mine = [s for s in spans if s["record_id"] == "essays/e0000"]
     assert mine and mine[0]["record_offset"] == 0
     _check_spans(tokens, block, mine, {"essays/e0000": [*longer.encode(), 256]})
+
+
+def test_a_repeated_id_is_one_mixing_candidate_with_the_kept_rows_tokens(
+    workspace: Workspace,
+) -> None:
+    """Two rows with one record id: mixing counts the record once, with the tokens of the row
+    dedup kept (the longer text), so the stream and the report agree with packing."""
+    longer = " ".join(["a much longer text that now stands for this record id"] * 20)
+    path = workspace.home / "demo-sources" / "essays" / "essays-00002.jsonl"
+    path.write_text(json.dumps({"id": "e0000", "text": longer}) + "\n")
+    document = yaml.safe_load(workspace.loaded.path.read_text())
+    document["policies"]["splits"].update(
+        {"train_percent": 100, "validation_percent": 0, "test_percent": 0}
+    )
+    config = workspace.loaded.path.with_name("all-train.yaml")
+    config.write_text(yaml.safe_dump(document))
+    with open_workspace(config) as ws:
+        results = build_all(ws, "p1")
+        _ref, mixed = _index(ws, "p1", "mixed_samples")
+        samples = get_table(ws.cas, mixed["samples"]).to_pylist()
+        splits = results["splits"].counts
+    assert [s["record_id"] for s in samples].count("essays/e0000") == 1
+    assert len(samples) == splits["train"]  # natural: every train member once
+    essays = next(r for r in mixed["report"] if r["source"] == "essays")
+    assert essays["population_docs"] == sum(1 for s in samples if s["source_id"] == "essays")
+    assert sum(r["population_tokens"] for r in mixed["report"]) == splits["train_tokens"]

@@ -113,7 +113,7 @@ raw_snapshot = layer_asset("raw_snapshot", [])
 canonical_records = layer_asset("canonical_records", ["raw_snapshot"])
 dedup_clusters = layer_asset("dedup_clusters", ["canonical_records"])
 splits = layer_asset("splits", ["dedup_clusters", "canonical_records"])
-mixed_samples = layer_asset("mixed_samples", ["splits", "canonical_records"])
+mixed_samples = layer_asset("mixed_samples", ["splits", "dedup_clusters", "canonical_records"])
 packed_blocks = layer_asset(
     "packed_blocks", ["mixed_samples", "canonical_records", "dedup_clusters"]
 )
