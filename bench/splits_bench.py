@@ -34,13 +34,14 @@ def members_table(n: int, seed: int, prefix: str) -> pa.Table:
     """n members, component sizes 1-4, hex content keys; built with numpy, not Python lists."""
     rng = np.random.default_rng(seed)
     component = np.cumsum(rng.integers(0, 2, n) * (rng.integers(0, 4, n) == 0)) + 1
-    ids = np.char.add(f"{prefix}/", np.arange(n).astype("U12"))
-    keys = np.char.add("sha256:", _hex(rng, n).astype("U64"))
+    ids = np.char.add(f"{prefix}/".encode(), np.arange(n).astype("S12"))
+    keys = np.char.add(b"sha256:", _hex(rng, n))
+    names = np.char.add(f"{prefix}-c".encode(), component.astype("S12"))
     return pa.table(
         {
-            "record_id": pa.array(ids),
-            "component": pa.array(np.char.add(f"{prefix}-c", component.astype("U12"))),
-            "content_key": pa.array(keys),
+            "record_id": pa.array(ids).cast(pa.string()),
+            "component": pa.array(names).cast(pa.string()),
+            "content_key": pa.array(keys).cast(pa.string()),
             "event_time": pa.nulls(n, pa.string()),
         }
     )
@@ -91,6 +92,8 @@ def main() -> None:
     child = pa.concat_tables([old, new])
     graph = graph_of(child)
     print(f"members: {args.records:,} + {len(new):,} new; arrays {child.nbytes / 2**20:.0f} MiB")
+    floor = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(f"peak RSS after generating the inputs: {floor:.0f} MiB")
 
     base, _ = timed(lambda: old.sort_by("record_id"), args.repeats)
     first_s, first = timed(lambda: assign(old, SPLIT_TABLE.empty_table(), policy), args.repeats)

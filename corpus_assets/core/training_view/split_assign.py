@@ -58,7 +58,7 @@ _BATCH = 65536
 
 @dataclass
 class Assignment:
-    table: pa.Table  # record_id, split: the members, sorted by record_id
+    table: pa.Table  # record_id, split: the members, in no particular order
     moves: pa.Table  # MOVE_COLUMNS, by record_id
     conflicts: list[Conflict] = field(default_factory=list)
     eval_version: int = 0
@@ -112,7 +112,7 @@ def assign(
         parent.cast(SPLIT_TABLE).rename_columns(["record_id", "parent_split"]),
         "record_id",
         join_type="left outer",
-    ).sort_by("record_id")
+    )  # in no particular order: every consumer of a row order sorts
     timed, joined, time_moves, time_conflicts = time_phase(joined, policy, evidence or {})
     per = _per_component(joined)
     wide = per.filter(pc.greater(per.column("sides"), 1))
@@ -127,7 +127,7 @@ def assign(
     calm = per.filter(pc.less_equal(per.column("sides"), 1))
     table = pa.concat_tables([timed, _calm_splits(joined, calm, policy, parent_version), resolved])
     return Assignment(
-        table.sort_by("record_id"),
+        table,
         move_table([*time_moves, *moves]),
         sorted([*time_conflicts, *conflicts], key=lambda c: c.component),
         parent_version,

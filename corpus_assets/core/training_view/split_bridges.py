@@ -26,7 +26,11 @@ class LeakageGraph:
     edges: pa.Table
 
     def component(self, leakage_id: str) -> "LeakageGraph":
-        own = self.clusters.filter(pc.equal(self.clusters["leakage_id"], leakage_id))
+        return self.within(pa.array([leakage_id], pa.string()))
+
+    def within(self, leakage_ids: pa.Array) -> "LeakageGraph":
+        """The sub-graph of these leakage components (edges never leave a component)."""
+        own = self.clusters.filter(pc.is_in(self.clusters["leakage_id"], value_set=leakage_ids))
         ids = own["record_id"].combine_chunks()
         inside = pc.is_in(self.edges["record_a"], value_set=ids)
         return LeakageGraph(own, self.edges.filter(inside))

@@ -1,5 +1,8 @@
 """The residual rule: after quarantine, no path may still join two splits.
 
+Only the components a quarantine resolved are looked at: elsewhere the graph is the dedup
+layer's own, whose components ``assign`` already placed whole.
+
 Quarantining the bridging newcomers leaves old records linked directly (an edge between two
 old records, or one through an old removed duplicate) where they were. On the leakage graph
 without the quarantined and unlinked records, every component still holding members of two
@@ -24,8 +27,13 @@ from corpus_assets.core.training_view.splits_schema import RESIDUAL, Conflict, M
 def resolve_residual(result: Assignment, graph: LeakageGraph) -> Assignment:
     """Move the smaller sides of every component still spanning two splits once the
     quarantined records (and the duplicates behind them) are gone."""
+    dropped_ids = result.excluded + result.unlinked
+    if not dropped_ids:  # the graph is the dedup layer's: one split per component already
+        return result
+    quarantined = [c.component for c in result.conflicts if c.resolution == "quarantine_new"]
+    graph = graph.within(pa.array(sorted(set(quarantined)), pa.string()))
     clusters = graph.clusters
-    dropped = dropped_with_copies(clusters, result.excluded + result.unlinked)
+    dropped = dropped_with_copies(clusters, dropped_ids)
     component_of = components(clusters, graph.edges, dropped)
     wide = straddling(component_of, result.table)
     if not len(wide):

@@ -75,7 +75,7 @@ def time_phase(
 ) -> tuple[pa.Table, pa.Table, list[Move], list[Conflict]]:
     """Held-out members (record_id, split), the members left for the other rules, and the
     moves and conflicts of the boundary. ``joined`` has record_id, component, event_time and
-    parent_split, sorted by record_id."""
+    parent_split."""
     empty = pa.table({"record_id": pa.array([], pa.string()), "split": pa.array([], pa.string())})
     if policy.time_cutoff is None:
         return empty, joined, [], []
@@ -116,7 +116,7 @@ def _time_moves(timed: pa.Table) -> list[Move]:
 
 
 def _first_per_component(rows: pa.Table) -> dict[str, str]:
-    """component -> its smallest record id among ``rows`` (sorted by record_id)."""
+    """component -> its smallest record id among ``rows``."""
     firsts = rows.group_by("component", use_threads=False).aggregate([("record_id", "min")])
     return dict(
         zip(firsts["component"].to_pylist(), firsts["record_id_min"].to_pylist(), strict=True)
@@ -128,7 +128,7 @@ def _straddles(
 ) -> list[Conflict]:
     """One conflict per held-out component with a member before the gap (its first one)."""
     conflicts: dict[str, Conflict] = {}
-    for row in before.to_pylist():
+    for row in before.sort_by("record_id").to_pylist():
         name = row["component"]
         if name not in conflicts:
             conflicts[name] = Conflict(
