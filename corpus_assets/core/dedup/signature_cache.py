@@ -23,7 +23,7 @@ from corpus_assets.core.dedup.signature_spec import SignatureSpec, spec_payload
 from corpus_assets.core.records.index import ChunkRecords
 from corpus_assets.core.runtime.code_identity import code_identity
 from corpus_assets.core.runtime.config import NearDedupPolicy
-from corpus_assets.core.runtime.workspace import Workspace, open_workspace, worker_pool
+from corpus_assets.core.runtime.workspace import Workspace, cached_then_pooled, open_workspace
 from corpus_assets.core.storage.digests import json_digest
 from corpus_assets.core.storage.tasks import ChunkOutcome, ChunkTask, preload, run_chunk
 
@@ -128,25 +128,19 @@ def ensure_signatures(
     ``workers > 1`` hashes chunks in a spawn pool; each chunk's bytes do not depend on it.
     """
     done = preload(ws.catalog, LAYER, code_version(spec))
-    outcomes: list[ChunkOutcome | None] = [None] * len(items)
-    missing = []
-    for n, item in enumerate(items):
-        if (item.key, _task(item.key, item.records["digest"], spec).input_digest) in done:
-            outcomes[n] = _compute(ws, item, spec, done)  # cached: a dict hit and a stat
-        else:
-            missing.append(n)
-    workers = min(workers, len(missing))
-    if workers > 1:  # a pool only for chunks that really need hashing
-        with worker_pool(ws, workers, _worker_init) as pool:
-            jobs = [(items[n], spec) for n in missing]
-            for n, outcome in zip(missing, pool.map(_worker_run, jobs), strict=True):
-                outcomes[n] = outcome
-    else:
-        for n in missing:
-            outcomes[n] = _compute(ws, items[n], spec, done)
+    outcomes = cached_then_pooled(
+        ws,
+        [(item, spec) for item in items],
+        lambda job: (
+            (job[0].key, _task(job[0].key, job[0].records["digest"], spec).input_digest) in done
+        ),
+        lambda job: _compute(ws, job[0], spec, done),
+        _worker_init,
+        _worker_run,
+        workers,
+    )
     out = []
     for item, outcome in zip(items, outcomes, strict=True):
-        assert outcome is not None
         if outcome.output_digest is None:
             raise RuntimeError(f"MinHash signatures of chunk {item.key} failed: {outcome.error}")
         hashed = not outcome.skipped

@@ -2,15 +2,18 @@
 
 import multiprocessing
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from corpus_assets.core.runtime.config import CorpusConfig, LoadedConfig, default_home, load_config
 from corpus_assets.core.storage.cas import ContentStore
 from corpus_assets.core.storage.catalog import Catalog, default_catalog_url
+from corpus_assets.core.storage.tasks import ChunkOutcome
+
+J = TypeVar("J")
 
 
 @dataclass
@@ -63,3 +66,34 @@ def worker_pool(
         initializer=initializer,
         initargs=(str(ws.loaded.path), environ, *initargs),
     )
+
+
+def cached_then_pooled(
+    ws: Workspace,
+    jobs: Sequence[J],
+    cached: Callable[[J], bool],
+    compute: Callable[[J], ChunkOutcome],
+    pool_init: Callable[..., None],
+    pool_run: Callable[[J], ChunkOutcome],
+    workers: int,
+) -> list[ChunkOutcome]:
+    """Outcomes of per-chunk jobs in job order: ``cached`` ones read here (a dict hit and a
+    stat), the missing ones computed here or, with ``workers > 1``, in a spawn pool (only when
+    there is work for it). A job's bytes never depend on where it ran."""
+    outcomes: list[ChunkOutcome | None] = [None] * len(jobs)
+    missing = []
+    for n, job in enumerate(jobs):
+        if cached(job):
+            outcomes[n] = compute(job)
+        else:
+            missing.append(n)
+    workers = min(workers, len(missing))
+    if workers > 1:
+        with worker_pool(ws, workers, pool_init) as pool:
+            done = pool.map(pool_run, [jobs[n] for n in missing])
+            for n, outcome in zip(missing, done, strict=True):
+                outcomes[n] = outcome
+    else:
+        for n in missing:
+            outcomes[n] = compute(jobs[n])
+    return [o for o in outcomes if o is not None]

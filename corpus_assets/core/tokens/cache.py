@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from corpus_assets.core.records.index import ChunkRecords
 from corpus_assets.core.runtime.code_identity import code_identity
-from corpus_assets.core.runtime.workspace import Workspace, open_workspace, worker_pool
+from corpus_assets.core.runtime.workspace import Workspace, cached_then_pooled, open_workspace
 from corpus_assets.core.storage.artifacts import JSON, Ref, get_json, make_ref, put_json
 from corpus_assets.core.storage.digests import json_digest
 from corpus_assets.core.storage.npy_stream import NpyStream
@@ -127,25 +127,19 @@ def ensure_tokens(
     ``workers > 1`` tokenises chunks in a spawn pool; each chunk's bytes do not depend on it.
     """
     done = preload(ws.catalog, LAYER, code_version())
-    outcomes: list[ChunkOutcome | None] = [None] * len(chunks)
-    missing = []
-    for n, chunk in enumerate(chunks):
-        if (chunk.key, _task(chunk.key, chunk.records["digest"], spec).input_digest) in done:
-            outcomes[n] = _compute(ws, chunk, spec, done)  # cached: a dict hit and a stat
-        else:
-            missing.append(n)
-    workers = min(workers, len(missing))
-    if workers > 1:  # a pool only for chunks that really need tokenising
-        with worker_pool(ws, workers, _worker_init) as pool:
-            jobs = [(chunks[n], spec) for n in missing]
-            for n, outcome in zip(missing, pool.map(_worker_run, jobs), strict=True):
-                outcomes[n] = outcome
-    else:
-        for n in missing:
-            outcomes[n] = _compute(ws, chunks[n], spec, done)
+    outcomes = cached_then_pooled(
+        ws,
+        [(chunk, spec) for chunk in chunks],
+        lambda job: (
+            (job[0].key, _task(job[0].key, job[0].records["digest"], spec).input_digest) in done
+        ),
+        lambda job: _compute(ws, job[0], spec, done),
+        _worker_init,
+        _worker_run,
+        workers,
+    )
     out = []
     for chunk, outcome in zip(chunks, outcomes, strict=True):
-        assert outcome is not None
         if outcome.output_digest is None:
             raise RuntimeError(f"tokens of chunk {chunk.key} failed: {outcome.error}")
         out.append(ChunkTokens(chunk.key, chunk.count, outcome.output_digest, not outcome.skipped))
