@@ -538,3 +538,39 @@ def test_time_cutoff_needs_test_percent_zero() -> None:
         SplitPolicy(time_cutoff="2024-06-01")
     with pytest.raises(ValueError, match="gap needs time_cutoff"):
         SplitPolicy(gap="P1D")
+
+
+def test_a_real_build_holds_out_records_at_or_after_the_cutoff(demo_home: Path) -> None:
+    """event_time flows from the source's time_field through canonical records to splits;
+    validation holds with the boundary's exclusions explained."""
+    rows = [
+        {"id": "t-old", "text": "an essay from long before " * 8, "ts": "2023-01-01T00:00:00Z"},
+        {"id": "t-gap", "text": "an essay from just before " * 8, "ts": "2024-05-30"},
+        {"id": "t-new", "text": "an essay from the future " * 8, "ts": "2024-07-01T09:30:00"},
+    ]
+    essays = demo_home / "demo-sources" / "essays" / "essays-00002.jsonl"
+    essays.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    config = demo_home / "corpus.yaml"
+    text = config.read_text()
+    text = text.replace(
+        "path: demo-sources/essays\n", "path: demo-sources/essays\n    time_field: ts\n"
+    )
+    text = text.replace(
+        "train_percent: 80, validation_percent: 10, test_percent: 10}",
+        "train_percent: 90, validation_percent: 10, test_percent: 0, "
+        "time_cutoff: '2024-06-01T00:00:00Z', gap: P7D}",
+    )
+    assert "time_field: ts" in text and "time_cutoff" in text
+    config.write_text(text)
+    with open_workspace() as ws:
+        sid = build_all(ws, "p1")["manifest"].digests["snapshotId"]
+        index, split, moves, conflicts = _splits(ws, "p1")
+        report = validate_snapshot(ws, sid)
+    assert report.ok, report.findings
+    assert split["essays/t-new"] == "test" and split["essays/t-old"] != "test"
+    assert {s for r, s in split.items() if r != "essays/t-new"} <= {"train", "validation"}
+    assert "essays/t-gap" not in split
+    assert [(m["record_id"], m["to"], m["reason"]) for m in moves] == [
+        ("essays/t-gap", EXCLUDED, "split.time_gap")
+    ]
+    assert index.counts["test"] == 1 and index.counts["excluded"] == 1 and conflicts == []
