@@ -1,0 +1,264 @@
+"""Packing plans on sample lengths only (seed 000, 18.6, algorithm 18.2): which piece of which
+sample goes where in which block, decided before any token is read.
+
+Input: the token count of every sample in mixed (stream) order; a sample's index is its stream
+position. Output: a ``PackPlan`` of numpy arrays, one row per placed piece (block, start offset in
+the block, sample index, offset in the sample, length), sorted by (block, start), plus the
+accounting the chapter asks for (blocks, pad, dropped tokens, utilisation, data-loss rate).
+
+Modes, declared:
+
+- ``atomic``: samples are never split across blocks. The overlong policy runs first so every
+  piece fits: ``truncate`` keeps the first T tokens (the rest counted as dropped), ``split`` cuts
+  T-sized pieces (each its own piece; the last is packed like any sample), ``quarantine`` drops
+  the sample whole and lists it. Pieces are then placed by global best-fit-decreasing: by length
+  descending, ties by (sample, offset) ascending; each goes into the open block with the least
+  room that still fits it (among equal rooms, the block that reached that room last), else into
+  a new block. Pieces of exactly T tokens take a block each, up front.
+- ``next_fit``: the same pieces in stream order; a piece that does not fit seals the block (the
+  previous behaviour of the layer, kept as the named baseline).
+- ``continuous``: the samples' tokens as one stream cut every T tokens (documents cross blocks);
+  the partial last block is dropped (``tail="drop"``) or padded (``tail="pad"``).
+
+Inside a block, pieces sit in stream order (by sample, then offset), contiguous from offset 0;
+the rest of the block is pad. With a ``seed``, blocks are then reordered by a keyed hash: a
+block's content key is the little-endian int64 pairs (sample, offset) of its pieces in that
+order, and blocks are sorted by ``sha256(seed + b"\\0" + key)`` ascending (keys are unique, so
+the order is total). It depends only on the lengths, the mode, T and the seed: never on workers.
+"""
+
+from bisect import bisect_left, insort
+from dataclasses import dataclass
+from hashlib import sha256
+
+import numpy as np
+
+MODES = ("atomic", "next_fit", "continuous")
+OVERLONG = ("truncate", "split", "quarantine")
+TAILS = ("drop", "pad")
+
+
+@dataclass(frozen=True)
+class Pieces:
+    """Pieces of samples, each at most T tokens, in stream order (sample, offset)."""
+
+    sample: np.ndarray
+    offset: np.ndarray
+    length: np.ndarray
+    dropped_tokens: int
+    quarantined: np.ndarray  # sample indices dropped whole
+
+
+@dataclass(frozen=True)
+class PackPlan:
+    """Where every piece goes; rows sorted by (block, start). Pad is the complement of pieces."""
+
+    mode: str
+    block_tokens: int
+    blocks: int
+    block: np.ndarray
+    start: np.ndarray
+    sample: np.ndarray
+    offset: np.ndarray
+    length: np.ndarray
+    quarantined: np.ndarray
+    input_tokens: int
+    dropped_tokens: int
+
+    def block_bounds(self) -> np.ndarray:
+        """Row index where each block's pieces begin; ``blocks + 1`` entries."""
+        return np.searchsorted(self.block, np.arange(self.blocks + 1), side="left")
+
+    def accounting(self) -> dict[str, int | float | str]:
+        """The chapter's figures: utilisation alone hides a dropped tail, so loss is reported."""
+        capacity = self.blocks * self.block_tokens
+        content = int(self.length.sum())
+        return {
+            "mode": self.mode,
+            "block_tokens": self.block_tokens,
+            "blocks": self.blocks,
+            "pieces": int(self.length.size),
+            "capacity_tokens": capacity,
+            "content_tokens": content,
+            "pad_tokens": capacity - content,
+            "input_tokens": self.input_tokens,
+            "dropped_tokens": self.dropped_tokens,
+            "quarantined_samples": int(self.quarantined.size),
+            "utilisation": content / capacity if capacity else 0.0,
+            "data_loss_rate": self.dropped_tokens / self.input_tokens if self.input_tokens else 0.0,
+        }
+
+
+def _lengths(lengths: np.ndarray, block_tokens: int) -> np.ndarray:
+    if block_tokens < 1:
+        raise ValueError(f"block_tokens must be >= 1, got {block_tokens}")
+    lengths = np.asarray(lengths, dtype=np.int64)
+    if lengths.ndim != 1 or (lengths.size and lengths.min() < 0):
+        raise ValueError("lengths must be a 1-D array of non-negative token counts")
+    return lengths
+
+
+def apply_overlong(lengths: np.ndarray, block_tokens: int, overlong: str) -> Pieces:
+    """The declared overlong policy, so every piece entering a packer is 1..T tokens."""
+    if overlong not in OVERLONG:
+        raise ValueError(f"overlong must be one of {OVERLONG}, got {overlong!r}")
+    lengths = _lengths(lengths, block_tokens)
+    index = np.arange(lengths.size, dtype=np.int64)
+    over = lengths > block_tokens
+    empty = np.empty(0, dtype=np.int64)
+    if overlong == "quarantine":
+        keep = (lengths > 0) & ~over
+        return Pieces(index[keep], np.zeros(int(keep.sum()), np.int64), lengths[keep],
+                      int(lengths[over].sum()), index[over])  # fmt: skip
+    if overlong == "truncate":
+        keep = lengths > 0
+        cut = np.minimum(lengths[keep], block_tokens)
+        dropped = int((lengths - np.minimum(lengths, block_tokens)).sum())
+        return Pieces(index[keep], np.zeros(cut.size, np.int64), cut, dropped, empty)
+    counts = -(-lengths // block_tokens)  # ceil; 0 for an empty sample
+    sample = np.repeat(index, counts)
+    first = np.cumsum(counts) - counts
+    offset = (np.arange(sample.size, dtype=np.int64) - np.repeat(first, counts)) * block_tokens
+    length = np.minimum(lengths[sample] - offset, block_tokens)
+    return Pieces(sample, offset, length, 0, empty)
+
+
+def best_fit_blocks(length: np.ndarray, block_tokens: int) -> np.ndarray:
+    """Block of each piece by best-fit-decreasing (rule in the module docstring)."""
+    order = np.lexsort((np.arange(length.size), -length))  # length desc, stream position asc
+    block = np.empty(length.size, dtype=np.int64)
+    full = length[order] == block_tokens
+    n_full = int(full.sum())
+    block[order[:n_full]] = np.arange(n_full)  # sorted desc, so full pieces come first
+    rest = order[n_full:]
+    block[rest] = _best_fit_loop(length[rest].tolist(), block_tokens, n_full)
+    return block
+
+
+def _best_fit_loop(needs: list[int], block_tokens: int, first_block: int) -> list[int]:
+    """Open blocks bucketed by remaining room; ``rooms`` is the sorted list of non-empty
+    buckets (at most T + 1 entries), so each placement is one bisect: O(n log T)."""
+    buckets: list[list[int]] = [[] for _ in range(block_tokens + 1)]
+    rooms: list[int] = []
+    placed = [0] * len(needs)
+    next_block = first_block
+    for i, need in enumerate(needs):
+        at = bisect_left(rooms, need)
+        if at < len(rooms):
+            room = rooms[at]
+            bucket = buckets[room]
+            block = bucket.pop()
+            if not bucket:
+                del rooms[at]
+        else:
+            room, block = block_tokens, next_block
+            next_block += 1
+        placed[i] = block
+        room -= need
+        if room:
+            bucket = buckets[room]
+            if not bucket:
+                insort(rooms, room)
+            bucket.append(block)
+    return placed
+
+
+def next_fit_blocks(length: np.ndarray, block_tokens: int) -> np.ndarray:
+    """Block of each piece when a piece that does not fit seals the current block."""
+    placed = [0] * length.size
+    block, used = -1, block_tokens
+    for i, need in enumerate(length.tolist()):
+        if used + need > block_tokens:
+            block, used = block + 1, 0
+        placed[i] = block
+        used += need
+    return np.asarray(placed, dtype=np.int64)
+
+
+def continuous_pieces(
+    lengths: np.ndarray, block_tokens: int, tail: str
+) -> tuple[Pieces, np.ndarray, int]:
+    """Cut the concatenated stream every T tokens: the pieces, the block of each, the blocks."""
+    if tail not in TAILS:
+        raise ValueError(f"tail must be one of {TAILS}, got {tail!r}")
+    lengths = _lengths(lengths, block_tokens)
+    total = int(lengths.sum())
+    blocks = total // block_tokens if tail == "drop" else -(-total // block_tokens)
+    kept = blocks * block_tokens
+    begin = np.cumsum(lengths) - lengths
+    end = np.minimum(begin + lengths, kept)
+    live = end > begin
+    index = np.arange(lengths.size, dtype=np.int64)[live]
+    begin, end = begin[live], end[live]
+    first = begin // block_tokens
+    counts = (end - 1) // block_tokens - first + 1
+    sample = np.repeat(index, counts)
+    row_first = np.cumsum(counts) - counts
+    block = np.repeat(first, counts) + np.arange(sample.size) - np.repeat(row_first, counts)
+    lo = np.maximum(np.repeat(begin, counts), block * block_tokens)
+    hi = np.minimum(np.repeat(end, counts), (block + 1) * block_tokens)
+    offset = lo - np.repeat(begin, counts)
+    empty = np.empty(0, dtype=np.int64)
+    return Pieces(sample, offset, hi - lo, total - min(total, kept), empty), block, blocks
+
+
+def _layout(pieces: Pieces, block: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Sort pieces by (block, sample, offset) and give each its start: contiguous from 0."""
+    order = np.lexsort((pieces.offset, pieces.sample, block))
+    block, length = block[order], pieces.length[order]
+    ends = np.cumsum(length)
+    begins = ends - length
+    new_block = np.ones(block.size, dtype=bool)
+    new_block[1:] = block[1:] != block[:-1]
+    block_begin = np.maximum.accumulate(np.where(new_block, begins, 0))
+    return block, begins - block_begin, pieces.sample[order], pieces.offset[order], length
+
+
+def block_order(
+    block: np.ndarray, sample: np.ndarray, offset: np.ndarray, blocks: int, seed: bytes
+) -> np.ndarray:
+    """New id of each block: rank of ``sha256(seed NUL key)`` (rows sorted by block)."""
+    keys = np.empty((sample.size, 2), dtype="<i8")
+    keys[:, 0], keys[:, 1] = sample, offset
+    raw = keys.tobytes()
+    bounds = (np.searchsorted(block, np.arange(blocks + 1)) * 16).tolist()
+    prefix = sha256(seed + b"\0")
+    digests = []
+    for b in range(blocks):
+        h = prefix.copy()
+        h.update(raw[bounds[b] : bounds[b + 1]])
+        digests.append(h.digest())
+    rank = np.empty(blocks, dtype=np.int64)
+    rank[sorted(range(blocks), key=digests.__getitem__)] = np.arange(blocks)
+    return rank
+
+
+def plan_packing(
+    lengths: np.ndarray,
+    block_tokens: int,
+    mode: str = "atomic",
+    *,
+    overlong: str = "split",
+    tail: str = "pad",
+    seed: bytes | None = None,
+) -> PackPlan:
+    """Plan the packing of samples of these token counts (stream order); see the module doc."""
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    lengths = _lengths(lengths, block_tokens)
+    if mode == "continuous":
+        pieces, block, blocks = continuous_pieces(lengths, block_tokens, tail)
+    else:
+        pieces = apply_overlong(lengths, block_tokens, overlong)
+        pack = best_fit_blocks if mode == "atomic" else next_fit_blocks
+        block = pack(pieces.length, block_tokens)
+        blocks = int(block.max()) + 1 if block.size else 0
+    block, start, sample, offset, length = _layout(pieces, block)
+    if seed is not None and blocks:
+        block = block_order(block, sample, offset, blocks, seed)[block]
+        order = np.lexsort((start, block))
+        block, start, sample, offset, length = (
+            a[order] for a in (block, start, sample, offset, length)
+        )
+    return PackPlan(mode, block_tokens, blocks, block, start, sample, offset, length,
+                    pieces.quarantined, int(lengths.sum()), pieces.dropped_tokens)  # fmt: skip
