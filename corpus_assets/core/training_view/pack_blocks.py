@@ -1,0 +1,191 @@
+"""Per-block training arrays from a ``PackPlan`` (seed 000, 18.6: segment isolation, labels,
+provenance spans), built a batch of blocks at a time so memory is bounded by the batch.
+
+A sample's tokens come from ``fetch(sample_index)``, any callable returning a 1-D integer numpy
+array (typically a memory-mapped view of the token cache); only the planned slices are copied.
+
+Layout of every block (T = ``plan.block_tokens``), declared:
+
+- ``input_ids`` uint32: the pieces in plan order from offset 0, then ``pad_id`` to T;
+- ``segment_ids`` int32: 0 on pad, 1, 2, ... per piece in the block (a split or continuous piece
+  is its own segment: attention never crosses a block, so neither does a segment);
+- ``positions`` int32: restart at 0 at every segment (0 on pad);
+- ``label_mask`` uint8, aligned with the inputs: 1 at t when token t + 1 is the target, i.e.
+  t + 1 is in the same segment and is not a masked prompt token (the sample's first
+  ``prompt_lengths[sample]`` tokens, counted in the sample, not the piece). No label crosses a
+  segment boundary, none on pad, none on the last token of a segment. So a segment of n tokens
+  at sample offset o carries n - 1 - (prompt targets among sample offsets o+1 .. o+n-1) labels;
+- ``cu_seqlens`` int32 (flash-attention varlen): per block 0 and every segment's end; the pad
+  after the last entry is no segment. Flat over the batch; block i's entries are
+  ``cu_seqlens[cu_bounds[i]:cu_bounds[i + 1]]``;
+- provenance spans: half-open [start, end) of a block -> sample index, source token offset
+  (``span_*``, one row per piece). Pad has no span and so no source.
+"""
+
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from corpus_assets.core.training_view.pack_plan import PackPlan
+
+Fetch = Callable[[int], np.ndarray]
+
+
+@dataclass(frozen=True)
+class BlockBatch:
+    """Blocks ``first_block .. first_block + blocks - 1`` of a plan, arrays shaped (blocks, T)."""
+
+    first_block: int
+    input_ids: np.ndarray
+    segment_ids: np.ndarray
+    positions: np.ndarray
+    label_mask: np.ndarray
+    cu_seqlens: np.ndarray
+    cu_bounds: np.ndarray
+    span_block: np.ndarray
+    span_start: np.ndarray
+    span_end: np.ndarray
+    span_sample: np.ndarray
+    span_offset: np.ndarray
+
+    @property
+    def blocks(self) -> int:
+        return int(self.input_ids.shape[0])
+
+
+def _gather(fetch: Fetch, sample: np.ndarray, offset: np.ndarray, length: np.ndarray) -> np.ndarray:
+    """The planned slices, concatenated; a sample shorter than its plan is an error, not pad."""
+    parts = []
+    for s, o, n in zip(sample.tolist(), offset.tolist(), length.tolist(), strict=True):
+        part = fetch(s)[o : o + n]
+        if part.size != n:
+            raise ValueError(f"sample {s} has {o + part.size} tokens, the plan needs {o + n}")
+        parts.append(part)
+    return np.concatenate(parts) if parts else np.empty(0, dtype=np.uint32)
+
+
+def _segment_rank(block: np.ndarray) -> np.ndarray:
+    """0-based rank of each piece in its block (rows sorted by block)."""
+    rows = np.arange(block.size)
+    new = np.ones(block.size, dtype=bool)
+    new[1:] = block[1:] != block[:-1]
+    return rows - np.maximum.accumulate(np.where(new, rows, 0))
+
+
+def _cu_seqlens(block: np.ndarray, ends: np.ndarray, rank: np.ndarray, blocks: int):
+    """Flat cu_seqlens (0 then each segment end, per block) and each block's bounds in it."""
+    per_block = np.bincount(block, minlength=blocks) + 1
+    bounds = np.zeros(blocks + 1, dtype=np.int64)
+    np.cumsum(per_block, out=bounds[1:])
+    cu = np.zeros(int(bounds[-1]), dtype=np.int32)
+    cu[bounds[block] + 1 + rank] = ends
+    return cu, bounds
+
+
+def build_batch(
+    plan: PackPlan,
+    first: int,
+    last: int,
+    fetch: Fetch,
+    pad_id: int = 0,
+    prompt_lengths: np.ndarray | None = None,
+) -> BlockBatch:
+    """The arrays of blocks ``first .. last - 1`` of ``plan`` (layout in the module docstring)."""
+    lo, hi = np.searchsorted(plan.block, [first, last])
+    block = plan.block[lo:hi] - first
+    start, sample = plan.start[lo:hi], plan.sample[lo:hi]
+    offset, length = plan.offset[lo:hi], plan.length[lo:hi]
+    k, width = last - first, plan.block_tokens
+    tokens = _gather(fetch, sample, offset, length)
+    row_first = np.cumsum(length) - length
+    within = np.arange(tokens.size, dtype=np.int64) - np.repeat(row_first, length)
+    dest = np.repeat(block * width + start, length) + within
+    rank = _segment_rank(block)
+    input_ids = np.full(k * width, pad_id, dtype=np.uint32)
+    input_ids[dest] = tokens
+    segment_ids = np.zeros(k * width, dtype=np.int32)
+    segment_ids[dest] = np.repeat(rank + 1, length)
+    positions = np.zeros(k * width, dtype=np.int32)
+    positions[dest] = within
+    label = within < np.repeat(length - 1, length)
+    if prompt_lengths is not None:
+        target_offset = np.repeat(offset, length) + within + 1
+        label &= target_offset >= np.repeat(np.asarray(prompt_lengths)[sample], length)
+    label_mask = np.zeros(k * width, dtype=np.uint8)
+    label_mask[dest] = label
+    cu, bounds = _cu_seqlens(block, start + length, rank, k)
+    shape = (k, width)
+    return BlockBatch(
+        first, input_ids.reshape(shape), segment_ids.reshape(shape), positions.reshape(shape),
+        label_mask.reshape(shape), cu, bounds,
+        block + first, start, start + length, sample, offset,
+    )  # fmt: skip
+
+
+def iter_block_batches(
+    plan: PackPlan,
+    fetch: Fetch,
+    *,
+    batch_blocks: int = 256,
+    pad_id: int = 0,
+    prompt_lengths: np.ndarray | None = None,
+) -> Iterator[BlockBatch]:
+    """Every block of the plan, in block order, ``batch_blocks`` at a time."""
+    if batch_blocks < 1:
+        raise ValueError(f"batch_blocks must be >= 1, got {batch_blocks}")
+    for first in range(0, plan.blocks, batch_blocks):
+        last = min(first + batch_blocks, plan.blocks)
+        yield build_batch(plan, first, last, fetch, pad_id, prompt_lengths)
+
+
+def unpack_segments(batch: BlockBatch) -> Iterator[tuple[int, int, np.ndarray]]:
+    """(sample, source offset, tokens) of every segment, read back through the segment ids
+    (not the spans' bounds), so a packing that mislabels a segment shows up as wrong tokens."""
+    rank = _segment_rank(batch.span_block)
+    for row in range(batch.span_block.size):
+        local = int(batch.span_block[row]) - batch.first_block
+        ids, segments = batch.input_ids[local], batch.segment_ids[local]
+        yield (
+            int(batch.span_sample[row]),
+            int(batch.span_offset[row]),
+            ids[segments == rank[row] + 1],
+        )
+
+
+@dataclass
+class BuildAccounting:
+    """Label and special-token occupancy over built blocks (the plan's accounting has the rest):
+    the chapter counts them apart from utilisation because each can be far lower."""
+
+    special_ids: Iterable[int] = ()
+    blocks: int = 0
+    capacity_tokens: int = 0
+    content_tokens: int = 0
+    label_tokens: int = 0
+    special_tokens: int = 0
+    _special: np.ndarray = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._special = np.asarray(sorted(set(self.special_ids)), dtype=np.uint32)
+
+    def add(self, batch: BlockBatch) -> None:
+        content = batch.segment_ids != 0
+        self.blocks += batch.blocks
+        self.capacity_tokens += int(batch.input_ids.size)
+        self.content_tokens += int(content.sum())
+        self.label_tokens += int(batch.label_mask.sum(dtype=np.int64))
+        special = np.isin(batch.input_ids, self._special) & content
+        self.special_tokens += int(special.sum())
+
+    def as_dict(self) -> dict[str, int | float]:
+        capacity = self.capacity_tokens or 1
+        return {
+            "blocks": self.blocks,
+            "capacity_tokens": self.capacity_tokens,
+            "content_tokens": self.content_tokens,
+            "label_tokens": self.label_tokens,
+            "special_tokens": self.special_tokens,
+            "label_occupancy": self.label_tokens / capacity if self.capacity_tokens else 0.0,
+            "special_occupancy": self.special_tokens / capacity if self.capacity_tokens else 0.0,
+        }
