@@ -54,15 +54,36 @@ class BlockBatch:
         return int(self.input_ids.shape[0])
 
 
-def _gather(fetch: Fetch, sample: np.ndarray, offset: np.ndarray, length: np.ndarray) -> np.ndarray:
-    """The planned slices, concatenated; a sample shorter than its plan is an error, not pad."""
-    parts = []
-    for s, o, n in zip(sample.tolist(), offset.tolist(), length.tolist(), strict=True):
+def _copy_tokens(
+    fetch: Fetch,
+    out: np.ndarray,
+    dest: np.ndarray,
+    sample: np.ndarray,
+    offset: np.ndarray,
+    length: np.ndarray,
+) -> None:
+    """Copy each planned slice straight to its place; a sample shorter than its plan is an
+    error, not pad."""  # fmt: skip
+    rows = zip(dest.tolist(), sample.tolist(), offset.tolist(), length.tolist(), strict=True)
+    for d, s, o, n in rows:
         part = fetch(s)[o : o + n]
         if part.size != n:
             raise ValueError(f"sample {s} has {o + part.size} tokens, the plan needs {o + n}")
-        parts.append(part)
-    return np.concatenate(parts) if parts else np.empty(0, dtype=np.uint32)
+        out[d : d + n] = part
+
+
+def _runs(block: np.ndarray, length: np.ndarray, k: int, width: int) -> tuple[np.ndarray, ...]:
+    """The batch as runs in flat order: per block its pieces, then its pad (maybe empty).
+    Returns each run's length, whether it is a piece, and each piece's run index."""
+    pieces = np.bincount(block, minlength=k)
+    run_of_piece = np.arange(block.size) + block  # one pad run precedes per earlier block
+    pad_run = np.cumsum(pieces) + np.arange(k)
+    run_length = np.empty(block.size + k, dtype=np.int64)
+    run_length[run_of_piece] = length
+    run_length[pad_run] = width - np.bincount(block, weights=length, minlength=k).astype(np.int64)
+    is_piece = np.zeros(block.size + k, dtype=bool)
+    is_piece[run_of_piece] = True
+    return run_length, is_piece, run_of_piece
 
 
 def _segment_rank(block: np.ndarray) -> np.ndarray:
@@ -97,23 +118,23 @@ def build_batch(
     start, sample = plan.start[lo:hi], plan.sample[lo:hi]
     offset, length = plan.offset[lo:hi], plan.length[lo:hi]
     k, width = last - first, plan.block_tokens
-    tokens = _gather(fetch, sample, offset, length)
-    row_first = np.cumsum(length) - length
-    within = np.arange(tokens.size, dtype=np.int64) - np.repeat(row_first, length)
-    dest = np.repeat(block * width + start, length) + within
-    rank = _segment_rank(block)
     input_ids = np.full(k * width, pad_id, dtype=np.uint32)
-    input_ids[dest] = tokens
-    segment_ids = np.zeros(k * width, dtype=np.int32)
-    segment_ids[dest] = np.repeat(rank + 1, length)
-    positions = np.zeros(k * width, dtype=np.int32)
-    positions[dest] = within
-    label = within < np.repeat(length - 1, length)
-    if prompt_lengths is not None:
-        target_offset = np.repeat(offset, length) + within + 1
-        label &= target_offset >= np.repeat(np.asarray(prompt_lengths)[sample], length)
-    label_mask = np.zeros(k * width, dtype=np.uint8)
-    label_mask[dest] = label
+    _copy_tokens(fetch, input_ids, block * width + start, sample, offset, length)
+    rank = _segment_rank(block)
+    run_length, is_piece, run_of_piece = _runs(block, length, k, width)
+    run_segment = np.zeros(run_length.size, dtype=np.int32)
+    run_segment[run_of_piece] = rank + 1
+    segment_ids = np.repeat(run_segment, run_length)
+    run_first = (np.cumsum(run_length) - run_length).astype(np.int32)
+    positions = np.arange(k * width, dtype=np.int32) - np.repeat(run_first, run_length)
+    positions *= segment_ids != 0  # pad: 0
+    last_label = np.where(is_piece, run_length - 1, 0).astype(np.int32)  # pad runs: none
+    label = positions < np.repeat(last_label, run_length)
+    if prompt_lengths is not None:  # target offset in the sample >= its prompt length
+        run_offset = np.zeros(run_length.size, dtype=np.int64)
+        run_offset[run_of_piece] = offset - np.asarray(prompt_lengths)[sample] + 1
+        label &= positions >= -np.repeat(run_offset, run_length)
+    label_mask = label.view(np.uint8)
     cu, bounds = _cu_seqlens(block, start + length, rank, k)
     shape = (k, width)
     return BlockBatch(
