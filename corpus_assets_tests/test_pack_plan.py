@@ -284,7 +284,9 @@ def test_best_fit_decreasing_is_an_any_fit_within_bounds(lengths, block, overlon
 def test_best_fit_decreasing_never_uses_more_blocks_than_next_fit_on_the_same_order(
     lengths, block, overlong
 ):
-    """Against next-fit over the same (length-descending) order it never loses."""
+    """Against next-fit over the same (length-descending) order it never loses: a theorem for
+    any any-fit rule. Each next-fit block is a run of that order of at most T tokens; while
+    placing a run, best fit opens at most one block, which then has room for the rest of it."""
     lengths = np.array(lengths, dtype=np.int64)
     bfd = plan_packing(lengths, block, "atomic", overlong=overlong)
     descending = np.sort(lengths)[::-1]
