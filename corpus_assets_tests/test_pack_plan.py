@@ -157,6 +157,22 @@ def test_block_arrays_of_a_small_plan_exactly():
     assert totals.as_dict()["special_tokens"] == 2 and totals.as_dict()["label_tokens"] == 4
 
 
+def test_a_continuous_document_crossing_a_block_is_two_segments_with_their_offsets():
+    lengths = np.array([3, 7])
+    plan = plan_packing(lengths, 5, "continuous", tail="pad")
+    (batch,) = all_batches(plan, lengths, batch_blocks=8)
+    assert batch.input_ids.tolist() == [[1, 2, 3, 1001, 1002], [1003, 1004, 1005, 1006, 1007]]
+    assert batch.segment_ids.tolist() == [[1, 1, 1, 2, 2], [1, 1, 1, 1, 1]]
+    assert batch.positions.tolist() == [[0, 1, 2, 0, 1], [0, 1, 2, 3, 4]]
+    assert batch.label_mask.tolist() == [[1, 1, 0, 1, 0], [1, 1, 1, 1, 0]]
+    assert batch.cu_seqlens.tolist() == [0, 3, 5, 0, 5] and batch.cu_bounds.tolist() == [0, 3, 5]
+    rows = zip(batch.span_block, batch.span_start, batch.span_end, batch.span_sample,
+               batch.span_offset, strict=True)  # fmt: skip
+    assert [tuple(map(int, r)) for r in rows] == [(0, 0, 3, 0, 0), (0, 3, 5, 1, 0), (1, 0, 5, 1, 2)]
+    with pytest.raises(ValueError):
+        all_batches(plan, lengths, batch_blocks=0)
+
+
 def test_a_sample_shorter_than_planned_is_an_error():
     plan = plan_packing(np.array([4]), 8, "atomic")
     with pytest.raises(ValueError, match="sample 0 has 2 tokens"):
