@@ -90,6 +90,12 @@ def test_reader_iterates_and_reads_at_random(tmp_path: Path) -> None:
             np.testing.assert_array_equal(reader.block(number)[name], blocks[name][number])
     with pytest.raises(IndexError):
         reader.block(230)
+    one_mapped = BlockReader(cas, load_index(cas, ref["digest"]), max_mapped=1)
+    for number in (5, 150, 220, 6, 151):  # shards unmapped and mapped again
+        np.testing.assert_array_equal(
+            one_mapped.block(number)["segment_ids"], read[number]["segment_ids"]
+        )
+    assert len(one_mapped._mapped) == 1 and len(one_mapped._verified) == 3
 
 
 def test_writer_refuses_values_that_do_not_fit(tmp_path: Path) -> None:
@@ -116,8 +122,12 @@ def test_a_flipped_byte_names_the_shard_and_chunk(tmp_path: Path) -> None:
     with pytest.raises(ShardCorruptError, match=rf"shard {shard.digest} chunk 5 ") as caught:
         reader.block(100 + row)
     assert (caught.value.shard, caught.value.chunk) == (shard.digest, 5)
-    with pytest.raises(ShardCorruptError, match="chunk 5 "):
-        list(BlockReader.open(cas, ref["digest"]))
+    for threads in (1, 2):  # one thread, and a read's chunks hashed in parallel
+        with (
+            BlockReader(cas, index, threads=threads, max_mapped=1) as every,
+            pytest.raises(ShardCorruptError, match="chunk 5 "),
+        ):
+            list(every)
     with pytest.raises(ShardCorruptError, match=shard.digest):
         verify_shards(cas, index)
     unverified = BlockReader.open(cas, ref["digest"], verify=False)

@@ -15,7 +15,10 @@ positions, so ``blocks_consumed`` alone says where to resume, under any other la
 repeated; the epoch ends at ``n`` and the next starts at position 0 of epoch ``e + 1``.
 """
 
+import os
+from collections import OrderedDict
 from collections.abc import Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Literal
 
 import numpy as np
@@ -42,10 +45,24 @@ class ReaderStateError(ValueError):
 class BlockReader:
     """Blocks of a shard index by global block number, in order or at random."""
 
-    def __init__(self, cas: ContentStore, index: ShardIndex, verify: bool = True) -> None:
+    def __init__(
+        self,
+        cas: ContentStore,
+        index: ShardIndex,
+        verify: bool = True,
+        max_mapped: int = 8,
+        threads: int | None = None,
+    ) -> None:
+        """At most ``max_mapped`` shards stay mapped (least recently used first out), so resident
+        pages stay bounded; which chunks were verified is kept for every shard of this open.
+        ``threads`` hash the chunks of one read in parallel (default: the usable cores, <= 8)."""
         self.cas, self.index, self.verify = cas, index, verify
+        workers = threads or min(8, len(os.sched_getaffinity(0)))
+        self._pool = ThreadPoolExecutor(workers) if verify and workers > 1 else None
         self._firsts = np.array([entry.first_block for entry in index.shards], dtype=np.int64)
-        self._mapped: dict[int, MappedShard] = {}
+        self._mapped: OrderedDict[int, MappedShard] = OrderedDict()
+        self._verified: dict[int, np.ndarray] = {}
+        self._max_mapped = max(1, max_mapped)
 
     @classmethod
     def open(cls, cas: ContentStore, index_digest: str, verify: bool = True) -> "BlockReader":
@@ -54,11 +71,29 @@ class BlockReader:
     def __len__(self) -> int:
         return self.index.blocks
 
+    def close(self) -> None:
+        """Stop the hashing threads and drop the mappings (views already handed out stay valid)."""
+        if self._pool is not None:
+            self._pool.shutdown()
+        self._mapped.clear()
+
+    def __enter__(self) -> "BlockReader":
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
     def _shard(self, number: int) -> MappedShard:
         mapped = self._mapped.get(number)
-        if mapped is None:
-            entry = self.index.shards[number]
-            mapped = self._mapped[number] = MappedShard(self.cas, self.index, entry, self.verify)
+        if mapped is not None:
+            self._mapped.move_to_end(number)
+            return mapped
+        entry, verified = self.index.shards[number], self._verified.get(number)
+        mapped = MappedShard(self.cas, self.index, entry, self.verify, verified, self._pool)
+        self._verified[number] = mapped.verified
+        self._mapped[number] = mapped
+        if len(self._mapped) > self._max_mapped:
+            self._mapped.popitem(last=False)
         return mapped
 
     def locate(self, block: int) -> tuple[int, int]:

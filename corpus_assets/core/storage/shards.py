@@ -14,6 +14,7 @@ document that is itself put in the CAS: a reader verifies only the chunks a read
 
 import hashlib
 from collections.abc import Iterable, Mapping
+from concurrent.futures import Executor
 from pathlib import Path
 from types import TracebackType
 from typing import Literal
@@ -264,8 +265,18 @@ def load_index(cas: ContentStore, digest: str) -> ShardIndex:
 class MappedShard:
     """One shard memory-mapped read-only, verifying each chunk the first time a read touches it."""
 
-    def __init__(self, cas: ContentStore, index: ShardIndex, entry: ShardEntry, verify: bool):
-        self.entry, self.verify = entry, verify
+    def __init__(
+        self,
+        cas: ContentStore,
+        index: ShardIndex,
+        entry: ShardEntry,
+        verify: bool,
+        verified: np.ndarray | None = None,
+        pool: Executor | None = None,
+    ) -> None:
+        """``verified`` (one flag per chunk) may be shared with an earlier mapping of the shard;
+        ``pool`` hashes the chunks of one read in parallel."""
+        self.entry, self.verify, self.pool = entry, verify, pool
         path: Path = cas.path(entry.digest)
         if not path.is_file():
             raise ShardError(f"shard {entry.digest} is missing from the CAS")
@@ -274,7 +285,8 @@ class MappedShard:
                 f"shard {entry.digest} is {path.stat().st_size} bytes, not {entry.size}"
             )
         self.raw = np.memmap(path, dtype=np.uint8, mode="r")
-        self.verified = np.zeros(len(entry.chunk_digests), dtype=bool)
+        chunks = len(entry.chunk_digests)
+        self.verified = np.zeros(chunks, dtype=bool) if verified is None else verified
         offsets = index.field_offsets(entry.blocks)
         self.spans = {}  # field -> (byte offset of its array, bytes per block)
         self.arrays = {}
@@ -292,9 +304,18 @@ class MappedShard:
         return {name: array[start:stop] for name, array in self.arrays.items()}
 
     def check_bytes(self, begin: int, end: int) -> None:
+        """Verify the unverified chunks of bytes ``[begin, end)``, on the pool's threads if many.
+
+        ``hashlib`` releases the GIL while hashing, so chunks hash in parallel on several cores.
+        """
         size = self.entry.chunk_bytes
-        for chunk in range(begin // size, -(-end // size)):
-            if not self.verified[chunk]:
+        first, stop = begin // size, -(-end // size)
+        pending = [first + int(i) for i in np.flatnonzero(~self.verified[first:stop])]
+        if len(pending) > 1 and self.pool is not None:
+            for _ in self.pool.map(self.check_chunk, pending):
+                pass
+        else:
+            for chunk in pending:
                 self.check_chunk(chunk)
 
     def check_chunk(self, chunk: int) -> None:
