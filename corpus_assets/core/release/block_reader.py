@@ -50,11 +50,12 @@ class BlockReader:
         cas: ContentStore,
         index: ShardIndex,
         verify: bool = True,
-        max_mapped: int = 8,
+        max_mapped: int = 32,
         threads: int | None = None,
     ) -> None:
         """At most ``max_mapped`` shards stay mapped (least recently used first out), so resident
-        pages stay bounded; which chunks were verified is kept for every shard of this open.
+        pages stay bounded (touched pages of mapped shards count in RSS, as page cache the kernel
+        can reclaim); which chunks were verified is kept for every shard of this open.
         ``threads`` hash the chunks of one read in parallel (default: the usable cores, <= 8)."""
         self.cas, self.index, self.verify = cas, index, verify
         workers = threads or min(8, len(os.sched_getaffinity(0)))

@@ -97,8 +97,10 @@ def little_endian(dtype: np.dtype | str) -> np.dtype:
     return resolved.newbyteorder("<") if resolved.itemsize > 1 else resolved
 
 
-def chunk_digests(views: Iterable[memoryview], chunk_bytes: int) -> tuple[str, str, int]:
-    """(whole-file digest, chunk digests joined by spaces, size) of the concatenated ``views``."""
+def chunk_digests(
+    views: Iterable[memoryview], chunk_bytes: int
+) -> tuple[str, tuple[str, ...], int]:
+    """(whole-file digest, chunk digests, size) of the concatenated ``views``, in one pass."""
     whole, chunk = hashlib.sha256(), hashlib.sha256()
     filled, size, digests = 0, 0, []
     for view in views:
@@ -116,7 +118,7 @@ def chunk_digests(views: Iterable[memoryview], chunk_bytes: int) -> tuple[str, s
                 chunk, filled = hashlib.sha256(), 0
     if filled:
         digests.append(hasher_digest(chunk))
-    return hasher_digest(whole), " ".join(digests), size
+    return hasher_digest(whole), tuple(digests), size
 
 
 class ShardWriter:
@@ -200,7 +202,7 @@ class ShardWriter:
                 blocks=self._filled,
                 first_block=self.blocks,
                 chunk_bytes=self.chunk_bytes,
-                chunk_digests=tuple(chunks.split(" ")),
+                chunk_digests=chunks,
             )
         )
         self.blocks += self._filled
