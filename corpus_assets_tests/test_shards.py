@@ -1,0 +1,245 @@
+"""Block shards in a real CAS: layout, determinism, chunk verification, resume order, Megatron."""
+
+import hashlib
+import random
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from corpus_assets.core.release.block_reader import (
+    BlockReader,
+    BlockStream,
+    ReaderState,
+    ReaderStateError,
+    assigned_positions,
+    load_state,
+)
+from corpus_assets.core.release.exports import ExportError, export_megatron
+from corpus_assets.core.storage.cas import ContentStore
+from corpus_assets.core.storage.shards import (
+    ShardCorruptError,
+    ShardError,
+    load_index,
+    verify_shards,
+    write_shards,
+)
+
+T = 64
+FIELDS = {"input_ids": "uint32", "segment_ids": "int32", "positions": "int32", "label_mask": "u1"}
+BLOCK_BYTES = T * (4 + 4 + 4 + 1)
+
+
+def make_blocks(count: int, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {
+        "input_ids": rng.integers(0, 50_000, (count, T), dtype=np.uint32),
+        "segment_ids": rng.integers(0, 9, (count, T), dtype=np.int32),
+        "positions": np.tile(np.arange(T, dtype=np.int32), (count, 1)),
+        "label_mask": rng.integers(0, 2, (count, T), dtype=np.uint8),
+    }
+
+
+def split(blocks: dict[str, np.ndarray], sizes: list[int]) -> list[dict[str, np.ndarray]]:
+    batches, start = [], 0
+    for size in sizes:
+        batches.append({name: values[start : start + size] for name, values in blocks.items()})
+        start += size
+    return batches
+
+
+def write(cas: ContentStore, blocks: dict[str, np.ndarray], sizes: list[int], **options):
+    options.setdefault("shard_bytes", 100 * BLOCK_BYTES)
+    options.setdefault("chunk_bytes", 4096)
+    return write_shards(cas, split(blocks, sizes), T, FIELDS, **options)
+
+
+def test_layout_is_memmappable_and_independent_of_batch_boundaries(tmp_path: Path) -> None:
+    blocks = make_blocks(250)
+    index, ref = write(ContentStore(tmp_path / "a"), blocks, [250])
+    again, ref_again = write(ContentStore(tmp_path / "b"), blocks, [1, 99, 7, 120, 23])
+    assert ref == ref_again and index == again
+    assert [entry.blocks for entry in index.shards] == [100, 100, 50]
+    assert [entry.first_block for entry in index.shards] == [0, 100, 200]
+    cas = ContentStore(tmp_path / "a")
+    assert load_index(cas, ref["digest"]) == index
+    last = index.shards[2]
+    path = cas.path(last.digest)
+    assert "sha256:" + hashlib.sha256(path.read_bytes()).hexdigest() == last.digest
+    chunks = [path.read_bytes()[i : i + 4096] for i in range(0, last.size, 4096)]
+    assert list(last.chunk_digests) == ["sha256:" + hashlib.sha256(c).hexdigest() for c in chunks]
+    offset = 0  # the documented layout: each field's (blocks, T) array, back to back
+    for name, dtype in FIELDS.items():
+        mapped = np.memmap(path, dtype=np.dtype(dtype), mode="r", offset=offset, shape=(50, T))
+        np.testing.assert_array_equal(mapped, blocks[name][200:])
+        offset += mapped.nbytes
+    assert offset == last.size
+
+
+def test_reader_iterates_and_reads_at_random(tmp_path: Path) -> None:
+    cas = ContentStore(tmp_path)
+    blocks = make_blocks(230)
+    _index, ref = write(cas, blocks, [230])
+    reader = BlockReader.open(cas, ref["digest"])
+    read = list(reader)
+    assert len(read) == len(reader) == 230
+    for number in (0, 99, 100, 229, 57):
+        for name in FIELDS:
+            np.testing.assert_array_equal(read[number][name], blocks[name][number])
+            np.testing.assert_array_equal(reader.block(number)[name], blocks[name][number])
+    with pytest.raises(IndexError):
+        reader.block(230)
+    one_mapped = BlockReader(cas, load_index(cas, ref["digest"]), max_mapped=1)
+    for number in (5, 150, 220, 6, 151):  # shards unmapped and mapped again
+        np.testing.assert_array_equal(
+            one_mapped.block(number)["segment_ids"], read[number]["segment_ids"]
+        )
+    assert len(one_mapped._mapped) == 1 and len(one_mapped._verified) == 3
+
+
+def test_writer_refuses_values_that_do_not_fit(tmp_path: Path) -> None:
+    blocks = make_blocks(3)
+    blocks["label_mask"] = blocks["label_mask"].astype(np.int64) + 300
+    with pytest.raises(ShardError, match="label_mask"):
+        write(ContentStore(tmp_path), blocks, [3])
+
+
+def test_a_flipped_byte_names_the_shard_and_chunk(tmp_path: Path) -> None:
+    cas = ContentStore(tmp_path)
+    index, ref = write(cas, make_blocks(250), [250])
+    assert verify_shards(cas, index) == 3
+    shard = index.shards[1]
+    path = cas.path(shard.digest)
+    data = bytearray(path.read_bytes())
+    where = 5 * 4096 + 17
+    data[where] ^= 0x01
+    path.chmod(0o644)
+    path.write_bytes(bytes(data))
+    reader = BlockReader.open(cas, ref["digest"])
+    reader.block(100)  # chunk 0 of that shard is intact and reads fine
+    row = where // (T * 4)  # the byte lies in input_ids of this row of the shard
+    with pytest.raises(ShardCorruptError, match=rf"shard {shard.digest} chunk 5 ") as caught:
+        reader.block(100 + row)
+    assert (caught.value.shard, caught.value.chunk) == (shard.digest, 5)
+    for threads in (1, 2):  # one thread, and a read's chunks hashed in parallel
+        with (
+            BlockReader(cas, index, threads=threads, max_mapped=1) as every,
+            pytest.raises(ShardCorruptError, match="chunk 5 "),
+        ):
+            list(every)
+    with pytest.raises(ShardCorruptError, match=shard.digest):
+        verify_shards(cas, index)
+    unverified = BlockReader.open(cas, ref["digest"], verify=False)
+    assert len(list(unverified)) == 250  # the baseline does not look
+
+
+def identity(pack_digest: str) -> ReaderState:
+    return ReaderState(
+        snapshot_id="sha256:" + "1" * 64,
+        pack_digest=pack_digest,
+        mix_digest="sha256:" + "2" * 64,
+        tokenizer_digest="sha256:" + "3" * 64,
+        seed=7,
+    )
+
+
+def consume(stream: BlockStream, world: int, workers: int, limit: int) -> list[int]:
+    """Lockstep trainer: each position's rank takes its next block from that round's worker."""
+    iterators = {
+        (rank, worker): iter(stream.block_numbers(rank, world, worker, workers))
+        for rank in range(world)
+        for worker in range(max(workers, 1))
+    }
+    taken = []
+    for position in range(stream.state.blocks_consumed, stream.state.blocks_consumed + limit):
+        rank, round_ = position % world, position // world
+        taken.append(int(next(iterators[(rank, round_ % max(workers, 1))])))
+    return taken
+
+
+@pytest.mark.parametrize("world", [1, 2, 4])
+@pytest.mark.parametrize("workers", [0, 1, 2])
+def test_resume_under_another_layout_gives_the_uninterrupted_stream(
+    tmp_path: Path, world: int, workers: int
+) -> None:
+    cas = ContentStore(tmp_path)
+    _index, ref = write(cas, make_blocks(203), [203])
+    reader = BlockReader.open(cas, ref["digest"])
+    start = identity(ref["digest"])
+    whole = BlockStream(reader, start)
+    expected = [int(b) for b in whole.order]
+    assert sorted(expected) == list(range(203)) and expected != list(range(203))
+    chooser = random.Random(world * 10 + workers)
+    for _trial in range(3):
+        stop = chooser.randrange(1, 203)
+        first = BlockStream(reader, start)
+        head = consume(first, world, workers, stop)
+        saved = first.state_after(stop).state_dict()
+        other_world, other_workers = chooser.choice([1, 2, 4]), chooser.choice([0, 1, 2])
+        resumed = BlockStream(reader, load_state(saved, start, len(reader)))
+        tail = consume(resumed, other_world, other_workers, 203 - stop)
+        assert head + tail == expected
+        served = np.concatenate(  # every remaining position served once: 0 duplicates, 0 gaps
+            [
+                assigned_positions(203, stop, rank, other_world, worker, other_workers)
+                for rank in range(other_world)
+                for worker in range(max(other_workers, 1))
+            ]
+        )
+        assert sorted(served.tolist()) == list(range(stop, 203))
+    end = BlockStream(reader, start).state_after(203)
+    assert (end.epoch, end.blocks_consumed) == (1, 0)
+    assert BlockStream(reader, end).order.tolist() != expected
+
+
+def test_load_state_refuses_a_mismatch_naming_the_field(tmp_path: Path) -> None:
+    expected = identity("sha256:" + "4" * 64)
+    saved = expected.model_copy(update={"blocks_consumed": 5}).state_dict()
+    assert load_state(saved, expected, 10).blocks_consumed == 5
+    for name, value in [
+        ("pack_digest", "sha256:" + "5" * 64),
+        ("mix_digest", "sha256:" + "6" * 64),
+        ("tokenizer_digest", "sha256:" + "7" * 64),
+        ("snapshot_id", "sha256:" + "8" * 64),
+        ("seed", 8),
+    ]:
+        with pytest.raises(ReaderStateError, match=rf"{name}: expected .*, got {value!r}"):
+            load_state({**saved, name: value}, expected, 10)
+    with pytest.raises(ReaderStateError, match="blocks_consumed"):
+        load_state({**saved, "blocks_consumed": 11}, expected, 10)
+
+
+def read_megatron(idx: bytes, data: bytes) -> list[np.ndarray]:
+    """An independent reader of the documented MMIDIDX v1 layout."""
+    assert idx[:9] == b"MMIDIDX\x00\x00"
+    version, code, sequences, documents = struct.unpack("<QBQQ", idx[9:34])
+    assert version == 1
+    dtype = {4: np.dtype("<i4"), 8: np.dtype("<u2")}[code]
+    lengths = np.frombuffer(idx, "<i4", sequences, 34)
+    pointers = np.frombuffer(idx, "<i8", sequences, 34 + 4 * sequences)
+    docs = np.frombuffer(idx, "<i8", documents, 34 + 12 * sequences)
+    assert len(idx) == 34 + 12 * sequences + 8 * documents
+    assert docs.tolist() == list(range(sequences + 1))
+    return [
+        np.frombuffer(data, dtype, int(length), int(pointer))
+        for length, pointer in zip(lengths, pointers, strict=True)
+    ]
+
+
+@pytest.mark.parametrize("vocab", [50_000, 100_000])
+def test_megatron_export_reads_back(tmp_path: Path, vocab: int) -> None:
+    cas = ContentStore(tmp_path)
+    blocks = make_blocks(230)
+    _index, ref = write(cas, blocks, [230])
+    exported = export_megatron(cas, BlockReader.open(cas, ref["digest"]), vocab)
+    assert exported.dtype == ("<u2" if vocab < 65500 else "<i4")
+    sequences = read_megatron(
+        cas.get_bytes(exported.idx["digest"]), cas.get_bytes(exported.bin["digest"])
+    )
+    assert len(sequences) == exported.sequences == 230
+    np.testing.assert_array_equal(np.stack(sequences), blocks["input_ids"])
+    again = export_megatron(cas, BlockReader.open(cas, ref["digest"]), vocab)
+    assert again == exported
+    with pytest.raises(ExportError, match="vocab size 1000"):
+        export_megatron(cas, BlockReader.open(cas, ref["digest"]), 1000)
