@@ -11,7 +11,6 @@ plain file read (no memory map whose pages would stay resident), never holding e
 """
 
 import io
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,7 @@ from corpus_assets.core.dedup.signature_spec import SignatureSpec, spec_payload
 from corpus_assets.core.records.index import ChunkRecords
 from corpus_assets.core.runtime.code_identity import code_identity
 from corpus_assets.core.runtime.config import NearDedupPolicy
-from corpus_assets.core.runtime.workspace import Workspace, cached_then_pooled, open_workspace
+from corpus_assets.core.runtime.workspace import Workspace, cached_then_pooled
 from corpus_assets.core.storage.digests import json_digest
 from corpus_assets.core.storage.tasks import ChunkOutcome, ChunkTask, preload, run_chunk
 
@@ -99,25 +98,16 @@ class BandMajorFile:
         return data.reshape(rows, self.records)
 
 
+def _chunk_task(chunk: ChunkRecords, spec: Any) -> ChunkTask:
+    return _task(chunk.key, chunk.records["digest"], spec)
+
+
 def _compute(ws: Workspace, chunk: ChunkRecords, spec: SignatureSpec, done: Any) -> ChunkOutcome:
     def work() -> str:
         return ws.cas.put_bytes(band_major_npy(signatures(chunk.texts(ws.cas), spec)))
 
-    task = _task(chunk.key, chunk.records["digest"], spec)
+    task = _chunk_task(chunk, spec)
     return run_chunk(ws.catalog, ws.cas, task, work, done=done)
-
-
-_WORKER: dict[str, Any] = {}
-
-
-def _worker_init(config: str, environ: dict[str, str]) -> None:
-    os.environ.update(environ)
-    _WORKER["ws"] = open_workspace(config)
-
-
-def _worker_run(job: tuple[ChunkRecords, SignatureSpec]) -> ChunkOutcome:
-    chunk, spec = job
-    return _compute(_WORKER["ws"], chunk, spec, done=None)
 
 
 def ensure_signatures(
@@ -128,17 +118,7 @@ def ensure_signatures(
     ``workers > 1`` hashes chunks in a spawn pool; each chunk's bytes do not depend on it.
     """
     done = preload(ws.catalog, LAYER, code_version(spec))
-    outcomes = cached_then_pooled(
-        ws,
-        [(item, spec) for item in items],
-        lambda job: (
-            (job[0].key, _task(job[0].key, job[0].records["digest"], spec).input_digest) in done
-        ),
-        lambda job: _compute(ws, job[0], spec, done),
-        _worker_init,
-        _worker_run,
-        workers,
-    )
+    outcomes = cached_then_pooled(ws, items, spec, _chunk_task, _compute, done, workers)
     out = []
     for item, outcome in zip(items, outcomes, strict=True):
         if outcome.output_digest is None:

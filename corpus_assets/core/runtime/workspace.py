@@ -6,14 +6,12 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from corpus_assets.core.runtime.config import CorpusConfig, LoadedConfig, default_home, load_config
 from corpus_assets.core.storage.cas import ContentStore
 from corpus_assets.core.storage.catalog import Catalog, default_catalog_url
-from corpus_assets.core.storage.tasks import ChunkOutcome
-
-J = TypeVar("J")
+from corpus_assets.core.storage.tasks import ChunkOutcome, ChunkTask
 
 
 @dataclass
@@ -68,32 +66,47 @@ def worker_pool(
     )
 
 
+_POOLED: dict[str, Any] = {}  # a pool worker's own workspace
+
+
+def _open_in_worker(config: str, environ: dict[str, str]) -> None:
+    os.environ.update(environ)
+    _POOLED["ws"] = open_workspace(config)
+
+
+def _run_in_worker(job: tuple[Callable[..., ChunkOutcome], Any, Any]) -> ChunkOutcome:
+    compute, chunk, spec = job
+    return compute(_POOLED["ws"], chunk, spec, None)
+
+
 def cached_then_pooled(
     ws: Workspace,
-    jobs: Sequence[J],
-    cached: Callable[[J], bool],
-    compute: Callable[[J], ChunkOutcome],
-    pool_init: Callable[..., None],
-    pool_run: Callable[[J], ChunkOutcome],
+    chunks: Sequence[Any],
+    spec: Any,
+    task_of: Callable[[Any, Any], ChunkTask],
+    compute: Callable[[Workspace, Any, Any, Any], ChunkOutcome],
+    done: Any,
     workers: int,
 ) -> list[ChunkOutcome]:
-    """Outcomes of per-chunk jobs in job order: ``cached`` ones read here (a dict hit and a
-    stat), the missing ones computed here or, with ``workers > 1``, in a spawn pool (only when
-    there is work for it). A job's bytes never depend on where it ran."""
-    outcomes: list[ChunkOutcome | None] = [None] * len(jobs)
+    """Outcomes of one chunk task per chunk, in chunk order: tasks already in ``done`` read here
+    (a dict hit and a stat), the missing ones computed here or, with ``workers > 1``, in a spawn
+    pool (only when there is work for it; ``compute`` is a module-level function, so a worker
+    imports it). A chunk's bytes never depend on where it ran."""
+    outcomes: list[ChunkOutcome | None] = [None] * len(chunks)
     missing = []
-    for n, job in enumerate(jobs):
-        if cached(job):
-            outcomes[n] = compute(job)
+    for n, chunk in enumerate(chunks):
+        task = task_of(chunk, spec)
+        if (task.chunk_key, task.input_digest) in done:
+            outcomes[n] = compute(ws, chunk, spec, done)
         else:
             missing.append(n)
     workers = min(workers, len(missing))
     if workers > 1:
-        with worker_pool(ws, workers, pool_init) as pool:
-            done = pool.map(pool_run, [jobs[n] for n in missing])
-            for n, outcome in zip(missing, done, strict=True):
+        with worker_pool(ws, workers, _open_in_worker) as pool:
+            jobs = [(compute, chunks[n], spec) for n in missing]
+            for n, outcome in zip(missing, pool.map(_run_in_worker, jobs), strict=True):
                 outcomes[n] = outcome
     else:
         for n in missing:
-            outcomes[n] = compute(jobs[n])
+            outcomes[n] = compute(ws, chunks[n], spec, done)
     return [o for o in outcomes if o is not None]

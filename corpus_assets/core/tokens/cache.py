@@ -13,7 +13,6 @@ of them: record ``i`` is ``ids[offsets[i]:offsets[i + 1]]``. Both are written ba
 (``storage.npy_stream``) and read memory-mapped (``TokenArrays``), verified once when opened.
 """
 
-import os
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -23,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from corpus_assets.core.records.index import ChunkRecords
 from corpus_assets.core.runtime.code_identity import code_identity
-from corpus_assets.core.runtime.workspace import Workspace, cached_then_pooled, open_workspace
+from corpus_assets.core.runtime.workspace import Workspace, cached_then_pooled
 from corpus_assets.core.storage.artifacts import JSON, Ref, get_json, make_ref, put_json
 from corpus_assets.core.storage.digests import json_digest
 from corpus_assets.core.storage.npy_stream import NpyStream
@@ -101,22 +100,13 @@ def tokenize_chunk(ws: Workspace, chunk: ChunkRecords, spec: TokenizerSpec) -> s
     return put_json(ws.cas, descriptor.model_dump(by_alias=True))["digest"]
 
 
+def _chunk_task(chunk: ChunkRecords, spec: Any) -> ChunkTask:
+    return _task(chunk.key, chunk.records["digest"], spec)
+
+
 def _compute(ws: Workspace, chunk: ChunkRecords, spec: TokenizerSpec, done: Any) -> ChunkOutcome:
-    task = _task(chunk.key, chunk.records["digest"], spec)
+    task = _chunk_task(chunk, spec)
     return run_chunk(ws.catalog, ws.cas, task, lambda: tokenize_chunk(ws, chunk, spec), done=done)
-
-
-_WORKER: dict[str, Any] = {}
-
-
-def _worker_init(config: str, environ: dict[str, str]) -> None:
-    os.environ.update(environ)
-    _WORKER["ws"] = open_workspace(config)
-
-
-def _worker_run(job: tuple[ChunkRecords, TokenizerSpec]) -> ChunkOutcome:
-    chunk, spec = job
-    return _compute(_WORKER["ws"], chunk, spec, done=None)
 
 
 def ensure_tokens(
@@ -127,17 +117,7 @@ def ensure_tokens(
     ``workers > 1`` tokenises chunks in a spawn pool; each chunk's bytes do not depend on it.
     """
     done = preload(ws.catalog, LAYER, code_version())
-    outcomes = cached_then_pooled(
-        ws,
-        [(chunk, spec) for chunk in chunks],
-        lambda job: (
-            (job[0].key, _task(job[0].key, job[0].records["digest"], spec).input_digest) in done
-        ),
-        lambda job: _compute(ws, job[0], spec, done),
-        _worker_init,
-        _worker_run,
-        workers,
-    )
+    outcomes = cached_then_pooled(ws, chunks, spec, _chunk_task, _compute, done, workers)
     out = []
     for chunk, outcome in zip(chunks, outcomes, strict=True):
         if outcome.output_digest is None:
