@@ -1,8 +1,6 @@
 import hashlib
 import json
 import random
-import string
-from array import array
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
@@ -18,8 +16,7 @@ from corpus_assets.core.records.normalize import dedup_key
 from corpus_assets.core.records.quality import QualityPolicy
 from corpus_assets.core.runtime.config import ObjectsSource, SplitPolicy
 from corpus_assets.core.tokens.encode import encode_batch
-from corpus_assets.core.tokens.spec import utf8_spec
-from corpus_assets.core.training_view.packing import EOS, PAD, Packed, pack, token_bytes
+from corpus_assets.core.tokens.spec import UTF8_IDS, utf8_spec
 from corpus_assets.core.training_view.split_assign import split_of
 from corpus_assets.demo import demo_objects
 
@@ -336,114 +333,12 @@ def tokenize(text: str) -> list[int]:
     return tokens.tolist()
 
 
-def spans_of(packed: Packed) -> list[dict[str, Any]]:
-    names = list(packed.spans)
-    return [dict(zip(names, row, strict=True)) for row in zip(*packed.spans.values(), strict=True)]
-
-
-def check_packing(samples: list[tuple[str, list[int]]], block: int) -> Packed:
-    """Assert the packing invariants that hold for any input; return the result."""
-    packed = pack(samples, block)
-    tokens = packed.tokens.tolist()
-    assert len(tokens) == packed.blocks * block
-    assert tokens.count(PAD) == packed.pad
-
-    covered = [False] * len(tokens)
-    by_record: dict[str, list[int]] = {}
-    source = dict(samples)
-    for span in spans_of(packed):
-        assert 0 <= span["start"] < span["end"] <= block
-        first = span["block"] * block
-        piece = tokens[first + span["start"] : first + span["end"]]
-        offset = span["record_offset"]
-        assert piece == source[span["record_id"]][offset : offset + len(piece)]
-        assert offset == len(by_record.get(span["record_id"], []))
-        by_record.setdefault(span["record_id"], []).extend(piece)
-        for position in range(first + span["start"], first + span["end"]):
-            assert not covered[position], "spans overlap"
-            covered[position] = True
-    assert covered == [t != PAD for t in tokens], "spans must cover exactly the non-PAD tokens"
-    assert by_record == {rid: toks for rid, toks in samples if toks}
-    return packed
-
-
-def test_book_example_5_4_3_in_blocks_of_8() -> None:
-    samples = [
-        ("a", [1, 2, 3, 4, EOS]),
-        ("b", [5, 6, 7, EOS]),
-        ("c", [8, 9, EOS]),
-    ]
-    packed = check_packing(samples, 8)
-
-    assert packed.blocks == 2
-    assert packed.pad == 4
-    assert packed.tokens.tolist() == [
-        *[1, 2, 3, 4, EOS, PAD, PAD, PAD],
-        *[5, 6, 7, EOS, 8, 9, EOS, PAD],
-    ]
-    contents = [sum(t != PAD for t in packed.tokens[b * 8 : (b + 1) * 8]) for b in range(2)]
-    assert contents == [5, 7]
-    assert [(s["block"], s["start"], s["end"], s["record_id"]) for s in spans_of(packed)] == [
-        (0, 0, 5, "a"),
-        (1, 0, 4, "b"),
-        (1, 4, 7, "c"),
-    ]
-
-
-def test_exact_fit_needs_no_padding() -> None:
-    packed = check_packing([("a", [1] * 5), ("b", [2] * 3), ("c", [3] * 8)], 8)
-    assert (packed.blocks, packed.pad) == (2, 0)
-
-
-def test_overlong_sample_is_split_at_block_multiples() -> None:
-    tokens = [*range(20), EOS]
-    packed = check_packing([("long", tokens), ("short", [7, EOS])], 8)
-
-    spans = spans_of(packed)
-    long_spans = [s for s in spans if s["record_id"] == "long"]
-    assert [s["record_offset"] for s in long_spans] == [0, 8, 16]
-    assert [(s["block"], s["start"], s["end"]) for s in long_spans] == [
-        (0, 0, 8),
-        (1, 0, 8),
-        (2, 0, 5),
-    ]
-    (short,) = [s for s in spans if s["record_id"] == "short"]
-    assert (short["block"], short["start"], short["end"], short["record_offset"]) == (2, 5, 7, 0)
-    assert (packed.blocks, packed.pad) == (3, 1)
-
-
-def test_nothing_to_pack_gives_no_blocks() -> None:
-    packed = pack([], 8)
-    assert (packed.blocks, packed.pad, len(packed.tokens)) == (0, 0, 0)
-
-
-@pytest.mark.parametrize("block", [8, 13, 64])
-def test_packing_invariants_on_random_samples(block: int) -> None:
-    rng = random.Random(block)
-    samples = []
-    for n in range(300):
-        text = "".join(
-            rng.choice(string.ascii_letters + "é ✓\n") for _ in range(rng.randint(0, 90))
-        )
-        samples.append((f"src/r{n}", tokenize(text)))
-    packed = check_packing(samples, block)
-    for record_id, tokens in samples:
-        if len(tokens) <= block:
-            count = packed.spans["record_id"].count(record_id)
-            assert count == 1, f"{record_id} fits in a block but was split"
-
-
 def test_tokenize_is_utf8_bytes_then_eos() -> None:
+    EOS, PAD = UTF8_IDS["eos"], UTF8_IDS["pad"]
     assert tokenize("") == [EOS]
     assert tokenize("A é") == [0x41, 0x20, 0xC3, 0xA9, EOS]
     assert tokenize("✓") == [0xE2, 0x9C, 0x93, 256]
     assert (EOS, PAD) == (256, 257)
-
-
-def test_token_bytes_are_little_endian_uint16() -> None:
-    tokens = array("H", [1, EOS, PAD, 0xABCD])
-    assert token_bytes(tokens) == b"\x01\x00" + b"\x00\x01" + b"\x01\x01" + b"\xcd\xab"
-    assert tokens.tolist() == [1, EOS, PAD, 0xABCD]
 
 
 # --- demo ------------------------------------------------------------------------------------

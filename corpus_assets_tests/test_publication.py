@@ -3,15 +3,20 @@
 import json
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
 from corpus_assets.core.governance import benchmarks, gate, states, tombstones
 from corpus_assets.core.governance.lineage import tombstone_hits
 from corpus_assets.core.pipeline import build_all
+from corpus_assets.core.records.index import CanonicalIndex
+from corpus_assets.core.release.block_reader import BlockReader
 from corpus_assets.core.release.publish import activate, approve, rollback
 from corpus_assets.core.release.validation import validate_snapshot
+from corpus_assets.core.runtime.layers import load_index
 from corpus_assets.core.runtime.workspace import Workspace
+from corpus_assets.core.tokens.spec import UTF8_IDS
 
 
 def _publish(ws: Workspace, key: str) -> str:
@@ -53,7 +58,27 @@ def test_rollback_bumps_generation_and_never_crosses_a_tombstone(workspace: Work
 
     lineage = tombstone_hits(workspace.cas, workspace.catalog, seq)
     assert [s["snapshotId"] for s in lineage["snapshots"]] == [first, second]
-    assert all(s["members"] == ["essays/e0001"] and s["spans"] >= 1 for s in lineage["snapshots"])
+    assert all(s["members"] == ["essays/e0001"] and s["spans"] for s in lineage["snapshots"])
+    _check_hit_spans(workspace, lineage["snapshots"][0], "essays/e0001")
+
+
+def _check_hit_spans(ws: Workspace, hit: dict, record_id: str) -> None:
+    """The listed shard, block and [start, end) of every span hold the record's whole token
+    stream (utf8-bytes-v1: its text's bytes, then EOS), read back from the shard itself."""
+    text = CanonicalIndex.read(ws, hit["partition"])[1].table(["record_id", "text"])
+    (row,) = text.filter(pc.equal(text.column("record_id"), record_id)).to_pylist()
+    manifest = json.loads(
+        ws.cas.get_bytes(states.get(ws.catalog, hit["snapshotId"]).manifest_digest)
+    )
+    packed = load_index(ws.cas, manifest["layers"]["packed_blocks"], "packed_blocks")
+    stream = []
+    with BlockReader.open(ws.cas, packed.output("shard_index")["digest"]) as reader:
+        for span in hit["spans"]:
+            assert span["record_id"] == record_id and span["record_offset"] == len(stream)
+            shard, _row = reader.locate(span["block"])
+            assert reader.index.shards[shard].digest == span["shard"]
+            stream += reader.block(span["block"])["input_ids"][span["start"] : span["end"]].tolist()
+    assert stream == [*row["text"].encode(), UTF8_IDS["eos"]]
 
 
 def test_a_candidate_built_before_a_fence_cannot_activate(workspace: Workspace) -> None:

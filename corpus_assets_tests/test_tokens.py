@@ -17,6 +17,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 
 from corpus_assets.core.pipeline import BUILDERS, build_all
 from corpus_assets.core.records.index import CanonicalIndex
+from corpus_assets.core.release.block_reader import BlockReader
 from corpus_assets.core.release.publish import activate, approve
 from corpus_assets.core.release.training import TrainingReader, take_permit
 from corpus_assets.core.release.verify import verify
@@ -132,9 +133,14 @@ def _text_of(ws: Workspace, key: str) -> dict[str, str]:
 
 
 def _packed(ws: Workspace, key: str, dtype: str) -> tuple[dict, np.ndarray, int, list[dict]]:
-    """The packed_blocks outputs, its tokens, block length and spans."""
+    """The packed_blocks outputs, its input ids (read through the verified block reader), block
+    length and spans; ``dtype`` is the input_ids field the shard index must declare."""
     _ref, packed = _index(ws, key, "packed_blocks")
-    tokens = np.frombuffer(ws.cas.get_bytes(packed["tokens"]["digest"]), dtype)
+    with BlockReader.open(ws.cas, packed["shard_index"]["digest"]) as reader:
+        assert reader.index.dtypes()["input_ids"] == np.dtype(dtype)
+        tokens = np.concatenate(
+            [b["input_ids"].reshape(-1) for b in reader.batches()] or [np.empty(0, dtype)]
+        )
     block = read_layer_index(ws, key, "packed_blocks")[1].counts["block_tokens"]
     return packed, tokens, block, get_table(ws.cas, packed["spans"]).to_pylist()
 
@@ -406,8 +412,11 @@ def test_a_repeated_id_packs_the_text_dedup_kept(workspace: Workspace) -> None:
     with open_workspace(config) as ws:
         build_all(ws, "p1")
         _packed_outputs, tokens, block, spans = _packed(ws, "p1", "<u2")
-    mine = [s for s in spans if s["record_id"] == "essays/e0000"]
-    assert mine and mine[0]["record_offset"] == 0
+    mine = sorted(
+        (s for s in spans if s["record_id"] == "essays/e0000"), key=lambda s: s["record_offset"]
+    )
+    covered = sum(s["end"] - s["start"] for s in mine)
+    assert mine and mine[0]["record_offset"] == 0 and covered == len(longer.encode()) + 1
     _check_spans(tokens, block, mine, {"essays/e0000": [*longer.encode(), 256]})
 
 

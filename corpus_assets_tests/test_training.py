@@ -9,7 +9,6 @@ from sqlalchemy import select, text
 
 from corpus_assets.core.governance import states
 from corpus_assets.core.pipeline import build_all
-from corpus_assets.core.release import training
 from corpus_assets.core.release.publish import activate, approve
 from corpus_assets.core.release.training import (
     Permit,
@@ -20,8 +19,8 @@ from corpus_assets.core.release.training import (
 )
 from corpus_assets.core.release.validation import validate_snapshot
 from corpus_assets.core.runtime.workspace import Workspace
-from corpus_assets.core.storage.cas import CorruptObjectError
 from corpus_assets.core.storage.catalog import permits
+from corpus_assets.core.storage.shards import ShardCorruptError
 
 
 def _built(ws: Workspace, key: str) -> str:
@@ -97,7 +96,12 @@ def test_reader_yields_the_verified_tokens_and_reports_every_digest(workspace: W
     indexes, data = _all_tokens(reader)
     assert indexes == list(range(counts["blocks"]))
     assert len(data) == counts["blocks"] * counts["block_tokens"] * 2
-    assert data == ws.cas.get_bytes(outputs["tokens"]["digest"])
+    index = json.loads(ws.cas.get_bytes(outputs["shard_index"]["digest"]))
+    stored = b"".join(  # input_ids is each shard's first field: its (blocks, T) uint16 array
+        ws.cas.get_bytes(s["digest"])[: s["blocks"] * counts["block_tokens"] * 2]
+        for s in index["shards"]
+    )
+    assert data == stored
     assert [i for i, _ in reader.blocks(start=counts["blocks"] - 1)] == [counts["blocks"] - 1]
 
     members, spans = reader.members(), reader.spans()
@@ -116,7 +120,8 @@ def test_reader_yields_the_verified_tokens_and_reports_every_digest(workspace: W
         permit.permit_id,
     )
     read = {entry["what"]: (entry["digest"], entry["bytes"]) for entry in report["read"]}
-    assert read["tokens"] == (outputs["tokens"]["digest"], outputs["tokens"]["size"])
+    assert read["shard index"] == (outputs["shard_index"]["digest"], outputs["shard_index"]["size"])
+    assert read["shard"] == (outputs["shards"][-1]["digest"], outputs["shards"][-1]["size"])
     assert read["spans"] == (outputs["spans"]["digest"], outputs["spans"]["size"])
     assert read["members"] == (manifest["members"]["digest"], manifest["members"]["size"])
     assert read["manifest"][0] == states.get(ws.catalog, sid).manifest_digest
@@ -197,40 +202,20 @@ def test_a_permit_serialises_with_a_concurrent_fence_advance(workspace: Workspac
     assert "tombstone watermark 1" in str(outcome["error"])
 
 
-def test_a_flipped_byte_in_the_tokens_is_caught_before_any_block(workspace: Workspace) -> None:
+def test_a_flipped_byte_in_a_shard_is_caught_before_its_block(workspace: Workspace) -> None:
     ws = workspace
     sid = _active(ws, "p1")
     permit = take_permit(ws.cas, ws.catalog, sid, "run-1", ws.config.purpose)
     reader = TrainingReader(ws.cas, ws.catalog, permit)
-    digest = _packed(ws, sid)["outputs"]["tokens"]["digest"]
-    path = ws.cas.path(digest)
+    shard = _packed(ws, sid)["outputs"]["shards"][0]["digest"]
+    path = ws.cas.path(shard)
     flipped = bytearray(path.read_bytes())
-    flipped[len(flipped) - 1] ^= 0x01  # the last byte: only a whole-file hash can see it
+    flipped[len(flipped) - 1] ^= 0x01  # the last label byte of the last block
     path.write_bytes(bytes(flipped))
 
     delivered = []
-    with pytest.raises(CorruptObjectError, match=digest):
+    with pytest.raises(ShardCorruptError, match=rf"shard {shard} chunk 0 is corrupt"):
         for block in reader.blocks():
             delivered.append(block)
-    assert delivered == []
-    assert all(entry["what"] != "tokens" for entry in reader.report()["read"])
-
-
-def test_tokens_changed_while_being_read_fail_the_run_at_the_end(
-    workspace: Workspace, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Bytes are hashed before the first block; a change after that is caught by the re-hash."""
-    ws = workspace
-    sid = _active(ws, "p1")
-    permit = take_permit(ws.cas, ws.catalog, sid, "run-1", ws.config.purpose)
-    reader = TrainingReader(ws.cas, ws.catalog, permit)
-    monkeypatch.setattr(training, "READ_BLOCKS", 1)  # one block per read
-    digest = _packed(ws, sid)["outputs"]["tokens"]["digest"]
-    blocks = reader.blocks()
-    assert next(blocks)[0] == 0
-    path = ws.cas.path(digest)
-    flipped = bytearray(path.read_bytes())
-    flipped[-1] ^= 0x01
-    path.write_bytes(bytes(flipped))
-    with pytest.raises(CorruptObjectError, match=rf"while being read\) {digest} is corrupt"):
-        list(blocks)
+    assert delivered == []  # the demo's shard is one chunk: no block of it is handed out
+    assert all(entry["what"] != "shard" for entry in reader.report()["read"])

@@ -61,9 +61,7 @@ def hits(cas: ContentStore, catalog: Catalog, kind: str, target: str) -> list[di
                 pa.array([c["representative_id"] for c in carried], pa.string()),
             ]
         )
-        packed = load_index(cas, manifest["layers"]["packed_blocks"], "packed_blocks")
-        spans = get_table(cas, packed.output("spans"), "spans table")
-        spans = spans.filter(pc.is_in(spans.column("record_id"), value_set=ids))
+        spans = _spans_of(cas, manifest, ids)
         with catalog.begin() as conn:
             runs = conn.scalars(
                 select(permits.c.run_id).where(permits.c.snapshot_id == snapshot.snapshot_id)
@@ -75,12 +73,26 @@ def hits(cas: ContentStore, catalog: Catalog, kind: str, target: str) -> list[di
                 "state": snapshot.state,
                 "members": sorted(matched.column("record_id").to_pylist()),
                 "carried_by": carried,
-                "spans": spans.num_rows,
-                "blocks": sorted(set(spans.column("block").to_pylist())),
+                "spans": spans,
+                "blocks": sorted({span["block"] for span in spans}),
                 "runs": sorted(runs),
             }
         )
     return found
+
+
+def _spans_of(cas: ContentStore, manifest: dict[str, Any], ids: pa.Array) -> list[dict[str, Any]]:
+    """Every packed span of these records: shard (by digest), block, [start, end), offset."""
+    packed = load_index(cas, manifest["layers"]["packed_blocks"], "packed_blocks")
+    spans = get_table(cas, packed.output("spans"), "spans table")
+    spans = spans.filter(pc.is_in(spans.column("record_id"), value_set=ids))
+    shards = [ref["digest"] for ref in packed.outputs.get("shards", [])]
+    columns = ["record_id", "record_offset", "shard", "block", "start", "end"]
+    rows = spans.select([c for c in columns if c in spans.column_names]).to_pylist()
+    for row in rows:
+        if "shard" in row:  # an index written before shards has none
+            row["shard"] = shards[row["shard"]]
+    return sorted(rows, key=lambda r: (r["record_id"], r["record_offset"]))
 
 
 def _carried_by(

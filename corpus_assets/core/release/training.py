@@ -11,11 +11,7 @@ new run. ``TrainingReader`` opens exactly the CAS objects the manifest names, ve
 before handing out a byte, and reports what it read.
 """
 
-import hashlib
-import os
-import sys
 import time
-from array import array
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -25,16 +21,16 @@ from sqlalchemy import Connection, insert, select
 from sqlalchemy.exc import IntegrityError
 
 from corpus_assets.core.governance import states
+from corpus_assets.core.release.block_reader import BlockReader
 from corpus_assets.core.release.identity import snapshot_id as compute_snapshot_id
 from corpus_assets.core.release.verify import load_manifest, resolve
 from corpus_assets.core.runtime.layers import LayerIndex, load_index
 from corpus_assets.core.storage.artifacts import decode_table
-from corpus_assets.core.storage.cas import ContentStore, CorruptObjectError, MissingObjectError
+from corpus_assets.core.storage.cas import ContentStore
 from corpus_assets.core.storage.catalog import Catalog, gate, permits
-from corpus_assets.core.storage.digests import DIGEST_RE, hasher_digest, json_digest
-
-TOKEN_TYPECODES = {"uint16-le": "H", "uint32-le": "I"}  # stored dtype -> native array type
-READ_BLOCKS = 1 << 22  # bytes per read of the tokens object (whole blocks, at least one)
+from corpus_assets.core.storage.digests import DIGEST_RE, json_digest
+from corpus_assets.core.storage.shards import ShardIndex
+from corpus_assets.core.storage.shards import load_index as load_shard_index
 
 
 class TrainingError(RuntimeError):
@@ -285,75 +281,61 @@ class TrainingReader:
         self.manifest = _manifest(cas, snapshot, permit.run_id)
         self._note("manifest", snapshot.manifest_digest, cas.size(snapshot.manifest_digest))
         self.packed = self._index(self.manifest["layers"]["packed_blocks"], "packed_blocks")
-        dtype = self.packed.outputs.get("dtype")
-        if dtype not in TOKEN_TYPECODES:
-            raise TrainingError(
-                f"snapshot {permit.snapshot_id}: tokens dtype {dtype!r}, this "
-                f"reader reads {' or '.join(map(repr, TOKEN_TYPECODES))}"
-            )
-        self.typecode = TOKEN_TYPECODES[dtype]
-        token_bytes = array(self.typecode).itemsize
         self.block_tokens = int(self.packed.counts["block_tokens"])
         self.block_count = int(self.packed.counts["blocks"])
         self.tokenizer = self.packed.output("tokenizer")
         self.eos, self.pad = self.packed.output("eos"), self.packed.output("pad")
-        self._tokens_ref = self.packed.output("tokens")
-        expected = self.block_count * self.block_tokens * token_bytes
-        if self._tokens_ref["size"] != expected:
+        self.shard_index = self._shard_index(self.packed.output("shard_index"))
+        self._blocks = BlockReader(cas, self.shard_index)
+
+    def _shard_index(self, ref: dict[str, Any]) -> ShardIndex:
+        """The shard index the packed_blocks index names, checked against its counts."""
+        self._checked(ref, "shard index", self.cas.size(ref["digest"]))
+        index = load_shard_index(self.cas, ref["digest"])
+        if (index.blocks, index.block_tokens) != (self.block_count, self.block_tokens):
             raise TrainingError(
-                f"snapshot {permit.snapshot_id}: tokens {self._tokens_ref['digest']} is "
-                f"{self._tokens_ref['size']} bytes, {self.block_count} blocks of "
-                f"{self.block_tokens} {dtype} tokens need {expected}"
+                f"snapshot {self.permit.snapshot_id}: shard index {ref['digest']} holds "
+                f"{index.blocks} blocks of {index.block_tokens} tokens, the packed_blocks index "
+                f"says {self.block_count} of {self.block_tokens}"
             )
+        return index
 
-    def blocks(self, start: int = 0) -> Iterator[tuple[int, memoryview | array]]:
-        """(block index, ``block_tokens`` tokens) from ``start`` on, all bytes verified.
+    @property
+    def pack_digest(self) -> str:
+        """The shard index digest: what a reader state binds a resumed run to."""
+        return self.packed.output("shard_index")["digest"]
 
-        The tokens object can be many GB and its digest covers the whole file, so no byte can be
-        checked before the whole file is hashed. The file is opened once; a first pass hashes it
-        in constant memory (``CorruptObjectError`` naming the digest, before any block is yielded,
-        if it does not match); then blocks are read from the same descriptor. The CAS never
-        rewrites an object, so the bytes read are the bytes hashed, barring in-place corruption
-        during the run: the second pass hashes again and raises at the end if the file changed
-        under the run (its blocks must then be discarded). Blocks are memoryviews cast to native
-        uint16 or uint32 as stored (arrays byteswapped from little-endian on big-endian hosts).
+    def blocks(self, start: int = 0, fields: bool = False) -> Iterator[tuple[int, Any]]:
+        """(block index, its ``input_ids``) from ``start`` on; ``fields=True`` gives every field
+        (``input_ids``, ``segment_ids``, ``positions``, ``label_mask``) as a dict instead.
+
+        Every block is verified before it is handed out, and only the 4 MiB chunks of its shard
+        that it touches are hashed (once per open), so a run that starts mid-pack reads and hashes
+        only what it uses. A corrupt byte raises ``ShardCorruptError`` naming shard and chunk.
         """
-        digest = self._tokens_ref["digest"]
         if not 0 <= start <= self.block_count:
             raise TrainingError(
                 f"run {self.permit.run_id!r}: block {start} is outside 0..{self.block_count}"
             )
-        try:
-            fd = os.open(self.cas.path(digest), os.O_RDONLY)
-        except FileNotFoundError:
-            raise MissingObjectError(digest, "tokens") from None
-        try:
-            size = _hash_fd(fd, digest, "tokens")
-            if size != self._tokens_ref["size"]:
-                raise TrainingError(
-                    f"tokens {digest}: {size} bytes, the index says {self._tokens_ref['size']}"
-                )
-            self._note("tokens", digest, size)
-            block_bytes = self.block_tokens * array(self.typecode).itemsize
-            per_read = max(1, READ_BLOCKS // block_bytes) * block_bytes
-            hasher = hashlib.sha256()
-            # blocks before ``start`` are hashed too, so the end-of-run check covers the file
-            offset, first = 0, start * block_bytes
-            while offset < size:
-                chunk = os.pread(fd, min(per_read, size - offset), offset)
-                if not chunk:
-                    break
-                hasher.update(chunk)
-                view = memoryview(chunk)
-                for at in range(max(0, first - offset), len(chunk), block_bytes):
-                    block = view[at : at + block_bytes]
-                    yield (offset + at) // block_bytes, _tokens(block, self.typecode)
-                offset += len(chunk)
-            actual = hasher_digest(hasher)
-            if actual != digest:
-                raise CorruptObjectError(digest, actual, "tokens (changed while being read)")
-        finally:
-            os.close(fd)
+        number = start
+        for batch in self._blocks.batches(start):
+            entry = self.shard_index.shards[self._blocks.locate(number)[0]]
+            self._note("shard", entry.digest, entry.size)
+            for row in range(len(batch["input_ids"])):
+                if fields:
+                    yield number, {name: values[row] for name, values in batch.items()}
+                else:
+                    yield number, batch["input_ids"][row]
+                number += 1
+
+    def close(self) -> None:
+        self._blocks.close()
+
+    def __enter__(self) -> "TrainingReader":
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
 
     def members(self) -> pa.Table:
         """The manifest's members table, verified, with the row count the manifest states."""
@@ -404,24 +386,3 @@ class TrainingReader:
 
     def _note(self, what: str, digest: str, size: int) -> None:
         self._read[(what, digest)] = size
-
-
-def _hash_fd(fd: int, digest: str, what: str) -> int:
-    """Hash a whole file in constant memory; its size, or CorruptObjectError naming it."""
-    hasher = hashlib.sha256()
-    offset = 0
-    while chunk := os.pread(fd, 1 << 22, offset):
-        hasher.update(chunk)
-        offset += len(chunk)
-    actual = hasher_digest(hasher)
-    if actual != digest:
-        raise CorruptObjectError(digest, actual, what)
-    return offset
-
-
-def _tokens(view: memoryview, typecode: str) -> memoryview | array:
-    if sys.byteorder == "little":
-        return view.cast(typecode)
-    tokens = array(typecode, view.tobytes())
-    tokens.byteswap()
-    return tokens

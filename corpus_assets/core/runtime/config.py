@@ -267,9 +267,16 @@ class TokenizerPolicy(_Strict):
 
 
 class PackingPolicy(_Strict):
+    """How samples become fixed-length blocks (seed 000, 18.6). ``mode`` ``atomic`` never splits
+    a sample that fits (global best-fit-decreasing); ``overlong`` decides the rest; ``tail``
+    applies to ``continuous`` only; blocks are ordered by a hash keyed with ``seed``."""
+
     block_tokens: Annotated[int, Field(ge=8, le=1 << 20)] = 2048
-    overlong: Literal["split"] = "split"
-    tail: Literal["pad"] = "pad"
+    mode: Literal["atomic", "next_fit", "continuous"] = "atomic"
+    overlong: Literal["truncate", "split", "quarantine"] = "split"
+    tail: Literal["drop", "pad"] = "pad"
+    positions: Literal["per_segment"] = "per_segment"
+    seed: Annotated[str, Field(min_length=1)] = "pack-v1"
 
     @model_validator(mode="before")
     @classmethod

@@ -1,37 +1,48 @@
-"""packed_blocks: each sample's cached tokens packed into fixed-length blocks (algorithm 18.2).
+"""packed_blocks: the mixed samples' cached tokens packed into verified block shards (seed 000,
+18.6, algorithm 18.2).
 
-A sample's tokens come from the token cache (``tokens.cache``, the ``policies.tokenizer`` spec:
-``[BOS] + content + [EOS]``), memory-mapped per canonical chunk; the index lists the cache refs
-and the tokenizer spec. Each sample is atomic; one longer than the block is split into
-block-sized pieces first (policy ``split``). A sample that does not fit in the current block
-seals it with PAD. Tokens are stored little-endian, uint16 (uint32 when the vocabulary exceeds
-65,536 ids), ``blocks * block_tokens`` of them; the spans table maps every half-open [start, end)
-range of a block to its record and the offset in that record's token stream.
+The plan is made on token counts alone (``pack_plan``: ``policies.packing`` mode, overlong rule,
+tail, keyed block order), then blocks are built a batch at a time from the memory-mapped token
+cache (``pack_blocks``) and written as chunk-verified shards (``storage.shards``): per block
+``input_ids`` (the tokenizer's dtype), ``segment_ids`` and ``positions`` (uint16, uint32 when
+T > 65,535) and ``label_mask`` (uint8); ``cu_seqlens`` follow from the segment ids
+(``release.block_reader.cu_seqlens``). The spans table maps every half-open [start, end) of a
+block to its record, the offset in that record's token stream, its shard, the transform that made
+the tokens and the rule that inserted the special tokens inside it; pad has no span.
+Memory: the plan (five int64 per piece), one batch of blocks and one shard buffer.
 """
-
-import sys
-from array import array
-from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
 
 from corpus_assets.core.records.index import CanonicalIndex
 from corpus_assets.core.runtime.code_identity import stage_code
-from corpus_assets.core.runtime.layers import (
-    LayerIndex,
-    LayerResult,
-    publish_index,
-    read_layer_index,
-)
+from corpus_assets.core.runtime.config import PackingPolicy
+from corpus_assets.core.runtime.layers import LayerResult, publish_index, read_layer_index
 from corpus_assets.core.runtime.workspace import Workspace
-from corpus_assets.core.storage.artifacts import BINARY, get_table, put_bytes, put_table
-from corpus_assets.core.tokens.cache import TokenArrays, TokenCache, open_tokens, token_cache
-from corpus_assets.core.tokens.spec import UTF8_IDS, resolve_tokenizer
+from corpus_assets.core.storage.artifacts import (
+    BINARY,
+    Ref,
+    get_table,
+    make_ref,
+    put_json,
+    put_table,
+)
+from corpus_assets.core.storage.shards import ShardIndex, ShardWriter
+from corpus_assets.core.tokens import cache as token_cache_module
+from corpus_assets.core.tokens.cache import TokenCache, token_cache
+from corpus_assets.core.tokens.spec import TokenizerSpec, resolve_tokenizer
+from corpus_assets.core.training_view.pack_blocks import (
+    BlockBatch,
+    BuildAccounting,
+    iter_block_batches,
+)
+from corpus_assets.core.training_view.pack_plan import PackPlan, plan_packing
+from corpus_assets.core.training_view.pack_samples import SampleRows, SampleTokens, locate_samples
 
-CODE = stage_code("packed_blocks.atomic-split.v2", __name__)  # its closure, hashed at import
-EOS, PAD = UTF8_IDS["eos"], UTF8_IDS["pad"]  # utf8-bytes-v1's (the default tokenizer)
+CODE = stage_code("packed_blocks.shards.v3", __name__)  # its closure, hashed at import
+BATCH_BLOCKS = 256
+PPM = 1_000_000
 SPAN_COLUMNS = pa.schema(
     [
         ("block", pa.int64()),
@@ -39,121 +50,152 @@ SPAN_COLUMNS = pa.schema(
         ("end", pa.int32()),
         ("record_id", pa.string()),
         ("record_offset", pa.int64()),
+        ("shard", pa.int32()),
+        ("transform", pa.string()),
+        ("specials", pa.string()),
     ]
 )
 
 
-@dataclass
-class Packed:
-    tokens: array
-    spans: dict[str, list] = field(default_factory=lambda: {f.name: [] for f in SPAN_COLUMNS})
-    blocks: int = 0
-    pad: int = 0
+def shard_fields(spec: TokenizerSpec, block_tokens: int) -> dict[str, str]:
+    """The per-token fields of a block and their little-endian dtypes."""
+    small = "<u2" if block_tokens <= 0xFFFF else "<u4"
+    return {
+        "input_ids": spec.dtype.newbyteorder("<").str,
+        "segment_ids": small,
+        "positions": small,
+        "label_mask": "|u1",
+    }
 
 
-def pack(
-    samples: Iterable[tuple[str, Sequence[int]]],
-    block_tokens: int,
-    pad: int = PAD,
-    typecode: str = "H",
-) -> Packed:
-    """Greedy first-fit in stream order; every block is exactly ``block_tokens`` long.
-
-    ``typecode`` is the ``array`` type of the tokens (``H`` uint16, ``I`` uint32)."""
-    packed = Packed(tokens=array(typecode))
-    used = 0
-
-    def seal() -> None:
-        nonlocal used
-        packed.tokens.extend([pad] * (block_tokens - used))
-        packed.pad += block_tokens - used
-        packed.blocks += 1
-        used = 0
-
-    for record_id, tokens in samples:
-        for offset in range(0, len(tokens), block_tokens):
-            piece = tokens[offset : offset + block_tokens]
-            if used + len(piece) > block_tokens:
-                seal()
-            for key, value in (
-                ("block", packed.blocks),
-                ("start", used),
-                ("end", used + len(piece)),
-                ("record_id", record_id),
-                ("record_offset", offset),
-            ):
-                packed.spans[key].append(value)
-            packed.tokens.frombytes(np.asarray(piece, dtype=packed.tokens.typecode).tobytes())
-            used += len(piece)
-    if used:
-        seal()
-    return packed
+def plan_for(lengths: np.ndarray, policy: PackingPolicy) -> PackPlan:
+    """The policy's plan; the block order is keyed by the policy seed, never by workers."""
+    return plan_packing(
+        lengths,
+        policy.block_tokens,
+        policy.mode,
+        overlong=policy.overlong,
+        tail=policy.tail,
+        seed=f"packed_blocks/{policy.seed}".encode(),
+    )
 
 
-def token_bytes(tokens: array) -> bytes:
-    """Little-endian bytes of the packed tokens, whatever the host's byte order."""
-    if sys.byteorder == "big":
-        tokens = array(tokens.typecode, tokens)
-        tokens.byteswap()
-    return tokens.tobytes()
+class SpanRules:
+    """The transform and special-token rule of each span, as dictionary strings.
+
+    A span at record offset ``o`` of ``n`` tokens of a record of ``L`` holds the declared BOS
+    when ``o == 0`` and the EOS the tokenizer rule appended when ``o + n == L``."""
+
+    def __init__(self, spec: TokenizerSpec, rows: SampleRows) -> None:
+        self.transform = f"{token_cache_module.code_version()} tokenizer {spec.digest}"
+        self.bos = spec.bos is not None
+        self.length = rows.length
+        self.names = pa.array(["", "document.bos", "document.eos", "document.bos+eos"])
+
+    def specials(self, sample: np.ndarray, offset: np.ndarray, length: np.ndarray) -> pa.Array:
+        code = ((offset == 0) & self.bos).astype(np.int8)
+        code += 2 * (offset + length == self.length[sample]).astype(np.int8)
+        return pa.DictionaryArray.from_arrays(pa.array(code), self.names).cast(pa.string())
+
+    def transforms(self, count: int) -> pa.Array:
+        codes = pa.array(np.zeros(count, np.int8))
+        return pa.DictionaryArray.from_arrays(codes, [self.transform]).cast(pa.string())
 
 
-def sample_tokens(
-    ws: Workspace,
-    canonical: CanonicalIndex,
-    cache: TokenCache,
-    order: list[str],
-    dedup: LayerIndex,
-) -> Iterator[tuple[str, np.ndarray]]:
-    """(record id, its cached tokens) in stream order. A sample is a member, so its row is the
-    dedup representative's (object, line): a repeated id elsewhere (excluded) never stands in."""
-    columns = ["record_id", "object", "line", "is_representative"]
-    clusters = get_table(ws.cas, dedup.output("clusters"), "dedup clusters", columns)
-    chosen = clusters.filter(clusters.column("is_representative"))
-    rows = zip(*(chosen.column(c).to_pylist() for c in columns[:3]), strict=True)
-    member_at = {record_id: (name, line) for record_id, name, line in rows}
-    arrays: list[TokenArrays] = []
-    where: dict[str, tuple[int, int]] = {}
-    for n, (chunk, cached) in enumerate(zip(canonical.chunks(), cache.chunks, strict=True)):
-        arrays.append(open_tokens(ws, cached, cache.spec))
-        table = chunk.table(ws.cas, columns[:3])
-        located = zip(*(table.column(c).to_pylist() for c in columns[:3]), strict=True)
-        for row, (record_id, name, line) in enumerate(located):
-            if member_at.get(record_id) == (name, line):
-                where[record_id] = (n, row)
-    for record_id in order:
-        chunk_at, row = where[record_id]
-        yield record_id, arrays[chunk_at].record(row)
+def span_batch(
+    batch: BlockBatch, rows: SampleRows, rules: SpanRules, shard_blocks: int
+) -> pa.RecordBatch:
+    sample, offset = batch.span_sample, batch.span_offset
+    length = batch.span_end - batch.span_start
+    return pa.RecordBatch.from_arrays(
+        [
+            pa.array(batch.span_block, pa.int64()),
+            pa.array(batch.span_start, pa.int32()),
+            pa.array(batch.span_end, pa.int32()),
+            rows.record_id.take(pa.array(sample)).combine_chunks(),
+            pa.array(offset, pa.int64()),
+            pa.array(batch.span_block // shard_blocks, pa.int32()),
+            rules.transforms(sample.size),
+            rules.specials(sample, offset, length),
+        ],
+        schema=SPAN_COLUMNS,
+    )
+
+
+def write_blocks(
+    ws: Workspace, plan: PackPlan, rows: SampleRows, spec: TokenizerSpec, cache: TokenCache
+) -> tuple[ShardIndex, Ref, pa.Table, dict[str, int]]:
+    """Build every block a batch at a time into shards; (index, its ref, spans, occupancy)."""
+    fields = shard_fields(spec, plan.block_tokens)
+    specials = [s.id for s in (spec.bos, spec.eos) if s is not None]
+    accounting = BuildAccounting(special_ids=specials)
+    rules = SpanRules(spec, rows)
+    fetch = SampleTokens(ws, cache, rows)
+    spans = []
+    with ShardWriter(ws.cas, plan.block_tokens, fields) as writer:
+        for batch in iter_block_batches(plan, fetch, batch_blocks=BATCH_BLOCKS, pad_id=spec.pad.id):
+            writer.write({name: getattr(batch, name) for name in fields})
+            accounting.add(batch)
+            spans.append(span_batch(batch, rows, rules, writer.shard_blocks))
+    assert writer.index is not None and writer.ref is not None
+    table = pa.Table.from_batches(spans, SPAN_COLUMNS)
+    return writer.index, writer.ref, table, accounting.as_dict()
+
+
+def packing_counts(plan: PackPlan, built: dict, samples: int, spans: int) -> dict[str, int]:
+    """Integer counts (ratios in parts per million: hashed documents hold no floats)."""
+    planned = plan.accounting()
+    capacity = max(int(planned["capacity_tokens"]), 1)
+    return {
+        "blocks": plan.blocks,
+        "block_tokens": plan.block_tokens,
+        "tokens": int(planned["capacity_tokens"]),
+        "content_tokens": int(planned["content_tokens"]),
+        "pad_tokens": int(planned["pad_tokens"]),
+        "input_tokens": int(planned["input_tokens"]),
+        "dropped_tokens": int(planned["dropped_tokens"]),
+        "quarantined_samples": int(planned["quarantined_samples"]),
+        "label_tokens": int(built["label_tokens"]),
+        "special_tokens": int(built["special_tokens"]),
+        "utilisation_ppm": int(planned["content_tokens"]) * PPM // capacity,
+        "data_loss_ppm": int(planned["dropped_tokens"]) * PPM // max(plan.input_tokens, 1),
+        "label_occupancy_ppm": int(built["label_tokens"]) * PPM // capacity,
+        "special_occupancy_ppm": int(built["special_tokens"]) * PPM // capacity,
+        "samples": samples,
+        "spans": spans,
+    }
+
+
+def quarantined_table(plan: PackPlan, rows: SampleRows) -> pa.Table:
+    """Samples the overlong rule dropped whole, with their token counts."""
+    index = pa.array(plan.quarantined, pa.int64())
+    return pa.table(
+        {
+            "sample": index,
+            "record_id": rows.record_id.take(index),
+            "tokens": pa.array(rows.length[plan.quarantined], pa.int64()),
+        }
+    )
 
 
 def build_packed_blocks(ws: Workspace, partition_key: str) -> LayerResult:
     mixed_ref, mixed = read_layer_index(ws, partition_key, "mixed_samples")
     canonical_ref, canonical = CanonicalIndex.read(ws, partition_key)
     dedup_ref, dedup = read_layer_index(ws, partition_key, "dedup_clusters")
-    order = get_table(ws.cas, mixed.output("samples"), "mixed samples").column("record_id")
+    order = get_table(ws.cas, mixed.output("samples"), "mixed samples", ["record_id"])
     cache = token_cache(ws, canonical.chunks(), resolve_tokenizer(ws))
-    spec = cache.spec
-    policy = ws.config.policies.packing
-    samples = sample_tokens(ws, canonical, cache, order.to_pylist(), dedup)
-    typecode = "H" if spec.dtype.itemsize == 2 else "I"
-    packed = pack(samples, policy.block_tokens, spec.pad.id, typecode)
-    spans = pa.Table.from_pydict(packed.spans, schema=SPAN_COLUMNS)
-    tokens_ref = put_bytes(ws.cas, token_bytes(packed.tokens), BINARY)
+    spec, policy = cache.spec, ws.config.policies.packing
+    rows = locate_samples(ws, canonical, cache, order.column("record_id"), dedup)
+    plan = plan_for(rows.length, policy)
+    index, index_ref, spans, built = write_blocks(ws, plan, rows, spec, cache)
     spans_ref = put_table(ws.cas, spans)
-    total = packed.blocks * policy.block_tokens
-    counts = {
-        "blocks": packed.blocks,
-        "block_tokens": policy.block_tokens,
-        "tokens": total,
-        "content_tokens": total - packed.pad,
-        "pad_tokens": packed.pad,
-        "eos_tokens": len(order),  # one per sample (each record's tokens end with EOS)
-        "samples": len(order),
-        "spans": spans.num_rows,
-    }
+    counts = packing_counts(plan, built, len(rows.length), spans.num_rows)
     outputs = {
-        "tokens": tokens_ref,
+        "shard_index": index_ref,
+        "shards": [make_ref(s.digest, BINARY, s.size) for s in index.shards],
         "spans": spans_ref,
+        "quarantined": put_table(ws.cas, quarantined_table(plan, rows)),
+        "layout": put_json(ws.cas, layout_document(policy, index, spec)),
         "dtype": spec.dtype_name,
         "tokenizer": spec.document(),
         "eos": spec.eos.id,
@@ -175,6 +217,25 @@ def build_packed_blocks(ws: Workspace, partition_key: str) -> LayerResult:
         digest=ref["digest"],
         counts=counts,
         preview=spans.slice(0, 10).to_pylist(),
-        digests={"tokens": tokens_ref["digest"], "spans": spans_ref["digest"]},
+        digests={"shard_index": index_ref["digest"], "spans": spans_ref["digest"]},
         run_stats=cache.run_stats(),
     )
+
+
+def layout_document(policy: PackingPolicy, index: ShardIndex, spec: TokenizerSpec) -> dict:
+    """What a reader must know to use the blocks, declared once (the fields' meaning)."""
+    return {
+        "schema": "corpus.packed-layout.v1",
+        "mode": policy.mode,
+        "overlong": policy.overlong,
+        "tail": policy.tail if policy.mode == "continuous" else None,
+        "positions": policy.positions,
+        "block_order": f"sha256 keyed by packed_blocks/{policy.seed}",
+        "block_tokens": index.block_tokens,
+        "fields": {f.name: f.dtype for f in index.fields},
+        "segment_ids": "0 = pad; 1, 2, ... per piece in its block",
+        "label_mask": "1 at t when token t+1 is a target in the same segment",
+        "pad": spec.pad.id,
+        "eos": spec.eos.id,
+        "bos": spec.bos.id if spec.bos is not None else None,
+    }

@@ -1,0 +1,105 @@
+"""Where each mixed sample's tokens are in the token cache, found with Arrow joins.
+
+A sample is a member, so its tokens are those of the dedup representative's row (record id,
+object, line): a repeated record id elsewhere (excluded by dedup) never stands in. The lookup is
+two hash joins and one sort on columnar tables (no Python object per record), and the token
+arrays stay memory-mapped: a sample's tokens are copied only when a block is built.
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from corpus_assets.core.records.index import CanonicalIndex
+from corpus_assets.core.runtime.layers import LayerIndex
+from corpus_assets.core.runtime.workspace import Workspace
+from corpus_assets.core.storage.artifacts import get_table
+from corpus_assets.core.tokens.cache import TokenArrays, TokenCache, open_tokens
+
+ROW_KEY = ["record_id", "object", "line"]
+
+
+class SampleLookupError(ValueError):
+    """A mixed sample has no cached tokens: the layers it was drawn from disagree."""
+
+
+@dataclass(frozen=True)
+class SampleRows:
+    """Per sample in stream order: its record id, kind, token-cache chunk and row, and length."""
+
+    record_id: pa.ChunkedArray
+    kind: pa.ChunkedArray
+    chunk: np.ndarray
+    row: np.ndarray
+    length: np.ndarray
+
+
+def _cache_rows(ws: Workspace, canonical: CanonicalIndex, cache: TokenCache) -> pa.Table:
+    """(record_id, object, line, kind, chunk, row, length) of every canonical row."""
+    parts = []
+    for n, (chunk, cached) in enumerate(zip(canonical.chunks(), cache.chunks, strict=True)):
+        table = chunk.table(ws.cas, [*ROW_KEY, "kind"])
+        counts = open_tokens(ws, cached, cache.spec, ids=False).counts()
+        rows = table.num_rows
+        parts.append(
+            table.append_column("chunk", pa.array(np.full(rows, n, np.int32)))
+            .append_column("row", pa.array(np.arange(rows, dtype=np.int64)))
+            .append_column("length", pa.array(counts, pa.int64()))
+        )
+    schema = pa.schema(
+        [("record_id", pa.string()), ("object", pa.string()), ("line", pa.int64()),
+         ("kind", pa.string()), ("chunk", pa.int32()), ("row", pa.int64()),
+         ("length", pa.int64())]
+    )  # fmt: skip
+    return pa.concat_tables(parts) if parts else schema.empty_table()
+
+
+def locate_samples(
+    ws: Workspace,
+    canonical: CanonicalIndex,
+    cache: TokenCache,
+    samples: pa.ChunkedArray,
+    dedup: LayerIndex,
+) -> SampleRows:
+    """Each sample's place in the cache (``samples``: record ids in stream order)."""
+    columns = [*ROW_KEY, "is_representative"]
+    clusters = get_table(ws.cas, dedup.output("clusters"), "dedup clusters", columns)
+    kept = clusters.filter(clusters.column("is_representative")).select(ROW_KEY)
+    rows = kept.join(_cache_rows(ws, canonical, cache), ROW_KEY, join_type="inner")
+    order = pa.table({"record_id": samples, "sample": np.arange(len(samples), dtype=np.int64)})
+    found = order.join(
+        rows.select(["record_id", "kind", "chunk", "row", "length"]),
+        "record_id",
+        join_type="left outer",
+    ).sort_by("sample")
+    if found.num_rows != len(samples):
+        raise SampleLookupError(
+            f"{found.num_rows} cache rows for {len(samples)} samples: a member has two rows"
+        )
+    missing = pc.is_null(found.column("chunk"))
+    if pc.any(missing).as_py():
+        first = found.filter(missing).column("record_id")[0].as_py()
+        raise SampleLookupError(
+            f"sample record {first!r} has no kept canonical row with cached tokens "
+            f"({pc.sum(missing).as_py()} samples in all)"
+        )
+    return SampleRows(
+        record_id=found.column("record_id"),
+        kind=found.column("kind"),
+        chunk=found.column("chunk").to_numpy(),
+        row=found.column("row").to_numpy(),
+        length=found.column("length").to_numpy(),
+    )
+
+
+class SampleTokens:
+    """``fetch(sample)``: a sample's tokens, a view of its chunk's memory-mapped cache file."""
+
+    def __init__(self, ws: Workspace, cache: TokenCache, rows: SampleRows) -> None:
+        self._arrays: list[TokenArrays] = [open_tokens(ws, c, cache.spec) for c in cache.chunks]
+        self._chunk, self._row = rows.chunk, rows.row
+
+    def __call__(self, sample: int) -> np.ndarray:
+        return self._arrays[self._chunk[sample]].record(int(self._row[sample]))
