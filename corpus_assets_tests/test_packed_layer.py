@@ -6,16 +6,20 @@ from collections import Counter
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 import yaml
 
+from corpus_assets.core.governance import states
 from corpus_assets.core.pipeline import build_all
 from corpus_assets.core.records.index import CanonicalIndex
 from corpus_assets.core.release.block_reader import BlockReader
+from corpus_assets.core.release.packing_check import packing_findings
+from corpus_assets.core.release.validation import validate_snapshot
 from corpus_assets.core.runtime.layers import read_layer_index
 from corpus_assets.core.runtime.workspace import Workspace, open_workspace
-from corpus_assets.core.storage.artifacts import get_table
+from corpus_assets.core.storage.artifacts import get_json, get_table, put_table
 from corpus_assets.core.tokens.spec import UTF8_IDS
 
 PAD = UTF8_IDS["pad"]
@@ -147,3 +151,40 @@ def test_the_same_build_gives_the_same_shards_and_the_seed_only_reorders(
         return sorted((s["record_id"], s["record_offset"], s["end"] - s["start"]) for s in spans)
 
     assert content(second_spans) == content(first_spans)
+
+
+def _replaced(column: str, values: list):
+    """A spans change: ``column`` set to ``values`` (the first rows; the rest unchanged)."""
+
+    def change(spans: pa.Table) -> pa.Table:
+        at = spans.schema.get_field_index(column)
+        old = spans.column(column).to_pylist()
+        new = pa.array(values + old[len(values) :], spans.schema.field(column).type)
+        return spans.set_column(at, column, new)
+
+    return change
+
+
+def test_the_packing_gate_refuses_unsound_spans(demo_home: Path) -> None:
+    with _workspace(demo_home, "gate", {"block_tokens": 64}) as ws:
+        sid = build_all(ws, "p1")["manifest"].digests["snapshotId"]
+        report = validate_snapshot(ws, sid)
+        assert report.ok and report.gate.packing_violations == 0
+        _ref, packed = read_layer_index(ws, "p1", "packed_blocks")
+        manifest = get_json(ws.cas, states.get(ws.catalog, sid).manifest_digest)
+        members = get_table(ws.cas, manifest["members"])
+        spans = get_table(ws.cas, packed.output("spans"))
+
+        def findings(change) -> list[str]:
+            outputs = {**packed.outputs, "spans": put_table(ws.cas, change(spans))}
+            return packing_findings(ws.cas, packed.model_copy(update={"outputs": outputs}), members)
+
+    assert findings(lambda t: t) == []
+    first = spans.slice(0, 1).to_pylist()[0]
+    wider = findings(_replaced("end", [first["end"] + 1]))  # into the next span or past T
+    assert any("overlap" in f or "outside" in f for f in wider)
+    assert any("cover" in f for f in wider)
+    moved = findings(_replaced("shard", [first["shard"] + 1]))
+    assert any("1 spans lie outside their block or shard" in f for f in moved)
+    stranger = findings(_replaced("record_id", ["x/y"]))
+    assert any("1 packed records are not train members" in f and "x/y" in f for f in stranger)

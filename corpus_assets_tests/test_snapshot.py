@@ -44,6 +44,7 @@ def test_build_validates_and_rebuild_is_identical(workspace: Workspace) -> None:
         "leakage_group_split_violations",
         "split_conflicts",
         "split_quarantined",
+        "packing_violations",
         "tombstone_hits",
         "benchmark_hits",
         "canary_chunks",

@@ -9,6 +9,7 @@ from sqlalchemy import select, text
 
 from corpus_assets.core.governance import states
 from corpus_assets.core.pipeline import build_all
+from corpus_assets.core.release.block_reader import ReaderStateError
 from corpus_assets.core.release.publish import activate, approve
 from corpus_assets.core.release.training import (
     Permit,
@@ -219,3 +220,31 @@ def test_a_flipped_byte_in_a_shard_is_caught_before_its_block(workspace: Workspa
             delivered.append(block)
     assert delivered == []  # the demo's shard is one chunk: no block of it is handed out
     assert all(entry["what"] != "shard" for entry in reader.report()["read"])
+
+
+def test_a_stream_resumes_under_another_layout_and_refuses_another_pack(
+    workspace: Workspace,
+) -> None:
+    """Stop after some positions at world 2 x 2 workers, resume at world 1: the blocks read
+    are exactly the uninterrupted epoch's, in order; a state of another pack or seed is refused."""
+    ws = workspace
+    sid = _active(ws, "p1")
+    permit = take_permit(ws.cas, ws.catalog, sid, "run-1", ws.config.purpose)
+    with TrainingReader(ws.cas, ws.catalog, permit) as reader:
+        whole = reader.stream(seed=7).block_numbers().tolist()
+        assert sorted(whole) == list(range(reader.block_count)) and whole != sorted(whole)
+        first = reader.stream(seed=7)
+        per_worker = {
+            (rank, worker): first.block_numbers(rank, 2, worker, 2).tolist()
+            for rank in range(2)
+            for worker in range(2)
+        }
+        stop = 3  # positions 0..2: rank p % 2, its k-th position to worker k % 2
+        consumed = [per_worker[(p % 2, (p // 2) % 2)][p // 4] for p in range(stop)]
+        saved = json.loads(json.dumps(first.state_after(stop).state_dict()))
+    with TrainingReader(ws.cas, ws.catalog, permit) as again:
+        rest = [n for n, _ in again.stream(seed=7, saved=saved).blocks()]
+        assert consumed + rest == whole
+        for field, value in [("pack_digest", "sha256:" + "0" * 64), ("seed", 8)]:
+            with pytest.raises(ReaderStateError, match=field):
+                again.stream(seed=7, saved={**saved, field: value})

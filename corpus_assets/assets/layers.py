@@ -32,7 +32,9 @@ DESCRIPTIONS = {
     "splits": "Each leakage component in train / validation / test: inherited from the parent "
     "snapshot, new components hashed; moves and conflicts listed; per-split report.",
     "mixed_samples": "The training stream: planned per-source mix, content-keyed picks and order.",
-    "packed_blocks": "Cached tokens (policies.tokenizer) packed into fixed-length blocks + spans.",
+    "packed_blocks": "Cached tokens packed into fixed-length blocks (best-fit-decreasing by "
+    "default) with segment ids, positions and label masks, in chunk-verified shards; spans "
+    "map every block range to its record.",
     "manifest": "training.dataset.snapshot.v1: the digest a training run names.",
 }
 

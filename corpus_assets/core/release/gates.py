@@ -25,6 +25,7 @@ from corpus_assets.core.ingest.freeze_spec import ChangelogSourceSpec, FreezeSpe
 from corpus_assets.core.records.index import CanonicalIndex
 from corpus_assets.core.records.layer import Replay
 from corpus_assets.core.release.leakage_check import dedup_invariants
+from corpus_assets.core.release.packing_check import packing_findings
 from corpus_assets.core.runtime.layers import LayerIndex, load_index
 from corpus_assets.core.storage.artifacts import get_json, get_table
 from corpus_assets.core.storage.cas import ContentStore
@@ -56,6 +57,7 @@ class GateReport(BaseModel):
     leakage_group_split_violations: int | None = None
     split_conflicts: int | None = None
     split_quarantined: int | None = None
+    packing_violations: int | None = None
     tombstone_hits: int | None = None
     benchmark_hits: int | None = None
     canary_chunks: int | None = None
@@ -278,6 +280,15 @@ def split_conflicts_resolved(ev: Evidence, report: GateReport) -> list[str]:
     report.split_quarantined = len(ev.quarantined)
     members = set(ev.ids)
     return [f"quarantined record {rid!r} is a member" for rid in ev.quarantined if rid in members]
+
+
+def packing_invariants_hold(ev: Evidence, report: GateReport) -> list[str]:
+    """The spans are sound provenance: inside their blocks and shards, disjoint, covering the
+    counted content, and only over train members (``packing_check``)."""
+    packed = load_index(ev.cas, ev.manifest["layers"]["packed_blocks"], "packed_blocks")
+    findings = packing_findings(ev.cas, packed, ev.members)
+    report.packing_violations = len(findings)
+    return findings
 
 
 def no_tombstone_hits(ev: Evidence, report: GateReport) -> list[str]:

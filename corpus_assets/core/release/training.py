@@ -12,7 +12,7 @@ before handing out a byte, and reports what it read.
 """
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -21,7 +21,12 @@ from sqlalchemy import Connection, insert, select
 from sqlalchemy.exc import IntegrityError
 
 from corpus_assets.core.governance import states
-from corpus_assets.core.release.block_reader import BlockReader
+from corpus_assets.core.release.block_reader import (
+    BlockReader,
+    BlockStream,
+    ReaderState,
+    load_state,
+)
 from corpus_assets.core.release.identity import snapshot_id as compute_snapshot_id
 from corpus_assets.core.release.verify import load_manifest, resolve
 from corpus_assets.core.runtime.layers import LayerIndex, load_index
@@ -327,6 +332,25 @@ class TrainingReader:
                 else:
                     yield number, batch["input_ids"][row]
                 number += 1
+
+    def stream(
+        self, seed: int, shuffle: bool = True, saved: Mapping[str, Any] | None = None
+    ) -> BlockStream:
+        """One epoch of this snapshot's blocks in the order every rank and worker agrees on.
+
+        ``saved`` is a ``state_dict`` from an earlier stream; it resumes only if it names this
+        snapshot, pack (shard index), mix (mixed_samples index), tokenizer, seed and order, and
+        is refused with ``ReaderStateError`` naming the field before any block is read."""
+        expected = ReaderState(
+            snapshot_id=self.permit.snapshot_id,
+            pack_digest=self.pack_digest,
+            mix_digest=self.manifest["layers"]["mixed_samples"]["digest"],
+            tokenizer_digest=self.tokenizer["digest"],
+            seed=seed,
+            shuffle=shuffle,
+        )
+        state = expected if saved is None else load_state(saved, expected, self.block_count)
+        return BlockStream(self._blocks, state)
 
     def close(self) -> None:
         self._blocks.close()

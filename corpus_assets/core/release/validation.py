@@ -57,6 +57,7 @@ def snapshot_rules(ws: Workspace) -> SnapshotRules:
             gates.rows_explained,
             gates.dedup_invariants_hold,
             gates.split_conflicts_resolved,
+            gates.packing_invariants_hold,
             gates.no_tombstone_hits,
             gates.no_benchmark_hits,
             gates.transform_image_is(transform.transform_image()),

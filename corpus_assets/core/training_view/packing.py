@@ -7,8 +7,10 @@ cache (``pack_blocks``) and written as chunk-verified shards (``storage.shards``
 ``input_ids`` (the tokenizer's dtype), ``segment_ids`` and ``positions`` (uint16, uint32 when
 T > 65,535) and ``label_mask`` (uint8); ``cu_seqlens`` follow from the segment ids
 (``release.block_reader.cu_seqlens``). The spans table maps every half-open [start, end) of a
-block to its record, the offset in that record's token stream, its shard, the transform that made
-the tokens and the rule that inserted the special tokens inside it; pad has no span.
+block to its record, the offset in that record's token stream, the sample (stream position: a
+repeat of a record is another sample; both halves of a preference pair share one), its shard,
+the transform that made the tokens and the rule that inserted the special tokens inside it; pad
+has no span.
 Memory: the plan (five int64 per piece), one batch of blocks and one shard buffer.
 """
 
@@ -50,6 +52,7 @@ SPAN_COLUMNS = pa.schema(
         ("end", pa.int32()),
         ("record_id", pa.string()),
         ("record_offset", pa.int64()),
+        ("sample", pa.int64()),
         ("shard", pa.int32()),
         ("transform", pa.string()),
         ("specials", pa.string()),
@@ -114,6 +117,7 @@ def span_batch(
             pa.array(batch.span_end, pa.int32()),
             rows.record_id.take(pa.array(sample)).combine_chunks(),
             pa.array(offset, pa.int64()),
+            pa.array(sample, pa.int64()),
             pa.array(batch.span_block // shard_blocks, pa.int32()),
             rules.transforms(sample.size),
             rules.specials(sample, offset, length),

@@ -1,0 +1,87 @@
+"""What the packed blocks of a valid snapshot must hold, checked on its published tables.
+
+The spans table is the provenance a trainer and an auditor rely on, so it is checked against
+the shard index and the members rather than trusted: every span lies inside its block, spans
+never overlap, they cover exactly the content tokens the layer counted, each names the shard
+holding its block, and only train members are packed. Reads the spans and the shard index, not
+the shards (``verify`` re-hashes those).
+"""
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from corpus_assets.core.runtime.layers import LayerIndex
+from corpus_assets.core.storage.artifacts import get_table
+from corpus_assets.core.storage.cas import ContentStore
+from corpus_assets.core.storage.shards import ShardIndex, load_index
+
+SHOWN = 5  # findings listed per kind
+
+
+def packing_findings(cas: ContentStore, packed: LayerIndex, members: pa.Table) -> list[str]:
+    """Every broken packing invariant, one line per kind (with up to ``SHOWN`` examples)."""
+    index = load_index(cas, packed.output("shard_index")["digest"])
+    spans = get_table(cas, packed.output("spans"), "spans table")
+    findings = _index_findings(index, packed.counts)
+    findings += _span_bounds(spans, index)
+    findings += _overlaps(spans)
+    content = pc.sum(pc.subtract(spans.column("end"), spans.column("start"))).as_py() or 0
+    if content != packed.counts.get("content_tokens"):
+        findings.append(
+            f"spans cover {content} tokens, the layer counts {packed.counts.get('content_tokens')}"
+        )
+    train = members.filter(pc.equal(members.column("split"), "train")).column("record_id")
+    strangers = pc.unique(
+        spans.filter(pc.invert(pc.is_in(spans.column("record_id"), value_set=train))).column(
+            "record_id"
+        )
+    )
+    if len(strangers):
+        findings.append(
+            f"{len(strangers)} packed records are not train members, e.g. "
+            f"{strangers.slice(0, SHOWN).to_pylist()}"
+        )
+    return findings
+
+
+def _index_findings(index: ShardIndex, counts: dict) -> list[str]:
+    if (index.blocks, index.block_tokens) == (counts.get("blocks"), counts.get("block_tokens")):
+        return []
+    return [
+        f"shard index holds {index.blocks} blocks of {index.block_tokens}, the layer counts "
+        f"{counts.get('blocks')} of {counts.get('block_tokens')}"
+    ]
+
+
+def _span_bounds(spans: pa.Table, index: ShardIndex) -> list[str]:
+    """Each span is non-empty, inside its block, in an existing block, in the shard it names."""
+    start, end, block = spans.column("start"), spans.column("end"), spans.column("block")
+    shard = pc.divide(block, pa.scalar(index.shard_blocks, pa.int64()))
+    bad = pc.or_(
+        pc.or_(pc.less(start, 0), pc.greater_equal(start, end)),
+        pc.or_(pc.greater(end, index.block_tokens), pc.greater_equal(block, index.blocks)),
+    )
+    bad = pc.or_(bad, pc.not_equal(pc.cast(spans.column("shard"), pa.int64()), shard))
+    wrong = spans.filter(bad)
+    if not wrong.num_rows:
+        return []
+    rows = wrong.select(["record_id", "block", "start", "end", "shard"]).slice(0, SHOWN)
+    return [f"{wrong.num_rows} spans lie outside their block or shard, e.g. {rows.to_pylist()}"]
+
+
+def _overlaps(spans: pa.Table) -> list[str]:
+    """Within a block, each span starts at or after the previous one ends."""
+    ordered = spans.select(["block", "start", "end", "record_id"]).sort_by(
+        [("block", "ascending"), ("start", "ascending")]
+    )
+    if ordered.num_rows < 2:
+        return []
+    block, start, end = (ordered.column(c).combine_chunks() for c in ("block", "start", "end"))
+    same = pc.equal(block.slice(1), block.slice(0, len(block) - 1))
+    clash = pc.and_(same, pc.less(start.slice(1), end.slice(0, len(end) - 1)))
+    count = pc.sum(clash).as_py() or 0
+    if not count:
+        return []
+    first = pc.index(clash, True).as_py() + 1
+    example = ordered.slice(first, 1).to_pylist()
+    return [f"{count} spans overlap the previous span of their block, e.g. {example}"]
