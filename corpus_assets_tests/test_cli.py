@@ -153,11 +153,11 @@ def test_errors_are_one_clear_line(tmp_path: Path) -> None:
     (tmp_path / ".corpus").mkdir(exist_ok=True)
     (tmp_path / ".corpus" / "corpus.yaml").write_text(
         "version: 1\npurpose: p\nsources:\n  - {id: a, kind: objects, path: src}\n"
-        "policies:\n  packing: {block_tokens: 512, tail: drop}\n"
+        "policies:\n  packing: {block_tokens: 512, tail: sideways}\n"
     )
     bad_value = run(tmp_path, "build")
     assert bad_value.returncode == 1
-    assert "policies.packing.tail: Input should be 'pad'" in bad_value.stderr
+    assert "policies.packing.tail: Input should be 'drop' or 'pad'" in bad_value.stderr
     assert len(bad_value.stderr.strip().splitlines()) == 1
 
     (tmp_path / ".corpus" / "corpus.yaml").write_text(
