@@ -7,6 +7,11 @@ and/or digest: resolving pins the file's exact bytes into the CAS (so ``sha256su
 is its digest), checks that the declared special tokens are in its vocabulary and reads the
 vocabulary size, which decides the token dtype (uint16 up to 65,536 ids, else uint32). Token
 caches, layer indexes and the manifest name the tokenizer by that digest, never by path.
+
+The spec also carries the chat template that renders ``messages`` and ``preference`` records
+(``chat_template``; the shipped default unless a caller pins another): its digest is part of
+``token_key``, so another template never reuses cached tokens. ``document()`` (the manifest's
+``corpus.tokenizer.v1``) does not list it; ``chat_template.document()`` is its record.
 """
 
 from dataclasses import dataclass, field
