@@ -215,6 +215,10 @@ def catalog_url(tmp_path: Path) -> str:
     return f"sqlite:///{tmp_path / 'catalog.sqlite'}"
 
 
+def descriptor_targets(ws: Workspace, digest: str):
+    return get_json(ws.cas, digest)["targets"]
+
+
 def _chunk(ws: Workspace, rows: list[tuple[str, dict, str]]) -> ChunkRecords:
     """A records table with every canonical column (only kind, payload and text matter)."""
     columns = {f.name: [None] * len(rows) for f in RECORD_COLUMNS}
@@ -250,6 +254,7 @@ def test_a_mixed_chunk_round_trips_ids_targets_and_pair_splits_through_the_cas(
         assert arrays.targets(row).tolist() == alone.targets.tolist()
         assert arrays.pair_split(row) == int(alone.pair_split[0])
     assert arrays.pair_split(1) > 0 and isinstance(arrays.target_mask, np.memmap)
+    assert not arrays.all_targets and descriptor_targets(workspace, cached.digest) is not None
     assert arrays.counts().tolist() == [len(arrays.record(r)) for r in range(4)]
     counts_only = open_tokens(workspace, cached, spec, ids=False)
     assert counts_only.pair_split(1) == arrays.pair_split(1)
@@ -263,3 +268,17 @@ def test_a_mixed_chunk_round_trips_ids_targets_and_pair_splits_through_the_cas(
         open_tokens(workspace, cached, other)
     (again,) = ensure_tokens(workspace, [chunk], other, 1)  # another template is another key
     assert again.tokenized and again.digest != cached.digest
+
+
+def test_a_chunk_of_documents_stores_no_targets_file_and_reads_all_targets(
+    workspace: Workspace,
+):
+    rows = [("document", {"text": t}, t) for t in ("one", "", "three")]
+    spec = utf8_spec()
+    (cached,) = ensure_tokens(workspace, [_chunk(workspace, rows)], spec, 1)
+    descriptor = get_json(workspace.cas, cached.digest)
+    assert descriptor["targets"] is None
+    arrays = open_tokens(workspace, cached, spec)
+    assert arrays.all_targets and [arrays.pair_split(r) for r in range(3)] == [0, 0, 0]
+    assert [arrays.targets(r).tolist() for r in range(3)] == [[1] * 4, [1], [1] * 6]
+    assert arrays.record(2).tolist() == [*b"three", 256]

@@ -11,14 +11,16 @@ template digests, dtype, record and token counts) with refs to four ``.npy`` fil
 ``verify`` walks from a layer index to all of them: ``ids``, every record's tokens back to back
 (``tokens.chat``: a document is ``[BOS] + content + [EOS]``, a ``messages`` record its chat
 render, a ``preference`` record its two sequences; little-endian uint16, or uint32 above 65,536
-ids); ``targets``, uint8, one per id (1 = a training target); ``offsets``, int64, records + 1 of
+ids); ``targets``, uint8, one per id (1 = a training target), absent (null) when the chunk holds
+documents only, every token of which is a target; ``offsets``, int64, records + 1 of
 them: record ``i`` is ``ids[offsets[i]:offsets[i + 1]]``; and ``pair_split``, int64 per record,
 the length of a preference record's first sequence (0 for every other record). All are written
 batch by batch (``storage.npy_stream``) and read memory-mapped (``TokenArrays``), verified once
-when opened. A chunk whose ``kind`` column is all ``document`` never reads ``payload``.
+when opened. A chunk whose ``kind`` column is all ``document`` never reads ``payload`` and writes
+no targets file (it would be a byte of 1 per token: ~20% of the cache's CPU on documents).
 """
 
-from collections.abc import Iterator
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -35,7 +37,7 @@ from corpus_assets.core.storage.artifacts import JSON, Ref, get_json, make_ref, 
 from corpus_assets.core.storage.digests import json_digest
 from corpus_assets.core.storage.npy_stream import NpyStream
 from corpus_assets.core.storage.tasks import ChunkOutcome, ChunkTask, preload, run_chunk
-from corpus_assets.core.tokens.chat import DOCUMENT, EncodedRecords, encode_records
+from corpus_assets.core.tokens.chat import DOCUMENT, encode_records
 from corpus_assets.core.tokens.spec import HUGGINGFACE, TokenizerSpec, load_hf
 
 LAYER = "tokens"
@@ -57,7 +59,7 @@ class TokensDescriptor(BaseModel):
     records: int
     tokens: int
     ids: Ref
-    targets: Ref
+    targets: Ref | None  # None: documents only, every token a target
     offsets: Ref
     pair_split: Ref = Field(alias="pairSplit")
 
@@ -88,18 +90,24 @@ def tokenize_chunk(ws: Workspace, chunk: ChunkRecords, spec: TokenizerSpec) -> s
     """Tokenise one chunk a batch at a time into the CAS; returns the descriptor's digest."""
     tokenizer = load_hf(ws.cas, spec.digest) if spec.kind == HUGGINGFACE else None
     parquet = chunk.parquet(ws.cas)
+    structured = _has_structured_rows(parquet)
+    columns = ["kind", "payload", "text"] if structured else ["text"]
     counts, splits = [np.zeros(1, np.int64)], []
-    with NpyStream(ws.cas, spec.dtype) as ids, NpyStream(ws.cas, np.uint8) as targets:
-        for encoded in _encoded(parquet, spec, tokenizer):
-            ids.write(encoded.ids)
-            targets.write(encoded.targets)
-            counts.append(encoded.counts)
-            splits.append(encoded.pair_split)
+    with ExitStack() as stack:
+        ids = stack.enter_context(NpyStream(ws.cas, spec.dtype))
+        targets = stack.enter_context(NpyStream(ws.cas, np.uint8)) if structured else None
+        for batch in parquet.iter_batches(BATCH_RECORDS, columns=columns, use_threads=False):
+            for encoded in encode_records(spec, batch, tokenizer, SLICE_BYTES):
+                ids.write(encoded.ids)
+                if targets is not None:
+                    targets.write(encoded.targets)
+                counts.append(encoded.counts)
+                splits.append(encoded.pair_split)
     with NpyStream(ws.cas, "<i8") as offsets:
         offsets.write(np.cumsum(np.concatenate(counts)))
     with NpyStream(ws.cas, "<i8") as pair_split:
         pair_split.write(np.concatenate(splits) if splits else np.empty(0, np.int64))
-    assert ids.ref and targets.ref and offsets.ref and pair_split.ref
+    assert ids.ref and offsets.ref and pair_split.ref
     if offsets.length != chunk.count + 1:
         raise ValueError(f"{chunk.what}: {offsets.length - 1} texts read, {chunk.count} expected")
     descriptor = TokensDescriptor(
@@ -109,24 +117,19 @@ def tokenize_chunk(ws: Workspace, chunk: ChunkRecords, spec: TokenizerSpec) -> s
         records=chunk.count,
         tokens=ids.length,
         ids=ids.ref,
-        targets=targets.ref,
+        targets=targets.ref if targets is not None else None,
         offsets=offsets.ref,
         pair_split=pair_split.ref,
     )
     return put_json(ws.cas, descriptor.model_dump(by_alias=True))["digest"]
 
 
-def _encoded(
-    parquet: pq.ParquetFile, spec: TokenizerSpec, tokenizer: Any
-) -> Iterator[EncodedRecords]:
-    """Every row's tokens in order; ``payload`` is read only if some row is not a document."""
-    columns = ["text"]
-    if "kind" in parquet.schema_arrow.names:
-        kinds = parquet.read(columns=["kind"], use_threads=False).column("kind")
-        if len(kinds) and not pc.all(pc.equal(kinds, DOCUMENT)).as_py():
-            columns = ["kind", "payload", "text"]
-    for batch in parquet.iter_batches(BATCH_RECORDS, columns=columns, use_threads=False):
-        yield from encode_records(spec, batch, tokenizer, SLICE_BYTES)
+def _has_structured_rows(parquet: pq.ParquetFile) -> bool:
+    """Whether any row is not a document (only the small ``kind`` column is read)."""
+    if "kind" not in parquet.schema_arrow.names:
+        return False
+    kinds = parquet.read(columns=["kind"], use_threads=False).column("kind")
+    return len(kinds) > 0 and not pc.all(pc.equal(kinds, DOCUMENT)).as_py()
 
 
 def _chunk_task(chunk: ChunkRecords, spec: Any) -> ChunkTask:
@@ -163,8 +166,9 @@ class TokenArrays:
     chunk: str
     offsets: np.ndarray
     ids: np.ndarray | None  # None when opened for counts only
-    target_mask: np.ndarray | None = None  # uint8 per id; None with ids
+    target_mask: np.ndarray | None = None  # uint8 per id (None: counts only, or all_targets)
     pair_splits: np.ndarray | None = None  # int64 per record
+    all_targets: bool = False  # documents only: every token is a target, no file stored
 
     def counts(self) -> np.ndarray:
         """Tokens per record (int64), in the chunk's record order."""
@@ -179,6 +183,8 @@ class TokenArrays:
     def targets(self, row: int) -> np.ndarray:
         """The ``row``-th record's targets (uint8, 1 = training target), aligned with
         ``record(row)``: a read-only view of the mapped file."""
+        if self.all_targets:
+            return np.ones(int(self.offsets[row + 1] - self.offsets[row]), np.uint8)
         if self.target_mask is None:
             raise ValueError(f"targets of chunk {self.chunk} were opened for counts only")
         return self.target_mask[self.offsets[row] : self.offsets[row + 1]]
@@ -217,12 +223,13 @@ def open_tokens(
     if not ids:
         return TokenArrays(item.chunk, offsets, None, None, splits)
     mapped = _mapped(ws, descriptor.ids, f"{what}: ids", spec.dtype)
+    if len(mapped) != descriptor.tokens:
+        raise ValueError(f"{what}: {len(mapped)} ids, the descriptor says {descriptor.tokens}")
+    if descriptor.targets is None:
+        return TokenArrays(item.chunk, offsets, mapped, None, splits, all_targets=True)
     targets = _mapped(ws, descriptor.targets, f"{what}: targets", np.dtype("u1"))
-    if len(mapped) != descriptor.tokens or len(targets) != descriptor.tokens:
-        raise ValueError(
-            f"{what}: {len(mapped)} ids and {len(targets)} targets, "
-            f"the descriptor says {descriptor.tokens}"
-        )
+    if len(targets) != descriptor.tokens:
+        raise ValueError(f"{what}: {len(targets)} targets, the descriptor says {descriptor.tokens}")
     return TokenArrays(item.chunk, offsets, mapped, targets, splits)
 
 
