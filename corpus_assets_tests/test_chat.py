@@ -195,7 +195,10 @@ def test_a_mixed_batch_keeps_row_order_and_documents_are_all_targets():
     parts = list(encode_records(spec, batch, None, 1 << 20))
     counts = np.concatenate([p.counts for p in parts])
     ids = np.concatenate([p.ids for p in parts])
-    targets = np.concatenate([p.targets for p in parts])
+    targets = np.concatenate(
+        [np.ones(len(p.ids), np.uint8) if p.targets is None else p.targets for p in parts]
+    )
+    assert parts[0].targets is None  # documents: all targets, no array
     splits = np.concatenate([p.pair_split for p in parts])
     assert len(counts) == 4 and splits[[0, 1, 3]].tolist() == [0, 0, 0] and splits[2] > 0
     ends = np.cumsum(counts)

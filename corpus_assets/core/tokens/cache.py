@@ -100,7 +100,8 @@ def tokenize_chunk(ws: Workspace, chunk: ChunkRecords, spec: TokenizerSpec) -> s
             for encoded in encode_records(spec, batch, tokenizer, SLICE_BYTES):
                 ids.write(encoded.ids)
                 if targets is not None:
-                    targets.write(encoded.targets)
+                    marks = encoded.targets
+                    targets.write(np.ones(len(encoded.ids), np.uint8) if marks is None else marks)
                 counts.append(encoded.counts)
                 splits.append(encoded.pair_split)
     with NpyStream(ws.cas, "<i8") as offsets:

@@ -39,7 +39,7 @@ class EncodedRecords:
     """Consecutive records' tokens and targets back to back, with per-record counts and splits."""
 
     ids: np.ndarray
-    targets: np.ndarray  # uint8, len(ids)
+    targets: np.ndarray | None  # uint8, len(ids); None: every token is a target (documents)
     counts: np.ndarray  # int64 tokens per record
     pair_split: np.ndarray  # int64 per record: first sequence's length of a pair, else 0
 
@@ -104,11 +104,10 @@ def encode_documents(
     spec: TokenizerSpec, texts: pa.Array, tokenizer: Tokenizer | None, slice_bytes: int
 ) -> Iterator[EncodedRecords]:
     """Document texts through the fast path, ``slice_bytes`` of text per call; every token is a
-    target."""
+    target (``targets`` None: no array is made unless a mixed chunk writes one)."""
     for piece in byte_slices(texts, slice_bytes):
         tokens, counts = encode_batch(spec, piece, tokenizer)
-        ones = np.ones(len(tokens), np.uint8)
-        yield EncodedRecords(tokens, ones, counts, np.zeros(len(counts), np.int64))
+        yield EncodedRecords(tokens, None, counts, np.zeros(len(counts), np.int64))
 
 
 def encode_records(
