@@ -28,9 +28,15 @@ def fetcher(lengths):
     return lambda i: tokens_of(i, int(lengths[i]))
 
 
+def prompt_targets(lengths, prompt):
+    """Targets masking each sample's first ``prompt[i]`` tokens (a prompt-prefix mask)."""
+    return lambda i: (np.arange(int(lengths[i])) >= prompt[i]).astype(np.uint8)
+
+
 def all_batches(plan: PackPlan, lengths, batch_blocks=3, prompt=None):
+    targets = None if prompt is None else prompt_targets(lengths, prompt)
     return list(
-        iter_block_batches(plan, fetcher(lengths), batch_blocks=batch_blocks, prompt_lengths=prompt)
+        iter_block_batches(plan, fetcher(lengths), batch_blocks=batch_blocks, targets=targets)
     )
 
 
@@ -141,7 +147,8 @@ def test_blocks_are_ordered_by_the_documented_keyed_hash():
 def test_block_arrays_of_a_small_plan_exactly():
     lengths = np.array([4, 3])
     plan = plan_packing(lengths, 8, "next_fit")
-    batch = build_batch(plan, 0, 1, fetcher(lengths), pad_id=PAD, prompt_lengths=np.array([2, 0]))
+    targets = prompt_targets(lengths, np.array([2, 0]))
+    batch = build_batch(plan, 0, 1, fetcher(lengths), pad_id=PAD, targets=targets)
     assert batch.input_ids[0].tolist() == [1, 2, 3, 4, 1001, 1002, 1003, PAD]
     assert batch.segment_ids[0].tolist() == [1, 1, 1, 1, 2, 2, 2, 0]
     assert batch.positions[0].tolist() == [0, 1, 2, 3, 0, 1, 2, 0]

@@ -15,14 +15,17 @@ from corpus_assets.core.governance import states
 from corpus_assets.core.pipeline import build_all
 from corpus_assets.core.records.index import CanonicalIndex
 from corpus_assets.core.release.block_reader import BlockReader
-from corpus_assets.core.release.packing_check import packing_findings
+from corpus_assets.core.release.packing_check import packing_findings, pair_findings
 from corpus_assets.core.release.validation import validate_snapshot
 from corpus_assets.core.runtime.layers import read_layer_index
 from corpus_assets.core.runtime.workspace import Workspace, open_workspace
 from corpus_assets.core.storage.artifacts import get_json, get_table, put_table
-from corpus_assets.core.tokens.spec import UTF8_IDS
+from corpus_assets.core.storage.cas import ContentStore
+from corpus_assets.core.storage.shards import write_shards
+from corpus_assets.core.tokens.spec import UTF8_IDS, utf8_spec
+from corpus_assets.core.training_view.packing import PackingError
 
-PAD = UTF8_IDS["pad"]
+PAD, EOS = UTF8_IDS["pad"], UTF8_IDS["eos"]
 
 
 def _workspace(demo_home: Path, name: str, packing: dict) -> Workspace:
@@ -37,14 +40,32 @@ def _workspace(demo_home: Path, name: str, packing: dict) -> Workspace:
     return open_workspace(config)
 
 
-def _built(ws: Workspace, key: str = "p1") -> tuple[dict, dict, list[dict], dict[str, list[int]]]:
-    """Build; the packed index's outputs and counts, its spans, and every record's tokens."""
+def _built(ws: Workspace, key: str = "p1") -> tuple[dict, dict, list[dict], dict]:
+    """Build; the packed index's outputs and counts, its spans, and every record's expected
+    (tokens, targets), derived here from the record and the pinned template."""
     build_all(ws, key)
     _ref, index = read_layer_index(ws, key, "packed_blocks")
     spans = get_table(ws.cas, index.output("spans")).to_pylist()
-    records = CanonicalIndex.read(ws, key)[1].table(["record_id", "text"]).to_pylist()
-    tokens = {r["record_id"]: [*r["text"].encode(), UTF8_IDS["eos"]] for r in records}
-    return index.outputs, index.counts, spans, tokens
+    records = CanonicalIndex.read(ws, key)[1].table(["record_id", "kind", "payload", "text"])
+    return (
+        index.outputs,
+        index.counts,
+        spans,
+        {r["record_id"]: _expected(r) for r in records.to_pylist()},
+    )
+
+
+def _expected(record: dict) -> tuple[list[int], list[int]]:
+    """utf8-bytes-v1 tokens and targets: a document's bytes then EOS, all targets; a chat's
+    template parts (targets where the template marks generation), then EOS (no target)."""
+    if record["kind"] == "document":
+        tokens = [*record["text"].encode(), EOS]
+        return tokens, [1] * len(tokens)
+    messages = json.loads(record["payload"])["messages"]
+    parts = utf8_spec().chat_template.render_parts(messages)
+    tokens = [b for text, _ in parts for b in text.encode()] + [EOS]
+    targets = [int(t) for text, t in parts for _ in text.encode()] + [0]
+    return tokens, targets
 
 
 def _blocks(ws: Workspace, outputs: dict) -> dict[str, np.ndarray]:
@@ -60,32 +81,28 @@ def _samples(ws: Workspace, key: str = "p1") -> Counter:
 
 def test_packed_equals_unpacked_and_labels_stay_inside_segments(demo_home: Path) -> None:
     with _workspace(demo_home, "atomic", {"block_tokens": 64}) as ws:
-        outputs, counts, spans, tokens = _built(ws)
+        outputs, counts, spans, expected = _built(ws)
         blocks, samples = _blocks(ws, outputs), _samples(ws)
-    ids, segments = blocks["input_ids"], blocks["segment_ids"]
+    ids, segments, labels = blocks["input_ids"], blocks["segment_ids"], blocks["label_mask"]
     assert ids.shape == (counts["blocks"], 64)
-    streams: dict[tuple[str, int], list[int]] = {}
-    for span in spans:  # every span holds its record's tokens at its offset
-        piece = ids[span["block"], span["start"] : span["end"]].tolist()
-        offset = span["record_offset"]
-        assert piece == tokens[span["record_id"]][offset : offset + len(piece)], span
-        assert set(segments[span["block"], span["start"] : span["end"]].tolist()) == {
-            segments[span["block"], span["start"]]
-        }
-        streams.setdefault((span["record_id"], offset), []).append(len(piece))
+    assert {expected[r][0][-1] for r in samples} == {EOS}
+    assert any(0 in expected[r][1] for r in samples)  # chats mask their context
     covered = Counter()
-    for (record_id, _offset), lengths in streams.items():
-        covered[record_id] += sum(lengths)
+    for span in spans:  # every span holds its record's tokens at its offset, in one segment
+        tokens, targets = expected[span["record_id"]]
+        begin, end, offset = span["start"], span["end"], span["record_offset"]
+        piece = ids[span["block"], begin:end].tolist()
+        assert piece == tokens[offset : offset + len(piece)], span
+        assert len(set(segments[span["block"], begin:end].tolist())) == 1
+        # a label at t: t + 1 in the same segment and a target there; none on its last token
+        want = [*targets[offset + 1 : offset + len(piece)], 0]
+        assert labels[span["block"], begin:end].tolist() == want, span
+        covered[span["record_id"]] += len(piece)
     # every sample (with its repeats) is packed whole, nothing else is
-    assert covered == Counter({r: n * len(tokens[r]) for r, n in samples.items()})
+    assert covered == Counter({r: n * len(expected[r][0]) for r, n in samples.items()})
     assert int((segments == 0).sum()) == counts["pad_tokens"]
-    assert bool((ids[segments == 0] == PAD).all())
-    # a label at t needs t + 1 in the same segment; documents are all targets
-    same = (segments[:, 1:] == segments[:, :-1]) & (segments[:, 1:] != 0)
-    assert np.array_equal(blocks["label_mask"][:, :-1].astype(bool), same)
-    assert not blocks["label_mask"][:, -1].any()
-    assert int(blocks["label_mask"].sum()) == counts["label_tokens"]
-    assert counts["label_tokens"] == counts["content_tokens"] - len(spans)
+    assert bool((ids[segments == 0] == PAD).all()) and not labels[segments == 0].any()
+    assert int(labels.sum()) == counts["label_tokens"]
 
 
 def test_accounting_and_the_layout_are_declared(demo_home: Path) -> None:
@@ -97,7 +114,12 @@ def test_accounting_and_the_layout_are_declared(demo_home: Path) -> None:
     assert counts["content_tokens"] == counts["input_tokens"]  # split: nothing dropped
     assert (counts["dropped_tokens"], counts["data_loss_ppm"]) == (0, 0)
     assert counts["utilisation_ppm"] == counts["content_tokens"] * 1_000_000 // counts["tokens"]
-    assert counts["special_tokens"] == sum(s["specials"] == "document.eos" for s in spans)
+    ends = Counter(s["specials"] for s in spans if s["specials"].endswith(".eos"))
+    assert set(ends) == {"document.eos", "chat.chatml.v1.eos"}  # one EOS per sample
+    assert counts["special_tokens"] == sum(ends.values())
+    assert {
+        s["transform"].split(" chat-template ")[-1] for s in spans if "chat" in s["specials"]
+    } == {outputs["chat_template"]["digest"]}
     assert layout["mode"] == "atomic" and layout["fields"]["label_mask"] == "|u1"
     assert {s["shard"] for s in spans} == {0}
 
@@ -126,7 +148,7 @@ def test_quarantine_lists_overlong_samples_and_packs_none_of_them(demo_home: Pat
         outputs, counts, spans, tokens = _built(ws)
         quarantined = get_table(ws.cas, outputs["quarantined"])
         samples = _samples(ws)
-    long = {r for r in samples if len(tokens[r]) > 64}
+    long = {r for r in samples if len(tokens[r][0]) > 64}
     assert long and set(quarantined.column("record_id").to_pylist()) == long
     assert counts["quarantined_samples"] == sum(samples[r] for r in long)
     assert not long & {s["record_id"] for s in spans}
@@ -188,3 +210,96 @@ def test_the_packing_gate_refuses_unsound_spans(demo_home: Path) -> None:
     assert any("1 spans lie outside their block or shard" in f for f in moved)
     stranger = findings(_replaced("record_id", ["x/y"]))
     assert any("1 packed records are not train members" in f and "x/y" in f for f in stranger)
+
+
+PAIRS = [
+    {"id": f"p{n}", "prompt": f"Question {n}: which is better?", "chosen": f"Answer {n} " * (n + 1),
+     "rejected": f"No {n}."}
+    for n in range(6)
+]  # fmt: skip
+
+
+def _with_pairs(demo_home: Path) -> None:
+    """A preference source beside the demo's (written by hand as another tool would)."""
+    folder = demo_home / "demo-sources" / "prefs"
+    folder.mkdir()
+    (folder / "prefs-00000.jsonl").write_text("".join(json.dumps(p) + "\n" for p in PAIRS))
+    document = yaml.safe_load((demo_home / "corpus.yaml").read_text())
+    document["sources"].append(
+        {"id": "prefs", "kind": "objects", "path": "demo-sources/prefs", "adapter": "preference.v1"}
+    )
+    (demo_home / "corpus.yaml").write_text(yaml.safe_dump(document))
+
+
+def test_a_preference_pair_is_two_segments_of_one_block_with_one_prompt(demo_home: Path) -> None:
+    _with_pairs(demo_home)
+    with _workspace(demo_home, "pairs", {"block_tokens": 256}) as ws:
+        sid = build_all(ws, "p1")["manifest"].digests["snapshotId"]
+        report = validate_snapshot(ws, sid)
+        _ref, packed = read_layer_index(ws, "p1", "packed_blocks")
+        spans = get_table(ws.cas, packed.output("spans")).to_pylist()
+        blocks = _blocks(ws, packed.outputs)
+        samples = _samples(ws)
+    assert report.ok, report.findings
+    pairs = [r for r in samples if r.startswith("prefs/")]
+    assert pairs and packed.counts["pairs"] == sum(samples[r] for r in pairs)
+    for record in pairs:
+        by_sample: dict[int, list[dict]] = {}
+        for span in (s for s in spans if s["record_id"] == record):
+            by_sample.setdefault(span["sample"], []).append(span)
+        for first, second in (sorted(v, key=lambda s: s["start"]) for v in by_sample.values()):
+            assert first["block"] == second["block"] and first["end"] == second["start"]
+            assert (first["record_offset"], second["record_offset"]) == (
+                0,
+                first["end"] - first["start"],
+            )
+            ids, seg, labels = (
+                blocks[f][first["block"]] for f in ("input_ids", "segment_ids", "label_mask")
+            )
+            assert seg[first["start"]] != seg[second["start"]]  # two segments
+            texts = [
+                bytes(ids[s["start"] : s["end"] - 1].tolist()).decode() for s in (first, second)
+            ]
+            pair = next(p for p in PAIRS if record == f"prefs/{p['id']}")
+            assert pair["prompt"] in texts[0] and pair["chosen"] in texts[0]
+            assert pair["prompt"] in texts[1] and pair["rejected"] in texts[1]
+            # no label predicts a prompt token: the first label sits just before the answer
+            for s, answer in ((first, pair["chosen"]), (second, pair["rejected"])):
+                first_label = s["start"] + int(np.flatnonzero(labels[s["start"] : s["end"]])[0])
+                text = bytes(ids[s["start"] : first_label + 1].tolist()).decode()
+                assert pair["prompt"] in text and answer not in text
+
+
+def test_continuous_packing_refuses_pairs_naming_one(demo_home: Path) -> None:
+    _with_pairs(demo_home)
+    policy = {"block_tokens": 256, "mode": "continuous"}
+    refused = r"continuous .* preference pairs whole \(e\.g\. 'prefs/p"
+    with (
+        _workspace(demo_home, "cont-pairs", policy) as ws,
+        pytest.raises(PackingError, match=refused),
+    ):
+        build_all(ws, "p1")
+
+
+def test_the_pair_gate_reads_the_prompts_from_the_shards(tmp_path: Path) -> None:
+    """One block holding a pair whose second prompt differs in one token: found; the same
+    block with equal prompts: nothing."""
+    cas = ContentStore(tmp_path / "cas")
+
+    def findings(second_prompt: list[int]) -> list[str]:
+        ids = np.array([[1, 2, 3, 9, 9, *second_prompt, 8, 8, 0, 0]], np.uint16)
+        labels = np.array([[0, 0, 1, 1, 0, 0, 0, 1, 1, 0, 0, 0]], np.uint8)
+        segments = np.array([[1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 0, 0]], np.uint16)
+        fields = {"input_ids": "<u2", "segment_ids": "<u2", "label_mask": "|u1"}
+        batch = {"input_ids": ids, "segment_ids": segments, "label_mask": labels}
+        index, _ref = write_shards(cas, [batch], 12, fields)
+        spans = pa.table(
+            {"sample": [0, 0], "record_id": ["prefs/x"] * 2, "block": [0, 0], "start": [0, 5],
+             "end": [5, 10], "specials": ["chat.chatml.v1.eos"] * 2}
+        )  # fmt: skip
+        return pair_findings(cas, index, spans)
+
+    assert findings([1, 2, 3]) == []
+    assert findings([1, 7, 3]) == [
+        "1 preference pairs have different prompts, e.g. ['prefs/x (block 0)']"
+    ]

@@ -23,6 +23,7 @@ from corpus_assets.core.runtime.config import SplitPolicy
 from corpus_assets.core.runtime.layers import LayerIndex, read_layer_index
 from corpus_assets.core.runtime.workspace import Workspace, open_workspace
 from corpus_assets.core.storage.artifacts import get_table
+from corpus_assets.core.tokens.chat_template import DEFAULT_CHAT_TEMPLATE
 from corpus_assets.core.training_view import split_assign
 from corpus_assets.core.training_view.split_assign import SPLIT_TABLE, split_of
 from corpus_assets.core.training_view.split_bridges import LeakageGraph
@@ -102,6 +103,13 @@ def _use_policy(home: Path, on_conflict: str) -> None:
     config.write_text(text)
 
 
+def _rendered(row: dict) -> str:
+    """The text utf8-bytes-v1 tokenises: a document's text, a chat's default-template render."""
+    if row["kind"] == "messages":
+        return DEFAULT_CHAT_TEMPLATE.render(json.loads(row["payload"])["messages"])
+    return row["text"]
+
+
 def test_first_build_has_no_parent_and_moves_nothing(workspace: Workspace) -> None:
     build_all(workspace, "p1")
     index, split, moves, conflicts = _splits(workspace, "p1")
@@ -111,8 +119,8 @@ def test_first_build_has_no_parent_and_moves_nothing(workspace: Workspace) -> No
     table = get_table(workspace.cas, index.output("splits"), "splits")
     components = len(set(table["leakage_id"].to_pylist()))
     assert sum(index.counts[f"{s}_components"] for s in SPLITS) == components
-    texts = CanonicalIndex.read(workspace, "p1")[1].table(["record_id", "text"]).to_pylist()
-    size = {r["record_id"]: len(r["text"].encode()) + 1 for r in texts}  # utf8-bytes-v1 + EOS
+    rows = CanonicalIndex.read(workspace, "p1")[1].table(["record_id", "kind", "payload", "text"])
+    size = {r["record_id"]: len(_rendered(r).encode()) + 1 for r in rows.to_pylist()}  # + EOS
     for name in SPLITS:  # the configured tokenizer's tokens per split
         ids = [r for r, s in split.items() if s == name]
         assert index.counts[f"{name}_tokens"] == sum(size[r] for r in ids) > 0

@@ -7,6 +7,7 @@ import os
 import random
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +27,7 @@ from corpus_assets.core.runtime.workspace import Workspace, open_workspace
 from corpus_assets.core.storage.artifacts import get_json, get_table
 from corpus_assets.core.tokens.bpe import train_byte_level_bpe
 from corpus_assets.core.tokens.cache import ensure_tokens, open_tokens, token_cache
+from corpus_assets.core.tokens.chat_template import DEFAULT_CHAT_TEMPLATE
 from corpus_assets.core.tokens.encode import byte_slices, encode_batch
 from corpus_assets.core.tokens.spec import (
     HUGGINGFACE,
@@ -127,9 +129,21 @@ def _index(ws: Workspace, key: str, layer: str) -> tuple[dict, dict]:
     return ref, index.outputs
 
 
-def _text_of(ws: Workspace, key: str) -> dict[str, str]:
-    records = CanonicalIndex.read(ws, key)[1].table(["record_id", "text"])
-    return dict(zip(*(records.column(c).to_pylist() for c in ("record_id", "text")), strict=True))
+def _expected_tokens(
+    ws: Workspace, key: str, encode: Callable[[str], list[int]], eos: int
+) -> dict[str, list[int]]:
+    """Every record's expected tokens: a document's text, a chat record's render under the
+    default chat template (each part encoded alone), then EOS."""
+    records = CanonicalIndex.read(ws, key)[1].table(["record_id", "kind", "payload", "text"])
+    out = {}
+    for row in records.to_pylist():
+        if row["kind"] == "document":
+            out[row["record_id"]] = [*encode(row["text"]), eos]
+            continue
+        assert row["kind"] == "messages"  # the demo has no preference source
+        parts = DEFAULT_CHAT_TEMPLATE.render_parts(json.loads(row["payload"])["messages"])
+        out[row["record_id"]] = [t for text, _ in parts for t in encode(text)] + [eos]
+    return out
 
 
 def _packed(ws: Workspace, key: str, dtype: str) -> tuple[dict, np.ndarray, int, list[dict]]:
@@ -189,8 +203,7 @@ def test_a_new_snapshot_tokenises_only_its_new_chunk(workspace: Workspace) -> No
 
 def test_packed_tokens_and_mixing_counts_come_from_the_cache(workspace: Workspace) -> None:
     build_all(workspace, "p1")
-    text_of = _text_of(workspace, "p1")
-    expected = {rid: [*text.encode("utf-8"), 256] for rid, text in text_of.items()}
+    expected = _expected_tokens(workspace, "p1", lambda text: [*text.encode("utf-8")], 256)
     _packed_outputs, tokens, block, spans = _packed(workspace, "p1", "<u2")
     _check_spans(tokens, block, spans, expected)
     _ref, mixed = _index(workspace, "p1", "mixed_samples")
@@ -262,14 +275,13 @@ def test_a_huggingface_tokenizer_by_path_and_digest_packs_its_encode_ids(
         assert results["splits"].run_stats["tokens_tokenized"] == 289
         manifest = get_json(ws.cas, ws.catalog.layer_output("p2", "manifest"))
         packed, tokens, block, spans = _packed(ws, "p2", "<u2")
-        text_of = _text_of(ws, "p2")
+        bpe = Tokenizer.from_file(str(out))
+        expected = _expected_tokens(ws, "p2", lambda t: bpe.encode(t).ids, 0)
     assert manifest["tokenizer"]["digest"] == fitted.digest
     assert manifest["tokenizer"]["file"]["digest"] == fitted.digest
     assert manifest["tokenizer"]["specialTokens"]["eos"] == {"token": SPECIALS[0], "id": 0}
     assert manifest["tokenizer"]["vocabSize"] == fitted.vocab_size
     assert packed["pad"] == 1 and packed["dtype"] == "uint16-le"
-    tokenizer = Tokenizer.from_file(str(out))
-    expected = {rid: [*tokenizer.encode(text).ids, 0] for rid, text in text_of.items()}
     _check_spans(tokens, block, spans, expected)
 
 
@@ -304,7 +316,7 @@ def test_a_vocabulary_above_65536_ids_packs_uint32(workspace: Workspace) -> None
     with open_workspace(_with_tokenizer(workspace.loaded.path, "big.yaml", section)) as ws:
         sid = build_all(ws, "p1")["manifest"].digests["snapshotId"]
         packed, tokens, block, spans = _packed(ws, "p1", "<u4")
-        text_of = _text_of(ws, "p1")
+        expected = _expected_tokens(ws, "p1", lambda t: tokenizer.encode(t).ids, 70_001)
         approve(ws, sid, "reviewer")  # validates first
         activate(ws, sid, "publisher")
         permit = take_permit(ws.cas, ws.catalog, sid, "run-1", ws.config.purpose)
@@ -312,7 +324,6 @@ def test_a_vocabulary_above_65536_ids_packs_uint32(workspace: Workspace) -> None
     assert read == tokens.reshape(-1, block).tolist()  # the reader reads uint32 blocks
     assert packed["dtype"] == "uint32-le" and packed["pad"] == 70_002
     assert packed["tokenizer"]["vocabSize"] == 70_003 and len(tokens) % block == 0
-    expected = {rid: [*tokenizer.encode(text).ids, 70_001] for rid, text in text_of.items()}
     _check_spans(tokens, block, spans, expected)
     assert (tokens > 1 << 16).all()  # every id of this vocabulary needs more than 16 bits
 

@@ -3,13 +3,16 @@
 The spans table is the provenance a trainer and an auditor rely on, so it is checked against
 the shard index and the members rather than trusted: every span lies inside its block, spans
 never overlap, they cover exactly the content tokens the layer counted, each names the shard
-holding its block, and only train members are packed. Reads the spans and the shard index, not
-the shards (``verify`` re-hashes those).
+holding its block, only train members are packed, and both sequences of every preference pair
+start with the same prompt tokens (read from the shards: a pair's prompt is what carries no
+label before its first labelled target). ``verify`` re-hashes the shards.
 """
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from corpus_assets.core.release.block_reader import BlockReader
 from corpus_assets.core.runtime.layers import LayerIndex
 from corpus_assets.core.storage.artifacts import get_table
 from corpus_assets.core.storage.cas import ContentStore
@@ -25,6 +28,7 @@ def packing_findings(cas: ContentStore, packed: LayerIndex, members: pa.Table) -
     findings = _index_findings(index, packed.counts)
     findings += _span_bounds(spans, index)
     findings += _overlaps(spans)
+    findings += pair_findings(cas, index, spans)
     content = pc.sum(pc.subtract(spans.column("end"), spans.column("start"))).as_py() or 0
     if content != packed.counts.get("content_tokens"):
         findings.append(
@@ -85,3 +89,43 @@ def _overlaps(spans: pa.Table) -> list[str]:
     first = pc.index(clash, True).as_py() + 1
     example = ordered.slice(first, 1).to_pylist()
     return [f"{count} spans overlap the previous span of their block, e.g. {example}"]
+
+
+def pair_findings(cas: ContentStore, index: ShardIndex, spans: pa.Table) -> list[str]:
+    """Preference pairs (a sample with two adjacent spans of one block, from offset 0) whose
+    two prompts differ in length or tokens, read from the verified shards."""
+    pairs = _pair_spans(spans)
+    if not pairs.num_rows:
+        return []
+    bad = []
+    with BlockReader(cas, index) as reader:
+        for row in pairs.to_pylist():
+            block = reader.block(row["block"])
+            first, second = (
+                _prompt(block, row["start"], row["middle"]),
+                _prompt(block, row["middle"], row["end"]),
+            )
+            if first.size != second.size or not np.array_equal(first, second):
+                bad.append(f"{row['record_id']} (block {row['block']})")
+    if not bad:
+        return []
+    return [f"{len(bad)} preference pairs have different prompts, e.g. {bad[:SHOWN]}"]
+
+
+def _pair_spans(spans: pa.Table) -> pa.Table:
+    """(sample, record_id, block, start, middle, end) of every two-span pair laid out whole."""
+    chat = spans.filter(pc.starts_with(spans.column("specials"), "chat."))
+    grouped = chat.group_by(["sample", "record_id", "block"]).aggregate(
+        [("start", "min"), ("end", "max"), ("start", "max"), ("start", "count")]
+    )
+    grouped = grouped.filter(pc.equal(grouped.column("start_count"), 2))
+    return grouped.rename_columns(
+        ["sample", "record_id", "block", "start", "end", "middle", "count"]
+    )
+
+
+def _prompt(block: dict[str, np.ndarray], start: int, end: int) -> np.ndarray:
+    """A sequence's prompt tokens: those before its first target (label at t: t + 1 is one)."""
+    labels = np.flatnonzero(block["label_mask"][start:end])
+    length = int(labels[0]) + 1 if labels.size else end - start
+    return block["input_ids"][start : start + length]

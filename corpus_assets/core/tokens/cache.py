@@ -1,23 +1,33 @@
 """Token arrays cached per canonical chunk: a new snapshot only tokenises records it never saw.
 
 A chunk's tokens are a chunk task (seed 004) keyed by the chunk's records-table digest, the
-tokenizer (by digest, with its specials and dtype: ``TokenizerSpec.token_key``) and the code
-identity of this module (its closure holds the encoders and the file layout): the same records
-under the same tokenizer and code are never tokenised twice, whichever snapshot or layer asks.
+tokenizer (by digest, with its specials, dtype and chat template: ``TokenizerSpec.token_key``)
+and the code identity of this module (its closure holds the encoders and the file layout): the
+same records under the same tokenizer and code are never tokenised twice, whichever snapshot or
+layer asks.
 
-Layout: the task's output is a small JSON descriptor (``corpus.tokens.v1``: tokenizer digest,
-dtype, record and token counts) with refs to two ``.npy`` files in the CAS, so ``verify`` walks
-from a layer index to both: ``ids``, every record's tokens back to back (``[BOS] + content +
-[EOS]``, little-endian uint16, or uint32 above 65,536 ids), and ``offsets``, int64, records + 1
-of them: record ``i`` is ``ids[offsets[i]:offsets[i + 1]]``. Both are written batch by batch
-(``storage.npy_stream``) and read memory-mapped (``TokenArrays``), verified once when opened.
+Layout: the task's output is a small JSON descriptor (``corpus.tokens.v2``: tokenizer and chat
+template digests, dtype, record and token counts) with refs to four ``.npy`` files in the CAS, so
+``verify`` walks from a layer index to all of them: ``ids``, every record's tokens back to back
+(``tokens.chat``: a document is ``[BOS] + content + [EOS]``, a ``messages`` record its chat
+render, a ``preference`` record its two sequences; little-endian uint16, or uint32 above 65,536
+ids); ``targets``, uint8, one per id (1 = a training target), absent (null) when the chunk holds
+documents only, every token of which is a target; ``offsets``, int64, records + 1 of
+them: record ``i`` is ``ids[offsets[i]:offsets[i + 1]]``; and ``pair_split``, int64 per record,
+the length of a preference record's first sequence (0 for every other record). All are written
+batch by batch (``storage.npy_stream``) and read memory-mapped (``TokenArrays``), verified once
+when opened. A chunk whose ``kind`` column is all ``document`` never reads ``payload`` and writes
+no targets file (it would be a byte of 1 per token: ~20% of the cache's CPU on documents).
 """
 
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from corpus_assets.core.records.index import ChunkRecords
@@ -27,11 +37,11 @@ from corpus_assets.core.storage.artifacts import JSON, Ref, get_json, make_ref, 
 from corpus_assets.core.storage.digests import json_digest
 from corpus_assets.core.storage.npy_stream import NpyStream
 from corpus_assets.core.storage.tasks import ChunkOutcome, ChunkTask, preload, run_chunk
-from corpus_assets.core.tokens.encode import byte_slices, encode_batch
+from corpus_assets.core.tokens.chat import DOCUMENT, encode_records
 from corpus_assets.core.tokens.spec import HUGGINGFACE, TokenizerSpec, load_hf
 
 LAYER = "tokens"
-TOKENS_SCHEMA = "corpus.tokens.v1"
+TOKENS_SCHEMA = "corpus.tokens.v2"
 BATCH_RECORDS = 1024  # records per Parquet read
 SLICE_BYTES = 4 << 20  # text bytes per encode call (one longer text alone): bounds the memory
 _IDENTITY = code_identity(__name__)  # hashed at import, from the source this process loaded
@@ -42,13 +52,16 @@ class TokensDescriptor(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
 
-    descriptor_schema: Literal["corpus.tokens.v1"] = Field(TOKENS_SCHEMA, alias="schema")
+    descriptor_schema: Literal["corpus.tokens.v2"] = Field(TOKENS_SCHEMA, alias="schema")
     tokenizer: str
+    chat_template: str = Field(alias="chatTemplate")
     dtype: str
     records: int
     tokens: int
     ids: Ref
+    targets: Ref | None  # None: documents only, every token a target
     offsets: Ref
+    pair_split: Ref = Field(alias="pairSplit")
 
 
 @dataclass(frozen=True)
@@ -60,8 +73,8 @@ class ChunkTokens:
 
 
 def code_version() -> str:
-    """``tokens.v1@<code identity>``: a fix to an encoder or the layout tokenises again."""
-    return f"tokens.v1@{_IDENTITY}"
+    """``tokens.v2@<code identity>``: a fix to an encoder or the layout tokenises again."""
+    return f"tokens.v2@{_IDENTITY}"
 
 
 def _task(chunk_key: str, records_digest: str, spec: TokenizerSpec) -> ChunkTask:
@@ -76,28 +89,48 @@ def _task(chunk_key: str, records_digest: str, spec: TokenizerSpec) -> ChunkTask
 def tokenize_chunk(ws: Workspace, chunk: ChunkRecords, spec: TokenizerSpec) -> str:
     """Tokenise one chunk a batch at a time into the CAS; returns the descriptor's digest."""
     tokenizer = load_hf(ws.cas, spec.digest) if spec.kind == HUGGINGFACE else None
-    counts = [np.zeros(1, np.int64)]
-    with NpyStream(ws.cas, spec.dtype) as ids:
-        parquet = chunk.parquet(ws.cas)
-        for batch in parquet.iter_batches(BATCH_RECORDS, columns=["text"], use_threads=False):
-            for texts in byte_slices(batch.column(0), SLICE_BYTES):
-                tokens, per_record = encode_batch(spec, texts, tokenizer)
-                ids.write(tokens)
-                counts.append(per_record)
+    parquet = chunk.parquet(ws.cas)
+    structured = _has_structured_rows(parquet)
+    columns = ["kind", "payload", "text"] if structured else ["text"]
+    counts, splits = [np.zeros(1, np.int64)], []
+    with ExitStack() as stack:
+        ids = stack.enter_context(NpyStream(ws.cas, spec.dtype))
+        targets = stack.enter_context(NpyStream(ws.cas, np.uint8)) if structured else None
+        for batch in parquet.iter_batches(BATCH_RECORDS, columns=columns, use_threads=False):
+            for encoded in encode_records(spec, batch, tokenizer, SLICE_BYTES):
+                ids.write(encoded.ids)
+                if targets is not None:
+                    marks = encoded.targets
+                    targets.write(np.ones(len(encoded.ids), np.uint8) if marks is None else marks)
+                counts.append(encoded.counts)
+                splits.append(encoded.pair_split)
     with NpyStream(ws.cas, "<i8") as offsets:
         offsets.write(np.cumsum(np.concatenate(counts)))
-    assert ids.ref is not None and offsets.ref is not None
+    with NpyStream(ws.cas, "<i8") as pair_split:
+        pair_split.write(np.concatenate(splits) if splits else np.empty(0, np.int64))
+    assert ids.ref and offsets.ref and pair_split.ref
     if offsets.length != chunk.count + 1:
         raise ValueError(f"{chunk.what}: {offsets.length - 1} texts read, {chunk.count} expected")
     descriptor = TokensDescriptor(
         tokenizer=spec.digest,
+        chat_template=spec.chat_template.digest,
         dtype=spec.dtype_name,
         records=chunk.count,
         tokens=ids.length,
         ids=ids.ref,
+        targets=targets.ref if targets is not None else None,
         offsets=offsets.ref,
+        pair_split=pair_split.ref,
     )
     return put_json(ws.cas, descriptor.model_dump(by_alias=True))["digest"]
+
+
+def _has_structured_rows(parquet: pq.ParquetFile) -> bool:
+    """Whether any row is not a document (only the small ``kind`` column is read)."""
+    if "kind" not in parquet.schema_arrow.names:
+        return False
+    kinds = parquet.read(columns=["kind"], use_threads=False).column("kind")
+    return len(kinds) > 0 and not pc.all(pc.equal(kinds, DOCUMENT)).as_py()
 
 
 def _chunk_task(chunk: ChunkRecords, spec: Any) -> ChunkTask:
@@ -128,11 +161,15 @@ def ensure_tokens(
 
 @dataclass
 class TokenArrays:
-    """One chunk's cached tokens, memory-mapped: per-record counts and a record's tokens."""
+    """One chunk's cached tokens, memory-mapped: per-record counts, pair splits, and a
+    record's tokens and targets."""
 
     chunk: str
     offsets: np.ndarray
     ids: np.ndarray | None  # None when opened for counts only
+    target_mask: np.ndarray | None = None  # uint8 per id (None: counts only, or all_targets)
+    pair_splits: np.ndarray | None = None  # int64 per record
+    all_targets: bool = False  # documents only: every token is a target, no file stored
 
     def counts(self) -> np.ndarray:
         """Tokens per record (int64), in the chunk's record order."""
@@ -144,30 +181,57 @@ class TokenArrays:
             raise ValueError(f"tokens of chunk {self.chunk} were opened for counts only")
         return self.ids[self.offsets[row] : self.offsets[row + 1]]
 
+    def targets(self, row: int) -> np.ndarray:
+        """The ``row``-th record's targets (uint8, 1 = training target), aligned with
+        ``record(row)``: a read-only view of the mapped file."""
+        if self.all_targets:
+            return np.ones(int(self.offsets[row + 1] - self.offsets[row]), np.uint8)
+        if self.target_mask is None:
+            raise ValueError(f"targets of chunk {self.chunk} were opened for counts only")
+        return self.target_mask[self.offsets[row] : self.offsets[row + 1]]
+
+    def pair_split(self, row: int) -> int:
+        """Length of the first sequence of a preference pair record, 0 for any other record."""
+        if self.pair_splits is None:
+            raise ValueError(f"pair splits of chunk {self.chunk} were not opened")
+        return int(self.pair_splits[row])
+
 
 def open_tokens(
     ws: Workspace, item: ChunkTokens, spec: TokenizerSpec, ids: bool = True
 ) -> TokenArrays:
     """A chunk's cached tokens, verified against their digests and checked for shape.
 
-    ``ids=False`` maps the offsets alone (token counts need no token)."""
+    ``ids=False`` maps the offsets and pair splits alone (counts and pairs need no token)."""
     what = f"tokens of chunk {item.chunk}"
     try:
         descriptor = TokensDescriptor.model_validate(get_json(ws.cas, item.digest, what))
     except ValidationError as error:
         raise ValueError(f"{what} ({item.digest}): malformed descriptor: {error}") from None
-    if (descriptor.tokenizer, descriptor.dtype) != (spec.digest, spec.dtype_name):
+    made = (descriptor.tokenizer, descriptor.dtype, descriptor.chat_template)
+    wanted = (spec.digest, spec.dtype_name, spec.chat_template.digest)
+    if made != wanted:
         raise ValueError(
-            f"{what} ({item.digest}) were made by {descriptor.tokenizer} as {descriptor.dtype}, "
-            f"not by {spec.digest} as {spec.dtype_name}"
+            f"{what} ({item.digest}) were made by {made[0]} as {made[1]} with chat template "
+            f"{made[2]}, not by {wanted[0]} as {wanted[1]} with chat template {wanted[2]}"
         )
     offsets = _mapped(ws, descriptor.offsets, f"{what}: offsets", np.dtype("<i8"))
     if len(offsets) != item.records + 1 or int(offsets[-1]) != descriptor.tokens:
         raise ValueError(f"{what}: {len(offsets)} offsets up to {offsets[-1]} for {item.records}")
-    mapped = _mapped(ws, descriptor.ids, f"{what}: ids", spec.dtype) if ids else None
-    if mapped is not None and len(mapped) != descriptor.tokens:
+    splits = _mapped(ws, descriptor.pair_split, f"{what}: pair_split", np.dtype("<i8"))
+    if len(splits) != item.records:
+        raise ValueError(f"{what}: {len(splits)} pair splits for {item.records} records")
+    if not ids:
+        return TokenArrays(item.chunk, offsets, None, None, splits)
+    mapped = _mapped(ws, descriptor.ids, f"{what}: ids", spec.dtype)
+    if len(mapped) != descriptor.tokens:
         raise ValueError(f"{what}: {len(mapped)} ids, the descriptor says {descriptor.tokens}")
-    return TokenArrays(item.chunk, offsets, mapped)
+    if descriptor.targets is None:
+        return TokenArrays(item.chunk, offsets, mapped, None, splits, all_targets=True)
+    targets = _mapped(ws, descriptor.targets, f"{what}: targets", np.dtype("u1"))
+    if len(targets) != descriptor.tokens:
+        raise ValueError(f"{what}: {len(targets)} targets, the descriptor says {descriptor.tokens}")
+    return TokenArrays(item.chunk, offsets, mapped, targets, splits)
 
 
 def _mapped(ws: Workspace, ref: Ref, what: str, dtype: np.dtype) -> np.ndarray:

@@ -7,9 +7,14 @@ and/or digest: resolving pins the file's exact bytes into the CAS (so ``sha256su
 is its digest), checks that the declared special tokens are in its vocabulary and reads the
 vocabulary size, which decides the token dtype (uint16 up to 65,536 ids, else uint32). Token
 caches, layer indexes and the manifest name the tokenizer by that digest, never by path.
+
+The spec also carries the chat template that renders ``messages`` and ``preference`` records
+(``chat_template``; the shipped default unless a caller pins another): its digest is part of
+``token_key``, so another template never reuses cached tokens. ``document()`` (the manifest's
+``corpus.tokenizer.v1``) does not list it; ``chat_template.document()`` is its record.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -20,6 +25,7 @@ from corpus_assets.core.runtime.workspace import Workspace
 from corpus_assets.core.storage.artifacts import JSON, Ref, make_ref
 from corpus_assets.core.storage.cas import ContentStore
 from corpus_assets.core.storage.digests import sha256_digest
+from corpus_assets.core.tokens.chat_template import DEFAULT_CHAT_TEMPLATE, ChatTemplate
 
 UTF8_BYTES = "utf8-bytes-v1"
 HUGGINGFACE = "huggingface"
@@ -50,6 +56,8 @@ class TokenizerSpec:
     eos: Special
     pad: Special
     bos: Special | None = None
+    # how messages and preference records become text (pinned; its digest keys the cache)
+    chat_template: ChatTemplate = field(default=DEFAULT_CHAT_TEMPLATE)
 
     @property
     def dtype(self) -> np.dtype:
@@ -80,9 +88,15 @@ class TokenizerSpec:
         return out
 
     def token_key(self) -> dict[str, Any]:
-        """What the cached token arrays depend on (PAD is not in them)."""
+        """What the cached token arrays depend on (PAD is not in them; the chat template is)."""
         bos = self.bos.id if self.bos else None
-        return {"digest": self.digest, "eos": self.eos.id, "bos": bos, "dtype": self.dtype_name}
+        return {
+            "digest": self.digest,
+            "eos": self.eos.id,
+            "bos": bos,
+            "dtype": self.dtype_name,
+            "chatTemplate": self.chat_template.digest,
+        }
 
 
 def utf8_spec(bos: bool = False) -> TokenizerSpec:

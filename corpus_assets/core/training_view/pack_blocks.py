@@ -3,6 +3,8 @@ provenance spans), built a batch of blocks at a time so memory is bounded by the
 
 A sample's tokens come from ``fetch(sample_index)``, any callable returning a 1-D integer numpy
 array (typically a memory-mapped view of the token cache); only the planned slices are copied.
+Its training targets come likewise from ``targets(sample_index)`` (uint8 aligned with the
+tokens, 1 = target: ``TokenArrays.targets``); without it every token is a target.
 
 Layout of every block (T = ``plan.block_tokens``), declared:
 
@@ -11,10 +13,10 @@ Layout of every block (T = ``plan.block_tokens``), declared:
   is its own segment: attention never crosses a block, so neither does a segment);
 - ``positions`` int32: restart at 0 at every segment (0 on pad);
 - ``label_mask`` uint8, aligned with the inputs: 1 at t when token t + 1 is the target, i.e.
-  t + 1 is in the same segment and is not a masked prompt token (the sample's first
-  ``prompt_lengths[sample]`` tokens, counted in the sample, not the piece). No label crosses a
-  segment boundary, none on pad, none on the last token of a segment. So a segment of n tokens
-  at sample offset o carries n - 1 - (prompt targets among sample offsets o+1 .. o+n-1) labels;
+  t + 1 is in the same segment and the sample's targets at t + 1's sample offset is 1 (a chat
+  turn that is context, a preference prompt: 0). No label crosses a segment boundary, none on
+  pad, none on the last token of a segment. So a segment of n tokens at sample offset o carries
+  as many labels as there are targets among sample offsets o+1 .. o+n-1;
 - ``cu_seqlens`` int32 (flash-attention varlen): per block 0 and every segment's end; the pad
   after the last entry is no segment. Flat over the batch; block i's entries are
   ``cu_seqlens[cu_bounds[i]:cu_bounds[i + 1]]``;
@@ -54,13 +56,14 @@ class BlockBatch:
         return int(self.input_ids.shape[0])
 
 
-def _copy_tokens(
+def _copy_slices(
     fetch: Fetch,
     out: np.ndarray,
     dest: np.ndarray,
     sample: np.ndarray,
     offset: np.ndarray,
     length: np.ndarray,
+    what: str = "tokens",
 ) -> None:
     """Copy each planned slice straight to its place; a sample shorter than its plan is an
     error, not pad."""  # fmt: skip
@@ -68,7 +71,7 @@ def _copy_tokens(
     for d, s, o, n in rows:
         part = fetch(s)[o : o + n]
         if part.size != n:
-            raise ValueError(f"sample {s} has {o + part.size} tokens, the plan needs {o + n}")
+            raise ValueError(f"sample {s} has {o + part.size} {what}, the plan needs {o + n}")
         out[d : d + n] = part
 
 
@@ -110,16 +113,18 @@ def build_batch(
     last: int,
     fetch: Fetch,
     pad_id: int = 0,
-    prompt_lengths: np.ndarray | None = None,
+    targets: Fetch | None = None,
 ) -> BlockBatch:
-    """The arrays of blocks ``first .. last - 1`` of ``plan`` (layout in the module docstring)."""
+    """The arrays of blocks ``first .. last - 1`` of ``plan`` (layout in the module docstring);
+    ``targets``: each sample's target mask (None: every token is a target)."""
     lo, hi = np.searchsorted(plan.block, [first, last])
     block = plan.block[lo:hi] - first
     start, sample = plan.start[lo:hi], plan.sample[lo:hi]
     offset, length = plan.offset[lo:hi], plan.length[lo:hi]
     k, width = last - first, plan.block_tokens
     input_ids = np.full(k * width, pad_id, dtype=np.uint32)
-    _copy_tokens(fetch, input_ids, block * width + start, sample, offset, length)
+    dest = block * width + start
+    _copy_slices(fetch, input_ids, dest, sample, offset, length)
     rank = _segment_rank(block)
     run_length, is_piece, run_of_piece = _runs(block, length, k, width)
     run_segment = np.zeros(run_length.size, dtype=np.int32)
@@ -130,10 +135,10 @@ def build_batch(
     positions *= segment_ids != 0  # pad: 0
     last_label = np.where(is_piece, run_length - 1, 0).astype(np.int32)  # pad runs: none
     label = positions < np.repeat(last_label, run_length)
-    if prompt_lengths is not None:  # target offset in the sample >= its prompt length
-        run_offset = np.zeros(run_length.size, dtype=np.int64)
-        run_offset[run_of_piece] = offset - np.asarray(prompt_lengths)[sample] + 1
-        label &= positions >= -np.repeat(run_offset, run_length)
+    if targets is not None:  # the next token (same segment, by the line above) is a target
+        is_target = np.zeros(k * width, dtype=np.uint8)
+        _copy_slices(targets, is_target, dest, sample, offset, length, "targets")
+        label[:-1] &= is_target[1:] != 0
     label_mask = label.view(np.uint8)
     cu, bounds = _cu_seqlens(block, start + length, rank, k)
     shape = (k, width)
@@ -150,14 +155,14 @@ def iter_block_batches(
     *,
     batch_blocks: int = 256,
     pad_id: int = 0,
-    prompt_lengths: np.ndarray | None = None,
+    targets: Fetch | None = None,
 ) -> Iterator[BlockBatch]:
     """Every block of the plan, in block order, ``batch_blocks`` at a time."""
     if batch_blocks < 1:
         raise ValueError(f"batch_blocks must be >= 1, got {batch_blocks}")
     for first in range(0, plan.blocks, batch_blocks):
         last = min(first + batch_blocks, plan.blocks)
-        yield build_batch(plan, first, last, fetch, pad_id, prompt_lengths)
+        yield build_batch(plan, first, last, fetch, pad_id, targets)
 
 
 def unpack_segments(batch: BlockBatch) -> Iterator[tuple[int, int, np.ndarray]]:

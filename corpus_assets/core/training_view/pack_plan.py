@@ -20,6 +20,11 @@ Modes, declared:
 - ``continuous``: the samples' tokens as one stream cut every T tokens (documents cross blocks);
   the partial last block is dropped (``tail="drop"``) or padded (``tail="pad"``).
 
+Atomic samples, declared per sample (``atomic_samples``, e.g. preference pairs): never cut; one
+longer than T is quarantined whatever the overlong policy, and ``continuous`` mode refuses them.
+``split_pairs`` then turns each pair's one piece into its two sequences (two adjacent segments of
+one block, both naming the pair's sample), after planning and ordering.
+
 Inside a block, pieces sit in stream order (by sample, then offset), contiguous from offset 0;
 the rest of the block is pad. With a ``seed``, blocks are then reordered by a keyed hash: a
 block's content key is the little-endian int64 pairs (sample, offset) of its pieces in that
@@ -28,7 +33,7 @@ the order is total). It depends only on the lengths, the mode, T and the seed: n
 """
 
 from bisect import bisect_left, insort
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from hashlib import sha256
 
 import numpy as np
@@ -98,11 +103,26 @@ def _lengths(lengths: np.ndarray, block_tokens: int) -> np.ndarray:
     return lengths
 
 
-def apply_overlong(lengths: np.ndarray, block_tokens: int, overlong: str) -> Pieces:
-    """The declared overlong policy, so every piece entering a packer is 1..T tokens."""
+def apply_overlong(
+    lengths: np.ndarray, block_tokens: int, overlong: str, atomic: np.ndarray | None = None
+) -> Pieces:
+    """The declared overlong policy, so every piece entering a packer is 1..T tokens.
+
+    ``atomic`` (bool per sample) marks samples never cut, whatever the policy: one longer than
+    T is quarantined (a preference pair cut in two is no pair)."""
     if overlong not in OVERLONG:
         raise ValueError(f"overlong must be one of {OVERLONG}, got {overlong!r}")
     lengths = _lengths(lengths, block_tokens)
+    if atomic is not None:
+        atomic = np.asarray(atomic, dtype=bool)
+        if atomic.shape != lengths.shape:
+            raise ValueError(f"atomic_samples has {atomic.size} entries for {lengths.size} samples")
+        whole = atomic & (lengths > block_tokens)
+        if whole.any():
+            pieces = apply_overlong(np.where(whole, 0, lengths), block_tokens, overlong)
+            quarantined = np.union1d(pieces.quarantined, np.flatnonzero(whole))
+            dropped = pieces.dropped_tokens + int(lengths[whole].sum())
+            return Pieces(pieces.sample, pieces.offset, pieces.length, dropped, quarantined)
     index = np.arange(lengths.size, dtype=np.int64)
     over = lengths > block_tokens
     empty = np.empty(0, dtype=np.int64)
@@ -241,15 +261,24 @@ def plan_packing(
     overlong: str = "split",
     tail: str = "pad",
     seed: bytes | None = None,
+    atomic_samples: np.ndarray | None = None,
 ) -> PackPlan:
-    """Plan the packing of samples of these token counts (stream order); see the module doc."""
+    """Plan the packing of samples of these token counts (stream order); see the module doc.
+
+    ``atomic_samples`` (bool per sample, e.g. ``pair_split > 0``) are never cut: longer than T,
+    they are quarantined whatever ``overlong`` says; ``continuous`` mode refuses them."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     lengths = _lengths(lengths, block_tokens)
     if mode == "continuous":
+        if atomic_samples is not None and np.any(atomic_samples):
+            raise ValueError(
+                "continuous packing cuts samples at block boundaries, so it cannot keep atomic "
+                "samples (preference pairs) whole; pack them in atomic or next_fit mode"
+            )
         pieces, block, blocks = continuous_pieces(lengths, block_tokens, tail)
     else:
-        pieces = apply_overlong(lengths, block_tokens, overlong)
+        pieces = apply_overlong(lengths, block_tokens, overlong, atomic_samples)
         pack = best_fit_blocks if mode == "atomic" else next_fit_blocks
         block = pack(pieces.length, block_tokens)
         blocks = int(block.max()) + 1 if block.size else 0
@@ -262,3 +291,41 @@ def plan_packing(
         )
     return PackPlan(mode, block_tokens, blocks, block, start, sample, offset, length,
                     pieces.quarantined, int(lengths.sum()), pieces.dropped_tokens)  # fmt: skip
+
+
+def split_pairs(
+    plan: PackPlan, pair_split: np.ndarray, lengths: np.ndarray | None = None
+) -> PackPlan:
+    """Each preference pair's piece as two adjacent segments of one block: (offset 0, ``split``
+    tokens) then (offset ``split``, the rest), both naming the pair's sample (the pair id).
+
+    ``pair_split`` is per sample (0 = not a pair). A pair must have been planned whole (see
+    ``atomic_samples``): a cut or moved piece is an error; with ``lengths``, so is a truncated
+    one. Block order is not recomputed (the keyed hash saw the pair as one piece)."""
+    pair_split = np.asarray(pair_split, dtype=np.int64)
+    split = pair_split[plan.sample] if plan.sample.size else np.empty(0, np.int64)
+    is_pair = split > 0
+    if not is_pair.any():
+        return plan
+    if plan.mode == "continuous":
+        raise ValueError("continuous packing cannot keep preference pairs whole; use atomic")
+    whole = (plan.offset == 0) & (plan.length > split)
+    if lengths is not None:
+        whole &= plan.length == np.asarray(lengths, dtype=np.int64)[plan.sample]
+    if (is_pair & ~whole).any() or np.unique(plan.sample[is_pair]).size != int(is_pair.sum()):
+        bad = sorted(set(plan.sample[is_pair & ~whole].tolist())) or "a repeated pair"
+        raise ValueError(f"pair samples {bad} were cut by the plan; plan pairs as atomic_samples")
+    copies = 1 + is_pair
+    rows = np.repeat(np.arange(plan.sample.size), copies)
+    second = np.zeros(rows.size, dtype=bool)
+    second[np.cumsum(copies)[is_pair] - 1] = True
+    first_of_pair = np.repeat(is_pair, copies) & ~second
+    cut = np.repeat(split, copies)
+    start, offset, length = plan.start[rows], plan.offset[rows], plan.length[rows]
+    length = np.where(first_of_pair, cut, np.where(second, length - cut, length))
+    start = np.where(second, start + cut, start)
+    offset = np.where(second, cut, offset)
+    return replace(
+        plan, block=plan.block[rows], start=start, sample=plan.sample[rows], offset=offset,
+        length=length,
+    )  # fmt: skip

@@ -27,31 +27,34 @@ class SampleLookupError(ValueError):
 
 @dataclass(frozen=True)
 class SampleRows:
-    """Per sample in stream order: its record id, kind, token-cache chunk and row, and length."""
+    """Per sample in stream order: its record id, kind, token-cache chunk and row, length and
+    pair split (a preference record's first sequence length; 0 for every other record)."""
 
     record_id: pa.ChunkedArray
     kind: pa.ChunkedArray
     chunk: np.ndarray
     row: np.ndarray
     length: np.ndarray
+    pair_split: np.ndarray
 
 
 def _cache_rows(ws: Workspace, canonical: CanonicalIndex, cache: TokenCache) -> pa.Table:
-    """(record_id, object, line, kind, chunk, row, length) of every canonical row."""
+    """(record_id, object, line, kind, chunk, row, length, pair_split) of every canonical row."""
     parts = []
     for n, (chunk, cached) in enumerate(zip(canonical.chunks(), cache.chunks, strict=True)):
         table = chunk.table(ws.cas, [*ROW_KEY, "kind"])
-        counts = open_tokens(ws, cached, cache.spec, ids=False).counts()
+        arrays = open_tokens(ws, cached, cache.spec, ids=False)
         rows = table.num_rows
         parts.append(
             table.append_column("chunk", pa.array(np.full(rows, n, np.int32)))
             .append_column("row", pa.array(np.arange(rows, dtype=np.int64)))
-            .append_column("length", pa.array(counts, pa.int64()))
+            .append_column("length", pa.array(arrays.counts(), pa.int64()))
+            .append_column("pair_split", pa.array(np.asarray(arrays.pair_splits), pa.int64()))
         )
     schema = pa.schema(
         [("record_id", pa.string()), ("object", pa.string()), ("line", pa.int64()),
          ("kind", pa.string()), ("chunk", pa.int32()), ("row", pa.int64()),
-         ("length", pa.int64())]
+         ("length", pa.int64()), ("pair_split", pa.int64())]
     )  # fmt: skip
     return pa.concat_tables(parts) if parts else schema.empty_table()
 
@@ -70,7 +73,7 @@ def locate_samples(
     rows = kept.join(_cache_rows(ws, canonical, cache), ROW_KEY, join_type="inner")
     order = pa.table({"record_id": samples, "sample": np.arange(len(samples), dtype=np.int64)})
     found = order.join(
-        rows.select(["record_id", "kind", "chunk", "row", "length"]),
+        rows.select(["record_id", "kind", "chunk", "row", "length", "pair_split"]),
         "record_id",
         join_type="left outer",
     ).sort_by("sample")
@@ -91,15 +94,23 @@ def locate_samples(
         chunk=found.column("chunk").to_numpy(),
         row=found.column("row").to_numpy(),
         length=found.column("length").to_numpy(),
+        pair_split=found.column("pair_split").to_numpy(),
     )
 
 
 class SampleTokens:
-    """``fetch(sample)``: a sample's tokens, a view of its chunk's memory-mapped cache file."""
+    """``fetch(sample)``: a sample's tokens, a view of its chunk's memory-mapped cache file;
+    ``targets(sample)``: its training-target mask (``targets_fetch`` is None when every token
+    of every chunk is a target, so blocks of documents skip the mask entirely)."""
 
     def __init__(self, ws: Workspace, cache: TokenCache, rows: SampleRows) -> None:
         self._arrays: list[TokenArrays] = [open_tokens(ws, c, cache.spec) for c in cache.chunks]
         self._chunk, self._row = rows.chunk, rows.row
+        everywhere = all(arrays.all_targets for arrays in self._arrays)
+        self.targets_fetch = None if everywhere else self.targets
 
     def __call__(self, sample: int) -> np.ndarray:
         return self._arrays[self._chunk[sample]].record(int(self._row[sample]))
+
+    def targets(self, sample: int) -> np.ndarray:
+        return self._arrays[self._chunk[sample]].targets(int(self._row[sample]))

@@ -16,6 +16,7 @@ Memory: the plan (five int64 per piece), one batch of blocks and one shard buffe
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from corpus_assets.core.records.index import CanonicalIndex
 from corpus_assets.core.runtime.code_identity import stage_code
@@ -39,7 +40,8 @@ from corpus_assets.core.training_view.pack_blocks import (
     BuildAccounting,
     iter_block_batches,
 )
-from corpus_assets.core.training_view.pack_plan import PackPlan, plan_packing
+from corpus_assets.core.training_view.pack_checks import check_pair_prompts
+from corpus_assets.core.training_view.pack_plan import PackPlan, plan_packing, split_pairs
 from corpus_assets.core.training_view.pack_samples import SampleRows, SampleTokens, locate_samples
 
 CODE = stage_code("packed_blocks.shards.v3", __name__)  # its closure, hashed at import
@@ -71,38 +73,62 @@ def shard_fields(spec: TokenizerSpec, block_tokens: int) -> dict[str, str]:
     }
 
 
-def plan_for(lengths: np.ndarray, policy: PackingPolicy) -> PackPlan:
-    """The policy's plan; the block order is keyed by the policy seed, never by workers."""
-    return plan_packing(
-        lengths,
+class PackingError(ValueError):
+    """The packing policy cannot pack these samples as declared; names the rule and a record."""
+
+
+def plan_for(rows: SampleRows, policy: PackingPolicy) -> PackPlan:
+    """The policy's plan; preference pairs are atomic and become two segments of one block.
+    The block order is keyed by the policy seed, never by workers."""
+    pairs = rows.pair_split > 0
+    if policy.mode == "continuous" and pairs.any():
+        first = rows.record_id[int(np.flatnonzero(pairs)[0])].as_py()
+        raise PackingError(
+            f"policies.packing.mode continuous cuts samples at block boundaries, so it cannot "
+            f"keep {int(pairs.sum())} preference pairs whole (e.g. {first!r}); use atomic"
+        )
+    plan = plan_packing(
+        rows.length,
         policy.block_tokens,
         policy.mode,
         overlong=policy.overlong,
         tail=policy.tail,
         seed=f"packed_blocks/{policy.seed}".encode(),
+        atomic_samples=pairs if pairs.any() else None,
     )
+    return split_pairs(plan, rows.pair_split, rows.length)
 
 
 class SpanRules:
     """The transform and special-token rule of each span, as dictionary strings.
 
     A span at record offset ``o`` of ``n`` tokens of a record of ``L`` holds the declared BOS
-    when ``o == 0`` and the EOS the tokenizer rule appended when ``o + n == L``."""
+    when ``o == 0`` and the EOS the tokenizer rule appended when ``o + n == L`` (for a
+    preference pair, its sequence's); ``messages`` and ``preference`` spans also hold what the
+    pinned chat template inserted, so their rule and transform name the template."""
 
     def __init__(self, spec: TokenizerSpec, rows: SampleRows) -> None:
-        self.transform = f"{token_cache_module.code_version()} tokenizer {spec.digest}"
+        template = spec.chat_template
+        tokens = f"{token_cache_module.code_version()} tokenizer {spec.digest}"
+        self.transform_names = [tokens, f"{tokens} chat-template {template.digest}"]
+        bases = ["document", f"chat.{template.name}"]
+        suffixes = ["", ".bos", ".eos", ".bos+eos"]
+        self.names = pa.array([f"{base}{suffix}" for base in bases for suffix in suffixes])
         self.bos = spec.bos is not None
-        self.length = rows.length
-        self.names = pa.array(["", "document.bos", "document.eos", "document.bos+eos"])
+        self.length, self.pair_split = rows.length, rows.pair_split
+        self.chat = pc.not_equal(rows.kind, "document").to_numpy(zero_copy_only=False)
 
     def specials(self, sample: np.ndarray, offset: np.ndarray, length: np.ndarray) -> pa.Array:
-        code = ((offset == 0) & self.bos).astype(np.int8)
-        code += 2 * (offset + length == self.length[sample]).astype(np.int8)
+        split = self.pair_split[sample]
+        starts = (offset == 0) | ((split > 0) & (offset == split))
+        ends = (offset + length == self.length[sample]) | ((split > 0) & (offset + length == split))
+        code = (starts & self.bos).astype(np.int8) + 2 * ends.astype(np.int8)
+        code += 4 * self.chat[sample].astype(np.int8)
         return pa.DictionaryArray.from_arrays(pa.array(code), self.names).cast(pa.string())
 
-    def transforms(self, count: int) -> pa.Array:
-        codes = pa.array(np.zeros(count, np.int8))
-        return pa.DictionaryArray.from_arrays(codes, [self.transform]).cast(pa.string())
+    def transforms(self, sample: np.ndarray) -> pa.Array:
+        codes = pa.array(self.chat[sample].astype(np.int8))
+        return pa.DictionaryArray.from_arrays(codes, self.transform_names).cast(pa.string())
 
 
 def span_batch(
@@ -119,7 +145,7 @@ def span_batch(
             pa.array(offset, pa.int64()),
             pa.array(sample, pa.int64()),
             pa.array(batch.span_block // shard_blocks, pa.int32()),
-            rules.transforms(sample.size),
+            rules.transforms(sample),
             rules.specials(sample, offset, length),
         ],
         schema=SPAN_COLUMNS,
@@ -129,15 +155,23 @@ def span_batch(
 def write_blocks(
     ws: Workspace, plan: PackPlan, rows: SampleRows, spec: TokenizerSpec, cache: TokenCache
 ) -> tuple[ShardIndex, Ref, pa.Table, dict[str, int]]:
-    """Build every block a batch at a time into shards; (index, its ref, spans, occupancy)."""
+    """Build every block a batch at a time into shards; (index, its ref, spans, occupancy).
+
+    A preference pair whose two sequences do not start with the same prompt tokens stops the
+    build (``check_pair_prompts``): a pair gate that fails here never reaches a trainer."""
     fields = shard_fields(spec, plan.block_tokens)
     specials = [s.id for s in (spec.bos, spec.eos) if s is not None]
     accounting = BuildAccounting(special_ids=specials)
     rules = SpanRules(spec, rows)
     fetch = SampleTokens(ws, cache, rows)
+    pairs = bool((rows.pair_split > 0).any())
     spans = []
     with ShardWriter(ws.cas, plan.block_tokens, fields) as writer:
-        for batch in iter_block_batches(plan, fetch, batch_blocks=BATCH_BLOCKS, pad_id=spec.pad.id):
+        for batch in iter_block_batches(
+            plan, fetch, batch_blocks=BATCH_BLOCKS, pad_id=spec.pad.id, targets=fetch.targets_fetch
+        ):
+            if pairs and (broken := check_pair_prompts(batch, rows.pair_split, fetch.targets)):
+                raise PackingError(f"preference pairs with different prompts: {broken[:5]}")
             writer.write({name: getattr(batch, name) for name in fields})
             accounting.add(batch)
             spans.append(span_batch(batch, rows, rules, writer.shard_blocks))
@@ -146,7 +180,7 @@ def write_blocks(
     return writer.index, writer.ref, table, accounting.as_dict()
 
 
-def packing_counts(plan: PackPlan, built: dict, samples: int, spans: int) -> dict[str, int]:
+def packing_counts(plan: PackPlan, built: dict, rows: SampleRows, spans: int) -> dict[str, int]:
     """Integer counts (ratios in parts per million: hashed documents hold no floats)."""
     planned = plan.accounting()
     capacity = max(int(planned["capacity_tokens"]), 1)
@@ -165,7 +199,8 @@ def packing_counts(plan: PackPlan, built: dict, samples: int, spans: int) -> dic
         "data_loss_ppm": int(planned["dropped_tokens"]) * PPM // max(plan.input_tokens, 1),
         "label_occupancy_ppm": int(built["label_tokens"]) * PPM // capacity,
         "special_occupancy_ppm": int(built["special_tokens"]) * PPM // capacity,
-        "samples": samples,
+        "samples": len(rows.length),
+        "pairs": int((rows.pair_split > 0).sum()),
         "spans": spans,
     }
 
@@ -190,10 +225,10 @@ def build_packed_blocks(ws: Workspace, partition_key: str) -> LayerResult:
     cache = token_cache(ws, canonical.chunks(), resolve_tokenizer(ws))
     spec, policy = cache.spec, ws.config.policies.packing
     rows = locate_samples(ws, canonical, cache, order.column("record_id"), dedup)
-    plan = plan_for(rows.length, policy)
+    plan = plan_for(rows, policy)
     index, index_ref, spans, built = write_blocks(ws, plan, rows, spec, cache)
     spans_ref = put_table(ws.cas, spans)
-    counts = packing_counts(plan, built, len(rows.length), spans.num_rows)
+    counts = packing_counts(plan, built, rows, spans.num_rows)
     outputs = {
         "shard_index": index_ref,
         "shards": [make_ref(s.digest, BINARY, s.size) for s in index.shards],
@@ -202,6 +237,7 @@ def build_packed_blocks(ws: Workspace, partition_key: str) -> LayerResult:
         "layout": put_json(ws.cas, layout_document(policy, index, spec)),
         "dtype": spec.dtype_name,
         "tokenizer": spec.document(),
+        "chat_template": spec.chat_template.document(),
         "eos": spec.eos.id,
         "pad": spec.pad.id,
         "token_cache": cache.refs(ws),
