@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
 from corpus_assets.core.release.block_reader import (
@@ -23,9 +24,10 @@ from corpus_assets.core.release.export_mds import (
     load_mds_export,
     materialize_mds,
 )
-from corpus_assets.core.release.exports import ExportError
+from corpus_assets.core.release.exports import ExportError, export_megatron, record_megatron
 from corpus_assets.core.release.hf_loader import load_hf_dataset
 from corpus_assets.core.release.loader_plan import LoaderPlan
+from corpus_assets.core.storage.artifacts import get_json
 from corpus_assets.core.storage.cas import ContentStore, CorruptObjectError
 from corpus_assets.core.storage.shards import ShardCorruptError
 from corpus_assets_tests.test_shards import FIELDS, T, identity, make_blocks, write
@@ -125,6 +127,21 @@ def test_mds_export_refuses_what_it_cannot_write_and_corrupt_objects(tmp_path: P
     assert not list((tmp_path / "mds").glob(".*.tmp"))  # no half-written file is left
 
 
+def test_megatron_export_document_records_each_file(tmp_path: Path) -> None:
+    cas = ContentStore(tmp_path)
+    _index, ref = write(cas, make_blocks(30), [30])
+    exported = export_megatron(cas, BlockReader.open(cas, ref["digest"]), 50_000)
+    document_ref = record_megatron(cas, exported, ref["digest"])
+    document = get_json(cas, document_ref)
+    assert (document["pack_digest"], document["sequences"]) == (ref["digest"], 30)
+    assert [entry["basename"] for entry in document["files"]] == ["data.bin", "data.idx"]
+    for entry in document["files"]:
+        data = cas.path(entry["digest"]).read_bytes()
+        assert "sha256:" + hashlib.sha256(data).hexdigest() == entry["digest"]
+        assert len(data) == entry["size"]
+    assert record_megatron(cas, exported, ref["digest"]) == document_ref
+
+
 def test_hf_dataset_rows_are_the_blocks_and_corruption_surfaces(tmp_path: Path) -> None:
     cas = ContentStore(tmp_path)
     blocks = make_blocks(230)
@@ -134,14 +151,21 @@ def test_hf_dataset_rows_are_the_blocks_and_corruption_surfaces(tmp_path: Path) 
     assert {name: feature.feature.dtype for name, feature in dataset.features.items()} == {
         name: np.dtype(dtype).name for name, dtype in FIELDS.items()
     }
-    rows = list(dataset.with_format("numpy"))
+    rows = list(dataset.with_format("numpy"))  # datasets widens integers to int64 here
     reader_rows = list(BlockReader.open(cas, ref["digest"]))
     assert len(rows) == len(reader_rows) == 230
     for row, block in zip(rows, reader_rows, strict=True):
         assert row.keys() == block.keys()
         for name in FIELDS:
-            assert row[name].dtype == block[name].dtype
             np.testing.assert_array_equal(row[name], block[name])
+    tables = list(dataset.with_format("arrow").iter(batch_size=100))
+    assert [len(table) for table in tables] == [100, 100, 30]
+    for name, dtype in FIELDS.items():  # the Arrow columns keep the shard dtypes exactly
+        column = pa.concat_arrays([table.column(name).combine_chunks() for table in tables])
+        assert column.type == pa.list_(pa.from_numpy_dtype(np.dtype(dtype)), T)
+        values = column.flatten().to_numpy().reshape(-1, T)
+        assert values.dtype == blocks[name].dtype
+        np.testing.assert_array_equal(values, blocks[name])
     shard = index.shards[1]
     flip_byte(cas, shard.digest, 5 * 4096 + 17)
     with pytest.raises(ShardCorruptError, match=rf"shard {shard.digest} chunk 5 "):
