@@ -17,10 +17,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from corpus_assets.core.release.block_reader import BlockReader
-from corpus_assets.core.storage.artifacts import BINARY, Ref, make_ref
+from corpus_assets.core.storage.artifacts import BINARY, Ref, make_ref, put_json
 from corpus_assets.core.storage.cas import ContentStore
 from corpus_assets.core.storage.fsio import write_temp
 
+MEGATRON_EXPORT_FORMAT = "corpus-assets.megatron-export/1"
 MEGATRON_HEADER = b"MMIDIDX\x00\x00"
 MEGATRON_DTYPE_CODES = {"uint8": 1, "int8": 2, "int16": 3, "int32": 4, "int64": 5, "uint16": 8}
 INDEX_ROWS = 1 << 20  # pointers/lengths written this many at a time
@@ -83,3 +84,22 @@ def export_megatron(
         digest, size = cas.adopt_file(write_temp(cas.root / "tmp", chunks))
         refs.append(make_ref(digest, BINARY, size))
     return MegatronExport(bin=refs[0], idx=refs[1], dtype=dtype.str, sequences=sequences)
+
+
+def record_megatron(cas: ContentStore, exported: MegatronExport, pack_digest: str) -> Ref:
+    """The export document (pack, dtype, each file's name, digest and size) put in the CAS, so
+    one digest names the export and a trainer's copy of ``data.bin``/``data.idx`` is checkable."""
+    files = [
+        {"basename": name, "digest": ref["digest"], "size": ref["size"]}
+        for name, ref in (("data.bin", exported.bin), ("data.idx", exported.idx))
+    ]
+    return put_json(
+        cas,
+        {
+            "format": MEGATRON_EXPORT_FORMAT,
+            "pack_digest": pack_digest,
+            "dtype": exported.dtype,
+            "sequences": exported.sequences,
+            "files": files,
+        },
+    )
