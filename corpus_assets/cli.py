@@ -18,6 +18,7 @@ from corpus_assets.cli_catalog import (
     cmd_benchmark,
     cmd_dedup,
     cmd_diff,
+    cmd_export,
     cmd_prov,
     cmd_read,
     cmd_show,
@@ -30,6 +31,7 @@ from corpus_assets.cli_catalog import (
 from corpus_assets.core.governance import gate, states
 from corpus_assets.core.ingest.pinning import PinError
 from corpus_assets.core.ingest.sources import SourceError
+from corpus_assets.core.release.export_run import FORMATS
 from corpus_assets.core.release.manifest import BuildConflict
 from corpus_assets.core.release.publish import PublishError, approve, rollback
 from corpus_assets.core.release.signing import SignatureError
@@ -108,6 +110,14 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("digest", help="a snapshotId (an alias is never accepted)")
     p.add_argument("--run-id", required=True)
     p.add_argument("--purpose", required=True)
+    p = _command(
+        sub, "export", cmd_export, "training read into Megatron .bin/.idx or MDS files, verified"
+    )
+    p.add_argument("format", choices=FORMATS)
+    p.add_argument("digest", help="a snapshotId (an alias is never accepted)")
+    p.add_argument("--run-id", required=True)
+    p.add_argument("--purpose", required=True)
+    p.add_argument("--out", required=True, help="directory to write the files into")
     return parser
 
 

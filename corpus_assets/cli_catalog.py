@@ -16,6 +16,7 @@ from corpus_assets.core.dedup.layer import explain
 from corpus_assets.core.governance import benchmarks, gate, states, tombstones
 from corpus_assets.core.governance.lineage import tombstone_hits
 from corpus_assets.core.records.normalize import dedup_key
+from corpus_assets.core.release.export_run import export_snapshot
 from corpus_assets.core.release.prov import prov_document
 from corpus_assets.core.release.shadow import shadow_diff
 from corpus_assets.core.release.training import TrainingReader, take_permit
@@ -181,6 +182,13 @@ def cmd_read(args: argparse.Namespace) -> int:
     reader = TrainingReader(cas, catalog, permit)
     blocks = sum(1 for _ in reader.blocks())
     return print_json({**reader.report(), "blocks": blocks, "resumed": permit.resumed})
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    _home, cas, catalog = storage()
+    permit = take_permit(cas, catalog, args.digest, args.run_id, args.purpose)
+    with TrainingReader(cas, catalog, permit) as reader:
+        return print_json(export_snapshot(reader, args.format, Path(args.out)))
 
 
 DEFAULT_SPECIALS = {"eos": "<|endoftext|>", "pad": "<|pad|>", "bos": None}

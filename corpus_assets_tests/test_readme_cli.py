@@ -4,6 +4,7 @@ The table in README.md is the contract: a documented command that no step here r
 ``test_every_documented_command_is_exercised``, so the examples cannot drift from the code.
 """
 
+import hashlib
 import json
 import re
 from pathlib import Path
@@ -58,6 +59,15 @@ def test_every_documented_command_is_exercised(tmp_path: Path) -> None:
     assert read["blocks"] > 0 and all(e["digest"].startswith("sha256:") for e in read["read"])
     again = cli.json("read", second, "--run-id", "run-1", "--purpose", "demo-pretraining")
     assert again["resumed"] is True and again["read"] == read["read"]
+    for fmt in ("megatron", "mds"):
+        out = tmp_path / f"export-{fmt}"
+        args = (second, "--run-id", f"export-{fmt}", "--purpose", "demo-pretraining")
+        exported = cli.json("export", fmt, *args, "--out", str(out))
+        files = exported["files"] if fmt == "megatron" else [exported["index"], *exported["shards"]]
+        for entry in files:  # each file written is the one its digest names
+            data = (out / entry["basename"]).read_bytes()
+            assert "sha256:" + hashlib.sha256(data).hexdigest() == entry["digest"]
+        assert exported["export"].startswith("sha256:") and exported["run"]["runId"] == args[2]
     other_digest = cli(
         "read", first, "--run-id", "run-1", "--purpose", "demo-pretraining", ok=False
     )

@@ -306,6 +306,14 @@ class TrainingReader:
         return index
 
     @property
+    def block_reader(self) -> BlockReader:
+        """The verified reader of this snapshot's shards, for exports and loaders that read the
+        whole pack through it: every shard is noted as read in the run's report."""
+        for entry in self.shard_index.shards:
+            self._note("shard", entry.digest, entry.size)
+        return self._blocks
+
+    @property
     def pack_digest(self) -> str:
         """The shard index digest: what a reader state binds a resumed run to."""
         return self.packed.output("shard_index")["digest"]
