@@ -5,6 +5,7 @@ import random
 import struct
 from pathlib import Path
 
+import blake3
 import numpy as np
 import pytest
 
@@ -17,6 +18,7 @@ from corpus_assets.core.release.block_reader import (
     load_state,
 )
 from corpus_assets.core.release.exports import ExportError, export_megatron
+from corpus_assets.core.storage.artifacts import put_json
 from corpus_assets.core.storage.cas import ContentStore
 from corpus_assets.core.storage.shards import (
     ShardCorruptError,
@@ -68,7 +70,8 @@ def test_layout_is_memmappable_and_independent_of_batch_boundaries(tmp_path: Pat
     path = cas.path(last.digest)
     assert "sha256:" + hashlib.sha256(path.read_bytes()).hexdigest() == last.digest
     chunks = [path.read_bytes()[i : i + 4096] for i in range(0, last.size, 4096)]
-    assert list(last.chunk_digests) == ["sha256:" + hashlib.sha256(c).hexdigest() for c in chunks]
+    assert list(last.chunk_digests) == ["blake3:" + blake3.blake3(c).hexdigest() for c in chunks]
+    assert index.format == "corpus-assets.block-shards/2" and index.chunk_hash == "blake3"
     offset = 0  # the documented layout: each field's (blocks, T) array, back to back
     for name, dtype in FIELDS.items():
         mapped = np.memmap(path, dtype=np.dtype(dtype), mode="r", offset=offset, shape=(50, T))
@@ -132,6 +135,60 @@ def test_a_flipped_byte_names_the_shard_and_chunk(tmp_path: Path) -> None:
         verify_shards(cas, index)
     unverified = BlockReader.open(cas, ref["digest"], verify=False)
     assert len(list(unverified)) == 250  # the baseline does not look
+
+
+def flip(cas: ContentStore, digest: str, where: int) -> None:
+    path = cas.path(digest)
+    data = bytearray(path.read_bytes())
+    data[where] ^= 0x01
+    path.chmod(0o644)
+    path.write_bytes(bytes(data))
+
+
+def test_verify_ahead_raises_at_the_corrupt_block_never_before_or_after(tmp_path: Path) -> None:
+    """Chunks hashed ahead on threads: blocks before the corrupt chunk are all handed out
+    intact, the corrupt one never is, and the error names its shard and chunk."""
+    cas = ContentStore(tmp_path)
+    blocks = make_blocks(250)
+    index, _ref = write(cas, blocks, [250])
+    shard = index.shards[2]  # blocks 200..249; byte in input_ids row 30 of that shard
+    flip(cas, shard.digest, 30 * T * 4 + 5)
+    corrupt_chunk = (30 * T * 4) // 4096
+    numbers = [7, 120, 3, 199, 201, 150, 230, 249, 0]
+    with BlockReader(cas, index, threads=2) as reader:
+        served = []
+        with pytest.raises(ShardCorruptError, match=rf"chunk {corrupt_chunk} ") as caught:
+            for number, fields in reader.blocks(numbers, ahead=4):
+                np.testing.assert_array_equal(fields["input_ids"], blocks["input_ids"][number])
+                served.append(number)
+        assert served == numbers[: numbers.index(230)]  # 201 shares no chunk with row 30
+        assert (caught.value.shard, caught.value.chunk) == (shard.digest, corrupt_chunk)
+    with BlockReader(cas, index, threads=2) as reader:
+        seen = []
+        with pytest.raises(ShardCorruptError, match=rf"{shard.digest} chunk {corrupt_chunk} "):
+            for batch in reader.batches():  # shard 2 is hashed ahead while shard 1 is served
+                seen.append(batch["input_ids"].copy())
+        np.testing.assert_array_equal(np.concatenate(seen), blocks["input_ids"][:200])
+
+
+def test_a_v1_index_with_sha256_chunks_still_reads(tmp_path: Path) -> None:
+    cas = ContentStore(tmp_path)
+    blocks = make_blocks(120)
+    index, _ref = write(cas, blocks, [120], chunk_hash="sha256")
+    assert index.shards[0].chunk_digests[0].startswith("sha256:")
+    old = index.model_dump(mode="json")
+    old["format"] = "corpus-assets.block-shards/1"
+    del old["chunk_hash"]
+    v1 = load_index(cas, put_json(cas, old)["digest"])
+    assert v1.chunk_hash == "sha256"
+    np.testing.assert_array_equal(
+        np.stack([b["input_ids"] for b in BlockReader(cas, v1)]), blocks["input_ids"]
+    )
+    with pytest.raises(ValueError, match="chunks are sha256"):
+        load_index(cas, put_json(cas, {**old, "chunk_hash": "blake3"})["digest"])
+    flip(cas, index.shards[1].digest, 3)
+    with pytest.raises(ShardCorruptError, match="chunk 0 "):
+        BlockReader(cas, v1).block(100)
 
 
 def identity(pack_digest: str) -> ReaderState:

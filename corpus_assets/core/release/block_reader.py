@@ -1,8 +1,11 @@
 """Verified reads of packed block shards, a rank- and worker-independent epoch order, and resume.
 
-``BlockReader`` maps shards lazily and verifies only the 4 MiB chunks a read touches (each once
-per open); ``verify=False`` is the unverified baseline. A shard byte that does not match its index
-raises ``ShardCorruptError`` naming the shard digest and chunk number.
+``BlockReader`` maps shards lazily and verifies only the chunks a read touches (each once per
+open); ``verify=False`` is the unverified baseline. A shard byte that does not match its index
+raises ``ShardCorruptError`` naming the shard digest and chunk number, before any block of that
+chunk is handed out. Reads whose next blocks are known (``batches``, ``blocks``, ``BlockStream``)
+verify ahead: the chunks of the next shard, or of the next ``ahead`` block numbers, are hashed on
+the reader's threads while the caller works on the current ones.
 
 Order rule (documented in docs/ARCHITECTURE.md): epoch ``e`` of a pack of ``n`` blocks visits
 positions ``0..n-1``; position ``p`` holds block ``order[p]``, where ``order`` is the identity or,
@@ -17,8 +20,9 @@ repeated; the epoch ends at ``n`` and the next starts at position 0 of epoch ``e
 
 import os
 from collections import OrderedDict
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from itertools import islice
 from typing import Any, Literal
 
 import numpy as np
@@ -75,7 +79,7 @@ class BlockReader:
     def close(self) -> None:
         """Stop the hashing threads and drop the mappings (views already handed out stay valid)."""
         if self._pool is not None:
-            self._pool.shutdown()
+            self._pool.shutdown(cancel_futures=True)
         self._mapped.clear()
 
     def __enter__(self) -> "BlockReader":
@@ -109,13 +113,50 @@ class BlockReader:
         shard, row = self.locate(block)
         return {name: rows[0] for name, rows in self._shard(shard).rows(row, row + 1).items()}
 
+    def prefetch(self, blocks: Iterable[int]) -> None:
+        """Start verifying the chunks of ``blocks`` on the reader's threads; returns at once.
+        (A no-op unverified or with one thread: reads then verify inline.)"""
+        if self._pool is None:
+            return
+        numbers = np.unique(np.fromiter(blocks, dtype=np.int64))
+        if not numbers.size:
+            return
+        if numbers[0] < 0 or numbers[-1] >= self.index.blocks:
+            raise IndexError(f"blocks outside 0..{self.index.blocks - 1}")
+        shards = np.searchsorted(self._firsts, numbers, side="right") - 1
+        for shard in np.unique(shards).tolist():
+            rows = numbers[shards == shard] - self._firsts[shard]
+            mapped = self._shard(shard)
+            mapped.schedule(mapped.chunks_of_rows(rows))
+
+    def blocks(
+        self, numbers: Iterable[int], ahead: int = 256
+    ) -> Iterator[tuple[int, dict[str, np.ndarray]]]:
+        """(number, fields) of each block of ``numbers`` in that order, verifying ``ahead``
+        numbers in advance on the reader's threads."""
+        upcoming = iter(numbers)
+        nxt = [int(n) for n in islice(upcoming, ahead)]
+        while nxt:
+            window, nxt = nxt, [int(n) for n in islice(upcoming, ahead)]
+            self.prefetch(window)
+            self.prefetch(nxt)
+            for number in window:
+                yield number, self.block(number)
+
     def batches(self, start: int = 0, stop: int | None = None) -> Iterator[dict[str, np.ndarray]]:
-        """Blocks ``[start, stop)`` in order, as ``(b, T)`` views of at most one shard each."""
+        """Blocks ``[start, stop)`` in order, as ``(b, T)`` views of at most one shard each; the
+        next shard's chunks are verified while the caller works on the current one."""
         stop = self.index.blocks if stop is None else stop
         while start < stop:
             shard, row = self.locate(start)
             take = min(stop - start, self.index.shards[shard].blocks - row)
-            yield self._shard(shard).rows(row, row + take)
+            current = self._shard(shard)
+            if self._pool is not None:
+                current.schedule(current.chunks_of_rows(np.arange(row, row + take)))
+                self.prefetch(
+                    range(start + take, min(stop, start + take + self.index.shard_blocks))
+                )
+            yield current.rows(row, row + take)
             start += take
 
     def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
@@ -206,9 +247,8 @@ class BlockStream:
     def blocks(
         self, rank: int = 0, world_size: int = 1, worker: int = 0, num_workers: int = 1
     ) -> Iterator[tuple[int, dict[str, np.ndarray]]]:
-        """(block number, fields) for one rank's worker, verified as read."""
-        for number in self.block_numbers(rank, world_size, worker, num_workers):
-            yield int(number), self.reader.block(int(number))
+        """(block number, fields) for one rank's worker, verified ahead of the read."""
+        yield from self.reader.blocks(self.block_numbers(rank, world_size, worker, num_workers))
 
     def state_after(self, consumed: int) -> ReaderState:
         """The state once ``consumed`` positions of this epoch (from its start) are consumed."""
