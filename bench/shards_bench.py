@@ -15,7 +15,8 @@ reader (a new open verifies every chunk again):
 - random, a whole epoch: every block once in a seeded permutation, through ``blocks()``;
 - random, warm: the ``--random`` reads again on the same reader (chunks already verified).
 
-The baseline of each is the same read with ``verify=False``, measured in the same run. Page
+The baseline of each is the same read with ``verify=False``, in the same run, the two
+alternating run by run. Page
 cache: by default the shards stay cached after writing (hot reads: the baseline runs at memory
 speed, the least flattering case for hashing); ``--cold`` drops the page cache
 (``/proc/sys/vm/drop_caches``, root only) before every timed run of both sides. Prints the ratios
@@ -96,16 +97,19 @@ def ahead(reader: BlockReader, numbers: np.ndarray) -> int:
     return len(numbers)
 
 
-def median(run: Callable[[], int], repeats: int, cold: bool) -> float:
-    times = []
+def medians(run: Callable[[bool], int], repeats: int, cold: bool) -> tuple[float, float]:
+    """Median seconds unverified and verified, the two runs alternating (the machine is shared:
+    alternation exposes both sides to the same load)."""
+    times: dict[bool, list[float]] = {False: [], True: []}
     for _ in range(repeats):
-        if cold:
-            os.sync()
-            DROP_CACHES.write_text("1")
-        began = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - began)
-    return statistics.median(times)
+        for verify in (False, True):
+            if cold:
+                os.sync()
+                DROP_CACHES.write_text("1")
+            began = time.perf_counter()
+            run(verify)
+            times[verify].append(time.perf_counter() - began)
+    return statistics.median(times[False]), statistics.median(times[True])
 
 
 def compare(cas: ContentStore, index: ShardIndex, args: argparse.Namespace) -> None:
@@ -137,8 +141,7 @@ def compare(cas: ContentStore, index: ShardIndex, args: argparse.Namespace) -> N
         cold = args.cold and "warm" not in name
         if "warm" in name:
             warmed(False), warmed(True)
-        base = median(lambda run=run: run(False), args.repeats, cold)
-        mine = median(lambda run=run: run(True), args.repeats, cold)
+        base, mine = medians(run, args.repeats, cold)
         print(f"{name:<30} {base:>13.3f} {mine:>11.3f} {mine / base:>6.2f}x", flush=True)
 
 

@@ -22,14 +22,57 @@ Layout of every block (T = ``plan.block_tokens``), declared:
   (``span_*``, one row per piece). Pad has no span and so no source.
 """
 
+import mmap
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
 from corpus_assets.core.training_view.pack_plan import PackPlan
 
 Fetch = Callable[[int], np.ndarray]
+RELEASE_TOKENS = 1 << 26
+
+
+class MappedSamples:
+    """A ``Fetch`` over one flat token array in a ``.npy`` file, sample ``i`` being
+    ``tokens[offsets[i]:offsets[i + 1]]``, memory-mapped read-only.
+
+    Packing reads samples in mixed order, so without care every page of the file ends up
+    resident in this process and counted in its RSS, growing with the corpus. Every
+    ``release_tokens`` tokens fetched, the mapping's pages are dropped from the process
+    (``madvise(MADV_DONTNEED)``: the file's pages stay in the page cache and a later read faults
+    them back in; views already handed out stay valid, the mapping being read-only).
+    """
+
+    def __init__(self, path: Path, offsets: np.ndarray, release_tokens: int = RELEASE_TOKENS):
+        with Path(path).open("rb") as handle:
+            version = np.lib.format.read_magic(handle)
+            read_header = (
+                np.lib.format.read_array_header_1_0
+                if version == (1, 0)
+                else np.lib.format.read_array_header_2_0
+            )
+            shape, fortran, dtype = read_header(handle)
+            if len(shape) != 1 or fortran:
+                raise ValueError(f"{path}: want a flat token array, got shape {shape}")
+            header = handle.tell()
+            self._map = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+        self.tokens = np.frombuffer(self._map, dtype, shape[0], header)
+        self.offsets, self.release_tokens, self._fetched = offsets, release_tokens, 0
+
+    def __call__(self, sample: int) -> np.ndarray:
+        lo, hi = int(self.offsets[sample]), int(self.offsets[sample + 1])
+        self._fetched += hi - lo
+        if self._fetched >= self.release_tokens:
+            self.release()
+        return self.tokens[lo:hi]
+
+    def release(self) -> None:
+        """Drop this process's resident pages of the mapping (they stay in the page cache)."""
+        self._map.madvise(mmap.MADV_DONTNEED)
+        self._fetched = 0
 
 
 @dataclass(frozen=True)
