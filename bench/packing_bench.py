@@ -4,8 +4,9 @@ against a named baseline measured in the same run.
 
 Corpus (seeded): ``--documents`` token counts ``max(1, int(lognormal(ln 600, 1.2)))`` in stream
 order, and their tokens as one flat uint16 ``.npy`` file (``(position * 7919) % 50000``),
-memory-mapped, never in RAM; a sample is fetched by ``pack_blocks.MappedSamples`` as a view
-``tokens[off[i]:off[i + 1]]``. Overlong policy ``split``.
+memory-mapped (``np.load(mmap_mode="r")``), never in RAM; a sample is fetched as a view
+``tokens[off[i]:off[i + 1]]`` (``--fetch mmap``) or read by ``pack_blocks.FileSamples``, one
+``pread`` per sample (``--fetch pread``). Overlong policy ``split``.
 
 Per T in ``--block-tokens``:
 
@@ -27,11 +28,12 @@ Per T in ``--block-tokens``:
   first ``--baseline-documents`` documents (its lists hold every block in RAM).
 
 Peak RSS as the corpus grows (``--rss-documents``, T = the first ``--block-tokens``): pack +
-write in a child process per size, tokens fetched from a plain ``np.load(mmap_mode="r")`` view
-and from ``MappedSamples`` (which drops the mapping's resident pages every 64M tokens). Printed:
+write in a child process per size, tokens fetched both ways (``--rss-fetch mmap pread``). Printed:
 the child's ``ru_maxrss`` (on Linux it starts from the parent's RSS at fork, so it is an upper
-bound), its ``VmHWM`` (its own peak, mapped file pages included), ``RssAnon`` after planning and
-at its peak (sampled every 16 batches), ``RssFile`` at the end.
+bound), its ``VmHWM`` (its own peak, mapped file pages included), ``RssAnon`` after planning,
+the bytes of the live plan arrays (5 int64 per piece, plus lengths and offsets), ``RssAnon``
+after ``malloc_trim(0)`` (what the planner freed but the heap kept), ``RssAnon`` at its peak
+(sampled every 16 batches) and ``RssFile`` at the end.
 
 Also: ``VmHWM`` (reset through ``/proc/self/clear_refs`` before each build, where allowed)
 includes the memory-mapped file's resident pages. Exits non-zero on a wrong result.
@@ -42,6 +44,7 @@ Usage: .venv/bin/python bench/packing_bench.py [--documents 200000] [--block-tok
 
 import argparse
 import contextlib
+import ctypes
 import json
 import resource
 import shutil
@@ -60,7 +63,7 @@ from corpus_assets.core.storage.cas import ContentStore
 from corpus_assets.core.storage.shards import ShardIndex, ShardWriter
 from corpus_assets.core.training_view.pack_blocks import (
     BlockBatch,
-    MappedSamples,
+    FileSamples,
     build_batch,
     iter_block_batches,
 )
@@ -285,9 +288,16 @@ def rss_child(folder: Path, width: int, fetcher: str) -> None:
     offsets = np.zeros(lengths.size + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
     tokens = np.load(folder / "tokens.npy", mmap_mode="r")
-    samples = MappedSamples(folder / "tokens.npy", offsets)
     plan = plan_packing(lengths, width, "atomic", seed=b"b")
-    after_plan = {"plan_hwm": status_mib("VmHWM"), "plan_anon": status_mib("RssAnon")}
+    arrays = (plan.block, plan.start, plan.sample, plan.offset, plan.length, lengths, offsets)
+    after_plan = {
+        "plan_hwm": status_mib("VmHWM"),
+        "plan_anon": status_mib("RssAnon"),
+        "plan_arrays": sum(a.nbytes for a in arrays) / 2**20,
+    }
+    with contextlib.suppress(OSError, AttributeError):  # glibc: give freed heap back
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    after_plan["trimmed_anon"] = status_mib("RssAnon")
     peak_anon = [after_plan["plan_anon"]]
 
     def probe() -> None:
@@ -297,7 +307,7 @@ def rss_child(folder: Path, width: int, fetcher: str) -> None:
         return tokens[offsets[i] : offsets[i + 1]]
 
     began = time.perf_counter()
-    fetch = samples if fetcher == "released" else plain
+    fetch = FileSamples(folder / "tokens.npy", offsets) if fetcher == "pread" else plain
     index = write_plan(plan, fetch, ContentStore(folder / "cas"), probe)
     probe()
     usage = resource.getrusage(resource.RUSAGE_SELF)
@@ -311,12 +321,11 @@ def rss_child(folder: Path, width: int, fetcher: str) -> None:
 
 def bench_rss(args, folder: Path) -> None:
     """Peak RSS of pack + write in a child process at each corpus size (T = first width), the
-    tokens fetched from a plain memmap and from ``MappedSamples`` (pages released)."""
+    tokens fetched as views of a memmap and by ``FileSamples`` (pread)."""
     width = args.block_tokens[0]
     print(
         f"{'documents':>10} {'fetch':>8} {'tokens':>14} {'pieces':>9} {'ru_maxrss':>10} "
-        f"{'VmHWM':>8} "
-        f"{'plan anon':>10} "
+        f"{'VmHWM':>8} {'plan anon':>10} {'arrays':>7} {'trimmed':>8} "
         f"{'peak anon':>10} {'end file':>9} {'s':>6}   (MiB; T={width})"
     )
     for documents in args.rss_documents:
@@ -333,6 +342,7 @@ def bench_rss(args, folder: Path) -> None:
             print(
                 f"{documents:>10,} {fetcher:>8} {row['tokens']:>14,} {row['pieces']:>9,} "
                 f"{row['ru_maxrss']:>10,.0f} {row['hwm']:>8,.0f} {row['plan_anon']:>10,.0f} "
+                f"{row['plan_arrays']:>7,.0f} {row['trimmed_anon']:>8,.0f} "
                 f"{row['peak_anon']:>10,.0f} {row['end_file']:>9,.0f} {row['seconds']:>6.1f}",
                 flush=True,
             )
@@ -353,7 +363,8 @@ def main() -> None:
     )
     parser.add_argument("--skip", nargs="*", default=[], choices=["plan", "build", "write", "rss"])
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--rss-fetch", nargs="+", default=["plain", "released"])
+    parser.add_argument("--fetch", choices=["mmap", "pread"], default="mmap")
+    parser.add_argument("--rss-fetch", nargs="+", default=["mmap", "pread"])
     parser.add_argument("--rss-child", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.rss_child:
@@ -366,7 +377,13 @@ def main() -> None:
             f"(mean {lengths.mean():,.0f}, median {np.median(lengths):,.0f})"
         )
 
-        fetch = MappedSamples(Path(folder) / "tokens.npy", offsets)
+        tokens = np.load(Path(folder) / "tokens.npy", mmap_mode="r")
+
+        def view(i: int) -> np.ndarray:
+            return tokens[offsets[i] : offsets[i + 1]]
+
+        fetch = FileSamples(Path(folder) / "tokens.npy", offsets) if args.fetch == "pread" else view
+        print(f"fetch: {args.fetch}")
         for width in args.block_tokens:
             if not {"plan", "build"} <= set(args.skip):
                 bench_block_tokens(args, lengths, fetch, width)

@@ -16,11 +16,11 @@ reader (a new open verifies every chunk again):
 - random, warm: the ``--random`` reads again on the same reader (chunks already verified).
 
 The baseline of each is the same read with ``verify=False``, in the same run, the two
-alternating run by run. Page
-cache: by default the shards stay cached after writing (hot reads: the baseline runs at memory
-speed, the least flattering case for hashing); ``--cold`` drops the page cache
-(``/proc/sys/vm/drop_caches``, root only) before every timed run of both sides. Prints the ratios
-against the 1.5x target and peak RSS (``ru_maxrss``; touched pages of mapped shards count in it).
+alternating run by run. Page cache: by default the shards stay cached after writing (hot reads:
+the baseline runs at memory speed, the least flattering case for hashing); ``--cold`` drops the
+page cache (``/proc/sys/vm/drop_caches``, root only) before every timed run of both sides. Prints
+the ratios of wall time and of CPU time (all threads; what the hashing costs a loaded machine)
+against the 1.5x target, and peak RSS (``ru_maxrss``; touched pages of mapped shards count).
 
 Usage: .venv/bin/python bench/shards_bench.py [--blocks 200000] [--tokens 2048] [--repeats 5]
        [--chunk-bytes 1048576] [--chunk-hash blake3] [--cold]
@@ -97,19 +97,24 @@ def ahead(reader: BlockReader, numbers: np.ndarray) -> int:
     return len(numbers)
 
 
-def medians(run: Callable[[bool], int], repeats: int, cold: bool) -> tuple[float, float]:
-    """Median seconds unverified and verified, the two runs alternating (the machine is shared:
-    alternation exposes both sides to the same load)."""
-    times: dict[bool, list[float]] = {False: [], True: []}
+def medians(
+    run: Callable[[bool], int], repeats: int, cold: bool
+) -> dict[bool, tuple[float, float]]:
+    """Median (wall s, CPU s of all threads) unverified and verified, the two runs alternating
+    (the machine is shared: alternation exposes both sides to the same load)."""
+    times: dict[bool, list[tuple[float, float]]] = {False: [], True: []}
     for _ in range(repeats):
         for verify in (False, True):
             if cold:
                 os.sync()
                 DROP_CACHES.write_text("1")
-            began = time.perf_counter()
+            wall, cpu = time.perf_counter(), time.process_time()
             run(verify)
-            times[verify].append(time.perf_counter() - began)
-    return statistics.median(times[False]), statistics.median(times[True])
+            times[verify].append((time.perf_counter() - wall, time.process_time() - cpu))
+    return {
+        verify: (statistics.median(t[0] for t in runs), statistics.median(t[1] for t in runs))
+        for verify, runs in times.items()
+    }
 
 
 def compare(cas: ContentStore, index: ShardIndex, args: argparse.Namespace) -> None:
@@ -118,6 +123,11 @@ def compare(cas: ContentStore, index: ShardIndex, args: argparse.Namespace) -> N
 
     def fresh(verify: bool) -> BlockReader:
         return BlockReader(cas, index, verify=verify)
+
+    def once(verify: bool, read: Callable[[BlockReader], int]) -> int:
+        """A read on a fresh open, closed after (its hashing threads stopped)."""
+        with fresh(verify) as reader:
+            return read(reader)
 
     warm: dict[bool, BlockReader] = {}
 
@@ -129,20 +139,28 @@ def compare(cas: ContentStore, index: ShardIndex, args: argparse.Namespace) -> N
         return warm[verify]
 
     cases = {
-        "sequential, by batch": lambda v: by_batch(fresh(v)),
-        "sequential, by block": lambda v: by_block(fresh(v)),
-        f"random {args.random}, block()": lambda v: one_at_a_time(fresh(v), numbers),
-        f"random {args.random}, blocks()": lambda v: ahead(fresh(v), numbers),
-        "random whole epoch, blocks()": lambda v: ahead(fresh(v), epoch),
+        "sequential, by batch": lambda v: once(v, by_batch),
+        "sequential, by block": lambda v: once(v, by_block),
+        f"random {args.random}, block()": lambda v: once(v, lambda r: one_at_a_time(r, numbers)),
+        f"random {args.random}, blocks()": lambda v: once(v, lambda r: ahead(r, numbers)),
+        "random whole epoch, blocks()": lambda v: once(v, lambda r: ahead(r, epoch)),
         f"random {args.random}, warm": lambda v: one_at_a_time(warmed(v), numbers),
     }
-    print(f"{'read':<30} {'unverified s':>13} {'verified s':>11} {'ratio':>7}")
+    print(
+        f"{'read':<30} {'unverified s':>13} {'verified s':>11} {'ratio':>7}   "
+        f"{'CPU s unverified':>16} {'verified':>9} {'ratio':>7}"
+    )
     for name, run in cases.items():
         cold = args.cold and "warm" not in name
         if "warm" in name:
             warmed(False), warmed(True)
-        base, mine = medians(run, args.repeats, cold)
-        print(f"{name:<30} {base:>13.3f} {mine:>11.3f} {mine / base:>6.2f}x", flush=True)
+        got = medians(run, args.repeats, cold)
+        (base, base_cpu), (mine, mine_cpu) = got[False], got[True]
+        print(
+            f"{name:<30} {base:>13.3f} {mine:>11.3f} {mine / base:>6.2f}x   "
+            f"{base_cpu:>16.3f} {mine_cpu:>9.3f} {mine_cpu / base_cpu:>6.2f}x",
+            flush=True,
+        )
 
 
 def main() -> None:

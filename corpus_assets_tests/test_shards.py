@@ -29,7 +29,7 @@ from corpus_assets.core.storage.shards import (
     write_shards,
 )
 from corpus_assets.core.training_view.pack_blocks import (
-    MappedSamples,
+    FileSamples,
     build_batch,
     iter_block_batches,
 )
@@ -309,9 +309,9 @@ def test_megatron_export_reads_back(tmp_path: Path, vocab: int) -> None:
         export_megatron(cas, BlockReader.open(cas, ref["digest"]), 1000)
 
 
-def test_packed_blocks_from_mapped_samples_round_trip_through_shards(tmp_path: Path) -> None:
-    """Pack from a token .npy through MappedSamples (releasing its pages after every fetch),
-    write shards, read them back verified: the blocks are the ones built from RAM."""
+def test_packed_blocks_from_file_samples_round_trip_through_shards(tmp_path: Path) -> None:
+    """Pack from a token .npy read by FileSamples (pread, no mapping), write shards, read them
+    back verified: the blocks are the ones built from the tokens in RAM."""
     rng = np.random.default_rng(3)
     lengths = rng.integers(1, 3 * T, 300)
     offsets = np.zeros(lengths.size + 1, dtype=np.int64)
@@ -319,12 +319,16 @@ def test_packed_blocks_from_mapped_samples_round_trip_through_shards(tmp_path: P
     tokens = rng.integers(0, 50_000, int(offsets[-1]), dtype=np.uint32)
     np.save(tmp_path / "tokens.npy", tokens)
     plan = plan_packing(lengths, T, "atomic", seed=b"s")
-    samples = MappedSamples(tmp_path / "tokens.npy", offsets, release_tokens=1)
     cas = ContentStore(tmp_path / "cas")
     names = ("input_ids", "segment_ids", "positions", "label_mask")
-    with ShardWriter(cas, T, {name: FIELDS[name] for name in names}, 40 * BLOCK_BYTES) as out:
+    with (
+        FileSamples(tmp_path / "tokens.npy", offsets) as samples,
+        ShardWriter(cas, T, {name: FIELDS[name] for name in names}, 40 * BLOCK_BYTES) as out,
+    ):
         for batch in iter_block_batches(plan, samples, batch_blocks=7):
             out.write({name: getattr(batch, name) for name in names})
+    with pytest.raises(ValueError, match="want a flat array"):
+        FileSamples(tmp_path / "tokens.npy", offsets + 1)
     assert out.index is not None and out.ref is not None and len(out.index.shards) > 1
     expected = build_batch(plan, 0, plan.blocks, lambda i: tokens[offsets[i] : offsets[i + 1]])
     with BlockReader.open(cas, out.ref["digest"]) as reader:

@@ -22,7 +22,7 @@ Layout of every block (T = ``plan.block_tokens``), declared:
   (``span_*``, one row per piece). Pad has no span and so no source.
 """
 
-import mmap
+import os
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,21 +32,21 @@ import numpy as np
 from corpus_assets.core.training_view.pack_plan import PackPlan
 
 Fetch = Callable[[int], np.ndarray]
-RELEASE_TOKENS = 1 << 26
 
 
-class MappedSamples:
+class FileSamples:
     """A ``Fetch`` over one flat token array in a ``.npy`` file, sample ``i`` being
-    ``tokens[offsets[i]:offsets[i + 1]]``, memory-mapped read-only.
+    ``tokens[offsets[i]:offsets[i + 1]]``, each read with one ``pread`` into a fresh array.
 
-    Packing reads samples in mixed order, so without care every page of the file ends up
-    resident in this process and counted in its RSS, growing with the corpus. Every
-    ``release_tokens`` tokens fetched, the mapping's pages are dropped from the process
-    (``madvise(MADV_DONTNEED)``: the file's pages stay in the page cache and a later read faults
-    them back in; views already handed out stay valid, the mapping being read-only).
+    Not a memory map on purpose: packing reads samples in mixed order, and every first touch of
+    a mapped, cached file maps its neighbourhood too (fault-around, large folios: about 0.5 MB
+    per random read here), so within a few thousand reads the whole file is resident in the
+    process and counted in its RSS, growing with the corpus; releasing the pages
+    (``madvise(MADV_DONTNEED)``) every 1,024 reads did not bound it. Read pages stay in the
+    page cache, which the kernel reclaims, not in the process.
     """
 
-    def __init__(self, path: Path, offsets: np.ndarray, release_tokens: int = RELEASE_TOKENS):
+    def __init__(self, path: Path, offsets: np.ndarray) -> None:
         with Path(path).open("rb") as handle:
             version = np.lib.format.read_magic(handle)
             read_header = (
@@ -55,24 +55,28 @@ class MappedSamples:
                 else np.lib.format.read_array_header_2_0
             )
             shape, fortran, dtype = read_header(handle)
-            if len(shape) != 1 or fortran:
-                raise ValueError(f"{path}: want a flat token array, got shape {shape}")
             header = handle.tell()
-            self._map = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
-        self.tokens = np.frombuffer(self._map, dtype, shape[0], header)
-        self.offsets, self.release_tokens, self._fetched = offsets, release_tokens, 0
+        if len(shape) != 1 or fortran or int(offsets[-1]) > shape[0]:
+            raise ValueError(f"{path}: want a flat array of >= {int(offsets[-1])} tokens")
+        self.dtype, self.offsets, self._header = np.dtype(dtype), offsets, header
+        self._fd = os.open(path, os.O_RDONLY)
 
     def __call__(self, sample: int) -> np.ndarray:
         lo, hi = int(self.offsets[sample]), int(self.offsets[sample + 1])
-        self._fetched += hi - lo
-        if self._fetched >= self.release_tokens:
-            self.release()
-        return self.tokens[lo:hi]
+        out = np.empty(hi - lo, self.dtype)
+        read = os.preadv(self._fd, [out], self._header + lo * self.dtype.itemsize)
+        if read != out.nbytes:
+            raise ValueError(f"sample {sample}: read {read} of {out.nbytes} bytes")
+        return out
 
-    def release(self) -> None:
-        """Drop this process's resident pages of the mapping (they stay in the page cache)."""
-        self._map.madvise(mmap.MADV_DONTNEED)
-        self._fetched = 0
+    def close(self) -> None:
+        os.close(self._fd)
+
+    def __enter__(self) -> "FileSamples":
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
 
 
 @dataclass(frozen=True)
