@@ -333,7 +333,9 @@ class MappedShard:
             raise ShardError(
                 f"shard {entry.digest} is {path.stat().st_size} bytes, not {entry.size}"
             )
-        self.raw = np.memmap(path, dtype=np.uint8, mode="r")
+        # a plain ndarray over the mapping (it keeps the map alive): slicing a np.memmap runs
+        # Python-level hooks that cost more than a small read itself
+        self.raw = np.memmap(path, dtype=np.uint8, mode="r").view(np.ndarray)
         chunks = len(entry.chunk_digests)
         self.verified = np.zeros(chunks, dtype=bool) if verified is None else verified
         self._inflight: dict[int, Future] = {}
