@@ -19,6 +19,7 @@ repeated; the epoch ends at ``n`` and the next starts at position 0 of epoch ``e
 """
 
 import os
+from bisect import bisect_right
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -65,6 +66,7 @@ class BlockReader:
         workers = threads or min(8, len(os.sched_getaffinity(0)))
         self._pool = ThreadPoolExecutor(workers) if verify and workers > 1 else None
         self._firsts = np.array([entry.first_block for entry in index.shards], dtype=np.int64)
+        self._first_list = self._firsts.tolist()  # bisect on a list: a per-block read's cost
         self._mapped: OrderedDict[int, MappedShard] = OrderedDict()
         self._verified: dict[int, np.ndarray] = {}
         self._max_mapped = max(1, max_mapped)
@@ -105,8 +107,8 @@ class BlockReader:
         """(shard number, row within the shard) of global block ``block``."""
         if not 0 <= block < self.index.blocks:
             raise IndexError(f"block {block} outside 0..{self.index.blocks - 1}")
-        shard = int(np.searchsorted(self._firsts, block, side="right")) - 1
-        return shard, block - int(self._firsts[shard])
+        shard = bisect_right(self._first_list, block) - 1
+        return shard, block - self._first_list[shard]
 
     def block(self, block: int) -> dict[str, np.ndarray]:
         """Each field's ``(T,)`` row of one block: read-only views into the verified mapping."""
@@ -123,11 +125,15 @@ class BlockReader:
             return
         if numbers[0] < 0 or numbers[-1] >= self.index.blocks:
             raise IndexError(f"blocks outside 0..{self.index.blocks - 1}")
-        shards = np.searchsorted(self._firsts, numbers, side="right") - 1
-        for shard in np.unique(shards).tolist():
-            rows = numbers[shards == shard] - self._firsts[shard]
+        shards = np.searchsorted(self._firsts, numbers, side="right") - 1  # ascending
+        cuts = np.flatnonzero(np.diff(shards)) + 1
+        for part in np.split(numbers, cuts):
+            shard = int(shards[np.searchsorted(numbers, part[0])])
+            verified = self._verified.get(shard)
+            if verified is not None and verified.all():
+                continue  # the common case late in an epoch: nothing left to hash
             mapped = self._shard(shard)
-            mapped.schedule(mapped.chunks_of_rows(rows))
+            mapped.schedule(mapped.chunks_of_rows(part - self._firsts[shard]))
 
     def blocks(
         self, numbers: Iterable[int], ahead: int = 256
@@ -136,9 +142,9 @@ class BlockReader:
         numbers in advance on the reader's threads."""
         upcoming = iter(numbers)
         nxt = [int(n) for n in islice(upcoming, ahead)]
+        self.prefetch(nxt)
         while nxt:
             window, nxt = nxt, [int(n) for n in islice(upcoming, ahead)]
-            self.prefetch(window)
             self.prefetch(nxt)
             for number in window:
                 yield number, self.block(number)
