@@ -121,10 +121,9 @@ class BlockReader:
         if self._pool is None:
             return
         numbers = np.unique(np.fromiter(blocks, dtype=np.int64))
+        numbers = numbers[(numbers >= 0) & (numbers < self.index.blocks)]  # the read will raise
         if not numbers.size:
             return
-        if numbers[0] < 0 or numbers[-1] >= self.index.blocks:
-            raise IndexError(f"blocks outside 0..{self.index.blocks - 1}")
         shards = np.searchsorted(self._firsts, numbers, side="right") - 1  # ascending
         cuts = np.flatnonzero(np.diff(shards)) + 1
         for part in np.split(numbers, cuts):
