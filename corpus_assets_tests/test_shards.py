@@ -335,3 +335,23 @@ def test_packed_blocks_from_file_samples_round_trip_through_shards(tmp_path: Pat
         for number, block in reader.blocks(range(plan.blocks)):
             for name in names:
                 np.testing.assert_array_equal(block[name], getattr(expected, name)[number])
+
+
+def test_stream_blocks_read_ahead_give_the_order_and_bytes_of_single_reads(tmp_path: Path) -> None:
+    cas = ContentStore(tmp_path)
+    blocks = make_blocks(230)
+    _index, ref = write(cas, blocks, [230])
+    with BlockReader.open(cas, ref["digest"]) as reader:
+        stream = BlockStream(reader, identity(ref["digest"]))
+        for rank, world in [(0, 1), (1, 2), (3, 4)]:
+            expected = stream.block_numbers(rank, world).tolist()
+            got = list(stream.blocks(rank, world))
+            assert [number for number, _ in got] == expected
+            for number, fields in got:
+                np.testing.assert_array_equal(fields["input_ids"], blocks["input_ids"][number])
+        reader.prefetch([-1, 5, 230])  # out of range: ignored here, refused by the read
+        served = []
+        with pytest.raises(IndexError, match="block 230"):
+            for number, _fields in reader.blocks([4, 5, 230, 6], ahead=2):
+                served.append(number)
+        assert served == [4, 5]
