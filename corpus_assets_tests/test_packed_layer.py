@@ -22,7 +22,9 @@ from corpus_assets.core.runtime.workspace import Workspace, open_workspace
 from corpus_assets.core.storage.artifacts import get_json, get_table, put_table
 from corpus_assets.core.storage.cas import ContentStore
 from corpus_assets.core.storage.shards import write_shards
-from corpus_assets.core.tokens.spec import UTF8_IDS, utf8_spec
+from corpus_assets.core.tokens.cache import open_tokens, token_cache
+from corpus_assets.core.tokens.spec import UTF8_IDS, resolve_tokenizer, utf8_spec
+from corpus_assets.core.training_view.pack_samples import SampleTokens, locate_samples
 from corpus_assets.core.training_view.packing import PackingError
 
 PAD, EOS = UTF8_IDS["pad"], UTF8_IDS["eos"]
@@ -303,3 +305,21 @@ def test_the_pair_gate_reads_the_prompts_from_the_shards(tmp_path: Path) -> None
     assert findings([1, 7, 3]) == [
         "1 preference pairs have different prompts, e.g. ['prefs/x (block 0)']"
     ]
+
+
+def test_samples_are_read_by_pread_whatever_the_open_file_limit(demo_home: Path) -> None:
+    """With one chunk file open at a time (every other read reopens one), each sample's tokens
+    are exactly the cache's mapped view of them."""
+    with _workspace(demo_home, "pread", {"block_tokens": 64}) as ws:
+        build_all(ws, "p1")
+        canonical = CanonicalIndex.read(ws, "p1")[1]
+        _ref, dedup = read_layer_index(ws, "p1", "dedup_clusters")
+        cache = token_cache(ws, canonical.chunks(), resolve_tokenizer(ws))
+        order = pa.chunked_array([pa.array(sorted(_samples(ws)))])
+        rows = locate_samples(ws, canonical, cache, order, dedup)
+        mapped = [open_tokens(ws, c, cache.spec) for c in cache.chunks]
+        with SampleTokens(ws, cache, rows, open_files=1) as fetch:
+            for sample in np.random.default_rng(3).permutation(len(rows.length)).tolist():
+                want = mapped[rows.chunk[sample]].record(int(rows.row[sample]))
+                assert np.array_equal(fetch(sample), want)
+        assert len({int(c) for c in rows.chunk}) > 1

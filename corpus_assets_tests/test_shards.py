@@ -5,6 +5,7 @@ import random
 import struct
 from pathlib import Path
 
+import blake3
 import numpy as np
 import pytest
 
@@ -17,14 +18,22 @@ from corpus_assets.core.release.block_reader import (
     load_state,
 )
 from corpus_assets.core.release.exports import ExportError, export_megatron
+from corpus_assets.core.storage.artifacts import put_json
 from corpus_assets.core.storage.cas import ContentStore
 from corpus_assets.core.storage.shards import (
     ShardCorruptError,
     ShardError,
+    ShardWriter,
     load_index,
     verify_shards,
     write_shards,
 )
+from corpus_assets.core.training_view.pack_blocks import (
+    FileSamples,
+    build_batch,
+    iter_block_batches,
+)
+from corpus_assets.core.training_view.pack_plan import plan_packing
 
 T = 64
 FIELDS = {"input_ids": "uint32", "segment_ids": "int32", "positions": "int32", "label_mask": "u1"}
@@ -68,7 +77,8 @@ def test_layout_is_memmappable_and_independent_of_batch_boundaries(tmp_path: Pat
     path = cas.path(last.digest)
     assert "sha256:" + hashlib.sha256(path.read_bytes()).hexdigest() == last.digest
     chunks = [path.read_bytes()[i : i + 4096] for i in range(0, last.size, 4096)]
-    assert list(last.chunk_digests) == ["sha256:" + hashlib.sha256(c).hexdigest() for c in chunks]
+    assert list(last.chunk_digests) == ["blake3:" + blake3.blake3(c).hexdigest() for c in chunks]
+    assert index.format == "corpus-assets.block-shards/2" and index.chunk_hash == "blake3"
     offset = 0  # the documented layout: each field's (blocks, T) array, back to back
     for name, dtype in FIELDS.items():
         mapped = np.memmap(path, dtype=np.dtype(dtype), mode="r", offset=offset, shape=(50, T))
@@ -132,6 +142,60 @@ def test_a_flipped_byte_names_the_shard_and_chunk(tmp_path: Path) -> None:
         verify_shards(cas, index)
     unverified = BlockReader.open(cas, ref["digest"], verify=False)
     assert len(list(unverified)) == 250  # the baseline does not look
+
+
+def flip(cas: ContentStore, digest: str, where: int) -> None:
+    path = cas.path(digest)
+    data = bytearray(path.read_bytes())
+    data[where] ^= 0x01
+    path.chmod(0o644)
+    path.write_bytes(bytes(data))
+
+
+def test_verify_ahead_raises_at_the_corrupt_block_never_before_or_after(tmp_path: Path) -> None:
+    """Chunks hashed ahead on threads: blocks before the corrupt chunk are all handed out
+    intact, the corrupt one never is, and the error names its shard and chunk."""
+    cas = ContentStore(tmp_path)
+    blocks = make_blocks(250)
+    index, _ref = write(cas, blocks, [250])
+    shard = index.shards[2]  # blocks 200..249; byte in input_ids row 30 of that shard
+    flip(cas, shard.digest, 30 * T * 4 + 5)
+    corrupt_chunk = (30 * T * 4) // 4096
+    numbers = [7, 120, 3, 199, 201, 150, 230, 249, 0]
+    with BlockReader(cas, index, threads=2) as reader:
+        served = []
+        with pytest.raises(ShardCorruptError, match=rf"chunk {corrupt_chunk} ") as caught:
+            for number, fields in reader.blocks(numbers, ahead=4):
+                np.testing.assert_array_equal(fields["input_ids"], blocks["input_ids"][number])
+                served.append(number)
+        assert served == numbers[: numbers.index(230)]  # 201 shares no chunk with row 30
+        assert (caught.value.shard, caught.value.chunk) == (shard.digest, corrupt_chunk)
+    with BlockReader(cas, index, threads=2) as reader:
+        seen = []
+        with pytest.raises(ShardCorruptError, match=rf"{shard.digest} chunk {corrupt_chunk} "):
+            for batch in reader.batches():  # shard 2 is hashed ahead while shard 1 is served
+                seen.append(batch["input_ids"].copy())
+        np.testing.assert_array_equal(np.concatenate(seen), blocks["input_ids"][:200])
+
+
+def test_a_v1_index_with_sha256_chunks_still_reads(tmp_path: Path) -> None:
+    cas = ContentStore(tmp_path)
+    blocks = make_blocks(120)
+    index, _ref = write(cas, blocks, [120], chunk_hash="sha256")
+    assert index.shards[0].chunk_digests[0].startswith("sha256:")
+    old = index.model_dump(mode="json")
+    old["format"] = "corpus-assets.block-shards/1"
+    del old["chunk_hash"]
+    v1 = load_index(cas, put_json(cas, old)["digest"])
+    assert v1.chunk_hash == "sha256"
+    np.testing.assert_array_equal(
+        np.stack([b["input_ids"] for b in BlockReader(cas, v1)]), blocks["input_ids"]
+    )
+    with pytest.raises(ValueError, match="chunks are sha256"):
+        load_index(cas, put_json(cas, {**old, "chunk_hash": "blake3"})["digest"])
+    flip(cas, index.shards[1].digest, 3)
+    with pytest.raises(ShardCorruptError, match="chunk 0 "):
+        BlockReader(cas, v1).block(100)
 
 
 def identity(pack_digest: str) -> ReaderState:
@@ -243,3 +307,51 @@ def test_megatron_export_reads_back(tmp_path: Path, vocab: int) -> None:
     assert again == exported
     with pytest.raises(ExportError, match="vocab size 1000"):
         export_megatron(cas, BlockReader.open(cas, ref["digest"]), 1000)
+
+
+def test_packed_blocks_from_file_samples_round_trip_through_shards(tmp_path: Path) -> None:
+    """Pack from a token .npy read by FileSamples (pread, no mapping), write shards, read them
+    back verified: the blocks are the ones built from the tokens in RAM."""
+    rng = np.random.default_rng(3)
+    lengths = rng.integers(1, 3 * T, 300)
+    offsets = np.zeros(lengths.size + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    tokens = rng.integers(0, 50_000, int(offsets[-1]), dtype=np.uint32)
+    np.save(tmp_path / "tokens.npy", tokens)
+    plan = plan_packing(lengths, T, "atomic", seed=b"s")
+    cas = ContentStore(tmp_path / "cas")
+    names = ("input_ids", "segment_ids", "positions", "label_mask")
+    with (
+        FileSamples(tmp_path / "tokens.npy", offsets) as samples,
+        ShardWriter(cas, T, {name: FIELDS[name] for name in names}, 40 * BLOCK_BYTES) as out,
+    ):
+        for batch in iter_block_batches(plan, samples, batch_blocks=7):
+            out.write({name: getattr(batch, name) for name in names})
+    with pytest.raises(ValueError, match="want a flat array"):
+        FileSamples(tmp_path / "tokens.npy", offsets + 1)
+    assert out.index is not None and out.ref is not None and len(out.index.shards) > 1
+    expected = build_batch(plan, 0, plan.blocks, lambda i: tokens[offsets[i] : offsets[i + 1]])
+    with BlockReader.open(cas, out.ref["digest"]) as reader:
+        for number, block in reader.blocks(range(plan.blocks)):
+            for name in names:
+                np.testing.assert_array_equal(block[name], getattr(expected, name)[number])
+
+
+def test_stream_blocks_read_ahead_give_the_order_and_bytes_of_single_reads(tmp_path: Path) -> None:
+    cas = ContentStore(tmp_path)
+    blocks = make_blocks(230)
+    _index, ref = write(cas, blocks, [230])
+    with BlockReader.open(cas, ref["digest"]) as reader:
+        stream = BlockStream(reader, identity(ref["digest"]))
+        for rank, world in [(0, 1), (1, 2), (3, 4)]:
+            expected = stream.block_numbers(rank, world).tolist()
+            got = list(stream.blocks(rank, world))
+            assert [number for number, _ in got] == expected
+            for number, fields in got:
+                np.testing.assert_array_equal(fields["input_ids"], blocks["input_ids"][number])
+        reader.prefetch([-1, 5, 230])  # out of range: ignored here, refused by the read
+        served = []
+        with pytest.raises(IndexError, match="block 230"):
+            for number, _fields in reader.blocks([4, 5, 230, 6], ahead=2):
+                served.append(number)
+        assert served == [4, 5]

@@ -1,8 +1,11 @@
 """Verified reads of packed block shards, a rank- and worker-independent epoch order, and resume.
 
-``BlockReader`` maps shards lazily and verifies only the 4 MiB chunks a read touches (each once
-per open); ``verify=False`` is the unverified baseline. A shard byte that does not match its index
-raises ``ShardCorruptError`` naming the shard digest and chunk number.
+``BlockReader`` maps shards lazily and verifies only the chunks a read touches (each once per
+open); ``verify=False`` is the unverified baseline. A shard byte that does not match its index
+raises ``ShardCorruptError`` naming the shard digest and chunk number, before any block of that
+chunk is handed out. Reads whose next blocks are known (``batches``, ``blocks``, ``BlockStream``)
+verify ahead: the chunks of the next shard, or of the next ``ahead`` block numbers, are hashed on
+the reader's threads while the caller works on the current ones.
 
 Order rule (documented in docs/ARCHITECTURE.md): epoch ``e`` of a pack of ``n`` blocks visits
 positions ``0..n-1``; position ``p`` holds block ``order[p]``, where ``order`` is the identity or,
@@ -16,9 +19,11 @@ repeated; the epoch ends at ``n`` and the next starts at position 0 of epoch ``e
 """
 
 import os
+from bisect import bisect_right
 from collections import OrderedDict
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from itertools import islice
 from typing import Any, Literal
 
 import numpy as np
@@ -61,6 +66,7 @@ class BlockReader:
         workers = threads or min(8, len(os.sched_getaffinity(0)))
         self._pool = ThreadPoolExecutor(workers) if verify and workers > 1 else None
         self._firsts = np.array([entry.first_block for entry in index.shards], dtype=np.int64)
+        self._first_list = self._firsts.tolist()  # bisect on a list: a per-block read's cost
         self._mapped: OrderedDict[int, MappedShard] = OrderedDict()
         self._verified: dict[int, np.ndarray] = {}
         self._max_mapped = max(1, max_mapped)
@@ -75,7 +81,7 @@ class BlockReader:
     def close(self) -> None:
         """Stop the hashing threads and drop the mappings (views already handed out stay valid)."""
         if self._pool is not None:
-            self._pool.shutdown()
+            self._pool.shutdown(cancel_futures=True)
         self._mapped.clear()
 
     def __enter__(self) -> "BlockReader":
@@ -101,21 +107,61 @@ class BlockReader:
         """(shard number, row within the shard) of global block ``block``."""
         if not 0 <= block < self.index.blocks:
             raise IndexError(f"block {block} outside 0..{self.index.blocks - 1}")
-        shard = int(np.searchsorted(self._firsts, block, side="right")) - 1
-        return shard, block - int(self._firsts[shard])
+        shard = bisect_right(self._first_list, block) - 1
+        return shard, block - self._first_list[shard]
 
     def block(self, block: int) -> dict[str, np.ndarray]:
         """Each field's ``(T,)`` row of one block: read-only views into the verified mapping."""
         shard, row = self.locate(block)
         return {name: rows[0] for name, rows in self._shard(shard).rows(row, row + 1).items()}
 
+    def prefetch(self, blocks: Iterable[int]) -> None:
+        """Start verifying the chunks of ``blocks`` on the reader's threads; returns at once.
+        (A no-op unverified or with one thread: reads then verify inline.)"""
+        if self._pool is None:
+            return
+        numbers = np.unique(np.fromiter(blocks, dtype=np.int64))
+        numbers = numbers[(numbers >= 0) & (numbers < self.index.blocks)]  # the read will raise
+        if not numbers.size:
+            return
+        shards = np.searchsorted(self._firsts, numbers, side="right") - 1  # ascending
+        cuts = np.flatnonzero(np.diff(shards)) + 1
+        for part in np.split(numbers, cuts):
+            shard = int(shards[np.searchsorted(numbers, part[0])])
+            verified = self._verified.get(shard)
+            if verified is not None and verified.all():
+                continue  # the common case late in an epoch: nothing left to hash
+            mapped = self._shard(shard)
+            mapped.schedule(mapped.chunks_of_rows(part - self._firsts[shard]))
+
+    def blocks(
+        self, numbers: Iterable[int], ahead: int = 256
+    ) -> Iterator[tuple[int, dict[str, np.ndarray]]]:
+        """(number, fields) of each block of ``numbers`` in that order, verifying ``ahead``
+        numbers in advance on the reader's threads."""
+        upcoming = iter(numbers)
+        nxt = [int(n) for n in islice(upcoming, ahead)]
+        self.prefetch(nxt)
+        while nxt:
+            window, nxt = nxt, [int(n) for n in islice(upcoming, ahead)]
+            self.prefetch(nxt)
+            for number in window:
+                yield number, self.block(number)
+
     def batches(self, start: int = 0, stop: int | None = None) -> Iterator[dict[str, np.ndarray]]:
-        """Blocks ``[start, stop)`` in order, as ``(b, T)`` views of at most one shard each."""
+        """Blocks ``[start, stop)`` in order, as ``(b, T)`` views of at most one shard each; the
+        next shard's chunks are verified while the caller works on the current one."""
         stop = self.index.blocks if stop is None else stop
         while start < stop:
             shard, row = self.locate(start)
             take = min(stop - start, self.index.shards[shard].blocks - row)
-            yield self._shard(shard).rows(row, row + take)
+            current = self._shard(shard)
+            if self._pool is not None:
+                current.schedule(current.chunks_of_rows(np.arange(row, row + take)))
+                self.prefetch(
+                    range(start + take, min(stop, start + take + self.index.shard_blocks))
+                )
+            yield current.rows(row, row + take)
             start += take
 
     def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
@@ -206,9 +252,8 @@ class BlockStream:
     def blocks(
         self, rank: int = 0, world_size: int = 1, worker: int = 0, num_workers: int = 1
     ) -> Iterator[tuple[int, dict[str, np.ndarray]]]:
-        """(block number, fields) for one rank's worker, verified as read."""
-        for number in self.block_numbers(rank, world_size, worker, num_workers):
-            yield int(number), self.reader.block(int(number))
+        """(block number, fields) for one rank's worker, verified ahead of the read."""
+        yield from self.reader.blocks(self.block_numbers(rank, world_size, worker, num_workers))
 
     def state_after(self, consumed: int) -> ReaderState:
         """The state once ``consumed`` positions of this epoch (from its start) are consumed."""

@@ -23,6 +23,7 @@ and hash).
 
 from contextlib import ExitStack
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
@@ -171,6 +172,7 @@ class TokenArrays:
     target_mask: np.ndarray | None = None  # uint8 per id (None: counts only, or all_targets)
     pair_splits: np.ndarray | None = None  # int64 per record
     all_targets: bool = False  # documents only: every token is a target, no file stored
+    ids_path: Path | None = None  # the verified ids .npy, for readers that pread samples
 
     def counts(self) -> np.ndarray:
         """Tokens per record (int64), in the chunk's record order."""
@@ -225,14 +227,15 @@ def open_tokens(
     if not ids:
         return TokenArrays(item.chunk, offsets, None, None, splits)
     mapped = _mapped(ws, descriptor.ids, f"{what}: ids", spec.dtype)
+    ids_path = ws.cas.path(descriptor.ids["digest"])
     if len(mapped) != descriptor.tokens:
         raise ValueError(f"{what}: {len(mapped)} ids, the descriptor says {descriptor.tokens}")
     if descriptor.targets is None:
-        return TokenArrays(item.chunk, offsets, mapped, None, splits, all_targets=True)
+        return TokenArrays(item.chunk, offsets, mapped, None, splits, True, ids_path)
     targets = _mapped(ws, descriptor.targets, f"{what}: targets", np.dtype("u1"))
     if len(targets) != descriptor.tokens:
         raise ValueError(f"{what}: {len(targets)} targets, the descriptor says {descriptor.tokens}")
-    return TokenArrays(item.chunk, offsets, mapped, targets, splits)
+    return TokenArrays(item.chunk, offsets, mapped, targets, splits, False, ids_path)
 
 
 def _mapped(ws: Workspace, ref: Ref, what: str, dtype: np.dtype) -> np.ndarray:

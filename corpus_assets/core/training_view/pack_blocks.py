@@ -24,14 +24,61 @@ Layout of every block (T = ``plan.block_tokens``), declared:
   (``span_*``, one row per piece). Pad has no span and so no source.
 """
 
+import os
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
 from corpus_assets.core.training_view.pack_plan import PackPlan
 
 Fetch = Callable[[int], np.ndarray]
+
+
+class FileSamples:
+    """A ``Fetch`` over one flat token array in a ``.npy`` file, sample ``i`` being
+    ``tokens[offsets[i]:offsets[i + 1]]``, each read with one ``pread`` into a fresh array.
+
+    Not a memory map on purpose: packing reads samples in mixed order, and every first touch of
+    a mapped, cached file maps its neighbourhood too (fault-around, large folios: about 0.5 MB
+    per random read here), so within a few thousand reads the whole file is resident in the
+    process and counted in its RSS, growing with the corpus; releasing the pages
+    (``madvise(MADV_DONTNEED)``) every 1,024 reads did not bound it. Read pages stay in the
+    page cache, which the kernel reclaims, not in the process.
+    """
+
+    def __init__(self, path: Path, offsets: np.ndarray) -> None:
+        with Path(path).open("rb") as handle:
+            version = np.lib.format.read_magic(handle)
+            read_header = (
+                np.lib.format.read_array_header_1_0
+                if version == (1, 0)
+                else np.lib.format.read_array_header_2_0
+            )
+            shape, fortran, dtype = read_header(handle)
+            header = handle.tell()
+        if len(shape) != 1 or fortran or int(offsets[-1]) > shape[0]:
+            raise ValueError(f"{path}: want a flat array of >= {int(offsets[-1])} tokens")
+        self.dtype, self.offsets, self._header = np.dtype(dtype), offsets, header
+        self._fd = os.open(path, os.O_RDONLY)
+
+    def __call__(self, sample: int) -> np.ndarray:
+        lo, hi = int(self.offsets[sample]), int(self.offsets[sample + 1])
+        out = np.empty(hi - lo, self.dtype)
+        read = os.preadv(self._fd, [out], self._header + lo * self.dtype.itemsize)
+        if read != out.nbytes:
+            raise ValueError(f"sample {sample}: read {read} of {out.nbytes} bytes")
+        return out
+
+    def close(self) -> None:
+        os.close(self._fd)
+
+    def __enter__(self) -> "FileSamples":
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
 
 
 @dataclass(frozen=True)

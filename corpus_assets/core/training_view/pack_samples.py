@@ -6,6 +6,7 @@ two hash joins and one sort on columnar tables (no Python object per record), an
 arrays stay memory-mapped: a sample's tokens are copied only when a block is built.
 """
 
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
@@ -17,6 +18,7 @@ from corpus_assets.core.runtime.layers import LayerIndex
 from corpus_assets.core.runtime.workspace import Workspace
 from corpus_assets.core.storage.artifacts import get_table
 from corpus_assets.core.tokens.cache import TokenArrays, TokenCache, open_tokens
+from corpus_assets.core.training_view.pack_blocks import FileSamples
 
 ROW_KEY = ["record_id", "object", "line"]
 
@@ -99,18 +101,45 @@ def locate_samples(
 
 
 class SampleTokens:
-    """``fetch(sample)``: a sample's tokens, a view of its chunk's memory-mapped cache file;
-    ``targets(sample)``: its training-target mask (``targets_fetch`` is None when every token
-    of every chunk is a target, so blocks of documents skip the mask entirely)."""
+    """``fetch(sample)``: a sample's tokens, read with one ``pread`` from its chunk's verified
+    cache file (``pack_blocks.FileSamples``: a memory map read in mixed order would leave the
+    whole token cache resident in the process); ``targets(sample)``: its training-target mask
+    (``targets_fetch`` is None when every token of every chunk is a target, so blocks of
+    documents skip the mask). At most ``open_files`` chunk files are open at once."""
 
-    def __init__(self, ws: Workspace, cache: TokenCache, rows: SampleRows) -> None:
+    def __init__(
+        self, ws: Workspace, cache: TokenCache, rows: SampleRows, open_files: int = 64
+    ) -> None:
         self._arrays: list[TokenArrays] = [open_tokens(ws, c, cache.spec) for c in cache.chunks]
         self._chunk, self._row = rows.chunk, rows.row
+        self._files: OrderedDict[int, FileSamples] = OrderedDict()
+        self._open_files = max(1, open_files)
         everywhere = all(arrays.all_targets for arrays in self._arrays)
         self.targets_fetch = None if everywhere else self.targets
 
     def __call__(self, sample: int) -> np.ndarray:
-        return self._arrays[self._chunk[sample]].record(int(self._row[sample]))
+        return self._file(int(self._chunk[sample]))(int(self._row[sample]))
 
     def targets(self, sample: int) -> np.ndarray:
         return self._arrays[self._chunk[sample]].targets(int(self._row[sample]))
+
+    def _file(self, chunk: int) -> FileSamples:
+        if chunk in self._files:
+            self._files.move_to_end(chunk)
+            return self._files[chunk]
+        arrays = self._arrays[chunk]
+        assert arrays.ids_path is not None  # opened with ids
+        self._files[chunk] = FileSamples(arrays.ids_path, arrays.offsets)
+        if len(self._files) > self._open_files:
+            self._files.popitem(last=False)[1].close()
+        return self._files[chunk]
+
+    def close(self) -> None:
+        while self._files:
+            self._files.popitem()[1].close()
+
+    def __enter__(self) -> "SampleTokens":
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()

@@ -163,10 +163,12 @@ def write_blocks(
     specials = [s.id for s in (spec.bos, spec.eos) if s is not None]
     accounting = BuildAccounting(special_ids=specials)
     rules = SpanRules(spec, rows)
-    fetch = SampleTokens(ws, cache, rows)
     pairs = bool((rows.pair_split > 0).any())
     spans = []
-    with ShardWriter(ws.cas, plan.block_tokens, fields) as writer:
+    with (
+        SampleTokens(ws, cache, rows) as fetch,
+        ShardWriter(ws.cas, plan.block_tokens, fields) as writer,
+    ):
         for batch in iter_block_batches(
             plan, fetch, batch_blocks=BATCH_BLOCKS, pad_id=spec.pad.id, targets=fetch.targets_fetch
         ):
