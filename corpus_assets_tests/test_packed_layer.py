@@ -14,7 +14,7 @@ import yaml
 from corpus_assets.core.governance import states
 from corpus_assets.core.pipeline import build_all
 from corpus_assets.core.records.index import CanonicalIndex
-from corpus_assets.core.release.block_reader import BlockReader
+from corpus_assets.core.release.block_reader import BlockReader, cu_seqlens
 from corpus_assets.core.release.packing_check import packing_findings, pair_findings
 from corpus_assets.core.release.validation import validate_snapshot
 from corpus_assets.core.runtime.layers import read_layer_index
@@ -323,3 +323,15 @@ def test_samples_are_read_by_pread_whatever_the_open_file_limit(demo_home: Path)
                 want = mapped[rows.chunk[sample]].record(int(rows.row[sample]))
                 assert np.array_equal(fetch(sample), want)
         assert len({int(c) for c in rows.chunk}) > 1
+
+
+def test_cu_seqlens_from_the_stored_segment_ids_match_the_built_ones(demo_home: Path) -> None:
+    with _workspace(demo_home, "cu", {"block_tokens": 64}) as ws:
+        outputs = _built(ws)[0]
+        stored = _blocks(ws, outputs)["segment_ids"]
+    assert cu_seqlens(np.array([1, 1, 2, 2, 2, 3, 0, 0])).tolist() == [0, 2, 5, 6]
+    for block in stored:
+        ends = cu_seqlens(block)
+        segments = int(block.max())
+        assert len(ends) == segments + 1 and ends[-1] == int((block != 0).sum())
+        assert np.diff(ends).tolist() == np.bincount(block, minlength=segments + 1)[1:].tolist()

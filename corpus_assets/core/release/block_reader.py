@@ -267,3 +267,16 @@ class BlockStream:
                 update={"epoch": self.state.epoch + 1, "blocks_consumed": 0}
             )
         return self.state.model_copy(update={"blocks_consumed": consumed})
+
+
+def cu_seqlens(segment_ids: np.ndarray) -> np.ndarray:
+    """A block's flash-attention varlen boundaries from its segment ids: 0, then the end of
+    every segment (int32); pad (segment 0) is in no segment. Shards store the segment ids, not
+    this ragged array, since one follows from the other."""
+    segments = np.asarray(segment_ids)
+    if segments.ndim != 1:
+        raise ValueError(f"one block's segment ids, not shape {segments.shape}")
+    last = np.ones(segments.size, dtype=bool)
+    last[:-1] = segments[1:] != segments[:-1]
+    ends = np.flatnonzero(last & (segments != 0)) + 1
+    return np.concatenate([[0], ends]).astype(np.int32)
