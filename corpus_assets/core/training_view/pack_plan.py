@@ -32,6 +32,7 @@ order, and blocks are sorted by ``sha256(seed + b"\\0" + key)`` ascending (keys 
 the order is total). It depends only on the lengths, the mode, T and the seed: never on workers.
 """
 
+from array import array
 from bisect import bisect_left, insort
 from dataclasses import dataclass, replace
 from hashlib import sha256
@@ -151,16 +152,23 @@ def best_fit_blocks(length: np.ndarray, block_tokens: int) -> np.ndarray:
     n_full = int(full.sum())
     block[order[:n_full]] = np.arange(n_full)  # sorted desc, so full pieces come first
     rest = order[n_full:]
-    block[rest] = _best_fit_loop(length[rest].tolist(), block_tokens, n_full)
+    block[rest] = _best_fit_loop(_int64s(length[rest]), block_tokens, n_full)
     return block
 
 
-def _best_fit_loop(needs: list[int], block_tokens: int, first_block: int) -> list[int]:
+def _int64s(values: np.ndarray) -> array:
+    """The values as a packed ``array('q')``: iterated one Python int at a time, so a loop over
+    n pieces holds 8 bytes each, not a list of n int objects (~36 bytes each)."""
+    return array("q", np.ascontiguousarray(values, dtype=np.int64).tobytes())
+
+
+def _best_fit_loop(needs: array, block_tokens: int, first_block: int) -> np.ndarray:
     """Open blocks bucketed by remaining room; ``rooms`` is the sorted list of non-empty
-    buckets (at most T + 1 entries), so each placement is one bisect: O(n log T)."""
+    buckets (at most T + 1 entries), so each placement is one bisect: O(n log T). Memory: the
+    two packed arrays (8 bytes a piece) and the ids of the open blocks."""
     buckets: list[list[int]] = [[] for _ in range(block_tokens + 1)]
     rooms: list[int] = []
-    placed = [0] * len(needs)
+    placed = array("q", bytes(8 * len(needs)))
     next_block = first_block
     for i, need in enumerate(needs):
         at = bisect_left(rooms, need)
@@ -180,19 +188,19 @@ def _best_fit_loop(needs: list[int], block_tokens: int, first_block: int) -> lis
             if not bucket:
                 insort(rooms, room)
             bucket.append(block)
-    return placed
+    return np.frombuffer(placed, dtype=np.int64)
 
 
 def next_fit_blocks(length: np.ndarray, block_tokens: int) -> np.ndarray:
     """Block of each piece when a piece that does not fit seals the current block."""
-    placed = [0] * length.size
+    placed = array("q", bytes(8 * length.size))
     block, used = -1, block_tokens
-    for i, need in enumerate(length.tolist()):
+    for i, need in enumerate(_int64s(length)):
         if used + need > block_tokens:
             block, used = block + 1, 0
         placed[i] = block
         used += need
-    return np.asarray(placed, dtype=np.int64)
+    return np.frombuffer(placed, dtype=np.int64)
 
 
 def continuous_pieces(
@@ -237,19 +245,25 @@ def _layout(pieces: Pieces, block: np.ndarray) -> tuple[np.ndarray, ...]:
 def block_order(
     block: np.ndarray, sample: np.ndarray, offset: np.ndarray, blocks: int, seed: bytes
 ) -> np.ndarray:
-    """New id of each block: rank of ``sha256(seed NUL key)`` (rows sorted by block)."""
+    """New id of each block: rank of ``sha256(seed NUL key)`` (rows sorted by block).
+
+    Digests go into one (blocks, 32) byte array, ranked by a lexsort of its four big-endian
+    words (the same order as comparing the digests as bytes): 40 bytes a block, not a list of
+    bytes objects and a sorted list of ints."""
     keys = np.empty((sample.size, 2), dtype="<i8")
     keys[:, 0], keys[:, 1] = sample, offset
-    raw = keys.tobytes()
-    bounds = (np.searchsorted(block, np.arange(blocks + 1)) * 16).tolist()
+    raw = memoryview(keys).cast("B")
+    bounds = _int64s(np.searchsorted(block, np.arange(blocks + 1)) * 16)
     prefix = sha256(seed + b"\0")
-    digests = []
+    digests = np.empty((blocks, 32), dtype=np.uint8)
     for b in range(blocks):
         h = prefix.copy()
         h.update(raw[bounds[b] : bounds[b + 1]])
-        digests.append(h.digest())
+        digests[b] = np.frombuffer(h.digest(), np.uint8)
+    words = digests.view(">u8")  # (blocks, 4), most significant word first
+    order = np.lexsort(words.T[::-1])
     rank = np.empty(blocks, dtype=np.int64)
-    rank[sorted(range(blocks), key=digests.__getitem__)] = np.arange(blocks)
+    rank[order] = np.arange(blocks)
     return rank
 
 
