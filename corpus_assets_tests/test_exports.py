@@ -30,17 +30,9 @@ from corpus_assets.core.release.loader_plan import LoaderPlan
 from corpus_assets.core.storage.artifacts import get_json
 from corpus_assets.core.storage.cas import ContentStore, CorruptObjectError
 from corpus_assets.core.storage.shards import ShardCorruptError
-from corpus_assets_tests.test_shards import FIELDS, T, identity, make_blocks, write
+from corpus_assets_tests.test_shards import FIELDS, T, flip, identity, make_blocks, write
 
 BLOCKS = 203
-
-
-def flip_byte(cas: ContentStore, digest: str, where: int) -> None:
-    path = cas.path(digest)
-    data = bytearray(path.read_bytes())
-    data[where] ^= 0x01
-    path.chmod(0o644)
-    path.write_bytes(bytes(data))
 
 
 def read_mds(directory: Path) -> dict[str, np.ndarray]:
@@ -121,7 +113,7 @@ def test_mds_export_refuses_what_it_cannot_write_and_corrupt_objects(tmp_path: P
     with pytest.raises(ExportError, match="size_limit"):
         export_mds(cas, reader, ref["digest"], size_limit=1 << 32)
     exported, _ref = export_mds(cas, reader, ref["digest"], size_limit=4_000)
-    flip_byte(cas, exported.shards[1].digest, 40)
+    flip(cas, exported.shards[1].digest, 40)
     with pytest.raises(CorruptObjectError, match=exported.shards[1].digest):
         materialize_mds(cas, exported, tmp_path / "mds")
     assert not list((tmp_path / "mds").glob(".*.tmp"))  # no half-written file is left
@@ -167,7 +159,7 @@ def test_hf_dataset_rows_are_the_blocks_and_corruption_surfaces(tmp_path: Path) 
         assert values.dtype == blocks[name].dtype
         np.testing.assert_array_equal(values, blocks[name])
     shard = index.shards[1]
-    flip_byte(cas, shard.digest, 5 * 4096 + 17)
+    flip(cas, shard.digest, 5 * 4096 + 17)
     with pytest.raises(ShardCorruptError, match=rf"shard {shard.digest} chunk 5 "):
         list(load_hf_dataset(cas, ref["digest"]))
     assert len(list(load_hf_dataset(cas, ref["digest"], verify=False))) == 230

@@ -165,6 +165,19 @@ def load_mds_export(cas: ContentStore, digest: str) -> MdsExport:
     return MdsExport.model_validate(json.loads(cas.get_bytes(digest, "MDS export")))
 
 
+def copy_object(cas: ContentStore, digest: str, target: Path, what: str) -> None:
+    """Copy a CAS object out through the verifying reader: to a temp name beside ``target``,
+    renamed once complete, removed if the bytes do not hash to ``digest``."""
+    temp = target.with_name(f".{target.name}.tmp")
+    try:
+        with cas.open(digest, what) as source, open(temp, "wb") as out:
+            shutil.copyfileobj(source, out, 1 << 22)
+    except BaseException:
+        temp.unlink(missing_ok=True)
+        raise
+    temp.replace(target)
+
+
 def materialize_mds(cas: ContentStore, export: MdsExport, directory: Path) -> Path:
     """Lay the export out as an MDS directory (``StreamingDataset(local=directory)``).
 
@@ -173,13 +186,6 @@ def materialize_mds(cas: ContentStore, export: MdsExport, directory: Path) -> Pa
     """
     directory.mkdir(parents=True, exist_ok=True)
     for entry in export.shards:
-        temp = directory / f".{entry.basename}.tmp"
-        try:
-            with cas.open(entry.digest, f"MDS {entry.basename}") as source, open(temp, "wb") as out:
-                shutil.copyfileobj(source, out)
-        except BaseException:
-            temp.unlink(missing_ok=True)
-            raise
-        temp.replace(directory / entry.basename)
+        copy_object(cas, entry.digest, directory / entry.basename, f"MDS {entry.basename}")
     atomic_write(directory / MDS_INDEX, cas.get_bytes(export.index.digest, "MDS index"))
     return directory

@@ -7,11 +7,10 @@ in the CAS, and copies the files out through the CAS's verifying reader. The doc
 names the export; a copy elsewhere is checkable file by file.
 """
 
-import shutil
 from pathlib import Path
 from typing import Any
 
-from corpus_assets.core.release.export_mds import export_mds, materialize_mds
+from corpus_assets.core.release.export_mds import copy_object, export_mds, materialize_mds
 from corpus_assets.core.release.exports import export_megatron, record_megatron
 from corpus_assets.core.release.training import TrainingReader
 from corpus_assets.core.storage.artifacts import get_json
@@ -40,14 +39,6 @@ def export_snapshot(reader: TrainingReader, fmt: str, directory: Path) -> dict[s
 
 
 def _copy_out(cas: ContentStore, files: list[dict[str, Any]], directory: Path) -> None:
-    """Each file copied through the verifying reader, to a temp name, then renamed."""
     directory.mkdir(parents=True, exist_ok=True)
     for entry in files:
-        temp = directory / f".{entry['basename']}.tmp"
-        try:
-            with cas.open(entry["digest"], entry["basename"]) as source, open(temp, "wb") as out:
-                shutil.copyfileobj(source, out, 1 << 22)
-        except BaseException:
-            temp.unlink(missing_ok=True)
-            raise
-        temp.replace(directory / entry["basename"])
+        copy_object(cas, entry["digest"], directory / entry["basename"], entry["basename"])
