@@ -335,3 +335,23 @@ def test_cu_seqlens_from_the_stored_segment_ids_match_the_built_ones(demo_home: 
         segments = int(block.max())
         assert len(ends) == segments + 1 and ends[-1] == int((block != 0).sum())
         assert np.diff(ends).tolist() == np.bincount(block, minlength=segments + 1)[1:].tolist()
+
+
+def test_a_snapshot_with_no_train_records_packs_no_blocks_and_validates(demo_home: Path) -> None:
+    """Nothing to train on is a valid, empty pack (0 blocks, 0 shards), not a crash."""
+    document = yaml.safe_load((demo_home / "corpus.yaml").read_text())
+    document["policies"]["splits"].update(
+        {"train_percent": 0, "validation_percent": 50, "test_percent": 50}
+    )
+    config = demo_home / "no-train.yaml"
+    config.write_text(yaml.safe_dump(document))
+    with open_workspace(config) as ws:
+        sid = build_all(ws, "p1")["manifest"].digests["snapshotId"]
+        report = validate_snapshot(ws, sid)
+        _ref, packed = read_layer_index(ws, "p1", "packed_blocks")
+    assert report.ok, report.findings
+    assert (packed.counts["blocks"], packed.counts["samples"], packed.outputs["shards"]) == (
+        0,
+        0,
+        [],
+    )
