@@ -322,7 +322,7 @@ class TrainingReader:
         """(block index, its ``input_ids``) from ``start`` on; ``fields=True`` gives every field
         (``input_ids``, ``segment_ids``, ``positions``, ``label_mask``) as a dict instead.
 
-        Every block is verified before it is handed out, and only the 4 MiB chunks of its shard
+        Every block is verified before it is handed out, and only the 1 MiB chunks of its shard
         that it touches are hashed (once per open), so a run that starts mid-pack reads and hashes
         only what it uses. A corrupt byte raises ``ShardCorruptError`` naming shard and chunk.
         """
