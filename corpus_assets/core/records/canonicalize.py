@@ -10,11 +10,8 @@ only the location and the reason: the raw text stays behind the raw snapshot's a
 """
 
 import json
-import re
-import unicodedata
 from collections import Counter
 from dataclasses import dataclass, field
-from functools import lru_cache
 from typing import Any
 
 from corpus_assets.core.records.adapters import (
@@ -31,28 +28,11 @@ from corpus_assets.core.records.index import RECORD_SCHEMA
 from corpus_assets.core.records.normalize import ParseReject, dedup_key, normalize_text
 from corpus_assets.core.records.pii import redact
 from corpus_assets.core.records.quality import QualityPolicy, check_quality
+from corpus_assets.core.records.scripts import script_of
 from corpus_assets.core.runtime.config import CorpusConfig, Source
-from corpus_assets.core.storage.digests import json_digest, sha256_digest
+from corpus_assets.core.storage.digests import sha256_digest
 
 QUARANTINE_PREFIXES = ("parse.", "schema.")
-SCRIPTS = (
-    ("LATIN", "Latn"),
-    ("CYRILLIC", "Cyrl"),
-    ("GREEK", "Grek"),
-    ("ARABIC", "Arab"),
-    ("HEBREW", "Hebr"),
-    ("DEVANAGARI", "Deva"),
-    ("BENGALI", "Beng"),
-    ("TAMIL", "Taml"),
-    ("TELUGU", "Telu"),
-    ("THAI", "Thai"),
-    ("HANGUL", "Hang"),
-    ("HIRAGANA", "Jpan"),
-    ("KATAKANA", "Jpan"),
-    ("CJK", "Hani"),
-    ("GEORGIAN", "Geor"),
-    ("ARMENIAN", "Armn"),
-)
 
 
 class Excluded(ValueError):
@@ -103,35 +83,6 @@ def parse_line(raw: bytes) -> dict[str, Any]:
     if not isinstance(obj, dict):
         raise Excluded("parse.not_an_object", f"top level is {type(obj).__name__}")
     return obj
-
-
-_LETTER = re.compile(r"[^\W\d_]")
-
-
-@lru_cache(maxsize=65536)
-def _script_of_char(char: str) -> str | None:
-    name = unicodedata.name(char, "")
-    for prefix, code in SCRIPTS:
-        if name.startswith(prefix):
-            return code
-    return None
-
-
-def script_of(text: str, sample: int = 64) -> str:
-    """ISO 15924 code of the dominant script among the first letters (``Zyyy`` if none)."""
-    head = text[:2048]
-    if head.isascii():
-        return "Latn" if _LETTER.search(head) else "Zyyy"
-    counts: Counter[str] = Counter()
-    seen = 0
-    for match in _LETTER.finditer(head):
-        code = _script_of_char(match.group())
-        if code is not None:
-            counts[code] += 1
-            seen += 1
-            if seen >= sample:
-                break
-    return counts.most_common(1)[0][0] if counts else "Zyyy"
 
 
 def contaminated(index: BenchmarkIndex | None, texts: list[str]) -> dict[int, Excluded]:
@@ -256,6 +207,7 @@ def _record(
     text: str,
 ) -> dict[str, Any]:
     """The record columns; ``record_digest`` hashes the envelope with the payload."""
+    payload_json = _CANONICAL.encode(payload)
     lang = row_field(obj, source.lang_field) if source.lang_field else None
     event_time = row_field(obj, source.time_field) if source.time_field else None
     envelope = {
@@ -285,11 +237,29 @@ def _record(
         "script": envelope["script"],
         "modality": "text",
         "licence": source.licence,
-        "pii": json.dumps(envelope["governance"]["pii"], sort_keys=True),
+        "pii": json.dumps(envelope["governance"]["pii"], sort_keys=True) if pii else "{}",
         "event_time": envelope["event_time"],
-        "record_digest": json_digest({**envelope, "payload": payload}),
+        "record_digest": record_digest(envelope, payload_json),
         "text_digest": sha256_digest(text.encode()),
         "dedup_key": dedup_key(text, source.content),
-        "payload": json.dumps(payload, ensure_ascii=False, sort_keys=True, separators=(",", ":")),
+        "payload": payload_json,
         "text": text,
     }
+
+
+# What ``canonical_json`` writes for values of strings, small ints, None, lists and dicts with
+# ASCII keys - every envelope and payload ``canonicalize`` builds - so the payload's column JSON
+# is also its part of the record digest's JSON and is written once.
+_CANONICAL = json.JSONEncoder(ensure_ascii=False, sort_keys=True, separators=(",", ":"))
+
+
+def record_digest(envelope: dict[str, Any], payload_json: str) -> str:
+    """``json_digest({**envelope, "payload": payload})`` given the payload's canonical JSON.
+
+    The members sorting before and after ``payload`` are written around the payload's text, so
+    the bytes are the ones one ``canonical_json`` call over the whole record would give.
+    """
+    before = _CANONICAL.encode({k: v for k, v in envelope.items() if k < "payload"})[1:-1]
+    after = _CANONICAL.encode({k: v for k, v in envelope.items() if k > "payload"})[1:-1]
+    members = [m for m in (before, f'"payload":{payload_json}', after) if m]
+    return sha256_digest(("{" + ",".join(members) + "}").encode("utf-8"))
