@@ -1,7 +1,7 @@
 """The fast canonicalisation paths give the bytes of the per-record functions they replaced.
 
 ``script_of`` (numpy table) against ``script_by_names`` (the rule, one letter at a time), and
-``record_digest`` (payload JSON written once) against ``json_digest`` of the whole record, on
+``record_digest`` (a per-source JSON template) against ``json_digest`` of the whole envelope, on
 random and adversarial inputs: ties between scripts, the 64-letter sample boundary, the
 2,048-character head, astral letters, digits and underscores that look like letters.
 """
@@ -11,7 +11,7 @@ from typing import Any
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from corpus_assets.core.records.canonicalize import record_digest
+from corpus_assets.core.records.envelope import envelope, record_digest
 from corpus_assets.core.records.scripts import script_by_names, script_of
 from corpus_assets.core.storage.digests import canonical_json, json_digest
 
@@ -83,42 +83,44 @@ PAYLOAD = st.one_of(
     st.fixed_dictionaries({"messages": st.lists(TURN, min_size=1, max_size=4)}),
     st.fixed_dictionaries({"prompt": STRINGS, "chosen": STRINGS, "rejected": STRINGS}),
 )
-ENVELOPE = st.fixed_dictionaries(
-    {
-        "schema": STRINGS,
-        "record_id": STRINGS,
-        "group_id": STRINGS,
-        "source_id": STRINGS,
-        "kind": STRINGS,
-        "adapter": STRINGS,
-        "lang": OPTIONAL,
-        "script": STRINGS,
-        "modality": STRINGS,
-        "governance": st.fixed_dictionaries(
-            {
-                "licence": OPTIONAL,
-                "purposes": st.none() | st.lists(STRINGS),
-                "retention": OPTIONAL,
-                "pii": PII,
-            }
-        ),
-        "event_time": OPTIONAL,
-    }
-)
+MEMBERS = {
+    "record_id": STRINGS,
+    "group_id": STRINGS,
+    "source_id": STRINGS,
+    "kind": STRINGS,
+    "adapter": STRINGS,
+    "lang": OPTIONAL,
+    "script": STRINGS,
+    "licence": OPTIONAL,
+    "purposes": st.none() | st.lists(STRINGS, max_size=3),
+    "retention": OPTIONAL,
+    "pii": PII,
+    "event_time": OPTIONAL,
+}
+# Constant members that hold the template's own marker strings take the whole-JSON path.
+MARKERS = st.sampled_from(["\x000\x00", "\x006\x00", "a\x003\x00b"])
+
+
+def _check(members: dict[str, Any], payload: dict[str, Any]) -> None:
+    expected = json_digest({**envelope(**members), "payload": payload})
+    assert record_digest(**members, payload_json=canonical_json(payload).decode()) == expected
 
 
 @settings(max_examples=300, deadline=None)
-@given(ENVELOPE, PAYLOAD)
+@given(st.fixed_dictionaries(MEMBERS), PAYLOAD)
+@example(
+    {**dict.fromkeys(MEMBERS, ""), "purposes": None, "pii": {}, "lang": None, "licence": None},
+    {"text": ""},
+)
 def test_record_digest_is_the_digest_of_the_whole_record(
-    envelope: dict[str, Any], payload: dict[str, Any]
+    members: dict[str, Any], payload: dict[str, Any]
 ) -> None:
-    payload_json = canonical_json(payload).decode("utf-8")
-    assert record_digest(envelope, payload_json) == json_digest({**envelope, "payload": payload})
+    _check(members, payload)
 
 
-@given(st.dictionaries(st.sampled_from(["a", "p", "pay", "payloads", "z"]), STRINGS), PAYLOAD)
-def test_record_digest_with_members_on_one_side_only(
-    envelope: dict[str, Any], payload: dict[str, Any]
+@settings(max_examples=50, deadline=None)
+@given(st.fixed_dictionaries({**MEMBERS, "source_id": MARKERS, "licence": MARKERS}), PAYLOAD)
+def test_record_digest_when_a_constant_looks_like_a_marker(
+    members: dict[str, Any], payload: dict[str, Any]
 ) -> None:
-    payload_json = canonical_json(payload).decode("utf-8")
-    assert record_digest(envelope, payload_json) == json_digest({**envelope, "payload": payload})
+    _check(members, payload)

@@ -24,7 +24,7 @@ from corpus_assets.core.records.adapters import (
 )
 from corpus_assets.core.records.adapters import field as row_field
 from corpus_assets.core.records.contamination_index import BenchmarkIndex
-from corpus_assets.core.records.index import RECORD_SCHEMA
+from corpus_assets.core.records.envelope import CANONICAL, record_digest
 from corpus_assets.core.records.normalize import ParseReject, dedup_key, normalize_text
 from corpus_assets.core.records.pii import redact
 from corpus_assets.core.records.quality import QualityPolicy, check_quality
@@ -153,20 +153,22 @@ def _normalise_strings(source: Source, kind: str, payload: dict[str, Any], stage
             normalized = normalize_text(value, kind=source.content)
         except ParseReject as error:
             raise Excluded(error.reason, error.detail) from None
-        stages.normalized.update(normalized.changes)
-        replace(payload, path, normalized.text)
+        if normalized.changes:  # a clean string comes back as the same object
+            stages.normalized.update(normalized.changes)
+            replace(payload, path, normalized.text)
 
 
 def _check_text(kind: str, payload: dict[str, Any], record_id: str, group_id: str) -> None:
     """End of the normalise stage: ids and text must encode, and some text must be left."""
-    for label, value in (("id", record_id), ("group", group_id), ("text", render(kind, payload))):
+    text = render(kind, payload)
+    for label, value in (("id", record_id), ("group", group_id), ("text", text)):
         try:
             value.encode("utf-8")
         except UnicodeEncodeError as error:
             raise Excluded(
                 "parse.invalid_unicode", f"{label} has a lone surrogate at {error.start}"
             ) from None
-    if not render(kind, payload).strip():
+    if not text.strip():
         raise Excluded("parse.empty_text", "no text after normalisation")
 
 
@@ -185,7 +187,8 @@ def _redact_pii(kind: str, payload: dict[str, Any], stages: Stages) -> Counter[s
             if redaction.counts:
                 pii.update(redaction.counts)
                 replace(payload, path, redaction.text)
-        stages.pii.update(pii)
+        if pii:
+            stages.pii.update(pii)
     return pii
 
 
@@ -207,59 +210,42 @@ def _record(
     text: str,
 ) -> dict[str, Any]:
     """The record columns; ``record_digest`` hashes the envelope with the payload."""
-    payload_json = _CANONICAL.encode(payload)
+    payload_json = CANONICAL.encode(payload)
     lang = row_field(obj, source.lang_field) if source.lang_field else None
+    lang = lang if isinstance(lang, str) else None
     event_time = row_field(obj, source.time_field) if source.time_field else None
-    envelope = {
-        "schema": RECORD_SCHEMA,
-        "record_id": record_id,
-        "group_id": group_id,
-        "source_id": source.id,
-        "kind": adapter.kind,
-        "adapter": adapter.name,
-        "lang": lang if isinstance(lang, str) else None,
-        "script": script_of(text),
-        "modality": "text",
-        "governance": {
-            "licence": source.licence,
-            "purposes": sorted(source.purposes) if source.purposes is not None else None,
-            "retention": source.retention,
-            "pii": dict(sorted(pii.items())),
-        },
-        "event_time": str(event_time) if event_time is not None else None,
-    }
+    event_time = str(event_time) if event_time is not None else None
+    script = script_of(text)
+    counts = dict(sorted(pii.items()))
+    digest = record_digest(
+        record_id=record_id,
+        group_id=group_id,
+        source_id=source.id,
+        kind=adapter.kind,
+        adapter=adapter.name,
+        lang=lang,
+        script=script,
+        licence=source.licence,
+        purposes=source.purposes,
+        retention=source.retention,
+        pii=counts,
+        event_time=event_time,
+        payload_json=payload_json,
+    )
     return {
         "record_id": record_id,
         "group_id": group_id,
         "kind": adapter.kind,
         "adapter": adapter.name,
-        "lang": envelope["lang"],
-        "script": envelope["script"],
+        "lang": lang,
+        "script": script,
         "modality": "text",
         "licence": source.licence,
-        "pii": json.dumps(envelope["governance"]["pii"], sort_keys=True) if pii else "{}",
-        "event_time": envelope["event_time"],
-        "record_digest": record_digest(envelope, payload_json),
+        "pii": json.dumps(counts, sort_keys=True) if counts else "{}",
+        "event_time": event_time,
+        "record_digest": digest,
         "text_digest": sha256_digest(text.encode()),
         "dedup_key": dedup_key(text, source.content),
         "payload": payload_json,
         "text": text,
     }
-
-
-# What ``canonical_json`` writes for values of strings, small ints, None, lists and dicts with
-# ASCII keys - every envelope and payload ``canonicalize`` builds - so the payload's column JSON
-# is also its part of the record digest's JSON and is written once.
-_CANONICAL = json.JSONEncoder(ensure_ascii=False, sort_keys=True, separators=(",", ":"))
-
-
-def record_digest(envelope: dict[str, Any], payload_json: str) -> str:
-    """``json_digest({**envelope, "payload": payload})`` given the payload's canonical JSON.
-
-    The members sorting before and after ``payload`` are written around the payload's text, so
-    the bytes are the ones one ``canonical_json`` call over the whole record would give.
-    """
-    before = _CANONICAL.encode({k: v for k, v in envelope.items() if k < "payload"})[1:-1]
-    after = _CANONICAL.encode({k: v for k, v in envelope.items() if k > "payload"})[1:-1]
-    members = [m for m in (before, f'"payload":{payload_json}', after) if m]
-    return sha256_digest(("{" + ",".join(members) + "}").encode("utf-8"))

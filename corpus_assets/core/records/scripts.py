@@ -40,6 +40,9 @@ SAMPLE_LETTERS = 64
 _LETTER = re.compile(r"[^\W\d_]")
 # Table value 0 is "not a letter, or a letter of no listed script"; code n is _CODES[n - 1].
 _CODES = tuple(dict.fromkeys(code for _, code in SCRIPTS))
+# SCRIPTS' prefixes in order: a regex alternation tries them in that order, as the loop does.
+_SCRIPT_PREFIX = re.compile("|".join(prefix for prefix, _ in SCRIPTS))
+_CODE_OF_PREFIX = {prefix: _CODES.index(code) + 1 for prefix, code in SCRIPTS}
 _NON_ASCII_BYTE = re.compile(rb"[\x80-\xff]")
 _NOT_ASCII_LETTER = bytes(b for b in range(256) if not chr(b).isascii() or not chr(b).isalpha())
 
@@ -74,13 +77,13 @@ def script_by_names(text: str, sample: int = SAMPLE_LETTERS) -> str:
 
 @functools.cache
 def _script_table() -> np.ndarray:
-    """uint8 script code of every code point (built on the first non-ASCII text, ~0.3 s)."""
+    """uint8 script code of every code point (built on the first non-ASCII text, ~0.2 s)."""
     table = np.zeros(0x110000, dtype=np.uint8)
-    every = "".join(map(chr, range(0x110000)))
+    every = np.arange(0x110000, dtype=np.uint32).tobytes().decode("utf-32-le", "surrogatepass")
     for match in _LETTER.finditer(every):
-        code = _script_of_char(match.group())
-        if code is not None:
-            table[match.start()] = _CODES.index(code) + 1
+        prefix = _SCRIPT_PREFIX.match(unicodedata.name(match.group(), ""))
+        if prefix is not None:
+            table[match.start()] = _CODE_OF_PREFIX[prefix.group()]
     return table
 
 
