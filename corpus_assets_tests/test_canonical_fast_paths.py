@@ -6,8 +6,12 @@ random and adversarial inputs: ties between scripts, the 64-letter sample bounda
 2,048-character head, astral letters, digits and underscores that look like letters.
 """
 
+import json
+from pathlib import Path
 from typing import Any
 
+import pytest
+import zstandard
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
@@ -124,3 +128,20 @@ def test_record_digest_when_a_constant_looks_like_a_marker(
     members: dict[str, Any], payload: dict[str, Any]
 ) -> None:
     _check(members, payload)
+
+
+CORPORA = Path(__file__).resolve().parents[2] / "shared" / "corpora"
+
+
+@pytest.mark.skipif(not CORPORA.is_dir(), reason="../shared/corpora is absent")
+@pytest.mark.parametrize("name", ["chat-dialogs", "fortunes"])
+def test_script_of_matches_the_per_letter_rule_on_real_text(name: str) -> None:
+    """28 languages and scripts (chat-dialogs), Chinese and Cyrillic fortunes."""
+    texts = []
+    for path in sorted((CORPORA / name).glob("*.jsonl.zst")):
+        for line in zstandard.decompress(path.read_bytes()).splitlines():
+            row = json.loads(line)
+            turns = (row.get("meta") or {}).get("messages") or []
+            texts += [row["text"], *(t["content"] for t in turns if isinstance(t, dict))]
+    assert len({script_by_names(t) for t in texts}) >= 3
+    assert [script_of(t) for t in texts] == [script_by_names(t) for t in texts]
