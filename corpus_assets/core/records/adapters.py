@@ -9,6 +9,7 @@ structure: ``messages`` keeps ordered turns with tool calls paired to their resu
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, get_args
 
 from corpus_assets.core.runtime.config import AdapterName, Source
@@ -32,7 +33,7 @@ class Adapter:
     output: str  # "<kind>.v<n>"
     parse: Callable[[Source, dict[str, Any]], dict[str, Any]]
 
-    @property
+    @cached_property  # asked several times per row
     def kind(self) -> str:
         return self.output.split(".", 1)[0]
 

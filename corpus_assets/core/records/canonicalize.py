@@ -10,11 +10,8 @@ only the location and the reason: the raw text stays behind the raw snapshot's a
 """
 
 import json
-import re
-import unicodedata
 from collections import Counter
 from dataclasses import dataclass, field
-from functools import lru_cache
 from typing import Any
 
 from corpus_assets.core.records.adapters import (
@@ -27,32 +24,15 @@ from corpus_assets.core.records.adapters import (
 )
 from corpus_assets.core.records.adapters import field as row_field
 from corpus_assets.core.records.contamination_index import BenchmarkIndex
-from corpus_assets.core.records.index import RECORD_SCHEMA
+from corpus_assets.core.records.envelope import CANONICAL, record_digest
 from corpus_assets.core.records.normalize import ParseReject, dedup_key, normalize_text
 from corpus_assets.core.records.pii import redact
 from corpus_assets.core.records.quality import QualityPolicy, check_quality
+from corpus_assets.core.records.scripts import script_of
 from corpus_assets.core.runtime.config import CorpusConfig, Source
-from corpus_assets.core.storage.digests import json_digest, sha256_digest
+from corpus_assets.core.storage.digests import sha256_digest
 
 QUARANTINE_PREFIXES = ("parse.", "schema.")
-SCRIPTS = (
-    ("LATIN", "Latn"),
-    ("CYRILLIC", "Cyrl"),
-    ("GREEK", "Grek"),
-    ("ARABIC", "Arab"),
-    ("HEBREW", "Hebr"),
-    ("DEVANAGARI", "Deva"),
-    ("BENGALI", "Beng"),
-    ("TAMIL", "Taml"),
-    ("TELUGU", "Telu"),
-    ("THAI", "Thai"),
-    ("HANGUL", "Hang"),
-    ("HIRAGANA", "Jpan"),
-    ("KATAKANA", "Jpan"),
-    ("CJK", "Hani"),
-    ("GEORGIAN", "Geor"),
-    ("ARMENIAN", "Armn"),
-)
 
 
 class Excluded(ValueError):
@@ -103,35 +83,6 @@ def parse_line(raw: bytes) -> dict[str, Any]:
     if not isinstance(obj, dict):
         raise Excluded("parse.not_an_object", f"top level is {type(obj).__name__}")
     return obj
-
-
-_LETTER = re.compile(r"[^\W\d_]")
-
-
-@lru_cache(maxsize=65536)
-def _script_of_char(char: str) -> str | None:
-    name = unicodedata.name(char, "")
-    for prefix, code in SCRIPTS:
-        if name.startswith(prefix):
-            return code
-    return None
-
-
-def script_of(text: str, sample: int = 64) -> str:
-    """ISO 15924 code of the dominant script among the first letters (``Zyyy`` if none)."""
-    head = text[:2048]
-    if head.isascii():
-        return "Latn" if _LETTER.search(head) else "Zyyy"
-    counts: Counter[str] = Counter()
-    seen = 0
-    for match in _LETTER.finditer(head):
-        code = _script_of_char(match.group())
-        if code is not None:
-            counts[code] += 1
-            seen += 1
-            if seen >= sample:
-                break
-    return counts.most_common(1)[0][0] if counts else "Zyyy"
 
 
 def contaminated(index: BenchmarkIndex | None, texts: list[str]) -> dict[int, Excluded]:
@@ -202,20 +153,22 @@ def _normalise_strings(source: Source, kind: str, payload: dict[str, Any], stage
             normalized = normalize_text(value, kind=source.content)
         except ParseReject as error:
             raise Excluded(error.reason, error.detail) from None
-        stages.normalized.update(normalized.changes)
-        replace(payload, path, normalized.text)
+        if normalized.changes:  # a clean string comes back as the same object
+            stages.normalized.update(normalized.changes)
+            replace(payload, path, normalized.text)
 
 
 def _check_text(kind: str, payload: dict[str, Any], record_id: str, group_id: str) -> None:
     """End of the normalise stage: ids and text must encode, and some text must be left."""
-    for label, value in (("id", record_id), ("group", group_id), ("text", render(kind, payload))):
+    text = render(kind, payload)
+    for label, value in (("id", record_id), ("group", group_id), ("text", text)):
         try:
             value.encode("utf-8")
         except UnicodeEncodeError as error:
             raise Excluded(
                 "parse.invalid_unicode", f"{label} has a lone surrogate at {error.start}"
             ) from None
-    if not render(kind, payload).strip():
+    if not text.strip():
         raise Excluded("parse.empty_text", "no text after normalisation")
 
 
@@ -234,7 +187,8 @@ def _redact_pii(kind: str, payload: dict[str, Any], stages: Stages) -> Counter[s
             if redaction.counts:
                 pii.update(redaction.counts)
                 replace(payload, path, redaction.text)
-        stages.pii.update(pii)
+        if pii:
+            stages.pii.update(pii)
     return pii
 
 
@@ -256,40 +210,42 @@ def _record(
     text: str,
 ) -> dict[str, Any]:
     """The record columns; ``record_digest`` hashes the envelope with the payload."""
+    payload_json = CANONICAL.encode(payload)
     lang = row_field(obj, source.lang_field) if source.lang_field else None
+    lang = lang if isinstance(lang, str) else None
     event_time = row_field(obj, source.time_field) if source.time_field else None
-    envelope = {
-        "schema": RECORD_SCHEMA,
-        "record_id": record_id,
-        "group_id": group_id,
-        "source_id": source.id,
-        "kind": adapter.kind,
-        "adapter": adapter.name,
-        "lang": lang if isinstance(lang, str) else None,
-        "script": script_of(text),
-        "modality": "text",
-        "governance": {
-            "licence": source.licence,
-            "purposes": sorted(source.purposes) if source.purposes is not None else None,
-            "retention": source.retention,
-            "pii": dict(sorted(pii.items())),
-        },
-        "event_time": str(event_time) if event_time is not None else None,
-    }
+    event_time = str(event_time) if event_time is not None else None
+    script = script_of(text)
+    counts = dict(sorted(pii.items()))
+    digest = record_digest(
+        record_id=record_id,
+        group_id=group_id,
+        source_id=source.id,
+        kind=adapter.kind,
+        adapter=adapter.name,
+        lang=lang,
+        script=script,
+        licence=source.licence,
+        purposes=source.purposes,
+        retention=source.retention,
+        pii=counts,
+        event_time=event_time,
+        payload_json=payload_json,
+    )
     return {
         "record_id": record_id,
         "group_id": group_id,
         "kind": adapter.kind,
         "adapter": adapter.name,
-        "lang": envelope["lang"],
-        "script": envelope["script"],
+        "lang": lang,
+        "script": script,
         "modality": "text",
         "licence": source.licence,
-        "pii": json.dumps(envelope["governance"]["pii"], sort_keys=True),
-        "event_time": envelope["event_time"],
-        "record_digest": json_digest({**envelope, "payload": payload}),
+        "pii": json.dumps(counts, sort_keys=True) if counts else "{}",
+        "event_time": event_time,
+        "record_digest": digest,
         "text_digest": sha256_digest(text.encode()),
         "dedup_key": dedup_key(text, source.content),
-        "payload": json.dumps(payload, ensure_ascii=False, sort_keys=True, separators=(",", ":")),
+        "payload": payload_json,
         "text": text,
     }
