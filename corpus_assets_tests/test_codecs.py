@@ -237,3 +237,14 @@ def test_a_reserved_block_type_is_corrupt_data_naming_the_object() -> None:
     frame[header] |= 0b110  # block type 3 is reserved
     with pytest.raises(CodecError, match=r"reserved\.zst: corrupt zstd data"):
         read_all(io.BytesIO(bytes(frame)), "reserved.zst")
+
+
+def test_the_limits_hold_even_for_one_huge_read() -> None:
+    """A caller asking for everything at once must not get past the output cap in one call."""
+    payload = zstd_frames(b"\0" * (40 << 20))
+    reader = open_decompressed(
+        io.BytesIO(payload), "huge.zst", DecompressionLimits(max_output_bytes=3 << 20)
+    )
+    with pytest.raises(DecompressionBombError, match=r"huge\.zst"):
+        reader.read(40 << 20)
+    assert reader.raw.produced <= (4 << 20)  # stopped within one 1 MiB step past the cap

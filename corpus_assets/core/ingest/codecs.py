@@ -324,7 +324,9 @@ class _DecodedStream(io.RawIOBase):
         if self._error is not None:
             raise self._error  # a decoder that failed once stays failed, never a clean EOF
         try:
-            count = self._inner.readinto(buffer) or 0
+            # At most OUTPUT_BUFFER per call, even into a caller's bigger buffer: the limits are
+            # checked at least that often.
+            count = self._inner.readinto(memoryview(buffer).cast("B")[:OUTPUT_BUFFER]) or 0
             self._account(count)
         except BaseException as error:
             self._error = error
