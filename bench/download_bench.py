@@ -1,8 +1,10 @@
 """Benchmark: resumable download into the CAS + streaming zstd JSONL lines, against curl | zstd.
 
 Generates a zstd-compressed JSONL object, serves it from a loopback ThreadingHTTPServer and times,
-in the same run, ``curl -s URL | zstd -d > /dev/null`` against ``fetch_to_cas`` followed by
-``iter_lines`` over the CAS object (run in a child process, so its peak RSS is its own).
+interleaved in the same run, ``curl -s URL | zstd -d > /dev/null`` against two child processes
+(so each peak RSS is its own): ``fetch_to_cas`` then decompressing the CAS object into nothing
+(``open_decompressed``: the same work as the baseline plus the CAS and its sha256 checks), and
+``fetch_to_cas`` then ``iter_lines`` (what the records layer reads).
 
     .venv/bin/python bench/download_bench.py --size-mb 100      # ~100 MB compressed, 5 reps
     .venv/bin/python bench/download_bench.py --big              # 1 GiB uncompressed, memory gate
@@ -30,6 +32,10 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 MB = 1_000_000
 BIG_UNCOMPRESSED = 1 << 30
 BIG_PEAK_LIMIT_MB = 200
+MODES = {
+    "decode": "fetch_to_cas, then open_decompressed into nothing",
+    "lines": "fetch_to_cas, then iter_lines",
+}
 
 
 def generate(path: Path, *, compressed_target: int | None, raw_target: int | None) -> dict:
@@ -111,11 +117,11 @@ def run_baseline(url: str) -> float:
     return time.perf_counter() - started
 
 
-def run_ours(url: str, scratch: Path) -> tuple[float, dict]:
+def run_ours(url: str, scratch: Path, mode: str) -> tuple[float, dict]:
     scratch.mkdir(parents=True)
     started = time.perf_counter()
     done = subprocess.run(
-        [sys.executable, __file__, "--child", url, str(scratch)],
+        [sys.executable, __file__, "--child", url, str(scratch), mode],
         check=True,
         capture_output=True,
         text=True,
@@ -126,9 +132,10 @@ def run_ours(url: str, scratch: Path) -> tuple[float, dict]:
     return wall, json.loads(done.stdout)
 
 
-def child(url: str, scratch: Path) -> None:
-    """What the lead's pipeline does: download into the CAS, then stream the lines out of it."""
-    from corpus_assets.core.ingest.codecs import iter_lines
+def child(url: str, scratch: Path, mode: str) -> None:
+    """What pinning then the records layer do: download into the CAS, then decode it from there
+    (``mode`` "lines": into numbered lines; "decode": decompressed bytes into nothing)."""
+    from corpus_assets.core.ingest.codecs import iter_lines, open_decompressed
     from corpus_assets.core.ingest.download_transfer import fetch_to_cas
     from corpus_assets.core.storage.cas import ContentStore
 
@@ -137,7 +144,13 @@ def child(url: str, scratch: Path) -> None:
     fetched = fetch_to_cas(url, cas, scratch / "work")
     downloaded = time.perf_counter()
     with cas.open(fetched.digest, "bench object") as stream:
-        lines = sum(1 for _ in iter_lines(stream, "bench object"))
+        if mode == "lines":
+            lines = sum(1 for _ in iter_lines(stream, "bench object"))
+        else:
+            reader = open_decompressed(stream, "bench object")
+            lines = 0
+            while block := reader.read(1 << 20):
+                lines += block.count(b"\n")
     finished = time.perf_counter()
     status = Path("/proc/self/status").read_text()
     peak_kb = int(re.search(r"VmHWM:\s+(\d+) kB", status)[1])  # type: ignore[index]
@@ -157,10 +170,12 @@ def main() -> int:
     parser.add_argument("--big", action="store_true", help="1 GiB uncompressed; peak RSS gate")
     parser.add_argument("--reps", type=int, default=None, help="repetitions (5; --big: 1)")
     parser.add_argument("--tmp", type=Path, default=None, help="scratch folder (default: $TMPDIR)")
-    parser.add_argument("--child", nargs=2, metavar=("URL", "SCRATCH"), help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--child", nargs=3, metavar=("URL", "SCRATCH", "MODE"), help=argparse.SUPPRESS
+    )
     args = parser.parse_args()
     if args.child:
-        child(args.child[0], Path(args.child[1]))
+        child(args.child[0], Path(args.child[1]), args.child[2])
         return 0
     reps = args.reps or (1 if args.big else 5)
 
@@ -184,23 +199,24 @@ def main() -> int:
             baseline: list[float] = []
             if tools:
                 print(f"baseline skipped: {' and '.join(tools)} not on PATH")
-            ours: list[float] = []
-            details: list[dict] = []
+            ours: dict[str, list[float]] = {mode: [] for mode in MODES}
+            details: dict[str, list[dict]] = {mode: [] for mode in MODES}
             for rep in range(reps):
                 if not tools:
                     baseline.append(run_baseline(url))
-                wall, result = run_ours(url, root / f"rep-{rep}")
-                if result["digest"] != digest or result["lines"] != info["lines"]:
-                    print(f"WRONG RESULT: {result} (want {digest}, {info['lines']} lines)")
-                    return 1
-                ours.append(wall)
-                details.append(result)
+                for mode in MODES:
+                    wall, result = run_ours(url, root / f"rep-{rep}-{mode}", mode)
+                    if result["digest"] != digest or result["lines"] != info["lines"]:
+                        print(f"WRONG RESULT: {result} (want {digest}, {info['lines']} lines)")
+                        return 1
+                    ours[mode].append(wall)
+                    details[mode].append(result)
         finally:
             server.shutdown()
             server.server_close()
 
     report(info, baseline, ours, details, reps)
-    peak = max(result["peak_rss_mb"] for result in details)
+    peak = max(result["peak_rss_mb"] for mode in MODES for result in details[mode])
     if args.big:
         verdict = "PASS" if peak < BIG_PEAK_LIMIT_MB else "FAIL"
         print(f"{verdict}: peak RSS {peak:.1f} MB (limit {BIG_PEAK_LIMIT_MB} MB)")
@@ -209,29 +225,39 @@ def main() -> int:
 
 
 def report(
-    info: dict, baseline: list[float], ours: list[float], details: list[dict], reps: int
+    info: dict,
+    baseline: list[float],
+    ours: dict[str, list[float]],
+    details: dict[str, list[dict]],
+    reps: int,
 ) -> None:
     compressed, raw = info["compressed_bytes"] / MB, info["raw_bytes"] / MB
 
     def line(name: str, seconds: float) -> str:
         return (
-            f"{name:<10} median {seconds:7.3f} s   {compressed / seconds:8.1f} MB/s compressed"
+            f"{name:<13} median {seconds:7.3f} s   {compressed / seconds:8.1f} MB/s compressed"
             f"   {raw / seconds:8.1f} MB/s decompressed"
         )
 
-    print(f"medians of {reps} repetitions (MB = 10^6 bytes)")
-    ours_median = statistics.median(ours)
+    print(f"medians of {reps} interleaved repetitions (MB = 10^6 bytes)")
     if baseline:
         base_median = statistics.median(baseline)
         print(line("baseline", base_median) + "   (curl -s URL | zstd -d > /dev/null)")
-    print(line("ours", ours_median) + "   (child wall time incl. interpreter start)")
-    download = statistics.median(result["download_s"] for result in details)
-    decode = statistics.median(result["decode_s"] for result in details)
-    print(f"ours, inside the child: fetch_to_cas {download:.3f} s + iter_lines {decode:.3f} s")
-    if baseline:
-        print(f"ratio ours/baseline: {ours_median / base_median:.2f}x wall time")
-    peak = max(result["peak_rss_mb"] for result in details)
-    print(f"ours peak RSS (VmHWM of the child): {peak:.1f} MB")
+    for mode, what in MODES.items():
+        median = statistics.median(ours[mode])
+        print(line(f"ours {mode}", median) + f"   ({what}; child wall time incl. start-up)")
+        download = statistics.median(result["download_s"] for result in details[mode])
+        decode = statistics.median(result["decode_s"] for result in details[mode])
+        peak = max(result["peak_rss_mb"] for result in details[mode])
+        print(
+            f"  inside the child: fetch_to_cas {download:.3f} s + {mode} {decode:.3f} s,"
+            f" peak RSS (VmHWM) {peak:.1f} MB"
+        )
+        if baseline:
+            print(
+                f"  speed vs baseline: {base_median / median:.2f}x"
+                f" (wall time {median / base_median:.2f}x)"
+            )
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 import gzip
 import io
+import random
 import struct
 import time
 import tracemalloc
@@ -200,3 +201,50 @@ def test_reads_a_cas_object_and_keeps_its_integrity_check(tmp_path) -> None:  # 
     path.write_bytes(bytes(raw))
     with cas.open(digest, "shard") as stream, pytest.raises(RuntimeError, match="shard"):
         list(iter_lines(stream, "shard"))
+
+
+def frames_of_every_block_kind() -> list[bytes]:
+    """Frames holding raw, RLE and compressed blocks, with and without checksum or content size."""
+    noise = bytes(random.Random(7).randbytes(300))  # incompressible: a raw block
+    return [
+        zstandard.ZstdCompressor(write_checksum=True).compress(noise),
+        zstandard.ZstdCompressor(write_content_size=False).compress(b"\0" * 200_000),  # RLE
+        zstandard.ZstdCompressor(write_checksum=True).compress(JSONL[:2000]),
+        struct.pack("<II", 0x184D2A5F, 3) + b"abc",  # a skippable frame
+    ]
+
+
+def test_every_cut_off_a_frame_boundary_is_truncated_and_every_boundary_is_not() -> None:
+    """The frame walker must agree with zstd byte for byte: at every cut of a multi-frame
+    stream, a prefix ending on a frame boundary decodes, any other prefix is truncated."""
+    frames = frames_of_every_block_kind()
+    payload = b"".join(frames)
+    boundaries = {sum(len(frame) for frame in frames[:count]) for count in range(1, 5)}
+    decoder = zstandard.ZstdDecompressor()
+    for cut in range(4, len(payload) + 1):
+        prefix = payload[:cut]
+        if cut in boundaries:
+            expected = decoder.stream_reader(io.BytesIO(prefix), read_across_frames=True).read()
+            assert read_all(io.BytesIO(prefix), "cut.zst") == expected
+        else:
+            with pytest.raises(TruncatedStreamError, match=rf"cut\.zst.*after {cut} compressed"):
+                read_all(io.BytesIO(prefix), "cut.zst")
+
+
+def test_a_reserved_block_type_is_corrupt_data_naming_the_object() -> None:
+    frame = bytearray(zstandard.ZstdCompressor().compress(JSONL[:5000]))
+    header = zstandard.frame_header_size(bytes(frame))
+    frame[header] |= 0b110  # block type 3 is reserved
+    with pytest.raises(CodecError, match=r"reserved\.zst: corrupt zstd data"):
+        read_all(io.BytesIO(bytes(frame)), "reserved.zst")
+
+
+def test_the_limits_hold_even_for_one_huge_read() -> None:
+    """A caller asking for everything at once must not get past the output cap in one call."""
+    payload = zstd_frames(b"\0" * (40 << 20))
+    reader = open_decompressed(
+        io.BytesIO(payload), "huge.zst", DecompressionLimits(max_output_bytes=3 << 20)
+    )
+    with pytest.raises(DecompressionBombError, match=r"huge\.zst"):
+        reader.read(40 << 20)
+    assert reader.raw.produced <= (4 << 20)  # stopped within one 1 MiB step past the cap

@@ -8,8 +8,9 @@ compressed bytes in and decompressed bytes out, and knows whether it stopped on 
 
 import gzip
 import io
+import operator
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import BinaryIO
 
@@ -21,15 +22,16 @@ GZIP_MAGIC = b"\x1f\x8b"
 READ_SIZE = 1 << 18
 """Compressed bytes pulled from the source per read."""
 
-ZSTD_FEED = 512
-"""Compressed bytes fed to zstd per call. A zstd block (4 bytes at least) expands to 128 KiB at
-most, so one call yields at most ~16 MiB whatever the input: this bounds memory on a bomb, since
-``decompressobj().decompress`` has no output limit. Measured about as fast as ``stream_reader``."""
+SKIPPABLE_MAGIC = 0x184D2A50
+"""A skippable zstd frame's little-endian magic, with its low 4 bits cleared."""
 
-OUTPUT_CHUNK = 1 << 20
-"""Decompressed bytes asked of gzip per call (gzip bounds its own output)."""
+OUTPUT_BUFFER = 1 << 20
+"""Decompressed bytes asked of a decoder per read: bounds memory on a bomb, since both zstd's
+``stream_reader`` and gzip never return more than asked."""
 
 MAX_LINE_BYTES = 256 << 20
+NEWLINE, CARRIAGE_RETURN = ord("\n"), ord("\r")
+_NUMBER_AND_LINE = operator.itemgetter(0, 2)
 
 
 class CodecError(RuntimeError):
@@ -78,13 +80,9 @@ def open_decompressed(
     codec = sniff_codec(source.head)
     if codec == "plain":
         return io.BufferedReader(source, buffer_size=1 << 20)  # type: ignore[return-value]
-    progress = _Progress()
-    if codec == "zstd":
-        chunks = _zstd_chunks(source, what, progress)
-    else:
-        chunks = _gzip_chunks(source, what, progress)
-    decoded = _DecodedStream(chunks, progress, what, codec, limits)
-    return io.BufferedReader(decoded, buffer_size=1 << 20)  # type: ignore[return-value]
+    inner = _ZstdDecoded(source, what) if codec == "zstd" else _GzipDecoded(source, what)
+    decoded = _DecodedStream(inner, source, what, codec, limits)
+    return io.BufferedReader(decoded, buffer_size=OUTPUT_BUFFER)  # type: ignore[return-value]
 
 
 def iter_lines(
@@ -99,10 +97,8 @@ def iter_lines(
     ``stream`` may be compressed; it is decoded with ``open_decompressed``. A line longer than
     ``max_line_bytes`` raises ``CodecError`` naming it instead of growing without bound.
     """
-    for number, _offset, line in iter_located_lines(
-        stream, what, limits, max_line_bytes=max_line_bytes
-    ):
-        yield number, line
+    located = iter_located_lines(stream, what, limits, max_line_bytes=max_line_bytes)
+    return map(_NUMBER_AND_LINE, located)  # a C-level projection: no Python frame per line
 
 
 def iter_located_lines(
@@ -113,29 +109,25 @@ def iter_located_lines(
     max_line_bytes: int = MAX_LINE_BYTES,
 ) -> Iterator[tuple[int, int, bytes]]:
     """Like ``iter_lines`` plus each line's byte offset in the decompressed stream (lineage)."""
-    reader = open_decompressed(stream, what, limits)
+    readline = open_decompressed(stream, what, limits).readline
+    longest = max_line_bytes + 1
     number = offset = 0
-    while True:
+    while True:  # the per-line loop of every text ingest: kept to a few bytecodes per line
         try:
-            line = reader.readline(max_line_bytes + 1)
+            line = readline(longest)
         except CodecError as error:
             raise type(error)(f"{error} (after line {number})") from error
         if not line:
             return
         number += 1
-        start, offset = offset, offset + len(line)
-        if line.endswith(b"\n"):
-            line = line[:-2] if line.endswith(b"\r\n") else line[:-1]
-        elif len(line) > max_line_bytes:
+        size = len(line)
+        start = offset
+        offset += size
+        if line[-1] == NEWLINE:
+            line = line[:-2] if size > 1 and line[-2] == CARRIAGE_RETURN else line[:-1]
+        elif size > max_line_bytes:
             raise CodecError(f"{what}: line {number} is longer than {max_line_bytes} bytes")
         yield number, start, line
-
-
-@dataclass
-class _Progress:
-    """Compressed bytes the decoder has consumed so far (the ratio's denominator)."""
-
-    compressed: int = 0
 
 
 class _Source(io.RawIOBase):
@@ -144,6 +136,7 @@ class _Source(io.RawIOBase):
     def __init__(self, stream: BinaryIO) -> None:
         self._stream = stream
         self.consumed = 0
+        self.observer: Callable[[memoryview], None] | None = None
         head = b""
         while len(head) < len(ZSTD_MAGIC):
             more = stream.read(len(ZSTD_MAGIC) - len(head))
@@ -167,6 +160,8 @@ class _Source(io.RawIOBase):
             count = len(data)
             view[:count] = data
         self.consumed += count
+        if self.observer is not None:
+            self.observer(view[:count])
         return count
 
     def close(self) -> None:
@@ -174,77 +169,151 @@ class _Source(io.RawIOBase):
         super().close()
 
 
-def _zstd_chunks(source: _Source, what: str, progress: _Progress) -> Iterator[bytes]:
-    """Decode zstd frame by frame; ``decompressobj().eof`` says whether a frame really ended."""
-    dctx = zstandard.ZstdDecompressor()
-    frame = None
-    while block := source.read(READ_SIZE):
-        view = memoryview(block)
-        for start in range(0, len(view), ZSTD_FEED):
-            pending: bytes | memoryview = view[start : start + ZSTD_FEED]
-            while pending:
-                if frame is None:
-                    frame = dctx.decompressobj()
-                try:
-                    out = frame.decompress(pending)
-                except zstandard.ZstdError as error:
-                    raise CodecError(
-                        f"{what}: corrupt zstd data near compressed byte {progress.compressed}:"
-                        f" {error}"
-                    ) from error
-                progress.compressed += len(pending)
-                pending = b""
-                if frame.eof:
-                    pending = frame.unused_data
-                    progress.compressed -= len(pending)
-                    frame = None
-                if out:
-                    yield out
-    if frame is not None:
-        raise TruncatedStreamError(
-            f"{what}: zstd stream is truncated: it ends inside a frame after"
-            f" {progress.compressed} compressed bytes"
+class _ZstdFrameWalker:
+    """Follows zstd frame and block headers over the compressed bytes, skipping block bodies.
+
+    zstandard's ``stream_reader`` is the fast, output-bounded decoder, but it reports a clean EOF
+    when the input stops inside a frame. Walking the headers (a few per 128 KiB block, so cheap)
+    tells whether the input really ended on a frame boundary.
+    """
+
+    def __init__(self) -> None:
+        self._in_frame = False
+        self._checksum = False
+        self._held = bytearray()
+        self._skip = 0
+
+    @property
+    def at_frame_boundary(self) -> bool:
+        return not (self._in_frame or self._held or self._skip)
+
+    def feed(self, data: memoryview) -> None:
+        position, end = 0, len(data)
+        while True:
+            if self._skip:
+                step = min(self._skip, end - position)
+                self._skip -= step
+                position += step
+                if self._skip:
+                    return
+            wanted = self._wanted()
+            if len(self._held) >= wanted:
+                self._advance()
+                continue
+            if position == end:
+                return
+            take = min(wanted - len(self._held), end - position)
+            self._held += data[position : position + take]
+            position += take
+
+    def _wanted(self) -> int:
+        """Bytes the next header needs, as far as the bytes held so far tell."""
+        held = self._held
+        if self._in_frame:
+            return 3  # a block header
+        if len(held) < 4:
+            return 4
+        if held[:4] != ZSTD_MAGIC:
+            return 8  # a skippable frame: magic, then its 4-byte length
+        if len(held) < 5:
+            return 5
+        return zstandard.frame_header_size(bytes(held))
+
+    def _advance(self) -> None:
+        held, self._held = bytes(self._held), bytearray()
+        if self._in_frame:
+            header = int.from_bytes(held, "little")
+            kind, size = (header >> 1) & 3, header >> 3
+            if kind == 3:
+                raise ValueError("reserved zstd block type")
+            self._skip = 1 if kind == 1 else size  # an RLE block holds one byte
+            if header & 1:  # the frame's last block, then its optional checksum
+                self._in_frame = False
+                self._skip += 4 if self._checksum else 0
+        elif held[:4] != ZSTD_MAGIC:
+            if int.from_bytes(held[:4], "little") & 0xFFFFFFF0 != SKIPPABLE_MAGIC:
+                raise ValueError("not a zstd frame")
+            self._skip = int.from_bytes(held[4:8], "little")
+        else:
+            self._checksum = zstandard.get_frame_parameters(held).has_checksum
+            self._in_frame = True
+
+
+class _ZstdDecoded(io.RawIOBase):
+    """zstandard's ``stream_reader`` (bounded output per read) plus truncation detection."""
+
+    def __init__(self, source: _Source, what: str) -> None:
+        self._source = source
+        self._what = what
+        self._walker = _ZstdFrameWalker()
+        source.observer = self._observe
+        self._reader = zstandard.ZstdDecompressor().stream_reader(
+            source, read_size=READ_SIZE, read_across_frames=True, closefd=False
         )
 
+    def readable(self) -> bool:
+        return True
 
-def _gzip_chunks(source: _Source, what: str, progress: _Progress) -> Iterator[bytes]:
-    """Decode every gzip member; ``gzip`` raises ``EOFError`` on a cut member, which we name."""
-    with gzip.GzipFile(fileobj=source, mode="rb") as member_reader:
-        while True:
-            try:
-                out = member_reader.read(OUTPUT_CHUNK)
-            except EOFError as error:
-                raise TruncatedStreamError(
-                    f"{what}: gzip stream is truncated after {source.consumed} compressed bytes:"
-                    f" {error}"
-                ) from error
-            except (gzip.BadGzipFile, zlib.error) as error:
-                raise CodecError(
-                    f"{what}: corrupt gzip data near compressed byte {source.consumed}: {error}"
-                ) from error
-            progress.compressed = source.consumed  # includes gzip's read-ahead (<= 128 KiB)
-            if not out:
-                return
-            yield out
+    def readinto(self, buffer: memoryview) -> int:  # type: ignore[override]
+        try:
+            count = self._reader.readinto(buffer)
+        except (zstandard.ZstdError, ValueError) as error:
+            raise CodecError(
+                f"{self._what}: corrupt zstd data near compressed byte {self._source.consumed}:"
+                f" {error}"
+            ) from error
+        if not count and not self._walker.at_frame_boundary:
+            raise TruncatedStreamError(
+                f"{self._what}: zstd stream is truncated: it ends inside a frame after"
+                f" {self._source.consumed} compressed bytes"
+            )
+        return count
+
+    def _observe(self, block: memoryview) -> None:
+        self._walker.feed(block)
+
+
+class _GzipDecoded(io.RawIOBase):
+    """Every gzip member; ``gzip`` raises ``EOFError`` on a cut member, which we name."""
+
+    def __init__(self, source: _Source, what: str) -> None:
+        self._source = source
+        self._what = what
+        self._reader = gzip.GzipFile(fileobj=source, mode="rb")
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: memoryview) -> int:  # type: ignore[override]
+        consumed = self._source.consumed
+        try:
+            return self._reader.readinto(buffer)
+        except EOFError as error:
+            raise TruncatedStreamError(
+                f"{self._what}: gzip stream is truncated after {consumed} compressed bytes: {error}"
+            ) from error
+        except (gzip.BadGzipFile, zlib.error) as error:
+            raise CodecError(
+                f"{self._what}: corrupt gzip data near compressed byte {consumed}: {error}"
+            ) from error
 
 
 class _DecodedStream(io.RawIOBase):
-    """Raw reader over decoded chunks that enforces the limits before handing out any byte."""
+    """Raw reader over a decoder that enforces the limits before handing out any byte."""
 
     def __init__(
         self,
-        chunks: Iterator[bytes],
-        progress: _Progress,
+        inner: io.RawIOBase,
+        source: _Source,
         what: str,
         codec: str,
         limits: DecompressionLimits,
     ) -> None:
-        self._chunks = chunks
-        self._progress = progress
+        self._inner = inner
+        self._source = source  # its byte count (read-ahead included) is the ratio's denominator
         self._what = what
         self._codec = codec
         self._limits = limits
-        self._pending = memoryview(b"")
         self._error: BaseException | None = None
         self.produced = 0
 
@@ -253,32 +322,21 @@ class _DecodedStream(io.RawIOBase):
 
     def readinto(self, buffer: memoryview) -> int:  # type: ignore[override]
         if self._error is not None:
-            # A generator that raised is finished; re-raise instead of reporting a clean EOF.
-            raise self._error
-        view = memoryview(buffer).cast("B")
-        filled = 0
-        while filled < len(view):
-            if not self._pending:
-                try:
-                    chunk = next(self._chunks, None)
-                    if chunk is not None:
-                        self._account(len(chunk))
-                except BaseException as error:
-                    self._error = error
-                    raise
-                if chunk is None:
-                    break
-                self._pending = memoryview(chunk)
-            count = min(len(self._pending), len(view) - filled)
-            view[filled : filled + count] = self._pending[:count]
-            self._pending = self._pending[count:]
-            filled += count
-        return filled
+            raise self._error  # a decoder that failed once stays failed, never a clean EOF
+        try:
+            # At most OUTPUT_BUFFER per call, even into a caller's bigger buffer: the limits are
+            # checked at least that often.
+            count = self._inner.readinto(memoryview(buffer).cast("B")[:OUTPUT_BUFFER]) or 0
+            self._account(count)
+        except BaseException as error:
+            self._error = error
+            raise
+        return count
 
     def _account(self, size: int) -> None:
         self.produced += size
         limits = self._limits
-        compressed = self._progress.compressed
+        compressed = self._source.consumed
         if self.produced > limits.max_output_bytes:
             raise DecompressionBombError(
                 f"{self._what}: {self._codec} output exceeds max_output_bytes="

@@ -19,7 +19,12 @@ Whichever instant the process dies at, the invariant holds: the checkpoint never
 that is not durably on disk, and its hash covers exactly the bytes it claims.
 
 The running sha256 stays in memory, so checkpoints (throttled by bytes and seconds) cost no
-re-hash; only a new process re-hashes the prefix once.
+re-hash; only a new process re-hashes the prefix once. Periodic checkpoints are committed by one
+background thread, so the download keeps receiving while the disk syncs: the main thread flushes
+the appended bytes to the OS and snapshots (verified, sha256) first, then the thread fsyncs the
+file and only then writes the snapshot, so the order (data durable, then claim) is unchanged. One
+commit is in flight at most; every other write to the partial or its checkpoint waits for it and
+re-raises its error.
 """
 
 import errno
@@ -29,6 +34,7 @@ import json
 import os
 import time
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -75,7 +81,7 @@ def locked_partial(
             if error.errno not in (errno.EAGAIN, errno.EACCES):
                 raise
             raise DownloadError(f"{url}: another process is downloading it into {path}") from None
-        yield PartialFile(
+        partial = PartialFile(
             url=url,
             handle=handle,
             path=path,
@@ -83,6 +89,10 @@ def locked_partial(
             checkpoint_bytes=checkpoint_bytes,
             checkpoint_seconds=checkpoint_seconds,
         )
+        try:
+            yield partial
+        finally:
+            partial.stop_committing()  # before the handle closes under the commit thread
 
 
 @dataclass
@@ -98,6 +108,8 @@ class PartialFile:
     state: PartialState = field(default_factory=PartialState)
     _saved: _Signature | None = None
     _saved_at: float = 0.0
+    _committer: ThreadPoolExecutor | None = None
+    _committing: "Future[None] | None" = None
 
     def adopt(self) -> str | None:
         """Take over the checkpoint if the on-disk prefix still hashes to it; else say why not."""
@@ -152,6 +164,7 @@ class PartialFile:
 
     def reset(self) -> None:
         """Forget every byte on disk: truncate first, so a crash here never leaves a claim."""
+        self._settle()
         self.handle.seek(0)
         self.handle.truncate(0)
         self.handle.flush()
@@ -167,19 +180,43 @@ class PartialFile:
         self.state.verified += len(block)
 
     def save_if_due(self) -> None:
-        """Commit a checkpoint every ``checkpoint_bytes`` or ``checkpoint_seconds``."""
+        """Start a background checkpoint every ``checkpoint_bytes`` or ``checkpoint_seconds``;
+        while one is still syncing, the next is simply due a little later."""
         if (
-            self.state.verified - (self._saved[0] if self._saved else 0) >= self.checkpoint_bytes
-            or time.monotonic() - self._saved_at >= self.checkpoint_seconds
+            self.state.verified - (self._saved[0] if self._saved else 0) < self.checkpoint_bytes
+            and time.monotonic() - self._saved_at < self.checkpoint_seconds
         ):
-            self.save()
+            return
+        if self._committing is not None and not self._committing.done():
+            return
+        self._settle()
+        self.handle.flush()  # the snapshot's bytes reach the OS before the thread fsyncs
+        snapshot = self._snapshot()
+        self._mark_saved()  # counted as committed now; undone by _settle if the commit fails
+        if self._committer is None:
+            self._committer = ThreadPoolExecutor(1, thread_name_prefix="download-checkpoint")
+        self._committing = self._committer.submit(self._commit, *snapshot)
 
     def save(self) -> None:
         """Make the appended bytes durable, then commit them in the checkpoint (data first)."""
+        self._settle()
         if self._saved == self._signature():
             return
         self.handle.flush()
-        os.fsync(self.handle.fileno())
+        self._commit(*self._snapshot())
+        self._mark_saved()
+
+    def stop_committing(self) -> None:
+        """Wait for the background checkpoint, re-raising its error, and end its thread."""
+        try:
+            self._settle()
+        finally:
+            if self._committer is not None:
+                self._committer.shutdown()
+                self._committer = None
+
+    def _snapshot(self) -> tuple[int, bytes]:
+        """The file descriptor and the checkpoint claiming every byte appended so far."""
         state = self.state
         payload = {
             "url": self.url,
@@ -189,9 +226,25 @@ class PartialFile:
             "etag": state.etag,
             "last_modified": state.last_modified,
         }
-        atomic_write(self.checkpoint, json.dumps(payload, sort_keys=True).encode("utf-8"))
+        return self.handle.fileno(), json.dumps(payload, sort_keys=True).encode("utf-8")
+
+    def _mark_saved(self) -> None:
         self._saved = self._signature()
         self._saved_at = time.monotonic()
+
+    def _commit(self, fd: int, checkpoint: bytes) -> None:
+        os.fsync(fd)
+        atomic_write(self.checkpoint, checkpoint)
+
+    def _settle(self) -> None:
+        """Wait for the commit in flight; a failed one is raised here, and stays unclaimed."""
+        committing, self._committing = self._committing, None
+        if committing is not None:
+            try:
+                committing.result()
+            except BaseException:
+                self._saved = None  # so the next save() writes the checkpoint again
+                raise
 
     def version(self) -> RemoteVersion:
         """The version the bytes on disk belong to."""
@@ -203,6 +256,7 @@ class PartialFile:
 
     def remove(self) -> None:
         """Drop the checkpoint and the partial file once the CAS holds the bytes."""
+        self._settle()
         self.checkpoint.unlink(missing_ok=True)
         self.path.unlink(missing_ok=True)
 

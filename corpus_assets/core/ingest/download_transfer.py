@@ -57,7 +57,7 @@ def fetch_to_cas(
     chunk_size: int = 1 << 20,
     timeout: float = 30.0,
     backoff_seconds: float = 0.05,
-    checkpoint_bytes: int = 4 << 20,
+    checkpoint_bytes: int = 32 << 20,
     checkpoint_seconds: float = 1.0,
 ) -> Fetched:
     """Download ``url`` into ``cas``, resuming from a verified checkpoint in ``work_dir``.
