@@ -115,7 +115,8 @@ def ensure_signatures(
 ) -> list[ChunkSignatures]:
     """Signatures of every chunk of a canonical index, computing only the missing ones.
 
-    ``workers > 1`` hashes chunks in a spawn pool; each chunk's bytes do not depend on it.
+    ``workers > 1`` (a spawn pool) or ``execution.engine: ray`` hashes chunks in other processes;
+    each chunk's bytes do not depend on where.
     """
     done = preload(ws.catalog, LAYER, code_version(spec))
     outcomes = cached_then_pooled(ws, items, spec, _chunk_task, _compute, done, workers)

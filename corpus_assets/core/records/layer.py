@@ -5,8 +5,8 @@ location and reason only, and an account) is keyed by (object digest, source ada
 policy digest, benchmark index digest, code identity), so an unchanged object costs nothing in the
 next snapshot and a fix to a row stage (``pii``, ``normalize``, ``adapters``, ...) re-runs them.
 Every row is accounted for per source and stage: rows in = kept + quarantined + rejected, each
-exclusion under its reason code. Chunks may run in several processes
-(``execution.workers``); the output is assembled in index order, so bytes never depend on it.
+exclusion under its reason code. Chunks may run in several processes (``execution.workers``) or
+on Ray (``execution.engine``); the output is assembled in index order, so bytes never depend on it.
 """
 
 import os
@@ -51,7 +51,8 @@ from corpus_assets.core.runtime.layers import (
     publish_index,
     read_layer_index,
 )
-from corpus_assets.core.runtime.workspace import Workspace, open_workspace, worker_pool
+from corpus_assets.core.runtime.runners import task_runner
+from corpus_assets.core.runtime.workspace import Workspace, open_workspace, worker_setup
 from corpus_assets.core.storage.artifacts import (
     JSON,
     make_ref,
@@ -249,10 +250,10 @@ def build_canonical_records(ws: Workspace, partition_key: str) -> LayerResult:
     sources = {s.id: s for s in ws.config.sources}
     items = raw_index.output("objects")
     done = preload(ws.catalog, "canonical_records", CODE)
-    workers = min(ws.config.execution.workers, max(len(items), 1))
-    if workers > 1:
-        with worker_pool(ws, workers, _worker_init, fence, CODE) as pool:  # keys = index code
-            outcomes = list(pool.map(_worker_run, [(i["source"], i, policy) for i in items]))
+    runner = task_runner(ws.config.execution)
+    if runner.wants(len(items)):
+        setup = worker_setup(ws, _worker_init, fence, CODE)  # keys = index code
+        outcomes = runner.map(_worker_run, [(i["source"], i, policy) for i in items], setup)
     else:
         outcomes = [_run(ws, sources[i["source"]], i, policy, index, done, CODE) for i in items]
     chunks, dead, account = _assemble(ws, items, outcomes)

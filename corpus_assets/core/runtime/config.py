@@ -21,6 +21,7 @@ from pydantic import (
     model_validator,
 )
 
+from corpus_assets.core.runtime.execution import Execution
 from corpus_assets.core.storage.digests import DIGEST_RE, json_digest
 
 SOURCE_ID_RE = r"^[a-z0-9][a-z0-9_-]{0,63}$"
@@ -326,12 +327,6 @@ class Policies(_Strict):
 class Storage(_Strict):
     home: str | None = None
     catalog_url: str | None = None
-
-
-class Execution(_Strict):
-    """How many processes canonicalise chunks; output bytes never depend on it."""
-
-    workers: Annotated[int, Field(ge=1, le=256)] = 1
 
 
 class CorpusConfig(_Strict):

@@ -1,14 +1,13 @@
 """One opened data home: validated config, content store and catalog, shared by every layer."""
 
-import multiprocessing
 import os
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from corpus_assets.core.runtime.config import CorpusConfig, LoadedConfig, default_home, load_config
+from corpus_assets.core.runtime.runners import Setup, WorkerSetup, task_runner
 from corpus_assets.core.storage.cas import ContentStore
 from corpus_assets.core.storage.catalog import Catalog, default_catalog_url
 from corpus_assets.core.storage.tasks import ChunkOutcome, ChunkTask
@@ -52,18 +51,10 @@ def open_workspace(config: str | Path | None = None) -> Workspace:
     return Workspace(loaded=loaded, home=home, cas=cas, catalog=catalog)
 
 
-def worker_pool(
-    ws: Workspace, workers: int, initializer: Callable[..., None], *initargs: Any
-) -> ProcessPoolExecutor:
-    """A spawn pool whose workers get ``initializer(config_path, corpus_env, *initargs)``: they
-    reopen this workspace from its config with the same ``CORPUS_*`` environment."""
-    environ = {k: v for k, v in os.environ.items() if k.startswith("CORPUS_")}
-    return ProcessPoolExecutor(
-        workers,
-        mp_context=multiprocessing.get_context("spawn"),
-        initializer=initializer,
-        initargs=(str(ws.loaded.path), environ, *initargs),
-    )
+def worker_setup(ws: Workspace, setup: Setup, *args: Any) -> WorkerSetup:
+    """Each worker runs ``setup(config_path, corpus_env, *args)`` once: it reopens this
+    workspace from its config file with the same ``CORPUS_*`` environment, whatever the engine."""
+    return WorkerSetup(setup, str(ws.loaded.path), args)
 
 
 _POOLED: dict[str, Any] = {}  # a pool worker's own workspace
@@ -89,9 +80,9 @@ def cached_then_pooled(
     workers: int,
 ) -> list[ChunkOutcome]:
     """Outcomes of one chunk task per chunk, in chunk order: tasks already in ``done`` read here
-    (a dict hit and a stat), the missing ones computed here or, with ``workers > 1``, in a spawn
-    pool (only when there is work for it; ``compute`` is a module-level function, so a worker
-    imports it). A chunk's bytes never depend on where it ran."""
+    (a dict hit and a stat), the missing ones computed here or on the configured runner (a spawn
+    pool with ``workers > 1``, or Ray; only when there is work for it; ``compute`` is a
+    module-level function, so a worker imports it). A chunk's bytes never depend on where it ran."""
     outcomes: list[ChunkOutcome | None] = [None] * len(chunks)
     missing = []
     for n, chunk in enumerate(chunks):
@@ -100,12 +91,12 @@ def cached_then_pooled(
             outcomes[n] = compute(ws, chunk, spec, done)
         else:
             missing.append(n)
-    workers = min(workers, len(missing))
-    if workers > 1:
-        with worker_pool(ws, workers, _open_in_worker) as pool:
-            jobs = [(compute, chunks[n], spec) for n in missing]
-            for n, outcome in zip(missing, pool.map(_run_in_worker, jobs), strict=True):
-                outcomes[n] = outcome
+    runner = task_runner(ws.config.execution, workers)
+    if runner.wants(len(missing)):
+        jobs = [(compute, chunks[n], spec) for n in missing]
+        ran = runner.map(_run_in_worker, jobs, worker_setup(ws, _open_in_worker))
+        for n, outcome in zip(missing, ran, strict=True):
+            outcomes[n] = outcome
     else:
         for n in missing:
             outcomes[n] = compute(ws, chunks[n], spec, done)

@@ -149,7 +149,8 @@ def ensure_tokens(
 ) -> list[ChunkTokens]:
     """The tokens of every chunk, tokenising only the missing ones.
 
-    ``workers > 1`` tokenises chunks in a spawn pool; each chunk's bytes do not depend on it.
+    ``workers > 1`` (a spawn pool) or ``execution.engine: ray`` tokenises chunks in other
+    processes; each chunk's bytes do not depend on where.
     """
     done = preload(ws.catalog, LAYER, code_version())
     outcomes = cached_then_pooled(ws, chunks, spec, _chunk_task, _compute, done, workers)

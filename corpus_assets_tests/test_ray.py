@@ -1,0 +1,139 @@
+"""The same build on a real Ray cluster gives the same bytes as the local engine.
+
+The cluster is two ``ray start`` processes (a head and a second node, loopback, one CPU each),
+started in their own process groups and stopped by those group ids at the end. Ray workers open
+the data home by path: here it is this machine's disk, shared by every node.
+"""
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select
+
+from corpus_assets.core.pipeline import build_all
+from corpus_assets.core.runtime.config import ConfigError, parse_config
+from corpus_assets.core.runtime.workspace import open_workspace
+from corpus_assets.core.storage.catalog import chunk_tasks
+
+# Read when ray is imported: under ``uv run`` Ray would start workers with ``uv run`` in a copy of
+# the cwd (no .tools there); they use the cluster's Python, where corpus_assets is installed.
+os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
+ray = pytest.importorskip("ray", reason="ray is not installed (pip install 'corpus-assets[ray]')")
+
+LAYERS_ON_RUNNER = ("canonical_records", "dedup_signatures", "tokens")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _ray_start(args: list[str], env: dict[str, str]) -> int:
+    """Run ``ray start`` in a new session; its daemons stay in that process group (returned)."""
+    ray_cli = Path(sys.executable).with_name("ray")
+    ports = [
+        f"--{name}={_free_port()}" for name in ("metrics-export-port", "runtime-env-agent-port")
+    ]
+    ports += [f"--dashboard-agent-{name}-port={_free_port()}" for name in ("listen", "grpc")]
+    command = [str(ray_cli), "start", "--node-ip-address=127.0.0.1", "--num-cpus=1", *ports, *args]
+    process = subprocess.Popen(
+        command, env=env, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
+    out, _ = process.communicate(timeout=120)
+    if process.returncode != 0:
+        _stop(process.pid)
+        raise RuntimeError(f"ray start failed:\n{out.decode(errors='replace')[-3000:]}")
+    return process.pid
+
+
+def _stop(group: int) -> None:
+    """Stop one ``ray start``'s daemons by their process group id: TERM, then KILL."""
+    for sig, wait in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 0.0)):
+        try:
+            os.killpg(group, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(group, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.1)
+
+
+@pytest.fixture
+def ray_cluster(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """The address of a head plus one worker node on loopback, stopped (by group id) after."""
+    temp = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # short: Ray's socket paths have a limit
+    env = {**os.environ, "RAY_TMPDIR": temp, "RAY_USAGE_STATS_ENABLED": "0"}
+    monkeypatch.setenv("RAY_TMPDIR", temp)
+    address = f"127.0.0.1:{_free_port()}"
+    head = ["--head", f"--port={address.split(':')[1]}", "--include-dashboard=false"]
+    head += [f"--ray-client-server-port={_free_port()}", f"--temp-dir={temp}"]
+    groups = []
+    try:
+        groups.append(_ray_start(head, env))
+        groups.append(_ray_start([f"--address={address}"], env))
+        yield address
+    finally:
+        if ray.is_initialized():
+            ray.shutdown()
+        for group in reversed(groups):
+            _stop(group)
+        shutil.rmtree(temp, ignore_errors=True)
+
+
+def _build(
+    demo_home: Path, home: Path, execution: str, monkeypatch: pytest.MonkeyPatch
+) -> tuple[str, dict[str, str], set[int]]:
+    """A whole build of a copy of the demo with ``execution``: its snapshotId, every layer's
+    index digest but the (signed) manifest's, and the pids that ran its chunk tasks."""
+    shutil.copytree(demo_home / "demo-sources", home / "demo-sources")
+    config = (demo_home / "corpus.yaml").read_text() + f"execution: {execution}\n"
+    (home / "corpus.yaml").write_text(config)
+    monkeypatch.setenv("CORPUS_HOME", str(home))
+    monkeypatch.setenv("CORPUS_CONFIG", str(home / "corpus.yaml"))
+    with open_workspace() as ws:
+        results = build_all(ws, "p1")
+        with ws.catalog.begin() as conn:
+            owners = conn.execute(
+                select(chunk_tasks.c.owner).where(chunk_tasks.c.layer.in_(LAYERS_ON_RUNNER))
+            ).scalars()
+            pids = {int(owner.split(":")[1]) for owner in owners}
+    layers = {layer: r.digest for layer, r in results.items() if layer != "manifest"}
+    return results["manifest"].digests["snapshotId"], layers, pids
+
+
+def test_local_and_ray_builds_give_the_same_snapshot(
+    demo_home: Path, tmp_path: Path, ray_cluster: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ray_execution = f"{{engine: ray, address: '{ray_cluster}'}}"
+    local = _build(demo_home, tmp_path / "local", "{engine: local}", monkeypatch)
+    on_ray = _build(demo_home, tmp_path / "ray", ray_execution, monkeypatch)
+    assert local[2] == {os.getpid()}  # the local engine with one worker runs in this process
+    assert on_ray[2] and os.getpid() not in on_ray[2]  # every chunk task ran in a Ray worker
+    assert on_ray[:2] == local[:2]
+
+
+@pytest.mark.parametrize(
+    "execution",
+    ["{engine: ray}", "{engine: local, address: auto}", "{engine: ray, address: 'http://x'}"],
+)
+def test_ray_needs_an_address_and_local_takes_none(execution: str) -> None:
+    import yaml
+
+    raw = {"version": 1, "purpose": "p", "sources": [{"id": "a", "kind": "objects", "path": "."}]}
+    raw["execution"] = yaml.safe_load(execution)
+    with pytest.raises(ConfigError, match="execution"):
+        parse_config(raw, "corpus.yaml")
