@@ -32,7 +32,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from corpus_assets.core.records.index import ChunkRecords
+from corpus_assets.core.records.index import RECORD_COLUMNS, ChunkRecords
 from corpus_assets.core.runtime.code_identity import code_identity
 from corpus_assets.core.runtime.workspace import Workspace, cached_then_pooled
 from corpus_assets.core.storage.artifacts import JSON, Ref, get_json, make_ref, put_json
@@ -279,21 +279,32 @@ def token_cache(ws: Workspace, chunks: list[ChunkRecords], spec: TokenizerSpec) 
     return TokenCache(spec, ensure_tokens(ws, chunks, spec, ws.config.execution.workers))
 
 
-def token_counts(ws: Workspace, chunks: list[ChunkRecords], cache: TokenCache) -> pa.Table:
-    """record_id, object, line and tokens of every canonical row (one chunk read at a time;
-    object and line tell a repeated record id's rows apart)."""
+def token_counts(
+    ws: Workspace,
+    chunks: list[ChunkRecords],
+    cache: TokenCache,
+    columns: tuple[str, ...] = ("record_id", "object", "line"),
+    located: bool = False,
+) -> pa.Table:
+    """``columns`` and the token count (``tokens``) of every canonical row, one chunk read at a
+    time (object and line tell a repeated record id's rows apart). ``located`` adds where the
+    row's tokens are (``chunk`` index, ``row`` in it) and its ``pair_split``."""
     parts = []
-    for chunk, cached in zip(chunks, cache.chunks, strict=True):
-        table = chunk.table(ws.cas, ["record_id", "object", "line"])
-        counts = open_tokens(ws, cached, cache.spec, ids=False).counts()
-        parts.append(table.append_column("tokens", pa.array(counts, pa.int64())))
+    for n, (chunk, cached) in enumerate(zip(chunks, cache.chunks, strict=True)):
+        table = chunk.table(ws.cas, list(columns))
+        arrays = open_tokens(ws, cached, cache.spec, ids=False)
+        table = table.append_column("tokens", pa.array(arrays.counts(), pa.int64()))
+        if located:
+            rows = table.num_rows
+            table = (
+                table.append_column("chunk", pa.array(np.full(rows, n, np.int32)))
+                .append_column("row", pa.array(np.arange(rows, dtype=np.int64)))
+                .append_column("pair_split", pa.array(np.asarray(arrays.pair_splits), pa.int64()))
+            )
+        parts.append(table)
     if parts:
         return pa.concat_tables(parts)
-    return pa.schema(
-        [
-            ("record_id", pa.string()),
-            ("object", pa.string()),
-            ("line", pa.int64()),
-            ("tokens", pa.int64()),
-        ]
-    ).empty_table()
+    fields = [RECORD_COLUMNS.field(name) for name in columns] + [("tokens", pa.int64())]
+    if located:
+        fields += [("chunk", pa.int32()), ("row", pa.int64()), ("pair_split", pa.int64())]
+    return pa.schema(fields).empty_table()

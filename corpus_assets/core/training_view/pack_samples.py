@@ -17,7 +17,7 @@ from corpus_assets.core.records.index import CanonicalIndex
 from corpus_assets.core.runtime.layers import LayerIndex
 from corpus_assets.core.runtime.workspace import Workspace
 from corpus_assets.core.storage.artifacts import get_table
-from corpus_assets.core.tokens.cache import TokenArrays, TokenCache, open_tokens
+from corpus_assets.core.tokens.cache import TokenArrays, TokenCache, open_tokens, token_counts
 from corpus_assets.core.training_view.pack_blocks import FileSamples
 
 ROW_KEY = ["record_id", "object", "line"]
@@ -40,27 +40,6 @@ class SampleRows:
     pair_split: np.ndarray
 
 
-def _cache_rows(ws: Workspace, canonical: CanonicalIndex, cache: TokenCache) -> pa.Table:
-    """(record_id, object, line, kind, chunk, row, length, pair_split) of every canonical row."""
-    parts = []
-    for n, (chunk, cached) in enumerate(zip(canonical.chunks(), cache.chunks, strict=True)):
-        table = chunk.table(ws.cas, [*ROW_KEY, "kind"])
-        arrays = open_tokens(ws, cached, cache.spec, ids=False)
-        rows = table.num_rows
-        parts.append(
-            table.append_column("chunk", pa.array(np.full(rows, n, np.int32)))
-            .append_column("row", pa.array(np.arange(rows, dtype=np.int64)))
-            .append_column("length", pa.array(arrays.counts(), pa.int64()))
-            .append_column("pair_split", pa.array(np.asarray(arrays.pair_splits), pa.int64()))
-        )
-    schema = pa.schema(
-        [("record_id", pa.string()), ("object", pa.string()), ("line", pa.int64()),
-         ("kind", pa.string()), ("chunk", pa.int32()), ("row", pa.int64()),
-         ("length", pa.int64()), ("pair_split", pa.int64())]
-    )  # fmt: skip
-    return pa.concat_tables(parts) if parts else schema.empty_table()
-
-
 def locate_samples(
     ws: Workspace,
     canonical: CanonicalIndex,
@@ -72,10 +51,11 @@ def locate_samples(
     columns = [*ROW_KEY, "is_representative"]
     clusters = get_table(ws.cas, dedup.output("clusters"), "dedup clusters", columns)
     kept = clusters.filter(clusters.column("is_representative")).select(ROW_KEY)
-    rows = kept.join(_cache_rows(ws, canonical, cache), ROW_KEY, join_type="inner")
+    every = token_counts(ws, canonical.chunks(), cache, (*ROW_KEY, "kind"), located=True)
+    rows = kept.join(every, ROW_KEY, join_type="inner")
     order = pa.table({"record_id": samples, "sample": np.arange(len(samples), dtype=np.int64)})
     found = order.join(
-        rows.select(["record_id", "kind", "chunk", "row", "length", "pair_split"]),
+        rows.select(["record_id", "kind", "chunk", "row", "tokens", "pair_split"]),
         "record_id",
         join_type="left outer",
     ).sort_by("sample")
@@ -95,7 +75,7 @@ def locate_samples(
         kind=found.column("kind"),
         chunk=found.column("chunk").to_numpy(),
         row=found.column("row").to_numpy(),
-        length=found.column("length").to_numpy(),
+        length=found.column("tokens").to_numpy(),
         pair_split=found.column("pair_split").to_numpy(),
     )
 
