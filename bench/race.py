@@ -1,0 +1,294 @@
+"""The whole build at three corpus sizes: speed, CPU, peak memory, re-build and incremental cost.
+
+For each size (MB of raw JSONL, made from the shared corpora by ``race_corpus.py``: copies that
+keep their internal duplicates and share nothing with each other) it measures, on one machine:
+
+- per layer (and the validation check), each in a fresh child process running only that layer:
+  wall seconds, CPU seconds (the child and its pool workers), peak RSS of the child (VmHWM) and
+  of its largest worker;
+- the whole ``corpus-assets build`` (the CLI through Dagster, fresh data home): wall, CPU,
+  MB/s and MB per CPU-second of raw text, peak RSS of the largest process;
+- an unchanged re-build (a second partition over the same bytes) against Dagster's start-up
+  (``corpus-assets status`` on the same home, the floor any command pays);
+- an incremental build after adding 1% more documents (a new object per source) against the
+  full build.
+
+The named baseline for speed is ``zstd -dc | wc -l`` over the same objects (reading the bytes
+once), measured in the same run. Usage:
+
+    .venv/bin/python bench/race.py --sizes 110,330,1100 [--workers 2] [--tmp DIR]
+"""
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from race_corpus import SOURCES, cipher, copy_line, shared_lines, write_corpus
+
+LAYERS = [
+    "raw_snapshot",
+    "canonical_records",
+    "dedup_clusters",
+    "splits",
+    "mixed_samples",
+    "packed_blocks",
+    "manifest",
+    "validation",
+]
+CLI = [sys.executable, "-m", "corpus_assets.cli"]
+
+
+def _vm_kb(field: str) -> int:
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    return 0
+
+
+def child(config: str, partition: str, layer: str) -> None:
+    """Run one layer (or the validation check) of ``partition`` and print what it cost."""
+    from corpus_assets.core.pipeline import BUILDERS
+    from corpus_assets.core.release.validation import validate_snapshot
+    from corpus_assets.core.runtime.workspace import open_workspace
+
+    with open_workspace(config) as ws:
+        floor_kb = _vm_kb("VmRSS")
+        wall, cpu = time.perf_counter(), time.process_time()
+        digests: dict[str, str] = {}
+        if layer == "validation":
+            report = validate_snapshot(ws, ws.catalog.layer_output(partition, "manifest"))
+            assert not report.findings, report.findings
+        else:
+            digests = BUILDERS[layer](ws, partition).digests
+        workers = resource.getrusage(resource.RUSAGE_CHILDREN)
+        print(
+            json.dumps(
+                {
+                    "wall": time.perf_counter() - wall,
+                    "cpu": time.process_time() - cpu + workers.ru_utime + workers.ru_stime,
+                    "peak_mb": _vm_kb("VmHWM") / 1024,
+                    "floor_mb": floor_kb / 1024,
+                    "worker_peak_mb": workers.ru_maxrss / 1024,
+                    "digests": digests,
+                }
+            )
+        )
+
+
+def run_measured(cmd: list[str], env: dict[str, str] | None = None) -> dict:
+    """Run ``cmd`` to completion: wall, CPU and peak RSS of its own process tree (``wait4``)."""
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        start = time.perf_counter()
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=env, text=True)
+        _pid, status, usage = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - start
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = out.read(), err.read()
+    if proc.returncode:
+        sys.exit(f"failed: {' '.join(cmd)}\n{stdout[-2000:]}\n{stderr[-3000:]}")
+    cpu = usage.ru_utime + usage.ru_stime
+    return {"wall": wall, "cpu": cpu, "peak_mb": usage.ru_maxrss / 1024, "out": stdout}
+
+
+def write_config(root: Path, sources: list[dict], workers: int) -> Path:
+    lines = ["version: 1", "purpose: race", "alias: race", "sources:"]
+    for s in sources:
+        lines.append(
+            f"  - {{id: {s['id']}, kind: objects, path: {s['path']}, "
+            f"include: ['*.jsonl.zst'], content: {s['content']}}}"
+        )
+    lines.append(f"execution: {{workers: {workers}}}")
+    lines.append(f"storage: {{home: {root / 'home'}}}")
+    config = root / "corpus.yaml"
+    config.write_text("\n".join(lines) + "\n")
+    return config
+
+
+def env_for(root: Path) -> dict[str, str]:
+    env = dict(os.environ, DAGSTER_HOME=str(root / "dagster"), CORPUS_HOME=str(root / "home"))
+    (root / "dagster").mkdir(parents=True, exist_ok=True)
+    return env
+
+
+def per_layer(
+    config: Path, env: dict[str, str] | None, partition: str, only: list[str] | None = None
+) -> list[dict]:
+    rows = []
+    for layer in only or LAYERS:
+        cmd = [sys.executable, __file__, "--child", str(config), partition, layer]
+        done = run_measured(cmd, env)
+        rows.append({"layer": layer, **json.loads(done["out"].strip().splitlines()[-1])})
+        rows[-1]["tree_peak_mb"] = done["peak_mb"]
+    return rows
+
+
+def baseline_read(src: Path) -> float:
+    """``zstd -dc`` of every object into ``wc -l``: the bytes read once, no parsing."""
+    files = sorted(str(p) for p in src.rglob("*.jsonl.zst"))
+    start = time.perf_counter()
+    subprocess.run(
+        f"zstd -dc {' '.join(files)} | wc -l", shell=True, check=True, capture_output=True
+    )
+    return time.perf_counter() - start
+
+
+def add_one_percent(corpora: Path, src: Path, jsonl_bytes: int) -> int:
+    """A new object per source holding ~1% of the corpus's bytes as new documents (copy 25)."""
+    budget, added = jsonl_bytes // 100, 0
+    import zstandard
+
+    for name, (source_id, _content) in SOURCES.items():
+        if not (corpora / name).is_dir():
+            continue
+        share = budget // len(SOURCES)
+        out = src / source_id / "delta-00000.jsonl.zst"
+        with zstandard.ZstdCompressor().stream_writer(out.open("wb")) as sink:
+            written = 0
+            table = cipher(25)
+            for line in shared_lines(corpora / name):
+                if written >= share:
+                    break
+                data = copy_line(line, 25, table).encode()
+                sink.write(data)
+                written += len(data)
+        added += written
+    return added
+
+
+def cli_build(config: Path, root: Path, args: list[str] | None = None) -> dict:
+    return run_measured([*CLI, "--config", str(config), "build", *(args or [])], env_for(root))
+
+
+def race_size(corpora: Path, tmp: Path, mb: float, workers: int) -> dict:
+    root = tmp / f"mb{int(mb)}"
+    shutil.rmtree(root, ignore_errors=True)
+    made = write_corpus(corpora, root / "src", mb)
+    raw_mb = made["jsonl_bytes"] / 1e6
+    config = write_config(root, made["sources"], workers)
+    base = baseline_read(root / "src")
+    full = cli_build(config, root)
+    start = run_measured([*CLI, "--config", str(config), "status"], env_for(root))
+    again = cli_build(config, root)
+    added = add_one_percent(corpora, root / "src", made["jsonl_bytes"])
+    incremental = cli_build(config, root)
+    layers_root = tmp / f"mb{int(mb)}-layers"
+    shutil.rmtree(layers_root, ignore_errors=True)
+    layer_config = write_config(layers_root, made["sources"], workers)
+    subprocess.run(
+        [sys.executable, __file__, "--freeze", str(layer_config)],
+        check=True,
+        env=env_for(layers_root),
+    )
+    layers = per_layer(layer_config, env_for(layers_root), "race-p1")
+    shutil.rmtree(layers_root, ignore_errors=True)
+    return {
+        "mb": raw_mb,
+        "baseline_s": base,
+        "full": full,
+        "status": start,
+        "again": again,
+        "incremental": incremental,
+        "added_mb": added / 1e6,
+        "layers": layers,
+    }
+
+
+def freeze_only(config: str, partition: str) -> None:
+    from corpus_assets.core.ingest.freeze import freeze
+    from corpus_assets.core.runtime.workspace import open_workspace
+
+    with open_workspace(config) as ws:
+        freeze(ws, partition)
+
+
+def report(results: list[dict]) -> None:
+    print("\n## Whole build (`corpus-assets build`, fresh home)\n")
+    print(
+        "| raw MB | wall s | CPU s | MB/s | MB/CPU-s | peak RSS MB | vs zstd -dc | "
+        "unchanged re-build s | status s | incremental s (+MB) | incr/full CPU |"
+    )
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for r in results:
+        f, mb = r["full"], r["mb"]
+        print(
+            f"| {mb:.0f} | {f['wall']:.1f} | {f['cpu']:.1f} | {mb / f['wall']:.2f} | "
+            f"{mb / f['cpu']:.2f} | {f['peak_mb']:.0f} | {r['baseline_s'] / f['wall']:.3f}x | "
+            f"{r['again']['wall']:.1f} | {r['status']['wall']:.1f} | "
+            f"{r['incremental']['wall']:.1f} (+{r['added_mb']:.1f}) | "
+            f"{r['incremental']['cpu'] / f['cpu']:.2f} |"
+        )
+    print("\n## Per layer (each in a fresh child; peak = VmHWM of the child, workers apart)\n")
+    sizes = " | ".join(f"{r['mb']:.0f} MB: s / CPU s / peak MB / worker MB" for r in results)
+    print(f"| layer | {sizes} |")
+    print("|---|" + "---|" * len(results))
+    for n, layer in enumerate(LAYERS):
+        cells = [r["layers"][n] for r in results]
+        print(
+            f"| {layer} | "
+            + " | ".join(
+                f"{c['wall']:.1f} / {c['cpu']:.1f} / {c['peak_mb']:.0f} / {c['worker_peak_mb']:.0f}"
+                for c in cells
+            )
+            + " |"
+        )
+    peaks = [max(max(c["peak_mb"], c["worker_peak_mb"]) for c in r["layers"]) for r in results]
+    print(
+        f"\npeak RSS per size: {', '.join(f'{p:.0f} MB' for p in peaks)}; "
+        f"largest / smallest = {max(peaks) / min(peaks):.2f}x (target <= 1.3x, each <= 1024 MB)"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    shared = Path(__file__).resolve().parents[2] / "shared/corpora"
+    parser.add_argument("--corpora", type=Path, default=shared)
+    parser.add_argument("--sizes", default="110,330,1100")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--tmp", type=Path, default=Path("/tmp/corpus-race"))
+    parser.add_argument("--child", nargs=3, metavar=("CONFIG", "PARTITION", "LAYER"))
+    parser.add_argument("--freeze", metavar="CONFIG")
+    parser.add_argument("--json", type=Path, help="also write the raw figures here")
+    parser.add_argument("--only", help="with --layers: these layers only (comma-separated)")
+    parser.add_argument(
+        "--layers",
+        nargs=2,
+        metavar=("CONFIG", "PARTITION"),
+        help="only the per-layer table, for an existing config and new partition",
+    )
+    args = parser.parse_args()
+    if args.child:
+        return child(*args.child)
+    if args.freeze:
+        return freeze_only(args.freeze, "race-p1")
+    if args.layers:
+        config, partition = Path(args.layers[0]), args.layers[1]
+        freeze_only(str(config), partition)
+        only = args.only.split(",") if args.only else None
+        for row in per_layer(config, None, partition, only):
+            print(json.dumps(row))
+        return None
+    if not args.corpora.is_dir():
+        sys.exit(f"{args.corpora} is absent: race needs the shared corpora")
+    print(f"machine: {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}; workers={args.workers}")
+    results = []
+    for mb in (float(s) for s in args.sizes.split(",")):
+        results.append(race_size(args.corpora, args.tmp, mb, args.workers))
+        print(f"size {results[-1]['mb']:.0f} MB done", file=sys.stderr)
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1))
+    report(results)
+
+
+if __name__ == "__main__":
+    main()
