@@ -55,7 +55,9 @@ def copy_line(line: bytes, k: int, table: dict[int, int]) -> str:
 
 def shared_bytes(corpora: Path) -> int:
     return sum(
-        len(line) for name in SOURCES if (corpora / name).is_dir()
+        len(line)
+        for name in SOURCES
+        if (corpora / name).is_dir()
         for line in shared_lines(corpora / name)
     )
 

@@ -1,6 +1,7 @@
 """canonical_records end to end: typed kinds, stages and reason codes, accounting, workers."""
 
 import json
+import resource
 import unicodedata
 from pathlib import Path
 
@@ -100,6 +101,25 @@ def test_one_and_two_workers_give_identical_bytes(
             canonical = BUILDERS["canonical_records"](ws, "p1")
             digests.append((result.digest, canonical.digest))
     assert digests[0] == digests[1]
+
+
+def test_an_unchanged_partition_starts_no_worker_process(
+    demo_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With two workers, a second partition over the same objects reuses every chunk in the
+    driver: no spawn pool (seconds of imports per worker) for work that is already done."""
+    use_demo_copy(demo_home, tmp_path / "w2", 2, monkeypatch)
+    with open_workspace() as ws:
+        for partition in ("p1", "p2"):
+            BUILDERS["raw_snapshot"](ws, partition)
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)
+            result = BUILDERS["canonical_records"](ws, partition)
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
+            workers_cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+            if partition == "p1":  # the pool ran: its workers' CPU is counted when they exit
+                assert result.run_stats["chunks_built"] > 0 and workers_cpu > 0.1
+    assert result.run_stats == {"chunks_reused": 4, "chunks_built": 0}
+    assert workers_cpu == 0.0
 
 
 needs_corpora = pytest.mark.skipif(not CORPORA.is_dir(), reason="../shared/corpora is absent")

@@ -247,15 +247,8 @@ def build_canonical_records(ws: Workspace, partition_key: str) -> LayerResult:
     fence = spec.benchmark_fence
     index = benchmark_index(ws, fence)
     policy = _policy_digest(ws, index)
-    sources = {s.id: s for s in ws.config.sources}
     items = raw_index.output("objects")
-    done = preload(ws.catalog, "canonical_records", CODE)
-    runner = task_runner(ws.config.execution)
-    if runner.wants(len(items)):
-        setup = worker_setup(ws, _worker_init, fence, CODE)  # keys = index code
-        outcomes = runner.map(_worker_run, [(i["source"], i, policy) for i in items], setup)
-    else:
-        outcomes = [_run(ws, sources[i["source"]], i, policy, index, done, CODE) for i in items]
+    outcomes = _outcomes(ws, items, policy, index, fence)
     chunks, dead, account = _assemble(ws, items, outcomes)
     skipped = sum(o.skipped for o in outcomes if o.output_digest is not None)
     counts = account.counts()
@@ -281,6 +274,39 @@ def build_canonical_records(ws: Workspace, partition_key: str) -> LayerResult:
         preview=account.table(),
         run_stats={"chunks_reused": skipped, "chunks_built": len(chunks) - skipped},
     )
+
+
+def _outcomes(
+    ws: Workspace,
+    items: list[dict[str, Any]],
+    policy: str,
+    index: BenchmarkIndex | None,
+    fence: int,
+) -> list[ChunkOutcome]:
+    """One outcome per raw object, in index order. Finished chunks are skipped here (a dict hit
+    and a stat); only the missing ones go to the runner, so an unchanged snapshot starts no
+    worker processes at all."""
+    sources = {s.id: s for s in ws.config.sources}
+    done = preload(ws.catalog, "canonical_records", CODE)
+    outcomes: list[ChunkOutcome | None] = [None] * len(items)
+    missing = []
+    for n, item in enumerate(items):
+        task = _task(sources[item["source"]], item, policy, CODE)
+        if (task.chunk_key, task.input_digest) in done:
+            outcomes[n] = _run(ws, sources[item["source"]], item, policy, index, done, CODE)
+        else:
+            missing.append(n)
+    runner = task_runner(ws.config.execution)
+    if runner.wants(len(missing)):
+        setup = worker_setup(ws, _worker_init, fence, CODE)  # keys = index code
+        jobs = [(items[n]["source"], items[n], policy) for n in missing]
+        for n, outcome in zip(missing, runner.map(_worker_run, jobs, setup), strict=True):
+            outcomes[n] = outcome
+    else:
+        for n in missing:
+            item = items[n]
+            outcomes[n] = _run(ws, sources[item["source"]], item, policy, index, done, CODE)
+    return [o for o in outcomes if o is not None]
 
 
 def _assemble(
