@@ -76,21 +76,22 @@ def _stop(group: int) -> None:
 
 
 @contextlib.contextmanager
-def _cluster(nodes: int, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    """The address of a head plus ``nodes - 1`` more nodes on loopback, stopped (by group id)
-    after, with the driver disconnected first."""
+def _cluster(nodes: int, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[str, str]]:
+    """A head plus ``nodes - 1`` more nodes on loopback, stopped (by group id) after, with the
+    driver disconnected first: its GCS address and its Ray Client address (``ray://``)."""
     temp = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # short: Ray's socket paths have a limit
     env = {**os.environ, "RAY_TMPDIR": temp, "RAY_USAGE_STATS_ENABLED": "0"}
     monkeypatch.setenv("RAY_TMPDIR", temp)
     address = f"127.0.0.1:{_free_port()}"
     head = ["--head", f"--port={address.split(':')[1]}", "--include-dashboard=false"]
-    head += [f"--ray-client-server-port={_free_port()}", f"--temp-dir={temp}"]
+    client = f"ray://127.0.0.1:{_free_port()}"
+    head += [f"--ray-client-server-port={client.rsplit(':')[-1]}", f"--temp-dir={temp}"]
     groups = []
     try:
         groups.append(_ray_start(head, env))
         for _ in range(nodes - 1):
             groups.append(_ray_start([f"--address={address}"], env))
-        yield address
+        yield address, client
     finally:
         if ray.is_initialized():
             ray.shutdown()
@@ -102,15 +103,15 @@ def _cluster(nodes: int, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
 @pytest.fixture
 def ray_cluster(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     """A head plus one worker node on loopback."""
-    with _cluster(2, monkeypatch) as address:
+    with _cluster(2, monkeypatch) as (address, _):
         yield address
 
 
 @pytest.fixture
-def ray_head(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    """A lone head node (one CPU) on loopback."""
-    with _cluster(1, monkeypatch) as address:
-        yield address
+def ray_head(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[str, str]]:
+    """A lone head node (one CPU) on loopback: its GCS and Ray Client addresses."""
+    with _cluster(1, monkeypatch) as addresses:
+        yield addresses
 
 
 def _build(
@@ -162,16 +163,20 @@ def test_ray_needs_an_address_and_local_takes_none(execution: str) -> None:
 NO_SETUP = WorkerSetup(operator.is_, "unused")  # setup(config_path, environ): a no-op
 
 
-def test_ray_waits_are_bounded(ray_head: str, tmp_path: Path) -> None:
+def test_ray_waits_are_bounded(ray_head: tuple[str, str], tmp_path: Path) -> None:
     """A job that never finishes, or workers that can never start, fail the map within their
     bounds with an error that says what to check; both used to hang the build forever."""
-    # A healthy cluster runs jobs, in job order (the probe passes).
-    assert RayRunner(ray_head, startup_timeout_s=60).map(abs, [-3, 2, -1], NO_SETUP) == [3, 2, 1]
+    address, client = ray_head
+    # A healthy cluster runs jobs in job order (the probe passes), also through Ray Client (the
+    # ray://head:10001 form a Dagster run pod uses on Kubernetes).
+    assert RayRunner(client, startup_timeout_s=60).map(abs, [-3, 2, -1], NO_SETUP) == [3, 2, 1]
+    ray.shutdown()
+    assert RayRunner(address, startup_timeout_s=60).map(abs, [-3, 2, -1], NO_SETUP) == [3, 2, 1]
 
     # A job that never finishes fails the map once nothing has finished for task_timeout_s.
     started = time.monotonic()
     with pytest.raises(RayUnavailable, match=r"task_timeout_s=2s \(1 of 2 still pending"):
-        RayRunner(ray_head, task_timeout_s=2).map(time.sleep, [0, 600], NO_SETUP)
+        RayRunner(address, task_timeout_s=2).map(time.sleep, [0, 600], NO_SETUP)
     assert 2 <= time.monotonic() - started < 15
     ray.shutdown()
 
@@ -180,13 +185,13 @@ def test_ray_waits_are_bounded(ray_head: str, tmp_path: Path) -> None:
     broken = tmp_path / "python"
     broken.write_text("#!/bin/sh\nexit 1\n")
     broken.chmod(0o755)
-    ray.init(address=ray_head, log_to_driver=False, runtime_env={"py_executable": str(broken)})
+    ray.init(address=address, log_to_driver=False, runtime_env={"py_executable": str(broken)})
     started = time.monotonic()
     with pytest.raises(RayUnavailable) as failure:
-        RayRunner(ray_head, startup_timeout_s=4).map(abs, [-1, -2], NO_SETUP)
+        RayRunner(address, startup_timeout_s=4).map(abs, [-1, -2], NO_SETUP)
     assert time.monotonic() - started < 15
     message = str(failure.value)
-    for needed in (ray_head, "startup_timeout_s=4s", "workers cannot start", str(broken)):
+    for needed in (address, "startup_timeout_s=4s", "workers cannot start", str(broken)):
         assert needed in message
     assert "RAY_ENABLE_UV_RUN_RUNTIME_ENV=0" in message
 
