@@ -108,8 +108,29 @@ def _connected(address: str, timeout_s: float) -> Any:
     if not ray.is_initialized():
         if address not in ("auto", "local"):
             _reachable(address, timeout_s)
-        ray.init(address=None if address == "local" else address, log_to_driver=False)
+        if address.startswith("ray://"):
+            _client_connect(ray, address, timeout_s)
+        else:
+            ray.init(address=None if address == "local" else address, log_to_driver=False)
     return ray
+
+
+def _client_connect(ray: Any, address: str, timeout_s: float) -> None:
+    """Ray Client gives up after three tries (5, 10, 15 s), which a busy head can need just to
+    start this client's server process: retry until ``timeout_s``, then ``RayUnavailable``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            ray.init(address=address, log_to_driver=False)
+            return
+        except ConnectionError as error:
+            ray.shutdown()
+            if time.monotonic() >= deadline:
+                raise RayUnavailable(
+                    f"execution.address {address}: the Ray Client server answers but no session "
+                    f"opened within execution.startup_timeout_s={timeout_s:g}s ({error}). Check "
+                    "the head's logs (ray_client_server*.err) and that its ray version matches."
+                ) from None
 
 
 def _reachable(address: str, timeout_s: float) -> None:
