@@ -178,6 +178,12 @@ def test_ray_waits_are_bounded(ray_head: tuple[str, str], tmp_path: Path) -> Non
     with pytest.raises(RayUnavailable, match=r"task_timeout_s=2s \(1 of 2 still pending"):
         RayRunner(address, task_timeout_s=2).map(time.sleep, [0, 600], NO_SETUP)
     assert 2 <= time.monotonic() - started < 15
+
+    # A failed job fails the map as soon as it is seen, and the job still running is cancelled.
+    started = time.monotonic()
+    with pytest.raises(TypeError):
+        RayRunner(address, task_timeout_s=60).map(time.sleep, ["x", 600], NO_SETUP)
+    assert time.monotonic() - started < 15
     ray.shutdown()
 
     # A worker Python that cannot start (an executable that exits at once, as a broken env or a

@@ -77,7 +77,8 @@ class RayRunner:
 
     Bounded: a trivial probe task must come back within ``startup_timeout_s`` before any job is
     sent (Ray queues tasks forever when no worker can start), and the map fails when no job has
-    finished for ``task_timeout_s``; both raise ``RayUnavailable`` and cancel what is pending."""
+    finished for ``task_timeout_s``; both raise ``RayUnavailable`` and cancel what is pending,
+    as does a failed job (its error is raised as soon as it is seen)."""
 
     address: str
     task_timeout_s: float = 1800.0
@@ -91,8 +92,7 @@ class RayRunner:
         _probe(ray, self.address, self.startup_timeout_s)
         remote = ray.remote(_ray_job)
         refs = [remote.remote(fn, job, setup) for job in jobs]
-        _wait_all(ray, refs, self.address, self.task_timeout_s)
-        return list(ray.get(refs))
+        return _gather(ray, refs, self.address, self.task_timeout_s)
 
 
 def _connected(address: str, timeout_s: float) -> Any:
@@ -186,25 +186,30 @@ def _runtime_env(ray: Any) -> str:
         return "(unknown)"
 
 
-def _wait_all(ray: Any, refs: list[Any], address: str, timeout_s: float) -> None:
-    """Return when every task in ``refs`` is done; raise ``RayUnavailable`` (and cancel the
-    rest) once none has finished for ``timeout_s``. ``ray.wait`` polls all pending refs at
-    most every 10 s, so the cost stays linear in the number of tasks."""
-    pending, last_progress = refs, time.monotonic()
-    while pending:
-        left = timeout_s - (time.monotonic() - last_progress)
-        if left <= 0:
-            for ref in pending:
-                ray.cancel(ref, force=True)
-            raise RayUnavailable(
-                f"execution.address {address}: no chunk task finished within "
-                f"execution.task_timeout_s={timeout_s:g}s ({len(pending)} of {len(refs)} still "
-                "pending, cancelled). A task hangs or the cluster lost its workers: check "
-                "`ray status` and the workers' logs, or raise execution.task_timeout_s."
-            )
-        ready, pending = ray.wait(pending, num_returns=len(pending), timeout=min(left, 10.0))
-        if ready:
-            last_progress = time.monotonic()
+def _gather(ray: Any, refs: list[Any], address: str, timeout_s: float) -> list[Any]:
+    """The results of ``refs`` in order, fetched as tasks finish (a failed task raises at once).
+    Once none has finished for ``timeout_s``, raise ``RayUnavailable``; either way what is still
+    pending is cancelled. Each ``ray.wait`` lasts at most 10 s, so polling stays cheap."""
+    results: dict[Any, Any] = {}
+    pending, last_progress = list(refs), time.monotonic()
+    try:
+        while pending:
+            left = timeout_s - (time.monotonic() - last_progress)
+            if left <= 0:
+                raise RayUnavailable(
+                    f"execution.address {address}: no chunk task finished within "
+                    f"execution.task_timeout_s={timeout_s:g}s ({len(pending)} of {len(refs)} "
+                    "still pending, cancelled). A task hangs or the cluster lost its workers: "
+                    "check `ray status` and the workers' logs, or raise execution.task_timeout_s."
+                )
+            ready, pending = ray.wait(pending, num_returns=len(pending), timeout=min(left, 10.0))
+            if ready:
+                results.update(zip(ready, ray.get(ready), strict=True))
+                last_progress = time.monotonic()
+    finally:
+        for ref in pending:
+            ray.cancel(ref, force=True)
+    return [results[ref] for ref in refs]
 
 
 _READY: dict[str, WorkerSetup] = {}  # per Ray worker process: the setup each function last ran
