@@ -120,7 +120,10 @@ def test_dagster_instance_loads_on_postgres(
         assert instance_yaml[storage]["config"]["postgres_db"] == connection
     launcher = instance_yaml["run_launcher"]
     assert (launcher["module"], launcher["class"]) == ("dagster_k8s", "K8sRunLauncher")
-    assert launcher["config"]["env_secrets"] == ["corpus-env"]
+    k8s_launcher = values["runLauncher"]["config"]["k8sRunLauncher"]
+    assert launcher["config"]["env_secrets"] == [s["name"] for s in k8s_launcher["envSecrets"]]
+    assert launcher["config"]["image_pull_policy"] == k8s_launcher["imagePullPolicy"]
+    assert launcher["config"]["load_incluster_config"] is k8s_launcher["loadInclusterConfig"]
     assert launcher["config"]["job_namespace"] == _load("raycluster.yaml")["metadata"]["namespace"]
     queued = values["dagsterDaemon"]["runCoordinator"]["config"]["queuedRunCoordinator"]
     assert (
