@@ -5,6 +5,8 @@ started in their own process groups and stopped by those group ids at the end. R
 the data home by path: here it is this machine's disk, shared by every node.
 """
 
+import contextlib
+import operator
 import os
 import shutil
 import signal
@@ -21,6 +23,7 @@ from sqlalchemy import select
 
 from corpus_assets.core.pipeline import build_all
 from corpus_assets.core.runtime.config import ConfigError, parse_config
+from corpus_assets.core.runtime.runners import RayRunner, RayUnavailable, WorkerSetup
 from corpus_assets.core.runtime.workspace import open_workspace
 from corpus_assets.core.storage.catalog import chunk_tasks
 
@@ -72,26 +75,43 @@ def _stop(group: int) -> None:
             time.sleep(0.1)
 
 
-@pytest.fixture
-def ray_cluster(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    """The address of a head plus one worker node on loopback, stopped (by group id) after."""
+@contextlib.contextmanager
+def _cluster(nodes: int, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[str, str]]:
+    """A head plus ``nodes - 1`` more nodes on loopback, stopped (by group id) after, with the
+    driver disconnected first: its GCS address and its Ray Client address (``ray://``)."""
     temp = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # short: Ray's socket paths have a limit
     env = {**os.environ, "RAY_TMPDIR": temp, "RAY_USAGE_STATS_ENABLED": "0"}
     monkeypatch.setenv("RAY_TMPDIR", temp)
     address = f"127.0.0.1:{_free_port()}"
     head = ["--head", f"--port={address.split(':')[1]}", "--include-dashboard=false"]
-    head += [f"--ray-client-server-port={_free_port()}", f"--temp-dir={temp}"]
+    client = f"ray://127.0.0.1:{_free_port()}"
+    head += [f"--ray-client-server-port={client.rsplit(':')[-1]}", f"--temp-dir={temp}"]
     groups = []
     try:
         groups.append(_ray_start(head, env))
-        groups.append(_ray_start([f"--address={address}"], env))
-        yield address
+        for _ in range(nodes - 1):
+            groups.append(_ray_start([f"--address={address}"], env))
+        yield address, client
     finally:
         if ray.is_initialized():
             ray.shutdown()
         for group in reversed(groups):
             _stop(group)
         shutil.rmtree(temp, ignore_errors=True)
+
+
+@pytest.fixture
+def ray_cluster(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """A head plus one worker node on loopback."""
+    with _cluster(2, monkeypatch) as (address, _):
+        yield address
+
+
+@pytest.fixture
+def ray_head(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[str, str]]:
+    """A lone head node (one CPU) on loopback: its GCS and Ray Client addresses."""
+    with _cluster(1, monkeypatch) as addresses:
+        yield addresses
 
 
 def _build(
@@ -137,3 +157,56 @@ def test_ray_needs_an_address_and_local_takes_none(execution: str) -> None:
     raw["execution"] = yaml.safe_load(execution)
     with pytest.raises(ConfigError, match="execution"):
         parse_config(raw, "corpus.yaml")
+
+
+# Jobs the bound tests send: importable by reference in any worker (no test module needed there).
+NO_SETUP = WorkerSetup(operator.is_, "unused")  # setup(config_path, environ): a no-op
+
+
+def test_ray_waits_are_bounded(ray_head: tuple[str, str], tmp_path: Path) -> None:
+    """A job that never finishes, or workers that can never start, fail the map within their
+    bounds with an error that says what to check; both used to hang the build forever."""
+    address, client = ray_head
+    # A healthy cluster runs jobs in job order (the probe passes), also through Ray Client (the
+    # ray://head:10001 form a Dagster run pod uses on Kubernetes).
+    assert RayRunner(client, startup_timeout_s=60).map(abs, [-3, 2, -1], NO_SETUP) == [3, 2, 1]
+    ray.shutdown()
+    assert RayRunner(address, startup_timeout_s=60).map(abs, [-3, 2, -1], NO_SETUP) == [3, 2, 1]
+
+    # A job that never finishes fails the map once nothing has finished for task_timeout_s.
+    started = time.monotonic()
+    with pytest.raises(RayUnavailable, match=r"task_timeout_s=2s \(1 of 2 still pending"):
+        RayRunner(address, task_timeout_s=2).map(time.sleep, [0, 600], NO_SETUP)
+    assert 2 <= time.monotonic() - started < 15
+
+    # A failed job fails the map as soon as it is seen, and the job still running is cancelled.
+    started = time.monotonic()
+    with pytest.raises(TypeError):
+        RayRunner(address, task_timeout_s=60).map(time.sleep, ["x", 600], NO_SETUP)
+    assert time.monotonic() - started < 15
+    ray.shutdown()
+
+    # A worker Python that cannot start (an executable that exits at once, as a broken env or a
+    # failing `uv run` worker command does). Last: the raylet keeps retrying that start.
+    broken = tmp_path / "python"
+    broken.write_text("#!/bin/sh\nexit 1\n")
+    broken.chmod(0o755)
+    ray.init(address=address, log_to_driver=False, runtime_env={"py_executable": str(broken)})
+    started = time.monotonic()
+    with pytest.raises(RayUnavailable) as failure:
+        RayRunner(address, startup_timeout_s=4).map(abs, [-1, -2], NO_SETUP)
+    assert time.monotonic() - started < 15
+    message = str(failure.value)
+    for needed in (address, "startup_timeout_s=4s", "workers cannot start", str(broken)):
+        assert needed in message
+    assert "RAY_ENABLE_UV_RUN_RUNTIME_ENV=0" in message
+
+
+def test_an_address_nobody_listens_on_fails_at_once() -> None:
+    if ray.is_initialized():
+        ray.shutdown()
+    address = f"127.0.0.1:{_free_port()}"
+    started = time.monotonic()
+    with pytest.raises(RayUnavailable, match=f"{address}: no Ray cluster answers there"):
+        RayRunner(address).map(abs, [1], NO_SETUP)
+    assert time.monotonic() - started < 5

@@ -11,13 +11,17 @@ RAY_ADDRESS = r"^(auto|local|(ray://)?[A-Za-z0-9._-]+:[0-9]{1,5})$"
 
 class Execution(BaseModel):
     """``workers`` local processes (engine ``local``, the default) or a Ray cluster at
-    ``address`` (engine ``ray``)."""
+    ``address`` (engine ``ray``). Ray waits are bounded so a cluster that cannot run tasks fails
+    the build instead of hanging it: a probe task must return within ``startup_timeout_s``, and
+    some chunk task must finish every ``task_timeout_s``."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     engine: Literal["local", "ray"] = "local"
     workers: Annotated[int, Field(ge=1, le=256)] = 1
     address: Annotated[str, Field(pattern=RAY_ADDRESS)] | None = None
+    task_timeout_s: Annotated[float, Field(gt=0, le=7 * 86400)] = 1800.0
+    startup_timeout_s: Annotated[float, Field(gt=0, le=86400)] = 120.0
 
     @model_validator(mode="after")
     def _address_iff_ray(self) -> "Execution":
