@@ -28,8 +28,11 @@ BUILD = textwrap.dedent(
             "raw": raw.digest,
             "canonical": canonical.digest,
             "dedup": dedup.digest,
-            "reused": canonical.run_stats["chunks_reused"],
-            "signatures_reused": dedup.run_stats["signatures_reused"],
+            # finished work skipped: chunk by chunk, or the whole layer (the layer memo)
+            "reused": sum(canonical.run_stats.get(k, 0) for k in ("chunks_reused", "layer_reused")),
+            "signatures_reused": sum(
+                dedup.run_stats.get(k, 0) for k in ("signatures_reused", "layer_reused")
+            ),
         }))
     """
 )

@@ -9,7 +9,8 @@ import zstandard
 from sqlalchemy import insert, select
 
 from corpus_assets.core.governance import states
-from corpus_assets.core.pipeline import BUILDERS, build_all
+from corpus_assets.core.governance.tombstones import add_tombstone
+from corpus_assets.core.pipeline import BUILDERS, DIRECT_BUILDERS, MEMOIZED, build_all
 from corpus_assets.core.release.signing import key_paths
 from corpus_assets.core.release.validation import validate_snapshot
 from corpus_assets.core.release.verify import verify
@@ -20,6 +21,33 @@ from corpus_assets.core.storage.catalog import chunk_tasks, tombstones
 
 def _layer_digests(ws: Workspace, key: str) -> dict[str, str]:
     return {layer: ws.catalog.layer_output(key, layer) for layer in LAYERS}
+
+
+def test_an_unchanged_snapshot_reuses_its_layers_and_a_rebuild_gives_the_same_bytes(
+    workspace: Workspace,
+) -> None:
+    """A new partition over unchanged sources publishes the earlier layers (the memo) - the
+    bytes a build would give - and anything that decides bytes (here a tombstone, which moves
+    the freeze's watermark) makes the layers that read it build again."""
+    first = build_all(workspace, "p1")
+    second = build_all(workspace, "p2")
+    for layer in MEMOIZED:
+        assert second[layer].run_stats == {"layer_reused": 1}, layer
+        assert second[layer].digest == first[layer].digest
+        assert second[layer].counts == first[layer].counts
+    assert second["dedup_clusters"].details == first["dedup_clusters"].details
+    for layer in MEMOIZED:  # building for real: the same index (the catalog refuses other bytes)
+        assert DIRECT_BUILDERS[layer](workspace, "p2").digest == second[layer].digest
+    sids = {r["manifest"].digests["snapshotId"] for r in (first, second)}
+    assert len(sids) == 2  # a new snapshot all the same: the manifest names its partition
+    assert validate_snapshot(workspace, second["manifest"].digest).findings == []
+
+    add_tombstone(workspace.catalog, "record", "no-such-record", "test")
+    third = build_all(workspace, "p3")
+    for layer in MEMOIZED:  # the whole freeze is in the key: conservative, chunks still reused
+        assert "layer_reused" not in third[layer].run_stats, layer
+    assert third["canonical_records"].run_stats == {"chunks_reused": 4, "chunks_built": 0}
+    assert third["dedup_clusters"].counts["tombstoned"] == 0
 
 
 def test_build_validates_and_rebuild_is_identical(workspace: Workspace) -> None:
@@ -63,7 +91,7 @@ def test_build_validates_and_rebuild_is_identical(workspace: Workspace) -> None:
     again = build_all(workspace, "p1")
     assert again["manifest"].digests["snapshotId"] == sid
     assert _layer_digests(workspace, "p1") == digests
-    assert again["canonical_records"].run_stats == {"chunks_reused": 4, "chunks_built": 0}
+    assert all(again[layer].run_stats == {"layer_reused": 1} for layer in MEMOIZED)
 
 
 def test_second_partition_reuses_every_unchanged_object(workspace: Workspace) -> None:

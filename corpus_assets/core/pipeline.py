@@ -1,18 +1,104 @@
-"""The seven layers in dependency order, for callers that run them without Dagster."""
+"""The seven layers in dependency order, for callers that run them without Dagster.
 
+A layer whose every input equals that of a layer already built - for this or any partition - is
+not built again (the layer memo): its earlier index is published for this partition. The inputs
+are the transform image (every byte of the package's code), the config's sources and policies,
+the partition's freeze spec less its partition key (pinned objects, fences, parents, alias,
+purpose) and the upstream layers' index digests of this partition. Any change to one of them
+misses, so a memo hit is what a rebuild would produce; it only makes an unchanged snapshot cheap.
+The manifest (it names the partition) and raw_snapshot (it re-verifies the pinned objects) are
+always built.
+"""
+
+import json
 from collections.abc import Callable
+from dataclasses import asdict
+from typing import Any
 
 from corpus_assets.core.dedup.layer import build_dedup_clusters
-from corpus_assets.core.ingest.freeze import build_raw_snapshot
+from corpus_assets.core.ingest.freeze import build_raw_snapshot, freeze
 from corpus_assets.core.records.layer import build_canonical_records
 from corpus_assets.core.release.manifest import build_manifest
-from corpus_assets.core.runtime.layers import LAYERS, LayerResult
+from corpus_assets.core.runtime.layers import LAYERS, LayerResult, load_index
+from corpus_assets.core.runtime.transform import transform_image
 from corpus_assets.core.runtime.workspace import Workspace
+from corpus_assets.core.storage.artifacts import is_ref
+from corpus_assets.core.storage.digests import json_digest
 from corpus_assets.core.training_view.mixing import build_mixed_samples
 from corpus_assets.core.training_view.packing import build_packed_blocks
 from corpus_assets.core.training_view.splits import build_splits
 
-BUILDERS: dict[str, Callable[[Workspace, str], LayerResult]] = {
+Builder = Callable[[Workspace, str], LayerResult]
+MEMOIZED = ("canonical_records", "dedup_clusters", "splits", "mixed_samples", "packed_blocks")
+
+
+def memo_key(ws: Workspace, partition_key: str, layer: str) -> str:
+    """The digest of everything that decides the layer's bytes for this partition."""
+    _, spec = freeze(ws, partition_key)
+    frozen = spec.model_dump(mode="json", by_alias=True)
+    frozen.pop("partition")
+    config = ws.config
+    upstream = {
+        up: ws.catalog.layer_output(partition_key, up) for up in LAYERS[: LAYERS.index(layer)]
+    }
+    return json_digest(
+        {
+            "layer": layer,
+            "image": transform_image(),
+            "sources": [s.model_dump(mode="json") for s in config.sources],
+            "policies": config.policies.model_dump(mode="json"),
+            "freeze": frozen,
+            "upstream": upstream,
+        }
+    )
+
+
+def _refs(node: Any) -> list[str]:
+    """Every CAS digest an index document names in a ref."""
+    if isinstance(node, dict):
+        own = [node["digest"]] if is_ref(node) else []
+        return own + [d for value in node.values() for d in _refs(value)]
+    if isinstance(node, list):
+        return [d for value in node for d in _refs(value)]
+    return []
+
+
+def _reuse(ws: Workspace, partition_key: str, layer: str, key: str) -> LayerResult | None:
+    """The remembered build for ``key``, published for this partition, if its objects exist."""
+    hit = ws.catalog.memo(key)
+    if hit is None:
+        return None
+    digest, saved = hit
+    if not ws.cas.contains(digest):
+        return None
+    index = load_index(ws.cas, digest, layer)
+    if not all(ws.cas.contains(d) for d in _refs(index.outputs)):
+        return None
+    ws.catalog.set_layer_output(partition_key, layer, digest, index.build_spec())
+    result = json.loads(saved)
+    return LayerResult(layer=layer, digest=digest, run_stats={"layer_reused": 1}, **result)
+
+
+def memoized(layer: str, build: Builder) -> Builder:
+    """``build`` behind the layer memo."""
+
+    def run(ws: Workspace, partition_key: str) -> LayerResult:
+        key = memo_key(ws, partition_key, layer)
+        reused = _reuse(ws, partition_key, layer, key)
+        if reused is not None:
+            return reused
+        result = build(ws, partition_key)
+        if not load_index(ws.cas, result.digest, layer).build_spec().endswith("~partial"):
+            saved = {
+                k: v for k, v in asdict(result).items() if k not in ("layer", "digest", "run_stats")
+            }
+            ws.catalog.remember(key, layer, result.digest, json.dumps(saved, default=str))
+        return result
+
+    return run
+
+
+DIRECT_BUILDERS: dict[str, Builder] = {
     "raw_snapshot": build_raw_snapshot,
     "canonical_records": build_canonical_records,
     "dedup_clusters": build_dedup_clusters,
@@ -20,6 +106,10 @@ BUILDERS: dict[str, Callable[[Workspace, str], LayerResult]] = {
     "mixed_samples": build_mixed_samples,
     "packed_blocks": build_packed_blocks,
     "manifest": build_manifest,
+}
+BUILDERS: dict[str, Builder] = {
+    layer: memoized(layer, build) if layer in MEMOIZED else build
+    for layer, build in DIRECT_BUILDERS.items()
 }
 assert tuple(BUILDERS) == LAYERS
 

@@ -53,6 +53,17 @@ layer_outputs = Table(
     Column("updated_at", Float, nullable=False),
 )
 
+# A layer's inputs (see ``core.pipeline``) -> the index it produced, for unchanged snapshots.
+layer_memo = Table(
+    "layer_memo",
+    metadata,
+    Column("memo_key", String(71), primary_key=True),
+    Column("layer", String(32), nullable=False),
+    Column("index_digest", String(71), nullable=False),
+    Column("result", Text, nullable=False),  # the LayerResult's JSON, minus run-only stats
+    Column("created_at", Float, nullable=False),
+)
+
 chunk_tasks = Table(
     "chunk_tasks",
     metadata,
@@ -292,6 +303,32 @@ class Catalog:
                     .where(layer_outputs.c.layer == layer)
                     .values(index_digest=digest, code_version=code, updated_at=now)
                 )
+
+    def memo(self, key: str) -> tuple[str, str] | None:
+        """(index digest, result JSON) of the layer build whose inputs digest to ``key``."""
+        with self.begin() as conn:
+            row = conn.execute(
+                select(layer_memo.c.index_digest, layer_memo.c.result).where(
+                    layer_memo.c.memo_key == key
+                )
+            ).first()
+        return None if row is None else (row.index_digest, row.result)
+
+    def remember(self, key: str, layer: str, digest: str, result: str) -> None:
+        """Record a finished layer build; the first one for a key stays (same key, same bytes)."""
+        try:
+            with self.begin() as conn:
+                conn.execute(
+                    insert(layer_memo).values(
+                        memo_key=key,
+                        layer=layer,
+                        index_digest=digest,
+                        result=result,
+                        created_at=time.time(),
+                    )
+                )
+        except IntegrityError:
+            pass
 
     def layer_output(self, partition_key: str, layer: str) -> str | None:
         with self.begin() as conn:
