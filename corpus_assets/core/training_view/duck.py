@@ -11,7 +11,7 @@ group at a time.
 import io
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -89,26 +89,43 @@ def put_query(
 ) -> tuple[Ref, pa.Table]:
     """The rows of ``sql`` (in its ORDER BY) as ``put_table`` would store them, and the first
     ten rows. Only one row group of rows is in memory at a time."""
+    return put_tables(cas, batches(con, sql), schema)
+
+
+def put_tables(
+    cas: ContentStore, parts: Iterable[pa.RecordBatch | pa.Table], schema: pa.Schema
+) -> tuple[Ref, pa.Table]:
+    """``parts`` in order, stored as ``put_table`` would store their concatenation (row groups
+    of ``ROW_GROUP`` rows, each written whole), and the first ten rows."""
     sink, writer, head = io.BytesIO(), None, schema.empty_table()
-    pending: list[pa.RecordBatch] = []
+    pending: list[pa.Table] = []
     held = 0
-    for batch in batches(con, sql):
-        pending.append(batch)
-        held += batch.num_rows
+    for part in parts:
+        pending.append(_table(part).cast(schema))
+        held += part.num_rows
         while held >= ROW_GROUP:
-            group = pa.Table.from_batches(pending).cast(schema)
+            group = pa.concat_tables(pending)
             writer = _write(writer, sink, schema, group.slice(0, ROW_GROUP))
-            head = head if head.num_rows else group.slice(0, 10)
-            rest = group.slice(ROW_GROUP)
-            pending, held = rest.combine_chunks().to_batches(), rest.num_rows
-    if held or writer is None:
-        group = pa.Table.from_batches(pending).cast(schema) if held else schema.empty_table()
-        if writer is None and not held:
-            return put_bytes(cas, table_bytes(group), PARQUET), group
+            head = head if head.num_rows else _head(group)
+            pending, held = [group.slice(ROW_GROUP).combine_chunks()], group.num_rows - ROW_GROUP
+    group = pa.concat_tables(pending) if pending else schema.empty_table()
+    if writer is None and not held:
+        return put_bytes(cas, table_bytes(group), PARQUET), group
+    if held:
         writer = _write(writer, sink, schema, group)
-        head = head if head.num_rows else group.slice(0, 10)
+        head = head if head.num_rows else _head(group)
+    assert writer is not None
     writer.close()
     return put_bytes(cas, sink.getvalue(), PARQUET), head
+
+
+def _head(group: pa.Table) -> pa.Table:
+    """The first ten rows, copied (a slice would keep the whole group's buffers alive)."""
+    return group.take(pa.array(range(min(10, group.num_rows)), pa.int64()))
+
+
+def _table(part: pa.RecordBatch | pa.Table) -> pa.Table:
+    return pa.Table.from_batches([part]) if isinstance(part, pa.RecordBatch) else part
 
 
 def _write(

@@ -147,7 +147,7 @@ def assign(
     the ``graph`` to tell which newcomers bridge. ``members`` and ``parent`` are Arrow tables or
     queries over ``con`` (a fresh in-memory database when not given), which holds the result."""
     con = con if con is not None else duck.connect()
-    evidence = evidence or {}
+    evidence = evidence if evidence is not None else {}  # a stored mapping is looked up lazily
     _relation(con, "member_rows", members, MEMBER_SCHEMA)
     _relation(con, "parent_rows", parent, SPLIT_TABLE)
     con.execute(

@@ -30,6 +30,7 @@ def split_report(
     split of every member) and ``row_tokens`` (record_id, object, line, tokens of every
     canonical row); ``clusters`` is the dedup table."""
     con.execute(f"CREATE TABLE placed AS {_PLACED.format(clusters=clusters)}")
+    con.execute("DROP TABLE row_tokens")
     total = con.execute("SELECT count(*) FROM split_rows").fetchone()[0]
     placed = con.execute("SELECT count(*) FROM placed").fetchone()[0]
     if placed != total:  # every member has one kept row and its tokens

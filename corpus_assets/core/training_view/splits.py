@@ -15,7 +15,6 @@ and their smaller sides move (``split.residual_bridge``), listed too.
 from collections.abc import Iterator, Mapping
 
 import duckdb
-import numpy as np
 import pyarrow as pa
 
 from corpus_assets.core.governance import states
@@ -30,9 +29,10 @@ from corpus_assets.core.runtime.layers import (
 )
 from corpus_assets.core.runtime.workspace import Workspace
 from corpus_assets.core.storage.artifacts import Ref, get_json, put_table
-from corpus_assets.core.tokens.cache import TokenCache, open_tokens, token_cache
+from corpus_assets.core.tokens.cache import TokenCache, token_cache
 from corpus_assets.core.tokens.spec import resolve_tokenizer
 from corpus_assets.core.training_view import duck
+from corpus_assets.core.training_view.row_tokens import load_row_tokens
 from corpus_assets.core.training_view.split_assign import SPLIT_TABLE, Source, assign
 from corpus_assets.core.training_view.split_bridges import StoredGraph
 from corpus_assets.core.training_view.split_report import split_counts, split_report
@@ -146,10 +146,11 @@ def _assign_and_report(
         f"FROM {clusters} k JOIN assigned a ON k.record_id = a.record_id "
         "WHERE k.is_representative"
     )
+    con.execute("DROP TABLE joined; DROP TABLE per")  # only split_rows is read from here on
     table = duck.put_query(
         ws.cas, con, "SELECT * FROM split_rows ORDER BY record_id", SPLIT_COLUMNS
     )
-    _row_tokens(ws, con, partition_key, tokens)
+    load_row_tokens(ws, con, CanonicalIndex.read(ws, partition_key)[1], tokens)
     report = split_report(con, clusters, policy)
     return dedup_ref, parent, parent_refs, result, table, report
 
@@ -169,27 +170,6 @@ def _members(ws: Workspace, partition_key: str, clusters: str, timed: bool) -> s
     times = duck.cas_parquets(ws.cas, refs, "canonical records")
     join = f"LEFT JOIN (SELECT record_id, event_time FROM {times}) t ON k.record_id = t.record_id"
     return kept.format(time="t.event_time::VARCHAR", clusters=clusters, join=join)
-
-
-def _row_tokens(
-    ws: Workspace, con: duckdb.DuckDBPyConnection, partition_key: str, tokens: TokenCache
-) -> None:
-    """``row_tokens``: record_id, object, line and token count of every canonical row, one
-    chunk at a time (object and line tell a repeated record id's rows apart)."""
-    con.execute(
-        "CREATE TABLE row_tokens (record_id VARCHAR, object VARCHAR, line BIGINT, tokens BIGINT)"
-    )
-    _, canonical = CanonicalIndex.read(ws, partition_key)
-    for chunk, cached in zip(canonical.chunks(), tokens.chunks, strict=True):
-        counts = open_tokens(ws, cached, tokens.spec, ids=False).counts()
-        rows = np.arange(len(counts), dtype=np.int64)
-        con.register("chunk_counts", pa.table({"row": rows, "tokens": np.asarray(counts)}))
-        source = duck.cas_parquet(ws.cas, chunk.records, chunk.what, numbered=True)
-        con.execute(
-            "INSERT INTO row_tokens SELECT c.record_id, c.object, c.line, t.tokens "
-            f"FROM {source} c JOIN chunk_counts t ON c.file_row_number = t.row"
-        )
-        con.unregister("chunk_counts")
 
 
 class StoredEvidence(Mapping[str, str]):
