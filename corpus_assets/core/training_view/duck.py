@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 from corpus_assets.core.storage.artifacts import PARQUET, Ref, put_bytes, table_bytes
 from corpus_assets.core.storage.cas import ContentStore
 
-MEMORY_LIMIT = "256MB"  # DuckDB's own buffers; beyond it joins and sorts spill to disk
+MEMORY_LIMIT = "128MB"  # DuckDB's own buffers; beyond it joins and sorts spill to disk
 ROW_GROUP = 1 << 20  # artifacts.table_bytes's row_group_size: one group is built at a time
 _BATCH = 1 << 16
 _WRITER = {  # artifacts.table_bytes's byte-affecting options
@@ -96,27 +96,55 @@ def put_tables(
     cas: ContentStore, parts: Iterable[pa.RecordBatch | pa.Table], schema: pa.Schema
 ) -> tuple[Ref, pa.Table]:
     """``parts`` in order, stored as ``put_table`` would store their concatenation (row groups
-    of ``ROW_GROUP`` rows, each written whole), and the first ten rows."""
-    sink, writer, head = io.BytesIO(), None, schema.empty_table()
-    pending: list[pa.Table] = []
-    held = 0
+    of ``ROW_GROUP`` rows, each written as one contiguous table: chunk boundaries inside a
+    group can move page boundaries, so bytes), and the first ten rows."""
+    sink, writer, head = io.BytesIO(), None, None
+    group = _Group(schema)
     for part in parts:
-        pending.append(_table(part).cast(schema))
-        held += part.num_rows
-        while held >= ROW_GROUP:
-            group = pa.concat_tables(pending)
-            writer = _write(writer, sink, schema, group.slice(0, ROW_GROUP))
-            head = head if head.num_rows else _head(group)
-            pending, held = [group.slice(ROW_GROUP).combine_chunks()], group.num_rows - ROW_GROUP
-    group = pa.concat_tables(pending) if pending else schema.empty_table()
-    if writer is None and not held:
-        return put_bytes(cas, table_bytes(group), PARQUET), group
-    if held:
-        writer = _write(writer, sink, schema, group)
-        head = head if head.num_rows else _head(group)
-    assert writer is not None
+        group.add(_table(part).cast(schema))
+        while group.rows >= ROW_GROUP:
+            table, rest = group.take(ROW_GROUP)
+            writer = _write(writer, sink, schema, table)
+            head = head if head is not None else _head(table)
+            del table
+            group = _Group(schema)
+            group.add(rest)
+    if writer is None and not group.rows:
+        return put_bytes(cas, table_bytes(schema.empty_table()), PARQUET), schema.empty_table()
+    if group.rows:
+        table, _ = group.take(group.rows)
+        writer = _write(writer, sink, schema, table)
+        head = head if head is not None else _head(table)
+        del table
+    assert writer is not None and head is not None
     writer.close()
+    pa.default_memory_pool().release_unused()
     return put_bytes(cas, sink.getvalue(), PARQUET), head
+
+
+class _Group:
+    """The rows of one row group so far, as per-column chunk lists."""
+
+    def __init__(self, schema: pa.Schema) -> None:
+        self.schema, self.rows = schema, 0
+        self.columns: list[list[pa.Array]] = [[] for _ in schema]
+
+    def add(self, table: pa.Table) -> None:
+        for chunks, column in zip(self.columns, table.columns, strict=True):
+            chunks.extend(column.chunks)
+        self.rows += table.num_rows
+
+    def take(self, rows: int) -> tuple[pa.Table, pa.Table]:
+        """The first ``rows`` rows as one contiguous table (each column combined, its chunks
+        then dropped, so one column is held twice at most) and the rest."""
+        arrays, rests = [], []
+        for i, field in enumerate(self.schema):
+            column = pa.chunked_array(self.columns[i], field.type)
+            self.columns[i] = []
+            arrays.append(column.slice(0, rows).combine_chunks())
+            rests.append(column.slice(rows))
+            del column
+        return pa.table(arrays, schema=self.schema), pa.table(rests, schema=self.schema)
 
 
 def _head(group: pa.Table) -> pa.Table:
@@ -132,5 +160,5 @@ def _write(
     writer: pq.ParquetWriter | None, sink: io.BytesIO, schema: pa.Schema, group: pa.Table
 ) -> pq.ParquetWriter:
     writer = writer or pq.ParquetWriter(sink, schema, **_WRITER)
-    writer.write_table(group.combine_chunks(), row_group_size=ROW_GROUP)
+    writer.write_table(group, row_group_size=ROW_GROUP)
     return writer
