@@ -13,6 +13,8 @@ and their smaller sides move (``split.residual_bridge``), listed too.
 """
 
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
 
 import duckdb
 import pyarrow as pa
@@ -33,7 +35,7 @@ from corpus_assets.core.tokens.cache import TokenCache, token_cache
 from corpus_assets.core.tokens.spec import resolve_tokenizer
 from corpus_assets.core.training_view import duck
 from corpus_assets.core.training_view.row_tokens import load_row_tokens
-from corpus_assets.core.training_view.split_assign import SPLIT_TABLE, Source, assign
+from corpus_assets.core.training_view.split_assign import SPLIT_TABLE, Assignment, Source, assign
 from corpus_assets.core.training_view.split_bridges import StoredGraph
 from corpus_assets.core.training_view.split_report import split_counts, split_report
 from corpus_assets.core.training_view.split_residual import resolve_residual
@@ -89,12 +91,11 @@ def build_splits(ws: Workspace, partition_key: str) -> LayerResult:
     _, canonical = CanonicalIndex.read(ws, partition_key)
     tokens = token_cache(ws, canonical.chunks(), resolve_tokenizer(ws))
     with duck.spilling(ws.home, ws.config.execution.workers) as con:
-        dedup_ref, parent, parent_refs, result, table, report = _assign_and_report(
-            ws, con, partition_key, parent, tokens
-        )
+        built = _assign_and_report(ws, con, partition_key, parent, tokens)
+    result, report = built.result, built.report
     counts = split_counts(report, result)
     outputs = {
-        "splits": table[0],
+        "splits": built.splits,
         "split_moves": put_table(ws.cas, result.moves),
         "split_conflicts": put_table(ws.cas, conflict_table(result.conflicts)),
         "parent": parent,
@@ -103,14 +104,14 @@ def build_splits(ws: Workspace, partition_key: str) -> LayerResult:
         "token_cache": tokens.refs(ws),
     }
     # a child's bytes depend on its parent's splits; the token counts on the tokenizer
-    inputs = [dedup_ref, *parent_refs, tokens.tokenizer_ref(ws)]
+    inputs = [built.dedup_ref, *built.parent_refs, tokens.tokenizer_ref(ws)]
     digest = ws.config.policy_digest("splits")
     ref = publish_index(ws, partition_key, "splits", CODE, digest, inputs, outputs, counts)
     return LayerResult(
         layer="splits",
         digest=ref["digest"],
         counts=counts,
-        preview=table[1].to_pylist(),
+        preview=built.head.to_pylist(),
         digests={k: v["digest"] for k, v in outputs.items() if isinstance(v, dict)},
         details={
             "parent": parent,
@@ -128,7 +129,7 @@ def _assign_and_report(
     partition_key: str,
     parent: str | None,
     tokens: TokenCache,
-) -> tuple:
+) -> "_Built":
     """Everything per record, in ``con``: the assignment, the splits table (stored) and the
     report. Only the conflicts, the moves and one row group of output are Python objects."""
     parent_refs, parent_rows, parent_version = parent_splits(ws, parent)
@@ -147,12 +148,22 @@ def _assign_and_report(
         "WHERE k.is_representative"
     )
     con.execute("DROP TABLE joined; DROP TABLE per")  # only split_rows is read from here on
-    table = duck.put_query(
+    stored, head = duck.put_query(
         ws.cas, con, "SELECT * FROM split_rows ORDER BY record_id", SPLIT_COLUMNS
     )
     load_row_tokens(ws, con, CanonicalIndex.read(ws, partition_key)[1], tokens)
     report = split_report(con, clusters, policy)
-    return dedup_ref, parent, parent_refs, result, table, report
+    return _Built(dedup_ref, parent_refs, result, stored, head, report)
+
+
+@dataclass(frozen=True)
+class _Built:
+    dedup_ref: Ref
+    parent_refs: list[Ref]
+    result: Assignment
+    splits: Ref  # the stored splits table
+    head: pa.Table  # its first rows
+    report: list[dict[str, Any]]
 
 
 def _members(ws: Workspace, partition_key: str, clusters: str, timed: bool) -> str:
