@@ -9,8 +9,8 @@ keys as Arrow strings), then times, in the same run, median of ``--repeats``:
 - ``child +1 %``: the same members plus 1 % new ones, the first build as parent (inheritance
   by join, only new components hashed), then the residual check on the leakage graph.
 
-Peak RSS (``ru_maxrss``) is printed with the size of the member arrays: the assignment holds
-Arrow tables and numpy vectors, never a Python object per record.
+Peak RSS (``ru_maxrss``) is printed with the size of the member arrays: the assignment joins
+and hashes in DuckDB (capped, spilling), never a Python object per record.
 
 Usage: uv run python bench/splits_bench.py [--records 10000000] [--repeats 3]
 """

@@ -23,6 +23,7 @@ then the first k (documents: bottom-k) or the shortest prefix whose tokens reach
 
 import hashlib
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass
 from decimal import Decimal
 from fractions import Fraction
@@ -46,11 +47,23 @@ _PARSE_BATCH = 1 << 20  # digests parsed at a time: bounds the temporaries to ~4
 
 @dataclass(frozen=True)
 class Members:
-    """One source's train records, sorted by record_id: ids, content digests, token counts."""
+    """One source's train records, sorted by record_id: ids, content digests, token counts.
+
+    A reader that parsed the digests a batch at a time passes their ``bits`` instead (and no
+    digests): the 64-hex strings are the largest per-record column."""
 
     record_id: pa.Array
-    record_digest: pa.Array
+    record_digest: pa.Array | None
     tokens: np.ndarray
+    bits: np.ndarray | None = None
+
+    def digest_bits(self) -> np.ndarray:
+        """D of every member (``digest_bits``)."""
+        if self.bits is not None:
+            return self.bits
+        if self.record_digest is None:
+            raise ValueError("Members need record_digest or its bits")
+        return digest_bits(self.record_digest)
 
 
 @dataclass(frozen=True)
@@ -297,7 +310,22 @@ def mix(
     seed: str, unit: str, plans: list[SourcePlan], members: dict[str, Members], weighted: bool
 ) -> tuple[pa.Table, dict[str, Selection]]:
     """The ordered sample table (built with Arrow ``take``) and each source's selection."""
-    bits = {p.source: digest_bits(members[p.source].record_digest) for p in plans}
+    groups, picks = mix_groups(seed, unit, plans, members, weighted)
+    tables = list(groups)
+    return (pa.concat_tables(tables) if tables else MIX_COLUMNS.empty_table()), picks
+
+
+def mix_groups(
+    seed: str,
+    unit: str,
+    plans: list[SourcePlan],
+    members: dict[str, Members],
+    weighted: bool,
+    rows: int = 1 << 20,
+) -> tuple[Iterator[pa.Table], dict[str, Selection]]:
+    """The ordered sample table as consecutive tables of ``rows`` rows (built lazily, so only
+    one is alive: a row group of the stored table) and each source's selection."""
+    bits = {p.source: members[p.source].digest_bits() for p in plans}
     picks = {
         p.source: select_source(seed, p, bits[p.source], members[p.source].tokens, unit)
         for p in plans
@@ -305,20 +333,26 @@ def mix(
     stream = stream_of(seed, plans, picks, bits)
     del bits  # the stream holds the keys now
     record_ids = pa.concat_arrays([members[p.source].record_id.cast(pa.string()) for p in plans])
-    rows, repeats, source_index = stream.release_sorted(stream_order(stream, record_ids))
-    source = pa.array(source_index)
-    weights = [decimal_text(p.weight) if weighted else "1" for p in plans]
-    table = pa.table(
-        {
-            "position": pa.array(np.arange(len(rows), dtype=np.int64)),
-            "record_id": record_ids.take(pa.array(rows)),
-            "source_id": pa.array([p.source for p in plans], pa.string()).take(source),
-            "repeat": pa.array(repeats.astype(np.int64)),
-            "weight": pa.array(weights, pa.string()).take(source),
-        },
-        schema=MIX_COLUMNS,
-    )
-    return table, picks
+    order, repeats, source_index = stream.release_sorted(stream_order(stream, record_ids))
+    names = pa.array([p.source for p in plans], pa.string())
+    weights = pa.array([decimal_text(p.weight) if weighted else "1" for p in plans], pa.string())
+
+    def groups() -> Iterator[pa.Table]:
+        for start in range(0, len(order), rows):
+            end = min(start + rows, len(order))
+            source = pa.array(source_index[start:end])
+            yield pa.table(
+                {
+                    "position": pa.array(np.arange(start, end, dtype=np.int64)),
+                    "record_id": record_ids.take(pa.array(order[start:end])),
+                    "source_id": names.take(source),
+                    "repeat": pa.array(repeats[start:end].astype(np.int64)),
+                    "weight": weights.take(source),
+                },
+                schema=MIX_COLUMNS,
+            )
+
+    return groups(), picks
 
 
 def weights_over_bound(plans: list[SourcePlan], max_weight: Decimal | None) -> set[str]:

@@ -11,6 +11,7 @@ records linked directly are the residual rule's business (``splits``).
 
 from dataclasses import dataclass
 
+import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -34,6 +35,48 @@ class LeakageGraph:
         ids = own["record_id"].combine_chunks()
         inside = pc.is_in(self.edges["record_a"], value_set=ids)
         return LeakageGraph(own, self.edges.filter(inside))
+
+
+GRAPH_CLUSTER_COLUMNS = [
+    "record_id",
+    "group_id",
+    "leakage_id",
+    "verdict",
+    "representative_id",
+    "is_representative",
+]
+
+
+@dataclass(frozen=True)
+class StoredGraph:
+    """The leakage graph left in the dedup layer's Parquet files (``clusters`` and ``edges``
+    are ``read_parquet`` sources over ``con``): only the components asked for are read, in
+    the files' row order, as a ``LeakageGraph``."""
+
+    con: duckdb.DuckDBPyConnection
+    clusters: str
+    edges: str
+
+    def component(self, leakage_id: str) -> LeakageGraph:
+        return self.within(pa.array([leakage_id], pa.string()))
+
+    def within(self, leakage_ids: pa.Array) -> LeakageGraph:
+        self.con.register("graph_ids", pa.table({"leakage_id": leakage_ids.cast(pa.string())}))
+        own = self.con.sql(
+            f"SELECT {', '.join(GRAPH_CLUSTER_COLUMNS)} FROM {self.clusters} "
+            "WHERE leakage_id IN (SELECT leakage_id FROM graph_ids) ORDER BY file_row_number"
+        ).to_arrow_table()
+        self.con.unregister("graph_ids")
+        self.con.register("graph_records", own.select(["record_id"]))
+        edges = self.con.sql(
+            f"SELECT record_a, record_b FROM {self.edges} "
+            "WHERE record_a IN (SELECT record_id FROM graph_records) ORDER BY file_row_number"
+        ).to_arrow_table()
+        self.con.unregister("graph_records")
+        return LeakageGraph(own, edges)
+
+
+AnyGraph = LeakageGraph | StoredGraph
 
 
 def bridge_regions(graph: LeakageGraph, parent: pa.Table) -> pa.Table:

@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from corpus_assets.core.runtime.config import SplitPolicy
-from corpus_assets.core.training_view.split_bridges import LeakageGraph, bridge_regions
+from corpus_assets.core.training_view.split_bridges import AnyGraph, bridge_regions
 from corpus_assets.core.training_view.splits_schema import (
     BRIDGE,
     BRIDGE_COPY,
@@ -33,7 +33,7 @@ from corpus_assets.core.training_view.splits_schema import (
 class Resolution:
     policy: SplitPolicy
     evidence: Mapping[str, str]
-    graph: LeakageGraph | None  # needed by quarantine_new
+    graph: AnyGraph | None  # needed by quarantine_new
 
 
 @dataclass

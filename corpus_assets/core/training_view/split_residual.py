@@ -19,12 +19,12 @@ from corpus_assets.core.training_view.leakage_graph import (
     straddling,
 )
 from corpus_assets.core.training_view.split_assign import Assignment
-from corpus_assets.core.training_view.split_bridges import LeakageGraph
+from corpus_assets.core.training_view.split_bridges import AnyGraph
 from corpus_assets.core.training_view.split_conflicts import largest_side
 from corpus_assets.core.training_view.splits_schema import RESIDUAL, Conflict, Move, move_table
 
 
-def resolve_residual(result: Assignment, graph: LeakageGraph) -> Assignment:
+def resolve_residual(result: Assignment, graph: AnyGraph) -> Assignment:
     """Move the smaller sides of every component still spanning two splits once the
     quarantined records (and the duplicates behind them) are gone."""
     dropped_ids = result.excluded + result.unlinked
@@ -35,10 +35,11 @@ def resolve_residual(result: Assignment, graph: LeakageGraph) -> Assignment:
     clusters = graph.clusters
     dropped = dropped_with_copies(clusters, dropped_ids)
     component_of = components(clusters, graph.edges, dropped)
-    wide = straddling(component_of, result.table)
+    split_of = result.splits_of(component_of["record_id"])
+    wide = straddling(component_of, split_of)
     if not len(wide):
         return result
-    placed = component_of.join(result.table, "record_id", join_type="inner").sort_by("record_id")
+    placed = component_of.join(split_of, "record_id", join_type="inner").sort_by("record_id")
     leakage = clusters.select(["record_id", "leakage_id"])
     moves: list[Move] = []
     conflicts: list[Conflict] = []
@@ -62,13 +63,17 @@ def resolve_residual(result: Assignment, graph: LeakageGraph) -> Assignment:
 
 
 def _with_moves(result: Assignment, moves: list[Move], conflicts: list[Conflict]) -> Assignment:
-    moved = pa.array([m.record_id for m in moves], pa.string())
-    targets = pa.array([m.to_split for m in moves], pa.string())
-    at = pc.index_in(result.table["record_id"], value_set=moved)
-    split = pc.coalesce(pc.take(targets, at), result.table["split"])
+    """The moves applied to ``result``'s members in its database (``result`` sees them too)."""
+    moved = move_table(moves)
+    result.con.register("residual_moves", moved)
+    result.con.execute(
+        'UPDATE assigned SET split = m.target FROM (SELECT record_id, first("to") AS target '
+        "FROM residual_moves GROUP BY record_id) m WHERE assigned.record_id = m.record_id"
+    )
+    result.con.unregister("residual_moves")
     return Assignment(
-        pa.table({"record_id": result.table["record_id"], "split": split}),
-        pa.concat_tables([result.moves, move_table(moves)]).sort_by("record_id"),
+        result.con,
+        pa.concat_tables([result.moves, moved]).sort_by("record_id"),
         sorted([*result.conflicts, *conflicts], key=lambda c: c.component),
         result.eval_version,
     )

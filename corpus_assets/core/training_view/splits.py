@@ -12,8 +12,12 @@ removed duplicate): ``leakage_graph`` finds those on the graph without the quara
 and their smaller sides move (``split.residual_bridge``), listed too.
 """
 
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import duckdb
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from corpus_assets.core.governance import states
 from corpus_assets.core.ingest.freeze import freeze
@@ -26,11 +30,13 @@ from corpus_assets.core.runtime.layers import (
     read_layer_index,
 )
 from corpus_assets.core.runtime.workspace import Workspace
-from corpus_assets.core.storage.artifacts import Ref, get_json, get_table, put_table
-from corpus_assets.core.tokens.cache import token_cache, token_counts
+from corpus_assets.core.storage.artifacts import Ref, get_json, put_table
+from corpus_assets.core.tokens.cache import TokenCache, token_cache
 from corpus_assets.core.tokens.spec import resolve_tokenizer
-from corpus_assets.core.training_view.split_assign import SPLIT_TABLE, Assignment, assign
-from corpus_assets.core.training_view.split_bridges import LeakageGraph
+from corpus_assets.core.training_view import duck
+from corpus_assets.core.training_view.row_tokens import load_row_tokens
+from corpus_assets.core.training_view.split_assign import SPLIT_TABLE, Assignment, Source, assign
+from corpus_assets.core.training_view.split_bridges import StoredGraph
 from corpus_assets.core.training_view.split_report import split_counts, split_report
 from corpus_assets.core.training_view.split_residual import resolve_residual
 from corpus_assets.core.training_view.splits_schema import (
@@ -66,36 +72,30 @@ SPLIT_COLUMNS = pa.schema(
 _PREVIEW = 50  # rows of moves and conflicts shown as metadata tables
 
 
-def parent_splits(ws: Workspace, parent: str | None) -> tuple[list[Ref], pa.Table, int]:
-    """The parent snapshot's splits index (as an input ref), its record_id/split table and its
-    evaluation version; nothing for a first build."""
+def parent_splits(ws: Workspace, parent: str | None) -> tuple[list[Ref], Source, int]:
+    """The parent snapshot's splits index (as an input ref), its record_id/split rows (a
+    query over its Parquet table) and its evaluation version; nothing for a first build."""
     if parent is None:
         return [], SPLIT_TABLE.empty_table(), 0
     manifest = get_json(ws.cas, states.get(ws.catalog, parent).manifest_digest, "parent manifest")
     ref = manifest["layers"]["splits"]
     index = load_index(ws.cas, ref, "splits")
-    table = get_table(ws.cas, index.output("splits"), "parent splits")
-    return [ref], table.select(["record_id", "split"]), int(index.outputs.get("eval_version", 0))
+    table = duck.cas_parquet(ws.cas, index.output("splits"), "parent splits")
+    rows = f"SELECT record_id, split FROM {table}"
+    return [ref], rows, int(index.outputs.get("eval_version", 0))
 
 
 def build_splits(ws: Workspace, partition_key: str) -> LayerResult:
     parents = freeze(ws, partition_key)[1].parents  # the manifest's parents, too
     parent = parents[0] if parents else None
-    parent_refs, parent_table, parent_version = parent_splits(ws, parent)
-    dedup_ref, dedup = read_layer_index(ws, partition_key, "dedup_clusters")
-    clusters = get_table(ws.cas, dedup.output("clusters"), "dedup clusters")
-    edges = get_table(ws.cas, dedup.output("edges"), "dedup edges")
-    policy = ws.config.policies.splits
-    members = _members(ws, partition_key, clusters, policy.time_cutoff is not None)
-    evidence = _edge_evidence(clusters)
-    graph = LeakageGraph(clusters, edges)
-    result = assign(members, parent_table, policy, evidence, parent_version, graph)
-    result = resolve_residual(result, graph)
-    table = _split_table(clusters, result)
     _, canonical = CanonicalIndex.read(ws, partition_key)
     tokens = token_cache(ws, canonical.chunks(), resolve_tokenizer(ws))
+    with duck.spilling(ws.home, ws.config.execution.workers) as con:
+        built = _assign_and_report(ws, con, partition_key, parent, tokens)
+    result, report = built.result, built.report
+    counts = split_counts(report, result)
     outputs = {
-        "splits": put_table(ws.cas, table),
+        "splits": built.splits,
         "split_moves": put_table(ws.cas, result.moves),
         "split_conflicts": put_table(ws.cas, conflict_table(result.conflicts)),
         "parent": parent,
@@ -103,22 +103,15 @@ def build_splits(ws: Workspace, partition_key: str) -> LayerResult:
         "tokenizer": tokens.spec.document(),
         "token_cache": tokens.refs(ws),
     }
-    kept_tokens = (
-        clusters.filter(clusters["is_representative"])
-        .select(["record_id", "object", "line"])
-        .join(token_counts(ws, canonical.chunks(), tokens), ["record_id", "object", "line"])
-    )
-    report = split_report(table, clusters, policy, kept_tokens)
-    counts = split_counts(report, result)
     # a child's bytes depend on its parent's splits; the token counts on the tokenizer
-    inputs = [dedup_ref, *parent_refs, tokens.tokenizer_ref(ws)]
+    inputs = [built.dedup_ref, *built.parent_refs, tokens.tokenizer_ref(ws)]
     digest = ws.config.policy_digest("splits")
     ref = publish_index(ws, partition_key, "splits", CODE, digest, inputs, outputs, counts)
     return LayerResult(
         layer="splits",
         digest=ref["digest"],
         counts=counts,
-        preview=table.slice(0, 10).to_pylist(),
+        preview=built.head.to_pylist(),
         digests={k: v["digest"] for k, v in outputs.items() if isinstance(v, dict)},
         details={
             "parent": parent,
@@ -130,44 +123,98 @@ def build_splits(ws: Workspace, partition_key: str) -> LayerResult:
     )
 
 
-def _members(ws: Workspace, partition_key: str, clusters: pa.Table, timed: bool) -> pa.Table:
+def _assign_and_report(
+    ws: Workspace,
+    con: duckdb.DuckDBPyConnection,
+    partition_key: str,
+    parent: str | None,
+    tokens: TokenCache,
+) -> "_Built":
+    """Everything per record, in ``con``: the assignment, the splits table (stored) and the
+    report. Only the conflicts, the moves and one row group of output are Python objects."""
+    parent_refs, parent_rows, parent_version = parent_splits(ws, parent)
+    dedup_ref, dedup = read_layer_index(ws, partition_key, "dedup_clusters")
+    clusters = duck.cas_parquet(ws.cas, dedup.output("clusters"), "dedup clusters", True)
+    edges = duck.cas_parquet(ws.cas, dedup.output("edges"), "dedup edges", True)
+    policy = ws.config.policies.splits
+    members = _members(ws, partition_key, clusters, policy.time_cutoff is not None)
+    graph = StoredGraph(con, clusters, edges)
+    evidence = StoredEvidence(con, clusters)
+    result = assign(members, parent_rows, policy, evidence, parent_version, graph, con)
+    result = resolve_residual(result, graph)
+    con.execute(
+        "CREATE TABLE split_rows AS SELECT k.record_id, k.group_id, k.leakage_id, a.split "
+        f"FROM {clusters} k JOIN assigned a ON k.record_id = a.record_id "
+        "WHERE k.is_representative"
+    )
+    con.execute("DROP TABLE joined; DROP TABLE per")  # only split_rows is read from here on
+    stored, head = duck.put_query(
+        ws.cas, con, "SELECT * FROM split_rows ORDER BY record_id", SPLIT_COLUMNS
+    )
+    load_row_tokens(ws, con, CanonicalIndex.read(ws, partition_key)[1], tokens)
+    report = split_report(con, clusters, policy)
+    return _Built(dedup_ref, parent_refs, result, stored, head, report)
+
+
+@dataclass(frozen=True)
+class _Built:
+    dedup_ref: Ref
+    parent_refs: list[Ref]
+    result: Assignment
+    splits: Ref  # the stored splits table
+    head: pa.Table  # its first rows
+    report: list[dict[str, Any]]
+
+
+def _members(ws: Workspace, partition_key: str, clusters: str, timed: bool) -> str:
     """Kept records: record_id, component, content_key and (with a time cutoff) event_time."""
-    kept = clusters.filter(clusters["is_representative"])
-    members = pa.table(
-        {
-            "record_id": kept["record_id"],
-            "component": kept["leakage_id"],
-            "content_key": kept["dedup_key"],
-        }
+    kept = (
+        "SELECT k.record_id, k.leakage_id AS component, k.dedup_key AS content_key, "
+        "{time} AS event_time FROM {clusters} k {join} WHERE k.is_representative"
     )
     if not timed:
-        return members.append_column("event_time", pa.nulls(len(members), pa.string()))
-    times = _event_times(ws, partition_key)
-    return members.join(times, "record_id", join_type="left outer")
-
-
-def _event_times(ws: Workspace, partition_key: str) -> pa.Table:
+        return kept.format(time="NULL::VARCHAR", clusters=clusters, join="")
     _, canonical = CanonicalIndex.read(ws, partition_key)
-    parts = [chunk.table(ws.cas, ["record_id", "event_time"]) for chunk in canonical.chunks()]
-    schema = pa.schema([("record_id", pa.string()), ("event_time", pa.string())])
-    return pa.concat_tables(parts).cast(schema) if parts else schema.empty_table()
+    refs = [chunk.records for chunk in canonical.chunks()]
+    if not refs:
+        return kept.format(time="NULL::VARCHAR", clusters=clusters, join="")
+    times = duck.cas_parquets(ws.cas, refs, "canonical records")
+    join = f"LEFT JOIN (SELECT record_id, event_time FROM {times}) t ON k.record_id = t.record_id"
+    return kept.format(time="t.event_time::VARCHAR", clusters=clusters, join=join)
 
 
-def _split_table(clusters: pa.Table, result: Assignment) -> pa.Table:
-    """record_id, group_id, leakage_id, split of every member, by record_id."""
-    kept = clusters.filter(clusters["is_representative"]).select(
-        ["record_id", "group_id", "leakage_id"]
-    )
-    table = kept.join(result.table, "record_id", join_type="inner").sort_by("record_id")
-    return table.select(SPLIT_COLUMNS.names).cast(SPLIT_COLUMNS)
+class StoredEvidence(Mapping[str, str]):
+    """Per leakage component, its dedup matches as ``record->match@jaccard`` (first three, in
+    the clusters table's order), looked up only for the components a conflict names."""
 
+    def __init__(self, con: duckdb.DuckDBPyConnection, clusters: str) -> None:
+        self._con, self._clusters, self._ready = con, clusters, False
 
-def _edge_evidence(clusters: pa.Table) -> dict[str, str]:
-    """Per leakage component, its dedup matches as ``record->match@jaccard`` (first three)."""
-    matched = clusters.filter(pc.not_equal(clusters.column("match_id"), ""))
-    out: dict[str, list[str]] = {}
-    for row in matched.select(["record_id", "match_id", "match_jaccard", "leakage_id"]).to_pylist():
-        out.setdefault(row["leakage_id"], []).append(
-            f"{row['record_id']}->{row['match_id']}@{row['match_jaccard']:.4f}"
-        )
-    return {k: ", ".join(v[:3]) for k, v in out.items()}
+    def _table(self) -> str:
+        if not self._ready:
+            self._con.execute(
+                "CREATE TABLE evidence AS SELECT * FROM (SELECT leakage_id, record_id, match_id, "
+                "match_jaccard, row_number() OVER (PARTITION BY leakage_id "
+                f"ORDER BY file_row_number) AS n FROM {self._clusters} WHERE match_id <> '') "
+                "WHERE n <= 3"
+            )
+            self._ready = True
+        return "evidence"
+
+    def __getitem__(self, name: str) -> str:
+        rows = self._con.execute(
+            f"SELECT record_id, match_id, match_jaccard FROM {self._table()} "
+            "WHERE leakage_id = ? ORDER BY n",
+            [name],
+        ).fetchall()
+        if not rows:
+            raise KeyError(name)
+        return ", ".join(f"{r}->{m}@{j:.4f}" for r, m, j in rows)
+
+    def __iter__(self) -> Iterator[str]:
+        sql = f"SELECT DISTINCT leakage_id FROM {self._table()} ORDER BY leakage_id"
+        return iter([row[0] for row in self._con.execute(sql).fetchall()])
+
+    def __len__(self) -> int:
+        sql = f"SELECT count(DISTINCT leakage_id) FROM {self._table()}"
+        return int(self._con.execute(sql).fetchone()[0])

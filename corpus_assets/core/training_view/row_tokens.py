@@ -1,0 +1,49 @@
+"""Every canonical row's token count as a DuckDB table, one chunk at a time.
+
+The token cache keeps per-chunk offsets in the chunk's row order; the chunk's records table
+(read by DuckDB from the CAS, ``file_row_number`` giving the row) names each row. Object and
+line tell a repeated record id's rows apart, so consumers join on (record_id, object, line).
+"""
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+
+from corpus_assets.core.records.index import CanonicalIndex
+from corpus_assets.core.runtime.workspace import Workspace
+from corpus_assets.core.tokens.cache import TokenCache, open_tokens
+from corpus_assets.core.training_view import duck
+
+ROW_KEY = ("record_id", "object", "line")
+
+
+def load_row_tokens(
+    ws: Workspace,
+    con: duckdb.DuckDBPyConnection,
+    canonical: CanonicalIndex,
+    tokens: TokenCache,
+    columns: tuple[str, ...] = ROW_KEY,
+    name: str = "row_tokens",
+) -> None:
+    """Table ``name``: ``columns`` of every canonical row and its ``tokens``."""
+    picked = ", ".join(f"c.{column}" for column in columns)
+    first = True
+    for chunk, cached in zip(canonical.chunks(), tokens.chunks, strict=True):
+        counts = np.asarray(open_tokens(ws, cached, tokens.spec, ids=False).counts())
+        rows = np.arange(len(counts), dtype=np.int64)
+        con.register("chunk_counts", pa.table({"row": rows, "tokens": counts}))
+        source = duck.cas_parquet(ws.cas, chunk.records, chunk.what, numbered=True)
+        select = (
+            f"SELECT {picked}, t.tokens FROM {source} c "
+            "JOIN chunk_counts t ON c.file_row_number = t.row"
+        )
+        con.execute(f"CREATE TABLE {name} AS {select}" if first else f"INSERT INTO {name} {select}")
+        con.unregister("chunk_counts")
+        first = False
+    if first:  # no chunk: an empty table of the same columns
+        con.execute(
+            f"CREATE TABLE {name} AS SELECT {', '.join(columns)}, 0::BIGINT AS tokens "
+            "FROM (SELECT NULL::VARCHAR AS record_id, NULL::VARCHAR AS object, "
+            "NULL::BIGINT AS line, NULL::VARCHAR AS source_id, "
+            "NULL::VARCHAR AS record_digest) WHERE false"
+        )

@@ -1,0 +1,110 @@
+"""The DuckDB helpers of the training view: stored bytes equal ``put_table``'s, spills land under
+the data home, the SQL split hash equals ``split_indices``, the stored graph equals the Arrow
+one."""
+
+import random
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+
+from corpus_assets.core.runtime.config import SplitPolicy
+from corpus_assets.core.storage.artifacts import get_table, put_table
+from corpus_assets.core.storage.cas import ContentStore
+from corpus_assets.core.training_view import duck
+from corpus_assets.core.training_view.split_assign import hash_split_sql, split_indices
+from corpus_assets.core.training_view.split_bridges import LeakageGraph, StoredGraph
+from corpus_assets.core.training_view.splits_schema import SPLITS
+
+SCHEMA = pa.schema([("record_id", pa.string()), ("n", pa.int64()), ("split", pa.string())])
+
+
+def _rows(count: int, seed: int) -> pa.Table:
+    rng = random.Random(seed)
+    ids = [f"src/{rng.getrandbits(64):016x}~{i % 7}" for i in range(count)]
+    return pa.table(
+        {
+            "record_id": ids,
+            "n": np.arange(count, dtype=np.int64) * 3,
+            "split": [SPLITS[rng.randrange(3)] for _ in range(count)],
+        },
+        schema=SCHEMA,
+    )
+
+
+@pytest.mark.parametrize("count", [0, 7, 70_000, duck.ROW_GROUP + 5_000])
+def test_put_tables_stores_put_table_bytes_from_uneven_batches(tmp_path: Path, count: int) -> None:
+    cas = ContentStore(tmp_path / "cas")
+    table = _rows(count, count)
+    sizes = [1000, 77_777, 3, 65_536]
+    parts, at = [], 0
+    while at < count:
+        parts.append(table.slice(at, sizes[len(parts) % len(sizes)]).to_batches()[0])
+        at += parts[-1].num_rows
+    ref, head = duck.put_tables(cas, iter(parts), SCHEMA)
+    assert ref == put_table(cas, table)
+    assert head.to_pylist() == table.slice(0, 10).to_pylist()
+    if count > duck.ROW_GROUP:
+        assert pq.ParquetFile(cas.path(ref["digest"])).metadata.num_row_groups == 2
+
+
+def test_put_query_is_sorted_and_spills_under_home(tmp_path: Path) -> None:
+    cas = ContentStore(tmp_path / "cas")
+    table = _rows(200_000, 1)
+    with duck.spilling(tmp_path, 2) as con:
+        spill = list((tmp_path / "tmp").iterdir())
+        assert len(spill) == 1 and spill[0].name.startswith("duckdb-")
+        con.register("rows", table)
+        ref, _ = duck.put_query(cas, con, "SELECT * FROM rows ORDER BY record_id, n", SCHEMA)
+    assert not any((tmp_path / "tmp").iterdir())  # the spill directory is removed
+    expected = table.sort_by([("record_id", "ascending"), ("n", "ascending")])
+    assert ref == put_table(cas, expected)
+    assert get_table(cas, ref).equals(expected)
+
+
+def test_sql_hash_equals_split_indices() -> None:
+    policy = SplitPolicy(salt="s\u00e9", train_percent=70, validation_percent=20, test_percent=10)
+    keys = pa.array([f"sha256:{i:064x}" for i in range(3000)] + ["", "k\u00fc", "a'b"])
+    con = duck.connect()
+    con.register("keys", pa.table({"key": keys}))
+    for version in (0, 2):
+        sql = f"SELECT key, {hash_split_sql(policy, version)} AS split FROM keys"
+        got = dict(con.execute(sql).fetchall())
+        expected = pa.array(SPLITS).take(pa.array(split_indices(keys, policy, version)))
+        assert [got[k] for k in keys.to_pylist()] == expected.to_pylist()
+        assert len(set(got.values())) == 3
+
+
+def test_stored_graph_reads_the_components_of_the_arrow_graph(tmp_path: Path) -> None:
+    n = 500
+    clusters = pa.table(
+        {
+            "record_id": [f"r{i:04d}" for i in range(n)],
+            "group_id": [f"g{i // 3}" for i in range(n)],
+            "leakage_id": [f"c{(i * 7) % 40}" for i in range(n)],
+            "verdict": ["keep"] * n,
+            "representative_id": [f"r{i:04d}" for i in range(n)],
+            "is_representative": [i % 5 != 0 for i in range(n)],
+            "other": ["x"] * n,
+        }
+    )
+    edges = pa.table(
+        {"record_a": [f"r{i:04d}" for i in range(0, n, 2)]},
+    ).append_column("record_b", pa.array([f"r{(i + 40) % n:04d}" for i in range(0, n, 2)]))
+    cas = ContentStore(tmp_path / "cas")
+    refs = put_table(cas, clusters), put_table(cas, edges)
+    con = duck.connect()
+    stored = StoredGraph(
+        con,
+        duck.cas_parquet(cas, refs[0], "clusters", numbered=True),
+        duck.cas_parquet(cas, refs[1], "edges", numbered=True),
+    )
+    wanted = pa.array(["c3", "c17", "c39", "nothing"])
+    arrow = LeakageGraph(clusters, edges).within(wanted)
+    got = stored.within(wanted)
+    assert got.clusters.to_pylist() == arrow.clusters.drop_columns(["other"]).to_pylist()
+    assert got.edges.to_pylist() == arrow.edges.to_pylist()
+    assert len(got.clusters) == pc.sum(pc.is_in(clusters["leakage_id"], value_set=wanted)).as_py()
