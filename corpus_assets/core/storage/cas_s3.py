@@ -80,20 +80,21 @@ class S3ContentStore(ContentStore):
     def _claim_cache(self) -> None:
         """Refuse a local directory that holds objects written without this store: the rule
         'every cached object is in the store' would not hold for them."""
-        marker = self.root / MARKER
-        if marker.is_file():
-            found = marker.read_text().strip()
-            if found != self.url:
-                raise CasError(f"{self.root} is the CAS cache of {found}, not of {self.url}")
-            return
-        objects = self.root / "sha256"
-        if objects.is_dir() and any(objects.iterdir()):
-            raise CasError(
-                f"{self.root} holds objects of a local CAS; it cannot become the cache of "
-                f"{self.url} (set storage.home to another directory, or empty {objects})"
-            )
-        self.root.mkdir(parents=True, exist_ok=True)
-        atomic_write(marker, (self.url + "\n").encode())
+        marker, objects = self.root / MARKER, self.root / "sha256"
+        if not marker.is_file():
+            # a cache's marker is written before its first object: look again after the objects
+            local = objects.is_dir() and any(objects.iterdir())
+            if local and not marker.is_file():
+                raise CasError(
+                    f"{self.root} holds objects of a local CAS; it cannot become the cache of "
+                    f"{self.url} (set storage.home to another directory, or empty {objects})"
+                )
+            if not marker.is_file():
+                self.root.mkdir(parents=True, exist_ok=True)
+                atomic_write(marker, (self.url + "\n").encode())
+        found = marker.read_text().strip()
+        if found != self.url:
+            raise CasError(f"{self.root} is the CAS cache of {found}, not of {self.url}")
 
     def _client(self) -> Any:
         if self._s3 is None or self._pid != os.getpid():
