@@ -23,7 +23,12 @@ import pytest
 
 from corpus_assets.core.runtime.config import ConfigError, parse_config
 from corpus_assets.core.runtime.workspace import open_home
-from corpus_assets.core.storage.cas import CasError, ContentStore, CorruptObjectError
+from corpus_assets.core.storage.cas import (
+    CasError,
+    ContentStore,
+    CorruptObjectError,
+    MissingObjectError,
+)
 from corpus_assets.core.storage.cas_s3 import S3ContentStore
 from corpus_assets.core.storage.digests import sha256_digest
 from corpus_assets.demo import write_demo
@@ -132,7 +137,12 @@ def test_roundtrip_layout_and_an_empty_cache_reads_back(bucket: str, tmp_path: P
         assert reader.read() == b"streamed bytes"
     assert fresh.path(adopted).read_bytes() == b"adopted"  # path() is the read-through
     assert len(_objects(fresh.root)) == 3
-    assert not fresh.path(sha256_digest(b"never stored")).exists()
+    missing = sha256_digest(b"never stored")
+    assert not fresh.path(missing).exists()
+    with pytest.raises(MissingObjectError, match=missing):
+        fresh.size(missing)
+    with pytest.raises(MissingObjectError, match=missing):
+        fresh.get_bytes(missing)
 
 
 class _LateHead(S3ContentStore):

@@ -60,6 +60,8 @@ def _build(
     return results["manifest"].digests["snapshotId"], pids
 
 
+# 90-180 s here (two `ray start`s take 20-70 s on a busy 2-core machine): run with -m slow
+@pytest.mark.slow
 @pytest.mark.postgres
 @pytest.mark.skipif(
     not all((CORPORA / f).is_dir() for f in SUBSET.values()),

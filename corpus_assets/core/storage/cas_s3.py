@@ -28,6 +28,7 @@ from corpus_assets.core.storage.cas import (
     CasError,
     ContentStore,
     CorruptObjectError,
+    MissingObjectError,
 )
 from corpus_assets.core.storage.digests import PREFIX, hasher_digest, hex_of
 from corpus_assets.core.storage.fsio import atomic_write, link_into_place, write_temp
@@ -139,7 +140,9 @@ class S3ContentStore(ContentStore):
         if local.is_file():
             return local.stat().st_size
         size = self._head(digest)
-        return super().size(digest) if size is None else size  # None: raises MissingObjectError
+        if size is None:
+            raise MissingObjectError(digest)
+        return size
 
     def path(self, digest: str) -> Path:
         """The cached file, downloaded and verified first if it is not cached yet."""
