@@ -9,6 +9,7 @@ import hashlib
 import io
 import json
 import os
+import pickle
 import shutil
 import signal
 import socket
@@ -137,6 +138,8 @@ def test_roundtrip_layout_and_an_empty_cache_reads_back(bucket: str, tmp_path: P
         assert reader.read() == b"streamed bytes"
     assert fresh.path(adopted).read_bytes() == b"adopted"  # path() is the read-through
     assert len(_objects(fresh.root)) == 3
+    copy = pickle.loads(pickle.dumps(fresh))  # shipped to a worker: it opens its own client
+    assert copy.get_bytes(digest) == data and copy._s3 is not fresh._s3
     missing = sha256_digest(b"never stored")
     assert not fresh.path(missing).exists()
     with pytest.raises(MissingObjectError, match=missing):
