@@ -22,6 +22,7 @@ from pydantic import (
 )
 
 from corpus_assets.core.runtime.execution import Execution
+from corpus_assets.core.storage.cas_s3 import parse_cas_url
 from corpus_assets.core.storage.digests import DIGEST_RE, json_digest
 
 SOURCE_ID_RE = r"^[a-z0-9][a-z0-9_-]{0,63}$"
@@ -325,8 +326,19 @@ class Policies(_Strict):
 
 
 class Storage(_Strict):
+    """Where the data home is; ``cas_url`` (``s3://bucket/prefix``) keeps the CAS in an object
+    store with ``<home>/cas`` as its verified read-through cache (``storage.cas_s3``)."""
+
     home: str | None = None
     catalog_url: str | None = None
+    cas_url: str | None = None
+
+    @field_validator("cas_url")
+    @classmethod
+    def _s3_url(cls, url: str | None) -> str | None:
+        if url is not None:
+            parse_cas_url(url)
+        return url
 
 
 class CorpusConfig(_Strict):

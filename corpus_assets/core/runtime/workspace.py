@@ -9,6 +9,7 @@ from typing import Any
 from corpus_assets.core.runtime.config import CorpusConfig, LoadedConfig, default_home, load_config
 from corpus_assets.core.runtime.runners import Setup, WorkerSetup, task_runner
 from corpus_assets.core.storage.cas import ContentStore
+from corpus_assets.core.storage.cas_s3 import open_content_store
 from corpus_assets.core.storage.catalog import Catalog, default_catalog_url
 from corpus_assets.core.storage.tasks import ChunkOutcome, ChunkTask
 
@@ -35,11 +36,15 @@ class Workspace:
 
 
 def open_home(
-    home: Path | None = None, catalog_url: str | None = None
+    home: Path | None = None, catalog_url: str | None = None, cas_url: str | None = None
 ) -> tuple[Path, ContentStore, Catalog]:
-    """Open storage only (CAS + catalog): enough for verify/status/show without a config file."""
+    """Open storage only (CAS + catalog): enough for verify/status/show without a config file.
+    ``CORPUS_CAS_URL`` (else ``cas_url``) puts the CAS in an object store, ``<home>/cas`` its
+    cache."""
     home = Path(home) if home else default_home()
-    return home, ContentStore(home / "cas"), Catalog(catalog_url or default_catalog_url(home))
+    cas_url = os.environ.get("CORPUS_CAS_URL") or cas_url
+    cas = open_content_store(home / "cas", cas_url)
+    return home, cas, Catalog(catalog_url or default_catalog_url(home))
 
 
 def open_workspace(config: str | Path | None = None) -> Workspace:
@@ -47,7 +52,7 @@ def open_workspace(config: str | Path | None = None) -> Workspace:
     storage = loaded.config.storage
     home = (loaded.path.parent / storage.home).resolve() if storage.home else default_home()
     url = os.environ.get("CORPUS_CATALOG_URL") or storage.catalog_url
-    home, cas, catalog = open_home(home, url)
+    home, cas, catalog = open_home(home, url, storage.cas_url)
     return Workspace(loaded=loaded, home=home, cas=cas, catalog=catalog)
 
 

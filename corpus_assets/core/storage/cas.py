@@ -7,7 +7,7 @@ reported with the object's name instead of flowing silently into a training set.
 import hashlib
 import io
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -56,35 +56,50 @@ class PutStats:
 
 
 class ContentStore:
+    """The local store; ``cas_s3.S3ContentStore`` keeps the same layout in an object store and
+    uses this one as its read-through cache. Every write goes through ``contains`` and
+    ``_publish`` and every read through ``path``, so a backend overrides only those."""
+
     def __init__(self, root: Path) -> None:
         self.root = Path(root)
         self.stats = PutStats()
         self._tmp = self.root / "tmp"
 
-    def path(self, digest: str) -> Path:
+    def local_path(self, digest: str) -> Path:
+        """Where the object lives (or would live) on this disk; never fetches."""
         hexd = hex_of(digest)
         return self.root / "sha256" / hexd[:2] / hexd[2:4] / hexd
+
+    def path(self, digest: str) -> Path:
+        """A readable local file for the object (may not exist: callers report it missing)."""
+        return self.local_path(digest)
 
     def uri(self, digest: str) -> str:
         return "cas://sha256/" + hex_of(digest)
 
     def contains(self, digest: str) -> bool:
-        return self.path(digest).is_file()
+        return self.local_path(digest).is_file()
 
     def size(self, digest: str) -> int:
         try:
-            return self.path(digest).stat().st_size
+            return self.local_path(digest).stat().st_size
         except FileNotFoundError:
             raise MissingObjectError(digest) from None
 
     def put_bytes(self, data: bytes) -> str:
         digest = sha256_digest(data)
-        target = self.path(digest)
-        created = False
-        if not target.exists():
-            created = link_into_place(write_temp(self._tmp, [data]), target)
-        self.stats.record(created)
+        self.put_hashed(digest, [data])
         return digest
+
+    def put_hashed(self, digest: str, chunks: Iterable[bytes | memoryview]) -> bool:
+        """Store ``chunks`` whose sha256 the caller computed already (a shard writer hashes while
+        it chunks); they are written only if the object is absent. True if this call created it.
+        The name is trusted here and checked on every read."""
+        created = False
+        if not self.contains(digest):
+            created = self._publish(write_temp(self._tmp, chunks), digest)
+        self.stats.record(created)
+        return created
 
     def put_stream(self, stream: BinaryIO) -> tuple[str, int]:
         """Copy a stream into the store without holding it in memory; returns (digest, size)."""
@@ -98,15 +113,7 @@ class ContentStore:
                 size += len(block)
                 yield block
 
-        temp = write_temp(self._tmp, chunks())
-        digest = hasher_digest(hasher)
-        target = self.path(digest)
-        if target.exists():
-            temp.unlink(missing_ok=True)
-            self.stats.record(False)
-        else:
-            self.stats.record(link_into_place(temp, target))
-        return digest, size
+        return self._adopt(write_temp(self._tmp, chunks()), hasher_digest(hasher), size)
 
     def adopt_file(self, path: Path) -> tuple[str, int]:
         """Move a finished, fsynced file into the store by hard link instead of copying it.
@@ -120,20 +127,34 @@ class ContentStore:
             while block := handle.read(COPY_CHUNK):
                 hasher.update(block)
                 size += len(block)
-        digest = hasher_digest(hasher)
-        target = self.path(digest)
+        return self._adopt(path, hasher_digest(hasher), size)
+
+    def _adopt(self, path: Path, digest: str, size: int) -> tuple[str, int]:
+        """Publish the file ``path`` (its sha256 is ``digest``) unless present; it is gone after."""
+        if self.contains(digest):
+            path.unlink(missing_ok=True)
+            self.stats.record(False)
+        else:
+            self.stats.record(self._publish(path, digest))
+        return digest, size
+
+    def _publish(self, temp: Path, digest: str) -> bool:
+        """Put-if-absent the file ``temp`` (whose sha256 is ``digest``) at the object's place by
+        hard link (a copy across filesystems); ``temp`` is gone afterwards. True if created."""
+        target = self.local_path(digest)
         target.parent.mkdir(parents=True, exist_ok=True)
         try:
-            os.link(path, target)
+            os.link(temp, target)
         except FileExistsError:
-            self.stats.record(False)
-        except OSError:  # another filesystem: copy instead
-            digest, size = self.put_file(path)
-        else:
-            fsync_dir(target.parent)
-            self.stats.record(True)
-        path.unlink(missing_ok=True)
-        return digest, size
+            return False
+        except OSError:  # another filesystem (an adopted file): copy instead
+            with open(temp, "rb") as handle:
+                copy = write_temp(self._tmp, iter(lambda: handle.read(COPY_CHUNK), b""))
+            return link_into_place(copy, target)
+        finally:
+            temp.unlink(missing_ok=True)
+        fsync_dir(target.parent)
+        return True
 
     def put_file(self, path: Path) -> tuple[str, int]:
         with open(path, "rb") as handle:

@@ -30,7 +30,6 @@ from pydantic import BaseModel, ConfigDict, model_validator
 from corpus_assets.core.storage.artifacts import Ref, get_json, put_json
 from corpus_assets.core.storage.cas import CasError, ContentStore
 from corpus_assets.core.storage.digests import hasher_digest
-from corpus_assets.core.storage.fsio import link_into_place, write_temp
 
 SHARD_FORMAT_V1 = "corpus-assets.block-shards/1"
 SHARD_FORMAT = "corpus-assets.block-shards/2"
@@ -228,11 +227,7 @@ class ShardWriter:
             return
         views = [memoryview(self._buffers[name][: self._filled]) for name in self.fields]
         digest, chunks, size = chunk_digests(views, self.chunk_bytes, self.chunk_hash)
-        target = self.cas.path(digest)
-        created = False
-        if not target.exists():
-            created = link_into_place(write_temp(self.cas.root / "tmp", views), target)
-        self.cas.stats.record(created)
+        self.cas.put_hashed(digest, views)
         self._entries.append(
             ShardEntry(
                 digest=digest,

@@ -1,0 +1,261 @@
+"""The content-addressed store in an S3-API object store, with the local store as its cache.
+
+``storage.cas_url: s3://bucket/prefix`` (or ``CORPUS_CAS_URL``) keeps every object at
+``<prefix>/sha256/ab/cd/<hex>``, the local layout. Readers keep using ``cas.path(digest)`` (mmap,
+pread, pyarrow): a local miss downloads the object to a temp file, hashes it and links it into
+place only if it matches, so nothing corrupt ever lands in the cache. A put uploads first, with
+``If-None-Match: *`` (a 412 means another writer won: the object is there, counted as reused),
+then links locally; so every object in the cache is also in the store, and a node with an empty
+cache reads everything back from the store.
+
+Library: boto3, the AWS SDK itself: it has the conditional-write parameter (``IfNoneMatch``) on
+``put_object`` and ``complete_multipart_upload``, standard retries, and reads the standard
+configuration (credentials, region, ``AWS_ENDPOINT_URL`` for MinIO/moto/other S3-API servers).
+It is imported lazily (the optional extra ``corpus-assets[s3]``).
+"""
+
+import base64
+import hashlib
+import os
+import re
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from corpus_assets.core.storage.cas import (
+    COPY_CHUNK,
+    CasError,
+    ContentStore,
+    CorruptObjectError,
+    MissingObjectError,
+)
+from corpus_assets.core.storage.digests import PREFIX, hasher_digest, hex_of
+from corpus_assets.core.storage.fsio import atomic_write, link_into_place, write_temp
+
+CAS_URL_RE = re.compile(r"^s3://(?P<bucket>[a-z0-9][a-z0-9.-]{1,61}[a-z0-9])(?:/(?P<prefix>.*))?$")
+HEX_NAME = re.compile(r"^[0-9a-f]{64}$")
+MARKER = "cache-of"  # in the cache root: the store URL this directory caches
+PRECONDITION_FAILED = ("PreconditionFailed", "412")
+CONFLICT = ("ConditionalRequestConflict", "409")
+NOT_FOUND = ("NoSuchKey", "404", "NotFound")
+
+
+def parse_cas_url(url: str) -> tuple[str, str]:
+    """``s3://bucket/a/b/`` -> ``("bucket", "a/b")``; a ``ValueError`` names what is wrong."""
+    match = CAS_URL_RE.match(url)
+    if not match:
+        raise ValueError(f"cas_url {url!r} must look like s3://bucket or s3://bucket/prefix")
+    return match["bucket"], (match["prefix"] or "").strip("/")
+
+
+def open_content_store(root: Path, cas_url: str | None = None) -> ContentStore:
+    """The local store at ``root``, or with ``cas_url`` the object store cached at ``root``."""
+    return S3ContentStore(root, cas_url) if cas_url else ContentStore(root)
+
+
+def _code(error: Exception) -> str:
+    return str(getattr(error, "response", {}).get("Error", {}).get("Code", ""))
+
+
+class S3ContentStore(ContentStore):
+    """``ContentStore`` whose objects live in S3; ``root`` is a read-through cache of them."""
+
+    # single PUT up to this size (S3 allows 5 GiB), multipart above; tests lower both
+    multipart_bytes = 1 << 30
+    part_bytes = 64 << 20
+
+    def __init__(self, root: Path, cas_url: str) -> None:
+        super().__init__(root)
+        self.url = cas_url
+        self.bucket, prefix = parse_cas_url(cas_url)
+        self.prefix = f"{prefix}/" if prefix else ""
+        self._known: set[str] = set()  # digests this process saw in the store
+        self._s3: Any = None
+        self._pid = 0
+        self._claim_cache()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_s3": None}  # a boto3 client is per process
+
+    def _claim_cache(self) -> None:
+        """Refuse a local directory that holds objects written without this store: the rule
+        'every cached object is in the store' would not hold for them."""
+        marker, objects = self.root / MARKER, self.root / "sha256"
+        if not marker.is_file():
+            # a cache's marker is written before its first object: look again after the objects
+            local = objects.is_dir() and any(objects.iterdir())
+            if local and not marker.is_file():
+                raise CasError(
+                    f"{self.root} holds objects of a local CAS; it cannot become the cache of "
+                    f"{self.url} (set storage.home to another directory, or empty {objects})"
+                )
+            if not marker.is_file():
+                self.root.mkdir(parents=True, exist_ok=True)
+                atomic_write(marker, (self.url + "\n").encode())
+        found = marker.read_text().strip()
+        if found != self.url:
+            raise CasError(f"{self.root} is the CAS cache of {found}, not of {self.url}")
+
+    def _client(self) -> Any:
+        if self._s3 is None or self._pid != os.getpid():
+            try:
+                import boto3
+                from botocore.config import Config
+            except ImportError:  # pragma: no cover - depends on the installed extras
+                raise CasError(
+                    f"storage.cas_url is {self.url} but boto3 is not installed: "
+                    "pip install 'corpus-assets[s3]'"
+                ) from None
+            config = Config(retries={"mode": "standard", "max_attempts": 5})
+            self._s3, self._pid = boto3.session.Session().client("s3", config=config), os.getpid()
+        return self._s3
+
+    def key(self, digest: str) -> str:
+        hexd = hex_of(digest)
+        return f"{self.prefix}sha256/{hexd[:2]}/{hexd[2:4]}/{hexd}"
+
+    def location(self, digest: str) -> str:
+        """Where the object is in the store (``uri`` stays ``cas://``: manifests hold it)."""
+        return f"s3://{self.bucket}/{self.key(digest)}"
+
+    def _head(self, digest: str) -> int | None:
+        """The object's size in the store, or None if it is not there."""
+        from botocore.exceptions import ClientError
+
+        try:
+            head = self._client().head_object(Bucket=self.bucket, Key=self.key(digest))
+        except ClientError as error:
+            if _code(error) in NOT_FOUND:
+                return None
+            raise
+        self._known.add(digest)
+        return int(head["ContentLength"])
+
+    def contains(self, digest: str) -> bool:
+        return super().contains(digest) or self._head(digest) is not None
+
+    def size(self, digest: str) -> int:
+        local = self.local_path(digest)
+        if local.is_file():
+            return local.stat().st_size
+        size = self._head(digest)
+        if size is None:
+            raise MissingObjectError(digest)
+        return size
+
+    def path(self, digest: str) -> Path:
+        """The cached file, downloaded and verified first if it is not cached yet."""
+        target = self.local_path(digest)
+        if not target.is_file():
+            self._fetch(digest, target)
+        return target
+
+    def _fetch(self, digest: str, target: Path) -> None:
+        """Download into a temp file while hashing; link it into the cache only if it matches.
+        An object missing from the store leaves ``target`` absent (callers report it)."""
+        from botocore.exceptions import ClientError
+
+        try:
+            body = self._client().get_object(Bucket=self.bucket, Key=self.key(digest))["Body"]
+        except ClientError as error:
+            if _code(error) in NOT_FOUND:
+                return
+            raise
+        hasher = hashlib.sha256()
+
+        def chunks() -> Iterator[bytes]:
+            for block in body.iter_chunks(COPY_CHUNK):
+                hasher.update(block)
+                yield block
+
+        try:
+            temp = write_temp(self._tmp, chunks())
+        finally:
+            body.close()
+        actual = hasher_digest(hasher)
+        if actual != digest:
+            temp.unlink(missing_ok=True)
+            raise CorruptObjectError(digest, actual, f"object at {self.location(digest)}")
+        self._known.add(digest)
+        link_into_place(temp, target)
+
+    def _publish(self, temp: Path, digest: str) -> bool:
+        """Upload (put-if-absent), then link into the cache: cache implies store."""
+        try:
+            created = self._upload(temp, digest)
+        except BaseException:
+            temp.unlink(missing_ok=True)
+            raise
+        super()._publish(temp, digest)
+        return created
+
+    def _upload(self, temp: Path, digest: str) -> bool:
+        """Conditionally write ``temp`` at the object's key; False if it was there already.
+        A 409 (another conditional write of the key in flight) is retried."""
+        from botocore.exceptions import ClientError
+
+        if digest in self._known:
+            return False
+        for attempt in range(6):
+            try:
+                if temp.stat().st_size <= self.multipart_bytes:
+                    self._put_single(temp, digest)
+                else:
+                    self._put_parts(temp, digest)
+            except ClientError as error:
+                if _code(error) in PRECONDITION_FAILED:
+                    self._known.add(digest)
+                    return False
+                if _code(error) not in CONFLICT or attempt == 5:
+                    raise
+                time.sleep(0.1 * 2**attempt)
+            else:
+                self._known.add(digest)
+                return True
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _put_single(self, temp: Path, digest: str) -> None:
+        # S3 checks the body against this sha256 and rejects a mismatch (moto does not)
+        checksum = base64.b64encode(bytes.fromhex(hex_of(digest))).decode()
+        with open(temp, "rb") as body:
+            self._client().put_object(
+                Bucket=self.bucket,
+                Key=self.key(digest),
+                Body=body,
+                IfNoneMatch="*",
+                ChecksumSHA256=checksum,
+            )
+
+    def _put_parts(self, temp: Path, digest: str) -> None:
+        """Multipart upload, made visible only by a conditional complete (or aborted)."""
+        s3, key = self._client(), self.key(digest)
+        upload = s3.create_multipart_upload(Bucket=self.bucket, Key=key)["UploadId"]
+        try:
+            parts = []
+            with open(temp, "rb") as handle:
+                while block := handle.read(self.part_bytes):
+                    number = len(parts) + 1
+                    etag = s3.upload_part(
+                        Bucket=self.bucket, Key=key, UploadId=upload, PartNumber=number, Body=block
+                    )["ETag"]
+                    parts.append({"ETag": etag, "PartNumber": number})
+            s3.complete_multipart_upload(
+                Bucket=self.bucket,
+                Key=key,
+                UploadId=upload,
+                MultipartUpload={"Parts": parts},
+                IfNoneMatch="*",
+            )
+        except BaseException:
+            s3.abort_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload)
+            raise
+
+    def iter_digests(self) -> Iterator[str]:
+        """Every object in the store (the cache holds a subset of them)."""
+        pages = self._client().get_paginator("list_objects_v2")
+        for page in pages.paginate(Bucket=self.bucket, Prefix=f"{self.prefix}sha256/"):
+            for item in page.get("Contents", []):
+                name = item["Key"].rsplit("/", 1)[-1]
+                if HEX_NAME.match(name):
+                    yield PREFIX + name
