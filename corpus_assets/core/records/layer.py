@@ -58,6 +58,7 @@ from corpus_assets.core.storage.artifacts import (
     make_ref,
     put_json,
     put_table,
+    put_table_file,
 )
 from corpus_assets.core.storage.catalog import benchmark_items
 from corpus_assets.core.storage.digests import json_digest
@@ -105,16 +106,67 @@ def _exclude(table: dict[str, list[Any]], digest: str, line: int, why: Excluded)
         table[key].append(value)
 
 
+class _Kept:
+    """The kept records of one object as Arrow arrays, a bounded batch of Python rows at a time.
+
+    Rows wait in ``pending`` until ``BATCH_ROWS`` are there; then the batch is screened for
+    benchmark contamination (``match_many`` judges each text alone, so the batch size changes
+    no verdict) and its survivors become one Arrow array per column, so an object's records
+    are held once, columnar, never as a dict per row. Contamination exclusions are kept apart
+    and written after every other exclusion, the order the whole-object screen had.
+    """
+
+    def __init__(self, digest: str, stages: Stages) -> None:
+        self.digest, self.stages = digest, stages
+        self.pending: list[dict[str, Any]] = []
+        self.arrays: dict[str, list[pa.Array]] = {f.name: [] for f in RECORD_COLUMNS}
+        self.contaminated: dict[str, list[Any]] = {f.name: [] for f in EXCLUSION_COLUMNS}
+        self.reasons: Counter[str] = Counter()
+        self.rows = self.chars = 0
+
+    def add(self, record: dict[str, Any]) -> None:
+        self.pending.append(record)
+        if len(self.pending) >= BATCH_ROWS:
+            self.flush()
+
+    def flush(self) -> None:
+        pending, self.pending = self.pending, []
+        hits = contaminated(self.stages.index, [r["text"] for r in pending])
+        columns: dict[str, list[Any]] = {name: [] for name in self.arrays}
+        for n, record in enumerate(pending):
+            if n in hits:
+                self.reasons[hits[n].reason] += 1
+                _exclude(self.contaminated, self.digest, record["line"], hits[n])
+                continue
+            self.chars += len(record["text"])
+            for key, column in columns.items():
+                column.append(record[key])
+        batch = pa.RecordBatch.from_pydict(columns, schema=RECORD_COLUMNS)
+        self.rows += batch.num_rows
+        for name, array in zip(RECORD_COLUMNS.names, batch.columns, strict=True):
+            self.arrays[name].append(array)
+
+    def table(self) -> pa.Table:
+        """One contiguous array per column (what ``from_pydict`` of every row gave, so the same
+        Parquet bytes), concatenated a column at a time while the batches are released."""
+        self.flush()
+        columns = []
+        for field in RECORD_COLUMNS:
+            columns.append(pa.concat_arrays(self.arrays.pop(field.name)))
+        return pa.Table.from_arrays(columns, schema=RECORD_COLUMNS)
+
+
+BATCH_ROWS = 4096
+
+
 def _canonicalize_object(
     ws: Workspace, source: Source, item: dict[str, Any], stages: Stages
 ) -> str:
     digest = item["object"]["digest"]
-    rows: dict[str, list[Any]] = {f.name: [] for f in RECORD_COLUMNS}
     excluded: dict[str, list[Any]] = {f.name: [] for f in EXCLUSION_COLUMNS}
-    reasons: Counter[str] = Counter()
-    rows_in = chars_kept = 0
+    kept = _Kept(digest, stages)
+    rows_in = 0
     what = f"raw object {source.id}/{item['name']} ({digest})"
-    kept: list[dict[str, Any]] = []
     for number, offset, obj in _rows(ws, item, what):
         rows_in += 1
         try:
@@ -122,38 +174,34 @@ def _canonicalize_object(
                 raise obj
             record = canonicalize(source, item["name"], number, obj, stages)
         except Excluded as why:
-            reasons[why.reason] += 1
+            kept.reasons[why.reason] += 1
             _exclude(excluded, digest, number, why)
             continue
         lsn = obj.get(CDC_LSN_FIELD) if source.kind == "changelog" else None
         record.update(
             source_id=source.id, object=digest, line=number, byte_offset=offset, cdc_lsn=lsn
         )
-        kept.append(record)
-    hits = contaminated(stages.index, [r["text"] for r in kept])
-    for n, record in enumerate(kept):
-        if n in hits:
-            reasons[hits[n].reason] += 1
-            _exclude(excluded, digest, record["line"], hits[n])
-            continue
-        chars_kept += len(record["text"])
-        for key, column in rows.items():
-            column.append(record[key])
-    records = pa.Table.from_pydict(rows, schema=RECORD_COLUMNS)
+        kept.add(record)
+    records = kept.table()
+    for key, values in kept.contaminated.items():
+        excluded[key] += values
+    reasons = kept.reasons
     quarantined = {r: n for r, n in sorted(reasons.items()) if r.startswith(QUARANTINE_PREFIXES)}
     rejected = {r: n for r, n in sorted(reasons.items()) if r not in quarantined}
+    records_ref = put_table_file(ws.cas, records)
+    del records
     descriptor = ChunkDescriptor(
-        records=put_table(ws.cas, records),
-        count=records.num_rows,
+        records=records_ref,
+        count=kept.rows,
         excluded=put_table(ws.cas, pa.Table.from_pydict(excluded, schema=EXCLUSION_COLUMNS)),
         account=ChunkAccount(
             rows_in=rows_in,
-            kept=records.num_rows,
+            kept=kept.rows,
             quarantined=quarantined,
             rejected=rejected,
             pii_redacted=dict(sorted(stages.pii.items())),
             normalized=dict(sorted(stages.normalized.items())),
-            chars_kept=chars_kept,
+            chars_kept=kept.chars,
         ),
     )
     return put_json(ws.cas, descriptor.document())["digest"]
