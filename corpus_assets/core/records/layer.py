@@ -119,6 +119,7 @@ class _Kept:
     def __init__(self, digest: str, stages: Stages) -> None:
         self.digest, self.stages = digest, stages
         self.pending: list[dict[str, Any]] = []
+        self.pending_chars = 0
         self.arrays: dict[str, list[pa.Array]] = {f.name: [] for f in RECORD_COLUMNS}
         self.contaminated: dict[str, list[Any]] = {f.name: [] for f in EXCLUSION_COLUMNS}
         self.reasons: Counter[str] = Counter()
@@ -126,11 +127,12 @@ class _Kept:
 
     def add(self, record: dict[str, Any]) -> None:
         self.pending.append(record)
-        if len(self.pending) >= BATCH_ROWS:
+        self.pending_chars += len(record["text"])
+        if len(self.pending) >= BATCH_ROWS or self.pending_chars >= BATCH_CHARS:
             self.flush()
 
     def flush(self) -> None:
-        pending, self.pending = self.pending, []
+        pending, self.pending, self.pending_chars = self.pending, [], 0
         hits = contaminated(self.stages.index, [r["text"] for r in pending])
         columns: dict[str, list[Any]] = {name: [] for name in self.arrays}
         for n, record in enumerate(pending):
@@ -152,11 +154,16 @@ class _Kept:
         self.flush()
         columns = []
         for field in RECORD_COLUMNS:
-            columns.append(pa.concat_arrays(self.arrays.pop(field.name)))
+            chunks = self.arrays.pop(field.name)
+            columns.append(chunks[0] if len(chunks) == 1 else pa.concat_arrays(chunks))
+            del chunks
         return pa.Table.from_arrays(columns, schema=RECORD_COLUMNS)
 
 
+# A batch of kept rows waits as Python objects until either bound: rows, or characters of text
+# (the payload JSON holds about as many again), so a few long documents are no bigger a batch.
 BATCH_ROWS = 4096
+BATCH_CHARS = 1 << 20
 
 
 def _canonicalize_object(
