@@ -58,10 +58,10 @@ from corpus_assets.core.storage.artifacts import (
     make_ref,
     put_json,
     put_table,
-    put_table_file,
 )
 from corpus_assets.core.storage.catalog import benchmark_items
 from corpus_assets.core.storage.digests import json_digest
+from corpus_assets.core.storage.parquet_sink import put_table_file
 from corpus_assets.core.storage.tasks import ChunkOutcome, ChunkTask, preload, run_chunk
 
 # The chunk tasks' and the index's code: this module's import closure holds every row stage, so a

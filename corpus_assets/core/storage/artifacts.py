@@ -6,9 +6,6 @@ verifier can walk the closure of a manifest by following refs whose media is JSO
 
 import io
 import json
-import os
-import tempfile
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -58,46 +55,26 @@ def put_bytes(cas: ContentStore, data: bytes, media: str = BINARY) -> Ref:
     return make_ref(cas.put_bytes(data), media, len(data))
 
 
-# Every byte-affecting Parquet option, pinned, so equal tables give equal digests.
-PARQUET_OPTIONS: dict[str, Any] = {
-    "compression": "zstd",
-    "compression_level": 3,
-    "use_dictionary": True,
-    "write_statistics": False,
-    "row_group_size": 1 << 20,
-    "data_page_version": "2.0",
-    "version": "2.6",
-    "store_schema": True,
-}
-
-
 def table_bytes(table: pa.Table) -> bytes:
     """Parquet with every byte-affecting option pinned, so equal tables give equal digests."""
     sink = io.BytesIO()
-    pq.write_table(table, sink, **PARQUET_OPTIONS)
+    pq.write_table(
+        table,
+        sink,
+        compression="zstd",
+        compression_level=3,
+        use_dictionary=True,
+        write_statistics=False,
+        row_group_size=1 << 20,
+        data_page_version="2.0",
+        version="2.6",
+        store_schema=True,
+    )
     return sink.getvalue()
 
 
 def put_table(cas: ContentStore, table: pa.Table) -> Ref:
     return put_bytes(cas, table_bytes(table), PARQUET)
-
-
-def put_table_file(cas: ContentStore, table: pa.Table) -> Ref:
-    """:func:`put_table`'s bytes written through a temporary file in the store and adopted by
-    hard link, so a large table's Parquet is never held in memory (once, let alone twice)."""
-    folder = cas.root / "tmp"
-    folder.mkdir(parents=True, exist_ok=True)
-    fd, name = tempfile.mkstemp(dir=folder, prefix=".tmp-")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            pq.write_table(table, handle, **PARQUET_OPTIONS)
-            handle.flush()
-            os.fsync(handle.fileno())
-    except BaseException:
-        Path(name).unlink(missing_ok=True)
-        raise
-    digest, size = cas.adopt_file(Path(name))
-    return make_ref(digest, PARQUET, size)
 
 
 def get_table(
