@@ -27,14 +27,12 @@ from corpus_assets.core.records.canonicalize import (
     Excluded,
     Stages,
     canonicalize,
-    contaminated,
     parse_line,
 )
 from corpus_assets.core.records.contamination import ContaminationPolicy, policy_payload
 from corpus_assets.core.records.contamination_index import BenchmarkIndex
 from corpus_assets.core.records.index import (
     EXCLUSION_COLUMNS,
-    RECORD_COLUMNS,
     CanonicalIndex,
     ChunkAccount,
     ChunkDescriptor,
@@ -42,6 +40,7 @@ from corpus_assets.core.records.index import (
     DeadLetter,
     record_schema_digest,
 )
+from corpus_assets.core.records.kept import KeptRecords, exclude
 from corpus_assets.core.records.quality import policy_payload as quality_payload
 from corpus_assets.core.runtime.code_identity import stage_code
 from corpus_assets.core.runtime.config import Source
@@ -96,82 +95,12 @@ def _rows(
                 yield line_no, offset, excluded
 
 
-def _exclude(table: dict[str, list[Any]], digest: str, line: int, why: Excluded) -> None:
-    for key, value in (
-        ("object", digest),
-        ("line", line),
-        ("reason", why.reason),
-        ("detail", why.detail),
-    ):
-        table[key].append(value)
-
-
-class _Kept:
-    """The kept records of one object as Arrow arrays, a bounded batch of Python rows at a time.
-
-    Rows wait in ``pending`` until ``BATCH_ROWS`` are there; then the batch is screened for
-    benchmark contamination (``match_many`` judges each text alone, so the batch size changes
-    no verdict) and its survivors become one Arrow array per column, so an object's records
-    are held once, columnar, never as a dict per row. Contamination exclusions are kept apart
-    and written after every other exclusion, the order the whole-object screen had.
-    """
-
-    def __init__(self, digest: str, stages: Stages) -> None:
-        self.digest, self.stages = digest, stages
-        self.pending: list[dict[str, Any]] = []
-        self.pending_chars = 0
-        self.arrays: dict[str, list[pa.Array]] = {f.name: [] for f in RECORD_COLUMNS}
-        self.contaminated: dict[str, list[Any]] = {f.name: [] for f in EXCLUSION_COLUMNS}
-        self.reasons: Counter[str] = Counter()
-        self.rows = self.chars = 0
-
-    def add(self, record: dict[str, Any]) -> None:
-        self.pending.append(record)
-        self.pending_chars += len(record["text"])
-        if len(self.pending) >= BATCH_ROWS or self.pending_chars >= BATCH_CHARS:
-            self.flush()
-
-    def flush(self) -> None:
-        pending, self.pending, self.pending_chars = self.pending, [], 0
-        hits = contaminated(self.stages.index, [r["text"] for r in pending])
-        columns: dict[str, list[Any]] = {name: [] for name in self.arrays}
-        for n, record in enumerate(pending):
-            if n in hits:
-                self.reasons[hits[n].reason] += 1
-                _exclude(self.contaminated, self.digest, record["line"], hits[n])
-                continue
-            self.chars += len(record["text"])
-            for key, column in columns.items():
-                column.append(record[key])
-        batch = pa.RecordBatch.from_pydict(columns, schema=RECORD_COLUMNS)
-        self.rows += batch.num_rows
-        for name, array in zip(RECORD_COLUMNS.names, batch.columns, strict=True):
-            self.arrays[name].append(array)
-
-    def table(self) -> pa.Table:
-        """One contiguous array per column (what ``from_pydict`` of every row gave, so the same
-        Parquet bytes), concatenated a column at a time while the batches are released."""
-        self.flush()
-        columns = []
-        for field in RECORD_COLUMNS:
-            chunks = self.arrays.pop(field.name)
-            columns.append(chunks[0] if len(chunks) == 1 else pa.concat_arrays(chunks))
-            del chunks
-        return pa.Table.from_arrays(columns, schema=RECORD_COLUMNS)
-
-
-# A batch of kept rows waits as Python objects until either bound: rows, or characters of text
-# (the payload JSON holds about as many again), so a few long documents are no bigger a batch.
-BATCH_ROWS = 4096
-BATCH_CHARS = 1 << 20
-
-
 def _canonicalize_object(
     ws: Workspace, source: Source, item: dict[str, Any], stages: Stages
 ) -> str:
     digest = item["object"]["digest"]
     excluded: dict[str, list[Any]] = {f.name: [] for f in EXCLUSION_COLUMNS}
-    kept = _Kept(digest, stages)
+    kept = KeptRecords(digest, stages)
     rows_in = 0
     what = f"raw object {source.id}/{item['name']} ({digest})"
     for number, offset, obj in _rows(ws, item, what):
@@ -182,7 +111,7 @@ def _canonicalize_object(
             record = canonicalize(source, item["name"], number, obj, stages)
         except Excluded as why:
             kept.reasons[why.reason] += 1
-            _exclude(excluded, digest, number, why)
+            exclude(excluded, digest, number, why)
             continue
         lsn = obj.get(CDC_LSN_FIELD) if source.kind == "changelog" else None
         record.update(
