@@ -1,9 +1,12 @@
 """Where each mixed sample's tokens are in the token cache, found with Arrow joins.
 
 A sample is a member, so its tokens are those of the dedup representative's row (record id,
-object, line): a repeated record id elsewhere (excluded by dedup) never stands in. The lookup is
-two hash joins and one sort on columnar tables (no Python object per record), and the token
-arrays stay memory-mapped: a sample's tokens are copied only when a block is built.
+object, line): a repeated record id elsewhere (excluded by dedup) never stands in. The lookup
+holds no Python object per record and no whole-partition join: the members are read with their
+object digests as dictionary codes, joined to the token cache's rows one canonical chunk at a
+time (only that chunk's objects' members), and the samples are then found by record id with
+``index_in`` (a three-key hash join over the partition peaked at ~1 GB for 680k records). The
+token arrays stay memory-mapped: a sample's tokens are copied only when a block is built.
 """
 
 from collections import OrderedDict
