@@ -27,14 +27,12 @@ from corpus_assets.core.records.canonicalize import (
     Excluded,
     Stages,
     canonicalize,
-    contaminated,
     parse_line,
 )
 from corpus_assets.core.records.contamination import ContaminationPolicy, policy_payload
 from corpus_assets.core.records.contamination_index import BenchmarkIndex
 from corpus_assets.core.records.index import (
     EXCLUSION_COLUMNS,
-    RECORD_COLUMNS,
     CanonicalIndex,
     ChunkAccount,
     ChunkDescriptor,
@@ -42,6 +40,7 @@ from corpus_assets.core.records.index import (
     DeadLetter,
     record_schema_digest,
 )
+from corpus_assets.core.records.kept import KeptRecords, exclude
 from corpus_assets.core.records.quality import policy_payload as quality_payload
 from corpus_assets.core.runtime.code_identity import stage_code
 from corpus_assets.core.runtime.config import Source
@@ -61,6 +60,7 @@ from corpus_assets.core.storage.artifacts import (
 )
 from corpus_assets.core.storage.catalog import benchmark_items
 from corpus_assets.core.storage.digests import json_digest
+from corpus_assets.core.storage.parquet_sink import put_table_file
 from corpus_assets.core.storage.tasks import ChunkOutcome, ChunkTask, preload, run_chunk
 
 # The chunk tasks' and the index's code: this module's import closure holds every row stage, so a
@@ -95,26 +95,14 @@ def _rows(
                 yield line_no, offset, excluded
 
 
-def _exclude(table: dict[str, list[Any]], digest: str, line: int, why: Excluded) -> None:
-    for key, value in (
-        ("object", digest),
-        ("line", line),
-        ("reason", why.reason),
-        ("detail", why.detail),
-    ):
-        table[key].append(value)
-
-
 def _canonicalize_object(
     ws: Workspace, source: Source, item: dict[str, Any], stages: Stages
 ) -> str:
     digest = item["object"]["digest"]
-    rows: dict[str, list[Any]] = {f.name: [] for f in RECORD_COLUMNS}
     excluded: dict[str, list[Any]] = {f.name: [] for f in EXCLUSION_COLUMNS}
-    reasons: Counter[str] = Counter()
-    rows_in = chars_kept = 0
+    kept = KeptRecords(digest, stages)
+    rows_in = 0
     what = f"raw object {source.id}/{item['name']} ({digest})"
-    kept: list[dict[str, Any]] = []
     for number, offset, obj in _rows(ws, item, what):
         rows_in += 1
         try:
@@ -122,38 +110,34 @@ def _canonicalize_object(
                 raise obj
             record = canonicalize(source, item["name"], number, obj, stages)
         except Excluded as why:
-            reasons[why.reason] += 1
-            _exclude(excluded, digest, number, why)
+            kept.reasons[why.reason] += 1
+            exclude(excluded, digest, number, why)
             continue
         lsn = obj.get(CDC_LSN_FIELD) if source.kind == "changelog" else None
         record.update(
             source_id=source.id, object=digest, line=number, byte_offset=offset, cdc_lsn=lsn
         )
-        kept.append(record)
-    hits = contaminated(stages.index, [r["text"] for r in kept])
-    for n, record in enumerate(kept):
-        if n in hits:
-            reasons[hits[n].reason] += 1
-            _exclude(excluded, digest, record["line"], hits[n])
-            continue
-        chars_kept += len(record["text"])
-        for key, column in rows.items():
-            column.append(record[key])
-    records = pa.Table.from_pydict(rows, schema=RECORD_COLUMNS)
+        kept.add(record)
+    records = kept.table()
+    for key, values in kept.contaminated.items():
+        excluded[key] += values
+    reasons = kept.reasons
     quarantined = {r: n for r, n in sorted(reasons.items()) if r.startswith(QUARANTINE_PREFIXES)}
     rejected = {r: n for r, n in sorted(reasons.items()) if r not in quarantined}
+    records_ref = put_table_file(ws.cas, records)
+    del records
     descriptor = ChunkDescriptor(
-        records=put_table(ws.cas, records),
-        count=records.num_rows,
+        records=records_ref,
+        count=kept.rows,
         excluded=put_table(ws.cas, pa.Table.from_pydict(excluded, schema=EXCLUSION_COLUMNS)),
         account=ChunkAccount(
             rows_in=rows_in,
-            kept=records.num_rows,
+            kept=kept.rows,
             quarantined=quarantined,
             rejected=rejected,
             pii_redacted=dict(sorted(stages.pii.items())),
             normalized=dict(sorted(stages.normalized.items())),
-            chars_kept=chars_kept,
+            chars_kept=kept.chars,
         ),
     )
     return put_json(ws.cas, descriptor.document())["digest"]

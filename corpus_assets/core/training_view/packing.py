@@ -11,8 +11,11 @@ block to its record, the offset in that record's token stream, the sample (strea
 repeat of a record is another sample; both halves of a preference pair share one), its shard,
 the transform that made the tokens and the rule that inserted the special tokens inside it; pad
 has no span.
-Memory: the plan (five int64 per piece), one batch of blocks and one shard buffer.
+Memory: the plan (five int64 per piece), the samples' lookup (``pack_samples``), one batch of
+blocks, one shard buffer and at most one Parquet row group (2^20) of spans.
 """
+
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
@@ -31,6 +34,7 @@ from corpus_assets.core.storage.artifacts import (
     put_json,
     put_table,
 )
+from corpus_assets.core.storage.parquet_sink import TableWriter
 from corpus_assets.core.storage.shards import ShardIndex, ShardWriter
 from corpus_assets.core.tokens import cache as token_cache_module
 from corpus_assets.core.tokens.cache import TokenCache, token_cache
@@ -46,6 +50,7 @@ from corpus_assets.core.training_view.pack_samples import SampleRows, SampleToke
 
 CODE = stage_code("packed_blocks.shards.v3", __name__)  # its closure, hashed at import
 BATCH_BLOCKS = 256
+PREVIEW_SPANS = 10
 PPM = 1_000_000
 SPAN_COLUMNS = pa.schema(
     [
@@ -152,11 +157,21 @@ def span_batch(
     )
 
 
+@dataclass(frozen=True)
+class BuiltSpans:
+    """The spans table as stored: its ref, row count and first rows (the layer's preview)."""
+
+    ref: Ref
+    rows: int
+    preview: list[dict]
+
+
 def write_blocks(
     ws: Workspace, plan: PackPlan, rows: SampleRows, spec: TokenizerSpec, cache: TokenCache
-) -> tuple[ShardIndex, Ref, pa.Table, dict[str, int]]:
+) -> tuple[ShardIndex, Ref, BuiltSpans, dict[str, int]]:
     """Build every block a batch at a time into shards; (index, its ref, spans, occupancy).
 
+    The spans go to a ``TableWriter`` as they are made (a row group of them held at most).
     A preference pair whose two sequences do not start with the same prompt tokens stops the
     build (``check_pair_prompts``): a pair gate that fails here never reaches a trainer."""
     fields = shard_fields(spec, plan.block_tokens)
@@ -164,7 +179,8 @@ def write_blocks(
     accounting = BuildAccounting(special_ids=specials)
     rules = SpanRules(spec, rows)
     pairs = bool((rows.pair_split > 0).any())
-    spans = []
+    spans = TableWriter(ws.cas, SPAN_COLUMNS)
+    preview: list[dict] = []
     with (
         SampleTokens(ws, cache, rows) as fetch,
         ShardWriter(ws.cas, plan.block_tokens, fields) as writer,
@@ -173,13 +189,17 @@ def write_blocks(
             plan, fetch, batch_blocks=BATCH_BLOCKS, pad_id=spec.pad.id, targets=fetch.targets_fetch
         ):
             if pairs and (broken := check_pair_prompts(batch, rows.pair_split, fetch.targets)):
+                spans.abort()
                 raise PackingError(f"preference pairs with different prompts: {broken[:5]}")
             writer.write({name: getattr(batch, name) for name in fields})
             accounting.add(batch)
-            spans.append(span_batch(batch, rows, rules, writer.shard_blocks))
+            made = span_batch(batch, rows, rules, writer.shard_blocks)
+            if len(preview) < PREVIEW_SPANS:
+                preview += made.slice(0, PREVIEW_SPANS - len(preview)).to_pylist()
+            spans.write(made)
     assert writer.index is not None and writer.ref is not None
-    table = pa.Table.from_batches(spans, SPAN_COLUMNS)
-    return writer.index, writer.ref, table, accounting.as_dict()
+    built = BuiltSpans(ref=spans.close(), rows=spans.rows, preview=preview)
+    return writer.index, writer.ref, built, accounting.as_dict()
 
 
 def packing_counts(plan: PackPlan, built: dict, rows: SampleRows, spans: int) -> dict[str, int]:
@@ -229,8 +249,8 @@ def build_packed_blocks(ws: Workspace, partition_key: str) -> LayerResult:
     rows = locate_samples(ws, canonical, cache, order.column("record_id"), dedup)
     plan = plan_for(rows, policy)
     index, index_ref, spans, built = write_blocks(ws, plan, rows, spec, cache)
-    spans_ref = put_table(ws.cas, spans)
-    counts = packing_counts(plan, built, rows, spans.num_rows)
+    spans_ref = spans.ref
+    counts = packing_counts(plan, built, rows, spans.rows)
     outputs = {
         "shard_index": index_ref,
         "shards": [make_ref(s.digest, BINARY, s.size) for s in index.shards],
@@ -258,7 +278,7 @@ def build_packed_blocks(ws: Workspace, partition_key: str) -> LayerResult:
         layer="packed_blocks",
         digest=ref["digest"],
         counts=counts,
-        preview=spans.slice(0, 10).to_pylist(),
+        preview=spans.preview,
         digests={"shard_index": index_ref["digest"], "spans": spans_ref["digest"]},
         run_stats=cache.run_stats(),
     )

@@ -1,0 +1,72 @@
+"""canonical_records holds an object's kept records a bounded batch at a time; the batch
+bounds must not change a byte of any chunk output (records, exclusions and their order)."""
+
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from corpus_assets.core.governance import benchmarks, gate
+from corpus_assets.core.pipeline import BUILDERS
+from corpus_assets.core.records import kept
+from corpus_assets.core.records.normalize import dedup_key
+from corpus_assets.core.runtime.workspace import open_workspace
+from corpus_assets_tests.conftest import use_demo_copy
+
+QUESTION = (
+    "Which river flows through the quiet harbor past the velvet meadow where the patient "
+    "lantern keeper counts each ember of the orbit every careful evening?"
+)
+
+
+def _leaky_essays(home: Path) -> None:
+    """A contaminated document between valid ones, then a parse error after it."""
+    filler = " ".join(["Filler words about many unrelated things."] * 300)
+    rows = [
+        json.dumps({"id": "before", "text": "A clean essay about rivers and their harbours."}),
+        json.dumps({"id": "leak", "text": f"{filler} {QUESTION} {filler}"}),
+        json.dumps({"id": "after", "text": "Another clean essay, about meadows this time."}),
+        "{not json",
+        json.dumps({"id": "last", "text": "The last clean essay, about lanterns at dusk."}),
+    ]
+    essays = home / "demo-sources" / "essays" / "essays-00001.jsonl"
+    with essays.open("a") as handle:
+        handle.write("\n".join(rows) + "\n")
+
+
+def _build(home: Path) -> tuple[list[str], list[str]]:
+    """Chunk output digests and the essays object's exclusion reasons, in stored order."""
+    with open_workspace() as ws:
+        item = benchmarks.BenchmarkItem(
+            "quiz/7", ws.cas.put_bytes(QUESTION.encode()), dedup_key(QUESTION)
+        )
+        gate.read_gate(ws.catalog, "demo")
+        benchmarks.add_benchmark_items(ws.catalog, "quiz", [item])
+        BUILDERS["raw_snapshot"](ws, "p1")
+        result = BUILDERS["canonical_records"](ws, "p1")
+        index = json.loads(ws.cas.get_bytes(result.digest))
+        chunks = index["outputs"]["chunks"]
+        reasons = []
+        for chunk in chunks:
+            if "essays-00001" in chunk["chunk"]:
+                descriptor = json.loads(ws.cas.get_bytes(chunk["output"]["digest"]))
+                data = ws.cas.get_bytes(descriptor["excluded"]["digest"])
+                reasons = pq.read_table(pa.BufferReader(data)).column("reason").to_pylist()
+    return [c["output"]["digest"] for c in chunks], reasons
+
+
+@pytest.mark.parametrize(("rows", "chars"), [(1, 1 << 20), (2, 1 << 20), (4096, 1)])
+def test_batch_bounds_change_no_byte(
+    demo_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, rows: int, chars: int
+) -> None:
+    _leaky_essays(demo_home)
+    use_demo_copy(demo_home, tmp_path / "whole", 1, monkeypatch)
+    whole, reasons = _build(tmp_path / "whole")
+    assert reasons[-1] == "contamination.benchmark"  # after the later parse error
+    assert "parse.invalid_json" in reasons
+    monkeypatch.setattr(kept, "BATCH_ROWS", rows)
+    monkeypatch.setattr(kept, "BATCH_CHARS", chars)
+    use_demo_copy(demo_home, tmp_path / "batched", 1, monkeypatch)
+    assert _build(tmp_path / "batched") == (whole, reasons)
