@@ -11,13 +11,15 @@ joins the decisions to the records for the output tables. Python loops run only 
 record ids and tombstoned rows.
 """
 
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from corpus_assets.core.dedup.near_stage import NearStage
 from corpus_assets.core.dedup.order import first_in_order
@@ -113,10 +115,13 @@ def cluster(
     (or text) columns, in the row order the signatures of ``near`` were computed in. The layer
     streams the same tables from a :class:`PartitionDb` over the chunk files instead.
     """
-    with PartitionDb.from_table(records) as db:
-        decided = decide(db, source_order, revoked, near)
-        table = pa.Table.from_batches(list(cluster_batches(db, decided)), CLUSTER_COLUMNS)
-        return Clustered(table.combine_chunks(), decided.report, edge_table(db, decided))
+    with tempfile.TemporaryDirectory() as tmp:
+        with PartitionDb.from_table(records) as db:
+            decided = decide(db, source_order, revoked, near)
+            edges = edge_table(db, decided)
+            path = sort_clusters(db, decided, Path(tmp))
+        table = pa.Table.from_batches(list(cluster_batches(path)), CLUSTER_COLUMNS)
+        return Clustered(table.combine_chunks(), decided.report, edges)
 
 
 def decide(
@@ -216,47 +221,78 @@ def _reasons(decided: Decided) -> tuple[np.ndarray, pa.Array]:
     return codes, pa.array(["", *values], pa.string())
 
 
-def _at(strings: pa.Array, rows: np.ndarray) -> pa.Array:
-    """``strings`` at ``rows``, "" where the row is -1."""
-    taken = strings.take(pa.array(np.where(rows < 0, 0, rows), mask=rows < 0))
-    return pc.fill_null(taken, "")
+_VERDICT_NAMES = pa.table({"code": pa.array(range(4), pa.int8()), "name": _VERDICTS})
+# One join at a time into spillable temp tables, then one sort into a file: DuckDB never holds
+# more than one hash table of ids at once.
+_CLUSTERS_SQL = """
+CREATE TEMP TABLE ids AS SELECT row, record_id, group_id FROM recs;
+CREATE TEMP TABLE d1 AS SELECT v.*, p.record_id AS rep_id FROM decided v
+  LEFT JOIN ids p ON p.row = v.rep;
+CREATE TEMP TABLE d2 AS SELECT d1.*, q.record_id AS match_id FROM d1
+  LEFT JOIN ids q ON q.row = d1.match;
+DROP TABLE d1;
+CREATE TEMP TABLE d3 AS SELECT d2.row, d2.verdict, d2.jaccard, d2.reason, d2.rep_id, d2.match_id,
+  g.group_id AS leakage_id FROM d2 JOIN ids g ON g.row = d2.leak;
+DROP TABLE d2;
+DROP TABLE ids;
+SET preserve_insertion_order = true;
+COPY (
+  SELECT r.record_id, r.source_id, r.object, r.line, r.group_id, r.dedup_key,
+    n.name AS verdict, coalesce(d.rep_id, '') AS representative_id,
+    d.verdict = 0 AS is_representative, coalesce(d.match_id, '') AS match_id,
+    d.jaccard AS match_jaccard, d.leakage_id, x.reason AS excluded
+  FROM recs r JOIN d3 d USING (row)
+  JOIN verdict_names n ON n.code = d.verdict
+  JOIN reasons x ON x.code = d.reason
+  ORDER BY r.record_id, r.object, r.line, r.row
+) TO '{path}' (FORMAT parquet, ROW_GROUP_SIZE 65536);
+SET preserve_insertion_order = false;
+DROP TABLE d3;
+"""
 
 
-_SORTED_SQL = (
-    "SELECT row, record_id, source_id, object, line, group_id, dedup_key FROM recs "
-    "ORDER BY record_id, object, line, row"
-)
-
-
-def cluster_batches(db: PartitionDb, decided: Decided) -> Iterator[pa.RecordBatch]:
-    """The dedup table (CLUSTER_COLUMNS) in record_id, object, line order, a batch at a time.
-
-    DuckDB sorts the carried columns (spilling if it must); the verdict columns are looked up
-    by row, and the ids they name in the record_id and group_id columns held by row."""
+def sort_clusters(db: PartitionDb, decided: Decided, directory: Path) -> Path:
+    """The dedup table sorted into a Parquet file by DuckDB (joins and sort spill as needed),
+    so the connection and the per-row decisions can go before the table is written."""
+    reason_codes, reasons = _reasons(decided)
     state, group_codes = decided.state, decided.codes.group_id.codes
-    reps = state.representatives()
     first_row_of_group = np.empty(int(group_codes.max(initial=-1)) + 1, np.int64)
     first_row_of_group[group_codes] = np.arange(decided.codes.n)
-    leak_rows = first_row_of_group[decided.leakage]
-    del first_row_of_group
-    reason_codes, reasons = _reasons(decided)
-    ids, groups = db.by_row("record_id"), db.by_row("group_id")
-    for batch in db.batches(_SORTED_SQL):
-        rows = np.asarray(batch.column(0).to_numpy(), dtype=np.int64)
-        carried = [batch.column(k) for k in range(1, 7)]
-        match = state.match[rows]
-        columns = [
-            *carried,
-            _VERDICTS.take(pa.array(state.verdict[rows])),
-            _at(ids, reps[rows]),
-            pa.array(state.verdict[rows] == _KEEP),
-            _at(ids, match),
-            pa.array(state.jaccard[rows], mask=match < 0),
-            groups.take(pa.array(leak_rows[rows])),
-            reasons.take(pa.array(reason_codes[rows])),
-        ]
+    reps = state.representatives()
+    db.register(
+        "decided",
+        pa.table(
+            {
+                "row": np.arange(decided.codes.n, dtype=np.int64),
+                "verdict": state.verdict,
+                "rep": pa.array(reps, mask=reps < 0),
+                "match": pa.array(state.match, mask=state.match < 0),
+                "jaccard": pa.array(state.jaccard, mask=state.match < 0),
+                "leak": first_row_of_group[decided.leakage],
+                "reason": reason_codes,
+            }
+        ),
+    )
+    del reason_codes, first_row_of_group, reps
+    db.register(
+        "reasons", pa.table({"code": pa.array(range(len(reasons)), pa.int32()), "reason": reasons})
+    )
+    db.register("verdict_names", _VERDICT_NAMES)
+    path = directory / "clusters-sorted.parquet"
+    try:
+        db.con.execute(_CLUSTERS_SQL.replace("{path}", str(path).replace("'", "''")))
+    finally:
+        for name in ("decided", "reasons", "verdict_names"):
+            db.unregister(name)
+    return path
+
+
+def cluster_batches(path: Path) -> Iterator[pa.RecordBatch]:
+    """The sorted dedup table read back a batch at a time, as CLUSTER_COLUMNS."""
+    parquet = pq.ParquetFile(path)
+    for batch in parquet.iter_batches(batch_size=1 << 16, use_threads=False):
         yield pa.RecordBatch.from_arrays(
-            [c.cast(f.type) for c, f in zip(columns, CLUSTER_COLUMNS, strict=True)],
+            [c.cast(f.type) for c, f in zip(batch.columns, CLUSTER_COLUMNS, strict=True)],
             schema=CLUSTER_COLUMNS,
         )
 

@@ -14,6 +14,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from corpus_assets.core.dedup.minhash import fingerprints
+from corpus_assets.core.dedup.partition_db import release_memory
 from corpus_assets.core.records.index import ChunkRecords
 from corpus_assets.core.runtime.workspace import Workspace
 
@@ -34,6 +35,7 @@ class TextLookup:
         self._batch: list[str] = []
 
     def _open(self, c: int) -> None:
+        self.release()
         digest = self.chunks[c].records["digest"]
         self.ws.cas.verify(digest, self.chunks[c].what)
         parquet = pq.ParquetFile(self.ws.cas.path(digest), buffer_size=1 << 20, pre_buffer=False)
@@ -61,6 +63,7 @@ class TextLookup:
 
     def release(self) -> None:
         self._reader, self._at, self._batch = None, (-1, 0), []
+        release_memory()
 
 
 class SpilledFingerprints:

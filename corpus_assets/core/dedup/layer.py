@@ -7,7 +7,9 @@ MinHash signatures per canonical chunk, the near-dedup stage, then the verdicts 
 are listed with its outputs, so ``verify`` covers them.
 """
 
+import tempfile
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -24,10 +26,11 @@ from corpus_assets.core.dedup.clusters import (
     cluster_batches,
     decide,
     edge_table,
+    sort_clusters,
 )
 from corpus_assets.core.dedup.fingerprint_store import TextLookup
 from corpus_assets.core.dedup.near_stage import NearStage
-from corpus_assets.core.dedup.partition_db import PartitionDb
+from corpus_assets.core.dedup.partition_db import PartitionDb, release_memory
 from corpus_assets.core.dedup.report import DedupReport
 from corpus_assets.core.dedup.signature_cache import (
     ensure_signatures,
@@ -52,17 +55,21 @@ def build_dedup_clusters(ws: Workspace, partition_key: str) -> LayerResult:
     chunks = canonical.chunks()
     _, spec = freeze(ws, partition_key)
     order = {s.id: n for n, s in enumerate(ws.config.sources)}
-    with PartitionDb.from_chunks(ws, chunks) as db:
-        revoked = _revoked(ws, db, spec.tombstone_watermark)
-        near, signature_refs, run_stats = _near_stage(ws, chunks)
-        decided = decide(db, order, revoked, near)
-        del near
-        edges = put_table(ws.cas, edge_table(db, decided))
+    with tempfile.TemporaryDirectory(dir=_tmp(ws)) as tmp:
+        with PartitionDb.from_chunks(ws, chunks) as db:
+            revoked = _revoked(ws, db, spec.tombstone_watermark)
+            near, signature_refs, run_stats = _near_stage(ws, chunks)
+            decided = decide(db, order, revoked, near)
+            del near
+            release_memory()
+            edges = put_table(ws.cas, edge_table(db, decided))
+            sorted_path = sort_clusters(db, decided, Path(tmp))
         report = DedupReport(near=decided.report, per_source=_per_source(decided))
         counts = _counts(decided, report, tombstoned=len(revoked))
-        clusters = put_table_batches(
-            ws.cas, CLUSTER_COLUMNS, cluster_batches(db, decided), ws.home / "tmp"
-        )
+        del decided
+        release_memory()
+        batches = cluster_batches(sorted_path)
+        clusters = put_table_batches(ws.cas, CLUSTER_COLUMNS, batches, _tmp(ws))
     out: dict[str, Any] = {
         "clusters": clusters,
         "edges": edges,
@@ -81,6 +88,12 @@ def build_dedup_clusters(ws: Workspace, partition_key: str) -> LayerResult:
         run_stats=run_stats,
         details={k: v for k, v in report.document().items() if k != "per_source"},
     )
+
+
+def _tmp(ws: Workspace) -> Path:
+    path = ws.home / "tmp"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 def _revoked(ws: Workspace, db: PartitionDb, watermark: int) -> dict[int, str]:

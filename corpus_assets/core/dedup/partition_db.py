@@ -11,6 +11,7 @@ Orderings match the Arrow ones they replace: strings compare as bytes (UTF-8, no
 nulls sort last, and ``row`` breaks every remaining tie the way a stable sort would.
 """
 
+import ctypes
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -26,6 +27,11 @@ import pyarrow.parquet as pq
 from corpus_assets.core.records.index import ChunkRecords
 from corpus_assets.core.runtime.workspace import Workspace
 
+try:
+    _LIBC: ctypes.CDLL | None = ctypes.CDLL("libc.so.6")
+    _LIBC.malloc_trim  # noqa: B018 - glibc only
+except (OSError, AttributeError):
+    _LIBC = None
 _CARRIED_SQL = "record_id, source_id, object, line, group_id, dedup_key, kind"
 MEMORY_LIMIT = "160MB"  # DuckDB's buffer pool; it spills to disk beyond this
 
@@ -84,6 +90,7 @@ class PartitionDb:
             paths.append(str(path))
             starts.append(start)
             lengths.append(text_lengths(path))
+            release_memory()
             start += chunk.count
         files = pa.table({"path": paths, "start": pa.array(starts, pa.int64())})
         meta = pa.table(
@@ -130,6 +137,7 @@ class PartitionDb:
     def close(self) -> None:
         self.con.close()
         shutil.rmtree(self.tmp, ignore_errors=True)
+        release_memory()
 
     def __enter__(self) -> "PartitionDb":
         return self
@@ -209,16 +217,27 @@ class PartitionDb:
         return {int(row): (obj, int(line)) for row, obj, line in got}
 
 
+def release_memory() -> None:
+    """Hand freed pages back to the system between phases: Arrow's allocator and glibc's heap
+    keep them for reuse, but the next phase allocates through another allocator (numpy, DuckDB,
+    Arrow), which cannot reuse them."""
+    pa.default_memory_pool().release_unused()
+    if _LIBC is not None:
+        _LIBC.malloc_trim(0)
+
+
 def text_lengths(path: Path, batch_rows: int = 1024) -> np.ndarray:
     """Code point length of every text of a chunk file, reading a page at a time (a chunk's
     text column can be one large row group)."""
     parquet = pq.ParquetFile(path, buffer_size=1 << 20, pre_buffer=False)
-    parts = [
-        pc.utf8_length(batch.column(0)).to_numpy().astype(np.int64)
-        for batch in parquet.iter_batches(batch_size=batch_rows, columns=["text"])
-    ]
+    batches = parquet.iter_batches(batch_size=batch_rows, columns=["text"], use_threads=False)
+    parts = [pc.utf8_length(batch.column(0)).to_numpy().astype(np.int64) for batch in batches]
     return np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
 
 
+def _quoted(text: str) -> str:
+    return text.replace("'", "''")
+
+
 def _sql_list(paths: list[str]) -> str:
-    return "[" + ", ".join("'" + p.replace("'", "''") + "'" for p in paths) + "]"
+    return "[" + ", ".join(f"'{_quoted(p)}'" for p in paths) + "]"

@@ -30,6 +30,7 @@ PARQUET_OPTIONS: dict[str, Any] = {
     "store_schema": True,
 }
 ROW_GROUP_ROWS = 1 << 20
+STEP = 1 << 16  # rows per chunk of a row group: a multiple of the writer's 1024-value batches
 
 
 def put_table_batches(
@@ -58,11 +59,12 @@ def write_table_batches(
     schema: pa.Schema,
     batches: Iterable[pa.RecordBatch],
     row_group_rows: int = ROW_GROUP_ROWS,
+    step: int = STEP,
 ) -> None:
     """The Parquet file of the batches' concatenation at ``path``, fsynced."""
     with pq.ParquetWriter(path, schema, **PARQUET_OPTIONS) as writer:
         wrote = False
-        for group in _row_groups(batches, schema, row_group_rows):
+        for group in _row_groups(batches, schema, row_group_rows, step):
             writer.write_table(group, row_group_size=row_group_rows)
             wrote = True
         if not wrote:  # an empty table still has one (empty) row group
@@ -72,19 +74,40 @@ def write_table_batches(
 
 
 def _row_groups(
-    batches: Iterable[pa.RecordBatch], schema: pa.Schema, rows: int
+    batches: Iterable[pa.RecordBatch], schema: pa.Schema, rows: int, step: int
 ) -> Iterator[pa.Table]:
-    """The batches re-cut into tables of exactly ``rows`` rows (the last may be shorter)."""
+    """Tables of exactly ``rows`` rows (the last may be shorter), as chunks of ``STEP`` rows.
+
+    The writer encodes a column in mini-batches of 1024 values (pyarrow's ``write_batch_size``),
+    so a table chunked at multiples of 1024 writes the same pages as the combined table; the
+    chunks are kept, never combined into one more copy of the row group."""
+    step = step if rows % step == 0 else rows
+    group: list[pa.RecordBatch] = []
+    for chunk in _rechunked(batches, schema, step):
+        group.append(chunk)
+        if len(group) * step == rows:
+            yield pa.Table.from_batches(group, schema)
+            group = []
+    if group:
+        yield pa.Table.from_batches(group, schema)
+
+
+def _rechunked(
+    batches: Iterable[pa.RecordBatch], schema: pa.Schema, step: int
+) -> Iterator[pa.RecordBatch]:
+    """The batches as batches of exactly ``step`` rows (the last may be shorter)."""
     pending: list[pa.RecordBatch] = []
     count = 0
     for batch in batches:
-        while batch.num_rows:
-            take = min(rows - count, batch.num_rows)
-            pending.append(batch.slice(0, take))
-            count += take
-            batch = batch.slice(take)
-            if count == rows:
-                yield pa.Table.from_batches(pending, schema).combine_chunks()
-                pending, count = [], 0
+        pending.append(batch)
+        count += batch.num_rows
+        while count >= step:
+            table = pa.Table.from_batches(pending, schema)
+            if len(pending) == 1 and batch.num_rows == step:
+                yield batch
+            else:
+                yield table.slice(0, step).combine_chunks().to_batches()[0]
+            rest = table.slice(step)
+            pending, count = rest.to_batches(), rest.num_rows
     if count:
-        yield pa.Table.from_batches(pending, schema).combine_chunks()
+        yield pa.Table.from_batches(pending, schema).combine_chunks().to_batches()[0]
