@@ -12,6 +12,7 @@ nulls sort last, and ``row`` breaks every remaining tie the way a stable sort wo
 """
 
 import ctypes
+import gc
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -71,6 +72,9 @@ class PartitionDb:
                 "temp_directory": str(self.tmp / "spill"),
                 "threads": max(1, threads),
                 "preserve_insertion_order": False,
+                # hand freed memory back after each task, not only past 128 MB / 512 MB
+                "allocator_flush_threshold": "8MB",
+                "allocator_bulk_deallocation_flush_threshold": "32MB",
             }
         )
 
@@ -220,7 +224,8 @@ class PartitionDb:
 def release_memory() -> None:
     """Hand freed pages back to the system between phases: Arrow's allocator and glibc's heap
     keep them for reuse, but the next phase allocates through another allocator (numpy, DuckDB,
-    Arrow), which cannot reuse them."""
+    Arrow), which cannot reuse them. Cycles go first, so what they held is freed too."""
+    gc.collect()
     pa.default_memory_pool().release_unused()
     if _LIBC is not None:
         _LIBC.malloc_trim(0)
