@@ -24,20 +24,24 @@ class TextLookup:
     once, front to back, a page and a batch of rows at a time (its text column can be one
     large row group), and only the texts asked for are kept."""
 
-    BATCH_ROWS = 256
+    BATCH_ROWS = 1024
 
-    def __init__(self, ws: Workspace, chunks: list[ChunkRecords]) -> None:
+    def __init__(self, ws: Workspace, chunks: list[ChunkRecords], verified: bool = False) -> None:
+        """``verified``: the caller checked every chunk file against its digest in this run
+        (the dedup layer's DuckDB reader does), so a class's pass need not hash them again."""
         self.ws = ws
         self.chunks = chunks
+        self.verified = verified
         self.starts = np.cumsum([0, *(c.count for c in chunks)])
         self._reader: Any = None
         self._at = (-1, 0)  # (chunk, first row of the current batch within it)
         self._batch: list[str] = []
 
     def _open(self, c: int) -> None:
-        self.release()
+        self._reader, self._batch = None, []
         digest = self.chunks[c].records["digest"]
-        self.ws.cas.verify(digest, self.chunks[c].what)
+        if not self.verified:
+            self.ws.cas.verify(digest, self.chunks[c].what)
         parquet = pq.ParquetFile(self.ws.cas.path(digest), buffer_size=1 << 20, pre_buffer=False)
         self._reader = parquet.iter_batches(batch_size=self.BATCH_ROWS, columns=["text"])
         self._at, self._batch = (c, 0), []

@@ -61,13 +61,13 @@ def build_dedup_clusters(ws: Workspace, partition_key: str) -> LayerResult:
             near, signature_refs, run_stats = _near_stage(ws, chunks)
             decided = decide(db, order, revoked, near)
             del near
-            release_memory()
+            release_memory(collect=True)
             edges = put_table(ws.cas, edge_table(db, decided))
             sorted_path = sort_clusters(db, decided, Path(tmp))
         report = DedupReport(near=decided.report, per_source=_per_source(decided))
         counts = _counts(decided, report, tombstoned=len(revoked))
         del decided
-        release_memory()
+        release_memory(collect=True)
         batches = cluster_batches(sorted_path)
         clusters = put_table_batches(ws.cas, CLUSTER_COLUMNS, batches, _tmp(ws))
     out: dict[str, Any] = {
@@ -119,7 +119,8 @@ def _near_stage(
     cached = ensure_signatures(ws, chunks, sig_spec, ws.config.execution.workers)
     arrays = [load_signatures(ws, c, sig_spec) for c in cached]
     content = {s.id: s.content for s in ws.config.sources}
-    near = NearStage(policy, arrays, TextLookup(ws, chunks), content, ws.home / "tmp")
+    texts = TextLookup(ws, chunks, verified=True)  # PartitionDb verified the same files
+    near = NearStage(policy, arrays, texts, content, ws.home / "tmp")
     refs = [
         {"chunk": c.chunk, "signatures": make_ref(c.digest, NPY, ws.cas.size(c.digest))}
         for c in cached

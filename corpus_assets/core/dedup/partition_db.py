@@ -221,11 +221,13 @@ class PartitionDb:
         return {int(row): (obj, int(line)) for row, obj, line in got}
 
 
-def release_memory() -> None:
+def release_memory(collect: bool = False) -> None:
     """Hand freed pages back to the system between phases: Arrow's allocator and glibc's heap
     keep them for reuse, but the next phase allocates through another allocator (numpy, DuckDB,
-    Arrow), which cannot reuse them. Cycles go first, so what they held is freed too."""
-    gc.collect()
+    Arrow), which cannot reuse them. With ``collect`` (costly: only between layer phases)
+    cycles go first, so what they held is freed too."""
+    if collect:
+        gc.collect()
     pa.default_memory_pool().release_unused()
     if _LIBC is not None:
         _LIBC.malloc_trim(0)
