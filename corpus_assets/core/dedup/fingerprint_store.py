@@ -24,7 +24,7 @@ class TextLookup:
     once, front to back, a page and a batch of rows at a time (its text column can be one
     large row group), and only the texts asked for are kept."""
 
-    BATCH_ROWS = 1024
+    BATCH_ROWS = 256
 
     def __init__(self, ws: Workspace, chunks: list[ChunkRecords], verified: bool = False) -> None:
         """``verified``: the caller checked every chunk file against its digest in this run
@@ -67,7 +67,7 @@ class TextLookup:
 
     def release(self) -> None:
         self._reader, self._at, self._batch = None, (-1, 0), []
-        release_memory()
+        release_memory(collect=True)  # once per class: its texts are all garbage now
 
 
 class SpilledFingerprints:
