@@ -165,16 +165,22 @@ class PartitionDb:
         )
 
     def _coded(self, column: str, n: int) -> Coded:
-        got = self.con.sql(
-            f"SELECT row, (dense_rank() OVER (ORDER BY {column}) - 1)::BIGINT AS code FROM recs"
-        ).fetchnumpy()
+        """Codes by one external sort streamed back (a window rank would hold the partition):
+        a new code wherever the sorted value changes."""
         codes = np.zeros(n, dtype=np.int64)
-        codes[got["row"]] = got["code"]
-        del got
         values: list[str] = []
-        if column in ("kind", "source_id"):  # a handful of values; the others are never listed
-            query = f"SELECT DISTINCT {column} FROM recs ORDER BY 1"
-            values = [v for (v,) in self.con.execute(query).fetchall()]
+        keep_values = column in ("kind", "source_id")  # a handful; the others are never listed
+        code, previous = -1, None
+        sql = f"SELECT row, {column} AS v FROM recs ORDER BY v, row"
+        for batch in self.batches(sql):
+            if not len(batch):
+                continue
+            rows = np.asarray(batch.column(0).to_numpy(), dtype=np.int64)
+            new = _changes(batch.column(1), previous)
+            codes[rows] = code + np.cumsum(new)
+            if keep_values:
+                values += batch.column(1).filter(pa.array(new)).to_pylist()
+            code, previous = int(codes[rows[-1]]), batch.column(1).slice(len(batch) - 1)
         return Coded(codes, values)
 
     def total_order(self, source_order: dict[str, int]) -> np.ndarray:
@@ -219,6 +225,19 @@ class PartitionDb:
         ).fetchall()
         self.unregister("wanted")
         return {int(row): (obj, int(line)) for row, obj, line in got}
+
+
+def _changes(values: pa.Array, previous: pa.Array | None) -> np.ndarray:
+    """Per position of sorted ``values``, whether it differs from the one before (``previous``
+    for the first, a one-value array or None); null equals null, as in a sort's rank."""
+    first = values.slice(0, 1) if previous is None else previous
+    before = pa.concat_arrays([first, values.slice(0, len(values) - 1)])
+    equal = pc.fill_null(pc.equal(values, before), False)
+    both_null = pc.and_(pc.is_null(values), pc.is_null(before))
+    changed = np.asarray(pc.invert(pc.or_(equal, both_null)).to_numpy(zero_copy_only=False))
+    if previous is None:
+        changed[0] = True
+    return changed
 
 
 def release_memory(collect: bool = False) -> None:
