@@ -25,7 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from corpus_assets.core.records.index import ChunkRecords
+from corpus_assets.core.records.index import RECORD_COLUMNS, ChunkRecords
 from corpus_assets.core.runtime.workspace import Workspace
 
 try:
@@ -82,11 +82,17 @@ class PartitionDb:
     def from_chunks(cls, ws: Workspace, chunks: list[ChunkRecords]) -> "PartitionDb":
         """The canonical chunks' files, verified against their digests, read in place."""
         db = cls(ws.home / "tmp", ws.config.execution.workers)
-        if not chunks:
-            from corpus_assets.core.records.index import RECORD_COLUMNS
+        try:
+            db._attach(ws, chunks)
+        except BaseException:
+            db.close()  # its spill directory too
+            raise
+        return db
 
-            db._from_arrow(RECORD_COLUMNS.empty_table())
-            return db
+    def _attach(self, ws: Workspace, chunks: list[ChunkRecords]) -> None:
+        if not chunks:
+            self._from_arrow(RECORD_COLUMNS.empty_table())
+            return
         paths, starts, lengths, start = [], [], [], 0
         for chunk in chunks:
             ws.cas.verify(chunk.records["digest"], chunk.what)
@@ -101,18 +107,17 @@ class PartitionDb:
             {"row": np.arange(start, dtype=np.int64), "length": np.concatenate(lengths)}
         )
         del lengths
-        db.con.register("chunk_files", files)
-        db.con.register("lengths", meta)
+        self.con.register("chunk_files", files)
+        self.con.register("lengths", meta)
         scan = f"read_parquet({_sql_list(paths)}, filename = true, file_row_number = true)"
-        db.con.execute(
+        self.con.execute(
             f"CREATE TEMP TABLE files AS SELECT * FROM chunk_files;"
             f"CREATE TEMP TABLE meta AS SELECT * FROM lengths;"
             f"CREATE VIEW recs AS SELECT f.start + p.file_row_number AS row, {_CARRIED_SQL} "
             f"FROM {scan} p JOIN files f ON p.filename = f.path"
         )
-        db.con.unregister("chunk_files")
-        db.con.unregister("lengths")
-        return db
+        self.con.unregister("chunk_files")
+        self.con.unregister("lengths")
 
     @classmethod
     def from_table(cls, records: pa.Table) -> "PartitionDb":
