@@ -2,10 +2,10 @@
 
 Dedup decides on integers (row numbers, codes of strings, lengths); only its output needs the
 strings again. DuckDB reads the canonical chunk files straight from the CAS (each verified
-first), numbers their rows in index order (``row``), codes the string columns with window
-ranks, sorts the total order, and joins the decisions back to the strings for the output tables,
-spilling under ``temp_directory`` when its ``memory_limit`` is reached. Python keeps a few
-integers per record.
+first), numbers their rows in index order (``row``), codes the string columns from streamed
+external sorts, sorts the total order, and joins the decisions back to the strings for the
+output tables, spilling under ``temp_directory`` when its ``memory_limit`` is reached. Python
+keeps a few integers per record.
 
 Orderings match the Arrow ones they replace: strings compare as bytes (UTF-8, no collation),
 nulls sort last, and ``row`` breaks every remaining tie the way a stable sort would.
