@@ -403,6 +403,18 @@ def test_long_text_whitespace_collapse_equals_split_join():
         shingling._SPLIT_MAX = saved
 
 
+def test_long_text_collapse_in_small_segments_equals_split_join(monkeypatch):
+    rng = random.Random(3)
+    texts = [*_unicode_texts(100, seed=5), "  a   b  ", "x" * 40, "\u3000\u3000x\u2028\u2029y\x1c"]
+    texts += [
+        "".join(rng.choice(" \t\n\xa0\u2003ab") for _ in range(rng.randrange(300)))
+        for _ in "x" * 50
+    ]
+    monkeypatch.setattr(shingling, "_SEGMENT", 7)  # many segments, tokens longer than one
+    for text in texts:
+        assert shingling._collapse_segments(text) == " ".join(text.split())
+
+
 @pytest.mark.parametrize("spec", [SPEC, V2, "v2-long"], ids=["v1", "v2", "v2-long"])
 def test_memory_is_bounded_by_blocks(monkeypatch, spec):
     rng = random.Random(9)

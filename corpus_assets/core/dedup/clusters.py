@@ -5,20 +5,25 @@ total order), ``exact_duplicate`` (its dedup key equals an earlier record's), ``
 (algorithm 18.1: it directly reaches the threshold with a *kept* record; ``match_id`` /
 ``match_jaccard`` are that evidence) or ``keep``. ``representative_id`` is the kept record that
 stands for a removed one; ``leakage_id`` names the component over group ids, exact clusters and
-verified near edges (its smallest group id). Everything per record is an Arrow or numpy vector;
-Python loops run only over duplicates and edges.
+verified near edges (its smallest group id). Everything per record is a numpy vector of integers
+decided over :class:`~.partition_db.PartitionDb` codes; the strings come back only when DuckDB
+joins the decisions to the records for the output tables. Python loops run only over repeated
+record ids and tombstoned rows.
 """
 
+import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
-from corpus_assets.core.dedup.near_dedup import UnionFind
 from corpus_assets.core.dedup.near_stage import NearStage
-from corpus_assets.core.dedup.order import codes, first_in_order, total_order
+from corpus_assets.core.dedup.order import first_in_order
+from corpus_assets.core.dedup.partition_db import PartitionDb, RecordCodes
 from corpus_assets.core.dedup.report import NearReport
 
 KEEP, EXACT, NEAR, EXCLUDED = "keep", "exact_duplicate", "near_duplicate", "excluded"
@@ -83,6 +88,21 @@ class Clustered(NamedTuple):
     edges: pa.Table  # every exact and verified near edge (EDGE_COLUMNS), sorted
 
 
+@dataclass
+class Decided:
+    """Every verdict of a run, by row, plus what the output tables and counts are made of."""
+
+    codes: RecordCodes
+    state: _Verdicts
+    excluded: dict[int, str]  # row -> reason, only excluded rows
+    copies: np.ndarray  # exact duplicate rows, in total order
+    near_x: np.ndarray  # verified near edges (rows), later record first
+    near_y: np.ndarray
+    near_j: np.ndarray
+    leakage: np.ndarray  # per row, the group code naming its leakage group
+    report: NearReport | None
+
+
 def cluster(
     records: pa.Table,
     source_order: dict[str, int],
@@ -92,70 +112,72 @@ def cluster(
     """The dedup table, the near-dedup report and the edges that justify the leakage groups.
 
     ``records`` needs record_id, source_id, object, line, group_id, kind, dedup_key and length
-    (or text) columns, in the row order the signatures of ``near`` were computed in.
+    (or text) columns, in the row order the signatures of ``near`` were computed in. The layer
+    streams the same tables from a :class:`PartitionDb` over the chunk files instead.
     """
-    order = total_order(records, source_order)
-    state = _Verdicts(records.num_rows)
-    excluded = _exclude_repeated_ids(records, order, dict(revoked or {}))
+    with tempfile.TemporaryDirectory() as tmp:
+        with PartitionDb.from_table(records) as db:
+            decided = decide(db, source_order, revoked, near)
+            edges = edge_table(db, decided)
+            path = sort_clusters(db, decided, Path(tmp))
+        table = pa.Table.from_batches(list(cluster_batches(path)), CLUSTER_COLUMNS)
+        return Clustered(table.combine_chunks(), decided.report, edges)
+
+
+def decide(
+    db: PartitionDb,
+    source_order: dict[str, int],
+    revoked: dict[int, str] | None = None,
+    near: NearStage | None = None,
+) -> Decided:
+    """Exclusions, exact dedup, near-dedup and leakage groups over the codes of ``db``."""
+    codes = db.codes()
+    order = db.total_order(source_order)
+    state = _Verdicts(codes.n)
+    excluded = _exclude_repeated_ids(db, codes, order, dict(revoked or {}))
     if excluded:
         state.verdict[np.fromiter(excluded, dtype=np.int64, count=len(excluded))] = _EXCLUDED
-    representatives, copies = _exact(records, order[state.verdict[order] == _KEEP], state)
-    edges = list(zip(copies.tolist(), state.match[copies].tolist(), strict=True))
-    near_edges: list[tuple[int, int, float]] = []
+    representatives, copies = _exact(codes, order[state.verdict[order] == _KEEP], state)
+    del order
     report = None
+    near_x = near_y = np.empty(0, dtype=np.int64)
+    near_j = np.empty(0, dtype=np.float64)
     if near is not None:
-        report = near.run(records, representatives)
-        near_edges = near.edges
-        edges += [(x, y) for x, y, _ in near_edges]
-        for x, (y, j) in near.matches.items():
-            state.verdict[x], state.match[x], state.jaccard[x] = _NEAR, y, j
-    table = _table(records, state, _leakage_ids(records, edges), excluded)
-    return Clustered(table, report, _edge_table(records, copies, state.match, near_edges))
-
-
-def _edge_table(
-    records: pa.Table, copies: np.ndarray, match: np.ndarray, near: list[tuple[int, int, float]]
-) -> pa.Table:
-    """Exact (copy -> its key's representative) and verified near edges, by record id."""
-    near_rows = np.array([(x, y) for x, y, _ in near], dtype=np.int64).reshape(-1, 2)
-    a = np.concatenate([copies, near_rows[:, 0]])
-    b = np.concatenate([match[copies], near_rows[:, 1]])
-    ids = records.column("record_id")
-    table = pa.table(
-        {
-            "record_a": ids.take(pa.array(a)),
-            "record_b": ids.take(pa.array(b)),
-            "kind": pa.array(np.repeat(["exact", "near"], [len(copies), len(near)]), pa.string()),
-            "jaccard": np.concatenate([np.ones(len(copies)), [j for _, _, j in near]]),
-        }
-    )
-    keys = [("record_a", "ascending"), ("record_b", "ascending"), ("kind", "ascending")]
-    return table.take(pc.sort_indices(table, sort_keys=keys)).cast(EDGE_COLUMNS).combine_chunks()
+        report = near.run(codes, representatives)
+        near_x, near_y, near_j = near.edge_arrays()
+        rows, match, jaccard = near.match_arrays()
+        state.verdict[rows], state.match[rows], state.jaccard[rows] = _NEAR, match, jaccard
+    a = np.concatenate([copies, near_x])
+    b = np.concatenate([state.match[copies], near_y])
+    leakage = _leakage_codes(codes.group_id.codes, a, b)
+    return Decided(codes, state, excluded, copies, near_x, near_y, near_j, leakage, report)
 
 
 def _exclude_repeated_ids(
-    records: pa.Table, order: np.ndarray, excluded: dict[int, str]
+    db: PartitionDb, codes: RecordCodes, order: np.ndarray, excluded: dict[int, str]
 ) -> dict[int, str]:
     """Add every row whose record id already appeared earlier in the order (ids are unique)."""
-    id_codes, _ = codes(records.column("record_id"))
+    id_codes = codes.record_id.codes
     first = first_in_order(id_codes[order])
+    repeated = order[~first]
+    if not len(repeated):
+        return excluded
     first_row_of = np.empty(int(id_codes.max(initial=-1)) + 1, dtype=np.int64)
     first_row_of[id_codes[order[first]]] = order[first]
-    objects, lines = records.column("object"), records.column("line")
-    for row in order[~first].tolist():
-        at = int(first_row_of[id_codes[row]])
-        excluded.setdefault(
-            row, f"duplicate record_id (first at {objects[at].as_py()} line {lines[at].as_py()})"
-        )
+    at = first_row_of[id_codes[repeated]]
+    where = db.object_lines(np.unique(at))
+    for row, first_row in zip(repeated.tolist(), at.tolist(), strict=True):
+        obj, line = where[first_row]
+        excluded.setdefault(row, f"duplicate record_id (first at {obj} line {line})")
     return excluded
 
 
 def _exact(
-    records: pa.Table, eligible: np.ndarray, state: _Verdicts
+    codes: RecordCodes, eligible: np.ndarray, state: _Verdicts
 ) -> tuple[np.ndarray, np.ndarray]:
     """Mark later copies of a dedup key as exact duplicates; return the representatives (the
     only records near-dedup looks at) and the copies, both in total order."""
-    key_codes, _ = codes(records.column("dedup_key"))
+    key_codes = codes.dedup_key.codes
     first = first_in_order(key_codes[eligible])
     rep_of = np.empty(int(key_codes.max(initial=-1)) + 1, dtype=np.int64)
     rep_of[key_codes[eligible[first]]] = eligible[first]
@@ -165,42 +187,140 @@ def _exact(
     return eligible[first], copies
 
 
-def _leakage_ids(records: pa.Table, edges: list[tuple[int, int]]) -> pa.Array:
-    """Per row, the smallest group id of its component over groups and dedup edges."""
-    group_codes, groups = codes(records.column("group_id"), ordered=True)
-    leakage = UnionFind(len(groups))  # over group codes ordered by group id
-    for x, y in edges:
-        leakage.union(int(group_codes[x]), int(group_codes[y]))
-    return groups.take(pa.array(leakage.roots()[group_codes]))
+def _leakage_codes(group_codes: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Per row, the smallest group code of its component over groups and the edges (a, b)."""
+    roots = components(int(group_codes.max(initial=-1)) + 1, group_codes[a], group_codes[b])
+    return roots[group_codes]
 
 
-def _ids_at(ids: pa.ChunkedArray, rows: np.ndarray) -> pa.Array:
-    """Record ids at ``rows``, "" where the row is -1."""
-    taken = ids.take(pa.array(np.where(rows < 0, 0, rows), mask=rows < 0))
-    return pc.fill_null(taken, "")
+def components(n: int, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Per element of 0..n-1 the smallest element of its connected component over the edges
+    (a, b): hook every edge's larger root under the smaller one, jump pointers, repeat."""
+    label = np.arange(n, dtype=np.int64)
+    while len(a):
+        la, lb = label[a], label[b]
+        low = np.minimum(la, lb)
+        hooked = label.copy()
+        np.minimum.at(hooked, la, low)
+        np.minimum.at(hooked, lb, low)
+        while not np.array_equal(jumped := hooked[hooked], hooked):
+            hooked = jumped
+        if np.array_equal(hooked, label):
+            break
+        label = hooked
+    return label
 
 
-def _table(
-    records: pa.Table, state: _Verdicts, leakage_ids: pa.Array, excluded: dict[int, str]
-) -> pa.Table:
-    reasons = [""] * records.num_rows
-    for row, reason in excluded.items():
-        reasons[row] = reason
-    ids = records.column("record_id")
-    table = pa.table(
+def _reasons(decided: Decided) -> tuple[np.ndarray, pa.Array]:
+    """A code per row into the distinct exclusion reasons (code 0 is "")."""
+    values = sorted(set(decided.excluded.values()))
+    code_of = {v: k + 1 for k, v in enumerate(values)}
+    codes = np.zeros(decided.codes.n, dtype=np.int32)
+    for row, reason in decided.excluded.items():
+        codes[row] = code_of[reason]
+    return codes, pa.array(["", *values], pa.string())
+
+
+_VERDICT_NAMES = pa.table({"code": pa.array(range(4), pa.int8()), "name": _VERDICTS})
+# One join at a time into spillable temp tables, then one sort into a file: DuckDB never holds
+# more than one hash table of ids at once.
+_CLUSTERS_SQL = """
+CREATE TEMP TABLE ids AS SELECT row, record_id, group_id FROM recs;
+CREATE TEMP TABLE d1 AS SELECT v.*, p.record_id AS rep_id FROM decided v
+  LEFT JOIN ids p ON p.row = v.rep;
+CREATE TEMP TABLE d2 AS SELECT d1.*, q.record_id AS match_id FROM d1
+  LEFT JOIN ids q ON q.row = d1.match;
+DROP TABLE d1;
+CREATE TEMP TABLE d3 AS SELECT d2.row, d2.verdict, d2.jaccard, d2.reason, d2.rep_id, d2.match_id,
+  g.group_id AS leakage_id FROM d2 JOIN ids g ON g.row = d2.leak;
+DROP TABLE d2;
+DROP TABLE ids;
+SET preserve_insertion_order = true;
+COPY (
+  SELECT r.record_id, r.source_id, r.object, r.line, r.group_id, r.dedup_key,
+    n.name AS verdict, coalesce(d.rep_id, '') AS representative_id,
+    d.verdict = 0 AS is_representative, coalesce(d.match_id, '') AS match_id,
+    d.jaccard AS match_jaccard, d.leakage_id, x.reason AS excluded
+  FROM recs r JOIN d3 d USING (row)
+  JOIN verdict_names n ON n.code = d.verdict
+  JOIN reasons x ON x.code = d.reason
+  ORDER BY r.record_id, r.object, r.line, r.row
+) TO '{path}' (FORMAT parquet, ROW_GROUP_SIZE 65536);
+SET preserve_insertion_order = false;
+DROP TABLE d3;
+"""
+
+
+def sort_clusters(db: PartitionDb, decided: Decided, directory: Path) -> Path:
+    """The dedup table sorted into a Parquet file by DuckDB (joins and sort spill as needed),
+    so the connection and the per-row decisions can go before the table is written."""
+    reason_codes, reasons = _reasons(decided)
+    state, group_codes = decided.state, decided.codes.group_id.codes
+    first_row_of_group = np.empty(int(group_codes.max(initial=-1)) + 1, np.int64)
+    first_row_of_group[group_codes] = np.arange(decided.codes.n)
+    reps = state.representatives()
+    db.register(
+        "decided",
+        pa.table(
+            {
+                "row": np.arange(decided.codes.n, dtype=np.int64),
+                "verdict": state.verdict,
+                "rep": pa.array(reps, mask=reps < 0),
+                "match": pa.array(state.match, mask=state.match < 0),
+                "jaccard": pa.array(state.jaccard, mask=state.match < 0),
+                "leak": first_row_of_group[decided.leakage],
+                "reason": reason_codes,
+            }
+        ),
+    )
+    del reason_codes, first_row_of_group, reps
+    db.register(
+        "reasons", pa.table({"code": pa.array(range(len(reasons)), pa.int32()), "reason": reasons})
+    )
+    db.register("verdict_names", _VERDICT_NAMES)
+    path = directory / "clusters-sorted.parquet"
+    try:
+        db.con.execute(_CLUSTERS_SQL.replace("{path}", str(path).replace("'", "''")))
+    finally:
+        for name in ("decided", "reasons", "verdict_names"):
+            db.unregister(name)
+    return path
+
+
+def cluster_batches(path: Path) -> Iterator[pa.RecordBatch]:
+    """The sorted dedup table read back a batch at a time, as CLUSTER_COLUMNS."""
+    parquet = pq.ParquetFile(path)
+    for batch in parquet.iter_batches(batch_size=1 << 16, use_threads=False):
+        yield pa.RecordBatch.from_arrays(
+            [c.cast(f.type) for c, f in zip(batch.columns, CLUSTER_COLUMNS, strict=True)],
+            schema=CLUSTER_COLUMNS,
+        )
+
+
+_EDGES_SQL = """
+SELECT a.record_id AS record_a, b.record_id AS record_b, e.kind, e.jaccard
+FROM edges e JOIN recs a ON a.row = e.a JOIN recs b ON b.row = e.b
+ORDER BY record_a, record_b, e.kind, e.seq
+"""
+
+
+def edge_table(db: PartitionDb, decided: Decided) -> pa.Table:
+    """Exact (copy -> its key's representative) and verified near edges, by record id."""
+    copies, near = decided.copies, len(decided.near_x)
+    a = np.concatenate([copies, decided.near_x])
+    edges = pa.table(
         {
-            **{c: records.column(c) for c in CARRIED},
-            "verdict": _VERDICTS.take(pa.array(state.verdict)),
-            "representative_id": _ids_at(ids, state.representatives()),
-            "is_representative": pa.array(state.verdict == _KEEP),
-            "match_id": _ids_at(ids, state.match),
-            "match_jaccard": pa.array(state.jaccard, mask=state.match < 0),
-            "leakage_id": leakage_ids,
-            "excluded": pa.array(reasons, pa.string()),
+            "a": a,
+            "b": np.concatenate([decided.state.match[copies], decided.near_y]),
+            "kind": pa.array(np.repeat(["exact", "near"], [len(copies), near]), pa.string()),
+            "jaccard": np.concatenate([np.ones(len(copies)), decided.near_j]),
+            "seq": np.arange(len(a), dtype=np.int64),
         }
     )
-    rows = pc.sort_indices(
-        table,
-        sort_keys=[("record_id", "ascending"), ("object", "ascending"), ("line", "ascending")],
-    )
-    return table.take(rows).cast(CLUSTER_COLUMNS).combine_chunks()
+    db.register("edges", edges)
+    try:
+        batches = list(db.batches(_EDGES_SQL))
+    finally:
+        db.unregister("edges")
+    table = pa.Table.from_batches(batches) if batches else EDGE_COLUMNS.empty_table()
+    return table.cast(EDGE_COLUMNS).combine_chunks()

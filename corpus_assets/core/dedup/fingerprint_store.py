@@ -11,40 +11,63 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow.parquet as pq
 
 from corpus_assets.core.dedup.minhash import fingerprints
+from corpus_assets.core.dedup.partition_db import release_memory
 from corpus_assets.core.records.index import ChunkRecords
 from corpus_assets.core.runtime.workspace import Workspace
 
 
 class TextLookup:
-    """Texts of records by global row index, read chunk by chunk (the last chunk is kept, so
-    ascending requests read each chunk once)."""
+    """Texts of records by global row index, for ascending requests: each chunk file is read
+    once, front to back, a page and a batch of rows at a time (its text column can be one
+    large row group), and only the texts asked for are kept."""
 
-    def __init__(self, ws: Workspace, chunks: list[ChunkRecords]) -> None:
+    BATCH_ROWS = 256
+
+    def __init__(self, ws: Workspace, chunks: list[ChunkRecords], verified: bool = False) -> None:
+        """``verified``: the caller checked every chunk file against its digest in this run
+        (the dedup layer's DuckDB reader does), so a class's pass need not hash them again."""
         self.ws = ws
         self.chunks = chunks
+        self.verified = verified
         self.starts = np.cumsum([0, *(c.count for c in chunks)])
-        self._last: tuple[int, list[str]] = (-1, [])
+        self._reader: Any = None
+        self._at = (-1, 0)  # (chunk, first row of the current batch within it)
+        self._batch: list[str] = []
 
-    def _chunk(self, c: int) -> list[str]:
-        if self._last[0] != c:
-            self._last = (-1, [])  # let the previous chunk go before reading the next
-            self._last = (c, self.chunks[c].texts(self.ws.cas))
-        return self._last[1]
+    def _open(self, c: int) -> None:
+        self._reader, self._batch = None, []
+        digest = self.chunks[c].records["digest"]
+        if not self.verified:
+            self.ws.cas.verify(digest, self.chunks[c].what)
+        parquet = pq.ParquetFile(self.ws.cas.path(digest), buffer_size=1 << 20, pre_buffer=False)
+        self._reader = parquet.iter_batches(batch_size=self.BATCH_ROWS, columns=["text"])
+        self._at, self._batch = (c, 0), []
+
+    def _text(self, c: int, local: int) -> str:
+        chunk, first = self._at
+        if chunk != c or local < first:
+            self._open(c)
+            chunk, first = self._at
+        while local >= first + len(self._batch):
+            first += len(self._batch)
+            self._batch = next(self._reader).column(0).to_pylist()
+            self._at = (c, first)
+        return self._batch[local - first]
 
     def get(self, rows: np.ndarray) -> list[str]:
         rows = np.asarray(rows, dtype=np.int64)
         chunk_of = np.searchsorted(self.starts, rows, side="right") - 1
-        out: list[str] = [""] * len(rows)
-        for c in np.unique(chunk_of).tolist():
-            texts = self._chunk(c)
-            for k in np.flatnonzero(chunk_of == c).tolist():
-                out[k] = texts[int(rows[k] - self.starts[c])]
-        return out
+        return [
+            self._text(c, int(row - self.starts[c]))
+            for c, row in zip(chunk_of.tolist(), rows.tolist(), strict=True)
+        ]
 
     def release(self) -> None:
-        self._last = (-1, [])
+        self._reader, self._at, self._batch = None, (-1, 0), []
+        release_memory(collect=True)  # once per class: its texts are all garbage now
 
 
 class SpilledFingerprints:
@@ -53,7 +76,9 @@ class SpilledFingerprints:
     each record's sorted uint64 set back with one ``pread``. Memory holds one chunk of text and
     one batch of fingerprints, not every record that collided."""
 
-    BATCH = 4096
+    BATCH = 4096  # records fingerprinted together at most
+    BATCH_CHARS = 1 << 23  # ... and about this much text (code files can be long)
+    FETCH = 256  # texts asked for at a time
 
     def __init__(self, texts: TextLookup, spec: Any, order: np.ndarray, tmp: Path) -> None:
         self.texts, self.spec, self.order, self.tmp = texts, spec, order, tmp
@@ -66,14 +91,28 @@ class SpilledFingerprints:
         self.tmp.mkdir(parents=True, exist_ok=True)
         self.file = tempfile.TemporaryFile(dir=self.tmp)  # noqa: SIM115 - closed by close()
         self.rows = np.sort(self.order[ranks])
-        sizes = []
-        for start in range(0, len(self.rows), self.BATCH):
-            batch = fingerprints(self.texts.get(self.rows[start : start + self.BATCH]), self.spec)
-            sizes += [len(f) for f in batch]
-            self.file.write(b"".join(np.ascontiguousarray(f, "<u8").tobytes() for f in batch))
+        sizes = np.zeros(len(self.rows), dtype=np.int64)
+        batch: list[str] = []
+        done = chars = 0
+        for start in range(0, len(self.rows), self.FETCH):
+            for text in self.texts.get(self.rows[start : start + self.FETCH]):
+                batch.append(text)
+                chars += len(text)
+                if len(batch) >= self.BATCH or chars >= self.BATCH_CHARS:
+                    done = self._spill(batch, sizes, done)
+                    batch, chars = [], 0
+        self._spill(batch, sizes, done)
         self.texts.release()
         self.file.flush()
         self.offsets = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])
+
+    def _spill(self, texts: list[str], sizes: np.ndarray, done: int) -> int:
+        """Fingerprint a batch of texts, append them to the file; the next record's index."""
+        for f in fingerprints(texts, self.spec) if texts else []:
+            sizes[done] = len(f)
+            self.file.write(np.ascontiguousarray(f, "<u8").tobytes())
+            done += 1
+        return done
 
     def __call__(self, ranks: np.ndarray) -> list[np.ndarray]:
         at = np.searchsorted(self.rows, self.order[ranks])

@@ -7,15 +7,30 @@ MinHash signatures per canonical chunk, the near-dedup stage, then the verdicts 
 are listed with its outputs, so ``verify`` covers them.
 """
 
+import tempfile
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from corpus_assets.core.dedup.clusters import CARRIED, EXACT, EXCLUDED, KEEP, NEAR, cluster
+from corpus_assets.core.dedup.clusters import (
+    CLUSTER_COLUMNS,
+    EXACT,
+    EXCLUDED,
+    KEEP,
+    NEAR,
+    Decided,
+    cluster_batches,
+    decide,
+    edge_table,
+    sort_clusters,
+)
 from corpus_assets.core.dedup.fingerprint_store import TextLookup
 from corpus_assets.core.dedup.near_stage import NearStage
+from corpus_assets.core.dedup.partition_db import PartitionDb, release_memory
 from corpus_assets.core.dedup.report import DedupReport
 from corpus_assets.core.dedup.signature_cache import (
     ensure_signatures,
@@ -24,30 +39,40 @@ from corpus_assets.core.dedup.signature_cache import (
 )
 from corpus_assets.core.governance.lineage import tombstone_matches
 from corpus_assets.core.ingest.freeze import freeze
-from corpus_assets.core.records.index import RECORD_COLUMNS, CanonicalIndex
+from corpus_assets.core.records.index import CanonicalIndex, ChunkRecords
 from corpus_assets.core.runtime.code_identity import stage_code
 from corpus_assets.core.runtime.layers import LayerResult, load_index, publish_index
 from corpus_assets.core.runtime.workspace import Workspace
 from corpus_assets.core.storage.artifacts import NPY, Ref, get_table, make_ref, put_json, put_table
 from corpus_assets.core.storage.cas import ContentStore
+from corpus_assets.core.storage.table_stream import put_table_batches
 
 CODE = stage_code("dedup_clusters.v3", __name__)  # this module's closure, hashed at import
-_NEEDED = [*CARRIED, "kind"]  # plus the text length, never the text itself
 
 
 def build_dedup_clusters(ws: Workspace, partition_key: str) -> LayerResult:
     canonical_ref, canonical = CanonicalIndex.read(ws, partition_key)
-    records = _records_with_length(ws, canonical)
+    chunks = canonical.chunks()
     _, spec = freeze(ws, partition_key)
-    revoked = tombstone_matches(ws.catalog, spec.tombstone_watermark, records)
-    near, signature_refs, run_stats = _near_stage(ws, canonical)
     order = {s.id: n for n, s in enumerate(ws.config.sources)}
-    table, near_report, edges = cluster(records, order, revoked, near)
-    report = DedupReport(near=near_report, per_source=_per_source(table))
-    counts = _counts(table, report, tombstoned=len(revoked))
+    with tempfile.TemporaryDirectory(dir=_tmp(ws)) as tmp:
+        with PartitionDb.from_chunks(ws, chunks) as db:
+            revoked = _revoked(ws, db, spec.tombstone_watermark)
+            near, signature_refs, run_stats = _near_stage(ws, chunks)
+            decided = decide(db, order, revoked, near)
+            del near
+            release_memory(collect=True)
+            edges = put_table(ws.cas, edge_table(db, decided))
+            sorted_path = sort_clusters(db, decided, Path(tmp))
+        report = DedupReport(near=decided.report, per_source=_per_source(decided))
+        counts = _counts(decided, report, tombstoned=len(revoked))
+        del decided
+        release_memory(collect=True)
+        batches = cluster_batches(sorted_path)
+        clusters = put_table_batches(ws.cas, CLUSTER_COLUMNS, batches, _tmp(ws))
     out: dict[str, Any] = {
-        "clusters": put_table(ws.cas, table),
-        "edges": put_table(ws.cas, edges),
+        "clusters": clusters,
+        "edges": edges,
         "report": put_json(ws.cas, report.document()),
         "signatures": signature_refs,
     }
@@ -65,20 +90,37 @@ def build_dedup_clusters(ws: Workspace, partition_key: str) -> LayerResult:
     )
 
 
+def _tmp(ws: Workspace) -> Path:
+    path = ws.home / "tmp"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _revoked(ws: Workspace, db: PartitionDb, watermark: int) -> dict[int, str]:
+    """Rows revoked by a tombstone at or below the watermark, matched a batch at a time."""
+    found: dict[int, str] = {}
+    for batch in db.batches("SELECT row, record_id, object, group_id FROM recs"):
+        rows = batch.column(0).to_numpy()
+        table = pa.Table.from_batches([batch])
+        for row, reason in tombstone_matches(ws.catalog, watermark, table).items():
+            found[int(rows[row])] = reason
+    return found
+
+
 def _near_stage(
-    ws: Workspace, canonical: CanonicalIndex
+    ws: Workspace, chunks: list[ChunkRecords]
 ) -> tuple[NearStage | None, list[dict[str, Any]], dict[str, int]]:
     """The near-dedup stage over cached signatures (None when switched off), the signature
     refs this layer lists, and how many records were hashed or reused in this run."""
     policy = ws.config.policies.dedup.near
     if not policy.enabled:
         return None, [], {}
-    chunks = canonical.chunks()
     sig_spec = signature_spec(policy)
     cached = ensure_signatures(ws, chunks, sig_spec, ws.config.execution.workers)
     arrays = [load_signatures(ws, c, sig_spec) for c in cached]
     content = {s.id: s.content for s in ws.config.sources}
-    near = NearStage(policy, arrays, TextLookup(ws, chunks), content, ws.home / "tmp")
+    texts = TextLookup(ws, chunks, verified=True)  # PartitionDb verified the same files
+    near = NearStage(policy, arrays, texts, content, ws.home / "tmp")
     refs = [
         {"chunk": c.chunk, "signatures": make_ref(c.digest, NPY, ws.cas.size(c.digest))}
         for c in cached
@@ -90,50 +132,36 @@ def _near_stage(
     return near, refs, run_stats
 
 
-def _counts(table: pa.Table, report: DedupReport, tombstoned: int) -> dict[str, int]:
+def _counts(decided: Decided, report: DedupReport, tombstoned: int) -> dict[str, int]:
     verdicts = Counter[str]()
     for per_verdict in report.per_source.values():
         verdicts.update(per_verdict)
-    representatives = table.column("representative_id")
-    kept_ids = pc.filter(representatives, pc.not_equal(representatives, ""))
+    reps = decided.state.representatives()
+    kept_ids = decided.codes.record_id.codes[reps[reps >= 0]]
     return {
-        "records": table.num_rows,
+        "records": decided.codes.n,
         "kept": verdicts[KEEP],
         "removed": verdicts[EXACT] + verdicts[NEAR],
         "exact_duplicates": verdicts[EXACT],
         "near_duplicates": verdicts[NEAR],
         "tombstoned": tombstoned,
         "duplicate_ids": verdicts[EXCLUDED] - tombstoned,
-        "clusters": pc.count_distinct(kept_ids).as_py(),
-        "leakage_groups": pc.count_distinct(table.column("leakage_id")).as_py(),
+        "clusters": len(np.unique(kept_ids)),
+        "leakage_groups": len(np.unique(decided.leakage)),
     }
 
 
-def _records_with_length(ws: Workspace, canonical: CanonicalIndex) -> pa.Table:
-    """The columns dedup needs, with text length instead of text. Texts are decoded a batch at
-    a time, so the transient memory is one batch, not one chunk (let alone the partition)."""
-    tables = []
-    for chunk in canonical.chunks():
-        parquet = chunk.parquet(ws.cas)
-        table = parquet.read(columns=_NEEDED)
-        lengths = [
-            pc.utf8_length(batch.column(0))
-            for batch in parquet.iter_batches(batch_size=4096, columns=["text"])
-        ]
-        tables.append(table.append_column("length", pa.chunked_array(lengths, pa.int32())))
-    if not tables:
-        empty = RECORD_COLUMNS.empty_table().select(_NEEDED)
-        return empty.append_column("length", pa.array([], pa.int32()))
-    return pa.concat_tables(tables)
-
-
-def _per_source(table: pa.Table) -> dict[str, dict[str, int]]:
+def _per_source(decided: Decided) -> dict[str, dict[str, int]]:
     """Verdict counts per source, every verdict listed (zeros too)."""
-    grouped = table.group_by(["source_id", "verdict"]).aggregate([([], "count_all")])
-    out: dict[str, dict[str, int]] = {}
-    for row in grouped.to_pylist():
-        counts = out.setdefault(row["source_id"], dict.fromkeys((KEEP, EXACT, NEAR, EXCLUDED), 0))
-        counts[row["verdict"]] = row["count_all"]
+    sources = decided.codes.source_id
+    names = (KEEP, EXACT, NEAR, EXCLUDED)
+    pair = sources.codes * len(names) + decided.state.verdict
+    counts = np.bincount(pair, minlength=len(sources.values) * len(names)).reshape(-1, len(names))
+    out = {
+        source: dict(zip(names, counts[code].tolist(), strict=True))
+        for code, source in enumerate(sources.values)
+        if counts[code].sum()
+    }
     return dict(sorted(out.items()))
 
 

@@ -212,7 +212,7 @@ class _Prints:
     """Fingerprints fetched a window at a time, just before first use, dropped after last use,
     so memory follows the records in flight rather than every record that collided."""
 
-    WINDOW = 8192
+    WINDOW = 1024
 
     def __init__(
         self, xs: np.ndarray, ys: np.ndarray, fetch: Callable[[np.ndarray], list[np.ndarray]]

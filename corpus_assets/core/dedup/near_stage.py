@@ -11,7 +11,6 @@ from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
 
 from corpus_assets.core.dedup.fingerprint_store import SpilledFingerprints, TextLookup
 from corpus_assets.core.dedup.jaccard import jaccard_sorted
@@ -23,7 +22,7 @@ from corpus_assets.core.dedup.near_dedup import (
     near_dedup,
     s_curve,
 )
-from corpus_assets.core.dedup.order import codes
+from corpus_assets.core.dedup.partition_db import RecordCodes
 from corpus_assets.core.dedup.report import (
     BandTotals,
     BucketStats,
@@ -58,10 +57,18 @@ class NearStage:
         self.params = LshParams(
             policy.bands, policy.rows, float(policy.threshold), policy.bucket_heads
         )
-        self.edges: list[tuple[int, int, float]] = []
-        self.matches: dict[int, tuple[int, float]] = {}
+        self._edges: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        self._matches: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
 
-    def run(self, records: pa.Table, eligible: np.ndarray) -> NearReport:
+    def edge_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Verified near edges as rows (x later than y in the total order) and Jaccards."""
+        return _joined(self._edges)
+
+    def match_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Near duplicates: their rows, the rows of their direct matches and the Jaccards."""
+        return _joined(self._matches)
+
+    def run(self, records: RecordCodes, eligible: np.ndarray) -> NearReport:
         classes, buckets = {}, []
         for name, order in self._classes(records, eligible).items():
             result = self._run_class(order)
@@ -86,11 +93,10 @@ class NearStage:
             bucket_stats=buckets,
         )
 
-    def _classes(self, records: pa.Table, eligible: np.ndarray) -> dict[str, np.ndarray]:
+    def _classes(self, records: RecordCodes, eligible: np.ndarray) -> dict[str, np.ndarray]:
         """Class name -> its eligible rows, still in total order; classes sorted by name."""
-        kind_codes, kinds = codes(records.column("kind"))
-        source_codes, sources = codes(records.column("source_id"))
-        kind_names, source_names = kinds.to_pylist(), sources.to_pylist()
+        kind_codes, kind_names = records.kind.codes, records.kind.values
+        source_codes, source_names = records.source_id.codes, records.source_id.values
         pair = kind_codes[eligible] * len(source_names) + source_codes[eligible]
         masks: dict[str, np.ndarray] = {}
         for code in np.unique(pair).tolist():
@@ -110,13 +116,23 @@ class NearStage:
 
     def _collect(self, result: NearResult, order: np.ndarray) -> None:
         """Map a class run's ranks back to partition rows."""
-        for x, y, j in result.edges:
-            self.edges.append((int(order[x]), int(order[y]), j))
-        for x in np.flatnonzero(~result.kept).tolist():
-            self.matches[int(order[x])] = (
-                int(order[result.match[x]]),
-                float(result.match_jaccard[x]),
-            )
+        edges = np.array([(x, y) for x, y, _ in result.edges], dtype=np.int64).reshape(-1, 2)
+        jaccards = np.array([j for _, _, j in result.edges], dtype=np.float64)
+        self._edges.append((order[edges[:, 0]], order[edges[:, 1]], jaccards))
+        dropped = np.flatnonzero(~result.kept)
+        self._matches.append(
+            (order[dropped], order[result.match[dropped]], result.match_jaccard[dropped])
+        )
+
+
+def _joined(
+    parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]],
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    if not parts:
+        empty = np.empty(0, dtype=np.int64)
+        return empty, empty, np.empty(0, dtype=np.float64)
+    x, y, j = zip(*parts, strict=True)
+    return np.concatenate(x), np.concatenate(y), np.concatenate(j).astype(np.float64)
 
 
 def _class_report(result: NearResult, participants: int) -> ClassReport:

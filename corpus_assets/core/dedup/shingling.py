@@ -28,8 +28,9 @@ _UNSPACED = re.compile(
     "\uf900-\ufaff\uff66-\uff9f\U00020000-\U0003134f]"
 )
 _LETTER = re.compile(r"[^\W\d_]")
-# Every character with str.isspace(), mapped to " ": longer texts than _SPLIT_MAX collapse
-# whitespace with it, the same result as " ".join(text.split()).
+# Every character with str.isspace(): longer texts than _SPLIT_MAX are split into segments of
+# about _SEGMENT characters that end at one of them, so no token is cut and the collapse is the
+# same as " ".join(text.split()) without a list of every token.
 _SPACES = dict.fromkeys(
     [
         *range(0x09, 0x0E),
@@ -41,21 +42,33 @@ _SPACES = dict.fromkeys(
     " ",
 )
 _SPLIT_MAX = 1 << 16
+_SEGMENT = 1 << 16
+_WHITESPACE = re.compile("[" + re.escape("".join(map(chr, _SPACES))) + "]")
 
 
 def normalise(text: str) -> str:
     """The normalised text every shingle is cut from (see module docstring)."""
     text = unicodedata.normalize("NFC", text).casefold()
-    if len(text) <= _SPLIT_MAX:
-        text = " ".join(text.split())
-    else:  # the same without a list of every token (and so in a few copies' memory)
-        text = text.translate(_SPACES)
-        while "  " in text:
-            text = text.replace("  ", " ")
-        text = text.strip(" ")
+    # A long text the same way without a list of every token (so in a few copies' memory).
+    text = " ".join(text.split()) if len(text) <= _SPLIT_MAX else _collapse_segments(text)
     if text.isascii() or unicodedata.is_normalized("NFC", text):
         return text
     return unicodedata.normalize("NFC", text)  # casefolding can decompose
+
+
+def _collapse_segments(text: str) -> str:
+    """``" ".join(text.split())`` a segment at a time; each segment ends where whitespace
+    starts, so the segments' tokens are the text's tokens (one pass, unlike repeated
+    replacing of double spaces, which rescanned the whole text per halving of the runs)."""
+    parts, start = [], 0
+    while start < len(text):
+        cut = _WHITESPACE.search(text, min(start + _SEGMENT, len(text)))
+        end = cut.start() if cut else len(text)
+        part = " ".join(text[start:end].split())
+        if part:
+            parts.append(part)
+        start = end
+    return " ".join(parts)
 
 
 def is_unspaced(norm: str) -> bool:

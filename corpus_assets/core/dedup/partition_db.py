@@ -1,0 +1,274 @@
+"""The records of one dedup run as DuckDB views, so no string column of the partition is held.
+
+Dedup decides on integers (row numbers, codes of strings, lengths); only its output needs the
+strings again. DuckDB reads the canonical chunk files straight from the CAS (each verified
+first), numbers their rows in index order (``row``), codes the string columns from streamed
+external sorts, sorts the total order, and joins the decisions back to the strings for the
+output tables, spilling under ``temp_directory`` when its ``memory_limit`` is reached. Python
+keeps a few integers per record.
+
+Orderings match the Arrow ones they replace: strings compare as bytes (UTF-8, no collation),
+nulls sort last, and ``row`` breaks every remaining tie the way a stable sort would.
+"""
+
+import ctypes
+import gc
+import shutil
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from corpus_assets.core.records.index import RECORD_COLUMNS, ChunkRecords
+from corpus_assets.core.runtime.workspace import Workspace
+
+try:
+    _LIBC: ctypes.CDLL | None = ctypes.CDLL("libc.so.6")
+    _LIBC.malloc_trim  # noqa: B018 - glibc only
+except (OSError, AttributeError):
+    _LIBC = None
+_CARRIED_SQL = "record_id, source_id, object, line, group_id, dedup_key, kind"
+MEMORY_LIMIT = "160MB"  # DuckDB's buffer pool; it spills to disk beyond this
+
+
+@dataclass
+class Coded:
+    """A string column as an integer code per row and the values the codes stand for."""
+
+    codes: np.ndarray  # int64 by row
+    values: list[str]  # values[code]; sorted, so codes follow byte order
+
+
+@dataclass
+class RecordCodes:
+    """What dedup decides on, by row: lengths and integer codes of the string columns."""
+
+    n: int
+    length: np.ndarray  # int64 text length in code points
+    record_id: Coded
+    dedup_key: Coded
+    group_id: Coded
+    kind: Coded
+    source_id: Coded
+
+
+class PartitionDb:
+    """A DuckDB connection whose view ``recs`` holds row, the carried columns and kind, and
+    whose table ``meta`` holds (row, length)."""
+
+    def __init__(self, tmp: Path | None, threads: int = 2) -> None:
+        base = tmp if tmp is not None else Path(tempfile.gettempdir())
+        base.mkdir(parents=True, exist_ok=True)
+        self.tmp = Path(tempfile.mkdtemp(prefix="dedup-duckdb-", dir=base))
+        self.con = duckdb.connect(
+            config={
+                "memory_limit": MEMORY_LIMIT,
+                "temp_directory": str(self.tmp / "spill"),
+                "threads": max(1, threads),
+                "preserve_insertion_order": False,
+                # hand freed memory back after each task, not only past 128 MB / 512 MB
+                "allocator_flush_threshold": "8MB",
+                "allocator_bulk_deallocation_flush_threshold": "32MB",
+            }
+        )
+
+    @classmethod
+    def from_chunks(cls, ws: Workspace, chunks: list[ChunkRecords]) -> "PartitionDb":
+        """The canonical chunks' files, verified against their digests, read in place."""
+        db = cls(ws.home / "tmp", ws.config.execution.workers)
+        try:
+            db._attach(ws, chunks)
+        except BaseException:
+            db.close()  # its spill directory too
+            raise
+        return db
+
+    def _attach(self, ws: Workspace, chunks: list[ChunkRecords]) -> None:
+        if not chunks:
+            self._from_arrow(RECORD_COLUMNS.empty_table())
+            return
+        paths, starts, lengths, start = [], [], [], 0
+        for chunk in chunks:
+            ws.cas.verify(chunk.records["digest"], chunk.what)
+            path = ws.cas.path(chunk.records["digest"])
+            paths.append(str(path))
+            starts.append(start)
+            lengths.append(text_lengths(path))
+            release_memory()
+            start += chunk.count
+        files = pa.table({"path": paths, "start": pa.array(starts, pa.int64())})
+        meta = pa.table(
+            {"row": np.arange(start, dtype=np.int64), "length": np.concatenate(lengths)}
+        )
+        del lengths
+        self.con.register("chunk_files", files)
+        self.con.register("lengths", meta)
+        scan = f"read_parquet({_sql_list(paths)}, filename = true, file_row_number = true)"
+        self.con.execute(
+            f"CREATE TEMP TABLE files AS SELECT * FROM chunk_files;"
+            f"CREATE TEMP TABLE meta AS SELECT * FROM lengths;"
+            f"CREATE VIEW recs AS SELECT f.start + p.file_row_number AS row, {_CARRIED_SQL} "
+            f"FROM {scan} p JOIN files f ON p.filename = f.path"
+        )
+        self.con.unregister("chunk_files")
+        self.con.unregister("lengths")
+
+    @classmethod
+    def from_table(cls, records: pa.Table) -> "PartitionDb":
+        """An in-memory records table (with a text or a length column)."""
+        db = cls(None, 1)
+        db._from_arrow(records)
+        return db
+
+    def _from_arrow(self, records: pa.Table) -> None:
+        if "length" in records.column_names:
+            length = pc.cast(records.column("length"), pa.int64())
+        else:
+            length = pc.cast(pc.utf8_length(records.column("text")), pa.int64())
+        columns = [c.strip() for c in _CARRIED_SQL.split(",")]
+        table = records.select(columns).append_column(
+            "row", pa.array(np.arange(records.num_rows, dtype=np.int64))
+        )
+        self.con.register("records_arrow", table.append_column("length", length))
+        self.con.execute(
+            "CREATE TEMP TABLE recs AS SELECT row, "
+            f"{_CARRIED_SQL} FROM records_arrow;"
+            "CREATE TEMP TABLE meta AS SELECT row, length FROM records_arrow"
+        )
+        self.con.unregister("records_arrow")
+
+    def close(self) -> None:
+        self.con.close()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+        release_memory()
+
+    def __enter__(self) -> "PartitionDb":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def n(self) -> int:
+        return int(self.con.execute("SELECT count(*) FROM meta").fetchall()[0][0])
+
+    def codes(self) -> RecordCodes:
+        """Lengths and codes by row; codes follow the byte order of the values."""
+        n = self.n
+        length = np.zeros(n, dtype=np.int64)
+        got = self.con.sql("SELECT row, length FROM meta").fetchnumpy()
+        length[got["row"]] = got["length"]
+        coded = {name: self._coded(name, n) for name in ("record_id", "dedup_key", "group_id")}
+        return RecordCodes(
+            n, length, **coded, kind=self._coded("kind", n), source_id=self._coded("source_id", n)
+        )
+
+    def _coded(self, column: str, n: int) -> Coded:
+        """Codes by one external sort streamed back (a window rank would hold the partition):
+        a new code wherever the sorted value changes."""
+        codes = np.zeros(n, dtype=np.int64)
+        values: list[str] = []
+        keep_values = column in ("kind", "source_id")  # a handful; the others are never listed
+        code, previous = -1, None
+        sql = f"SELECT row, {column} AS v FROM recs ORDER BY v, row"
+        for batch in self.batches(sql):
+            if not len(batch):
+                continue
+            rows = np.asarray(batch.column(0).to_numpy(), dtype=np.int64)
+            new = _changes(batch.column(1), previous)
+            codes[rows] = code + np.cumsum(new)
+            if keep_values:
+                values += batch.column(1).filter(pa.array(new)).to_pylist()
+            code, previous = int(codes[rows[-1]]), batch.column(1).slice(len(batch) - 1)
+        return Coded(codes, values)
+
+    def total_order(self, source_order: dict[str, int]) -> np.ndarray:
+        """Rows in the stated total order: source rank, longer first, record id, object, line."""
+        ranks = pa.table(
+            {
+                "source_id": list(source_order),
+                "rank": pa.array(list(source_order.values()), pa.int64()),
+            }
+        )
+        self.con.register("source_ranks", ranks)
+        got = self.con.sql(
+            "SELECT r.row FROM recs r JOIN meta m USING (row) "
+            "LEFT JOIN source_ranks s USING (source_id) "
+            "ORDER BY s.rank NULLS LAST, m.length DESC NULLS LAST, r.record_id, r.object, "
+            "r.line, r.row"
+        ).fetchnumpy()["row"]
+        self.con.unregister("source_ranks")
+        return np.asarray(got, dtype=np.int64)
+
+    def batches(self, sql: str, rows: int = 65536) -> Iterator[pa.RecordBatch]:
+        """A query's result a batch at a time."""
+        reader = self.con.sql(sql).to_arrow_reader(rows)
+        yield from reader
+
+    def register(self, name: str, table: pa.Table) -> None:
+        self.con.register(name, table)
+
+    def unregister(self, name: str) -> None:
+        self.con.unregister(name)
+
+    def by_row(self, column: str) -> pa.Array:
+        """One string column of every record, indexed by row."""
+        table = self.con.sql(f"SELECT {column} FROM recs ORDER BY row").to_arrow_table()
+        return table.column(0).combine_chunks()
+
+    def object_lines(self, rows: np.ndarray) -> dict[int, tuple[str, int]]:
+        """(object, line) of a few rows."""
+        self.register("wanted", pa.table({"row": pa.array(rows, pa.int64())}))
+        got = self.con.execute(
+            "SELECT r.row, r.object, r.line FROM recs r JOIN wanted w USING (row)"
+        ).fetchall()
+        self.unregister("wanted")
+        return {int(row): (obj, int(line)) for row, obj, line in got}
+
+
+def _changes(values: pa.Array, previous: pa.Array | None) -> np.ndarray:
+    """Per position of sorted ``values``, whether it differs from the one before (``previous``
+    for the first, a one-value array or None); null equals null, as in a sort's rank."""
+    first = values.slice(0, 1) if previous is None else previous
+    before = pa.concat_arrays([first, values.slice(0, len(values) - 1)])
+    equal = pc.fill_null(pc.equal(values, before), False)
+    both_null = pc.and_(pc.is_null(values), pc.is_null(before))
+    changed = np.asarray(pc.invert(pc.or_(equal, both_null)).to_numpy(zero_copy_only=False))
+    if previous is None:
+        changed[0] = True
+    return changed
+
+
+def release_memory(collect: bool = False) -> None:
+    """Hand freed pages back to the system between phases: Arrow's allocator and glibc's heap
+    keep them for reuse, but the next phase allocates through another allocator (numpy, DuckDB,
+    Arrow), which cannot reuse them. With ``collect`` (costly: only between layer phases)
+    cycles go first, so what they held is freed too."""
+    if collect:
+        gc.collect()
+    pa.default_memory_pool().release_unused()
+    if _LIBC is not None:
+        _LIBC.malloc_trim(0)
+
+
+def text_lengths(path: Path, batch_rows: int = 1024) -> np.ndarray:
+    """Code point length of every text of a chunk file, reading a page at a time (a chunk's
+    text column can be one large row group)."""
+    parquet = pq.ParquetFile(path, buffer_size=1 << 20, pre_buffer=False)
+    batches = parquet.iter_batches(batch_size=batch_rows, columns=["text"], use_threads=False)
+    parts = [pc.utf8_length(batch.column(0)).to_numpy().astype(np.int64) for batch in batches]
+    return np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
+
+
+def _quoted(text: str) -> str:
+    return text.replace("'", "''")
+
+
+def _sql_list(paths: list[str]) -> str:
+    return "[" + ", ".join(f"'{_quoted(p)}'" for p in paths) + "]"
