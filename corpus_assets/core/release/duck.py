@@ -19,6 +19,7 @@ import pyarrow.parquet as pq
 from corpus_assets.core.storage.cas import ContentStore
 
 MEMORY_MB = 256  # DuckDB's own buffer cap; a query beyond it spills to the temp directory
+FLUSH_MB = 16  # freed memory DuckDB may keep cached before returning it to the system
 BATCH_BYTES = 4 << 20  # decoded bytes of the widest column per streamed batch
 MAX_BATCH_ROWS = 65536
 
@@ -53,6 +54,8 @@ def connect(cas: ContentStore, threads: int = 2) -> Iterator[duckdb.DuckDBPyConn
             "temp_directory": str(spill),
             "threads": max(1, threads),
             "preserve_insertion_order": True,
+            "allocator_flush_threshold": f"{FLUSH_MB}MB",  # hand freed memory back soon
+            "allocator_bulk_deallocation_flush_threshold": f"{FLUSH_MB}MB",
         }
     )
     try:
