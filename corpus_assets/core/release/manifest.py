@@ -28,7 +28,7 @@ from corpus_assets.core.release.signing import sign_snapshot
 from corpus_assets.core.runtime.layers import LAYERS, LayerIndex, LayerResult, read_layer_index
 from corpus_assets.core.runtime.transform import transform_image
 from corpus_assets.core.runtime.workspace import Workspace
-from corpus_assets.core.storage.artifacts import Ref, get_json, put_json, put_table
+from corpus_assets.core.storage.artifacts import Ref, get_json, put_json, put_table_file
 from corpus_assets.core.storage.digests import json_digest
 from corpus_assets.core.tokens.spec import resolve_tokenizer
 from corpus_assets.core.training_view.splits import SPLITS
@@ -76,9 +76,7 @@ def members_table(ws: Workspace, indexes: Indexes) -> pa.Table:
     ``put_table`` writes the bytes it always wrote."""
     canonical = CanonicalIndex(ws.cas, indexes["canonical_records"][1])
     files = VerifiedFiles(ws.cas)
-    spill = ws.home / "tmp"
-    spill.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="members-", dir=spill) as tmp:
+    with tempfile.TemporaryDirectory(prefix="members-", dir=_spill(ws)) as tmp:
         records, out = Path(tmp) / "records.parquet", Path(tmp) / "members.parquet"
         _narrow_records(files, canonical, records)
         pa.default_memory_pool().release_unused()  # the decoded texts' pages, before DuckDB
@@ -99,18 +97,27 @@ def _narrow_records(files: VerifiedFiles, canonical: CanonicalIndex, out: Path) 
     schema = pa.schema([f for f in MEMBERS_SCHEMA if f.name in RECORD_FIELDS] + [TEXT_BYTES])
     with pq.ParquetWriter(out, schema, compression="zstd") as writer:
         for chunk in canonical.chunks():
-            source = pq.ParquetFile(
-                files.path(chunk.records["digest"], chunk.what), buffer_size=1 << 20
-            )
-            rows = batch_rows(source, "text")
-            for batch in source.iter_batches(rows, columns=[*RECORD_FIELDS, "text"]):
-                text = pc.cast(batch.column("text"), pa.binary())
-                lengths = pc.cast(pc.binary_length(text), pa.int32())
-                writer.write_batch(
-                    pa.RecordBatch.from_arrays(
-                        [*batch.select(RECORD_FIELDS).columns, lengths], schema=schema
-                    )
-                )
+            path = files.path(chunk.records["digest"], chunk.what)
+            with pq.ParquetFile(path, buffer_size=1 << 20) as source:
+                rows = batch_rows(source, "text")
+                for batch in source.iter_batches(
+                    rows, columns=[*RECORD_FIELDS, "text"], use_threads=False
+                ):
+                    writer.write_batch(_without_text(batch, schema))
+
+
+def _without_text(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
+    """The batch's record fields and the UTF-8 byte length of its text."""
+    lengths = pc.binary_length(pc.cast(batch.column("text"), pa.binary()))
+    columns = [*batch.select(RECORD_FIELDS).columns, pc.cast(lengths, pa.int32())]
+    return pa.RecordBatch.from_arrays(columns, schema=schema)
+
+
+def _spill(ws: Workspace) -> Path:
+    """The data home's scratch directory (same filesystem as the CAS, so files move in)."""
+    spill = ws.home / "tmp"
+    spill.mkdir(parents=True, exist_ok=True)
+    return spill
 
 
 def _one_chunk(path: Path, field: pa.Field) -> pa.Array:
@@ -158,11 +165,15 @@ def build_manifest(ws: Workspace, partition_key: str) -> LayerResult:
     freeze_ref, spec = freeze(ws, partition_key)
     indexes = {layer: read_layer_index(ws, partition_key, layer) for layer in LAYERS[:-1]}
     members = members_table(ws, indexes)
-    members_ref = put_table(ws.cas, members)
+    with tempfile.TemporaryDirectory(prefix="members-", dir=_spill(ws)) as tmp:
+        members_ref = put_table_file(ws.cas, members, Path(tmp) / "members.parquet")
+    preview = members.slice(0, 10).to_pylist()
+    count = members.num_rows
+    del members  # the largest object of the layer, not needed for signing
     members_entry = {
         "uri": ws.cas.uri(members_ref["digest"]),
         **members_ref,
-        "count": members.num_rows,
+        "count": count,
     }
     image = transform_image()
     manifest = _document(ws, partition_key, freeze_ref, spec, indexes, members_entry, image)
@@ -182,7 +193,7 @@ def build_manifest(ws: Workspace, partition_key: str) -> LayerResult:
         },
         digest=manifest_ref["digest"],
         counts=dict(manifest["counts"]),
-        preview=members.slice(0, 10).to_pylist(),
+        preview=preview,
         digests={
             "snapshotId": manifest["snapshotId"],
             "buildId": manifest["buildId"],
