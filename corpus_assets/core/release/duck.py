@@ -7,16 +7,21 @@ home's ``tmp``, removed on close. Each input is re-hashed (streamed) before Duck
 file, unless the caller already verified it, so no unverified byte reaches a result.
 """
 
+from __future__ import annotations
+
 import shutil
 import tempfile
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import duckdb
 import pyarrow.parquet as pq
 
 from corpus_assets.core.storage.cas import ContentStore
+
+if TYPE_CHECKING:  # imported where a query runs: a command that runs none never loads DuckDB
+    from duckdb import DuckDBPyConnection
 
 MEMORY_MB = 256  # DuckDB's own buffer cap; a query beyond it spills to the temp directory
 FLUSH_MB = 16  # freed memory DuckDB may keep cached before returning it to the system
@@ -43,11 +48,13 @@ class VerifiedFiles:
 
 
 @contextmanager
-def connect(cas: ContentStore, threads: int = 2) -> Iterator[duckdb.DuckDBPyConnection]:
+def connect(cas: ContentStore, threads: int = 2) -> Iterator[DuckDBPyConnection]:
     """An in-memory DuckDB capped at ``MEMORY_MB`` that spills under ``<home>/tmp``."""
     base = cas.root.parent / "tmp"
     base.mkdir(parents=True, exist_ok=True)
     spill = Path(tempfile.mkdtemp(prefix="duck-", dir=base))
+    import duckdb
+
     con = duckdb.connect(
         config={
             "memory_limit": f"{MEMORY_MB}MB",

@@ -7,12 +7,13 @@ gate asks one query. Objects ``verify`` already re-hashed are read as they are; 
 re-hashed (streamed) before its first read, so a corrupt table is still named.
 """
 
+from __future__ import annotations
+
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -26,6 +27,9 @@ from corpus_assets.core.storage.artifacts import get_table
 from corpus_assets.core.storage.cas import ContentStore
 from corpus_assets.core.storage.catalog import Catalog
 from corpus_assets.core.training_view.splits import EXCLUDED, UNLINKED
+
+if TYPE_CHECKING:
+    from duckdb import DuckDBPyConnection
 
 ROW_BITS = 40  # pos = chunk number << ROW_BITS | row in chunk: index order as one integer
 
@@ -45,7 +49,7 @@ class Evidence:
     files: VerifiedFiles
     threads: int = 2
     _stack: ExitStack = field(default_factory=ExitStack, repr=False)
-    _con: duckdb.DuckDBPyConnection | None = field(default=None, repr=False)
+    _con: DuckDBPyConnection | None = field(default=None, repr=False)
 
     @classmethod
     def load(
@@ -55,7 +59,7 @@ class Evidence:
         manifest: dict[str, Any],
         verified: set[str] | frozenset[str] = frozenset(),
         threads: int = 2,
-    ) -> "Evidence":
+    ) -> Evidence:
         """Read the freeze spec and the layer indexes, and check the members table is whole
         (CasError if any is missing or corrupt); ``verified`` digests are not re-hashed."""
         layers = manifest["layers"]
@@ -73,7 +77,7 @@ class Evidence:
             threads=threads,
         )
 
-    def __enter__(self) -> "Evidence":
+    def __enter__(self) -> Evidence:
         return self
 
     def __exit__(self, *_exc: object) -> None:
@@ -85,13 +89,13 @@ class Evidence:
         self._con = None
 
     @property
-    def con(self) -> duckdb.DuckDBPyConnection:
+    def con(self) -> DuckDBPyConnection:
         """The connection, with the ``members`` view (``canonical_view`` adds ``canonical``)."""
         if self._con is None:
             self._con = self._open()
         return self._con
 
-    def _open(self) -> duckdb.DuckDBPyConnection:
+    def _open(self) -> DuckDBPyConnection:
         con = self._stack.enter_context(duck.connect(self.cas, self.threads))
         members = self.files.path(self.manifest["members"]["digest"], "members table")
         con.execute(

@@ -9,13 +9,18 @@ relations - ``dd_clusters`` (with ``ord``, the row's place), ``dd_edges``, ``mem
 held in Python. ``dedup_invariants`` runs it on Arrow tables, the gate on the Parquet files.
 """
 
-from collections.abc import Collection
+from __future__ import annotations
 
-import duckdb
+from collections.abc import Collection
+from typing import TYPE_CHECKING
+
 import numpy as np
 import pyarrow as pa
 from scipy.sparse import coo_matrix
 from scipy.sparse.csgraph import connected_components
+
+if TYPE_CHECKING:
+    from duckdb import DuckDBPyConnection
 
 REMOVED = """
 WITH ok AS (SELECT record_id FROM members UNION SELECT record_id FROM dd_dropped),
@@ -72,6 +77,8 @@ def dedup_invariants(
     without the quarantined records and the duplicates behind them, no component holds members
     of two splits. Returns the findings and how many of them are split leaks.
     """
+    import duckdb
+
     with duckdb.connect() as con:
         rows = pa.array(np.arange(clusters.num_rows, dtype=np.int64))
         con.register("dd_clusters", clusters.append_column("ord", rows))
@@ -83,13 +90,13 @@ def dedup_invariants(
     return removed + leaks, len(leaks)
 
 
-def register_dropped(con: duckdb.DuckDBPyConnection, dropped: Collection[str]) -> None:
+def register_dropped(con: DuckDBPyConnection, dropped: Collection[str]) -> None:
     """The records a split conflict took out (quarantined or unlinked), as ``dd_dropped``."""
     con.register("dd_dropped", pa.table({"record_id": pa.array(list(dropped), pa.string())}))
 
 
 def removed_without_member(
-    con: duckdb.DuckDBPyConnection, threshold: float, shown: int | None
+    con: DuckDBPyConnection, threshold: float, shown: int | None
 ) -> tuple[list[str], int]:
     """Removed records whose representative, or direct near match, is not a member: the first
     ``shown`` findings (all when None) in clusters order, and how many there are."""
@@ -108,7 +115,7 @@ def removed_without_member(
     return (findings if shown is None else findings[:shown]), total
 
 
-def leaked_components(con: duckdb.DuckDBPyConnection) -> list[str]:
+def leaked_components(con: DuckDBPyConnection) -> list[str]:
     """Components of the leakage graph whose members sit in more than one split."""
     con.execute(LIVE)
     groups = con.execute("SELECT g FROM dd_live ORDER BY v").fetchnumpy()["g"]

@@ -5,9 +5,10 @@ reads today: members added and removed, records that migrated between splits, an
 shifts (share of each source and split, byte-length quantiles).
 """
 
-from typing import Any
+from __future__ import annotations
 
-import duckdb
+from typing import TYPE_CHECKING, Any
+
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -18,6 +19,9 @@ from corpus_assets.core.release.verify import load_manifest, resolve
 from corpus_assets.core.storage.artifacts import get_table
 from corpus_assets.core.storage.cas import ContentStore
 from corpus_assets.core.storage.catalog import Catalog
+
+if TYPE_CHECKING:
+    from duckdb import DuckDBPyConnection
 
 QUANTILES = (0.1, 0.5, 0.9, 0.99)
 EXAMPLES = 5
@@ -95,7 +99,7 @@ def member_changes(cas: ContentStore, old: dict[str, Any], new: dict[str, Any]) 
     }
 
 
-def _first(con: duckdb.DuckDBPyConnection, query: str) -> tuple[list[str], int]:
+def _first(con: DuckDBPyConnection, query: str) -> tuple[list[str], int]:
     """The first ``EXAMPLES`` rows of a one-column query in sorted order, and its row count."""
     rows = con.execute(
         f"SELECT v, count(*) OVER () FROM ({query}) t(v) ORDER BY v LIMIT {EXAMPLES}"
