@@ -23,20 +23,27 @@ from corpus_assets.core.storage.catalog import Catalog, permits, tombstones
 COLUMN = {"record": "record_id", "object": "object", "group": "group_id"}
 
 
-def tombstone_matches(catalog: Catalog, watermark: int, table: pa.Table) -> dict[int, str]:
-    """Row index -> "tombstone <seq> (<kind> '<target>')" for rows of ``table`` (with record_id,
-    object and group_id columns) revoked by a tombstone at or below ``watermark``."""
+def revoked_targets(catalog: Catalog, watermark: int) -> dict[str, dict[str, str]]:
+    """kind -> target -> "tombstone <seq> (<kind> '<target>')" of the first tombstone at or
+    below ``watermark`` revoking it; kinds in the order their first tombstone came."""
     with catalog.begin() as conn:
         revoked = conn.execute(
             select(tombstones.c.seq, tombstones.c.kind, tombstones.c.record_id)
             .where(tombstones.c.seq <= watermark)
             .order_by(tombstones.c.seq)
         ).all()
-    if not revoked or not table.num_rows:
-        return {}
     by_kind: dict[str, dict[str, str]] = {}
     for seq, kind, target in revoked:
         by_kind.setdefault(kind, {}).setdefault(target, f"tombstone {seq} ({kind} {target!r})")
+    return by_kind
+
+
+def tombstone_matches(catalog: Catalog, watermark: int, table: pa.Table) -> dict[int, str]:
+    """Row index -> "tombstone <seq> (<kind> '<target>')" for rows of ``table`` (with record_id,
+    object and group_id columns) revoked by a tombstone at or below ``watermark``."""
+    by_kind = revoked_targets(catalog, watermark)
+    if not by_kind or not table.num_rows:
+        return {}
     found: dict[int, str] = {}
     for kind, targets in by_kind.items():
         for row, value in enumerate(table.column(COLUMN[kind]).to_pylist()):

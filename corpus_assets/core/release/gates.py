@@ -8,33 +8,35 @@ but ``validation.validate_snapshot``.
 """
 
 import time
-from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
-from functools import cached_property
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 from pydantic import BaseModel, ConfigDict
 from sqlalchemy import select
 
 from corpus_assets.core.dedup.report import DedupReport
-from corpus_assets.core.governance.lineage import tombstone_matches
+from corpus_assets.core.governance.lineage import COLUMN, revoked_targets
 from corpus_assets.core.ingest.freeze_spec import ChangelogSourceSpec, FreezeSpec
 from corpus_assets.core.records.index import CanonicalIndex
 from corpus_assets.core.records.layer import Replay
-from corpus_assets.core.release.leakage_check import dedup_invariants
+from corpus_assets.core.release.duck import sql_list
+from corpus_assets.core.release.evidence import Evidence
+from corpus_assets.core.release.leakage_check import (
+    leaked_components,
+    register_dropped,
+    removed_without_member,
+)
 from corpus_assets.core.release.packing_check import packing_findings
-from corpus_assets.core.runtime.layers import LayerIndex, load_index
-from corpus_assets.core.storage.artifacts import get_json, get_table
-from corpus_assets.core.storage.cas import ContentStore
-from corpus_assets.core.storage.catalog import Catalog, benchmark_items, freezes
+from corpus_assets.core.runtime.layers import load_index
+from corpus_assets.core.storage.artifacts import get_json
+from corpus_assets.core.storage.catalog import benchmark_items, freezes
 from corpus_assets.core.storage.digests import json_digest
 from corpus_assets.core.storage.tasks import ChunkTask, open_dead_letters
-from corpus_assets.core.training_view.splits import EXCLUDED, SPLITS, UNLINKED
+from corpus_assets.core.training_view.splits import SPLITS
 
 LateChanges = Callable[[FreezeSpec], list[str]]
+SHOWN = 20  # findings a gate lists per rule (the metric counts them all)
 
 
 class GateReport(BaseModel):
@@ -71,73 +73,16 @@ class GateReport(BaseModel):
         return self.model_dump(exclude_unset=True)
 
 
-@dataclass
-class Evidence:
-    """What the gates read of one snapshot, loaded once and shared (the members table is the
-    largest object, and several gates need it)."""
-
-    cas: ContentStore
-    catalog: Catalog
-    manifest: dict[str, Any]
-    freeze: FreezeSpec
-    canonical: CanonicalIndex
-    dedup: LayerIndex
-    splits: LayerIndex
-    members: pa.Table
-
-    @classmethod
-    def load(cls, cas: ContentStore, catalog: Catalog, manifest: dict[str, Any]) -> "Evidence":
-        """Read the freeze spec, the two layer indexes and the members table (CasError if not)."""
-        layers = manifest["layers"]
-        return cls(
-            cas=cas,
-            catalog=catalog,
-            manifest=manifest,
-            freeze=FreezeSpec.load(cas, manifest["freeze"]),
-            canonical=CanonicalIndex.load(cas, layers["canonical_records"]),
-            dedup=load_index(cas, layers["dedup_clusters"], "dedup_clusters"),
-            splits=load_index(cas, layers["splits"], "splits"),
-            members=get_table(cas, manifest["members"], "members table"),
-        )
-
-    @cached_property
-    def pinned(self) -> dict[str, str]:
-        """Pinned object digest -> source id, in freeze order."""
-        return {entry.sha256: source for source, entry in self.freeze.pinned()}
-
-    @cached_property
-    def split_conflicts(self) -> pa.Table:
-        return get_table(self.cas, self.splits.output("split_conflicts"), "split conflicts")
-
-    @cached_property
-    def quarantined(self) -> list[str]:
-        """Records a split conflict excluded (``split.bridge``): explained, never members."""
-        moves = get_table(self.cas, self.splits.output("split_moves"), "split moves")
-        return moves.filter(pc.equal(moves.column("to"), EXCLUDED)).column("record_id").to_pylist()
-
-    @cached_property
-    def unlinked(self) -> list[str]:
-        """Removed newcomers a split conflict took out of the leakage graph (``bridge_copy``)."""
-        moves = get_table(self.cas, self.splits.output("split_moves"), "split moves")
-        return moves.filter(pc.equal(moves.column("to"), UNLINKED)).column("record_id").to_pylist()
-
-    @cached_property
-    def ids(self) -> list[str]:
-        return self.members.column("record_id").to_pylist()
-
-    @cached_property
-    def canonical_rows(self) -> dict[str, tuple[str, int]]:
-        """record id -> (pinned object, line) of every canonical record."""
-        rows: dict[str, tuple[str, int]] = {}
-        for chunk in self.canonical.chunks():
-            table = chunk.table(self.cas, ["record_id", "object", "line"])
-            columns = (table.column(i).to_pylist() for i in range(3))
-            for rid, obj, line in zip(*columns, strict=True):
-                rows[rid] = (obj, line)
-        return rows
-
-
 Gate = Callable[[Evidence, GateReport], list[str]]
+LINEAGE_ORPHANS = """
+WITH last AS (
+    SELECT record_id, arg_max_null(object, pos) AS object, arg_max_null(line, pos) AS line
+    FROM {canonical} GROUP BY record_id)
+SELECT m.record_id, count(*) OVER () FROM members m LEFT JOIN last c USING (record_id)
+WHERE m.object IS NULL OR m.object NOT IN (SELECT digest FROM pinned) OR c.record_id IS NULL
+   OR c.object IS DISTINCT FROM m.object OR c.line IS DISTINCT FROM m.line
+ORDER BY m.file_row_number LIMIT 20
+"""
 
 
 def fences_match(ev: Evidence, _report: GateReport) -> list[str]:
@@ -187,58 +132,47 @@ def no_open_dead_letters(ev: Evidence, report: GateReport) -> list[str]:
 def member_count_matches(ev: Evidence, _report: GateReport) -> list[str]:
     """The count a training run checks against is the table's."""
     stated = ev.manifest["members"]["count"]
-    if ev.members.num_rows != stated:
-        return [f"members table has {ev.members.num_rows} rows, manifest says {stated}"]
+    if ev.member_count != stated:
+        return [f"members table has {ev.member_count} rows, manifest says {stated}"]
     return []
 
 
 def record_ids_unique(ev: Evidence, report: GateReport) -> list[str]:
     """One record id is one member, so it cannot sit in two splits."""
-    counts = Counter(ev.ids)
-    duplicates = sorted(rid for rid, n in counts.items() if n > 1)
-    by_id: dict[str, set[str]] = {}
-    for rid, split in zip(ev.ids, ev.members.column("split").to_pylist(), strict=True):
-        by_id.setdefault(rid, set()).add(split)
+    duplicates = ev.rows(
+        "SELECT record_id, count(*), list_sort(list(DISTINCT split)) FROM members "
+        "GROUP BY record_id HAVING count(*) > 1 ORDER BY record_id"
+    )
     findings = []
-    for rid in duplicates:
-        splits = sorted(by_id[rid])
+    for rid, count, splits in duplicates:
         where = f" in splits {', '.join(splits)}" if len(splits) > 1 else ""
-        findings.append(f"record_id {rid!r} appears {counts[rid]} times in members{where}")
+        findings.append(f"record_id {rid!r} appears {count} times in members{where}")
     report.duplicate_ids = len(duplicates)
     return findings
 
 
 def splits_known(ev: Evidence, _report: GateReport) -> list[str]:
     """Training reads only the splits the splits layer assigns."""
-    unknown = set(ev.members.column("split").to_pylist()) - set(SPLITS)
+    unknown = {s for (s,) in ev.rows("SELECT DISTINCT split FROM members")} - set(SPLITS)
     return [f"members with unknown split: {sorted(unknown)}"] if unknown else []
 
 
 def sources_known(ev: Evidence, report: GateReport) -> list[str]:
     """Every member comes from a source the freeze pinned."""
     frozen = {s.id for s in ev.freeze.sources}
-    unknown = set(ev.members.column("source_id").to_pylist()) - frozen
+    unknown = {s for (s,) in ev.rows("SELECT DISTINCT source_id FROM members")} - frozen
     report.unknown_sources = len(unknown)
     return [f"members from unknown sources: {sorted(unknown)}"] if unknown else []
 
 
 def lineage_complete(ev: Evidence, report: GateReport) -> list[str]:
     """Every member traces to a pinned object and the canonical row it came from."""
-    members = ev.members
-    rows = ev.canonical_rows
-    orphans = [
-        rid
-        for rid, obj, line in zip(
-            ev.ids,
-            members.column("object").to_pylist(),
-            members.column("line").to_pylist(),
-            strict=True,
-        )
-        if obj not in ev.pinned or rows.get(rid) != (obj, line)
-    ]
-    report.orphan_ids = len(orphans)
-    report.lineage_completeness = _percent(len(ev.ids) - len(orphans), len(ev.ids))
-    return [f"member {rid!r} has no lineage to a pinned object row" for rid in orphans[:20]]
+    ev.register("pinned", pa.table({"digest": pa.array(list(ev.pinned), pa.string())}))
+    orphans = ev.rows(LINEAGE_ORPHANS.format(canonical=ev.canonical_view))
+    count = orphans[0][1] if orphans else 0
+    report.orphan_ids = count
+    report.lineage_completeness = _percent(ev.member_count - count, ev.member_count)
+    return [f"member {rid!r} has no lineage to a pinned object row" for rid, _ in orphans]
 
 
 def rows_explained(ev: Evidence, report: GateReport) -> list[str]:
@@ -246,7 +180,8 @@ def rows_explained(ev: Evidence, report: GateReport) -> list[str]:
     conflict: nothing is lost."""
     counts = ev.dedup.counts
     removed = counts["removed"] + counts.get("tombstoned", 0) + len(ev.quarantined)
-    unexplained = len(ev.canonical_rows) - len(ev.ids) - removed
+    records = ev.scalar(f"SELECT count(DISTINCT record_id) FROM {ev.canonical_view}")
+    unexplained = records - ev.member_count - removed
     report.unexplained_rows = unexplained
     if unexplained:
         return [f"{unexplained} canonical rows are neither members nor duplicates"]
@@ -257,36 +192,45 @@ def dedup_invariants_hold(ev: Evidence, report: GateReport) -> list[str]:
     """Dedup removed nothing without a member standing behind it, and no exact or verified
     near edge (through removed records too) joins two splits once quarantined records are
     out."""
-    columns = ["record_id", "verdict", "representative_id", "match_id", "match_jaccard"]
-    clusters = get_table(
-        ev.cas,
-        ev.dedup.output("clusters"),
-        "dedup clusters",
-        [*columns, "group_id", "leakage_id", "is_representative"],
+    clusters = ev.files.path(ev.dedup.output("clusters")["digest"], "dedup clusters")
+    edges = ev.files.path(ev.dedup.output("edges")["digest"], "dedup edges")
+    ev.con.execute(
+        "CREATE OR REPLACE VIEW dd_clusters AS SELECT *, file_row_number AS ord FROM "
+        f"read_parquet({sql_list([clusters])}, file_row_number = true)"
     )
-    edges = get_table(ev.cas, ev.dedup.output("edges"), "dedup edges")
+    ev.con.execute(f"CREATE OR REPLACE VIEW dd_edges AS FROM read_parquet({sql_list([edges])})")
     dedup = DedupReport.parse(get_json(ev.cas, ev.dedup.output("report"), "dedup report"))
     threshold = float(dedup.near.lsh.threshold) if dedup.near is not None else 0.0
-    dropped = [*ev.quarantined, *ev.unlinked]
-    findings, leaks = dedup_invariants(clusters, edges, threshold, ev.members, dropped)
-    report.dedup_invariant_violations = len(findings) - leaks
-    report.leakage_group_split_violations = leaks
-    return findings[:20]
+    register_dropped(ev.con, [*ev.quarantined, *ev.unlinked])
+    removed, count = removed_without_member(ev.con, threshold, SHOWN)
+    leaks = leaked_components(ev.con)
+    report.dedup_invariant_violations = count
+    report.leakage_group_split_violations = len(leaks)
+    findings = removed + leaks
+    return findings[:SHOWN]
 
 
 def split_conflicts_resolved(ev: Evidence, report: GateReport) -> list[str]:
     """A split conflict quarantined its bridging records: none of them is a member."""
     report.split_conflicts = ev.split_conflicts.num_rows
     report.split_quarantined = len(ev.quarantined)
-    members = set(ev.ids)
-    return [f"quarantined record {rid!r} is a member" for rid in ev.quarantined if rid in members]
+    ids = pa.array(ev.quarantined, pa.string())
+    ev.register("quarantined", pa.table({"record_id": ids, "ord": pa.array(range(len(ids)))}))
+    found = ev.rows(
+        "SELECT record_id FROM quarantined WHERE record_id IN (SELECT record_id FROM members) "
+        "ORDER BY ord"
+    )
+    return [f"quarantined record {rid!r} is a member" for (rid,) in found]
 
 
 def packing_invariants_hold(ev: Evidence, report: GateReport) -> list[str]:
     """The spans are sound provenance: inside their blocks and shards, disjoint, covering the
     counted content, and only over train members (``packing_check``)."""
     packed = load_index(ev.cas, ev.manifest["layers"]["packed_blocks"], "packed_blocks")
-    findings = packing_findings(ev.cas, packed, ev.members)
+    train = ev.con.sql(
+        "SELECT record_id, split FROM members WHERE split = 'train' ORDER BY file_row_number"
+    ).to_arrow_table()
+    findings = packing_findings(ev.cas, packed, train)
     report.packing_violations = len(findings)
     return findings
 
@@ -294,21 +238,35 @@ def packing_invariants_hold(ev: Evidence, report: GateReport) -> list[str]:
 def no_tombstone_hits(ev: Evidence, report: GateReport) -> list[str]:
     """No record revoked at or below the snapshot's watermark is a member."""
     watermark = int(ev.manifest["tombstoneWatermark"])
-    reasons = sorted(set(tombstone_matches(ev.catalog, watermark, ev.members).values()))
+    reasons = _tombstone_reasons(ev, revoked_targets(ev.catalog, watermark))
     report.tombstone_hits = len(reasons)
     return [f"{reason} hits this snapshot" for reason in reasons]
 
 
 def no_benchmark_hits(ev: Evidence, report: GateReport) -> list[str]:
     """No benchmark item registered at or below the snapshot's fence is a member."""
-    keys = set(ev.members.column("dedup_key").to_pylist())
     with ev.catalog.begin() as conn:
         items = conn.execute(
             select(benchmark_items.c.benchmark, benchmark_items.c.dedup_key).where(
                 benchmark_items.c.seq <= int(ev.manifest["benchmarkFence"])
             )
         ).all()
-    hits = [f"benchmark {name!r} item {key} is a member" for name, key in items if key in keys]
+    names, keys = zip(*items, strict=True) if items else ((), ())
+    ev.register(
+        "items",
+        pa.table(
+            {
+                "benchmark": pa.array(names, pa.string()),
+                "dedup_key": pa.array(keys, pa.string()),
+                "ord": pa.array(range(len(items)), pa.int64()),
+            }
+        ),
+    )
+    found = ev.rows(
+        "SELECT benchmark, dedup_key FROM items "
+        "WHERE dedup_key IN (SELECT dedup_key FROM members) ORDER BY ord"
+    )
+    hits = [f"benchmark {name!r} item {key} is a member" for name, key in found]
     report.benchmark_hits = len(hits)
     return hits
 
@@ -336,6 +294,7 @@ def canary_replays(replay: Replay) -> Gate:
     gives exactly the chunk outputs the snapshot recorded."""
 
     def canary_reproduces(ev: Evidence, report: GateReport) -> list[str]:
+        ev.close()  # the replay re-canonicalises whole chunks: DuckDB's cache goes first
         chosen = canary_chunks(ev.canonical)
         recorded = {c.chunk: c.output["digest"] for c in ev.canonical.entries}
         replayed = replay(ev.canonical, ev.freeze, chosen)
@@ -374,6 +333,29 @@ def no_late_changes(late_changes: LateChanges) -> Gate:
         return late_changes(ev.freeze)
 
     return nothing_arrived_late
+
+
+def _tombstone_reasons(ev: Evidence, by_kind: dict[str, dict[str, str]]) -> list[str]:
+    """The distinct reasons (sorted) members are revoked for: per member the first kind (in
+    tombstone order) whose target it matches, as ``tombstone_matches`` decides."""
+    if not by_kind:
+        return []
+    rows = [
+        (rank, COLUMN[kind], target, reason)
+        for rank, (kind, targets) in enumerate(by_kind.items())
+        for target, reason in targets.items()
+    ]
+    names = ["rank", "col", "target", "reason"]
+    ev.register("revoked", pa.table({n: [r[i] for r in rows] for i, n in enumerate(names)}))
+    hits = " UNION ALL ".join(
+        f"SELECT m.file_row_number AS row, t.rank, t.reason FROM members m "
+        f"JOIN revoked t ON t.col = '{column}' AND m.{column} = t.target"
+        for column in sorted(set(COLUMN.values()))
+    )
+    found = ev.rows(
+        f"SELECT DISTINCT arg_min(reason, rank) AS reason FROM ({hits}) GROUP BY row ORDER BY 1"
+    )
+    return [reason for (reason,) in found]
 
 
 def canary_chunks(canonical: CanonicalIndex) -> list[str]:

@@ -1,20 +1,66 @@
 """The dedup and leakage invariants a snapshot must hold, checked on its published tables.
 
 Kept apart from ``gates`` so the gate reads as one function per rule; this is the one rule
-that needs the leakage graph (``training_view.leakage_graph``), recomputed here from the dedup
-layer's clusters and edges, not taken from the splits layer's word.
+that needs the leakage graph (the graph of ``training_view.leakage_graph``: records joined by a
+shared group id, an exact or a verified near edge), recomputed here from the dedup layer's
+clusters and edges, not taken from the splits layer's word. The joins run in DuckDB over four
+relations - ``dd_clusters`` (with ``ord``, the row's place), ``dd_edges``, ``members`` and
+``dd_dropped`` - and the components in scipy over integer vertex numbers, so no record id is
+held in Python. ``dedup_invariants`` runs it on Arrow tables, the gate on the Parquet files.
 """
 
+from __future__ import annotations
+
 from collections.abc import Collection
+from typing import TYPE_CHECKING
 
+import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
+from scipy.sparse import coo_matrix
+from scipy.sparse.csgraph import connected_components
 
-from corpus_assets.core.training_view.leakage_graph import (
-    components,
-    dropped_with_copies,
-    straddling,
-)
+if TYPE_CHECKING:
+    from duckdb import DuckDBPyConnection
+
+REMOVED = """
+WITH ok AS (SELECT record_id FROM members UNION SELECT record_id FROM dd_dropped),
+checked AS (
+    SELECT ord, record_id, representative_id, verdict, match_id, match_jaccard,
+           NOT coalesce(representative_id IN (SELECT record_id FROM ok), false) AS rep_bad,
+           verdict = 'near_duplicate' AND (
+               NOT coalesce(match_id IN (SELECT record_id FROM ok), false)
+               OR coalesce(match_jaccard < ?, true)) AS near_bad
+    FROM dd_clusters WHERE verdict IN ('exact_duplicate', 'near_duplicate'))
+SELECT record_id, representative_id, match_id, match_jaccard, rep_bad, near_bad,
+       sum(rep_bad::INTEGER + near_bad::INTEGER) OVER () AS total
+FROM checked WHERE rep_bad OR near_bad ORDER BY ord LIMIT ?
+"""
+LIVE = """
+CREATE OR REPLACE TEMP TABLE dd_live AS
+WITH dropped AS (
+    SELECT record_id FROM dd_dropped
+    UNION SELECT record_id FROM dd_clusters
+    WHERE NOT is_representative AND representative_id IN (SELECT record_id FROM dd_dropped))
+SELECT record_id, group_id, leakage_id, row_number() OVER (ORDER BY ord) - 1 AS v,
+       dense_rank() OVER (ORDER BY group_id) - 1 AS g
+FROM dd_clusters
+WHERE verdict <> 'excluded' AND record_id NOT IN (SELECT record_id FROM dropped)
+"""
+EDGES = """
+WITH first AS (SELECT record_id, min(v) AS v FROM dd_live GROUP BY record_id)
+SELECT a.v AS a, b.v AS b FROM dd_edges e
+JOIN first a ON e.record_a = a.record_id JOIN first b ON e.record_b = b.record_id
+"""
+LEAKS = """
+WITH cm AS (SELECT l.record_id, l.leakage_id, c.component FROM dd_live l JOIN dd_comp c USING (v)),
+per AS (SELECT cm.component, m.split, count(*) AS n
+        FROM cm JOIN members m USING (record_id) GROUP BY cm.component, m.split),
+wide AS (SELECT component FROM per GROUP BY component HAVING count(*) > 1),
+named AS (SELECT component, min(leakage_id) AS lid FROM cm
+          WHERE component IN (SELECT component FROM wide) GROUP BY component)
+SELECT any_value(named.lid), string_agg(per.split || ' (' || per.n || ')', ', ' ORDER BY per.split)
+FROM per JOIN named USING (component) GROUP BY component ORDER BY component
+"""
 
 
 def dedup_invariants(
@@ -31,54 +77,58 @@ def dedup_invariants(
     without the quarantined records and the duplicates behind them, no component holds members
     of two splits. Returns the findings and how many of them are split leaks.
     """
-    split_of = dict(
-        zip(
-            members.column("record_id").to_pylist(),
-            members.column("split").to_pylist(),
-            strict=True,
-        )
-    )
-    findings = _removed_without_member(
-        clusters, split_of | dict.fromkeys(quarantined, ""), threshold
-    )
-    leaks = _leaked_components(clusters, edges, members, quarantined)
-    return findings + leaks, len(leaks)
+    import duckdb
+
+    with duckdb.connect() as con:
+        rows = pa.array(np.arange(clusters.num_rows, dtype=np.int64))
+        con.register("dd_clusters", clusters.append_column("ord", rows))
+        con.register("dd_edges", edges)
+        con.register("members", members.select(["record_id", "split"]))
+        register_dropped(con, quarantined)
+        removed, _count = removed_without_member(con, threshold, None)
+        leaks = leaked_components(con)
+    return removed + leaks, len(leaks)
 
 
-def _removed_without_member(
-    clusters: pa.Table, split_of: dict[str, str], threshold: float
-) -> list[str]:
-    """Removed records whose representative, or direct near match, is not a member."""
-    findings = []
-    removed = pc.is_in(clusters.column("verdict"), pa.array(["exact_duplicate", "near_duplicate"]))
-    for row in clusters.filter(removed).to_pylist():
-        rid, rep = row["record_id"], row["representative_id"]
-        if rep not in split_of:
+def register_dropped(con: DuckDBPyConnection, dropped: Collection[str]) -> None:
+    """The records a split conflict took out (quarantined or unlinked), as ``dd_dropped``."""
+    con.register("dd_dropped", pa.table({"record_id": pa.array(list(dropped), pa.string())}))
+
+
+def removed_without_member(
+    con: DuckDBPyConnection, threshold: float, shown: int | None
+) -> tuple[list[str], int]:
+    """Removed records whose representative, or direct near match, is not a member: the first
+    ``shown`` findings (all when None) in clusters order, and how many there are."""
+    limit = shown if shown is not None else np.iinfo(np.int64).max
+    rows = con.execute(REMOVED, [threshold, limit]).fetchall()
+    findings: list[str] = []
+    for rid, rep, match, jaccard, rep_bad, near_bad, _total in rows:
+        if rep_bad:
             findings.append(f"removed record {rid!r} stands behind {rep!r}, which is no member")
-        if row["verdict"] == "near_duplicate" and (
-            row["match_id"] not in split_of or row["match_jaccard"] < threshold
-        ):
+        if near_bad:
             findings.append(
-                f"near duplicate {rid!r}: direct match {row['match_id']!r} at Jaccard "
-                f"{row['match_jaccard']} is not a member at or above {threshold}"
+                f"near duplicate {rid!r}: direct match {match!r} at Jaccard "
+                f"{jaccard} is not a member at or above {threshold}"
             )
-    return findings
+    total = int(rows[0][-1]) if rows else 0
+    return (findings if shown is None else findings[:shown]), total
 
 
-def _leaked_components(
-    clusters: pa.Table, edges: pa.Table, members: pa.Table, quarantined: Collection[str]
-) -> list[str]:
+def leaked_components(con: DuckDBPyConnection) -> list[str]:
     """Components of the leakage graph whose members sit in more than one split."""
-    component_of = components(clusters, edges, dropped_with_copies(clusters, quarantined))
-    wide = straddling(component_of, members.select(["record_id", "split"]))
-    named = component_of.join(clusters.select(["record_id", "leakage_id"]), "record_id")
-    findings = []
-    for component in pc.unique(wide["component"]).to_pylist():
-        rows = wide.filter(pc.equal(wide["component"], component))
-        ids = named.filter(pc.equal(named["component"], component))["leakage_id"]
-        spread = ", ".join(
-            f"{s} ({n})"
-            for s, n in zip(rows["split"].to_pylist(), rows["members"].to_pylist(), strict=True)
-        )
-        findings.append(f"leakage group {pc.min(ids).as_py()!r} spans splits {spread}")
-    return findings
+    con.execute(LIVE)
+    groups = con.execute("SELECT g FROM dd_live ORDER BY v").fetchnumpy()["g"]
+    groups = np.asarray(groups, dtype=np.int64)
+    n = len(groups)
+    pairs = con.execute(EDGES).fetchnumpy()
+    a, b = (np.asarray(pairs[k], dtype=np.int64) for k in ("a", "b"))
+    size = n + (int(groups.max()) + 1 if n else 0)
+    rows = np.concatenate([np.arange(n, dtype=np.int64), a])
+    cols = np.concatenate([n + groups, b])
+    graph = coo_matrix((np.ones(len(rows), np.int8), (rows, cols)), shape=(size, size))
+    _, labels = connected_components(graph, directed=False)
+    component = pa.table({"v": np.arange(n, dtype=np.int64), "component": labels[:n]})
+    con.register("dd_comp", component)
+    found = con.execute(LEAKS).fetchall()
+    return [f"leakage group {lid!r} spans splits {spread}" for lid, spread in found]

@@ -8,65 +8,122 @@ mixture per source and the members table (stable record id, source object, line,
 split) in the CAS.
 """
 
+import tempfile
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from corpus_assets.core.governance import states
 from corpus_assets.core.ingest.freeze import freeze
 from corpus_assets.core.ingest.freeze_spec import ChangelogSourceSpec, FreezeSpec
 from corpus_assets.core.records.index import CanonicalIndex, record_schema_digest
+from corpus_assets.core.release import duck
+from corpus_assets.core.release.duck import VerifiedFiles, batch_rows
 from corpus_assets.core.release.identity import SELF_EXCLUDED, snapshot_id
 from corpus_assets.core.release.shadow import shadow_diff
 from corpus_assets.core.release.signing import sign_snapshot
 from corpus_assets.core.runtime.layers import LAYERS, LayerIndex, LayerResult, read_layer_index
 from corpus_assets.core.runtime.transform import transform_image
 from corpus_assets.core.runtime.workspace import Workspace
-from corpus_assets.core.storage.artifacts import Ref, get_json, get_table, put_json, put_table
+from corpus_assets.core.storage.artifacts import Ref, get_json, put_json, put_table_file
 from corpus_assets.core.storage.digests import json_digest
 from corpus_assets.core.tokens.spec import resolve_tokenizer
 from corpus_assets.core.training_view.splits import SPLITS
 
 MANIFEST_SCHEMA = "training.dataset.snapshot.v1"
 Indexes = dict[str, tuple[Ref, LayerIndex]]  # layer -> (ref, index) of the six built layers
-MEMBER_COLUMNS = [
-    "record_id",
-    "source_id",
-    "object",
-    "line",
-    "record_digest",
-    "dedup_key",
-    "text_bytes",
-    "group_id",
-    "split",
-]
 
 
 class BuildConflict(RuntimeError):
     """The same build identity produced different content: nondeterminism, never overwritten."""
 
 
+MEMBERS_SCHEMA = pa.schema(
+    [
+        ("record_id", pa.string()),
+        ("source_id", pa.string()),
+        ("object", pa.string()),
+        ("line", pa.int64()),
+        ("record_digest", pa.string()),
+        ("dedup_key", pa.string()),
+        ("text_bytes", pa.int32()),
+        ("group_id", pa.string()),
+        ("split", pa.string()),
+    ]
+)
+RECORD_FIELDS = ["record_id", "source_id", "object", "line", "record_digest"]
+TEXT_BYTES = pa.field("text_bytes", pa.int32())
+MEMBERS_QUERY = """
+SELECT r.record_id, r.source_id, r.object, r.line, r.record_digest, c.dedup_key,
+       r.text_bytes, s.group_id, s.split
+FROM read_parquet('{records}') r
+JOIN (SELECT record_id, object, line, dedup_key FROM read_parquet('{clusters}')
+      WHERE is_representative) c USING (record_id, object, line)
+JOIN read_parquet('{splits}') s USING (record_id)
+ORDER BY r.record_id, r.object, r.line
+"""
+
+
 def members_table(ws: Workspace, indexes: Indexes) -> pa.Table:
     """One row per member: stable id, source version, logical digests, split - never the text.
 
-    Members are the dedup representatives the splits layer assigned a split."""
-    split_table = get_table(ws.cas, indexes["splits"][1].output("splits"), "splits table")
-    clusters = get_table(ws.cas, indexes["dedup_clusters"][1].output("clusters"), "dedup clusters")
-    chosen = clusters.filter(clusters.column("is_representative")).select(
-        ["record_id", "object", "line", "dedup_key"]
-    )
-    records = CanonicalIndex(ws.cas, indexes["canonical_records"][1]).table(
-        ["record_id", "source_id", "object", "line", "record_digest", "text"]
-    )
-    lengths = pc.binary_length(pc.cast(records.column("text"), pa.binary()))
-    records = records.drop_columns(["text"]).append_column("text_bytes", lengths)
-    joined = records.join(chosen, ["record_id", "object", "line"], join_type="inner").join(
-        split_table,
-        "record_id",
-        join_type="inner",  # a record a split conflict quarantined
-    )  # is in no split, so no member
-    return joined.select(MEMBER_COLUMNS).sort_by("record_id")
+    Members are the dedup representatives the splits layer assigned a split (a record a split
+    conflict quarantined is in no split, so no member). DuckDB joins and sorts the layer files
+    out of core; only the narrow result is loaded, one column at a time, each as one chunk so
+    ``put_table`` writes the bytes it always wrote."""
+    canonical = CanonicalIndex(ws.cas, indexes["canonical_records"][1])
+    files = VerifiedFiles(ws.cas)
+    with tempfile.TemporaryDirectory(prefix="members-", dir=_spill(ws)) as tmp:
+        records, out = Path(tmp) / "records.parquet", Path(tmp) / "members.parquet"
+        _narrow_records(files, canonical, records)
+        pa.default_memory_pool().release_unused()  # the decoded texts' pages, before DuckDB
+        query = MEMBERS_QUERY.format(
+            records=records,
+            clusters=files.path(indexes["dedup_clusters"][1].output("clusters")["digest"]),
+            splits=files.path(indexes["splits"][1].output("splits")["digest"]),
+        )
+        with duck.connect(ws.cas, ws.config.execution.workers) as con:
+            con.execute(f"COPY ({query}) TO '{out}' (FORMAT parquet, COMPRESSION zstd)")
+        columns = [_one_chunk(out, field) for field in MEMBERS_SCHEMA]
+    return pa.Table.from_arrays(columns, schema=MEMBERS_SCHEMA)
+
+
+def _narrow_records(files: VerifiedFiles, canonical: CanonicalIndex, out: Path) -> None:
+    """The canonical records without their text but with its UTF-8 length, a batch at a time
+    (the text is most of a record, and only its length is a member fact)."""
+    schema = pa.schema([f for f in MEMBERS_SCHEMA if f.name in RECORD_FIELDS] + [TEXT_BYTES])
+    with pq.ParquetWriter(out, schema, compression="zstd") as writer:
+        for chunk in canonical.chunks():
+            path = files.path(chunk.records["digest"], chunk.what)
+            with pq.ParquetFile(path, buffer_size=1 << 20) as source:
+                rows = batch_rows(source, "text")
+                for batch in source.iter_batches(
+                    rows, columns=[*RECORD_FIELDS, "text"], use_threads=False
+                ):
+                    writer.write_batch(_without_text(batch, schema))
+
+
+def _without_text(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
+    """The batch's record fields and the UTF-8 byte length of its text."""
+    lengths = pc.binary_length(pc.cast(batch.column("text"), pa.binary()))
+    columns = [*batch.select(RECORD_FIELDS).columns, pc.cast(lengths, pa.int32())]
+    return pa.RecordBatch.from_arrays(columns, schema=schema)
+
+
+def _spill(ws: Workspace) -> Path:
+    """The data home's scratch directory (same filesystem as the CAS, so files move in)."""
+    spill = ws.home / "tmp"
+    spill.mkdir(parents=True, exist_ok=True)
+    return spill
+
+
+def _one_chunk(path: Path, field: pa.Field) -> pa.Array:
+    """One column of a Parquet file as a single array of the field's type."""
+    column = pq.read_table(path, columns=[field.name]).column(0)
+    return column.combine_chunks().cast(field.type)
 
 
 def source_versions(spec: FreezeSpec) -> list[dict[str, Any]]:
@@ -108,11 +165,15 @@ def build_manifest(ws: Workspace, partition_key: str) -> LayerResult:
     freeze_ref, spec = freeze(ws, partition_key)
     indexes = {layer: read_layer_index(ws, partition_key, layer) for layer in LAYERS[:-1]}
     members = members_table(ws, indexes)
-    members_ref = put_table(ws.cas, members)
+    with tempfile.TemporaryDirectory(prefix="members-", dir=_spill(ws)) as tmp:
+        members_ref = put_table_file(ws.cas, members, Path(tmp) / "members.parquet")
+    preview = members.slice(0, 10).to_pylist()
+    count = members.num_rows
+    del members  # the largest object of the layer, not needed for signing
     members_entry = {
         "uri": ws.cas.uri(members_ref["digest"]),
         **members_ref,
-        "count": members.num_rows,
+        "count": count,
     }
     image = transform_image()
     manifest = _document(ws, partition_key, freeze_ref, spec, indexes, members_entry, image)
@@ -132,7 +193,7 @@ def build_manifest(ws: Workspace, partition_key: str) -> LayerResult:
         },
         digest=manifest_ref["digest"],
         counts=dict(manifest["counts"]),
-        preview=members.slice(0, 10).to_pylist(),
+        preview=preview,
         digests={
             "snapshotId": manifest["snapshotId"],
             "buildId": manifest["buildId"],

@@ -19,12 +19,13 @@ from corpus_assets.core.storage.cas import ContentStore
 from corpus_assets.core.storage.shards import ShardIndex, load_index
 
 SHOWN = 5  # findings listed per kind
+SPAN_COLUMNS = ["block", "start", "end", "record_id", "sample", "shard", "specials"]  # read
 
 
 def packing_findings(cas: ContentStore, packed: LayerIndex, members: pa.Table) -> list[str]:
     """Every broken packing invariant, one line per kind (with up to ``SHOWN`` examples)."""
     index = load_index(cas, packed.output("shard_index")["digest"])
-    spans = get_table(cas, packed.output("spans"), "spans table")
+    spans = get_table(cas, packed.output("spans"), "spans table", SPAN_COLUMNS)
     findings = _index_findings(index, packed.counts)
     findings += _span_bounds(spans, index)
     findings += _overlaps(spans)

@@ -5,22 +5,36 @@ reads today: members added and removed, records that migrated between splits, an
 shifts (share of each source and split, byte-length quantiles).
 """
 
-from typing import Any
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from corpus_assets.core.governance import gate
+from corpus_assets.core.release import duck
+from corpus_assets.core.release.duck import VerifiedFiles, sql_list
 from corpus_assets.core.release.verify import load_manifest, resolve
 from corpus_assets.core.storage.artifacts import get_table
 from corpus_assets.core.storage.cas import ContentStore
 from corpus_assets.core.storage.catalog import Catalog
 
+if TYPE_CHECKING:
+    from duckdb import DuckDBPyConnection
+
 QUANTILES = (0.1, 0.5, 0.9, 0.99)
+EXAMPLES = 5
+SPLIT_OF = """CREATE VIEW {name} AS SELECT record_id, arg_max_null(split, file_row_number) AS split
+FROM read_parquet({path}, file_row_number = true) GROUP BY record_id"""  # last row wins, as a dict
+MIGRATED = """SELECT record_id || ': ' || coalesce(o.split, 'None') || ' -> '
+    || coalesce(n.split, 'None') FROM n JOIN o USING (record_id)
+WHERE n.split IS DISTINCT FROM o.split"""
 
 
 def _members(cas: ContentStore, manifest: dict[str, Any]) -> pa.Table:
-    columns = ["record_id", "source_id", "split", "text_bytes"]
+    """The profile's columns (two of few distinct values, one integer): small per member."""
+    columns = ["source_id", "split", "text_bytes"]
     return get_table(cas, manifest["members"], "members table", columns)
 
 
@@ -52,32 +66,42 @@ def _profile(members: pa.Table) -> dict[str, Any]:
 def shadow_diff(cas: ContentStore, catalog: Catalog, digest: str) -> dict[str, Any]:
     """Candidate vs the active snapshot of its alias (or vs nothing, for the first one)."""
     candidate = resolve(catalog, digest)
-    new = _members(cas, load_manifest(cas, candidate))
+    manifest = load_manifest(cas, candidate)
+    new = _members(cas, manifest)
     active_id = gate.read_gate(catalog, candidate.alias).active_snapshot
     diff: dict[str, Any] = {"candidate": candidate.snapshot_id, "active": active_id}
     diff["candidate_profile"] = _profile(new)
     if active_id is None or active_id == candidate.snapshot_id:
         diff.update(added=new.num_rows, removed=0, split_migrations=0, examples={})
         return diff
-    old = _members(cas, load_manifest(cas, resolve(catalog, active_id)))
-    old_split = dict(
-        zip(old.column("record_id").to_pylist(), old.column("split").to_pylist(), strict=True)
-    )
-    new_split = dict(
-        zip(new.column("record_id").to_pylist(), new.column("split").to_pylist(), strict=True)
-    )
-    added = sorted(set(new_split) - set(old_split))
-    removed = sorted(set(old_split) - set(new_split))
-    migrated = sorted(r for r in set(new_split) & set(old_split) if new_split[r] != old_split[r])
-    diff.update(
-        added=len(added),
-        removed=len(removed),
-        split_migrations=len(migrated),
-        active_profile=_profile(old),
-        examples={
-            "added": added[:5],
-            "removed": removed[:5],
-            "migrated": [f"{r}: {old_split[r]} -> {new_split[r]}" for r in migrated[:5]],
-        },
-    )
+    old_manifest = load_manifest(cas, resolve(catalog, active_id))
+    diff.update(member_changes(cas, old_manifest["members"], manifest["members"]))
+    diff["active_profile"] = _profile(_members(cas, old_manifest))
     return diff
+
+
+def member_changes(cas: ContentStore, old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """Members added, removed and moved between splits from table ``old`` to ``new`` (refs),
+    counted and the first few named, joined in DuckDB rather than in Python sets."""
+    files = VerifiedFiles(cas)
+    with duck.connect(cas) as con:
+        for name, ref in (("o", old), ("n", new)):
+            path = files.path(ref["digest"], "members table")
+            con.execute(SPLIT_OF.format(name=name, path=sql_list([path])))
+        added, added_n = _first(con, "SELECT record_id FROM n ANTI JOIN o USING (record_id)")
+        removed, removed_n = _first(con, "SELECT record_id FROM o ANTI JOIN n USING (record_id)")
+        migrated, migrated_n = _first(con, MIGRATED)
+    return {
+        "added": added_n,
+        "removed": removed_n,
+        "split_migrations": migrated_n,
+        "examples": {"added": added, "removed": removed, "migrated": migrated},
+    }
+
+
+def _first(con: DuckDBPyConnection, query: str) -> tuple[list[str], int]:
+    """The first ``EXAMPLES`` rows of a one-column query in sorted order, and its row count."""
+    rows = con.execute(
+        f"SELECT v, count(*) OVER () FROM ({query}) t(v) ORDER BY v LIMIT {EXAMPLES}"
+    ).fetchall()
+    return [v for v, _ in rows], (rows[0][1] if rows else 0)

@@ -16,6 +16,8 @@ failed rule; only a rebuild of its partition starts a new attempt (``states.regi
 
 from dataclasses import dataclass
 
+import pyarrow as pa
+
 from corpus_assets.core.governance import states
 from corpus_assets.core.ingest.pinning import late_changes
 from corpus_assets.core.records.layer import canary_replay
@@ -81,13 +83,20 @@ def validate_snapshot(ws: Workspace, digest: str) -> Report:
     rules = snapshot_rules(ws)
     failed = [("verify", finding) for finding in report.findings]
     try:
-        evidence = Evidence.load(ws.cas, ws.catalog, load_manifest(ws.cas, snapshot))
+        evidence = Evidence.load(
+            ws.cas,
+            ws.catalog,
+            load_manifest(ws.cas, snapshot),
+            verified=report.verified,  # re-hashed once, by verify
+            threads=ws.config.execution.workers,
+        )
     except CasError as error:  # already reported by verify, by object name
         failed.append(("evidence", str(error)))
         incomplete: list[str] = []
     else:
-        failed += _apply(rules.gates, evidence, report.gate)
-        incomplete = [f for _rule, f in _apply(rules.boundary, evidence, report.gate)]
+        with evidence:
+            failed += _apply(rules.gates, evidence, report.gate)
+            incomplete = [f for _rule, f in _apply(rules.boundary, evidence, report.gate)]
     report.findings.extend(dict.fromkeys(f for _rule, f in failed if f not in report.findings))
     report.findings.extend(incomplete)
     report.gate.incomplete = len(incomplete)
@@ -104,6 +113,7 @@ def _apply(rules: tuple[Gate, ...], evidence: Evidence, report: GateReport) -> l
             failed += [(rule.__name__, finding) for finding in rule(evidence, report)]
         except CasError as error:
             failed.append((rule.__name__, str(error)))
+        pa.default_memory_pool().release_unused()  # a rule's tables, before the next one
     return failed
 
 

@@ -6,6 +6,7 @@ verifier can walk the closure of a manifest by following refs whose media is JSO
 
 import io
 import json
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -55,22 +56,31 @@ def put_bytes(cas: ContentStore, data: bytes, media: str = BINARY) -> Ref:
     return make_ref(cas.put_bytes(data), media, len(data))
 
 
+PINNED_PARQUET: dict[str, Any] = {  # every byte-affecting option, so equal tables, equal digests
+    "compression": "zstd",
+    "compression_level": 3,
+    "use_dictionary": True,
+    "write_statistics": False,
+    "row_group_size": 1 << 20,
+    "data_page_version": "2.0",
+    "version": "2.6",
+    "store_schema": True,
+}
+
+
 def table_bytes(table: pa.Table) -> bytes:
     """Parquet with every byte-affecting option pinned, so equal tables give equal digests."""
     sink = io.BytesIO()
-    pq.write_table(
-        table,
-        sink,
-        compression="zstd",
-        compression_level=3,
-        use_dictionary=True,
-        write_statistics=False,
-        row_group_size=1 << 20,
-        data_page_version="2.0",
-        version="2.6",
-        store_schema=True,
-    )
+    pq.write_table(table, sink, **PINNED_PARQUET)
     return sink.getvalue()
+
+
+def put_table_file(cas: ContentStore, table: pa.Table, path: Path) -> Ref:
+    """``put_table`` through a file at ``path`` (moved into the store): the same bytes and
+    digest, without holding the encoded table and its copy in memory."""
+    pq.write_table(table, path, **PINNED_PARQUET)
+    digest, size = cas.adopt_file(path)
+    return make_ref(digest, PARQUET, size)
 
 
 def put_table(cas: ContentStore, table: pa.Table) -> Ref:
