@@ -110,6 +110,7 @@ def write_config(root: Path, sources: list[dict], workers: int) -> Path:
         )
     lines.append(f"execution: {{workers: {workers}}}")
     lines.append(f"storage: {{home: {root / 'home'}}}")
+    root.mkdir(parents=True, exist_ok=True)
     config = root / "corpus.yaml"
     config.write_text("\n".join(lines) + "\n")
     return config
@@ -285,6 +286,8 @@ def main() -> None:
     for mb in (float(s) for s in args.sizes.split(",")):
         results.append(race_size(args.corpora, args.tmp, mb, args.workers))
         print(f"size {results[-1]['mb']:.0f} MB done", file=sys.stderr)
+        if args.json:  # after each size, so a long run keeps what it measured
+            args.json.write_text(json.dumps(results, indent=1))
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
     report(results)
