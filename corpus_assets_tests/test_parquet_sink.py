@@ -7,9 +7,9 @@ import pyarrow as pa
 import pytest
 
 from corpus_assets.core.storage import parquet_sink
-from corpus_assets.core.storage.artifacts import get_table, put_table
+from corpus_assets.core.storage.artifacts import get_table, put_table, put_table_file
 from corpus_assets.core.storage.cas import ContentStore
-from corpus_assets.core.storage.parquet_sink import TableWriter, put_table_file
+from corpus_assets.core.storage.parquet_sink import TableWriter
 
 SCHEMA = pa.schema([("n", pa.int64()), ("word", pa.string()), ("maybe", pa.string())])
 
@@ -33,7 +33,7 @@ def test_streamed_row_groups_have_put_tables_bytes(
     rng = np.random.default_rng(len(str(sizes)) + group_rows)
     counts = list(rng.integers(0, 900, 40)) if sizes == "random" else sizes
     batches = [_batch(rng, int(n)) for n in counts]
-    monkeypatch.setitem(parquet_sink.PARQUET_OPTIONS, "row_group_size", group_rows)
+    monkeypatch.setattr(parquet_sink, "ROW_GROUP_ROWS", group_rows)
     real = pa.parquet.write_table
 
     def write_table(table: pa.Table, where: object, **options: object) -> None:
@@ -47,7 +47,8 @@ def test_streamed_row_groups_have_put_tables_bytes(
         writer.write(batch)
     assert writer.close() == want
     assert writer.rows == sum(counts)
-    assert put_table_file(cas, pa.Table.from_batches(batches, SCHEMA)) == want
+    whole = pa.Table.from_batches(batches, SCHEMA)
+    assert put_table_file(cas, whole, tmp_path / "whole.parquet") == want
     assert get_table(cas, want).num_rows == sum(counts)
 
 
@@ -55,7 +56,9 @@ def test_options_are_put_tables(tmp_path: Path) -> None:
     """The default options (one row group up to 2^20 rows) give put_table's digest."""
     cas = ContentStore(tmp_path)
     table = pa.Table.from_batches([_batch(np.random.default_rng(1), 5000)], SCHEMA)
-    assert put_table_file(cas, table) == put_table(cas, table)
+    writer = TableWriter(cas, SCHEMA)
+    writer.write_table(table)
+    assert writer.close() == put_table(cas, table)
     assert not list((tmp_path / "tmp").glob(".tmp-*"))
 
 

@@ -7,13 +7,11 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from corpus_assets.core.storage.artifacts import put_table, table_bytes
+from corpus_assets.core.storage.artifacts import PINNED_PARQUET, put_table, table_bytes
 from corpus_assets.core.storage.cas import ContentStore
-from corpus_assets.core.storage.table_stream import (
-    PARQUET_OPTIONS,
-    put_table_batches,
-    write_table_batches,
-)
+from corpus_assets.core.storage.parquet_sink import put_table_batches, write_table_batches
+
+PARQUET_OPTIONS = {k: v for k, v in PINNED_PARQUET.items() if k != "row_group_size"}
 
 SCHEMA = pa.schema(
     [("id", pa.string()), ("n", pa.int64()), ("j", pa.float64()), ("flag", pa.bool_())]

@@ -14,6 +14,8 @@ import pytest
 from corpus_assets.core.runtime.config import SplitPolicy
 from corpus_assets.core.storage.artifacts import get_table, put_table
 from corpus_assets.core.storage.cas import ContentStore
+from corpus_assets.core.storage.duck import cas_parquet, put_query
+from corpus_assets.core.storage.parquet_sink import ROW_GROUP_ROWS, put_tables
 from corpus_assets.core.training_view import duck
 from corpus_assets.core.training_view.split_assign import hash_split_sql, split_indices
 from corpus_assets.core.training_view.split_bridges import LeakageGraph, StoredGraph
@@ -35,7 +37,7 @@ def _rows(count: int, seed: int) -> pa.Table:
     )
 
 
-@pytest.mark.parametrize("count", [0, 7, 70_000, duck.ROW_GROUP + 5_000])
+@pytest.mark.parametrize("count", [0, 7, 70_000, ROW_GROUP_ROWS + 5_000])
 def test_put_tables_stores_put_table_bytes_from_uneven_batches(tmp_path: Path, count: int) -> None:
     cas = ContentStore(tmp_path / "cas")
     table = _rows(count, count)
@@ -44,10 +46,10 @@ def test_put_tables_stores_put_table_bytes_from_uneven_batches(tmp_path: Path, c
     while at < count:
         parts.append(table.slice(at, sizes[len(parts) % len(sizes)]).to_batches()[0])
         at += parts[-1].num_rows
-    ref, head = duck.put_tables(cas, iter(parts), SCHEMA)
+    ref, head = put_tables(cas, iter(parts), SCHEMA)
     assert ref == put_table(cas, table)
     assert head.to_pylist() == table.slice(0, 10).to_pylist()
-    if count > duck.ROW_GROUP:
+    if count > ROW_GROUP_ROWS:
         assert pq.ParquetFile(cas.path(ref["digest"])).metadata.num_row_groups == 2
 
 
@@ -58,7 +60,7 @@ def test_put_query_is_sorted_and_spills_under_home(tmp_path: Path) -> None:
         spill = list((tmp_path / "tmp").iterdir())
         assert len(spill) == 1 and spill[0].name.startswith("duckdb-")
         con.register("rows", table)
-        ref, _ = duck.put_query(cas, con, "SELECT * FROM rows ORDER BY record_id, n", SCHEMA)
+        ref, _ = put_query(cas, con, "SELECT * FROM rows ORDER BY record_id, n", SCHEMA)
     assert not any((tmp_path / "tmp").iterdir())  # the spill directory is removed
     expected = table.sort_by([("record_id", "ascending"), ("n", "ascending")])
     assert ref == put_table(cas, expected)
@@ -99,8 +101,8 @@ def test_stored_graph_reads_the_components_of_the_arrow_graph(tmp_path: Path) ->
     con = duck.connect()
     stored = StoredGraph(
         con,
-        duck.cas_parquet(cas, refs[0], "clusters", numbered=True),
-        duck.cas_parquet(cas, refs[1], "edges", numbered=True),
+        cas_parquet(cas, refs[0], "clusters", numbered=True),
+        cas_parquet(cas, refs[1], "edges", numbered=True),
     )
     wanted = pa.array(["c3", "c17", "c39", "nothing"])
     arrow = LeakageGraph(clusters, edges).within(wanted)

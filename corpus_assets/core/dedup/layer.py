@@ -45,7 +45,7 @@ from corpus_assets.core.runtime.layers import LayerResult, load_index, publish_i
 from corpus_assets.core.runtime.workspace import Workspace
 from corpus_assets.core.storage.artifacts import NPY, Ref, get_table, make_ref, put_json, put_table
 from corpus_assets.core.storage.cas import ContentStore
-from corpus_assets.core.storage.table_stream import put_table_batches
+from corpus_assets.core.storage.parquet_sink import put_table_batches
 
 CODE = stage_code("dedup_clusters.v3", __name__)  # this module's closure, hashed at import
 

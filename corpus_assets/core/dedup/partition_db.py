@@ -13,13 +13,11 @@ nulls sort last, and ``row`` breaks every remaining tie the way a stable sort wo
 
 import ctypes
 import gc
-import shutil
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import duckdb
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -27,6 +25,7 @@ import pyarrow.parquet as pq
 
 from corpus_assets.core.records.index import RECORD_COLUMNS, ChunkRecords
 from corpus_assets.core.runtime.workspace import Workspace
+from corpus_assets.core.storage.duck import Spilling, sql_list
 
 try:
     _LIBC: ctypes.CDLL | None = ctypes.CDLL("libc.so.6")
@@ -64,19 +63,14 @@ class PartitionDb:
 
     def __init__(self, tmp: Path | None, threads: int = 2) -> None:
         base = tmp if tmp is not None else Path(tempfile.gettempdir())
-        base.mkdir(parents=True, exist_ok=True)
-        self.tmp = Path(tempfile.mkdtemp(prefix="dedup-duckdb-", dir=base))
-        self.con = duckdb.connect(
-            config={
-                "memory_limit": MEMORY_LIMIT,
-                "temp_directory": str(self.tmp / "spill"),
-                "threads": max(1, threads),
-                "preserve_insertion_order": False,
-                # hand freed memory back after each task, not only past 128 MB / 512 MB
-                "allocator_flush_threshold": "8MB",
-                "allocator_bulk_deallocation_flush_threshold": "32MB",
-            }
+        self._duck = Spilling(
+            base,
+            MEMORY_LIMIT,
+            threads,
+            preserve_insertion_order=False,
+            flush=("8MB", "32MB"),  # hand freed memory back after each task, not past 128/512 MB
         )
+        self.con = self._duck.con
 
     @classmethod
     def from_chunks(cls, ws: Workspace, chunks: list[ChunkRecords]) -> "PartitionDb":
@@ -109,7 +103,7 @@ class PartitionDb:
         del lengths
         self.con.register("chunk_files", files)
         self.con.register("lengths", meta)
-        scan = f"read_parquet({_sql_list(paths)}, filename = true, file_row_number = true)"
+        scan = f"read_parquet({sql_list(paths)}, filename = true, file_row_number = true)"
         self.con.execute(
             f"CREATE TEMP TABLE files AS SELECT * FROM chunk_files;"
             f"CREATE TEMP TABLE meta AS SELECT * FROM lengths;"
@@ -144,8 +138,7 @@ class PartitionDb:
         self.con.unregister("records_arrow")
 
     def close(self) -> None:
-        self.con.close()
-        shutil.rmtree(self.tmp, ignore_errors=True)
+        self._duck.close()  # its spill directory too
         release_memory()
 
     def __enter__(self) -> "PartitionDb":
@@ -264,11 +257,3 @@ def text_lengths(path: Path, batch_rows: int = 1024) -> np.ndarray:
     batches = parquet.iter_batches(batch_size=batch_rows, columns=["text"], use_threads=False)
     parts = [pc.utf8_length(batch.column(0)).to_numpy().astype(np.int64) for batch in batches]
     return np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
-
-
-def _quoted(text: str) -> str:
-    return text.replace("'", "''")
-
-
-def _sql_list(paths: list[str]) -> str:
-    return "[" + ", ".join(f"'{_quoted(p)}'" for p in paths) + "]"

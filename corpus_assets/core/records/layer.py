@@ -60,7 +60,7 @@ from corpus_assets.core.storage.artifacts import (
 )
 from corpus_assets.core.storage.catalog import benchmark_items
 from corpus_assets.core.storage.digests import json_digest
-from corpus_assets.core.storage.parquet_sink import put_table_file
+from corpus_assets.core.storage.parquet_sink import TableWriter
 from corpus_assets.core.storage.tasks import ChunkOutcome, ChunkTask, preload, run_chunk
 
 # The chunk tasks' and the index's code: this module's import closure holds every row stage, so a
@@ -124,7 +124,9 @@ def _canonicalize_object(
     reasons = kept.reasons
     quarantined = {r: n for r, n in sorted(reasons.items()) if r.startswith(QUARANTINE_PREFIXES)}
     rejected = {r: n for r, n in sorted(reasons.items()) if r not in quarantined}
-    records_ref = put_table_file(ws.cas, records)
+    writer = TableWriter(ws.cas, records.schema)  # through a file: put_table's bytes, fsynced
+    writer.write_table(records)
+    records_ref = writer.close()
     del records
     descriptor = ChunkDescriptor(
         records=records_ref,

@@ -21,11 +21,11 @@ import pyarrow.parquet as pq
 from corpus_assets.core.ingest.freeze_spec import FreezeSpec
 from corpus_assets.core.records.index import CanonicalIndex
 from corpus_assets.core.release import duck
-from corpus_assets.core.release.duck import VerifiedFiles, sql_list
 from corpus_assets.core.runtime.layers import LayerIndex, load_index
 from corpus_assets.core.storage.artifacts import get_table
 from corpus_assets.core.storage.cas import ContentStore
 from corpus_assets.core.storage.catalog import Catalog
+from corpus_assets.core.storage.duck import VerifiedFiles, sql_list
 from corpus_assets.core.training_view.splits import EXCLUDED, UNLINKED
 
 if TYPE_CHECKING:

@@ -20,7 +20,6 @@ from corpus_assets.core.governance.lineage import COLUMN, revoked_targets
 from corpus_assets.core.ingest.freeze_spec import ChangelogSourceSpec, FreezeSpec
 from corpus_assets.core.records.index import CanonicalIndex
 from corpus_assets.core.records.layer import Replay
-from corpus_assets.core.release.duck import sql_list
 from corpus_assets.core.release.evidence import Evidence
 from corpus_assets.core.release.leakage_check import (
     leaked_components,
@@ -32,6 +31,7 @@ from corpus_assets.core.runtime.layers import load_index
 from corpus_assets.core.storage.artifacts import get_json
 from corpus_assets.core.storage.catalog import benchmark_items, freezes
 from corpus_assets.core.storage.digests import json_digest
+from corpus_assets.core.storage.duck import sql_list
 from corpus_assets.core.storage.tasks import ChunkTask, open_dead_letters
 from corpus_assets.core.training_view.splits import SPLITS
 

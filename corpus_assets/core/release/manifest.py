@@ -21,7 +21,7 @@ from corpus_assets.core.ingest.freeze import freeze
 from corpus_assets.core.ingest.freeze_spec import ChangelogSourceSpec, FreezeSpec
 from corpus_assets.core.records.index import CanonicalIndex, record_schema_digest
 from corpus_assets.core.release import duck
-from corpus_assets.core.release.duck import VerifiedFiles, batch_rows
+from corpus_assets.core.release.duck import batch_rows
 from corpus_assets.core.release.identity import SELF_EXCLUDED, snapshot_id
 from corpus_assets.core.release.shadow import shadow_diff
 from corpus_assets.core.release.signing import sign_snapshot
@@ -30,6 +30,7 @@ from corpus_assets.core.runtime.transform import transform_image
 from corpus_assets.core.runtime.workspace import Workspace
 from corpus_assets.core.storage.artifacts import Ref, get_json, put_json, put_table_file
 from corpus_assets.core.storage.digests import json_digest
+from corpus_assets.core.storage.duck import VerifiedFiles
 from corpus_assets.core.tokens.spec import resolve_tokenizer
 from corpus_assets.core.training_view.splits import SPLITS
 

@@ -14,11 +14,11 @@ import pyarrow.compute as pc
 
 from corpus_assets.core.governance import gate
 from corpus_assets.core.release import duck
-from corpus_assets.core.release.duck import VerifiedFiles, sql_list
 from corpus_assets.core.release.verify import load_manifest, resolve
 from corpus_assets.core.storage.artifacts import get_table
 from corpus_assets.core.storage.cas import ContentStore
 from corpus_assets.core.storage.catalog import Catalog
+from corpus_assets.core.storage.duck import VerifiedFiles, sql_list
 
 if TYPE_CHECKING:
     from duckdb import DuckDBPyConnection

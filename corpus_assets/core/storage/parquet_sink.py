@@ -1,36 +1,71 @@
-"""Parquet tables put in the store through a file, never as bytes in memory, with
-``artifacts.put_table``'s exact bytes (``test_parquet_sink`` compares the two).
+"""Parquet tables streamed into the store a row group at a time, with ``put_table``'s bytes.
+
+The options are ``artifacts.PINNED_PARQUET`` (the one copy), its ``row_group_size`` apart as
+``ROW_GROUP_ROWS``. The rule for equal bytes: ``pq.write_table`` cuts a table into row groups
+of ``ROW_GROUP_ROWS`` rows and writes each in one ``write_table`` call, so a streamed writer must
+write each row group in one call too; inside a row group the writer encodes a column in
+mini-batches of 1024 values, so the group's chunk boundaries move page boundaries (bytes)
+unless they fall at multiples of 1024 rows (or match the chunks of the table compared with).
+Three entry points follow the rule each its own way, for their callers:
+
+- :class:`TableWriter` (packed spans): equals ``put_table`` of ``Table.from_batches`` of the
+  batches written - the same chunks, cut only at row-group ends.
+- :func:`put_table_batches` (dedup clusters): equals ``put_table`` of the concatenation however
+  it is chunked, as each group is rechunked to ``STEP`` (a multiple of 1024) rows.
+- :func:`put_tables` (training view): equals ``put_table`` of the concatenation, each group
+  combined into one contiguous table; it also returns the first ten rows.
 
 Kept apart from ``artifacts`` on purpose: ``artifacts`` is in the import closure of most stages'
 code identities (the token cache's among them, which the packed spans name), so a new writer
 there would re-run them all without changing a byte they make.
 """
 
+import io
 import os
 import tempfile
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from corpus_assets.core.storage.artifacts import PARQUET, Ref, make_ref
+from corpus_assets.core.storage.artifacts import (
+    PARQUET,
+    PINNED_PARQUET,
+    Ref,
+    make_ref,
+    put_bytes,
+    table_bytes,
+)
 from corpus_assets.core.storage.cas import ContentStore
 
-# ``artifacts.table_bytes``' options, every byte-affecting one.
-PARQUET_OPTIONS: dict[str, Any] = {
-    "compression": "zstd",
-    "compression_level": 3,
-    "use_dictionary": True,
-    "write_statistics": False,
-    "row_group_size": 1 << 20,
-    "data_page_version": "2.0",
-    "version": "2.6",
-    "store_schema": True,
-}
+ROW_GROUP_ROWS: int = PINNED_PARQUET["row_group_size"]
+STEP = 1 << 16  # rows per chunk of a row group: a multiple of the writer's 1024-value batches
+HEAD_ROWS = 10
+
+
+def _writer(sink: str | Path | BinaryIO, schema: pa.Schema) -> pq.ParquetWriter:
+    """A writer with the pinned options; the row group size is given per ``write_table``."""
+    options: dict[str, Any] = {k: v for k, v in PINNED_PARQUET.items() if k != "row_group_size"}
+    return pq.ParquetWriter(sink, schema, **options)
+
+
+def _write_groups(
+    writer: pq.ParquetWriter, schema: pa.Schema, groups: Iterable[pa.Table], rows: int
+) -> None:
+    """Each group as one row group (one call); an empty table still gets one empty group."""
+    wrote = False
+    for group in groups:
+        writer.write_table(group, row_group_size=rows)
+        del group  # before the next group is built: one row group held at a time
+        wrote = True
+    if not wrote:
+        writer.write_table(schema.empty_table(), row_group_size=rows)
 
 
 def _temp(cas: ContentStore) -> Path:
+    """A fresh file under the store's ``tmp`` (the same filesystem, so adopted by hard link)."""
     folder = cas.root / "tmp"
     folder.mkdir(parents=True, exist_ok=True)
     fd, name = tempfile.mkstemp(dir=folder, prefix=".tmp-")
@@ -38,27 +73,18 @@ def _temp(cas: ContentStore) -> Path:
     return Path(name)
 
 
-def put_table_file(cas: ContentStore, table: pa.Table) -> Ref:
-    """``put_table(cas, table)`` written through a temporary file in the store and adopted by
-    hard link, so a large table's Parquet is never held in memory (once, let alone twice)."""
-    writer = TableWriter(cas, table.schema)
-    writer.write_table(table)
-    return writer.close()
-
-
 class TableWriter:
-    """:func:`put_table` of the concatenation of the batches written, streamed to a temporary
-    file in the store: row groups of ``row_group_size`` rows are written as they fill, each a
-    table of the same batch slices ``pq.write_table`` cuts from the whole, so the bytes are the
-    same while at most one row group of batches is held. ``close`` adopts the file."""
+    """``put_table(Table.from_batches(batches))`` of the batches written, streamed to a file in
+    the store: row groups of ``ROW_GROUP_ROWS`` rows are written as they fill, each a table of
+    the same batch slices ``pq.write_table`` cuts from the whole, so at most one row group of
+    batches is held. ``close`` adopts the file."""
 
     def __init__(self, cas: ContentStore, schema: pa.Schema) -> None:
-        options = dict(PARQUET_OPTIONS)
-        self._group_rows: int = options.pop("row_group_size")
+        self._group_rows = ROW_GROUP_ROWS
         self._cas, self._schema = cas, schema
         self._path = _temp(cas)
         self._handle = self._path.open("wb")
-        self._writer = pq.ParquetWriter(self._handle, schema, **options)
+        self._writer = _writer(self._handle, schema)
         self._pending: list[pa.RecordBatch] = []
         self._held = 0
         self._wrote = False
@@ -116,3 +142,147 @@ class TableWriter:
         finally:
             self._handle.close()
         self._path.unlink(missing_ok=True)
+
+
+def put_table_batches(
+    cas: ContentStore,
+    schema: pa.Schema,
+    batches: Iterable[pa.RecordBatch],
+    tmp: Path,
+    row_group_rows: int = ROW_GROUP_ROWS,
+) -> Ref:
+    """``put_table`` of the batches' concatenation (any chunking), holding one row group."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    fd, name = tempfile.mkstemp(prefix="table-", suffix=".parquet", dir=tmp)
+    os.close(fd)
+    path = Path(name)
+    try:
+        write_table_batches(path, schema, batches, row_group_rows)
+        size = path.stat().st_size
+        digest, _ = cas.adopt_file(path)
+    finally:
+        path.unlink(missing_ok=True)
+    return make_ref(digest, PARQUET, size)
+
+
+def write_table_batches(
+    path: Path,
+    schema: pa.Schema,
+    batches: Iterable[pa.RecordBatch],
+    row_group_rows: int = ROW_GROUP_ROWS,
+    step: int = STEP,
+) -> None:
+    """The Parquet file of the batches' concatenation at ``path``, fsynced."""
+    with _writer(path, schema) as writer:
+        groups = _row_groups(batches, schema, row_group_rows, step)
+        _write_groups(writer, schema, groups, row_group_rows)
+    with open(path, "rb") as handle:
+        os.fsync(handle.fileno())
+
+
+def _row_groups(
+    batches: Iterable[pa.RecordBatch], schema: pa.Schema, rows: int, step: int
+) -> Iterator[pa.Table]:
+    """Tables of exactly ``rows`` rows (the last may be shorter), as chunks of ``step`` rows
+    (kept, never combined into one more copy of the row group)."""
+    step = step if rows % step == 0 else rows
+    group: list[pa.RecordBatch] = []
+    for chunk in _rechunked(batches, schema, step):
+        group.append(chunk)
+        if len(group) * step == rows:
+            yield pa.Table.from_batches(group, schema)
+            group = []
+    if group:
+        yield pa.Table.from_batches(group, schema)
+
+
+def _rechunked(
+    batches: Iterable[pa.RecordBatch], schema: pa.Schema, step: int
+) -> Iterator[pa.RecordBatch]:
+    """The batches as batches of exactly ``step`` rows (the last may be shorter)."""
+    pending: list[pa.RecordBatch] = []
+    count = 0
+    for batch in batches:
+        pending.append(batch)
+        count += batch.num_rows
+        while count >= step:
+            table = pa.Table.from_batches(pending, schema)
+            if len(pending) == 1 and batch.num_rows == step:
+                yield batch
+            else:
+                yield table.slice(0, step).combine_chunks().to_batches()[0]
+            rest = table.slice(step)
+            pending, count = rest.to_batches(), rest.num_rows
+    if count:
+        yield pa.Table.from_batches(pending, schema).combine_chunks().to_batches()[0]
+
+
+def put_tables(
+    cas: ContentStore, parts: Iterable[pa.RecordBatch | pa.Table], schema: pa.Schema
+) -> tuple[Ref, pa.Table]:
+    """``parts`` in order (cast to ``schema``), stored as ``put_table`` would store their
+    concatenation, each row group combined into one contiguous table, and the first ten rows.
+    Only one row group of rows is in memory at a time."""
+    heads: list[pa.Table] = []
+    sink = io.BytesIO()
+    with _writer(sink, schema) as writer:
+        _write_groups(writer, schema, _contiguous(parts, schema, heads), ROW_GROUP_ROWS)
+    pa.default_memory_pool().release_unused()
+    if not heads:
+        return put_bytes(cas, table_bytes(schema.empty_table()), PARQUET), schema.empty_table()
+    return put_bytes(cas, sink.getvalue(), PARQUET), heads[0]
+
+
+def _contiguous(
+    parts: Iterable[pa.RecordBatch | pa.Table], schema: pa.Schema, heads: list[pa.Table]
+) -> Iterator[pa.Table]:
+    """Row groups of ``ROW_GROUP_ROWS`` rows (the last may be shorter), each contiguous; the
+    first group's head goes to ``heads``."""
+    group = _Group(schema)
+    for part in parts:
+        group.add(_table(part).cast(schema))
+        while group.rows >= ROW_GROUP_ROWS:
+            table, rest = group.take(ROW_GROUP_ROWS)
+            heads[:] = heads or [_head(table)]
+            yield table
+            del table
+            group = _Group(schema)
+            group.add(rest)
+    if group.rows:
+        table, _ = group.take(group.rows)
+        heads[:] = heads or [_head(table)]
+        yield table
+
+
+class _Group:
+    """The rows of one row group so far, as per-column chunk lists."""
+
+    def __init__(self, schema: pa.Schema) -> None:
+        self.schema, self.rows = schema, 0
+        self.columns: list[list[pa.Array]] = [[] for _ in schema]
+
+    def add(self, table: pa.Table) -> None:
+        for chunks, column in zip(self.columns, table.columns, strict=True):
+            chunks.extend(column.chunks)
+        self.rows += table.num_rows
+
+    def take(self, rows: int) -> tuple[pa.Table, pa.Table]:
+        """The first ``rows`` rows as one contiguous table (each column combined, its chunks
+        then dropped, so one column is held twice at most) and the rest."""
+        arrays, rests = [], []
+        for i, field in enumerate(self.schema):
+            column = pa.chunked_array(self.columns[i], field.type)
+            self.columns[i] = []
+            arrays.append(column.slice(0, rows).combine_chunks())
+            rests.append(column.slice(rows))
+            del column
+        return pa.table(arrays, schema=self.schema), pa.table(rests, schema=self.schema)
+
+
+def _head(group: pa.Table) -> pa.Table:
+    """The first ten rows, copied (a slice would keep the whole group's buffers alive)."""
+    return group.take(pa.array(range(min(HEAD_ROWS, group.num_rows)), pa.int64()))
+
+
+def _table(part: pa.RecordBatch | pa.Table) -> pa.Table:
+    return pa.Table.from_batches([part]) if isinstance(part, pa.RecordBatch) else part

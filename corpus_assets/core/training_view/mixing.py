@@ -22,6 +22,8 @@ from corpus_assets.core.runtime.layers import (
     read_layer_index,
 )
 from corpus_assets.core.runtime.workspace import Workspace
+from corpus_assets.core.storage.duck import batches, cas_parquet
+from corpus_assets.core.storage.parquet_sink import put_tables
 from corpus_assets.core.tokens.cache import TokenCache, token_cache
 from corpus_assets.core.tokens.spec import resolve_tokenizer
 from corpus_assets.core.training_view import duck
@@ -56,8 +58,8 @@ def train_members(
     object, line: the row dedup kept), so a record id repeated in another row is one candidate.
     A record's tokens are its count in the token cache (only the offsets are read)."""
     load_row_tokens(ws, con, canonical, tokens, (*MEMBER_COLUMNS, "object", "line"))
-    table = duck.cas_parquet(ws.cas, splits.output("splits"), "splits table")
-    clusters = duck.cas_parquet(ws.cas, dedup.output("clusters"), "dedup clusters")
+    table = cas_parquet(ws.cas, splits.output("splits"), "splits table")
+    clusters = cas_parquet(ws.cas, dedup.output("clusters"), "dedup clusters")
     con.execute(
         "CREATE TABLE train_members AS SELECT r.record_id, r.source_id, r.record_digest, "
         f"r.tokens FROM row_tokens r JOIN (SELECT c.record_id, c.object, c.line FROM {clusters} c "
@@ -71,7 +73,7 @@ def train_members(
 def source_members(con: duckdb.DuckDBPyConnection, source: str) -> Members:
     """One source's train members by record_id; digests are parsed a batch at a time."""
     literal = "'" + source.replace("'", "''") + "'"
-    reader = duck.batches(
+    reader = batches(
         con,
         "SELECT record_id, record_digest, tokens FROM train_members "
         f"WHERE source_id = {literal} ORDER BY record_id",
@@ -102,7 +104,7 @@ def build_mixed_samples(ws: Workspace, partition_key: str) -> LayerResult:
     plans = plan_mixture(policy, populations)
     weighted = any(p.target != p.natural for p in plans if p.amount)
     groups, picks = mix_groups(policy.seed, policy.unit, plans, members, weighted)
-    out, head = duck.put_tables(ws.cas, groups, MIX_COLUMNS)
+    out, head = put_tables(ws.cas, groups, MIX_COLUMNS)
     rows = report(plans, members, picks, policy.max_weight)
     counts = {
         "samples": sum(pick.docs for pick in picks.values()),

@@ -11,8 +11,8 @@ import pyarrow as pa
 
 from corpus_assets.core.records.index import CanonicalIndex
 from corpus_assets.core.runtime.workspace import Workspace
+from corpus_assets.core.storage.duck import cas_parquet
 from corpus_assets.core.tokens.cache import TokenCache, open_tokens
-from corpus_assets.core.training_view import duck
 
 ROW_KEY = ("record_id", "object", "line")
 
@@ -32,7 +32,7 @@ def load_row_tokens(
         counts = np.asarray(open_tokens(ws, cached, tokens.spec, ids=False).counts())
         rows = np.arange(len(counts), dtype=np.int64)
         con.register("chunk_counts", pa.table({"row": rows, "tokens": counts}))
-        source = duck.cas_parquet(ws.cas, chunk.records, chunk.what, numbered=True)
+        source = cas_parquet(ws.cas, chunk.records, chunk.what, numbered=True)
         select = (
             f"SELECT {picked}, t.tokens FROM {source} c "
             "JOIN chunk_counts t ON c.file_row_number = t.row"

@@ -31,6 +31,7 @@ from corpus_assets.core.runtime.layers import (
 )
 from corpus_assets.core.runtime.workspace import Workspace
 from corpus_assets.core.storage.artifacts import Ref, get_json, put_table
+from corpus_assets.core.storage.duck import cas_parquet, cas_parquets, put_query
 from corpus_assets.core.tokens.cache import TokenCache, token_cache
 from corpus_assets.core.tokens.spec import resolve_tokenizer
 from corpus_assets.core.training_view import duck
@@ -80,7 +81,7 @@ def parent_splits(ws: Workspace, parent: str | None) -> tuple[list[Ref], Source,
     manifest = get_json(ws.cas, states.get(ws.catalog, parent).manifest_digest, "parent manifest")
     ref = manifest["layers"]["splits"]
     index = load_index(ws.cas, ref, "splits")
-    table = duck.cas_parquet(ws.cas, index.output("splits"), "parent splits")
+    table = cas_parquet(ws.cas, index.output("splits"), "parent splits")
     rows = f"SELECT record_id, split FROM {table}"
     return [ref], rows, int(index.outputs.get("eval_version", 0))
 
@@ -134,8 +135,8 @@ def _assign_and_report(
     report. Only the conflicts, the moves and one row group of output are Python objects."""
     parent_refs, parent_rows, parent_version = parent_splits(ws, parent)
     dedup_ref, dedup = read_layer_index(ws, partition_key, "dedup_clusters")
-    clusters = duck.cas_parquet(ws.cas, dedup.output("clusters"), "dedup clusters", True)
-    edges = duck.cas_parquet(ws.cas, dedup.output("edges"), "dedup edges", True)
+    clusters = cas_parquet(ws.cas, dedup.output("clusters"), "dedup clusters", True)
+    edges = cas_parquet(ws.cas, dedup.output("edges"), "dedup edges", True)
     policy = ws.config.policies.splits
     members = _members(ws, partition_key, clusters, policy.time_cutoff is not None)
     graph = StoredGraph(con, clusters, edges)
@@ -148,7 +149,7 @@ def _assign_and_report(
         "WHERE k.is_representative"
     )
     con.execute("DROP TABLE joined; DROP TABLE per")  # only split_rows is read from here on
-    stored, head = duck.put_query(
+    stored, head = put_query(
         ws.cas, con, "SELECT * FROM split_rows ORDER BY record_id", SPLIT_COLUMNS
     )
     load_row_tokens(ws, con, CanonicalIndex.read(ws, partition_key)[1], tokens)
@@ -178,7 +179,7 @@ def _members(ws: Workspace, partition_key: str, clusters: str, timed: bool) -> s
     refs = [chunk.records for chunk in canonical.chunks()]
     if not refs:
         return kept.format(time="NULL::VARCHAR", clusters=clusters, join="")
-    times = duck.cas_parquets(ws.cas, refs, "canonical records")
+    times = cas_parquets(ws.cas, refs, "canonical records")
     join = f"LEFT JOIN (SELECT record_id, event_time FROM {times}) t ON k.record_id = t.record_id"
     return kept.format(time="t.event_time::VARCHAR", clusters=clusters, join=join)
 
