@@ -214,7 +214,7 @@ def freeze_only(config: str, partition: str) -> None:
 
 
 def report(results: list[dict]) -> None:
-    print("\n## Whole build (`corpus-assets build`, fresh home)\n")
+    print("\n#### Whole build (`corpus-assets build`, fresh home)\n")
     print(
         "| raw MB | wall s | CPU s | MB/s | MB/CPU-s | peak RSS MB | vs zstd -dc | "
         "unchanged re-build s | status s | incremental s (+MB) | incr/full CPU |"
@@ -229,7 +229,7 @@ def report(results: list[dict]) -> None:
             f"{r['incremental']['wall']:.1f} (+{r['added_mb']:.1f}) | "
             f"{r['incremental']['cpu'] / f['cpu']:.2f} |"
         )
-    print("\n## Per layer (each in a fresh child; peak = VmHWM of the child, workers apart)\n")
+    print("\n#### Per layer (each in a fresh child; peak = VmHWM of the child, workers apart)\n")
     sizes = " | ".join(f"{r['mb']:.0f} MB: s / CPU s / peak MB / worker MB" for r in results)
     print(f"| layer | {sizes} |")
     print("|---|" + "---|" * len(results))
