@@ -33,16 +33,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 from race_corpus import SOURCES, cipher, copy_line, shared_lines, write_corpus
 
-LAYERS = [
-    "raw_snapshot",
-    "canonical_records",
-    "dedup_clusters",
-    "splits",
-    "mixed_samples",
-    "packed_blocks",
-    "manifest",
-    "validation",
-]
+from corpus_assets.core.runtime.layers import LAYERS as BUILD_ORDER
+
+LAYERS = [*BUILD_ORDER, "validation"]
 CLI = [sys.executable, "-m", "corpus_assets.cli"]
 
 
