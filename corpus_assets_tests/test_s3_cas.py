@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pytest
 
+from corpus_assets.core.release.hf_loader import load_hf_dataset
+from corpus_assets.core.release.loader_plan import LoaderPlan
 from corpus_assets.core.runtime.config import ConfigError, parse_config
 from corpus_assets.core.runtime.workspace import open_home
 from corpus_assets.core.storage.cas import (
@@ -34,6 +36,7 @@ from corpus_assets.core.storage.cas_s3 import S3ContentStore
 from corpus_assets.core.storage.digests import sha256_digest
 from corpus_assets.demo import write_demo
 from corpus_assets_tests.test_cli import _field, run
+from corpus_assets_tests.test_shards import identity, make_blocks, write
 
 boto3 = pytest.importorskip(
     "boto3", reason="boto3 is not installed (pip install 'corpus-assets[s3]')"
@@ -274,6 +277,22 @@ def _demo_home(home: Path, storage: str = "") -> None:
 
 
 @pytest.mark.postgres
+def test_training_loaders_read_the_object_store_with_an_empty_cache(
+    bucket: str, tmp_path: Path
+) -> None:
+    """The HF and torch loaders reopen the store in their workers: with the CAS in S3 they read
+    it (through their own cache), not just whatever a local directory happens to hold."""
+    url = f"s3://{bucket}/loaders"
+    _index, ref = write(S3ContentStore(tmp_path / "writer", url), make_blocks(40), [25, 15])
+    reader_store = S3ContentStore(tmp_path / "reader", url)  # nothing cached yet
+    rows = list(load_hf_dataset(reader_store, ref["digest"]))
+    assert len(rows) == 40
+    plan = LoaderPlan(reader_store.root, identity(ref["digest"]), cas_url=reader_store.url)
+    plan = pickle.loads(pickle.dumps(plan))  # as a DataLoader worker gets it
+    with plan.open_reader() as blocks:
+        assert blocks.index.blocks == 40
+
+
 def test_demo_on_s3_and_postgresql_matches_local_and_reads_back_from_s3_alone(
     bucket: str, tmp_path: Path, postgres_url: str, moto_endpoint: str
 ) -> None:

@@ -24,6 +24,7 @@ import pyarrow as pa
 
 from corpus_assets.core.release.block_reader import BlockReader
 from corpus_assets.core.storage.cas import ContentStore
+from corpus_assets.core.storage.cas_s3 import open_content_store
 from corpus_assets.core.storage.shards import ShardIndex, load_index
 
 ROWS_PER_TABLE = 256  # blocks read (and verified) per Arrow table
@@ -44,11 +45,16 @@ def hf_features(index: ShardIndex) -> Any:
 
 
 def block_tables(
-    cas_root: str, index_digest: str, verify: bool, ranges: list[list[int]]
+    cas_root: str,
+    index_digest: str,
+    verify: bool,
+    ranges: list[list[int]],
+    cas_url: str | None = None,
 ) -> Iterator[tuple[str, pa.Table]]:
     """(key, table of up to ``ROWS_PER_TABLE`` blocks) for the block ``ranges``, in order; the
     tables' columns are ``fixed_size_list<dtype>[T]`` views of the verified reads."""
-    with BlockReader.open(ContentStore(Path(cas_root)), index_digest, verify) as reader:
+    cas = open_content_store(Path(cas_root), cas_url)
+    with BlockReader.open(cas, index_digest, verify) as reader:
         tokens = reader.index.block_tokens
         for start, stop in ranges:
             for first in range(start, stop, ROWS_PER_TABLE):
@@ -71,6 +77,7 @@ def load_hf_dataset(cas: ContentStore, index_digest: str, verify: bool = True) -
     ranges = [[entry.first_block, entry.first_block + entry.blocks] for entry in index.shards]
     kwargs = {
         "cas_root": str(cas.root),
+        "cas_url": getattr(cas, "url", None),  # an object-store CAS: the workers read it too
         "index_digest": index_digest,
         "verify": verify,
         "ranges": ranges,

@@ -26,14 +26,16 @@ from corpus_assets.core.release.block_reader import (
     load_state,
 )
 from corpus_assets.core.storage.cas import ContentStore
+from corpus_assets.core.storage.cas_s3 import open_content_store
 from corpus_assets.core.storage.shards import load_index
 
 
 class LoaderPlan:
     """What one rank reads from ``state`` on, in batches, and the state after ``s`` steps.
 
-    Holds only the CAS root, the pack digest and numbers, so it pickles into loader workers; each
-    worker opens its own verified ``BlockReader`` (``open_reader``) when it starts reading.
+    Holds only the CAS root (and object-store URL), the pack digest and numbers, so it pickles
+    into loader workers; each worker opens its own verified ``BlockReader`` (``open_reader``)
+    when it starts reading.
     """
 
     def __init__(
@@ -44,10 +46,12 @@ class LoaderPlan:
         world_size: int = 1,
         batch_blocks: int = 1,
         verify: bool = True,
+        cas_url: str | None = None,
     ) -> None:
         if not 0 <= rank < world_size or batch_blocks < 1:
             raise ValueError(f"rank {rank}/{world_size}, batch_blocks {batch_blocks} invalid")
         self.cas_root, self.identity = Path(cas_root), identity
+        self.cas_url = cas_url  # an object-store CAS (``storage.cas_url``); ``cas_root`` its cache
         self.rank, self.world_size, self.batch_blocks, self.verify = (
             rank,
             world_size,
@@ -58,7 +62,7 @@ class LoaderPlan:
         self.state = identity  # its epoch and blocks_consumed are where reading starts
 
     def cas(self) -> ContentStore:
-        return ContentStore(self.cas_root)
+        return open_content_store(self.cas_root, self.cas_url)
 
     def open_reader(self) -> BlockReader:
         return BlockReader.open(self.cas(), self.identity.pack_digest, self.verify)

@@ -85,6 +85,7 @@ def make_torch_dataset(
     world_size: int | None = None,
     batch_blocks: int = 1,
     verify: bool = True,
+    cas_url: str | None = None,
 ) -> Any:
     """A ``BlockIterableDataset`` for ``identity`` (its ``pack_digest`` names the shard index).
 
@@ -92,5 +93,5 @@ def make_torch_dataset(
     ``blocks_consumed`` say where reading starts until ``load_state_dict`` says otherwise.
     """
     rank, world_size = _distributed_layout(rank, world_size)
-    plan = LoaderPlan(cas_root, identity, rank, world_size, batch_blocks, verify)
+    plan = LoaderPlan(cas_root, identity, rank, world_size, batch_blocks, verify, cas_url)
     return _dataset_class()(plan)
