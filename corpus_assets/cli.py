@@ -396,5 +396,19 @@ def cmd_rollback(args: argparse.Namespace) -> int:
     return 0
 
 
+def run() -> None:
+    """The console script: ``main``, then exit without interpreter finalisation.
+
+    With pyarrow and DuckDB loaded, tearing down their C++ thread pools at interpreter exit
+    sometimes aborts the finished process ("terminate called without an active exception",
+    exit -6; apache/arrow#34314), after its output was written. Every store and catalog write is
+    committed by then, so the process flushes its streams and leaves with its own exit code.
+    """
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

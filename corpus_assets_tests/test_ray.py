@@ -163,6 +163,7 @@ def test_ray_needs_an_address_and_local_takes_none(execution: str) -> None:
 NO_SETUP = WorkerSetup(operator.is_, "unused")  # setup(config_path, environ): a no-op
 
 
+@pytest.mark.slow  # 40-75 s, mostly a Ray head's start-up; the two-node build runs in CI
 def test_ray_waits_are_bounded(ray_head: tuple[str, str], tmp_path: Path) -> None:
     """A job that never finishes, or workers that can never start, fail the map within their
     bounds with an error that says what to check; both used to hang the build forever."""

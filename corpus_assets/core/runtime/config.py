@@ -22,6 +22,7 @@ from pydantic import (
 )
 
 from corpus_assets.core.runtime.execution import Execution
+from corpus_assets.core.runtime.yaml_loader import UniqueKeyLoader
 from corpus_assets.core.storage.cas_s3 import parse_cas_url
 from corpus_assets.core.storage.digests import DIGEST_RE, json_digest
 
@@ -381,21 +382,6 @@ class LoadedConfig(BaseModel):
         return (self.path.parent / os.path.expanduser(location)).resolve()
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """SafeLoader that refuses repeated mapping keys instead of silently keeping the last one."""
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
-        seen: set[Any] = set()
-        for key_node, _value in node.value:
-            key = self.construct_object(key_node, deep=True)
-            if key in seen:
-                raise yaml.constructor.ConstructorError(
-                    None, None, f"key {key!r} appears twice in one mapping", key_node.start_mark
-                )
-            seen.add(key)
-        return super().construct_mapping(node, deep=deep)
-
-
 def default_home() -> Path:
     return Path(os.environ.get("CORPUS_HOME", DEFAULT_HOME)).resolve()
 
@@ -449,7 +435,7 @@ def load_config(explicit: str | os.PathLike[str] | None = None) -> LoadedConfig:
     except OSError as error:
         raise ConfigError(f"{path}: cannot read config file: {error.strerror}") from None
     try:
-        raw = yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader subclass
+        raw = yaml.load(text, Loader=UniqueKeyLoader)  # a SafeLoader subclass
     except yaml.YAMLError as error:
         raise ConfigError(f"{path}: not valid YAML: {error}") from None
     return LoadedConfig(config=parse_config(raw, str(path)), path=path)
