@@ -23,6 +23,7 @@ def _layer_digests(ws: Workspace, key: str) -> dict[str, str]:
     return {layer: ws.catalog.layer_output(key, layer) for layer in LAYERS}
 
 
+@pytest.mark.parametrize("catalog_url", ["sqlite"], indirect=True)  # the memo is plain SQL
 def test_an_unchanged_snapshot_reuses_its_layers_and_a_rebuild_gives_the_same_bytes(
     workspace: Workspace,
 ) -> None:
