@@ -23,6 +23,7 @@ from sqlalchemy import select
 
 from corpus_assets.core.pipeline import build_all
 from corpus_assets.core.runtime.config import ConfigError, parse_config
+from corpus_assets.core.runtime.layers import LayerResult
 from corpus_assets.core.runtime.runners import RayRunner, RayUnavailable, WorkerSetup
 from corpus_assets.core.runtime.workspace import open_workspace
 from corpus_assets.core.storage.catalog import chunk_tasks
@@ -114,14 +115,11 @@ def ray_head(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[str, str]]:
         yield addresses
 
 
-def _build(
-    demo_home: Path, home: Path, execution: str, monkeypatch: pytest.MonkeyPatch
-) -> tuple[str, dict[str, str], set[int]]:
-    """A whole build of a copy of the demo with ``execution``: its snapshotId, every layer's
-    index digest but the (signed) manifest's, and the pids that ran its chunk tasks."""
-    shutil.copytree(demo_home / "demo-sources", home / "demo-sources")
-    config = (demo_home / "corpus.yaml").read_text() + f"execution: {execution}\n"
-    (home / "corpus.yaml").write_text(config)
+def build_with_runner_pids(
+    home: Path, monkeypatch: pytest.MonkeyPatch
+) -> tuple[dict[str, LayerResult], set[int]]:
+    """Build partition p1 of ``home/corpus.yaml``; the results and the pids that ran its runner
+    chunk tasks (read off the task table's owners)."""
     monkeypatch.setenv("CORPUS_HOME", str(home))
     monkeypatch.setenv("CORPUS_CONFIG", str(home / "corpus.yaml"))
     with open_workspace() as ws:
@@ -131,6 +129,18 @@ def _build(
                 select(chunk_tasks.c.owner).where(chunk_tasks.c.layer.in_(LAYERS_ON_RUNNER))
             ).scalars()
             pids = {int(owner.split(":")[1]) for owner in owners}
+    return results, pids
+
+
+def _build(
+    demo_home: Path, home: Path, execution: str, monkeypatch: pytest.MonkeyPatch
+) -> tuple[str, dict[str, str], set[int]]:
+    """A whole build of a copy of the demo with ``execution``: its snapshotId, every layer's
+    index digest but the (signed) manifest's, and the pids that ran its chunk tasks."""
+    shutil.copytree(demo_home / "demo-sources", home / "demo-sources")
+    config = (demo_home / "corpus.yaml").read_text() + f"execution: {execution}\n"
+    (home / "corpus.yaml").write_text(config)
+    results, pids = build_with_runner_pids(home, monkeypatch)
     layers = {layer: r.digest for layer, r in results.items() if layer != "manifest"}
     return results["manifest"].digests["snapshotId"], layers, pids
 

@@ -10,13 +10,9 @@ import os
 from pathlib import Path
 
 import pytest
-from sqlalchemy import select
 
-from corpus_assets.core.pipeline import build_all
-from corpus_assets.core.runtime.workspace import open_workspace
 from corpus_assets.core.storage.cas_s3 import S3ContentStore
-from corpus_assets.core.storage.catalog import chunk_tasks
-from corpus_assets_tests.test_ray import LAYERS_ON_RUNNER, ray_cluster  # noqa: F401
+from corpus_assets_tests.test_ray import build_with_runner_pids, ray_cluster  # noqa: F401
 from corpus_assets_tests.test_s3_cas import bucket, moto_endpoint  # noqa: F401 - fixtures
 
 CORPORA = Path(
@@ -48,15 +44,7 @@ def _build(
     )
     home.mkdir(parents=True)
     (home / "corpus.yaml").write_text(CONFIG.format(sources=sources, execution=execution) + storage)
-    monkeypatch.setenv("CORPUS_HOME", str(home))
-    monkeypatch.setenv("CORPUS_CONFIG", str(home / "corpus.yaml"))
-    with open_workspace() as ws:
-        results = build_all(ws, "p1")
-        with ws.catalog.begin() as conn:
-            owners = conn.execute(
-                select(chunk_tasks.c.owner).where(chunk_tasks.c.layer.in_(LAYERS_ON_RUNNER))
-            ).scalars()
-            pids = {int(owner.split(":")[1]) for owner in owners}
+    results, pids = build_with_runner_pids(home, monkeypatch)
     return results["manifest"].digests["snapshotId"], pids
 
 
