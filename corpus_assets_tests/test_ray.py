@@ -2,7 +2,9 @@
 
 The cluster is two ``ray start`` processes (a head and a second node, loopback, one CPU each),
 started in their own process groups and stopped by those group ids at the end. Ray workers open
-the data home by path: here it is this machine's disk, shared by every node.
+the data home by path: here it is this machine's disk, shared by every node. The build on Ray
+keeps its CAS in an S3 server (moto's server process on loopback) and its catalog in PostgreSQL,
+the scale-out deployment; the local build uses the embedded defaults (local CAS, SQLite).
 """
 
 import contextlib
@@ -26,7 +28,9 @@ from corpus_assets.core.runtime.config import ConfigError, parse_config
 from corpus_assets.core.runtime.layers import LayerResult
 from corpus_assets.core.runtime.runners import RayRunner, RayUnavailable, WorkerSetup
 from corpus_assets.core.runtime.workspace import open_workspace
+from corpus_assets.core.storage.cas_s3 import S3ContentStore
 from corpus_assets.core.storage.catalog import chunk_tasks
+from corpus_assets_tests.test_s3_cas import bucket, moto_endpoint  # noqa: F401 - fixtures
 
 # Read when ray is imported: under ``uv run`` Ray would start workers with ``uv run`` in a copy of
 # the cwd (no .tools there); they use the cluster's Python, where corpus_assets is installed.
@@ -133,27 +137,47 @@ def build_with_runner_pids(
 
 
 def _build(
-    demo_home: Path, home: Path, execution: str, monkeypatch: pytest.MonkeyPatch
+    demo_home: Path, home: Path, execution: str, monkeypatch: pytest.MonkeyPatch, storage: str = ""
 ) -> tuple[str, dict[str, str], set[int]]:
-    """A whole build of a copy of the demo with ``execution``: its snapshotId, every layer's
-    index digest but the (signed) manifest's, and the pids that ran its chunk tasks."""
+    """A whole build of a copy of the demo with ``execution`` (and ``storage``): its snapshotId,
+    every layer's index digest but the (signed) manifest's, and the pids that ran its chunk
+    tasks."""
     shutil.copytree(demo_home / "demo-sources", home / "demo-sources")
-    config = (demo_home / "corpus.yaml").read_text() + f"execution: {execution}\n"
+    config = (demo_home / "corpus.yaml").read_text() + f"execution: {execution}\n{storage}"
     (home / "corpus.yaml").write_text(config)
     results, pids = build_with_runner_pids(home, monkeypatch)
     layers = {layer: r.digest for layer, r in results.items() if layer != "manifest"}
     return results["manifest"].digests["snapshotId"], layers, pids
 
 
+@pytest.mark.postgres
 def test_local_and_ray_builds_give_the_same_snapshot(
-    demo_home: Path, tmp_path: Path, ray_cluster: str, monkeypatch: pytest.MonkeyPatch
+    bucket: str,  # noqa: F811 - first: sets the AWS environment the Ray nodes inherit
+    postgres_url: str,
+    demo_home: Path,
+    tmp_path: Path,
+    ray_cluster: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    ray_execution = f"{{engine: ray, address: '{ray_cluster}'}}"
     local = _build(demo_home, tmp_path / "local", "{engine: local}", monkeypatch)
-    on_ray = _build(demo_home, tmp_path / "ray", ray_execution, monkeypatch)
+
+    monkeypatch.setenv("CORPUS_CATALOG_URL", postgres_url)
+    url = f"s3://{bucket}/demo"
+    ray_execution = f"{{engine: ray, address: '{ray_cluster}'}}"
+    storage = f"storage: {{cas_url: '{url}'}}\n"
+    on_ray = _build(demo_home, tmp_path / "ray", ray_execution, monkeypatch, storage)
     assert local[2] == {os.getpid()}  # the local engine with one worker runs in this process
     assert on_ray[2] and os.getpid() not in on_ray[2]  # every chunk task ran in a Ray worker
     assert on_ray[:2] == local[:2]
+
+    # every object of the build, the Ray workers' included, is in the store: an empty cache
+    # reads each back, verified
+    store = S3ContentStore(tmp_path / "empty-cache", url)
+    stored = set(store.iter_digests())
+    cache = tmp_path / "ray" / "cas" / "sha256"
+    assert {"sha256:" + p.name for p in cache.rglob("*") if p.is_file()} <= stored
+    for digest in sorted(stored):
+        store.verify(digest)
 
 
 @pytest.mark.parametrize(

@@ -48,7 +48,8 @@ def _build(
     return results["manifest"].digests["snapshotId"], pids
 
 
-# 90-180 s here (two `ray start`s take 20-70 s on a busy 2-core machine): run with -m slow
+# 90-180 s here (two `ray start`s take 20-70 s on a busy 2-core machine): run with -m slow;
+# the same deployment over the demo corpus (Ray + S3 CAS + PostgreSQL) runs in CI: test_ray.py
 @pytest.mark.slow
 @pytest.mark.postgres
 @pytest.mark.skipif(
