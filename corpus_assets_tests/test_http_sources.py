@@ -5,6 +5,7 @@ import gzip
 import hashlib
 import io
 import json
+import os
 import threading
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -14,11 +15,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import zstandard
+from sqlalchemy import select
 
 from corpus_assets.core.ingest.sources import fingerprint
 from corpus_assets.core.pipeline import BUILDERS, build_all
 from corpus_assets.core.release.validation import validate_snapshot
 from corpus_assets.core.runtime.workspace import Workspace, open_workspace
+from corpus_assets.core.storage.catalog import chunk_tasks
 
 
 class Site:
@@ -174,3 +177,32 @@ def test_changes_during_the_scan_belong_to_the_next_snapshot(site, tmp_path: Pat
         # the pinned copy is what later layers read, not the rewritten object
         canonical = BUILDERS["canonical_records"](ws, "p1")
         assert canonical.counts["records"] == 10
+
+
+def test_downloads_run_on_the_task_runner_and_pin_the_same_bytes(site, tmp_path: Path) -> None:
+    """With two workers the objects are fetched in pool processes, not the driver, and the
+    freeze spec is byte-for-byte the one-worker freeze's."""
+    web, base = site
+    for name in "abcd":
+        web.put(f"/{name}.jsonl.zst", zstandard.compress(_jsonl(name, 50)))
+    urls = json.dumps([f"{base}/{name}.jsonl.zst" for name in "abcd"])
+    freezes, owners = [], []
+    for workers in (1, 2):
+        root = tmp_path / f"workers-{workers}"
+        root.mkdir()
+        (root / "corpus.yaml").write_text(
+            f"version: 1\npurpose: http-test\nstorage: {{home: {root / 'home'}}}\n"
+            f"execution: {{workers: {workers}}}\n"
+            f"sources:\n  - {{id: web, kind: objects, urls: {urls}}}\n"
+        )
+        with open_workspace(root / "corpus.yaml") as ws:
+            BUILDERS["raw_snapshot"](ws, "p1")
+            freezes.append(ws.cas.get_bytes(ws.catalog.freeze_digest("p1")))
+            with ws.catalog.begin() as conn:
+                rows = conn.execute(
+                    select(chunk_tasks.c.owner).where(chunk_tasks.c.layer == "raw_snapshot")
+                ).scalars()
+                owners.append({int(owner.split(":")[1]) for owner in rows})
+    assert owners[0] == {os.getpid()}
+    assert owners[1] and os.getpid() not in owners[1]
+    assert freezes[0] == freezes[1]

@@ -37,7 +37,7 @@ from corpus_assets_tests.test_s3_cas import bucket, moto_endpoint  # noqa: F401 
 os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
 ray = pytest.importorskip("ray", reason="ray is not installed (pip install 'corpus-assets[ray]')")
 
-LAYERS_ON_RUNNER = ("canonical_records", "dedup_signatures", "tokens")
+LAYERS_ON_RUNNER = ("raw_snapshot", "canonical_records", "dedup_signatures", "tokens")
 
 
 def _free_port() -> int:

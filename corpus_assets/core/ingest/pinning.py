@@ -39,7 +39,7 @@ from corpus_assets.core.ingest.sources import (
 )
 from corpus_assets.core.runtime.code_identity import stage_code
 from corpus_assets.core.runtime.config import ChangelogSource, ObjectsSource
-from corpus_assets.core.runtime.workspace import Workspace
+from corpus_assets.core.runtime.workspace import Workspace, cached_then_pooled
 from corpus_assets.core.storage.artifacts import NDJSON, put_bytes
 from corpus_assets.core.storage.digests import json_digest
 from corpus_assets.core.storage.tasks import ChunkTask, Done, preload, run_chunk
@@ -135,13 +135,13 @@ def _pin_objects(ws: Workspace, source: ObjectsSource) -> PinnedSource:
     pinned: list[tuple[PinnedObject, str]] = []  # each with the version it was listed at
     deferred: list[DeferredChange] = []
     failures: list[str] = []
-    for listed in before:
-        try:
-            pinned.append(_pin(ws, source, listed, done))
-        except (FileNotFoundError, ObjectVanished):
+    for listed, result in zip(before, _pin_all(ws, source, before, done), strict=True):
+        if result is None:
             deferred.append(DeferredChange(name=listed.name, change="removed", pinned=False))
-        except PinError as error:
-            failures.append(str(error))
+        elif isinstance(result, str):
+            failures.append(result)
+        else:
+            pinned.append(result)
     if failures:
         raise PinError(
             f"source {source.id!r}: {len(failures)} object(s) could not be pinned "
@@ -172,19 +172,48 @@ def _pin_objects(ws: Workspace, source: ObjectsSource) -> PinnedSource:
     return PinnedSource(spec=spec, incomplete=[])
 
 
+# one object's pin: its entry and the version it was listed at; an error; None if it vanished
+PinResult = tuple[PinnedObject, str] | str | None
+
+
+def _pin_all(
+    ws: Workspace, source: ObjectsSource, listed: list[ListedObject], done: Done
+) -> list[PinResult]:
+    """Every listed object pinned, in listing order. Copies run on the task runner when it pays:
+    on Ray always (workers download straight into the shared CAS), locally in the pool when two
+    or more objects are remote (downloads overlap); local files are hashed here otherwise, since
+    a spawn pool's imports cost more than hashing them. Pinned bytes never depend on where."""
+    remote = sum(1 for obj in listed if obj.remote)
+    pooled = ws.config.execution.engine == "ray" or remote > 1
+    return cached_then_pooled(
+        ws, listed, source.id, _first_task, _pin_one, done, workers=None if pooled else 1
+    )
+
+
+def _first_task(listed: ListedObject, source_id: str) -> ChunkTask:
+    """The pin task of ``listed`` as listed (a relisted object gets a new one)."""
+    version = {"location": listed.location, "size": str(listed.size), "version": listed.version}
+    return ChunkTask("raw_snapshot", f"{source_id}/{listed.name}", json_digest(version), CODE)
+
+
+def _pin_one(ws: Workspace, listed: ListedObject, source_id: str, done: Done | None) -> PinResult:
+    """``_pin`` as a runner job: a vanished object and a failed copy are results, not raises."""
+    source = next(s for s in ws.config.sources if s.id == source_id)
+    assert isinstance(source, ObjectsSource)
+    try:
+        return _pin(ws, source, listed, done)
+    except (FileNotFoundError, ObjectVanished):
+        return None
+    except PinError as error:
+        return str(error)
+
+
 def _pin(
-    ws: Workspace, source: ObjectsSource, listed: ListedObject, done: Done
+    ws: Workspace, source: ObjectsSource, listed: ListedObject, done: Done | None
 ) -> tuple[PinnedObject, str]:
     """Pin one object (relisting it if it changed under us): its entry and its listed version."""
     for _ in range(COPY_RETRIES):
-        task = ChunkTask(
-            "raw_snapshot",
-            f"{source.id}/{listed.name}",
-            json_digest(
-                {"location": listed.location, "size": str(listed.size), "version": listed.version}
-            ),
-            CODE,
-        )
+        task = _first_task(listed, source.id)
         try:
             outcome = run_chunk(
                 ws.catalog,

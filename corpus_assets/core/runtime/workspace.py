@@ -4,14 +4,14 @@ import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from corpus_assets.core.runtime.config import CorpusConfig, LoadedConfig, default_home, load_config
 from corpus_assets.core.runtime.runners import Setup, WorkerSetup, task_runner
 from corpus_assets.core.storage.cas import ContentStore
 from corpus_assets.core.storage.cas_s3 import open_content_store
 from corpus_assets.core.storage.catalog import Catalog, default_catalog_url
-from corpus_assets.core.storage.tasks import ChunkOutcome, ChunkTask
+from corpus_assets.core.storage.tasks import ChunkTask
 
 
 @dataclass
@@ -63,6 +63,7 @@ def worker_setup(ws: Workspace, setup: Setup, *args: Any) -> WorkerSetup:
 
 
 _POOLED: dict[str, Any] = {}  # a pool worker's own workspace
+Outcome = TypeVar("Outcome")
 
 
 def _open_in_worker(config: str, environ: dict[str, str]) -> None:
@@ -70,7 +71,7 @@ def _open_in_worker(config: str, environ: dict[str, str]) -> None:
     _POOLED["ws"] = open_workspace(config)
 
 
-def _run_in_worker(job: tuple[Callable[..., ChunkOutcome], Any, Any]) -> ChunkOutcome:
+def _run_in_worker(job: tuple[Callable[..., Outcome], Any, Any]) -> Outcome:
     compute, chunk, spec = job
     return compute(_POOLED["ws"], chunk, spec, None)
 
@@ -80,15 +81,15 @@ def cached_then_pooled(
     chunks: Sequence[Any],
     spec: Any,
     task_of: Callable[[Any, Any], ChunkTask],
-    compute: Callable[[Workspace, Any, Any, Any], ChunkOutcome],
+    compute: Callable[[Workspace, Any, Any, Any], Outcome],
     done: Any,
-    workers: int,
-) -> list[ChunkOutcome]:
+    workers: int | None,
+) -> list[Outcome]:
     """Outcomes of one chunk task per chunk, in chunk order: tasks already in ``done`` read here
     (a dict hit and a stat), the missing ones computed here or on the configured runner (a spawn
     pool with ``workers > 1``, or Ray; only when there is work for it; ``compute`` is a
     module-level function, so a worker imports it). A chunk's bytes never depend on where it ran."""
-    outcomes: list[ChunkOutcome | None] = [None] * len(chunks)
+    outcomes: dict[int, Outcome] = {}
     missing = []
     for n, chunk in enumerate(chunks):
         task = task_of(chunk, spec)
@@ -100,9 +101,8 @@ def cached_then_pooled(
     if runner.wants(len(missing)):
         jobs = [(compute, chunks[n], spec) for n in missing]
         ran = runner.map(_run_in_worker, jobs, worker_setup(ws, _open_in_worker))
-        for n, outcome in zip(missing, ran, strict=True):
-            outcomes[n] = outcome
+        outcomes.update(zip(missing, ran, strict=True))
     else:
         for n in missing:
             outcomes[n] = compute(ws, chunks[n], spec, done)
-    return [o for o in outcomes if o is not None]
+    return [outcomes[n] for n in range(len(chunks))]
