@@ -107,7 +107,7 @@ class PartialFile:
     checkpoint_seconds: float
     state: PartialState = field(default_factory=PartialState)
     _saved: _Signature | None = None
-    _saved_at: float = 0.0
+    _saved_at: float = float("-inf")  # the first checkpoint is due at once (any uptime)
     _committer: ThreadPoolExecutor | None = None
     _committing: "Future[None] | None" = None
 
