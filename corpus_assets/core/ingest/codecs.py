@@ -120,31 +120,26 @@ def iter_located_lines(
     max_line_bytes: int = MAX_LINE_BYTES,
 ) -> Iterator[tuple[int, int, bytes]]:
     """Like ``iter_lines`` plus each line's byte offset in the decompressed stream (lineage)."""
-    with open_decompressed(stream, what, limits, read_ahead=True) as reader:  # thread ends on exit
-        yield from _located(reader.readline, what, max_line_bytes)
-
-
-def _located(
-    readline: Callable[[int], bytes], what: str, max_line_bytes: int
-) -> Iterator[tuple[int, int, bytes]]:
     longest = max_line_bytes + 1
     number = offset = 0
-    while True:  # the per-line loop of every text ingest: kept to a few bytecodes per line
-        try:
-            line = readline(longest)
-        except CodecError as error:
-            raise type(error)(f"{error} (after line {number})") from error
-        if not line:
-            return
-        number += 1
-        size = len(line)
-        start = offset
-        offset += size
-        if line[-1] == NEWLINE:
-            line = line[:-2] if size > 1 and line[-2] == CARRIAGE_RETURN else line[:-1]
-        elif size > max_line_bytes:
-            raise CodecError(f"{what}: line {number} is longer than {max_line_bytes} bytes")
-        yield number, start, line
+    with open_decompressed(stream, what, limits, read_ahead=True) as reader:  # thread ends on exit
+        readline = reader.readline
+        while True:  # the per-line loop of every text ingest: kept to a few bytecodes per line
+            try:
+                line = readline(longest)
+            except CodecError as error:
+                raise type(error)(f"{error} (after line {number})") from error
+            if not line:
+                return
+            number += 1
+            size = len(line)
+            start = offset
+            offset += size
+            if line[-1] == NEWLINE:
+                line = line[:-2] if size > 1 and line[-2] == CARRIAGE_RETURN else line[:-1]
+            elif size > max_line_bytes:
+                raise CodecError(f"{what}: line {number} is longer than {max_line_bytes} bytes")
+            yield number, start, line
 
 
 class _Source(io.RawIOBase):
