@@ -1,10 +1,12 @@
 """Benchmark: resumable download into the CAS + streaming zstd JSONL lines, against curl | zstd.
 
 Generates a zstd-compressed JSONL object, serves it from a loopback ThreadingHTTPServer and times,
-interleaved in the same run, ``curl -s URL | zstd -d > /dev/null`` against two child processes
-(so each peak RSS is its own): ``fetch_to_cas`` then decompressing the CAS object into nothing
-(``open_decompressed``: the same work as the baseline plus the CAS and its sha256 checks), and
-``fetch_to_cas`` then ``iter_lines`` (what the records layer reads).
+interleaved in the same run, ``curl -s URL | zstd -d > /dev/null`` against child processes
+(``download_child.py``, so each peak RSS is its own) making the production calls: ``fetch_to_cas``
+(what pinning calls) into a fresh CAS, then ``cas.open`` and either ``open_decompressed`` drained
+into nothing ("decode": the baseline's work plus the CAS and its sha256 checks) or
+``iter_located_lines`` (what the records layer calls). ``--before DIR`` also times the code of an
+older checkout the same way, in the same interleaved run.
 
     .venv/bin/python bench/download_bench.py --size-mb 100      # ~100 MB compressed, 5 reps
     .venv/bin/python bench/download_bench.py --big              # 1 GiB uncompressed, memory gate
@@ -16,6 +18,7 @@ import json
 import os
 import random
 import re
+import resource
 import shutil
 import statistics
 import subprocess
@@ -110,17 +113,26 @@ def serve(path: Path) -> tuple[ThreadingHTTPServer, str]:
     return server, f"http://127.0.0.1:{server.server_address[1]}/{path.name}"
 
 
-def run_baseline(url: str) -> float:
+def children_cpu() -> float:
+    """User + system CPU seconds of every finished child (and theirs), all threads included."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def run_baseline(url: str) -> tuple[float, float]:
+    """(wall, CPU) seconds of ``curl | zstd -d`` (bash, curl and zstd)."""
+    cpu = children_cpu()
     started = time.perf_counter()
     subprocess.run(
         ["bash", "-o", "pipefail", "-c", f"curl -sf '{url}' | zstd -dq > /dev/null"], check=True
     )
-    return time.perf_counter() - started
+    return time.perf_counter() - started, children_cpu() - cpu
 
 
 def run_ours(url: str, scratch: Path, mode: str, tree: Path) -> tuple[float, dict]:
     """One child running ``tree``'s code (``--before`` runs an older checkout the same way)."""
     scratch.mkdir(parents=True)
+    cpu = children_cpu()
     started = time.perf_counter()
     done = subprocess.run(
         [sys.executable, str(CHILD), url, str(scratch), mode],
@@ -130,8 +142,10 @@ def run_ours(url: str, scratch: Path, mode: str, tree: Path) -> tuple[float, dic
         env={**os.environ, "PYTHONPATH": str(tree)},
     )
     wall = time.perf_counter() - started
+    result = json.loads(done.stdout)
+    result["cpu_s"] = children_cpu() - cpu
     shutil.rmtree(scratch)
-    return wall, json.loads(done.stdout)
+    return wall, result
 
 
 def prepare(obj: Path, big: bool, size_mb: float) -> dict:
@@ -182,13 +196,16 @@ def main() -> int:
         try:
             tools = [tool for tool in ("curl", "zstd") if shutil.which(tool) is None]
             baseline: list[float] = []
+            baseline_cpu: list[float] = []
             if tools:
                 print(f"baseline skipped: {' and '.join(tools)} not on PATH")
             walls: dict[str, list[float]] = {label: [] for label, _, _ in runs}
             details: dict[str, list[dict]] = {label: [] for label, _, _ in runs}
             for rep in range(reps):
                 if not tools:
-                    baseline.append(run_baseline(url))
+                    wall, cpu = run_baseline(url)
+                    baseline.append(wall)
+                    baseline_cpu.append(cpu)
                 for label, mode, tree in runs:
                     wall, result = run_ours(url, root / f"rep-{rep}-{label}", mode, tree)
                     want = (info["digest"], info["raw_bytes"], info["lines"] * (mode == "lines"))
@@ -202,7 +219,7 @@ def main() -> int:
             server.shutdown()
             server.server_close()
 
-    report(info, baseline, walls, details, reps)
+    report(info, (baseline, baseline_cpu), walls, details, reps)
     peak = max(result["peak_rss_mb"] for results in details.values() for result in results)
     if args.big:
         verdict = "PASS" if peak < BIG_PEAK_LIMIT_MB else "FAIL"
@@ -213,7 +230,7 @@ def main() -> int:
 
 def report(
     info: dict,
-    baseline: list[float],
+    baselines: tuple[list[float], list[float]],
     walls: dict[str, list[float]],
     details: dict[str, list[dict]],
     reps: int,
@@ -226,10 +243,13 @@ def report(
             f"   {raw / seconds:8.1f} MB/s decompressed"
         )
 
+    baseline, baseline_cpu = baselines
     print(f"medians of {reps} interleaved repetitions (MB = 10^6 bytes)")
     if baseline:
         base_median = statistics.median(baseline)
+        base_cpu = statistics.median(baseline_cpu)
         print(line("baseline", base_median) + "   (curl -s URL | zstd -d > /dev/null)")
+        print(f"  CPU (bash + curl + zstd, user + system): {base_cpu:.3f} s")
     for label, seconds in walls.items():
         mode = label.split()[-1]
         median = statistics.median(seconds)
@@ -237,14 +257,16 @@ def report(
         download = statistics.median(result["download_s"] for result in details[label])
         decode = statistics.median(result["decode_s"] for result in details[label])
         peak = max(result["peak_rss_mb"] for result in details[label])
+        cpu = statistics.median(result["cpu_s"] for result in details[label])
         print(
             f"  inside the child: fetch_to_cas {download:.3f} s + {mode} {decode:.3f} s,"
-            f" peak RSS (VmHWM) {peak:.1f} MB"
+            f" peak RSS (VmHWM) {peak:.1f} MB, CPU (all threads) {cpu:.3f} s"
         )
         if baseline:
             print(
                 f"  speed vs baseline: {base_median / median:.2f}x"
-                f" (wall time {median / base_median:.2f}x)"
+                f" (wall time {median / base_median:.2f}x;"
+                f" CPU {cpu / base_cpu:.2f}x the baseline's)"
             )
 
 
