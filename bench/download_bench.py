@@ -1,10 +1,12 @@
 """Benchmark: resumable download into the CAS + streaming zstd JSONL lines, against curl | zstd.
 
 Generates a zstd-compressed JSONL object, serves it from a loopback ThreadingHTTPServer and times,
-interleaved in the same run, ``curl -s URL | zstd -d > /dev/null`` against two child processes
-(so each peak RSS is its own): ``fetch_to_cas`` then decompressing the CAS object into nothing
-(``open_decompressed``: the same work as the baseline plus the CAS and its sha256 checks), and
-``fetch_to_cas`` then ``iter_lines`` (what the records layer reads).
+interleaved in the same run, ``curl -s URL | zstd -d > /dev/null`` against child processes
+(``download_child.py``, so each peak RSS is its own) making the production calls: ``fetch_to_cas``
+(what pinning calls) into a fresh CAS, then ``cas.open`` and either ``open_decompressed`` drained
+into nothing ("decode": the baseline's work plus the CAS and its sha256 checks) or
+``iter_located_lines`` (what the records layer calls). ``--before DIR`` also times the code of an
+older checkout the same way, in the same interleaved run.
 
     .venv/bin/python bench/download_bench.py --size-mb 100      # ~100 MB compressed, 5 reps
     .venv/bin/python bench/download_bench.py --big              # 1 GiB uncompressed, memory gate
@@ -16,6 +18,7 @@ import json
 import os
 import random
 import re
+import resource
 import shutil
 import statistics
 import subprocess
@@ -29,12 +32,13 @@ from pathlib import Path
 import zstandard
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+CHILD = Path(__file__).resolve().with_name("download_child.py")
 MB = 1_000_000
 BIG_UNCOMPRESSED = 1 << 30
 BIG_PEAK_LIMIT_MB = 200
 MODES = {
-    "decode": "fetch_to_cas, then open_decompressed into nothing",
-    "lines": "fetch_to_cas, then iter_lines",
+    "decode": "fetch_to_cas, then cas.open + open_decompressed into nothing",
+    "lines": "fetch_to_cas, then cas.open + iter_located_lines",
 }
 
 
@@ -109,59 +113,60 @@ def serve(path: Path) -> tuple[ThreadingHTTPServer, str]:
     return server, f"http://127.0.0.1:{server.server_address[1]}/{path.name}"
 
 
-def run_baseline(url: str) -> float:
+def children_cpu() -> float:
+    """User + system CPU seconds of every finished child (and theirs), all threads included."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def run_baseline(url: str) -> tuple[float, float]:
+    """(wall, CPU) seconds of ``curl | zstd -d`` (bash, curl and zstd)."""
+    cpu = children_cpu()
     started = time.perf_counter()
     subprocess.run(
         ["bash", "-o", "pipefail", "-c", f"curl -sf '{url}' | zstd -dq > /dev/null"], check=True
     )
-    return time.perf_counter() - started
+    return time.perf_counter() - started, children_cpu() - cpu
 
 
-def run_ours(url: str, scratch: Path, mode: str) -> tuple[float, dict]:
+def run_ours(url: str, scratch: Path, mode: str, tree: Path) -> tuple[float, dict]:
+    """One child running ``tree``'s code (``--before`` runs an older checkout the same way)."""
     scratch.mkdir(parents=True)
+    cpu = children_cpu()
     started = time.perf_counter()
     done = subprocess.run(
-        [sys.executable, __file__, "--child", url, str(scratch), mode],
+        [sys.executable, str(CHILD), url, str(scratch), mode],
         check=True,
         capture_output=True,
         text=True,
-        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+        env={**os.environ, "PYTHONPATH": str(tree)},
     )
     wall = time.perf_counter() - started
+    result = json.loads(done.stdout)
+    result["cpu_s"] = children_cpu() - cpu
     shutil.rmtree(scratch)
-    return wall, json.loads(done.stdout)
+    return wall, result
 
 
-def child(url: str, scratch: Path, mode: str) -> None:
-    """What pinning then the records layer do: download into the CAS, then decode it from there
-    (``mode`` "lines": into numbered lines; "decode": decompressed bytes into nothing)."""
-    from corpus_assets.core.ingest.codecs import iter_lines, open_decompressed
-    from corpus_assets.core.ingest.download_transfer import fetch_to_cas
-    from corpus_assets.core.storage.cas import ContentStore
-
-    cas = ContentStore(scratch / "cas")
+def prepare(obj: Path, big: bool, size_mb: float) -> dict:
+    """Generate the object, or reuse one generated earlier with the same settings (``--object``)."""
+    sidecar = obj.with_name(obj.name + ".json")
+    wanted = {"big": big, "size_mb": None if big else size_mb}
+    if sidecar.exists() and obj.exists():
+        info = json.loads(sidecar.read_text())
+        if info.get("settings") == wanted:
+            return info
     started = time.perf_counter()
-    fetched = fetch_to_cas(url, cas, scratch / "work")
-    downloaded = time.perf_counter()
-    with cas.open(fetched.digest, "bench object") as stream:
-        if mode == "lines":
-            lines = sum(1 for _ in iter_lines(stream, "bench object"))
-        else:
-            reader = open_decompressed(stream, "bench object")
-            lines = 0
-            while block := reader.read(1 << 20):
-                lines += block.count(b"\n")
-    finished = time.perf_counter()
-    status = Path("/proc/self/status").read_text()
-    peak_kb = int(re.search(r"VmHWM:\s+(\d+) kB", status)[1])  # type: ignore[index]
-    result = {
-        "digest": fetched.digest,
-        "lines": lines,
-        "download_s": downloaded - started,
-        "decode_s": finished - downloaded,
-        "peak_rss_mb": peak_kb * 1024 / MB,
-    }
-    print(json.dumps(result))
+    if big:
+        info = generate(obj, compressed_target=None, raw_target=BIG_UNCOMPRESSED)
+    else:
+        info = generate(obj, compressed_target=int(size_mb * MB), raw_target=None)
+    with open(obj, "rb") as handle:
+        info["digest"] = "sha256:" + hashlib.file_digest(handle, "sha256").hexdigest()
+    info["generated_s"] = time.perf_counter() - started
+    info["settings"] = wanted
+    sidecar.write_text(json.dumps(info))
+    return info
 
 
 def main() -> int:
@@ -170,53 +175,52 @@ def main() -> int:
     parser.add_argument("--big", action="store_true", help="1 GiB uncompressed; peak RSS gate")
     parser.add_argument("--reps", type=int, default=None, help="repetitions (5; --big: 1)")
     parser.add_argument("--tmp", type=Path, default=None, help="scratch folder (default: $TMPDIR)")
+    parser.add_argument("--object", type=Path, default=None, help="keep/reuse the object here")
     parser.add_argument(
-        "--child", nargs=3, metavar=("URL", "SCRATCH", "MODE"), help=argparse.SUPPRESS
+        "--before", type=Path, default=None, help="also time this checkout's code (before rows)"
     )
     args = parser.parse_args()
-    if args.child:
-        child(args.child[0], Path(args.child[1]), args.child[2])
-        return 0
     reps = args.reps or (1 if args.big else 5)
+    trees = {"ours": REPO_ROOT} | ({"before": args.before.resolve()} if args.before else {})
+    runs = [(f"{name} {mode}", mode, tree) for mode in MODES for name, tree in trees.items()]
 
     with tempfile.TemporaryDirectory(dir=args.tmp, prefix="download-bench-") as tmp:
         root = Path(tmp)
-        obj = root / "bench.jsonl.zst"
-        started = time.perf_counter()
-        if args.big:
-            info = generate(obj, compressed_target=None, raw_target=BIG_UNCOMPRESSED)
-        else:
-            info = generate(obj, compressed_target=int(args.size_mb * MB), raw_target=None)
-        with open(obj, "rb") as handle:
-            digest = "sha256:" + hashlib.file_digest(handle, "sha256").hexdigest()
+        obj = args.object or root / "bench.jsonl.zst"
+        info = prepare(obj, args.big, args.size_mb)
         print(
             f"object: {info['compressed_bytes'] / MB:.1f} MB zstd, {info['raw_bytes'] / MB:.1f} MB"
-            f" JSONL, {info['lines']} lines (generated in {time.perf_counter() - started:.1f} s)"
+            f" JSONL, {info['lines']} lines (generated in {info['generated_s']:.1f} s)"
         )
         server, url = serve(obj)
         try:
             tools = [tool for tool in ("curl", "zstd") if shutil.which(tool) is None]
             baseline: list[float] = []
+            baseline_cpu: list[float] = []
             if tools:
                 print(f"baseline skipped: {' and '.join(tools)} not on PATH")
-            ours: dict[str, list[float]] = {mode: [] for mode in MODES}
-            details: dict[str, list[dict]] = {mode: [] for mode in MODES}
+            walls: dict[str, list[float]] = {label: [] for label, _, _ in runs}
+            details: dict[str, list[dict]] = {label: [] for label, _, _ in runs}
             for rep in range(reps):
                 if not tools:
-                    baseline.append(run_baseline(url))
-                for mode in MODES:
-                    wall, result = run_ours(url, root / f"rep-{rep}-{mode}", mode)
-                    if result["digest"] != digest or result["lines"] != info["lines"]:
-                        print(f"WRONG RESULT: {result} (want {digest}, {info['lines']} lines)")
+                    wall, cpu = run_baseline(url)
+                    baseline.append(wall)
+                    baseline_cpu.append(cpu)
+                for label, mode, tree in runs:
+                    wall, result = run_ours(url, root / f"rep-{rep}-{label}", mode, tree)
+                    want = (info["digest"], info["raw_bytes"], info["lines"] * (mode == "lines"))
+                    got = (result["digest"], result["decoded_bytes"], result["lines"])
+                    if got != want:
+                        print(f"WRONG RESULT from {label}: {result} (want {want})")
                         return 1
-                    ours[mode].append(wall)
-                    details[mode].append(result)
+                    walls[label].append(wall)
+                    details[label].append(result)
         finally:
             server.shutdown()
             server.server_close()
 
-    report(info, baseline, ours, details, reps)
-    peak = max(result["peak_rss_mb"] for mode in MODES for result in details[mode])
+    report(info, (baseline, baseline_cpu), walls, details, reps)
+    peak = max(result["peak_rss_mb"] for results in details.values() for result in results)
     if args.big:
         verdict = "PASS" if peak < BIG_PEAK_LIMIT_MB else "FAIL"
         print(f"{verdict}: peak RSS {peak:.1f} MB (limit {BIG_PEAK_LIMIT_MB} MB)")
@@ -226,8 +230,8 @@ def main() -> int:
 
 def report(
     info: dict,
-    baseline: list[float],
-    ours: dict[str, list[float]],
+    baselines: tuple[list[float], list[float]],
+    walls: dict[str, list[float]],
     details: dict[str, list[dict]],
     reps: int,
 ) -> None:
@@ -235,28 +239,34 @@ def report(
 
     def line(name: str, seconds: float) -> str:
         return (
-            f"{name:<13} median {seconds:7.3f} s   {compressed / seconds:8.1f} MB/s compressed"
+            f"{name:<15} median {seconds:7.3f} s   {compressed / seconds:8.1f} MB/s compressed"
             f"   {raw / seconds:8.1f} MB/s decompressed"
         )
 
+    baseline, baseline_cpu = baselines
     print(f"medians of {reps} interleaved repetitions (MB = 10^6 bytes)")
     if baseline:
         base_median = statistics.median(baseline)
+        base_cpu = statistics.median(baseline_cpu)
         print(line("baseline", base_median) + "   (curl -s URL | zstd -d > /dev/null)")
-    for mode, what in MODES.items():
-        median = statistics.median(ours[mode])
-        print(line(f"ours {mode}", median) + f"   ({what}; child wall time incl. start-up)")
-        download = statistics.median(result["download_s"] for result in details[mode])
-        decode = statistics.median(result["decode_s"] for result in details[mode])
-        peak = max(result["peak_rss_mb"] for result in details[mode])
+        print(f"  CPU (bash + curl + zstd, user + system): {base_cpu:.3f} s")
+    for label, seconds in walls.items():
+        mode = label.split()[-1]
+        median = statistics.median(seconds)
+        print(line(label, median) + f"   ({MODES[mode]}; child wall time incl. start-up)")
+        download = statistics.median(result["download_s"] for result in details[label])
+        decode = statistics.median(result["decode_s"] for result in details[label])
+        peak = max(result["peak_rss_mb"] for result in details[label])
+        cpu = statistics.median(result["cpu_s"] for result in details[label])
         print(
             f"  inside the child: fetch_to_cas {download:.3f} s + {mode} {decode:.3f} s,"
-            f" peak RSS (VmHWM) {peak:.1f} MB"
+            f" peak RSS (VmHWM) {peak:.1f} MB, CPU (all threads) {cpu:.3f} s"
         )
         if baseline:
             print(
                 f"  speed vs baseline: {base_median / median:.2f}x"
-                f" (wall time {median / base_median:.2f}x)"
+                f" (wall time {median / base_median:.2f}x;"
+                f" CPU {cpu / base_cpu:.2f}x the baseline's)"
             )
 
 

@@ -16,11 +16,13 @@ import pytest
 import corpus_assets
 from corpus_assets.core.storage.cas import (
     COPY_CHUNK,
+    CasError,
     ContentStore,
     CorruptObjectError,
     MissingObjectError,
 )
 from corpus_assets.core.storage.digests import DigestError, sha256_digest
+from corpus_assets.core.storage.hashing import OFFLOAD_MIN, OverlappedHasher
 
 REPO_ROOT = Path(corpus_assets.__file__).resolve().parents[1]
 
@@ -343,3 +345,44 @@ def test_adopt_file_links_without_copying_and_removes_the_source(tmp_path: Path)
     again.write_bytes(b"downloaded bytes" * 1000)
     assert store.adopt_file(again) == (digest, size)
     assert not again.exists() and (store.stats.created, store.stats.reused) == (1, 1)
+
+
+def test_adopt_hashed_trusts_the_writers_digest_and_every_read_checks_it(tmp_path: Path) -> None:
+    """adopt_hashed does not read the file (the writer hashed it); a file that changed after it
+    was hashed is published under the old name, and its first reader reports it corrupt."""
+    store = ContentStore(tmp_path / "cas")
+    payload = random.Random(7).randbytes(3 * OFFLOAD_MIN + 5)
+    finished = tmp_path / "download.partial"
+    finished.write_bytes(payload)
+    digest = sha256_digest(payload)
+    with pytest.raises(CasError, match="not the 10 hashed"):
+        store.adopt_hashed(finished, digest, 10)  # the size is checked, the file is kept
+    assert finished.exists() and not store.contains(digest)
+    flipped = bytearray(payload)
+    flipped[OFFLOAD_MIN + 1] ^= 1
+    finished.write_bytes(flipped)  # changed on disk after the writer hashed it
+    assert store.adopt_hashed(finished, digest, len(payload)) == (digest, len(payload))
+    assert not finished.exists() and store.contains(digest)
+    with pytest.raises(CorruptObjectError), store.open(digest) as reader:
+        while reader.read(OFFLOAD_MIN * 2):
+            pass
+    with pytest.raises(CorruptObjectError):
+        store.get_bytes(digest)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_overlapped_hasher_equals_hashlib_at_every_point(seed: int) -> None:
+    rng = random.Random(seed)
+    blocks = [rng.randbytes(rng.choice([0, 1, 100, OFFLOAD_MIN, 3 << 20])) for _ in range(12)]
+    overlapped, reference = OverlappedHasher(), hashlib.sha256()
+    try:
+        for block in blocks:
+            overlapped.update(block)
+            reference.update(block)
+            assert overlapped.hexdigest() == reference.hexdigest()  # waits for the thread
+    finally:
+        overlapped.close()
+    overlapped.update(b"after close")  # still usable
+    reference.update(b"after close")
+    assert overlapped.hexdigest() == reference.hexdigest()
+    overlapped.close()

@@ -14,6 +14,7 @@ from corpus_assets.core.ingest.codecs import (
     DecompressionLimits,
     TruncatedStreamError,
     iter_lines,
+    iter_located_lines,
     open_decompressed,
     sniff_codec,
 )
@@ -27,8 +28,23 @@ def zstd_frames(*parts: bytes) -> bytes:
     return b"".join(zstandard.ZstdCompressor(write_checksum=True).compress(p) for p in parts)
 
 
+READ_AHEAD = {"on": False}
+
+
+@pytest.fixture(autouse=True, params=[False, True], ids=["inline", "read_ahead"])
+def read_ahead(request: pytest.FixtureRequest) -> bool:
+    """Every test runs with the decoder in the caller's thread and on a read-ahead thread."""
+    READ_AHEAD["on"] = request.param
+    return bool(request.param)
+
+
 def read_all(stream: io.BufferedIOBase, what: str, **kwargs: object) -> bytes:
-    with open_decompressed(stream, what, **kwargs) as reader:  # type: ignore[arg-type]
+    with open_decompressed(
+        stream,  # type: ignore[arg-type]
+        what,
+        read_ahead=READ_AHEAD["on"],
+        **kwargs,  # type: ignore[arg-type]
+    ) as reader:
         return reader.read()
 
 
@@ -112,8 +128,10 @@ def test_corrupt_zstd_raises_codec_error_naming_the_object() -> None:
         read_all(io.BytesIO(zstd_frames(b"ok\n") + b"garbage!"), "trailing.zst")
 
 
-def test_errors_stay_raised_on_a_second_read() -> None:
-    reader = open_decompressed(io.BytesIO(zstd_frames(JSONL)[:-3]), "again.zst")
+def test_errors_stay_raised_on_a_second_read(read_ahead: bool) -> None:
+    reader = open_decompressed(
+        io.BytesIO(zstd_frames(JSONL)[:-3]), "again.zst", read_ahead=read_ahead
+    )
     with pytest.raises(TruncatedStreamError):
         reader.read()
     with pytest.raises(TruncatedStreamError):
@@ -239,12 +257,60 @@ def test_a_reserved_block_type_is_corrupt_data_naming_the_object() -> None:
         read_all(io.BytesIO(bytes(frame)), "reserved.zst")
 
 
-def test_the_limits_hold_even_for_one_huge_read() -> None:
+def test_the_limits_hold_even_for_one_huge_read(read_ahead: bool) -> None:
     """A caller asking for everything at once must not get past the output cap in one call."""
     payload = zstd_frames(b"\0" * (40 << 20))
     reader = open_decompressed(
-        io.BytesIO(payload), "huge.zst", DecompressionLimits(max_output_bytes=3 << 20)
+        io.BytesIO(payload),
+        "huge.zst",
+        DecompressionLimits(max_output_bytes=3 << 20),
+        read_ahead=read_ahead,
     )
     with pytest.raises(DecompressionBombError, match=r"huge\.zst"):
         reader.read(40 << 20)
-    assert reader.raw.produced <= (4 << 20)  # stopped within one 1 MiB step past the cap
+    decoded = reader.raw.source if read_ahead else reader.raw
+    assert decoded.produced <= (4 << 20)  # stopped within one 1 MiB step past the cap
+
+
+def reference_lines(data: bytes) -> list[tuple[int, int, bytes]]:
+    """What iter_located_lines must yield, computed over the whole data at once."""
+    parts = data.split(b"\n")
+    last = parts.pop()
+    located, offset = [], 0
+    for number, part in enumerate(parts, 1):
+        located.append((number, offset, part[:-1] if part.endswith(b"\r") else part))
+        offset += len(part) + 1
+    if last:
+        located.append((len(parts) + 1, offset, last))
+    return located
+
+
+def random_lines(rng: random.Random, count: int, endings: list[bytes]) -> bytes:
+    return b"".join(
+        rng.randbytes(rng.randint(0, 3000)).replace(b"\n", b"").replace(b"\r", b"")
+        + rng.choice(endings)
+        for _ in range(count)
+    )
+
+
+@pytest.mark.parametrize("compressed", [False, True])
+def test_lines_and_offsets_across_block_boundaries(compressed: bool) -> None:
+    """Lines straddling the 1 MiB decoded blocks, a CRLF cut between two blocks (no other CR in
+    the second), empty lines, a last line without newline."""
+    rng = random.Random(11)
+    head = random_lines(rng, 1000, [b"\n", b"\r\n", b"\r\r\n", b"\n\n"])[: 1 << 20]
+    head = head[:-1] + b"\r"  # a zstd block of 1 MiB decoded ends on this CR
+    tail = random_lines(rng, 1000, [b"\n", b"\n\n"]) + b"no newline at the end"
+    data = head + b"\n" + tail
+    payload = zstd_frames(data) if compressed else data
+    located = list(iter_located_lines(io.BytesIO(payload), "blocks", max_line_bytes=1 << 20))
+    assert located == reference_lines(data)
+
+
+def test_an_over_long_line_across_blocks_is_raised_after_the_lines_before_it() -> None:
+    data = b"first\r\nsecond\n" + b"z" * (3 << 20) + b"\nnever\n"
+    seen = []
+    with pytest.raises(CodecError, match=r"huge\.jsonl: line 3 is longer than 2097152 bytes"):
+        for item in iter_located_lines(io.BytesIO(data), "huge.jsonl", max_line_bytes=2 << 20):
+            seen.append(item)
+    assert seen == [(1, 0, b"first"), (2, 7, b"second")]

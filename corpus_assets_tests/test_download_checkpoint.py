@@ -33,6 +33,11 @@ def wait_for_claim_past(partial: PartialFile, verified: int) -> int:
     while not partial.checkpoint.exists() or claim(partial)["verified_bytes"] <= verified:
         assert time.monotonic() < deadline, "the background checkpoint never landed"
         time.sleep(0.005)
+    # The file lands just before the commit's future completes; until it does, save_if_due
+    # starts no other commit, which the next step of a test may count on.
+    while partial._committing is not None and not partial._committing.done():
+        assert time.monotonic() < deadline, "the background commit never finished"
+        time.sleep(0.005)
     return assert_claim_matches_disk(partial)
 
 

@@ -12,9 +12,11 @@ import operator
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import zstandard
+
+from corpus_assets.core.ingest.read_ahead import ReadAhead
 
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 GZIP_MAGIC = b"\x1f\x8b"
@@ -68,13 +70,21 @@ def sniff_codec(head: bytes) -> str:
 
 
 def open_decompressed(
-    stream: BinaryIO, what: str, limits: DecompressionLimits = DEFAULT_LIMITS
+    stream: BinaryIO,
+    what: str,
+    limits: DecompressionLimits = DEFAULT_LIMITS,
+    *,
+    read_ahead: bool = False,
 ) -> BinaryIO:
     """A buffered reader of the decompressed bytes of ``stream`` (zstd, gzip or plain).
 
     Multi-frame zstd and multi-member gzip are read to the end. Raises ``TruncatedStreamError`` if
     the input stops inside a frame or member and ``DecompressionBombError`` past ``limits``; plain
     streams pass through unlimited. The caller keeps ownership of ``stream`` and closes it.
+
+    ``read_ahead`` decodes on a helper thread a few MiB ahead of the caller (``ReadAhead``), which
+    pays when the caller does CPU work of its own per byte (splitting lines); close the reader
+    before ``stream`` then, so the thread has stopped reading it.
     """
     source = _Source(stream)
     codec = sniff_codec(source.head)
@@ -82,7 +92,8 @@ def open_decompressed(
         return io.BufferedReader(source, buffer_size=1 << 20)  # type: ignore[return-value]
     inner = _ZstdDecoded(source, what) if codec == "zstd" else _GzipDecoded(source, what)
     decoded = _DecodedStream(inner, source, what, codec, limits)
-    return io.BufferedReader(decoded, buffer_size=OUTPUT_BUFFER)  # type: ignore[return-value]
+    raw = ReadAhead(decoded) if read_ahead else decoded
+    return io.BufferedReader(raw, buffer_size=OUTPUT_BUFFER)  # type: ignore[return-value]
 
 
 def iter_lines(
@@ -109,25 +120,26 @@ def iter_located_lines(
     max_line_bytes: int = MAX_LINE_BYTES,
 ) -> Iterator[tuple[int, int, bytes]]:
     """Like ``iter_lines`` plus each line's byte offset in the decompressed stream (lineage)."""
-    readline = open_decompressed(stream, what, limits).readline
     longest = max_line_bytes + 1
     number = offset = 0
-    while True:  # the per-line loop of every text ingest: kept to a few bytecodes per line
-        try:
-            line = readline(longest)
-        except CodecError as error:
-            raise type(error)(f"{error} (after line {number})") from error
-        if not line:
-            return
-        number += 1
-        size = len(line)
-        start = offset
-        offset += size
-        if line[-1] == NEWLINE:
-            line = line[:-2] if size > 1 and line[-2] == CARRIAGE_RETURN else line[:-1]
-        elif size > max_line_bytes:
-            raise CodecError(f"{what}: line {number} is longer than {max_line_bytes} bytes")
-        yield number, start, line
+    with open_decompressed(stream, what, limits, read_ahead=True) as reader:  # thread ends on exit
+        readline = reader.readline
+        while True:  # the per-line loop of every text ingest: kept to a few bytecodes per line
+            try:
+                line = readline(longest)
+            except CodecError as error:
+                raise type(error)(f"{error} (after line {number})") from error
+            if not line:
+                return
+            number += 1
+            size = len(line)
+            start = offset
+            offset += size
+            if line[-1] == NEWLINE:
+                line = line[:-2] if size > 1 and line[-2] == CARRIAGE_RETURN else line[:-1]
+            elif size > max_line_bytes:
+                raise CodecError(f"{what}: line {number} is longer than {max_line_bytes} bytes")
+            yield number, start, line
 
 
 class _Source(io.RawIOBase):
@@ -148,6 +160,16 @@ class _Source(io.RawIOBase):
 
     def readable(self) -> bool:
         return True
+
+    def read(self, size: int = -1) -> bytes:
+        """The decoders call ``read``: hand the stream's own block on instead of copying it."""
+        if self._head or size is None or size < 0:
+            return super().read(size)  # type: ignore[no-any-return]
+        data = self._stream.read(size)
+        self.consumed += len(data)
+        if self.observer is not None:
+            self.observer(memoryview(data))
+        return data
 
     def readinto(self, buffer: memoryview) -> int:  # type: ignore[override]
         view = memoryview(buffer).cast("B")
@@ -255,19 +277,30 @@ class _ZstdDecoded(io.RawIOBase):
         return True
 
     def readinto(self, buffer: memoryview) -> int:  # type: ignore[override]
+        count: int = self._decode(self._reader.readinto, buffer)
+        self._check_end(count)
+        return count
+
+    def read(self, size: int = -1) -> bytes:
+        data: bytes = self._decode(self._reader.read, size)
+        self._check_end(len(data))
+        return data
+
+    def _decode(self, method: Callable[[Any], Any], argument: Any) -> Any:
         try:
-            count = self._reader.readinto(buffer)
+            return method(argument)
         except (zstandard.ZstdError, ValueError) as error:
             raise CodecError(
                 f"{self._what}: corrupt zstd data near compressed byte {self._source.consumed}:"
                 f" {error}"
             ) from error
+
+    def _check_end(self, count: int) -> None:
         if not count and not self._walker.at_frame_boundary:
             raise TruncatedStreamError(
                 f"{self._what}: zstd stream is truncated: it ends inside a frame after"
                 f" {self._source.consumed} compressed bytes"
             )
-        return count
 
     def _observe(self, block: memoryview) -> None:
         self._walker.feed(block)
@@ -285,9 +318,15 @@ class _GzipDecoded(io.RawIOBase):
         return True
 
     def readinto(self, buffer: memoryview) -> int:  # type: ignore[override]
+        return self._decode(self._reader.readinto, buffer)  # type: ignore[no-any-return]
+
+    def read(self, size: int = -1) -> bytes:
+        return self._decode(self._reader.read, size)  # type: ignore[no-any-return]
+
+    def _decode(self, method: Callable[[Any], Any], argument: Any) -> Any:
         consumed = self._source.consumed
         try:
-            return self._reader.readinto(buffer)
+            return method(argument)
         except EOFError as error:
             raise TruncatedStreamError(
                 f"{self._what}: gzip stream is truncated after {consumed} compressed bytes: {error}"
@@ -299,7 +338,7 @@ class _GzipDecoded(io.RawIOBase):
 
 
 class _DecodedStream(io.RawIOBase):
-    """Raw reader over a decoder that enforces the limits before handing out any byte."""
+    """A decoder's output, with the limits enforced before any byte is handed out."""
 
     def __init__(
         self,
@@ -332,6 +371,19 @@ class _DecodedStream(io.RawIOBase):
             self._error = error
             raise
         return count
+
+    def read_block(self) -> bytes:
+        """The next decoded block, at most OUTPUT_BUFFER bytes (so the limits are checked at
+        least that often), ``b""`` at the end."""
+        if self._error is not None:
+            raise self._error  # a decoder that failed once stays failed, never a clean EOF
+        try:
+            block: bytes = self._inner.read(OUTPUT_BUFFER)
+            self._account(len(block))
+        except BaseException as error:
+            self._error = error
+            raise
+        return block
 
     def _account(self, size: int) -> None:
         self.produced += size

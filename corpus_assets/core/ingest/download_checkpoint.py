@@ -24,7 +24,9 @@ background thread, so the download keeps receiving while the disk syncs: the mai
 the appended bytes to the OS and snapshots (verified, sha256) first, then the thread fsyncs the
 file and only then writes the snapshot, so the order (data durable, then claim) is unchanged. One
 commit is in flight at most; every other write to the partial or its checkpoint waits for it and
-re-raises its error.
+re-raises its error. The sha256 itself runs on another helper thread (``OverlappedHasher``), one
+block behind the writes, so receiving and writing the next block overlap hashing this one; every
+snapshot and the final digest wait for it, so a claim's hash always covers exactly its bytes.
 """
 
 import errno
@@ -38,11 +40,12 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import BinaryIO
 
 from corpus_assets.core.ingest.remote_http import DownloadError, RemoteVersion
-from corpus_assets.core.storage.digests import hasher_digest
+from corpus_assets.core.storage.digests import PREFIX
 from corpus_assets.core.storage.fsio import atomic_write
+from corpus_assets.core.storage.hashing import OverlappedHasher
 
 HASH_CHUNK = 1 << 20
 
@@ -54,7 +57,7 @@ class PartialState:
     """What the bytes on disk are: how many are verified and which version they belong to."""
 
     verified: int = 0
-    hasher: Any = field(default_factory=hashlib.sha256)
+    hasher: OverlappedHasher = field(default_factory=OverlappedHasher)
     expected_size: int | None = None
     etag: str | None = None
     last_modified: str | None = None
@@ -107,7 +110,7 @@ class PartialFile:
     checkpoint_seconds: float
     state: PartialState = field(default_factory=PartialState)
     _saved: _Signature | None = None
-    _saved_at: float = 0.0
+    _saved_at: float = float("-inf")  # the first checkpoint is due at once (any uptime)
     _committer: ThreadPoolExecutor | None = None
     _committing: "Future[None] | None" = None
 
@@ -136,8 +139,10 @@ class PartialFile:
         if verified < 0 or (state.expected_size is not None and verified > state.expected_size):
             return f"checkpoint claims {verified} of {state.expected_size} bytes"
         reason = self._rehash(state, prefix)
-        if reason is None:
-            self.state = state
+        if reason is not None:
+            state.hasher.close()
+        else:
+            self._replace_state(state)
             self._saved = self._signature()
             self._saved_at = time.monotonic()
         return reason
@@ -170,11 +175,12 @@ class PartialFile:
         self.handle.flush()
         os.fsync(self.handle.fileno())
         self.checkpoint.unlink(missing_ok=True)
-        self.state = PartialState()
+        self._replace_state(PartialState())
         self._saved = None
 
     def append(self, block: bytes) -> None:
-        """Write and hash body bytes; they count as verified once a checkpoint commits them."""
+        """Write and hash body bytes; they count as verified once a checkpoint commits them.
+        ``block`` is hashed on the helper thread after this returns: it must be ``bytes``."""
         self.handle.write(block)
         self.state.hasher.update(block)
         self.state.verified += len(block)
@@ -211,6 +217,7 @@ class PartialFile:
         try:
             self._settle()
         finally:
+            self.state.hasher.close()
             if self._committer is not None:
                 self._committer.shutdown()
                 self._committer = None
@@ -252,7 +259,12 @@ class PartialFile:
         return RemoteVersion(self.url, state.expected_size, state.etag, state.last_modified)
 
     def digest(self) -> str:
-        return hasher_digest(self.state.hasher)
+        """The sha256 of every byte appended (or re-hashed from disk) so far."""
+        return PREFIX + self.state.hasher.hexdigest()
+
+    def _replace_state(self, state: PartialState) -> None:
+        old, self.state = self.state, state
+        old.hasher.close()
 
     def remove(self) -> None:
         """Drop the checkpoint and the partial file once the CAS holds the bytes."""

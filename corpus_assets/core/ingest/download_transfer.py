@@ -7,6 +7,7 @@ a version is pinned, fails. What is verified on disk, and when it is committed, 
 """
 
 import http.client
+import os
 import time
 import urllib.error
 from dataclasses import dataclass
@@ -274,17 +275,21 @@ class _Download:
             partial.state.expected_size = partial.state.verified
 
     def _publish(self) -> Fetched:
+        """Publish the partial under the sha256 computed over exactly the bytes written to it
+        (or re-hashed from it on adopt): it is fsynced by ``save`` and locked, so it is not read
+        again here; the CAS re-checks those bytes on every read."""
         partial = self.partial
         partial.save()
         state = partial.state
         digest = partial.digest()
-        stored, size = self.cas.adopt_file(partial.path)  # re-hashes what the disk holds
-        if stored != digest or size != state.verified:
+        size = os.fstat(partial.handle.fileno()).st_size
+        if size != state.verified:
             self._reset()
             raise DownloadError(
                 f"{self.url}: the partial file changed on disk: received {state.verified} bytes"
-                f" hashing to {digest}, the file holds {size} bytes hashing to {stored}"
+                f" hashing to {digest}, the file holds {size} bytes"
             )
+        self.cas.adopt_hashed(partial.path, digest, size)
         partial.remove()
         return Fetched(
             digest=digest,

@@ -20,6 +20,7 @@ from corpus_assets.core.storage.digests import (
     sha256_digest,
 )
 from corpus_assets.core.storage.fsio import fsync_dir, link_into_place, write_temp
+from corpus_assets.core.storage.hashing import OverlappedHasher
 
 COPY_CHUNK = 1 << 20
 
@@ -129,6 +130,20 @@ class ContentStore:
                 size += len(block)
         return self._adopt(path, hasher_digest(hasher), size)
 
+    def adopt_hashed(self, path: Path, digest: str, size: int) -> tuple[str, int]:
+        """Like ``adopt_file``, for a file whose sha256 the caller computed over the very bytes
+        it wrote and fsynced (a download hashes while it receives): not read again here.
+
+        The name is trusted like ``put_hashed``'s: the size is checked now and the bytes on every
+        read, so a file that changed on disk after it was hashed is reported as corrupt by its
+        first reader, never handed out. ``path`` is gone afterwards unless this raises.
+        """
+        check_digest(digest)
+        on_disk = path.stat().st_size
+        if on_disk != size:
+            raise CasError(f"{path} holds {on_disk} bytes, not the {size} hashed to {digest}")
+        return self._adopt(path, digest, size)
+
     def _adopt(self, path: Path, digest: str, size: int) -> tuple[str, int]:
         """Publish the file ``path`` (its sha256 is ``digest``) unless present; it is gone after."""
         if self.contains(digest):
@@ -195,27 +210,50 @@ class ContentStore:
 
 
 class _VerifyingReader(io.RawIOBase):
+    """Hands out the file's bytes while hashing them on a helper thread (``OverlappedHasher``),
+    so a decoder reading the object runs alongside its check; at EOF the whole digest must match
+    before the reader reports the end, so a consumer never sees a clean end of corrupt bytes."""
+
     def __init__(self, handle: BinaryIO, digest: str, what: str) -> None:
         self._handle = handle
         self._digest = digest
         self._what = what
-        self._hasher = hashlib.sha256()
+        self._hasher = OverlappedHasher()
         self._done = False
 
     def readable(self) -> bool:
         return True
 
-    def readinto(self, buffer: memoryview) -> int:  # type: ignore[override]
-        count = self._handle.readinto(buffer)
-        if count:
-            self._hasher.update(memoryview(buffer)[:count])
-        elif not self._done:
+    def read(self, size: int | None = -1) -> bytes:
+        if size is None or size < 0:
+            return self.readall()
+        block = self._handle.read(size)
+        if block:
+            self._hasher.update(block)  # bytes: safe to hash on the thread while handed out
+        elif size and not self._done:
             self._done = True
-            actual = hasher_digest(self._hasher)
+            actual = PREFIX + self._hasher.hexdigest()
+            self._hasher.close()
             if actual != self._digest:
                 raise CorruptObjectError(self._digest, actual, self._what)
-        return count or 0
+        return block
+
+    def readall(self) -> bytes:
+        chunks = []
+        while block := self.read(COPY_CHUNK):
+            chunks.append(block)
+        return b"".join(chunks)
+
+    def readinto(self, buffer: memoryview) -> int:  # type: ignore[override]
+        view = memoryview(buffer).cast("B")
+        block = self.read(len(view))
+        view[: len(block)] = block
+        return len(block)
 
     def close(self) -> None:
-        self._handle.close()
+        if not self.closed:
+            try:
+                self._hasher.close()
+            finally:
+                self._handle.close()
         super().close()
