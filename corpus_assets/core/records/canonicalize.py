@@ -14,6 +14,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
+
 from corpus_assets.core.records.adapters import (
     ADAPTERS,
     Adapter,
@@ -24,7 +26,7 @@ from corpus_assets.core.records.adapters import (
 )
 from corpus_assets.core.records.adapters import field as row_field
 from corpus_assets.core.records.contamination_index import BenchmarkIndex
-from corpus_assets.core.records.envelope import CANONICAL, record_digest
+from corpus_assets.core.records.envelope import CANONICAL, digest_with, record_digest, template_for
 from corpus_assets.core.records.normalize import ParseReject, dedup_key, normalize_text
 from corpus_assets.core.records.pii import redact
 from corpus_assets.core.records.quality import QualityPolicy, check_quality
@@ -66,10 +68,33 @@ class Stages:
         return cls(config.purpose, quality, index, config.policies.pii.redact)
 
 
+# Bytes -> b"0" for digits, b"." otherwise: a run of 19 digits may be an integer orjson reads as
+# a float (it keeps 64-bit integers only), so such lines take the standard library's parser.
+_DIGITS_AS_ZERO = bytes(48 if 48 <= b <= 57 else 46 for b in range(256))
+_LONG_NUMBER = b"0" * 19
+
+
 def parse_line(raw: bytes) -> dict[str, Any]:
-    """One JSONL line to a JSON object, or ``Excluded`` with a ``parse.*`` reason."""
+    """One JSONL line to a JSON object, or ``Excluded`` with a ``parse.*`` reason.
+
+    orjson parses the common line (~3x faster); whatever it refuses (NaN, lone surrogate
+    escapes, floats out of range, invalid UTF-8 or JSON, deep nesting) and any line with a
+    19-digit run goes to ``json.loads``, whose result and error messages are the contract.
+    """
     if not raw.strip():
         raise Excluded("parse.blank_line", "line is empty")
+    try:
+        obj = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        pass
+    else:
+        if isinstance(obj, dict) and _LONG_NUMBER not in raw.translate(_DIGITS_AS_ZERO):
+            return obj
+    return _parse_stdlib(raw)
+
+
+def _parse_stdlib(raw: bytes) -> dict[str, Any]:
+    """``parse_line`` by the standard library: the reference semantics and error details."""
     try:
         text_line = raw.decode("utf-8")
     except UnicodeDecodeError as error:
@@ -112,7 +137,18 @@ def _local_id(source: Source, obj: dict[str, Any], object_name: str, row_no: int
 def canonicalize(
     source: Source, object_name: str, row_no: int, obj: dict[str, Any], stages: Stages
 ) -> dict[str, Any]:
-    """The canonical record columns for one row, or ``Excluded`` naming stage and reason.
+    """The canonical record columns for one row, or ``Excluded`` naming stage and reason."""
+    record = canonical_record(source, object_name, row_no, obj, stages)
+    del record["text_utf8"]
+    record["payload"] = record["payload"].decode("utf-8")
+    return record
+
+
+def canonical_record(
+    source: Source, object_name: str, row_no: int, obj: dict[str, Any], stages: Stages
+) -> dict[str, Any]:
+    """``canonicalize`` as the layer keeps it: ``payload`` as UTF-8 bytes, plus ``text_utf8``
+    (the text's UTF-8), so neither large column is encoded twice.
 
     The stages run in the module docstring's order; each helper raises its own reason codes.
     """
@@ -210,28 +246,44 @@ def _record(
     text: str,
 ) -> dict[str, Any]:
     """The record columns; ``record_digest`` hashes the envelope with the payload."""
-    payload_json = CANONICAL.encode(payload)
     lang = row_field(obj, source.lang_field) if source.lang_field else None
     lang = lang if isinstance(lang, str) else None
     event_time = row_field(obj, source.time_field) if source.time_field else None
     event_time = str(event_time) if event_time is not None else None
     script = script_of(text)
-    counts = dict(sorted(pii.items()))
-    digest = record_digest(
-        record_id=record_id,
-        group_id=group_id,
-        source_id=source.id,
-        kind=adapter.kind,
-        adapter=adapter.name,
-        lang=lang,
-        script=script,
-        licence=source.licence,
-        purposes=source.purposes,
-        retention=source.retention,
-        pii=counts,
-        event_time=event_time,
-        payload_json=payload_json,
+    counts = dict(sorted(pii.items())) if pii else {}
+    template = template_for(
+        source.id, adapter.kind, adapter.name, source.licence, source.purposes, source.retention
     )
+    try:
+        if adapter.kind == "document" and len(payload) == 1:
+            payload_json = b'{"text":' + orjson.dumps(payload["text"]) + b"}"
+        else:
+            payload_json = orjson.dumps(payload, option=orjson.OPT_SORT_KEYS)
+    except (TypeError, orjson.JSONEncodeError):
+        template = None  # a value orjson refuses: the reference path, which fails as it did
+    if template is None:
+        digest = record_digest(
+            record_id=record_id,
+            group_id=group_id,
+            source_id=source.id,
+            kind=adapter.kind,
+            adapter=adapter.name,
+            lang=lang,
+            script=script,
+            licence=source.licence,
+            purposes=source.purposes,
+            retention=source.retention,
+            pii=counts,
+            event_time=event_time,
+            payload_json=CANONICAL.encode(payload),
+        )
+        payload_json = CANONICAL.encode(payload).encode("utf-8")
+    else:
+        digest = digest_with(
+            template, (record_id, group_id, lang, script, event_time, counts), payload_json
+        )
+    text_utf8 = text.encode()
     return {
         "record_id": record_id,
         "group_id": group_id,
@@ -244,8 +296,9 @@ def _record(
         "pii": json.dumps(counts, sort_keys=True) if counts else "{}",
         "event_time": event_time,
         "record_digest": digest,
-        "text_digest": sha256_digest(text.encode()),
+        "text_digest": sha256_digest(text_utf8),
         "dedup_key": dedup_key(text, source.content),
         "payload": payload_json,
         "text": text,
+        "text_utf8": text_utf8,
     }
