@@ -30,7 +30,7 @@ from corpus_assets.core.records.envelope import CANONICAL, digest_with, record_d
 from corpus_assets.core.records.normalize import ParseReject, dedup_key, normalize_text
 from corpus_assets.core.records.pii import redact
 from corpus_assets.core.records.quality import QualityPolicy, check_quality
-from corpus_assets.core.records.scripts import script_of
+from corpus_assets.core.records.scripts import script_of, scripts_of
 from corpus_assets.core.runtime.config import CorpusConfig, Source
 from corpus_assets.core.storage.digests import sha256_digest
 
@@ -139,6 +139,7 @@ def canonicalize(
 ) -> dict[str, Any]:
     """The canonical record columns for one row, or ``Excluded`` naming stage and reason."""
     record = canonical_record(source, object_name, row_no, obj, stages)
+    finish_records([record])
     del record["text_utf8"]
     record["payload"] = record["payload"].decode("utf-8")
     return record
@@ -148,7 +149,8 @@ def canonical_record(
     source: Source, object_name: str, row_no: int, obj: dict[str, Any], stages: Stages
 ) -> dict[str, Any]:
     """``canonicalize`` as the layer keeps it: ``payload`` as UTF-8 bytes, plus ``text_utf8``
-    (the text's UTF-8), so neither large column is encoded twice.
+    (the text's UTF-8), so neither large column is encoded twice, and ``script`` and
+    ``record_digest`` possibly left to :func:`finish_records` (call it on every record).
 
     The stages run in the module docstring's order; each helper raises its own reason codes.
     """
@@ -245,24 +247,31 @@ def _record(
     pii: Counter[str],
     text: str,
 ) -> dict[str, Any]:
-    """The record columns; ``record_digest`` hashes the envelope with the payload."""
+    """The record columns; ``record_digest`` hashes the envelope with the payload.
+
+    On the common path script and digest are left to :func:`finish_records` (a batch of
+    scripts is one array lookup); whatever orjson refuses takes the reference path here, so
+    it fails where it always did.
+    """
     lang = row_field(obj, source.lang_field) if source.lang_field else None
     lang = lang if isinstance(lang, str) else None
     event_time = row_field(obj, source.time_field) if source.time_field else None
     event_time = str(event_time) if event_time is not None else None
-    script = script_of(text)
     counts = dict(sorted(pii.items())) if pii else {}
     template = template_for(
         source.id, adapter.kind, adapter.name, source.licence, source.purposes, source.retention
     )
+    script = digest = None
     try:
         if adapter.kind == "document" and len(payload) == 1:
             payload_json = b'{"text":' + orjson.dumps(payload["text"]) + b"}"
         else:
             payload_json = orjson.dumps(payload, option=orjson.OPT_SORT_KEYS)
+        orjson.dumps((lang, event_time))  # what finish_records will encode
     except (TypeError, orjson.JSONEncodeError):
-        template = None  # a value orjson refuses: the reference path, which fails as it did
+        template = None
     if template is None:
+        script = script_of(text)
         digest = record_digest(
             record_id=record_id,
             group_id=group_id,
@@ -279,10 +288,9 @@ def _record(
             payload_json=CANONICAL.encode(payload),
         )
         payload_json = CANONICAL.encode(payload).encode("utf-8")
+        opened = None
     else:
-        digest = digest_with(
-            template, (record_id, group_id, lang, script, event_time, counts), payload_json
-        )
+        opened = (template, record_id, group_id, lang, event_time, counts)
     text_utf8 = text.encode()
     return {
         "record_id": record_id,
@@ -301,4 +309,22 @@ def _record(
         "payload": payload_json,
         "text": text,
         "text_utf8": text_utf8,
+        OPEN: opened,
     }
+
+
+OPEN = "_open"  # a record's key holding what finish_records needs, or None when finished
+
+
+def finish_records(records: list[dict[str, Any]]) -> None:
+    """Fill ``script`` and ``record_digest`` of records ``canonical_record`` left open, in place
+    (scripts of the whole batch at once); drops the ``OPEN`` key of every record."""
+    opened = [record for record in records if record[OPEN] is not None]
+    scripts = scripts_of([record["text"] for record in opened])
+    for record, script in zip(opened, scripts, strict=True):
+        template, record_id, group_id, lang, event_time, counts = record[OPEN]
+        varying = (record_id, group_id, lang, script, event_time, counts)
+        record["script"] = script
+        record["record_digest"] = digest_with(template, varying, record["payload"])
+    for record in records:
+        del record[OPEN]

@@ -15,7 +15,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from corpus_assets.core.records.canonicalize import Excluded, Stages, contaminated
+from corpus_assets.core.records.canonicalize import Excluded, Stages, contaminated, finish_records
 from corpus_assets.core.records.index import EXCLUSION_COLUMNS, RECORD_COLUMNS
 
 # A batch of kept rows waits as Python objects until either bound: rows, or characters of text
@@ -92,6 +92,7 @@ class KeptRecords:
             exclude(self.contaminated, self.digest, pending[n]["line"], why)
         if hits:
             pending = [record for n, record in enumerate(pending) if n not in hits]
+        finish_records(pending)
         # a comprehension per column: ~3x faster than appending row by row to every column
         columns = {name: [record[name] for record in pending] for name in self.arrays}
         for key, large in self.large.items():
