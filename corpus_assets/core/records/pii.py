@@ -386,6 +386,11 @@ def _count(counts: dict[str, int], spans: list[tuple[int, int, str]]) -> None:
 
 def redact(text: str) -> Redaction:
     """``text`` with every value the rules recognise replaced by its type's placeholder."""
+    return Redaction(*redact_parts(text))
+
+
+def redact_parts(text: str) -> tuple[str, dict[str, int]]:
+    """``redact`` as ``(text, counts)``: the per-record path builds no object."""
     counts: dict[str, int] = {}
     secrets = 0
     if "-----BEGIN " in text:
@@ -422,4 +427,4 @@ def redact(text: str) -> Redaction:
         if spans:
             text = _splice(text, spans)
             _count(counts, spans)
-    return Redaction(text, counts)
+    return text, counts
