@@ -188,7 +188,7 @@ def digest_with(template: Template, varying: Varying, payload: bytes) -> str:
             b"null" if lang is None else dumps(lang),
             dumps(script),
             b"null" if event_time is None else dumps(event_time),
-            dumps(pii) if pii else b"{}",
+            dumps(pii, option=orjson.OPT_SORT_KEYS) if pii else b"{}",
             payload,
         )
     except (TypeError, orjson.JSONEncodeError):
