@@ -18,6 +18,7 @@ from typing import Any
 import orjson
 
 from corpus_assets.core.records.index import RECORD_SCHEMA
+from corpus_assets.core.records.scripts import NO_SCRIPT, SCRIPTS
 from corpus_assets.core.storage.digests import hasher_digest, json_digest, sha256_digest
 
 # What ``canonical_json`` writes for strings, small ints, None, lists and dicts with ASCII keys -
@@ -182,11 +183,12 @@ def digest_with(template: Template, varying: Varying, payload: bytes) -> str:
     record_id, group_id, lang, script, event_time, pii = varying
     dumps = orjson.dumps
     try:
+        encoded_id = dumps(record_id)
         values = (
-            dumps(record_id),
-            dumps(group_id),
+            encoded_id,
+            encoded_id if group_id == record_id else dumps(group_id),
             b"null" if lang is None else dumps(lang),
-            dumps(script),
+            _SCRIPT_JSON.get(script) or dumps(script),
             b"null" if event_time is None else dumps(event_time),
             dumps(pii, option=orjson.OPT_SORT_KEYS) if pii else b"{}",
             payload,
@@ -194,12 +196,13 @@ def digest_with(template: Template, varying: Varying, payload: bytes) -> str:
     except (TypeError, orjson.JSONEncodeError):
         return _digest_str(template, varying, payload.decode("utf-8"))
     _, order, literals = template
-    hasher = hashlib.sha256(literals[0])
-    update = hasher.update
+    parts = [literals[0]]
     for n, literal in zip(order, literals[1:], strict=True):
-        update(values[n])
-        update(literal)
-    return hasher_digest(hasher)
+        parts += (values[n], literal)
+    return hasher_digest(hashlib.sha256(b"".join(parts)))
+
+
+_SCRIPT_JSON = {code: orjson.dumps(code) for code in (*(code for _, code in SCRIPTS), NO_SCRIPT)}
 
 
 def _digest_str(template: Template, varying: Varying, payload_json: str) -> str:
