@@ -301,10 +301,7 @@ def _record(
     scripts is one array lookup); whatever orjson refuses takes the reference path here, so
     it fails where it always did.
     """
-    lang = row_field(obj, source.lang_field) if source.lang_field else None
-    lang = lang if isinstance(lang, str) else None
-    event_time = row_field(obj, source.time_field) if source.time_field else None
-    event_time = str(event_time) if event_time is not None else None
+    lang, event_time = _lang_and_time(source, obj)
     counts = dict(sorted(pii.items())) if pii else {}
     template = template_for(
         source.id, adapter.kind, adapter.name, source.licence, source.purposes, source.retention
@@ -320,21 +317,8 @@ def _record(
         template = None
     if template is None:
         script = script_of(text)
-        digest = record_digest(
-            record_id=record_id,
-            group_id=group_id,
-            source_id=source.id,
-            kind=adapter.kind,
-            adapter=adapter.name,
-            lang=lang,
-            script=script,
-            licence=source.licence,
-            purposes=source.purposes,
-            retention=source.retention,
-            pii=counts,
-            event_time=event_time,
-            payload_json=CANONICAL.encode(payload),
-        )
+        varying = (record_id, group_id, lang, script, event_time, counts)
+        digest = _reference_digest(source, adapter, varying, payload)
         payload_json = CANONICAL.encode(payload).encode("utf-8")
         opened = None
     else:
@@ -359,6 +343,41 @@ def _record(
         "text_utf8": text_utf8,
         OPEN: opened,
     }
+
+
+def _lang_and_time(source: Source, obj: dict[str, Any]) -> tuple[str | None, str | None]:
+    """The row's language (a string, else None) and event time (as a string) when declared."""
+    lang = row_field(obj, source.lang_field) if source.lang_field else None
+    event_time = row_field(obj, source.time_field) if source.time_field else None
+    return (
+        lang if isinstance(lang, str) else None,
+        str(event_time) if event_time is not None else None,
+    )
+
+
+def _reference_digest(
+    source: Source,
+    adapter: Adapter,
+    varying: tuple[str, str, str | None, str, str | None, dict[str, int]],
+    payload: dict[str, Any],
+) -> str:
+    """``record_digest`` by the standard library's encoder: for what orjson refuses."""
+    record_id, group_id, lang, script, event_time, counts = varying
+    return record_digest(
+        record_id=record_id,
+        group_id=group_id,
+        source_id=source.id,
+        kind=adapter.kind,
+        adapter=adapter.name,
+        lang=lang,
+        script=script,
+        licence=source.licence,
+        purposes=source.purposes,
+        retention=source.retention,
+        pii=counts,
+        event_time=event_time,
+        payload_json=CANONICAL.encode(payload),
+    )
 
 
 OPEN = "_open"  # a record's key holding what finish_records needs, or None when finished
