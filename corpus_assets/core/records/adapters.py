@@ -40,6 +40,8 @@ class Adapter:
 
 def field(row: dict[str, Any], path: str) -> Any:
     """A (possibly dotted, e.g. ``meta.messages``) field of a row, or None."""
+    if "." not in path and isinstance(row, dict):
+        return row.get(path)  # the common case, without splitting the path per row
     value: Any = row
     for part in path.split("."):
         if not isinstance(value, dict):

@@ -9,13 +9,17 @@ checks the result against ``json_digest`` of the whole record.
 """
 
 import functools
+import hashlib
 import json
 import re
 from collections.abc import Sequence
 from typing import Any
 
+import orjson
+
 from corpus_assets.core.records.index import RECORD_SCHEMA
-from corpus_assets.core.storage.digests import json_digest, sha256_digest
+from corpus_assets.core.records.scripts import NO_SCRIPT, SCRIPTS
+from corpus_assets.core.storage.digests import hasher_digest, json_digest, sha256_digest
 
 # What ``canonical_json`` writes for strings, small ints, None, lists and dicts with ASCII keys -
 # every envelope and payload canonicalisation builds - so a payload's column JSON is its part of
@@ -130,6 +134,80 @@ def record_digest(
             event_time=event_time,
         )
         return json_digest({**fields, "payload": json.loads(payload_json)})
+    literals, order = template
+    varying = (record_id, group_id, lang, script, event_time, pii)
+    return _digest_str((literals, order, ()), varying, payload_json)
+
+
+Template = tuple[tuple[str, ...], tuple[int, ...], tuple[bytes, ...]]
+Varying = tuple[str, str, str | None, str, str | None, dict[str, int]]
+
+
+def template_for(
+    source_id: str,
+    kind: str,
+    adapter: str,
+    licence: str | None,
+    purposes: Sequence[str] | None,
+    retention: str | None,
+) -> Template | None:
+    """A source's envelope template, literals also as UTF-8 (None: the whole-JSON path)."""
+    frozen = tuple(purposes) if purposes is not None else None
+    return _bytes_template(source_id, kind, adapter, licence, frozen, retention)
+
+
+@functools.lru_cache(maxsize=256)
+def _bytes_template(
+    source_id: str,
+    kind: str,
+    adapter: str,
+    licence: str | None,
+    purposes: tuple[str, ...] | None,
+    retention: str | None,
+) -> Template | None:
+    pieces = _template(source_id, kind, adapter, licence, purposes, retention)
+    if pieces is None:
+        return None
+    literals, order = pieces
+    return literals, order, tuple(literal.encode("utf-8") for literal in literals)
+
+
+def digest_with(template: Template, varying: Varying, payload: bytes) -> str:
+    """sha256 of the envelope JSON: the template's literals around the varying members
+    ``(record_id, group_id, lang, script, event_time, pii)`` and the payload's JSON bytes.
+
+    orjson writes what ``CANONICAL`` writes for strings and int dicts (checked over every code
+    point by ``test_canonical_fast_paths``); a value it refuses (a lone surrogate) takes the
+    string path, which fails as it always did.
+    """
+    record_id, group_id, lang, script, event_time, pii = varying
+    dumps = orjson.dumps
+    try:
+        encoded_id = dumps(record_id)
+        values = (
+            encoded_id,
+            encoded_id if group_id == record_id else dumps(group_id),
+            b"null" if lang is None else dumps(lang),
+            _SCRIPT_JSON.get(script) or dumps(script),
+            b"null" if event_time is None else dumps(event_time),
+            dumps(pii, option=orjson.OPT_SORT_KEYS) if pii else b"{}",
+            payload,
+        )
+    except (TypeError, orjson.JSONEncodeError):
+        return _digest_str(template, varying, payload.decode("utf-8"))
+    _, order, literals = template
+    parts = [literals[0]]
+    for n, literal in zip(order, literals[1:], strict=True):
+        parts += (values[n], literal)
+    return hasher_digest(hashlib.sha256(b"".join(parts)))
+
+
+_SCRIPT_JSON = {code: orjson.dumps(code) for code in (*(code for _, code in SCRIPTS), NO_SCRIPT)}
+
+
+def _digest_str(template: Template, varying: Varying, payload_json: str) -> str:
+    """``digest_with`` by the standard library's encoder (the reference)."""
+    record_id, group_id, lang, script, event_time, pii = varying
     encode = CANONICAL.encode
     values = (
         encode(record_id),
@@ -140,7 +218,7 @@ def record_digest(
         encode(pii) if pii else "{}",
         payload_json,
     )
-    literals, order = template
+    literals, order, _ = template
     parts = [literals[0]]
     for n, literal in zip(order, literals[1:], strict=True):
         parts += (values[n], literal)

@@ -26,7 +26,7 @@ from corpus_assets.core.records.canonicalize import (
     QUARANTINE_PREFIXES,
     Excluded,
     Stages,
-    canonicalize,
+    canonical_record,
     parse_line,
 )
 from corpus_assets.core.records.contamination import ContaminationPolicy, policy_payload
@@ -108,7 +108,7 @@ def _canonicalize_object(
         try:
             if isinstance(obj, Excluded):
                 raise obj
-            record = canonicalize(source, item["name"], number, obj, stages)
+            record = canonical_record(source, item["name"], number, obj, stages)
         except Excluded as why:
             kept.reasons[why.reason] += 1
             exclude(excluded, digest, number, why)

@@ -127,14 +127,18 @@ def _exceeds(count: int, total: int, ppm: int) -> bool:
 
 def normalize_text(text: str, *, kind: str = "prose") -> Normalized:
     """``text`` after the stage rules in the module docstring, or ``ParseReject``."""
-    code = kind == CODE_KIND
+    return Normalized(*normalize_parts(text, kind == CODE_KIND))
+
+
+def normalize_parts(text: str, code: bool) -> tuple[str, tuple[str, ...]]:
+    """``normalize_text`` as ``(text, changes)``: the per-record path builds no object."""
     raw = text.encode("utf-8", "surrogatepass")
     if len(raw.translate(None, _NEEDS_WORK_CODE if code else _NEEDS_WORK_PROSE)) == len(raw) and (
         b"\xc2" not in raw or _C1.search(text) is None
     ):
         if text.isascii() or unicodedata.is_normalized("NFC", text):
-            return Normalized(text, ())
-        return Normalized(unicodedata.normalize("NFC", text), ("nfc",))
+            return text, ()
+        return unicodedata.normalize("NFC", text), ("nfc",)
 
     changes: list[str] = []
     if "\x00" in text:
@@ -164,7 +168,7 @@ def normalize_text(text: str, *, kind: str = "prose") -> Normalized:
     if not text.isascii() and not unicodedata.is_normalized("NFC", text):
         text = unicodedata.normalize("NFC", text)
         changes.append("nfc")
-    return Normalized(text, tuple(changes))
+    return text, tuple(changes)
 
 
 def dedup_key(text: str, kind: str = "prose") -> str:

@@ -42,6 +42,8 @@ and email and IPv6 are searched from their anchors (``@``, ``::`` or a ``:h:h:``
 import re
 from dataclasses import dataclass
 
+import numpy as np
+
 
 @dataclass(frozen=True)
 class Redaction:
@@ -142,6 +144,26 @@ _IPV6 = re.compile(
 _HEX_GROUP = re.compile(r"[0-9A-Fa-f]{1,4}\Z", _A)
 _ZIP4 = re.compile(r"[0-9]{5}-[0-9]{4}")
 _NON_DIGIT = re.compile(r"[^0-9]+")
+
+
+# Character classes of ASCII for ``_number_starts`` (bit flags; non-ASCII has none).
+_DIGIT, _WORD, _DOT, _SPACE_OR_DASH, _PLUS_OR_PAREN, _ONE = 1, 2, 4, 8, 16, 32
+_WORD_OR_DOT = _DIGIT | _WORD | _DOT
+_DIGIT_OR_DOT = _DIGIT | _DOT
+_NUMBER_CLASS = np.array(
+    [
+        (_DIGIT if chr(c).isdigit() else 0)
+        | (_WORD if chr(c).isalpha() or chr(c) == "_" else 0)
+        | (_DOT if chr(c) == "." else 0)
+        | (_SPACE_OR_DASH if chr(c) in " -" else 0)
+        | (_PLUS_OR_PAREN if chr(c) in "+(" else 0)
+        | (_ONE if chr(c) == "1" else 0)
+        for c in range(128)
+    ],
+    dtype=np.uint8,
+)
+_IS_DIGIT = bytes(48 <= b <= 57 for b in range(256))  # bytes.translate to 0/1 (a bool array)
+_SCAN_CHARS = 4096  # below this ``finditer``'s scan costs less than numpy's fixed cost
 
 
 def _luhn(digits: str) -> bool:
@@ -291,22 +313,68 @@ _KIND = {"[EMAIL]": "email", "[CARD]": "payment_card", "[IP]": "ip", "[PHONE]": 
 
 
 def _number_spans(text: str) -> list[tuple[int, int, str]]:
-    """Card, IPv4 and phone spans in one pass: the first rule matching at a position wins."""
+    """Card, IPv4 and phone spans in one pass: the first rule matching at a position wins.
+
+    A long text tries the pattern only at :func:`_number_starts` (what ``finditer`` would find:
+    no other position can start a match), since the regex engine's own scan for a starting
+    digit runs at ~100 MB/s and numpy finds the few candidates ~10x faster.
+    """
     spans: list[tuple[int, int, str]] = []
-    for m in _NUMBERS.finditer(text):
-        kind = m.lastgroup
-        start, end = m.span()
-        if kind == "card":
-            ok = _is_card(text[start:end])
-        elif kind == "ipv4":
-            ok = _is_ipv4(text, start, end)
-        else:
-            if kind != "phone":
-                start -= 1  # the '+' or '(' the match starts after
-            ok = _is_phone(text[start:end])
-        if ok:
-            spans.append((start, end, _PLACEHOLDER[kind]))
+    if len(text) < _SCAN_CHARS:
+        for m in _NUMBERS.finditer(text):
+            _number_span(text, m, spans)
+        return spans
+    end = 0
+    match = _NUMBERS.match
+    for start in _number_starts(text):
+        if start >= end and (m := match(text, start)) is not None:
+            end = m.end()
+            _number_span(text, m, spans)
     return spans
+
+
+def _number_span(text: str, m: re.Match[str], spans: list[tuple[int, int, str]]) -> None:
+    """Append the span of a ``_NUMBERS`` match if its rule's check passes."""
+    kind = m.lastgroup
+    start, end = m.span()
+    if kind == "card":
+        ok = _is_card(text[start:end])
+    elif kind == "ipv4":
+        ok = _is_ipv4(text, start, end)
+    else:
+        if kind != "phone":
+            start -= 1  # the '+' or '(' the match starts after
+        ok = _is_phone(text[start:end])
+    if ok:
+        spans.append((start, end, _PLACEHOLDER[kind]))
+
+
+def _number_starts(text: str) -> list[int]:
+    """Every position where ``_NUMBERS`` can match, ascending: an ASCII digit not preceded by
+    ``[A-Za-z0-9_.]``, followed by a digit or ``.`` (card, IPv4, phone), or ``1`` followed by
+    `` `` or ``-`` (``1-800``), or preceded by ``+`` or ``(`` (international, ``(555)``).
+    Beyond either end of the text is class 0, as the pattern's look-arounds see it."""
+    if text.isascii():
+        raw = text.encode("ascii")
+        digits = np.frombuffer(raw.translate(_IS_DIGIT), dtype=np.bool_).nonzero()[0]
+        codes = np.frombuffer(raw, dtype=np.uint8)
+    else:
+        codes = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
+        digits = ((codes - 48) < 10).nonzero()[0]
+    if not digits.size:
+        return []
+    last = codes.size - 1
+    here = _NUMBER_CLASS[codes[digits]]
+    before = _NUMBER_CLASS[np.minimum(codes[digits - 1], 127)]
+    before[digits == 0] = 0
+    after = _NUMBER_CLASS[np.minimum(codes[np.minimum(digits + 1, last)], 127)]
+    after[digits == last] = 0
+    starts = ((before & _WORD_OR_DOT) == 0) & (
+        ((after & _DIGIT_OR_DOT) != 0)
+        | (((here & _ONE) != 0) & ((after & _SPACE_OR_DASH) != 0))
+        | ((before & _PLUS_OR_PAREN) != 0)
+    )
+    return digits[starts].tolist()
 
 
 def _count(counts: dict[str, int], spans: list[tuple[int, int, str]]) -> None:
@@ -318,6 +386,11 @@ def _count(counts: dict[str, int], spans: list[tuple[int, int, str]]) -> None:
 
 def redact(text: str) -> Redaction:
     """``text`` with every value the rules recognise replaced by its type's placeholder."""
+    return Redaction(*redact_parts(text))
+
+
+def redact_parts(text: str) -> tuple[str, dict[str, int]]:
+    """``redact`` as ``(text, counts)``: the per-record path builds no object."""
     counts: dict[str, int] = {}
     secrets = 0
     if "-----BEGIN " in text:
@@ -354,4 +427,4 @@ def redact(text: str) -> Redaction:
         if spans:
             text = _splice(text, spans)
             _count(counts, spans)
-    return Redaction(text, counts)
+    return text, counts

@@ -12,6 +12,7 @@ import functools
 import re
 import unicodedata
 from collections import Counter
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -104,3 +105,52 @@ def script_of(text: str, sample: int = SAMPLE_LETTERS) -> str:
         return NO_SCRIPT
     # most frequent, a tie going to the script whose first letter came first (Counter's order)
     return _CODES[max(dict.fromkeys(letters), key=letters.count) - 1]
+
+
+def scripts_of(texts: Sequence[str], sample: int = SAMPLE_LETTERS) -> list[str]:
+    """``script_of`` of each text, the non-ASCII heads looked up together in one array.
+
+    Per head: its letters' script codes in order, the first ``sample`` of them counted per
+    script; the winner has the most, a tie going to the script whose first letter came first.
+    """
+    results: list[str] = []
+    heads: list[str] = []
+    where: list[int] = []
+    for n, text in enumerate(texts):
+        head = text[:HEAD_CHARS]
+        if head.isascii():
+            results.append("Latn" if _LETTER.search(head) else NO_SCRIPT)
+        else:
+            results.append(NO_SCRIPT)
+            heads.append(head)
+            where.append(n)
+    if heads:
+        for n, code in zip(where, _dominant(heads, sample), strict=True):
+            if code:
+                results[n] = _CODES[code - 1]
+    return results
+
+
+def _dominant(heads: list[str], sample: int) -> list[int]:
+    """Winning table code per head (0: no letter of a listed script)."""
+    lengths = np.fromiter(map(len, heads), dtype=np.int64, count=len(heads))
+    starts = np.zeros(len(heads), dtype=np.int64)
+    np.cumsum(lengths[:-1], out=starts[1:])
+    points = np.frombuffer("".join(heads).encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
+    codes = _script_table()[points]
+    letters = np.cumsum(codes != 0)  # letters up to and including each point
+    before = letters[starts] - (codes[starts] != 0)  # letters before each head
+    at = np.flatnonzero(codes)
+    head = np.repeat(np.arange(len(heads)), lengths)[at]
+    rank = letters[at] - 1 - before[head]
+    keep = rank < sample
+    head, rank, code = head[keep], rank[keep], codes[at[keep]].astype(np.int64)
+    width = len(_CODES) + 1
+    key = head * width + code
+    counts = np.bincount(key, minlength=len(heads) * width)
+    first = np.full(len(heads) * width, sample, dtype=np.int64)
+    np.minimum.at(first, key, rank)
+    score = np.where(counts > 0, counts * (sample + 1) - first, -1).reshape(len(heads), width)
+    winner = score.argmax(axis=1)
+    winner[score.max(axis=1) < 0] = 0
+    return winner.tolist()
