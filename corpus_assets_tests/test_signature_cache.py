@@ -7,7 +7,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from corpus_assets.core.dedup import signature_cache
+from corpus_assets.core.dedup import shingling, signature_cache
 from corpus_assets.core.dedup.minhash import signatures
 from corpus_assets.core.dedup.signature_cache import BandMajorFile, band_major_npy, write_band_major
 from corpus_assets.core.dedup.signature_spec import SignatureSpec
@@ -53,3 +53,24 @@ def test_an_empty_chunk_and_a_wrong_count(tmp_path: Path) -> None:
     assert out.read_bytes() == band_major_npy(signatures([], spec).reshape(0, 8))
     with pytest.raises(ValueError, match="3 texts read, 4 expected"):
         write_band_major(out, _parquet(tmp_path, ["a", "b", "c"]), 4, spec)
+
+
+def _is_unspaced_by_lists(norm: str) -> bool:
+    """The rule as first written (lists of characters): the reference for the counted one."""
+    if norm.isascii():
+        return False
+    found = shingling._UNSPACED.findall(norm)
+    if not found:
+        return False
+    other = len(shingling._LETTER.findall(norm)) - sum(c.isalpha() for c in found)
+    return len(found) * 3 >= len(found) + other
+
+
+def test_is_unspaced_agrees_with_the_list_rule_on_mixed_scripts() -> None:
+    # Han, kana, Thai letters and digits, Tibetan half digits (numeric, not letters), Khmer
+    # symbols, an astral ideograph, Latin letters, digits, marks, superscripts and spaces.
+    alphabet = "漢字かなカナกขค๑๒ཀཁ༪༫ក៰𠀀ab é1²_ -"
+    rng = random.Random(7)
+    texts = ["".join(rng.choices(alphabet, k=rng.randint(1, 30))) for _ in range(4000)]
+    texts += ["ab 漢", "abc 漢", "༪༫༬ ab", "ཀ༪ a", "a" * 10 + "漢" * 5, "a" * 11 + "漢" * 5]
+    assert [shingling.is_unspaced(t) for t in texts] == [_is_unspaced_by_lists(t) for t in texts]
