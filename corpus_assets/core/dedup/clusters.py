@@ -222,67 +222,58 @@ def _reasons(decided: Decided) -> tuple[np.ndarray, pa.Array]:
 
 
 _VERDICT_NAMES = pa.table({"code": pa.array(range(4), pa.int8()), "name": _VERDICTS})
-# Most rows name themselves (a kept record is its own representative, most leakage groups are
-# the record's own group), so only the rows other rows point at ("targets": the representatives
-# of removed records, direct matches, first rows of merged groups) are looked up by row: their
-# ids go into one small temp table, and one join and one sort write the file.
+# One join at a time into spillable temp tables, then one sort into a file: DuckDB never holds
+# more than one hash table of ids at once.
 _CLUSTERS_SQL = """
-CREATE TEMP TABLE targets AS SELECT r.row, r.record_id, r.group_id FROM recs r
-  SEMI JOIN wanted w ON r.row = w.row;
+CREATE TEMP TABLE ids AS SELECT row, record_id, group_id FROM recs;
+CREATE TEMP TABLE d1 AS SELECT v.*, p.record_id AS rep_id FROM decided v
+  LEFT JOIN ids p ON p.row = v.rep;
+CREATE TEMP TABLE d2 AS SELECT d1.*, q.record_id AS match_id FROM d1
+  LEFT JOIN ids q ON q.row = d1.match;
+DROP TABLE d1;
+CREATE TEMP TABLE d3 AS SELECT d2.row, d2.verdict, d2.jaccard, d2.reason, d2.rep_id, d2.match_id,
+  g.group_id AS leakage_id FROM d2 JOIN ids g ON g.row = d2.leak;
+DROP TABLE d2;
+DROP TABLE ids;
 SET preserve_insertion_order = true;
 COPY (
   SELECT r.record_id, r.source_id, r.object, r.line, r.group_id, r.dedup_key,
-    n.name AS verdict,
-    CASE WHEN d.rep_self THEN r.record_id ELSE coalesce(p.record_id, '') END AS representative_id,
-    d.verdict = 0 AS is_representative, coalesce(q.record_id, '') AS match_id,
-    d.jaccard AS match_jaccard, coalesce(g.group_id, r.group_id) AS leakage_id,
-    x.reason AS excluded
-  FROM recs r JOIN decided d USING (row)
-  LEFT JOIN targets p ON p.row = d.rep
-  LEFT JOIN targets q ON q.row = d.match
-  LEFT JOIN targets g ON g.row = d.leak
+    n.name AS verdict, coalesce(d.rep_id, '') AS representative_id,
+    d.verdict = 0 AS is_representative, coalesce(d.match_id, '') AS match_id,
+    d.jaccard AS match_jaccard, d.leakage_id, x.reason AS excluded
+  FROM recs r JOIN d3 d USING (row)
   JOIN verdict_names n ON n.code = d.verdict
   JOIN reasons x ON x.code = d.reason
   ORDER BY r.record_id, r.object, r.line, r.row
 ) TO '{path}' (FORMAT parquet, ROW_GROUP_SIZE 65536);
 SET preserve_insertion_order = false;
-DROP TABLE targets;
+DROP TABLE d3;
 """
-
-
-def _decided_table(decided: Decided, reason_codes: np.ndarray) -> pa.Table:
-    """Per row its verdict and the rows whose ids it shows (null: none, or its own)."""
-    state, group_codes = decided.state, decided.codes.group_id.codes
-    rows = np.arange(decided.codes.n, dtype=np.int64)
-    first_row_of_group = np.empty(int(group_codes.max(initial=-1)) + 1, np.int64)
-    first_row_of_group[group_codes] = rows
-    reps = state.representatives()
-    rep_self = reps == rows
-    leak = first_row_of_group[decided.leakage]
-    return pa.table(
-        {
-            "row": rows,
-            "verdict": state.verdict,
-            "rep_self": rep_self,
-            "rep": pa.array(reps, mask=(reps < 0) | rep_self),
-            "match": pa.array(state.match, mask=state.match < 0),
-            "jaccard": pa.array(state.jaccard, mask=state.match < 0),
-            "leak": pa.array(leak, mask=decided.leakage == group_codes),
-            "reason": reason_codes,
-        }
-    )
 
 
 def sort_clusters(db: PartitionDb, decided: Decided, directory: Path) -> Path:
     """The dedup table sorted into a Parquet file by DuckDB (joins and sort spill as needed),
     so the connection and the per-row decisions can go before the table is written."""
     reason_codes, reasons = _reasons(decided)
-    table = _decided_table(decided, reason_codes)
-    pointers = [table[name] for name in ("rep", "match", "leak")]
-    wanted = np.unique(np.concatenate([c.filter(c.is_valid()).to_numpy() for c in pointers]))
-    db.register("decided", table)
-    db.register("wanted", pa.table({"row": pa.array(wanted, pa.int64())}))
-    del table, wanted, pointers, reason_codes
+    state, group_codes = decided.state, decided.codes.group_id.codes
+    first_row_of_group = np.empty(int(group_codes.max(initial=-1)) + 1, np.int64)
+    first_row_of_group[group_codes] = np.arange(decided.codes.n)
+    reps = state.representatives()
+    db.register(
+        "decided",
+        pa.table(
+            {
+                "row": np.arange(decided.codes.n, dtype=np.int64),
+                "verdict": state.verdict,
+                "rep": pa.array(reps, mask=reps < 0),
+                "match": pa.array(state.match, mask=state.match < 0),
+                "jaccard": pa.array(state.jaccard, mask=state.match < 0),
+                "leak": first_row_of_group[decided.leakage],
+                "reason": reason_codes,
+            }
+        ),
+    )
+    del reason_codes, first_row_of_group, reps
     db.register(
         "reasons", pa.table({"code": pa.array(range(len(reasons)), pa.int32()), "reason": reasons})
     )
@@ -291,7 +282,7 @@ def sort_clusters(db: PartitionDb, decided: Decided, directory: Path) -> Path:
     try:
         db.con.execute(_CLUSTERS_SQL.replace("{path}", str(path).replace("'", "''")))
     finally:
-        for name in ("decided", "wanted", "reasons", "verdict_names"):
+        for name in ("decided", "reasons", "verdict_names"):
             db.unregister(name)
     return path
 
