@@ -7,10 +7,12 @@ fingerprints are computed once and spilled to a temporary file, and read back pe
 
 import os
 import tempfile
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from corpus_assets.core.dedup.minhash import fingerprints
@@ -22,7 +24,7 @@ from corpus_assets.core.runtime.workspace import Workspace
 class TextLookup:
     """Texts of records by global row index, for ascending requests: each chunk file is read
     once, front to back, a page and a batch of rows at a time (its text column can be one
-    large row group), and only the texts asked for are kept."""
+    large row group), and only the texts asked for become Python strings."""
 
     BATCH_ROWS = 256
 
@@ -35,38 +37,49 @@ class TextLookup:
         self.starts = np.cumsum([0, *(c.count for c in chunks)])
         self._reader: Any = None
         self._at = (-1, 0)  # (chunk, first row of the current batch within it)
-        self._batch: list[str] = []
+        self._batch: pa.Array | None = None
 
     def _open(self, c: int) -> None:
-        self._reader, self._batch = None, []
+        self._reader, self._batch = None, None
         digest = self.chunks[c].records["digest"]
         if not self.verified:
             self.ws.cas.verify(digest, self.chunks[c].what)
         parquet = pq.ParquetFile(self.ws.cas.path(digest), buffer_size=1 << 20, pre_buffer=False)
         self._reader = parquet.iter_batches(batch_size=self.BATCH_ROWS, columns=["text"])
-        self._at, self._batch = (c, 0), []
+        self._at, self._batch = (c, 0), pa.array([], pa.string())
 
-    def _text(self, c: int, local: int) -> str:
+    def _texts(self, c: int, local: np.ndarray) -> list[str]:
+        """Texts of ascending rows of chunk ``c``; only those become Python strings."""
         chunk, first = self._at
-        if chunk != c or local < first:
+        if chunk != c or local[0] < first:
             self._open(c)
+        out: list[str] = []
+        done = 0
+        while done < len(local):
             chunk, first = self._at
-        while local >= first + len(self._batch):
-            first += len(self._batch)
-            self._batch = next(self._reader).column(0).to_pylist()
-            self._at = (c, first)
-        return self._batch[local - first]
+            end = first + len(self._batch)
+            if local[done] >= end:
+                self._batch = next(self._reader).column(0)
+                self._at = (c, end)
+                continue
+            upto = done + int(np.searchsorted(local[done:], end))
+            out += self._batch.take(pa.array(local[done:upto] - first)).to_pylist()
+            done = upto
+        return out
 
     def get(self, rows: np.ndarray) -> list[str]:
+        """Texts of ascending global rows."""
         rows = np.asarray(rows, dtype=np.int64)
         chunk_of = np.searchsorted(self.starts, rows, side="right") - 1
-        return [
-            self._text(c, int(row - self.starts[c]))
-            for c, row in zip(chunk_of.tolist(), rows.tolist(), strict=True)
-        ]
+        bounds = np.flatnonzero(np.r_[True, chunk_of[1:] != chunk_of[:-1], True]).tolist()
+        out: list[str] = []
+        for lo, hi in pairwise(bounds if len(rows) else []):
+            c = int(chunk_of[lo])
+            out += self._texts(c, rows[lo:hi] - self.starts[c])
+        return out
 
     def release(self) -> None:
-        self._reader, self._at, self._batch = None, (-1, 0), []
+        self._reader, self._at, self._batch = None, (-1, 0), None
         release_memory(collect=True)  # once per class: its texts are all garbage now
 
 

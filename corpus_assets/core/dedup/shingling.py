@@ -22,11 +22,13 @@ from collections.abc import Sequence
 
 from corpus_assets.core.dedup.signature_spec import DEFAULT_SPEC, SignatureSpec
 
-_UNSPACED = re.compile(
-    "[\u0e00-\u0e7f\u0e80-\u0eff\u0f00-\u0fff\u1000-\u109f\u1780-\u17ff"
+_UNSPACED_BLOCKS = (
+    "\u0e00-\u0e7f\u0e80-\u0eff\u0f00-\u0fff\u1000-\u109f\u1780-\u17ff"
     "\u3040-\u309f\u30a0-\u30ff\u31f0-\u31ff\u3400-\u4dbf\u4e00-\u9fff"
-    "\uf900-\ufaff\uff66-\uff9f\U00020000-\U0003134f]"
+    "\uf900-\ufaff\uff66-\uff9f\U00020000-\U0003134f"
 )
+_UNSPACED = re.compile(f"[{_UNSPACED_BLOCKS}]")
+_NOT_UNSPACED = re.compile(f"[^{_UNSPACED_BLOCKS}]+")
 _LETTER = re.compile(r"[^\W\d_]")
 # Every character with str.isspace(): longer texts than _SPLIT_MAX are split into segments of
 # about _SEGMENT characters that end at one of them, so no token is cut and the collapse is the
@@ -75,11 +77,14 @@ def is_unspaced(norm: str) -> bool:
     """True for char mode: unspaced-script characters are at least a third of the letters."""
     if norm.isascii():
         return False
-    found = _UNSPACED.findall(norm)
+    found = _NOT_UNSPACED.sub("", norm)  # counted with C loops: no list of characters
     if not found:
         return False
     # Characters of the unspaced blocks (letters and their vowel-sign marks) vs other letters.
-    other = len(_LETTER.findall(norm)) - sum(c.isalpha() for c in found)
+    alpha = len(found) if found.isalpha() else sum(map(str.isalpha, found))
+    if 2 * len(found) >= len(norm) - alpha:  # other letters are fewer than that: no count
+        return True
+    other = len(norm) - len(_LETTER.sub("", norm)) - alpha
     return len(found) * 3 >= len(found) + other
 
 

@@ -8,14 +8,24 @@ already done. The output is an ``.npy`` file in the CAS holding the uint32 signa
 *band-major* - shape (num_perm, records), one row per permutation - so a band is one contiguous
 byte range. It is verified once on load; banding then reads one band's rows at a time with a
 plain file read (no memory map whose pages would stay resident), never holding every signature.
+
+A chunk is hashed a batch of records at a time and its file written in place (each batch's
+columns at their band-major offsets), so a worker holds one batch, not the chunk's texts and
+three copies of its signatures. A text equal to an earlier one of the chunk is not hashed again:
+its columns are copied from the first copy's at the end (signatures are a function of the text).
 """
 
+import hashlib
 import io
+import os
+import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow.parquet as pq
 
 from corpus_assets.core.dedup.minhash import signatures
 from corpus_assets.core.dedup.signature_spec import SignatureSpec, spec_payload
@@ -98,13 +108,89 @@ class BandMajorFile:
         return data.reshape(rows, self.records)
 
 
+BATCH_ROWS = 4096  # records hashed at a time ...
+BATCH_CHARS = 1 << 24  # ... or about this much text (code files can be long)
+_READ_ROWS = 256
+
+
+def write_band_major(
+    path: Path, parquet: pq.ParquetFile, records: int, spec: SignatureSpec
+) -> None:
+    """``band_major_npy(signatures(texts, spec))`` of the file's ``text`` column, at ``path``,
+    a batch of records at a time; each distinct text hashed once."""
+    perms = spec.num_perm
+    with open(path, "w+b") as f:
+        header = {"descr": "<u4", "fortran_order": False, "shape": (perms, records)}
+        np.lib.format.write_array_header_1_0(f, header)
+        offset = f.tell()
+        f.truncate(offset + perms * records * 4)
+        first: dict[bytes, int] = {}
+        copies: list[tuple[int, int]] = []  # (row, row of the text's first copy)
+        start, fd = 0, f.fileno()
+        for texts in _text_batches(parquet):
+            fresh = []
+            for i, text in enumerate(texts):
+                key = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16)
+                row = first.setdefault(key.digest(), start + i)
+                if row == start + i:
+                    fresh.append(i)
+                else:
+                    copies.append((start + i, row))
+            block = np.zeros((perms, len(texts)), dtype="<u4")
+            if fresh:
+                block[:, fresh] = signatures([texts[i] for i in fresh], spec).T
+            for p in range(perms):
+                os.pwrite(fd, block[p].tobytes(), offset + (p * records + start) * 4)
+            start += len(texts)
+        if start != records:
+            raise ValueError(f"{path}: {start} texts read, {records} expected")
+        _copy_columns(fd, offset, records, perms, copies)
+        f.flush()
+        os.fsync(fd)
+
+
+def _copy_columns(fd: int, offset: int, records: int, perms: int, copies: list) -> None:
+    """Each repeated text's column set to its first copy's, one band-major row at a time."""
+    if not copies:
+        return
+    rows, sources = np.array(copies, dtype=np.int64).T
+    for p in range(perms):
+        at = offset + p * records * 4
+        row = np.frombuffer(os.pread(fd, records * 4, at), dtype="<u4").copy()
+        row[rows] = row[sources]
+        os.pwrite(fd, row.tobytes(), at)
+
+
+def _text_batches(parquet: pq.ParquetFile) -> Iterator[list[str]]:
+    """The texts in batches of at most ``BATCH_ROWS`` rows or about ``BATCH_CHARS``."""
+    batch: list[str] = []
+    chars = 0
+    for part in parquet.iter_batches(_READ_ROWS, columns=["text"], use_threads=False):
+        for text in part.column(0).to_pylist():
+            batch.append(text)
+            chars += len(text)
+            if len(batch) >= BATCH_ROWS or chars >= BATCH_CHARS:
+                yield batch
+                batch, chars = [], 0
+    if batch:
+        yield batch
+
+
 def _chunk_task(chunk: ChunkRecords, spec: Any) -> ChunkTask:
     return _task(chunk.key, chunk.records["digest"], spec)
 
 
 def _compute(ws: Workspace, chunk: ChunkRecords, spec: SignatureSpec, done: Any) -> ChunkOutcome:
     def work() -> str:
-        return ws.cas.put_bytes(band_major_npy(signatures(chunk.texts(ws.cas), spec)))
+        folder = ws.cas.root / "tmp"  # the store's filesystem: adopted by hard link
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, name = tempfile.mkstemp(dir=folder, prefix=".sig-")
+        os.close(fd)
+        try:
+            write_band_major(Path(name), chunk.parquet(ws.cas), chunk.count, spec)
+            return ws.cas.adopt_file(Path(name))[0]
+        finally:
+            Path(name).unlink(missing_ok=True)
 
     task = _chunk_task(chunk, spec)
     return run_chunk(ws.catalog, ws.cas, task, work, done=done)
