@@ -58,15 +58,18 @@ class StatTrust:
             trusted |= {d for d, recorded in rows if file_stat(self.cas.local_path(d)) == recorded}
         return trusted
 
-    def hash_once(self, digest: str, what: str = "object") -> bool:
-        """Re-hash the object (CasError if missing or corrupt) unless it is unchanged since it
-        last hashed right; True if it was trusted without reading it."""
-        if digest in self.unchanged([digest]):
-            return True
-        before = file_stat(self.cas.local_path(digest))
-        self.cas.verify(digest, what)
-        self.hashed(digest, before)
-        return False
+    def verify_all(self, objects: dict[str, str]) -> int:
+        """Re-hash each object (digest -> what it is; CasError if missing or corrupt) unless
+        it is unchanged since it last hashed right; record the ones hashed now. Returns how
+        many were trusted without reading them."""
+        trusted = self.unchanged(objects)
+        for digest, what in objects.items():
+            if digest not in trusted:
+                before = file_stat(self.cas.local_path(digest))
+                self.cas.verify(digest, what)
+                self.hashed(digest, before)
+        self.flush()
+        return len(trusted)
 
     def hashed(self, digest: str, before: str | None) -> None:
         """Note that ``digest`` just hashed right, its file having had stat ``before`` when the
