@@ -14,7 +14,7 @@ from corpus_assets.core.runtime.workspace import Workspace, open_workspace
 from corpus_assets.core.storage.artifacts import PARQUET
 from corpus_assets.core.storage.catalog import tombstones
 
-pytestmark = pytest.mark.parametrize("catalog_url", ["sqlite"], indirect=True)
+SQLITE = pytest.mark.parametrize("catalog_url", ["sqlite"], indirect=True)  # plain SQL besides
 LIVE = {"pinned_versions_readable", "no_open_dead_letters", "no_tombstone_hits"}
 
 
@@ -47,6 +47,7 @@ def test_a_resumed_check_reuses_the_content_rules_and_a_new_tombstone_is_checked
     assert again.rules_reused == []  # the fence state is in the key: everything re-ran
 
 
+@SQLITE
 def test_a_changed_rule_set_reruns_the_rules(workspace: Workspace, demo_home: Path) -> None:
     """The config the rules read is in the key: a stricter quality policy makes the canary
     replay differ, and a recorded pass must not hide it."""
@@ -60,6 +61,7 @@ def test_a_changed_rule_set_reruns_the_rules(workspace: Workspace, demo_home: Pa
     assert any(f.startswith("canary replay of") for f in report.findings), report.findings
 
 
+@SQLITE
 def test_an_unchanged_snapshot_in_a_new_partition_reuses_the_check(
     workspace: Workspace,
 ) -> None:
@@ -80,6 +82,7 @@ def _parquet_objects(ws: Workspace, sid: str) -> list[str]:
     ) or pytest.fail(f"no {PARQUET} object")
 
 
+@SQLITE
 def test_the_build_check_trusts_unchanged_files_and_still_catches_a_flipped_byte(
     workspace: Workspace,
 ) -> None:
