@@ -30,6 +30,7 @@ from corpus_assets.core.storage.artifacts import (
     make_ref,
     put_json,
 )
+from corpus_assets.core.storage.trust import StatTrust
 
 CODE = stage_code("raw_snapshot.v2", __name__)  # the freeze + pinning closure, hashed at import
 MEDIA = {"jsonl": NDJSON, "parquet": PARQUET}
@@ -85,8 +86,10 @@ def build_raw_snapshot(ws: Workspace, partition_key: str) -> LayerResult:
     """Pin the freeze and publish an index of the CAS copies later layers may read."""
     freeze_ref, spec = freeze(ws, partition_key)
     objects = pinned_objects(spec)
-    for item in objects:
-        ws.cas.verify(item["object"]["digest"], f"raw object {item['source']}/{item['name']}")
+    # every pinned object re-hashed, but for a file unchanged since it last hashed right
+    StatTrust(ws.cas, ws.catalog).verify_all(
+        {o["object"]["digest"]: f"raw object {o['source']}/{o['name']}" for o in objects}
+    )
     counts = {
         "objects": len(objects),
         "bytes": sum(o["object"]["size"] for o in objects),

@@ -8,6 +8,7 @@ mixture per source and the members table (stable record id, source object, line,
 split) in the CAS.
 """
 
+import json
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,14 @@ from corpus_assets.core.release.signing import sign_snapshot
 from corpus_assets.core.runtime.layers import LAYERS, LayerIndex, LayerResult, read_layer_index
 from corpus_assets.core.runtime.transform import transform_image
 from corpus_assets.core.runtime.workspace import Workspace
-from corpus_assets.core.storage.artifacts import Ref, get_json, put_json, put_table_file
+from corpus_assets.core.storage.artifacts import (
+    PARQUET,
+    Ref,
+    get_json,
+    make_ref,
+    put_json,
+    put_table_file,
+)
 from corpus_assets.core.storage.digests import json_digest
 from corpus_assets.core.storage.duck import VerifiedFiles
 from corpus_assets.core.tokens.spec import resolve_tokenizer
@@ -36,6 +44,7 @@ from corpus_assets.core.training_view.splits import SPLITS
 
 MANIFEST_SCHEMA = "training.dataset.snapshot.v1"
 Indexes = dict[str, tuple[Ref, LayerIndex]]  # layer -> (ref, index) of the six built layers
+MEMBER_LAYERS = ("canonical_records", "dedup_clusters", "splits")  # what members are made of
 
 
 class BuildConflict(RuntimeError):
@@ -165,12 +174,7 @@ def build_manifest(ws: Workspace, partition_key: str) -> LayerResult:
     """Assemble, sign, store and register the snapshot of a partition from its six layers."""
     freeze_ref, spec = freeze(ws, partition_key)
     indexes = {layer: read_layer_index(ws, partition_key, layer) for layer in LAYERS[:-1]}
-    members = members_table(ws, indexes)
-    with tempfile.TemporaryDirectory(prefix="members-", dir=_spill(ws)) as tmp:
-        members_ref = put_table_file(ws.cas, members, Path(tmp) / "members.parquet")
-    preview = members.slice(0, 10).to_pylist()
-    count = members.num_rows
-    del members  # the largest object of the layer, not needed for signing
+    members_ref, count, preview = _members(ws, indexes)
     members_entry = {
         "uri": ws.cas.uri(members_ref["digest"]),
         **members_ref,
@@ -203,6 +207,31 @@ def build_manifest(ws: Workspace, partition_key: str) -> LayerResult:
             "state": snapshot.state,
         },
     )
+
+
+def _members(ws: Workspace, indexes: Indexes) -> tuple[Ref, int, list[dict[str, Any]]]:
+    """The members table's ref, row count and first rows. The table is a function of the
+    canonical, dedup and splits indexes and the code alone, so one built before from the same
+    three (an unchanged snapshot in a new partition) is reused through the layer memo table;
+    the check's ``verify`` still vouches for its bytes."""
+    key = json_digest(
+        {
+            "table": "manifest.members",
+            "image": transform_image(),
+            "layers": {n: indexes[n][0]["digest"] for n in MEMBER_LAYERS},
+        }
+    )
+    hit = ws.catalog.memo(key)
+    if hit is not None and ws.cas.contains(hit[0]):
+        saved = json.loads(hit[1])
+        return make_ref(hit[0], PARQUET, ws.cas.size(hit[0])), saved["count"], saved["preview"]
+    members = members_table(ws, indexes)
+    with tempfile.TemporaryDirectory(prefix="members-", dir=_spill(ws)) as tmp:
+        ref = put_table_file(ws.cas, members, Path(tmp) / "members.parquet")
+    count, preview = members.num_rows, members.slice(0, 10).to_pylist()
+    saved = json.dumps({"count": count, "preview": preview})
+    ws.catalog.remember(key, "manifest.members", ref["digest"], saved)
+    return ref, count, preview
 
 
 def _document(

@@ -12,6 +12,12 @@ output. Separately, the freeze must have been a consistent boundary (no CDC gap,
 event); when it was not the snapshot becomes INCOMPLETE, since no rebuild of it can fix that.
 A snapshot whose first validation fails any other rule becomes REJECTED, its history naming each
 failed rule; only a rebuild of its partition starts a new attempt (``states.register``).
+
+What a check repeats is bounded without weakening it: the rules that are functions of the
+snapshot's content (all but ``SnapshotRules.live``) reuse a passing outcome recorded for the same
+content, code and config (``gate_memo``), the rules in ``live`` always run, and the build's check
+(``trust_unchanged``) does not re-read a table whose file is unchanged since it last hashed right
+(``storage.trust``); ``verify``, approval and activation still hash every byte.
 """
 
 from dataclasses import dataclass
@@ -21,13 +27,14 @@ import pyarrow as pa
 from corpus_assets.core.governance import states
 from corpus_assets.core.ingest.pinning import late_changes
 from corpus_assets.core.records.layer import canary_replay
-from corpus_assets.core.release import gates
+from corpus_assets.core.release import gate_memo, gates
 from corpus_assets.core.release.gates import Evidence, Gate, GateReport
 from corpus_assets.core.release.verify import Report, load_manifest, resolve, verify
 from corpus_assets.core.runtime import transform
 from corpus_assets.core.runtime.workspace import Workspace
 from corpus_assets.core.storage.cas import CasError
 from corpus_assets.core.storage.catalog import Catalog
+from corpus_assets.core.storage.trust import StatTrust
 
 Failure = tuple[str, str]  # (the rule's name, one finding)
 SHOWN = 20  # failed rules written into a REJECTED event's detail; the check shows them all
@@ -36,15 +43,26 @@ SHOWN = 20  # failed rules written into a REJECTED event's detail; the check sho
 @dataclass(frozen=True)
 class SnapshotRules:
     """The rule set, in report order. A ``gates`` finding keeps a snapshot from VALIDATED; a
-    ``boundary`` finding means the freeze was not consistent and makes it INCOMPLETE."""
+    ``boundary`` finding means the freeze was not consistent and makes it INCOMPLETE. ``live``
+    are the gates that read state which moves after a build (the catalog's tombstones, benchmark
+    items, dead letters, the CAS's pinned objects, the clock): they run on every check, while
+    the others' passing outcome is reused for the same content (``gate_memo``)."""
 
     gates: tuple[Gate, ...]
     boundary: tuple[Gate, ...]
+    live: tuple[Gate, ...]
 
 
 def snapshot_rules(ws: Workspace) -> SnapshotRules:
     """Every rule, bound to this workspace's code, config and sources: the one place they are
     listed, so no caller can leave the canary, late CDC events or the image out."""
+    live = (
+        gates.pinned_versions_readable,
+        gates.no_open_dead_letters,
+        gates.no_tombstone_hits,
+        gates.no_benchmark_hits,
+        gates.build_latency,
+    )
     return SnapshotRules(
         gates=(
             gates.fences_match,
@@ -67,18 +85,22 @@ def snapshot_rules(ws: Workspace) -> SnapshotRules:
             gates.build_latency,
         ),
         boundary=(gates.freeze_consistent, gates.no_late_changes(late_changes(ws))),
+        live=live,
     )
 
 
-def validate_snapshot(ws: Workspace, digest: str) -> Report:
+def validate_snapshot(ws: Workspace, digest: str, trust_unchanged: bool = False) -> Report:
     """Apply every rule of ``snapshot_rules`` to the snapshot ``digest`` (snapshotId or manifest
     digest). A BUILDING snapshot leaves BUILDING here: VALIDATED when all hold, INCOMPLETE when the
     freeze was not consistent, REJECTED (naming each failed rule in its history) otherwise.
 
     The report's findings are verify's, then the gates', then the boundary's; ``report.gate`` is
-    the typed gate report the blocking check shows.
+    the typed gate report the blocking check shows, ``report.rules_reused`` the rules whose
+    recorded passing outcome stood in for running them. ``trust_unchanged`` (the build's check)
+    lets verify skip tables unchanged on disk since they last hashed right.
     """
-    report = verify(ws.cas, ws.catalog, digest)
+    trust = StatTrust(ws.cas, ws.catalog) if trust_unchanged else None
+    report = verify(ws.cas, ws.catalog, digest, trust=trust)
     snapshot = resolve(ws.catalog, digest)
     rules = snapshot_rules(ws)
     failed = [("verify", finding) for finding in report.findings]
@@ -95,7 +117,7 @@ def validate_snapshot(ws: Workspace, digest: str) -> Report:
         incomplete: list[str] = []
     else:
         with evidence:
-            failed += _apply(rules.gates, evidence, report.gate)
+            failed += _apply_gates(ws, rules, evidence, report, snapshot.manifest_digest)
             incomplete = [f for _rule, f in _apply(rules.boundary, evidence, report.gate)]
     report.findings.extend(dict.fromkeys(f for _rule, f in failed if f not in report.findings))
     report.findings.extend(incomplete)
@@ -114,6 +136,39 @@ def _apply(rules: tuple[Gate, ...], evidence: Evidence, report: GateReport) -> l
         except CasError as error:
             failed.append((rule.__name__, str(error)))
         pa.default_memory_pool().release_unused()  # a rule's tables, before the next one
+    return failed
+
+
+def _apply_gates(
+    ws: Workspace, rules: SnapshotRules, evidence: Evidence, report: Report, manifest: str
+) -> list[Failure]:
+    """The gates' findings in order: ``live`` ones run; the others reuse the passing outcome
+    recorded for this content and rule set when there is one (and verify found nothing), else
+    run, their outcome recorded if every one of them passed."""
+    key = gate_memo.gate_key(ws, evidence.manifest, evidence.freeze)
+    recalled = None if report.findings else gate_memo.recall(ws.catalog, key)
+    failed: list[Failure] = []
+    metrics: dict[str, object] = {}
+    content_failed = False
+    for rule in rules.gates:
+        if rule in rules.live:
+            failed += _apply((rule,), evidence, report.gate)
+            continue
+        if recalled is not None:
+            report.rules_reused.append(rule.__name__)
+            continue
+        own = GateReport()  # the metrics this rule sets, to record with the outcome
+        found = _apply((rule,), evidence, own)
+        content_failed = content_failed or bool(found)
+        failed += found
+        for name, value in own.serialized().items():
+            setattr(report.gate, name, value)
+            metrics[name] = value
+    if recalled is not None:
+        for name, value in recalled.items():
+            setattr(report.gate, name, value)
+    elif not content_failed and not report.findings:
+        gate_memo.remember(ws.catalog, key, manifest, metrics)
     return failed
 
 

@@ -4,6 +4,11 @@
 CAS object by walking refs) and names every object that does not match. It needs no config, so
 ``corpus-assets verify`` works on a bare data home; ``validation.validate_snapshot`` runs it and
 then every other rule.
+
+With a ``StatTrust`` (the build's blocking check only) a table or shard whose file is unchanged
+since it last hashed right is not read again (``storage.trust`` says what that does and does not
+catch); JSON documents are always re-hashed, the walk reads them anyway. Without one - ``verify``
+on the command line, approval, activation - every byte is hashed, as before.
 """
 
 from dataclasses import dataclass, field
@@ -20,6 +25,7 @@ from corpus_assets.core.release.signing import SignatureError, verify_signature
 from corpus_assets.core.storage.artifacts import JSON, PARQUET, decode_json, get_json, is_ref
 from corpus_assets.core.storage.cas import COPY_CHUNK, CasError, ContentStore
 from corpus_assets.core.storage.catalog import Catalog
+from corpus_assets.core.storage.trust import StatTrust, file_stat
 
 
 @dataclass
@@ -32,6 +38,8 @@ class Report:
     findings: list[str] = field(default_factory=list)
     digests: set[str] = field(default_factory=set)
     verified: set[str] = field(default_factory=set)  # re-hashed and whole: no need to again
+    objects_trusted: int = 0  # of objects_checked: unchanged files since they last hashed right
+    rules_reused: list[str] = field(default_factory=list)  # filled by validation (gate_memo)
     gate: GateReport = field(default_factory=GateReport)
 
     @property
@@ -53,10 +61,15 @@ def load_manifest(cas: ContentStore, snapshot: states.Snapshot) -> dict[str, Any
 
 
 def verify(
-    cas: ContentStore, catalog: Catalog, digest: str, public_key: Path | None = None
+    cas: ContentStore,
+    catalog: Catalog,
+    digest: str,
+    public_key: Path | None = None,
+    trust: StatTrust | None = None,
 ) -> Report:
     """Re-derive the snapshotId, check the schema and the signature (by ``public_key``, default
-    the data home's key, which lives outside the CAS), and re-hash every reachable object."""
+    the data home's key, which lives outside the CAS), and re-hash every reachable object - but
+    with ``trust``, not a table or shard whose file is unchanged since it last hashed right."""
     snapshot = resolve(catalog, digest)
     report = Report(snapshot.snapshot_id)
     try:
@@ -79,7 +92,9 @@ def verify(
     except SignatureError as error:
         report.findings.append(f"manifest signature: {error}")
     report.digests.add(snapshot.manifest_digest)
-    _walk(cas, manifest, "manifest", report, seen=report.digests)
+    blobs: dict[str, tuple[dict[str, Any], str]] = {}
+    _walk(cas, manifest, "manifest", report, seen=report.digests, blobs=blobs)
+    _check_blobs(cas, blobs, report, trust)
     members = manifest.get("members", {})
     if report.ok and is_ref(members):
         rows = pq.read_metadata(cas.path(members["digest"])).num_rows  # re-hashed by the walk
@@ -104,34 +119,79 @@ def _rehash(cas: ContentStore, digest: str, media: str, what: str) -> tuple[int,
     return size, None
 
 
-def _walk(cas: ContentStore, node: Any, where: str, report: Report, seen: set[str]) -> None:
-    """Verify every ref under ``node``; descend into JSON documents."""
+def _walk(
+    cas: ContentStore,
+    node: Any,
+    where: str,
+    report: Report,
+    seen: set[str],
+    blobs: dict[str, tuple[dict[str, Any], str]],
+) -> None:
+    """Verify every JSON document under ``node`` and descend into it; collect every other ref
+    (tables, shards) in ``blobs`` with where it was first found, for ``_check_blobs``."""
     if is_ref(node):
         digest = node["digest"]
         if digest in seen:
             return
         seen.add(digest)
+        if node["media"] != JSON:
+            blobs[digest] = (node, where)
+            return
         try:
             size, document = _rehash(cas, digest, node["media"], f"object at {where}")
         except CasError as error:
             report.findings.append(str(error))
             return
-        report.objects_checked += 1
-        report.bytes_checked += size
-        if size != node["size"]:
-            report.findings.append(
-                f"CAS object at {where} {digest}: {size} bytes, ref says {node['size']}"
-            )
-        else:
-            report.verified.add(digest)
-        if document is not None:
-            _walk(cas, document, where, report, seen)
-        elif node["media"] == PARQUET:
-            pq.read_metadata(cas.path(digest))  # the footer: raises unless the bytes are Parquet
+        if _sized(report, node, size, where):
+            _walk(cas, document, where, report, seen, blobs)
         return
     if isinstance(node, dict):
         for key, value in node.items():
-            _walk(cas, value, f"{where}.{key}", report, seen)
+            _walk(cas, value, f"{where}.{key}", report, seen, blobs)
     elif isinstance(node, list):
         for n, value in enumerate(node):
-            _walk(cas, value, f"{where}[{n}]", report, seen)
+            _walk(cas, value, f"{where}[{n}]", report, seen, blobs)
+
+
+def _check_blobs(
+    cas: ContentStore,
+    blobs: dict[str, tuple[dict[str, Any], str]],
+    report: Report,
+    trust: StatTrust | None,
+) -> None:
+    """Re-hash every table and shard (a Parquet one must also have a readable footer), in walk
+    order; with ``trust``, those unchanged since they last hashed right are counted, not read,
+    and those hashed now are recorded for the next build."""
+    trusted = trust.unchanged(blobs) if trust is not None else set()
+    for digest, (node, where) in blobs.items():
+        if digest in trusted and cas.size(digest) == node["size"]:
+            report.objects_checked += 1
+            report.objects_trusted += 1
+            report.verified.add(digest)
+            continue
+        before = file_stat(cas.local_path(digest))
+        try:
+            size, _ = _rehash(cas, digest, node["media"], f"object at {where}")
+            if node["media"] == PARQUET:
+                pq.read_metadata(cas.path(digest))  # the footer: raises unless it is Parquet
+        except CasError as error:
+            report.findings.append(str(error))
+            continue
+        if _sized(report, node, size, where) and trust is not None:
+            trust.hashed(digest, before)
+    if trust is not None:
+        trust.flush()
+
+
+def _sized(report: Report, node: dict[str, Any], size: int, where: str) -> bool:
+    """Count a re-hashed object; True (and ``verified``) if its size is the ref's."""
+    digest = node["digest"]
+    report.objects_checked += 1
+    report.bytes_checked += size
+    if size != node["size"]:
+        report.findings.append(
+            f"CAS object at {where} {digest}: {size} bytes, ref says {node['size']}"
+        )
+        return False
+    report.verified.add(digest)
+    return True

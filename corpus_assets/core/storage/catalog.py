@@ -64,6 +64,25 @@ layer_memo = Table(
     Column("created_at", Float, nullable=False),
 )
 
+# A CAS object's file as it was when its bytes last hashed to its name (``storage.trust``).
+verified_files = Table(
+    "verified_files",
+    metadata,
+    Column("digest", String(71), primary_key=True),
+    Column("file_stat", String(200), nullable=False),  # size:mtime_ns:ctime_ns:inode:device
+    Column("verified_at", Float, nullable=False),
+)
+
+# The passing outcome of the content rules for one rule-set key (``release.gate_memo``).
+gate_results = Table(
+    "gate_results",
+    metadata,
+    Column("gate_key", String(71), primary_key=True),
+    Column("manifest_digest", String(71), nullable=False),
+    Column("metrics", Text, nullable=False),  # the content rules' gate metrics, JSON
+    Column("created_at", Float, nullable=False),
+)
+
 chunk_tasks = Table(
     "chunk_tasks",
     metadata,

@@ -1,0 +1,96 @@
+"""Verified outcomes of the content rules, reused: the check of an unchanged snapshot runs once.
+
+Most validity rules are functions of the snapshot's content alone - the members table, the layer
+indexes and the freeze, all named by digest and re-verified by ``verify`` first - and of the code
+and config that apply them: the canary replay, the dedup and packing invariants, lineage. Their
+passing outcome (with the metrics they showed) is recorded under ``gate_key`` and reused, so a
+resumed build whose check was left (issue 19) and an unchanged snapshot in a new partition (the
+manifest differs only in naming its partition) do not re-run them. The key holds:
+
+- the manifest less what names its partition (``partition``, ``freeze`` ref, ``buildId``,
+  ``snapshotId``, ``signature``) and the freeze spec less its partition key - every digest the
+  rules read is in one of the two;
+- the rule set's code identity: the transform image (every byte of the package, so the rules,
+  the canary's transform and this module), and the config less ``execution`` and ``storage``
+  (the canary parses with the sources' adapters and the policies);
+- the fence state the content reads: count and highest seq of the tombstones at or below the
+  snapshot's watermark and of the benchmark items at or below its fence (the canary's
+  canonicalisation reads the benchmark index), so a late-committed row below a fence misses.
+
+Only passing outcomes are kept (a failure is re-derived and re-reported every time), and only
+when ``verify`` found nothing. The rules that read state that moves after a build - readable
+pinned versions, open dead letters, tombstone and benchmark hits, late CDC events, build latency
+- are not memoised: ``validation`` runs them every time (they are cheap; the hit queries are
+indexed joins on the members table).
+"""
+
+import json
+import time
+from typing import Any
+
+from sqlalchemy import func, insert, select
+from sqlalchemy.exc import IntegrityError
+
+from corpus_assets.core.ingest.freeze_spec import FreezeSpec
+from corpus_assets.core.runtime.transform import transform_image
+from corpus_assets.core.runtime.workspace import Workspace
+from corpus_assets.core.storage.catalog import Catalog, benchmark_items, gate_results, tombstones
+from corpus_assets.core.storage.digests import json_digest
+
+PARTITION_FIELDS = ("partition", "freeze", "buildId", "snapshotId", "signature")
+
+
+def gate_key(ws: Workspace, manifest: dict[str, Any], spec: FreezeSpec) -> str:
+    """The digest of everything the content rules' outcome depends on (module docstring)."""
+    frozen = spec.model_dump(mode="json", by_alias=True)
+    frozen.pop("partition", None)
+    return json_digest(
+        {
+            "manifest": {k: v for k, v in manifest.items() if k not in PARTITION_FIELDS},
+            "freeze": frozen,
+            "image": transform_image(),
+            "config": ws.config.model_dump(mode="json", exclude={"execution", "storage"}),
+            "fences": fence_state(
+                ws.catalog, int(manifest["tombstoneWatermark"]), int(manifest["benchmarkFence"])
+            ),
+        }
+    )
+
+
+def fence_state(catalog: Catalog, watermark: int, fence: int) -> dict[str, list[int]]:
+    """(count, highest seq) of the tombstones at or below ``watermark`` and of the benchmark
+    items at or below ``fence``: two range scans of the primary keys."""
+    state = {}
+    with catalog.begin() as conn:
+        for name, table, bound in (
+            ("tombstones", tombstones, watermark),
+            ("benchmarks", benchmark_items, fence),
+        ):
+            count, top = conn.execute(
+                select(func.count(), func.max(table.c.seq)).where(table.c.seq <= bound)
+            ).one()
+            state[name] = [int(count), int(top or 0)]
+    return state
+
+
+def recall(catalog: Catalog, key: str) -> dict[str, Any] | None:
+    """The metrics of a passing outcome recorded under ``key``, if any."""
+    with catalog.begin() as conn:
+        metrics = conn.scalar(select(gate_results.c.metrics).where(gate_results.c.gate_key == key))
+    return None if metrics is None else json.loads(metrics)
+
+
+def remember(catalog: Catalog, key: str, manifest_digest: str, metrics: dict[str, Any]) -> None:
+    """Record a passing outcome; the first one for a key stays (same key, same outcome)."""
+    try:
+        with catalog.begin() as conn:
+            conn.execute(
+                insert(gate_results).values(
+                    gate_key=key,
+                    manifest_digest=manifest_digest,
+                    metrics=json.dumps(metrics, sort_keys=True),
+                    created_at=time.time(),
+                )
+            )
+    except IntegrityError:
+        pass
