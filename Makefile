@@ -31,7 +31,7 @@ demo: .venv/.synced
 test: .venv/.synced
 	$(UV) run --frozen --no-sync ruff check corpus_assets corpus_assets_tests bench
 	$(UV) run --frozen --no-sync lint-imports
-	$(UV) run --frozen --no-sync pytest
+	$(UV) run --frozen --no-sync pytest -n auto --maxprocesses=4
 
 lint: .venv/.synced
 	$(UV) run --frozen --no-sync ruff check corpus_assets corpus_assets_tests bench
