@@ -184,6 +184,8 @@ def main() -> int:
     trees = {"ours": REPO_ROOT} | ({"before": args.before.resolve()} if args.before else {})
     runs = [(f"{name} {mode}", mode, tree) for mode in MODES for name, tree in trees.items()]
 
+    if args.tmp is not None:
+        Path(args.tmp).mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=args.tmp, prefix="download-bench-") as tmp:
         root = Path(tmp)
         obj = args.object or root / "bench.jsonl.zst"
