@@ -194,16 +194,7 @@ def _document(
         raise Excluded(error.reason, error.detail) from None
     if changes:
         stages.normalized.update(changes)
-    for label, value in (("id", record_id), ("group", group_id), ("text", text)):
-        if not value.isascii():  # O(1); only non-ASCII can hold a lone surrogate
-            try:
-                value.encode("utf-8")
-            except UnicodeEncodeError as error:
-                raise Excluded(
-                    "parse.invalid_unicode", f"{label} has a lone surrogate at {error.start}"
-                ) from None
-    if not text.strip():
-        raise Excluded("parse.empty_text", "no text after normalisation")
+    _check_encodable(record_id, group_id, text)
     _check_governance(source, stages)
     pii: dict[str, int] = {}
     if stages.redact_pii:
@@ -245,15 +236,20 @@ def _normalise_strings(source: Source, kind: str, payload: dict[str, Any], stage
 
 
 def _check_text(kind: str, payload: dict[str, Any], record_id: str, group_id: str) -> None:
+    """End of the normalise stage for a rendered payload (see ``_check_encodable``)."""
+    _check_encodable(record_id, group_id, render(kind, payload))
+
+
+def _check_encodable(record_id: str, group_id: str, text: str) -> None:
     """End of the normalise stage: ids and text must encode, and some text must be left."""
-    text = render(kind, payload)
     for label, value in (("id", record_id), ("group", group_id), ("text", text)):
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError as error:
-            raise Excluded(
-                "parse.invalid_unicode", f"{label} has a lone surrogate at {error.start}"
-            ) from None
+        if not value.isascii():  # O(1); only non-ASCII can hold a lone surrogate
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError as error:
+                raise Excluded(
+                    "parse.invalid_unicode", f"{label} has a lone surrogate at {error.start}"
+                ) from None
     if not text.strip():
         raise Excluded("parse.empty_text", "no text after normalisation")
 
