@@ -25,11 +25,9 @@ indexed joins on the members table).
 """
 
 import json
-import time
 from typing import Any
 
-from sqlalchemy import func, insert, select
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy import func, select
 
 from corpus_assets.core.ingest.freeze_spec import FreezeSpec
 from corpus_assets.core.runtime.transform import transform_image
@@ -82,15 +80,9 @@ def recall(catalog: Catalog, key: str) -> dict[str, Any] | None:
 
 def remember(catalog: Catalog, key: str, manifest_digest: str, metrics: dict[str, Any]) -> None:
     """Record a passing outcome; the first one for a key stays (same key, same outcome)."""
-    try:
-        with catalog.begin() as conn:
-            conn.execute(
-                insert(gate_results).values(
-                    gate_key=key,
-                    manifest_digest=manifest_digest,
-                    metrics=json.dumps(metrics, sort_keys=True),
-                    created_at=time.time(),
-                )
-            )
-    except IntegrityError:
-        pass
+    catalog.insert_once(
+        gate_results,
+        gate_key=key,
+        manifest_digest=manifest_digest,
+        metrics=json.dumps(metrics, sort_keys=True),
+    )

@@ -335,17 +335,14 @@ class Catalog:
 
     def remember(self, key: str, layer: str, digest: str, result: str) -> None:
         """Record a finished layer build; the first one for a key stays (same key, same bytes)."""
+        self.insert_once(layer_memo, memo_key=key, layer=layer, index_digest=digest, result=result)
+
+    def insert_once(self, table: Table, **values: Any) -> None:
+        """Insert a row stamped ``created_at`` unless its key is taken: for memo tables, where
+        the first writer's row stands for every later one (same key, same content)."""
         try:
             with self.begin() as conn:
-                conn.execute(
-                    insert(layer_memo).values(
-                        memo_key=key,
-                        layer=layer,
-                        index_digest=digest,
-                        result=result,
-                        created_at=time.time(),
-                    )
-                )
+                conn.execute(insert(table).values(**values, created_at=time.time()))
         except IntegrityError:
             pass
 
