@@ -197,6 +197,10 @@ class SampleTokens:
     def __call__(self, sample: int) -> np.ndarray:
         return self._file(int(self._chunk[sample]))(int(self._row[sample]))
 
+    def piece(self, sample: int, offset: int, length: int) -> np.ndarray:
+        """Only the planned piece of the sample (``pack_blocks.PieceReader``)."""
+        return self._file(int(self._chunk[sample])).piece(int(self._row[sample]), offset, length)
+
     def targets(self, sample: int) -> np.ndarray:
         return self._arrays[self._chunk[sample]].targets(int(self._row[sample]))
 
