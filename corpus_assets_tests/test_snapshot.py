@@ -77,6 +77,7 @@ def test_build_validates_and_rebuild_is_identical(workspace: Workspace) -> None:
         "tombstone_hits",
         "benchmark_hits",
         "canary_chunks",
+        "canary_lines",
         "transform_replay_hash",
         "set_difference",
         "build_latency_seconds",

@@ -11,7 +11,9 @@ on Ray (``execution.engine``); the output is assembled in index order, so bytes 
 
 import os
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
+from contextlib import closing
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
@@ -20,7 +22,6 @@ from sqlalchemy import select
 
 from corpus_assets.core.ingest.codecs import DecompressionLimits, iter_located_lines
 from corpus_assets.core.ingest.freeze import freeze
-from corpus_assets.core.ingest.freeze_spec import FreezeSpec
 from corpus_assets.core.ingest.pinning import CDC_LSN_FIELD
 from corpus_assets.core.records.canonicalize import (
     QUARANTINE_PREFIXES,
@@ -46,7 +47,6 @@ from corpus_assets.core.runtime.code_identity import stage_code
 from corpus_assets.core.runtime.config import Source
 from corpus_assets.core.runtime.layers import (
     LayerResult,
-    load_index,
     publish_index,
     read_layer_index,
 )
@@ -95,45 +95,67 @@ def _rows(
                 yield line_no, offset, excluded
 
 
-def _canonicalize_object(
-    ws: Workspace, source: Source, item: dict[str, Any], stages: Stages
-) -> str:
+@dataclass
+class ObjectTables:
+    """What canonicalising (a prefix of) one raw object gave, before anything is written."""
+
+    records: pa.Table
+    excluded: pa.Table
+    kept: KeptRecords
+    rows_in: int
+
+
+def canonical_tables(
+    ws: Workspace, source: Source, item: dict[str, Any], stages: Stages, lines: int | None = None
+) -> ObjectTables:
+    """Canonicalise the object's rows (only the first ``lines`` when given: the canary)."""
     digest = item["object"]["digest"]
     excluded: dict[str, list[Any]] = {f.name: [] for f in EXCLUSION_COLUMNS}
     kept = KeptRecords(digest, stages)
     rows_in = 0
     what = f"raw object {source.id}/{item['name']} ({digest})"
-    for number, offset, obj in _rows(ws, item, what):
-        rows_in += 1
-        try:
-            if isinstance(obj, Excluded):
-                raise obj
-            record = canonical_record(source, item["name"], number, obj, stages)
-        except Excluded as why:
-            kept.reasons[why.reason] += 1
-            exclude(excluded, digest, number, why)
-            continue
-        lsn = obj.get(CDC_LSN_FIELD) if source.kind == "changelog" else None
-        record.update(
-            source_id=source.id, object=digest, line=number, byte_offset=offset, cdc_lsn=lsn
-        )
-        kept.add(record)
+    with closing(_rows(ws, item, what)) as rows:  # closed at once when the canary stops early
+        for number, offset, obj in rows:
+            if lines is not None and number > lines:
+                break
+            rows_in += 1
+            try:
+                if isinstance(obj, Excluded):
+                    raise obj
+                record = canonical_record(source, item["name"], number, obj, stages)
+            except Excluded as why:
+                kept.reasons[why.reason] += 1
+                exclude(excluded, digest, number, why)
+                continue
+            lsn = obj.get(CDC_LSN_FIELD) if source.kind == "changelog" else None
+            record.update(
+                source_id=source.id, object=digest, line=number, byte_offset=offset, cdc_lsn=lsn
+            )
+            kept.add(record)
     records = kept.table()
     for key, values in kept.contaminated.items():
         excluded[key] += values
-    reasons = kept.reasons
+    table = pa.Table.from_pydict(excluded, schema=EXCLUSION_COLUMNS)
+    return ObjectTables(records, table, kept, rows_in)
+
+
+def _canonicalize_object(
+    ws: Workspace, source: Source, item: dict[str, Any], stages: Stages
+) -> str:
+    made = canonical_tables(ws, source, item, stages)
+    kept, reasons = made.kept, made.kept.reasons
     quarantined = {r: n for r, n in sorted(reasons.items()) if r.startswith(QUARANTINE_PREFIXES)}
     rejected = {r: n for r, n in sorted(reasons.items()) if r not in quarantined}
-    writer = TableWriter(ws.cas, records.schema)  # through a file: put_table's bytes, fsynced
-    writer.write_table(records)
+    writer = TableWriter(ws.cas, made.records.schema)  # through a file: put_table's bytes
+    writer.write_table(made.records)
     records_ref = writer.close()
-    del records
+    made.records = made.records.slice(0, 0)
     descriptor = ChunkDescriptor(
         records=records_ref,
         count=kept.rows,
-        excluded=put_table(ws.cas, pa.Table.from_pydict(excluded, schema=EXCLUSION_COLUMNS)),
+        excluded=put_table(ws.cas, made.excluded),
         account=ChunkAccount(
-            rows_in=rows_in,
+            rows_in=made.rows_in,
             kept=kept.rows,
             quarantined=quarantined,
             rejected=rejected,
@@ -371,28 +393,3 @@ class _Account:
             }
             for source, c in sorted(self.sources.items())
         ]
-
-
-Replay = Callable[[CanonicalIndex, FreezeSpec, list[str]], dict[str, str]]
-
-
-def canary_replay(ws: Workspace) -> Replay:
-    """Re-canonicalise chosen chunks from their pinned objects with this code, bypassing the task
-    table (a replay must recompute, not reuse); returns chunk key -> chunk output digest."""
-
-    def replay(
-        canonical: CanonicalIndex, spec: FreezeSpec, chunk_keys: list[str]
-    ) -> dict[str, str]:
-        raw = load_index(ws.cas, canonical.index.inputs[0], "raw_snapshot")
-        items = {f"{o['source']}/{o['name']}": o for o in raw.output("objects")}
-        sources = {s.id: s for s in ws.config.sources}
-        index = benchmark_index(ws, spec.benchmark_fence)
-        return {
-            key: _canonicalize_object(
-                ws, sources[items[key]["source"]], items[key], Stages.for_config(ws.config, index)
-            )
-            for key in chunk_keys
-            if key in items and items[key]["source"] in sources
-        }
-
-    return replay

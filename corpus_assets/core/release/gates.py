@@ -18,8 +18,8 @@ from sqlalchemy import select
 from corpus_assets.core.dedup.report import DedupReport
 from corpus_assets.core.governance.lineage import COLUMN, revoked_targets
 from corpus_assets.core.ingest.freeze_spec import ChangelogSourceSpec, FreezeSpec
+from corpus_assets.core.records.canary import Replay
 from corpus_assets.core.records.index import CanonicalIndex
-from corpus_assets.core.records.layer import Replay
 from corpus_assets.core.release.evidence import Evidence
 from corpus_assets.core.release.leakage_check import (
     leaked_components,
@@ -63,6 +63,7 @@ class GateReport(BaseModel):
     tombstone_hits: int | None = None
     benchmark_hits: int | None = None
     canary_chunks: int | None = None
+    canary_lines: int | None = None
     transform_replay_hash: str | None = None
     set_difference: int | None = None
     build_latency_seconds: float | None = None
@@ -290,21 +291,21 @@ def transform_image_is(current: str) -> Gate:
 
 
 def canary_replays(replay: Replay) -> Gate:
-    """The gate that re-parsing the canary chunks from their pinned objects with ``replay``
-    gives exactly the chunk outputs the snapshot recorded."""
+    """The gate that re-canonicalising the canary rows from their pinned objects with ``replay``
+    gives exactly the rows the snapshot recorded for them (``records.canary``)."""
 
     def canary_reproduces(ev: Evidence, report: GateReport) -> list[str]:
-        ev.close()  # the replay re-canonicalises whole chunks: DuckDB's cache goes first
-        chosen = canary_chunks(ev.canonical)
-        recorded = {c.chunk: c.output["digest"] for c in ev.canonical.entries}
-        replayed = replay(ev.canonical, ev.freeze, chosen)
-        differ = [c for c in chosen if replayed.get(c) != recorded[c]]
-        report.canary_chunks = len(chosen)
-        report.transform_replay_hash = json_digest(dict(sorted(replayed.items())))
+        ev.close()  # the replay re-canonicalises source rows: DuckDB's cache goes first
+        outcomes = replay(ev.canonical, ev.freeze, canary_chunks(ev.canonical))
+        differ = [o for o in outcomes if o.replayed != o.recorded]
+        report.canary_chunks = len(outcomes)
+        report.canary_lines = sum(o.lines for o in outcomes)
+        report.transform_replay_hash = json_digest({o.chunk: o.replayed for o in outcomes})
         report.set_difference = len(differ)
         return [
-            f"canary replay of {c} gave {replayed.get(c)}, the snapshot recorded {recorded[c]}"
-            for c in differ
+            f"canary replay of {o.chunk} (source lines 1-{o.lines}) gave {o.replayed}, the "
+            f"snapshot recorded {o.recorded}: {o.difference}"
+            for o in differ
         ]
 
     return canary_reproduces

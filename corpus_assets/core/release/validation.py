@@ -26,7 +26,7 @@ import pyarrow as pa
 
 from corpus_assets.core.governance import states
 from corpus_assets.core.ingest.pinning import late_changes
-from corpus_assets.core.records.layer import canary_replay
+from corpus_assets.core.records.canary import canary_replay
 from corpus_assets.core.release import gate_memo, gates
 from corpus_assets.core.release.gates import Evidence, Gate, GateReport
 from corpus_assets.core.release.verify import Report, load_manifest, resolve, verify

@@ -315,6 +315,13 @@ class PiiConfig(_Strict):
     redact: bool = True
 
 
+class ValidationPolicy(_Strict):
+    """What the check replays (``records.canary``): the first ``canary_lines`` source lines of
+    the first chunk of each source; null replays those chunks whole."""
+
+    canary_lines: Annotated[int, Field(ge=1)] | None = 1024
+
+
 class Policies(_Strict):
     quality: QualityConfig = QualityConfig()
     contamination: ContaminationConfig = ContaminationConfig()
@@ -324,6 +331,7 @@ class Policies(_Strict):
     mixing: MixingPolicy = MixingPolicy()
     packing: PackingPolicy = PackingPolicy()
     tokenizer: TokenizerPolicy = TokenizerPolicy()
+    validation: ValidationPolicy = ValidationPolicy()
 
 
 class Storage(_Strict):

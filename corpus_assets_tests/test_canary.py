@@ -1,0 +1,50 @@
+"""The canary replays a fixed, bounded set of source rows and names the first row that differs."""
+
+from pathlib import Path
+
+from corpus_assets.core.pipeline import build_all
+from corpus_assets.core.release.validation import validate_snapshot
+from corpus_assets.core.runtime.workspace import open_workspace
+
+SOURCES = 3  # the demo's sources, each one chunk first in its source
+
+
+def _with_policies(demo_home: Path, *lines: str) -> None:
+    config = demo_home / "corpus.yaml"
+    config.write_text(config.read_text() + "".join(f"  {line}\n" for line in lines))
+
+
+def test_the_canary_replays_the_first_lines_of_each_source_and_no_more(demo_home: Path) -> None:
+    _with_policies(demo_home, "validation: {canary_lines: 5}")
+    with open_workspace() as ws:
+        sid = build_all(ws, "p1")["manifest"].digests["snapshotId"]
+        report = validate_snapshot(ws, sid)
+    assert report.ok, report.findings
+    assert (report.gate.canary_chunks, report.gate.canary_lines) == (SOURCES, 5 * SOURCES)
+    assert report.gate.set_difference == 0
+
+
+def test_whole_chunks_when_the_bound_is_null(demo_home: Path) -> None:
+    _with_policies(demo_home, "validation: {canary_lines: null}")
+    with open_workspace() as ws:
+        sid = build_all(ws, "p1")["manifest"].digests["snapshotId"]
+        report = validate_snapshot(ws, sid)
+    assert report.ok, report.findings
+    assert report.gate.canary_lines > 5 * SOURCES  # the demo's first chunks hold 21-122 lines
+
+
+def test_a_replayed_row_that_differs_is_named_by_line(demo_home: Path) -> None:
+    """Code or config that canonicalises the canary rows differently rejects the snapshot,
+    the finding naming the chunk, the bound and the first differing line."""
+    _with_policies(demo_home, "validation: {canary_lines: 5}")
+    with open_workspace() as ws:
+        sid = build_all(ws, "p1")["manifest"].digests["snapshotId"]
+    _with_policies(demo_home, "quality: {min_chars: 100000}")  # now every row is quarantined
+    with open_workspace() as ws:
+        report = validate_snapshot(ws, sid)
+    canary = [f for f in report.findings if f.startswith("canary replay of")]
+    assert len(canary) == SOURCES, report.findings
+    assert all("(source lines 1-5)" in f for f in canary), canary
+    assert all("the replay excluded line 1 (quality.too_short)" in f for f in canary), canary
+    assert all("the snapshot kept line 1 as " in f for f in canary), canary
+    assert report.gate.set_difference == SOURCES
