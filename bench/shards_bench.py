@@ -39,7 +39,8 @@ import numpy as np
 
 from corpus_assets.core.release.block_reader import BlockReader
 from corpus_assets.core.storage.cas import ContentStore
-from corpus_assets.core.storage.shards import ShardIndex, verify_shards, write_shards
+from corpus_assets.core.storage.shard_reader import verify_shards
+from corpus_assets.core.storage.shards import ShardIndex, write_shards
 
 BATCH = 1000
 DROP_CACHES = Path("/proc/sys/vm/drop_caches")

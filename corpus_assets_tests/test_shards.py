@@ -20,12 +20,12 @@ from corpus_assets.core.release.block_reader import (
 from corpus_assets.core.release.exports import ExportError, export_megatron
 from corpus_assets.core.storage.artifacts import put_json
 from corpus_assets.core.storage.cas import ContentStore
+from corpus_assets.core.storage.shard_reader import verify_shards
 from corpus_assets.core.storage.shards import (
     ShardCorruptError,
     ShardError,
     ShardWriter,
     load_index,
-    verify_shards,
     write_shards,
 )
 from corpus_assets.core.training_view.pack_blocks import (

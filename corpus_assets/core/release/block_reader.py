@@ -30,7 +30,8 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from corpus_assets.core.storage.cas import ContentStore
-from corpus_assets.core.storage.shards import MappedShard, ShardIndex, load_index
+from corpus_assets.core.storage.shard_reader import MappedShard
+from corpus_assets.core.storage.shards import ShardIndex, load_index
 
 IDENTITY_FIELDS = (
     "snapshot_id",
