@@ -318,7 +318,7 @@ def test_samples_are_read_by_pread_whatever_the_open_file_limit(demo_home: Path)
         order = pa.chunked_array([pa.array(sorted(_samples(ws)))])
         rows = locate_samples(ws, canonical, cache, order, dedup)
         mapped = [open_tokens(ws, c, cache.spec) for c in cache.chunks]
-        with SampleTokens(ws, cache, rows, open_files=1) as fetch:
+        with SampleTokens(ws, cache, rows.chunk, rows.row, open_files=1) as fetch:
             for sample in np.random.default_rng(3).permutation(len(rows.length)).tolist():
                 want = mapped[rows.chunk[sample]].record(int(rows.row[sample]))
                 assert np.array_equal(fetch(sample), want)

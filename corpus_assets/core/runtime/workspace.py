@@ -97,12 +97,23 @@ def cached_then_pooled(
             outcomes[n] = compute(ws, chunk, spec, done)
         else:
             missing.append(n)
-    runner = task_runner(ws.config.execution, workers)
-    if runner.wants(len(missing)):
-        jobs = [(compute, chunks[n], spec) for n in missing]
-        ran = runner.map(_run_in_worker, jobs, worker_setup(ws, _open_in_worker))
-        outcomes.update(zip(missing, ran, strict=True))
-    else:
-        for n in missing:
-            outcomes[n] = compute(ws, chunks[n], spec, done)
+    ran = pooled(ws, compute, [chunks[n] for n in missing], spec, done, workers)
+    outcomes.update(zip(missing, ran, strict=True))
     return [outcomes[n] for n in range(len(chunks))]
+
+
+def pooled(
+    ws: Workspace,
+    compute: Callable[[Workspace, Any, Any, Any], Outcome],
+    jobs: Sequence[Any],
+    spec: Any = None,
+    done: Any = None,
+    workers: int | None = None,
+) -> list[Outcome]:
+    """``[compute(ws, job, spec, done) for job in jobs]`` on the configured runner when there is
+    work for more than one worker (a worker gets ``done`` as None), else here; in job order."""
+    runner = task_runner(ws.config.execution, workers)
+    if runner.wants(len(jobs)):
+        work = [(compute, job, spec) for job in jobs]
+        return runner.map(_run_in_worker, work, worker_setup(ws, _open_in_worker))
+    return [compute(ws, job, spec, done) for job in jobs]

@@ -202,11 +202,12 @@ class TokenArrays:
 
 
 def open_tokens(
-    ws: Workspace, item: ChunkTokens, spec: TokenizerSpec, ids: bool = True
+    ws: Workspace, item: ChunkTokens, spec: TokenizerSpec, ids: bool = True, verify: bool = True
 ) -> TokenArrays:
     """A chunk's cached tokens, verified against their digests and checked for shape.
 
-    ``ids=False`` maps the offsets and pair splits alone (counts and pairs need no token)."""
+    ``ids=False`` maps the offsets and pair splits alone (counts and pairs need no token);
+    ``verify=False`` is for a worker whose caller verified these very files a moment ago."""
     what = f"tokens of chunk {item.chunk}"
     try:
         descriptor = TokensDescriptor.model_validate(get_json(ws.cas, item.digest, what))
@@ -219,28 +220,29 @@ def open_tokens(
             f"{what} ({item.digest}) were made by {made[0]} as {made[1]} with chat template "
             f"{made[2]}, not by {wanted[0]} as {wanted[1]} with chat template {wanted[2]}"
         )
-    offsets = _mapped(ws, descriptor.offsets, f"{what}: offsets", np.dtype("<i8"))
+    offsets = _mapped(ws, descriptor.offsets, f"{what}: offsets", np.dtype("<i8"), verify)
     if len(offsets) != item.records + 1 or int(offsets[-1]) != descriptor.tokens:
         raise ValueError(f"{what}: {len(offsets)} offsets up to {offsets[-1]} for {item.records}")
-    splits = _mapped(ws, descriptor.pair_split, f"{what}: pair_split", np.dtype("<i8"))
+    splits = _mapped(ws, descriptor.pair_split, f"{what}: pair_split", np.dtype("<i8"), verify)
     if len(splits) != item.records:
         raise ValueError(f"{what}: {len(splits)} pair splits for {item.records} records")
     if not ids:
         return TokenArrays(item.chunk, offsets, None, None, splits)
-    mapped = _mapped(ws, descriptor.ids, f"{what}: ids", spec.dtype)
+    mapped = _mapped(ws, descriptor.ids, f"{what}: ids", spec.dtype, verify)
     ids_path = ws.cas.path(descriptor.ids["digest"])
     if len(mapped) != descriptor.tokens:
         raise ValueError(f"{what}: {len(mapped)} ids, the descriptor says {descriptor.tokens}")
     if descriptor.targets is None:
         return TokenArrays(item.chunk, offsets, mapped, None, splits, True, ids_path)
-    targets = _mapped(ws, descriptor.targets, f"{what}: targets", np.dtype("u1"))
+    targets = _mapped(ws, descriptor.targets, f"{what}: targets", np.dtype("u1"), verify)
     if len(targets) != descriptor.tokens:
         raise ValueError(f"{what}: {len(targets)} targets, the descriptor says {descriptor.tokens}")
     return TokenArrays(item.chunk, offsets, mapped, targets, splits, False, ids_path)
 
 
-def _mapped(ws: Workspace, ref: Ref, what: str, dtype: np.dtype) -> np.ndarray:
-    ws.cas.verify(ref["digest"], what)
+def _mapped(ws: Workspace, ref: Ref, what: str, dtype: np.dtype, verify: bool) -> np.ndarray:
+    if verify:
+        ws.cas.verify(ref["digest"], what)
     array = np.load(ws.cas.path(ref["digest"]), mmap_mode="r", allow_pickle=False)
     if array.dtype != dtype or array.ndim != 1:
         raise ValueError(f"{what} ({ref['digest']}): {array.dtype} {array.shape}, not 1-D {dtype}")

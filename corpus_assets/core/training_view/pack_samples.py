@@ -182,13 +182,23 @@ class SampleTokens:
     cache file (``pack_blocks.FileSamples``: a memory map read in mixed order would leave the
     whole token cache resident in the process); ``targets(sample)``: its training-target mask
     (``targets_fetch`` is None when every token of every chunk is a target, so blocks of
-    documents skip the mask). At most ``open_files`` chunk files are open at once."""
+    documents skip the mask). ``chunk`` and ``row``: each sample's place in the cache. At most
+    ``open_files`` chunk files are open at once; ``verify=False`` for a worker of a caller
+    that verified the cache."""
 
     def __init__(
-        self, ws: Workspace, cache: TokenCache, rows: SampleRows, open_files: int = 64
+        self,
+        ws: Workspace,
+        cache: TokenCache,
+        chunk: np.ndarray,
+        row: np.ndarray,
+        open_files: int = 64,
+        verify: bool = True,
     ) -> None:
-        self._arrays: list[TokenArrays] = [open_tokens(ws, c, cache.spec) for c in cache.chunks]
-        self._chunk, self._row = rows.chunk, rows.row
+        self._arrays: list[TokenArrays] = [
+            open_tokens(ws, c, cache.spec, verify=verify) for c in cache.chunks
+        ]
+        self._chunk, self._row = chunk, row
         self._files: OrderedDict[int, FileSamples] = OrderedDict()
         self._open_files = max(1, open_files)
         everywhere = all(arrays.all_targets for arrays in self._arrays)

@@ -2,17 +2,18 @@
 18.6, algorithm 18.2).
 
 The plan is made on token counts alone (``pack_plan``: ``policies.packing`` mode, overlong rule,
-tail, keyed block order), then blocks are built a batch at a time from the memory-mapped token
-cache (``pack_blocks``) and written as chunk-verified shards (``storage.shards``): per block
+tail, keyed block order), then blocks are built a batch at a time from the token cache
+(``pack_blocks``), a shard per job on the task runner (``pack_shards``: the spawn pool or Ray,
+the same bytes either way), and written as chunk-verified shards (``storage.shards``): per block
 ``input_ids`` (the tokenizer's dtype), ``segment_ids`` and ``positions`` (uint16, uint32 when
 T > 65,535) and ``label_mask`` (uint8); ``cu_seqlens`` follow from the segment ids
 (``release.block_reader.cu_seqlens``). The spans table maps every half-open [start, end) of a
 block to its record, the offset in that record's token stream, the sample (stream position: a
 repeat of a record is another sample; both halves of a preference pair share one), its shard,
 the transform that made the tokens and the rule that inserted the special tokens inside it; pad
-has no span.
-Memory: the plan (five int64 per piece), the samples' lookup (``pack_samples``), one batch of
-blocks, one shard buffer and at most one Parquet row group (2^20) of spans.
+has no span; it is written from the plan alone (a span is a piece), beside no block.
+Memory: the plan (five int64 per piece), the samples' lookup (``pack_samples``) and at most one
+Parquet row group of spans here; one batch of blocks and one shard buffer per worker.
 """
 
 from dataclasses import dataclass
@@ -35,21 +36,15 @@ from corpus_assets.core.storage.artifacts import (
     put_table,
 )
 from corpus_assets.core.storage.parquet_sink import TableWriter
-from corpus_assets.core.storage.shards import ShardIndex, ShardWriter
+from corpus_assets.core.storage.shards import ShardIndex
 from corpus_assets.core.tokens import cache as token_cache_module
 from corpus_assets.core.tokens.cache import TokenCache, token_cache
 from corpus_assets.core.tokens.spec import TokenizerSpec, resolve_tokenizer
-from corpus_assets.core.training_view.pack_blocks import (
-    BlockBatch,
-    BuildAccounting,
-    iter_block_batches,
-)
-from corpus_assets.core.training_view.pack_checks import check_pair_prompts
 from corpus_assets.core.training_view.pack_plan import PackPlan, plan_packing, split_pairs
-from corpus_assets.core.training_view.pack_samples import SampleRows, SampleTokens, locate_samples
+from corpus_assets.core.training_view.pack_samples import SampleRows, locate_samples
+from corpus_assets.core.training_view.pack_shards import BATCH_BLOCKS, build_shards
 
 CODE = stage_code("packed_blocks.shards.v3", __name__)  # its closure, hashed at import
-BATCH_BLOCKS = 256
 PREVIEW_SPANS = 10
 PPM = 1_000_000
 SPAN_COLUMNS = pa.schema(
@@ -137,19 +132,20 @@ class SpanRules:
 
 
 def span_batch(
-    batch: BlockBatch, rows: SampleRows, rules: SpanRules, shard_blocks: int
+    plan: PackPlan, lo: int, hi: int, rows: SampleRows, rules: SpanRules, shard_blocks: int
 ) -> pa.RecordBatch:
-    sample, offset = batch.span_sample, batch.span_offset
-    length = batch.span_end - batch.span_start
+    """Plan rows ``[lo, hi)`` as spans: a span is a piece, so no block needs building."""
+    block, start, sample = plan.block[lo:hi], plan.start[lo:hi], plan.sample[lo:hi]
+    offset, length = plan.offset[lo:hi], plan.length[lo:hi]
     return pa.RecordBatch.from_arrays(
         [
-            pa.array(batch.span_block, pa.int64()),
-            pa.array(batch.span_start, pa.int32()),
-            pa.array(batch.span_end, pa.int32()),
+            pa.array(block, pa.int64()),
+            pa.array(start, pa.int32()),
+            pa.array(start + length, pa.int32()),
             rows.record_id.take(pa.array(sample)).combine_chunks(),
             pa.array(offset, pa.int64()),
             pa.array(sample, pa.int64()),
-            pa.array(batch.span_block // shard_blocks, pa.int32()),
+            pa.array(block // shard_blocks, pa.int32()),
             rules.transforms(sample),
             rules.specials(sample, offset, length),
         ],
@@ -166,40 +162,36 @@ class BuiltSpans:
     preview: list[dict]
 
 
+def write_spans(
+    ws: Workspace, plan: PackPlan, rows: SampleRows, spec: TokenizerSpec, shard_blocks: int
+) -> BuiltSpans:
+    """The spans table, ``BATCH_BLOCKS`` blocks of plan rows at a time into a ``TableWriter``
+    (a row group of them held at most)."""
+    rules = SpanRules(spec, rows)
+    spans = TableWriter(ws.cas, SPAN_COLUMNS)
+    preview: list[dict] = []
+    bounds = plan.block_bounds()
+    for first in range(0, plan.blocks, BATCH_BLOCKS):
+        lo, hi = int(bounds[first]), int(bounds[min(first + BATCH_BLOCKS, plan.blocks)])
+        made = span_batch(plan, lo, hi, rows, rules, shard_blocks)
+        if len(preview) < PREVIEW_SPANS:
+            preview += made.slice(0, PREVIEW_SPANS - len(preview)).to_pylist()
+        spans.write(made)
+    return BuiltSpans(ref=spans.close(), rows=spans.rows, preview=preview)
+
+
 def write_blocks(
     ws: Workspace, plan: PackPlan, rows: SampleRows, spec: TokenizerSpec, cache: TokenCache
 ) -> tuple[ShardIndex, Ref, BuiltSpans, dict[str, int]]:
-    """Build every block a batch at a time into shards; (index, its ref, spans, occupancy).
-
-    The spans go to a ``TableWriter`` as they are made (a row group of them held at most).
-    A preference pair whose two sequences do not start with the same prompt tokens stops the
-    build (``check_pair_prompts``): a pair gate that fails here never reaches a trainer."""
+    """Every block in shards (``pack_shards``: a shard per job on the task runner), then the
+    spans; (index, its ref, spans, label and special-token counts). A preference pair whose
+    two sequences do not start with the same prompt tokens stops the build before the spans
+    (``check_pair_prompts``): a pair gate that fails here never reaches a trainer."""
     fields = shard_fields(spec, plan.block_tokens)
-    specials = [s.id for s in (spec.bos, spec.eos) if s is not None]
-    accounting = BuildAccounting(special_ids=specials)
-    rules = SpanRules(spec, rows)
-    pairs = bool((rows.pair_split > 0).any())
-    spans = TableWriter(ws.cas, SPAN_COLUMNS)
-    preview: list[dict] = []
-    with (
-        SampleTokens(ws, cache, rows) as fetch,
-        ShardWriter(ws.cas, plan.block_tokens, fields) as writer,
-    ):
-        for batch in iter_block_batches(
-            plan, fetch, batch_blocks=BATCH_BLOCKS, pad_id=spec.pad.id, targets=fetch.targets_fetch
-        ):
-            if pairs and (broken := check_pair_prompts(batch, rows.pair_split, fetch.targets)):
-                spans.abort()
-                raise PackingError(f"preference pairs with different prompts: {broken[:5]}")
-            writer.write({name: getattr(batch, name) for name in fields})
-            accounting.add(batch)
-            made = span_batch(batch, rows, rules, writer.shard_blocks)
-            if len(preview) < PREVIEW_SPANS:
-                preview += made.slice(0, PREVIEW_SPANS - len(preview)).to_pylist()
-            spans.write(made)
-    assert writer.index is not None and writer.ref is not None
-    built = BuiltSpans(ref=spans.close(), rows=spans.rows, preview=preview)
-    return writer.index, writer.ref, built, accounting.as_dict()
+    index, ref, built, broken = build_shards(ws, plan, rows, cache, fields)
+    if broken:
+        raise PackingError(f"preference pairs with different prompts: {broken[:5]}")
+    return index, ref, write_spans(ws, plan, rows, spec, index.shard_blocks), built
 
 
 def packing_counts(plan: PackPlan, built: dict, rows: SampleRows, spans: int) -> dict[str, int]:

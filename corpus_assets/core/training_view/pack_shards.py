@@ -1,0 +1,135 @@
+"""packed_blocks' shards, built a shard per job on the task runner (``execution``: the local
+spawn pool or Ray), then put together in block order.
+
+A block's arrays depend only on the plan and the token cache, and a shard is a fixed run of
+``shard_blocks`` blocks, so a job that builds blocks ``[first, last)`` of whole shards writes
+exactly the shard files one writer would have written; the index lists them in block order.
+Bytes never depend on the engine or the worker count. The caller verifies the token cache once
+(every shard reads samples of every chunk, so each worker re-hashing it would multiply that
+cost); a job reads the plan's rows for its blocks (sent with it) and each sample's place in the
+cache from memory-mapped files the caller wrote under the home's ``tmp`` (on Ray the data home
+is a shared filesystem already, ``runtime.runners``). Memory per worker: one shard buffer and
+one batch of blocks.
+"""
+
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from corpus_assets.core.runtime.workspace import Workspace, pooled
+from corpus_assets.core.storage.artifacts import Ref
+from corpus_assets.core.storage.shards import (
+    SHARD_BYTES,
+    ShardEntry,
+    ShardIndex,
+    ShardWriter,
+    put_shard_index,
+    shard_blocks,
+)
+from corpus_assets.core.tokens.cache import TokenCache, open_tokens
+from corpus_assets.core.tokens.spec import TokenizerSpec
+from corpus_assets.core.training_view.pack_blocks import BuildAccounting, build_batch
+from corpus_assets.core.training_view.pack_checks import check_pair_prompts
+from corpus_assets.core.training_view.pack_plan import PackPlan
+from corpus_assets.core.training_view.pack_samples import SampleRows, SampleTokens
+
+BATCH_BLOCKS = 256
+LOOKUP = ("chunk", "row", "pair_split")  # per sample, memory-mapped by every job
+
+
+@dataclass(frozen=True)
+class ShardJob:
+    """Blocks ``[first, last)`` (whole shards from ``first``) and what building them needs."""
+
+    first: int
+    last: int
+    plan: PackPlan  # only the rows of these blocks
+    lookup: str  # directory of the per-sample ``LOOKUP`` arrays
+    cache: TokenCache
+    fields: dict[str, str]
+    pairs: bool
+    shard_bytes: int
+
+
+@dataclass
+class ShardOutcome:
+    """A job's shards, its label and special-token counts, and any broken preference pair."""
+
+    entries: tuple[ShardEntry, ...] = ()
+    accounting: dict[str, int] = field(default_factory=dict)
+    broken: list[str] = field(default_factory=list)
+
+
+def build_shards(
+    ws: Workspace,
+    plan: PackPlan,
+    rows: SampleRows,
+    cache: TokenCache,
+    fields: dict[str, str],
+    shard_bytes: int = SHARD_BYTES,
+    workers: int | None = None,
+) -> tuple[ShardIndex, Ref, dict[str, int], list[str]]:
+    """Every block of the plan in shards: (index, its ref, accounting sums, broken pairs).
+    ``workers``: as ``execution.workers`` (None: the config's)."""
+    for chunk in cache.chunks:
+        open_tokens(ws, chunk, cache.spec)  # verified here, once, for every job
+    per_shard = shard_blocks(plan.block_tokens, fields, shard_bytes)
+    pairs = bool((rows.pair_split > 0).any())
+    bounds = plan.block_bounds()
+    (ws.home / "tmp").mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="pack-", dir=ws.home / "tmp") as lookup:
+        for name in LOOKUP:
+            np.save(Path(lookup) / f"{name}.npy", np.asarray(getattr(rows, name), np.int64))
+        jobs = []
+        for first in range(0, plan.blocks, per_shard):
+            last = min(first + per_shard, plan.blocks)
+            piece = _plan_rows(plan, bounds, first, last)
+            jobs.append(ShardJob(first, last, piece, lookup, cache, fields, pairs, shard_bytes))
+        outcomes = pooled(ws, _build, jobs, workers=workers)
+    broken = [problem for outcome in outcomes for problem in outcome.broken]
+    entries = [entry for outcome in outcomes for entry in outcome.entries]
+    index, ref = put_shard_index(ws.cas, plan.block_tokens, fields, entries, per_shard)
+    totals = {key: sum(o.accounting.get(key, 0) for o in outcomes) for key in ("label", "special")}
+    return index, ref, {f"{k}_tokens": v for k, v in totals.items()}, broken
+
+
+def _plan_rows(plan: PackPlan, bounds: np.ndarray, first: int, last: int) -> PackPlan:
+    """The plan's rows of blocks ``[first, last)``, block numbers kept."""
+    lo, hi = int(bounds[first]), int(bounds[last])
+    return PackPlan(
+        mode=plan.mode,
+        block_tokens=plan.block_tokens,
+        blocks=plan.blocks,
+        block=plan.block[lo:hi],
+        start=plan.start[lo:hi],
+        sample=plan.sample[lo:hi],
+        offset=plan.offset[lo:hi],
+        length=plan.length[lo:hi],
+        quarantined=plan.quarantined[:0],
+        input_tokens=0,
+        dropped_tokens=0,
+    )
+
+
+def _build(ws: Workspace, job: ShardJob, _spec: None, _done: None) -> ShardOutcome:
+    """One job: its blocks a batch at a time into its shards (module-level: a worker runs it)."""
+    spec: TokenizerSpec = job.cache.spec
+    lookup = {n: np.load(Path(job.lookup) / f"{n}.npy", mmap_mode="r") for n in LOOKUP}
+    specials = [s.id for s in (spec.bos, spec.eos) if s is not None]
+    accounting = BuildAccounting(special_ids=specials)
+    writer = ShardWriter(
+        ws.cas, job.plan.block_tokens, job.fields, job.shard_bytes, first_block=job.first
+    )
+    with SampleTokens(ws, job.cache, lookup["chunk"], lookup["row"], verify=False) as fetch:
+        for first in range(job.first, job.last, BATCH_BLOCKS):
+            last = min(first + BATCH_BLOCKS, job.last)
+            batch = build_batch(job.plan, first, last, fetch, spec.pad.id, fetch.targets_fetch)
+            broken = job.pairs and check_pair_prompts(batch, lookup["pair_split"], fetch.targets)
+            if broken:
+                return ShardOutcome(broken=broken)
+            writer.write({name: getattr(batch, name) for name in job.fields})
+            accounting.add(batch)
+    sums = {"label": accounting.label_tokens, "special": accounting.special_tokens}
+    return ShardOutcome(entries=writer.finish(), accounting=sums)
