@@ -11,6 +11,8 @@ catch); JSON documents are always re-hashed, the walk reads them anyway. Without
 on the command line, approval, activation - every byte is hashed, as before.
 """
 
+import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,6 +28,8 @@ from corpus_assets.core.storage.artifacts import JSON, PARQUET, decode_json, get
 from corpus_assets.core.storage.cas import COPY_CHUNK, CasError, ContentStore
 from corpus_assets.core.storage.catalog import Catalog
 from corpus_assets.core.storage.trust import StatTrust, file_stat
+
+HASH_THREADS = min(4, os.cpu_count() or 1)  # objects re-hashed at once
 
 
 @dataclass
@@ -159,28 +163,43 @@ def _check_blobs(
     report: Report,
     trust: StatTrust | None,
 ) -> None:
-    """Re-hash every table and shard (a Parquet one must also have a readable footer), in walk
-    order; with ``trust``, those unchanged since they last hashed right are counted, not read,
-    and those hashed now are recorded for the next build."""
+    """Re-hash every table and shard (a Parquet one must also have a readable footer), findings
+    in walk order, ``HASH_THREADS`` objects at a time (sha256 releases the GIL: the hashing of
+    gigabytes of shards and tables runs on every core); with ``trust``, those unchanged since
+    they last hashed right are counted, not read, and those hashed now are recorded."""
     trusted = trust.unchanged(blobs) if trust is not None else set()
+    todo = []
     for digest, (node, where) in blobs.items():
         if digest in trusted and cas.size(digest) == node["size"]:
             report.objects_checked += 1
             report.objects_trusted += 1
             report.verified.add(digest)
-            continue
-        before = file_stat(cas.local_path(digest))
-        try:
-            size, _ = _rehash(cas, digest, node["media"], f"object at {where}")
-            if node["media"] == PARQUET:
-                pq.read_metadata(cas.path(digest))  # the footer: raises unless it is Parquet
-        except CasError as error:
-            report.findings.append(str(error))
-            continue
-        if _sized(report, node, size, where) and trust is not None:
-            trust.hashed(digest, before)
+        else:
+            todo.append((digest, node, where))
+    with ThreadPoolExecutor(HASH_THREADS) as pool:
+        for (digest, node, where), (before, outcome) in zip(
+            todo, pool.map(lambda item: _hash_blob(cas, *item), todo), strict=True
+        ):
+            if isinstance(outcome, CasError):
+                report.findings.append(str(outcome))
+            elif _sized(report, node, outcome, where) and trust is not None:
+                trust.hashed(digest, before)
     if trust is not None:
         trust.flush()
+
+
+def _hash_blob(
+    cas: ContentStore, digest: str, node: dict[str, Any], where: str
+) -> tuple[str | None, int | CasError]:
+    """(the file's stat before reading, its size or why it failed) of one re-hashed blob."""
+    before = file_stat(cas.local_path(digest))
+    try:
+        size, _ = _rehash(cas, digest, node["media"], f"object at {where}")
+        if node["media"] == PARQUET:
+            pq.read_metadata(cas.path(digest))  # the footer: raises unless it is Parquet
+    except CasError as error:
+        return before, error
+    return before, size
 
 
 def _sized(report: Report, node: dict[str, Any], size: int, where: str) -> bool:
