@@ -48,3 +48,19 @@ def test_a_replayed_row_that_differs_is_named_by_line(demo_home: Path) -> None:
     assert all("the replay excluded line 1 (quality.too_short)" in f for f in canary), canary
     assert all("the snapshot kept line 1 as " in f for f in canary), canary
     assert report.gate.set_difference == SOURCES
+
+
+def test_a_changed_text_is_caught_through_its_digests(demo_home: Path) -> None:
+    """The stored text and payload are compared through ``record_digest`` and ``text_digest``
+    (never read): turning PII redaction off changes the first chat's text, and the finding
+    names the line and those columns."""
+    _with_policies(demo_home, "validation: {canary_lines: 5}")
+    with open_workspace() as ws:
+        sid = build_all(ws, "p1")["manifest"].digests["snapshotId"]
+    _with_policies(demo_home, "pii: {redact: false}")  # chats line 1 holds an e-mail address
+    with open_workspace() as ws:
+        report = validate_snapshot(ws, sid)
+    chats = [f for f in report.findings if f.startswith("canary replay of chats/")]
+    assert len(chats) == 1, report.findings
+    assert ": line 1: " in chats[0] and "record_digest" in chats[0], chats
+    assert "text_digest" in chats[0], chats

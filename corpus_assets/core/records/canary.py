@@ -6,8 +6,10 @@ The subset is fixed and bounded by rows, not by chunks: the first ``lines`` sour
 first chunk of each source. Whole first chunks grew with the corpus (288k records, a third of
 the build's check at 1.1 GB) while proving no more about the transform than a fixed number of
 rows of every source. Every column of every kept row and every exclusion of those lines is
-compared, so a changed adapter, normaliser, PII or quality rule, or a different payload shows
-up as the first row that differs.
+compared - the payload and text through ``record_digest`` and ``text_digest``, which hash them
+(``verify`` hashes the stored table's bytes), so the snapshot's large columns are never read -
+and a changed adapter, normaliser, PII or quality rule, or a different payload shows up as the
+first row that differs.
 """
 
 import hashlib
@@ -24,13 +26,15 @@ import pyarrow.parquet as pq
 
 from corpus_assets.core.ingest.freeze_spec import FreezeSpec
 from corpus_assets.core.records.canonicalize import Stages
-from corpus_assets.core.records.index import CanonicalIndex, ChunkEntry
+from corpus_assets.core.records.index import RECORD_COLUMNS, CanonicalIndex, ChunkEntry
 from corpus_assets.core.records.layer import benchmark_index, canonical_tables
 from corpus_assets.core.runtime.layers import load_index
 from corpus_assets.core.runtime.workspace import Workspace
 from corpus_assets.core.storage.artifacts import get_table
 
-ROWS = 1024  # rows per batch compared and hashed
+ROWS = 1024  # rows per batch read, compared and hashed
+HASHED = ("payload", "text")  # compared through record_digest and text_digest
+COMPARED = pa.schema([f for f in RECORD_COLUMNS if f.name not in HASHED])
 
 
 @dataclass(frozen=True)
@@ -85,11 +89,11 @@ def _recorded(
     path = ws.cas.path(descriptor.records["digest"])
     groups = []
     with closing(pq.ParquetFile(path)) as records:
-        for batch in records.iter_batches(batch_size=ROWS):
+        for batch in records.iter_batches(batch_size=ROWS, columns=COMPARED.names):
             groups.append(batch)
             if lines is not None and batch.num_rows and batch.column("line")[-1].as_py() > lines:
                 break
-        kept = pa.Table.from_batches(groups, records.schema_arrow)
+        kept = pa.Table.from_batches(groups, COMPARED)
     excluded = get_table(ws.cas, descriptor.excluded, f"exclusions of {entry.chunk}")
     if lines is None:
         return kept, excluded
@@ -101,7 +105,7 @@ def _rows(tables: tuple[pa.Table, pa.Table]) -> Iterator[dict[str, Any]]:
     """Every kept row, then every exclusion in (line, reason) order: contamination exclusions
     are appended after the others, so the order is normalised before comparing."""
     kept, excluded = tables
-    for batch in kept.to_batches(max_chunksize=ROWS):
+    for batch in kept.select(COMPARED.names).to_batches(max_chunksize=ROWS):
         yield from batch.to_pylist()
     excluded = excluded.sort_by([("line", "ascending"), ("reason", "ascending")])
     for batch in excluded.to_batches(max_chunksize=ROWS):
