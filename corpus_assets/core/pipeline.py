@@ -24,6 +24,7 @@ from corpus_assets.core.runtime.transform import transform_image
 from corpus_assets.core.runtime.workspace import Workspace
 from corpus_assets.core.storage.artifacts import is_ref
 from corpus_assets.core.storage.digests import json_digest
+from corpus_assets.core.storage.memory import release_memory
 from corpus_assets.core.training_view.mixing import build_mixed_samples
 from corpus_assets.core.training_view.packing import build_packed_blocks
 from corpus_assets.core.training_view.splits import build_splits
@@ -107,8 +108,23 @@ DIRECT_BUILDERS: dict[str, Builder] = {
     "packed_blocks": build_packed_blocks,
     "manifest": build_manifest,
 }
+
+
+def released(build: Builder) -> Builder:
+    """``build``, then its freed memory handed back (``storage.memory``): a process running
+    every layer starts each from its floor, not from the previous layer's high-water mark."""
+
+    def run(ws: Workspace, partition_key: str) -> LayerResult:
+        try:
+            return build(ws, partition_key)
+        finally:
+            release_memory(collect=True)
+
+    return run
+
+
 BUILDERS: dict[str, Builder] = {
-    layer: memoized(layer, build) if layer in MEMOIZED else build
+    layer: released(memoized(layer, build) if layer in MEMOIZED else build)
     for layer, build in DIRECT_BUILDERS.items()
 }
 assert tuple(BUILDERS) == LAYERS
