@@ -25,6 +25,7 @@ from corpus_assets.core.dedup.near_stage import NearStage
 from corpus_assets.core.dedup.order import first_in_order
 from corpus_assets.core.dedup.partition_db import PartitionDb, RecordCodes
 from corpus_assets.core.dedup.report import NearReport
+from corpus_assets.core.storage.duck import sql_path
 
 KEEP, EXACT, NEAR, EXCLUDED = "keep", "exact_duplicate", "near_duplicate", "excluded"
 CLUSTER_COLUMNS = pa.schema(
@@ -72,13 +73,16 @@ class _Verdicts:
         self.match = np.full(self.n, -1, dtype=np.int64)
         self.jaccard = np.full(self.n, np.nan, dtype=np.float64)
 
-    def representatives(self) -> np.ndarray:
-        """The kept row each row stands behind (-1 for excluded); chains end at a keep."""
-        final = np.where(self.verdict == _KEEP, np.arange(self.n), self.match)
-        exact = np.flatnonzero(self.verdict == _EXACT)
-        rep = self.match[exact]
+    def representatives(self, at: slice | None = None) -> np.ndarray:
+        """The kept row each row (of ``at``, else all) stands behind (-1 for excluded); chains
+        end at a keep."""
+        lo, hi = (0, self.n) if at is None else (at.start, at.stop)
+        verdict, match = self.verdict[lo:hi], self.match[lo:hi]
+        final = np.where(verdict == _KEEP, np.arange(lo, hi), match)
+        exact = np.flatnonzero(verdict == _EXACT)
+        rep = match[exact]
         final[exact] = np.where(self.verdict[rep] == _NEAR, self.match[rep], rep)
-        final[self.verdict == _EXCLUDED] = -1
+        final[verdict == _EXCLUDED] = -1
         return final
 
 
@@ -92,15 +96,31 @@ class Clustered(NamedTuple):
 class Decided:
     """Every verdict of a run, by row, plus what the output tables and counts are made of."""
 
-    codes: RecordCodes
+    codes: RecordCodes  # source_id and kind only: the other codes are dropped once used
     state: _Verdicts
     excluded: dict[int, str]  # row -> reason, only excluded rows
     copies: np.ndarray  # exact duplicate rows, in total order
     near_x: np.ndarray  # verified near edges (rows), later record first
     near_y: np.ndarray
     near_j: np.ndarray
-    leakage: np.ndarray  # per row, the group code naming its leakage group
+    leakage: np.ndarray  # per row, a row of the group naming its leakage group (smallest code)
     report: NearReport | None
+
+
+class EdgeRows(NamedTuple):
+    """The edges table by row: exact (copy -> its key's representative), then verified near."""
+
+    a: np.ndarray
+    b: np.ndarray
+    exact: int  # the first ``exact`` edges are exact
+    jaccard: np.ndarray
+
+
+class Decisions(NamedTuple):
+    """The verdicts by row in a Parquet file, and the exclusion reasons their codes name."""
+
+    path: Path
+    reasons: pa.Array
 
 
 def cluster(
@@ -118,8 +138,8 @@ def cluster(
     with tempfile.TemporaryDirectory() as tmp:
         with PartitionDb.from_table(records) as db:
             decided = decide(db, source_order, revoked, near)
-            edges = edge_table(db, decided)
-            path = sort_clusters(db, decided, Path(tmp))
+            edges = edge_table(db, edge_rows(decided))
+            path = sort_clusters(db, write_decisions(decided, Path(tmp)), Path(tmp))
         table = pa.Table.from_batches(list(cluster_batches(path)), CLUSTER_COLUMNS)
         return Clustered(table.combine_chunks(), decided.report, edges)
 
@@ -139,6 +159,7 @@ def decide(
         state.verdict[np.fromiter(excluded, dtype=np.int64, count=len(excluded))] = _EXCLUDED
     representatives, copies = _exact(codes, order[state.verdict[order] == _KEEP], state)
     del order
+    codes.forget("record_id", "dedup_key")
     report = None
     near_x = near_y = np.empty(0, dtype=np.int64)
     near_j = np.empty(0, dtype=np.float64)
@@ -149,7 +170,8 @@ def decide(
         state.verdict[rows], state.match[rows], state.jaccard[rows] = _NEAR, match, jaccard
     a = np.concatenate([copies, near_x])
     b = np.concatenate([state.match[copies], near_y])
-    leakage = _leakage_codes(codes.group_id.codes, a, b)
+    leakage = _leakage_rows(codes.group_id.codes, a, b)
+    codes.forget("group_id")
     return Decided(codes, state, excluded, copies, near_x, near_y, near_j, leakage, report)
 
 
@@ -187,10 +209,13 @@ def _exact(
     return eligible[first], copies
 
 
-def _leakage_codes(group_codes: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Per row, the smallest group code of its component over groups and the edges (a, b)."""
+def _leakage_rows(group_codes: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Per row, a row whose group has the smallest group code of its component over groups and
+    the edges (a, b) (any row of a group names it: they share the group id)."""
     roots = components(int(group_codes.max(initial=-1)) + 1, group_codes[a], group_codes[b])
-    return roots[group_codes]
+    first_row_of_group = np.empty(len(roots), np.int64)
+    first_row_of_group[group_codes] = np.arange(len(group_codes))
+    return first_row_of_group[roots[group_codes]]
 
 
 def components(n: int, a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -251,29 +276,50 @@ DROP TABLE d3;
 """
 
 
-def sort_clusters(db: PartitionDb, decided: Decided, directory: Path) -> Path:
+def write_decisions(decided: Decided, directory: Path, rows: int = 1 << 16) -> Decisions:
+    """The verdicts by row written to a Parquet file a slice at a time, so the per-row arrays
+    can be dropped before DuckDB joins and sorts the output (its buffers grow with the
+    partition up to their limit; the arrays would sit under that)."""
+    reason_codes, reasons = _reasons(decided)
+    state, n = decided.state, decided.codes.n
+    path = directory / "decisions.parquet"
+    with pq.ParquetWriter(path, _DECISIONS, compression="none") as writer:
+        for lo in range(0, n, rows):
+            at = slice(lo, min(lo + rows, n))
+            reps, match = state.representatives(at), state.match[at]
+            columns = {
+                "row": np.arange(at.start, at.stop, dtype=np.int64),
+                "verdict": state.verdict[at],
+                "rep": pa.array(reps, mask=reps < 0),
+                "match": pa.array(match, mask=match < 0),
+                "jaccard": pa.array(state.jaccard[at], mask=match < 0),
+                "leak": decided.leakage[at],
+                "reason": reason_codes[at],
+            }
+            writer.write_table(pa.table(columns, schema=_DECISIONS), row_group_size=rows)
+    return Decisions(path, reasons)
+
+
+_DECISIONS = pa.schema(
+    [
+        ("row", pa.int64()),
+        ("verdict", pa.int8()),
+        ("rep", pa.int64()),
+        ("match", pa.int64()),
+        ("jaccard", pa.float64()),
+        ("leak", pa.int64()),
+        ("reason", pa.int32()),
+    ]
+)
+
+
+def sort_clusters(db: PartitionDb, decisions: Decisions, directory: Path) -> Path:
     """The dedup table sorted into a Parquet file by DuckDB (joins and sort spill as needed),
     so the connection and the per-row decisions can go before the table is written."""
-    reason_codes, reasons = _reasons(decided)
-    state, group_codes = decided.state, decided.codes.group_id.codes
-    first_row_of_group = np.empty(int(group_codes.max(initial=-1)) + 1, np.int64)
-    first_row_of_group[group_codes] = np.arange(decided.codes.n)
-    reps = state.representatives()
-    db.register(
-        "decided",
-        pa.table(
-            {
-                "row": np.arange(decided.codes.n, dtype=np.int64),
-                "verdict": state.verdict,
-                "rep": pa.array(reps, mask=reps < 0),
-                "match": pa.array(state.match, mask=state.match < 0),
-                "jaccard": pa.array(state.jaccard, mask=state.match < 0),
-                "leak": first_row_of_group[decided.leakage],
-                "reason": reason_codes,
-            }
-        ),
+    reasons = decisions.reasons
+    db.con.execute(
+        f"CREATE TEMP VIEW decided AS SELECT * FROM read_parquet({sql_path(str(decisions.path))})"
     )
-    del reason_codes, first_row_of_group, reps
     db.register(
         "reasons", pa.table({"code": pa.array(range(len(reasons)), pa.int32()), "reason": reasons})
     )
@@ -282,8 +328,9 @@ def sort_clusters(db: PartitionDb, decided: Decided, directory: Path) -> Path:
     try:
         db.con.execute(_CLUSTERS_SQL.replace("{path}", str(path).replace("'", "''")))
     finally:
-        for name in ("decided", "reasons", "verdict_names"):
+        for name in ("reasons", "verdict_names"):
             db.unregister(name)
+        db.con.execute("DROP VIEW decided")
     return path
 
 
@@ -304,17 +351,27 @@ ORDER BY record_a, record_b, e.kind, e.seq
 """
 
 
-def edge_table(db: PartitionDb, decided: Decided) -> pa.Table:
-    """Exact (copy -> its key's representative) and verified near edges, by record id."""
-    copies, near = decided.copies, len(decided.near_x)
-    a = np.concatenate([copies, decided.near_x])
+def edge_rows(decided: Decided) -> EdgeRows:
+    """Exact (copy -> its key's representative) and verified near edges, by row."""
+    copies = decided.copies
+    return EdgeRows(
+        np.concatenate([copies, decided.near_x]),
+        np.concatenate([decided.state.match[copies], decided.near_y]),
+        len(copies),
+        np.concatenate([np.ones(len(copies)), decided.near_j]),
+    )
+
+
+def edge_table(db: PartitionDb, rows: EdgeRows) -> pa.Table:
+    """The edges by record id, sorted."""
+    kinds = np.repeat(["exact", "near"], [rows.exact, len(rows.a) - rows.exact])
     edges = pa.table(
         {
-            "a": a,
-            "b": np.concatenate([decided.state.match[copies], decided.near_y]),
-            "kind": pa.array(np.repeat(["exact", "near"], [len(copies), near]), pa.string()),
-            "jaccard": np.concatenate([np.ones(len(copies)), decided.near_j]),
-            "seq": np.arange(len(a), dtype=np.int64),
+            "a": rows.a,
+            "b": rows.b,
+            "kind": pa.array(kinds, pa.string()),
+            "jaccard": rows.jaccard,
+            "seq": np.arange(len(rows.a), dtype=np.int64),
         }
     )
     db.register("edges", edges)
@@ -322,5 +379,6 @@ def edge_table(db: PartitionDb, decided: Decided) -> pa.Table:
         batches = list(db.batches(_EDGES_SQL))
     finally:
         db.unregister("edges")
+    db.flush()
     table = pa.Table.from_batches(batches) if batches else EDGE_COLUMNS.empty_table()
     return table.cast(EDGE_COLUMNS).combine_chunks()

@@ -46,15 +46,20 @@ class Coded:
 
 @dataclass
 class RecordCodes:
-    """What dedup decides on, by row: lengths and integer codes of the string columns."""
+    """What dedup decides on, by row: integer codes of the string columns."""
 
     n: int
-    length: np.ndarray  # int64 text length in code points
     record_id: Coded
     dedup_key: Coded
     group_id: Coded
     kind: Coded
     source_id: Coded
+
+    def forget(self, *names: str) -> None:
+        """Drop the codes of columns no later phase reads (8 bytes per record each), so they
+        do not sit under the near-dedup and output peaks."""
+        for name in names:
+            setattr(self, name, Coded(np.empty(0, dtype=np.int64), []))
 
 
 class PartitionDb:
@@ -71,6 +76,7 @@ class PartitionDb:
             flush=("8MB", "32MB"),  # hand freed memory back after each task, not past 128/512 MB
         )
         self.con = self._duck.con
+        self.threads = max(1, threads)
 
     @classmethod
     def from_chunks(cls, ws: Workspace, chunks: list[ChunkRecords]) -> "PartitionDb":
@@ -141,6 +147,18 @@ class PartitionDb:
         self._duck.close()  # its spill directory too
         release_memory()
 
+    def flush(self) -> None:
+        """Hand the pages DuckDB freed back to the system now, at the end of a phase.
+
+        DuckDB's allocator (jemalloc on Linux) keeps the pages of finished queries for reuse:
+        after the coding sorts of 677k records that was ~130 MB, growing with the partition and
+        sitting under every later phase's peak (per-task flushes do not reach it). Changing the
+        thread count makes DuckDB flush every arena (its scheduler calls ``FlushAll`` when the
+        threads are relaunched), so the count goes up by one and straight back."""
+        self.con.execute(f"SET threads = {self.threads + 1}")
+        self.con.execute(f"SET threads = {self.threads}")
+        release_memory()
+
     def __enter__(self) -> "PartitionDb":
         return self
 
@@ -152,15 +170,15 @@ class PartitionDb:
         return int(self.con.execute("SELECT count(*) FROM meta").fetchall()[0][0])
 
     def codes(self) -> RecordCodes:
-        """Lengths and codes by row; codes follow the byte order of the values."""
+        """Codes by row; codes follow the byte order of the values. (Lengths stay in DuckDB's
+        ``meta``: only the total order reads them.)"""
         n = self.n
-        length = np.zeros(n, dtype=np.int64)
-        got = self.con.sql("SELECT row, length FROM meta").fetchnumpy()
-        length[got["row"]] = got["length"]
         coded = {name: self._coded(name, n) for name in ("record_id", "dedup_key", "group_id")}
-        return RecordCodes(
-            n, length, **coded, kind=self._coded("kind", n), source_id=self._coded("source_id", n)
+        codes = RecordCodes(
+            n, **coded, kind=self._coded("kind", n), source_id=self._coded("source_id", n)
         )
+        self.flush()
+        return codes
 
     def _coded(self, column: str, n: int) -> Coded:
         """Codes by one external sort streamed back (a window rank would hold the partition):
@@ -197,6 +215,7 @@ class PartitionDb:
             "r.line, r.row"
         ).fetchnumpy()["row"]
         self.con.unregister("source_ranks")
+        self.flush()
         return np.asarray(got, dtype=np.int64)
 
     def batches(self, sql: str, rows: int = 65536) -> Iterator[pa.RecordBatch]:
