@@ -23,7 +23,13 @@ import pyarrow.parquet as pq
 
 from corpus_assets.core.dedup.near_stage import NearStage
 from corpus_assets.core.dedup.order import first_in_order
-from corpus_assets.core.dedup.partition_db import PartitionDb, RecordCodes
+from corpus_assets.core.dedup.output_order import bucket, output_positions, sorted_batches
+from corpus_assets.core.dedup.partition_db import (
+    MEMORY_LIMIT,
+    OUTPUT_MEMORY_LIMIT,
+    PartitionDb,
+    RecordCodes,
+)
 from corpus_assets.core.dedup.report import NearReport
 from corpus_assets.core.storage.duck import sql_path
 
@@ -104,6 +110,7 @@ class Decided:
     near_y: np.ndarray
     near_j: np.ndarray
     leakage: np.ndarray  # per row, a row of the group naming its leakage group (smallest code)
+    position: np.ndarray  # per row, its position in the clusters table
     report: NearReport | None
 
 
@@ -139,7 +146,7 @@ def cluster(
         with PartitionDb.from_table(records) as db:
             decided = decide(db, source_order, revoked, near)
             edges = edge_table(db, edge_rows(decided))
-            path = sort_clusters(db, write_decisions(decided, Path(tmp)), Path(tmp))
+            path = join_clusters(db, write_decisions(decided, Path(tmp)), Path(tmp))
         table = pa.Table.from_batches(list(cluster_batches(path)), CLUSTER_COLUMNS)
         return Clustered(table.combine_chunks(), decided.report, edges)
 
@@ -159,6 +166,7 @@ def decide(
         state.verdict[np.fromiter(excluded, dtype=np.int64, count=len(excluded))] = _EXCLUDED
     representatives, copies = _exact(codes, order[state.verdict[order] == _KEEP], state)
     del order
+    position = output_positions(db, codes.record_id.codes)
     codes.forget("record_id", "dedup_key")
     report = None
     near_x = near_y = np.empty(0, dtype=np.int64)
@@ -172,7 +180,9 @@ def decide(
     b = np.concatenate([state.match[copies], near_y])
     leakage = _leakage_rows(codes.group_id.codes, a, b)
     codes.forget("group_id")
-    return Decided(codes, state, excluded, copies, near_x, near_y, near_j, leakage, report)
+    return Decided(
+        codes, state, excluded, copies, near_x, near_y, near_j, leakage, position, report
+    )
 
 
 def _exclude_repeated_ids(
@@ -247,8 +257,9 @@ def _reasons(decided: Decided) -> tuple[np.ndarray, pa.Array]:
 
 
 _VERDICT_NAMES = pa.table({"code": pa.array(range(4), pa.int8()), "name": _VERDICTS})
-# One join at a time into spillable temp tables, then one sort into a file: DuckDB never holds
-# more than one hash table of ids at once.
+# One join at a time into spillable temp tables, then the rows into a file in any order with
+# their position (output_order sorts them): DuckDB never holds more than one hash table of ids
+# at once, and never sorts the wide rows.
 _CLUSTERS_SQL = """
 CREATE TEMP TABLE ids AS SELECT row, record_id, group_id FROM recs;
 CREATE TEMP TABLE d1 AS SELECT v.*, p.record_id AS rep_id FROM decided v
@@ -257,21 +268,18 @@ CREATE TEMP TABLE d2 AS SELECT d1.*, q.record_id AS match_id FROM d1
   LEFT JOIN ids q ON q.row = d1.match;
 DROP TABLE d1;
 CREATE TEMP TABLE d3 AS SELECT d2.row, d2.verdict, d2.jaccard, d2.reason, d2.rep_id, d2.match_id,
-  g.group_id AS leakage_id FROM d2 JOIN ids g ON g.row = d2.leak;
+  d2.pos, g.group_id AS leakage_id FROM d2 JOIN ids g ON g.row = d2.leak;
 DROP TABLE d2;
 DROP TABLE ids;
-SET preserve_insertion_order = true;
 COPY (
   SELECT r.record_id, r.source_id, r.object, r.line, r.group_id, r.dedup_key,
     n.name AS verdict, coalesce(d.rep_id, '') AS representative_id,
     d.verdict = 0 AS is_representative, coalesce(d.match_id, '') AS match_id,
-    d.jaccard AS match_jaccard, d.leakage_id, x.reason AS excluded
+    d.jaccard AS match_jaccard, d.leakage_id, x.reason AS excluded, d.pos
   FROM recs r JOIN d3 d USING (row)
   JOIN verdict_names n ON n.code = d.verdict
   JOIN reasons x ON x.code = d.reason
-  ORDER BY r.record_id, r.object, r.line, r.row
-) TO '{path}' (FORMAT parquet, ROW_GROUP_SIZE 65536);
-SET preserve_insertion_order = false;
+) TO '{path}' (FORMAT parquet, ROW_GROUP_SIZE 16384);
 DROP TABLE d3;
 """
 
@@ -295,6 +303,7 @@ def write_decisions(decided: Decided, directory: Path, rows: int = 1 << 16) -> D
                 "jaccard": pa.array(state.jaccard[at], mask=match < 0),
                 "leak": decided.leakage[at],
                 "reason": reason_codes[at],
+                "pos": decided.position[at],
             }
             writer.write_table(pa.table(columns, schema=_DECISIONS), row_group_size=rows)
     return Decisions(path, reasons)
@@ -309,13 +318,15 @@ _DECISIONS = pa.schema(
         ("jaccard", pa.float64()),
         ("leak", pa.int64()),
         ("reason", pa.int32()),
+        ("pos", pa.int64()),
     ]
 )
 
 
-def sort_clusters(db: PartitionDb, decisions: Decisions, directory: Path) -> Path:
-    """The dedup table sorted into a Parquet file by DuckDB (joins and sort spill as needed),
-    so the connection and the per-row decisions can go before the table is written."""
+def join_clusters(db: PartitionDb, decisions: Decisions, directory: Path) -> Path:
+    """The dedup table's rows, in any order with their ``pos``, joined into a Parquet file by
+    DuckDB (the joins spill as needed), so the connection can go before the table is sorted
+    (:func:`cluster_batches`) and written."""
     reasons = decisions.reasons
     db.con.execute(
         f"CREATE TEMP VIEW decided AS SELECT * FROM read_parquet({sql_path(str(decisions.path))})"
@@ -324,9 +335,9 @@ def sort_clusters(db: PartitionDb, decisions: Decisions, directory: Path) -> Pat
         "reasons", pa.table({"code": pa.array(range(len(reasons)), pa.int32()), "reason": reasons})
     )
     db.register("verdict_names", _VERDICT_NAMES)
-    path = directory / "clusters-sorted.parquet"
+    path = directory / "clusters-unsorted.parquet"
     try:
-        db.con.execute(_CLUSTERS_SQL.replace("{path}", str(path).replace("'", "''")))
+        _run_joins(db, _CLUSTERS_SQL.replace("{path}", str(path).replace("'", "''")))
     finally:
         for name in ("reasons", "verdict_names"):
             db.unregister(name)
@@ -334,14 +345,29 @@ def sort_clusters(db: PartitionDb, decisions: Decisions, directory: Path) -> Pat
     return path
 
 
-def cluster_batches(path: Path) -> Iterator[pa.RecordBatch]:
-    """The sorted dedup table read back a batch at a time, as CLUSTER_COLUMNS."""
-    parquet = pq.ParquetFile(path)
-    for batch in parquet.iter_batches(batch_size=1 << 16, use_threads=False):
-        yield pa.RecordBatch.from_arrays(
-            [c.cast(f.type) for c, f in zip(batch.columns, CLUSTER_COLUMNS, strict=True)],
-            schema=CLUSTER_COLUMNS,
-        )
+def _run_joins(db: PartitionDb, sql: str) -> None:
+    """The joins at the output limit on one thread; if DuckDB still runs out of memory (a hash
+    join partition must fit at once), once more from scratch at the coding limit and threads:
+    the file's rows are the same either way."""
+    import duckdb
+
+    threads = db.threads
+    db.limit(OUTPUT_MEMORY_LIMIT, 1)
+    try:
+        db.con.execute(sql)
+    except duckdb.OutOfMemoryException:
+        db.con.execute(";".join(f"DROP TABLE IF EXISTS {t}" for t in ("ids", "d1", "d2", "d3")))
+        db.flush()
+        db.limit(MEMORY_LIMIT, threads)
+        db.con.execute(sql)
+
+
+def cluster_batches(unsorted: Path) -> Iterator[pa.RecordBatch]:
+    """The dedup table in its order, a batch at a time, as CLUSTER_COLUMNS: the joined rows
+    bucketed by position next to their file, each bucket sorted as it is read."""
+    buckets = bucket(unsorted, unsorted.parent)
+    unsorted.unlink()
+    yield from sorted_batches(buckets, CLUSTER_COLUMNS)
 
 
 _EDGES_SQL = """

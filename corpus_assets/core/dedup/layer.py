@@ -27,7 +27,7 @@ from corpus_assets.core.dedup.clusters import (
     decide,
     edge_rows,
     edge_table,
-    sort_clusters,
+    join_clusters,
     write_decisions,
 )
 from corpus_assets.core.dedup.fingerprint_store import TextLookup
@@ -71,9 +71,9 @@ def build_dedup_clusters(ws: Workspace, partition_key: str) -> LayerResult:
             release_memory(collect=True)
             edges = put_table(ws.cas, edge_table(db, edges_by_row))
             del edges_by_row
-            sorted_path = sort_clusters(db, decisions, Path(tmp))
+            unsorted = join_clusters(db, decisions, Path(tmp))
         release_memory(collect=True)
-        batches = cluster_batches(sorted_path)
+        batches = cluster_batches(unsorted)
         clusters = put_table_batches(ws.cas, CLUSTER_COLUMNS, batches, _tmp(ws))
     out: dict[str, Any] = {
         "clusters": clusters,

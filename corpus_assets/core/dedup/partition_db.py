@@ -34,6 +34,9 @@ except (OSError, AttributeError):
     _LIBC = None
 _CARRIED_SQL = "record_id, source_id, object, line, group_id, dedup_key, kind"
 MEMORY_LIMIT = "160MB"  # DuckDB's buffer pool; it spills to disk beyond this
+# ... and for the clusters joins (no sort, unlike the edges query): what DuckDB uses grows with
+# the partition up to its limit, so a lower one keeps the layer's peak flat; the joins spill.
+OUTPUT_MEMORY_LIMIT = "96MB"  # on one thread: two needed more than 96 MB once in three runs
 
 
 @dataclass
@@ -146,6 +149,12 @@ class PartitionDb:
     def close(self) -> None:
         self._duck.close()  # its spill directory too
         release_memory()
+
+    def limit(self, memory: str, threads: int) -> None:
+        """DuckDB's buffer limit and thread count from here on."""
+        self.threads = max(1, threads)
+        self.con.execute(f"SET memory_limit = '{memory}'")
+        self.con.execute(f"SET threads = {self.threads}")
 
     def flush(self) -> None:
         """Hand the pages DuckDB freed back to the system now, at the end of a phase.
