@@ -209,7 +209,8 @@ class PartitionDb:
         return Coded(codes, values)
 
     def total_order(self, source_order: dict[str, int]) -> np.ndarray:
-        """Rows in the stated total order: source rank, longer first, record id, object, line."""
+        """Rows in the stated total order: source rank, longer first, record id, object, line.
+        Once only: the lengths are dropped after it."""
         ranks = pa.table(
             {
                 "source_id": list(source_order),
@@ -224,6 +225,7 @@ class PartitionDb:
             "r.line, r.row"
         ).fetchnumpy()["row"]
         self.con.unregister("source_ranks")
+        self.con.execute("DROP TABLE meta")  # the lengths: read by nothing after the order
         self.flush()
         return np.asarray(got, dtype=np.int64)
 
