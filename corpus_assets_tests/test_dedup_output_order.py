@@ -2,9 +2,13 @@
 
 from pathlib import Path
 
+import duckdb
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
 
+from corpus_assets.core.dedup import clusters
 from corpus_assets.core.dedup.clusters import CLUSTER_COLUMNS
 from corpus_assets.core.dedup.output_order import bucket, output_positions, sorted_batches
 from corpus_assets.core.dedup.partition_db import PartitionDb
@@ -50,8 +54,6 @@ def test_buckets_give_the_rows_in_position_order(tmp_path: Path) -> None:
     columns["record_id"] = pa.array([f"r{p:03d}" for p in pos])
     table = pa.table({**columns, "pos": pa.array(pos, pa.int64())})
     unsorted = tmp_path / "unsorted.parquet"
-    import pyarrow.parquet as pq
-
     pq.write_table(table, unsorted, row_group_size=7)
     buckets = bucket(unsorted, tmp_path, rows=8)
     assert len(buckets) == 7  # ceil(50 / 8)
@@ -60,3 +62,36 @@ def test_buckets_give_the_rows_in_position_order(tmp_path: Path) -> None:
     assert out.column("line").to_pylist() == [10 * p for p in range(n)]
     assert out.column("record_id").to_pylist() == [f"r{p:03d}" for p in range(n)]
     assert not any(p.exists() for p in buckets)  # each bucket is deleted once read
+
+
+def _duplicated_records(n: int = 3000) -> pa.Table:
+    """Records with exact duplicates (every third text repeats), enough rows for DuckDB to need
+    more than a few blocks in its joins."""
+    keys = [f"k{i - i % 3}" for i in range(n)]
+    return pa.table(
+        {
+            "record_id": [f"rec-{i:06d}-{'x' * 40}" for i in range(n)],
+            "source_id": ["s"] * n,
+            "object": ["obj"] * n,
+            "line": pa.array(range(n), pa.int64()),
+            "group_id": [f"g{i}" for i in range(n)],
+            "dedup_key": keys,
+            "kind": ["document"] * n,
+            "length": pa.array([100] * n, pa.int64()),
+        }
+    )
+
+
+def test_output_joins_retry_at_the_coding_limit_when_duckdb_runs_out(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    records = _duplicated_records()
+    expected = clusters.cluster(records, {"s": 0})
+    monkeypatch.setattr(clusters, "OUTPUT_MEMORY_LIMIT", "256KB")
+    retried = clusters.cluster(records, {"s": 0})
+    assert retried.table.equals(expected.table)
+    assert retried.edges.equals(expected.edges)
+    assert expected.edges.num_rows == 2000  # the exact copies
+    monkeypatch.setattr(clusters, "MEMORY_LIMIT", "256KB")  # no room on the retry either
+    with pytest.raises(duckdb.OutOfMemoryException):  # so the first try did run out
+        clusters.cluster(records, {"s": 0})

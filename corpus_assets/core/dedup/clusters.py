@@ -12,10 +12,10 @@ record ids and tombstoned rows.
 """
 
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -62,6 +62,7 @@ EDGE_COLUMNS = pa.schema(
 # The columns of a canonical record that the dedup table carries over unchanged.
 CARRIED = ["record_id", "source_id", "object", "line", "group_id", "dedup_key"]
 _VERDICTS = pa.array([KEEP, EXACT, NEAR, EXCLUDED], pa.string())
+_T = TypeVar("_T")
 _KEEP, _EXACT, _NEAR, _EXCLUDED = range(4)
 
 
@@ -337,7 +338,8 @@ def join_clusters(db: PartitionDb, decisions: Decisions, directory: Path) -> Pat
     db.register("verdict_names", _VERDICT_NAMES)
     path = directory / "clusters-unsorted.parquet"
     try:
-        _run_joins(db, _CLUSTERS_SQL.replace("{path}", str(path).replace("'", "''")))
+        sql = _CLUSTERS_SQL.replace("{path}", str(path).replace("'", "''"))
+        _output_query(db, lambda: db.con.execute(sql))
     finally:
         for name in ("reasons", "verdict_names"):
             db.unregister(name)
@@ -345,21 +347,20 @@ def join_clusters(db: PartitionDb, decisions: Decisions, directory: Path) -> Pat
     return path
 
 
-def _run_joins(db: PartitionDb, sql: str) -> None:
-    """The joins at the output limit on one thread; if DuckDB still runs out of memory (a hash
-    join partition must fit at once), once more from scratch at the coding limit and threads:
-    the file's rows are the same either way."""
+def _output_query(db: PartitionDb, run: Callable[[], _T]) -> _T:
+    """``run`` at the output limit on one thread; if DuckDB still runs out of memory (a hash
+    join partition must fit at once), once more from scratch at the coding limit on every
+    thread: the rows are the same either way."""
     import duckdb
 
-    threads = db.threads
     db.limit(OUTPUT_MEMORY_LIMIT, 1)
     try:
-        db.con.execute(sql)
+        return run()
     except duckdb.OutOfMemoryException:
         db.con.execute(";".join(f"DROP TABLE IF EXISTS {t}" for t in ("ids", "d1", "d2", "d3")))
         db.flush()
-        db.limit(MEMORY_LIMIT, threads)
-        db.con.execute(sql)
+        db.limit(MEMORY_LIMIT, db.workers)
+        return run()
 
 
 def cluster_batches(unsorted: Path) -> Iterator[pa.RecordBatch]:
@@ -371,10 +372,11 @@ def cluster_batches(unsorted: Path) -> Iterator[pa.RecordBatch]:
 
 
 _EDGES_SQL = """
-SELECT a.record_id AS record_a, b.record_id AS record_b, e.kind, e.jaccard
+SELECT a.record_id AS record_a, b.record_id AS record_b, e.kind, e.jaccard, e.seq
 FROM edges e JOIN recs a ON a.row = e.a JOIN recs b ON b.row = e.b
-ORDER BY record_a, record_b, e.kind, e.seq
 """
+# Sorted by Arrow (byte order, as DuckDB's default collation): DuckDB only joins.
+_EDGE_ORDER = [(name, "ascending") for name in ("record_a", "record_b", "kind", "seq")]
 
 
 def edge_rows(decided: Decided) -> EdgeRows:
@@ -402,9 +404,11 @@ def edge_table(db: PartitionDb, rows: EdgeRows) -> pa.Table:
     )
     db.register("edges", edges)
     try:
-        batches = list(db.batches(_EDGES_SQL))
+        batches = _output_query(db, lambda: list(db.batches(_EDGES_SQL)))
     finally:
         db.unregister("edges")
     db.flush()
-    table = pa.Table.from_batches(batches) if batches else EDGE_COLUMNS.empty_table()
+    if not batches:
+        return EDGE_COLUMNS.empty_table()
+    table = pa.Table.from_batches(batches).sort_by(_EDGE_ORDER).drop_columns(["seq"])
     return table.cast(EDGE_COLUMNS).combine_chunks()

@@ -36,7 +36,7 @@ _CARRIED_SQL = "record_id, source_id, object, line, group_id, dedup_key, kind"
 MEMORY_LIMIT = "160MB"  # DuckDB's buffer pool; it spills to disk beyond this
 # ... and for the clusters joins (no sort, unlike the edges query): what DuckDB uses grows with
 # the partition up to its limit, so a lower one keeps the layer's peak flat; the joins spill.
-OUTPUT_MEMORY_LIMIT = "96MB"  # on one thread: two needed more than 96 MB once in three runs
+OUTPUT_MEMORY_LIMIT = "64MB"  # on one thread (two needed more than 96 MB at 677k records)
 
 
 @dataclass
@@ -79,7 +79,7 @@ class PartitionDb:
             flush=("8MB", "32MB"),  # hand freed memory back after each task, not past 128/512 MB
         )
         self.con = self._duck.con
-        self.threads = max(1, threads)
+        self.threads = self.workers = max(1, threads)
 
     @classmethod
     def from_chunks(cls, ws: Workspace, chunks: list[ChunkRecords]) -> "PartitionDb":
