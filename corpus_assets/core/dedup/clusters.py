@@ -12,10 +12,10 @@ record ids and tombstoned rows.
 """
 
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -23,8 +23,15 @@ import pyarrow.parquet as pq
 
 from corpus_assets.core.dedup.near_stage import NearStage
 from corpus_assets.core.dedup.order import first_in_order
-from corpus_assets.core.dedup.partition_db import PartitionDb, RecordCodes
+from corpus_assets.core.dedup.output_order import bucket, output_positions, sorted_batches
+from corpus_assets.core.dedup.partition_db import (
+    MEMORY_LIMIT,
+    OUTPUT_MEMORY_LIMIT,
+    PartitionDb,
+    RecordCodes,
+)
 from corpus_assets.core.dedup.report import NearReport
+from corpus_assets.core.storage.duck import sql_path
 
 KEEP, EXACT, NEAR, EXCLUDED = "keep", "exact_duplicate", "near_duplicate", "excluded"
 CLUSTER_COLUMNS = pa.schema(
@@ -55,6 +62,7 @@ EDGE_COLUMNS = pa.schema(
 # The columns of a canonical record that the dedup table carries over unchanged.
 CARRIED = ["record_id", "source_id", "object", "line", "group_id", "dedup_key"]
 _VERDICTS = pa.array([KEEP, EXACT, NEAR, EXCLUDED], pa.string())
+_T = TypeVar("_T")
 _KEEP, _EXACT, _NEAR, _EXCLUDED = range(4)
 
 
@@ -72,13 +80,16 @@ class _Verdicts:
         self.match = np.full(self.n, -1, dtype=np.int64)
         self.jaccard = np.full(self.n, np.nan, dtype=np.float64)
 
-    def representatives(self) -> np.ndarray:
-        """The kept row each row stands behind (-1 for excluded); chains end at a keep."""
-        final = np.where(self.verdict == _KEEP, np.arange(self.n), self.match)
-        exact = np.flatnonzero(self.verdict == _EXACT)
-        rep = self.match[exact]
+    def representatives(self, at: slice | None = None) -> np.ndarray:
+        """The kept row each row (of ``at``, else all) stands behind (-1 for excluded); chains
+        end at a keep."""
+        lo, hi = (0, self.n) if at is None else (at.start, at.stop)
+        verdict, match = self.verdict[lo:hi], self.match[lo:hi]
+        final = np.where(verdict == _KEEP, np.arange(lo, hi), match)
+        exact = np.flatnonzero(verdict == _EXACT)
+        rep = match[exact]
         final[exact] = np.where(self.verdict[rep] == _NEAR, self.match[rep], rep)
-        final[self.verdict == _EXCLUDED] = -1
+        final[verdict == _EXCLUDED] = -1
         return final
 
 
@@ -92,15 +103,32 @@ class Clustered(NamedTuple):
 class Decided:
     """Every verdict of a run, by row, plus what the output tables and counts are made of."""
 
-    codes: RecordCodes
+    codes: RecordCodes  # source_id and kind only: the other codes are dropped once used
     state: _Verdicts
     excluded: dict[int, str]  # row -> reason, only excluded rows
     copies: np.ndarray  # exact duplicate rows, in total order
     near_x: np.ndarray  # verified near edges (rows), later record first
     near_y: np.ndarray
     near_j: np.ndarray
-    leakage: np.ndarray  # per row, the group code naming its leakage group
+    leakage: np.ndarray  # per row, a row of the group naming its leakage group (smallest code)
+    position: np.ndarray  # per row, its position in the clusters table
     report: NearReport | None
+
+
+class EdgeRows(NamedTuple):
+    """The edges table by row: exact (copy -> its key's representative), then verified near."""
+
+    a: np.ndarray
+    b: np.ndarray
+    exact: int  # the first ``exact`` edges are exact
+    jaccard: np.ndarray
+
+
+class Decisions(NamedTuple):
+    """The verdicts by row in a Parquet file, and the exclusion reasons their codes name."""
+
+    path: Path
+    reasons: pa.Array
 
 
 def cluster(
@@ -118,8 +146,8 @@ def cluster(
     with tempfile.TemporaryDirectory() as tmp:
         with PartitionDb.from_table(records) as db:
             decided = decide(db, source_order, revoked, near)
-            edges = edge_table(db, decided)
-            path = sort_clusters(db, decided, Path(tmp))
+            edges = edge_table(db, edge_rows(decided))
+            path = join_clusters(db, write_decisions(decided, Path(tmp)), Path(tmp))
         table = pa.Table.from_batches(list(cluster_batches(path)), CLUSTER_COLUMNS)
         return Clustered(table.combine_chunks(), decided.report, edges)
 
@@ -139,6 +167,8 @@ def decide(
         state.verdict[np.fromiter(excluded, dtype=np.int64, count=len(excluded))] = _EXCLUDED
     representatives, copies = _exact(codes, order[state.verdict[order] == _KEEP], state)
     del order
+    position = output_positions(db, codes.record_id.codes)
+    codes.forget("record_id", "dedup_key")
     report = None
     near_x = near_y = np.empty(0, dtype=np.int64)
     near_j = np.empty(0, dtype=np.float64)
@@ -149,8 +179,11 @@ def decide(
         state.verdict[rows], state.match[rows], state.jaccard[rows] = _NEAR, match, jaccard
     a = np.concatenate([copies, near_x])
     b = np.concatenate([state.match[copies], near_y])
-    leakage = _leakage_codes(codes.group_id.codes, a, b)
-    return Decided(codes, state, excluded, copies, near_x, near_y, near_j, leakage, report)
+    leakage = _leakage_rows(codes.group_id.codes, a, b)
+    codes.forget("group_id")
+    return Decided(
+        codes, state, excluded, copies, near_x, near_y, near_j, leakage, position, report
+    )
 
 
 def _exclude_repeated_ids(
@@ -187,10 +220,13 @@ def _exact(
     return eligible[first], copies
 
 
-def _leakage_codes(group_codes: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Per row, the smallest group code of its component over groups and the edges (a, b)."""
+def _leakage_rows(group_codes: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Per row, a row whose group has the smallest group code of its component over groups and
+    the edges (a, b) (any row of a group names it: they share the group id)."""
     roots = components(int(group_codes.max(initial=-1)) + 1, group_codes[a], group_codes[b])
-    return roots[group_codes]
+    first_row_of_group = np.empty(len(roots), np.int64)
+    first_row_of_group[group_codes] = np.arange(len(group_codes))
+    return first_row_of_group[roots[group_codes]]
 
 
 def components(n: int, a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -222,8 +258,9 @@ def _reasons(decided: Decided) -> tuple[np.ndarray, pa.Array]:
 
 
 _VERDICT_NAMES = pa.table({"code": pa.array(range(4), pa.int8()), "name": _VERDICTS})
-# One join at a time into spillable temp tables, then one sort into a file: DuckDB never holds
-# more than one hash table of ids at once.
+# One join at a time into spillable temp tables, then the rows into a file in any order with
+# their position (output_order sorts them): DuckDB never holds more than one hash table of ids
+# at once, and never sorts the wide rows.
 _CLUSTERS_SQL = """
 CREATE TEMP TABLE ids AS SELECT row, record_id, group_id FROM recs;
 CREATE TEMP TABLE d1 AS SELECT v.*, p.record_id AS rep_id FROM decided v
@@ -232,95 +269,146 @@ CREATE TEMP TABLE d2 AS SELECT d1.*, q.record_id AS match_id FROM d1
   LEFT JOIN ids q ON q.row = d1.match;
 DROP TABLE d1;
 CREATE TEMP TABLE d3 AS SELECT d2.row, d2.verdict, d2.jaccard, d2.reason, d2.rep_id, d2.match_id,
-  g.group_id AS leakage_id FROM d2 JOIN ids g ON g.row = d2.leak;
+  d2.pos, g.group_id AS leakage_id FROM d2 JOIN ids g ON g.row = d2.leak;
 DROP TABLE d2;
 DROP TABLE ids;
-SET preserve_insertion_order = true;
 COPY (
   SELECT r.record_id, r.source_id, r.object, r.line, r.group_id, r.dedup_key,
     n.name AS verdict, coalesce(d.rep_id, '') AS representative_id,
     d.verdict = 0 AS is_representative, coalesce(d.match_id, '') AS match_id,
-    d.jaccard AS match_jaccard, d.leakage_id, x.reason AS excluded
+    d.jaccard AS match_jaccard, d.leakage_id, x.reason AS excluded, d.pos
   FROM recs r JOIN d3 d USING (row)
   JOIN verdict_names n ON n.code = d.verdict
   JOIN reasons x ON x.code = d.reason
-  ORDER BY r.record_id, r.object, r.line, r.row
-) TO '{path}' (FORMAT parquet, ROW_GROUP_SIZE 65536);
-SET preserve_insertion_order = false;
+) TO '{path}' (FORMAT parquet, ROW_GROUP_SIZE 16384);
 DROP TABLE d3;
 """
 
 
-def sort_clusters(db: PartitionDb, decided: Decided, directory: Path) -> Path:
-    """The dedup table sorted into a Parquet file by DuckDB (joins and sort spill as needed),
-    so the connection and the per-row decisions can go before the table is written."""
+def write_decisions(decided: Decided, directory: Path, rows: int = 1 << 16) -> Decisions:
+    """The verdicts by row written to a Parquet file a slice at a time, so the per-row arrays
+    can be dropped before DuckDB joins and sorts the output (its buffers grow with the
+    partition up to their limit; the arrays would sit under that)."""
     reason_codes, reasons = _reasons(decided)
-    state, group_codes = decided.state, decided.codes.group_id.codes
-    first_row_of_group = np.empty(int(group_codes.max(initial=-1)) + 1, np.int64)
-    first_row_of_group[group_codes] = np.arange(decided.codes.n)
-    reps = state.representatives()
-    db.register(
-        "decided",
-        pa.table(
-            {
-                "row": np.arange(decided.codes.n, dtype=np.int64),
-                "verdict": state.verdict,
+    state, n = decided.state, decided.codes.n
+    path = directory / "decisions.parquet"
+    with pq.ParquetWriter(path, _DECISIONS, compression="none") as writer:
+        for lo in range(0, n, rows):
+            at = slice(lo, min(lo + rows, n))
+            reps, match = state.representatives(at), state.match[at]
+            columns = {
+                "row": np.arange(at.start, at.stop, dtype=np.int64),
+                "verdict": state.verdict[at],
                 "rep": pa.array(reps, mask=reps < 0),
-                "match": pa.array(state.match, mask=state.match < 0),
-                "jaccard": pa.array(state.jaccard, mask=state.match < 0),
-                "leak": first_row_of_group[decided.leakage],
-                "reason": reason_codes,
+                "match": pa.array(match, mask=match < 0),
+                "jaccard": pa.array(state.jaccard[at], mask=match < 0),
+                "leak": decided.leakage[at],
+                "reason": reason_codes[at],
+                "pos": decided.position[at],
             }
-        ),
+            writer.write_table(pa.table(columns, schema=_DECISIONS), row_group_size=rows)
+    return Decisions(path, reasons)
+
+
+_DECISIONS = pa.schema(
+    [
+        ("row", pa.int64()),
+        ("verdict", pa.int8()),
+        ("rep", pa.int64()),
+        ("match", pa.int64()),
+        ("jaccard", pa.float64()),
+        ("leak", pa.int64()),
+        ("reason", pa.int32()),
+        ("pos", pa.int64()),
+    ]
+)
+
+
+def join_clusters(db: PartitionDb, decisions: Decisions, directory: Path) -> Path:
+    """The dedup table's rows, in any order with their ``pos``, joined into a Parquet file by
+    DuckDB (the joins spill as needed), so the connection can go before the table is sorted
+    (:func:`cluster_batches`) and written."""
+    reasons = decisions.reasons
+    db.con.execute(
+        f"CREATE TEMP VIEW decided AS SELECT * FROM read_parquet({sql_path(str(decisions.path))})"
     )
-    del reason_codes, first_row_of_group, reps
     db.register(
         "reasons", pa.table({"code": pa.array(range(len(reasons)), pa.int32()), "reason": reasons})
     )
     db.register("verdict_names", _VERDICT_NAMES)
-    path = directory / "clusters-sorted.parquet"
+    path = directory / "clusters-unsorted.parquet"
     try:
-        db.con.execute(_CLUSTERS_SQL.replace("{path}", str(path).replace("'", "''")))
+        sql = _CLUSTERS_SQL.replace("{path}", str(path).replace("'", "''"))
+        _output_query(db, lambda: db.con.execute(sql))
     finally:
-        for name in ("decided", "reasons", "verdict_names"):
+        for name in ("reasons", "verdict_names"):
             db.unregister(name)
+        db.con.execute("DROP VIEW decided")
     return path
 
 
-def cluster_batches(path: Path) -> Iterator[pa.RecordBatch]:
-    """The sorted dedup table read back a batch at a time, as CLUSTER_COLUMNS."""
-    parquet = pq.ParquetFile(path)
-    for batch in parquet.iter_batches(batch_size=1 << 16, use_threads=False):
-        yield pa.RecordBatch.from_arrays(
-            [c.cast(f.type) for c, f in zip(batch.columns, CLUSTER_COLUMNS, strict=True)],
-            schema=CLUSTER_COLUMNS,
-        )
+def _output_query(db: PartitionDb, run: Callable[[], _T]) -> _T:
+    """``run`` at the output limit on one thread; if DuckDB still runs out of memory (a hash
+    join partition must fit at once), once more from scratch at the coding limit on every
+    thread: the rows are the same either way."""
+    import duckdb
+
+    db.limit(OUTPUT_MEMORY_LIMIT, 1)
+    try:
+        return run()
+    except duckdb.OutOfMemoryException:
+        db.con.execute(";".join(f"DROP TABLE IF EXISTS {t}" for t in ("ids", "d1", "d2", "d3")))
+        db.flush()
+        db.limit(MEMORY_LIMIT, db.workers)
+        return run()
+
+
+def cluster_batches(unsorted: Path) -> Iterator[pa.RecordBatch]:
+    """The dedup table in its order, a batch at a time, as CLUSTER_COLUMNS: the joined rows
+    bucketed by position next to their file, each bucket sorted as it is read."""
+    buckets = bucket(unsorted, unsorted.parent)
+    unsorted.unlink()
+    yield from sorted_batches(buckets, CLUSTER_COLUMNS)
 
 
 _EDGES_SQL = """
-SELECT a.record_id AS record_a, b.record_id AS record_b, e.kind, e.jaccard
+SELECT a.record_id AS record_a, b.record_id AS record_b, e.kind, e.jaccard, e.seq
 FROM edges e JOIN recs a ON a.row = e.a JOIN recs b ON b.row = e.b
-ORDER BY record_a, record_b, e.kind, e.seq
 """
+# Sorted by Arrow (byte order, as DuckDB's default collation): DuckDB only joins.
+_EDGE_ORDER = [(name, "ascending") for name in ("record_a", "record_b", "kind", "seq")]
 
 
-def edge_table(db: PartitionDb, decided: Decided) -> pa.Table:
-    """Exact (copy -> its key's representative) and verified near edges, by record id."""
-    copies, near = decided.copies, len(decided.near_x)
-    a = np.concatenate([copies, decided.near_x])
+def edge_rows(decided: Decided) -> EdgeRows:
+    """Exact (copy -> its key's representative) and verified near edges, by row."""
+    copies = decided.copies
+    return EdgeRows(
+        np.concatenate([copies, decided.near_x]),
+        np.concatenate([decided.state.match[copies], decided.near_y]),
+        len(copies),
+        np.concatenate([np.ones(len(copies)), decided.near_j]),
+    )
+
+
+def edge_table(db: PartitionDb, rows: EdgeRows) -> pa.Table:
+    """The edges by record id, sorted."""
+    kinds = np.repeat(["exact", "near"], [rows.exact, len(rows.a) - rows.exact])
     edges = pa.table(
         {
-            "a": a,
-            "b": np.concatenate([decided.state.match[copies], decided.near_y]),
-            "kind": pa.array(np.repeat(["exact", "near"], [len(copies), near]), pa.string()),
-            "jaccard": np.concatenate([np.ones(len(copies)), decided.near_j]),
-            "seq": np.arange(len(a), dtype=np.int64),
+            "a": rows.a,
+            "b": rows.b,
+            "kind": pa.array(kinds, pa.string()),
+            "jaccard": rows.jaccard,
+            "seq": np.arange(len(rows.a), dtype=np.int64),
         }
     )
     db.register("edges", edges)
     try:
-        batches = list(db.batches(_EDGES_SQL))
+        batches = _output_query(db, lambda: list(db.batches(_EDGES_SQL)))
     finally:
         db.unregister("edges")
-    table = pa.Table.from_batches(batches) if batches else EDGE_COLUMNS.empty_table()
+    db.flush()
+    if not batches:
+        return EDGE_COLUMNS.empty_table()
+    table = pa.Table.from_batches(batches).sort_by(_EDGE_ORDER).drop_columns(["seq"])
     return table.cast(EDGE_COLUMNS).combine_chunks()

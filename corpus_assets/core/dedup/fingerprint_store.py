@@ -101,6 +101,7 @@ class SpilledFingerprints:
 
     def prefetch(self, ranks: np.ndarray) -> None:
         self.close()
+        release_memory()  # banding's freed arrays, before the texts and fingerprints come in
         self.tmp.mkdir(parents=True, exist_ok=True)
         self.file = tempfile.TemporaryFile(dir=self.tmp)  # noqa: SIM115 - closed by close()
         self.rows = np.sort(self.order[ranks])

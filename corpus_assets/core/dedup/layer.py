@@ -25,8 +25,10 @@ from corpus_assets.core.dedup.clusters import (
     Decided,
     cluster_batches,
     decide,
+    edge_rows,
     edge_table,
-    sort_clusters,
+    join_clusters,
+    write_decisions,
 )
 from corpus_assets.core.dedup.fingerprint_store import TextLookup
 from corpus_assets.core.dedup.near_stage import NearStage
@@ -61,14 +63,17 @@ def build_dedup_clusters(ws: Workspace, partition_key: str) -> LayerResult:
             near, signature_refs, run_stats = _near_stage(ws, chunks)
             decided = decide(db, order, revoked, near)
             del near
+            report = DedupReport(near=decided.report, per_source=_per_source(decided))
+            counts = _counts(decided, report, tombstoned=len(revoked))
+            edges_by_row = edge_rows(decided)
+            decisions = write_decisions(decided, Path(tmp))
+            del decided  # the per-row arrays: DuckDB reads the decisions from their file
             release_memory(collect=True)
-            edges = put_table(ws.cas, edge_table(db, decided))
-            sorted_path = sort_clusters(db, decided, Path(tmp))
-        report = DedupReport(near=decided.report, per_source=_per_source(decided))
-        counts = _counts(decided, report, tombstoned=len(revoked))
-        del decided
+            edges = put_table(ws.cas, edge_table(db, edges_by_row))
+            del edges_by_row
+            unsorted = join_clusters(db, decisions, Path(tmp))
         release_memory(collect=True)
-        batches = cluster_batches(sorted_path)
+        batches = cluster_batches(unsorted)
         clusters = put_table_batches(ws.cas, CLUSTER_COLUMNS, batches, _tmp(ws))
     out: dict[str, Any] = {
         "clusters": clusters,
@@ -104,6 +109,7 @@ def _revoked(ws: Workspace, db: PartitionDb, watermark: int) -> dict[int, str]:
         table = pa.Table.from_batches([batch])
         for row, reason in tombstone_matches(ws.catalog, watermark, table).items():
             found[int(rows[row])] = reason
+    db.flush()
     return found
 
 
@@ -137,7 +143,7 @@ def _counts(decided: Decided, report: DedupReport, tombstoned: int) -> dict[str,
     for per_verdict in report.per_source.values():
         verdicts.update(per_verdict)
     reps = decided.state.representatives()
-    kept_ids = decided.codes.record_id.codes[reps[reps >= 0]]
+    kept = reps[reps >= 0]  # kept rows: their record ids are distinct (repeats are excluded)
     return {
         "records": decided.codes.n,
         "kept": verdicts[KEEP],
@@ -146,7 +152,7 @@ def _counts(decided: Decided, report: DedupReport, tombstoned: int) -> dict[str,
         "near_duplicates": verdicts[NEAR],
         "tombstoned": tombstoned,
         "duplicate_ids": verdicts[EXCLUDED] - tombstoned,
-        "clusters": len(np.unique(kept_ids)),
+        "clusters": len(np.unique(kept)),
         "leakage_groups": len(np.unique(decided.leakage)),
     }
 

@@ -34,6 +34,9 @@ except (OSError, AttributeError):
     _LIBC = None
 _CARRIED_SQL = "record_id, source_id, object, line, group_id, dedup_key, kind"
 MEMORY_LIMIT = "160MB"  # DuckDB's buffer pool; it spills to disk beyond this
+# ... and for the clusters joins (no sort, unlike the edges query): what DuckDB uses grows with
+# the partition up to its limit, so a lower one keeps the layer's peak flat; the joins spill.
+OUTPUT_MEMORY_LIMIT = "64MB"  # on one thread (two needed more than 96 MB at 677k records)
 
 
 @dataclass
@@ -46,15 +49,20 @@ class Coded:
 
 @dataclass
 class RecordCodes:
-    """What dedup decides on, by row: lengths and integer codes of the string columns."""
+    """What dedup decides on, by row: integer codes of the string columns."""
 
     n: int
-    length: np.ndarray  # int64 text length in code points
     record_id: Coded
     dedup_key: Coded
     group_id: Coded
     kind: Coded
     source_id: Coded
+
+    def forget(self, *names: str) -> None:
+        """Drop the codes of columns no later phase reads (8 bytes per record each), so they
+        do not sit under the near-dedup and output peaks."""
+        for name in names:
+            setattr(self, name, Coded(np.empty(0, dtype=np.int64), []))
 
 
 class PartitionDb:
@@ -71,6 +79,7 @@ class PartitionDb:
             flush=("8MB", "32MB"),  # hand freed memory back after each task, not past 128/512 MB
         )
         self.con = self._duck.con
+        self.threads = self.workers = max(1, threads)
 
     @classmethod
     def from_chunks(cls, ws: Workspace, chunks: list[ChunkRecords]) -> "PartitionDb":
@@ -141,6 +150,24 @@ class PartitionDb:
         self._duck.close()  # its spill directory too
         release_memory()
 
+    def limit(self, memory: str, threads: int) -> None:
+        """DuckDB's buffer limit and thread count from here on."""
+        self.threads = max(1, threads)
+        self.con.execute(f"SET memory_limit = '{memory}'")
+        self.con.execute(f"SET threads = {self.threads}")
+
+    def flush(self) -> None:
+        """Hand the pages DuckDB freed back to the system now, at the end of a phase.
+
+        DuckDB's allocator (jemalloc on Linux) keeps the pages of finished queries for reuse:
+        after the coding sorts of 677k records that was ~130 MB, growing with the partition and
+        sitting under every later phase's peak (per-task flushes do not reach it). Changing the
+        thread count makes DuckDB flush every arena (its scheduler calls ``FlushAll`` when the
+        threads are relaunched), so the count goes up by one and straight back."""
+        self.con.execute(f"SET threads = {self.threads + 1}")
+        self.con.execute(f"SET threads = {self.threads}")
+        release_memory()
+
     def __enter__(self) -> "PartitionDb":
         return self
 
@@ -152,15 +179,15 @@ class PartitionDb:
         return int(self.con.execute("SELECT count(*) FROM meta").fetchall()[0][0])
 
     def codes(self) -> RecordCodes:
-        """Lengths and codes by row; codes follow the byte order of the values."""
+        """Codes by row; codes follow the byte order of the values. (Lengths stay in DuckDB's
+        ``meta``: only the total order reads them.)"""
         n = self.n
-        length = np.zeros(n, dtype=np.int64)
-        got = self.con.sql("SELECT row, length FROM meta").fetchnumpy()
-        length[got["row"]] = got["length"]
         coded = {name: self._coded(name, n) for name in ("record_id", "dedup_key", "group_id")}
-        return RecordCodes(
-            n, length, **coded, kind=self._coded("kind", n), source_id=self._coded("source_id", n)
+        codes = RecordCodes(
+            n, **coded, kind=self._coded("kind", n), source_id=self._coded("source_id", n)
         )
+        self.flush()
+        return codes
 
     def _coded(self, column: str, n: int) -> Coded:
         """Codes by one external sort streamed back (a window rank would hold the partition):
@@ -182,7 +209,8 @@ class PartitionDb:
         return Coded(codes, values)
 
     def total_order(self, source_order: dict[str, int]) -> np.ndarray:
-        """Rows in the stated total order: source rank, longer first, record id, object, line."""
+        """Rows in the stated total order: source rank, longer first, record id, object, line.
+        Once only: the lengths are dropped after it."""
         ranks = pa.table(
             {
                 "source_id": list(source_order),
@@ -197,6 +225,8 @@ class PartitionDb:
             "r.line, r.row"
         ).fetchnumpy()["row"]
         self.con.unregister("source_ranks")
+        self.con.execute("DROP TABLE meta")  # the lengths: read by nothing after the order
+        self.flush()
         return np.asarray(got, dtype=np.int64)
 
     def batches(self, sql: str, rows: int = 65536) -> Iterator[pa.RecordBatch]:

@@ -1,0 +1,91 @@
+"""The dedup table's row order without sorting its strings.
+
+The clusters table is sorted by record id, object, line and row. Dedup already holds codes of
+the record ids that follow their byte order, so every row's position in the table is computed
+on integers (object and line are fetched only for rows whose record id repeats, which are
+few). DuckDB then only joins, writing the rows in any order with their position; the rows are
+bucketed into files of one output row group each and every bucket is sorted when it is read
+back. Memory holds one bucket and one input batch, however large the partition: DuckDB's sort
+of the wide rows needed more than 128 MB at 677k records and grew with them.
+"""
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.ipc as ipc
+import pyarrow.parquet as pq
+
+from corpus_assets.core.dedup.partition_db import PartitionDb
+
+BUCKET_ROWS = 1 << 16  # rows per bucket: one row group of the pinned table
+
+
+def _last(value: Any) -> tuple[int, Any]:
+    """A sort key that puts None last, as DuckDB's ascending ORDER BY does."""
+    return (1, 0) if value is None else (0, value)
+
+
+def output_positions(db: PartitionDb, id_codes: np.ndarray) -> np.ndarray:
+    """Per row, its position in the table ordered by record id, object, line, row.
+
+    ``id_codes`` follow the record ids' byte order (nulls last); Python compares strings by code
+    point, which is UTF-8's byte order, so the repeated ids' objects order as in DuckDB."""
+    n = len(id_codes)
+    if not n:
+        return np.empty(0, dtype=np.int64)
+    tie = np.zeros(n, dtype=np.int64)
+    tied = np.flatnonzero(np.bincount(id_codes)[id_codes] > 1)
+    if len(tied):
+        where = db.object_lines(tied)
+        ranked = sorted(
+            tied.tolist(),
+            key=lambda row: (_last(where[row][0]), _last(where[row][1]), row),
+        )
+        tie[np.asarray(ranked, dtype=np.int64)] = np.arange(len(ranked))
+    by = np.lexsort((np.arange(n), tie, id_codes))
+    positions = np.empty(n, dtype=np.int64)
+    positions[by] = np.arange(n)
+    return positions
+
+
+def bucket(unsorted: Path, directory: Path, rows: int = BUCKET_ROWS) -> list[Path]:
+    """Split a table with a ``pos`` column (a permutation of 0..n-1) into Arrow IPC files by
+    ``pos // rows``, a batch at a time; the files in position order."""
+    writers: dict[int, ipc.RecordBatchStreamWriter] = {}
+    paths: dict[int, Path] = {}
+    parquet = pq.ParquetFile(unsorted, buffer_size=1 << 20, pre_buffer=False)
+    try:
+        for batch in parquet.iter_batches(batch_size=rows, use_threads=False):
+            group = batch.column("pos").to_numpy() // rows
+            by = np.argsort(group, kind="stable")
+            cuts = np.flatnonzero(np.diff(group[by])) + 1
+            for part in np.split(by, cuts) if len(by) else []:
+                g = int(group[part[0]])
+                if g not in writers:
+                    paths[g] = directory / f"bucket-{g:08d}.arrow"
+                    writers[g] = ipc.new_stream(str(paths[g]), batch.schema)
+                writers[g].write_batch(batch.take(pa.array(part)))
+    finally:
+        for writer in writers.values():
+            writer.close()
+    return [paths[g] for g in sorted(paths)]
+
+
+def sorted_batches(buckets: list[Path], schema: pa.Schema) -> Iterator[pa.RecordBatch]:
+    """Each bucket read back, sorted by ``pos`` and cast to ``schema`` (without ``pos``), then
+    deleted."""
+    for path in buckets:
+        with ipc.open_stream(str(path)) as reader:
+            table = reader.read_all()
+        path.unlink()
+        table = table.take(pc.sort_indices(table.column("pos"))).drop_columns(["pos"])
+        for batch in table.to_batches():
+            yield pa.RecordBatch.from_arrays(
+                [c.cast(f.type) for c, f in zip(batch.columns, schema, strict=True)],
+                schema=schema,
+            )
+        del table

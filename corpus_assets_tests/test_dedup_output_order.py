@@ -1,0 +1,97 @@
+"""The dedup table's order computed on integers equals DuckDB's sort of the strings."""
+
+from pathlib import Path
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from corpus_assets.core.dedup import clusters
+from corpus_assets.core.dedup.clusters import CLUSTER_COLUMNS
+from corpus_assets.core.dedup.output_order import bucket, output_positions, sorted_batches
+from corpus_assets.core.dedup.partition_db import PartitionDb
+
+
+def _records() -> pa.Table:
+    """Repeated record ids whose objects and lines decide the order, non-ASCII ids and objects
+    (byte order, not collation), and rows that tie on everything but their row."""
+    ids = ["b", "a", "é", "b", "Z", "b", "a", "ü", "b", "a"]
+    objects = ["o2", "x", "o", "o1", "o", "o10", "x", "o", "ö", "x"]
+    lines = [1, 3, 0, 7, 0, 2, 3, 0, 0, 1]
+    n = len(ids)
+    return pa.table(
+        {
+            "record_id": ids,
+            "source_id": ["s"] * n,
+            "object": objects,
+            "line": pa.array(lines, pa.int64()),
+            "group_id": [f"g{i}" for i in range(n)],
+            "dedup_key": [f"k{i}" for i in range(n)],
+            "kind": ["document"] * n,
+            "text": ["t"] * n,
+        }
+    )
+
+
+def test_positions_equal_duckdbs_order_by_record_id_object_line_row() -> None:
+    with PartitionDb.from_table(_records()) as db:
+        expected = db.con.sql(
+            "SELECT row FROM recs ORDER BY record_id, object, line, row"
+        ).fetchnumpy()["row"]
+        codes = db.codes()
+        positions = output_positions(db, codes.record_id.codes)
+    assert np.array_equal(np.argsort(positions), expected)
+
+
+def test_buckets_give_the_rows_in_position_order(tmp_path: Path) -> None:
+    n = 50
+    rng = np.random.default_rng(7)
+    pos = rng.permutation(n)
+    columns = {f.name: pa.nulls(n, f.type) for f in CLUSTER_COLUMNS}
+    columns["line"] = pa.array(pos * 10, pa.int64())
+    columns["record_id"] = pa.array([f"r{p:03d}" for p in pos])
+    table = pa.table({**columns, "pos": pa.array(pos, pa.int64())})
+    unsorted = tmp_path / "unsorted.parquet"
+    pq.write_table(table, unsorted, row_group_size=7)
+    buckets = bucket(unsorted, tmp_path, rows=8)
+    assert len(buckets) == 7  # ceil(50 / 8)
+    out = pa.Table.from_batches(list(sorted_batches(buckets, CLUSTER_COLUMNS)))
+    assert out.schema == CLUSTER_COLUMNS
+    assert out.column("line").to_pylist() == [10 * p for p in range(n)]
+    assert out.column("record_id").to_pylist() == [f"r{p:03d}" for p in range(n)]
+    assert not any(p.exists() for p in buckets)  # each bucket is deleted once read
+
+
+def _duplicated_records(n: int = 3000) -> pa.Table:
+    """Records with exact duplicates (every third text repeats), enough rows for DuckDB to need
+    more than a few blocks in its joins."""
+    keys = [f"k{i - i % 3}" for i in range(n)]
+    return pa.table(
+        {
+            "record_id": [f"rec-{i:06d}-{'x' * 40}" for i in range(n)],
+            "source_id": ["s"] * n,
+            "object": ["obj"] * n,
+            "line": pa.array(range(n), pa.int64()),
+            "group_id": [f"g{i}" for i in range(n)],
+            "dedup_key": keys,
+            "kind": ["document"] * n,
+            "length": pa.array([100] * n, pa.int64()),
+        }
+    )
+
+
+def test_output_joins_retry_at_the_coding_limit_when_duckdb_runs_out(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    records = _duplicated_records()
+    expected = clusters.cluster(records, {"s": 0})
+    monkeypatch.setattr(clusters, "OUTPUT_MEMORY_LIMIT", "256KB")
+    retried = clusters.cluster(records, {"s": 0})
+    assert retried.table.equals(expected.table)
+    assert retried.edges.equals(expected.edges)
+    assert expected.edges.num_rows == 2000  # the exact copies
+    monkeypatch.setattr(clusters, "MEMORY_LIMIT", "256KB")  # no room on the retry either
+    with pytest.raises(duckdb.OutOfMemoryException):  # so the first try did run out
+        clusters.cluster(records, {"s": 0})
