@@ -16,9 +16,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from corpus_assets.core.dedup.minhash import fingerprints
-from corpus_assets.core.dedup.partition_db import release_memory
 from corpus_assets.core.records.index import ChunkRecords
 from corpus_assets.core.runtime.workspace import Workspace
+from corpus_assets.core.storage.memory import release_memory
 
 
 class TextLookup:

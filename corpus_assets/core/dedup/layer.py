@@ -32,7 +32,7 @@ from corpus_assets.core.dedup.clusters import (
 )
 from corpus_assets.core.dedup.fingerprint_store import TextLookup
 from corpus_assets.core.dedup.near_stage import NearStage
-from corpus_assets.core.dedup.partition_db import PartitionDb, release_memory
+from corpus_assets.core.dedup.partition_db import PartitionDb
 from corpus_assets.core.dedup.report import DedupReport
 from corpus_assets.core.dedup.signature_cache import (
     ensure_signatures,
@@ -47,6 +47,7 @@ from corpus_assets.core.runtime.layers import LayerResult, load_index, publish_i
 from corpus_assets.core.runtime.workspace import Workspace
 from corpus_assets.core.storage.artifacts import NPY, Ref, get_table, make_ref, put_json, put_table
 from corpus_assets.core.storage.cas import ContentStore
+from corpus_assets.core.storage.memory import release_memory
 from corpus_assets.core.storage.parquet_sink import put_table_batches
 
 CODE = stage_code("dedup_clusters.v3", __name__)  # this module's closure, hashed at import

@@ -11,8 +11,6 @@ Orderings match the Arrow ones they replace: strings compare as bytes (UTF-8, no
 nulls sort last, and ``row`` breaks every remaining tie the way a stable sort would.
 """
 
-import ctypes
-import gc
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -26,12 +24,8 @@ import pyarrow.parquet as pq
 from corpus_assets.core.records.index import RECORD_COLUMNS, ChunkRecords
 from corpus_assets.core.runtime.workspace import Workspace
 from corpus_assets.core.storage.duck import Spilling, sql_list
+from corpus_assets.core.storage.memory import release_memory
 
-try:
-    _LIBC: ctypes.CDLL | None = ctypes.CDLL("libc.so.6")
-    _LIBC.malloc_trim  # noqa: B018 - glibc only
-except (OSError, AttributeError):
-    _LIBC = None
 _CARRIED_SQL = "record_id, source_id, object, line, group_id, dedup_key, kind"
 MEMORY_LIMIT = "160MB"  # DuckDB's buffer pool; it spills to disk beyond this
 # ... and for the clusters joins (no sort, unlike the edges query): what DuckDB uses grows with
@@ -266,18 +260,6 @@ def _changes(values: pa.Array, previous: pa.Array | None) -> np.ndarray:
     if previous is None:
         changed[0] = True
     return changed
-
-
-def release_memory(collect: bool = False) -> None:
-    """Hand freed pages back to the system between phases: Arrow's allocator and glibc's heap
-    keep them for reuse, but the next phase allocates through another allocator (numpy, DuckDB,
-    Arrow), which cannot reuse them. With ``collect`` (costly: only between layer phases)
-    cycles go first, so what they held is freed too."""
-    if collect:
-        gc.collect()
-    pa.default_memory_pool().release_unused()
-    if _LIBC is not None:
-        _LIBC.malloc_trim(0)
 
 
 def text_lengths(path: Path, batch_rows: int = 1024) -> np.ndarray:
