@@ -21,6 +21,7 @@ import pyarrow.parquet as pq
 from corpus_assets.core.records.index import CanonicalIndex
 from corpus_assets.core.runtime.layers import LayerIndex
 from corpus_assets.core.runtime.workspace import Workspace
+from corpus_assets.core.storage.memory import release_memory
 from corpus_assets.core.tokens.cache import TokenArrays, TokenCache, open_tokens
 from corpus_assets.core.training_view.pack_blocks import FileSamples
 
@@ -163,6 +164,8 @@ def _member_rows(
         )
         joined = keys.join(local, ["record_id", "object", "line"], join_type="inner")
         yield joined.select(["record_id", "kind", "chunk", "row", "tokens", "pair_split"])
+        del table, keys, local, joined
+        release_memory()  # the join's hash tables: Arrow's pool would keep them per chunk
 
 
 def _lookup(samples: pa.ChunkedArray, record_id: pa.Array) -> tuple[np.ndarray, int]:
