@@ -5,8 +5,14 @@ bomb is refused with an error naming it, before anything is published."""
 import gzip
 import hashlib
 import json
+import os
 import random
 import re
+import signal
+import subprocess
+import sys
+import textwrap
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -193,3 +199,51 @@ def test_a_bomb_is_refused_at_the_limits_given(
     with pytest.raises(InvalidObject, match="max_ratio"):
         fetch(url, cas, tmp_path / "work2", validate=DEFAULT_LIMITS)
     assert _cas_is_empty(cas)
+
+
+VALIDATING_CHILD = textwrap.dedent(
+    """
+    import sys
+    from pathlib import Path
+    from corpus_assets.core.ingest.codecs import DEFAULT_LIMITS
+    from corpus_assets.core.ingest.download_transfer import fetch_to_cas
+    from corpus_assets.core.storage.cas import ContentStore
+
+    url, cas_root, work = sys.argv[1:4]
+    fetch_to_cas(url, ContentStore(Path(cas_root)), Path(work), validate=DEFAULT_LIMITS,
+                 checkpoint_bytes=128 << 10, checkpoint_seconds=0.05)
+    """
+)
+
+
+def test_sigkill_mid_validating_download_then_resume(
+    serve: Serve, cas: ContentStore, tmp_path: Path
+) -> None:
+    """A process decoding its download is killed; a new one resumes from the checkpoint and
+    decodes the object from its first byte (the prefix from disk, the rest from the network)."""
+    remote, url = serve(body=ZST, piece=32 << 10, delay=0.02)  # ~1.6 MB/s
+    work = tmp_path / "work"
+    env = {**os.environ, "PYTHONPATH": str(test_download.REPO_ROOT)}
+    child = subprocess.Popen(
+        [sys.executable, "-c", VALIDATING_CHILD, url, str(cas.root), str(work)], env=env
+    )
+    checkpoint = checkpoint_of(work, url)
+    deadline = time.monotonic() + 20
+    verified = 0
+    while verified < (256 << 10):
+        assert child.poll() is None, "the child finished before it could be killed"
+        assert time.monotonic() < deadline, "no checkpoint past 256 KiB"
+        time.sleep(0.01)
+        try:
+            verified = json.loads(checkpoint.read_text())["verified_bytes"]
+        except (FileNotFoundError, ValueError):
+            continue
+    os.kill(child.pid, signal.SIGKILL)
+    assert child.wait(timeout=10) == -signal.SIGKILL
+    remote.delay = 0.0
+
+    fetched = fetch(url, cas, work, validate=DEFAULT_LIMITS)
+    assert_published(fetched, cas, work, ZST)
+    assert fetched.resumed and fetched.restarts == 0
+    assert fetched.bytes_transferred <= len(ZST) - verified
+    assert (fetched.codec, fetched.decoded_bytes) == ("zstd", len(RAW))
