@@ -203,7 +203,8 @@ class PartialFile:
 
     def append(self, block: bytes) -> None:
         """Write and hash body bytes; they count as verified once a checkpoint commits them.
-        ``block`` is hashed on the helper thread after this returns: it must be ``bytes``."""
+        ``block`` is hashed (and decoded, with ``decoding``) on helper threads after this
+        returns: it must be ``bytes``."""
         state = self.state
         self.handle.write(block)
         state.hasher.update(block)
