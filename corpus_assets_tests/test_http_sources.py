@@ -17,6 +17,7 @@ import pytest
 import zstandard
 from sqlalchemy import select
 
+from corpus_assets.core.ingest.pinning import PinError
 from corpus_assets.core.ingest.sources import fingerprint
 from corpus_assets.core.pipeline import BUILDERS, build_all
 from corpus_assets.core.release.validation import validate_snapshot
@@ -206,3 +207,23 @@ def test_downloads_run_on_the_task_runner_and_pin_the_same_bytes(site, tmp_path:
     assert owners[0] == {os.getpid()}
     assert owners[1] and os.getpid() not in owners[1]
     assert freezes[0] == freezes[1]
+
+
+def test_a_truncated_remote_object_fails_its_pin_naming_it(site, tmp_path: Path) -> None:
+    """The object is decoded while it downloads: a cut zstd stream fails the freeze at the pin
+    (no retries, no freeze written), not later in canonicalisation; the intact one is pinned."""
+    web, base = site
+    web.put("/good.jsonl.zst", zstandard.compress(_jsonl("g", 40)))
+    web.put("/cut.jsonl.zst", zstandard.compress(_jsonl("c", 400))[:-50])
+    urls = json.dumps([f"{base}/good.jsonl.zst", f"{base}/cut.jsonl.zst"])
+    with _workspace(tmp_path, f"{{id: web, kind: objects, urls: {urls}}}") as ws:
+        with pytest.raises(PinError, match=f"{base}/cut.jsonl.zst: .*zstd stream is truncated"):
+            BUILDERS["raw_snapshot"](ws, "p1")
+        assert ws.catalog.freeze_digest("p1") is None
+        with ws.catalog.begin() as conn:
+            rows = conn.execute(
+                select(chunk_tasks.c.chunk_key, chunk_tasks.c.status, chunk_tasks.c.attempts)
+            ).all()
+        status = {key.rsplit("/", 1)[-1]: (state, attempts) for key, state, attempts in rows}
+        assert status["good.jsonl.zst"][0] == "SUCCESS"
+        assert status["cut.jsonl.zst"] == ("FAILED", 1)  # refused once, not retried

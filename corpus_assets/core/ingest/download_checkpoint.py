@@ -27,6 +27,9 @@ commit is in flight at most; every other write to the partial or its checkpoint 
 re-raises its error. The sha256 itself runs on another helper thread (``OverlappedHasher``), one
 block behind the writes, so receiving and writing the next block overlap hashing this one; every
 snapshot and the final digest wait for it, so a claim's hash always covers exactly its bytes.
+When asked to, the state also decodes what it holds (``DecodeCheck``, a third helper thread): the
+blocks appended and, on adopt, the prefix re-read from disk, so a resumed download is decoded from
+its first byte like an uninterrupted one, and a restart starts a new decoder with its new state.
 """
 
 import errno
@@ -35,13 +38,14 @@ import hashlib
 import json
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
+from corpus_assets.core.ingest.download_decode import DecodeCheck, Decoded
 from corpus_assets.core.ingest.remote_http import DownloadError, RemoteVersion
 from corpus_assets.core.storage.digests import PREFIX
 from corpus_assets.core.storage.fsio import atomic_write
@@ -61,17 +65,32 @@ class PartialState:
     expected_size: int | None = None
     etag: str | None = None
     last_modified: str | None = None
+    decoder: DecodeCheck | None = None
 
     @property
     def complete(self) -> bool:
         return self.expected_size is not None and self.verified == self.expected_size
 
+    def close(self) -> None:
+        """End the helper threads (the hasher stays usable inline)."""
+        try:
+            self.hasher.close()
+        finally:
+            if self.decoder is not None:
+                self.decoder.close()
+
 
 @contextmanager
 def locked_partial(
-    url: str, work_dir: Path, *, checkpoint_bytes: int, checkpoint_seconds: float
+    url: str,
+    work_dir: Path,
+    *,
+    checkpoint_bytes: int,
+    checkpoint_seconds: float,
+    decoding: Callable[[], DecodeCheck] | None = None,
 ) -> Iterator["PartialFile"]:
-    """The URL's partial file in ``work_dir``, locked so no second process writes it meanwhile."""
+    """The URL's partial file in ``work_dir``, locked so no second process writes it meanwhile;
+    ``decoding`` makes the decoder each new state feeds its bytes to (None: no decoding)."""
     work_dir = Path(work_dir)
     work_dir.mkdir(parents=True, exist_ok=True)
     key = hashlib.sha256(url.encode("utf-8")).hexdigest()
@@ -91,6 +110,7 @@ def locked_partial(
             checkpoint=work_dir / f"{key}.partial.json",
             checkpoint_bytes=checkpoint_bytes,
             checkpoint_seconds=checkpoint_seconds,
+            decoding=decoding,
         )
         try:
             yield partial
@@ -108,6 +128,7 @@ class PartialFile:
     checkpoint: Path
     checkpoint_bytes: int
     checkpoint_seconds: float
+    decoding: Callable[[], DecodeCheck] | None = None
     state: PartialState = field(default_factory=PartialState)
     _saved: _Signature | None = None
     _saved_at: float = float("-inf")  # the first checkpoint is due at once (any uptime)
@@ -126,7 +147,7 @@ class PartialFile:
             verified = int(payload["verified_bytes"])
             expected_size = payload["expected_size"]
             prefix = str(payload["sha256_prefix"])
-            state = PartialState(
+            state = self._new_state(
                 verified=verified,
                 expected_size=None if expected_size is None else int(expected_size),
                 etag=payload["etag"],
@@ -140,7 +161,7 @@ class PartialFile:
             return f"checkpoint claims {verified} of {state.expected_size} bytes"
         reason = self._rehash(state, prefix)
         if reason is not None:
-            state.hasher.close()
+            state.close()
         else:
             self._replace_state(state)
             self._saved = self._signature()
@@ -162,6 +183,8 @@ class PartialFile:
             if not block:
                 return "partial file shrank while it was re-hashed"
             state.hasher.update(block)
+            if state.decoder is not None:
+                state.decoder.feed(block)
             remaining -= len(block)
         if state.hasher.hexdigest() != prefix:
             return "partial file's prefix does not hash to its checkpoint"
@@ -175,15 +198,19 @@ class PartialFile:
         self.handle.flush()
         os.fsync(self.handle.fileno())
         self.checkpoint.unlink(missing_ok=True)
-        self._replace_state(PartialState())
+        self._replace_state(self._new_state())
         self._saved = None
 
     def append(self, block: bytes) -> None:
         """Write and hash body bytes; they count as verified once a checkpoint commits them.
-        ``block`` is hashed on the helper thread after this returns: it must be ``bytes``."""
+        ``block`` is hashed (and decoded, with ``decoding``) on helper threads after this
+        returns: it must be ``bytes``."""
+        state = self.state
         self.handle.write(block)
-        self.state.hasher.update(block)
-        self.state.verified += len(block)
+        state.hasher.update(block)
+        if state.decoder is not None:
+            state.decoder.feed(block)
+        state.verified += len(block)
 
     def save_if_due(self) -> None:
         """Start a background checkpoint every ``checkpoint_bytes`` or ``checkpoint_seconds``;
@@ -217,7 +244,7 @@ class PartialFile:
         try:
             self._settle()
         finally:
-            self.state.hasher.close()
+            self.state.close()
             if self._committer is not None:
                 self._committer.shutdown()
                 self._committer = None
@@ -262,9 +289,23 @@ class PartialFile:
         """The sha256 of every byte appended (or re-hashed from disk) so far."""
         return PREFIX + self.state.hasher.hexdigest()
 
+    def decode_error(self) -> BaseException | None:
+        """The decoder's failure on the bytes appended so far, as soon as it is known."""
+        decoder = self.state.decoder
+        return None if decoder is None else decoder.error
+
+    def decoded(self) -> Decoded | None:
+        """Wait for the decoder to reach the end of the bytes appended; raise its error."""
+        decoder = self.state.decoder
+        return None if decoder is None else decoder.finish()
+
+    def _new_state(self, **values: object) -> PartialState:
+        decoder = self.decoding() if self.decoding is not None else None
+        return PartialState(decoder=decoder, **values)  # type: ignore[arg-type]
+
     def _replace_state(self, state: PartialState) -> None:
         old, self.state = self.state, state
-        old.hasher.close()
+        old.close()
 
     def remove(self) -> None:
         """Drop the checkpoint and the partial file once the CAS holds the bytes."""

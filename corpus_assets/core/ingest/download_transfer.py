@@ -3,7 +3,9 @@
 Each attempt asks for the bytes from the verified offset (``Range`` with ``If-Range``) and only
 appends a body that provably continues the same version; anything else restarts from zero or, when
 a version is pinned, fails. What is verified on disk, and when it is committed, is
-``download_checkpoint``'s business. Memory is flat: one chunk at a time.
+``download_checkpoint``'s business. Memory is flat: one chunk at a time. With ``validate`` a
+compressed object is also decoded as it arrives (``download_decode``), so the download fails with
+``InvalidObject`` as soon as the object proves truncated, corrupt or a bomb (never publishing it).
 """
 
 import http.client
@@ -11,9 +13,12 @@ import os
 import time
 import urllib.error
 from dataclasses import dataclass
+from functools import partial as bind
 from pathlib import Path
 
+from corpus_assets.core.ingest.codecs import CodecError, DecompressionLimits
 from corpus_assets.core.ingest.download_checkpoint import PartialFile, locked_partial
+from corpus_assets.core.ingest.download_decode import DecodeCheck, Decoded
 from corpus_assets.core.ingest.remote_http import (
     DownloadError,
     RemoteVersion,
@@ -32,7 +37,9 @@ MAX_BACKOFF_SECONDS = 5.0
 
 @dataclass(frozen=True)
 class Fetched:
-    """A published download; ``bytes_transferred`` counts every body byte received this call."""
+    """A published download; ``bytes_transferred`` counts every body byte received this call.
+    ``codec`` and ``decoded_bytes`` are what ``validate`` found (None without it; a plain object
+    has no decoded size)."""
 
     digest: str
     size: int
@@ -41,10 +48,18 @@ class Fetched:
     bytes_transferred: int
     resumed: bool
     restarts: int
+    codec: str | None = None
+    decoded_bytes: int | None = None
 
 
 class ResumeRefused(DownloadError):
     """Resume-only mode found no usable checkpoint, so it refuses to download from scratch."""
+
+
+class InvalidObject(DownloadError):
+    """The object downloaded faithfully but does not decode (``validate``): truncated, corrupt or
+    a bomb. The partial is kept, so a rerun re-checks it without the network unless the object
+    changed; retrying the same version cannot help."""
 
 
 def fetch_to_cas(
@@ -60,6 +75,7 @@ def fetch_to_cas(
     backoff_seconds: float = 0.05,
     checkpoint_bytes: int = 32 << 20,
     checkpoint_seconds: float = 1.0,
+    validate: DecompressionLimits | None = None,
 ) -> Fetched:
     """Download ``url`` into ``cas``, resuming from a verified checkpoint in ``work_dir``.
 
@@ -71,9 +87,18 @@ def fetch_to_cas(
     is committed every ``checkpoint_bytes`` or ``checkpoint_seconds``, whichever comes first, and
     after every drop: a killed process loses at most that much. Two processes fetching the same
     URL into one ``work_dir`` are excluded by a lock on the partial file.
+
+    ``validate`` decodes a zstd or gzip object within those limits while it downloads (a resumed
+    one from its first byte on disk) and raises ``InvalidObject`` naming the URL if it does not
+    decode to a clean end; nothing is published then.
     """
+    decoding = None if validate is None else bind(DecodeCheck, url, validate)
     with locked_partial(
-        url, work_dir, checkpoint_bytes=checkpoint_bytes, checkpoint_seconds=checkpoint_seconds
+        url,
+        work_dir,
+        checkpoint_bytes=checkpoint_bytes,
+        checkpoint_seconds=checkpoint_seconds,
+        decoding=decoding,
     ) as partial:
         download = _Download(
             url=url,
@@ -144,6 +169,7 @@ class _Download:
             reason = "the checkpoint has no verified bytes"  # resuming at 0 is starting over
         if reason is None:
             self.resumed = state.verified > 0
+            self._check_decoding()  # a checkpoint whose prefix does not decode: stop here
             return
         if self.resume_only:
             raise ResumeRefused(
@@ -269,6 +295,7 @@ class _Download:
             received += len(block)
             self.transferred += len(block)
             partial.save_if_due()
+            self._check_decoding()
         if declared is not None and received < declared:
             raise _Dropped(f"body ended after {received} of {declared} bytes", received)
         if total is None:  # no length announced: a clean end (chunked terminator) is the end
@@ -280,6 +307,7 @@ class _Download:
         again here; the CAS re-checks those bytes on every read."""
         partial = self.partial
         partial.save()
+        decoded = self._decoded()
         state = partial.state
         digest = partial.digest()
         size = os.fstat(partial.handle.fileno()).st_size
@@ -299,4 +327,31 @@ class _Download:
             bytes_transferred=self.transferred,
             resumed=self.resumed,
             restarts=self.restarts,
+            codec=None if decoded is None else decoded.codec,
+            decoded_bytes=None if decoded is None else decoded.decoded_bytes,
         )
+
+    def _check_decoding(self) -> None:
+        """Stop at once when the bytes so far already fail to decode (the partial is kept)."""
+        error = self.partial.decode_error()
+        if error is not None:
+            self.partial.save()
+            raise self._invalid(error, early=True)
+
+    def _decoded(self) -> Decoded | None:
+        try:
+            return self.partial.decoded()
+        except CodecError as error:
+            raise self._invalid(error, early=False) from error
+
+    def _invalid(self, error: BaseException, *, early: bool) -> InvalidObject:
+        """``error`` names the URL (the decoder's ``what``); this adds what was kept."""
+        state = self.partial.state
+        when = (
+            f"found at byte {state.verified} of {state.expected_size}, so the download stopped"
+            if early
+            else f"found once all {state.verified} bytes were received"
+        )
+        invalid = InvalidObject(f"{error} ({when}; nothing published, the partial is kept)")
+        invalid.__cause__ = error
+        return invalid

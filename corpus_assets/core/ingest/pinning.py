@@ -5,7 +5,9 @@ Last-Modified where the server gives them). Each copy is a chunk task, so a free
 resumes without re-copying what is already pinned. The source is listed before and after pinning:
 objects added, removed or rewritten during the scan are reported as belonging to the next snapshot
 and the pinned version wins. A copy that raced a writer (the file changed while being read) is
-retried, so a pinned digest is always the digest of one consistent version.
+retried, so a pinned digest is always the digest of one consistent version. A remote zstd or gzip
+object is decoded while it downloads, within the configured limits: one that is truncated, corrupt
+or a bomb fails its pin (naming it) instead of a later canonicalisation.
 """
 
 import json
@@ -17,7 +19,8 @@ from typing import Literal
 
 from corpus_assets.core.ingest.changelog_fold import fold, late_events
 from corpus_assets.core.ingest.changelog_segments import list_segments
-from corpus_assets.core.ingest.download_transfer import ResumeRefused, fetch_to_cas
+from corpus_assets.core.ingest.codecs import DecompressionLimits
+from corpus_assets.core.ingest.download_transfer import InvalidObject, ResumeRefused, fetch_to_cas
 from corpus_assets.core.ingest.freeze_spec import (
     ChangelogSourceSpec,
     DeferredChange,
@@ -221,9 +224,15 @@ def _pin(
                 task,
                 lambda obj=listed: _copy(ws, obj),
                 done=done,
-                passthrough=(ObjectChanged, ObjectVanished, FileNotFoundError, ResumeRefused),
+                passthrough=(
+                    ObjectChanged,
+                    ObjectVanished,
+                    FileNotFoundError,
+                    ResumeRefused,
+                    InvalidObject,
+                ),
             )
-        except ResumeRefused as error:
+        except (ResumeRefused, InvalidObject) as error:  # retrying the same bytes cannot help
             raise PinError(f"{listed.name}: {error}") from None
         except ObjectChanged:
             listed = _relist(listed)
@@ -249,6 +258,7 @@ def _copy(ws: Workspace, listed: ListedObject) -> str:
             else None
         )
         expected = RemoteVersion(listed.location, listed.size, etag, modified)
+        bounds = ws.config.limits  # the records layer's, so the pin accepts what it will
         try:
             fetched = fetch_to_cas(
                 listed.location,
@@ -256,8 +266,11 @@ def _copy(ws: Workspace, listed: ListedObject) -> str:
                 ws.home / "downloads",
                 expected=expected,
                 resume_only=resume_only(),
+                validate=DecompressionLimits(
+                    max_output_bytes=bounds.max_output_bytes, max_ratio=bounds.max_ratio
+                ),
             )
-        except ResumeRefused:
+        except (ResumeRefused, InvalidObject):
             raise
         except DownloadError as error:
             try:
