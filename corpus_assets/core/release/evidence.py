@@ -47,7 +47,6 @@ class Evidence:
     dedup: LayerIndex
     splits: LayerIndex
     files: VerifiedFiles
-    threads: int = 2
     _stack: ExitStack = field(default_factory=ExitStack, repr=False)
     _con: DuckDBPyConnection | None = field(default=None, repr=False)
 
@@ -58,7 +57,6 @@ class Evidence:
         catalog: Catalog,
         manifest: dict[str, Any],
         verified: set[str] | frozenset[str] = frozenset(),
-        threads: int = 2,
     ) -> Evidence:
         """Read the freeze spec and the layer indexes, and check the members table is whole
         (CasError if any is missing or corrupt); ``verified`` digests are not re-hashed."""
@@ -74,7 +72,6 @@ class Evidence:
             dedup=load_index(cas, layers["dedup_clusters"], "dedup_clusters"),
             splits=load_index(cas, layers["splits"], "splits"),
             files=files,
-            threads=threads,
         )
 
     def __enter__(self) -> Evidence:
@@ -96,7 +93,8 @@ class Evidence:
         return self._con
 
     def _open(self) -> DuckDBPyConnection:
-        con = self._stack.enter_context(duck.connect(self.cas, self.threads))
+        connection = duck.connect(self.cas, duck.EVIDENCE_THREADS, duck.EVIDENCE_MB)
+        con = self._stack.enter_context(connection)
         members = self.files.path(self.manifest["members"]["digest"], "members table")
         con.execute(
             "CREATE VIEW members AS SELECT * FROM "

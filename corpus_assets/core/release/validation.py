@@ -110,7 +110,6 @@ def validate_snapshot(ws: Workspace, digest: str, trust_unchanged: bool = False)
             ws.catalog,
             load_manifest(ws.cas, snapshot),
             verified=report.verified,  # re-hashed once, by verify
-            threads=ws.config.execution.workers,
         )
     except CasError as error:  # already reported by verify, by object name
         failed.append(("evidence", str(error)))
