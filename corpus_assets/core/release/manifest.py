@@ -40,6 +40,7 @@ from corpus_assets.core.storage.artifacts import (
 )
 from corpus_assets.core.storage.digests import json_digest
 from corpus_assets.core.storage.duck import VerifiedFiles
+from corpus_assets.core.storage.memory import release_memory
 from corpus_assets.core.storage.parquet_sink import put_table_batches
 from corpus_assets.core.tokens.spec import resolve_tokenizer
 from corpus_assets.core.training_view.splits import SPLITS
@@ -94,7 +95,6 @@ def put_members(ws: Workspace, indexes: Indexes) -> tuple[Ref, int, list[dict[st
     with tempfile.TemporaryDirectory(prefix="members-", dir=_spill(ws)) as tmp:
         records, out = Path(tmp) / "records.parquet", Path(tmp) / "members.parquet"
         _narrow_records(files, canonical, records)
-        pa.default_memory_pool().release_unused()  # the decoded texts' pages, before DuckDB
         query = MEMBERS_QUERY.format(
             records=records,
             clusters=files.path(indexes["dedup_clusters"][1].output("clusters")["digest"]),
@@ -131,6 +131,7 @@ def _narrow_records(files: VerifiedFiles, canonical: CanonicalIndex, out: Path) 
                     rows, columns=[*RECORD_FIELDS, "text"], use_threads=False
                 ):
                     writer.write_batch(_without_text(batch, schema))
+            release_memory()  # the chunk's decoded texts: Arrow's pool would keep their pages
 
 
 def _without_text(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
