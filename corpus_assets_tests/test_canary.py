@@ -4,6 +4,7 @@ from pathlib import Path
 
 from corpus_assets.core.pipeline import build_all
 from corpus_assets.core.release.validation import validate_snapshot
+from corpus_assets.core.release.verify import Report
 from corpus_assets.core.runtime.workspace import open_workspace
 
 SOURCES = 3  # the demo's sources, each one chunk first in its source
@@ -14,21 +15,23 @@ def _with_policies(demo_home: Path, *lines: str) -> None:
     config.write_text(config.read_text() + "".join(f"  {line}\n" for line in lines))
 
 
-def test_the_canary_replays_the_first_lines_of_each_source_and_no_more(demo_home: Path) -> None:
-    _with_policies(demo_home, "validation: {canary_lines: 5}")
+def _built_and_checked(demo_home: Path, canary_lines: str) -> Report:
+    """The demo built under ``validation: {canary_lines: ...}`` and its validation report."""
+    _with_policies(demo_home, f"validation: {{canary_lines: {canary_lines}}}")
     with open_workspace() as ws:
         sid = build_all(ws, "p1")["manifest"].digests["snapshotId"]
-        report = validate_snapshot(ws, sid)
+        return validate_snapshot(ws, sid)
+
+
+def test_the_canary_replays_the_first_lines_of_each_source_and_no_more(demo_home: Path) -> None:
+    report = _built_and_checked(demo_home, "5")
     assert report.ok, report.findings
     assert (report.gate.canary_chunks, report.gate.canary_lines) == (SOURCES, 5 * SOURCES)
     assert report.gate.set_difference == 0
 
 
 def test_whole_chunks_when_the_bound_is_null(demo_home: Path) -> None:
-    _with_policies(demo_home, "validation: {canary_lines: null}")
-    with open_workspace() as ws:
-        sid = build_all(ws, "p1")["manifest"].digests["snapshotId"]
-        report = validate_snapshot(ws, sid)
+    report = _built_and_checked(demo_home, "null")
     assert report.ok, report.findings
     assert report.gate.canary_lines > 5 * SOURCES  # the demo's first chunks hold 21-122 lines
 

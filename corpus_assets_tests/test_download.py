@@ -541,28 +541,35 @@ CHILD = textwrap.dedent(
 )
 
 
-def test_sigkill_mid_download_then_resume(
-    serve: Callable[..., tuple[Remote, str]], cas: ContentStore, tmp_path: Path
-) -> None:
-    remote, url = serve(piece=32 << 10, delay=0.02)  # ~1.6 MB/s: two seconds for the object
-    work = tmp_path / "work"
+def kill_past_checkpoint(child: str, url: str, cas: ContentStore, work: Path, past: int) -> int:
+    """Run the download script ``child`` in a new process and SIGKILL it once its checkpoint
+    vouches for more than ``past`` bytes; returns the bytes the last checkpoint read vouched for."""
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
-    child = subprocess.Popen(
-        [sys.executable, "-c", CHILD, url, str(cas.root), str(work)], env=env, cwd=REPO_ROOT
+    process = subprocess.Popen(
+        [sys.executable, "-c", child, url, str(cas.root), str(work)], env=env, cwd=REPO_ROOT
     )
     checkpoint = checkpoint_of(work, url)
     deadline = time.monotonic() + 20
     verified = 0
-    while verified < (1 << 20):
-        assert child.poll() is None, "the child finished before it could be killed"
-        assert time.monotonic() < deadline, "no checkpoint past 1 MiB"
+    while verified < past:
+        assert process.poll() is None, "the child finished before it could be killed"
+        assert time.monotonic() < deadline, f"no checkpoint past {past} bytes"
         time.sleep(0.01)
         try:
             verified = json.loads(checkpoint.read_text())["verified_bytes"]
         except (FileNotFoundError, ValueError):
             continue
-    os.kill(child.pid, signal.SIGKILL)
-    assert child.wait(timeout=10) == -signal.SIGKILL
+    os.kill(process.pid, signal.SIGKILL)
+    assert process.wait(timeout=10) == -signal.SIGKILL
+    return verified
+
+
+def test_sigkill_mid_download_then_resume(
+    serve: Callable[..., tuple[Remote, str]], cas: ContentStore, tmp_path: Path
+) -> None:
+    remote, url = serve(piece=32 << 10, delay=0.02)  # ~1.6 MB/s: two seconds for the object
+    work = tmp_path / "work"
+    verified = kill_past_checkpoint(CHILD, url, cas, work, 1 << 20)
     remote.delay = 0.0
 
     fetched = fetch(url, cas, work)

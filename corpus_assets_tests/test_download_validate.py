@@ -5,14 +5,9 @@ bomb is refused with an error naming it, before anything is published."""
 import gzip
 import hashlib
 import json
-import os
 import random
 import re
-import signal
-import subprocess
-import sys
 import textwrap
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -223,23 +218,7 @@ def test_sigkill_mid_validating_download_then_resume(
     decodes the object from its first byte (the prefix from disk, the rest from the network)."""
     remote, url = serve(body=ZST, piece=32 << 10, delay=0.02)  # ~1.6 MB/s
     work = tmp_path / "work"
-    env = {**os.environ, "PYTHONPATH": str(test_download.REPO_ROOT)}
-    child = subprocess.Popen(
-        [sys.executable, "-c", VALIDATING_CHILD, url, str(cas.root), str(work)], env=env
-    )
-    checkpoint = checkpoint_of(work, url)
-    deadline = time.monotonic() + 20
-    verified = 0
-    while verified < (256 << 10):
-        assert child.poll() is None, "the child finished before it could be killed"
-        assert time.monotonic() < deadline, "no checkpoint past 256 KiB"
-        time.sleep(0.01)
-        try:
-            verified = json.loads(checkpoint.read_text())["verified_bytes"]
-        except (FileNotFoundError, ValueError):
-            continue
-    os.kill(child.pid, signal.SIGKILL)
-    assert child.wait(timeout=10) == -signal.SIGKILL
+    verified = test_download.kill_past_checkpoint(VALIDATING_CHILD, url, cas, work, 256 << 10)
     remote.delay = 0.0
 
     fetched = fetch(url, cas, work, validate=DEFAULT_LIMITS)
