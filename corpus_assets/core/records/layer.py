@@ -149,7 +149,7 @@ def _canonicalize_object(
     writer = TableWriter(ws.cas, made.records.schema)  # through a file: put_table's bytes
     writer.write_table(made.records)
     records_ref = writer.close()
-    made.records = made.records.slice(0, 0)
+    made.records = made.records.slice(0, 0)  # the object's texts go now, not at return
     descriptor = ChunkDescriptor(
         records=records_ref,
         count=kept.rows,

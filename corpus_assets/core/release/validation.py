@@ -22,8 +22,6 @@ content, code and config (``gate_memo``), the rules in ``live`` always run, and 
 
 from dataclasses import dataclass
 
-import pyarrow as pa
-
 from corpus_assets.core.governance import states
 from corpus_assets.core.ingest.pinning import late_changes
 from corpus_assets.core.records.canary import canary_replay
@@ -34,6 +32,7 @@ from corpus_assets.core.runtime import transform
 from corpus_assets.core.runtime.workspace import Workspace
 from corpus_assets.core.storage.cas import CasError
 from corpus_assets.core.storage.catalog import Catalog
+from corpus_assets.core.storage.memory import release_memory
 from corpus_assets.core.storage.trust import StatTrust
 
 Failure = tuple[str, str]  # (the rule's name, one finding)
@@ -134,7 +133,7 @@ def _apply(rules: tuple[Gate, ...], evidence: Evidence, report: GateReport) -> l
             failed += [(rule.__name__, finding) for finding in rule(evidence, report)]
         except CasError as error:
             failed.append((rule.__name__, str(error)))
-        pa.default_memory_pool().release_unused()  # a rule's tables, before the next one
+        release_memory()  # a rule's tables, before the next one
     return failed
 
 

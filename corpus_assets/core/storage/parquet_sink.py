@@ -39,6 +39,7 @@ from corpus_assets.core.storage.artifacts import (
     table_bytes,
 )
 from corpus_assets.core.storage.cas import ContentStore
+from corpus_assets.core.storage.memory import release_memory
 
 ROW_GROUP_ROWS: int = PINNED_PARQUET["row_group_size"]
 STEP = 1 << 16  # rows per chunk of a row group: a multiple of the writer's 1024-value batches
@@ -227,7 +228,7 @@ def put_tables(
     sink = io.BytesIO()
     with _writer(sink, schema) as writer:
         _write_groups(writer, schema, _contiguous(parts, schema, heads), ROW_GROUP_ROWS)
-    pa.default_memory_pool().release_unused()
+    release_memory()
     if not heads:
         return put_bytes(cas, table_bytes(schema.empty_table()), PARQUET), schema.empty_table()
     return put_bytes(cas, sink.getvalue(), PARQUET), heads[0]

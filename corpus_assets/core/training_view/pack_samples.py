@@ -70,7 +70,6 @@ def locate_samples(
             f"({int(missing.sum())} samples in all)"
         )
     take = pa.array(sample_row)
-    pool = pa.default_memory_pool()
     located = SampleRows(
         record_id=pa.chunked_array([samples.combine_chunks()]),
         kind=pa.chunked_array([rows.column("kind").take(take).combine_chunks()]),
@@ -80,7 +79,7 @@ def locate_samples(
         pair_split=rows.column("pair_split").take(take).to_numpy(),
     )
     del rows
-    pool.release_unused()  # the lookup's transient tables, back to the system before packing
+    release_memory()  # the lookup's transient tables, back to the system before packing
     return located
 
 
