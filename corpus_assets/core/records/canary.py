@@ -84,7 +84,7 @@ def _recorded(
     ws: Workspace, canonical: CanonicalIndex, entry: ChunkEntry, lines: int | None
 ) -> tuple[pa.Table, pa.Table]:
     """The snapshot's records and exclusions of the chunk's first ``lines`` source lines
-    (records are stored in line order, so reading stops at the first row group past them)."""
+    (records are stored in line order, so reading stops at the first batch past them)."""
     descriptor = canonical.descriptor(entry)
     path = ws.cas.path(descriptor.records["digest"])
     groups = []
