@@ -2,7 +2,7 @@
 
 import dagster as dg
 
-from corpus_assets.assets.checks import snapshot_validates
+from corpus_assets.assets.checks import LAYER_CHECKS, snapshot_validates
 from corpus_assets.assets.jobs import activate_snapshot, approve_snapshot, build_snapshot
 from corpus_assets.assets.layers import LAYER_ASSETS
 from corpus_assets.assets.resources import CorpusResource
@@ -10,8 +10,10 @@ from corpus_assets.assets.sensors import publication, source_discovery
 
 defs = dg.Definitions(
     assets=LAYER_ASSETS,
-    asset_checks=[snapshot_validates],
+    asset_checks=[*LAYER_CHECKS, snapshot_validates],
     jobs=[build_snapshot, approve_snapshot, activate_snapshot],
     sensors=[source_discovery, publication],
     resources={"corpus": CorpusResource()},
+    # runs launched from the UI's Materialize button use this; jobs name it too (jobs.py)
+    executor=dg.in_process_executor,
 )

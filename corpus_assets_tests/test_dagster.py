@@ -6,9 +6,7 @@ import dagster as dg
 import pytest
 from sqlalchemy import select
 
-from corpus_assets.assets.checks import snapshot_validates
 from corpus_assets.assets.jobs import approval_run_config
-from corpus_assets.assets.layers import LAYER_ASSETS
 from corpus_assets.assets.resources import CorpusResource
 from corpus_assets.assets.sensors import publication, source_discovery
 from corpus_assets.core.governance import gate, states
@@ -23,13 +21,16 @@ RESOURCES = {"corpus": CorpusResource()}
 
 def _materialize(instance: dg.DagsterInstance, key: str) -> dg.ExecuteInProcessResult:
     instance.add_dynamic_partitions("snapshots", [key])
-    return dg.materialize(
-        [*LAYER_ASSETS, snapshot_validates],
-        partition_key=key,
-        instance=instance,
-        resources=RESOURCES,
-        raise_on_error=False,
+    return defs.resolve_job_def("build_snapshot").execute_in_process(
+        partition_key=key, instance=instance, raise_on_error=False
     )
+
+
+def _gate_check(result: dg.ExecuteInProcessResult) -> dg.AssetCheckEvaluation:
+    (evaluation,) = [
+        e for e in result.get_asset_check_evaluations() if e.check_name == "snapshot_validates"
+    ]
+    return evaluation
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgres"])
@@ -45,10 +46,11 @@ def test_materialize_all_seven_layers(
         by_layer = {e.asset_key.path[-1]: e.materialization for e in events}
         assert set(by_layer) == set(LAYERS)
         assert all(m.partition == "p1" for m in by_layer.values())
-        checks = result.get_asset_check_evaluations()
-        assert [(c.check_name, c.passed) for c in checks] == [("snapshot_validates", True)]
-        sid = checks[0].metadata["snapshotId"].value
-        gate_report = checks[0].metadata["gate_report"].value
+        checks = {c.check_name: c.passed for c in result.get_asset_check_evaluations()}
+        layer_checks = {f"{layer}_invariants" for layer in LAYERS[:-1]}
+        assert checks == dict.fromkeys({"snapshot_validates", *layer_checks}, True)
+        sid = _gate_check(result).metadata["snapshotId"].value
+        gate_report = _gate_check(result).metadata["gate_report"].value
         assert gate_report["lineage_completeness"] == "100%"
         assert gate_report["canary_chunks"] == 3 and gate_report["set_difference"] == 0
         assert gate_report["transform_replay_hash"].startswith("sha256:")
@@ -86,7 +88,7 @@ def test_materialize_all_seven_layers(
         assert {k: by_layer[k].tags["dagster/data_version"] for k in LAYERS} == digests
 
         again = _materialize(instance, "p1")
-        assert again.get_asset_check_evaluations()[0].metadata["snapshotId"].value == sid
+        assert _gate_check(again).metadata["snapshotId"].value == sid
 
 
 def test_invalid_partition_key_fails_the_run_with_a_clear_message(demo_home: Path) -> None:
@@ -170,12 +172,12 @@ def test_discovery_sensor_requests_a_state_its_pending_build_froze_past(demo_hom
 def test_publication_sensor_requests_activation_of_approved_snapshot(demo_home: Path) -> None:
     with dg.instance_for_test() as instance:
         result = _materialize(instance, "p1")
-        sid = result.get_asset_check_evaluations()[0].metadata["snapshotId"].value
+        sid = _gate_check(result).metadata["snapshotId"].value
         context = dg.build_sensor_context(instance=instance, resources=RESOURCES)
         assert not publication(context).run_requests  # VALIDATED is not enough
 
         approval = defs.resolve_job_def("approve_snapshot").execute_in_process(
-            run_config=approval_run_config(sid, "reviewer"), instance=instance
+            run_config=approval_run_config("p1", sid, "reviewer"), instance=instance
         )
         assert approval.success  # approval bound to the digest, launched as a job with config
         (run,) = publication(

@@ -1,18 +1,27 @@
 """Jobs: build every layer of one snapshot partition; activate one approved snapshot."""
 
+from collections.abc import Mapping
 from typing import Any
 
 import dagster as dg
+from pydantic import Field
 
 from corpus_assets.assets.layers import LAYER_ASSETS
+from corpus_assets.assets.lifecycle import moved_observations, state_observation
 from corpus_assets.assets.resources import CorpusResource
-from corpus_assets.core.release.publish import activate, approve
+from corpus_assets.core.governance import states
+from corpus_assets.core.release.publish import NEWEST_VALIDATED, activate, approval_target, approve
 from corpus_assets.core.release.shadow import shadow_diff
+from corpus_assets.core.release.verify import resolve
+from corpus_assets.core.runtime.workspace import Workspace
 
 build_snapshot = dg.define_asset_job(
     "build_snapshot",
     selection=dg.AssetSelection.assets(*LAYER_ASSETS),
     description="Freeze (or reuse the freeze of) a partition and materialize all seven layers.",
+    # one process for the whole run: the multiprocess default re-imports the code in every step
+    # (seconds each), which made a UI- or sensor-launched demo build take minutes
+    executor_def=dg.in_process_executor,
 )
 
 
@@ -20,6 +29,10 @@ class ActivationConfig(dg.Config):
     """The snapshot to activate, by snapshotId or manifest digest."""
 
     snapshot_id: str
+
+
+def _alias_states(ws: Workspace, alias: str) -> dict[str, str]:
+    return {s.snapshot_id: s.state for s in states.find(ws.catalog) if s.alias == alias}
 
 
 @dg.op(
@@ -30,18 +43,15 @@ def activate_alias(
     context: dg.OpExecutionContext, config: ActivationConfig, corpus: CorpusResource
 ) -> None:
     with corpus.workspace() as ws:
+        alias = resolve(ws.catalog, config.snapshot_id).alias
+        before = _alias_states(ws, alias)
         row = activate(ws, config.snapshot_id, actor=f"run:{context.run_id}")
+        after = _alias_states(ws, alias)
+        moved = [sid for sid, state in after.items() if before.get(sid) != state]
+        observations = moved_observations(ws, moved)
     context.log.info(f"alias {row.alias} -> {row.active_snapshot} generation {row.generation}")
-    context.log_event(
-        dg.AssetObservation(
-            asset_key="manifest",
-            metadata={
-                "alias": row.alias,
-                "generation": row.generation,
-                "active_snapshot": row.active_snapshot or "",
-            },
-        )
-    )
+    for observation in observations:
+        context.log_event(observation)
 
 
 @dg.job(
@@ -52,45 +62,71 @@ def activate_snapshot() -> None:
 
 
 class ApprovalConfig(dg.Config):
-    """The snapshot to approve, by digest, and who approves it."""
+    """What to approve, chosen by partition, never by pasting a digest; and who says so."""
 
-    snapshot_id: str
-    approved_by: str
+    partition: str = Field(
+        default=NEWEST_VALIDATED,
+        description="The snapshot partition to approve (its newest snapshot), or "
+        f"'{NEWEST_VALIDATED}' for the newest VALIDATED snapshot of the configured alias.",
+    )
+    snapshot_id: str = Field(
+        default="",
+        description="Optional: the snapshotId or manifest digest you reviewed. If given, "
+        "approval is refused unless the partition resolves to exactly that snapshot.",
+    )
+    approver: str = Field(
+        default="",
+        description="Your name. Recorded as a claim beside the identity Dagster gives the run "
+        "(its run id, and the launching user where Dagster records one), never alone.",
+    )
+
+
+def approver_identity(run_id: str, tags: Mapping[str, str], claimed: str) -> str:
+    """``approved_by`` for a run: OSS Dagster records no user, Dagster+ tags ``dagster/user``."""
+    parts = [f"user:{tags['dagster/user']}"] if tags.get("dagster/user") else []
+    parts.append(f"dagster-run:{run_id}")
+    if claimed.strip():
+        parts.append(f"claimed:{claimed.strip()}")
+    return " ".join(parts)
 
 
 @dg.op(description="Approve a snapshot bound to its digest, once every validity rule holds.")
 def approve_digest(
     context: dg.OpExecutionContext, config: ApprovalConfig, corpus: CorpusResource
 ) -> None:
+    by = approver_identity(context.run_id, context.run.tags, config.approver)
     with corpus.workspace() as ws:
-        diff = shadow_diff(ws.cas, ws.catalog, config.snapshot_id)
-        snapshot = approve(ws, config.snapshot_id, by=config.approved_by)
+        target = approval_target(
+            ws.catalog, ws.config.alias, config.partition.strip(), config.snapshot_id.strip()
+        )
+        diff = shadow_diff(ws.cas, ws.catalog, target)
+        snapshot = approve(ws, target, by=by)
+        observation = state_observation(ws, snapshot.snapshot_id)
     context.log.info(f"{snapshot.snapshot_id} APPROVED by {snapshot.approved_by}")
+    context.log_event(observation)
     context.log_event(
         dg.AssetObservation(
             asset_key="manifest",
             partition=snapshot.partition_key,
-            metadata={
-                "approved": snapshot.snapshot_id,
-                "approved_by": snapshot.approved_by or "",
-                "shadow_diff": dg.MetadataValue.json(diff),
-            },
+            metadata={"shadow_diff": dg.MetadataValue.json(diff)},
         )
     )
 
 
-@dg.job(description="Approve a snapshot digest (launch from the UI with the digest as config).")
+@dg.job(
+    description="Approve a snapshot from the UI: launch with the default config to approve the "
+    "newest VALIDATED snapshot, or set `partition`; no digest to paste."
+)
 def approve_snapshot() -> None:
     approve_digest()
 
 
-def approval_run_config(snapshot_id: str, approved_by: str) -> dict[str, Any]:
+def approval_run_config(
+    partition: str = NEWEST_VALIDATED, snapshot_id: str = "", approver: str = ""
+) -> dict[str, Any]:
     """Run config for ``approve_snapshot`` (the UI's launchpad takes the same)."""
-    return {
-        "ops": {
-            "approve_digest": {"config": {"snapshot_id": snapshot_id, "approved_by": approved_by}}
-        }
-    }
+    config = {"partition": partition, "snapshot_id": snapshot_id, "approver": approver}
+    return {"ops": {"approve_digest": {"config": config}}}
 
 
 def activation_run_config(snapshot_id: str) -> dict[str, Any]:

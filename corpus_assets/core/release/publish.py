@@ -38,6 +38,39 @@ def approve(ws: Workspace, digest: str, by: str) -> states.Snapshot:
     return states.approve(ws.catalog, report.snapshot_id, by)
 
 
+NEWEST_VALIDATED = "newest-validated"
+
+
+def approval_target(catalog: Catalog, alias: str, partition: str, expected: str = "") -> str:
+    """The snapshotId an approval of ``partition`` means, so nobody pastes a digest in the UI.
+
+    ``NEWEST_VALIDATED`` is the newest VALIDATED snapshot of ``alias``; a partition key is the
+    newest snapshot built for it. ``expected`` (a snapshotId or manifest digest the approver
+    reviewed) must be that snapshot: approval stays bound to the bytes someone looked at."""
+    if partition == NEWEST_VALIDATED:
+        order = states.positions(catalog, alias)
+        validated = [s for s in states.find(catalog, states.VALIDATED) if s.alias == alias]
+        if not validated:
+            raise PublishError(
+                f"no VALIDATED snapshot of alias {alias} to approve: "
+                "build one, or name its partition"
+            )
+        chosen = max(validated, key=lambda s: order[s.snapshot_id])
+    else:
+        built = states.for_partition(catalog, partition)
+        if not built:
+            raise PublishError(
+                f"partition {partition} has no snapshot in the catalog: build it first"
+            )
+        chosen = max(built, key=lambda s: s.created_at)
+    if expected and resolve(catalog, expected).snapshot_id != chosen.snapshot_id:
+        raise PublishError(
+            f"refusing to approve: {partition} resolves to {chosen.snapshot_id}, "
+            f"not the reviewed {expected}"
+        )
+    return chosen.snapshot_id
+
+
 def activate(ws: Workspace, digest: str, actor: str) -> gate.Gate:
     """Compare-and-swap the alias to this APPROVED snapshot once every rule holds now.
 

@@ -1,0 +1,64 @@
+"""A snapshot's lifecycle on its partition: an observation of ``manifest`` at every state move.
+
+The manifest's materialization is written while the snapshot is still BUILDING; each later move
+(validated by the check, approved, activated, superseded) records an ``AssetObservation`` on the
+same partition, so the partition's page shows where the snapshot stands now and how it got there.
+"""
+
+import time
+
+import dagster as dg
+
+from corpus_assets.core.governance import gate, states
+from corpus_assets.core.runtime.workspace import Workspace
+
+
+def _when(at: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(at))
+
+
+def summary_markdown(
+    snapshot: states.Snapshot, alias: gate.Gate, events: list[states.Event]
+) -> str:
+    """The current state first, then the audit trail oldest first."""
+    serving = alias.active_snapshot == snapshot.snapshot_id
+    lines = [
+        f"**{snapshot.state}** · alias `{snapshot.alias}` generation {alias.generation}"
+        + (" · **serving**" if serving else ""),
+        "",
+        f"snapshotId `{snapshot.snapshot_id}`",
+        "",
+        "| when | from | to | by | detail |",
+        "|---|---|---|---|---|",
+    ]
+    for e in events:
+        detail = (e.detail or "").replace("|", "\\|").replace("\n", " ")
+        lines.append(
+            f"| {_when(e.at)} | {e.from_state or ''} | {e.to_state} | {e.actor} | {detail} |"
+        )
+    return "\n".join(lines)
+
+
+def state_observation(ws: Workspace, snapshot_id: str) -> dg.AssetObservation:
+    """What the UI shows on the snapshot's partition of ``manifest`` after a state move."""
+    snapshot = states.get(ws.catalog, snapshot_id)
+    alias = gate.read_gate(ws.catalog, snapshot.alias)
+    events = states.history(ws.catalog, snapshot_id)
+    return dg.AssetObservation(
+        asset_key="manifest",
+        partition=snapshot.partition_key,
+        metadata={
+            "state": dg.MetadataValue.text(snapshot.state),
+            "alias": dg.MetadataValue.text(snapshot.alias),
+            "generation": dg.MetadataValue.int(alias.generation),
+            "serving": dg.MetadataValue.bool(alias.active_snapshot == snapshot_id),
+            "snapshotId": dg.MetadataValue.text(snapshot_id),
+            "approved_by": dg.MetadataValue.text(snapshot.approved_by or ""),
+            "lifecycle": dg.MetadataValue.md(summary_markdown(snapshot, alias, events)),
+        },
+    )
+
+
+def moved_observations(ws: Workspace, snapshot_ids: list[str]) -> list[dg.AssetObservation]:
+    """Observations for every snapshot an action moved (activation also supersedes others)."""
+    return [state_observation(ws, sid) for sid in dict.fromkeys(snapshot_ids)]
