@@ -41,7 +41,7 @@ lint: .venv/.synced
 ## The Dagster UI on the same data home and instance as the CLI.
 ui: .venv/.synced
 	mkdir -p $(DAGSTER_HOME)
-	test -f $(DAGSTER_HOME)/dagster.yaml || cp dagster.yaml $(DAGSTER_HOME)/dagster.yaml
+	test -f $(DAGSTER_HOME)/dagster.yaml || cp instance/dagster.yaml $(DAGSTER_HOME)/dagster.yaml
 	$(UV) run --frozen --no-sync dagster dev -w workspace.yaml
 
 clean:

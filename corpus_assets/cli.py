@@ -54,7 +54,7 @@ from corpus_assets.demo import write_demo
 if TYPE_CHECKING:
     from dagster import DagsterInstance
 
-# The repository's dagster.yaml, as data (a test keeps the two equal).
+# The repository's instance/dagster.yaml, as data (a test keeps the two equal).
 DAGSTER_YAML = "storage: {sqlite: {base_dir: {env: DAGSTER_HOME}}}\ntelemetry: {enabled: false}\n"
 QUIET = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
 

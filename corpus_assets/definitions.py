@@ -1,5 +1,7 @@
 """Dagster entry point: wiring only."""
 
+import warnings
+
 import dagster as dg
 
 from corpus_assets.assets.checks import LAYER_CHECKS, snapshot_validates
@@ -7,6 +9,15 @@ from corpus_assets.assets.jobs import activate_snapshot, approve_snapshot, build
 from corpus_assets.assets.layers import LAYER_ASSETS
 from corpus_assets.assets.resources import CorpusResource
 from corpus_assets.assets.sensors import publication, source_discovery
+
+# Dagster re-creates every sensor with its own internal `owners=` argument when it resolves the
+# sensors' jobs, and warns about that beta parameter in each process that loads this module; we
+# pass no owners to sensors, so this exact warning says nothing to a user.
+warnings.filterwarnings(
+    "ignore",
+    message="Parameter `owners` of initializer `SensorDefinition.__init__`",
+    category=dg.BetaWarning,
+)
 
 defs = dg.Definitions(
     assets=LAYER_ASSETS,

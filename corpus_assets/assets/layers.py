@@ -5,10 +5,10 @@ the UI marks a layer stale when the code it runs changes, not when someone remem
 """
 
 from collections.abc import Sequence
-from typing import Any
 
 import dagster as dg
 
+from corpus_assets.assets.metadata import layer_metadata
 from corpus_assets.assets.partitions import snapshots
 from corpus_assets.assets.resources import CorpusResource
 from corpus_assets.core.dedup import layer as dedup_layer
@@ -39,6 +39,19 @@ DESCRIPTIONS = {
 }
 
 
+# What each layer's bytes are: tables, token arrays in shards, or the signed JSON document.
+KINDS: dict[str, set[str]] = {
+    "raw_snapshot": {"python", "zstd"},
+    "canonical_records": {"python", "parquet"},
+    "dedup_clusters": {"python", "parquet", "duckdb"},
+    "splits": {"python", "parquet", "duckdb"},
+    "mixed_samples": {"python", "parquet"},
+    "packed_blocks": {"python", "numpy"},
+    "manifest": {"python", "json"},
+}
+# Dagster owners are emails or ``team:`` names; the team that answers for the corpus.
+OWNERS = ["team:corpus-data"]
+
 CODE_VERSIONS: dict[str, str] = {
     "raw_snapshot": freeze.CODE,
     "canonical_records": records_layer.CODE,
@@ -53,39 +66,8 @@ assert tuple(CODE_VERSIONS) == LAYERS
 
 
 def to_materialize_result(result: LayerResult) -> dg.MaterializeResult:
-    metadata: dict[str, Any] = {"index_digest": dg.MetadataValue.text(result.digest)}
-    metadata.update({name: dg.MetadataValue.int(v) for name, v in result.counts.items()})
-    metadata.update(
-        {f"run.{name}": dg.MetadataValue.int(v) for name, v in result.run_stats.items()}
-    )
-    for name, digest in result.digests.items():  # a count of the same name keeps its label
-        label = f"{name}_digest" if name in result.counts else name
-        metadata[label] = dg.MetadataValue.text(digest)
-    if result.preview:
-        metadata["preview"] = preview_table(result.preview)
-    for name, value in result.details.items():
-        flat = isinstance(value, list) and value and all(_flat(row) for row in value)
-        metadata[name] = preview_table(value) if flat else dg.MetadataValue.json(value)
-    return dg.MaterializeResult(metadata=metadata, data_version=dg.DataVersion(result.digest))
-
-
-def _flat(row: Any) -> bool:
-    return isinstance(row, dict) and all(
-        isinstance(v, str | int | bool) or v is None for v in row.values()
-    )
-
-
-def preview_table(rows: list[dict[str, Any]]) -> dg.TableMetadataValue:
-    def cell(value: Any) -> Any:
-        return value if isinstance(value, str | int | bool) or value is None else str(value)
-
-    columns = list(rows[0])
-    kinds = {bool: "bool", int: "int"}
-    schema = dg.TableSchema(
-        columns=[dg.TableColumn(c, kinds.get(type(rows[0][c]), "string")) for c in columns]
-    )
-    return dg.MetadataValue.table(
-        records=[dg.TableRecord({c: cell(r[c]) for c in columns}) for r in rows], schema=schema
+    return dg.MaterializeResult(
+        metadata=layer_metadata(result), data_version=dg.DataVersion(result.digest)
     )
 
 
@@ -98,8 +80,10 @@ def layer_asset(layer: str, deps: Sequence[str]) -> dg.AssetsDefinition:
         partitions_def=snapshots,
         group_name="corpus",
         description=DESCRIPTIONS[layer],
-        kinds={"python", "parquet"},
+        kinds=KINDS[layer],
         code_version=CODE_VERSIONS[layer],
+        owners=OWNERS,
+        tags={"corpus/layer": layer, "corpus/stage": str(LAYERS.index(layer) + 1)},
     )
     def _layer(context: dg.AssetExecutionContext, corpus: CorpusResource) -> dg.MaterializeResult:
         key = validate_partition_key(context.partition_key)

@@ -198,11 +198,11 @@ def build_manifest(ws: Workspace, partition_key: str) -> LayerResult:
     _refuse_conflicting_rebuild(ws, manifest)
     manifest["signature"] = sign_snapshot(ws.home, manifest["snapshotId"])
     manifest_ref = put_json(ws.cas, manifest)
-    snapshot = _register(ws, partition_key, manifest, manifest_ref["digest"])
+    _register(ws, partition_key, manifest, manifest_ref["digest"])
     diff = shadow_diff(ws.cas, ws.catalog, manifest["snapshotId"])
     return LayerResult(
         layer="manifest",
-        details={"shadow_diff": diff},
+        details={"shadow_diff": diff, "manifest": manifest},
         run_stats={
             "shadow.added": diff["added"],
             "shadow.removed": diff["removed"],
@@ -216,7 +216,6 @@ def build_manifest(ws: Workspace, partition_key: str) -> LayerResult:
             "buildId": manifest["buildId"],
             "transformImage": image,
             "members": members_ref["digest"],
-            "state": snapshot.state,
         },
     )
 

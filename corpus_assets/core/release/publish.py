@@ -63,7 +63,7 @@ def approval_target(catalog: Catalog, alias: str, partition: str, expected: str 
                 f"partition {partition} has no snapshot in the catalog: build it first"
             )
         chosen = max(built, key=lambda s: s.created_at)
-    if expected and resolve(catalog, expected).snapshot_id != chosen.snapshot_id:
+    if expected and expected not in (chosen.snapshot_id, chosen.manifest_digest):
         raise PublishError(
             f"refusing to approve: {partition} resolves to {chosen.snapshot_id}, "
             f"not the reviewed {expected}"

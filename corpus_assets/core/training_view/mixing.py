@@ -132,6 +132,6 @@ def build_mixed_samples(ws: Workspace, partition_key: str) -> LayerResult:
         counts=counts,
         preview=head.to_pylist(),
         digests={"samples": out["digest"]},
-        details={"mixing_report": rows},
+        details={"mixing_report": rows, "mixing_unit": policy.unit},
         run_stats=tokens.run_stats(),
     )

@@ -1,0 +1,174 @@
+"""A layer's result as Dagster metadata the UI can plot and read.
+
+Integers and floats become numeric metadata, which the asset's Plots tab draws across
+partitions (counts, removed duplicates, tokens, padding, shares); lists of flat rows become
+tables whose columns carry their real types; each layer gets a short Markdown summary.
+"""
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import dagster as dg
+
+from corpus_assets.core.runtime.layers import LayerResult
+
+Counts = Mapping[str, int]
+
+
+def _share(part: int, whole: int) -> float:
+    return round(part / whole, 6) if whole else 0.0
+
+
+def _by_prefix(counts: Counts, prefix: str) -> dict[str, int]:
+    return {k.removeprefix(prefix): v for k, v in sorted(counts.items()) if k.startswith(prefix)}
+
+
+def _canonical(c: Counts, _d: Mapping[str, Any]) -> tuple[dict[str, float], str]:
+    reasons = ", ".join(f"{k} {v}" for k, v in _by_prefix(c, "quarantined.").items()) or "none"
+    text = (
+        f"**{c['records']:,} records** from {c['rows_in']:,} input lines; "
+        f"{c['quarantined']:,} quarantined ({reasons}), {c['rejected']:,} rejected, "
+        f"{c.get('dead_letters', 0):,} dead letters."
+    )
+    return {"quarantined_fraction": _share(c["quarantined"], c["rows_in"])}, text
+
+
+def _dedup(c: Counts, details: Mapping[str, Any]) -> tuple[dict[str, float], str]:
+    series: dict[str, float] = {"removed_fraction": _share(c["removed"], c["records"])}
+    for report in (details.get("classes") or {}).values():
+        for size, clusters in report.get("cluster_sizes", {}).items():
+            key = f"clusters_of_size.{size}"
+            series[key] = series.get(key, 0.0) + clusters
+    text = (
+        f"**{c['kept']:,} kept** of {c['records']:,}: {c['exact_duplicates']:,} exact and "
+        f"{c['near_duplicates']:,} near duplicates removed; {c['clusters']:,} clusters, "
+        f"{c['leakage_groups']:,} leakage groups."
+    )
+    return series, text
+
+
+def _splits(c: Counts, _d: Mapping[str, Any]) -> tuple[dict[str, float], str]:
+    names = ("train", "validation", "test")
+    shares = {f"share.{n}": _share(c[n], c["records"]) for n in names}
+    parts = ", ".join(f"{n} {c[n]:,} ({shares[f'share.{n}']:.1%})" for n in names)
+    moved = f"{c['moves']:,} moves, {c['conflicts']:,} conflicts"
+    text = f"**{c['records']:,} records**: {parts}; {moved}."
+    return shares, text
+
+
+def _mixed(c: Counts, details: Mapping[str, Any]) -> tuple[dict[str, float], str]:
+    """Target beside realised shares per source (documents and tokens): the mix as planned and
+    as drawn, plottable across snapshots."""
+    series: dict[str, float] = {}
+    drawn = []
+    in_unit = "doc_share" if details.get("mixing_unit") == "documents" else "token_share"
+    for row in details.get("mixing_report", []):
+        source, target = row["source"], float(row["target_share"])
+        series[f"target.{source}"] = target
+        series[f"realised_docs.{source}"] = float(row["doc_share"])
+        series[f"realised_tokens.{source}"] = float(row["token_share"])
+        drawn.append(f"{source} {float(row[in_unit]):.1%} (target {target:.1%})")
+    unit = details.get("mixing_unit", "?")
+    text = (
+        f"**{c['samples']:,} samples**, {c['tokens']:,} tokens; drawn ({unit}): {', '.join(drawn)}."
+    )
+    return series, text
+
+
+def _packed(c: Counts, _d: Mapping[str, Any]) -> tuple[dict[str, float], str]:
+    series = {
+        "padding_fraction": _share(c["pad_tokens"], c["tokens"]),
+        "utilisation": c["utilisation_ppm"] / 1e6,
+        "label_occupancy": c["label_occupancy_ppm"] / 1e6,
+    }
+    text = (
+        f"**{c['blocks']:,} blocks** of {c['block_tokens']:,} tokens: "
+        f"{c['content_tokens']:,} content, {c['pad_tokens']:,} padding "
+        f"({series['padding_fraction']:.2%}), {c['dropped_tokens']:,} dropped."
+    )
+    return series, text
+
+
+def _raw(c: Counts, _d: Mapping[str, Any]) -> tuple[dict[str, float], str]:
+    return {}, f"**{c['objects']:,} objects**, {c['bytes']:,} bytes pinned by sha256."
+
+
+def _manifest(c: Counts, _d: Mapping[str, Any]) -> tuple[dict[str, float], str]:
+    text = (
+        f"**{c.get('members', 0):,} members**, {c.get('tokens', 0):,} tokens in "
+        f"{c.get('blocks', 0):,} blocks. Registered BUILDING; the snapshot's current state, alias "
+        "and generation are on this partition's latest observation (`lifecycle`)."
+    )
+    return {}, text
+
+
+SUMMARIES: dict[str, Callable[[Counts, Mapping[str, Any]], tuple[dict[str, float], str]]] = {
+    "raw_snapshot": _raw,
+    "canonical_records": _canonical,
+    "dedup_clusters": _dedup,
+    "splits": _splits,
+    "mixed_samples": _mixed,
+    "packed_blocks": _packed,
+    "manifest": _manifest,
+}
+
+
+def _column_type(values: list[Any]) -> str:
+    """The narrowest Dagster column type every non-null value fits."""
+    present = [v for v in values if v is not None]
+    if present and all(isinstance(v, bool) for v in present):
+        return "bool"
+    if present and all(isinstance(v, int) and not isinstance(v, bool) for v in present):
+        return "int"
+    if present and all(_is_number(v) for v in present):
+        return "float"
+    return "string"
+
+
+def _is_number(value: Any) -> bool:
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return True
+    try:
+        return isinstance(value, str) and float(value) == float(value)
+    except ValueError:
+        return False
+
+
+def typed_table(rows: list[dict[str, Any]]) -> dg.TableMetadataValue:
+    columns = list(rows[0])
+    types = {c: _column_type([r.get(c) for r in rows]) for c in columns}
+    convert: dict[str, Callable[[Any], Any]] = {"float": float, "int": int, "bool": bool}
+
+    def cell(column: str, value: Any) -> Any:
+        if value is None:
+            return None
+        return convert[types[column]](value) if types[column] in convert else str(value)
+
+    schema = dg.TableSchema(columns=[dg.TableColumn(c, types[c]) for c in columns])
+    records = [dg.TableRecord({c: cell(c, r.get(c)) for c in columns}) for r in rows]
+    return dg.MetadataValue.table(records=records, schema=schema)
+
+
+def _flat(row: Any) -> bool:
+    return isinstance(row, dict) and all(
+        isinstance(v, str | int | float | bool) or v is None for v in row.values()
+    )
+
+
+def layer_metadata(result: LayerResult) -> dict[str, Any]:
+    """Every count, digest, table and summary of ``result``, typed for the UI."""
+    metadata: dict[str, Any] = {"index_digest": dg.MetadataValue.text(result.digest)}
+    metadata.update({name: dg.MetadataValue.int(v) for name, v in result.counts.items()})
+    metadata.update({f"run.{k}": dg.MetadataValue.int(v) for k, v in result.run_stats.items()})
+    for name, digest in result.digests.items():  # a count of the same name keeps its label
+        label = f"{name}_digest" if name in result.counts else name
+        metadata[label] = dg.MetadataValue.text(digest)
+    if result.preview:
+        metadata["preview"] = typed_table(result.preview)
+    for name, value in result.details.items():
+        flat = isinstance(value, list) and value and all(_flat(row) for row in value)
+        metadata[name] = typed_table(value) if flat else dg.MetadataValue.json(value)
+    series, text = SUMMARIES[result.layer](result.counts, result.details)
+    metadata.update({name: dg.MetadataValue.float(v) for name, v in series.items()})
+    metadata["summary"] = dg.MetadataValue.md(text)
+    return metadata
