@@ -65,7 +65,7 @@ def test_materialize_all_seven_layers(
         assert dedup["clusters_digest"].value.startswith("sha256:")
         assert isinstance(by_layer["packed_blocks"].metadata["tokens"].value, int)
         curve = {r.data["s"]: r.data["p"] for r in dedup["s_curve"].records}  # a table
-        assert curve["0.80"] == "0.947049" and len(curve) == 10
+        assert curve[0.8] == 0.947049 and len(curve) == 10  # typed float columns
         bands = [r.data for r in dedup["bucket_stats"].records]  # a table: class x band
         assert [b["band"] for b in bands if b["class"] == "document/prose"] == list(range(16))
         classes = dedup["classes"].value["document/prose"]
