@@ -5,9 +5,10 @@ the commands that file gives them (only hosts, ports and the workspace path are 
 loopback ones), on the instance file the image installs (deploy/dagster.yaml: PostgreSQL, queued
 runs, runs started by the code server) and with the catalog in its own PostgreSQL database, as
 in compose. The default test waits for the webserver to list the code location's jobs and the
-daemon's heartbeats to be healthy, then builds and approves the demo corpus through GraphQL
-(the UI's own API); the slow one lets the daemon's sensors build and activate it. Every process
-is its own process group, stopped by id at the end, also on failure.
+daemon's heartbeats to be healthy, then builds the demo corpus through GraphQL (the UI's own
+API); the slow one lets the daemon's sensors build it, approves it through GraphQL and lets the
+``publication`` sensor activate it. Every process is its own process group, stopped by id at
+the end, also on failure.
 """
 
 import contextlib
@@ -93,10 +94,10 @@ class Services:
         return (self.logs / f"{name}.log").read_text(errors="replace")[-3000:]
 
     def stop(self) -> None:
-        """SIGTERM every group, then SIGKILL what is still there after 8 s."""
+        """SIGTERM every group, then SIGKILL what is still there after 5 s."""
         for proc in self.procs.values():
             _signal_group(proc, signal.SIGTERM)
-        deadline = time.monotonic() + 8
+        deadline = time.monotonic() + 5
         for proc in self.procs.values():
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=max(0.1, deadline - time.monotonic()))
@@ -252,9 +253,9 @@ def _approve(services: Services, port: int, repository: dict[str, Any], key: str
 
 
 def test_compose_services_run_natively(services: Services, tmp_path: Path) -> None:
-    """Webserver and daemon on the PostgreSQL instance, code from the gRPC server: build and
-    approve the demo corpus, each run submitted through GraphQL, queued, launched by the
-    daemon on the code server."""
+    """Webserver and daemon on the PostgreSQL instance, code from the gRPC server: a build of the
+    demo corpus submitted through GraphQL is queued, launched by the daemon on the code server,
+    and validates the snapshot in the PostgreSQL catalog (approval is the slow test's)."""
     port, workspace = _start_code_and_webserver(services, tmp_path)
     repository = _repository(services, port)
     for sensor in repository["sensors"]:  # this test submits every run itself
@@ -275,7 +276,12 @@ def test_compose_services_run_natively(services: Services, tmp_path: Path) -> No
         port, repository, "build_snapshot", runConfigData=IN_PROCESS, executionMetadata=metadata
     )
     _wait(services, "build_snapshot", 120, lambda: _succeeded(services, port, "build_snapshot"))
-    _approve(services, port, repository, key)
+    catalog = Catalog(services.env["CORPUS_CATALOG_URL"])
+    try:
+        (snapshot,) = states.for_partition(catalog, key)
+    finally:
+        catalog.dispose()
+    assert snapshot.state == states.VALIDATED  # the blocking check ran in that run
 
 
 @pytest.mark.slow
