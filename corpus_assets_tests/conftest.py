@@ -3,7 +3,7 @@
 import os
 import shutil
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import psycopg2
@@ -38,6 +38,26 @@ def postgres_url() -> Iterator[str]:
         pytest.fail(f"PostgreSQL at 127.0.0.1:5432 is required for the catalog tests: {error}")
     yield f"{PG_URL}/{name}"
     _admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def make_postgres_db() -> Iterator[Callable[[], str]]:
+    """Makes fresh, uniquely named databases on the local server (for a test that needs more
+    than one, e.g. a Dagster instance and a catalog); each is dropped afterwards."""
+    made: list[str] = []
+
+    def make() -> str:
+        name = f"corpus_test_{uuid.uuid4().hex[:12]}"
+        try:
+            _admin(f'CREATE DATABASE "{name}"')
+        except psycopg2.OperationalError as error:
+            pytest.fail(f"PostgreSQL at 127.0.0.1:5432 is required for this test: {error}")
+        made.append(name)
+        return name
+
+    yield make
+    for name in made:
+        _admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
