@@ -1,6 +1,6 @@
 """The two Dagster instance files load as real instances, and the CLI lifecycle runs on PostgreSQL.
 
-Root ``dagster.yaml`` is the one-machine SQLite default; ``deploy/dagster.yaml`` is the
+``instance/dagster.yaml`` is the one-machine SQLite default; ``deploy/dagster.yaml`` is the
 docker-compose instance (PostgreSQL, credentials from ``DAGSTER_PG_*``). The last test runs
 ``build``, ``approve`` and ``activate`` as processes with the Dagster instance and the catalog
 each in its own database on the local server, as the compose deployment does.
@@ -63,7 +63,7 @@ def test_root_dagster_yaml_is_the_sqlite_default(
 ) -> None:
     home = tmp_path / "dagster"
     home.mkdir()
-    shutil.copyfile(ROOT / "dagster.yaml", home / "dagster.yaml")
+    shutil.copyfile(ROOT / "instance" / "dagster.yaml", home / "dagster.yaml")
     monkeypatch.setenv("DAGSTER_HOME", str(home))
     with loaded(home) as instance:
         storages = (instance.run_storage, instance.event_log_storage, instance.schedule_storage)
