@@ -6,6 +6,7 @@ from corpus_assets.assets.checks import snapshot_validates
 from corpus_assets.assets.jobs import activate_snapshot, approve_snapshot, build_snapshot
 from corpus_assets.assets.layers import LAYER_ASSETS
 from corpus_assets.assets.resources import CorpusResource
+from corpus_assets.assets.schedules import incremental_build
 from corpus_assets.assets.sensors import publication, source_discovery
 
 defs = dg.Definitions(
@@ -13,5 +14,6 @@ defs = dg.Definitions(
     asset_checks=[snapshot_validates],
     jobs=[build_snapshot, approve_snapshot, activate_snapshot],
     sensors=[source_discovery, publication],
+    schedules=[incremental_build],
     resources={"corpus": CorpusResource()},
 )
