@@ -7,7 +7,6 @@ a code-location origin); "running" it builds the partition with the real build_s
 removes that record, which stops counting as in flight as the finished run would.
 """
 
-import warnings
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -18,7 +17,7 @@ import pytest
 from corpus_assets.assets.schedules import configured_schedule, define_schedule, incremental_build
 from corpus_assets.core.ingest.discovery import FINGERPRINT_TAG
 from corpus_assets.core.runtime.config import ConfigError, load_config
-from corpus_assets.core.runtime.schedule import DEFAULT_CRON
+from corpus_assets.core.runtime.schedule import DEFAULT_CRON, Schedule
 from corpus_assets.definitions import defs
 from corpus_assets_tests.test_dagster import RESOURCES, _discover, _requested
 
@@ -165,21 +164,20 @@ def test_a_schedule_section_turns_it_on_with_its_cron(demo_home: Path) -> None:
 
 
 def test_a_cron_dagster_refuses_leaves_it_off_and_says_so(demo_home: Path) -> None:
-    _configure(demo_home, "{cron: '0 0 30 2 *'}")  # passes the light core check, not Dagster's
-    with pytest.warns(UserWarning, match="schedule.cron"):
-        schedule = define_schedule(*configured_schedule())
+    """The guard behind core's lighter check: a section built without validation."""
+    refused = Schedule.model_construct(cron="0 0 30 2 *", when="changed", timezone="UTC")
+    schedule = define_schedule(refused, True, "on")
     assert schedule.default_status == dg.DefaultScheduleStatus.STOPPED
     assert schedule.cron_schedule == DEFAULT_CRON
-    assert "'0 0 30 2 *'" in str(schedule.description)
+    assert "Dagster refuses schedule.cron '0 0 30 2 *'" in str(schedule.description)
 
 
 def test_an_invalid_config_does_not_break_loading(demo_home: Path) -> None:
     _configure(demo_home, "{cron: '0 3 * *'}")
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        schedule = define_schedule(*configured_schedule())
-    assert schedule.default_status == dg.DefaultScheduleStatus.STOPPED
-    assert any("schedule.cron" in str(w.message) for w in caught)
+    section, on, why = configured_schedule()
+    assert (section, on) == (Schedule(), False)
+    assert "schedule.cron: cron '0 3 * *' has 4 fields" in why
+    assert define_schedule(section, on, why).default_status == dg.DefaultScheduleStatus.STOPPED
 
 
 @pytest.mark.parametrize(
@@ -189,6 +187,7 @@ def test_an_invalid_config_does_not_break_loading(demo_home: Path) -> None:
         ("{cron: '0 3 * *'}", "schedule.cron: cron '0 3 * *' has 4 fields, not 5"),
         ("{cron: '*/0 * * * *'}", "schedule.cron: cron '*/0 * * * *': minute field '*/0'"),
         ("{cron: '0 3 * * fri-mon'}", "day of week range 'fri-mon' is reversed"),
+        ("{cron: '0 0 30 feb *'}", "schedule.cron: cron '0 0 30 feb *': month 'feb' has no day 30"),
         ("{when: sometimes}", "schedule.when: Input should be 'changed' or 'always'"),
         ("{timezone: Mars/Base}", "schedule.timezone: timezone 'Mars/Base' is not an IANA"),
         ("{cron: '0 3 * * *', every: day}", "schedule.every: Extra inputs are not permitted"),

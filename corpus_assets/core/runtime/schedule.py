@@ -26,6 +26,7 @@ FIELDS = (  # name, lowest, highest
     ("month", 1, 12),
     ("day of week", 0, 7),
 )
+MONTH_DAYS = (31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)
 ITEM = re.compile(r"^(\*|[a-z0-9]+(?:-[a-z0-9]+)?)(?:/([0-9]+))?$")
 
 
@@ -62,6 +63,15 @@ def check_cron(cron: str) -> str:
                 raise ValueError(f"cron {cron!r}: {error}") from None
             if bounds[0] > bounds[-1]:
                 raise ValueError(f"cron {cron!r}: {name} range {match.group(1)!r} is reversed")
+    return _day_exists(cron, parts[2], parts[3])
+
+
+def _day_exists(cron: str, day: str, month: str) -> str:
+    """One day of one month must exist (``0 0 30 2 *`` never runs; Dagster refuses it)."""
+    if day.isdigit() and (month.isdigit() or month in NAMES["month"]):
+        number = _value(month, "month", 1, 12)
+        if int(day) > MONTH_DAYS[number - 1]:
+            raise ValueError(f"cron {cron!r}: month {month!r} has no day {day}")
     return cron
 
 
