@@ -28,6 +28,7 @@ from corpus_assets.cli_catalog import (
     cmd_tombstone_hits,
     storage,
 )
+from corpus_assets.cli_partitions import cmd_partition_delete, cmd_partition_list
 from corpus_assets.core.governance import gate, states
 from corpus_assets.core.ingest.pinning import PinError
 from corpus_assets.core.ingest.sources import SourceError
@@ -40,8 +41,8 @@ from corpus_assets.core.release.verify import resolve, verify
 from corpus_assets.core.runtime.config import ConfigError, default_home
 from corpus_assets.core.runtime.keys import (
     PartitionKeyError,
+    check_new_partition_key,
     new_partition_key,
-    validate_partition_key,
 )
 from corpus_assets.core.runtime.layers import LAYERS, load_index
 from corpus_assets.core.runtime.workspace import open_workspace
@@ -149,6 +150,14 @@ def _build_commands(sub: Subcommands) -> None:
     )
     p = _command(sub, "verify", cmd_verify, "recompute and check every digest of a snapshot")
     p.add_argument("digest")
+    p = sub.add_parser("partition", help="list the snapshot partitions, or delete one")
+    actions = p.add_subparsers(required=True, metavar="ACTION")
+    listing = actions.add_parser("list", help="Dagster's partitions with their catalog state")
+    listing.set_defaults(run=cmd_partition_list, instance=_instance)
+    delete = actions.add_parser("delete", help="delete one from the Dagster instance (not data)")
+    delete.add_argument("key", help="the partition key, exactly as listed (quote it)")
+    delete.add_argument("--force", action="store_true", help="even if the catalog froze it")
+    delete.set_defaults(run=cmd_partition_delete, instance=_instance)
 
 
 def _publication_commands(sub: Subcommands) -> None:
@@ -255,6 +264,8 @@ def _failure(result: Any) -> str:
 # commands --------------------------------------------------------------------------------------
 def build(partition: str | None) -> dict[str, Any]:
     """Run the build_snapshot job for one partition; return what the CLI prints."""
+    if partition is not None:  # before anything is opened or created
+        check_new_partition_key(partition)
     from corpus_assets.definitions import defs
 
     with open_workspace() as ws:
@@ -262,7 +273,7 @@ def build(partition: str | None) -> dict[str, Any]:
         before = set(ws.cas.iter_digests())
     instance = _instance()
     taken |= set(instance.get_dynamic_partitions("snapshots"))
-    key = validate_partition_key(partition) if partition else new_partition_key(taken)
+    key = partition or new_partition_key(taken)
     instance.add_dynamic_partitions("snapshots", [key])
     started = time.perf_counter()
     result = defs.resolve_job_def("build_snapshot").execute_in_process(

@@ -8,6 +8,7 @@ from corpus_assets.assets.checks import LAYER_CHECKS, snapshot_validates
 from corpus_assets.assets.jobs import activate_snapshot, approve_snapshot, build_snapshot
 from corpus_assets.assets.layers import LAYER_ASSETS
 from corpus_assets.assets.resources import CorpusResource
+from corpus_assets.assets.schedules import incremental_build
 from corpus_assets.assets.sensors import publication, source_discovery
 
 # Dagster re-creates every sensor with its own internal `owners=` argument when it resolves the
@@ -24,6 +25,7 @@ defs = dg.Definitions(
     asset_checks=[*LAYER_CHECKS, snapshot_validates],
     jobs=[build_snapshot, approve_snapshot, activate_snapshot],
     sensors=[source_discovery, publication],
+    schedules=[incremental_build],
     resources={"corpus": CorpusResource()},
     # runs launched from the UI's Materialize button use this; jobs name it too (jobs.py)
     executor=dg.in_process_executor,

@@ -98,6 +98,14 @@ def test_every_documented_command_is_exercised(tmp_path: Path) -> None:
     assert f"trained on {status_train(cli, first)} train records" in trained
     assert "    kind: huggingface\n" in trained and f"    digest: {digest}\n" in trained
 
+    partitions = [s["partition"] for s in status["snapshots"]]
+    listed = [line.split()[:3] for line in cli("partition", "list").splitlines()]
+    assert listed == [[p, "dagster", "frozen"] for p in partitions]
+    assert "pass --force" in cli("partition", "delete", partitions[1], ok=False)
+    deleted = cli("partition", "delete", partitions[1], "--force")
+    assert deleted == f"deleted partition {partitions[1]!r} from the Dagster instance\n"
+    assert cli("partition", "list").splitlines()[1].split()[:2] == [partitions[1], "catalog-only"]
+
     assert documented_commands() == cli.ran
 
 

@@ -12,16 +12,10 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    ValidationError,
-    field_validator,
-    model_validator,
-)
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from corpus_assets.core.runtime.execution import Execution
+from corpus_assets.core.runtime.schedule import Schedule
 from corpus_assets.core.runtime.yaml_loader import UniqueKeyLoader
 from corpus_assets.core.storage.cas_s3 import parse_cas_url
 from corpus_assets.core.storage.digests import DIGEST_RE, json_digest
@@ -359,6 +353,7 @@ class CorpusConfig(_Strict):
     limits: Limits = Limits()
     execution: Execution = Execution()
     storage: Storage = Storage()
+    schedule: Schedule | None = None  # absent: the incremental_build schedule is off
 
     @model_validator(mode="after")
     def _unique_source_ids(self) -> "CorpusConfig":

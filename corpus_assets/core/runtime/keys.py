@@ -1,30 +1,61 @@
-"""Partition keys name freezes. Dagster does not validate dynamic partition keys, so we do."""
+"""Partition keys name freezes. Dagster does not validate dynamic partition keys, so we do.
+
+A key is checked where it is created (the sensor, the schedule, ``build --partition``) and again
+where a run uses it: the UI's "Add partition" accepts any text, so a mistyped key reaches the
+layer assets as an existing partition, and its error must say how to delete that partition.
+"""
 
 import re
+import shlex
 import time
 
 PARTITION_KEY_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
+RULE = "use 1-64 characters from [a-z0-9._-], starting with a letter or digit"
 
 
 class PartitionKeyError(ValueError):
-    pass
+    """A partition key breaks the rule; the message names the key, the rule and the remedy."""
+
+
+def is_valid_partition_key(key: object) -> bool:
+    return isinstance(key, str) and PARTITION_KEY_RE.match(key) is not None
+
+
+def delete_instructions(key: str) -> str:
+    """How to remove a partition that exists in Dagster (the same text for every path)."""
+    return (
+        f"Delete the partition: in the Dagster UI open any layer asset (Assets > raw_snapshot), "
+        f"open the menu next to Materialize, choose 'Delete partitions', select {key!r} and "
+        f"delete; or run `corpus-assets partition delete {shlex.quote(key)}`. "
+        "Then add a valid key (or let the source_discovery sensor add one)."
+    )
+
+
+def check_new_partition_key(key: str) -> str:
+    """A key about to be created: refused naming the rule, before anything is created."""
+    if not is_valid_partition_key(key):
+        raise PartitionKeyError(f"partition key {key!r} is invalid: {RULE}")
+    return key
 
 
 def validate_partition_key(key: str) -> str:
-    if not isinstance(key, str) or not PARTITION_KEY_RE.match(key):
+    """A key a run was launched for, so it already exists as a Dagster partition (typically
+    typed into the UI's "Add partition"): the error also says how to delete it, since every
+    asset of that partition shows as failed until it is gone."""
+    if not is_valid_partition_key(key):
         raise PartitionKeyError(
-            f"partition key {key!r} is invalid: use 1-64 characters from [a-z0-9._-], "
-            "starting with a letter or digit"
+            f"partition key {key!r} is invalid: {RULE}. Nothing was built for it. "
+            + delete_instructions(key)
         )
     return key
 
 
 def new_partition_key(taken: set[str], now: float | None = None) -> str:
     """``snap-YYYYMMDD-HHMMSS`` in UTC, with a numeric suffix if that second is already used;
-    validated here too, since the sensor adds it as a partition before any run checks it."""
+    checked here too, since the sensor and the schedule add it before any run checks it."""
     base = time.strftime("snap-%Y%m%d-%H%M%S", time.gmtime(time.time() if now is None else now))
     key, n = base, 1
     while key in taken:
         n += 1
         key = f"{base}-{n}"
-    return validate_partition_key(key)
+    return check_new_partition_key(key)

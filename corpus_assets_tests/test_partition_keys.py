@@ -1,0 +1,117 @@
+"""Partition keys are checked where they are created, and a bad one typed into the UI's "Add
+partition" fails its runs with a message saying how to delete it, which then works."""
+
+from pathlib import Path
+
+import dagster as dg
+import pytest
+
+from corpus_assets.cli import DAGSTER_YAML, main
+from corpus_assets.core.runtime.keys import (
+    PartitionKeyError,
+    check_new_partition_key,
+    new_partition_key,
+    validate_partition_key,
+)
+from corpus_assets.definitions import defs
+from corpus_assets_tests.test_cli import run
+
+BAD = "Bad Key!"
+
+
+def test_a_run_time_error_says_how_to_delete_the_partition() -> None:
+    with pytest.raises(PartitionKeyError) as info:
+        validate_partition_key(BAD)
+    message = str(info.value)
+    assert message.startswith("partition key 'Bad Key!' is invalid: use 1-64 characters")
+    assert "'Delete partitions'" in message and "Materialize" in message  # the UI's way
+    assert "`corpus-assets partition delete 'Bad Key!'`" in message  # shell-quoted
+    assert validate_partition_key("snap-1") == "snap-1"
+
+
+def test_a_key_about_to_be_created_is_refused_naming_the_rule_only() -> None:
+    for key in (BAD, "", "-x", "A", "x" * 65, "a/b"):
+        with pytest.raises(PartitionKeyError, match="is invalid: use 1-64") as info:
+            check_new_partition_key(key)
+        assert "delete" not in str(info.value)
+    taken = {new_partition_key(set(), now=0)}
+    assert taken == {"snap-19700101-000000"}
+    assert new_partition_key(taken, now=0) == "snap-19700101-000000-2"
+
+
+def test_cli_build_refuses_a_bad_key_before_touching_anything(tmp_path: Path) -> None:
+    done = run(tmp_path, "build", "--partition", BAD)
+    assert done.returncode == 1
+    assert done.stderr == (
+        "corpus-assets: error: partition key 'Bad Key!' is invalid: use 1-64 characters from "
+        "[a-z0-9._-], starting with a letter or digit\n"
+    )
+    assert not (tmp_path / ".dagster").exists() and not (tmp_path / ".corpus").exists()
+
+
+def _instance(demo_home: Path) -> dg.DagsterInstance:
+    """The instance in $DAGSTER_HOME (the demo_home fixture's), as the CLI configures it."""
+    home = demo_home.parent / "dagster"
+    home.mkdir(exist_ok=True)
+    (home / "dagster.yaml").write_text(DAGSTER_YAML)
+    return dg.DagsterInstance.get()
+
+
+def test_a_key_added_in_the_ui_fails_clearly_until_deleted(
+    demo_home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    instance = _instance(demo_home)
+    instance.add_dynamic_partitions("snapshots", [BAD])  # what the UI's "Add partition" does
+    failed = defs.resolve_job_def("build_snapshot").execute_in_process(
+        partition_key=BAD, instance=instance, raise_on_error=False
+    )
+    assert not failed.success
+    error = next(e for e in failed.all_events if e.is_step_failure).step_failure_data.error
+    while error.cause is not None:
+        error = error.cause
+    assert error.cls_name == "PartitionKeyError"
+    assert "corpus-assets partition delete 'Bad Key!'" in error.message
+
+    assert main(["partition", "list"]) == 0
+    listed = capsys.readouterr().out
+    assert listed == (
+        "Bad Key!  dagster  not-frozen  no-snapshot  "
+        "INVALID KEY: corpus-assets partition delete 'Bad Key!'\n"
+    )
+    assert main(["partition", "delete", BAD]) == 0
+    assert capsys.readouterr().out == "deleted partition 'Bad Key!' from the Dagster instance\n"
+    assert instance.get_dynamic_partitions("snapshots") == []
+
+    assert main(["build"]) == 0  # a later run, on a valid key, works
+    (key,) = instance.get_dynamic_partitions("snapshots")
+    capsys.readouterr()
+    assert main(["partition", "list"]) == 0
+    assert capsys.readouterr().out.startswith(f"{key}  dagster  frozen  sha256:")
+
+
+def test_delete_refuses_a_frozen_or_running_partition_without_force(
+    demo_home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    instance = _instance(demo_home)
+    assert main(["build", "--partition", "p1"]) == 0
+    assert main(["partition", "delete", "p1"]) == 1
+    assert "partition 'p1' is frozen in the catalog" in capsys.readouterr().err
+    assert main(["partition", "delete", "nope"]) == 1
+    assert "partition 'nope' is not in the Dagster instance" in capsys.readouterr().err
+
+    instance.add_dynamic_partitions("snapshots", ["p2"])
+    instance.create_run_for_job(
+        job_def=defs.resolve_job_def("build_snapshot"),
+        tags={"dagster/partition": "p2"},
+        status=dg.DagsterRunStatus.NOT_STARTED,
+    )
+    assert main(["partition", "delete", "p2"]) == 1
+    assert "has a run queued or running" in capsys.readouterr().err
+
+    assert main(["partition", "delete", "p1", "--force"]) == 0
+    assert instance.get_dynamic_partitions("snapshots") == ["p2"]
+    capsys.readouterr()
+    assert main(["partition", "list"]) == 0
+    p2, p1 = capsys.readouterr().out.splitlines()
+    assert p2 == "p2  dagster  not-frozen  no-snapshot"
+    assert p1.startswith("p1  catalog-only  frozen  sha256:")  # the catalog keeps it
