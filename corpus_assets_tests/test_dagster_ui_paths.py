@@ -1,6 +1,9 @@
 """The paths a UI user takes: checks per layer, approval without digests, the lifecycle on the
 partition, and metadata the UI can plot."""
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import dagster as dg
@@ -10,6 +13,8 @@ from corpus_assets.assets.checks import LAYER_CHECKS, snapshot_validates
 from corpus_assets.assets.jobs import approval_run_config, approver_identity
 from corpus_assets.assets.layers import LAYER_ASSETS
 from corpus_assets.assets.resources import CorpusResource
+from corpus_assets.assets.schedules import tick
+from corpus_assets.assets.sensors import publication, source_discovery
 from corpus_assets.core.governance import gate, states
 from corpus_assets.core.release.layer_checks import ERROR, WARN, layer_findings
 from corpus_assets.core.runtime.workspace import open_workspace
@@ -149,3 +154,34 @@ def test_approver_identity_is_the_run_first_and_a_typed_name_only_as_a_claim() -
     assert approver_identity("r1", {}, " bob ") == "dagster-run:r1 claimed:bob"
     tags = {"dagster/user": "ada@example.com"}
     assert approver_identity("r1", tags, "eve") == "user:ada@example.com dagster-run:r1 claimed:eve"
+
+
+def test_sensors_and_the_schedule_wait_for_a_config_on_a_fresh_data_home(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A new compose volume has no corpus.yaml: automation skips saying so, it does not error."""
+    monkeypatch.setenv("CORPUS_HOME", str(tmp_path / "fresh"))
+    monkeypatch.delenv("CORPUS_CONFIG", raising=False)
+    resources = {"corpus": CorpusResource()}
+    with dg.instance_for_test() as instance:
+        for sensor in (source_discovery, publication):
+            result = sensor(dg.build_sensor_context(instance=instance, resources=resources))
+            assert not result.run_requests
+            assert "no corpus config at" in str(result.skip_reason)
+        skipped = tick(dg.build_schedule_context(instance=instance), CorpusResource())
+        assert isinstance(skipped, dg.SkipReason) and "no corpus config" in str(skipped)
+
+
+def test_loading_the_code_location_prints_no_warning(tmp_path: Path) -> None:
+    """`dagster dev` printed a BetaWarning per step process and warned about a dagster.yaml in
+    the repository root; loading the definitions must be silent."""
+    root = Path(__file__).resolve().parent.parent
+    assert not (root / "dagster.yaml").exists() and not (root / "dagster.yml").exists()
+    load = "from corpus_assets.definitions import defs; defs.get_repository_def().get_all_jobs()"
+    env = {**os.environ, "CORPUS_HOME": str(tmp_path), "DAGSTER_HOME": str(tmp_path)}
+    env.pop("CORPUS_CONFIG", None)
+    done = subprocess.run(
+        [sys.executable, "-W", "always", "-c", load], env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert "Warning" not in done.stderr, done.stderr

@@ -4,6 +4,7 @@ from typing import Optional
 
 import dagster as dg
 
+from corpus_assets.core.runtime.config import config_path
 from corpus_assets.core.runtime.workspace import Workspace, open_workspace
 
 
@@ -14,3 +15,15 @@ class CorpusResource(dg.ConfigurableResource):
 
     def workspace(self) -> Workspace:
         return open_workspace(self.config_path)
+
+    def missing_config(self) -> str | None:
+        """Why sensors and schedules should wait rather than fail: a fresh data home (a new
+        compose volume, say) has no corpus.yaml yet. A config that exists but is wrong still
+        fails loudly when opened."""
+        path = config_path(self.config_path)
+        if path.exists():
+            return None
+        return (
+            f"no corpus config at {path} yet: write one (or run `corpus-assets demo`); "
+            "nothing to build until then"
+        )

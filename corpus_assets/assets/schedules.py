@@ -42,6 +42,8 @@ def tick(
 ) -> dg.RunRequest | dg.SkipReason:
     """One tick: skip with the reason, or add a new partition and request its build. A schedule
     cannot return partition requests (a sensor can), so the tick adds the partition itself."""
+    if (waiting := corpus.missing_config()) is not None:
+        return dg.SkipReason(waiting)
     in_flight = in_flight_builds(context.instance)
     with corpus.workspace() as ws:
         when = ws.config.schedule.when if ws.config.schedule else "changed"

@@ -67,6 +67,8 @@ with warnings.catch_warnings():
     def source_discovery(
         context: dg.SensorEvaluationContext, corpus: CorpusResource
     ) -> dg.SensorResult:
+        if (waiting := corpus.missing_config()) is not None:
+            return dg.SensorResult(skip_reason=waiting)
         cursor = DiscoveryCursor.parse(context.cursor)
         in_flight = in_flight_builds(context.instance)
         with corpus.workspace() as ws:
@@ -88,6 +90,8 @@ with warnings.catch_warnings():
         "if it is newer (a later freeze) than the one the alias serves: never a rollback.",
     )
     def publication(context: dg.SensorEvaluationContext, corpus: CorpusResource) -> dg.SensorResult:
+        if (waiting := corpus.missing_config()) is not None:
+            return dg.SensorResult(skip_reason=waiting)
         with corpus.workspace() as ws:
             ready = [
                 (s, read_gate(ws.catalog, s.alias).generation) for s in next_to_activate(ws.catalog)
