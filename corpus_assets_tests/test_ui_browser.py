@@ -197,6 +197,7 @@ def records_plot(page: Page, servers: Servers, artifacts: Path) -> None:
     assert painted > 500, painted  # axes, ticks and the point: far more than a blank canvas
     shoot(page, artifacts, "5-plots")
     plot.screenshot(path=str(artifacts / "6-records-plot.png"))
+    print(f"screenshot {artifacts / '6-records-plot.png'}")
 
 
 def test_sensor_build_ui_approval_publication_and_pages(

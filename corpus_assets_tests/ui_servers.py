@@ -66,18 +66,34 @@ class Group:
     def pgid(self) -> int:
         return self.process.pid  # start_new_session: the leader's pid is the group id
 
-    def stop(self, grace: float = 10.0) -> None:
-        """SIGTERM the whole group, SIGKILL whatever is left after ``grace`` seconds."""
+    def terminate(self) -> None:
+        """SIGTERM the whole group: the leader and the code servers and runs it spawned."""
         if group_alive(self.pgid):
             os.killpg(self.pgid, signal.SIGTERM)
+
+    def finish(self, grace: float = 10.0) -> None:
+        """Wait ``grace`` seconds for the group to go, then SIGKILL whatever is left."""
+        started, how = time.monotonic(), "SIGTERM"
         try:
             wait_for(f"{self.name} to exit", lambda: not group_alive(self.pgid), grace, 0.2)
         except TimeoutError:
             if group_alive(self.pgid):
                 os.killpg(self.pgid, signal.SIGKILL)
+                how = "SIGKILL"
         self.process.wait(timeout=grace)
+        print(
+            f"{self.name} (pgid {self.pgid}) stopped by {how} in {time.monotonic() - started:.1f} s"
+        )
         # orphans of the group are reaped by init shortly after the leader dies
         wait_for(f"{self.name}'s group to be gone", lambda: not group_alive(self.pgid), grace, 0.2)
+
+
+def stop_groups(groups: list[Group]) -> None:
+    """Stop every group by its own id, all at once so their shutdowns overlap."""
+    for group in groups:
+        group.terminate()
+    for group in groups:
+        group.finish()
 
 
 def start_group(name: str, argv: list[str], env: dict[str, str], logs: Path) -> Group:
@@ -194,9 +210,9 @@ def dagster_servers(
     daemon = [str(BIN / "dagster-daemon"), "run", "-w", workspace]
     groups: list[Group] = []
     with ExitStack() as stack:
+        stack.callback(stop_groups, groups)  # whatever was started, even if the second fails
         for name, argv in (("webserver", web), ("daemon", daemon)):
             groups.append(start_group(name, argv, env, logs))
-            stack.callback(groups[-1].stop)
         gql = GraphQL(port)
         wait_for("the webserver and its code location", lambda: location_loaded(gql), 180)
         yield Servers(gql, port, env, groups)
