@@ -33,9 +33,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_for(what: str, probe: Callable[[], T | None], timeout: float, every: float = 1.0) -> T:
-    """Poll ``probe`` until it returns something truthy; fail naming ``what`` on timeout."""
-    deadline = time.monotonic() + timeout
+def wait_for(
+    what: str,
+    probe: Callable[[], T | None],
+    timeout: float,
+    every: float = 1.0,
+    deadline: float | None = None,
+) -> T:
+    """Poll ``probe`` until it returns something truthy; fail naming ``what`` on timeout
+    (``timeout`` seconds from now, or at the monotonic ``deadline`` when one is given)."""
+    deadline = time.monotonic() + timeout if deadline is None else deadline
     while True:
         value = probe()
         if value:
@@ -66,34 +73,39 @@ class Group:
     def pgid(self) -> int:
         return self.process.pid  # start_new_session: the leader's pid is the group id
 
+    def gone(self) -> bool:
+        """No process of the group is left; reaps the leader first (we are its parent, and an
+        unreaped zombie would keep the group alive)."""
+        self.process.poll()
+        return not group_alive(self.pgid)
+
     def terminate(self) -> None:
         """SIGTERM the whole group: the leader and the code servers and runs it spawned."""
         if group_alive(self.pgid):
             os.killpg(self.pgid, signal.SIGTERM)
 
-    def finish(self, grace: float = 10.0) -> None:
-        """Wait ``grace`` seconds for the group to go, then SIGKILL whatever is left."""
-        started, how = time.monotonic(), "SIGTERM"
+    def finish(self, deadline: float) -> None:
+        """Wait until ``deadline`` (monotonic) for the group to go, then SIGKILL what is left."""
+        how = "SIGTERM"
         try:
-            wait_for(f"{self.name} to exit", lambda: not group_alive(self.pgid), grace, 0.2)
+            wait_for(f"{self.name} to exit", self.gone, 0, 0.2, deadline)
         except TimeoutError:
             if group_alive(self.pgid):
                 os.killpg(self.pgid, signal.SIGKILL)
                 how = "SIGKILL"
-        self.process.wait(timeout=grace)
-        print(
-            f"{self.name} (pgid {self.pgid}) stopped by {how} in {time.monotonic() - started:.1f} s"
-        )
+        self.process.wait(timeout=10)
         # orphans of the group are reaped by init shortly after the leader dies
-        wait_for(f"{self.name}'s group to be gone", lambda: not group_alive(self.pgid), grace, 0.2)
+        wait_for(f"{self.name}'s group to be gone", self.gone, 10, 0.2)
+        print(f"{self.name} (pgid {self.pgid}) stopped by {how}")
 
 
-def stop_groups(groups: list[Group]) -> None:
-    """Stop every group by its own id, all at once so their shutdowns overlap."""
+def stop_groups(groups: list[Group], grace: float = 10.0) -> None:
+    """Stop every group by its own id: SIGTERM all, SIGKILL what remains ``grace`` s later."""
     for group in groups:
         group.terminate()
+    deadline = time.monotonic() + grace
     for group in groups:
-        group.finish()
+        group.finish(deadline)
 
 
 def start_group(name: str, argv: list[str], env: dict[str, str], logs: Path) -> Group:
