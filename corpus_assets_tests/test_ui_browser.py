@@ -85,6 +85,7 @@ def page(artifacts: Path) -> Iterator[Page]:
                 lambda: tab.get_by_role("button", name="Skip").click(),
             )
             yield tab
+            shoot(tab, artifacts, "last-page")  # where the test stopped, when it failed
         finally:
             browser.close()
 
