@@ -108,12 +108,31 @@ def sensor_build(servers: Servers) -> dict[str, Any]:
     return build
 
 
+def open_launchpad(page: Page, servers: Servers, artifacts: Path) -> Any:
+    """The launchpad's config editor once it shows the scaffolded default config.
+
+    Under load the page has once come up without it (a screenshot of each such attempt is kept);
+    it is loaded again, up to three times, before that counts as a failure.
+    """
+    url = (
+        f"http://127.0.0.1:{servers.port}/locations/corpus_assets/jobs/approve_snapshot/playground"
+    )
+    editor = page.locator(".CodeMirror").first
+    for attempt in (1, 2):
+        page.goto(url)
+        try:
+            expect(editor).to_contain_text("newest-validated", timeout=30_000)
+            return editor
+        except AssertionError:
+            shoot(page, artifacts, f"launchpad-attempt-{attempt}")
+    page.goto(url)
+    expect(editor).to_contain_text("newest-validated")  # the default config, scaffolded
+    return editor
+
+
 def approve_from_launchpad(page: Page, servers: Servers, artifacts: Path) -> str:
     """Launch ``approve_snapshot`` from the UI with only the approver filled in; its run id."""
-    base = f"http://127.0.0.1:{servers.port}"
-    page.goto(f"{base}/locations/corpus_assets/jobs/approve_snapshot/playground")
-    editor = page.locator(".CodeMirror").first
-    expect(editor).to_contain_text("newest-validated")  # the default config, scaffolded
+    editor = open_launchpad(page, servers, artifacts)
     editor.click()
     page.keyboard.press("Control+a")
     page.keyboard.insert_text(
