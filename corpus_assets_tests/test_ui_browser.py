@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from playwright.sync_api import Locator, Page, expect, sync_playwright
 
 from corpus_assets.core.runtime.layers import LAYERS
 from corpus_assets.demo import write_demo
@@ -30,10 +31,6 @@ from corpus_assets_tests.ui_servers import (
 CHROMIUM = Path("/usr/bin/chromium")
 APPROVER = "ui-browser-test"
 pytestmark = pytest.mark.browser
-
-playwright_api = pytest.importorskip("playwright.sync_api", reason="playwright (dev group)")
-Page = playwright_api.Page
-expect = playwright_api.expect
 
 
 def require_chromium() -> None:
@@ -74,7 +71,7 @@ def servers(tmp_path: Path) -> Iterator[Servers]:
 @pytest.fixture
 def page(artifacts: Path) -> Iterator[Page]:
     """A headless Debian chromium page; the community sign-up modal is dismissed when it shows."""
-    with playwright_api.sync_playwright() as playwright:
+    with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=str(CHROMIUM), headless=True)
         try:
             tab = browser.new_page(viewport={"width": 1400, "height": 1000})
@@ -108,7 +105,7 @@ def sensor_build(servers: Servers) -> dict[str, Any]:
     return build
 
 
-def open_launchpad(page: Page, servers: Servers, artifacts: Path) -> Any:
+def open_launchpad(page: Page, servers: Servers, artifacts: Path) -> Locator:
     """The launchpad's config editor once it shows the scaffolded default config.
 
     Under load the page has once come up without it (a screenshot of each such attempt is kept);
@@ -176,7 +173,7 @@ def lineage_graph(page: Page, servers: Servers, artifacts: Path) -> None:
     shoot(page, artifacts, "3-lineage")
 
 
-def metadata_row(page: Page, key: str) -> Any:
+def metadata_row(page: Page, key: str) -> Locator:
     """The metadata table row whose key cell is exactly ``key``."""
     return page.locator("tr").filter(has=page.get_by_text(key, exact=True)).first
 
