@@ -5,7 +5,7 @@ UV := .tools/bin/uv
 export CORPUS_HOME ?= $(CURDIR)/.corpus
 export DAGSTER_HOME ?= $(CURDIR)/.dagster
 
-.PHONY: demo test lint ui clean
+.PHONY: demo test lint ui clean chromium
 
 $(UV):
 	$(PYTHON) -m venv .tools
@@ -27,8 +27,17 @@ UV_GROUPS := $(if $(wildcard $(TORCH_WHEEL)),--group torch)
 demo: .venv/.synced
 	$(UV) run --frozen --no-sync corpus-assets demo
 
+# Debian's chromium for the real-browser UI test (Playwright drives it; it cannot download
+# browsers here). Installed when missing and we are root; otherwise the test says why it skips
+# (and fails under CI, where CI is set).
+CHROMIUM := /usr/bin/chromium
+chromium:
+	@test -x $(CHROMIUM) || { [ "$$(id -u)" = 0 ] \
+	  && apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null \
+	  || echo "chromium missing: 'sudo apt-get install chromium' (the browser test skips locally, fails under CI)"; }
+
 ## Run ruff, the import-layering contracts and the test suite (slow benchmarks are skipped; PostgreSQL tests need 127.0.0.1:5432).
-test: .venv/.synced
+test: .venv/.synced chromium
 	$(UV) run --frozen --no-sync ruff check corpus_assets corpus_assets_tests bench
 	$(UV) run --frozen --no-sync lint-imports
 	$(UV) run --frozen --no-sync pytest -n auto --maxprocesses=4

@@ -133,7 +133,7 @@ def server_env(dagster_home: Path, corpus_home: Path, config: Path) -> dict[str,
 def dagster_home(path: Path) -> Path:
     """A DAGSTER_HOME holding the project's own instance config (SQLite, telemetry off)."""
     path.mkdir(parents=True, exist_ok=True)
-    shutil.copy(REPO / "dagster.yaml", path / "dagster.yaml")
+    shutil.copy(REPO / "instance" / "dagster.yaml", path / "dagster.yaml")
     return path
 
 
