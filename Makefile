@@ -40,7 +40,7 @@ chromium:
 test: .venv/.synced chromium
 	$(UV) run --frozen --no-sync ruff check corpus_assets corpus_assets_tests bench
 	$(UV) run --frozen --no-sync lint-imports
-	$(UV) run --frozen --no-sync pytest -n auto --maxprocesses=4
+	$(UV) run --frozen --no-sync pytest -n auto --maxprocesses=4 --durations=25
 
 lint: .venv/.synced
 	$(UV) run --frozen --no-sync ruff check corpus_assets corpus_assets_tests bench

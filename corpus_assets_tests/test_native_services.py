@@ -11,16 +11,10 @@ API); the slow one lets the daemon's sensors build it, approves it through Graph
 the end, also on failure.
 """
 
-import contextlib
-import json
 import os
 import re
-import signal
-import socket
-import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -34,6 +28,7 @@ from corpus_assets.core.storage.catalog import Catalog
 from corpus_assets.demo import write_demo
 from corpus_assets_tests.conftest import PG_URL
 from corpus_assets_tests.test_postgres_instance import deploy_home, pg_env
+from corpus_assets_tests.ui_servers import GraphQL, Group, free_port, start_group, stop_groups
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -55,12 +50,6 @@ LAUNCH = """mutation($params: ExecutionParams!) { launchRun(executionParams: $pa
   ... on RunConfigValidationInvalid { errors { message } } } }"""
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _swap(command: list[str], flag: str, value: str) -> list[str]:
     """``command`` with the argument after ``flag`` replaced (the flag must be there)."""
     index = command.index(flag)
@@ -72,54 +61,27 @@ class Services:
 
     def __init__(self, logs: Path, env: dict[str, str]) -> None:
         self.logs, self.env = logs, env
-        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.procs: dict[str, Group] = {}
 
     def start(self, name: str, command: list[str]) -> None:
-        log = (self.logs / f"{name}.log").open("wb")
-        self.procs[name] = subprocess.Popen(
-            [str(BIN / command[0]), *command[1:]],
-            env=self.env,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # its own process group: runs it spawns stop with it
-        )
-        log.close()
+        argv = [str(BIN / command[0]), *command[1:]]
+        self.procs[name] = start_group(name, argv, self.env, self.logs)
 
     def check_alive(self) -> None:
-        for name, proc in self.procs.items():
-            if proc.poll() is not None:
-                pytest.fail(f"{name} exited with {proc.returncode}:\n{self.tail(name)}")
+        for name, group in self.procs.items():
+            if group.process.poll() is not None:
+                pytest.fail(f"{name} exited with {group.process.returncode}:\n{self.tail(name)}")
 
     def tail(self, name: str) -> str:
-        return (self.logs / f"{name}.log").read_text(errors="replace")[-3000:]
+        return self.procs[name].log.read_text(errors="replace")[-3000:]
 
     def stop(self) -> None:
         """SIGTERM every group, then SIGKILL what is still there after 5 s."""
-        for proc in self.procs.values():
-            _signal_group(proc, signal.SIGTERM)
-        deadline = time.monotonic() + 5
-        for proc in self.procs.values():
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-            _signal_group(proc, signal.SIGKILL)  # also reaps children left in the group
-            proc.wait()
-
-
-def _signal_group(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:
-    with contextlib.suppress(ProcessLookupError):  # the group id is the leader's pid
-        os.killpg(proc.pid, sig)
+        stop_groups(list(self.procs.values()), grace=5.0)
 
 
 def _graphql(port: int, query: str, variables: dict[str, Any] | None = None) -> dict[str, Any]:
-    body = json.dumps({"query": query, "variables": variables or {}}).encode()
-    request = urllib.request.Request(
-        f"http://127.0.0.1:{port}/graphql", body, {"Content-Type": "application/json"}
-    )
-    with urllib.request.urlopen(request, timeout=10) as response:
-        answer = json.loads(response.read())
-    assert "errors" not in answer, answer["errors"]
-    return answer["data"]
+    return GraphQL(port).query(query, variables)
 
 
 def _wait(services: Services, what: str, timeout: float, probe: Callable[[], Any]) -> Any:
@@ -161,7 +123,7 @@ def _start_code_and_webserver(services: Services, tmp_path: Path) -> tuple[int, 
     """Start ``code`` and ``webserver`` with compose's commands on free loopback ports; return
     the webserver's port and the workspace file (deploy/workspace.yaml pointed at ``code``)."""
     compose = _compose_services()
-    code_port, web_port = _free_port(), _free_port()
+    code_port, web_port = free_port(), free_port()
     code = _swap(_swap(compose["code"]["command"], "-h", "127.0.0.1"), "-p", str(code_port))
     services.start("code", code)
     workspace = yaml.safe_load((ROOT / "deploy" / "workspace.yaml").read_text())

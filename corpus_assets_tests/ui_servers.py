@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+import dagster as dg
+
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 T = TypeVar("T")
@@ -131,9 +133,14 @@ def server_env(dagster_home: Path, corpus_home: Path, config: Path) -> dict[str,
 
 
 def dagster_home(path: Path) -> Path:
-    """A DAGSTER_HOME holding the project's own instance config (SQLite, telemetry off)."""
+    """A DAGSTER_HOME holding the project's own instance config (SQLite, telemetry off), its
+    storage created here: the webserver's code server and the daemon starting at once on an
+    empty home race to create the schedule database and can leave two alembic heads, after
+    which the code location fails to load ("more than one head present")."""
     path.mkdir(parents=True, exist_ok=True)
     shutil.copy(REPO / "instance" / "dagster.yaml", path / "dagster.yaml")
+    with dg.DagsterInstance.from_config(str(path)):
+        pass
     return path
 
 
