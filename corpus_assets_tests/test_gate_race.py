@@ -206,7 +206,18 @@ def _race_trials(ws: Workspace, kind: str, trials: int, monkeypatch: pytest.Monk
     assert outcomes["fence won the swap"] >= 1, outcomes
 
 
-@pytest.mark.parametrize("kind", ["tombstone", "benchmark"])
+# Each backend and each fence races by default; the other two pairings take no path these two
+# miss and cost ~4 minutes each on a 2-core runner (a fresh build per trial), so they run with
+# ``-m slow`` beside the 200-trial soak.
+PAIRS = [
+    ("sqlite", "tombstone"),
+    ("postgres", "benchmark"),
+    pytest.param("postgres", "tombstone", marks=pytest.mark.slow),
+    pytest.param("sqlite", "benchmark", marks=pytest.mark.slow),
+]
+
+
+@pytest.mark.parametrize(("catalog_url", "kind"), PAIRS, indirect=["catalog_url"])
 def test_activation_racing_a_fence_commits_in_one_order(
     workspace: Workspace, kind: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
