@@ -104,6 +104,7 @@ def start_dev(env: dict[str, str], module: str, log: Path) -> tuple[subprocess.P
         except OSError:
             pass
         time.sleep(0.5)
+    stop(proc)  # never leave a half-started webserver and daemon behind
     raise SystemExit(f"dagster dev did not start: {log}")
 
 
