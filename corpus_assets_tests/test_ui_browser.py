@@ -127,17 +127,34 @@ def open_launchpad(page: Page, servers: Servers, artifacts: Path) -> Locator:
     return editor
 
 
+def type_config(page: Page, editor: Locator, artifacts: Path, text: str) -> None:
+    """Replace the launchpad's config by typing, as a user does: click into the editor, select
+    all, type. A popup that opens meanwhile takes the focus, and Control+A then selects the whole
+    page (seen under load), so the editor's focus is checked and the typing retried."""
+    for attempt in (1, 2, 3):
+        editor.locator(".CodeMirror-lines").click()
+        try:
+            expect(editor).to_have_class(re.compile(r"CodeMirror-focused"), timeout=5_000)
+            page.keyboard.press("Control+a")
+            page.keyboard.insert_text(text)
+            expect(editor).to_contain_text(APPROVER, timeout=10_000)
+            return
+        except AssertionError:
+            shoot(page, artifacts, f"typing-attempt-{attempt}")
+    raise AssertionError("the launchpad's config editor never took the typed config")
+
+
 def approve_from_launchpad(page: Page, servers: Servers, artifacts: Path) -> str:
     """Launch ``approve_snapshot`` from the UI with only the approver filled in; its run id."""
     editor = open_launchpad(page, servers, artifacts)
-    editor.click()
-    page.keyboard.press("Control+a")
-    page.keyboard.insert_text(
+    type_config(
+        page,
+        editor,
+        artifacts,
         "ops:\n  approve_digest:\n    config:\n"
         f'      approver: "{APPROVER}"\n      partition: "newest-validated"\n'
-        '      snapshot_id: ""\n'
+        '      snapshot_id: ""\n',
     )
-    expect(editor).to_contain_text(APPROVER)
     expect(page.get_by_text("No errors")).to_be_visible()
     shoot(page, artifacts, "1-launchpad")
     page.get_by_role("button", name="Launch Run").click()

@@ -139,8 +139,19 @@ def dagster_home(path: Path) -> Path:
     which the code location fails to load ("more than one head present")."""
     path.mkdir(parents=True, exist_ok=True)
     shutil.copy(REPO / "instance" / "dagster.yaml", path / "dagster.yaml")
-    with dg.DagsterInstance.from_config(str(path)):
-        pass
+    # the config reads base_dir from $DAGSTER_HOME: point it here, whatever the caller's env says
+    # (an in-process CLI call in the same worker leaves it set to ./.dagster)
+    saved = os.environ.get("DAGSTER_HOME")
+    os.environ["DAGSTER_HOME"] = str(path)
+    try:
+        with dg.DagsterInstance.from_config(str(path)):
+            pass
+    finally:
+        if saved is None:
+            del os.environ["DAGSTER_HOME"]
+        else:
+            os.environ["DAGSTER_HOME"] = saved
+    assert (path / "schedules" / "schedules.db").exists(), f"no schedule storage under {path}"
     return path
 
 
@@ -170,7 +181,7 @@ class GraphQL:
 
 
 LOCATION_STATUS = """{ workspaceOrError { ... on Workspace { locationEntries {
-  name loadStatus locationOrLoadError { __typename } } } } }"""
+  name loadStatus locationOrLoadError { __typename ... on PythonError { message stack } } } } } }"""
 
 RUNS = """query Runs($filter: RunsFilter) { runsOrError(filter: $filter) { ... on Runs {
   results { runId jobName status tags { key value } } } } }"""
@@ -183,8 +194,12 @@ def location_loaded(gql: GraphQL) -> bool:
     entries = gql.query(LOCATION_STATUS)["workspaceOrError"].get("locationEntries", [])
     for entry in entries:
         if entry["name"] == "corpus_assets" and entry["loadStatus"] == "LOADED":
-            kind = entry["locationOrLoadError"]["__typename"]
-            assert kind == "RepositoryLocation", f"code location failed to load: {entry}"
+            loaded = entry["locationOrLoadError"]
+            if loaded["__typename"] != "RepositoryLocation":
+                stack = "".join(loaded.get("stack") or [])
+                raise AssertionError(
+                    f"code location failed to load: {loaded.get('message')}\n{stack}"
+                )
             return True
     return False
 
