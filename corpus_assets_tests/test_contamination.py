@@ -18,7 +18,7 @@ from corpus_assets.core.records.contamination import (
     policy_payload,
     word_ngrams,
 )
-from corpus_assets.core.records.contamination_index import BenchmarkIndex
+from corpus_assets.core.records.contamination_index import BenchmarkIndex, ContainmentIndex
 from corpus_assets.core.storage.digests import json_digest
 
 POLICY = ContaminationPolicy()
@@ -277,13 +277,13 @@ def test_hash_collisions_cost_time_but_never_change_a_result(monkeypatch) -> Non
     scrambled = " ".join(reversed(QUESTION.split()))  # same letters, other n-grams
     documents = [embed(QUESTION, 300, seed=20), embed(scrambled, 300, seed=21), ZH_ITEM[::-1]]
     confirmed = []
-    confirm = BenchmarkIndex._confirm
+    confirm = ContainmentIndex._confirm
 
     def counting(self, *args):
         confirmed.append(confirm(self, *args))
         return confirmed[-1]
 
-    monkeypatch.setattr(BenchmarkIndex, "_confirm", counting)
+    monkeypatch.setattr(ContainmentIndex, "_confirm", counting)
     index = BenchmarkIndex.build(items, POLICY)
     assert index.match_many(documents) == [brute_force(items, d, POLICY) for d in documents]
     assert index.match_many(documents) == [Match("q1", 1_000_000), None, None]

@@ -23,14 +23,25 @@ def _by_prefix(counts: Counts, prefix: str) -> dict[str, int]:
     return {k.removeprefix(prefix): v for k, v in sorted(counts.items()) if k.startswith(prefix)}
 
 
-def _canonical(c: Counts, _d: Mapping[str, Any]) -> tuple[dict[str, float], str]:
+def _canonical(c: Counts, details: Mapping[str, Any]) -> tuple[dict[str, float], str]:
     reasons = ", ".join(f"{k} {v}" for k, v in _by_prefix(c, "quarantined.").items()) or "none"
     text = (
         f"**{c['records']:,} records** from {c['rows_in']:,} input lines; "
         f"{c['quarantined']:,} quarantined ({reasons}), {c['rejected']:,} rejected, "
         f"{c.get('dead_letters', 0):,} dead letters."
     )
-    return {"quarantined_fraction": _share(c["quarantined"], c["rows_in"])}, text
+    series = {"quarantined_fraction": _share(c["quarantined"], c["rows_in"])}
+    rows = details.get("contamination") or []
+    if rows:  # the decontamination report: flagged records overall and per benchmark
+        series["contamination.flagged"] = float(sum(r["flagged"] for r in rows))
+        for row in rows:
+            series[f"contamination.flagged.{row['benchmark']}"] = float(row["flagged"])
+        unchecked = sum(r["unchecked"] for r in rows)
+        text += (
+            f" Contamination: {int(series['contamination.flagged']):,} records flagged against "
+            f"{sum(r['items'] for r in rows):,} benchmark items ({unchecked:,} unchecked)."
+        )
+    return series, text
 
 
 def _dedup(c: Counts, details: Mapping[str, Any]) -> tuple[dict[str, float], str]:

@@ -25,6 +25,7 @@ from corpus_assets.core.records.adapters import (
     strings,
 )
 from corpus_assets.core.records.adapters import field as row_field
+from corpus_assets.core.records.contamination import Match
 from corpus_assets.core.records.contamination_index import BenchmarkIndex
 from corpus_assets.core.records.envelope import CANONICAL, digest_with, record_digest, template_for
 from corpus_assets.core.records.normalize import (
@@ -115,18 +116,29 @@ def _parse_stdlib(raw: bytes) -> dict[str, Any]:
     return obj
 
 
-def contaminated(index: BenchmarkIndex | None, texts: list[str]) -> dict[int, Excluded]:
-    """Position -> exclusion for the texts that contain a registered benchmark item."""
+def contaminated(
+    index: BenchmarkIndex | None, texts: list[str]
+) -> dict[int, tuple[Excluded, Match]]:
+    """Position -> (exclusion, match) for the texts that contain a registered benchmark item.
+
+    The detail names the item, its benchmark and the evidence (v2: shared n-grams or the whole
+    item), never its text."""
     if index is None or not texts:
         return {}
     return {
-        n: Excluded(
-            "contamination.benchmark",
-            f"item {match.item_id} containment {match.containment_ppm / 10_000:.2f}%",
-        )
+        n: (Excluded("contamination.benchmark", _evidence(match)), match)
         for n, match in enumerate(index.match_many(texts))
         if match is not None
     }
+
+
+def _evidence(match: Match) -> str:
+    detail = f"item {match.item_id} containment {match.containment_ppm / 10_000:.2f}%"
+    if match.whole:
+        detail += " (whole item)"
+    elif match.shared:
+        detail += f" ({match.shared} shared n-grams)"
+    return detail + (f" of benchmark {match.benchmark}" if match.benchmark else "")
 
 
 def _local_id(source: Source, obj: dict[str, Any], object_name: str, row_no: int) -> str:

@@ -73,10 +73,17 @@ def policy_payload(policy: ContaminationPolicy) -> dict:
 
 @dataclass(frozen=True)
 class Match:
-    """The benchmark item a record is excluded for (reason ``contamination.benchmark``)."""
+    """The benchmark item a record is excluded for (reason ``contamination.benchmark``).
+
+    ``shared`` (v2) counts the item n-grams found in the record; ``whole`` (v2) says a short
+    item was found whole; ``benchmark`` names the item's benchmark when the index was told it.
+    """
 
     item_id: str
     containment_ppm: int
+    shared: int = 0
+    whole: bool = False
+    benchmark: str = ""
 
 
 def normalise(text: str) -> str:

@@ -1,4 +1,10 @@
-"""``BenchmarkIndex``: screening records against indexed benchmark items, then confirming.
+"""``BenchmarkIndex`` (either policy version) and the v1 engine, ``ContainmentIndex``.
+
+``BenchmarkIndex`` is what the layer holds: the engine of the policy's version (v1 here, v2 in
+:mod:`.contamination_v2_index`) plus each item's benchmark name, which only the report and the
+per-benchmark counts use (it decides no match, so it is not in the index digest).
+
+The v1 engine: screening records against indexed benchmark items, then confirming.
 
 Split from the indexing (:mod:`.contamination_tables`) because this is the per-record hot path
 and its correctness argument is separate: records are hashed (:mod:`.contamination_stream`) in
@@ -8,12 +14,14 @@ item's own intra-item collision count, almost always 0); only items whose bound 
 threshold are confirmed with the real n-gram strings, so hash collisions cost time, never a
 false match or a missed one.
 
-Use :meth:`BenchmarkIndex.match_many` for a chunk of records: :meth:`~BenchmarkIndex.match`
+Use :meth:`ContainmentIndex.match_many` for a chunk of records: :meth:`~ContainmentIndex.match`
 pays the fixed cost of a few dozen numpy calls per record.
 """
 
 import bisect
-from collections.abc import Iterable, Sequence
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
 
 import numpy as np
 
@@ -30,12 +38,14 @@ from corpus_assets.core.records.contamination_stream import (
     normalise_stream,
 )
 from corpus_assets.core.records.contamination_tables import NgramTable, index_items
+from corpus_assets.core.records.contamination_v2 import NGRAM, UNCHECKED, WHOLE, TokenPolicy
+from corpus_assets.core.records.contamination_v2_index import TokenIndex
 
 _SINGLE_CHARS = 1 << 12  # a lone record shorter than this skips the batch normalisation
 
 
-class BenchmarkIndex:
-    """Benchmark items indexed for containment matching; build with :meth:`build`."""
+class ContainmentIndex:
+    """The ``contamination.v1`` engine: items indexed for containment matching."""
 
     def __init__(
         self,
@@ -62,7 +72,7 @@ class BenchmarkIndex:
     @classmethod
     def build(
         cls, items: Iterable[tuple[str, str]], policy: ContaminationPolicy
-    ) -> "BenchmarkIndex":
+    ) -> "ContainmentIndex":
         """Index ``(item_id, text)`` pairs; the result does not depend on their order."""
         built = index_items(items, policy)
         return cls(
@@ -185,3 +195,128 @@ class BenchmarkIndex:
         seen = {text[a - base : b - base] for a, b in spans}
         exact = ngrams(self._texts[item], mode, self.policy)
         return len(exact & seen) * PPM // len(exact)
+
+
+Policy = ContaminationPolicy | TokenPolicy
+_HOWS = {UNCHECKED: "unchecked", NGRAM: "ngram", WHOLE: "whole"}
+
+
+class BenchmarkIndex:
+    """The policy version's engine and the items' benchmarks; build with :meth:`build`."""
+
+    def __init__(self, engine: ContainmentIndex | TokenIndex, benchmarks: tuple[str, ...]) -> None:
+        self.engine = engine
+        self.policy: Policy = engine.policy
+        self._benchmarks = benchmarks
+        if isinstance(engine, TokenIndex):
+            self._ids, self._hows = engine.ids, engine.hows
+            self._short = engine.hows != NGRAM
+        else:
+            self._ids = engine._ids
+            self._hows = np.where(engine._modes > 0, NGRAM, UNCHECKED)
+            words = engine.policy.ngram_words
+            self._short = np.array([t.count(" ") + 1 < words for t in engine._texts], dtype=bool)
+
+    @classmethod
+    def build(
+        cls,
+        items: Iterable[tuple[str, str]],
+        policy: Policy,
+        benchmarks: Mapping[str, str] | None = None,
+    ) -> "BenchmarkIndex":
+        """Index ``(item_id, text)`` pairs under ``policy``; ``benchmarks`` maps item ids to
+        their benchmark names (the report's rows; ``""`` when not given)."""
+        if isinstance(policy, TokenPolicy):
+            engine: ContainmentIndex | TokenIndex = TokenIndex.build(items, policy)
+            ids = engine.ids
+        else:
+            engine = ContainmentIndex.build(items, policy)
+            ids = engine._ids
+        names = benchmarks or {}
+        return cls(engine, tuple(names.get(i, "") for i in ids))
+
+    def __len__(self) -> int:
+        """Registered items, including unchecked ones."""
+        return len(self._ids)
+
+    @property
+    def digest(self) -> str:
+        """The engine's digest: policy, Unicode version, item ids and normalised text digests."""
+        return self.engine.digest
+
+    @property
+    def unchecked(self) -> tuple[str, ...]:
+        """Items this policy cannot match (too short for any check)."""
+        return tuple(i for i, h in zip(self._ids, self._hows.tolist(), strict=True) if h == 0)
+
+    @property
+    def nbytes(self) -> int:
+        if isinstance(self.engine, ContainmentIndex):
+            return self.engine.nbytes
+        tables = sum(t.nbytes for t in self.engine.tables.values())
+        return tables + sum(len(t) for t in self.engine.texts) + 64 * len(self._ids)
+
+    def mode(self, item_id: str) -> str:
+        """v1: ``word`` / ``char`` / ``unchecked``; v2: ``ngram`` / ``whole`` / ``unchecked``."""
+        if isinstance(self.engine, ContainmentIndex):
+            return self.engine.mode(item_id)
+        index = bisect.bisect_left(self._ids, item_id)
+        if index == len(self._ids) or self._ids[index] != item_id:
+            raise KeyError(item_id)
+        return _HOWS[int(self._hows[index])]
+
+    def match(self, text: str) -> Match | None:
+        return self.match_many([text])[0]
+
+    def match_many(self, texts: Sequence[str]) -> list[Match | None]:
+        """Per text, its match (named with the item's benchmark) or None."""
+        found = self.engine.match_many(texts)
+        if not any(self._benchmarks):
+            return found
+        return [
+            m if m is None else replace(m, benchmark=self.benchmark_of(m.item_id)) for m in found
+        ]
+
+    def benchmark_of(self, item_id: str) -> str:
+        return self._benchmarks[bisect.bisect_left(self._ids, item_id)]
+
+    def report(self, flagged: Mapping[str, int]) -> list[dict[str, int | str]]:
+        """Per benchmark: items, short items (fewer than n tokens), checked whole, unchecked,
+        and records flagged (``flagged``: records per item id)."""
+        rows: dict[str, Counter[str]] = {}
+        for name, how, short in zip(
+            self._benchmarks, self._hows.tolist(), self._short.tolist(), strict=True
+        ):
+            row = rows.setdefault(name, Counter())
+            row["items"] += 1
+            row["short_items"] += short
+            row["checked_whole"] += how == WHOLE
+            row["unchecked"] += how == UNCHECKED
+        for item_id, records in flagged.items():
+            rows.setdefault(self.benchmark_of(item_id), Counter())["flagged"] += records
+        columns = ("items", "short_items", "checked_whole", "unchecked", "flagged")
+        return [
+            {"benchmark": name, **{c: int(row[c]) for c in columns}}
+            for name, row in sorted(rows.items())
+        ]
+
+
+def contamination_report(
+    version: str, index: BenchmarkIndex | None, flagged: Mapping[str, Mapping[str, int]]
+) -> dict[str, object]:
+    """The layer's report: per benchmark items, short items, checked whole, unchecked and
+    records flagged; and records flagged per (benchmark, source) from ``flagged`` (source ->
+    item id -> records). What the manifest and the UI show."""
+    if index is None:
+        return {"policy": version, "benchmarks": [], "flagged": []}
+    total: Counter[str] = Counter()
+    by_source: Counter[tuple[str, str]] = Counter()
+    for source, items in sorted(flagged.items()):
+        for item_id, records in items.items():
+            total[item_id] += records
+            by_source[index.benchmark_of(item_id), source] += records
+    rows = [
+        {"benchmark": benchmark, "source": source, "records": records}
+        for (benchmark, source), records in sorted(by_source.items())
+    ]
+    return {"policy": version, "benchmarks": index.report(total), "flagged": rows}

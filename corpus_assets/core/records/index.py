@@ -84,6 +84,7 @@ class ChunkAccount(_Document):
     pii_redacted: dict[str, int]
     normalized: dict[str, int]
     chars_kept: int
+    contaminated: dict[str, int] = {}  # records excluded per benchmark item id (ids, no text)
 
 
 class ChunkDescriptor(_Document):

@@ -76,6 +76,7 @@ class KeptRecords:
         self.large = {name: Utf8Column(name) for name in LARGE}
         self.contaminated: dict[str, list[Any]] = {f.name: [] for f in EXCLUSION_COLUMNS}
         self.reasons: Counter[str] = Counter()
+        self.flagged: Counter[str] = Counter()  # records excluded per benchmark item id
         self.rows = self.chars = 0
 
     def add(self, record: dict[str, Any]) -> None:
@@ -87,8 +88,9 @@ class KeptRecords:
     def flush(self) -> None:
         pending, self.pending, self.pending_chars = self.pending, [], 0
         hits = contaminated(self.stages.index, [r["text"] for r in pending])
-        for n, why in sorted(hits.items()):
+        for n, (why, match) in sorted(hits.items()):
             self.reasons[why.reason] += 1
+            self.flagged[match.item_id] += 1
             exclude(self.contaminated, self.digest, pending[n]["line"], why)
         if hits:
             pending = [record for n, record in enumerate(pending) if n not in hits]

@@ -31,7 +31,8 @@ from corpus_assets.core.records.canonicalize import (
     parse_line,
 )
 from corpus_assets.core.records.contamination import ContaminationPolicy, policy_payload
-from corpus_assets.core.records.contamination_index import BenchmarkIndex
+from corpus_assets.core.records.contamination_index import BenchmarkIndex, contamination_report
+from corpus_assets.core.records.contamination_v2 import TokenPolicy
 from corpus_assets.core.records.index import (
     EXCLUSION_COLUMNS,
     CanonicalIndex,
@@ -162,6 +163,7 @@ def _canonicalize_object(
             pii_redacted=dict(sorted(stages.pii.items())),
             normalized=dict(sorted(stages.normalized.items())),
             chars_kept=kept.chars,
+            contaminated=dict(sorted(kept.flagged.items())),
         ),
     )
     return put_json(ws.cas, descriptor.document())["digest"]
@@ -171,7 +173,11 @@ def benchmark_index(ws: Workspace, fence: int) -> BenchmarkIndex | None:
     """The contamination index of every benchmark item at or below the freeze's fence."""
     with ws.catalog.begin() as conn:
         items = conn.execute(
-            select(benchmark_items.c.item_id, benchmark_items.c.text_digest)
+            select(
+                benchmark_items.c.item_id,
+                benchmark_items.c.text_digest,
+                benchmark_items.c.benchmark,
+            )
             .where(benchmark_items.c.seq <= fence)
             .order_by(benchmark_items.c.seq)
         ).all()
@@ -179,13 +185,27 @@ def benchmark_index(ws: Workspace, fence: int) -> BenchmarkIndex | None:
         return None
     texts = [
         (item_id, ws.cas.get_bytes(digest, f"benchmark item {item_id}").decode())
-        for item_id, digest in items
+        for item_id, digest, _ in items
     ]
-    return BenchmarkIndex.build(texts, contamination_policy(ws))
+    names = {item_id: benchmark for item_id, _, benchmark in items}
+    return BenchmarkIndex.build(texts, contamination_policy(ws), names)
 
 
-def contamination_policy(ws: Workspace) -> ContaminationPolicy:
-    return ContaminationPolicy(**ws.config.policies.contamination.model_dump())
+def contamination_policy(ws: Workspace) -> ContaminationPolicy | TokenPolicy:
+    """The configured version's policy; v1's payload (and so its digests) is what it was."""
+    config = ws.config.policies.contamination
+    if config.version == "contamination.v1":
+        return ContaminationPolicy(
+            ngram_words=config.ngram_words,
+            ngram_chars=config.ngram_chars,
+            threshold_ppm=config.threshold_ppm,
+        )
+    return TokenPolicy(
+        ngram_words=config.ngram_words,
+        ngram_chars=config.ngram_chars,
+        min_whole_tokens=config.min_whole_tokens,
+        min_whole_chars=config.min_whole_chars,
+    )
 
 
 def _policy_digest(ws: Workspace, index: BenchmarkIndex | None) -> str:
@@ -261,6 +281,7 @@ def build_canonical_records(ws: Workspace, partition_key: str) -> LayerResult:
     skipped = sum(o.skipped for o in outcomes if o.output_digest is not None)
     counts = account.counts()
     counts.update(chunks=len(chunks), dead_letters=len(dead))
+    report = contamination_report(contamination_policy(ws).version, index, account.flagged)
     ref = publish_index(
         ws,
         partition_key,
@@ -272,6 +293,7 @@ def build_canonical_records(ws: Workspace, partition_key: str) -> LayerResult:
             "chunks": [c.document() for c in chunks],
             "dead_letters": [d.document() for d in dead],
             "accounting": account.by_source(),
+            "contamination": report,
         },
         counts,
     )
@@ -281,6 +303,10 @@ def build_canonical_records(ws: Workspace, partition_key: str) -> LayerResult:
         counts=counts,
         preview=account.table(),
         run_stats={"chunks_reused": skipped, "chunks_built": len(chunks) - skipped},
+        details={
+            "contamination": report["benchmarks"],
+            "contamination_by_source": report["flagged"],
+        },
     )
 
 
@@ -340,8 +366,10 @@ class _Account:
 
     def __init__(self) -> None:
         self.sources: dict[str, Counter[str]] = {}
+        self.flagged: dict[str, Counter[str]] = {}  # source -> benchmark item id -> records
 
     def add(self, source: str, account: ChunkAccount) -> None:
+        self.flagged.setdefault(source, Counter()).update(account.contaminated)
         total = self.sources.setdefault(source, Counter())
         total["rows_in"] += account.rows_in
         total["kept"] += account.kept

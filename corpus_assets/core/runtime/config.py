@@ -300,9 +300,17 @@ class QualityConfig(_Strict):
 
 
 class ContaminationConfig(_Strict):
+    """``contamination.v2`` (default): any shared ``ngram_words``-token n-gram flags, short
+    items are checked whole down to ``min_whole_tokens`` tokens (``min_whole_chars`` letters in
+    unspaced scripts). ``contamination.v1``: whitespace tokens and ``threshold_ppm`` containment
+    (the ``min_whole_*`` fields are then unused; ``threshold_ppm`` is unused by v2)."""
+
+    version: Literal["contamination.v1", "contamination.v2"] = "contamination.v2"
     ngram_words: Annotated[int, Field(ge=3, le=64)] = 13
     ngram_chars: Annotated[int, Field(ge=8, le=256)] = 50
     threshold_ppm: Annotated[int, Field(ge=1, le=1_000_000)] = 500_000
+    min_whole_tokens: Annotated[int, Field(ge=1, le=64)] = 8
+    min_whole_chars: Annotated[int, Field(ge=1, le=256)] = 20
 
 
 class PiiConfig(_Strict):

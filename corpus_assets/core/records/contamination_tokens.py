@@ -1,0 +1,50 @@
+"""Vectorised ``contamination.v2`` tokenisation: a batch of texts as one token stream.
+
+The stream has the layout of :class:`.contamination_stream.Stream` (text ``r`` is
+``out[off[r] + 1 : off[r + 1]]``, every token preceded by exactly one space), so its rolling
+hashes, window spans and validity checks are reused: a window of ``n`` tokens is the substring
+from a token's first character to the ``n``-th token's last, spaces included, and its hash is
+two prefix-sum lookups. Equal to :func:`.contamination_v2.normalise` text for text (tested).
+"""
+
+import unicodedata
+from collections.abc import Sequence
+
+import numpy as np
+
+from corpus_assets.core.records.contamination_stream import EMPTY, Stream, _code_points
+from corpus_assets.core.records.contamination_v2 import normalise, word_table
+
+
+def token_stream(texts: Sequence[str]) -> Stream:
+    """NFKC + casefold per text, then every ``\\w`` character kept and every run of other
+    characters in front of one replaced by one space (the text's separator included)."""
+    parts = [unicodedata.normalize("NFKC", t).casefold() for t in texts]
+    codes = _code_points(" " + " ".join(parts) + " ")
+    word = word_table()[codes]
+    keep = word.copy()
+    keep[:-1] |= word[1:] & ~word[:-1]
+    starts = np.cumsum([0] + [len(p) + 1 for p in parts[:-1]], dtype=np.int64)
+    counts = np.add.reduceat(keep, starts, dtype=np.int64) if parts else EMPTY
+    off = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
+    out = codes[keep]
+    out[~word[keep]] = 32
+    return Stream.of(out, off)
+
+
+def single_stream(text: str) -> Stream:
+    """One text through the reference :func:`normalise`: fewer numpy calls for a short one."""
+    normalised = normalise(text)
+    if not normalised:
+        return Stream.of(np.empty(0, dtype=np.uint8), np.zeros(2, dtype=np.int64))
+    return Stream.of(_code_points(" " + normalised), np.array([0, len(normalised) + 1]))
+
+
+def letter_stream(stream: Stream) -> Stream:
+    """The word characters only (each text keeps its one leading space, so windows that cross
+    texts stay detectable): the stream unspaced items' character n-grams are taken from."""
+    out, off = stream.out, stream.off
+    inner = out != 32
+    inner[off[:-1][off[1:] > off[:-1]]] = True  # the leading spaces
+    kept = np.concatenate(([0], np.cumsum(inner, dtype=np.int64)))
+    return Stream.of(out[inner], kept[off])

@@ -1,0 +1,209 @@
+"""``TokenIndex``: the ``contamination.v2`` engine (rules in :mod:`.contamination_v2`).
+
+Four hashed tables, each of :class:`.contamination_tables.NgramTable` (sorted 64-bit keys,
+postings, screening bitmap): ``word`` (token n-grams of long spaced items), ``char`` (letter
+n-grams of long unspaced items), and for short items checked whole, ``word_head`` /
+``char_head``: the hash of the item's first ``min_whole_tokens`` tokens (``min_whole_chars``
+letters), so one extra window size finds every place a short item could start. Records are
+tokenised a batch at a time (:mod:`.contamination_tokens`) and every window of a table's size
+is probed; each hit is confirmed on the real strings (n-gram set membership, or the whole item
+at that position), so the hash decides nothing: a collision costs a comparison, and an equal
+string always has the equal hash, so nothing is missed.
+"""
+
+import unicodedata
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from corpus_assets.core.records.contamination import PPM, Match
+from corpus_assets.core.records.contamination_stream import Stream, batches
+from corpus_assets.core.records.contamination_tables import NgramTable, _checked_pairs
+from corpus_assets.core.records.contamination_tokens import (
+    letter_stream,
+    single_stream,
+    token_stream,
+)
+from corpus_assets.core.records.contamination_v2 import (
+    INDEX_FORMAT,
+    NGRAM,
+    WHOLE,
+    TokenPolicy,
+    ngrams,
+    plan,
+)
+from corpus_assets.core.storage.digests import json_digest, sha256_digest
+
+_SINGLE_CHARS = 1 << 12
+_EMPTY_KEYS = np.empty(0, dtype=np.uint64)
+
+
+@dataclass(frozen=True)
+class _Table:
+    """One probe: windows of ``n`` over the token (``word``) or letter (``char``) stream."""
+
+    kind: str
+    n: int
+    head: bool  # True: a hit is a short item's start, confirmed whole
+
+
+def _tables(policy: TokenPolicy) -> dict[str, _Table]:
+    return {
+        "word": _Table("word", policy.ngram_words, False),
+        "word_head": _Table("word", policy.min_whole_tokens, True),
+        "char": _Table("char", policy.ngram_chars, False),
+        "char_head": _Table("char", policy.min_whole_chars, True),
+    }
+
+
+def _window_hashes(stream: Stream, count: int, kind: str, n: int) -> list[np.ndarray]:
+    """Per text, the hashes of its windows in position order (duplicates kept)."""
+    h, spans = stream.windows(kind, n)
+    ok, rec = stream.valid(*spans(np.arange(h.size)))
+    rec, h = rec[ok], h[ok]
+    cuts = np.searchsorted(rec, np.arange(count + 1))  # windows are in stream order
+    return [h[cuts[r] : cuts[r + 1]] for r in range(count)]
+
+
+class TokenIndex:
+    """Benchmark items indexed for v2 matching; build with :meth:`build`."""
+
+    def __init__(self, policy: TokenPolicy, ids: tuple[str, ...], texts: tuple[str, ...]) -> None:
+        self.policy = policy
+        self.ids = ids
+        self.texts = texts  # normalised (tokens joined by one space)
+        self.hows = np.zeros(len(ids), dtype=np.int8)
+        self.sizes = np.zeros(len(ids), dtype=np.int64)  # exact n-gram count (NGRAM items)
+        self.specs = _tables(policy)
+        self.tables: dict[str, NgramTable] = {}
+        self.digest = json_digest(
+            {
+                "format": INDEX_FORMAT,
+                "policy": policy.payload(),
+                "unicode": unicodedata.unidata_version,
+                "items": [[i, sha256_digest(t.encode())] for i, t in zip(ids, texts, strict=True)],
+            }
+        )
+
+    @classmethod
+    def build(cls, items: Iterable[tuple[str, str]], policy: TokenPolicy) -> "TokenIndex":
+        """Index ``(item_id, text)`` pairs; the result does not depend on their order."""
+        pairs = _checked_pairs(items)
+        raw = [text for _, text in pairs]
+        grams: dict[str, tuple[list[np.ndarray], list[np.ndarray]]] = {}
+        texts: list[str] = []
+        hows, sizes = [], []
+        for lo, hi in batches(raw):
+            stream = token_stream(raw[lo:hi])
+            letters = letter_stream(stream)
+            for r in range(hi - lo):
+                texts.append(stream.text(r))
+                mode, how = plan(texts[-1], policy)
+                hows.append(how)
+                sizes.append(len(ngrams(texts[-1], mode, _tables(policy)[mode].n)))
+            cls._add_batch(policy, stream, letters, lo, hows[lo:hi], texts[lo:hi], grams)
+        index = cls(policy, tuple(item_id for item_id, _ in pairs), tuple(texts))
+        index.hows[:] = hows
+        index.sizes[:] = sizes
+        for name, (hs, its) in grams.items():
+            index.tables[name] = NgramTable.build(np.concatenate(hs), np.concatenate(its))
+        return index
+
+    @staticmethod
+    def _add_batch(
+        policy: TokenPolicy,
+        stream: Stream,
+        letters: Stream,
+        lo: int,
+        hows: list[int],
+        texts: list[str],
+        grams: dict[str, tuple[list[np.ndarray], list[np.ndarray]]],
+    ) -> None:
+        """The hashes of one batch of items into ``grams`` (per table: hashes, item indexes)."""
+        for name, spec in _tables(policy).items():
+            source = stream if spec.kind == "word" else letters
+            per_text = _window_hashes(source, len(texts), spec.kind, spec.n)
+            for r, hashes in enumerate(per_text):
+                mode, how = plan(texts[r], policy)
+                if mode != spec.kind or how != (WHOLE if spec.head else NGRAM):
+                    continue
+                keep = np.unique(hashes[:1] if spec.head else hashes)
+                hs, its = grams.setdefault(name, ([], []))
+                hs.append(keep)
+                its.append(np.full(keep.size, lo + r, dtype=np.int32))
+
+    def match_many(self, texts: Sequence[str]) -> list[Match | None]:
+        """Per text, the best confirmed match (highest containment, ties: smallest item id)."""
+        results: list[Match | None] = []
+        for lo, hi in batches(texts):
+            results.extend(self._match_batch(texts[lo:hi]))
+        return results
+
+    def _match_batch(self, texts: Sequence[str]) -> list[Match | None]:
+        results: list[Match | None] = [None] * len(texts)
+        if not self.tables:
+            return results
+        if len(texts) == 1 and len(texts[0]) < _SINGLE_CHARS:
+            stream = single_stream(texts[0])
+        else:
+            stream = token_stream(texts)
+        streams = {"word": stream}
+        best: dict[int, tuple[int, int, int]] = {}  # record -> (-ppm, item, shared)
+        for name, table in self.tables.items():
+            spec = self.specs[name]
+            if spec.kind not in streams:
+                streams[spec.kind] = letter_stream(stream)
+            for r, item, ppm, shared in self._hits(streams[spec.kind], table, spec):
+                key = (-ppm, item, shared)
+                if r not in best or key < best[r]:
+                    best[r] = key
+        for r, (neg_ppm, item, shared) in best.items():
+            whole = int(self.hows[item]) == WHOLE
+            results[r] = Match(self.ids[item], -neg_ppm, shared=shared, whole=whole)
+        return results
+
+    def _hits(
+        self, stream: Stream, table: NgramTable, spec: _Table
+    ) -> list[tuple[int, int, int, int]]:
+        """Confirmed (record, item, containment ppm, shared n-grams) of one table."""
+        h, spans = stream.windows(spec.kind, spec.n)
+        windows, keys = table.probe(h)
+        if not windows.size:
+            return []
+        start, end = spans(windows)
+        ok, rec = stream.valid(start, end)
+        start, end, rec, keys = start[ok], end[ok], rec[ok], keys[ok]
+        lengths = table.ptr[keys + 1] - table.ptr[keys]
+        at = np.repeat(np.arange(keys.size), lengths)
+        firsts = np.repeat(table.ptr[keys] - np.cumsum(lengths) + lengths, lengths)
+        items = table.post[firsts + np.arange(at.size)].astype(np.int64)
+        pairs: dict[tuple[int, int], list[int]] = {}
+        for w, item in zip(at.tolist(), items.tolist(), strict=True):
+            pairs.setdefault((int(rec[w]), item), []).append(w)
+        texts: dict[int, tuple[str, int]] = {}
+        confirmed = []
+        for (r, item), ws in sorted(pairs.items()):
+            if r not in texts:
+                texts[r] = (stream.text(r), int(stream.off[r]) + 1)
+            text, base = texts[r]
+            if spec.head:
+                whole = self._whole_at(text, [int(start[w]) - base for w in ws], item, spec.kind)
+                if whole:
+                    confirmed.append((r, item, PPM, 0))
+                continue
+            seen = {text[int(start[w]) - base : int(end[w]) - base] for w in ws}
+            shared = len(seen & ngrams(self.texts[item], spec.kind, spec.n))
+            if shared:
+                confirmed.append((r, item, shared * PPM // int(self.sizes[item]), shared))
+        return confirmed
+
+    def _whole_at(self, text: str, positions: list[int], item: int, kind: str) -> bool:
+        """The whole item at one of ``positions`` of the record (word: ending at a token end)."""
+        target = self.texts[item] if kind == "word" else self.texts[item].replace(" ", "")
+        for p in positions:
+            if text.startswith(target, p):
+                end = p + len(target)
+                if kind == "char" or end == len(text) or text[end] == " ":
+                    return True
+        return False
