@@ -12,24 +12,33 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from corpus_assets.core.records.contamination_stream import EMPTY, Stream, _code_points
-from corpus_assets.core.records.contamination_v2 import normalise, word_table
+from corpus_assets.core.records.contamination_stream import Stream, _code_points
+from corpus_assets.core.records.contamination_v2 import normalise, unspaced_table, word_table
 
 
 def token_stream(texts: Sequence[str]) -> Stream:
     """NFKC + casefold per text, then every ``\\w`` character kept and every run of other
     characters in front of one replaced by one space (the text's separator included)."""
-    parts = [unicodedata.normalize("NFKC", t).casefold() for t in texts]
+    parts = [_fold(t) for t in texts]
     codes = _code_points(" " + " ".join(parts) + " ")
     word = word_table()[codes]
     keep = word.copy()
     keep[:-1] |= word[1:] & ~word[:-1]
     starts = np.cumsum([0] + [len(p) + 1 for p in parts[:-1]], dtype=np.int64)
-    counts = np.add.reduceat(keep, starts, dtype=np.int64) if parts else EMPTY
-    off = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
+    kept = np.concatenate(([0], np.cumsum(keep, dtype=np.int64)))
+    off = np.append(kept[starts], kept[-1]) if parts else np.zeros(1, dtype=np.int64)
     out = codes[keep]
     out[~word[keep]] = 32
     return Stream.of(out, off)
+
+
+def _fold(text: str) -> str:
+    """NFKC + casefold; on ASCII (most records) NFKC is the identity and casefold is lower."""
+    if text.isascii():
+        return text.lower()
+    if not unicodedata.is_normalized("NFKC", text):
+        text = unicodedata.normalize("NFKC", text)
+    return text.casefold()
 
 
 def single_stream(text: str) -> Stream:
@@ -41,10 +50,15 @@ def single_stream(text: str) -> Stream:
 
 
 def letter_stream(stream: Stream) -> Stream:
-    """The word characters only (each text keeps its one leading space, so windows that cross
-    texts stay detectable): the stream unspaced items' character n-grams are taken from."""
+    """The word characters only of the texts holding an unspaced-script character (the others
+    are left empty: an unspaced item's letter n-grams are matched only in such texts). Each
+    text keeps its one leading space, so windows that cross texts stay detectable."""
     out, off = stream.out, stream.off
-    inner = out != 32
-    inner[off[:-1][off[1:] > off[:-1]]] = True  # the leading spaces
+    lengths = np.diff(off)
+    marks = np.concatenate(([0], np.cumsum(unspaced_table()[out], dtype=np.int64)))
+    chosen = (marks[off[1:]] > marks[off[:-1]]).repeat(lengths)
+    inner = (out != 32) & chosen
+    lead = off[:-1][lengths > 0]
+    inner[lead] = chosen[lead]  # the leading spaces
     kept = np.concatenate(([0], np.cumsum(inner, dtype=np.int64)))
     return Stream.of(out[inner], kept[off])

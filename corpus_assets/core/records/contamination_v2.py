@@ -13,7 +13,9 @@ code shares no whitespace-split n-gram at all. v2 follows the lm-eval-harness "j
   already specific to one piece of code.
 - An item is *unspaced* when at least half of its word characters belong to scripts written
   without spaces (CJK, kana, Thai, ...): there one ``\\w`` run is a whole clause, so its n-grams
-  are ``ngram_chars`` consecutive word characters (separators dropped) instead of tokens.
+  are ``ngram_chars`` consecutive word characters (separators dropped) instead of tokens, and
+  they are looked for only in records holding at least one unspaced-script character (so a
+  Latin-only corpus pays nothing for them).
 - A record is flagged by an item when it shares ANY n-gram with it; the containment
   ``|A & B| / |A|`` is recorded as evidence, not used as a threshold.
 - An item shorter than ``n`` (tokens, or word characters when unspaced) is checked *whole*: its
@@ -40,9 +42,19 @@ VERSION = "contamination.v2"
 INDEX_FORMAT = "contamination.index.v2"
 UNCHECKED, NGRAM, WHOLE = 0, 1, 2  # how an item is checked
 _WORD = re.compile(r"\w+")
+_UNSPACED_RANGES = (  # Thai, Lao, Tibetan, Myanmar, Khmer, kana, CJK (as v1)
+    (0x0E00, 0x0EFF),
+    (0x0F00, 0x0FFF),
+    (0x1000, 0x109F),
+    (0x1780, 0x17FF),
+    (0x3040, 0x30FF),
+    (0x3400, 0x4DBF),
+    (0x4E00, 0x9FFF),
+    (0xF900, 0xFAFF),
+    (0x20000, 0x3134F),
+)
 _NO_SPACE_SCRIPTS = re.compile(
-    "[\u0e00-\u0eff\u0f00-\u0fff\u1000-\u109f\u1780-\u17ff\u3040-\u30ff\u3400-\u4dbf"
-    "\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0003134f]"
+    "[" + "".join(f"{chr(low)}-{chr(high)}" for low, high in _UNSPACED_RANGES) + "]"
 )
 
 
@@ -120,7 +132,9 @@ def reference_match(items: list[tuple[str, str]], text: str, policy: TokenPolicy
     for item_id, item_text in sorted(items):
         item = normalise(item_text)
         mode, how = plan(item, policy)
-        if how == UNCHECKED or (how == WHOLE and not occurs_whole(item, record, mode)):
+        if how == UNCHECKED or (mode == "char" and not _NO_SPACE_SCRIPTS.search(record)):
+            continue
+        if how == WHOLE and not occurs_whole(item, record, mode):
             continue
         shared = 0
         if how == NGRAM:
@@ -146,5 +160,15 @@ def word_table() -> np.ndarray:
     positions = np.array(starts, dtype=np.int64)
     positions[positions >= 0xD800] += 0x800  # the surrogates left out of ``every``
     table[positions] = True
+    table.flags.writeable = False
+    return table
+
+
+@functools.cache
+def unspaced_table() -> np.ndarray:
+    """Code point -> belongs to a script written without spaces (:func:`unspaced`)."""
+    table = np.zeros(sys.maxunicode + 1, dtype=bool)
+    for low, high in _UNSPACED_RANGES:
+        table[low : high + 1] = True
     table.flags.writeable = False
     return table
