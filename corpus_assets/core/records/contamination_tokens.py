@@ -13,6 +13,9 @@ from collections.abc import Sequence
 import numpy as np
 
 from corpus_assets.core.records.contamination_stream import Stream, _code_points
+from corpus_assets.core.records.contamination_v2 import (
+    FIRST_UNSPACED as _FIRST_UNSPACED,
+)
 from corpus_assets.core.records.contamination_v2 import normalise, unspaced_table, word_table
 
 
@@ -25,10 +28,9 @@ def token_stream(texts: Sequence[str]) -> Stream:
     keep = word.copy()
     keep[:-1] |= word[1:] & ~word[:-1]
     starts = np.cumsum([0] + [len(p) + 1 for p in parts[:-1]], dtype=np.int64)
-    kept = np.concatenate(([0], np.cumsum(keep, dtype=np.int64)))
-    off = np.append(kept[starts], kept[-1]) if parts else np.zeros(1, dtype=np.int64)
-    out = codes[keep]
-    out[~word[keep]] = 32
+    counts = np.add.reduceat(keep, starts, dtype=np.int64) if parts else starts
+    off = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
+    out = np.where(word, codes, codes.dtype.type(32))[keep]
     return Stream.of(out, off)
 
 
@@ -49,14 +51,22 @@ def single_stream(text: str) -> Stream:
     return Stream.of(_code_points(" " + normalised), np.array([0, len(normalised) + 1]))
 
 
-def letter_stream(stream: Stream) -> Stream:
+def letter_stream(stream: Stream) -> Stream | None:
     """The word characters only of the texts holding an unspaced-script character (the others
-    are left empty: an unspaced item's letter n-grams are matched only in such texts). Each
-    text keeps its one leading space, so windows that cross texts stay detectable."""
+    are left empty: an unspaced item's letter n-grams are matched only in such texts); None
+    when no text holds one. Each chosen text keeps its one leading space, so windows that
+    cross texts stay detectable."""
     out, off = stream.out, stream.off
+    if out.dtype == np.uint8:  # ASCII only
+        return None
+    high = (out >= _FIRST_UNSPACED).nonzero()[0]
+    marked = high[unspaced_table()[out[high]]]
+    if not marked.size:
+        return None
     lengths = np.diff(off)
-    marks = np.concatenate(([0], np.cumsum(unspaced_table()[out], dtype=np.int64)))
-    chosen = (marks[off[1:]] > marks[off[:-1]]).repeat(lengths)
+    chosen_texts = np.zeros(lengths.size, dtype=bool)
+    chosen_texts[np.searchsorted(off, marked, side="right") - 1] = True
+    chosen = chosen_texts.repeat(lengths)
     inner = (out != 32) & chosen
     lead = off[:-1][lengths > 0]
     inner[lead] = chosen[lead]  # the leading spaces

@@ -53,6 +53,7 @@ _UNSPACED_RANGES = (  # Thai, Lao, Tibetan, Myanmar, Khmer, kana, CJK (as v1)
     (0xF900, 0xFAFF),
     (0x20000, 0x3134F),
 )
+FIRST_UNSPACED = _UNSPACED_RANGES[0][0]
 _NO_SPACE_SCRIPTS = re.compile(
     "[" + "".join(f"{chr(low)}-{chr(high)}" for low, high in _UNSPACED_RANGES) + "]"
 )

@@ -96,7 +96,7 @@ class TokenIndex:
         hows, sizes = [], []
         for lo, hi in batches(raw):
             stream = token_stream(raw[lo:hi])
-            letters = letter_stream(stream)
+            letters = letter_stream(stream) or stream  # (no unspaced item in the batch)
             for r in range(hi - lo):
                 texts.append(stream.text(r))
                 mode, how = plan(texts[-1], policy)
@@ -148,13 +148,16 @@ class TokenIndex:
             stream = single_stream(texts[0])
         else:
             stream = token_stream(texts)
-        streams = {"word": stream}
+        streams: dict[str, Stream | None] = {"word": stream}
         best: dict[int, tuple[int, int, int]] = {}  # record -> (-ppm, item, shared)
         for name, table in self.tables.items():
             spec = self.specs[name]
             if spec.kind not in streams:
                 streams[spec.kind] = letter_stream(stream)
-            for r, item, ppm, shared in self._hits(streams[spec.kind], table, spec):
+            source = streams[spec.kind]
+            if source is None:  # no text of the batch holds an unspaced-script character
+                continue
+            for r, item, ppm, shared in self._hits(source, table, spec):
                 key = (-ppm, item, shared)
                 if r not in best or key < best[r]:
                     best[r] = key
