@@ -300,10 +300,8 @@ class QualityConfig(_Strict):
 
 
 class ContaminationConfig(_Strict):
-    """``contamination.v2`` (default): any shared ``ngram_words``-token n-gram flags, short
-    items are checked whole down to ``min_whole_tokens`` tokens (``min_whole_chars`` letters in
-    unspaced scripts). ``contamination.v1``: whitespace tokens and ``threshold_ppm`` containment
-    (the ``min_whole_*`` fields are then unused; ``threshold_ppm`` is unused by v2)."""
+    """v2 (default): any shared n-gram flags, short items checked whole (``min_whole_*``);
+    v1: ``threshold_ppm`` containment. README "Decontamination"."""
 
     version: Literal["contamination.v1", "contamination.v2"] = "contamination.v2"
     ngram_words: Annotated[int, Field(ge=3, le=64)] = 13
