@@ -72,6 +72,11 @@ DAMAGES: list[tuple[str, Callable[[dict[str, Any]], None], str]] = [
     ("negative token id", _set("tokenizer.specialTokens.eos.id", -1), "tokenizer.specialTokens"),
     ("tokenizer by path", _set("tokenizer.digest", "tok.json"), "tokenizer"),
     ("mixture row", _set("mixture.0", {"docs": 3}), "mixture[0].source: required"),
+    (
+        "contamination policy",
+        _set("contamination.policy", "contamination.v9"),
+        "contamination.policy: 'contamination.v9' is not one of",
+    ),
     ("float share", _set("mixture.0.doc_share", 0.5), "mixture[0].doc_share: 0.5"),
 ]
 
@@ -153,6 +158,7 @@ def _minimal(overrides: dict[str, Any]) -> dict[str, Any]:
             },
         },
         "mixture": [{"source": "essays", "selected_docs": 3, "doc_share": "1", "max_epochs": None}],
+        "contamination": {"policy": "contamination.v2", "benchmarks": [], "flagged": []},
         "members": {
             "uri": "cas://sha256/" + "0" * 64,
             "digest": digest,

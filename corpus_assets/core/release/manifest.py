@@ -274,17 +274,10 @@ def _document(
         "layers": {layer: ref for layer, (ref, _) in indexes.items()},
         "tokenizer": indexes["packed_blocks"][1].output("tokenizer"),
         "mixture": indexes["mixed_samples"][1].output("report"),
-        **_contamination(indexes["canonical_records"][1]),
+        "contamination": indexes["canonical_records"][1].output("contamination"),
         "members": members,
         "counts": _counts(indexes, members["count"]),
     }
-
-
-def _contamination(canonical: LayerIndex) -> dict[str, Any]:
-    """The canonical_records contamination report (policy version, per benchmark, per source);
-    absent from an index written before it existed."""
-    report = canonical.outputs.get("contamination")
-    return {} if report is None else {"contamination": report}
 
 
 def _counts(indexes: Indexes, members: int) -> dict[str, int]:
