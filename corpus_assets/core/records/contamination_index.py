@@ -22,6 +22,7 @@ import bisect
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
+from typing import Any
 
 import numpy as np
 
@@ -303,7 +304,7 @@ class BenchmarkIndex:
 
 def contamination_report(
     version: str, index: BenchmarkIndex | None, flagged: Mapping[str, Mapping[str, int]]
-) -> dict[str, object]:
+) -> dict[str, Any]:
     """The layer's report: per benchmark items, short items, checked whole, unchecked and
     records flagged; and records flagged per (benchmark, source) from ``flagged`` (source ->
     item id -> records). What the manifest and the UI show."""
