@@ -286,3 +286,11 @@ def test_python_docs_control_set_gets_no_flag_from_fortune_and_chat_items() -> N
     assert sum(r["checked_whole"] for r in index.report({})) > 400
     docs = _shard_texts(CORPORA / "python-docs", 150)
     assert [m for m in index.match_many(docs) if m is not None] == []
+
+
+def test_an_n_gram_split_across_two_records_of_a_batch_does_not_match() -> None:
+    item = " ".join(f"w{n}" for n in range(14))  # 14 tokens: two 13-grams
+    index = BenchmarkIndex.build([("x/1", item)], V2)
+    halves = [" ".join(f"w{n}" for n in range(7)), " ".join(f"w{n}" for n in range(7, 14))]
+    assert index.match_many([*halves, "", item]) == [None, None, None, index.match(item)]
+    assert index.match(item) is not None

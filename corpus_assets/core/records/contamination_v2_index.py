@@ -181,22 +181,31 @@ class TokenIndex:
         at = np.repeat(np.arange(keys.size), lengths)
         firsts = np.repeat(table.ptr[keys] - np.cumsum(lengths) + lengths, lengths)
         items = table.post[firsts + np.arange(at.size)].astype(np.int64)
-        pairs: dict[tuple[int, int], list[int]] = {}
-        for w, item in zip(at.tolist(), items.tolist(), strict=True):
-            pairs.setdefault((int(rec[w]), item), []).append(w)
-        texts: dict[int, tuple[str, int]] = {}
+        # group the hit windows by (record, item): one confirmation per pair
+        pair = rec[at].astype(np.int64) * len(self.ids) + items
+        if not pair.size:  # every hit crossed two texts
+            return []
+        order = np.argsort(pair, kind="stable")
+        pair, at = pair[order], at[order]
+        cuts = np.flatnonzero(np.diff(pair)) + 1
+        starts = (start[at] - stream.off[rec[at]] - 1).tolist()
+        ends = (end[at] - stream.off[rec[at]] - 1).tolist()
+        texts: dict[int, str] = {}
+        grams: dict[int, set[str]] = {}
         confirmed = []
-        for (r, item), ws in sorted(pairs.items()):
+        for lo, hi in zip([0, *cuts.tolist()], [*cuts.tolist(), pair.size], strict=True):
+            r, item = divmod(int(pair[lo]), len(self.ids))
             if r not in texts:
-                texts[r] = (stream.text(r), int(stream.off[r]) + 1)
-            text, base = texts[r]
+                texts[r] = stream.text(r)
+            text = texts[r]
             if spec.head:
-                whole = self._whole_at(text, [int(start[w]) - base for w in ws], item, spec.kind)
-                if whole:
+                if self._whole_at(text, starts[lo:hi], item, spec.kind):
                     confirmed.append((r, item, PPM, 0))
                 continue
-            seen = {text[int(start[w]) - base : int(end[w]) - base] for w in ws}
-            shared = len(seen & ngrams(self.texts[item], spec.kind, spec.n))
+            if item not in grams:
+                grams[item] = ngrams(self.texts[item], spec.kind, spec.n)
+            seen = {text[a:b] for a, b in zip(starts[lo:hi], ends[lo:hi], strict=True)}
+            shared = len(seen & grams[item])
             if shared:
                 confirmed.append((r, item, shared * PPM // int(self.sizes[item]), shared))
         return confirmed
