@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from corpus_assets.core.records import contamination_stream
-from corpus_assets.core.records.contamination import ContaminationPolicy, policy_payload
+from corpus_assets.core.records.canonicalize import _evidence as contaminated_detail
+from corpus_assets.core.records.contamination import ContaminationPolicy, Match, policy_payload
 from corpus_assets.core.records.contamination_index import (
     BenchmarkIndex,
     contamination_report,
@@ -259,6 +260,13 @@ def test_v1_stays_selectable_with_its_payload_and_v2_is_the_default() -> None:
     assert BenchmarkIndex.build(items, V1).digest != BenchmarkIndex.build(items, V2).digest
     with pytest.raises(ValueError):
         TokenPolicy(min_whole_tokens=14)
+    # v1's exclusion detail is what it was, even when the index knows the benchmark
+    v1_match = Match("q/1", 1_000_000, benchmark="quiz")
+    assert contaminated_detail(v1_match) == "item q/1 containment 100.00%"
+    v2_match = Match("q/1", 62_500, shared=1, benchmark="quiz")
+    assert contaminated_detail(v2_match) == (
+        "item q/1 containment 6.25% (1 shared n-grams) of benchmark quiz"
+    )
 
 
 def _shard_texts(folder: Path, limit: int) -> list[str]:

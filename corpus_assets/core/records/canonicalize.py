@@ -133,11 +133,11 @@ def contaminated(
 
 
 def _evidence(match: Match) -> str:
+    """v1's detail as it was; v2 adds the evidence and the benchmark."""
     detail = f"item {match.item_id} containment {match.containment_ppm / 10_000:.2f}%"
-    if match.whole:
-        detail += " (whole item)"
-    elif match.shared:
-        detail += f" ({match.shared} shared n-grams)"
+    if not (match.whole or match.shared):  # a v1 match
+        return detail
+    detail += " (whole item)" if match.whole else f" ({match.shared} shared n-grams)"
     return detail + (f" of benchmark {match.benchmark}" if match.benchmark else "")
 
 
