@@ -1,4 +1,5 @@
-"""Benchmark decontamination by n-gram containment (seed 000, 18.3; Broder 1997): the rules.
+"""Benchmark decontamination by n-gram containment (seed 000, 18.3; Broder 1997): the rules
+of ``contamination.v1`` (selectable; the default ``contamination.v2`` is :mod:`.contamination_v2`).
 
 A training record is contaminated by a benchmark item when most of the item's n-grams occur in
 the record: containment ``C(A, B) = |A & B| / |A|`` with ``A`` the item's n-gram set and ``B``
