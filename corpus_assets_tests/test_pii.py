@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import zstandard
 
-from corpus_assets.core.records.pii import Redaction, redact
+from corpus_assets.core.records.pii import Redaction, redact, redact_parts
 
 CORPORA = Path(__file__).parents[2] / "shared" / "corpora"
 
@@ -166,3 +166,43 @@ def test_real_fortunes_corpus() -> None:
             assert redact(result.text).counts == {}
     assert totals.get("email", 0) > 300  # Usenet-era attributions
     assert totals.get("payment_card", 0) == 0
+
+
+AWS_SECRET = "wJalrXUtnFEMI/K7MDENG/bPxRfiCY" + "EXAMPLEKEY"  # AWS's documented example, 40
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [
+        "aws_secret_access_key = {}",  # ~/.aws/credentials (INI)
+        "export AWS_SECRET_ACCESS_KEY={}",  # env
+        'AWS_SECRET_ACCESS_KEY="{}"',
+        "  secret_access_key: '{}'",  # YAML
+        '{{"aws_secret_access_key": "{}", "region": "eu-west-1"}}',  # JSON
+        '"SecretAccessKey" : "{}"',  # `aws sts` JSON output
+        "boto3.client('s3', aws_secret_access_key='{}')",
+        'os.environ["AWS_SECRET_ACCESS_KEY"] = "{}"',
+        "aws_secret_access_key => {}",
+    ],
+)
+def test_an_aws_secret_after_its_name_is_redacted(shape: str) -> None:
+    text, counts = redact_parts(shape.format(AWS_SECRET))
+    assert AWS_SECRET not in text and "[SECRET]" in text and counts == {"secret": 1}
+    assert "secret" in text.replace("[SECRET]", "").lower()  # only the value goes
+    assert redact_parts(text) == (text, {})
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        f"checksum = {AWS_SECRET}",  # 40 base64 characters without the key's name
+        f"data = '{AWS_SECRET}'  # secret",
+        f"aws_secret_access_key = {AWS_SECRET}A",  # 41: not an AWS secret
+        f"aws_secret_access_key = {AWS_SECRET[:39]}",
+        "aws_secret_access_key = os.environ['AWS_SECRET_ACCESS_KEY']",
+        "SECRET_ACCESS_KEY_LENGTH = 40",
+        f"secret_key = {AWS_SECRET}",  # not the access key's name
+    ],
+)
+def test_forty_characters_without_the_aws_secret_name_stay(text: str) -> None:
+    assert redact_parts(text) == (text, {})

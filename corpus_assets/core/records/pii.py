@@ -11,7 +11,10 @@ Rules. "Touching" means the neighbouring character; boundaries are ASCII, so a C
 next to a number does not hide it.
 
 - ``secret`` ``[SECRET]``: PEM private key blocks (to the END line, or the header and its
-  base64/header lines when the END is missing), AWS key ids ``AKIA``/``ASIA`` + 16, GitHub
+  base64/header lines when the END is missing), AWS key ids ``AKIA``/``ASIA`` + 16, the
+  40-character AWS secret after its name (``aws_secret_access_key``, ``SECRET_ACCESS_KEY``,
+  ``SecretAccessKey``; then ``=``, ``:``, ``=>`` or ``:=``, quotes optional: env, INI, YAML,
+  JSON, code; the name stays, a bare 40-character string is never one), GitHub
   tokens ``gh[pousr]_`` + 36 and ``github_pat_``, Slack ``xox[abprs]-``, ``sk-`` + 20
   alphanumerics (and ``sk-proj-``/``sk-ant-`` style keys), JWT-shaped ``eyJ..eyJ..`` triples.
 - ``email`` ``[EMAIL]``: ASCII local part ``@`` dotted domain with a 2+ letter TLD.
@@ -66,6 +69,11 @@ _PEM = re.compile(
     _A,
 )
 _AWS = re.compile(r"A(?<![A-Za-z0-9]A)(?:KIA|SIA)[0-9A-Z]{16}(?![A-Za-z0-9])", _A)
+_AWS_SECRET = re.compile(
+    r"(?i:secret_?access_?key)[\"']?\]?[ \t]*(?:=>|:=|[=:])[ \t]*[\"']?"
+    r"(?P<value>[A-Za-z0-9/+]{40})(?![A-Za-z0-9/+=])",
+    _A,
+)
 _GITHUB = re.compile(
     r"g(?<![A-Za-z0-9_]g)(?:h[pousr]_[A-Za-z0-9]{36,251}|ithub_pat_[A-Za-z0-9_]{22,244})"
     r"(?![A-Za-z0-9_])",
@@ -384,6 +392,11 @@ def _count(counts: dict[str, int], spans: list[tuple[int, int, str]]) -> None:
         counts[kind] = counts.get(kind, 0) + 1
 
 
+def _keep_name(m: re.Match[str]) -> str:
+    """An AWS secret match with only its value replaced (the key name says what was there)."""
+    return m.group()[: m.start("value") - m.start()] + "[SECRET]"
+
+
 def redact(text: str) -> Redaction:
     """``text`` with every value the rules recognise replaced by its type's placeholder."""
     return Redaction(*redact_parts(text))
@@ -398,6 +411,9 @@ def redact_parts(text: str) -> tuple[str, dict[str, int]]:
         secrets += n
     if "AKIA" in text or "ASIA" in text:
         text, n = _AWS.subn("[SECRET]", text)
+        secrets += n
+    if "ecret" in text or "ECRET" in text:
+        text, n = _AWS_SECRET.subn(_keep_name, text)
         secrets += n
     if "_" in text and _GITHUB_HINT.search(text):
         text, n = _GITHUB.subn("[SECRET]", text)
