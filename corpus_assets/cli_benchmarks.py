@@ -20,7 +20,7 @@ from corpus_assets.cli_catalog import CliError, print_json, storage
 from corpus_assets.core.governance import benchmarks
 from corpus_assets.core.ingest.codecs import CodecError, iter_lines
 from corpus_assets.core.records.index import CanonicalIndex
-from corpus_assets.core.records.normalize import dedup_key
+from corpus_assets.core.records.normalize import dedup_key, is_blank
 from corpus_assets.core.release.verify import load_manifest, resolve
 from corpus_assets.core.storage.cas import ContentStore
 
@@ -100,7 +100,7 @@ def _item(
     if not isinstance(row, dict):
         raise CliError(f"{where}: a JSON object per line is expected, not {type(row).__name__}")
     text, local = row.get(text_field), row.get("id", number)
-    if not isinstance(text, str) or not text.strip():
+    if not isinstance(text, str) or is_blank(text):
         shown = "missing" if text is None else f"{type(text).__name__}, not a non-empty string"
         raise CliError(f"{where}: field {text_field!r} is {shown}")
     if isinstance(local, bool) or not isinstance(local, str | int) or local == "":

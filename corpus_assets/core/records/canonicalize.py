@@ -30,6 +30,7 @@ from corpus_assets.core.records.envelope import CANONICAL, digest_with, record_d
 from corpus_assets.core.records.normalize import (
     ParseReject,
     dedup_key,
+    is_blank,
     normalize_parts,
     normalize_text,
 )
@@ -250,7 +251,7 @@ def _check_encodable(record_id: str, group_id: str, text: str) -> None:
                 raise Excluded(
                     "parse.invalid_unicode", f"{label} has a lone surrogate at {error.start}"
                 ) from None
-    if not text.strip():
+    if is_blank(text):
         raise Excluded("parse.empty_text", "no text after normalisation")
 
 
