@@ -399,3 +399,14 @@ def test_packing_tokenizer_points_at_the_tokenizer_section() -> None:
         mutated(lambda r: r.update(policies={"packing": {"block_tokens": 64}})), WHERE
     )
     assert ok.policies.tokenizer.kind == "utf8-bytes-v1"
+
+
+def test_max_chars_has_an_upper_bound() -> None:
+    """A record at ``max_chars`` costs a multiple of its size in its worker (README): the bound
+    keeps a typo from admitting gigabyte records."""
+    at_limit = {"quality": {"max_chars": 16_000_000}}
+    config = parse_config(mutated(lambda r: r.update(policies=at_limit)), WHERE)
+    assert config.policies.quality.max_chars == 16_000_000
+    above = {"quality": {"max_chars": 16_000_001}}
+    message = config_error(mutated(lambda r: r.update(policies=above)))
+    assert "max_chars" in message and "16000000" in message

@@ -286,12 +286,17 @@ class PackingPolicy(_Strict):
         return data
 
 
+MAX_CHARS_LIMIT = 16_000_000
+
+
 class QualityConfig(_Strict):
     """Heuristic quality thresholds; ratios in parts per million so hashed policies carry no
     floats. Defaults keep everything a sane parser produces."""
 
     min_chars: Annotated[int, Field(ge=0)] = 1
-    max_chars: Annotated[int, Field(ge=1)] = 1_000_000
+    # bounded: one record at the limit costs ~50x its UTF-8 size in its worker while the row
+    # stages run, most of it the benchmark screen (bench/max_chars_memory.py, README)
+    max_chars: Annotated[int, Field(ge=1, le=MAX_CHARS_LIMIT)] = 1_000_000
     max_symbol_ratio_ppm: Annotated[int, Field(ge=0, le=1_000_000)] = 1_000_000
     min_alpha_ratio_ppm: Annotated[int, Field(ge=0, le=1_000_000)] = 0
     max_repeated_line_ratio_ppm: Annotated[int, Field(ge=0, le=1_000_000)] = 1_000_000
