@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import zstandard
 
+from corpus_assets.core.records import pii
 from corpus_assets.core.records.pii import Redaction, redact, redact_parts
 
 CORPORA = Path(__file__).parents[2] / "shared" / "corpora"
@@ -206,3 +207,31 @@ def test_an_aws_secret_after_its_name_is_redacted(shape: str) -> None:
 )
 def test_forty_characters_without_the_aws_secret_name_stay(text: str) -> None:
     assert redact_parts(text) == (text, {})
+
+
+@pytest.mark.parametrize("chunk", [1, 2, 3, 7, 64])
+def test_number_starts_by_chunks_are_the_whole_texts(
+    chunk: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A long text's number scan runs a chunk at a time; chunk edges change no start, so the
+    spans equal ``finditer``'s on the whole text (ASCII and not, digits at every edge)."""
+    for text in (
+        "call +44 20 7946 0958 or 555-123-4567, card 4111 1111 1111 1111; v1.2.3.4 8.8.8.8 (555) 1",
+        "電話 +81 3-1234-5678、ＩＰ 8.8.4.4 と 1-800-555-0199 ½ 4111111111111111 x9 12",
+    ):
+        whole = [m.start() for m in pii._NUMBERS.finditer(text)]
+        monkeypatch.setattr(pii, "_STARTS_CHUNK", chunk)
+        starts = list(pii._number_starts(text))
+        assert set(whole) <= set(starts) and starts == sorted(set(starts))
+        matched = [s for s in starts if pii._NUMBERS.match(text, s)]
+        assert [m for m in matched if m in whole] == whole
+        monkeypatch.setattr(pii, "_SCAN_CHARS", 0)  # the chunked path for these short texts
+        assert pii._number_spans(text) == _finditer_spans(text)
+        monkeypatch.undo()
+
+
+def _finditer_spans(text: str) -> list[tuple[int, int, str]]:
+    spans: list[tuple[int, int, str]] = []
+    for m in pii._NUMBERS.finditer(text):
+        pii._number_span(text, m, spans)
+    return spans
