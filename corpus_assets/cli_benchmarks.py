@@ -37,7 +37,7 @@ def with_add(argv: list[str]) -> list[str]:
     while i < len(argv) and argv[i].startswith("-"):
         i += 1 if "=" in argv[i] or argv[i] in ("-h", "--help") else 2
     after = argv[i + 1] if argv[i : i + 1] == ["benchmark"] and i + 1 < len(argv) else None
-    if after is not None and after not in ACTIONS and not after.startswith("-"):
+    if after is not None and after not in (*ACTIONS, "-h", "--help"):
         return [*argv[: i + 1], "add", *argv[i + 1 :]]
     return argv
 

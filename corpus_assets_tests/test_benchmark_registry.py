@@ -168,6 +168,8 @@ def test_the_form_before_subcommands_still_means_add() -> None:
     for unchanged in (["benchmark", "list"], ["benchmark", "remove", "q"], ["benchmark", "-h"]):
         assert with_add(unchanged) == unchanged
     assert with_add(["show", "benchmark"]) == ["show", "benchmark"]
+    legacy = ["benchmark", "--text-field", "body", "q", "f"]  # an option first, as it could be
+    assert with_add(legacy) == ["benchmark", "add", *legacy[1:]]
 
 
 def test_registering_many_items_is_batched(home: Catalog) -> None:
