@@ -96,6 +96,7 @@ def parse_line(raw: bytes) -> dict[str, Any]:
     else:
         if isinstance(obj, dict) and _LONG_NUMBER not in raw.translate(_DIGITS_AS_ZERO):
             return obj
+        del obj  # not held while the standard library parses the line again
     return _parse_stdlib(raw)
 
 
