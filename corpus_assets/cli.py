@@ -13,9 +13,9 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias
 
+from corpus_assets.cli_benchmarks import add_commands, with_add
 from corpus_assets.cli_catalog import (
     CliError,
-    cmd_benchmark,
     cmd_dedup,
     cmd_diff,
     cmd_export,
@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run one command; expected errors become one ``corpus-assets: error:`` line and exit 1."""
     # Dagster's own beta/preview notices are for framework users, not for this command's users.
     warnings.filterwarnings("ignore", module="dagster")
-    args = _parser().parse_args(argv)
+    args = _parser().parse_args(with_add(sys.argv[1:] if argv is None else argv))
     if args.config:
         os.environ["CORPUS_CONFIG"] = str(Path(args.config).resolve())
     try:
@@ -206,10 +206,7 @@ def _governance_commands(sub: Subcommands) -> None:
     add.set_defaults(run=cmd_tombstone_add)
     show_hits = tomb.add_parser("hits", help="deletion lineage: snapshots, members, spans, runs")
     show_hits.add_argument("seq", type=int)
-    p = _command(sub, "benchmark", cmd_benchmark, "register benchmark items; advances the fence")
-    p.add_argument("name", help="benchmark name")
-    p.add_argument("file", help="JSONL file of benchmark items")
-    p.add_argument("--text-field", default="text")
+    add_commands(sub)  # benchmark add|list|remove, excluded
 
 
 def _tokenizer_commands(sub: Subcommands) -> None:

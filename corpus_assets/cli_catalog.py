@@ -1,5 +1,5 @@
 """``corpus-assets`` commands that work on the catalog and CAS directly, without a Dagster run:
-inspection (status, show, diff, prov, dedup), the tombstone and benchmark registries, tokenizer
+inspection (status, show, diff, prov, dedup), the tombstone registry, tokenizer
 training and the training read. ``corpus_assets.cli`` parses the command line and dispatches here.
 """
 
@@ -13,9 +13,8 @@ from typing import Any
 from sqlalchemy.engine import make_url
 
 from corpus_assets.core.dedup.layer import explain
-from corpus_assets.core.governance import benchmarks, gate, states, tombstones
+from corpus_assets.core.governance import gate, states, tombstones
 from corpus_assets.core.governance.lineage import tombstone_hits
-from corpus_assets.core.records.normalize import dedup_key
 from corpus_assets.core.release.export_run import export_snapshot
 from corpus_assets.core.release.prov import prov_document
 from corpus_assets.core.release.shadow import shadow_diff
@@ -153,27 +152,6 @@ def cmd_tombstone_hits(args: argparse.Namespace) -> int:
         return print_json(tombstone_hits(cas, catalog, args.seq))
     except LookupError as error:
         raise CliError(str(error)) from None
-
-
-def cmd_benchmark(args: argparse.Namespace) -> int:
-    _home, cas, catalog = storage()
-    items = []
-    with open(args.file, "rb") as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-                text = row[args.text_field]
-                item_id = f"{args.name}/{row.get('id', number)}"
-                items.append(
-                    benchmarks.BenchmarkItem(item_id, cas.put_bytes(text.encode()), dedup_key(text))
-                )
-            except (ValueError, KeyError, TypeError, AttributeError) as error:
-                raise CliError(f"{args.file} line {number}: {error!r}") from None
-    fence = benchmarks.add_benchmark_items(catalog, args.name, items)
-    print(f"benchmark {args.name}: {len(items)} items; benchmark fence now {fence}")
-    return 0
 
 
 def cmd_read(args: argparse.Namespace) -> int:

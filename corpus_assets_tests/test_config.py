@@ -399,3 +399,25 @@ def test_packing_tokenizer_points_at_the_tokenizer_section() -> None:
         mutated(lambda r: r.update(policies={"packing": {"block_tokens": 64}})), WHERE
     )
     assert ok.policies.tokenizer.kind == "utf8-bytes-v1"
+
+
+def test_max_chars_has_an_upper_bound() -> None:
+    """A record at ``max_chars`` costs a multiple of its size in its worker (README): the bound
+    keeps a typo from admitting gigabyte records."""
+    at_limit = {"quality": {"max_chars": 16_000_000}}
+    config = parse_config(mutated(lambda r: r.update(policies=at_limit)), WHERE)
+    assert config.policies.quality.max_chars == 16_000_000
+    above = {"quality": {"max_chars": 16_000_001}}
+    message = config_error(mutated(lambda r: r.update(policies=above)))
+    assert "max_chars" in message and "16000000" in message
+
+
+def test_whole_item_checks_cannot_start_above_the_ngram_size() -> None:
+    """An item between ngram_words and a larger min_whole_tokens would be checked by neither
+    rule: refused when the config loads, naming the section, not at the first build."""
+    contamination = {"ngram_words": 10, "min_whole_tokens": 12}
+    message = config_error(mutated(lambda r: r.update(policies={"contamination": contamination})))
+    assert "policies.contamination" in message and "min_whole_tokens 12" in message
+    contamination["min_whole_tokens"] = 10
+    raw = mutated(lambda r: r.update(policies={"contamination": contamination}))
+    assert parse_config(raw, WHERE).policies.contamination.min_whole_tokens == 10

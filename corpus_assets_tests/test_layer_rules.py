@@ -113,6 +113,10 @@ def test_group_field_is_ignored_when_not_configured() -> None:
         (b'{"text": ["a"]}', "schema.unknown"),
         (b'{"text": ""}', "parse.empty_text"),
         (b'{"text": " \\n\\t "}', "parse.empty_text"),
+        # only zero-width and Unicode space characters: nothing to read either
+        (b'{"text": "\\u200b\\u200c\\u200d\\u2060\\ufeff"}', "parse.empty_text"),
+        (b'{"text": "\\u00a0\\u3000\\u2000\\u2005\\u200a \\u200b\\n"}', "parse.empty_text"),
+        ('{"text": "\u2060\u00ad\u3164\u202f"}'.encode(), "parse.empty_text"),
         (b'{"text": "x", "id": [1]}', "schema.bad_id"),
         (b'{"text": "x", "id": {"a": 1}}', "schema.bad_id"),
         (b'{"text": "x", "id": 1.5}', "schema.bad_id"),
@@ -125,6 +129,12 @@ def test_uninterpretable_lines_are_quarantined_with_a_reason(raw: bytes, reason:
     assert info.value.reason == reason
     assert info.value.detail
     assert str(info.value).startswith(f"{reason}: ")
+
+
+@pytest.mark.parametrize("text", ["\u200bx", "\u00a0\u3000a\u200b", "\ufeff\u05d0"])
+def test_one_visible_character_among_invisible_ones_is_text(text: str) -> None:
+    record = parse_document(SOURCE, "o.jsonl", 1, json.dumps({"text": text}).encode())
+    assert record["text"]
 
 
 @pytest.mark.parametrize(

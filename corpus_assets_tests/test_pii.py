@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import zstandard
 
-from corpus_assets.core.records.pii import Redaction, redact
+from corpus_assets.core.records import pii
+from corpus_assets.core.records.pii import Redaction, redact, redact_parts
 
 CORPORA = Path(__file__).parents[2] / "shared" / "corpora"
 
@@ -166,3 +167,71 @@ def test_real_fortunes_corpus() -> None:
             assert redact(result.text).counts == {}
     assert totals.get("email", 0) > 300  # Usenet-era attributions
     assert totals.get("payment_card", 0) == 0
+
+
+AWS_SECRET = "wJalrXUtnFEMI/K7MDENG/bPxRfiCY" + "EXAMPLEKEY"  # AWS's documented example, 40
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [
+        "aws_secret_access_key = {}",  # ~/.aws/credentials (INI)
+        "export AWS_SECRET_ACCESS_KEY={}",  # env
+        'AWS_SECRET_ACCESS_KEY="{}"',
+        "  secret_access_key: '{}'",  # YAML
+        '{{"aws_secret_access_key": "{}", "region": "eu-west-1"}}',  # JSON
+        '"SecretAccessKey" : "{}"',  # `aws sts` JSON output
+        "boto3.client('s3', aws_secret_access_key='{}')",
+        'os.environ["AWS_SECRET_ACCESS_KEY"] = "{}"',
+        "aws_secret_access_key => {}",
+    ],
+)
+def test_an_aws_secret_after_its_name_is_redacted(shape: str) -> None:
+    text, counts = redact_parts(shape.format(AWS_SECRET))
+    assert AWS_SECRET not in text and "[SECRET]" in text and counts == {"secret": 1}
+    assert "secret" in text.replace("[SECRET]", "").lower()  # only the value goes
+    assert redact_parts(text) == (text, {})
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        f"checksum = {AWS_SECRET}",  # 40 base64 characters without the key's name
+        f"data = '{AWS_SECRET}'  # secret",
+        f"aws_secret_access_key = {AWS_SECRET}A",  # 41: not an AWS secret
+        f"aws_secret_access_key = {AWS_SECRET[:39]}",
+        "aws_secret_access_key = os.environ['AWS_SECRET_ACCESS_KEY']",
+        "SECRET_ACCESS_KEY_LENGTH = 40",
+        f"secret_key = {AWS_SECRET}",  # not the access key's name
+    ],
+)
+def test_forty_characters_without_the_aws_secret_name_stay(text: str) -> None:
+    assert redact_parts(text) == (text, {})
+
+
+@pytest.mark.parametrize("chunk", [1, 2, 3, 7, 64])
+def test_number_starts_by_chunks_are_the_whole_texts(
+    chunk: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A long text's number scan runs a chunk at a time; chunk edges change no start, so the
+    spans equal ``finditer``'s on the whole text (ASCII and not, digits at every edge)."""
+    for text in (
+        "call +44 20 7946 0958 or 555-123-4567, card 4111 1111 1111 1111; v1.2.3.4 8.8.8.8 (555) 1",
+        "電話 +81 3-1234-5678、ＩＰ 8.8.4.4 と 1-800-555-0199 ½ 4111111111111111 x9 12",
+    ):
+        whole = [m.start() for m in pii._NUMBERS.finditer(text)]
+        monkeypatch.setattr(pii, "_STARTS_CHUNK", chunk)
+        starts = list(pii._number_starts(text))
+        assert set(whole) <= set(starts) and starts == sorted(set(starts))
+        matched = [s for s in starts if pii._NUMBERS.match(text, s)]
+        assert [m for m in matched if m in whole] == whole
+        monkeypatch.setattr(pii, "_SCAN_CHARS", 0)  # the chunked path for these short texts
+        assert pii._number_spans(text) == _finditer_spans(text)
+        monkeypatch.undo()
+
+
+def _finditer_spans(text: str) -> list[tuple[int, int, str]]:
+    spans: list[tuple[int, int, str]] = []
+    for m in pii._NUMBERS.finditer(text):
+        pii._number_span(text, m, spans)
+    return spans

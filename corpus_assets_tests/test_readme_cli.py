@@ -35,6 +35,9 @@ class Session:
     def json(self, *args: str) -> dict:
         return json.loads(self(*args))
 
+    def json_lines(self, *args: str) -> list[dict]:
+        return [json.loads(line) for line in self(*args).splitlines()]
+
 
 def test_every_documented_command_is_exercised(tmp_path: Path) -> None:
     cli = Session(tmp_path)
@@ -84,6 +87,16 @@ def test_every_documented_command_is_exercised(tmp_path: Path) -> None:
     )
     refused = cli("rollback", second, ok=False)  # built before the fence: never resurrected
     assert "benchmark fence" in refused
+    again = cli("benchmark", "add", "quiz", str(bench))
+    assert again == "benchmark quiz: 0 items (1 already registered); benchmark fence now 1\n"
+    (listed,) = cli.json("benchmark", "list")["benchmarks"]
+    assert (listed["benchmark"], listed["items"], listed["lastSeq"]) == ("quiz", 1, 1)
+    removed = cli("benchmark", "remove", "quiz", "--item", "q1")
+    assert removed.startswith("benchmark quiz: 1 items removed;") and removed.endswith(" 2\n")
+    excluded = cli.json_lines("excluded", first)
+    assert excluded and all(row["line"] >= 1 and row["reason"] for row in excluded)
+    essays = cli.json_lines("excluded", first, "--source", "essays")
+    assert essays and {row["source"] for row in essays} == {"essays"}
 
     seq = cli("tombstone", "add", "--record", "essays/e0001", "--reason", "erase")
     assert seq.startswith("tombstone 1: record essays/e0001")

@@ -31,6 +31,7 @@ from corpus_assets.core.records.envelope import CANONICAL, digest_with, record_d
 from corpus_assets.core.records.normalize import (
     ParseReject,
     dedup_key,
+    is_blank,
     normalize_parts,
     normalize_text,
 )
@@ -96,6 +97,7 @@ def parse_line(raw: bytes) -> dict[str, Any]:
     else:
         if isinstance(obj, dict) and _LONG_NUMBER not in raw.translate(_DIGITS_AS_ZERO):
             return obj
+        del obj  # not held while the standard library parses the line again
     return _parse_stdlib(raw)
 
 
@@ -262,7 +264,7 @@ def _check_encodable(record_id: str, group_id: str, text: str) -> None:
                 raise Excluded(
                     "parse.invalid_unicode", f"{label} has a lone surrogate at {error.start}"
                 ) from None
-    if not text.strip():
+    if is_blank(text):
         raise Excluded("parse.empty_text", "no text after normalisation")
 
 

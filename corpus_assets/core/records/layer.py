@@ -18,8 +18,8 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from sqlalchemy import select
 
+from corpus_assets.core.governance.benchmarks import active_items
 from corpus_assets.core.ingest.codecs import DecompressionLimits, iter_located_lines
 from corpus_assets.core.ingest.freeze import freeze
 from corpus_assets.core.ingest.pinning import CDC_LSN_FIELD
@@ -59,7 +59,6 @@ from corpus_assets.core.storage.artifacts import (
     put_json,
     put_table,
 )
-from corpus_assets.core.storage.catalog import benchmark_items
 from corpus_assets.core.storage.digests import json_digest
 from corpus_assets.core.storage.parquet_sink import TableWriter
 from corpus_assets.core.storage.tasks import ChunkOutcome, ChunkTask, preload, run_chunk
@@ -170,24 +169,16 @@ def _canonicalize_object(
 
 
 def benchmark_index(ws: Workspace, fence: int) -> BenchmarkIndex | None:
-    """The contamination index of every benchmark item at or below the freeze's fence."""
+    """The contamination index of every benchmark item active at the freeze's fence."""
     with ws.catalog.begin() as conn:
-        items = conn.execute(
-            select(
-                benchmark_items.c.item_id,
-                benchmark_items.c.text_digest,
-                benchmark_items.c.benchmark,
-            )
-            .where(benchmark_items.c.seq <= fence)
-            .order_by(benchmark_items.c.seq)
-        ).all()
+        items = active_items(conn, fence)
     if not items:
         return None
     texts = [
-        (item_id, ws.cas.get_bytes(digest, f"benchmark item {item_id}").decode())
-        for item_id, digest, _ in items
+        (row.item_id, ws.cas.get_bytes(row.text_digest, f"benchmark item {row.item_id}").decode())
+        for row in items
     ]
-    names = {item_id: benchmark for item_id, _, benchmark in items}
+    names = {row.item_id: row.benchmark for row in items}
     return BenchmarkIndex.build(texts, contamination_policy(ws), names)
 
 

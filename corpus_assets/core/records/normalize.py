@@ -171,6 +171,22 @@ def normalize_parts(text: str, code: bool) -> tuple[str, tuple[str, ...]]:
     return text, tuple(changes)
 
 
+# What shows nothing: Unicode whitespace (``\s`` is ``str.isspace``: NBSP, U+2000..U+200A, U+3000
+# ...) and the invisible format characters (soft hyphen, CGJ, Hangul fillers, Mongolian vowel
+# separator, zero-width space/joiners and direction marks, bidi controls, word joiner and
+# invisible operators, BOM / zero-width no-break space).
+_BLANK = re.compile(
+    r"[\s\u00ad\u034f\u115f\u1160\u180e\u200b-\u200f\u202a-\u202e\u2060-\u2064\u2066-\u2069"
+    r"\u3164\ufeff\uffa0]*"
+)
+
+
+def is_blank(text: str) -> bool:
+    """Whether ``text`` is made only of characters that show nothing (``_BLANK``): such a
+    record is empty (``parse.empty_text``). Stops at the first visible character."""
+    return _BLANK.fullmatch(text) is not None
+
+
 def dedup_key(text: str, kind: str = "prose") -> str:
     """sha256 of the dedup-normalised text: what exact dedup and benchmark matching compare."""
     return sha256_digest(dedup_normalize(text, kind).encode("utf-8"))

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict
 from sqlalchemy import select
 
 from corpus_assets.core.dedup.report import DedupReport
+from corpus_assets.core.governance.benchmarks import active_items
 from corpus_assets.core.governance.lineage import COLUMN, revoked_targets
 from corpus_assets.core.ingest.freeze_spec import ChangelogSourceSpec, FreezeSpec
 from corpus_assets.core.records.canary import Replay
@@ -29,7 +30,7 @@ from corpus_assets.core.release.leakage_check import (
 from corpus_assets.core.release.packing_check import packing_findings
 from corpus_assets.core.runtime.layers import load_index
 from corpus_assets.core.storage.artifacts import get_json
-from corpus_assets.core.storage.catalog import benchmark_items, freezes
+from corpus_assets.core.storage.catalog import freezes
 from corpus_assets.core.storage.digests import json_digest
 from corpus_assets.core.storage.duck import sql_list
 from corpus_assets.core.storage.tasks import ChunkTask, open_dead_letters
@@ -245,13 +246,10 @@ def no_tombstone_hits(ev: Evidence, report: GateReport) -> list[str]:
 
 
 def no_benchmark_hits(ev: Evidence, report: GateReport) -> list[str]:
-    """No benchmark item registered at or below the snapshot's fence is a member."""
+    """No benchmark item active at the snapshot's fence is a member."""
     with ev.catalog.begin() as conn:
-        items = conn.execute(
-            select(benchmark_items.c.benchmark, benchmark_items.c.dedup_key).where(
-                benchmark_items.c.seq <= int(ev.manifest["benchmarkFence"])
-            )
-        ).all()
+        fence = int(ev.manifest["benchmarkFence"])
+        items = [(row.benchmark, row.dedup_key) for row in active_items(conn, fence)]
     names, keys = zip(*items, strict=True) if items else ((), ())
     ev.register(
         "items",

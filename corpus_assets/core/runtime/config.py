@@ -15,6 +15,14 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from corpus_assets.core.runtime.execution import Execution
+from corpus_assets.core.runtime.row_policies import (
+    ContaminationConfig,
+    PiiConfig,
+    QualityConfig,
+)
+from corpus_assets.core.runtime.row_policies import (
+    Strict as _Strict,
+)
 from corpus_assets.core.runtime.schedule import Schedule
 from corpus_assets.core.runtime.yaml_loader import UniqueKeyLoader
 from corpus_assets.core.storage.cas_s3 import parse_cas_url
@@ -29,10 +37,6 @@ CONFIG_NAME = "corpus.yaml"
 
 class ConfigError(ValueError):
     """The configuration file is missing, unreadable or invalid; the message names the key."""
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 # The declared adapters, named once; ``records.adapters`` implements exactly these.
@@ -204,7 +208,7 @@ class MixingPolicy(_Strict):
     max_epochs: Annotated[int, Field(ge=1)] | None = None
     # warn (log + report row) when a source's importance weight q_i / p_i exceeds this
     max_weight: Annotated[Decimal, Field(gt=0, strict=False, allow_inf_nan=False)] | None = None
-    sources: dict[str, SourceMixing] = {}
+    sources: dict[str, SourceMixing] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _policy_fields(self) -> "MixingPolicy":
@@ -284,35 +288,6 @@ class PackingPolicy(_Strict):
                 "remove it from policies.packing"
             )
         return data
-
-
-class QualityConfig(_Strict):
-    """Heuristic quality thresholds; ratios in parts per million so hashed policies carry no
-    floats. Defaults keep everything a sane parser produces."""
-
-    min_chars: Annotated[int, Field(ge=0)] = 1
-    max_chars: Annotated[int, Field(ge=1)] = 1_000_000
-    max_symbol_ratio_ppm: Annotated[int, Field(ge=0, le=1_000_000)] = 1_000_000
-    min_alpha_ratio_ppm: Annotated[int, Field(ge=0, le=1_000_000)] = 0
-    max_repeated_line_ratio_ppm: Annotated[int, Field(ge=0, le=1_000_000)] = 1_000_000
-    max_repeated_ngram_ratio_ppm: Annotated[int, Field(ge=0, le=1_000_000)] = 1_000_000
-    ngram: Annotated[int, Field(ge=1, le=32)] = 3
-
-
-class ContaminationConfig(_Strict):
-    """v2 (default): any shared n-gram flags, short items checked whole (``min_whole_*``);
-    v1: ``threshold_ppm`` containment. README "Decontamination"."""
-
-    version: Literal["contamination.v1", "contamination.v2"] = "contamination.v2"
-    ngram_words: Annotated[int, Field(ge=3, le=64)] = 13
-    ngram_chars: Annotated[int, Field(ge=8, le=256)] = 50
-    threshold_ppm: Annotated[int, Field(ge=1, le=1_000_000)] = 500_000
-    min_whole_tokens: Annotated[int, Field(ge=1, le=64)] = 8
-    min_whole_chars: Annotated[int, Field(ge=1, le=256)] = 20
-
-
-class PiiConfig(_Strict):
-    redact: bool = True
 
 
 class ValidationPolicy(_Strict):

@@ -19,6 +19,7 @@ from sqlalchemy import (
     Connection,
     Engine,
     Float,
+    Index,
     Integer,
     MetaData,
     String,
@@ -170,6 +171,10 @@ benchmark_items = Table(
     Column("text_digest", String(71), nullable=False),  # the item's text, in the CAS
     Column("dedup_key", String(71), nullable=False, index=True),  # dedup-normalised text digest
     Column("at", Float, nullable=False),
+    # the registry is a log (``governance.benchmarks``): "add" registers, "remove" withdraws
+    Column("action", String(8), nullable=False, default="add"),
+    Column("actor", String(128)),  # who removed (or registered) it, if known
+    Index("benchmark_items_by_item", "item_id", "seq"),
 )
 
 permits = Table(

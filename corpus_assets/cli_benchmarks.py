@@ -1,0 +1,203 @@
+"""``corpus-assets benchmark add|list|remove`` (the benchmark registry) and ``excluded`` (why a
+snapshot's canonical layer left rows out), as ``corpus_assets.cli`` dispatches them.
+
+``corpus-assets benchmark NAME FILE``, the form before ``list`` and ``remove`` existed, still
+means ``benchmark add NAME FILE`` (``with_add``); a benchmark named ``add``, ``list`` or
+``remove`` is registered with the explicit ``add``.
+"""
+
+import argparse
+import getpass
+import json
+import sys
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+
+from corpus_assets.cli_catalog import CliError, print_json, storage
+from corpus_assets.core.governance import benchmarks
+from corpus_assets.core.ingest.codecs import CodecError, iter_lines
+from corpus_assets.core.records.index import CanonicalIndex
+from corpus_assets.core.records.normalize import dedup_key, is_blank
+from corpus_assets.core.release.verify import load_manifest, resolve
+from corpus_assets.core.storage.cas import ContentStore
+
+ACTIONS = ("add", "list", "remove")
+MAX_ITEM_LINE = 64 << 20  # one benchmark item's JSON line
+PUT_THREADS, PUT_WINDOW = 16, 1024
+
+
+def with_add(argv: list[str]) -> list[str]:
+    """``benchmark NAME FILE`` -> ``benchmark add NAME FILE``; every other command line as is.
+    Only ``--config VALUE`` / ``--config=VALUE`` may come before the command."""
+    i = 0
+    while i < len(argv) and argv[i].startswith("-"):
+        i += 1 if "=" in argv[i] or argv[i] in ("-h", "--help") else 2
+    after = argv[i + 1] if argv[i : i + 1] == ["benchmark"] and i + 1 < len(argv) else None
+    if after is not None and after not in (*ACTIONS, "-h", "--help"):
+        return [*argv[: i + 1], "add", *argv[i + 1 :]]
+    return argv
+
+
+def add_commands(sub: Any) -> None:
+    """The ``benchmark`` and ``excluded`` subcommands on ``corpus_assets.cli``'s parser."""
+    about = "the benchmark registry: add, list or remove items; every change advances the fence"
+    p = sub.add_parser("benchmark", help=about, description=about)
+    actions = p.add_subparsers(required=True, metavar="ACTION")
+    add = actions.add_parser(
+        "add",
+        help="register a JSONL (.jsonl, .jsonl.gz, .jsonl.zst) file's items; idempotent",
+        description="Register each line's text as item NAME/<id> (the row's id, else its line "
+        "number). An item already registered with the same text is kept as it is; the same "
+        "id with another text is refused. `benchmark NAME FILE` is the same command.",
+    )
+    add.add_argument("name", help="benchmark name")
+    add.add_argument("file", help="JSONL file of benchmark items, plain, gzip or zstd")
+    add.add_argument("--text-field", default="text")
+    add.set_defaults(run=cmd_benchmark_add)
+    listing = actions.add_parser("list", help="per benchmark: active items, seqs, times (JSON)")
+    listing.set_defaults(run=cmd_benchmark_list)
+    remove = actions.add_parser("remove", help="withdraw a benchmark or some of its items")
+    remove.add_argument("name", help="benchmark name")
+    remove.add_argument(
+        "--item", action="append", help="item id (NAME/ID or ID), repeatable; default: all"
+    )
+    remove.set_defaults(run=cmd_benchmark_remove)
+    about = "a snapshot's excluded rows: source, object, line, reason (never their text), JSONL"
+    p = sub.add_parser("excluded", help=about, description=about)
+    p.add_argument("digest", help="snapshotId")
+    p.add_argument("--source", help="only this source id")
+    p.add_argument("--reason", help="only this reason code, or its prefix (e.g. quality)")
+    p.set_defaults(run=cmd_excluded)
+
+
+def read_items(
+    cas: ContentStore, name: str, path: Path, text_field: str
+) -> list[benchmarks.BenchmarkItem]:
+    """The file's items, each text put in the CAS; a bad line is one error naming it.
+
+    Each put fsyncs a file and its folder, so thousands of items were bound by the disk's sync
+    latency: ``PUT_THREADS`` puts run at once, a window of ``PUT_WINDOW`` texts at a time."""
+    items: list[benchmarks.BenchmarkItem] = []
+    window: list[tuple[str, str, bytes, str]] = []
+    try:
+        with path.open("rb") as handle, ThreadPoolExecutor(PUT_THREADS) as pool:
+            for number, line in iter_lines(handle, str(path), max_line_bytes=MAX_ITEM_LINE):
+                if line.strip():
+                    window.append(_parse(name, f"{path} line {number}", number, line, text_field))
+                if len(window) >= PUT_WINDOW:
+                    items += _put(pool, cas, window)
+            items += _put(pool, cas, window)
+    except OSError as error:
+        raise CliError(f"{path}: {error.strerror or error}") from None
+    except CodecError as error:
+        raise CliError(str(error)) from None
+    return items
+
+
+def _put(
+    pool: ThreadPoolExecutor, cas: ContentStore, window: list[tuple[str, str, bytes, str]]
+) -> list[benchmarks.BenchmarkItem]:
+    """Put the window's texts in the CAS (concurrently) and empty it."""
+    digests = list(pool.map(cas.put_bytes, [data for _, _, data, _ in window]))
+    items = [
+        benchmarks.BenchmarkItem(item_id, digest, key, where)
+        for (item_id, where, _, key), digest in zip(window, digests, strict=True)
+    ]
+    window.clear()
+    return items
+
+
+def _parse(
+    name: str, where: str, number: int, line: bytes, text_field: str
+) -> tuple[str, str, bytes, str]:
+    """(item id, where, text as UTF-8, dedup key) of one line, or the error naming it."""
+    try:
+        row = json.loads(line)
+    except ValueError as error:
+        raise CliError(f"{where}: not JSON ({error})") from None
+    if not isinstance(row, dict):
+        raise CliError(f"{where}: a JSON object per line is expected, not {type(row).__name__}")
+    text, local = row.get(text_field), row.get("id", number)
+    if not isinstance(text, str) or is_blank(text):
+        shown = "missing" if text is None else f"{type(text).__name__}, not a non-empty string"
+        raise CliError(f"{where}: field {text_field!r} is {shown}")
+    if isinstance(local, bool) or not isinstance(local, str | int) or local == "":
+        raise CliError(f"{where}: 'id' must be a non-empty string or an integer")
+    try:
+        data = text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise CliError(f"{where}: the text has a lone surrogate at {error.start}") from None
+    return f"{name}/{local}", where, data, dedup_key(text)
+
+
+def cmd_benchmark_add(args: argparse.Namespace) -> int:
+    _home, cas, catalog = storage()
+    items = read_items(cas, args.name, Path(args.file), args.text_field)
+    try:
+        change = benchmarks.register(catalog, args.name, items, actor=_actor())
+    except benchmarks.RegistryError as error:
+        raise CliError(str(error)) from None
+    kept = f" ({change.unchanged} already registered)" if change.unchanged else ""
+    print(f"benchmark {args.name}: {change.written} items{kept}; benchmark fence now {change.seq}")
+    return 0
+
+
+def cmd_benchmark_list(_args: argparse.Namespace) -> int:
+    _home, _cas, catalog = storage()
+    return print_json({"benchmarks": benchmarks.summary(catalog)})
+
+
+def cmd_benchmark_remove(args: argparse.Namespace) -> int:
+    _home, _cas, catalog = storage()
+    prefix = f"{args.name}/"
+    ids = None
+    if args.item:
+        ids = [i if i.startswith(prefix) else prefix + i for i in args.item]
+    try:
+        change = benchmarks.remove(catalog, args.name, ids, actor=_actor())
+    except benchmarks.RegistryError as error:
+        raise CliError(str(error)) from None
+    print(
+        f"benchmark {args.name}: {change.written} items removed; every alias is fenced at "
+        f"benchmark fence {change.seq}"
+    )
+    return 0
+
+
+def _actor() -> str:
+    return f"cli:{getpass.getuser()}"
+
+
+def cmd_excluded(args: argparse.Namespace) -> int:
+    _home, cas, catalog = storage()
+    manifest = load_manifest(cas, resolve(catalog, args.digest))
+    write = sys.stdout.write
+    for row in excluded_rows(cas, manifest["layers"]["canonical_records"], args.source):
+        if args.reason is None or row["reason"] == args.reason or _under(row, args.reason):
+            write(json.dumps(row, sort_keys=True) + "\n")
+    return 0
+
+
+def _under(row: dict[str, Any], prefix: str) -> bool:
+    return bool(row["reason"].startswith(prefix.rstrip(".") + "."))
+
+
+def excluded_rows(
+    cas: ContentStore, canonical_ref: Any, source: str | None = None
+) -> Iterator[dict[str, Any]]:
+    """Every exclusion row of a canonical_records index, chunk by chunk and a Parquet batch at
+    a time (a large snapshot's exclusions never sit in memory whole), verified before read."""
+    index = CanonicalIndex.load(cas, canonical_ref)
+    for entry in index.entries:
+        source_id, _, name = entry.chunk.partition("/")
+        if source is not None and source_id != source:
+            continue
+        digest = index.descriptor(entry).excluded["digest"]
+        cas.verify(digest, f"exclusions of {entry.chunk}")
+        for batch in pq.ParquetFile(cas.path(digest)).iter_batches(batch_size=4096):
+            for row in batch.to_pylist():
+                yield {"source": source_id, "name": name, **row}

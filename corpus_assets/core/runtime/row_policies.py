@@ -1,0 +1,53 @@
+"""The row stages' policies in ``corpus.yaml`` (quality, contamination, PII), and the strict base
+every config model shares: unknown keys are errors, values are not coerced, models are frozen."""
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+MAX_CHARS_LIMIT = 16_000_000
+
+
+class QualityConfig(Strict):
+    """Heuristic quality thresholds; ratios in parts per million so hashed policies carry no
+    floats. Defaults keep everything a sane parser produces."""
+
+    min_chars: Annotated[int, Field(ge=0)] = 1
+    # bounded: one record at the limit costs ~50x its UTF-8 size in its worker while the row
+    # stages run, most of it the benchmark screen (bench/max_chars_memory.py, README)
+    max_chars: Annotated[int, Field(ge=1, le=MAX_CHARS_LIMIT)] = 1_000_000
+    max_symbol_ratio_ppm: Annotated[int, Field(ge=0, le=1_000_000)] = 1_000_000
+    min_alpha_ratio_ppm: Annotated[int, Field(ge=0, le=1_000_000)] = 0
+    max_repeated_line_ratio_ppm: Annotated[int, Field(ge=0, le=1_000_000)] = 1_000_000
+    max_repeated_ngram_ratio_ppm: Annotated[int, Field(ge=0, le=1_000_000)] = 1_000_000
+    ngram: Annotated[int, Field(ge=1, le=32)] = 3
+
+
+class ContaminationConfig(Strict):
+    """v2 (default): any shared n-gram flags, short items checked whole (``min_whole_*``);
+    v1: ``threshold_ppm`` containment. README "Decontamination"."""
+
+    version: Literal["contamination.v1", "contamination.v2"] = "contamination.v2"
+    ngram_words: Annotated[int, Field(ge=3, le=64)] = 13
+    ngram_chars: Annotated[int, Field(ge=8, le=256)] = 50
+    threshold_ppm: Annotated[int, Field(ge=1, le=1_000_000)] = 500_000
+    min_whole_tokens: Annotated[int, Field(ge=1, le=64)] = 8
+    min_whole_chars: Annotated[int, Field(ge=1, le=256)] = 20
+
+    @model_validator(mode="after")
+    def _whole_checks_below_ngrams(self) -> "ContaminationConfig":
+        if self.min_whole_tokens > self.ngram_words:
+            raise ValueError(
+                f"min_whole_tokens {self.min_whole_tokens} is above ngram_words "
+                f"{self.ngram_words}: items between them would be checked by neither rule"
+            )
+        return self
+
+
+class PiiConfig(Strict):
+    redact: bool = True
