@@ -295,8 +295,10 @@ def build(partition: str | None) -> dict[str, Any]:
         )
         layers = {layer: ws.catalog.layer_output(key, layer) for layer in LAYERS}
         dedup = load_index(ws.cas, layers["dedup_clusters"], "dedup_clusters")
+        records = load_index(ws.cas, layers["canonical_records"], "canonical_records")
     return {
         "dedup": dedup.counts,
+        "contamination": records.output("contamination"),
         "partition": key,
         "snapshotId": snapshot.snapshot_id,
         "state": snapshot.state,
@@ -317,11 +319,25 @@ def _print_build(built: dict[str, Any]) -> None:
         f"duplicates removed from {dedup['records']} records "
         "(`corpus-assets dedup SNAPSHOT RECORD_ID` explains one)"
     )
+    _print_contamination(built["contamination"])
     print(
         f"CAS objects in this snapshot: {built['casObjects']}, "
         f"already present before this build (reused): {built['casReused']}"
     )
     print(f"snapshotId {built['snapshotId']} state {built['state']}")
+
+
+def _print_contamination(report: dict[str, Any]) -> None:
+    """One line per registered benchmark: what was checked, how, and what it excluded."""
+    flagged: dict[str, int] = {}
+    for row in report["flagged"]:
+        flagged[row["benchmark"]] = flagged.get(row["benchmark"], 0) + row["records"]
+    for b in report["benchmarks"]:
+        print(
+            f"contamination ({report['policy']}) {b['benchmark']}: {b['items']} items, "
+            f"{b['short_items']} shorter than the n-gram ({b['checked_whole']} checked whole, "
+            f"{b['unchecked']} unchecked); {flagged.get(b['benchmark'], 0)} records excluded"
+        )
 
 
 def cmd_build(args: argparse.Namespace) -> int:

@@ -256,3 +256,26 @@ def test_a_late_cdc_event_blocks_cli_approval(
     assert code == 1 and "after the freeze" in err, err
     with open_workspace() as ws:
         assert states.get(ws.catalog, sid).state == states.INCOMPLETE
+
+
+def test_build_prints_each_benchmark_checked_and_what_it_excluded(tmp_path: Path) -> None:
+    """After ``benchmark add``, the next ``build`` says per benchmark how its items were checked
+    and how many records they excluded (issue 16: the report in the build output)."""
+    assert run(tmp_path, "demo").returncode == 0
+    essays = tmp_path / ".corpus" / "demo-sources" / "essays" / "essays-00001.jsonl"
+    leaked = json.loads(essays.read_text().splitlines()[0])["text"]  # a training record, whole
+    items = tmp_path / "quiz.jsonl"
+    items.write_text(
+        json.dumps({"id": "q1", "text": leaked})
+        + "\n"
+        + json.dumps({"id": "q2", "text": "Capital of Peru?"})  # 3 tokens: too short to check
+        + "\n"
+    )
+    assert run(tmp_path, "benchmark", "add", "quiz", str(items)).returncode == 0
+    built = run(tmp_path, "build")
+    assert built.returncode == 0, built.stderr
+    assert (
+        "contamination (contamination.v2) quiz: 2 items, 1 shorter than the n-gram "
+        "(0 checked whole, 1 unchecked); 2 records excluded"  # e0120 and its exact copy
+    ) in built.stdout, built.stdout
+    assert "dedup: 3 exact and 1 near" in built.stdout  # the copy no longer counts as a duplicate
