@@ -14,15 +14,15 @@ Usage: .venv/bin/python bench/contamination.py [--items 3000] [--repeats 3]
 """
 
 import argparse
-import json
 import random
 import resource
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+from contamination_bench import DEFAULT_CORPORA, read_texts  # bench/ is on sys.path
 
 from corpus_assets.core.records.contamination import ContaminationPolicy, Match
 from corpus_assets.core.records.contamination_index import BenchmarkIndex
@@ -33,18 +33,6 @@ from corpus_assets.core.records.contamination_v2 import (
     plan,
     reference_match,
 )
-
-DEFAULT_CORPORA = Path(__file__).resolve().parents[2] / "shared" / "corpora"
-
-
-def read_texts(folder: Path) -> list[str]:
-    texts = []
-    for shard in sorted(folder.glob("*.jsonl.zst")):
-        raw = subprocess.run(["zstd", "-dc", str(shard)], check=True, capture_output=True).stdout
-        texts.extend(json.loads(line)["text"] for line in raw.decode("utf-8").splitlines())
-    if not texts:
-        sys.exit(f"no *.jsonl.zst shards in {folder}")
-    return texts
 
 
 def passages(texts: list[str], n: int, rng: random.Random, prefix: str) -> list[tuple[str, str]]:
