@@ -18,30 +18,40 @@ except (OSError, AttributeError):
     _LIBC = None
 
 
-_HEAP_FROZEN = False
+_FROZEN = 0  # objects frozen since the last full collection (counted as they are frozen)
+_FROZEN_AT_FULL = 0  # objects frozen right after the last full collection
 
 
 def release_memory(collect: bool = False) -> None:
     """Return unused pages of Arrow's pool and glibc's heap to the system. With ``collect``
     (only between layers or layer phases) cycles go first, so what they held is freed too."""
     if collect:
-        gc.collect()
-        _freeze_long_lived_heap()
+        collect_cycles()
     pa.default_memory_pool().release_unused()
     if _LIBC is not None:
         _LIBC.malloc_trim(0)
 
 
-def _freeze_long_lived_heap() -> None:
-    """After the process's first collection, move what survived it out of the collector's sight.
+def collect_cycles() -> None:
+    """Free garbage cycles at a cost proportional to what was allocated since the last call.
 
-    That is the import-time heap (modules, classes, the loaded libraries' caches: 150-230k
-    objects), which a full collection otherwise walks every time: ~0.1-0.2 s per layer, more
-    than a small layer's whole work. Later collections walk only what was allocated since. A
-    frozen object is still freed when its last reference goes; only a cycle among frozen objects
-    would outlive its use, and the import-time heap holds none that become garbage.
+    A full ``gc.collect()`` walks every tracked object: the import-time heap alone is 150-230k
+    objects (~0.1-0.2 s, more than a small layer's whole work), and a long-lived process (a test
+    worker, a Ray worker) keeps adding to it. So survivors are frozen after each collection and
+    the next one walks only younger objects. A frozen object is still freed when its last
+    reference goes; a cycle among frozen objects is freed by the full collection that runs once
+    the frozen heap has doubled since the last one (amortised: each object is walked a bounded
+    number of times, and garbage cycles never hold more than the live heap did).
     """
-    global _HEAP_FROZEN
-    if not _HEAP_FROZEN:
-        gc.freeze()
-        _HEAP_FROZEN = True
+    global _FROZEN, _FROZEN_AT_FULL
+    full = _FROZEN == 0 or _FROZEN > 2 * _FROZEN_AT_FULL
+    if full:
+        gc.unfreeze()
+        _FROZEN = 0
+    gc.collect()
+    # survivors all sit in the oldest generation now; counting them walks only them
+    # (gc.get_freeze_count() walks the whole frozen heap: ~50 ms at 300k objects)
+    _FROZEN += len(gc.get_objects(generation=2))
+    gc.freeze()
+    if full:
+        _FROZEN_AT_FULL = _FROZEN
