@@ -117,7 +117,7 @@ class NearDedupPolicy(_Strict):
     """MinHash/LSH near-dedup: every field changes which records survive, so all are hashed."""
 
     enabled: bool = True
-    signature: Literal["minhash.v2", "minhash.v1"] = "minhash.v2"
+    signature: Literal["minhash.v3", "minhash.v2", "minhash.v1"] = "minhash.v3"
     num_perm: Annotated[int, Field(ge=8, le=1024)] = 128
     seed: Annotated[int, Field(ge=0)] = 1
     shingle_words: Annotated[int, Field(ge=1, le=64)] = 5
@@ -128,7 +128,25 @@ class NearDedupPolicy(_Strict):
     threshold: Annotated[Decimal, Field(gt=0, le=1, strict=False, allow_inf_nan=False)] = Decimal(
         "0.8"
     )
+    # minhash.v3: the threshold of unspaced-script pairs (Han, kana, Thai...); None: the same as
+    # ``threshold``, the calibrated choice (core/dedup/near_rule.py). v1/v2: one threshold.
+    char_threshold: (
+        Annotated[Decimal, Field(gt=0, le=1, strict=False, allow_inf_nan=False)] | None
+    ) = None
     bucket_heads: Annotated[int, Field(ge=1, le=4096)] = 32
+
+    @model_validator(mode="after")
+    def _char_threshold(self) -> "NearDedupPolicy":
+        if self.char_threshold is None:
+            return self
+        if self.signature != "minhash.v3":
+            raise ValueError(f"char_threshold needs signature minhash.v3, not {self.signature}")
+        if self.char_threshold < self.threshold:
+            raise ValueError(
+                f"char_threshold {self.char_threshold} is below threshold {self.threshold}: "
+                "character shingles overlap more than word shingles, never less"
+            )
+        return self
 
     @model_validator(mode="after")
     def _bands_cover_signature(self) -> "NearDedupPolicy":
