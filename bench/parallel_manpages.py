@@ -38,7 +38,9 @@ import json
 import os
 import random
 import re
+import resource
 import subprocess
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from statistics import median
@@ -47,7 +49,7 @@ import numpy as np
 from icu4py.breakers import WordBreaker
 
 from corpus_assets.core.dedup.jaccard import jaccard_sorted
-from corpus_assets.core.dedup.minhash import fingerprints
+from corpus_assets.core.dedup.minhash import fingerprints, signatures
 from corpus_assets.core.dedup.shingling import is_unspaced, normalise
 from corpus_assets.core.dedup.signature_spec import VERSION_V2, VERSION_V3, SignatureSpec
 from corpus_assets.core.runtime.config import NearDedupPolicy
@@ -281,6 +283,23 @@ def calibrate(all_rows: dict[str, list[dict]], threshold: float) -> None:
             )
 
 
+def speed(texts: list[str], pairs: int = 7) -> None:
+    """MB/s of v2 and v3 signatures on one language's pages, interleaved (median of pairs)."""
+    v2, v3 = SignatureSpec(version=VERSION_V2), SignatureSpec(version=VERSION_V3)
+    mb = sum(len(t.encode()) for t in texts) / 1e6
+    times: dict[str, list[float]] = {"v2": [], "v3": []}
+    for _ in range(pairs):
+        for name, spec in (("v2", v2), ("v3", v3)):
+            start = time.perf_counter()
+            signatures(texts, spec)
+            times[name].append(time.perf_counter() - start)
+    t2, t3 = median(times["v2"]), median(times["v3"])
+    print(
+        f"  signatures: v2 {mb / t2:.1f} MB/s, v3 {mb / t3:.1f} MB/s ({mb:.1f} MB): "
+        f"v3/v2 {t3 / t2:.2f}x time"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--cache", type=Path, required=True, help="download/render dir")
@@ -297,10 +316,12 @@ def main() -> None:
         en, tr, pairs = build(pages, lang, args.cache)
         all_rows[lang] = measure(lang, en, tr, pairs)
         report(lang, all_rows[lang], tau, args.char_threshold, args.verbose)
+        speed(tr)
     if args.calibrate:
         calibrate(all_rows, tau)
     if args.json:
         args.json.write_text(json.dumps(all_rows))
+    print(f"peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB")
 
 
 if __name__ == "__main__":
