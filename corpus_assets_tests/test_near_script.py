@@ -10,11 +10,14 @@ from decimal import Decimal
 from typing import Any
 
 import pytest
+from icu4py.breakers import WordBreaker
 from pydantic import ValidationError
 
 from corpus_assets.assets.metadata import layer_metadata
 from corpus_assets.core.dedup.clusters import KEEP, NEAR
 from corpus_assets.core.dedup.report import NearReport
+from corpus_assets.core.dedup.segment import segment_words
+from corpus_assets.core.dedup.shingling import normalise
 from corpus_assets.core.runtime.config import NearDedupPolicy
 from corpus_assets.core.runtime.layers import LayerResult
 from corpus_assets_tests.test_near_dedup import _cluster, _shingle_jaccard
@@ -171,3 +174,10 @@ def test_char_threshold_is_a_v3_setting_never_below_the_threshold() -> None:
     with pytest.raises(ValidationError, match="below threshold"):
         NearDedupPolicy(char_threshold=Decimal("0.7"))
     assert NearDedupPolicy().signature == "minhash.v3"
+
+
+def test_a_long_text_is_segmented_in_pieces_with_the_whole_texts_words() -> None:
+    text = normalise(" ".join([_long_ja()] * 120))  # ~180k characters
+    assert len(text) > 2 * (1 << 16)
+    whole = " ".join(w for w in WordBreaker(text, "und") if not w.isspace())
+    assert segment_words(text) == whole

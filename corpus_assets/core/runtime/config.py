@@ -113,6 +113,9 @@ class Limits(_Strict):
     max_ratio: Annotated[int, Field(ge=2)] = 1000
 
 
+_Fraction = Annotated[Decimal, Field(gt=0, le=1, strict=False, allow_inf_nan=False)]
+
+
 class NearDedupPolicy(_Strict):
     """MinHash/LSH near-dedup: every field changes which records survive, so all are hashed."""
 
@@ -124,29 +127,10 @@ class NearDedupPolicy(_Strict):
     shingle_chars: Annotated[int, Field(ge=1, le=64)] = 5
     bands: Annotated[int, Field(ge=1)] = 16
     rows: Annotated[int, Field(ge=1)] = 8
-    # A decimal, not a float: it is hashed into the policy digest as its exact text ("0.8").
-    threshold: Annotated[Decimal, Field(gt=0, le=1, strict=False, allow_inf_nan=False)] = Decimal(
-        "0.8"
-    )
-    # minhash.v3: the threshold of unspaced-script pairs (Han, kana, Thai...); None: the same as
-    # ``threshold``, the calibrated choice (core/dedup/near_rule.py). v1/v2: one threshold.
-    char_threshold: (
-        Annotated[Decimal, Field(gt=0, le=1, strict=False, allow_inf_nan=False)] | None
-    ) = None
+    # Decimals, not floats: hashed into the policy digest as their exact text ("0.8").
+    threshold: _Fraction = Decimal("0.8")
+    char_threshold: _Fraction | None = None  # v3: unspaced-script pairs' own (dedup/near_rule)
     bucket_heads: Annotated[int, Field(ge=1, le=4096)] = 32
-
-    @model_validator(mode="after")
-    def _char_threshold(self) -> "NearDedupPolicy":
-        if self.char_threshold is None:
-            return self
-        if self.signature != "minhash.v3":
-            raise ValueError(f"char_threshold needs signature minhash.v3, not {self.signature}")
-        if self.char_threshold < self.threshold:
-            raise ValueError(
-                f"char_threshold {self.char_threshold} is below threshold {self.threshold}: "
-                "character shingles overlap more than word shingles, never less"
-            )
-        return self
 
     @model_validator(mode="after")
     def _bands_cover_signature(self) -> "NearDedupPolicy":
@@ -155,6 +139,10 @@ class NearDedupPolicy(_Strict):
                 f"bands x rows = {self.bands} x {self.rows} = {self.bands * self.rows}, "
                 f"but num_perm is {self.num_perm}; they must be equal"
             )
+        if self.char_threshold is not None and self.signature != "minhash.v3":
+            raise ValueError(f"char_threshold needs signature minhash.v3, not {self.signature}")
+        if (self.char_threshold or self.threshold) < self.threshold:
+            raise ValueError(f"char_threshold {self.char_threshold} is below threshold")
         return self
 
 
