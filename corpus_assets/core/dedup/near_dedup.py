@@ -289,6 +289,7 @@ def near_dedup(
     bounds = np.flatnonzero(np.r_[True, xs[1:] != xs[:-1], True]).tolist()
     for lo, hi in pairwise(bounds):
         x = int(xs[lo])
+        tau_x = tau if taus is None else taus[x]
         prints.before(x)
         fx = prints.live[x]
         direct = -1
@@ -298,7 +299,7 @@ def near_dedup(
                 continue
             j = jaccard(fx, prints.live[y])
             result.verified_pairs += 1
-            if j >= (tau if taus is None else max(taus[x], taus[y])):
+            if j >= (tau_x if taus is None else max(tau_x, taus[y])):
                 groups.union(x, y)
                 result.edges.append((x, y, j))
                 if direct < 0 and alive[y]:

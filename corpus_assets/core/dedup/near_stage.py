@@ -121,7 +121,10 @@ class NearStage:
 
     def _run_class(self, order: np.ndarray) -> NearResult:
         prints = SpilledFingerprints(self.texts, self.spec, order, self.tmp)
-        taus = None if self.modes is None else self.thresholds.by_rank(self.modes[order])
+        taus = None  # one threshold for the class: the scan's plain (faster) comparison
+        t = self.thresholds
+        if self.modes is not None and t.char != t.word and self.modes[order].any():
+            taus = t.by_rank(self.modes[order])
         try:
             return near_dedup(
                 self.chunks, order, self.params, prints, jaccard_sorted, prints.prefetch, taus
