@@ -207,6 +207,9 @@ def child_ours(root: Path, k: int, profile: bool) -> dict:
         return list(fps[order[ranks]])
 
     params = LshParams()
+    # --per-record-thresholds: what the layer passes under minhash.v3 (a threshold per record,
+    # all word mode here), to compare the verification loop with and without it.
+    taus = np.full(k, params.threshold) if os.environ.get("DEDUP_BENCH_TAUS") else None
     rss_start = _status_kb()["VmRSS"]
     if profile:
         import cProfile
@@ -214,12 +217,12 @@ def child_ours(root: Path, k: int, profile: bool) -> dict:
 
         prof = cProfile.Profile()
         t0 = time.perf_counter()
-        res = prof.runcall(near_dedup, chunks, order, params, prints, jaccard)
+        res = prof.runcall(near_dedup, chunks, order, params, prints, jaccard, None, taus)
         seconds = time.perf_counter() - t0
         pstats.Stats(prof, stream=sys.stderr).sort_stats("tottime").print_stats(15)
     else:
         t0 = time.perf_counter()
-        res = near_dedup(chunks, order, params, prints, jaccard)
+        res = near_dedup(chunks, order, params, prints, jaccard, None, taus)
         seconds = time.perf_counter() - t0
     hwm = _status_kb()["VmHWM"]
 
@@ -335,9 +338,16 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="50k docs, baseline at 10k")
     ap.add_argument("--tmp", type=Path, default=None, help="scratch folder (about 1.8 GB per 1M)")
     ap.add_argument("--profile", action="store_true", help="cProfile one ours run at N (stderr)")
+    ap.add_argument(
+        "--per-record-thresholds",
+        action="store_true",
+        help="pass near_dedup one threshold per record, as the layer does under minhash.v3",
+    )
     ap.add_argument("--child", choices=["ours", "datasketch"], help=argparse.SUPPRESS)
     ap.add_argument("--dir", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.per_record_thresholds:
+        os.environ["DEDUP_BENCH_TAUS"] = "1"  # inherited by the child processes
 
     if args.child:
         if args.child == "ours":

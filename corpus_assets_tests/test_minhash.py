@@ -11,12 +11,12 @@ from datasketch.minhash import _fmix
 from corpus_assets.core.dedup import minhash_v1, minhash_v2, shingling, unit_hash
 from corpus_assets.core.dedup.jaccard import jaccard, jaccard_sorted
 from corpus_assets.core.dedup.minhash import fingerprints, signatures, sketch
-from corpus_assets.core.dedup.shingling import shingle_units, shingles
+from corpus_assets.core.dedup.shingling import is_unspaced, normalise, shingle_units, shingles
 from corpus_assets.core.dedup.signature_spec import MAX_HASH, VERSION, SignatureSpec, spec_payload
 from corpus_assets.core.dedup.unit_hash import fingerprint64, fingerprint64_units, unit_hash64
 
 SPEC = SignatureSpec(version="minhash.v1")  # the v1 tests below
-V2 = SignatureSpec()
+V2 = SignatureSpec(version="minhash.v2")  # its golden vectors (v3 signs the same)
 BOTH = pytest.mark.parametrize("spec", [SPEC, V2], ids=["v1", "v2"])
 _WORDS = [
     "the",
@@ -213,9 +213,10 @@ def test_v1_fingerprints_are_sha1_prefixes():
 # --- minhash.v2 -----------------------------------------------------------------------------
 
 
-def test_default_spec_is_v2_and_v1_stays_selectable():
-    assert SignatureSpec().version == VERSION == "minhash.v2"
-    texts = _golden_texts()[:10]
+def test_default_spec_is_v3_with_v2_signatures_and_v1_stays_selectable():
+    assert SignatureSpec().version == VERSION == "minhash.v3"
+    texts = [t for t in _golden_texts()[:10] if not is_unspaced(normalise(t))]
+    # v3 segments unspaced scripts into words; on spaced text it signs as v2 does.
     assert np.array_equal(signatures(texts), signatures(texts, SignatureSpec(version="minhash.v2")))
     v1 = signatures(texts, SPEC)
     v2 = signatures(texts)
@@ -515,7 +516,7 @@ def test_spec_payload_and_validation():
     with pytest.raises(ValueError):
         SignatureSpec(num_perm=0)
     with pytest.raises(ValueError):
-        SignatureSpec(version="minhash.v3")
+        SignatureSpec(version="minhash.v4")
 
 
 def test_jaccard_exact():

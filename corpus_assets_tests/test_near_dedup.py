@@ -12,7 +12,7 @@ import pytest
 
 from corpus_assets.core.dedup.clusters import EXACT, KEEP, NEAR, cluster
 from corpus_assets.core.dedup.jaccard import jaccard_sorted
-from corpus_assets.core.dedup.minhash import fingerprints, signatures
+from corpus_assets.core.dedup.minhash import fingerprints, signatures, signatures_and_modes
 from corpus_assets.core.dedup.near_dedup import (
     LshParams,
     RowMajor,
@@ -23,6 +23,7 @@ from corpus_assets.core.dedup.near_dedup import (
 from corpus_assets.core.dedup.near_stage import NearStage
 from corpus_assets.core.dedup.report import NearReport
 from corpus_assets.core.dedup.signature_cache import signature_spec
+from corpus_assets.core.dedup.signature_spec import stores_modes
 from corpus_assets.core.governance.lineage import hits
 from corpus_assets.core.pipeline import BUILDERS, DIRECT_BUILDERS, build_all
 from corpus_assets.core.records.index import RECORD_COLUMNS, CanonicalIndex
@@ -155,6 +156,17 @@ def _records(rows: list[tuple[str, str]], content: str = "prose") -> pa.Table:
     )
 
 
+def near_stage(policy: NearDedupPolicy, texts: list[str], content: dict[str, str]) -> NearStage:
+    """A stage over in-memory signatures (and, from v3 on, the shingle modes)."""
+    spec = signature_spec(policy)
+    if stores_modes(spec):
+        sig, modes = signatures_and_modes(texts, spec)
+    else:
+        sig, modes = signatures(texts, spec), None
+    tmp = Path(tempfile.gettempdir())
+    return NearStage(policy, [RowMajor(sig)], ListTexts(texts), content, tmp, modes)
+
+
 def _cluster(
     rows: list[tuple[str, str]], policy: NearDedupPolicy | None = None
 ) -> tuple[dict[str, dict[str, Any]], NearReport]:
@@ -162,13 +174,7 @@ def _cluster(
     texts = [t for _, t in rows]
     table = _records(rows)
     sources = set(table.column("source_id").to_pylist())
-    stage = NearStage(
-        policy,
-        [RowMajor(signatures(texts, signature_spec(policy)))],
-        ListTexts(texts),
-        {s: "prose" for s in sources},
-        Path(tempfile.gettempdir()),
-    )
+    stage = near_stage(policy, texts, {s: "prose" for s in sources})
     out, report, _ = cluster(table, {s: n for n, s in enumerate(sorted(sources))}, near=stage)
     assert report is not None
     return {r["record_id"]: r for r in out.to_pylist()}, report
@@ -444,11 +450,12 @@ def test_unspaced_scripts_use_character_shingles() -> None:
     for at in (50, 150, 250):
         edited[at] = "\u3042"
     rows = [("s/zh", han + "\u3002"), ("s/zh2", "".join(edited)), ("s/other", han[::-1])]
-    out, _ = _cluster(rows)
+    v2 = NearDedupPolicy(signature="minhash.v2")  # character shingles (v3 segments words)
+    out, _ = _cluster(rows, v2)
     # A text without spaces has one "word": word 5-grams would see nothing in common.
     assert out["s/zh2"]["verdict"] == NEAR and out["s/zh2"]["match_id"] == "s/zh"
     assert out["s/zh2"]["match_jaccard"] == pytest.approx(
-        _shingle_jaccard(han + "\u3002", "".join(edited), NearDedupPolicy())
+        _shingle_jaccard(han + "\u3002", "".join(edited), v2)
     )
     assert out["s/other"]["verdict"] == KEEP
 
@@ -472,14 +479,7 @@ def test_prose_and_code_are_never_compared() -> None:
     rows = [("a/1", text), ("b/1", text + " x"), ("b/2", text + " y")]
     table = _records(rows)
     texts = [t for _, t in rows]
-    policy = NearDedupPolicy()
-    stage = NearStage(
-        policy,
-        [RowMajor(signatures(texts, signature_spec(policy)))],
-        ListTexts(texts),
-        {"a": "prose", "b": "code"},
-        Path(tempfile.gettempdir()),
-    )
+    stage = near_stage(NearDedupPolicy(), texts, {"a": "prose", "b": "code"})
     out, report, _ = cluster(table, {"a": 0, "b": 1}, near=stage)
     verdicts = {r["record_id"]: r["verdict"] for r in out.to_pylist()}
     # a/1 is prose, b/* are code: only the two code records are each other's near duplicates.

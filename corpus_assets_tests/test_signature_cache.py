@@ -3,13 +3,19 @@
 import random
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
 from corpus_assets.core.dedup import shingling, signature_cache
-from corpus_assets.core.dedup.minhash import signatures
-from corpus_assets.core.dedup.signature_cache import BandMajorFile, band_major_npy, write_band_major
+from corpus_assets.core.dedup.minhash import signatures, signatures_and_modes
+from corpus_assets.core.dedup.signature_cache import (
+    BandMajorFile,
+    band_major_npy,
+    load_modes,
+    write_band_major,
+)
 from corpus_assets.core.dedup.signature_spec import SignatureSpec
 
 
@@ -31,26 +37,40 @@ def _parquet(tmp_path: Path, texts: list[str]) -> pq.ParquetFile:
     return pq.ParquetFile(path)
 
 
+def _expected(texts: list[str], spec: SignatureSpec) -> bytes:
+    """The chunk file: the signatures band-major, then (v3) a row of the shingle modes."""
+    if spec.version == "minhash.v2":
+        return band_major_npy(signatures(texts, spec).reshape(len(texts), spec.num_perm))
+    sig, modes = signatures_and_modes(texts, spec)
+    return band_major_npy(np.column_stack([sig, modes.astype(np.uint32)]))
+
+
+@pytest.mark.parametrize("version", ["minhash.v2", "minhash.v3"])
 @pytest.mark.parametrize(("rows", "chars"), [(1 << 12, 1 << 24), (37, 1 << 24), (1000, 500)])
 def test_streamed_signatures_have_the_whole_chunks_bytes(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, rows: int, chars: int
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, rows: int, chars: int, version: str
 ) -> None:
     texts = _texts(700, seed=rows)
-    spec = SignatureSpec(num_perm=16)
+    spec = SignatureSpec(version=version, num_perm=16)
     monkeypatch.setattr(signature_cache, "BATCH_ROWS", rows)
     monkeypatch.setattr(signature_cache, "BATCH_CHARS", chars)
     out = tmp_path / "sig.npy"
     write_band_major(out, _parquet(tmp_path, texts), len(texts), spec)
-    assert out.read_bytes() == band_major_npy(signatures(texts, spec))
+    assert out.read_bytes() == _expected(texts, spec)
     block = BandMajorFile.open(out)
-    assert (block.num_perm, block.records) == (16, 700)
+    assert (block.num_perm, block.records) == (16 + (version == "minhash.v3"), 700)
+    modes = load_modes([block], spec)
+    if version == "minhash.v3":  # text 5 is Japanese: the one unspaced text (and its copies)
+        assert modes is not None and modes[5] and modes.sum() == texts.count(texts[5])
+    else:
+        assert modes is None
 
 
 def test_an_empty_chunk_and_a_wrong_count(tmp_path: Path) -> None:
     spec = SignatureSpec(num_perm=8)
     out = tmp_path / "sig.npy"
     write_band_major(out, _parquet(tmp_path, []), 0, spec)
-    assert out.read_bytes() == band_major_npy(signatures([], spec).reshape(0, 8))
+    assert out.read_bytes() == _expected([], spec)
     with pytest.raises(ValueError, match="3 texts read, 4 expected"):
         write_band_major(out, _parquet(tmp_path, ["a", "b", "c"]), 4, spec)
 

@@ -50,6 +50,10 @@ def _dedup(c: Counts, details: Mapping[str, Any]) -> tuple[dict[str, float], str
         for size, clusters in report.get("cluster_sizes", {}).items():
             key = f"clusters_of_size.{size}"
             series[key] = series.get(key, 0.0) + clusters
+    for row in details.get("near_dedup_by_script") or []:  # per script class (word, char)
+        for name in ("records", "removed"):
+            key = f"{name}.{row['script']}"
+            series[key] = series.get(key, 0.0) + row[name]
     text = (
         f"**{c['kept']:,} kept** of {c['records']:,}: {c['exact_duplicates']:,} exact and "
         f"{c['near_duplicates']:,} near duplicates removed; {c['clusters']:,} clusters, "

@@ -36,6 +36,7 @@ from corpus_assets.core.dedup.partition_db import PartitionDb
 from corpus_assets.core.dedup.report import DedupReport
 from corpus_assets.core.dedup.signature_cache import (
     ensure_signatures,
+    load_modes,
     load_signatures,
     signature_spec,
 )
@@ -127,7 +128,8 @@ def _near_stage(
     arrays = [load_signatures(ws, c, sig_spec) for c in cached]
     content = {s.id: s.content for s in ws.config.sources}
     texts = TextLookup(ws, chunks, verified=True)  # PartitionDb verified the same files
-    near = NearStage(policy, arrays, texts, content, ws.home / "tmp")
+    modes = load_modes(arrays, sig_spec)
+    near = NearStage(policy, arrays, texts, content, ws.home / "tmp", modes)
     refs = [
         {"chunk": c.chunk, "signatures": make_ref(c.digest, NPY, ws.cas.size(c.digest))}
         for c in cached

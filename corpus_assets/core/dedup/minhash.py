@@ -39,6 +39,16 @@ def signatures(texts: Sequence[str], spec: SignatureSpec = DEFAULT_SPEC) -> np.n
     return _run(texts, spec, True, False)[0]
 
 
+def signatures_and_modes(
+    texts: Sequence[str], spec: SignatureSpec = DEFAULT_SPEC
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(signatures(texts, spec), char-mode flag per text as bool)`` in one pass (v2/v3)."""
+    if spec.version == VERSION_V1:
+        raise ValueError("minhash.v1 signatures do not carry shingle modes")
+    modes = np.zeros(len(texts), dtype=bool)
+    return sketch_v2(texts, spec, True, False, modes)[0], modes
+
+
 def fingerprints(texts: Sequence[str], spec: SignatureSpec = DEFAULT_SPEC) -> list[np.ndarray]:
     """Per document its sorted unique uint64 shingle fingerprints (empty text: empty array)."""
     return _run(texts, spec, False, True)[1]

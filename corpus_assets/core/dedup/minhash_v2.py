@@ -25,8 +25,9 @@ from functools import lru_cache
 import numpy as np
 
 from corpus_assets.core.dedup.jaccard import EMPTY_FP, sorted_unique
+from corpus_assets.core.dedup.segment import segment_words
 from corpus_assets.core.dedup.shingling import is_unspaced, normalise
-from corpus_assets.core.dedup.signature_spec import MAX_HASH, SignatureSpec
+from corpus_assets.core.dedup.signature_spec import MAX_HASH, SignatureSpec, segments_unspaced
 from corpus_assets.core.dedup.unit_hash import (
     char_units,
     codepoints,
@@ -146,13 +147,19 @@ class _V2Sink:
 
 
 def sketch_v2(
-    texts: Sequence[str], spec: SignatureSpec, want_sig: bool, want_fp: bool
+    texts: Sequence[str],
+    spec: SignatureSpec,
+    want_sig: bool,
+    want_fp: bool,
+    modes: np.ndarray | None = None,
 ) -> tuple[np.ndarray | None, list[np.ndarray]]:
-    """``(signatures or None, fingerprints or [])`` of the texts under a v2 ``spec``."""
+    """``(signatures or None, fingerprints or [])`` of the texts under a v2/v3 ``spec``;
+    ``modes``, if given, receives each text's char-mode flag (the empty text: word mode)."""
     sink = _V2Sink(len(texts), spec, want_sig, want_fp)
     limit = _BLOCK_CODEPOINTS
     pending: dict[bool, tuple[list[int], list[str]]] = {False: ([], []), True: ([], [])}
     size = 0
+    segmented = segments_unspaced(spec)
 
     def flush() -> None:
         for unspaced, (rows, norms) in pending.items():
@@ -167,6 +174,10 @@ def sketch_v2(
         if not norm:
             continue
         unspaced = is_unspaced(norm)
+        if modes is not None:
+            modes[i] = unspaced
+        if unspaced and segmented:  # v3: ICU words, shingled as word mode
+            norm, unspaced = segment_words(norm), False
         if len(norm) > limit:
             n = spec.shingle_chars if unspaced else spec.shingle_words
             sink.add_long_document(i, norm, unspaced, n, limit)

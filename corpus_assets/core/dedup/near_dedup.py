@@ -13,7 +13,8 @@ or dropped, the direct match that justified a drop and its Jaccard, and the veri
   member. A template bucket of u records costs at most ``u x bucket_heads`` pairs instead of
   ``u(u-1)/2``; the pairs not examined are counted and reported, because a cap changes recall.
 - **Verification** computes the exact Jaccard of the two shingle-fingerprint sets; an LSH
-  collision alone never deletes anything.
+  collision alone never deletes anything. A pair needs ``threshold``, or with per-record
+  ``thresholds`` (one per shingle mode, :mod:`.near_rule`) the larger of its two records'.
 - **Deletion (algorithm 18.1)** scans records in total order. A record is dropped only when a
   candidate that is *kept* directly reaches ``threshold``; its direct match is the first such
   candidate in total order. Kept records may still be linked through dropped ones (the chapter's
@@ -257,13 +258,15 @@ def near_dedup(
     fingerprints: Callable[[np.ndarray], list[np.ndarray]],
     jaccard: Callable[[np.ndarray, np.ndarray], float],
     prefetch: Callable[[np.ndarray], None] | None = None,
+    thresholds: np.ndarray | None = None,
 ) -> NearResult:
     """Algorithm 18.1 over LSH candidates; see the module docstring.
 
     ``fingerprints(ranks)`` returns the sorted-unique shingle fingerprints of the records at
     those ranks (only records that share a bucket are asked for, a window at a time);
     ``prefetch``, if given, first receives every rank that will be asked for, ascending, once;
-    ``jaccard`` compares two.
+    ``jaccard`` compares two; ``thresholds``, if given, is each rank's threshold (a pair needs
+    the larger of its two), else every pair needs ``params.threshold``.
     """
     n = len(order)
     pairs, band_stats = candidate_pairs(signature_chunks, order, params)
@@ -282,9 +285,11 @@ def near_dedup(
     groups = UnionFind(n)
     alive = bytearray(b"\x01") * n  # kept flags as a bytearray: cheap to index in the loop
     tau = params.threshold
+    taus = thresholds.tolist() if thresholds is not None else None
     bounds = np.flatnonzero(np.r_[True, xs[1:] != xs[:-1], True]).tolist()
     for lo, hi in pairwise(bounds):
         x = int(xs[lo])
+        tau_x = tau if taus is None else taus[x]
         prints.before(x)
         fx = prints.live[x]
         direct = -1
@@ -294,7 +299,7 @@ def near_dedup(
                 continue
             j = jaccard(fx, prints.live[y])
             result.verified_pairs += 1
-            if j >= tau:
+            if j >= (tau_x if taus is None else max(tau_x, taus[y])):
                 groups.union(x, y)
                 result.edges.append((x, y, j))
                 if direct < 0 and alive[y]:

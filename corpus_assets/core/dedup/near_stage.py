@@ -3,6 +3,8 @@
 A class is (record kind x content kind): prose is never compared with code, nor documents with
 chats. Each run bands the cached signatures, verifies candidates with the exact Jaccard of
 spilled fingerprints (see :mod:`corpus_assets.core.dedup.near_dedup`) and reports what it did.
+With ``minhash.v3`` each record's shingle mode (from the signature files) picks its threshold
+(:mod:`.near_rule`), and the report counts records and removals per script class.
 """
 
 from collections import Counter
@@ -22,6 +24,7 @@ from corpus_assets.core.dedup.near_dedup import (
     near_dedup,
     s_curve,
 )
+from corpus_assets.core.dedup.near_rule import CHAR, WORD, ScriptThresholds
 from corpus_assets.core.dedup.partition_db import RecordCodes
 from corpus_assets.core.dedup.report import (
     BandTotals,
@@ -29,11 +32,12 @@ from corpus_assets.core.dedup.report import (
     ClassReport,
     LshSettings,
     NearReport,
+    ScriptRow,
     SCurvePoint,
     size_histogram,
 )
 from corpus_assets.core.dedup.signature_cache import signature_spec
-from corpus_assets.core.dedup.signature_spec import spec_payload
+from corpus_assets.core.dedup.signature_spec import spec_payload, stores_modes
 from corpus_assets.core.runtime.config import NearDedupPolicy
 
 
@@ -47,9 +51,17 @@ class NearStage:
         texts: TextLookup,
         content_of: dict[str, str],
         tmp: Path,
+        modes: np.ndarray | None = None,
     ) -> None:
+        """``modes``: each record's char-mode flag (bool, by row), for a v3 spec."""
         self.policy = policy
         self.spec = signature_spec(policy)
+        if stores_modes(self.spec) and modes is None:
+            raise ValueError(f"{policy.signature} needs each record's shingle mode")
+        self.modes = modes
+        self.thresholds = ScriptThresholds.for_version(
+            policy.signature, policy.threshold, policy.char_threshold
+        )
         self.chunks = signature_chunks
         self.texts = texts
         self.content_of = content_of
@@ -69,11 +81,12 @@ class NearStage:
         return _joined(self._matches)
 
     def run(self, records: RecordCodes, eligible: np.ndarray) -> NearReport:
-        classes, buckets = {}, []
+        classes, buckets, scripts = {}, [], []
         for name, order in self._classes(records, eligible).items():
             result = self._run_class(order)
             classes[name] = _class_report(result, len(order))
             buckets += [BucketStats(class_name=name, **asdict(b)) for b in result.bands]
+            scripts += self._script_rows(name, result, order)
             self._collect(result, order)
         params = self.params
         return NearReport(
@@ -91,6 +104,7 @@ class NearStage:
             ],
             classes=classes,
             bucket_stats=buckets,
+            near_dedup_by_script=scripts,
         )
 
     def _classes(self, records: RecordCodes, eligible: np.ndarray) -> dict[str, np.ndarray]:
@@ -107,12 +121,35 @@ class NearStage:
 
     def _run_class(self, order: np.ndarray) -> NearResult:
         prints = SpilledFingerprints(self.texts, self.spec, order, self.tmp)
+        taus = None  # one threshold for the class: the scan's plain (faster) comparison
+        t = self.thresholds
+        if self.modes is not None and t.char != t.word and self.modes[order].any():
+            taus = t.by_rank(self.modes[order])
         try:
             return near_dedup(
-                self.chunks, order, self.params, prints, jaccard_sorted, prints.prefetch
+                self.chunks, order, self.params, prints, jaccard_sorted, prints.prefetch, taus
             )
         finally:
             prints.close()
+
+    def _script_rows(self, name: str, result: NearResult, order: np.ndarray) -> list[ScriptRow]:
+        """Records, removals and threshold per script class of one class run."""
+        if self.modes is None:
+            split = [("all", np.ones(len(order), dtype=bool), self.thresholds.word)]
+        else:
+            char = self.modes[order]
+            split = [(WORD, ~char, self.thresholds.word), (CHAR, char, self.thresholds.char)]
+        return [
+            ScriptRow(
+                class_name=name,
+                script=script,
+                records=int(mask.sum()),
+                removed=int((mask & ~result.kept).sum()),
+                threshold=str(threshold),
+            )
+            for script, mask, threshold in split
+            if mask.any()
+        ]
 
     def _collect(self, result: NearResult, order: np.ndarray) -> None:
         """Map a class run's ranks back to partition rows."""

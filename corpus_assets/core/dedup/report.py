@@ -62,6 +62,18 @@ class BucketStats(_Document):
     pairs_skipped_by_cap: int
 
 
+class ScriptRow(_Document):
+    """One script class (shingle mode) of one near-dedup class: its records, how many were
+    removed and the threshold they needed. ``script`` is ``word`` or ``char`` (minhash.v3),
+    ``all`` for versions whose signatures carry no modes (one threshold for both)."""
+
+    class_name: str = Field(alias="class")
+    script: str
+    records: int
+    removed: int
+    threshold: str  # decimal text
+
+
 class NearReport(_Document):
     signature: dict[str, Any]  # the signature spec payload, as hashed into the cache keys
     band_key: str
@@ -69,6 +81,7 @@ class NearReport(_Document):
     s_curve: list[SCurvePoint]
     classes: dict[str, ClassReport]
     bucket_stats: list[BucketStats]
+    near_dedup_by_script: list[ScriptRow] = []
 
 
 class DedupReport(_Document):

@@ -14,13 +14,17 @@ yields one shingle of all its units (so a short document still has a non-empty s
 (or all-whitespace) text yields none. Shingles are a set: duplicates are dropped, first
 occurrence order kept. As text a shingle is its units joined by ``" "`` (word mode) or by
 ``""`` (char mode), i.e. a substring of the normalised text.
+
+From ``minhash.v3`` on an unspaced text is not char mode: its normalised text is cut into ICU
+words (:func:`.segment.segment_words`, joined by single spaces) and shingled as word mode.
 """
 
 import re
 import unicodedata
 from collections.abc import Sequence
 
-from corpus_assets.core.dedup.signature_spec import DEFAULT_SPEC, SignatureSpec
+from corpus_assets.core.dedup.segment import segment_words
+from corpus_assets.core.dedup.signature_spec import DEFAULT_SPEC, SignatureSpec, segments_unspaced
 
 _UNSPACED_BLOCKS = (
     "\u0e00-\u0e7f\u0e80-\u0eff\u0f00-\u0fff\u1000-\u109f\u1780-\u17ff"
@@ -94,6 +98,8 @@ def _units(text: str, spec: SignatureSpec) -> tuple[Sequence[str], int, bool]:
     if not norm:
         return [], spec.shingle_words, False
     if is_unspaced(norm):
+        if segments_unspaced(spec):
+            return segment_words(norm).split(" "), spec.shingle_words, True
         return norm, spec.shingle_chars, True
     return norm.split(" "), spec.shingle_words, False
 
@@ -113,7 +119,10 @@ def shingles(text: str, spec: SignatureSpec = DEFAULT_SPEC) -> list[bytes]:
     norm = normalise(text)
     if not norm:
         return []
-    if is_unspaced(norm):
+    unspaced = is_unspaced(norm)
+    if unspaced and segments_unspaced(spec):
+        norm, unspaced = segment_words(norm), False
+    if unspaced:
         n = spec.shingle_chars
         if len(norm) < n:
             return [norm.encode()]

@@ -6,8 +6,10 @@ the ``.npy`` layout and the reader of the texts): the same records under the sam
 are never hashed twice, whichever snapshot asks, and a crash mid-layer resumes with the chunks
 already done. The output is an ``.npy`` file in the CAS holding the uint32 signatures
 *band-major* - shape (num_perm, records), one row per permutation - so a band is one contiguous
-byte range. It is verified once on load; banding then reads one band's rows at a time with a
-plain file read (no memory map whose pages would stay resident), never holding every signature.
+byte range. From ``minhash.v3`` on one more row follows: each record's shingle mode (1 char,
+0 word), which near-dedup needs for the threshold of its script class. It is verified once on
+load; banding then reads one band's rows at a time with a plain file read (no memory map whose
+pages would stay resident), never holding every signature.
 
 A chunk is hashed a batch of records at a time and its file written in place (each batch's
 columns at their band-major offsets), so a worker holds one batch, not the chunk's texts and
@@ -27,8 +29,8 @@ from typing import Any
 import numpy as np
 import pyarrow.parquet as pq
 
-from corpus_assets.core.dedup.minhash import signatures
-from corpus_assets.core.dedup.signature_spec import SignatureSpec, spec_payload
+from corpus_assets.core.dedup.minhash import signatures, signatures_and_modes
+from corpus_assets.core.dedup.signature_spec import SignatureSpec, spec_payload, stores_modes
 from corpus_assets.core.records.index import ChunkRecords
 from corpus_assets.core.runtime.code_identity import code_identity
 from corpus_assets.core.runtime.config import NearDedupPolicy
@@ -38,6 +40,11 @@ from corpus_assets.core.storage.tasks import ChunkOutcome, ChunkTask, preload, r
 
 LAYER = "dedup_signatures"
 _IDENTITY = code_identity(__name__)  # hashed at import, from the source this process loaded
+
+
+def file_rows(spec: SignatureSpec) -> int:
+    """Rows of a chunk's band-major file: the permutations, then the modes from v3 on."""
+    return spec.num_perm + stores_modes(spec)
 
 
 def signature_spec(policy: NearDedupPolicy) -> SignatureSpec:
@@ -107,6 +114,11 @@ class BandMajorFile:
         data = np.fromfile(self.path, dtype="<u4", count=count, offset=start)
         return data.reshape(rows, self.records)
 
+    def row(self, index: int) -> np.ndarray:
+        """One whole row (a permutation's values, or the mode row of a v3 file)."""
+        start = self.offset + index * self.records * 4
+        return np.fromfile(self.path, dtype="<u4", count=self.records, offset=start)
+
 
 BATCH_ROWS = 4096  # records hashed at a time ...
 BATCH_CHARS = 1 << 24  # ... or about this much text (code files can be long)
@@ -117,8 +129,9 @@ def write_band_major(
     path: Path, parquet: pq.ParquetFile, records: int, spec: SignatureSpec
 ) -> None:
     """``band_major_npy(signatures(texts, spec))`` of the file's ``text`` column, at ``path``,
-    a batch of records at a time; each distinct text hashed once."""
-    perms = spec.num_perm
+    a batch of records at a time; each distinct text hashed once. A v3 file has one more row,
+    the records' shingle modes (:func:`file_rows`)."""
+    perms = file_rows(spec)
     with open(path, "w+b") as f:
         header = {"descr": "<u4", "fortran_order": False, "shape": (perms, records)}
         np.lib.format.write_array_header_1_0(f, header)
@@ -138,7 +151,7 @@ def write_band_major(
                     copies.append((start + i, row))
             block = np.zeros((perms, len(texts)), dtype="<u4")
             if fresh:
-                block[:, fresh] = signatures([texts[i] for i in fresh], spec).T
+                block[:, fresh] = _hashed([texts[i] for i in fresh], spec)
             for p in range(perms):
                 os.pwrite(fd, block[p].tobytes(), offset + (p * records + start) * 4)
             start += len(texts)
@@ -147,6 +160,14 @@ def write_band_major(
         _copy_columns(fd, offset, records, perms, copies)
         f.flush()
         os.fsync(fd)
+
+
+def _hashed(texts: list[str], spec: SignatureSpec) -> np.ndarray:
+    """The file's columns of the texts: (file_rows(spec), len(texts)) uint32."""
+    if not stores_modes(spec):
+        return signatures(texts, spec).T
+    sig, modes = signatures_and_modes(texts, spec)
+    return np.vstack([sig.T, modes[None, :].astype(np.uint32)])
 
 
 def _copy_columns(fd: int, offset: int, records: int, perms: int, copies: list) -> None:
@@ -220,9 +241,17 @@ def load_signatures(ws: Workspace, item: ChunkSignatures, spec: SignatureSpec) -
     what = f"MinHash signatures of chunk {item.chunk}"
     ws.cas.verify(item.digest, what)
     block = BandMajorFile.open(ws.cas.path(item.digest))
-    if (block.num_perm, block.records) != (spec.num_perm, item.records):
+    if (block.num_perm, block.records) != (file_rows(spec), item.records):
         raise ValueError(
             f"{what} ({item.digest}) holds {block.num_perm} x {block.records} values, "
-            f"expected {spec.num_perm} x {item.records}"
+            f"expected {file_rows(spec)} x {item.records}"
         )
     return block
+
+
+def load_modes(blocks: list[BandMajorFile], spec: SignatureSpec) -> np.ndarray | None:
+    """Each record's char-mode flag (bool, blocks end to end) from v3 files; None before v3."""
+    if not stores_modes(spec):
+        return None
+    rows = [block.row(spec.num_perm).astype(bool) for block in blocks]
+    return np.concatenate(rows) if rows else np.zeros(0, dtype=bool)

@@ -117,21 +117,23 @@ class Limits(_Strict):
     max_ratio: Annotated[int, Field(ge=2)] = 1000
 
 
+_Fraction = Annotated[Decimal, Field(gt=0, le=1, strict=False, allow_inf_nan=False)]
+
+
 class NearDedupPolicy(_Strict):
     """MinHash/LSH near-dedup: every field changes which records survive, so all are hashed."""
 
     enabled: bool = True
-    signature: Literal["minhash.v2", "minhash.v1"] = "minhash.v2"
+    signature: Literal["minhash.v3", "minhash.v2", "minhash.v1"] = "minhash.v3"
     num_perm: Annotated[int, Field(ge=8, le=1024)] = 128
     seed: Annotated[int, Field(ge=0)] = 1
     shingle_words: Annotated[int, Field(ge=1, le=64)] = 5
     shingle_chars: Annotated[int, Field(ge=1, le=64)] = 5
     bands: Annotated[int, Field(ge=1)] = 16
     rows: Annotated[int, Field(ge=1)] = 8
-    # A decimal, not a float: it is hashed into the policy digest as its exact text ("0.8").
-    threshold: Annotated[Decimal, Field(gt=0, le=1, strict=False, allow_inf_nan=False)] = Decimal(
-        "0.8"
-    )
+    # Decimals, not floats: hashed into the policy digest as their exact text ("0.8").
+    threshold: _Fraction = Decimal("0.8")
+    char_threshold: _Fraction | None = None  # v3: unspaced-script pairs' own (dedup/near_rule)
     bucket_heads: Annotated[int, Field(ge=1, le=4096)] = 32
 
     @model_validator(mode="after")
@@ -141,6 +143,10 @@ class NearDedupPolicy(_Strict):
                 f"bands x rows = {self.bands} x {self.rows} = {self.bands * self.rows}, "
                 f"but num_perm is {self.num_perm}; they must be equal"
             )
+        if self.char_threshold is not None and self.signature != "minhash.v3":
+            raise ValueError(f"char_threshold needs signature minhash.v3, not {self.signature}")
+        if (self.char_threshold or self.threshold) < self.threshold:
+            raise ValueError(f"char_threshold {self.char_threshold} is below threshold")
         return self
 
 
