@@ -13,7 +13,11 @@ import pytest
 from corpus_assets.core.records.contamination_tokens import fold
 from corpus_assets.core.records.contamination_v2 import TokenPolicy, reference_match
 from corpus_assets.core.records.contamination_v2_index import TokenIndex
-from corpus_assets.core.records.contamination_windows import windows
+from corpus_assets.core.records.contamination_windows import (
+    _folded_pieces,
+    folded_windows,
+    windows,
+)
 
 POLICY = TokenPolicy(ngram_words=5, ngram_chars=8, min_whole_tokens=2, min_whole_chars=3)
 ITEMS = [
@@ -93,3 +97,14 @@ def test_windowed_matching_agrees_with_unwindowed_on_random_texts(index: TokenIn
         assert index._windowed(text, 2) == index._windowed(text, BIG)
     for text, match in zip(texts[:60], whole[:60], strict=True):
         assert reference_match(ITEMS, text, POLICY) == match
+
+
+def test_folding_in_pieces_equals_folding_the_whole() -> None:
+    rng = random.Random(7)
+    alphabet = "aZ e\u0301\u0308ﬁ①Ｆ天가\u1161\u11a8ΣσςẞǅÅ\u0327 ,.\n"
+    for _ in range(200):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 80)))
+        for size in (1, 3, 10):
+            assert "".join(_folded_pieces(text, size)) == fold(text)
+            parts = list(folded_windows(text, size, POLICY.ngram_words, POLICY.ngram_chars))
+            assert parts == [fold(text)[lo:hi] for lo, hi in windows(fold(text), size, 5, 8)]

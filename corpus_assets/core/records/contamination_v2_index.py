@@ -5,10 +5,11 @@ postings, screening bitmap): ``word`` (token n-grams of long spaced items), ``ch
 n-grams of long unspaced items), and for short items checked whole, ``word_head`` /
 ``char_head``: the hash of the item's first ``min_whole_tokens`` tokens (``min_whole_chars``
 letters), so one extra window size finds every place a short item could start. Records are
-tokenised a batch at a time (:mod:`.contamination_tokens`) and every window of a table's size
-is probed; each hit is confirmed on the real strings (n-gram set membership, or the whole item
-at that position), so the hash decides nothing: a collision costs a comparison, and an equal
-string always has the equal hash, so nothing is missed.
+tokenised a batch at a time (:mod:`.contamination_tokens`; a text longer than ``WINDOW_CHARS``
+alone, in overlapping windows: :mod:`.contamination_windows`) and every window of a table's
+size is probed; each hit is confirmed on the real strings (n-gram set membership, or the whole
+item at that position), so the hash decides nothing: a collision costs a comparison, and an
+equal string always has the equal hash, so nothing is missed.
 """
 
 import unicodedata
@@ -21,7 +22,6 @@ from corpus_assets.core.records.contamination import PPM, Match
 from corpus_assets.core.records.contamination_stream import Stream, batches
 from corpus_assets.core.records.contamination_tables import NgramTable, _checked_pairs
 from corpus_assets.core.records.contamination_tokens import (
-    fold,
     letter_stream,
     single_stream,
     token_stream,
@@ -36,8 +36,8 @@ from corpus_assets.core.records.contamination_v2 import (
 )
 from corpus_assets.core.records.contamination_windows import (
     WINDOW_CHARS,
+    folded_windows,
     holds_unspaced,
-    windows,
 )
 from corpus_assets.core.storage.digests import json_digest, sha256_digest
 
@@ -143,6 +143,8 @@ class TokenIndex:
         """Per text, the best confirmed match (highest containment, ties: smallest item id); a
         text longer than ``window`` characters is screened in windows (same result)."""
         results: list[Match | None] = [None] * len(texts)
+        if not self.tables:
+            return results
         short = [i for i, text in enumerate(texts) if len(text) <= window]
         for lo, hi in batches([texts[i] for i in short]):
             batch = short[lo:hi]
@@ -163,12 +165,11 @@ class TokenIndex:
     def _windowed(self, text: str, window: int) -> dict[tuple[int, int], set[str] | None]:
         """The evidence of one long text, gathered window by window (n-grams seen twice in an
         overlap count once: the shared sets are unioned)."""
-        folded = fold(text)
-        every = holds_unspaced(folded, window)
+        every = holds_unspaced(text, window)
         evidence: dict[tuple[int, int], set[str] | None] = {}
         p = self.policy
-        for lo, hi in windows(folded, window, p.ngram_words, p.ngram_chars):
-            stream = token_stream([folded[lo:hi]], folded=True)
+        for part in folded_windows(text, window, p.ngram_words, p.ngram_chars):
+            stream = token_stream([part], folded=True)
             for key, seen in self._evidence(stream, every=every).items():
                 if key not in evidence or seen is None:
                     evidence[key] = seen
