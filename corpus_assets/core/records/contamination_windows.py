@@ -18,7 +18,7 @@ from corpus_assets.core.records.contamination_stream import _code_points
 from corpus_assets.core.records.contamination_tokens import fold
 from corpus_assets.core.records.contamination_v2 import unspaced_table, word_table
 
-WINDOW_CHARS = 1 << 20  # a longer (folded) text is screened in windows of about this size
+WINDOW_CHARS = 1 << 18  # a longer text is screened in windows of about this size (a batch)
 _NON_WORD = re.compile(r"\W")  # the complement of ``word_table`` (built from ``\w``)
 _SAFE = re.compile("[\x00-\x7f\u4e00-\u9fff]")  # safe places to fold a text in pieces
 _TAIL = 256
