@@ -19,10 +19,11 @@ from corpus_assets.core.records.contamination_v2 import (
 from corpus_assets.core.records.contamination_v2 import normalise, unspaced_table, word_table
 
 
-def token_stream(texts: Sequence[str]) -> Stream:
-    """NFKC + casefold per text, then every ``\\w`` character kept and every run of other
-    characters in front of one replaced by one space (the text's separator included)."""
-    parts = [_fold(t) for t in texts]
+def token_stream(texts: Sequence[str], folded: bool = False) -> Stream:
+    """NFKC + casefold per text (unless ``folded``: already done, see :func:`fold`), then every
+    ``\\w`` character kept and every run of other characters in front of one replaced by one
+    space (the text's separator included)."""
+    parts = list(texts) if folded else [fold(t) for t in texts]
     codes = _code_points(" " + " ".join(parts) + " ")
     word = word_table()[codes]
     keep = word.copy()
@@ -34,7 +35,7 @@ def token_stream(texts: Sequence[str]) -> Stream:
     return Stream.of(out, off)
 
 
-def _fold(text: str) -> str:
+def fold(text: str) -> str:
     """NFKC + casefold; on ASCII (most records) NFKC is the identity and casefold is lower."""
     if text.isascii():
         return text.lower()
@@ -51,21 +52,22 @@ def single_stream(text: str) -> Stream:
     return Stream.of(_code_points(" " + normalised), np.array([0, len(normalised) + 1]))
 
 
-def letter_stream(stream: Stream) -> Stream | None:
+def letter_stream(stream: Stream, every: bool = False) -> Stream | None:
     """The word characters only of the texts holding an unspaced-script character (the others
     are left empty: an unspaced item's letter n-grams are matched only in such texts); None
-    when no text holds one. Each chosen text keeps its one leading space, so windows that
-    cross texts stay detectable."""
+    when no text holds one. ``every``: all texts chosen (windows of a text that holds one).
+    Each chosen text keeps its one leading space, so windows that cross texts stay detectable."""
     out, off = stream.out, stream.off
-    if out.dtype == np.uint8:  # ASCII only
-        return None
-    high = (out >= _FIRST_UNSPACED).nonzero()[0]
-    marked = high[unspaced_table()[out[high]]]
-    if not marked.size:
-        return None
     lengths = np.diff(off)
-    chosen_texts = np.zeros(lengths.size, dtype=bool)
-    chosen_texts[np.searchsorted(off, marked, side="right") - 1] = True
+    chosen_texts = np.full(lengths.size, every)
+    if not every:
+        if out.dtype == np.uint8:  # ASCII only
+            return None
+        high = (out >= _FIRST_UNSPACED).nonzero()[0]
+        marked = high[unspaced_table()[out[high]]]
+        if not marked.size:
+            return None
+        chosen_texts[np.searchsorted(off, marked, side="right") - 1] = True
     chosen = chosen_texts.repeat(lengths)
     inner = (out != 32) & chosen
     lead = off[:-1][lengths > 0]

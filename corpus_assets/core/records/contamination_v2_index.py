@@ -5,10 +5,11 @@ postings, screening bitmap): ``word`` (token n-grams of long spaced items), ``ch
 n-grams of long unspaced items), and for short items checked whole, ``word_head`` /
 ``char_head``: the hash of the item's first ``min_whole_tokens`` tokens (``min_whole_chars``
 letters), so one extra window size finds every place a short item could start. Records are
-tokenised a batch at a time (:mod:`.contamination_tokens`) and every window of a table's size
-is probed; each hit is confirmed on the real strings (n-gram set membership, or the whole item
-at that position), so the hash decides nothing: a collision costs a comparison, and an equal
-string always has the equal hash, so nothing is missed.
+tokenised a batch at a time (:mod:`.contamination_tokens`; a text longer than ``WINDOW_CHARS``
+alone, in overlapping windows: :mod:`.contamination_windows`) and every window of a table's
+size is probed; each hit is confirmed on the real strings (n-gram set membership, or the whole
+item at that position), so the hash decides nothing: a collision costs a comparison, and an
+equal string always has the equal hash, so nothing is missed.
 """
 
 import unicodedata
@@ -32,6 +33,11 @@ from corpus_assets.core.records.contamination_v2 import (
     TokenPolicy,
     ngrams,
     plan,
+)
+from corpus_assets.core.records.contamination_windows import (
+    WINDOW_CHARS,
+    folded_windows,
+    holds_unspaced,
 )
 from corpus_assets.core.storage.digests import json_digest, sha256_digest
 
@@ -133,34 +139,77 @@ class TokenIndex:
                 hs.append(keep)
                 its.append(np.full(keep.size, lo + r, dtype=np.int32))
 
-    def match_many(self, texts: Sequence[str]) -> list[Match | None]:
-        """Per text, the best confirmed match (highest containment, ties: smallest item id)."""
-        results: list[Match | None] = []
-        for lo, hi in batches(texts):
-            results.extend(self._match_batch(texts[lo:hi]))
-        return results
-
-    def _match_batch(self, texts: Sequence[str]) -> list[Match | None]:
+    def match_many(self, texts: Sequence[str], window: int = WINDOW_CHARS) -> list[Match | None]:
+        """Per text, the best confirmed match (highest containment, ties: smallest item id); a
+        text longer than ``window`` characters is screened in windows (same result)."""
         results: list[Match | None] = [None] * len(texts)
         if not self.tables:
             return results
+        short = [i for i, text in enumerate(texts) if len(text) <= window]
+        for lo, hi in batches([texts[i] for i in short]):
+            batch = short[lo:hi]
+            found = self._evidence(self._stream([texts[i] for i in batch]))
+            for r, match in enumerate(self._best(found, len(batch))):
+                results[batch[r]] = match
+        for i, text in enumerate(texts):
+            if len(text) > window:
+                results[i] = self._best(self._windowed(text, window), 1)[0]
+        return results
+
+    @staticmethod
+    def _stream(texts: list[str]) -> Stream:
         if len(texts) == 1 and len(texts[0]) < _SINGLE_CHARS:
-            stream = single_stream(texts[0])
-        else:
-            stream = token_stream(texts)
-        streams: dict[str, Stream | None] = {"word": stream}
-        best: dict[int, tuple[int, int, int]] = {}  # record -> (-ppm, item, shared)
+            return single_stream(texts[0])  # fewer numpy calls for one short text
+        return token_stream(texts)
+
+    def _windowed(self, text: str, window: int) -> dict[tuple[int, int], set[str] | None]:
+        """The evidence of one long text, gathered window by window (n-grams seen twice in an
+        overlap count once: the shared sets are unioned)."""
+        every = holds_unspaced(text, window)
+        evidence: dict[tuple[int, int], set[str] | None] = {}
+        p = self.policy
+        for part in folded_windows(text, window, p.ngram_words, p.ngram_chars):
+            stream = token_stream([part], folded=True)
+            for key, seen in self._evidence(stream, every=every).items():
+                if key not in evidence or seen is None:
+                    evidence[key] = seen
+                elif evidence[key] is not None:
+                    evidence[key] |= seen
+        return evidence
+
+    def _evidence(
+        self, stream: Stream, every: bool = False
+    ) -> dict[tuple[int, int], set[str] | None]:
+        """(record, item) -> the item's n-grams the record shares (None: the whole item found).
+        ``every``: the letter stream is built (windows of a text holding an unspaced letter)."""
+        evidence: dict[tuple[int, int], set[str] | None] = {}
+        letters: Stream | None = None
+        built = False
         for name, table in self.tables.items():
             spec = self.specs[name]
-            if spec.kind not in streams:
-                streams[spec.kind] = letter_stream(stream)
-            source = streams[spec.kind]
-            if source is None:  # no text of the batch holds an unspaced-script character
-                continue
-            for r, item, ppm, shared in self._hits(source, table, spec):
-                key = (-ppm, item, shared)
-                if r not in best or key < best[r]:
-                    best[r] = key
+            source = stream
+            if spec.kind == "char":
+                if not built:
+                    letters, built = letter_stream(stream, every=every), True
+                if letters is None:  # no text of the batch holds an unspaced-script character
+                    continue
+                source = letters
+            for r, item, seen in self._hits(source, table, spec):
+                evidence[(r, item)] = seen
+        return evidence
+
+    def _best(
+        self, evidence: dict[tuple[int, int], set[str] | None], count: int
+    ) -> list[Match | None]:
+        """Per record, the match of highest containment (ties: smallest item index)."""
+        best: dict[int, tuple[int, int, int]] = {}  # record -> (-ppm, item, shared)
+        for (r, item), seen in evidence.items():
+            shared = 0 if seen is None else len(seen)
+            ppm = PPM if seen is None else shared * PPM // int(self.sizes[item])
+            key = (-ppm, item, shared)
+            if r not in best or key < best[r]:
+                best[r] = key
+        results: list[Match | None] = [None] * count
         for r, (neg_ppm, item, shared) in best.items():
             whole = int(self.hows[item]) == WHOLE
             results[r] = Match(self.ids[item], -neg_ppm, shared=shared, whole=whole)
@@ -168,13 +217,13 @@ class TokenIndex:
 
     def _hits(
         self, stream: Stream, table: NgramTable, spec: _Table
-    ) -> list[tuple[int, int, int, int]]:
-        """Confirmed (record, item, containment ppm, shared n-grams) of one table."""
+    ) -> list[tuple[int, int, set[str] | None]]:
+        """Confirmed (record, item, shared n-grams; None for a whole item) of one table."""
         h, spans = stream.windows(spec.kind, spec.n)
-        windows, keys = table.probe(h)
-        if not windows.size:
+        windows_, keys = table.probe(h)
+        if not windows_.size:
             return []
-        start, end = spans(windows)
+        start, end = spans(windows_)
         ok, rec = stream.valid(start, end)
         start, end, rec, keys = start[ok], end[ok], rec[ok], keys[ok]
         lengths = table.ptr[keys + 1] - table.ptr[keys]
@@ -200,14 +249,14 @@ class TokenIndex:
             text = texts[r]
             if spec.head:
                 if self._whole_at(text, starts[lo:hi], item, spec.kind):
-                    confirmed.append((r, item, PPM, 0))
+                    confirmed.append((r, item, None))
                 continue
             if item not in grams:
                 grams[item] = ngrams(self.texts[item], spec.kind, spec.n)
             seen = {text[a:b] for a, b in zip(starts[lo:hi], ends[lo:hi], strict=True)}
-            shared = len(seen & grams[item])
+            shared = seen & grams[item]
             if shared:
-                confirmed.append((r, item, shared * PPM // int(self.sizes[item]), shared))
+                confirmed.append((r, item, shared))
         return confirmed
 
     def _whole_at(self, text: str, positions: list[int], item: int, kind: str) -> bool:

@@ -18,8 +18,8 @@ class QualityConfig(Strict):
     floats. Defaults keep everything a sane parser produces."""
 
     min_chars: Annotated[int, Field(ge=0)] = 1
-    # bounded: one record at the limit costs ~50x its UTF-8 size in its worker while the row
-    # stages run, most of it the benchmark screen (bench/max_chars_memory.py, README)
+    # bounded: one record at the limit costs up to ~23x its UTF-8 size in its worker while the
+    # row stages run (the v2 benchmark screen, windowed, ~15 MB; v1 ~42x): max_chars_memory.py
     max_chars: Annotated[int, Field(ge=1, le=MAX_CHARS_LIMIT)] = 1_000_000
     max_symbol_ratio_ppm: Annotated[int, Field(ge=0, le=1_000_000)] = 1_000_000
     min_alpha_ratio_ppm: Annotated[int, Field(ge=0, le=1_000_000)] = 0
