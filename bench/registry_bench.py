@@ -29,7 +29,6 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import psycopg2
 from sqlalchemy import insert
 
 from corpus_assets import cli_benchmarks
@@ -37,9 +36,8 @@ from corpus_assets.cli_benchmarks import read_items
 from corpus_assets.core.governance import benchmarks, gate
 from corpus_assets.core.storage.cas import ContentStore
 from corpus_assets.core.storage.catalog import Catalog, benchmark_items
-
-PG_ADMIN = "host=127.0.0.1 port=5432 user=postgres dbname=postgres"
-PG_URL = "postgresql+psycopg2://postgres@127.0.0.1:5432"
+from corpus_assets_tests.conftest import PG_URL
+from corpus_assets_tests.conftest import _admin as admin  # the tests' own database admin
 
 
 def per_row(catalog: Catalog, name: str, items: list[benchmarks.BenchmarkItem]) -> int:
@@ -63,23 +61,13 @@ def per_row(catalog: Catalog, name: str, items: list[benchmarks.BenchmarkItem]) 
     return seq
 
 
-def _admin(sql: str) -> None:
-    connection = psycopg2.connect(PG_ADMIN, connect_timeout=5)
-    connection.autocommit = True
-    try:
-        with connection.cursor() as cursor:
-            cursor.execute(sql)
-    finally:
-        connection.close()
-
-
 @contextmanager
 def fresh_catalog(backend: str, tmp: Path, aliases: int) -> Iterator[Catalog]:
     if backend == "sqlite":
         url = f"sqlite:///{tmp / f'{uuid.uuid4().hex}.sqlite'}"
     else:
         name = f"registry_bench_{uuid.uuid4().hex[:10]}"
-        _admin(f'CREATE DATABASE "{name}"')
+        admin(f'CREATE DATABASE "{name}"')
         url = f"{PG_URL}/{name}"
     catalog = Catalog(url)
     try:
@@ -89,7 +77,7 @@ def fresh_catalog(backend: str, tmp: Path, aliases: int) -> Iterator[Catalog]:
     finally:
         catalog.dispose()
         if backend == "postgresql":
-            _admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 def timed(run: Callable[[], object]) -> float:
