@@ -28,7 +28,7 @@ HOLDER = textwrap.dedent(
         flag.write_text("running")
         time.sleep(hold)
         return ContentStore(root).put_bytes(b"from the holder")
-    run_chunk(Catalog(url), ContentStore(root), task, work, stale_after=1.0)
+    run_chunk(Catalog(url), ContentStore(root), task, work, stale_after=3.0)
     """
 )
 
@@ -81,10 +81,12 @@ def test_stale_heartbeat_of_another_host_is_taken_over(catalog: Catalog, tmp_pat
 
 def test_live_owner_is_waited_for_and_its_output_reused(catalog: Catalog, tmp_path: Path) -> None:
     cas = ContentStore(tmp_path / "cas")
-    holder = _holder(catalog.url, cas.root, tmp_path / "flag", hold=1.5)
+    # held for 1.5x stale_after; a heartbeat every 0.75 s keeps it live (3 s, not 1 s: on a
+    # loaded 2-core runner one late UPDATE once let the waiter take the claim over)
+    holder = _holder(catalog.url, cas.root, tmp_path / "flag", hold=4.5)
     calls = []
     outcome = run_chunk(
-        catalog, cas, TASK, lambda: calls.append(1) or cas.put_bytes(b"dup"), stale_after=1.0
+        catalog, cas, TASK, lambda: calls.append(1) or cas.put_bytes(b"dup"), stale_after=3.0
     )
     assert holder.wait(timeout=30) == 0
     assert calls == []  # the heartbeat kept the claim alive past stale_after
