@@ -5,7 +5,6 @@ Builds and activations run the same Dagster jobs the UI and sensors run, on the 
 """
 
 import argparse
-import getpass
 import os
 import sys
 import time
@@ -16,6 +15,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 from corpus_assets.cli_benchmarks import add_commands, with_add
 from corpus_assets.cli_catalog import (
     CliError,
+    cli_actor,
     cmd_dedup,
     cmd_diff,
     cmd_export,
@@ -420,7 +420,7 @@ def cmd_activate(args: argparse.Namespace) -> int:
 
 def cmd_rollback(args: argparse.Namespace) -> int:
     _home, cas, catalog = storage()
-    row = rollback(cas, catalog, args.digest, actor=f"cli:{getpass.getuser()}")
+    row = rollback(cas, catalog, args.digest, actor=cli_actor())
     print(f"alias {row.alias} -> {row.active_snapshot} generation {row.generation} (rollback)")
     return 0
 

@@ -7,17 +7,13 @@ means ``benchmark add NAME FILE`` (``with_add``); a benchmark named ``add``, ``l
 """
 
 import argparse
-import getpass
 import json
 import sys
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import pyarrow.parquet as pq
-
-from corpus_assets.cli_catalog import CliError, print_json, storage
+from corpus_assets.cli_catalog import CliError, cli_actor, print_json, storage
 from corpus_assets.core.governance import benchmarks
 from corpus_assets.core.ingest.codecs import CodecError, iter_lines
 from corpus_assets.core.records.index import CanonicalIndex
@@ -138,7 +134,7 @@ def cmd_benchmark_add(args: argparse.Namespace) -> int:
     _home, cas, catalog = storage()
     items = read_items(cas, args.name, Path(args.file), args.text_field)
     try:
-        change = benchmarks.register(catalog, args.name, items, actor=_actor())
+        change = benchmarks.register(catalog, args.name, items, actor=cli_actor())
     except benchmarks.RegistryError as error:
         raise CliError(str(error)) from None
     kept = f" ({change.unchanged} already registered)" if change.unchanged else ""
@@ -158,7 +154,7 @@ def cmd_benchmark_remove(args: argparse.Namespace) -> int:
     if args.item:
         ids = [i if i.startswith(prefix) else prefix + i for i in args.item]
     try:
-        change = benchmarks.remove(catalog, args.name, ids, actor=_actor())
+        change = benchmarks.remove(catalog, args.name, ids, actor=cli_actor())
     except benchmarks.RegistryError as error:
         raise CliError(str(error)) from None
     print(
@@ -168,15 +164,12 @@ def cmd_benchmark_remove(args: argparse.Namespace) -> int:
     return 0
 
 
-def _actor() -> str:
-    return f"cli:{getpass.getuser()}"
-
-
 def cmd_excluded(args: argparse.Namespace) -> int:
     _home, cas, catalog = storage()
     manifest = load_manifest(cas, resolve(catalog, args.digest))
     write = sys.stdout.write
-    for row in excluded_rows(cas, manifest["layers"]["canonical_records"], args.source):
+    index = CanonicalIndex.load(cas, manifest["layers"]["canonical_records"])
+    for row in index.excluded_rows(args.source):
         if args.reason is None or row["reason"] == args.reason or _under(row, args.reason):
             write(json.dumps(row, sort_keys=True) + "\n")
     return 0
@@ -184,20 +177,3 @@ def cmd_excluded(args: argparse.Namespace) -> int:
 
 def _under(row: dict[str, Any], prefix: str) -> bool:
     return bool(row["reason"].startswith(prefix.rstrip(".") + "."))
-
-
-def excluded_rows(
-    cas: ContentStore, canonical_ref: Any, source: str | None = None
-) -> Iterator[dict[str, Any]]:
-    """Every exclusion row of a canonical_records index, chunk by chunk and a Parquet batch at
-    a time (a large snapshot's exclusions never sit in memory whole), verified before read."""
-    index = CanonicalIndex.load(cas, canonical_ref)
-    for entry in index.entries:
-        source_id, _, name = entry.chunk.partition("/")
-        if source is not None and source_id != source:
-            continue
-        digest = index.descriptor(entry).excluded["digest"]
-        cas.verify(digest, f"exclusions of {entry.chunk}")
-        for batch in pq.ParquetFile(cas.path(digest)).iter_batches(batch_size=4096):
-            for row in batch.to_pylist():
-                yield {"source": source_id, "name": name, **row}

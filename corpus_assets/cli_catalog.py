@@ -41,6 +41,11 @@ def storage() -> tuple[Path, ContentStore, Catalog]:
     return open_home()
 
 
+def cli_actor() -> str:
+    """Who a registry or alias change made from the CLI is recorded as."""
+    return f"cli:{getpass.getuser()}"
+
+
 def status_payload() -> dict[str, Any]:
     """What ``status`` prints, as data (``--json`` prints it as is)."""
     home, _cas, catalog = storage()

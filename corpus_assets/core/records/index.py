@@ -6,6 +6,7 @@ canonical records through ``CanonicalIndex`` (all records, or one chunk at a tim
 layout lives here and nowhere else.
 """
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -188,3 +189,16 @@ class CanonicalIndex:
             return pa.concat_tables(tables)
         empty = RECORD_COLUMNS.empty_table()
         return empty.select(columns) if columns else empty
+
+    def excluded_rows(self, source: str | None = None) -> Iterator[dict[str, Any]]:
+        """Every exclusion row (location and reason, never text), chunk by chunk and a batch at
+        a time, each chunk's table verified before it is read; only ``source``'s if given."""
+        for entry in self.entries:
+            source_id, _, name = entry.chunk.partition("/")
+            if source is not None and source_id != source:
+                continue
+            what = f"exclusions of {entry.chunk}"
+            table = get_parquet(self.cas, self.descriptor(entry).excluded, what)
+            for batch in table.iter_batches(batch_size=4096):
+                for row in batch.to_pylist():
+                    yield {"source": source_id, "name": name, **row}
