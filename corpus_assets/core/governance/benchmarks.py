@@ -24,11 +24,9 @@ from sqlalchemy import (
     Row,
     and_,
     exists,
-    false,
     func,
     insert,
     select,
-    update,
 )
 
 from corpus_assets.core.governance import gate
@@ -116,7 +114,7 @@ def register(
     new one; ids already active with the same text are skipped, another text is refused."""
     chosen = _one_per_id(items)
     with catalog.begin() as conn:
-        _lock(conn)
+        gate.lock_registrations(conn)  # before reading what is active
         current = {row.item_id: row for row in active_items(conn, None, item_ids=sorted(chosen))}
         new = []
         for item_id in sorted(chosen):
@@ -140,7 +138,7 @@ def remove(
 ) -> Change:
     """Withdraw a whole benchmark, or the given item ids of it, and advance every fence."""
     with catalog.begin() as conn:
-        _lock(conn)
+        gate.lock_registrations(conn)  # before reading what is active
         wanted = sorted(set(item_ids)) if item_ids is not None else None
         rows = active_items(conn, None, benchmark=benchmark, item_ids=wanted)
         missing = sorted(set(wanted or ()) - {row.item_id for row in rows})
@@ -223,15 +221,6 @@ def _one_per_id(items: Iterable[BenchmarkItem]) -> dict[str, BenchmarkItem]:
     return chosen
 
 
-def _lock(conn: Connection) -> None:
-    """Serialise with other registrations before reading what is active: PostgreSQL takes the
-    registration lock (``gate.lock_registrations``); SQLite takes its write lock now with an
-    UPDATE of no row, since it would otherwise read before its first INSERT locks."""
-    gate.lock_registrations(conn)
-    if conn.dialect.name == "sqlite":
-        conn.execute(update(benchmark_items).where(false()).values(at=benchmark_items.c.at))
-
-
 def _row(
     action: str, benchmark: str, item_id: str, text: str, key: str, actor: str | None
 ) -> dict[str, Any]:
@@ -248,7 +237,7 @@ def _row(
 
 def _write(conn: Connection, rows: list[dict[str, Any]]) -> int:
     """Insert the rows a batch per executemany; fence every alias at the last seq written.
-    Under ``_lock`` no other writer interleaves, so the highest seq is this change's last."""
+    Under ``gate.lock_registrations`` no other writer interleaves: the highest seq is ours."""
     for start in range(0, len(rows), BATCH):
         conn.execute(insert(benchmark_items), rows[start : start + BATCH])
     seq = conn.scalar(select(func.coalesce(func.max(benchmark_items.c.seq), 0)))

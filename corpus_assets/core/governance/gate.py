@@ -10,7 +10,7 @@ Tombstones (``tombstones``) and benchmark items (``benchmarks``) advance the fen
 import time
 from dataclasses import dataclass
 
-from sqlalchemy import Connection, func, insert, literal, null, select, update
+from sqlalchemy import Connection, false, func, insert, literal, null, select, update
 from sqlalchemy.exc import IntegrityError
 
 from corpus_assets.core.governance import states
@@ -60,11 +60,14 @@ def lock_registrations(conn: Connection) -> None:
     A registration fences the aliases that exist when it lists them; a row created meanwhile
     must start at or above its sequence number. On PostgreSQL both take this transaction-level
     advisory lock, so whichever comes second sees the other committed (READ COMMITTED reads per
-    statement). SQLite writers are serial already: a registration holds the write lock from its
-    first INSERT, and the creating INSERT reads the heads under that lock.
+    statement). SQLite writers are serial, but a transaction only takes the write lock at its
+    first write, so it takes it here with an UPDATE of no row: whatever the caller reads next
+    (the registry, the heads) no other writer changes before it commits.
     """
     if conn.dialect.name == "postgresql":
         conn.execute(select(func.pg_advisory_xact_lock(REGISTRATION_LOCK)))
+    elif conn.dialect.name == "sqlite":
+        conn.execute(update(benchmark_items).where(false()).values(at=benchmark_items.c.at))
 
 
 def _create_at_heads(catalog: Catalog, alias: str) -> None:
