@@ -10,6 +10,8 @@
 """
 
 import json
+import subprocess
+import sys
 from typing import Any
 
 import orjson
@@ -146,3 +148,39 @@ def test_number_spans_long_path_matches_the_scan(head: str, tail: str) -> None:
     for m in pii._NUMBERS.finditer(text):
         pii._number_span(text, m, reference)
     assert pii._number_spans(text) == reference
+
+
+_PARSE_ONCE = """
+import json, sys
+from pathlib import Path
+from corpus_assets.core.records.canonicalize import parse_line
+
+def rss(field):
+    status = Path("/proc/self/status").read_text().splitlines()
+    line = next(x for x in status if x.startswith(field))
+    return int(line.split()[1]) * 1024
+
+text = "\\U0001F600 " + "word 1234567890123456789012 " * 150_000
+raw = json.dumps({"id": 7, "text": text}, ensure_ascii=False).encode()
+size = len(raw)
+del text
+Path("/proc/self/clear_refs").write_text("5")
+base = rss("VmRSS")
+obj = parse_line(raw)
+print((rss("VmHWM") - base) / size)
+"""
+
+
+def test_a_digit_run_inside_a_long_text_is_parsed_once() -> None:
+    """A 19-digit run inside a string is no wide integer: the line is parsed by orjson alone
+    (about the text as Python holds it, 4 B/char here, plus the line once), never also decoded
+    and parsed whole by the standard library (twice that)."""
+    done = subprocess.run(
+        [sys.executable, "-c", _PARSE_ONCE], capture_output=True, text=True, check=True
+    )
+    assert float(done.stdout) < 7.0
+    text = "word 1234567890123456789012 " * 100
+    raw = json.dumps({"id": 7, "text": text, "n": 2**70, "f": 1e300})
+    assert _typed(parse_line(raw.encode())["n"]) == ("int", 2**70)  # a wide int still is one
+    narrow = raw.replace(str(2**70), "1").encode()
+    assert _outcome(parse_line, narrow) == _outcome(_parse_stdlib, narrow)

@@ -76,17 +76,36 @@ class Stages:
 
 
 # Bytes -> b"0" for digits, b"." otherwise: a run of 19 digits may be an integer orjson reads as
-# a float (it keeps 64-bit integers only), so such lines take the standard library's parser.
+# a float (it keeps 64-bit integers only); only then is the parsed object searched for one.
 _DIGITS_AS_ZERO = bytes(48 if 48 <= b <= 57 else 46 for b in range(256))
 _LONG_NUMBER = b"0" * 19
+_INT64_LIMIT = 2.0**63
+
+
+def _may_hold_wide_int(value: Any) -> bool:
+    """Whether orjson may have read an integer beyond 64 bits as a float: it gives such a token
+    as a float of magnitude >= 2**63, so no smaller float (and no string) is one."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, float):
+            if abs(item) >= _INT64_LIMIT:
+                return True
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return False
 
 
 def parse_line(raw: bytes) -> dict[str, Any]:
     """One JSONL line to a JSON object, or ``Excluded`` with a ``parse.*`` reason.
 
     orjson parses the common line (~3x faster); whatever it refuses (NaN, lone surrogate
-    escapes, floats out of range, invalid UTF-8 or JSON, deep nesting) and any line with a
-    19-digit run goes to ``json.loads``, whose result and error messages are the contract.
+    escapes, floats out of range, invalid UTF-8 or JSON, deep nesting) and any line where it
+    may have read a wide integer as a float goes to ``json.loads``, whose result and error
+    messages are the contract. A digit run inside a string (a number in a long text) keeps
+    orjson's object: the standard library would hold the line decoded and parsed at once.
     """
     if not raw.strip():
         raise Excluded("parse.blank_line", "line is empty")
@@ -95,7 +114,9 @@ def parse_line(raw: bytes) -> dict[str, Any]:
     except orjson.JSONDecodeError:
         pass
     else:
-        if isinstance(obj, dict) and _LONG_NUMBER not in raw.translate(_DIGITS_AS_ZERO):
+        if isinstance(obj, dict) and (
+            _LONG_NUMBER not in raw.translate(_DIGITS_AS_ZERO) or not _may_hold_wide_int(obj)
+        ):
             return obj
         del obj  # not held while the standard library parses the line again
     return _parse_stdlib(raw)
