@@ -25,11 +25,13 @@ Rules, in order (``kind="code"`` skips the two marked *prose*; any other kind is
 ``dedup_normalize`` is a separate, lossy view used only for the dedup key.
 """
 
+import hashlib
 import re
 import unicodedata
+from collections.abc import Iterator
 from dataclasses import dataclass
 
-from corpus_assets.core.storage.digests import sha256_digest
+from corpus_assets.core.storage.digests import hasher_digest
 
 CODE_KIND = "code"
 
@@ -188,8 +190,14 @@ def is_blank(text: str) -> bool:
 
 
 def dedup_key(text: str, kind: str = "prose") -> str:
-    """sha256 of the dedup-normalised text: what exact dedup and benchmark matching compare."""
-    return sha256_digest(dedup_normalize(text, kind).encode("utf-8"))
+    """sha256 of the dedup-normalised text: what exact dedup and benchmark matching compare.
+
+    Hashed a window at a time, so a text at ``max_chars`` never has its normalised copy (or
+    its word list) in memory whole."""
+    hasher = hashlib.sha256()
+    for piece in _dedup_pieces(text, kind):
+        hasher.update(piece.encode("utf-8"))
+    return hasher_digest(hasher)
 
 
 def dedup_normalize(text: str, kind: str = "prose") -> str:
@@ -199,9 +207,75 @@ def dedup_normalize(text: str, kind: str = "prose") -> str:
     casefolding can decompose). Code: indentation is meaning, so only trailing whitespace per
     line and blank lines go (every blank line, so files differing only in spacing match).
     """
-    if kind == CODE_KIND:
-        return "\n".join(filter(None, [line.rstrip() for line in text.split("\n")]))
-    text = " ".join(text.split()).casefold()
-    if text.isascii() or unicodedata.is_normalized("NFC", text):
-        return text
-    return unicodedata.normalize("NFC", text)
+    return "".join(_dedup_pieces(text, kind))
+
+
+def _dedup_pieces(text: str, kind: str) -> Iterator[str]:
+    """``dedup_normalize(text)`` as consecutive pieces, one window of about ``DEDUP_WINDOW``
+    chars at a time (see ``_windows`` for where they are cut). The rules only join words or
+    lines, casefolding maps each code point alone and NFC never composes across a cut, so
+    each window is normalised alone and the pieces join with the separator the whole-text
+    rule puts there: none inside a word or line cut in two."""
+    code = kind == CODE_KIND
+    separator = "\n" if code else " "
+    first = True
+    for window, inside in _windows(text, code):
+        if code and inside:  # the rest of a line whose start is already out
+            head, newline, window = window.partition("\n")
+            yield head.rstrip()
+            if not newline:
+                continue
+        elif inside:
+            yield _dedup_window(window, code)
+            continue
+        piece = _dedup_window(window, code)
+        if piece:
+            yield piece if first else separator + piece
+            first = False
+
+
+def _dedup_window(window: str, code: bool) -> str:
+    """The whole-text rule on one window."""
+    if code:
+        return "\n".join(filter(None, [line.rstrip() for line in window.split("\n")]))
+    piece = " ".join(window.split()).casefold()
+    if piece.isascii() or unicodedata.is_normalized("NFC", piece):
+        return piece
+    return unicodedata.normalize("NFC", piece)
+
+
+DEDUP_WINDOW = 1 << 18  # casefold allocates 3 chars per char: ~12 MB at 4 B/char
+_SPACE = re.compile(r"\s")
+# A cut inside a word or line: after a non-whitespace char and before a printable ASCII one,
+# which never composes with what precedes it (NFC) and leaves both halves non-blank there.
+_MID_WORD = re.compile(r"(?<=\S)[!-~]")
+
+
+def _windows(text: str, code: bool) -> Iterator[tuple[str, bool]]:
+    """``(window, inside)`` pairs covering ``text``: each cut at the first separator (LF for
+    code, any whitespace for prose; dropped) in the ``DEDUP_WINDOW`` chars after the first
+    ``DEDUP_WINDOW``, else inside a word or line (``_MID_WORD``; ``inside`` marks the window
+    that continues it), else at the next separator however far."""
+    start, size, inside = 0, len(text), False
+    while start < size:
+        cut = start + DEDUP_WINDOW
+        if cut >= size:
+            yield (text[start:] if start else text), inside
+            return
+        end, skip = _separator(text, code, cut, cut + DEDUP_WINDOW), 1
+        if end < 0:
+            found = _MID_WORD.search(text, cut, cut + DEDUP_WINDOW)
+            end, skip = (found.start(), 0) if found else (_separator(text, code, cut, size), 1)
+        if end < 0:
+            yield text[start:], inside
+            return
+        yield text[start:end], inside
+        start, inside = end + skip, not skip
+
+
+def _separator(text: str, code: bool, start: int, end: int) -> int:
+    """Index of the first separator in ``text[start:end]``, or -1."""
+    if code:
+        return text.find("\n", start, end)
+    found = _SPACE.search(text, start, end)
+    return found.start() if found else -1
