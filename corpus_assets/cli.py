@@ -29,6 +29,7 @@ from corpus_assets.cli_catalog import (
     storage,
 )
 from corpus_assets.cli_partitions import cmd_partition_delete, cmd_partition_list
+from corpus_assets.cli_selftest import add_selftest_command
 from corpus_assets.core.governance import gate, states
 from corpus_assets.core.ingest.pinning import PinError
 from corpus_assets.core.ingest.sources import SourceError
@@ -207,6 +208,7 @@ def _governance_commands(sub: Subcommands) -> None:
     show_hits = tomb.add_parser("hits", help="deletion lineage: snapshots, members, spans, runs")
     show_hits.add_argument("seq", type=int)
     add_commands(sub)  # benchmark add|list|remove, excluded
+    add_selftest_command(sub)
 
 
 def _tokenizer_commands(sub: Subcommands) -> None:

@@ -222,6 +222,21 @@ def test_a_flipped_byte_in_a_shard_is_caught_before_its_block(workspace: Workspa
     assert all(entry["what"] != "shard" for entry in reader.report()["read"])
 
 
+def test_a_damaged_members_table_gets_no_permit_and_a_pinned_run_keeps_its_own(
+    workspace: Workspace,
+) -> None:
+    ws = workspace
+    sid = _active(ws, "p1")
+    pinned = take_permit(ws.cas, ws.catalog, sid, "run-1", ws.config.purpose)
+    members = json.loads(ws.cas.get_bytes(ws.catalog.layer_output("p1", "manifest")))["members"]
+    path = ws.cas.path(members["digest"])
+    path.write_bytes(path.read_bytes()[:-100])
+    with pytest.raises(TrainingError, match=rf"is damaged: .*manifest.members {members['digest']}"):
+        take_permit(ws.cas, ws.catalog, sid, "run-2", ws.config.purpose)
+    again = take_permit(ws.cas, ws.catalog, sid, "run-1", ws.config.purpose)
+    assert again.resumed and again.permit_id == pinned.permit_id
+
+
 def test_a_stream_resumes_under_another_layout_and_refuses_another_pack(
     workspace: Workspace,
 ) -> None:

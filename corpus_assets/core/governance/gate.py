@@ -14,6 +14,7 @@ from sqlalchemy import Connection, false, func, insert, literal, null, select, u
 from sqlalchemy.exc import IntegrityError
 
 from corpus_assets.core.governance import states
+from corpus_assets.core.storage import failpoints
 from corpus_assets.core.storage.catalog import (
     Catalog,
     alias_history,
@@ -148,6 +149,7 @@ def activate(
             f"{benchmark_fence}. Build a new snapshot."
         )
     where = f"alias {snapshot.alias} generation {seen.generation + 1}"
+    failpoints.hit("gate/activate-read")  # watermarks read, swap not yet tried
     with catalog.begin() as conn:
         _point(conn, seen, snapshot_id, actor, "activating")
         states.transition(

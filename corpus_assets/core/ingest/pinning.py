@@ -43,6 +43,7 @@ from corpus_assets.core.ingest.sources import (
 from corpus_assets.core.runtime.code_identity import stage_code
 from corpus_assets.core.runtime.config import ChangelogSource, ObjectsSource
 from corpus_assets.core.runtime.workspace import Workspace, cached_then_pooled
+from corpus_assets.core.storage import failpoints
 from corpus_assets.core.storage.artifacts import NDJSON, put_bytes
 from corpus_assets.core.storage.digests import json_digest
 from corpus_assets.core.storage.tasks import ChunkTask, Done, preload, run_chunk
@@ -135,6 +136,7 @@ def _freeze_changelog(ws: Workspace, source: ChangelogSource) -> PinnedSource:
 def _pin_objects(ws: Workspace, source: ObjectsSource) -> PinnedSource:
     done = preload(ws.catalog, "raw_snapshot", CODE)
     before = list_objects(ws.loaded, source)
+    failpoints.hit(f"pin/{source.id}/listed")
     pinned: list[tuple[PinnedObject, str]] = []  # each with the version it was listed at
     deferred: list[DeferredChange] = []
     failures: list[str] = []

@@ -31,7 +31,7 @@ from corpus_assets.core.release.identity import snapshot_id as compute_snapshot_
 from corpus_assets.core.release.verify import load_manifest, resolve
 from corpus_assets.core.runtime.layers import LayerIndex, load_index
 from corpus_assets.core.storage.artifacts import decode_table
-from corpus_assets.core.storage.cas import ContentStore
+from corpus_assets.core.storage.cas import CasError, ContentStore
 from corpus_assets.core.storage.catalog import Catalog, gate, permits
 from corpus_assets.core.storage.digests import DIGEST_RE, json_digest
 from corpus_assets.core.storage.shards import ShardIndex
@@ -138,7 +138,17 @@ def _trainable(
             f"run {run_id!r}: snapshot {sid} manifest names alias {manifest.get('alias')!r}, "
             f"the catalog {snapshot.alias!r}"
         )
+    _check_members(cas, manifest, run_id, sid)
     return manifest
+
+
+def _check_members(cas: ContentStore, manifest: dict[str, Any], run_id: str, sid: str) -> None:
+    """The members table (the record of what the run reads) must be intact before a run is
+    bound to the snapshot: the reader verifies each shard it reads, never this table."""
+    try:
+        cas.verify(manifest["members"]["digest"], "manifest.members")
+    except CasError as error:
+        raise TrainingError(f"run {run_id!r}: snapshot {sid} is damaged: {error}") from None
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from corpus_assets.core.runtime.transform import transform_image
 from corpus_assets.core.runtime.workspace import Workspace
+from corpus_assets.core.storage import failpoints
 from corpus_assets.core.storage.artifacts import JSON, Ref, get_json, make_ref, put_json, put_table
 from corpus_assets.core.storage.cas import ContentStore
 from corpus_assets.core.storage.digests import json_digest
@@ -107,7 +108,9 @@ def publish_index(
         layer=layer, code=code, policy=policy, inputs=inputs, outputs=outputs, counts=counts
     )
     ref = put_json(ws.cas, index.document())
+    failpoints.hit(f"layer/{layer}/indexed")
     ws.catalog.set_layer_output(partition_key, layer, ref["digest"], index.build_spec())
+    failpoints.hit(f"layer/{layer}/published")
     return ref
 
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from sqlalchemy import and_, insert, or_, select, update
 from sqlalchemy.exc import IntegrityError
 
+from corpus_assets.core.storage import failpoints
 from corpus_assets.core.storage.cas import ContentStore
 from corpus_assets.core.storage.catalog import Catalog, chunk_tasks
 
@@ -119,6 +120,7 @@ def run_chunk(
                 trace = traceback.format_exc(limit=5)
         if not trace:
             _finish(catalog, task, SUCCESS, output=(digest, cas.size(digest)))
+            failpoints.hit(f"task/{task.layer}")
             return ChunkOutcome(task, digest, skipped=False)
         _finish(
             catalog, task, FAILED, error=f"{error}\n{trace}", dead_letter=attempt == max_attempts

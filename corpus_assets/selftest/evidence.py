@@ -1,0 +1,52 @@
+"""What a case reads back from a home after its fault: intact objects, stuck tasks, stray temps.
+
+These read the home in this process (the catalog and CAS as the build left them), never
+through the code under test's own verdicts alone.
+"""
+
+import hashlib
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from sqlalchemy import func, select
+
+from corpus_assets.core.runtime.workspace import Workspace, open_workspace
+from corpus_assets.core.storage.catalog import chunk_tasks
+from corpus_assets.core.storage.tasks import RUNNING
+from corpus_assets.selftest.lab import Home
+
+
+@contextmanager
+def workspace(home: Home) -> Iterator[Workspace]:
+    ws = open_workspace(home.config)
+    try:
+        yield ws
+    finally:
+        ws.catalog.engine.dispose()
+
+
+def intact(ws: Workspace, digest: str) -> bool:
+    """The CAS object is there and its bytes hash to its name."""
+    path = ws.cas.path(digest)
+    if not path.is_file():
+        return False
+    hasher = hashlib.sha256()
+    with path.open("rb") as handle:
+        while block := handle.read(1 << 20):
+            hasher.update(block)
+    return f"sha256:{hasher.hexdigest()}" == digest
+
+
+def stuck_tasks(ws: Workspace) -> int:
+    """Chunk tasks still RUNNING (after every build process has ended, none should be)."""
+    with ws.catalog.begin() as conn:
+        return conn.execute(
+            select(func.count()).select_from(chunk_tasks).where(chunk_tasks.c.status == RUNNING)
+        ).scalar_one()
+
+
+def stray_temps(home: Home) -> list[Path]:
+    """Temp files left in the data home (``.tmp-*`` of atomic writes, ``*.partial`` downloads)."""
+    data = home.dir / "data"
+    return sorted([*data.rglob(".tmp-*"), *data.rglob("*.partial")]) if data.is_dir() else []
