@@ -143,7 +143,7 @@ class Lab:
     def __init__(self, root: Path, catalog: str | None = None, *, full: bool = False) -> None:
         self.root, self.catalog, self.full = root, catalog, full
         self._databases: list[str] = []
-        self._reference: Built | None = None
+        self._reference: tuple[Home, Built] | None = None
         self.rng = random.Random(int(os.environ.get("CORPUS_SELFTEST_SEED", "17")))
 
     def home(self, name: str) -> Home:
@@ -169,19 +169,38 @@ class Lab:
 
     def reference(self) -> Built:
         """The undisturbed build of the standard corpus at ``PARTITION`` (once per lab)."""
+        return self._reference_home()[1]
+
+    def _reference_home(self) -> tuple[Home, Built]:
         if self._reference is None:
-            self._reference = self.standard_home("reference").build("--partition", PARTITION)
+            home = self.standard_home("reference")
+            self._reference = home, home.build("--partition", PARTITION)
         return self._reference
 
-    def _database(self) -> str:
+    def copy_of_reference(self, name: str) -> tuple[Home, Built]:
+        """A new home holding what the reference build left (its data home, Dagster home and
+        catalog, copied): a case that damages or races a built snapshot starts here instead
+        of building again."""
+        source, built = self._reference_home()
+        path = self.root / f"{name}-{uuid.uuid4().hex[:6]}"
+        url = self._database(template=source.catalog_url) if self.catalog else None
+        home = Home(path, url)
+        for part in ("data", "dagster"):
+            shutil.copytree(source.dir / part, path / part, symlinks=True)
+        home.configure([{"id": "docs", "kind": "objects", "path": str(self.standard_sources)}])
+        return home, built
+
+    def _database(self, template: str | None = None) -> str:
+        """A new database on the catalog's server (a copy of ``template``'s when given)."""
         from sqlalchemy import create_engine, text
         from sqlalchemy.engine import make_url
 
         url = make_url(self.catalog or "")
         name = f"{url.database or 'corpus'}_selftest_{uuid.uuid4().hex[:10]}"
+        copy = f' TEMPLATE "{make_url(template).database}"' if template else ""
         engine = create_engine(url, isolation_level="AUTOCOMMIT")
         with engine.connect() as connection:
-            connection.execute(text(f'CREATE DATABASE "{name}"'))
+            connection.execute(text(f'CREATE DATABASE "{name}"{copy}'))
         engine.dispose()
         self._databases.append(name)
         return url.set(database=name).render_as_string(hide_password=False)
