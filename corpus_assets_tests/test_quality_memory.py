@@ -113,6 +113,11 @@ def test_rules_take_the_hashed_path_above_the_piece_size(monkeypatch: pytest.Mon
         assert quality._repeated_ngrams(text, 3, 0) == old_ngrams(text, 3, 0)
 
 
+def test_the_whitespace_table_covers_every_whitespace_character() -> None:
+    assert max(map(ord, WHITESPACE)) < quality_hashes._WS_END
+    assert [chr(cp) for cp in range(quality_hashes._WS_END) if quality_hashes._WS[cp]] == WHITESPACE
+
+
 def test_word_keys_are_deterministic() -> None:
     # Fixed 64-bit keys (not Python's per-process hash): the same word, the same key.
     keys = [hex(int(k)) for part in word_keys("hello world héllo\u3000hello", 4) for k in part]

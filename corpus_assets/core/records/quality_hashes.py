@@ -15,7 +15,6 @@ different words, lines or n-grams with the same key, ~n**2/2**65 for n distinct 
 """
 
 import functools
-import sys
 from collections.abc import Callable, Iterator
 
 import numpy as np
@@ -26,10 +25,10 @@ _K = 0x9E3779B97F4A7C15  # odd, so invertible mod 2**64
 _K_INV = pow(_K, -1, 1 << 64)
 _LENGTH_SALT = 0xD6E8FEB86659FD93
 _GRAM_SALT = 0xA0761D6478BD642F
-# Whitespace by code point; the last entry (False) stands for every code point above the table.
+# Whitespace by code point (none above U+3000, a test checks); the last entry (False) stands
+# for every code point above the table.
 _WS_END = 0x3001
 _WS = np.array([chr(cp).isspace() for cp in range(_WS_END)] + [False])
-assert not any(chr(cp).isspace() for cp in range(_WS_END, sys.maxunicode + 1))
 _MIN_LIMIT = 1 << 16
 Stream = Callable[[], Iterator[tuple[np.ndarray, np.ndarray | None]]]
 
@@ -224,7 +223,9 @@ def _limit(text: str) -> int:
 
 def hashed_line_chars(text: str, chunk: int) -> tuple[int, int]:
     """``_repeated_line_chars`` by line keys: equal to it but on a 64-bit key collision."""
-    lines, total, unique, unique_chars = distinct(lambda: line_items(text, chunk), _limit(text))
+    # Half the limit: a weighted merge also sorts an order and the weights.
+    stream = functools.partial(line_items, text, chunk)
+    lines, total, unique, unique_chars = distinct(stream, _limit(text) // 2)
     return (0, 0) if unique == lines else (total - unique_chars, total)
 
 
