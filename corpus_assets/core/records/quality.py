@@ -23,6 +23,10 @@ Rules, in order:
   than ``ngram`` words are not judged; unsegmented scripts (Chinese, Japanese) are one "word"
   per run, so this rule effectively does not apply to them.
 
+Long texts (above ``CHUNK_CHARS``) are read a piece at a time: repeated lines and n-grams are
+counted by deterministic 64-bit keys (``quality_hashes``) in bounded memory, equal to the exact
+counts except on a 64-bit key collision.
+
 Character classes come from ``unicodedata`` (its version is part of ``policy_payload``); code
 points above U+2FFFF count as neither letter nor symbol.
 """
@@ -34,8 +38,12 @@ import unicodedata
 from collections import Counter
 from dataclasses import dataclass
 
+from corpus_assets.core.records.quality_hashes import hashed_line_chars, hashed_ngrams
+
 PPM = 1_000_000
 CODE_KIND = "code"
+# Characters per piece on a long text: bounds each rule's working memory (a test shrinks it).
+CHUNK_CHARS = 1 << 17
 
 
 @dataclass(frozen=True)
@@ -110,21 +118,36 @@ def _unicode_classes() -> str:
 
 
 def _class_counts(text: str) -> tuple[int, int, int]:
-    """(letters, symbols, non-whitespace characters) of ``text``."""
-    raw = text.encode("utf-8", "surrogatepass")
-    classes = raw.translate(_ASCII_CLASS)
-    alpha, symbol, space = classes.count(b"a"), classes.count(b"s"), classes.count(b"w")
-    if not text.isascii():
-        rest = raw.translate(None, _ASCII_BYTES).decode("utf-8", "surrogatepass")
-        rest = rest.translate(_unicode_classes())
-        alpha += rest.count("a")
-        symbol += rest.count("s")
-        space += rest.count("w")
+    """(letters, symbols, non-whitespace characters) of ``text``, a piece at a time.
+
+    Counts add up over pieces, so working on ``CHUNK_CHARS`` at a time bounds the encoded and
+    translated copies without changing the result.
+    """
+    alpha = symbol = space = 0
+    for start in range(0, len(text), CHUNK_CHARS):
+        piece = text[start : start + CHUNK_CHARS]
+        raw = piece.encode("utf-8", "surrogatepass")
+        classes = raw.translate(_ASCII_CLASS)
+        alpha += classes.count(b"a")
+        symbol += classes.count(b"s")
+        space += classes.count(b"w")
+        if not piece.isascii():
+            rest = raw.translate(None, _ASCII_BYTES).decode("utf-8", "surrogatepass")
+            rest = rest.translate(_unicode_classes())
+            alpha += rest.count("a")
+            symbol += rest.count("s")
+            space += rest.count("w")
     return alpha, symbol, len(text) - space
 
 
 def _repeated_line_chars(text: str) -> tuple[int, int]:
-    """(characters in lines repeating an earlier line, characters in all lines)."""
+    """(characters in lines repeating an earlier line, characters in all lines).
+
+    Texts above ``CHUNK_CHARS`` are counted with line hashes (``quality_hashes``) in bounded
+    memory; a small text keeps the exact ``Counter`` (the common case, and faster).
+    """
+    if len(text) > CHUNK_CHARS:
+        return hashed_line_chars(text, CHUNK_CHARS)
     lines = text.split("\n")
     counts = Counter(lines)
     if len(counts) == len(lines):
@@ -141,8 +164,11 @@ def _repeated_ngrams(text: str, n: int, ppm: int) -> tuple[int, int]:
     """(n-grams repeating an earlier one, all n-grams) over whitespace-split words.
 
     A repeated n-gram starts with a repeated word, so when repeated words alone stay within
-    ``ppm`` the n-grams are never built.
+    ``ppm`` the n-grams are never counted. Texts above ``CHUNK_CHARS`` are counted with word
+    hashes (``quality_hashes``) in bounded memory; a small text keeps exact sets.
     """
+    if len(text) > CHUNK_CHARS:
+        return hashed_ngrams(text, n, ppm, CHUNK_CHARS)
     words = text.split()
     total = len(words) - n + 1
     if total <= 0:
