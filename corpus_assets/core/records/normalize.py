@@ -29,9 +29,13 @@ import re
 import unicodedata
 from dataclasses import dataclass
 
+from corpus_assets.core.records.text_chunks import rewrite_chunks
 from corpus_assets.core.storage.digests import sha256_digest
 
 CODE_KIND = "code"
+# A longer text is checked and NFC-normalised a chunk (cut after a newline) at a time, so no
+# whole-text encoding or NFC buffer is held.
+_CHUNK_CHARS = 1 << 16
 
 # Any of these means the slow path; everything else is clean except for NFC. C0 and DEL are
 # found in the UTF-8 bytes (bytes.translate runs at memory speed, a regex scan at ~0.2 GB/s),
@@ -132,14 +136,41 @@ def normalize_text(text: str, *, kind: str = "prose") -> Normalized:
 
 def normalize_parts(text: str, code: bool) -> tuple[str, tuple[str, ...]]:
     """``normalize_text`` as ``(text, changes)``: the per-record path builds no object."""
-    raw = text.encode("utf-8", "surrogatepass")
-    if len(raw.translate(None, _NEEDS_WORK_CODE if code else _NEEDS_WORK_PROSE)) == len(raw) and (
-        b"\xc2" not in raw or _C1.search(text) is None
+    n = _CHUNK_CHARS  # a longer text is scanned a slice at a time: no whole-text encoding
+    if (
+        all(_clean(text[a : a + n], code) for a in range(0, len(text), n))
+        if len(text) > n
+        else (_clean(text, code))
     ):
-        if text.isascii() or unicodedata.is_normalized("NFC", text):
-            return text, ()
-        return unicodedata.normalize("NFC", text), ("nfc",)
+        new = _nfc(text)
+        return new, () if new is text else ("nfc",)
+    return _repair(text, code)
 
+
+def _clean(text: str, code: bool) -> bool:
+    """Whether ``text`` has no control character to remove (NFC may still be needed)."""
+    raw = text.encode("utf-8", "surrogatepass")
+    return len(raw.translate(None, _NEEDS_WORK_CODE if code else _NEEDS_WORK_PROSE)) == len(
+        raw
+    ) and (b"\xc2" not in raw or _C1.search(text) is None)
+
+
+def _nfc(text: str) -> str:
+    """NFC of ``text`` (``text`` itself when it already is); a long text a chunk at a time."""
+    if len(text) > _CHUNK_CHARS:
+        return rewrite_chunks(text, _CHUNK_CHARS, _nfc_or_none)
+    return _nfc_or_none(text) or text
+
+
+def _nfc_or_none(text: str) -> str | None:
+    """NFC of ``text``, or ``None`` when it already is (a chunk of a long text)."""
+    if text.isascii() or unicodedata.is_normalized("NFC", text):
+        return None
+    return unicodedata.normalize("NFC", text)
+
+
+def _repair(text: str, code: bool) -> tuple[str, tuple[str, ...]]:
+    """The slow path of ``normalize_parts``: some rule besides NFC has work to do."""
     changes: list[str] = []
     if "\x00" in text:
         nul = text.count("\x00")
@@ -165,10 +196,10 @@ def normalize_parts(text: str, code: bool) -> tuple[str, tuple[str, ...]]:
     text, n = (_CONTROL_CODE if code else _CONTROL_PROSE).subn("", text)
     if n:
         changes.append("control")
-    if not text.isascii() and not unicodedata.is_normalized("NFC", text):
-        text = unicodedata.normalize("NFC", text)
+    new = _nfc(text)
+    if new is not text:
         changes.append("nfc")
-    return text, tuple(changes)
+    return new, tuple(changes)
 
 
 # What shows nothing: Unicode whitespace (``\s`` is ``str.isspace``: NBSP, U+2000..U+200A, U+3000

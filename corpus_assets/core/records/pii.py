@@ -42,10 +42,12 @@ and email and IPv6 are searched from their anchors (``@``, ``::`` or a ``:h:h:``
 """
 
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
+
+from corpus_assets.core.records.text_chunks import rewrite_chunks, splice
 
 
 @dataclass(frozen=True)
@@ -171,6 +173,7 @@ _NUMBER_CLASS = np.array(
 )
 _IS_DIGIT = bytes(48 <= b <= 57 for b in range(256))  # bytes.translate to 0/1 (a bool array)
 _SCAN_CHARS, _STARTS_CHUNK = 4096, 1 << 20  # below the first ``finditer`` beats numpy
+_CHUNK_CHARS = 1 << 16  # a longer text is redacted a chunk at a time (bounded intermediates)
 
 
 def _luhn(digits: str) -> bool:
@@ -271,16 +274,6 @@ def _is_phone(value: str) -> bool:
     return 7 <= digits <= 13 and _ZIP4.fullmatch(value) is None
 
 
-def _splice(text: str, spans: list[tuple[int, int, str]]) -> str:
-    """``text`` with each (start, end, placeholder) span, in order, replaced."""
-    parts, last = [], 0
-    for start, end, placeholder in spans:
-        parts += (text[last:start], placeholder)
-        last = end
-    parts.append(text[last:])
-    return "".join(parts)
-
-
 def _email_spans(text: str) -> list[tuple[int, int, str]]:
     """Email spans, found from each ``@domain`` back to its local part (anchored: fast)."""
     spans: list[tuple[int, int, str]] = []
@@ -316,6 +309,15 @@ _PLACEHOLDER = {
     "paren": "[PHONE]",
     "phone": "[PHONE]",
 }
+# Each secret rule runs only when a cheap substring test says its literal is there.
+_SECRET_RULES: tuple[tuple[Callable[[str], object], re.Pattern[str], str], ...] = (
+    (lambda t: "AKIA" in t or "ASIA" in t, _AWS, "[SECRET]"),
+    (lambda t: "ecret" in t or "ECRET" in t, _AWS_SECRET, r"\g<name>[SECRET]"),  # name stays
+    (lambda t: "_" in t and _GITHUB_HINT.search(t), _GITHUB, "[SECRET]"),
+    (lambda t: "xox" in t, _SLACK, "[SECRET]"),
+    (lambda t: "sk-" in t, _SK, "[SECRET]"),
+    (lambda t: "eyJ" in t, _JWT, "[SECRET]"),
+)
 _KIND = {"[EMAIL]": "email", "[CARD]": "payment_card", "[IP]": "ip", "[PHONE]": "phone"}
 
 
@@ -393,57 +395,54 @@ def _segment_starts(segment: str, first: int, end: int, offset: int) -> list[int
     return (digits[starts] + offset).tolist()
 
 
-def _count(counts: dict[str, int], spans: list[tuple[int, int, str]]) -> None:
-    """Add the spans to the per-type counts (the only thing about a value that leaves)."""
-    for _, _, placeholder in spans:
-        kind = _KIND[placeholder]
-        counts[kind] = counts.get(kind, 0) + 1
-
-
 def redact(text: str) -> Redaction:
     """``text`` with every value the rules recognise replaced by its type's placeholder."""
     return Redaction(*redact_parts(text))
 
 
 def redact_parts(text: str) -> tuple[str, dict[str, int]]:
-    """``redact`` as ``(text, counts)``: the per-record path builds no object."""
-    counts: dict[str, int] = {}
-    secrets = 0
-    if "-----BEGIN " in text:
-        text, n = _PEM.subn("[SECRET]", text)
-        secrets += n
-    if "AKIA" in text or "ASIA" in text:
-        text, n = _AWS.subn("[SECRET]", text)
-        secrets += n
-    if "ecret" in text or "ECRET" in text:
-        text, n = _AWS_SECRET.subn(r"\g<name>[SECRET]", text)  # the name says what was there
-        secrets += n
-    if "_" in text and _GITHUB_HINT.search(text):
-        text, n = _GITHUB.subn("[SECRET]", text)
-        secrets += n
-    if "xox" in text:
-        text, n = _SLACK.subn("[SECRET]", text)
-        secrets += n
-    if "sk-" in text:
-        text, n = _SK.subn("[SECRET]", text)
-        secrets += n
-    if "eyJ" in text:
-        text, n = _JWT.subn("[SECRET]", text)
-        secrets += n
-    if secrets:
-        counts["secret"] = secrets
-    if "@" in text:
-        spans = _email_spans(text)
-        if spans:
-            text = _splice(text, spans)
-            _count(counts, spans)
-    spans = _number_spans(text)
-    if spans:
-        text = _splice(text, spans)
-        _count(counts, spans)
-    if ":" in text:
-        spans = _ipv6_spans(text)
-        if spans:
-            text = _splice(text, spans)
-            _count(counts, spans)
+    """``redact`` as ``(text, counts)``: the per-record path builds no object. A text longer
+    than ``_CHUNK_CHARS`` is redacted a newline-cut chunk at a time (every rule after PEM
+    stays within a line; PEM blocks are found in the whole text and never cut)."""
+    tally: list[int] = [0, 0, 0]  # secrets, emails, IPv6
+    numbers: dict[str, int] = {}  # card / IPv4 / phone, in the order first found
+    if len(text) <= _CHUNK_CHARS:
+        if "-----BEGIN " in text:
+            text, tally[0] = _PEM.subn("[SECRET]", text)
+        text = _redact_lines(text, tally, numbers)
+    else:
+        pem = (
+            [(*m.span(), "[SECRET]") for m in _PEM.finditer(text)] if "-----BEGIN " in text else []
+        )
+        tally[0] = len(pem)
+
+        def rewrite(chunk: str) -> str | None:
+            found = sum(tally) + sum(numbers.values())
+            new = _redact_lines(chunk, tally, numbers)
+            return new if sum(tally) + sum(numbers.values()) > found else None
+
+        text = rewrite_chunks(text, _CHUNK_CHARS, rewrite, pem)
+    counts = {k: n for k, n in (("secret", tally[0]), ("email", tally[1])) if n} | numbers
+    if tally[2]:
+        counts["ip"] = counts.get("ip", 0) + tally[2]
     return text, counts
+
+
+def _redact_lines(text: str, tally: list[int], numbers: dict[str, int]) -> str:
+    """Every rule but PEM (none crosses a line), adding what it removed to the counts."""
+    for present, pattern, placeholder in _SECRET_RULES:
+        if present(text):
+            text, n = pattern.subn(placeholder, text)
+            tally[0] += n
+    if "@" in text and (spans := _email_spans(text)):
+        text = splice(text, spans)
+        tally[1] += len(spans)
+    if spans := _number_spans(text):
+        text = splice(text, spans)
+        for _, _, placeholder in spans:
+            kind = _KIND[placeholder]
+            numbers[kind] = numbers.get(kind, 0) + 1
+    if ":" in text and (spans := _ipv6_spans(text)):
+        text = splice(text, spans)
+        tally[2] += len(spans)
+    return text
