@@ -136,19 +136,30 @@ def normalize_text(text: str, *, kind: str = "prose") -> Normalized:
 
 def normalize_parts(text: str, code: bool) -> tuple[str, tuple[str, ...]]:
     """``normalize_text`` as ``(text, changes)``: the per-record path builds no object."""
-    n = _CHUNK_CHARS  # a longer text is scanned a slice at a time: no whole-text encoding
-    if (
-        all(_clean(text[a : a + n], code) for a in range(0, len(text), n))
-        if len(text) > n
-        else (_clean(text, code))
+    if len(text) > _CHUNK_CHARS:
+        return _normalize_long(text, code)
+    raw = text.encode("utf-8", "surrogatepass")
+    if len(raw.translate(None, _NEEDS_WORK_CODE if code else _NEEDS_WORK_PROSE)) == len(raw) and (
+        b"\xc2" not in raw or _C1.search(text) is None
     ):
+        if text.isascii() or unicodedata.is_normalized("NFC", text):
+            return text, ()
+        return unicodedata.normalize("NFC", text), ("nfc",)
+    return _repair(text, code)
+
+
+def _normalize_long(text: str, code: bool) -> tuple[str, tuple[str, ...]]:
+    """``normalize_parts`` of a long text, a slice at a time: no whole-text encoding."""
+    n = _CHUNK_CHARS
+    if all(_clean(text[a : a + n], code) for a in range(0, len(text), n)):
         new = _nfc(text)
         return new, () if new is text else ("nfc",)
     return _repair(text, code)
 
 
 def _clean(text: str, code: bool) -> bool:
-    """Whether ``text`` has no control character to remove (NFC may still be needed)."""
+    """Whether ``text`` has no control character to remove (NFC may still be needed): the
+    check at the top of ``normalize_parts``, kept inline there for short texts' speed."""
     raw = text.encode("utf-8", "surrogatepass")
     return len(raw.translate(None, _NEEDS_WORK_CODE if code else _NEEDS_WORK_PROSE)) == len(
         raw
