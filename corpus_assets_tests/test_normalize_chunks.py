@@ -119,11 +119,21 @@ TEXTS = st.lists(st.sampled_from(FRAGMENTS), max_size=80).map("".join)
 @given(TEXTS, st.booleans(), st.integers(1, 40))
 @example("e\n\u0301\n" * 4, False, 2)
 @example("\U0002f800\n" + "a\n" * 10, False, 3)
+@example("\x01" * 4 + "\r\n" * 198, False, 16)  # 1% of the length after CRLF, not before
+@example("\x00" * 3 + "a\r\n" * 100, True, 7)
 def test_chunked_normalisation_equals_whole_text(text: str, code: bool, size: int) -> None:
     """Any text, either kind, any chunk size: the same text, changes or reject."""
     with chunk_chars(size):
         got = _outcome(text, code)
     assert got == _old_outcome(text, code)
+
+
+def test_long_text_reject_counts_the_repaired_length() -> None:
+    """The binary-control reject compares with the length after CRLF and overstrike fixes."""
+    text = "\x01" * 4 + "\r\n" * 198
+    with chunk_chars(16), pytest.raises(ParseReject) as caught:
+        normalize_parts(text, False)
+    assert caught.value.detail == "4 binary control characters in 202"
 
 
 def test_unchanged_long_text_is_returned_uncopied() -> None:
@@ -154,3 +164,18 @@ def test_long_text_peak_is_its_output_plus_a_chunk() -> None:
     clean = unicodedata.normalize("NFC", text)
     peak, _ = _peak(clean)
     assert peak < 2 << 20, peak
+
+
+@pytest.mark.skipif(sys.gettrace() is not None, reason="a tracer disables in-place str append")
+def test_long_text_with_terminal_fixes_peaks_at_its_output() -> None:
+    """CRLF, overstrike, a stray BEL and NFC on a 4M-character text: still the output plus
+    ~1 MiB (the old code held ~4x the output)."""
+    text = "\U0001f600" + "cafe\u0301 au lait,\x07 s'il vous pla\u00eet._\bx\r\n" * 100_000
+    tracemalloc.start()
+    try:
+        out, changes = normalize_parts(text, False)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert changes == ("crlf", "overstrike", "control", "nfc")
+    assert peak - sys.getsizeof(out) < 2 << 20, (peak, sys.getsizeof(out))

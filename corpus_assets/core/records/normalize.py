@@ -29,7 +29,7 @@ import re
 import unicodedata
 from dataclasses import dataclass
 
-from corpus_assets.core.records.text_chunks import rewrite_chunks
+from corpus_assets.core.records.text_chunks import line_cuts, rewrite_chunks
 from corpus_assets.core.storage.digests import sha256_digest
 
 CODE_KIND = "code"
@@ -154,7 +154,52 @@ def _normalize_long(text: str, code: bool) -> tuple[str, tuple[str, ...]]:
     if all(_clean(text[a : a + n], code) for a in range(0, len(text), n)):
         new = _nfc(text)
         return new, () if new is text else ("nfc",)
+    if code or "\x1b" not in text:  # ANSI strings may cross lines: those take the whole text
+        return _repair_lines(text, code)
     return _repair(text, code)
+
+
+def _repair_lines(text: str, code: bool) -> tuple[str, tuple[str, ...]]:
+    """``_repair`` of a long text with no ANSI work, a chunk at a time (every other rule stays
+    within a line): a first pass counts the binary controls, since that reject needs the
+    whole text's count, and a second builds the text."""
+    nul = text.count("\x00")
+    if _exceeds(nul, len(text), NUL_REJECT_PPM):
+        raise ParseReject("parse.nul_bytes", f"{nul} NUL in {len(text)} characters")
+    fired: set[str] = set()
+    binary = size = start = 0
+    for cut in line_cuts(text, _CHUNK_CHARS):
+        chunk = _terminal(text[start:cut], code, fired)
+        binary += len(_BINARY_CONTROL.findall(chunk))
+        size, start = size + len(chunk), cut
+    if binary >= CONTROL_REJECT_MIN and _exceeds(binary, size, CONTROL_REJECT_PPM):
+        raise ParseReject("parse.control_chars", f"{binary} binary control characters in {size}")
+
+    def rewrite(chunk: str) -> str:
+        chunk, n = (_CONTROL_CODE if code else _CONTROL_PROSE).subn(
+            "", _terminal(chunk, code, fired)
+        )
+        fired.update(("control",) if n else ())
+        new = _nfc_or_none(chunk)
+        fired.update(("nfc",) if new is not None else ())
+        return chunk if new is None else new
+
+    text = rewrite_chunks(text, _CHUNK_CHARS, rewrite)
+    return text, tuple(c for c in ("nul", "crlf", "overstrike", "control", "nfc") if c in fired)
+
+
+def _terminal(text: str, code: bool, fired: set[str]) -> str:
+    """NUL, CR and (prose) overstrike rules of ``_repair`` on a chunk, noting which fired."""
+    if "\x00" in text:
+        text = text.replace("\x00", "")
+        fired.add("nul")
+    if "\r" in text:
+        text = _CR.sub("\n", text)
+        fired.add("crlf")
+    if not code and "\b" in text:
+        text = _overstrike(text)
+        fired.add("overstrike")
+    return text
 
 
 def _clean(text: str, code: bool) -> bool:
