@@ -130,6 +130,8 @@ TEXTS = st.lists(st.sampled_from(FRAGMENTS), max_size=60).map("".join)
 @settings(max_examples=400, deadline=None)
 @given(TEXTS, st.integers(1, 40))
 @example("x\n/8.8.8.8\n", 2)
+@example("2001:4860:4860::8888\n+44 20 7946 0958\n", 3)  # counts: phone before IPv6's ip
+@example("a@b.io\n" + "AK" + "IAIOSFODNN7EXAMPLE\n", 3)  # counts: secret before email
 @example("-----BEGIN RSA PRIVATE" + f" KEY-----\n{B64}\n{B64}\n-----END RSA PRIVATE KEY-----\n", 5)
 @example("-----BEGIN RSA PRIVATE" + " KEY-----\n\n" + B64[:20] + "!\n" + "8.8.8.8\n", 3)
 def test_chunked_redaction_equals_whole_text(text: str, size: int) -> None:

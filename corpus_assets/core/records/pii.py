@@ -294,13 +294,7 @@ def _ipv6_spans(text: str) -> list[tuple[int, int, str]]:
     return spans
 
 
-_PLACEHOLDER = {
-    "card": "[CARD]",
-    "ipv4": "[IP]",
-    "intl": "[PHONE]",
-    "paren": "[PHONE]",
-    "phone": "[PHONE]",
-}
+_PLACEHOLDER = dict(card="[CARD]", ipv4="[IP]", intl="[PHONE]", paren="[PHONE]", phone="[PHONE]")
 _KIND = {"[EMAIL]": "email", "[CARD]": "payment_card", "[IP]": "ip", "[PHONE]": "phone"}
 
 
@@ -384,66 +378,68 @@ def redact(text: str) -> Redaction:
 
 
 def redact_parts(text: str) -> tuple[str, dict[str, int]]:
-    """``redact`` as ``(text, counts)``: the per-record path builds no object. A text longer
-    than ``_CHUNK_CHARS`` is redacted a newline-cut chunk at a time (every rule after PEM
-    stays within a line; PEM blocks are found in the whole text and never cut)."""
-    tally: list[int] = [0, 0, 0]  # secrets, emails, IPv6
-    numbers: dict[str, int] = {}  # card / IPv4 / phone, in the order first found
-    if len(text) <= _CHUNK_CHARS:
-        if "-----BEGIN " in text:
-            text, tally[0] = _PEM.subn("[SECRET]", text)
-        text = _redact_lines(text, tally, numbers)
-    else:
-        pem = (
-            [(*m.span(), "[SECRET]") for m in _PEM.finditer(text)] if "-----BEGIN " in text else []
-        )
-        tally[0] = len(pem)
+    """``redact`` as ``(text, counts)``: the per-record path builds no object."""
+    counts: dict[str, int] = {}
+    if len(text) > _CHUNK_CHARS:
+        return _redact_long(text)
+    if "-----BEGIN " in text:
+        text, n = _PEM.subn("[SECRET]", text)
+        if n:
+            counts["secret"] = n
+    return _redact_lines(text, counts, "ip"), counts
 
-        def rewrite(chunk: str) -> str | None:
-            found = sum(tally) + sum(numbers.values())
-            new = _redact_lines(chunk, tally, numbers)
-            return new if sum(tally) + sum(numbers.values()) > found else None
 
-        text = rewrite_chunks(text, _CHUNK_CHARS, rewrite, pem)
-    counts = {"secret": tally[0]} if tally[0] else {}
-    if tally[1]:
-        counts["email"] = tally[1]
-    if numbers:
-        counts.update(numbers)
-    if tally[2]:
-        counts["ip"] = counts.get("ip", 0) + tally[2]
+def _redact_long(text: str) -> tuple[str, dict[str, int]]:
+    """``redact_parts`` a newline-cut chunk at a time (every rule after PEM stays within a
+    line; PEM blocks are found in the whole text and never cut); counts in the same order."""
+    pem = [(*m.span(), "[SECRET]") for m in _PEM.finditer(text)] if "-----BEGIN " in text else []
+    total = {"secret": len(pem)} if pem else {}
+
+    def rewrite(chunk: str) -> str | None:
+        found = sum(total.values())
+        new = _redact_lines(chunk, total, "ipv6")
+        return new if sum(total.values()) > found else None
+
+    text = rewrite_chunks(text, _CHUNK_CHARS, rewrite, pem)
+    counts = {k: total[k] for k in ("secret", "email") if k in total}
+    counts.update((k, n) for k, n in total.items() if k not in ("secret", "email", "ipv6"))
+    if "ipv6" in total:
+        counts["ip"] = counts.get("ip", 0) + total["ipv6"]
     return text, counts
 
 
-def _redact_lines(text: str, tally: list[int], numbers: dict[str, int]) -> str:
-    """Every rule but PEM (none crosses a line), adding what it removed to the counts."""
+def _redact_lines(text: str, counts: dict[str, int], ipv6: str) -> str:
+    """Every rule but PEM (none crosses a line), counting by type (IPv6 under ``ipv6``)."""
+    secrets = 0
     if "AKIA" in text or "ASIA" in text:
         text, n = _AWS.subn("[SECRET]", text)
-        tally[0] += n
+        secrets += n
     if "ecret" in text or "ECRET" in text:
         text, n = _AWS_SECRET.subn(r"\g<name>[SECRET]", text)  # the name says what was there
-        tally[0] += n
+        secrets += n
     if "_" in text and _GITHUB_HINT.search(text):
         text, n = _GITHUB.subn("[SECRET]", text)
-        tally[0] += n
+        secrets += n
     if "xox" in text:
         text, n = _SLACK.subn("[SECRET]", text)
-        tally[0] += n
+        secrets += n
     if "sk-" in text:
         text, n = _SK.subn("[SECRET]", text)
-        tally[0] += n
+        secrets += n
     if "eyJ" in text:
         text, n = _JWT.subn("[SECRET]", text)
-        tally[0] += n
+        secrets += n
+    if secrets:
+        counts["secret"] = counts.get("secret", 0) + secrets
     if "@" in text and (spans := _email_spans(text)):
         text = splice(text, spans)
-        tally[1] += len(spans)
+        counts["email"] = counts.get("email", 0) + len(spans)
     if spans := _number_spans(text):
         text = splice(text, spans)
         for _, _, placeholder in spans:
             kind = _KIND[placeholder]
-            numbers[kind] = numbers.get(kind, 0) + 1
+            counts[kind] = counts.get(kind, 0) + 1
     if ":" in text and (spans := _ipv6_spans(text)):
         text = splice(text, spans)
-        tally[2] += len(spans)
+        counts[ipv6] = counts.get(ipv6, 0) + len(spans)
     return text
