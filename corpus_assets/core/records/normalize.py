@@ -31,9 +31,13 @@ import unicodedata
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from corpus_assets.core.records.text_chunks import line_cuts, rewrite_chunks
 from corpus_assets.core.storage.digests import hasher_digest
 
 CODE_KIND = "code"
+# A longer text is checked and NFC-normalised a chunk (cut after a newline) at a time, so no
+# whole-text encoding or NFC buffer is held.
+_CHUNK_CHARS = 1 << 16
 
 # Any of these means the slow path; everything else is clean except for NFC. C0 and DEL are
 # found in the UTF-8 bytes (bytes.translate runs at memory speed, a regex scan at ~0.2 GB/s),
@@ -134,6 +138,8 @@ def normalize_text(text: str, *, kind: str = "prose") -> Normalized:
 
 def normalize_parts(text: str, code: bool) -> tuple[str, tuple[str, ...]]:
     """``normalize_text`` as ``(text, changes)``: the per-record path builds no object."""
+    if len(text) > _CHUNK_CHARS:
+        return _normalize_long(text, code)
     raw = text.encode("utf-8", "surrogatepass")
     if len(raw.translate(None, _NEEDS_WORK_CODE if code else _NEEDS_WORK_PROSE)) == len(raw) and (
         b"\xc2" not in raw or _C1.search(text) is None
@@ -141,7 +147,88 @@ def normalize_parts(text: str, code: bool) -> tuple[str, tuple[str, ...]]:
         if text.isascii() or unicodedata.is_normalized("NFC", text):
             return text, ()
         return unicodedata.normalize("NFC", text), ("nfc",)
+    return _repair(text, code)
 
+
+def _normalize_long(text: str, code: bool) -> tuple[str, tuple[str, ...]]:
+    """``normalize_parts`` of a long text, a slice at a time: no whole-text encoding."""
+    n = _CHUNK_CHARS
+    if all(_clean(text[a : a + n], code) for a in range(0, len(text), n)):
+        new = _nfc(text)
+        return new, () if new is text else ("nfc",)
+    if code or "\x1b" not in text:  # ANSI strings may cross lines: those take the whole text
+        return _repair_lines(text, code)
+    return _repair(text, code)
+
+
+def _repair_lines(text: str, code: bool) -> tuple[str, tuple[str, ...]]:
+    """``_repair`` of a long text with no ANSI work, a chunk at a time (every other rule stays
+    within a line): a first pass counts the binary controls, since that reject needs the
+    whole text's count, and a second builds the text."""
+    nul = text.count("\x00")
+    if _exceeds(nul, len(text), NUL_REJECT_PPM):
+        raise ParseReject("parse.nul_bytes", f"{nul} NUL in {len(text)} characters")
+    fired: set[str] = set()
+    binary = size = start = 0
+    for cut in line_cuts(text, _CHUNK_CHARS):
+        chunk = _terminal(text[start:cut], code, fired)
+        binary += len(_BINARY_CONTROL.findall(chunk))
+        size, start = size + len(chunk), cut
+    if binary >= CONTROL_REJECT_MIN and _exceeds(binary, size, CONTROL_REJECT_PPM):
+        raise ParseReject("parse.control_chars", f"{binary} binary control characters in {size}")
+
+    def rewrite(chunk: str) -> str:
+        chunk, n = (_CONTROL_CODE if code else _CONTROL_PROSE).subn(
+            "", _terminal(chunk, code, fired)
+        )
+        fired.update(("control",) if n else ())
+        new = _nfc_or_none(chunk)
+        fired.update(("nfc",) if new is not None else ())
+        return chunk if new is None else new
+
+    text = rewrite_chunks(text, _CHUNK_CHARS, rewrite)
+    return text, tuple(c for c in ("nul", "crlf", "overstrike", "control", "nfc") if c in fired)
+
+
+def _terminal(text: str, code: bool, fired: set[str]) -> str:
+    """NUL, CR and (prose) overstrike rules of ``_repair`` on a chunk, noting which fired."""
+    if "\x00" in text:
+        text = text.replace("\x00", "")
+        fired.add("nul")
+    if "\r" in text:
+        text = _CR.sub("\n", text)
+        fired.add("crlf")
+    if not code and "\b" in text:
+        text = _overstrike(text)
+        fired.add("overstrike")
+    return text
+
+
+def _clean(text: str, code: bool) -> bool:
+    """Whether ``text`` has no control character to remove (NFC may still be needed): the
+    check at the top of ``normalize_parts``, kept inline there for short texts' speed."""
+    raw = text.encode("utf-8", "surrogatepass")
+    return len(raw.translate(None, _NEEDS_WORK_CODE if code else _NEEDS_WORK_PROSE)) == len(
+        raw
+    ) and (b"\xc2" not in raw or _C1.search(text) is None)
+
+
+def _nfc(text: str) -> str:
+    """NFC of ``text`` (``text`` itself when it already is); a long text a chunk at a time."""
+    if len(text) > _CHUNK_CHARS:
+        return rewrite_chunks(text, _CHUNK_CHARS, _nfc_or_none)
+    return _nfc_or_none(text) or text
+
+
+def _nfc_or_none(text: str) -> str | None:
+    """NFC of ``text``, or ``None`` when it already is (a chunk of a long text)."""
+    if text.isascii() or unicodedata.is_normalized("NFC", text):
+        return None
+    return unicodedata.normalize("NFC", text)
+
+
+def _repair(text: str, code: bool) -> tuple[str, tuple[str, ...]]:
+    """The slow path of ``normalize_parts``: some rule besides NFC has work to do."""
     changes: list[str] = []
     if "\x00" in text:
         nul = text.count("\x00")
@@ -167,10 +254,10 @@ def normalize_parts(text: str, code: bool) -> tuple[str, tuple[str, ...]]:
     text, n = (_CONTROL_CODE if code else _CONTROL_PROSE).subn("", text)
     if n:
         changes.append("control")
-    if not text.isascii() and not unicodedata.is_normalized("NFC", text):
-        text = unicodedata.normalize("NFC", text)
+    new = _nfc(text)
+    if new is not text:
         changes.append("nfc")
-    return text, tuple(changes)
+    return new, tuple(changes)
 
 
 # What shows nothing: Unicode whitespace (``\s`` is ``str.isspace``: NBSP, U+2000..U+200A, U+3000

@@ -47,6 +47,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from corpus_assets.core.records.text_chunks import rewrite_chunks, splice
+
 
 @dataclass(frozen=True)
 class Redaction:
@@ -126,21 +128,13 @@ _NUMBERED_BEFORE = re.compile(
 )
 # Non-global IPv4 ranges (RFC 6890 special purpose: this network, private, shared, loopback,
 # link-local, IETF, documentation, benchmarking, multicast + reserved + broadcast): (net, bits).
+# fmt: off
 _NON_GLOBAL_V4 = (
-    (0x00000000, 8),
-    (0x0A000000, 8),
-    (0x64400000, 10),
-    (0x7F000000, 8),
-    (0xA9FE0000, 16),
-    (0xAC100000, 12),
-    (0xC0000000, 24),
-    (0xC0000200, 24),
-    (0xC0A80000, 16),
-    (0xC6120000, 15),
-    (0xC6336400, 24),
-    (0xCB007100, 24),
-    (0xE0000000, 3),
+    (0x00000000, 8), (0x0A000000, 8), (0x64400000, 10), (0x7F000000, 8), (0xA9FE0000, 16),
+    (0xAC100000, 12), (0xC0000000, 24), (0xC0000200, 24), (0xC0A80000, 16), (0xC6120000, 15),
+    (0xC6336400, 24), (0xCB007100, 24), (0xE0000000, 3),
 )
+# fmt: on
 # Every IPv6 candidate holds '::' or, with 8 groups, a ':h:h:' chain; both start with ':'.
 _IPV6_HINT = re.compile(r":(?::|[0-9A-Fa-f]{1,4}:[0-9A-Fa-f]{1,4}:)", _A)
 _HEX_RUN_BEFORE = re.compile(r"[0-9A-Fa-f:]{0,39}\Z", _A)
@@ -171,6 +165,7 @@ _NUMBER_CLASS = np.array(
 )
 _IS_DIGIT = bytes(48 <= b <= 57 for b in range(256))  # bytes.translate to 0/1 (a bool array)
 _SCAN_CHARS, _STARTS_CHUNK = 4096, 1 << 20  # below the first ``finditer`` beats numpy
+_CHUNK_CHARS = 1 << 16  # a longer text is redacted a chunk at a time (bounded intermediates)
 
 
 def _luhn(digits: str) -> bool:
@@ -271,16 +266,6 @@ def _is_phone(value: str) -> bool:
     return 7 <= digits <= 13 and _ZIP4.fullmatch(value) is None
 
 
-def _splice(text: str, spans: list[tuple[int, int, str]]) -> str:
-    """``text`` with each (start, end, placeholder) span, in order, replaced."""
-    parts, last = [], 0
-    for start, end, placeholder in spans:
-        parts += (text[last:start], placeholder)
-        last = end
-    parts.append(text[last:])
-    return "".join(parts)
-
-
 def _email_spans(text: str) -> list[tuple[int, int, str]]:
     """Email spans, found from each ``@domain`` back to its local part (anchored: fast)."""
     spans: list[tuple[int, int, str]] = []
@@ -309,13 +294,7 @@ def _ipv6_spans(text: str) -> list[tuple[int, int, str]]:
     return spans
 
 
-_PLACEHOLDER = {
-    "card": "[CARD]",
-    "ipv4": "[IP]",
-    "intl": "[PHONE]",
-    "paren": "[PHONE]",
-    "phone": "[PHONE]",
-}
+_PLACEHOLDER = dict(card="[CARD]", ipv4="[IP]", intl="[PHONE]", paren="[PHONE]", phone="[PHONE]")
 _KIND = {"[EMAIL]": "email", "[CARD]": "payment_card", "[IP]": "ip", "[PHONE]": "phone"}
 
 
@@ -393,13 +372,6 @@ def _segment_starts(segment: str, first: int, end: int, offset: int) -> list[int
     return (digits[starts] + offset).tolist()
 
 
-def _count(counts: dict[str, int], spans: list[tuple[int, int, str]]) -> None:
-    """Add the spans to the per-type counts (the only thing about a value that leaves)."""
-    for _, _, placeholder in spans:
-        kind = _KIND[placeholder]
-        counts[kind] = counts.get(kind, 0) + 1
-
-
 def redact(text: str) -> Redaction:
     """``text`` with every value the rules recognise replaced by its type's placeholder."""
     return Redaction(*redact_parts(text))
@@ -408,10 +380,37 @@ def redact(text: str) -> Redaction:
 def redact_parts(text: str) -> tuple[str, dict[str, int]]:
     """``redact`` as ``(text, counts)``: the per-record path builds no object."""
     counts: dict[str, int] = {}
-    secrets = 0
+    if len(text) > _CHUNK_CHARS:
+        return _redact_long(text)
     if "-----BEGIN " in text:
         text, n = _PEM.subn("[SECRET]", text)
-        secrets += n
+        if n:
+            counts["secret"] = n
+    return _redact_lines(text, counts, "ip"), counts
+
+
+def _redact_long(text: str) -> tuple[str, dict[str, int]]:
+    """``redact_parts`` a newline-cut chunk at a time (every rule after PEM stays within a
+    line; PEM blocks are found in the whole text and never cut); counts in the same order."""
+    pem = [(*m.span(), "[SECRET]") for m in _PEM.finditer(text)] if "-----BEGIN " in text else []
+    total = {"secret": len(pem)} if pem else {}
+
+    def rewrite(chunk: str) -> str | None:
+        found = sum(total.values())
+        new = _redact_lines(chunk, total, "ipv6")
+        return new if sum(total.values()) > found else None
+
+    text = rewrite_chunks(text, _CHUNK_CHARS, rewrite, pem)
+    counts = {k: total[k] for k in ("secret", "email") if k in total}
+    counts.update((k, n) for k, n in total.items() if k not in ("secret", "email", "ipv6"))
+    if "ipv6" in total:
+        counts["ip"] = counts.get("ip", 0) + total["ipv6"]
+    return text, counts
+
+
+def _redact_lines(text: str, counts: dict[str, int], ipv6: str) -> str:
+    """Every rule but PEM (none crosses a line), counting by type (IPv6 under ``ipv6``)."""
+    secrets = 0
     if "AKIA" in text or "ASIA" in text:
         text, n = _AWS.subn("[SECRET]", text)
         secrets += n
@@ -431,19 +430,16 @@ def redact_parts(text: str) -> tuple[str, dict[str, int]]:
         text, n = _JWT.subn("[SECRET]", text)
         secrets += n
     if secrets:
-        counts["secret"] = secrets
-    if "@" in text:
-        spans = _email_spans(text)
-        if spans:
-            text = _splice(text, spans)
-            _count(counts, spans)
-    spans = _number_spans(text)
-    if spans:
-        text = _splice(text, spans)
-        _count(counts, spans)
-    if ":" in text:
-        spans = _ipv6_spans(text)
-        if spans:
-            text = _splice(text, spans)
-            _count(counts, spans)
-    return text, counts
+        counts["secret"] = counts.get("secret", 0) + secrets
+    if "@" in text and (spans := _email_spans(text)):
+        text = splice(text, spans)
+        counts["email"] = counts.get("email", 0) + len(spans)
+    if spans := _number_spans(text):
+        text = splice(text, spans)
+        for _, _, placeholder in spans:
+            kind = _KIND[placeholder]
+            counts[kind] = counts.get(kind, 0) + 1
+    if ":" in text and (spans := _ipv6_spans(text)):
+        text = splice(text, spans)
+        counts[ipv6] = counts.get(ipv6, 0) + len(spans)
+    return text
