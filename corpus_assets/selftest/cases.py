@@ -1,8 +1,15 @@
-"""Every fault case, from the modules that register them (one per seed area)."""
+"""Every fault case, from the modules that register them (one per fault area)."""
 
 import re
 
-from corpus_assets.selftest import cases_release  # noqa: F401  (registers its cases)
+from corpus_assets.selftest import (  # noqa: F401  (each registers its cases)
+    cases_build,
+    cases_download,
+    cases_ingest,
+    cases_race,
+    cases_release,
+    cases_sweep,
+)
 from corpus_assets.selftest.case import CASES, FaultCase
 
 

@@ -1,0 +1,1 @@
+"""Fault cases (to be filled in): see ``corpus_assets/selftest/__init__.py``."""
