@@ -168,7 +168,11 @@ def _outcome(
             before.generation,
             before.active_snapshot,
         )
-        return "fence won the swap" if "gate moved" in race.refused else "fence before the read"
+        if "gate moved" in race.refused:  # the loser is told which fence won
+            moved = "tombstone watermark" if kind == "tombstone" else "benchmark fence"
+            assert f"{moved} {getattr(before, moved.replace(' ', '_'))} -> " in race.refused
+            return "fence won the swap"
+        return "fence before the read"
     assert (state, history) == (states.ACTIVE, sid)
     assert (after.generation, after.active_snapshot) == (before.generation + 1, sid)
     assert race.activated is not None and race.activated.generation == before.generation + 1

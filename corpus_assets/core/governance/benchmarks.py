@@ -30,6 +30,7 @@ from sqlalchemy import (
 )
 
 from corpus_assets.core.governance import gate
+from corpus_assets.core.storage import failpoints
 from corpus_assets.core.storage.catalog import Catalog, benchmark_items
 
 ADD, REMOVE = "add", "remove"
@@ -113,6 +114,7 @@ def register(
     """Register items (in item id order) and advance every alias's benchmark fence to the last
     new one; ids already active with the same text are skipped, another text is refused."""
     chosen = _one_per_id(items)
+    failpoints.hit("fence/benchmark")  # the fault self-test races activation from here
     with catalog.begin() as conn:
         gate.lock_registrations(conn)  # before reading what is active
         current = {row.item_id: row for row in active_items(conn, None, item_ids=sorted(chosen))}

@@ -106,13 +106,32 @@ def _swap(conn: Connection, seen: Gate, **values: object) -> bool:
     )
 
 
+_MOVES = (
+    ("tombstone_watermark", "tombstone watermark", "a tombstone"),
+    ("benchmark_fence", "benchmark fence", "a benchmark registration"),
+    ("generation", "generation", "another activation or rollback"),
+)
+
+
+def _moved(conn: Connection, seen: Gate) -> str:
+    """What changed on the gate row since ``seen``, and what kind of change did it: the loser
+    of a race is told which fence (or activation) won."""
+    now = conn.execute(select(gate).where(gate.c.alias == seen.alias)).mappings().one()
+    moved = [
+        (f"{label} {getattr(seen, column)} -> {now[column]}", cause)
+        for column, label, cause in _MOVES
+        if now[column] != getattr(seen, column)
+    ]
+    return "; ".join(what for what, _ in moved) + ": " + " and ".join(c for _, c in moved)
+
+
 def _point(conn: Connection, seen: Gate, snapshot_id: str, actor: str, detail: str) -> None:
     """Swap the alias to ``snapshot_id`` at the next generation and record it in the history."""
     generation = seen.generation + 1
     if not _swap(conn, seen, generation=generation, active_snapshot=snapshot_id):
         raise GateError(
-            f"alias {seen.alias!r}: the gate moved while {detail} {snapshot_id} (a fence advanced "
-            "or another activation won); nothing was changed"
+            f"alias {seen.alias!r}: the gate moved while {detail} {snapshot_id} "
+            f"({_moved(conn, seen)} committed first); nothing was changed"
         )
     conn.execute(
         insert(alias_history).values(
