@@ -147,8 +147,21 @@ class Lab:
         self.rng = random.Random(int(os.environ.get("CORPUS_SELFTEST_SEED", "17")))
 
     def home(self, name: str) -> Home:
+        """A fresh home, its Dagster instance already created (a copy of one made once: a
+        new instance's storage takes seconds to create, every case would pay it)."""
         path = self.root / f"{name}-{uuid.uuid4().hex[:6]}"
+        shutil.copytree(self._dagster_template(), path / "dagster")
         return Home(path, self._database() if self.catalog else None)
+
+    def _dagster_template(self) -> Path:
+        template = self.root / "dagster-template"
+        if not template.is_dir():
+            made = template.with_name(template.name + ".tmp")
+            code = "from corpus_assets.cli import _instance; _instance()"
+            env = {**os.environ, "DAGSTER_HOME": str(made)}
+            subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=600)
+            made.rename(template)
+        return template
 
     @property
     def standard_sources(self) -> Path:
