@@ -260,7 +260,7 @@ def cdc_gap(lab: Lab) -> Outcome:
     "a CDC event at lsn 2 (below the frozen watermark 5) arriving after the snapshot was "
     "built and approved",
     "the late event is not folded into the signed set: the snapshot becomes INCOMPLETE and "
-    "activation refuses it (approve and verify notice too)",
+    "activation refuses it; a later approve refuses it too",
 )
 def cdc_late_event(lab: Lab) -> Outcome:
     home = _cdc_home(lab, "cdc-late-event", {"000.jsonl": [1, 2, 3, 4, 5]})
@@ -275,8 +275,8 @@ def cdc_late_event(lab: Lab) -> Outcome:
     matched = refused and state == states.INCOMPLETE and _active(home) is None
     return Outcome(
         observed=f"verify exit {verify.code}"
-        f"{'' if verify.code else ' (does not check late CDC events)'}; activate exit "
-        f"{activate.code}: {activate.error_line()}; state {state}; approve exit "
+        f"{'' if verify.code else ' (verify does not check late CDC events: issue 19)'}; "
+        f"activate exit {activate.code}: {activate.error_line()}; state {state}; approve exit "
         f"{approve.code}: {approve.error_line()}",
         matched=matched and approve.code != 0 and "late CDC" in approve.err,
         digests_equal=None,  # no second build to compare
@@ -325,7 +325,8 @@ def image_retag(lab: Lab) -> Outcome:
     )
     return Outcome(
         observed=f"approve exit {approve.code}: {approve.error_line()}; activate exit "
-        f"{activate.code}; state {state}; alias active {_active(home)}",
+        f"{activate.code} ({'names' if named in activate.err else 'does not name'} it too); "
+        f"state {state}; alias active {_active(home)}",
         matched=matched,
         lost=NO_LOSS if state == states.VALIDATED else f"snapshot moved to {state}",
         digests_equal=None,  # no build of its own: it replays the reference's
