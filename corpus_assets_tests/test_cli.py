@@ -258,6 +258,30 @@ def test_a_late_cdc_event_blocks_cli_approval(
         assert states.get(ws.catalog, sid).state == states.INCOMPLETE
 
 
+def test_a_cdc_gap_build_names_the_incomplete_snapshot_and_the_missing_offsets(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The raw_snapshot check warns about the gap too (no snapshotId in its metadata): the
+    build's error is still the gate's verdict, not a KeyError (found by selftest 001.cdc-gap)."""
+    log = tmp_path / "cdc"
+    log.mkdir()
+    (log / "000.jsonl").write_text(_cdc_event(1, 1, "first ticket") + _cdc_event(2, 2, "second"))
+    (log / "001.jsonl").write_text(_cdc_event(5, 5, "fifth ticket"))  # lsn 3-4 missing
+    config = tmp_path / "corpus.yaml"
+    config.write_text(
+        f"version: 1\npurpose: cdc-test\nstorage: {{home: {tmp_path / 'home'}}}\n"
+        "sources:\n  - {id: tickets, kind: changelog, path: cdc, key_field: id, "
+        "text_field: body}\n"
+    )
+    monkeypatch.setenv("CORPUS_CONFIG", str(config))
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster"))
+    monkeypatch.delenv("CORPUS_CATALOG_URL", raising=False)
+    code, err = _cli(capsys, "build", "--partition", "p1")
+    assert code == 1, err
+    assert "(partition p1) did not validate and is INCOMPLETE" in err, err
+    assert "CDC offsets missing lsn 3-4 (watermark 5)" in err, err
+
+
 def test_build_prints_each_benchmark_checked_and_what_it_excluded(tmp_path: Path) -> None:
     """After ``benchmark add``, the next ``build`` says per benchmark how its items were checked
     and how many records they excluded (issue 16: the report in the build output)."""
