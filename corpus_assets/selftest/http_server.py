@@ -37,7 +37,8 @@ class Drop:
 @dataclass
 class Remote:
     """One object the server serves, and how it misbehaves; shared with handler threads.
-    ``sent`` counts body bytes written; ``ranges`` and ``statuses`` log each GET."""
+    ``sent`` counts body bytes written; ``ranges`` logs each GET's Range header, ``log`` each
+    request as (method, Range header, status; 0 for no response)."""
 
     body: bytes = b""
     etag: str | None = '"v1"'
@@ -52,7 +53,7 @@ class Remote:
     sent: int = 0
     gets: int = 0
     ranges: list[str | None] = field(default_factory=list)
-    statuses: list[int] = field(default_factory=list)
+    log: list[tuple[str, str | None, int]] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def change(self, body: bytes, etag: str, last_modified: str = CHANGED_LAST_MODIFIED) -> None:
@@ -74,8 +75,10 @@ class Handler(BaseHTTPRequestHandler):
             self.send_error(404)
             return
         if not remote.allow_head:
+            self._log(remote, 405)
             self.send_error(405)
             return
+        self._log(remote, 200)
         with remote.lock:
             body, etag, last_modified = remote.body, remote.etag, remote.last_modified
         self.send_response(200)
@@ -191,7 +194,7 @@ class Handler(BaseHTTPRequestHandler):
 
     def _log(self, remote: Remote, status: int) -> None:
         with remote.lock:
-            remote.statuses.append(status)
+            remote.log.append((self.command, self.headers.get("Range"), status))
 
     def _abort(self, drop: Drop, remote: Remote) -> None:
         self.close_connection = True
