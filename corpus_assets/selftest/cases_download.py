@@ -18,7 +18,13 @@ from pathlib import Path
 from corpus_assets.core.release.verify import verify
 from corpus_assets.selftest.case import NO_LOSS, Outcome, fault
 from corpus_assets.selftest.evidence import intact, stray_temps, workspace
-from corpus_assets.selftest.http_server import LAST_MODIFIED, Drop, LoopbackServer, Remote
+from corpus_assets.selftest.http_server import (
+    LAST_MODIFIED,
+    Drop,
+    LoopbackServer,
+    Remote,
+    content_etag,
+)
 from corpus_assets.selftest.lab import PARTITION, Built, Home, Lab, Ran, SelftestError, parse_built
 
 SEED = "003"
@@ -45,17 +51,14 @@ def _bodies(lab: Lab) -> dict[str, bytes]:
     return {f"/{p.name}": p.read_bytes() for p in sorted(lab.standard_sources.glob("*.zst"))}
 
 
-def _etag(body: bytes) -> str:
-    return '"' + hashlib.sha256(body).hexdigest()[:16] + '"'
-
-
 def _digest(body: bytes) -> str:
     return "sha256:" + hashlib.sha256(body).hexdigest()
 
 
 def _server(lab: Lab, port: int = 0) -> LoopbackServer:
     """A server of the standard objects (ETags from their bytes), not yet started."""
-    remotes = {path: Remote(body=body, etag=_etag(body)) for path, body in _bodies(lab).items()}
+    bodies = _bodies(lab)
+    remotes = {path: Remote(body=body, etag=content_etag(body)) for path, body in bodies.items()}
     return LoopbackServer(objects=remotes, port=port)
 
 
@@ -233,8 +236,8 @@ def corrupt_partial(lab: Lab) -> Outcome:
     return Outcome(
         observed=(
             f"killed with {verified} bytes verified of {len(remote.body)}, flipped bytes at"
-            f" {flipped}; rerun asked {(asked[0] or 'no Range') if asked else 'nothing'} first and was"
-            f" sent {resent} bytes of it;"
+            f" {flipped}; rerun asked {(asked[0] or 'no Range') if asked else 'nothing'} first"
+            f" and was sent {resent} bytes of it;"
             f" build exit {ran.code}; {verdict}; pinned sha256"
             f" {'all' if not wrong else 'NOT all'} equal the served bytes"
         ),
@@ -309,10 +312,10 @@ def etag_changes(lab: Lab) -> Outcome:
         remote = server.objects[path]
         current = remote.body  # the version the reference build pinned
         old = _stale_version(current)
-        remote.change(old, _etag(old), "Tue, 31 Dec 2024 00:00:00 GMT")
+        remote.change(old, content_etag(old), "Tue, 31 Dec 2024 00:00:00 GMT")
         cut = len(old) // 2
         remote.drops = [Drop(offset=cut, how="fin")]
-        remote.after_drop = lambda r: r.change(current, _etag(current), LAST_MODIFIED)
+        remote.after_drop = lambda r: r.change(current, content_etag(current), LAST_MODIFIED)
         home = _web_home(lab, "etag-changes", server)
         ran, built = _build(home)
         log = list(remote.log)

@@ -6,6 +6,7 @@ It lives in the package, not the tests, because ``corpus-assets selftest --fault
 user's installation without pytest; the download tests import it from here too.
 """
 
+import hashlib
 import re
 import socket
 import struct
@@ -48,6 +49,7 @@ class Remote:
     chunked: bool = False
     drops: list[Drop] = field(default_factory=list)
     after_drop: Callable[["Remote"], None] | None = None
+    after_get: Callable[[], None] | None = None  # runs once, after a GET was answered
     piece: int = 64 << 10
     delay: float = 0.0
     sent: int = 0
@@ -112,6 +114,10 @@ class Handler(BaseHTTPRequestHandler):
         payload = memoryview(body)[start : end + 1]
         self._head(remote, status, (start, len(payload), len(body)), etag, last_modified)
         self._send_body(remote, payload, status, drop, start)
+        with remote.lock:
+            hook, remote.after_get = remote.after_get, None
+        if hook is not None:
+            hook()
 
     def _span(
         self, remote: Remote, size: int, etag: str | None, last_modified: str | None
@@ -212,6 +218,11 @@ class Handler(BaseHTTPRequestHandler):
             remote.after_drop(remote)
 
 
+def content_etag(body: bytes) -> str:
+    """A strong ETag derived from the bytes (a rewrite with other bytes changes it)."""
+    return '"' + hashlib.sha256(body).hexdigest()[:16] + '"'
+
+
 def _limit(drop: Drop, start: int) -> int:
     """Body bytes of this response to send before ``drop`` happens."""
     return drop.at if drop.offset is None else max(0, drop.offset - start)
@@ -240,6 +251,16 @@ class LoopbackServer(ThreadingHTTPServer):
 
     def remote_at(self, path: str) -> Remote | None:
         return self.objects.get(path, self.remote)
+
+    def put(self, path: str, body: bytes) -> Remote:
+        """Serve ``body`` at ``path`` from now on, under its content ETag (no Last-Modified)."""
+        remote = Remote(body=body, etag=content_etag(body), last_modified=None)
+        self.objects[path] = remote
+        return remote
+
+    def remove(self, path: str) -> None:
+        """``path`` answers 404 from now on."""
+        del self.objects[path]
 
     def start(self) -> "LoopbackServer":
         self._thread = threading.Thread(target=self.serve_forever, args=(0.01,), daemon=True)
