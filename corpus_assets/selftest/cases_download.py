@@ -15,6 +15,8 @@ import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
+import zstandard
+
 from corpus_assets.core.release.verify import verify
 from corpus_assets.selftest.case import NO_LOSS, Outcome, fault
 from corpus_assets.selftest.evidence import intact, stray_temps, workspace
@@ -81,7 +83,7 @@ def _reference(lab: Lab) -> _Reference:
     return known
 
 
-def _pinned(home: Home) -> dict[str, str]:
+def _pinned(home: Home, server: LoopbackServer) -> dict[str, str]:
     """URL path -> sha256 the build's freeze pinned (empty if no freeze was written)."""
     with workspace(home) as ws:
         freeze = ws.catalog.freeze_digest(PARTITION)
@@ -89,17 +91,37 @@ def _pinned(home: Home) -> dict[str, str]:
             return {}
         spec = json.loads(ws.cas.get_bytes(freeze))
         objects = [o for source in spec["sources"] for o in source["objects"]]
-        pinned = {o["name"].split("/", 3)[3]: o["sha256"] for o in objects}
+        pinned = {o["name"].removeprefix(server.url("")): o["sha256"] for o in objects}
         kept = all(intact(ws, digest) for digest in pinned.values())
     if not kept:
         raise SelftestError("a pinned object's bytes in the CAS do not hash to its name")
-    return {f"/{name}": digest for name, digest in pinned.items()}
+    return pinned
 
 
-def _wrong(home: Home, bodies: dict[str, bytes]) -> list[str]:
-    """Objects whose pinned bytes are not the bytes served (missing ones included)."""
-    pinned = _pinned(home)
-    return [path for path, body in sorted(bodies.items()) if pinned.get(path) != _digest(body)]
+@dataclass(frozen=True)
+class _Pins:
+    """How the freeze's pins compare with the bytes the server ends up serving."""
+
+    corrupt: list[str]  # pinned, but under another sha256 than the served bytes'
+    missing: list[str]  # not pinned at all (no freeze, or the object left out)
+
+    @property
+    def right(self) -> bool:
+        return not (self.corrupt or self.missing)
+
+    def summary(self) -> str:
+        if self.right:
+            return "every pinned sha256 equals the served bytes'"
+        return f"{len(self.corrupt)} pinned with other bytes, {len(self.missing)} not pinned"
+
+
+def _pins(home: Home, server: LoopbackServer) -> _Pins:
+    pinned = _pinned(home, server)
+    served = {path: _digest(remote.body) for path, remote in sorted(server.objects.items())}
+    return _Pins(
+        corrupt=[p for p, digest in served.items() if pinned.get(p, digest) != digest],
+        missing=[p for p in served if p not in pinned],
+    )
 
 
 def _build(home: Home) -> tuple[Ran, Built | None]:
@@ -119,17 +141,17 @@ def _verdict(home: Home, built: Built | None) -> str:
     return f"verify failed: {report.findings[0]}"
 
 
-def _lost(home: Home, wrong: list[str]) -> str:
-    strays = stray_temps(home)
-    parts = [f"pinned bytes differ from served: {', '.join(wrong)}"] if wrong else []
-    parts += [f"stray temp {path.name}" for path in strays[:3]]
+def _lost(home: Home, pins: _Pins, built: Built | None) -> str:
+    """Corrupt bytes pinned; after a successful build, also partial files left behind."""
+    parts = [f"pinned with corrupt bytes: {', '.join(pins.corrupt)}"] if pins.corrupt else []
+    if built is not None:
+        parts += [f"stray temp {path.name}" for path in stray_temps(home)[:3]]
     return "; ".join(parts) or NO_LOSS
 
 
 def _drops_at(remote: Remote, offsets: list[int], rng: random.Random) -> None:
     """Arm drops at these object offsets, each a FIN or (after the bytes reached the client)
     an RST, as the seeded ``rng`` picks."""
-
     remote.drops = [
         Drop(offset=offset, how=rng.choice(("fin", "rst")), pause=0.02) for offset in offsets
     ]
@@ -156,7 +178,7 @@ def network_drops(lab: Lab) -> Outcome:
         ran, built = _build(home)
         left = sum(len(remote.drops) for remote in server.objects.values())
         sent = server.sent()
-    wrong = _wrong(home, {p: r.body for p, r in server.objects.items()})
+    pins = _pins(home, server)
     ratio = sent / size
     equal = built is not None and built.snapshot_id == reference.built.snapshot_id
     return Outcome(
@@ -164,11 +186,10 @@ def network_drops(lab: Lab) -> Outcome:
             f"build exit {ran.code}"
             + (f" ({ran.error_line()})" if ran.code else f", state {built.state if built else '?'}")
             + f"; {armed - left} of {armed} drops struck; server sent {sent} body bytes for"
-            f" {size} ({ratio:.2f}x); pinned sha256 {'all' if not wrong else 'NOT all'} equal"
-            " the served bytes"
+            f" {size} ({ratio:.2f}x); {pins.summary()}"
         ),
-        matched=ran.code == 0 and left == 0 and armed >= 20 and ratio <= 1.5 and not wrong,
-        lost=_lost(home, wrong),
+        matched=ran.code == 0 and left == 0 and armed >= 20 and ratio <= 1.5 and pins.right,
+        lost=_lost(home, pins, built),
         digests_equal=None if built is None else equal,
     )
 
@@ -215,7 +236,6 @@ def _flip(partial: Path, verified: int, rng: random.Random) -> list[int]:
     "the build completes and verifies; no corrupt byte is published",
 )
 def corrupt_partial(lab: Lab) -> Outcome:
-
     reference = _reference(lab)
     rng = _rng("003.corrupt-partial")
     with _server(lab, reference.port) as server:
@@ -230,7 +250,7 @@ def corrupt_partial(lab: Lab) -> Outcome:
         ran, built = _build(home)
         asked, resent = remote.ranges[before:], remote.sent - sent
     verdict = _verdict(home, built)
-    wrong = _wrong(home, {p: r.body for p, r in server.objects.items()})
+    pins = _pins(home, server)
     # the first request after the kill asks for the whole object, and gets it
     restarted = bool(asked) and asked[0] is None and resent == len(remote.body)
     return Outcome(
@@ -238,11 +258,10 @@ def corrupt_partial(lab: Lab) -> Outcome:
             f"killed with {verified} bytes verified of {len(remote.body)}, flipped bytes at"
             f" {flipped}; rerun asked {(asked[0] or 'no Range') if asked else 'nothing'} first"
             f" and was sent {resent} bytes of it;"
-            f" build exit {ran.code}; {verdict}; pinned sha256"
-            f" {'all' if not wrong else 'NOT all'} equal the served bytes"
+            f" build exit {ran.code}; {verdict}; {pins.summary()}"
         ),
-        matched=ran.code == 0 and restarted and verdict.startswith("verify ok") and not wrong,
-        lost=_lost(home, wrong),
+        matched=ran.code == 0 and restarted and verdict.startswith("verify ok") and pins.right,
+        lost=_lost(home, pins, built),
         digests_equal=None if built is None else built.snapshot_id == reference.built.snapshot_id,
     )
 
@@ -254,7 +273,6 @@ def corrupt_partial(lab: Lab) -> Outcome:
     "the download still completes correctly (restarted from zero), verified",
 )
 def ignores_range(lab: Lab) -> Outcome:
-
     reference = _reference(lab)
     with _server(lab, reference.port) as server:
         for remote in server.objects.values():
@@ -269,26 +287,23 @@ def ignores_range(lab: Lab) -> Outcome:
             if method == "GET" and asked is not None and status == 200
         )
     verdict = _verdict(home, built)
-    wrong = _wrong(home, {p: r.body for p, r in server.objects.items()})
+    pins = _pins(home, server)
     return Outcome(
         observed=(
             f"{ignored} ranged resumes answered 200 with the whole body; build exit {ran.code};"
-            f" {verdict}; pinned sha256 {'all' if not wrong else 'NOT all'} equal the served"
-            " bytes"
+            f" {verdict}; {pins.summary()}"
         ),
         matched=ran.code == 0
         and ignored == len(server.objects)
         and verdict.startswith("verify ok")
-        and not wrong,
-        lost=_lost(home, wrong),
+        and pins.right,
+        lost=_lost(home, pins, built),
         digests_equal=None if built is None else built.snapshot_id == reference.built.snapshot_id,
     )
 
 
 def _stale_version(body: bytes) -> bytes:
     """Other valid bytes for the object before it is rewritten: the same rows, re-compressed."""
-    import zstandard
-
     return zstandard.ZstdCompressor(level=1).compress(zstandard.decompress(body))
 
 
@@ -319,20 +334,23 @@ def etag_changes(lab: Lab) -> Outcome:
         home = _web_home(lab, "etag-changes", server)
         ran, built = _build(home)
         log = list(remote.log)
-    wrong = _wrong(home, {p: r.body for p, r in server.objects.items()})
-    stale_pinned = _digest(old) in _pinned(home).values()
+    pins = _pins(home, server)
+    stale_pinned = _digest(old) in _pinned(home, server).values()
     gets = [(asked, status) for method, asked, status in log if method == "GET"]
     # the resume's If-Range no longer matched, so the new version came back whole (200)
     expected_gets = [(None, 200), (f"bytes={cut}-", 200), (None, 200)]
-    last_get = max(i for i, (method, _, _) in enumerate(log) if method == "GET")
-    relisted = any(method == "HEAD" for method, _, _ in log[1:last_get])
+    at = [i for i, (method, _, _) in enumerate(log) if method == "GET"]
+    relisted = len(at) == 3 and any(method == "HEAD" for method, _, _ in log[at[1] : at[2]])
     return Outcome(
         observed=(
-            f"{path}: {_trail(log)}; build exit {ran.code}; pinned sha256"
-            f" {'all' if not wrong else 'NOT all'} equal the current bytes"
-            f" (old version {'pinned' if stale_pinned else 'not pinned'})"
+            f"{path}: {_trail(log)}; build exit {ran.code}; {pins.summary()}"
+            f" (the old version {'IS' if stale_pinned else 'is not'} pinned)"
         ),
-        matched=ran.code == 0 and gets == expected_gets and relisted and not wrong,
-        lost=_lost(home, wrong),
+        matched=ran.code == 0
+        and gets == expected_gets
+        and relisted
+        and pins.right
+        and not stale_pinned,
+        lost=_lost(home, pins, built),
         digests_equal=None if built is None else built.snapshot_id == reference.built.snapshot_id,
     )
