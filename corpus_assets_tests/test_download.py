@@ -5,16 +5,11 @@ import os
 import random
 import re
 import signal
-import socket
-import struct
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -23,174 +18,28 @@ import corpus_assets
 from corpus_assets.core.ingest.download_transfer import Fetched, ResumeRefused, fetch_to_cas
 from corpus_assets.core.ingest.remote_http import DownloadError, RemoteVersion, head
 from corpus_assets.core.storage.cas import ContentStore
+from corpus_assets.selftest.http_server import LAST_MODIFIED, Drop, LoopbackServer, Remote
 
 REPO_ROOT = Path(corpus_assets.__file__).resolve().parents[1]
 SIZE = 3 * (1 << 20) + 12_345
 BODY = random.Random(3).randbytes(SIZE)
 DIGEST = "sha256:" + hashlib.sha256(BODY).hexdigest()
-LAST_MODIFIED = "Wed, 01 Jan 2025 00:00:00 GMT"
-
-
-@dataclass
-class Drop:
-    """How one GET response fails: after ``at`` body bytes, by RST, FIN, stall or no response."""
-
-    at: int = 0
-    how: str = "rst"  # rst | fin | stall | noresponse | status
-    status: int = 503
-    stall_seconds: float = 0.0
-
-
-@dataclass
-class Remote:
-    """The object a loopback server serves, and how it misbehaves; shared with handler threads."""
-
-    body: bytes = BODY
-    etag: str | None = '"v1"'
-    last_modified: str | None = LAST_MODIFIED
-    honor_range: bool = True
-    allow_head: bool = True
-    chunked: bool = False
-    drops: list[Drop] = field(default_factory=list)
-    after_drop: Callable[["Remote"], None] | None = None
-    piece: int = 64 << 10
-    delay: float = 0.0
-    sent: int = 0
-    gets: int = 0
-    ranges: list[str | None] = field(default_factory=list)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def change(self, body: bytes, etag: str) -> None:
-        with self.lock:
-            self.body, self.etag = body, etag
-            self.last_modified = "Thu, 02 Jan 2025 00:00:00 GMT"
-
-
-class Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    server: "Server"
-
-    def log_message(self, format: str, *args: object) -> None:
-        pass
-
-    def do_HEAD(self) -> None:
-        remote = self.server.remote
-        if self.path.endswith("-missing"):
-            self.send_error(404)
-            return
-        if not remote.allow_head:
-            self.send_error(405)
-            return
-        with remote.lock:
-            body, etag, last_modified = remote.body, remote.etag, remote.last_modified
-        self.send_response(200)
-        self._validators(etag, last_modified)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-
-    def do_GET(self) -> None:
-        remote = self.server.remote
-        with remote.lock:
-            remote.gets += 1
-            body, etag, last_modified = remote.body, remote.etag, remote.last_modified
-            drop = remote.drops.pop(0) if remote.drops else None
-            remote.ranges.append(self.headers.get("Range"))
-        if drop and drop.how == "noresponse":
-            self._abort(drop, remote)
-            return
-        if drop and drop.how == "status":
-            self.send_error(drop.status)
-            return
-        start, end, status = 0, len(body) - 1, 200
-        wanted = self.headers.get("Range")
-        if_range = self.headers.get("If-Range")
-        if (
-            wanted
-            and remote.honor_range
-            and (if_range is None or if_range in (etag, last_modified))
-        ):
-            match = re.fullmatch(r"bytes=(\d+)-(\d*)", wanted)
-            assert match, wanted
-            start = int(match[1])
-            end = min(int(match[2]), end) if match[2] else end
-            if start >= len(body):
-                self.send_response(416)
-                self.send_header("Content-Range", f"bytes */{len(body)}")
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-                return
-            status = 206
-        payload = memoryview(body)[start : end + 1]
-        self.send_response(status)
-        self._validators(etag, last_modified)
-        self.send_header("Accept-Ranges", "bytes")
-        if status == 206:
-            self.send_header("Content-Range", f"bytes {start}-{end}/{len(body)}")
-        if remote.chunked and status == 200:
-            self.send_header("Transfer-Encoding", "chunked")
-        else:
-            self.send_header("Content-Length", str(len(payload)))
-        self.end_headers()
-        limit = drop.at if drop else len(payload)
-        position = 0
-        try:
-            while position < min(limit, len(payload)):
-                piece = payload[position : min(position + remote.piece, limit)]
-                if remote.chunked and status == 200:
-                    self.wfile.write(b"%x\r\n" % len(piece) + bytes(piece) + b"\r\n")
-                else:
-                    self.wfile.write(piece)
-                with remote.lock:
-                    remote.sent += len(piece)
-                position += len(piece)
-                if remote.delay:
-                    time.sleep(remote.delay)
-            if drop:
-                self._abort(drop, remote)
-            elif remote.chunked and status == 200:
-                self.wfile.write(b"0\r\n\r\n")
-        except OSError:  # the client went away (killed, or gave up after a timeout)
-            self.close_connection = True
-
-    def _validators(self, etag: str | None, last_modified: str | None) -> None:
-        if etag:
-            self.send_header("ETag", etag)
-        if last_modified:
-            self.send_header("Last-Modified", last_modified)
-
-    def _abort(self, drop: Drop, remote: Remote) -> None:
-        self.close_connection = True
-        if drop.how == "stall":
-            time.sleep(drop.stall_seconds)
-        elif drop.how == "rst":
-            self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-        else:
-            self.connection.shutdown(socket.SHUT_RDWR)
-        self.connection.close()
-        if remote.after_drop:
-            remote.after_drop(remote)
-
-
-class Server(ThreadingHTTPServer):
-    daemon_threads = True
-    remote: Remote
 
 
 @pytest.fixture
 def serve() -> Iterator[Callable[..., tuple[Remote, str]]]:
-    servers: list[Server] = []
+    """Loopback servers of one object (``BODY`` unless given), stopped after the test."""
+    servers: list[LoopbackServer] = []
 
     def start(**kwargs: object) -> tuple[Remote, str]:
-        server = Server(("127.0.0.1", 0), Handler)
-        server.remote = Remote(**kwargs)  # type: ignore[arg-type]
-        threading.Thread(target=server.serve_forever, args=(0.01,), daemon=True).start()
+        remote = Remote(**{"body": BODY, **kwargs})  # type: ignore[arg-type]
+        server = LoopbackServer(remote).start()
         servers.append(server)
-        return server.remote, f"http://127.0.0.1:{server.server_address[1]}/shard-0001.jsonl.zst"
+        return remote, server.url("/shard-0001.jsonl.zst")
 
     yield start
     for server in servers:
-        server.shutdown()
-        server.server_close()
+        server.stop()
 
 
 @pytest.fixture

@@ -3,9 +3,7 @@
 import copy
 import json
 import re
-import threading
 from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -20,43 +18,20 @@ from corpus_assets.core.ingest.freeze_spec import (
 )
 from corpus_assets.core.runtime.workspace import Workspace, open_workspace
 from corpus_assets.core.storage.digests import canonical_json, json_digest
+from corpus_assets.selftest.http_server import LoopbackServer, Remote
 
 ROW = json.dumps({"id": "w1", "text": "a web document"}).encode() + b"\n"
-HEADERS = {"/etag.jsonl": ("ETag", '"v1"'), "/dated.jsonl": ("Last-Modified", "Tue, 01 Jul 2025")}
-
-
-class _Handler(BaseHTTPRequestHandler):
-    """Two objects: one versioned by ETag, one by Last-Modified."""
-
-    def log_message(self, *_args: object) -> None:
-        pass
-
-    def do_HEAD(self) -> None:
-        self._answer(body=False)
-
-    def do_GET(self) -> None:
-        self._answer(body=True)
-
-    def _answer(self, body: bool) -> None:
-        if self.path not in HEADERS:
-            self.send_error(404)
-            return
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(ROW)))
-        self.send_header(*HEADERS[self.path])
-        self.end_headers()
-        if body:
-            self.wfile.write(ROW)
 
 
 @pytest.fixture
 def base_url() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
+    """Two objects: one versioned by ETag, one by Last-Modified."""
+    objects = {
+        "/etag.jsonl": Remote(body=ROW, etag='"v1"', last_modified=None),
+        "/dated.jsonl": Remote(body=ROW, etag=None, last_modified="Tue, 01 Jul 2025"),
+    }
+    with LoopbackServer(objects=objects) as server:
+        yield server.url("")
 
 
 def _event(lsn: int, key: int, body: str) -> str:

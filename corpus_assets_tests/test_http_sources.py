@@ -6,9 +6,7 @@ import hashlib
 import io
 import json
 import os
-import threading
-from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
@@ -23,71 +21,14 @@ from corpus_assets.core.pipeline import BUILDERS, build_all
 from corpus_assets.core.release.validation import validate_snapshot
 from corpus_assets.core.runtime.workspace import Workspace, open_workspace
 from corpus_assets.core.storage.catalog import chunk_tasks
-
-
-class Site:
-    """Objects by path, each with an ETag; ``after_get`` hooks run once a GET was answered."""
-
-    def __init__(self) -> None:
-        self.objects: dict[str, bytes] = {}
-        self.after_get: dict[str, Callable[[], None]] = {}
-        self.lock = threading.Lock()
-
-    def put(self, path: str, body: bytes) -> None:
-        with self.lock:
-            self.objects[path] = body
-
-    def etag(self, path: str) -> str:
-        return '"' + hashlib.sha256(self.objects[path]).hexdigest()[:16] + '"'
-
-
-def _handler(site: Site) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, *_args: object) -> None:
-            pass
-
-        def do_HEAD(self) -> None:
-            self._answer(body=False)
-
-        def do_GET(self) -> None:
-            self._answer(body=True)
-            hook = site.after_get.pop(self.path, None)
-            if hook is not None:
-                hook()
-
-        def _answer(self, body: bool) -> None:
-            with site.lock:
-                data = site.objects.get(self.path)
-                etag = site.etag(self.path) if data is not None else None
-            if data is None:
-                self.send_error(404)
-                return
-            start = 0
-            wanted = self.headers.get("Range")
-            if wanted and self.headers.get("If-Range", etag) == etag:
-                start = int(wanted.removeprefix("bytes=").split("-")[0])
-            self.send_response(206 if start else 200)
-            if start:
-                self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
-            self.send_header("Content-Length", str(len(data) - start))
-            self.send_header("ETag", etag)
-            self.send_header("Accept-Ranges", "bytes")
-            self.end_headers()
-            if body:
-                self.wfile.write(data[start:])
-
-    return Handler
+from corpus_assets.selftest.http_server import LoopbackServer
 
 
 @pytest.fixture
-def site() -> Iterator[tuple[Site, str]]:
-    site = Site()
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(site))
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield site, f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
+def site() -> Iterator[tuple[LoopbackServer, str]]:
+    """A loopback server of objects put by path, and its base URL."""
+    with LoopbackServer() as server:
+        yield server, server.url("")
 
 
 def _jsonl(prefix: str, n: int) -> bytes:
@@ -135,8 +76,8 @@ def test_listed_urls_in_three_formats_build_and_validate(site, tmp_path: Path) -
         ]
         for entry in source["objects"]:
             path = entry["name"].removeprefix(base)
-            assert entry["etag"] == web.etag(path)
-            assert entry["sha256"] == "sha256:" + hashlib.sha256(web.objects[path]).hexdigest()
+            assert entry["etag"] == web.objects[path].etag
+            assert entry["sha256"] == "sha256:" + hashlib.sha256(web.objects[path].body).hexdigest()
         assert source["deferred"] == []
         assert results["canonical_records"].counts["records"] == 90
         report = validate_snapshot(ws, results["manifest"].digests["snapshotId"])
@@ -148,16 +89,15 @@ def test_changes_during_the_scan_belong_to_the_next_snapshot(site, tmp_path: Pat
     for name in "abc":
         web.put(f"/{name}.jsonl", _jsonl(name, 5))
     web.put("/index.txt", b"a.jsonl\nb.jsonl\nc.jsonl\n")
-    pinned_a = "sha256:" + hashlib.sha256(web.objects["/a.jsonl"]).hexdigest()
+    pinned_a = "sha256:" + hashlib.sha256(web.objects["/a.jsonl"].body).hexdigest()
 
     def mutate() -> None:  # runs once the freeze has fetched b (a is already pinned)
         web.put("/a.jsonl", _jsonl("a-rewritten", 5))
-        with web.lock:
-            del web.objects["/c.jsonl"]
+        web.remove("/c.jsonl")
         web.put("/d.jsonl", _jsonl("d", 5))
         web.put("/index.txt", b"a.jsonl\nb.jsonl\nc.jsonl\nd.jsonl\n")
 
-    web.after_get["/b.jsonl"] = mutate
+    web.objects["/b.jsonl"].after_get = mutate
     with _workspace(tmp_path, f"{{id: web, kind: objects, index: {base}/index.txt}}") as ws:
         listed = fingerprint(ws.loaded)
         BUILDERS["raw_snapshot"](ws, "p1")
