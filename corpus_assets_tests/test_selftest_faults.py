@@ -2,7 +2,9 @@
 
 Each case is the one the CLI runs (``corpus_assets.selftest``): a real build through the
 ``build_snapshot`` job in CLI processes, one injected fault, and the seed's expected outcome.
-``-m faults`` selects them; the slow cases and full sweeps run with ``-m slow``.
+Every case runs on SQLite; those whose outcome goes through the catalog's transactions
+(``FaultCase.catalog``) run on PostgreSQL too. ``-m faults`` selects them; the slow cases
+(the full kill sweep, 200 race trials) run with ``-m slow``.
 """
 
 from collections.abc import Iterator
@@ -15,13 +17,23 @@ from corpus_assets.selftest.lab import Lab
 from corpus_assets.selftest.report import run_case, table
 from corpus_assets_tests.conftest import PG_URL
 
-QUICK = selected(full=False)
-SLOW = [case for case in selected(full=True) if not case.quick]
+
+def _pairs(cases: list[FaultCase]) -> list[object]:
+    """(backend, case) for every case on SQLite and every catalog case on PostgreSQL."""
+    pairs: list[object] = [pytest.param("sqlite", c, id=f"sqlite-{c.name}") for c in cases]
+    pairs += [
+        pytest.param("postgres", c, id=f"postgres-{c.name}", marks=pytest.mark.postgres)
+        for c in cases
+        if c.catalog
+    ]
+    return pairs
 
 
-@pytest.fixture(
-    scope="module", params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
-)
+QUICK = _pairs(selected(full=False))
+SLOW = _pairs([case for case in selected(full=True) if not case.quick])
+
+
+@pytest.fixture(scope="module")
 def lab(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
     catalog = PG_URL if request.param == "postgres" else None
     made = Lab(tmp_path_factory.mktemp(f"faults-{request.param}"), catalog)
@@ -35,13 +47,13 @@ def _check(lab: Lab, case: FaultCase) -> None:
 
 
 @pytest.mark.faults
-@pytest.mark.parametrize("case", QUICK, ids=lambda case: case.name)
+@pytest.mark.parametrize(("lab", "case"), QUICK, indirect=["lab"])
 def test_fault_case(lab: Lab, case: FaultCase) -> None:
     _check(lab, case)
 
 
 @pytest.mark.faults
 @pytest.mark.slow
-@pytest.mark.parametrize("case", SLOW, ids=lambda case: case.name)
+@pytest.mark.parametrize(("lab", "case"), SLOW, indirect=["lab"])
 def test_slow_fault_case(lab: Lab, case: FaultCase) -> None:
     _check(lab, case)

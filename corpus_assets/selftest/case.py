@@ -29,7 +29,10 @@ class Outcome:
 @dataclass(frozen=True)
 class FaultCase:
     """A fault from a seed. ``quick``: part of the set CI and ``selftest --faults`` run by
-    default (a case marked slow runs with ``--full`` or pytest ``-m slow``)."""
+    default (a case marked slow runs with ``--full`` or pytest ``-m slow``). ``catalog``: the
+    outcome goes through the catalog's transactions (states, gate, tasks, registries), so CI
+    runs it on PostgreSQL as well as SQLite; a case about stored bytes or the network alone
+    runs on SQLite in CI (``--catalog`` runs every case on the server it names)."""
 
     name: str
     seed: str
@@ -37,20 +40,21 @@ class FaultCase:
     expected: str
     run: Callable[["Lab"], Outcome]
     quick: bool = True
+    catalog: bool = True
 
 
 CASES: list[FaultCase] = []
 
 
 def fault(
-    name: str, seed: str, fault: str, expected: str, *, quick: bool = True
+    name: str, seed: str, fault: str, expected: str, *, quick: bool = True, catalog: bool = True
 ) -> Callable[[Callable[["Lab"], Outcome]], Callable[["Lab"], Outcome]]:
     """Register the decorated function as a case (names are unique)."""
 
     def register(run: Callable[["Lab"], Outcome]) -> Callable[["Lab"], Outcome]:
         if any(case.name == name for case in CASES):
             raise ValueError(f"fault case {name!r} is registered twice")
-        CASES.append(FaultCase(name, seed, fault, expected, run, quick))
+        CASES.append(FaultCase(name, seed, fault, expected, run, quick, catalog))
         return run
 
     return register

@@ -163,6 +163,7 @@ def _drops_at(remote: Remote, offsets: list[int], rng: random.Random) -> None:
     "the loopback server drops the connection at >= 20 random offsets (seeded) of the objects",
     "the build completes with the same snapshotId as an undisturbed build of the same URLs and "
     "partition key; bytes transferred <= 1.5x the objects' bytes (counted by the server)",
+    catalog=False,
 )
 def network_drops(lab: Lab) -> Outcome:
     reference = _reference(lab)
@@ -234,6 +235,7 @@ def _flip(partial: Path, verified: int, rng: random.Random) -> list[int]:
     ".partial file",
     "the sha256 prefix check discards the partial and the download restarts from zero; "
     "the build completes and verifies; no corrupt byte is published",
+    catalog=False,
 )
 def corrupt_partial(lab: Lab) -> Outcome:
     reference = _reference(lab)
@@ -271,6 +273,7 @@ def corrupt_partial(lab: Lab) -> Outcome:
     SEED,
     "after a dropped connection the server ignores Range (answers 200 with the whole body)",
     "the download still completes correctly (restarted from zero), verified",
+    catalog=False,
 )
 def ignores_range(lab: Lab) -> Outcome:
     reference = _reference(lab)
@@ -319,6 +322,7 @@ def _trail(log: list[tuple[str, str | None, int]]) -> str:
     "not appended to the old bytes: the download pinned to the listed version refuses the "
     "changed object, which is listed again (HEAD) and its new version fetched from byte zero; "
     "the snapshot pins the new bytes (as an undisturbed build of them)",
+    catalog=False,
 )
 def etag_changes(lab: Lab) -> Outcome:
     reference = _reference(lab)

@@ -308,6 +308,7 @@ def _retagged_code(root: Path) -> Path:
     "changed) approves and activates a built snapshot",
     "the replay with other code is named (same tag, another digest) and the snapshot is not "
     "activated",
+    catalog=False,
 )
 def image_retag(lab: Lab) -> Outcome:
     home, built = lab.copy_of_reference("image-retag")
@@ -358,6 +359,7 @@ def _forge_twin(home: Home) -> tuple[str, str]:
     "001",
     "the same record id in two splits (a forged members table with a twin row, re-signed)",
     "validation names the duplicate id and the snapshot is refused (not approved, not activated)",
+    catalog=False,
 )
 def same_id_two_splits(lab: Lab) -> Outcome:
     home, built = lab.copy_of_reference("same-id-two-splits")

@@ -38,6 +38,7 @@ def _observed(verify: Ran, read: Ran) -> str:
     "the manifest edited after signing (re-stored, catalog repointed)",
     "verify names the edit (payload no longer hashes to the snapshotId); read refuses it; "
     "the signed manifest is intact",
+    catalog=False,
 )
 def manifest_edited(lab: Lab) -> Outcome:
     home, built = lab.copy_of_reference("manifest-edited")
@@ -68,6 +69,7 @@ def manifest_edited(lab: Lab) -> Outcome:
     "001",
     "the members table truncated in the store (100 bytes cut)",
     "verify names the members table as corrupt; read refuses the snapshot",
+    catalog=False,
 )
 def members_truncated(lab: Lab) -> Outcome:
     home, built = lab.copy_of_reference("members-truncated")
