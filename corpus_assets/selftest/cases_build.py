@@ -3,11 +3,13 @@ power loss at 95% resumed, a poison record, the same build triggered twice at on
 disk. Each drives ``corpus-assets build`` processes and reads the home back afterwards."""
 
 import math
+import subprocess
+from pathlib import Path
 
 from corpus_assets.core.storage.failpoints import TRACE_ENV
 from corpus_assets.selftest.case import Outcome, fault
-from corpus_assets.selftest.evidence import stray_temps, stuck_tasks, workspace
-from corpus_assets.selftest.lab import PARTITION, Lab, parse_built
+from corpus_assets.selftest.evidence import intact, stray_temps, stuck_tasks, workspace
+from corpus_assets.selftest.lab import PARTITION, Home, Lab, parse_built
 from corpus_assets.selftest.resume import CLI, count_tasks, kill_and_resume, reference_trace
 
 
@@ -66,4 +68,74 @@ def duplicate_trigger(lab: Lab) -> Outcome:
         observed=observed,
         matched=codes == [0, 0] and len(ids) == 1 and one and stuck == 0 and strays == 0,
         digests_equal=ids == {trace.snapshot_id},
+    )
+
+
+SMALL, LARGE = "3m", "64m"  # the standard build needs about 7 MB of data home
+
+
+def _mount(data: Path, options: str) -> str:
+    """``mount`` a tmpfs at ``data`` (or remount it); '' if done, else why not."""
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(data)], capture_output=True, text=True
+    )
+    return "" if done.returncode == 0 else (done.stderr.strip() or f"mount exit {done.returncode}")
+
+
+def _damaged(home: Home) -> list[str]:
+    """CAS objects whose bytes do not hash to their name (a partial write made visible)."""
+    with workspace(home) as ws:
+        return [d for d in ws.cas.iter_digests() if not intact(ws, d)]
+
+
+@fault(
+    "004.disk-full",
+    "004",
+    f"the data home on a {SMALL} tmpfs fills up during the build; then grown to {LARGE}",
+    "the atomic replace never ran, so no damaged file is left; a clear error naming the path "
+    "and the data home; a later run with space completes and verifies",
+)
+def disk_full(lab: Lab) -> Outcome:
+    trace = reference_trace(lab)
+    home = lab.standard_home("disk-full")
+    data = home.dir / "data"
+    data.mkdir()
+    why = _mount(data, f"size={SMALL}")
+    if why:
+        return Outcome(f"NOT RUN: cannot mount a tmpfs data home ({why})", False, "unknown")
+    try:
+        return _fill_then_grow(home, trace.snapshot_id, trace.tasks)
+    finally:
+        subprocess.run(["umount", str(data)], capture_output=True)
+
+
+def _fill_then_grow(home: Home, reference: str, tasks: int) -> Outcome:
+    data = home.dir / "data"
+    full = home.cli("build", "--partition", PARTITION)
+    strays, damaged = stray_temps(home), _damaged(home)
+    why = _mount(data, f"remount,size={LARGE}")
+    trace = home.dir / "rerun.trace"
+    rerun = home.start("build", "--partition", PARTITION, env={TRACE_ENV: str(trace)})
+    out, _err = rerun.communicate(timeout=600)
+    sid = parse_built(out).snapshot_id if rerun.returncode == 0 else None
+    verify = home.cli("verify", sid) if sid else None
+    rerun_tasks = count_tasks(trace.read_text().split()) if trace.exists() else -1
+    named = str(data) in full.err and "rerun" in full.err
+    observed = (
+        f"build exit {full.code}: {full.error_line()}; stray temps {len(strays)}, damaged objects "
+        f"{len(damaged)}; after growing{' (remount failed: ' + why + ')' if why else ''}: rerun "
+        f"exit {rerun.returncode} re-ran {rerun_tasks} of {tasks} chunk tasks, verify exit "
+        f"{verify.code if verify else '-'}"
+    )
+    return Outcome(
+        observed=observed,
+        matched=full.code == 1
+        and named
+        and not strays
+        and not damaged
+        and sid is not None
+        and verify is not None
+        and verify.code == 0,
+        lost="none" if not damaged else f"{len(damaged)} damaged objects",
+        digests_equal=sid == reference,
     )
