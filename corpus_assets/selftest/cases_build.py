@@ -6,8 +6,16 @@ import math
 import subprocess
 from pathlib import Path
 
+import zstandard
+from sqlalchemy import select
+
+from corpus_assets.core.governance import states
+from corpus_assets.core.runtime.layers import LAYERS
+from corpus_assets.core.storage.catalog import chunk_tasks
 from corpus_assets.core.storage.failpoints import TRACE_ENV
+from corpus_assets.core.storage.tasks import FAILED, SUCCESS
 from corpus_assets.selftest.case import Outcome, fault
+from corpus_assets.selftest.corpus import write_objects
 from corpus_assets.selftest.evidence import intact, stray_temps, stuck_tasks, workspace
 from corpus_assets.selftest.lab import PARTITION, Home, Lab, parse_built
 from corpus_assets.selftest.resume import CLI, count_tasks, kill_and_resume, reference_trace
@@ -138,4 +146,60 @@ def _fill_then_grow(home: Home, reference: str, tasks: int) -> Outcome:
         and verify.code == 0,
         lost="none" if not damaged else f"{len(damaged)} damaged objects",
         digests_equal=sid == reference,
+    )
+
+
+POISON = "part-900.jsonl.zst"
+
+
+def poisoned_home(lab: Lab) -> tuple[Home, str]:
+    """A home whose source is the standard objects plus one that cannot be decoded (a zstd
+    stream cut in half: every attempt of its chunk fails the same way)."""
+    home = lab.home("poison-record")
+    write_objects(home.sources)
+    whole = zstandard.ZstdCompressor().compress(b'{"id": "p-1", "text": "fine"}\n' * 200)
+    (home.sources / POISON).write_bytes(whole[: len(whole) // 2])
+    home.configure([{"id": "docs", "kind": "objects", "path": str(home.sources)}])
+    return home, POISON
+
+
+@fault(
+    "004.poison-record",
+    "004",
+    "a poison object: a zstd stream cut in half, so its chunk task fails on every attempt",
+    "that chunk is marked FAILED and kept as a dead letter; the other chunks run to the end; "
+    "validation names the dead letter",
+)
+def poison_record(lab: Lab) -> Outcome:
+    home, name = poisoned_home(lab)
+    ran = home.cli("build", "--partition", PARTITION)
+    with workspace(home) as ws:
+        with ws.catalog.begin() as conn:
+            rows = conn.execute(
+                select(chunk_tasks).where(chunk_tasks.c.layer == "canonical_records")
+            ).all()
+        built = [layer for layer in LAYERS if ws.catalog.layer_output(PARTITION, layer)]
+        found = states.for_partition(ws.catalog, PARTITION)
+        stuck = stuck_tasks(ws)
+    poison = [r for r in rows if r.chunk_key == f"docs/{name}"]
+    dead = [r for r in poison if r.status == FAILED and r.dead_letter]
+    others = sum(r.status == SUCCESS for r in rows if r.chunk_key != f"docs/{name}")
+    state = found[0].state if found else "none"
+    named = f"dead letter open: chunk docs/{name}" in ran.error_line()
+    observed = (
+        f"build exit {ran.code}: {ran.error_line()}; poison chunk "
+        f"{[(r.status, r.attempts, bool(r.dead_letter)) for r in poison]} (status, attempts, "
+        f"dead letter); {others} other chunks SUCCESS; {len(built)}/7 layers built; snapshot "
+        f"{state}; stuck RUNNING {stuck}"
+    )
+    return Outcome(
+        observed=observed,
+        matched=ran.code == 1
+        and named
+        and len(dead) == 1
+        and others == len(rows) - 1
+        and len(built) == len(LAYERS)
+        and state == states.REJECTED
+        and stuck == 0,
+        digests_equal=None,  # its own source folder: no undisturbed build to compare with
     )
