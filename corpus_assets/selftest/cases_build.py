@@ -18,7 +18,13 @@ from corpus_assets.selftest.case import Outcome, fault
 from corpus_assets.selftest.corpus import write_objects
 from corpus_assets.selftest.evidence import intact, stray_temps, stuck_tasks, workspace
 from corpus_assets.selftest.lab import PARTITION, Home, Lab, parse_built
-from corpus_assets.selftest.resume import CLI, count_tasks, kill_and_resume, reference_trace
+from corpus_assets.selftest.resume import (
+    CLI,
+    count_tasks,
+    error_line,
+    kill_and_resume,
+    reference_trace,
+)
 
 
 @fault(
@@ -65,7 +71,7 @@ def duplicate_trigger(lab: Lab) -> Outcome:
     with workspace(home) as ws:
         stuck = stuck_tasks(ws)
     strays = len(stray_temps(home))
-    errors = [err.strip().splitlines()[-1] for _out, err, code in done if code]
+    errors = [error_line(err) for _out, err, code in done if code]
     observed = (
         f"exits {codes}, {len(ids)} snapshotId(s); {waited} invocation waited to join the "
         f"other; chunk tasks run {tasks} (reference {trace.tasks}); stuck RUNNING {stuck}, "

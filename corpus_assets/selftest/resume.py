@@ -126,7 +126,7 @@ def kill_and_resume(lab: Lab, nth: int, kind: str = CLI, name: str = "kill") -> 
         tasks_before=count_tasks(_read(killed_trace)),
         tasks_rerun=count_tasks(_read(resume_trace)),
         resume_code=code,
-        resume_error=_error_line(err),
+        resume_error=error_line(err),
         snapshot_id=parse_built(out).snapshot_id if code == 0 else None,
         resume_seconds=seconds,
         stuck=stuck,
@@ -138,10 +138,12 @@ def _env(trace: Path) -> dict[str, str]:
     return {TRACE_ENV: str(trace)}
 
 
-def _error_line(err: str) -> str:
+def error_line(err: str) -> str:
+    """The CLI's error line, else a traceback's exception line, else the last line."""
     lines = [line for line in err.splitlines() if line.strip()]
     named = [line for line in lines if line.startswith("corpus-assets: error:")]
-    return (named or lines or [""])[-1]
+    raised = [line for line in lines if not line[0].isspace() and "Error" in line.split(":")[0]]
+    return (named or raised or lines or [""])[-1]
 
 
 def _finish(process: "subprocess.Popen[str]", timeout: float = 600) -> tuple[int, str, str]:
