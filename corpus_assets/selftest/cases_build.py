@@ -40,7 +40,8 @@ def power_loss_95(lab: Lab) -> Outcome:
     r = kill_and_resume(lab, nth, CLI, "power-loss")
     observed = (
         f"kill exit {r.kill_code} at hit {nth}/{len(trace.points)} ({r.reached or 'not reached'}); "
-        f"resume exit {r.resume_code} {r.resume_error} in {r.resume_seconds:.1f} s: "
+        f"resume exit {r.resume_code}{' ' + r.resume_error if r.resume_code else ''} in "
+        f"{r.resume_seconds:.1f} s: "
         f"{r.tasks_before} of {trace.tasks} chunk tasks reused, {r.tasks_rerun} re-run; "
         f"stuck RUNNING {r.stuck}, stray temps {r.strays}"
     )
