@@ -22,10 +22,15 @@ CLI, DAGSTER = "cli", "dagster"
 _TRACES: "weakref.WeakKeyDictionary[Lab, Trace]" = weakref.WeakKeyDictionary()
 
 
+# chunk-task stages run inside a layer's step: MinHash signatures in dedup, tokens in splits
+STAGE_LAYER = {"dedup_signatures": "dedup_clusters", "tokens": "splits"}
+
+
 def layer_of(point: str) -> str:
     """The layer a point belongs to (``pin/...`` is the raw snapshot's listing)."""
     kind, _, rest = point.partition("/")
-    return "raw_snapshot" if kind == "pin" else rest.split("/")[0]
+    name = "raw_snapshot" if kind == "pin" else rest.split("/")[0]
+    return STAGE_LAYER.get(name, name)
 
 
 @dataclass(frozen=True)
