@@ -39,6 +39,7 @@ from corpus_assets.core.release.publish import PublishError, approve, rollback
 from corpus_assets.core.release.signing import SignatureError
 from corpus_assets.core.release.training import TrainingError
 from corpus_assets.core.release.verify import resolve, verify
+from corpus_assets.core.runtime.build_lock import partition_build_lock
 from corpus_assets.core.runtime.config import ConfigError, default_home
 from corpus_assets.core.runtime.keys import (
     PartitionKeyError,
@@ -269,18 +270,21 @@ def build(partition: str | None) -> dict[str, Any]:
 
     with open_workspace() as ws:
         taken = set(ws.catalog.partition_keys())
-        before = set(ws.cas.iter_digests())
+        home = ws.home
     instance = _instance()
     taken |= set(instance.get_dynamic_partitions("snapshots"))
     key = partition or new_partition_key(taken)
-    instance.add_dynamic_partitions("snapshots", [key])
-    started = time.perf_counter()
-    result = defs.resolve_job_def("build_snapshot").execute_in_process(
-        partition_key=key, instance=instance, raise_on_error=False, run_config=_run_config()
-    )
+    with partition_build_lock(home, key, lambda text: print(text, file=sys.stderr, flush=True)):
+        with open_workspace() as ws:
+            before = set(ws.cas.iter_digests())
+        instance.add_dynamic_partitions("snapshots", [key])
+        started = time.perf_counter()
+        result = defs.resolve_job_def("build_snapshot").execute_in_process(
+            partition_key=key, instance=instance, raise_on_error=False, run_config=_run_config()
+        )
     if not result.success:
         for check in result.get_asset_check_evaluations():
-            # the gate's verdict; a layer check's warning (a CDC gap, say) names no snapshot
+            # the gate's verdict; a layer check's warning (a CDC gap, a dead letter) names none
             if not check.passed and "snapshotId" in check.metadata:
                 sid = check.metadata["snapshotId"].value
                 raise CliError(

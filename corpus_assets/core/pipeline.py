@@ -24,6 +24,7 @@ from corpus_assets.core.runtime.transform import transform_image
 from corpus_assets.core.runtime.workspace import Workspace
 from corpus_assets.core.storage.artifacts import is_ref
 from corpus_assets.core.storage.digests import json_digest
+from corpus_assets.core.storage.fsio import DiskFullError
 from corpus_assets.core.storage.memory import release_memory
 from corpus_assets.core.training_view.mixing import build_mixed_samples
 from corpus_assets.core.training_view.packing import build_packed_blocks
@@ -112,11 +113,14 @@ DIRECT_BUILDERS: dict[str, Builder] = {
 
 def released(build: Builder) -> Builder:
     """``build``, then its freed memory handed back (``storage.memory``): a process running
-    every layer starts each from its floor, not from the previous layer's high-water mark."""
+    every layer starts each from its floor, not from the previous layer's high-water mark. A
+    full disk's error names the data home as well as the file."""
 
     def run(ws: Workspace, partition_key: str) -> LayerResult:
         try:
             return build(ws, partition_key)
+        except DiskFullError as error:  # the data home too: that is what needs the space
+            raise DiskFullError(error.errno, f"{error.strerror} (data home {ws.home})") from None
         finally:
             release_memory(collect=True)
 

@@ -31,6 +31,7 @@ from corpus_assets.core.release.signing import sign_snapshot
 from corpus_assets.core.runtime.layers import LAYERS, LayerIndex, LayerResult, read_layer_index
 from corpus_assets.core.runtime.transform import transform_image
 from corpus_assets.core.runtime.workspace import Workspace
+from corpus_assets.core.storage import failpoints
 from corpus_assets.core.storage.artifacts import (
     PARQUET,
     Ref,
@@ -198,7 +199,9 @@ def build_manifest(ws: Workspace, partition_key: str) -> LayerResult:
     _refuse_conflicting_rebuild(ws, manifest)
     manifest["signature"] = sign_snapshot(ws.home, manifest["snapshotId"])
     manifest_ref = put_json(ws.cas, manifest)
+    failpoints.hit("layer/manifest/indexed")
     _register(ws, partition_key, manifest, manifest_ref["digest"])
+    failpoints.hit("layer/manifest/published")
     diff = shadow_diff(ws.cas, ws.catalog, manifest["snapshotId"])
     return LayerResult(
         layer="manifest",

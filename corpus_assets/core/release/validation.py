@@ -30,6 +30,7 @@ from corpus_assets.core.release.gates import Evidence, Gate, GateReport
 from corpus_assets.core.release.verify import Report, load_manifest, resolve, verify
 from corpus_assets.core.runtime import transform
 from corpus_assets.core.runtime.workspace import Workspace
+from corpus_assets.core.storage import failpoints
 from corpus_assets.core.storage.cas import CasError
 from corpus_assets.core.storage.catalog import Catalog
 from corpus_assets.core.storage.memory import release_memory
@@ -120,6 +121,7 @@ def validate_snapshot(ws: Workspace, digest: str, trust_unchanged: bool = False)
     report.findings.extend(dict.fromkeys(f for _rule, f in failed if f not in report.findings))
     report.findings.extend(incomplete)
     report.gate.incomplete = len(incomplete)
+    failpoints.hit("validate/state-read")  # the state was read; another validation may move it
     _move(ws.catalog, snapshot, report, incomplete, failed)
     return report
 
@@ -188,10 +190,19 @@ def _move(
     elif snapshot.state != states.BUILDING:
         return
     elif report.ok:
-        detail = f"{report.objects_checked} objects verified"
-        states.transition(catalog, sid, states.BUILDING, states.VALIDATED, "validator", detail)
+        _settle(catalog, sid, states.VALIDATED, f"{report.objects_checked} objects verified")
     else:
-        states.transition(catalog, sid, states.BUILDING, states.REJECTED, "validator", _why(failed))
+        _settle(catalog, sid, states.REJECTED, _why(failed))
+
+
+def _settle(catalog: Catalog, sid: str, target: str, detail: str) -> None:
+    """BUILDING -> ``target``. A concurrent validation of the same snapshot (two runs of one
+    build) that moved it first has decided; only BUILDING moves here, so losing is no error."""
+    try:
+        states.transition(catalog, sid, states.BUILDING, target, "validator", detail)
+    except states.StateError:
+        if states.get(catalog, sid).state == states.BUILDING:
+            raise
 
 
 def _why(failed: list[Failure]) -> str:

@@ -29,6 +29,7 @@ from sqlalchemy import (
     event,
     insert,
     select,
+    text,
     update,
 )
 from sqlalchemy.exc import IntegrityError
@@ -208,6 +209,9 @@ class LayerConflict(RuntimeError):
     """A layer rebuilt with the same code and inputs produced different bytes."""
 
 
+SCHEMA_LOCK = 0x636F72707573  # the advisory lock creating the schema holds ("corpus")
+
+
 class Catalog:
     """Engine plus schema; modules that own a concept (tasks, states, gate) query through it."""
 
@@ -221,7 +225,10 @@ class Catalog:
             event.listen(self.engine, "connect", _sqlite_pragmas)
         else:
             self.engine = create_engine(url, pool_pre_ping=True)
-        metadata.create_all(self.engine)
+        with self.engine.begin() as conn:
+            if conn.dialect.name == "postgresql":  # processes opening a fresh catalog at once
+                conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": SCHEMA_LOCK})
+            metadata.create_all(conn)
 
     @contextmanager
     def begin(self) -> Iterator[Connection]:

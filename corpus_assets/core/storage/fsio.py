@@ -1,5 +1,6 @@
 """Atomic file writes: nothing is ever visible half-written, whatever kills the process."""
 
+import errno
 import os
 import tempfile
 from collections.abc import Iterable
@@ -14,18 +15,39 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+class DiskFullError(OSError):
+    """No space (or quota) left for a write. The message names the file and says what to do:
+    the temp file is removed and finished work is kept, so a rerun with space resumes."""
+
+
+FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+def disk_full(error: OSError, where: str) -> DiskFullError:
+    return DiskFullError(
+        error.errno,
+        f"no space left on device writing {where}; nothing partial was kept: free space "
+        "(or grow the disk) and rerun, finished work is reused",
+    )
+
+
 def write_temp(folder: Path, chunks: Iterable[bytes]) -> Path:
-    """Write and fsync ``chunks`` to a fresh hidden temp file in ``folder``."""
+    """Write and fsync ``chunks`` to a fresh hidden temp file in ``folder``; a full disk is a
+    ``DiskFullError`` naming the file."""
     folder.mkdir(parents=True, exist_ok=True)
-    fd, name = tempfile.mkstemp(dir=folder, prefix=".tmp-")
+    fd, name = -1, str(folder / ".tmp-*")
     try:
+        fd, name = tempfile.mkstemp(dir=folder, prefix=".tmp-")
         with os.fdopen(fd, "wb") as handle:
             for chunk in chunks:
                 handle.write(chunk)
             handle.flush()
             os.fsync(handle.fileno())
-    except BaseException:
-        Path(name).unlink(missing_ok=True)
+    except BaseException as error:
+        if fd != -1:
+            Path(name).unlink(missing_ok=True)
+        if isinstance(error, OSError) and error.errno in FULL:
+            raise disk_full(error, name) from None  # the message says it all: no chain to unwrap
         raise
     return Path(name)
 
