@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from corpus_assets.core.records import canonicalize
+from corpus_assets.core.records import text_chunks
 
 BENCH = Path(__file__).resolve().parents[1] / "bench" / "max_chars_memory.py"
 
@@ -27,8 +27,8 @@ BENCH = Path(__file__).resolve().parents[1] / "bench" / "max_chars_memory.py"
 )
 def test_windowed_encoding_gives_the_same_bytes(text: str, window: int) -> None:
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(canonicalize, "_ENCODE_WINDOW", window)
-        assert canonicalize.utf8(text) == text.encode()
+        patch.setattr(text_chunks, "_ENCODE_WINDOW", window)
+        assert text_chunks.utf8(text) == text.encode()
 
 
 def _row_peak(kind: str, chars: int) -> float:

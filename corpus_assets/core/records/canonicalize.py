@@ -38,6 +38,7 @@ from corpus_assets.core.records.normalize import (
 from corpus_assets.core.records.pii import redact, redact_parts
 from corpus_assets.core.records.quality import QualityPolicy, check_quality
 from corpus_assets.core.records.scripts import script_of, scripts_of
+from corpus_assets.core.records.text_chunks import utf8
 from corpus_assets.core.runtime.config import CorpusConfig, Source
 from corpus_assets.core.storage.digests import sha256_digest
 
@@ -385,20 +386,6 @@ def _record(
         "text_utf8": text_utf8,
         OPEN: opened,
     }
-
-
-_ENCODE_WINDOW = 1 << 18
-
-
-def utf8(text: str) -> bytes:
-    """``text.encode()`` a window at a time when long: CPython sizes a UTF-8 encoding for the
-    widest case (4 bytes per char), so a long text stored at 4 B/char would transiently cost
-    four times its final UTF-8 once more."""
-    if len(text) <= _ENCODE_WINDOW or text.isascii():
-        return text.encode()
-    return b"".join(
-        [text[i : i + _ENCODE_WINDOW].encode() for i in range(0, len(text), _ENCODE_WINDOW)]
-    )
 
 
 def _lang_and_time(source: Source, obj: dict[str, Any]) -> tuple[str | None, str | None]:

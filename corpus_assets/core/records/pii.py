@@ -296,6 +296,7 @@ def _ipv6_spans(text: str) -> list[tuple[int, int, str]]:
 
 _PLACEHOLDER = dict(card="[CARD]", ipv4="[IP]", intl="[PHONE]", paren="[PHONE]", phone="[PHONE]")
 _KIND = {"[EMAIL]": "email", "[CARD]": "payment_card", "[IP]": "ip", "[PHONE]": "phone"}
+_EMAIL, _IP = _KIND["[EMAIL]"], _KIND["[IP]"]  # count labels, one spelling each
 
 
 def _number_spans(text: str) -> list[tuple[int, int, str]]:
@@ -386,7 +387,7 @@ def redact_parts(text: str) -> tuple[str, dict[str, int]]:
         text, n = _PEM.subn("[SECRET]", text)
         if n:
             counts["secret"] = n
-    return _redact_lines(text, counts, "ip"), counts
+    return _redact_lines(text, counts, _IP), counts
 
 
 def _redact_long(text: str) -> tuple[str, dict[str, int]]:
@@ -401,10 +402,10 @@ def _redact_long(text: str) -> tuple[str, dict[str, int]]:
         return new if sum(total.values()) > found else None
 
     text = rewrite_chunks(text, _CHUNK_CHARS, rewrite, pem)
-    counts = {k: total[k] for k in ("secret", "email") if k in total}
-    counts.update((k, n) for k, n in total.items() if k not in ("secret", "email", "ipv6"))
+    counts = {k: total[k] for k in ("secret", _EMAIL) if k in total}
+    counts.update((k, n) for k, n in total.items() if k not in ("secret", _EMAIL, "ipv6"))
     if "ipv6" in total:
-        counts["ip"] = counts.get("ip", 0) + total["ipv6"]
+        counts[_IP] = counts.get(_IP, 0) + total["ipv6"]
     return text, counts
 
 
@@ -433,7 +434,7 @@ def _redact_lines(text: str, counts: dict[str, int], ipv6: str) -> str:
         counts["secret"] = counts.get("secret", 0) + secrets
     if "@" in text and (spans := _email_spans(text)):
         text = splice(text, spans)
-        counts["email"] = counts.get("email", 0) + len(spans)
+        counts[_EMAIL] = counts.get(_EMAIL, 0) + len(spans)
     if spans := _number_spans(text):
         text = splice(text, spans)
         for _, _, placeholder in spans:

@@ -67,3 +67,17 @@ def splice(text: str, spans: Sequence[tuple[int, int, str]]) -> str:
         last = end
     parts.append(text[last:])
     return "".join(parts)
+
+
+_ENCODE_WINDOW = 1 << 18
+
+
+def utf8(text: str) -> bytes:
+    """``text.encode()`` a window at a time when long: CPython sizes a UTF-8 encoding for the
+    widest case (4 bytes per char), so a long text stored at 4 B/char would transiently cost
+    four times its final UTF-8 once more."""
+    if len(text) <= _ENCODE_WINDOW or text.isascii():
+        return text.encode()
+    return b"".join(
+        [text[i : i + _ENCODE_WINDOW].encode() for i in range(0, len(text), _ENCODE_WINDOW)]
+    )
