@@ -5,6 +5,7 @@ digests, chunk tasks, snapshot states and the alias gate row. Bulk data never li
 the CAS and the catalog points at it by digest.
 """
 
+import fcntl
 import os
 import time
 from collections.abc import Iterator
@@ -212,20 +213,35 @@ class LayerConflict(RuntimeError):
 SCHEMA_LOCK = 0x636F72707573  # the advisory lock creating the schema holds ("corpus")
 
 
+@contextmanager
+def _schema_lock(path: Path | None) -> Iterator[None]:
+    """Processes opening a fresh SQLite catalog at once create its tables one at a time:
+    SQLite's DDL is not transactional here, so two ``create_all`` would both see a table
+    missing (PostgreSQL takes an advisory lock instead)."""
+    if path is None:
+        yield
+        return
+    with path.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
+
+
 class Catalog:
     """Engine plus schema; modules that own a concept (tasks, states, gate) query through it."""
 
     def __init__(self, url: str) -> None:
         self.url = url
+        lock: Path | None = None
         if url.startswith("sqlite"):
             path = url.split("///", 1)[-1]
             if path and path != ":memory:":
                 Path(path).parent.mkdir(parents=True, exist_ok=True)
+                lock = Path(path + ".schema-lock")
             self.engine: Engine = create_engine(url, connect_args={"timeout": 30})
             event.listen(self.engine, "connect", _sqlite_pragmas)
         else:
             self.engine = create_engine(url, pool_pre_ping=True)
-        with self.engine.begin() as conn:
+        with _schema_lock(lock), self.engine.begin() as conn:
             if conn.dialect.name == "postgresql":  # processes opening a fresh catalog at once
                 conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": SCHEMA_LOCK})
             metadata.create_all(conn)
