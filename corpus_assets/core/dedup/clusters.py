@@ -61,7 +61,7 @@ EDGE_COLUMNS = pa.schema(
 )
 # The columns of a canonical record that the dedup table carries over unchanged.
 CARRIED = ["record_id", "source_id", "object", "line", "group_id", "dedup_key"]
-_VERDICTS = pa.array([KEEP, EXACT, NEAR, EXCLUDED], pa.string())
+_VERDICTS = (KEEP, EXACT, NEAR, EXCLUDED)  # by code
 _T = TypeVar("_T")
 _KEEP, _EXACT, _NEAR, _EXCLUDED = range(4)
 
@@ -257,7 +257,11 @@ def _reasons(decided: Decided) -> tuple[np.ndarray, pa.Array]:
     return codes, pa.array(["", *values], pa.string())
 
 
-_VERDICT_NAMES = pa.table({"code": pa.array(range(4), pa.int8()), "name": _VERDICTS})
+def _verdict_names() -> pa.Table:
+    """Code -> verdict name, built when used: ``pa.array`` of a list imports pandas when it is
+    installed, which would cost every CLI command ~0.3 s at import."""
+    codes = pa.array(range(len(_VERDICTS)), pa.int8())
+    return pa.table({"code": codes, "name": pa.array(_VERDICTS, pa.string())})
 # One join at a time into spillable temp tables, then the rows into a file in any order with
 # their position (output_order sorts them): DuckDB never holds more than one hash table of ids
 # at once, and never sorts the wide rows.
@@ -335,7 +339,7 @@ def join_clusters(db: PartitionDb, decisions: Decisions, directory: Path) -> Pat
     db.register(
         "reasons", pa.table({"code": pa.array(range(len(reasons)), pa.int32()), "reason": reasons})
     )
-    db.register("verdict_names", _VERDICT_NAMES)
+    db.register("verdict_names", _verdict_names())
     path = directory / "clusters-unsorted.parquet"
     try:
         sql = _CLUSTERS_SQL.replace("{path}", str(path).replace("'", "''"))
