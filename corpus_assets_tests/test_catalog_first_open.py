@@ -1,5 +1,6 @@
-"""Processes opening one fresh catalog (PostgreSQL or SQLite) at once (two builds started together on a
-new data home) all get the schema: none fails creating a table the other is creating."""
+"""Processes opening one fresh catalog (PostgreSQL or SQLite) at once (two builds started
+together on a new data home) all get the schema: none fails creating a table the other is
+creating."""
 
 import subprocess
 import sys

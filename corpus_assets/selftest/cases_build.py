@@ -109,6 +109,7 @@ def _damaged(home: Home) -> list[str]:
     f"the data home on a {SMALL} tmpfs fills up during the build; then grown to {LARGE}",
     "the atomic replace never ran, so no damaged file is left; a clear error naming the path "
     "and the data home; a later run with space completes and verifies",
+    catalog=False,
 )
 def disk_full(lab: Lab) -> Outcome:
     trace = reference_trace(lab)

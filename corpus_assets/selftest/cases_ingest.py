@@ -105,6 +105,7 @@ def _paused_build(home: Home) -> tuple["subprocess.Popen[str]", Path]:
     "changes during the scan belong to the next snapshot: the pinned set is one consistent "
     "listing, the freeze names the changes as deferred, the next build pins the added object "
     "and drops the deleted one",
+    catalog=False,
 )
 def scan_add_delete(lab: Lab) -> Outcome:
     home = _small_home(lab, "scan-add-delete")
@@ -161,6 +162,7 @@ def _lost_pins(home: Home, pinned: dict[str, str]) -> str:
     "an object name reused with other bytes after a snapshot was built",
     "the next snapshot pins the new digest; the earlier snapshot still verifies and reads its "
     "own pinned bytes from the CAS; nothing is lost",
+    catalog=False,
 )
 def name_reused(lab: Lab) -> Outcome:
     home = _small_home(lab, "name-reused")

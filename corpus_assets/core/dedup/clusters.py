@@ -262,6 +262,8 @@ def _verdict_names() -> pa.Table:
     installed, which would cost every CLI command ~0.3 s at import."""
     codes = pa.array(range(len(_VERDICTS)), pa.int8())
     return pa.table({"code": codes, "name": pa.array(_VERDICTS, pa.string())})
+
+
 # One join at a time into spillable temp tables, then the rows into a file in any order with
 # their position (output_order sorts them): DuckDB never holds more than one hash table of ids
 # at once, and never sorts the wide rows.
