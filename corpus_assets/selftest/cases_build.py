@@ -17,11 +17,10 @@ from corpus_assets.core.storage.tasks import FAILED, SUCCESS
 from corpus_assets.selftest.case import Outcome, fault
 from corpus_assets.selftest.corpus import write_objects
 from corpus_assets.selftest.evidence import intact, stray_temps, stuck_tasks, workspace
-from corpus_assets.selftest.lab import PARTITION, Home, Lab, parse_built
+from corpus_assets.selftest.lab import PARTITION, Home, Lab, error_line, parse_built
 from corpus_assets.selftest.resume import (
     CLI,
     count_tasks,
-    error_line,
     kill_and_resume,
     reference_trace,
 )

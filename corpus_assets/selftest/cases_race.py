@@ -26,7 +26,7 @@ from corpus_assets.core.release.publish import approve
 from corpus_assets.core.storage.catalog import alias_history, benchmark_items, tombstones
 from corpus_assets.selftest.case import NO_LOSS, Outcome, fault
 from corpus_assets.selftest.evidence import stray_temps, stuck_tasks, workspace
-from corpus_assets.selftest.lab import PARTITION, Home, Lab, SelftestError, parse_built
+from corpus_assets.selftest.lab import PARTITION, Home, Lab, SelftestError, error_line, parse_built
 
 QUICK_TRIALS = 2  # per fence; ``--full`` runs FULL_TRIALS
 FULL_TRIALS = 200
@@ -226,14 +226,10 @@ def tombstone_after_read(lab: Lab) -> Outcome:
     kept = reading.get("resumed") is True and reading.get("snapshotId") == built.snapshot_id
     unmoved = after.active_snapshot == built.snapshot_id
     return Outcome(
-        observed=f"activate exit {activation.returncode} ({_last(err)}); candidate {state}; "
+        observed=f"activate exit {activation.returncode} ({error_line(err)[-200:]}); "
+        f"candidate {state}; "
         f"alias at {after.active_snapshot} gen {after.generation}; pinned read exit "
         f"{again.code}, resumed {reading.get('resumed')}",
         matched=refused and state == states.APPROVED and unmoved and kept,
         lost=NO_LOSS if again.code == 0 else "the pinned run cannot read its snapshot",
     )
-
-
-def _last(err: str) -> str:
-    lines = [line for line in err.splitlines() if line.strip()]
-    return lines[-1][-200:] if lines else ""

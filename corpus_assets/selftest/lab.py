@@ -39,10 +39,15 @@ class Ran:
     err: str
 
     def error_line(self) -> str:
-        """The CLI's one-line error (``corpus-assets: error: ...``), else the last stderr line."""
-        lines = [line for line in self.err.splitlines() if line.strip()]
-        named = [line for line in lines if line.startswith("corpus-assets: error:")]
-        return (named or lines or [f"exit {self.code}"])[-1]
+        return error_line(self.err) or f"exit {self.code}"
+
+
+def error_line(err: str) -> str:
+    """The CLI's one-line error, else a traceback's exception line, else the last line."""
+    lines = [line for line in err.splitlines() if line.strip()]
+    named = [line for line in lines if line.startswith("corpus-assets: error:")]
+    raised = [line for line in lines if not line[0].isspace() and "Error" in line.split(":")[0]]
+    return (named or raised or lines or [""])[-1]
 
 
 @dataclass(frozen=True)

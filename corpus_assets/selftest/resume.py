@@ -16,7 +16,7 @@ from pathlib import Path
 from corpus_assets.core.runtime.layers import LAYERS
 from corpus_assets.core.storage.failpoints import DIR_ENV, ENV, TRACE_ENV
 from corpus_assets.selftest.evidence import stray_temps, stuck_tasks, workspace
-from corpus_assets.selftest.lab import PARTITION, Home, Lab, SelftestError, parse_built
+from corpus_assets.selftest.lab import PARTITION, Home, Lab, SelftestError, error_line, parse_built
 
 CLI, DAGSTER = "cli", "dagster"
 _TRACES: "weakref.WeakKeyDictionary[Lab, Trace]" = weakref.WeakKeyDictionary()
@@ -141,14 +141,6 @@ def kill_and_resume(lab: Lab, nth: int, kind: str = CLI, name: str = "kill") -> 
 
 def _env(trace: Path) -> dict[str, str]:
     return {TRACE_ENV: str(trace)}
-
-
-def error_line(err: str) -> str:
-    """The CLI's error line, else a traceback's exception line, else the last line."""
-    lines = [line for line in err.splitlines() if line.strip()]
-    named = [line for line in lines if line.startswith("corpus-assets: error:")]
-    raised = [line for line in lines if not line[0].isspace() and "Error" in line.split(":")[0]]
-    return (named or raised or lines or [""])[-1]
 
 
 def _finish(process: "subprocess.Popen[str]", timeout: float = 600) -> tuple[int, str, str]:
