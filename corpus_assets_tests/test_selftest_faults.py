@@ -33,12 +33,24 @@ QUICK = _pairs(selected(full=False))
 SLOW = _pairs([case for case in selected(full=True) if not case.quick])
 
 
-@pytest.fixture(scope="module")
-def lab(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
-    catalog = PG_URL if request.param == "postgres" else None
-    made = Lab(tmp_path_factory.mktemp(f"faults-{request.param}"), catalog)
+@pytest.fixture(scope="session")
+def labs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Lab]]:
+    """One lab per backend for the whole session (per xdist worker), made on first use: a lab's
+    Dagster template, reference build and traced build are what most cases start from, and a
+    parametrized module fixture is rebuilt whenever a worker's next test has the other backend."""
+    made: dict[str, Lab] = {}
     yield made
-    made.close()
+    for each in made.values():
+        each.close()
+
+
+@pytest.fixture
+def lab(request: pytest.FixtureRequest, labs: dict[str, Lab]) -> Lab:
+    backend = request.param
+    if backend not in labs:
+        root = request.getfixturevalue("tmp_path_factory").mktemp(f"faults-{backend}")
+        labs[backend] = Lab(root, PG_URL if backend == "postgres" else None)
+    return labs[backend]
 
 
 def _check(lab: Lab, case: FaultCase) -> None:
