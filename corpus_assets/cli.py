@@ -7,10 +7,9 @@ Builds and activations run the same Dagster jobs the UI and sensors run, on the 
 import argparse
 import os
 import sys
-import time
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import Any, TypeAlias
 
 from corpus_assets.cli_benchmarks import add_commands, with_add
 from corpus_assets.cli_catalog import (
@@ -22,14 +21,15 @@ from corpus_assets.cli_catalog import (
     cmd_prov,
     cmd_read,
     cmd_show,
-    cmd_status,
     cmd_tokenizer_train,
     cmd_tombstone_add,
     cmd_tombstone_hits,
     storage,
 )
 from corpus_assets.cli_partitions import cmd_partition_delete, cmd_partition_list
+from corpus_assets.cli_runs import activate_via_job, build, dagster_instance
 from corpus_assets.cli_selftest import add_selftest_command
+from corpus_assets.cli_status import cmd_status
 from corpus_assets.core.governance import gate, states
 from corpus_assets.core.ingest.pinning import PinError
 from corpus_assets.core.ingest.sources import SourceError
@@ -38,29 +38,16 @@ from corpus_assets.core.release.manifest import BuildConflict
 from corpus_assets.core.release.publish import PublishError, approve, rollback
 from corpus_assets.core.release.signing import SignatureError
 from corpus_assets.core.release.training import TrainingError
-from corpus_assets.core.release.verify import resolve, verify
-from corpus_assets.core.runtime.build_lock import partition_build_lock
+from corpus_assets.core.release.verify import verify
 from corpus_assets.core.runtime.config import ConfigError, default_home
 from corpus_assets.core.runtime.keys import (
     PartitionKeyError,
-    check_new_partition_key,
-    new_partition_key,
 )
-from corpus_assets.core.runtime.layers import LAYERS, load_index
 from corpus_assets.core.runtime.workspace import open_workspace
 from corpus_assets.core.storage.cas import CasError
 from corpus_assets.core.storage.catalog import LayerConflict
-from corpus_assets.core.storage.trust import StatTrust
 from corpus_assets.core.tokens.spec import TokenizerError
 from corpus_assets.demo import write_demo
-
-if TYPE_CHECKING:
-    from dagster import DagsterInstance
-
-# The repository's instance/dagster.yaml, as data (a test keeps the two equal).
-DAGSTER_YAML = "storage: {sqlite: {base_dir: {env: DAGSTER_HOME}}}\ntelemetry: {enabled: false}\n"
-QUIET = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
-
 
 EXPECTED_ERRORS = (
     TrainingError,
@@ -155,11 +142,11 @@ def _build_commands(sub: Subcommands) -> None:
     p = sub.add_parser("partition", help="list the snapshot partitions, or delete one")
     actions = p.add_subparsers(required=True, metavar="ACTION")
     listing = actions.add_parser("list", help="Dagster's partitions with their catalog state")
-    listing.set_defaults(run=cmd_partition_list, instance=_instance)
+    listing.set_defaults(run=cmd_partition_list, instance=dagster_instance)
     delete = actions.add_parser("delete", help="delete one from the Dagster instance (not data)")
     delete.add_argument("key", help="the partition key, exactly as listed (quote it)")
     delete.add_argument("--force", action="store_true", help="even if the catalog froze it")
-    delete.set_defaults(run=cmd_partition_delete, instance=_instance)
+    delete.set_defaults(run=cmd_partition_delete, instance=dagster_instance)
 
 
 def _publication_commands(sub: Subcommands) -> None:
@@ -232,90 +219,7 @@ def _tokenizer_commands(sub: Subcommands) -> None:
     train.set_defaults(run=cmd_tokenizer_train)
 
 
-# storage ---------------------------------------------------------------------------------------
-def _instance() -> "DagsterInstance":
-    """The Dagster instance in ``$DAGSTER_HOME`` (so CLI runs show in the UI), created on first
-    use; dagster is imported only by the commands that run jobs."""
-    from dagster import DagsterInstance
-
-    home = Path(os.environ.setdefault("DAGSTER_HOME", str(Path(".dagster").resolve())))
-    home.mkdir(parents=True, exist_ok=True)
-    if not (home / "dagster.yaml").exists():
-        (home / "dagster.yaml").write_text(DAGSTER_YAML)
-    return DagsterInstance.get()
-
-
-def _run_config() -> dict[str, Any]:
-    """Dagster's console logs only with ``CORPUS_VERBOSE``: the CLI prints its own lines."""
-    return {} if os.environ.get("CORPUS_VERBOSE") else QUIET
-
-
-def _failure(result: Any) -> str:
-    """The innermost error of the first failed step: the user's reason, not Dagster's wrapper."""
-    for event in result.all_events:
-        if event.is_step_failure:
-            error = event.step_failure_data.error
-            while error.cause is not None:
-                error = error.cause
-            return f"step {event.step_key}: {error.message.strip()}"
-    return "the run failed; see the Dagster UI for its logs"
-
-
 # commands --------------------------------------------------------------------------------------
-def build(partition: str | None) -> dict[str, Any]:
-    """Run the build_snapshot job for one partition; return what the CLI prints."""
-    if partition is not None:  # before anything is opened or created
-        check_new_partition_key(partition)
-    from corpus_assets.definitions import defs
-
-    with open_workspace() as ws:
-        taken = set(ws.catalog.partition_keys())
-        home = ws.home
-    instance = _instance()
-    taken |= set(instance.get_dynamic_partitions("snapshots"))
-    key = partition or new_partition_key(taken)
-    with partition_build_lock(home, key, lambda text: print(text, file=sys.stderr, flush=True)):
-        with open_workspace() as ws:
-            before = set(ws.cas.iter_digests())
-        instance.add_dynamic_partitions("snapshots", [key])
-        started = time.perf_counter()
-        result = defs.resolve_job_def("build_snapshot").execute_in_process(
-            partition_key=key, instance=instance, raise_on_error=False, run_config=_run_config()
-        )
-    if not result.success:
-        for check in result.get_asset_check_evaluations():
-            # the gate's verdict; a layer check's warning (a CDC gap, a dead letter) names none
-            if not check.passed and "snapshotId" in check.metadata:
-                sid = check.metadata["snapshotId"].value
-                raise CliError(
-                    f"snapshot {sid} (partition {key}) did not validate and is "
-                    f"{check.metadata['state'].value}: {check.description}"
-                )
-        raise CliError(f"build of partition {key} failed: {_failure(result)}")
-    with open_workspace() as ws:
-        manifest_digest = ws.catalog.layer_output(key, "manifest")
-        snapshot = resolve(ws.catalog, manifest_digest)
-        # only to count the objects: the check just verified them, so unchanged files are
-        # trusted (storage.trust) rather than hashed a second time
-        report = verify(
-            ws.cas, ws.catalog, snapshot.snapshot_id, trust=StatTrust(ws.cas, ws.catalog)
-        )
-        layers = {layer: ws.catalog.layer_output(key, layer) for layer in LAYERS}
-        dedup = load_index(ws.cas, layers["dedup_clusters"], "dedup_clusters")
-        records = load_index(ws.cas, layers["canonical_records"], "canonical_records")
-    return {
-        "dedup": dedup.counts,
-        "contamination": records.output("contamination"),
-        "partition": key,
-        "snapshotId": snapshot.snapshot_id,
-        "state": snapshot.state,
-        "layers": layers,
-        "seconds": round(time.perf_counter() - started, 2),
-        "casObjects": len(report.digests),
-        "casReused": len(report.digests & before),
-    }
-
-
 def _print_build(built: dict[str, Any]) -> None:
     print(f"partition {built['partition']}: 7 layers materialized in {built['seconds']} s")
     for layer, digest in built["layers"].items():
@@ -353,24 +257,6 @@ def cmd_build(args: argparse.Namespace) -> int:
     built = build(args.partition)
     _print_build(built)
     return 0
-
-
-def activate_via_job(digest: str) -> gate.Gate:
-    """Activate through the same Dagster job the publication sensor requests."""
-    from corpus_assets.assets.jobs import activation_run_config
-    from corpus_assets.definitions import defs
-
-    _home, _cas, catalog = storage()
-    snapshot = resolve(catalog, digest)
-    result = defs.resolve_job_def("activate_snapshot").execute_in_process(
-        run_config={**activation_run_config(snapshot.snapshot_id), **_run_config()},
-        instance=_instance(),
-        raise_on_error=False,
-        tags={"corpus/snapshot": snapshot.snapshot_id},
-    )
-    if not result.success:
-        raise CliError(f"activation of {snapshot.snapshot_id} failed: {_failure(result)}")
-    return gate.read_gate(catalog, snapshot.alias)
 
 
 def cmd_demo(_args: argparse.Namespace) -> int:

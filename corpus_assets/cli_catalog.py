@@ -6,14 +6,11 @@ training and the training read. ``corpus_assets.cli`` parses the command line an
 import argparse
 import getpass
 import json
-import time
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy.engine import make_url
-
 from corpus_assets.core.dedup.layer import explain
-from corpus_assets.core.governance import gate, states, tombstones
+from corpus_assets.core.governance import tombstones
 from corpus_assets.core.governance.lineage import tombstone_hits
 from corpus_assets.core.release.export_run import export_snapshot
 from corpus_assets.core.release.prov import prov_document
@@ -44,71 +41,6 @@ def storage() -> tuple[Path, ContentStore, Catalog]:
 def cli_actor() -> str:
     """Who a registry or alias change made from the CLI is recorded as."""
     return f"cli:{getpass.getuser()}"
-
-
-def status_payload() -> dict[str, Any]:
-    """What ``status`` prints, as data (``--json`` prints it as is)."""
-    home, _cas, catalog = storage()
-    snaps = states.find(catalog)
-    gates = [gate.read_gate(catalog, a) for a in sorted({s.alias for s in snaps})]
-    current = {row.active_snapshot for row in gates}
-    ended = (states.INCOMPLETE, states.REJECTED, states.SUPERSEDED)
-    reasons = {
-        s.snapshot_id: states.history(catalog, s.snapshot_id)[-1].detail
-        for s in snaps
-        if s.state in ended
-    }
-    return {
-        "home": str(home),
-        "catalog": make_url(catalog.url).render_as_string(hide_password=True),
-        "aliases": [
-            {
-                "alias": row.alias,
-                "generation": row.generation,
-                "active": row.active_snapshot,
-                "tombstoneWatermark": str(row.tombstone_watermark),
-                "benchmarkFence": str(row.benchmark_fence),
-            }
-            for row in gates
-        ],
-        "snapshots": [
-            {
-                "snapshotId": s.snapshot_id,
-                "partition": s.partition_key,
-                "alias": s.alias,
-                "state": s.state,
-                "current": s.snapshot_id in current,
-                "approvedBy": s.approved_by,
-                "createdAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(s.created_at)),
-                "reason": reasons.get(s.snapshot_id),  # why it ended INCOMPLETE, REJECTED, ...
-            }
-            for s in snaps
-        ],
-    }
-
-
-def cmd_status(args: argparse.Namespace) -> int:
-    payload = status_payload()
-    if args.json:
-        print(json.dumps(payload, indent=2))
-        return 0
-    print(f"home {payload['home']}  catalog {payload['catalog']}")
-    for a in payload["aliases"]:
-        print(
-            f"alias {a['alias']}: generation {a['generation']} -> {a['active'] or '(none)'} "
-            f"(tombstone {a['tombstoneWatermark']}, benchmark fence {a['benchmarkFence']})"
-        )
-    if not payload["snapshots"]:
-        print("no snapshots yet")
-    for s in payload["snapshots"]:
-        mark = "*" if s["current"] else " "
-        print(f"{mark} {s['createdAt']}  {s['partition']:<24} {s['state']:<10} {s['snapshotId']}")
-        if s["reason"]:
-            reason = s["reason"] if len(s["reason"]) <= 160 else s["reason"][:159] + "…"
-            print(f"    {reason}")
-    if any(s["current"] for s in payload["snapshots"]):
-        print("(* = what its alias points at now)")
-    return 0
 
 
 def cmd_show(args: argparse.Namespace) -> int:

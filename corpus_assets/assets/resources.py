@@ -4,6 +4,7 @@ from typing import Optional
 
 import dagster as dg
 
+from corpus_assets.assets.run_workers import record_worker
 from corpus_assets.core.runtime.config import config_path
 from corpus_assets.core.runtime.workspace import Workspace, open_workspace
 
@@ -12,6 +13,12 @@ class CorpusResource(dg.ConfigurableResource):
     """Names the corpus config; unset means ``CORPUS_CONFIG`` or ``$CORPUS_HOME/corpus.yaml``."""
 
     config_path: Optional[str] = None  # noqa: UP045 - Dagster config fields need Optional
+
+    def setup_for_execution(self, context: dg.InitResourceContext) -> None:
+        """Name the process running the run's steps on the run (``run_workers``), so a run
+        killed without reporting is told from one still working."""
+        if context.instance is not None and context.run is not None:
+            record_worker(context.instance, context.run)
 
     def workspace(self) -> Workspace:
         return open_workspace(self.config_path)

@@ -42,7 +42,8 @@ def power_loss_95(lab: Lab) -> Outcome:
         f"resume exit {r.resume_code}{' ' + r.resume_error if r.resume_code else ''} in "
         f"{r.resume_seconds:.1f} s: "
         f"{r.tasks_before} of {trace.tasks} chunk tasks reused, {r.tasks_rerun} re-run; "
-        f"stuck RUNNING {r.stuck}, stray temps {r.strays}"
+        f"stuck RUNNING {r.stuck}, stray temps {r.strays}, runs left STARTED {r.started}, "
+        f"resume {'named' if r.announced else 'did not name'} the run that died"
     )
     return Outcome(
         observed=observed,

@@ -17,7 +17,8 @@ from corpus_assets.selftest.resume import (
 
 EXPECTED = (
     "every resumed build ends with the snapshotId of an uninterrupted one; finished chunks are "
-    "not re-run; no stuck RUNNING task, no stray temp files; the resume time of each point"
+    "not re-run; no stuck RUNNING task, no stray temp files, no run left STARTED (the resume "
+    "names the run that died); the resume time of each point"
 )
 FULL_POINTS, QUICK_POINTS = 50, 3
 
@@ -70,7 +71,7 @@ def _why(r: Resumed, trace: Trace) -> str:
         f"#{r.nth} {r.kind} kill exit {r.kill_code} at {r.reached or '-'}, resume exit "
         f"{r.resume_code} {r.resume_error}, same id {r.snapshot_id == trace.snapshot_id}, "
         f"reran {r.tasks_rerun} of {trace.tasks - r.tasks_before}, stuck {r.stuck}, "
-        f"stray temps {r.strays}"
+        f"stray temps {r.strays}, runs left STARTED {r.started}, resume announced {r.announced}"
     )
 
 

@@ -1,10 +1,13 @@
-"""What a case reads back from a home after its fault: intact objects, stuck tasks, stray temps.
+"""What a case reads back from a home after its fault: intact objects, stuck tasks, stray temps,
+runs left STARTED.
 
 These read the home in this process (the catalog and CAS as the build left them), never
 through the code under test's own verdicts alone.
 """
 
 import hashlib
+import subprocess
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -50,3 +53,23 @@ def stray_temps(home: Home) -> list[Path]:
     """Temp files left in the data home (``.tmp-*`` of atomic writes, ``*.partial`` downloads)."""
     data = home.dir / "data"
     return sorted([*data.rglob(".tmp-*"), *data.rglob("*.partial")]) if data.is_dir() else []
+
+
+_STARTED = (
+    "from dagster import DagsterInstance, DagsterRunStatus, RunsFilter; "
+    "print(len(DagsterInstance.get().get_run_ids(RunsFilter(statuses=[DagsterRunStatus.STARTED]))))"
+)
+
+
+def started_runs(home: Home) -> int:
+    """Runs the home's Dagster instance still shows STARTED once every process has ended: a run
+    killed without reporting must not stay "in progress" in the UI's history."""
+    done = subprocess.run(
+        [sys.executable, "-c", _STARTED],
+        env=home.env(),
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
+    return int(done.stdout.split()[-1])

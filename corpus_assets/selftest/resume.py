@@ -15,7 +15,7 @@ from pathlib import Path
 
 from corpus_assets.core.runtime.layers import LAYERS
 from corpus_assets.core.storage.failpoints import DIR_ENV, ENV, TRACE_ENV
-from corpus_assets.selftest.evidence import stray_temps, stuck_tasks, workspace
+from corpus_assets.selftest.evidence import started_runs, stray_temps, stuck_tasks, workspace
 from corpus_assets.selftest.lab import PARTITION, Home, Lab, SelftestError, error_line, parse_built
 
 CLI, DAGSTER = "cli", "dagster"
@@ -86,6 +86,8 @@ class Resumed:
     resume_seconds: float
     stuck: int
     strays: int
+    started: int  # Dagster runs left STARTED (the killed one must be marked failed)
+    announced: bool  # the resume said it resumes after a run that died
 
     @property
     def killed(self) -> bool:
@@ -100,6 +102,8 @@ class Resumed:
             and self.tasks_rerun == trace.tasks - self.tasks_before
             and self.stuck == 0
             and self.strays == 0
+            and self.started == 0
+            and self.announced
         )
 
     def line(self) -> str:
@@ -136,6 +140,8 @@ def kill_and_resume(lab: Lab, nth: int, kind: str = CLI, name: str = "kill") -> 
         resume_seconds=seconds,
         stuck=stuck,
         strays=len(stray_temps(home)),
+        started=started_runs(home),
+        announced="resuming after run" in err,
     )
 
 
@@ -155,7 +161,7 @@ def _start_cli(home: Home, env: dict[str, str]) -> "subprocess.Popen[str]":
 def _start_dagster(home: Home, env: dict[str, str]) -> "subprocess.Popen[str]":
     """``dagster job execute`` of ``build_snapshot`` for ``PARTITION`` in its own process group
     (the way a run launcher starts a run), after adding the partition as ``build`` would."""
-    add = "from corpus_assets.cli import _instance; _instance()"
+    add = "from corpus_assets.cli_runs import dagster_instance; dagster_instance()"
     add += f".add_dynamic_partitions('snapshots', [{PARTITION!r}])"
     subprocess.run([sys.executable, "-c", add], env=home.env(), cwd=home.dir, check=True)
     dagster = Path(sys.executable).with_name("dagster")

@@ -1,0 +1,144 @@
+"""The CLI's Dagster side: the instance in ``$DAGSTER_HOME`` and the jobs the CLI runs in its own
+process (``build_snapshot``, ``activate_snapshot``), the same jobs the UI and sensors launch."""
+
+import os
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from corpus_assets.cli_catalog import CliError, storage
+from corpus_assets.core.governance import gate
+from corpus_assets.core.release.verify import resolve, verify
+from corpus_assets.core.runtime.build_lock import partition_build_lock
+from corpus_assets.core.runtime.keys import check_new_partition_key, new_partition_key
+from corpus_assets.core.runtime.layers import LAYERS, load_index
+from corpus_assets.core.runtime.workspace import open_workspace
+from corpus_assets.core.storage.trust import StatTrust
+
+if TYPE_CHECKING:
+    from dagster import DagsterInstance
+
+# The repository's instance/dagster.yaml, as data (a test keeps the two equal): SQLite storage,
+# and run monitoring with the launcher that checks each run's worker (``assets.run_workers``).
+DAGSTER_YAML = """\
+storage: {sqlite: {base_dir: {env: DAGSTER_HOME}}}
+run_launcher: {module: corpus_assets.assets.run_workers, class: WorkerCheckingRunLauncher}
+run_monitoring:
+  {enabled: true, poll_interval_seconds: 30, start_timeout_seconds: 300, max_resume_run_attempts: 0}
+telemetry: {enabled: false}
+"""
+QUIET = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
+
+
+def dagster_instance() -> "DagsterInstance":
+    """The Dagster instance in ``$DAGSTER_HOME`` (so CLI runs show in the UI), created on first
+    use; dagster is imported only by the commands that run jobs."""
+    from dagster import DagsterInstance
+
+    home = Path(os.environ.setdefault("DAGSTER_HOME", str(Path(".dagster").resolve())))
+    home.mkdir(parents=True, exist_ok=True)
+    if not (home / "dagster.yaml").exists():
+        (home / "dagster.yaml").write_text(DAGSTER_YAML)
+    return DagsterInstance.get()
+
+
+def run_config() -> dict[str, Any]:
+    """Dagster's console logs only with ``CORPUS_VERBOSE``: the CLI prints its own lines."""
+    return {} if os.environ.get("CORPUS_VERBOSE") else QUIET
+
+
+def failure(result: Any) -> str:
+    """The innermost error of the first failed step: the user's reason, not Dagster's wrapper."""
+    for event in result.all_events:
+        if event.is_step_failure:
+            error = event.step_failure_data.error
+            while error.cause is not None:
+                error = error.cause
+            return f"step {event.step_key}: {error.message.strip()}"
+    return "the run failed; see the Dagster UI for its logs"
+
+
+def _note(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def _report_dead_runs(instance: "DagsterInstance", key: str) -> None:
+    """A run of ``key`` killed without reporting is marked failed, and the build says it resumes."""
+    from corpus_assets.assets.run_workers import fail_dead_runs
+
+    for dead in fail_dead_runs(instance, key):
+        _note(f"partition {key}: resuming after {dead.describe()}; marked it failed")
+
+
+def build(partition: str | None) -> dict[str, Any]:
+    """Run the build_snapshot job for one partition; return what the CLI prints."""
+    if partition is not None:  # before anything is opened or created
+        check_new_partition_key(partition)
+    from corpus_assets.definitions import defs
+
+    with open_workspace() as ws:
+        taken = set(ws.catalog.partition_keys())
+        home = ws.home
+    instance = dagster_instance()
+    taken |= set(instance.get_dynamic_partitions("snapshots"))
+    key = partition or new_partition_key(taken)
+    with partition_build_lock(home, key, _note):
+        _report_dead_runs(instance, key)
+        with open_workspace() as ws:
+            before = set(ws.cas.iter_digests())
+        instance.add_dynamic_partitions("snapshots", [key])
+        started = time.perf_counter()
+        result = defs.resolve_job_def("build_snapshot").execute_in_process(
+            partition_key=key, instance=instance, raise_on_error=False, run_config=run_config()
+        )
+    if not result.success:
+        for check in result.get_asset_check_evaluations():
+            # the gate's verdict; a layer check's warning (a CDC gap, a dead letter) names none
+            if not check.passed and "snapshotId" in check.metadata:
+                sid = check.metadata["snapshotId"].value
+                raise CliError(
+                    f"snapshot {sid} (partition {key}) did not validate and is "
+                    f"{check.metadata['state'].value}: {check.description}"
+                )
+        raise CliError(f"build of partition {key} failed: {failure(result)}")
+    with open_workspace() as ws:
+        manifest_digest = ws.catalog.layer_output(key, "manifest")
+        snapshot = resolve(ws.catalog, manifest_digest)
+        # only to count the objects: the check just verified them, so unchanged files are
+        # trusted (storage.trust) rather than hashed a second time
+        report = verify(
+            ws.cas, ws.catalog, snapshot.snapshot_id, trust=StatTrust(ws.cas, ws.catalog)
+        )
+        layers = {layer: ws.catalog.layer_output(key, layer) for layer in LAYERS}
+        dedup = load_index(ws.cas, layers["dedup_clusters"], "dedup_clusters")
+        records = load_index(ws.cas, layers["canonical_records"], "canonical_records")
+    return {
+        "dedup": dedup.counts,
+        "contamination": records.output("contamination"),
+        "partition": key,
+        "snapshotId": snapshot.snapshot_id,
+        "state": snapshot.state,
+        "layers": layers,
+        "seconds": round(time.perf_counter() - started, 2),
+        "casObjects": len(report.digests),
+        "casReused": len(report.digests & before),
+    }
+
+
+def activate_via_job(digest: str) -> gate.Gate:
+    """Activate through the same Dagster job the publication sensor requests."""
+    from corpus_assets.assets.jobs import activation_run_config
+    from corpus_assets.definitions import defs
+
+    _home, _cas, catalog = storage()
+    snapshot = resolve(catalog, digest)
+    result = defs.resolve_job_def("activate_snapshot").execute_in_process(
+        run_config={**activation_run_config(snapshot.snapshot_id), **run_config()},
+        instance=dagster_instance(),
+        raise_on_error=False,
+        tags={"corpus/snapshot": snapshot.snapshot_id},
+    )
+    if not result.success:
+        raise CliError(f"activation of {snapshot.snapshot_id} failed: {failure(result)}")
+    return gate.read_gate(catalog, snapshot.alias)

@@ -1,0 +1,90 @@
+"""Is the process that ran a build still there? A run's worker is named by host, pid and the
+kernel's start time of that pid, so a SIGKILLed worker reads as dead even after its pid is reused.
+
+A run killed without a chance to report (SIGKILL, power loss, OOM) stays "started" in any run
+history that only the worker itself updates; this is what lets the history, ``status`` and the
+next ``build`` of the partition tell such a run from one still working.
+"""
+
+import os
+import socket
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+
+
+class Liveness(StrEnum):
+    ALIVE = "alive"
+    DEAD = "dead"
+    UNKNOWN = "unknown"  # another host's process, or a name this module cannot read
+
+
+@dataclass(frozen=True)
+class Worker:
+    """One process: ``host:pid:start`` (start in clock ticks since boot; 0 where unknown)."""
+
+    host: str
+    pid: int
+    start: int
+
+    def tag(self) -> str:
+        return f"{self.host}:{self.pid}:{self.start}"
+
+    @classmethod
+    def parse(cls, tag: str) -> "Worker | None":
+        host, _, rest = tag.rpartition(":")
+        host, _, pid = host.rpartition(":")
+        if not (host and pid.isdigit() and rest.isdigit()):
+            return None
+        return cls(host, int(pid), int(rest))
+
+    def describe(self) -> str:
+        return f"pid {self.pid} on {self.host}"
+
+
+def this_worker() -> Worker:
+    pid = os.getpid()
+    return Worker(socket.gethostname(), pid, _start_ticks(pid) or 0)
+
+
+def liveness(worker: Worker) -> Liveness:
+    """Whether ``worker`` still runs: only a process of this host can be looked at."""
+    if worker.host != socket.gethostname():
+        return Liveness.UNKNOWN
+    start = _start_ticks(worker.pid)
+    if start is None:
+        return Liveness.DEAD if _gone(worker.pid) else Liveness.UNKNOWN
+    if worker.start and start != worker.start:
+        return Liveness.DEAD  # the pid was reused by a later process
+    return Liveness.DEAD if _zombie(worker.pid) else Liveness.ALIVE
+
+
+def _start_ticks(pid: int) -> int | None:
+    """Field 22 of ``/proc/<pid>/stat`` (None without procfs or without that process)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rpartition(")")[2].split()[19])
+
+
+def _zombie(pid: int) -> bool:
+    """A killed child its parent has not reaped yet: it runs no code any more."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rpartition(")")[2].split()[0] == "Z"
+
+
+def _gone(pid: int) -> bool:
+    """No such process (where procfs is missing, ``kill(pid, 0)`` says)."""
+    if Path("/proc/self/stat").exists():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
