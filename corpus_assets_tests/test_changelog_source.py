@@ -86,6 +86,40 @@ def test_log_is_folded_at_its_watermark_and_later_events_wait(tmp_path: Path) ->
         assert _freeze(ws, "p2")["sources"][0]["watermark"] == "7"
 
 
+def test_a_half_written_last_line_belongs_to_the_next_snapshot(tmp_path: Path) -> None:
+    """The freeze stops before a line the writer has not ended: the build succeeds without it
+    and validates; once the line is ended, the next snapshot has it once and the first is not
+    made INCOMPLETE by it."""
+    _segment(tmp_path / "cdc", "000.jsonl", LOG[:5])
+    line = json.dumps(_event(6, "r", 4, "snapshot-read ticket")).encode()
+    with (tmp_path / "cdc" / "000.jsonl").open("ab") as handle:
+        handle.write(line[:30])
+    with _workspace(tmp_path) as ws:
+        results = build_all(ws, "p1")
+        (source,) = _freeze(ws, "p1")["sources"]
+        assert (source["watermark"], source["events"], source["gaps"]) == ("5", 5, [])
+        assert source["segments"][0]["pendingBytes"] == 30
+        assert results["canonical_records"].counts["records"] == 2  # tickets 1, 2
+        sid = results["manifest"].digests["snapshotId"]
+        assert validate_snapshot(ws, sid).ok
+
+        with (tmp_path / "cdc" / "000.jsonl").open("ab") as handle:
+            handle.write(line[30:] + b"\n")
+        assert late_changes(ws)(_spec(ws, "p1")) == []
+        later = build_all(ws, "p2")
+        (source,) = _freeze(ws, "p2")["sources"]
+        assert (source["watermark"], source["events"]) == ("6", 6)
+        assert "pendingBytes" not in source["segments"][0]
+        canonical = CanonicalIndex.load(ws.cas, later["canonical_records"].digest)
+        records = canonical.table(["record_id", "cdc_lsn"]).to_pylist()
+        assert sorted((r["record_id"], r["cdc_lsn"]) for r in records) == [
+            ("tickets/1", "1"),
+            ("tickets/2", "4"),
+            ("tickets/4", "6"),
+        ]
+        assert validate_snapshot(ws, later["manifest"].digests["snapshotId"]).ok
+
+
 def test_offset_gap_makes_the_snapshot_incomplete_naming_the_range(tmp_path: Path) -> None:
     _segment(tmp_path / "cdc", "000.jsonl", [LOG[0], LOG[1]])
     _segment(tmp_path / "cdc", "001.jsonl", [LOG[5]])  # lsn 3..5 missing

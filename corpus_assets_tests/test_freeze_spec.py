@@ -42,11 +42,11 @@ def _event(lsn: int, key: int, body: str) -> str:
 
 @pytest.fixture
 def every_kind(tmp_path: Path, base_url: str) -> Iterator[Workspace]:
-    """A changelog with a gap (so the freeze is incomplete) and an index source listing an
-    ETag object, a Last-Modified object and a local file."""
+    """A changelog with a gap (so the freeze is incomplete) and a half-written last line, and an
+    index source listing an ETag object, a Last-Modified object and a local file."""
     (tmp_path / "cdc").mkdir()
     (tmp_path / "cdc" / "000.jsonl").write_text(
-        _event(1, 1, "one") + "\n" + _event(4, 2, "two") + "\n"
+        _event(1, 1, "one") + "\n" + _event(4, 2, "two") + "\n" + _event(5, 3, "three")[:9]
     )
     (tmp_path / "local").mkdir()
     (tmp_path / "local" / "c.jsonl").write_bytes(ROW)
@@ -86,6 +86,7 @@ def test_every_member_kind_round_trips_to_the_stored_bytes(every_kind: Workspace
     assert isinstance(tickets, ChangelogSourceSpec) and isinstance(web, ObjectsSourceSpec)
     assert (tickets.watermark, tickets.start_lsn, tickets.gaps) == (4, 1, [(2, 3)])
     assert tickets.objects[0].rows == 2 and len(tickets.segments) == 1
+    assert tickets.segments[0].pending_bytes == 9
     assert web.index is not None and web.index.location.endswith("/index.txt")
     versions = {o.name.rsplit("/", 1)[-1]: (o.etag, o.last_modified) for o in web.objects}
     assert versions == {
@@ -98,6 +99,7 @@ def test_every_member_kind_round_trips_to_the_stored_bytes(every_kind: Workspace
     assert document["sources"][0]["gaps"] == [["2", "3"]]  # offsets stay decimal strings
     dated = next(o for o in document["sources"][1]["objects"] if o["name"].endswith("dated.jsonl"))
     assert "lastModified" in dated and "etag" not in dated  # absent, not null
+    assert document["sources"][0]["segments"][0]["pendingBytes"] == 9
 
 
 def _set(path: tuple[str | int, ...], value: Any) -> Callable[[dict[str, Any]], None]:
@@ -128,6 +130,11 @@ def _drop(path: tuple[str | int, ...]) -> Callable[[dict[str, Any]], None]:
         (_set(("tombstoneWatermark",), "007"), "tombstoneWatermark", "no leading zeros"),
         (_set(("sources", 0, "gaps", 0), ["2"]), "sources[0].gaps[0][1]", "required"),
         (_set(("sources", 0, "events"), "2"), "sources[0].events", "integer"),
+        (
+            _set(("sources", 0, "segments", 0, "pendingBytes"), 0),
+            "sources[0].segments[0].pendingBytes",
+            "greater than or equal to 1",
+        ),
         (_set(("sources", 1, "objects", 0, "etag"), None), "sources[1].objects[0]", "null"),
         (_set(("sources", 1, "kind"), "tape"), "sources[1]", "'tape'"),
         (_set(("sources", 0, "eventsDigest"), "sha256:abc"), "sources[0].eventsDigest", "64"),

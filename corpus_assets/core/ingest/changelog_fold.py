@@ -16,7 +16,7 @@ from typing import Any
 
 from corpus_assets.core.ingest.changelog_events import ChangelogError, Event, as_offset
 from corpus_assets.core.ingest.changelog_merge import OutOfOrder, merged_events
-from corpus_assets.core.ingest.changelog_segments import Segment
+from corpus_assets.core.ingest.changelog_segments import Segment, whole_lines
 from corpus_assets.core.storage.digests import hasher_digest
 
 _INT_KEY = re.compile(r"-?(?:0|[1-9][0-9]*)")
@@ -160,7 +160,8 @@ def _fold(
     mark = None if watermark is None else as_offset(watermark, what, "watermark")
     if mark is not None and mark < start_lsn - 1:
         raise ChangelogError(f"{what}: watermark {mark} is below start_lsn {start_lsn}")
-    ordered = sorted(segments, key=lambda s: s.name)
+    # a plain segment's unterminated last line is still being written: not part of this fold
+    ordered = sorted((whole_lines(s, what) for s in segments), key=lambda s: s.name)
     buffered: set[str] = set()
     while True:
         pinned: dict[str, dict[str, Any]] = {}

@@ -41,7 +41,8 @@ def merged_events(
     A segment's first lsn is peeked up front, so normally one file is open at a time however many
     segments there are; equal lsns come out adjacent, which is how duplicates are found. Segments
     named in ``buffered`` are sorted in memory; any other whose lsns go backwards raises
-    ``OutOfOrder``. Each segment read to its end gets its ``{name, sha256, size}`` in ``pinned``.
+    ``OutOfOrder``. Each segment read to its end gets its ``{name, sha256, size}`` in ``pinned``
+    (and ``pendingBytes``, the unterminated last line it stopped before, when there is one).
     """
     counter = itertools.count()
     heap: list[tuple[int, int, Event | None, Any]] = []
@@ -109,7 +110,10 @@ def _read(
         except CodecError as error:
             raise ChangelogError(str(error)) from error
         reader.drain()
-    pinned[segment.name] = {"name": segment.name, "sha256": reader.digest(), "size": segment.size}
+    read = {"name": segment.name, "sha256": reader.digest(), "size": segment.size}
+    if segment.pending:  # an unterminated last line, left for the next fold
+        read["pendingBytes"] = segment.pending
+    pinned[segment.name] = read
 
 
 def _first_lsn(segment: Segment, what: str) -> int | None:

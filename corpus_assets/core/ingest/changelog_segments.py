@@ -3,13 +3,17 @@
 The source side of a changelog: listing and the cheap head offset feed the discovery fingerprint
 without folding anything. Each segment is read only up to the size its listing saw: a live writer
 appending meanwhile cannot move the boundary, and the recorded sha256 is of exactly the bytes read.
+A plain segment is read like a log reader reads it: a last line without its newline is a write in
+progress, so the read stops before it (``whole_lines``) and those bytes belong to the next read. A
+compressed segment is written whole: its last line counts as it is, and a frame cut short is a
+corruption error (a truncated stream cannot tell a writer mid-frame from a damaged file).
 """
 
 import hashlib
 import io
 from collections.abc import Iterator, Sequence
 from contextlib import closing
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import BinaryIO
 
@@ -29,6 +33,31 @@ class Segment:
     path: Path
     size: int
     mtime_ns: int
+    pending: int = 0  # bytes after ``size`` the listing saw: an unterminated last line
+
+
+def whole_lines(segment: Segment, what: str = "changelog") -> Segment:
+    """``segment`` cut after its last newline if it is plain: a line without one is still being
+    written, so its bytes are left (``pending``) for the next listing. Compressed: unchanged."""
+    with open(segment.path, "rb") as handle:
+        if segment.size == 0 or sniff_codec(handle.read(4)) != "plain":
+            return segment
+        end = segment.size
+        while end > 0:
+            step = min(_TAIL_BLOCK, end)
+            handle.seek(end - step)
+            block = handle.read(step)
+            if len(block) != step:
+                raise ChangelogError(
+                    f"{what}: segment {segment.name} is shorter than the {segment.size} bytes "
+                    "listed; append-only segments must not shrink"
+                )
+            newline = block.rfind(b"\n")
+            if newline >= 0:
+                end -= step - newline - 1
+                break
+            end -= step
+    return replace(segment, size=end, pending=segment.size - end)
 
 
 def list_segments(root: Path, include: Sequence[str] = DEFAULT_INCLUDE) -> list[Segment]:
@@ -53,21 +82,16 @@ def list_segments(root: Path, include: Sequence[str] = DEFAULT_INCLUDE) -> list[
 def head_offset(segments: Sequence[Segment], *, what: str = "changelog") -> int | None:
     """Max lsn present, from the last event of each segment (append order holds inside a file).
 
-    Plain segments are read backwards from their listed size; compressed ones cannot seek, so they
-    are streamed to their last line. Names are not trusted to be in log order: every segment counts.
-    An unterminated last line that does not parse is a write in progress and is skipped; a fold of
-    the same listing refuses it instead, because a freeze must not guess.
+    Plain segments are read backwards from their last newline within the listed size (an
+    unterminated last line is a write in progress, not present yet, as for the fold); compressed
+    ones cannot seek, so they are streamed to their last line. Names are not trusted to be in log
+    order: every segment counts.
     """
     head: int | None = None
     for segment in segments:
-        with closing(_tail_lines(segment, what)) as lines:
-            for where, raw, terminated in lines:
-                try:
-                    lsn = lsn_of(load_event(raw, what, where)[0], what, where)
-                except ChangelogError:
-                    if terminated:
-                        raise
-                    continue  # a writer is mid-line: that event is not present yet
+        with closing(_tail_lines(whole_lines(segment, what), what)) as lines:
+            for where, raw in lines:
+                lsn = lsn_of(load_event(raw, what, where)[0], what, where)
                 head = lsn if head is None else max(head, lsn)
                 break
     return head
@@ -113,17 +137,17 @@ class PinnedReader(io.RawIOBase):
         return hasher_digest(self._hasher)
 
 
-def _tail_lines(segment: Segment, what: str) -> Iterator[tuple[str, bytes, bool]]:
-    """Non-blank lines from the end: (where, line, terminated by a newline)."""
+def _tail_lines(segment: Segment, what: str) -> Iterator[tuple[str, bytes]]:
+    """Non-blank lines from the end: (where, line)."""
     label = f"{what}: segment {segment.name}"
     with open(segment.path, "rb") as handle:
         if sniff_codec(handle.read(4)) != "plain":
             handle.seek(0)
-            found: tuple[str, bytes, bool] | None = None
+            found: tuple[str, bytes] | None = None
             try:
                 for line_no, raw in iter_lines(PinnedReader(handle, segment, what), label):  # type: ignore[arg-type]
                     if raw.strip():
-                        found = (f"segment {segment.name} line {line_no}", raw, True)
+                        found = (f"segment {segment.name} line {line_no}", raw)
             except CodecError as error:
                 raise ChangelogError(str(error)) from error
             if found is not None:
@@ -146,10 +170,5 @@ def _tail_lines(segment: Segment, what: str) -> Iterator[tuple[str, bytes, bool]
                 start = end - len(raw)
                 end = start - 1
                 if raw.strip():
-                    terminated = start + len(raw) < segment.size
-                    yield (
-                        f"segment {segment.name} line at byte {start}",
-                        raw.rstrip(b"\r"),
-                        terminated,
-                    )
+                    yield (f"segment {segment.name} line at byte {start}", raw.rstrip(b"\r"))
             tail = lines[0]

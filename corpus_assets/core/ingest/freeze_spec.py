@@ -116,11 +116,13 @@ class PinnedIndex(_Member):
 
 
 class FrozenSegment(_Member):
-    """A changelog segment as far as the fold read it: the sha256 of exactly ``size`` bytes."""
+    """A changelog segment as far as the fold read it: the sha256 of exactly ``size`` bytes;
+    ``pending_bytes`` after them were an unterminated line, left for the next snapshot."""
 
     name: str
     sha256: Digest
     size: int = Field(ge=0)
+    pending_bytes: int | None = Field(default=None, ge=1, exclude_if=_omitted)
 
 
 class ObjectsSourceSpec(_Member):

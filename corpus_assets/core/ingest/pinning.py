@@ -4,10 +4,12 @@ An object is pinned by the sha256 of the bytes actually copied (plus size, and t
 Last-Modified where the server gives them). Each copy is a chunk task, so a freeze killed halfway
 resumes without re-copying what is already pinned. The source is listed before and after pinning:
 objects added, removed or rewritten during the scan are reported as belonging to the next snapshot
-and the pinned version wins. A copy that raced a writer (the file changed while being read) is
-retried, so a pinned digest is always the digest of one consistent version. A remote zstd or gzip
-object is decoded while it downloads, within the configured limits: one that is truncated, corrupt
-or a bomb fails its pin (naming it) instead of a later canonicalisation.
+and the pinned version wins. An index file is read once: the objects are listed from those bytes
+and those same bytes are pinned, so the pinned index names what the freeze listed. A copy that
+raced a writer (the file changed while being read) is retried, so a pinned digest is always the
+digest of one consistent version. A remote zstd or gzip object is decoded while it downloads,
+within the configured limits: one that is truncated, corrupt or a bomb fails its pin (naming it)
+instead of a later canonicalisation.
 """
 
 import json
@@ -35,8 +37,8 @@ from corpus_assets.core.ingest.remote_http import DownloadError, RemoteVersion, 
 from corpus_assets.core.ingest.sources import (
     ListedObject,
     list_objects,
+    list_source,
     local_object,
-    read_index,
     url_object,
     version_of,
 )
@@ -135,7 +137,8 @@ def _freeze_changelog(ws: Workspace, source: ChangelogSource) -> PinnedSource:
 
 def _pin_objects(ws: Workspace, source: ObjectsSource) -> PinnedSource:
     done = preload(ws.catalog, "raw_snapshot", CODE)
-    before = list_objects(ws.loaded, source)
+    listing = list_source(ws.loaded, source)  # the index (if any) is read here, once
+    before = listing.objects
     failpoints.hit(f"pin/{source.id}/listed")
     pinned: list[tuple[PinnedObject, str]] = []  # each with the version it was listed at
     deferred: list[DeferredChange] = []
@@ -164,9 +167,9 @@ def _pin_objects(ws: Workspace, source: ObjectsSource) -> PinnedSource:
         elif now.version != listed_version or now.size != entry.size:
             deferred.append(DeferredChange(name=entry.name, change="changed", pinned=True))
     index = None
-    if source.index is not None:
-        location, data, _urls = read_index(ws.loaded, source)
-        index = PinnedIndex(location=location, **put_bytes(ws.cas, data, "text/plain"))
+    if listing.index is not None:  # the bytes the objects were listed from, not a later read
+        stored = put_bytes(ws.cas, listing.index.data, "text/plain")
+        index = PinnedIndex(location=listing.index.location, **stored)
     spec = ObjectsSourceSpec(
         id=source.id,
         kind="objects",

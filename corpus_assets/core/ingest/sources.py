@@ -64,8 +64,25 @@ def url_object(url: str) -> ListedObject:
     return remote_object(url)
 
 
-def read_index(loaded: LoadedConfig, source: ObjectsSource) -> tuple[str, bytes, list[str]]:
-    """The index location, its bytes, and the object URLs it lists (relative ones resolved)."""
+@dataclass(frozen=True)
+class IndexFile:
+    """An index file as read once: the object URLs listed are those of exactly these bytes."""
+
+    location: str
+    data: bytes
+    urls: list[str]
+
+
+@dataclass(frozen=True)
+class Listing:
+    """A listing of an ``objects`` source, with the index it was listed from (if any)."""
+
+    objects: list[ListedObject]
+    index: IndexFile | None = None
+
+
+def read_index(loaded: LoadedConfig, source: ObjectsSource) -> IndexFile:
+    """Read the index once: its location, its bytes, and the URLs they list (relative resolved)."""
     assert source.index is not None
     location = source.index
     if "://" not in location:
@@ -86,33 +103,42 @@ def read_index(loaded: LoadedConfig, source: ObjectsSource) -> tuple[str, bytes,
         if not url.startswith(("file://", "http://", "https://")):
             raise SourceError(f"source {source.id!r}: index {location} line {number}: bad URL")
         urls.append(url)
-    return location, data, urls
-
-
-def object_urls(loaded: LoadedConfig, source: ObjectsSource) -> list[str]:
-    if source.urls is not None:
-        return list(source.urls)
-    return read_index(loaded, source)[2]
+    return IndexFile(location, data, urls)
 
 
 def list_objects(
     loaded: LoadedConfig, source: ObjectsSource, missing_ok: bool = False
 ) -> list[ListedObject]:
-    """Every object of an ``objects`` source, sorted by name.
+    """Every object of an ``objects`` source, sorted by name (``list_source`` without the index)."""
+    return list_source(loaded, source, missing_ok).objects
 
-    A URL that the source names but that does not exist is an error naming it, unless
-    ``missing_ok`` (the re-listing after a freeze, where a deletion is a fact to report).
+
+def list_source(loaded: LoadedConfig, source: ObjectsSource, missing_ok: bool = False) -> Listing:
+    """Every object of an ``objects`` source, sorted by name, and the index read to list them.
+
+    The index is read once and the objects are listed from those bytes, so a freeze can pin the
+    index that was used even if it is rewritten meanwhile. A URL that the source names but that
+    does not exist is an error naming it, unless ``missing_ok`` (the re-listing after a freeze,
+    where a deletion is a fact to report).
     """
-    if source.path is None:
-        listed = []
-        for url in sorted(set(object_urls(loaded, source))):
-            try:
-                listed.append(url_object(url))
-            except (OSError, DownloadError) as error:
-                if missing_ok and _is_missing(error):
-                    continue
-                raise SourceError(f"source {source.id!r}: cannot list {url}: {error}") from None
-        return listed
+    if source.path is not None:
+        return Listing(_list_folder(loaded, source))
+    index = read_index(loaded, source) if source.urls is None else None
+    urls = source.urls if index is None else index.urls
+    assert urls is not None
+    listed = []
+    for url in sorted(set(urls)):
+        try:
+            listed.append(url_object(url))
+        except (OSError, DownloadError) as error:
+            if missing_ok and _is_missing(error):
+                continue
+            raise SourceError(f"source {source.id!r}: cannot list {url}: {error}") from None
+    return Listing(listed, index)
+
+
+def _list_folder(loaded: LoadedConfig, source: ObjectsSource) -> list[ListedObject]:
+    assert source.path is not None
     root = loaded.resolve(source.path)
     if not root.is_dir():
         raise SourceError(f"source {source.id!r}: folder {root} does not exist")
