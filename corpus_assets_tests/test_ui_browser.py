@@ -16,6 +16,7 @@ import pytest
 from playwright.sync_api import Locator, Page, expect, sync_playwright
 
 from corpus_assets.core.runtime.layers import LAYERS
+from corpus_assets.core.runtime.liveness import Worker
 from corpus_assets.demo import write_demo
 from corpus_assets_tests.ui_servers import (
     Servers,
@@ -101,6 +102,8 @@ def sensor_build(servers: Servers) -> dict[str, Any]:
     partition = build["tags"]["dagster/partition"]
     assert build["tags"]["dagster/sensor_name"] == "source_discovery"
     assert build["tags"]["dagster/run_key"] == f"build:{partition}"
+    # the launched run worker named itself, so run monitoring can tell if it is killed
+    assert Worker.parse(build["tags"]["corpus/worker"]) is not None
     assert partition_keys(servers.gql) == [partition]
     return build
 
