@@ -316,7 +316,7 @@ def test_resume_only_refuses_without_a_checkpoint(
 ) -> None:
     remote, url = serve(drops=[Drop(0, "fin")])
     work = tmp_path / "work"
-    with pytest.raises(ResumeRefused, match=re.escape(url) + ".*no checkpoint"):
+    with pytest.raises(ResumeRefused, match=re.escape(url) + ".*no partial file"):
         fetch(url, cas, work, resume_only=True)
     assert remote.gets == 0
     with pytest.raises(DownloadError):  # leaves a checkpoint, but with no verified byte

@@ -17,7 +17,11 @@ from functools import partial as bind
 from pathlib import Path
 
 from corpus_assets.core.ingest.codecs import CodecError, DecompressionLimits
-from corpus_assets.core.ingest.download_checkpoint import PartialFile, locked_partial
+from corpus_assets.core.ingest.download_checkpoint import (
+    PartialFile,
+    ResumeRefused,
+    locked_partial,
+)
 from corpus_assets.core.ingest.download_decode import DecodeCheck, Decoded
 from corpus_assets.core.ingest.remote_http import (
     DownloadError,
@@ -52,10 +56,6 @@ class Fetched:
     decoded_bytes: int | None = None
 
 
-class ResumeRefused(DownloadError):
-    """Resume-only mode found no usable checkpoint, so it refuses to download from scratch."""
-
-
 class InvalidObject(DownloadError):
     """The object downloaded faithfully but does not decode (``validate``): truncated, corrupt or
     a bomb. The partial is kept, so a rerun re-checks it without the network unless the object
@@ -82,8 +82,9 @@ def fetch_to_cas(
     ``expected`` pins a version (from ``head``): if the server's ETag, Last-Modified or size
     differ, ``DownloadError`` is raised instead of fetching different bytes (the partial is kept).
     Without it a changed object restarts from zero. ``resume_only`` raises ``ResumeRefused``
-    rather than (re)start from byte zero. Drops, timeouts and 408/429/5xx answers are retried up
-    to ``max_attempts`` requests, with exponential backoff from ``backoff_seconds``. A checkpoint
+    rather than (re)start from byte zero, and then creates no file for a URL with no partial.
+    Drops, timeouts and 408/429/5xx answers are retried up to ``max_attempts`` requests, with
+    exponential backoff from ``backoff_seconds``. A checkpoint
     is committed every ``checkpoint_bytes`` or ``checkpoint_seconds``, whichever comes first, and
     after every drop: a killed process loses at most that much. Two processes fetching the same
     URL into one ``work_dir`` are excluded by a lock on the partial file.
@@ -99,6 +100,7 @@ def fetch_to_cas(
         checkpoint_bytes=checkpoint_bytes,
         checkpoint_seconds=checkpoint_seconds,
         decoding=decoding,
+        resume_only=resume_only,
     ) as partial:
         download = _Download(
             url=url,
