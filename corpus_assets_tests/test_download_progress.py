@@ -129,6 +129,20 @@ def _failed_freeze(tmp_path: Path, url: str) -> str:
     return str(raised.value)
 
 
+def test_a_freeze_spends_the_budget_once_on_a_server_ignoring_range(tmp_path: Path) -> None:
+    """The pin reports the server at once instead of retrying the task (3 tries, 3 budgets)."""
+    rng = random.Random(19)
+    with LoopbackServer() as server:
+        remote = server.put("/a.jsonl", BODY)
+        remote.honor_range = False
+        remote.drops = [Drop(offset=rng.randrange(SIZE // 4, SIZE), how="fin") for _ in range(200)]
+        url = server.url("/a.jsonl")
+        error = _failed_freeze(tmp_path, url)
+        sent = remote.sent
+    assert re.search(_ignoring_range_message(url), error), error
+    assert sent <= 4 * SIZE, f"{sent / SIZE:.1f}x the object sent"
+
+
 def test_resume_only_leaves_no_file_for_a_download_it_refuses(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
