@@ -17,6 +17,7 @@ from pathlib import Path
 
 import zstandard
 
+from corpus_assets.core.ingest.download_transfer import TRANSFER_BUDGET
 from corpus_assets.core.release.verify import verify
 from corpus_assets.selftest.case import NO_LOSS, Outcome, fault
 from corpus_assets.selftest.evidence import intact, stray_temps, workspace
@@ -272,7 +273,8 @@ def corrupt_partial(lab: Lab) -> Outcome:
     "003.ignores-range",
     SEED,
     "after a dropped connection the server ignores Range (answers 200 with the whole body)",
-    "the download still completes correctly (restarted from zero), verified",
+    "the download still completes correctly (restarted from zero), verified, within the"
+    f" download byte budget ({TRANSFER_BUDGET:g}x the objects' bytes, counted by the server)",
     catalog=False,
 )
 def ignores_range(lab: Lab) -> Outcome:
@@ -282,7 +284,9 @@ def ignores_range(lab: Lab) -> Outcome:
             remote.honor_range = False
             remote.drops = [Drop(offset=len(remote.body) // 2, how="fin")]
         home = _web_home(lab, "ignores-range", server)
+        size = sum(len(remote.body) for remote in server.objects.values())
         ran, built = _build(home)
+        sent = server.sent()
         ignored = sum(
             1
             for remote in server.objects.values()
@@ -293,11 +297,13 @@ def ignores_range(lab: Lab) -> Outcome:
     pins = _pins(home, server)
     return Outcome(
         observed=(
-            f"{ignored} ranged resumes answered 200 with the whole body; build exit {ran.code};"
-            f" {verdict}; {pins.summary()}"
+            f"{ignored} ranged resumes answered 200 with the whole body; server sent {sent} body"
+            f" bytes for {size} ({sent / size:.2f}x); build exit {ran.code}; {verdict};"
+            f" {pins.summary()}"
         ),
         matched=ran.code == 0
         and ignored == len(server.objects)
+        and sent <= TRANSFER_BUDGET * size
         and verdict.startswith("verify ok")
         and pins.right,
         lost=_lost(home, pins, built),

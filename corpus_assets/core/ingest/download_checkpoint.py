@@ -80,6 +80,10 @@ class PartialState:
                 self.decoder.close()
 
 
+class ResumeRefused(DownloadError):
+    """Resume-only mode found no usable checkpoint, so it refuses to download from scratch."""
+
+
 @contextmanager
 def locked_partial(
     url: str,
@@ -88,14 +92,25 @@ def locked_partial(
     checkpoint_bytes: int,
     checkpoint_seconds: float,
     decoding: Callable[[], DecodeCheck] | None = None,
+    resume_only: bool = False,
 ) -> Iterator["PartialFile"]:
     """The URL's partial file in ``work_dir``, locked so no second process writes it meanwhile;
-    ``decoding`` makes the decoder each new state feeds its bytes to (None: no decoding)."""
+    ``decoding`` makes the decoder each new state feeds its bytes to (None: no decoding).
+    ``resume_only`` opens an existing partial only: with none, ``ResumeRefused`` is raised
+    before any file or directory is created (a refused download leaves nothing behind)."""
     work_dir = Path(work_dir)
-    work_dir.mkdir(parents=True, exist_ok=True)
     key = hashlib.sha256(url.encode("utf-8")).hexdigest()
     path = work_dir / f"{key}.partial"
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    if not resume_only:
+        work_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_RDWR | (0 if resume_only else os.O_CREAT), 0o644)
+    except FileNotFoundError:
+        if not resume_only:
+            raise
+        raise ResumeRefused(
+            f"{url}: resume-only mode and no partial file {path}; refusing to download from scratch"
+        ) from None
     with os.fdopen(fd, "r+b") as handle:
         try:
             fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)

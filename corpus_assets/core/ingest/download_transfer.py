@@ -2,7 +2,11 @@
 
 Each attempt asks for the bytes from the verified offset (``Range`` with ``If-Range``) and only
 appends a body that provably continues the same version; anything else restarts from zero or, when
-a version is pinned, fails. What is verified on disk, and when it is committed, is
+a version is pinned, fails. Retries are counted only while they get nowhere: an attempt that
+advances the verified prefix resets the count, so a server that drops every few kilobytes still
+delivers a large object. What a server ignoring Range costs is bounded instead by bytes: one call
+receives at most ``transfer_budget`` times the object's size, then names the server's behaviour.
+What is verified on disk, and when it is committed, is
 ``download_checkpoint``'s business. Memory is flat: one chunk at a time. With ``validate`` a
 compressed object is also decoded as it arrives (``download_decode``), so the download fails with
 ``InvalidObject`` as soon as the object proves truncated, corrupt or a bomb (never publishing it).
@@ -17,7 +21,11 @@ from functools import partial as bind
 from pathlib import Path
 
 from corpus_assets.core.ingest.codecs import CodecError, DecompressionLimits
-from corpus_assets.core.ingest.download_checkpoint import PartialFile, locked_partial
+from corpus_assets.core.ingest.download_checkpoint import (
+    PartialFile,
+    ResumeRefused,
+    locked_partial,
+)
 from corpus_assets.core.ingest.download_decode import DecodeCheck, Decoded
 from corpus_assets.core.ingest.remote_http import (
     DownloadError,
@@ -33,6 +41,10 @@ from corpus_assets.core.storage.cas import ContentStore
 
 RETRYABLE_STATUS = frozenset({408, 425, 429, 500, 502, 503, 504})
 MAX_BACKOFF_SECONDS = 5.0
+# Body bytes one call may receive, as a multiple of the object's size. A server honouring Range
+# never needs more than 1x (every byte received is kept); 3x lets a server that ignores Range
+# drop twice near the end and still deliver, and stops one that keeps dropping at ~3x, not ~30x.
+TRANSFER_BUDGET = 3.0
 
 
 @dataclass(frozen=True)
@@ -52,8 +64,10 @@ class Fetched:
     decoded_bytes: int | None = None
 
 
-class ResumeRefused(DownloadError):
-    """Resume-only mode found no usable checkpoint, so it refuses to download from scratch."""
+class OverBudget(DownloadError):
+    """The call received ``transfer_budget`` times the object's size without finishing it (a
+    server that ignores Range and keeps dropping); the verified prefix is kept. Retrying at
+    once would only fetch the same bytes again."""
 
 
 class InvalidObject(DownloadError):
@@ -69,7 +83,8 @@ def fetch_to_cas(
     *,
     expected: RemoteVersion | None = None,
     resume_only: bool = False,
-    max_attempts: int = 50,
+    max_attempts_without_progress: int = 50,
+    transfer_budget: float = TRANSFER_BUDGET,
     chunk_size: int = 1 << 20,
     timeout: float = 30.0,
     backoff_seconds: float = 0.05,
@@ -82,8 +97,13 @@ def fetch_to_cas(
     ``expected`` pins a version (from ``head``): if the server's ETag, Last-Modified or size
     differ, ``DownloadError`` is raised instead of fetching different bytes (the partial is kept).
     Without it a changed object restarts from zero. ``resume_only`` raises ``ResumeRefused``
-    rather than (re)start from byte zero. Drops, timeouts and 408/429/5xx answers are retried up
-    to ``max_attempts`` requests, with exponential backoff from ``backoff_seconds``. A checkpoint
+    rather than (re)start from byte zero, and then creates no file for a URL with no partial.
+    Drops, timeouts and 408/429/5xx answers are retried until ``max_attempts_without_progress``
+    attempts in a row have not advanced the verified prefix, with exponential backoff from
+    ``backoff_seconds`` (doubling per such attempt); an attempt that advanced resets the count.
+    Receiving more than ``transfer_budget`` times the object's size (the longest prefix held
+    when the size is unknown) raises ``OverBudget``; a restart from zero that would pass it is
+    refused before its body is read. A checkpoint
     is committed every ``checkpoint_bytes`` or ``checkpoint_seconds``, whichever comes first, and
     after every drop: a killed process loses at most that much. Two processes fetching the same
     URL into one ``work_dir`` are excluded by a lock on the partial file.
@@ -99,6 +119,7 @@ def fetch_to_cas(
         checkpoint_bytes=checkpoint_bytes,
         checkpoint_seconds=checkpoint_seconds,
         decoding=decoding,
+        resume_only=resume_only,
     ) as partial:
         download = _Download(
             url=url,
@@ -108,16 +129,13 @@ def fetch_to_cas(
             resume_only=resume_only,
             chunk_size=chunk_size,
             timeout=timeout,
+            budget=transfer_budget,
         )
-        return download.run(max_attempts, backoff_seconds)
+        return download.run(max_attempts_without_progress, backoff_seconds)
 
 
 class _Dropped(Exception):
-    """A retryable network failure after ``received`` body bytes of this attempt."""
-
-    def __init__(self, reason: str, received: int = 0) -> None:
-        super().__init__(reason)
-        self.received = received
+    """A retryable network failure of one attempt."""
 
 
 @dataclass
@@ -129,33 +147,68 @@ class _Download:
     resume_only: bool
     chunk_size: int
     timeout: float
+    budget: float
     transferred: int = 0
     restarts: int = 0
     resumed: bool = False
+    ignored_range: int = 0  # resumes the server answered with the whole object
+    scale: int = 0  # the largest size announced or prefix held this call: what budget multiplies
+    last_error: str = "no attempt made"
+    last_restart: str = ""
 
-    def run(self, max_attempts: int, backoff_seconds: float) -> Fetched:
+    def run(self, max_without_progress: int, backoff_seconds: float) -> Fetched:
+        """Attempt until complete; only attempts that leave the verified prefix no longer than
+        they found it count towards giving up (and lengthen the backoff)."""
         self._start()
-        attempts = 0
-        failures = 0
-        last_error = "no attempt made"
+        fruitless = 0
+        attempted = False
         while not self.partial.state.complete:
-            if attempts >= max_attempts:
-                raise DownloadError(
-                    f"{self.url}: gave up after {attempts} attempts at byte"
-                    f" {self.partial.state.verified} of {self.partial.state.expected_size}:"
-                    f" {last_error}"
-                )
-            if failures:
-                time.sleep(min(backoff_seconds * 2 ** (failures - 1), MAX_BACKOFF_SECONDS))
-            attempts += 1
+            if fruitless >= max_without_progress:
+                raise DownloadError(self._gave_up(fruitless))
+            if attempted:
+                time.sleep(min(backoff_seconds * 2**fruitless, MAX_BACKOFF_SECONDS))
+            attempted = True
+            before = self.partial.state.verified
             try:
                 self._attempt()
-                failures = 0
             except _Dropped as drop:
-                last_error = str(drop)
-                failures = 1 if drop.received else failures + 1
+                self.last_error = str(drop)
                 self.partial.save()
+            fruitless = 0 if self.partial.state.verified > before else fruitless + 1
         return self._publish()
+
+    def _gave_up(self, fruitless: int) -> str:
+        state = self.partial.state
+        return (
+            f"{self.url}: gave up after {fruitless} attempts in a row without progress at byte"
+            f" {state.verified} of {state.expected_size}: {self.last_error}{self._range_note()}"
+        )
+
+    def _range_note(self) -> str:
+        """What the server did to resumes, when it ignored Range ("" when it never did)."""
+        if not self.ignored_range:
+            return ""
+        return (
+            f"; the server ignores Range (it answered {self.ignored_range} resume(s) with the"
+            " whole object from byte 0) and keeps dropping the connection"
+        )
+
+    def _check_budget(self, more: int, held: int, restarting: str = "") -> None:
+        """Raise ``OverBudget`` before receiving ``more`` bytes (then ``held`` in the partial)
+        would pass ``budget`` times the object's size: the largest announced this call, or the
+        longest prefix held if larger (when no size is announced). Only restarts from zero,
+        ``restarting`` the one about to happen, can get there."""
+        self.scale = max(self.scale, held)
+        if self.transferred + more <= self.budget * self.scale:
+            return
+        self.partial.save()  # so the verified prefix is kept for a later run
+        why = restarting or self.last_restart
+        cause = self._range_note().removeprefix("; ") or f"restarted from zero ({why})"
+        raise OverBudget(
+            f"{self.url}: {cause}: {self.transferred} bytes received, and {more} more would pass"
+            f" the budget of {self.budget:g}x the {self.scale}-byte object; giving up (the"
+            f" verified {self.partial.state.verified} bytes are kept)"
+        )
 
     def _start(self) -> None:
         """Adopt the checkpoint if the on-disk prefix still hashes to it, else start from zero."""
@@ -190,6 +243,7 @@ class _Download:
                 f"{self.url}: resume-only mode and {reason}; refusing to download from scratch"
             )
         self.restarts += 1
+        self.last_restart = reason
         self._reset()
 
     def _attempt(self) -> None:
@@ -224,6 +278,7 @@ class _Download:
         state = self.partial.state
         state.etag, state.last_modified = seen.etag, seen.last_modified
         state.expected_size = seen.size
+        self.scale = max(self.scale, seen.size or 0)
         self.partial.save()
         self._stream(response, seen.size)
 
@@ -268,9 +323,12 @@ class _Download:
                 return False
             self.resumed = self.resumed or offset > 0
         elif offset:
-            self._restart(
-                f"the object changed ({changed})" if changed else "the server ignored the Range"
-            )
+            reason = f"the object changed ({changed})" if changed else "the server ignored Range"
+            if not changed:
+                self.ignored_range += 1
+            if seen.size is not None:  # the whole object again: refused before a byte is read
+                self._check_budget(seen.size, seen.size, reason)
+            self._restart(reason)
         return True
 
     def _stream(self, response: http.client.HTTPResponse, total: int | None) -> None:
@@ -282,11 +340,10 @@ class _Download:
             try:
                 block = response.read1(self.chunk_size)
             except (OSError, http.client.HTTPException) as error:
-                raise _Dropped(
-                    f"connection dropped after {received} bytes: {error!r}", received
-                ) from error
+                raise _Dropped(f"connection dropped after {received} bytes: {error!r}") from error
             if not block:
                 break
+            self._check_budget(len(block), partial.state.verified + len(block))
             if total is not None and partial.state.verified + len(block) > total:
                 raise DownloadError(
                     f"{self.url}: server sent more than the {total} bytes it declared"
@@ -297,7 +354,7 @@ class _Download:
             partial.save_if_due()
             self._check_decoding()
         if declared is not None and received < declared:
-            raise _Dropped(f"body ended after {received} of {declared} bytes", received)
+            raise _Dropped(f"body ended after {received} of {declared} bytes")
         if total is None:  # no length announced: a clean end (chunked terminator) is the end
             partial.state.expected_size = partial.state.verified
 

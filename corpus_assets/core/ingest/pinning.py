@@ -22,7 +22,12 @@ from typing import Literal
 from corpus_assets.core.ingest.changelog_fold import fold, late_events
 from corpus_assets.core.ingest.changelog_segments import list_segments
 from corpus_assets.core.ingest.codecs import DecompressionLimits
-from corpus_assets.core.ingest.download_transfer import InvalidObject, ResumeRefused, fetch_to_cas
+from corpus_assets.core.ingest.download_transfer import (
+    InvalidObject,
+    OverBudget,
+    ResumeRefused,
+    fetch_to_cas,
+)
 from corpus_assets.core.ingest.freeze_spec import (
     ChangelogSourceSpec,
     DeferredChange,
@@ -56,6 +61,9 @@ CODE = stage_code("raw_snapshot.pin.v1", __name__)
 CDC_LSN_FIELD = "__cdc_lsn"
 PARQUET_MAGIC = b"PAR1"
 COPY_RETRIES = 3
+# download failures the pin reports at once: a task retry would fetch the same bytes again (an
+# over-budget one would re-spend the whole transfer budget on a server that ignores Range)
+FINAL = (ResumeRefused, InvalidObject, OverBudget)
 
 
 class ObjectChanged(RuntimeError):
@@ -233,11 +241,10 @@ def _pin(
                     ObjectChanged,
                     ObjectVanished,
                     FileNotFoundError,
-                    ResumeRefused,
-                    InvalidObject,
+                    *FINAL,
                 ),
             )
-        except (ResumeRefused, InvalidObject) as error:  # retrying the same bytes cannot help
+        except FINAL as error:  # retrying the same bytes cannot help
             raise PinError(f"{listed.name}: {error}") from None
         except ObjectChanged:
             listed = _relist(listed)
@@ -275,7 +282,7 @@ def _copy(ws: Workspace, listed: ListedObject) -> str:
                     max_output_bytes=bounds.max_output_bytes, max_ratio=bounds.max_ratio
                 ),
             )
-        except (ResumeRefused, InvalidObject):
+        except FINAL:
             raise
         except DownloadError as error:
             try:
