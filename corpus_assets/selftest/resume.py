@@ -27,9 +27,10 @@ STAGE_LAYER = {"dedup_signatures": "dedup_clusters", "tokens": "splits"}
 
 
 def layer_of(point: str) -> str:
-    """The layer a point belongs to (``pin/...`` is the raw snapshot's listing)."""
+    """The layer a point belongs to (``pin/...`` is the raw snapshot's listing, ``validate/...``
+    the manifest's check)."""
     kind, _, rest = point.partition("/")
-    name = "raw_snapshot" if kind == "pin" else rest.split("/")[0]
+    name = {"pin": "raw_snapshot", "validate": "manifest"}.get(kind, rest.split("/")[0])
     return STAGE_LAYER.get(name, name)
 
 
