@@ -180,33 +180,27 @@ def _apply(rules: tuple[Gate, ...], evidence: Evidence, report: GateReport) -> l
 def _apply_gates(
     ws: Workspace, rules: SnapshotRules, evidence: Evidence, report: Report, manifest: str
 ) -> list[Failure]:
-    """The gates' findings in order: ``live`` ones run; the others reuse the passing outcome
-    recorded for this content and rule set when there is one (and verify found nothing), else
-    run, their outcome recorded if every one of them passed."""
+    """The gates' findings in order: ``live`` ones run; each other one reuses its passing outcome
+    recorded for this content and rule set (when verify found nothing), else runs, and its
+    passing outcome is recorded at once, so a check killed part-way resumes where it was."""
     key = gate_memo.gate_key(ws, evidence.manifest, evidence.freeze)
-    recalled = None if report.findings else gate_memo.recall(ws.catalog, key)
+    content = [rule.__name__ for rule in rules.gates if rule not in rules.live]
+    recalled = {} if report.findings else gate_memo.recall(ws.catalog, key, content)
     failed: list[Failure] = []
-    metrics: dict[str, object] = {}
-    content_failed = False
     for rule in rules.gates:
-        if rule in rules.live:
-            failed += _apply((rule,), evidence, report.gate)
-            continue
-        if recalled is not None:
-            report.rules_reused.append(rule.__name__)
-            continue
-        own = GateReport()  # the metrics this rule sets, to record with the outcome
-        found = _apply((rule,), evidence, own)
-        content_failed = content_failed or bool(found)
-        failed += found
-        for name, value in own.serialized().items():
-            setattr(report.gate, name, value)
-            metrics[name] = value
-    if recalled is not None:
-        for name, value in recalled.items():
-            setattr(report.gate, name, value)
-    elif not content_failed and not report.findings:
-        gate_memo.remember(ws.catalog, key, manifest, metrics)
+        name = rule.__name__
+        if name in content and name in recalled:
+            report.rules_reused.append(name)
+            metrics = recalled[name]
+        else:
+            own = GateReport()  # the metrics this rule sets, to record with its outcome
+            found = _apply((rule,), evidence, own)
+            failed += found
+            metrics = own.serialized()
+            if name in content and not found and not report.findings:
+                gate_memo.remember(ws.catalog, key, name, manifest, metrics)
+        for metric, value in metrics.items():
+            setattr(report.gate, metric, value)
     return failed
 
 
