@@ -55,6 +55,11 @@ def count_tasks(points: tuple[str, ...] | list[str]) -> int:
     return sum(point.startswith("task/") for point in points)
 
 
+def count_rules(points: tuple[str, ...] | list[str]) -> int:
+    """Validity rules the build's check started (``validate/<rule>``, hit as each one starts)."""
+    return sum(p.startswith("validate/") and p != "validate/state-read" for p in points)
+
+
 def _read(path: Path) -> tuple[str, ...]:
     return tuple(path.read_text().split()) if path.exists() else ()
 
@@ -81,6 +86,7 @@ class Resumed:
     kill_code: int
     tasks_before: int  # chunk tasks finished before the kill
     tasks_rerun: int  # chunk tasks the resume ran (the rest it skipped)
+    rules_rerun: int  # validity rules the resume's check ran (the rest it reused or never had)
     resume_code: int
     resume_error: str
     snapshot_id: str | None
@@ -131,6 +137,7 @@ def kill_and_resume(lab: Lab, nth: int, kind: str = CLI, name: str = "kill") -> 
         kill_code=kill_code,
         tasks_before=count_tasks(_read(killed_trace)),
         tasks_rerun=count_tasks(_read(resume_trace)),
+        rules_rerun=count_rules(_read(resume_trace)),
         resume_code=code,
         resume_error=error_line(err),
         snapshot_id=parse_built(out).snapshot_id if code == 0 else None,

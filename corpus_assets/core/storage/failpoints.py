@@ -1,7 +1,8 @@
 """Named fault-injection points for ``corpus-assets selftest --faults`` (``CORPUS_FAILPOINTS``).
 
 A build passes named points: a chunk task finished, a layer published, a source listed, a CAS
-object about to be renamed into place, an activation that has read the watermarks. With the
+object about to be renamed into place, a validity rule starting, an activation that has read the
+watermarks. With the
 variable unset (every production run) ``hit`` is one dict lookup. Set, it is a comma list of
 ``POINT=ACTION``: POINT a name, a prefix ending in ``*``, or ``*`` (every point); ACTION
 ``kill@N`` (SIGKILL this process group at the N-th matching hit, counted across all the build's
