@@ -38,12 +38,12 @@ from corpus_assets.core.release.manifest import BuildConflict
 from corpus_assets.core.release.publish import PublishError, approve, rollback
 from corpus_assets.core.release.signing import SignatureError
 from corpus_assets.core.release.training import TrainingError
-from corpus_assets.core.release.verify import verify
-from corpus_assets.core.runtime.config import ConfigError, default_home
+from corpus_assets.core.release.validation import verify_snapshot
+from corpus_assets.core.runtime.config import ConfigError, config_path, default_home
 from corpus_assets.core.runtime.keys import (
     PartitionKeyError,
 )
-from corpus_assets.core.runtime.workspace import open_workspace
+from corpus_assets.core.runtime.workspace import open_home, open_workspace
 from corpus_assets.core.storage.cas import CasError
 from corpus_assets.core.storage.catalog import LayerConflict
 from corpus_assets.core.tokens.spec import TokenizerError
@@ -279,8 +279,14 @@ def cmd_demo(_args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    _home, cas, catalog = storage()
-    report = verify(cas, catalog, args.digest)
+    """Every digest and the freeze's boundary rules (a late CDC event re-reads the change log,
+    so it needs the config; without one verify says it could not look)."""
+    if config_path().is_file():
+        with open_workspace() as ws:
+            report = verify_snapshot(ws.cas, ws.catalog, args.digest, ws)
+    else:
+        _home, cas, catalog = open_home()
+        report = verify_snapshot(cas, catalog, args.digest, None)
     for finding in report.findings:
         print(f"FAIL {finding}", file=sys.stderr)
     if not report.ok:

@@ -234,12 +234,15 @@ def _cdc_event(lsn: int, key: int, body: str) -> str:
     return json.dumps(event) + "\n"
 
 
-def test_a_late_cdc_event_blocks_cli_approval(
+def test_a_late_cdc_event_fails_verify_and_blocks_cli_approval(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """``verify`` applies the gate's boundary rule too (issue 19): a late CDC event fails it,
+    naming the source, the offset and the watermark; without a config it says it could not
+    look. Approval refuses the snapshot and makes it INCOMPLETE."""
     log = tmp_path / "cdc" / "000.jsonl"
     log.parent.mkdir()
-    log.write_text(_cdc_event(1, 1, "first ticket") + _cdc_event(2, 2, "second ticket"))
+    log.write_text("".join(_cdc_event(n, n, f"ticket {n}") for n in (1, 2, 3)))
     config = tmp_path / "corpus.yaml"
     config.write_text(
         f"version: 1\npurpose: cdc-test\nstorage: {{home: {tmp_path / 'home'}}}\n"
@@ -250,10 +253,24 @@ def test_a_late_cdc_event_blocks_cli_approval(
     monkeypatch.delenv("CORPUS_CATALOG_URL", raising=False)
     with open_workspace() as ws:
         sid = build_all(ws, "p1")["manifest"].digests["snapshotId"]
-    # an event at or below the frozen watermark, rewritten after the freeze
-    log.write_text(_cdc_event(1, 1, "first ticket") + _cdc_event(2, 2, "silently rewritten"))
+    code, err = _cli(capsys, "verify", sid)
+    assert code == 0, err
+    # an event at or below the frozen watermark 3, appended after the freeze
+    (log.parent / "001.jsonl").write_text(_cdc_event(2, 2, "second ticket, rewritten late"))
+    code, err = _cli(capsys, "verify", sid)
+    assert code == 1, err
+    assert "FAIL source 'tickets': late CDC events at or below watermark 3: lsn 2 " in err, err
+    with open_workspace() as ws:
+        assert states.get(ws.catalog, sid).state == states.BUILDING  # verify moves no state
+
+    monkeypatch.delenv("CORPUS_CONFIG")  # a bare data home: no change log to re-read
+    monkeypatch.setenv("CORPUS_HOME", str(tmp_path / "home"))
+    code, err = _cli(capsys, "verify", sid)
+    assert code == 1 and "source 'tickets': late CDC events not checked" in err, err
+
+    monkeypatch.setenv("CORPUS_CONFIG", str(config))
     code, err = _cli(capsys, "approve", sid, "--by", "alice")
-    assert code == 1 and "after the freeze" in err, err
+    assert code == 1 and "late CDC events at or below watermark 3: lsn 2" in err, err
     with open_workspace() as ws:
         assert states.get(ws.catalog, sid).state == states.INCOMPLETE
 

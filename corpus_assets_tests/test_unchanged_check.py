@@ -1,7 +1,11 @@
 """The check of an unchanged snapshot runs once: content rules reused, live rules and every
-changed input re-run, and the build's stat-trusting verify still catches a flipped byte."""
+changed input re-run, a build killed inside its check resumes with only the rules still to run,
+and the build's stat-trusting verify still catches a flipped byte."""
 
 import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,9 +17,11 @@ from corpus_assets.core.release.verify import verify
 from corpus_assets.core.runtime.workspace import Workspace, open_workspace
 from corpus_assets.core.storage.artifacts import PARQUET
 from corpus_assets.core.storage.catalog import tombstones
+from corpus_assets.core.storage.failpoints import DIR_ENV, ENV, TRACE_ENV
 
 SQLITE = pytest.mark.parametrize("catalog_url", ["sqlite"], indirect=True)  # plain SQL besides
 LIVE = {"pinned_versions_readable", "no_open_dead_letters", "no_tombstone_hits"}
+CLI = str(Path(sys.executable).parent / "corpus-assets")
 
 
 def _metrics(report: object) -> dict[str, object]:
@@ -107,3 +113,44 @@ def test_the_build_check_trusts_unchanged_files_and_still_catches_a_flipped_byte
 
     path.write_bytes(original)
     assert validate_snapshot(workspace, sid, trust_unchanged=True).ok
+
+
+def _build(tmp_path: Path, trace: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """``corpus-assets build --partition p1`` as its own process group, tracing its failpoints."""
+    return subprocess.run(
+        [CLI, "build", "--partition", "p1"],
+        env={**os.environ, TRACE_ENV: str(tmp_path / trace), **env},
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        start_new_session=True,
+    )
+
+
+def _rules_run(tmp_path: Path, trace: str) -> list[str]:
+    """The rules the build's check ran (``validate/<rule>`` is hit as each one starts)."""
+    points = (tmp_path / trace).read_text().split()
+    return [p.removeprefix("validate/") for p in points if p.startswith("validate/")]
+
+
+def test_a_build_killed_inside_its_check_resumes_with_the_rules_still_to_run(
+    demo_home: Path, tmp_path: Path
+) -> None:
+    """SIGKILL of a real build's process group as its canary replay starts: the resumed build
+    re-runs the canary and the live rules, not the content rules that had passed (issue 19)."""
+    faults = tmp_path / "faults"
+    faults.mkdir()
+    kill = {ENV: "validate/canary_reproduces=kill@1", DIR_ENV: str(faults)}
+    killed = _build(tmp_path, "killed.trace", **kill)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    passed = _rules_run(tmp_path, "killed.trace")[:-1]  # those before the canary
+    assert {"lineage_complete", "dedup_invariants_hold", "packing_invariants_hold"} <= set(passed)
+
+    resumed = _build(tmp_path, "resumed.trace")
+    assert resumed.returncode == 0 and " state VALIDATED" in resumed.stdout, resumed.stderr
+    ran = _rules_run(tmp_path, "resumed.trace")
+    assert "canary_reproduces" in ran and set(ran) >= LIVE, ran
+    rerun = set(ran) & set(passed)  # of the rules that had passed: only the live ones
+    assert rerun <= LIVE | {"no_benchmark_hits"}, rerun
+    assert len(set(passed) - rerun) >= 10, (passed, ran)

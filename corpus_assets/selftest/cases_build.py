@@ -20,6 +20,7 @@ from corpus_assets.selftest.evidence import intact, stray_temps, stuck_tasks, wo
 from corpus_assets.selftest.lab import PARTITION, Home, Lab, error_line, parse_built
 from corpus_assets.selftest.resume import (
     CLI,
+    count_rules,
     count_tasks,
     kill_and_resume,
     reference_trace,
@@ -42,6 +43,7 @@ def power_loss_95(lab: Lab) -> Outcome:
         f"resume exit {r.resume_code}{' ' + r.resume_error if r.resume_code else ''} in "
         f"{r.resume_seconds:.1f} s: "
         f"{r.tasks_before} of {trace.tasks} chunk tasks reused, {r.tasks_rerun} re-run; "
+        f"the check ran {r.rules_rerun} of {count_rules(trace.points)} rules; "
         f"stuck RUNNING {r.stuck}, stray temps {r.strays}, runs left STARTED {r.started}, "
         f"resume {'named' if r.announced else 'did not name'} the run that died"
     )

@@ -261,8 +261,9 @@ def cdc_gap(lab: Lab) -> Outcome:
     "001",
     "a CDC event at lsn 2 (below the frozen watermark 5) arriving after the snapshot was "
     "built and approved",
-    "the late event is not folded into the signed set: the snapshot becomes INCOMPLETE and "
-    "activation refuses it; a later approve refuses it too",
+    "the late event is not folded into the signed set: verify fails naming the source, the "
+    "offset and the watermark; the snapshot becomes INCOMPLETE and activation refuses it; a "
+    "later approve refuses it too",
 )
 def cdc_late_event(lab: Lab) -> Outcome:
     home = _cdc_home(lab, "cdc-late-event", {"000.jsonl": [1, 2, 3, 4, 5]})
@@ -273,14 +274,18 @@ def cdc_late_event(lab: Lab) -> Outcome:
     activate = home.cli("activate", built.snapshot_id)
     _sid, state = _partition_state(home, PARTITION)
     approve = home.cli("approve", built.snapshot_id, "--by", "selftest")
+    named = "source 'tickets': late CDC events at or below watermark 5: lsn 2"
     refused = activate.code != 0 and "INCOMPLETE" in activate.err and "lsn 2" in activate.err
     matched = refused and state == states.INCOMPLETE and _active(home) is None
     return Outcome(
-        observed=f"verify exit {verify.code}"
-        f"{'' if verify.code else ' (verify does not check late CDC events: issue 19)'}; "
-        f"activate exit {activate.code}: {activate.error_line()}; state {state}; approve exit "
+        observed=f"verify exit {verify.code}: {verify.first_failure()}; activate exit "
+        f"{activate.code}: {activate.error_line()}; state {state}; approve exit "
         f"{approve.code}: {approve.error_line()}",
-        matched=matched and approve.code != 0 and "late CDC" in approve.err,
+        matched=matched
+        and verify.code == 1
+        and named in verify.err
+        and approve.code != 0
+        and "late CDC" in approve.err,
         digests_equal=None,  # no second build to compare
     )
 

@@ -13,11 +13,6 @@ from corpus_assets.selftest.evidence import intact, workspace
 from corpus_assets.selftest.lab import PARTITION, Home, Lab, Ran
 
 
-def _first_failure(ran: Ran) -> str:
-    lines = [line for line in ran.err.splitlines() if line.startswith("FAIL ")]
-    return (lines or [ran.error_line()])[0]
-
-
 def _refusals(home: Home, sid: str) -> tuple[Ran, Ran]:
     """``verify`` and a training ``read`` of ``sid``, after the tampering."""
     verify = home.cli("verify", sid)
@@ -27,7 +22,7 @@ def _refusals(home: Home, sid: str) -> tuple[Ran, Ran]:
 
 def _observed(verify: Ran, read: Ran) -> str:
     return (
-        f"verify exit {verify.code}: {_first_failure(verify)}; "
+        f"verify exit {verify.code}: {verify.first_failure()}; "
         f"read exit {read.code}: {read.error_line()}"
     )
 

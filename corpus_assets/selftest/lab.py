@@ -41,6 +41,11 @@ class Ran:
     def error_line(self) -> str:
         return error_line(self.err) or f"exit {self.code}"
 
+    def first_failure(self) -> str:
+        """``verify``'s first ``FAIL`` line (what it found), else the error line."""
+        failed = [line for line in self.err.splitlines() if line.startswith("FAIL ")]
+        return (failed or [self.error_line()])[0]
+
 
 def error_line(err: str) -> str:
     """The CLI's one-line error, else a traceback's exception line, else the last line."""

@@ -27,9 +27,10 @@ STAGE_LAYER = {"dedup_signatures": "dedup_clusters", "tokens": "splits"}
 
 
 def layer_of(point: str) -> str:
-    """The layer a point belongs to (``pin/...`` is the raw snapshot's listing)."""
+    """The layer a point belongs to (``pin/...`` is the raw snapshot's listing, ``validate/...``
+    the manifest's check)."""
     kind, _, rest = point.partition("/")
-    name = "raw_snapshot" if kind == "pin" else rest.split("/")[0]
+    name = {"pin": "raw_snapshot", "validate": "manifest"}.get(kind, rest.split("/")[0])
     return STAGE_LAYER.get(name, name)
 
 
@@ -52,6 +53,11 @@ class Trace:
 def count_tasks(points: tuple[str, ...] | list[str]) -> int:
     """Chunk tasks that ran to SUCCESS (``task/<layer>`` is hit only after real work)."""
     return sum(point.startswith("task/") for point in points)
+
+
+def count_rules(points: tuple[str, ...] | list[str]) -> int:
+    """Validity rules the build's check started (``validate/<rule>``, hit as each one starts)."""
+    return sum(p.startswith("validate/") and p != "validate/state-read" for p in points)
 
 
 def _read(path: Path) -> tuple[str, ...]:
@@ -80,6 +86,7 @@ class Resumed:
     kill_code: int
     tasks_before: int  # chunk tasks finished before the kill
     tasks_rerun: int  # chunk tasks the resume ran (the rest it skipped)
+    rules_rerun: int  # validity rules the resume's check ran (the rest it reused or never had)
     resume_code: int
     resume_error: str
     snapshot_id: str | None
@@ -134,6 +141,7 @@ def kill_and_resume(lab: Lab, nth: int, kind: str = CLI, name: str = "kill") -> 
         kill_code=kill_code,
         tasks_before=count_tasks(_read(killed_trace)),
         tasks_rerun=count_tasks(_read(resume_trace)),
+        rules_rerun=count_rules(_read(resume_trace)),
         resume_code=code,
         resume_error=error_line(err),
         snapshot_id=parse_built(out).snapshot_id if code == 0 else None,

@@ -2,10 +2,12 @@
 
 Most validity rules are functions of the snapshot's content alone - the members table, the layer
 indexes and the freeze, all named by digest and re-verified by ``verify`` first - and of the code
-and config that apply them: the canary replay, the dedup and packing invariants, lineage. Their
-passing outcome (with the metrics they showed) is recorded under ``gate_key`` and reused, so a
-resumed build whose check was left (issue 19) and an unchanged snapshot in a new partition (the
-manifest differs only in naming its partition) do not re-run them. The key holds:
+and config that apply them: the canary replay, the dedup and packing invariants, lineage. Each
+one's passing outcome (with the metrics it showed) is recorded as soon as it passes, under
+``rule_key`` (the rule set's ``gate_key`` and the rule's name), and reused: a resumed build whose
+check was left, or killed part-way (issue 19), runs only the rules that had not passed yet, and
+an unchanged snapshot in a new partition (the manifest differs only in naming its partition)
+runs none of them. The key holds:
 
 - the manifest less what names its partition (``partition``, ``freeze`` ref, ``buildId``,
   ``snapshotId``, ``signature``) and the freeze spec less its partition key - every digest the
@@ -71,18 +73,30 @@ def fence_state(catalog: Catalog, watermark: int, fence: int) -> dict[str, list[
     return state
 
 
-def recall(catalog: Catalog, key: str) -> dict[str, Any] | None:
-    """The metrics of a passing outcome recorded under ``key``, if any."""
+def rule_key(key: str, rule: str) -> str:
+    """Where one rule's passing outcome under the rule set ``key`` is recorded."""
+    return json_digest({"gateKey": key, "rule": rule})
+
+
+def recall(catalog: Catalog, key: str, rules: list[str]) -> dict[str, dict[str, Any]]:
+    """The metrics of each of ``rules`` whose passing outcome is recorded under ``key``."""
+    wanted = {rule_key(key, rule): rule for rule in rules}
     with catalog.begin() as conn:
-        metrics = conn.scalar(select(gate_results.c.metrics).where(gate_results.c.gate_key == key))
-    return None if metrics is None else json.loads(metrics)
+        found = conn.execute(
+            select(gate_results.c.gate_key, gate_results.c.metrics).where(
+                gate_results.c.gate_key.in_(list(wanted))
+            )
+        ).all()
+    return {wanted[row.gate_key]: json.loads(row.metrics) for row in found}
 
 
-def remember(catalog: Catalog, key: str, manifest_digest: str, metrics: dict[str, Any]) -> None:
-    """Record a passing outcome; the first one for a key stays (same key, same outcome)."""
+def remember(
+    catalog: Catalog, key: str, rule: str, manifest_digest: str, metrics: dict[str, Any]
+) -> None:
+    """Record a rule's passing outcome; the first one for a key stays (same key, same outcome)."""
     catalog.insert_once(
         gate_results,
-        gate_key=key,
+        gate_key=rule_key(key, rule),
         manifest_digest=manifest_digest,
         metrics=json.dumps(metrics, sort_keys=True),
     )

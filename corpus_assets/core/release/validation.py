@@ -12,6 +12,8 @@ output. Separately, the freeze must have been a consistent boundary (no CDC gap,
 event); when it was not the snapshot becomes INCOMPLETE, since no rebuild of it can fix that.
 A snapshot whose first validation fails any other rule becomes REJECTED, its history naming each
 failed rule; only a rebuild of its partition starts a new attempt (``states.register``).
+``corpus-assets verify`` applies ``verify`` and these boundary rules (``verify_snapshot``), so a
+late CDC event fails it as it fails approval and activation.
 
 What a check repeats is bounded without weakening it: the rules that are functions of the
 snapshot's content (all but ``SnapshotRules.live``) reuse a passing outcome recorded for the same
@@ -23,6 +25,7 @@ content, code and config (``gate_memo``), the rules in ``live`` always run, and 
 from dataclasses import dataclass
 
 from corpus_assets.core.governance import states
+from corpus_assets.core.ingest.freeze_spec import ChangelogSourceSpec, FreezeSpec
 from corpus_assets.core.ingest.pinning import late_changes
 from corpus_assets.core.records.canary import canary_replay
 from corpus_assets.core.release import gate_memo, gates
@@ -31,7 +34,7 @@ from corpus_assets.core.release.verify import Report, load_manifest, resolve, ve
 from corpus_assets.core.runtime import transform
 from corpus_assets.core.runtime.workspace import Workspace
 from corpus_assets.core.storage import failpoints
-from corpus_assets.core.storage.cas import CasError
+from corpus_assets.core.storage.cas import CasError, ContentStore
 from corpus_assets.core.storage.catalog import Catalog
 from corpus_assets.core.storage.memory import release_memory
 from corpus_assets.core.storage.trust import StatTrust
@@ -126,11 +129,46 @@ def validate_snapshot(ws: Workspace, digest: str, trust_unchanged: bool = False)
     return report
 
 
+def verify_snapshot(
+    cas: ContentStore, catalog: Catalog, digest: str, ws: Workspace | None
+) -> Report:
+    """What ``corpus-assets verify`` checks: every digest (``verify``, every byte re-hashed),
+    then the boundary rules of ``snapshot_rules`` - a CDC gap, a late CDC event - as the gate
+    applies them. It moves no state (approval and activation do). Without a workspace no change
+    log can be re-read: each changelog source is a finding saying so, never a silent pass."""
+    report = verify(cas, catalog, digest)
+    if ws is not None:
+        boundary = snapshot_rules(ws).boundary
+    else:
+        boundary = (gates.freeze_consistent, gates.no_late_changes(_unreadable_change_logs))
+    try:
+        evidence = Evidence.load(
+            cas, catalog, load_manifest(cas, resolve(catalog, digest)), verified=report.verified
+        )
+    except CasError:  # already reported by verify, by object name
+        return report
+    with evidence:
+        found = [f for _rule, f in _apply(boundary, evidence, report.gate)]
+    report.findings.extend(f for f in dict.fromkeys(found) if f not in report.findings)
+    return report
+
+
+def _unreadable_change_logs(spec: FreezeSpec) -> list[str]:
+    """The late-CDC finding when no config names where the change logs are."""
+    return [
+        f"source {source.id!r}: late CDC events not checked: no config names its change log "
+        "(set CORPUS_CONFIG, or put corpus.yaml in the data home)"
+        for source in spec.sources
+        if isinstance(source, ChangelogSourceSpec)
+    ]
+
+
 def _apply(rules: tuple[Gate, ...], evidence: Evidence, report: GateReport) -> list[Failure]:
     """Every rule's findings in order, each with the rule's name; a rule whose evidence is
     unreadable reports that."""
     failed: list[Failure] = []
     for rule in rules:
+        failpoints.hit(f"validate/{rule.__name__}")  # a kill here: the check left mid-way
         try:
             failed += [(rule.__name__, finding) for finding in rule(evidence, report)]
         except CasError as error:
@@ -142,33 +180,27 @@ def _apply(rules: tuple[Gate, ...], evidence: Evidence, report: GateReport) -> l
 def _apply_gates(
     ws: Workspace, rules: SnapshotRules, evidence: Evidence, report: Report, manifest: str
 ) -> list[Failure]:
-    """The gates' findings in order: ``live`` ones run; the others reuse the passing outcome
-    recorded for this content and rule set when there is one (and verify found nothing), else
-    run, their outcome recorded if every one of them passed."""
+    """The gates' findings in order: ``live`` ones run; each other one reuses its passing outcome
+    recorded for this content and rule set (when verify found nothing), else runs, and its
+    passing outcome is recorded at once, so a check killed part-way resumes where it was."""
     key = gate_memo.gate_key(ws, evidence.manifest, evidence.freeze)
-    recalled = None if report.findings else gate_memo.recall(ws.catalog, key)
+    content = [rule.__name__ for rule in rules.gates if rule not in rules.live]
+    recalled = {} if report.findings else gate_memo.recall(ws.catalog, key, content)
     failed: list[Failure] = []
-    metrics: dict[str, object] = {}
-    content_failed = False
     for rule in rules.gates:
-        if rule in rules.live:
-            failed += _apply((rule,), evidence, report.gate)
-            continue
-        if recalled is not None:
-            report.rules_reused.append(rule.__name__)
-            continue
-        own = GateReport()  # the metrics this rule sets, to record with the outcome
-        found = _apply((rule,), evidence, own)
-        content_failed = content_failed or bool(found)
-        failed += found
-        for name, value in own.serialized().items():
-            setattr(report.gate, name, value)
-            metrics[name] = value
-    if recalled is not None:
-        for name, value in recalled.items():
-            setattr(report.gate, name, value)
-    elif not content_failed and not report.findings:
-        gate_memo.remember(ws.catalog, key, manifest, metrics)
+        name = rule.__name__
+        if name in content and name in recalled:
+            report.rules_reused.append(name)
+            metrics = recalled[name]
+        else:
+            own = GateReport()  # the metrics this rule sets, to record with its outcome
+            found = _apply((rule,), evidence, own)
+            failed += found
+            metrics = own.serialized()
+            if name in content and not found and not report.findings:
+                gate_memo.remember(ws.catalog, key, name, manifest, metrics)
+        for metric, value in metrics.items():
+            setattr(report.gate, metric, value)
     return failed
 
 

@@ -1,9 +1,9 @@
 """Verification of a built snapshot: the first of the validity rules, and usable alone.
 
 ``verify`` recomputes every digest reachable from the manifest (the snapshotId itself, then each
-CAS object by walking refs) and names every object that does not match. It needs no config, so
-``corpus-assets verify`` works on a bare data home; ``validation.validate_snapshot`` runs it and
-then every other rule.
+CAS object by walking refs) and names every object that does not match. It needs no config;
+``validation.validate_snapshot`` runs it and then every other rule, ``validation.verify_snapshot``
+(``corpus-assets verify``) runs it and then the freeze-boundary rules (late CDC events).
 
 With a ``StatTrust`` (the build's blocking check only) a table or shard whose file is unchanged
 since it last hashed right is not read again (``storage.trust`` says what that does and does not

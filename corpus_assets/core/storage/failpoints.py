@@ -1,12 +1,13 @@
 """Named fault-injection points for ``corpus-assets selftest --faults`` (``CORPUS_FAILPOINTS``).
 
 A build passes named points: a chunk task finished, a layer published, a source listed, a CAS
-object about to be renamed into place, an activation that has read the watermarks. With the
-variable unset (every production run) ``hit`` is one dict lookup. Set, it is a comma list of
-``POINT=ACTION``: POINT a name, a prefix ending in ``*``, or ``*`` (every point); ACTION
-``kill@N`` (SIGKILL this process group at the N-th matching hit, counted across all the build's
-processes: a power loss) or ``pause@N`` (at the N-th hit create ``<dir>/<rule>.paused`` and wait
-for ``<dir>/<rule>.go``: the test injects its fault meanwhile). Counters live in
+object about to be renamed into place, a validity rule starting, an activation that has read the
+watermarks. With the variable unset (every production run) ``hit`` is one dict lookup. Set, it
+is a comma list of ``POINT=ACTION``: POINT a name, a prefix ending in ``*``, or ``*`` (every
+point); ACTION ``kill@N`` (SIGKILL this process group at the N-th matching hit, counted across
+all the build's processes: a power loss) or ``pause@N`` (at the N-th hit create
+``<dir>/<rule>.paused`` and wait for ``<dir>/<rule>.go``: the test injects its fault
+meanwhile). Counters live in
 ``CORPUS_FAILPOINT_DIR``; ``CORPUS_FAILPOINT_TRACE`` names a file every hit appends its point to
 (a reference run lists the points a build passes, for a kill sweep to choose from).
 """
