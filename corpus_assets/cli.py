@@ -26,6 +26,7 @@ from corpus_assets.cli_catalog import (
     cmd_tombstone_hits,
     storage,
 )
+from corpus_assets.cli_history import add_history_command
 from corpus_assets.cli_partitions import cmd_partition_delete, cmd_partition_list
 from corpus_assets.cli_runs import activate_via_job, build, dagster_instance
 from corpus_assets.cli_selftest import add_selftest_command
@@ -182,6 +183,7 @@ def _governance_commands(sub: Subcommands) -> None:
         sub, "rollback", cmd_rollback, "point the alias back at an earlier active snapshot"
     )
     p.add_argument("digest")
+    add_history_command(sub)
     p = _command(
         sub, "tombstone", cmd_tombstone_hits, "revoke data, or show where a tombstone hits"
     )

@@ -10,6 +10,7 @@ from corpus_assets.assets.layers import LAYER_ASSETS
 from corpus_assets.assets.lifecycle import moved_observations, state_observation
 from corpus_assets.assets.resources import CorpusResource
 from corpus_assets.core.governance import states
+from corpus_assets.core.governance.gate import GateError
 from corpus_assets.core.release.publish import NEWEST_VALIDATED, activate, approval_target, approve
 from corpus_assets.core.release.shadow import shadow_diff
 from corpus_assets.core.release.verify import resolve
@@ -43,9 +44,14 @@ def activate_alias(
     context: dg.OpExecutionContext, config: ActivationConfig, corpus: CorpusResource
 ) -> None:
     with corpus.workspace() as ws:
-        alias = resolve(ws.catalog, config.snapshot_id).alias
+        target = resolve(ws.catalog, config.snapshot_id)
+        alias = target.alias
         before = _alias_states(ws, alias)
-        row = activate(ws, config.snapshot_id, actor=f"run:{context.run_id}")
+        try:
+            row = activate(ws, config.snapshot_id, actor=f"run:{context.run_id}")
+        except GateError:  # the refusal is in the alias's history: show it on the partition
+            context.log_event(state_observation(ws, target.snapshot_id))
+            raise
         after = _alias_states(ws, alias)
         moved = [sid for sid, state in after.items() if before.get(sid) != state]
         observations = moved_observations(ws, moved)

@@ -2,7 +2,8 @@
 
 The manifest's materialization is written while the snapshot is still BUILDING; each later move
 (validated by the check, approved, activated, superseded) records an ``AssetObservation`` on the
-same partition, so the partition's page shows where the snapshot stands now and how it got there.
+same partition, so the partition's page shows where the snapshot stands now and how it got there,
+and (``alias_history``) the whole alias's audit table, the one ``corpus-assets history`` prints.
 """
 
 import time
@@ -10,6 +11,7 @@ import time
 import dagster as dg
 
 from corpus_assets.core.governance import gate, states
+from corpus_assets.core.governance.history import Move, alias_moves
 from corpus_assets.core.runtime.workspace import Workspace
 
 
@@ -39,6 +41,46 @@ def summary_markdown(
     return "\n".join(lines)
 
 
+HISTORY_COLUMNS = (
+    ("when", "string", "UTC"),
+    ("snapshot_id", "string", "the snapshot that moved"),
+    ("partition", "string", "its partition"),
+    ("from_state", "string", "empty: registered"),
+    ("to_state", "string", "equal to from_state: a refused or repeated gate move"),
+    ("actor", "string", "approver, activating run, rollback user"),
+    ("generation", "int", "the alias generation once the move committed"),
+    ("tombstone_watermark", "int", "the tombstone watermark the snapshot was built behind"),
+    ("benchmark_fence", "int", "the benchmark fence the snapshot was built behind"),
+    ("detail", "string", "why, or why refused"),
+)
+
+
+def history_table(moves: list[Move]) -> dg.TableMetadataValue:
+    """The alias's history (``core.governance.history``) as a typed table, oldest first: the
+    rows ``corpus-assets history ALIAS`` prints."""
+    schema = dg.TableSchema(
+        columns=[dg.TableColumn(name, kind, description=why) for name, kind, why in HISTORY_COLUMNS]
+    )
+    records = [
+        dg.TableRecord(
+            {
+                "when": _when(m.at),
+                "snapshot_id": m.snapshot_id,
+                "partition": m.partition_key,
+                "from_state": m.from_state or "",
+                "to_state": m.to_state,
+                "actor": m.actor,
+                "generation": m.generation,
+                "tombstone_watermark": m.tombstone_watermark,
+                "benchmark_fence": m.benchmark_fence,
+                "detail": m.detail,
+            }
+        )
+        for m in moves
+    ]
+    return dg.MetadataValue.table(records=records, schema=schema)
+
+
 def state_observation(ws: Workspace, snapshot_id: str) -> dg.AssetObservation:
     """What the UI shows on the snapshot's partition of ``manifest`` after a state move."""
     snapshot = states.get(ws.catalog, snapshot_id)
@@ -55,6 +97,7 @@ def state_observation(ws: Workspace, snapshot_id: str) -> dg.AssetObservation:
             "snapshotId": dg.MetadataValue.text(snapshot_id),
             "approved_by": dg.MetadataValue.text(snapshot.approved_by or ""),
             "lifecycle": dg.MetadataValue.md(summary_markdown(snapshot, alias, events)),
+            "alias_history": history_table(alias_moves(ws.cas, ws.catalog, snapshot.alias)),
         },
     )
 

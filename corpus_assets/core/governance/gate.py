@@ -161,22 +161,50 @@ def activate(
     refuse_backwards(catalog, snapshot, seen.active_snapshot)
     if snapshot.state != states.APPROVED:
         raise GateError(f"snapshot {snapshot_id} is {snapshot.state}; only APPROVED can activate")
-    if (seen.tombstone_watermark, seen.benchmark_fence) != (tombstone_watermark, benchmark_fence):
-        raise GateError(
-            f"alias {snapshot.alias!r}: gate is at tombstone {seen.tombstone_watermark}, benchmark "
-            f"fence {seen.benchmark_fence}; the manifest was built at {tombstone_watermark}, "
-            f"{benchmark_fence}. Build a new snapshot."
-        )
     where = f"alias {snapshot.alias} generation {seen.generation + 1}"
-    failpoints.hit("gate/activate-read")  # watermarks read, swap not yet tried
-    with catalog.begin() as conn:
-        _point(conn, seen, snapshot_id, actor, "activating")
-        states.transition(
-            catalog, snapshot_id, states.APPROVED, states.ACTIVE, actor, where, conn=conn
-        )
-        superseded_by = f"superseded by {snapshot_id} (partition {snapshot.partition_key}, {where})"
-        states.supersede_older(conn, snapshot.alias, snapshot_id, actor, superseded_by)
+    try:
+        if (seen.tombstone_watermark, seen.benchmark_fence) != (
+            tombstone_watermark,
+            benchmark_fence,
+        ):
+            raise GateError(
+                f"alias {snapshot.alias!r}: gate is at tombstone {seen.tombstone_watermark}, "
+                f"benchmark fence {seen.benchmark_fence}; the manifest was built at "
+                f"{tombstone_watermark}, {benchmark_fence}. Build a new snapshot."
+            )
+        failpoints.hit("gate/activate-read")  # watermarks read, swap not yet tried
+        with catalog.begin() as conn:
+            _point(conn, seen, snapshot_id, actor, "activating")
+            states.transition(
+                catalog, snapshot_id, states.APPROVED, states.ACTIVE, actor, where, conn=conn
+            )
+            superseded_by = (
+                f"superseded by {snapshot_id} (partition {snapshot.partition_key}, {where})"
+            )
+            states.supersede_older(conn, snapshot.alias, snapshot_id, actor, superseded_by)
+    except GateError as error:
+        _refused(catalog, snapshot, actor, "activation", error)
+        raise
     return read_gate(catalog, snapshot.alias)
+
+
+def _refused(
+    catalog: Catalog, snapshot: states.Snapshot, actor: str, action: str, error: GateError
+) -> None:
+    """Leave a refused activation or rollback in the snapshot's audit trail (its state does not
+    move: from and to are the same), so the alias's history shows who tried and which fence or
+    race stopped it."""
+    with catalog.begin() as conn:
+        conn.execute(
+            insert(snapshot_events).values(
+                snapshot_id=snapshot.snapshot_id,
+                from_state=snapshot.state,
+                to_state=snapshot.state,
+                actor=actor,
+                detail=f"{action} refused: {error}",
+                at=time.time(),
+            )
+        )
 
 
 def refuse_backwards(
@@ -218,16 +246,33 @@ def rollback(
         raise GateError(f"snapshot {snapshot_id} was never active on {snapshot.alias!r}")
     if seen.active_snapshot == snapshot_id:
         raise GateError(f"alias {snapshot.alias!r} already points at {snapshot_id}")
-    if tombstone_watermark < seen.tombstone_watermark:
+    try:
+        _roll_back(catalog, snapshot, seen, (tombstone_watermark, benchmark_fence), actor)
+    except GateError as error:
+        _refused(catalog, snapshot, actor, "rollback", error)
+        raise
+    return read_gate(catalog, snapshot.alias)
+
+
+def _roll_back(
+    catalog: Catalog,
+    snapshot: states.Snapshot,
+    seen: Gate,
+    built_at: tuple[int, int],
+    actor: str,
+) -> None:
+    """The fence checks and the swap of ``rollback``; GateError if either refuses."""
+    snapshot_id = snapshot.snapshot_id
+    if built_at[0] < seen.tombstone_watermark:
         raise GateError(
             f"rollback to {snapshot_id} refused: it was built at tombstone watermark "
-            f"{tombstone_watermark}, the gate is at {seen.tombstone_watermark}; it may hold "
+            f"{built_at[0]}, the gate is at {seen.tombstone_watermark}; it may hold "
             "revoked records"
         )
-    if benchmark_fence < seen.benchmark_fence:
+    if built_at[1] < seen.benchmark_fence:
         raise GateError(
             f"rollback to {snapshot_id} refused: it was built at benchmark fence "
-            f"{benchmark_fence}, the gate is at {seen.benchmark_fence}"
+            f"{built_at[1]}, the gate is at {seen.benchmark_fence}"
         )
     with catalog.begin() as conn:
         _point(conn, seen, snapshot_id, actor, "rolling back to")
@@ -241,7 +286,6 @@ def rollback(
                 at=time.time(),
             )
         )
-    return read_gate(catalog, snapshot.alias)
 
 
 def fence_every_alias(conn: Connection, fence: str, value: int) -> None:

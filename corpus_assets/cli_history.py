@@ -1,0 +1,58 @@
+"""``corpus-assets history ALIAS``: the alias's gate and state audit trail as a table (or JSON).
+
+Each row is one move of one of the alias's snapshots (``core.governance.history``): when, which
+snapshot, from and to which state, who (approver, activating run, rollback user), the alias
+generation once it committed, the fences the snapshot was built behind, and why.
+"""
+
+import argparse
+import json
+import time
+from typing import Any
+
+from corpus_assets.cli_catalog import storage
+from corpus_assets.core.governance.history import Move, alias_moves
+
+COLUMNS = ("when (UTC)", "snapshot", "move", "actor", "gen", "tomb", "bench", "detail")
+
+
+def add_history_command(sub: Any) -> None:
+    """Register ``history`` on the CLI's subcommands."""
+    help_text = "an alias's audit trail: every state move, approver, generation and fence"
+    p = sub.add_parser("history", help=help_text, description=help_text)
+    p.add_argument("alias")
+    p.add_argument("--json", action="store_true", help="one JSON object per move, in a list")
+    p.set_defaults(run=cmd_history)
+
+
+def cmd_history(args: argparse.Namespace) -> int:
+    _home, cas, catalog = storage()
+    moves = alias_moves(cas, catalog, args.alias)
+    if args.json:
+        print(json.dumps({"alias": args.alias, "moves": [m.as_json() for m in moves]}, indent=2))
+        return 0
+    if not moves:
+        print(f"alias {args.alias}: no snapshot has been registered on it yet; nothing to show")
+        return 0
+    rows = [_cells(m) for m in moves]
+    widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(COLUMNS[:-1])]
+    for row in [list(COLUMNS), *rows]:
+        padded = [cell.ljust(width) for cell, width in zip(row, widths, strict=False)]
+        print("  ".join([*padded, row[-1]]))
+    return 0
+
+
+def _cells(move: Move) -> list[str]:
+    def fence(value: int | None) -> str:
+        return "?" if value is None else str(value)
+
+    return [
+        time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(move.at)),
+        move.snapshot_id,
+        f"{move.from_state or '-'} -> {move.to_state}",
+        move.actor,
+        str(move.generation),
+        fence(move.tombstone_watermark),
+        fence(move.benchmark_fence),
+        move.detail,
+    ]

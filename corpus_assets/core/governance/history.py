@@ -1,0 +1,92 @@
+"""An alias's audit trail: every state move of its snapshots and every generation, in time order.
+
+The facts are already in the catalog - ``snapshot_events`` (each move, who made it and why,
+including refused activations and rollbacks) and ``alias_history`` (each generation the gate
+swapped to) - and in each snapshot's manifest (the tombstone watermark and benchmark fence it
+was built behind). This module joins them into one typed row per move, so the CLI
+(``corpus-assets history``) and the UI show the same table.
+
+A row's ``generation`` is the alias's generation in effect once the move committed: an
+activation or rollback writes its ``alias_history`` row and its event in one transaction, the
+history row first, so ordering by time gives the generation that move made. Its fences are the
+snapshot's manifest's: an activation swaps only when the gate's fences equal them, and a refusal
+names the gate's in its detail.
+"""
+
+import bisect
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from sqlalchemy import select
+
+from corpus_assets.core.storage.artifacts import get_json
+from corpus_assets.core.storage.cas import CasError, ContentStore
+from corpus_assets.core.storage.catalog import Catalog, alias_history, snapshot_events, snapshots
+
+
+@dataclass(frozen=True)
+class Move:
+    """One row of an alias's history; ``generation`` 0 means the alias never served anything."""
+
+    at: float
+    snapshot_id: str
+    partition_key: str
+    from_state: str | None
+    to_state: str
+    actor: str
+    generation: int
+    tombstone_watermark: int | None  # the snapshot's manifest's (None: manifest unreadable)
+    benchmark_fence: int | None
+    detail: str
+
+    def as_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def alias_moves(cas: ContentStore, catalog: Catalog, alias: str) -> list[Move]:
+    """Every move of ``alias``'s snapshots, oldest first (ties in catalog order); empty for an
+    alias with no snapshot yet."""
+    with catalog.begin() as conn:
+        events = conn.execute(
+            select(snapshot_events, snapshots.c.partition_key, snapshots.c.manifest_digest)
+            .join(snapshots, snapshots.c.snapshot_id == snapshot_events.c.snapshot_id)
+            .where(snapshots.c.alias == alias)
+            .order_by(snapshot_events.c.at, snapshot_events.c.id)
+        ).all()
+        generations = conn.execute(
+            select(alias_history.c.at, alias_history.c.generation)
+            .where(alias_history.c.alias == alias)
+            .order_by(alias_history.c.generation)
+        ).all()
+    swapped_at = [row.at for row in generations]
+    fences: dict[str, tuple[int | None, int | None]] = {}
+    moves = []
+    for e in events:
+        if e.manifest_digest not in fences:
+            fences[e.manifest_digest] = _manifest_fences(cas, e.manifest_digest)
+        done = bisect.bisect_right(swapped_at, e.at)  # generations committed by this move
+        moves.append(
+            Move(
+                at=e.at,
+                snapshot_id=e.snapshot_id,
+                partition_key=e.partition_key,
+                from_state=e.from_state,
+                to_state=e.to_state,
+                actor=e.actor,
+                generation=generations[done - 1].generation if done else 0,
+                tombstone_watermark=fences[e.manifest_digest][0],
+                benchmark_fence=fences[e.manifest_digest][1],
+                detail=e.detail or "",
+            )
+        )
+    return moves
+
+
+def _manifest_fences(cas: ContentStore, digest: str) -> tuple[int | None, int | None]:
+    """The fences a manifest names; (None, None) if its bytes are gone or do not verify, so the
+    audit trail still shows every move (``corpus-assets verify`` names the broken object)."""
+    try:
+        manifest = get_json(cas, digest, "manifest")
+    except CasError:
+        return None, None
+    return int(manifest["tombstoneWatermark"]), int(manifest["benchmarkFence"])
