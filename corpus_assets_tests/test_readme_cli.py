@@ -104,6 +104,7 @@ def test_every_documented_command_is_exercised(tmp_path: Path) -> None:
     assert {s["snapshotId"] for s in hits["snapshots"]} == {first, second}
     status = cli.json("status", "--json")
     assert [a["generation"] for a in status["aliases"]] == [3]
+    check_history(cli, first, second)
 
     partition = next(s["partition"] for s in status["snapshots"] if s["snapshotId"] == first)
     trained = cli("tokenizer", "train", "--partition", partition, "--vocab-size", "300")
@@ -125,3 +126,31 @@ def test_every_documented_command_is_exercised(tmp_path: Path) -> None:
 def status_train(cli: Session, snapshot: str) -> int:
     """The train split's size in a snapshot's manifest."""
     return cli.json("show", snapshot)["counts"]["train"]
+
+
+def check_history(cli: Session, first: str, second: str) -> None:
+    """The alias's audit trail after the lifecycle: who approved, activated and rolled back, at
+    which generation and fences, and the rollback the benchmark fence refused."""
+    moves = cli.json("history", "demo", "--json")["moves"]
+    gated = [
+        (m["snapshot_id"], m["from_state"], m["to_state"], m["generation"], m["benchmark_fence"])
+        for m in moves
+        if m["from_state"] in ("VALIDATED", "APPROVED", "ACTIVE")
+    ]
+    A, AP, V = "ACTIVE", "APPROVED", "VALIDATED"
+    assert gated == [
+        (first, V, AP, 0, 0),
+        (first, AP, A, 1, 0),
+        (second, V, AP, 1, 0),
+        (second, AP, A, 2, 0),
+        (first, A, A, 3, 0),  # the rollback
+        (second, A, A, 3, 0),  # the rollback refused: built before benchmark fence 1
+    ]
+    actors = [m["actor"] for m in moves if m["from_state"] in (V, AP, A)]
+    assert actors[0] == "demo" and actors[2] == "alice" and actors[1].startswith("run:")
+    assert actors[4] == actors[5] and actors[4].startswith("cli:")
+    assert "the gate is at 1" in moves[-1]["detail"]
+    table = cli("history", "demo").splitlines()
+    assert table[0].split()[:3] == ["when", "(UTC)", "snapshot"] and len(table) == len(moves) + 1
+    assert "alice" in table[1 + [m["actor"] for m in moves].index("alice")]
+    assert "no snapshot" in cli("history", "nobody")
