@@ -91,7 +91,8 @@ def _keyed(prefix: str, table: pa.Table, column: str, keep: list[str]) -> pa.Tab
     if column not in table.column_names:
         return ROWS.empty_table()
     table = table.filter(pc.is_valid(table.column(column)))
-    keys = pc.binary_join_element_wise(pa.scalar(prefix), table.column(column), SEP)
+    values = table.column(column).cast(pa.string())  # an empty column may be typed null
+    keys = pc.binary_join_element_wise(pa.scalar(prefix), values, SEP)
     arrays = [keys] + [
         table.column(f.name).cast(f.type)
         if f.name in keep and f.name in table.column_names
