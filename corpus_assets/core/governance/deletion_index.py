@@ -28,7 +28,7 @@ from corpus_assets.core.storage.digests import json_digest
 
 CODE = stage_code("governance.deletion_index", __name__)
 SCHEMA = "corpus.deletion-index.v1"
-SHARD_ROWS = 1 << 15  # ~0.5-1 MB a shard: a lookup hashes one or two, not the whole index
+SHARD_ROWS = 1 << 12  # ~100 KB a shard: a lookup hashes and decodes a few, not the whole index
 SEP = "\x00"  # cannot occur in a kind; keys compare by code point, as Arrow sorts UTF-8
 COLUMN = {"record": "record_id", "object": "object", "group": "group_id"}
 DUPLICATES = ("exact_duplicate", "near_duplicate")
