@@ -5,7 +5,8 @@ the matching record ids in its packed spans, so an audit can say exactly which t
 carried it and which runs (permits) read them. A target that dedup removed is not a member, but
 its content reached training through its kept representative: the dedup table's rows keep that
 alias, and it is reported under ``carried_by`` (with the verdict and Jaccard) and its
-representative's spans are counted.
+representative's spans are counted. ``hits`` reads each snapshot's deletion index (a few small
+shards), ``scan_hits`` the whole tables (the reference it must agree with).
 """
 
 from typing import Any
@@ -14,13 +15,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from sqlalchemy import select
 
-from corpus_assets.core.governance import states
+from corpus_assets.core.governance import deletion_index, states
 from corpus_assets.core.runtime.layers import load_index
 from corpus_assets.core.storage.artifacts import get_json, get_table
 from corpus_assets.core.storage.cas import ContentStore
 from corpus_assets.core.storage.catalog import Catalog, permits, tombstones
 
-COLUMN = {"record": "record_id", "object": "object", "group": "group_id"}
+COLUMN = deletion_index.COLUMN
 
 
 def revoked_targets(catalog: Catalog, watermark: int) -> dict[str, dict[str, str]]:
@@ -53,7 +54,56 @@ def tombstone_matches(catalog: Catalog, watermark: int, table: pa.Table) -> dict
 
 
 def hits(cas: ContentStore, catalog: Catalog, kind: str, target: str) -> list[dict[str, Any]]:
-    """Per snapshot that holds the target: its state, members hit, spans hit, runs that read it."""
+    """Per snapshot that holds the target: its state, members hit, spans hit, runs that read it.
+    Each snapshot's deletion index (built on first use) is read, not its tables."""
+    found = []
+    for snapshot in states.find(catalog):
+        index = deletion_index.for_snapshot(cas, catalog, snapshot.manifest_digest)
+        keys = [deletion_index.member_key(kind, target), deletion_index.carried_key(kind, target)]
+        rows = index.rows(keys)
+        if not rows.num_rows:
+            continue
+        is_member = pc.equal(rows.column("key"), keys[0])
+        members_hit = rows.filter(is_member).column("record_id").to_pylist()
+        carried = rows.filter(pc.invert(is_member)).select(deletion_index.CARRIED).to_pylist()
+        ids = members_hit + [c["representative_id"] for c in carried]
+        span_rows = index.rows([deletion_index.span_key(i) for i in ids])
+        columns = index.directory["spanColumns"]
+        spans = sorted(
+            span_rows.select(columns).to_pylist(),
+            key=lambda r: (r["record_id"], r["record_offset"]),
+        )
+        found.append(_hit(catalog, snapshot, members_hit, carried, spans))
+    return found
+
+
+def _hit(
+    catalog: Catalog,
+    snapshot: states.Snapshot,
+    members: list[str],
+    carried: list[dict[str, Any]],
+    spans: list[dict[str, Any]],
+) -> dict[str, Any]:
+    """One snapshot's entry in a tombstone's lineage, with the runs that read it."""
+    with catalog.begin() as conn:
+        runs = conn.scalars(
+            select(permits.c.run_id).where(permits.c.snapshot_id == snapshot.snapshot_id)
+        ).all()
+    return {
+        "snapshotId": snapshot.snapshot_id,
+        "partition": snapshot.partition_key,
+        "state": snapshot.state,
+        "members": sorted(members),
+        "carried_by": sorted(carried, key=lambda r: r["record_id"]),
+        "spans": spans,
+        "blocks": sorted({span["block"] for span in spans}),
+        "runs": sorted(runs),
+    }
+
+
+def scan_hits(cas: ContentStore, catalog: Catalog, kind: str, target: str) -> list[dict[str, Any]]:
+    """``hits`` by reading every snapshot's members and dedup tables whole: the reference the
+    deletion index must agree with, and a way to answer without building it."""
     found = []
     for snapshot in states.find(catalog):
         manifest = get_json(cas, snapshot.manifest_digest, "manifest")
@@ -69,22 +119,8 @@ def hits(cas: ContentStore, catalog: Catalog, kind: str, target: str) -> list[di
             ]
         )
         spans = _spans_of(cas, manifest, ids)
-        with catalog.begin() as conn:
-            runs = conn.scalars(
-                select(permits.c.run_id).where(permits.c.snapshot_id == snapshot.snapshot_id)
-            ).all()
-        found.append(
-            {
-                "snapshotId": snapshot.snapshot_id,
-                "partition": snapshot.partition_key,
-                "state": snapshot.state,
-                "members": sorted(matched.column("record_id").to_pylist()),
-                "carried_by": carried,
-                "spans": spans,
-                "blocks": sorted({span["block"] for span in spans}),
-                "runs": sorted(runs),
-            }
-        )
+        members_hit = matched.column("record_id").to_pylist()
+        found.append(_hit(catalog, snapshot, members_hit, carried, spans))
     return found
 
 
