@@ -18,6 +18,7 @@ from corpus_assets.cli_catalog import (
     cmd_dedup,
     cmd_diff,
     cmd_export,
+    cmd_lineage,
     cmd_prov,
     cmd_read,
     cmd_show,
@@ -167,6 +168,9 @@ def _inspection_commands(sub: Subcommands) -> None:
     p.add_argument("digest")
     p = _command(sub, "prov", cmd_prov, "W3C PROV-JSON of how a snapshot was produced")
     p.add_argument("digest")
+    p = _command(sub, "lineage", cmd_lineage, "sources -> layers -> manifest -> aliases -> runs")
+    p.add_argument("digest")
+    p.add_argument("--format", choices=("text", "mermaid", "json"), default="text")
     p = _command(
         sub,
         "dedup",

@@ -6,6 +6,7 @@ training and the training read. ``corpus_assets.cli`` parses the command line an
 import argparse
 import getpass
 import json
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ from corpus_assets.core.dedup.layer import explain
 from corpus_assets.core.governance import tombstones
 from corpus_assets.core.governance.lineage import tombstone_hits
 from corpus_assets.core.release.export_run import export_snapshot
+from corpus_assets.core.release.lineage_graph import snapshot_lineage
 from corpus_assets.core.release.prov import prov_document
 from corpus_assets.core.release.shadow import shadow_diff
 from corpus_assets.core.release.training import TrainingReader, take_permit
@@ -64,6 +66,15 @@ def cmd_prov(args: argparse.Namespace) -> int:
     manifest = load_manifest(cas, resolve(catalog, args.digest))
     freeze = get_json(cas, manifest["freeze"], "freeze spec")
     return print_json(prov_document(manifest, freeze, agent=f"{getpass.getuser()}@corpus-assets"))
+
+
+def cmd_lineage(args: argparse.Namespace) -> int:
+    _home, cas, catalog = storage()
+    graph = snapshot_lineage(cas, catalog, resolve(catalog, args.digest))
+    if args.format == "json":
+        return print_json(asdict(graph))
+    print(graph.mermaid() if args.format == "mermaid" else graph.text(), end="")
+    return 0
 
 
 def cmd_dedup(args: argparse.Namespace) -> int:

@@ -56,6 +56,9 @@ def test_materialize_all_seven_layers(
         assert gate_report["transform_replay_hash"].startswith("sha256:")
         assert (gate_report["tombstone_hits"], gate_report["unexplained_rows"]) == (0, 0)
         assert by_layer["manifest"].metadata["snapshotId"].value == sid
+        lineage = by_layer["manifest"].metadata["lineage"].value  # Markdown the UI renders
+        assert lineage.startswith("```mermaid\nflowchart LR\n") and lineage.endswith("```\n")
+        assert sid[:19] in lineage and lineage.count("-->|input of|") >= 6
         assert by_layer["canonical_records"].metadata["records"].value == 289
         dedup = by_layer["dedup_clusters"].metadata
         assert (dedup["exact_duplicates"].value, dedup["near_duplicates"].value) == (4, 1)

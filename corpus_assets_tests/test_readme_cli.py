@@ -52,6 +52,8 @@ def test_every_documented_command_is_exercised(tmp_path: Path) -> None:
     assert (diff["added"], diff["removed"], diff["split_migrations"]) == (0, 0, 0)
 
     assert cli("activate", second) == f"alias demo -> {second} generation 2\n"
+    lineage = cli.json("lineage", second, "--format", "json")
+    assert {n["id"] for n in lineage["nodes"]} >= {"freeze", "manifest", "generation:demo/2"}
     prov = cli.json("prov", second)
     assert second in prov["entity"] and "latest" not in json.dumps(prov)
     (activity,) = prov["activity"].values()

@@ -16,9 +16,12 @@ from corpus_assets.core.ingest import freeze
 from corpus_assets.core.pipeline import BUILDERS
 from corpus_assets.core.records import layer as records_layer
 from corpus_assets.core.release import manifest as release_manifest
+from corpus_assets.core.release.lineage_graph import snapshot_lineage
+from corpus_assets.core.release.verify import resolve
 from corpus_assets.core.runtime.code_identity import stage_code
 from corpus_assets.core.runtime.keys import validate_partition_key
 from corpus_assets.core.runtime.layers import LAYERS, LayerResult
+from corpus_assets.core.runtime.workspace import Workspace
 from corpus_assets.core.training_view import mixing, packing
 from corpus_assets.core.training_view import splits as splits_layer
 
@@ -65,10 +68,19 @@ CODE_VERSIONS: dict[str, str] = {
 assert tuple(CODE_VERSIONS) == LAYERS
 
 
-def to_materialize_result(result: LayerResult) -> dg.MaterializeResult:
+def to_materialize_result(
+    result: LayerResult, extra: dict[str, dg.MetadataValue] | None = None
+) -> dg.MaterializeResult:
     return dg.MaterializeResult(
-        metadata=layer_metadata(result), data_version=dg.DataVersion(result.digest)
+        metadata={**layer_metadata(result), **(extra or {})},
+        data_version=dg.DataVersion(result.digest),
     )
+
+
+def lineage_markdown(ws: Workspace, digest: str) -> dict[str, dg.MetadataValue]:
+    """The snapshot's lineage graph as a Mermaid block, for the manifest's page in the UI."""
+    graph = snapshot_lineage(ws.cas, ws.catalog, resolve(ws.catalog, digest))
+    return {"lineage": dg.MetadataValue.md(f"```mermaid\n{graph.mermaid()}```\n")}
 
 
 def layer_asset(layer: str, deps: Sequence[str]) -> dg.AssetsDefinition:
@@ -89,8 +101,9 @@ def layer_asset(layer: str, deps: Sequence[str]) -> dg.AssetsDefinition:
         key = validate_partition_key(context.partition_key)
         with corpus.workspace() as ws:
             result = build(ws, key)
+            extra = lineage_markdown(ws, result.digest) if layer == "manifest" else None
         context.log.info(f"{layer} {key}: {result.digest} {result.counts}")
-        return to_materialize_result(result)
+        return to_materialize_result(result, extra)
 
     return _layer
 
