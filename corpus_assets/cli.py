@@ -170,7 +170,7 @@ def _inspection_commands(sub: Subcommands) -> None:
     p.add_argument("digest")
     p = _command(sub, "lineage", cmd_lineage, "sources -> layers -> manifest -> aliases -> runs")
     p.add_argument("digest")
-    p.add_argument("--format", choices=("text", "mermaid", "json"), default="text")
+    p.add_argument("--format", choices=("text", "mermaid", "json", "prov"), default="text")
     p = _command(
         sub,
         "dedup",

@@ -14,7 +14,7 @@ from corpus_assets.core.dedup.layer import explain
 from corpus_assets.core.governance import tombstones
 from corpus_assets.core.governance.lineage import tombstone_hits
 from corpus_assets.core.release.export_run import export_snapshot
-from corpus_assets.core.release.lineage_graph import snapshot_lineage
+from corpus_assets.core.release.lineage_graph import lineage_prov, snapshot_lineage
 from corpus_assets.core.release.prov import prov_document
 from corpus_assets.core.release.shadow import shadow_diff
 from corpus_assets.core.release.training import TrainingReader, take_permit
@@ -73,6 +73,8 @@ def cmd_lineage(args: argparse.Namespace) -> int:
     graph = snapshot_lineage(cas, catalog, resolve(catalog, args.digest))
     if args.format == "json":
         return print_json(asdict(graph))
+    if args.format == "prov":
+        return print_json(lineage_prov(graph))
     print(graph.mermaid() if args.format == "mermaid" else graph.text(), end="")
     return 0
 

@@ -2,10 +2,13 @@
 layer's CAS index (with the code identity that built it) to the manifest, the alias generations
 that served it and the training runs that read it, as text, Mermaid and JSON."""
 
+import io
 import json
+from collections import Counter
 from pathlib import Path
 
 import pytest
+from prov.serializers.provjson import ProvJSONSerializer
 
 from corpus_assets.core.release.verify import load_manifest, resolve
 from corpus_assets.core.runtime.layers import LAYERS, load_index
@@ -48,3 +51,19 @@ def test_lineage_names_every_layer_digest_and_code_and_who_served_and_read_it(
     assert mermaid.startswith("flowchart LR\n")
     assert mermaid.count("-->") == len(graph["edges"]) and mermaid.count('["') == len(nodes)
     assert run(tmp_path, "lineage", sid, "--format", "mermaid").stdout == mermaid  # same bytes
+    _prov_reads_back(run(tmp_path, "lineage", sid, "--format", "prov").stdout, graph)
+
+
+def _prov_reads_back(text: str, graph: dict) -> None:
+    """The ``prov`` package parses the PROV-JSON into one element per node (plus one build
+    activity per layer) and one relation per edge (plus each layer's generation)."""
+    document = ProvJSONSerializer().deserialize(io.StringIO(text))
+    records = Counter(type(r).__name__ for r in document.get_records())
+    layers = sum(n["kind"] == "layer" for n in graph["nodes"])
+    runs = sum(n["kind"] == "run" for n in graph["nodes"])
+    assert records["ProvEntity"] == len(graph["nodes"]) - runs
+    assert records["ProvActivity"] == layers + runs
+    assert records["ProvGeneration"] == layers
+    assert records["ProvUsage"] + records["ProvDerivation"] == len(graph["edges"])
+    read = {"prov:activity": "lineage:run%3Aaudit-1", "prov:entity": "lineage:manifest"}
+    assert read in json.loads(text)["used"].values()  # the training run used the manifest
