@@ -12,9 +12,10 @@ from sqlalchemy import insert
 from corpus_assets.core.release.gc import retained_snapshots
 from corpus_assets.core.storage.cas import ContentStore
 from corpus_assets.core.storage.catalog import Catalog, alias_history, gate, permits, snapshots
-from corpus_assets.selftest.lab import Lab
+from corpus_assets.selftest.lab import Lab, parse_built
 
 POINT = "task/*"
+SLUG = "task_ANY"  # failpoints.Rule.slug of POINT
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +104,7 @@ def test_gc_racing_a_build_loses_nothing(lab: Lab, tmp_path: Path) -> None:
     folder.mkdir()
     env = {"CORPUS_FAILPOINTS": f"{POINT}=pause@3", "CORPUS_FAILPOINT_DIR": str(folder)}
     build = home.start("build", env=env)
-    marker = folder / f"{POINT.replace('/', '_')}.paused"
+    marker = folder / f"{SLUG}.paused"
     deadline = time.monotonic() + 180
     while not marker.exists():
         assert build.poll() is None and time.monotonic() < deadline, build.communicate()
@@ -111,12 +112,12 @@ def test_gc_racing_a_build_loses_nothing(lab: Lab, tmp_path: Path) -> None:
     gc = home.start("gc", "--json")
     time.sleep(1.5)
     assert gc.poll() is None  # it waits for the build's shared lock
-    (folder / f"{POINT.replace('/', '_')}.go").touch()
+    (folder / f"{SLUG}.go").touch()
     out, err = build.communicate(timeout=300)
     assert build.returncode == 0, err
     gc_out, gc_err = gc.communicate(timeout=120)
     assert gc.returncode == 0, gc_err
     assert "waiting for running builds" in gc_err
-    sid = next(w for w in out.split() if w.startswith("sha256:"))
+    sid = parse_built(out).snapshot_id
     ran = home.cli("verify", sid)
     assert ran.code == 0, ran.out + ran.err
