@@ -119,5 +119,6 @@ def test_gc_racing_a_build_loses_nothing(lab: Lab, tmp_path: Path) -> None:
     assert gc.returncode == 0, gc_err
     assert "waiting for running builds" in gc_err
     sid = parse_built(out).snapshot_id
+    assert sid in json.loads(gc_out)["retained_snapshots"]
     ran = home.cli("verify", sid)
     assert ran.code == 0, ran.out + ran.err
