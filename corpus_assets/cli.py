@@ -27,6 +27,7 @@ from corpus_assets.cli_catalog import (
     cmd_tombstone_hits,
     storage,
 )
+from corpus_assets.cli_gc import add_gc_command
 from corpus_assets.cli_history import add_history_command
 from corpus_assets.cli_partitions import cmd_partition_delete, cmd_partition_list
 from corpus_assets.cli_runs import activate_via_job, build, dagster_instance
@@ -96,6 +97,7 @@ def _parser() -> argparse.ArgumentParser:
     _publication_commands(sub)
     _inspection_commands(sub)
     _governance_commands(sub)
+    add_gc_command(sub)
     _tokenizer_commands(sub)
     p = _command(
         sub, "read", cmd_read, "training entry: take a permit for a digest and read it, verified"

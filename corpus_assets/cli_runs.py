@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from corpus_assets.cli_catalog import CliError, storage
 from corpus_assets.core.governance import gate
+from corpus_assets.core.release.gc import cas_lock
 from corpus_assets.core.release.verify import resolve, verify
 from corpus_assets.core.runtime.build_lock import partition_build_lock
 from corpus_assets.core.runtime.keys import check_new_partition_key, new_partition_key
@@ -83,7 +84,7 @@ def build(partition: str | None) -> dict[str, Any]:
     instance = dagster_instance()
     taken |= set(instance.get_dynamic_partitions("snapshots"))
     key = partition or new_partition_key(taken)
-    with partition_build_lock(home, key, _note):
+    with partition_build_lock(home, key, _note), cas_lock(home, exclusive=False, on_wait=_note):
         _report_dead_runs(instance, key)
         with open_workspace() as ws:
             before = set(ws.cas.iter_digests())

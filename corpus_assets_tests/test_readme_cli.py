@@ -105,6 +105,8 @@ def test_every_documented_command_is_exercised(tmp_path: Path) -> None:
     hits = cli.json("tombstone", "hits", "1")
     assert {s["snapshotId"] for s in hits["snapshots"]} == {first, second}
     status = cli.json("status", "--json")
+    swept = cli.json("gc", "--dry-run", "--json")  # no retention set: every snapshot is kept
+    assert swept["dropped_snapshots"] == [] and swept["dry_run"] is True
     assert [a["generation"] for a in status["aliases"]] == [3]
     check_history(cli, first, second)
 

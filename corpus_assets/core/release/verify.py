@@ -110,6 +110,17 @@ def verify(
     return report
 
 
+def reachable(cas: ContentStore, roots: list[dict[str, Any]]) -> tuple[set[str], list[str]]:
+    """Every digest reachable from ``roots`` (refs) by the walk ``verify`` does - JSON documents
+    re-hashed and descended into, tables and shards named, not read - and its findings (a
+    missing or corrupt document hides what it names: a caller deleting by this must refuse)."""
+    report = Report("reachability")
+    blobs: dict[str, tuple[dict[str, Any], str]] = {}
+    for root in roots:
+        _walk(cas, root, f"root {root['digest']}", report, seen=report.digests, blobs=blobs)
+    return report.digests, report.findings
+
+
 def _rehash(cas: ContentStore, digest: str, media: str, what: str) -> tuple[int, Any]:
     """Stream the object through sha256 (CasError if missing or corrupt): its size, and its
     parsed document if it is JSON (the only kind the walk descends into)."""

@@ -331,6 +331,12 @@ class Storage(_Strict):
         return url
 
 
+class Retention(_Strict):
+    """What ``corpus-assets gc`` may drop: absent keeps every snapshot, so gc never surprises."""
+
+    keep_generations: Annotated[int, Field(ge=1)] | None = None  # the alias's last N activations
+
+
 class CorpusConfig(_Strict):
     version: Literal[1]
     purpose: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")]
@@ -341,6 +347,7 @@ class CorpusConfig(_Strict):
     execution: Execution = Execution()
     storage: Storage = Storage()
     schedule: Schedule | None = None  # absent: the incremental_build schedule is off
+    retention: Retention = Retention()
 
     @model_validator(mode="after")
     def _unique_source_ids(self) -> "CorpusConfig":

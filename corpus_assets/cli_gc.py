@@ -1,0 +1,49 @@
+"""``corpus-assets gc``: remove the CAS objects no retained snapshot, permit, quarantine record or
+open build references (``core.release.gc`` says what is live and why the lock is enough)."""
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from corpus_assets.cli_catalog import CliError
+from corpus_assets.core.release.gc import GcError, cas_lock, collect, plan
+from corpus_assets.core.runtime.workspace import open_workspace
+
+
+def add_gc_command(sub: Any) -> None:
+    """Register ``gc`` on the top-level subcommands."""
+    text = "remove CAS objects nothing retained references (retention: corpus.yaml)"
+    p = sub.add_parser("gc", help=text, description=text)
+    p.add_argument("--dry-run", action="store_true", help="list what would go; delete nothing")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.set_defaults(run=cmd_gc)
+
+
+def _note(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def cmd_gc(args: argparse.Namespace) -> int:
+    ws = open_workspace()
+    config = ws.config
+    with cas_lock(ws.home, exclusive=True, on_wait=_note):
+        try:
+            planned = plan(ws.cas, ws.catalog, config.alias, config.retention.keep_generations)
+        except GcError as error:
+            raise CliError(str(error)) from None
+        if not args.dry_run:
+            collect(ws.cas, planned)
+    report = planned.as_json() | {"dry_run": args.dry_run}
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return 0
+    verb = "would remove" if args.dry_run else "removed"
+    for digest, size in planned.garbage:
+        print(f"{verb} {digest} {size}")
+    print(
+        f"gc: {verb} {len(planned.garbage)} objects ({report['bytes']} bytes); kept "
+        f"{planned.live} live objects of {len(planned.retained)} retained snapshots; "
+        f"dropped snapshots: {', '.join(planned.dropped) or 'none'}"
+    )
+    return 0

@@ -1,0 +1,215 @@
+"""Garbage collection of the CAS: remove the objects nothing retained can reach.
+
+Live objects are the closure, by ``verify.reachable`` (the walk ``verify`` does), of these roots:
+
+- the manifest of every retained snapshot. A snapshot is dropped only when the alias's
+  ``retention.keep_generations`` is set and it is SUPERSEDED, or ACTIVE in state but neither the
+  alias's active snapshot nor one of its last N generations; never when a training permit names
+  it. BUILDING/VALIDATED/APPROVED (not superseded yet) and REJECTED/INCOMPLETE snapshots (the
+  quarantine: the evidence of why a snapshot was refused) are always kept, as are the
+  snapshots of other aliases, whose retention this config does not set;
+- the freeze spec and current layer indexes of every partition with a retained snapshot or with
+  none yet (an open build: its finished layers are referenced by ``layer_outputs`` only);
+- the outputs of successful chunk tasks finished since the earliest open build's freeze (chunk
+  tasks name no partition, so all of them from then on: an open build resumes with them);
+- benchmark item texts.
+
+Memo rows (``layer_memo``) and older chunk tasks are not roots: every reader checks that their
+objects are present and rebuilds otherwise, so removing them costs time, never correctness.
+
+The lock: a data-home-wide ``flock`` (``locks/cas.lock``). A build holds it shared for its whole
+run, gc holds it exclusive from listing the CAS to the last unlink. A build creates objects before
+the catalog names them (a chunk's output, then its task row) and reuses objects that already
+exist; a grace period by mtime would miss the second (reuse does not touch the file), the lock
+misses neither, and the kernel drops it with a SIGKILLed holder's last descriptor. gc waits for
+running builds; a build started during gc waits for it. The local CAS only.
+"""
+
+import fcntl
+import json
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import select
+
+from corpus_assets.core.governance import states
+from corpus_assets.core.release.verify import reachable
+from corpus_assets.core.storage.artifacts import BINARY, JSON, make_ref
+from corpus_assets.core.storage.cas import ContentStore
+from corpus_assets.core.storage.cas_s3 import S3ContentStore
+from corpus_assets.core.storage.catalog import (
+    Catalog,
+    alias_history,
+    benchmark_items,
+    chunk_tasks,
+    freezes,
+    gate,
+    layer_outputs,
+    permits,
+)
+
+KEPT_STATES = (
+    states.BUILDING,
+    states.VALIDATED,
+    states.APPROVED,
+    states.REJECTED,
+    states.INCOMPLETE,
+)
+SMALL_JSON = 1 << 20  # a catalog-named object this small that parses as JSON is walked
+
+
+class GcError(RuntimeError):
+    """gc cannot tell what is live, so it removes nothing."""
+
+
+@dataclass
+class Plan:
+    """What gc keeps and what it would remove (digest, bytes), in digest order."""
+
+    retained: list[str] = field(default_factory=list)
+    dropped: list[str] = field(default_factory=list)
+    live: int = 0
+    garbage: list[tuple[str, int]] = field(default_factory=list)
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "retained_snapshots": self.retained,
+            "dropped_snapshots": self.dropped,
+            "live_objects": self.live,
+            "objects": [{"digest": d, "bytes": n} for d, n in self.garbage],
+            "bytes": sum(n for _, n in self.garbage),
+        }
+
+
+def lock_path(home: Path) -> Path:
+    return home / "locks" / "cas.lock"
+
+
+@contextmanager
+def cas_lock(
+    home: Path, exclusive: bool, on_wait: Callable[[str], None] | None = None
+) -> Iterator[None]:
+    """Hold the data home's CAS lock: shared for a build, exclusive for gc."""
+    path = lock_path(home)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    mode = fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH
+    with path.open("a+") as handle:
+        try:
+            fcntl.flock(handle, mode | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if on_wait is not None:
+                on_wait("gc is waiting for running builds" if exclusive else "waiting for gc")
+            fcntl.flock(handle, mode)
+        yield
+
+
+def retained_snapshots(
+    catalog: Catalog, alias: str, keep: int | None
+) -> tuple[list[str], list[str]]:
+    """(retained, dropped) snapshot ids by the alias's retention policy (module docstring)."""
+    with catalog.begin() as conn:
+        active = conn.scalar(select(gate.c.active_snapshot).where(gate.c.alias == alias))
+        history = conn.scalars(
+            select(alias_history.c.snapshot_id)
+            .where(alias_history.c.alias == alias)
+            .order_by(alias_history.c.generation.desc())
+        ).all()
+        permitted = set(conn.scalars(select(permits.c.snapshot_id)))
+    recent = set(history[:keep]) if keep is not None else set()
+    retained, dropped = [], []
+    for snap in states.find(catalog):
+        keeps = (
+            keep is None
+            or snap.alias != alias
+            or snap.state in KEPT_STATES
+            or snap.snapshot_id in recent | permitted | {active}
+        )
+        (retained if keeps else dropped).append(snap.snapshot_id)
+    return sorted(retained), sorted(dropped)
+
+
+def _ref(cas: ContentStore, digest: str) -> dict[str, Any]:
+    """A ref to a catalog-named object: JSON (walked) if it is a small JSON document."""
+    size = cas.size(digest)
+    if size <= SMALL_JSON:
+        try:
+            json.loads(cas.get_bytes(digest))
+            return make_ref(digest, JSON, size)
+        except ValueError:
+            pass
+    return make_ref(digest, BINARY, size)
+
+
+def _partition_roots(catalog: Catalog, retained: set[str]) -> tuple[list[str], float | None]:
+    """Freeze specs and layer indexes of kept partitions; when the earliest open build froze."""
+    roots: list[str] = []
+    earliest_open: float | None = None
+    with catalog.begin() as conn:
+        frozen = conn.execute(
+            select(freezes.c.partition_key, freezes.c.spec_digest, freezes.c.created_at)
+        ).all()
+        layers = conn.execute(
+            select(layer_outputs.c.partition_key, layer_outputs.c.index_digest)
+        ).all()
+    for key, spec, created in frozen:
+        snaps = states.for_partition(catalog, key)
+        if snaps and not any(s.snapshot_id in retained for s in snaps):
+            continue
+        roots.append(spec)
+        roots += [digest for part, digest in layers if part == key]
+        if not snaps or any(s.state == states.BUILDING for s in snaps):
+            earliest_open = created if earliest_open is None else min(earliest_open, created)
+    return roots, earliest_open
+
+
+def _task_outputs(catalog: Catalog, since: float | None) -> list[str]:
+    if since is None:
+        return []
+    with catalog.begin() as conn:
+        return list(
+            conn.scalars(
+                select(chunk_tasks.c.output_digest)
+                .where(chunk_tasks.c.status == "SUCCESS")
+                .where(chunk_tasks.c.output_digest.is_not(None))
+                .where(chunk_tasks.c.updated_at >= since)
+            )
+        )
+
+
+def live_objects(cas: ContentStore, catalog: Catalog, retained: list[str]) -> set[str]:
+    """Every digest a root reaches; GcError if a document on the way is missing or corrupt."""
+    keep = set(retained)
+    manifests = [s.manifest_digest for s in states.find(catalog) if s.snapshot_id in keep]
+    named, earliest_open = _partition_roots(catalog, keep)
+    named += [d for d in _task_outputs(catalog, earliest_open) if cas.contains(d)]
+    roots = [make_ref(d, JSON, cas.size(d) if cas.contains(d) else 0) for d in manifests]
+    missing = [d for d in named if not cas.contains(d)]
+    if missing:
+        raise GcError(f"catalog-named objects are missing, gc removes nothing: {missing[:5]}")
+    live, findings = reachable(cas, roots + [_ref(cas, d) for d in named])
+    if findings:
+        raise GcError("cannot walk every retained object, gc removes nothing: " + findings[0])
+    with catalog.begin() as conn:
+        live |= set(conn.scalars(select(benchmark_items.c.text_digest)))
+    return live
+
+
+def plan(cas: ContentStore, catalog: Catalog, alias: str, keep: int | None) -> Plan:
+    """What gc would remove now (call under ``cas_lock(exclusive=True)``)."""
+    if isinstance(cas, S3ContentStore):
+        raise GcError("gc supports the local CAS only; this data home's CAS is in an object store")
+    retained, dropped = retained_snapshots(catalog, alias, keep)
+    live = live_objects(cas, catalog, retained)
+    garbage = sorted(
+        (d, cas.local_path(d).stat().st_size) for d in cas.iter_digests() if d not in live
+    )
+    return Plan(retained=retained, dropped=dropped, live=len(live), garbage=garbage)
+
+
+def collect(cas: ContentStore, planned: Plan) -> None:
+    """Unlink every planned object (still under the exclusive lock ``plan`` ran under)."""
+    for digest, _ in planned.garbage:
+        cas.local_path(digest).unlink(missing_ok=True)

@@ -1,0 +1,124 @@
+"""``corpus-assets gc``: a dry run lists exactly the unreferenced objects and deletes nothing,
+gc removes only those (every retained snapshot still verifies), retention keeps what a permit
+names, and gc racing a real build waits for it: the build completes and verifies."""
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+from sqlalchemy import insert
+
+from corpus_assets.core.release.gc import retained_snapshots
+from corpus_assets.core.storage.cas import ContentStore
+from corpus_assets.core.storage.catalog import Catalog, alias_history, gate, permits, snapshots
+from corpus_assets.selftest.lab import Lab, parse_built
+
+POINT = "task/*"
+SLUG = "task_ANY"  # failpoints.Rule.slug of POINT
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory: pytest.TempPathFactory) -> Lab:
+    return Lab(tmp_path_factory.mktemp("gc"))
+
+
+def _gc(home, *args: str) -> dict:
+    ran = home.cli("gc", "--json", *args)
+    assert ran.code == 0, ran.err
+    return json.loads(ran.out)
+
+
+def test_dry_run_lists_exactly_the_garbage_and_gc_removes_only_it(lab: Lab) -> None:
+    home, built = lab.copy_of_reference("gc-dry")
+    cas = ContentStore(home.dir / "data" / "cas")
+    before = _gc(home, "--dry-run")
+    junk = {cas.put_bytes(f"orphan {n}".encode()) for n in range(3)}
+    listed = {o["digest"] for o in _gc(home, "--dry-run")["objects"]}
+    assert listed == {o["digest"] for o in before["objects"]} | junk
+    everything = set(cas.iter_digests())
+    assert listed < everything
+    assert all(cas.contains(d) for d in everything)  # a dry run deletes nothing
+    removed = {o["digest"] for o in _gc(home)["objects"]}
+    assert removed == listed
+    assert set(cas.iter_digests()) == everything - removed
+    assert _gc(home, "--dry-run")["objects"] == []
+    ran = home.cli("verify", built.snapshot_id)
+    assert ran.code == 0, ran.out + ran.err
+
+
+def _snapshot(conn, sid: str, state: str, at: float) -> None:
+    values = dict(partition_key=sid, manifest_digest="sha256:" + "0" * 64, alias="train")
+    conn.execute(
+        insert(snapshots).values(
+            snapshot_id=sid, state=state, created_at=at, updated_at=at, **values
+        )
+    )
+
+
+def test_retention_keeps_generations_active_permitted_and_unsuperseded(tmp_path: Path) -> None:
+    catalog = Catalog(f"sqlite:///{tmp_path / 'catalog.sqlite'}")
+    with catalog.begin() as conn:
+        for gen in range(1, 5):
+            _snapshot(conn, f"g{gen}", "ACTIVE", gen)
+            conn.execute(
+                insert(alias_history).values(
+                    alias="train", generation=gen, snapshot_id=f"g{gen}", at=gen
+                )
+            )
+        _snapshot(conn, "lost", "SUPERSEDED", 5)
+        _snapshot(conn, "candidate", "APPROVED", 6)
+        _snapshot(conn, "refused", "REJECTED", 7)
+        conn.execute(
+            insert(gate).values(
+                alias="train",
+                tombstone_watermark=0,
+                benchmark_fence=0,
+                generation=4,
+                active_snapshot="g4",
+                updated_at=8,
+            )
+        )
+        conn.execute(
+            insert(permits).values(
+                permit_id="p1",
+                run_id="r1",
+                snapshot_id="g1",
+                purpose="t",
+                tombstone_watermark=0,
+                benchmark_fence=0,
+                at=9,
+            )
+        )
+    everything = ["candidate", "g1", "g2", "g3", "g4", "lost", "refused"]
+    assert retained_snapshots(catalog, "train", None) == (everything, [])
+    kept, dropped = retained_snapshots(catalog, "train", 2)
+    assert dropped == ["g2", "lost"]  # g1: a permit names it; g3, g4: the last two generations
+    assert kept == ["candidate", "g1", "g3", "g4", "refused"]
+    assert retained_snapshots(catalog, "other", 1) == (everything, [])
+
+
+def test_gc_racing_a_build_loses_nothing(lab: Lab, tmp_path: Path) -> None:
+    home = lab.standard_home("gc-race")
+    folder = tmp_path / "points"
+    folder.mkdir()
+    env = {"CORPUS_FAILPOINTS": f"{POINT}=pause@3", "CORPUS_FAILPOINT_DIR": str(folder)}
+    build = home.start("build", env=env)
+    marker = folder / f"{SLUG}.paused"
+    deadline = time.monotonic() + 180
+    while not marker.exists():
+        assert build.poll() is None and time.monotonic() < deadline, build.communicate()
+        time.sleep(0.02)
+    gc = home.start("gc", "--json")
+    time.sleep(1.5)
+    assert gc.poll() is None  # it waits for the build's shared lock
+    (folder / f"{SLUG}.go").touch()
+    out, err = build.communicate(timeout=300)
+    assert build.returncode == 0, err
+    gc_out, gc_err = gc.communicate(timeout=120)
+    assert gc.returncode == 0, gc_err
+    assert "waiting for running builds" in gc_err
+    sid = parse_built(out).snapshot_id
+    assert sid in json.loads(gc_out)["retained_snapshots"]
+    ran = home.cli("verify", sid)
+    assert ran.code == 0, ran.out + ran.err
