@@ -2,14 +2,17 @@
 gc removes only those (every retained snapshot still verifies), retention keeps what a permit
 names, and gc racing a real build waits for it: the build completes and verifies."""
 
+import fcntl
 import json
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 from sqlalchemy import insert
 
-from corpus_assets.core.release.gc import retained_snapshots
+from corpus_assets.core.release.gc import lock_path, retained_snapshots
 from corpus_assets.core.storage.cas import ContentStore
 from corpus_assets.core.storage.catalog import Catalog, alias_history, gate, permits, snapshots
 from corpus_assets.selftest.lab import Lab, parse_built
@@ -122,3 +125,47 @@ def test_gc_racing_a_build_loses_nothing(lab: Lab, tmp_path: Path) -> None:
     assert sid in json.loads(gc_out)["retained_snapshots"]
     ran = home.cli("verify", sid)
     assert ran.code == 0, ran.out + ran.err
+
+
+def test_a_dagster_step_holds_the_cas_lock_gc_waits_for(lab: Lab, tmp_path: Path) -> None:
+    """A run launched from the UI, a sensor or a schedule is not the CLI's build: each layer step
+    holds the CAS lock shared while it writes, so gc cannot start while a step is paused."""
+    home = lab.standard_home("gc-step")
+    add = "from corpus_assets.cli_runs import dagster_instance; "
+    add += "dagster_instance().add_dynamic_partitions('snapshots', ['p1'])"
+    subprocess.run([sys.executable, "-c", add], env=home.env(), cwd=home.dir, check=True)
+    folder = tmp_path / "points"
+    folder.mkdir()
+    env = {
+        **home.env(),
+        "CORPUS_FAILPOINTS": f"{POINT}=pause@1",
+        "CORPUS_FAILPOINT_DIR": str(folder),
+    }
+    job = [str(Path(sys.executable).with_name("dagster")), "job", "execute"]
+    tags = json.dumps({"dagster/partition": "p1"})
+    run = subprocess.Popen(
+        [*job, "-m", "corpus_assets.definitions", "-j", "build_snapshot", "--tags", tags],
+        env=env,
+        cwd=home.dir,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 180
+    while not (folder / f"{SLUG}.paused").exists():
+        assert run.poll() is None and time.monotonic() < deadline
+        time.sleep(0.02)
+    lock = lock_path(home.dir / "data")
+    assert not _gc_could_start(lock)
+    (folder / f"{SLUG}.go").touch()
+    assert run.wait(timeout=600) == 0
+    assert _gc_could_start(lock)
+
+
+def _gc_could_start(path: Path) -> bool:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        return True

@@ -16,6 +16,7 @@ from corpus_assets.core.ingest import freeze
 from corpus_assets.core.pipeline import BUILDERS
 from corpus_assets.core.records import layer as records_layer
 from corpus_assets.core.release import manifest as release_manifest
+from corpus_assets.core.release.gc import cas_lock
 from corpus_assets.core.release.lineage_graph import snapshot_lineage
 from corpus_assets.core.release.verify import resolve
 from corpus_assets.core.runtime.code_identity import stage_code
@@ -99,7 +100,8 @@ def layer_asset(layer: str, deps: Sequence[str]) -> dg.AssetsDefinition:
     )
     def _layer(context: dg.AssetExecutionContext, corpus: CorpusResource) -> dg.MaterializeResult:
         key = validate_partition_key(context.partition_key)
-        with corpus.workspace() as ws:
+        # the CAS lock, shared: a gc waits for this step as for a CLI build (``release.gc``)
+        with corpus.workspace() as ws, cas_lock(ws.home, exclusive=False):
             result = build(ws, key)
             extra = lineage_markdown(ws, result.digest) if layer == "manifest" else None
         context.log.info(f"{layer} {key}: {result.digest} {result.counts}")
