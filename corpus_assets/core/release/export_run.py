@@ -1,4 +1,5 @@
-"""Exports of a permitted snapshot for trainers that read other formats: Megatron or MDS.
+"""Exports of a permitted snapshot for trainers and catalogues that read other formats: Megatron,
+MDS, or Croissant metadata (``croissant.json`` beside the files it names).
 
 An export is a training read: it needs the run's permit (``take_permit``), opens the snapshot
 through ``TrainingReader`` (manifest, packed_blocks index and shard index verified), reads every
@@ -10,19 +11,26 @@ names the export; a copy elsewhere is checkable file by file.
 from pathlib import Path
 from typing import Any
 
+from corpus_assets.core.release.export_croissant import (
+    croissant_bytes,
+    croissant_document,
+    shard_name,
+)
 from corpus_assets.core.release.export_mds import copy_object, export_mds, materialize_mds
 from corpus_assets.core.release.exports import export_megatron, record_megatron
 from corpus_assets.core.release.training import TrainingReader
-from corpus_assets.core.storage.artifacts import get_json
+from corpus_assets.core.storage.artifacts import JSON, get_json, put_bytes
 from corpus_assets.core.storage.cas import ContentStore
 
-FORMATS = ("megatron", "mds")
+FORMATS = ("megatron", "mds", "croissant")
 
 
 def export_snapshot(reader: TrainingReader, fmt: str, directory: Path) -> dict[str, Any]:
     """Export ``reader``'s snapshot as ``fmt`` into ``directory``; the export document's digest,
     its content, and what the run read."""
     pack = reader.pack_digest
+    if fmt == "croissant":
+        return export_croissant(reader, directory)
     if fmt == "megatron":
         exported = export_megatron(reader.cas, reader.block_reader, reader.tokenizer["vocabSize"])
         ref = record_megatron(reader.cas, exported, pack)
@@ -42,3 +50,30 @@ def _copy_out(cas: ContentStore, files: list[dict[str, Any]], directory: Path) -
     directory.mkdir(parents=True, exist_ok=True)
     for entry in files:
         copy_object(cas, entry["digest"], directory / entry["basename"], entry["basename"])
+
+
+def export_croissant(reader: TrainingReader, directory: Path) -> dict[str, Any]:
+    """Copy the members, spans and shards out verified, and write ``croissant.json`` naming them
+    (also put in the CAS: its digest names the export)."""
+    members, spans = reader.members(), reader.spans()
+    spans_ref = reader.packed.output("spans")
+    index = reader.shard_index
+    document = croissant_document(reader.manifest, index, members.schema, (spans_ref, spans.schema))
+    data = croissant_bytes(document)
+    ref = put_bytes(reader.cas, data, JSON)
+    directory.mkdir(parents=True, exist_ok=True)
+    files = [("members.parquet", reader.manifest["members"]["digest"])]
+    files += [("spans.parquet", spans_ref["digest"])]
+    files += [
+        (shard_name(n), entry.digest) for n, entry in enumerate(reader.block_reader.index.shards)
+    ]
+    for name, digest in files:
+        copy_object(reader.cas, digest, directory / name, name)
+    path = directory / "croissant.json"
+    path.write_bytes(data)
+    return {
+        "export": ref["digest"],
+        "croissant": str(path),
+        "files": [{"basename": name, "digest": digest} for name, digest in files],
+        "run": reader.report(),
+    }
