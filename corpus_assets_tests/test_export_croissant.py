@@ -1,4 +1,4 @@
-"""``corpus-assets export croissant``: a real demo snapshot, the real CLI, checked by mlcroissant."""
+"""``corpus-assets export croissant``: a demo snapshot, the real CLI, checked by mlcroissant."""
 
 import hashlib
 import json
