@@ -54,26 +54,17 @@ def _copy_out(cas: ContentStore, files: list[dict[str, Any]], directory: Path) -
 
 def export_croissant(reader: TrainingReader, directory: Path) -> dict[str, Any]:
     """Copy the members, spans and shards out verified, and write ``croissant.json`` naming them
-    (also put in the CAS: its digest names the export)."""
-    members, spans = reader.members(), reader.spans()
-    spans_ref = reader.packed.output("spans")
-    index = reader.shard_index
+    (also put in the CAS: its digest names the export, as for the other formats)."""
+    members, spans = reader.members(), reader.spans()  # both verified against their refs
+    spans_ref, index = reader.packed.output("spans"), reader.block_reader.index  # notes shards
     document = croissant_document(reader.manifest, index, members.schema, (spans_ref, spans.schema))
     data = croissant_bytes(document)
     ref = put_bytes(reader.cas, data, JSON)
-    directory.mkdir(parents=True, exist_ok=True)
-    files = [("members.parquet", reader.manifest["members"]["digest"])]
-    files += [("spans.parquet", spans_ref["digest"])]
-    files += [
-        (shard_name(n), entry.digest) for n, entry in enumerate(reader.block_reader.index.shards)
-    ]
-    for name, digest in files:
-        copy_object(reader.cas, digest, directory / name, name)
+    named = [("members.parquet", reader.manifest["members"]["digest"])]
+    named += [("spans.parquet", spans_ref["digest"])]
+    named += [(shard_name(n), entry.digest) for n, entry in enumerate(index.shards)]
+    files = [{"basename": name, "digest": digest} for name, digest in named]
+    _copy_out(reader.cas, files, directory)
     path = directory / "croissant.json"
     path.write_bytes(data)
-    return {
-        "export": ref["digest"],
-        "croissant": str(path),
-        "files": [{"basename": name, "digest": digest} for name, digest in files],
-        "run": reader.report(),
-    }
+    return {"export": ref["digest"], "croissant": str(path), "files": files, "run": reader.report()}
