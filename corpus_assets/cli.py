@@ -106,7 +106,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--run-id", required=True)
     p.add_argument("--purpose", required=True)
     p = _command(
-        sub, "export", cmd_export, "training read into Megatron .bin/.idx or MDS files, verified"
+        sub,
+        "export",
+        cmd_export,
+        "training read into Megatron .bin/.idx, MDS files or Croissant metadata, verified",
     )
     p.add_argument("format", choices=FORMATS)
     p.add_argument("digest", help="a snapshotId (an alias is never accepted)")

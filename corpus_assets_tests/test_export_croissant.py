@@ -5,7 +5,10 @@ import json
 from pathlib import Path
 
 import mlcroissant as mlc
+import pyarrow as pa
+import pytest
 
+from corpus_assets.core.release.export_croissant import croissant_type, sha256_hex
 from corpus_assets_tests.test_cli import _field, run
 
 # version = snapshotId is not semver, and a snapshot has no publication date: both stay warnings.
@@ -58,3 +61,12 @@ def test_croissant_export_validates_and_reads_the_members(tmp_path: Path) -> Non
         assert hashlib.sha256(data).hexdigest() == entry["sha256"]
     assert _export(tmp_path, sid, tmp_path / "b")["export"] == exported["export"]
     assert (tmp_path / "b" / "croissant.json").read_bytes() == path.read_bytes()
+
+
+def test_croissant_refuses_what_it_cannot_describe() -> None:
+    """An arrow type with no Croissant dataType, or a digest that is not sha256, is named."""
+    with pytest.raises(ValueError, match="no Croissant dataType for arrow type list<item: int64>"):
+        croissant_type(pa.list_(pa.int64()))
+    with pytest.raises(ValueError, match="'blake3:00' is not a sha256:<hex> digest"):
+        sha256_hex("blake3:00")
+    assert croissant_type(pa.int32()) == "sc:Integer" and croissant_type(pa.string()) == "sc:Text"
