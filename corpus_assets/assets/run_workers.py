@@ -24,7 +24,6 @@ class DeadRun:
     """A started run whose worker is gone, as reported to the run history."""
 
     run_id: str
-    partition: str | None
     worker: Worker
 
     def describe(self) -> str:
@@ -74,7 +73,7 @@ def fail_dead_runs(instance: dg.DagsterInstance, partition: str | None = None) -
         worker = run_worker(run)
         if worker is None or liveness(worker) is not Liveness.DEAD:
             continue
-        found = DeadRun(run.run_id, run.tags.get("dagster/partition"), worker)
+        found = DeadRun(run.run_id, worker)
         instance.report_run_failed(run, f"{GONE.format(worker.describe())}")
         dead.append(found)
     return dead

@@ -44,37 +44,32 @@ class Worker:
 
 def this_worker() -> Worker:
     pid = os.getpid()
-    return Worker(socket.gethostname(), pid, _start_ticks(pid) or 0)
+    stat = _stat(pid)
+    return Worker(socket.gethostname(), pid, stat[1] if stat else 0)
 
 
 def liveness(worker: Worker) -> Liveness:
     """Whether ``worker`` still runs: only a process of this host can be looked at."""
     if worker.host != socket.gethostname():
         return Liveness.UNKNOWN
-    start = _start_ticks(worker.pid)
-    if start is None:
+    stat = _stat(worker.pid)
+    if stat is None:
         return Liveness.DEAD if _gone(worker.pid) else Liveness.UNKNOWN
+    state, start = stat
     if worker.start and start != worker.start:
         return Liveness.DEAD  # the pid was reused by a later process
-    return Liveness.DEAD if _zombie(worker.pid) else Liveness.ALIVE
+    # a zombie is a killed child its parent has not reaped yet: it runs no code any more
+    return Liveness.DEAD if state == "Z" else Liveness.ALIVE
 
 
-def _start_ticks(pid: int) -> int | None:
-    """Field 22 of ``/proc/<pid>/stat`` (None without procfs or without that process)."""
+def _stat(pid: int) -> tuple[str, int] | None:
+    """State (field 3) and start time in clock ticks (field 22) of ``/proc/<pid>/stat``; None
+    without procfs or without that process."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
     except OSError:
         return None
-    return int(stat.rpartition(")")[2].split()[19])
-
-
-def _zombie(pid: int) -> bool:
-    """A killed child its parent has not reaped yet: it runs no code any more."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rpartition(")")[2].split()[0] == "Z"
+    return fields[0], int(fields[19])
 
 
 def _gone(pid: int) -> bool:
