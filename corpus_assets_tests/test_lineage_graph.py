@@ -13,6 +13,7 @@ from prov.serializers.provjson import ProvJSONSerializer
 from corpus_assets.core.release.verify import load_manifest, resolve
 from corpus_assets.core.runtime.layers import LAYERS, load_index
 from corpus_assets.core.runtime.workspace import open_workspace
+from corpus_assets_tests.prov_json_schema import schema_errors
 from corpus_assets_tests.test_cli import _field, run
 
 
@@ -55,8 +56,9 @@ def test_lineage_names_every_layer_digest_and_code_and_who_served_and_read_it(
 
 
 def _prov_reads_back(text: str, graph: dict) -> None:
-    """The ``prov`` package parses the PROV-JSON into one element per node (plus one build
-    activity per layer) and one relation per edge (plus each layer's generation)."""
+    """Valid W3C PROV-JSON, which the ``prov`` package parses into one element per node (plus
+    one build activity per layer) and one relation per edge (plus each layer's generation)."""
+    assert schema_errors(json.loads(text)) == []  # valid against the W3C PROV-JSON schema
     document = ProvJSONSerializer().deserialize(io.StringIO(text))
     records = Counter(type(r).__name__ for r in document.get_records())
     layers = sum(n["kind"] == "layer" for n in graph["nodes"])

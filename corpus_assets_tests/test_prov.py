@@ -11,6 +11,7 @@ from corpus_assets.core.pipeline import build_all
 from corpus_assets.core.release.prov import prov_document
 from corpus_assets.core.runtime.workspace import open_workspace
 from corpus_assets.core.storage.digests import DIGEST_RE, canonical_json, json_digest
+from corpus_assets_tests.prov_json_schema import schema_errors
 
 SECTIONS = {
     "prefix",
@@ -204,6 +205,7 @@ def test_demo_snapshot_lineage_covers_every_pinned_object(demo_home: Path) -> No
         freeze = json.loads(ws.cas.get_bytes(manifest["freeze"]["digest"]))
     doc = prov_document(manifest, freeze, "corpus-assets-builder")
     _check_shape(doc)
+    assert schema_errors(doc) == []  # the W3C PROV-JSON schema, not only our own shape check
     assert doc["entity"][manifest["snapshotId"]]["corpus:buildId"] == manifest["buildId"]
     pinned = {(s["id"], o["name"], o["sha256"]) for s in freeze["sources"] for o in s["objects"]}
     assert len(pinned) == 4
@@ -217,3 +219,28 @@ def test_demo_snapshot_lineage_covers_every_pinned_object(demo_home: Path) -> No
     assert canonical_json(doc) == canonical_json(
         prov_document(manifest, freeze, "corpus-assets-builder")
     )
+
+
+def _first_entity(doc: dict[str, Any]) -> dict[str, Any]:
+    return doc["entity"][next(iter(doc["entity"]))]
+
+
+@pytest.mark.parametrize(
+    ("damage", "where"),
+    [
+        (lambda d: d["used"][next(iter(d["used"]))].pop("prov:entity"), "used/"),
+        (lambda d: d.__setitem__("wasUsedBy", {}), "<root>"),
+        (lambda d: _first_entity(d).__setitem__("x:y", {"type": "t"}), "entity/"),
+        (lambda d: _first_entity(d).__setitem__("x:y", None), "entity/"),
+    ],
+    ids=["usage-without-entity", "unknown-section", "literal-without-value", "null-attribute"],
+)
+def test_the_prov_json_schema_refuses_what_prov_json_forbids(damage, where: str) -> None:
+    """The vendored schema is live: each damage a PROV-JSON consumer would reject is reported
+    at its path (a schema that accepted anything would make the validity checks vacuous)."""
+    manifest, freeze = _hand_built()
+    doc = prov_document(manifest, freeze, "corpus-assets-builder")
+    assert schema_errors(doc) == []
+    damage(doc)
+    errors = schema_errors(doc)
+    assert errors and errors[0].startswith(where), errors
