@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from corpus_assets.cli_catalog import CliError, cli_actor, print_json, storage
+from corpus_assets.cli_catalog import CliError, cli_actor, print_json, storage, writing_storage
 from corpus_assets.core.governance import benchmarks
 from corpus_assets.core.ingest.codecs import CodecError, iter_lines
 from corpus_assets.core.records.index import CanonicalIndex
@@ -131,12 +131,13 @@ def _parse(
 
 
 def cmd_benchmark_add(args: argparse.Namespace) -> int:
-    _home, cas, catalog = storage()
-    items = read_items(cas, args.name, Path(args.file), args.text_field)
-    try:
-        change = benchmarks.register(catalog, args.name, items, actor=cli_actor())
-    except benchmarks.RegistryError as error:
-        raise CliError(str(error)) from None
+    """The item texts are put in the CAS before the registry names them: under the CAS lock."""
+    with writing_storage() as (_home, cas, catalog):
+        items = read_items(cas, args.name, Path(args.file), args.text_field)
+        try:
+            change = benchmarks.register(catalog, args.name, items, actor=cli_actor())
+        except benchmarks.RegistryError as error:
+            raise CliError(str(error)) from None
     kept = f" ({change.unchanged} already registered)" if change.unchanged else ""
     print(f"benchmark {args.name}: {change.written} items{kept}; benchmark fence now {change.seq}")
     return 0

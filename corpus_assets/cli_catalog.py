@@ -6,6 +6,9 @@ training and the training read. ``corpus_assets.cli`` parses the command line an
 import argparse
 import getpass
 import json
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -14,6 +17,7 @@ from corpus_assets.core.dedup.layer import explain
 from corpus_assets.core.governance import tombstones
 from corpus_assets.core.governance.lineage import tombstone_hits
 from corpus_assets.core.release.export_run import export_snapshot
+from corpus_assets.core.release.gc import cas_lock
 from corpus_assets.core.release.lineage_graph import lineage_prov, snapshot_lineage
 from corpus_assets.core.release.prov import prov_document
 from corpus_assets.core.release.shadow import shadow_diff
@@ -38,6 +42,20 @@ def storage() -> tuple[Path, ContentStore, Catalog]:
         ws = open_workspace()
         return ws.home, ws.cas, ws.catalog
     return open_home()
+
+
+@contextmanager
+def writing_storage() -> Iterator[tuple[Path, ContentStore, Catalog]]:
+    """``storage()`` for a command that puts objects in the CAS outside a build: it holds the
+    CAS lock shared, as a build does, so gc cannot remove what it wrote before the catalog (or
+    its caller) names it; while gc runs, the command waits and says so."""
+    home, cas, catalog = storage()
+    with cas_lock(home, exclusive=False, on_wait=note):
+        yield home, cas, catalog
+
+
+def note(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
 
 
 def cli_actor() -> str:
@@ -97,11 +115,12 @@ def cmd_tombstone_add(args: argparse.Namespace) -> int:
 
 
 def cmd_tombstone_hits(args: argparse.Namespace) -> int:
-    _home, cas, catalog = storage()
-    try:
-        return print_json(tombstone_hits(cas, catalog, args.seq))
-    except LookupError as error:
-        raise CliError(str(error)) from None
+    """Writes a snapshot's deletion index into the CAS if it has none yet."""
+    with writing_storage() as (_home, cas, catalog):
+        try:
+            return print_json(tombstone_hits(cas, catalog, args.seq))
+        except LookupError as error:
+            raise CliError(str(error)) from None
 
 
 def cmd_read(args: argparse.Namespace) -> int:
@@ -113,7 +132,12 @@ def cmd_read(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    _home, cas, catalog = storage()
+    """Writes the export's descriptor into the CAS."""
+    with writing_storage() as (_home, cas, catalog):
+        return _export(cas, catalog, args)
+
+
+def _export(cas: ContentStore, catalog: Catalog, args: argparse.Namespace) -> int:
     permit = take_permit(cas, catalog, args.digest, args.run_id, args.purpose)
     with TrainingReader(cas, catalog, permit) as reader:
         return print_json(export_snapshot(reader, args.format, Path(args.out)))
@@ -124,7 +148,7 @@ DEFAULT_SPECIALS = {"eos": "<|endoftext|>", "pad": "<|pad|>", "bos": None}
 
 def cmd_tokenizer_train(args: argparse.Namespace) -> int:
     """Train on the partition's train split, pin the file, print how to use it."""
-    with open_workspace() as ws:
+    with open_workspace() as ws, cas_lock(ws.home, exclusive=False, on_wait=note):
         declared = ws.config.policies.tokenizer
         specials = {}
         for name, default in DEFAULT_SPECIALS.items():

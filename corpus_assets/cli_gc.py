@@ -3,10 +3,9 @@ open build references (``core.release.gc`` says what is live and why the lock is
 
 import argparse
 import json
-import sys
 from typing import Any
 
-from corpus_assets.cli_catalog import CliError
+from corpus_assets.cli_catalog import CliError, note
 from corpus_assets.core.release.gc import GcError, cas_lock, collect, plan
 from corpus_assets.core.runtime.workspace import open_workspace
 
@@ -20,14 +19,10 @@ def add_gc_command(sub: Any) -> None:
     p.set_defaults(run=cmd_gc)
 
 
-def _note(text: str) -> None:
-    print(text, file=sys.stderr, flush=True)
-
-
 def cmd_gc(args: argparse.Namespace) -> int:
     ws = open_workspace()
     config = ws.config
-    with cas_lock(ws.home, exclusive=True, on_wait=_note):
+    with cas_lock(ws.home, exclusive=True, on_wait=note):
         try:
             planned = plan(ws.cas, ws.catalog, config.alias, config.retention.keep_generations)
         except GcError as error:

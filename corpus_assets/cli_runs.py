@@ -2,12 +2,11 @@
 process (``build_snapshot``, ``activate_snapshot``), the same jobs the UI and sensors launch."""
 
 import os
-import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from corpus_assets.cli_catalog import CliError, storage
+from corpus_assets.cli_catalog import CliError, note, storage
 from corpus_assets.core.governance import gate
 from corpus_assets.core.release.gc import cas_lock
 from corpus_assets.core.release.verify import resolve, verify
@@ -60,16 +59,12 @@ def failure(result: Any) -> str:
     return "the run failed; see the Dagster UI for its logs"
 
 
-def _note(text: str) -> None:
-    print(text, file=sys.stderr, flush=True)
-
-
 def _report_dead_runs(instance: "DagsterInstance", key: str) -> None:
     """A run of ``key`` killed without reporting is marked failed, and the build says it resumes."""
     from corpus_assets.assets.run_workers import fail_dead_runs
 
     for dead in fail_dead_runs(instance, key):
-        _note(f"partition {key}: resuming after {dead.describe()}; marked it failed")
+        note(f"partition {key}: resuming after {dead.describe()}; marked it failed")
 
 
 def build(partition: str | None) -> dict[str, Any]:
@@ -84,7 +79,7 @@ def build(partition: str | None) -> dict[str, Any]:
     instance = dagster_instance()
     taken |= set(instance.get_dynamic_partitions("snapshots"))
     key = partition or new_partition_key(taken)
-    with partition_build_lock(home, key, _note), cas_lock(home, exclusive=False, on_wait=_note):
+    with partition_build_lock(home, key, note), cas_lock(home, exclusive=False, on_wait=note):
         _report_dead_runs(instance, key)
         with open_workspace() as ws:
             before = set(ws.cas.iter_digests())

@@ -161,6 +161,34 @@ def test_a_dagster_step_holds_the_cas_lock_gc_waits_for(lab: Lab, tmp_path: Path
     assert _gc_could_start(lock)
 
 
+@pytest.mark.parametrize("command", ["benchmark-add", "tombstone-hits"])
+def test_cas_writers_outside_a_build_wait_for_gc(lab: Lab, tmp_path: Path, command: str) -> None:
+    """``benchmark add`` puts item texts in the CAS before the registry names them and
+    ``tombstone hits`` writes deletion indexes: while gc holds the lock neither may write, or gc
+    could remove an object the catalog is about to name."""
+    home = lab.standard_home(f"gc-writer-{command}")
+    items = tmp_path / "bench.jsonl"
+    items.write_text('{"id": "q1", "text": "an item text that only this benchmark has"}\n')
+    assert home.cli("tombstone", "add", "--record", "docs/none", "--reason", "test").code == 0
+    args = {
+        "benchmark-add": ("benchmark", "add", "quiz", str(items)),
+        "tombstone-hits": ("tombstone", "hits", "1"),
+    }[command]
+    lock = lock_path(home.dir / "data")
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with lock.open("a+") as gc_holds:
+        fcntl.flock(gc_holds, fcntl.LOCK_EX)
+        writer = home.start(*args)
+        time.sleep(2.0)
+        assert writer.poll() is None  # it waits for gc
+        if command == "benchmark-add":
+            listed = json.loads(home.cli("benchmark", "list").out)["benchmarks"]
+            assert listed == []  # nothing registered (or put) while gc runs
+    _out, err = writer.communicate(timeout=120)
+    assert writer.returncode == 0, err
+    assert "waiting for gc" in err
+
+
 def _gc_could_start(path: Path) -> bool:
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a+") as handle:
