@@ -6,9 +6,10 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
+from corpus_assets.assets import lifecycle
 from corpus_assets.assets.jobs import activation_run_config, approval_run_config
 from corpus_assets.core.governance import gate, states
-from corpus_assets.core.governance.history import Move, alias_moves
+from corpus_assets.core.governance.history import Move, alias_moves, count_moves
 from corpus_assets.core.governance.tombstones import add_tombstone
 from corpus_assets.core.pipeline import build_all
 from corpus_assets.core.release import publish
@@ -75,6 +76,9 @@ def test_history_shows_approvals_activation_rollback_and_a_fence_refusal(
     assert "rollback: alias demo generation 3" in [m.detail for m in moves]
     assert gate.read_gate(ws.catalog, "demo").active_snapshot == p1  # the refusal moved nothing
     assert alias_moves(ws.cas, ws.catalog, "other") == []
+    assert count_moves(ws.catalog, "demo") == len(moves)
+    assert alias_moves(ws.cas, ws.catalog, "demo", last=3) == moves[-3:]  # newest, oldest first
+    assert alias_moves(ws.cas, ws.catalog, "demo", last=len(moves) + 5) == moves
 
 
 def _history_table(instance: dg.DagsterInstance, key: str) -> list[dict[str, object]]:
@@ -88,6 +92,13 @@ def _history_table(instance: dg.DagsterInstance, key: str) -> list[dict[str, obj
     types = {c.name: c.type for c in table.schema.columns}
     assert types["generation"] == types["tombstone_watermark"] == "int"
     return [dict(record.data) for record in table.records]
+
+
+def _history_moves(instance: dg.DagsterInstance, key: str) -> int:
+    records = instance.fetch_observations(
+        dg.AssetRecordsFilter(asset_key=dg.AssetKey("manifest"), asset_partitions=[key]), limit=1
+    ).records
+    return records[0].asset_observation.metadata["alias_history_moves"].value
 
 
 def test_the_ui_shows_the_history_table_also_when_activation_is_refused(
@@ -118,3 +129,25 @@ def test_the_ui_shows_the_history_table_also_when_activation_is_refused(
         assert moved == (p2, "APPROVED", "APPROVED")
         assert last["actor"] == f"run:{refused.run_id}" and last["generation"] == 1
         assert "gate is at tombstone 1" in str(last["detail"])
+        with open_workspace() as ws:
+            total = count_moves(ws.catalog, "demo")
+        assert _history_moves(instance, "p2") == total == len(_history_table(instance, "p2"))
+
+
+def test_the_ui_table_holds_only_the_newest_moves(
+    workspace: Workspace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each state move refreshes the table: it reads the newest moves only, and says how many
+    there are in all."""
+    ws = workspace
+    p1, p2 = _validated(ws, "p1"), _validated(ws, "p2")
+    publish.approve(ws, p1, by="alice")
+    publish.approve(ws, p2, by="bob")
+    monkeypatch.setattr(lifecycle, "UI_HISTORY_ROWS", 2)
+    shown = lifecycle.alias_history_metadata(ws, "demo")
+    newest = alias_moves(ws.cas, ws.catalog, "demo")[-2:]
+    rows = [dict(r.data) for r in shown["alias_history"].records]
+    assert [(r["snapshot_id"], r["to_state"]) for r in rows] == [
+        (m.snapshot_id, m.to_state) for m in newest
+    ]
+    assert shown["alias_history_moves"].value == count_moves(ws.catalog, "demo") > 2

@@ -3,7 +3,9 @@
 The manifest's materialization is written while the snapshot is still BUILDING; each later move
 (validated by the check, approved, activated, superseded) records an ``AssetObservation`` on the
 same partition, so the partition's page shows where the snapshot stands now and how it got there,
-and (``alias_history``) the whole alias's audit table, the one ``corpus-assets history`` prints.
+and (``alias_history``) the alias's audit table, the one ``corpus-assets history`` prints: its
+newest ``UI_HISTORY_ROWS`` moves, so each refresh reads a bounded number of events and manifests
+however long the alias has lived (``alias_history_moves`` says how many there are in all).
 """
 
 import time
@@ -11,8 +13,10 @@ import time
 import dagster as dg
 
 from corpus_assets.core.governance import gate, states
-from corpus_assets.core.governance.history import Move, alias_moves
+from corpus_assets.core.governance.history import Move, alias_moves, count_moves
 from corpus_assets.core.runtime.workspace import Workspace
+
+UI_HISTORY_ROWS = 100
 
 
 def _when(at: float) -> str:
@@ -81,8 +85,20 @@ def history_table(moves: list[Move]) -> dg.TableMetadataValue:
     return dg.MetadataValue.table(records=records, schema=schema)
 
 
-def state_observation(ws: Workspace, snapshot_id: str) -> dg.AssetObservation:
-    """What the UI shows on the snapshot's partition of ``manifest`` after a state move."""
+def alias_history_metadata(ws: Workspace, alias: str) -> dict[str, dg.MetadataValue]:
+    """The alias's newest moves as a table, and how many it has in all."""
+    moves = alias_moves(ws.cas, ws.catalog, alias, last=UI_HISTORY_ROWS)
+    return {
+        "alias_history": history_table(moves),
+        "alias_history_moves": dg.MetadataValue.int(count_moves(ws.catalog, alias)),
+    }
+
+
+def state_observation(
+    ws: Workspace, snapshot_id: str, history: dict[str, dg.MetadataValue] | None = None
+) -> dg.AssetObservation:
+    """What the UI shows on the snapshot's partition of ``manifest`` after a state move;
+    ``history``: the alias's history metadata when the caller already has it."""
     snapshot = states.get(ws.catalog, snapshot_id)
     alias = gate.read_gate(ws.catalog, snapshot.alias)
     events = states.history(ws.catalog, snapshot_id)
@@ -97,11 +113,19 @@ def state_observation(ws: Workspace, snapshot_id: str) -> dg.AssetObservation:
             "snapshotId": dg.MetadataValue.text(snapshot_id),
             "approved_by": dg.MetadataValue.text(snapshot.approved_by or ""),
             "lifecycle": dg.MetadataValue.md(summary_markdown(snapshot, alias, events)),
-            "alias_history": history_table(alias_moves(ws.cas, ws.catalog, snapshot.alias)),
+            **(history or alias_history_metadata(ws, snapshot.alias)),
         },
     )
 
 
 def moved_observations(ws: Workspace, snapshot_ids: list[str]) -> list[dg.AssetObservation]:
-    """Observations for every snapshot an action moved (activation also supersedes others)."""
-    return [state_observation(ws, sid) for sid in dict.fromkeys(snapshot_ids)]
+    """Observations for every snapshot an action moved (activation also supersedes others); the
+    alias history table is read once per alias, not once per snapshot."""
+    tables: dict[str, dict[str, dg.MetadataValue]] = {}
+    found = []
+    for sid in dict.fromkeys(snapshot_ids):
+        alias = states.get(ws.catalog, sid).alias
+        if alias not in tables:
+            tables[alias] = alias_history_metadata(ws, alias)
+        found.append(state_observation(ws, sid, tables[alias]))
+    return found

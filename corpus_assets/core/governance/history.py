@@ -17,7 +17,7 @@ import bisect
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 
 from corpus_assets.core.storage.artifacts import get_json
 from corpus_assets.core.storage.cas import CasError, ContentStore
@@ -43,16 +43,21 @@ class Move:
         return asdict(self)
 
 
-def alias_moves(cas: ContentStore, catalog: Catalog, alias: str) -> list[Move]:
+def alias_moves(
+    cas: ContentStore, catalog: Catalog, alias: str, last: int | None = None
+) -> list[Move]:
     """Every move of ``alias``'s snapshots, oldest first (ties in catalog order); empty for an
-    alias with no snapshot yet."""
+    alias with no snapshot yet. ``last``: only the newest ``last`` moves, so a view refreshed
+    on every state move reads a bounded number of events and manifests, however old the alias."""
+    newest_first = (
+        select(snapshot_events, snapshots.c.partition_key, snapshots.c.manifest_digest)
+        .join(snapshots, snapshots.c.snapshot_id == snapshot_events.c.snapshot_id)
+        .where(snapshots.c.alias == alias)
+        .order_by(snapshot_events.c.at.desc(), snapshot_events.c.id.desc())
+        .limit(last)
+    )
     with catalog.begin() as conn:
-        events = conn.execute(
-            select(snapshot_events, snapshots.c.partition_key, snapshots.c.manifest_digest)
-            .join(snapshots, snapshots.c.snapshot_id == snapshot_events.c.snapshot_id)
-            .where(snapshots.c.alias == alias)
-            .order_by(snapshot_events.c.at, snapshot_events.c.id)
-        ).all()
+        events = conn.execute(newest_first).all()[::-1]
         generations = conn.execute(
             select(alias_history.c.at, alias_history.c.generation)
             .where(alias_history.c.alias == alias)
@@ -80,6 +85,17 @@ def alias_moves(cas: ContentStore, catalog: Catalog, alias: str) -> list[Move]:
             )
         )
     return moves
+
+
+def count_moves(catalog: Catalog, alias: str) -> int:
+    """How many moves ``alias_moves`` would list without ``last``."""
+    with catalog.begin() as conn:
+        return conn.scalar(
+            select(func.count())
+            .select_from(snapshot_events)
+            .join(snapshots, snapshots.c.snapshot_id == snapshot_events.c.snapshot_id)
+            .where(snapshots.c.alias == alias)
+        )
 
 
 def _manifest_fences(cas: ContentStore, digest: str) -> tuple[int | None, int | None]:
