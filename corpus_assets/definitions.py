@@ -5,6 +5,7 @@ import warnings
 import dagster as dg
 
 from corpus_assets.assets.checks import LAYER_CHECKS, snapshot_validates
+from corpus_assets.assets.deletion_audit import tombstone_audit, tombstone_hits_job
 from corpus_assets.assets.jobs import activate_snapshot, approve_snapshot, build_snapshot
 from corpus_assets.assets.layers import LAYER_ASSETS
 from corpus_assets.assets.resources import CorpusResource
@@ -23,8 +24,8 @@ warnings.filterwarnings(
 defs = dg.Definitions(
     assets=LAYER_ASSETS,
     asset_checks=[*LAYER_CHECKS, snapshot_validates],
-    jobs=[build_snapshot, approve_snapshot, activate_snapshot],
-    sensors=[source_discovery, publication],
+    jobs=[build_snapshot, approve_snapshot, activate_snapshot, tombstone_hits_job],
+    sensors=[source_discovery, publication, tombstone_audit],
     schedules=[incremental_build],
     resources={"corpus": CorpusResource()},
     # runs launched from the UI's Materialize button use this; jobs name it too (jobs.py)

@@ -10,6 +10,7 @@ import dagster as dg
 import pytest
 
 from corpus_assets.assets.checks import LAYER_CHECKS, snapshot_validates
+from corpus_assets.assets.deletion_audit import tombstone_audit
 from corpus_assets.assets.jobs import approval_run_config, approver_identity
 from corpus_assets.assets.layers import LAYER_ASSETS
 from corpus_assets.assets.resources import CorpusResource
@@ -164,7 +165,7 @@ def test_sensors_and_the_schedule_wait_for_a_config_on_a_fresh_data_home(
     monkeypatch.delenv("CORPUS_CONFIG", raising=False)
     resources = {"corpus": CorpusResource()}
     with dg.instance_for_test() as instance:
-        for sensor in (source_discovery, publication):
+        for sensor in (source_discovery, publication, tombstone_audit):
             result = sensor(dg.build_sensor_context(instance=instance, resources=resources))
             assert not result.run_requests
             assert "no corpus config at" in str(result.skip_reason)
