@@ -65,3 +65,5 @@ def test_each_new_tombstone_is_traced_in_the_ui_as_the_cli_answers_it(
         assert {m["tombstone"].value for m in pages} == {1, 2}
         page = next(m["tombstone_hits"].value for m in pages if m["tombstone"].value == 1)
         assert "`essays/e0001`" in page and "audit-1" in page
+        newest = _observations(instance, key)[0]  # still says where the snapshot stands
+        assert (newest["state"].text, newest["snapshotId"].text) == ("ACTIVE", sid)

@@ -1,5 +1,6 @@
 """The Dagster UI, end to end, in a real browser: sensor-built snapshot, approved from the
-launchpad, activated by the publication sensor, then seen in the lineage, a partition and a plot.
+launchpad, activated by the publication sensor, then seen in the lineage, a partition and a plot;
+a tombstone added on the command line is traced by its sensor onto the snapshot's partition.
 
 Real parts only: ``dagster-webserver`` and ``dagster-daemon`` on a loopback port with throwaway
 homes, Debian ``chromium`` driven by Playwright. Screenshots land in ``$CORPUS_UI_ARTIFACTS``
@@ -8,6 +9,7 @@ homes, Debian ``chromium`` driven by Playwright. Screenshots land in ``$CORPUS_U
 
 import os
 import re
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +21,8 @@ from corpus_assets.core.runtime.layers import LAYERS
 from corpus_assets.core.runtime.liveness import Worker
 from corpus_assets.demo import write_demo
 from corpus_assets_tests.ui_servers import (
+    BIN,
+    REPO,
     Servers,
     corpus_status,
     dagster_servers,
@@ -237,6 +241,35 @@ def records_plot(page: Page, servers: Servers, artifacts: Path) -> None:
     print(f"screenshot {artifacts / '6-records-plot.png'}")
 
 
+def tombstone_on_the_page(
+    page: Page, servers: Servers, artifacts: Path, snapshot: dict[str, Any]
+) -> None:
+    """``tombstone add`` on the CLI; the ``tombstone_audit`` sensor traces it, and the partition
+    page shows what it hit while still saying where the snapshot stands."""
+    add = [str(BIN / "corpus-assets"), "tombstone", "add", "--record", "essays/e0001"]
+    added = subprocess.run(
+        [*add, "--reason", "erasure request"],
+        env=servers.env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert added.returncode == 0, added.stderr
+    run = wait_for(
+        "the tombstone_audit sensor's run", lambda: finished_run(servers.gql, "tombstone_hits"), 180
+    )
+    assert run["tags"]["dagster/sensor_name"] == "tombstone_audit"
+    assert run["tags"]["corpus/tombstone"] == "1"
+    page.goto(
+        f"http://127.0.0.1:{servers.port}/assets/manifest?view=partitions"
+        f"&partition={snapshot['partition']}"
+    )
+    expect(metadata_row(page, "tombstone_hits")).to_contain_text("essays/e0001")
+    expect(metadata_row(page, "state")).to_contain_text("ACTIVE")
+    shoot(page, artifacts, "7-tombstone-hits")
+
+
 def test_sensor_build_ui_approval_publication_and_pages(
     servers: Servers, page: Page, artifacts: Path
 ) -> None:
@@ -262,3 +295,4 @@ def test_sensor_build_ui_approval_publication_and_pages(
     lineage_graph(page, servers, artifacts)
     partition_page(page, servers, artifacts, {**snapshot, "approvedBy": approved_by})
     records_plot(page, servers, artifacts)
+    tombstone_on_the_page(page, servers, artifacts, snapshot)

@@ -3,8 +3,9 @@
 ``corpus-assets tombstone hits SEQ`` answers on the command line; the ``tombstone_hits`` job
 answers the same question (``core.governance.lineage.tombstone_hits``, one function for both)
 in the UI. Its op's output carries the whole answer as a table, and each snapshot the tombstone
-reaches gets an observation on its ``manifest`` partition, so an auditor reading a snapshot's
-page sees the revocations that hit it. The ``tombstone_audit`` sensor launches the job for each
+reaches gets an observation on its ``manifest`` partition (with the lifecycle fields, since the
+newest observation is where a snapshot stands), so an auditor reading a snapshot's page sees
+the revocations that hit it. The ``tombstone_audit`` sensor launches the job for each
 new tombstone, so nobody has to remember to.
 """
 
@@ -13,6 +14,7 @@ from typing import Any
 import dagster as dg
 from sqlalchemy import select
 
+from corpus_assets.assets.lifecycle import state_observation
 from corpus_assets.assets.resources import CorpusResource
 from corpus_assets.core.governance.lineage import tombstone_hits
 from corpus_assets.core.release.gc import cas_lock
@@ -76,15 +78,18 @@ def trace_tombstone(
 ) -> dg.Output[None]:
     with corpus.workspace() as ws, cas_lock(ws.home, exclusive=False):  # may build an index
         answer = tombstone_hits(ws.cas, ws.catalog, config.seq)
-    for hit in answer["snapshots"]:
+        pages = [state_observation(ws, hit["snapshotId"]) for hit in answer["snapshots"]]
+    for hit, page in zip(answer["snapshots"], pages, strict=True):
+        shown = {
+            "tombstone_hits": dg.MetadataValue.md(hit_markdown(answer, hit)),
+            "tombstone": dg.MetadataValue.int(config.seq),
+        }
+        # the newest observation is where the snapshot stands: it keeps the state fields
         context.log_event(
             dg.AssetObservation(
                 asset_key="manifest",
-                partition=hit["partition"],
-                metadata={
-                    "tombstone_hits": dg.MetadataValue.md(hit_markdown(answer, hit)),
-                    "tombstone": dg.MetadataValue.int(config.seq),
-                },
+                partition=page.partition,
+                metadata={**page.metadata, **shown},
             )
         )
     reached = len(answer["snapshots"])
