@@ -101,7 +101,8 @@ class SortedTable:
         )
 
     def _read(self, groups: list[int], columns: Sequence[str], keep: Any) -> pa.Table:
-        names = list(dict.fromkeys([self.key, *columns]))
+        present = set(self.file.schema_arrow.names)  # an older table may lack a column
+        names = [n for n in dict.fromkeys([self.key, *columns]) if n in present]
         parts = []
         for group in groups:
             table = self.file.read_row_group(group, columns=names)
