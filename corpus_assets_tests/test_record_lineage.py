@@ -238,6 +238,34 @@ def test_a_removed_duplicate_shows_its_verdict_evidence_and_the_record_that_carr
     assert run["read_content_via"] == (row["representative_id"] if reference else None)
 
 
+def test_the_dedup_evidence_is_the_clusters_and_splits_tables(ws: Workspace, built: Built) -> None:
+    """The verdict's cluster (same representative) and leakage group (with splits), for
+    removed duplicates and for a kept record of a dialog thread (a group of several)."""
+    layers = Layers(ws, built.sid)
+    threads = pc.value_counts(layers.members.column("group_id")).to_pylist()
+    thread = next(
+        t["values"] for t in threads if t["values"].startswith("dialogs/") and t["counts"] > 1
+    )
+    (turn, *_) = layers.rows(layers.members, "group_id", thread)
+    split_of = {r["record_id"]: r["split"] for r in layers.splits.to_pylist()}
+    for rid in ("essays/e0004", "essays/e0020", "dialogs/copied", turn["record_id"]):
+        dedup = record_lineage(ws.cas, ws.catalog, layers.snapshot, rid)["dedup"]
+        (row,) = layers.rows(layers.clusters, "record_id", rid)
+        assert dedup["record"] == row
+        cluster = layers.rows(layers.clusters, "representative_id", row["representative_id"])
+        assert [r["record_id"] for r in dedup["cluster"]] == [r["record_id"] for r in cluster]
+        group = layers.rows(layers.clusters, "leakage_id", row["leakage_id"])
+        assert dedup["leakage_group"]["records"] == [
+            {
+                "record_id": r["record_id"],
+                "verdict": r["verdict"],
+                "split": split_of.get(r["record_id"]),
+            }
+            for r in group
+        ]
+    assert len(group) > len(cluster) == 1  # the thread's group is wider than the record's cluster
+
+
 def test_a_quarantined_row_is_found_by_location_or_by_its_id(ws: Workspace, built: Built) -> None:
     layers = Layers(ws, built.sid)
     excluded = {(r["name"], r["line"]): r for r in layers.canonical.excluded_rows()}
