@@ -18,7 +18,6 @@ from corpus_assets.cli_catalog import (
     cmd_dedup,
     cmd_diff,
     cmd_export,
-    cmd_lineage,
     cmd_prov,
     cmd_read,
     cmd_show,
@@ -29,6 +28,7 @@ from corpus_assets.cli_catalog import (
 )
 from corpus_assets.cli_gc import add_gc_command
 from corpus_assets.cli_history import add_history_command
+from corpus_assets.cli_lineage import add_lineage_command
 from corpus_assets.cli_partitions import cmd_partition_delete, cmd_partition_list
 from corpus_assets.cli_runs import activate_via_job, build, dagster_instance
 from corpus_assets.cli_selftest import add_selftest_command
@@ -173,9 +173,7 @@ def _inspection_commands(sub: Subcommands) -> None:
     p.add_argument("digest")
     p = _command(sub, "prov", cmd_prov, "W3C PROV-JSON of how a snapshot was produced")
     p.add_argument("digest")
-    p = _command(sub, "lineage", cmd_lineage, "sources -> layers -> manifest -> aliases -> runs")
-    p.add_argument("digest")
-    p.add_argument("--format", choices=("text", "mermaid", "json", "prov"), default="text")
+    add_lineage_command(sub)  # the graph, --record, --shard/--block
     p = _command(
         sub,
         "dedup",

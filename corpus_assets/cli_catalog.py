@@ -13,7 +13,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from corpus_assets.core.dedup.layer import explain
+from corpus_assets.core.dedup.explain import explain
 from corpus_assets.core.governance import tombstones
 from corpus_assets.core.governance.lineage import tombstone_hits
 from corpus_assets.core.release.export_run import export_snapshot

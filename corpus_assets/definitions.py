@@ -8,6 +8,7 @@ from corpus_assets.assets.checks import LAYER_CHECKS, snapshot_validates
 from corpus_assets.assets.deletion_audit import tombstone_audit, tombstone_hits_job
 from corpus_assets.assets.jobs import activate_snapshot, approve_snapshot, build_snapshot
 from corpus_assets.assets.layers import LAYER_ASSETS
+from corpus_assets.assets.lineage_jobs import record_lineage
 from corpus_assets.assets.resources import CorpusResource
 from corpus_assets.assets.schedules import incremental_build
 from corpus_assets.assets.sensors import publication, source_discovery
@@ -24,7 +25,13 @@ warnings.filterwarnings(
 defs = dg.Definitions(
     assets=LAYER_ASSETS,
     asset_checks=[*LAYER_CHECKS, snapshot_validates],
-    jobs=[build_snapshot, approve_snapshot, activate_snapshot, tombstone_hits_job],
+    jobs=[
+        build_snapshot,
+        approve_snapshot,
+        activate_snapshot,
+        tombstone_hits_job,
+        record_lineage,
+    ],
     sensors=[source_discovery, publication, tombstone_audit],
     schedules=[incremental_build],
     resources={"corpus": CorpusResource()},

@@ -14,7 +14,6 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from corpus_assets.core.dedup.clusters import (
     CLUSTER_COLUMNS,
@@ -44,10 +43,9 @@ from corpus_assets.core.governance.lineage import tombstone_matches
 from corpus_assets.core.ingest.freeze import freeze
 from corpus_assets.core.records.index import CanonicalIndex, ChunkRecords
 from corpus_assets.core.runtime.code_identity import stage_code
-from corpus_assets.core.runtime.layers import LayerResult, load_index, publish_index
+from corpus_assets.core.runtime.layers import LayerResult, publish_index
 from corpus_assets.core.runtime.workspace import Workspace
-from corpus_assets.core.storage.artifacts import NPY, Ref, get_table, make_ref, put_json, put_table
-from corpus_assets.core.storage.cas import ContentStore
+from corpus_assets.core.storage.artifacts import NPY, make_ref, put_json, put_table
 from corpus_assets.core.storage.memory import release_memory
 from corpus_assets.core.storage.parquet_sink import put_table_batches
 
@@ -172,40 +170,3 @@ def _per_source(decided: Decided) -> dict[str, dict[str, int]]:
         if counts[code].sum()
     }
     return dict(sorted(out.items()))
-
-
-def explain(cas: ContentStore, manifest: dict[str, Any], record_id: str) -> dict[str, Any]:
-    """Why a record of a snapshot was kept or removed: its row, every record standing behind
-    the same representative, and its leakage group with each kept member's split."""
-    layers = manifest["layers"]
-    table = _output_table(
-        cas, layers["dedup_clusters"], "dedup_clusters", "clusters", "dedup clusters"
-    )
-    mine = table.filter(pc.equal(table.column("record_id"), record_id)).to_pylist()
-    if not mine:
-        raise KeyError(f"record {record_id!r} is not in snapshot {manifest['snapshotId']}")
-    row = mine[0]
-    splits = _output_table(cas, layers["splits"], "splits", "splits", "splits table")
-    split_of = dict(
-        zip(splits.column("record_id").to_pylist(), splits.column("split").to_pylist(), strict=True)
-    )
-    cluster_rows = table.filter(
-        pc.equal(table.column("representative_id"), row["representative_id"])
-    )
-    group = table.filter(pc.equal(table.column("leakage_id"), row["leakage_id"]))
-    columns = ["record_id", "source_id", "verdict", "match_id", "match_jaccard"]
-    return {
-        "record": row,
-        "cluster": cluster_rows.select(columns).to_pylist() if row["representative_id"] else [],
-        "leakage_group": {
-            "id": row["leakage_id"],
-            "records": [
-                {**r, "split": split_of.get(r["record_id"])}
-                for r in group.select(["record_id", "verdict"]).to_pylist()
-            ],
-        },
-    }
-
-
-def _output_table(cas: ContentStore, index_ref: Ref, layer: str, name: str, what: str) -> pa.Table:
-    return get_table(cas, load_index(cas, index_ref, layer).output(name), what)

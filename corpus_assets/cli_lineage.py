@@ -1,0 +1,89 @@
+"""``corpus-assets lineage``: the snapshot's lineage graph, one record's lineage (``--record``),
+or the records in a packed shard, block or token range (``--shard`` / ``--block``)."""
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from corpus_assets.cli_catalog import CliError, cmd_lineage, note, print_json
+from corpus_assets.core.release.gc import cas_lock
+from corpus_assets.core.release.record_lineage import RecordNotFound, record_lineage
+from corpus_assets.core.release.record_lineage_render import (
+    record_sections,
+    record_title,
+    span_sections,
+    span_title,
+    text,
+)
+from corpus_assets.core.release.record_origin import OriginError
+from corpus_assets.core.release.span_records import SpanQuery, SpanQueryError, span_records
+from corpus_assets.core.release.verify import resolve
+from corpus_assets.core.runtime.config import config_path
+from corpus_assets.core.runtime.workspace import open_home, open_workspace
+
+GRAPH_FORMATS = ("text", "mermaid", "json", "prov")
+QUERY_FORMATS = ("text", "json")
+
+
+def add_lineage_command(sub: Any) -> None:
+    """``lineage DIGEST [--record ID | --shard S --block N --start T --end T] [--format F]``."""
+    about = "sources -> layers -> manifest -> aliases -> runs; or one record's lineage; or spans"
+    p = sub.add_parser("lineage", help=about, description=about)
+    p.add_argument("digest", help="snapshotId or manifest digest")
+    p.add_argument("--format", choices=GRAPH_FORMATS, default="text")
+    one = p.add_argument_group("one record (text or json)")
+    one.add_argument(
+        "--record",
+        metavar="RECORD_ID",
+        help="origin, canonical stages, dedup verdict, split, samples, packed spans and runs "
+        "of this record; an excluded row may also be named SOURCE/OBJECT_NAME#L<line>",
+    )
+    spans = p.add_argument_group("the reverse: packed spans -> records (text or json)")
+    spans.add_argument("--shard", help="a shard by CAS digest or by position (0, 1, ...)")
+    spans.add_argument("--block", type=int, help="a block number (numbered across the pack)")
+    spans.add_argument("--start", type=int, help="first token of the range in the block")
+    spans.add_argument("--end", type=int, help="token after the range in the block")
+    p.set_defaults(run=cmd_lineage_query)
+
+
+def cmd_lineage_query(args: argparse.Namespace) -> int:
+    spans = any(getattr(args, k) is not None for k in ("shard", "block", "start", "end"))
+    if args.record is None and not spans:
+        return int(cmd_lineage(args))
+    if args.record is not None and spans:
+        raise CliError("give --record, or --shard/--block, not both")
+    if args.format not in QUERY_FORMATS:
+        raise CliError(
+            f"--format {args.format} draws the graph; a record or span query is text|json"
+        )
+    home, cas, catalog, config = _opened()
+    # the CAS lock, shared: a lookup may write the snapshot's deletion index (``release.gc``)
+    with cas_lock(home, exclusive=False, on_wait=note):
+        return _answer(args, cas, catalog, config)
+
+
+def _answer(args: argparse.Namespace, cas: Any, catalog: Any, config: Any) -> int:
+    snapshot = resolve(catalog, args.digest)
+    try:
+        if args.record is not None:
+            answer = record_lineage(cas, catalog, snapshot, args.record, config)
+            title, sections = record_title(answer), record_sections(answer)
+        else:
+            query = SpanQuery(args.shard, args.block, args.start, args.end)
+            answer = span_records(cas, catalog, snapshot, query)
+            title, sections = span_title(answer), span_sections(answer)
+    except (RecordNotFound, SpanQueryError, OriginError) as error:
+        raise CliError(str(error.args[0] if error.args else error)) from None
+    if args.format == "json":
+        return print_json(answer)
+    print(text(title, sections), end="")
+    return 0
+
+
+def _opened() -> tuple[Path, Any, Any, Any]:
+    """(home, CAS, catalog, config or None): with a config the record's raw line is replayed."""
+    if config_path().is_file():
+        ws = open_workspace()
+        return ws.home, ws.cas, ws.catalog, ws.config
+    home, cas, catalog = open_home()
+    return home, cas, catalog, None

@@ -1,0 +1,73 @@
+"""Why dedup kept or removed one record of a snapshot (``corpus-assets dedup``, record lineage).
+
+A query, not part of the layer: it lives outside ``dedup/layer.py`` so that changing how an
+answer is read never changes the code identity of the layer that wrote the table. The clusters
+and splits tables are sorted by record id, so the record's row and its group's splits are found
+by row-group bisection; its cluster and leakage group (columns the table is not sorted by) by one
+streamed scan of the few columns they need. Nothing holds a whole table.
+"""
+
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from corpus_assets.core.runtime.layers import load_index
+from corpus_assets.core.storage.cas import ContentStore
+from corpus_assets.core.storage.duck import VerifiedFiles
+from corpus_assets.core.storage.table_lookup import scan, sorted_rows
+
+CLUSTER_COLUMNS = ["record_id", "source_id", "verdict", "match_id", "match_jaccard"]
+
+
+def explain(
+    cas: ContentStore,
+    manifest: dict[str, Any],
+    record_id: str,
+    files: VerifiedFiles | None = None,
+) -> dict[str, Any]:
+    """Why a record of a snapshot was kept or removed: its row, every record standing behind
+    the same representative, and its leakage group with each kept member's split. ``KeyError``
+    naming the record and snapshot when the dedup table has no row for it."""
+    files = files or VerifiedFiles(cas)
+    layers = manifest["layers"]
+    dedup = load_index(cas, layers["dedup_clusters"], "dedup_clusters")
+    clusters = files.path(dedup.output("clusters")["digest"], "dedup clusters")
+    mine = sorted_rows(clusters, "record_id", [record_id], dedup_columns(clusters)).to_pylist()
+    if not mine:
+        raise KeyError(f"record {record_id!r} is not in snapshot {manifest['snapshotId']}")
+    row = mine[0]
+    representative, leakage = row["representative_id"], row["leakage_id"]
+
+    def related(batch: pa.RecordBatch) -> pa.Array:
+        same_group = pc.equal(batch.column("leakage_id"), leakage)
+        if not representative:  # an excluded row stands behind no representative
+            return same_group
+        return pc.or_kleene(pc.equal(batch.column("representative_id"), representative), same_group)
+
+    wanted = [*CLUSTER_COLUMNS, "representative_id", "leakage_id"]
+    near = scan(clusters, wanted, related)
+    cluster = near.filter(pc.equal(near.column("representative_id"), representative or ""))
+    group = near.filter(pc.equal(near.column("leakage_id"), leakage))
+    splits_index = load_index(cas, layers["splits"], "splits")
+    splits = files.path(splits_index.output("splits")["digest"], "splits table")
+    ids = group.column("record_id").to_pylist()
+    found = sorted_rows(splits, "record_id", ids, ["split"]).to_pylist()
+    split_of = {r["record_id"]: r["split"] for r in found}
+    return {
+        "record": row,
+        "cluster": cluster.select(CLUSTER_COLUMNS).to_pylist() if representative else [],
+        "leakage_group": {
+            "id": leakage,
+            "records": [
+                {**r, "split": split_of.get(r["record_id"])}
+                for r in group.select(["record_id", "verdict"]).to_pylist()
+            ],
+        },
+    }
+
+
+def dedup_columns(path: str) -> list[str]:
+    """Every column of the clusters table at ``path`` (older tables have fewer)."""
+    return list(pq.read_schema(path).names)
