@@ -21,9 +21,10 @@ import boto3
 import psycopg2
 import pytest
 
-from corpus_assets.core.release.gc import cas_lock
+from corpus_assets.core.release.gc import Plan, cas_lock, plan
 from corpus_assets.core.storage.cas import ContentStore
 from corpus_assets.core.storage.cas_s3 import GC_LOG, S3ContentStore
+from corpus_assets.core.storage.catalog import Catalog
 from corpus_assets.core.storage.digests import sha256_digest
 from corpus_assets.demo import write_demo
 from corpus_assets.selftest.lab import Home, Lab, parse_built
@@ -36,7 +37,8 @@ pytestmark = pytest.mark.postgres
 HOLDER = """
 import sys
 from pathlib import Path
-from corpus_assets.core.release.gc import cas_lock
+from corpus_assets.core.release.gc import Plan, cas_lock, plan
+from corpus_assets.core.storage.catalog import Catalog
 from corpus_assets.core.storage.cas import ContentStore
 home, url, mode = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
 with cas_lock(home, ContentStore(home / "cas"), url, exclusive=mode == "gc"):
@@ -188,6 +190,17 @@ def _gc(home: Path, env: dict[str, str], *args: str) -> dict:
     return json.loads(ran.stdout)
 
 
+def _plan_heads(cache: Path, url: str, catalog_url: str) -> tuple[Plan, int]:
+    """gc's plan from a fresh cache, and how many HeadObject requests it sent."""
+    store, heads = S3ContentStore(cache, url), []
+    store._client().meta.events.register("before-call.s3.HeadObject", lambda **_: heads.append(1))
+    catalog = Catalog(catalog_url)
+    try:
+        return plan(store, catalog, "demo", None), len(heads)
+    finally:
+        catalog.dispose()
+
+
 def test_gc_on_s3_removes_only_the_garbage_and_every_node_forgets_it(
     bucket: str,  # noqa: F811
     tmp_path: Path,
@@ -205,8 +218,12 @@ def test_gc_on_s3_removes_only_the_garbage_and_every_node_forgets_it(
     sid = _field(built.stdout, "snapshotId")
 
     before = {o["digest"] for o in _gc(node_a, env, "--dry-run")["objects"]}
+    heads_before = _plan_heads(tmp_path / "lister-1", url, postgres_url)[1]
     node_b = S3ContentStore(tmp_path / "b" / "cas", url)  # another node: its cache has the junk
-    junk = {node_b.put_bytes(f"orphan {n}".encode()): f"orphan {n}".encode() for n in range(3)}
+    junk = {node_b.put_bytes(f"orphan {n}".encode()): f"orphan {n}".encode() for n in range(30)}
+    planned, heads = _plan_heads(tmp_path / "lister-2", url, postgres_url)
+    assert {d for d, _ in planned.garbage} == before | set(junk)
+    assert heads == heads_before  # sizes come from the listing: no HEAD per object
     s3 = boto3.client("s3")
     foreign = {"corpus/notes.txt", "corpus/sha256/00/00/" + "a" * 64}
     for key in foreign:
