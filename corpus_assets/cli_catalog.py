@@ -50,7 +50,7 @@ def writing_storage() -> Iterator[tuple[Path, ContentStore, Catalog]]:
     CAS lock shared, as a build does, so gc cannot remove what it wrote before the catalog (or
     its caller) names it; while gc runs, the command waits and says so."""
     home, cas, catalog = storage()
-    with cas_lock(home, exclusive=False, on_wait=note):
+    with cas_lock(home, cas, catalog.url, exclusive=False, on_wait=note):
         yield home, cas, catalog
 
 
@@ -148,7 +148,10 @@ DEFAULT_SPECIALS = {"eos": "<|endoftext|>", "pad": "<|pad|>", "bos": None}
 
 def cmd_tokenizer_train(args: argparse.Namespace) -> int:
     """Train on the partition's train split, pin the file, print how to use it."""
-    with open_workspace() as ws, cas_lock(ws.home, exclusive=False, on_wait=note):
+    with (
+        open_workspace() as ws,
+        cas_lock(ws.home, ws.cas, ws.catalog.url, exclusive=False, on_wait=note),
+    ):
         declared = ws.config.policies.tokenizer
         specials = {}
         for name, default in DEFAULT_SPECIALS.items():

@@ -22,7 +22,7 @@ def add_gc_command(sub: Any) -> None:
 def cmd_gc(args: argparse.Namespace) -> int:
     ws = open_workspace()
     config = ws.config
-    with cas_lock(ws.home, exclusive=True, on_wait=note):
+    with cas_lock(ws.home, ws.cas, ws.catalog.url, exclusive=True, on_wait=note):
         try:
             planned = plan(ws.cas, ws.catalog, config.alias, config.retention.keep_generations)
         except GcError as error:
@@ -36,6 +36,10 @@ def cmd_gc(args: argparse.Namespace) -> int:
     verb = "would remove" if args.dry_run else "removed"
     for digest, size in planned.garbage:
         print(f"{verb} {digest} {size}")
+    for key, size in planned.foreign:
+        print(f"left alone {key} {size} (not a CAS object)")
+    if planned.foreign_count > len(planned.foreign):
+        print(f"left alone {planned.foreign_count - len(planned.foreign)} more non-CAS entries")
     print(
         f"gc: {verb} {len(planned.garbage)} objects ({report['bytes']} bytes); kept "
         f"{planned.live} live objects of {len(planned.retained)} retained snapshots; "

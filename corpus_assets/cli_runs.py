@@ -79,7 +79,8 @@ def build(partition: str | None) -> dict[str, Any]:
     instance = dagster_instance()
     taken |= set(instance.get_dynamic_partitions("snapshots"))
     key = partition or new_partition_key(taken)
-    with partition_build_lock(home, key, note), cas_lock(home, exclusive=False, on_wait=note):
+    cas_held = cas_lock(home, ws.cas, ws.catalog.url, exclusive=False, on_wait=note)
+    with partition_build_lock(home, key, note), cas_held:
         _report_dead_runs(instance, key)
         with open_workspace() as ws:
             before = set(ws.cas.iter_digests())

@@ -101,7 +101,7 @@ def layer_asset(layer: str, deps: Sequence[str]) -> dg.AssetsDefinition:
     def _layer(context: dg.AssetExecutionContext, corpus: CorpusResource) -> dg.MaterializeResult:
         key = validate_partition_key(context.partition_key)
         # the CAS lock, shared: a gc waits for this step as for a CLI build (``release.gc``)
-        with corpus.workspace() as ws, cas_lock(ws.home, exclusive=False):
+        with corpus.workspace() as ws, cas_lock(ws.home, ws.cas, ws.catalog.url, exclusive=False):
             result = build(ws, key)
             extra = lineage_markdown(ws, result.digest) if layer == "manifest" else None
         context.log.info(f"{layer} {key}: {result.digest} {result.counts}")

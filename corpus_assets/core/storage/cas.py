@@ -7,6 +7,7 @@ reported with the object's name instead of flowing silently into a training set.
 import hashlib
 import io
 import os
+import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +24,7 @@ from corpus_assets.core.storage.fsio import fsync_dir, link_into_place, write_te
 from corpus_assets.core.storage.hashing import OverlappedHasher
 
 COPY_CHUNK = 1 << 20
+HEX_NAME = re.compile(r"^[0-9a-f]{64}$")  # an object's file name
 
 
 class CasError(RuntimeError):
@@ -207,6 +209,19 @@ class ContentStore:
         for _dirpath, _dirs, files in os.walk(base):
             for name in files:
                 yield PREFIX + name
+
+    def listing(self) -> Iterator[tuple[str | None, str, int]]:
+        """(digest, where, bytes) of every file under the object tree, in name order; the digest
+        is None for a file not at the place its name gives (gc reports those, never removes)."""
+        base = self.root / "sha256"
+        for dirpath, dirs, files in os.walk(base):
+            dirs.sort()
+            for name in sorted(files):
+                path = Path(dirpath, name)
+                digest = PREFIX + name if HEX_NAME.match(name) else None
+                if digest is not None and self.local_path(digest) != path:
+                    digest = None
+                yield digest, str(path), path.stat().st_size
 
 
 class _VerifyingReader(io.RawIOBase):

@@ -30,7 +30,7 @@ from corpus_assets.core.storage.cas import (
     CorruptObjectError,
     MissingObjectError,
 )
-from corpus_assets.core.storage.digests import PREFIX, hasher_digest, hex_of
+from corpus_assets.core.storage.digests import PREFIX, check_digest, hasher_digest, hex_of
 from corpus_assets.core.storage.fsio import atomic_write, link_into_place, write_temp
 
 CAS_URL_RE = re.compile(r"^s3://(?P<bucket>[a-z0-9][a-z0-9.-]{1,61}[a-z0-9])(?:/(?P<prefix>.*))?$")
@@ -39,6 +39,10 @@ MARKER = "cache-of"  # in the cache root: the store URL this directory caches
 PRECONDITION_FAILED = ("PreconditionFailed", "412")
 CONFLICT = ("ConditionalRequestConflict", "409")
 NOT_FOUND = ("NoSuchKey", "404", "NotFound")
+OBJECT_KEY = re.compile(r"^sha256/([0-9a-f]{2})/([0-9a-f]{2})/([0-9a-f]{64})$")  # under the prefix
+GC_LOG = "gc-log/"  # under the prefix: what each gc removed, one digest a line (see forget_removed)
+LOG_NAME = re.compile(r"^[0-9]{12}$")  # a gc log's name: its sequence number
+SEEN = "gc-log-seen"  # in the cache root: the last gc log this cache has applied
 
 
 def parse_cas_url(url: str) -> tuple[str, str]:
@@ -64,6 +68,7 @@ class S3ContentStore(ContentStore):
     # single PUT up to this size (S3 allows 5 GiB), multipart above; tests lower both
     multipart_bytes = 1 << 30
     part_bytes = 64 << 20
+    delete_batch = 1000  # keys per DeleteObjects call, the S3 maximum; tests lower it
 
     def __init__(self, root: Path, cas_url: str) -> None:
         super().__init__(root)
@@ -259,3 +264,86 @@ class S3ContentStore(ContentStore):
                 name = item["Key"].rsplit("/", 1)[-1]
                 if HEX_NAME.match(name):
                     yield PREFIX + name
+
+    def listing(self) -> Iterator[tuple[str | None, str, int]]:
+        """(digest, key, bytes) of every key under the store's prefix, from the listing itself
+        (no HEAD per object), in key order; the digest is None for a key that is not an object
+        at its place (gc reports those, never removes). The gc log is the store's own: skipped."""
+        pages = self._client().get_paginator("list_objects_v2")
+        for page in pages.paginate(Bucket=self.bucket, Prefix=self.prefix):
+            for item in page.get("Contents", []):
+                key, rest = item["Key"], item["Key"][len(self.prefix) :]
+                if rest.startswith(GC_LOG):
+                    continue
+                match = OBJECT_KEY.match(rest)
+                ok = match and match[3][:2] == match[1] and match[3][2:4] == match[2]
+                yield (PREFIX + match[3] if ok else None), key, int(item["Size"])
+
+    def remove(self, digests: list[str]) -> None:
+        """Delete objects (gc, under the exclusive CAS lock): each batch's cached copies first,
+        then the batch from the store, so a crash leaves no cached object the store lost."""
+        for start in range(0, len(digests), self.delete_batch):
+            batch = digests[start : start + self.delete_batch]
+            for digest in batch:
+                self.local_path(digest).unlink(missing_ok=True)
+                self._known.discard(digest)
+            keys = [{"Key": self.key(d)} for d in batch]
+            done = self._client().delete_objects(
+                Bucket=self.bucket, Delete={"Objects": keys, "Quiet": True}
+            )
+            failed = [f"{e['Key']} ({e.get('Code')})" for e in done.get("Errors", [])]
+            if failed:
+                raise CasError(f"{self.url}: could not delete {len(failed)} objects: {failed[:5]}")
+
+    def _gc_logs(self, after: str = "") -> list[str]:
+        base = self.prefix + GC_LOG
+        pages = self._client().get_paginator("list_objects_v2")
+        start = {"StartAfter": base + after} if after else {}
+        found = pages.paginate(Bucket=self.bucket, Prefix=base, **start)
+        names = (item["Key"][len(base) :] for page in found for item in page.get("Contents", []))
+        return [name for name in names if LOG_NAME.match(name)]
+
+    def record_removal(self, digests: list[str]) -> str:
+        """Before gc removes ``digests``, log them in the store as the next gc log: every node's
+        cache drops them on its next CAS lock (``forget_removed``). Returns the log's name."""
+        logs = self._gc_logs()
+        name = f"{int(logs[-1]) + 1 if logs else 1:012d}"
+        temp = write_temp(self._tmp, (d.encode() + b"\n" for d in digests))
+        try:
+            with open(temp, "rb") as body:
+                self._client().put_object(
+                    Bucket=self.bucket, Key=self.prefix + GC_LOG + name, Body=body, IfNoneMatch="*"
+                )
+        finally:
+            temp.unlink(missing_ok=True)
+        return name
+
+    def forget_removed(self) -> int:
+        """Drop from this cache every object a gc removed since the cache last looked (call
+        under the CAS lock): a cached copy would otherwise pass ``contains`` and ``path`` here,
+        and a build would name an object the store no longer has. Returns how many it dropped."""
+        seen_file = self.root / SEEN
+        seen = seen_file.read_text().strip() if seen_file.is_file() else ""
+        logs = self._gc_logs(seen)
+        objects = self.root / "sha256"
+        if logs and not seen and not (objects.is_dir() and any(objects.iterdir())):
+            logs = logs[-1:]  # an empty cache holds nothing any log names: start at the newest
+            atomic_write(seen_file, (logs[0] + "\n").encode())
+            return 0
+        dropped = 0
+        for name in logs:
+            key = self.prefix + GC_LOG + name
+            body = self._client().get_object(Bucket=self.bucket, Key=key)["Body"]
+            for line in body.iter_lines():
+                digest = line.decode().strip()
+                try:
+                    check_digest(digest)
+                except ValueError:
+                    raise CasError(f"gc log s3://{self.bucket}/{key}: bad line {line!r}") from None
+                try:
+                    self.local_path(digest).unlink()
+                    dropped += 1
+                except FileNotFoundError:
+                    pass
+            atomic_write(seen_file, (name + "\n").encode())
+        return dropped
