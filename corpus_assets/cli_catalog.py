@@ -17,7 +17,6 @@ from corpus_assets.core.dedup.explain import explain
 from corpus_assets.core.governance import tombstones
 from corpus_assets.core.governance.lineage import tombstone_hits
 from corpus_assets.core.release.export_run import export_snapshot
-from corpus_assets.core.release.gc import cas_lock
 from corpus_assets.core.release.lineage_graph import lineage_prov, snapshot_lineage
 from corpus_assets.core.release.prov import prov_document
 from corpus_assets.core.release.shadow import shadow_diff
@@ -28,6 +27,7 @@ from corpus_assets.core.runtime.layers import LayerOrderError
 from corpus_assets.core.runtime.workspace import open_home, open_workspace
 from corpus_assets.core.storage.artifacts import get_json
 from corpus_assets.core.storage.cas import ContentStore
+from corpus_assets.core.storage.cas_lock import cas_lock
 from corpus_assets.core.storage.catalog import Catalog
 from corpus_assets.core.training_view.tokenizer_fit import fit_tokenizer
 

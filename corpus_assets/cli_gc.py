@@ -6,8 +6,9 @@ import json
 from typing import Any
 
 from corpus_assets.cli_catalog import CliError, note
-from corpus_assets.core.release.gc import GcError, cas_lock, collect, plan
+from corpus_assets.core.release.gc import GcError, collect, plan
 from corpus_assets.core.runtime.workspace import open_workspace
+from corpus_assets.core.storage.cas_lock import cas_lock
 
 
 def add_gc_command(sub: Any) -> None:

@@ -6,7 +6,6 @@ from pathlib import Path
 from typing import Any
 
 from corpus_assets.cli_catalog import CliError, cmd_lineage, note, print_json
-from corpus_assets.core.release.gc import cas_lock
 from corpus_assets.core.release.record_lineage import RecordNotFound, record_lineage
 from corpus_assets.core.release.record_lineage_render import (
     record_sections,
@@ -20,6 +19,7 @@ from corpus_assets.core.release.span_records import SpanQuery, SpanQueryError, s
 from corpus_assets.core.release.verify import resolve
 from corpus_assets.core.runtime.config import config_path
 from corpus_assets.core.runtime.workspace import open_home, open_workspace
+from corpus_assets.core.storage.cas_lock import cas_lock
 
 GRAPH_FORMATS = ("text", "mermaid", "json", "prov")
 QUERY_FORMATS = ("text", "json")
@@ -58,7 +58,7 @@ def cmd_lineage_query(args: argparse.Namespace) -> int:
         )
     home, cas, catalog, config = _opened()
     # the CAS lock, shared: a lookup may write the snapshot's deletion index (``release.gc``)
-    with cas_lock(home, exclusive=False, on_wait=note):
+    with cas_lock(home, cas, catalog.url, exclusive=False, on_wait=note):
         return _answer(args, cas, catalog, config)
 
 

@@ -8,12 +8,12 @@ from typing import TYPE_CHECKING, Any
 
 from corpus_assets.cli_catalog import CliError, note, storage
 from corpus_assets.core.governance import gate
-from corpus_assets.core.release.gc import cas_lock
 from corpus_assets.core.release.verify import resolve, verify
 from corpus_assets.core.runtime.build_lock import partition_build_lock
 from corpus_assets.core.runtime.keys import check_new_partition_key, new_partition_key
 from corpus_assets.core.runtime.layers import LAYERS, load_index
 from corpus_assets.core.runtime.workspace import open_workspace
+from corpus_assets.core.storage.cas_lock import cas_lock
 from corpus_assets.core.storage.trust import StatTrust
 
 if TYPE_CHECKING:

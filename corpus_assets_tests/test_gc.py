@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 from sqlalchemy import insert
 
-from corpus_assets.core.release.gc import lock_path, retained_snapshots
+from corpus_assets.core.release.gc import retained_snapshots
 from corpus_assets.core.storage.cas import ContentStore
+from corpus_assets.core.storage.cas_lock import lock_path
 from corpus_assets.core.storage.catalog import Catalog, alias_history, gate, permits, snapshots
 from corpus_assets.selftest.lab import Lab, parse_built
 

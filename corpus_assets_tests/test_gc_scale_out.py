@@ -21,8 +21,9 @@ import boto3
 import psycopg2
 import pytest
 
-from corpus_assets.core.release.gc import Plan, cas_lock, plan
+from corpus_assets.core.release.gc import Plan, plan
 from corpus_assets.core.storage.cas import ContentStore
+from corpus_assets.core.storage.cas_lock import cas_lock
 from corpus_assets.core.storage.cas_s3 import GC_LOG, S3ContentStore
 from corpus_assets.core.storage.catalog import Catalog
 from corpus_assets.core.storage.digests import sha256_digest
@@ -37,7 +38,8 @@ pytestmark = pytest.mark.postgres
 HOLDER = """
 import sys
 from pathlib import Path
-from corpus_assets.core.release.gc import Plan, cas_lock, plan
+from corpus_assets.core.release.gc import Plan, plan
+from corpus_assets.core.storage.cas_lock import cas_lock
 from corpus_assets.core.storage.catalog import Catalog
 from corpus_assets.core.storage.cas import ContentStore
 home, url, mode = Path(sys.argv[1]), sys.argv[2], sys.argv[3]

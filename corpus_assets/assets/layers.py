@@ -16,13 +16,13 @@ from corpus_assets.core.ingest import freeze
 from corpus_assets.core.pipeline import BUILDERS
 from corpus_assets.core.records import layer as records_layer
 from corpus_assets.core.release import manifest as release_manifest
-from corpus_assets.core.release.gc import cas_lock
 from corpus_assets.core.release.lineage_graph import snapshot_lineage
 from corpus_assets.core.release.verify import resolve
 from corpus_assets.core.runtime.code_identity import stage_code
 from corpus_assets.core.runtime.keys import validate_partition_key
 from corpus_assets.core.runtime.layers import LAYERS, LayerResult
 from corpus_assets.core.runtime.workspace import Workspace
+from corpus_assets.core.storage.cas_lock import cas_lock
 from corpus_assets.core.training_view import mixing, packing
 from corpus_assets.core.training_view import splits as splits_layer
 
