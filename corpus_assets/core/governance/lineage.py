@@ -22,6 +22,8 @@ from corpus_assets.core.storage.cas import ContentStore
 from corpus_assets.core.storage.catalog import Catalog, permits, tombstones
 
 COLUMN = deletion_index.COLUMN
+CARRIED_ORDER = deletion_index.CARRIED
+SPAN_ORDER = ["record_id", "record_offset", "block", "start", "end", "shard"]  # pack order
 
 
 def revoked_targets(catalog: Catalog, watermark: int) -> dict[str, dict[str, str]]:
@@ -55,50 +57,68 @@ def tombstone_matches(catalog: Catalog, watermark: int, table: pa.Table) -> dict
 
 def hits(cas: ContentStore, catalog: Catalog, kind: str, target: str) -> list[dict[str, Any]]:
     """Per snapshot that holds the target: its state, members hit, spans hit, runs that read it.
-    Each snapshot's deletion index (built on first use) is read, not its tables."""
-    found = []
-    for snapshot in states.find(catalog):
-        index = deletion_index.for_snapshot(cas, catalog, snapshot.manifest_digest)
-        keys = [deletion_index.member_key(kind, target), deletion_index.carried_key(kind, target)]
+    Each snapshot's deletion index (built on first use) is read, not its tables: one shard
+    holds the target's members, removed duplicates and their spans; the catalog is asked once
+    for every memo row and once for every permit, not once a snapshot."""
+    found = states.find(catalog)
+    indexes = deletion_index.for_snapshots(cas, catalog, [s.manifest_digest for s in found])
+    keys = [
+        deletion_index.member_key(kind, target),
+        deletion_index.carried_key(kind, target),
+        deletion_index.reach_key(kind, target),
+    ]
+    reached = []
+    for snapshot, index in zip(found, indexes, strict=True):
         rows = index.rows(keys)
         if not rows.num_rows:
             continue
-        is_member = pc.equal(rows.column("key"), keys[0])
-        members_hit = rows.filter(is_member).column("record_id").to_pylist()
-        carried = rows.filter(pc.invert(is_member)).select(deletion_index.CARRIED).to_pylist()
-        ids = members_hit + [c["representative_id"] for c in carried]
-        span_rows = index.rows([deletion_index.span_key(i) for i in ids])
+        fact = rows.column("key")
+        members_hit = rows.filter(pc.equal(fact, keys[0])).column("record_id").to_pylist()
+        carried = rows.filter(pc.equal(fact, keys[1])).select(deletion_index.CARRIED).to_pylist()
         columns = index.directory["spanColumns"]
-        spans = sorted(
-            span_rows.select(columns).to_pylist(),
-            key=lambda r: (r["record_id"], r["record_offset"]),
-        )
-        found.append(_hit(catalog, snapshot, members_hit, carried, spans))
+        spans = rows.filter(pc.equal(fact, keys[2])).select(columns).to_pylist()
+        reached.append((snapshot, members_hit, carried, spans))
+    runs = _runs(catalog, [snapshot.snapshot_id for snapshot, *_ in reached])
+    return [_hit(*entry, runs.get(entry[0].snapshot_id, [])) for entry in reached]
+
+
+def _runs(catalog: Catalog, snapshot_ids: list[str]) -> dict[str, list[str]]:
+    """snapshot id -> the runs its permits name, for every given snapshot in a query or few."""
+    found: dict[str, list[str]] = {}
+    with catalog.begin() as conn:
+        for at in range(0, len(snapshot_ids), 500):  # under any backend's parameter limit
+            query = select(permits.c.snapshot_id, permits.c.run_id).where(
+                permits.c.snapshot_id.in_(snapshot_ids[at : at + 500])
+            )
+            for snapshot_id, run_id in conn.execute(query).all():
+                found.setdefault(snapshot_id, []).append(run_id)
     return found
 
 
 def _hit(
-    catalog: Catalog,
     snapshot: states.Snapshot,
     members: list[str],
     carried: list[dict[str, Any]],
     spans: list[dict[str, Any]],
+    runs: list[str],
 ) -> dict[str, Any]:
-    """One snapshot's entry in a tombstone's lineage, with the runs that read it."""
-    with catalog.begin() as conn:
-        runs = conn.scalars(
-            select(permits.c.run_id).where(permits.c.snapshot_id == snapshot.snapshot_id)
-        ).all()
+    """One snapshot's entry in a tombstone's lineage, with the runs that read it; rows in a
+    total order (spans in pack order: a repeated record's spans by block)."""
     return {
         "snapshotId": snapshot.snapshot_id,
         "partition": snapshot.partition_key,
         "state": snapshot.state,
         "members": sorted(members),
-        "carried_by": sorted(carried, key=lambda r: r["record_id"]),
-        "spans": spans,
+        "carried_by": sorted(carried, key=lambda r: _order(r, CARRIED_ORDER)),
+        "spans": sorted(spans, key=lambda r: _order(r, SPAN_ORDER)),
         "blocks": sorted({span["block"] for span in spans}),
         "runs": sorted(runs),
     }
+
+
+def _order(row: dict[str, Any], fields: list[str]) -> tuple[tuple[bool, Any], ...]:
+    """A sort key over ``fields`` (those present) with nulls first, never comparing None."""
+    return tuple((row[f] is not None, row[f]) for f in fields if f in row)
 
 
 def scan_hits(cas: ContentStore, catalog: Catalog, kind: str, target: str) -> list[dict[str, Any]]:
@@ -120,8 +140,9 @@ def scan_hits(cas: ContentStore, catalog: Catalog, kind: str, target: str) -> li
         )
         spans = _spans_of(cas, manifest, ids)
         members_hit = matched.column("record_id").to_pylist()
-        found.append(_hit(catalog, snapshot, members_hit, carried, spans))
-    return found
+        found.append((snapshot, members_hit, carried, spans))
+    runs = _runs(catalog, [snapshot.snapshot_id for snapshot, *_ in found])
+    return [_hit(*entry, runs.get(entry[0].snapshot_id, [])) for entry in found]
 
 
 def _spans_of(cas: ContentStore, manifest: dict[str, Any], ids: pa.Array) -> list[dict[str, Any]]:
