@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sqlalchemy import update
 
-from corpus_assets.core.governance import deletion_index, states
+from corpus_assets.core.governance import deletion_index, deletion_rows, states
 from corpus_assets.core.governance.lineage import hits, scan_hits
 from corpus_assets.core.pipeline import build_all
 from corpus_assets.core.runtime.workspace import Workspace, open_workspace
@@ -197,8 +197,17 @@ def test_the_index_bytes_depend_on_the_rows_alone(
     cas = ContentStore(tmp_path / "cas")
     manifest = "sha256:" + "1" * 64
     first = deletion_index.build_tables(cas, manifest, table, clusters, spans, SHARDS, 64)
-    monkeypatch.setattr(deletion_index, "BATCH_ROWS", 7)
+    monkeypatch.setattr(deletion_rows, "BATCH_ROWS", 7)
     shuffled = [t.take(pa.array(range(t.num_rows - 1, -1, -1))) for t in (table, clusters, spans)]
     again = deletion_index.build_tables(cas, manifest, *shuffled, SHARDS, 64)
     assert again == first
     assert deletion_index.load(cas, manifest, first).directory["rows"] > 64 * 4  # several shards
+
+
+def test_a_span_naming_an_unlisted_packed_shard_is_refused_by_name(tmp_path: Path) -> None:
+    table, clusters, spans = _inputs([("r", "o", "g", 2, None)])  # spans in shards 0 and 1
+    cas = ContentStore(tmp_path / "cas")
+    with pytest.raises(
+        deletion_index.DeletionIndexError, match=r"packed shards 0\.\.1, .* lists 1"
+    ):
+        deletion_index.build_tables(cas, "sha256:" + "2" * 64, table, clusters, spans, SHARDS[:1])

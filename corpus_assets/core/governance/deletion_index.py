@@ -1,36 +1,25 @@
 """Deletion index: per snapshot, every key a tombstone can name, sorted, in small CAS shards.
 
 Answering a tombstone by scanning every snapshot's members, dedup and spans tables reads (and
-re-hashes) hundreds of MB per snapshot. The index holds one row per (key, fact), keyed by the
-target first so that everything one tombstone needs is adjacent, usually in one shard:
-
-- ``<kind>/<target>/carried``: a removed duplicate (verdict, kept representative, match);
-- ``<kind>/<target>/member``: a member (its record id);
-- ``<kind>/<target>/spans``: every packed span of those members and representatives, so a
-  group or object whose records are scattered over the record-id order is one read, not one
-  per record;
-- ``span/<record id>``: a record's packed spans (for callers asking about one record).
-
-The rows, sorted by every column, are cut into Parquet shards of ``SHARD_ROWS`` rows. The
+re-hashes) hundreds of MB per snapshot. The index (``deletion_rows``: its keys, rows and
+out-of-core build) puts everything a target reaches - members, removed duplicates and the
+packed spans of both - under adjacent keys, in Parquet shards of ``SHARD_ROWS`` rows. The
 directory is a small Arrow IPC table (each shard's first and last key and digest; the header -
-schema, manifest, code - in its metadata), so a lookup hashes and decodes it in well under a
-millisecond, then reads only the shards whose range holds a key, each verified by its digest
-like every CAS read.
+schema, manifest, code - in its metadata), which hashes and decodes in well under a
+millisecond, so a tombstone costs a snapshot the directory and usually one shard, each
+verified by its digest like every CAS read.
 
-The build streams: DuckDB reads the verified CAS files, joins and sorts out of core under
-``MEMORY_MB`` and the sorted rows are cut into shards as they arrive. The index is a function
-of the manifest and this code: the catalog's memo table maps (manifest digest, ``CODE``) to the
-directory's digest, and the directory names both again, so a fix to the builder builds a new
-index and a memo row pointing elsewhere is refused. The snapshotId is untouched: the index is a
-side table, built when the manifest is (``release.manifest``), or on first use for a snapshot
-built before.
+The index is a function of the manifest and this code: the catalog's memo table maps (manifest
+digest, ``CODE``) to the directory's digest, and the directory names both again, so a fix to
+the builder builds a new index and a memo row pointing elsewhere is refused. The snapshotId is
+untouched: the index is a side table, built when the manifest is (``release.manifest``), or on
+first use for a snapshot built before.
 """
 
 import io
 import json
 from bisect import bisect_left, bisect_right
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -38,65 +27,48 @@ import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 from sqlalchemy import select
 
+from corpus_assets.core.governance.deletion_rows import (  # re-exported: the index's API
+    CARRIED,
+    COLUMN,
+    ROWS,
+    SPANS,
+    DeletionIndexError,
+    Relation,
+    carried_key,
+    member_key,
+    put_shards,
+    reach_key,
+    span_key,
+)
 from corpus_assets.core.runtime.code_identity import stage_code
 from corpus_assets.core.runtime.layers import load_index
 from corpus_assets.core.storage import duck
-from corpus_assets.core.storage.artifacts import get_json, put_bytes, put_table
+from corpus_assets.core.storage.artifacts import get_json, put_bytes
 from corpus_assets.core.storage.cas import ContentStore
 from corpus_assets.core.storage.catalog import Catalog, layer_memo
 from corpus_assets.core.storage.digests import json_digest
 
-if TYPE_CHECKING:
-    from duckdb import DuckDBPyConnection
-
-CODE = stage_code("governance.deletion_index", __name__)
+__all__ = [  # the keys and row format, from deletion_rows, are part of this module's API
+    "CARRIED",
+    "COLUMN",
+    "ROWS",
+    "SPANS",
+    "DeletionIndex",
+    "DeletionIndexError",
+    "build",
+    "carried_key",
+    "ensure",
+    "for_snapshot",
+    "for_snapshots",
+    "member_key",
+    "reach_key",
+    "span_key",
+]
+CODE = stage_code("governance.deletion_index", __name__)  # its closure: deletion_rows too
 SCHEMA = "corpus.deletion-index.v2"
 SHARD_ROWS = 1 << 12  # ~10-40 KB of Parquet: a lookup hashes and decodes one or two
-SEP = "\x00"  # the smallest code point: "a" + SEP sorts before "ab", as the tuples would
-COLUMN = {"record": "record_id", "object": "object", "group": "group_id"}
-DUPLICATES = ("exact_duplicate", "near_duplicate")
-CARRIED = ["record_id", "verdict", "representative_id", "match_id", "match_jaccard"]
-SPANS = ["record_id", "record_offset", "shard", "block", "start", "end"]
-ROWS = pa.schema(
-    [
-        ("key", pa.string()),
-        ("record_id", pa.string()),
-        ("verdict", pa.string()),
-        ("representative_id", pa.string()),
-        ("match_id", pa.string()),
-        ("match_jaccard", pa.float64()),
-        ("record_offset", pa.int64()),
-        ("shard", pa.string()),
-        ("block", pa.int64()),
-        ("start", pa.int64()),
-        ("end", pa.int64()),
-    ]
-)
 FANOUT = pa.schema([("first", pa.string()), ("last", pa.string()), ("digest", pa.string())])
 HEADER = b"corpus.deletion-index"  # the directory's metadata key holding its JSON header
-MEMORY_MB, THREADS = 256, 2  # DuckDB's cap for the build's join and sort; beyond it, it spills
-BATCH_ROWS = 1 << 16  # sorted rows fetched from DuckDB at a time
-
-
-class DeletionIndexError(RuntimeError):
-    """An index directory that does not describe the snapshot it was looked up for."""
-
-
-def member_key(kind: str, target: str) -> str:
-    return SEP.join((kind, target, "member"))
-
-
-def carried_key(kind: str, target: str) -> str:
-    return SEP.join((kind, target, "carried"))
-
-
-def reach_key(kind: str, target: str) -> str:
-    """The packed spans of every member and carrying representative the target names."""
-    return SEP.join((kind, target, "spans"))
-
-
-def span_key(record_id: str) -> str:
-    return SEP.join(("span", record_id))
 
 
 class DeletionIndex:
@@ -222,12 +194,11 @@ def build(cas: ContentStore, manifest_digest: str, shard_rows: int = SHARD_ROWS)
         "clusters": dedup.output("clusters")["digest"],
         "spans": packed.output("spans")["digest"],
     }
+    relations: dict[str, Relation] = {
+        name: files.path(digest, f"{name} table") for name, digest in tables.items()
+    }
     shards = [ref["digest"] for ref in packed.outputs.get("shards", [])]
-    with _connection(cas) as con:
-        for name, digest in tables.items():
-            path = duck.sql_path(files.path(digest, f"{name} table"))
-            con.execute(f"CREATE VIEW {name} AS SELECT * FROM read_parquet({path})")
-        return _write(cas, con, set(tables), manifest_digest, shards, shard_rows)
+    return _put(cas, manifest_digest, relations, shards, shard_rows)
 
 
 def build_tables(
@@ -240,41 +211,19 @@ def build_tables(
     shard_rows: int = SHARD_ROWS,
 ) -> str:
     """``build`` over tables in memory (tests and the bench): the same query and bytes."""
-    given = {"members": members, "clusters": clusters, "spans": spans}
-    present = {name for name, table in given.items() if table is not None}
-    with _connection(cas) as con:
-        for name in present:
-            con.register(name, given[name])
-        return _write(cas, con, present, manifest_digest, shards, shard_rows)
+    relations = {"members": members, "clusters": clusters, "spans": spans}
+    return _put(cas, manifest_digest, relations, shards, shard_rows)
 
 
-def _connection(cas: ContentStore) -> duck.Spilling:
-    return duck.Spilling(cas.root.parent / "tmp", f"{MEMORY_MB}MB", THREADS)
-
-
-def _write(
+def _put(
     cas: ContentStore,
-    con: "DuckDBPyConnection",
-    present: set[str],
     manifest_digest: str,
+    relations: dict[str, Relation],
     shards: list[str],
     shard_rows: int,
 ) -> str:
-    """Shard the sorted rows of the ``members`` / ``clusters`` / ``spans`` relations into the
-    CAS, then the directory; its digest."""
-    columns = {name: _columns(con, name, present) for name in ("members", "clusters", "spans")}
-    span_columns = [c for c in SPANS if c in columns["spans"]]
-    if "shard" in columns["spans"]:  # an index written before shards has none
-        con.register("packed_shards", _shard_names(con, manifest_digest, shards))
-    sql = rows_query(columns)
-    fanout: list[tuple[str, str, str]] = []
-    rows = 0
-    for part in _cut(duck.batches(con, sql, BATCH_ROWS), shard_rows):
-        keys = part.column("key")
-        if (fanout and keys[0].as_py() < fanout[-1][1]) or not _ascending(keys):
-            raise DeletionIndexError(f"deletion index of {manifest_digest}: keys out of order")
-        fanout.append((keys[0].as_py(), keys[-1].as_py(), put_table(cas, part)["digest"]))
-        rows += part.num_rows
+    """The shards, then the directory naming them; its digest."""
+    fanout, rows, span_columns = put_shards(cas, manifest_digest, relations, shards, shard_rows)
     header = {
         "schema": SCHEMA,
         "manifest": manifest_digest,
@@ -282,127 +231,9 @@ def _write(
         "spanColumns": span_columns,
         "rows": rows,
     }
-    return put_bytes(cas, _directory_bytes(header, fanout))["digest"]
-
-
-def _columns(con: "DuckDBPyConnection", name: str, present: set[str]) -> list[str]:
-    """The relation's columns; none if it was not given (a test's index of members alone)."""
-    if name not in present:
-        return []
-    return [row[0] for row in con.execute(f"DESCRIBE {name}").fetchall()]
-
-
-def _shard_names(con: "DuckDBPyConnection", manifest_digest: str, shards: list[str]) -> pa.Table:
-    """Packed shard number -> digest; a span naming a shard the index does not list is an
-    error (the lookup would report a shard that does not exist)."""
-    low, high = con.execute("SELECT min(shard), max(shard) FROM spans").fetchall()[0]
-    if low is not None and (low < 0 or high >= len(shards)):
-        raise DeletionIndexError(
-            f"deletion index of {manifest_digest}: spans name packed shards {low}..{high}, "
-            f"the packed_blocks index lists {len(shards)}"
-        )
-    return pa.table({"number": pa.array(range(len(shards)), pa.int64()), "digest": shards})
-
-
-def rows_query(columns: dict[str, list[str]]) -> str:
-    """Every index row, sorted by every column (so equal inputs give equal bytes)."""
-    sep = "chr(0)"
-    member_cols, cluster_cols, span_cols = columns["members"], columns["clusters"], columns["spans"]
-    targets = [
-        f"SELECT '{kind}' AS kind, CAST({col} AS VARCHAR) AS target, record_id FROM members "
-        f"WHERE {col} IS NOT NULL"
-        for kind, col in COLUMN.items()
-        if col in member_cols
-    ] or ["SELECT NULL AS kind, NULL AS target, NULL AS record_id WHERE false"]
-    carried = ["SELECT NULL AS kind, NULL AS target, " + _nulls(CARRIED) + " WHERE false"]
-    if "verdict" in cluster_cols:  # else: before near-dedup
-        duplicates = ", ".join(f"'{d}'" for d in DUPLICATES)
-        carried += [
-            f"SELECT '{kind}', CAST({col} AS VARCHAR), {', '.join(CARRIED)} FROM clusters "
-            f"WHERE {col} IS NOT NULL AND verdict IN ({duplicates})"
-            for kind, col in COLUMN.items()
-            if col in cluster_cols
-        ]
-    spans = "SELECT " + _nulls(SPANS) + " WHERE false"
-    if span_cols:
-        shard = "p.digest" if "shard" in span_cols else "NULL"
-        picked = [f's."{c}"' if c in span_cols else "NULL" for c in SPANS if c != "shard"]
-        spans = f"SELECT {', '.join(picked[:2])}, {shard}, {', '.join(picked[2:])} FROM spans s" + (
-            " JOIN packed_shards p ON p.number = s.shard" if "shard" in span_cols else ""
-        )
-    fields = ", ".join(f'"{f.name}"' for f in ROWS if f.name != "key")
-    return f"""
-WITH targets AS ({" UNION ALL ".join(targets)}),
-carried AS ({" UNION ALL ".join(carried)}),
-spanrows ({", ".join(f'"{c}"' for c in SPANS)}) AS ({spans}),
-reached AS (SELECT kind, target, record_id AS rid FROM targets
-            UNION SELECT kind, target, representative_id FROM carried
-            WHERE representative_id IS NOT NULL),
-everything AS (
-  SELECT kind || {sep} || target || {sep} || 'member' AS key, record_id,
-         NULL AS verdict, NULL AS representative_id, NULL AS match_id, NULL AS match_jaccard,
-         NULL AS record_offset, NULL AS shard, NULL AS block, NULL AS "start", NULL AS "end"
-  FROM targets
-  UNION ALL
-  SELECT kind || {sep} || target || {sep} || 'carried', record_id, verdict, representative_id,
-         match_id, match_jaccard, NULL, NULL, NULL, NULL, NULL
-  FROM carried
-  UNION ALL
-  SELECT r.kind || {sep} || r.target || {sep} || 'spans', s.record_id, NULL, NULL, NULL, NULL,
-         s.record_offset, s.shard, s.block, s."start", s."end"
-  FROM reached r JOIN spanrows s ON s.record_id = r.rid
-  UNION ALL
-  SELECT 'span' || {sep} || record_id, record_id, NULL, NULL, NULL, NULL,
-         record_offset, shard, block, "start", "end"
-  FROM spanrows WHERE record_id IS NOT NULL
-)
-SELECT key, {fields} FROM everything
-ORDER BY {", ".join(f'"{f.name}" ASC NULLS FIRST' for f in ROWS)}
-"""
-
-
-def _nulls(names: list[str]) -> str:
-    return ", ".join(f'NULL AS "{n}"' for n in names)
-
-
-def _cut(reader: pa.RecordBatchReader, rows: int) -> Iterator[pa.Table]:
-    """The stream as contiguous tables of exactly ``rows`` rows (the last may be shorter) in
-    ``ROWS``'s types, however DuckDB chunked it: the shard bytes depend on the rows alone."""
-    held: list[pa.RecordBatch] = []
-    count = 0
-    for batch in reader:
-        while batch.num_rows:
-            take = min(rows - count, batch.num_rows)
-            held.append(batch.slice(0, take))
-            batch, count = batch.slice(take), count + take
-            if count == rows:
-                yield _typed(held)
-                held, count = [], 0
-    if count:
-        yield _typed(held)
-
-
-def _typed(batches: list[pa.RecordBatch]) -> pa.Table:
-    table = pa.Table.from_batches(batches).combine_chunks()
-    return pa.Table.from_arrays(
-        [table.column(f.name).cast(f.type) for f in ROWS], schema=ROWS
-    ).combine_chunks()
-
-
-def _ascending(keys: pa.ChunkedArray) -> bool:
-    """True if ``keys`` never decrease (the order bisecting the directory relies on)."""
-    if len(keys) < 2:
-        return True
-    return not pc.any(pc.less(keys[1:], keys[:-1])).as_py()
-
-
-def _directory_bytes(header: dict[str, Any], fanout: list[tuple[str, str, str]]) -> bytes:
-    """The directory as an Arrow IPC file: (first, last, digest) per shard, the header in the
-    schema's metadata (Arrow IPC bytes are a function of the table, like pinned Parquet)."""
-    columns = [pa.array([row[i] for row in fanout], pa.string()) for i in range(3)]
+    columns = [pa.array([shard[i] for shard in fanout], pa.string()) for i in range(3)]
     schema = FANOUT.with_metadata({HEADER: json.dumps(header, sort_keys=True)})
-    table = pa.Table.from_arrays(columns, schema=schema)
-    sink = io.BytesIO()
+    sink = io.BytesIO()  # Arrow IPC bytes are a function of the table, like pinned Parquet
     with ipc.new_file(sink, schema) as writer:
-        writer.write_table(table)
-    return sink.getvalue()
+        writer.write_table(pa.Table.from_arrays(columns, schema=schema))
+    return put_bytes(cas, sink.getvalue())["digest"]

@@ -73,10 +73,9 @@ def hits(cas: ContentStore, catalog: Catalog, kind: str, target: str) -> list[di
         if not rows.num_rows:
             continue
         fact = rows.column("key")
-        members_hit = rows.filter(pc.equal(fact, keys[0])).column("record_id").to_pylist()
-        carried = rows.filter(pc.equal(fact, keys[1])).select(deletion_index.CARRIED).to_pylist()
-        columns = index.directory["spanColumns"]
-        spans = rows.filter(pc.equal(fact, keys[2])).select(columns).to_pylist()
+        members_hit = rows.filter(pc.equal(fact, keys[0])).column("record_id")
+        carried = rows.filter(pc.equal(fact, keys[1])).select(deletion_index.CARRIED)
+        spans = rows.filter(pc.equal(fact, keys[2])).select(index.directory["spanColumns"])
         reached.append((snapshot, members_hit, carried, spans))
     runs = _runs(catalog, [snapshot.snapshot_id for snapshot, *_ in reached])
     return [_hit(*entry, runs.get(entry[0].snapshot_id, [])) for entry in reached]
@@ -97,28 +96,30 @@ def _runs(catalog: Catalog, snapshot_ids: list[str]) -> dict[str, list[str]]:
 
 def _hit(
     snapshot: states.Snapshot,
-    members: list[str],
-    carried: list[dict[str, Any]],
-    spans: list[dict[str, Any]],
+    members: pa.ChunkedArray,
+    carried: pa.Table,
+    spans: pa.Table,
     runs: list[str],
 ) -> dict[str, Any]:
     """One snapshot's entry in a tombstone's lineage, with the runs that read it; rows in a
-    total order (spans in pack order: a repeated record's spans by block)."""
+    total order, sorted by Arrow (spans in pack order: a repeated record's spans by block)."""
+    spans = _sorted(spans, SPAN_ORDER)
     return {
         "snapshotId": snapshot.snapshot_id,
         "partition": snapshot.partition_key,
         "state": snapshot.state,
-        "members": sorted(members),
-        "carried_by": sorted(carried, key=lambda r: _order(r, CARRIED_ORDER)),
-        "spans": sorted(spans, key=lambda r: _order(r, SPAN_ORDER)),
-        "blocks": sorted({span["block"] for span in spans}),
+        "members": pc.take(members, pc.sort_indices(members)).to_pylist(),
+        "carried_by": _sorted(carried, CARRIED_ORDER).to_pylist(),
+        "spans": spans.to_pylist(),
+        "blocks": pc.unique(spans.column("block")).sort().to_pylist(),
         "runs": sorted(runs),
     }
 
 
-def _order(row: dict[str, Any], fields: list[str]) -> tuple[tuple[bool, Any], ...]:
-    """A sort key over ``fields`` (those present) with nulls first, never comparing None."""
-    return tuple((row[f] is not None, row[f]) for f in fields if f in row)
+def _sorted(table: pa.Table, fields: list[str]) -> pa.Table:
+    """``table`` by ``fields`` (those it has), nulls first."""
+    order = [(f, "ascending", "at_start") for f in fields if f in table.column_names]
+    return table.sort_by(order) if order else table
 
 
 def scan_hits(cas: ContentStore, catalog: Catalog, kind: str, target: str) -> list[dict[str, Any]]:
@@ -130,51 +131,46 @@ def scan_hits(cas: ContentStore, catalog: Catalog, kind: str, target: str) -> li
         members = get_table(cas, manifest["members"], "members table")
         matched = members.filter(pc.equal(members.column(COLUMN[kind]), target))
         carried = _carried_by(cas, manifest, kind, target)
-        if not matched.num_rows and not carried:
+        if not matched.num_rows and not carried.num_rows:
             continue
         ids = pa.concat_arrays(
             [
                 matched.column("record_id").combine_chunks(),
-                pa.array([c["representative_id"] for c in carried], pa.string()),
+                carried.column("representative_id").combine_chunks(),
             ]
         )
         spans = _spans_of(cas, manifest, ids)
-        members_hit = matched.column("record_id").to_pylist()
-        found.append((snapshot, members_hit, carried, spans))
+        found.append((snapshot, matched.column("record_id"), carried, spans))
     runs = _runs(catalog, [snapshot.snapshot_id for snapshot, *_ in found])
     return [_hit(*entry, runs.get(entry[0].snapshot_id, [])) for entry in found]
 
 
-def _spans_of(cas: ContentStore, manifest: dict[str, Any], ids: pa.Array) -> list[dict[str, Any]]:
+def _spans_of(cas: ContentStore, manifest: dict[str, Any], ids: pa.Array) -> pa.Table:
     """Every packed span of these records: shard (by digest), block, [start, end), offset."""
     packed = load_index(cas, manifest["layers"]["packed_blocks"], "packed_blocks")
     spans = get_table(cas, packed.output("spans"), "spans table")
     spans = spans.filter(pc.is_in(spans.column("record_id"), value_set=ids))
-    shards = [ref["digest"] for ref in packed.outputs.get("shards", [])]
-    columns = ["record_id", "record_offset", "shard", "block", "start", "end"]
-    rows = spans.select([c for c in columns if c in spans.column_names]).to_pylist()
-    for row in rows:
-        if "shard" in row:  # an index written before shards has none
-            row["shard"] = shards[row["shard"]]
-    return sorted(rows, key=lambda r: (r["record_id"], r["record_offset"]))
+    spans = spans.select([c for c in deletion_index.SPANS if c in spans.column_names])
+    if "shard" in spans.column_names:  # an index written before shards has none
+        shards = pa.array([ref["digest"] for ref in packed.outputs.get("shards", [])], pa.string())
+        where = spans.schema.get_field_index("shard")
+        spans = spans.set_column(where, "shard", pc.take(shards, spans.column("shard")))
+    return spans
 
 
-def _carried_by(
-    cas: ContentStore, manifest: dict[str, Any], kind: str, target: str
-) -> list[dict[str, Any]]:
+def _carried_by(cas: ContentStore, manifest: dict[str, Any], kind: str, target: str) -> pa.Table:
     """Removed duplicates matching the target, with the kept record that carried their content."""
     dedup = load_index(cas, manifest["layers"]["dedup_clusters"], "dedup_clusters")
     clusters = get_table(cas, dedup.output("clusters"), "dedup clusters")
     if "verdict" not in clusters.column_names:  # an index written before near-dedup
-        return []
+        return deletion_index.ROWS.empty_table().select(deletion_index.CARRIED)
     rows = clusters.filter(
         pc.and_(
             pc.equal(clusters.column(COLUMN[kind]), target),
             pc.is_in(clusters.column("verdict"), pa.array(["exact_duplicate", "near_duplicate"])),
         )
     )
-    columns = ["record_id", "verdict", "representative_id", "match_id", "match_jaccard"]
-    return sorted(rows.select(columns).to_pylist(), key=lambda r: r["record_id"])
+    return rows.select(deletion_index.CARRIED)
 
 
 def tombstone_hits(cas: ContentStore, catalog: Catalog, seq: int) -> dict[str, Any]:
