@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.ipc as ipc
 
 from corpus_assets.core.governance import deletion_index, lineage, states
 from corpus_assets.core.governance.tombstones import add_tombstone
@@ -178,18 +179,27 @@ def child_build(home: Path, which: str) -> dict:
     """``build`` of snapshot 0 (``first``), or ``ensure`` of every snapshot (``all``)."""
     record = json.loads((home / "bench.json").read_text())
     cas, catalog = ContentStore(home / "cas"), Catalog(f"sqlite:///{home / 'catalog.db'}")
-    seconds = []
+    seconds, size = [], 0
     for manifest in record["manifests"][:1] if which == "first" else record["manifests"]:
         start = time.perf_counter()
         if which == "first":
-            deletion_index.build(cas, manifest)
+            size = _index_bytes(cas, deletion_index.build(cas, manifest))
         elif catalog.memo(deletion_index.memo_key(manifest)) is None:
             deletion_index.ensure(cas, catalog, manifest)
         else:
             continue
         seconds.append(time.perf_counter() - start)
         print(f"  built an index in {seconds[-1]:.1f} s", file=sys.stderr, flush=True)
-    return {"seconds": seconds, "peak_rss_mb": _vm_hwm_mb()}
+    return {"seconds": seconds, "peak_rss_mb": _vm_hwm_mb(), "index_mb": size / 1e6}
+
+
+def _index_bytes(cas: ContentStore, directory: str) -> int:
+    """The directory's and its shards' bytes (0 for an index of another layout, the baseline)."""
+    try:
+        fanout = ipc.open_file(pa.BufferReader(cas.get_bytes(directory))).read_all()
+    except pa.ArrowInvalid:
+        return 0
+    return cas.size(directory) + sum(cas.size(d) for d in fanout.column("digest").to_pylist())
 
 
 def child_lookup(home: Path, repeats: int, scan: bool) -> dict:
@@ -269,7 +279,7 @@ def report(args: argparse.Namespace, record: dict) -> None:
     first = _child(args, "build-first")
     print(
         f"build of one index (snapshot 0): {first['seconds'][0]:.1f} s, "
-        f"peak RSS {first['peak_rss_mb']:.0f} MB"
+        f"peak RSS {first['peak_rss_mb']:.0f} MB, {first['index_mb']:.0f} MB in the CAS"
     )
     if args.baseline_tree:
         old = _child(args, "build-first", args.baseline_tree)

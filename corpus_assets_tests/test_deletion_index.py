@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sqlalchemy import update
 
-from corpus_assets.core.governance import deletion_index, deletion_rows, states
+from corpus_assets.core.governance import deletion_index, deletion_build, states
 from corpus_assets.core.governance.lineage import hits, scan_hits
 from corpus_assets.core.pipeline import build_all
 from corpus_assets.core.runtime.workspace import Workspace, open_workspace
@@ -197,7 +197,7 @@ def test_the_index_bytes_depend_on_the_rows_alone(
     cas = ContentStore(tmp_path / "cas")
     manifest = "sha256:" + "1" * 64
     first = deletion_index.build_tables(cas, manifest, table, clusters, spans, SHARDS, 64)
-    monkeypatch.setattr(deletion_rows, "BATCH_ROWS", 7)
+    monkeypatch.setattr(deletion_build, "BATCH_ROWS", 7)
     shuffled = [t.take(pa.array(range(t.num_rows - 1, -1, -1))) for t in (table, clusters, spans)]
     again = deletion_index.build_tables(cas, manifest, *shuffled, SHARDS, 64)
     assert again == first

@@ -1,24 +1,25 @@
 """Deletion index: per snapshot, every key a tombstone can name, sorted, in small CAS shards.
 
 Answering a tombstone by scanning every snapshot's members, dedup and spans tables reads (and
-re-hashes) hundreds of MB per snapshot. The index (``deletion_rows``: its keys, rows and
-out-of-core build) puts everything a target reaches - members, removed duplicates and the
-packed spans of both - under adjacent keys, in Parquet shards of ``SHARD_ROWS`` rows. The
-directory is a small Arrow IPC table (each shard's first and last key and digest; the header -
-schema, manifest, code - in its metadata), which hashes and decodes in well under a
-millisecond, so a tombstone costs a snapshot the directory and usually one shard, each
+re-hashes) hundreds of MB per snapshot. The index (``deletion_build``: its keys, rows, the
+out-of-core build and the bytes) puts everything a target reaches - members, removed
+duplicates and the packed spans of both - under adjacent keys, in Parquet shards of 4,096 rows
+behind a directory: an Arrow IPC table of each shard's first and last key and digest, with the
+header (schema, manifest, builder code) in its metadata. It hashes and decodes in a fraction of
+a millisecond, so a tombstone costs a snapshot the directory and usually one shard, each
 verified by its digest like every CAS read.
 
-The index is a function of the manifest and this code: the catalog's memo table maps (manifest
-digest, ``CODE``) to the directory's digest, and the directory names both again, so a fix to
-the builder builds a new index and a memo row pointing elsewhere is refused. The snapshotId is
-untouched: the index is a side table, built when the manifest is (``release.manifest``), or on
-first use for a snapshot built before.
+The index is a function of the manifest and the builder's code (``CODE``, the closure of
+``deletion_build``: a change to this reader rebuilds nothing): the catalog's memo table maps
+(manifest digest, ``CODE``) to the directory's digest, and the directory names both again, so
+a fix to the builder builds a new index and a memo row pointing elsewhere is refused. The
+snapshotId is untouched: the index is a side table, built when the manifest is
+(``release.manifest`` calls ``ensure``), or on first use for a snapshot built before.
 """
 
-import io
 import json
 from bisect import bisect_left, bisect_right
+from collections.abc import Iterator
 from typing import Any
 
 import pyarrow as pa
@@ -27,35 +28,37 @@ import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 from sqlalchemy import select
 
-from corpus_assets.core.governance.deletion_rows import (  # re-exported: the index's API
+from corpus_assets.core.governance.deletion_build import (  # re-exported: the index's API
     CARRIED,
+    CODE,
     COLUMN,
+    HEADER,
     ROWS,
+    SCHEMA,
     SPANS,
     DeletionIndexError,
-    Relation,
+    build,
+    build_tables,
     carried_key,
     member_key,
-    put_shards,
     reach_key,
     span_key,
 )
-from corpus_assets.core.runtime.code_identity import stage_code
-from corpus_assets.core.runtime.layers import load_index
-from corpus_assets.core.storage import duck
-from corpus_assets.core.storage.artifacts import get_json, put_bytes
 from corpus_assets.core.storage.cas import ContentStore
 from corpus_assets.core.storage.catalog import Catalog, layer_memo
 from corpus_assets.core.storage.digests import json_digest
 
-__all__ = [  # the keys and row format, from deletion_rows, are part of this module's API
+__all__ = [  # the keys, row format and build, from deletion_build, are part of this API
     "CARRIED",
+    "CODE",
     "COLUMN",
     "ROWS",
+    "SCHEMA",
     "SPANS",
     "DeletionIndex",
     "DeletionIndexError",
     "build",
+    "build_tables",
     "carried_key",
     "ensure",
     "for_snapshot",
@@ -64,11 +67,6 @@ __all__ = [  # the keys and row format, from deletion_rows, are part of this mod
     "reach_key",
     "span_key",
 ]
-CODE = stage_code("governance.deletion_index", __name__)  # its closure: deletion_rows too
-SCHEMA = "corpus.deletion-index.v2"
-SHARD_ROWS = 1 << 12  # ~10-40 KB of Parquet: a lookup hashes and decodes one or two
-FANOUT = pa.schema([("first", pa.string()), ("last", pa.string()), ("digest", pa.string())])
-HEADER = b"corpus.deletion-index"  # the directory's metadata key holding its JSON header
 
 
 class DeletionIndex:
@@ -104,7 +102,8 @@ class DeletionIndex:
         if i not in self._decoded:
             digest = self.fanout.column("digest")[i].as_py()
             data = self.cas.get_bytes(digest, f"deletion index shard {i}")
-            self._decoded[i] = pq.ParquetFile(pa.BufferReader(data)).read(use_threads=False)
+            shard = pq.ParquetFile(pa.BufferReader(data), pre_buffer=False)  # one row group
+            self._decoded[i] = shard.read(use_threads=False)
         return self._decoded[i]
 
 
@@ -120,16 +119,18 @@ def memo_key(manifest_digest: str) -> str:
 
 def for_snapshot(cas: ContentStore, catalog: Catalog, manifest_digest: str) -> DeletionIndex:
     """The snapshot's index, built and remembered if it was not (a snapshot built before)."""
-    return for_snapshots(cas, catalog, [manifest_digest])[0]
+    return next(for_snapshots(cas, catalog, [manifest_digest]))
 
 
 def for_snapshots(
     cas: ContentStore, catalog: Catalog, manifest_digests: list[str]
-) -> list[DeletionIndex]:
-    """Each snapshot's index, their memo rows read in one query (a lookup over a hundred
-    snapshots is a few ms of catalog, not a round trip each)."""
-    known = _remembered(catalog, [memo_key(d) for d in manifest_digests])
-    return [load(cas, d, ensure(cas, catalog, d, known.get(memo_key(d)))) for d in manifest_digests]
+) -> Iterator[DeletionIndex]:
+    """Each snapshot's index in turn (one held at a time, with the shards it decoded), their
+    memo rows read in one query: a hundred snapshots cost one catalog round trip, not one each."""
+    keys = {digest: memo_key(digest) for digest in manifest_digests}
+    known = _remembered(catalog, list(keys.values()))
+    for digest in manifest_digests:
+        yield load(cas, digest, ensure(cas, catalog, digest, known.get(keys[digest])))
 
 
 def ensure(
@@ -180,60 +181,3 @@ def load(cas: ContentStore, manifest_digest: str, digest: str) -> DeletionIndex:
             f"manifest {header.get('manifest')} built by {header.get('code')}"
         )
     return DeletionIndex(cas, header, fanout)
-
-
-def build(cas: ContentStore, manifest_digest: str, shard_rows: int = SHARD_ROWS) -> str:
-    """The snapshot's members, dedup clusters and spans, read from their verified CAS files and
-    sorted out of core; the index directory's digest."""
-    manifest = get_json(cas, manifest_digest, "manifest")
-    dedup = load_index(cas, manifest["layers"]["dedup_clusters"], "dedup_clusters")
-    packed = load_index(cas, manifest["layers"]["packed_blocks"], "packed_blocks")
-    files = duck.VerifiedFiles(cas)
-    tables = {
-        "members": manifest["members"]["digest"],
-        "clusters": dedup.output("clusters")["digest"],
-        "spans": packed.output("spans")["digest"],
-    }
-    relations: dict[str, Relation] = {
-        name: files.path(digest, f"{name} table") for name, digest in tables.items()
-    }
-    shards = [ref["digest"] for ref in packed.outputs.get("shards", [])]
-    return _put(cas, manifest_digest, relations, shards, shard_rows)
-
-
-def build_tables(
-    cas: ContentStore,
-    manifest_digest: str,
-    members: pa.Table,
-    clusters: pa.Table | None,
-    spans: pa.Table | None,
-    shards: list[str],
-    shard_rows: int = SHARD_ROWS,
-) -> str:
-    """``build`` over tables in memory (tests and the bench): the same query and bytes."""
-    relations = {"members": members, "clusters": clusters, "spans": spans}
-    return _put(cas, manifest_digest, relations, shards, shard_rows)
-
-
-def _put(
-    cas: ContentStore,
-    manifest_digest: str,
-    relations: dict[str, Relation],
-    shards: list[str],
-    shard_rows: int,
-) -> str:
-    """The shards, then the directory naming them; its digest."""
-    fanout, rows, span_columns = put_shards(cas, manifest_digest, relations, shards, shard_rows)
-    header = {
-        "schema": SCHEMA,
-        "manifest": manifest_digest,
-        "code": CODE,
-        "spanColumns": span_columns,
-        "rows": rows,
-    }
-    columns = [pa.array([shard[i] for shard in fanout], pa.string()) for i in range(3)]
-    schema = FANOUT.with_metadata({HEADER: json.dumps(header, sort_keys=True)})
-    sink = io.BytesIO()  # Arrow IPC bytes are a function of the table, like pinned Parquet
-    with ipc.new_file(sink, schema) as writer:
-        writer.write_table(pa.Table.from_arrays(columns, schema=schema))
-    return put_bytes(cas, sink.getvalue())["digest"]

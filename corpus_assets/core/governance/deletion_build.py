@@ -1,7 +1,8 @@
-"""The deletion index's rows: their keys, the DuckDB passes that sort them, the cut into shards.
+"""The deletion index's bytes: its keys and rows, the DuckDB passes that sort them, the shards
+and the directory (``deletion_index`` reads them).
 
 One row per (key, fact), keyed by the target first so that everything one tombstone needs is
-adjacent, usually in one shard (``deletion_index`` names the shards in a directory):
+adjacent, usually in one shard:
 
 - ``<kind>/<target>/carried``: a removed duplicate (verdict, kept representative, match);
 - ``<kind>/<target>/member``: a member (its record id);
@@ -16,22 +17,34 @@ first stages its rows (a join and a DISTINCT), then sorts them by every column, 
 statement holds one large operator under ``MEMORY_MB`` and spills beyond it (one statement
 doing both ran out of memory at 256 MB on a million members). As every key begins with its
 kind, or ``span`` after every kind, the passes' concatenation is sorted; it is cut into
-Parquet shards of a fixed number of rows as it arrives, so the bytes depend on the rows alone.
+Parquet shards of ``SHARD_ROWS`` rows as it arrives, so the bytes depend on the rows alone.
+The directory lists each shard's first and last key and digest as an Arrow IPC table (a
+lookup decodes it without parsing), its header (schema, manifest, ``CODE``) in the metadata.
 """
 
+import io
+import json
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.ipc as ipc
 
+from corpus_assets.core.runtime.code_identity import stage_code
+from corpus_assets.core.runtime.layers import load_index
 from corpus_assets.core.storage import duck
-from corpus_assets.core.storage.artifacts import put_table
+from corpus_assets.core.storage.artifacts import get_json, put_bytes, put_table
 from corpus_assets.core.storage.cas import ContentStore
 
 if TYPE_CHECKING:
     from duckdb import DuckDBPyConnection
 
+CODE = stage_code("governance.deletion_index", __name__)  # the builder's closure, not the reader's
+SCHEMA = "corpus.deletion-index.v2"
+SHARD_ROWS = 1 << 12  # ~35 KB of Parquet: a lookup hashes and decodes one or two
+FANOUT = pa.schema([("first", pa.string()), ("last", pa.string()), ("digest", pa.string())])
+HEADER = b"corpus.deletion-index"  # the directory's metadata key holding its JSON header
 SEP = "\x00"  # the smallest code point: "a" + SEP sorts before "ab", as the tuples would
 COLUMN = {"record": "record_id", "object": "object", "group": "group_id"}
 DUPLICATES = ("exact_duplicate", "near_duplicate")
@@ -250,3 +263,60 @@ def _ascending(keys: pa.ChunkedArray) -> bool:
     if len(keys) < 2:
         return True
     return not pc.any(pc.less(keys[1:], keys[:-1])).as_py()
+
+
+def build(cas: ContentStore, manifest_digest: str, shard_rows: int = SHARD_ROWS) -> str:
+    """The snapshot's members, dedup clusters and spans, read from their verified CAS files and
+    sorted out of core; the index directory's digest."""
+    manifest = get_json(cas, manifest_digest, "manifest")
+    dedup = load_index(cas, manifest["layers"]["dedup_clusters"], "dedup_clusters")
+    packed = load_index(cas, manifest["layers"]["packed_blocks"], "packed_blocks")
+    files = duck.VerifiedFiles(cas)
+    tables = {
+        "members": manifest["members"]["digest"],
+        "clusters": dedup.output("clusters")["digest"],
+        "spans": packed.output("spans")["digest"],
+    }
+    relations: dict[str, Relation] = {
+        name: files.path(digest, f"{name} table") for name, digest in tables.items()
+    }
+    shards = [ref["digest"] for ref in packed.outputs.get("shards", [])]
+    return _put(cas, manifest_digest, relations, shards, shard_rows)
+
+
+def build_tables(
+    cas: ContentStore,
+    manifest_digest: str,
+    members: pa.Table,
+    clusters: pa.Table | None,
+    spans: pa.Table | None,
+    shards: list[str],
+    shard_rows: int = SHARD_ROWS,
+) -> str:
+    """``build`` over tables in memory (tests and the bench): the same query and bytes."""
+    relations = {"members": members, "clusters": clusters, "spans": spans}
+    return _put(cas, manifest_digest, relations, shards, shard_rows)
+
+
+def _put(
+    cas: ContentStore,
+    manifest_digest: str,
+    relations: dict[str, Relation],
+    shards: list[str],
+    shard_rows: int,
+) -> str:
+    """The shards, then the directory naming them; its digest."""
+    fanout, rows, span_columns = put_shards(cas, manifest_digest, relations, shards, shard_rows)
+    header = {
+        "schema": SCHEMA,
+        "manifest": manifest_digest,
+        "code": CODE,
+        "spanColumns": span_columns,
+        "rows": rows,
+    }
+    columns = [pa.array([shard[i] for shard in fanout], pa.string()) for i in range(3)]
+    schema = FANOUT.with_metadata({HEADER: json.dumps(header, sort_keys=True)})
+    sink = io.BytesIO()  # Arrow IPC bytes are a function of the table, like pinned Parquet
+    with ipc.new_file(sink, schema) as writer:
+        writer.write_table(pa.Table.from_arrays(columns, schema=schema))
+    return put_bytes(cas, sink.getvalue())["digest"]
