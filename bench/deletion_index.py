@@ -28,6 +28,7 @@ Usage: .venv/bin/python bench/deletion_index.py [--snapshots 100] [--members 100
 """
 
 import argparse
+import hashlib
 import json
 import os
 import statistics
@@ -202,8 +203,9 @@ def _index_bytes(cas: ContentStore, directory: str) -> int:
     return cas.size(directory) + sum(cas.size(d) for d in fanout.column("digest").to_pylist())
 
 
-def child_lookup(home: Path, repeats: int, scan: bool) -> dict:
-    """Medians of ``tombstone_hits`` (or ``scan_hits`` on the scan catalog) per probe kind."""
+def child_lookup(home: Path, repeats: int, scan: bool, first: int) -> dict:
+    """Medians of ``tombstone_hits`` (or ``scan_hits`` on the scan catalog) per probe kind, and
+    the digest of the answer's entries for the ``first`` snapshots (the scan's, to compare)."""
     record = json.loads((home / "bench.json").read_text())
     cas = ContentStore(home / "cas")
     catalog = Catalog(f"sqlite:///{home / ('scan.db' if scan else 'catalog.db')}")
@@ -224,6 +226,9 @@ def child_lookup(home: Path, repeats: int, scan: bool) -> dict:
             "members": sum(len(a["members"]) for a in answer or []),
             "carried": sum(len(a["carried_by"]) for a in answer or []),
             "spans": sum(len(a["spans"]) for a in answer or []),
+            "first_digest": hashlib.sha256(
+                json.dumps((answer or [])[:first], sort_keys=True).encode()
+            ).hexdigest(),
         }
     out["peak_rss_mb"] = _vm_hwm_mb()
     return out
@@ -239,7 +244,7 @@ def _vm_hwm_mb() -> float:
 def _child(args: argparse.Namespace, phase: str, tree: Path | None = None) -> dict:
     """Run ``phase`` in a fresh interpreter (``tree``'s code when given); its JSON figures."""
     command = [sys.executable, __file__, "--child", phase, "--home", str(args.home)]
-    command += ["--repeats", str(args.repeats)]
+    command += ["--repeats", str(args.repeats), "--scan", str(args.scan)]
     env = dict(os.environ)
     if tree is not None:
         env["PYTHONPATH"] = str(tree)
@@ -262,8 +267,8 @@ def main() -> None:
         phases = {
             "build-first": lambda: child_build(args.home, "first"),
             "build-all": lambda: child_build(args.home, "all"),
-            "lookup": lambda: child_lookup(args.home, args.repeats, scan=False),
-            "scan": lambda: child_lookup(args.home, args.repeats, scan=True),
+            "lookup": lambda: child_lookup(args.home, args.repeats, False, args.scan),
+            "scan": lambda: child_lookup(args.home, args.repeats, True, args.scan),
         }
         print(json.dumps(phases[args.child]()))
         return
@@ -306,7 +311,9 @@ def report(args: argparse.Namespace, record: dict) -> None:
         print(
             f"{kind:<8} {new['median_s'] * 1000:>10.0f} ms {new['first_s'] * 1000:>8.0f} ms "
             f"{args.scan:>3}: {old['median_s']:>4.1f} s {old['median_s'] * ratio:>17.0f} s "
-            f"{old['median_s'] * ratio / new['median_s']:>6.0f}x  {new['snapshots']} snapshots, "
+            f"{old['median_s'] * ratio / new['median_s']:>6.0f}x  "
+            f"{'same' if new['first_digest'] == old['first_digest'] else 'DIFFERENT'} on "
+            f"{old['snapshots']}; {new['snapshots']} snapshots, "
             f"{new['members']} members, {new['carried']} carried, {new['spans']} spans"
         )
     print(
