@@ -13,9 +13,11 @@ adjacent, usually in one shard:
 
 The build streams and its memory is bounded: DuckDB reads the inputs (verified CAS files, or
 tables a test registers), and makes one pass per kind, then one for the ``span`` rows. A pass
-first stages its rows (a join and a DISTINCT), then sorts them by every column, so that each
-statement holds one large operator under ``MEMORY_MB`` and spills beyond it (one statement
-doing both ran out of memory at 256 MB on a million members). As every key begins with its
+first stages its rows (a join and a DISTINCT) in a table of a database file in the spill
+directory, then sorts them by every column, so that each statement holds one large operator
+under ``MEMORY_MB`` and spills beyond it (one statement doing both ran out of memory at 256 MB
+on a million members, an in-memory staging table at 128 MB on three million); a build peaks
+at ~400 MB RSS at 1M and at 3M members. As every key begins with its
 kind, or ``span`` after every kind, the passes' concatenation is sorted; it is cut into
 Parquet shards of ``SHARD_ROWS`` rows as it arrives, so the bytes depend on the rows alone.
 The directory lists each shard's first and last key and digest as an Arrow IPC table (a
@@ -68,7 +70,7 @@ ROWS = pa.schema(
 SQL_TYPES = {"key": "VARCHAR", "record_id": "VARCHAR", "verdict": "VARCHAR"}
 SQL_TYPES |= {"representative_id": "VARCHAR", "match_id": "VARCHAR", "match_jaccard": "DOUBLE"}
 SQL_TYPES |= {c: "BIGINT" for c in ("record_offset", "shard", "block", "start", "end")}
-MEMORY_MB, THREADS = 128, 2  # DuckDB's cap: a build of 1M members peaks at ~400 MB RSS
+MEMORY_MB, THREADS = 128, 2  # DuckDB's cap (the process: ~400 MB at 1M and 3M members)
 BATCH_ROWS = 1 << 16  # sorted rows fetched from DuckDB at a time
 Relation = str | pa.Table | None  # a Parquet file's path, a table in memory, or absent
 Shard = tuple[str, str, str]  # its first key, last key and digest
@@ -105,8 +107,12 @@ def put_shards(
 ) -> tuple[list[Shard], int, list[str]]:
     """Sort the rows of the ``members``, ``clusters`` and ``spans`` relations, put them in the
     CAS in shards of ``shard_rows``; (first key, last key, digest) a shard, rows, span columns."""
-    with duck.Spilling(cas.root.parent / "tmp", f"{MEMORY_MB}MB", THREADS) as con:
+    spilling = duck.Spilling(cas.root.parent / "tmp", f"{MEMORY_MB}MB", THREADS)
+    with spilling as con:
         con.execute("SET enable_progress_bar = false")  # a long sort drew one on stdout
+        # staged rows go to a database file (removed with the spill directory): an in-memory
+        # table of a pass ran out of memory at 128 MB on 3M members, a file's blocks are evicted
+        con.execute(f"ATTACH {duck.sql_path(str(spilling.dir / 'staged.duckdb'))} AS staging")
         columns = _relations(con, relations)
         _check_shard_numbers(con, what, columns["spans"], len(packed_shards))
         con.execute(_span_rows(columns["spans"]))
@@ -177,7 +183,7 @@ def _span_rows(span_columns: list[str]) -> str:
 
 
 def _passes(con: "DuckDBPyConnection", columns: dict[str, list[str]]) -> Iterator[pa.RecordBatch]:
-    """Every row, sorted: each pass staged into a temporary table, then streamed in order."""
+    """Every row, sorted: each pass staged into a table on disk, then streamed in order."""
     fields = ", ".join(f'"{f.name}"' for f in ROWS)
     order = ", ".join(f'"{f.name}" ASC NULLS FIRST' for f in ROWS)
     typed = ", ".join(f'CAST(NULL AS {SQL_TYPES[f.name]}) AS "{f.name}"' for f in ROWS)
@@ -185,11 +191,11 @@ def _passes(con: "DuckDBPyConnection", columns: dict[str, list[str]]) -> Iterato
     last = f"SELECT 'span' || chr(0) || record_id AS key, {spans} FROM spanrows"
     for query in [*(_kind_rows(kind, columns) for kind in sorted(COLUMN)), last]:
         con.execute(
-            f"CREATE OR REPLACE TEMP TABLE staged AS SELECT {fields} FROM (SELECT {typed} "
+            f"CREATE OR REPLACE TABLE staging.staged AS SELECT {fields} FROM (SELECT {typed} "
             f"WHERE false UNION ALL BY NAME (SELECT * FROM ({query}) WHERE key IS NOT NULL))"
         )
-        yield from duck.batches(con, f"SELECT * FROM staged ORDER BY {order}", BATCH_ROWS)
-    con.execute("DROP TABLE IF EXISTS staged")
+        yield from duck.batches(con, f"SELECT * FROM staging.staged ORDER BY {order}", BATCH_ROWS)
+    con.execute("DROP TABLE IF EXISTS staging.staged")
 
 
 def _kind_rows(kind: str, columns: dict[str, list[str]]) -> str:
