@@ -1,14 +1,16 @@
 """Deletion lineage at scale: ``tombstone hits`` over many 1M-member snapshots, against a scan.
 
 Synthetic snapshots in a real ``ContentStore`` and SQLite catalog under ``--home`` (no pipeline:
-the tables the index reads, put directly). Snapshot ``i`` holds a sliding window of N = members
-records ``j`` in [i * step, i * step + N / 0.98) with step = N / 100, so the probed record,
-object and group are in every snapshot (up to 100): 100 records an object, 1,000 a group, 2% of them
-removed near duplicates (carried by the record before), one packed span a member in ten packed
-shards. ``--layout scattered`` (the default) names record ``j`` by a bijective hash of ``j``, so
-an object's or group's records lie all over the record-id order, as ids a source declares do;
-``contiguous`` names them in ``j`` order. The base columns are made once and each snapshot is a
-slice of them; the home records what it holds and a rerun generates only what is missing.
+the tables the index reads, put directly). Snapshot ``i`` holds a sliding window of records
+``j`` in [i * step, i * step + N / 0.98) with N = ``--members`` and step = N / 100, so the probed
+record, object and group are in every snapshot (up to 100): 100 records an object, 1,000 a
+group, 2% of them removed near duplicates (carried by the record before), one packed span a
+member in ten packed shards. ``--layout scattered`` (the default) names record ``j`` by a
+bijective hash of ``j``, so an object's or group's records lie all over the record-id order, as
+ids a source declares do; ``contiguous`` names them in ``j`` order. The base columns are made
+once and each snapshot is a slice of them; the home (``--home``/<layout>-<members>) records
+what it holds, and a rerun generates only what is missing and builds only the indexes the
+catalog does not remember (all of them again after a change to ``deletion_build``).
 
 Measured, each phase in a fresh child process (its peak RSS is ``VmHWM``, the phase's alone):
 
@@ -20,7 +22,8 @@ Measured, each phase in a fresh child process (its peak RSS is ``VmHWM``, the ph
   record, an object and a group tombstone, median of ``--repeats`` after the first call (also
   shown), every CAS read verified.
 - baseline: ``lineage.scan_hits`` (every snapshot's members, dedup and spans tables read and
-  filtered) on a catalog of the first ``--scan`` snapshots, extrapolated linearly to all.
+  filtered) on a catalog of the first ``--scan`` snapshots, extrapolated linearly to all; the
+  index's answer for those snapshots is compared with the scan's ("same on 5").
 
 Usage: .venv/bin/python bench/deletion_index.py [--snapshots 100] [--members 1000000]
        [--layout scattered|contiguous] [--scan 5] [--repeats 5] [--home /tmp/deletion-bench]
