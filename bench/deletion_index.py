@@ -1,127 +1,240 @@
-"""Deletion lineage at scale: the per-snapshot deletion index against scanning the tables.
+"""Deletion lineage at scale: ``tombstone hits`` over many 1M-member snapshots, against a scan.
 
-Synthetic snapshots (the index inputs made directly, no pipeline): snapshot ``i`` holds the
-members ``r{j}`` for j in [i * step, i * step + N) with step = N / snapshots (a sliding window,
-so the probed record, object and group are in every snapshot), 100 records an object, 1,000 a
-group, one packed span each, and a dedup clusters table of N rows with 2% removed duplicates.
-Members, clusters and the index shards live in a real ``ContentStore`` under ``--dir``.
+Synthetic snapshots in a real ``ContentStore`` and SQLite catalog under ``--home`` (no pipeline:
+the tables the index reads, put directly). Snapshot ``i`` holds a sliding window of records
+``j`` in [i * step, i * step + N / 0.98) with N = ``--members`` and step = N / 100, so the probed
+record, object and group are in every snapshot (up to 100): 100 records an object, 1,000 a
+group, 2% of them removed near duplicates (carried by the record before), one packed span a
+member in ten packed shards. ``--layout scattered`` (the default) names record ``j`` by a
+bijective hash of ``j``, so an object's or group's records lie all over the record-id order, as
+ids a source declares do; ``contiguous`` names them in ``j`` order. The base columns are made
+once and each snapshot is a slice of them; the home (``--home``/<layout>-<members>) records
+what it holds, and a rerun generates only what is missing and builds only the indexes the
+catalog does not remember (all of them again after a change to ``deletion_build``).
 
-Measured: the index build (``index_rows`` + ``put_index``) per snapshot; then, in a fresh child
-process (so its peak RSS is the lookup's alone), the lookup a tombstone makes in every snapshot
-(directory read, member + carried keys, the hit records' span keys, every shard read verified)
-for a record, an object and a group, median of ``--repeats``. The baseline is ``scan_hits``'s
-per-snapshot work (members and clusters tables read, verified and filtered) on ``--scan``
-snapshots, extrapolated linearly to all of them. The catalog queries ``hits`` also makes (state,
-memo row, permits: one each per snapshot) are not in either figure.
+Measured, each phase in a fresh child process (its peak RSS is ``VmHWM``, the phase's alone):
+
+- build: ``deletion_index.build`` of snapshot 0 (verified reads, DuckDB join + sort, shards
+  put); with ``--baseline-tree DIR`` (a checkout of the code before, e.g. ``git archive``) the
+  same call of that tree's code, the named baseline for the build's time and memory. Then the
+  index of every snapshot not yet remembered (``deletion_index.ensure``, as the manifest build).
+- lookup: ``lineage.tombstone_hits`` (what ``corpus-assets tombstone hits SEQ`` prints) for a
+  record, an object and a group tombstone, median of ``--repeats`` after the first call (also
+  shown), every CAS read verified.
+- baseline: ``lineage.scan_hits`` (every snapshot's members, dedup and spans tables read and
+  filtered) on a catalog of the first ``--scan`` snapshots, extrapolated linearly to all; the
+  index's answer for those snapshots is compared with the scan's ("same on 5").
 
 Usage: .venv/bin/python bench/deletion_index.py [--snapshots 100] [--members 1000000]
-       [--scan 3] [--repeats 5] [--dir /tmp/deletion-bench]
+       [--layout scattered|contiguous] [--scan 5] [--repeats 5] [--home /tmp/deletion-bench]
+       [--baseline-tree DIR]
 """
 
 import argparse
+import hashlib
 import json
-import resource
+import os
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.ipc as ipc
 
-from corpus_assets.core.governance import deletion_index as di
-from corpus_assets.core.storage.artifacts import get_json, get_table, put_table
+from corpus_assets.core.governance import deletion_index, lineage, states
+from corpus_assets.core.governance.tombstones import add_tombstone
+from corpus_assets.core.runtime.layers import LayerIndex
+from corpus_assets.core.storage.artifacts import put_json, put_table
 from corpus_assets.core.storage.cas import ContentStore
+from corpus_assets.core.storage.catalog import Catalog
+from corpus_assets.core.storage.digests import json_digest
 
-PROBES = [("record", "r00999999"), ("object", "o0009999"), ("group", "g000999")]
+KEPT = 0.98  # 1 record in 50 is a removed duplicate, not a member
+SPREAD = 100  # windows move by members / SPREAD: up to that many snapshots share the probes
+SHARDS = [f"sha256:{n:064x}" for n in range(10)]  # the packed shards the spans name
 
 
-def _tables(first: int, n: int) -> tuple[pa.Table, pa.Table, pa.Table]:
-    """Members, clusters and spans of one snapshot holding records [first, first + n)."""
-    j = pa.array(range(first, first + n), pa.int64())
-    ids = pc.binary_join_element_wise("r", pc.utf8_lpad(j.cast(pa.string()), 8, "0"), "")
-    objects = pc.binary_join_element_wise(
-        "o", pc.utf8_lpad(pc.divide(j, 100).cast(pa.string()), 7, "0"), ""
+def _names(prefix: str, values: np.ndarray, width: int) -> pa.Array:
+    return pc.binary_join_element_wise(
+        prefix, pc.utf8_lpad(pa.array(values).cast(pa.string()), width, "0"), ""
     )
-    groups = pc.binary_join_element_wise(
-        "g", pc.utf8_lpad(pc.divide(j, 1000).cast(pa.string()), 6, "0"), ""
+
+
+def _record_ids(j: np.ndarray, layout: str) -> pa.Array:
+    """Record ``j``'s id: ``j`` itself, or a bijective hash of it (odd multiplier mod 2**32)."""
+    if layout == "contiguous":
+        return _names("r", j, 10)
+    return _names("r", (j.astype(np.uint64) * 2654435761) % (1 << 32), 10)
+
+
+def _base(total: int, layout: str) -> pa.Table:
+    """Every record any snapshot holds, in ``j`` order, with its dedup verdict."""
+    j = np.arange(total, dtype=np.int64)
+    ids = _record_ids(j, layout)
+    removed = pa.array(j % 50 == 7)
+    before = pa.concat_arrays([ids.slice(0, 1), ids.slice(0, total - 1)])  # record j - 1
+    return pa.table(
+        {
+            "record_id": ids,
+            "object": _names("o", j // 100, 8),
+            "group_id": _names("g", j // 1000, 7),
+            "verdict": pc.if_else(removed, "near_duplicate", "keep"),
+            "representative_id": pc.if_else(removed, before, pa.nulls(total, pa.string())),
+            "match_id": pc.if_else(removed, before, pa.nulls(total, pa.string())),
+            "match_jaccard": pc.if_else(removed, 0.9, pa.nulls(total, pa.float64())),
+        }
     )
-    members = pa.table({"record_id": ids, "object": objects, "group_id": groups})
-    removed = pc.equal(pc.remainder(j, 50), 7)
-    verdict = pc.if_else(removed, "near_duplicate", "keep")
-    clusters = members.append_column("verdict", verdict)
-    clusters = clusters.append_column(
-        "representative_id", pc.if_else(removed, ids, pa.nulls(n, pa.string()))
-    )
-    clusters = clusters.append_column("match_id", clusters.column("representative_id"))
-    clusters = clusters.append_column(
-        "match_jaccard", pc.if_else(removed, 0.9, pa.nulls(n, pa.float64()))
-    )
+
+
+def _snapshot(cas: ContentStore, base: pa.Table, first: int, window: int) -> dict[str, Any]:
+    """One snapshot's clusters, members and spans in the CAS; its manifest document."""
+    clusters = base.slice(first, window)
+    members = clusters.filter(pc.equal(clusters.column("verdict"), "keep"))
+    members = members.select(["record_id", "object", "group_id"])
+    n = members.num_rows
+    position = np.arange(n, dtype=np.int64)
     spans = pa.table(
         {
-            "block": pc.divide(j, 8),
-            "start": pa.array([0] * n, pa.int32()),
-            "end": pa.array([100] * n, pa.int32()),
-            "record_id": ids,
-            "record_offset": pa.array([0] * n, pa.int64()),
-            "shard": pa.array([0] * n, pa.int32()),
+            "block": pa.array(position // 8),
+            "start": pa.array((position % 8 * 128).astype(np.int32)),
+            "end": pa.array((position % 8 * 128 + 128).astype(np.int32)),
+            "record_id": members.column("record_id"),
+            "record_offset": pa.array(np.zeros(n, dtype=np.int64)),
+            "sample": pa.array(position),
+            "shard": pa.array((position * len(SHARDS) // max(n, 1)).astype(np.int32)),
         }
     )
-    return members, clusters, spans
+    layers = {
+        "dedup_clusters": _layer(cas, "dedup_clusters", {"clusters": put_table(cas, clusters)}),
+        "packed_blocks": _layer(
+            cas, "packed_blocks", {"spans": put_table(cas, spans), "shards": _shard_refs()}
+        ),
+    }
+    return {"schema": "bench", "first": first, "members": put_table(cas, members), "layers": layers}
 
 
-def build(cas: ContentStore, snapshots: int, n: int) -> tuple[list[dict], list[float]]:
-    """Per snapshot: its inputs in the CAS and its index directory; the build seconds."""
-    made, seconds = [], []
-    for i in range(snapshots):
-        members, clusters, spans = _tables(i * (n // snapshots), n)
-        refs = {"members": put_table(cas, members), "clusters": put_table(cas, clusters)}
+def _shard_refs() -> list[dict[str, Any]]:
+    return [{"digest": d, "media": "application/octet-stream", "size": 0} for d in SHARDS]
+
+
+def _layer(cas: ContentStore, layer: str, outputs: dict[str, Any]) -> dict[str, Any]:
+    index = LayerIndex(
+        layer=layer, code="bench", policy=None, inputs=[], outputs=outputs, counts={}
+    )
+    return put_json(cas, index.document())
+
+
+def generate(home: Path, snapshots: int, members: int, layout: str, scan: int) -> dict:
+    """The home's snapshots (made only where missing) and tombstones; its record."""
+    record_path = home / "bench.json"
+    record = json.loads(record_path.read_text()) if record_path.exists() else {}
+    window, step = round(members / KEPT), members // SPREAD
+    if len(record.get("manifests", [])) < snapshots:
+        cas, catalog = ContentStore(home / "cas"), Catalog(f"sqlite:///{home / 'catalog.db'}")
+        have = record.get("manifests", [])
+        base = _base((snapshots - 1) * step + window, layout)
+        for i in range(len(have), snapshots):
+            start = time.perf_counter()
+            manifest = put_json(cas, _snapshot(cas, base, i * step, window))["digest"]
+            states.register(catalog, json_digest({"bench": manifest}), f"b{i:03d}", manifest, "x")
+            have.append(manifest)
+            record["manifests"] = have
+            record_path.write_text(json.dumps(record))  # a stopped run resumes here
+            print(f"  made snapshot {i} in {time.perf_counter() - start:.1f} s", flush=True)
+        if "seqs" not in record:
+            record["probes"] = _probes(base, (SPREAD - 1) * step, window)
+            seqs = {k: add_tombstone(catalog, k, t, "bench") for k, t in record["probes"].items()}
+            record["seqs"] = seqs
+        record_path.write_text(json.dumps(record))
+    _scan_catalog(home, record, scan)
+    return record
+
+
+def _probes(base: pa.Table, low: int, high: int) -> dict[str, str]:
+    """A group (and its last member and that member's object) whose records [low, high) -
+    what every snapshot holds - all contain."""
+    group = max(high // 1000 - 1, 0)
+    last = group * 1000 + 999  # j % 50 == 49: a member
+    if low > group * 1000:
+        print(f"  (the probed group starts at {group * 1000}, not in every snapshot)")
+    return {
+        "record": base.column("record_id")[last].as_py(),
+        "object": base.column("object")[last].as_py(),
+        "group": base.column("group_id")[last].as_py(),
+    }
+
+
+def _scan_catalog(home: Path, record: dict, scan: int) -> None:
+    """A catalog of the first ``scan`` snapshots alone, for the scan baseline."""
+    path = home / "scan.db"
+    path.unlink(missing_ok=True)
+    catalog = Catalog(f"sqlite:///{path}")
+    for i, manifest in enumerate(record["manifests"][:scan]):
+        states.register(catalog, json_digest({"bench": manifest}), f"b{i:03d}", manifest, "x")
+    catalog.dispose()
+
+
+def child_build(home: Path, which: str) -> dict:
+    """``build`` of snapshot 0 (``first``), or ``ensure`` of every snapshot (``all``)."""
+    record = json.loads((home / "bench.json").read_text())
+    cas, catalog = ContentStore(home / "cas"), Catalog(f"sqlite:///{home / 'catalog.db'}")
+    seconds, size = [], 0
+    for manifest in record["manifests"][:1] if which == "first" else record["manifests"]:
         start = time.perf_counter()
-        rows = di.index_rows(members, clusters, spans, ["sha256:" + "ab" * 32])
-        directory = di.put_index(cas, f"sha256:{i:064x}", rows, di.SPANS)
+        if which == "first":
+            size = _index_bytes(cas, deletion_index.build(cas, manifest))
+        elif catalog.memo(deletion_index.memo_key(manifest)) is None:
+            deletion_index.ensure(cas, catalog, manifest)
+        else:
+            continue
         seconds.append(time.perf_counter() - start)
-        made.append({"directory": directory, **{k: r["digest"] for k, r in refs.items()}})
-        print(f"  snapshot {i}: {rows.num_rows} index rows in {seconds[-1]:.2f} s", flush=True)
-    return made, seconds
+        print(f"  built an index in {seconds[-1]:.1f} s", file=sys.stderr, flush=True)
+    return {"seconds": seconds, "peak_rss_mb": _vm_hwm_mb(), "index_mb": size / 1e6}
 
 
-def lookup(cas: ContentStore, made: list[dict], kind: str, target: str) -> tuple[float, int]:
-    """Seconds for one tombstone's lookups in every snapshot, and the spans found."""
-    start, spans = time.perf_counter(), 0
-    for snap in made:
-        index = di.DeletionIndex(cas, get_json(cas, snap["directory"], "deletion index"))
-        rows = index.rows([di.member_key(kind, target), di.carried_key(kind, target)])
-        ids = rows.column("record_id").to_pylist()
-        spans += index.rows([di.span_key(i) for i in ids]).num_rows
-    return time.perf_counter() - start, spans
+def _index_bytes(cas: ContentStore, directory: str) -> int:
+    """The directory's and its shards' bytes (0 for an index of another layout, the baseline)."""
+    try:
+        fanout = ipc.open_file(pa.BufferReader(cas.get_bytes(directory))).read_all()
+    except pa.ArrowInvalid:
+        return 0
+    return cas.size(directory) + sum(cas.size(d) for d in fanout.column("digest").to_pylist())
 
 
-def scan(cas: ContentStore, snap: dict, kind: str, target: str) -> float:
-    """Seconds for ``scan_hits``'s per-snapshot table reads and filters."""
-    start = time.perf_counter()
-    members = get_table(cas, {"digest": snap["members"]}, "members")
-    members.filter(pc.equal(members.column(di.COLUMN[kind]), target))
-    clusters = get_table(cas, {"digest": snap["clusters"]}, "clusters")
-    clusters.filter(pc.equal(clusters.column(di.COLUMN[kind]), target))
-    return time.perf_counter() - start
-
-
-def child(root: Path, repeats: int, scans: int) -> None:
-    """The lookup phase: prints its figures as JSON."""
-    cas = ContentStore(root / "cas")
-    made = json.loads((root / "made.json").read_text())
-    out = {}
-    for kind, target in PROBES:
-        runs = [lookup(cas, made, kind, target) for _ in range(repeats)]
-        per_scan = [scan(cas, made[i], kind, target) for i in range(scans)]
+def child_lookup(home: Path, repeats: int, scan: bool, first: int) -> dict:
+    """Medians of ``tombstone_hits`` (or ``scan_hits`` on the scan catalog) per probe kind, and
+    the digest of the answer's entries for the ``first`` snapshots (the scan's, to compare)."""
+    record = json.loads((home / "bench.json").read_text())
+    cas = ContentStore(home / "cas")
+    catalog = Catalog(f"sqlite:///{home / ('scan.db' if scan else 'catalog.db')}")
+    out: dict[str, Any] = {}
+    for kind, target in record["probes"].items():
+        runs, answer = [], None
+        for _ in range(repeats + 1):
+            start = time.perf_counter()
+            if scan:
+                answer = lineage.scan_hits(cas, catalog, kind, target)
+            else:
+                answer = lineage.tombstone_hits(cas, catalog, record["seqs"][kind])["snapshots"]
+            runs.append(time.perf_counter() - start)
         out[kind] = {
-            "lookup_s": statistics.median(s for s, _ in runs),
-            "spans": runs[0][1],
-            "scan_s_per_snapshot": statistics.median(per_scan),
+            "first_s": runs[0],
+            "median_s": statistics.median(runs[1:]),
+            "snapshots": len(answer or []),
+            "members": sum(len(a["members"]) for a in answer or []),
+            "carried": sum(len(a["carried_by"]) for a in answer or []),
+            "spans": sum(len(a["spans"]) for a in answer or []),
+            "first_digest": hashlib.sha256(
+                json.dumps((answer or [])[:first], sort_keys=True).encode()
+            ).hexdigest(),
         }
-    out["peak_rss_mb"] = _vm_hwm_mb()  # ru_maxrss would carry the parent's over exec
-    print(json.dumps(out))
+    out["peak_rss_mb"] = _vm_hwm_mb()
+    return out
 
 
 def _vm_hwm_mb() -> float:
@@ -131,36 +244,85 @@ def _vm_hwm_mb() -> float:
     return int(line.split()[1]) / 1024
 
 
+def _child(args: argparse.Namespace, phase: str, tree: Path | None = None) -> dict:
+    """Run ``phase`` in a fresh interpreter (``tree``'s code when given); its JSON figures."""
+    command = [sys.executable, __file__, "--child", phase, "--home", str(args.home)]
+    command += ["--repeats", str(args.repeats), "--scan", str(args.scan)]
+    env = dict(os.environ)
+    if tree is not None:
+        env["PYTHONPATH"] = str(tree)
+    ran = subprocess.run(command, check=True, stdout=subprocess.PIPE, text=True, env=env)
+    return json.loads(ran.stdout.splitlines()[-1])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--snapshots", type=int, default=100)
     parser.add_argument("--members", type=int, default=1_000_000)
-    parser.add_argument("--scan", type=int, default=3)
+    parser.add_argument("--layout", choices=["scattered", "contiguous"], default="scattered")
+    parser.add_argument("--scan", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--dir", type=Path, default=Path("/tmp/deletion-bench"))
-    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--home", type=Path, default=Path("/tmp/deletion-bench"))
+    parser.add_argument("--baseline-tree", type=Path)
+    parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        return child(args.dir, args.repeats, args.scan)
-    cas = ContentStore(args.dir / "cas")
-    made, seconds = build(cas, args.snapshots, args.members)
-    (args.dir / "made.json").write_text(json.dumps(made))
-    build_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    command = [sys.executable, __file__, "--child", "--dir", str(args.dir)]
-    command += ["--repeats", str(args.repeats), "--scan", str(args.scan)]
-    figures = json.loads(subprocess.run(command, check=True, capture_output=True).stdout)
+        phases = {
+            "build-first": lambda: child_build(args.home, "first"),
+            "build-all": lambda: child_build(args.home, "all"),
+            "lookup": lambda: child_lookup(args.home, args.repeats, False, args.scan),
+            "scan": lambda: child_lookup(args.home, args.repeats, True, args.scan),
+        }
+        print(json.dumps(phases[args.child]()))
+        return
+    args.home = args.home / f"{args.layout}-{args.members}"
+    args.home.mkdir(parents=True, exist_ok=True)
+    record = generate(args.home, args.snapshots, args.members, args.layout, args.scan)
+    print(f"{args.snapshots} snapshots x {args.members:,} members ({args.layout}), {args.home}")
+    report(args, record)
+
+
+def report(args: argparse.Namespace, record: dict) -> None:
+    """Run the phases and print the table."""
+    first = _child(args, "build-first")
     print(
-        f"build: median {statistics.median(seconds):.2f} s a snapshot, peak RSS {build_rss:.0f} MB"
+        f"build of one index (snapshot 0): {first['seconds'][0]:.1f} s, "
+        f"peak RSS {first['peak_rss_mb']:.0f} MB, {first['index_mb']:.0f} MB in the CAS"
     )
-    for kind, _ in PROBES:
-        f = figures[kind]
-        scan_all = f["scan_s_per_snapshot"] * args.snapshots
+    if args.baseline_tree:
+        old = _child(args, "build-first", args.baseline_tree)
         print(
-            f"{kind}: index lookup {f['lookup_s'] * 1000:.0f} ms over {args.snapshots} snapshots "
-            f"({f['spans']} spans); scan {f['scan_s_per_snapshot']:.2f} s a snapshot on "
-            f"{args.scan}, ~{scan_all:.0f} s extrapolated to {args.snapshots}"
+            f"  baseline ({args.baseline_tree}): {old['seconds'][0]:.1f} s, "
+            f"peak RSS {old['peak_rss_mb']:.0f} MB"
         )
-    print(f"lookup process peak RSS {figures['peak_rss_mb']:.0f} MB")
+    built = _child(args, "build-all")
+    if built["seconds"]:
+        print(
+            f"  built {len(built['seconds'])} not yet remembered: median "
+            f"{statistics.median(built['seconds']):.1f} s, peak RSS {built['peak_rss_mb']:.0f} MB"
+        )
+    lookup = _child(args, "lookup")
+    args.repeats = max(1, min(args.repeats, 2))
+    scan = _child(args, "scan")
+    ratio = args.snapshots / max(1, min(args.scan, args.snapshots))
+    print(
+        f"{'tombstone':<8} {'index median':>13} {'first call':>11} {'scan on':>9} "
+        f"{'scan, extrapolated':>19} {'ratio':>7}  answer"
+    )
+    for kind in record["probes"]:
+        new, old = lookup[kind], scan[kind]
+        print(
+            f"{kind:<8} {new['median_s'] * 1000:>10.0f} ms {new['first_s'] * 1000:>8.0f} ms "
+            f"{args.scan:>3}: {old['median_s']:>4.1f} s {old['median_s'] * ratio:>17.0f} s "
+            f"{old['median_s'] * ratio / new['median_s']:>6.0f}x  "
+            f"{'same' if new['first_digest'] == old['first_digest'] else 'DIFFERENT'} on "
+            f"{old['snapshots']}; {new['snapshots']} snapshots, "
+            f"{new['members']} members, {new['carried']} carried, {new['spans']} spans"
+        )
+    print(
+        f"peak RSS: lookup process {lookup['peak_rss_mb']:.0f} MB, "
+        f"scan process {scan['peak_rss_mb']:.0f} MB"
+    )
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ from sqlalchemy import select
 from corpus_assets.assets.jobs import approval_run_config
 from corpus_assets.assets.resources import CorpusResource
 from corpus_assets.assets.sensors import publication, source_discovery
-from corpus_assets.core.governance import gate, states
+from corpus_assets.core.governance import deletion_index, gate, states
 from corpus_assets.core.runtime.keys import validate_partition_key
 from corpus_assets.core.runtime.layers import LAYERS
 from corpus_assets.core.runtime.workspace import open_workspace
@@ -88,6 +88,8 @@ def test_materialize_all_seven_layers(
         with open_workspace() as ws:
             assert states.get(ws.catalog, sid).state == states.VALIDATED
             digests = {layer: ws.catalog.layer_output("p1", layer) for layer in LAYERS}
+            # the manifest asset built the snapshot's deletion index, so a lookup finds it
+            assert ws.catalog.memo(deletion_index.memo_key(digests["manifest"])) is not None
         assert {k: by_layer[k].tags["dagster/data_version"] for k in LAYERS} == digests
 
         again = _materialize(instance, "p1")

@@ -8,13 +8,15 @@ import pyarrow.compute as pc
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from sqlalchemy import update
 
-from corpus_assets.core.governance import deletion_index, states
+from corpus_assets.core.governance import deletion_build, deletion_index, states
 from corpus_assets.core.governance.lineage import hits, scan_hits
 from corpus_assets.core.pipeline import build_all
 from corpus_assets.core.runtime.workspace import Workspace, open_workspace
 from corpus_assets.core.storage.artifacts import get_table
 from corpus_assets.core.storage.cas import ContentStore
+from corpus_assets.core.storage.catalog import layer_memo
 
 
 def _targets(ws: Workspace, sid: str) -> list[tuple[str, str]]:
@@ -49,48 +51,163 @@ def test_hits_agree_with_the_scan_for_every_kind(demo_home: Path) -> None:
     assert all(any(a[field] for a in answers) for field in ("members", "carried_by", "spans"))
 
 
-def test_a_memo_row_naming_another_snapshots_index_is_refused(demo_home: Path) -> None:
+def test_the_build_remembers_each_index_and_a_memo_row_naming_another_is_refused(
+    demo_home: Path,
+) -> None:
     with open_workspace() as ws:
         build_all(ws, "p1")
         build_all(ws, "p2")
         a, b = (s.manifest_digest for s in states.find(ws.catalog))
+        # Built with the manifest: no lookup has happened, yet both indexes are remembered.
+        remembered = [ws.catalog.memo(deletion_index.memo_key(d)) for d in (a, b)]
+        assert all(hit is not None and ws.cas.contains(hit[0]) for hit in remembered)
         other = deletion_index.build(ws.cas, b)
-        ws.catalog.remember(deletion_index.memo_key(a), "governance.deletion_index", other, "{}")
+        assert other == remembered[1][0]  # rebuilt from the same snapshot: the same bytes
+        with ws.catalog.begin() as conn:
+            conn.execute(
+                update(layer_memo)
+                .where(layer_memo.c.memo_key == deletion_index.memo_key(a))
+                .values(index_digest=other)
+            )
         with pytest.raises(deletion_index.DeletionIndexError, match=f"describes manifest {b}"):
             deletion_index.for_snapshot(ws.cas, ws.catalog, a)
 
 
-KEYS = st.sampled_from(["a", "b", "c", "d", "é", ""])
+KEYS = st.sampled_from(["a", "b", "é", "", "a\x00", "a\x00b"])  # SEP inside a target too
+SHARDS = ["sha256:" + "a" * 64, "sha256:" + "b" * 64]
+MEMBER = st.tuples(
+    KEYS,  # record id prefix
+    KEYS,  # object
+    st.one_of(st.none(), KEYS),  # group
+    st.integers(0, 2),  # packed spans
+    st.one_of(st.none(), st.tuples(KEYS, KEYS)),  # a removed duplicate's (object, group)
+)
+CLUSTERS = pa.schema(
+    [(c, pa.string()) for c in ("record_id", "object", "group_id", "verdict")]
+    + [("representative_id", pa.string()), ("match_id", pa.string())]
+    + [("match_jaccard", pa.float64())]
+)
+Member = tuple[str, str, str | None, int, tuple[str, str] | None]
 
 
-@settings(max_examples=30, deadline=None)
+def _inputs(members: list[Member]) -> tuple[pa.Table, pa.Table, pa.Table]:
+    """Members, dedup clusters (each member kept, some with a removed near copy) and spans."""
+    ids = [f"{r}{i % 3}" for i, (r, *_) in enumerate(members)]  # a repeated id too
+    table = pa.table(
+        {
+            "record_id": pa.array(ids, pa.string()),
+            "object": pa.array([m[1] for m in members], pa.string()),
+            "group_id": pa.array([m[2] for m in members], pa.string()),
+        }
+    )
+    copies = [(f"x{i % 2}", *m[4], ids[i]) for i, m in enumerate(members) if m[4] is not None]
+    clusters = pa.concat_tables(
+        [
+            table.append_column("verdict", pa.array(["keep"] * len(ids), pa.string()))
+            .append_column("representative_id", pa.nulls(len(ids), pa.string()))
+            .append_column("match_id", pa.nulls(len(ids), pa.string()))
+            .append_column("match_jaccard", pa.nulls(len(ids), pa.float64())),
+            pa.table(
+                {
+                    "record_id": [c[0] for c in copies],
+                    "object": [c[1] for c in copies],
+                    "group_id": [c[2] for c in copies],
+                    "verdict": ["near_duplicate"] * len(copies),
+                    "representative_id": [c[3] for c in copies],
+                    "match_id": [c[3] for c in copies],
+                    "match_jaccard": [0.75] * len(copies),
+                },
+                schema=CLUSTERS,
+            ),
+        ]
+    )
+    placed = [(i, k) for i, m in enumerate(members) for k in range(m[3])]
+    spans = pa.table(
+        {
+            "block": pa.array([3 * i + k for i, k in placed], pa.int64()),
+            "start": pa.array([k for _, k in placed], pa.int32()),
+            "end": pa.array([k + 1 for _, k in placed], pa.int32()),
+            "record_id": pa.array([ids[i] for i, _ in placed], pa.string()),
+            "record_offset": pa.array([k for _, k in placed], pa.int64()),
+            "shard": pa.array([k % 2 for _, k in placed], pa.int32()),
+        }
+    )
+    return table, clusters, spans
+
+
+@settings(max_examples=40, deadline=None)
 @given(
-    members=st.lists(st.tuples(KEYS, KEYS, st.one_of(st.none(), KEYS)), max_size=30),
+    members=st.lists(MEMBER, max_size=25),
     shard_rows=st.integers(1, 5),
-    probe=st.tuples(st.sampled_from(sorted(deletion_index.COLUMN)), KEYS),
+    kind=st.sampled_from(sorted(deletion_index.COLUMN)),
+    data=st.data(),
 )
 def test_lookup_over_any_sharding_equals_a_filter(
     tmp_path_factory: pytest.TempPathFactory,
-    members: list[tuple[str, str, str | None]],
+    members: list[Member],
     shard_rows: int,
-    probe: tuple[str, str],
+    kind: str,
+    data: st.DataObject,
 ) -> None:
-    """Keys repeated across shard boundaries and null groups: the shards a lookup reads hold
-    every row a full filter finds."""
+    """Keys repeated across shard boundaries, null groups, SEP inside targets: the shards a
+    lookup reads hold every member, removed duplicate and span a full filter finds."""
     cas = ContentStore(tmp_path_factory.mktemp("cas"))
-    table = pa.table(
-        {
-            "record_id": [f"{r}{i}" for i, (r, _, _) in enumerate(members)],
-            "object": [o for _, o, _ in members],
-            "group_id": pa.array([g for _, _, g in members], pa.string()),
-        }
+    table, clusters, spans = _inputs(members)
+    manifest = "sha256:" + "0" * 64
+    digest = deletion_index.build_tables(cas, manifest, table, clusters, spans, SHARDS, shard_rows)
+    index = deletion_index.load(cas, manifest, digest)
+    column = deletion_index.COLUMN[kind]
+    present = clusters.column(column).drop_null().to_pylist()  # every member is in clusters
+    target = data.draw(st.sampled_from([*present, "nope"]), "target")
+    keys = [f(kind, target) for f in (deletion_index.member_key, deletion_index.carried_key)]
+    found = index.rows([*keys, deletion_index.reach_key(kind, target)])
+    by_key = {k: found.filter(pc.equal(found.column("key"), k)) for k in keys}
+    hit = table.filter(pc.equal(table.column(column), target)).column("record_id")
+    assert sorted(by_key[keys[0]].column("record_id").to_pylist()) == sorted(hit.to_pylist())
+    copies = clusters.filter(
+        pc.and_(
+            pc.equal(clusters.column(column), target),
+            pc.invert(pc.is_null(clusters.column("representative_id"))),
+        )
     )
-    rows = deletion_index.index_rows(table, None, None, [])
-    digest = deletion_index.put_index(cas, "sha256:" + "0" * 64, rows, [], shard_rows)
-    index = deletion_index.DeletionIndex(cas, json.loads(cas.get_bytes(digest)))
-    kind, target = probe
-    found = index.rows([deletion_index.member_key(kind, target)]).column("record_id")
-    column = table.column(deletion_index.COLUMN[kind])
-    assert sorted(found.to_pylist()) == sorted(
-        table.filter(pc.equal(column, target)).column("record_id").to_pylist()
+    order = [(c, "ascending") for c in deletion_index.CARRIED]
+    carried = by_key[keys[1]].select(deletion_index.CARRIED).sort_by(order)
+    assert carried.to_pylist() == copies.select(deletion_index.CARRIED).sort_by(order).to_pylist()
+    reached = pa.concat_arrays(
+        [hit.combine_chunks(), copies.column("representative_id").combine_chunks()]
     )
+    expected = spans.filter(pc.is_in(spans.column("record_id"), value_set=reached))
+    got = found.filter(pc.equal(found.column("key"), deletion_index.reach_key(kind, target)))
+    assert sorted(got.column("block").to_pylist()) == sorted(expected.column("block").to_pylist())
+    assert sorted(zip(got["block"].to_pylist(), got["shard"].to_pylist(), strict=True)) == sorted(
+        (b, SHARDS[s])
+        for b, s in zip(expected["block"].to_pylist(), expected["shard"].to_pylist(), strict=True)
+    )
+
+
+def test_the_index_bytes_depend_on_the_rows_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Same rows in another order, fetched from DuckDB in other batch sizes: the same digest."""
+    members = [
+        (f"r{i % 7}", f"o{i % 5}", f"g{i % 3}", i % 3, ("o9", "g9") if i % 4 else None)
+        for i in range(1500)
+    ]
+    table, clusters, spans = _inputs(members)
+    cas = ContentStore(tmp_path / "cas")
+    manifest = "sha256:" + "1" * 64
+    first = deletion_index.build_tables(cas, manifest, table, clusters, spans, SHARDS, 2048)
+    monkeypatch.setattr(deletion_build, "BATCH_ROWS", 7)
+    shuffled = [t.take(pa.array(range(t.num_rows - 1, -1, -1))) for t in (table, clusters, spans)]
+    again = deletion_index.build_tables(cas, manifest, *shuffled, SHARDS, 2048)
+    assert again == first
+    assert deletion_index.load(cas, manifest, first).fanout.num_rows > 2  # several shards
+
+
+def test_a_span_naming_an_unlisted_packed_shard_is_refused_by_name(tmp_path: Path) -> None:
+    table, clusters, spans = _inputs([("r", "o", "g", 2, None)])  # spans in shards 0 and 1
+    cas = ContentStore(tmp_path / "cas")
+    with pytest.raises(
+        deletion_index.DeletionIndexError, match=r"packed shards 0\.\.1, .* lists 1"
+    ):
+        deletion_index.build_tables(cas, "sha256:" + "2" * 64, table, clusters, spans, SHARDS[:1])

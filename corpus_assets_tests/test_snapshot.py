@@ -8,7 +8,7 @@ import pytest
 import zstandard
 from sqlalchemy import insert, select
 
-from corpus_assets.core.governance import states
+from corpus_assets.core.governance import deletion_index, states
 from corpus_assets.core.governance.tombstones import add_tombstone
 from corpus_assets.core.pipeline import BUILDERS, DIRECT_BUILDERS, MEMOIZED, build_all
 from corpus_assets.core.release.signing import key_paths
@@ -103,8 +103,11 @@ def test_second_partition_reuses_every_unchanged_object(workspace: Workspace) ->
     created = set(workspace.cas.iter_digests()) - before
     one, two = _layer_digests(workspace, "p1"), _layer_digests(workspace, "p2")
     assert {k for k in LAYERS if one[k] != two[k]} == {"manifest"}
-    # only the new freeze spec (it names the partition) and the new manifest are new bytes
-    assert created == {workspace.catalog.freeze_digest("p2"), two["manifest"]}
+    # only the new freeze spec (it names the partition), the new manifest and its deletion
+    # index directory (it names the manifest; its shards are the first snapshot's) are new bytes
+    index = workspace.catalog.memo(deletion_index.memo_key(two["manifest"]))
+    assert index is not None
+    assert created == {workspace.catalog.freeze_digest("p2"), two["manifest"], index[0]}
     manifest = json.loads(workspace.cas.get_bytes(two["manifest"]))
     first_id = states.for_partition(workspace.catalog, "p1")[0].snapshot_id
     assert manifest["snapshotId"] == second["manifest"].digests["snapshotId"] != first_id
@@ -131,9 +134,14 @@ def test_same_inputs_give_same_bytes_in_another_home(
 
 def test_flipping_any_byte_of_any_object_fails_verify_naming_it(demo_home: Path) -> None:
     with open_workspace() as ws:
-        sid = build_all(ws, "p1")["manifest"].digests["snapshotId"]
+        manifest = build_all(ws, "p1")["manifest"]
+        sid = manifest.digests["snapshotId"]
         assert verify(ws.cas, ws.catalog, sid).ok
-        every = sorted(ws.cas.iter_digests())
+        # The deletion index is a side table outside the snapshot (every read of it re-hashes)
+        directory = ws.catalog.memo(deletion_index.memo_key(manifest.digest))[0]
+        index = deletion_index.load(ws.cas, manifest.digest, directory)
+        side = {directory, *index.fanout.column("digest").to_pylist()}
+        every = sorted(set(ws.cas.iter_digests()) - side)
         assert len(every) > 20
         for digest in every:
             path = ws.cas.path(digest)

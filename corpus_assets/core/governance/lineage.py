@@ -22,6 +22,8 @@ from corpus_assets.core.storage.cas import ContentStore
 from corpus_assets.core.storage.catalog import Catalog, permits, tombstones
 
 COLUMN = deletion_index.COLUMN
+CARRIED_ORDER = deletion_index.CARRIED
+SPAN_ORDER = ["record_id", "record_offset", "block", "start", "end", "shard"]  # pack order
 
 
 def revoked_targets(catalog: Catalog, watermark: int) -> dict[str, dict[str, str]]:
@@ -55,50 +57,69 @@ def tombstone_matches(catalog: Catalog, watermark: int, table: pa.Table) -> dict
 
 def hits(cas: ContentStore, catalog: Catalog, kind: str, target: str) -> list[dict[str, Any]]:
     """Per snapshot that holds the target: its state, members hit, spans hit, runs that read it.
-    Each snapshot's deletion index (built on first use) is read, not its tables."""
-    found = []
-    for snapshot in states.find(catalog):
-        index = deletion_index.for_snapshot(cas, catalog, snapshot.manifest_digest)
-        keys = [deletion_index.member_key(kind, target), deletion_index.carried_key(kind, target)]
+    Each snapshot's deletion index (built on first use) is read, not its tables: one shard
+    holds the target's members, removed duplicates and their spans; the catalog is asked once
+    for every memo row and once for every permit, not once a snapshot."""
+    found = states.find(catalog)
+    indexes = deletion_index.for_snapshots(cas, catalog, [s.manifest_digest for s in found])
+    keys = [
+        deletion_index.member_key(kind, target),
+        deletion_index.carried_key(kind, target),
+        deletion_index.reach_key(kind, target),
+    ]
+    reached = []
+    for snapshot, index in zip(found, indexes, strict=True):
         rows = index.rows(keys)
         if not rows.num_rows:
             continue
-        is_member = pc.equal(rows.column("key"), keys[0])
-        members_hit = rows.filter(is_member).column("record_id").to_pylist()
-        carried = rows.filter(pc.invert(is_member)).select(deletion_index.CARRIED).to_pylist()
-        ids = members_hit + [c["representative_id"] for c in carried]
-        span_rows = index.rows([deletion_index.span_key(i) for i in ids])
-        columns = index.directory["spanColumns"]
-        spans = sorted(
-            span_rows.select(columns).to_pylist(),
-            key=lambda r: (r["record_id"], r["record_offset"]),
-        )
-        found.append(_hit(catalog, snapshot, members_hit, carried, spans))
+        fact = rows.column("key")
+        members_hit = rows.filter(pc.equal(fact, keys[0])).column("record_id")
+        carried = rows.filter(pc.equal(fact, keys[1])).select(deletion_index.CARRIED)
+        spans = rows.filter(pc.equal(fact, keys[2])).select(index.directory["spanColumns"])
+        reached.append((snapshot, members_hit, carried, spans))
+    runs = _runs(catalog, [snapshot.snapshot_id for snapshot, *_ in reached])
+    return [_hit(*entry, runs.get(entry[0].snapshot_id, [])) for entry in reached]
+
+
+def _runs(catalog: Catalog, snapshot_ids: list[str]) -> dict[str, list[str]]:
+    """snapshot id -> the runs its permits name, for every given snapshot in a query or few."""
+    found: dict[str, list[str]] = {}
+    with catalog.begin() as conn:
+        for at in range(0, len(snapshot_ids), 500):  # under any backend's parameter limit
+            query = select(permits.c.snapshot_id, permits.c.run_id).where(
+                permits.c.snapshot_id.in_(snapshot_ids[at : at + 500])
+            )
+            for snapshot_id, run_id in conn.execute(query).all():
+                found.setdefault(snapshot_id, []).append(run_id)
     return found
 
 
 def _hit(
-    catalog: Catalog,
     snapshot: states.Snapshot,
-    members: list[str],
-    carried: list[dict[str, Any]],
-    spans: list[dict[str, Any]],
+    members: pa.ChunkedArray,
+    carried: pa.Table,
+    spans: pa.Table,
+    runs: list[str],
 ) -> dict[str, Any]:
-    """One snapshot's entry in a tombstone's lineage, with the runs that read it."""
-    with catalog.begin() as conn:
-        runs = conn.scalars(
-            select(permits.c.run_id).where(permits.c.snapshot_id == snapshot.snapshot_id)
-        ).all()
+    """One snapshot's entry in a tombstone's lineage, with the runs that read it; rows in a
+    total order, sorted by Arrow (spans in pack order: a repeated record's spans by block)."""
+    spans = _sorted(spans, SPAN_ORDER)
     return {
         "snapshotId": snapshot.snapshot_id,
         "partition": snapshot.partition_key,
         "state": snapshot.state,
-        "members": sorted(members),
-        "carried_by": sorted(carried, key=lambda r: r["record_id"]),
-        "spans": spans,
-        "blocks": sorted({span["block"] for span in spans}),
+        "members": pc.take(members, pc.sort_indices(members)).to_pylist(),
+        "carried_by": _sorted(carried, CARRIED_ORDER).to_pylist(),
+        "spans": spans.to_pylist(),
+        "blocks": pc.unique(spans.column("block")).sort().to_pylist(),
         "runs": sorted(runs),
     }
+
+
+def _sorted(table: pa.Table, fields: list[str]) -> pa.Table:
+    """``table`` by ``fields`` (those it has), nulls first."""
+    order = [(f, "ascending", "at_start") for f in fields if f in table.column_names]
+    return table.sort_by(order) if order else table
 
 
 def scan_hits(cas: ContentStore, catalog: Catalog, kind: str, target: str) -> list[dict[str, Any]]:
@@ -110,50 +131,46 @@ def scan_hits(cas: ContentStore, catalog: Catalog, kind: str, target: str) -> li
         members = get_table(cas, manifest["members"], "members table")
         matched = members.filter(pc.equal(members.column(COLUMN[kind]), target))
         carried = _carried_by(cas, manifest, kind, target)
-        if not matched.num_rows and not carried:
+        if not matched.num_rows and not carried.num_rows:
             continue
         ids = pa.concat_arrays(
             [
                 matched.column("record_id").combine_chunks(),
-                pa.array([c["representative_id"] for c in carried], pa.string()),
+                carried.column("representative_id").combine_chunks(),
             ]
         )
         spans = _spans_of(cas, manifest, ids)
-        members_hit = matched.column("record_id").to_pylist()
-        found.append(_hit(catalog, snapshot, members_hit, carried, spans))
-    return found
+        found.append((snapshot, matched.column("record_id"), carried, spans))
+    runs = _runs(catalog, [snapshot.snapshot_id for snapshot, *_ in found])
+    return [_hit(*entry, runs.get(entry[0].snapshot_id, [])) for entry in found]
 
 
-def _spans_of(cas: ContentStore, manifest: dict[str, Any], ids: pa.Array) -> list[dict[str, Any]]:
+def _spans_of(cas: ContentStore, manifest: dict[str, Any], ids: pa.Array) -> pa.Table:
     """Every packed span of these records: shard (by digest), block, [start, end), offset."""
     packed = load_index(cas, manifest["layers"]["packed_blocks"], "packed_blocks")
     spans = get_table(cas, packed.output("spans"), "spans table")
     spans = spans.filter(pc.is_in(spans.column("record_id"), value_set=ids))
-    shards = [ref["digest"] for ref in packed.outputs.get("shards", [])]
-    columns = ["record_id", "record_offset", "shard", "block", "start", "end"]
-    rows = spans.select([c for c in columns if c in spans.column_names]).to_pylist()
-    for row in rows:
-        if "shard" in row:  # an index written before shards has none
-            row["shard"] = shards[row["shard"]]
-    return sorted(rows, key=lambda r: (r["record_id"], r["record_offset"]))
+    spans = spans.select([c for c in deletion_index.SPANS if c in spans.column_names])
+    if "shard" in spans.column_names:  # an index written before shards has none
+        shards = pa.array([ref["digest"] for ref in packed.outputs.get("shards", [])], pa.string())
+        where = spans.schema.get_field_index("shard")
+        spans = spans.set_column(where, "shard", pc.take(shards, spans.column("shard")))
+    return spans
 
 
-def _carried_by(
-    cas: ContentStore, manifest: dict[str, Any], kind: str, target: str
-) -> list[dict[str, Any]]:
+def _carried_by(cas: ContentStore, manifest: dict[str, Any], kind: str, target: str) -> pa.Table:
     """Removed duplicates matching the target, with the kept record that carried their content."""
     dedup = load_index(cas, manifest["layers"]["dedup_clusters"], "dedup_clusters")
     clusters = get_table(cas, dedup.output("clusters"), "dedup clusters")
     if "verdict" not in clusters.column_names:  # an index written before near-dedup
-        return []
+        return deletion_index.ROWS.empty_table().select(deletion_index.CARRIED)
     rows = clusters.filter(
         pc.and_(
             pc.equal(clusters.column(COLUMN[kind]), target),
             pc.is_in(clusters.column("verdict"), pa.array(["exact_duplicate", "near_duplicate"])),
         )
     )
-    columns = ["record_id", "verdict", "representative_id", "match_id", "match_jaccard"]
-    return sorted(rows.select(columns).to_pylist(), key=lambda r: r["record_id"])
+    return rows.select(deletion_index.CARRIED)
 
 
 def tombstone_hits(cas: ContentStore, catalog: Catalog, seq: int) -> dict[str, Any]:

@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from corpus_assets.core.governance import states
+from corpus_assets.core.governance import deletion_index, states
 from corpus_assets.core.ingest.freeze import freeze
 from corpus_assets.core.ingest.freeze_spec import ChangelogSourceSpec, FreezeSpec
 from corpus_assets.core.records.index import CanonicalIndex, record_schema_digest
@@ -202,6 +202,7 @@ def build_manifest(ws: Workspace, partition_key: str) -> LayerResult:
     failpoints.hit("layer/manifest/indexed")
     _register(ws, partition_key, manifest, manifest_ref["digest"])
     failpoints.hit("layer/manifest/published")
+    deletion_index.ensure(ws.cas, ws.catalog, manifest_ref["digest"])  # the first lookup is fast
     diff = shadow_diff(ws.cas, ws.catalog, manifest["snapshotId"])
     return LayerResult(
         layer="manifest",
