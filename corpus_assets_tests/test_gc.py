@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import insert
 
+from corpus_assets.core.governance import deletion_index, states
 from corpus_assets.core.release.gc import retained_snapshots
 from corpus_assets.core.storage.cas import ContentStore
 from corpus_assets.core.storage.cas_lock import lock_path
@@ -49,6 +50,11 @@ def test_dry_run_lists_exactly_the_garbage_and_gc_removes_only_it(lab: Lab) -> N
     assert _gc(home, "--dry-run")["objects"] == []
     ran = home.cli("verify", built.snapshot_id)
     assert ran.code == 0, ran.out + ran.err
+    catalog = Catalog(f"sqlite:///{home.dir / 'data' / 'catalog.sqlite'}")
+    manifests = [s.manifest_digest for s in states.find(catalog)]
+    index = deletion_index.stored_objects(cas, catalog, manifests)
+    catalog.dispose()
+    assert index and index <= set(cas.iter_digests())  # retained snapshots keep their index
 
 
 def _snapshot(conn, sid: str, state: str, at: float) -> None:

@@ -148,6 +148,21 @@ def ensure(
     return digest
 
 
+def stored_objects(cas: ContentStore, catalog: Catalog, manifest_digests: list[str]) -> set[str]:
+    """The directories and shards of these snapshots' remembered indexes that are whole in the
+    CAS: what gc keeps, so an index is built once per snapshot, not again after every gc."""
+    found: set[str] = set()
+    known = _remembered(catalog, [memo_key(d) for d in manifest_digests])
+    for digest in manifest_digests:
+        directory = known.get(memo_key(digest))
+        if directory is None or not cas.contains(directory):
+            continue
+        shards = load(cas, digest, directory).fanout.column("digest").to_pylist()
+        if all(cas.contains(s) for s in shards):
+            found |= {directory, *shards}
+    return found
+
+
 def _remembered(catalog: Catalog, keys: list[str]) -> dict[str, str]:
     """memo key -> index digest for those of ``keys`` with a memo row."""
     found: dict[str, str] = {}

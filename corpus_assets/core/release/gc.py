@@ -12,7 +12,8 @@ Live objects are the closure, by ``verify.reachable`` (the walk ``verify`` does)
   none yet (an open build: its finished layers are referenced by ``layer_outputs`` only);
 - the outputs of successful chunk tasks finished since the earliest open build's freeze (chunk
   tasks name no partition, so all of them from then on: an open build resumes with them);
-- benchmark item texts.
+- benchmark item texts;
+- the deletion index (``governance.deletion_index``) of every retained snapshot, when whole.
 
 Memo rows (``layer_memo``) and older chunk tasks are not roots: every reader checks that their
 objects are present and rebuilds otherwise, so removing them costs time, never correctness.
@@ -35,7 +36,7 @@ from typing import Any
 
 from sqlalchemy import select
 
-from corpus_assets.core.governance import states
+from corpus_assets.core.governance import deletion_index, states
 from corpus_assets.core.release.verify import reachable
 from corpus_assets.core.storage.artifacts import BINARY, JSON, make_ref
 from corpus_assets.core.storage.cas import ContentStore
@@ -188,7 +189,7 @@ def live_objects(cas: ContentStore, catalog: Catalog, retained: list[str]) -> se
         raise GcError("cannot walk every retained object, gc removes nothing: " + findings[0])
     with catalog.begin() as conn:
         live |= set(conn.scalars(select(benchmark_items.c.text_digest)))
-    return live
+    return live | deletion_index.stored_objects(cas, catalog, manifests)
 
 
 def plan(cas: ContentStore, catalog: Catalog, alias: str, keep: int | None) -> Plan:
