@@ -150,7 +150,7 @@ def cmd_tokenizer_train(args: argparse.Namespace) -> int:
     """Train on the partition's train split, pin the file, print how to use it."""
     with (
         open_workspace() as ws,
-        cas_lock(ws.home, ws.cas, ws.catalog.url, exclusive=False, on_wait=note),
+        ws.cas_lock(on_wait=note),
     ):
         declared = ws.config.policies.tokenizer
         specials = {}

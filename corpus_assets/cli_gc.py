@@ -8,7 +8,6 @@ from typing import Any
 from corpus_assets.cli_catalog import CliError, note
 from corpus_assets.core.release.gc import GcError, collect, plan
 from corpus_assets.core.runtime.workspace import open_workspace
-from corpus_assets.core.storage.cas_lock import cas_lock
 
 
 def add_gc_command(sub: Any) -> None:
@@ -23,7 +22,7 @@ def add_gc_command(sub: Any) -> None:
 def cmd_gc(args: argparse.Namespace) -> int:
     ws = open_workspace()
     config = ws.config
-    with cas_lock(ws.home, ws.cas, ws.catalog.url, exclusive=True, on_wait=note):
+    with ws.cas_lock(exclusive=True, on_wait=note):
         try:
             planned = plan(ws.cas, ws.catalog, config.alias, config.retention.keep_generations)
         except GcError as error:

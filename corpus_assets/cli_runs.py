@@ -13,7 +13,6 @@ from corpus_assets.core.runtime.build_lock import partition_build_lock
 from corpus_assets.core.runtime.keys import check_new_partition_key, new_partition_key
 from corpus_assets.core.runtime.layers import LAYERS, load_index
 from corpus_assets.core.runtime.workspace import open_workspace
-from corpus_assets.core.storage.cas_lock import cas_lock
 from corpus_assets.core.storage.trust import StatTrust
 
 if TYPE_CHECKING:
@@ -79,7 +78,7 @@ def build(partition: str | None) -> dict[str, Any]:
     instance = dagster_instance()
     taken |= set(instance.get_dynamic_partitions("snapshots"))
     key = partition or new_partition_key(taken)
-    cas_held = cas_lock(home, ws.cas, ws.catalog.url, exclusive=False, on_wait=note)
+    cas_held = ws.cas_lock(on_wait=note)
     with partition_build_lock(home, key, note), cas_held:
         _report_dead_runs(instance, key)
         with open_workspace() as ws:

@@ -17,7 +17,6 @@ from sqlalchemy import select
 from corpus_assets.assets.lifecycle import state_observation
 from corpus_assets.assets.resources import CorpusResource
 from corpus_assets.core.governance.lineage import tombstone_hits
-from corpus_assets.core.storage.cas_lock import cas_lock
 from corpus_assets.core.storage.catalog import tombstones
 
 HIT_COLUMNS = (
@@ -76,10 +75,7 @@ def hit_markdown(answer: dict[str, Any], hit: dict[str, Any]) -> str:
 def trace_tombstone(
     context: dg.OpExecutionContext, config: TombstoneHitsConfig, corpus: CorpusResource
 ) -> dg.Output[None]:
-    with (
-        corpus.workspace() as ws,
-        cas_lock(ws.home, ws.cas, ws.catalog.url, exclusive=False),
-    ):  # may build an index
+    with corpus.workspace() as ws, ws.cas_lock():  # shared: the lookup may build an index
         answer = tombstone_hits(ws.cas, ws.catalog, config.seq)
         pages = [state_observation(ws, hit["snapshotId"]) for hit in answer["snapshots"]]
     for hit, page in zip(answer["snapshots"], pages, strict=True):

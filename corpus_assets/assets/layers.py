@@ -22,7 +22,6 @@ from corpus_assets.core.runtime.code_identity import stage_code
 from corpus_assets.core.runtime.keys import validate_partition_key
 from corpus_assets.core.runtime.layers import LAYERS, LayerResult
 from corpus_assets.core.runtime.workspace import Workspace
-from corpus_assets.core.storage.cas_lock import cas_lock
 from corpus_assets.core.training_view import mixing, packing
 from corpus_assets.core.training_view import splits as splits_layer
 
@@ -101,7 +100,7 @@ def layer_asset(layer: str, deps: Sequence[str]) -> dg.AssetsDefinition:
     def _layer(context: dg.AssetExecutionContext, corpus: CorpusResource) -> dg.MaterializeResult:
         key = validate_partition_key(context.partition_key)
         # the CAS lock, shared: a gc waits for this step as for a CLI build (``release.gc``)
-        with corpus.workspace() as ws, cas_lock(ws.home, ws.cas, ws.catalog.url, exclusive=False):
+        with corpus.workspace() as ws, ws.cas_lock():
             result = build(ws, key)
             extra = lineage_markdown(ws, result.digest) if layer == "manifest" else None
         context.log.info(f"{layer} {key}: {result.digest} {result.counts}")

@@ -23,7 +23,6 @@ from corpus_assets.core.release.record_lineage_render import (
 )
 from corpus_assets.core.release.span_records import SpanQuery, span_records
 from corpus_assets.core.release.verify import resolve
-from corpus_assets.core.storage.cas_lock import cas_lock
 
 BLOCK = "A block number (numbered across the pack)."
 START = "First token of a range in the block."
@@ -55,7 +54,7 @@ def trace_lineage(
     context: dg.OpExecutionContext, config: RecordLineageConfig, corpus: CorpusResource
 ) -> dg.Output:
     # the CAS lock, shared: a lookup may write the snapshot's deletion index (``release.gc``)
-    with corpus.workspace() as ws, cas_lock(ws.home, ws.cas, ws.catalog.url, exclusive=False):
+    with corpus.workspace() as ws, ws.cas_lock():
         snapshot = resolve(ws.catalog, config.digest.strip())
         if config.record_id.strip():
             answer = trace_record(ws.cas, ws.catalog, snapshot, config.record_id.strip(), ws.config)

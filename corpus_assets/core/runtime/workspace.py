@@ -2,6 +2,7 @@
 
 import os
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -9,6 +10,7 @@ from typing import Any, TypeVar
 from corpus_assets.core.runtime.config import CorpusConfig, LoadedConfig, default_home, load_config
 from corpus_assets.core.runtime.runners import Setup, WorkerSetup, task_runner
 from corpus_assets.core.storage.cas import ContentStore
+from corpus_assets.core.storage.cas_lock import cas_lock
 from corpus_assets.core.storage.cas_s3 import open_content_store
 from corpus_assets.core.storage.catalog import Catalog, default_catalog_url
 from corpus_assets.core.storage.tasks import ChunkTask
@@ -27,6 +29,12 @@ class Workspace:
 
     def close(self) -> None:
         self.catalog.dispose()
+
+    def cas_lock(
+        self, exclusive: bool = False, on_wait: Callable[[str], None] | None = None
+    ) -> AbstractContextManager[None]:
+        """This home's CAS lock (``storage.cas_lock``): shared for a writer, exclusive for gc."""
+        return cas_lock(self.home, self.cas, self.catalog.url, exclusive, on_wait)
 
     def __enter__(self) -> "Workspace":
         return self
