@@ -3,6 +3,7 @@
 import re
 
 from corpus_assets.selftest import (  # noqa: F401  (each registers its cases)
+    attack,
     cases_build,
     cases_download,
     cases_ingest,

@@ -1,0 +1,7 @@
+"""The ``attack`` group of ``corpus-assets selftest --faults``: a hostile or careless user's
+moves against a built home (issue 31), each expected to be refused with nothing verified lost and
+the digests of existing snapshots unchanged.
+
+Cases are named ``attack.<point>-<what>`` (``--only '^attack\\.'`` runs the group); one module
+per trust promise registers its cases:
+"""
