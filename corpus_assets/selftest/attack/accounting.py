@@ -111,12 +111,18 @@ def members_row_dropped(lab: Lab) -> Outcome:
         stored = ws.cas.put_bytes(canonical_json(manifest))
         states.register(ws.catalog, forged, PARTITION, stored, ws.config.alias)
     approve = home.cli("approve", forged, "--by", "selftest")
-    named = "canonical records !=" in approve.err and "accounted for" in approve.err
     with workspace(home) as ws:
         kept = intact(ws, signed)
         state = states.get(ws.catalog, forged).state
+        why = [e.detail or "" for e in states.history(ws.catalog, forged) if e.to_state == state]
+    # approve's one line shows the first failed rule; the REJECTED event names each of them
+    found = [f for f in "; ".join(why).split("; ") if f.startswith("counts_add_up: ")]
+    named = any("canonical records !=" in f and "accounted for" in f for f in found)
     return Outcome(
-        observed=f"approve exit {approve.code}: {approve.error_line()}; forged snapshot {state}",
+        observed=(
+            f"approve exit {approve.code}: {approve.error_line()}; forged snapshot {state}; "
+            f"{found[0] if found else 'counts_add_up not among the failed rules'}"
+        ),
         matched=approve.code == 1 and named and state == states.REJECTED,
         lost=NO_LOSS if kept else f"signed manifest {signed} damaged",
         digests_equal=None,  # no build of its own: it forges a copy of the reference's
