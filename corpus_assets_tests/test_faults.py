@@ -44,7 +44,8 @@ def test_duplicate_record_ids_are_excluded_by_name_at_build(tmp_path: Path) -> N
             pa.BufferReader(ws.cas.get_bytes(clusters["outputs"]["clusters"]["digest"]))
         )
         reasons = [e for e in table.column("excluded").to_pylist() if e]
-        assert len(reasons) == 1 and reasons[0].startswith("id.conflict: another text than the first at sha256:")
+        assert len(reasons) == 1
+        assert reasons[0].startswith("id.conflict: another text than the first at sha256:")
         assert validate_snapshot(ws, results["manifest"].digests["snapshotId"]).ok
 
 

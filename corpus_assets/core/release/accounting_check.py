@@ -23,7 +23,8 @@ SELECT source_id,
   CASE WHEN verdict <> 'excluded' THEN verdict
        WHEN starts_with(excluded, ?) THEN 'id_conflicts'
        WHEN starts_with(excluded, ?) THEN 'duplicate_ids'
-       ELSE 'tombstoned' END AS term, count(*)
+       WHEN starts_with(excluded, 'tombstone ') THEN 'tombstoned'
+       ELSE 'excluded for no known reason' END AS term, count(*)
 FROM read_parquet({path}) GROUP BY ALL
 """
 TERMS = ("members", "duplicates removed", "duplicate ids", "id conflicts", "tombstoned")
@@ -66,6 +67,8 @@ def source_findings(counts: dict[str, SourceCounts]) -> list[str]:
     for source, c in counts.items():
         if c.records != c.accounted():
             terms = ", ".join(f"{c.terms[t]} {t}" for t in (*TERMS, "split-quarantined"))
+            known = {*TERMS, "split-quarantined", "dedup kept"}
+            terms += "".join(f"; {n} {t}" for t, n in sorted(c.terms.items()) if t not in known)
             findings.append(
                 f"source {source!r}: {c.records} canonical records != {c.accounted()} "
                 f"accounted for ({terms})"
