@@ -20,7 +20,7 @@ from corpus_assets.core.release.signing import sign_snapshot
 from corpus_assets.core.release.validation import validate_snapshot
 from corpus_assets.core.release.verify import load_manifest, resolve
 from corpus_assets.core.runtime.workspace import Workspace, open_workspace
-from corpus_assets.core.storage.artifacts import put_table
+from corpus_assets.core.storage.artifacts import get_json, put_json, put_table
 from corpus_assets.core.storage.digests import canonical_json
 
 CLI = str(Path(sys.executable).parent / "corpus-assets")
@@ -145,3 +145,31 @@ def test_counts_that_do_not_add_up_fail_the_gate(built: tuple[Path, str, str]) -
             f.startswith("source 'docs': 17 canonical records != 16") for f in report.findings
         )
         assert states.get(ws.catalog, forged_sid).state == states.REJECTED
+
+
+def test_a_canonical_row_dropped_with_its_index_rewritten_is_named(
+    built: tuple[Path, str, str],
+) -> None:
+    """A canonical records table with one row dropped, its chunk descriptor, the canonical index
+    and the manifest's layer ref rewritten to point at it (the chunk's own account left as it
+    was): the chunk's account and the source's identity both name it."""
+    root, _stdout, sid = built
+    with _open(root) as ws:
+        manifest = load_manifest(ws.cas, resolve(ws.catalog, sid))
+        index = get_json(ws.cas, manifest["layers"]["canonical_records"], "canonical index")
+        entry = index["outputs"]["chunks"][0]
+        descriptor = get_json(ws.cas, entry["output"], "chunk")
+        records = pq.read_table(ws.cas.path(descriptor["records"]["digest"]))
+        descriptor["records"] = put_table(ws.cas, records.slice(1))
+        entry["output"] = put_json(ws.cas, descriptor)
+        manifest["layers"]["canonical_records"] = put_json(ws.cas, index)
+        with Evidence.load(ws.cas, ws.catalog, manifest) as evidence:
+            findings = gates.counts_add_up(evidence, GateReport())
+    chunk = entry["chunk"]
+    assert findings == [
+        "source 'docs': 16 canonical records != 17 accounted for (15 members, 0 duplicates "
+        "removed, 1 duplicate ids, 1 id conflicts, 0 tombstoned, 0 split-quarantined)",
+        f"chunk {chunk}: 10 rows in, account 10 kept + 0 excluded, tables hold 9 records + "
+        "0 exclusions",
+        "manifest counts.records is 17, the tables hold 16",
+    ], findings
