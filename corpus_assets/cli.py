@@ -239,6 +239,13 @@ def _print_build(built: dict[str, Any]) -> None:
         f"duplicates removed from {dedup['records']} records "
         "(`corpus-assets dedup SNAPSHOT RECORD_ID` explains one)"
     )
+    conflicts, repeats = dedup.get("id_conflicts", 0), dedup.get("duplicate_ids", 0)
+    if conflicts or repeats:
+        print(
+            f"record ids: {conflicts} record{'s' * (conflicts != 1)} quarantined as id.conflict "
+            f"(an earlier row has the id and another text), {repeats} exact repeat"
+            f"{'s' * (repeats != 1)} of an earlier row excluded"
+        )
     _print_contamination(built["contamination"])
     print(
         f"CAS objects in this snapshot: {built['casObjects']}, "

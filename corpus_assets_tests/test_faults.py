@@ -36,14 +36,16 @@ def test_duplicate_record_ids_are_excluded_by_name_at_build(tmp_path: Path) -> N
     )
     with open_workspace(config) as ws:
         results = build_all(ws, "p1")
-        assert results["dedup_clusters"].counts["duplicate_ids"] == 1
+        dedup = results["dedup_clusters"].counts
+        assert (dedup["duplicate_ids"], dedup["id_conflicts"]) == (0, 1)  # another text
         assert results["manifest"].counts["members"] == 1
         clusters = json.loads(ws.cas.get_bytes(ws.catalog.layer_output("p1", "dedup_clusters")))
         table = pq.read_table(
             pa.BufferReader(ws.cas.get_bytes(clusters["outputs"]["clusters"]["digest"]))
         )
         reasons = [e for e in table.column("excluded").to_pylist() if e]
-        assert len(reasons) == 1 and reasons[0].startswith("duplicate record_id (first at sha256:")
+        assert len(reasons) == 1
+        assert reasons[0].startswith("id.conflict: another text than the first at sha256:")
         assert validate_snapshot(ws, results["manifest"].digests["snapshotId"]).ok
 
 

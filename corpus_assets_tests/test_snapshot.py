@@ -69,6 +69,7 @@ def test_build_validates_and_rebuild_is_identical(workspace: Workspace) -> None:
         "orphan_ids",
         "lineage_completeness",
         "unexplained_rows",
+        "accounting_mismatches",
         "dedup_invariant_violations",
         "leakage_group_split_violations",
         "split_conflicts",

@@ -1,11 +1,12 @@
 """One verdict per canonical record: exact dedup, then near-dedup, then leakage groups.
 
-Verdicts: ``excluded`` (revoked by a tombstone, or a record id already used earlier in the
-total order), ``exact_duplicate`` (its dedup key equals an earlier record's), ``near_duplicate``
-(algorithm 18.1: it directly reaches the threshold with a *kept* record; ``match_id`` /
-``match_jaccard`` are that evidence) or ``keep``. ``representative_id`` is the kept record that
-stands for a removed one; ``leakage_id`` names the component over group ids, exact clusters and
-verified near edges (its smallest group id). Everything per record is a numpy vector of integers
+Verdicts: ``excluded`` (revoked by a tombstone, or a record id already used at an earlier row:
+``duplicate record_id`` for the same text, ``id.conflict`` for another), ``exact_duplicate``
+(its dedup key equals an earlier record's), ``near_duplicate`` (algorithm 18.1: it directly
+reaches the threshold with a *kept* record; ``match_id`` / ``match_jaccard`` are that evidence)
+or ``keep``. ``representative_id`` is the kept record that stands for a removed one;
+``leakage_id`` names the component over group ids, exact clusters and verified near edges (its
+smallest group id). Everything per record is a numpy vector of integers
 decided over :class:`~.partition_db.PartitionDb` codes; the strings come back only when DuckDB
 joins the decisions to the records for the output tables. Python loops run only over repeated
 record ids and tombstoned rows.
@@ -34,6 +35,10 @@ from corpus_assets.core.dedup.report import NearReport
 from corpus_assets.core.storage.duck import sql_path
 
 KEEP, EXACT, NEAR, EXCLUDED = "keep", "exact_duplicate", "near_duplicate", "excluded"
+# Why an ``excluded`` row repeats an earlier row's record id: the same record again (same dedup
+# key), or another text under the same id - quarantined, counted as ``id_conflicts``. Decided
+# here, the first layer that sees the whole partition (a canonical chunk sees one object).
+DUPLICATE_ID, ID_CONFLICT = "duplicate record_id", "id.conflict"
 CLUSTER_COLUMNS = pa.schema(
     [
         ("record_id", pa.string()),
@@ -162,7 +167,7 @@ def decide(
     codes = db.codes()
     order = db.total_order(source_order)
     state = _Verdicts(codes.n)
-    excluded = _exclude_repeated_ids(db, codes, order, dict(revoked or {}))
+    excluded = _exclude_repeated_ids(db, codes, dict(revoked or {}))
     if excluded:
         state.verdict[np.fromiter(excluded, dtype=np.int64, count=len(excluded))] = _EXCLUDED
     representatives, copies = _exact(codes, order[state.verdict[order] == _KEEP], state)
@@ -187,21 +192,31 @@ def decide(
 
 
 def _exclude_repeated_ids(
-    db: PartitionDb, codes: RecordCodes, order: np.ndarray, excluded: dict[int, str]
+    db: PartitionDb, codes: RecordCodes, excluded: dict[int, str]
 ) -> dict[int, str]:
-    """Add every row whose record id already appeared earlier in the order (ids are unique)."""
+    """Add every row whose record id already appeared at an earlier row (ids are unique).
+
+    Rows are numbered in index order (source, object by name, line), so the first row of an
+    id stays: a row appended later never displaces it, whatever its length. A repeat with the
+    same dedup key is the same record again (``duplicate record_id``); with another text it is
+    an ``id.conflict``, quarantined and counted, never silently one of two."""
     id_codes = codes.record_id.codes
-    first = first_in_order(id_codes[order])
-    repeated = order[~first]
+    first = first_in_order(id_codes)  # rows are in index order already
+    repeated = np.flatnonzero(~first)
     if not len(repeated):
         return excluded
     first_row_of = np.empty(int(id_codes.max(initial=-1)) + 1, dtype=np.int64)
-    first_row_of[id_codes[order[first]]] = order[first]
+    first_row_of[id_codes[first]] = np.flatnonzero(first)
     at = first_row_of[id_codes[repeated]]
+    same = codes.dedup_key.codes[repeated] == codes.dedup_key.codes[at]
     where = db.object_lines(np.unique(at))
-    for row, first_row in zip(repeated.tolist(), at.tolist(), strict=True):
+    for row, first_row, same_text in zip(repeated.tolist(), at.tolist(), same, strict=True):
         obj, line = where[first_row]
-        excluded.setdefault(row, f"duplicate record_id (first at {obj} line {line})")
+        if same_text:
+            reason = f"{DUPLICATE_ID} (first at {obj} line {line})"
+        else:
+            reason = f"{ID_CONFLICT}: another text than the first at {obj} line {line}"
+        excluded.setdefault(row, reason)
     return excluded
 
 

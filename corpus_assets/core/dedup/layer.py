@@ -19,6 +19,7 @@ from corpus_assets.core.dedup.clusters import (
     CLUSTER_COLUMNS,
     EXACT,
     EXCLUDED,
+    ID_CONFLICT,
     KEEP,
     NEAR,
     Decided,
@@ -145,6 +146,7 @@ def _counts(decided: Decided, report: DedupReport, tombstoned: int) -> dict[str,
         verdicts.update(per_verdict)
     reps = decided.state.representatives()
     kept = reps[reps >= 0]  # kept rows: their record ids are distinct (repeats are excluded)
+    conflicts = sum(reason.startswith(ID_CONFLICT) for reason in decided.excluded.values())
     return {
         "records": decided.codes.n,
         "kept": verdicts[KEEP],
@@ -152,7 +154,8 @@ def _counts(decided: Decided, report: DedupReport, tombstoned: int) -> dict[str,
         "exact_duplicates": verdicts[EXACT],
         "near_duplicates": verdicts[NEAR],
         "tombstoned": tombstoned,
-        "duplicate_ids": verdicts[EXCLUDED] - tombstoned,
+        "duplicate_ids": verdicts[EXCLUDED] - tombstoned - conflicts,
+        "id_conflicts": conflicts,
         "clusters": len(np.unique(kept)),
         "leakage_groups": len(np.unique(decided.leakage)),
     }

@@ -21,6 +21,7 @@ from corpus_assets.core.governance.lineage import COLUMN, revoked_targets
 from corpus_assets.core.ingest.freeze_spec import ChangelogSourceSpec, FreezeSpec
 from corpus_assets.core.records.canary import Replay
 from corpus_assets.core.records.index import CanonicalIndex
+from corpus_assets.core.release import accounting_check
 from corpus_assets.core.release.evidence import Evidence
 from corpus_assets.core.release.leakage_check import (
     leaked_components,
@@ -56,6 +57,7 @@ class GateReport(BaseModel):
     orphan_ids: int | None = None
     lineage_completeness: str | None = None
     unexplained_rows: int | None = None
+    accounting_mismatches: int | None = None
     dedup_invariant_violations: int | None = None
     leakage_group_split_violations: int | None = None
     split_conflicts: int | None = None
@@ -76,13 +78,13 @@ class GateReport(BaseModel):
 
 
 Gate = Callable[[Evidence, GateReport], list[str]]
+# A member's own canonical row (record id, object, line): an id repeated in the canonical rows
+# (a duplicate or an id conflict dedup excluded) does not make the kept row's lineage ambiguous.
 LINEAGE_ORPHANS = """
-WITH last AS (
-    SELECT record_id, arg_max_null(object, pos) AS object, arg_max_null(line, pos) AS line
-    FROM {canonical} GROUP BY record_id)
-SELECT m.record_id, count(*) OVER () FROM members m LEFT JOIN last c USING (record_id)
-WHERE m.object IS NULL OR m.object NOT IN (SELECT digest FROM pinned) OR c.record_id IS NULL
-   OR c.object IS DISTINCT FROM m.object OR c.line IS DISTINCT FROM m.line
+SELECT m.record_id, count(*) OVER () FROM members m
+WHERE m.object IS NULL OR m.object NOT IN (SELECT digest FROM pinned) OR NOT EXISTS (
+    SELECT 1 FROM {canonical} c
+    WHERE c.record_id = m.record_id AND c.object = m.object AND c.line = m.line)
 ORDER BY m.file_row_number LIMIT 20
 """
 
@@ -188,6 +190,19 @@ def rows_explained(ev: Evidence, report: GateReport) -> list[str]:
     if unexplained:
         return [f"{unexplained} canonical rows are neither members nor duplicates"]
     return []
+
+
+def counts_add_up(ev: Evidence, report: GateReport) -> list[str]:
+    """No row vanishes: per source, records = members + duplicates removed + duplicate ids +
+    id conflicts + tombstoned + split-quarantined, every term counted in its own layer's table
+    (``accounting_check``); each chunk's account matches its tables; the manifest's totals are
+    the tables'."""
+    counts = accounting_check.per_source(ev)
+    findings = accounting_check.source_findings(counts)
+    findings += accounting_check.chunk_findings(ev)
+    findings += accounting_check.manifest_findings(ev.manifest, counts)
+    report.accounting_mismatches = len(findings)
+    return findings[:SHOWN]
 
 
 def dedup_invariants_hold(ev: Evidence, report: GateReport) -> list[str]:

@@ -62,9 +62,13 @@ def dedup_clusters(c: Counts, up: Mapping[str, Counts]) -> list[Finding]:
     return (
         _equal("records = canonical records", c["records"], up["canonical_records"]["records"])
         + _equal(
-            "records = kept + removed + tombstoned + duplicate_ids",
+            "records = kept + removed + tombstoned + duplicate_ids + id_conflicts",
             c["records"],
-            c["kept"] + c["removed"] + c["tombstoned"] + c["duplicate_ids"],
+            c["kept"]
+            + c["removed"]
+            + c["tombstoned"]
+            + c["duplicate_ids"]
+            + c.get("id_conflicts", 0),
         )
         + _equal(
             "removed = exact + near", c["removed"], c["exact_duplicates"] + c["near_duplicates"]

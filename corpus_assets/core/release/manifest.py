@@ -287,12 +287,15 @@ def _document(
 def _counts(indexes: Indexes, members: int) -> dict[str, int]:
     """The headline counts a reviewer compares, taken from the layers that produced them."""
     counts = {layer: index.counts for layer, (_, index) in indexes.items()}
-    canonical = counts["canonical_records"]
+    canonical, dedup = counts["canonical_records"], counts["dedup_clusters"]
     return {
         "records": canonical["records"],
         "quarantined": canonical["quarantined"],
         "dead_letters": canonical["dead_letters"],
-        "duplicates_removed": counts["dedup_clusters"]["removed"],
+        "duplicates_removed": dedup["removed"],
+        "duplicate_ids": dedup["duplicate_ids"],  # the same record id and text again
+        "id_conflicts": dedup["id_conflicts"],  # the same record id, another text: quarantined
+        "tombstoned": dedup["tombstoned"],
         "members": members,
         **{split: counts["splits"][split] for split in SPLITS},
         "blocks": counts["packed_blocks"]["blocks"],

@@ -5,8 +5,10 @@ and activation - calls ``validate_snapshot``; none of them picks rules. The rule
 re-verified (``verify``), then the gates of ``gates``: fences equal to the freeze's, every pinned
 source version readable, every source row accounted for, no open dead letters, member count
 equal to the table, record ids unique and each in one known split, no unknown sources, lineage
-complete, every canonical row explained, the dedup invariants and no leakage group across two
-splits, tombstone and benchmark hits 0, the manifest's transform image this code's, and a canary
+complete, every canonical row explained, per source every record counted in its layer's table
+(``counts_add_up``: records = members + duplicates + repeated ids + tombstoned + split
+quarantine), the dedup invariants and no leakage group across two splits, tombstone and
+benchmark hits 0, the manifest's transform image this code's, and a canary
 replay of a fixed subset of chunks from their pinned versions giving exactly the recorded
 output. Separately, the freeze must have been a consistent boundary (no CDC gap, no late CDC
 event); when it was not the snapshot becomes INCOMPLETE, since no rebuild of it can fix that.
@@ -78,6 +80,7 @@ def snapshot_rules(ws: Workspace) -> SnapshotRules:
             gates.sources_known,
             gates.lineage_complete,
             gates.rows_explained,
+            gates.counts_add_up,
             gates.dedup_invariants_hold,
             gates.split_conflicts_resolved,
             gates.packing_invariants_hold,

@@ -4,4 +4,9 @@ the digests of existing snapshots unchanged.
 
 Cases are named ``attack.<point>-<what>`` (``--only '^attack\\.'`` runs the group); one module
 per trust promise registers its cases:
+
+- ``accounting`` (point 4, first half): a repeated record id with another text is quarantined as
+  ``id.conflict`` and counted; a members row dropped and re-signed is refused by ``counts_add_up``.
 """
+
+from corpus_assets.selftest.attack import accounting  # noqa: F401
