@@ -149,8 +149,11 @@ def test_the_data_home_is_never_listed_even_inside_the_source_folder(tmp_path: P
     with pytest.raises(SourceError, match=r"b\.jsonl.*data home"):
         list_objects(loaded, docs)
     (source / "b.jsonl").unlink()
-    index = source / "index.txt"  # an index may name files by URL: none under the home either
-    index.write_text(f"a.jsonl\n{(home / 'exports' / 'train.jsonl').as_uri()}\n")
+    private, _public = key_paths(home)
+    private.parent.mkdir()
+    private.write_text('{"id": "k", "text": "not a source"}\n')
+    index = source / "index.txt"  # an index may name files by URL: none in the home's store
+    index.write_text(f"a.jsonl\n{private.as_uri()}\n")
     config.write_text(
         f"version: 1\npurpose: confinement-test\nstorage: {{home: {home}}}\n"
         f"sources:\n  - {{id: docs, kind: objects, index: {index}}}\n"
@@ -158,8 +161,33 @@ def test_the_data_home_is_never_listed_even_inside_the_source_folder(tmp_path: P
     loaded = load_config(config)
     (docs,) = loaded.config.sources
     assert isinstance(docs, ObjectsSource)
-    with pytest.raises(SourceError, match=r"train\.jsonl.*inside the data home"):
+    with pytest.raises(SourceError, match=r"signing\.key\.pem.*inside the data home"):
         list_objects(loaded, docs)
+
+
+def test_a_source_folder_in_the_home_store_is_refused_one_beside_it_is_listed(
+    tmp_path: Path,
+) -> None:
+    """The demo keeps its sources in the home (``demo-sources``): that folder is listed; the
+    home itself or its store (keys, CAS) never is."""
+    home = tmp_path / "home"
+    for part in ("demo-sources", "keys", "cas"):
+        (home / part).mkdir(parents=True)
+        (home / part / "a.jsonl").write_text(_rows(part, 1))
+    for path, refused in (("demo-sources", False), ("keys", True), ("cas", True), (".", True)):
+        config = tmp_path / f"{path.strip('.') or 'home'}.yaml"
+        config.write_text(
+            f"version: 1\npurpose: confinement-test\nstorage: {{home: {home}}}\n"
+            f"sources:\n  - {{id: docs, kind: objects, path: {home / path}}}\n"
+        )
+        loaded = load_config(config)
+        (docs,) = loaded.config.sources
+        assert isinstance(docs, ObjectsSource)
+        if refused:
+            with pytest.raises(SourceError, match="data home"):
+                list_objects(loaded, docs)
+        else:
+            assert [o.name for o in list_objects(loaded, docs)] == ["a.jsonl"]
 
 
 def test_a_changelog_segment_link_out_of_the_folder_is_refused(tmp_path: Path) -> None:

@@ -7,9 +7,11 @@ key or secret linked in beside the data, by mistake or by an attacker, must neve
 the CAS, from where it would be read by every consumer and uploaded to an S3 CAS). A symlink to
 a folder is never descended, as ``Path.rglob`` never did: its files are listed under their real
 names, and a loop cannot hang the listing. A data home inside the folder is pruned, never read;
-a folder inside the data home is refused. The folder itself is resolved once, so a linked root
-names one real folder for the whole listing. Dangling links and link loops hold no bytes and are
-not listed. Hard links cannot be told from the path and are not judged.
+the home itself, or a folder in its store (CAS, keys, downloads), is refused as a source folder
+(a source folder kept in the home, as the demo's, is fine: nothing is read outside it). The
+folder itself is resolved once, so a linked root names one real folder for the whole listing.
+Dangling links and link loops hold no bytes and are not listed. Hard links cannot be told from
+the path and are not judged.
 """
 
 import errno
@@ -18,6 +20,9 @@ import stat
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+
+# the data home's own store (CAS, signing keys, downloads, temp files, locks): never a source
+STORE_PARTS = frozenset({"cas", "keys", "downloads", "tmp", "locks"})
 
 
 class OutsideFolder(RuntimeError):
@@ -42,12 +47,7 @@ def matches(name: str, include: Sequence[str]) -> bool:
 
 def list_folder(root: Path, include: Sequence[str], home: Path | None) -> list[FolderEntry]:
     """Files under ``root`` matching ``include`` (dot-files left out), sorted by name."""
-    real_root, real_home = root.resolve(), home.resolve() if home else None
-    if real_home is not None and real_root.is_relative_to(real_home):
-        raise OutsideFolder(
-            f"folder {real_root} is inside the data home {real_home}; sources are never read "
-            "from the data home"
-        )
+    real_root, real_home = root.resolve(), _guarded_home(root.resolve(), home)
     found: dict[str, FolderEntry] = {}
     for entry in _files(real_root, real_home):
         name = Path(entry.path).relative_to(real_root).as_posix()
@@ -57,6 +57,29 @@ def list_folder(root: Path, include: Sequence[str], home: Path | None) -> list[F
         if listed is not None:
             found[name] = listed
     return [found[name] for name in sorted(found)]
+
+
+def in_store(real: Path, real_home: Path) -> bool:
+    """``real`` is the data home's own: a file at its top (catalog, config) or in a store part."""
+    if not real.is_relative_to(real_home):
+        return False
+    parts = real.relative_to(real_home).parts
+    return len(parts) <= 1 or parts[0] in STORE_PARTS
+
+
+def _guarded_home(real_root: Path, home: Path | None) -> Path | None:
+    """The data home the listing must keep out of: None when the folder is itself a source
+    folder kept in the home (the demo's ``demo-sources``), since the walk never leaves the
+    folder; refused when the folder is the home, or inside one of the store's own parts."""
+    real_home = home.resolve() if home else None
+    if real_home is None or not real_root.is_relative_to(real_home):
+        return real_home
+    if in_store(real_root / "x", real_home):
+        raise OutsideFolder(
+            f"folder {real_root} is the data home {real_home} or part of its store; sources "
+            "are never read from the data home's store"
+        )
+    return None
 
 
 def _files(real_root: Path, real_home: Path | None) -> Iterator[os.DirEntry[str]]:

@@ -17,6 +17,7 @@ from corpus_assets.core.ingest.folder_listing import (
     FolderEntry,
     OutsideFolder,
     folder_entry,
+    in_store,
     list_folder,
 )
 from corpus_assets.core.ingest.remote_http import DownloadError, head
@@ -146,11 +147,11 @@ def list_source(loaded: LoadedConfig, source: ObjectsSource, missing_ok: bool = 
 
 
 def _refuse_home_url(source: ObjectsSource, url: str, home: Path) -> None:
-    """A ``file://`` URL (named, or listed by an index) is never read under the data home."""
+    """A ``file://`` URL (named, or listed by an index) never reads the data home's store."""
     if not url.startswith("file://"):
         return
     path = Path(urllib.parse.unquote(urllib.parse.urlparse(url).path)).resolve()
-    if path.is_relative_to(home):
+    if in_store(path, home):
         raise SourceError(
             f"source {source.id!r}: {url} resolves to {path}, inside the data home {home}; "
             "refused (sources are never read from the data home)"
