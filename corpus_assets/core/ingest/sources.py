@@ -64,10 +64,10 @@ def remote_object(url: str) -> ListedObject:
 
 def url_object(url: str) -> ListedObject:
     if url.startswith("file://"):
-        path = Path(urllib.parse.unquote(urllib.parse.urlparse(url).path))
+        path = Path(urllib.parse.unquote(urllib.parse.urlparse(url).path)).resolve()
         if not path.is_file():
             raise FileNotFoundError(path)
-        return local_object(url, path)
+        return local_object(url, path)  # its real path: the pin checks it still resolves there
     return remote_object(url)
 
 

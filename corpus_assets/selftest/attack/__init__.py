@@ -4,4 +4,9 @@ the digests of existing snapshots unchanged.
 
 Cases are named ``attack.<point>-<what>`` (``--only '^attack\\.'`` runs the group); one module
 per trust promise registers its cases:
+
+- ``sources``: points 3 and 4b, a source folder linking to the home's private key, an object
+  deleted between the freeze's listing and its copy.
 """
+
+from corpus_assets.selftest.attack import sources  # noqa: F401
