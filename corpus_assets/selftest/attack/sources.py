@@ -127,6 +127,8 @@ def deleted_before_copy(lab: Lab) -> Outcome:
     present = sorted(p.name for p in home.sources.iterdir())
     line = first.error_line()
     same, lost = _reference_kept(home, before)
+    if frozen is not None and deleted not in pinned:  # the first build froze without it
+        lost = f"the records of {deleted}, listed but missing from {NEXT}'s freeze"
     return Outcome(
         observed=f"build exit {first.code}: {line}; {NEXT} frozen: {frozen is not None}; "
         f"rerun {rerun.state} pins {len(pinned)} of {len(present)} objects now present",
