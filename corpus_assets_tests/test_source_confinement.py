@@ -246,3 +246,27 @@ def test_an_object_deleted_between_listing_and_copy_fails_the_freeze_and_a_rerun
     (docs,) = spec.sources
     assert [o.name for o in docs.objects] == ["a.jsonl", "c.jsonl"]
     assert docs.deferred == []
+
+
+def test_a_link_swapped_in_after_the_listing_is_refused_at_the_copy(tmp_path: Path) -> None:
+    """The listing saw a plain file; before its copy it becomes a link to a file outside the
+    folder with the same size and mtime (so only where it resolves tells them apart). The
+    copy re-lists it by the folder rule and the build refuses it, naming the link."""
+    config, source, home = _setup(tmp_path, {"a.jsonl": 5, "b.jsonl": 5})
+    listed = source / "b.jsonl"
+    secret = tmp_path / "secret.jsonl"
+    body = listed.read_bytes()
+    secret.write_bytes(body.replace(b"b record", b"S3CR3T!!"))
+    assert len(secret.read_bytes()) == len(body)
+    process, go = _paused_build(tmp_path, config)
+    status = listed.stat()
+    listed.unlink()
+    listed.symlink_to(secret)
+    os.utime(secret, ns=(status.st_atime_ns, status.st_mtime_ns))
+    go.touch()
+    _out, err = process.communicate(timeout=600)
+    assert process.returncode == 1, err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and "b.jsonl is a symlink to" in lines[0], err
+    assert str(secret) in lines[0] and "outside the source folder" in lines[0], lines[0]
+    assert _stored_anywhere(home, b"S3CR3T!!") == []

@@ -53,7 +53,7 @@ def list_folder(root: Path, include: Sequence[str], home: Path | None) -> list[F
         name = Path(entry.path).relative_to(real_root).as_posix()
         if entry.name.startswith(".") or not matches(name, include):
             continue
-        listed = folder_entry(real_root, real_home, name, entry.is_symlink())
+        listed = _entry(real_root, real_home, name, entry.is_symlink())
         if listed is not None:
             found[name] = listed
     return [found[name] for name in sorted(found)]
@@ -74,7 +74,7 @@ def _guarded_home(real_root: Path, home: Path | None) -> Path | None:
     real_home = home.resolve() if home else None
     if real_home is None or not real_root.is_relative_to(real_home):
         return real_home
-    if in_store(real_root / "x", real_home):
+    if in_store(real_root / "x", real_home):  # a file in the folder would be the store's
         raise OutsideFolder(
             f"folder {real_root} is the data home {real_home} or part of its store; sources "
             "are never read from the data home's store"
@@ -98,9 +98,14 @@ def _files(real_root: Path, real_home: Path | None) -> Iterator[os.DirEntry[str]
                 pending.append(Path(entry.path))
 
 
-def folder_entry(
-    real_root: Path, real_home: Path | None, name: str, link: bool = True
-) -> FolderEntry | None:
+def folder_entry(root: Path, name: str, home: Path | None) -> FolderEntry | None:
+    """``name`` under ``root`` taken again by the listing's rule (None: no regular file there
+    now), for a pin that found it changed since the listing."""
+    real_root = root.resolve()
+    return _entry(real_root, _guarded_home(real_root, home), name, link=True)
+
+
+def _entry(real_root: Path, real_home: Path | None, name: str, link: bool) -> FolderEntry | None:
     """``name`` under ``real_root`` as the listing takes it (None: no regular file there now);
     a link is resolved and refused if it leads out of the folder or into the data home."""
     path = real_root / name

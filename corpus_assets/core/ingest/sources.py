@@ -181,7 +181,7 @@ def relist_local(loaded: LoadedConfig, source: ObjectsSource, name: str) -> List
     listing: a link swapped in meanwhile is refused like one there from the start)."""
     assert source.path is not None
     try:
-        entry = folder_entry(loaded.resolve(source.path), loaded.data_home(), name)
+        entry = folder_entry(loaded.resolve(source.path), name, loaded.data_home())
     except OutsideFolder as error:
         raise SourceError(f"source {source.id!r}: {error}") from None
     if entry is None:
