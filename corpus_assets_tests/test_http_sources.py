@@ -93,7 +93,6 @@ def test_changes_during_the_scan_belong_to_the_next_snapshot(site, tmp_path: Pat
 
     def mutate() -> None:  # runs once the freeze has fetched b (a is already pinned)
         web.put("/a.jsonl", _jsonl("a-rewritten", 5))
-        web.remove("/c.jsonl")
         web.put("/d.jsonl", _jsonl("d", 5))
         web.put("/index.txt", b"a.jsonl\nb.jsonl\nc.jsonl\nd.jsonl\n")
 
@@ -104,13 +103,12 @@ def test_changes_during_the_scan_belong_to_the_next_snapshot(site, tmp_path: Pat
         spec = json.loads(ws.cas.get_bytes(ws.catalog.freeze_digest("p1")))
         (source,) = spec["sources"]
         objects = {o["name"].removeprefix(base): o for o in source["objects"]}
-        assert set(objects) == {"/a.jsonl", "/b.jsonl"}
+        assert set(objects) == {"/a.jsonl", "/b.jsonl", "/c.jsonl"}
         assert objects["/a.jsonl"]["sha256"] == pinned_a  # the pinned version wins
         assert [
             (d["name"].removeprefix(base), d["change"], d["pinned"]) for d in source["deferred"]
         ] == [
             ("/a.jsonl", "changed", True),
-            ("/c.jsonl", "removed", False),
             ("/d.jsonl", "added", False),
         ]
         # the index bytes pinned are those the objects were listed from, not the rewrite
@@ -119,7 +117,33 @@ def test_changes_during_the_scan_belong_to_the_next_snapshot(site, tmp_path: Pat
         assert fingerprint(ws.loaded) != listed  # the sensor will see the next snapshot
         # the pinned copy is what later layers read, not the rewritten object
         canonical = BUILDERS["canonical_records"](ws, "p1")
-        assert canonical.counts["records"] == 10
+        assert canonical.counts["records"] == 15
+
+
+def test_an_object_deleted_before_its_copy_fails_the_freeze_and_a_rerun_works(
+    site, tmp_path: Path
+) -> None:
+    """Issue 31: an object listed, then gone before it was fetched, used to be deferred as
+    removed and its records were silently missing from a snapshot that validated."""
+    web, base = site
+    for name in "abc":
+        web.put(f"/{name}.jsonl", _jsonl(name, 5))
+    web.put("/index.txt", b"a.jsonl\nb.jsonl\nc.jsonl\n")
+
+    def delete() -> None:  # once b is fetched: c is listed but not yet copied
+        web.remove("/c.jsonl")
+        web.put("/index.txt", b"a.jsonl\nb.jsonl\n")
+
+    web.objects["/b.jsonl"].after_get = delete
+    with _workspace(tmp_path, f"{{id: web, kind: objects, index: {base}/index.txt}}") as ws:
+        with pytest.raises(PinError, match=r"deleted before they could be copied: .*/c\.jsonl"):
+            BUILDERS["raw_snapshot"](ws, "p1")
+        assert ws.catalog.freeze_digest("p1") is None  # nothing frozen
+        BUILDERS["raw_snapshot"](ws, "p1")  # the rerun freezes the source as it is now
+        spec = json.loads(ws.cas.get_bytes(ws.catalog.freeze_digest("p1")))
+        (source,) = spec["sources"]
+        assert [o["name"].removeprefix(base) for o in source["objects"]] == ["/a.jsonl", "/b.jsonl"]
+        assert source["deferred"] == []
 
 
 def test_downloads_run_on_the_task_runner_and_pin_the_same_bytes(site, tmp_path: Path) -> None:

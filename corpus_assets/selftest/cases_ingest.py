@@ -102,9 +102,9 @@ def _paused_build(home: Home) -> tuple["subprocess.Popen[str]", Path]:
     "001.scan-add-delete",
     "001",
     "an object added and another deleted while the freeze lists the source",
-    "changes during the scan belong to the next snapshot: the pinned set is one consistent "
-    "listing, the freeze names the changes as deferred, the next build pins the added object "
-    "and drops the deleted one",
+    "the object deleted before its copy fails the freeze in one line naming it (issue 31: its "
+    "records never silently vanish) and nothing is frozen; the next build pins the added object "
+    "and drops the deleted one, as a fresh build of that folder does",
     catalog=False,
 )
 def scan_add_delete(lab: Lab) -> Outcome:
@@ -116,35 +116,30 @@ def scan_add_delete(lab: Lab) -> Outcome:
     (home.sources / deleted).unlink()
     go.touch()
     first = _finish(proc, ("build", "--partition", PARTITION))
-    if first.code != 0:
-        raise SelftestError(f"the paused build failed: {first.error_line()}")
+    with workspace(home) as ws:
+        frozen = ws.catalog.freeze_digest(PARTITION)
     reference = _reference_at(lab, "scan-add-delete-ref", home.sources)
     second = home.build("--partition", NEXT)
     expected_id = _reference_id(reference)
-    frozen, later = _spec(home, PARTITION), _spec(home, NEXT)
-    (docs,) = [s for s in frozen.sources if isinstance(s, ObjectsSourceSpec)]
-    deferred = {(d.name, d.change): d.pinned for d in docs.deferred}
-    pinned, now = _objects(frozen), _objects(later)
-    kept_deleted = deferred.get((deleted, "removed"))
-    consistent = set(pinned) == set(listed) - ({deleted} if kept_deleted is False else set())
+    later = _spec(home, NEXT)
+    now = _objects(later)
+    refused = first.error_line()
     matched = (
-        deferred.get((added, "added")) is False
-        and kept_deleted is not None
-        and consistent
-        and added not in pinned
+        first.code == 1
+        and deleted in refused
+        and "deleted before" in refused
+        and frozen is None
         and set(now) == set(listed) - {deleted} | {added}
         and not [s for s in later.sources if isinstance(s, ObjectsSourceSpec) and s.deferred]
     )
-    lost = _lost_pins(home, pinned)
-    changes = ", ".join(f"{n} {c} (pinned {p})" for (n, c), p in sorted(deferred.items()))
     return Outcome(
-        observed=f"{PARTITION} {parse_built(first.out).state} pinned {len(pinned)} of "
-        f"{len(listed)} listed, deferred: {changes}; {NEXT} {second.state} pins "
-        f"{len(now)} ({'with' if added in now else 'without'} {added}, "
+        observed=f"{PARTITION} build exit {first.code}: {refused}; {PARTITION} frozen: "
+        f"{frozen is not None}; {NEXT} {second.state} pins {len(now)} "
+        f"({'with' if added in now else 'without'} {added}, "
         f"{'with' if deleted in now else 'without'} {deleted}); {NEXT} "
         f"{'==' if second.snapshot_id == expected_id else '!='} a fresh build of that folder",
         matched=matched,
-        lost=lost,
+        lost=_lost_pins(home, now),
         digests_equal=second.snapshot_id == expected_id,
     )
 

@@ -19,6 +19,7 @@ from typing import BinaryIO
 
 from corpus_assets.core.ingest.changelog_events import ChangelogError, load_event, lsn_of
 from corpus_assets.core.ingest.codecs import CodecError, iter_lines, sniff_codec
+from corpus_assets.core.ingest.folder_listing import OutsideFolder, list_folder
 from corpus_assets.core.storage.digests import hasher_digest
 
 DEFAULT_INCLUDE = ("*.jsonl", "*.jsonl.zst", "*.jsonl.gz")
@@ -60,23 +61,19 @@ def whole_lines(segment: Segment, what: str = "changelog") -> Segment:
     return replace(segment, size=end, pending=segment.size - end)
 
 
-def list_segments(root: Path, include: Sequence[str] = DEFAULT_INCLUDE) -> list[Segment]:
-    """Segment files under ``root`` matching ``include``, sorted by relative POSIX name."""
+def list_segments(
+    root: Path, include: Sequence[str] = DEFAULT_INCLUDE, home: Path | None = None
+) -> list[Segment]:
+    """Segment files under ``root`` matching ``include``, sorted by relative POSIX name, by the
+    folder rule of every source (``folder_listing``: never out of ``root``, never in ``home``)."""
     root = Path(root)
     if not root.is_dir():
         raise ChangelogError(f"changelog folder {root} does not exist")
-    seen: dict[str, Segment] = {}
-    for pattern in include:
-        for path in root.rglob(pattern):
-            if path.name.startswith(".") or not path.is_file():
-                continue
-            try:
-                stat = path.stat()
-            except FileNotFoundError:
-                continue  # removed while listing (retention): not part of this listing
-            name = path.relative_to(root).as_posix()
-            seen[name] = Segment(name, path, stat.st_size, stat.st_mtime_ns)
-    return [seen[name] for name in sorted(seen)]
+    try:
+        entries = list_folder(root, include, home)
+    except OutsideFolder as error:
+        raise ChangelogError(f"changelog folder {root}: {error}") from None
+    return [Segment(e.name, e.path, e.size, e.mtime_ns) for e in entries]
 
 
 def head_offset(segments: Sequence[Segment], *, what: str = "changelog") -> int | None:

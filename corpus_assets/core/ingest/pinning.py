@@ -41,9 +41,10 @@ from corpus_assets.core.ingest.freeze_spec import (
 from corpus_assets.core.ingest.remote_http import DownloadError, RemoteVersion, head
 from corpus_assets.core.ingest.sources import (
     ListedObject,
+    SourceError,
     list_objects,
     list_source,
-    local_object,
+    relist_local,
     url_object,
     version_of,
 )
@@ -96,7 +97,7 @@ def pin_source(ws: Workspace, source: ObjectsSource | ChangelogSource) -> Pinned
 
 def _freeze_changelog(ws: Workspace, source: ChangelogSource) -> PinnedSource:
     """Fold the change log up to its current head; the folded table is the pinned object."""
-    segments = list_segments(ws.loaded.resolve(source.path), source.include)
+    segments = list_segments(ws.loaded.resolve(source.path), source.include, ws.loaded.data_home())
     result = fold(
         segments,
         key_field=source.key_field,
@@ -151,9 +152,10 @@ def _pin_objects(ws: Workspace, source: ObjectsSource) -> PinnedSource:
     pinned: list[tuple[PinnedObject, str]] = []  # each with the version it was listed at
     deferred: list[DeferredChange] = []
     failures: list[str] = []
+    vanished: list[str] = []
     for listed, result in zip(before, _pin_all(ws, source, before, done), strict=True):
         if result is None:
-            deferred.append(DeferredChange(name=listed.name, change="removed", pinned=False))
+            vanished.append(listed.name)
         elif isinstance(result, str):
             failures.append(result)
         else:
@@ -162,6 +164,12 @@ def _pin_objects(ws: Workspace, source: ObjectsSource) -> PinnedSource:
         raise PinError(
             f"source {source.id!r}: {len(failures)} object(s) could not be pinned "
             f"(the others are pinned; a rerun resumes): " + "; ".join(failures[:5])
+        )
+    if vanished:  # its records would silently be missing from a snapshot that validates
+        raise PinError(
+            f"source {source.id!r}: {len(vanished)} listed object(s) deleted before they could "
+            f"be copied: {', '.join(vanished[:5])}{' ...' if len(vanished) > 5 else ''}; "
+            "nothing was frozen: rerun the build to freeze the source as it is now"
         )
     after = {o.name: o for o in list_objects(ws.loaded, source, missing_ok=True)}
     names = {o.name for o in before}
@@ -247,7 +255,7 @@ def _pin(
         except FINAL as error:  # retrying the same bytes cannot help
             raise PinError(f"{listed.name}: {error}") from None
         except ObjectChanged:
-            listed = _relist(listed)
+            listed = _relist(ws, source, listed)
             continue
         if outcome.output_digest is None:
             raise PinError(f"{listed.name}: {outcome.error}")
@@ -255,10 +263,13 @@ def _pin(
     raise PinError(f"{listed.name}: kept changing while being copied ({COPY_RETRIES} tries)")
 
 
-def _relist(listed: ListedObject) -> ListedObject:
+def _relist(ws: Workspace, source: ObjectsSource, listed: ListedObject) -> ListedObject:
     if listed.remote or listed.name.startswith("file://"):
         return url_object(listed.name)
-    return local_object(listed.name, Path(listed.location))
+    try:  # by the folder rule again: a link swapped in after the listing is refused too
+        return relist_local(ws.loaded, source, listed.name)
+    except SourceError as error:
+        raise PinError(str(error)) from None
 
 
 def _copy(ws: Workspace, listed: ListedObject) -> str:
@@ -294,6 +305,8 @@ def _copy(ws: Workspace, listed: ListedObject) -> str:
             raise
         return fetched.digest
     path = Path(listed.location)
+    if os.path.realpath(path) != listed.location:  # a link put on its way since the listing
+        raise ObjectChanged(f"{listed.name} now resolves elsewhere than where it was listed")
     stat = path.stat()
     if f"mtime_ns:{stat.st_mtime_ns}" != listed.version or stat.st_size != listed.size:
         raise ObjectChanged(f"{listed.name} changed after it was listed")
@@ -343,7 +356,9 @@ def late_changes(ws: Workspace) -> Callable[[FreezeSpec], list[str]]:
             source = configured.get(frozen.id)
             if not isinstance(frozen, ChangelogSourceSpec) or source is None:
                 continue
-            segments = list_segments(ws.loaded.resolve(source.path), source.include)
+            segments = list_segments(
+                ws.loaded.resolve(source.path), source.include, ws.loaded.data_home()
+            )
             findings += late_events(
                 segments,
                 watermark=frozen.watermark,

@@ -13,6 +13,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from corpus_assets.core.ingest.changelog_segments import head_offset, list_segments
+from corpus_assets.core.ingest.folder_listing import (
+    FolderEntry,
+    OutsideFolder,
+    folder_entry,
+    in_store,
+    list_folder,
+)
 from corpus_assets.core.ingest.remote_http import DownloadError, head
 from corpus_assets.core.runtime.config import ChangelogSource, LoadedConfig, ObjectsSource
 from corpus_assets.core.storage.digests import json_digest
@@ -57,10 +64,10 @@ def remote_object(url: str) -> ListedObject:
 
 def url_object(url: str) -> ListedObject:
     if url.startswith("file://"):
-        path = Path(urllib.parse.unquote(urllib.parse.urlparse(url).path))
+        path = Path(urllib.parse.unquote(urllib.parse.urlparse(url).path)).resolve()
         if not path.is_file():
             raise FileNotFoundError(path)
-        return local_object(url, path)
+        return local_object(url, path)  # its real path: the pin checks it still resolves there
     return remote_object(url)
 
 
@@ -127,7 +134,9 @@ def list_source(loaded: LoadedConfig, source: ObjectsSource, missing_ok: bool = 
     urls = source.urls if index is None else index.urls
     assert urls is not None
     listed = []
+    home = loaded.data_home()
     for url in sorted(set(urls)):
+        _refuse_home_url(source, url, home)
         try:
             listed.append(url_object(url))
         except (OSError, DownloadError) as error:
@@ -137,22 +146,47 @@ def list_source(loaded: LoadedConfig, source: ObjectsSource, missing_ok: bool = 
     return Listing(listed, index)
 
 
+def _refuse_home_url(source: ObjectsSource, url: str, home: Path) -> None:
+    """A ``file://`` URL (named, or listed by an index) never reads the data home's store."""
+    if not url.startswith("file://"):
+        return
+    path = Path(urllib.parse.unquote(urllib.parse.urlparse(url).path)).resolve()
+    if in_store(path, home):
+        raise SourceError(
+            f"source {source.id!r}: {url} resolves to {path}, inside the data home {home}; "
+            "refused (sources are never read from the data home)"
+        )
+
+
 def _list_folder(loaded: LoadedConfig, source: ObjectsSource) -> list[ListedObject]:
+    """The folder's files by the one folder rule (``folder_listing``): never out of the folder,
+    never under the data home."""
     assert source.path is not None
     root = loaded.resolve(source.path)
     if not root.is_dir():
         raise SourceError(f"source {source.id!r}: folder {root} does not exist")
-    seen: dict[str, ListedObject] = {}
-    for pattern in source.include:
-        for path in root.rglob(pattern):
-            if not path.is_file() or path.name.startswith("."):
-                continue
-            name = path.relative_to(root).as_posix()
-            try:
-                seen[name] = local_object(name, path)
-            except FileNotFoundError:
-                continue  # deleted while listing: not part of this listing
-    return [seen[name] for name in sorted(seen)]
+    try:
+        entries = list_folder(root, source.include, loaded.data_home())
+    except OutsideFolder as error:
+        raise SourceError(f"source {source.id!r}: {error}") from None
+    return [_listed(entry) for entry in entries]
+
+
+def _listed(entry: FolderEntry) -> ListedObject:
+    return ListedObject(entry.name, str(entry.path), entry.size, f"mtime_ns:{entry.mtime_ns}")
+
+
+def relist_local(loaded: LoadedConfig, source: ObjectsSource, name: str) -> ListedObject:
+    """Object ``name`` of a folder source listed again by the same rule (it changed after the
+    listing: a link swapped in meanwhile is refused like one there from the start)."""
+    assert source.path is not None
+    try:
+        entry = folder_entry(loaded.resolve(source.path), name, loaded.data_home())
+    except OutsideFolder as error:
+        raise SourceError(f"source {source.id!r}: {error}") from None
+    if entry is None:
+        raise FileNotFoundError(name)
+    return _listed(entry)
 
 
 def _is_missing(error: Exception) -> bool:
@@ -167,7 +201,9 @@ def fingerprint(loaded: LoadedConfig) -> str:
     state: dict[str, object] = {}
     for source in loaded.config.sources:
         if isinstance(source, ChangelogSource):
-            segments = list_segments(loaded.resolve(source.path), source.include)
+            segments = list_segments(
+                loaded.resolve(source.path), source.include, loaded.data_home()
+            )
             head = head_offset(segments)
             state[source.id] = {
                 "segments": [[s.name, str(s.size), str(s.mtime_ns)] for s in segments],

@@ -378,6 +378,11 @@ class LoadedConfig(BaseModel):
         """A path from the config, relative to the config file's folder."""
         return (self.path.parent / os.path.expanduser(location)).resolve()
 
+    def data_home(self) -> Path:
+        """``storage.home`` resolved against the config's folder (the default home if unset)."""
+        home = self.config.storage.home
+        return (self.path.parent / home).resolve() if home else default_home()
+
 
 def default_home() -> Path:
     return Path(os.environ.get("CORPUS_HOME", DEFAULT_HOME)).resolve()

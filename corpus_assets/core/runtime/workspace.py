@@ -58,7 +58,7 @@ def open_home(
 def open_workspace(config: str | Path | None = None) -> Workspace:
     loaded = load_config(config)
     storage = loaded.config.storage
-    home = (loaded.path.parent / storage.home).resolve() if storage.home else default_home()
+    home = loaded.data_home()
     url = os.environ.get("CORPUS_CATALOG_URL") or storage.catalog_url
     home, cas, catalog = open_home(home, url, storage.cas_url)
     return Workspace(loaded=loaded, home=home, cas=cas, catalog=catalog)
