@@ -11,5 +11,7 @@ per trust promise registers its cases:
   deleted between the freeze's listing and its copy.
 """
 
-from corpus_assets.selftest.attack import accounting  # noqa: F401
-from corpus_assets.selftest.attack import sources  # noqa: F401
+from corpus_assets.selftest.attack import (
+    accounting,  # noqa: F401
+    sources,  # noqa: F401
+)
