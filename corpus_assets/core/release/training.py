@@ -8,7 +8,8 @@ bound to the digest and the run id, in one transaction with the gate row read. A
 gets its original permit back (even if the alias moved on or a fence advanced since: its pinned
 inputs do not change); the same run id with another digest is refused, since changed data means a
 new run. ``TrainingReader`` opens exactly the CAS objects the manifest names, verifies every digest
-before handing out a byte, and reports what it read.
+before handing out a byte, and reports what it read. Both check the manifest's signature against
+the trust root first (``_manifest``): a snapshot re-signed or unsigned gets no permit and no read.
 """
 
 import time
@@ -28,6 +29,7 @@ from corpus_assets.core.release.block_reader import (
     load_state,
 )
 from corpus_assets.core.release.identity import snapshot_id as compute_snapshot_id
+from corpus_assets.core.release.signing import SignatureError, verify_signature
 from corpus_assets.core.release.verify import load_manifest, resolve
 from corpus_assets.core.runtime.layers import LayerIndex, load_index
 from corpus_assets.core.storage.artifacts import decode_table
@@ -257,15 +259,22 @@ def _resume(existing: Permit, snapshot_id: str, purpose: str) -> Permit:
 
 
 def _manifest(cas: ContentStore, snapshot: states.Snapshot, run_id: str) -> dict[str, Any]:
-    """The manifest from the CAS (get re-hashes it), its snapshotId recomputed from its payload."""
+    """The one door of every permit and reader (read, exports, the torch and HF loaders): the
+    manifest re-hashed from the CAS, its snapshotId recomputed from its payload, and its DSSE
+    signature by a key of the trust root (``trust_root``, outside the home) - before any byte."""
     manifest = load_manifest(cas, snapshot)
     recomputed = compute_snapshot_id(manifest)
-    if recomputed != snapshot.snapshot_id or manifest.get("snapshotId") != snapshot.snapshot_id:
+    sid = snapshot.snapshot_id
+    if recomputed != sid or manifest.get("snapshotId") != sid:
         raise TrainingError(
             f"run {run_id!r}: manifest {snapshot.manifest_digest} says snapshotId "
             f"{manifest.get('snapshotId')}, its payload hashes to {recomputed}, the catalog says "
-            f"{snapshot.snapshot_id}"
+            f"{sid}"
         )
+    try:
+        verify_signature(manifest.get("signature"), sid, home=cas.root.parent)
+    except SignatureError as error:
+        raise TrainingError(f"run {run_id!r}: manifest signature: {error}") from None
     return manifest
 
 

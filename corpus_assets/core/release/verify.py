@@ -72,8 +72,9 @@ def verify(
     trust: StatTrust | None = None,
 ) -> Report:
     """Re-derive the snapshotId, check the schema and the signature (by ``public_key``, default
-    the data home's key, which lives outside the CAS), and re-hash every reachable object - but
-    with ``trust``, not a table or shard whose file is unchanged since it last hashed right."""
+    any key of the trust root, which lives outside the data home), and re-hash every reachable
+    object - but with ``trust``, not a table or shard whose file is unchanged since it last
+    hashed right."""
     snapshot = resolve(catalog, digest)
     report = Report(snapshot.snapshot_id)
     try:

@@ -4,4 +4,9 @@ the digests of existing snapshots unchanged.
 
 Cases are named ``attack.<point>-<what>`` (``--only '^attack\\.'`` runs the group); one module
 per trust promise registers its cases:
+
+- ``signatures``: points 1-2, every reader checks the DSSE signature against a trust root
+  outside the data home (re-signed, unsigned, home key pair replaced, private key mode).
 """
+
+from corpus_assets.selftest.attack import signatures  # noqa: F401
