@@ -10,12 +10,16 @@ from pathlib import Path
 import pytest
 
 from corpus_assets.core.release.hf_loader import hf_dataset_of
+from corpus_assets.core.release.signing import sign_snapshot
 from corpus_assets.core.release.torch_dataset import torch_dataset_of
 from corpus_assets.core.release.training import TrainingError, TrainingReader, take_permit
 from corpus_assets.selftest.attack.signatures import (
+    redirect_trust,
     replace_home_keys,
+    repoint,
     resign_with_new_key,
     strip_signature,
+    without_trust_env,
 )
 from corpus_assets.selftest.evidence import workspace
 from corpus_assets.selftest.lab import Home, Lab
@@ -114,6 +118,23 @@ def test_rotation_keeps_old_snapshots_verifying_and_signs_new_ones_with_the_new_
     assert stat.S_IMODE(os.stat(keys / "snapshot-signing.key.pem").st_mode) == 0o600
     retired = list((keys / "retired").iterdir())
     assert len(retired) == 1 and stat.S_IMODE(os.stat(retired[0]).st_mode) == 0o600
+    # a snapshot signed by the new key verifies: rotate pinned it for the alias as well
+    repoint(
+        home,
+        built.snapshot_id,
+        lambda m: m.update(signature=sign_snapshot(keys.parent, m["snapshotId"])),
+    )
+    assert home.cli("verify", built.snapshot_id).code == 0
+
+
+def test_a_config_pointed_at_another_trust_file_cannot_widen_an_alias(lab: Lab) -> None:
+    home, sid = _published(lab, "redirected")
+    redirect_trust(home, sid)
+    verify = without_trust_env(home, "verify", sid)
+    assert verify.code == 1 and "never pinned for alias 'train'" in verify.err, verify.err
+    read = without_trust_env(home, "read", sid, *READ)
+    assert read.code == 1
+    _one_line_refusal(read.err, "never pinned for alias 'train'")
 
 
 def test_a_trust_file_inside_the_data_home_is_refused(lab: Lab) -> None:

@@ -35,6 +35,7 @@ from securesystemslib.exceptions import UnverifiedSignatureError, VerificationEr
 from securesystemslib.signer import CryptoSigner, SSlibKey
 
 from corpus_assets.core.release import trust_root
+from corpus_assets.core.storage.catalog import Catalog
 from corpus_assets.core.storage.digests import DigestError, canonical_json, check_digest, hex_of
 from corpus_assets.core.storage.fsio import atomic_create, atomic_write
 
@@ -128,6 +129,22 @@ def verify_signature(
         ) from None
     _check_statement(parsed.payload, snapshot_id)
     return keyid
+
+
+def check_alias_key(catalog: Catalog, alias: str, snapshot_id: str, keyid: str) -> None:
+    """``keyid`` (which verified ``snapshot_id``) must be one the catalog pins ``alias`` to; an
+    alias's first verified snapshot pins its key (trust on first use, recorded in the catalog).
+    Raises ``SignatureError``."""
+    pinned = trust_root.pinned(catalog, alias)
+    if not pinned:
+        trust_root.pin(catalog, keyid, f"signed {snapshot_id}, the first verified", [alias])
+    elif keyid not in pinned:
+        raise SignatureError(
+            f"unknown key: snapshot {snapshot_id} is signed by {keyid}, which the trust root "
+            f"accepts but the catalog never pinned for alias {alias!r} (it pins "
+            f"{', '.join(sorted(pinned))}): a key change goes through `corpus-assets trust "
+            "add|rotate`"
+        )
 
 
 def _parse_envelope(envelope: Any, snapshot_id: str) -> Envelope:

@@ -13,6 +13,10 @@ signature vouches for, or whoever can write ``<home>/keys`` can re-sign anything
   never trusted for being there: a replaced pair is an ``unknown key``.
 - key ids are computed from the public key material on every load, never read from the file.
 - entries are only ever added: a rotated-out key keeps verifying the snapshots it signed.
+
+The catalog pins each alias to key ids too (``alias_keys``): its first verified snapshot's key,
+then only what ``trust add|rotate`` records. A key the trust file accepts but the alias never
+pinned - a config pointed at another trust file, a ``CORPUS_SIGNING_KEY`` swapped - is refused.
 """
 
 import fcntl
@@ -26,8 +30,11 @@ from typing import Literal
 from cryptography.hazmat.primitives.serialization import load_pem_public_key
 from pydantic import BaseModel, ConfigDict, ValidationError
 from securesystemslib.signer import SSlibKey
+from sqlalchemy import insert, select
+from sqlalchemy.exc import IntegrityError
 
 from corpus_assets.core.runtime.config import ConfigError, config_path, load_config
+from corpus_assets.core.storage.catalog import Catalog, alias_keys, snapshots
 from corpus_assets.core.storage.fsio import atomic_write
 
 TRUST_ENV = "CORPUS_TRUST_FILE"
@@ -157,3 +164,31 @@ def add_key(path: Path, public_pem: bytes, origin: str) -> tuple[str, bool]:
         atomic_write(path, document.model_dump_json(indent=2).encode() + b"\n")
         os.chmod(path, 0o644)
     return keyid, True
+
+
+def pinned(catalog: Catalog, alias: str) -> set[str]:
+    """The key ids the catalog pins ``alias`` to (empty until its first verified snapshot)."""
+    with catalog.begin() as conn:
+        return set(conn.scalars(select(alias_keys.c.keyid).where(alias_keys.c.alias == alias)))
+
+
+def pin(catalog: Catalog, keyid: str, how: str, aliases: list[str] | None = None) -> list[str]:
+    """Record ``keyid`` for ``aliases`` (default: every alias the catalog knows); those that
+    did not pin it yet. Called on an alias's first verified snapshot and by ``trust add|rotate``
+    only: nothing else widens what an alias's readers accept."""
+    with catalog.begin() as conn:
+        if aliases is None:
+            known = conn.scalars(select(snapshots.c.alias).union(select(alias_keys.c.alias)))
+            aliases = sorted(set(known))
+        have = set(
+            conn.execute(select(alias_keys.c.alias).where(alias_keys.c.keyid == keyid)).scalars()
+        )
+        new = [alias for alias in aliases if alias not in have]
+        for alias in new:
+            values = {"alias": alias, "keyid": keyid, "how": how, "at": time.time()}
+            try:
+                with conn.begin_nested():
+                    conn.execute(insert(alias_keys).values(**values))
+            except IntegrityError:  # pinned by a concurrent first verification: the same fact
+                pass
+    return new

@@ -10,6 +10,7 @@ re-stored manifest (the snapshotId excludes the signature, so it does not change
 import json
 import os
 import stat
+import subprocess
 from collections.abc import Callable
 from typing import Any
 
@@ -25,6 +26,7 @@ from securesystemslib.signer import CryptoSigner
 from sqlalchemy import update
 
 from corpus_assets.core.governance import states
+from corpus_assets.core.release import trust_root
 from corpus_assets.core.release.signing import PAYLOAD_TYPE, key_paths, statement
 from corpus_assets.core.storage.catalog import snapshots
 from corpus_assets.core.storage.digests import canonical_json
@@ -83,6 +85,30 @@ def replace_home_keys(home: Home, snapshot_id: str) -> str:
     return repoint(
         home, snapshot_id, lambda m: m.update(signature=attacker_envelope(key, m["snapshotId"]))
     )
+
+
+def redirect_trust(home: Home, snapshot_id: str) -> str:
+    """``corpus.yaml`` (which an attacker of the home can edit when it lives there) pointed at a
+    trust file of the attacker's own holding its key, and the manifest re-signed with that key."""
+    key = Ed25519PrivateKey.generate()
+    pem = key.public_key().public_bytes(Encoding.PEM, PublicFormat.SubjectPublicKeyInfo)
+    forged = home.dir / "attacker-trust.json"
+    trust_root.add_key(forged, pem, "the attacker's")
+    home.config.write_text(
+        home.config.read_text() + f"trust: {{file: {json.dumps(str(forged))}}}\n"
+    )
+    return repoint(
+        home, snapshot_id, lambda m: m.update(signature=attacker_envelope(key, m["snapshotId"]))
+    )
+
+
+def without_trust_env(home: Home, *args: str) -> Ran:
+    """A CLI process of ``home`` whose trust root comes from its config, not the environment."""
+    env = {k: v for k, v in home.env().items() if k != trust_root.TRUST_ENV}
+    done = subprocess.run(
+        home.command(*args), env=env, cwd=home.dir, capture_output=True, text=True, timeout=600
+    )
+    return Ran(args, done.returncode, done.stdout, done.stderr)
 
 
 def _attacked(lab: Lab, name: str, attack: Callable[[Home, str], str]) -> tuple[Ran, Ran, str]:
@@ -157,6 +183,32 @@ def keys_replaced(lab: Lab) -> Outcome:
     return Outcome(
         observed=_observed(verify, read),
         matched=verify.code == 1 and "unknown key" in verify.err and _refused(read, "unknown key"),
+        lost=lost,
+        digests_equal=None,
+    )
+
+
+@fault(
+    "attack.2-trust-redirected",
+    "031",
+    "corpus.yaml in the home pointed at the attacker's trust file, the manifest re-signed with "
+    "the attacker's key",
+    "verify and read refuse it: the catalog pins the alias to its first snapshot's key, and only "
+    "`corpus-assets trust add|rotate` adds one",
+    catalog=False,
+)
+def trust_redirected(lab: Lab) -> Outcome:
+    home, built = lab.copy_of_reference("attack-trust-redirected")
+    home.publish(built.snapshot_id)
+    signed = redirect_trust(home, built.snapshot_id)
+    verify = without_trust_env(home, "verify", built.snapshot_id)
+    read = without_trust_env(home, "read", built.snapshot_id, *READ)
+    with workspace(home) as ws:
+        lost = NO_LOSS if intact(ws, signed) else f"signed manifest {signed} damaged"
+    pinned = "never pinned for alias"
+    return Outcome(
+        observed=_observed(verify, read),
+        matched=verify.code == 1 and pinned in verify.err and _refused(read, pinned),
         lost=lost,
         digests_equal=None,
     )
