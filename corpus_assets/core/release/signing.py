@@ -104,7 +104,7 @@ def verify_signature(
         if home is None:
             raise ValueError("verify_signature needs public_key or home")
         where, keys = trust_root.accepted(home)
-        trusted = f"the trust root {where} accepts {', '.join(sorted(keys)) or 'no key'}"
+        trusted = f"{where} accepts {', '.join(sorted(keys)) or 'no key'}"
     else:
         key = _load_public(public_key)
         keys, trusted = (

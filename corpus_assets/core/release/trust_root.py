@@ -129,8 +129,9 @@ def load(path: Path) -> TrustDocument:
     return document
 
 
-def accepted(home: Path) -> tuple[Path, dict[str, SSlibKey]]:
-    """(the trust file, the keys its readers accept by key id), narrowed by ``trust.keys``."""
+def accepted(home: Path) -> tuple[str, dict[str, SSlibKey]]:
+    """(what accepts, for messages: the trust file and any ``trust.keys``; the keys its readers
+    accept by key id)."""
     path = trust_file(home)
     _file, only = _configured()
     keys = {
@@ -138,7 +139,10 @@ def accepted(home: Path) -> tuple[Path, dict[str, SSlibKey]]:
         for entry in load(path).keys
         if only is None or entry.keyid in only
     }
-    return path, keys
+    narrowed = (
+        f" narrowed by trust.keys to {', '.join(only) or 'nothing'}" if only is not None else ""
+    )
+    return f"the trust root {path}{narrowed}", keys
 
 
 @contextmanager
