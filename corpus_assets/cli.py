@@ -33,6 +33,7 @@ from corpus_assets.cli_partitions import cmd_partition_delete, cmd_partition_lis
 from corpus_assets.cli_runs import activate_via_job, build, dagster_instance
 from corpus_assets.cli_selftest import add_selftest_command
 from corpus_assets.cli_status import cmd_status
+from corpus_assets.cli_trust import add_trust_command
 from corpus_assets.core.governance import gate, states
 from corpus_assets.core.ingest.pinning import PinError
 from corpus_assets.core.ingest.sources import SourceError
@@ -41,6 +42,7 @@ from corpus_assets.core.release.manifest import BuildConflict
 from corpus_assets.core.release.publish import PublishError, approve, rollback
 from corpus_assets.core.release.signing import SignatureError
 from corpus_assets.core.release.training import TrainingError
+from corpus_assets.core.release.trust_root import TrustRootError
 from corpus_assets.core.release.validation import verify_snapshot
 from corpus_assets.core.runtime.config import ConfigError, config_path, default_home
 from corpus_assets.core.runtime.keys import (
@@ -66,6 +68,7 @@ EXPECTED_ERRORS = (
     BuildConflict,
     PinError,
     SignatureError,
+    TrustRootError,
     TokenizerError,
 )
 
@@ -98,6 +101,7 @@ def _parser() -> argparse.ArgumentParser:
     _inspection_commands(sub)
     _governance_commands(sub)
     add_gc_command(sub)
+    add_trust_command(sub)
     _tokenizer_commands(sub)
     p = _command(
         sub, "read", cmd_read, "training entry: take a permit for a digest and read it, verified"

@@ -2,6 +2,7 @@
 
 import os
 import shutil
+import tempfile
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -11,6 +12,15 @@ import pytest
 
 from corpus_assets.core.runtime.workspace import Workspace, open_workspace
 from corpus_assets.demo import write_demo
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """A hermetic trust root for the session (each xdist worker its own): the default trust file
+    is under ``$XDG_CONFIG_HOME``, which every CLI process a test starts inherits, so no test
+    writes the user's real ``~/.config/corpus-assets/trust.json``."""
+    os.environ["XDG_CONFIG_HOME"] = tempfile.mkdtemp(prefix="corpus-test-config-")
+    os.environ.pop("CORPUS_TRUST_FILE", None)
+
 
 PG_ADMIN_DSN = os.environ.get(
     "CORPUS_TEST_PG_DSN", "host=127.0.0.1 port=5432 user=postgres dbname=postgres"

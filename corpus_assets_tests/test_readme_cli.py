@@ -44,6 +44,8 @@ def test_every_documented_command_is_exercised(tmp_path: Path) -> None:
     first = _field(cli("demo"), "snapshotId")
     second = _field(cli("build"), "snapshotId")
     assert cli("verify", second).startswith(f"OK {second}: ")
+    trust = cli.json("trust", "list", "--json")  # the demo's key, created and pinned on first use
+    assert trust["home_key_trusted"] and trust["alias_keys"] == {"demo": [trust["home_key"]]}
     assert cli.json("show", second)["snapshotId"] == second
     assert cli("approve", second, "--by", "alice") == f"{second} APPROVED by alice\n"
 

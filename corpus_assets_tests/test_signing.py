@@ -28,6 +28,7 @@ from corpus_assets.core.release.signing import (
     statement,
     verify_signature,
 )
+from corpus_assets.core.release.trust_root import load, trust_file
 from corpus_assets.core.storage.digests import canonical_json
 
 SID = "sha256:" + "5a" * 32
@@ -95,14 +96,45 @@ def test_a_tampered_payload_is_a_bad_signature(tmp_path: Path) -> None:
         verify_signature(envelope, OTHER, home=tmp_path)
 
 
-def test_a_different_key_is_unknown(tmp_path: Path) -> None:
-    envelope = sign_snapshot(tmp_path / "builder", SID)
-    ensure_keypair(tmp_path / "elsewhere")
+def test_a_key_the_trust_root_never_saw_is_unknown(tmp_path: Path) -> None:
+    """The home's key files do not decide: a pair put in ``<home>/keys`` by hand (not created by
+    the builder, not named by CORPUS_SIGNING_KEY, not added with ``trust add``) is unknown."""
+    home = tmp_path / "home"
+    private, public = key_paths(home)
+    private.parent.mkdir(parents=True)
+    key = Ed25519PrivateKey.generate()
+    private.write_bytes(key.private_bytes(Encoding.PEM, PrivateFormat.PKCS8, NoEncryption()))
+    envelope = sign_snapshot(home, SID)  # signs with the planted key, which stays untrusted
     with pytest.raises(SignatureError, match=r"^unknown key") as raised:
-        verify_signature(envelope, SID, home=tmp_path / "elsewhere")
+        verify_signature(envelope, SID, home=home)
     assert envelope["signatures"][0]["keyid"] in str(raised.value)
+    assert str(trust_file(home)) in str(raised.value)
+    assert verify_signature(envelope, SID, public_key=public) == ensure_keypair(home)
     with pytest.raises(SignatureError, match=r"^unknown key: no trusted public key"):
         verify_signature(envelope, SID, public_key=tmp_path / "nowhere.pem")
+
+
+def test_a_created_key_is_recorded_in_the_trust_file_outside_the_home(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    keyid = ensure_keypair(home)
+    path = trust_file(home)
+    assert not path.is_relative_to(home.resolve())
+    assert [entry.keyid for entry in load(path).keys if entry.keyid == keyid] == [keyid]
+    assert verify_signature(sign_snapshot(home, SID), SID, home=home) == keyid
+
+
+def test_a_loose_keys_folder_is_tightened_when_the_key_is_created(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    (home / "keys").mkdir(parents=True, mode=0o755)
+    (home / "keys").chmod(0o755)
+    old = os.umask(0)
+    try:
+        ensure_keypair(home)
+    finally:
+        os.umask(old)
+    private, _public = key_paths(home)
+    assert stat.S_IMODE(os.stat(private).st_mode) == 0o600
+    assert stat.S_IMODE(os.stat(private.parent).st_mode) == 0o700
 
 
 def test_a_statement_about_another_snapshot_is_a_subject_mismatch(tmp_path: Path) -> None:

@@ -87,9 +87,16 @@ class Home:
         lines += [f"  - {json.dumps(source)}" for source in sources]
         self.config.write_text("\n".join(lines) + "\n" + extra)
 
+    @property
+    def trust_file(self) -> Path:
+        """The lab's trust root: outside every home, shared by a home and its copies (as an
+        operator's is), never the user's own."""
+        return self.dir.parent / "trust.json"
+
     def env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("CORPUS_", "DAGSTER_"))}
         env.update(CORPUS_CONFIG=str(self.config), DAGSTER_HOME=str(self.dir / "dagster"))
+        env.update(CORPUS_TRUST_FILE=str(self.trust_file))
         return env
 
     def command(self, *args: str) -> list[str]:

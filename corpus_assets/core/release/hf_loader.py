@@ -17,7 +17,7 @@ the shard dtypes.
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -26,6 +26,9 @@ from corpus_assets.core.release.block_reader import BlockReader
 from corpus_assets.core.storage.cas import ContentStore
 from corpus_assets.core.storage.cas_s3 import open_content_store
 from corpus_assets.core.storage.shards import ShardIndex, load_index
+
+if TYPE_CHECKING:
+    from corpus_assets.core.release.training import TrainingReader
 
 ROWS_PER_TABLE = 256  # blocks read (and verified) per Arrow table
 
@@ -84,3 +87,11 @@ def load_hf_dataset(cas: ContentStore, index_digest: str, verify: bool = True) -
     }
     info = datasets.DatasetInfo(features=hf_features(index))
     return datasets.IterableDataset(ArrowExamplesIterable(block_tables, kwargs), info=info)
+
+
+def hf_dataset_of(reader: "TrainingReader", verify: bool = True) -> Any:
+    """The pack of a permitted snapshot: ``reader`` checked the permit, the manifest's signature
+    against the trust root and the shard index before this is made (``load_hf_dataset`` takes a
+    bare pack digest and checks only the bytes)."""
+    reader.block_reader  # noqa: B018 - notes every shard in the run's report
+    return load_hf_dataset(reader.cas, reader.pack_digest, verify)

@@ -6,9 +6,12 @@ signature proves only that the statement comes from the trusted builder key, the
 excludes ``signature``, so the envelope can travel inside the manifest without self-reference.
 
 Keys are Ed25519 (deterministic: the same key and snapshotId give the same envelope bytes, so a
-rebuild in the same data home stores the same manifest digest). They live in ``<home>/keys``,
-outside the CAS, created on first use; ``CORPUS_SIGNING_KEY`` may name an existing PEM PKCS#8
-private key instead, whose public half is then published in ``<home>/keys`` for verifiers.
+rebuild in the same data home stores the same manifest digest). They live in ``<home>/keys``
+(0700, private key 0600), outside the CAS, created on first use; ``CORPUS_SIGNING_KEY`` may name
+an existing PEM PKCS#8 private key instead, whose public half is then published in ``<home>/keys``.
+Which keys a verifier accepts is not ``<home>/keys`` but the trust root (``trust_root``), outside
+the home: a key pair created here, or named by ``CORPUS_SIGNING_KEY``, is recorded there when it
+is first used; one found in the home (say, replaced by whoever can write it) is not.
 """
 
 import binascii
@@ -31,6 +34,8 @@ from securesystemslib.dsse import Envelope
 from securesystemslib.exceptions import UnverifiedSignatureError, VerificationError
 from securesystemslib.signer import CryptoSigner, SSlibKey
 
+from corpus_assets.core.release import trust_root
+from corpus_assets.core.storage.catalog import Catalog
 from corpus_assets.core.storage.digests import DigestError, canonical_json, check_digest, hex_of
 from corpus_assets.core.storage.fsio import atomic_create, atomic_write
 
@@ -41,6 +46,7 @@ PREDICATE_TYPE = "https://corpus-assets.dev/training-dataset-snapshot/v1"
 SUBJECT_NAME = "training.dataset.snapshot"
 PRIVATE_NAME = "snapshot-signing.key.pem"
 PUBLIC_NAME = "snapshot-signing.pub.pem"
+RETIRED = "retired"  # <home>/keys/retired: private keys rotated out (still 0600)
 
 
 class SignatureError(RuntimeError):
@@ -88,34 +94,57 @@ def verify_signature(
     public_key: Path | None = None,
     home: Path | None = None,
 ) -> str:
-    """Check ``envelope`` is a good signature by the trusted key over ``snapshot_id``; key id.
+    """Check ``envelope`` is a good signature by a trusted key over ``snapshot_id``; key id.
 
-    The trusted key is ``public_key`` or else the data home's. Raises ``SignatureError``.
+    Trusted: the key in the ``public_key`` file if given (an independent verifier's choice),
+    else every key of the trust root of ``home`` - never the home's own key files. Raises
+    ``SignatureError`` (``trust_root.TrustRootError`` for a misplaced or bad trust file).
     """
     if public_key is None:
         if home is None:
             raise ValueError("verify_signature needs public_key or home")
-        public_key = public_key_of(home)
+        where, keys = trust_root.accepted(home)
+        trusted = f"{where} accepts {', '.join(sorted(keys)) or 'no key'}"
+    else:
+        key = _load_public(public_key)
+        keys, trusted = (
+            {key.keyid: key},
+            f"the trusted key {key.keyid} ({public_key}) did not sign it",
+        )
     if not envelope:
         raise SignatureError(f"unsigned: snapshot {snapshot_id} carries no signature envelope")
     parsed = _parse_envelope(envelope, snapshot_id)
-    key = _load_public(public_key)
-    signature = parsed.signatures.get(key.keyid)
-    if signature is None:
+    keyid = next((k for k in parsed.signatures if k in keys), None)
+    if keyid is None:
         raise SignatureError(
             f"unknown key: snapshot {snapshot_id} is signed by "
-            f"{', '.join(sorted(parsed.signatures))}, the trusted key {key.keyid} "
-            f"({public_key}) did not sign it"
+            f"{', '.join(sorted(parsed.signatures))}, {trusted}"
         )
     try:
-        key.verify_signature(signature, parsed.pae())
+        keys[keyid].verify_signature(parsed.signatures[keyid], parsed.pae())
     except (UnverifiedSignatureError, VerificationError) as error:
         raise SignatureError(
-            f"bad signature: the signature by {key.keyid} on snapshot {snapshot_id} does not "
+            f"bad signature: the signature by {keyid} on snapshot {snapshot_id} does not "
             f"verify ({error})"
         ) from None
     _check_statement(parsed.payload, snapshot_id)
-    return key.keyid
+    return keyid
+
+
+def check_alias_key(catalog: Catalog, alias: str, snapshot_id: str, keyid: str) -> None:
+    """``keyid`` (which verified ``snapshot_id``) must be one the catalog pins ``alias`` to; an
+    alias's first verified snapshot pins its key (trust on first use, recorded in the catalog).
+    Raises ``SignatureError``."""
+    pinned = trust_root.pinned(catalog, alias)
+    if not pinned:
+        trust_root.pin(catalog, keyid, f"signed {snapshot_id}, the first verified", [alias])
+    elif keyid not in pinned:
+        raise SignatureError(
+            f"unknown key: snapshot {snapshot_id} is signed by {keyid}, which the trust root "
+            f"accepts but the catalog never pinned for alias {alias!r} (it pins "
+            f"{', '.join(sorted(pinned))}): a key change goes through `corpus-assets trust "
+            "add|rotate`"
+        )
 
 
 def _parse_envelope(envelope: Any, snapshot_id: str) -> Envelope:
@@ -184,32 +213,62 @@ def _signer(home: Path) -> CryptoSigner:
         private = Path(configured)
         if not private.is_file():
             raise FileNotFoundError(f"{KEY_ENV}={configured}: no such private key file")
+        origin: str | None = f"{KEY_ENV}={configured}"  # the operator named it: trusted
     else:
         _refuse_inside_cas(home, private)
-        if not private.exists():
-            private.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-            pem = Ed25519PrivateKey.generate().private_bytes(
-                Encoding.PEM, PrivateFormat.PKCS8, NoEncryption()
-            )
-            # put-if-absent, never replace: two first builds racing must end on one key
-            atomic_create(private, [pem])
-            os.chmod(private, 0o600)
+        origin = f"created in {Path(home).resolve() / 'keys'}" if _create(private) else None
     _refuse_inside_cas(home, private)
     key = load_pem_private_key(private.read_bytes(), None)
     if not isinstance(key, Ed25519PrivateKey):
         raise SignatureError(f"signing key {private} is not an Ed25519 private key")
     signer = CryptoSigner(key)
-    _publish_public(public, key)
+    pem = _publish_public(public, key)
+    if origin is not None:
+        trust_root.add_key(trust_root.trust_file(home), pem, origin)
     return signer
 
 
-def _publish_public(path: Path, key: Ed25519PrivateKey) -> None:
+def _create(private: Path) -> bool:
+    """A new Ed25519 private key at ``private`` (0600, folder 0700) unless one is there; True if
+    this call made it."""
+    if private.exists():
+        return False
+    private.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(private.parent, 0o700)  # a folder made by someone else may be wider
+    pem = Ed25519PrivateKey.generate().private_bytes(
+        Encoding.PEM, PrivateFormat.PKCS8, NoEncryption()
+    )
+    # put-if-absent, never replace: two first builds racing must end on one key
+    created = atomic_create(private, [pem])
+    os.chmod(private, 0o600)
+    return created
+
+
+def rotate_key(home: Path) -> tuple[str, str]:
+    """Retire the home's private key (kept, 0600, under ``keys/retired``) and create a new one,
+    recorded in the trust root; (old key id, new key id). The old public key stays trusted, so
+    the snapshots it signed keep verifying."""
+    if os.environ.get(KEY_ENV):
+        raise SignatureError(
+            f"the signing key is {KEY_ENV}={os.environ[KEY_ENV]}: rotate that file yourself and "
+            "record its public key with `corpus-assets trust add`"
+        )
+    old = ensure_keypair(home)
+    private, _public = key_paths(home)
+    retired = private.parent / RETIRED
+    retired.mkdir(mode=0o700, exist_ok=True)
+    os.replace(private, retired / f"{old}.key.pem")
+    return old, ensure_keypair(home)
+
+
+def _publish_public(path: Path, key: Ed25519PrivateKey) -> bytes:
     pem = key.public_key().public_bytes(Encoding.PEM, PublicFormat.SubjectPublicKeyInfo)
     if path.is_file() and path.read_bytes() == pem:
-        return
+        return pem
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     atomic_write(path, pem)
     os.chmod(path, 0o644)
+    return pem
 
 
 def _load_public(path: Path) -> SSlibKey:

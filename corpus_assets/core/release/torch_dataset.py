@@ -13,10 +13,13 @@ or order policy before any block is read.
 """
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from corpus_assets.core.release.block_reader import ReaderState
 from corpus_assets.core.release.loader_plan import LoaderPlan
+
+if TYPE_CHECKING:
+    from corpus_assets.core.release.training import TrainingReader
 
 _CLASS_NAME = "BlockIterableDataset"
 
@@ -95,3 +98,22 @@ def make_torch_dataset(
     rank, world_size = _distributed_layout(rank, world_size)
     plan = LoaderPlan(cas_root, identity, rank, world_size, batch_blocks, verify, cas_url)
     return _dataset_class()(plan)
+
+
+def torch_dataset_of(
+    reader: "TrainingReader",
+    seed: int,
+    rank: int | None = None,
+    world_size: int | None = None,
+    batch_blocks: int = 1,
+    shuffle: bool = True,
+) -> Any:
+    """The ``BlockIterableDataset`` of a permitted snapshot: ``reader`` checked the permit, the
+    manifest's signature against the trust root and the shard index before this is made
+    (``make_torch_dataset`` takes a bare pack identity and checks only the bytes)."""
+    identity = reader.stream(seed, shuffle).state
+    reader.block_reader  # noqa: B018 - notes every shard in the run's report
+    cas_url = getattr(reader.cas, "url", None)
+    return make_torch_dataset(
+        reader.cas.root, identity, rank, world_size, batch_blocks, cas_url=cas_url
+    )

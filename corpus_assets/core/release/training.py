@@ -8,7 +8,8 @@ bound to the digest and the run id, in one transaction with the gate row read. A
 gets its original permit back (even if the alias moved on or a fence advanced since: its pinned
 inputs do not change); the same run id with another digest is refused, since changed data means a
 new run. ``TrainingReader`` opens exactly the CAS objects the manifest names, verifies every digest
-before handing out a byte, and reports what it read.
+before handing out a byte, and reports what it read. Both check the manifest's signature against
+the trust root first (``_manifest``): a snapshot re-signed or unsigned gets no permit and no read.
 """
 
 import time
@@ -28,6 +29,11 @@ from corpus_assets.core.release.block_reader import (
     load_state,
 )
 from corpus_assets.core.release.identity import snapshot_id as compute_snapshot_id
+from corpus_assets.core.release.signing import (
+    SignatureError,
+    check_alias_key,
+    verify_signature,
+)
 from corpus_assets.core.release.verify import load_manifest, resolve
 from corpus_assets.core.runtime.layers import LayerIndex, load_index
 from corpus_assets.core.storage.artifacts import decode_table
@@ -81,7 +87,7 @@ def take_permit(
     existing = _permit_for_run(catalog, run_id)
     if existing is not None:
         return _resume(existing, snapshot.snapshot_id, purpose)
-    manifest = _trainable(cas, snapshot, run_id, purpose)
+    manifest = _trainable(cas, catalog, snapshot, run_id, purpose)
     request = _Request(
         run_id=run_id,
         snapshot_id=snapshot.snapshot_id,
@@ -118,7 +124,7 @@ def _requested(catalog: Catalog, snapshot_id: str, run_id: str) -> states.Snapsh
 
 
 def _trainable(
-    cas: ContentStore, snapshot: states.Snapshot, run_id: str, purpose: str
+    cas: ContentStore, catalog: Catalog, snapshot: states.Snapshot, run_id: str, purpose: str
 ) -> dict[str, Any]:
     """The verified manifest of an ACTIVE snapshot built for ``purpose`` and its own alias."""
     sid = snapshot.snapshot_id
@@ -127,7 +133,7 @@ def _trainable(
             f"run {run_id!r}: snapshot {sid} is {snapshot.state}; only a snapshot activated "
             "through the gate (ACTIVE) can be trained on"
         )
-    manifest = _manifest(cas, snapshot, run_id)
+    manifest = _manifest(cas, catalog, snapshot, run_id)
     if manifest.get("purpose") != purpose:
         raise TrainingError(
             f"run {run_id!r}: snapshot {sid} was built for purpose {manifest.get('purpose')!r}, "
@@ -256,16 +262,27 @@ def _resume(existing: Permit, snapshot_id: str, purpose: str) -> Permit:
     return existing
 
 
-def _manifest(cas: ContentStore, snapshot: states.Snapshot, run_id: str) -> dict[str, Any]:
-    """The manifest from the CAS (get re-hashes it), its snapshotId recomputed from its payload."""
+def _manifest(
+    cas: ContentStore, catalog: Catalog, snapshot: states.Snapshot, run_id: str
+) -> dict[str, Any]:
+    """The one door of every permit and reader (read, exports, the torch and HF loaders): the
+    manifest re-hashed from the CAS, its snapshotId recomputed from its payload, and its DSSE
+    signature by a key of the trust root (outside the home) that the catalog pins for the
+    snapshot's alias (``trust_root``) - before any byte."""
     manifest = load_manifest(cas, snapshot)
     recomputed = compute_snapshot_id(manifest)
-    if recomputed != snapshot.snapshot_id or manifest.get("snapshotId") != snapshot.snapshot_id:
+    sid = snapshot.snapshot_id
+    if recomputed != sid or manifest.get("snapshotId") != sid:
         raise TrainingError(
             f"run {run_id!r}: manifest {snapshot.manifest_digest} says snapshotId "
             f"{manifest.get('snapshotId')}, its payload hashes to {recomputed}, the catalog says "
-            f"{snapshot.snapshot_id}"
+            f"{sid}"
         )
+    try:
+        keyid = verify_signature(manifest.get("signature"), sid, home=cas.root.parent)
+        check_alias_key(catalog, snapshot.alias, sid, keyid)
+    except SignatureError as error:
+        raise TrainingError(f"run {run_id!r}: manifest signature: {error}") from None
     return manifest
 
 
@@ -293,7 +310,7 @@ class TrainingReader:
                 f"{permit.snapshot_id} is not recorded in the catalog; take_permit first"
             )
         snapshot = states.get(catalog, permit.snapshot_id)
-        self.manifest = _manifest(cas, snapshot, permit.run_id)
+        self.manifest = _manifest(cas, catalog, snapshot, permit.run_id)
         self._note("manifest", snapshot.manifest_digest, cas.size(snapshot.manifest_digest))
         self.packed = self._index(self.manifest["layers"]["packed_blocks"], "packed_blocks")
         self.block_tokens = int(self.packed.counts["block_tokens"])

@@ -23,7 +23,7 @@ from corpus_assets.core.governance import states
 from corpus_assets.core.release.gates import GateReport
 from corpus_assets.core.release.identity import snapshot_id as compute_snapshot_id
 from corpus_assets.core.release.manifest_schema import schema_errors
-from corpus_assets.core.release.signing import SignatureError, verify_signature
+from corpus_assets.core.release.signing import SignatureError, check_alias_key, verify_signature
 from corpus_assets.core.storage.artifacts import JSON, PARQUET, decode_json, get_json, is_ref
 from corpus_assets.core.storage.cas import COPY_CHUNK, CasError, ContentStore
 from corpus_assets.core.storage.catalog import Catalog
@@ -72,8 +72,9 @@ def verify(
     trust: StatTrust | None = None,
 ) -> Report:
     """Re-derive the snapshotId, check the schema and the signature (by ``public_key``, default
-    the data home's key, which lives outside the CAS), and re-hash every reachable object - but
-    with ``trust``, not a table or shard whose file is unchanged since it last hashed right."""
+    any key of the trust root, which lives outside the data home), and re-hash every reachable
+    object - but with ``trust``, not a table or shard whose file is unchanged since it last
+    hashed right."""
     snapshot = resolve(catalog, digest)
     report = Report(snapshot.snapshot_id)
     try:
@@ -90,9 +91,11 @@ def verify(
         )
     report.findings += [f"manifest schema: {e}" for e in schema_errors(manifest)]
     try:
-        verify_signature(
+        keyid = verify_signature(
             manifest.get("signature"), recomputed, public_key=public_key, home=cas.root.parent
         )
+        if public_key is None:  # an independent verifier's own key decides alone
+            check_alias_key(catalog, snapshot.alias, snapshot.snapshot_id, keyid)
     except SignatureError as error:
         report.findings.append(f"manifest signature: {error}")
     report.digests.add(snapshot.manifest_digest)

@@ -337,6 +337,13 @@ class Retention(_Strict):
     keep_generations: Annotated[int, Field(ge=1)] | None = None  # the alias's last N activations
 
 
+class Trust(_Strict):
+    """The readers' trust root (``release.trust_root``): its file, and the key ids it accepts."""
+
+    file: str | None = None
+    keys: list[Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]] | None = None
+
+
 class CorpusConfig(_Strict):
     version: Literal[1]
     purpose: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")]
@@ -348,6 +355,7 @@ class CorpusConfig(_Strict):
     storage: Storage = Storage()
     schedule: Schedule | None = None  # absent: the incremental_build schedule is off
     retention: Retention = Retention()
+    trust: Trust = Trust()
 
     @model_validator(mode="after")
     def _unique_source_ids(self) -> "CorpusConfig":

@@ -193,6 +193,17 @@ permits = Table(
     Column("at", Float, nullable=False),
 )
 
+# The signing key ids an alias's readers accept (``release.trust_root``): the key of the alias's
+# first verified snapshot, then only what ``corpus-assets trust add|rotate`` records.
+alias_keys = Table(
+    "alias_keys",
+    metadata,
+    Column("alias", String(64), primary_key=True),
+    Column("keyid", String(64), primary_key=True),
+    Column("how", Text, nullable=False),
+    Column("at", Float, nullable=False),
+)
+
 
 def default_catalog_url(home: Path) -> str:
     return os.environ.get("CORPUS_CATALOG_URL") or f"sqlite:///{home / 'catalog.sqlite'}"

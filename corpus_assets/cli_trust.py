@@ -1,0 +1,95 @@
+"""``corpus-assets trust list|add|rotate``: the readers' trust root (``core.release.trust_root``),
+the one file outside the data home that says which signing keys count. Keys enter it only here,
+when the builder creates a home's key pair, or from ``CORPUS_SIGNING_KEY``; nothing removes one,
+so a snapshot keeps verifying under the key id that signed it. ``add`` and ``rotate`` also pin
+the key for every alias of the catalog (an alias accepts only the keys its catalog pins)."""
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import select
+
+from corpus_assets.cli_catalog import CliError, storage
+from corpus_assets.core.release import trust_root
+from corpus_assets.core.release.signing import public_key_of, rotate_key
+from corpus_assets.core.storage.catalog import Catalog, snapshots
+
+
+def add_trust_command(sub: Any) -> None:
+    """Register ``trust`` and its actions on the top-level subcommands."""
+    text = "the signing keys readers accept (a file outside the data home): list, add, rotate"
+    p = sub.add_parser("trust", help=text, description=text)
+    actions = p.add_subparsers(required=True, metavar="ACTION")
+    listing = actions.add_parser("list", help="the trust file, its keys and this home's key")
+    listing.add_argument("--json", action="store_true", help="print it as JSON")
+    listing.set_defaults(run=cmd_trust_list)
+    add = actions.add_parser("add", help="accept a public key (PEM), e.g. another builder's")
+    add.add_argument("public_key", help="a PEM public key file")
+    add.set_defaults(run=cmd_trust_add)
+    rotate = actions.add_parser(
+        "rotate", help="retire this home's signing key for a new one; old snapshots still verify"
+    )
+    rotate.set_defaults(run=cmd_trust_rotate)
+
+
+def _home() -> tuple[Path, Catalog]:
+    home, _cas, catalog = storage()
+    return home, catalog
+
+
+def cmd_trust_list(args: argparse.Namespace) -> int:
+    home, catalog = _home()
+    path = trust_root.trust_file(home)
+    keys = [entry.model_dump(exclude={"public_pem"}) for entry in trust_root.load(path).keys]
+    public = public_key_of(home)
+    current = trust_root.keyid_of(public.read_bytes()) if public.is_file() else None
+    trusted = current is not None and any(entry["keyid"] == current for entry in keys)
+    pins = {alias: sorted(trust_root.pinned(catalog, alias)) for alias in _aliases(catalog)}
+    report = {
+        "file": str(path),
+        "keys": keys,
+        "home_key": current,
+        "home_key_trusted": trusted,
+        "alias_keys": pins,
+    }
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return 0
+    print(f"trust file {path}")
+    for entry in keys:
+        print(f"  {entry['keyid']}  {entry['origin']}")
+    state = "trusted" if trusted else "NOT trusted: readers refuse what it signs"
+    print(f"this home signs with {current or 'no key yet'}" + (f" ({state})" if current else ""))
+    for alias, pinned in pins.items():
+        print(f"alias {alias}: the catalog pins {', '.join(pinned) or 'nothing yet'}")
+    return 0
+
+
+def _aliases(catalog: Catalog) -> list[str]:
+    with catalog.begin() as conn:
+        return sorted(set(conn.scalars(select(snapshots.c.alias).distinct())))
+
+
+def cmd_trust_add(args: argparse.Namespace) -> int:
+    home, catalog = _home()
+    source = Path(args.public_key).resolve()
+    try:
+        pem = source.read_bytes()
+    except OSError as error:
+        raise CliError(f"{source}: cannot read the public key ({error.strerror})") from None
+    keyid, new = trust_root.add_key(trust_root.trust_file(home), pem, f"added from {source}")
+    pinned = trust_root.pin(catalog, keyid, f"corpus-assets trust add {source}")
+    print(f"{'trusted' if new else 'already trusted'}: {keyid}")
+    print(f"pinned for aliases: {', '.join(pinned) or 'none new'}")
+    return 0
+
+
+def cmd_trust_rotate(_args: argparse.Namespace) -> int:
+    home, catalog = _home()
+    old, new = rotate_key(home)
+    trust_root.pin(catalog, new, f"corpus-assets trust rotate from {old}")
+    path = trust_root.trust_file(home)
+    print(f"rotated: new snapshots are signed by {new}; {old} stays trusted in {path}")
+    return 0
