@@ -1,0 +1,84 @@
+"""Issue 31 point 7: a near-duplicate pair the dedup LSH misses never straddles two splits.
+
+The pair (``selftest.leak_pair``) is found by searching generated variants against the
+project's own signatures, band parameters and split hash: exact Jaccard just above the
+threshold, no shared bucket in any of the dedup layer's bands, split hash in two splits. Planted
+in the demo's essays and built through the real CLI, the held-out search must find it and put
+both records in one split; the gate must refuse a members table where they straddle.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+
+from corpus_assets.core.runtime.config import NearDedupPolicy, SplitPolicy
+from corpus_assets.core.runtime.layers import read_layer_index
+from corpus_assets.core.runtime.workspace import open_workspace
+from corpus_assets.core.storage.artifacts import get_table
+from corpus_assets.selftest.leak_pair import LeakPair, find_leak_pair
+
+CLI = str(Path(sys.executable).parent / "corpus-assets")
+IDS = ("essays/leak-a", "essays/leak-b")
+
+
+def _run(home: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CORPUS_", "DAGSTER_"))}
+    env.update(CORPUS_HOME=str(home / ".corpus"), DAGSTER_HOME=str(home / ".dagster"))
+    return subprocess.run(
+        [CLI, *args], cwd=home, env=env, capture_output=True, text=True, timeout=600
+    )
+
+
+def _plant(home: Path) -> LeakPair:
+    pair = find_leak_pair(SplitPolicy(salt="demo-v1"), NearDedupPolicy())
+    essays = home / ".corpus" / "demo-sources" / "essays"
+    essays.mkdir(parents=True)
+    rows = [{"id": rid.split("/")[1], "text": t} for rid, t in zip(IDS, pair.texts, strict=True)]
+    (essays / "essays-00009.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return pair
+
+
+@pytest.fixture(scope="module")
+def leak_home(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, LeakPair, str]:
+    """The demo built through the CLI with the missed pair planted among its essays (returns
+    the home, the pair and the partition key); its snapshot validated."""
+    home = tmp_path_factory.mktemp("leak")
+    pair = _plant(home)
+    demo = _run(home, "demo")
+    assert demo.returncode == 0, demo.stderr
+    assert "state VALIDATED" in demo.stdout
+    key = next(x.split()[1] for x in demo.stdout.splitlines() if x.startswith("partition "))
+    return home, pair, key.rstrip(":")
+
+
+def test_the_planted_pair_is_missed_by_dedup_and_hashed_apart() -> None:
+    pair = find_leak_pair(SplitPolicy(salt="demo-v1"), NearDedupPolicy())
+    assert pair.splits[0] != pair.splits[1]
+    assert 0.8 <= pair.jaccard < 0.85
+
+
+def test_a_pair_dedup_missed_lands_in_one_split(
+    leak_home: tuple[Path, LeakPair, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    home, pair, key = leak_home
+    monkeypatch.setenv("CORPUS_HOME", str(home / ".corpus"))
+    monkeypatch.setenv("CORPUS_CONFIG", str(home / ".corpus" / "corpus.yaml"))
+    with open_workspace() as ws:
+        _, dedup = read_layer_index(ws, key, "dedup_clusters")
+        clusters = get_table(ws.cas, dedup.output("clusters"), "clusters")
+        mine = clusters.filter(pc.is_in(clusters["record_id"], value_set=pa.array(IDS)))
+        assert mine["verdict"].to_pylist() == ["keep", "keep"]  # dedup's LSH missed them
+        _, splits = read_layer_index(ws, key, "splits")
+        table = get_table(ws.cas, splits.output("splits"), "splits")
+        where = dict(zip(table["record_id"].to_pylist(), table["split"].to_pylist(), strict=True))
+        moves = get_table(ws.cas, splits.output("split_moves"), "moves").to_pylist()
+    assert where[IDS[0]] == where[IDS[1]], f"J={pair.jaccard:.4f} pair straddles: {[where[i] for i in IDS]}"
+    moved = [m for m in moves if m["record_id"] in IDS]
+    assert len(moved) == 1 and moved[0]["reason"] == "split.heldout_near", moves
+
