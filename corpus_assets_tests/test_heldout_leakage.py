@@ -17,6 +17,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
+from corpus_assets.core.release import gates
+from corpus_assets.core.release.evidence import Evidence
+from corpus_assets.core.release.verify import load_manifest, resolve
 from corpus_assets.core.runtime.config import NearDedupPolicy, SplitPolicy
 from corpus_assets.core.runtime.layers import read_layer_index
 from corpus_assets.core.runtime.workspace import open_workspace
@@ -45,7 +48,7 @@ def _plant(home: Path) -> LeakPair:
 
 
 @pytest.fixture(scope="module")
-def leak_home(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, LeakPair, str]:
+def leak_home(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, LeakPair, str, str]:
     """The demo built through the CLI with the missed pair planted among its essays (returns
     the home, the pair and the partition key); its snapshot validated."""
     home = tmp_path_factory.mktemp("leak")
@@ -54,7 +57,8 @@ def leak_home(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, LeakPair,
     assert demo.returncode == 0, demo.stderr
     assert "state VALIDATED" in demo.stdout
     key = next(x.split()[1] for x in demo.stdout.splitlines() if x.startswith("partition "))
-    return home, pair, key.rstrip(":")
+    sid = next(x.split()[1] for x in demo.stdout.splitlines() if x.startswith("snapshotId "))
+    return home, pair, key.rstrip(":"), sid
 
 
 def test_the_planted_pair_is_missed_by_dedup_and_hashed_apart() -> None:
@@ -64,9 +68,9 @@ def test_the_planted_pair_is_missed_by_dedup_and_hashed_apart() -> None:
 
 
 def test_a_pair_dedup_missed_lands_in_one_split(
-    leak_home: tuple[Path, LeakPair, str], monkeypatch: pytest.MonkeyPatch
+    leak_home: tuple[Path, LeakPair, str, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    home, pair, key = leak_home
+    home, pair, key, _sid = leak_home
     monkeypatch.setenv("CORPUS_HOME", str(home / ".corpus"))
     monkeypatch.setenv("CORPUS_CONFIG", str(home / ".corpus" / "corpus.yaml"))
     with open_workspace() as ws:
@@ -78,7 +82,36 @@ def test_a_pair_dedup_missed_lands_in_one_split(
         table = get_table(ws.cas, splits.output("splits"), "splits")
         where = dict(zip(table["record_id"].to_pylist(), table["split"].to_pylist(), strict=True))
         moves = get_table(ws.cas, splits.output("split_moves"), "moves").to_pylist()
-    assert where[IDS[0]] == where[IDS[1]], f"J={pair.jaccard:.4f} pair straddles: {[where[i] for i in IDS]}"
+    apart = [where[i] for i in IDS]
+    assert where[IDS[0]] == where[IDS[1]], f"J={pair.jaccard:.4f} pair straddles: {apart}"
     moved = [m for m in moves if m["record_id"] in IDS]
     assert len(moved) == 1 and moved[0]["reason"] == "split.heldout_near", moves
 
+
+def test_the_gate_refuses_a_near_pair_across_splits(
+    leak_home: tuple[Path, LeakPair, str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The gate searches the published members again: the built snapshot passes; the same
+    members with the planted pair put back in two splits fail, naming both records."""
+    home, pair, _key, sid = leak_home
+    monkeypatch.setenv("CORPUS_HOME", str(home / ".corpus"))
+    monkeypatch.setenv("CORPUS_CONFIG", str(home / ".corpus" / "corpus.yaml"))
+    with open_workspace() as ws:
+        gate = gates.heldout_near_apart(ws)
+        manifest = load_manifest(ws.cas, resolve(ws.catalog, sid))
+        with Evidence.load(ws.cas, ws.catalog, manifest) as ev:
+            clean = gates.GateReport()
+            assert gate(ev, clean) == [] and clean.heldout_near_pairs == 0
+            split = ev.scalar("SELECT split FROM members WHERE record_id = ?", [IDS[1]])
+            other = "test" if split != "test" else "validation"
+            ev.con.execute(
+                "CREATE OR REPLACE VIEW members AS SELECT * REPLACE (CASE WHEN record_id = "
+                f"'{IDS[1]}' THEN '{other}' ELSE split END AS split) FROM "
+                f"read_parquet('{ev.files.path(manifest['members']['digest'], 'members')}', "
+                "file_row_number = true)"
+            )
+            leaky = gates.GateReport()
+            found = gate(ev, leaky)
+    assert leaky.heldout_near_pairs == 1
+    assert len(found) == 1 and IDS[0] in found[0] and IDS[1] in found[0], found
+    assert f"{pair.jaccard:.4f}" in found[0]

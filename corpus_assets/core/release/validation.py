@@ -79,6 +79,7 @@ def snapshot_rules(ws: Workspace) -> SnapshotRules:
             gates.lineage_complete,
             gates.rows_explained,
             gates.dedup_invariants_hold,
+            gates.heldout_near_apart(ws),
             gates.split_conflicts_resolved,
             gates.packing_invariants_hold,
             gates.no_tombstone_hits,

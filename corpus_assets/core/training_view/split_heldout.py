@@ -74,12 +74,15 @@ class HeldoutScan:
     params: HeldoutParams
 
     @classmethod
-    def open(cls, ws: Workspace, chunks: list[ChunkRecords], dedup: LayerIndex) -> "HeldoutScan":
-        """The scan of a partition whose dedup layer is ``dedup`` (None without near-dedup)."""
+    def open(
+        cls, ws: Workspace, chunks: list[ChunkRecords], dedup: LayerIndex
+    ) -> "HeldoutScan | None":
+        """The scan of a partition whose dedup layer is ``dedup`` (None without near-dedup:
+        no signatures, no near pairs to look for)."""
         report = DedupReport.parse(get_json(ws.cas, dedup.output("report"), "dedup report"))
         near = report.near
         if near is None:
-            raise ValueError("the held-out search needs near-dedup signatures (dedup.near)")
+            return None
         payload = near.signature
         spec = SignatureSpec(
             version=payload["version"],

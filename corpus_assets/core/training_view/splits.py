@@ -176,10 +176,10 @@ def _heldout(
     clusters: str,
 ) -> tuple[pa.Table, dict[str, Any]]:
     """Near pairs of held-out members dedup missed (none without near-dedup), and the counts."""
-    if not ws.config.policies.dedup.near.enabled:
-        return PAIR_COLUMNS.empty_table(), {}
     _, canonical = CanonicalIndex.read(ws, partition_key)
     scan = HeldoutScan.open(ws, canonical.chunks(), dedup)
+    if scan is None:
+        return PAIR_COLUMNS.empty_table(), {}
     members = (
         f"SELECT k.record_id, k.object, k.line, a.split FROM {clusters} k "
         "JOIN assigned a ON k.record_id = a.record_id WHERE k.is_representative"
