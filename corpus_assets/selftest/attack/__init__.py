@@ -4,4 +4,8 @@ the digests of existing snapshots unchanged.
 
 Cases are named ``attack.<point>-<what>`` (``--only '^attack\\.'`` runs the group); one module
 per trust promise registers its cases:
+
+- ``leakage`` (point 7): a near pair dedup's LSH missed, hashed to two splits, ends in one.
 """
+
+from corpus_assets.selftest.attack import leakage  # noqa: F401
