@@ -115,9 +115,9 @@ class HeldoutScan:
         a_at, b_at = at[: len(found.a)], at[len(found.a) :]
         table = pa.table(
             {
-                "record_a": ids.take(pa.array(a_at)),
+                "record_a": ids.take(pa.array(a_at, pa.int64())),
                 "split_a": pa.array(splits[a_at].astype(str)),
-                "record_b": ids.take(pa.array(b_at)),
+                "record_b": ids.take(pa.array(b_at, pa.int64())),
                 "split_b": pa.array(splits[b_at].astype(str)),
                 "jaccard": pa.array(found.jaccard, pa.float64()),
             },
@@ -130,6 +130,8 @@ class HeldoutScan:
         self, con: duckdb.DuckDBPyConnection, members: str
     ) -> tuple[np.ndarray, pa.Array, np.ndarray]:
         """Members' global canonical rows (ascending), record ids and splits."""
+        if not self.chunks:
+            return np.empty(0, np.int64), pa.array([], pa.string()), np.empty(0, object)
         files = VerifiedFiles(self.ws.cas)
         paths = [files.path(c.records["digest"], c.what) for c in self.chunks]
         starts = np.cumsum([0, *(c.count for c in self.chunks)])[:-1].tolist()
