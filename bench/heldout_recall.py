@@ -1,14 +1,15 @@
 """Recall of the held-out near-pair search on the shared corpora, against an exhaustive scan.
 
 Builds the five shared corpora (``../shared/corpora``) in a fresh home through the CLI (CPU of
-the whole build from ``wait4``), then, in this process, on the snapshot's members:
+the whole build from ``wait4``), then, in this process, on the records the rule searches (the
+snapshot's members and the removed duplicates behind them, in their representative's split):
 
 - the splits **before** the held-out rule (published splits with every ``split.heldout_near``
   move undone: what the old path published);
 - the **new step**: ``split_heldout.HeldoutScan.pairs`` over those splits (CPU-s, peak RSS);
-- the **named baseline, an exhaustive scan**: every member's shingle fingerprints (the
+- the **named baseline, an exhaustive scan**: every record's shingle fingerprints (the
   project's own), a sparse records x shingles matrix, and the exact intersection of every
-  held-out member with every member (blocks of rows, scipy), so every pair with J >= its
+  held-out record with every record (blocks of rows, scipy), so every pair with J >= its
   threshold is known (two empty texts count as J = 1, as in ``jaccard_sorted``).
 
 Recall of cross-split-capable pairs (one side held out, J >= threshold): **new** = pairs the
@@ -45,7 +46,11 @@ from corpus_assets.core.runtime.workspace import open_workspace
 from corpus_assets.core.storage.artifacts import get_table
 from corpus_assets.core.storage.duck import cas_parquet
 from corpus_assets.core.training_view import duck
-from corpus_assets.core.training_view.split_heldout import HeldoutScan, _fingerprints
+from corpus_assets.core.training_view.split_heldout import (
+    HeldoutScan,
+    _fingerprints,
+    searched_records,
+)
 from corpus_assets.core.training_view.splits_schema import HELDOUT, TRAIN
 
 CORPORA = Path(__file__).resolve().parents[2] / "shared" / "corpora"
@@ -118,10 +123,7 @@ def main() -> None:
         _, dedup = read_layer_index(ws, key, "dedup_clusters")
         clusters = cas_parquet(ws.cas, dedup.output("clusters"), "clusters")
         con.register("old", old_splits(ws, key))
-        members = (
-            f"SELECT k.record_id, k.object, k.line, o.split FROM {clusters} k "
-            "JOIN old o USING (record_id) WHERE k.is_representative"
-        )
+        members = searched_records(clusters, "old")
         scan = HeldoutScan.open(ws, canonical.chunks(), dedup)
         cpu, rss = time.process_time(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         pairs, stats = scan.pairs(con, members)
@@ -140,6 +142,7 @@ def main() -> None:
         heldout = np.flatnonzero(splits != TRAIN)
         truth = exhaustive(prints, heldout, scan.thresholds[rows])
         base_cpu = time.process_time() - cpu
+        published = _after(con, ws, key, clusters)
     id_list = ids.to_pylist()
     by_id = {rid: n for n, rid in enumerate(id_list)}
     new = {
@@ -148,9 +151,10 @@ def main() -> None:
     }
     old = {(i, j) for i, j in truth if leak[id_list[i]] == leak[id_list[j]]}
     straddled = [(i, j) for i, j in truth if splits[i] != splits[j]]
-    after = _after(ws_config=config, key=key, truth=truth, id_list=id_list)
+    after = sum(published[id_list[i]] != published[id_list[j]] for i, j in truth)
     n = len(truth)
-    print(f"members {len(rows)}, held out {len(heldout)}; pairs at J >= threshold: {n}")
+    print(f"records searched {len(rows)} (members and removed copies), held out {len(heldout)}")
+    print(f"pairs at J >= threshold with a held-out side (exhaustive): {n}")
     print(f"recall new search: {len(new & truth) / n if n else 1:.3f} ({len(new & truth)}/{n})")
     print(f"recall old path (same leakage component): {len(old) / n if n else 1:.3f}")
     print(f"pairs in two splits before the held-out rule: {len(straddled)}; after: {after}")
@@ -160,13 +164,13 @@ def main() -> None:
         sys.exit("held-out recall below 1.000 or a pair still straddles")
 
 
-def _after(ws_config: Path, key: str, truth: set, id_list: list[str]) -> int:
-    """Pairs of ``truth`` in two splits of the published snapshot."""
-    with open_workspace(ws_config) as ws:
-        _, index = read_layer_index(ws, key, "splits")
-        table = get_table(ws.cas, index.output("splits"), "splits")
-    split = dict(zip(table["record_id"].to_pylist(), table["split"].to_pylist(), strict=True))
-    return sum(split[id_list[i]] != split[id_list[j]] for i, j in truth)
+def _after(con, ws, key: str, clusters: str) -> dict[str, str]:
+    """record id -> split in the published snapshot (a removed copy: its representative's)."""
+    _, index = read_layer_index(ws, key, "splits")
+    table = get_table(ws.cas, index.output("splits"), "splits").select(["record_id", "split"])
+    con.register("published", table)
+    rows = con.sql(f"SELECT record_id, split FROM ({searched_records(clusters, 'published')})")
+    return dict(rows.fetchall())
 
 
 if __name__ == "__main__":

@@ -35,7 +35,7 @@ from corpus_assets.core.storage.catalog import freezes
 from corpus_assets.core.storage.digests import json_digest
 from corpus_assets.core.storage.duck import sql_list
 from corpus_assets.core.storage.tasks import ChunkTask, open_dead_letters
-from corpus_assets.core.training_view.split_heldout import HeldoutScan
+from corpus_assets.core.training_view.split_heldout import HeldoutScan, searched_records
 from corpus_assets.core.training_view.splits import SPLITS
 
 LateChanges = Callable[[FreezeSpec], list[str]]
@@ -217,14 +217,16 @@ def dedup_invariants_hold(ev: Evidence, report: GateReport) -> list[str]:
 
 def heldout_near_apart(ws: Workspace) -> Gate:
     """The gate that searches again (``split_heldout``) for near pairs at or above the
-    threshold between a held-out member and a member of another split: there must be none."""
+    threshold between a held-out record and a record of another split (a removed duplicate in
+    its representative's): there must be none."""
 
     def heldout_near_apart(ev: Evidence, report: GateReport) -> list[str]:
         scan = HeldoutScan.open(ws, ev.canonical.chunks(), ev.dedup)
         if scan is None:  # near-dedup off: no signatures, no threshold
             return []
-        members = "SELECT record_id, object, line, split FROM members"
-        pairs = scan.pairs(ev.con, members)[0].to_pylist()
+        path = ev.files.path(ev.dedup.output("clusters")["digest"], "dedup clusters")
+        records = searched_records(f"read_parquet({sql_list([path])})", "members")
+        pairs = scan.pairs(ev.con, records)[0].to_pylist()
         cross = [p for p in pairs if p["split_a"] != p["split_b"]]
         report.heldout_near_pairs = len(cross)
         return [

@@ -2,7 +2,8 @@
 
 Near-dedup's LSH misses some pairs at the threshold edge (and a bucket cap skips some); two
 such kept records hashed to train and test leak. After assignment every validation and test
-member is searched against all members with ``dedup.heldout_search`` (many short bands, no
+member is searched against every record (members and the removed duplicates standing
+behind them, in their representative's split) with ``dedup.heldout_search`` (many short bands, no
 cap, exact Jaccard on the project's own shingles, each pair at the larger of its records'
 thresholds). The pairs it finds join (leakage component, split) sides; a union spanning two
 splits has its smaller sides moved to the largest (``split.heldout_near``, ties by split
@@ -107,7 +108,7 @@ class HeldoutScan:
     def pairs(self, con: duckdb.DuckDBPyConnection, members: str) -> tuple[pa.Table, dict]:
         """Every pair (a held-out member, any member) at or above its threshold, as
         ``PAIR_COLUMNS`` rows in (a, b) row order, and the search's counts. ``members`` is a
-        query over ``con`` with columns record_id, object, line, split."""
+        query over ``con`` with columns record_id, object, line, split (``searched_records``)."""
         rows, ids, splits = self._positions(con, members)
         heldout = rows[splits != TRAIN]
         found = self._search(heldout, rows)
@@ -168,19 +169,29 @@ def _fingerprints(
         prints.close()
 
 
+def searched_records(clusters: str, splits: str) -> str:
+    """Every record of the dedup table but the excluded, with the split of the member standing
+    for it (itself, or a removed duplicate's representative): a removed copy's content is in
+    that split, as in the leakage graph. Records whose member is gone (quarantined) drop out."""
+    return (
+        f"SELECT k.record_id, k.object, k.line, k.leakage_id, s.split FROM {clusters} k "
+        f"JOIN {splits} s ON s.record_id = CASE WHEN k.is_representative THEN k.record_id "
+        "ELSE k.representative_id END WHERE k.verdict <> 'excluded'"
+    )
+
+
 def resolve_heldout(result: Assignment, pairs: pa.Table, clusters: str) -> Assignment:
     """Move the smaller sides of every union of (leakage component, split) that a found pair
     joins across splits; ``clusters`` is the dedup clusters relation over ``result.con``."""
-    cross = [p for p in pairs.to_pylist() if p["split_a"] != p["split_b"]]
-    if not cross:
+    rows = pairs.to_pylist()
+    if all(p["split_a"] == p["split_b"] for p in rows):
         return result
     con = result.con
     con.register("ho_pairs", pairs)
     nodes = con.execute(
-        "SELECT k.record_id, k.leakage_id, a.split FROM "
-        f"(SELECT record_a AS record_id FROM ho_pairs UNION SELECT record_b FROM ho_pairs) p "
-        f"JOIN {clusters} k USING (record_id) JOIN assigned a USING (record_id) "
-        "WHERE k.is_representative ORDER BY record_id"
+        "SELECT r.record_id, r.leakage_id, r.split FROM "
+        f"({searched_records(clusters, 'assigned')}) r WHERE r.record_id IN "
+        "(SELECT record_a FROM ho_pairs UNION SELECT record_b FROM ho_pairs) ORDER BY record_id"
     ).fetchall()
     con.unregister("ho_pairs")
     node_of = {rid: (lid, split) for rid, lid, split in nodes}
@@ -192,26 +203,27 @@ def resolve_heldout(result: Assignment, pairs: pa.Table, clusters: str) -> Assig
             x = parent[x]
         return x
 
-    for pair in pairs.to_pylist():
+    for pair in rows:
         ra, rb = find(node_of[pair["record_a"]]), find(node_of[pair["record_b"]])
         if ra != rb:
             parent[max(ra, rb)] = min(ra, rb)
     unions: dict[tuple[str, str], list[tuple[str, str]]] = {}
     for node in sorted(parent):
         unions.setdefault(find(node), []).append(node)
-    why = {p["record_a"]: f"{p['record_a']}~{p['record_b']}@{p['jaccard']:.4f}" for p in cross}
+    why: dict[tuple[str, str], list[str]] = {}
+    for p in rows:
+        if p["split_a"] != p["split_b"]:
+            text = f"{p['record_a']}~{p['record_b']}@{p['jaccard']:.4f}"
+            why.setdefault(find(node_of[p["record_a"]]), []).append(text)
     moves: list[Move] = []
-    for union in unions.values():
+    for root, union in unions.items():
         if len({split for _, split in union}) > 1:
-            moves += _move_union(con, clusters, union, why)
+            moves += _move_union(con, clusters, union, "; ".join(why.get(root, [])))
     return with_moves(result, moves, [])
 
 
 def _move_union(
-    con: duckdb.DuckDBPyConnection,
-    clusters: str,
-    union: list[tuple[str, str]],
-    why: dict[str, str],
+    con: duckdb.DuckDBPyConnection, clusters: str, union: list[tuple[str, str]], pairs: str
 ) -> list[Move]:
     """The moves of the union's smaller sides to its largest (its members by split)."""
     sides: dict[str, list[str]] = {}
@@ -224,8 +236,7 @@ def _move_union(
         sides.setdefault(split, []).extend(rid for (rid,) in ids)
     order = largest_side({s: sorted(ids) for s, ids in sides.items()})
     name = min(lid for lid, _ in union)
-    evidence = "; ".join(v for k, v in sorted(why.items()) if any(k in sides[s] for s in sides))
-    text = f"leakage {name}; held-out near pair {evidence}"
+    text = f"leakage {name}; held-out near pair {pairs}"
     return [
         Move(rid, other, order[0], HELDOUT, text) for other in order[1:] for rid in sides[other]
     ]

@@ -43,6 +43,7 @@ from corpus_assets.core.training_view.split_heldout import (
     PAIR_COLUMNS,
     HeldoutScan,
     resolve_heldout,
+    searched_records,
 )
 from corpus_assets.core.training_view.split_report import split_counts, split_report
 from corpus_assets.core.training_view.split_residual import resolve_residual
@@ -180,11 +181,7 @@ def _heldout(
     scan = HeldoutScan.open(ws, canonical.chunks(), dedup)
     if scan is None:
         return PAIR_COLUMNS.empty_table(), {}
-    members = (
-        f"SELECT k.record_id, k.object, k.line, a.split FROM {clusters} k "
-        "JOIN assigned a ON k.record_id = a.record_id WHERE k.is_representative"
-    )
-    return scan.pairs(con, members)
+    return scan.pairs(con, searched_records(clusters, "assigned"))
 
 
 @dataclass(frozen=True)
