@@ -18,10 +18,11 @@ two splits). Also printed: pairs that straddled splits before the rule and after
 published snapshot: must be 0). Exits non-zero unless the new recall is 1.000 and nothing
 straddles after.
 
-Usage: .venv/bin/python bench/heldout_recall.py [--tmp DIR] [--workers 2]
+Usage: .venv/bin/python bench/heldout_recall.py [--tmp DIR] [--workers 2] [--reuse]
 """
 
 import argparse
+import json
 import os
 import re
 import resource
@@ -110,10 +111,17 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--tmp", type=Path, default=Path("/tmp/heldout-bench"))
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--reuse", action="store_true", help="the last run's build, if any")
     args = parser.parse_args()
-    shutil.rmtree(args.tmp, ignore_errors=True)
-    config = write_config(args.tmp, args.workers)
-    build = run_measured([*CLI, "--config", str(config), "build"], env_for(args.tmp))
+    config = args.tmp / "corpus.yaml"
+    saved = args.tmp / "build.json"
+    if args.reuse and saved.is_file():
+        build = json.loads(saved.read_text())
+    else:
+        shutil.rmtree(args.tmp, ignore_errors=True)
+        config = write_config(args.tmp, args.workers)
+        build = run_measured([*CLI, "--config", str(config), "build"], env_for(args.tmp))
+        saved.write_text(json.dumps(build))
     key = re.search(r"^partition (\S+):", build["out"], re.M).group(1)
     state = re.search(r"state (\S+)", build["out"]).group(1)
     print(f"build: {build['wall']:.1f} s wall, {build['cpu']:.1f} CPU-s, state {state}")
@@ -134,7 +142,7 @@ def main() -> None:
         rows, ids, splits = scan._positions(con, members)
         leak = dict(
             con.sql(
-                f"SELECT record_id, leakage_id FROM {clusters} WHERE is_representative"
+                f"SELECT record_id, leakage_id FROM {clusters} WHERE verdict <> 'excluded'"
             ).fetchall()
         )
         cpu = time.process_time()

@@ -24,6 +24,7 @@ from corpus_assets.core.runtime.config import NearDedupPolicy, SplitPolicy
 from corpus_assets.core.runtime.layers import read_layer_index
 from corpus_assets.core.runtime.workspace import open_workspace
 from corpus_assets.core.storage.artifacts import get_table
+from corpus_assets.demo import CONFIG
 from corpus_assets.selftest.leak_pair import LeakPair, find_leak_pair
 
 CLI = str(Path(sys.executable).parent / "corpus-assets")
@@ -36,6 +37,16 @@ def _run(home: Path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [CLI, *args], cwd=home, env=env, capture_output=True, text=True, timeout=600
     )
+
+
+def _outputs(home: Path, key: str, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    """The digests of the splits layer's tables (which do not name the partition)."""
+    monkeypatch.setenv("CORPUS_HOME", str(home / ".corpus"))
+    monkeypatch.setenv("CORPUS_CONFIG", str(home / ".corpus" / "corpus.yaml"))
+    with open_workspace() as ws:
+        _, index = read_layer_index(ws, key, "splits")
+    names = ("splits", "split_moves", "split_conflicts", "heldout_pairs")
+    return {name: index.output(name)["digest"] for name in names}
 
 
 def _plant(home: Path) -> LeakPair:
@@ -115,3 +126,20 @@ def test_the_gate_refuses_a_near_pair_across_splits(
     assert leaky.heldout_near_pairs == 1
     assert len(found) == 1 and IDS[0] in found[0] and IDS[1] in found[0], found
     assert f"{pair.jaccard:.4f}" in found[0]
+
+
+def test_two_workers_give_the_same_split_bytes(
+    leak_home: tuple[Path, LeakPair, str, str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Determinism: the planted demo built with two workers stores the same splits, moves and
+    held-out pairs as with one."""
+    home, _pair, key, _sid = leak_home
+    _plant(tmp_path)
+    (tmp_path / ".corpus" / "corpus.yaml").write_text(CONFIG + "execution: {workers: 2}\n")
+    demo = _run(tmp_path, "demo")
+    assert demo.returncode == 0, demo.stderr
+    other = next(x.split()[1] for x in demo.stdout.splitlines() if x.startswith("partition "))
+    two = _outputs(tmp_path, other.rstrip(":"), monkeypatch)
+    assert two == _outputs(home, key, monkeypatch)
