@@ -164,7 +164,9 @@ def main() -> None:
     print(f"records searched {len(rows)} (members and removed copies), held out {len(heldout)}")
     print(f"pairs at J >= threshold with a held-out side (exhaustive): {n}")
     print(f"recall new search: {len(new & truth) / n if n else 1:.3f} ({len(new & truth)}/{n})")
-    print(f"recall old path (same leakage component): {len(old) / n if n else 1:.3f}")
+    print(
+        f"recall old path (same leakage component): {len(old) / n if n else 1:.4f} ({len(old)}/{n})"
+    )
     print(f"pairs in two splits before the held-out rule: {len(straddled)}; after: {after}")
     print(f"baseline exhaustive scan: {base_cpu:.1f} CPU-s; new step {step_cpu:.1f} CPU-s")
     print(f"new step / whole build CPU: {step_cpu / build['cpu']:.3f}")
