@@ -59,6 +59,7 @@ def test_build_validates_and_rebuild_is_identical(workspace: Workspace) -> None:
     assert states.get(workspace.catalog, sid).state == states.VALIDATED
     assert report.gate.dedup_invariant_violations == 0
     assert report.gate.leakage_group_split_violations == 0
+    assert report.gate.heldout_near_pairs == 0
     # the keys the blocking check shows as its gate report, in its order
     assert list(report.gate.serialized()) == [
         "source_watermark_coverage",
@@ -72,6 +73,7 @@ def test_build_validates_and_rebuild_is_identical(workspace: Workspace) -> None:
         "accounting_mismatches",
         "dedup_invariant_violations",
         "leakage_group_split_violations",
+        "heldout_near_pairs",
         "split_conflicts",
         "split_quarantined",
         "packing_violations",

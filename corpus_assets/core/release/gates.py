@@ -30,11 +30,13 @@ from corpus_assets.core.release.leakage_check import (
 )
 from corpus_assets.core.release.packing_check import packing_findings
 from corpus_assets.core.runtime.layers import load_index
+from corpus_assets.core.runtime.workspace import Workspace
 from corpus_assets.core.storage.artifacts import get_json
 from corpus_assets.core.storage.catalog import freezes
 from corpus_assets.core.storage.digests import json_digest
 from corpus_assets.core.storage.duck import sql_list
 from corpus_assets.core.storage.tasks import ChunkTask, open_dead_letters
+from corpus_assets.core.training_view.split_heldout import HeldoutScan, searched_records
 from corpus_assets.core.training_view.splits import SPLITS
 
 LateChanges = Callable[[FreezeSpec], list[str]]
@@ -60,6 +62,7 @@ class GateReport(BaseModel):
     accounting_mismatches: int | None = None
     dedup_invariant_violations: int | None = None
     leakage_group_split_violations: int | None = None
+    heldout_near_pairs: int | None = None
     split_conflicts: int | None = None
     split_quarantined: int | None = None
     packing_violations: int | None = None
@@ -225,6 +228,29 @@ def dedup_invariants_hold(ev: Evidence, report: GateReport) -> list[str]:
     report.leakage_group_split_violations = len(leaks)
     findings = removed + leaks
     return findings[:SHOWN]
+
+
+def heldout_near_apart(ws: Workspace) -> Gate:
+    """The gate that searches again (``split_heldout``) for near pairs at or above the
+    threshold between a held-out record and a record of another split (a removed duplicate in
+    its representative's): there must be none."""
+
+    def heldout_near_apart(ev: Evidence, report: GateReport) -> list[str]:
+        scan = HeldoutScan.open(ws, ev.canonical.chunks(), ev.dedup)
+        if scan is None:  # near-dedup off: no signatures, no threshold
+            return []
+        path = ev.files.path(ev.dedup.output("clusters")["digest"], "dedup clusters")
+        records = searched_records(f"read_parquet({sql_list([path])})", "members")
+        pairs = scan.pairs(ev.con, records)[0].to_pylist()
+        cross = [p for p in pairs if p["split_a"] != p["split_b"]]
+        report.heldout_near_pairs = len(cross)
+        return [
+            f"near pair {p['record_a']!r} ({p['split_a']}) ~ {p['record_b']!r} "
+            f"({p['split_b']}) at Jaccard {p['jaccard']:.4f} spans two splits"
+            for p in cross[:SHOWN]
+        ]
+
+    return heldout_near_apart
 
 
 def split_conflicts_resolved(ev: Evidence, report: GateReport) -> list[str]:

@@ -82,6 +82,7 @@ def snapshot_rules(ws: Workspace) -> SnapshotRules:
             gates.rows_explained,
             gates.counts_add_up,
             gates.dedup_invariants_hold,
+            gates.heldout_near_apart(ws),
             gates.split_conflicts_resolved,
             gates.packing_invariants_hold,
             gates.no_tombstone_hits,

@@ -59,10 +59,10 @@ def resolve_residual(result: Assignment, graph: AnyGraph) -> Assignment:
                 Conflict(name, first, order[0], sides[other][0], other, why, "move_smaller")
             )
             moves += [Move(rid, other, order[0], RESIDUAL, why) for rid in sides[other]]
-    return _with_moves(result, moves, conflicts)
+    return with_moves(result, moves, conflicts)
 
 
-def _with_moves(result: Assignment, moves: list[Move], conflicts: list[Conflict]) -> Assignment:
+def with_moves(result: Assignment, moves: list[Move], conflicts: list[Conflict]) -> Assignment:
     """The moves applied to ``result``'s members in its database (``result`` sees them too)."""
     moved = move_table(moves)
     result.con.register("residual_moves", moved)

@@ -24,6 +24,7 @@ from corpus_assets.core.ingest.freeze import freeze
 from corpus_assets.core.records.index import CanonicalIndex
 from corpus_assets.core.runtime.code_identity import stage_code
 from corpus_assets.core.runtime.layers import (
+    LayerIndex,
     LayerResult,
     load_index,
     publish_index,
@@ -38,6 +39,12 @@ from corpus_assets.core.training_view import duck
 from corpus_assets.core.training_view.row_tokens import load_row_tokens
 from corpus_assets.core.training_view.split_assign import SPLIT_TABLE, Assignment, Source, assign
 from corpus_assets.core.training_view.split_bridges import StoredGraph
+from corpus_assets.core.training_view.split_heldout import (
+    PAIR_COLUMNS,
+    HeldoutScan,
+    resolve_heldout,
+    searched_records,
+)
 from corpus_assets.core.training_view.split_report import split_counts, split_report
 from corpus_assets.core.training_view.split_residual import resolve_residual
 from corpus_assets.core.training_view.splits_schema import (
@@ -95,10 +102,12 @@ def build_splits(ws: Workspace, partition_key: str) -> LayerResult:
         built = _assign_and_report(ws, con, partition_key, parent, tokens)
     result, report = built.result, built.report
     counts = split_counts(report, result)
+    counts["heldout_near_pairs"] = built.heldout_pairs.num_rows
     outputs = {
         "splits": built.splits,
         "split_moves": put_table(ws.cas, result.moves),
         "split_conflicts": put_table(ws.cas, conflict_table(result.conflicts)),
+        "heldout_pairs": put_table(ws.cas, built.heldout_pairs),
         "parent": parent,
         "eval_version": result.eval_version,
         "tokenizer": tokens.spec.document(),
@@ -119,6 +128,7 @@ def build_splits(ws: Workspace, partition_key: str) -> LayerResult:
             "split_report": report,
             "split_moves": result.moves.slice(0, _PREVIEW).to_pylist(),
             "split_conflicts": conflict_table(result.conflicts[:_PREVIEW]).to_pylist(),
+            "heldout_search": built.heldout_stats,
         },
         run_stats=tokens.run_stats(),
     )
@@ -143,6 +153,8 @@ def _assign_and_report(
     evidence = StoredEvidence(con, clusters)
     result = assign(members, parent_rows, policy, evidence, parent_version, graph, con)
     result = resolve_residual(result, graph)
+    pairs, stats = _heldout(ws, partition_key, dedup, con, clusters)
+    result = resolve_heldout(result, pairs, clusters)
     con.execute(
         "CREATE TABLE split_rows AS SELECT k.record_id, k.group_id, k.leakage_id, a.split "
         f"FROM {clusters} k JOIN assigned a ON k.record_id = a.record_id "
@@ -154,7 +166,22 @@ def _assign_and_report(
     )
     load_row_tokens(ws, con, CanonicalIndex.read(ws, partition_key)[1], tokens)
     report = split_report(con, clusters, policy)
-    return _Built(dedup_ref, parent_refs, result, stored, head, report)
+    return _Built(dedup_ref, parent_refs, result, stored, head, report, pairs, stats)
+
+
+def _heldout(
+    ws: Workspace,
+    partition_key: str,
+    dedup: LayerIndex,
+    con: duckdb.DuckDBPyConnection,
+    clusters: str,
+) -> tuple[pa.Table, dict[str, Any]]:
+    """Near pairs of held-out members dedup missed (none without near-dedup), and the counts."""
+    _, canonical = CanonicalIndex.read(ws, partition_key)
+    scan = HeldoutScan.open(ws, canonical.chunks(), dedup)
+    if scan is None:
+        return PAIR_COLUMNS.empty_table(), {}
+    return scan.pairs(con, searched_records(clusters, "assigned"))
 
 
 @dataclass(frozen=True)
@@ -165,6 +192,8 @@ class _Built:
     splits: Ref  # the stored splits table
     head: pa.Table  # its first rows
     report: list[dict[str, Any]]
+    heldout_pairs: pa.Table  # near pairs of held-out members found before their resolution
+    heldout_stats: dict[str, Any]
 
 
 def _members(ws: Workspace, partition_key: str, clusters: str, timed: bool) -> str:

@@ -11,6 +11,7 @@ EXCLUDED = "excluded"  # the ``to`` of a quarantined record's move: it is no mem
 BRIDGE, MOVED = "split.bridge", "split.conflict_move"
 NEW_VERSION = "split.new_eval_version"
 RESIDUAL = "split.residual_bridge"  # an edge that still joins two splits after quarantine
+HELDOUT = "split.heldout_near"  # a near pair dedup missed, found by the held-out search
 TIME_MOVED, TIME_GAP = "split.time_cutoff", "split.time_gap"
 BRIDGE_COPY = "split.bridge_copy"  # a removed newcomer that bridged: out of the leakage graph
 UNLINKED = "unlinked"  # the ``to`` of a bridge_copy move (it was never a member)

@@ -7,6 +7,7 @@ per trust promise registers its cases:
 
 - ``accounting`` (point 4, first half): a repeated record id with another text is quarantined as
   ``id.conflict`` and counted; a members row dropped and re-signed is refused by ``counts_add_up``.
+- ``leakage`` (point 7): a near pair dedup's LSH missed, hashed to two splits, ends in one.
 - ``signatures``: points 1-2, every reader checks the DSSE signature against a trust root
   outside the data home (re-signed, unsigned, home key pair replaced, private key mode).
 - ``sources``: points 3 and 4b, a source folder linking to the home's private key, an object
@@ -15,6 +16,7 @@ per trust promise registers its cases:
 
 from corpus_assets.selftest.attack import (
     accounting,  # noqa: F401
+    leakage,  # noqa: F401
     signatures,  # noqa: F401
     sources,  # noqa: F401
 )

@@ -1,0 +1,242 @@
+"""The held-out rule: no near-duplicate pair dedup missed may join a held-out split to another.
+
+Near-dedup's LSH misses some pairs at the threshold edge (and a bucket cap skips some); two
+such kept records hashed to train and test leak. After assignment every validation and test
+member is searched against every record (members and the removed duplicates standing
+behind them, in their representative's split) with ``dedup.heldout_search`` (many short bands, no
+cap, exact Jaccard on the project's own shingles, each pair at the larger of its records'
+thresholds). The pairs it finds join (leakage component, split) sides; a union spanning two
+splits has its smaller sides moved to the largest (``split.heldout_near``, ties by split
+order: the ``move_smaller`` resolution), each move listed with the pair and its Jaccard. They
+are resolved here, so they are no open conflict (the layer check wants none).
+The validation gate runs the same search on the published members table (``heldout_leaks``).
+"""
+
+from dataclasses import dataclass
+from decimal import Decimal
+from pathlib import Path
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+
+from corpus_assets.core.dedup.fingerprint_store import SpilledFingerprints, TextLookup
+from corpus_assets.core.dedup.heldout_search import HeldoutPairs, HeldoutParams, search
+from corpus_assets.core.dedup.near_rule import CHAR, ScriptThresholds
+from corpus_assets.core.dedup.report import DedupReport
+from corpus_assets.core.dedup.signature_cache import (
+    BandMajorFile,
+    ChunkSignatures,
+    load_modes,
+    load_signatures,
+)
+from corpus_assets.core.dedup.signature_spec import SignatureSpec
+from corpus_assets.core.records.index import ChunkRecords
+from corpus_assets.core.runtime.layers import LayerIndex
+from corpus_assets.core.runtime.workspace import Workspace
+from corpus_assets.core.storage.artifacts import get_json
+from corpus_assets.core.storage.duck import VerifiedFiles, sql_list
+from corpus_assets.core.training_view.split_assign import Assignment
+from corpus_assets.core.training_view.split_conflicts import largest_side
+from corpus_assets.core.training_view.split_residual import with_moves
+from corpus_assets.core.training_view.splits_schema import HELDOUT, TRAIN, Move
+
+PAIR_COLUMNS = pa.schema(
+    [
+        ("record_a", pa.string()),
+        ("split_a", pa.string()),
+        ("record_b", pa.string()),
+        ("split_b", pa.string()),
+        ("jaccard", pa.float64()),
+    ]
+)
+POSITIONS = """
+CREATE OR REPLACE TEMP TABLE ho_members AS
+WITH pos AS (
+    SELECT r.record_id, r.object, r.line, f.start + r.file_row_number AS row
+    FROM read_parquet({paths}, filename = true, file_row_number = true) r
+    JOIN ho_files f USING (filename))
+SELECT p.row, m.record_id, m.split FROM ({members}) m
+JOIN pos p ON m.record_id = p.record_id AND m.object = p.object AND m.line = p.line
+ORDER BY p.row
+"""
+
+
+@dataclass(frozen=True)
+class HeldoutScan:
+    """What the search reads of a built partition: the dedup layer's cached signatures, the
+    canonical texts and the thresholds its report names."""
+
+    ws: Workspace
+    chunks: list[ChunkRecords]
+    blocks: list[BandMajorFile]
+    spec: SignatureSpec
+    thresholds: np.ndarray  # per global row
+    params: HeldoutParams
+
+    @classmethod
+    def open(
+        cls, ws: Workspace, chunks: list[ChunkRecords], dedup: LayerIndex
+    ) -> "HeldoutScan | None":
+        """The scan of a partition whose dedup layer is ``dedup`` (None without near-dedup:
+        no signatures, no near pairs to look for)."""
+        report = DedupReport.parse(get_json(ws.cas, dedup.output("report"), "dedup report"))
+        near = report.near
+        if near is None:
+            return None
+        payload = near.signature
+        spec = SignatureSpec(
+            version=payload["version"],
+            num_perm=payload["num_perm"],
+            seed=payload["seed"],
+            shingle_words=payload["shingle_words"],
+            shingle_chars=payload["shingle_chars"],
+        )
+        refs = {s["chunk"]: s["signatures"] for s in dedup.outputs["signatures"]}
+        blocks = [
+            load_signatures(ws, ChunkSignatures(c.key, c.count, refs[c.key]["digest"], False), spec)
+            for c in chunks
+        ]
+        word = Decimal(near.lsh.threshold)
+        char = [Decimal(r.threshold) for r in near.near_dedup_by_script if r.script == CHAR]
+        rule = ScriptThresholds(word, max([word, *char]))
+        modes = load_modes(blocks, spec)
+        total = sum(c.count for c in chunks)
+        taus = rule.by_rank(modes) if modes is not None else np.full(total, float(word))
+        return cls(ws, chunks, blocks, spec, taus, HeldoutParams(spec.num_perm, float(word)))
+
+    def pairs(self, con: duckdb.DuckDBPyConnection, members: str) -> tuple[pa.Table, dict]:
+        """Every pair (a held-out member, any member) at or above its threshold, as
+        ``PAIR_COLUMNS`` rows in (a, b) row order, and the search's counts. ``members`` is a
+        query over ``con`` with columns record_id, object, line, split (``searched_records``)."""
+        rows, ids, splits = self._positions(con, members)
+        heldout = rows[splits != TRAIN]
+        found = self._search(heldout, rows)
+        at = np.searchsorted(rows, np.concatenate([found.a, found.b]))
+        a_at, b_at = at[: len(found.a)], at[len(found.a) :]
+        table = pa.table(
+            {
+                "record_a": ids.take(pa.array(a_at, pa.int64())),
+                "split_a": pa.array(splits[a_at].astype(str)),
+                "record_b": ids.take(pa.array(b_at, pa.int64())),
+                "split_b": pa.array(splits[b_at].astype(str)),
+                "jaccard": pa.array(found.jaccard, pa.float64()),
+            },
+            schema=PAIR_COLUMNS,
+        )
+        stats = {"heldout": len(heldout), "members": len(rows), **found.stats}
+        return table, stats
+
+    def _positions(
+        self, con: duckdb.DuckDBPyConnection, members: str
+    ) -> tuple[np.ndarray, pa.Array, np.ndarray]:
+        """Members' global canonical rows (ascending), record ids and splits."""
+        if not self.chunks:
+            return np.empty(0, np.int64), pa.array([], pa.string()), np.empty(0, object)
+        files = VerifiedFiles(self.ws.cas)
+        paths = [files.path(c.records["digest"], c.what) for c in self.chunks]
+        starts = np.cumsum([0, *(c.count for c in self.chunks)])[:-1].tolist()
+        con.register("ho_files", pa.table({"filename": paths, "start": starts}))
+        con.execute(POSITIONS.format(paths=sql_list(paths), members=members))
+        table = con.sql(
+            "SELECT row, record_id, split FROM ho_members ORDER BY row"
+        ).to_arrow_table()
+        con.unregister("ho_files")
+        rows = table["row"].to_numpy().astype(np.int64)
+        splits = np.asarray(table["split"].to_numpy(zero_copy_only=False), dtype=object)
+        return rows, table["record_id"].combine_chunks(), splits
+
+    def _search(self, heldout: np.ndarray, rows: np.ndarray) -> HeldoutPairs:
+        tmp = self.ws.home / "tmp"
+        texts = TextLookup(self.ws, self.chunks)
+
+        def fetch(wanted: np.ndarray) -> list[np.ndarray]:
+            return _fingerprints(texts, self.spec, wanted, tmp)
+
+        return search(self.blocks, heldout, rows, self.params, fetch, self.thresholds)
+
+
+def _fingerprints(
+    texts: TextLookup, spec: SignatureSpec, rows: np.ndarray, tmp: Path
+) -> list[np.ndarray]:
+    """Fingerprint sets of ascending global rows, spilled as near-dedup's are."""
+    prints = SpilledFingerprints(texts, spec, rows, tmp)
+    try:
+        ranks = np.arange(len(rows))
+        prints.prefetch(ranks)
+        return prints(ranks)
+    finally:
+        prints.close()
+
+
+def searched_records(clusters: str, splits: str) -> str:
+    """Every record of the dedup table but the excluded, with the split of the member standing
+    for it (itself, or a removed duplicate's representative): a removed copy's content is in
+    that split, as in the leakage graph. Records whose member is gone (quarantined) drop out."""
+    return (
+        f"SELECT k.record_id, k.object, k.line, k.leakage_id, s.split FROM {clusters} k "
+        f"JOIN {splits} s ON s.record_id = CASE WHEN k.is_representative THEN k.record_id "
+        "ELSE k.representative_id END WHERE k.verdict <> 'excluded'"
+    )
+
+
+def resolve_heldout(result: Assignment, pairs: pa.Table, clusters: str) -> Assignment:
+    """Move the smaller sides of every union of (leakage component, split) that a found pair
+    joins across splits; ``clusters`` is the dedup clusters relation over ``result.con``."""
+    rows = pairs.to_pylist()
+    if all(p["split_a"] == p["split_b"] for p in rows):
+        return result
+    con = result.con
+    con.register("ho_pairs", pairs)
+    nodes = con.execute(
+        "SELECT r.record_id, r.leakage_id, r.split FROM "
+        f"({searched_records(clusters, 'assigned')}) r WHERE r.record_id IN "
+        "(SELECT record_a FROM ho_pairs UNION SELECT record_b FROM ho_pairs) ORDER BY record_id"
+    ).fetchall()
+    con.unregister("ho_pairs")
+    node_of = {rid: (lid, split) for rid, lid, split in nodes}
+    parent = {node: node for node in node_of.values()}
+
+    def find(x: tuple[str, str]) -> tuple[str, str]:
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    for pair in rows:
+        ra, rb = find(node_of[pair["record_a"]]), find(node_of[pair["record_b"]])
+        if ra != rb:
+            parent[max(ra, rb)] = min(ra, rb)
+    unions: dict[tuple[str, str], list[tuple[str, str]]] = {}
+    for node in sorted(parent):
+        unions.setdefault(find(node), []).append(node)
+    why: dict[tuple[str, str], list[str]] = {}
+    for p in rows:
+        if p["split_a"] != p["split_b"]:
+            text = f"{p['record_a']}~{p['record_b']}@{p['jaccard']:.4f}"
+            why.setdefault(find(node_of[p["record_a"]]), []).append(text)
+    moves: list[Move] = []
+    for root, union in unions.items():
+        if len({split for _, split in union}) > 1:
+            moves += _move_union(con, clusters, union, "; ".join(why.get(root, [])))
+    return with_moves(result, moves, [])
+
+
+def _move_union(
+    con: duckdb.DuckDBPyConnection, clusters: str, union: list[tuple[str, str]], pairs: str
+) -> list[Move]:
+    """The moves of the union's smaller sides to its largest (its members by split)."""
+    sides: dict[str, list[str]] = {}
+    for lid, split in union:
+        ids = con.execute(
+            f"SELECT k.record_id FROM {clusters} k JOIN assigned a USING (record_id) "
+            "WHERE k.is_representative AND k.leakage_id = ? AND a.split = ? ORDER BY record_id",
+            [lid, split],
+        ).fetchall()
+        sides.setdefault(split, []).extend(rid for (rid,) in ids)
+    order = largest_side({s: sorted(ids) for s, ids in sides.items()})
+    name = min(lid for lid, _ in union)
+    text = f"leakage {name}; held-out near pair {pairs}"
+    return [
+        Move(rid, other, order[0], HELDOUT, text) for other in order[1:] for rid in sides[other]
+    ]
