@@ -11,6 +11,9 @@ import warnings
 from pathlib import Path
 from typing import Any, TypeAlias
 
+from sqlalchemy.exc import OperationalError
+
+from corpus_assets import cli_interrupt
 from corpus_assets.cli_benchmarks import add_commands, with_add
 from corpus_assets.cli_catalog import (
     CliError,
@@ -37,7 +40,7 @@ from corpus_assets.cli_trust import add_trust_command
 from corpus_assets.core.governance import gate, states
 from corpus_assets.core.ingest.pinning import PinError
 from corpus_assets.core.ingest.sources import SourceError
-from corpus_assets.core.release.export_run import FORMATS
+from corpus_assets.core.release.export_run import FORMATS, ExportError
 from corpus_assets.core.release.manifest import BuildConflict
 from corpus_assets.core.release.publish import PublishError, approve, rollback
 from corpus_assets.core.release.signing import SignatureError
@@ -51,6 +54,7 @@ from corpus_assets.core.runtime.keys import (
 from corpus_assets.core.runtime.workspace import open_home, open_workspace
 from corpus_assets.core.storage.cas import CasError
 from corpus_assets.core.storage.catalog import LayerConflict
+from corpus_assets.core.storage.url_secrets import masked
 from corpus_assets.core.tokens.spec import TokenizerError
 from corpus_assets.demo import write_demo
 
@@ -70,21 +74,36 @@ EXPECTED_ERRORS = (
     SignatureError,
     TrustRootError,
     TokenizerError,
+    ExportError,
 )
+EXIT_USAGE = 2  # argparse's code for a command line that cannot run
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run one command; expected errors become one ``corpus-assets: error:`` line and exit 1."""
+    """Run one command; expected errors become one ``corpus-assets: error:`` line and exit 1
+    (a command line naming a missing ``--config`` exits 2, as argparse's usage errors do).
+    Every line is masked (``url_secrets``): no password in a URL reaches the terminal."""
     # Dagster's own beta/preview notices are for framework users, not for this command's users.
     warnings.filterwarnings("ignore", module="dagster")
     args = _parser().parse_args(with_add(sys.argv[1:] if argv is None else argv))
     if args.config:
-        os.environ["CORPUS_CONFIG"] = str(Path(args.config).resolve())
+        config = Path(args.config).resolve()
+        if not config.is_file():
+            what = "is not a file" if config.exists() else "not found"
+            return _error(f"--config {config}: {what}", EXIT_USAGE)
+        os.environ["CORPUS_CONFIG"] = str(config)
     try:
         return args.run(args)
     except EXPECTED_ERRORS as error:
-        print(f"corpus-assets: error: {error}", file=sys.stderr)
-        return 1
+        return _error(str(error))
+    except OperationalError as error:  # the catalog database: unreachable, refusing, read-only
+        reason = str(error.orig).strip().splitlines()[0] if error.orig else type(error).__name__
+        return _error(f"catalog database: {reason}")
+
+
+def _error(text: str, code: int = 1) -> int:
+    print(f"corpus-assets: error: {masked(text)}", file=sys.stderr)
+    return code
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -352,10 +371,19 @@ def run() -> None:
     exit -6; apache/arrow#34314), after its output was written. Every store and catalog write is
     committed by then, so the process flushes its streams and leaves with its own exit code.
     """
+    cli_interrupt.install()
+    sys.excepthook = _masked_traceback
     code = main()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+def _masked_traceback(kind: type[BaseException], error: BaseException, tb: Any) -> None:
+    """An unexpected error still shows its traceback (it is a bug to report), masked."""
+    import traceback
+
+    sys.stderr.write(masked("".join(traceback.format_exception(kind, error, tb))))
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ from typing import Any
 from corpus_assets.core.dedup.explain import explain
 from corpus_assets.core.governance import tombstones
 from corpus_assets.core.governance.lineage import tombstone_hits
-from corpus_assets.core.release.export_run import export_snapshot
+from corpus_assets.core.release.export_run import check_out_folder, export_snapshot
 from corpus_assets.core.release.lineage_graph import lineage_prov, snapshot_lineage
 from corpus_assets.core.release.prov import prov_document
 from corpus_assets.core.release.shadow import shadow_diff
@@ -132,7 +132,8 @@ def cmd_read(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    """Writes the export's descriptor into the CAS."""
+    """Writes the export's descriptor into the CAS; ``--out`` is checked first."""
+    check_out_folder(Path(args.out))
     with writing_storage() as (_home, cas, catalog):
         return _export(cas, catalog, args)
 

@@ -7,12 +7,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from corpus_assets.cli_catalog import CliError, note, storage
+from corpus_assets.cli_interrupt import off_main_thread
 from corpus_assets.core.governance import gate
+from corpus_assets.core.ingest.sources import check_source_folders
 from corpus_assets.core.release.verify import resolve, verify
 from corpus_assets.core.runtime.build_lock import partition_build_lock
 from corpus_assets.core.runtime.keys import check_new_partition_key, new_partition_key
 from corpus_assets.core.runtime.layers import LAYERS, load_index
-from corpus_assets.core.runtime.workspace import open_workspace
+from corpus_assets.core.runtime.workspace import check_writable_home, open_workspace
 from corpus_assets.core.storage.trust import StatTrust
 
 if TYPE_CHECKING:
@@ -73,6 +75,9 @@ def build(partition: str | None) -> dict[str, Any]:
     from corpus_assets.definitions import defs
 
     with open_workspace() as ws:
+        # the user's mistakes, each one line, before Dagster is touched
+        check_writable_home(ws.home)
+        check_source_folders(ws.loaded)
         taken = set(ws.catalog.partition_keys())
         home = ws.home
     instance = dagster_instance()
@@ -85,8 +90,12 @@ def build(partition: str | None) -> dict[str, Any]:
             before = set(ws.cas.iter_digests())
         instance.add_dynamic_partitions("snapshots", [key])
         started = time.perf_counter()
-        result = defs.resolve_job_def("build_snapshot").execute_in_process(
-            partition_key=key, instance=instance, raise_on_error=False, run_config=run_config()
+        result = off_main_thread(
+            defs.resolve_job_def("build_snapshot").execute_in_process,
+            partition_key=key,
+            instance=instance,
+            raise_on_error=False,
+            run_config=run_config(),
         )
     if not result.success:
         for check in result.get_asset_check_evaluations():
@@ -129,7 +138,8 @@ def activate_via_job(digest: str) -> gate.Gate:
 
     _home, _cas, catalog = storage()
     snapshot = resolve(catalog, digest)
-    result = defs.resolve_job_def("activate_snapshot").execute_in_process(
+    result = off_main_thread(
+        defs.resolve_job_def("activate_snapshot").execute_in_process,
         run_config={**activation_run_config(snapshot.snapshot_id), **run_config()},
         instance=dagster_instance(),
         raise_on_error=False,

@@ -42,6 +42,7 @@ boto3 = pytest.importorskip(
     "boto3", reason="boto3 is not installed (pip install 'corpus-assets[s3]')"
 )
 
+SECRET = "wJalrXUtnFEMI/K7MDENG+bPxRfiCYzzSECRET"  # an AWS-style secret: '/' and '+' in it
 MOTO_CREDENTIALS = {
     "AWS_ACCESS_KEY_ID": "testing",
     "AWS_SECRET_ACCESS_KEY": "testing",
@@ -297,22 +298,28 @@ def test_demo_on_s3_and_postgresql_matches_local_and_reads_back_from_s3_alone(
     bucket: str, tmp_path: Path, postgres_url: str, moto_endpoint: str
 ) -> None:
     """The CLI build (Dagster job) with the CAS in S3 and the catalog in PostgreSQL has the
-    local build's snapshotId; with the local cache wiped, verify and a training read work."""
+    local build's snapshotId; with the local cache wiped, verify and a training read work.
+    Both URLs carry a secret (``s3://KEY:SECRET@``, ``postgresql://user:SECRET@``): no output
+    stream and no file but the config the user wrote it in ever holds it."""
     _demo_home(tmp_path / "local")
     local = run(tmp_path / "local", "build", "--partition", "p1")
     assert local.returncode == 0, local.stderr
 
     home = tmp_path / "s3"
-    _demo_home(home, f"storage: {{cas_url: 's3://{bucket}/corpus'}}\n")
-    env = {"CORPUS_CATALOG_URL": postgres_url, "AWS_ENDPOINT_URL": moto_endpoint}
+    _demo_home(home, f"storage: {{cas_url: 's3://testing:{SECRET}@{bucket}/corpus'}}\n")
+    catalog_url = postgres_url.replace("://postgres@", f"://postgres:{SECRET}@")
+    env = {"CORPUS_CATALOG_URL": catalog_url, "AWS_ENDPOINT_URL": moto_endpoint}
     env.update(MOTO_CREDENTIALS)
     on_s3 = run(home, "build", "--partition", "p1", extra_env=env)
     assert on_s3.returncode == 0, on_s3.stderr
     sid = _field(on_s3.stdout, "snapshotId")
     assert sid == _field(local.stdout, "snapshotId")
-    for step in (("approve", sid, "--by", "alice"), ("activate", sid)):
+    shown = [on_s3]
+    for step in (("approve", sid, "--by", "alice"), ("activate", sid), ("status", "--json")):
         done = run(home, *step, extra_env=env)
         assert done.returncode == 0, done.stderr
+        shown.append(done)
+    assert "postgres:***@" in json.loads(shown[-1].stdout)["catalog"]
 
     cache = home / ".corpus" / "cas"
     stored = set(S3ContentStore(tmp_path / "lister", f"s3://{bucket}/corpus").iter_digests())
@@ -331,3 +338,9 @@ def test_demo_on_s3_and_postgresql_matches_local_and_reads_back_from_s3_alone(
     assert refilled and refilled <= stored
     for path in _objects(cache):  # what came back is what the names say
         assert hashlib.sha256(path.read_bytes()).hexdigest() == path.name
+    for done in [*shown, verified, read]:
+        assert SECRET not in done.stdout + done.stderr, done.args
+    config = home / ".corpus" / "corpus.yaml"
+    for path in home.rglob("*"):  # the data home, the Dagster home and its run logs
+        if path.is_file() and path != config:
+            assert SECRET.encode() not in path.read_bytes(), path

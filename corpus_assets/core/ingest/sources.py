@@ -215,3 +215,16 @@ def fingerprint(loaded: LoadedConfig) -> str:
                 for o in list_objects(loaded, source, missing_ok=True)
             ]
     return json_digest(state)
+
+
+def check_source_folders(loaded: LoadedConfig) -> None:
+    """Before a build adds its partition: every local source ``path`` is an existing folder (a
+    file named there, or nothing, is the user's mistake, told in one line naming the source)."""
+    for source in loaded.config.sources:
+        if source.path is None:
+            continue
+        root = loaded.resolve(source.path)
+        if not root.exists():
+            raise SourceError(f"source {source.id!r}: path {root} does not exist")
+        if not root.is_dir():
+            raise SourceError(f"source {source.id!r}: path {root} is not a folder")

@@ -8,6 +8,7 @@ in the CAS, and copies the files out through the CAS's verifying reader. The doc
 names the export; a copy elsewhere is checkable file by file.
 """
 
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,25 @@ from corpus_assets.core.storage.artifacts import JSON, get_json, put_bytes
 from corpus_assets.core.storage.cas import ContentStore
 
 FORMATS = ("megatron", "mds", "croissant")
+
+
+class ExportError(ValueError):
+    """``--out`` cannot take the export (a file, or a folder this user cannot write)."""
+
+
+def check_out_folder(directory: Path) -> None:
+    """Before the permit is taken and a block read: ``directory`` is, or can be made, a folder
+    that takes new files. An existing file is never replaced."""
+    if directory.exists() and not directory.is_dir():
+        raise ExportError(f"export --out {directory}: not a folder (a file is there; kept)")
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=directory, prefix=".writable-"):
+            pass
+    except OSError as error:
+        raise ExportError(
+            f"export --out {directory}: not a writable folder ({error.strerror})"
+        ) from None
 
 
 def export_snapshot(reader: TrainingReader, fmt: str, directory: Path) -> dict[str, Any]:

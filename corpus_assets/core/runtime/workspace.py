@@ -1,19 +1,27 @@
 """One opened data home: validated config, content store and catalog, shared by every layer."""
 
 import os
+import tempfile
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from corpus_assets.core.runtime.config import CorpusConfig, LoadedConfig, default_home, load_config
+from corpus_assets.core.runtime.config import (
+    ConfigError,
+    CorpusConfig,
+    LoadedConfig,
+    default_home,
+    load_config,
+)
 from corpus_assets.core.runtime.runners import Setup, WorkerSetup, task_runner
 from corpus_assets.core.storage.cas import ContentStore
 from corpus_assets.core.storage.cas_lock import cas_lock
-from corpus_assets.core.storage.cas_s3 import open_content_store
+from corpus_assets.core.storage.cas_s3 import open_content_store, parse_cas_url
 from corpus_assets.core.storage.catalog import Catalog, default_catalog_url
 from corpus_assets.core.storage.tasks import ChunkTask
+from corpus_assets.core.storage.url_secrets import masked
 
 
 @dataclass
@@ -50,9 +58,34 @@ def open_home(
     ``CORPUS_CAS_URL`` (else ``cas_url``) puts the CAS in an object store, ``<home>/cas`` its
     cache."""
     home = Path(home) if home else default_home()
-    cas_url = os.environ.get("CORPUS_CAS_URL") or cas_url
-    cas = open_content_store(home / "cas", cas_url)
-    return home, cas, Catalog(catalog_url or default_catalog_url(home))
+    if os.environ.get("CORPUS_CAS_URL"):
+        cas_url = os.environ["CORPUS_CAS_URL"]
+        try:
+            parse_cas_url(cas_url)
+        except ValueError as error:
+            raise ConfigError(f"CORPUS_CAS_URL: {error}") from None
+    if home.exists() and not home.is_dir():
+        raise ConfigError(f"storage.home {home}: not a folder (it is a file)")
+    try:
+        cas = open_content_store(home / "cas", cas_url)
+        return home, cas, Catalog(catalog_url or default_catalog_url(home))
+    except OSError as error:
+        where = masked(str(error.filename or home))
+        raise ConfigError(
+            f"storage.home {home}: not a writable folder ({error.strerror}: {where})"
+        ) from None
+
+
+def check_writable_home(home: Path) -> None:
+    """Before a build starts anything: the home must take a new file (a read-only mount or a
+    folder whose mode or attributes forbid it fail here, in one line, not mid-layer)."""
+    try:
+        with tempfile.NamedTemporaryFile(dir=home, prefix=".writable-"):
+            pass
+    except OSError as error:
+        raise ConfigError(
+            f"storage.home {home}: not a writable folder ({error.strerror})"
+        ) from None
 
 
 def open_workspace(config: str | Path | None = None) -> Workspace:

@@ -12,6 +12,11 @@ Library: boto3, the AWS SDK itself: it has the conditional-write parameter (``If
 ``put_object`` and ``complete_multipart_upload``, standard retries, and reads the standard
 configuration (credentials, region, ``AWS_ENDPOINT_URL`` for MinIO/moto/other S3-API servers).
 It is imported lazily (the optional extra ``corpus-assets[s3]``).
+
+Credentials come from that standard configuration, or from the URL itself
+(``s3://KEY:SECRET@bucket/prefix``, the secret percent-encoded if it holds ``@``): such a URL is
+only ever shown masked (``storage.url_secrets``), and the cache marker records the store without
+them.
 """
 
 import base64
@@ -22,6 +27,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 from corpus_assets.core.storage.cas import (
     COPY_CHUNK,
@@ -32,8 +38,12 @@ from corpus_assets.core.storage.cas import (
 )
 from corpus_assets.core.storage.digests import PREFIX, check_digest, hasher_digest, hex_of
 from corpus_assets.core.storage.fsio import atomic_write, link_into_place, write_temp
+from corpus_assets.core.storage.url_secrets import masked
 
-CAS_URL_RE = re.compile(r"^s3://(?P<bucket>[a-z0-9][a-z0-9.-]{1,61}[a-z0-9])(?:/(?P<prefix>.*))?$")
+CAS_URL_RE = re.compile(
+    r"^s3://(?:(?P<key>[^:/@\s]+):(?P<secret>[^@\s]+)@)?"
+    r"(?P<bucket>[a-z0-9][a-z0-9.-]{1,61}[a-z0-9])(?:/(?P<prefix>.*))?$"
+)
 HEX_NAME = re.compile(r"^[0-9a-f]{64}$")
 MARKER = "cache-of"  # in the cache root: the store URL this directory caches
 PRECONDITION_FAILED = ("PreconditionFailed", "412")
@@ -47,15 +57,47 @@ SEEN = "gc-log-seen"  # in the cache root: the last gc log this cache has applie
 
 def parse_cas_url(url: str) -> tuple[str, str]:
     """``s3://bucket/a/b/`` -> ``("bucket", "a/b")``; a ``ValueError`` names what is wrong."""
+    match = _matched(url)
+    return match["bucket"], (match["prefix"] or "").strip("/")
+
+
+def _matched(url: str) -> re.Match[str]:
     match = CAS_URL_RE.match(url)
     if not match:
-        raise ValueError(f"cas_url {url!r} must look like s3://bucket or s3://bucket/prefix")
-    return match["bucket"], (match["prefix"] or "").strip("/")
+        raise ValueError(
+            f"cas_url {masked(repr(url))} must look like s3://bucket or s3://bucket/prefix"
+        )
+    return match
+
+
+def cas_credentials(url: str) -> dict[str, str]:
+    """boto3 session arguments for the key and secret written in ``url`` (none: empty)."""
+    match = _matched(url)
+    if not match["key"]:
+        return {}
+    return {
+        "aws_access_key_id": unquote(match["key"]),
+        "aws_secret_access_key": unquote(match["secret"]),
+    }
+
+
+def store_name(url: str) -> str:
+    """``s3://bucket/prefix``: which store ``url`` names, without its credentials."""
+    bucket, prefix = parse_cas_url(url)
+    return f"s3://{bucket}/{prefix}" if prefix else f"s3://{bucket}"
 
 
 def open_content_store(root: Path, cas_url: str | None = None) -> ContentStore:
     """The local store at ``root``, or with ``cas_url`` the object store cached at ``root``."""
     return S3ContentStore(root, cas_url) if cas_url else ContentStore(root)
+
+
+def _named(found: str) -> str:
+    """The store a cache marker names (older markers hold the URL as configured)."""
+    try:
+        return store_name(found)
+    except ValueError:
+        return found
 
 
 def _code(error: Exception) -> str:
@@ -72,8 +114,9 @@ class S3ContentStore(ContentStore):
 
     def __init__(self, root: Path, cas_url: str) -> None:
         super().__init__(root)
-        self.url = cas_url
+        self.url = cas_url  # may hold credentials: messages use ``self.name``
         self.bucket, prefix = parse_cas_url(cas_url)
+        self.name = store_name(cas_url)
         self.prefix = f"{prefix}/" if prefix else ""
         self._known: set[str] = set()  # digests this process saw in the store
         self._s3: Any = None
@@ -93,14 +136,14 @@ class S3ContentStore(ContentStore):
             if local and not marker.is_file():
                 raise CasError(
                     f"{self.root} holds objects of a local CAS; it cannot become the cache of "
-                    f"{self.url} (set storage.home to another directory, or empty {objects})"
+                    f"{self.name} (set storage.home to another directory, or empty {objects})"
                 )
             if not marker.is_file():
                 self.root.mkdir(parents=True, exist_ok=True)
-                atomic_write(marker, (self.url + "\n").encode())
-        found = marker.read_text().strip()
-        if found != self.url:
-            raise CasError(f"{self.root} is the CAS cache of {found}, not of {self.url}")
+                atomic_write(marker, (self.name + "\n").encode())
+        found = masked(marker.read_text().strip())  # a marker written before names were kept
+        if _named(found) != self.name:
+            raise CasError(f"{self.root} is the CAS cache of {found}, not of {self.name}")
 
     def _client(self) -> Any:
         if self._s3 is None or self._pid != os.getpid():
@@ -109,11 +152,12 @@ class S3ContentStore(ContentStore):
                 from botocore.config import Config
             except ImportError:  # pragma: no cover - depends on the installed extras
                 raise CasError(
-                    f"storage.cas_url is {self.url} but boto3 is not installed: "
+                    f"storage.cas_url is {self.name} but boto3 is not installed: "
                     "pip install 'corpus-assets[s3]'"
                 ) from None
             config = Config(retries={"mode": "standard", "max_attempts": 5})
-            self._s3, self._pid = boto3.session.Session().client("s3", config=config), os.getpid()
+            session = boto3.session.Session(**cas_credentials(self.url))
+            self._s3, self._pid = session.client("s3", config=config), os.getpid()
         return self._s3
 
     def key(self, digest: str) -> str:
@@ -293,7 +337,7 @@ class S3ContentStore(ContentStore):
             )
             failed = [f"{e['Key']} ({e.get('Code')})" for e in done.get("Errors", [])]
             if failed:
-                raise CasError(f"{self.url}: could not delete {len(failed)} objects: {failed[:5]}")
+                raise CasError(f"{self.name}: could not delete {len(failed)} objects: {failed[:5]}")
 
     def _gc_logs(self, after: str = "") -> list[str]:
         base = self.prefix + GC_LOG

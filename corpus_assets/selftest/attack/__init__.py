@@ -7,6 +7,8 @@ per trust promise registers its cases:
 
 - ``accounting`` (point 4, first half): a repeated record id with another text is quarantined as
   ``id.conflict`` and counted; a members row dropped and re-signed is refused by ``counts_add_up``.
+- ``errors`` (point 8, first half): one-line errors before a partition is added, a secret in an
+  ``s3://`` URL masked, Ctrl-C during a build.
 - ``leakage`` (point 7): a near pair dedup's LSH missed, hashed to two splits, ends in one.
 - ``signatures``: points 1-2, every reader checks the DSSE signature against a trust root
   outside the data home (re-signed, unsigned, home key pair replaced, private key mode).
@@ -16,6 +18,7 @@ per trust promise registers its cases:
 
 from corpus_assets.selftest.attack import (
     accounting,  # noqa: F401
+    errors,  # noqa: F401
     leakage,  # noqa: F401
     signatures,  # noqa: F401
     sources,  # noqa: F401
