@@ -38,6 +38,7 @@ from sqlalchemy import select
 
 from corpus_assets.core.governance import deletion_index, states
 from corpus_assets.core.release.verify import reachable
+from corpus_assets.core.storage import failpoints
 from corpus_assets.core.storage.artifacts import BINARY, JSON, make_ref
 from corpus_assets.core.storage.cas import ContentStore
 from corpus_assets.core.storage.cas_s3 import S3ContentStore
@@ -104,9 +105,10 @@ class Plan:
 def retained_snapshots(
     catalog: Catalog, alias: str, keep: int | None
 ) -> tuple[list[str], list[str]]:
-    """(retained, dropped) snapshot ids by the alias's retention policy (module docstring)."""
+    """(retained, dropped) snapshot ids by the alias's retention policy (module docstring).
+    EXPIRED snapshots are in neither: their objects are garbage already."""
     with catalog.begin() as conn:
-        active = conn.scalar(select(gate.c.active_snapshot).where(gate.c.alias == alias))
+        served = set(conn.scalars(select(gate.c.active_snapshot)))  # of every alias
         history = conn.scalars(
             select(alias_history.c.snapshot_id)
             .where(alias_history.c.alias == alias)
@@ -116,14 +118,38 @@ def retained_snapshots(
     recent = set(history[:keep]) if keep is not None else set()
     retained, dropped = [], []
     for snap in states.find(catalog):
+        if snap.state == states.EXPIRED:
+            continue
         keeps = (
             keep is None
             or snap.alias != alias
             or snap.state in KEPT_STATES
-            or snap.snapshot_id in recent | permitted | {active}
+            or snap.snapshot_id in recent | permitted | served
         )
         (retained if keeps else dropped).append(snap.snapshot_id)
     return sorted(retained), sorted(dropped)
+
+
+def expire(catalog: Catalog, planned: Plan) -> None:
+    """Before any delete, in one transaction: move every dropped snapshot to EXPIRED, so no
+    state names a snapshot whose objects are going (a gc killed after this commit leaves them
+    EXPIRED with their objects; the rerun removes those). GcError, nothing changed, if one of them
+    became what an alias serves or a permit names since the plan (a rollback meanwhile)."""
+    if not planned.dropped:
+        return
+    detail = "removed by gc: older than the alias's retention.keep_generations"
+    with catalog.begin() as conn:
+        for snapshot_id in planned.dropped:
+            states.expire(conn, snapshot_id, detail)  # locks the row against a rollback
+        served = set(conn.scalars(select(gate.c.active_snapshot)))
+        permitted = set(conn.scalars(select(permits.c.snapshot_id)))
+        taken = sorted((served | permitted) & set(planned.dropped))
+        if taken:
+            raise GcError(
+                f"snapshot {taken[0]} was served or permitted while gc planned; gc removes "
+                "nothing, run it again"
+            )
+    failpoints.hit("gc/expired")  # marked EXPIRED, nothing deleted yet
 
 
 def _ref(cas: ContentStore, digest: str) -> dict[str, Any]:
