@@ -8,6 +8,7 @@ generated English text (hermetic, always runs) and a 32k one trained on the shar
 (skipped when ``../shared`` is absent). The typed walk reaches exactly what the old guessing walk
 reached on a real built snapshot whose documents hold no opaque JSON."""
 
+import hashlib
 import io
 import json
 from collections.abc import Iterator
@@ -23,24 +24,12 @@ from corpus_assets.core.storage.artifacts import JSON, make_ref
 from corpus_assets.core.storage.cas import ContentStore
 from corpus_assets.core.storage.catalog import Catalog
 from corpus_assets.core.tokens.bpe import train_byte_level_bpe
+from corpus_assets.selftest.attack.store import SPECIALS, ref_word_text
 from corpus_assets.selftest.lab import Lab
 
 CORPORA = Path(__file__).resolve().parents[2] / "shared" / "corpora"
 ENGLISH = ("licenses", "python-docs", "fortunes")  # the English corpora of ../shared
 WORDS = ("digest", "media", "size")
-SPECIALS = ["<|endoftext|>", "<|pad|>"]
-
-
-def _generated_english(docs: int = 3000) -> Iterator[list[str]]:
-    """English sentences, each document starting with one of ``WORDS`` (a byte-level BPE
-    without prefix space learns a word at a document's start as its own token)."""
-    nouns = ("archive", "record", "table", "file", "shard", "report", "index", "message")
-    for start in range(0, docs, 500):
-        batch = []
-        for n in range(start, start + 500):
-            word, noun = WORDS[n % 3], nouns[n % len(nouns)]
-            batch.append(f"{word} of the {noun} is checked (digest, media, size) before use.")
-        yield batch
 
 
 def _shared_english() -> Iterator[list[str]]:
@@ -79,7 +68,7 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
 def tokenizer(request: pytest.FixtureRequest, tmp_path: Path) -> Path:
     if request.param == "shared-32k":
         return request.getfixturevalue("shared_tokenizer")
-    data = train_byte_level_bpe(_generated_english(), 1024, SPECIALS)
+    data = train_byte_level_bpe(ref_word_text(), 1024, SPECIALS)
     return _write(data, tmp_path / "tokenizer.json")
 
 
@@ -101,7 +90,7 @@ def test_a_tokenizer_whose_vocabulary_spells_a_ref_builds_validates_and_survives
     verify = home.cli("verify", p3[0]["snapshotId"])
     assert verify.code == 0, verify.out + verify.err
     cas = ContentStore(home.dir / "data" / "cas")
-    file_digest = "sha256:" + __import__("hashlib").sha256(tokenizer.read_bytes()).hexdigest()
+    file_digest = "sha256:" + hashlib.sha256(tokenizer.read_bytes()).hexdigest()
     assert cas.contains(file_digest)
     garbage = json.loads(home.must("gc", "--dry-run", "--json").out)["objects"]
     assert file_digest not in {o["digest"] for o in garbage}  # reached, as a leaf
