@@ -40,8 +40,7 @@ ALLOWED: dict[str, set[str]] = {
     SUPERSEDED: {EXPIRED},
     EXPIRED: set(),
 }
-# Every state, in the order ``status`` and the docs list them.
-STATES = (BUILDING, VALIDATED, APPROVED, ACTIVE, INCOMPLETE, REJECTED, SUPERSEDED, EXPIRED)
+
 # What activating a later snapshot of the alias supersedes: candidates that could still move on.
 SUPERSEDABLE = (VALIDATED, APPROVED)
 
