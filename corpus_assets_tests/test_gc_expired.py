@@ -9,8 +9,12 @@ import json
 from pathlib import Path
 
 import pytest
+from sqlalchemy import insert
 
+from corpus_assets.core.governance import states
+from corpus_assets.core.release.gc import GcError, Plan, expire
 from corpus_assets.core.storage.cas import ContentStore
+from corpus_assets.core.storage.catalog import Catalog, gate, snapshots
 from corpus_assets.selftest.lab import Home, Lab
 from corpus_assets_tests.conftest import PG_URL
 
@@ -79,3 +83,46 @@ def test_gc_expires_an_old_generation_before_deleting_and_refuses_going_back(
         assert "missing" not in ran.err, (command, ran.err)
     ran = home.cli("verify", served)
     assert ran.code == 0, ran.out + ran.err
+
+
+def _register(catalog: Catalog, sid: str, state: str, at: float) -> None:
+    with catalog.begin() as conn:
+        conn.execute(
+            insert(snapshots).values(
+                snapshot_id=sid,
+                partition_key=sid,
+                manifest_digest="sha256:" + "0" * 64,
+                alias="train",
+                state=state,
+                created_at=at,
+                updated_at=at,
+            )
+        )
+
+
+def test_expire_refuses_a_snapshot_rolled_back_to_after_the_plan(catalog_url: str) -> None:
+    """A rollback that commits between gc's plan and its expiry wins: gc marks nothing and
+    removes nothing (its transaction re-reads every alias's gate before committing)."""
+    catalog = Catalog(catalog_url)
+    _register(catalog, "old", states.ACTIVE, 1)
+    _register(catalog, "gone", states.SUPERSEDED, 2)
+    planned = Plan(retained=["new"], dropped=["gone", "old"])
+    with catalog.begin() as conn:  # the rollback, committed after the plan
+        conn.execute(
+            insert(gate).values(
+                alias="train",
+                tombstone_watermark=0,
+                benchmark_fence=0,
+                generation=3,
+                active_snapshot="old",
+                updated_at=3,
+            )
+        )
+    with pytest.raises(GcError, match="old was served or permitted"):
+        expire(catalog, planned)
+    assert [states.get(catalog, s).state for s in ("gone", "old")] == ["SUPERSEDED", "ACTIVE"]
+    planned.dropped = ["gone"]
+    expire(catalog, planned)
+    assert states.get(catalog, "gone").state == states.EXPIRED
+    assert states.history(catalog, "gone")[-1].actor == "gc"
+    catalog.dispose()

@@ -23,6 +23,7 @@ from corpus_assets.core.release.verify import reachable
 from corpus_assets.core.storage.artifacts import JSON, make_ref
 from corpus_assets.core.storage.cas import ContentStore
 from corpus_assets.core.storage.catalog import Catalog
+from corpus_assets.core.storage.refs import LEAF, declared_refs
 from corpus_assets.core.tokens.bpe import train_byte_level_bpe
 from corpus_assets.selftest.attack.store import SPECIALS, ref_word_text
 from corpus_assets.selftest.lab import Lab
@@ -123,3 +124,24 @@ def test_typed_walk_reaches_what_the_guessing_walk_reached_on_a_real_snapshot(la
     _guessing_walk(cas, root, guessed)
     assert len(typed) > 50
     assert typed == guessed
+
+
+DIGEST = "sha256:" + "ab" * 32
+
+
+def test_only_declared_fields_are_refs_and_an_undeclared_one_is_a_finding() -> None:
+    tokenizer = {"schema": "corpus.tokenizer.v1", "kind": "huggingface", "digest": DIGEST}
+    tokenizer["file"] = make_ref(DIGEST, JSON, 10)
+    refs, findings = declared_refs(tokenizer)
+    assert refs == [(".file", tokenizer["file"], LEAF)] and findings == []
+    vocabulary = {"model": {"vocab": {"digest": 7, "media": 8, "size": 9}}}
+    assert declared_refs(vocabulary)[0] == []  # not a document of ours: nothing followed
+    chunk = {"schema": "corpus.chunk.v2", "records": make_ref(DIGEST, JSON, 1)}
+    chunk["excluded"] = {"digest": 7, "media": 8, "size": 9}
+    chunk["extra"] = make_ref(DIGEST, JSON, 1)
+    refs, findings = declared_refs(chunk)
+    assert [path for path, _, _ in refs] == [".records"]
+    assert findings == [
+        "corpus.chunk.v2 field .excluded is not a well-formed ref",
+        "corpus.chunk.v2 names a ref at .extra, a field its kind does not declare",
+    ]
