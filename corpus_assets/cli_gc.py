@@ -6,7 +6,7 @@ import json
 from typing import Any
 
 from corpus_assets.cli_catalog import CliError, note
-from corpus_assets.core.release.gc import GcError, collect, plan
+from corpus_assets.core.release.gc import GcError, collect, expire, plan
 from corpus_assets.core.runtime.workspace import open_workspace
 
 
@@ -25,6 +25,8 @@ def cmd_gc(args: argparse.Namespace) -> int:
     with ws.cas_lock(exclusive=True, on_wait=note):
         try:
             planned = plan(ws.cas, ws.catalog, config.alias, config.retention.keep_generations)
+            if not args.dry_run:
+                expire(ws.catalog, planned)
         except GcError as error:
             raise CliError(str(error)) from None
         if not args.dry_run:
@@ -43,6 +45,7 @@ def cmd_gc(args: argparse.Namespace) -> int:
     print(
         f"gc: {verb} {len(planned.garbage)} objects ({report['bytes']} bytes); kept "
         f"{planned.live} live objects of {len(planned.retained)} retained snapshots; "
-        f"dropped snapshots: {', '.join(planned.dropped) or 'none'}"
+        f"{'would expire' if args.dry_run else 'expired'} snapshots: "
+        f"{', '.join(planned.dropped) or 'none'}"
     )
     return 0

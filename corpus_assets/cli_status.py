@@ -71,7 +71,7 @@ def status_payload() -> dict[str, Any]:
     snaps = states.find(catalog)
     gates = [gate.read_gate(catalog, a) for a in sorted({s.alias for s in snaps})]
     current = {row.active_snapshot for row in gates}
-    ended = (states.INCOMPLETE, states.REJECTED, states.SUPERSEDED)
+    ended = (states.INCOMPLETE, states.REJECTED, states.SUPERSEDED, states.EXPIRED)
     reasons = {
         s.snapshot_id: states.history(catalog, s.snapshot_id)[-1].detail
         for s in snaps

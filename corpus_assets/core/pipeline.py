@@ -13,19 +13,18 @@ always built.
 import json
 from collections.abc import Callable
 from dataclasses import asdict
-from typing import Any
 
 from corpus_assets.core.dedup.layer import build_dedup_clusters
 from corpus_assets.core.ingest.freeze import build_raw_snapshot, freeze
 from corpus_assets.core.records.layer import build_canonical_records
 from corpus_assets.core.release.manifest import build_manifest
-from corpus_assets.core.runtime.layers import LAYERS, LayerResult, load_index
+from corpus_assets.core.runtime.layers import LAYERS, LayerIndex, LayerResult, load_index
 from corpus_assets.core.runtime.transform import transform_image
 from corpus_assets.core.runtime.workspace import Workspace
-from corpus_assets.core.storage.artifacts import is_ref
 from corpus_assets.core.storage.digests import json_digest
 from corpus_assets.core.storage.fsio import DiskFullError
 from corpus_assets.core.storage.memory import release_memory
+from corpus_assets.core.storage.refs import declared_refs
 from corpus_assets.core.training_view.mixing import build_mixed_samples
 from corpus_assets.core.training_view.packing import build_packed_blocks
 from corpus_assets.core.training_view.splits import build_splits
@@ -55,14 +54,9 @@ def memo_key(ws: Workspace, partition_key: str, layer: str) -> str:
     )
 
 
-def _refs(node: Any) -> list[str]:
-    """Every CAS digest an index document names in a ref."""
-    if isinstance(node, dict):
-        own = [node["digest"]] if is_ref(node) else []
-        return own + [d for value in node.values() for d in _refs(value)]
-    if isinstance(node, list):
-        return [d for value in node for d in _refs(value)]
-    return []
+def _refs(index: LayerIndex) -> list[str]:
+    """Every CAS digest a layer index declares (``storage.refs``): inputs and outputs."""
+    return [ref["digest"] for _, ref, _ in declared_refs(index.document())[0]]
 
 
 def _reuse(ws: Workspace, partition_key: str, layer: str, key: str) -> LayerResult | None:
@@ -74,7 +68,7 @@ def _reuse(ws: Workspace, partition_key: str, layer: str, key: str) -> LayerResu
     if not ws.cas.contains(digest):
         return None
     index = load_index(ws.cas, digest, layer)
-    if not all(ws.cas.contains(d) for d in _refs(index.outputs)):
+    if not all(ws.cas.contains(d) for d in _refs(index)):
         return None
     ws.catalog.set_layer_output(partition_key, layer, digest, index.build_spec())
     result = json.loads(saved)

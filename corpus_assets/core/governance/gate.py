@@ -21,6 +21,7 @@ from corpus_assets.core.storage.catalog import (
     benchmark_items,
     gate,
     snapshot_events,
+    snapshots,
     tombstones,
 )
 
@@ -234,6 +235,7 @@ def rollback(
     a rollback must never resurrect revoked or benchmark-contaminated data.
     """
     snapshot = states.get(catalog, snapshot_id)
+    states.refuse_expired(snapshot, "roll back to")
     seen = read_gate(catalog, snapshot.alias)
     with catalog.begin() as conn:
         was_active = conn.scalar(
@@ -275,6 +277,14 @@ def _roll_back(
             f"{built_at[1]}, the gate is at {seen.benchmark_fence}"
         )
     with catalog.begin() as conn:
+        still_active = conn.execute(  # locks the row: a gc expiring it meanwhile waits or wins
+            update(snapshots)
+            .where(snapshots.c.snapshot_id == snapshot_id)
+            .where(snapshots.c.state == states.ACTIVE)
+            .values(updated_at=time.time())
+        ).rowcount
+        if still_active != 1:
+            raise GateError(f"rollback to {snapshot_id} refused: gc expired it meanwhile")
         _point(conn, seen, snapshot_id, actor, "rolling back to")
         conn.execute(
             insert(snapshot_events).values(

@@ -1,6 +1,8 @@
 """Snapshot state machine: BUILDING -> VALIDATED -> APPROVED -> ACTIVE, plus the endings
-INCOMPLETE (the freeze was no boundary), REJECTED (a validity rule failed) and SUPERSEDED (a
-snapshot of a later freeze was activated on the alias first).
+INCOMPLETE (the freeze was no boundary), REJECTED (a validity rule failed), SUPERSEDED (a
+snapshot of a later freeze was activated on the alias first) and EXPIRED (gc removed its objects
+under the alias's retention: from ACTIVE or SUPERSEDED, never served, approved or rolled back to
+again).
 
 States only move forward. Every move is one conditional UPDATE (``WHERE state = :expected``), so
 two racing actors cannot both move a snapshot, and each move leaves an audit event. The one
@@ -26,16 +28,19 @@ from corpus_assets.core.storage.catalog import Catalog, freezes, snapshot_events
 
 BUILDING, VALIDATED, APPROVED, ACTIVE = "BUILDING", "VALIDATED", "APPROVED", "ACTIVE"
 INCOMPLETE, REJECTED, SUPERSEDED = "INCOMPLETE", "REJECTED", "SUPERSEDED"
+EXPIRED = "EXPIRED"
 
 ALLOWED: dict[str, set[str]] = {
     BUILDING: {VALIDATED, INCOMPLETE, REJECTED},
     VALIDATED: {APPROVED, INCOMPLETE, REJECTED, SUPERSEDED},
     APPROVED: {ACTIVE, INCOMPLETE, REJECTED, SUPERSEDED},
-    ACTIVE: set(),
+    ACTIVE: {EXPIRED},  # only gc, for a generation older than the alias's retention keeps
     INCOMPLETE: set(),
     REJECTED: {BUILDING},  # only ``register``: a rebuild of the same content is a new attempt
-    SUPERSEDED: set(),
+    SUPERSEDED: {EXPIRED},
+    EXPIRED: set(),
 }
+
 # What activating a later snapshot of the alias supersedes: candidates that could still move on.
 SUPERSEDABLE = (VALIDATED, APPROVED)
 
@@ -142,6 +147,24 @@ def transition(
             _move(own, snapshot_id, expected, target, actor, detail)
     else:
         _move(conn, snapshot_id, expected, target, actor, detail)
+
+
+def refuse_expired(snapshot: Snapshot, action: str) -> None:
+    """An EXPIRED snapshot's objects are gone: refuse ``action`` on it naming the state, before
+    anything reads its (missing) manifest."""
+    if snapshot.state == EXPIRED:
+        raise StateError(
+            f"refusing to {action} {snapshot.snapshot_id}: it is EXPIRED (gc removed its objects "
+            "under the alias's retention.keep_generations); build its partition again instead"
+        )
+
+
+def expire(conn: Connection, snapshot_id: str, detail: str) -> bool:
+    """In gc's transaction, ACTIVE or SUPERSEDED -> EXPIRED; False if it is in neither state."""
+    row = _row(conn, snapshot_id)
+    if row is None or EXPIRED not in ALLOWED[row["state"]]:
+        return False
+    return _moved(conn, snapshot_id, row["state"], EXPIRED, "gc", detail)
 
 
 def approve(catalog: Catalog, snapshot_id: str, by: str) -> Snapshot:

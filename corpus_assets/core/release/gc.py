@@ -1,6 +1,7 @@
 """Garbage collection of the CAS: remove the objects nothing retained can reach.
 
-Live objects are the closure, by ``verify.reachable`` (the walk ``verify`` does), of these roots:
+Live objects are the closure, by ``verify.reachable`` (the walk ``verify`` does: declared refs of
+typed documents only, ``storage.refs``), of these roots:
 
 - the manifest of every retained snapshot. A snapshot is dropped only when the alias's
   ``retention.keep_generations`` is set and it is SUPERSEDED, or ACTIVE in state but neither the
@@ -30,6 +31,7 @@ holds no lock (``verify``, ``read``) downloading an object while gc removes it m
 after its node's writer looked at the log.
 """
 
+import contextlib
 import json
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,7 +40,8 @@ from sqlalchemy import select
 
 from corpus_assets.core.governance import deletion_index, states
 from corpus_assets.core.release.verify import reachable
-from corpus_assets.core.storage.artifacts import BINARY, JSON, make_ref
+from corpus_assets.core.storage import failpoints
+from corpus_assets.core.storage.artifacts import BINARY, JSON, Ref, make_ref
 from corpus_assets.core.storage.cas import ContentStore
 from corpus_assets.core.storage.cas_s3 import S3ContentStore
 from corpus_assets.core.storage.catalog import (
@@ -51,6 +54,7 @@ from corpus_assets.core.storage.catalog import (
     layer_outputs,
     permits,
 )
+from corpus_assets.core.storage.refs import kind_of
 
 KEPT_STATES = (
     states.BUILDING,
@@ -59,7 +63,7 @@ KEPT_STATES = (
     states.REJECTED,
     states.INCOMPLETE,
 )
-SMALL_JSON = 1 << 20  # a catalog-named object this small that parses as JSON is walked
+SMALL_JSON = 1 << 20  # a catalog-named object this small, if a typed document, is walked
 FOREIGN_SHOWN = 100  # foreign keys named in the report (all are counted)
 
 
@@ -104,9 +108,10 @@ class Plan:
 def retained_snapshots(
     catalog: Catalog, alias: str, keep: int | None
 ) -> tuple[list[str], list[str]]:
-    """(retained, dropped) snapshot ids by the alias's retention policy (module docstring)."""
+    """(retained, dropped) snapshot ids by the alias's retention policy (module docstring).
+    EXPIRED snapshots are in neither: their objects are garbage already."""
     with catalog.begin() as conn:
-        active = conn.scalar(select(gate.c.active_snapshot).where(gate.c.alias == alias))
+        served = set(conn.scalars(select(gate.c.active_snapshot)))  # of every alias
         history = conn.scalars(
             select(alias_history.c.snapshot_id)
             .where(alias_history.c.alias == alias)
@@ -116,26 +121,55 @@ def retained_snapshots(
     recent = set(history[:keep]) if keep is not None else set()
     retained, dropped = [], []
     for snap in states.find(catalog):
+        if snap.state == states.EXPIRED:
+            continue
         keeps = (
             keep is None
             or snap.alias != alias
             or snap.state in KEPT_STATES
-            or snap.snapshot_id in recent | permitted | {active}
+            or snap.snapshot_id in recent | permitted | served
         )
         (retained if keeps else dropped).append(snap.snapshot_id)
     return sorted(retained), sorted(dropped)
 
 
-def _ref(cas: ContentStore, digest: str) -> dict[str, Any]:
-    """A ref to a catalog-named object: JSON (walked) if it is a small JSON document."""
-    size = cas.size(digest)
-    if size <= SMALL_JSON:
-        try:
-            json.loads(cas.get_bytes(digest))
-            return make_ref(digest, JSON, size)
-        except ValueError:
-            pass
-    return make_ref(digest, BINARY, size)
+def expire(catalog: Catalog, planned: Plan) -> None:
+    """Before any delete, in one transaction: move every dropped snapshot to EXPIRED, so no
+    state names a snapshot whose objects are going (a gc killed after this commit leaves them
+    EXPIRED with their objects; the rerun removes those). GcError, nothing changed, if one of them
+    became what an alias serves or a permit names since the plan (a rollback meanwhile)."""
+    if not planned.dropped:
+        return
+    detail = "removed by gc: older than the alias's retention.keep_generations"
+    with catalog.begin() as conn:
+        for snapshot_id in planned.dropped:
+            states.expire(conn, snapshot_id, detail)  # locks the row against a rollback
+        served = set(conn.scalars(select(gate.c.active_snapshot)))
+        permitted = set(conn.scalars(select(permits.c.snapshot_id)))
+        taken = sorted((served | permitted) & set(planned.dropped))
+        if taken:
+            raise GcError(
+                f"snapshot {taken[0]} was served or permitted while gc planned; gc removes "
+                "nothing, run it again"
+            )
+    failpoints.hit("gc/expired")  # marked EXPIRED, nothing deleted yet
+
+
+def _named(cas: ContentStore, digests: list[str]) -> tuple[list[Ref], list[Ref]]:
+    """Catalog-named objects as (typed documents, leaves): a small JSON document of a declared
+    kind (``storage.refs``: freeze specs, layer indexes, chunk and token descriptors) is walked;
+    anything else the catalog names (a task's table or array) is kept as it is, never read for
+    references."""
+    typed, leaves = [], []
+    for digest in digests:
+        size = cas.size(digest)
+        document = None
+        if size <= SMALL_JSON:
+            with contextlib.suppress(ValueError):
+                document = json.loads(cas.get_bytes(digest))
+        declared = kind_of(document) is not None
+        (typed if declared else leaves).append(make_ref(digest, JSON if declared else BINARY, size))
+    return typed, leaves
 
 
 def _partition_roots(catalog: Catalog, retained: set[str]) -> tuple[list[str], float | None]:
@@ -184,7 +218,8 @@ def live_objects(cas: ContentStore, catalog: Catalog, retained: list[str]) -> se
     missing = [d for d in named if not cas.contains(d)]
     if missing:
         raise GcError(f"catalog-named objects are missing, gc removes nothing: {missing[:5]}")
-    live, findings = reachable(cas, roots + [_ref(cas, d) for d in named])
+    typed, leaves = _named(cas, named)
+    live, findings = reachable(cas, roots + typed, leaves)
     if findings:
         raise GcError("cannot walk every retained object, gc removes nothing: " + findings[0])
     with catalog.begin() as conn:

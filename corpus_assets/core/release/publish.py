@@ -24,6 +24,7 @@ def approve(ws: Workspace, digest: str, by: str) -> states.Snapshot:
     A REJECTED snapshot is not re-judged here: a rebuild of its partition is the new attempt.
     One older than what its alias serves is refused too: it could never be activated."""
     candidate = resolve(ws.catalog, digest)
+    states.refuse_expired(candidate, "approve")
     active = gate.read_gate(ws.catalog, candidate.alias).active_snapshot
     gate.refuse_backwards(ws.catalog, candidate, active, action="approve")
     if candidate.state == states.REJECTED:
@@ -77,6 +78,7 @@ def activate(ws: Workspace, digest: str, actor: str) -> gate.Gate:
     A snapshot older than the alias's active one is refused before the (costly) validation;
     ``gate.activate`` checks it again against the gate row it swaps."""
     candidate = resolve(ws.catalog, digest)
+    states.refuse_expired(candidate, "activate")
     gate.refuse_backwards(
         ws.catalog, candidate, gate.read_gate(ws.catalog, candidate.alias).active_snapshot
     )
@@ -114,6 +116,7 @@ def next_to_activate(catalog: Catalog) -> list[states.Snapshot]:
 def rollback(cas: ContentStore, catalog: Catalog, digest: str, actor: str) -> gate.Gate:
     """Point the alias back at an earlier active snapshot, under the manifest's own watermarks."""
     snapshot = resolve(catalog, digest)
+    states.refuse_expired(snapshot, "roll back to")
     manifest = load_manifest(cas, snapshot)
     return gate.rollback(
         catalog,

@@ -24,9 +24,10 @@ from corpus_assets.core.release.gates import GateReport
 from corpus_assets.core.release.identity import snapshot_id as compute_snapshot_id
 from corpus_assets.core.release.manifest_schema import schema_errors
 from corpus_assets.core.release.signing import SignatureError, check_alias_key, verify_signature
-from corpus_assets.core.storage.artifacts import JSON, PARQUET, decode_json, get_json, is_ref
+from corpus_assets.core.storage.artifacts import JSON, PARQUET, decode_json, get_json
 from corpus_assets.core.storage.cas import COPY_CHUNK, CasError, ContentStore
 from corpus_assets.core.storage.catalog import Catalog
+from corpus_assets.core.storage.refs import LEAF, TYPED, declared_refs, is_well_formed
 from corpus_assets.core.storage.trust import StatTrust, file_stat
 
 HASH_THREADS = min(4, os.cpu_count() or 1)  # objects re-hashed at once
@@ -100,10 +101,10 @@ def verify(
         report.findings.append(f"manifest signature: {error}")
     report.digests.add(snapshot.manifest_digest)
     blobs: dict[str, tuple[dict[str, Any], str]] = {}
-    _walk(cas, manifest, "manifest", report, seen=report.digests, blobs=blobs)
+    _descend(cas, manifest, "manifest", report, seen=report.digests, blobs=blobs)
     _check_blobs(cas, blobs, report, trust)
     members = manifest.get("members", {})
-    if report.ok and is_ref(members):
+    if report.ok and is_well_formed(members):
         rows = pq.read_metadata(cas.path(members["digest"])).num_rows  # re-hashed by the walk
         if rows != members.get("count"):
             report.findings.append(
@@ -113,20 +114,25 @@ def verify(
     return report
 
 
-def reachable(cas: ContentStore, roots: list[dict[str, Any]]) -> tuple[set[str], list[str]]:
-    """Every digest reachable from ``roots`` (refs) by the walk ``verify`` does - JSON documents
-    re-hashed and descended into, tables and shards named, not read - and its findings (a
-    missing or corrupt document hides what it names: a caller deleting by this must refuse)."""
+def reachable(
+    cas: ContentStore, roots: list[dict[str, Any]], leaves: list[dict[str, Any]] | None = None
+) -> tuple[set[str], list[str]]:
+    """Every digest reachable from ``roots`` (refs to typed documents) by the walk ``verify``
+    does - documents re-hashed and followed by their declared refs (``storage.refs``), opaque
+    objects (tables, shards, tokenizer files: ``leaves`` too) named, not read - and its findings
+    (a missing or corrupt document hides what it names: a caller deleting by this must refuse)."""
     report = Report("reachability")
     blobs: dict[str, tuple[dict[str, Any], str]] = {}
     for root in roots:
-        _walk(cas, root, f"root {root['digest']}", report, seen=report.digests, blobs=blobs)
+        where = f"root {root['digest']}"
+        _walk(cas, root, TYPED, where, report, seen=report.digests, blobs=blobs)
+    report.digests.update(leaf["digest"] for leaf in leaves or [])
     return report.digests, report.findings
 
 
 def _rehash(cas: ContentStore, digest: str, media: str, what: str) -> tuple[int, Any]:
     """Stream the object through sha256 (CasError if missing or corrupt): its size, and its
-    parsed document if it is JSON (the only kind the walk descends into)."""
+    parsed document if ``media`` is JSON (a typed document the walk reads for its refs)."""
     if media == JSON:
         data = cas.get_bytes(digest, what)
         return len(data), decode_json(data)
@@ -139,36 +145,47 @@ def _rehash(cas: ContentStore, digest: str, media: str, what: str) -> tuple[int,
 
 def _walk(
     cas: ContentStore,
-    node: Any,
+    ref: dict[str, Any],
+    target: str,
     where: str,
     report: Report,
     seen: set[str],
     blobs: dict[str, tuple[dict[str, Any], str]],
 ) -> None:
-    """Verify every JSON document under ``node`` and descend into it; collect every other ref
-    (tables, shards) in ``blobs`` with where it was first found, for ``_check_blobs``."""
-    if is_ref(node):
-        digest = node["digest"]
-        if digest in seen:
-            return
-        seen.add(digest)
-        if node["media"] != JSON:
-            blobs[digest] = (node, where)
-            return
-        try:
-            size, document = _rehash(cas, digest, node["media"], f"object at {where}")
-        except CasError as error:
-            report.findings.append(str(error))
-            return
-        if _sized(report, node, size, where):
-            _walk(cas, document, where, report, seen, blobs)
+    """Verify the typed document ``ref`` names and follow its declared refs; collect every
+    opaque object (``LEAF``) in ``blobs`` with where it was first found, for ``_check_blobs``."""
+    digest = ref["digest"]
+    if digest in seen:
         return
-    if isinstance(node, dict):
-        for key, value in node.items():
-            _walk(cas, value, f"{where}.{key}", report, seen, blobs)
-    elif isinstance(node, list):
-        for n, value in enumerate(node):
-            _walk(cas, value, f"{where}[{n}]", report, seen, blobs)
+    seen.add(digest)
+    if target == LEAF:
+        blobs[digest] = (ref, where)
+        return
+    if ref["media"] != JSON:
+        report.findings.append(f"CAS object at {where} {digest}: a document, but {ref['media']}")
+        return
+    try:
+        size, document = _rehash(cas, digest, JSON, f"object at {where}")
+    except (CasError, ValueError) as error:
+        report.findings.append(f"CAS object at {where} {digest}: {error}")
+        return
+    if _sized(report, ref, size, where):
+        _descend(cas, document, where, report, seen, blobs)
+
+
+def _descend(
+    cas: ContentStore,
+    document: Any,
+    where: str,
+    report: Report,
+    seen: set[str],
+    blobs: dict[str, tuple[dict[str, Any], str]],
+) -> None:
+    """Walk the refs a parsed typed document declares (its other fields are data)."""
+    refs, findings = declared_refs(document)
+    report.findings += [f"document at {where}: {finding}" for finding in findings]
+    for path, child, target in refs:
+        _walk(cas, child, target, f"{where}{path}", report, seen, blobs)
 
 
 def _check_blobs(
@@ -208,7 +225,7 @@ def _hash_blob(
     """(the file's stat before reading, its size or why it failed) of one re-hashed blob."""
     before = file_stat(cas.local_path(digest))
     try:
-        size, _ = _rehash(cas, digest, node["media"], f"object at {where}")
+        size, _ = _rehash(cas, digest, "opaque", f"object at {where}")  # never parsed here
         if node["media"] == PARQUET:
             pq.read_metadata(cas.path(digest))  # the footer: raises unless it is Parquet
     except CasError as error:

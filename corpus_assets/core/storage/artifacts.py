@@ -1,7 +1,8 @@
 """Typed CAS artifacts: canonical JSON documents and Parquet tables, referenced by ``ref`` dicts.
 
-A ref ``{"digest", "media", "size"}`` is the only way one artifact points at another, so the
-verifier can walk the closure of a manifest by following refs whose media is JSON.
+A ref ``{"digest", "media", "size"}`` is the only way one artifact points at another; which
+fields of a document hold refs is declared per document kind (``storage.refs``), so the verifier
+and gc walk the closure of a manifest without taking data that looks like a ref for one.
 """
 
 import io
@@ -31,10 +32,6 @@ class Ref(TypedDict):
 
 def make_ref(digest: str, media: str, size: int) -> Ref:
     return {"digest": digest, "media": media, "size": size}
-
-
-def is_ref(value: Any) -> bool:
-    return isinstance(value, dict) and set(value) >= {"digest", "media", "size"}
 
 
 def put_json(cas: ContentStore, payload: Any) -> Ref:

@@ -14,6 +14,8 @@ per trust promise registers its cases:
   outside the data home (re-signed, unsigned, home key pair replaced, private key mode).
 - ``sources``: points 3 and 4b, a source folder linking to the home's private key, an object
   deleted between the freeze's listing and its copy.
+- ``store``: gc expires an old generation before deleting, never what is served (point 5); a
+  tokenizer whose vocabulary spells a ref builds and validates (point 6).
 """
 
 from corpus_assets.selftest.attack import (
@@ -22,4 +24,5 @@ from corpus_assets.selftest.attack import (
     leakage,  # noqa: F401
     signatures,  # noqa: F401
     sources,  # noqa: F401
+    store,  # noqa: F401
 )
