@@ -14,6 +14,7 @@ from typing import Any, TypeAlias
 from corpus_assets.cli_benchmarks import add_commands, with_add
 from corpus_assets.cli_catalog import (
     CliError,
+    audited,
     cli_actor,
     cmd_dedup,
     cmd_diff,
@@ -34,6 +35,7 @@ from corpus_assets.cli_runs import activate_via_job, build, dagster_instance
 from corpus_assets.cli_selftest import add_selftest_command
 from corpus_assets.cli_status import cmd_status
 from corpus_assets.core.governance import gate, states
+from corpus_assets.core.governance.audit_fields import AuditFieldError
 from corpus_assets.core.ingest.pinning import PinError
 from corpus_assets.core.ingest.sources import SourceError
 from corpus_assets.core.release.export_run import FORMATS
@@ -67,6 +69,7 @@ EXPECTED_ERRORS = (
     PinError,
     SignatureError,
     TokenizerError,
+    AuditFieldError,
 )
 
 
@@ -99,8 +102,12 @@ def _parser() -> argparse.ArgumentParser:
     _governance_commands(sub)
     add_gc_command(sub)
     _tokenizer_commands(sub)
+    run_fields = {"run_id": "--run-id", "purpose": "--purpose"}
     p = _command(
-        sub, "read", cmd_read, "training entry: take a permit for a digest and read it, verified"
+        sub,
+        "read",
+        audited(cmd_read, **run_fields),
+        "training entry: take a permit for a digest and read it, verified",
     )
     p.add_argument("digest", help="a snapshotId (an alias is never accepted)")
     p.add_argument("--run-id", required=True)
@@ -108,7 +115,7 @@ def _parser() -> argparse.ArgumentParser:
     p = _command(
         sub,
         "export",
-        cmd_export,
+        audited(cmd_export, **run_fields),
         "training read into Megatron .bin/.idx, MDS files or Croissant metadata, verified",
     )
     p.add_argument("format", choices=FORMATS)
@@ -157,7 +164,8 @@ def _build_commands(sub: Subcommands) -> None:
 
 
 def _publication_commands(sub: Subcommands) -> None:
-    p = _command(sub, "approve", cmd_approve, "approve a VALIDATED snapshot (bound to its digest)")
+    approve_cmd = audited(cmd_approve, by="--by")
+    p = _command(sub, "approve", approve_cmd, "approve a VALIDATED snapshot (bound to its digest)")
     p.add_argument("digest")
     p.add_argument("--by", required=True, help="who approves")
     p = _command(sub, "activate", cmd_activate, "activate an APPROVED snapshot on its alias now")
@@ -201,7 +209,8 @@ def _governance_commands(sub: Subcommands) -> None:
     target.add_argument("--object", help="raw object digest sha256:...")
     target.add_argument("--group", help="group id")
     add.add_argument("--reason", required=True)
-    add.set_defaults(run=cmd_tombstone_add)
+    tomb_fields = {"record": "--record", "object": "--object", "group": "--group"}
+    add.set_defaults(run=audited(cmd_tombstone_add, reason="--reason", **tomb_fields))
     show_hits = tomb.add_parser("hits", help="deletion lineage: snapshots, members, spans, runs")
     show_hits.add_argument("seq", type=int)
     add_commands(sub)  # benchmark add|list|remove, excluded

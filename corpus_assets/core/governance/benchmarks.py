@@ -30,6 +30,7 @@ from sqlalchemy import (
 )
 
 from corpus_assets.core.governance import gate
+from corpus_assets.core.governance.audit_fields import audit_field, audit_fields
 from corpus_assets.core.storage import failpoints
 from corpus_assets.core.storage.catalog import Catalog, benchmark_items
 
@@ -114,6 +115,9 @@ def register(
     """Register items (in item id order) and advance every alias's benchmark fence to the last
     new one; ids already active with the same text are skipped, another text is refused."""
     chosen = _one_per_id(items)
+    audit_fields(benchmark=benchmark, actor=actor)
+    for item_id in chosen:
+        audit_field("item_id", item_id)
     failpoints.hit("fence/benchmark")  # the fault self-test races activation from here
     with catalog.begin() as conn:
         gate.lock_registrations(conn)  # before reading what is active
@@ -139,6 +143,9 @@ def remove(
     catalog: Catalog, benchmark: str, item_ids: Sequence[str] | None = None, actor: str = ""
 ) -> Change:
     """Withdraw a whole benchmark, or the given item ids of it, and advance every fence."""
+    audit_fields(benchmark=benchmark, actor=actor)
+    for item_id in item_ids or ():
+        audit_field("item_id", item_id)
     with catalog.begin() as conn:
         gate.lock_registrations(conn)  # before reading what is active
         wanted = sorted(set(item_ids)) if item_ids is not None else None

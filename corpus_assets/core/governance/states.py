@@ -22,6 +22,7 @@ from typing import Any
 
 from sqlalchemy import Connection, func, insert, select, update
 
+from corpus_assets.core.governance.audit_fields import audit_field
 from corpus_assets.core.storage.catalog import Catalog, freezes, snapshot_events, snapshots
 
 BUILDING, VALIDATED, APPROVED, ACTIVE = "BUILDING", "VALIDATED", "APPROVED", "ACTIVE"
@@ -148,6 +149,7 @@ def approve(catalog: Catalog, snapshot_id: str, by: str) -> Snapshot:
     """VALIDATED -> APPROVED, recording who approved (the rules are ``publish.approve``'s)."""
     if not by.strip():
         raise StateError("approval needs a non-empty --by name")
+    audit_field("approved_by", by)
     with catalog.begin() as conn:
         _move(conn, snapshot_id, VALIDATED, APPROVED, by, "approved", approved_by=by)
     return get(catalog, snapshot_id)
@@ -304,6 +306,7 @@ def _event(
     actor: str,
     detail: str | None,
 ) -> None:
+    audit_field("actor", actor)  # the one place every state move writes who made it
     conn.execute(
         insert(snapshot_events).values(
             snapshot_id=snapshot_id,

@@ -1,0 +1,71 @@
+"""The one rule for audit fields: text a person or a tool supplies that the catalog keeps as the
+record of who did what and why (approver, actor, tombstone target and reason, benchmark name and
+item ids, a permit's run id and purpose).
+
+Those fields are printed one per line or per table cell (``history``, ``status``, the Dagster
+UI), so a line break in one forges the next line of the audit trail, an escape sequence rewrites
+the terminal, and a bidirectional override reorders what follows on screen. They are refused,
+never cleaned up: a cleaned value would record something nobody typed. Refused: Unicode control
+characters (``Cc``: C0 with tab and newline, DEL, C1 with NEL), the line and paragraph separators
+(``Zl``, ``Zp``), bidirectional embeddings, overrides and isolates (U+202A-U+202E,
+U+2066-U+2069) and lone surrogates (``Cs``: command-line bytes that were not UTF-8). Joiners
+and every letter, mark, symbol and space of any script pass, as do the ordinary space.
+
+Every entry point calls :func:`audit_field`: the CLI before the command runs (its message names
+the flag), the Dagster job config, and the core functions that write these rows (for Python
+callers), so no path writes one unchecked.
+"""
+
+import unicodedata
+
+_REFUSED_CATEGORIES = frozenset({"Cc", "Zl", "Zp", "Cs"})
+_BIDI_CONTROLS = frozenset(chr(c) for c in (*range(0x202A, 0x202F), *range(0x2066, 0x206A)))
+
+
+class AuditFieldError(ValueError):
+    """An audit field holds a character that could forge or hide part of the audit trail."""
+
+
+def refused_at(value: str) -> int | None:
+    """The 0-based index of the first refused character in ``value``, or None."""
+    if value.isprintable() and value.isascii():  # the common case, at C speed
+        return None
+    for index, char in enumerate(value):
+        if char in _BIDI_CONTROLS or unicodedata.category(char) in _REFUSED_CATEGORIES:
+            return index
+    return None
+
+
+def audit_field(field: str, value: str) -> str:
+    """``value`` unchanged, or AuditFieldError naming ``field``, the 1-based position and the
+    character's code point and name (never the value itself: it may hold the forged line)."""
+    if not isinstance(value, str):
+        raise AuditFieldError(f"{field}: a string is expected, not {type(value).__name__}")
+    index = refused_at(value)
+    if index is None:
+        return value
+    char = value[index]
+    name = unicodedata.name(char, "") or _CONTROL_NAMES.get(char, "control character")
+    raise AuditFieldError(
+        f"{field}: character {index + 1} is U+{ord(char):04X} ({name}); audit fields refuse "
+        "control characters, line breaks and bidirectional overrides"
+    )
+
+
+def audit_fields(**fields: str | None) -> None:
+    """:func:`audit_field` for each keyword given a value (None: not given, nothing to check)."""
+    for field, value in fields.items():
+        if value is not None:
+            audit_field(field, value)
+
+
+# ``unicodedata.name`` has no name for C0/C1 controls; the common ones, as people call them.
+_CONTROL_NAMES = {
+    "\x00": "NUL",
+    "\t": "TAB",
+    "\n": "LINE FEED",
+    "\r": "CARRIAGE RETURN",
+    "\x1b": "ESCAPE",
+    "\x7f": "DELETE",
+    "\x85": "NEXT LINE",
+}
