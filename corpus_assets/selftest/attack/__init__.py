@@ -4,4 +4,9 @@ the digests of existing snapshots unchanged.
 
 Cases are named ``attack.<point>-<what>`` (``--only '^attack\\.'`` runs the group); one module
 per trust promise registers its cases:
+
+- ``audit`` (point 8, audit trail): a newline in ``approve --by``, a tombstone reason, a
+  permit's run id or purpose is refused naming the field; ``history`` shows no forged row.
 """
+
+from corpus_assets.selftest.attack import audit  # noqa: F401
