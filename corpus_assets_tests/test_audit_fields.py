@@ -133,3 +133,21 @@ def test_the_cli_refuses_every_audit_field_with_one_line_and_writes_nothing(
         with sqlite3.connect(catalog) as db:
             for table in ("tombstones", "benchmark_items", "permits", "snapshot_events"):
                 assert db.execute(f"select count(*) from {table}").fetchone() == (0,)
+
+
+def test_a_value_longer_than_its_column_is_refused_naming_the_limit(
+    workspace: Workspace,
+) -> None:
+    """PostgreSQL would refuse it with a traceback (SQLite would store it): one line instead,
+    from the catalog's own column widths."""
+    catalog = workspace.catalog
+    with pytest.raises(AuditFieldError, match=r"^target: 600 characters; at most 512 are kept"):
+        add_tombstone(catalog, "record", "x" * 600, "gdpr")
+    with pytest.raises(AuditFieldError, match=r"^approved_by: 129 characters; at most 128"):
+        states.approve(catalog, SID, by="a" * 129)
+    with pytest.raises(AuditFieldError, match=r"^run_id: 201 characters; at most 200"):
+        take_permit(workspace.cas, catalog, SID, "r" * 201, "p")
+    with pytest.raises(AuditFieldError, match=r"^benchmark: 129 characters; at most 128"):
+        benchmarks.remove(catalog, "b" * 129, None, actor="cli:x")
+    with catalog.begin() as conn:
+        assert conn.scalar(select(func.count()).select_from(tombstones)) == 0

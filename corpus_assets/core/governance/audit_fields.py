@@ -17,6 +17,9 @@ callers), so no path writes one unchecked.
 """
 
 import unicodedata
+from typing import Any
+
+from sqlalchemy import Column
 
 _REFUSED_CATEGORIES = frozenset({"Cc", "Zl", "Zp", "Cs"})
 _BIDI_CONTROLS = frozenset(chr(c) for c in (*range(0x202A, 0x202F), *range(0x2066, 0x206A)))
@@ -36,11 +39,18 @@ def refused_at(value: str) -> int | None:
     return None
 
 
-def audit_field(field: str, value: str) -> str:
+def audit_field(field: str, value: str, column: Column[Any] | None = None) -> str:
     """``value`` unchanged, or AuditFieldError naming ``field``, the 1-based position and the
-    character's code point and name (never the value itself: it may hold the forged line)."""
+    character's code point and name (never the value itself: it may hold the forged line).
+    With the catalog ``column`` it is written to, a value longer than the column's width is
+    refused too (PostgreSQL would refuse it with a traceback; SQLite would keep it whole)."""
     if not isinstance(value, str):
         raise AuditFieldError(f"{field}: a string is expected, not {type(value).__name__}")
+    width = getattr(column.type, "length", None) if column is not None else None
+    if width is not None and len(value) > width:
+        raise AuditFieldError(
+            f"{field}: {len(value)} characters; at most {width} are kept in the audit trail"
+        )
     index = refused_at(value)
     if index is None:
         return value
@@ -50,13 +60,6 @@ def audit_field(field: str, value: str) -> str:
         f"{field}: character {index + 1} is U+{ord(char):04X} ({name}); audit fields refuse "
         "control characters, line breaks and bidirectional overrides"
     )
-
-
-def audit_fields(**fields: str | None) -> None:
-    """:func:`audit_field` for each keyword given a value (None: not given, nothing to check)."""
-    for field, value in fields.items():
-        if value is not None:
-            audit_field(field, value)
 
 
 # ``unicodedata.name`` has no name for C0/C1 controls; the common ones, as people call them.

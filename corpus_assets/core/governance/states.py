@@ -149,7 +149,7 @@ def approve(catalog: Catalog, snapshot_id: str, by: str) -> Snapshot:
     """VALIDATED -> APPROVED, recording who approved (the rules are ``publish.approve``'s)."""
     if not by.strip():
         raise StateError("approval needs a non-empty --by name")
-    audit_field("approved_by", by)
+    audit_field("approved_by", by, snapshots.c.approved_by)
     with catalog.begin() as conn:
         _move(conn, snapshot_id, VALIDATED, APPROVED, by, "approved", approved_by=by)
     return get(catalog, snapshot_id)
@@ -306,7 +306,7 @@ def _event(
     actor: str,
     detail: str | None,
 ) -> None:
-    audit_field("actor", actor)  # the one place every state move writes who made it
+    audit_field("actor", actor, snapshot_events.c.actor)  # every state move writes it here
     conn.execute(
         insert(snapshot_events).values(
             snapshot_id=snapshot_id,

@@ -21,7 +21,7 @@ from sqlalchemy import Connection, insert, select
 from sqlalchemy.exc import IntegrityError
 
 from corpus_assets.core.governance import states
-from corpus_assets.core.governance.audit_fields import audit_fields
+from corpus_assets.core.governance.audit_fields import audit_field
 from corpus_assets.core.release.block_reader import (
     BlockReader,
     BlockStream,
@@ -79,7 +79,7 @@ def take_permit(
     the alias gate row's current values; run id and purpose are audit fields (no control
     characters or line breaks: ``audit_fields``).
     """
-    audit_fields(purpose=purpose)
+    audit_field("purpose", purpose, permits.c.purpose)
     snapshot = _requested(catalog, snapshot_id, run_id)
     existing = _permit_for_run(catalog, run_id)
     if existing is not None:
@@ -112,7 +112,7 @@ def _requested(catalog: Catalog, snapshot_id: str, run_id: str) -> states.Snapsh
         )
     if not isinstance(run_id, str) or not run_id.strip():
         raise TrainingError(f"snapshot {snapshot_id}: a permit needs a non-empty run id")
-    audit_fields(run_id=run_id)
+    audit_field("run_id", run_id, permits.c.run_id)
     try:
         return resolve(catalog, snapshot_id)
     except states.StateError:
