@@ -8,18 +8,19 @@ import os
 import sqlite3
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import func, insert, select
 
 from corpus_assets.assets.jobs import ApprovalConfig, approver_identity
 from corpus_assets.core.governance import benchmarks, states
 from corpus_assets.core.governance.audit_fields import AuditFieldError, audit_field
 from corpus_assets.core.governance.tombstones import add_tombstone
 from corpus_assets.core.release.training import take_permit
-from corpus_assets.core.runtime.workspace import Workspace
-from corpus_assets.core.storage.catalog import tombstones
+from corpus_assets.core.runtime.workspace import Workspace, open_workspace
+from corpus_assets.core.storage.catalog import snapshot_events, tombstones
 
 CLI = str(Path(sys.executable).parent / "corpus-assets")
 SID = "sha256:" + "0" * 64
@@ -151,3 +152,32 @@ def test_a_value_longer_than_its_column_is_refused_naming_the_limit(
         benchmarks.remove(catalog, "b" * 129, None, actor="cli:x")
     with catalog.begin() as conn:
         assert conn.scalar(select(func.count()).select_from(tombstones)) == 0
+
+
+def test_history_shows_a_row_forged_before_the_fix_escaped_on_its_own_line(
+    demo_home: Path,
+) -> None:
+    """A catalog written before audit fields were checked may hold a forged actor: ``history``
+    prints it escaped (``\\n``), so it still cannot pass for a row of its own."""
+    with open_workspace() as ws:
+        states.register(ws.catalog, SID, "p1", "sha256:" + "1" * 64, "demo")
+        with ws.catalog.begin() as conn:  # as an old release wrote it, unchecked
+            conn.execute(
+                insert(snapshot_events).values(
+                    snapshot_id=SID,
+                    from_state="BUILDING",
+                    to_state="VALIDATED",
+                    actor=FORGED,
+                    detail="ok\x1b[2J",
+                    at=time.time(),
+                )
+            )
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    shown = subprocess.run(
+        [CLI, "history", "demo"], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    assert len(lines) == 3, shown.stdout  # the header, the registration, the old event
+    assert "alice\\n2026-01-01" in lines[2] and "ok\\x1b[2J" in lines[2]
+    assert "\x1b" not in shown.stdout

@@ -62,6 +62,19 @@ def audit_field(field: str, value: str, column: Column[Any] | None = None) -> st
     )
 
 
+def shown(value: str) -> str:
+    """``value`` for a one-line display: each refused character as its Python escape (``\\n``,
+    ``\\x1b``, ``\\u2028``), for rows a release before this rule wrote unchecked."""
+    if refused_at(value) is None:
+        return value
+    return "".join(
+        char.encode("unicode_escape", "backslashreplace").decode("ascii")
+        if char in _BIDI_CONTROLS or unicodedata.category(char) in _REFUSED_CATEGORIES
+        else char
+        for char in value
+    )
+
+
 # ``unicodedata.name`` has no name for C0/C1 controls; the common ones, as people call them.
 _CONTROL_NAMES = {
     "\x00": "NUL",
