@@ -6,7 +6,8 @@ Cases are named ``attack.<point>-<what>`` (``--only '^attack\\.'`` runs the grou
 per trust promise registers its cases:
 
 - ``audit`` (point 8, audit trail): a newline in ``approve --by``, a tombstone reason, a
-  permit's run id or purpose is refused naming the field; ``history`` shows no forged row.
+  permit's run id or purpose is refused naming the field; ``history`` shows no forged row; a
+  ``password: ...``, ``API_KEY=...`` or ``user:password@host`` source line is redacted.
 """
 
 from corpus_assets.selftest.attack import audit  # noqa: F401

@@ -3,7 +3,10 @@ newline used to write a second, made-up row into ``history``; a tombstone reason
 run id could do the same to their registries. Each must be refused with one line naming the
 field and the character, write nothing, and leave the snapshot as approvable as before."""
 
+import json
+
 from corpus_assets.selftest.case import NO_LOSS, Outcome, fault
+from corpus_assets.selftest.corpus import write_zstd_jsonl
 from corpus_assets.selftest.evidence import workspace
 from corpus_assets.selftest.lab import Home, Lab, Ran
 
@@ -79,3 +82,58 @@ def audit_fields_forged(lab: Lab) -> Outcome:
         lost=NO_LOSS if honest.code == 0 else f"honest read refused: {honest.error_line()}",
         digests_equal=_verified(home, sid),
     )
+
+
+SECRET_ROWS = [  # (id, text, the secret that must not reach a canonical record)
+    ("cfg", "db:\n  host: db.internal\n  password: hunter2-Zq9\n", "hunter2-Zq9"),
+    ("env", "export API_KEY=AbC123xyz987 && ./deploy.sh --prod", "AbC123xyz987"),
+    ("url", "DATABASE_URL=postgresql://app:s3cr3t-Pw@db.example.com/shop", "s3cr3t-Pw"),
+]
+PROSE = ("prose", "Forgot the password field again? The secret garden is open on Sundays.")
+
+
+@fault(
+    "attack.8-secrets-in-key-value-lines",
+    "031",
+    "source lines holding password: ..., API_KEY=... and a URL's user:password@host",
+    "each value is redacted to [SECRET] (the key kept), counted as a secret in the record's "
+    "lineage; a prose line about passwords keeps every word",
+    catalog=False,
+)
+def secrets_in_key_value_lines(lab: Lab) -> Outcome:
+    home = lab.home("pii-secrets")
+    rows = [{"id": i, "text": text} for i, text, _ in SECRET_ROWS] + [
+        {"id": PROSE[0], "text": PROSE[1]}
+    ]
+    write_zstd_jsonl(home.sources / "part-000.jsonl.zst", rows)
+    home.configure([{"id": "cfg", "kind": "objects", "path": str(home.sources)}])
+    built = home.build("--partition", "p1")
+    counts: dict[str, dict[str, int]] = {}
+    leaked = []
+    for record, _text, secret in [*SECRET_ROWS, (*PROSE, None)]:
+        ran = home.cli(
+            "lineage", built.snapshot_id, "--record", f"cfg/{record}", "--format", "json"
+        )
+        counts[record] = _pii_counts(json.loads(ran.out)) if ran.code == 0 else {"?": 1}
+        if secret is not None and secret in ran.out:
+            leaked.append(record)
+    redacted = [r for r, _t, _s in SECRET_ROWS if counts[r].get("secret") == 1]
+    return Outcome(
+        observed=f"secrets counted in {len(redacted)} of {len(SECRET_ROWS)} records "
+        f"{counts}; prose redactions {counts[PROSE[0]] or 'none'}; leaked in lineage {leaked}",
+        matched=len(redacted) == len(SECRET_ROWS) and not counts[PROSE[0]] and not leaked,
+        lost=NO_LOSS,
+        digests_equal=_verified(home, built.snapshot_id),
+    )
+
+
+def _pii_counts(lineage: object) -> dict[str, int]:
+    """The record lineage's ``pii_redacted`` counts, wherever the document nests them."""
+    if isinstance(lineage, dict):
+        if isinstance(lineage.get("pii_redacted"), dict):
+            return lineage["pii_redacted"]
+        lineage = list(lineage.values())
+    for item in lineage if isinstance(lineage, list) else []:
+        if found := _pii_counts(item):
+            return found
+    return {}
