@@ -17,6 +17,7 @@ from corpus_assets import cli_interrupt
 from corpus_assets.cli_benchmarks import add_commands, with_add
 from corpus_assets.cli_catalog import (
     CliError,
+    audited,
     cli_actor,
     cmd_dedup,
     cmd_diff,
@@ -38,6 +39,7 @@ from corpus_assets.cli_selftest import add_selftest_command
 from corpus_assets.cli_status import cmd_status
 from corpus_assets.cli_trust import add_trust_command
 from corpus_assets.core.governance import gate, states
+from corpus_assets.core.governance.audit_fields import AuditFieldError
 from corpus_assets.core.ingest.pinning import PinError
 from corpus_assets.core.ingest.sources import SourceError
 from corpus_assets.core.release.export_run import FORMATS, ExportError
@@ -75,6 +77,7 @@ EXPECTED_ERRORS = (
     TrustRootError,
     TokenizerError,
     ExportError,
+    AuditFieldError,
 )
 EXIT_USAGE = 2  # argparse's code for a command line that cannot run
 
@@ -122,8 +125,12 @@ def _parser() -> argparse.ArgumentParser:
     add_gc_command(sub)
     add_trust_command(sub)
     _tokenizer_commands(sub)
+    run_fields = {"run_id": "--run-id", "purpose": "--purpose"}
     p = _command(
-        sub, "read", cmd_read, "training entry: take a permit for a digest and read it, verified"
+        sub,
+        "read",
+        audited(cmd_read, **run_fields),
+        "training entry: take a permit for a digest and read it, verified",
     )
     p.add_argument("digest", help="a snapshotId (an alias is never accepted)")
     p.add_argument("--run-id", required=True)
@@ -131,7 +138,7 @@ def _parser() -> argparse.ArgumentParser:
     p = _command(
         sub,
         "export",
-        cmd_export,
+        audited(cmd_export, **run_fields),
         "training read into Megatron .bin/.idx, MDS files or Croissant metadata, verified",
     )
     p.add_argument("format", choices=FORMATS)
@@ -180,7 +187,8 @@ def _build_commands(sub: Subcommands) -> None:
 
 
 def _publication_commands(sub: Subcommands) -> None:
-    p = _command(sub, "approve", cmd_approve, "approve a VALIDATED snapshot (bound to its digest)")
+    approve_cmd = audited(cmd_approve, by="--by")
+    p = _command(sub, "approve", approve_cmd, "approve a VALIDATED snapshot (bound to its digest)")
     p.add_argument("digest")
     p.add_argument("--by", required=True, help="who approves")
     p = _command(sub, "activate", cmd_activate, "activate an APPROVED snapshot on its alias now")
@@ -224,7 +232,8 @@ def _governance_commands(sub: Subcommands) -> None:
     target.add_argument("--object", help="raw object digest sha256:...")
     target.add_argument("--group", help="group id")
     add.add_argument("--reason", required=True)
-    add.set_defaults(run=cmd_tombstone_add)
+    tomb_fields = {"record": "--record", "object": "--object", "group": "--group"}
+    add.set_defaults(run=audited(cmd_tombstone_add, reason="--reason", **tomb_fields))
     show_hits = tomb.add_parser("hits", help="deletion lineage: snapshots, members, spans, runs")
     show_hits.add_argument("seq", type=int)
     add_commands(sub)  # benchmark add|list|remove, excluded

@@ -13,8 +13,16 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from corpus_assets.cli_catalog import CliError, cli_actor, print_json, storage, writing_storage
+from corpus_assets.cli_catalog import (
+    CliError,
+    audited,
+    cli_actor,
+    print_json,
+    storage,
+    writing_storage,
+)
 from corpus_assets.core.governance import benchmarks
+from corpus_assets.core.governance.audit_fields import AuditFieldError, audit_field
 from corpus_assets.core.ingest.codecs import CodecError, iter_lines
 from corpus_assets.core.records.index import CanonicalIndex
 from corpus_assets.core.records.normalize import dedup_key, is_blank
@@ -53,7 +61,7 @@ def add_commands(sub: Any) -> None:
     add.add_argument("name", help="benchmark name")
     add.add_argument("file", help="JSONL file of benchmark items, plain, gzip or zstd")
     add.add_argument("--text-field", default="text")
-    add.set_defaults(run=cmd_benchmark_add)
+    add.set_defaults(run=audited(cmd_benchmark_add, name="benchmark name"))
     listing = actions.add_parser("list", help="per benchmark: active items, seqs, times (JSON)")
     listing.set_defaults(run=cmd_benchmark_list)
     remove = actions.add_parser("remove", help="withdraw a benchmark or some of its items")
@@ -61,7 +69,7 @@ def add_commands(sub: Any) -> None:
     remove.add_argument(
         "--item", action="append", help="item id (NAME/ID or ID), repeatable; default: all"
     )
-    remove.set_defaults(run=cmd_benchmark_remove)
+    remove.set_defaults(run=audited(cmd_benchmark_remove, name="benchmark name", item="--item"))
     about = "a snapshot's excluded rows: source, object, line, reason (never their text), JSONL"
     p = sub.add_parser("excluded", help=about, description=about)
     p.add_argument("digest", help="snapshotId")
@@ -123,6 +131,10 @@ def _parse(
         raise CliError(f"{where}: field {text_field!r} is {shown}")
     if isinstance(local, bool) or not isinstance(local, str | int) or local == "":
         raise CliError(f"{where}: 'id' must be a non-empty string or an integer")
+    try:
+        audit_field("id", str(local))  # item ids are recorded in the registry's audit rows
+    except AuditFieldError as error:
+        raise CliError(f"{where}: {error}") from None
     try:
         data = text.encode("utf-8")
     except UnicodeEncodeError as error:

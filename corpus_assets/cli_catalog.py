@@ -7,7 +7,7 @@ import argparse
 import getpass
 import json
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
@@ -15,6 +15,7 @@ from typing import Any
 
 from corpus_assets.core.dedup.explain import explain
 from corpus_assets.core.governance import tombstones
+from corpus_assets.core.governance.audit_fields import audit_field
 from corpus_assets.core.governance.lineage import tombstone_hits
 from corpus_assets.core.release.export_run import check_out_folder, export_snapshot
 from corpus_assets.core.release.lineage_graph import lineage_prov, snapshot_lineage
@@ -59,8 +60,28 @@ def note(text: str) -> None:
 
 
 def cli_actor() -> str:
-    """Who a registry or alias change made from the CLI is recorded as."""
-    return f"cli:{getpass.getuser()}"
+    """Who a registry or alias change made from the CLI is recorded as (the login name comes
+    from ``$LOGNAME``/``$USER`` first, so it is an audit field like any other)."""
+    return audit_field("actor (login name)", f"cli:{getpass.getuser()}")
+
+
+Command = Callable[[argparse.Namespace], int]
+
+
+def audited(run: Command, **fields: str) -> Command:
+    """``run`` behind the boundary check of the audit fields it writes to the catalog: each
+    keyword maps an argument's ``dest`` to the name its one-line refusal shows (the flag), and
+    the check runs before the command opens anything (``core.governance.audit_fields``)."""
+
+    def checked(args: argparse.Namespace) -> int:
+        for dest, shown in fields.items():
+            given = getattr(args, dest, None)
+            for value in given if isinstance(given, list) else [given]:
+                if value is not None:
+                    audit_field(shown, value)
+        return run(args)
+
+    return checked
 
 
 def cmd_show(args: argparse.Namespace) -> int:

@@ -11,6 +11,7 @@ import time
 from typing import Any
 
 from corpus_assets.cli_catalog import storage
+from corpus_assets.core.governance.audit_fields import shown
 from corpus_assets.core.governance.history import Move, alias_moves
 
 COLUMNS = ("when (UTC)", "snapshot", "move", "actor", "gen", "tomb", "bench", "detail")
@@ -46,7 +47,7 @@ def _cells(move: Move) -> list[str]:
     def fence(value: int | None) -> str:
         return "?" if value is None else str(value)
 
-    return [
+    cells = [
         time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(move.at)),
         move.snapshot_id,
         f"{move.from_state or '-'} -> {move.to_state}",
@@ -56,3 +57,4 @@ def _cells(move: Move) -> list[str]:
         fence(move.benchmark_fence),
         move.detail,
     ]
+    return [shown(cell) for cell in cells]  # a row written unchecked stays one line

@@ -3,7 +3,8 @@
 No Docker engine here: the file is validated against the official Compose Specification
 schema (vendored, see data/README.md), and the properties a schema cannot see are asserted:
 the UI only on the host's loopback, a health-checked database every Dagster service waits
-for, exactly one daemon, one shared data volume, and names that agree with deploy/dagster.yaml,
+for, no default password (each required from the environment), exactly one daemon, one shared
+data volume, and names that agree with deploy/dagster.yaml,
 deploy/workspace.yaml, deploy/initdb.sql and deploy/Dockerfile. Each property check also runs
 on a broken copy, so a regression fails here.
 """
@@ -88,6 +89,29 @@ def problems(compose: dict[str, Any]) -> list[str]:
     replicas = services.get("daemon", {}).get("deploy", {}).get("replicas", 1)
     if daemons != ["daemon"] or replicas != 1:
         found.append(f"daemons: {daemons} x {replicas}, not exactly one")
+    return found + default_passwords(compose)
+
+
+SECRET_NAME = re.compile(r"PASSWORD|PASSWD|SECRET|TOKEN", re.IGNORECASE)
+# ``${VAR}`` with a default (``:-``, ``-``) or alternative (``:+``, ``+``), or none at all
+UNGUARDED = re.compile(r"\$\{(?P<var>\w+)(?P<op>:?[-+][^}]*)?\}")
+
+
+def default_passwords(compose: dict[str, Any]) -> list[str]:
+    """Secrets the file would supply itself: a password-like variable without ``${VAR:?msg}``
+    (Compose then refuses to start until the operator sets it), or a literal value."""
+    found = []
+    for name, service in compose["services"].items():
+        environment = service.get("environment", {})
+        if isinstance(environment, list):
+            environment = dict(item.split("=", 1) for item in environment)
+        for key, value in environment.items():
+            text = str(value)
+            for use in UNGUARDED.finditer(text):
+                if SECRET_NAME.search(use["var"]):
+                    found.append(f"{name}: {key} takes ${{{use['var']}}} without ':?'")
+            if SECRET_NAME.search(key) and "${" not in text:
+                found.append(f"{name}: {key} has a literal value")
     return found
 
 
@@ -117,6 +141,15 @@ def test_deployment_properties_hold() -> None:
     assert problems(_compose()) == []
 
 
+def test_no_default_password_ships() -> None:
+    """Every password in the file comes from the operator's environment, required with a
+    message: ``${POSTGRES_PASSWORD:?...}`` (README "Deploy": how to set it)."""
+    text = (ROOT / "docker-compose.yml").read_text()
+    uses = re.findall(r"\$\{(POSTGRES_PASSWORD)(:\?[^}]+)?\}", text)
+    assert uses and all(op.startswith(":?") and len(op) > 10 for _, op in uses), uses
+    assert default_passwords(_compose()) == []
+
+
 @pytest.mark.parametrize(
     ("service", "key", "value", "problem"),
     [
@@ -128,6 +161,10 @@ def test_deployment_properties_hold() -> None:
         ("daemon", "depends_on", {"postgres": {"condition": "service_started"}}, "daemon does"),
         ("code", "volumes", [], "code does not mount the data volume"),
         ("daemon", "deploy", {"replicas": 2}, "not exactly one"),
+        ("postgres", "environment", {"POSTGRES_PASSWORD": "${POSTGRES_PASSWORD:-corpus}"}, "':?'"),
+        ("postgres", "environment", {"POSTGRES_PASSWORD": "${POSTGRES_PASSWORD}"}, "':?'"),
+        ("postgres", "environment", {"POSTGRES_PASSWORD": "corpus"}, "a literal value"),
+        ("code", "environment", {"CORPUS_HOME": "/d", "X": "pg://u:${PG_PASSWORD-x}@h"}, "':?'"),
     ],
 )
 def test_a_broken_property_is_caught(service: str, key: str, value: Any, problem: str) -> None:

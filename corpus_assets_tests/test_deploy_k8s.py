@@ -7,6 +7,7 @@ renders into a real ``DagsterInstance`` on the local PostgreSQL.
 """
 
 import importlib
+import re
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -150,3 +151,72 @@ def test_dagster_instance_loads_on_postgres(
         assert type(instance.run_coordinator).__name__ == "QueuedRunCoordinator"
     finally:
         instance.dispose()
+
+
+SECRET_KEY = re.compile(r"password|passwd|secret|token", re.IGNORECASE)
+LOCALHOST = ("127.0.0.1", "localhost")
+
+
+def exposure_problems(manifests: dict[str, Any]) -> list[str]:
+    """What the recipe would ship open: a password with a value in a manifest (a Secret the
+    operator creates is the only source), a chart told to generate its password Secret from
+    such a value, or a Ray dashboard (jobs API: runs any code) on other than loopback."""
+    found = []
+
+    def walk(node: Any, where: str) -> None:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                names_a_secret = str(key).endswith(("Secret", "SecretName", "_secret"))
+                literal = isinstance(value, str | int) and value != ""
+                if SECRET_KEY.search(str(key)) and literal and not names_a_secret:
+                    found.append(f"{where}.{key} has a literal value")
+                walk(value, f"{where}.{key}")
+        elif isinstance(node, list):
+            for i, item in enumerate(node):
+                walk(item, f"{where}[{i}]")
+
+    for name, manifest in manifests.items():
+        walk(manifest, name)
+    if manifests["values.yaml"].get("generatePostgresqlPasswordSecret") is not False:
+        found.append("values.yaml: the chart would generate the password Secret from values")
+    head = manifests["raycluster.yaml"]["spec"]["headGroupSpec"]
+    if head["rayStartParams"].get("dashboard-host") not in LOCALHOST:
+        found.append("raycluster.yaml: the Ray dashboard binds beyond loopback")
+    return found
+
+
+def _manifests() -> dict[str, Any]:
+    return {path.name: _load(path.name) for path in sorted(K8S.glob("*.yaml"))}
+
+
+def test_no_default_password_and_a_loopback_ray_dashboard() -> None:
+    manifests = _manifests()
+    assert exposure_problems(manifests) == []
+    for container in _ray_containers():  # nothing publishes the dashboard's port either
+        assert 8265 not in [port["containerPort"] for port in container.get("ports", [])]
+
+
+@pytest.mark.parametrize(
+    ("edit", "problem"),
+    [
+        (lambda m: m["values.yaml"]["postgresql"].update(postgresqlPassword="x"), "literal"),
+        (lambda m: m["values.yaml"].update(generatePostgresqlPasswordSecret=True), "generate"),
+        (lambda m: m["values.yaml"].pop("generatePostgresqlPasswordSecret"), "generate"),
+        (
+            lambda m: m["raycluster.yaml"]["spec"]["headGroupSpec"]["rayStartParams"].update(
+                {"dashboard-host": "0.0.0.0"}
+            ),
+            "dashboard binds",
+        ),
+        (
+            lambda m: m["raycluster.yaml"]["spec"]["headGroupSpec"]["rayStartParams"].pop(
+                "dashboard-host"
+            ),
+            "dashboard binds",
+        ),
+    ],
+)
+def test_a_default_password_or_open_dashboard_is_caught(edit: Any, problem: str) -> None:
+    manifests = _manifests()
+    edit(manifests)
+    assert any(problem in found for found in exposure_problems(manifests))

@@ -13,6 +13,7 @@ import zstandard
 
 from corpus_assets.core.records import pii
 from corpus_assets.core.records.pii import Redaction, redact, redact_parts
+from corpus_assets.core.runtime.code_identity import PACKAGE_ROOT, _closure
 
 CORPORA = Path(__file__).parents[2] / "shared" / "corpora"
 
@@ -202,7 +203,6 @@ def test_an_aws_secret_after_its_name_is_redacted(shape: str) -> None:
         f"aws_secret_access_key = {AWS_SECRET[:39]}",
         "aws_secret_access_key = os.environ['AWS_SECRET_ACCESS_KEY']",
         "SECRET_ACCESS_KEY_LENGTH = 40",
-        f"secret_key = {AWS_SECRET}",  # not the access key's name
     ],
 )
 def test_forty_characters_without_the_aws_secret_name_stay(text: str) -> None:
@@ -235,3 +235,88 @@ def _finditer_spans(text: str) -> list[tuple[int, int, str]]:
     for m in pii._NUMBERS.finditer(text):
         pii._number_span(text, m, spans)
     return spans
+
+
+# Key-value secrets (issue 31): the value after a password/secret/API-key/token name goes, the
+# name and the quoting stay. Each: (line as it appears in real files, the line redacted).
+KEY_VALUE = [
+    ("password=hunter2", "password=[SECRET]"),
+    ("export DB_PASSWORD=s3cr3t!", "export DB_PASSWORD=[SECRET]"),
+    ("MYSQL_PWD='p@ss w0rd' mysql -u root", "MYSQL_PWD='[SECRET]' mysql -u root"),
+    ("mysql -u root --password=hunter2 shop", "mysql -u root --password=[SECRET] shop"),
+    ("  passwd: hunter2", "  passwd: [SECRET]"),
+    ("password: hunter2   # change me", "password: [SECRET]   # change me"),
+    ('  password: "correct horse battery staple"', '  password: "[SECRET]"'),
+    ('{"user": "bob", "password": "hunter2"}', '{"user": "bob", "password": "[SECRET]"}'),
+    ("client_secret = 'Zx9-Qw8_Er7'", "client_secret = '[SECRET]'"),
+    ("secret=sauce42 ./run.sh", "secret=[SECRET] ./run.sh"),
+    ("spring.datasource.password = tiger!42", "spring.datasource.password = [SECRET]"),
+    ("GET /cb?code=7&api_key=AbC123xyz&page=2", "GET /cb?code=7&api_key=[SECRET]&page=2"),
+    ('headers = {"X-Api-Key": "k-93jf83j"}', 'headers = {"X-Api-Key": "[SECRET]"}'),
+    ("access_token: ya29.a0AfH6SM", "access_token: [SECRET]"),
+    ("passphrase => 'open sesame'", "passphrase => '[SECRET]'"),
+    (f"secret_key = {AWS_SECRET}", "secret_key = [SECRET]"),
+    (
+        "postgresql://bob:hunter2@db.example.com:5432/shop",
+        "postgresql://bob:[SECRET]@db.example.com:5432/shop",
+    ),
+    ("s3://AKID:wJalr%2Fxyz@bucket/key", "s3://AKID:[SECRET]@bucket/key"),
+]
+
+
+@pytest.mark.parametrize(("line", "redacted"), KEY_VALUE)
+def test_a_key_value_secret_keeps_its_key(line: str, redacted: str) -> None:
+    assert redact_parts(line) == (redacted, {"secret": 1})
+    assert redact_parts(redacted) == (redacted, {})
+
+
+KEY_VALUE_KEPT = [
+    "Enter the password field and press return.",
+    "Behind the wall there was a secret garden.",
+    "The password: is asked for twice, then stored.",
+    "Passwords: see the administrator's guide.",
+    "passwd: Authentication token manipulation error",
+    "password: none",
+    "def login(user: str, password: str) -> bool:",
+    "    password: str",
+    "if password == stored and token != other:",
+    "password = getpass.getpass()",
+    "password = os.environ['DB_PASSWORD']",
+    "token = next(tokens)",
+    'password = ""',
+    "password=$DB_PASSWORD pwd=$(pwd) secret=${SECRET} api_key=<your key> password=%s",
+    "PWD=/home/bob OLDPWD=/tmp",
+    "mypassword=x and passwordHash=abc",
+    "https://example.com:8443/path?page=2 and ftp://ftp.example.com:21/pub",
+    "postgresql://${USER}:${PASSWORD}@db/shop",
+]
+
+
+@pytest.mark.parametrize("text", KEY_VALUE_KEPT)
+def test_prose_code_and_placeholders_keep_their_words(text: str) -> None:
+    assert redact_parts(text) == (text, {})
+
+
+def test_the_python_stdlib_keeps_its_code() -> None:
+    """The real standard library (getpass, smtplib, ftplib, zipfile, urllib) names passwords all
+    over - ``pwd=None``, ``passwd=passwd``, ``password = getpass.getpass()`` - and keeps every
+    one; only its two literal example passwords go (a docstring's ``password: sekrit`` and a
+    ``passwd='kadidd!ehopper'`` argument)."""
+    shards = sorted((CORPORA / "python-stdlib").glob("*.jsonl.zst"))
+    if not shards:
+        pytest.skip(f"shared corpora not present at {CORPORA}")
+    shapes: set[str] = set()
+    for shard in shards:
+        with shard.open("rb") as raw, zstandard.ZstdDecompressor().stream_reader(raw) as reader:
+            lines = reader.read().decode("utf-8").splitlines()
+        for line in lines:
+            text, _counts = redact_parts(json.loads(line)["text"])
+            shapes.update(m.group().strip() for m in re.finditer(r".*\[SECRET\].*", text))
+    assert shapes == {"password: [SECRET]", "passwd='[SECRET]')"}
+
+
+def test_the_secret_rules_are_in_the_canonical_code_identity() -> None:
+    """Redaction changes record bytes: the rules' module is in the canonical stage's import
+    closure, so editing it re-runs canonical chunks (``runtime/code_identity``)."""
+    closure = _closure("corpus_assets.core.records.layer", PACKAGE_ROOT)
+    assert "corpus_assets/core/records/pii_secrets.py" in closure

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from corpus_assets.core.records import pii
+from corpus_assets.core.records import pii, pii_secrets
 from corpus_assets.core.records.pii import redact_parts
 from corpus_assets.core.records.text_chunks import line_cuts
 
@@ -45,17 +45,8 @@ def old_redact_parts(text: str) -> tuple[str, dict[str, int]]:
         if present:
             text, n = pattern.subn(placeholder, text)
             secrets += n
-    for check, pattern, placeholder in (
-        (lambda t: "AKIA" in t or "ASIA" in t, pii._AWS, "[SECRET]"),
-        (lambda t: "ecret" in t or "ECRET" in t, pii._AWS_SECRET, r"\g<name>[SECRET]"),
-        (lambda t: "_" in t and pii._GITHUB_HINT.search(t), pii._GITHUB, "[SECRET]"),
-        (lambda t: "xox" in t, pii._SLACK, "[SECRET]"),
-        (lambda t: "sk-" in t, pii._SK, "[SECRET]"),
-        (lambda t: "eyJ" in t, pii._JWT, "[SECRET]"),
-    ):
-        if check(text):
-            text, n = pattern.subn(placeholder, text)
-            secrets += n
+    text, n = pii_secrets.redact_line_secrets(text)  # token shapes and key-value secrets
+    secrets += n
     if secrets:
         counts["secret"] = secrets
     if "@" in text:

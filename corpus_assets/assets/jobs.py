@@ -4,12 +4,13 @@ from collections.abc import Mapping
 from typing import Any
 
 import dagster as dg
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from corpus_assets.assets.layers import LAYER_ASSETS
 from corpus_assets.assets.lifecycle import moved_observations, state_observation
 from corpus_assets.assets.resources import CorpusResource
 from corpus_assets.core.governance import states
+from corpus_assets.core.governance.audit_fields import audit_field
 from corpus_assets.core.governance.gate import GateError
 from corpus_assets.core.release.publish import NEWEST_VALIDATED, activate, approval_target, approve
 from corpus_assets.core.release.shadow import shadow_diff
@@ -86,10 +87,19 @@ class ApprovalConfig(dg.Config):
         "(its run id, and the launching user where Dagster records one), never alone.",
     )
 
+    @field_validator("approver")
+    @classmethod
+    def _one_line(cls, value: str) -> str:
+        """An audit field: refused at launch with a line break or control character in it."""
+        return audit_field("approver", value)
+
 
 def approver_identity(run_id: str, tags: Mapping[str, str], claimed: str) -> str:
-    """``approved_by`` for a run: OSS Dagster records no user, Dagster+ tags ``dagster/user``."""
-    parts = [f"user:{tags['dagster/user']}"] if tags.get("dagster/user") else []
+    """``approved_by`` for a run: OSS Dagster records no user, Dagster+ tags ``dagster/user``.
+    Both the tag and the claim are audit fields, checked as they enter."""
+    user = audit_field("dagster/user", tags.get("dagster/user") or "")
+    audit_field("approver", claimed)
+    parts = [f"user:{user}"] if user else []
     parts.append(f"dagster-run:{run_id}")
     if claimed.strip():
         parts.append(f"claimed:{claimed.strip()}")

@@ -30,6 +30,7 @@ from sqlalchemy import (
 )
 
 from corpus_assets.core.governance import gate
+from corpus_assets.core.governance.audit_fields import audit_field
 from corpus_assets.core.storage import failpoints
 from corpus_assets.core.storage.catalog import Catalog, benchmark_items
 
@@ -114,6 +115,7 @@ def register(
     """Register items (in item id order) and advance every alias's benchmark fence to the last
     new one; ids already active with the same text are skipped, another text is refused."""
     chosen = _one_per_id(items)
+    _audit(benchmark, chosen, actor)
     failpoints.hit("fence/benchmark")  # the fault self-test races activation from here
     with catalog.begin() as conn:
         gate.lock_registrations(conn)  # before reading what is active
@@ -139,6 +141,7 @@ def remove(
     catalog: Catalog, benchmark: str, item_ids: Sequence[str] | None = None, actor: str = ""
 ) -> Change:
     """Withdraw a whole benchmark, or the given item ids of it, and advance every fence."""
+    _audit(benchmark, item_ids or (), actor)
     with catalog.begin() as conn:
         gate.lock_registrations(conn)  # before reading what is active
         wanted = sorted(set(item_ids)) if item_ids is not None else None
@@ -221,6 +224,15 @@ def _one_per_id(items: Iterable[BenchmarkItem]) -> dict[str, BenchmarkItem]:
                 f"({first.where or 'first'}, {item.where or 'second'}); nothing was registered"
             )
     return chosen
+
+
+def _audit(benchmark: str, item_ids: Iterable[str], actor: str | None) -> None:
+    """The registry's audit fields, checked before anything is written (``audit_fields``)."""
+    audit_field("benchmark", benchmark, benchmark_items.c.benchmark)
+    if actor is not None:
+        audit_field("actor", actor, benchmark_items.c.actor)
+    for item_id in item_ids:
+        audit_field("item_id", item_id, benchmark_items.c.item_id)
 
 
 def _row(

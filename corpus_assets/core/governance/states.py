@@ -24,6 +24,7 @@ from typing import Any
 
 from sqlalchemy import Connection, func, insert, select, update
 
+from corpus_assets.core.governance.audit_fields import audit_field
 from corpus_assets.core.storage.catalog import Catalog, freezes, snapshot_events, snapshots
 
 BUILDING, VALIDATED, APPROVED, ACTIVE = "BUILDING", "VALIDATED", "APPROVED", "ACTIVE"
@@ -171,6 +172,7 @@ def approve(catalog: Catalog, snapshot_id: str, by: str) -> Snapshot:
     """VALIDATED -> APPROVED, recording who approved (the rules are ``publish.approve``'s)."""
     if not by.strip():
         raise StateError("approval needs a non-empty --by name")
+    audit_field("approved_by", by, snapshots.c.approved_by)
     with catalog.begin() as conn:
         _move(conn, snapshot_id, VALIDATED, APPROVED, by, "approved", approved_by=by)
     return get(catalog, snapshot_id)
@@ -327,6 +329,7 @@ def _event(
     actor: str,
     detail: str | None,
 ) -> None:
+    audit_field("actor", actor, snapshot_events.c.actor)  # every state move writes it here
     conn.execute(
         insert(snapshot_events).values(
             snapshot_id=snapshot_id,

@@ -15,7 +15,10 @@ next to a number does not hide it.
   value after ``[aws_]secret_access_key``/``SecretAccessKey`` and ``=``, ``:``, ``=>`` or ``:=``
   (any case, quotes optional; the name stays; never 40 chars without it), GitHub tokens
   ``gh[pousr]_`` + 36 and ``github_pat_``, Slack ``xox[abprs]-``, ``sk-`` + 20 alphanumerics
-  (and ``sk-proj-``/``sk-ant-`` style keys), JWT-shaped ``eyJ..eyJ..`` triples.
+  (and ``sk-proj-``/``sk-ant-`` style keys), JWT-shaped ``eyJ..eyJ..`` triples; and the value
+  after a password, secret, API-key or token name (``password=...``, ``passwd: ...``,
+  ``"api_key": "..."``) or in a URL's user-info (``scheme://user:PASSWORD@host``), the name
+  kept, prose and code left alone (the rules are ``pii_secrets``'s).
 - ``email`` ``[EMAIL]``: ASCII local part ``@`` dotted domain with a 2+ letter TLD.
 - ``payment_card`` ``[CARD]``: 13-19 digits, one unbroken run or 4-4-4-x / 4-6-x groups with
   one consistent space or dash, with a card network's prefix and length, Luhn-valid.
@@ -47,6 +50,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from corpus_assets.core.records.pii_secrets import redact_line_secrets
 from corpus_assets.core.records.text_chunks import rewrite_chunks, splice
 
 
@@ -61,35 +65,13 @@ class Redaction:
 _A = re.ASCII
 
 # Secrets: one pattern per family, each starting with its literal and run only when a cheap
-# substring test says the literal is there.
+# substring test says the literal is there (all but PEM in ``pii_secrets``).
 _PEM = re.compile(
     r"-----BEGIN (?P<label>(?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?)-----"
     r"(?:[\s\S]{0,65536}?-----END (?P=label)-----"
     # no END: the header lines, a blank line only before base64, whole base64 lines
     r"|(?:\r?\n(?:[A-Za-z-]+: [^\r\n]*|[ \t]*(?=\r?\n[A-Za-z0-9+/]{16})"
     r"|[A-Za-z0-9+/=]{4,}(?=[ \t]*(?:\r?\n|\Z))))*)",
-    _A,
-)
-_AWS = re.compile(r"A(?<![A-Za-z0-9]A)(?:KIA|SIA)[0-9A-Z]{16}(?![A-Za-z0-9])", _A)
-_AWS_SECRET = re.compile(
-    r"(?P<name>(?i:secret_?access_?key)[\"']?\]?[ \t]*(?:=>|:=|[=:])[ \t]*[\"']?)"
-    r"[A-Za-z0-9/+]{40}(?![A-Za-z0-9/+=])",
-    _A,
-)
-_GITHUB = re.compile(
-    r"g(?<![A-Za-z0-9_]g)(?:h[pousr]_[A-Za-z0-9]{36,251}|ithub_pat_[A-Za-z0-9_]{22,244})"
-    r"(?![A-Za-z0-9_])",
-    _A,
-)
-_GITHUB_HINT = re.compile(r"gh[pousr]_|github_pat_", _A)
-_SLACK = re.compile(r"xox[abprs]-(?<![A-Za-z0-9_-]xox.-)[A-Za-z0-9-]{10,}", _A)
-_SK = re.compile(
-    r"sk-(?<![A-Za-z0-9_-]sk-)(?:[A-Za-z0-9]{20,}|(?:proj|ant|svcacct|admin)-[A-Za-z0-9_-]{20,})",
-    _A,
-)
-_JWT = re.compile(
-    r"eyJ(?<![A-Za-z0-9_-]eyJ)[A-Za-z0-9_-]{4,}\.eyJ[A-Za-z0-9_-]{2,}\.[A-Za-z0-9_-]*"
-    r"(?![A-Za-z0-9_-])",
     _A,
 )
 # Email is found from its '@': the domain by regex, the local part by a bounded look back.
@@ -411,25 +393,7 @@ def _redact_long(text: str) -> tuple[str, dict[str, int]]:
 
 def _redact_lines(text: str, counts: dict[str, int], ipv6: str) -> str:
     """Every rule but PEM (none crosses a line), counting by type (IPv6 under ``ipv6``)."""
-    secrets = 0
-    if "AKIA" in text or "ASIA" in text:
-        text, n = _AWS.subn("[SECRET]", text)
-        secrets += n
-    if "ecret" in text or "ECRET" in text:
-        text, n = _AWS_SECRET.subn(r"\g<name>[SECRET]", text)  # the name says what was there
-        secrets += n
-    if "_" in text and _GITHUB_HINT.search(text):
-        text, n = _GITHUB.subn("[SECRET]", text)
-        secrets += n
-    if "xox" in text:
-        text, n = _SLACK.subn("[SECRET]", text)
-        secrets += n
-    if "sk-" in text:
-        text, n = _SK.subn("[SECRET]", text)
-        secrets += n
-    if "eyJ" in text:
-        text, n = _JWT.subn("[SECRET]", text)
-        secrets += n
+    text, secrets = redact_line_secrets(text)
     if secrets:
         counts["secret"] = counts.get("secret", 0) + secrets
     if "@" in text and (spans := _email_spans(text)):

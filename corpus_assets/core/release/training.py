@@ -22,6 +22,7 @@ from sqlalchemy import Connection, insert, select
 from sqlalchemy.exc import IntegrityError
 
 from corpus_assets.core.governance import states
+from corpus_assets.core.governance.audit_fields import audit_field
 from corpus_assets.core.release.block_reader import (
     BlockReader,
     BlockStream,
@@ -81,8 +82,10 @@ def take_permit(
     id is not empty; a run that already holds a permit gets it back (``resumed``) if it names the
     same snapshot and purpose, and is refused otherwise; the snapshot is ACTIVE; its manifest
     verifies and its purpose equals ``purpose``; its tombstone watermark and benchmark fence equal
-    the alias gate row's current values.
+    the alias gate row's current values; run id and purpose are audit fields (no control
+    characters or line breaks: ``audit_fields``).
     """
+    audit_field("purpose", purpose, permits.c.purpose)
     snapshot = _requested(catalog, snapshot_id, run_id)
     existing = _permit_for_run(catalog, run_id)
     if existing is not None:
@@ -115,6 +118,7 @@ def _requested(catalog: Catalog, snapshot_id: str, run_id: str) -> states.Snapsh
         )
     if not isinstance(run_id, str) or not run_id.strip():
         raise TrainingError(f"snapshot {snapshot_id}: a permit needs a non-empty run id")
+    audit_field("run_id", run_id, permits.c.run_id)
     try:
         return resolve(catalog, snapshot_id)
     except states.StateError:

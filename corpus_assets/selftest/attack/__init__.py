@@ -7,6 +7,9 @@ per trust promise registers its cases:
 
 - ``accounting`` (point 4, first half): a repeated record id with another text is quarantined as
   ``id.conflict`` and counted; a members row dropped and re-signed is refused by ``counts_add_up``.
+- ``audit`` (point 8, audit trail): a newline in ``approve --by``, a tombstone reason, a
+  permit's run id or purpose is refused naming the field; ``history`` shows no forged row; a
+  ``password: ...``, ``API_KEY=...`` or ``user:password@host`` source line is redacted.
 - ``errors`` (point 8, first half): one-line errors before a partition is added, a secret in an
   ``s3://`` URL masked, Ctrl-C during a build.
 - ``leakage`` (point 7): a near pair dedup's LSH missed, hashed to two splits, ends in one.
@@ -20,6 +23,7 @@ per trust promise registers its cases:
 
 from corpus_assets.selftest.attack import (
     accounting,  # noqa: F401
+    audit,  # noqa: F401
     errors,  # noqa: F401
     leakage,  # noqa: F401
     signatures,  # noqa: F401
