@@ -34,7 +34,13 @@ _LAYER_OUTPUTS: dict[str, tuple[tuple[str, str], ...]] = {
         ("report", LEAF),  # a JSON document of figures, no refs
         ("signatures[].signatures", LEAF),
     ),
-    "splits": (("splits", LEAF), ("split_moves", LEAF), ("split_conflicts", LEAF), *_TOKENS),
+    "splits": (
+        ("splits", LEAF),
+        ("split_moves", LEAF),
+        ("split_conflicts", LEAF),
+        ("heldout_pairs", LEAF),
+        *_TOKENS,
+    ),
     "mixed_samples": (("samples", LEAF), *_TOKENS),
     "packed_blocks": (
         ("shard_index", LEAF),  # names its shards by digest; the index lists their refs
