@@ -410,8 +410,8 @@ def test_the_fitted_bpe_never_learns_what_only_held_out_records_say(
 
 
 def test_a_repeated_id_packs_the_text_dedup_kept(workspace: Workspace) -> None:
-    """Two rows with one record id: the sample is the dedup representative's row (the longer
-    text, in a later object), not the first row of that id in index order."""
+    """Two rows with one record id and other texts: the later row (a longer text, in a later
+    object) is quarantined as ``id.conflict``; the sample is the first row's text."""
     longer = " ".join(["a much longer text that now stands for this record id"] * 20)
     path = workspace.home / "demo-sources" / "essays" / "essays-00002.jsonl"
     path.write_text(json.dumps({"id": "e0000", "text": longer}) + "\n")
@@ -423,19 +423,22 @@ def test_a_repeated_id_packs_the_text_dedup_kept(workspace: Workspace) -> None:
     with open_workspace(config) as ws:
         build_all(ws, "p1")
         _packed_outputs, tokens, block, spans = _packed(ws, "p1", "<u2")
+        rows = CanonicalIndex.read(ws, "p1")[1].table(["record_id", "text"]).to_pylist()
+    first = next(r["text"] for r in rows if r["record_id"] == "essays/e0000")
     mine = sorted(
         (s for s in spans if s["record_id"] == "essays/e0000"), key=lambda s: s["record_offset"]
     )
     covered = sum(s["end"] - s["start"] for s in mine)
-    assert mine and mine[0]["record_offset"] == 0 and covered == len(longer.encode()) + 1
-    _check_spans(tokens, block, mine, {"essays/e0000": [*longer.encode(), 256]})
+    assert first != longer
+    assert mine and mine[0]["record_offset"] == 0 and covered == len(first.encode()) + 1
+    _check_spans(tokens, block, mine, {"essays/e0000": [*first.encode(), 256]})
 
 
 def test_a_repeated_id_is_one_mixing_candidate_with_the_kept_rows_tokens(
     workspace: Workspace,
 ) -> None:
     """Two rows with one record id: mixing counts the record once, with the tokens of the row
-    dedup kept (the longer text), so the stream and the report agree with packing."""
+    dedup kept (the first; the longer one is an id.conflict), so stream and report agree."""
     longer = " ".join(["a much longer text that now stands for this record id"] * 20)
     path = workspace.home / "demo-sources" / "essays" / "essays-00002.jsonl"
     path.write_text(json.dumps({"id": "e0000", "text": longer}) + "\n")

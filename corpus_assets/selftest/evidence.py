@@ -6,6 +6,7 @@ through the code under test's own verdicts alone.
 """
 
 import hashlib
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -14,6 +15,7 @@ from pathlib import Path
 
 from sqlalchemy import func, select
 
+from corpus_assets.core.release.trust_root import TRUST_ENV
 from corpus_assets.core.runtime.workspace import Workspace, open_workspace
 from corpus_assets.core.storage.catalog import chunk_tasks
 from corpus_assets.core.storage.tasks import RUNNING
@@ -22,11 +24,19 @@ from corpus_assets.selftest.lab import Home
 
 @contextmanager
 def workspace(home: Home) -> Iterator[Workspace]:
+    """The home opened in this process, trusting what its CLI processes trust (the lab's trust
+    file, not this process's own)."""
+    before = os.environ.get(TRUST_ENV)
+    os.environ[TRUST_ENV] = str(home.trust_file)
     ws = open_workspace(home.config)
     try:
         yield ws
     finally:
         ws.catalog.engine.dispose()
+        if before is None:
+            os.environ.pop(TRUST_ENV, None)
+        else:
+            os.environ[TRUST_ENV] = before
 
 
 def intact(ws: Workspace, digest: str) -> bool:

@@ -8,6 +8,7 @@ in the CAS, and copies the files out through the CAS's verifying reader. The doc
 names the export; a copy elsewhere is checkable file by file.
 """
 
+import errno
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -31,14 +32,16 @@ class ExportError(ValueError):
 
 
 def check_out_folder(directory: Path) -> None:
-    """Before the permit is taken and a block read: ``directory`` is, or can be made, a folder
-    that takes new files. An existing file is never replaced."""
+    """Before the permit is taken and a block read: ``directory``, or its nearest existing
+    parent, is a folder that takes new files. An existing file is never replaced."""
     if directory.exists() and not directory.is_dir():
         raise ExportError(f"export --out {directory}: not a folder (a file is there; kept)")
+    existing = next(p for p in (directory, *directory.parents) if p.exists())
     try:
-        directory.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=directory, prefix=".writable-"):
-            pass
+        if not existing.is_dir():
+            raise NotADirectoryError(errno.ENOTDIR, "a file is on the way", str(existing))
+        with tempfile.NamedTemporaryFile(dir=existing, prefix=".writable-"):
+            pass  # nothing is made before the permit: a refused export leaves no folder
     except OSError as error:
         raise ExportError(
             f"export --out {directory}: not a writable folder ({error.strerror})"

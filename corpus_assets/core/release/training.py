@@ -1,15 +1,15 @@
 """The training entry point: a run names a snapshot by digest, takes a permit, reads verified bytes.
 
-Seed 001: the training API accepts only a manifest digest. An alias is resolved once, explicitly
-(``resolve_alias``), and the caller records the digest it got; nothing else here accepts an alias
-or "latest". ``take_permit`` checks the snapshot in the same gate that activation uses (ACTIVE,
-purpose, tombstone watermark and benchmark fence equal to the alias gate row) and records a permit
-bound to the digest and the run id, in one transaction with the gate row read. A run that resumes
-gets its original permit back (even if the alias moved on or a fence advanced since: its pinned
-inputs do not change); the same run id with another digest is refused, since changed data means a
-new run. ``TrainingReader`` opens exactly the CAS objects the manifest names, verifies every digest
-before handing out a byte, and reports what it read. Both check the manifest's signature against
-the trust root first (``_manifest``): a snapshot re-signed or unsigned gets no permit and no read.
+The training API accepts only a manifest digest. An alias is resolved once, explicitly
+(``resolve_alias``); nothing else here accepts an alias or "latest". ``take_permit`` checks the
+snapshot in the same gate that activation uses (ACTIVE, purpose, tombstone watermark and benchmark
+fence equal to the alias gate row) and records a permit bound to the digest and the run id, in one
+transaction with the gate row read. A run that resumes gets its original permit back (even if the
+alias moved on or a fence advanced since: its pinned inputs do not change); the same run id with
+another digest is refused, since changed data means a new run. ``TrainingReader`` opens exactly the
+CAS objects the manifest names, verifies every digest before handing out a byte, and reports what
+it read. Both check the manifest's signature against the trust root first (``_manifest``): a
+snapshot re-signed or unsigned gets no permit and no read.
 """
 
 import time
@@ -101,8 +101,7 @@ def take_permit(
     )
     try:
         return _record_permit(catalog, request)
-    except IntegrityError:
-        # Same run id committed concurrently (PostgreSQL reports it at our INSERT): resume it.
+    except IntegrityError:  # the same run id committed concurrently: resume it
         again = _permit_for_run(catalog, run_id)
         if again is None:
             raise

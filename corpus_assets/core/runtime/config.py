@@ -1,7 +1,6 @@
 """``corpus.yaml``: sources, policies, purpose and storage, validated strictly.
 
-Every policy here changes output bytes, so each policy section is hashed into the manifest; a typo
-must fail loudly (unknown keys are errors) instead of silently falling back to a default.
+Every policy changes output bytes, so each is hashed into the manifest; a typo fails loudly.
 """
 
 import os

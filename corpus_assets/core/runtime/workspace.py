@@ -78,8 +78,10 @@ def open_home(
 
 def check_writable_home(home: Path) -> None:
     """Before a build starts anything: the home must take a new file (a read-only mount or a
-    folder whose mode or attributes forbid it fail here, in one line, not mid-layer)."""
+    folder whose mode or attributes forbid it fail here, in one line, not mid-layer). A home
+    not made yet is made, as the build would."""
     try:
+        home.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=home, prefix=".writable-"):
             pass
     except OSError as error:
