@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import IO
 
 import pytest
 from sqlalchemy import insert
@@ -120,14 +121,15 @@ def test_gc_racing_a_build_loses_nothing(lab: Lab, tmp_path: Path) -> None:
         assert build.poll() is None and time.monotonic() < deadline, build.communicate()
         time.sleep(0.02)
     gc = home.start("gc", "--json")
-    time.sleep(1.5)
+    assert gc.stderr is not None
+    said = _first_line_with(gc.stderr, "waiting for running builds")  # or EOF: gc exited
+    assert "waiting for running builds" in said, said + gc.stderr.read()
     assert gc.poll() is None  # it waits for the build's shared lock
     (folder / f"{SLUG}.go").touch()
     out, err = build.communicate(timeout=300)
     assert build.returncode == 0, err
     gc_out, gc_err = gc.communicate(timeout=120)
     assert gc.returncode == 0, gc_err
-    assert "waiting for running builds" in gc_err
     sid = parse_built(out).snapshot_id
     assert sid in json.loads(gc_out)["retained_snapshots"]
     ran = home.cli("verify", sid)
@@ -186,14 +188,25 @@ def test_cas_writers_outside_a_build_wait_for_gc(lab: Lab, tmp_path: Path, comma
     with lock.open("a+") as gc_holds:
         fcntl.flock(gc_holds, fcntl.LOCK_EX)
         writer = home.start(*args)
-        time.sleep(2.0)
+        assert writer.stderr is not None
+        said = _first_line_with(writer.stderr, "waiting for gc")  # or EOF: the writer exited
+        assert "waiting for gc" in said, said + writer.stderr.read()
         assert writer.poll() is None  # it waits for gc
         if command == "benchmark-add":
             listed = json.loads(home.cli("benchmark", "list").out)["benchmarks"]
             assert listed == []  # nothing registered (or put) while gc runs
     _out, err = writer.communicate(timeout=120)
     assert writer.returncode == 0, err
-    assert "waiting for gc" in err
+
+
+def _first_line_with(stream: IO[str], text: str) -> str:
+    """Read lines until one contains ``text``; what was read, ending at that line or at EOF."""
+    seen = ""
+    for line in iter(stream.readline, ""):
+        seen += line
+        if text in line:
+            break
+    return seen
 
 
 def _gc_could_start(path: Path) -> bool:
