@@ -10,8 +10,8 @@ phase's peak RSS; the shards sit in the page cache, so reads are memory-speed):
 - ``LoaderPlan.batches`` (what the torch ``IterableDataset`` yields before tensor wrapping), one
   rank, one worker, ``--batch`` blocks per batch, in the shuffled epoch order;
 - ``export_mds`` of the whole pack into the CAS (hashing, assembling samples, writing, adopting);
-- ``load_hf_dataset(...).with_format("numpy")`` iterated row by row (``datasets`` builds an Arrow
-  row per block), and ``.iter(batch_size=--batch)`` (numpy batches): skipped with a message
+- ``_hf_dataset_of_pack(...).with_format("numpy")`` iterated row by row (``datasets`` builds an
+  Arrow row per block), and ``.iter(batch_size=--batch)`` (numpy batches): skipped with a message
   when ``datasets`` is missing.
 
 Prints MB/s of pack bytes for each, its ratio to the baseline, and each phase's peak RSS.
@@ -86,15 +86,15 @@ def mds_export(cas: ContentStore, digest: str, _batch: int) -> int:
 
 
 def hf_rows(cas: ContentStore, digest: str, _batch: int) -> int:
-    from corpus_assets.core.release.hf_loader import load_hf_dataset
+    from corpus_assets.core.release.hf_loader import _hf_dataset_of_pack
 
-    return sum(1 for _row in load_hf_dataset(cas, digest).with_format("numpy"))
+    return sum(1 for _row in _hf_dataset_of_pack(cas, digest).with_format("numpy"))
 
 
 def hf_batches(cas: ContentStore, digest: str, batch: int) -> int:
-    from corpus_assets.core.release.hf_loader import load_hf_dataset
+    from corpus_assets.core.release.hf_loader import _hf_dataset_of_pack
 
-    numpy_rows = load_hf_dataset(cas, digest).with_format("numpy")
+    numpy_rows = _hf_dataset_of_pack(cas, digest).with_format("numpy")
     return sum(len(rows["input_ids"]) for rows in numpy_rows.iter(batch_size=batch))
 
 

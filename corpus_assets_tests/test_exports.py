@@ -25,7 +25,7 @@ from corpus_assets.core.release.export_mds import (
     materialize_mds,
 )
 from corpus_assets.core.release.exports import ExportError, export_megatron, record_megatron
-from corpus_assets.core.release.hf_loader import load_hf_dataset
+from corpus_assets.core.release.hf_loader import _hf_dataset_of_pack
 from corpus_assets.core.release.loader_plan import LoaderPlan
 from corpus_assets.core.storage.artifacts import get_json
 from corpus_assets.core.storage.cas import ContentStore, CorruptObjectError
@@ -138,7 +138,7 @@ def test_hf_dataset_rows_are_the_blocks_and_corruption_surfaces(tmp_path: Path) 
     cas = ContentStore(tmp_path)
     blocks = make_blocks(230)
     index, ref = write(cas, blocks, [230])
-    dataset = load_hf_dataset(cas, ref["digest"])
+    dataset = _hf_dataset_of_pack(cas, ref["digest"])
     assert dataset.n_shards == len(index.shards) == 3
     assert {name: feature.feature.dtype for name, feature in dataset.features.items()} == {
         name: np.dtype(dtype).name for name, dtype in FIELDS.items()
@@ -161,8 +161,8 @@ def test_hf_dataset_rows_are_the_blocks_and_corruption_surfaces(tmp_path: Path) 
     shard = index.shards[1]
     flip(cas, shard.digest, 5 * 4096 + 17)
     with pytest.raises(ShardCorruptError, match=rf"shard {shard.digest} chunk 5 "):
-        list(load_hf_dataset(cas, ref["digest"]))
-    assert len(list(load_hf_dataset(cas, ref["digest"], verify=False))) == 230
+        list(_hf_dataset_of_pack(cas, ref["digest"]))
+    assert len(list(_hf_dataset_of_pack(cas, ref["digest"], verify=False))) == 230
 
 
 def lockstep(plans: list[LoaderPlan], workers: int, limit: int | None = None) -> list[np.ndarray]:
@@ -261,13 +261,13 @@ def test_torch_dataloader_with_workers_serves_the_plan_and_resumes(tmp_path: Pat
     import torch  # where the wheel is, `make` installed it: a missing torch is a failure
     from torch.utils.data import DataLoader
 
-    from corpus_assets.core.release.torch_dataset import make_torch_dataset
+    from corpus_assets.core.release.torch_dataset import _torch_dataset_of_pack
 
     cas = ContentStore(tmp_path)
     blocks = make_blocks(BLOCKS)
     _index, ref = write(cas, blocks, [BLOCKS])
     start = identity(ref["digest"])
-    dataset = make_torch_dataset(cas.root, start, rank=1, world_size=2, batch_blocks=3)
+    dataset = _torch_dataset_of_pack(cas.root, start, rank=1, world_size=2, batch_blocks=3)
     assert isinstance(dataset, torch.utils.data.IterableDataset)
     got = list(DataLoader(dataset, batch_size=None, num_workers=2))
     want = lockstep([LoaderPlan(cas.root, start, 1, 2, 3)], 2)
@@ -279,7 +279,7 @@ def test_torch_dataloader_with_workers_serves_the_plan_and_resumes(tmp_path: Pat
             np.testing.assert_array_equal(batch[name].numpy(), blocks[name][batch["block_numbers"]])
     saved = dataset.state_dict(steps=10)
     assert set(saved) == set(ReaderState.model_fields) and saved["blocks_consumed"] == 60
-    resumed = make_torch_dataset(cas.root, start, rank=0, world_size=1, batch_blocks=4)
+    resumed = _torch_dataset_of_pack(cas.root, start, rank=0, world_size=1, batch_blocks=4)
     with pytest.raises(ReaderStateError, match="mix_digest"):
         resumed.load_state_dict({**saved, "mix_digest": "sha256:" + "9" * 64})
     resumed.load_state_dict(saved)

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from corpus_assets.core.release.hf_loader import load_hf_dataset
+from corpus_assets.core.release.hf_loader import _hf_dataset_of_pack
 from corpus_assets.core.release.loader_plan import LoaderPlan
 from corpus_assets.core.runtime.config import ConfigError, parse_config
 from corpus_assets.core.runtime.workspace import open_home
@@ -286,7 +286,7 @@ def test_training_loaders_read_the_object_store_with_an_empty_cache(
     url = f"s3://{bucket}/loaders"
     _index, ref = write(S3ContentStore(tmp_path / "writer", url), make_blocks(40), [25, 15])
     reader_store = S3ContentStore(tmp_path / "reader", url)  # nothing cached yet
-    rows = list(load_hf_dataset(reader_store, ref["digest"]))
+    rows = list(_hf_dataset_of_pack(reader_store, ref["digest"]))
     assert len(rows) == 40
     plan = LoaderPlan(reader_store.root, identity(ref["digest"]), cas_url=reader_store.url)
     plan = pickle.loads(pickle.dumps(plan))  # as a DataLoader worker gets it

@@ -2,6 +2,7 @@
 outside the data home. Each attack is made on a copy of one built home and refused through the
 real CLI (``read``, ``export``, ``verify``) or the reader the loaders are made from."""
 
+import inspect
 import json
 import os
 import stat
@@ -9,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from corpus_assets.core.release import hf_loader, torch_dataset
 from corpus_assets.core.release.hf_loader import hf_dataset_of
 from corpus_assets.core.release.signing import sign_snapshot
 from corpus_assets.core.release.torch_dataset import torch_dataset_of
@@ -88,6 +90,24 @@ def test_the_reader_loaders_are_made_from_refuses_a_pinned_run_after_resigning(
         resign_with_new_key(home, sid)
         with pytest.raises(TrainingError, match=r"manifest signature: unknown key"):
             TrainingReader(ws.cas, ws.catalog, permit)
+
+
+def test_every_public_loader_takes_a_checked_reader() -> None:
+    """A loader of a bare pack digest hands out bytes of a snapshot nobody checked the signature
+    of: every public dataset maker of the loader modules must take a ``TrainingReader`` first."""
+    makers = {
+        f"{module.__name__}.{name}": function
+        for module in (hf_loader, torch_dataset)
+        for name, function in inspect.getmembers(module, inspect.isfunction)
+        if function.__module__ == module.__name__ and not name.startswith("_")
+    }
+    assert set(makers) == {
+        f"{hf_loader.__name__}.hf_dataset_of",
+        f"{torch_dataset.__name__}.torch_dataset_of",
+    }
+    for name, function in makers.items():
+        first = next(iter(inspect.signature(function).parameters.values()))
+        assert first.name == "reader" and "TrainingReader" in str(first.annotation), name
 
 
 def test_a_replaced_home_key_pair_fails_verify_and_read(lab: Lab) -> None:

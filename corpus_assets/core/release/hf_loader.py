@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 ROWS_PER_TABLE = 256  # blocks read (and verified) per Arrow table
 
 
-def hf_features(index: ShardIndex) -> Any:
+def _hf_features(index: ShardIndex) -> Any:
     """``datasets.Features``: each field a fixed-length ``List`` of its numpy dtype."""
     import datasets
 
@@ -47,7 +47,7 @@ def hf_features(index: ShardIndex) -> Any:
     )
 
 
-def block_tables(
+def _block_tables(
     cas_root: str,
     index_digest: str,
     verify: bool,
@@ -71,7 +71,7 @@ def block_tables(
                     yield f"{first}", pa.table(columns)
 
 
-def load_hf_dataset(cas: ContentStore, index_digest: str, verify: bool = True) -> Any:
+def _hf_dataset_of_pack(cas: ContentStore, index_digest: str, verify: bool = True) -> Any:
     """``datasets.IterableDataset`` of the pack named by ``index_digest`` (its shard index)."""
     import datasets
     from datasets.iterable_dataset import ArrowExamplesIterable
@@ -85,13 +85,13 @@ def load_hf_dataset(cas: ContentStore, index_digest: str, verify: bool = True) -
         "verify": verify,
         "ranges": ranges,
     }
-    info = datasets.DatasetInfo(features=hf_features(index))
-    return datasets.IterableDataset(ArrowExamplesIterable(block_tables, kwargs), info=info)
+    info = datasets.DatasetInfo(features=_hf_features(index))
+    return datasets.IterableDataset(ArrowExamplesIterable(_block_tables, kwargs), info=info)
 
 
 def hf_dataset_of(reader: "TrainingReader", verify: bool = True) -> Any:
     """The pack of a permitted snapshot: ``reader`` checked the permit, the manifest's signature
-    against the trust root and the shard index before this is made (``load_hf_dataset`` takes a
+    against the trust root and the shard index before this is made (``_hf_dataset_of_pack`` takes a
     bare pack digest and checks only the bytes)."""
     reader.block_reader  # noqa: B018 - notes every shard in the run's report
-    return load_hf_dataset(reader.cas, reader.pack_digest, verify)
+    return _hf_dataset_of_pack(reader.cas, reader.pack_digest, verify)

@@ -1,7 +1,7 @@
 """A PyTorch ``IterableDataset`` over verified block shards, resumable by a content-checked state.
 
 torch is an optional extra (``corpus-assets[torch]``): importing this module does not import it.
-``make_torch_dataset`` (or the attribute ``BlockIterableDataset``) defines the class on first
+``_torch_dataset_of_pack`` (or the attribute ``BlockIterableDataset``) defines the class on first
 use, at module level, so DataLoader workers started with ``spawn`` can unpickle it too.
 
 Each item is one batch, ``{field: (b, T) tensor, ..., "block_numbers": (b,) int64}``, dtypes as
@@ -81,7 +81,7 @@ def __getattr__(name: str) -> Any:
     return _dataset_class()
 
 
-def make_torch_dataset(
+def _torch_dataset_of_pack(
     cas_root: Path | str,
     identity: ReaderState,
     rank: int | None = None,
@@ -110,10 +110,10 @@ def torch_dataset_of(
 ) -> Any:
     """The ``BlockIterableDataset`` of a permitted snapshot: ``reader`` checked the permit, the
     manifest's signature against the trust root and the shard index before this is made
-    (``make_torch_dataset`` takes a bare pack identity and checks only the bytes)."""
+    (``_torch_dataset_of_pack`` takes a bare pack identity and checks only the bytes)."""
     identity = reader.stream(seed, shuffle).state
     reader.block_reader  # noqa: B018 - notes every shard in the run's report
     cas_url = getattr(reader.cas, "url", None)
-    return make_torch_dataset(
+    return _torch_dataset_of_pack(
         reader.cas.root, identity, rank, world_size, batch_blocks, cas_url=cas_url
     )
