@@ -16,6 +16,8 @@ import pytest
 import yaml
 from dagster import DagsterInstance
 
+from corpus_assets.core.release.signing import KEY_ENV
+from corpus_assets.core.release.trust_root import TRUST_ENV, TrustRootError, trust_file
 from corpus_assets.core.runtime.config import Storage
 from corpus_assets.core.runtime.execution import Execution
 
@@ -166,7 +168,7 @@ def exposure_problems(manifests: dict[str, Any]) -> list[str]:
     def walk(node: Any, where: str) -> None:
         if isinstance(node, dict):
             for key, value in node.items():
-                names_a_secret = str(key).endswith(("Secret", "SecretName", "_secret"))
+                names_a_secret = str(key).lower().endswith(("secret", "secretname", "_secret"))
                 literal = isinstance(value, str | int) and value != ""
                 if SECRET_KEY.search(str(key)) and literal and not names_a_secret:
                     found.append(f"{where}.{key} has a literal value")
@@ -220,3 +222,34 @@ def test_a_default_password_or_open_dashboard_is_caught(edit: Any, problem: str)
     manifests = _manifests()
     edit(manifests)
     assert any(problem in found for found in exposure_problems(manifests))
+
+
+def _mount_of(path: str) -> dict[str, Any]:
+    """The volume mount of the user-code pods that holds ``path``."""
+    mounts = _user_code()["volumeMounts"]
+    (mount,) = [m for m in mounts if path.startswith(m["mountPath"].rstrip("/") + "/")]
+    return mount
+
+
+def test_trust_root_and_signing_key_outlive_every_pod_outside_the_data_home(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the S3 CAS the home may be a per-pod emptyDir: a key pair made there would differ in
+    every run pod (each new key refused by the alias pin), and a trust file there would vanish
+    or be writable by whoever writes the home. Both come from volumes of their own."""
+    env = {item["name"]: item["value"] for item in _user_code()["env"]}
+    volumes = {volume["name"]: volume for volume in _user_code()["volumes"]}
+    home = Path(env["CORPUS_HOME"])
+    trust, key = env[TRUST_ENV], env[KEY_ENV]
+    for path in (trust, key):
+        assert not Path(path).is_relative_to(home), path
+    trust_mount, key_mount = _mount_of(trust), _mount_of(key)
+    assert trust_mount["name"] != key_mount["name"] != "corpus-home"
+    assert "persistentVolumeClaim" in volumes[trust_mount["name"]]
+    assert not trust_mount.get("readOnly")  # a build records its signing key on first use
+    assert key_mount.get("readOnly") and "secret" in volumes[key_mount["name"]]
+    monkeypatch.setenv(TRUST_ENV, trust)  # the real resolution accepts the recipe's placement
+    assert trust_file(home) == Path(trust)
+    monkeypatch.setenv(TRUST_ENV, str(home / "trust.json"))
+    with pytest.raises(TrustRootError, match="inside the data home"):
+        trust_file(home)
