@@ -4,7 +4,7 @@ process (``build_snapshot``, ``activate_snapshot``), the same jobs the UI and se
 import os
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from corpus_assets.cli_catalog import CliError, note, storage
 from corpus_assets.cli_interrupt import off_main_thread
@@ -18,7 +18,7 @@ from corpus_assets.core.runtime.workspace import check_writable_home, open_works
 from corpus_assets.core.storage.trust import StatTrust
 
 if TYPE_CHECKING:
-    from dagster import DagsterInstance
+    from dagster import DagsterInstance, ExecuteInProcessResult
 
 # The repository's instance/dagster.yaml, as data (a test keeps the two equal): SQLite storage,
 # and run monitoring with the launcher that checks each run's worker (``assets.run_workers``).
@@ -98,15 +98,25 @@ def build(partition: str | None) -> dict[str, Any]:
             run_config=run_config(),
         )
     if not result.success:
-        for check in result.get_asset_check_evaluations():
-            # the gate's verdict; a layer check's warning (a CDC gap, a dead letter) names none
-            if not check.passed and "snapshotId" in check.metadata:
-                sid = check.metadata["snapshotId"].value
-                raise CliError(
-                    f"snapshot {sid} (partition {key}) did not validate and is "
-                    f"{check.metadata['state'].value}: {check.description}"
-                )
-        raise CliError(f"build of partition {key} failed: {failure(result)}")
+        _refuse_failed_build(result, key)
+    return _built(key, before, round(time.perf_counter() - started, 2))
+
+
+def _refuse_failed_build(result: "ExecuteInProcessResult", key: str) -> NoReturn:
+    """One line: the gate's verdict when validation refused, else why the run failed."""
+    for check in result.get_asset_check_evaluations():
+        # the gate's verdict; a layer check's warning (a CDC gap, a dead letter) names none
+        if not check.passed and "snapshotId" in check.metadata:
+            sid = check.metadata["snapshotId"].value
+            raise CliError(
+                f"snapshot {sid} (partition {key}) did not validate and is "
+                f"{check.metadata['state'].value}: {check.description}"
+            )
+    raise CliError(f"build of partition {key} failed: {failure(result)}")
+
+
+def _built(key: str, before: set[str], seconds: float) -> dict[str, Any]:
+    """What ``build`` prints for the partition just built: its snapshot, layers and reuse."""
     with open_workspace() as ws:
         manifest_digest = ws.catalog.layer_output(key, "manifest")
         snapshot = resolve(ws.catalog, manifest_digest)
@@ -125,7 +135,7 @@ def build(partition: str | None) -> dict[str, Any]:
         "snapshotId": snapshot.snapshot_id,
         "state": snapshot.state,
         "layers": layers,
-        "seconds": round(time.perf_counter() - started, 2),
+        "seconds": seconds,
         "casObjects": len(report.digests),
         "casReused": len(report.digests & before),
     }
