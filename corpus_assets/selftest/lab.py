@@ -41,6 +41,18 @@ class Ran:
     def error_line(self) -> str:
         return error_line(self.err) or f"exit {self.code}"
 
+    def refused_in_one_line(self, code: int, *needles: str) -> bool:
+        """Exit ``code`` with exactly one ``corpus-assets: error:`` line naming every needle,
+        and no traceback: how every refusal of bad input must look."""
+        lines = [line for line in self.err.splitlines() if line.strip()]
+        return (
+            self.code == code
+            and "Traceback" not in self.err
+            and len(lines) == 1
+            and lines[0].startswith("corpus-assets: error: ")
+            and all(needle in lines[0] for needle in needles)
+        )
+
     def first_failure(self) -> str:
         """``verify``'s first ``FAIL`` line (what it found), else the error line."""
         failed = [line for line in self.err.splitlines() if line.startswith("FAIL ")]

@@ -16,13 +16,7 @@ FORGED_ROW = "1999-01-01 00:00:00  sha256:forged  APPROVED -> ACTIVE  mallory"
 
 def _refused(ran: Ran, field: str) -> bool:
     """Exit 1 with the one error line naming ``field`` and a line feed's position."""
-    lines = ran.err.strip().splitlines()
-    return (
-        ran.code == 1
-        and len(lines) == 1
-        and lines[0].startswith(f"corpus-assets: error: {field}: character ")
-        and "U+000A" in lines[0]
-    )
+    return ran.refused_in_one_line(1, f"error: {field}: character ", "U+000A")
 
 
 def _verified(home: Home, sid: str) -> bool:

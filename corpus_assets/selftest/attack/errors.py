@@ -28,17 +28,6 @@ def _cli(home: Home, *args: str, env: dict[str, str] | None = None) -> Ran:
     return Ran(args, done.returncode, done.stdout, done.stderr)
 
 
-def _one_line(ran: Ran, code: int, *needles: str) -> bool:
-    lines = ran.err.splitlines()
-    return (
-        ran.code == code
-        and "Traceback" not in ran.err
-        and len(lines) == 1
-        and lines[0].startswith("corpus-assets: error: ")
-        and all(needle in lines[0] for needle in needles)
-    )
-
-
 def _no_partition(home: Home) -> bool:
     """No snapshots partition reached the home's Dagster instance."""
     from dagster import DagsterInstance
@@ -58,7 +47,7 @@ def _no_partition(home: Home) -> bool:
 def _refused(home: Home, ran: Ran, code: int, *needles: str) -> Outcome:
     return Outcome(
         observed=f"exit {ran.code}: {ran.error_line()}",
-        matched=_one_line(ran, code, *needles) and _no_partition(home),
+        matched=ran.refused_in_one_line(code, *needles) and _no_partition(home),
         lost=NO_LOSS,
         digests_equal=None,  # nothing was built
     )
@@ -82,7 +71,7 @@ def unreachable_catalog(lab: Lab) -> Outcome:
     status = _cli(home, "status", env={"CORPUS_CATALOG_URL": url})
     shown = SECRET in ran.out + ran.err + status.out + status.err
     outcome = _refused(home, ran, 1, "catalog database", "127.0.0.1")
-    matched = outcome.matched and _one_line(status, 1, "catalog database") and not shown
+    matched = outcome.matched and status.refused_in_one_line(1, "catalog database") and not shown
     return Outcome(outcome.observed, matched, NO_LOSS, None)
 
 
@@ -130,7 +119,7 @@ def missing_config(lab: Lab) -> Outcome:
     status = home.cli("--config", str(home.dir / "nope.yaml"), "status")
     build = home.cli("--config", str(home.dir / "nope.yaml"), "build")
     outcome = _refused(home, build, 2, "--config", "not found")
-    matched = outcome.matched and _one_line(status, 2, "--config", "not found")
+    matched = outcome.matched and status.refused_in_one_line(2, "--config", "not found")
     return Outcome(f"status {status.error_line()}; build {outcome.observed}", matched)
 
 
@@ -153,8 +142,8 @@ def export_over_a_file(lab: Lab) -> Outcome:
     kept = target.read_text() == "keep me\n"
     return Outcome(
         observed=f"exit {over.code}: {over.error_line()}; under it: {under.error_line()}",
-        matched=_one_line(over, 1, "--out", "not a folder")
-        and _one_line(under, 1, "--out", "writable folder"),
+        matched=over.refused_in_one_line(1, "--out", "not a folder")
+        and under.refused_in_one_line(1, "--out", "writable folder"),
         lost=NO_LOSS if kept else f"{target} was overwritten",
         digests_equal=verify.code == 0,
     )
@@ -180,8 +169,8 @@ def s3_secret_masked(lab: Lab) -> Outcome:
     masked = "s3://AKIAEXAMPLE:***@"
     return Outcome(
         observed=f"config: {in_config.error_line()}; env: {in_env.error_line()}",
-        matched=_one_line(in_config, 1, masked)
-        and _one_line(in_env, 1, masked)
+        matched=in_config.refused_in_one_line(1, masked)
+        and in_env.refused_in_one_line(1, masked)
         and SECRET not in streams
         and not on_disk,
         lost=NO_LOSS,

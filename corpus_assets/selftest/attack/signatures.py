@@ -123,17 +123,25 @@ def _attacked(lab: Lab, name: str, attack: Callable[[Home, str], str]) -> tuple[
     return verify, read, lost
 
 
+def _signature_attack(
+    lab: Lab, name: str, attack: Callable[[Home, str], str], reason: str
+) -> Outcome:
+    """``verify`` names ``reason`` and ``read`` refuses in one line naming it; the signed
+    manifest is intact. No build of its own: it attacks a copy of the reference."""
+    verify, read, lost = _attacked(lab, name, attack)
+    return Outcome(
+        observed=_observed(verify, read),
+        matched=verify.code == 1 and reason in verify.err and read.refused_in_one_line(1, reason),
+        lost=lost,
+        digests_equal=None,
+    )
+
+
 def _observed(verify: Ran, read: Ran) -> str:
     return (
         f"verify exit {verify.code}: {verify.first_failure()}; "
         f"read exit {read.code}: {read.error_line()}"
     )
-
-
-def _refused(ran: Ran, reason: str) -> bool:
-    """Exit 1 with the reason on one line and no traceback."""
-    lines = [line for line in ran.err.splitlines() if line.strip()]
-    return ran.code == 1 and len(lines) == 1 and reason in lines[0]
 
 
 @fault(
@@ -145,13 +153,7 @@ def _refused(ran: Ran, reason: str) -> bool:
     catalog=False,
 )
 def read_resigned(lab: Lab) -> Outcome:
-    verify, read, lost = _attacked(lab, "attack-resigned", resign_with_new_key)
-    return Outcome(
-        observed=_observed(verify, read),
-        matched=verify.code == 1 and "unknown key" in verify.err and _refused(read, "unknown key"),
-        lost=lost,
-        digests_equal=None,  # no build of its own: it attacks the reference's copy
-    )
+    return _signature_attack(lab, "attack-resigned", resign_with_new_key, "unknown key")
 
 
 @fault(
@@ -162,13 +164,7 @@ def read_resigned(lab: Lab) -> Outcome:
     catalog=False,
 )
 def read_unsigned(lab: Lab) -> Outcome:
-    verify, read, lost = _attacked(lab, "attack-unsigned", strip_signature)
-    return Outcome(
-        observed=_observed(verify, read),
-        matched=verify.code == 1 and "unsigned" in verify.err and _refused(read, "unsigned"),
-        lost=lost,
-        digests_equal=None,
-    )
+    return _signature_attack(lab, "attack-unsigned", strip_signature, "unsigned")
 
 
 @fault(
@@ -179,13 +175,7 @@ def read_unsigned(lab: Lab) -> Outcome:
     catalog=False,
 )
 def keys_replaced(lab: Lab) -> Outcome:
-    verify, read, lost = _attacked(lab, "attack-keys-replaced", replace_home_keys)
-    return Outcome(
-        observed=_observed(verify, read),
-        matched=verify.code == 1 and "unknown key" in verify.err and _refused(read, "unknown key"),
-        lost=lost,
-        digests_equal=None,
-    )
+    return _signature_attack(lab, "attack-keys-replaced", replace_home_keys, "unknown key")
 
 
 @fault(
@@ -208,7 +198,7 @@ def trust_redirected(lab: Lab) -> Outcome:
     pinned = "never pinned for alias"
     return Outcome(
         observed=_observed(verify, read),
-        matched=verify.code == 1 and pinned in verify.err and _refused(read, pinned),
+        matched=verify.code == 1 and pinned in verify.err and read.refused_in_one_line(1, pinned),
         lost=lost,
         digests_equal=None,
     )
