@@ -11,6 +11,7 @@ from corpus_assets.assets.layers import LAYER_ASSETS
 from corpus_assets.assets.lineage_jobs import record_lineage
 from corpus_assets.assets.resources import CorpusResource
 from corpus_assets.assets.schedules import incremental_build
+from corpus_assets.assets.scrub_job import scrub_job, scrub_schedule
 from corpus_assets.assets.sensors import publication, source_discovery
 
 # Dagster re-creates every sensor with its own internal `owners=` argument when it resolves the
@@ -31,9 +32,10 @@ defs = dg.Definitions(
         activate_snapshot,
         tombstone_hits_job,
         record_lineage,
+        scrub_job,
     ],
     sensors=[source_discovery, publication, tombstone_audit],
-    schedules=[incremental_build],
+    schedules=[incremental_build, scrub_schedule],
     resources={"corpus": CorpusResource()},
     # runs launched from the UI's Materialize button use this; jobs name it too (jobs.py)
     executor=dg.in_process_executor,

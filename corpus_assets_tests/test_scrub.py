@@ -1,0 +1,106 @@
+"""Scrub re-hashes every byte the aliases can serve and trusts no stat: bit rot beneath the
+filesystem (a file whose bytes changed while its recorded stat still matches, which a build's
+stat-trusted check would pass) is found, named, and fails the Dagster job too."""
+
+import pytest
+from dagster import ExecuteInProcessResult
+from sqlalchemy import update
+
+from corpus_assets.assets.resources import CorpusResource
+from corpus_assets.assets.scrub_job import ScrubConfig, scrub_job
+from corpus_assets.core.release.scrub import scrub, servable
+from corpus_assets.core.release.verify import resolve, verify
+from corpus_assets.core.runtime.workspace import Workspace
+from corpus_assets.core.storage.catalog import verified_files
+from corpus_assets.core.storage.trust import StatTrust, file_stat
+from corpus_assets.selftest.evidence import workspace
+from corpus_assets.selftest.lab import Home, Lab
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory: pytest.TempPathFactory) -> Lab:
+    return Lab(tmp_path_factory.mktemp("scrub"))
+
+
+def _rot_beneath_the_filesystem(ws: Workspace, sid: str) -> str:
+    """Flip a byte of the snapshot's largest object and record the new stat as verified, as if
+    the disk had changed the bytes under an unchanged inode: stat trust now passes it."""
+    digests = verify(ws.cas, ws.catalog, sid).digests
+    digest = max(digests, key=lambda d: ws.cas.local_path(d).stat().st_size)
+    path = ws.cas.local_path(digest)
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.chmod(0o644)
+    path.write_bytes(bytes(data))
+    with ws.catalog.begin() as conn:
+        conn.execute(
+            update(verified_files)
+            .where(verified_files.c.digest == digest)
+            .values(file_stat=file_stat(path))
+        )
+    assert StatTrust(ws.cas, ws.catalog).unchanged([digest]) == {digest}  # a build would trust it
+    return digest
+
+
+def test_scrub_reads_only_servable_snapshots_and_finds_rot_that_stat_trust_passes(
+    lab: Lab,
+) -> None:
+    home, built = lab.copy_of_reference("scrub-core")
+    sid = built.snapshot_id
+    with workspace(home) as ws:
+        assert servable(ws.catalog) == []  # VALIDATED: not yet something an alias can serve
+        home.publish(sid)
+        clean = scrub(ws.cas, ws.catalog)
+        assert [s.snapshot_id for s in clean.snapshots] == [sid] and clean.ok
+        assert clean.bytes_hashed > 0
+        assert scrub(ws.cas, ws.catalog, alias="no-such-alias").snapshots == []
+        digest = _rot_beneath_the_filesystem(ws, sid)
+        damaged = scrub(ws.cas, ws.catalog)
+    assert not damaged.ok
+    (found,) = damaged.snapshots
+    assert found.snapshot_id == sid and any(digest in f for f in found.findings), found.findings
+
+
+def _run_scrub_job(home: Home, alias: str = "") -> ExecuteInProcessResult:
+    return scrub_job.execute_in_process(
+        run_config={"ops": {"scrub_servable": {"config": ScrubConfig(alias=alias).model_dump()}}},
+        resources={"corpus": CorpusResource(config_path=str(home.config))},
+        raise_on_error=False,
+    )
+
+
+def test_the_scrub_job_fails_naming_the_damaged_object(
+    lab: Lab, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    home, built = lab.copy_of_reference("scrub-job")
+    home.publish(built.snapshot_id)
+    monkeypatch.setenv("CORPUS_TRUST_FILE", str(home.trust_file))
+    assert _run_scrub_job(home).success
+    with workspace(home) as ws:
+        digest = _rot_beneath_the_filesystem(ws, built.snapshot_id)
+    assert _run_scrub_job(home, alias="no-such-alias").success  # narrowed: nothing to read
+    result = _run_scrub_job(home)
+    assert not result.success
+    (failure,) = [e for e in result.all_events if e.is_step_failure]
+    description = failure.step_failure_data.user_failure_data.description
+    assert built.snapshot_id in description and digest in description, description
+
+
+def test_the_scrub_schedule_exists_and_is_stopped_until_started() -> None:
+    from corpus_assets.definitions import defs
+
+    schedule = defs.resolve_schedule_def("scrub_servable")
+    assert schedule.job_name == "scrub_job"
+    assert schedule.default_status.value == "STOPPED"
+
+
+def test_scrub_of_a_missing_object_names_it(lab: Lab) -> None:
+    home, built = lab.copy_of_reference("scrub-missing")
+    home.publish(built.snapshot_id)
+    with workspace(home) as ws:
+        digests = verify(ws.cas, ws.catalog, built.snapshot_id).digests
+        manifest = resolve(ws.catalog, built.snapshot_id).manifest_digest
+        digest = min(digests - {manifest})
+        ws.cas.local_path(digest).unlink()
+        report = scrub(ws.cas, ws.catalog)
+    assert not report.ok and any(digest in f for f in report.snapshots[0].findings)
