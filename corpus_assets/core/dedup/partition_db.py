@@ -61,7 +61,8 @@ class RecordCodes:
 
 class PartitionDb:
     """A DuckDB connection whose view ``recs`` holds row, the carried columns and kind, and
-    whose table ``meta`` holds (row, length)."""
+    whose table ``meta`` holds (row, length); over chunk files, the view ``texts`` holds (row,
+    text_digest) for the verified pairs (:mod:`.pair_cache`)."""
 
     def __init__(self, tmp: Path | None, threads: int = 2) -> None:
         base = tmp if tmp is not None else Path(tempfile.gettempdir())
@@ -111,6 +112,8 @@ class PartitionDb:
             f"CREATE TEMP TABLE files AS SELECT * FROM chunk_files;"
             f"CREATE TEMP TABLE meta AS SELECT * FROM lengths;"
             f"CREATE VIEW recs AS SELECT f.start + p.file_row_number AS row, {_CARRIED_SQL} "
+            f"FROM {scan} p JOIN files f ON p.filename = f.path;"
+            f"CREATE VIEW texts AS SELECT f.start + p.file_row_number AS row, text_digest "
             f"FROM {scan} p JOIN files f ON p.filename = f.path"
         )
         self.con.unregister("chunk_files")

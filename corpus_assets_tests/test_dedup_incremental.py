@@ -1,0 +1,121 @@
+"""Issue 32, incremental dedup: a child snapshot reuses its parent's verified pairs.
+
+Real builds on the demo home plus long essays: a parent is built and activated; the child's
+sources drop one parent object (its records leave their clusters, some were representatives)
+and add near copies of old essays, a longer version of one (it comes first in the total order,
+so the old one becomes its near duplicate) and near copies of each other. The child's dedup
+layer must say it ran incrementally and reuse pairs, and publish the same bytes as a
+from-scratch build of the same final sources in a fresh home, whatever the worker count.
+"""
+
+import json
+import random
+import shutil
+from pathlib import Path
+
+import pytest
+
+from corpus_assets.core.pipeline import BUILDERS, DIRECT_BUILDERS, build_all
+from corpus_assets.core.release.publish import activate, approve
+from corpus_assets.core.runtime.layers import LayerResult, read_layer_index
+from corpus_assets.core.runtime.workspace import Workspace, open_workspace
+from corpus_assets.core.storage.artifacts import get_table
+
+ESSAYS = Path("demo-sources") / "essays"
+
+
+def _vocabulary(rng: random.Random) -> list[str]:
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    return ["".join(rng.choice(letters) for _ in range(rng.randint(3, 9))) for _ in range(3000)]
+
+
+def _edited(text: str, rng: random.Random, vocab: list[str], words: int = 1) -> str:
+    split = text.split(" ")
+    for _ in range(words):
+        split[rng.randrange(len(split))] = rng.choice(vocab)
+    return " ".join(split)
+
+
+def _write(home: Path, name: str, rows: list[tuple[str, str]]) -> None:
+    lines = "".join(json.dumps({"id": i, "text": t}) + "\n" for i, t in rows)
+    (home / ESSAYS / name).write_text(lines)
+
+
+def _sources(home: Path) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    """Parent-only objects written; the child's added object returned (not yet written)."""
+    rng = random.Random(32)
+    vocab = _vocabulary(rng)
+    base = [" ".join(rng.choices(vocab, k=120)) for _ in range(12)]
+    old = [(f"long{n:02d}", t) for n, t in enumerate(base)]
+    old += [(f"long-copy{n:02d}", _edited(base[n], rng, vocab)) for n in range(4)]
+    _write(home, "long-00000.jsonl", old)
+    gone = [(f"gone{n:02d}", _edited(base[n], rng, vocab)) for n in (4, 5)]
+    gone.append(("gone-rep", " ".join([*base[6].split(" "), "alpha", "beta"])))
+    _write(home, "long-00001.jsonl", gone)  # removed from the child's sources
+    fresh = [" ".join(rng.choices(vocab, k=120)) for _ in range(4)]
+    new = [(f"new{n:02d}", _edited(base[n], rng, vocab)) for n in (0, 7, 8)]
+    new.append(("new-longer", " ".join([*base[9].split(" "), "gamma", "delta", "eps"])))
+    new += [(f"fresh{n:02d}", t) for n, t in enumerate(fresh)]
+    new += [(f"fresh-copy{n:02d}", _edited(fresh[n], rng, vocab)) for n in range(2)]
+    return old, new
+
+
+def _dedup(ws: Workspace, key: str) -> LayerResult:
+    for layer in ("raw_snapshot", "canonical_records"):
+        BUILDERS[layer](ws, key)
+    return BUILDERS["dedup_clusters"](ws, key)
+
+
+def _outputs(ws: Workspace, key: str) -> dict[str, str]:
+    _, index = read_layer_index(ws, key, "dedup_clusters")
+    return {k: index.output(k)["digest"] for k in ("clusters", "edges", "report", "pairs")}
+
+
+def _open(home: Path, monkeypatch: pytest.MonkeyPatch, workers: int = 1) -> Workspace:
+    config = home / "corpus.yaml"
+    text = config.read_text().split("execution:")[0]
+    config.write_text(text + f"execution: {{workers: {workers}}}\n")
+    monkeypatch.setenv("CORPUS_HOME", str(home))
+    monkeypatch.setenv("CORPUS_CONFIG", str(config))
+    return open_workspace()
+
+
+def test_child_dedup_is_incremental_and_equals_a_fresh_build(
+    demo_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _old, new = _sources(demo_home)
+    ws = _open(demo_home, monkeypatch)
+    first = build_all(ws, "p1")
+    assert first["dedup_clusters"].run_stats["near_incremental"] == 0
+    sid = first["manifest"].digests["snapshotId"]
+    approve(ws, sid, by="reviewer")
+    activate(ws, sid, actor="test")
+    (demo_home / ESSAYS / "long-00001.jsonl").unlink()
+    _write(demo_home, "long-00002.jsonl", new)
+    child = _dedup(ws, "p2")
+    ws.close()
+    stats = child.run_stats
+    assert stats["near_incremental"] == 1, child.details["near_mode"]
+    assert stats["pairs_reused"] > 0
+    assert stats["pairs_computed"] < stats["pairs_verified"]
+    assert child.counts["near_duplicates"] >= 8
+    chain = _outputs(_open(demo_home, monkeypatch), "p2")
+    fresh_home = tmp_path / "fresh"
+    shutil.copytree(demo_home / "demo-sources", fresh_home / "demo-sources")
+    shutil.copy(demo_home / "corpus.yaml", fresh_home / "corpus.yaml")
+    fresh = _open(fresh_home, monkeypatch)
+    scratch = _dedup(fresh, "p2")
+    assert scratch.run_stats["near_incremental"] == 0
+    assert _outputs(fresh, "p2") == chain  # same verdicts, clusters, edges, report and pairs
+    table = get_table(
+        fresh.cas, read_layer_index(fresh, "p2", "dedup_clusters")[1].output("clusters"), "c"
+    )
+    rows = {r["record_id"]: r for r in table.to_pylist()}
+    assert rows["essays/long09"]["verdict"] == "near_duplicate"  # its longer copy came first
+    assert not any(r.startswith("essays/gone") for r in rows)
+    fresh.close()
+    again = _open(demo_home, monkeypatch, workers=2)
+    rerun = DIRECT_BUILDERS["dedup_clusters"](again, "p2")  # not the layer memo: a real run
+    assert rerun.run_stats["near_incremental"] == 1
+    assert _outputs(again, "p2") == chain
+    again.close()
