@@ -158,10 +158,12 @@ def _near_stage(
 
 def _near_work(near: NearStage | None, mode: Mode) -> dict[str, int]:
     """What near-dedup did in this run (never hashed: an incremental and a full build of the
-    same sources publish the same bytes): the mode, pairs reused, computed, texts shingled."""
-    work = dict(near.work) if near is not None else {}
-    work["near_incremental"] = int(mode.mode == INCREMENTAL)
-    if near is not None and near.pairs is not None:
+    same sources publish the same bytes): the mode, pairs reused, computed, texts shingled;
+    nothing when near-dedup is off."""
+    if near is None:
+        return {}
+    work = {**near.work, "near_incremental": int(mode.mode == INCREMENTAL)}
+    if near.pairs is not None:
         work["pairs_reused"] = near.pairs.found
     return work
 
