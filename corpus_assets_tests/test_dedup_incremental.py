@@ -13,8 +13,11 @@ import random
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+from corpus_assets.core.dedup.jaccard import jaccard_sorted
+from corpus_assets.core.dedup.near_dedup import LshParams, NearResult, RowMajor, near_dedup
 from corpus_assets.core.pipeline import BUILDERS, DIRECT_BUILDERS, build_all
 from corpus_assets.core.release.publish import activate, approve
 from corpus_assets.core.runtime.layers import LayerResult, read_layer_index
@@ -119,3 +122,70 @@ def test_child_dedup_is_incremental_and_equals_a_fresh_build(
     assert rerun.run_stats["near_incremental"] == 1
     assert _outputs(again, "p2") == chain
     again.close()
+
+
+# --- the scan with known pairs ------------------------------------------------------------------
+
+
+def _families(rng: np.random.Generator, n: int, params: LshParams) -> tuple[np.ndarray, list]:
+    """Signatures where records of a family share random bands, and fingerprint sets whose
+    Jaccards spread around the threshold."""
+    sigs = rng.integers(0, 2**32, size=(n, params.bands * params.rows), dtype=np.uint32)
+    sets = []
+    for r in range(n):
+        head = r - r % 5
+        for band in range(params.bands):
+            if r != head and rng.random() < 0.5:
+                cols = slice(band * params.rows, (band + 1) * params.rows)
+                sigs[r, cols] = sigs[head, cols]
+        base = np.arange(head * 1000, head * 1000 + 100, dtype=np.uint64)
+        edits = rng.integers(0, 100, size=int(rng.integers(0, 25)))
+        changed = base.copy()
+        changed[edits] += np.uint64(500)
+        sets.append(np.unique(changed))
+    return sigs, sets
+
+
+def _run(order: np.ndarray, sigs, sets, params, known=None, fetched=None) -> NearResult:
+    def fetch(ranks: np.ndarray) -> list[np.ndarray]:
+        if fetched is not None:
+            fetched.update(order[ranks].tolist())
+        return [sets[order[r]] for r in ranks]
+
+    blocks = [RowMajor(sigs)]
+    return near_dedup(blocks, order, params, fetch, jaccard_sorted, known=known)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_known_pairs_from_a_parent_order_change_no_verdict(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    params = LshParams(bands=8, rows=2, threshold=0.8, bucket_heads=3)  # a cap that bites
+    sigs, sets = _families(rng, 120, params)
+    parent_order = rng.permutation(100)  # records 100.. are new; some old ones removed below
+    parent = _run(parent_order, sigs, sets, params)
+    done = ~np.isnan(parent.verified)
+    ids = parent_order[parent.pair_x[done]], parent_order[parent.pair_y[done]]
+    cache = {
+        (min(a, b), max(a, b)): j
+        for a, b, j in zip(*(i.tolist() for i in ids), parent.verified[done].tolist(), strict=True)
+    }
+    order = rng.permutation(np.r_[np.arange(10, 120)])  # 0..9 removed, new ones interleaved
+
+    def known(packed: np.ndarray) -> np.ndarray:
+        x, y = np.divmod(packed, len(order))
+        a, b = np.minimum(order[x], order[y]).tolist(), np.maximum(order[x], order[y]).tolist()
+        return np.array([cache.get(k, np.nan) for k in zip(a, b, strict=True)], dtype=float)
+
+    fetched: set[int] = set()
+    full, incremental = (
+        _run(order, sigs, sets, params),
+        _run(order, sigs, sets, params, known, fetched),
+    )
+    assert incremental.kept.tolist() == full.kept.tolist()
+    assert incremental.match.tolist() == full.match.tolist()
+    assert incremental.edges == full.edges
+    np.testing.assert_array_equal(incremental.verified, full.verified)
+    assert incremental.verified_pairs == full.verified_pairs
+    assert incremental.computed_pairs < full.computed_pairs == full.verified_pairs
+    assert incremental.fingerprinted == full.fingerprinted
+    assert 0 < incremental.fingerprinted_now == len(fetched) < full.fingerprinted_now
