@@ -39,7 +39,7 @@ from corpus_assets.core.dedup.pair_cache import (
     parent_mode,
     store_pairs,
 )
-from corpus_assets.core.dedup.partition_db import PartitionDb
+from corpus_assets.core.dedup.partition_db import PartitionDb, chunk_lengths
 from corpus_assets.core.dedup.report import DedupReport
 from corpus_assets.core.dedup.signature_cache import (
     ensure_signatures,
@@ -67,13 +67,15 @@ def build_dedup_clusters(ws: Workspace, partition_key: str) -> LayerResult:
     order = {s.id: n for n, s in enumerate(ws.config.sources)}
     policy = ws.config.policy_digest("dedup")
     mode = parent_mode(ws, spec.parents, CODE, policy)
+    lengths, length_refs = chunk_lengths(ws, chunks, mode.lengths)
     with tempfile.TemporaryDirectory(dir=_tmp(ws)) as tmp:
-        with PartitionDb.from_chunks(ws, chunks) as db:
+        with PartitionDb.from_chunks(ws, chunks, lengths) as db:
+            del lengths
             revoked = _revoked(ws, db, spec.tombstone_watermark)
             near, signature_refs, run_stats = _near_stage(ws, chunks, db, mode)
             decided = decide(db, order, revoked, near)
             pairs = store_pairs(ws, db, *near.verified_arrays()) if near else None
-            run_stats |= _near_work(near, mode)
+            run_stats |= _near_work(near, mode, chunks)
             del near
             report = DedupReport(near=decided.report, per_source=_per_source(decided))
             counts = _counts(decided, report, tombstoned=len(revoked))
@@ -92,6 +94,7 @@ def build_dedup_clusters(ws: Workspace, partition_key: str) -> LayerResult:
         "edges": edges,
         "report": put_json(ws.cas, report.document()),
         "signatures": signature_refs,
+        "lengths": length_refs,
         **({"pairs": pairs} if pairs is not None else {}),
     }
     inputs = [canonical_ref]
@@ -156,15 +159,16 @@ def _near_stage(
     return near, refs, run_stats
 
 
-def _near_work(near: NearStage | None, mode: Mode) -> dict[str, int]:
+def _near_work(near: NearStage | None, mode: Mode, chunks: list[ChunkRecords]) -> dict[str, int]:
     """What near-dedup did in this run (never hashed: an incremental and a full build of the
-    same sources publish the same bytes): the mode, pairs reused, computed, texts shingled;
-    nothing when near-dedup is off."""
+    same sources publish the same bytes): the mode, pairs reused, computed, texts shingled,
+    chunks whose text lengths were the parent's; nothing when near-dedup is off."""
     if near is None:
         return {}
     work = {**near.work, "near_incremental": int(mode.mode == INCREMENTAL)}
     if near.pairs is not None:
         work["pairs_reused"] = near.pairs.found
+        work["lengths_reused"] = sum(c.records["digest"] in mode.lengths for c in chunks)
     return work
 
 

@@ -13,7 +13,7 @@ skips, so verdicts, clusters (a removed record leaves its cluster and the scan e
 representative), edges, report and ``pairs`` are byte-identical to a from-scratch build's.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
@@ -36,6 +36,7 @@ class Mode:
     mode: str
     reason: str
     pairs_sql: str | None = None  # the parent's pairs table, when incremental
+    lengths: dict[str, str] = field(default_factory=dict)  # records digest -> its text lengths
 
 
 def parent_mode(ws: Workspace, parents: list[str], code: str, policy: str | None) -> Mode:
@@ -55,7 +56,8 @@ def parent_mode(ws: Workspace, parents: list[str], code: str, policy: str | None
     if "pairs" not in index.outputs:
         return Mode(FULL, f"parent {parent} stored no verified pairs")
     sql = cas_parquet(ws.cas, index.output("pairs"), "parent dedup pairs")
-    return Mode(INCREMENTAL, f"parent {parent}", sql)
+    lengths = {c["records"]: c["lengths"]["digest"] for c in index.outputs.get("lengths", [])}
+    return Mode(INCREMENTAL, f"parent {parent}", sql, lengths)
 
 
 class PairLookup:
