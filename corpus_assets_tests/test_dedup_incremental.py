@@ -1,11 +1,12 @@
 """Issue 32, incremental dedup: a child snapshot reuses its parent's verified pairs.
 
 Real builds on the demo home plus long essays: a parent is built and activated; the child's
-sources drop one parent object (its records leave their clusters, some were representatives)
-and add near copies of old essays, a longer version of one (it comes first in the total order,
-so the old one becomes its near duplicate) and near copies of each other. The child's dedup
-layer must say it ran incrementally and reuse pairs, and publish the same bytes as a
-from-scratch build of the same final sources in a fresh home, whatever the worker count.
+sources drop one parent object (its records leave their clusters, some were representatives),
+change one record's text (it joins another cluster) and add near copies of old essays, a
+longer version of one (first in the total order, so the old one becomes its near duplicate)
+and near copies of each other. The child's dedup layer must say it ran incrementally and reuse
+pairs and text lengths, and publish the same bytes as a from-scratch build of the same final
+sources in a fresh home, whatever the worker count.
 """
 
 import json
@@ -86,7 +87,7 @@ def _open(home: Path, monkeypatch: pytest.MonkeyPatch, workers: int = 1) -> Work
 def test_child_dedup_is_incremental_and_equals_a_fresh_build(
     demo_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    _old, new = _sources(demo_home)
+    old, new = _sources(demo_home)
     ws = _open(demo_home, monkeypatch)
     first = build_all(ws, "p1")
     assert first["dedup_clusters"].run_stats["near_incremental"] == 0
@@ -94,14 +95,17 @@ def test_child_dedup_is_incremental_and_equals_a_fresh_build(
     approve(ws, sid, by="reviewer")
     activate(ws, sid, actor="test")
     (demo_home / ESSAYS / "long-00001.jsonl").unlink()
+    changed = dict(old)  # a changed record: long-copy03 now copies long10 (and long03 loses it)
+    changed["long-copy03"] = changed["long10"] + " zeta"
+    _write(demo_home, "long-00000.jsonl", list(changed.items()))
     _write(demo_home, "long-00002.jsonl", new)
     child = _dedup(ws, "p2")
     ws.close()
     stats = child.run_stats
     assert stats["near_incremental"] == 1, child.details["near_mode"]
     assert stats["pairs_reused"] > 0
-    # every chunk but the removed object's: their text columns are not read for lengths again
-    assert stats["lengths_reused"] == first["canonical_records"].counts["chunks"] - 1
+    # every chunk but the removed and changed objects': their texts are not read for lengths
+    assert stats["lengths_reused"] == first["canonical_records"].counts["chunks"] - 2
     assert stats["pairs_computed"] < stats["pairs_verified"]
     assert child.counts["near_duplicates"] >= 8
     chain = _outputs(_open(demo_home, monkeypatch), "p2")
@@ -118,6 +122,7 @@ def test_child_dedup_is_incremental_and_equals_a_fresh_build(
     rows = {r["record_id"]: r for r in table.to_pylist()}
     assert rows["essays/long09"]["verdict"] == "near_duplicate"  # its longer copy came first
     assert not any(r.startswith("essays/gone") for r in rows)
+    assert rows["essays/long10"]["match_id"] == "essays/long-copy03"  # changed, longer: first
     fresh.close()
     again = _open(demo_home, monkeypatch, workers=2)
     rerun = DIRECT_BUILDERS["dedup_clusters"](again, "p2")  # not the layer memo: a real run
