@@ -26,6 +26,7 @@ from corpus_assets.core.runtime.workspace import Workspace, open_workspace
 from corpus_assets.core.storage.artifacts import get_table
 
 ESSAYS = Path("demo-sources") / "essays"
+_OTHER_POLICY = "policies:\n  dedup: {near: {bucket_heads: 31}}\n"
 
 
 def _vocabulary(rng: random.Random) -> list[str]:
@@ -129,6 +130,13 @@ def test_child_dedup_is_incremental_and_equals_a_fresh_build(
     assert rerun.run_stats["near_incremental"] == 1
     assert _outputs(again, "p2") == chain
     again.close()
+    config = demo_home / "corpus.yaml"  # another dedup policy: the parent's pairs are not used
+    config.write_text(config.read_text().replace("policies:\n", _OTHER_POLICY))
+    other = _open(demo_home, monkeypatch)
+    full = DIRECT_BUILDERS["dedup_clusters"](other, "p2")
+    assert full.run_stats["near_incremental"] == 0
+    assert "policy" in full.details["near_mode"]["reason"]
+    other.close()
 
 
 # --- the scan with known pairs ------------------------------------------------------------------
