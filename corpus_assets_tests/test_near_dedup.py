@@ -279,10 +279,14 @@ def test_one_and_two_workers_and_reruns_give_the_same_dedup_table(
     assert digests[0] == digests[1] == digests[2]
 
 
+def _signature_stats(result: LayerResult) -> dict[str, int]:
+    return {k: v for k, v in result.run_stats.items() if k.startswith("signatures_")}
+
+
 def test_a_new_source_object_rehashes_only_its_records(demo_home: Path) -> None:
     with open_workspace() as ws:
         first = _build(ws, "p1")
-        assert first.run_stats == {
+        assert _signature_stats(first) == {
             "signatures_hashed": first.counts["records"],
             "signatures_reused": 0,
         }
@@ -292,7 +296,7 @@ def test_a_new_source_object_rehashes_only_its_records(demo_home: Path) -> None:
         new.write_text("".join(json.dumps(r) + "\n" for r in rows))
         second = _build(ws, "p2")
     assert second.counts["records"] == first.counts["records"] + 7
-    assert second.run_stats == {
+    assert _signature_stats(second) == {
         "signatures_hashed": 7,
         "signatures_reused": first.counts["records"],
     }

@@ -32,7 +32,14 @@ from corpus_assets.core.dedup.clusters import (
 )
 from corpus_assets.core.dedup.fingerprint_store import TextLookup
 from corpus_assets.core.dedup.near_stage import NearStage
-from corpus_assets.core.dedup.partition_db import PartitionDb
+from corpus_assets.core.dedup.pair_cache import (
+    INCREMENTAL,
+    Mode,
+    PairLookup,
+    parent_mode,
+    store_pairs,
+)
+from corpus_assets.core.dedup.partition_db import PartitionDb, chunk_lengths
 from corpus_assets.core.dedup.report import DedupReport
 from corpus_assets.core.dedup.signature_cache import (
     ensure_signatures,
@@ -58,11 +65,17 @@ def build_dedup_clusters(ws: Workspace, partition_key: str) -> LayerResult:
     chunks = canonical.chunks()
     _, spec = freeze(ws, partition_key)
     order = {s.id: n for n, s in enumerate(ws.config.sources)}
+    policy = ws.config.policy_digest("dedup")
+    mode = parent_mode(ws, spec.parents, CODE, policy)
+    lengths, length_refs = chunk_lengths(ws, chunks, mode.lengths)
     with tempfile.TemporaryDirectory(dir=_tmp(ws)) as tmp:
-        with PartitionDb.from_chunks(ws, chunks) as db:
+        with PartitionDb.from_chunks(ws, chunks, lengths) as db:
+            del lengths
             revoked = _revoked(ws, db, spec.tombstone_watermark)
-            near, signature_refs, run_stats = _near_stage(ws, chunks)
+            near, signature_refs, run_stats = _near_stage(ws, chunks, db, mode)
             decided = decide(db, order, revoked, near)
+            pairs = store_pairs(ws, db, *near.verified_arrays()) if near else None
+            run_stats |= _near_work(near, mode, chunks)
             del near
             report = DedupReport(near=decided.report, per_source=_per_source(decided))
             counts = _counts(decided, report, tombstoned=len(revoked))
@@ -81,8 +94,9 @@ def build_dedup_clusters(ws: Workspace, partition_key: str) -> LayerResult:
         "edges": edges,
         "report": put_json(ws.cas, report.document()),
         "signatures": signature_refs,
+        "lengths": length_refs,
+        **({"pairs": pairs} if pairs is not None else {}),
     }
-    policy = ws.config.policy_digest("dedup")
     inputs = [canonical_ref]
     ref = publish_index(ws, partition_key, "dedup_clusters", CODE, policy, inputs, out, counts)
     return LayerResult(
@@ -92,7 +106,10 @@ def build_dedup_clusters(ws: Workspace, partition_key: str) -> LayerResult:
         preview=[{"source": s, **c} for s, c in report.per_source.items()],
         digests={name: out[name]["digest"] for name in ("clusters", "report")},
         run_stats=run_stats,
-        details={k: v for k, v in report.document().items() if k != "per_source"},
+        details={
+            **{k: v for k, v in report.document().items() if k != "per_source"},
+            "near_mode": {"mode": mode.mode, "reason": mode.reason},
+        },
     )
 
 
@@ -115,10 +132,11 @@ def _revoked(ws: Workspace, db: PartitionDb, watermark: int) -> dict[int, str]:
 
 
 def _near_stage(
-    ws: Workspace, chunks: list[ChunkRecords]
+    ws: Workspace, chunks: list[ChunkRecords], db: PartitionDb, mode: Mode
 ) -> tuple[NearStage | None, list[dict[str, Any]], dict[str, int]]:
     """The near-dedup stage over cached signatures (None when switched off), the signature
-    refs this layer lists, and how many records were hashed or reused in this run."""
+    refs this layer lists, and how many records were hashed or reused in this run. When
+    ``mode`` is incremental the stage first looks pairs up in the parent's verified pairs."""
     policy = ws.config.policies.dedup.near
     if not policy.enabled:
         return None, [], {}
@@ -128,7 +146,8 @@ def _near_stage(
     content = {s.id: s.content for s in ws.config.sources}
     texts = TextLookup(ws, chunks, verified=True)  # PartitionDb verified the same files
     modes = load_modes(arrays, sig_spec)
-    near = NearStage(policy, arrays, texts, content, ws.home / "tmp", modes)
+    pairs = PairLookup(db, mode.pairs_sql) if mode.pairs_sql is not None else None
+    near = NearStage(policy, arrays, texts, content, ws.home / "tmp", modes, pairs)
     refs = [
         {"chunk": c.chunk, "signatures": make_ref(c.digest, NPY, ws.cas.size(c.digest))}
         for c in cached
@@ -138,6 +157,19 @@ def _near_stage(
         "signatures_reused": sum(c.records for c in cached if not c.hashed),
     }
     return near, refs, run_stats
+
+
+def _near_work(near: NearStage | None, mode: Mode, chunks: list[ChunkRecords]) -> dict[str, int]:
+    """What near-dedup did in this run (never hashed: an incremental and a full build of the
+    same sources publish the same bytes): the mode, pairs reused, computed, texts shingled,
+    chunks whose text lengths were the parent's; nothing when near-dedup is off."""
+    if near is None:
+        return {}
+    work = {**near.work, "near_incremental": int(mode.mode == INCREMENTAL)}
+    if near.pairs is not None:
+        work["pairs_reused"] = near.pairs.found
+        work["lengths_reused"] = sum(c.records["digest"] in mode.lengths for c in chunks)
+    return work
 
 
 def _counts(decided: Decided, report: DedupReport, tombstoned: int) -> dict[str, int]:

@@ -86,7 +86,12 @@ class NearResult:
     candidate_pairs: int = 0  # unique (x, y) pairs after all bands
     verified_pairs: int = 0  # exact Jaccard computations
     skipped_same_group: int = 0  # candidates already linked once the record's fate was known
-    fingerprinted: int = 0  # records whose shingle fingerprints were needed
+    fingerprinted: int = 0  # records in candidate pairs (whose fingerprints a full scan needs)
+    fingerprinted_now: int = 0  # records fingerprinted in this run (fewer with known pairs)
+    computed_pairs: int = 0  # exact Jaccards computed in this run (the rest were known)
+    pair_x: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
+    pair_y: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
+    verified: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.float64))
 
 
 def s_curve(bands: int, rows: int) -> list[dict[str, float]]:
@@ -259,6 +264,7 @@ def near_dedup(
     jaccard: Callable[[np.ndarray, np.ndarray], float],
     prefetch: Callable[[np.ndarray], None] | None = None,
     thresholds: np.ndarray | None = None,
+    known: Callable[[np.ndarray], np.ndarray] | None = None,
 ) -> NearResult:
     """Algorithm 18.1 over LSH candidates; see the module docstring.
 
@@ -266,7 +272,10 @@ def near_dedup(
     those ranks (only records that share a bucket are asked for, a window at a time);
     ``prefetch``, if given, first receives every rank that will be asked for, ascending, once;
     ``jaccard`` compares two; ``thresholds``, if given, is each rank's threshold (a pair needs
-    the larger of its two), else every pair needs ``params.threshold``.
+    the larger of its two), else every pair needs ``params.threshold``. ``known``, if given,
+    maps the packed candidate pairs (``x * n + y``) to Jaccards already verified elsewhere (nan
+    when not): those are used as they are, and only records of the other pairs are fetched.
+    The scan, and so every verdict, edge and count, is the same with or without ``known``.
     """
     n = len(order)
     pairs, band_stats = candidate_pairs(signature_chunks, order, params)
@@ -276,38 +285,67 @@ def near_dedup(
     result = NearResult(kept, match, match_j, [], band_stats, candidate_pairs=len(pairs))
     if not len(pairs):
         return result
+    cached = known(pairs) if known is not None else np.full(len(pairs), np.nan)
     xs, ys = np.divmod(pairs, n)
     del pairs
-    prints = _Prints(xs, ys, fingerprints)
-    result.fingerprinted = len(prints.involved)
-    if prefetch is not None:
-        prefetch(prints.involved)
+    result.fingerprinted = len(_unique(np.concatenate([xs, ys])))
+    unknown = np.isnan(cached)
+    prints = _Prints(xs[unknown], ys[unknown], fingerprints) if unknown.any() else None
+    if prints is not None:
+        result.fingerprinted_now = len(prints.involved)
+        if prefetch is not None:
+            prefetch(prints.involved)
+    _scan(result, xs, ys, cached, prints, jaccard, params.threshold, thresholds)
+    return result
+
+
+def _scan(
+    result: NearResult,
+    xs: np.ndarray,
+    ys: np.ndarray,
+    cached: np.ndarray,
+    prints: _Prints | None,
+    jaccard: Callable[[np.ndarray, np.ndarray], float],
+    tau: float,
+    thresholds: np.ndarray | None,
+) -> None:
+    """The scan in total order: kept flags, direct matches, edges and every pair's Jaccard
+    (``result.verified``, nan for pairs skipped)."""
+    n = len(result.kept)
     groups = UnionFind(n)
     alive = bytearray(b"\x01") * n  # kept flags as a bytearray: cheap to index in the loop
-    tau = params.threshold
     taus = thresholds.tolist() if thresholds is not None else None
+    verified = np.full(len(xs), np.nan, dtype=np.float64)
     bounds = np.flatnonzero(np.r_[True, xs[1:] != xs[:-1], True]).tolist()
     for lo, hi in pairwise(bounds):
         x = int(xs[lo])
         tau_x = tau if taus is None else taus[x]
-        prints.before(x)
-        fx = prints.live[x]
+        if prints is not None:
+            prints.before(x)
+        live = prints.live if prints is not None else {}
         direct = -1
-        for y in ys[lo:hi].tolist():  # ascending rank: the first kept match is the direct one
+        ys_x, cached_x = ys[lo:hi].tolist(), cached[lo:hi].tolist()
+        for i, y in enumerate(ys_x):  # ascending rank: the first kept match is the direct one
             if (direct >= 0 or not alive[y]) and groups.find(x) == groups.find(y):
                 result.skipped_same_group += 1
                 continue
-            j = jaccard(fx, prints.live[y])
+            j = cached_x[i]
+            if j != j:  # nan: not verified before
+                j = jaccard(live[x], live[y])
+                result.computed_pairs += 1
+            verified[lo + i] = j
             result.verified_pairs += 1
             if j >= (tau_x if taus is None else max(tau_x, taus[y])):
                 groups.union(x, y)
                 result.edges.append((x, y, j))
                 if direct < 0 and alive[y]:
                     direct = y
-                    match_j[x] = j
+                    result.match_jaccard[x] = j
         if direct >= 0:
             alive[x] = 0
-            match[x] = direct
-        prints.after(x)
-    kept[:] = np.frombuffer(bytes(alive), dtype=np.uint8).astype(bool)
-    return result
+            result.match[x] = direct
+        if prints is not None:
+            prints.after(x)
+    result.kept[:] = np.frombuffer(bytes(alive), dtype=np.uint8).astype(bool)
+    result.verified = verified
+    result.pair_x, result.pair_y = xs, ys

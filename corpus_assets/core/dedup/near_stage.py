@@ -10,6 +10,7 @@ With ``minhash.v3`` each record's shingle mode (from the signature files) picks 
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +26,7 @@ from corpus_assets.core.dedup.near_dedup import (
     s_curve,
 )
 from corpus_assets.core.dedup.near_rule import CHAR, WORD, ScriptThresholds
+from corpus_assets.core.dedup.pair_cache import PairLookup
 from corpus_assets.core.dedup.partition_db import RecordCodes
 from corpus_assets.core.dedup.report import (
     BandTotals,
@@ -52,8 +54,10 @@ class NearStage:
         content_of: dict[str, str],
         tmp: Path,
         modes: np.ndarray | None = None,
+        pairs: PairLookup | None = None,
     ) -> None:
-        """``modes``: each record's char-mode flag (bool, by row), for a v3 spec."""
+        """``modes``: each record's char-mode flag (bool, by row), for a v3 spec; ``pairs``:
+        a parent's verified pairs, looked up before any pair is verified."""
         self.policy = policy
         self.spec = signature_spec(policy)
         if stores_modes(self.spec) and modes is None:
@@ -69,8 +73,11 @@ class NearStage:
         self.params = LshParams(
             policy.bands, policy.rows, float(policy.threshold), policy.bucket_heads
         )
+        self.pairs = pairs
         self._edges: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
         self._matches: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        self._verified: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        self.work = {"pairs_verified": 0, "pairs_computed": 0, "records_fingerprinted": 0}
 
     def edge_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Verified near edges as rows (x later than y in the total order) and Jaccards."""
@@ -79,6 +86,10 @@ class NearStage:
     def match_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Near duplicates: their rows, the rows of their direct matches and the Jaccards."""
         return _joined(self._matches)
+
+    def verified_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Every pair the scans verified (computed or known) as rows, and its Jaccard."""
+        return _joined(self._verified)
 
     def run(self, records: RecordCodes, eligible: np.ndarray) -> NearReport:
         classes, buckets, scripts = {}, [], []
@@ -125,9 +136,17 @@ class NearStage:
         t = self.thresholds
         if self.modes is not None and t.char != t.word and self.modes[order].any():
             taus = t.by_rank(self.modes[order])
+        known = None if self.pairs is None else partial(self.pairs.known, order)
         try:
             return near_dedup(
-                self.chunks, order, self.params, prints, jaccard_sorted, prints.prefetch, taus
+                self.chunks,
+                order,
+                self.params,
+                prints,
+                jaccard_sorted,
+                prints.prefetch,
+                taus,
+                known,
             )
         finally:
             prints.close()
@@ -160,6 +179,13 @@ class NearStage:
         self._matches.append(
             (order[dropped], order[result.match[dropped]], result.match_jaccard[dropped])
         )
+        done = ~np.isnan(result.verified)
+        self._verified.append(
+            (order[result.pair_x[done]], order[result.pair_y[done]], result.verified[done])
+        )
+        self.work["pairs_verified"] += result.verified_pairs
+        self.work["pairs_computed"] += result.computed_pairs
+        self.work["records_fingerprinted"] += result.fingerprinted_now
 
 
 def _joined(

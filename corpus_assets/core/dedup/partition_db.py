@@ -12,9 +12,10 @@ nulls sort last, and ``row`` breaks every remaining tie the way a stable sort wo
 """
 
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -23,6 +24,7 @@ import pyarrow.parquet as pq
 
 from corpus_assets.core.records.index import RECORD_COLUMNS, ChunkRecords
 from corpus_assets.core.runtime.workspace import Workspace
+from corpus_assets.core.storage.artifacts import put_bytes
 from corpus_assets.core.storage.duck import Spilling, sql_list
 from corpus_assets.core.storage.memory import release_memory
 
@@ -61,7 +63,8 @@ class RecordCodes:
 
 class PartitionDb:
     """A DuckDB connection whose view ``recs`` holds row, the carried columns and kind, and
-    whose table ``meta`` holds (row, length)."""
+    whose table ``meta`` holds (row, length); over chunk files, the view ``texts`` holds (row,
+    text_digest) for the verified pairs (:mod:`.pair_cache`)."""
 
     def __init__(self, tmp: Path | None, threads: int = 2) -> None:
         base = tmp if tmp is not None else Path(tempfile.gettempdir())
@@ -76,27 +79,32 @@ class PartitionDb:
         self.threads = self.workers = max(1, threads)
 
     @classmethod
-    def from_chunks(cls, ws: Workspace, chunks: list[ChunkRecords]) -> "PartitionDb":
-        """The canonical chunks' files, verified against their digests, read in place."""
+    def from_chunks(
+        cls, ws: Workspace, chunks: list[ChunkRecords], lengths: list[np.ndarray] | None = None
+    ) -> "PartitionDb":
+        """The canonical chunks' files, verified against their digests, read in place;
+        ``lengths``: each chunk's text lengths when known (:func:`chunk_lengths`)."""
         db = cls(ws.home / "tmp", ws.config.execution.workers)
         try:
-            db._attach(ws, chunks)
+            db._attach(ws, chunks, lengths)
         except BaseException:
             db.close()  # its spill directory too
             raise
         return db
 
-    def _attach(self, ws: Workspace, chunks: list[ChunkRecords]) -> None:
+    def _attach(
+        self, ws: Workspace, chunks: list[ChunkRecords], known: list[np.ndarray] | None
+    ) -> None:
         if not chunks:
             self._from_arrow(RECORD_COLUMNS.empty_table())
             return
         paths, starts, lengths, start = [], [], [], 0
-        for chunk in chunks:
+        for n, chunk in enumerate(chunks):
             ws.cas.verify(chunk.records["digest"], chunk.what)
             path = ws.cas.path(chunk.records["digest"])
             paths.append(str(path))
             starts.append(start)
-            lengths.append(text_lengths(path))
+            lengths.append(text_lengths(path) if known is None else known[n])
             release_memory()
             start += chunk.count
         files = pa.table({"path": paths, "start": pa.array(starts, pa.int64())})
@@ -111,6 +119,8 @@ class PartitionDb:
             f"CREATE TEMP TABLE files AS SELECT * FROM chunk_files;"
             f"CREATE TEMP TABLE meta AS SELECT * FROM lengths;"
             f"CREATE VIEW recs AS SELECT f.start + p.file_row_number AS row, {_CARRIED_SQL} "
+            f"FROM {scan} p JOIN files f ON p.filename = f.path;"
+            f"CREATE VIEW texts AS SELECT f.start + p.file_row_number AS row, text_digest "
             f"FROM {scan} p JOIN files f ON p.filename = f.path"
         )
         self.con.unregister("chunk_files")
@@ -269,3 +279,27 @@ def text_lengths(path: Path, batch_rows: int = 1024) -> np.ndarray:
     batches = parquet.iter_batches(batch_size=batch_rows, columns=["text"], use_threads=False)
     parts = [pc.utf8_length(batch.column(0)).to_numpy().astype(np.int64) for batch in batches]
     return np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
+
+
+def chunk_lengths(
+    ws: Workspace, chunks: list[ChunkRecords], known: Mapping[str, str]
+) -> tuple[list[np.ndarray], list[dict[str, Any]]]:
+    """Each chunk's text lengths, read back from ``known`` (records digest -> lengths digest: a
+    parent's, so an unchanged chunk's text column is not read again) or counted from its text
+    column; and one ``{records, lengths}`` ref per chunk for the layer to list."""
+    arrays, refs = [], []
+    for chunk in chunks:
+        records = chunk.records["digest"]
+        digest = known.get(records)
+        if digest is not None:
+            data = ws.cas.get_bytes(digest, f"text lengths of {chunk.key}")
+            lengths = np.frombuffer(data, dtype="<i8").astype(np.int64)
+            if len(lengths) != chunk.count:
+                raise ValueError(f"text lengths {digest} of {chunk.key}: {len(lengths)} rows")
+        else:
+            ws.cas.verify(records, chunk.what)
+            lengths = text_lengths(ws.cas.path(records))
+        ref = put_bytes(ws.cas, lengths.astype("<i8").tobytes())
+        arrays.append(lengths)
+        refs.append({"records": records, "lengths": ref})
+    return arrays, refs

@@ -33,6 +33,8 @@ _LAYER_OUTPUTS: dict[str, tuple[tuple[str, str], ...]] = {
         ("edges", LEAF),
         ("report", LEAF),  # a JSON document of figures, no refs
         ("signatures[].signatures", LEAF),
+        ("pairs", LEAF),  # verified pairs: text digests and Jaccard, reused by a child
+        ("lengths[].lengths", LEAF),  # per chunk: its texts' lengths, reused by a child
     ),
     "splits": (
         ("splits", LEAF),

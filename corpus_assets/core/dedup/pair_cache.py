@@ -1,0 +1,115 @@
+"""Verified pairs: the exact Jaccards one dedup run computed, reused by its child snapshot.
+
+Verification is near-dedup's costly step (each candidate's text read and shingled, then an
+exact Jaccard). A pair's Jaccard is a function of its two texts and the signature spec only, so
+the layer stores every pair its scan verified as the ``pairs`` table (text digests ``a < b``,
+``jaccard``, sorted). A child build whose parent snapshot ran the same dedup code and policy
+looks its candidate pairs up in the parent's table first, and fingerprints and verifies only
+the pairs not found there: pairs that involve a new or changed text, and the rare old pairs the
+parent skipped or never had as candidates (a bucket head displaced by a removal).
+
+Everything else is the full build's: banding over every record, the scan in total order and its
+skips, so verdicts, clusters (a removed record leaves its cluster and the scan elects the next
+representative), edges, report and ``pairs`` are byte-identical to a from-scratch build's.
+"""
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+
+from corpus_assets.core.dedup.partition_db import PartitionDb
+from corpus_assets.core.governance import states
+from corpus_assets.core.runtime.layers import load_index
+from corpus_assets.core.runtime.workspace import Workspace
+from corpus_assets.core.storage.artifacts import Ref, get_json
+from corpus_assets.core.storage.duck import cas_parquet, put_query
+
+PAIR_COLUMNS = pa.schema([("a", pa.string()), ("b", pa.string()), ("jaccard", pa.float64())])
+FULL, INCREMENTAL = "full", "incremental"
+
+
+@dataclass(frozen=True)
+class Mode:
+    """Whether near-dedup reuses a parent's verified pairs, and why (or why not)."""
+
+    mode: str
+    reason: str
+    pairs_sql: str | None = None  # the parent's pairs table, when incremental
+    lengths: dict[str, str] = field(default_factory=dict)  # records digest -> its text lengths
+
+
+def parent_mode(ws: Workspace, parents: list[str], code: str, policy: str | None) -> Mode:
+    """Incremental when the parent snapshot's dedup ran this code and policy and stored its
+    verified pairs; else full, saying why."""
+    if not ws.config.policies.dedup.near.enabled:
+        return Mode(FULL, "near-dedup is off")
+    if not parents:
+        return Mode(FULL, "no parent snapshot")
+    parent = parents[0]
+    manifest = get_json(ws.cas, states.get(ws.catalog, parent).manifest_digest, "parent manifest")
+    index = load_index(ws.cas, manifest["layers"]["dedup_clusters"], "dedup_clusters")
+    if index.code != code:
+        return Mode(FULL, f"parent {parent} ran other dedup code")
+    if index.policy != policy:
+        return Mode(FULL, f"parent {parent} ran another dedup policy")
+    if "pairs" not in index.outputs:
+        return Mode(FULL, f"parent {parent} stored no verified pairs")
+    sql = cas_parquet(ws.cas, index.output("pairs"), "parent dedup pairs")
+    lengths = {c["records"]: c["lengths"]["digest"] for c in index.outputs.get("lengths", [])}
+    return Mode(INCREMENTAL, f"parent {parent}", sql, lengths)
+
+
+class PairLookup:
+    """The parent's verified pairs, looked up by the rank pairs of one class run."""
+
+    def __init__(self, db: PartitionDb, pairs_sql: str) -> None:
+        self.db, self.pairs_sql = db, pairs_sql
+        self.found = 0  # candidate pairs found in the parent's table, over every class
+
+    def known(self, order: np.ndarray, packed: np.ndarray) -> np.ndarray:
+        """Jaccard per packed candidate pair ``x * n + y`` of the ranks of ``order`` (nan when
+        the parent did not verify the pair)."""
+        n = len(order)
+        ranks = pa.table({"rank": np.arange(n, dtype=np.int64), "row": order.astype(np.int64)})
+        self.db.register("class_rows", ranks)
+        try:
+            table = self.db.con.sql(
+                "WITH p AS (SELECT c.rank, t.text_digest AS td FROM class_rows c "
+                "JOIN texts t ON t.row = c.row) "
+                f"SELECT a.rank AS ra, b.rank AS rb, q.jaccard FROM {self.pairs_sql} q "
+                "JOIN p a ON q.a = a.td JOIN p b ON q.b = b.td"
+            ).to_arrow_table()
+        finally:
+            self.db.unregister("class_rows")
+        ra, rb = table["ra"].to_numpy(), table["rb"].to_numpy()
+        keys = np.maximum(ra, rb) * n + np.minimum(ra, rb)
+        by_key = np.argsort(keys, kind="stable")
+        keys, jaccards = keys[by_key], table["jaccard"].to_numpy()[by_key]
+        out = np.full(len(packed), np.nan, dtype=np.float64)
+        if len(keys):
+            at = np.minimum(np.searchsorted(keys, packed), len(keys) - 1)
+            hit = keys[at] == packed
+            out[hit] = jaccards[at[hit]]
+            self.found += int(hit.sum())
+        return out
+
+
+def store_pairs(
+    ws: Workspace, db: PartitionDb, x: np.ndarray, y: np.ndarray, jaccard: np.ndarray
+) -> Ref:
+    """The verified pairs (rows and Jaccards) as the ``pairs`` table: text digests, sorted."""
+    db.register("verified", pa.table({"x": x, "y": y, "jaccard": jaccard}))
+    try:
+        ref, _ = put_query(
+            ws.cas,
+            db.con,
+            "SELECT least(ta.text_digest, tb.text_digest) AS a, "
+            "greatest(ta.text_digest, tb.text_digest) AS b, min(v.jaccard) AS jaccard "
+            "FROM verified v JOIN texts ta ON ta.row = v.x JOIN texts tb ON tb.row = v.y "
+            "GROUP BY ALL ORDER BY a, b",
+            PAIR_COLUMNS,
+        )
+    finally:
+        db.unregister("verified")
+    return ref
