@@ -7,6 +7,8 @@ import random
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from corpus_assets.core.records import contamination, contamination_stream
 from corpus_assets.core.records.contamination import (
@@ -231,6 +233,8 @@ def test_empty_inputs() -> None:
         "中文，测试。 日本語のテキスト！ ภาษาไทย",
         "\x1b[1mbold\x1b[0m back\bspace",
         "a\u2003b\u00a0c\u3000d\x1ce",
+        "a\x1cb\x1dc\x1ed\x1fe\x0bf\x0cg\rh\x85i -- j!k",  # ASCII whitespace, then not ASCII
+        "tab\there, form\x0cfeed; unit\x1fsep: x.y.z (end)",  # ASCII only: the translate path
     ],
 )
 def test_vectorised_normalisation_equals_the_reference(text: str) -> None:
@@ -239,6 +243,14 @@ def test_vectorised_normalisation_equals_the_reference(text: str) -> None:
     assert [stream.text(r) for r in range(len(texts))] == [normalise(t) for t in texts]
     single = contamination_stream.Stream.single(text)
     assert single.text(0) == normalise(text)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.text(st.characters(max_codepoint=127), max_size=60), min_size=1, max_size=6))
+def test_ascii_batches_equal_the_reference(texts: list[str]) -> None:
+    """Batches of ASCII text take the ``bytes.translate`` classes: every ASCII character."""
+    stream = contamination_stream.normalise_stream(texts)
+    assert [stream.text(r) for r in range(len(texts))] == [normalise(t) for t in texts]
 
 
 def test_normalisation_rules() -> None:

@@ -21,6 +21,7 @@ it is a few copies of its normalised text and, for fingerprints, its own result.
 
 from collections.abc import Sequence
 from functools import lru_cache
+from itertools import repeat
 
 import numpy as np
 
@@ -119,7 +120,7 @@ class _V2Sink:
             counts = np.fromiter(map(len, norms), dtype=np.int64, count=len(norms))
         else:
             units = np.concatenate(list(word_units([codepoints(" ".join(norms))])))
-            counts = np.array([norm.count(" ") + 1 for norm in norms], dtype=np.int64)
+            counts = np.fromiter(map(str.count, norms, repeat(" ")), np.int64, len(norms)) + 1
         fp, n_sh = self.add(rows, units, counts, n)
         if self.want_fp:
             ends = np.cumsum(n_sh).tolist()

@@ -153,7 +153,9 @@ def word_units(chunks: Iterable[np.ndarray]) -> Iterator[np.ndarray]:
         pw, ipw = _pow_tables(size + 1)  # a segment can start at size (chunk ends in " ")
         prefix = np.empty(size + 1, dtype=np.uint64)
         prefix[0] = 0
-        np.cumsum(cp * pw[:size], out=prefix[1:])  # wraps mod 2**64
+        terms = prefix[1:]
+        np.multiply(cp, pw[:size], out=terms)  # in place: no full-size temporary; wraps
+        np.cumsum(terms, out=terms)
         poly = prefix[ends]
         poly -= prefix[starts]
         poly *= ipw[starts]  # P of each segment, relative to its own start

@@ -32,7 +32,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from corpus_assets.core.records.text_chunks import line_cuts, rewrite_chunks
-from corpus_assets.core.storage.digests import hasher_digest
+from corpus_assets.core.storage.digests import hasher_digest, sha256_digest
 
 CODE_KIND = "code"
 # A longer text is checked and NFC-normalised a chunk (cut after a newline) at a time, so no
@@ -280,7 +280,9 @@ def dedup_key(text: str, kind: str = "prose") -> str:
     """sha256 of the dedup-normalised text: what exact dedup and benchmark matching compare.
 
     Hashed a window at a time, so a text at ``max_chars`` never has its normalised copy (or
-    its word list) in memory whole."""
+    its word list) in memory whole; a text of one window (most) skips the window machinery."""
+    if len(text) <= DEDUP_WINDOW:  # what ``_dedup_pieces`` yields for it: one window, whole
+        return sha256_digest(_dedup_window(text, kind == CODE_KIND).encode("utf-8"))
     hasher = hashlib.sha256()
     for piece in _dedup_pieces(text, kind):
         hasher.update(piece.encode("utf-8"))
@@ -324,7 +326,7 @@ def _dedup_pieces(text: str, kind: str) -> Iterator[str]:
 def _dedup_window(window: str, code: bool) -> str:
     """The whole-text rule on one window."""
     if code:
-        return "\n".join(filter(None, [line.rstrip() for line in window.split("\n")]))
+        return "\n".join(filter(None, map(str.rstrip, window.split("\n"))))
     piece = " ".join(window.split()).casefold()
     if piece.isascii() or unicodedata.is_normalized("NFC", piece):
         return piece
