@@ -6,7 +6,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from corpus_assets.cli_catalog import CliError, note, storage
+from corpus_assets.cli_common import CliError, note, storage
 from corpus_assets.cli_interrupt import off_main_thread
 from corpus_assets.core.governance import gate
 from corpus_assets.core.ingest.sources import check_source_folders
