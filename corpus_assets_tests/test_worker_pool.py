@@ -10,6 +10,7 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
+from corpus_assets.assets.executor import pooled_in_process_executor
 from corpus_assets.assets.resources import CorpusResource
 from corpus_assets.core.runtime.pool import shared_pool
 from corpus_assets.core.runtime.runners import LocalRunner, WorkerSetup
@@ -83,22 +84,46 @@ def test_one_pool_serves_every_map_of_a_session() -> None:
     assert not any(_alive(pid) for pid in ran)
 
 
-def test_a_dagster_run_shares_one_pool_between_its_steps() -> None:
-    """The run's ``CorpusResource`` holds the pool: the in-process executor runs every step in
-    one process, so every layer of a build uses the same workers."""
+@dg.asset
+def first_layer() -> dg.MaterializeResult:
+    return dg.MaterializeResult(metadata={"ran": sorted(_two_maps()[0])})
 
-    @dg.asset
-    def first(corpus: CorpusResource) -> list[int]:
-        return sorted(_two_maps()[0])
 
-    @dg.asset
-    def second(corpus: CorpusResource, first: list[int]) -> list[list[int]]:
-        ran, alive = _two_maps()
-        return [sorted(ran), sorted(alive)]
+@dg.asset(deps=[first_layer])
+def second_layer() -> dg.MaterializeResult:
+    ran, alive = _two_maps()
+    return dg.MaterializeResult(metadata={"ran": sorted(ran), "alive": sorted(alive)})
 
-    result = dg.materialize([first, second], resources={"corpus": CorpusResource()})
-    ran = {*result.output_for_node("first"), *result.output_for_node("second")[0]}
-    alive = set(result.output_for_node("second")[1])
-    assert ran <= alive
-    assert len(alive) <= 2
+
+def _metadata(instance: dg.DagsterInstance, asset: str) -> dict[str, list[int]]:
+    event = instance.get_latest_materialization_event(dg.AssetKey(asset))
+    assert event is not None and event.asset_materialization is not None
+    return {k: list(v.value) for k, v in event.asset_materialization.metadata.items()}
+
+
+def two_layer_job() -> dg.JobDefinition:
+    """Two steps on the build's executor (reconstructable: ``execute_job`` keeps the executor,
+    ``execute_in_process`` would replace it)."""
+    job = dg.define_asset_job("two_layers", executor_def=pooled_in_process_executor)
+    return dg.Definitions(assets=[first_layer, second_layer], jobs=[job]).resolve_job_def(
+        "two_layers"
+    )
+
+
+def test_a_build_run_shares_one_pool_between_its_steps() -> None:
+    """The build job's executor holds one pool session for the whole run: its in-process steps
+    (every layer) use the same workers, which stop when the run ends."""
+    with dg.instance_for_test() as instance:
+        assert dg.execute_job(dg.reconstructable(two_layer_job), instance).success
+        first, second = _metadata(instance, "first_layer"), _metadata(instance, "second_layer")
+    ran = {*first["ran"], *second["ran"]}
+    assert ran <= set(second["alive"])
+    assert len(second["alive"]) <= 2
     assert not any(_alive(pid) for pid in ran)
+
+
+def test_sensors_still_build_the_corpus_resource_without_a_with_block() -> None:
+    """A resource with a teardown would be a context manager, which sensor contexts built
+    without ``with`` refuse: the pool's session is the executor's, not the resource's."""
+    context = dg.build_sensor_context(resources={"corpus": CorpusResource()})
+    assert isinstance(context.resources.corpus, CorpusResource)

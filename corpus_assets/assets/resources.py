@@ -5,7 +5,6 @@ from typing import Optional
 import dagster as dg
 
 from corpus_assets.assets.run_workers import record_worker
-from corpus_assets.core.runtime import pool
 from corpus_assets.core.runtime.config import config_path
 from corpus_assets.core.runtime.workspace import Workspace, open_workspace
 
@@ -17,16 +16,9 @@ class CorpusResource(dg.ConfigurableResource):
 
     def setup_for_execution(self, context: dg.InitResourceContext) -> None:
         """Name the process running the run's steps on the run (``run_workers``), so a run
-        killed without reporting is told from one still working; open the build's pool session
-        (``core.runtime.pool``): the in-process executor runs every step of a run in this
-        process, so all its layers share one pool (the multiprocess executor: one per step)."""
+        killed without reporting is told from one still working."""
         if context.instance is not None and context.run is not None:
             record_worker(context.instance, context.run)
-        pool.open_session()
-
-    def teardown_after_execution(self, context: dg.InitResourceContext) -> None:
-        """The run ended (well or not): its pool's workers stop."""
-        pool.close_session()
 
     def workspace(self) -> Workspace:
         return open_workspace(self.config_path)
