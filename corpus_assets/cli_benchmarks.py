@@ -2,7 +2,7 @@
 snapshot's canonical layer left rows out), as ``corpus_assets.cli`` dispatches them.
 
 ``corpus-assets benchmark NAME FILE``, the form before ``list`` and ``remove`` existed, still
-means ``benchmark add NAME FILE`` (``with_add``); a benchmark named ``add``, ``list`` or
+means ``benchmark add NAME FILE`` (``cli_parser.with_add``); a benchmark named ``add``, ``list`` or
 ``remove`` is registered with the explicit ``add``.
 """
 
@@ -13,9 +13,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from corpus_assets.cli_catalog import (
+from corpus_assets.cli_common import (
     CliError,
-    audited,
     cli_actor,
     print_json,
     storage,
@@ -29,53 +28,8 @@ from corpus_assets.core.records.normalize import dedup_key, is_blank
 from corpus_assets.core.release.verify import load_manifest, resolve
 from corpus_assets.core.storage.cas import ContentStore
 
-ACTIONS = ("add", "list", "remove")
 MAX_ITEM_LINE = 64 << 20  # one benchmark item's JSON line
 PUT_THREADS, PUT_WINDOW = 16, 1024
-
-
-def with_add(argv: list[str]) -> list[str]:
-    """``benchmark NAME FILE`` -> ``benchmark add NAME FILE``; every other command line as is.
-    Only ``--config VALUE`` / ``--config=VALUE`` may come before the command."""
-    i = 0
-    while i < len(argv) and argv[i].startswith("-"):
-        i += 1 if "=" in argv[i] or argv[i] in ("-h", "--help") else 2
-    after = argv[i + 1] if argv[i : i + 1] == ["benchmark"] and i + 1 < len(argv) else None
-    if after is not None and after not in (*ACTIONS, "-h", "--help"):
-        return [*argv[: i + 1], "add", *argv[i + 1 :]]
-    return argv
-
-
-def add_commands(sub: Any) -> None:
-    """The ``benchmark`` and ``excluded`` subcommands on ``corpus_assets.cli``'s parser."""
-    about = "the benchmark registry: add, list or remove items; every change advances the fence"
-    p = sub.add_parser("benchmark", help=about, description=about)
-    actions = p.add_subparsers(required=True, metavar="ACTION")
-    add = actions.add_parser(
-        "add",
-        help="register a JSONL (.jsonl, .jsonl.gz, .jsonl.zst) file's items; idempotent",
-        description="Register each line's text as item NAME/<id> (the row's id, else its line "
-        "number). An item already registered with the same text is kept as it is; the same "
-        "id with another text is refused. `benchmark NAME FILE` is the same command.",
-    )
-    add.add_argument("name", help="benchmark name")
-    add.add_argument("file", help="JSONL file of benchmark items, plain, gzip or zstd")
-    add.add_argument("--text-field", default="text")
-    add.set_defaults(run=audited(cmd_benchmark_add, name="benchmark name"))
-    listing = actions.add_parser("list", help="per benchmark: active items, seqs, times (JSON)")
-    listing.set_defaults(run=cmd_benchmark_list)
-    remove = actions.add_parser("remove", help="withdraw a benchmark or some of its items")
-    remove.add_argument("name", help="benchmark name")
-    remove.add_argument(
-        "--item", action="append", help="item id (NAME/ID or ID), repeatable; default: all"
-    )
-    remove.set_defaults(run=audited(cmd_benchmark_remove, name="benchmark name", item="--item"))
-    about = "a snapshot's excluded rows: source, object, line, reason (never their text), JSONL"
-    p = sub.add_parser("excluded", help=about, description=about)
-    p.add_argument("digest", help="snapshotId")
-    p.add_argument("--source", help="only this source id")
-    p.add_argument("--reason", help="only this reason code, or its prefix (e.g. quality)")
-    p.set_defaults(run=cmd_excluded)
 
 
 def read_items(

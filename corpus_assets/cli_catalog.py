@@ -6,16 +6,12 @@ training and the training read. ``corpus_assets.cli`` parses the command line an
 import argparse
 import getpass
 import json
-import sys
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
 
+from corpus_assets.cli_common import CliError, note, print_json, storage, writing_storage
 from corpus_assets.core.dedup.explain import explain
 from corpus_assets.core.governance import tombstones
-from corpus_assets.core.governance.audit_fields import audit_field
 from corpus_assets.core.governance.lineage import tombstone_hits
 from corpus_assets.core.release.export_run import check_out_folder, export_snapshot
 from corpus_assets.core.release.lineage_graph import lineage_prov, snapshot_lineage
@@ -23,75 +19,17 @@ from corpus_assets.core.release.prov import prov_document
 from corpus_assets.core.release.shadow import shadow_diff
 from corpus_assets.core.release.training import TrainingReader, take_permit
 from corpus_assets.core.release.verify import load_manifest, resolve
-from corpus_assets.core.runtime.config import config_path
 from corpus_assets.core.runtime.layers import LayerOrderError
-from corpus_assets.core.runtime.workspace import open_home, open_workspace
+from corpus_assets.core.runtime.workspace import open_workspace
 from corpus_assets.core.storage.artifacts import get_json
 from corpus_assets.core.storage.cas import ContentStore
-from corpus_assets.core.storage.cas_lock import cas_lock
 from corpus_assets.core.storage.catalog import Catalog
 from corpus_assets.core.training_view.tokenizer_fit import fit_tokenizer
-
-
-class CliError(RuntimeError):
-    """A refusal of the command itself; printed as the one error line."""
-
-
-def storage() -> tuple[Path, ContentStore, Catalog]:
-    """The data home named by the config if there is one, else ``$CORPUS_HOME``."""
-    if config_path().is_file():
-        ws = open_workspace()
-        return ws.home, ws.cas, ws.catalog
-    return open_home()
-
-
-@contextmanager
-def writing_storage() -> Iterator[tuple[Path, ContentStore, Catalog]]:
-    """``storage()`` for a command that puts objects in the CAS outside a build: it holds the
-    CAS lock shared, as a build does, so gc cannot remove what it wrote before the catalog (or
-    its caller) names it; while gc runs, the command waits and says so."""
-    home, cas, catalog = storage()
-    with cas_lock(home, cas, catalog.url, exclusive=False, on_wait=note):
-        yield home, cas, catalog
-
-
-def note(text: str) -> None:
-    print(text, file=sys.stderr, flush=True)
-
-
-def cli_actor() -> str:
-    """Who a registry or alias change made from the CLI is recorded as (the login name comes
-    from ``$LOGNAME``/``$USER`` first, so it is an audit field like any other)."""
-    return audit_field("actor (login name)", f"cli:{getpass.getuser()}")
-
-
-Command = Callable[[argparse.Namespace], int]
-
-
-def audited(run: Command, **fields: str) -> Command:
-    """``run`` behind the boundary check of the audit fields it writes to the catalog: each
-    keyword maps an argument's ``dest`` to the name its one-line refusal shows (the flag), and
-    the check runs before the command opens anything (``core.governance.audit_fields``)."""
-
-    def checked(args: argparse.Namespace) -> int:
-        for dest, shown in fields.items():
-            given = getattr(args, dest, None)
-            for value in given if isinstance(given, list) else [given]:
-                if value is not None:
-                    audit_field(shown, value)
-        return run(args)
-
-    return checked
 
 
 def cmd_show(args: argparse.Namespace) -> int:
     _home, cas, catalog = storage()
     print(json.dumps(load_manifest(cas, resolve(catalog, args.digest)), indent=2, sort_keys=True))
-    return 0
-
-
-def print_json(payload: Any) -> int:
-    print(json.dumps(payload, indent=2, sort_keys=True))
     return 0
 
 

@@ -3,20 +3,10 @@ open build references (``core.release.gc`` says what is live and why the lock is
 
 import argparse
 import json
-from typing import Any
 
-from corpus_assets.cli_catalog import CliError, note
+from corpus_assets.cli_common import CliError, note
 from corpus_assets.core.release.gc import GcError, collect, expire, plan
 from corpus_assets.core.runtime.workspace import open_workspace
-
-
-def add_gc_command(sub: Any) -> None:
-    """Register ``gc`` on the top-level subcommands."""
-    text = "remove CAS objects nothing retained references (retention: corpus.yaml)"
-    p = sub.add_parser("gc", help=text, description=text)
-    p.add_argument("--dry-run", action="store_true", help="list what would go; delete nothing")
-    p.add_argument("--json", action="store_true", help="print the report as JSON")
-    p.set_defaults(run=cmd_gc)
 
 
 def cmd_gc(args: argparse.Namespace) -> int:

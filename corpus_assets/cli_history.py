@@ -8,22 +8,12 @@ generation once it committed, the fences the snapshot was built behind, and why.
 import argparse
 import json
 import time
-from typing import Any
 
-from corpus_assets.cli_catalog import storage
+from corpus_assets.cli_common import storage
 from corpus_assets.core.governance.audit_fields import shown
 from corpus_assets.core.governance.history import Move, alias_moves
 
 COLUMNS = ("when (UTC)", "snapshot", "move", "actor", "gen", "tomb", "bench", "detail")
-
-
-def add_history_command(sub: Any) -> None:
-    """Register ``history`` on the CLI's subcommands."""
-    help_text = "an alias's audit trail: every state move, approver, generation and fence"
-    p = sub.add_parser("history", help=help_text, description=help_text)
-    p.add_argument("alias")
-    p.add_argument("--json", action="store_true", help="one JSON object per move, in a list")
-    p.set_defaults(run=cmd_history)
 
 
 def cmd_history(args: argparse.Namespace) -> int:

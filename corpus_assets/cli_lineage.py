@@ -5,7 +5,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from corpus_assets.cli_catalog import CliError, cmd_lineage, note, print_json
+from corpus_assets.cli_catalog import cmd_lineage
+from corpus_assets.cli_common import CliError, note, print_json
 from corpus_assets.core.release.record_lineage import RecordNotFound, record_lineage
 from corpus_assets.core.release.record_lineage_render import (
     record_sections,
@@ -21,29 +22,7 @@ from corpus_assets.core.runtime.config import config_path
 from corpus_assets.core.runtime.workspace import open_home, open_workspace
 from corpus_assets.core.storage.cas_lock import cas_lock
 
-GRAPH_FORMATS = ("text", "mermaid", "json", "prov")
 QUERY_FORMATS = ("text", "json")
-
-
-def add_lineage_command(sub: Any) -> None:
-    """``lineage DIGEST [--record ID | --shard S --block N --start T --end T] [--format F]``."""
-    about = "sources -> layers -> manifest -> aliases -> runs; or one record's lineage; or spans"
-    p = sub.add_parser("lineage", help=about, description=about)
-    p.add_argument("digest", help="snapshotId or manifest digest")
-    p.add_argument("--format", choices=GRAPH_FORMATS, default="text")
-    one = p.add_argument_group("one record (text or json)")
-    one.add_argument(
-        "--record",
-        metavar="RECORD_ID",
-        help="origin, canonical stages, dedup verdict, split, samples, packed spans and runs "
-        "of this record; an excluded row may also be named SOURCE/OBJECT_NAME#L<line>",
-    )
-    spans = p.add_argument_group("the reverse: packed spans -> records (text or json)")
-    spans.add_argument("--shard", help="a shard by CAS digest or by position (0, 1, ...)")
-    spans.add_argument("--block", type=int, help="a block number (numbered across the pack)")
-    spans.add_argument("--start", type=int, help="first token of the range in the block")
-    spans.add_argument("--end", type=int, help="token after the range in the block")
-    p.set_defaults(run=cmd_lineage_query)
 
 
 def cmd_lineage_query(args: argparse.Namespace) -> int:

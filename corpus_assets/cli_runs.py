@@ -6,7 +6,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from corpus_assets.cli_catalog import CliError, note, storage
+from corpus_assets.cli_common import CliError, note, storage
 from corpus_assets.cli_interrupt import off_main_thread
 from corpus_assets.core.governance import gate
 from corpus_assets.core.ingest.sources import check_source_folders
@@ -14,6 +14,7 @@ from corpus_assets.core.release.verify import resolve, verify
 from corpus_assets.core.runtime.build_lock import partition_build_lock
 from corpus_assets.core.runtime.keys import check_new_partition_key, new_partition_key
 from corpus_assets.core.runtime.layers import LAYERS, load_index
+from corpus_assets.core.runtime.pool import shared_pool
 from corpus_assets.core.runtime.workspace import check_writable_home, open_workspace
 from corpus_assets.core.storage.trust import StatTrust
 
@@ -84,7 +85,8 @@ def build(partition: str | None) -> dict[str, Any]:
     taken |= set(instance.get_dynamic_partitions("snapshots"))
     key = partition or new_partition_key(taken)
     cas_held = ws.cas_lock(on_wait=note)
-    with partition_build_lock(home, key, note), cas_held:
+    # one pool for the run's layers: execute_in_process replaces the job's (assets.executor)
+    with partition_build_lock(home, key, note), cas_held, shared_pool():
         _report_dead_runs(instance, key)
         with open_workspace() as ws:
             before = set(ws.cas.iter_digests())

@@ -5,23 +5,6 @@ import re
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
-
-
-def add_selftest_command(sub: Any) -> None:
-    about = "inject the seeds' faults end to end through the build job; print what happened"
-    p = sub.add_parser("selftest", help=about, description=about)
-    p.add_argument("--faults", action="store_true", required=True, help="run the fault cases")
-    p.add_argument(
-        "--catalog",
-        help="a PostgreSQL server URL (postgresql+psycopg2://user@host:port/db): each case gets "
-        "its own database there (the role needs CREATEDB); default: SQLite in each case's home",
-    )
-    p.add_argument("--only", help="run the cases whose name matches this regular expression")
-    p.add_argument("--full", action="store_true", help="also the slow cases and full sweeps")
-    p.add_argument("--list", action="store_true", help="list the cases and exit")
-    p.add_argument("--keep", help="keep the case homes under this folder (default: removed)")
-    p.set_defaults(run=cmd_selftest)
 
 
 def cmd_selftest(args: argparse.Namespace) -> int:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.engine import make_url
 
-from corpus_assets.cli_catalog import storage
+from corpus_assets.cli_common import storage
 from corpus_assets.core.governance import gate, states
 from corpus_assets.core.runtime.layers import LAYERS
 from corpus_assets.core.storage.catalog import Catalog

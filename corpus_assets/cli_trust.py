@@ -7,31 +7,13 @@ the key for every alias of the catalog (an alias accepts only the keys its catal
 import argparse
 import json
 from pathlib import Path
-from typing import Any
 
 from sqlalchemy import select
 
-from corpus_assets.cli_catalog import CliError, storage
+from corpus_assets.cli_common import CliError, storage
 from corpus_assets.core.release import trust_root
 from corpus_assets.core.release.signing import public_key_of, rotate_key
 from corpus_assets.core.storage.catalog import Catalog, snapshots
-
-
-def add_trust_command(sub: Any) -> None:
-    """Register ``trust`` and its actions on the top-level subcommands."""
-    text = "the signing keys readers accept (a file outside the data home): list, add, rotate"
-    p = sub.add_parser("trust", help=text, description=text)
-    actions = p.add_subparsers(required=True, metavar="ACTION")
-    listing = actions.add_parser("list", help="the trust file, its keys and this home's key")
-    listing.add_argument("--json", action="store_true", help="print it as JSON")
-    listing.set_defaults(run=cmd_trust_list)
-    add = actions.add_parser("add", help="accept a public key (PEM), e.g. another builder's")
-    add.add_argument("public_key", help="a PEM public key file")
-    add.set_defaults(run=cmd_trust_add)
-    rotate = actions.add_parser(
-        "rotate", help="retire this home's signing key for a new one; old snapshots still verify"
-    )
-    rotate.set_defaults(run=cmd_trust_rotate)
 
 
 def _home() -> tuple[Path, Catalog]:

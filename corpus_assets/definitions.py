@@ -6,6 +6,7 @@ import dagster as dg
 
 from corpus_assets.assets.checks import LAYER_CHECKS, snapshot_validates
 from corpus_assets.assets.deletion_audit import tombstone_audit, tombstone_hits_job
+from corpus_assets.assets.executor import pooled_in_process_executor
 from corpus_assets.assets.jobs import activate_snapshot, approve_snapshot, build_snapshot
 from corpus_assets.assets.layers import LAYER_ASSETS
 from corpus_assets.assets.lineage_jobs import record_lineage
@@ -38,5 +39,5 @@ defs = dg.Definitions(
     schedules=[incremental_build, scrub_schedule],
     resources={"corpus": CorpusResource()},
     # runs launched from the UI's Materialize button use this; jobs name it too (jobs.py)
-    executor=dg.in_process_executor,
+    executor=pooled_in_process_executor,
 )

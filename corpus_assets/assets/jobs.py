@@ -6,6 +6,7 @@ from typing import Any
 import dagster as dg
 from pydantic import Field, field_validator
 
+from corpus_assets.assets.executor import pooled_in_process_executor
 from corpus_assets.assets.layers import LAYER_ASSETS
 from corpus_assets.assets.lifecycle import moved_observations, state_observation
 from corpus_assets.assets.resources import CorpusResource
@@ -22,8 +23,9 @@ build_snapshot = dg.define_asset_job(
     selection=dg.AssetSelection.assets(*LAYER_ASSETS),
     description="Freeze (or reuse the freeze of) a partition and materialize all seven layers.",
     # one process for the whole run: the multiprocess default re-imports the code in every step
-    # (seconds each), which made a UI- or sensor-launched demo build take minutes
-    executor_def=dg.in_process_executor,
+    # (seconds each), which made a UI- or sensor-launched demo build take minutes; its steps
+    # share one process pool (assets.executor)
+    executor_def=pooled_in_process_executor,
 )
 
 

@@ -9,30 +9,17 @@ Ray worker: a shared filesystem (here: one machine's local disk), and ``corpus_a
 in the workers' Python (the same image or virtualenv).
 """
 
-import multiprocessing
 import os
 import socket
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from corpus_assets.core.runtime.execution import Execution
+from corpus_assets.core.runtime.pool import Setup, WorkerSetup, pool_map, run_job
 
-Setup = Callable[..., None]  # setup(config_path, corpus_env, *args): opens a worker's workspace
-
-
-@dataclass(frozen=True)
-class WorkerSetup:
-    """What each worker process runs once before its first job: picklable, module-level."""
-
-    setup: Setup
-    config_path: str
-    args: tuple[Any, ...] = ()
-    environ: dict[str, str] = field(
-        default_factory=lambda: {k: v for k, v in os.environ.items() if k.startswith("CORPUS_")}
-    )
+__all__ = ["LocalRunner", "RayRunner", "RayUnavailable", "Setup", "WorkerSetup", "task_runner"]
 
 
 class TaskRunner(Protocol):
@@ -49,7 +36,8 @@ class TaskRunner(Protocol):
 
 @dataclass(frozen=True)
 class LocalRunner:
-    """Today's process pool: ``workers`` spawned processes on this machine (1 = in-process)."""
+    """``workers`` spawned processes on this machine (1 = in-process): the build's pool when a
+    ``pool.shared_pool`` session is open (a Dagster run), else one for this map."""
 
     workers: int = 1
 
@@ -57,13 +45,7 @@ class LocalRunner:
         return min(self.workers, jobs) > 1
 
     def map(self, fn: Callable[[Any], Any], jobs: Sequence[Any], setup: WorkerSetup) -> list[Any]:
-        with ProcessPoolExecutor(
-            min(self.workers, len(jobs)),
-            mp_context=multiprocessing.get_context("spawn"),
-            initializer=setup.setup,
-            initargs=(setup.config_path, setup.environ, *setup.args),
-        ) as pool:
-            return list(pool.map(fn, jobs))
+        return pool_map(fn, jobs, setup, self.workers)
 
 
 class RayUnavailable(RuntimeError):
@@ -90,7 +72,7 @@ class RayRunner:
     def map(self, fn: Callable[[Any], Any], jobs: Sequence[Any], setup: WorkerSetup) -> list[Any]:
         ray = _connected(self.address, self.startup_timeout_s)
         _probe(ray, self.address, self.startup_timeout_s)
-        remote = ray.remote(_ray_job)
+        remote = ray.remote(run_job)
         refs = [remote.remote(fn, job, setup) for job in jobs]
         return _gather(ray, refs, self.address, self.task_timeout_s)
 
@@ -210,18 +192,6 @@ def _gather(ray: Any, refs: list[Any], address: str, timeout_s: float) -> list[A
         for ref in pending:
             ray.cancel(ref, force=True)
     return [results[ref] for ref in refs]
-
-
-_READY: dict[str, WorkerSetup] = {}  # per Ray worker process: the setup each function last ran
-
-
-def _ray_job(fn: Callable[[Any], Any], job: Any, setup: WorkerSetup) -> Any:
-    """Runs in a Ray worker: a reused process runs ``setup`` again only when it changed."""
-    name = f"{setup.setup.__module__}.{setup.setup.__qualname__}"
-    if _READY.get(name) != setup:
-        setup.setup(setup.config_path, setup.environ, *setup.args)
-        _READY[name] = setup
-    return fn(job)
 
 
 def task_runner(execution: Execution, workers: int | None = None) -> TaskRunner:

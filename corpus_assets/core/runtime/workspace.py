@@ -110,7 +110,12 @@ Outcome = TypeVar("Outcome")
 
 
 def _open_in_worker(config: str, environ: dict[str, str]) -> None:
+    """A worker serves every layer of a build (``pool``): the workspace it opened for another
+    config or environment is closed first."""
     os.environ.update(environ)
+    previous = _POOLED.pop("ws", None)
+    if previous is not None:
+        previous.close()
     _POOLED["ws"] = open_workspace(config)
 
 

@@ -1,0 +1,57 @@
+"""The command line imports a command's code only when that command runs: ``--help`` loads no
+project code but the parser, and ``status`` on a home without a Dagster instance no Dagster."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from corpus_assets.cli_parser import EXPORT_FORMATS
+from corpus_assets.core.release.export_run import FORMATS
+
+# Runs ``main(argv)`` in a fresh interpreter and prints the modules it ended with.
+PROBE = """\
+import json, sys
+from corpus_assets.cli import main
+try:
+    main(sys.argv[1:])
+except SystemExit:
+    pass
+print(json.dumps(sorted(sys.modules)))
+"""
+
+
+def _modules_after(argv: list[str], tmp_path: Path) -> set[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CORPUS_", "DAGSTER_"))}
+    env |= {"CORPUS_HOME": str(tmp_path / "home"), "DAGSTER_HOME": str(tmp_path / "dagster")}
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE, *argv],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return set(json.loads(done.stdout.splitlines()[-1]))
+
+
+def test_help_imports_only_the_parser(tmp_path: Path) -> None:
+    loaded = _modules_after(["--help"], tmp_path)
+    assert not {m for m in loaded if m.startswith(("corpus_assets.core", "dagster"))}
+    assert {m for m in loaded if m.startswith("corpus_assets.cli")} == {
+        "corpus_assets.cli",
+        "corpus_assets.cli_common",
+        "corpus_assets.cli_interrupt",
+        "corpus_assets.cli_parser",
+    }
+
+
+def test_status_without_a_dagster_instance_imports_no_dagster(tmp_path: Path) -> None:
+    loaded = _modules_after(["status"], tmp_path)
+    assert "corpus_assets.cli_status" in loaded  # the command ran
+    assert not {m for m in loaded if m.startswith(("dagster", "corpus_assets.assets"))}
+
+
+def test_the_parser_offers_every_export_format() -> None:
+    assert EXPORT_FORMATS == FORMATS
