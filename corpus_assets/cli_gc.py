@@ -1,11 +1,14 @@
-"""``corpus-assets gc``: remove the CAS objects no retained snapshot, permit, quarantine record or
-open build references (``core.release.gc`` says what is live and why the lock is enough)."""
+"""``corpus-assets gc`` and ``scrub``, the store's upkeep: gc removes the CAS objects no retained
+snapshot, permit, quarantine record or open build references (``core.release.gc`` says what is
+live and why the lock is enough); scrub re-hashes everything the aliases can serve."""
 
 import argparse
 import json
+from dataclasses import asdict
 
 from corpus_assets.cli_common import CliError, note
 from corpus_assets.core.release.gc import GcError, collect, expire, plan
+from corpus_assets.core.release.scrub import scrub
 from corpus_assets.core.runtime.workspace import open_workspace
 
 
@@ -38,4 +41,24 @@ def cmd_gc(args: argparse.Namespace) -> int:
         f"{'would expire' if args.dry_run else 'expired'} snapshots: "
         f"{', '.join(planned.dropped) or 'none'}"
     )
+    return 0
+
+
+def cmd_scrub(args: argparse.Namespace) -> int:
+    """Exit 1 naming every damaged snapshot and object; 0 when all that can be served is whole."""
+    ws = open_workspace()
+    with ws.cas_lock(on_wait=note):  # gc must not remove what is being read
+        report = scrub(ws.cas, ws.catalog, args.alias)
+    if args.json:
+        print(json.dumps({"ok": report.ok, "snapshots": [asdict(s) for s in report.snapshots]}))
+    else:
+        for s in report.snapshots:
+            verdict = "ok" if not s.findings else f"{len(s.findings)} problem(s)"
+            print(f"{s.snapshot_id} {s.alias} {s.state}: {s.objects} objects, {verdict}")
+            for finding in s.findings:
+                print(f"  FAIL {finding}")
+        print(f"scrub: {len(report.snapshots)} snapshots, {report.bytes_hashed} bytes re-hashed")
+    damaged = [f"{s.snapshot_id}: {f}" for s in report.snapshots for f in s.findings]
+    if damaged:
+        raise CliError(f"{len(damaged)} problem(s) in served snapshots; first: {damaged[0]}")
     return 0

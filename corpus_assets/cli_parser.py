@@ -37,6 +37,7 @@ def parser() -> argparse.ArgumentParser:
     _inspection_commands(sub)
     _governance_commands(sub)
     add_gc_command(sub)
+    add_scrub_command(sub)
     add_trust_command(sub)
     _tokenizer_commands(sub)
     run_fields = {"run_id": "--run-id", "purpose": "--purpose"}
@@ -213,6 +214,15 @@ def add_gc_command(sub: Any) -> None:
     p.add_argument("--dry-run", action="store_true", help="list what would go; delete nothing")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(run=lazy("cli_gc", "cmd_gc"))
+
+
+def add_scrub_command(sub: Any) -> None:
+    """Register ``scrub`` on the top-level subcommands."""
+    text = "re-hash every byte of every ACTIVE and APPROVED snapshot, trusting no stat"
+    p = sub.add_parser("scrub", help=text, description=text)
+    p.add_argument("--alias", help="only this alias's snapshots (default: every alias)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.set_defaults(run=lazy("cli_gc", "cmd_scrub"))
 
 
 def add_history_command(sub: Any) -> None:

@@ -109,6 +109,8 @@ def test_every_documented_command_is_exercised(tmp_path: Path) -> None:
     status = cli.json("status", "--json")
     swept = cli.json("gc", "--dry-run", "--json")  # no retention set: every snapshot is kept
     assert swept["dropped_snapshots"] == [] and swept["dry_run"] is True
+    scrubbed = cli.json("scrub", "--json")  # both were active once: both can be served
+    assert scrubbed["ok"] and {s["snapshot_id"] for s in scrubbed["snapshots"]} == {first, second}
     assert [a["generation"] for a in status["aliases"]] == [3]
     check_history(cli, first, second)
 

@@ -79,6 +79,9 @@ def test_the_scrub_job_fails_naming_the_damaged_object(
     with workspace(home) as ws:
         digest = _rot_beneath_the_filesystem(ws, built.snapshot_id)
     assert _run_scrub_job(home, alias="no-such-alias").success  # narrowed: nothing to read
+    ran = home.cli("scrub")  # the CLI, in its own process
+    assert ran.refused_in_one_line(1, "problem(s) in served snapshots", digest), ran.err
+    assert "FAIL " in ran.out and built.snapshot_id in ran.out
     result = _run_scrub_job(home)
     assert not result.success
     (failure,) = [e for e in result.all_events if e.is_step_failure]
