@@ -275,7 +275,9 @@ class TokenizerPolicy(_Strict):
 class PackingPolicy(_Strict):
     """How samples become fixed-length blocks (seed 000, 18.6). ``mode`` ``atomic`` never splits
     a sample that fits (global best-fit-decreasing); ``overlong`` decides the rest; ``tail``
-    applies to ``continuous`` only; blocks are ordered by a hash keyed with ``seed``."""
+    applies to ``continuous`` only; blocks are ordered by a hash keyed with ``seed``.
+    ``incremental``: a child keeps its parent's blocks (``pack_incremental``) unless the padding
+    that adds over a full repack exceeds ``max_extra_padding`` (a fraction of positions)."""
 
     block_tokens: Annotated[int, Field(ge=8, le=1 << 20)] = 2048
     mode: Literal["atomic", "next_fit", "continuous"] = "atomic"
@@ -283,6 +285,8 @@ class PackingPolicy(_Strict):
     tail: Literal["drop", "pad"] = "pad"
     positions: Literal["per_segment"] = "per_segment"
     seed: Annotated[str, Field(min_length=1)] = "pack-v1"
+    incremental: bool = True
+    max_extra_padding: _Fraction = Decimal("0.001")  # a decimal, hashed as its text
 
     @model_validator(mode="before")
     @classmethod

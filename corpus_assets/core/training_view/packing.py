@@ -25,7 +25,12 @@ import pyarrow.compute as pc
 from corpus_assets.core.records.index import CanonicalIndex
 from corpus_assets.core.runtime.code_identity import stage_code
 from corpus_assets.core.runtime.config import PackingPolicy
-from corpus_assets.core.runtime.layers import LayerResult, publish_index, read_layer_index
+from corpus_assets.core.runtime.layers import (
+    LayerIndex,
+    LayerResult,
+    publish_index,
+    read_layer_index,
+)
 from corpus_assets.core.runtime.workspace import Workspace
 from corpus_assets.core.storage.artifacts import (
     BINARY,
@@ -40,11 +45,22 @@ from corpus_assets.core.storage.shards import ShardIndex
 from corpus_assets.core.tokens import cache as token_cache_module
 from corpus_assets.core.tokens.cache import TokenCache, token_cache
 from corpus_assets.core.tokens.spec import TokenizerSpec, resolve_tokenizer
+from corpus_assets.core.training_view.pack_incremental import (
+    Decision,
+    ParentPack,
+    child_pieces,
+    extra_padding,
+    full_reason,
+    incremental_plan,
+    kept_blocks,
+    parent_pack,
+    sample_map,
+)
 from corpus_assets.core.training_view.pack_plan import PackPlan, plan_packing, split_pairs
 from corpus_assets.core.training_view.pack_samples import SampleRows, locate_samples
 from corpus_assets.core.training_view.pack_shards import BATCH_BLOCKS, build_shards
 
-CODE = stage_code("packed_blocks.shards.v3", __name__)  # its closure, hashed at import
+CODE = stage_code("packed_blocks.incremental.v4", __name__)  # its closure, hashed at import
 PREVIEW_SPANS = 10
 PPM = 1_000_000
 SPAN_COLUMNS = pa.schema(
@@ -231,6 +247,44 @@ def quarantined_table(plan: PackPlan, rows: SampleRows) -> pa.Table:
     )
 
 
+@dataclass(frozen=True)
+class Upstream:
+    """The layers packing reads, as the incremental plan needs them."""
+
+    partition_key: str
+    samples: Ref
+    canonical: CanonicalIndex
+    dedup: LayerIndex
+
+
+def choose_plan(
+    ws: Workspace, up: Upstream, rows: SampleRows, spec: TokenizerSpec
+) -> tuple[PackPlan, Decision, ParentPack | None]:
+    """The full plan, or the parent-preserving one (``pack_incremental``) when the policy, the
+    parent and the padding bound allow it; the decision says which and why."""
+    policy = ws.config.policies.packing
+    full = plan_for(rows, policy)
+    parent = parent_pack(ws, up.partition_key) if policy.incremental else None
+    digest = parent.ref["digest"] if parent else None
+    mine = {"tokenizer": spec.document(), "chat_template": spec.chat_template.document()}
+    fields = shard_fields(spec, policy.block_tokens)
+    reason = full_reason(policy, parent, mine, layout_document(policy, fields, spec))
+    if reason is not None or parent is None:
+        return full, Decision("full", reason or "no parent snapshot", digest), None
+    child_of = sample_map(ws, parent, up.samples, up.canonical, up.dedup)
+    pieces = child_pieces(rows.length, rows.pair_split, policy)
+    kept = kept_blocks(ws, parent, child_of, pieces, rows.pair_split)
+    plan = incremental_plan(kept, pieces, rows.length, rows.pair_split, policy)
+    extra = extra_padding(plan, full)
+    if extra > policy.max_extra_padding:
+        bound = policy.max_extra_padding
+        why = f"extra padding {extra:.6f} of positions over a full repack > bound {bound}"
+        return full, Decision("full", why, digest), None
+    held = int(kept.blocks.sum())
+    why = f"kept {held} of {kept.blocks.size} parent blocks, {plan.blocks - held} new"
+    return plan, Decision("incremental", why, digest), parent
+
+
 def build_packed_blocks(ws: Workspace, partition_key: str) -> LayerResult:
     mixed_ref, mixed = read_layer_index(ws, partition_key, "mixed_samples")
     canonical_ref, canonical = CanonicalIndex.read(ws, partition_key)
@@ -239,7 +293,8 @@ def build_packed_blocks(ws: Workspace, partition_key: str) -> LayerResult:
     cache = token_cache(ws, canonical.chunks(), resolve_tokenizer(ws))
     spec, policy = cache.spec, ws.config.policies.packing
     rows = locate_samples(ws, canonical, cache, order.column("record_id"), dedup)
-    plan = plan_for(rows, policy)
+    up = Upstream(partition_key, mixed.output("samples"), canonical, dedup)
+    plan, decision, parent = choose_plan(ws, up, rows, spec)
     index, index_ref, spans, built = write_blocks(ws, plan, rows, spec, cache)
     spans_ref = spans.ref
     counts = packing_counts(plan, built, rows, spans.rows)
@@ -248,7 +303,8 @@ def build_packed_blocks(ws: Workspace, partition_key: str) -> LayerResult:
         "shards": [make_ref(s.digest, BINARY, s.size) for s in index.shards],
         "spans": spans_ref,
         "quarantined": put_table(ws.cas, quarantined_table(plan, rows)),
-        "layout": put_json(ws.cas, layout_document(policy, index, spec)),
+        "layout": put_json(ws.cas, layout_document(policy, fields_of(index), spec)),
+        "packing": decision.document(),
         "dtype": spec.dtype_name,
         "tokenizer": spec.document(),
         "chat_template": spec.chat_template.document(),
@@ -262,7 +318,8 @@ def build_packed_blocks(ws: Workspace, partition_key: str) -> LayerResult:
         "packed_blocks",
         CODE,
         ws.config.policy_digest("packing"),
-        [mixed_ref, canonical_ref, dedup_ref, cache.tokenizer_ref(ws)],
+        [mixed_ref, canonical_ref, dedup_ref, cache.tokenizer_ref(ws)]
+        + ([parent.ref] if parent else []),  # an incremental layout depends on its parent's
         outputs,
         counts,
     )
@@ -273,10 +330,15 @@ def build_packed_blocks(ws: Workspace, partition_key: str) -> LayerResult:
         preview=spans.preview,
         digests={"shard_index": index_ref["digest"], "spans": spans_ref["digest"]},
         run_stats=cache.run_stats(),
+        details={"packing": decision.document()},
     )
 
 
-def layout_document(policy: PackingPolicy, index: ShardIndex, spec: TokenizerSpec) -> dict:
+def fields_of(index: ShardIndex) -> dict[str, str]:
+    return {f.name: f.dtype for f in index.fields}
+
+
+def layout_document(policy: PackingPolicy, fields: dict[str, str], spec: TokenizerSpec) -> dict:
     """What a reader must know to use the blocks, declared once (the fields' meaning)."""
     return {
         "schema": "corpus.packed-layout.v1",
@@ -285,8 +347,8 @@ def layout_document(policy: PackingPolicy, index: ShardIndex, spec: TokenizerSpe
         "tail": policy.tail if policy.mode == "continuous" else None,
         "positions": policy.positions,
         "block_order": f"sha256 keyed by packed_blocks/{policy.seed}",
-        "block_tokens": index.block_tokens,
-        "fields": {f.name: f.dtype for f in index.fields},
+        "block_tokens": policy.block_tokens,
+        "fields": fields,
         "segment_ids": "0 = pad; 1, 2, ... per piece in its block",
         "label_mask": "1 at t when token t+1 is a target in the same segment",
         "pad": spec.pad.id,
