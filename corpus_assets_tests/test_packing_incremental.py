@@ -25,16 +25,21 @@ from corpus_assets.core.release.validation import validate_snapshot
 from corpus_assets.core.runtime.layers import LayerIndex, read_layer_index
 from corpus_assets.core.runtime.workspace import Workspace, open_workspace
 from corpus_assets.core.storage.artifacts import get_json, get_table
+from corpus_assets.core.storage.shards import load_index
+from corpus_assets.core.training_view import pack_shards
 from corpus_assets.core.training_view.pack_incremental import memo_part
 from corpus_assets.demo import WORDS, write_demo
 
 NEW_ESSAYS = 3  # about 1% of the demo's ~280 records
+SHARD_BYTES = 40_000  # ~10 blocks of 512 tokens (7 bytes a token: uint16 ids and fields)
 Signature = tuple[tuple[int, int, str, int, str, str], ...]
 
 
 @pytest.fixture(autouse=True)
 def _no_env_catalog(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No catalog from the environment; shards of ~10 blocks, so the demo has a dozen."""
     monkeypatch.delenv("CORPUS_CATALOG_URL", raising=False)
+    monkeypatch.setattr(pack_shards.build_shards, "__defaults__", (SHARD_BYTES, None))
 
 
 def _home(folder: Path, packing: dict | None = None, workers: int | None = None) -> Path:
@@ -130,13 +135,16 @@ def test_a_child_keeps_most_parent_blocks_byte_for_byte(tmp_path: Path) -> None:
             "parent": None,
         }
         added = _add_essays(folder)
-        sid = build_all(ws, "p2")["manifest"].digests["snapshotId"]
+        built = build_all(ws, "p2")
+        sid = built["manifest"].digests["snapshotId"]
         digest, child, spans = _packed(ws, "p2")
         kept = _kept(ws, parent, child, (parent_spans, spans))
         report = validate_snapshot(ws, sid)
         manifest = _manifest(ws, sid)
         assert memo_part(ws, "p2") == parent_digest
         _whole(ws, "p2", spans, child)
+        shards = [i.output("shard_index")["digest"] for i in (parent, child)]
+        entries = [load_index(ws.cas, d).shards for d in shards]
     blocks = parent.counts["blocks"]
     assert len(kept) == blocks  # nothing left the stream, so every parent block is kept
     assert set(added) <= {s["record_id"] for s in spans}
@@ -146,6 +154,9 @@ def test_a_child_keeps_most_parent_blocks_byte_for_byte(tmp_path: Path) -> None:
     assert packing["reason"].startswith(f"kept {len(kept)} of {blocks} parent blocks")
     assert parent_digest in [i["digest"] for i in child.inputs]  # the layout names its parent
     assert digest != parent_digest
+    assert len(entries[0]) > 5  # every parent shard but the last (short) one is reused as is
+    assert entries[1][: len(entries[0]) - 1] == entries[0][:-1]
+    assert built["packed_blocks"].run_stats["shards_reused"] == len(entries[0]) - 1
 
 
 def test_the_child_layer_is_the_same_on_a_rerun_and_at_one_or_two_workers(tmp_path: Path) -> None:

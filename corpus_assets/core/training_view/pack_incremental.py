@@ -32,8 +32,14 @@ from corpus_assets.core.records.index import CanonicalIndex
 from corpus_assets.core.runtime.config import PackingPolicy
 from corpus_assets.core.runtime.layers import LayerIndex, load_index
 from corpus_assets.core.runtime.workspace import Workspace
-from corpus_assets.core.storage.artifacts import Ref, get_json
+from corpus_assets.core.storage.artifacts import Ref, get_json, get_table
 from corpus_assets.core.storage.duck import batches, cas_parquet, cas_parquets
+from corpus_assets.core.storage.shards import (
+    CHUNK_HASH,
+    ShardIndex,
+    little_endian,
+)
+from corpus_assets.core.storage.shards import load_index as load_shard_index
 from corpus_assets.core.training_view import duck
 from corpus_assets.core.training_view.pack_plan import (
     PackPlan,
@@ -44,6 +50,7 @@ from corpus_assets.core.training_view.pack_plan import (
     layout_pieces,
     split_pairs,
 )
+from corpus_assets.core.training_view.pack_shards import KINDS, ShardOutcome
 
 SPAN_READ = ["block", "start", "end", "sample", "record_offset"]
 SAMPLE_MAP = """
@@ -237,9 +244,10 @@ def incremental_plan(
     lengths: np.ndarray,
     pair_split: np.ndarray,
     policy: PackingPolicy,
-) -> PackPlan:
+) -> tuple[PackPlan, np.ndarray]:
     """The child's plan: the kept blocks' rows, then the pieces they do not hold packed by
-    best-fit-decreasing into new blocks in keyed-hash order, placed by ``slots``."""
+    best-fit-decreasing into new blocks in keyed-hash order, placed by ``slots``; and the child
+    id of each parent block (-1: dropped)."""
     width = policy.block_tokens
     rest = Pieces(
         pieces.sample[~kept.taken], pieces.offset[~kept.taken], pieces.length[~kept.taken],
@@ -258,7 +266,7 @@ def incremental_plan(
         lengths,
     )
     parent_id, new_id, blocks = slots(kept.blocks, count)
-    block = np.concatenate([parent_id[kept.block], new_id[new.block]])
+    block = np.concatenate([parent_id[kept.block], new_id[new.block]]).astype(np.int64)
     columns = [
         np.concatenate([kept.start, new.start]),
         np.concatenate([kept.sample, new.sample]),
@@ -267,8 +275,9 @@ def incremental_plan(
     ]
     order = np.lexsort((columns[0], block))
     start, sample, offset, length = (c[order] for c in columns)
-    return PackPlan("atomic", width, blocks, block[order], start, sample, offset, length,
+    plan = PackPlan("atomic", width, blocks, block[order], start, sample, offset, length,
                     pieces.quarantined, int(lengths.sum()), pieces.dropped_tokens)  # fmt: skip
+    return plan, parent_id
 
 
 def extra_padding(plan: PackPlan, full: PackPlan) -> Decimal:
@@ -285,3 +294,40 @@ def child_pieces(lengths: np.ndarray, pair_split: np.ndarray, policy: PackingPol
     return apply_overlong(
         lengths, policy.block_tokens, policy.overlong, pairs if pairs.any() else None
     )
+
+
+def reused_shards(
+    ws: Workspace,
+    parent: ParentPack,
+    parent_id: np.ndarray,
+    plan: PackPlan,
+    code: str,
+    fields: dict,
+    per_shard: int,
+) -> dict[int, ShardOutcome]:
+    """The parent's shards the child has unchanged, by number: every block of the shard kept
+    at its own id, the shard the same size, written by this very code (``code``) in the same
+    shard layout, its counts recorded (``shard_counts``) and its bytes still in the store."""
+    theirs = parent.index.outputs
+    if parent.index.code != code or "shard_counts" not in theirs:
+        return {}
+    index = load_shard_index(ws.cas, theirs["shard_index"]["digest"])
+    mine = {name: little_endian(dtype).str for name, dtype in fields.items()}
+    if (index.shard_blocks, index.chunk_hash, fields_of(index)) != (per_shard, CHUNK_HASH, mine):
+        return {}
+    counts = get_table(ws.cas, theirs["shard_counts"], "parent shard counts").to_pylist()
+    same = np.append(parent_id == np.arange(parent_id.size), False)
+    out = {}
+    for number, entry in enumerate(index.shards):
+        first, last = entry.first_block, entry.first_block + entry.blocks
+        whole = first == number * per_shard and last == min(first + per_shard, plan.blocks)
+        if whole and same[first:last].all() and ws.cas.contains(entry.digest):
+            row = counts[number]
+            accounting = {kind: int(row[f"{kind}_tokens"]) for kind in KINDS}
+            out[number] = ShardOutcome(entries=(entry,), accounting=accounting)
+    return out
+
+
+def fields_of(index: ShardIndex) -> dict[str, str]:
+    """The index's per-token fields and their dtypes."""
+    return {f.name: f.dtype for f in index.fields}

@@ -16,7 +16,10 @@ Memory: the plan (five int64 per piece), the samples' lookup (``pack_samples``) 
 Parquet row group of spans here; one batch of blocks and one shard buffer per worker.
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -50,15 +53,22 @@ from corpus_assets.core.training_view.pack_incremental import (
     ParentPack,
     child_pieces,
     extra_padding,
+    fields_of,
     full_reason,
     incremental_plan,
     kept_blocks,
     parent_pack,
+    reused_shards,
     sample_map,
 )
 from corpus_assets.core.training_view.pack_plan import PackPlan, plan_packing, split_pairs
 from corpus_assets.core.training_view.pack_samples import SampleRows, locate_samples
-from corpus_assets.core.training_view.pack_shards import BATCH_BLOCKS, build_shards
+from corpus_assets.core.training_view.pack_shards import (
+    BATCH_BLOCKS,
+    KINDS,
+    ShardOutcome,
+    build_shards,
+)
 
 CODE = stage_code("packed_blocks.incremental.v4", __name__)  # its closure, hashed at import
 PREVIEW_SPANS = 10
@@ -197,14 +207,19 @@ def write_spans(
 
 
 def write_blocks(
-    ws: Workspace, plan: PackPlan, rows: SampleRows, spec: TokenizerSpec, cache: TokenCache
-) -> tuple[ShardIndex, Ref, BuiltSpans, dict[str, int]]:
+    ws: Workspace,
+    plan: PackPlan,
+    rows: SampleRows,
+    spec: TokenizerSpec,
+    cache: TokenCache,
+    reused: Callable[[int], dict[int, ShardOutcome]] | None = None,
+) -> tuple[ShardIndex, Ref, BuiltSpans, dict[str, Any]]:
     """Every block in shards (``pack_shards``: a shard per job on the task runner), then the
     spans; (index, its ref, spans, label and special-token counts). A preference pair whose
     two sequences do not start with the same prompt tokens stops the build before the spans
     (``check_pair_prompts``): a pair gate that fails here never reaches a trainer."""
     fields = shard_fields(spec, plan.block_tokens)
-    index, ref, built, broken = build_shards(ws, plan, rows, cache, fields)
+    index, ref, built, broken = build_shards(ws, plan, rows, cache, fields, reused=reused)
     if broken:
         raise PackingError(f"preference pairs with different prompts: {broken[:5]}")
     return index, ref, write_spans(ws, plan, rows, spec, index.shard_blocks), built
@@ -235,6 +250,17 @@ def packing_counts(plan: PackPlan, built: dict, rows: SampleRows, spans: int) ->
     }
 
 
+def shard_counts(shards: list[list[int]]) -> pa.Table:
+    """Label and special tokens per shard: what a child reusing the shard counts for it."""
+    columns = np.asarray(shards, dtype=np.int64).reshape(-1, len(KINDS))
+    return pa.table(
+        {
+            "shard": pa.array(np.arange(len(shards)), pa.int64()),
+            **{f"{kind}_tokens": pa.array(columns[:, n]) for n, kind in enumerate(KINDS)},
+        }
+    )
+
+
 def quarantined_table(plan: PackPlan, rows: SampleRows) -> pa.Table:
     """Samples the overlong rule dropped whole, with their token counts."""
     index = pa.array(plan.quarantined, pa.int64())
@@ -257,9 +283,18 @@ class Upstream:
     dedup: LayerIndex
 
 
-def choose_plan(
-    ws: Workspace, up: Upstream, rows: SampleRows, spec: TokenizerSpec
-) -> tuple[PackPlan, Decision, ParentPack | None]:
+@dataclass(frozen=True)
+class Chosen:
+    """The plan to build, why, and for an incremental one its parent and the parent's shards
+    it reuses as they are."""
+
+    plan: PackPlan
+    decision: Decision
+    parent: ParentPack | None = None
+    reused: Callable[[int], dict[int, ShardOutcome]] | None = None
+
+
+def choose_plan(ws: Workspace, up: Upstream, rows: SampleRows, spec: TokenizerSpec) -> Chosen:
     """The full plan, or the parent-preserving one (``pack_incremental``) when the policy, the
     parent and the padding bound allow it; the decision says which and why."""
     policy = ws.config.policies.packing
@@ -270,19 +305,20 @@ def choose_plan(
     fields = shard_fields(spec, policy.block_tokens)
     reason = full_reason(policy, parent, mine, layout_document(policy, fields, spec))
     if reason is not None or parent is None:
-        return full, Decision("full", reason or "no parent snapshot", digest), None
+        return Chosen(full, Decision("full", reason or "no parent snapshot", digest))
     child_of = sample_map(ws, parent, up.samples, up.canonical, up.dedup)
     pieces = child_pieces(rows.length, rows.pair_split, policy)
     kept = kept_blocks(ws, parent, child_of, pieces, rows.pair_split)
-    plan = incremental_plan(kept, pieces, rows.length, rows.pair_split, policy)
+    plan, placed = incremental_plan(kept, pieces, rows.length, rows.pair_split, policy)
     extra = extra_padding(plan, full)
     if extra > policy.max_extra_padding:
         bound = policy.max_extra_padding
         why = f"extra padding {extra:.6f} of positions over a full repack > bound {bound}"
-        return full, Decision("full", why, digest), None
+        return Chosen(full, Decision("full", why, digest))
     held = int(kept.blocks.sum())
     why = f"kept {held} of {kept.blocks.size} parent blocks, {plan.blocks - held} new"
-    return plan, Decision("incremental", why, digest), parent
+    reused = partial(reused_shards, ws, parent, placed, plan, CODE, fields)
+    return Chosen(plan, Decision("incremental", why, digest), parent, reused)
 
 
 def build_packed_blocks(ws: Workspace, partition_key: str) -> LayerResult:
@@ -294,8 +330,9 @@ def build_packed_blocks(ws: Workspace, partition_key: str) -> LayerResult:
     spec, policy = cache.spec, ws.config.policies.packing
     rows = locate_samples(ws, canonical, cache, order.column("record_id"), dedup)
     up = Upstream(partition_key, mixed.output("samples"), canonical, dedup)
-    plan, decision, parent = choose_plan(ws, up, rows, spec)
-    index, index_ref, spans, built = write_blocks(ws, plan, rows, spec, cache)
+    chosen = choose_plan(ws, up, rows, spec)
+    plan, decision, parent = chosen.plan, chosen.decision, chosen.parent
+    index, index_ref, spans, built = write_blocks(ws, plan, rows, spec, cache, chosen.reused)
     spans_ref = spans.ref
     counts = packing_counts(plan, built, rows, spans.rows)
     outputs = {
@@ -305,6 +342,7 @@ def build_packed_blocks(ws: Workspace, partition_key: str) -> LayerResult:
         "quarantined": put_table(ws.cas, quarantined_table(plan, rows)),
         "layout": put_json(ws.cas, layout_document(policy, fields_of(index), spec)),
         "packing": decision.document(),
+        "shard_counts": put_table(ws.cas, shard_counts(built["shards"])),
         "dtype": spec.dtype_name,
         "tokenizer": spec.document(),
         "chat_template": spec.chat_template.document(),
@@ -329,13 +367,9 @@ def build_packed_blocks(ws: Workspace, partition_key: str) -> LayerResult:
         counts=counts,
         preview=spans.preview,
         digests={"shard_index": index_ref["digest"], "spans": spans_ref["digest"]},
-        run_stats=cache.run_stats(),
+        run_stats={**cache.run_stats(), "shards_reused": built["reused"]},
         details={"packing": decision.document()},
     )
-
-
-def fields_of(index: ShardIndex) -> dict[str, str]:
-    return {f.name: f.dtype for f in index.fields}
 
 
 def layout_document(policy: PackingPolicy, fields: dict[str, str], spec: TokenizerSpec) -> dict:
