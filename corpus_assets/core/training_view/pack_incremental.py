@@ -94,7 +94,8 @@ class Decision:
 
 
 def parent_pack(ws: Workspace, partition_key: str) -> ParentPack | None:
-    """The frozen parent's packed layer, or None (a first build, or its objects are gone)."""
+    """The frozen parent's packed layer, or None: a first build, or the parent's objects are no
+    longer stored (the decision then says "no parent snapshot")."""
     parents = freeze(ws, partition_key)[1].parents
     if not parents:
         return None
@@ -107,6 +108,9 @@ def parent_pack(ws: Workspace, partition_key: str) -> ParentPack | None:
         return None
     samples = load_index(ws.cas, mixed, "mixed_samples").output("samples")
     index = load_index(ws.cas, packed, "packed_blocks")
+    needed = [samples, manifest["members"], index.output("spans"), index.output("layout")]
+    if not all(ws.cas.contains(ref["digest"]) for ref in needed):
+        return None  # collected: the child cannot keep what is gone
     layout = get_json(ws.cas, index.output("layout"), "parent packed layout")
     return ParentPack(parents[0], packed, index, samples, manifest["members"], layout)
 
