@@ -238,3 +238,57 @@ def test_a_tombstoned_record_drops_its_block_and_repacks_the_others(tmp_path: Pa
     assert victim not in packed and neighbours <= packed
     assert block not in kept and len(kept) == parent.counts["blocks"] - 1
     assert packing["mode"] == "incremental" and report.ok
+
+
+PAIRS = [
+    {"id": f"p{n}", "prompt": f"Question {n}: which is better?", "chosen": f"Answer {n} " * (n + 1),
+     "rejected": f"No {n}."}
+    for n in range(12)
+]  # fmt: skip
+
+
+def _with_pairs(folder: Path, config: Path) -> None:
+    """A preference source beside the demo's: its records pack as pairs (two segments)."""
+    prefs = folder / "demo-sources" / "prefs"
+    prefs.mkdir()
+    (prefs / "prefs-00000.jsonl").write_text("".join(json.dumps(p) + "\n" for p in PAIRS))
+    document = yaml.safe_load(config.read_text())
+    document["sources"].append(
+        {"id": "prefs", "kind": "objects", "path": "demo-sources/prefs", "adapter": "preference.v1"}
+    )
+    config.write_text(yaml.safe_dump(document))
+
+
+def test_pairs_are_kept_with_their_block_or_repacked_whole(tmp_path: Path) -> None:
+    folder = tmp_path / "home"
+    config = _home(folder)
+    _with_pairs(folder, config)
+    with open_workspace(config) as ws:
+        _active(ws, "p1")
+        _digest, parent, parent_spans = _packed(ws, "p1")
+        pair_blocks = sorted(
+            {s["block"] for s in parent_spans if s["record_id"].startswith("prefs/")}
+        )
+        block = pair_blocks[0]  # drop one block holding a pair: tombstone another record in it
+        others = {s["record_id"] for s in parent_spans if s["block"] == block}
+        victim = min(r for r in others if not r.startswith("prefs/"))
+        add_tombstone(ws.catalog, "record", victim, "erasure")
+        _add_essays(folder)
+        sid = build_all(ws, "p2")["manifest"].digests["snapshotId"]
+        _digest, child, spans = _packed(ws, "p2")
+        kept = _kept(ws, parent, child, (parent_spans, spans))
+        report = validate_snapshot(ws, sid)
+        packing = _manifest(ws, sid)["packing"]
+        _whole(ws, "p2", spans, child)
+    assert packing["mode"] == "incremental" and report.ok, (packing, report.findings)
+    assert block not in kept and set(pair_blocks[1:]) <= set(kept)
+    freed = {r for r in others if r.startswith("prefs/")}
+    assert freed, "the dropped block held a pair"
+    for record in freed:  # repacked whole: two adjacent segments of one new block
+        first, second = sorted(
+            (s for s in spans if s["record_id"] == record), key=lambda s: s["start"]
+        )
+        assert first["block"] == second["block"] and first["end"] == second["start"]
+        assert (
+            first["record_offset"] == 0 and second["record_offset"] == first["end"] - first["start"]
+        )
