@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import yaml
 
+from corpus_assets.assets.metadata import layer_metadata
 from corpus_assets.core.governance import states
 from corpus_assets.core.governance.tombstones import add_tombstone
 from corpus_assets.core.pipeline import DIRECT_BUILDERS, build_all
@@ -157,6 +158,8 @@ def test_a_child_keeps_most_parent_blocks_byte_for_byte(tmp_path: Path) -> None:
     assert len(entries[0]) > 5  # every parent shard but the last (short) one is reused as is
     assert entries[1][: len(entries[0]) - 1] == entries[0][:-1]
     assert built["packed_blocks"].run_stats["shards_reused"] == len(entries[0]) - 1
+    summary = layer_metadata(built["packed_blocks"])["summary"].value  # the UI says it too
+    assert summary.endswith(f"Packed incremental: {packing['reason']}.")
 
 
 def test_the_child_layer_is_the_same_on_a_rerun_and_at_one_or_two_workers(tmp_path: Path) -> None:
