@@ -295,3 +295,40 @@ def test_pairs_are_kept_with_their_block_or_repacked_whole(tmp_path: Path) -> No
         assert (
             first["record_offset"] == 0 and second["record_offset"] == first["end"] - first["start"]
         )
+
+
+def test_a_sample_that_changed_repeat_drops_its_block_and_the_rest_stay(tmp_path: Path) -> None:
+    """A budget of 400 documents repeats some records; adding essays moves the budget's
+    passes, so some (record, repeat) samples leave: their blocks go, the others stay."""
+    folder = tmp_path / "home"
+    config = _home(folder)
+    document = yaml.safe_load(config.read_text())
+    document["policies"]["mixing"].update({"budget": 400, "max_epochs": 3})
+    config.write_text(yaml.safe_dump(document))
+    with open_workspace(config) as ws:
+        _active(ws, "p1")
+        _digest, parent, parent_spans = _packed(ws, "p1")
+        before = _stream(ws, "p1")
+        _add_essays(folder, 8)
+        sid = build_all(ws, "p2")["manifest"].digests["snapshotId"]
+        _digest, child, spans = _packed(ws, "p2")
+        after = _stream(ws, "p2")
+        kept = _kept(ws, parent, child, (parent_spans, spans))
+        report = validate_snapshot(ws, sid)
+        packing = _manifest(ws, sid)["packing"]
+        _whole(ws, "p2", spans, child)
+    assert max(r for _, r in before) >= 1  # some records repeat
+    left = {before[s["sample"]] for s in parent_spans} - set(after)
+    assert left, "the budget moved some passes"
+    gone = {s["block"] for s in parent_spans if before[s["sample"]] in left}
+    blocks = parent.counts["blocks"]
+    assert set(range(blocks)) - gone <= set(kept)  # (a gone block's content may come back new)
+    assert packing["reason"].startswith(f"kept {blocks - len(gone)} of {blocks} parent blocks")
+    assert packing["mode"] == "incremental" and report.ok, (packing, report.findings)
+
+
+def _stream(ws: Workspace, key: str) -> list[tuple[str, int]]:
+    """(record id, repeat) of every sample, in stream order."""
+    _ref, mixed = read_layer_index(ws, key, "mixed_samples")
+    table = get_table(ws.cas, mixed.output("samples"), "samples", ["record_id", "repeat"])
+    return list(zip(table["record_id"].to_pylist(), table["repeat"].to_pylist(), strict=True))
