@@ -4,8 +4,9 @@ The parent is the snapshot the freeze spec names (``spec.parents``: the alias's 
 when the partition was frozen). A parent sample is the child sample with the same record id,
 the same mixing ``repeat`` and the same record digest (a changed text is another sample). Rule:
 
-- a parent block is kept, byte for byte, when every one of its spans is such a sample, at a
-  piece the child's overlong rule makes too; any other parent block is dropped;
+- a parent block is kept, byte for byte (its pieces in the parent's order), when every one of
+  its spans is such a sample, at a piece the child's overlong rule makes too; any other parent
+  block is dropped;
 - every child piece no kept block holds (pieces of dropped blocks, new samples) is packed by
   best-fit-decreasing into new blocks, ordered by the keyed hash (``pack_plan``), and pairs split;
 - block ids: a kept block stays at its parent id, less the dropped slots no new block took; the
