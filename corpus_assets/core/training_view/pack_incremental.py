@@ -34,14 +34,13 @@ from corpus_assets.core.runtime.config import PackingPolicy
 from corpus_assets.core.runtime.layers import LayerIndex, load_index
 from corpus_assets.core.runtime.workspace import Workspace
 from corpus_assets.core.storage.artifacts import Ref, get_json, get_table
-from corpus_assets.core.storage.duck import batches, cas_parquet, cas_parquets
+from corpus_assets.core.storage.duck import Spilling, batches, cas_parquet, cas_parquets
 from corpus_assets.core.storage.shards import (
     CHUNK_HASH,
     ShardIndex,
     little_endian,
 )
 from corpus_assets.core.storage.shards import load_index as load_shard_index
-from corpus_assets.core.training_view import duck
 from corpus_assets.core.training_view.pack_plan import (
     PackPlan,
     Pieces,
@@ -54,20 +53,21 @@ from corpus_assets.core.training_view.pack_plan import (
 from corpus_assets.core.training_view.pack_shards import KINDS, ShardOutcome
 
 SPAN_READ = ["block", "start", "end", "sample", "record_offset"]
-SAMPLE_MAP = """
-WITH child_digest AS (
-    SELECT r.record_id, r.record_digest FROM {records} r
-    JOIN (SELECT record_id, object, line FROM {clusters} WHERE is_representative) k
-    USING (record_id, object, line)),
-child AS (
-    SELECT m.file_row_number AS pos, m.record_id, m."repeat", d.record_digest
-    FROM {child} m JOIN child_digest d USING (record_id)),
-parent AS (
-    SELECT m.file_row_number AS pos, m.record_id, m."repeat", p.record_digest
-    FROM {parent} m JOIN {members} p USING (record_id))
-SELECT parent.pos AS parent, child.pos AS child
-FROM parent JOIN child USING (record_id, "repeat", record_digest)
-"""
+SAMPLE_MAP_MEMORY = "64MB"  # DuckDB's buffers for the sample join; its tables spill beyond
+SAMPLE_MAP = (  # each step a table (spillable), then the join streamed in any order
+    "CREATE TABLE child_digest AS SELECT r.record_id, r.record_digest FROM {records} r "
+    "JOIN (SELECT record_id, object, line FROM {clusters} WHERE is_representative) k "
+    "USING (record_id, object, line)",
+    'CREATE TABLE child AS SELECT m.file_row_number AS pos, m.record_id, m."repeat", '
+    "d.record_digest FROM {child} m JOIN child_digest d USING (record_id)",
+    "DROP TABLE child_digest",
+    'CREATE TABLE parent AS SELECT m.file_row_number AS pos, m.record_id, m."repeat", '
+    "p.record_digest FROM {parent} m JOIN {members} p USING (record_id)",
+)
+SAMPLE_PAIRS = (
+    "SELECT parent.pos AS parent, child.pos AS child "
+    'FROM parent JOIN child USING (record_id, "repeat", record_digest)'
+)
 
 
 @dataclass(frozen=True)
@@ -155,15 +155,19 @@ def sample_map(
     chunks = [chunk.records for chunk in canonical.chunks()]
     if not chunks or not count:
         return child_of
-    with duck.spilling(ws.home, ws.config.execution.workers) as con:
-        sql = SAMPLE_MAP.format(
-            records=cas_parquets(ws.cas, chunks, "canonical records"),
-            clusters=cas_parquet(ws.cas, dedup.output("clusters"), "dedup clusters"),
-            child=cas_parquet(ws.cas, samples, "mixed samples", numbered=True),
-            parent=cas_parquet(ws.cas, parent.samples, "parent mixed samples", numbered=True),
-            members=cas_parquet(ws.cas, parent.members, "parent members"),
-        )
-        for batch in batches(con, sql):
+    tables = {
+        "records": cas_parquets(ws.cas, chunks, "canonical records"),
+        "clusters": cas_parquet(ws.cas, dedup.output("clusters"), "dedup clusters"),
+        "child": cas_parquet(ws.cas, samples, "mixed samples", numbered=True),
+        "parent": cas_parquet(ws.cas, parent.samples, "parent mixed samples", numbered=True),
+        "members": cas_parquet(ws.cas, parent.members, "parent members"),
+    }
+    threads = ws.config.execution.workers
+    spill = Spilling(ws.home / "tmp", SAMPLE_MAP_MEMORY, threads, preserve_insertion_order=False)
+    with spill as con:
+        for step in SAMPLE_MAP:
+            con.execute(step.format(**tables))
+        for batch in batches(con, SAMPLE_PAIRS):
             child_of[batch.column("parent").to_numpy()] = batch.column("child").to_numpy()
     return child_of
 

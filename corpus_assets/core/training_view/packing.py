@@ -43,6 +43,7 @@ from corpus_assets.core.storage.artifacts import (
     put_json,
     put_table,
 )
+from corpus_assets.core.storage.memory import release_memory
 from corpus_assets.core.storage.parquet_sink import TableWriter
 from corpus_assets.core.storage.shards import ShardIndex
 from corpus_assets.core.tokens import cache as token_cache_module
@@ -294,21 +295,42 @@ class Chosen:
     reused: Callable[[int], dict[int, ShardOutcome]] | None = None
 
 
-def choose_plan(ws: Workspace, up: Upstream, rows: SampleRows, spec: TokenizerSpec) -> Chosen:
+@dataclass(frozen=True)
+class Candidate:
+    """The parent a child may keep blocks of (None, and why not, for a full repack), and each
+    parent sample's child sample (``pack_incremental.sample_map``)."""
+
+    parent: ParentPack | None
+    reason: str | None
+    child_of: np.ndarray | None = None
+
+
+def candidate(ws: Workspace, up: Upstream, spec: TokenizerSpec) -> Candidate:
+    """Whether the policy and the parent allow an incremental plan; the sample map if so. Run
+    before the samples are located, so DuckDB's join does not peak on top of them."""
+    policy = ws.config.policies.packing
+    parent = parent_pack(ws, up.partition_key) if policy.incremental else None
+    mine = {"tokenizer": spec.document(), "chat_template": spec.chat_template.document()}
+    layout = layout_document(policy, shard_fields(spec, policy.block_tokens), spec)
+    reason = full_reason(policy, parent, mine, layout)
+    if reason is not None or parent is None:
+        return Candidate(parent, reason or "no parent snapshot")
+    child_of = sample_map(ws, parent, up.samples, up.canonical, up.dedup)
+    release_memory()  # DuckDB's and Arrow's buffers, back before the samples are located
+    return Candidate(parent, None, child_of)
+
+
+def choose_plan(ws: Workspace, can: Candidate, rows: SampleRows, spec: TokenizerSpec) -> Chosen:
     """The full plan, or the parent-preserving one (``pack_incremental``) when the policy, the
     parent and the padding bound allow it; the decision says which and why."""
     policy = ws.config.policies.packing
     full = plan_for(rows, policy)
-    parent = parent_pack(ws, up.partition_key) if policy.incremental else None
+    parent = can.parent
     digest = parent.ref["digest"] if parent else None
-    mine = {"tokenizer": spec.document(), "chat_template": spec.chat_template.document()}
-    fields = shard_fields(spec, policy.block_tokens)
-    reason = full_reason(policy, parent, mine, layout_document(policy, fields, spec))
-    if reason is not None or parent is None:
-        return Chosen(full, Decision("full", reason or "no parent snapshot", digest))
-    child_of = sample_map(ws, parent, up.samples, up.canonical, up.dedup)
+    if can.reason is not None or parent is None or can.child_of is None:
+        return Chosen(full, Decision("full", can.reason or "no parent snapshot", digest))
     pieces = child_pieces(rows.length, rows.pair_split, policy)
-    kept = kept_blocks(ws, parent, child_of, pieces, rows.pair_split)
+    kept = kept_blocks(ws, parent, can.child_of, pieces, rows.pair_split)
     plan, placed = incremental_plan(kept, pieces, rows.length, rows.pair_split, policy)
     extra = extra_padding(plan, full)
     if extra > policy.max_extra_padding:
@@ -317,6 +339,7 @@ def choose_plan(ws: Workspace, up: Upstream, rows: SampleRows, spec: TokenizerSp
         return Chosen(full, Decision("full", why, digest))
     held = int(kept.blocks.sum())
     why = f"kept {held} of {kept.blocks.size} parent blocks, {plan.blocks - held} new"
+    fields = shard_fields(spec, policy.block_tokens)
     reused = partial(reused_shards, ws, parent, placed, plan, CODE, fields)
     return Chosen(plan, Decision("incremental", why, digest), parent, reused)
 
@@ -328,9 +351,9 @@ def build_packed_blocks(ws: Workspace, partition_key: str) -> LayerResult:
     order = get_table(ws.cas, mixed.output("samples"), "mixed samples", ["record_id"])
     cache = token_cache(ws, canonical.chunks(), resolve_tokenizer(ws))
     spec, policy = cache.spec, ws.config.policies.packing
+    can = candidate(ws, Upstream(partition_key, mixed.output("samples"), canonical, dedup), spec)
     rows = locate_samples(ws, canonical, cache, order.column("record_id"), dedup)
-    up = Upstream(partition_key, mixed.output("samples"), canonical, dedup)
-    chosen = choose_plan(ws, up, rows, spec)
+    chosen = choose_plan(ws, can, rows, spec)
     plan, decision, parent = chosen.plan, chosen.decision, chosen.parent
     index, index_ref, spans, built = write_blocks(ws, plan, rows, spec, cache, chosen.reused)
     spans_ref = spans.ref
