@@ -275,9 +275,7 @@ class TokenizerPolicy(_Strict):
 class PackingPolicy(_Strict):
     """How samples become fixed-length blocks (seed 000, 18.6). ``mode`` ``atomic`` never splits
     a sample that fits (global best-fit-decreasing); ``overlong`` decides the rest; ``tail``
-    applies to ``continuous`` only; blocks are ordered by a hash keyed with ``seed``.
-    ``incremental``: a child keeps its parent's blocks (``pack_incremental``) unless the padding
-    that adds over a full repack exceeds ``max_extra_padding`` (a fraction of positions)."""
+    applies to ``continuous`` only; blocks are ordered by a hash keyed with ``seed``."""
 
     block_tokens: Annotated[int, Field(ge=8, le=1 << 20)] = 2048
     mode: Literal["atomic", "next_fit", "continuous"] = "atomic"
@@ -285,17 +283,15 @@ class PackingPolicy(_Strict):
     tail: Literal["drop", "pad"] = "pad"
     positions: Literal["per_segment"] = "per_segment"
     seed: Annotated[str, Field(min_length=1)] = "pack-v1"
-    incremental: bool = True
-    max_extra_padding: _Fraction = Decimal("0.001")  # a decimal, hashed as its text
+    incremental: bool = True  # keep the parent's blocks (pack_incremental) unless the padding
+    max_extra_padding: _Fraction = Decimal("0.001")  # added over a full repack exceeds this
 
     @model_validator(mode="before")
     @classmethod
     def _tokenizer_moved(cls, data: Any) -> Any:
         if isinstance(data, dict) and "tokenizer" in data:
-            raise ValueError(
-                f"tokenizer moved to policies.tokenizer (kind: {data['tokenizer']}); "
-                "remove it from policies.packing"
-            )
+            moved = f"tokenizer moved to policies.tokenizer (kind: {data['tokenizer']}); "
+            raise ValueError(moved + "remove it from policies.packing")
         return data
 
 
