@@ -53,7 +53,7 @@ def phases_child(documents: int, block_tokens: int) -> None:
 
     pieces = step("overlong", pack_plan.apply_overlong, lengths, block_tokens, "split")
     block = step("best fit", pack_plan.best_fit_blocks, pieces.length, block_tokens)
-    laid = step("layout", pack_plan._layout, pieces, block)
+    laid = step("layout", pack_plan.layout_pieces, pieces, block)
     blocks = int(block.max()) + 1
     step("block order", pack_plan.block_order, laid[0], laid[2], laid[3], blocks, b"bench")
 

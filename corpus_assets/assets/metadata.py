@@ -90,7 +90,7 @@ def _mixed(c: Counts, details: Mapping[str, Any]) -> tuple[dict[str, float], str
     return series, text
 
 
-def _packed(c: Counts, _d: Mapping[str, Any]) -> tuple[dict[str, float], str]:
+def _packed(c: Counts, details: Mapping[str, Any]) -> tuple[dict[str, float], str]:
     series = {
         "padding_fraction": _share(c["pad_tokens"], c["tokens"]),
         "utilisation": c["utilisation_ppm"] / 1e6,
@@ -101,6 +101,9 @@ def _packed(c: Counts, _d: Mapping[str, Any]) -> tuple[dict[str, float], str]:
         f"{c['content_tokens']:,} content, {c['pad_tokens']:,} padding "
         f"({series['padding_fraction']:.2%}), {c['dropped_tokens']:,} dropped."
     )
+    packing = details.get("packing")  # incremental (the parent's blocks kept) or full, and why
+    if packing:
+        text += f" Packed {packing['mode']}: {packing['reason']}."
     return series, text
 
 

@@ -4,10 +4,11 @@ A layer whose every input equals that of a layer already built - for this or any
 not built again (the layer memo): its earlier index is published for this partition. The inputs
 are the transform image (every byte of the package's code), the config's sources and policies,
 the partition's freeze spec less its partition key (pinned objects, fences, parents, alias,
-purpose) and the upstream layers' index digests of this partition. Any change to one of them
-misses, so a memo hit is what a rebuild would produce; it only makes an unchanged snapshot cheap.
-The manifest (it names the partition) and raw_snapshot (it re-verifies the pinned objects) are
-always built.
+purpose) and the upstream layers' index digests of this partition; for packed_blocks also the
+parent's packed layer digest when it packs incrementally (``pack_incremental.memo_part``). Any
+change to one of them misses, so a memo hit is what a rebuild would produce; it only makes an
+unchanged snapshot cheap. The manifest (it names the partition) and raw_snapshot (it re-verifies
+the pinned objects) are always built.
 """
 
 import json
@@ -26,6 +27,7 @@ from corpus_assets.core.storage.fsio import DiskFullError
 from corpus_assets.core.storage.memory import release_memory
 from corpus_assets.core.storage.refs import declared_refs
 from corpus_assets.core.training_view.mixing import build_mixed_samples
+from corpus_assets.core.training_view.pack_incremental import memo_part
 from corpus_assets.core.training_view.packing import build_packed_blocks
 from corpus_assets.core.training_view.splits import build_splits
 
@@ -50,6 +52,7 @@ def memo_key(ws: Workspace, partition_key: str, layer: str) -> str:
             "policies": config.policies.model_dump(mode="json"),
             "freeze": frozen,
             "upstream": upstream,
+            **({"parent_packed": memo_part(ws, partition_key)} if layer == "packed_blocks" else {}),
         }
     )
 

@@ -277,6 +277,7 @@ def _document(
         "transform": {layer: index.code for layer, (_, index) in indexes.items()},
         "layers": {layer: ref for layer, (ref, _) in indexes.items()},
         "tokenizer": indexes["packed_blocks"][1].output("tokenizer"),
+        "packing": indexes["packed_blocks"][1].outputs.get("packing"),
         "mixture": indexes["mixed_samples"][1].output("report"),
         "contamination": indexes["canonical_records"][1].output("contamination"),
         "members": members,

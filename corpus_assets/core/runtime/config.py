@@ -283,15 +283,15 @@ class PackingPolicy(_Strict):
     tail: Literal["drop", "pad"] = "pad"
     positions: Literal["per_segment"] = "per_segment"
     seed: Annotated[str, Field(min_length=1)] = "pack-v1"
+    incremental: bool = True  # keep the parent's blocks (pack_incremental) unless the padding
+    max_extra_padding: _Fraction = Decimal("0.001")  # added over a full repack exceeds this
 
     @model_validator(mode="before")
     @classmethod
     def _tokenizer_moved(cls, data: Any) -> Any:
         if isinstance(data, dict) and "tokenizer" in data:
-            raise ValueError(
-                f"tokenizer moved to policies.tokenizer (kind: {data['tokenizer']}); "
-                "remove it from policies.packing"
-            )
+            moved = f"tokenizer moved to policies.tokenizer (kind: {data['tokenizer']}); "
+            raise ValueError(moved + "remove it from policies.packing")
         return data
 
 

@@ -50,6 +50,7 @@ _LAYER_OUTPUTS: dict[str, tuple[tuple[str, str], ...]] = {
         ("spans", LEAF),
         ("quarantined", LEAF),
         ("layout", LEAF),  # corpus.packed-layout.v1 holds no refs
+        ("shard_counts", LEAF),  # label and special tokens per shard
         *_TOKENS,
     ),
 }

@@ -230,7 +230,7 @@ def continuous_pieces(
     return Pieces(sample, offset, hi - lo, total - min(total, kept), empty), block, blocks
 
 
-def _layout(pieces: Pieces, block: np.ndarray) -> tuple[np.ndarray, ...]:
+def layout_pieces(pieces: Pieces, block: np.ndarray) -> tuple[np.ndarray, ...]:
     """Sort pieces by (block, sample, offset) and give each its start: contiguous from 0."""
     order = np.lexsort((pieces.offset, pieces.sample, block))
     block, length = block[order], pieces.length[order]
@@ -296,7 +296,7 @@ def plan_packing(
         pack = best_fit_blocks if mode == "atomic" else next_fit_blocks
         block = pack(pieces.length, block_tokens)
         blocks = int(block.max()) + 1 if block.size else 0
-    block, start, sample, offset, length = _layout(pieces, block)
+    block, start, sample, offset, length = layout_pieces(pieces, block)
     if seed is not None and blocks:
         block = block_order(block, sample, offset, blocks, seed)[block]
         order = np.lexsort((start, block))

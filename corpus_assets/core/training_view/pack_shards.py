@@ -13,8 +13,10 @@ one batch of blocks.
 """
 
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -37,6 +39,7 @@ from corpus_assets.core.training_view.pack_samples import SampleRows, SampleToke
 
 BATCH_BLOCKS = 256
 LOOKUP = ("chunk", "row", "pair_split")  # per sample, memory-mapped by every job
+KINDS = ("label", "special")  # the tokens counted per shard
 
 
 @dataclass(frozen=True)
@@ -70,12 +73,21 @@ def build_shards(
     fields: dict[str, str],
     shard_bytes: int = SHARD_BYTES,
     workers: int | None = None,
-) -> tuple[ShardIndex, Ref, dict[str, int], list[str]]:
-    """Every block of the plan in shards: (index, its ref, accounting sums, broken pairs).
-    ``workers``: as ``execution.workers`` (None: the config's)."""
-    for chunk in cache.chunks:
-        open_tokens(ws, chunk, cache.spec)  # verified here, once, for every job
+    *,
+    reused: Callable[[int], dict[int, ShardOutcome]] | None = None,
+) -> tuple[ShardIndex, Ref, dict[str, Any], list[str]]:
+    """Every block of the plan in shards: (index, its ref, accounting, broken pairs); the
+    accounting has the label and special-token sums, ``shards``: those counts per shard, and
+    ``reused``: how many shards were not rebuilt.
+    ``workers``: as ``execution.workers`` (None: the config's). ``reused``: the shards (by number)
+    already written with exactly these blocks (a parent's, ``pack_incremental``), given the blocks
+    per shard: not rebuilt."""
     per_shard = shard_blocks(plan.block_tokens, fields, shard_bytes)
+    reused = reused(per_shard) if reused else {}
+    firsts = [f for f in range(0, plan.blocks, per_shard) if f // per_shard not in reused]
+    if firsts:
+        for chunk in cache.chunks:
+            open_tokens(ws, chunk, cache.spec)  # verified here, once, for every job
     pairs = bool((rows.pair_split > 0).any())
     bounds = plan.block_bounds()
     (ws.home / "tmp").mkdir(parents=True, exist_ok=True)
@@ -83,16 +95,21 @@ def build_shards(
         for name in LOOKUP:
             np.save(Path(lookup) / f"{name}.npy", np.asarray(getattr(rows, name), np.int64))
         jobs = []
-        for first in range(0, plan.blocks, per_shard):
+        for first in firsts:
             last = min(first + per_shard, plan.blocks)
             piece = _plan_rows(plan, bounds, first, last)
             jobs.append(ShardJob(first, last, piece, lookup, cache, fields, pairs, shard_bytes))
-        outcomes = pooled(ws, _build, jobs, workers=workers)
+        done = pooled(ws, _build, jobs, workers=workers) if jobs else []
+        built = dict(zip(firsts, done, strict=True))
+    outcomes = [
+        built.get(first) or reused[first // per_shard] for first in range(0, plan.blocks, per_shard)
+    ]
     broken = [problem for outcome in outcomes for problem in outcome.broken]
     entries = [entry for outcome in outcomes for entry in outcome.entries]
     index, ref = put_shard_index(ws.cas, plan.block_tokens, fields, entries, per_shard)
-    totals = {key: sum(o.accounting.get(key, 0) for o in outcomes) for key in ("label", "special")}
-    return index, ref, {f"{k}_tokens": v for k, v in totals.items()}, broken
+    shards = [[o.accounting.get(key, 0) for key in KINDS] for o in outcomes]
+    totals = {f"{key}_tokens": sum(s[n] for s in shards) for n, key in enumerate(KINDS)}
+    return index, ref, {**totals, "shards": shards, "reused": len(reused)}, broken
 
 
 def _plan_rows(plan: PackPlan, bounds: np.ndarray, first: int, last: int) -> PackPlan:

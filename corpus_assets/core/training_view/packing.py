@@ -16,7 +16,10 @@ Memory: the plan (five int64 per piece), the samples' lookup (``pack_samples``) 
 Parquet row group of spans here; one batch of blocks and one shard buffer per worker.
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -25,7 +28,12 @@ import pyarrow.compute as pc
 from corpus_assets.core.records.index import CanonicalIndex
 from corpus_assets.core.runtime.code_identity import stage_code
 from corpus_assets.core.runtime.config import PackingPolicy
-from corpus_assets.core.runtime.layers import LayerResult, publish_index, read_layer_index
+from corpus_assets.core.runtime.layers import (
+    LayerIndex,
+    LayerResult,
+    publish_index,
+    read_layer_index,
+)
 from corpus_assets.core.runtime.workspace import Workspace
 from corpus_assets.core.storage.artifacts import (
     BINARY,
@@ -35,16 +43,35 @@ from corpus_assets.core.storage.artifacts import (
     put_json,
     put_table,
 )
+from corpus_assets.core.storage.memory import release_memory
 from corpus_assets.core.storage.parquet_sink import TableWriter
 from corpus_assets.core.storage.shards import ShardIndex
 from corpus_assets.core.tokens import cache as token_cache_module
 from corpus_assets.core.tokens.cache import TokenCache, token_cache
 from corpus_assets.core.tokens.spec import TokenizerSpec, resolve_tokenizer
+from corpus_assets.core.training_view.pack_incremental import (
+    Decision,
+    ParentPack,
+    child_pieces,
+    extra_padding,
+    fields_of,
+    full_reason,
+    incremental_plan,
+    kept_blocks,
+    parent_pack,
+    reused_shards,
+    sample_map,
+)
 from corpus_assets.core.training_view.pack_plan import PackPlan, plan_packing, split_pairs
 from corpus_assets.core.training_view.pack_samples import SampleRows, locate_samples
-from corpus_assets.core.training_view.pack_shards import BATCH_BLOCKS, build_shards
+from corpus_assets.core.training_view.pack_shards import (
+    BATCH_BLOCKS,
+    KINDS,
+    ShardOutcome,
+    build_shards,
+)
 
-CODE = stage_code("packed_blocks.shards.v3", __name__)  # its closure, hashed at import
+CODE = stage_code("packed_blocks.incremental.v4", __name__)  # its closure, hashed at import
 PREVIEW_SPANS = 10
 PPM = 1_000_000
 SPAN_COLUMNS = pa.schema(
@@ -181,14 +208,19 @@ def write_spans(
 
 
 def write_blocks(
-    ws: Workspace, plan: PackPlan, rows: SampleRows, spec: TokenizerSpec, cache: TokenCache
-) -> tuple[ShardIndex, Ref, BuiltSpans, dict[str, int]]:
+    ws: Workspace,
+    plan: PackPlan,
+    rows: SampleRows,
+    spec: TokenizerSpec,
+    cache: TokenCache,
+    reused: Callable[[int], dict[int, ShardOutcome]] | None = None,
+) -> tuple[ShardIndex, Ref, BuiltSpans, dict[str, Any]]:
     """Every block in shards (``pack_shards``: a shard per job on the task runner), then the
     spans; (index, its ref, spans, label and special-token counts). A preference pair whose
     two sequences do not start with the same prompt tokens stops the build before the spans
     (``check_pair_prompts``): a pair gate that fails here never reaches a trainer."""
     fields = shard_fields(spec, plan.block_tokens)
-    index, ref, built, broken = build_shards(ws, plan, rows, cache, fields)
+    index, ref, built, broken = build_shards(ws, plan, rows, cache, fields, reused=reused)
     if broken:
         raise PackingError(f"preference pairs with different prompts: {broken[:5]}")
     return index, ref, write_spans(ws, plan, rows, spec, index.shard_blocks), built
@@ -219,6 +251,17 @@ def packing_counts(plan: PackPlan, built: dict, rows: SampleRows, spans: int) ->
     }
 
 
+def shard_counts(shards: list[list[int]]) -> pa.Table:
+    """Label and special tokens per shard: what a child reusing the shard counts for it."""
+    columns = np.asarray(shards, dtype=np.int64).reshape(-1, len(KINDS))
+    return pa.table(
+        {
+            "shard": pa.array(np.arange(len(shards)), pa.int64()),
+            **{f"{kind}_tokens": pa.array(columns[:, n]) for n, kind in enumerate(KINDS)},
+        }
+    )
+
+
 def quarantined_table(plan: PackPlan, rows: SampleRows) -> pa.Table:
     """Samples the overlong rule dropped whole, with their token counts."""
     index = pa.array(plan.quarantined, pa.int64())
@@ -231,6 +274,76 @@ def quarantined_table(plan: PackPlan, rows: SampleRows) -> pa.Table:
     )
 
 
+@dataclass(frozen=True)
+class Upstream:
+    """The layers packing reads, as the incremental plan needs them."""
+
+    partition_key: str
+    samples: Ref
+    canonical: CanonicalIndex
+    dedup: LayerIndex
+
+
+@dataclass(frozen=True)
+class Chosen:
+    """The plan to build, why, and for an incremental one its parent and the parent's shards
+    it reuses as they are."""
+
+    plan: PackPlan
+    decision: Decision
+    parent: ParentPack | None = None
+    reused: Callable[[int], dict[int, ShardOutcome]] | None = None
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """The parent a child may keep blocks of (None, and why not, for a full repack), and each
+    parent sample's child sample (``pack_incremental.sample_map``)."""
+
+    parent: ParentPack | None
+    reason: str | None
+    child_of: np.ndarray | None = None
+
+
+def candidate(ws: Workspace, up: Upstream, spec: TokenizerSpec) -> Candidate:
+    """Whether the policy and the parent allow an incremental plan; the sample map if so. Run
+    before the samples are located, so DuckDB's join does not peak on top of them."""
+    policy = ws.config.policies.packing
+    parent = parent_pack(ws, up.partition_key) if policy.incremental else None
+    mine = {"tokenizer": spec.document(), "chat_template": spec.chat_template.document()}
+    layout = layout_document(policy, shard_fields(spec, policy.block_tokens), spec)
+    reason = full_reason(policy, parent, mine, layout)
+    if reason is not None or parent is None:
+        return Candidate(parent, reason or "no parent snapshot")
+    child_of = sample_map(ws, parent, up.samples, up.canonical, up.dedup)
+    release_memory()  # DuckDB's and Arrow's buffers, back before the samples are located
+    return Candidate(parent, None, child_of)
+
+
+def choose_plan(ws: Workspace, can: Candidate, rows: SampleRows, spec: TokenizerSpec) -> Chosen:
+    """The full plan, or the parent-preserving one (``pack_incremental``) when the policy, the
+    parent and the padding bound allow it; the decision says which and why."""
+    policy = ws.config.policies.packing
+    full = plan_for(rows, policy)
+    parent = can.parent
+    digest = parent.ref["digest"] if parent else None
+    if can.reason is not None or parent is None or can.child_of is None:
+        return Chosen(full, Decision("full", can.reason or "no parent snapshot", digest))
+    pieces = child_pieces(rows.length, rows.pair_split, policy)
+    kept = kept_blocks(ws, parent, can.child_of, pieces, rows.pair_split)
+    plan, placed = incremental_plan(kept, pieces, rows.length, rows.pair_split, policy)
+    extra = extra_padding(plan, full)
+    if extra > policy.max_extra_padding:
+        bound = policy.max_extra_padding
+        why = f"extra padding {extra:.6f} of positions over a full repack > bound {bound}"
+        return Chosen(full, Decision("full", why, digest))
+    held = int(kept.blocks.sum())
+    why = f"kept {held} of {kept.blocks.size} parent blocks, {plan.blocks - held} new"
+    fields = shard_fields(spec, policy.block_tokens)
+    reused = partial(reused_shards, ws, parent, placed, plan, CODE, fields)
+    return Chosen(plan, Decision("incremental", why, digest), parent, reused)
+
+
 def build_packed_blocks(ws: Workspace, partition_key: str) -> LayerResult:
     mixed_ref, mixed = read_layer_index(ws, partition_key, "mixed_samples")
     canonical_ref, canonical = CanonicalIndex.read(ws, partition_key)
@@ -238,9 +351,11 @@ def build_packed_blocks(ws: Workspace, partition_key: str) -> LayerResult:
     order = get_table(ws.cas, mixed.output("samples"), "mixed samples", ["record_id"])
     cache = token_cache(ws, canonical.chunks(), resolve_tokenizer(ws))
     spec, policy = cache.spec, ws.config.policies.packing
+    can = candidate(ws, Upstream(partition_key, mixed.output("samples"), canonical, dedup), spec)
     rows = locate_samples(ws, canonical, cache, order.column("record_id"), dedup)
-    plan = plan_for(rows, policy)
-    index, index_ref, spans, built = write_blocks(ws, plan, rows, spec, cache)
+    chosen = choose_plan(ws, can, rows, spec)
+    plan, decision, parent = chosen.plan, chosen.decision, chosen.parent
+    index, index_ref, spans, built = write_blocks(ws, plan, rows, spec, cache, chosen.reused)
     spans_ref = spans.ref
     counts = packing_counts(plan, built, rows, spans.rows)
     outputs = {
@@ -248,7 +363,9 @@ def build_packed_blocks(ws: Workspace, partition_key: str) -> LayerResult:
         "shards": [make_ref(s.digest, BINARY, s.size) for s in index.shards],
         "spans": spans_ref,
         "quarantined": put_table(ws.cas, quarantined_table(plan, rows)),
-        "layout": put_json(ws.cas, layout_document(policy, index, spec)),
+        "layout": put_json(ws.cas, layout_document(policy, fields_of(index), spec)),
+        "packing": decision.document(),
+        "shard_counts": put_table(ws.cas, shard_counts(built["shards"])),
         "dtype": spec.dtype_name,
         "tokenizer": spec.document(),
         "chat_template": spec.chat_template.document(),
@@ -262,7 +379,8 @@ def build_packed_blocks(ws: Workspace, partition_key: str) -> LayerResult:
         "packed_blocks",
         CODE,
         ws.config.policy_digest("packing"),
-        [mixed_ref, canonical_ref, dedup_ref, cache.tokenizer_ref(ws)],
+        [mixed_ref, canonical_ref, dedup_ref, cache.tokenizer_ref(ws)]
+        + ([parent.ref] if parent else []),  # an incremental layout depends on its parent's
         outputs,
         counts,
     )
@@ -272,11 +390,12 @@ def build_packed_blocks(ws: Workspace, partition_key: str) -> LayerResult:
         counts=counts,
         preview=spans.preview,
         digests={"shard_index": index_ref["digest"], "spans": spans_ref["digest"]},
-        run_stats=cache.run_stats(),
+        run_stats={**cache.run_stats(), "shards_reused": built["reused"]},
+        details={"packing": decision.document()},
     )
 
 
-def layout_document(policy: PackingPolicy, index: ShardIndex, spec: TokenizerSpec) -> dict:
+def layout_document(policy: PackingPolicy, fields: dict[str, str], spec: TokenizerSpec) -> dict:
     """What a reader must know to use the blocks, declared once (the fields' meaning)."""
     return {
         "schema": "corpus.packed-layout.v1",
@@ -285,8 +404,8 @@ def layout_document(policy: PackingPolicy, index: ShardIndex, spec: TokenizerSpe
         "tail": policy.tail if policy.mode == "continuous" else None,
         "positions": policy.positions,
         "block_order": f"sha256 keyed by packed_blocks/{policy.seed}",
-        "block_tokens": index.block_tokens,
-        "fields": {f.name: f.dtype for f in index.fields},
+        "block_tokens": policy.block_tokens,
+        "fields": fields,
         "segment_ids": "0 = pad; 1, 2, ... per piece in its block",
         "label_mask": "1 at t when token t+1 is a target in the same segment",
         "pad": spec.pad.id,
