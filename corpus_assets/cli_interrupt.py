@@ -29,6 +29,7 @@ from typing import Any, TypeVar
 INTERRUPTED = "corpus-assets: interrupted; finished work is kept, rerun to resume\n"
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, the shell's convention
 _STOPPING = threading.Lock()
+_TERMINAL = [2]  # where the line goes: install() keeps a duplicate of the stderr it was given
 Result = TypeVar("Result")
 
 
@@ -38,6 +39,9 @@ def install() -> None:
     multiprocessing's resource tracker unblocks SIGINT in the thread that first starts it (it
     blocks it only around the spawn), so it is started first: later pools find it running."""
     resource_tracker.ensure_running()
+    # Dagster points fd 2 at a step's compute log while the step runs (a ``tail`` child copies
+    # it back); that child is killed with the rest, so the line must not travel through it.
+    _TERMINAL[0] = os.dup(2)
     signal.signal(signal.SIGINT, lambda _signo, _frame: stop())
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     threading.Thread(target=_wait, name="sigint", daemon=True).start()
@@ -51,7 +55,7 @@ def _wait() -> None:
 def stop() -> None:
     """The one line, every child process killed, exit 130 (once, whichever thread got here)."""
     _STOPPING.acquire()
-    os.write(2, INTERRUPTED.encode())
+    os.write(_TERMINAL[0], INTERRUPTED.encode())
     for pid in _children(os.getpid()):
         with suppress(ProcessLookupError):  # it finished meanwhile
             os.kill(pid, signal.SIGKILL)
