@@ -11,6 +11,7 @@ import json
 import random
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -231,16 +232,25 @@ def test_a_tombstoned_record_drops_its_block_and_repacks_the_others(tmp_path: Pa
         block = min(blocks_of[victim])
         neighbours = {s["record_id"] for s in parent_spans if s["block"] == block} - {victim}
         add_tombstone(ws.catalog, "record", victim, "erasure")
-        sid = build_all(ws, "p2")["manifest"].digests["snapshotId"]
-        _digest, child, spans = _packed(ws, "p2")
-        kept = _kept(ws, parent, child, (parent_spans, spans))
-        report = validate_snapshot(ws, sid)
-        packing = _manifest(ws, sid)["packing"]
-        _whole(ws, "p2", spans, child)
+        spans, kept, report, packing = _child_p2(ws, parent, parent_spans)
     packed = {s["record_id"] for s in spans}
     assert victim not in packed and neighbours <= packed
     assert block not in kept and len(kept) == parent.counts["blocks"] - 1
     assert packing["mode"] == "incremental" and report.ok
+
+
+def _child_p2(
+    ws: Workspace, parent: LayerIndex, parent_spans: list[dict[str, Any]]
+) -> tuple[Any, ...]:
+    """Build child ``p2`` and return its spans, the parent blocks it kept, its validation report
+    and its manifest's packing record; every sample of it is checked packed whole."""
+    sid = build_all(ws, "p2")["manifest"].digests["snapshotId"]
+    _digest, child, spans = _packed(ws, "p2")
+    kept = _kept(ws, parent, child, (parent_spans, spans))
+    report = validate_snapshot(ws, sid)
+    packing = _manifest(ws, sid)["packing"]
+    _whole(ws, "p2", spans, child)
+    return spans, kept, report, packing
 
 
 PAIRS = [
@@ -277,12 +287,7 @@ def test_pairs_are_kept_with_their_block_or_repacked_whole(tmp_path: Path) -> No
         victim = min(r for r in others if not r.startswith("prefs/"))
         add_tombstone(ws.catalog, "record", victim, "erasure")
         _add_essays(folder)
-        sid = build_all(ws, "p2")["manifest"].digests["snapshotId"]
-        _digest, child, spans = _packed(ws, "p2")
-        kept = _kept(ws, parent, child, (parent_spans, spans))
-        report = validate_snapshot(ws, sid)
-        packing = _manifest(ws, sid)["packing"]
-        _whole(ws, "p2", spans, child)
+        spans, kept, report, packing = _child_p2(ws, parent, parent_spans)
     assert packing["mode"] == "incremental" and report.ok, (packing, report.findings)
     assert block not in kept and set(pair_blocks[1:]) <= set(kept)
     freed = {r for r in others if r.startswith("prefs/")}
