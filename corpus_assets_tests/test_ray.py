@@ -40,10 +40,19 @@ ray = pytest.importorskip("ray", reason="ray is not installed (pip install 'corp
 LAYERS_ON_RUNNER = ("raw_snapshot", "canonical_records", "dedup_signatures", "tokens")
 
 
+_PORTS_GIVEN: set[int] = set()
+
+
 def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A loopback port free now and never handed out before in this process: the kernel may give
+    a just-closed port again, and Ray refuses two components on one port (a CI failure)."""
+    while True:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        if port not in _PORTS_GIVEN:
+            _PORTS_GIVEN.add(port)
+            return port
 
 
 def _ray_start(args: list[str], env: dict[str, str]) -> int:
@@ -245,3 +254,10 @@ def test_an_address_nobody_listens_on_fails_at_once() -> None:
     with pytest.raises(RayUnavailable, match=f"{address}: no Ray cluster answers there"):
         RayRunner(address).map(abs, [1], NO_SETUP)
     assert time.monotonic() - started < 5
+
+
+def test_ports_handed_to_ray_are_never_repeated() -> None:
+    """A thousand ports, all distinct: the kernel alone repeats some (birthday odds over its
+    ephemeral range), and one repeat made ``ray start`` refuse to run."""
+    ports = [_free_port() for _ in range(1000)]
+    assert len(set(ports)) == len(ports)
