@@ -12,9 +12,10 @@ import pytest
 
 from corpus_assets.assets.executor import pooled_in_process_executor
 from corpus_assets.assets.resources import CorpusResource
+from corpus_assets.core.runtime.code_identity import code_identity
 from corpus_assets.core.runtime.pool import shared_pool
 from corpus_assets.core.runtime.runners import LocalRunner, WorkerSetup
-from corpus_assets_tests.worker_probe import no_setup, worker_pid
+from corpus_assets_tests.worker_probe import identity_parses, no_setup, worker_pid
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -127,3 +128,13 @@ def test_sensors_still_build_the_corpus_resource_without_a_with_block() -> None:
     without ``with`` refuse: the pool's session is the executor's, not the resource's."""
     context = dg.build_sensor_context(resources={"corpus": CorpusResource()})
     assert isinstance(context.resources.corpus, CorpusResource)
+
+
+def test_workers_parse_no_source_their_driver_parsed() -> None:
+    """A worker starts with its driver's parses (keyed by file digest): the code identity it
+    computes is the driver's, and it parses no file for it (~0.3 CPU-s a worker otherwise)."""
+    module = "corpus_assets.core.records.layer"
+    driver = code_identity(module)  # imported by the stage modules before any pool starts
+    with shared_pool():
+        found = LocalRunner(2).map(identity_parses, [module] * 2, WorkerSetup(no_setup, ""))
+    assert found == [(driver, 0), (driver, 0)]

@@ -20,3 +20,20 @@ def forbidden_loaded(_job: Any) -> list[str]:
 
 def worker_pid(_job: Any) -> int:
     return os.getpid()
+
+
+def identity_parses(module: str) -> tuple[str, int]:
+    """``module``'s code identity in this worker, and how many source files it parsed for it."""
+    from corpus_assets.core.runtime import code_identity
+
+    parse, parsed = code_identity._parse_imports, []
+
+    def counting(*args: Any) -> tuple[str, ...]:
+        parsed.append(args[0])
+        return parse(*args)
+
+    code_identity._parse_imports = counting
+    try:
+        return code_identity.code_identity(module), len(parsed)
+    finally:
+        code_identity._parse_imports = parse

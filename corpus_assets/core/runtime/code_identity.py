@@ -8,6 +8,9 @@ therefore changes the identity of every stage whose code imports it and of no ot
 relative to the package's parent, so the same tree gives the same identity wherever it lives.
 Results are cached per process, and stage modules take theirs at import (``CODE = stage_code(...)``)
 so the digest describes the source the process loaded, not a file edited while a server runs.
+Parsing is the cost (~0.3 CPU-s a process); a pool worker starts with its driver's parses
+(``parsed_imports`` / ``seed_parsed_imports``), keyed by each file's sha256, so it parses only
+a file whose bytes differ from what the driver parsed.
 
 Not covered: imports built at run time (``importlib.import_module``; the package has none) and
 non-Python data files; the transform image and the snapshotId still cover every ``.py`` file.
@@ -71,9 +74,29 @@ def _parents(module: str) -> list[str]:
     return [".".join(parts[:n]) for n in range(1, len(parts))]
 
 
-@cache
+ParsedImports = dict[tuple[str, str, str], tuple[str, ...]]
+_PARSED: ParsedImports = {}  # (module, package root, file sha256) -> the modules it imports
+
+
+def parsed_imports() -> ParsedImports:
+    """This process's parses, for a worker it starts (``seed_parsed_imports``)."""
+    return dict(_PARSED)
+
+
+def seed_parsed_imports(parsed: ParsedImports) -> None:
+    """Take a driver's parses: a file is parsed again only if its bytes differ (sha256)."""
+    _PARSED.update(parsed)
+
+
 def _imports(module: str, path: Path, package_root: Path) -> tuple[str, ...]:
     """The package's modules ``module`` imports, anywhere in its source (sorted, unique)."""
+    key = (module, str(package_root), _file_digest(path))
+    if key not in _PARSED:
+        _PARSED[key] = _parse_imports(module, path, package_root)
+    return _PARSED[key]
+
+
+def _parse_imports(module: str, path: Path, package_root: Path) -> tuple[str, ...]:
     package = package_root.name
     tree = ast.parse(path.read_bytes(), filename=_relative(path, package_root))
     is_package = path.name == "__init__.py"

@@ -27,6 +27,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from corpus_assets.core.runtime.code_identity import parsed_imports, seed_parsed_imports
+
 Setup = Callable[..., None]  # setup(config_path, corpus_env, *args): opens a worker's workspace
 
 
@@ -81,9 +83,15 @@ class _CoreSpawn(multiprocessing.context.SpawnContext):
 
 
 def _new_pool(workers: int) -> ProcessPoolExecutor:
-    """Workers start on demand (spawn), at most ``workers``; they keep SIGINT blocked if the
-    parent does (``cli_interrupt``): a Ctrl-C kills them with the parent."""
-    return ProcessPoolExecutor(workers, mp_context=_CoreSpawn())
+    """Workers start on demand (spawn), at most ``workers``, with this process's parses of the
+    package's imports (code identities: no worker parses a file the driver has); they keep
+    SIGINT blocked if the parent does (``cli_interrupt``): a Ctrl-C kills them with the parent."""
+    return ProcessPoolExecutor(
+        workers,
+        mp_context=_CoreSpawn(),
+        initializer=seed_parsed_imports,
+        initargs=(parsed_imports(),),
+    )
 
 
 class _Sessions:
