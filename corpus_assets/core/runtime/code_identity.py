@@ -18,6 +18,7 @@ non-Python data files; the transform image and the snapshotId still cover every 
 
 import ast
 import hashlib
+from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
 
@@ -101,7 +102,7 @@ def _parse_imports(module: str, path: Path, package_root: Path) -> tuple[str, ..
     tree = ast.parse(path.read_bytes(), filename=_relative(path, package_root))
     is_package = path.name == "__init__.py"
     found: set[str] = set()
-    for node in ast.walk(tree):
+    for node in _statements(tree):
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -112,6 +113,23 @@ def _parse_imports(module: str, path: Path, package_root: Path) -> tuple[str, ..
                 if alias.name != "*" and _source(candidate, package_root) is not None:
                     found.add(candidate)
     return tuple(sorted(n for n in found if n == package or n.startswith(package + ".")))
+
+
+_BLOCKS = ("body", "orelse", "finalbody", "handlers", "cases")  # fields holding statements
+
+
+def _statements(tree: ast.Module) -> Iterator[ast.stmt]:
+    """Every statement, at any depth (function, class, if, try, with, loop and match bodies):
+    an import is a statement, so the expressions - most of a tree - need not be walked."""
+    todo: list[ast.AST] = list(tree.body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, ast.stmt):
+            yield node
+        for name in _BLOCKS:
+            block = getattr(node, name, None)
+            if isinstance(block, list):  # a lambda's or an IfExp's body is one expression
+                todo.extend(block)
 
 
 def _absolute(module: str, is_package: bool, name: str | None, level: int) -> str:
