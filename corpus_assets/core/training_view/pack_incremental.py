@@ -41,6 +41,7 @@ from corpus_assets.core.storage.shards import (
     little_endian,
 )
 from corpus_assets.core.storage.shards import load_index as load_shard_index
+from corpus_assets.core.training_view.duck import MEMORY_LIMIT
 from corpus_assets.core.training_view.pack_plan import (
     PackPlan,
     Pieces,
@@ -53,7 +54,6 @@ from corpus_assets.core.training_view.pack_plan import (
 from corpus_assets.core.training_view.pack_shards import KINDS, ShardOutcome
 
 SPAN_READ = ["block", "start", "end", "sample", "record_offset"]
-SAMPLE_MAP_MEMORY = "64MB"  # DuckDB's buffers for the sample join; its tables spill beyond
 SAMPLE_MAP = (  # each step a table (spillable), then the join streamed in any order
     "CREATE TABLE child_digest AS SELECT r.record_id, r.record_digest FROM {records} r "
     "JOIN (SELECT record_id, object, line FROM {clusters} WHERE is_representative) k "
@@ -163,7 +163,8 @@ def sample_map(
         "members": cas_parquet(ws.cas, parent.members, "parent members"),
     }
     threads = ws.config.execution.workers
-    spill = Spilling(ws.home / "tmp", SAMPLE_MAP_MEMORY, threads, preserve_insertion_order=False)
+    # the training view's budget: 64 MB ran out reading a 1.1 GB parent's members (bench/race.py)
+    spill = Spilling(ws.home / "tmp", MEMORY_LIMIT, threads, preserve_insertion_order=False)
     with spill as con:
         for step in SAMPLE_MAP:
             con.execute(step.format(**tables))
