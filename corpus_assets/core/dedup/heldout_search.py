@@ -90,6 +90,12 @@ def _prefilter(held: np.ndarray, probe: np.ndarray) -> np.ndarray:
     return np.flatnonzero(table[probe & mask])
 
 
+def _runs(values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Of sorted ``values``: where each run of equal values starts, its value and length."""
+    starts = np.flatnonzero(np.r_[True, values[1:] != values[:-1]]) if len(values) else EMPTY
+    return starts, values[starts], np.diff(np.r_[starts, len(values)])
+
+
 def candidates(
     blocks: Sequence[SignatureBlock],
     heldout: np.ndarray,
@@ -100,16 +106,19 @@ def candidates(
     """Packed ``a * n + b`` (a < b, global rows, ``n`` records in the blocks) of every held-out
     record and member sharing a band key, sorted unique; self pairs are left out."""
     found: list[np.ndarray] = []
-    for band in range(p.bands):
+    for band in range(p.bands if len(heldout) else 0):
         keys = _band(blocks, band, p.rows)
         held = keys[heldout]
         order = np.argsort(held, kind="stable")
-        sorted_held = held[order]
-        maybe = _prefilter(held, keys[members])
-        probe, probing = keys[members[maybe]], members[maybe]
+        starts, unique_keys, counts = _runs(held[order])
+        probing = members[_prefilter(held, keys[members])]
+        probe = keys[probing]
         del keys
-        lo = np.searchsorted(sorted_held, probe, side="left")
-        count = np.searchsorted(sorted_held, probe, side="right") - lo
+        by_key = np.argsort(probe)  # sorted needles: the binary search walks forward
+        probe, probing = probe[by_key], probing[by_key]
+        at = np.minimum(np.searchsorted(unique_keys, probe), len(unique_keys) - 1)
+        hit = unique_keys[at] == probe
+        probing, lo, count = probing[hit], starts[at[hit]], counts[at[hit]]
         total = int(count.sum())
         if not total:
             continue

@@ -23,15 +23,15 @@ thresholds are always computed afresh, so the pairs are the same as without any 
 from dataclasses import dataclass
 from decimal import Decimal
 from functools import partial
-from pathlib import Path
 
 import duckdb
 import numpy as np
 import pyarrow as pa
 
-from corpus_assets.core.dedup.fingerprint_store import SpilledFingerprints, TextLookup
+from corpus_assets.core.dedup.fingerprint_store import TextLookup
 from corpus_assets.core.dedup.heldout_search import HeldoutPairs, HeldoutParams, Known, search
 from corpus_assets.core.dedup.layer import CODE as DEDUP_CODE
+from corpus_assets.core.dedup.minhash import fingerprints
 from corpus_assets.core.dedup.near_rule import CHAR, ScriptThresholds
 from corpus_assets.core.dedup.pair_cache import PAIR_COLUMNS as VERIFIED_COLUMNS
 from corpus_assets.core.dedup.report import DedupReport
@@ -89,6 +89,7 @@ FROM ho_estimated e JOIN ho_members x ON x.row = e.x JOIN ho_members y ON y.row 
 WHERE x.text_digest <> y.text_digest GROUP BY ALL
 """
 FULL, INCREMENTAL = "full", "incremental"
+FETCH = 256  # texts read and fingerprinted together
 
 
 @dataclass(frozen=True)
@@ -227,11 +228,10 @@ class HeldoutScan:
         return rows, table["record_id"].combine_chunks(), splits
 
     def _search(self, heldout: np.ndarray, rows: np.ndarray, known: Known) -> HeldoutPairs:
-        tmp = self.ws.home / "tmp"
-        texts = TextLookup(self.ws, self.chunks)
+        texts = TextLookup(self.ws, self.chunks, verified=True)  # _positions checked them
 
         def fetch(wanted: np.ndarray) -> list[np.ndarray]:
-            return _fingerprints(texts, self.spec, wanted, tmp)
+            return _fingerprints(texts, self.spec, wanted)
 
         return search(self.blocks, heldout, rows, self.params, fetch, self.thresholds, known)
 
@@ -265,17 +265,13 @@ def _store_verified(
         con.unregister("ho_estimated")
 
 
-def _fingerprints(
-    texts: TextLookup, spec: SignatureSpec, rows: np.ndarray, tmp: Path
-) -> list[np.ndarray]:
-    """Fingerprint sets of ascending global rows, spilled as near-dedup's are."""
-    prints = SpilledFingerprints(texts, spec, rows, tmp)
-    try:
-        ranks = np.arange(len(rows))
-        prints.prefetch(ranks)
-        return prints(ranks)
-    finally:
-        prints.close()
+def _fingerprints(texts: TextLookup, spec: SignatureSpec, rows: np.ndarray) -> list[np.ndarray]:
+    """Fingerprint sets of ascending global rows, ``FETCH`` texts at a time (they are all
+    returned, so nothing is spilled; no garbage collection pass for a few texts)."""
+    out: list[np.ndarray] = []
+    for start in range(0, len(rows), FETCH):
+        out += fingerprints(texts.get(rows[start : start + FETCH]), spec)
+    return out
 
 
 def put_verified(ws: Workspace, con: duckdb.DuckDBPyConnection) -> Ref:
