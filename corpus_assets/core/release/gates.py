@@ -246,7 +246,7 @@ def heldout_near_apart(ws: Workspace) -> Gate:
         path = ev.files.path(ev.dedup.output("clusters")["digest"], "dedup clusters")
         records = searched_records(f"read_parquet({sql_list([path])})", "members")
         known = reuse(ws, ev.dedup, scan.spec, (ev.splits, SPLITS_CODE, "splits layer"))
-        pairs = scan.pairs(ev.con, records, known)[0].to_pylist()
+        pairs = scan.pairs(ev.con, records, known, keep=False)[0].to_pylist()
         cross = [p for p in pairs if p["split_a"] != p["split_b"]]
         report.heldout_near_pairs = len(cross)
         return [

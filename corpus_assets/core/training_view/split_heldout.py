@@ -177,18 +177,23 @@ class HeldoutScan:
         return cls(ws, chunks, blocks, spec, taus, HeldoutParams(spec.num_perm, float(word)))
 
     def pairs(
-        self, con: duckdb.DuckDBPyConnection, members: str, known: Reuse | None = None
+        self,
+        con: duckdb.DuckDBPyConnection,
+        members: str,
+        known: Reuse | None = None,
+        keep: bool = True,
     ) -> tuple[pa.Table, dict]:
         """Every pair (a held-out member, any member) at or above its threshold, as
         ``PAIR_COLUMNS`` rows in (a, b) row order, and the search's counts. ``members`` is a
         query over ``con`` with columns record_id, object, line, split (``searched_records``);
-        Jaccards are taken from ``known``'s tables where they hold the pair. Every verified
-        pair is left in ``con`` as ``ho_verified`` (``VERIFIED_COLUMNS``, unsorted)."""
+        Jaccards are taken from ``known``'s tables where they hold the pair. With ``keep``,
+        every verified pair is left in ``con`` as ``ho_verified`` (for ``put_verified``)."""
         rows, ids, splits = self._positions(con, members)
         heldout = rows[splits != TRAIN]
         tables = known.tables if known is not None else ()
         found = self._search(heldout, rows, partial(_known, con, tables))
-        _store_verified(con, *found.verified)
+        if keep:
+            _store_verified(con, *found.verified)
         at = np.searchsorted(rows, np.concatenate([found.a, found.b]))
         a_at, b_at = at[: len(found.a)], at[len(found.a) :]
         table = pa.table(
