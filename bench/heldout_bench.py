@@ -73,6 +73,7 @@ def setup(root: Path) -> dict[str, str]:
     race.add_one_percent(corpora, root / "src", made["jsonl_bytes"])
     child = race.cli_build(config, root)
     parts = {"parent": _partition(full["out"]), "child": _partition(child["out"])}
+    parts["build_cpu_s"] = {"full": full["cpu"], "incremental": child["cpu"]}
     (root / "parts.json").write_text(json.dumps(parts))
     return parts
 
@@ -123,6 +124,8 @@ def main() -> None:
     if args.old is not None:
         results["old"] = run(args.old.resolve(), copy_home(root, "old"), parts)
     print(json.dumps(results, indent=1))
+    if "build_cpu_s" in parts:
+        print("whole builds, CPU-s (this code, CLI):", parts["build_cpu_s"])
     print(f"{'search':12s} {'new cpu_s':>10s} {'old cpu_s':>10s} {'old/new':>8s}")
     for name in ("full", "incremental", "gate"):
         new = results["new"][name]["cpu"]
