@@ -90,6 +90,7 @@ WHERE x.text_digest <> y.text_digest GROUP BY ALL
 """
 FULL, INCREMENTAL = "full", "incremental"
 FETCH = 256  # texts read and fingerprinted together
+Searched = tuple[LayerIndex | None, str, str]  # a splits index, the code it must have, a name
 
 
 @dataclass(frozen=True)
@@ -110,7 +111,7 @@ def spec_digest(spec: SignatureSpec) -> str:
     return json_digest(spec_payload(spec))
 
 
-def reuse(ws: Workspace, dedup: LayerIndex, spec: SignatureSpec, searched: "Searched") -> Reuse:
+def reuse(ws: Workspace, dedup: LayerIndex, spec: SignatureSpec, searched: Searched) -> Reuse:
     """The tables a search may take Jaccards from: a previous search's ``heldout_verified``
     when its splits layer ran ``code`` under this spec, and dedup's verified pairs when the
     dedup layer ran the current dedup code."""
@@ -128,9 +129,6 @@ def reuse(ws: Workspace, dedup: LayerIndex, spec: SignatureSpec, searched: "Sear
         return Reuse(FULL, f"{who} stored no verified pairs under this spec", tuple(tables))
     table = cas_parquet(ws.cas, index.output("heldout_verified"), f"{who} heldout_verified")
     return Reuse(INCREMENTAL, who, (table, *tables))
-
-
-Searched = tuple[LayerIndex | None, str, str]  # a splits index, the code it must have, a name
 
 
 @dataclass(frozen=True)
