@@ -146,7 +146,7 @@ def main() -> None:
             ).fetchall()
         )
         cpu = time.process_time()
-        prints = _fingerprints(TextLookup(ws, canonical.chunks()), scan.spec, rows, ws.home / "tmp")
+        prints = _fingerprints(TextLookup(ws, canonical.chunks()), scan.spec, rows)
         heldout = np.flatnonzero(splits != TRAIN)
         truth = exhaustive(prints, heldout, scan.thresholds[rows])
         base_cpu = time.process_time() - cpu

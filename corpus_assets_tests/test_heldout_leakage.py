@@ -15,8 +15,10 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 import pytest
 
+from corpus_assets.core.records.index import CanonicalIndex
 from corpus_assets.core.release import gates
 from corpus_assets.core.release.evidence import Evidence
 from corpus_assets.core.release.verify import load_manifest, resolve
@@ -24,6 +26,9 @@ from corpus_assets.core.runtime.config import NearDedupPolicy, SplitPolicy
 from corpus_assets.core.runtime.layers import read_layer_index
 from corpus_assets.core.runtime.workspace import open_workspace
 from corpus_assets.core.storage.artifacts import get_table
+from corpus_assets.core.storage.cas import CasError
+from corpus_assets.core.training_view.split_heldout import INCREMENTAL, HeldoutScan, reuse
+from corpus_assets.core.training_view.splits import CODE as SPLITS_CODE
 from corpus_assets.demo import CONFIG
 from corpus_assets.selftest.leak_pair import LeakPair, find_leak_pair
 
@@ -113,14 +118,7 @@ def test_the_gate_refuses_a_near_pair_across_splits(
         with Evidence.load(ws.cas, ws.catalog, manifest) as ev:
             clean = gates.GateReport()
             assert gate(ev, clean) == [] and clean.heldout_near_pairs == 0
-            split = ev.scalar("SELECT split FROM members WHERE record_id = ?", [IDS[1]])
-            other = "test" if split != "test" else "validation"
-            ev.con.execute(
-                "CREATE OR REPLACE VIEW members AS SELECT * REPLACE (CASE WHEN record_id = "
-                f"'{IDS[1]}' THEN '{other}' ELSE split END AS split) FROM "
-                f"read_parquet('{ev.files.path(manifest['members']['digest'], 'members')}', "
-                "file_row_number = true)"
-            )
+            _leak(ev, manifest)
             leaky = gates.GateReport()
             found = gate(ev, leaky)
     assert leaky.heldout_near_pairs == 1
@@ -143,3 +141,50 @@ def test_two_workers_give_the_same_split_bytes(
     other = next(x.split()[1] for x in demo.stdout.splitlines() if x.startswith("partition "))
     two = _outputs(tmp_path, other.rstrip(":"), monkeypatch)
     assert two == _outputs(home, key, monkeypatch)
+
+
+def test_the_gate_takes_only_the_splits_layers_checked_jaccards(
+    leak_home: tuple[Path, LeakPair, str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The gate reuses the Jaccards the splits layer stored, never unchecked ones: with the
+    planted pair's Jaccard lowered in the stored table (so it would look like no pair) the
+    gate stops at the digest check instead of passing the leaky members."""
+    home, pair, key, sid = leak_home
+    monkeypatch.setenv("CORPUS_HOME", str(home / ".corpus"))
+    monkeypatch.setenv("CORPUS_CONFIG", str(home / ".corpus" / "corpus.yaml"))
+    with open_workspace() as ws:
+        _, splits = read_layer_index(ws, key, "splits")
+        _, dedup = read_layer_index(ws, key, "dedup_clusters")
+        scan = HeldoutScan.open(ws, CanonicalIndex.read(ws, key)[1].chunks(), dedup)
+        assert scan is not None
+        known = reuse(ws, dedup, scan.spec, (splits, SPLITS_CODE, "splits layer"))
+        assert known.mode == INCREMENTAL  # the gate's search takes the stored Jaccards
+        path = ws.cas.path(splits.output("heldout_verified")["digest"])
+        table = pq.read_table(path)
+        planted = pc.is_in(table["jaccard"], value_set=pa.array([pair.jaccard]))
+        assert pc.any(planted).as_py()
+        lowered = pc.if_else(planted, 0.1, table["jaccard"])
+        stored = path.read_bytes()
+        path.chmod(0o644)
+        try:
+            pq.write_table(table.set_column(2, "jaccard", lowered), path)
+            gate = gates.heldout_near_apart(ws)
+            manifest = load_manifest(ws.cas, resolve(ws.catalog, sid))
+            with Evidence.load(ws.cas, ws.catalog, manifest) as ev:
+                _leak(ev, manifest)
+                with pytest.raises(CasError):
+                    gate(ev, gates.GateReport())
+        finally:
+            path.write_bytes(stored)
+
+
+def _leak(ev: Evidence, manifest: dict) -> None:
+    """The members view with the planted pair's second record put in another split."""
+    split = ev.scalar("SELECT split FROM members WHERE record_id = ?", [IDS[1]])
+    other = "test" if split != "test" else "validation"
+    ev.con.execute(
+        "CREATE OR REPLACE VIEW members AS SELECT * REPLACE (CASE WHEN record_id = "
+        f"'{IDS[1]}' THEN '{other}' ELSE split END AS split) FROM "
+        f"read_parquet('{ev.files.path(manifest['members']['digest'], 'members')}', "
+        "file_row_number = true)"
+    )

@@ -13,7 +13,10 @@ hash to train and test leaks. Held-out records are few, so they are searched aga
   a pair at the threshold survives with probability 1 - 1e-12 while the many low-J collisions of
   short bands are dropped before any text is read.
 - **Verification**: the exact Jaccard of the two shingle-fingerprint sets (the project's own
-  shingles), which must reach the larger of the two records' thresholds.
+  shingles), which must reach the larger of the two records' thresholds. A Jaccard is a
+  function of the two texts and the spec only: one computed before (``known``: an identical
+  text, dedup's or a parent's verified pairs) is taken as it is, and only the other pairs'
+  texts are read and fingerprinted.
 
 Pure numpy over ``SignatureBlock``s and a fingerprint callable; pairs come back sorted by
 (a, b) on global rows, so the result does not depend on the worker count or chunk timing.
@@ -30,6 +33,8 @@ from corpus_assets.core.dedup.near_dedup import SignatureBlock, band_keys
 
 ROWS = 3  # rows per band of the held-out search
 MISS = 1e-12  # the estimate's allowed miss probability for a pair at the threshold
+EMPTY = np.empty(0, dtype=np.int64)
+Known = Callable[[np.ndarray, np.ndarray], np.ndarray]  # rows a, b -> Jaccard or nan
 
 
 @dataclass(frozen=True)
@@ -60,6 +65,8 @@ class HeldoutPairs:
     b: np.ndarray
     jaccard: np.ndarray
     stats: dict[str, int | float] = field(default_factory=dict)
+    # every estimated pair (rows a < b) and its exact Jaccard, at or above the threshold or not
+    verified: tuple[np.ndarray, np.ndarray, np.ndarray] = (EMPTY, EMPTY, np.empty(0))
 
 
 def _band(blocks: Sequence[SignatureBlock], band: int, rows: int) -> np.ndarray:
@@ -73,6 +80,22 @@ def _unique(values: np.ndarray) -> np.ndarray:
     return values[np.r_[True, values[1:] != values[:-1]]] if len(values) else values
 
 
+def _prefilter(held: np.ndarray, probe: np.ndarray) -> np.ndarray:
+    """Indices of ``probe`` whose key may be among ``held``: a bitmap over the keys' low bits
+    (at least 8 slots per held key) drops most members before the binary search."""
+    bits = min(26, max(16, len(held).bit_length() + 3))
+    mask = np.uint64((1 << bits) - 1)
+    table = np.zeros(1 << bits, dtype=bool)
+    table[held & mask] = True
+    return np.flatnonzero(table[probe & mask])
+
+
+def _runs(values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Of sorted ``values``: where each run of equal values starts, its value and length."""
+    starts = np.flatnonzero(np.r_[True, values[1:] != values[:-1]]) if len(values) else EMPTY
+    return starts, values[starts], np.diff(np.r_[starts, len(values)])
+
+
 def candidates(
     blocks: Sequence[SignatureBlock],
     heldout: np.ndarray,
@@ -83,19 +106,23 @@ def candidates(
     """Packed ``a * n + b`` (a < b, global rows, ``n`` records in the blocks) of every held-out
     record and member sharing a band key, sorted unique; self pairs are left out."""
     found: list[np.ndarray] = []
-    for band in range(p.bands):
+    for band in range(p.bands if len(heldout) else 0):
         keys = _band(blocks, band, p.rows)
         held = keys[heldout]
         order = np.argsort(held, kind="stable")
-        sorted_held = held[order]
-        probe = keys[members]
+        starts, unique_keys, counts = _runs(held[order])
+        probing = members[_prefilter(held, keys[members])]
+        probe = keys[probing]
         del keys
-        lo = np.searchsorted(sorted_held, probe, side="left")
-        count = np.searchsorted(sorted_held, probe, side="right") - lo
+        by_key = np.argsort(probe)  # sorted needles: the binary search walks forward
+        probe, probing = probe[by_key], probing[by_key]
+        at = np.minimum(np.searchsorted(unique_keys, probe), len(unique_keys) - 1)
+        hit = unique_keys[at] == probe
+        probing, lo, count = probing[hit], starts[at[hit]], counts[at[hit]]
         total = int(count.sum())
         if not total:
             continue
-        m = np.repeat(members, count)
+        m = np.repeat(probing, count)
         step = np.arange(total) - np.repeat(np.cumsum(count) - count, count)
         h = heldout[order[np.repeat(lo, count) + step]]
         keep = h != m
@@ -130,12 +157,15 @@ def search(
     p: HeldoutParams,
     fingerprints: Callable[[np.ndarray], list[np.ndarray]],
     thresholds: np.ndarray | None = None,
+    known: Known | None = None,
 ) -> HeldoutPairs:
     """Every pair (held-out record, member) at or above its threshold; see the module doc.
 
     ``heldout`` and ``members`` are global rows (``members`` may include the held-out ones);
     ``fingerprints(rows)`` gets ascending unique rows once and returns their fingerprint
-    sets; ``thresholds`` is each global row's threshold (else ``p.threshold`` for all).
+    sets; ``thresholds`` is each global row's threshold (else ``p.threshold`` for all);
+    ``known(a, b)`` gives the exact Jaccards already computed elsewhere (nan where not), so
+    only the other pairs are fingerprinted and verified.
     """
     n = len(thresholds) if thresholds is not None else _total(blocks)
     packed = candidates(blocks, heldout, members, p, n)
@@ -145,12 +175,10 @@ def search(
     likely = agree >= p.min_agree
     a, b = a[likely], b[likely]
     stats["estimated"] = len(a)
-    involved = _unique(np.concatenate([a, b]))
-    prints = dict(zip(involved.tolist(), fingerprints(involved), strict=True)) if len(a) else {}
-    jaccards = np.array(
-        [jaccard_sorted(prints[x], prints[y]) for x, y in zip(a.tolist(), b.tolist(), strict=True)],
-        dtype=np.float64,
-    )
+    jaccards = np.full(len(a), np.nan) if known is None or not len(a) else known(a, b)
+    todo = np.flatnonzero(np.isnan(jaccards))
+    jaccards[todo], stats["fingerprinted"] = _verify(a[todo], b[todo], fingerprints)
+    stats["known"], stats["computed"] = len(a) - len(todo), len(todo)
     if thresholds is None:
         need = np.full(len(a), p.threshold)
     else:
@@ -158,4 +186,17 @@ def search(
     hit = jaccards >= need
     stats["verified"] = len(a)
     stats["pairs"] = int(hit.sum())
-    return HeldoutPairs(a[hit], b[hit], jaccards[hit], stats)
+    return HeldoutPairs(a[hit], b[hit], jaccards[hit], stats, (a, b, jaccards))
+
+
+def _verify(
+    a: np.ndarray, b: np.ndarray, fingerprints: Callable[[np.ndarray], list[np.ndarray]]
+) -> tuple[np.ndarray, int]:
+    """The exact Jaccard of each pair of rows, and how many records were fingerprinted."""
+    if not len(a):
+        return np.empty(0, dtype=np.float64), 0
+    involved = _unique(np.concatenate([a, b]))
+    prints = fingerprints(involved)
+    at_a, at_b = np.searchsorted(involved, a).tolist(), np.searchsorted(involved, b).tolist()
+    out = [jaccard_sorted(prints[x], prints[y]) for x, y in zip(at_a, at_b, strict=True)]
+    return np.array(out, dtype=np.float64), len(involved)

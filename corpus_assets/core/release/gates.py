@@ -36,7 +36,8 @@ from corpus_assets.core.storage.catalog import freezes
 from corpus_assets.core.storage.digests import json_digest
 from corpus_assets.core.storage.duck import sql_list
 from corpus_assets.core.storage.tasks import ChunkTask, open_dead_letters
-from corpus_assets.core.training_view.split_heldout import HeldoutScan, searched_records
+from corpus_assets.core.training_view.split_heldout import HeldoutScan, reuse, searched_records
+from corpus_assets.core.training_view.splits import CODE as SPLITS_CODE
 from corpus_assets.core.training_view.splits import SPLITS
 
 LateChanges = Callable[[FreezeSpec], list[str]]
@@ -233,7 +234,10 @@ def dedup_invariants_hold(ev: Evidence, report: GateReport) -> list[str]:
 def heldout_near_apart(ws: Workspace) -> Gate:
     """The gate that searches again (``split_heldout``) for near pairs at or above the
     threshold between a held-out record and a record of another split (a removed duplicate in
-    its representative's): there must be none."""
+    its representative's): there must be none. Candidates and estimates are its own, over the
+    published splits; the exact Jaccards the splits layer verified (its stored, digest-checked
+    ``heldout_verified``, when it ran this code and spec) are not computed again, only those
+    of pairs it never had, such as a record's that became held-out by a move."""
 
     def heldout_near_apart(ev: Evidence, report: GateReport) -> list[str]:
         scan = HeldoutScan.open(ws, ev.canonical.chunks(), ev.dedup)
@@ -241,7 +245,8 @@ def heldout_near_apart(ws: Workspace) -> Gate:
             return []
         path = ev.files.path(ev.dedup.output("clusters")["digest"], "dedup clusters")
         records = searched_records(f"read_parquet({sql_list([path])})", "members")
-        pairs = scan.pairs(ev.con, records)[0].to_pylist()
+        known = reuse(ws, ev.dedup, scan.spec, (ev.splits, SPLITS_CODE, "splits layer"))
+        pairs = scan.pairs(ev.con, records, known, keep=False)[0].to_pylist()
         cross = [p for p in pairs if p["split_a"] != p["split_b"]]
         report.heldout_near_pairs = len(cross)
         return [

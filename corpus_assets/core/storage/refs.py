@@ -41,6 +41,7 @@ _LAYER_OUTPUTS: dict[str, tuple[tuple[str, str], ...]] = {
         ("split_moves", LEAF),
         ("split_conflicts", LEAF),
         ("heldout_pairs", LEAF),
+        ("heldout_verified", LEAF),  # verified held-out pairs: text digests and Jaccard
         *_TOKENS,
     ),
     "mixed_samples": (("samples", LEAF), *_TOKENS),

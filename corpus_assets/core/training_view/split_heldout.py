@@ -10,19 +10,30 @@ splits has its smaller sides moved to the largest (``split.heldout_near``, ties 
 order: the ``move_smaller`` resolution), each move listed with the pair and its Jaccard. They
 are resolved here, so they are no open conflict (the layer check wants none).
 The validation gate runs the same search on the published members table (``heldout_leaks``).
+
+Every pair the search verified (text digests ``a < b``, exact Jaccard, identical texts left
+out) is stored as ``heldout_verified``. A Jaccard depends on the two texts and the signature
+spec only, so a later search takes it from there instead of reading and shingling the texts:
+the child snapshot's splits layer from its parent's table, the gate from its own snapshot's
+(each only when the layer that stored it ran this code and spec), both from the dedup layer's
+verified ``pairs`` (when it ran the current dedup code). The candidates, estimate and
+thresholds are always computed afresh, so the pairs are the same as without any reuse.
 """
 
 from dataclasses import dataclass
 from decimal import Decimal
-from pathlib import Path
+from functools import partial
 
 import duckdb
 import numpy as np
 import pyarrow as pa
 
-from corpus_assets.core.dedup.fingerprint_store import SpilledFingerprints, TextLookup
-from corpus_assets.core.dedup.heldout_search import HeldoutPairs, HeldoutParams, search
+from corpus_assets.core.dedup.fingerprint_store import TextLookup
+from corpus_assets.core.dedup.heldout_search import HeldoutPairs, HeldoutParams, Known, search
+from corpus_assets.core.dedup.layer import CODE as DEDUP_CODE
+from corpus_assets.core.dedup.minhash import fingerprints
 from corpus_assets.core.dedup.near_rule import CHAR, ScriptThresholds
+from corpus_assets.core.dedup.pair_cache import PAIR_COLUMNS as VERIFIED_COLUMNS
 from corpus_assets.core.dedup.report import DedupReport
 from corpus_assets.core.dedup.signature_cache import (
     BandMajorFile,
@@ -30,12 +41,13 @@ from corpus_assets.core.dedup.signature_cache import (
     load_modes,
     load_signatures,
 )
-from corpus_assets.core.dedup.signature_spec import SignatureSpec
+from corpus_assets.core.dedup.signature_spec import SignatureSpec, spec_payload
 from corpus_assets.core.records.index import ChunkRecords
 from corpus_assets.core.runtime.layers import LayerIndex
 from corpus_assets.core.runtime.workspace import Workspace
-from corpus_assets.core.storage.artifacts import get_json
-from corpus_assets.core.storage.duck import VerifiedFiles, sql_list
+from corpus_assets.core.storage.artifacts import Ref, get_json
+from corpus_assets.core.storage.digests import json_digest
+from corpus_assets.core.storage.duck import VerifiedFiles, cas_parquet, put_query, sql_list
 from corpus_assets.core.training_view.split_assign import Assignment
 from corpus_assets.core.training_view.split_conflicts import largest_side
 from corpus_assets.core.training_view.split_residual import with_moves
@@ -53,13 +65,70 @@ PAIR_COLUMNS = pa.schema(
 POSITIONS = """
 CREATE OR REPLACE TEMP TABLE ho_members AS
 WITH pos AS (
-    SELECT r.record_id, r.object, r.line, f.start + r.file_row_number AS row
+    SELECT r.record_id, r.object, r.line, r.text_digest, f.start + r.file_row_number AS row
     FROM read_parquet({paths}, filename = true, file_row_number = true) r
     JOIN ho_files f USING (filename))
-SELECT p.row, m.record_id, m.split FROM ({members}) m
+SELECT p.row, m.record_id, m.split, p.text_digest FROM ({members}) m
 JOIN pos p ON m.record_id = p.record_id AND m.object = p.object AND m.line = p.line
 ORDER BY p.row
 """
+KNOWN = """
+WITH q AS (
+    SELECT e.i, least(x.text_digest, y.text_digest) AS a,
+        greatest(x.text_digest, y.text_digest) AS b
+    FROM ho_estimated e JOIN ho_members x ON x.row = e.x JOIN ho_members y ON y.row = e.y)
+SELECT i, min(jaccard) AS jaccard FROM (
+    SELECT i, 1.0::DOUBLE AS jaccard FROM q WHERE a = b
+    {sources}) GROUP BY i
+"""
+VERIFIED = """
+CREATE OR REPLACE TEMP TABLE ho_verified AS
+SELECT least(x.text_digest, y.text_digest) AS a, greatest(x.text_digest, y.text_digest) AS b,
+    min(e.jaccard) AS jaccard
+FROM ho_estimated e JOIN ho_members x ON x.row = e.x JOIN ho_members y ON y.row = e.y
+WHERE x.text_digest <> y.text_digest GROUP BY ALL
+"""
+FULL, INCREMENTAL = "full", "incremental"
+FETCH = 256  # texts read and fingerprinted together
+Searched = tuple[LayerIndex | None, str, str]  # a splits index, the code it must have, a name
+
+
+@dataclass(frozen=True)
+class Reuse:
+    """Where the search takes Jaccards computed before (SQL relations of text-digest pairs),
+    and why (or why not) from a previous search's table."""
+
+    mode: str
+    reason: str
+    tables: tuple[str, ...] = ()
+
+    def details(self) -> dict[str, str]:
+        return {"mode": self.mode, "reason": self.reason}
+
+
+def spec_digest(spec: SignatureSpec) -> str:
+    """What the stored Jaccards were computed under (recorded as ``heldout_spec``)."""
+    return json_digest(spec_payload(spec))
+
+
+def reuse(ws: Workspace, dedup: LayerIndex, spec: SignatureSpec, searched: Searched) -> Reuse:
+    """The tables a search may take Jaccards from: a previous search's ``heldout_verified``
+    when its splits layer ran ``code`` under this spec, and dedup's verified pairs when the
+    dedup layer ran the current dedup code."""
+    tables = []
+    if dedup.code == DEDUP_CODE and "pairs" in dedup.outputs:
+        tables.append(cas_parquet(ws.cas, dedup.output("pairs"), "dedup verified pairs"))
+    index, code, who = searched
+    if index is None:
+        return Reuse(FULL, f"no {who}", tuple(tables))
+    if index.code != code:
+        return Reuse(FULL, f"{who} ran other splits code", tuple(tables))
+    if index.outputs.get("heldout_spec") != spec_digest(spec) or (
+        "heldout_verified" not in index.outputs
+    ):
+        return Reuse(FULL, f"{who} stored no verified pairs under this spec", tuple(tables))
+    table = cas_parquet(ws.cas, index.output("heldout_verified"), f"{who} heldout_verified")
+    return Reuse(INCREMENTAL, who, (table, *tables))
 
 
 @dataclass(frozen=True)
@@ -105,13 +174,24 @@ class HeldoutScan:
         taus = rule.by_rank(modes) if modes is not None else np.full(total, float(word))
         return cls(ws, chunks, blocks, spec, taus, HeldoutParams(spec.num_perm, float(word)))
 
-    def pairs(self, con: duckdb.DuckDBPyConnection, members: str) -> tuple[pa.Table, dict]:
+    def pairs(
+        self,
+        con: duckdb.DuckDBPyConnection,
+        members: str,
+        known: Reuse | None = None,
+        keep: bool = True,
+    ) -> tuple[pa.Table, dict]:
         """Every pair (a held-out member, any member) at or above its threshold, as
         ``PAIR_COLUMNS`` rows in (a, b) row order, and the search's counts. ``members`` is a
-        query over ``con`` with columns record_id, object, line, split (``searched_records``)."""
+        query over ``con`` with columns record_id, object, line, split (``searched_records``);
+        Jaccards are taken from ``known``'s tables where they hold the pair. With ``keep``,
+        every verified pair is left in ``con`` as ``ho_verified`` (for ``put_verified``)."""
         rows, ids, splits = self._positions(con, members)
         heldout = rows[splits != TRAIN]
-        found = self._search(heldout, rows)
+        tables = known.tables if known is not None else ()
+        found = self._search(heldout, rows, partial(_known, con, tables))
+        if keep:
+            _store_verified(con, *found.verified)
         at = np.searchsorted(rows, np.concatenate([found.a, found.b]))
         a_at, b_at = at[: len(found.a)], at[len(found.a) :]
         table = pa.table(
@@ -132,6 +212,10 @@ class HeldoutScan:
     ) -> tuple[np.ndarray, pa.Array, np.ndarray]:
         """Members' global canonical rows (ascending), record ids and splits."""
         if not self.chunks:
+            con.execute(
+                "CREATE OR REPLACE TEMP TABLE ho_members (row BIGINT, record_id VARCHAR, "
+                "split VARCHAR, text_digest VARCHAR)"
+            )
             return np.empty(0, np.int64), pa.array([], pa.string()), np.empty(0, object)
         files = VerifiedFiles(self.ws.cas)
         paths = [files.path(c.records["digest"], c.what) for c in self.chunks]
@@ -146,27 +230,59 @@ class HeldoutScan:
         splits = np.asarray(table["split"].to_numpy(zero_copy_only=False), dtype=object)
         return rows, table["record_id"].combine_chunks(), splits
 
-    def _search(self, heldout: np.ndarray, rows: np.ndarray) -> HeldoutPairs:
-        tmp = self.ws.home / "tmp"
-        texts = TextLookup(self.ws, self.chunks)
+    def _search(self, heldout: np.ndarray, rows: np.ndarray, known: Known) -> HeldoutPairs:
+        texts = TextLookup(self.ws, self.chunks, verified=True)  # _positions checked them
 
         def fetch(wanted: np.ndarray) -> list[np.ndarray]:
-            return _fingerprints(texts, self.spec, wanted, tmp)
+            return _fingerprints(texts, self.spec, wanted)
 
-        return search(self.blocks, heldout, rows, self.params, fetch, self.thresholds)
+        return search(self.blocks, heldout, rows, self.params, fetch, self.thresholds, known)
 
 
-def _fingerprints(
-    texts: TextLookup, spec: SignatureSpec, rows: np.ndarray, tmp: Path
-) -> list[np.ndarray]:
-    """Fingerprint sets of ascending global rows, spilled as near-dedup's are."""
-    prints = SpilledFingerprints(texts, spec, rows, tmp)
+def _known(
+    con: duckdb.DuckDBPyConnection, tables: tuple[str, ...], a: np.ndarray, b: np.ndarray
+) -> np.ndarray:
+    """The Jaccard of each pair of member rows already known (nan where not): 1.0 for two
+    identical texts, else the one a table holds for the two text digests."""
+    union = "".join(
+        f" UNION ALL SELECT q.i, t.jaccard FROM q JOIN {t} t USING (a, b)" for t in tables
+    )
+    con.register("ho_estimated", pa.table({"i": np.arange(len(a)), "x": a, "y": b}))
     try:
-        ranks = np.arange(len(rows))
-        prints.prefetch(ranks)
-        return prints(ranks)
+        found = con.sql(KNOWN.format(sources=union)).to_arrow_table()
     finally:
-        prints.close()
+        con.unregister("ho_estimated")
+    out = np.full(len(a), np.nan, dtype=np.float64)
+    out[found["i"].to_numpy()] = found["jaccard"].to_numpy()
+    return out
+
+
+def _store_verified(
+    con: duckdb.DuckDBPyConnection, x: np.ndarray, y: np.ndarray, jaccard: np.ndarray
+) -> None:
+    """The verified pairs of member rows as text-digest pairs (``ho_verified``)."""
+    con.register("ho_estimated", pa.table({"x": x, "y": y, "jaccard": jaccard}))
+    try:
+        con.execute(VERIFIED)
+    finally:
+        con.unregister("ho_estimated")
+
+
+def _fingerprints(texts: TextLookup, spec: SignatureSpec, rows: np.ndarray) -> list[np.ndarray]:
+    """Fingerprint sets of ascending global rows, ``FETCH`` texts at a time (they are all
+    returned, so nothing is spilled; no garbage collection pass for a few texts)."""
+    out: list[np.ndarray] = []
+    for start in range(0, len(rows), FETCH):
+        out += fingerprints(texts.get(rows[start : start + FETCH]), spec)
+    return out
+
+
+def put_verified(ws: Workspace, con: duckdb.DuckDBPyConnection) -> Ref:
+    """The last search's verified pairs (``ho_verified``) stored, sorted: ``heldout_verified``."""
+    ref, _ = put_query(
+        ws.cas, con, "SELECT a, b, jaccard FROM ho_verified ORDER BY a, b", VERIFIED_COLUMNS
+    )
+    return ref
 
 
 def searched_records(clusters: str, splits: str) -> str:

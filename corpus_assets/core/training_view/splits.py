@@ -40,10 +40,14 @@ from corpus_assets.core.training_view.row_tokens import load_row_tokens
 from corpus_assets.core.training_view.split_assign import SPLIT_TABLE, Assignment, Source, assign
 from corpus_assets.core.training_view.split_bridges import StoredGraph
 from corpus_assets.core.training_view.split_heldout import (
+    INCREMENTAL,
     PAIR_COLUMNS,
     HeldoutScan,
+    put_verified,
     resolve_heldout,
+    reuse,
     searched_records,
+    spec_digest,
 )
 from corpus_assets.core.training_view.split_report import split_counts, split_report
 from corpus_assets.core.training_view.split_residual import resolve_residual
@@ -108,6 +112,7 @@ def build_splits(ws: Workspace, partition_key: str) -> LayerResult:
         "split_moves": put_table(ws.cas, result.moves),
         "split_conflicts": put_table(ws.cas, conflict_table(result.conflicts)),
         "heldout_pairs": put_table(ws.cas, built.heldout_pairs),
+        **built.verified,
         "parent": parent,
         "eval_version": result.eval_version,
         "tokenizer": tokens.spec.document(),
@@ -130,8 +135,19 @@ def build_splits(ws: Workspace, partition_key: str) -> LayerResult:
             "split_conflicts": conflict_table(result.conflicts[:_PREVIEW]).to_pylist(),
             "heldout_search": built.heldout_stats,
         },
-        run_stats=tokens.run_stats(),
+        run_stats=tokens.run_stats() | _heldout_work(built.heldout_stats),
     )
+
+
+def _heldout_work(stats: dict[str, Any]) -> dict[str, int]:
+    """What the held-out search did in this run (not part of the index: a child reusing its
+    parent's Jaccards publishes the same bytes)."""
+    return {
+        "heldout_incremental": int(stats.get("mode") == INCREMENTAL),
+        "heldout_pairs_known": int(stats.get("known", 0)),
+        "heldout_pairs_computed": int(stats.get("computed", 0)),
+        "heldout_texts_fingerprinted": int(stats.get("fingerprinted", 0)),
+    }
 
 
 def _assign_and_report(
@@ -153,7 +169,7 @@ def _assign_and_report(
     evidence = StoredEvidence(con, clusters)
     result = assign(members, parent_rows, policy, evidence, parent_version, graph, con)
     result = resolve_residual(result, graph)
-    pairs, stats = _heldout(ws, partition_key, dedup, con, clusters)
+    pairs, stats, verified = _heldout(ws, partition_key, dedup, con, clusters, parent)
     result = resolve_heldout(result, pairs, clusters)
     con.execute(
         "CREATE TABLE split_rows AS SELECT k.record_id, k.group_id, k.leakage_id, a.split "
@@ -166,7 +182,7 @@ def _assign_and_report(
     )
     load_row_tokens(ws, con, CanonicalIndex.read(ws, partition_key)[1], tokens)
     report = split_report(con, clusters, policy)
-    return _Built(dedup_ref, parent_refs, result, stored, head, report, pairs, stats)
+    return _Built(dedup_ref, parent_refs, result, stored, head, report, pairs, stats, verified)
 
 
 def _heldout(
@@ -175,13 +191,24 @@ def _heldout(
     dedup: LayerIndex,
     con: duckdb.DuckDBPyConnection,
     clusters: str,
-) -> tuple[pa.Table, dict[str, Any]]:
-    """Near pairs of held-out members dedup missed (none without near-dedup), and the counts."""
+    parent: str | None,
+) -> tuple[pa.Table, dict[str, Any], dict[str, Any]]:
+    """Near pairs of held-out members dedup missed (none without near-dedup), the counts with
+    the reuse mode, and the outputs holding every pair verified (Jaccards the parent's search
+    or dedup computed are taken from their tables)."""
     _, canonical = CanonicalIndex.read(ws, partition_key)
     scan = HeldoutScan.open(ws, canonical.chunks(), dedup)
     if scan is None:
-        return PAIR_COLUMNS.empty_table(), {}
-    return scan.pairs(con, searched_records(clusters, "assigned"))
+        return PAIR_COLUMNS.empty_table(), {}, {}
+    index = None
+    if parent is not None:
+        manifest = get_json(ws.cas, states.get(ws.catalog, parent).manifest_digest, "manifest")
+        index = load_index(ws.cas, manifest["layers"]["splits"], "splits")
+    who = f"parent {parent}" if parent is not None else "parent snapshot"
+    known = reuse(ws, dedup, scan.spec, (index, CODE, who))
+    pairs, stats = scan.pairs(con, searched_records(clusters, "assigned"), known)
+    verified = {"heldout_verified": put_verified(ws, con), "heldout_spec": spec_digest(scan.spec)}
+    return pairs, {**known.details(), **stats}, verified
 
 
 @dataclass(frozen=True)
@@ -194,6 +221,7 @@ class _Built:
     report: list[dict[str, Any]]
     heldout_pairs: pa.Table  # near pairs of held-out members found before their resolution
     heldout_stats: dict[str, Any]
+    verified: dict[str, Any]  # the outputs heldout_verified and heldout_spec (none without)
 
 
 def _members(ws: Workspace, partition_key: str, clusters: str, timed: bool) -> str:
