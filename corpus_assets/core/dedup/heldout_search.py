@@ -26,8 +26,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
-from scipy.stats import binom
 
+from corpus_assets.core.dedup.binomial import lower_quantile
 from corpus_assets.core.dedup.jaccard import jaccard_sorted
 from corpus_assets.core.dedup.near_dedup import SignatureBlock, band_keys
 
@@ -50,7 +50,7 @@ class HeldoutParams:
     @property
     def min_agree(self) -> int:
         """Permutations a pair at the threshold agrees on, except with probability ``MISS``."""
-        return max(0, int(binom.ppf(MISS, self.num_perm, self.threshold)))
+        return max(0, lower_quantile(MISS, self.num_perm, self.threshold))
 
     def miss_probability(self, s: float) -> float:
         """The chance a pair at Jaccard ``s`` is no candidate (independent bands)."""
