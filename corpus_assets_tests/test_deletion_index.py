@@ -61,7 +61,8 @@ def test_the_build_remembers_each_index_and_a_memo_row_naming_another_is_refused
         # Built with the manifest: no lookup has happened, yet both indexes are remembered.
         remembered = [ws.catalog.memo(deletion_index.memo_key(d)) for d in (a, b)]
         assert all(hit is not None and ws.cas.contains(hit[0]) for hit in remembered)
-        other = deletion_index.build(ws.cas, b)
+        base = deletion_index.parent_index(ws.cas, ws.catalog, b)
+        other = deletion_index.build(ws.cas, b, base=base)
         assert other == remembered[1][0]  # rebuilt from the same snapshot: the same bytes
         with ws.catalog.begin() as conn:
             conn.execute(

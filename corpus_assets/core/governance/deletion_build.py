@@ -22,12 +22,23 @@ kind, or ``span`` after every kind, the passes' concatenation is sorted; it is c
 Parquet shards of ``SHARD_ROWS`` rows as it arrives, so the bytes depend on the rows alone.
 The directory lists each shard's first and last key and digest as an Arrow IPC table (a
 lookup decodes it without parsing), its header (schema, manifest, ``CODE``) in the metadata.
+
+Incremental (issue 32): a child snapshot whose parent's index this ``CODE`` built is indexed
+over it. DuckDB diffs the child's inputs with the parent's (members, removed duplicates, spans
+with each shard as its digest); every key a changed row can reach is *affected*. The child's
+shards hold the rows of the affected keys only, its header names the parent's directory
+(``base``) and the affected keys left without rows (``gone``); a lookup answers an affected key
+from the child, any other from the base (whose rows for it the child's inputs give unchanged),
+and sorts the union in index order: the rows a full build gives. A chain deeper than
+``MAX_DEPTH``, a delta over a quarter of the base's rows, more than ``MAX_GONE`` gone keys,
+inputs of other columns: a full build, its header saying why.
 """
 
 import io
 import json
 from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -70,10 +81,33 @@ ROWS = pa.schema(
 SQL_TYPES = {"key": "VARCHAR", "record_id": "VARCHAR", "verdict": "VARCHAR"}
 SQL_TYPES |= {"representative_id": "VARCHAR", "match_id": "VARCHAR", "match_jaccard": "DOUBLE"}
 SQL_TYPES |= {c: "BIGINT" for c in ("record_offset", "shard", "block", "start", "end")}
+ORDER = ", ".join(f'"{f.name}" ASC NULLS FIRST' for f in ROWS)  # the index order
 MEMORY_MB, THREADS = 128, 2  # DuckDB's cap (the process: ~400 MB at 1M and 3M members)
 BATCH_ROWS = 1 << 16  # sorted rows fetched from DuckDB at a time
 Relation = str | pa.Table | None  # a Parquet file's path, a table in memory, or absent
 Shard = tuple[str, str, str]  # its first key, last key and digest
+INPUTS = ("members", "clusters", "spans")
+MAX_DEPTH = 8  # directories a lookup may chain through; a deeper child is built whole
+MAX_GONE = 1 << 14  # affected keys without rows the header may list; more: a full build
+DELTA_SHARE = 4  # a delta over 1/DELTA_SHARE of the base's rows: a full build
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """What an index is a function of: the snapshot's three tables and its packed shards."""
+
+    manifest: str
+    relations: dict[str, Relation]
+    shards: list[str]
+
+
+@dataclass(frozen=True)
+class Base:
+    """The parent's index a child is built over: its directory's digest, header and inputs."""
+
+    index: str
+    header: dict[str, Any]
+    inputs: Inputs
 
 
 class DeletionIndexError(RuntimeError):
@@ -104,9 +138,11 @@ def put_shards(
     relations: dict[str, Relation],
     packed_shards: list[str],
     shard_rows: int,
-) -> tuple[list[Shard], int, list[str]]:
+    base: Base | None = None,
+) -> tuple[list[Shard], int, list[str], dict[str, Any]]:
     """Sort the rows of the ``members``, ``clusters`` and ``spans`` relations, put them in the
-    CAS in shards of ``shard_rows``; (first key, last key, digest) a shard, rows, span columns."""
+    CAS in shards of ``shard_rows``; (first key, last key, digest) a shard, rows, span columns
+    and what the header adds (the base and gone keys of a delta, or why the build is whole)."""
     spilling = duck.Spilling(cas.root.parent / "tmp", f"{MEMORY_MB}MB", THREADS)
     with spilling as con:
         con.execute("SET enable_progress_bar = false")  # a long sort drew one on stdout
@@ -116,23 +152,33 @@ def put_shards(
         columns = _relations(con, relations)
         _check_shard_numbers(con, what, columns["spans"], len(packed_shards))
         con.execute(_span_rows(columns["spans"]))
+        span_columns = [c for c in SPANS if c in columns["spans"]]
         digests = pa.array(packed_shards, pa.string())
+        if base is not None:
+            delta = _put_delta(con, cas, what, columns, digests, shard_rows, base)
+            if isinstance(delta[0], list):
+                return delta[0], delta[1], span_columns, delta[2]
+            extra: dict[str, Any] = {"depth": 0, "full": delta[0]}
+        else:
+            extra = {"depth": 0, "full": "no parent index named"}
         fanout, rows = _put_sorted(cas, what, _passes(con, columns), shard_rows, digests)
-    return fanout, rows, [c for c in SPANS if c in columns["spans"]]
+    return fanout, rows, span_columns, extra | {"totalRows": rows}
 
 
-def _relations(con: "DuckDBPyConnection", relations: dict[str, Relation]) -> dict[str, list[str]]:
-    """Each input as a view or registered table; the columns of each (none if absent)."""
+def _relations(
+    con: "DuckDBPyConnection", relations: dict[str, Relation], prefix: str = ""
+) -> dict[str, list[str]]:
+    """Each input as a view or registered table named ``prefix`` + its name; the columns of
+    each (none if absent)."""
     for name, relation in relations.items():
         if isinstance(relation, str):
-            con.execute(
-                f"CREATE VIEW {name} AS SELECT * FROM read_parquet({duck.sql_path(relation)})"
-            )
+            source = f"read_parquet({duck.sql_path(relation)})"
+            con.execute(f"CREATE VIEW {prefix}{name} AS SELECT * FROM {source}")
         elif relation is not None:
-            con.register(name, relation)
+            con.register(prefix + name, relation)
     return {
-        name: _columns(con, name) if relations.get(name) is not None else []
-        for name in ("members", "clusters", "spans")
+        name: _columns(con, prefix + name) if relations.get(name) is not None else []
+        for name in INPUTS
     }
 
 
@@ -174,28 +220,148 @@ def _check_shard_numbers(
         )
 
 
-def _span_rows(span_columns: list[str]) -> str:
+def _span_rows(span_columns: list[str], prefix: str = "") -> str:
     """The ``spanrows`` view: the spans' ``SPANS`` columns (an absent one null)."""
     names = ", ".join(f'"{c}"' for c in SPANS)
     picked = [f'"{c}"' if c in span_columns else "NULL" for c in SPANS]
-    source = f"SELECT {', '.join(picked)} FROM spans" if span_columns else _empty(SPANS)
-    return f"CREATE TEMP VIEW spanrows ({names}) AS {source}"
+    table = f"{prefix}spans"
+    source = f"SELECT {', '.join(picked)} FROM {table}" if span_columns else _empty(SPANS)
+    return f"CREATE TEMP VIEW {prefix}spanrows ({names}) AS {source}"
 
 
 def _passes(con: "DuckDBPyConnection", columns: dict[str, list[str]]) -> Iterator[pa.RecordBatch]:
     """Every row, sorted: each pass staged into a table on disk, then streamed in order."""
-    fields = ", ".join(f'"{f.name}"' for f in ROWS)
-    order = ", ".join(f'"{f.name}" ASC NULLS FIRST' for f in ROWS)
-    typed = ", ".join(f'CAST(NULL AS {SQL_TYPES[f.name]}) AS "{f.name}"' for f in ROWS)
+    for query in _queries(columns):
+        con.execute(f"CREATE OR REPLACE TABLE staging.staged AS {_staged(query)}")
+        yield from duck.batches(con, f"SELECT * FROM staging.staged ORDER BY {ORDER}", BATCH_ROWS)
+    con.execute("DROP TABLE IF EXISTS staging.staged")
+
+
+def _queries(columns: dict[str, list[str]]) -> list[str]:
+    """One query a pass: each kind's rows, then the ``span`` rows (keys in that order)."""
     spans = ", ".join(f'"{c}"' for c in SPANS)
     last = f"SELECT 'span' || chr(0) || record_id AS key, {spans} FROM spanrows"
-    for query in [*(_kind_rows(kind, columns) for kind in sorted(COLUMN)), last]:
-        con.execute(
-            f"CREATE OR REPLACE TABLE staging.staged AS SELECT {fields} FROM (SELECT {typed} "
-            f"WHERE false UNION ALL BY NAME (SELECT * FROM ({query}) WHERE key IS NOT NULL))"
+    return [*(_kind_rows(kind, columns) for kind in sorted(COLUMN)), last]
+
+
+def _staged(query: str, where: str = "") -> str:
+    """The query's rows with a key, in ``ROWS``'s columns and SQL types."""
+    fields = ", ".join(f'"{f.name}"' for f in ROWS)
+    typed = ", ".join(f'CAST(NULL AS {SQL_TYPES[f.name]}) AS "{f.name}"' for f in ROWS)
+    return (
+        f"SELECT {fields} FROM (SELECT {typed} WHERE false UNION ALL BY NAME "
+        f"(SELECT * FROM ({query}) WHERE key IS NOT NULL{where}))"
+    )
+
+
+def _put_delta(
+    con: "DuckDBPyConnection",
+    cas: ContentStore,
+    what: str,
+    columns: dict[str, list[str]],
+    digests: pa.Array,
+    shard_rows: int,
+    base: Base,
+) -> tuple[list[Shard], int, dict[str, Any]] | tuple[str]:
+    """The rows of the keys the parent's inputs and these give differently, put as shards over
+    the base; or, as a 1-tuple, why this index must be built whole."""
+    theirs = _relations(con, base.inputs.relations, "p_")
+    refused = _refusal(base, columns, theirs)
+    if refused:
+        return (refused,)
+    con.execute(_span_rows(theirs["spans"], "p_"))
+    for prefix, shards in (("", digests), ("p_", pa.array(base.inputs.shards, pa.string()))):
+        numbered = pa.table({"shard": pa.array(range(len(shards)), pa.int64()), "digest": shards})
+        con.register(f"{prefix}shard_digests", numbered)
+    con.execute(f"CREATE TABLE staging.affected AS {_affected(columns)}")
+    con.execute(f"CREATE TABLE staging.delta AS SELECT * FROM ({_staged(_empty(['key']))})")
+    where = " AND key IN (SELECT key FROM staging.affected)"
+    for query in _queries(columns):
+        con.execute(f"INSERT INTO staging.delta {_staged(query, where)}")
+    rows = _count(con, "staging.delta")
+    if rows * DELTA_SHARE > base.header["totalRows"]:
+        return (f"the delta over the parent's index is {rows} rows, over 1/{DELTA_SHARE} of its",)
+    gone = con.execute(
+        "SELECT key FROM staging.affected EXCEPT SELECT key FROM staging.delta ORDER BY key"
+    ).fetchall()
+    if len(gone) > MAX_GONE:
+        return (f"{len(gone)} keys left the parent's index, over {MAX_GONE}",)
+    sorted_rows = duck.batches(con, f"SELECT * FROM staging.delta ORDER BY {ORDER}", BATCH_ROWS)
+    fanout, rows = _put_sorted(cas, what, sorted_rows, shard_rows, digests)
+    extra = {
+        "base": {"index": base.index, "manifest": base.inputs.manifest},
+        "depth": base.header["depth"] + 1,
+        "gone": [key for (key,) in gone],
+        "affected": _count(con, "staging.affected"),
+        "totalRows": base.header["totalRows"] + rows,
+    }
+    return fanout, rows, extra
+
+
+def _refusal(base: Base, columns: dict[str, list[str]], theirs: dict[str, list[str]]) -> str | None:
+    """Why the child cannot be indexed over this base (None: it can)."""
+    if base.header.get("depth", 0) + 1 > MAX_DEPTH:
+        return f"the parent's index chains {base.header.get('depth')} directories"
+    if theirs != columns:
+        return "the parent's members, clusters or spans have other columns"
+    return None
+
+
+def _count(con: "DuckDBPyConnection", table: str) -> int:
+    return int(con.execute(f"SELECT count(*) FROM {table}").fetchall()[0][0])
+
+
+def _affected(columns: dict[str, list[str]]) -> str:
+    """Every key whose rows a changed member, removed duplicate or span may change: the
+    symmetric multiset differences of the child's and parent's inputs (spans by shard digest),
+    then each changed row's targets, and the targets reaching a record whose spans changed."""
+    kept = [c for c in COLUMN.values() if c in columns["members"]]
+    members = ", ".join(f'"{c}"' for c in kept)
+    spans = 's.record_id, s.record_offset, d.digest AS shard, s.block, s.start, s."end"'
+    parts = [
+        f"mdiff AS {_diff(f'SELECT {members} FROM members', f'SELECT {members} FROM p_members')}",
+        "sdiff AS "
+        + _diff(
+            f"SELECT {spans} FROM spanrows s LEFT JOIN shard_digests d USING (shard)",
+            f"SELECT {spans} FROM p_spanrows s LEFT JOIN p_shard_digests d USING (shard)",
+        ),
+        "rids AS (SELECT DISTINCT record_id FROM sdiff WHERE record_id IS NOT NULL)",
+    ]
+    duplicates = f"verdict IN ({', '.join(repr(d) for d in DUPLICATES)})"
+    reps = f"clusters WHERE {duplicates} AND representative_id IN (SELECT record_id FROM rids)"
+    carried = "verdict" in columns["clusters"]
+    if carried:
+        picked = [c for c in COLUMN.values() if c in columns["clusters"]]
+        cols = ", ".join(f'"{c}"' for c in dict.fromkeys([*picked, "verdict", *CARRIED]))
+        child = f"SELECT {cols} FROM clusters WHERE {duplicates}"
+        parts.append(f"cdiff AS {_diff(child, child.replace('FROM clusters', 'FROM p_clusters'))}")
+    targets = []
+    for kind in sorted(COLUMN):
+        col = COLUMN[kind]
+        if col not in columns["members"]:
+            continue
+        sources = ["mdiff", "members WHERE record_id IN (SELECT record_id FROM rids)"]
+        if carried and col in columns["clusters"]:
+            sources += ["cdiff", reps]
+        targets += [
+            f"SELECT '{kind}' AS kind, CAST({col} AS VARCHAR) AS target FROM {source}"
+            for source in sources
+        ]
+    facts = "(VALUES ('carried'), ('member'), ('spans')) f(fact)"
+    keyed = ["SELECT 'span' || chr(0) || record_id AS key FROM rids"]
+    if targets:
+        union = " UNION ALL ".join(f"({t})" for t in targets)
+        keyed.append(
+            f"SELECT kind || chr(0) || target || chr(0) || fact AS key FROM ({union}) t "
+            f"CROSS JOIN {facts} WHERE target IS NOT NULL"
         )
-        yield from duck.batches(con, f"SELECT * FROM staging.staged ORDER BY {order}", BATCH_ROWS)
-    con.execute("DROP TABLE IF EXISTS staging.staged")
+    rows = " UNION ALL ".join(f"({k})" for k in keyed)
+    return f"WITH {', '.join(parts)} SELECT DISTINCT key FROM ({rows})"
+
+
+def _diff(child: str, parent: str) -> str:
+    """The rows one of the two queries gives more often than the other."""
+    return f"(({child} EXCEPT ALL {parent}) UNION ALL ({parent} EXCEPT ALL {child}))"
 
 
 def _kind_rows(kind: str, columns: dict[str, list[str]]) -> str:
@@ -271,9 +437,8 @@ def _ascending(keys: pa.ChunkedArray) -> bool:
     return not pc.any(pc.less(keys[1:], keys[:-1])).as_py()
 
 
-def build(cas: ContentStore, manifest_digest: str, shard_rows: int = SHARD_ROWS) -> str:
-    """The snapshot's members, dedup clusters and spans, read from their verified CAS files and
-    sorted out of core; the index directory's digest."""
+def inputs(cas: ContentStore, manifest_digest: str) -> Inputs:
+    """The snapshot's members, dedup clusters and spans as verified CAS files."""
     manifest = get_json(cas, manifest_digest, "manifest")
     dedup = load_index(cas, manifest["layers"]["dedup_clusters"], "dedup_clusters")
     packed = load_index(cas, manifest["layers"]["packed_blocks"], "packed_blocks")
@@ -287,7 +452,25 @@ def build(cas: ContentStore, manifest_digest: str, shard_rows: int = SHARD_ROWS)
         name: files.path(digest, f"{name} table") for name, digest in tables.items()
     }
     shards = [ref["digest"] for ref in packed.outputs.get("shards", [])]
-    return _put(cas, manifest_digest, relations, shards, shard_rows)
+    return Inputs(manifest_digest, relations, shards)
+
+
+def build(
+    cas: ContentStore,
+    manifest_digest: str,
+    shard_rows: int = SHARD_ROWS,
+    base: tuple[str, str] | str = "no parent index named",
+) -> str:
+    """The snapshot's index, sorted out of core from its verified CAS files, over ``base``
+    (the parent's manifest and index digests) when given, else whole (``base`` says why); the
+    index directory's digest."""
+    over = None
+    if isinstance(base, tuple):
+        parent, index = base
+        over = Base(index, read_header(cas, index), inputs(cas, parent))
+    found = inputs(cas, manifest_digest)
+    extra = {} if over else {"full": base}
+    return _put(cas, found, shard_rows, over, extra)
 
 
 def build_tables(
@@ -298,27 +481,33 @@ def build_tables(
     spans: pa.Table | None,
     shards: list[str],
     shard_rows: int = SHARD_ROWS,
+    base: Base | None = None,
 ) -> str:
     """``build`` over tables in memory (tests and the bench): the same query and bytes."""
     relations = {"members": members, "clusters": clusters, "spans": spans}
-    return _put(cas, manifest_digest, relations, shards, shard_rows)
+    found = Inputs(manifest_digest, relations, shards)
+    return _put(cas, found, shard_rows, base, {} if base else {"full": "no parent index named"})
 
 
 def _put(
     cas: ContentStore,
-    manifest_digest: str,
-    relations: dict[str, Relation],
-    shards: list[str],
+    found: Inputs,
     shard_rows: int,
+    base: Base | None,
+    extra: dict[str, Any],
 ) -> str:
     """The shards, then the directory naming them; its digest."""
-    fanout, rows, span_columns = put_shards(cas, manifest_digest, relations, shards, shard_rows)
+    fanout, rows, span_columns, added = put_shards(
+        cas, found.manifest, found.relations, found.shards, shard_rows, base
+    )
     header = {
         "schema": SCHEMA,
-        "manifest": manifest_digest,
+        "manifest": found.manifest,
         "code": CODE,
         "spanColumns": span_columns,
         "rows": rows,
+        **added,
+        **({} if "base" in added else extra),
     }
     columns = [pa.array([shard[i] for shard in fanout], pa.string()) for i in range(3)]
     schema = FANOUT.with_metadata({HEADER: json.dumps(header, sort_keys=True)})
@@ -326,3 +515,20 @@ def _put(
     with ipc.new_file(sink, schema) as writer:
         writer.write_table(pa.Table.from_arrays(columns, schema=schema))
     return put_bytes(cas, sink.getvalue())["digest"]
+
+
+def read_directory(cas: ContentStore, digest: str) -> tuple[pa.Table, dict[str, Any]]:
+    """A directory's fanout table and header, verified by its digest."""
+    data = cas.get_bytes(digest, "deletion index")
+    try:
+        fanout = ipc.open_file(pa.BufferReader(data)).read_all()
+        header = json.loads((fanout.schema.metadata or {})[HEADER])
+    except (pa.ArrowInvalid, KeyError, ValueError) as error:
+        raise DeletionIndexError(
+            f"deletion index {digest} is not a {SCHEMA} directory: {error}"
+        ) from None
+    return fanout, header
+
+
+def read_header(cas: ContentStore, digest: str) -> dict[str, Any]:
+    return read_directory(cas, digest)[1]

@@ -1,0 +1,60 @@
+"""CPU of the manifest layer of one partition (issue 32: an incremental child's members table
+and deletion index), the layers before it built first and not counted.
+
+    .venv/bin/python bench/manifest_layer.py CONFIG PARTITION [--profile]
+
+The partition is frozen, its six layers built, the parent's deletion index ensured (what a
+parent built by this code already has), then the manifest layer is timed (process CPU, main
+process) and, with ``--profile``, its cumulative cProfile top printed.
+"""
+
+import argparse
+import cProfile
+import io
+import pstats
+import time
+
+from corpus_assets.core.governance import deletion_index, states
+from corpus_assets.core.ingest.freeze import freeze
+from corpus_assets.core.pipeline import BUILDERS
+from corpus_assets.core.runtime.layers import LAYERS
+from corpus_assets.core.runtime.pool import shared_pool
+from corpus_assets.core.runtime.workspace import open_workspace
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("config")
+    parser.add_argument("partition")
+    parser.add_argument("--profile", action="store_true")
+    args = parser.parse_args()
+    with open_workspace(args.config) as ws, shared_pool():
+        parents = freeze(ws, args.partition)[1].parents
+        for layer in LAYERS[:-1]:
+            BUILDERS[layer](ws, args.partition)
+        for parent in parents:  # built by this code, as a parent published after it would be
+            digest = states.get(ws.catalog, parent).manifest_digest
+            deletion_index.ensure(ws.cas, ws.catalog, digest)
+        prof = cProfile.Profile()
+        wall, cpu = time.perf_counter(), time.process_time()
+        with prof if args.profile else _nothing():
+            result = BUILDERS["manifest"](ws, args.partition)
+        cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+        print(f"manifest layer: cpu {cpu:.2f} s, wall {wall:.2f} s")
+        print({k: v for k, v in result.run_stats.items() if not k.startswith("shadow")})
+        if args.profile:
+            out = io.StringIO()
+            pstats.Stats(prof, stream=out).sort_stats("cumulative").print_stats(30)
+            print(out.getvalue()[-8000:])
+
+
+class _nothing:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *_: object) -> None:
+        return None
+
+
+if __name__ == "__main__":
+    main()
