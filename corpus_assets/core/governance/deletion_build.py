@@ -24,8 +24,10 @@ The directory lists each shard's first and last key and digest as an Arrow IPC t
 lookup decodes it without parsing), its header (schema, manifest, ``CODE``) in the metadata.
 
 Incremental (issue 32): a child snapshot whose parent's index this ``CODE`` built is indexed
-over it. DuckDB diffs the child's inputs with the parent's (members, removed duplicates, spans
-with each shard as its digest); every key a changed row can reach is *affected*. The child's
+over it. DuckDB diffs the child's inputs with the parent's (members, removed duplicates,
+spans); every key a changed row can reach is *affected*. A shard file holds a span's packed shard
+by number, the directory's header lists their digests (``shards``): a child whose packing kept
+the parent's blocks but appended to its last shard has the same numbered spans. The child's
 shards hold the rows of the affected keys only, its header names the parent's directory
 (``base``) and the affected keys left without rows (``gone``); a lookup answers an affected key
 from the child, any other from the base (whose rows for it the child's inputs give unchanged),
@@ -54,7 +56,7 @@ if TYPE_CHECKING:
     from duckdb import DuckDBPyConnection
 
 CODE = stage_code("governance.deletion_index", __name__)  # the builder's closure, not the reader's
-SCHEMA = "corpus.deletion-index.v2"
+SCHEMA = "corpus.deletion-index.v3"
 SHARD_ROWS = 1 << 12  # ~35 KB of Parquet: a lookup hashes and decodes one or two
 FANOUT = pa.schema([("first", pa.string()), ("last", pa.string()), ("digest", pa.string())])
 HEADER = b"corpus.deletion-index"  # the directory's metadata key holding its JSON header
@@ -78,6 +80,9 @@ ROWS = pa.schema(
         ("end", pa.int64()),
     ]
 )
+# what a shard file holds: the packed shard's number, which the directory's ``shards`` maps to
+# its digest (a child's appended last shard has a new digest, not a new number for its spans)
+STORED = ROWS.set(ROWS.get_field_index("shard"), pa.field("shard", pa.int64()))
 SQL_TYPES = {"key": "VARCHAR", "record_id": "VARCHAR", "verdict": "VARCHAR"}
 SQL_TYPES |= {"representative_id": "VARCHAR", "match_id": "VARCHAR", "match_jaccard": "DOUBLE"}
 SQL_TYPES |= {c: "BIGINT" for c in ("record_offset", "shard", "block", "start", "end")}
@@ -153,15 +158,14 @@ def put_shards(
         _check_shard_numbers(con, what, columns["spans"], len(packed_shards))
         con.execute(_span_rows(columns["spans"]))
         span_columns = [c for c in SPANS if c in columns["spans"]]
-        digests = pa.array(packed_shards, pa.string())
         if base is not None:
-            delta = _put_delta(con, cas, what, columns, digests, shard_rows, base)
+            delta = _put_delta(con, cas, what, columns, shard_rows, base)
             if isinstance(delta[0], list):
                 return delta[0], delta[1], span_columns, delta[2]
             extra: dict[str, Any] = {"depth": 0, "full": delta[0]}
         else:
             extra = {"depth": 0, "full": "no parent index named"}
-        fanout, rows = _put_sorted(cas, what, _passes(con, columns), shard_rows, digests)
+        fanout, rows = _put_sorted(cas, what, _passes(con, columns), shard_rows)
     return fanout, rows, span_columns, extra | {"totalRows": rows}
 
 
@@ -187,12 +191,11 @@ def _put_sorted(
     what: str,
     batches: Iterable[pa.RecordBatch],
     shard_rows: int,
-    digests: pa.Array,
 ) -> tuple[list[Shard], int]:
     """The sorted stream put in the CAS shard by shard; each shard's bounds and digest."""
     fanout: list[Shard] = []
     rows = 0
-    for part in _cut(batches, shard_rows, digests):
+    for part in _cut(batches, shard_rows):
         keys = part.column("key")
         if (fanout and keys[0].as_py() < fanout[-1][1]) or not _ascending(keys):
             raise DeletionIndexError(f"deletion index of {what}: keys out of order")
@@ -237,11 +240,14 @@ def _passes(con: "DuckDBPyConnection", columns: dict[str, list[str]]) -> Iterato
     con.execute("DROP TABLE IF EXISTS staging.staged")
 
 
-def _queries(columns: dict[str, list[str]]) -> list[str]:
-    """One query a pass: each kind's rows, then the ``span`` rows (keys in that order)."""
+def _queries(columns: dict[str, list[str]], narrow: bool = False) -> list[str]:
+    """One query a pass: each kind's rows, then the ``span`` rows (keys in that order);
+    ``narrow``: those of the affected targets and records (``staging.targets``, ``rids``)."""
     spans = ", ".join(f'"{c}"' for c in SPANS)
     last = f"SELECT 'span' || chr(0) || record_id AS key, {spans} FROM spanrows"
-    return [*(_kind_rows(kind, columns) for kind in sorted(COLUMN)), last]
+    if narrow:
+        last += " WHERE record_id IN (SELECT record_id FROM staging.rids)"
+    return [*(_kind_rows(kind, columns, narrow) for kind in sorted(COLUMN)), last]
 
 
 def _staged(query: str, where: str = "") -> str:
@@ -259,7 +265,6 @@ def _put_delta(
     cas: ContentStore,
     what: str,
     columns: dict[str, list[str]],
-    digests: pa.Array,
     shard_rows: int,
     base: Base,
 ) -> tuple[list[Shard], int, dict[str, Any]] | tuple[str]:
@@ -270,13 +275,11 @@ def _put_delta(
     if refused:
         return (refused,)
     con.execute(_span_rows(theirs["spans"], "p_"))
-    for prefix, shards in (("", digests), ("p_", pa.array(base.inputs.shards, pa.string()))):
-        numbered = pa.table({"shard": pa.array(range(len(shards)), pa.int64()), "digest": shards})
-        con.register(f"{prefix}shard_digests", numbered)
-    con.execute(f"CREATE TABLE staging.affected AS {_affected(columns)}")
+    for statement in _affected(columns):  # one at a time: each holds one large operator
+        con.execute(statement)
     con.execute(f"CREATE TABLE staging.delta AS SELECT * FROM ({_staged(_empty(['key']))})")
     where = " AND key IN (SELECT key FROM staging.affected)"
-    for query in _queries(columns):
+    for query in _queries(columns, narrow=True):
         con.execute(f"INSERT INTO staging.delta {_staged(query, where)}")
     rows = _count(con, "staging.delta")
     if rows * DELTA_SHARE > base.header["totalRows"]:
@@ -287,7 +290,7 @@ def _put_delta(
     if len(gone) > MAX_GONE:
         return (f"{len(gone)} keys left the parent's index, over {MAX_GONE}",)
     sorted_rows = duck.batches(con, f"SELECT * FROM staging.delta ORDER BY {ORDER}", BATCH_ROWS)
-    fanout, rows = _put_sorted(cas, what, sorted_rows, shard_rows, digests)
+    fanout, rows = _put_sorted(cas, what, sorted_rows, shard_rows)
     extra = {
         "base": {"index": base.index, "manifest": base.inputs.manifest},
         "depth": base.header["depth"] + 1,
@@ -311,81 +314,99 @@ def _count(con: "DuckDBPyConnection", table: str) -> int:
     return int(con.execute(f"SELECT count(*) FROM {table}").fetchall()[0][0])
 
 
-def _affected(columns: dict[str, list[str]]) -> str:
-    """Every key whose rows a changed member, removed duplicate or span may change: the
-    symmetric multiset differences of the child's and parent's inputs (spans by shard digest),
-    then each changed row's targets, and the targets reaching a record whose spans changed."""
-    kept = [c for c in COLUMN.values() if c in columns["members"]]
-    members = ", ".join(f'"{c}"' for c in kept)
-    spans = 's.record_id, s.record_offset, d.digest AS shard, s.block, s.start, s."end"'
-    parts = [
-        f"mdiff AS {_diff(f'SELECT {members} FROM members', f'SELECT {members} FROM p_members')}",
-        "sdiff AS "
-        + _diff(
-            f"SELECT {spans} FROM spanrows s LEFT JOIN shard_digests d USING (shard)",
-            f"SELECT {spans} FROM p_spanrows s LEFT JOIN p_shard_digests d USING (shard)",
+def _affected(columns: dict[str, list[str]]) -> list[str]:
+    """Statements staging (``staging.affected``) every key whose rows a changed member,
+    removed duplicate or span may change: the symmetric multiset differences of the child's and
+    parent's inputs, then each changed row's targets, and the targets
+    reaching a record whose spans changed. One operator a statement, so each may spill."""
+    kept = ", ".join(f'"{c}"' for c in COLUMN.values() if c in columns["members"])
+    spans = 'record_id, record_offset, shard, block, start, "end"'
+    statements = [
+        *_diff("mdiff", f"SELECT {kept} FROM members", f"SELECT {kept} FROM p_members"),
+        *_diff(
+            "sdiff",
+            f"SELECT {spans} FROM spanrows",
+            f"SELECT {spans} FROM p_spanrows",
         ),
-        "rids AS (SELECT DISTINCT record_id FROM sdiff WHERE record_id IS NOT NULL)",
+        "CREATE TABLE staging.rids AS SELECT DISTINCT record_id FROM staging.sdiff "
+        "WHERE record_id IS NOT NULL",
     ]
     duplicates = f"verdict IN ({', '.join(repr(d) for d in DUPLICATES)})"
-    reps = f"clusters WHERE {duplicates} AND representative_id IN (SELECT record_id FROM rids)"
+    changed = "IN (SELECT record_id FROM staging.rids)"
     carried = "verdict" in columns["clusters"]
     if carried:
         picked = [c for c in COLUMN.values() if c in columns["clusters"]]
         cols = ", ".join(f'"{c}"' for c in dict.fromkeys([*picked, "verdict", *CARRIED]))
         child = f"SELECT {cols} FROM clusters WHERE {duplicates}"
-        parts.append(f"cdiff AS {_diff(child, child.replace('FROM clusters', 'FROM p_clusters'))}")
+        statements += _diff("cdiff", child, child.replace("FROM clusters", "FROM p_clusters"))
     targets = []
     for kind in sorted(COLUMN):
         col = COLUMN[kind]
         if col not in columns["members"]:
             continue
-        sources = ["mdiff", "members WHERE record_id IN (SELECT record_id FROM rids)"]
+        sources = ["staging.mdiff", f"members WHERE record_id {changed}"]
         if carried and col in columns["clusters"]:
-            sources += ["cdiff", reps]
+            sources += [
+                "staging.cdiff",
+                f"clusters WHERE {duplicates} AND representative_id {changed}",
+            ]
         targets += [
             f"SELECT '{kind}' AS kind, CAST({col} AS VARCHAR) AS target FROM {source}"
             for source in sources
         ]
+    union = " UNION ALL ".join(f"({t})" for t in targets) or "SELECT NULL AS kind, NULL AS target"
+    statements.append(
+        "CREATE TABLE staging.targets AS SELECT DISTINCT kind, target "
+        f"FROM ({union}) WHERE target IS NOT NULL"
+    )
     facts = "(VALUES ('carried'), ('member'), ('spans')) f(fact)"
-    keyed = ["SELECT 'span' || chr(0) || record_id AS key FROM rids"]
-    if targets:
-        union = " UNION ALL ".join(f"({t})" for t in targets)
-        keyed.append(
-            f"SELECT kind || chr(0) || target || chr(0) || fact AS key FROM ({union}) t "
-            f"CROSS JOIN {facts} WHERE target IS NOT NULL"
-        )
-    rows = " UNION ALL ".join(f"({k})" for k in keyed)
-    return f"WITH {', '.join(parts)} SELECT DISTINCT key FROM ({rows})"
+    keys = (
+        "SELECT 'span' || chr(0) || record_id AS key FROM staging.rids UNION ALL "
+        "SELECT kind || chr(0) || target || chr(0) || fact FROM staging.targets CROSS JOIN "
+        f"{facts}"
+    )
+    return [*statements, f"CREATE TABLE staging.affected AS SELECT DISTINCT key FROM ({keys})"]
 
 
-def _diff(child: str, parent: str) -> str:
-    """The rows one of the two queries gives more often than the other."""
-    return f"(({child} EXCEPT ALL {parent}) UNION ALL ({parent} EXCEPT ALL {child}))"
+def _diff(name: str, child: str, parent: str) -> list[str]:
+    """Staging ``name``: the rows one of the two queries gives more often than the other (one
+    aggregate over both, each read once)."""
+    both = f"SELECT *, 1 AS side FROM ({child}) UNION ALL SELECT *, -1 FROM ({parent})"
+    return [
+        f"CREATE TABLE staging.{name} AS SELECT * EXCLUDE (side) FROM ({both}) "
+        "GROUP BY ALL HAVING sum(side) <> 0"
+    ]
 
 
-def _kind_rows(kind: str, columns: dict[str, list[str]]) -> str:
+def _kind_rows(kind: str, columns: dict[str, list[str]], narrow: bool = False) -> str:
     """The member, carried and spans rows of one kind's targets (a null target names nothing,
-    its key is null)."""
+    its key is null); ``narrow``: of its affected targets only."""
     col = COLUMN[kind]
     if col not in columns["members"]:
         return "SELECT NULL AS key"
+    members, clusters = "members", "clusters"
+    if narrow:
+        wanted = (
+            f"CAST({col} AS VARCHAR) IN (SELECT target FROM staging.targets WHERE kind = '{kind}')"
+        )
+        members = f"(SELECT * FROM members WHERE {wanted})"
+        clusters = f"(SELECT * FROM clusters WHERE {wanted})"
 
     def key(target: str, fact: str) -> str:
         return f"'{kind}' || chr(0) || CAST({target} AS VARCHAR) || chr(0) || '{fact}' AS key"
 
-    parts = [f"SELECT {key('m.' + col, 'member')}, m.record_id FROM members m"]
+    parts = [f"SELECT {key('m.' + col, 'member')}, m.record_id FROM {members} m"]
     reached = (
-        f"SELECT m.{col} AS target, m.record_id AS rid FROM members m WHERE m.{col} IS NOT NULL"
+        f"SELECT m.{col} AS target, m.record_id AS rid FROM {members} m WHERE m.{col} IS NOT NULL"
     )
     if "verdict" in columns["clusters"] and col in columns["clusters"]:  # else: before near-dedup
         duplicates = f"c.verdict IN ({', '.join(repr(d) for d in DUPLICATES)})"
         carried = ", ".join(f"c.{c}" for c in CARRIED)
         parts.append(
-            f"SELECT {key('c.' + col, 'carried')}, {carried} FROM clusters c WHERE {duplicates}"
+            f"SELECT {key('c.' + col, 'carried')}, {carried} FROM {clusters} c WHERE {duplicates}"
         )
         reached += (
-            f" UNION ALL SELECT c.{col}, c.representative_id FROM clusters c WHERE {duplicates}"
+            f" UNION ALL SELECT c.{col}, c.representative_id FROM {clusters} c WHERE {duplicates}"
             f" AND c.{col} IS NOT NULL AND c.representative_id IS NOT NULL"
         )
     if columns["spans"]:
@@ -401,9 +422,9 @@ def _empty(names: list[str]) -> str:
     return "SELECT " + ", ".join(f'NULL AS "{n}"' for n in names) + " WHERE false"
 
 
-def _cut(batches: Iterable[pa.RecordBatch], rows: int, digests: pa.Array) -> Iterator[pa.Table]:
+def _cut(batches: Iterable[pa.RecordBatch], rows: int) -> Iterator[pa.Table]:
     """The stream as contiguous tables of exactly ``rows`` rows (the last may be shorter) in
-    ``ROWS``'s types, however DuckDB chunked it: the shard bytes depend on the rows alone."""
+    ``STORED``'s types, however DuckDB chunked it: the shard bytes depend on the rows alone."""
     held: list[pa.RecordBatch] = []
     count = 0
     for batch in batches:
@@ -412,22 +433,17 @@ def _cut(batches: Iterable[pa.RecordBatch], rows: int, digests: pa.Array) -> Ite
             held.append(batch.slice(0, take))
             batch, count = batch.slice(take), count + take
             if count == rows:
-                yield _typed(held, digests)
+                yield _typed(held)
                 held, count = [], 0
     if count:
-        yield _typed(held, digests)
+        yield _typed(held)
 
 
-def _typed(batches: list[pa.RecordBatch], digests: pa.Array) -> pa.Table:
-    """One contiguous table in ``ROWS``'s types, each shard number replaced by its digest."""
+def _typed(batches: list[pa.RecordBatch]) -> pa.Table:
+    """One contiguous table in ``STORED``'s types."""
     table = pa.Table.from_batches(batches).combine_chunks()
-    arrays = [
-        pc.take(digests, table.column(f.name)) if f.name == "shard" else table.column(f.name)
-        for f in ROWS
-    ]
-    return pa.Table.from_arrays(
-        [a.cast(f.type) for a, f in zip(arrays, ROWS, strict=True)], schema=ROWS
-    ).combine_chunks()
+    arrays = [table.column(f.name).cast(f.type) for f in STORED]
+    return pa.Table.from_arrays(arrays, schema=STORED).combine_chunks()
 
 
 def _ascending(keys: pa.ChunkedArray) -> bool:
@@ -506,6 +522,7 @@ def _put(
         "code": CODE,
         "spanColumns": span_columns,
         "rows": rows,
+        "shards": found.shards,
         **added,
         **({} if "base" in added else extra),
     }

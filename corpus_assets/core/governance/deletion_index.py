@@ -39,6 +39,7 @@ from corpus_assets.core.governance.deletion_build import (  # re-exported: the i
     ROWS,
     SCHEMA,
     SPANS,
+    STORED,
     DeletionIndexError,
     build,
     build_tables,
@@ -88,8 +89,17 @@ class DeletionIndex:
         self._base: DeletionIndex | None = None
 
     def rows(self, keys: list[str]) -> pa.Table:
-        """The index rows under any of ``keys``, in index order: a key this index holds or
-        lists as gone is answered here, any other by its base (the parent's index)."""
+        """The index rows under any of ``keys``, in index order, each span's packed shard by
+        its digest."""
+        found = self.stored_rows(keys)
+        shards = found.column("shard")
+        digests = pc.take(pa.array(self.directory["shards"], pa.string()), shards)
+        return found.set_column(found.schema.get_field_index("shard"), "shard", digests).cast(ROWS)
+
+    def stored_rows(self, keys: list[str]) -> pa.Table:
+        """The rows under ``keys`` as stored (shards by number), in index order: a key this
+        index holds or lists as gone is answered here, any other by its base (the parent's
+        index, whose rows the child's inputs give unchanged, shard numbers included)."""
         own = self._own(keys)
         base = self.directory.get("base")
         if base is None:
@@ -100,9 +110,9 @@ class DeletionIndex:
             return own
         if self._base is None:
             self._base = load(self.cas, base["manifest"], base["index"])
-        found = pa.concat_tables([own, self._base.rows(rest)])
-        order = [(f.name, "ascending") for f in ROWS]
-        return found.take(pc.sort_indices(found, sort_keys=order, null_placement="at_start"))
+        found = pa.concat_tables([own, self._base.stored_rows(rest)])
+        order = [(f.name, "ascending", "at_start") for f in STORED]  # DuckDB's NULLS FIRST
+        return found.take(pc.sort_indices(found, sort_keys=order))
 
     def objects(self) -> list[tuple[str, str]]:
         """(manifest, directory digest) of each base this index chains to, nearest first (a
@@ -122,7 +132,7 @@ class DeletionIndex:
         value_set = pa.array(keys, pa.string())
         found = [self._shard(i) for i in wanted]
         found = [t.filter(pc.is_in(t.column("key"), value_set=value_set)) for t in found]
-        return pa.concat_tables(found) if found else ROWS.empty_table()
+        return pa.concat_tables(found) if found else STORED.empty_table()
 
     def _holding(self, key: str, many: int) -> range:
         """Shards whose [first, last] holds ``key``: both bounds ascend, so a contiguous run.
