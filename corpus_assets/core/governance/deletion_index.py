@@ -201,7 +201,7 @@ def parent_index(
 ) -> tuple[str, str] | str:
     """(manifest, index digest) of the parent snapshot's index by this code, whole in the CAS
     with its inputs; else why the child's index is built whole."""
-    parents = get_json(cas, manifest_digest, "manifest")["parents"]
+    parents = get_json(cas, manifest_digest, "manifest").get("parents") or []
     if not parents:
         return "no parent snapshot"
     try:
