@@ -284,11 +284,13 @@ def _put_delta(
     rows = _count(con, "staging.delta")
     if rows * DELTA_SHARE > base.header["totalRows"]:
         return (f"the delta over the parent's index is {rows} rows, over 1/{DELTA_SHARE} of its",)
-    gone = con.execute(
-        "SELECT key FROM staging.affected EXCEPT SELECT key FROM staging.delta ORDER BY key"
-    ).fetchall()
-    if len(gone) > MAX_GONE:
-        return (f"{len(gone)} keys left the parent's index, over {MAX_GONE}",)
+    con.execute(
+        "CREATE TABLE staging.gone AS SELECT key FROM staging.affected "
+        "EXCEPT SELECT key FROM staging.delta"
+    )
+    if _count(con, "staging.gone") > MAX_GONE:
+        return (f"{_count(con, 'staging.gone')} keys left the parent's index, over {MAX_GONE}",)
+    gone = con.execute("SELECT key FROM staging.gone ORDER BY key").fetchall()
     sorted_rows = duck.batches(con, f"SELECT * FROM staging.delta ORDER BY {ORDER}", BATCH_ROWS)
     fanout, rows = _put_sorted(cas, what, sorted_rows, shard_rows)
     extra = {

@@ -87,6 +87,7 @@ class DeletionIndex:
         self._bounds: tuple[list[str], list[str]] | None = None
         self._decoded: dict[int, pa.Table] = {}
         self._base: DeletionIndex | None = None
+        self._gone = set(directory.get("gone", []))  # affected keys the child has no rows for
 
     def rows(self, keys: list[str]) -> pa.Table:
         """The index rows under any of ``keys``, in index order, each span's packed shard by
@@ -104,7 +105,7 @@ class DeletionIndex:
         base = self.directory.get("base")
         if base is None:
             return own
-        answered = set(own.column("key").to_pylist()) | set(self.directory["gone"])
+        answered = set(own.column("key").to_pylist()) | self._gone
         rest = [key for key in dict.fromkeys(keys) if key not in answered]
         if not rest:
             return own
