@@ -49,7 +49,7 @@ def main() -> None:
             result = BUILDERS["manifest"](ws, args.partition)
         cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
         print(f"manifest layer: cpu {cpu:.2f} s, wall {wall:.2f} s")
-        print({k: v for k, v in result.run_stats.items() if not k.startswith("shadow")})
+        print({k: result.digests[k] for k in ("snapshotId", "members")})
         if args.profile:
             out = io.StringIO()
             pstats.Stats(prof, stream=out).sort_stats("cumulative").print_stats(30)
