@@ -5,16 +5,19 @@ packing test's homes: shards of ~10 blocks, so most are kept). The child's index
 parent's as its base and holds only the keys the new inputs reach; tombstone hits on a record in
 a kept shard and on a new one agree with the table scan and with a whole build of the child; a
 rebuild gives the same bytes; a parent indexed by other code gives a whole build saying why.
+The child's members table is joined from the parent's narrowed canonical chunks and its new one.
 """
 
 from pathlib import Path
 
-from sqlalchemy import delete
+from sqlalchemy import delete, select
 
 from corpus_assets.core.governance import deletion_build, deletion_index, states
 from corpus_assets.core.governance.lineage import hits, scan_hits
 from corpus_assets.core.pipeline import build_all
-from corpus_assets.core.runtime.layers import load_index
+from corpus_assets.core.records.index import CanonicalIndex
+from corpus_assets.core.release import manifest
+from corpus_assets.core.runtime.layers import LAYERS, load_index, read_layer_index
 from corpus_assets.core.runtime.workspace import Workspace, open_workspace
 from corpus_assets.core.storage.artifacts import get_json, get_table
 from corpus_assets.core.storage.catalog import layer_memo
@@ -104,3 +107,35 @@ def test_a_parent_without_an_index_by_this_code_gives_a_whole_build(tmp_path: Pa
         )
         assert "base" not in header
         assert header["full"] == reason
+
+
+def test_a_child_members_table_reuses_the_parents_narrowed_chunks(tmp_path: Path) -> None:
+    """The child adds one narrowed chunk to the parent's (the others are the parent's, by
+    records digest); its table is the same bytes from the cache, without it, and with a cached
+    chunk corrupt (narrowed again into a scratch file, never trusted)."""
+    config = _home(tmp_path / "home")
+    with open_workspace(config) as ws:
+        _active(ws, "p1")
+        before = _narrowed_rows(ws)
+        _add_essays(tmp_path / "home")
+        child = build_all(ws, "p2")["manifest"].digest
+        after = _narrowed_rows(ws)
+        assert before < after and len(after - before) == 1  # the new essays' chunk
+        indexes = {layer: read_layer_index(ws, "p2", layer) for layer in LAYERS[:-1]}
+        assert len(CanonicalIndex(ws.cas, indexes["canonical_records"][1]).chunks()) == len(after)
+        built = get_json(ws.cas, child, "manifest")["members"]["digest"]
+        victim = ws.cas.path(sorted(before)[0])
+        original = victim.read_bytes()
+        victim.write_bytes(original[:-9] + bytes(9))
+        assert manifest.put_members(ws, indexes)[0]["digest"] == built
+        victim.write_bytes(original)
+        with ws.catalog.begin() as conn:
+            conn.execute(delete(layer_memo).where(layer_memo.c.layer == manifest.NARROWED))
+        assert manifest.put_members(ws, indexes)[0]["digest"] == built
+        assert _narrowed_rows(ws) == after  # the same chunks, the same bytes
+
+
+def _narrowed_rows(ws: Workspace) -> set[str]:
+    with ws.catalog.begin() as conn:
+        query = select(layer_memo.c.index_digest).where(layer_memo.c.layer == manifest.NARROWED)
+        return {digest for (digest,) in conn.execute(query)}

@@ -41,6 +41,7 @@ from corpus_assets.core.storage.artifacts import (
     make_ref,
     put_json,
 )
+from corpus_assets.core.storage.cas import CorruptObjectError
 from corpus_assets.core.storage.digests import json_digest
 from corpus_assets.core.storage.duck import VerifiedFiles, sql_list
 from corpus_assets.core.storage.memory import release_memory
@@ -75,6 +76,7 @@ RECORD_FIELDS = ["record_id", "source_id", "object", "line", "record_digest"]
 TEXT_BYTES = pa.field("text_bytes", pa.int32())
 NARROW = pa.schema([f for f in MEMBERS_SCHEMA if f.name in RECORD_FIELDS] + [TEXT_BYTES])
 NARROW_CODE = stage_code("release.members", __name__)  # what makes a narrowed chunk
+NARROWED = "manifest.narrowed"  # the layer memo rows of narrowed chunks (a side cache)
 MEMBERS_QUERY = """
 SELECT r.record_id, r.source_id, r.object, r.line, r.record_digest, c.dedup_key,
        r.text_bytes, s.group_id, s.split
@@ -131,20 +133,30 @@ def _narrowed(
 ) -> list[str]:
     """Each canonical chunk's records without their text (``NARROW``), as verified CAS files.
     A chunk's narrowed table is a function of its records file and this code: remembered in the
-    layer memo table, so a child snapshot decodes the texts of its new chunks only (issue 32)."""
+    layer memo table, so a child snapshot decodes the texts of its new chunks only (issue 32).
+    They are a side cache (``NARROWED``), outside every snapshot's closure: one that fails its
+    re-hash is not used, the chunk is narrowed again into a scratch file."""
     paths = []
-    for chunk in canonical.chunks():
+    for n, chunk in enumerate(canonical.chunks()):
         key = json_digest(
-            {"table": "manifest.narrowed", "code": NARROW_CODE, "records": chunk.records["digest"]}
+            {"table": NARROWED, "code": NARROW_CODE, "records": chunk.records["digest"]}
         )
         hit = ws.catalog.memo(key)
-        if hit is not None and ws.cas.contains(hit[0]):
-            digest = hit[0]
-        else:
-            path = files.path(chunk.records["digest"], chunk.what)
-            digest = put_table_batches(ws.cas, NARROW, _narrow_chunk(path), tmp)["digest"]
-            ws.catalog.remember(key, "manifest.narrowed", digest, "{}")
-            release_memory()  # the chunk's decoded texts: Arrow's pool would keep their pages
+        try:
+            if hit is not None and ws.cas.contains(hit[0]):
+                paths.append(files.path(hit[0], f"narrowed {chunk.what}"))
+                continue
+        except CorruptObjectError:
+            scratch = tmp / f"narrowed-{n}.parquet"
+            with pq.ParquetWriter(scratch, NARROW, compression="zstd") as writer:
+                for batch in _narrow_chunk(files.path(chunk.records["digest"], chunk.what)):
+                    writer.write_batch(batch)
+            paths.append(str(scratch))
+            continue
+        records = files.path(chunk.records["digest"], chunk.what)
+        digest = put_table_batches(ws.cas, NARROW, _narrow_chunk(records), tmp)["digest"]
+        ws.catalog.remember(key, NARROWED, digest, "{}")
+        release_memory()  # the chunk's decoded texts: Arrow's pool would keep their pages
         paths.append(files.path(digest, f"narrowed {chunk.what}"))
     return paths
 
