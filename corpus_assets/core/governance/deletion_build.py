@@ -319,8 +319,9 @@ def _count(con: "DuckDBPyConnection", table: str) -> int:
 def _affected(columns: dict[str, list[str]]) -> list[str]:
     """Statements staging (``staging.affected``) every key whose rows a changed member,
     removed duplicate or span may change: the symmetric multiset differences of the child's and
-    parent's inputs, then each changed row's targets, and the targets
-    reaching a record whose spans changed. One operator a statement, so each may spill."""
+    parent's inputs; a changed member's targets' ``member`` and ``spans`` keys, a changed removed
+    duplicate's ``carried`` and ``spans`` keys, and the ``spans`` keys of the targets reaching a
+    record whose spans changed. One operator a statement, so each may spill."""
     kept = ", ".join(f'"{c}"' for c in COLUMN.values() if c in columns["members"])
     spans = 'record_id, record_offset, shard, block, start, "end"'
     statements = [
@@ -341,31 +342,30 @@ def _affected(columns: dict[str, list[str]]) -> list[str]:
         cols = ", ".join(f'"{c}"' for c in dict.fromkeys([*picked, "verdict", *CARRIED]))
         child = f"SELECT {cols} FROM clusters WHERE {duplicates}"
         statements += _diff("cdiff", child, child.replace("FROM clusters", "FROM p_clusters"))
-    targets = []
+    targets = []  # (kind, target, the facts of it a source's change reaches)
     for kind in sorted(COLUMN):
         col = COLUMN[kind]
         if col not in columns["members"]:
             continue
-        sources = ["staging.mdiff", f"members WHERE record_id {changed}"]
+        sources = [("staging.mdiff", "member"), (f"members WHERE record_id {changed}", None)]
         if carried and col in columns["clusters"]:
-            sources += [
-                "staging.cdiff",
-                f"clusters WHERE {duplicates} AND representative_id {changed}",
-            ]
-        targets += [
-            f"SELECT '{kind}' AS kind, CAST({col} AS VARCHAR) AS target FROM {source}"
-            for source in sources
-        ]
-    union = " UNION ALL ".join(f"({t})" for t in targets) or "SELECT NULL AS kind, NULL AS target"
+            reps = f"clusters WHERE {duplicates} AND representative_id {changed}"
+            sources += [("staging.cdiff", "carried"), (reps, None)]
+        for source, fact in sources:
+            facts = f"['{fact}', 'spans']" if fact else "['spans']"
+            targets.append(
+                f"SELECT '{kind}' AS kind, CAST({col} AS VARCHAR) AS target, "
+                f"unnest({facts}) AS fact FROM {source}"
+            )
+    union = " UNION ALL ".join(f"({t})" for t in targets)
+    union = union or "SELECT NULL AS kind, NULL AS target, NULL AS fact"
     statements.append(
-        "CREATE TABLE staging.targets AS SELECT DISTINCT kind, target "
+        "CREATE TABLE staging.targets AS SELECT DISTINCT kind, target, fact "
         f"FROM ({union}) WHERE target IS NOT NULL"
     )
-    facts = "(VALUES ('carried'), ('member'), ('spans')) f(fact)"
     keys = (
         "SELECT 'span' || chr(0) || record_id AS key FROM staging.rids UNION ALL "
-        "SELECT kind || chr(0) || target || chr(0) || fact FROM staging.targets CROSS JOIN "
-        f"{facts}"
+        "SELECT kind || chr(0) || target || chr(0) || fact FROM staging.targets"
     )
     return [*statements, f"CREATE TABLE staging.affected AS SELECT DISTINCT key FROM ({keys})"]
 
