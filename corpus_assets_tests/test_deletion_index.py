@@ -6,7 +6,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import update
 
@@ -61,7 +61,8 @@ def test_the_build_remembers_each_index_and_a_memo_row_naming_another_is_refused
         # Built with the manifest: no lookup has happened, yet both indexes are remembered.
         remembered = [ws.catalog.memo(deletion_index.memo_key(d)) for d in (a, b)]
         assert all(hit is not None and ws.cas.contains(hit[0]) for hit in remembered)
-        other = deletion_index.build(ws.cas, b)
+        base = deletion_index.parent_index(ws.cas, ws.catalog, b)
+        other = deletion_index.build(ws.cas, b, base=base)
         assert other == remembered[1][0]  # rebuilt from the same snapshot: the same bytes
         with ws.catalog.begin() as conn:
             conn.execute(
@@ -211,3 +212,68 @@ def test_a_span_naming_an_unlisted_packed_shard_is_refused_by_name(tmp_path: Pat
         deletion_index.DeletionIndexError, match=r"packed shards 0\.\.1, .* lists 1"
     ):
         deletion_index.build_tables(cas, "sha256:" + "2" * 64, table, clusters, spans, SHARDS[:1])
+
+
+CHILD_SHARDS = [SHARDS[0], "sha256:" + "c" * 64]  # the last packed shard rewritten (appended)
+
+
+def _all_keys(*tables: pa.Table) -> list[str]:
+    """Every key the members and clusters of these inputs can name, and every record's spans."""
+    keys = set()
+    for table in tables:
+        for kind, column in deletion_index.COLUMN.items():
+            for target in table.column(column).drop_null().to_pylist():
+                keys |= {f(kind, target) for f in FACTS}
+        keys |= {deletion_index.span_key(r) for r in table.column("record_id").to_pylist()}
+    return sorted(keys)
+
+
+FACTS = (deletion_index.member_key, deletion_index.carried_key, deletion_index.reach_key)
+
+
+@settings(
+    max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    parent=st.lists(MEMBER, max_size=20),
+    kept=st.integers(0, 20),
+    added=st.lists(MEMBER, max_size=4),
+    regrouped=st.lists(st.tuples(st.integers(0, 19), st.one_of(st.none(), KEYS)), max_size=2),
+    shard_rows=st.integers(1, 5),
+)
+def test_a_child_indexed_over_its_parent_answers_as_a_whole_build(
+    tmp_path_factory: pytest.TempPathFactory,
+    monkeypatch: pytest.MonkeyPatch,
+    parent: list[Member],
+    kept: int,
+    added: list[Member],
+    regrouped: list[tuple[int, str | None]],
+    shard_rows: int,
+) -> None:
+    """A child of the parent's first members, some regrouped, and new ones (new ids, spans and
+    removed duplicates): every key, alone and all at once, gives the rows and order of a whole
+    build of the child, its last packed shard's new digest on rows the parent's index holds."""
+    monkeypatch.setattr(deletion_build, "DELTA_SHARE", 0)  # never refused as too large here
+    child = [*parent[:kept], *added]
+    for at, group in regrouped:
+        if at < len(child):
+            child[at] = (child[at][0], child[at][1], group, *child[at][3:])
+    cas = ContentStore(tmp_path_factory.mktemp("cas"))
+    theirs, ours = _inputs(parent), _inputs(child)
+    parent_manifest, manifest = "sha256:" + "3" * 64, "sha256:" + "4" * 64
+    base_digest = deletion_index.build_tables(cas, parent_manifest, *theirs, SHARDS, shard_rows)
+    base = deletion_build.Base(
+        base_digest,
+        deletion_build.read_header(cas, base_digest),
+        deletion_build.Inputs(
+            parent_manifest, dict(zip(deletion_build.INPUTS, theirs, strict=True)), SHARDS
+        ),
+    )
+    over = deletion_index.build_tables(cas, manifest, *ours, CHILD_SHARDS, shard_rows, base)
+    whole = deletion_index.build_tables(cas, manifest, *ours, CHILD_SHARDS, shard_rows)
+    incremental, full = (deletion_index.load(cas, manifest, d) for d in (over, whole))
+    assert incremental.directory["base"] == {"index": base_digest, "manifest": parent_manifest}
+    keys = [*_all_keys(theirs[0], theirs[1], ours[0], ours[1]), "record\x00nope\x00member"]
+    assert incremental.rows(keys).to_pylist() == full.rows(keys).to_pylist()
+    for key in keys:
+        assert incremental.rows([key]).to_pylist() == full.rows([key]).to_pylist(), key

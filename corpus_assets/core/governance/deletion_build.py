@@ -22,12 +22,25 @@ kind, or ``span`` after every kind, the passes' concatenation is sorted; it is c
 Parquet shards of ``SHARD_ROWS`` rows as it arrives, so the bytes depend on the rows alone.
 The directory lists each shard's first and last key and digest as an Arrow IPC table (a
 lookup decodes it without parsing), its header (schema, manifest, ``CODE``) in the metadata.
+
+Incremental (issue 32): a child snapshot whose parent's index this ``CODE`` built is indexed
+over it. DuckDB diffs the child's inputs with the parent's (members, removed duplicates,
+spans); every key a changed row can reach is *affected*. A shard file holds a span's packed shard
+by number, the directory's header lists their digests (``shards``): a child whose packing kept
+the parent's blocks but appended to its last shard has the same numbered spans. The child's
+shards hold the rows of the affected keys only, its header names the parent's directory
+(``base``) and the affected keys left without rows (``gone``); a lookup answers an affected key
+from the child, any other from the base (whose rows for it the child's inputs give unchanged),
+and sorts the union in index order: the rows a full build gives. A chain deeper than
+``MAX_DEPTH``, a delta over a quarter of the base's rows, more than ``MAX_GONE`` gone keys,
+inputs of other columns: a full build, its header saying why.
 """
 
 import io
 import json
 from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -43,7 +56,7 @@ if TYPE_CHECKING:
     from duckdb import DuckDBPyConnection
 
 CODE = stage_code("governance.deletion_index", __name__)  # the builder's closure, not the reader's
-SCHEMA = "corpus.deletion-index.v2"
+SCHEMA = "corpus.deletion-index.v3"
 SHARD_ROWS = 1 << 12  # ~35 KB of Parquet: a lookup hashes and decodes one or two
 FANOUT = pa.schema([("first", pa.string()), ("last", pa.string()), ("digest", pa.string())])
 HEADER = b"corpus.deletion-index"  # the directory's metadata key holding its JSON header
@@ -67,13 +80,39 @@ ROWS = pa.schema(
         ("end", pa.int64()),
     ]
 )
+# what a shard file holds: the packed shard's number, which the directory's ``shards`` maps to
+# its digest (a child's appended last shard has a new digest, not a new number for its spans)
+STORED = ROWS.set(ROWS.get_field_index("shard"), pa.field("shard", pa.int64()))
 SQL_TYPES = {"key": "VARCHAR", "record_id": "VARCHAR", "verdict": "VARCHAR"}
 SQL_TYPES |= {"representative_id": "VARCHAR", "match_id": "VARCHAR", "match_jaccard": "DOUBLE"}
 SQL_TYPES |= {c: "BIGINT" for c in ("record_offset", "shard", "block", "start", "end")}
+ORDER = ", ".join(f'"{f.name}" ASC NULLS FIRST' for f in ROWS)  # the index order
 MEMORY_MB, THREADS = 128, 2  # DuckDB's cap (the process: ~400 MB at 1M and 3M members)
 BATCH_ROWS = 1 << 16  # sorted rows fetched from DuckDB at a time
 Relation = str | pa.Table | None  # a Parquet file's path, a table in memory, or absent
 Shard = tuple[str, str, str]  # its first key, last key and digest
+INPUTS = ("members", "clusters", "spans")
+MAX_DEPTH = 8  # directories a lookup may chain through; a deeper child is built whole
+MAX_GONE = 1 << 14  # affected keys without rows the header may list; more: a full build
+DELTA_SHARE = 4  # a delta over 1/DELTA_SHARE of the base's rows: a full build
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """What an index is a function of: the snapshot's three tables and its packed shards."""
+
+    manifest: str
+    relations: dict[str, Relation]
+    shards: list[str]
+
+
+@dataclass(frozen=True)
+class Base:
+    """The parent's index a child is built over: its directory's digest, header and inputs."""
+
+    index: str
+    header: dict[str, Any]
+    inputs: Inputs
 
 
 class DeletionIndexError(RuntimeError):
@@ -104,9 +143,11 @@ def put_shards(
     relations: dict[str, Relation],
     packed_shards: list[str],
     shard_rows: int,
-) -> tuple[list[Shard], int, list[str]]:
+    base: Base | None = None,
+) -> tuple[list[Shard], int, list[str], dict[str, Any]]:
     """Sort the rows of the ``members``, ``clusters`` and ``spans`` relations, put them in the
-    CAS in shards of ``shard_rows``; (first key, last key, digest) a shard, rows, span columns."""
+    CAS in shards of ``shard_rows``; (first key, last key, digest) a shard, rows, span columns
+    and what the header adds (the base and gone keys of a delta, or why the build is whole)."""
     spilling = duck.Spilling(cas.root.parent / "tmp", f"{MEMORY_MB}MB", THREADS)
     with spilling as con:
         con.execute("SET enable_progress_bar = false")  # a long sort drew one on stdout
@@ -116,23 +157,32 @@ def put_shards(
         columns = _relations(con, relations)
         _check_shard_numbers(con, what, columns["spans"], len(packed_shards))
         con.execute(_span_rows(columns["spans"]))
-        digests = pa.array(packed_shards, pa.string())
-        fanout, rows = _put_sorted(cas, what, _passes(con, columns), shard_rows, digests)
-    return fanout, rows, [c for c in SPANS if c in columns["spans"]]
+        span_columns = [c for c in SPANS if c in columns["spans"]]
+        if base is not None:
+            delta = _put_delta(con, cas, what, columns, shard_rows, base)
+            if isinstance(delta[0], list):
+                return delta[0], delta[1], span_columns, delta[2]
+            extra: dict[str, Any] = {"depth": 0, "full": delta[0]}
+        else:
+            extra = {"depth": 0, "full": "no parent index named"}
+        fanout, rows = _put_sorted(cas, what, _passes(con, columns), shard_rows)
+    return fanout, rows, span_columns, extra | {"totalRows": rows}
 
 
-def _relations(con: "DuckDBPyConnection", relations: dict[str, Relation]) -> dict[str, list[str]]:
-    """Each input as a view or registered table; the columns of each (none if absent)."""
+def _relations(
+    con: "DuckDBPyConnection", relations: dict[str, Relation], prefix: str = ""
+) -> dict[str, list[str]]:
+    """Each input as a view or registered table named ``prefix`` + its name; the columns of
+    each (none if absent)."""
     for name, relation in relations.items():
         if isinstance(relation, str):
-            con.execute(
-                f"CREATE VIEW {name} AS SELECT * FROM read_parquet({duck.sql_path(relation)})"
-            )
+            source = f"read_parquet({duck.sql_path(relation)})"
+            con.execute(f"CREATE VIEW {prefix}{name} AS SELECT * FROM {source}")
         elif relation is not None:
-            con.register(name, relation)
+            con.register(prefix + name, relation)
     return {
-        name: _columns(con, name) if relations.get(name) is not None else []
-        for name in ("members", "clusters", "spans")
+        name: _columns(con, prefix + name) if relations.get(name) is not None else []
+        for name in INPUTS
     }
 
 
@@ -141,12 +191,11 @@ def _put_sorted(
     what: str,
     batches: Iterable[pa.RecordBatch],
     shard_rows: int,
-    digests: pa.Array,
 ) -> tuple[list[Shard], int]:
     """The sorted stream put in the CAS shard by shard; each shard's bounds and digest."""
     fanout: list[Shard] = []
     rows = 0
-    for part in _cut(batches, shard_rows, digests):
+    for part in _cut(batches, shard_rows):
         keys = part.column("key")
         if (fanout and keys[0].as_py() < fanout[-1][1]) or not _ascending(keys):
             raise DeletionIndexError(f"deletion index of {what}: keys out of order")
@@ -174,52 +223,192 @@ def _check_shard_numbers(
         )
 
 
-def _span_rows(span_columns: list[str]) -> str:
+def _span_rows(span_columns: list[str], prefix: str = "") -> str:
     """The ``spanrows`` view: the spans' ``SPANS`` columns (an absent one null)."""
     names = ", ".join(f'"{c}"' for c in SPANS)
     picked = [f'"{c}"' if c in span_columns else "NULL" for c in SPANS]
-    source = f"SELECT {', '.join(picked)} FROM spans" if span_columns else _empty(SPANS)
-    return f"CREATE TEMP VIEW spanrows ({names}) AS {source}"
+    table = f"{prefix}spans"
+    source = f"SELECT {', '.join(picked)} FROM {table}" if span_columns else _empty(SPANS)
+    return f"CREATE TEMP VIEW {prefix}spanrows ({names}) AS {source}"
 
 
 def _passes(con: "DuckDBPyConnection", columns: dict[str, list[str]]) -> Iterator[pa.RecordBatch]:
     """Every row, sorted: each pass staged into a table on disk, then streamed in order."""
-    fields = ", ".join(f'"{f.name}"' for f in ROWS)
-    order = ", ".join(f'"{f.name}" ASC NULLS FIRST' for f in ROWS)
-    typed = ", ".join(f'CAST(NULL AS {SQL_TYPES[f.name]}) AS "{f.name}"' for f in ROWS)
-    spans = ", ".join(f'"{c}"' for c in SPANS)
-    last = f"SELECT 'span' || chr(0) || record_id AS key, {spans} FROM spanrows"
-    for query in [*(_kind_rows(kind, columns) for kind in sorted(COLUMN)), last]:
-        con.execute(
-            f"CREATE OR REPLACE TABLE staging.staged AS SELECT {fields} FROM (SELECT {typed} "
-            f"WHERE false UNION ALL BY NAME (SELECT * FROM ({query}) WHERE key IS NOT NULL))"
-        )
-        yield from duck.batches(con, f"SELECT * FROM staging.staged ORDER BY {order}", BATCH_ROWS)
+    for query in _queries(columns):
+        con.execute(f"CREATE OR REPLACE TABLE staging.staged AS {_staged(query)}")
+        yield from duck.batches(con, f"SELECT * FROM staging.staged ORDER BY {ORDER}", BATCH_ROWS)
     con.execute("DROP TABLE IF EXISTS staging.staged")
 
 
-def _kind_rows(kind: str, columns: dict[str, list[str]]) -> str:
+def _queries(columns: dict[str, list[str]], narrow: bool = False) -> list[str]:
+    """One query a pass: each kind's rows, then the ``span`` rows (keys in that order);
+    ``narrow``: those of the affected targets and records (``staging.targets``, ``rids``)."""
+    spans = ", ".join(f'"{c}"' for c in SPANS)
+    last = f"SELECT 'span' || chr(0) || record_id AS key, {spans} FROM spanrows"
+    if narrow:
+        last += " WHERE record_id IN (SELECT record_id FROM staging.rids)"
+    return [*(_kind_rows(kind, columns, narrow) for kind in sorted(COLUMN)), last]
+
+
+def _staged(query: str, where: str = "") -> str:
+    """The query's rows with a key, in ``ROWS``'s columns and SQL types."""
+    fields = ", ".join(f'"{f.name}"' for f in ROWS)
+    typed = ", ".join(f'CAST(NULL AS {SQL_TYPES[f.name]}) AS "{f.name}"' for f in ROWS)
+    return (
+        f"SELECT {fields} FROM (SELECT {typed} WHERE false UNION ALL BY NAME "
+        f"(SELECT * FROM ({query}) WHERE key IS NOT NULL{where}))"
+    )
+
+
+def _put_delta(
+    con: "DuckDBPyConnection",
+    cas: ContentStore,
+    what: str,
+    columns: dict[str, list[str]],
+    shard_rows: int,
+    base: Base,
+) -> tuple[list[Shard], int, dict[str, Any]] | tuple[str]:
+    """The rows of the keys the parent's inputs and these give differently, put as shards over
+    the base; or, as a 1-tuple, why this index must be built whole."""
+    theirs = _relations(con, base.inputs.relations, "p_")
+    refused = _refusal(base, columns, theirs)
+    if refused:
+        return (refused,)
+    con.execute(_span_rows(theirs["spans"], "p_"))
+    for statement in _affected(columns):  # one at a time: each holds one large operator
+        con.execute(statement)
+    con.execute(f"CREATE TABLE staging.delta AS SELECT * FROM ({_staged(_empty(['key']))})")
+    where = " AND key IN (SELECT key FROM staging.affected)"
+    for query in _queries(columns, narrow=True):
+        con.execute(f"INSERT INTO staging.delta {_staged(query, where)}")
+    rows = _count(con, "staging.delta")
+    if rows * DELTA_SHARE > base.header["totalRows"]:
+        return (f"the delta over the parent's index is {rows} rows, over 1/{DELTA_SHARE} of its",)
+    con.execute(
+        "CREATE TABLE staging.gone AS SELECT key FROM staging.affected "
+        "EXCEPT SELECT key FROM staging.delta"
+    )
+    if _count(con, "staging.gone") > MAX_GONE:
+        return (f"{_count(con, 'staging.gone')} keys left the parent's index, over {MAX_GONE}",)
+    gone = con.execute("SELECT key FROM staging.gone ORDER BY key").fetchall()
+    sorted_rows = duck.batches(con, f"SELECT * FROM staging.delta ORDER BY {ORDER}", BATCH_ROWS)
+    fanout, rows = _put_sorted(cas, what, sorted_rows, shard_rows)
+    extra = {
+        "base": {"index": base.index, "manifest": base.inputs.manifest},
+        "depth": base.header["depth"] + 1,
+        "gone": [key for (key,) in gone],
+        "affected": _count(con, "staging.affected"),
+        "totalRows": base.header["totalRows"] + rows,
+    }
+    return fanout, rows, extra
+
+
+def _refusal(base: Base, columns: dict[str, list[str]], theirs: dict[str, list[str]]) -> str | None:
+    """Why the child cannot be indexed over this base (None: it can)."""
+    if base.header.get("depth", 0) + 1 > MAX_DEPTH:
+        return f"the parent's index chains {base.header.get('depth')} directories"
+    if theirs != columns:
+        return "the parent's members, clusters or spans have other columns"
+    return None
+
+
+def _count(con: "DuckDBPyConnection", table: str) -> int:
+    return int(con.execute(f"SELECT count(*) FROM {table}").fetchall()[0][0])
+
+
+def _affected(columns: dict[str, list[str]]) -> list[str]:
+    """Statements staging (``staging.affected``) every key whose rows a changed member,
+    removed duplicate or span may change: the symmetric multiset differences of the child's and
+    parent's inputs; a changed member's targets' ``member`` and ``spans`` keys, a changed removed
+    duplicate's ``carried`` and ``spans`` keys, and the ``spans`` keys of the targets reaching a
+    record whose spans changed. One operator a statement, so each may spill."""
+    kept = ", ".join(f'"{c}"' for c in COLUMN.values() if c in columns["members"])
+    spans = 'record_id, record_offset, shard, block, start, "end"'
+    statements = [
+        *_diff("mdiff", f"SELECT {kept} FROM members", f"SELECT {kept} FROM p_members"),
+        *_diff(
+            "sdiff",
+            f"SELECT {spans} FROM spanrows",
+            f"SELECT {spans} FROM p_spanrows",
+        ),
+        "CREATE TABLE staging.rids AS SELECT DISTINCT record_id FROM staging.sdiff "
+        "WHERE record_id IS NOT NULL",
+    ]
+    duplicates = f"verdict IN ({', '.join(repr(d) for d in DUPLICATES)})"
+    changed = "IN (SELECT record_id FROM staging.rids)"
+    carried = "verdict" in columns["clusters"]
+    if carried:
+        picked = [c for c in COLUMN.values() if c in columns["clusters"]]
+        cols = ", ".join(f'"{c}"' for c in dict.fromkeys([*picked, "verdict", *CARRIED]))
+        child = f"SELECT {cols} FROM clusters WHERE {duplicates}"
+        statements += _diff("cdiff", child, child.replace("FROM clusters", "FROM p_clusters"))
+    targets = []  # (kind, target, the facts of it a source's change reaches)
+    for kind in sorted(COLUMN):
+        col = COLUMN[kind]
+        if col not in columns["members"]:
+            continue
+        sources = [("staging.mdiff", "member"), (f"members WHERE record_id {changed}", None)]
+        if carried and col in columns["clusters"]:
+            reps = f"clusters WHERE {duplicates} AND representative_id {changed}"
+            sources += [("staging.cdiff", "carried"), (reps, None)]
+        for source, fact in sources:
+            facts = f"['{fact}', 'spans']" if fact else "['spans']"
+            targets.append(
+                f"SELECT '{kind}' AS kind, CAST({col} AS VARCHAR) AS target, "
+                f"unnest({facts}) AS fact FROM {source}"
+            )
+    union = " UNION ALL ".join(f"({t})" for t in targets)
+    union = union or "SELECT NULL AS kind, NULL AS target, NULL AS fact"
+    statements.append(
+        "CREATE TABLE staging.targets AS SELECT DISTINCT kind, target, fact "
+        f"FROM ({union}) WHERE target IS NOT NULL"
+    )
+    keys = (
+        "SELECT 'span' || chr(0) || record_id AS key FROM staging.rids UNION ALL "
+        "SELECT kind || chr(0) || target || chr(0) || fact FROM staging.targets"
+    )
+    return [*statements, f"CREATE TABLE staging.affected AS SELECT DISTINCT key FROM ({keys})"]
+
+
+def _diff(name: str, child: str, parent: str) -> list[str]:
+    """Staging ``name``: the rows one of the two queries gives more often than the other (one
+    aggregate over both, each read once)."""
+    both = f"SELECT *, 1 AS side FROM ({child}) UNION ALL SELECT *, -1 FROM ({parent})"
+    return [
+        f"CREATE TABLE staging.{name} AS SELECT * EXCLUDE (side) FROM ({both}) "
+        "GROUP BY ALL HAVING sum(side) <> 0"
+    ]
+
+
+def _kind_rows(kind: str, columns: dict[str, list[str]], narrow: bool = False) -> str:
     """The member, carried and spans rows of one kind's targets (a null target names nothing,
-    its key is null)."""
+    its key is null); ``narrow``: of its affected targets only."""
     col = COLUMN[kind]
     if col not in columns["members"]:
         return "SELECT NULL AS key"
+    members, clusters = "members", "clusters"
+    if narrow:
+        wanted = (
+            f"CAST({col} AS VARCHAR) IN (SELECT target FROM staging.targets WHERE kind = '{kind}')"
+        )
+        members = f"(SELECT * FROM members WHERE {wanted})"
+        clusters = f"(SELECT * FROM clusters WHERE {wanted})"
 
     def key(target: str, fact: str) -> str:
         return f"'{kind}' || chr(0) || CAST({target} AS VARCHAR) || chr(0) || '{fact}' AS key"
 
-    parts = [f"SELECT {key('m.' + col, 'member')}, m.record_id FROM members m"]
+    parts = [f"SELECT {key('m.' + col, 'member')}, m.record_id FROM {members} m"]
     reached = (
-        f"SELECT m.{col} AS target, m.record_id AS rid FROM members m WHERE m.{col} IS NOT NULL"
+        f"SELECT m.{col} AS target, m.record_id AS rid FROM {members} m WHERE m.{col} IS NOT NULL"
     )
     if "verdict" in columns["clusters"] and col in columns["clusters"]:  # else: before near-dedup
         duplicates = f"c.verdict IN ({', '.join(repr(d) for d in DUPLICATES)})"
         carried = ", ".join(f"c.{c}" for c in CARRIED)
         parts.append(
-            f"SELECT {key('c.' + col, 'carried')}, {carried} FROM clusters c WHERE {duplicates}"
+            f"SELECT {key('c.' + col, 'carried')}, {carried} FROM {clusters} c WHERE {duplicates}"
         )
         reached += (
-            f" UNION ALL SELECT c.{col}, c.representative_id FROM clusters c WHERE {duplicates}"
+            f" UNION ALL SELECT c.{col}, c.representative_id FROM {clusters} c WHERE {duplicates}"
             f" AND c.{col} IS NOT NULL AND c.representative_id IS NOT NULL"
         )
     if columns["spans"]:
@@ -235,9 +424,9 @@ def _empty(names: list[str]) -> str:
     return "SELECT " + ", ".join(f'NULL AS "{n}"' for n in names) + " WHERE false"
 
 
-def _cut(batches: Iterable[pa.RecordBatch], rows: int, digests: pa.Array) -> Iterator[pa.Table]:
+def _cut(batches: Iterable[pa.RecordBatch], rows: int) -> Iterator[pa.Table]:
     """The stream as contiguous tables of exactly ``rows`` rows (the last may be shorter) in
-    ``ROWS``'s types, however DuckDB chunked it: the shard bytes depend on the rows alone."""
+    ``STORED``'s types, however DuckDB chunked it: the shard bytes depend on the rows alone."""
     held: list[pa.RecordBatch] = []
     count = 0
     for batch in batches:
@@ -246,22 +435,17 @@ def _cut(batches: Iterable[pa.RecordBatch], rows: int, digests: pa.Array) -> Ite
             held.append(batch.slice(0, take))
             batch, count = batch.slice(take), count + take
             if count == rows:
-                yield _typed(held, digests)
+                yield _typed(held)
                 held, count = [], 0
     if count:
-        yield _typed(held, digests)
+        yield _typed(held)
 
 
-def _typed(batches: list[pa.RecordBatch], digests: pa.Array) -> pa.Table:
-    """One contiguous table in ``ROWS``'s types, each shard number replaced by its digest."""
+def _typed(batches: list[pa.RecordBatch]) -> pa.Table:
+    """One contiguous table in ``STORED``'s types."""
     table = pa.Table.from_batches(batches).combine_chunks()
-    arrays = [
-        pc.take(digests, table.column(f.name)) if f.name == "shard" else table.column(f.name)
-        for f in ROWS
-    ]
-    return pa.Table.from_arrays(
-        [a.cast(f.type) for a, f in zip(arrays, ROWS, strict=True)], schema=ROWS
-    ).combine_chunks()
+    arrays = [table.column(f.name).cast(f.type) for f in STORED]
+    return pa.Table.from_arrays(arrays, schema=STORED).combine_chunks()
 
 
 def _ascending(keys: pa.ChunkedArray) -> bool:
@@ -271,9 +455,8 @@ def _ascending(keys: pa.ChunkedArray) -> bool:
     return not pc.any(pc.less(keys[1:], keys[:-1])).as_py()
 
 
-def build(cas: ContentStore, manifest_digest: str, shard_rows: int = SHARD_ROWS) -> str:
-    """The snapshot's members, dedup clusters and spans, read from their verified CAS files and
-    sorted out of core; the index directory's digest."""
+def inputs(cas: ContentStore, manifest_digest: str) -> Inputs:
+    """The snapshot's members, dedup clusters and spans as verified CAS files."""
     manifest = get_json(cas, manifest_digest, "manifest")
     dedup = load_index(cas, manifest["layers"]["dedup_clusters"], "dedup_clusters")
     packed = load_index(cas, manifest["layers"]["packed_blocks"], "packed_blocks")
@@ -287,7 +470,25 @@ def build(cas: ContentStore, manifest_digest: str, shard_rows: int = SHARD_ROWS)
         name: files.path(digest, f"{name} table") for name, digest in tables.items()
     }
     shards = [ref["digest"] for ref in packed.outputs.get("shards", [])]
-    return _put(cas, manifest_digest, relations, shards, shard_rows)
+    return Inputs(manifest_digest, relations, shards)
+
+
+def build(
+    cas: ContentStore,
+    manifest_digest: str,
+    shard_rows: int = SHARD_ROWS,
+    base: tuple[str, str] | str = "no parent index named",
+) -> str:
+    """The snapshot's index, sorted out of core from its verified CAS files, over ``base``
+    (the parent's manifest and index digests) when given, else whole (``base`` says why); the
+    index directory's digest."""
+    over = None
+    if isinstance(base, tuple):
+        parent, index = base
+        over = Base(index, read_header(cas, index), inputs(cas, parent))
+    found = inputs(cas, manifest_digest)
+    extra = {} if over else {"full": base}
+    return _put(cas, found, shard_rows, over, extra)
 
 
 def build_tables(
@@ -298,27 +499,34 @@ def build_tables(
     spans: pa.Table | None,
     shards: list[str],
     shard_rows: int = SHARD_ROWS,
+    base: Base | None = None,
 ) -> str:
     """``build`` over tables in memory (tests and the bench): the same query and bytes."""
     relations = {"members": members, "clusters": clusters, "spans": spans}
-    return _put(cas, manifest_digest, relations, shards, shard_rows)
+    found = Inputs(manifest_digest, relations, shards)
+    return _put(cas, found, shard_rows, base, {} if base else {"full": "no parent index named"})
 
 
 def _put(
     cas: ContentStore,
-    manifest_digest: str,
-    relations: dict[str, Relation],
-    shards: list[str],
+    found: Inputs,
     shard_rows: int,
+    base: Base | None,
+    extra: dict[str, Any],
 ) -> str:
     """The shards, then the directory naming them; its digest."""
-    fanout, rows, span_columns = put_shards(cas, manifest_digest, relations, shards, shard_rows)
+    fanout, rows, span_columns, added = put_shards(
+        cas, found.manifest, found.relations, found.shards, shard_rows, base
+    )
     header = {
         "schema": SCHEMA,
-        "manifest": manifest_digest,
+        "manifest": found.manifest,
         "code": CODE,
         "spanColumns": span_columns,
         "rows": rows,
+        "shards": found.shards,
+        **added,
+        **({} if "base" in added else extra),
     }
     columns = [pa.array([shard[i] for shard in fanout], pa.string()) for i in range(3)]
     schema = FANOUT.with_metadata({HEADER: json.dumps(header, sort_keys=True)})
@@ -326,3 +534,20 @@ def _put(
     with ipc.new_file(sink, schema) as writer:
         writer.write_table(pa.Table.from_arrays(columns, schema=schema))
     return put_bytes(cas, sink.getvalue())["digest"]
+
+
+def read_directory(cas: ContentStore, digest: str) -> tuple[pa.Table, dict[str, Any]]:
+    """A directory's fanout table and header, verified by its digest."""
+    data = cas.get_bytes(digest, "deletion index")
+    try:
+        fanout = ipc.open_file(pa.BufferReader(data)).read_all()
+        header = json.loads((fanout.schema.metadata or {})[HEADER])
+    except (pa.ArrowInvalid, KeyError, ValueError) as error:
+        raise DeletionIndexError(
+            f"deletion index {digest} is not a {SCHEMA} directory: {error}"
+        ) from None
+    return fanout, header
+
+
+def read_header(cas: ContentStore, digest: str) -> dict[str, Any]:
+    return read_directory(cas, digest)[1]

@@ -15,35 +15,42 @@ The index is a function of the manifest and the builder's code (``CODE``, the cl
 a fix to the builder builds a new index and a memo row pointing elsewhere is refused. The
 snapshotId is untouched: the index is a side table, built when the manifest is
 (``release.manifest`` calls ``ensure``), or on first use for a snapshot built before.
+
+A child snapshot is indexed over its parent's index when this code built that one (issue 32,
+``deletion_build``): the child's directory names the parent's as its base and holds only the keys
+the new inputs change; a lookup reads the chain and gives the rows a whole build would. A parent
+without such an index: the child is built whole, its header saying why.
 """
 
-import json
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterator
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 from sqlalchemy import select
 
+from corpus_assets.core.governance import states
 from corpus_assets.core.governance.deletion_build import (  # re-exported: the index's API
     CARRIED,
     CODE,
     COLUMN,
-    HEADER,
     ROWS,
     SCHEMA,
     SPANS,
+    STORED,
     DeletionIndexError,
     build,
     build_tables,
     carried_key,
     member_key,
     reach_key,
+    read_directory,
     span_key,
 )
+from corpus_assets.core.runtime.layers import load_index
+from corpus_assets.core.storage.artifacts import get_json
 from corpus_assets.core.storage.cas import ContentStore
 from corpus_assets.core.storage.catalog import Catalog, layer_memo
 from corpus_assets.core.storage.digests import json_digest
@@ -64,6 +71,7 @@ __all__ = [  # the keys, row format and build, from deletion_build, are part of 
     "for_snapshot",
     "for_snapshots",
     "member_key",
+    "parent_index",
     "reach_key",
     "span_key",
 ]
@@ -78,14 +86,54 @@ class DeletionIndex:
         self.fanout = fanout
         self._bounds: tuple[list[str], list[str]] | None = None
         self._decoded: dict[int, pa.Table] = {}
+        self._base: DeletionIndex | None = None
+        self._gone = set(directory.get("gone", []))  # affected keys the child has no rows for
 
     def rows(self, keys: list[str]) -> pa.Table:
-        """The index rows under any of ``keys``, in index order."""
+        """The index rows under any of ``keys``, in index order, each span's packed shard by
+        its digest."""
+        found = self.stored_rows(keys)
+        shards = found.column("shard")
+        digests = pc.take(pa.array(self.directory["shards"], pa.string()), shards)
+        return found.set_column(found.schema.get_field_index("shard"), "shard", digests).cast(ROWS)
+
+    def stored_rows(self, keys: list[str]) -> pa.Table:
+        """The rows under ``keys`` as stored (shards by number), in index order: a key this
+        index holds or lists as gone is answered here, any other by its base (the parent's
+        index, whose rows the child's inputs give unchanged, shard numbers included)."""
+        own = self._own(keys)
+        base = self.directory.get("base")
+        if base is None:
+            return own
+        answered = set(own.column("key").to_pylist()) | self._gone
+        rest = [key for key in dict.fromkeys(keys) if key not in answered]
+        if not rest:
+            return own
+        if self._base is None:
+            self._base = load(self.cas, base["manifest"], base["index"])
+        found = pa.concat_tables([own, self._base.stored_rows(rest)])
+        order = [(f.name, "ascending", "at_start") for f in STORED]  # DuckDB's NULLS FIRST
+        return found.take(pc.sort_indices(found, sort_keys=order))
+
+    def objects(self) -> list[tuple[str, str]]:
+        """(manifest, directory digest) of each base this index chains to, nearest first (a
+        base missing from the CAS ends the chain with a DeletionIndexError)."""
+        found, header = [], self.directory
+        while header.get("base") is not None:
+            base = header["base"]
+            found.append((base["manifest"], base["index"]))
+            if not self.cas.contains(base["index"]):
+                raise DeletionIndexError(f"deletion index base {base['index']} is not stored")
+            header = read_directory(self.cas, base["index"])[1]
+        return found
+
+    def _own(self, keys: list[str]) -> pa.Table:
+        """The rows under any of ``keys`` in this directory's own shards."""
         wanted = sorted({i for key in keys for i in self._holding(key, len(keys))})
         value_set = pa.array(keys, pa.string())
         found = [self._shard(i) for i in wanted]
         found = [t.filter(pc.is_in(t.column("key"), value_set=value_set)) for t in found]
-        return pa.concat_tables(found) if found else ROWS.empty_table()
+        return pa.concat_tables(found) if found else STORED.empty_table()
 
     def _holding(self, key: str, many: int) -> range:
         """Shards whose [first, last] holds ``key``: both bounds ascend, so a contiguous run.
@@ -137,29 +185,82 @@ def ensure(
     cas: ContentStore, catalog: Catalog, manifest_digest: str, remembered: str | None = None
 ) -> str:
     """The index directory's digest: the remembered one if its object is present, else built
-    now and remembered (what the manifest build calls, so the first lookup finds it)."""
+    now (over the parent's index when it can be) and remembered (what the manifest build calls,
+    so the first lookup finds it)."""
     if remembered is None:
         hit = catalog.memo(memo_key(manifest_digest))
         remembered = None if hit is None else hit[0]
     if remembered is not None and cas.contains(remembered):
         return remembered
-    digest = build(cas, manifest_digest)
+    digest = build(cas, manifest_digest, base=parent_index(cas, catalog, manifest_digest))
     catalog.remember(memo_key(manifest_digest), "governance.deletion_index", digest, "{}")
     return digest
 
 
+def parent_index(
+    cas: ContentStore, catalog: Catalog, manifest_digest: str
+) -> tuple[str, str] | str:
+    """(manifest, index digest) of the parent snapshot's index by this code, whole in the CAS
+    with its inputs; else why the child's index is built whole."""
+    parents = get_json(cas, manifest_digest, "manifest").get("parents") or []
+    if not parents:
+        return "no parent snapshot"
+    try:
+        parent = states.get(catalog, parents[0]).manifest_digest
+    except states.StateError:
+        return f"parent {parents[0]} is not in the catalog"
+    hit = catalog.memo(memo_key(parent))
+    if hit is None or not cas.contains(hit[0]):
+        return f"parent {parents[0]} has no deletion index by this code"
+    try:
+        index = load(cas, parent, hit[0])
+        whole = _whole(index, hit[0]) is not None and _inputs_stored(cas, parent)
+    except (DeletionIndexError, KeyError, ValueError) as error:
+        return f"parent {parents[0]}'s deletion index cannot be read: {error}"
+    if not whole:
+        return f"parent {parents[0]}'s deletion index or inputs are no longer whole in the store"
+    return parent, hit[0]
+
+
+def _inputs_stored(cas: ContentStore, manifest_digest: str) -> bool:
+    """Whether the members, clusters and spans tables an index reads are in the CAS."""
+    manifest = get_json(cas, manifest_digest, "manifest")
+    refs = [
+        manifest["members"],
+        *(manifest["layers"][n] for n in ("dedup_clusters", "packed_blocks")),
+    ]
+    if not all(cas.contains(ref["digest"]) for ref in refs):
+        return False
+    dedup = load_index(cas, manifest["layers"]["dedup_clusters"], "dedup_clusters")
+    packed = load_index(cas, manifest["layers"]["packed_blocks"], "packed_blocks")
+    tables = [dedup.output("clusters"), packed.output("spans")]
+    return all(cas.contains(ref["digest"]) for ref in tables)
+
+
+def _whole(index: DeletionIndex, digest: str) -> set[str] | None:
+    """The directories and shards of the index and of every base it chains to, if all are in
+    the CAS (else None)."""
+    found = {digest, *index.fanout.column("digest").to_pylist()}
+    for manifest, directory in index.objects():
+        found |= {directory, *load(index.cas, manifest, directory).fanout["digest"].to_pylist()}
+    return found if all(index.cas.contains(d) for d in found) else None
+
+
 def stored_objects(cas: ContentStore, catalog: Catalog, manifest_digests: list[str]) -> set[str]:
-    """The directories and shards of these snapshots' remembered indexes that are whole in the
-    CAS: what gc keeps, so an index is built once per snapshot, not again after every gc."""
+    """The directories and shards of these snapshots' remembered indexes (with the bases they
+    chain to) that are whole in the CAS: what gc keeps, so an index is built once per snapshot,
+    not again after every gc."""
     found: set[str] = set()
     known = _remembered(catalog, [memo_key(d) for d in manifest_digests])
     for digest in manifest_digests:
         directory = known.get(memo_key(digest))
         if directory is None or not cas.contains(directory):
             continue
-        shards = load(cas, digest, directory).fanout.column("digest").to_pylist()
-        if all(cas.contains(s) for s in shards):
-            found |= {directory, *shards}
+        try:
+            whole = _whole(load(cas, digest, directory), directory)
+        except DeletionIndexError:
+            continue  # a base gone or rewritten: the index is rebuilt on its next use
+        found |= whole or set()
     return found
 
 
@@ -177,14 +278,11 @@ def _remembered(catalog: Catalog, keys: list[str]) -> dict[str, str]:
 
 def load(cas: ContentStore, manifest_digest: str, digest: str) -> DeletionIndex:
     """The verified directory, refused unless it names this manifest and this code."""
-    data = cas.get_bytes(digest, "deletion index")
     try:
-        fanout = ipc.open_file(pa.BufferReader(data)).read_all()
-        header = json.loads((fanout.schema.metadata or {})[HEADER])
-    except (pa.ArrowInvalid, KeyError, ValueError) as error:
+        fanout, header = read_directory(cas, digest)
+    except DeletionIndexError as error:
         raise DeletionIndexError(
-            f"deletion index {digest} remembered for manifest {manifest_digest} is not a "
-            f"{SCHEMA} directory: {error}"
+            f"deletion index {digest} remembered for manifest {manifest_digest}: {error}"
         ) from None
     if (header.get("schema"), header.get("manifest"), header.get("code")) != (
         SCHEMA,

@@ -11,6 +11,7 @@ split) in the CAS.
 import itertools
 import json
 import tempfile
+from collections.abc import Iterator
 from contextlib import closing
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ from corpus_assets.core.release.duck import batch_rows
 from corpus_assets.core.release.identity import SELF_EXCLUDED, snapshot_id
 from corpus_assets.core.release.shadow import shadow_diff
 from corpus_assets.core.release.signing import sign_snapshot
+from corpus_assets.core.runtime.code_identity import stage_code
 from corpus_assets.core.runtime.layers import LAYERS, LayerIndex, LayerResult, read_layer_index
 from corpus_assets.core.runtime.transform import transform_image
 from corpus_assets.core.runtime.workspace import Workspace
@@ -39,8 +41,9 @@ from corpus_assets.core.storage.artifacts import (
     make_ref,
     put_json,
 )
+from corpus_assets.core.storage.cas import CorruptObjectError
 from corpus_assets.core.storage.digests import json_digest
-from corpus_assets.core.storage.duck import VerifiedFiles
+from corpus_assets.core.storage.duck import VerifiedFiles, sql_list
 from corpus_assets.core.storage.memory import release_memory
 from corpus_assets.core.storage.parquet_sink import put_table_batches
 from corpus_assets.core.tokens.spec import resolve_tokenizer
@@ -71,10 +74,13 @@ MEMBERS_SCHEMA = pa.schema(
 )
 RECORD_FIELDS = ["record_id", "source_id", "object", "line", "record_digest"]
 TEXT_BYTES = pa.field("text_bytes", pa.int32())
+NARROW = pa.schema([f for f in MEMBERS_SCHEMA if f.name in RECORD_FIELDS] + [TEXT_BYTES])
+NARROW_CODE = stage_code("release.members", __name__)  # what makes a narrowed chunk
+NARROWED = "manifest.narrowed"  # the layer memo rows of narrowed chunks (a side cache)
 MEMBERS_QUERY = """
 SELECT r.record_id, r.source_id, r.object, r.line, r.record_digest, c.dedup_key,
        r.text_bytes, s.group_id, s.split
-FROM read_parquet('{records}') r
+FROM read_parquet({records}) r
 JOIN (SELECT record_id, object, line, dedup_key FROM read_parquet('{clusters}')
       WHERE is_representative) c USING (record_id, object, line)
 JOIN read_parquet('{splits}') s USING (record_id)
@@ -94,10 +100,13 @@ def put_members(ws: Workspace, indexes: Indexes) -> tuple[Ref, int, list[dict[st
     canonical = CanonicalIndex(ws.cas, indexes["canonical_records"][1])
     files = VerifiedFiles(ws.cas)
     with tempfile.TemporaryDirectory(prefix="members-", dir=_spill(ws)) as tmp:
-        records, out = Path(tmp) / "records.parquet", Path(tmp) / "members.parquet"
-        _narrow_records(files, canonical, records)
+        out = Path(tmp) / "members.parquet"
+        records = _narrowed(ws, files, canonical, Path(tmp))
+        if not records:  # no chunk: DuckDB reads no empty list, an empty file instead
+            records = [str(Path(tmp) / "none.parquet")]
+            pq.write_table(NARROW.empty_table(), records[0])
         query = MEMBERS_QUERY.format(
-            records=records,
+            records=sql_list(records),
             clusters=files.path(indexes["dedup_clusters"][1].output("clusters")["digest"]),
             splits=files.path(indexes["splits"][1].output("splits")["digest"]),
         )
@@ -119,20 +128,46 @@ def _typed(batch: pa.RecordBatch) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays(columns, schema=MEMBERS_SCHEMA)
 
 
-def _narrow_records(files: VerifiedFiles, canonical: CanonicalIndex, out: Path) -> None:
-    """The canonical records without their text but with its UTF-8 length, a batch at a time
-    (the text is most of a record, and only its length is a member fact)."""
-    schema = pa.schema([f for f in MEMBERS_SCHEMA if f.name in RECORD_FIELDS] + [TEXT_BYTES])
-    with pq.ParquetWriter(out, schema, compression="zstd") as writer:
-        for chunk in canonical.chunks():
-            path = files.path(chunk.records["digest"], chunk.what)
-            with pq.ParquetFile(path, buffer_size=1 << 20) as source:
-                rows = batch_rows(source, "text")
-                for batch in source.iter_batches(
-                    rows, columns=[*RECORD_FIELDS, "text"], use_threads=False
-                ):
-                    writer.write_batch(_without_text(batch, schema))
-            release_memory()  # the chunk's decoded texts: Arrow's pool would keep their pages
+def _narrowed(
+    ws: Workspace, files: VerifiedFiles, canonical: CanonicalIndex, tmp: Path
+) -> list[str]:
+    """Each canonical chunk's records without their text (``NARROW``), as verified CAS files.
+    A chunk's narrowed table is a function of its records file and this code: remembered in the
+    layer memo table, so a child snapshot decodes the texts of its new chunks only (issue 32).
+    They are a side cache (``NARROWED``), outside every snapshot's closure: one that fails its
+    re-hash is not used, the chunk is narrowed again into a scratch file."""
+    paths = []
+    for n, chunk in enumerate(canonical.chunks()):
+        key = json_digest(
+            {"table": NARROWED, "code": NARROW_CODE, "records": chunk.records["digest"]}
+        )
+        hit = ws.catalog.memo(key)
+        try:
+            if hit is not None and ws.cas.contains(hit[0]):
+                paths.append(files.path(hit[0], f"narrowed {chunk.what}"))
+                continue
+        except CorruptObjectError:
+            scratch = tmp / f"narrowed-{n}.parquet"
+            with pq.ParquetWriter(scratch, NARROW, compression="zstd") as writer:
+                for batch in _narrow_chunk(files.path(chunk.records["digest"], chunk.what)):
+                    writer.write_batch(batch)
+            paths.append(str(scratch))
+            continue
+        records = files.path(chunk.records["digest"], chunk.what)
+        digest = put_table_batches(ws.cas, NARROW, _narrow_chunk(records), tmp)["digest"]
+        ws.catalog.remember(key, NARROWED, digest, "{}")
+        release_memory()  # the chunk's decoded texts: Arrow's pool would keep their pages
+        paths.append(files.path(digest, f"narrowed {chunk.what}"))
+    return paths
+
+
+def _narrow_chunk(path: str) -> Iterator[pa.RecordBatch]:
+    """A chunk's record fields and the UTF-8 length of each text, a batch at a time (the text
+    is most of a record, and only its length is a member fact)."""
+    with pq.ParquetFile(path, buffer_size=1 << 20) as source:
+        rows = batch_rows(source, "text")
+        for batch in source.iter_batches(rows, columns=[*RECORD_FIELDS, "text"], use_threads=False):
+            yield _without_text(batch, NARROW)
 
 
 def _without_text(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
