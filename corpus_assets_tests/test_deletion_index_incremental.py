@@ -16,7 +16,8 @@ from corpus_assets.core.governance import deletion_build, deletion_index, states
 from corpus_assets.core.governance.lineage import hits, scan_hits
 from corpus_assets.core.pipeline import build_all
 from corpus_assets.core.records.index import CanonicalIndex
-from corpus_assets.core.release import manifest
+from corpus_assets.core.release import gc, manifest
+from corpus_assets.core.release.publish import activate, approve
 from corpus_assets.core.runtime.layers import LAYERS, load_index, read_layer_index
 from corpus_assets.core.runtime.workspace import Workspace, open_workspace
 from corpus_assets.core.storage.artifacts import get_json, get_table
@@ -139,3 +140,51 @@ def _narrowed_rows(ws: Workspace) -> set[str]:
     with ws.catalog.begin() as conn:
         query = select(layer_memo.c.index_digest).where(layer_memo.c.layer == manifest.NARROWED)
         return {digest for (digest,) in conn.execute(query)}
+
+
+def test_gc_of_the_parent_keeps_the_index_chain_its_served_child_reads(tmp_path: Path) -> None:
+    """The child becomes the alias's one kept generation; gc drops the parent snapshot, whose
+    index is the child's base: the chain's objects stay, and tombstone hits on a record of a
+    kept shard (answered by the base) still agree with the table scan, with nothing rebuilt."""
+    config, parent, child = _child(tmp_path)
+    with open_workspace(config) as ws:
+        sid = get_json(ws.cas, child, "manifest")["snapshotId"]
+        approve(ws, sid, by="reviewer")
+        activate(ws, sid, actor="test")
+        directory = ws.catalog.memo(deletion_index.memo_key(child))[0]
+        with ws.cas_lock(exclusive=True):
+            planned = gc.plan(ws.cas, ws.catalog, ws.config.alias, keep=1)
+            assert planned.dropped == [get_json(ws.cas, parent, "manifest")["snapshotId"]]
+            gc.expire(ws.catalog, planned)
+            gc.collect(ws.cas, planned)
+        assert not ws.cas.contains(parent)  # the parent's manifest is gone with it
+        spans = _spans(ws, child)
+        old = next(s["record_id"] for s in spans if s["shard"] == 0)
+        found = hits(ws.cas, ws.catalog, "record", old)
+        assert found == scan_hits(ws.cas, ws.catalog, "record", old)
+        assert [h["snapshotId"] for h in found if h["spans"]] == [sid]
+        assert ws.catalog.memo(deletion_index.memo_key(child))[0] == directory  # not rebuilt
+
+
+def test_tombstone_hits_after_gc_skip_an_expired_snapshot_whose_index_is_gone(
+    tmp_path: Path,
+) -> None:
+    """gc expires the parent and removes its objects, its index with them (no chain keeps it
+    here: neither index was remembered): tombstone hits search the snapshots that still have
+    their content, as the table scan does, instead of failing on the expired one's manifest."""
+    config, parent, child = _child(tmp_path)
+    with open_workspace(config) as ws:
+        sid = get_json(ws.cas, child, "manifest")["snapshotId"]
+        approve(ws, sid, by="reviewer")
+        activate(ws, sid, actor="test")
+        with ws.catalog.begin() as conn:
+            memos = [deletion_index.memo_key(parent), deletion_index.memo_key(child)]
+            conn.execute(delete(layer_memo).where(layer_memo.c.memo_key.in_(memos)))
+        with ws.cas_lock(exclusive=True):
+            planned = gc.plan(ws.cas, ws.catalog, ws.config.alias, keep=1)
+            gc.expire(ws.catalog, planned)
+            gc.collect(ws.cas, planned)
+        old = next(s["record_id"] for s in _spans(ws, child) if s["shard"] == 0)
+        found = hits(ws.cas, ws.catalog, "record", old)
+        assert found == scan_hits(ws.cas, ws.catalog, "record", old)
+        assert [h["snapshotId"] for h in found] == [sid]

@@ -55,12 +55,18 @@ def tombstone_matches(catalog: Catalog, watermark: int, table: pa.Table) -> dict
     return found
 
 
+def searchable(catalog: Catalog) -> list[states.Snapshot]:
+    """Every snapshot but the EXPIRED: gc removed their tables and manifest (and, unless a
+    child's index chains to it, their deletion index), so nothing of them can be searched."""
+    return [s for s in states.find(catalog) if s.state != states.EXPIRED]
+
+
 def hits(cas: ContentStore, catalog: Catalog, kind: str, target: str) -> list[dict[str, Any]]:
     """Per snapshot that holds the target: its state, members hit, spans hit, runs that read it.
     Each snapshot's deletion index (built on first use) is read, not its tables: one shard
     holds the target's members, removed duplicates and their spans; the catalog is asked once
     for every memo row and once for every permit, not once a snapshot."""
-    found = states.find(catalog)
+    found = searchable(catalog)
     indexes = deletion_index.for_snapshots(cas, catalog, [s.manifest_digest for s in found])
     keys = [
         deletion_index.member_key(kind, target),
@@ -126,7 +132,7 @@ def scan_hits(cas: ContentStore, catalog: Catalog, kind: str, target: str) -> li
     """``hits`` by reading every snapshot's members and dedup tables whole: the reference the
     deletion index must agree with, and a way to answer without building it."""
     found = []
-    for snapshot in states.find(catalog):
+    for snapshot in searchable(catalog):
         manifest = get_json(cas, snapshot.manifest_digest, "manifest")
         members = get_table(cas, manifest["members"], "members table")
         matched = members.filter(pc.equal(members.column(COLUMN[kind]), target))
