@@ -70,7 +70,6 @@ WITH pos AS (
     JOIN ho_files f USING (filename))
 SELECT p.row, m.record_id, m.split, p.text_digest FROM ({members}) m
 JOIN pos p ON m.record_id = p.record_id AND m.object = p.object AND m.line = p.line
-ORDER BY p.row
 """
 KNOWN = """
 WITH q AS (
