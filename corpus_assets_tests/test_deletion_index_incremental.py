@@ -188,3 +188,29 @@ def test_tombstone_hits_after_gc_skip_an_expired_snapshot_whose_index_is_gone(
         found = hits(ws.cas, ws.catalog, "record", old)
         assert found == scan_hits(ws.cas, ws.catalog, "record", old)
         assert [h["snapshotId"] for h in found] == [sid]
+
+
+def test_a_rebuild_over_unchanged_sources_readdresses_the_index_it_already_has(
+    tmp_path: Path,
+) -> None:
+    """A second partition over the same bytes (no parent: nothing activated) has the same
+    members, clusters, spans and shards: its index is the first one's shards under a new
+    directory naming its own manifest, and answers as the table scan does."""
+    config = _home(tmp_path / "home")
+    with open_workspace(config) as ws:
+        first = build_all(ws, "p1")["manifest"].digests["snapshotId"]
+        second = build_all(ws, "p2")["manifest"].digests["snapshotId"]
+        manifests = [states.get(ws.catalog, s).manifest_digest for s in (first, second)]
+        (fanout_1, header_1), (fanout_2, header_2) = (
+            deletion_build.read_directory(ws.cas, ws.catalog.memo(deletion_index.memo_key(m))[0])
+            for m in manifests
+        )
+        assert header_2["manifest"] == manifests[1] and header_1["manifest"] == manifests[0]
+        assert fanout_2 == fanout_1  # the same shards, none sorted or written again
+        assert {k: v for k, v in header_2.items() if k != "manifest"} == {
+            k: v for k, v in header_1.items() if k != "manifest"
+        }
+        record = _spans(ws, manifests[1])[0]["record_id"]
+        found = hits(ws.cas, ws.catalog, "record", record)
+        assert found == scan_hits(ws.cas, ws.catalog, "record", record)
+        assert {h["snapshotId"] for h in found if h["spans"]} == {first, second}

@@ -455,22 +455,37 @@ def _ascending(keys: pa.ChunkedArray) -> bool:
     return not pc.any(pc.less(keys[1:], keys[:-1])).as_py()
 
 
-def inputs(cas: ContentStore, manifest_digest: str) -> Inputs:
-    """The snapshot's members, dedup clusters and spans as verified CAS files."""
+def input_digests(cas: ContentStore, manifest_digest: str) -> dict[str, Any]:
+    """What an index's rows are a function of (with this code): the digests of the snapshot's
+    members, dedup clusters and spans tables, and of its packed shards."""
     manifest = get_json(cas, manifest_digest, "manifest")
     dedup = load_index(cas, manifest["layers"]["dedup_clusters"], "dedup_clusters")
     packed = load_index(cas, manifest["layers"]["packed_blocks"], "packed_blocks")
-    files = duck.VerifiedFiles(cas)
-    tables = {
+    return {
         "members": manifest["members"]["digest"],
         "clusters": dedup.output("clusters")["digest"],
         "spans": packed.output("spans")["digest"],
+        "shards": [ref["digest"] for ref in packed.outputs.get("shards", [])],
     }
+
+
+def inputs(cas: ContentStore, manifest_digest: str) -> Inputs:
+    """The snapshot's members, dedup clusters and spans as verified CAS files."""
+    digests = input_digests(cas, manifest_digest)
+    files = duck.VerifiedFiles(cas)
     relations: dict[str, Relation] = {
-        name: files.path(digest, f"{name} table") for name, digest in tables.items()
+        name: files.path(digests[name], f"{name} table")
+        for name in ("members", "clusters", "spans")
     }
-    shards = [ref["digest"] for ref in packed.outputs.get("shards", [])]
-    return Inputs(manifest_digest, relations, shards)
+    return Inputs(manifest_digest, relations, digests["shards"])
+
+
+def readdressed(cas: ContentStore, directory: str, manifest_digest: str) -> str:
+    """The index ``directory`` (its shards and any base) as the index of another manifest with
+    the same inputs: a new directory naming ``manifest_digest``, nothing sorted or written again
+    (a re-build over unchanged sources)."""
+    fanout, header = read_directory(cas, directory)
+    return _put_directory(cas, fanout, {**header, "manifest": manifest_digest})
 
 
 def build(
@@ -529,10 +544,15 @@ def _put(
         **({} if "base" in added else extra),
     }
     columns = [pa.array([shard[i] for shard in fanout], pa.string()) for i in range(3)]
+    return _put_directory(cas, pa.Table.from_arrays(columns, schema=FANOUT), header)
+
+
+def _put_directory(cas: ContentStore, fanout: pa.Table, header: dict[str, Any]) -> str:
+    """The directory object: the fanout table with the header in its schema metadata."""
     schema = FANOUT.with_metadata({HEADER: json.dumps(header, sort_keys=True)})
     sink = io.BytesIO()  # Arrow IPC bytes are a function of the table, like pinned Parquet
     with ipc.new_file(sink, schema) as writer:
-        writer.write_table(pa.Table.from_arrays(columns, schema=schema))
+        writer.write_table(pa.Table.from_arrays(fanout.columns, schema=schema))
     return put_bytes(cas, sink.getvalue())["digest"]
 
 

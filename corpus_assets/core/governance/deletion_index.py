@@ -31,7 +31,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from sqlalchemy import select
 
-from corpus_assets.core.governance import states
+from corpus_assets.core.governance import deletion_build, states
 from corpus_assets.core.governance.deletion_build import (  # re-exported: the index's API
     CARRIED,
     CODE,
@@ -192,9 +192,34 @@ def ensure(
         remembered = None if hit is None else hit[0]
     if remembered is not None and cas.contains(remembered):
         return remembered
-    digest = build(cas, manifest_digest, base=parent_index(cas, catalog, manifest_digest))
+    same = inputs_key(cas, manifest_digest)
+    digest = _same_inputs(cas, catalog, same, manifest_digest)
+    if digest is None:
+        digest = build(cas, manifest_digest, base=parent_index(cas, catalog, manifest_digest))
     catalog.remember(memo_key(manifest_digest), "governance.deletion_index", digest, "{}")
+    catalog.remember(same, "governance.deletion_index", digest, "{}")
     return digest
+
+
+def inputs_key(cas: ContentStore, manifest_digest: str) -> str:
+    """The memo key of an index by its inputs (``input_digests``) and this code."""
+    digests = deletion_build.input_digests(cas, manifest_digest)
+    return json_digest({"table": "governance.deletion_index.inputs", "code": CODE, **digests})
+
+
+def _same_inputs(cas: ContentStore, catalog: Catalog, key: str, manifest_digest: str) -> str | None:
+    """An index built from the same inputs by this code, whole in the CAS, readdressed to
+    ``manifest_digest`` (its rows are the same); None if there is none."""
+    hit = catalog.memo(key)
+    if hit is None or not cas.contains(hit[0]):
+        return None
+    try:
+        built_for = deletion_build.read_header(cas, hit[0])["manifest"]
+        if _whole(load(cas, built_for, hit[0]), hit[0]) is None:
+            return None
+    except (DeletionIndexError, KeyError):
+        return None
+    return deletion_build.readdressed(cas, hit[0], manifest_digest)
 
 
 def parent_index(
