@@ -10,6 +10,7 @@ The child's members table is joined from the parent's narrowed canonical chunks 
 
 from pathlib import Path
 
+import pytest
 from sqlalchemy import delete, select
 
 from corpus_assets.core.governance import deletion_build, deletion_index, states
@@ -96,7 +97,11 @@ def test_a_parent_without_an_index_by_this_code_gives_a_whole_build(tmp_path: Pa
             conn.execute(
                 delete(layer_memo).where(
                     layer_memo.c.memo_key.in_(
-                        [deletion_index.memo_key(parent), deletion_index.memo_key(child)]
+                        [
+                            deletion_index.memo_key(parent),
+                            deletion_index.memo_key(child),
+                            deletion_index.inputs_key(ws.cas, child),  # by its inputs, too
+                        ]
                     )
                 )
             )
@@ -191,14 +196,20 @@ def test_tombstone_hits_after_gc_skip_an_expired_snapshot_whose_index_is_gone(
 
 
 def test_a_rebuild_over_unchanged_sources_readdresses_the_index_it_already_has(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A second partition over the same bytes (no parent: nothing activated) has the same
     members, clusters, spans and shards: its index is the first one's shards under a new
-    directory naming its own manifest, and answers as the table scan does."""
+    directory naming its own manifest (nothing sorted: writing shards would fail), and answers
+    as the table scan does."""
     config = _home(tmp_path / "home")
     with open_workspace(config) as ws:
         first = build_all(ws, "p1")["manifest"].digests["snapshotId"]
+
+        def no_sorting(*_args: object, **_kwargs: object) -> None:
+            raise AssertionError("the unchanged snapshot's index was sorted again")
+
+        monkeypatch.setattr(deletion_build, "put_shards", no_sorting)
         second = build_all(ws, "p2")["manifest"].digests["snapshotId"]
         manifests = [states.get(ws.catalog, s).manifest_digest for s in (first, second)]
         (fanout_1, header_1), (fanout_2, header_2) = (
