@@ -33,20 +33,22 @@ from sqlalchemy import select
 
 from corpus_assets.core.governance import deletion_build, states
 from corpus_assets.core.governance.deletion_build import (  # re-exported: the index's API
-    CARRIED,
     CODE,
-    COLUMN,
-    ROWS,
     SCHEMA,
-    SPANS,
-    STORED,
     DeletionIndexError,
     build,
     build_tables,
+    read_directory,
+)
+from corpus_assets.core.governance.deletion_sql import (  # re-exported: the index's API
+    CARRIED,
+    COLUMN,
+    ROWS,
+    SPANS,
+    STORED,
     carried_key,
     member_key,
     reach_key,
-    read_directory,
     span_key,
 )
 from corpus_assets.core.runtime.layers import load_index
