@@ -108,3 +108,30 @@ def test_a_child_reuses_its_parents_jaccards_for_the_same_pairs(
     assert other.mode == FULL and "other splits code" in other.reason
     assert len(other.tables) == 1  # dedup's pairs only (the dedup layer ran this code)
     ws.close()
+
+
+def test_a_parents_collected_tables_are_computed_again_not_failed_on(demo_home: Path) -> None:
+    """The parent's ``heldout_verified`` and dedup ``pairs`` gone from the store (a store
+    restored without them): the child's dedup and splits say so and compute them again (a full
+    search, full verification) instead of failing on a missing object."""
+    ws = open_workspace()
+    sid = build_all(ws, "p1")["manifest"].digests["snapshotId"]
+    approve(ws, sid, by="reviewer")
+    activate(ws, sid, actor="test")
+    manifest = get_json(ws.cas, states.get(ws.catalog, sid).manifest_digest, "manifest")
+    splits = load_index(ws.cas, manifest["layers"]["splits"], "splits")
+    dedup = load_index(ws.cas, manifest["layers"]["dedup_clusters"], "dedup_clusters")
+    for ref in (splits.output("heldout_verified"), dedup.output("pairs")):
+        ws.cas.local_path(ref["digest"]).unlink(missing_ok=True)  # the two may be one object
+    _add_near_copies(demo_home)
+    child = build_all(ws, "p2")
+    search = child["splits"].details["heldout_search"]
+    assert search["mode"] == FULL, search
+    assert search["reason"] == f"parent {sid}'s verified pairs are gone from the store", search
+    assert child["splits"].run_stats["heldout_pairs_computed"] > 0
+    near = child["dedup_clusters"].details["near_mode"]
+    assert near == {
+        "mode": "full",
+        "reason": f"parent {sid}'s verified pairs are gone from the store",
+    }
+    ws.close()

@@ -55,6 +55,8 @@ def parent_mode(ws: Workspace, parents: list[str], code: str, policy: str | None
         return Mode(FULL, f"parent {parent} ran another dedup policy")
     if "pairs" not in index.outputs:
         return Mode(FULL, f"parent {parent} stored no verified pairs")
+    if not ws.cas.contains(index.output("pairs")["digest"]):  # collected: verified again
+        return Mode(FULL, f"parent {parent}'s verified pairs are gone from the store")
     sql = cas_parquet(ws.cas, index.output("pairs"), "parent dedup pairs")
     lengths = {c["records"]: c["lengths"]["digest"] for c in index.outputs.get("lengths", [])}
     return Mode(INCREMENTAL, f"parent {parent}", sql, lengths)

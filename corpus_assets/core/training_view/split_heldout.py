@@ -115,7 +115,7 @@ def reuse(ws: Workspace, dedup: LayerIndex, spec: SignatureSpec, searched: Searc
     when its splits layer ran ``code`` under this spec, and dedup's verified pairs when the
     dedup layer ran the current dedup code."""
     tables = []
-    if dedup.code == DEDUP_CODE and "pairs" in dedup.outputs:
+    if dedup.code == DEDUP_CODE and _stored(ws, dedup, "pairs"):
         tables.append(cas_parquet(ws.cas, dedup.output("pairs"), "dedup verified pairs"))
     index, code, who = searched
     if index is None:
@@ -126,8 +126,15 @@ def reuse(ws: Workspace, dedup: LayerIndex, spec: SignatureSpec, searched: Searc
         "heldout_verified" not in index.outputs
     ):
         return Reuse(FULL, f"{who} stored no verified pairs under this spec", tuple(tables))
+    if not _stored(ws, index, "heldout_verified"):  # collected: computed again, not trusted
+        return Reuse(FULL, f"{who}'s verified pairs are gone from the store", tuple(tables))
     table = cas_parquet(ws.cas, index.output("heldout_verified"), f"{who} heldout_verified")
     return Reuse(INCREMENTAL, who, (table, *tables))
+
+
+def _stored(ws: Workspace, index: LayerIndex, output: str) -> bool:
+    """Whether the layer has ``output`` and its object is still in the CAS."""
+    return output in index.outputs and ws.cas.contains(index.output(output)["digest"])
 
 
 @dataclass(frozen=True)
