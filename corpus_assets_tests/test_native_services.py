@@ -13,6 +13,7 @@ the end, also on failure.
 
 import os
 import re
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -126,6 +127,7 @@ def _start_code_and_webserver(services: Services, tmp_path: Path) -> tuple[int, 
     code_port, web_port = free_port(), free_port()
     code = _swap(_swap(compose["code"]["command"], "-h", "127.0.0.1"), "-p", str(code_port))
     services.start("code", code)
+    _wait_healthy(services, compose["code"]["healthcheck"]["test"], code_port)
     workspace = yaml.safe_load((ROOT / "deploy" / "workspace.yaml").read_text())
     (location,) = workspace["load_from"]
     location["grpc_server"].update(host="127.0.0.1", port=code_port)
@@ -134,6 +136,21 @@ def _start_code_and_webserver(services: Services, tmp_path: Path) -> tuple[int, 
     web = _swap(compose["webserver"]["command"], "-w", str(path))
     services.start("webserver", _swap(_swap(web, "-h", "127.0.0.1"), "-p", str(web_port)))
     return web_port, path
+
+
+def _wait_healthy(services: Services, check: list[str], port: int) -> None:
+    """Compose's ``depends_on: code: condition: service_healthy``: the webserver and daemon
+    start once the code server's health check passes. Started together, both created
+    Dagster's tables in the new PostgreSQL database at once, and the webserver died on
+    'type "secondary_indexes" already exists' (a CI failure)."""
+    assert check[0] == "CMD", check
+    argv = [str(BIN / check[1]), *_swap(check[2:], "-p", str(port))]
+
+    def healthy() -> bool:
+        done = subprocess.run(argv, env=services.env, capture_output=True, timeout=60)
+        return done.returncode == 0
+
+    _wait(services, "the code server's health check", 120, healthy)
 
 
 def _start_daemon(services: Services, workspace: Path, port: int) -> None:
