@@ -218,3 +218,86 @@ def test_dagster_code_version_is_the_layer_code_its_index_names(demo_home: Path)
         for layer in ("raw_snapshot", "canonical_records"):
             _, index = read_layer_index(ws, "p1", layer)
             assert index.code == CODE_VERSIONS[layer] == tags[layer]["dagster/code_version"]
+
+
+def _counting_parses(monkeypatch: pytest.MonkeyPatch, cache: Path | str) -> list[str]:
+    """A fresh process's view: the parse cache at ``cache``, each parsed module recorded."""
+    from corpus_assets.core.runtime import code_identity as identity
+
+    monkeypatch.setenv("CORPUS_CODE_CACHE", str(cache))
+    identity._parse_cache.cache_clear()
+    monkeypatch.setattr(identity, "_PARSED", {})
+    parsed: list[str] = []
+    parse = identity._parse_imports
+
+    def counting(*args: object) -> object:
+        parsed.append(str(args[0]))
+        return parse(*args)
+
+    monkeypatch.setattr(identity, "_parse_imports", counting)
+    return parsed
+
+
+def test_a_process_parses_no_file_an_earlier_process_parsed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every CLI command computes stage identities at import (~0.3-0.9 CPU-s of parsing): the
+    on-disk cache keyed by file digest spares every process after the first."""
+    toy, cache = _toy(tmp_path / "tree", TOY), tmp_path / "cache" / "parses.json"
+    first = _counting_parses(monkeypatch, cache)
+    identity = code_identity("toy.stage.run", toy)
+    assert len(first) == 7 and cache.is_file()  # every file of the closure, once
+    code_identity.cache_clear()
+    again = _counting_parses(monkeypatch, cache)
+    assert code_identity("toy.stage.run", toy) == identity
+    assert again == []
+    edited = _toy(tmp_path / "edited", {**TOY, "toy/util.py": "X = 2\n"})
+    assert code_identity("toy.stage.run", edited) != identity
+    assert again == ["toy.util"]  # the one file whose bytes no process had parsed
+
+
+def test_the_cache_keeps_statements_and_the_tree_decides_what_is_a_module(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``from toy import b`` imports the module ``toy/b.py`` only where that file exists: a
+    cached parse of the same bytes must not carry one tree's answer into another tree."""
+    files = {**TOY, "toy/stage/rows.py": "from toy import late\n", "toy/__init__.py": "late = 1"}
+    without = {k: v for k, v in files.items() if k != "toy/late.py"}
+    _counting_parses(monkeypatch, tmp_path / "parses.json")
+    plain = code_identity("toy.stage.run", _toy(tmp_path / "a", without))
+    with_module = code_identity("toy.stage.run", _toy(tmp_path / "b", files))
+    assert plain != with_module  # toy/late.py is in the second closure only
+    edit = _toy(tmp_path / "c", {**files, "toy/late.py": "Y = 2\n"})
+    assert code_identity("toy.stage.run", edit) != with_module
+
+
+@pytest.mark.parametrize("content", [b"", b"{not json", b'{"schema": "other"}', b"[1, 2]"])
+def test_an_unreadable_cache_is_a_cold_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, content: bytes
+) -> None:
+    cache = tmp_path / "parses.json"
+    cache.write_bytes(content)
+    toy = _toy(tmp_path / "tree", TOY)
+    parsed = _counting_parses(monkeypatch, cache)
+    identity = code_identity("toy.stage.run", toy)
+    assert len(parsed) == 7
+    assert json.loads(cache.read_bytes())["schema"] == "corpus.import-parses.v1"
+    code_identity.cache_clear()
+    _counting_parses(monkeypatch, "off")
+    assert code_identity("toy.stage.run", _toy(tmp_path / "other", TOY)) == identity
+
+
+def test_the_cache_stays_bounded_keeping_what_the_process_used(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every edit adds entries; past the limit only the entries this process read survive."""
+    from corpus_assets.core.runtime.code_identity import ParseCache
+
+    cache = tmp_path / "parses.json"
+    old = {f"toy.gone{n}|0|{n:064x}": [[], []] for n in range(10)}
+    cache.write_text(json.dumps({"schema": ParseCache.SCHEMA, "entries": old}))
+    monkeypatch.setattr(ParseCache, "LIMIT", 12)
+    _counting_parses(monkeypatch, cache)
+    code_identity("toy.stage.run", _toy(tmp_path / "tree", TOY))
+    kept = json.loads(cache.read_text())["entries"]
+    assert len(kept) == 7 and not set(kept) & set(old)

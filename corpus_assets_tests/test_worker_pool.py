@@ -130,9 +130,11 @@ def test_sensors_still_build_the_corpus_resource_without_a_with_block() -> None:
     assert isinstance(context.resources.corpus, CorpusResource)
 
 
-def test_workers_parse_no_source_their_driver_parsed() -> None:
+def test_workers_parse_no_source_their_driver_parsed(monkeypatch: pytest.MonkeyPatch) -> None:
     """A worker starts with its driver's parses (keyed by file digest): the code identity it
-    computes is the driver's, and it parses no file for it (~0.3 CPU-s a worker otherwise)."""
+    computes is the driver's, and it parses no file for it (~0.3 CPU-s a worker otherwise),
+    even with no on-disk parse cache to fall back on."""
+    monkeypatch.setenv("CORPUS_CODE_CACHE", "off")
     module = "corpus_assets.core.records.layer"
     driver = code_identity(module)  # imported by the stage modules before any pool starts
     with shared_pool():

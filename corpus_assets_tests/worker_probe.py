@@ -28,7 +28,7 @@ def identity_parses(module: str) -> tuple[str, int]:
 
     parse, parsed = code_identity._parse_imports, []
 
-    def counting(*args: Any) -> tuple[str, ...]:
+    def counting(*args: Any) -> Any:
         parsed.append(args[0])
         return parse(*args)
 

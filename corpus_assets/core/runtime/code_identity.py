@@ -8,9 +8,13 @@ therefore changes the identity of every stage whose code imports it and of no ot
 relative to the package's parent, so the same tree gives the same identity wherever it lives.
 Results are cached per process, and stage modules take theirs at import (``CODE = stage_code(...)``)
 so the digest describes the source the process loaded, not a file edited while a server runs.
-Parsing is the cost (~0.3 CPU-s a process); a pool worker starts with its driver's parses
-(``parsed_imports`` / ``seed_parsed_imports``), keyed by each file's sha256, so it parses only
-a file whose bytes differ from what the driver parsed.
+Parsing is the cost (~0.3-0.9 CPU-s a process, every CLI command and Dagster process pays it at
+import); two caches keyed by each file's sha256 spare it: a pool worker starts with its driver's
+parses (``parsed_imports`` / ``seed_parsed_imports``), and every process reads and extends an
+on-disk cache of what each file's source imports (``ParseCache``), so a process parses only
+files whose bytes no earlier process saw. The cache holds the import statements as written, not
+the closure: whether ``from pkg import name`` names a module is decided against the tree at
+hand, so moving files around changes identities even where no file's bytes changed.
 
 Not covered: imports built at run time (``importlib.import_module``; the package has none) and
 non-Python data files; the transform image and the snapshotId still cover every ``.py`` file.
@@ -18,6 +22,9 @@ non-Python data files; the transform image and the snapshotId still cover every 
 
 import ast
 import hashlib
+import json
+import os
+import tempfile
 from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
@@ -42,6 +49,7 @@ def code_identity(module: str, package_root: Path = PACKAGE_ROOT) -> str:
     """``sha256:<hex>`` over (relative path, sha256) of ``module``'s import closure + uv.lock."""
     package_root = package_root.resolve()
     files = sorted(_closure(module, package_root))
+    _parse_cache().save()
     entries = [[path, _file_digest(package_root.parent / path)] for path in files]
     lock = package_root.parent / "uv.lock"
     if lock.is_file():
@@ -93,26 +101,106 @@ def _imports(module: str, path: Path, package_root: Path) -> tuple[str, ...]:
     """The package's modules ``module`` imports, anywhere in its source (sorted, unique)."""
     key = (module, str(package_root), _file_digest(path))
     if key not in _PARSED:
-        _PARSED[key] = _parse_imports(module, path, package_root)
+        is_package = path.name == "__init__.py"
+        written = _parse_cache().imports(module, is_package, key[2], path, package_root)
+        _PARSED[key] = _resolve(written, package_root)
     return _PARSED[key]
 
 
-def _parse_imports(module: str, path: Path, package_root: Path) -> tuple[str, ...]:
-    package = package_root.name
+Written = tuple[tuple[str, ...], tuple[str, ...]]  # (modules imported, maybe-modules)
+
+
+def _parse_imports(module: str, is_package: bool, path: Path, package_root: Path) -> Written:
+    """The import statements of ``path`` as absolute names: the modules they import for sure
+    and the ``base.name`` of each ``from base import name`` (a module only if a file has it)."""
     tree = ast.parse(path.read_bytes(), filename=_relative(path, package_root))
-    is_package = path.name == "__init__.py"
-    found: set[str] = set()
+    modules: set[str] = set()
+    maybe: set[str] = set()
     for node in _statements(tree):
         if isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names)
+            modules.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
             base = _absolute(module, is_package, node.module, node.level)
-            found.add(base)
-            for alias in node.names:  # ``from pkg import mod`` imports the module mod
-                candidate = f"{base}.{alias.name}"
-                if alias.name != "*" and _source(candidate, package_root) is not None:
-                    found.add(candidate)
+            modules.add(base)
+            maybe.update(f"{base}.{alias.name}" for alias in node.names if alias.name != "*")
+    return tuple(sorted(modules)), tuple(sorted(maybe))
+
+
+def _resolve(written: Written, package_root: Path) -> tuple[str, ...]:
+    """The package's modules among ``written``, against the files under ``package_root``."""
+    package = package_root.name
+    modules, maybe = written
+    found = set(modules) | {n for n in maybe if _source(n, package_root) is not None}
     return tuple(sorted(n for n in found if n == package or n.startswith(package + ".")))
+
+
+class ParseCache:
+    """What each source file imports, by (module, is-package, sha256 of its bytes), in one JSON
+    file shared by every process of the user (``CORPUS_CODE_CACHE`` or the XDG cache folder).
+    Entries are written once parsed (atomically, merged with what other processes wrote); a
+    missing, unreadable or malformed file is a cold cache, never an error."""
+
+    SCHEMA = "corpus.import-parses.v1"
+    LIMIT = 4096  # entries kept; past it, only those this process used (old edits age out)
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+        self.entries = self._load()
+        self.used: set[str] = set()
+        self.pending = False
+
+    def imports(
+        self, module: str, is_package: bool, digest: str, path: Path, package_root: Path
+    ) -> Written:
+        key = f"{module}|{int(is_package)}|{digest}"
+        self.used.add(key)
+        found = self.entries.get(key)
+        if found is None:
+            found = _parse_imports(module, is_package, path, package_root)
+            self.entries[key] = found
+            self.pending = True
+        return found
+
+    def _load(self) -> dict[str, Written]:
+        try:
+            document = json.loads(self.path.read_bytes()) if self.path else {}
+            if not isinstance(document, dict) or document.get("schema") != self.SCHEMA:
+                return {}
+            return {k: (tuple(v[0]), tuple(v[1])) for k, v in document["entries"].items()}
+        except (OSError, ValueError, LookupError, AttributeError, TypeError):
+            return {}
+
+    def save(self) -> None:
+        """Write what this process parsed, merged with entries other processes wrote since."""
+        if self.path is None or not self.pending:
+            return
+        self.pending = False
+        merged = {**self._load(), **self.entries}
+        if len(merged) > self.LIMIT:
+            merged = {k: v for k, v in merged.items() if k in self.used}
+        document = {"schema": self.SCHEMA, "entries": {k: list(v) for k, v in merged.items()}}
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with tempfile.NamedTemporaryFile("w", dir=self.path.parent, delete=False) as out:
+                json.dump(document, out, sort_keys=True)
+            os.replace(out.name, self.path)
+        except OSError:
+            pass  # a read-only cache folder: this process parses, as without a cache
+
+
+@cache
+def _parse_cache() -> ParseCache:
+    """The process's cache, at ``CORPUS_CODE_CACHE`` (``off`` for none) or the XDG cache."""
+    setting = os.environ.get("CORPUS_CODE_CACHE")
+    if setting == "off":
+        return ParseCache(None)
+    if setting:
+        return ParseCache(Path(setting))
+    try:
+        base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    except RuntimeError:  # no home directory to find: no cache
+        return ParseCache(None)
+    return ParseCache(Path(base) / "corpus_assets" / "import-parses.v1.json")
 
 
 _BLOCKS = ("body", "orelse", "finalbody", "handlers", "cases")  # fields holding statements
