@@ -18,7 +18,7 @@ Subcommands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
 def _instance() -> Any:
     """The Dagster instance, for ``partition`` (dagster is imported only then)."""
-    from corpus_assets.cli_runs import dagster_instance
+    from corpus_assets.cli_instance import dagster_instance
 
     return dagster_instance()
 

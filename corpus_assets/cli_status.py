@@ -44,7 +44,7 @@ def _last_build_runs() -> dict[str, str]:
     if not (home / "dagster.yaml").is_file():
         return {}
     from corpus_assets.assets.run_workers import last_runs
-    from corpus_assets.cli_runs import dagster_instance
+    from corpus_assets.cli_instance import dagster_instance
 
     instance = dagster_instance()
     return {

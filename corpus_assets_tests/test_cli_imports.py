@@ -55,3 +55,18 @@ def test_status_without_a_dagster_instance_imports_no_dagster(tmp_path: Path) ->
 
 def test_the_parser_offers_every_export_format() -> None:
     assert EXPORT_FORMATS == FORMATS
+
+
+def test_status_with_a_dagster_instance_imports_none_of_a_build(tmp_path: Path) -> None:
+    """``status`` reads the instance's last runs: Dagster, but not the verifier, the gates or
+    the layers a build runs (~1.3 s of imports it used to pay through the build module)."""
+    from corpus_assets.cli_instance import DAGSTER_YAML
+
+    (tmp_path / "dagster").mkdir()
+    (tmp_path / "dagster" / "dagster.yaml").write_text(DAGSTER_YAML)
+    loaded = _modules_after(["status"], tmp_path)
+    assert "corpus_assets.cli_status" in loaded and "dagster" in loaded
+    build_side = ("corpus_assets.cli_runs", "corpus_assets.core.release", "corpus_assets.assets.")
+    assert not {m for m in loaded if m.startswith(build_side)} - {
+        "corpus_assets.assets.run_workers"
+    }

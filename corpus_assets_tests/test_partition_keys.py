@@ -7,7 +7,7 @@ import dagster as dg
 import pytest
 
 from corpus_assets.cli import main
-from corpus_assets.cli_runs import DAGSTER_YAML
+from corpus_assets.cli_instance import DAGSTER_YAML
 from corpus_assets.core.runtime.keys import (
     PartitionKeyError,
     check_new_partition_key,

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import yaml
 
-from corpus_assets.cli_runs import DAGSTER_YAML
+from corpus_assets.cli_instance import DAGSTER_YAML
 from corpus_assets.core.runtime.config import parse_config
 
 ROOT = Path(__file__).resolve().parents[1]
