@@ -75,6 +75,11 @@ def shadow_diff(cas: ContentStore, catalog: Catalog, digest: str) -> dict[str, A
         diff.update(added=new.num_rows, removed=0, split_migrations=0, examples={})
         return diff
     old_manifest = load_manifest(cas, resolve(catalog, active_id))
+    if old_manifest["members"]["digest"] == manifest["members"]["digest"]:  # a re-build
+        diff.update(added=0, removed=0, split_migrations=0)
+        diff["examples"] = {"added": [], "removed": [], "migrated": []}
+        diff["active_profile"] = diff["candidate_profile"]
+        return diff
     diff.update(member_changes(cas, old_manifest["members"], manifest["members"]))
     diff["active_profile"] = _profile(_members(cas, old_manifest))
     return diff

@@ -1,0 +1,29 @@
+"""The shadow diff a manifest records (candidate vs its alias's active snapshot): a re-build of
+the same sources names the same members table, so nothing is joined to find no change."""
+
+from pathlib import Path
+
+import pytest
+
+from corpus_assets.core.pipeline import build_all
+from corpus_assets.core.release import publish, shadow
+from corpus_assets.core.runtime.workspace import open_workspace
+
+
+def test_a_rebuild_of_the_active_members_is_diffed_without_a_join(
+    demo_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with open_workspace() as ws:
+        first = build_all(ws, "p1")["manifest"].digests["snapshotId"]
+        publish.approve(ws, first, by="alice")
+        publish.activate(ws, first, actor="op")
+        joined: list[str] = []
+        real = shadow.member_changes
+        monkeypatch.setattr(shadow, "member_changes", lambda *a: joined.append("join") or real(*a))
+        again = build_all(ws, "p2")["manifest"].digests["snapshotId"]
+        assert again != first  # another partition: another snapshot, the same members
+        diff = shadow.shadow_diff(ws.cas, ws.catalog, again)
+    assert joined == []
+    assert (diff["added"], diff["removed"], diff["split_migrations"]) == (0, 0, 0)
+    assert diff["active"] == first and diff["active_profile"] == diff["candidate_profile"]
+    assert diff["examples"] == {"added": [], "removed": [], "migrated": []}
