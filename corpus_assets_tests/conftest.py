@@ -106,7 +106,8 @@ def use_demo_copy(
     """Copy the demo sources and config to ``home`` with ``execution.workers`` set, and point
     the environment at the copy (for comparing builds with different worker counts)."""
     shutil.copytree(demo_home / "demo-sources", home / "demo-sources")
-    config = (demo_home / "corpus.yaml").read_text() + f"execution: {{workers: {workers}}}\n"
+    execution = f"execution: {{workers: {workers}, in_process_bytes: 0}}\n"  # the pool, always
+    config = (demo_home / "corpus.yaml").read_text() + execution
     (home / "corpus.yaml").write_text(config)
     monkeypatch.setenv("CORPUS_HOME", str(home))
     monkeypatch.setenv("CORPUS_CONFIG", str(home / "corpus.yaml"))

@@ -165,7 +165,7 @@ def test_ctrl_c_stops_a_build_in_one_line_and_the_next_build_resumes(
     undisturbed build's snapshotId."""
     reference = lab.reference()
     home = lab.standard_home("ctrl-c")
-    config = home.config.read_text() + "execution: {workers: 2}\n"
+    config = home.config.read_text() + "execution: {workers: 2, in_process_bytes: 0}\n"
     home.config.write_text(config)
     folder = tmp_path / "points"
     folder.mkdir()

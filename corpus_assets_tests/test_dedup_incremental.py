@@ -79,7 +79,7 @@ def _outputs(ws: Workspace, key: str) -> dict[str, str]:
 def _open(home: Path, monkeypatch: pytest.MonkeyPatch, workers: int = 1) -> Workspace:
     config = home / "corpus.yaml"
     text = config.read_text().split("execution:")[0]
-    config.write_text(text + f"execution: {{workers: {workers}}}\n")
+    config.write_text(text + f"execution: {{workers: {workers}, in_process_bytes: 0}}\n")
     monkeypatch.setenv("CORPUS_HOME", str(home))
     monkeypatch.setenv("CORPUS_CONFIG", str(config))
     return open_workspace()

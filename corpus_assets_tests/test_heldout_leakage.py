@@ -135,7 +135,8 @@ def test_two_workers_give_the_same_split_bytes(
     held-out pairs as with one."""
     home, _pair, key, _sid = leak_home
     _plant(tmp_path)
-    (tmp_path / ".corpus" / "corpus.yaml").write_text(CONFIG + "execution: {workers: 2}\n")
+    execution = "execution: {workers: 2, in_process_bytes: 0}\n"
+    (tmp_path / ".corpus" / "corpus.yaml").write_text(CONFIG + execution)
     demo = _run(tmp_path, "demo")
     assert demo.returncode == 0, demo.stderr
     other = next(x.split()[1] for x in demo.stdout.splitlines() if x.startswith("partition "))

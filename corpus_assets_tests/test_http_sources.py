@@ -159,7 +159,7 @@ def test_downloads_run_on_the_task_runner_and_pin_the_same_bytes(site, tmp_path:
         root.mkdir()
         (root / "corpus.yaml").write_text(
             f"version: 1\npurpose: http-test\nstorage: {{home: {root / 'home'}}}\n"
-            f"execution: {{workers: {workers}}}\n"
+            f"execution: {{workers: {workers}, in_process_bytes: 0}}\n"
             f"sources:\n  - {{id: web, kind: objects, urls: {urls}}}\n"
         )
         with open_workspace(root / "corpus.yaml") as ws:

@@ -314,7 +314,8 @@ def _outcomes(
 ) -> list[ChunkOutcome]:
     """One outcome per raw object, in index order. Finished chunks are skipped here (a dict hit
     and a stat); only the missing ones go to the runner, so an unchanged snapshot starts no
-    worker processes at all."""
+    worker processes at all, and a child's few new objects none either (``Execution``'s
+    ``in_process_bytes``)."""
     sources = {s.id: s for s in ws.config.sources}
     done = preload(ws.catalog, "canonical_records", CODE)
     outcomes: list[ChunkOutcome | None] = [None] * len(items)
@@ -326,7 +327,7 @@ def _outcomes(
         else:
             missing.append(n)
     runner = task_runner(ws.config.execution)
-    if runner.wants(len(missing)):
+    if runner.wants(len(missing), sum(int(items[n]["object"]["size"]) for n in missing)):
         setup = worker_setup(ws, _worker_init, fence, CODE)  # keys = index code
         jobs = [(items[n]["source"], items[n], policy) for n in missing]
         for n, outcome in zip(missing, runner.map(_worker_run, jobs, setup), strict=True):

@@ -13,12 +13,15 @@ class Execution(BaseModel):
     """``workers`` local processes (engine ``local``, the default) or a Ray cluster at
     ``address`` (engine ``ray``). Ray waits are bounded so a cluster that cannot run tasks fails
     the build instead of hanging it: a probe task must return within ``startup_timeout_s``, and
-    some chunk task must finish every ``task_timeout_s``."""
+    some chunk task must finish every ``task_timeout_s``. A local map whose missing work reads
+    at most ``in_process_bytes`` (as stored) runs in the build's process unless the pool is
+    already up: a spawn worker's start costs ~1 CPU-s of imports (0: always the pool)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     engine: Literal["local", "ray"] = "local"
     workers: Annotated[int, Field(ge=1, le=256)] = 1
+    in_process_bytes: Annotated[int, Field(ge=0)] = 8 << 20
     address: Annotated[str, Field(pattern=RAY_ADDRESS)] | None = None
     task_timeout_s: Annotated[float, Field(gt=0, le=7 * 86400)] = 1800.0
     startup_timeout_s: Annotated[float, Field(gt=0, le=86400)] = 120.0

@@ -150,6 +150,12 @@ def open_session() -> None:
     _SESSIONS.enter()
 
 
+def pool_running(workers: int) -> bool:
+    """Whether the open session's pool of ``workers`` has started (its start-up is paid)."""
+    with _SESSIONS.lock:
+        return workers in _SESSIONS.pools
+
+
 def close_session() -> None:
     """The end of a session: the last one to close shuts its pools down (workers joined)."""
     _SESSIONS.leave()

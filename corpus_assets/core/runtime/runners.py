@@ -17,16 +17,24 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from corpus_assets.core.runtime.execution import Execution
-from corpus_assets.core.runtime.pool import Setup, WorkerSetup, pool_map, run_job
+from corpus_assets.core.runtime.pool import Setup, WorkerSetup, pool_map, pool_running, run_job
 
-__all__ = ["LocalRunner", "RayRunner", "RayUnavailable", "Setup", "WorkerSetup", "task_runner"]
+__all__ = [
+    "LocalRunner",
+    "RayRunner",
+    "RayUnavailable",
+    "Setup",
+    "WorkerSetup",
+    "task_runner",
+]
 
 
 class TaskRunner(Protocol):
     """Maps a module-level function over jobs on worker processes, results in job order."""
 
-    def wants(self, jobs: int) -> bool:
-        """True if ``jobs`` jobs should go to workers (False: the caller runs them in-process)."""
+    def wants(self, jobs: int, input_bytes: int | None = None) -> bool:
+        """True if ``jobs`` jobs should go to workers (False: the caller runs them in-process).
+        ``input_bytes``: what the jobs read as stored, when the caller knows it."""
         ...
 
     def map(self, fn: Callable[[Any], Any], jobs: Sequence[Any], setup: WorkerSetup) -> list[Any]:
@@ -40,9 +48,16 @@ class LocalRunner:
     ``pool.shared_pool`` session is open (a Dagster run), else one for this map."""
 
     workers: int = 1
+    in_process_bytes: int = 0
 
-    def wants(self, jobs: int) -> bool:
-        return min(self.workers, jobs) > 1
+    def wants(self, jobs: int, input_bytes: int | None = None) -> bool:
+        """More than one worker's worth of jobs, unless they read at most ``in_process_bytes``
+        and the build's pool has not started: a child's few new chunks cost less here than
+        the ~1 CPU-s of imports each spawn worker pays first."""
+        if min(self.workers, jobs) <= 1:
+            return False
+        small = input_bytes is not None and input_bytes <= self.in_process_bytes
+        return not small or pool_running(self.workers)
 
     def map(self, fn: Callable[[Any], Any], jobs: Sequence[Any], setup: WorkerSetup) -> list[Any]:
         return pool_map(fn, jobs, setup, self.workers)
@@ -66,8 +81,8 @@ class RayRunner:
     task_timeout_s: float = 1800.0
     startup_timeout_s: float = 120.0
 
-    def wants(self, jobs: int) -> bool:
-        return jobs > 0
+    def wants(self, jobs: int, input_bytes: int | None = None) -> bool:
+        return jobs > 0  # the cluster's workers are up; the driver may not hold the data
 
     def map(self, fn: Callable[[Any], Any], jobs: Sequence[Any], setup: WorkerSetup) -> list[Any]:
         ray = _connected(self.address, self.startup_timeout_s)
@@ -200,4 +215,5 @@ def task_runner(execution: Execution, workers: int | None = None) -> TaskRunner:
     if execution.engine == "ray":
         assert execution.address is not None  # the config validator requires it
         return RayRunner(execution.address, execution.task_timeout_s, execution.startup_timeout_s)
-    return LocalRunner(execution.workers if workers is None else workers)
+    chosen = execution.workers if workers is None else workers
+    return LocalRunner(chosen, execution.in_process_bytes)

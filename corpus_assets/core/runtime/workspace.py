@@ -132,11 +132,13 @@ def cached_then_pooled(
     compute: Callable[[Workspace, Any, Any, Any], Outcome],
     done: Any,
     workers: int | None,
+    size_of: Callable[[Any], int] | None = None,
 ) -> list[Outcome]:
     """Outcomes of one chunk task per chunk, in chunk order: tasks already in ``done`` read here
     (a dict hit and a stat), the missing ones computed here or on the configured runner (a spawn
-    pool with ``workers > 1``, or Ray; only when there is work for it; ``compute`` is a
-    module-level function, so a worker imports it). A chunk's bytes never depend on where it ran."""
+    pool with ``workers > 1``, or Ray; only when there is work for it - ``size_of`` gives the
+    stored bytes a chunk's task reads, see ``TaskRunner.wants``; ``compute`` is a module-level
+    function, so a worker imports it). A chunk's bytes never depend on where it ran."""
     outcomes: dict[int, Outcome] = {}
     missing = []
     for n, chunk in enumerate(chunks):
@@ -145,7 +147,9 @@ def cached_then_pooled(
             outcomes[n] = compute(ws, chunk, spec, done)
         else:
             missing.append(n)
-    ran = pooled(ws, compute, [chunks[n] for n in missing], spec, done, workers)
+    todo = [chunks[n] for n in missing]
+    size = sum(size_of(chunk) for chunk in todo) if size_of is not None else None
+    ran = pooled(ws, compute, todo, spec, done, workers, size)
     outcomes.update(zip(missing, ran, strict=True))
     return [outcomes[n] for n in range(len(chunks))]
 
@@ -157,11 +161,13 @@ def pooled(
     spec: Any = None,
     done: Any = None,
     workers: int | None = None,
+    input_bytes: int | None = None,
 ) -> list[Outcome]:
     """``[compute(ws, job, spec, done) for job in jobs]`` on the configured runner when there is
-    work for more than one worker (a worker gets ``done`` as None), else here; in job order."""
+    work for more than one worker (a worker gets ``done`` as None), else here; in job order.
+    ``input_bytes``: the stored bytes the jobs read, when known (small work stays here)."""
     runner = task_runner(ws.config.execution, workers)
-    if runner.wants(len(jobs)):
+    if runner.wants(len(jobs), input_bytes):
         work = [(compute, job, spec) for job in jobs]
         return runner.map(_run_in_worker, work, worker_setup(ws, _open_in_worker))
     return [compute(ws, job, spec, done) for job in jobs]

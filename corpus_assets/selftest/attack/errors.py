@@ -188,7 +188,7 @@ def s3_secret_masked(lab: Lab) -> Outcome:
 def ctrl_c_build(lab: Lab) -> Outcome:
     reference = lab.reference()
     home = lab.standard_home("ctrl-c")
-    _config(home, "execution: {workers: 2}\n")
+    _config(home, "execution: {workers: 2, in_process_bytes: 0}\n")
     folder = home.dir / "points"
     folder.mkdir()
     env = {
