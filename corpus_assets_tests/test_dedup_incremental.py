@@ -17,9 +17,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from corpus_assets.core.dedup.fingerprint_store import SpilledFingerprints, TextLookup
 from corpus_assets.core.dedup.jaccard import jaccard_sorted
 from corpus_assets.core.dedup.near_dedup import LshParams, NearResult, RowMajor, near_dedup
+from corpus_assets.core.dedup.signature_cache import signature_spec
 from corpus_assets.core.pipeline import BUILDERS, DIRECT_BUILDERS, build_all
+from corpus_assets.core.records.index import CanonicalIndex
 from corpus_assets.core.release.publish import activate, approve
 from corpus_assets.core.runtime.layers import LayerResult, read_layer_index
 from corpus_assets.core.runtime.workspace import Workspace, open_workspace
@@ -161,14 +164,32 @@ def _families(rng: np.random.Generator, n: int, params: LshParams) -> tuple[np.n
     return sigs, sets
 
 
-def _run(order: np.ndarray, sigs, sets, params, known=None, fetched=None) -> NearResult:
+def _run(order: np.ndarray, sigs, sets, params, known=None, fetched=None, fresh=None) -> NearResult:
     def fetch(ranks: np.ndarray) -> list[np.ndarray]:
         if fetched is not None:
             fetched.update(order[ranks].tolist())
         return [sets[order[r]] for r in ranks]
 
     blocks = [RowMajor(sigs)]
-    return near_dedup(blocks, order, params, fetch, jaccard_sorted, known=known)
+    return near_dedup(blocks, order, params, fetch, jaccard_sorted, known=known, fresh=fresh)
+
+
+def _parent_cache(sigs, sets, params, parent_order: np.ndarray) -> dict:
+    """(record, record) -> Jaccard of every pair the parent's scan verified."""
+    parent = _run(parent_order, sigs, sets, params)
+    done = ~np.isnan(parent.verified)
+    ids = parent_order[parent.pair_x[done]], parent_order[parent.pair_y[done]]
+    pairs = zip(*(i.tolist() for i in ids), parent.verified[done].tolist(), strict=True)
+    return {(min(a, b), max(a, b)): j for a, b, j in pairs}
+
+
+def _lookup(cache: dict, order: np.ndarray):
+    def known(packed: np.ndarray) -> np.ndarray:
+        x, y = np.divmod(packed, len(order))
+        a, b = np.minimum(order[x], order[y]).tolist(), np.maximum(order[x], order[y]).tolist()
+        return np.array([cache.get(k, np.nan) for k in zip(a, b, strict=True)], dtype=float)
+
+    return known
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -176,21 +197,9 @@ def test_known_pairs_from_a_parent_order_change_no_verdict(seed: int) -> None:
     rng = np.random.default_rng(seed)
     params = LshParams(bands=8, rows=2, threshold=0.8, bucket_heads=3)  # a cap that bites
     sigs, sets = _families(rng, 120, params)
-    parent_order = rng.permutation(100)  # records 100.. are new; some old ones removed below
-    parent = _run(parent_order, sigs, sets, params)
-    done = ~np.isnan(parent.verified)
-    ids = parent_order[parent.pair_x[done]], parent_order[parent.pair_y[done]]
-    cache = {
-        (min(a, b), max(a, b)): j
-        for a, b, j in zip(*(i.tolist() for i in ids), parent.verified[done].tolist(), strict=True)
-    }
+    cache = _parent_cache(sigs, sets, params, rng.permutation(100))  # records 100.. are new
     order = rng.permutation(np.r_[np.arange(10, 120)])  # 0..9 removed, new ones interleaved
-
-    def known(packed: np.ndarray) -> np.ndarray:
-        x, y = np.divmod(packed, len(order))
-        a, b = np.minimum(order[x], order[y]).tolist(), np.maximum(order[x], order[y]).tolist()
-        return np.array([cache.get(k, np.nan) for k in zip(a, b, strict=True)], dtype=float)
-
+    known = _lookup(cache, order)
     fetched: set[int] = set()
     full, incremental = (
         _run(order, sigs, sets, params),
@@ -204,3 +213,52 @@ def test_known_pairs_from_a_parent_order_change_no_verdict(seed: int) -> None:
     assert incremental.computed_pairs < full.computed_pairs == full.verified_pairs
     assert incremental.fingerprinted == full.fingerprinted
     assert 0 < incremental.fingerprinted_now == len(fetched) < full.fingerprinted_now
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_child_fetches_only_records_of_fresh_or_verified_pairs(seed: int) -> None:
+    """Old pairs the parent never verified are mostly skipped again: their records are not
+    fingerprinted up front, only when the scan does verify such a pair."""
+    rng = np.random.default_rng(seed)
+    params = LshParams(bands=8, rows=2, threshold=0.8, bucket_heads=3)
+    sigs, sets = _families(rng, 120, params)
+    cache = _parent_cache(sigs, sets, params, rng.permutation(100))
+    order = rng.permutation(np.r_[np.arange(10, 120)])  # 0..9 removed, 100.. new
+    known, fresh = _lookup(cache, order), order >= 100
+    fetched: set[int] = set()
+    full = _run(order, sigs, sets, params)
+    child = _run(order, sigs, sets, params, known, fetched, fresh)
+    assert (child.kept.tolist(), child.match.tolist()) == (full.kept.tolist(), full.match.tolist())
+    assert child.edges == full.edges
+    np.testing.assert_array_equal(child.verified, full.verified)
+    x, y = child.pair_x, child.pair_y
+    unknown = np.isnan(known(x * len(order) + y))
+    computed = unknown & ~np.isnan(child.verified)
+    allowed = computed | (unknown & (fresh[x] | fresh[y]))
+    assert fetched <= set(order[x[allowed]].tolist()) | set(order[y[allowed]].tolist())
+    assert len(fetched) < len(set(order[x[unknown]].tolist()) | set(order[y[unknown]].tolist()))
+    assert child.fingerprinted_now == len(fetched)
+
+
+def test_spilled_fingerprints_compute_a_record_not_prefetched(demo_home: Path) -> None:
+    """The scan of a child may verify an old pair it did not schedule: that record's
+    fingerprints are computed from its text then, equal to a prefetched copy's."""
+    ws = open_workspace()
+    for layer in ("raw_snapshot", "canonical_records"):
+        BUILDERS[layer](ws, "p1")
+    _, canonical = CanonicalIndex.read(ws, "p1")
+    chunks = canonical.chunks()
+    spec = signature_spec(ws.config.policies.dedup.near)
+    order = np.arange(sum(c.count for c in chunks), dtype=np.int64)[::-1].copy()
+    texts = TextLookup(ws, chunks)
+    every = SpilledFingerprints(texts, spec, order, ws.home / "tmp")
+    every.prefetch(np.arange(len(order)))
+    some = SpilledFingerprints(texts, spec, order, ws.home / "tmp")
+    some.prefetch(np.arange(0, len(order), 3))
+    ranks = np.arange(len(order))
+    for got, want in zip(some(ranks), every(ranks), strict=True):
+        np.testing.assert_array_equal(got, want)
+    assert len(some.rows) < len(order)
+    every.close()
+    some.close()
+    ws.close()

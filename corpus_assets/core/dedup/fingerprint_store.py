@@ -129,12 +129,24 @@ class SpilledFingerprints:
         return done
 
     def __call__(self, ranks: np.ndarray) -> list[np.ndarray]:
-        at = np.searchsorted(self.rows, self.order[ranks])
-        fd, out = self.file.fileno(), []
-        for i in at.tolist():
+        """The records' fingerprints: prefetched ones read back, any other computed now."""
+        rows = self.order[ranks]
+        at = np.minimum(np.searchsorted(self.rows, rows), max(len(self.rows) - 1, 0))
+        spilled = (self.rows[at] == rows) if len(self.rows) else np.zeros(len(rows), bool)
+        fd = self.file.fileno() if self.file is not None else -1
+        out = []
+        for i, row, found in zip(at.tolist(), rows.tolist(), spilled.tolist(), strict=True):
+            if not found:
+                out.append(self._computed(row))
+                continue
             start, end = int(self.offsets[i]), int(self.offsets[i + 1])
             out.append(np.frombuffer(os.pread(fd, (end - start) * 8, start * 8), dtype="<u8"))
         return out
+
+    def _computed(self, row: int) -> np.ndarray:
+        """One record not prefetched (a child's old pair the parent never verified)."""
+        (text,) = self.texts.get(np.array([row], dtype=np.int64))
+        return np.ascontiguousarray(fingerprints([text], self.spec)[0], "<u8")
 
     def close(self) -> None:
         if self.file is not None:

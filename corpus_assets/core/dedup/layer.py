@@ -147,7 +147,8 @@ def _near_stage(
     texts = TextLookup(ws, chunks, verified=True)  # PartitionDb verified the same files
     modes = load_modes(arrays, sig_spec)
     pairs = PairLookup(db, mode.pairs_sql) if mode.pairs_sql is not None else None
-    near = NearStage(policy, arrays, texts, content, ws.home / "tmp", modes, pairs)
+    fresh = _fresh_rows(chunks, mode) if pairs is not None else None
+    near = NearStage(policy, arrays, texts, content, ws.home / "tmp", modes, pairs, fresh)
     refs = [
         {"chunk": c.chunk, "signatures": make_ref(c.digest, NPY, ws.cas.size(c.digest))}
         for c in cached
@@ -157,6 +158,14 @@ def _near_stage(
         "signatures_reused": sum(c.records for c in cached if not c.hashed),
     }
     return near, refs, run_stats
+
+
+def _fresh_rows(chunks: list[ChunkRecords], mode: Mode) -> np.ndarray:
+    """Per row, whether its chunk is new since the parent (not one the parent listed)."""
+    return np.repeat(
+        np.array([c.records["digest"] not in mode.lengths for c in chunks], dtype=bool),
+        np.array([c.count for c in chunks], dtype=np.int64),
+    )
 
 
 def _near_work(near: NearStage | None, mode: Mode, chunks: list[ChunkRecords]) -> dict[str, int]:

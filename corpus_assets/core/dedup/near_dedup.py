@@ -223,7 +223,17 @@ class _Prints:
     def __init__(
         self, xs: np.ndarray, ys: np.ndarray, fetch: Callable[[np.ndarray], list[np.ndarray]]
     ) -> None:
+        self.fetched = self.dropped = 0
+        self.fetch = fetch
+        self.live: dict[int, np.ndarray] = {}
+        self.late: dict[int, np.ndarray] = {}  # fetched on demand: pairs not scheduled
+        self.late_fetched = 0
         records = np.concatenate([xs, ys])
+        if not len(records):
+            empty = np.empty(0, dtype=np.int64)
+            self.involved = self.fetch_order = self.fetch_at = empty
+            self.drop_order = self.drop_at = empty
+            return
         times = np.concatenate([xs, xs])  # a record is used while its pair's x is scanned
         by_record = np.lexsort((times, records))
         records, times = records[by_record], times[by_record]
@@ -235,9 +245,19 @@ class _Prints:
         self.fetch_order, self.fetch_at = self.involved[by_first], first[by_first]
         by_last = np.argsort(last, kind="stable")
         self.drop_order, self.drop_at = self.involved[by_last], last[by_last]
-        self.fetched = self.dropped = 0
-        self.fetch = fetch
-        self.live: dict[int, np.ndarray] = {}
+
+    def get(self, record: int) -> np.ndarray:
+        """A record's fingerprints: scheduled ones from the window, others fetched now (kept
+        for a window's worth of such records: a child re-verifies few old pairs)."""
+        found = self.live.get(record)
+        if found is None:
+            found = self.late.get(record)
+        if found is None:
+            if len(self.late) >= self.WINDOW:
+                self.late.clear()
+            found = self.late[record] = self.fetch(np.array([record], dtype=np.int64))[0]
+            self.late_fetched += 1
+        return found
 
     def before(self, x: int) -> None:
         """Make sure every record first used at scan position ``x`` is loaded."""
@@ -265,6 +285,7 @@ def near_dedup(
     prefetch: Callable[[np.ndarray], None] | None = None,
     thresholds: np.ndarray | None = None,
     known: Callable[[np.ndarray], np.ndarray] | None = None,
+    fresh: np.ndarray | None = None,
 ) -> NearResult:
     """Algorithm 18.1 over LSH candidates; see the module docstring.
 
@@ -275,6 +296,10 @@ def near_dedup(
     the larger of its two), else every pair needs ``params.threshold``. ``known``, if given,
     maps the packed candidate pairs (``x * n + y``) to Jaccards already verified elsewhere (nan
     when not): those are used as they are, and only records of the other pairs are fetched.
+    ``fresh``, if given with ``known``, flags each rank whose record is new since the known
+    pairs were verified: only the unknown pairs with a fresh record are scheduled (windowed,
+    ``prefetch``), any other record is fetched alone if the scan verifies one of its pairs
+    (most such pairs the earlier scan skipped too, and this one skips again).
     The scan, and so every verdict, edge and count, is the same with or without ``known``.
     """
     n = len(order)
@@ -290,13 +315,18 @@ def near_dedup(
     del pairs
     result.fingerprinted = len(_unique(np.concatenate([xs, ys])))
     unknown = np.isnan(cached)
-    prints = _Prints(xs[unknown], ys[unknown], fingerprints) if unknown.any() else None
-    if prints is not None:
-        result.fingerprinted_now = len(prints.involved)
-        if prefetch is not None:
-            prefetch(prints.involved)
+    scheduled = unknown if fresh is None else unknown & (fresh[xs] | fresh[ys])
+    prints = _Prints(xs[scheduled], ys[scheduled], fingerprints) if unknown.any() else None
+    if prints is not None and prefetch is not None:
+        prefetch(prints.involved)
     _scan(result, xs, ys, cached, prints, jaccard, params.threshold, thresholds)
+    if prints is not None:
+        result.fingerprinted_now = len(prints.involved) + prints.late_fetched
     return result
+
+
+def _nothing_unknown(record: int) -> np.ndarray:
+    raise AssertionError(f"record {record}: a pair to verify, but every pair was known")
 
 
 def _scan(
@@ -317,12 +347,12 @@ def _scan(
     taus = thresholds.tolist() if thresholds is not None else None
     verified = np.full(len(xs), np.nan, dtype=np.float64)
     bounds = np.flatnonzero(np.r_[True, xs[1:] != xs[:-1], True]).tolist()
+    get = prints.get if prints is not None else _nothing_unknown
     for lo, hi in pairwise(bounds):
         x = int(xs[lo])
         tau_x = tau if taus is None else taus[x]
         if prints is not None:
             prints.before(x)
-        live = prints.live if prints is not None else {}
         direct = -1
         ys_x, cached_x = ys[lo:hi].tolist(), cached[lo:hi].tolist()
         for i, y in enumerate(ys_x):  # ascending rank: the first kept match is the direct one
@@ -331,7 +361,7 @@ def _scan(
                 continue
             j = cached_x[i]
             if j != j:  # nan: not verified before
-                j = jaccard(live[x], live[y])
+                j = jaccard(get(x), get(y))
                 result.computed_pairs += 1
             verified[lo + i] = j
             result.verified_pairs += 1

@@ -55,9 +55,11 @@ class NearStage:
         tmp: Path,
         modes: np.ndarray | None = None,
         pairs: PairLookup | None = None,
+        fresh: np.ndarray | None = None,
     ) -> None:
         """``modes``: each record's char-mode flag (bool, by row), for a v3 spec; ``pairs``:
-        a parent's verified pairs, looked up before any pair is verified."""
+        a parent's verified pairs, looked up before any pair is verified; ``fresh``: with
+        them, whether each row is new since the parent (only its pairs are prefetched)."""
         self.policy = policy
         self.spec = signature_spec(policy)
         if stores_modes(self.spec) and modes is None:
@@ -74,6 +76,7 @@ class NearStage:
             policy.bands, policy.rows, float(policy.threshold), policy.bucket_heads
         )
         self.pairs = pairs
+        self.fresh = fresh
         self._edges: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
         self._matches: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
         self._verified: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
@@ -137,6 +140,7 @@ class NearStage:
         if self.modes is not None and t.char != t.word and self.modes[order].any():
             taus = t.by_rank(self.modes[order])
         known = None if self.pairs is None else partial(self.pairs.known, order)
+        fresh = None if known is None or self.fresh is None else self.fresh[order]
         try:
             return near_dedup(
                 self.chunks,
@@ -147,6 +151,7 @@ class NearStage:
                 prints.prefetch,
                 taus,
                 known,
+                fresh,
             )
         finally:
             prints.close()
