@@ -1,8 +1,9 @@
 """Issue 32: a child's packing reads (and re-hashes) in proportion to what it adds.
 
 A child that keeps its parent's shards builds only its new ones, so it verifies only the
-token-cache chunks those read, and of those re-hashes only the ones changed on disk since they
-last hashed right (its parent's build check hashed the rest); its layer is the same.
+token-cache chunks those read, and of those, as of every table it reads, re-hashes only the ones
+changed on disk since they last hashed right (its parent's build check hashed the rest): the
+same layer.
 """
 
 import os
@@ -11,7 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from corpus_assets.core.governance import states
 from corpus_assets.core.pipeline import BUILDERS, DIRECT_BUILDERS
+from corpus_assets.core.records.index import CanonicalIndex
 from corpus_assets.core.release.validation import validate_snapshot
 from corpus_assets.core.runtime.layers import LAYERS, read_layer_index
 from corpus_assets.core.runtime.workspace import Workspace, open_workspace
@@ -35,6 +38,17 @@ def _token_ids(ws: Workspace, key: str) -> list[str]:
     ]
 
 
+def _parent_tables(ws: Workspace, key: str, sid: str) -> list[str]:
+    """The parent's tables a child's packing reads: canonical chunks, mixed samples, members
+    and packed spans."""
+    _ref, canonical = CanonicalIndex.read(ws, key)
+    _ref, mixed = read_layer_index(ws, key, "mixed_samples")
+    _ref, packed = read_layer_index(ws, key, "packed_blocks")
+    manifest = get_json(ws.cas, states.get(ws.catalog, sid).manifest_digest)
+    own = [mixed.output("samples"), packed.output("spans"), manifest["members"]]
+    return [chunk.records["digest"] for chunk in canonical.chunks()] + [r["digest"] for r in own]
+
+
 def test_a_child_re_hashes_only_token_chunks_changed_since_they_hashed_right(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -43,6 +57,7 @@ def test_a_child_re_hashes_only_token_chunks_changed_since_they_hashed_right(
         sid = _active(ws, "p1")
         assert validate_snapshot(ws, sid, trust_unchanged=True).ok  # the build's check
         parent = _token_ids(ws, "p1")
+        tables = _parent_tables(ws, "p1", sid)
         _add_essays(folder)
         for layer in LAYERS[: LAYERS.index("packed_blocks")]:
             BUILDERS[layer](ws, "p2")
@@ -59,6 +74,7 @@ def test_a_child_re_hashes_only_token_chunks_changed_since_they_hashed_right(
         child = _token_ids(ws, "p2")
         hashed = [digest for digest in child if digest in verified]
         assert hashed == [digest for digest in child if digest not in parent]  # the new chunk
+        assert not set(tables) & set(verified)  # the parent's tables its check hashed
         verified.clear()
         touched = ws.cas.path(parent[0])
         os.utime(touched, ns=(touched.stat().st_atime_ns, touched.stat().st_mtime_ns))
