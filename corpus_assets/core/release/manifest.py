@@ -46,6 +46,7 @@ from corpus_assets.core.storage.digests import json_digest
 from corpus_assets.core.storage.duck import VerifiedFiles, sql_list
 from corpus_assets.core.storage.memory import release_memory
 from corpus_assets.core.storage.parquet_sink import put_table_batches
+from corpus_assets.core.storage.table_lookup import TrustedFiles
 from corpus_assets.core.tokens.spec import resolve_tokenizer
 from corpus_assets.core.training_view.splits import SPLITS
 
@@ -98,7 +99,7 @@ def put_members(ws: Workspace, indexes: Indexes) -> tuple[Ref, int, list[dict[st
     (``put_table_batches``: the bytes ``put_table`` of the whole table writes, never the whole
     table in memory: ~350 B per member, 160 MB at 1.1 GB of raw text)."""
     canonical = CanonicalIndex(ws.cas, indexes["canonical_records"][1])
-    files = VerifiedFiles(ws.cas)
+    files = TrustedFiles(ws.cas, ws.catalog)  # a parent's narrowed chunks: hashed before
     with tempfile.TemporaryDirectory(prefix="members-", dir=_spill(ws)) as tmp:
         out = Path(tmp) / "members.parquet"
         records = _narrowed(ws, files, canonical, Path(tmp))

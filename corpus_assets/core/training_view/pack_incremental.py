@@ -34,13 +34,14 @@ from corpus_assets.core.runtime.config import PackingPolicy
 from corpus_assets.core.runtime.layers import LayerIndex, load_index
 from corpus_assets.core.runtime.workspace import Workspace
 from corpus_assets.core.storage.artifacts import Ref, get_json, get_table
-from corpus_assets.core.storage.duck import Spilling, batches, cas_parquet, cas_parquets
+from corpus_assets.core.storage.duck import Spilling, batches, sql_list, sql_path
 from corpus_assets.core.storage.shards import (
     CHUNK_HASH,
     ShardIndex,
     little_endian,
 )
 from corpus_assets.core.storage.shards import load_index as load_shard_index
+from corpus_assets.core.storage.table_lookup import TrustedFiles
 from corpus_assets.core.training_view.duck import MEMORY_LIMIT
 from corpus_assets.core.training_view.pack_plan import (
     PackPlan,
@@ -155,12 +156,14 @@ def sample_map(
     chunks = [chunk.records for chunk in canonical.chunks()]
     if not chunks or not count:
         return child_of
+    files = TrustedFiles(ws.cas, ws.catalog)  # the parent's tables: hashed by its check
+    numbered = ", file_row_number = true"
     tables = {
-        "records": cas_parquets(ws.cas, chunks, "canonical records"),
-        "clusters": cas_parquet(ws.cas, dedup.output("clusters"), "dedup clusters"),
-        "child": cas_parquet(ws.cas, samples, "mixed samples", numbered=True),
-        "parent": cas_parquet(ws.cas, parent.samples, "parent mixed samples", numbered=True),
-        "members": cas_parquet(ws.cas, parent.members, "parent members"),
+        "records": f"read_parquet({sql_list(files.paths([c['digest'] for c in chunks]))})",
+        "clusters": _read(files, dedup.output("clusters"), "dedup clusters"),
+        "child": _read(files, samples, "mixed samples", numbered),
+        "parent": _read(files, parent.samples, "parent mixed samples", numbered),
+        "members": _read(files, parent.members, "parent members"),
     }
     threads = ws.config.execution.workers
     # the training view's budget: 64 MB ran out reading a 1.1 GB parent's members (bench/race.py)
@@ -171,6 +174,11 @@ def sample_map(
         for batch in batches(con, SAMPLE_PAIRS):
             child_of[batch.column("parent").to_numpy()] = batch.column("child").to_numpy()
     return child_of
+
+
+def _read(files: TrustedFiles, ref: Ref, what: str, extra: str = "") -> str:
+    """``read_parquet`` of a CAS table, re-hashed unless unchanged since it last hashed right."""
+    return f"read_parquet({sql_path(files.path(ref['digest'], what))}{extra})"
 
 
 def piece_rows(pieces: Pieces, sample: np.ndarray, offset: np.ndarray, width: int) -> np.ndarray:
@@ -208,8 +216,8 @@ def kept_blocks(
     bad = np.zeros(parent_blocks, dtype=bool)
     parts: list[tuple[np.ndarray, ...]] = []
     spans = parent.index.output("spans")
-    ws.cas.verify(spans["digest"], "parent spans")
-    for batch in pq.ParquetFile(ws.cas.path(spans["digest"])).iter_batches(columns=SPAN_READ):
+    path = TrustedFiles(ws.cas, ws.catalog).path(spans["digest"], "parent spans")
+    for batch in pq.ParquetFile(path).iter_batches(columns=SPAN_READ):
         block = batch.column("block").to_numpy().astype(np.int64)
         start = batch.column("start").to_numpy().astype(np.int64)
         length = batch.column("end").to_numpy().astype(np.int64) - start

@@ -22,6 +22,7 @@ from corpus_assets.core.records.index import CanonicalIndex
 from corpus_assets.core.runtime.layers import LayerIndex
 from corpus_assets.core.runtime.workspace import Workspace
 from corpus_assets.core.storage.memory import release_memory
+from corpus_assets.core.storage.table_lookup import TrustedFiles
 from corpus_assets.core.tokens.cache import TokenArrays, TokenCache, open_tokens
 from corpus_assets.core.training_view.pack_blocks import FileSamples
 
@@ -107,10 +108,9 @@ class _Members:
 
 
 def _members(ws: Workspace, dedup: LayerIndex) -> _Members:
-    ref = dedup.output("clusters")
-    ws.cas.verify(ref["digest"], "dedup clusters")
+    path = TrustedFiles(ws.cas, ws.catalog).path(dedup.output("clusters")["digest"], "clusters")
     columns = [*ROW_KEY, "is_representative"]
-    parquet = pq.ParquetFile(ws.cas.path(ref["digest"]), read_dictionary=["object"])
+    parquet = pq.ParquetFile(path, read_dictionary=["object"])
     objects: dict[str, int] = {}
     ids, codes, lines = [], [], []
     for batch in parquet.iter_batches(batch_size=65536, columns=columns):
@@ -134,8 +134,10 @@ def _member_rows(
     """Per canonical chunk, its member rows: record id, kind, token-cache chunk and row, token
     count, pair split. Joined on (record id, object, line) one chunk at a time, against the
     members of that chunk's objects only, so no join ever holds the whole partition."""
+    files = TrustedFiles(ws.cas, ws.catalog)  # a parent's chunks: hashed by its build's check
     for n, (chunk, cached) in enumerate(zip(canonical.chunks(), cache.chunks, strict=True)):
-        table = chunk.table(ws.cas, ["record_id", "object", "line", "kind"])
+        path = files.path(chunk.records["digest"], chunk.what)
+        table = pq.read_table(path, columns=["record_id", "object", "line", "kind"])
         arrays = open_tokens(ws, cached, cache.spec, ids=False)
         count = table.num_rows
         codes = [members.objects.get(d, -1) for d in pc.unique(table.column("object")).to_pylist()]

@@ -4,11 +4,13 @@ spawn pool or Ray), then put together in block order.
 A block's arrays depend only on the plan and the token cache, and a shard is a fixed run of
 ``shard_blocks`` blocks, so a job that builds blocks ``[first, last)`` of whole shards writes
 exactly the shard files one writer would have written; the index lists them in block order.
-Bytes never depend on the engine or the worker count. The caller verifies the token cache once
-(every shard reads samples of every chunk, so each worker re-hashing it would multiply that
-cost); a job reads the plan's rows for its blocks (sent with it) and each sample's place in the
-cache from memory-mapped files the caller wrote under the home's ``tmp`` (on Ray the data home
-is a shared filesystem already, ``runtime.runners``). Memory per worker: one shard buffer and
+Bytes never depend on the engine or the worker count. The caller verifies once the token-cache
+chunks the jobs read (each worker re-hashing them would multiply that cost): a chunk only reused
+shards hold is not read, one unchanged on disk since it last hashed right is trusted
+(``storage.trust``, as the build's check does: a child does not re-hash its parent's chunks). A
+job reads the plan's rows for its blocks (sent with it) and each sample's place in the cache
+from memory-mapped files the caller wrote under the home's ``tmp`` (on Ray the data home is a
+shared filesystem already, ``runtime.runners``). Memory per worker: one shard buffer and
 one batch of blocks.
 """
 
@@ -21,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from corpus_assets.core.runtime.workspace import Workspace, pooled
-from corpus_assets.core.storage.artifacts import Ref
+from corpus_assets.core.storage.artifacts import Ref, get_json
 from corpus_assets.core.storage.shards import (
     SHARD_BYTES,
     ShardEntry,
@@ -30,7 +32,8 @@ from corpus_assets.core.storage.shards import (
     put_shard_index,
     shard_blocks,
 )
-from corpus_assets.core.tokens.cache import TokenCache, open_tokens
+from corpus_assets.core.storage.trust import StatTrust
+from corpus_assets.core.tokens.cache import TokenCache, TokensDescriptor, open_tokens
 from corpus_assets.core.tokens.spec import TokenizerSpec
 from corpus_assets.core.training_view.pack_blocks import BuildAccounting, build_batch
 from corpus_assets.core.training_view.pack_checks import check_pair_prompts
@@ -85,11 +88,9 @@ def build_shards(
     per_shard = shard_blocks(plan.block_tokens, fields, shard_bytes)
     reused = reused(per_shard) if reused else {}
     firsts = [f for f in range(0, plan.blocks, per_shard) if f // per_shard not in reused]
-    if firsts:
-        for chunk in cache.chunks:
-            open_tokens(ws, chunk, cache.spec)  # verified here, once, for every job
-    pairs = bool((rows.pair_split > 0).any())
     bounds = plan.block_bounds()
+    verify_tokens(ws, cache, chunks_read(plan, bounds, firsts, per_shard, rows.chunk))
+    pairs = bool((rows.pair_split > 0).any())
     (ws.home / "tmp").mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="pack-", dir=ws.home / "tmp") as lookup:
         for name in LOOKUP:
@@ -110,6 +111,36 @@ def build_shards(
     shards = [[o.accounting.get(key, 0) for key in KINDS] for o in outcomes]
     totals = {f"{key}_tokens": sum(s[n] for s in shards) for n, key in enumerate(KINDS)}
     return index, ref, {**totals, "shards": shards, "reused": len(reused)}, broken
+
+
+def chunks_read(
+    plan: PackPlan, bounds: np.ndarray, firsts: list[int], per_shard: int, chunk: np.ndarray
+) -> list[int]:
+    """The token-cache chunks the shards from ``firsts`` read: only those are verified (a
+    child keeping its parent's shards reads, and re-hashes, the chunks of its new blocks)."""
+    read = np.zeros(max(int(chunk.max()) + 1 if chunk.size else 0, 0), dtype=bool)
+    for first in firsts:
+        lo, hi = int(bounds[first]), int(bounds[min(first + per_shard, plan.blocks)])
+        read[chunk[plan.sample[lo:hi]]] = True
+    return np.flatnonzero(read).tolist()
+
+
+def verify_tokens(ws: Workspace, cache: TokenCache, numbers: list[int]) -> None:
+    """The token-cache chunks ``numbers`` checked (descriptor, maker, shapes) and their arrays
+    verified here, once, for every job: re-hashed unless unchanged on disk since they last
+    hashed right (``storage.trust``: a parent's chunks its build's check hashed are not read
+    again by its child; a new or touched chunk is)."""
+    objects: dict[str, str] = {}
+    for n in numbers:
+        item = cache.chunks[n]
+        open_tokens(ws, item, cache.spec, verify=False)
+        what = f"tokens of chunk {item.chunk}"
+        descriptor = TokensDescriptor.model_validate(get_json(ws.cas, item.digest, what))
+        for name in ("offsets", "pair_split", "ids", "targets"):
+            ref = getattr(descriptor, name)
+            if ref is not None:
+                objects[ref["digest"]] = f"{what}: {name}"
+    StatTrust(ws.cas, ws.catalog).verify_all(objects)
 
 
 def _plan_rows(plan: PackPlan, bounds: np.ndarray, first: int, last: int) -> PackPlan:

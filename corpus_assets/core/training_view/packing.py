@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from corpus_assets.core.records.index import CanonicalIndex
 from corpus_assets.core.runtime.code_identity import stage_code
@@ -38,7 +39,6 @@ from corpus_assets.core.runtime.workspace import Workspace
 from corpus_assets.core.storage.artifacts import (
     BINARY,
     Ref,
-    get_table,
     make_ref,
     put_json,
     put_table,
@@ -46,6 +46,7 @@ from corpus_assets.core.storage.artifacts import (
 from corpus_assets.core.storage.memory import release_memory
 from corpus_assets.core.storage.parquet_sink import TableWriter
 from corpus_assets.core.storage.shards import ShardIndex
+from corpus_assets.core.storage.table_lookup import TrustedFiles
 from corpus_assets.core.tokens import cache as token_cache_module
 from corpus_assets.core.tokens.cache import TokenCache, token_cache
 from corpus_assets.core.tokens.spec import TokenizerSpec, resolve_tokenizer
@@ -348,7 +349,8 @@ def build_packed_blocks(ws: Workspace, partition_key: str) -> LayerResult:
     mixed_ref, mixed = read_layer_index(ws, partition_key, "mixed_samples")
     canonical_ref, canonical = CanonicalIndex.read(ws, partition_key)
     dedup_ref, dedup = read_layer_index(ws, partition_key, "dedup_clusters")
-    order = get_table(ws.cas, mixed.output("samples"), "mixed samples", ["record_id"])
+    samples = TrustedFiles(ws.cas, ws.catalog).path(mixed.output("samples")["digest"], "samples")
+    order = pq.read_table(samples, columns=["record_id"])
     cache = token_cache(ws, canonical.chunks(), resolve_tokenizer(ws))
     spec, policy = cache.spec, ws.config.policies.packing
     can = candidate(ws, Upstream(partition_key, mixed.output("samples"), canonical, dedup), spec)
