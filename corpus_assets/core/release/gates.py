@@ -340,7 +340,11 @@ def canary_replays(replay: Replay) -> Gate:
 
     def canary_reproduces(ev: Evidence, report: GateReport) -> list[str]:
         ev.close()  # the replay re-canonicalises source rows: DuckDB's cache goes first
-        outcomes = replay(ev.canonical, ev.freeze, canary_chunks(ev.canonical))
+        chunks = canary_chunks(ev.canonical)
+        for entry in ev.canonical.entries:  # the recorded side is read by path: whole first
+            if entry.chunk in chunks:
+                ev.files.path(ev.canonical.descriptor(entry).records["digest"], entry.chunk)
+        outcomes = replay(ev.canonical, ev.freeze, chunks)
         differ = [o for o in outcomes if o.replayed != o.recorded]
         report.canary_chunks = len(outcomes)
         report.canary_lines = sum(o.lines for o in outcomes)

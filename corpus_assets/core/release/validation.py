@@ -187,9 +187,9 @@ def _apply_gates(
     """The gates' findings in order: ``live`` ones run; each other one reuses its passing outcome
     recorded for this content and rule set (when verify found nothing), else runs, and its
     passing outcome is recorded at once, so a check killed part-way resumes where it was."""
-    key = gate_memo.gate_key(ws, evidence.manifest, evidence.freeze)
     content = [rule.__name__ for rule in rules.gates if rule not in rules.live]
-    recalled = {} if report.findings else gate_memo.recall(ws.catalog, key, content)
+    keys = {} if report.findings else gate_memo.rule_keys(ws, evidence, content)
+    recalled = gate_memo.recall(ws.catalog, keys)
     failed: list[Failure] = []
     for rule in rules.gates:
         name = rule.__name__
@@ -202,7 +202,7 @@ def _apply_gates(
             failed += found
             metrics = own.serialized()
             if name in content and not found and not report.findings:
-                gate_memo.remember(ws.catalog, key, name, manifest, metrics)
+                gate_memo.remember(ws.catalog, keys[name], manifest, metrics)
         for metric, value in metrics.items():
             setattr(report.gate, metric, value)
     return failed
