@@ -21,6 +21,7 @@ import pytest
 from corpus_assets.core.records.index import CanonicalIndex
 from corpus_assets.core.release import gates
 from corpus_assets.core.release.evidence import Evidence
+from corpus_assets.core.release.heldout_check import heldout_near_apart
 from corpus_assets.core.release.verify import load_manifest, resolve
 from corpus_assets.core.runtime.config import NearDedupPolicy, SplitPolicy
 from corpus_assets.core.runtime.layers import read_layer_index
@@ -113,7 +114,7 @@ def test_the_gate_refuses_a_near_pair_across_splits(
     monkeypatch.setenv("CORPUS_HOME", str(home / ".corpus"))
     monkeypatch.setenv("CORPUS_CONFIG", str(home / ".corpus" / "corpus.yaml"))
     with open_workspace() as ws:
-        gate = gates.heldout_near_apart(ws)
+        gate = heldout_near_apart(ws)
         manifest = load_manifest(ws.cas, resolve(ws.catalog, sid))
         with Evidence.load(ws.cas, ws.catalog, manifest) as ev:
             clean = gates.GateReport()
@@ -169,7 +170,7 @@ def test_the_gate_takes_only_the_splits_layers_checked_jaccards(
         path.chmod(0o644)
         try:
             pq.write_table(table.set_column(2, "jaccard", lowered), path)
-            gate = gates.heldout_near_apart(ws)
+            gate = heldout_near_apart(ws)
             manifest = load_manifest(ws.cas, resolve(ws.catalog, sid))
             with Evidence.load(ws.cas, ws.catalog, manifest) as ev:
                 _leak(ev, manifest)

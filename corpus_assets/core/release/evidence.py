@@ -47,6 +47,7 @@ class Evidence:
     dedup: LayerIndex
     splits: LayerIndex
     files: VerifiedFiles
+    narrowed: list[str] = field(default_factory=list)  # rules run over a child's delta only
     _stack: ExitStack = field(default_factory=ExitStack, repr=False)
     _con: DuckDBPyConnection | None = field(default=None, repr=False)
 

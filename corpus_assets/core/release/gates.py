@@ -30,14 +30,11 @@ from corpus_assets.core.release.leakage_check import (
 )
 from corpus_assets.core.release.packing_check import packing_findings
 from corpus_assets.core.runtime.layers import load_index
-from corpus_assets.core.runtime.workspace import Workspace
 from corpus_assets.core.storage.artifacts import get_json
 from corpus_assets.core.storage.catalog import freezes
 from corpus_assets.core.storage.digests import json_digest
 from corpus_assets.core.storage.duck import sql_list
 from corpus_assets.core.storage.tasks import ChunkTask, open_dead_letters
-from corpus_assets.core.training_view.split_heldout import HeldoutScan, reuse, searched_records
-from corpus_assets.core.training_view.splits import CODE as SPLITS_CODE
 from corpus_assets.core.training_view.splits import SPLITS
 
 LateChanges = Callable[[FreezeSpec], list[str]]
@@ -231,33 +228,6 @@ def dedup_invariants_hold(ev: Evidence, report: GateReport) -> list[str]:
     return findings[:SHOWN]
 
 
-def heldout_near_apart(ws: Workspace) -> Gate:
-    """The gate that searches again (``split_heldout``) for near pairs at or above the
-    threshold between a held-out record and a record of another split (a removed duplicate in
-    its representative's): there must be none. Candidates and estimates are its own, over the
-    published splits; the exact Jaccards the splits layer verified (its stored, digest-checked
-    ``heldout_verified``, when it ran this code and spec) are not computed again, only those
-    of pairs it never had, such as a record's that became held-out by a move."""
-
-    def heldout_near_apart(ev: Evidence, report: GateReport) -> list[str]:
-        scan = HeldoutScan.open(ws, ev.canonical.chunks(), ev.dedup)
-        if scan is None:  # near-dedup off: no signatures, no threshold
-            return []
-        path = ev.files.path(ev.dedup.output("clusters")["digest"], "dedup clusters")
-        records = searched_records(f"read_parquet({sql_list([path])})", "members")
-        known = reuse(ws, ev.dedup, scan.spec, (ev.splits, SPLITS_CODE, "splits layer"))
-        pairs = scan.pairs(ev.con, records, known, keep=False)[0].to_pylist()
-        cross = [p for p in pairs if p["split_a"] != p["split_b"]]
-        report.heldout_near_pairs = len(cross)
-        return [
-            f"near pair {p['record_a']!r} ({p['split_a']}) ~ {p['record_b']!r} "
-            f"({p['split_b']}) at Jaccard {p['jaccard']:.4f} spans two splits"
-            for p in cross[:SHOWN]
-        ]
-
-    return heldout_near_apart
-
-
 def split_conflicts_resolved(ev: Evidence, report: GateReport) -> list[str]:
     """A split conflict quarantined its bridging records: none of them is a member."""
     report.split_conflicts = ev.split_conflicts.num_rows
@@ -340,7 +310,11 @@ def canary_replays(replay: Replay) -> Gate:
 
     def canary_reproduces(ev: Evidence, report: GateReport) -> list[str]:
         ev.close()  # the replay re-canonicalises source rows: DuckDB's cache goes first
-        outcomes = replay(ev.canonical, ev.freeze, canary_chunks(ev.canonical))
+        chunks = canary_chunks(ev.canonical)
+        for entry in ev.canonical.entries:  # the recorded side is read by path: whole first
+            if entry.chunk in chunks:
+                ev.files.path(ev.canonical.descriptor(entry).records["digest"], entry.chunk)
+        outcomes = replay(ev.canonical, ev.freeze, chunks)
         differ = [o for o in outcomes if o.replayed != o.recorded]
         report.canary_chunks = len(outcomes)
         report.canary_lines = sum(o.lines for o in outcomes)

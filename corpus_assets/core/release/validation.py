@@ -32,6 +32,7 @@ from corpus_assets.core.ingest.pinning import late_changes
 from corpus_assets.core.records.canary import canary_replay
 from corpus_assets.core.release import gate_memo, gates
 from corpus_assets.core.release.gates import Evidence, Gate, GateReport
+from corpus_assets.core.release.heldout_check import heldout_near_apart
 from corpus_assets.core.release.verify import Report, load_manifest, resolve, verify
 from corpus_assets.core.runtime import transform
 from corpus_assets.core.runtime.workspace import Workspace
@@ -82,7 +83,7 @@ def snapshot_rules(ws: Workspace) -> SnapshotRules:
             gates.rows_explained,
             gates.counts_add_up,
             gates.dedup_invariants_hold,
-            gates.heldout_near_apart(ws),
+            heldout_near_apart(ws),
             gates.split_conflicts_resolved,
             gates.packing_invariants_hold,
             gates.no_tombstone_hits,
@@ -103,8 +104,9 @@ def validate_snapshot(ws: Workspace, digest: str, trust_unchanged: bool = False)
 
     The report's findings are verify's, then the gates', then the boundary's; ``report.gate`` is
     the typed gate report the blocking check shows, ``report.rules_reused`` the rules whose
-    recorded passing outcome stood in for running them. ``trust_unchanged`` (the build's check)
-    lets verify skip tables unchanged on disk since they last hashed right.
+    recorded passing outcome stood in for running them, ``report.rules_narrowed`` those that
+    checked only what changed since a parent whose check passed them. ``trust_unchanged``
+    (the build's check) lets verify skip tables unchanged on disk since they last hashed right.
     """
     trust = StatTrust(ws.cas, ws.catalog) if trust_unchanged else None
     report = verify(ws.cas, ws.catalog, digest, trust=trust)
@@ -124,6 +126,7 @@ def validate_snapshot(ws: Workspace, digest: str, trust_unchanged: bool = False)
     else:
         with evidence:
             failed += _apply_gates(ws, rules, evidence, report, snapshot.manifest_digest)
+            report.rules_narrowed = list(evidence.narrowed)
             incomplete = [f for _rule, f in _apply(rules.boundary, evidence, report.gate)]
     report.findings.extend(dict.fromkeys(f for _rule, f in failed if f not in report.findings))
     report.findings.extend(incomplete)
@@ -187,9 +190,9 @@ def _apply_gates(
     """The gates' findings in order: ``live`` ones run; each other one reuses its passing outcome
     recorded for this content and rule set (when verify found nothing), else runs, and its
     passing outcome is recorded at once, so a check killed part-way resumes where it was."""
-    key = gate_memo.gate_key(ws, evidence.manifest, evidence.freeze)
     content = [rule.__name__ for rule in rules.gates if rule not in rules.live]
-    recalled = {} if report.findings else gate_memo.recall(ws.catalog, key, content)
+    keys = {} if report.findings else gate_memo.rule_keys(ws, evidence, content)
+    recalled = gate_memo.recall(ws.catalog, keys)
     failed: list[Failure] = []
     for rule in rules.gates:
         name = rule.__name__
@@ -202,7 +205,7 @@ def _apply_gates(
             failed += found
             metrics = own.serialized()
             if name in content and not found and not report.findings:
-                gate_memo.remember(ws.catalog, key, name, manifest, metrics)
+                gate_memo.remember(ws.catalog, keys[name], manifest, metrics)
         for metric, value in metrics.items():
             setattr(report.gate, metric, value)
     return failed

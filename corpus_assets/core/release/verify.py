@@ -45,6 +45,7 @@ class Report:
     verified: set[str] = field(default_factory=set)  # re-hashed and whole: no need to again
     objects_trusted: int = 0  # of objects_checked: unchanged files since they last hashed right
     rules_reused: list[str] = field(default_factory=list)  # filled by validation (gate_memo)
+    rules_narrowed: list[str] = field(default_factory=list)  # run over a child's delta only
     gate: GateReport = field(default_factory=GateReport)
 
     @property

@@ -27,6 +27,7 @@ from functools import partial
 import duckdb
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from corpus_assets.core.dedup.fingerprint_store import TextLookup
 from corpus_assets.core.dedup.heldout_search import HeldoutPairs, HeldoutParams, Known, search
@@ -186,16 +187,26 @@ class HeldoutScan:
         members: str,
         known: Reuse | None = None,
         keep: bool = True,
+        changed: pa.Array | None = None,
     ) -> tuple[pa.Table, dict]:
         """Every pair (a held-out member, any member) at or above its threshold, as
         ``PAIR_COLUMNS`` rows in (a, b) row order, and the search's counts. ``members`` is a
         query over ``con`` with columns record_id, object, line, split (``searched_records``);
         Jaccards are taken from ``known``'s tables where they hold the pair. With ``keep``,
-        every verified pair is left in ``con`` as ``ho_verified`` (for ``put_verified``)."""
+        every verified pair is left in ``con`` as ``ho_verified`` (for ``put_verified``).
+        With ``changed`` (record ids), only the pairs with at least one of them."""
         rows, ids, splits = self._positions(con, members)
         heldout = rows[splits != TRAIN]
         tables = known.tables if known is not None else ()
-        found = self._search(heldout, rows, partial(_known, con, tables))
+        look_up = partial(_known, con, tables)
+        if changed is None:
+            found = self._search(heldout, rows, look_up)
+        else:
+            moved = rows[pc.is_in(ids, value_set=changed).to_numpy(zero_copy_only=False)]
+            found = _union(
+                self._search(heldout[np.isin(heldout, moved)], rows, look_up),
+                self._search(heldout, moved, look_up),
+            )
         if keep:
             _store_verified(con, *found.verified)
         at = np.searchsorted(rows, np.concatenate([found.a, found.b]))
@@ -243,6 +254,23 @@ class HeldoutScan:
             return _fingerprints(texts, self.spec, wanted)
 
         return search(self.blocks, heldout, rows, self.params, fetch, self.thresholds, known)
+
+
+def _union(first: HeldoutPairs, second: HeldoutPairs) -> HeldoutPairs:
+    """The pairs of two searches once each, in (a, b) order, and their summed counts."""
+    a, b, jaccard = (
+        np.concatenate([x, y]) for x, y in zip(_triple(first), _triple(second), strict=True)
+    )
+    order = np.lexsort((b, a))
+    first_of_pair = np.r_[True, (np.diff(a[order]) != 0) | (np.diff(b[order]) != 0)]
+    keep = order[first_of_pair[: len(order)]]
+    stats = {k: first.stats.get(k, 0) + second.stats.get(k, 0) for k in first.stats}
+    verified = tuple(np.concatenate(x) for x in zip(first.verified, second.verified, strict=True))
+    return HeldoutPairs(a[keep], b[keep], jaccard[keep], stats, verified)
+
+
+def _triple(pairs: HeldoutPairs) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    return pairs.a.astype(np.int64), pairs.b.astype(np.int64), pairs.jaccard
 
 
 def _known(

@@ -1,0 +1,165 @@
+"""The check of a child snapshot (+ new objects after its parent's) reuses what its parent's
+check proved of the inputs they share - the canary replay of the unchanged first chunks, the
+held-out search of the records the parent searched as they are - and still fails on a tampered
+shared table, a tampered new one, or a changed rule set."""
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from corpus_assets.core.pipeline import build_all
+from corpus_assets.core.records.index import CanonicalIndex
+from corpus_assets.core.release import publish
+from corpus_assets.core.release.evidence import Evidence
+from corpus_assets.core.release.gates import canary_chunks
+from corpus_assets.core.release.heldout_check import changed_since_parent
+from corpus_assets.core.release.validation import validate_snapshot
+from corpus_assets.core.release.verify import Report, load_manifest, resolve
+from corpus_assets.core.runtime.workspace import Workspace, open_workspace
+from corpus_assets.core.storage.duck import sql_list
+from corpus_assets.core.training_view.split_heldout import HeldoutScan, searched_records
+from corpus_assets.selftest.corpus import write_zstd_jsonl
+
+SQLITE = pytest.mark.parametrize("catalog_url", ["sqlite"], indirect=True)
+CANARY = ("canary_chunks", "canary_lines", "transform_replay_hash", "set_difference")
+
+
+def _parent_and_child(ws: Workspace, demo_home: Path) -> tuple[Report, str]:
+    """The parent's passing build check, and the manifest digest of a child built over it
+    (active): the same sources plus an object that sorts after every first chunk, of fresh
+    essays and near-duplicates (one word changed) of old ones."""
+    parent = build_all(ws, "p1")["manifest"].digest
+    passed = validate_snapshot(ws, parent, trust_unchanged=True)
+    assert passed.ok and passed.rules_reused == [], passed.findings
+    publish.approve(ws, parent, by="alice")
+    publish.activate(ws, parent, actor="op")
+    essays = demo_home / "demo-sources/essays"
+    old = [json.loads(line) for line in (essays / "essays-00001.jsonl").read_text().splitlines()]
+    rows = [{"id": f"n{n:04d}", "text": f"a new essay number {n} " * 20} for n in range(30)]
+    for n, row in enumerate(old[:40]):
+        words = row["text"].split()
+        words[len(words) // 2] = "changed"
+        rows.append({"id": f"near{n:04d}", "text": " ".join(words)})
+    write_zstd_jsonl(essays / "essays-00002.jsonl.zst", rows)
+    child = build_all(ws, "p2")["manifest"].digest
+    assert resolve(ws.catalog, child).snapshot_id != passed.snapshot_id
+    return passed, child
+
+
+def _flip_a_byte(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+    os.utime(path, ns=(0, 0))  # the mtime is no cover: the ctime moved
+
+
+def _canary_records(ws: Workspace, digest: str) -> Path:
+    """The records table of the snapshot's first canary chunk."""
+    manifest = load_manifest(ws.cas, resolve(ws.catalog, digest))
+    canonical = CanonicalIndex.load(ws.cas, manifest["layers"]["canonical_records"])
+    entry = next(e for e in canonical.entries if e.chunk == canary_chunks(canonical)[0])
+    return ws.cas.path(canonical.descriptor(entry).records["digest"])
+
+
+@SQLITE
+def test_a_child_reuses_its_parents_canary_and_runs_the_rules_its_new_objects_touch(
+    workspace: Workspace, demo_home: Path
+) -> None:
+    parent, child = _parent_and_child(workspace, demo_home)
+    report = validate_snapshot(workspace, child, trust_unchanged=True)
+    assert report.ok, report.findings
+    assert report.rules_reused == ["canary_reproduces"]  # every other rule reads the new rows
+    assert report.rules_narrowed == ["heldout_near_apart"]
+    shown, before = report.gate.serialized(), parent.gate.serialized()
+    assert {k: shown[k] for k in CANARY} == {k: before[k] for k in CANARY}
+
+
+@SQLITE
+def test_a_child_whose_shared_canary_table_was_tampered_with_fails(
+    workspace: Workspace, demo_home: Path
+) -> None:
+    _, child = _parent_and_child(workspace, demo_home)
+    shared = _canary_records(workspace, child)  # the parent's table, named by the child too
+    _flip_a_byte(shared)
+    report = validate_snapshot(workspace, child, trust_unchanged=True)
+    assert any(shared.name in f and "corrupt" in f for f in report.findings), report.findings
+    assert report.rules_reused == []
+
+
+@SQLITE
+def test_a_child_whose_new_table_was_tampered_with_fails(
+    workspace: Workspace, demo_home: Path
+) -> None:
+    _, child = _parent_and_child(workspace, demo_home)
+    members = workspace.cas.path(
+        load_manifest(workspace.cas, resolve(workspace.catalog, child))["members"]["digest"]
+    )
+    _flip_a_byte(members)
+    report = validate_snapshot(workspace, child, trust_unchanged=True)
+    assert any(members.name in f for f in report.findings), report.findings
+    assert report.rules_reused == []
+
+
+@SQLITE
+def test_a_child_checked_under_another_rule_set_replays_its_canary(
+    workspace: Workspace, demo_home: Path
+) -> None:
+    """The config the canary canonicalises with is in its key: a stricter quality policy must
+    replay (and differ), not reuse the parent's pass."""
+    _, child = _parent_and_child(workspace, demo_home)
+    config = demo_home / "corpus.yaml"
+    config.write_text(config.read_text() + "  quality: {min_chars: 200}\n")
+    with open_workspace() as ws:
+        report = validate_snapshot(ws, child, trust_unchanged=True)
+    assert "canary_reproduces" not in report.rules_reused
+    assert any(f.startswith("canary replay of") for f in report.findings), report.findings
+
+
+@SQLITE
+def test_the_narrowed_heldout_search_finds_every_pair_touching_a_changed_record(
+    workspace: Workspace, demo_home: Path
+) -> None:
+    """Against the full search of the child: exactly the pairs with a new or changed record,
+    and there are pairs without one (the parent's, not searched again)."""
+    _, child = _parent_and_child(workspace, demo_home)
+    manifest = load_manifest(workspace.cas, resolve(workspace.catalog, child))
+    with Evidence.load(workspace.cas, workspace.catalog, manifest) as ev:
+        scan = HeldoutScan.open(workspace, ev.canonical.chunks(), ev.dedup)
+        assert scan is not None
+        path = ev.files.path(ev.dedup.output("clusters")["digest"])
+        records = searched_records(f"read_parquet({sql_list([path])})", "members")
+        changed = changed_since_parent(workspace, ev, records)
+        assert changed is not None and 0 < len(changed) < ev.member_count
+        full = scan.pairs(ev.con, records, keep=False)[0].to_pylist()
+        part = scan.pairs(ev.con, records, keep=False, changed=changed)[0].to_pylist()
+        ids = set(changed.to_pylist())
+        touching = [p for p in full if p["record_a"] in ids or p["record_b"] in ids]
+        assert part == touching and part and len(full) > len(part), (len(full), len(part))
+        # a changed record put in train beside its unchanged held-out near twin: a leak the
+        # narrowed search must find from the held-out side
+        pair = next(p for p in part if (p["record_a"] in ids) != (p["record_b"] in ids))
+        moved = pair["record_a"] if pair["record_a"] in ids else pair["record_b"]
+        tampered = (
+            "SELECT record_id, object, line, leakage_id, CASE WHEN record_id = "
+            f"'{moved}' THEN 'train' ELSE split END AS split FROM ({records})"
+        )
+        leaks = scan.pairs(ev.con, tampered, keep=False, changed=changed)[0].to_pylist()
+    assert any(
+        p["split_a"] != p["split_b"] and moved in (p["record_a"], p["record_b"]) for p in leaks
+    )
+
+
+@SQLITE
+def test_a_parent_whose_table_was_tampered_with_is_not_trusted_for_the_held_out_search(
+    workspace: Workspace, demo_home: Path
+) -> None:
+    """The parent's members table (which the child does not name) corrupt: the child's check
+    searches every pair and still passes on its own tables."""
+    parent, child = _parent_and_child(workspace, demo_home)
+    manifest = load_manifest(workspace.cas, resolve(workspace.catalog, parent.snapshot_id))
+    _flip_a_byte(workspace.cas.path(manifest["members"]["digest"]))
+    report = validate_snapshot(workspace, child, trust_unchanged=True)
+    assert report.ok, report.findings
+    assert report.rules_narrowed == []
