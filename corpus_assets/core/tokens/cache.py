@@ -157,9 +157,9 @@ def ensure_tokens(
     """The tokens of every chunk, tokenising only the missing ones.
 
     ``workers > 1`` (a spawn pool) or ``execution.engine: ray`` tokenises chunks in other
-    processes, unless the missing chunks' records tables hold at most ``in_process_bytes``
-    (a child's few new chunks: cheaper here than the workers' start); each chunk's bytes do not
-    depend on where.
+    processes; the local engine keeps them here when the missing chunks' records tables hold at
+    most ``in_process_bytes`` (a child's few new chunks: cheaper than starting workers). Each
+    chunk's bytes do not depend on where.
     """
     done = preload(ws.catalog, LAYER, code_version())
     if _missing_bytes(chunks, spec, done) <= in_process_bytes:
