@@ -9,15 +9,18 @@ import pytest
 from sqlalchemy import select
 
 from corpus_assets.core.pipeline import BUILDERS
+from corpus_assets.core.records.index import CanonicalIndex
 from corpus_assets.core.runtime.pool import WorkerSetup, shared_pool
 from corpus_assets.core.runtime.runners import LocalRunner
 from corpus_assets.core.runtime.workspace import open_workspace
 from corpus_assets.core.storage.catalog import chunk_tasks
+from corpus_assets.core.tokens.cache import token_cache
+from corpus_assets.core.tokens.spec import resolve_tokenizer
 from corpus_assets_tests.conftest import use_demo_copy
 from corpus_assets_tests.worker_probe import no_setup, worker_pid
 
 LAYERS = ("raw_snapshot", "canonical_records", "dedup_clusters")
-MAPPED = ("canonical_records", "dedup_signatures")  # the chunk tasks these layers map
+MAPPED = ("canonical_records", "dedup_signatures", "tokens")  # the chunk tasks mapped
 
 
 def _build(home: Path, execution: str) -> tuple[dict[str, str], dict[str, set[int]]]:
@@ -26,6 +29,9 @@ def _build(home: Path, execution: str) -> tuple[dict[str, str], dict[str, set[in
     config.write_text(config.read_text().split("execution:")[0] + f"execution: {execution}\n")
     with open_workspace(config) as ws, shared_pool():
         digests = {layer: BUILDERS[layer](ws, "p1").digest for layer in LAYERS}
+        chunks = CanonicalIndex.read(ws, "p1")[1].chunks()
+        tokens = token_cache(ws, chunks, resolve_tokenizer(ws)).chunks
+        digests["tokens"] = ",".join(c.digest for c in tokens)
         with ws.catalog.begin() as conn:
             rows = conn.execute(select(chunk_tasks.c.layer, chunk_tasks.c.owner)).all()
     owners: dict[str, set[int]] = {layer: set() for layer in MAPPED}

@@ -26,7 +26,7 @@ from corpus_assets.core.runtime.layers import read_layer_index
 from corpus_assets.core.runtime.workspace import Workspace, open_workspace
 from corpus_assets.core.storage.artifacts import get_json, get_table
 from corpus_assets.core.tokens.bpe import train_byte_level_bpe
-from corpus_assets.core.tokens.cache import ensure_tokens, open_tokens
+from corpus_assets.core.tokens.cache import ensure_tokens, open_tokens, token_cache
 from corpus_assets.core.tokens.chat_template import DEFAULT_CHAT_TEMPLATE
 from corpus_assets.core.tokens.encode import byte_slices, encode_batch
 from corpus_assets.core.tokens.spec import (
@@ -252,8 +252,8 @@ def test_one_and_two_workers_write_the_same_token_bytes(
             chunks = CanonicalIndex.read(ws, "p1")[1].chunks()
             spec = resolve_tokenizer(ws)
             assert ws.config.execution.workers == workers
-            # with the configured worker count, on the pool however small the chunks
-            cached = ensure_tokens(ws, chunks, spec, workers, in_process_bytes=0)
+            # the configured worker count; use_demo_copy sets in_process_bytes 0: the pool
+            cached = token_cache(ws, chunks, spec).chunks
             assert all(c.tokenized for c in cached) and len(cached) == 4
             again = ensure_tokens(ws, chunks, spec, workers)
             assert [c.digest for c in again] == [c.digest for c in cached]

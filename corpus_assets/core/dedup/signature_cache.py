@@ -217,11 +217,6 @@ def _compute(ws: Workspace, chunk: ChunkRecords, spec: SignatureSpec, done: Any)
     return run_chunk(ws.catalog, ws.cas, task, work, done=done)
 
 
-def _records_bytes(chunk: ChunkRecords) -> int:
-    """What hashing ``chunk`` reads: its records table, as stored."""
-    return int(chunk.records["size"])
-
-
 def ensure_signatures(
     ws: Workspace, items: list[ChunkRecords], spec: SignatureSpec, workers: int
 ) -> list[ChunkSignatures]:
@@ -232,7 +227,7 @@ def ensure_signatures(
     """
     done = preload(ws.catalog, LAYER, code_version(spec))
     outcomes = cached_then_pooled(
-        ws, items, spec, _chunk_task, _compute, done, workers, _records_bytes
+        ws, items, spec, _chunk_task, _compute, done, workers, ChunkRecords.stored_bytes
     )
     out = []
     for item, outcome in zip(items, outcomes, strict=True):

@@ -123,6 +123,10 @@ class ChunkRecords:
     records: Ref
     count: int
 
+    def stored_bytes(self) -> int:
+        """The records table's size as stored: what a task over the chunk reads."""
+        return int(self.records["size"])
+
     def table(self, cas: ContentStore, columns: list[str] | None = None) -> pa.Table:
         """The verified records, only ``columns`` decoded. The file is hashed as a stream and
         the columns read from it in place: holding a chunk's bytes (its texts) to decode a few

@@ -46,9 +46,6 @@ LAYER = "tokens"
 TOKENS_SCHEMA = "corpus.tokens.v2"
 BATCH_RECORDS = 1024  # records per Parquet read
 SLICE_BYTES = 4 << 20  # text bytes per encode call (one longer text alone): bounds the memory
-# records-table bytes to tokenise at or under which the chunks run here, not on spawn workers:
-# starting a worker costs ~1 CPU-s of imports, tokenising 1 MB of records a fraction of that
-IN_PROCESS_BYTES = 8 << 20
 _IDENTITY = code_identity(__name__)  # hashed at import, from the source this process loaded
 
 
@@ -152,31 +149,24 @@ def ensure_tokens(
     chunks: list[ChunkRecords],
     spec: TokenizerSpec,
     workers: int,
-    in_process_bytes: int = IN_PROCESS_BYTES,
 ) -> list[ChunkTokens]:
     """The tokens of every chunk, tokenising only the missing ones.
 
     ``workers > 1`` (a spawn pool) or ``execution.engine: ray`` tokenises chunks in other
     processes; the local engine keeps them here when the missing chunks' records tables hold at
-    most ``in_process_bytes`` (a child's few new chunks: cheaper than starting workers). Each
-    chunk's bytes do not depend on where.
+    most ``execution.in_process_bytes`` (a child's few new chunks: cheaper than starting
+    workers). Each chunk's bytes do not depend on where.
     """
     done = preload(ws.catalog, LAYER, code_version())
-    if _missing_bytes(chunks, spec, done) <= in_process_bytes:
-        workers = 1
-    outcomes = cached_then_pooled(ws, chunks, spec, _chunk_task, _compute, done, workers)
+    outcomes = cached_then_pooled(
+        ws, chunks, spec, _chunk_task, _compute, done, workers, ChunkRecords.stored_bytes
+    )
     out = []
     for chunk, outcome in zip(chunks, outcomes, strict=True):
         if outcome.output_digest is None:
             raise RuntimeError(f"tokens of chunk {chunk.key} failed: {outcome.error}")
         out.append(ChunkTokens(chunk.key, chunk.count, outcome.output_digest, not outcome.skipped))
     return out
-
-
-def _missing_bytes(chunks: list[ChunkRecords], spec: TokenizerSpec, done: Any) -> int:
-    """Bytes of the records tables whose tokens are not in ``done``."""
-    tasks = [(c.records, _chunk_task(c, spec)) for c in chunks]
-    return sum(int(ref["size"]) for ref, t in tasks if (t.chunk_key, t.input_digest) not in done)
 
 
 @dataclass
