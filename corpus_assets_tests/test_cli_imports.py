@@ -70,3 +70,15 @@ def test_status_with_a_dagster_instance_imports_none_of_a_build(tmp_path: Path) 
     assert not {m for m in loaded if m.startswith(build_side)} - {
         "corpus_assets.assets.run_workers"
     }
+
+
+def test_the_build_modules_import_no_scipy() -> None:
+    """A build whose layers are all reused runs no graph: loading the Dagster definitions (what
+    a build, the UI and every pool worker import) must not pay for scipy's ~0.4 s of imports;
+    the leakage graph imports it when it computes components."""
+    probe = (
+        "import sys, corpus_assets.definitions;"
+        "print(sorted(m for m in sys.modules if m.startswith('scipy')))"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"

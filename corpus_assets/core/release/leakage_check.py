@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
-from scipy.sparse import coo_matrix
-from scipy.sparse.csgraph import connected_components
+
+from corpus_assets.core.training_view.leakage_graph import component_labels
 
 if TYPE_CHECKING:
     from duckdb import DuckDBPyConnection
@@ -126,8 +126,7 @@ def leaked_components(con: DuckDBPyConnection) -> list[str]:
     size = n + (int(groups.max()) + 1 if n else 0)
     rows = np.concatenate([np.arange(n, dtype=np.int64), a])
     cols = np.concatenate([n + groups, b])
-    graph = coo_matrix((np.ones(len(rows), np.int8), (rows, cols)), shape=(size, size))
-    _, labels = connected_components(graph, directed=False)
+    labels = component_labels(size, rows, cols)
     component = pa.table({"v": np.arange(n, dtype=np.int64), "component": labels[:n]})
     con.register("dd_comp", component)
     found = con.execute(LEAKS).fetchall()
