@@ -28,6 +28,7 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from corpus_assets.core.dedup.fingerprint_store import TextLookup
 from corpus_assets.core.dedup.heldout_search import HeldoutPairs, HeldoutParams, Known, search
@@ -47,8 +48,10 @@ from corpus_assets.core.records.index import ChunkRecords
 from corpus_assets.core.runtime.layers import LayerIndex
 from corpus_assets.core.runtime.workspace import Workspace
 from corpus_assets.core.storage.artifacts import Ref, get_json
+from corpus_assets.core.storage.cas import CasError
 from corpus_assets.core.storage.digests import json_digest
-from corpus_assets.core.storage.duck import VerifiedFiles, cas_parquet, put_query, sql_list
+from corpus_assets.core.storage.duck import cas_parquet, put_query, sql_list
+from corpus_assets.core.storage.table_lookup import TrustedFiles
 from corpus_assets.core.training_view.split_assign import Assignment
 from corpus_assets.core.training_view.split_conflicts import largest_side
 from corpus_assets.core.training_view.split_residual import with_moves
@@ -88,9 +91,18 @@ SELECT least(x.text_digest, y.text_digest) AS a, greatest(x.text_digest, y.text_
 FROM ho_estimated e JOIN ho_members x ON x.row = e.x JOIN ho_members y ON y.row = e.y
 WHERE x.text_digest <> y.text_digest GROUP BY ALL
 """
+STATE_COLUMNS = pa.schema(
+    [
+        ("status", pa.int8()),
+        ("partners", pa.list_(pa.int64())),
+        ("jaccards", pa.list_(pa.float64())),
+    ]
+)
+UNSEARCHED, MEMBER, HELD = 0, 1, 2  # a row's part in the search (``status``)
 FULL, INCREMENTAL = "full", "incremental"
 FETCH = 256  # texts read and fingerprinted together
 Searched = tuple[LayerIndex | None, str, str]  # a splits index, the code it must have, a name
+ParentSplits = tuple[LayerIndex | None, list[ChunkRecords], str]  # its splits, its chunks, a name
 
 
 @dataclass(frozen=True)
@@ -149,6 +161,7 @@ class HeldoutScan:
     spec: SignatureSpec
     thresholds: np.ndarray  # per global row
     params: HeldoutParams
+    rule: ScriptThresholds
 
     @classmethod
     def open(
@@ -179,7 +192,8 @@ class HeldoutScan:
         modes = load_modes(blocks, spec)
         total = sum(c.count for c in chunks)
         taus = rule.by_rank(modes) if modes is not None else np.full(total, float(word))
-        return cls(ws, chunks, blocks, spec, taus, HeldoutParams(spec.num_perm, float(word)))
+        params = HeldoutParams(spec.num_perm, float(word))
+        return cls(ws, chunks, blocks, spec, taus, params, rule)
 
     def pairs(
         self,
@@ -195,18 +209,37 @@ class HeldoutScan:
         Jaccards are taken from ``known``'s tables where they hold the pair. With ``keep``,
         every verified pair is left in ``con`` as ``ho_verified`` (for ``put_verified``).
         With ``changed`` (record ids), only the pairs with at least one of them."""
+        table, stats, _ = self.searched(con, members, known, keep, changed)
+        return table, stats
+
+    def searched(
+        self,
+        con: duckdb.DuckDBPyConnection,
+        members: str,
+        known: Reuse | None = None,
+        keep: bool = True,
+        changed: pa.Array | None = None,
+        prior: "PriorSearch | None" = None,
+    ) -> tuple[pa.Table, dict, pa.Table]:
+        """``pairs``, and the search's state (``STATE_COLUMNS``, one row per global row) for
+        a later search to start from. With ``prior`` (a parent's state), only the pairs with a
+        record new or changed against it are searched; the others are the parent's."""
         rows, ids, splits = self._positions(con, members)
         heldout = rows[splits != TRAIN]
         tables = known.tables if known is not None else ()
         look_up = partial(_known, con, tables)
-        if changed is None:
+        status = np.zeros(len(self.thresholds), dtype=np.int8)
+        status[rows] = np.where(splits != TRAIN, HELD, MEMBER)
+        if prior is not None:
+            same = prior.unchanged(status)
+            moved = rows[~same[rows]]
+            found = self._delta(heldout, rows, moved, look_up)
+            found = _union(found, prior.pairs(same, self.thresholds))
+        elif changed is None:
             found = self._search(heldout, rows, look_up)
         else:
             moved = rows[pc.is_in(ids, value_set=changed).to_numpy(zero_copy_only=False)]
-            found = _union(
-                self._search(heldout[np.isin(heldout, moved)], rows, look_up),
-                self._search(heldout, moved, look_up),
-            )
+            found = self._delta(heldout, rows, moved, look_up)
         if keep:
             _store_verified(con, *found.verified)
         at = np.searchsorted(rows, np.concatenate([found.a, found.b]))
@@ -222,7 +255,15 @@ class HeldoutScan:
             schema=PAIR_COLUMNS,
         )
         stats = {"heldout": len(heldout), "members": len(rows), **found.stats}
-        return table, stats
+        return table, stats, state_table(status, *found.verified)
+
+    def _delta(
+        self, heldout: np.ndarray, rows: np.ndarray, moved: np.ndarray, known: Known
+    ) -> HeldoutPairs:
+        """The pairs with a ``moved`` row (ascending): the moved held-out rows against every
+        member, every held-out row against the moved ones."""
+        first = self._search(heldout[np.isin(heldout, moved)], rows, known)
+        return _union(first, self._search(heldout, moved, known))
 
     def _positions(
         self, con: duckdb.DuckDBPyConnection, members: str
@@ -234,7 +275,7 @@ class HeldoutScan:
                 "split VARCHAR, text_digest VARCHAR)"
             )
             return np.empty(0, np.int64), pa.array([], pa.string()), np.empty(0, object)
-        files = VerifiedFiles(self.ws.cas)
+        files = TrustedFiles(self.ws.cas, self.ws.catalog)  # this build's chunks: hashed before
         paths = [files.path(c.records["digest"], c.what) for c in self.chunks]
         starts = np.cumsum([0, *(c.count for c in self.chunks)])[:-1].tolist()
         con.register("ho_files", pa.table({"filename": paths, "start": starts}))
@@ -256,6 +297,118 @@ class HeldoutScan:
         return search(self.blocks, heldout, rows, self.params, fetch, self.thresholds, known)
 
 
+@dataclass(frozen=True)
+class PriorSearch:
+    """A parent's search state carried to this partition's rows (a chunk with the same
+    records digest holds the same texts, so the same signatures and thresholds)."""
+
+    to_child: np.ndarray  # per parent row, its global row here (-1: its chunk is gone)
+    status: np.ndarray  # per parent row: UNSEARCHED, MEMBER or HELD
+    a: np.ndarray  # every pair the parent estimated, parent rows a < b
+    b: np.ndarray
+    jaccard: np.ndarray
+
+    def unchanged(self, status: np.ndarray) -> np.ndarray:
+        """Per row here, whether the parent had it with this status (so every pair of two
+        such rows was searched, estimated and verified as it would be now)."""
+        same = np.zeros(len(status), dtype=bool)
+        kept = self.to_child >= 0
+        here = self.to_child[kept]
+        same[here] = self.status[kept] == status[here]
+        return same
+
+    def pairs(self, same: np.ndarray, thresholds: np.ndarray) -> HeldoutPairs:
+        """The parent's estimated pairs of two unchanged rows, in rows here, and those at or
+        above their threshold."""
+        x, y = self.to_child[self.a], self.to_child[self.b]
+        kept = (x >= 0) & (y >= 0)
+        kept[kept] = same[x[kept]] & same[y[kept]]
+        x, y, jaccard = x[kept], y[kept], self.jaccard[kept]
+        a, b = np.minimum(x, y), np.maximum(x, y)
+        order = np.lexsort((b, a))
+        a, b, jaccard = a[order], b[order], jaccard[order]
+        hit = jaccard >= np.maximum(thresholds[a], thresholds[b])
+        stats: dict[str, int | float] = {"reused": len(a)}
+        return HeldoutPairs(a[hit], b[hit], jaccard[hit], stats, (a, b, jaccard))
+
+
+def state_table(status: np.ndarray, a: np.ndarray, b: np.ndarray, jaccard: np.ndarray) -> pa.Table:
+    """The search's state: per global row its status and the rows after it that it was
+    estimated with, and their exact Jaccards (each pair once, partners ascending)."""
+    a, b = a.astype(np.int64), b.astype(np.int64)
+    order = np.lexsort((b, a))
+    a, b, jaccard = a[order], b[order], jaccard[order]
+    first = np.r_[True, (np.diff(a) != 0) | (np.diff(b) != 0)][: len(a)]
+    a, b, jaccard = a[first], b[first], jaccard[first]
+    offsets = pa.array(np.searchsorted(a, np.arange(len(status) + 1)), pa.int32())
+    return pa.table(
+        {
+            "status": pa.array(status, pa.int8()),
+            "partners": pa.ListArray.from_arrays(offsets, pa.array(b, pa.int64())),
+            "jaccards": pa.ListArray.from_arrays(offsets, pa.array(jaccard, pa.float64())),
+        },
+        schema=STATE_COLUMNS,
+    )
+
+
+def rule_digest(scan: "HeldoutScan") -> str:
+    """What a stored state's pairs depend on besides the texts and statuses: the signature
+    spec and the thresholds by script (recorded as ``heldout_rule``)."""
+    word, char = scan.rule.word, scan.rule.char
+    return json_digest({"spec": spec_payload(scan.spec), "word": str(word), "char": str(char)})
+
+
+def prior_search(
+    ws: Workspace, scan: "HeldoutScan", parent: "ParentSplits", code: str, policy: str | None
+) -> tuple[PriorSearch | None, str]:
+    """The parent's search state in this partition's rows, when its splits layer ran ``code``
+    under ``policy`` and this rule and its state is still stored; else None and why not."""
+    index, chunks, who = parent
+    if index is None:
+        return None, f"no {who}"
+    if index.code != code or index.policy != policy:
+        return None, f"{who} ran other splits code or policy"
+    if (
+        index.outputs.get("heldout_rule") != rule_digest(scan)
+        or "heldout_state" not in index.outputs
+    ):
+        return None, f"{who} stored no search state under this spec and thresholds"
+    to_child = _row_map(chunks, scan.chunks)
+    if to_child is None:
+        return None, f"{who} or this partition names a records table twice"
+    try:
+        path = TrustedFiles(ws.cas, ws.catalog).path(
+            index.output("heldout_state")["digest"], f"{who} heldout_state"
+        )
+    except CasError:  # collected or damaged: searched again, not failed on
+        return None, f"{who}'s search state is gone from the store"
+    state = pq.read_table(path)
+    if state.num_rows != len(to_child):
+        return None, f"{who}'s search state does not match its records"
+    partners = state["partners"].combine_chunks()
+    a = pc.list_parent_indices(partners).to_numpy().astype(np.int64)
+    b = pc.list_flatten(partners).to_numpy()
+    jaccard = pc.list_flatten(state["jaccards"].combine_chunks()).to_numpy()
+    status = state["status"].to_numpy()
+    return PriorSearch(to_child, status, a, b, jaccard), who
+
+
+def _row_map(parent: list[ChunkRecords], child: list[ChunkRecords]) -> np.ndarray | None:
+    """Per parent global row, the child's global row of the same record (the same records
+    table at the same position), -1 where the child has no such table."""
+    starts = np.cumsum([0, *(c.count for c in child)])[:-1].tolist()
+    where = {c.records["digest"]: start for c, start in zip(child, starts, strict=True)}
+    if len(where) != len(child) or len({c.records["digest"] for c in parent}) != len(parent):
+        return None
+    parts = [
+        np.arange(where[c.records["digest"]], where[c.records["digest"]] + c.count)
+        if c.records["digest"] in where
+        else np.full(c.count, -1)
+        for c in parent
+    ]
+    return np.concatenate(parts).astype(np.int64) if parts else np.empty(0, np.int64)
+
+
 def _union(first: HeldoutPairs, second: HeldoutPairs) -> HeldoutPairs:
     """The pairs of two searches once each, in (a, b) order, and their summed counts."""
     a, b, jaccard = (
@@ -264,7 +417,8 @@ def _union(first: HeldoutPairs, second: HeldoutPairs) -> HeldoutPairs:
     order = np.lexsort((b, a))
     first_of_pair = np.r_[True, (np.diff(a[order]) != 0) | (np.diff(b[order]) != 0)]
     keep = order[first_of_pair[: len(order)]]
-    stats = {k: first.stats.get(k, 0) + second.stats.get(k, 0) for k in first.stats}
+    keys = dict.fromkeys([*first.stats, *second.stats])
+    stats = {k: first.stats.get(k, 0) + second.stats.get(k, 0) for k in keys}
     verified = tuple(np.concatenate(x) for x in zip(first.verified, second.verified, strict=True))
     return HeldoutPairs(a[keep], b[keep], jaccard[keep], stats, verified)
 
