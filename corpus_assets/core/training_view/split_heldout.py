@@ -222,7 +222,7 @@ class HeldoutScan:
         prior: "PriorSearch | None" = None,
     ) -> tuple[pa.Table, dict, pa.Table]:
         """``pairs``, and the search's state (``STATE_COLUMNS``, one row per global row) for
-        a later search to start from. With ``prior`` (a parent's state), only the pairs with a
+        a later search to start from (with ``keep``). With ``prior`` (a parent's state), only the pairs with a
         record new or changed against it are searched; the others are the parent's."""
         rows, ids, splits = self._positions(con, members)
         heldout = rows[splits != TRAIN]
@@ -233,13 +233,13 @@ class HeldoutScan:
         if prior is not None:
             same = prior.unchanged(status)
             moved = rows[~same[rows]]
-            found = self._delta(heldout, rows, moved, look_up)
+            found = self._search(heldout, rows, look_up, moved)
             found = _union(found, prior.pairs(same, self.thresholds))
         elif changed is None:
             found = self._search(heldout, rows, look_up)
         else:
             moved = rows[pc.is_in(ids, value_set=changed).to_numpy(zero_copy_only=False)]
-            found = self._delta(heldout, rows, moved, look_up)
+            found = self._search(heldout, rows, look_up, moved)
         if keep:
             _store_verified(con, *found.verified)
         at = np.searchsorted(rows, np.concatenate([found.a, found.b]))
@@ -255,15 +255,8 @@ class HeldoutScan:
             schema=PAIR_COLUMNS,
         )
         stats = {"heldout": len(heldout), "members": len(rows), **found.stats}
-        return table, stats, state_table(status, *found.verified)
-
-    def _delta(
-        self, heldout: np.ndarray, rows: np.ndarray, moved: np.ndarray, known: Known
-    ) -> HeldoutPairs:
-        """The pairs with a ``moved`` row (ascending): the moved held-out rows against every
-        member, every held-out row against the moved ones."""
-        first = self._search(heldout[np.isin(heldout, moved)], rows, known)
-        return _union(first, self._search(heldout, moved, known))
+        state = state_table(status, *found.verified) if keep else STATE_COLUMNS.empty_table()
+        return table, stats, state
 
     def _positions(
         self, con: duckdb.DuckDBPyConnection, members: str
@@ -288,13 +281,16 @@ class HeldoutScan:
         splits = np.asarray(table["split"].to_numpy(zero_copy_only=False), dtype=object)
         return rows, table["record_id"].combine_chunks(), splits
 
-    def _search(self, heldout: np.ndarray, rows: np.ndarray, known: Known) -> HeldoutPairs:
+    def _search(
+        self, heldout: np.ndarray, rows: np.ndarray, known: Known, moved: np.ndarray | None = None
+    ) -> HeldoutPairs:
         texts = TextLookup(self.ws, self.chunks, verified=True)  # _positions checked them
 
         def fetch(wanted: np.ndarray) -> list[np.ndarray]:
             return _fingerprints(texts, self.spec, wanted)
 
-        return search(self.blocks, heldout, rows, self.params, fetch, self.thresholds, known)
+        taus = self.thresholds
+        return search(self.blocks, heldout, rows, self.params, fetch, taus, known, moved)
 
 
 @dataclass(frozen=True)
@@ -487,9 +483,9 @@ def searched_records(clusters: str, splits: str) -> str:
 def resolve_heldout(result: Assignment, pairs: pa.Table, clusters: str) -> Assignment:
     """Move the smaller sides of every union of (leakage component, split) that a found pair
     joins across splits; ``clusters`` is the dedup clusters relation over ``result.con``."""
+    if not pc.any(pc.not_equal(pairs["split_a"], pairs["split_b"])).as_py():
+        return result  # no pair spans two splits (the rows are not made Python objects)
     rows = pairs.to_pylist()
-    if all(p["split_a"] == p["split_b"] for p in rows):
-        return result
     con = result.con
     con.register("ho_pairs", pairs)
     nodes = con.execute(
