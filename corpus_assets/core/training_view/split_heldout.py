@@ -50,7 +50,7 @@ from corpus_assets.core.runtime.workspace import Workspace
 from corpus_assets.core.storage.artifacts import Ref, get_json
 from corpus_assets.core.storage.cas import CasError
 from corpus_assets.core.storage.digests import json_digest
-from corpus_assets.core.storage.duck import cas_parquet, put_query, sql_list
+from corpus_assets.core.storage.duck import VerifiedFiles, cas_parquet, put_query, sql_list
 from corpus_assets.core.storage.table_lookup import TrustedFiles
 from corpus_assets.core.training_view.split_assign import Assignment
 from corpus_assets.core.training_view.split_conflicts import largest_side
@@ -162,13 +162,19 @@ class HeldoutScan:
     thresholds: np.ndarray  # per global row
     params: HeldoutParams
     rule: ScriptThresholds
+    files: VerifiedFiles  # how the canonical tables are read (verified, or trusted unchanged)
 
     @classmethod
     def open(
-        cls, ws: Workspace, chunks: list[ChunkRecords], dedup: LayerIndex
+        cls,
+        ws: Workspace,
+        chunks: list[ChunkRecords],
+        dedup: LayerIndex,
+        files: VerifiedFiles | None = None,
     ) -> "HeldoutScan | None":
         """The scan of a partition whose dedup layer is ``dedup`` (None without near-dedup:
-        no signatures, no near pairs to look for)."""
+        no signatures, no near pairs to look for); ``files`` reads its canonical tables (by
+        default trusted while unchanged since they last hashed right)."""
         report = DedupReport.parse(get_json(ws.cas, dedup.output("report"), "dedup report"))
         near = report.near
         if near is None:
@@ -193,7 +199,8 @@ class HeldoutScan:
         total = sum(c.count for c in chunks)
         taus = rule.by_rank(modes) if modes is not None else np.full(total, float(word))
         params = HeldoutParams(spec.num_perm, float(word))
-        return cls(ws, chunks, blocks, spec, taus, params, rule)
+        files = files if files is not None else TrustedFiles(ws.cas, ws.catalog)
+        return cls(ws, chunks, blocks, spec, taus, params, rule, files)
 
     def pairs(
         self,
@@ -221,9 +228,10 @@ class HeldoutScan:
         changed: pa.Array | None = None,
         prior: "PriorSearch | None" = None,
     ) -> tuple[pa.Table, dict, pa.Table]:
-        """``pairs``, and the search's state (``STATE_COLUMNS``, one row per global row) for
-        a later search to start from (with ``keep``). With ``prior`` (a parent's state), only the pairs with a
-        record new or changed against it are searched; the others are the parent's."""
+        """``pairs``, and the search's state (``STATE_COLUMNS``, one row per global row, with
+        ``keep``) for a later search to start from. With ``prior`` (a parent's state), only
+        the pairs with a record new or changed against it are searched; the others are the
+        parent's."""
         rows, ids, splits = self._positions(con, members)
         heldout = rows[splits != TRAIN]
         tables = known.tables if known is not None else ()
@@ -268,8 +276,7 @@ class HeldoutScan:
                 "split VARCHAR, text_digest VARCHAR)"
             )
             return np.empty(0, np.int64), pa.array([], pa.string()), np.empty(0, object)
-        files = TrustedFiles(self.ws.cas, self.ws.catalog)  # this build's chunks: hashed before
-        paths = [files.path(c.records["digest"], c.what) for c in self.chunks]
+        paths = [self.files.path(c.records["digest"], c.what) for c in self.chunks]
         starts = np.cumsum([0, *(c.count for c in self.chunks)])[:-1].tolist()
         con.register("ho_files", pa.table({"filename": paths, "start": starts}))
         con.execute(POSITIONS.format(paths=sql_list(paths), members=members))
