@@ -53,7 +53,9 @@ def heldout_near_apart(ws: Workspace) -> Gate:
         if scan is None:  # near-dedup off: no signatures, no threshold
             return []
         path = ev.files.path(ev.dedup.output("clusters")["digest"], "dedup clusters")
-        records = searched_records(f"read_parquet({sql_list([path])})", "members")
+        searched = searched_records(f"read_parquet({sql_list([path])})", "members")
+        ev.con.execute(f"CREATE OR REPLACE TEMP TABLE ho_searched AS {searched}")
+        records = "SELECT * FROM ho_searched"  # read twice: the changed records and the search
         known = reuse(ws, ev.dedup, scan.spec, (ev.splits, SPLITS_CODE, "splits layer"))
         changed = changed_since_parent(ws, ev, records)
         if changed is not None:

@@ -67,29 +67,24 @@ PAIR_COLUMNS = pa.schema(
     ]
 )
 POSITIONS = """
-CREATE OR REPLACE TEMP TABLE ho_members AS
 WITH pos AS (
     SELECT r.record_id, r.object, r.line, r.text_digest, f.start + r.file_row_number AS row
     FROM read_parquet({paths}, filename = true, file_row_number = true) r
     JOIN ho_files f USING (filename))
-SELECT p.row, m.record_id, m.split, p.text_digest FROM ({members}) m
+SELECT p.row, m.record_id, m.split FROM ({members}) m
 JOIN pos p ON m.record_id = p.record_id AND m.object = p.object AND m.line = p.line
+ORDER BY p.row
 """
 KNOWN = """
-WITH q AS (
-    SELECT e.i, least(x.text_digest, y.text_digest) AS a,
-        greatest(x.text_digest, y.text_digest) AS b
-    FROM ho_estimated e JOIN ho_members x ON x.row = e.x JOIN ho_members y ON y.row = e.y)
+WITH q AS (SELECT i, least(x, y) AS a, greatest(x, y) AS b FROM ho_estimated)
 SELECT i, min(jaccard) AS jaccard FROM (
     SELECT i, 1.0::DOUBLE AS jaccard FROM q WHERE a = b
     {sources}) GROUP BY i
 """
 VERIFIED = """
 CREATE OR REPLACE TEMP TABLE ho_verified AS
-SELECT least(x.text_digest, y.text_digest) AS a, greatest(x.text_digest, y.text_digest) AS b,
-    min(e.jaccard) AS jaccard
-FROM ho_estimated e JOIN ho_members x ON x.row = e.x JOIN ho_members y ON y.row = e.y
-WHERE x.text_digest <> y.text_digest GROUP BY ALL
+SELECT least(x, y) AS a, greatest(x, y) AS b, min(jaccard) AS jaccard
+FROM ho_estimated WHERE x <> y GROUP BY ALL
 """
 STATE_COLUMNS = pa.schema(
     [
@@ -98,6 +93,7 @@ STATE_COLUMNS = pa.schema(
         ("jaccards", pa.list_(pa.float64())),
     ]
 )
+EMPTY_ROWS = np.empty(0, dtype=np.int64)
 UNSEARCHED, MEMBER, HELD = 0, 1, 2  # a row's part in the search (``status``)
 FULL, INCREMENTAL = "full", "incremental"
 FETCH = 256  # texts read and fingerprinted together
@@ -232,12 +228,14 @@ class HeldoutScan:
         ``keep``) for a later search to start from. With ``prior`` (a parent's state), only
         the pairs with a record new or changed against it are searched; the others are the
         parent's."""
-        rows, ids, splits = self._positions(con, members)
-        heldout = rows[splits != TRAIN]
+        found_in = self._positions(con, members)
+        rows = found_in.rows
+        held = pc.not_equal(found_in.splits, TRAIN).to_numpy(zero_copy_only=False)[found_in.order]
+        heldout = rows[held]
         tables = known.tables if known is not None else ()
-        look_up = partial(_known, con, tables)
+        look_up = partial(_known, con, tables, found_in.digests)
         status = np.zeros(len(self.thresholds), dtype=np.int8)
-        status[rows] = np.where(splits != TRAIN, HELD, MEMBER)
+        status[rows] = np.where(held, HELD, MEMBER)
         if prior is not None:
             same = prior.unchanged(status)
             moved = rows[~same[rows]]
@@ -246,47 +244,57 @@ class HeldoutScan:
         elif changed is None:
             found = self._search(heldout, rows, look_up)
         else:
-            moved = rows[pc.is_in(ids, value_set=changed).to_numpy(zero_copy_only=False)]
+            is_moved = pc.is_in(found_in.ids, value_set=changed).to_numpy(zero_copy_only=False)
+            moved = rows[is_moved[found_in.order]]
             found = self._search(heldout, rows, look_up, moved)
         if keep:
-            _store_verified(con, *found.verified)
-        at = np.searchsorted(rows, np.concatenate([found.a, found.b]))
-        a_at, b_at = at[: len(found.a)], at[len(found.a) :]
-        table = pa.table(
-            {
-                "record_a": ids.take(pa.array(a_at, pa.int64())),
-                "split_a": pa.array(splits[a_at].astype(str)),
-                "record_b": ids.take(pa.array(b_at, pa.int64())),
-                "split_b": pa.array(splits[b_at].astype(str)),
-                "jaccard": pa.array(found.jaccard, pa.float64()),
-            },
-            schema=PAIR_COLUMNS,
-        )
+            _store_verified(con, found_in.digests, *found.verified)
+        table = found_in.pairs(found)
         stats = {"heldout": len(heldout), "members": len(rows), **found.stats}
         state = state_table(status, *found.verified) if keep else STATE_COLUMNS.empty_table()
         return table, stats, state
 
-    def _positions(
-        self, con: duckdb.DuckDBPyConnection, members: str
-    ) -> tuple[np.ndarray, pa.Array, np.ndarray]:
-        """Members' global canonical rows (ascending), record ids and splits."""
+    def _positions(self, con: duckdb.DuckDBPyConnection, members: str) -> "_Members":
+        """The members' global canonical rows, record ids and splits, and every row's text
+        digest (record ids looked up in the canonical tables, object and line checked)."""
         if not self.chunks:
-            con.execute(
-                "CREATE OR REPLACE TEMP TABLE ho_members (row BIGINT, record_id VARCHAR, "
-                "split VARCHAR, text_digest VARCHAR)"
-            )
-            return np.empty(0, np.int64), pa.array([], pa.string()), np.empty(0, object)
+            none = pa.array([], pa.string())
+            return _Members(np.empty(0, np.int64), EMPTY_ROWS, none, none, pa.chunked_array([none]))
         paths = [self.files.path(c.records["digest"], c.what) for c in self.chunks]
+        columns = ["record_id", "object", "line", "text_digest"]
+        canonical = pa.concat_tables(pq.read_table(path, columns=columns) for path in paths)
+        table = con.sql(f"SELECT record_id, object, line, split FROM ({members})").to_arrow_table()
+        at = pc.index_in(table["record_id"], value_set=canonical["record_id"].combine_chunks())
+        found = pc.is_valid(at)
+        if pc.all(found).as_py() is False:  # members without a canonical row: none joined
+            table, at = table.filter(found), at.filter(found)
+        at = at.cast(pa.int64())
+        same = pc.and_(
+            pc.equal(canonical["object"].take(at), table["object"]),
+            pc.equal(canonical["line"].take(at), table["line"]),
+        )
+        if pc.all(same).as_py() is False:  # a record id elsewhere too: joined in SQL
+            return self._joined(con, members, paths, canonical["text_digest"])
+        rows = at.to_numpy()
+        order = np.argsort(rows, kind="stable")
+        ids, splits = table["record_id"], table["split"]
+        return _Members(rows[order], order, ids, splits, canonical["text_digest"])
+
+    def _joined(
+        self,
+        con: duckdb.DuckDBPyConnection,
+        members: str,
+        paths: list[str],
+        digests: pa.ChunkedArray,
+    ) -> "_Members":
+        """``_positions`` as one SQL join on (record id, object, line)."""
         starts = np.cumsum([0, *(c.count for c in self.chunks)])[:-1].tolist()
         con.register("ho_files", pa.table({"filename": paths, "start": starts}))
-        con.execute(POSITIONS.format(paths=sql_list(paths), members=members))
-        table = con.sql(
-            "SELECT row, record_id, split FROM ho_members ORDER BY row"
-        ).to_arrow_table()
+        table = con.sql(POSITIONS.format(paths=sql_list(paths), members=members)).to_arrow_table()
         con.unregister("ho_files")
         rows = table["row"].to_numpy().astype(np.int64)
-        splits = np.asarray(table["split"].to_numpy(zero_copy_only=False), dtype=object)
-        return rows, table["record_id"].combine_chunks(), splits
+        ids, splits = table["record_id"].combine_chunks(), table["split"].combine_chunks()
+        return _Members(rows, np.arange(len(rows)), ids, splits, digests)
 
     def _search(
         self, heldout: np.ndarray, rows: np.ndarray, known: Known, moved: np.ndarray | None = None
@@ -298,6 +306,33 @@ class HeldoutScan:
 
         taus = self.thresholds
         return search(self.blocks, heldout, rows, self.params, fetch, taus, known, moved)
+
+
+@dataclass(frozen=True)
+class _Members:
+    """The searched members by global row, and every canonical row's text digest."""
+
+    rows: np.ndarray  # ascending global rows
+    order: np.ndarray  # per ``rows[i]``, its index in ``ids`` and ``splits``
+    ids: pa.Array | pa.ChunkedArray
+    splits: pa.Array | pa.ChunkedArray
+    digests: pa.ChunkedArray  # per global row
+
+    def pairs(self, found: HeldoutPairs) -> pa.Table:
+        """The found pairs as ``PAIR_COLUMNS`` rows, in the search's (a, b) order."""
+        at = self.order[np.searchsorted(self.rows, np.concatenate([found.a, found.b]))]
+        a_at = pa.array(at[: len(found.a)], pa.int64())
+        b_at = pa.array(at[len(found.a) :], pa.int64())
+        return pa.table(
+            {
+                "record_a": self.ids.take(a_at),
+                "split_a": self.splits.take(a_at),
+                "record_b": self.ids.take(b_at),
+                "split_b": self.splits.take(b_at),
+                "jaccard": pa.array(found.jaccard, pa.float64()),
+            },
+            schema=PAIR_COLUMNS,
+        )
 
 
 @dataclass(frozen=True)
@@ -431,14 +466,18 @@ def _triple(pairs: HeldoutPairs) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 def _known(
-    con: duckdb.DuckDBPyConnection, tables: tuple[str, ...], a: np.ndarray, b: np.ndarray
+    con: duckdb.DuckDBPyConnection,
+    tables: tuple[str, ...],
+    digests: pa.ChunkedArray,
+    a: np.ndarray,
+    b: np.ndarray,
 ) -> np.ndarray:
     """The Jaccard of each pair of member rows already known (nan where not): 1.0 for two
     identical texts, else the one a table holds for the two text digests."""
     union = "".join(
         f" UNION ALL SELECT q.i, t.jaccard FROM q JOIN {t} t USING (a, b)" for t in tables
     )
-    con.register("ho_estimated", pa.table({"i": np.arange(len(a)), "x": a, "y": b}))
+    con.register("ho_estimated", _by_digest(digests, a, b, {"i": np.arange(len(a))}))
     try:
         found = con.sql(KNOWN.format(sources=union)).to_arrow_table()
     finally:
@@ -449,14 +488,27 @@ def _known(
 
 
 def _store_verified(
-    con: duckdb.DuckDBPyConnection, x: np.ndarray, y: np.ndarray, jaccard: np.ndarray
+    con: duckdb.DuckDBPyConnection,
+    digests: pa.ChunkedArray,
+    x: np.ndarray,
+    y: np.ndarray,
+    jaccard: np.ndarray,
 ) -> None:
     """The verified pairs of member rows as text-digest pairs (``ho_verified``)."""
-    con.register("ho_estimated", pa.table({"x": x, "y": y, "jaccard": jaccard}))
+    con.register("ho_estimated", _by_digest(digests, x, y, {"jaccard": jaccard}))
     try:
         con.execute(VERIFIED)
     finally:
         con.unregister("ho_estimated")
+
+
+def _by_digest(
+    digests: pa.ChunkedArray, x: np.ndarray, y: np.ndarray, extra: dict[str, np.ndarray]
+) -> pa.Table:
+    """Pairs of rows as their two text digests ``x`` and ``y``, with ``extra`` columns."""
+    xs = digests.take(pa.array(x, pa.int64()))
+    ys = digests.take(pa.array(y, pa.int64()))
+    return pa.table({**extra, "x": xs, "y": ys})
 
 
 def _fingerprints(texts: TextLookup, spec: SignatureSpec, rows: np.ndarray) -> list[np.ndarray]:
