@@ -101,7 +101,10 @@ def _band_pairs(
     columns: np.ndarray, band: int, heldout: np.ndarray, members: np.ndarray, n: int
 ) -> np.ndarray:
     """Packed ``a * n + b`` (sorted unique, no self pairs) of the held-out records and members
-    whose keys of this band are equal (keys computed only for them and the prefilter's hits)."""
+    whose keys of this band are equal (keys computed only for the smaller side and the
+    prefilter's hits on the other: a pair is the same whichever side it is looked up from)."""
+    if len(heldout) > len(members):
+        heldout, members = members, heldout
     probing = members[_prefilter(columns[0, heldout], columns[0, members])]
     held = band_keys(columns[:, heldout], band)
     order = np.argsort(held, kind="stable")
