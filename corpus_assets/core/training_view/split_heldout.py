@@ -16,8 +16,17 @@ out) is stored as ``heldout_verified``. A Jaccard depends on the two texts and t
 spec only, so a later search takes it from there instead of reading and shingling the texts:
 the child snapshot's splits layer from its parent's table, the gate from its own snapshot's
 (each only when the layer that stored it ran this code and spec), both from the dedup layer's
-verified ``pairs`` (when it ran the current dedup code). The candidates, estimate and
-thresholds are always computed afresh, so the pairs are the same as without any reuse.
+verified ``pairs`` (when it ran the current dedup code).
+
+Whether a pair is a candidate, estimated and above its threshold depends on its two records
+only (their texts, and which of them is held out) under the spec and thresholds. So the search
+also stores its state, ``heldout_state``: per global canonical row its status (not searched,
+member, held out) and every pair it estimated, with the exact Jaccard. A child whose parent's
+splits layer ran this code under this policy, spec and thresholds (``heldout_rule``) maps the
+parent's rows to its own through the records tables they share (the same digest holds the same
+records in the same order), takes the parent's pairs of two rows whose status is unchanged,
+and searches only the pairs with a new or changed row. Its outputs are the bytes a full search
+writes; without such a parent state (none, other code, collected) it searches every pair.
 """
 
 from dataclasses import dataclass
