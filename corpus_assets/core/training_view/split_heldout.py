@@ -32,6 +32,7 @@ writes; without such a parent state (none, other code, collected) it searches ev
 from dataclasses import dataclass
 from decimal import Decimal
 from functools import partial
+from pathlib import Path
 
 import duckdb
 import numpy as np
@@ -46,12 +47,7 @@ from corpus_assets.core.dedup.minhash import fingerprints
 from corpus_assets.core.dedup.near_rule import CHAR, ScriptThresholds
 from corpus_assets.core.dedup.pair_cache import PAIR_COLUMNS as VERIFIED_COLUMNS
 from corpus_assets.core.dedup.report import DedupReport
-from corpus_assets.core.dedup.signature_cache import (
-    BandMajorFile,
-    ChunkSignatures,
-    load_modes,
-    load_signatures,
-)
+from corpus_assets.core.dedup.signature_cache import BandMajorFile, file_rows, load_modes
 from corpus_assets.core.dedup.signature_spec import SignatureSpec, spec_payload
 from corpus_assets.core.records.index import ChunkRecords
 from corpus_assets.core.runtime.layers import LayerIndex
@@ -178,8 +174,8 @@ class HeldoutScan:
         files: VerifiedFiles | None = None,
     ) -> "HeldoutScan | None":
         """The scan of a partition whose dedup layer is ``dedup`` (None without near-dedup:
-        no signatures, no near pairs to look for); ``files`` reads its canonical tables (by
-        default trusted while unchanged since they last hashed right)."""
+        no signatures, no near pairs to look for); ``files`` reads its signatures and canonical
+        tables (by default trusted while unchanged since they last hashed right)."""
         report = DedupReport.parse(get_json(ws.cas, dedup.output("report"), "dedup report"))
         near = report.near
         if near is None:
@@ -192,11 +188,9 @@ class HeldoutScan:
             shingle_words=payload["shingle_words"],
             shingle_chars=payload["shingle_chars"],
         )
+        files = files if files is not None else TrustedFiles(ws.cas, ws.catalog)
         refs = {s["chunk"]: s["signatures"] for s in dedup.outputs["signatures"]}
-        blocks = [
-            load_signatures(ws, ChunkSignatures(c.key, c.count, refs[c.key]["digest"], False), spec)
-            for c in chunks
-        ]
+        blocks = [_signatures(files, c, refs[c.key]["digest"], spec) for c in chunks]
         word = Decimal(near.lsh.threshold)
         char = [Decimal(r.threshold) for r in near.near_dedup_by_script if r.script == CHAR]
         rule = ScriptThresholds(word, max([word, *char]))
@@ -204,7 +198,6 @@ class HeldoutScan:
         total = sum(c.count for c in chunks)
         taus = rule.by_rank(modes) if modes is not None else np.full(total, float(word))
         params = HeldoutParams(spec.num_perm, float(word))
-        files = files if files is not None else TrustedFiles(ws.cas, ws.catalog)
         return cls(ws, chunks, blocks, spec, taus, params, rule, files)
 
     def pairs(
@@ -315,6 +308,21 @@ class HeldoutScan:
 
         taus = self.thresholds
         return search(self.blocks, heldout, rows, self.params, fetch, taus, known, moved)
+
+
+def _signatures(
+    files: VerifiedFiles, chunk: ChunkRecords, digest: str, spec: SignatureSpec
+) -> BandMajorFile:
+    """A chunk's signatures read through ``files`` (hashed, or trusted while unchanged since
+    they hashed right), checked for shape as ``load_signatures`` checks them."""
+    what = f"MinHash signatures of chunk {chunk.key}"
+    block = BandMajorFile.open(Path(files.path(digest, what)))
+    if (block.num_perm, block.records) != (file_rows(spec), chunk.count):
+        raise ValueError(
+            f"{what} ({digest}) holds {block.num_perm} x {block.records} values, "
+            f"expected {file_rows(spec)} x {chunk.count}"
+        )
+    return block
 
 
 @dataclass(frozen=True)
