@@ -13,15 +13,17 @@ import json
 import time
 
 import duckdb
+import pyarrow.compute as pc
 
 from corpus_assets.core.governance import states
 from corpus_assets.core.ingest.freeze import freeze
+from corpus_assets.core.pipeline import BUILDERS
 from corpus_assets.core.records.index import CanonicalIndex
 from corpus_assets.core.runtime.layers import load_index
 from corpus_assets.core.runtime.workspace import Workspace, open_workspace
 from corpus_assets.core.storage.artifacts import get_json
 from corpus_assets.core.storage.duck import cas_parquet
-from corpus_assets.core.training_view import split_heldout, splits
+from corpus_assets.core.training_view import splits
 from corpus_assets.core.training_view.split_heldout import (
     HeldoutScan,
     PriorSearch,
@@ -47,8 +49,6 @@ def parent_state(ws: Workspace, partition: str) -> PriorSearch:
         _, _, state = scan.searched(con, searched_records(clusters, "final"))
     child = CanonicalIndex.read(ws, partition)[1].chunks()
     partners = state["partners"].combine_chunks()
-    import pyarrow.compute as pc
-
     return PriorSearch(
         _row_map(chunks, child),
         state["status"].to_numpy(),
@@ -68,9 +68,8 @@ def main() -> None:
         if not args.full:
             prior = parent_state(ws, args.partition)
             splits.prior_search = lambda *_: (prior, "bench")  # type: ignore[assignment]
-        assert split_heldout
         wall, cpu = time.perf_counter(), time.process_time()
-        result = splits.build_splits(ws, args.partition)
+        result = BUILDERS["splits"](ws, args.partition)  # as bench/race.py --child runs it
         search = result.details["heldout_search"]
         print(
             json.dumps(
