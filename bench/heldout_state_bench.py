@@ -58,6 +58,12 @@ def parent_state(ws: Workspace, partition: str) -> PriorSearch:
     )
 
 
+def _vm_hwm_kb() -> int:
+    """The process's peak resident set (it includes the untimed parent search)."""
+    with open("/proc/self/status") as fh:
+        return next((int(line.split()[1]) for line in fh if line.startswith("VmHWM:")), 0)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("config")
@@ -76,6 +82,7 @@ def main() -> None:
                 {
                     "wall": time.perf_counter() - wall,
                     "cpu": time.process_time() - cpu,
+                    "peak_mb": _vm_hwm_kb() / 1024,
                     "state": search.get("state"),
                     "reused": search.get("reused"),
                     "candidates": search.get("candidates"),
