@@ -17,7 +17,9 @@ from corpus_assets.core.release.gates import canary_chunks
 from corpus_assets.core.release.heldout_check import changed_since_parent
 from corpus_assets.core.release.validation import validate_snapshot
 from corpus_assets.core.release.verify import Report, load_manifest, resolve
+from corpus_assets.core.runtime.layers import load_index
 from corpus_assets.core.runtime.workspace import Workspace, open_workspace
+from corpus_assets.core.storage.cas import ContentStore
 from corpus_assets.core.storage.duck import sql_list
 from corpus_assets.core.training_view.split_heldout import HeldoutScan, searched_records
 from corpus_assets.selftest.corpus import write_zstd_jsonl
@@ -163,3 +165,35 @@ def test_a_parent_whose_table_was_tampered_with_is_not_trusted_for_the_held_out_
     report = validate_snapshot(workspace, child, trust_unchanged=True)
     assert report.ok, report.findings
     assert report.rules_narrowed == []
+
+
+@SQLITE
+def test_the_child_check_does_not_hash_again_what_it_or_its_parents_check_hashed(
+    workspace: Workspace, demo_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The build's check of a child reads its parent's members and clusters tables (for the
+    records changed since the parent's search) trusting them while their files are unchanged
+    since they last hashed right, as it trusts its own: it hashes none of them again, nor the
+    signatures its own verify hashed."""
+    parent, child = _parent_and_child(workspace, demo_home)
+    manifest = load_manifest(workspace.cas, resolve(workspace.catalog, parent.snapshot_id))
+    dedup = load_index(workspace.cas, manifest["layers"]["dedup_clusters"], "dedup_clusters")
+    theirs = {manifest["members"]["digest"], dedup.output("clusters")["digest"]}
+    hashed: list[str] = []
+    verify = ContentStore.verify
+
+    def counted(self: ContentStore, digest: str, *args: object, **kwargs: object) -> object:
+        hashed.append(digest)
+        return verify(self, digest, *args, **kwargs)
+
+    monkeypatch.setattr(ContentStore, "verify", counted)
+    report = validate_snapshot(workspace, child, trust_unchanged=True)
+    assert report.ok and "heldout_near_apart" in report.rules_narrowed, report.findings
+    assert theirs.isdisjoint(hashed), theirs & set(hashed)
+    # the signatures it shares with its parent: trusted by verify, not hashed by the search
+    ours = load_manifest(workspace.cas, resolve(workspace.catalog, child))
+    mine = load_index(workspace.cas, ours["layers"]["dedup_clusters"], "dedup_clusters")
+    shared = {s["signatures"]["digest"] for s in mine.outputs["signatures"]} & {
+        s["signatures"]["digest"] for s in dedup.outputs["signatures"]
+    }
+    assert shared and shared.isdisjoint(hashed), shared & set(hashed)

@@ -12,6 +12,7 @@ import random
 from pathlib import Path
 
 import duckdb
+import pyarrow as pa
 import pytest
 
 from corpus_assets.core.governance import states
@@ -26,12 +27,14 @@ from corpus_assets.core.training_view.split_heldout import (
     FULL,
     INCREMENTAL,
     HeldoutScan,
+    PriorSearch,
     Reuse,
+    prior_search,
     put_verified,
     reuse,
     searched_records,
 )
-from corpus_assets.core.training_view.splits import CODE
+from corpus_assets.core.training_view.splits import CODE, build_splits
 
 ESSAYS = Path("demo-sources") / "essays"
 
@@ -134,4 +137,64 @@ def test_a_parents_collected_tables_are_computed_again_not_failed_on(demo_home: 
         "mode": "full",
         "reason": f"parent {sid}'s verified pairs are gone from the store",
     }
+    ws.close()
+
+
+def _searched(
+    ws: Workspace, scan: HeldoutScan, splits: LayerIndex, flip: str, prior: PriorSearch | None
+) -> tuple[list, str, pa.Table]:
+    """The search over the child's published splits, ``flip`` (a SQL condition on record_id)
+    moving some records to test: its pairs, ``heldout_verified`` digest and state."""
+    with duckdb.connect() as con:
+        con.execute(
+            f"CREATE TABLE final AS SELECT record_id, CASE WHEN {flip} THEN 'test' ELSE split "
+            f"END AS split FROM {cas_parquet(ws.cas, splits.output('splits'), 'splits')}"
+        )
+        clusters = cas_parquet(ws.cas, scan_dedup(ws).output("clusters"), "clusters")
+        pairs, _, state = scan.searched(con, searched_records(clusters, "final"), prior=prior)
+        return pairs.to_pylist(), put_verified(ws, con)["digest"], state
+
+
+def scan_dedup(ws: Workspace) -> LayerIndex:
+    return read_layer_index(ws, "p2", "dedup_clusters")[1]
+
+
+def test_a_child_searches_only_its_changed_records_and_stores_what_a_full_search_does(
+    demo_home: Path,
+) -> None:
+    """The child's splits layer starts from its parent's search state: the pairs of two records
+    the parent searched with the same status are the parent's, only the others are searched.
+    Its outputs are the bytes of a full search (its parent's state gone from the store), and a
+    search over statuses many of which changed finds the pairs a full search finds."""
+    ws = open_workspace()
+    sid = build_all(ws, "p1")["manifest"].digests["snapshotId"]
+    approve(ws, sid, by="reviewer")
+    activate(ws, sid, actor="test")
+    _add_near_copies(demo_home)
+    child = build_all(ws, "p2")["splits"]
+    search = child.details["heldout_search"]
+    assert child.run_stats["heldout_state_reused"] == 1, search
+    assert search["reused"] > 0 and search["candidates"] > 0, search
+
+    parent = _parent_splits(ws, "p2")
+    manifest = get_json(ws.cas, states.get(ws.catalog, sid).manifest_digest, "manifest")
+    chunks = CanonicalIndex.load(ws.cas, manifest["layers"]["canonical_records"]).chunks()
+    scan = HeldoutScan.open(ws, CanonicalIndex.read(ws, "p2")[1].chunks(), scan_dedup(ws))
+    assert scan is not None
+    policy = ws.config.policy_digest("splits")
+    prior, why = prior_search(ws, scan, (parent, chunks, "parent"), CODE, policy)
+    assert prior is not None, why
+    _, splits = read_layer_index(ws, "p2", "splits")
+    for flip in ("false", "hash(record_id) % 3 = 0"):
+        plain = _searched(ws, scan, splits, flip, None)
+        reused = _searched(ws, scan, splits, flip, prior)
+        assert plain[:2] == reused[:2] and len(plain[0]) > 0, flip
+        assert plain[2].equals(reused[2]), flip
+
+    ws.cas.local_path(parent.output("heldout_state")["digest"]).unlink()
+    again = build_splits(ws, "p2")
+    assert again.details["heldout_search"]["state"] == FULL
+    reason = again.details["heldout_search"]["state_reason"]
+    assert reason == f"parent {sid}'s search state is gone from the store", reason
+    assert again.digests == child.digests
     ws.close()

@@ -69,10 +69,10 @@ class HeldoutPairs:
     verified: tuple[np.ndarray, np.ndarray, np.ndarray] = (EMPTY, EMPTY, np.empty(0))
 
 
-def _band(blocks: Sequence[SignatureBlock], band: int, rows: int) -> np.ndarray:
-    """One band's 64-bit keys for every record (blocks end to end)."""
-    keys = [band_keys(block.band(band, rows), band) for block in blocks]
-    return np.concatenate(keys) if keys else np.empty(0, dtype=np.uint64)
+def _columns(blocks: Sequence[SignatureBlock], band: int, rows: int) -> np.ndarray:
+    """One band's ``(rows, records)`` signature values for every record (blocks end to end)."""
+    parts = [block.band(band, rows) for block in blocks]
+    return np.concatenate(parts, axis=1) if parts else np.empty((rows, 0), dtype=np.uint32)
 
 
 def _unique(values: np.ndarray) -> np.ndarray:
@@ -81,10 +81,11 @@ def _unique(values: np.ndarray) -> np.ndarray:
 
 
 def _prefilter(held: np.ndarray, probe: np.ndarray) -> np.ndarray:
-    """Indices of ``probe`` whose key may be among ``held``: a bitmap over the keys' low bits
-    (at least 8 slots per held key) drops most members before the binary search."""
+    """Indices of ``probe`` whose band may equal one of ``held``'s: a bitmap over the low bits
+    of the band's first values (at least 8 slots per held record) drops most members before
+    any key is computed."""
     bits = min(26, max(16, len(held).bit_length() + 3))
-    mask = np.uint64((1 << bits) - 1)
+    mask = np.uint32((1 << bits) - 1)
     table = np.zeros(1 << bits, dtype=bool)
     table[held & mask] = True
     return np.flatnonzero(table[probe & mask])
@@ -96,38 +97,58 @@ def _runs(values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return starts, values[starts], np.diff(np.r_[starts, len(values)])
 
 
+def _band_pairs(
+    columns: np.ndarray, band: int, heldout: np.ndarray, members: np.ndarray, n: int
+) -> np.ndarray:
+    """Packed ``a * n + b`` (sorted unique, no self pairs) of the held-out records and members
+    whose keys of this band are equal (keys computed only for the smaller side and the
+    prefilter's hits on the other: a pair is the same whichever side it is looked up from)."""
+    if len(heldout) > len(members):
+        heldout, members = members, heldout
+    probing = members[_prefilter(columns[0, heldout], columns[0, members])]
+    held = band_keys(columns[:, heldout], band)
+    order = np.argsort(held, kind="stable")
+    starts, unique_keys, counts = _runs(held[order])
+    probe = band_keys(columns[:, probing], band)
+    by_key = np.argsort(probe)  # sorted needles: the binary search walks forward
+    probe, probing = probe[by_key], probing[by_key]
+    at = np.minimum(np.searchsorted(unique_keys, probe), len(unique_keys) - 1)
+    hit = unique_keys[at] == probe
+    probing, lo, count = probing[hit], starts[at[hit]], counts[at[hit]]
+    total = int(count.sum())
+    if not total:
+        return EMPTY
+    m = np.repeat(probing, count)
+    step = np.arange(total) - np.repeat(np.cumsum(count) - count, count)
+    h = heldout[order[np.repeat(lo, count) + step]]
+    keep = h != m
+    a, b = np.minimum(h[keep], m[keep]), np.maximum(h[keep], m[keep])
+    return _unique(a.astype(np.int64) * n + b)
+
+
 def candidates(
     blocks: Sequence[SignatureBlock],
     heldout: np.ndarray,
     members: np.ndarray,
     p: HeldoutParams,
     n: int,
+    moved: np.ndarray | None = None,
 ) -> np.ndarray:
     """Packed ``a * n + b`` (a < b, global rows, ``n`` records in the blocks) of every held-out
-    record and member sharing a band key, sorted unique; self pairs are left out."""
+    record and member sharing a band key, sorted unique; self pairs are left out. With
+    ``moved`` (ascending rows, members), only the pairs with a moved record: the moved held-out
+    records against every member and every held-out record against the moved members, each
+    band read once for both."""
+    if moved is None:
+        sides = [(heldout, members)]
+    else:
+        sides = [(heldout[np.isin(heldout, moved)], members), (heldout, moved)]
+    sides = [(h, m) for h, m in sides if len(h) and len(m)]
     found: list[np.ndarray] = []
-    for band in range(p.bands if len(heldout) else 0):
-        keys = _band(blocks, band, p.rows)
-        held = keys[heldout]
-        order = np.argsort(held, kind="stable")
-        starts, unique_keys, counts = _runs(held[order])
-        probing = members[_prefilter(held, keys[members])]
-        probe = keys[probing]
-        del keys
-        by_key = np.argsort(probe)  # sorted needles: the binary search walks forward
-        probe, probing = probe[by_key], probing[by_key]
-        at = np.minimum(np.searchsorted(unique_keys, probe), len(unique_keys) - 1)
-        hit = unique_keys[at] == probe
-        probing, lo, count = probing[hit], starts[at[hit]], counts[at[hit]]
-        total = int(count.sum())
-        if not total:
-            continue
-        m = np.repeat(probing, count)
-        step = np.arange(total) - np.repeat(np.cumsum(count) - count, count)
-        h = heldout[order[np.repeat(lo, count) + step]]
-        keep = h != m
-        a, b = np.minimum(h[keep], m[keep]), np.maximum(h[keep], m[keep])
-        found.append(_unique(a.astype(np.int64) * n + b))
+    for band in range(p.bands if sides else 0):
+        columns = _columns(blocks, band, p.rows)
+        found += [_band_pairs(columns, band, h, m, n) for h, m in sides]
+        del columns
         if sum(len(f) for f in found) > 1 << 22:
             found = [_unique(np.concatenate(found))]
     return _unique(np.concatenate(found)) if found else np.empty(0, dtype=np.int64)
@@ -137,11 +158,21 @@ def agreement(
     blocks: Sequence[SignatureBlock], a: np.ndarray, b: np.ndarray, perms: int
 ) -> np.ndarray:
     """Per pair, on how many of the ``perms`` permutations the two signatures agree (one
-    permutation row of every block in memory at a time)."""
+    permutation row of a block in memory at a time, only the pairs' records kept)."""
     agree = np.zeros(len(a), dtype=np.int32)
+    if not len(a):
+        return agree
+    involved = _unique(np.concatenate([a, b]))
+    at_a, at_b = np.searchsorted(involved, a), np.searchsorted(involved, b)
+    ends = np.cumsum([int(block.band(0, 1).shape[1]) for block in blocks])
+    cut = np.searchsorted(involved, np.r_[0, ends])
+    parts = [
+        (i, involved[cut[i] : cut[i + 1]] - (ends[i - 1] if i else 0)) for i in range(len(blocks))
+    ]
+    parts = [(i, local) for i, local in parts if len(local)]
     for row in range(perms):
-        values = np.concatenate([block.band(row, 1)[0] for block in blocks])
-        agree += values[a] == values[b]
+        values = np.concatenate([blocks[i].band(row, 1)[0][local] for i, local in parts])
+        agree += values[at_a] == values[at_b]
     return agree
 
 
@@ -158,6 +189,7 @@ def search(
     fingerprints: Callable[[np.ndarray], list[np.ndarray]],
     thresholds: np.ndarray | None = None,
     known: Known | None = None,
+    moved: np.ndarray | None = None,
 ) -> HeldoutPairs:
     """Every pair (held-out record, member) at or above its threshold; see the module doc.
 
@@ -165,10 +197,11 @@ def search(
     ``fingerprints(rows)`` gets ascending unique rows once and returns their fingerprint
     sets; ``thresholds`` is each global row's threshold (else ``p.threshold`` for all);
     ``known(a, b)`` gives the exact Jaccards already computed elsewhere (nan where not), so
-    only the other pairs are fingerprinted and verified.
+    only the other pairs are fingerprinted and verified. With ``moved`` (ascending member
+    rows), only the pairs with at least one of them.
     """
     n = len(thresholds) if thresholds is not None else _total(blocks)
-    packed = candidates(blocks, heldout, members, p, n)
+    packed = candidates(blocks, heldout, members, p, n, moved)
     a, b = np.divmod(packed, max(n, 1))
     stats: dict[str, int | float] = {"candidates": len(a)}
     agree = agreement(blocks, a, b, p.num_perm)

@@ -13,8 +13,9 @@ code and config (its outcome is in ``gate_memo`` under the parent's own key), wi
 transform image, signature spec and thresholds, every pair of records the parent searched with
 the same (record id, object, line, split) holds in the child too, and the child searches only
 the pairs with at least one record that is new or changed against the parent's tables (read by
-digest and re-hashed). Anything else - no parent, a parent not checked under this code, its
-tables gone from the store - searches every pair.
+digest, re-hashed unless unchanged on disk since they last hashed right, as the build's check
+trusts its own). Anything else - no parent, a parent not checked under this code, its tables
+gone from the store - searches every pair.
 """
 
 from typing import Any
@@ -31,7 +32,8 @@ from corpus_assets.core.runtime.layers import LayerIndex, load_index
 from corpus_assets.core.runtime.workspace import Workspace
 from corpus_assets.core.storage.artifacts import get_json
 from corpus_assets.core.storage.cas import CasError
-from corpus_assets.core.storage.duck import VerifiedFiles, sql_list
+from corpus_assets.core.storage.duck import sql_list
+from corpus_assets.core.storage.table_lookup import TrustedFiles
 from corpus_assets.core.training_view.split_heldout import HeldoutScan, reuse, searched_records
 from corpus_assets.core.training_view.splits import CODE as SPLITS_CODE
 
@@ -47,11 +49,13 @@ def heldout_near_apart(ws: Workspace) -> Gate:
     """The gate (module docstring): no near pair spans a held-out split and another."""
 
     def heldout_near_apart(ev: Evidence, report: GateReport) -> list[str]:
-        scan = HeldoutScan.open(ws, ev.canonical.chunks(), ev.dedup)
+        scan = HeldoutScan.open(ws, ev.canonical.chunks(), ev.dedup, ev.files)
         if scan is None:  # near-dedup off: no signatures, no threshold
             return []
         path = ev.files.path(ev.dedup.output("clusters")["digest"], "dedup clusters")
-        records = searched_records(f"read_parquet({sql_list([path])})", "members")
+        searched = searched_records(f"read_parquet({sql_list([path])})", "members")
+        ev.con.execute(f"CREATE OR REPLACE TEMP TABLE ho_searched AS {searched}")
+        records = "SELECT * FROM ho_searched"  # read twice: the changed records and the search
         known = reuse(ws, ev.dedup, scan.spec, (ev.splits, SPLITS_CODE, "splits layer"))
         changed = changed_since_parent(ws, ev, records)
         if changed is not None:
@@ -75,7 +79,7 @@ def changed_since_parent(ws: Workspace, ev: Evidence, records: str) -> pa.Array 
     if parent is None:
         return None
     manifest, dedup = parent
-    files = VerifiedFiles(ws.cas)  # the parent's tables, re-hashed before they are read
+    files = TrustedFiles(ws.cas, ws.catalog)  # the parent's tables: hashed by its check
     try:
         members = files.path(manifest["members"]["digest"], "parent members table")
         clusters = files.path(dedup.output("clusters")["digest"], "parent dedup clusters")

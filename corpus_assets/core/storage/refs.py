@@ -42,6 +42,7 @@ _LAYER_OUTPUTS: dict[str, tuple[tuple[str, str], ...]] = {
         ("split_conflicts", LEAF),
         ("heldout_pairs", LEAF),
         ("heldout_verified", LEAF),  # verified held-out pairs: text digests and Jaccard
+        ("heldout_state", LEAF),  # per row: its part in the search, its estimated pairs
         *_TOKENS,
     ),
     "mixed_samples": (("samples", LEAF), *_TOKENS),

@@ -16,18 +16,29 @@ out) is stored as ``heldout_verified``. A Jaccard depends on the two texts and t
 spec only, so a later search takes it from there instead of reading and shingling the texts:
 the child snapshot's splits layer from its parent's table, the gate from its own snapshot's
 (each only when the layer that stored it ran this code and spec), both from the dedup layer's
-verified ``pairs`` (when it ran the current dedup code). The candidates, estimate and
-thresholds are always computed afresh, so the pairs are the same as without any reuse.
+verified ``pairs`` (when it ran the current dedup code).
+
+Whether a pair is a candidate, estimated and above its threshold depends on its two records
+only (their texts, and which of them is held out) under the spec and thresholds. So the search
+also stores its state, ``heldout_state``: per global canonical row its status (not searched,
+member, held out) and every pair it estimated, with the exact Jaccard. A child whose parent's
+splits layer ran this code under this policy, spec and thresholds (``heldout_rule``) maps the
+parent's rows to its own through the records tables they share (the same digest holds the same
+records in the same order), takes the parent's pairs of two rows whose status is unchanged,
+and searches only the pairs with a new or changed row. Its outputs are the bytes a full search
+writes; without such a parent state (none, other code, collected) it searches every pair.
 """
 
 from dataclasses import dataclass
 from decimal import Decimal
 from functools import partial
+from pathlib import Path
 
 import duckdb
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from corpus_assets.core.dedup.fingerprint_store import TextLookup
 from corpus_assets.core.dedup.heldout_search import HeldoutPairs, HeldoutParams, Known, search
@@ -36,19 +47,16 @@ from corpus_assets.core.dedup.minhash import fingerprints
 from corpus_assets.core.dedup.near_rule import CHAR, ScriptThresholds
 from corpus_assets.core.dedup.pair_cache import PAIR_COLUMNS as VERIFIED_COLUMNS
 from corpus_assets.core.dedup.report import DedupReport
-from corpus_assets.core.dedup.signature_cache import (
-    BandMajorFile,
-    ChunkSignatures,
-    load_modes,
-    load_signatures,
-)
+from corpus_assets.core.dedup.signature_cache import BandMajorFile, file_rows, load_modes
 from corpus_assets.core.dedup.signature_spec import SignatureSpec, spec_payload
 from corpus_assets.core.records.index import ChunkRecords
 from corpus_assets.core.runtime.layers import LayerIndex
 from corpus_assets.core.runtime.workspace import Workspace
 from corpus_assets.core.storage.artifacts import Ref, get_json
+from corpus_assets.core.storage.cas import CasError
 from corpus_assets.core.storage.digests import json_digest
 from corpus_assets.core.storage.duck import VerifiedFiles, cas_parquet, put_query, sql_list
+from corpus_assets.core.storage.table_lookup import TrustedFiles
 from corpus_assets.core.training_view.split_assign import Assignment
 from corpus_assets.core.training_view.split_conflicts import largest_side
 from corpus_assets.core.training_view.split_residual import with_moves
@@ -64,33 +72,38 @@ PAIR_COLUMNS = pa.schema(
     ]
 )
 POSITIONS = """
-CREATE OR REPLACE TEMP TABLE ho_members AS
 WITH pos AS (
     SELECT r.record_id, r.object, r.line, r.text_digest, f.start + r.file_row_number AS row
     FROM read_parquet({paths}, filename = true, file_row_number = true) r
     JOIN ho_files f USING (filename))
-SELECT p.row, m.record_id, m.split, p.text_digest FROM ({members}) m
+SELECT p.row, m.record_id, m.split FROM ({members}) m
 JOIN pos p ON m.record_id = p.record_id AND m.object = p.object AND m.line = p.line
+ORDER BY p.row
 """
 KNOWN = """
-WITH q AS (
-    SELECT e.i, least(x.text_digest, y.text_digest) AS a,
-        greatest(x.text_digest, y.text_digest) AS b
-    FROM ho_estimated e JOIN ho_members x ON x.row = e.x JOIN ho_members y ON y.row = e.y)
+WITH q AS (SELECT i, least(x, y) AS a, greatest(x, y) AS b FROM ho_estimated)
 SELECT i, min(jaccard) AS jaccard FROM (
     SELECT i, 1.0::DOUBLE AS jaccard FROM q WHERE a = b
     {sources}) GROUP BY i
 """
 VERIFIED = """
 CREATE OR REPLACE TEMP TABLE ho_verified AS
-SELECT least(x.text_digest, y.text_digest) AS a, greatest(x.text_digest, y.text_digest) AS b,
-    min(e.jaccard) AS jaccard
-FROM ho_estimated e JOIN ho_members x ON x.row = e.x JOIN ho_members y ON y.row = e.y
-WHERE x.text_digest <> y.text_digest GROUP BY ALL
+SELECT least(x, y) AS a, greatest(x, y) AS b, min(jaccard) AS jaccard
+FROM ho_estimated WHERE x <> y GROUP BY ALL
 """
+STATE_COLUMNS = pa.schema(
+    [
+        ("status", pa.int8()),
+        ("partners", pa.list_(pa.int64())),
+        ("jaccards", pa.list_(pa.float64())),
+    ]
+)
+EMPTY_ROWS = np.empty(0, dtype=np.int64)
+UNSEARCHED, MEMBER, HELD = 0, 1, 2  # a row's part in the search (``status``)
 FULL, INCREMENTAL = "full", "incremental"
 FETCH = 256  # texts read and fingerprinted together
 Searched = tuple[LayerIndex | None, str, str]  # a splits index, the code it must have, a name
+ParentSplits = tuple[LayerIndex | None, list[ChunkRecords], str]  # its splits, its chunks, a name
 
 
 @dataclass(frozen=True)
@@ -149,13 +162,20 @@ class HeldoutScan:
     spec: SignatureSpec
     thresholds: np.ndarray  # per global row
     params: HeldoutParams
+    rule: ScriptThresholds
+    files: VerifiedFiles  # how the canonical tables are read (verified, or trusted unchanged)
 
     @classmethod
     def open(
-        cls, ws: Workspace, chunks: list[ChunkRecords], dedup: LayerIndex
+        cls,
+        ws: Workspace,
+        chunks: list[ChunkRecords],
+        dedup: LayerIndex,
+        files: VerifiedFiles | None = None,
     ) -> "HeldoutScan | None":
         """The scan of a partition whose dedup layer is ``dedup`` (None without near-dedup:
-        no signatures, no near pairs to look for)."""
+        no signatures, no near pairs to look for); ``files`` reads its signatures and canonical
+        tables (by default trusted while unchanged since they last hashed right)."""
         report = DedupReport.parse(get_json(ws.cas, dedup.output("report"), "dedup report"))
         near = report.near
         if near is None:
@@ -168,18 +188,17 @@ class HeldoutScan:
             shingle_words=payload["shingle_words"],
             shingle_chars=payload["shingle_chars"],
         )
+        files = files if files is not None else TrustedFiles(ws.cas, ws.catalog)
         refs = {s["chunk"]: s["signatures"] for s in dedup.outputs["signatures"]}
-        blocks = [
-            load_signatures(ws, ChunkSignatures(c.key, c.count, refs[c.key]["digest"], False), spec)
-            for c in chunks
-        ]
+        blocks = [_signatures(files, c, refs[c.key]["digest"], spec) for c in chunks]
         word = Decimal(near.lsh.threshold)
         char = [Decimal(r.threshold) for r in near.near_dedup_by_script if r.script == CHAR]
         rule = ScriptThresholds(word, max([word, *char]))
         modes = load_modes(blocks, spec)
         total = sum(c.count for c in chunks)
         taus = rule.by_rank(modes) if modes is not None else np.full(total, float(word))
-        return cls(ws, chunks, blocks, spec, taus, HeldoutParams(spec.num_perm, float(word)))
+        params = HeldoutParams(spec.num_perm, float(word))
+        return cls(ws, chunks, blocks, spec, taus, params, rule, files)
 
     def pairs(
         self,
@@ -195,65 +214,254 @@ class HeldoutScan:
         Jaccards are taken from ``known``'s tables where they hold the pair. With ``keep``,
         every verified pair is left in ``con`` as ``ho_verified`` (for ``put_verified``).
         With ``changed`` (record ids), only the pairs with at least one of them."""
-        rows, ids, splits = self._positions(con, members)
-        heldout = rows[splits != TRAIN]
-        tables = known.tables if known is not None else ()
-        look_up = partial(_known, con, tables)
-        if changed is None:
-            found = self._search(heldout, rows, look_up)
-        else:
-            moved = rows[pc.is_in(ids, value_set=changed).to_numpy(zero_copy_only=False)]
-            found = _union(
-                self._search(heldout[np.isin(heldout, moved)], rows, look_up),
-                self._search(heldout, moved, look_up),
-            )
-        if keep:
-            _store_verified(con, *found.verified)
-        at = np.searchsorted(rows, np.concatenate([found.a, found.b]))
-        a_at, b_at = at[: len(found.a)], at[len(found.a) :]
-        table = pa.table(
-            {
-                "record_a": ids.take(pa.array(a_at, pa.int64())),
-                "split_a": pa.array(splits[a_at].astype(str)),
-                "record_b": ids.take(pa.array(b_at, pa.int64())),
-                "split_b": pa.array(splits[b_at].astype(str)),
-                "jaccard": pa.array(found.jaccard, pa.float64()),
-            },
-            schema=PAIR_COLUMNS,
-        )
-        stats = {"heldout": len(heldout), "members": len(rows), **found.stats}
+        table, stats, _ = self.searched(con, members, known, keep, changed)
         return table, stats
 
-    def _positions(
-        self, con: duckdb.DuckDBPyConnection, members: str
-    ) -> tuple[np.ndarray, pa.Array, np.ndarray]:
-        """Members' global canonical rows (ascending), record ids and splits."""
+    def searched(
+        self,
+        con: duckdb.DuckDBPyConnection,
+        members: str,
+        known: Reuse | None = None,
+        keep: bool = True,
+        changed: pa.Array | None = None,
+        prior: "PriorSearch | None" = None,
+    ) -> tuple[pa.Table, dict, pa.Table]:
+        """``pairs``, and the search's state (``STATE_COLUMNS``, one row per global row, with
+        ``keep``) for a later search to start from. With ``prior`` (a parent's state), only
+        the pairs with a record new or changed against it are searched; the others are the
+        parent's."""
+        found_in = self._positions(con, members)
+        rows = found_in.rows
+        held = pc.not_equal(found_in.splits, TRAIN).to_numpy(zero_copy_only=False)[found_in.order]
+        heldout = rows[held]
+        tables = known.tables if known is not None else ()
+        look_up = partial(_known, con, tables, found_in.digests)
+        status = np.zeros(len(self.thresholds), dtype=np.int8)
+        status[rows] = np.where(held, HELD, MEMBER)
+        if prior is not None:
+            same = prior.unchanged(status)
+            moved = rows[~same[rows]]
+            found = self._search(heldout, rows, look_up, moved)
+            found = _union(found, prior.pairs(same, self.thresholds))
+        elif changed is None:
+            found = self._search(heldout, rows, look_up)
+        else:
+            is_moved = pc.is_in(found_in.ids, value_set=changed).to_numpy(zero_copy_only=False)
+            moved = rows[is_moved[found_in.order]]
+            found = self._search(heldout, rows, look_up, moved)
+        if keep:
+            _store_verified(con, found_in.digests, *found.verified)
+        table = found_in.pairs(found)
+        stats = {"heldout": len(heldout), "members": len(rows), **found.stats}
+        state = state_table(status, *found.verified) if keep else STATE_COLUMNS.empty_table()
+        return table, stats, state
+
+    def _positions(self, con: duckdb.DuckDBPyConnection, members: str) -> "_Members":
+        """The members' global canonical rows, record ids and splits, and every row's text
+        digest (record ids looked up in the canonical tables, object and line checked)."""
         if not self.chunks:
-            con.execute(
-                "CREATE OR REPLACE TEMP TABLE ho_members (row BIGINT, record_id VARCHAR, "
-                "split VARCHAR, text_digest VARCHAR)"
-            )
-            return np.empty(0, np.int64), pa.array([], pa.string()), np.empty(0, object)
-        files = VerifiedFiles(self.ws.cas)
-        paths = [files.path(c.records["digest"], c.what) for c in self.chunks]
+            none = pa.array([], pa.string())
+            return _Members(np.empty(0, np.int64), EMPTY_ROWS, none, none, pa.chunked_array([none]))
+        paths = [self.files.path(c.records["digest"], c.what) for c in self.chunks]
+        columns = ["record_id", "object", "line", "text_digest"]
+        canonical = pa.concat_tables(pq.read_table(path, columns=columns) for path in paths)
+        table = con.sql(f"SELECT record_id, object, line, split FROM ({members})").to_arrow_table()
+        at = pc.index_in(table["record_id"], value_set=canonical["record_id"].combine_chunks())
+        found = pc.is_valid(at)
+        if pc.all(found).as_py() is False:  # members without a canonical row: none joined
+            table, at = table.filter(found), at.filter(found)
+        at = at.cast(pa.int64())
+        same = pc.and_(
+            pc.equal(canonical["object"].take(at), table["object"]),
+            pc.equal(canonical["line"].take(at), table["line"]),
+        )
+        if pc.all(same).as_py() is False:  # a record id elsewhere too: joined in SQL
+            return self._joined(con, members, paths, canonical["text_digest"])
+        rows = at.to_numpy()
+        order = np.argsort(rows, kind="stable")
+        ids, splits = table["record_id"], table["split"]
+        return _Members(rows[order], order, ids, splits, canonical["text_digest"])
+
+    def _joined(
+        self,
+        con: duckdb.DuckDBPyConnection,
+        members: str,
+        paths: list[str],
+        digests: pa.ChunkedArray,
+    ) -> "_Members":
+        """``_positions`` as one SQL join on (record id, object, line)."""
         starts = np.cumsum([0, *(c.count for c in self.chunks)])[:-1].tolist()
         con.register("ho_files", pa.table({"filename": paths, "start": starts}))
-        con.execute(POSITIONS.format(paths=sql_list(paths), members=members))
-        table = con.sql(
-            "SELECT row, record_id, split FROM ho_members ORDER BY row"
-        ).to_arrow_table()
+        table = con.sql(POSITIONS.format(paths=sql_list(paths), members=members)).to_arrow_table()
         con.unregister("ho_files")
         rows = table["row"].to_numpy().astype(np.int64)
-        splits = np.asarray(table["split"].to_numpy(zero_copy_only=False), dtype=object)
-        return rows, table["record_id"].combine_chunks(), splits
+        ids, splits = table["record_id"].combine_chunks(), table["split"].combine_chunks()
+        return _Members(rows, np.arange(len(rows)), ids, splits, digests)
 
-    def _search(self, heldout: np.ndarray, rows: np.ndarray, known: Known) -> HeldoutPairs:
+    def _search(
+        self, heldout: np.ndarray, rows: np.ndarray, known: Known, moved: np.ndarray | None = None
+    ) -> HeldoutPairs:
         texts = TextLookup(self.ws, self.chunks, verified=True)  # _positions checked them
 
         def fetch(wanted: np.ndarray) -> list[np.ndarray]:
             return _fingerprints(texts, self.spec, wanted)
 
-        return search(self.blocks, heldout, rows, self.params, fetch, self.thresholds, known)
+        taus = self.thresholds
+        return search(self.blocks, heldout, rows, self.params, fetch, taus, known, moved)
+
+
+def _signatures(
+    files: VerifiedFiles, chunk: ChunkRecords, digest: str, spec: SignatureSpec
+) -> BandMajorFile:
+    """A chunk's signatures read through ``files`` (hashed, or trusted while unchanged since
+    they hashed right), checked for shape as ``load_signatures`` checks them."""
+    what = f"MinHash signatures of chunk {chunk.key}"
+    block = BandMajorFile.open(Path(files.path(digest, what)))
+    if (block.num_perm, block.records) != (file_rows(spec), chunk.count):
+        raise ValueError(
+            f"{what} ({digest}) holds {block.num_perm} x {block.records} values, "
+            f"expected {file_rows(spec)} x {chunk.count}"
+        )
+    return block
+
+
+@dataclass(frozen=True)
+class _Members:
+    """The searched members by global row, and every canonical row's text digest."""
+
+    rows: np.ndarray  # ascending global rows
+    order: np.ndarray  # per ``rows[i]``, its index in ``ids`` and ``splits``
+    ids: pa.Array | pa.ChunkedArray
+    splits: pa.Array | pa.ChunkedArray
+    digests: pa.ChunkedArray  # per global row
+
+    def pairs(self, found: HeldoutPairs) -> pa.Table:
+        """The found pairs as ``PAIR_COLUMNS`` rows, in the search's (a, b) order."""
+        at = self.order[np.searchsorted(self.rows, np.concatenate([found.a, found.b]))]
+        a_at = pa.array(at[: len(found.a)], pa.int64())
+        b_at = pa.array(at[len(found.a) :], pa.int64())
+        return pa.table(
+            {
+                "record_a": self.ids.take(a_at),
+                "split_a": self.splits.take(a_at),
+                "record_b": self.ids.take(b_at),
+                "split_b": self.splits.take(b_at),
+                "jaccard": pa.array(found.jaccard, pa.float64()),
+            },
+            schema=PAIR_COLUMNS,
+        )
+
+
+@dataclass(frozen=True)
+class PriorSearch:
+    """A parent's search state carried to this partition's rows (a chunk with the same
+    records digest holds the same texts, so the same signatures and thresholds)."""
+
+    to_child: np.ndarray  # per parent row, its global row here (-1: its chunk is gone)
+    status: np.ndarray  # per parent row: UNSEARCHED, MEMBER or HELD
+    a: np.ndarray  # every pair the parent estimated, parent rows a < b
+    b: np.ndarray
+    jaccard: np.ndarray
+
+    def unchanged(self, status: np.ndarray) -> np.ndarray:
+        """Per row here, whether the parent had it with this status (so every pair of two
+        such rows was searched, estimated and verified as it would be now)."""
+        same = np.zeros(len(status), dtype=bool)
+        kept = self.to_child >= 0
+        here = self.to_child[kept]
+        same[here] = self.status[kept] == status[here]
+        return same
+
+    def pairs(self, same: np.ndarray, thresholds: np.ndarray) -> HeldoutPairs:
+        """The parent's estimated pairs of two unchanged rows, in rows here, and those at or
+        above their threshold."""
+        x, y = self.to_child[self.a], self.to_child[self.b]
+        kept = (x >= 0) & (y >= 0)
+        kept[kept] = same[x[kept]] & same[y[kept]]
+        x, y, jaccard = x[kept], y[kept], self.jaccard[kept]
+        a, b = np.minimum(x, y), np.maximum(x, y)
+        order = np.lexsort((b, a))
+        a, b, jaccard = a[order], b[order], jaccard[order]
+        hit = jaccard >= np.maximum(thresholds[a], thresholds[b])
+        stats: dict[str, int | float] = {"reused": len(a)}
+        return HeldoutPairs(a[hit], b[hit], jaccard[hit], stats, (a, b, jaccard))
+
+
+def state_table(status: np.ndarray, a: np.ndarray, b: np.ndarray, jaccard: np.ndarray) -> pa.Table:
+    """The search's state: per global row its status and the rows after it that it was
+    estimated with, and their exact Jaccards (each pair once, partners ascending)."""
+    a, b = a.astype(np.int64), b.astype(np.int64)
+    order = np.lexsort((b, a))
+    a, b, jaccard = a[order], b[order], jaccard[order]
+    first = np.r_[True, (np.diff(a) != 0) | (np.diff(b) != 0)][: len(a)]
+    a, b, jaccard = a[first], b[first], jaccard[first]
+    offsets = pa.array(np.searchsorted(a, np.arange(len(status) + 1)), pa.int32())
+    return pa.table(
+        {
+            "status": pa.array(status, pa.int8()),
+            "partners": pa.ListArray.from_arrays(offsets, pa.array(b, pa.int64())),
+            "jaccards": pa.ListArray.from_arrays(offsets, pa.array(jaccard, pa.float64())),
+        },
+        schema=STATE_COLUMNS,
+    )
+
+
+def rule_digest(scan: "HeldoutScan") -> str:
+    """What a stored state's pairs depend on besides the texts and statuses: the signature
+    spec and the thresholds by script (recorded as ``heldout_rule``)."""
+    word, char = scan.rule.word, scan.rule.char
+    return json_digest({"spec": spec_payload(scan.spec), "word": str(word), "char": str(char)})
+
+
+def prior_search(
+    ws: Workspace, scan: "HeldoutScan", parent: "ParentSplits", code: str, policy: str | None
+) -> tuple[PriorSearch | None, str]:
+    """The parent's search state in this partition's rows, when its splits layer ran ``code``
+    under ``policy`` and this rule and its state is still stored; else None and why not."""
+    index, chunks, who = parent
+    if index is None:
+        return None, f"no {who}"
+    if index.code != code or index.policy != policy:
+        return None, f"{who} ran other splits code or policy"
+    if (
+        index.outputs.get("heldout_rule") != rule_digest(scan)
+        or "heldout_state" not in index.outputs
+    ):
+        return None, f"{who} stored no search state under this spec and thresholds"
+    to_child = _row_map(chunks, scan.chunks)
+    if to_child is None:
+        return None, f"{who} or this partition names a records table twice"
+    try:
+        path = TrustedFiles(ws.cas, ws.catalog).path(
+            index.output("heldout_state")["digest"], f"{who} heldout_state"
+        )
+    except CasError:  # collected or damaged: searched again, not failed on
+        return None, f"{who}'s search state is gone from the store"
+    state = pq.read_table(path)
+    if state.num_rows != len(to_child):
+        return None, f"{who}'s search state does not match its records"
+    partners = state["partners"].combine_chunks()
+    a = pc.list_parent_indices(partners).to_numpy().astype(np.int64)
+    b = pc.list_flatten(partners).to_numpy()
+    jaccard = pc.list_flatten(state["jaccards"].combine_chunks()).to_numpy()
+    status = state["status"].to_numpy()
+    return PriorSearch(to_child, status, a, b, jaccard), who
+
+
+def _row_map(parent: list[ChunkRecords], child: list[ChunkRecords]) -> np.ndarray | None:
+    """Per parent global row, the child's global row of the same record (the same records
+    table at the same position), -1 where the child has no such table."""
+    starts = np.cumsum([0, *(c.count for c in child)])[:-1].tolist()
+    where = {c.records["digest"]: start for c, start in zip(child, starts, strict=True)}
+    if len(where) != len(child) or len({c.records["digest"] for c in parent}) != len(parent):
+        return None
+    parts = [
+        np.arange(where[c.records["digest"]], where[c.records["digest"]] + c.count)
+        if c.records["digest"] in where
+        else np.full(c.count, -1)
+        for c in parent
+    ]
+    return np.concatenate(parts).astype(np.int64) if parts else np.empty(0, np.int64)
 
 
 def _union(first: HeldoutPairs, second: HeldoutPairs) -> HeldoutPairs:
@@ -264,7 +472,8 @@ def _union(first: HeldoutPairs, second: HeldoutPairs) -> HeldoutPairs:
     order = np.lexsort((b, a))
     first_of_pair = np.r_[True, (np.diff(a[order]) != 0) | (np.diff(b[order]) != 0)]
     keep = order[first_of_pair[: len(order)]]
-    stats = {k: first.stats.get(k, 0) + second.stats.get(k, 0) for k in first.stats}
+    keys = dict.fromkeys([*first.stats, *second.stats])
+    stats = {k: first.stats.get(k, 0) + second.stats.get(k, 0) for k in keys}
     verified = tuple(np.concatenate(x) for x in zip(first.verified, second.verified, strict=True))
     return HeldoutPairs(a[keep], b[keep], jaccard[keep], stats, verified)
 
@@ -274,14 +483,18 @@ def _triple(pairs: HeldoutPairs) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 def _known(
-    con: duckdb.DuckDBPyConnection, tables: tuple[str, ...], a: np.ndarray, b: np.ndarray
+    con: duckdb.DuckDBPyConnection,
+    tables: tuple[str, ...],
+    digests: pa.ChunkedArray,
+    a: np.ndarray,
+    b: np.ndarray,
 ) -> np.ndarray:
     """The Jaccard of each pair of member rows already known (nan where not): 1.0 for two
     identical texts, else the one a table holds for the two text digests."""
     union = "".join(
         f" UNION ALL SELECT q.i, t.jaccard FROM q JOIN {t} t USING (a, b)" for t in tables
     )
-    con.register("ho_estimated", pa.table({"i": np.arange(len(a)), "x": a, "y": b}))
+    con.register("ho_estimated", _by_digest(digests, a, b, {"i": np.arange(len(a))}))
     try:
         found = con.sql(KNOWN.format(sources=union)).to_arrow_table()
     finally:
@@ -292,14 +505,27 @@ def _known(
 
 
 def _store_verified(
-    con: duckdb.DuckDBPyConnection, x: np.ndarray, y: np.ndarray, jaccard: np.ndarray
+    con: duckdb.DuckDBPyConnection,
+    digests: pa.ChunkedArray,
+    x: np.ndarray,
+    y: np.ndarray,
+    jaccard: np.ndarray,
 ) -> None:
     """The verified pairs of member rows as text-digest pairs (``ho_verified``)."""
-    con.register("ho_estimated", pa.table({"x": x, "y": y, "jaccard": jaccard}))
+    con.register("ho_estimated", _by_digest(digests, x, y, {"jaccard": jaccard}))
     try:
         con.execute(VERIFIED)
     finally:
         con.unregister("ho_estimated")
+
+
+def _by_digest(
+    digests: pa.ChunkedArray, x: np.ndarray, y: np.ndarray, extra: dict[str, np.ndarray]
+) -> pa.Table:
+    """Pairs of rows as their two text digests ``x`` and ``y``, with ``extra`` columns."""
+    xs = digests.take(pa.array(x, pa.int64()))
+    ys = digests.take(pa.array(y, pa.int64()))
+    return pa.table({**extra, "x": xs, "y": ys})
 
 
 def _fingerprints(texts: TextLookup, spec: SignatureSpec, rows: np.ndarray) -> list[np.ndarray]:
@@ -333,9 +559,9 @@ def searched_records(clusters: str, splits: str) -> str:
 def resolve_heldout(result: Assignment, pairs: pa.Table, clusters: str) -> Assignment:
     """Move the smaller sides of every union of (leakage component, split) that a found pair
     joins across splits; ``clusters`` is the dedup clusters relation over ``result.con``."""
+    if not pc.any(pc.not_equal(pairs["split_a"], pairs["split_b"])).as_py():
+        return result  # no pair spans two splits (the rows are not made Python objects)
     rows = pairs.to_pylist()
-    if all(p["split_a"] == p["split_b"] for p in rows):
-        return result
     con = result.con
     con.register("ho_pairs", pairs)
     nodes = con.execute(

@@ -40,12 +40,15 @@ from corpus_assets.core.training_view.row_tokens import load_row_tokens
 from corpus_assets.core.training_view.split_assign import SPLIT_TABLE, Assignment, Source, assign
 from corpus_assets.core.training_view.split_bridges import StoredGraph
 from corpus_assets.core.training_view.split_heldout import (
+    FULL,
     INCREMENTAL,
     PAIR_COLUMNS,
     HeldoutScan,
+    prior_search,
     put_verified,
     resolve_heldout,
     reuse,
+    rule_digest,
     searched_records,
     spec_digest,
 )
@@ -144,6 +147,8 @@ def _heldout_work(stats: dict[str, Any]) -> dict[str, int]:
     parent's Jaccards publishes the same bytes)."""
     return {
         "heldout_incremental": int(stats.get("mode") == INCREMENTAL),
+        "heldout_state_reused": int(stats.get("state") == INCREMENTAL),
+        "heldout_pairs_reused": int(stats.get("reused", 0)),
         "heldout_pairs_known": int(stats.get("known", 0)),
         "heldout_pairs_computed": int(stats.get("computed", 0)),
         "heldout_texts_fingerprinted": int(stats.get("fingerprinted", 0)),
@@ -194,21 +199,33 @@ def _heldout(
     parent: str | None,
 ) -> tuple[pa.Table, dict[str, Any], dict[str, Any]]:
     """Near pairs of held-out members dedup missed (none without near-dedup), the counts with
-    the reuse mode, and the outputs holding every pair verified (Jaccards the parent's search
-    or dedup computed are taken from their tables)."""
+    the reuse mode, and the outputs holding every pair verified and the search's state (a
+    child searches only the pairs its new or changed records take part in, and takes the
+    others from its parent's state; Jaccards the parent's search or dedup computed are taken
+    from their tables)."""
     _, canonical = CanonicalIndex.read(ws, partition_key)
     scan = HeldoutScan.open(ws, canonical.chunks(), dedup)
     if scan is None:
         return PAIR_COLUMNS.empty_table(), {}, {}
-    index = None
+    index, chunks = None, []
     if parent is not None:
         manifest = get_json(ws.cas, states.get(ws.catalog, parent).manifest_digest, "manifest")
         index = load_index(ws.cas, manifest["layers"]["splits"], "splits")
+        chunks = CanonicalIndex.load(ws.cas, manifest["layers"]["canonical_records"]).chunks()
     who = f"parent {parent}" if parent is not None else "parent snapshot"
     known = reuse(ws, dedup, scan.spec, (index, CODE, who))
-    pairs, stats = scan.pairs(con, searched_records(clusters, "assigned"), known)
-    verified = {"heldout_verified": put_verified(ws, con), "heldout_spec": spec_digest(scan.spec)}
-    return pairs, {**known.details(), **stats}, verified
+    policy = ws.config.policy_digest("splits")
+    prior, why = prior_search(ws, scan, (index, chunks, who), CODE, policy)
+    records = searched_records(clusters, "assigned")
+    pairs, stats, state = scan.searched(con, records, known, prior=prior)
+    verified = {
+        "heldout_verified": put_verified(ws, con),
+        "heldout_spec": spec_digest(scan.spec),
+        "heldout_state": put_table(ws.cas, state),
+        "heldout_rule": rule_digest(scan),
+    }
+    state_mode = {"state": INCREMENTAL if prior is not None else FULL, "state_reason": why}
+    return pairs, {**known.details(), **state_mode, **stats}, verified
 
 
 @dataclass(frozen=True)
@@ -221,7 +238,7 @@ class _Built:
     report: list[dict[str, Any]]
     heldout_pairs: pa.Table  # near pairs of held-out members found before their resolution
     heldout_stats: dict[str, Any]
-    verified: dict[str, Any]  # the outputs heldout_verified and heldout_spec (none without)
+    verified: dict[str, Any]  # heldout_verified, _spec, _state and _rule (none without)
 
 
 def _members(ws: Workspace, partition_key: str, clusters: str, timed: bool) -> str:
