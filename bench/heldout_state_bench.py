@@ -24,12 +24,8 @@ from corpus_assets.core.runtime.workspace import Workspace, open_workspace
 from corpus_assets.core.storage.artifacts import get_json
 from corpus_assets.core.storage.duck import cas_parquet
 from corpus_assets.core.training_view import splits
-from corpus_assets.core.training_view.split_heldout import (
-    HeldoutScan,
-    PriorSearch,
-    _row_map,
-    searched_records,
-)
+from corpus_assets.core.training_view.heldout_state import PriorSearch, row_map
+from corpus_assets.core.training_view.split_heldout import HeldoutScan, searched_records
 
 
 def parent_state(ws: Workspace, partition: str) -> PriorSearch:
@@ -50,7 +46,7 @@ def parent_state(ws: Workspace, partition: str) -> PriorSearch:
     child = CanonicalIndex.read(ws, partition)[1].chunks()
     partners = state["partners"].combine_chunks()
     return PriorSearch(
-        _row_map(chunks, child),
+        row_map(chunks, child),
         state["status"].to_numpy(),
         pc.list_parent_indices(partners).to_numpy().astype("int64"),
         pc.list_flatten(partners).to_numpy(),

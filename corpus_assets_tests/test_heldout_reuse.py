@@ -23,13 +23,12 @@ from corpus_assets.core.runtime.layers import LayerIndex, load_index, read_layer
 from corpus_assets.core.runtime.workspace import Workspace, open_workspace
 from corpus_assets.core.storage.artifacts import get_json
 from corpus_assets.core.storage.duck import cas_parquet
+from corpus_assets.core.training_view.heldout_state import PriorSearch, prior_search
 from corpus_assets.core.training_view.split_heldout import (
     FULL,
     INCREMENTAL,
     HeldoutScan,
-    PriorSearch,
     Reuse,
-    prior_search,
     put_verified,
     reuse,
     searched_records,

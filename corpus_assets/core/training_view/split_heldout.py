@@ -53,14 +53,16 @@ from corpus_assets.core.records.index import ChunkRecords
 from corpus_assets.core.runtime.layers import LayerIndex
 from corpus_assets.core.runtime.workspace import Workspace
 from corpus_assets.core.storage.artifacts import Ref, get_json
-from corpus_assets.core.storage.cas import CasError
 from corpus_assets.core.storage.digests import json_digest
 from corpus_assets.core.storage.duck import VerifiedFiles, cas_parquet, put_query, sql_list
 from corpus_assets.core.storage.table_lookup import TrustedFiles
-from corpus_assets.core.training_view.split_assign import Assignment
-from corpus_assets.core.training_view.split_conflicts import largest_side
-from corpus_assets.core.training_view.split_residual import with_moves
-from corpus_assets.core.training_view.splits_schema import HELDOUT, TRAIN, Move
+from corpus_assets.core.training_view.heldout_state import (
+    STATE_COLUMNS,
+    PriorSearch,
+    state_table,
+    union_pairs,
+)
+from corpus_assets.core.training_view.splits_schema import TRAIN
 
 PAIR_COLUMNS = pa.schema(
     [
@@ -91,19 +93,11 @@ CREATE OR REPLACE TEMP TABLE ho_verified AS
 SELECT least(x, y) AS a, greatest(x, y) AS b, min(jaccard) AS jaccard
 FROM ho_estimated WHERE x <> y GROUP BY ALL
 """
-STATE_COLUMNS = pa.schema(
-    [
-        ("status", pa.int8()),
-        ("partners", pa.list_(pa.int64())),
-        ("jaccards", pa.list_(pa.float64())),
-    ]
-)
 EMPTY_ROWS = np.empty(0, dtype=np.int64)
 UNSEARCHED, MEMBER, HELD = 0, 1, 2  # a row's part in the search (``status``)
 FULL, INCREMENTAL = "full", "incremental"
 FETCH = 256  # texts read and fingerprinted together
 Searched = tuple[LayerIndex | None, str, str]  # a splits index, the code it must have, a name
-ParentSplits = tuple[LayerIndex | None, list[ChunkRecords], str]  # its splits, its chunks, a name
 
 
 @dataclass(frozen=True)
@@ -224,7 +218,7 @@ class HeldoutScan:
         known: Reuse | None = None,
         keep: bool = True,
         changed: pa.Array | None = None,
-        prior: "PriorSearch | None" = None,
+        prior: PriorSearch | None = None,
     ) -> tuple[pa.Table, dict, pa.Table]:
         """``pairs``, and the search's state (``STATE_COLUMNS``, one row per global row, with
         ``keep``) for a later search to start from. With ``prior`` (a parent's state), only
@@ -242,7 +236,7 @@ class HeldoutScan:
             same = prior.unchanged(status)
             moved = rows[~same[rows]]
             found = self._search(heldout, rows, look_up, moved)
-            found = _union(found, prior.pairs(same, self.thresholds))
+            found = union_pairs(found, prior.pairs(same, self.thresholds))
         elif changed is None:
             found = self._search(heldout, rows, look_up)
         else:
@@ -352,136 +346,6 @@ class _Members:
         )
 
 
-@dataclass(frozen=True)
-class PriorSearch:
-    """A parent's search state carried to this partition's rows (a chunk with the same
-    records digest holds the same texts, so the same signatures and thresholds)."""
-
-    to_child: np.ndarray  # per parent row, its global row here (-1: its chunk is gone)
-    status: np.ndarray  # per parent row: UNSEARCHED, MEMBER or HELD
-    a: np.ndarray  # every pair the parent estimated, parent rows a < b
-    b: np.ndarray
-    jaccard: np.ndarray
-
-    def unchanged(self, status: np.ndarray) -> np.ndarray:
-        """Per row here, whether the parent had it with this status (so every pair of two
-        such rows was searched, estimated and verified as it would be now)."""
-        same = np.zeros(len(status), dtype=bool)
-        kept = self.to_child >= 0
-        here = self.to_child[kept]
-        same[here] = self.status[kept] == status[here]
-        return same
-
-    def pairs(self, same: np.ndarray, thresholds: np.ndarray) -> HeldoutPairs:
-        """The parent's estimated pairs of two unchanged rows, in rows here, and those at or
-        above their threshold."""
-        x, y = self.to_child[self.a], self.to_child[self.b]
-        kept = (x >= 0) & (y >= 0)
-        kept[kept] = same[x[kept]] & same[y[kept]]
-        x, y, jaccard = x[kept], y[kept], self.jaccard[kept]
-        a, b = np.minimum(x, y), np.maximum(x, y)
-        order = np.lexsort((b, a))
-        a, b, jaccard = a[order], b[order], jaccard[order]
-        hit = jaccard >= np.maximum(thresholds[a], thresholds[b])
-        stats: dict[str, int | float] = {"reused": len(a)}
-        return HeldoutPairs(a[hit], b[hit], jaccard[hit], stats, (a, b, jaccard))
-
-
-def state_table(status: np.ndarray, a: np.ndarray, b: np.ndarray, jaccard: np.ndarray) -> pa.Table:
-    """The search's state: per global row its status and the rows after it that it was
-    estimated with, and their exact Jaccards (each pair once, partners ascending)."""
-    a, b = a.astype(np.int64), b.astype(np.int64)
-    order = np.lexsort((b, a))
-    a, b, jaccard = a[order], b[order], jaccard[order]
-    first = np.r_[True, (np.diff(a) != 0) | (np.diff(b) != 0)][: len(a)]
-    a, b, jaccard = a[first], b[first], jaccard[first]
-    offsets = pa.array(np.searchsorted(a, np.arange(len(status) + 1)), pa.int32())
-    return pa.table(
-        {
-            "status": pa.array(status, pa.int8()),
-            "partners": pa.ListArray.from_arrays(offsets, pa.array(b, pa.int64())),
-            "jaccards": pa.ListArray.from_arrays(offsets, pa.array(jaccard, pa.float64())),
-        },
-        schema=STATE_COLUMNS,
-    )
-
-
-def rule_digest(scan: "HeldoutScan") -> str:
-    """What a stored state's pairs depend on besides the texts and statuses: the signature
-    spec and the thresholds by script (recorded as ``heldout_rule``)."""
-    word, char = scan.rule.word, scan.rule.char
-    return json_digest({"spec": spec_payload(scan.spec), "word": str(word), "char": str(char)})
-
-
-def prior_search(
-    ws: Workspace, scan: "HeldoutScan", parent: "ParentSplits", code: str, policy: str | None
-) -> tuple[PriorSearch | None, str]:
-    """The parent's search state in this partition's rows, when its splits layer ran ``code``
-    under ``policy`` and this rule and its state is still stored; else None and why not."""
-    index, chunks, who = parent
-    if index is None:
-        return None, f"no {who}"
-    if index.code != code or index.policy != policy:
-        return None, f"{who} ran other splits code or policy"
-    if (
-        index.outputs.get("heldout_rule") != rule_digest(scan)
-        or "heldout_state" not in index.outputs
-    ):
-        return None, f"{who} stored no search state under this spec and thresholds"
-    to_child = _row_map(chunks, scan.chunks)
-    if to_child is None:
-        return None, f"{who} or this partition names a records table twice"
-    try:
-        path = TrustedFiles(ws.cas, ws.catalog).path(
-            index.output("heldout_state")["digest"], f"{who} heldout_state"
-        )
-    except CasError:  # collected or damaged: searched again, not failed on
-        return None, f"{who}'s search state is gone from the store"
-    state = pq.read_table(path)
-    if state.num_rows != len(to_child):
-        return None, f"{who}'s search state does not match its records"
-    partners = state["partners"].combine_chunks()
-    a = pc.list_parent_indices(partners).to_numpy().astype(np.int64)
-    b = pc.list_flatten(partners).to_numpy()
-    jaccard = pc.list_flatten(state["jaccards"].combine_chunks()).to_numpy()
-    status = state["status"].to_numpy()
-    return PriorSearch(to_child, status, a, b, jaccard), who
-
-
-def _row_map(parent: list[ChunkRecords], child: list[ChunkRecords]) -> np.ndarray | None:
-    """Per parent global row, the child's global row of the same record (the same records
-    table at the same position), -1 where the child has no such table."""
-    starts = np.cumsum([0, *(c.count for c in child)])[:-1].tolist()
-    where = {c.records["digest"]: start for c, start in zip(child, starts, strict=True)}
-    if len(where) != len(child) or len({c.records["digest"] for c in parent}) != len(parent):
-        return None
-    parts = [
-        np.arange(where[c.records["digest"]], where[c.records["digest"]] + c.count)
-        if c.records["digest"] in where
-        else np.full(c.count, -1)
-        for c in parent
-    ]
-    return np.concatenate(parts).astype(np.int64) if parts else np.empty(0, np.int64)
-
-
-def _union(first: HeldoutPairs, second: HeldoutPairs) -> HeldoutPairs:
-    """The pairs of two searches once each, in (a, b) order, and their summed counts."""
-    a, b, jaccard = (
-        np.concatenate([x, y]) for x, y in zip(_triple(first), _triple(second), strict=True)
-    )
-    order = np.lexsort((b, a))
-    first_of_pair = np.r_[True, (np.diff(a[order]) != 0) | (np.diff(b[order]) != 0)]
-    keep = order[first_of_pair[: len(order)]]
-    keys = dict.fromkeys([*first.stats, *second.stats])
-    stats = {k: first.stats.get(k, 0) + second.stats.get(k, 0) for k in keys}
-    verified = tuple(np.concatenate(x) for x in zip(first.verified, second.verified, strict=True))
-    return HeldoutPairs(a[keep], b[keep], jaccard[keep], stats, verified)
-
-
-def _triple(pairs: HeldoutPairs) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    return pairs.a.astype(np.int64), pairs.b.astype(np.int64), pairs.jaccard
-
-
 def _known(
     con: duckdb.DuckDBPyConnection,
     tables: tuple[str, ...],
@@ -554,65 +418,3 @@ def searched_records(clusters: str, splits: str) -> str:
         f"JOIN {splits} s ON s.record_id = CASE WHEN k.is_representative THEN k.record_id "
         "ELSE k.representative_id END WHERE k.verdict <> 'excluded'"
     )
-
-
-def resolve_heldout(result: Assignment, pairs: pa.Table, clusters: str) -> Assignment:
-    """Move the smaller sides of every union of (leakage component, split) that a found pair
-    joins across splits; ``clusters`` is the dedup clusters relation over ``result.con``."""
-    if not pc.any(pc.not_equal(pairs["split_a"], pairs["split_b"])).as_py():
-        return result  # no pair spans two splits (the rows are not made Python objects)
-    rows = pairs.to_pylist()
-    con = result.con
-    con.register("ho_pairs", pairs)
-    nodes = con.execute(
-        "SELECT r.record_id, r.leakage_id, r.split FROM "
-        f"({searched_records(clusters, 'assigned')}) r WHERE r.record_id IN "
-        "(SELECT record_a FROM ho_pairs UNION SELECT record_b FROM ho_pairs) ORDER BY record_id"
-    ).fetchall()
-    con.unregister("ho_pairs")
-    node_of = {rid: (lid, split) for rid, lid, split in nodes}
-    parent = {node: node for node in node_of.values()}
-
-    def find(x: tuple[str, str]) -> tuple[str, str]:
-        while parent[x] != x:
-            parent[x] = parent[parent[x]]
-            x = parent[x]
-        return x
-
-    for pair in rows:
-        ra, rb = find(node_of[pair["record_a"]]), find(node_of[pair["record_b"]])
-        if ra != rb:
-            parent[max(ra, rb)] = min(ra, rb)
-    unions: dict[tuple[str, str], list[tuple[str, str]]] = {}
-    for node in sorted(parent):
-        unions.setdefault(find(node), []).append(node)
-    why: dict[tuple[str, str], list[str]] = {}
-    for p in rows:
-        if p["split_a"] != p["split_b"]:
-            text = f"{p['record_a']}~{p['record_b']}@{p['jaccard']:.4f}"
-            why.setdefault(find(node_of[p["record_a"]]), []).append(text)
-    moves: list[Move] = []
-    for root, union in unions.items():
-        if len({split for _, split in union}) > 1:
-            moves += _move_union(con, clusters, union, "; ".join(why.get(root, [])))
-    return with_moves(result, moves, [])
-
-
-def _move_union(
-    con: duckdb.DuckDBPyConnection, clusters: str, union: list[tuple[str, str]], pairs: str
-) -> list[Move]:
-    """The moves of the union's smaller sides to its largest (its members by split)."""
-    sides: dict[str, list[str]] = {}
-    for lid, split in union:
-        ids = con.execute(
-            f"SELECT k.record_id FROM {clusters} k JOIN assigned a USING (record_id) "
-            "WHERE k.is_representative AND k.leakage_id = ? AND a.split = ? ORDER BY record_id",
-            [lid, split],
-        ).fetchall()
-        sides.setdefault(split, []).extend(rid for (rid,) in ids)
-    order = largest_side({s: sorted(ids) for s, ids in sides.items()})
-    name = min(lid for lid, _ in union)
-    text = f"leakage {name}; held-out near pair {pairs}"
-    return [
-        Move(rid, other, order[0], HELDOUT, text) for other in order[1:] for rid in sides[other]
-    ]

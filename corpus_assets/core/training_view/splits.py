@@ -36,6 +36,8 @@ from corpus_assets.core.storage.duck import cas_parquet, cas_parquets, put_query
 from corpus_assets.core.tokens.cache import TokenCache, token_cache
 from corpus_assets.core.tokens.spec import resolve_tokenizer
 from corpus_assets.core.training_view import duck
+from corpus_assets.core.training_view.heldout_resolve import resolve_heldout
+from corpus_assets.core.training_view.heldout_state import prior_search, rule_digest
 from corpus_assets.core.training_view.row_tokens import load_row_tokens
 from corpus_assets.core.training_view.split_assign import SPLIT_TABLE, Assignment, Source, assign
 from corpus_assets.core.training_view.split_bridges import StoredGraph
@@ -44,11 +46,8 @@ from corpus_assets.core.training_view.split_heldout import (
     INCREMENTAL,
     PAIR_COLUMNS,
     HeldoutScan,
-    prior_search,
     put_verified,
-    resolve_heldout,
     reuse,
-    rule_digest,
     searched_records,
     spec_digest,
 )
