@@ -111,6 +111,10 @@ def test_child_dedup_is_incremental_and_equals_a_fresh_build(
     # every chunk but the removed and changed objects': their texts are not read for lengths
     assert stats["lengths_reused"] == first["canonical_records"].counts["chunks"] - 2
     assert stats["pairs_computed"] < stats["pairs_verified"]
+    # rows whose decisions did not change come from the parent's clusters table, not a join
+    assert child.details["clusters_mode"]["mode"] == "incremental", child.details
+    assert 0 < stats["clusters_joined"] < stats["clusters_copied"]
+    assert stats["clusters_copied"] + stats["clusters_joined"] == child.counts["records"]
     assert child.counts["near_duplicates"] >= 8
     chain = _outputs(_open(demo_home, monkeypatch), "p2")
     fresh_home = tmp_path / "fresh"
@@ -119,6 +123,7 @@ def test_child_dedup_is_incremental_and_equals_a_fresh_build(
     fresh = _open(fresh_home, monkeypatch)
     scratch = _dedup(fresh, "p2")
     assert scratch.run_stats["near_incremental"] == 0
+    assert scratch.run_stats["clusters_copied"] == 0
     assert _outputs(fresh, "p2") == chain  # same verdicts, clusters, edges, report and pairs
     table = get_table(
         fresh.cas, read_layer_index(fresh, "p2", "dedup_clusters")[1].output("clusters"), "c"
@@ -139,6 +144,8 @@ def test_child_dedup_is_incremental_and_equals_a_fresh_build(
     full = DIRECT_BUILDERS["dedup_clusters"](other, "p2")
     assert full.run_stats["near_incremental"] == 0
     assert "policy" in full.details["near_mode"]["reason"]
+    assert full.run_stats["clusters_copied"] == 0
+    assert "policy" in full.details["clusters_mode"]["reason"]
     other.close()
 
 

@@ -89,13 +89,18 @@ class _Verdicts:
         """The kept row each row (of ``at``, else all) stands behind (-1 for excluded); chains
         end at a keep."""
         lo, hi = (0, self.n) if at is None else (at.start, at.stop)
-        verdict, match = self.verdict[lo:hi], self.match[lo:hi]
-        final = np.where(verdict == _KEEP, np.arange(lo, hi), match)
-        exact = np.flatnonzero(verdict == _EXACT)
-        rep = match[exact]
-        final[exact] = np.where(self.verdict[rep] == _NEAR, self.match[rep], rep)
-        final[verdict == _EXCLUDED] = -1
-        return final
+        return representatives_at(self.verdict, self.match, np.arange(lo, hi, dtype=np.int64))
+
+
+def representatives_at(verdict: np.ndarray, match: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """The kept row each of ``rows`` stands behind (-1 for excluded); chains end at a keep."""
+    at_verdict, at_match = verdict[rows], match[rows]
+    final = np.where(at_verdict == _KEEP, rows, at_match)
+    exact = np.flatnonzero(at_verdict == _EXACT)
+    rep = at_match[exact]
+    final[exact] = np.where(verdict[rep] == _NEAR, match[rep], rep)
+    final[at_verdict == _EXCLUDED] = -1
+    return final
 
 
 class Clustered(NamedTuple):
@@ -283,7 +288,7 @@ def _verdict_names() -> pa.Table:
 # their position (output_order sorts them): DuckDB never holds more than one hash table of ids
 # at once, and never sorts the wide rows.
 _CLUSTERS_SQL = """
-CREATE TEMP TABLE ids AS SELECT row, record_id, group_id FROM recs;
+CREATE TEMP TABLE ids AS SELECT row, record_id, group_id FROM recs{ids_filter};
 CREATE TEMP TABLE d1 AS SELECT v.*, p.record_id AS rep_id FROM decided v
   LEFT JOIN ids p ON p.row = v.rep;
 CREATE TEMP TABLE d2 AS SELECT d1.*, q.record_id AS match_id FROM d1
@@ -304,21 +309,30 @@ COPY (
 ) TO '{path}' (FORMAT parquet, ROW_GROUP_SIZE 16384);
 DROP TABLE d3;
 """
+_FEW_IDS = (
+    " WHERE row IN (SELECT rep FROM decided UNION SELECT match FROM decided"
+    " UNION SELECT leak FROM decided)"
+)
 
 
-def write_decisions(decided: Decided, directory: Path, rows: int = 1 << 16) -> Decisions:
-    """The verdicts by row written to a Parquet file a slice at a time, so the per-row arrays
-    can be dropped before DuckDB joins and sorts the output (its buffers grow with the
-    partition up to their limit; the arrays would sit under that)."""
+def write_decisions(
+    decided: Decided, directory: Path, rows: int = 1 << 16, only: np.ndarray | None = None
+) -> Decisions:
+    """The verdicts by row (of ``only`` when given, ascending) written to a Parquet file a
+    slice at a time, so the per-row arrays can be dropped before DuckDB joins and sorts the
+    output (its buffers grow with the partition up to their limit; the arrays would sit under
+    that)."""
     reason_codes, reasons = _reasons(decided)
     state, n = decided.state, decided.codes.n
+    count = n if only is None else len(only)
     path = directory / "decisions.parquet"
     with pq.ParquetWriter(path, _DECISIONS, compression="none") as writer:
-        for lo in range(0, n, rows):
-            at = slice(lo, min(lo + rows, n))
-            reps, match = state.representatives(at), state.match[at]
+        for lo in range(0, count, rows):
+            hi = min(lo + rows, count)
+            at = np.arange(lo, hi, dtype=np.int64) if only is None else only[lo:hi]
+            reps, match = representatives_at(state.verdict, state.match, at), state.match[at]
             columns = {
-                "row": np.arange(at.start, at.stop, dtype=np.int64),
+                "row": at,
                 "verdict": state.verdict[at],
                 "rep": pa.array(reps, mask=reps < 0),
                 "match": pa.array(match, mask=match < 0),
@@ -345,10 +359,13 @@ _DECISIONS = pa.schema(
 )
 
 
-def join_clusters(db: PartitionDb, decisions: Decisions, directory: Path) -> Path:
+def join_clusters(
+    db: PartitionDb, decisions: Decisions, directory: Path, few: bool = False
+) -> Path:
     """The dedup table's rows, in any order with their ``pos``, joined into a Parquet file by
     DuckDB (the joins spill as needed), so the connection can go before the table is sorted
-    (:func:`cluster_batches`) and written."""
+    (:func:`cluster_batches`) and written. ``few``: the decisions are a few rows, so only the
+    ids they name are gathered."""
     reasons = decisions.reasons
     db.con.execute(
         f"CREATE TEMP VIEW decided AS SELECT * FROM read_parquet({sql_path(str(decisions.path))})"
@@ -360,6 +377,7 @@ def join_clusters(db: PartitionDb, decisions: Decisions, directory: Path) -> Pat
     path = directory / "clusters-unsorted.parquet"
     try:
         sql = _CLUSTERS_SQL.replace("{path}", str(path).replace("'", "''"))
+        sql = sql.replace("{ids_filter}", _FEW_IDS if few else "")
         _output_query(db, lambda: db.con.execute(sql))
     finally:
         for name in ("reasons", "verdict_names"):

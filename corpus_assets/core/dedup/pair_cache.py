@@ -37,6 +37,10 @@ class Mode:
     reason: str
     pairs_sql: str | None = None  # the parent's pairs table, when incremental
     lengths: dict[str, str] = field(default_factory=dict)  # records digest -> its text lengths
+    # the parent's chunks in row order (records digest, rows) and its clusters and decisions
+    chunks: tuple[tuple[str, int], ...] = ()
+    clusters: Ref | None = None
+    decisions: Ref | None = None
 
 
 def parent_mode(ws: Workspace, parents: list[str], code: str, policy: str | None) -> Mode:
@@ -58,8 +62,18 @@ def parent_mode(ws: Workspace, parents: list[str], code: str, policy: str | None
     if not ws.cas.contains(index.output("pairs")["digest"]):  # collected: verified again
         return Mode(FULL, f"parent {parent}'s verified pairs are gone from the store")
     sql = cas_parquet(ws.cas, index.output("pairs"), "parent dedup pairs")
-    lengths = {c["records"]: c["lengths"]["digest"] for c in index.outputs.get("lengths", [])}
-    return Mode(INCREMENTAL, f"parent {parent}", sql, lengths)
+    listed = index.outputs.get("lengths", [])
+    lengths = {c["records"]: c["lengths"]["digest"] for c in listed}
+    chunks = tuple((c["records"], int(c["lengths"]["size"]) // 8) for c in listed)
+    return Mode(
+        INCREMENTAL,
+        f"parent {parent}",
+        sql,
+        lengths,
+        chunks,
+        index.output("clusters"),
+        index.outputs.get("decisions"),
+    )
 
 
 class PairLookup:
