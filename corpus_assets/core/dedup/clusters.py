@@ -288,7 +288,7 @@ def _verdict_names() -> pa.Table:
 # their position (output_order sorts them): DuckDB never holds more than one hash table of ids
 # at once, and never sorts the wide rows.
 _CLUSTERS_SQL = """
-CREATE TEMP TABLE ids AS SELECT row, record_id, group_id FROM recs{ids_filter};
+CREATE TEMP TABLE ids AS SELECT {ids_columns} FROM recs{ids_filter};
 CREATE TEMP TABLE d1 AS SELECT v.*, p.record_id AS rep_id FROM decided v
   LEFT JOIN ids p ON p.row = v.rep;
 CREATE TEMP TABLE d2 AS SELECT d1.*, q.record_id AS match_id FROM d1
@@ -297,22 +297,32 @@ DROP TABLE d1;
 CREATE TEMP TABLE d3 AS SELECT d2.row, d2.verdict, d2.jaccard, d2.reason, d2.rep_id, d2.match_id,
   d2.pos, g.group_id AS leakage_id FROM d2 JOIN ids g ON g.row = d2.leak;
 DROP TABLE d2;
-DROP TABLE ids;
+{drop_ids}
 COPY (
   SELECT r.record_id, r.source_id, r.object, r.line, r.group_id, r.dedup_key,
     n.name AS verdict, coalesce(d.rep_id, '') AS representative_id,
     d.verdict = 0 AS is_representative, coalesce(d.match_id, '') AS match_id,
     d.jaccard AS match_jaccard, d.leakage_id, x.reason AS excluded, d.pos
-  FROM recs r JOIN d3 d USING (row)
+  FROM {rows} r JOIN d3 d USING (row)
   JOIN verdict_names n ON n.code = d.verdict
   JOIN reasons x ON x.code = d.reason
 ) TO '{path}' (FORMAT parquet, ROW_GROUP_SIZE 16384);
 DROP TABLE d3;
+DROP TABLE IF EXISTS ids;
 """
+# With few decisions, one scan of the records gathers every row they name with all its columns
+# (the full path scans twice: narrow ids for the hash tables, then the wide rows).
 _FEW_IDS = (
-    " WHERE row IN (SELECT rep FROM decided UNION SELECT match FROM decided"
-    " UNION SELECT leak FROM decided)"
+    " WHERE row IN (SELECT row FROM decided UNION SELECT rep FROM decided"
+    " UNION SELECT match FROM decided UNION SELECT leak FROM decided)"
 )
+_FULL_SQL = {
+    "ids_columns": "row, record_id, group_id",
+    "ids_filter": "",
+    "drop_ids": "DROP TABLE ids;",
+    "rows": "recs",
+}
+_FEW_SQL = {"ids_columns": "*", "ids_filter": _FEW_IDS, "drop_ids": "", "rows": "ids"}
 
 
 def write_decisions(
@@ -377,7 +387,8 @@ def join_clusters(
     path = directory / "clusters-unsorted.parquet"
     try:
         sql = _CLUSTERS_SQL.replace("{path}", str(path).replace("'", "''"))
-        sql = sql.replace("{ids_filter}", _FEW_IDS if few else "")
+        for name, value in (_FEW_SQL if few else _FULL_SQL).items():
+            sql = sql.replace("{" + name + "}", value)
         _output_query(db, lambda: db.con.execute(sql))
     finally:
         for name in ("reasons", "verdict_names"):

@@ -235,9 +235,15 @@ def _counts(decided: Decided, report: DedupReport, tombstoned: int) -> dict[str,
         "tombstoned": tombstoned,
         "duplicate_ids": verdicts[EXCLUDED] - tombstoned - conflicts,
         "id_conflicts": conflicts,
-        "clusters": len(np.unique(kept)),
-        "leakage_groups": len(np.unique(decided.leakage)),
+        "clusters": _distinct(kept),
+        "leakage_groups": _distinct(decided.leakage),
     }
+
+
+def _distinct(rows: np.ndarray) -> int:
+    """How many distinct row numbers: a count over rows, not a sort (``np.unique`` took ~0.5 s
+    per call at 685k records)."""
+    return int(np.count_nonzero(np.bincount(rows))) if len(rows) else 0
 
 
 def _per_source(decided: Decided) -> dict[str, dict[str, int]]:
