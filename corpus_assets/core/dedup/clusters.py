@@ -421,9 +421,14 @@ def cluster_batches(unsorted: Path) -> Iterator[pa.RecordBatch]:
     yield from sorted_batches(buckets, CLUSTER_COLUMNS)
 
 
+# The ids of the rows the edges name, gathered in one scan of the records (joining ``recs``
+# twice scanned it twice: 0.47-0.63 against 0.33-0.36 CPU-s for 150k edges at 685k records).
 _EDGES_SQL = """
+WITH ids AS MATERIALIZED (
+  SELECT row, record_id FROM recs WHERE row IN (SELECT a FROM edges UNION SELECT b FROM edges)
+)
 SELECT a.record_id AS record_a, b.record_id AS record_b, e.kind, e.jaccard, e.seq
-FROM edges e JOIN recs a ON a.row = e.a JOIN recs b ON b.row = e.b
+FROM edges e JOIN ids a ON a.row = e.a JOIN ids b ON b.row = e.b
 """
 # Sorted by Arrow (byte order, as DuckDB's default collation): DuckDB only joins.
 _EDGE_ORDER = [(name, "ascending") for name in ("record_a", "record_b", "kind", "seq")]

@@ -41,6 +41,7 @@ DECISION_COLUMNS = pa.schema(
 )
 _GONE = -2  # a parent row the child does not have (never equal to a child row or to -1)
 BATCH_ROWS = 1 << 16
+MERGE_ROWS = 1 << 14  # rows merged at a time: the parent's rows are decoded this many at once
 
 
 @dataclass
@@ -224,7 +225,7 @@ def _parent_rows(reuse: Reuse, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
     """The parent's table rows that are copied, in its order."""
     parquet = pq.ParquetFile(reuse.parent_table, buffer_size=1 << 20, pre_buffer=False)
     lo = 0
-    for batch in parquet.iter_batches(batch_size=BATCH_ROWS, use_threads=False):
+    for batch in parquet.iter_batches(batch_size=MERGE_ROWS, use_threads=False):
         mask = reuse.keep[lo : lo + len(batch)]
         lo += len(batch)
         if mask.any():
@@ -238,8 +239,8 @@ def merged(
     copied rows elsewhere, both streams in that order already."""
     old, new = _Stream(_parent_rows(reuse, schema), schema), _Stream(fresh, schema)
     n = len(reuse.fresh_at)
-    for lo in range(0, n, BATCH_ROWS):
-        flags = reuse.fresh_at[lo : lo + BATCH_ROWS]
+    for lo in range(0, n, MERGE_ROWS):
+        flags = reuse.fresh_at[lo : lo + MERGE_ROWS]
         k_new = int(flags.sum())
         both = pa.concat_tables([old.take(len(flags) - k_new), new.take(k_new)])
         index = np.empty(len(flags), dtype=np.int64)
