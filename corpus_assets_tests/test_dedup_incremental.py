@@ -269,3 +269,26 @@ def test_spilled_fingerprints_compute_a_record_not_prefetched(demo_home: Path) -
     every.close()
     some.close()
     ws.close()
+
+
+def test_child_joins_every_row_when_the_parents_decisions_are_gone(
+    demo_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The parent's decisions collected from the store: the child joins the whole table (and
+    says why), publishing what a child that copied rows publishes."""
+    _, new = _sources(demo_home)
+    ws = _open(demo_home, monkeypatch)
+    sid = build_all(ws, "p1")["manifest"].digests["snapshotId"]
+    approve(ws, sid, by="reviewer")
+    activate(ws, sid, actor="test")
+    _write(demo_home, "long-00002.jsonl", new)
+    copied = _dedup(ws, "p2")
+    assert copied.run_stats["clusters_copied"] > 0, copied.details["clusters_mode"]
+    chain = _outputs(ws, "p2")
+    decisions = read_layer_index(ws, "p1", "dedup_clusters")[1].output("decisions")
+    ws.cas.path(decisions["digest"]).unlink()
+    joined = DIRECT_BUILDERS["dedup_clusters"](ws, "p2")
+    assert joined.run_stats["clusters_copied"] == 0
+    assert "gone" in joined.details["clusters_mode"]["reason"]
+    assert _outputs(ws, "p2") == chain
+    ws.close()

@@ -13,7 +13,7 @@ is joined, and the two streams are merged by output position. When anything does
 """
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -54,6 +54,20 @@ class RowDecisions:
     leak: np.ndarray
     pos: np.ndarray
     excluded: dict[int, str]
+    excluded_rows: np.ndarray = field(init=False)  # the keys of ``excluded``, ascending
+
+    def __post_init__(self) -> None:
+        rows = sorted(self.excluded)
+        self.excluded_rows = np.asarray(rows, dtype=np.int64)
+
+    def reasons(self, lo: int, hi: int) -> pa.Array:
+        """The exclusion reason of rows lo..hi-1 ("" for most), without a loop over them."""
+        a, b = np.searchsorted(self.excluded_rows, [lo, hi])
+        at = self.excluded_rows[a:b]
+        codes = np.zeros(hi - lo, dtype=np.int32)
+        codes[at - lo] = np.arange(1, len(at) + 1, dtype=np.int32)
+        values = pa.array(["", *(self.excluded[r] for r in at.tolist())], pa.string())
+        return pa.DictionaryArray.from_arrays(codes, values).cast(pa.string())
 
     def reps(self, rows: np.ndarray) -> np.ndarray:
         """The representative row of each of ``rows`` (as ``_Verdicts.representatives``)."""
@@ -69,7 +83,6 @@ def _decision_batches(d: RowDecisions) -> Iterator[pa.RecordBatch]:
     n = len(d.verdict)
     for lo in range(0, n, BATCH_ROWS):
         rows = np.arange(lo, min(lo + BATCH_ROWS, n), dtype=np.int64)
-        reasons = [d.excluded.get(r, "") for r in rows.tolist()] if d.excluded else None
         yield pa.RecordBatch.from_arrays(
             [
                 pa.array(d.verdict[rows]),
@@ -77,7 +90,7 @@ def _decision_batches(d: RowDecisions) -> Iterator[pa.RecordBatch]:
                 pa.array(d.match[rows]),
                 pa.array(d.jaccard[rows]),
                 pa.array(d.leak[rows]),
-                pa.array(reasons if reasons is not None else [""] * len(rows), pa.string()),
+                d.reasons(lo, lo + len(rows)),
                 pa.array(d.pos[rows]),
             ],
             schema=DECISION_COLUMNS,
@@ -175,7 +188,7 @@ def _unchanged(
         ok &= d.leak[rows] == _mapped(parent("leak"), p2c)
         cj, pj = d.jaccard[rows], parent("jaccard")
         ok &= (cj == pj) | (np.isnan(cj) & np.isnan(pj))
-        ok &= _same_reasons(col["reason"], kept, rows, d.excluded)
+        ok &= _same_reasons(col["reason"], kept, rows, d)
         same[rows] = ok
         parent_pos[rows] = parent("pos")
         lo = hi
@@ -188,16 +201,14 @@ def _mapped(rows: np.ndarray, p2c: np.ndarray) -> np.ndarray:
 
 
 def _same_reasons(
-    reasons: pa.Array, kept: np.ndarray, rows: np.ndarray, excluded: dict[int, str]
+    reasons: pa.Array, kept: np.ndarray, rows: np.ndarray, d: RowDecisions
 ) -> np.ndarray:
     """Whether each kept parent row's exclusion reason is its child row's (few are set)."""
     ok = np.ones(len(kept), dtype=bool)
-    parent_set = np.flatnonzero(pc.not_equal(reasons, "").to_numpy(zero_copy_only=False))
-    at = {int(p): k for k, p in enumerate(kept.tolist())}
-    check = {at[p] for p in parent_set.tolist() if p in at}
-    check |= {k for k, r in enumerate(rows.tolist()) if r in excluded} if excluded else set()
-    for k in check:
-        ok[k] = reasons[int(kept[k])].as_py() == excluded.get(int(rows[k]), "")
+    parent_set = pc.not_equal(reasons, "").to_numpy(zero_copy_only=False)[kept]
+    check = np.flatnonzero(parent_set | np.isin(rows, d.excluded_rows))
+    for k in check.tolist():
+        ok[k] = reasons[int(kept[k])].as_py() == d.excluded.get(int(rows[k]), "")
     return ok
 
 
