@@ -170,14 +170,14 @@ def decide(
 ) -> Decided:
     """Exclusions, exact dedup, near-dedup and leakage groups over the codes of ``db``."""
     codes = db.codes()
-    order = db.total_order(source_order)
+    position = output_positions(db, codes.record_id.codes)
+    order = db.total_order(source_order, codes.source_id, position)
     state = _Verdicts(codes.n)
     excluded = _exclude_repeated_ids(db, codes, dict(revoked or {}))
     if excluded:
         state.verdict[np.fromiter(excluded, dtype=np.int64, count=len(excluded))] = _EXCLUDED
     representatives, copies = _exact(codes, order[state.verdict[order] == _KEEP], state)
     del order
-    position = output_positions(db, codes.record_id.codes)
     codes.forget("record_id", "dedup_key")
     report = None
     near_x = near_y = np.empty(0, dtype=np.int64)

@@ -139,10 +139,11 @@ def _row_decisions(decided: Decided) -> RowDecisions:
 
 
 def _reuse_stats(reuse: Reuse | str) -> dict[str, int]:
-    """Clusters rows copied from the parent's table and rows joined in this run."""
+    """Clusters rows copied from the parent's table and rows joined in this run (nothing when
+    every row was joined)."""
     if isinstance(reuse, Reuse):
         return {"clusters_copied": reuse.copied, "clusters_joined": len(reuse.fresh_rows)}
-    return {"clusters_copied": 0}
+    return {}  # the details say why
 
 
 def _reuse_mode(reuse: Reuse | str) -> dict[str, str]:

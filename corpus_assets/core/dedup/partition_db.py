@@ -212,26 +212,27 @@ class PartitionDb:
             code, previous = int(codes[rows[-1]]), batch.column(1).slice(len(batch) - 1)
         return Coded(codes, values)
 
-    def total_order(self, source_order: dict[str, int]) -> np.ndarray:
-        """Rows in the stated total order: source rank, longer first, record id, object, line.
-        Once only: the lengths are dropped after it."""
-        ranks = pa.table(
-            {
-                "source_id": list(source_order),
-                "rank": pa.array(list(source_order.values()), pa.int64()),
-            }
-        )
-        self.con.register("source_ranks", ranks)
-        got = self.con.sql(
-            "SELECT r.row FROM recs r JOIN meta m USING (row) "
-            "LEFT JOIN source_ranks s USING (source_id) "
-            "ORDER BY s.rank NULLS LAST, m.length DESC NULLS LAST, r.record_id, r.object, "
-            "r.line, r.row"
-        ).fetchnumpy()["row"]
-        self.con.unregister("source_ranks")
+    def total_order(
+        self, source_order: dict[str, int], sources: Coded, position: np.ndarray
+    ) -> np.ndarray:
+        """Rows in the stated total order: source rank, longer first, record id, object, line
+        (nulls last, ``row`` breaking ties). Sorted on integers: ``position`` (each row's place
+        by record id, object, line and row: :func:`.output_order.output_positions`) stands for
+        the last four keys, so no string is sorted again. Once only: the lengths are dropped
+        after it."""
+        last = max(source_order.values(), default=-1) + 1  # an unranked source: after all
+        ranks = np.array([source_order.get(v, last) for v in sources.values], dtype=np.int64)
+        source_rank = ranks[sources.codes] if len(ranks) else np.zeros(0, dtype=np.int64)
+        longer_first = np.empty(len(position), dtype=np.int64)
+        for batch in self.batches("SELECT row, length FROM meta"):
+            rows = np.asarray(batch.column(0).to_numpy(), dtype=np.int64)
+            length = batch.column(1)
+            missing = np.asarray(length.is_null().to_numpy(zero_copy_only=False))
+            values = np.asarray(pc.fill_null(length, 0).to_numpy(), dtype=np.int64)
+            longer_first[rows] = np.where(missing, np.iinfo(np.int64).max, -values)
         self.con.execute("DROP TABLE meta")  # the lengths: read by nothing after the order
         self.flush()
-        return np.asarray(got, dtype=np.int64)
+        return np.lexsort((position, longer_first, source_rank))
 
     def batches(self, sql: str, rows: int = 65536) -> Iterator[pa.RecordBatch]:
         """A query's result a batch at a time."""
