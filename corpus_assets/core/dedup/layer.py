@@ -49,7 +49,7 @@ from corpus_assets.core.dedup.signature_cache import (
     load_signatures,
     signature_spec,
 )
-from corpus_assets.core.governance.lineage import tombstone_matches
+from corpus_assets.core.governance.lineage import revoked_targets, tombstone_matches
 from corpus_assets.core.ingest.freeze import freeze
 from corpus_assets.core.records.index import CanonicalIndex, ChunkRecords
 from corpus_assets.core.runtime.code_identity import stage_code
@@ -161,6 +161,8 @@ def _tmp(ws: Workspace) -> Path:
 def _revoked(ws: Workspace, db: PartitionDb, watermark: int) -> dict[int, str]:
     """Rows revoked by a tombstone at or below the watermark, matched a batch at a time."""
     found: dict[int, str] = {}
+    if not revoked_targets(ws.catalog, watermark):
+        return found  # no tombstone at or below the watermark: no scan of the records
     for batch in db.batches("SELECT row, record_id, object, group_id FROM recs"):
         rows = batch.column(0).to_numpy()
         table = pa.Table.from_batches([batch])

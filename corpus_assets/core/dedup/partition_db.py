@@ -188,7 +188,7 @@ class PartitionDb:
         n = self.n
         coded = {name: self._coded(name, n) for name in ("record_id", "dedup_key", "group_id")}
         codes = RecordCodes(
-            n, **coded, kind=self._coded("kind", n), source_id=self._coded("source_id", n)
+            n, **coded, kind=self._coded_few("kind", n), source_id=self._coded_few("source_id", n)
         )
         self.flush()
         return codes
@@ -210,6 +210,31 @@ class PartitionDb:
             if keep_values:
                 values += batch.column(1).filter(pa.array(new)).to_pylist()
             code, previous = int(codes[rows[-1]]), batch.column(1).slice(len(batch) - 1)
+        return Coded(codes, values)
+
+    def _coded_few(self, column: str, n: int) -> Coded:
+        """Codes of a column of a handful of values (kind, source): the distinct values sorted
+        as :meth:`_coded` sorts them, then each row's code by a join on that small table, so
+        the partition is never sorted for them."""
+        found = self.con.execute(f"SELECT DISTINCT {column} FROM recs ORDER BY 1").fetchall()
+        values = [v for (v,) in found]
+        self.register(
+            "value_codes",
+            pa.table(
+                {"v": pa.array(values, pa.string()), "code": np.arange(len(values), dtype=np.int64)}
+            ),
+        )
+        codes = np.zeros(n, dtype=np.int64)
+        try:
+            sql = (
+                "SELECT r.row, c.code FROM recs r "
+                f"JOIN value_codes c ON r.{column} IS NOT DISTINCT FROM c.v"
+            )
+            for batch in self.batches(sql):
+                rows = np.asarray(batch.column(0).to_numpy(), dtype=np.int64)
+                codes[rows] = batch.column(1).to_numpy()
+        finally:
+            self.unregister("value_codes")
         return Coded(codes, values)
 
     def total_order(
