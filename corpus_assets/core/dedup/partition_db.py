@@ -77,6 +77,8 @@ class PartitionDb:
         )
         self.con = self._duck.con
         self.threads = self.workers = max(1, threads)
+        self.paths: list[str] = []  # the chunk files, in row order (none over an Arrow table)
+        self.starts = np.zeros(0, dtype=np.int64)  # each file's first row
 
     @classmethod
     def from_chunks(
@@ -114,6 +116,7 @@ class PartitionDb:
         del lengths
         self.con.register("chunk_files", files)
         self.con.register("lengths", meta)
+        self.paths, self.starts = paths, np.asarray(starts, dtype=np.int64)
         scan = f"read_parquet({sql_list(paths)}, filename = true, file_row_number = true)"
         self.con.execute(
             f"CREATE TEMP TABLE files AS SELECT * FROM chunk_files;"
@@ -149,6 +152,22 @@ class PartitionDb:
             "CREATE TEMP TABLE meta AS SELECT row, length FROM records_arrow"
         )
         self.con.unregister("records_arrow")
+
+    def texts_of(self, rows: np.ndarray) -> str:
+        """A relation (row, text_digest) like the view ``texts`` over only the chunk files that
+        hold ``rows``: a near-dedup class is one source's records, so its lookups read that
+        source's files, not every file once per class."""
+        if not len(self.paths):
+            return "texts"
+        held = np.unique(np.searchsorted(self.starts, rows, side="right") - 1)
+        paths = [self.paths[int(i)] for i in held]
+        if not paths:
+            return "(SELECT * FROM texts WHERE false)"
+        scan = f"read_parquet({sql_list(paths)}, filename = true, file_row_number = true)"
+        return (
+            f"(SELECT f.start + p.file_row_number AS row, text_digest "
+            f"FROM {scan} p JOIN files f ON p.filename = f.path)"
+        )
 
     def close(self) -> None:
         self._duck.close()  # its spill directory too
