@@ -288,7 +288,7 @@ def _verdict_names() -> pa.Table:
 # their position (output_order sorts them): DuckDB never holds more than one hash table of ids
 # at once, and never sorts the wide rows.
 _CLUSTERS_SQL = """
-CREATE TEMP TABLE ids AS SELECT {ids_columns} FROM recs{ids_filter};
+CREATE TEMP TABLE ids AS SELECT {ids_columns} FROM {source}{ids_filter};
 CREATE TEMP TABLE d1 AS SELECT v.*, p.record_id AS rep_id FROM decided v
   LEFT JOIN ids p ON p.row = v.rep;
 CREATE TEMP TABLE d2 AS SELECT d1.*, q.record_id AS match_id FROM d1
@@ -321,6 +321,7 @@ _FULL_SQL = {
     "ids_filter": "",
     "drop_ids": "DROP TABLE ids;",
     "rows": "recs",
+    "source": "recs",
 }
 _FEW_SQL = {"ids_columns": "*", "ids_filter": _FEW_IDS, "drop_ids": "", "rows": "ids"}
 
@@ -370,12 +371,13 @@ _DECISIONS = pa.schema(
 
 
 def join_clusters(
-    db: PartitionDb, decisions: Decisions, directory: Path, few: bool = False
+    db: PartitionDb, decisions: Decisions, directory: Path, few: np.ndarray | None = None
 ) -> Path:
     """The dedup table's rows, in any order with their ``pos``, joined into a Parquet file by
     DuckDB (the joins spill as needed), so the connection can go before the table is sorted
-    (:func:`cluster_batches`) and written. ``few``: the decisions are a few rows, so only the
-    ids they name are gathered."""
+    (:func:`cluster_batches`) and written. ``few``: the decisions are a few rows and these
+    are every row they name (ascending), so only those are gathered, from the files holding
+    them."""
     reasons = decisions.reasons
     db.con.execute(
         f"CREATE TEMP VIEW decided AS SELECT * FROM read_parquet({sql_path(str(decisions.path))})"
@@ -387,7 +389,8 @@ def join_clusters(
     path = directory / "clusters-unsorted.parquet"
     try:
         sql = _CLUSTERS_SQL.replace("{path}", str(path).replace("'", "''"))
-        for name, value in (_FEW_SQL if few else _FULL_SQL).items():
+        parts = _FULL_SQL if few is None else {**_FEW_SQL, "source": db.recs_of(few)}
+        for name, value in parts.items():
             sql = sql.replace("{" + name + "}", value)
         _output_query(db, lambda: db.con.execute(sql))
     finally:

@@ -86,14 +86,15 @@ def build_dedup_clusters(ws: Workspace, partition_key: str) -> LayerResult:
             decision_ref = put_decisions(ws, by_row, _tmp(ws))
             chunk_rows = [(c.records["digest"], c.count) for c in chunks]
             reuse = plan(ws, mode, chunk_rows, by_row)
-            del by_row
             fresh = reuse.fresh_rows if isinstance(reuse, Reuse) else None
+            named = by_row.named(fresh) if fresh is not None else None
+            del by_row
             decisions = write_decisions(decided, Path(tmp), only=fresh)
             del decided  # the per-row arrays: DuckDB reads the decisions from their file
             release_memory(collect=True)
             edges = put_table(ws.cas, edge_table(db, edges_by_row))
             del edges_by_row
-            unsorted = join_clusters(db, decisions, Path(tmp), few=fresh is not None)
+            unsorted = join_clusters(db, decisions, Path(tmp), few=named)
         release_memory(collect=True)
         batches = cluster_batches(unsorted)
         if isinstance(reuse, Reuse):

@@ -157,15 +157,22 @@ class PartitionDb:
         """A relation (row, text_digest) like the view ``texts`` over only the chunk files that
         hold ``rows``: a near-dedup class is one source's records, so its lookups read that
         source's files, not every file once per class."""
+        return self._files_of(rows, "text_digest", "texts")
+
+    def recs_of(self, rows: np.ndarray) -> str:
+        """A relation like the view ``recs`` over only the chunk files that hold ``rows``."""
+        return self._files_of(rows, _CARRIED_SQL, "recs")
+
+    def _files_of(self, rows: np.ndarray, columns: str, view: str) -> str:
         if not len(self.paths):
-            return "texts"
+            return view
         held = np.unique(np.searchsorted(self.starts, rows, side="right") - 1)
         paths = [self.paths[int(i)] for i in held]
         if not paths:
-            return "(SELECT * FROM texts WHERE false)"
+            return f"(SELECT * FROM {view} WHERE false)"
         scan = f"read_parquet({sql_list(paths)}, filename = true, file_row_number = true)"
         return (
-            f"(SELECT f.start + p.file_row_number AS row, text_digest "
+            f"(SELECT f.start + p.file_row_number AS row, {columns} "
             f"FROM {scan} p JOIN files f ON p.filename = f.path)"
         )
 

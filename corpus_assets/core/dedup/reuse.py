@@ -69,6 +69,12 @@ class RowDecisions:
         values = pa.array(["", *(self.excluded[r] for r in at.tolist())], pa.string())
         return pa.DictionaryArray.from_arrays(codes, values).cast(pa.string())
 
+    def named(self, rows: np.ndarray) -> np.ndarray:
+        """``rows`` and every row their decisions name (representative, match, leakage),
+        ascending: what joining only ``rows`` reads."""
+        named = np.concatenate([rows, self.reps(rows), self.match[rows], self.leak[rows]])
+        return np.unique(named[named >= 0])
+
     def reps(self, rows: np.ndarray) -> np.ndarray:
         """The representative row of each of ``rows`` (as ``_Verdicts.representatives``)."""
         return representatives_at(self.verdict, self.match, rows)
