@@ -111,6 +111,10 @@ def test_child_dedup_is_incremental_and_equals_a_fresh_build(
     # every chunk but the removed and changed objects': their texts are not read for lengths
     assert stats["lengths_reused"] == first["canonical_records"].counts["chunks"] - 2
     assert stats["pairs_computed"] < stats["pairs_verified"]
+    # rows whose decisions did not change come from the parent's clusters table, not a join
+    assert child.details["clusters_mode"]["mode"] == "incremental", child.details
+    assert 0 < stats["clusters_joined"] < stats["clusters_copied"]
+    assert stats["clusters_copied"] + stats["clusters_joined"] == child.counts["records"]
     assert child.counts["near_duplicates"] >= 8
     chain = _outputs(_open(demo_home, monkeypatch), "p2")
     fresh_home = tmp_path / "fresh"
@@ -119,6 +123,7 @@ def test_child_dedup_is_incremental_and_equals_a_fresh_build(
     fresh = _open(fresh_home, monkeypatch)
     scratch = _dedup(fresh, "p2")
     assert scratch.run_stats["near_incremental"] == 0
+    assert "clusters_copied" not in scratch.run_stats
     assert _outputs(fresh, "p2") == chain  # same verdicts, clusters, edges, report and pairs
     table = get_table(
         fresh.cas, read_layer_index(fresh, "p2", "dedup_clusters")[1].output("clusters"), "c"
@@ -139,6 +144,8 @@ def test_child_dedup_is_incremental_and_equals_a_fresh_build(
     full = DIRECT_BUILDERS["dedup_clusters"](other, "p2")
     assert full.run_stats["near_incremental"] == 0
     assert "policy" in full.details["near_mode"]["reason"]
+    assert "clusters_copied" not in full.run_stats
+    assert "policy" in full.details["clusters_mode"]["reason"]
     other.close()
 
 
@@ -261,4 +268,27 @@ def test_spilled_fingerprints_compute_a_record_not_prefetched(demo_home: Path) -
     assert len(some.rows) < len(order)
     every.close()
     some.close()
+    ws.close()
+
+
+def test_child_joins_every_row_when_the_parents_decisions_are_gone(
+    demo_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The parent's decisions collected from the store: the child joins the whole table (and
+    says why), publishing what a child that copied rows publishes."""
+    _, new = _sources(demo_home)
+    ws = _open(demo_home, monkeypatch)
+    sid = build_all(ws, "p1")["manifest"].digests["snapshotId"]
+    approve(ws, sid, by="reviewer")
+    activate(ws, sid, actor="test")
+    _write(demo_home, "long-00002.jsonl", new)
+    copied = _dedup(ws, "p2")
+    assert copied.run_stats["clusters_copied"] > 0, copied.details["clusters_mode"]
+    chain = _outputs(ws, "p2")
+    decisions = read_layer_index(ws, "p1", "dedup_clusters")[1].output("decisions")
+    ws.cas.path(decisions["digest"]).unlink()
+    joined = DIRECT_BUILDERS["dedup_clusters"](ws, "p2")
+    assert "clusters_copied" not in joined.run_stats
+    assert "gone" in joined.details["clusters_mode"]["reason"]
+    assert _outputs(ws, "p2") == chain
     ws.close()

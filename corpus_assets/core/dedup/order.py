@@ -2,9 +2,10 @@
 
 Every "earlier record" in dedup is earlier in the total order, never in completion order: source
 priority (config order - where a user ranks sources by governance and trust), longer text first
-(the fuller copy wins), record id, object, line. The order itself is sorted by DuckDB
-(:meth:`~corpus_assets.core.dedup.partition_db.PartitionDb.total_order`); dedup then works on
-integer codes in that order, a few machine words per record.
+(the fuller copy wins), record id, object, line. The order itself is sorted on integers
+(:meth:`~corpus_assets.core.dedup.partition_db.PartitionDb.total_order`: source rank, length,
+the row's position by record id); dedup then works on integer codes in that order, a few
+machine words per record.
 """
 
 import numpy as np

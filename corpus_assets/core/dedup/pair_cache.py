@@ -37,6 +37,10 @@ class Mode:
     reason: str
     pairs_sql: str | None = None  # the parent's pairs table, when incremental
     lengths: dict[str, str] = field(default_factory=dict)  # records digest -> its text lengths
+    # the parent's chunks in row order (records digest, rows) and its clusters and decisions
+    chunks: tuple[tuple[str, int], ...] = ()
+    clusters: Ref | None = None
+    decisions: Ref | None = None
 
 
 def parent_mode(ws: Workspace, parents: list[str], code: str, policy: str | None) -> Mode:
@@ -58,8 +62,18 @@ def parent_mode(ws: Workspace, parents: list[str], code: str, policy: str | None
     if not ws.cas.contains(index.output("pairs")["digest"]):  # collected: verified again
         return Mode(FULL, f"parent {parent}'s verified pairs are gone from the store")
     sql = cas_parquet(ws.cas, index.output("pairs"), "parent dedup pairs")
-    lengths = {c["records"]: c["lengths"]["digest"] for c in index.outputs.get("lengths", [])}
-    return Mode(INCREMENTAL, f"parent {parent}", sql, lengths)
+    listed = index.outputs.get("lengths", [])
+    lengths = {c["records"]: c["lengths"]["digest"] for c in listed}
+    chunks = tuple((c["records"], int(c["lengths"]["size"]) // 8) for c in listed)
+    return Mode(
+        INCREMENTAL,
+        f"parent {parent}",
+        sql,
+        lengths,
+        chunks,
+        index.output("clusters"),
+        index.outputs.get("decisions"),
+    )
 
 
 class PairLookup:
@@ -78,7 +92,7 @@ class PairLookup:
         try:
             table = self.db.con.sql(
                 "WITH p AS (SELECT c.rank, t.text_digest AS td FROM class_rows c "
-                "JOIN texts t ON t.row = c.row) "
+                f"JOIN {self.db.texts_of(order)} t ON t.row = c.row) "
                 f"SELECT a.rank AS ra, b.rank AS rb, q.jaccard FROM {self.pairs_sql} q "
                 "JOIN p a ON q.a = a.td JOIN p b ON q.b = b.td"
             ).to_arrow_table()
@@ -97,6 +111,20 @@ class PairLookup:
         return out
 
 
+# The text digests of the rows the pairs name, gathered in one scan of the records (joining
+# ``texts`` twice scanned every chunk file twice).
+_PAIRS_SQL = """
+WITH named AS MATERIALIZED (
+  SELECT row, text_digest FROM texts
+  WHERE row IN (SELECT x FROM verified UNION SELECT y FROM verified)
+)
+SELECT least(ta.text_digest, tb.text_digest) AS a,
+  greatest(ta.text_digest, tb.text_digest) AS b, min(v.jaccard) AS jaccard
+FROM verified v JOIN named ta ON ta.row = v.x JOIN named tb ON tb.row = v.y
+GROUP BY ALL ORDER BY a, b
+"""
+
+
 def store_pairs(
     ws: Workspace, db: PartitionDb, x: np.ndarray, y: np.ndarray, jaccard: np.ndarray
 ) -> Ref:
@@ -106,10 +134,7 @@ def store_pairs(
         ref, _ = put_query(
             ws.cas,
             db.con,
-            "SELECT least(ta.text_digest, tb.text_digest) AS a, "
-            "greatest(ta.text_digest, tb.text_digest) AS b, min(v.jaccard) AS jaccard "
-            "FROM verified v JOIN texts ta ON ta.row = v.x JOIN texts tb ON tb.row = v.y "
-            "GROUP BY ALL ORDER BY a, b",
+            _PAIRS_SQL,
             PAIR_COLUMNS,
         )
     finally:

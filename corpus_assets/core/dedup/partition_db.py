@@ -77,6 +77,8 @@ class PartitionDb:
         )
         self.con = self._duck.con
         self.threads = self.workers = max(1, threads)
+        self.paths: list[str] = []  # the chunk files, in row order (none over an Arrow table)
+        self.starts = np.zeros(0, dtype=np.int64)  # each file's first row
 
     @classmethod
     def from_chunks(
@@ -114,6 +116,7 @@ class PartitionDb:
         del lengths
         self.con.register("chunk_files", files)
         self.con.register("lengths", meta)
+        self.paths, self.starts = paths, np.asarray(starts, dtype=np.int64)
         scan = f"read_parquet({sql_list(paths)}, filename = true, file_row_number = true)"
         self.con.execute(
             f"CREATE TEMP TABLE files AS SELECT * FROM chunk_files;"
@@ -149,6 +152,29 @@ class PartitionDb:
             "CREATE TEMP TABLE meta AS SELECT row, length FROM records_arrow"
         )
         self.con.unregister("records_arrow")
+
+    def texts_of(self, rows: np.ndarray) -> str:
+        """A relation (row, text_digest) like the view ``texts`` over only the chunk files that
+        hold ``rows``: a near-dedup class is one source's records, so its lookups read that
+        source's files, not every file once per class."""
+        return self._files_of(rows, "text_digest", "texts")
+
+    def recs_of(self, rows: np.ndarray) -> str:
+        """A relation like the view ``recs`` over only the chunk files that hold ``rows``."""
+        return self._files_of(rows, _CARRIED_SQL, "recs")
+
+    def _files_of(self, rows: np.ndarray, columns: str, view: str) -> str:
+        if not len(self.paths):
+            return view
+        held = np.unique(np.searchsorted(self.starts, rows, side="right") - 1)
+        paths = [self.paths[int(i)] for i in held]
+        if not paths:
+            return f"(SELECT * FROM {view} WHERE false)"
+        scan = f"read_parquet({sql_list(paths)}, filename = true, file_row_number = true)"
+        return (
+            f"(SELECT f.start + p.file_row_number AS row, {columns} "
+            f"FROM {scan} p JOIN files f ON p.filename = f.path)"
+        )
 
     def close(self) -> None:
         self._duck.close()  # its spill directory too
@@ -188,7 +214,7 @@ class PartitionDb:
         n = self.n
         coded = {name: self._coded(name, n) for name in ("record_id", "dedup_key", "group_id")}
         codes = RecordCodes(
-            n, **coded, kind=self._coded("kind", n), source_id=self._coded("source_id", n)
+            n, **coded, kind=self._coded_few("kind", n), source_id=self._coded_few("source_id", n)
         )
         self.flush()
         return codes
@@ -212,26 +238,52 @@ class PartitionDb:
             code, previous = int(codes[rows[-1]]), batch.column(1).slice(len(batch) - 1)
         return Coded(codes, values)
 
-    def total_order(self, source_order: dict[str, int]) -> np.ndarray:
-        """Rows in the stated total order: source rank, longer first, record id, object, line.
-        Once only: the lengths are dropped after it."""
-        ranks = pa.table(
-            {
-                "source_id": list(source_order),
-                "rank": pa.array(list(source_order.values()), pa.int64()),
-            }
+    def _coded_few(self, column: str, n: int) -> Coded:
+        """Codes of a column of a handful of values (kind, source): the distinct values sorted
+        as :meth:`_coded` sorts them, then each row's code by a join on that small table, so
+        the partition is never sorted for them."""
+        found = self.con.execute(f"SELECT DISTINCT {column} FROM recs ORDER BY 1").fetchall()
+        values = [v for (v,) in found]
+        self.register(
+            "value_codes",
+            pa.table(
+                {"v": pa.array(values, pa.string()), "code": np.arange(len(values), dtype=np.int64)}
+            ),
         )
-        self.con.register("source_ranks", ranks)
-        got = self.con.sql(
-            "SELECT r.row FROM recs r JOIN meta m USING (row) "
-            "LEFT JOIN source_ranks s USING (source_id) "
-            "ORDER BY s.rank NULLS LAST, m.length DESC NULLS LAST, r.record_id, r.object, "
-            "r.line, r.row"
-        ).fetchnumpy()["row"]
-        self.con.unregister("source_ranks")
+        codes = np.zeros(n, dtype=np.int64)
+        try:
+            sql = (
+                "SELECT r.row, c.code FROM recs r "
+                f"JOIN value_codes c ON r.{column} IS NOT DISTINCT FROM c.v"
+            )
+            for batch in self.batches(sql):
+                rows = np.asarray(batch.column(0).to_numpy(), dtype=np.int64)
+                codes[rows] = batch.column(1).to_numpy()
+        finally:
+            self.unregister("value_codes")
+        return Coded(codes, values)
+
+    def total_order(
+        self, source_order: dict[str, int], sources: Coded, position: np.ndarray
+    ) -> np.ndarray:
+        """Rows in the stated total order: source rank, longer first, record id, object, line
+        (nulls last, ``row`` breaking ties). Sorted on integers: ``position`` (each row's place
+        by record id, object, line and row: :func:`.output_order.output_positions`) stands for
+        the last four keys, so no string is sorted again. Once only: the lengths are dropped
+        after it."""
+        last = max(source_order.values(), default=-1) + 1  # an unranked source: after all
+        ranks = np.array([source_order.get(v, last) for v in sources.values], dtype=np.int64)
+        source_rank = ranks[sources.codes] if len(ranks) else np.zeros(0, dtype=np.int64)
+        longer_first = np.empty(len(position), dtype=np.int64)
+        for batch in self.batches("SELECT row, length FROM meta"):
+            rows = np.asarray(batch.column(0).to_numpy(), dtype=np.int64)
+            length = batch.column(1)
+            missing = np.asarray(length.is_null().to_numpy(zero_copy_only=False))
+            values = np.asarray(pc.fill_null(length, 0).to_numpy(), dtype=np.int64)
+            longer_first[rows] = np.where(missing, np.iinfo(np.int64).max, -values)
         self.con.execute("DROP TABLE meta")  # the lengths: read by nothing after the order
         self.flush()
-        return np.asarray(got, dtype=np.int64)
+        return np.lexsort((position, longer_first, source_rank))
 
     def batches(self, sql: str, rows: int = 65536) -> Iterator[pa.RecordBatch]:
         """A query's result a batch at a time."""
