@@ -8,11 +8,9 @@ mixture per source and the members table (stable record id, source object, line,
 split) in the CAS.
 """
 
-import itertools
 import json
 import tempfile
-from collections.abc import Iterator
-from contextlib import closing
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +31,7 @@ from corpus_assets.core.runtime.code_identity import stage_code
 from corpus_assets.core.runtime.layers import LAYERS, LayerIndex, LayerResult, read_layer_index
 from corpus_assets.core.runtime.transform import transform_image
 from corpus_assets.core.runtime.workspace import Workspace
+from corpus_assets.core.storage import duck as storage_duck
 from corpus_assets.core.storage import failpoints
 from corpus_assets.core.storage.artifacts import (
     PARQUET,
@@ -54,6 +53,7 @@ MANIFEST_SCHEMA = "training.dataset.snapshot.v1"
 Indexes = dict[str, tuple[Ref, LayerIndex]]  # layer -> (ref, index) of the six built layers
 MEMBER_LAYERS = ("canonical_records", "dedup_clusters", "splits")  # what members are made of
 MEMBER_BATCH = 65536  # rows of the joined members read and written at a time
+PREVIEW_ROWS = 10  # the first rows a layer result shows
 
 
 class BuildConflict(RuntimeError):
@@ -95,13 +95,12 @@ def put_members(ws: Workspace, indexes: Indexes) -> tuple[Ref, int, list[dict[st
 
     Members are the dedup representatives the splits layer assigned a split (a record a split
     conflict quarantined is in no split, so no member). DuckDB joins and sorts the layer files
-    out of core into a file, which is streamed into the store a row group at a time
+    out of core, and its sorted rows stream into the store a row group at a time
     (``put_table_batches``: the bytes ``put_table`` of the whole table writes, never the whole
-    table in memory: ~350 B per member, 160 MB at 1.1 GB of raw text)."""
+    table in memory: ~350 B per member, 160 MB at 1.1 GB of raw text), encoded once."""
     canonical = CanonicalIndex(ws.cas, indexes["canonical_records"][1])
     files = TrustedFiles(ws.cas, ws.catalog)  # a parent's narrowed chunks: hashed before
     with tempfile.TemporaryDirectory(prefix="members-", dir=_spill(ws)) as tmp:
-        out = Path(tmp) / "members.parquet"
         records = _narrowed(ws, files, canonical, Path(tmp))
         if not records:  # no chunk: DuckDB reads no empty list, an empty file instead
             records = [str(Path(tmp) / "none.parquet")]
@@ -112,15 +111,25 @@ def put_members(ws: Workspace, indexes: Indexes) -> tuple[Ref, int, list[dict[st
             splits=files.path(indexes["splits"][1].output("splits")["digest"]),
         )
         with duck.connect(ws.cas, ws.config.execution.workers) as con:
-            con.execute(f"COPY ({query}) TO '{out}' (FORMAT parquet, COMPRESSION zstd)")
-        with closing(pq.ParquetFile(out)) as joined:
-            count = joined.metadata.num_rows
-            batches = (_typed(batch) for batch in joined.iter_batches(MEMBER_BATCH))
-            first = next(batches, None)
-            preview = [] if first is None else first.slice(0, 10).to_pylist()
-            rest = [] if first is None else itertools.chain([first], batches)
-            ref = put_table_batches(ws.cas, MEMBERS_SCHEMA, rest, Path(tmp))
-    return ref, count, preview
+            seen = _Seen()
+            rows = seen.watch(_typed(b) for b in storage_duck.batches(con, query, MEMBER_BATCH))
+            ref = put_table_batches(ws.cas, MEMBERS_SCHEMA, rows, Path(tmp))
+    return ref, seen.count, seen.preview
+
+
+class _Seen:
+    """The row count and first rows of a stream of batches, taken as it passes."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.preview: list[dict[str, Any]] = []
+
+    def watch(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            if len(self.preview) < PREVIEW_ROWS:
+                self.preview += batch.slice(0, PREVIEW_ROWS - len(self.preview)).to_pylist()
+            self.count += batch.num_rows
+            yield batch
 
 
 def _typed(batch: pa.RecordBatch) -> pa.RecordBatch:
