@@ -17,7 +17,7 @@ from corpus_assets.core.governance import deletion_build, deletion_index, states
 from corpus_assets.core.governance.lineage import hits, scan_hits
 from corpus_assets.core.pipeline import build_all
 from corpus_assets.core.records.index import CanonicalIndex
-from corpus_assets.core.release import gc, manifest
+from corpus_assets.core.release import gc, manifest, narrowed
 from corpus_assets.core.release.publish import activate, approve
 from corpus_assets.core.runtime.layers import LAYERS, load_index, read_layer_index
 from corpus_assets.core.runtime.workspace import Workspace, open_workspace
@@ -136,14 +136,14 @@ def test_a_child_members_table_reuses_the_parents_narrowed_chunks(tmp_path: Path
         assert manifest.put_members(ws, indexes)[0]["digest"] == built
         victim.write_bytes(original)
         with ws.catalog.begin() as conn:
-            conn.execute(delete(layer_memo).where(layer_memo.c.layer == manifest.NARROWED))
+            conn.execute(delete(layer_memo).where(layer_memo.c.layer == narrowed.NARROWED))
         assert manifest.put_members(ws, indexes)[0]["digest"] == built
         assert _narrowed_rows(ws) == after  # the same chunks, the same bytes
 
 
 def _narrowed_rows(ws: Workspace) -> set[str]:
     with ws.catalog.begin() as conn:
-        query = select(layer_memo.c.index_digest).where(layer_memo.c.layer == manifest.NARROWED)
+        query = select(layer_memo.c.index_digest).where(layer_memo.c.layer == narrowed.NARROWED)
         return {digest for (digest,) in conn.execute(query)}
 
 
