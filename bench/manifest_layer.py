@@ -21,7 +21,7 @@ from corpus_assets.core.governance import deletion_index, states
 from corpus_assets.core.ingest.freeze import freeze
 from corpus_assets.core.pipeline import BUILDERS
 from corpus_assets.core.records.index import CanonicalIndex
-from corpus_assets.core.release import manifest
+from corpus_assets.core.release import narrowed as narrowing
 from corpus_assets.core.runtime.layers import LAYERS
 from corpus_assets.core.runtime.pool import shared_pool
 from corpus_assets.core.runtime.workspace import Workspace, open_workspace
@@ -58,12 +58,9 @@ def main() -> None:
 
 def _narrow(ws: Workspace, manifest_digest: str) -> None:
     """The parent's canonical chunks narrowed and remembered, if this code does that."""
-    narrowed = getattr(manifest, "_narrowed", None)
-    if narrowed is None:
-        return
     ref = get_json(ws.cas, manifest_digest, "manifest")["layers"]["canonical_records"]
     with tempfile.TemporaryDirectory(dir=ws.home / "tmp") as tmp:
-        narrowed(ws, VerifiedFiles(ws.cas), CanonicalIndex.load(ws.cas, ref), Path(tmp))
+        narrowing.narrowed(ws, VerifiedFiles(ws.cas), CanonicalIndex.load(ws.cas, ref), Path(tmp))
 
 
 class _nothing:

@@ -17,12 +17,13 @@ from corpus_assets.core.governance import deletion_build, deletion_index, states
 from corpus_assets.core.governance.lineage import hits, scan_hits
 from corpus_assets.core.pipeline import build_all
 from corpus_assets.core.records.index import CanonicalIndex
-from corpus_assets.core.release import gc, manifest
+from corpus_assets.core.release import gc, manifest, narrowed
 from corpus_assets.core.release.publish import activate, approve
 from corpus_assets.core.runtime.layers import LAYERS, load_index, read_layer_index
 from corpus_assets.core.runtime.workspace import Workspace, open_workspace
 from corpus_assets.core.storage.artifacts import get_json, get_table
-from corpus_assets.core.storage.catalog import layer_memo
+from corpus_assets.core.storage.cas import CorruptObjectError
+from corpus_assets.core.storage.catalog import layer_memo, verified_files
 from corpus_assets_tests.test_packing_incremental import (  # noqa: F401 (an autouse fixture)
     _active,
     _add_essays,
@@ -136,14 +137,14 @@ def test_a_child_members_table_reuses_the_parents_narrowed_chunks(tmp_path: Path
         assert manifest.put_members(ws, indexes)[0]["digest"] == built
         victim.write_bytes(original)
         with ws.catalog.begin() as conn:
-            conn.execute(delete(layer_memo).where(layer_memo.c.layer == manifest.NARROWED))
+            conn.execute(delete(layer_memo).where(layer_memo.c.layer == narrowed.NARROWED))
         assert manifest.put_members(ws, indexes)[0]["digest"] == built
         assert _narrowed_rows(ws) == after  # the same chunks, the same bytes
 
 
 def _narrowed_rows(ws: Workspace) -> set[str]:
     with ws.catalog.begin() as conn:
-        query = select(layer_memo.c.index_digest).where(layer_memo.c.layer == manifest.NARROWED)
+        query = select(layer_memo.c.index_digest).where(layer_memo.c.layer == narrowed.NARROWED)
         return {digest for (digest,) in conn.execute(query)}
 
 
@@ -225,3 +226,42 @@ def test_a_rebuild_over_unchanged_sources_readdresses_the_index_it_already_has(
         found = hits(ws.cas, ws.catalog, "record", record)
         assert found == scan_hits(ws.cas, ws.catalog, "record", record)
         assert {h["snapshotId"] for h in found if h["spans"]} == {first, second}
+
+
+def test_a_child_index_records_the_tables_it_hashed_and_still_finds_a_corrupt_one(
+    tmp_path: Path,
+) -> None:
+    """Built over its parent's, a child's index hashes its inputs through the stat trust: the
+    tables it hashed are recorded (the build's check need not read them again); a parent's
+    table corrupt since it was recorded is hashed again and refused."""
+    config, parent, child = _child(tmp_path)
+    with open_workspace(config) as ws:
+        tables = deletion_build.input_digests(ws.cas, child)
+        with ws.catalog.begin() as conn:
+            conn.execute(delete(verified_files))
+            conn.execute(
+                delete(layer_memo).where(layer_memo.c.layer == "governance.deletion_index")
+            )
+        deletion_index.ensure(ws.cas, ws.catalog, child)
+        with ws.catalog.begin() as conn:
+            recorded = {d for (d,) in conn.execute(select(verified_files.c.digest))}
+        assert {tables[n] for n in ("members", "clusters", "spans")} <= recorded
+        with ws.catalog.begin() as conn:
+            conn.execute(
+                delete(layer_memo).where(layer_memo.c.layer == "governance.deletion_index")
+            )
+        deletion_index.ensure(ws.cas, ws.catalog, parent)
+        victim = ws.cas.path(deletion_build.input_digests(ws.cas, parent)["members"])
+        data = bytearray(victim.read_bytes())
+        data[len(data) // 2] ^= 0x01
+        victim.write_bytes(bytes(data))
+        with ws.catalog.begin() as conn:
+            conn.execute(
+                delete(layer_memo).where(
+                    layer_memo.c.memo_key.in_(
+                        [deletion_index.memo_key(child), deletion_index.inputs_key(ws.cas, child)]
+                    )
+                )
+            )
+        with pytest.raises(CorruptObjectError):
+            deletion_index.ensure(ws.cas, ws.catalog, child)

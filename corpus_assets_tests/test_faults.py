@@ -76,6 +76,30 @@ def test_same_record_id_in_two_splits_is_refused(workspace: Workspace) -> None:
     ), report.findings
 
 
+def test_a_member_without_its_canonical_row_is_named(workspace: Workspace) -> None:
+    """A member whose (record id, object, line) is no canonical row has no lineage: named by
+    its record id, counted in the metric."""
+    build_all(workspace, "p1")
+    manifest = json.loads(workspace.cas.get_bytes(workspace.catalog.layer_output("p1", "manifest")))
+    members = pq.read_table(pa.BufferReader(workspace.cas.get_bytes(manifest["members"]["digest"])))
+    line = members.column("line").to_pylist()
+    moved = members.set_column(
+        members.schema.get_field_index("line"), "line", pa.array([line[0] + 10**6, *line[1:]])
+    )
+    ref = put_table(workspace.cas, moved)
+    manifest["members"] = {**manifest["members"], **ref, "uri": workspace.cas.uri(ref["digest"])}
+    manifest.pop("signature")
+    manifest["snapshotId"] = sid = snapshot_id(manifest)
+    manifest["signature"] = sign_snapshot(workspace.home, sid)
+    states.register(
+        workspace.catalog, sid, "p1", workspace.cas.put_bytes(canonical_json(manifest)), "demo"
+    )
+    report = validate_snapshot(workspace, sid)
+    rid = members.column("record_id")[0].as_py()
+    assert f"member {rid!r} has no lineage to a pinned object row" in report.findings
+    assert report.gate.orphan_ids == 1
+
+
 def test_truncated_members_table_is_named(workspace: Workspace) -> None:
     results = build_all(workspace, "p1")
     members = results["manifest"].digests["members"]

@@ -519,3 +519,38 @@ def test_validation_names_brokendedup_invariants(tmp_path: Path) -> None:
     )
     assert "removed record 'd' stands behind 'x', which is no member" in findings
     assert len(findings) == 3
+
+
+def test_leaked_components_come_in_the_order_of_their_first_row() -> None:
+    """Components through a shared group (a null group id is one group), through an edge, and a
+    component of one record: each leaking one named once, ordered by its first clusters row."""
+    rows = [  # record, group, split (None: excluded from the members), leakage id
+        ("r1", "g1", "train", "L1"),
+        ("r4", None, "train", "L4"),
+        ("r3", "g3", "train", "L3"),
+        ("r2", "g1", "test", "L2"),
+        ("r5", None, "test", "L5"),
+        ("r6", "g6", "test", "L6"),
+        ("r7", "g7", "train", "L7"),
+    ]
+    clusters = pa.table(
+        {
+            "record_id": [r[0] for r in rows],
+            "verdict": [KEEP] * len(rows),
+            "representative_id": [r[0] for r in rows],
+            "match_id": [""] * len(rows),
+            "match_jaccard": pa.array([None] * len(rows), pa.float64()),
+            "leakage_id": [r[3] for r in rows],
+            "group_id": pa.array([r[1] for r in rows], pa.string()),
+            "is_representative": [True] * len(rows),
+        }
+    )
+    edges = pa.table({"record_a": ["r3"], "record_b": ["r6"], "kind": ["near"], "jaccard": [0.9]})
+    members = pa.table({"record_id": [r[0] for r in rows], "split": [r[2] for r in rows]})
+    findings, leaks = dedup_invariants(clusters, edges, 0.8, members)
+    assert leaks == 3
+    assert findings == [
+        "leakage group 'L1' spans splits test (1), train (1)",
+        "leakage group 'L4' spans splits test (1), train (1)",
+        "leakage group 'L3' spans splits test (1), train (1)",
+    ]

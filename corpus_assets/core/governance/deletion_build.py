@@ -61,6 +61,8 @@ from corpus_assets.core.runtime.layers import load_index
 from corpus_assets.core.storage import duck
 from corpus_assets.core.storage.artifacts import get_json, put_bytes, put_table
 from corpus_assets.core.storage.cas import ContentStore
+from corpus_assets.core.storage.catalog import Catalog
+from corpus_assets.core.storage.table_lookup import TrustedFiles
 
 if TYPE_CHECKING:
     from duckdb import DuckDBPyConnection
@@ -298,10 +300,12 @@ def input_digests(cas: ContentStore, manifest_digest: str) -> dict[str, Any]:
     }
 
 
-def inputs(cas: ContentStore, manifest_digest: str) -> Inputs:
-    """The snapshot's members, dedup clusters and spans as verified CAS files."""
+def inputs(cas: ContentStore, manifest_digest: str, catalog: Catalog | None = None) -> Inputs:
+    """The snapshot's members, dedup clusters and spans as verified CAS files; with the
+    ``catalog``, a file unchanged since it last hashed right (a parent's tables, which its
+    check hashed) is not hashed again, and one hashed now is recorded (the check trusts it)."""
     digests = input_digests(cas, manifest_digest)
-    files = duck.VerifiedFiles(cas)
+    files = TrustedFiles(cas, catalog) if catalog is not None else duck.VerifiedFiles(cas)
     relations: dict[str, Relation] = {
         name: files.path(digests[name], f"{name} table")
         for name in ("members", "clusters", "spans")
@@ -322,15 +326,16 @@ def build(
     manifest_digest: str,
     shard_rows: int = SHARD_ROWS,
     base: tuple[str, str] | str = "no parent index named",
+    catalog: Catalog | None = None,
 ) -> str:
-    """The snapshot's index, sorted out of core from its verified CAS files, over ``base``
-    (the parent's manifest and index digests) when given, else whole (``base`` says why); the
-    index directory's digest."""
+    """The snapshot's index, sorted out of core from its verified CAS files (``inputs``), over
+    ``base`` (the parent's manifest and index digests) when given, else whole (``base`` says
+    why); the index directory's digest."""
     over = None
     if isinstance(base, tuple):
         parent, index = base
-        over = Base(index, read_header(cas, index), inputs(cas, parent))
-    found = inputs(cas, manifest_digest)
+        over = Base(index, read_header(cas, index), inputs(cas, parent, catalog))
+    found = inputs(cas, manifest_digest, catalog)
     extra = {} if over else {"full": base}
     return _put(cas, found, shard_rows, over, extra)
 

@@ -197,7 +197,8 @@ def ensure(
     same = inputs_key(cas, manifest_digest)
     digest = _same_inputs(cas, catalog, same, manifest_digest)
     if digest is None:
-        digest = build(cas, manifest_digest, base=parent_index(cas, catalog, manifest_digest))
+        base = parent_index(cas, catalog, manifest_digest)
+        digest = build(cas, manifest_digest, base=base, catalog=catalog)
     catalog.remember(memo_key(manifest_digest), "governance.deletion_index", digest, "{}")
     catalog.remember(same, "governance.deletion_index", digest, "{}")
     return digest

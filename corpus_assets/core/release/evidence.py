@@ -2,8 +2,8 @@
 
 The members table and the canonical rows hold one row per record, so the gates never load them
 into Python: they are DuckDB views over the verified Parquet files (``members`` in table order
-with ``file_row_number``, ``canonical`` with ``pos``, the row's place in index order), and each
-gate asks one query. Objects ``verify`` already re-hashed are read as they are; any other is
+with ``file_row_number``, ``canonical`` over every chunk's records), and each gate asks one
+query. Objects ``verify`` already re-hashed are read as they are; any other is
 re-hashed (streamed) before its first read, so a corrupt table is still named.
 """
 
@@ -30,8 +30,6 @@ from corpus_assets.core.training_view.splits import EXCLUDED, UNLINKED
 
 if TYPE_CHECKING:
     from duckdb import DuckDBPyConnection
-
-ROW_BITS = 40  # pos = chunk number << ROW_BITS | row in chunk: index order as one integer
 
 
 @dataclass
@@ -122,27 +120,20 @@ class Evidence:
 
     @property
     def canonical_view(self) -> str:
-        """The ``canonical`` view (record_id, object, line, pos) over every chunk's records
-        table, created on first use; returns its name."""
+        """The ``canonical`` view (record_id, object, line) over every chunk's records table,
+        created on first use; returns its name."""
         if self.scalar("SELECT count(*) FROM duckdb_views() WHERE view_name = 'canonical'"):
             return "canonical"
-        paths = {}
-        for number, chunk in enumerate(self.canonical.chunks()):
-            paths[self.files.path(chunk.records["digest"], chunk.what)] = number
+        paths = [self.files.path(c.records["digest"], c.what) for c in self.canonical.chunks()]
         if not paths:
             self.con.execute(
                 "CREATE VIEW canonical AS SELECT NULL::VARCHAR AS record_id, "
-                "NULL::VARCHAR AS object, NULL::BIGINT AS line, 0::BIGINT AS pos WHERE false"
+                "NULL::VARCHAR AS object, NULL::BIGINT AS line WHERE false"
             )
             return "canonical"
-        self.register(
-            "chunk_files", pa.table({"filename": list(paths), "ord": list(paths.values())})
-        )
         self.con.execute(
-            "CREATE VIEW canonical AS SELECT r.record_id, r.object, r.line, "
-            f"(f.ord << {ROW_BITS}) + r.file_row_number AS pos "
-            f"FROM read_parquet({sql_list(list(paths))}, filename = true, "
-            "file_row_number = true) r JOIN chunk_files f USING (filename)"
+            "CREATE VIEW canonical AS SELECT record_id, object, line "
+            f"FROM read_parquet({sql_list(paths)})"
         )
         return "canonical"
 

@@ -41,10 +41,16 @@ WITH dropped AS (
     SELECT record_id FROM dd_dropped
     UNION SELECT record_id FROM dd_clusters
     WHERE NOT is_representative AND representative_id IN (SELECT record_id FROM dd_dropped))
-SELECT record_id, group_id, leakage_id, row_number() OVER (ORDER BY ord) - 1 AS v,
-       dense_rank() OVER (ORDER BY group_id) - 1 AS g
+SELECT record_id, group_id, leakage_id, ord AS v
 FROM dd_clusters
 WHERE verdict <> 'excluded' AND record_id NOT IN (SELECT record_id FROM dropped)
+"""
+# each group a number (any: a component's label is set by its lowest record vertex, and every
+# group vertex hangs on a record vertex), no sort; a null group id is one group, as in a GROUP BY
+GROUPS = """
+WITH numbered AS (SELECT group_id, row_number() OVER () - 1 AS g
+                  FROM (SELECT DISTINCT group_id FROM dd_live))
+SELECT l.v, n.g FROM dd_live l JOIN numbered n ON l.group_id IS NOT DISTINCT FROM n.group_id
 """
 EDGES = """
 WITH first AS (SELECT record_id, min(v) AS v FROM dd_live GROUP BY record_id)
@@ -101,9 +107,9 @@ def removed_without_member(
     """Removed records whose representative, or direct near match, is not a member: the first
     ``shown`` findings (all when None) in clusters order, and how many there are."""
     limit = shown if shown is not None else np.iinfo(np.int64).max
-    rows = con.execute(REMOVED, [threshold, limit]).fetchall()
+    found = con.execute(REMOVED, [threshold, limit]).fetchall()
     findings: list[str] = []
-    for rid, rep, match, jaccard, rep_bad, near_bad, _total in rows:
+    for rid, rep, match, jaccard, rep_bad, near_bad, _total in found:
         if rep_bad:
             findings.append(f"removed record {rid!r} stands behind {rep!r}, which is no member")
         if near_bad:
@@ -111,23 +117,27 @@ def removed_without_member(
                 f"near duplicate {rid!r}: direct match {match!r} at Jaccard "
                 f"{jaccard} is not a member at or above {threshold}"
             )
-    total = int(rows[0][-1]) if rows else 0
+    total = int(found[0][-1]) if found else 0
     return (findings if shown is None else findings[:shown]), total
 
 
 def leaked_components(con: DuckDBPyConnection) -> list[str]:
-    """Components of the leakage graph whose members sit in more than one split."""
+    """Components of the leakage graph whose members sit in more than one split. A vertex is a
+    live clusters row numbered by its place (``ord``): the components come out in the order of
+    their first row with no sort of the rows, and only those of two records or more are joined
+    with the members."""
     con.execute(LIVE)
-    groups = con.execute("SELECT g FROM dd_live ORDER BY v").fetchnumpy()["g"]
-    groups = np.asarray(groups, dtype=np.int64)
-    n = len(groups)
+    found = con.execute(GROUPS).fetchnumpy()
+    v, groups = (np.asarray(found[k], dtype=np.int64) for k in ("v", "g"))
+    n = int(v.max()) + 1 if len(v) else 0
     pairs = con.execute(EDGES).fetchnumpy()
     a, b = (np.asarray(pairs[k], dtype=np.int64) for k in ("a", "b"))
-    size = n + (int(groups.max()) + 1 if n else 0)
-    rows = np.concatenate([np.arange(n, dtype=np.int64), a])
+    size = n + (int(groups.max()) + 1 if len(groups) else 0)
+    rows = np.concatenate([v, a])
     cols = np.concatenate([n + groups, b])
     labels = component_labels(size, rows, cols)
-    component = pa.table({"v": np.arange(n, dtype=np.int64), "component": labels[:n]})
-    con.register("dd_comp", component)
-    found = con.execute(LEAKS).fetchall()
-    return [f"leakage group {lid!r} spans splits {spread}" for lid, spread in found]
+    component = labels[v]
+    shared = np.bincount(component)[component] > 1  # a lone record's component cannot leak
+    con.register("dd_comp", pa.table({"v": v[shared], "component": component[shared]}))
+    found_leaks = con.execute(LEAKS).fetchall()
+    return [f"leakage group {lid!r} spans splits {spread}" for lid, spread in found_leaks]

@@ -8,16 +8,13 @@ mixture per source and the members table (stable record id, source object, line,
 split) in the CAS.
 """
 
-import itertools
 import json
 import tempfile
-from collections.abc import Iterator
-from contextlib import closing
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from corpus_assets.core.governance import deletion_index, states
@@ -25,14 +22,14 @@ from corpus_assets.core.ingest.freeze import freeze
 from corpus_assets.core.ingest.freeze_spec import ChangelogSourceSpec, FreezeSpec
 from corpus_assets.core.records.index import CanonicalIndex, record_schema_digest
 from corpus_assets.core.release import duck
-from corpus_assets.core.release.duck import batch_rows
 from corpus_assets.core.release.identity import SELF_EXCLUDED, snapshot_id
+from corpus_assets.core.release.narrowed import NARROW, narrowed
 from corpus_assets.core.release.shadow import shadow_diff
 from corpus_assets.core.release.signing import sign_snapshot
-from corpus_assets.core.runtime.code_identity import stage_code
 from corpus_assets.core.runtime.layers import LAYERS, LayerIndex, LayerResult, read_layer_index
 from corpus_assets.core.runtime.transform import transform_image
 from corpus_assets.core.runtime.workspace import Workspace
+from corpus_assets.core.storage import duck as storage_duck
 from corpus_assets.core.storage import failpoints
 from corpus_assets.core.storage.artifacts import (
     PARQUET,
@@ -41,10 +38,8 @@ from corpus_assets.core.storage.artifacts import (
     make_ref,
     put_json,
 )
-from corpus_assets.core.storage.cas import CorruptObjectError
 from corpus_assets.core.storage.digests import json_digest
-from corpus_assets.core.storage.duck import VerifiedFiles, sql_list
-from corpus_assets.core.storage.memory import release_memory
+from corpus_assets.core.storage.duck import sql_list
 from corpus_assets.core.storage.parquet_sink import put_table_batches
 from corpus_assets.core.storage.table_lookup import TrustedFiles
 from corpus_assets.core.tokens.spec import resolve_tokenizer
@@ -54,6 +49,7 @@ MANIFEST_SCHEMA = "training.dataset.snapshot.v1"
 Indexes = dict[str, tuple[Ref, LayerIndex]]  # layer -> (ref, index) of the six built layers
 MEMBER_LAYERS = ("canonical_records", "dedup_clusters", "splits")  # what members are made of
 MEMBER_BATCH = 65536  # rows of the joined members read and written at a time
+PREVIEW_ROWS = 10  # the first rows a layer result shows
 
 
 class BuildConflict(RuntimeError):
@@ -73,11 +69,6 @@ MEMBERS_SCHEMA = pa.schema(
         ("split", pa.string()),
     ]
 )
-RECORD_FIELDS = ["record_id", "source_id", "object", "line", "record_digest"]
-TEXT_BYTES = pa.field("text_bytes", pa.int32())
-NARROW = pa.schema([f for f in MEMBERS_SCHEMA if f.name in RECORD_FIELDS] + [TEXT_BYTES])
-NARROW_CODE = stage_code("release.members", __name__)  # what makes a narrowed chunk
-NARROWED = "manifest.narrowed"  # the layer memo rows of narrowed chunks (a side cache)
 MEMBERS_QUERY = """
 SELECT r.record_id, r.source_id, r.object, r.line, r.record_digest, c.dedup_key,
        r.text_bytes, s.group_id, s.split
@@ -95,14 +86,13 @@ def put_members(ws: Workspace, indexes: Indexes) -> tuple[Ref, int, list[dict[st
 
     Members are the dedup representatives the splits layer assigned a split (a record a split
     conflict quarantined is in no split, so no member). DuckDB joins and sorts the layer files
-    out of core into a file, which is streamed into the store a row group at a time
+    out of core, and its sorted rows stream into the store a row group at a time
     (``put_table_batches``: the bytes ``put_table`` of the whole table writes, never the whole
-    table in memory: ~350 B per member, 160 MB at 1.1 GB of raw text)."""
+    table in memory: ~350 B per member, 160 MB at 1.1 GB of raw text), encoded once."""
     canonical = CanonicalIndex(ws.cas, indexes["canonical_records"][1])
     files = TrustedFiles(ws.cas, ws.catalog)  # a parent's narrowed chunks: hashed before
     with tempfile.TemporaryDirectory(prefix="members-", dir=_spill(ws)) as tmp:
-        out = Path(tmp) / "members.parquet"
-        records = _narrowed(ws, files, canonical, Path(tmp))
+        records = narrowed(ws, files, canonical, Path(tmp))
         if not records:  # no chunk: DuckDB reads no empty list, an empty file instead
             records = [str(Path(tmp) / "none.parquet")]
             pq.write_table(NARROW.empty_table(), records[0])
@@ -112,70 +102,31 @@ def put_members(ws: Workspace, indexes: Indexes) -> tuple[Ref, int, list[dict[st
             splits=files.path(indexes["splits"][1].output("splits")["digest"]),
         )
         with duck.connect(ws.cas, ws.config.execution.workers) as con:
-            con.execute(f"COPY ({query}) TO '{out}' (FORMAT parquet, COMPRESSION zstd)")
-        with closing(pq.ParquetFile(out)) as joined:
-            count = joined.metadata.num_rows
-            batches = (_typed(batch) for batch in joined.iter_batches(MEMBER_BATCH))
-            first = next(batches, None)
-            preview = [] if first is None else first.slice(0, 10).to_pylist()
-            rest = [] if first is None else itertools.chain([first], batches)
-            ref = put_table_batches(ws.cas, MEMBERS_SCHEMA, rest, Path(tmp))
-    return ref, count, preview
+            seen = _Seen()
+            rows = seen.watch(_typed(b) for b in storage_duck.batches(con, query, MEMBER_BATCH))
+            ref = put_table_batches(ws.cas, MEMBERS_SCHEMA, rows, Path(tmp))
+    return ref, seen.count, seen.preview
+
+
+class _Seen:
+    """The row count and first rows of a stream of batches, taken as it passes."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.preview: list[dict[str, Any]] = []
+
+    def watch(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            if len(self.preview) < PREVIEW_ROWS:
+                self.preview += batch.slice(0, PREVIEW_ROWS - len(self.preview)).to_pylist()
+            self.count += batch.num_rows
+            yield batch
 
 
 def _typed(batch: pa.RecordBatch) -> pa.RecordBatch:
     """A batch of DuckDB's output in ``MEMBERS_SCHEMA``'s types."""
     columns = [batch.column(f.name).cast(f.type) for f in MEMBERS_SCHEMA]
     return pa.RecordBatch.from_arrays(columns, schema=MEMBERS_SCHEMA)
-
-
-def _narrowed(
-    ws: Workspace, files: VerifiedFiles, canonical: CanonicalIndex, tmp: Path
-) -> list[str]:
-    """Each canonical chunk's records without their text (``NARROW``), as verified CAS files.
-    A chunk's narrowed table is a function of its records file and this code: remembered in the
-    layer memo table, so a child snapshot decodes the texts of its new chunks only (issue 32).
-    They are a side cache (``NARROWED``), outside every snapshot's closure: one that fails its
-    re-hash is not used, the chunk is narrowed again into a scratch file."""
-    paths = []
-    for n, chunk in enumerate(canonical.chunks()):
-        key = json_digest(
-            {"table": NARROWED, "code": NARROW_CODE, "records": chunk.records["digest"]}
-        )
-        hit = ws.catalog.memo(key)
-        try:
-            if hit is not None and ws.cas.contains(hit[0]):
-                paths.append(files.path(hit[0], f"narrowed {chunk.what}"))
-                continue
-        except CorruptObjectError:
-            scratch = tmp / f"narrowed-{n}.parquet"
-            with pq.ParquetWriter(scratch, NARROW, compression="zstd") as writer:
-                for batch in _narrow_chunk(files.path(chunk.records["digest"], chunk.what)):
-                    writer.write_batch(batch)
-            paths.append(str(scratch))
-            continue
-        records = files.path(chunk.records["digest"], chunk.what)
-        digest = put_table_batches(ws.cas, NARROW, _narrow_chunk(records), tmp)["digest"]
-        ws.catalog.remember(key, NARROWED, digest, "{}")
-        release_memory()  # the chunk's decoded texts: Arrow's pool would keep their pages
-        paths.append(files.path(digest, f"narrowed {chunk.what}"))
-    return paths
-
-
-def _narrow_chunk(path: str) -> Iterator[pa.RecordBatch]:
-    """A chunk's record fields and the UTF-8 length of each text, a batch at a time (the text
-    is most of a record, and only its length is a member fact)."""
-    with pq.ParquetFile(path, buffer_size=1 << 20) as source:
-        rows = batch_rows(source, "text")
-        for batch in source.iter_batches(rows, columns=[*RECORD_FIELDS, "text"], use_threads=False):
-            yield _without_text(batch, NARROW)
-
-
-def _without_text(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
-    """The batch's record fields and the UTF-8 byte length of its text."""
-    lengths = pc.binary_length(pc.cast(batch.column("text"), pa.binary()))
-    columns = [*batch.select(RECORD_FIELDS).columns, pc.cast(lengths, pa.int32())]
-    return pa.RecordBatch.from_arrays(columns, schema=schema)
 
 
 def _spill(ws: Workspace) -> Path:

@@ -11,11 +11,11 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from corpus_assets.core.governance import gate
 from corpus_assets.core.release import duck
 from corpus_assets.core.release.verify import load_manifest, resolve
-from corpus_assets.core.storage.artifacts import get_table
 from corpus_assets.core.storage.cas import ContentStore
 from corpus_assets.core.storage.catalog import Catalog
 from corpus_assets.core.storage.duck import VerifiedFiles, sql_list
@@ -32,10 +32,12 @@ MIGRATED = """SELECT record_id || ': ' || coalesce(o.split, 'None') || ' -> '
 WHERE n.split IS DISTINCT FROM o.split"""
 
 
-def _members(cas: ContentStore, manifest: dict[str, Any]) -> pa.Table:
+def _members(files: VerifiedFiles, manifest: dict[str, Any]) -> pa.Table:
     """The profile's columns (two of few distinct values, one integer): small per member."""
     columns = ["source_id", "split", "text_bytes"]
-    return get_table(cas, manifest["members"], "members table", columns)
+    return pq.read_table(
+        files.path(manifest["members"]["digest"], "members table"), columns=columns
+    )
 
 
 def _profile(members: pa.Table) -> dict[str, Any]:
@@ -67,7 +69,8 @@ def shadow_diff(cas: ContentStore, catalog: Catalog, digest: str) -> dict[str, A
     """Candidate vs the active snapshot of its alias (or vs nothing, for the first one)."""
     candidate = resolve(catalog, digest)
     manifest = load_manifest(cas, candidate)
-    new = _members(cas, manifest)
+    files = VerifiedFiles(cas)  # each members table re-hashed once, then read as often as needed
+    new = _members(files, manifest)
     active_id = gate.read_gate(catalog, candidate.alias).active_snapshot
     diff: dict[str, Any] = {"candidate": candidate.snapshot_id, "active": active_id}
     diff["candidate_profile"] = _profile(new)
@@ -80,15 +83,21 @@ def shadow_diff(cas: ContentStore, catalog: Catalog, digest: str) -> dict[str, A
         diff["examples"] = {"added": [], "removed": [], "migrated": []}
         diff["active_profile"] = diff["candidate_profile"]
         return diff
-    diff.update(member_changes(cas, old_manifest["members"], manifest["members"]))
-    diff["active_profile"] = _profile(_members(cas, old_manifest))
+    diff.update(member_changes(cas, old_manifest["members"], manifest["members"], files))
+    diff["active_profile"] = _profile(_members(files, old_manifest))
     return diff
 
 
-def member_changes(cas: ContentStore, old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+def member_changes(
+    cas: ContentStore,
+    old: dict[str, Any],
+    new: dict[str, Any],
+    files: VerifiedFiles | None = None,
+) -> dict[str, Any]:
     """Members added, removed and moved between splits from table ``old`` to ``new`` (refs),
-    counted and the first few named, joined in DuckDB rather than in Python sets."""
-    files = VerifiedFiles(cas)
+    counted and the first few named, joined in DuckDB rather than in Python sets; ``files``:
+    the caller's verified files, so a table it read is not re-hashed."""
+    files = files if files is not None else VerifiedFiles(cas)
     with duck.connect(cas) as con:
         for name, ref in (("o", old), ("n", new)):
             path = files.path(ref["digest"], "members table")
