@@ -8,7 +8,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from corpus_assets.core.dedup import clusters
+from corpus_assets.core.dedup import clusters, in_memory
 from corpus_assets.core.dedup.clusters import CLUSTER_COLUMNS
 from corpus_assets.core.dedup.output_order import bucket, output_positions, sorted_batches
 from corpus_assets.core.dedup.partition_db import PartitionDb
@@ -86,12 +86,12 @@ def test_output_joins_retry_at_the_coding_limit_when_duckdb_runs_out(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     records = _duplicated_records()
-    expected = clusters.cluster(records, {"s": 0})
+    expected = in_memory.cluster(records, {"s": 0})
     monkeypatch.setattr(clusters, "OUTPUT_MEMORY_LIMIT", "256KB")
-    retried = clusters.cluster(records, {"s": 0})
+    retried = in_memory.cluster(records, {"s": 0})
     assert retried.table.equals(expected.table)
     assert retried.edges.equals(expected.edges)
     assert expected.edges.num_rows == 2000  # the exact copies
     monkeypatch.setattr(clusters, "MEMORY_LIMIT", "256KB")  # no room on the retry either
     with pytest.raises(duckdb.OutOfMemoryException):  # so the first try did run out
-        clusters.cluster(records, {"s": 0})
+        in_memory.cluster(records, {"s": 0})

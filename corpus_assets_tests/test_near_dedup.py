@@ -10,7 +10,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from corpus_assets.core.dedup.clusters import EXACT, KEEP, NEAR, cluster
+from corpus_assets.core.dedup.clusters import EXACT, KEEP, NEAR
+from corpus_assets.core.dedup.in_memory import cluster
 from corpus_assets.core.dedup.jaccard import jaccard_sorted
 from corpus_assets.core.dedup.minhash import fingerprints, signatures, signatures_and_modes
 from corpus_assets.core.dedup.near_dedup import (

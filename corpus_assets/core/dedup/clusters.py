@@ -12,7 +12,6 @@ joins the decisions to the records for the output tables. Python loops run only 
 record ids and tombstoned rows.
 """
 
-import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,14 +55,6 @@ CLUSTER_COLUMNS = pa.schema(
         ("excluded", pa.string()),
     ]
 )
-EDGE_COLUMNS = pa.schema(
-    [
-        ("record_a", pa.string()),  # the later record in the total order
-        ("record_b", pa.string()),
-        ("kind", pa.string()),  # "exact" (same dedup key) or "near" (verified Jaccard)
-        ("jaccard", pa.float64()),
-    ]
-)
 # The columns of a canonical record that the dedup table carries over unchanged.
 CARRIED = ["record_id", "source_id", "object", "line", "group_id", "dedup_key"]
 _VERDICTS = (KEEP, EXACT, NEAR, EXCLUDED)  # by code
@@ -103,12 +94,6 @@ def representatives_at(verdict: np.ndarray, match: np.ndarray, rows: np.ndarray)
     return final
 
 
-class Clustered(NamedTuple):
-    table: pa.Table  # one row per record, sorted by record_id, object, line
-    report: NearReport | None
-    edges: pa.Table  # every exact and verified near edge (EDGE_COLUMNS), sorted
-
-
 @dataclass
 class Decided:
     """Every verdict of a run, by row, plus what the output tables and counts are made of."""
@@ -125,41 +110,11 @@ class Decided:
     report: NearReport | None
 
 
-class EdgeRows(NamedTuple):
-    """The edges table by row: exact (copy -> its key's representative), then verified near."""
-
-    a: np.ndarray
-    b: np.ndarray
-    exact: int  # the first ``exact`` edges are exact
-    jaccard: np.ndarray
-
-
 class Decisions(NamedTuple):
     """The verdicts by row in a Parquet file, and the exclusion reasons their codes name."""
 
     path: Path
     reasons: pa.Array
-
-
-def cluster(
-    records: pa.Table,
-    source_order: dict[str, int],
-    revoked: dict[int, str] | None = None,
-    near: NearStage | None = None,
-) -> Clustered:
-    """The dedup table, the near-dedup report and the edges that justify the leakage groups.
-
-    ``records`` needs record_id, source_id, object, line, group_id, kind, dedup_key and length
-    (or text) columns, in the row order the signatures of ``near`` were computed in. The layer
-    streams the same tables from a :class:`PartitionDb` over the chunk files instead.
-    """
-    with tempfile.TemporaryDirectory() as tmp:
-        with PartitionDb.from_table(records) as db:
-            decided = decide(db, source_order, revoked, near)
-            edges = edge_table(db, edge_rows(decided))
-            path = join_clusters(db, write_decisions(decided, Path(tmp)), Path(tmp))
-        table = pa.Table.from_batches(list(cluster_batches(path)), CLUSTER_COLUMNS)
-        return Clustered(table.combine_chunks(), decided.report, edges)
 
 
 def decide(
@@ -392,7 +347,7 @@ def join_clusters(
         parts = _FULL_SQL if few is None else {**_FEW_SQL, "source": db.recs_of(few)}
         for name, value in parts.items():
             sql = sql.replace("{" + name + "}", value)
-        _output_query(db, lambda: db.con.execute(sql))
+        output_query(db, lambda: db.con.execute(sql))
     finally:
         for name in ("reasons", "verdict_names"):
             db.unregister(name)
@@ -400,7 +355,7 @@ def join_clusters(
     return path
 
 
-def _output_query(db: PartitionDb, run: Callable[[], _T]) -> _T:
+def output_query(db: PartitionDb, run: Callable[[], _T]) -> _T:
     """``run`` at the output limit on one thread; if DuckDB still runs out of memory (a hash
     join partition must fit at once), once more from scratch at the coding limit on every
     thread: the rows are the same either way."""
@@ -422,51 +377,3 @@ def cluster_batches(unsorted: Path) -> Iterator[pa.RecordBatch]:
     buckets = bucket(unsorted, unsorted.parent)
     unsorted.unlink()
     yield from sorted_batches(buckets, CLUSTER_COLUMNS)
-
-
-# The ids of the rows the edges name, gathered in one scan of the records (joining ``recs``
-# twice scanned it twice: 0.47-0.63 against 0.33-0.36 CPU-s for 150k edges at 685k records).
-_EDGES_SQL = """
-WITH ids AS MATERIALIZED (
-  SELECT row, record_id FROM recs WHERE row IN (SELECT a FROM edges UNION SELECT b FROM edges)
-)
-SELECT a.record_id AS record_a, b.record_id AS record_b, e.kind, e.jaccard, e.seq
-FROM edges e JOIN ids a ON a.row = e.a JOIN ids b ON b.row = e.b
-"""
-# Sorted by Arrow (byte order, as DuckDB's default collation): DuckDB only joins.
-_EDGE_ORDER = [(name, "ascending") for name in ("record_a", "record_b", "kind", "seq")]
-
-
-def edge_rows(decided: Decided) -> EdgeRows:
-    """Exact (copy -> its key's representative) and verified near edges, by row."""
-    copies = decided.copies
-    return EdgeRows(
-        np.concatenate([copies, decided.near_x]),
-        np.concatenate([decided.state.match[copies], decided.near_y]),
-        len(copies),
-        np.concatenate([np.ones(len(copies)), decided.near_j]),
-    )
-
-
-def edge_table(db: PartitionDb, rows: EdgeRows) -> pa.Table:
-    """The edges by record id, sorted."""
-    kinds = np.repeat(["exact", "near"], [rows.exact, len(rows.a) - rows.exact])
-    edges = pa.table(
-        {
-            "a": rows.a,
-            "b": rows.b,
-            "kind": pa.array(kinds, pa.string()),
-            "jaccard": rows.jaccard,
-            "seq": np.arange(len(rows.a), dtype=np.int64),
-        }
-    )
-    db.register("edges", edges)
-    try:
-        batches = _output_query(db, lambda: list(db.batches(_EDGES_SQL)))
-    finally:
-        db.unregister("edges")
-    db.flush()
-    if not batches:
-        return EDGE_COLUMNS.empty_table()
-    table = pa.Table.from_batches(batches).sort_by(_EDGE_ORDER).drop_columns(["seq"])
-    return table.cast(EDGE_COLUMNS).combine_chunks()

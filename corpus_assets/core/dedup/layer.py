@@ -25,11 +25,10 @@ from corpus_assets.core.dedup.clusters import (
     Decided,
     cluster_batches,
     decide,
-    edge_rows,
-    edge_table,
     join_clusters,
     write_decisions,
 )
+from corpus_assets.core.dedup.edges import edge_rows, edge_table
 from corpus_assets.core.dedup.fingerprint_store import TextLookup
 from corpus_assets.core.dedup.near_stage import NearStage
 from corpus_assets.core.dedup.pair_cache import (
@@ -112,18 +111,28 @@ def build_dedup_clusters(ws: Workspace, partition_key: str) -> LayerResult:
     }
     inputs = [canonical_ref]
     ref = publish_index(ws, partition_key, "dedup_clusters", CODE, policy, inputs, out, counts)
+    modes = {"near_mode": {"mode": mode.mode, "reason": mode.reason}}
+    modes["clusters_mode"] = _reuse_mode(reuse)
+    return _result(ref["digest"], counts, report, out, run_stats, modes)
+
+
+def _result(
+    digest: str,
+    counts: dict[str, int],
+    report: DedupReport,
+    out: dict[str, Any],
+    run_stats: dict[str, int],
+    modes: dict[str, Any],
+) -> LayerResult:
+    """What the layer returns: its counts, per-source preview, report figures and modes."""
     return LayerResult(
         layer="dedup_clusters",
-        digest=ref["digest"],
+        digest=digest,
         counts=counts,
         preview=[{"source": s, **c} for s, c in report.per_source.items()],
         digests={name: out[name]["digest"] for name in ("clusters", "report")},
         run_stats=run_stats,
-        details={
-            **{k: v for k, v in report.document().items() if k != "per_source"},
-            "near_mode": {"mode": mode.mode, "reason": mode.reason},
-            "clusters_mode": _reuse_mode(reuse),
-        },
+        details={**{k: v for k, v in report.document().items() if k != "per_source"}, **modes},
     )
 
 

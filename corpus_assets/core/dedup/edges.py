@@ -1,0 +1,76 @@
+"""The dedup edges table: why records are joined, by record id (exact copy -> its key's
+representative, then verified near pairs with their Jaccard), the input of the leakage graph."""
+
+from typing import NamedTuple
+
+import numpy as np
+import pyarrow as pa
+
+from corpus_assets.core.dedup.clusters import Decided, output_query
+from corpus_assets.core.dedup.partition_db import PartitionDb
+
+EDGE_COLUMNS = pa.schema(
+    [
+        ("record_a", pa.string()),  # the later record in the total order
+        ("record_b", pa.string()),
+        ("kind", pa.string()),  # "exact" (same dedup key) or "near" (verified Jaccard)
+        ("jaccard", pa.float64()),
+    ]
+)
+
+
+class EdgeRows(NamedTuple):
+    """The edges table by row: exact (copy -> its key's representative), then verified near."""
+
+    a: np.ndarray
+    b: np.ndarray
+    exact: int  # the first ``exact`` edges are exact
+    jaccard: np.ndarray
+
+
+# The ids of the rows the edges name, gathered in one scan of the records (joining ``recs``
+# twice scanned it twice: 0.47-0.63 against 0.33-0.36 CPU-s for 150k edges at 685k records).
+_EDGES_SQL = """
+WITH ids AS MATERIALIZED (
+  SELECT row, record_id FROM recs WHERE row IN (SELECT a FROM edges UNION SELECT b FROM edges)
+)
+SELECT a.record_id AS record_a, b.record_id AS record_b, e.kind, e.jaccard, e.seq
+FROM edges e JOIN ids a ON a.row = e.a JOIN ids b ON b.row = e.b
+"""
+# Sorted by Arrow (byte order, as DuckDB's default collation): DuckDB only joins.
+_EDGE_ORDER = [(name, "ascending") for name in ("record_a", "record_b", "kind", "seq")]
+
+
+def edge_rows(decided: Decided) -> EdgeRows:
+    """Exact (copy -> its key's representative) and verified near edges, by row."""
+    copies = decided.copies
+    return EdgeRows(
+        np.concatenate([copies, decided.near_x]),
+        np.concatenate([decided.state.match[copies], decided.near_y]),
+        len(copies),
+        np.concatenate([np.ones(len(copies)), decided.near_j]),
+    )
+
+
+def edge_table(db: PartitionDb, rows: EdgeRows) -> pa.Table:
+    """The edges by record id, sorted."""
+    kinds = np.repeat(["exact", "near"], [rows.exact, len(rows.a) - rows.exact])
+    edges = pa.table(
+        {
+            "a": rows.a,
+            "b": rows.b,
+            "kind": pa.array(kinds, pa.string()),
+            "jaccard": rows.jaccard,
+            "seq": np.arange(len(rows.a), dtype=np.int64),
+        }
+    )
+    db.register("edges", edges)
+    try:
+        batches = output_query(db, lambda: list(db.batches(_EDGES_SQL)))
+    finally:
+        db.unregister("edges")
+    db.flush()
+    if not batches:
+        return EDGE_COLUMNS.empty_table()
+    table = pa.Table.from_batches(batches).sort_by(_EDGE_ORDER).drop_columns(["seq"])
+    return table.cast(EDGE_COLUMNS).combine_chunks()
