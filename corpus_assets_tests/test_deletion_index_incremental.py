@@ -10,6 +10,7 @@ The child's members table is joined from the parent's narrowed canonical chunks 
 
 from pathlib import Path
 
+import duckdb
 import pytest
 from sqlalchemy import delete, select
 
@@ -265,3 +266,19 @@ def test_a_child_index_records_the_tables_it_hashed_and_still_finds_a_corrupt_on
             )
         with pytest.raises(CorruptObjectError):
             deletion_index.ensure(ws.cas, ws.catalog, child)
+
+
+def test_an_index_build_that_runs_out_of_memory_at_the_cap_runs_again_with_headroom(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A child's diffs with its parent ran out of DuckDB's 128 MB about one build in four at
+    1.1 GB of raw text, and the build failed; the build now runs again under a larger cap."""
+    config, _parent, child = _child(tmp_path)
+    with open_workspace(config) as ws:
+        expected = ws.catalog.memo(deletion_index.memo_key(child))[0]
+        base = deletion_index.parent_index(ws.cas, ws.catalog, child)
+        monkeypatch.setattr(deletion_build, "MEMORY_MB", 1)  # every statement runs out here
+        assert deletion_index.build(ws.cas, child, base=base) == expected
+        monkeypatch.setattr(deletion_build, "HEADROOM_MB", (1,))  # no room on the retry either
+        with pytest.raises(duckdb.OutOfMemoryException):  # so the first try did run out
+            deletion_index.build(ws.cas, child, base=base)

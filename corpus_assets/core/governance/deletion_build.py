@@ -73,6 +73,10 @@ SHARD_ROWS = 1 << 12  # ~35 KB of Parquet: a lookup hashes and decodes one or tw
 FANOUT = pa.schema([("first", pa.string()), ("last", pa.string()), ("digest", pa.string())])
 HEADER = b"corpus.deletion-index"  # the directory's metadata key holding its JSON header
 MEMORY_MB, THREADS = 128, 2  # DuckDB's cap (the process: ~400 MB at 1M and 3M members)
+# Caps a build that ran out of memory under ``MEMORY_MB`` is run again under, whole: a child's
+# diffs of 685k members with its parent's ran out at 128 MB about one build in four at 1.1 GB
+# of raw text (a hash aggregate's partition is held at once, depending on how the rows fell).
+HEADROOM_MB = (256, 512)
 BATCH_ROWS = 1 << 16  # sorted rows fetched from DuckDB at a time
 Relation = str | pa.Table | None  # a Parquet file's path, a table in memory, or absent
 Shard = tuple[str, str, str]  # its first key, last key and digest
@@ -115,8 +119,31 @@ def put_shards(
 ) -> tuple[list[Shard], int, list[str], dict[str, Any]]:
     """Sort the rows of the ``members``, ``clusters`` and ``spans`` relations, put them in the
     CAS in shards of ``shard_rows``; (first key, last key, digest) a shard, rows, span columns
-    and what the header adds (the base and gone keys of a delta, or why the build is whole)."""
-    spilling = duck.Spilling(cas.root.parent / "tmp", f"{MEMORY_MB}MB", THREADS)
+    and what the header adds (the base and gone keys of a delta, or why the build is whole).
+    Run again under each of ``HEADROOM_MB`` if DuckDB runs out of memory: the shards are the
+    same under any cap, and those an attempt put before it failed are put again."""
+    import duckdb
+
+    caps = [MEMORY_MB, *HEADROOM_MB]
+    while True:
+        cap = caps.pop(0)
+        try:
+            return _put_shards(cas, what, relations, packed_shards, shard_rows, base, cap)
+        except duckdb.OutOfMemoryException:
+            if not caps:
+                raise
+
+
+def _put_shards(
+    cas: ContentStore,
+    what: str,
+    relations: dict[str, Relation],
+    packed_shards: list[str],
+    shard_rows: int,
+    base: Base | None,
+    cap_mb: int,
+) -> tuple[list[Shard], int, list[str], dict[str, Any]]:
+    spilling = duck.Spilling(cas.root.parent / "tmp", f"{cap_mb}MB", THREADS)
     with spilling as con:
         con.execute("SET enable_progress_bar = false")  # a long sort drew one on stdout
         # staged rows go to a database file (removed with the spill directory): an in-memory
