@@ -8,7 +8,8 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from corpus_assets.core.dedup.clusters import CLUSTER_COLUMNS, cluster
+from corpus_assets.core.dedup.clusters import CLUSTER_COLUMNS
+from corpus_assets.core.dedup.in_memory import cluster
 from corpus_assets.core.records.canonicalize import Excluded as Quarantined
 from corpus_assets.core.records.canonicalize import Stages, canonicalize, parse_line
 from corpus_assets.core.records.index import RECORD_COLUMNS
