@@ -14,8 +14,8 @@ import textwrap
 PROBE = textwrap.dedent(
     """
     import ctypes, re, threading, tempfile
-    import pyarrow as pa
     import corpus_assets.core.pipeline  # what a build, a worker and the UI's code import
+    import pyarrow as pa
 
     ready = threading.Barrier(8)
 
@@ -37,6 +37,8 @@ PROBE = textwrap.dedent(
         libc.malloc_info(0, ctypes.c_void_p(stream))
         libc.fclose(ctypes.c_void_p(stream))
         heaps = len(re.findall(r'<heap nr="', out.read()))
+    import os
+    assert os.environ["ARROW_DEFAULT_MEMORY_POOL"] == pa.default_memory_pool().backend_name
     print(pa.default_memory_pool().backend_name, heaps)
     """
 )

@@ -5,15 +5,12 @@ through another allocator (numpy, DuckDB, Arrow), which cannot reuse them; in on
 runs every layer (the CLI's in-process run) each layer would otherwise start from the previous
 one's high-water mark.
 
-Two allocators would keep what they freed anyway, so a process that imports this module uses
-ones that hand memory back (:func:`use_returning_allocators`): measured on a 1.1 GB full build in
-one process, the floor between layers grew 236 -> 546 MB with Arrow's mimalloc and glibc's
-per-thread arenas, and stays ~350 MB with these (peak 1012 -> 800 MB).
+Which allocators a process uses (ones that hand memory back at all) is chosen when the package
+is first imported, before pyarrow loads: ``corpus_assets._allocators``.
 """
 
 import ctypes
 import gc
-import os
 
 import pyarrow as pa
 
@@ -22,21 +19,6 @@ try:
     _LIBC.malloc_trim  # noqa: B018 - glibc only
 except (OSError, AttributeError):
     _LIBC = None
-_M_ARENA_MAX = -8  # glibc's mallopt parameter
-
-
-def use_returning_allocators() -> None:
-    """Arrow on the system allocator (glibc: ``malloc_trim`` returns its free pages; mimalloc
-    keeps its segments) and at most two glibc arenas (DuckDB's and Arrow's threads each got an
-    arena whose free pages stay mapped). A user's ``ARROW_DEFAULT_MEMORY_POOL`` or
-    ``MALLOC_ARENA_MAX`` wins. Run at import, before any thread or large allocation."""
-    if "ARROW_DEFAULT_MEMORY_POOL" not in os.environ:
-        pa.set_memory_pool(pa.system_memory_pool())
-    if "MALLOC_ARENA_MAX" not in os.environ and _LIBC is not None:
-        _LIBC.mallopt(_M_ARENA_MAX, 2)
-
-
-use_returning_allocators()
 
 
 _FROZEN = 0  # objects frozen since the last full collection (counted as they are frozen)
