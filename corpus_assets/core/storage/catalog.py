@@ -5,10 +5,12 @@ digests, chunk tasks, snapshot states and the alias gate row. Bulk data never li
 the CAS and the catalog points at it by digest.
 """
 
+import errno
 import fcntl
 import os
+import sqlite3
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -33,7 +35,10 @@ from sqlalchemy import (
     text,
     update,
 )
+from sqlalchemy.engine import ExceptionContext
 from sqlalchemy.exc import IntegrityError
+
+from corpus_assets.core.storage.fsio import disk_full
 
 metadata = MetaData()
 
@@ -217,6 +222,19 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     cursor.close()
 
 
+def _full_disk_named(path: str) -> Callable[[ExceptionContext], None]:
+    """SQLite's "database or disk is full" becomes the ``DiskFullError`` every other write in
+    the data home raises, naming the catalog file: its transaction rolled back, so a rerun with
+    space resumes from what was committed."""
+
+    def handle(context: ExceptionContext) -> None:
+        code = getattr(context.original_exception, "sqlite_errorcode", None)
+        if code == sqlite3.SQLITE_FULL:
+            raise disk_full(OSError(errno.ENOSPC, "disk full"), f"the catalog {path}")
+
+    return handle
+
+
 class LayerConflict(RuntimeError):
     """A layer rebuilt with the same code and inputs produced different bytes."""
 
@@ -250,6 +268,7 @@ class Catalog:
                 lock = Path(path + ".schema-lock")
             self.engine: Engine = create_engine(url, connect_args={"timeout": 30})
             event.listen(self.engine, "connect", _sqlite_pragmas)
+            event.listen(self.engine, "handle_error", _full_disk_named(path))
         else:
             self.engine = create_engine(url, pool_pre_ping=True)
         with _schema_lock(lock), self.engine.begin() as conn:
