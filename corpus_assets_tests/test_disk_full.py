@@ -7,7 +7,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
 from sqlalchemy import insert, select
 
 from corpus_assets.core.storage.catalog import Catalog, freezes
