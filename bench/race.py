@@ -19,6 +19,12 @@ once), measured in the same run. Usage:
 
     .venv/bin/python bench/race.py --sizes 110,330,1100 [--workers 2] [--tmp DIR]
     .venv/bin/python bench/race.py --incremental-layers 110   # each layer of a +1% child
+    .venv/bin/python bench/race.py --engine ray [--ray-nodes 1]  # chunk tasks on a Ray cluster
+
+With ``--engine ray`` a local Ray cluster (``race_ray.py``: ``--ray-nodes`` nodes of
+``--workers`` CPUs, loopback) runs the chunk tasks; every CPU figure adds what the cluster's
+processes spent during the measured command, and the per-layer table also shows the driver's
+own CPU (the process running the layer, without its workers).
 
 The package is byte-compiled first, as an installed one is (``PYTHONDONTWRITEBYTECODE`` would
 otherwise make every process compile it); the validation row is the build's check (tables
@@ -38,11 +44,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 from race_corpus import SOURCES, cipher, copy_line, shared_lines, write_corpus
+from race_ray import Cluster
 
 from corpus_assets.core.runtime.layers import LAYERS as BUILD_ORDER
 
 LAYERS = [*BUILD_ORDER, "validation"]
 CLI = [sys.executable, "-m", "corpus_assets.cli"]
+CLUSTER: Cluster | None = None  # --engine ray: the cluster every command's chunk tasks run on
 
 
 def _vm_kb(field: str) -> int:
@@ -75,6 +83,7 @@ def child(config: str, partition: str, layer: str) -> None:
                 {
                     "wall": time.perf_counter() - wall,
                     "cpu": time.process_time() - cpu + workers.ru_utime + workers.ru_stime,
+                    "driver_cpu": time.process_time() - cpu,
                     "peak_mb": _vm_kb("VmHWM") / 1024,
                     "floor_mb": floor_kb / 1024,
                     "worker_peak_mb": workers.ru_maxrss / 1024,
@@ -86,6 +95,7 @@ def child(config: str, partition: str, layer: str) -> None:
 
 def run_measured(cmd: list[str], env: dict[str, str] | None = None) -> dict:
     """Run ``cmd`` to completion: wall, CPU and peak RSS of its own process tree (``wait4``)."""
+    cluster_before = CLUSTER.cpu_seconds() if CLUSTER else 0.0
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         start = time.perf_counter()
         proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=env, text=True)
@@ -98,7 +108,14 @@ def run_measured(cmd: list[str], env: dict[str, str] | None = None) -> dict:
     if proc.returncode:
         sys.exit(f"failed: {' '.join(cmd)}\n{stdout[-2000:]}\n{stderr[-3000:]}")
     cpu = usage.ru_utime + usage.ru_stime
-    return {"wall": wall, "cpu": cpu, "peak_mb": usage.ru_maxrss / 1024, "out": stdout}
+    cluster = CLUSTER.cpu_seconds() - cluster_before if CLUSTER else 0.0
+    return {
+        "wall": wall,
+        "cpu": cpu + cluster,
+        "cluster_cpu": cluster,
+        "peak_mb": usage.ru_maxrss / 1024,
+        "out": stdout,
+    }
 
 
 def write_config(root: Path, sources: list[dict], workers: int) -> Path:
@@ -108,7 +125,10 @@ def write_config(root: Path, sources: list[dict], workers: int) -> Path:
             f"  - {{id: {s['id']}, kind: objects, path: {s['path']}, "
             f"include: ['*.jsonl.zst'], content: {s['content']}}}"
         )
-    lines.append(f"execution: {{workers: {workers}}}")
+    if CLUSTER:
+        lines.append(f"execution: {{engine: ray, address: '{CLUSTER.address}'}}")
+    else:
+        lines.append(f"execution: {{workers: {workers}}}")
     lines.append(f"storage: {{home: {root / 'home'}}}")
     root.mkdir(parents=True, exist_ok=True)
     config = root / "corpus.yaml"
@@ -118,6 +138,7 @@ def write_config(root: Path, sources: list[dict], workers: int) -> Path:
 
 def env_for(root: Path) -> dict[str, str]:
     env = dict(os.environ, DAGSTER_HOME=str(root / "dagster"), CORPUS_HOME=str(root / "home"))
+    env.update(CLUSTER.env() if CLUSTER else {})
     (root / "dagster").mkdir(parents=True, exist_ok=True)
     return env
 
@@ -130,6 +151,7 @@ def per_layer(
         cmd = [sys.executable, __file__, "--child", str(config), partition, layer]
         done = run_measured(cmd, env)
         rows.append({"layer": layer, **json.loads(done["out"].strip().splitlines()[-1])})
+        rows[-1]["cpu"] += done["cluster_cpu"]
         rows[-1]["tree_peak_mb"] = done["peak_mb"]
     return rows
 
@@ -252,7 +274,9 @@ def report(results: list[dict]) -> None:
             f"{r['incremental']['cpu'] / f['cpu']:.2f} |"
         )
     print("\n#### Per layer (each in a fresh child; peak = VmHWM of the child, workers apart)\n")
-    sizes = " | ".join(f"{r['mb']:.0f} MB: s / CPU s / peak MB / worker MB" for r in results)
+    sizes = " | ".join(
+        f"{r['mb']:.0f} MB: s / CPU s (driver) / peak MB / worker MB" for r in results
+    )
     print(f"| layer | {sizes} |")
     print("|---|" + "---|" * len(results))
     for n, layer in enumerate(LAYERS):
@@ -260,10 +284,17 @@ def report(results: list[dict]) -> None:
         print(
             f"| {layer} | "
             + " | ".join(
-                f"{c['wall']:.1f} / {c['cpu']:.1f} / {c['peak_mb']:.0f} / {c['worker_peak_mb']:.0f}"
+                f"{c['wall']:.1f} / {c['cpu']:.1f} ({c['driver_cpu']:.1f}) / "
+                f"{c['peak_mb']:.0f} / {c['worker_peak_mb']:.0f}"
                 for c in cells
             )
             + " |"
+        )
+    for r in results:
+        dedup = next(c for c in r["layers"] if c["layer"] == "dedup_clusters")
+        print(
+            f"\n{r['mb']:.0f} MB: dedup driver CPU {dedup['driver_cpu']:.1f} of "
+            f"{dedup['cpu']:.1f} s ({dedup['driver_cpu'] / dedup['cpu']:.0%}; target <= 10%)"
         )
     peaks = [max(max(c["peak_mb"], c["worker_peak_mb"]) for c in r["layers"]) for r in results]
     print(
@@ -285,7 +316,9 @@ def main() -> None:
     shared = Path(__file__).resolve().parents[2] / "shared/corpora"
     parser.add_argument("--corpora", type=Path, default=shared)
     parser.add_argument("--sizes", default="110,330,1100")
-    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--workers", type=int, default=2, help="pool workers (Ray: CPUs per node)")
+    parser.add_argument("--engine", choices=("local", "ray"), default="local")
+    parser.add_argument("--ray-nodes", type=int, default=1)
     parser.add_argument("--tmp", type=Path, default=Path("/tmp/corpus-race"))
     parser.add_argument("--child", nargs=3, metavar=("CONFIG", "PARTITION", "LAYER"))
     parser.add_argument("--freeze", metavar="CONFIG")
@@ -327,7 +360,19 @@ def main() -> None:
         return None
     if not args.corpora.is_dir():
         sys.exit(f"{args.corpora} is absent: race needs the shared corpora")
-    print(f"machine: {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}; workers={args.workers}")
+    if args.engine == "ray":
+        global CLUSTER
+        with Cluster(args.ray_nodes, args.workers) as CLUSTER:
+            return race(args)
+    return race(args)
+
+
+def race(args: argparse.Namespace) -> None:
+    engine = f"ray ({args.ray_nodes} node(s))" if CLUSTER else "local"
+    print(
+        f"machine: {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}; "
+        f"workers={args.workers}; engine {engine}"
+    )
     results = []
     for mb in (float(s) for s in args.sizes.split(",")):
         results.append(race_size(args.corpora, args.tmp, mb, args.workers))
