@@ -344,3 +344,20 @@ def test_demo_on_s3_and_postgresql_matches_local_and_reads_back_from_s3_alone(
     for path in home.rglob("*"):  # the data home, the Dagster home and its run logs
         if path.is_file() and path != config:
             assert SECRET.encode() not in path.read_bytes(), path
+
+
+def test_a_bucket_that_does_not_exist_is_named_with_how_to_create_it(
+    bucket: str, tmp_path: Path
+) -> None:
+    """The CAS never creates its bucket (who owns it, its region and policies are the operator's
+    choice): the first request says so instead of a bare NoSuchBucket."""
+    missing = f"{bucket}-absent"
+    store = S3ContentStore(tmp_path, f"s3://{missing}/corp")
+    with pytest.raises(CasError) as raised:
+        store.put_bytes(b"first object")
+    message = str(raised.value)
+    assert f"bucket {missing!r} does not exist" in message
+    assert f"aws s3 mb s3://{missing}" in message
+    assert (
+        list((tmp_path / "sha256").rglob("*.*")) == []
+    )  # nothing cached for an upload that failed

@@ -157,8 +157,26 @@ class S3ContentStore(ContentStore):
                 ) from None
             config = Config(retries={"mode": "standard", "max_attempts": 5})
             session = boto3.session.Session(**cas_credentials(self.url))
-            self._s3, self._pid = session.client("s3", config=config), os.getpid()
+            client = session.client("s3", config=config)
+            self._check_bucket(client)
+            self._s3, self._pid = client, os.getpid()
         return self._s3
+
+    def _check_bucket(self, client: Any) -> None:
+        """The store never creates its bucket (owner, region and policies are the operator's
+        choice): a missing one is named, with how to create it, before the first request."""
+        from botocore.exceptions import ClientError
+
+        try:
+            client.head_bucket(Bucket=self.bucket)
+        except ClientError as error:
+            if error.response.get("Error", {}).get("Code") not in ("404", "NoSuchBucket"):
+                raise
+            raise CasError(
+                f"storage.cas_url {self.name}: bucket {self.bucket!r} does not exist; the CAS "
+                f"never creates it: create it first, e.g. `aws s3 mb s3://{self.bucket}` "
+                "(with --endpoint-url for a non-AWS server such as MinIO)"
+            ) from None
 
     def key(self, digest: str) -> str:
         hexd = hex_of(digest)
