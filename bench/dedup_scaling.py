@@ -21,6 +21,7 @@ against ``ray x1``. Then a paper estimate for 1 TB from the per-GB figures. With
 import argparse
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -42,16 +43,22 @@ def child(config: str) -> None:
     from corpus_assets.core.runtime.workspace import open_workspace
 
     with open_workspace(config) as ws:
-        wall, cpu = time.perf_counter(), time.process_time()
+        wall, cpu, pool = time.perf_counter(), time.process_time(), _children_cpu()
         result = DIRECT_BUILDERS["dedup_clusters"](ws, PARTITION)
         figures = {
             "wall": time.perf_counter() - wall,
             "driver_cpu": time.process_time() - cpu,
+            "pool_cpu": _children_cpu() - pool,
             "driver_peak_mb": _vm_hwm_mb(),
             "digest": result.digest,
             "run_stats": result.run_stats,
         }
     print(json.dumps(figures))
+
+
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def _vm_hwm_mb() -> float:
@@ -66,8 +73,8 @@ def measure(config: Path, root: Path, cluster: Cluster | None) -> dict:
     done = run_measured([sys.executable, __file__, "--child", str(config)], env)
     figures = json.loads(done["out"].strip().splitlines()[-1])
     figures["cluster_cpu"] = (cluster.cpu_seconds() - before) if cluster else 0.0
-    figures["local_workers_cpu"] = done["cpu"] - figures["driver_cpu"]  # pool children, if any
-    figures["total_cpu"] = done["cpu"] + figures["cluster_cpu"]
+    # the layer's CPU wherever it ran (the child's start-up and imports left out)
+    figures["total_cpu"] = figures["driver_cpu"] + figures["pool_cpu"] + figures["cluster_cpu"]
     return figures
 
 
