@@ -15,7 +15,10 @@ class Execution(BaseModel):
     the build instead of hanging it: a probe task must return within ``startup_timeout_s``, and
     some chunk task must finish every ``task_timeout_s``. A local map whose missing work reads
     at most ``in_process_bytes`` (as stored) runs in the build's process unless the pool is
-    already up: a spawn worker's start costs ~1 CPU-s of imports (0: always the pool)."""
+    already up: a spawn worker's start costs ~1 CPU-s of imports (0: always the pool).
+    ``worker_memory_mb`` is what one task may use: on Ray every task asks for that much of a
+    node's memory (so a node runs no more tasks than fit), and partitioned stages (near-dedup's
+    band partitions) size their partitions to stay well inside it."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
@@ -25,6 +28,7 @@ class Execution(BaseModel):
     address: Annotated[str, Field(pattern=RAY_ADDRESS)] | None = None
     task_timeout_s: Annotated[float, Field(gt=0, le=7 * 86400)] = 1800.0
     startup_timeout_s: Annotated[float, Field(gt=0, le=86400)] = 120.0
+    worker_memory_mb: Annotated[int, Field(ge=256, le=1 << 22)] = 2048
 
     @model_validator(mode="after")
     def _address_iff_ray(self) -> "Execution":

@@ -75,19 +75,21 @@ class RayRunner:
     Bounded: a trivial probe task must come back within ``startup_timeout_s`` before any job is
     sent (Ray queues tasks forever when no worker can start), and the map fails when no job has
     finished for ``task_timeout_s``; both raise ``RayUnavailable`` and cancel what is pending,
-    as does a failed job (its error is raised as soon as it is seen)."""
+    as does a failed job (its error is raised as soon as it is seen). Each task (the probe too)
+    asks for ``memory_mb`` of a node's memory: Ray starts no more tasks on a node than fit."""
 
     address: str
     task_timeout_s: float = 1800.0
     startup_timeout_s: float = 120.0
+    memory_mb: int = 2048
 
     def wants(self, jobs: int, input_bytes: int | None = None) -> bool:
         return jobs > 0  # the cluster's workers are up; the driver may not hold the data
 
     def map(self, fn: Callable[[Any], Any], jobs: Sequence[Any], setup: WorkerSetup) -> list[Any]:
         ray = _connected(self.address, self.startup_timeout_s)
-        _probe(ray, self.address, self.startup_timeout_s)
-        remote = ray.remote(run_job)
+        _probe(ray, self.address, self.startup_timeout_s, self.memory_mb)
+        remote = ray.remote(run_job).options(memory=self.memory_mb << 20)
         refs = [remote.remote(fn, job, setup) for job in jobs]
         return _gather(ray, refs, self.address, self.task_timeout_s)
 
@@ -143,10 +145,10 @@ def _reachable(address: str, timeout_s: float) -> None:
         ) from None
 
 
-def _probe(ray: Any, address: str, timeout_s: float) -> None:
+def _probe(ray: Any, address: str, timeout_s: float, memory_mb: int) -> None:
     """Run one trivial task (same resources as a job) and raise a clear ``RayUnavailable`` if
     it does not come back within ``timeout_s`` or cannot run ``corpus_assets``."""
-    ref = ray.remote(_ping).remote()
+    ref = ray.remote(_ping).options(memory=memory_mb << 20).remote()
     ready, _ = ray.wait([ref], timeout=timeout_s)
     if not ready:
         ray.cancel(ref, force=True)
@@ -157,7 +159,8 @@ def _probe(ray: Any, address: str, timeout_s: float) -> None:
             f"{_runtime_env(ray)} is broken; under `uv run`, Ray re-creates the driver's uv "
             "environment on every node unless RAY_ENABLE_UV_RUN_RUNTIME_ENV=0, here "
             f"{os.environ.get('RAY_ENABLE_UV_RUN_RUNTIME_ENV', 'unset')}), or no node offers a "
-            "free CPU. Check `ray status` (CPUs, pending tasks) and the workers' logs "
+            f"free CPU and execution.worker_memory_mb={memory_mb} MB of memory. Check "
+            "`ray status` (CPUs, memory, pending tasks) and the workers' logs "
             "(/tmp/ray/session_latest/logs/worker-*.err and raylet.out on each node)."
         )
     try:
@@ -214,6 +217,11 @@ def task_runner(execution: Execution, workers: int | None = None) -> TaskRunner:
     ``execution.workers``) or ``engine: ray``."""
     if execution.engine == "ray":
         assert execution.address is not None  # the config validator requires it
-        return RayRunner(execution.address, execution.task_timeout_s, execution.startup_timeout_s)
+        return RayRunner(
+            execution.address,
+            execution.task_timeout_s,
+            execution.startup_timeout_s,
+            execution.worker_memory_mb,
+        )
     chosen = execution.workers if workers is None else workers
     return LocalRunner(chosen, execution.in_process_bytes)
