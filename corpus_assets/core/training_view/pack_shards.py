@@ -14,7 +14,6 @@ shared filesystem already, ``runtime.runners``). Memory per worker: one shard bu
 one batch of blocks.
 """
 
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -91,17 +90,14 @@ def build_shards(
     bounds = plan.block_bounds()
     verify_tokens(ws, cache, chunks_read(plan, bounds, firsts, per_shard, rows.chunk))
     pairs = bool((rows.pair_split > 0).any())
-    (ws.home / "tmp").mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="pack-", dir=ws.home / "tmp") as lookup:
-        for name in LOOKUP:
-            np.save(Path(lookup) / f"{name}.npy", np.asarray(getattr(rows, name), np.int64))
-        jobs = []
-        for first in firsts:
-            last = min(first + per_shard, plan.blocks)
-            piece = _plan_rows(plan, bounds, first, last)
-            jobs.append(ShardJob(first, last, piece, lookup, cache, fields, pairs, shard_bytes))
-        done = pooled(ws, _build, jobs, workers=workers) if jobs else []
-        built = dict(zip(firsts, done, strict=True))
+    lookup = str(rows.folder)  # the located columns, memory-mapped by every job
+    jobs = []
+    for first in firsts:
+        last = min(first + per_shard, plan.blocks)
+        piece = _plan_rows(plan, bounds, first, last)
+        jobs.append(ShardJob(first, last, piece, lookup, cache, fields, pairs, shard_bytes))
+    done = pooled(ws, _build, jobs, workers=workers) if jobs else []
+    built = dict(zip(firsts, done, strict=True))
     outcomes = [
         built.get(first) or reused[first // per_shard] for first in range(0, plan.blocks, per_shard)
     ]
