@@ -9,9 +9,9 @@ chunks the jobs read (each worker re-hashing them would multiply that cost): a c
 shards hold is not read, one unchanged on disk since it last hashed right is trusted
 (``storage.trust``, as the build's check does: a child does not re-hash its parent's chunks). A
 job reads the plan's rows for its blocks (sent with it) and each sample's place in the cache
-from memory-mapped files the caller wrote under the home's ``tmp`` (on Ray the data home is a
-shared filesystem already, ``runtime.runners``). Memory per worker: one shard buffer and
-one batch of blocks.
+from the located columns (``pack_samples.SampleRows``: ``.npy`` files under the home's ``tmp``),
+memory-mapped (on Ray the data home is a shared filesystem already, ``runtime.runners``).
+Memory per worker: one shard buffer and one batch of blocks.
 """
 
 from collections.abc import Callable

@@ -12,8 +12,9 @@ block to its record, the offset in that record's token stream, the sample (strea
 repeat of a record is another sample; both halves of a preference pair share one), its shard,
 the transform that made the tokens and the rule that inserted the special tokens inside it; pad
 has no span; it is written from the plan alone (a span is a piece), beside no block.
-Memory: the plan (five int64 per piece), the samples' lookup (``pack_samples``) and at most one
-Parquet row group of spans here; one batch of blocks and one shard buffer per worker.
+Memory: the plan (five int64 per piece), the samples' located columns (``pack_samples``: fixed
+width, memory-mapped; record ids read a span batch at a time) and at most one Parquet row group
+of spans here; one batch of blocks and one shard buffer per worker.
 """
 
 from collections.abc import Callable
