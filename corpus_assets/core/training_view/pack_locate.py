@@ -27,6 +27,7 @@ from corpus_assets.core.runtime.workspace import Workspace
 
 PARTITION_ROWS = 1 << 18  # member rows per partition, about: one partition's join in memory
 BATCH_ROWS = 1 << 16
+HASH_ROWS = 1 << 12  # record ids hashed at once
 KINDS = ("document", "messages", "preference")  # kind codes; any other kind is len(KINDS)
 LOCATED = {"chunk": np.int64, "row": np.int64, "length": np.int64, "pair_split": np.int64,
            "kind": np.int8}  # fmt: skip
@@ -61,6 +62,11 @@ def record_parts(ids: pa.Array, parts: int) -> np.ndarray:
     (splitmix64), modulo ``parts``; vectorised over the Arrow buffers (a null is "")."""
     if parts == 1 or len(ids) == 0:
         return np.zeros(len(ids), np.int64)
+    if len(ids) > HASH_ROWS:  # its temporaries are ~40 bytes per id byte: a slice at a time
+        pieces = [
+            record_parts(ids.slice(at, HASH_ROWS), parts) for at in range(0, len(ids), HASH_ROWS)
+        ]
+        return np.concatenate(pieces)
     ids = ids.cast(pa.large_string()) if ids.type != pa.large_string() else ids
     offsets = np.frombuffer(ids.buffers()[1], np.int64)[ids.offset : ids.offset + len(ids) + 1]
     lo, hi = int(offsets[0]), int(offsets[-1])
