@@ -160,9 +160,9 @@ def test_a_member_on_two_rows_is_named(tmp_path: Path) -> None:
     """A partition whose member key matches two canonical rows: the sample is named."""
     writer = PartitionWriter(tmp_path, 2)
     writer.write("samples", pa.table({"pos": [0, 1, 2], "record_id": ["a/1", "b/2", "a/1"]}))
-    writer.write("members", pa.table({"record_id": ["a/1", "b/2"], "object": ["o", "o"],
+    writer.write("members", pa.table({"record_id": ["a/1", "b/2"], "object": [0, 0],
                                       "line": [1, 2]}))  # fmt: skip
-    rows = {"record_id": ["a/1", "a/1", "b/2"], "object": ["o"] * 3, "line": [1, 1, 2],
+    rows = {"record_id": ["a/1", "a/1", "b/2"], "object": [0] * 3, "line": [1, 1, 2],
             "kind": ["document"] * 3, "chunk": [0, 1, 0], "row": [0, 0, 1], "length": [5] * 3,
             "pair_split": [0] * 3}  # fmt: skip
     writer.write("rows", pa.table(rows))

@@ -35,12 +35,12 @@ _HASH_BASE = np.uint64(0x100000001B3)
 SIDES = {
     "samples": pa.schema([("pos", pa.int64()), ("record_id", pa.string())]),
     "members": pa.schema(
-        [("record_id", pa.string()), ("object", pa.string()), ("line", pa.int64())]
+        [("record_id", pa.string()), ("object", pa.int32()), ("line", pa.int64())]
     ),
     "rows": pa.schema(
         [
             ("record_id", pa.string()),
-            ("object", pa.string()),
+            ("object", pa.int32()),
             ("line", pa.int64()),
             ("kind", pa.string()),
             ("chunk", pa.int64()),
@@ -82,6 +82,23 @@ def record_parts(ids: pa.Array, parts: int) -> np.ndarray:
     h = (h ^ (h >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
     h = (h ^ (h >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
     return ((h ^ (h >> np.uint64(31))) % np.uint64(parts)).astype(np.int64)
+
+
+class ObjectCodes:
+    """Object digests as int codes, numbered as the members name them (a row of an object no
+    member names gets -1 and joins nothing): partitions and their joins hold no digest string.
+    Holds one entry per source object."""
+
+    def __init__(self) -> None:
+        self._codes: dict[str, int] = {}
+
+    def of_members(self, column: pa.DictionaryArray) -> pa.Array:
+        local = [self._codes.setdefault(d, len(self._codes)) for d in column.dictionary.to_pylist()]
+        return pa.array(np.asarray(local, np.int32)[column.indices.to_numpy()], pa.int32())
+
+    def of_rows(self, column: pa.Array) -> pa.Array:
+        known = pa.array(list(self._codes), pa.string())
+        return pc.index_in(column, value_set=known).fill_null(-1).cast(pa.int32())
 
 
 class PartitionWriter:

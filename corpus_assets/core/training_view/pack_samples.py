@@ -23,6 +23,7 @@ import pyarrow.parquet as pq
 from corpus_assets.core.records.index import CanonicalIndex
 from corpus_assets.core.runtime.layers import LayerIndex
 from corpus_assets.core.runtime.workspace import Workspace, pooled
+from corpus_assets.core.storage.memory import release_memory
 from corpus_assets.core.storage.table_lookup import TrustedFiles
 from corpus_assets.core.tokens.cache import TokenArrays, TokenCache, open_tokens
 from corpus_assets.core.training_view.pack_blocks import FileSamples
@@ -30,6 +31,7 @@ from corpus_assets.core.training_view.pack_locate import (
     BATCH_ROWS,
     KINDS,
     LOCATED,
+    ObjectCodes,
     PartitionWriter,
     PartJob,
     PartReport,
@@ -115,7 +117,8 @@ def _locate(
 ) -> None:
     """Partition the three sides, join each partition, scatter the places into ``folder``."""
     clusters = pq.ParquetFile(
-        TrustedFiles(ws.cas, ws.catalog).path(dedup.output("clusters")["digest"], "clusters")
+        TrustedFiles(ws.cas, ws.catalog).path(dedup.output("clusters")["digest"], "clusters"),
+        read_dictionary=["object"],
     )
     many = workers if workers is not None else ws.config.execution.workers
     parts = partitions or partition_count(clusters.metadata.num_rows, many)
@@ -128,17 +131,24 @@ def _locate(
         writer.write("samples", pa.table({"pos": positions, "record_id": batch}))
         count += len(batch)
     ids.close()
+    objects = ObjectCodes()
     for members in clusters.iter_batches(BATCH_ROWS, columns=[*ROW_KEY, "is_representative"]):
-        kept = members.filter(members.column("is_representative"))
-        writer.write("members", pa.Table.from_batches([kept]).select(ROW_KEY))
+        kept = pa.Table.from_batches([members.filter(members.column("is_representative"))])
+        codes = objects.of_members(kept.column("object").combine_chunks())
+        kept = kept.set_column(kept.schema.get_field_index("object"), "object", codes)
+        writer.write("members", kept.select(ROW_KEY))
+    release_memory()  # the partitioning's transient batches, back before the joins
     for table in _canonical_rows(ws, canonical, cache):
-        writer.write("rows", table)
+        at = table.schema.get_field_index("object")
+        writer.write("rows", table.set_column(at, "object", objects.of_rows(table.column(at))))
     writer.close()
     jobs = [PartJob(str(root), part) for part in range(parts)]
     reports = pooled(ws, join_part, jobs, workers=workers, input_bytes=writer.bytes)
+    release_memory()  # an in-process join's tables, back before the places are scattered
     _raise_on(reports, count)
     scatter(root, parts, count, folder)
     shutil.rmtree(root)
+    release_memory()
 
 
 def _canonical_rows(
