@@ -1,184 +1,195 @@
-"""Where each mixed sample's tokens are in the token cache, found with Arrow joins.
+"""Where each mixed sample's tokens are in the token cache, and a reader of them.
 
 A sample is a member, so its tokens are those of the dedup representative's row (record id,
-object, line): a repeated record id elsewhere (excluded by dedup) never stands in. The lookup
-holds no Python object per record and no whole-partition join: the members are read with their
-object digests as dictionary codes, joined to the token cache's rows one canonical chunk at a
-time (only that chunk's objects' members), and the samples are then found by record id with
-``index_in`` (a three-key hash join over the partition peaked at ~1 GB for 680k records). The
-token arrays stay memory-mapped: a sample's tokens are copied only when a block is built.
+object, line): a repeated record id elsewhere (excluded by dedup) never stands in. The lookup is
+a partitioned join (``pack_locate``): samples, members and canonical rows hash-partitioned by
+record id under the data home's ``tmp``, each partition joined on its own (on the task runner
+when there are workers), the result memory-mapped columns by stream position. The driver holds
+no string per sample (record ids are read a batch at a time from a flat file) and no table of
+every row. The token arrays stay on disk: a sample's tokens are read only when a block is built.
 """
 
+import shutil
+import tempfile
+import weakref
 from collections import OrderedDict
 from collections.abc import Iterator
-from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from corpus_assets.core.records.index import CanonicalIndex
 from corpus_assets.core.runtime.layers import LayerIndex
-from corpus_assets.core.runtime.workspace import Workspace
+from corpus_assets.core.runtime.workspace import Workspace, pooled
 from corpus_assets.core.storage.memory import release_memory
 from corpus_assets.core.storage.table_lookup import TrustedFiles
 from corpus_assets.core.tokens.cache import TokenArrays, TokenCache, open_tokens
 from corpus_assets.core.training_view.pack_blocks import FileSamples
+from corpus_assets.core.training_view.pack_locate import (
+    BATCH_ROWS,
+    KINDS,
+    LOCATED,
+    ObjectCodes,
+    PartitionWriter,
+    PartJob,
+    PartReport,
+    RecordIds,
+    RecordIdSink,
+    join_part,
+    left_join_rows,
+    partition_count,
+    sample_batches,
+    scatter,
+)
 
 ROW_KEY = ["record_id", "object", "line"]
+DOCUMENT = KINDS.index("document")  # the kind code of a plain document
+_lookup = left_join_rows  # the name the lookup's tests know
 
 
 class SampleLookupError(ValueError):
     """A mixed sample has no cached tokens: the layers it was drawn from disagree."""
 
 
-@dataclass(frozen=True)
 class SampleRows:
-    """Per sample in stream order: its record id, kind, token-cache chunk and row, length and
-    pair split (a preference record's first sequence length; 0 for every other record)."""
+    """Per sample in stream order, memory-mapped from ``folder`` (``pack_locate.LOCATED``):
+    its token-cache ``chunk`` and ``row``, ``length``, ``pair_split`` (a preference record's
+    first sequence length; 0 for every other record) and ``kind`` (a code into
+    ``pack_locate.KINDS``); ``record_ids.take(samples)`` reads record ids a batch at a time.
+    The folder (under the home's ``tmp``, shared with the workers) goes on ``close``."""
 
-    record_id: pa.ChunkedArray
-    kind: pa.ChunkedArray
-    chunk: np.ndarray
-    row: np.ndarray
-    length: np.ndarray
-    pair_split: np.ndarray
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self._removed = weakref.finalize(self, shutil.rmtree, folder, True)
+        for name in LOCATED:
+            setattr(self, name, np.load(folder / f"{name}.npy", mmap_mode="r"))
+        self.chunk: np.ndarray
+        self.row: np.ndarray
+        self.length: np.ndarray
+        self.pair_split: np.ndarray
+        self.kind: np.ndarray
+        self.record_ids = RecordIds(folder)
+
+    def close(self) -> None:
+        self._removed()
+
+    def __enter__(self) -> "SampleRows":
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
 
 
 def locate_samples(
     ws: Workspace,
     canonical: CanonicalIndex,
     cache: TokenCache,
-    samples: pa.ChunkedArray,
+    samples: pa.ChunkedArray | Path,
     dedup: LayerIndex,
+    workers: int | None = None,
+    partitions: int | None = None,
 ) -> SampleRows:
-    """Each sample's place in the cache (``samples``: record ids in stream order)."""
-    members = _members(ws, dedup)
-    rows = pa.concat_tables([_ROWS.empty_table(), *_member_rows(ws, canonical, cache, members)])
-    del members
-    rows = rows.combine_chunks()
-    sample_row, found = _lookup(samples, rows.column("record_id"))
-    if found != len(samples):
-        raise SampleLookupError(
-            f"{found} cache rows for {len(samples)} samples: a member has two rows"
-        )
-    missing = sample_row < 0
-    if missing.any():
-        first = samples[int(np.flatnonzero(missing)[0])].as_py()
-        raise SampleLookupError(
-            f"sample record {first!r} has no kept canonical row with cached tokens "
-            f"({int(missing.sum())} samples in all)"
-        )
-    take = pa.array(sample_row)
-    located = SampleRows(
-        record_id=pa.chunked_array([samples.combine_chunks()]),
-        kind=pa.chunked_array([rows.column("kind").take(take).combine_chunks()]),
-        chunk=rows.column("chunk").take(take).to_numpy(),
-        row=rows.column("row").take(take).to_numpy(),
-        length=rows.column("tokens").take(take).to_numpy(),
-        pair_split=rows.column("pair_split").take(take).to_numpy(),
+    """Each sample's place in the cache (``samples``: record ids in stream order, or the
+    mixed samples' Parquet file, read a batch at a time). ``workers``: as
+    ``execution.workers`` (None: the config's); ``partitions``: None for one per
+    ``pack_locate.PARTITION_ROWS`` member rows (at least one per worker)."""
+    (ws.home / "tmp").mkdir(parents=True, exist_ok=True)
+    folder = Path(tempfile.mkdtemp(prefix="pack-samples-", dir=ws.home / "tmp"))
+    try:
+        _locate(ws, canonical, cache, samples, dedup, folder, workers, partitions)
+    except BaseException:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
+    return SampleRows(folder)
+
+
+def _locate(
+    ws: Workspace,
+    canonical: CanonicalIndex,
+    cache: TokenCache,
+    samples: pa.ChunkedArray | Path,
+    dedup: LayerIndex,
+    folder: Path,
+    workers: int | None,
+    partitions: int | None,
+) -> None:
+    """Partition the three sides, join each partition, scatter the places into ``folder``."""
+    clusters = pq.ParquetFile(
+        TrustedFiles(ws.cas, ws.catalog).path(dedup.output("clusters")["digest"], "clusters"),
+        read_dictionary=["object"],
     )
-    del rows
-    release_memory()  # the lookup's transient tables, back to the system before packing
-    return located
+    many = workers if workers is not None else ws.config.execution.workers
+    parts = partitions or partition_count(clusters.metadata.num_rows, many)
+    root = folder / "parts"
+    root.mkdir()
+    writer, ids, count = PartitionWriter(root, parts), RecordIdSink(folder), 0
+    for batch in sample_batches(samples):
+        ids.write(batch)
+        positions = np.arange(count, count + len(batch), dtype=np.int64)
+        writer.write("samples", pa.table({"pos": positions, "record_id": batch}))
+        count += len(batch)
+    ids.close()
+    objects = ObjectCodes()
+    for members in clusters.iter_batches(BATCH_ROWS, columns=[*ROW_KEY, "is_representative"]):
+        kept = pa.Table.from_batches([members.filter(members.column("is_representative"))])
+        codes = objects.of_members(kept.column("object").combine_chunks())
+        kept = kept.set_column(kept.schema.get_field_index("object"), "object", codes)
+        writer.write("members", kept.select(ROW_KEY))
+    release_memory()  # the partitioning's transient batches, back before the joins
+    for table in _canonical_rows(ws, canonical, cache):
+        at = table.schema.get_field_index("object")
+        writer.write("rows", table.set_column(at, "object", objects.of_rows(table.column(at))))
+    writer.close()
+    jobs = [PartJob(str(root), part) for part in range(parts)]
+    reports = pooled(ws, join_part, jobs, workers=workers, input_bytes=writer.bytes)
+    release_memory()  # an in-process join's tables, back before the places are scattered
+    _raise_on(reports, count)
+    scatter(root, parts, count, folder)
+    shutil.rmtree(root)
+    release_memory()
 
 
-_ROWS = pa.schema(
-    [
-        ("record_id", pa.string()),
-        ("kind", pa.string()),
-        ("chunk", pa.int32()),
-        ("row", pa.int64()),
-        ("tokens", pa.int64()),
-        ("pair_split", pa.int64()),
-    ]
-)
-
-
-@dataclass(frozen=True)
-class _Members:
-    """The dedup representatives' row keys: record id (Arrow), object (a small int code into
-    ``objects``) and line, read a batch at a time (no member's object digest string is held)."""
-
-    record_id: pa.ChunkedArray
-    object: np.ndarray
-    line: np.ndarray
-    objects: dict[str, int]
-
-
-def _members(ws: Workspace, dedup: LayerIndex) -> _Members:
-    path = TrustedFiles(ws.cas, ws.catalog).path(dedup.output("clusters")["digest"], "clusters")
-    columns = [*ROW_KEY, "is_representative"]
-    parquet = pq.ParquetFile(path, read_dictionary=["object"])
-    objects: dict[str, int] = {}
-    ids, codes, lines = [], [], []
-    for batch in parquet.iter_batches(batch_size=65536, columns=columns):
-        batch = batch.filter(batch.column("is_representative"))
-        column = batch.column("object")
-        local = [objects.setdefault(d, len(objects)) for d in column.dictionary.to_pylist()]
-        codes.append(np.asarray(local, np.int32)[column.indices.to_numpy()])
-        ids.append(batch.column("record_id"))
-        lines.append(batch.column("line").to_numpy())
-    return _Members(
-        pa.chunked_array(ids, pa.string()),
-        np.concatenate(codes) if codes else np.empty(0, np.int32),
-        np.concatenate(lines) if lines else np.empty(0, np.int64),
-        objects,
-    )
-
-
-def _member_rows(
-    ws: Workspace, canonical: CanonicalIndex, cache: TokenCache, members: _Members
+def _canonical_rows(
+    ws: Workspace, canonical: CanonicalIndex, cache: TokenCache
 ) -> Iterator[pa.Table]:
-    """Per canonical chunk, its member rows: record id, kind, token-cache chunk and row, token
-    count, pair split. Joined on (record id, object, line) one chunk at a time, against the
-    members of that chunk's objects only, so no join ever holds the whole partition."""
+    """Every canonical row, a batch at a time: its key, kind, token-cache chunk and row,
+    token count and pair split."""
     files = TrustedFiles(ws.cas, ws.catalog)  # a parent's chunks: hashed by its build's check
     for n, (chunk, cached) in enumerate(zip(canonical.chunks(), cache.chunks, strict=True)):
-        path = files.path(chunk.records["digest"], chunk.what)
-        table = pq.read_table(path, columns=["record_id", "object", "line", "kind"])
+        parquet = pq.ParquetFile(files.path(chunk.records["digest"], chunk.what))
         arrays = open_tokens(ws, cached, cache.spec, ids=False)
-        count = table.num_rows
-        codes = [members.objects.get(d, -1) for d in pc.unique(table.column("object")).to_pylist()]
-        mine = np.flatnonzero(np.isin(members.object, codes))
-        keys = pa.table(
-            {
-                "record_id": members.record_id.take(pa.array(mine)),
-                "object": pa.array(members.object[mine]),
-                "line": pa.array(members.line[mine]),
-            }
-        )
-        known = pa.array(list(members.objects), pa.string())
-        own = pc.index_in(table.column("object"), value_set=known).fill_null(-1)
-        local = pa.table(
-            {
-                "record_id": table.column("record_id"),
-                "object": own.cast(pa.int32()),
-                "line": table.column("line"),
-                "kind": table.column("kind"),
-                "chunk": pa.array(np.full(count, n, np.int32)),
-                "row": pa.array(np.arange(count, dtype=np.int64)),
-                "tokens": pa.array(arrays.counts(), pa.int64()),
-                "pair_split": pa.array(np.asarray(arrays.pair_splits), pa.int64()),
-            }
-        )
-        joined = keys.join(local, ["record_id", "object", "line"], join_type="inner")
-        yield joined.select(["record_id", "kind", "chunk", "row", "tokens", "pair_split"])
-        del table, keys, local, joined
-        release_memory()  # the join's hash tables: Arrow's pool would keep them per chunk
+        counts, splits = arrays.counts(), np.asarray(arrays.pair_splits)
+        row = 0
+        for batch in parquet.iter_batches(BATCH_ROWS, columns=[*ROW_KEY, "kind"]):
+            end = row + batch.num_rows
+            yield (
+                pa.Table.from_batches([batch])
+                .append_column("chunk", pa.array(np.full(batch.num_rows, n, np.int64)))
+                .append_column("row", pa.array(np.arange(row, end, dtype=np.int64)))
+                .append_column("length", pa.array(counts[row:end], pa.int64()))
+                .append_column("pair_split", pa.array(splits[row:end], pa.int64()))
+            )
+            row = end
 
 
-def _lookup(samples: pa.ChunkedArray, record_id: pa.Array) -> tuple[np.ndarray, int]:
-    """Each sample's row in ``record_id`` (-1: none), and how many rows a left join of the
-    samples on record id would have (a record id on two rows counts twice)."""
-    first = pc.index_in(record_id, value_set=record_id).to_numpy()
-    repeats = np.bincount(first, minlength=len(record_id))
-    found = pc.index_in(samples, value_set=record_id).fill_null(-1)
-    sample_row = np.asarray(found.to_numpy(), dtype=np.int64)
-    matched = sample_row >= 0
-    total = int((~matched).sum() + repeats[sample_row[matched]].sum())
-    return sample_row, total
+def _raise_on(reports: list[PartReport], count: int) -> None:
+    """``SampleLookupError`` naming the first sample (in stream order) with two rows or none."""
+    found = sum(report.found for report in reports)
+    if found != count:
+        _pos, record = min(r.first_twice for r in reports if r.first_twice[0] >= 0)
+        raise SampleLookupError(
+            f"{found} cache rows for {count} samples: a member has two rows "
+            f"(e.g. sample record {record!r})"
+        )
+    missing = sum(report.missing for report in reports)
+    if missing:
+        _pos, first = min(r.first_missing for r in reports if r.first_missing[0] >= 0)
+        raise SampleLookupError(
+            f"sample record {first!r} has no kept canonical row with cached tokens "
+            f"({missing} samples in all)"
+        )
 
 
 class SampleTokens:

@@ -9,12 +9,11 @@ chunks the jobs read (each worker re-hashing them would multiply that cost): a c
 shards hold is not read, one unchanged on disk since it last hashed right is trusted
 (``storage.trust``, as the build's check does: a child does not re-hash its parent's chunks). A
 job reads the plan's rows for its blocks (sent with it) and each sample's place in the cache
-from memory-mapped files the caller wrote under the home's ``tmp`` (on Ray the data home is a
-shared filesystem already, ``runtime.runners``). Memory per worker: one shard buffer and
-one batch of blocks.
+from the located columns (``pack_samples.SampleRows``: ``.npy`` files under the home's ``tmp``),
+memory-mapped (on Ray the data home is a shared filesystem already, ``runtime.runners``).
+Memory per worker: one shard buffer and one batch of blocks.
 """
 
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -91,17 +90,14 @@ def build_shards(
     bounds = plan.block_bounds()
     verify_tokens(ws, cache, chunks_read(plan, bounds, firsts, per_shard, rows.chunk))
     pairs = bool((rows.pair_split > 0).any())
-    (ws.home / "tmp").mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="pack-", dir=ws.home / "tmp") as lookup:
-        for name in LOOKUP:
-            np.save(Path(lookup) / f"{name}.npy", np.asarray(getattr(rows, name), np.int64))
-        jobs = []
-        for first in firsts:
-            last = min(first + per_shard, plan.blocks)
-            piece = _plan_rows(plan, bounds, first, last)
-            jobs.append(ShardJob(first, last, piece, lookup, cache, fields, pairs, shard_bytes))
-        done = pooled(ws, _build, jobs, workers=workers) if jobs else []
-        built = dict(zip(firsts, done, strict=True))
+    lookup = str(rows.folder)  # the located columns, memory-mapped by every job
+    jobs = []
+    for first in firsts:
+        last = min(first + per_shard, plan.blocks)
+        piece = _plan_rows(plan, bounds, first, last)
+        jobs.append(ShardJob(first, last, piece, lookup, cache, fields, pairs, shard_bytes))
+    done = pooled(ws, _build, jobs, workers=workers) if jobs else []
+    built = dict(zip(firsts, done, strict=True))
     outcomes = [
         built.get(first) or reused[first // per_shard] for first in range(0, plan.blocks, per_shard)
     ]

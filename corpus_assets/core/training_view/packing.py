@@ -12,19 +12,19 @@ block to its record, the offset in that record's token stream, the sample (strea
 repeat of a record is another sample; both halves of a preference pair share one), its shard,
 the transform that made the tokens and the rule that inserted the special tokens inside it; pad
 has no span; it is written from the plan alone (a span is a piece), beside no block.
-Memory: the plan (five int64 per piece), the samples' lookup (``pack_samples``) and at most one
-Parquet row group of spans here; one batch of blocks and one shard buffer per worker.
+Memory: the plan (five int64 per piece), the samples' located columns (``pack_samples``: fixed
+width, memory-mapped; record ids read a span batch at a time) and at most one Parquet row group
+of spans here; one batch of blocks and one shard buffer per worker.
 """
 
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from corpus_assets.core.records.index import CanonicalIndex
 from corpus_assets.core.runtime.code_identity import stage_code
@@ -64,7 +64,7 @@ from corpus_assets.core.training_view.pack_incremental import (
     sample_map,
 )
 from corpus_assets.core.training_view.pack_plan import PackPlan, plan_packing, split_pairs
-from corpus_assets.core.training_view.pack_samples import SampleRows, locate_samples
+from corpus_assets.core.training_view.pack_samples import DOCUMENT, SampleRows, locate_samples
 from corpus_assets.core.training_view.pack_shards import (
     BATCH_BLOCKS,
     KINDS,
@@ -110,7 +110,7 @@ def plan_for(rows: SampleRows, policy: PackingPolicy) -> PackPlan:
     The block order is keyed by the policy seed, never by workers."""
     pairs = rows.pair_split > 0
     if policy.mode == "continuous" and pairs.any():
-        first = rows.record_id[int(np.flatnonzero(pairs)[0])].as_py()
+        first = rows.record_ids.take(np.flatnonzero(pairs)[:1])[0].as_py()
         raise PackingError(
             f"policies.packing.mode continuous cuts samples at block boundaries, so it cannot "
             f"keep {int(pairs.sum())} preference pairs whole (e.g. {first!r}); use atomic"
@@ -144,7 +144,7 @@ class SpanRules:
         self.names = pa.array([f"{base}{suffix}" for base in bases for suffix in suffixes])
         self.bos = spec.bos is not None
         self.length, self.pair_split = rows.length, rows.pair_split
-        self.chat = pc.not_equal(rows.kind, "document").to_numpy(zero_copy_only=False)
+        self.chat = np.asarray(rows.kind) != DOCUMENT
 
     def specials(self, sample: np.ndarray, offset: np.ndarray, length: np.ndarray) -> pa.Array:
         split = self.pair_split[sample]
@@ -170,7 +170,7 @@ def span_batch(
             pa.array(block, pa.int64()),
             pa.array(start, pa.int32()),
             pa.array(start + length, pa.int32()),
-            rows.record_id.take(pa.array(sample)).combine_chunks(),
+            rows.record_ids.take(sample),
             pa.array(offset, pa.int64()),
             pa.array(sample, pa.int64()),
             pa.array(block // shard_blocks, pa.int32()),
@@ -269,7 +269,7 @@ def quarantined_table(plan: PackPlan, rows: SampleRows) -> pa.Table:
     return pa.table(
         {
             "sample": index,
-            "record_id": rows.record_id.take(index),
+            "record_id": rows.record_ids.take(plan.quarantined),
             "tokens": pa.array(rows.length[plan.quarantined], pa.int64()),
         }
     )
@@ -350,21 +350,21 @@ def build_packed_blocks(ws: Workspace, partition_key: str) -> LayerResult:
     canonical_ref, canonical = CanonicalIndex.read(ws, partition_key)
     dedup_ref, dedup = read_layer_index(ws, partition_key, "dedup_clusters")
     samples = TrustedFiles(ws.cas, ws.catalog).path(mixed.output("samples")["digest"], "samples")
-    order = pq.read_table(samples, columns=["record_id"])
     cache = token_cache(ws, canonical.chunks(), resolve_tokenizer(ws))
     spec, policy = cache.spec, ws.config.policies.packing
     can = candidate(ws, Upstream(partition_key, mixed.output("samples"), canonical, dedup), spec)
-    rows = locate_samples(ws, canonical, cache, order.column("record_id"), dedup)
-    chosen = choose_plan(ws, can, rows, spec)
-    plan, decision, parent = chosen.plan, chosen.decision, chosen.parent
-    index, index_ref, spans, built = write_blocks(ws, plan, rows, spec, cache, chosen.reused)
+    with locate_samples(ws, canonical, cache, Path(samples), dedup) as rows:
+        chosen = choose_plan(ws, can, rows, spec)
+        plan, decision, parent = chosen.plan, chosen.decision, chosen.parent
+        index, index_ref, spans, built = write_blocks(ws, plan, rows, spec, cache, chosen.reused)
+        counts = packing_counts(plan, built, rows, spans.rows)
+        quarantined = put_table(ws.cas, quarantined_table(plan, rows))
     spans_ref = spans.ref
-    counts = packing_counts(plan, built, rows, spans.rows)
     outputs = {
         "shard_index": index_ref,
         "shards": [make_ref(s.digest, BINARY, s.size) for s in index.shards],
         "spans": spans_ref,
-        "quarantined": put_table(ws.cas, quarantined_table(plan, rows)),
+        "quarantined": quarantined,
         "layout": put_json(ws.cas, layout_document(policy, fields_of(index), spec)),
         "packing": decision.document(),
         "shard_counts": put_table(ws.cas, shard_counts(built["shards"])),
