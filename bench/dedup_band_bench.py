@@ -5,9 +5,10 @@ layers are built once and the signatures hashed once (a warm-up dedup run, not m
 ``dedup_clusters`` runs again (not the layer memo: a real run) on a fresh partition over the same
 bytes in a fresh child process per worker count, signatures reused from the chunk cache, so
 what differs is banding, verification and the scan. Per run: wall, the driver's CPU
-(``RUSAGE_SELF``), the pool workers' CPU (``RUSAGE_CHILDREN``: each map starts and reaps its
-own pool here), the pairs the scan verified and those the reduce tasks verified (computed or
-known; a pair in two partitions twice), and the layer's digests (equal, or the run fails).
+(``RUSAGE_SELF``), the pool workers' CPU (``RUSAGE_CHILDREN``: the run's one pool, started at
+its first map and reaped at its end, imports included), the candidate pairs, those the scan
+verified and those the reduce tasks verified (computed or known; a pair in two partitions
+twice), and the layer's digests (equal, or the run fails).
 
 Usage: .venv/bin/python bench/dedup_band_bench.py [--mb 110] [--workers 1,2] [--tmp DIR]
 """
@@ -28,6 +29,7 @@ from race_corpus import write_corpus
 def child(config: str, partition: str) -> None:
     """Build the layers before dedup (not measured), then time one real dedup run."""
     from corpus_assets.core.pipeline import BUILDERS, DIRECT_BUILDERS
+    from corpus_assets.core.runtime.pool import shared_pool
     from corpus_assets.core.runtime.workspace import open_workspace
 
     with open_workspace(config) as ws:
@@ -38,7 +40,8 @@ def child(config: str, partition: str) -> None:
             resource.getrusage(resource.RUSAGE_CHILDREN),
         )
         wall = time.perf_counter()
-        result = DIRECT_BUILDERS["dedup_clusters"](ws, partition)
+        with shared_pool():  # one pool for the layer's maps, as in a build; reaped at the end
+            result = DIRECT_BUILDERS["dedup_clusters"](ws, partition)
         wall = time.perf_counter() - wall
         after = (
             resource.getrusage(resource.RUSAGE_SELF),
@@ -49,7 +52,11 @@ def child(config: str, partition: str) -> None:
         for a, b in zip(after, before, strict=True)
     ]
     out = {"wall": wall, "driver_cpu": cpu[0], "workers_cpu": cpu[1]}
-    out["run_stats"] = result.run_stats
+    classes = result.details["classes"].values()
+    out["run_stats"] = {
+        **result.run_stats,
+        "candidates": sum(c["candidate_pairs"] for c in classes),
+    }
     out["digests"] = {**result.digests, "layer": result.digest}
     print(json.dumps(out))
 
@@ -81,7 +88,8 @@ def main() -> None:
         if partition != "warm":
             assert digests in (None, row["digests"]), (digests, row["digests"])
             digests = row["digests"]
-        keys = ("pairs_verified", "pairs_computed", "band_pairs_verified", "band_reduce_tasks")
+        keys = ("candidates", "pairs_verified", "pairs_computed", "band_pairs_verified")
+        keys += ("band_reduce_tasks", "band_reduce_elsewhere")
         figures = {k: stats[k] for k in keys if k in stats}
         print(
             f"{partition:5} workers={workers} wall {row['wall']:6.1f} s  driver "

@@ -123,12 +123,15 @@ def test_workers_and_partitions_publish_the_same_dedup_bytes(
         published, result = _build(demo_home, home, workers, partitions, monkeypatch)
         assert published == one, (workers, partitions)
         stats = result.run_stats
-        assert stats["band_reduce_tasks"] == len(classes) * (partitions or 1), stats
-        if partitions is not None:  # more than one job: the pool ran them, not this process
-            assert stats["band_reduce_elsewhere"] == stats["band_reduce_tasks"], stats
+        assert stats["pairs_verified"] == here.run_stats["pairs_verified"]
+        if partitions is None:  # small classes, one partition: in-process, as one worker does
+            assert "band_reduce_tasks" not in stats, stats
+            continue
+        assert stats["band_reduce_tasks"] == len(classes) * partitions, stats
+        # the pool's workers ran every reduce, not this process
+        assert stats["band_reduce_elsewhere"] == stats["band_reduce_tasks"], stats
         # every candidate pair was verified by a reduce (some twice: two bands, two partitions)
         assert stats["band_pairs_verified"] >= stats["pairs_verified"] > 0
-        assert stats["pairs_verified"] == here.run_stats["pairs_verified"]
 
 
 def test_incremental_child_on_workers_equals_a_fresh_build(

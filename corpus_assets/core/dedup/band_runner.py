@@ -26,6 +26,7 @@ from corpus_assets.core.dedup.near_dedup import BandStats, LshParams, NearResult
 from corpus_assets.core.dedup.signature_spec import SignatureSpec
 from corpus_assets.core.records.index import ChunkRecords
 from corpus_assets.core.runtime.execution import Execution
+from corpus_assets.core.runtime.runners import task_runner
 from corpus_assets.core.runtime.workspace import Workspace, pooled
 from corpus_assets.core.storage.artifacts import Ref
 
@@ -63,6 +64,12 @@ class BandRunner:
         self.ws, self.inputs = ws, inputs
         self.rows = sum(count for _, _, count in inputs.signatures)
         self.work: Counter[str] = Counter()
+
+    def wants(self, n: int) -> bool:
+        """Whether a class of ``n`` records goes to the runner: its reduce tasks would run on
+        workers. (A lone reduce the local runner would run here: the in-process path is the
+        same bytes and cheaper, it skips verifying pairs already linked.)"""
+        return task_runner(self.ws.config.execution).wants(partitions(n))
 
     def run_class(
         self, order: np.ndarray, params: LshParams, thresholds: np.ndarray | None

@@ -146,7 +146,7 @@ class NearStage:
         t = self.thresholds
         if self.modes is not None and t.char != t.word and self.modes[order].any():
             taus = t.by_rank(self.modes[order])
-        if self.band_runner is not None:
+        if self.band_runner is not None and self.band_runner.wants(len(order)):
             return self.band_runner.run_class(order, self.params, taus)
         prints = SpilledFingerprints(self.texts, self.spec, order, self.tmp)
         known = None if self.pairs is None else partial(self.pairs.known, order)
