@@ -89,7 +89,7 @@ def main() -> None:
             assert digests in (None, row["digests"]), (digests, row["digests"])
             digests = row["digests"]
         keys = ("candidates", "pairs_verified", "pairs_computed", "band_pairs_verified")
-        keys += ("band_reduce_tasks", "band_reduce_elsewhere")
+        keys += ("band_reduce_tasks", "pair_verify_tasks", "pair_verify_elsewhere")
         figures = {k: stats[k] for k in keys if k in stats}
         print(
             f"{partition:5} workers={workers} wall {row['wall']:6.1f} s  driver "

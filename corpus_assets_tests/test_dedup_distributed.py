@@ -128,10 +128,13 @@ def test_workers_and_partitions_publish_the_same_dedup_bytes(
             assert "band_reduce_tasks" not in stats, stats
             continue
         assert stats["band_reduce_tasks"] == len(classes) * partitions, stats
-        # the pool's workers ran every reduce, not this process
+        assert stats["pair_verify_tasks"] == len(classes) * partitions, stats
+        # the pool's workers ran every reduce and verify task, not this process
         assert stats["band_reduce_elsewhere"] == stats["band_reduce_tasks"], stats
-        # every candidate pair was verified by a reduce (some twice: two bands, two partitions)
-        assert stats["band_pairs_verified"] >= stats["pairs_verified"] > 0
+        assert stats["pair_verify_elsewhere"] == stats["pair_verify_tasks"], stats
+        # every candidate pair was verified once, the ones the scan skips too
+        candidates = sum(c["candidate_pairs"] for c in classes.values())
+        assert stats["band_pairs_verified"] == candidates > stats["pairs_verified"] > 0
 
 
 def test_incremental_child_on_workers_equals_a_fresh_build(

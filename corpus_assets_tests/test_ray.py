@@ -185,6 +185,7 @@ def test_local_and_ray_builds_give_the_same_snapshot(
     assert "band_reduce_tasks" not in local[3]
     assert on_ray[3]["band_reduce_tasks"] == 2 * 2, on_ray[3]  # two classes, two partitions
     assert on_ray[3]["band_reduce_elsewhere"] == on_ray[3]["band_reduce_tasks"]
+    assert on_ray[3]["pair_verify_elsewhere"] == on_ray[3]["pair_verify_tasks"] == 2 * 2
     assert on_ray[3]["pairs_verified"] == local[3]["pairs_verified"] > 0
 
     # every object of the build, the Ray workers' included, is in the store: an empty cache

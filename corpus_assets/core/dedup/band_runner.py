@@ -2,11 +2,12 @@
 
 With more than one worker (``execution.workers > 1`` or engine ``ray``) the driver no longer
 bands, fingerprints and verifies a class itself: map tasks write every band's keys by
-partition, reduce tasks pair and verify one partition each (:mod:`.band_tasks`), and the driver
-merges the partitions' pairs and Jaccards and runs the unchanged scan
-(:func:`.near_dedup.scan_verified`). The candidate pairs, band figures and every Jaccard are
-those of the in-process path, so verdicts, edges, report and pairs are the same bytes. The
-driver holds pairs, never texts, fingerprints or signatures of all records.
+partition, reduce tasks pair one partition's buckets each, verify tasks verify one partition of
+the unique pairs each, once (:mod:`.band_tasks`), and the driver merges the pair partitions'
+pairs and Jaccards and runs the unchanged scan (:func:`.near_dedup.scan_verified`). The
+candidate pairs, band figures and every Jaccard are those of the in-process path, so verdicts,
+edges, report and pairs are the same bytes. The driver holds pairs, never texts, fingerprints
+or signatures of all records.
 
 The partition count is a function of the class size only (never the worker count), though any
 count gives the same bytes; tests set another with ``CORPUS_DEDUP_PARTITIONS``.
@@ -21,7 +22,16 @@ from pathlib import Path
 
 import numpy as np
 
-from corpus_assets.core.dedup.band_tasks import MapJob, ReduceDone, ReduceJob, band_map, band_reduce
+from corpus_assets.core.dedup.band_tasks import (
+    MapJob,
+    ReduceDone,
+    ReduceJob,
+    VerifyDone,
+    VerifyJob,
+    band_map,
+    band_reduce,
+    pair_verify,
+)
 from corpus_assets.core.dedup.near_dedup import BandStats, LshParams, NearResult, scan_verified
 from corpus_assets.core.dedup.signature_spec import SignatureSpec
 from corpus_assets.core.records.index import ChunkRecords
@@ -84,17 +94,22 @@ class BandRunner:
             self._write_ranks(Path(scratch), order)
             maps = self._map_jobs(scratch, order, params, count)
             pooled(self.ws, band_map, maps)
-            reduces = [self._reduce_job(scratch, p, len(maps), n, params) for p in range(count)]
-            done = pooled(self.ws, band_reduce, reduces)
+            reduces = [
+                ReduceJob(scratch, p, len(maps), count, n, params.bands, params.bucket_heads)
+                for p in range(count)
+            ]
+            bands = pooled(self.ws, band_reduce, reduces)
+            verified = pooled(
+                self.ws, pair_verify, [self._verify_job(scratch, q, count, n) for q in range(count)]
+            )
             pairs, jaccards, reused = _merged(Path(scratch), count)
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
-        result = scan_verified(
-            n, pairs, jaccards, _band_stats(done, params.bands), params, thresholds
-        )
-        result.computed_pairs = sum(d.computed for d in done)
-        result.fingerprinted_now = sum(d.fingerprinted for d in done)
-        self._count(len(maps), done, reused)
+        stats = _band_stats(bands, params.bands)
+        result = scan_verified(n, pairs, jaccards, stats, params, thresholds)
+        result.computed_pairs = sum(d.computed for d in verified)
+        result.fingerprinted_now = sum(d.fingerprinted for d in verified)
+        self._count(len(maps), bands, verified, reused)
         return result
 
     def _write_ranks(self, scratch: Path, order: np.ndarray) -> None:
@@ -128,28 +143,23 @@ class BandRunner:
             for i, g in enumerate(groups)
         ]
 
-    def _reduce_job(
-        self, scratch: str, partition: int, maps: int, n: int, params: LshParams
-    ) -> ReduceJob:
+    def _verify_job(self, scratch: str, partition: int, reduces: int, n: int) -> VerifyJob:
         inputs = self.inputs
-        return ReduceJob(
-            scratch,
-            partition,
-            maps,
-            n,
-            params.bands,
-            params.bucket_heads,
-            inputs.spec,
-            inputs.records,
-            inputs.parent_pairs,
+        return VerifyJob(
+            scratch, partition, reduces, n, inputs.spec, inputs.records, inputs.parent_pairs
         )
 
-    def _count(self, maps: int, done: list[ReduceDone], reused: int) -> None:
+    def _count(
+        self, maps: int, bands: list[ReduceDone], verified: list[VerifyDone], reused: int
+    ) -> None:
         """Work figures for the layer's run_stats (never hashed)."""
+        here = os.getpid()
         self.work["band_map_tasks"] += maps
-        self.work["band_reduce_tasks"] += len(done)
-        self.work["band_reduce_elsewhere"] += sum(d.pid != os.getpid() for d in done)
-        self.work["band_pairs_verified"] += sum(d.pairs for d in done)
+        self.work["band_reduce_tasks"] += len(bands)
+        self.work["band_reduce_elsewhere"] += sum(d.pid != here for d in bands)
+        self.work["pair_verify_tasks"] += len(verified)
+        self.work["pair_verify_elsewhere"] += sum(d.pid != here for d in verified)
+        self.work["band_pairs_verified"] += sum(d.pairs for d in verified)
         self.work["pairs_reused"] += reused
 
 
@@ -174,8 +184,8 @@ def _band_stats(done: list[ReduceDone], bands: int) -> list[BandStats]:
 
 
 def _merged(scratch: Path, count: int) -> tuple[np.ndarray, np.ndarray, int]:
-    """Every partition's pairs once (sorted by x then y), their Jaccards, and how many of
-    them the parent had verified (known before any was computed)."""
+    """Every pair partition's pairs (sorted by x then y), their Jaccards, and how many of them
+    the parent had verified (known before any was computed)."""
     pairs, jaccards, known = [], [], []
     for p in range(count):
         pairs.append(np.load(scratch / f"pairs-{p:05d}.npy"))

@@ -10,13 +10,15 @@ every row (``ranks.npy``, -1 outside the class) and its rows in total order (``o
   holds one group's keys.
 - **reduce** (one task per partition): the partition's rows from every map file, sorted by
   (band, key, rank); a bucket is one (band, key), so it lies in one partition whole and
-  :func:`.near_dedup.star_pairs` gives exactly its pairs and figures. The partition's unique
-  pairs are then all verified here: the parent's known Jaccards looked up by text digest
-  (incremental builds), the others from fingerprints of the canonical texts. Output: the
-  packed pairs, Jaccards and known flags (``pairs-<p>.npy``, ``jaccards-``, ``known-``) and
-  the band figures.
+  :func:`.near_dedup.star_pairs` gives exactly its pairs and figures. Its unique pairs are
+  written split by a hash of the pair (``paired-<p>.bin``): a pair colliding in buckets of
+  several partitions (several bands) lands in one pair partition from each.
+- **verify** (one task per pair partition): its pairs from every reduce file, unique, all
+  verified there: the parent's known Jaccards looked up by text digest (incremental builds),
+  the others from fingerprints of the canonical texts. Output: the packed pairs, Jaccards and
+  known flags (``pairs-<q>.npy``, ``jaccards-``, ``known-``).
 
-A pair found in two partitions (two bands, two keys) is verified in both; the driver keeps one.
+Each candidate pair is verified once; the scan may need fewer (it skips pairs already linked).
 """
 
 import os
@@ -42,6 +44,7 @@ from corpus_assets.core.storage.artifacts import Ref
 from corpus_assets.core.storage.duck import cas_parquet
 
 ROW = np.dtype([("band", "<u4"), ("key", "<u8"), ("rank", "<i8")])
+_PAIR_MIX = np.uint64(0x9E3779B97F4A7C15)  # spreads packed pairs over the verify tasks
 
 
 @dataclass(frozen=True)
@@ -58,14 +61,25 @@ class MapJob:
 
 @dataclass(frozen=True)
 class ReduceJob:
-    """One partition of a class run and what verifying its pairs needs."""
+    """One band-key partition of a class run: its buckets paired."""
 
     scratch: str
     partition: int
     maps: int
+    partitions: int
     n: int
     bands: int
     heads: int
+
+
+@dataclass(frozen=True)
+class VerifyJob:
+    """One pair partition of a class run and what verifying its pairs needs."""
+
+    scratch: str
+    partition: int
+    reduces: int
+    n: int
     spec: SignatureSpec
     records: tuple[ChunkRecords, ...]
     parent_pairs: Ref | None
@@ -73,10 +87,17 @@ class ReduceJob:
 
 @dataclass(frozen=True)
 class ReduceDone:
-    """What a reduce did: per band (buckets, records, largest, capped, pairs, skipped), the
-    pairs it verified (computed or known), fingerprinted records, and the process it ran in."""
+    """Per band (buckets, records, largest, capped, pairs, skipped) of one partition's buckets,
+    and the process it ran in."""
 
     bands: tuple[tuple[int, ...], ...]
+    pid: int
+
+
+@dataclass(frozen=True)
+class VerifyDone:
+    """The pairs a verify task had (computed or known), fingerprinted records, its process."""
+
     pairs: int
     computed: int
     known: int
@@ -104,23 +125,32 @@ def band_map(ws: Workspace, job: MapJob, _spec: Any = None, _done: Any = None) -
     rows = np.concatenate(parts) if parts else np.empty(0, dtype=ROW)
     del parts
     partition = (rows["key"] % np.uint64(job.partitions)).astype(np.int64)
-    rows = rows[np.argsort(partition, kind="stable")]
-    offsets = np.r_[0, np.cumsum(np.bincount(partition, minlength=job.partitions))]
-    path = map_path(job.scratch, job.index)
-    rows.tofile(path)
-    np.save(path.with_suffix(".off.npy"), offsets.astype(np.int64))
+    _write_split(map_path(job.scratch, job.index), rows, partition, job.partitions)
     return len(rows)
+
+
+def _write_split(path: Path, values: np.ndarray, partition: np.ndarray, count: int) -> None:
+    """``values`` grouped by partition into one file, with the partitions' offsets beside."""
+    values = values[np.argsort(partition, kind="stable")]
+    offsets = np.r_[0, np.cumsum(np.bincount(partition, minlength=count))]
+    values.tofile(path)
+    np.save(path.with_suffix(".off.npy"), offsets.astype(np.int64))
+
+
+def _read_split(paths: list[Path], partition: int, dtype: np.dtype) -> np.ndarray:
+    """One partition's values from each of ``paths`` (:func:`_write_split` files), joined."""
+    parts = [np.empty(0, dtype=dtype)]
+    for path in paths:
+        offsets = np.load(path.with_suffix(".off.npy"))
+        lo, hi = int(offsets[partition]), int(offsets[partition + 1])
+        parts.append(np.fromfile(path, dtype=dtype, count=hi - lo, offset=lo * dtype.itemsize))
+    return np.concatenate(parts)
 
 
 def _partition_rows(job: ReduceJob) -> np.ndarray:
     """The partition's rows from every map file, sorted by (band, key, rank)."""
-    parts = []
-    for index in range(job.maps):
-        path = map_path(job.scratch, index)
-        offsets = np.load(path.with_suffix(".off.npy"))
-        lo, hi = int(offsets[job.partition]), int(offsets[job.partition + 1])
-        parts.append(np.fromfile(path, dtype=ROW, count=hi - lo, offset=lo * ROW.itemsize))
-    rows = np.concatenate(parts) if parts else np.empty(0, dtype=ROW)
+    paths = [map_path(job.scratch, index) for index in range(job.maps)]
+    rows = _read_split(paths, job.partition, ROW)
     return rows[np.lexsort((rows["rank"], rows["key"], rows["band"]))]
 
 
@@ -140,8 +170,28 @@ def _pairs(job: ReduceJob) -> tuple[np.ndarray, list[BandStats]]:
 
 
 def band_reduce(ws: Workspace, job: ReduceJob, _spec: Any = None, _done: Any = None) -> ReduceDone:
-    """Pair and verify one partition; its pairs and Jaccards go to the scratch folder."""
+    """Pair one band-key partition's buckets; its unique pairs go to the scratch folder split
+    by pair (a pair found in several partitions meets its copies in one verify task)."""
     pairs, stats = _pairs(job)
+    mixed = (pairs.astype(np.uint64) * _PAIR_MIX) >> np.uint64(33)
+    partition = (mixed % np.uint64(job.partitions)).astype(np.int64)
+    _write_split(_paired_path(job.scratch, job.partition), pairs, partition, job.partitions)
+    figures = tuple(
+        (s.buckets, s.records, s.largest, s.capped_buckets, s.pairs, s.pairs_skipped_by_cap)
+        for s in stats
+    )
+    return ReduceDone(figures, os.getpid())
+
+
+def _paired_path(scratch: str, partition: int) -> Path:
+    return Path(scratch) / f"paired-{partition:05d}.bin"
+
+
+def pair_verify(ws: Workspace, job: VerifyJob, _spec: Any = None, _done: Any = None) -> VerifyDone:
+    """Verify one pair partition's unique pairs: the parent's Jaccards first, the rest from
+    fingerprints; pairs, Jaccards and known flags go to the scratch folder."""
+    paths = [_paired_path(job.scratch, p) for p in range(job.reduces)]
+    pairs = _unique(_read_split(paths, job.partition, np.dtype(np.int64)))
     order = np.load(Path(job.scratch) / "order.npy", mmap_mode="r")
     xs, ys = np.divmod(pairs, job.n)
     jaccards = np.full(len(pairs), np.nan, dtype=np.float64)
@@ -151,17 +201,13 @@ def band_reduce(ws: Workspace, job: ReduceJob, _spec: Any = None, _done: Any = N
     fingerprinted = _verify(ws, job, order, xs, ys, jaccards)
     for name, values in (("pairs", pairs), ("jaccards", jaccards), ("known", known)):
         np.save(Path(job.scratch) / f"{name}-{job.partition:05d}.npy", values)
-    figures = tuple(
-        (s.buckets, s.records, s.largest, s.capped_buckets, s.pairs, s.pairs_skipped_by_cap)
-        for s in stats
-    )
     found = int(known.sum())
-    return ReduceDone(figures, len(pairs), len(pairs) - found, found, fingerprinted, os.getpid())
+    return VerifyDone(len(pairs), len(pairs) - found, found, fingerprinted, os.getpid())
 
 
 def _verify(
     ws: Workspace,
-    job: ReduceJob,
+    job: VerifyJob,
     order: np.ndarray,
     xs: np.ndarray,
     ys: np.ndarray,
@@ -190,7 +236,7 @@ def _verify(
 
 
 def _known(
-    ws: Workspace, job: ReduceJob, order: np.ndarray, xs: np.ndarray, ys: np.ndarray
+    ws: Workspace, job: VerifyJob, order: np.ndarray, xs: np.ndarray, ys: np.ndarray
 ) -> np.ndarray:
     """The parent's Jaccard of each pair (nan when it has none), found by the two texts'
     digests in its ``pairs`` table, as :class:`.pair_cache.PairLookup` does."""
