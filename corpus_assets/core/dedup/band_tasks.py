@@ -252,7 +252,7 @@ def _known(
     swap = pc.greater(a, b)
     low, high = pc.if_else(swap, b, a), pc.if_else(swap, a, b)
     wanted = pa.table({"i": np.arange(len(xs), dtype=np.int64), "a": low, "b": high})
-    con = duckdb.connect()
+    con = duckdb.connect(config={"threads": 1})  # one task per worker: one core each
     try:
         con.register("wanted", wanted)
         source = cas_parquet(ws.cas, job.parent_pairs, "parent dedup pairs")
