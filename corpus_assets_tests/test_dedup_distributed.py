@@ -1,11 +1,13 @@
 """Issue 33: near-dedup banding and verification on the task runner, same bytes as in-process.
 
 Real builds of the demo sources plus near duplicates in two classes (document/prose: a family
-of near copies of one long essay, larger than the bucket cap; messages/prose: near copies of a long
-chat) with a small ``bucket_heads``, so some buckets are capped. With one worker the classes
-run in the driver (the in-process path); with 2 and 4 workers map and reduce tasks run on the
-spawn pool, with partition counts that differ. Every output of the dedup layer and its digest
-must be the same bytes, and the reduce must have run in other processes.
+of near copies of one long essay, larger than the bucket cap; messages/prose: near copies of a
+long chat) with a small ``bucket_heads``, so some buckets are capped. With one worker the
+classes run in the driver (the in-process path); with 2 and 4 workers map, reduce and verify
+tasks run on the spawn pool, with partition counts that differ (and with the default count,
+one partition, the classes stay in-process). Every output of the dedup layer and its digest
+must be the same bytes, the tasks must have run in other processes, and each candidate pair
+must have been verified once. An incremental child on workers equals fresh builds.
 """
 
 import json
