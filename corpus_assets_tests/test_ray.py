@@ -147,16 +147,17 @@ def build_with_runner_pids(
 
 def _build(
     demo_home: Path, home: Path, execution: str, monkeypatch: pytest.MonkeyPatch, storage: str = ""
-) -> tuple[str, dict[str, str], set[int]]:
+) -> tuple[str, dict[str, str], set[int], dict[str, int]]:
     """A whole build of a copy of the demo with ``execution`` (and ``storage``): its snapshotId,
-    every layer's index digest but the (signed) manifest's, and the pids that ran its chunk
-    tasks."""
+    every layer's index digest but the (signed) manifest's, the pids that ran its chunk
+    tasks, and the dedup layer's run_stats."""
     shutil.copytree(demo_home / "demo-sources", home / "demo-sources")
     config = (demo_home / "corpus.yaml").read_text() + f"execution: {execution}\n{storage}"
     (home / "corpus.yaml").write_text(config)
     results, pids = build_with_runner_pids(home, monkeypatch)
     layers = {layer: r.digest for layer, r in results.items() if layer != "manifest"}
-    return results["manifest"].digests["snapshotId"], layers, pids
+    dedup = results["dedup_clusters"].run_stats
+    return results["manifest"].digests["snapshotId"], layers, pids, dedup
 
 
 @pytest.mark.postgres
@@ -168,6 +169,7 @@ def test_local_and_ray_builds_give_the_same_snapshot(
     ray_cluster: str,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    monkeypatch.setenv("CORPUS_DEDUP_PARTITIONS", "2")  # two reduce tasks per near-dedup class
     local = _build(demo_home, tmp_path / "local", "{engine: local}", monkeypatch)
 
     monkeypatch.setenv("CORPUS_CATALOG_URL", postgres_url)
@@ -178,6 +180,13 @@ def test_local_and_ray_builds_give_the_same_snapshot(
     assert local[2] == {os.getpid()}  # the local engine with one worker runs in this process
     assert on_ray[2] and os.getpid() not in on_ray[2]  # every chunk task ran in a Ray worker
     assert on_ray[:2] == local[:2]
+    # near-dedup: one worker bands and verifies in this process; on Ray every class's band
+    # keys are partitioned and each partition paired and verified by a task on the cluster
+    assert "band_reduce_tasks" not in local[3]
+    assert on_ray[3]["band_reduce_tasks"] == 2 * 2, on_ray[3]  # two classes, two partitions
+    assert on_ray[3]["band_reduce_elsewhere"] == on_ray[3]["band_reduce_tasks"]
+    assert on_ray[3]["pair_verify_elsewhere"] == on_ray[3]["pair_verify_tasks"] == 2 * 2
+    assert on_ray[3]["pairs_verified"] == local[3]["pairs_verified"] > 0
 
     # every object of the build, the Ray workers' included, is in the store: an empty cache
     # reads each back, verified

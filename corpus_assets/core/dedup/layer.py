@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from corpus_assets.core.dedup.band_runner import BandInputs, BandRunner, distributed
 from corpus_assets.core.dedup.clusters import (
     CLUSTER_COLUMNS,
     EXACT,
@@ -43,11 +44,13 @@ from corpus_assets.core.dedup.partition_db import PartitionDb, chunk_lengths
 from corpus_assets.core.dedup.report import DedupReport
 from corpus_assets.core.dedup.reuse import Reuse, RowDecisions, merged, plan, put_decisions
 from corpus_assets.core.dedup.signature_cache import (
+    ChunkSignatures,
     ensure_signatures,
     load_modes,
     load_signatures,
     signature_spec,
 )
+from corpus_assets.core.dedup.signature_spec import SignatureSpec
 from corpus_assets.core.governance.lineage import revoked_targets, tombstone_matches
 from corpus_assets.core.ingest.freeze import freeze
 from corpus_assets.core.records.index import CanonicalIndex, ChunkRecords
@@ -199,7 +202,10 @@ def _near_stage(
     modes = load_modes(arrays, sig_spec)
     pairs = PairLookup(db, mode.pairs_sql) if mode.pairs_sql is not None else None
     fresh = _fresh_rows(chunks, mode) if pairs is not None else None
-    near = NearStage(policy, arrays, texts, content, ws.home / "tmp", modes, pairs, fresh)
+    band = None
+    if distributed(ws.config.execution):  # banding and verification on the workers
+        band = BandRunner(ws, _band_inputs(chunks, cached, sig_spec, mode))
+    near = NearStage(policy, arrays, texts, content, ws.home / "tmp", modes, pairs, fresh, band)
     refs = [
         {"chunk": c.chunk, "signatures": make_ref(c.digest, NPY, ws.cas.size(c.digest))}
         for c in cached
@@ -209,6 +215,17 @@ def _near_stage(
         "signatures_reused": sum(c.records for c in cached if not c.hashed),
     }
     return near, refs, run_stats
+
+
+def _band_inputs(
+    chunks: list[ChunkRecords], cached: list[ChunkSignatures], spec: SignatureSpec, mode: Mode
+) -> BandInputs:
+    """What band tasks read: signature chunks with their first rows, the canonical chunks, and
+    the parent's verified pairs when incremental."""
+    starts = np.cumsum([0, *(c.records for c in cached)]).tolist()
+    signatures = tuple((c.digest, starts[i], c.records) for i, c in enumerate(cached))
+    parent = mode.pairs if mode.pairs_sql is not None else None
+    return BandInputs(signatures, tuple(chunks), spec, parent)
 
 
 def _fresh_rows(chunks: list[ChunkRecords], mode: Mode) -> np.ndarray:
@@ -225,9 +242,11 @@ def _near_work(near: NearStage | None, mode: Mode, chunks: list[ChunkRecords]) -
     chunks whose text lengths were the parent's; nothing when near-dedup is off."""
     if near is None:
         return {}
-    work = {**near.work, "near_incremental": int(mode.mode == INCREMENTAL)}
+    band = near.band_work()
+    reused = band.pop("pairs_reused", 0)
+    work = {**near.work, **band, "near_incremental": int(mode.mode == INCREMENTAL)}
     if near.pairs is not None:
-        work["pairs_reused"] = near.pairs.found
+        work["pairs_reused"] = near.pairs.found + reused
         work["lengths_reused"] = sum(c.records["digest"] in mode.lengths for c in chunks)
     return work
 

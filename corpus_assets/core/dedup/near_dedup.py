@@ -124,11 +124,18 @@ def _unique(values: np.ndarray) -> np.ndarray:
 
 def _band_pairs(keys_by_rank: np.ndarray, heads: int, band: int) -> tuple[np.ndarray, BandStats]:
     """(x, y) rank pairs, y < x, packed as ``x * n + y``, of one band's buckets (star + cap)."""
-    n = len(keys_by_rank)
     by_key = np.argsort(keys_by_rank, kind="stable")  # ties keep rank order
-    sorted_keys = keys_by_rank[by_key]
+    return star_pairs(keys_by_rank[by_key], by_key, len(keys_by_rank), heads, band)
+
+
+def star_pairs(
+    sorted_keys: np.ndarray, by_key: np.ndarray, n: int, heads: int, band: int
+) -> tuple[np.ndarray, BandStats]:
+    """:func:`_band_pairs` of records already sorted by (key, rank): ``by_key`` their ranks,
+    ``n`` the class size (for packing). Any subset of whole buckets gives those buckets' pairs
+    and figures, so a band-key partition (:mod:`.band_tasks`) needs no other records."""
     starts = np.flatnonzero(np.r_[True, sorted_keys[1:] != sorted_keys[:-1]])
-    sizes = np.diff(np.r_[starts, n])
+    sizes = np.diff(np.r_[starts, len(sorted_keys)])
     multi = sizes >= 2
     stats = BandStats(
         band=band,
@@ -323,6 +330,33 @@ def near_dedup(
     if prints is not None:
         result.fingerprinted_now = len(prints.involved) + prints.late_fetched
     return result
+
+
+def scan_verified(
+    n: int,
+    pairs: np.ndarray,
+    jaccards: np.ndarray,
+    band_stats: list[BandStats],
+    params: LshParams,
+    thresholds: np.ndarray | None = None,
+) -> NearResult:
+    """:func:`near_dedup`'s result when every candidate pair's Jaccard is already known
+    (``pairs`` unique packed ``x * n + y``, sorted; verified on workers): the same scan, so the
+    same verdicts, edges and counts, with nothing fetched here."""
+    kept = np.ones(n, dtype=bool)
+    match = np.full(n, -1, dtype=np.int64)
+    match_j = np.full(n, np.nan, dtype=np.float64)
+    result = NearResult(kept, match, match_j, [], band_stats, candidate_pairs=len(pairs))
+    if not len(pairs):
+        return result
+    xs, ys = np.divmod(pairs, n)
+    result.fingerprinted = len(_unique(np.concatenate([xs, ys])))
+    _scan(result, xs, ys, jaccards, None, _no_jaccard, params.threshold, thresholds)
+    return result
+
+
+def _no_jaccard(a: np.ndarray, b: np.ndarray) -> float:
+    raise AssertionError("a pair to verify, but every pair was known")
 
 
 def _nothing_unknown(record: int) -> np.ndarray:

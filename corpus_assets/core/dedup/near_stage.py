@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from corpus_assets.core.dedup.band_runner import BandRunner
 from corpus_assets.core.dedup.fingerprint_store import SpilledFingerprints, TextLookup
 from corpus_assets.core.dedup.jaccard import jaccard_sorted
 from corpus_assets.core.dedup.near_dedup import (
@@ -56,10 +57,12 @@ class NearStage:
         modes: np.ndarray | None = None,
         pairs: PairLookup | None = None,
         fresh: np.ndarray | None = None,
+        band_runner: BandRunner | None = None,
     ) -> None:
         """``modes``: each record's char-mode flag (bool, by row), for a v3 spec; ``pairs``:
         a parent's verified pairs, looked up before any pair is verified; ``fresh``: with
-        them, whether each row is new since the parent (only its pairs are prefetched)."""
+        them, whether each row is new since the parent (only its pairs are prefetched);
+        ``band_runner``: banding and verification on the task runner's workers instead."""
         self.policy = policy
         self.spec = signature_spec(policy)
         if stores_modes(self.spec) and modes is None:
@@ -77,6 +80,7 @@ class NearStage:
         )
         self.pairs = pairs
         self.fresh = fresh
+        self.band_runner = band_runner
         self._edges: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
         self._matches: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
         self._verified: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
@@ -133,12 +137,18 @@ class NearStage:
             masks[name] = masks.get(name, False) | (pair == code)
         return {name: eligible[mask] for name, mask in sorted(masks.items())}
 
+    def band_work(self) -> dict[str, int]:
+        """What the task runner's band tasks did (nothing when the classes ran here)."""
+        return dict(self.band_runner.work) if self.band_runner is not None else {}
+
     def _run_class(self, order: np.ndarray) -> NearResult:
-        prints = SpilledFingerprints(self.texts, self.spec, order, self.tmp)
         taus = None  # one threshold for the class: the scan's plain (faster) comparison
         t = self.thresholds
         if self.modes is not None and t.char != t.word and self.modes[order].any():
             taus = t.by_rank(self.modes[order])
+        if self.band_runner is not None and self.band_runner.wants(len(order)):
+            return self.band_runner.run_class(order, self.params, taus)
+        prints = SpilledFingerprints(self.texts, self.spec, order, self.tmp)
         known = None if self.pairs is None else partial(self.pairs.known, order)
         fresh = None if known is None or self.fresh is None else self.fresh[order]
         try:

@@ -41,6 +41,7 @@ class Mode:
     chunks: tuple[tuple[str, int], ...] = ()
     clusters: Ref | None = None
     decisions: Ref | None = None
+    pairs: Ref | None = None  # the parent's pairs table (what ``pairs_sql`` reads)
 
 
 def parent_mode(ws: Workspace, parents: list[str], code: str, policy: str | None) -> Mode:
@@ -73,6 +74,7 @@ def parent_mode(ws: Workspace, parents: list[str], code: str, policy: str | None
         chunks,
         index.output("clusters"),
         index.outputs.get("decisions"),
+        index.output("pairs"),
     )
 
 

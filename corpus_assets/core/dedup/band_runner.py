@@ -1,0 +1,201 @@
+"""A near-dedup class run with banding and verification on the task runner (issue 33).
+
+With more than one worker (``execution.workers > 1`` or engine ``ray``) the driver no longer
+bands, fingerprints and verifies a class itself: map tasks write every band's keys by
+partition, reduce tasks pair one partition's buckets each, verify tasks verify one partition of
+the unique pairs each, once (:mod:`.band_tasks`), and the driver merges the pair partitions'
+pairs and Jaccards and runs the unchanged scan (:func:`.near_dedup.scan_verified`). The
+candidate pairs, band figures and every Jaccard are those of the in-process path, so verdicts,
+edges, report and pairs are the same bytes. The driver holds pairs, never texts, fingerprints
+or signatures of all records.
+
+The partition count is a function of the class size only (never the worker count), though any
+count gives the same bytes; tests set another with ``CORPUS_DEDUP_PARTITIONS``.
+"""
+
+import os
+import shutil
+import tempfile
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from corpus_assets.core.dedup.band_tasks import (
+    MapJob,
+    ReduceDone,
+    ReduceJob,
+    VerifyDone,
+    VerifyJob,
+    band_map,
+    band_reduce,
+    pair_verify,
+)
+from corpus_assets.core.dedup.near_dedup import BandStats, LshParams, NearResult, scan_verified
+from corpus_assets.core.dedup.signature_spec import SignatureSpec
+from corpus_assets.core.records.index import ChunkRecords
+from corpus_assets.core.runtime.execution import Execution
+from corpus_assets.core.runtime.runners import task_runner
+from corpus_assets.core.runtime.workspace import Workspace, pooled
+from corpus_assets.core.storage.artifacts import Ref
+
+PARTITION_RECORDS = 16384  # class records per band-key partition ...
+MAX_PARTITIONS = 256  # ... up to this many partitions
+MAP_RECORDS = 65536  # class records per map task at least (a group of signature chunks)
+
+
+def distributed(execution: Execution) -> bool:
+    """Whether near-dedup classes run on the task runner: more than one worker."""
+    return execution.engine == "ray" or execution.workers > 1
+
+
+def partitions(n: int) -> int:
+    """Band-key partitions of a class of ``n`` records (the environment may fix it)."""
+    fixed = int(os.environ.get("CORPUS_DEDUP_PARTITIONS") or 0)
+    return fixed or max(1, min(MAX_PARTITIONS, -(-n // PARTITION_RECORDS)))
+
+
+@dataclass(frozen=True)
+class BandInputs:
+    """What the tasks read: per signature chunk (digest, first row, rows), the canonical
+    chunks (texts), the signature spec and the parent's verified pairs (incremental)."""
+
+    signatures: tuple[tuple[str, int, int], ...]
+    records: tuple[ChunkRecords, ...]
+    spec: SignatureSpec
+    parent_pairs: Ref | None = None
+
+
+class BandRunner:
+    """Runs near-dedup classes on the workspace's task runner; counts the work it did."""
+
+    def __init__(self, ws: Workspace, inputs: BandInputs) -> None:
+        self.ws, self.inputs = ws, inputs
+        self.rows = sum(count for _, _, count in inputs.signatures)
+        self.work: Counter[str] = Counter()
+
+    def wants(self, n: int) -> bool:
+        """Whether a class of ``n`` records goes to the runner: its reduce tasks would run on
+        workers. (A lone reduce the local runner would run here: the in-process path is the
+        same bytes and cheaper, it skips verifying pairs already linked.)"""
+        return task_runner(self.ws.config.execution).wants(partitions(n))
+
+    def run_class(
+        self, order: np.ndarray, params: LshParams, thresholds: np.ndarray | None
+    ) -> NearResult:
+        """The class's :class:`NearResult`, as :func:`.near_dedup.near_dedup` gives it."""
+        n = len(order)
+        count = partitions(n)
+        base = self.ws.home / "tmp"
+        base.mkdir(parents=True, exist_ok=True)
+        scratch = tempfile.mkdtemp(dir=base, prefix="near-band-")
+        try:
+            self._write_ranks(Path(scratch), order)
+            maps = self._map_jobs(scratch, order, params, count)
+            pooled(self.ws, band_map, maps)
+            reduces = [
+                ReduceJob(scratch, p, len(maps), count, n, params.bands, params.bucket_heads)
+                for p in range(count)
+            ]
+            bands = pooled(self.ws, band_reduce, reduces)
+            verified = pooled(
+                self.ws, pair_verify, [self._verify_job(scratch, q, count, n) for q in range(count)]
+            )
+            pairs, jaccards, reused = _merged(Path(scratch), count)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+        stats = _band_stats(bands, params.bands)
+        result = scan_verified(n, pairs, jaccards, stats, params, thresholds)
+        result.computed_pairs = sum(d.computed for d in verified)
+        result.fingerprinted_now = sum(d.fingerprinted for d in verified)
+        self._count(len(maps), bands, verified, reused)
+        return result
+
+    def _write_ranks(self, scratch: Path, order: np.ndarray) -> None:
+        """Each row's rank in the class (-1 outside it) and the rows in rank order."""
+        ranks = np.full(self.rows, -1, dtype=np.int64)
+        ranks[order] = np.arange(len(order), dtype=np.int64)
+        np.save(scratch / "ranks.npy", ranks)
+        np.save(scratch / "order.npy", np.asarray(order, dtype=np.int64))
+
+    def _map_jobs(
+        self, scratch: str, order: np.ndarray, params: LshParams, count: int
+    ) -> list[MapJob]:
+        """Consecutive signature chunks holding class rows, grouped to ``MAP_RECORDS``."""
+        signatures = self.inputs.signatures
+        starts = np.array([start for _, start, _ in signatures], dtype=np.int64)
+        held = np.bincount(
+            np.searchsorted(starts, order, side="right") - 1, minlength=len(signatures)
+        )
+        groups: list[list[tuple[str, int, int]]] = [[]]
+        in_group = 0
+        for chunk, rows in zip(signatures, held.tolist(), strict=True):
+            if not rows:
+                continue
+            if in_group >= MAP_RECORDS:
+                groups.append([])
+                in_group = 0
+            groups[-1].append(chunk)
+            in_group += rows
+        return [
+            MapJob(scratch, i, tuple(g), params.bands, params.rows, count)
+            for i, g in enumerate(groups)
+        ]
+
+    def _verify_job(self, scratch: str, partition: int, reduces: int, n: int) -> VerifyJob:
+        inputs = self.inputs
+        return VerifyJob(
+            scratch, partition, reduces, n, inputs.spec, inputs.records, inputs.parent_pairs
+        )
+
+    def _count(
+        self, maps: int, bands: list[ReduceDone], verified: list[VerifyDone], reused: int
+    ) -> None:
+        """Work figures for the layer's run_stats (never hashed)."""
+        here = os.getpid()
+        self.work["band_map_tasks"] += maps
+        self.work["band_reduce_tasks"] += len(bands)
+        self.work["band_reduce_elsewhere"] += sum(d.pid != here for d in bands)
+        self.work["pair_verify_tasks"] += len(verified)
+        self.work["pair_verify_elsewhere"] += sum(d.pid != here for d in verified)
+        self.work["band_pairs_verified"] += sum(d.pairs for d in verified)
+        self.work["pairs_reused"] += reused
+
+
+def _band_stats(done: list[ReduceDone], bands: int) -> list[BandStats]:
+    """Each band's figures over every partition: sums, and the largest bucket's maximum."""
+    out = []
+    for band in range(bands):
+        rows = np.array([d.bands[band] for d in done], dtype=np.int64).reshape(-1, 6)
+        total = rows.sum(axis=0)
+        out.append(
+            BandStats(
+                band=band,
+                buckets=int(total[0]),
+                records=int(total[1]),
+                largest=int(rows[:, 2].max(initial=0)),
+                capped_buckets=int(total[3]),
+                pairs=int(total[4]),
+                pairs_skipped_by_cap=int(total[5]),
+            )
+        )
+    return out
+
+
+def _merged(scratch: Path, count: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """Every pair partition's pairs (sorted by x then y), their Jaccards, and how many of them
+    the parent had verified (known before any was computed)."""
+    pairs, jaccards, known = [], [], []
+    for p in range(count):
+        pairs.append(np.load(scratch / f"pairs-{p:05d}.npy"))
+        jaccards.append(np.load(scratch / f"jaccards-{p:05d}.npy"))
+        known.append(np.load(scratch / f"known-{p:05d}.npy"))
+    packed = np.concatenate(pairs) if pairs else np.empty(0, dtype=np.int64)
+    by_pair = np.argsort(packed, kind="stable")
+    packed = packed[by_pair]
+    first = np.r_[True, packed[1:] != packed[:-1]] if len(packed) else np.zeros(0, dtype=bool)
+    picked = by_pair[first]
+    all_known = np.concatenate(known) if known else np.zeros(0, dtype=bool)
+    all_jaccards = np.concatenate(jaccards) if jaccards else np.empty(0, dtype=np.float64)
+    return packed[first], all_jaccards[picked], int(all_known[picked].sum())
