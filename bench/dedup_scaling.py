@@ -6,6 +6,7 @@ dedup layer itself (no layer memo: banding, verification, the scan, the clusters
 fresh child per configuration:
 
 - ``local x1``: ``execution.workers: 1``, the in-process path (the named baseline);
+- ``local x2``: two spawn-pool workers running the same tasks as Ray's;
 - ``ray xN``: a Ray cluster of one node with N CPUs, banding and verification as map and reduce
   tasks on it (``core/dedup/band_runner.py``).
 
@@ -112,8 +113,9 @@ def main() -> None:
     compile_package()
     config, mb = prepare(args.corpora, args.tmp, args.mb)
     rows = {}
-    configure(config, "{workers: 1}")
-    rows["local x1"] = measure(config, args.tmp, None)
+    for workers in (1, 2):  # the in-process path, then the local pool's tasks
+        configure(config, f"{{workers: {workers}}}")
+        rows[f"local x{workers}"] = measure(config, args.tmp, None)
     for n in (int(w) for w in args.workers.split(",")):
         with Cluster(1, n) as cluster:
             configure(config, f"{{engine: ray, address: '{cluster.address}'}}")
