@@ -197,6 +197,15 @@ def test_local_and_ray_builds_give_the_same_snapshot(
     for digest in sorted(stored):
         store.verify(digest)
 
+    # every task asks a node for execution.worker_memory_mb: a bound no node offers is named
+    # by the probe instead of a task queued forever
+    runner = RayRunner(ray_cluster, startup_timeout_s=4, memory_mb=1 << 22)  # 4 TiB
+    with pytest.raises(RayUnavailable, match=r"worker_memory_mb=4194304 MB"):
+        runner.map(abs, [-1], NO_SETUP)
+    assert RayRunner(ray_cluster, startup_timeout_s=60, memory_mb=256).map(
+        abs, [-1, 2], NO_SETUP
+    ) == [1, 2]
+
 
 @pytest.mark.parametrize(
     "execution",
