@@ -25,7 +25,7 @@ from corpus_assets.core.training_view.splits import build_splits
 from corpus_assets.demo import write_demo
 
 ESSAYS = Path("demo-sources") / "essays"
-WORK = ("fingerprinted", "tasks", "task_processes")  # what a run did, not what it found
+WORK = ("fingerprinted", "tasks", "task_processes", "task_cpu_s")  # done, not found
 
 
 def _add_near_copies(home: Path, name: str, seed: int) -> None:
@@ -45,10 +45,16 @@ def _add_near_copies(home: Path, name: str, seed: int) -> None:
 
 def _home(tmp_path: Path, workers: int, monkeypatch: pytest.MonkeyPatch) -> Path:
     """The demo with near copies, ``workers`` workers and the pool always used."""
+    return demo_with_near_copies(
+        tmp_path, f"{{workers: {workers}, in_process_bytes: 0}}", monkeypatch
+    )
+
+
+def demo_with_near_copies(tmp_path: Path, execution: str, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The demo with near copies of its essays under ``tmp_path``, run with ``execution``."""
     home = tmp_path / "corpus"
     config = write_demo(home)
-    execution = f"execution: {{workers: {workers}, in_process_bytes: 0}}\n"
-    config.write_text(config.read_text() + execution)
+    config.write_text(config.read_text() + f"execution: {execution}\n")
     _add_near_copies(home, "essays-00040", 33)
     monkeypatch.setenv("CORPUS_HOME", str(home))
     monkeypatch.setenv("CORPUS_CONFIG", str(config))
@@ -61,7 +67,7 @@ def _use_workers(home: Path, workers: int) -> None:
     config.write_text(text + f"execution: {{workers: {workers}, in_process_bytes: 0}}\n")
 
 
-def _found(result: LayerResult) -> tuple[str, dict[str, str], dict]:
+def found(result: LayerResult) -> tuple[str, dict[str, str], dict]:
     """The layer's digest, its outputs' digests and what its search found."""
     search = result.details["heldout_search"]
     return result.digest, result.digests, {k: v for k, v in search.items() if k not in WORK}
@@ -81,7 +87,7 @@ def test_the_splits_layer_is_the_same_bytes_on_1_2_and_4_workers(
     home = _home(tmp_path, 1, monkeypatch)
     with open_workspace() as ws:
         first = build_all(ws, "p1")["splits"]
-    alone = _found(first)
+    alone = found(first)
     assert "tasks" not in first.details["heldout_search"]  # one worker: searched here
     search = alone[2]
     assert search["pairs"] > 0 and first.counts["heldout_near_pairs"] > 0, search
@@ -92,7 +98,7 @@ def test_the_splits_layer_is_the_same_bytes_on_1_2_and_4_workers(
         with open_workspace() as ws:
             again = build_splits(ws, "p1")
         done = again.details["heldout_search"]
-        assert _found(again) == alone, (workers, group)
+        assert found(again) == alone, (workers, group)
         assert done["tasks"] == (5 if group == 1 else 3), done  # chunks [120, 80, 240, 69, 20]
         assert done["task_processes"] >= 1, done  # spawned workers, never this process
 

@@ -16,6 +16,7 @@ differ; it is no hashed output.
 
 import os
 import tempfile
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,7 +45,7 @@ from corpus_assets.core.runtime.workspace import Workspace, pooled
 if TYPE_CHECKING:
     from corpus_assets.core.training_view.split_heldout import HeldoutScan
 
-GROUP_RECORDS = 1 << 17  # member records a task searches at least (whole chunks)
+GROUP_RECORDS = 1 << 15  # member records a task searches at least (whole chunks)
 GROUP_ENV = "CORPUS_HELDOUT_GROUP_RECORDS"  # overrides it (tests: several groups)
 FETCH = 256  # texts read and fingerprinted together
 KNOWN = """
@@ -163,47 +164,51 @@ def _write_heldout(
         sink,
         rows=heldout,
         signatures=signatures,
-        digests=np.array(digests, dtype=str),
+        digests=np.array(digests.to_pylist(), dtype=str),
         moved=is_moved,
         thresholds=scan.thresholds,
     )
 
 
-def _text_digests(ws: Workspace, chunks: list[ChunkRecords], rows: np.ndarray) -> list[str]:
-    """Text digests of ascending global rows (each chunk's digest column read when needed)."""
+def _text_digests(ws: Workspace, chunks: list[ChunkRecords], rows: np.ndarray) -> pa.ChunkedArray:
+    """Text digests of ascending rows of ``chunks`` (each chunk's digest column read only
+    when needed), kept in Arrow."""
     starts = np.cumsum([0, *(c.count for c in chunks)])
     cut = np.searchsorted(rows, starts)
-    out: list[str] = []
+    parts = [pa.array([], pa.string())]
     for i, chunk in enumerate(chunks):
         local = rows[cut[i] : cut[i + 1]] - starts[i]
         if len(local):
             path = ws.cas.path(chunk.records["digest"])  # the search's caller checked it
             column = pq.read_table(path, columns=["text_digest"])["text_digest"]
-            out += column.take(pa.array(local, pa.int64())).to_pylist()
-    return out
+            parts += column.take(pa.array(local, pa.int64())).chunks
+    return pa.chunked_array(parts, pa.string())
 
 
 def search_group(ws: Workspace, job: GroupJob, _spec: Any = None, _done: Any = None) -> Any:
     """A task: the group's verified pairs in global rows (``HeldoutPairs``, (a, b) order) and
     the id of the process that searched them. Local rows number the held-out records first,
     then the group's rows."""
+    started = time.process_time()
     with np.load(job.scratch) as held:
-        hrows, digests = held["rows"], held["digests"].tolist()
+        hrows, held_digests = held["rows"], pa.array(held["digests"], pa.string())
         blocks = [RowMajor(held["signatures"]), *job.blocks]
         is_moved, taus = held["moved"], held["thresholds"]
     group = job.chunks[job.first : job.end]
     own = np.arange(job.start, job.start + sum(c.count for c in group))
     to_global = np.concatenate([hrows, own])
     a, b = _owned_candidates(job, blocks, hrows, is_moved, to_global)
-    digests += _text_digests(ws, group, own - job.start)
+    own_digests = _text_digests(ws, group, own - job.start).chunks
+    digests = pa.chunked_array([held_digests, *own_digests], pa.string())
     texts = TextLookup(ws, job.chunks, verified=True)
     with duckdb.connect() as con:
         found = settle(
             blocks, a, b, job.params,
             lambda local: _local_prints(texts, job.spec, to_global[local]),
             taus[to_global],
-            lambda x, y: known_jaccards(con, job.tables, pa.array(digests), x, y),
+            lambda x, y: known_jaccards(con, job.tables, digests, x, y),
         )  # fmt: skip
+    found.stats["task_cpu_s"] = time.process_time() - started
     return _to_global(found, to_global), os.getpid()
 
 
