@@ -10,8 +10,9 @@ looked up in the same tables with the same SQL as the driver, the others from te
 fingerprinted by the worker. A pair is searched by exactly one task (the one holding its
 member that is not held out, or the larger row of two held-out records), so the driver only
 concatenates the tasks' pairs and sorts them by (a, b): the result, and every byte the splits
-layer writes from it, is the in-process search's. Only ``fingerprinted`` (work done) can
-differ; it is no hashed output.
+layer writes from it, is the in-process search's. Only the counts of work done differ
+(``fingerprinted``: a held-out text is read by each task needing it; ``tasks``,
+``task_processes``, ``task_cpu_s``): they are in the layer's details, no hashed output.
 """
 
 import os
