@@ -8,6 +8,11 @@ the child's (its parent's verified pairs reused) and the gate on the child's sna
 ``splits._heldout`` and the gate in CPU seconds of the process (every thread; pandas, which
 DuckDB's first ``register`` imports, is imported before, as it is in a real run).
 
+``--workers 1,2`` measures this code at each worker count instead (the same home, a config per
+count): the driver's CPU in ``splits._heldout`` and the worker processes' CPU (their whole
+lives: spawn, imports and the search tasks; nothing else of the layer runs on the pool with
+its tokens cached), and the layer's digest, which must not change (issue 33).
+
 ``--old CHECKOUT`` measures another checkout's code the same way on a copy of the home (so its
 republished layers never touch the measured one), for a before/after ratio in one run:
 
@@ -24,9 +29,9 @@ from pathlib import Path
 import race
 
 MEASURE = r"""
-import json, sys, time
+import json, resource, sys, time
 import pandas  # noqa: F401 - DuckDB's first register imports it: a validation run has it already
-from corpus_assets.core.release import gates
+from corpus_assets.core.release import gates, heldout_check
 from corpus_assets.core.release.evidence import Evidence
 from corpus_assets.core.runtime.pool import shared_pool
 from corpus_assets.core.runtime.workspace import open_workspace
@@ -49,15 +54,17 @@ def timed(*args, **kwargs):
 splits._heldout = timed
 with open_workspace(config) as ws, shared_pool():
     if what == "splits":
-        splits.build_splits(ws, part)
+        spent["digest"] = splits.build_splits(ws, part).digest
     else:
         manifest = get_json(ws.cas, ws.catalog.layer_output(part, "manifest"), "manifest")
         with Evidence.load(ws.cas, ws.catalog, manifest) as ev:
             report = gates.GateReport()
             start = time.process_time()
-            findings = gates.heldout_near_apart(ws)(ev, report)
+            findings = heldout_check.heldout_near_apart(ws)(ev, report)
             spent["cpu"] = time.process_time() - start
             spent["stats"] = {"findings": len(findings), "pairs": report.heldout_near_pairs}
+workers = resource.getrusage(resource.RUSAGE_CHILDREN)  # the pool has shut down: reaped
+spent["workers_cpu"] = workers.ru_utime + workers.ru_stime
 print(json.dumps(spent))
 """
 
@@ -93,22 +100,44 @@ def copy_home(root: Path, name: str) -> Path:
     return other
 
 
-def measure(checkout: Path, root: Path, what: str, part: str) -> dict:
+def measure(checkout: Path, root: Path, what: str, part: str, config: Path | None = None) -> dict:
     env = dict(race.env_for(root), PYTHONPATH=str(checkout))
     python = checkout / ".venv" / "bin" / "python"
-    cmd = [str(python), "-c", MEASURE, str(root / "corpus.yaml"), what, part]
+    config = config or root / "corpus.yaml"
+    cmd = [str(python), "-c", MEASURE, str(config), what, part]
     done = subprocess.run(cmd, env=env, cwd=checkout, capture_output=True, text=True, check=False)
     if done.returncode:
         raise SystemExit(done.stderr[-3000:])
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def run(checkout: Path, root: Path, parts: dict[str, str]) -> dict[str, dict]:
+def run(
+    checkout: Path, root: Path, parts: dict[str, str], config: Path | None = None
+) -> dict[str, dict]:
     return {
-        "full": measure(checkout, root, "splits", parts["parent"]),
-        "incremental": measure(checkout, root, "splits", parts["child"]),
-        "gate": measure(checkout, root, "gate", parts["child"]),
+        "full": measure(checkout, root, "splits", parts["parent"], config),
+        "incremental": measure(checkout, root, "splits", parts["child"], config),
+        "gate": measure(checkout, root, "gate", parts["child"], config),
     }
+
+
+def by_workers(root: Path, parts: dict[str, str], counts: list[int]) -> None:
+    """This code at each worker count: driver and worker CPU-s, and the layer digests."""
+    here = Path(__file__).resolve().parents[1]
+    text = (root / "corpus.yaml").read_text()
+    head = f"{'search':12s} {'workers':>7s} {'driver':>8s} {'workers':>8s} {'total':>8s}"
+    print(f"{head} {'tasks':>8s}  digest")
+    for count in counts:
+        config = root / f"corpus-w{count}.yaml"
+        lines = [line for line in text.splitlines() if not line.startswith("execution:")]
+        config.write_text("\n".join([*lines, f"execution: {{workers: {count}}}"]) + "\n")
+        for name, got in run(here, root, parts, config).items():
+            total = got["cpu"] + got["workers_cpu"]
+            print(
+                f"{name:12s} {count:7d} {got['cpu']:8.2f} {got['workers_cpu']:8.2f} "
+                f"{total:8.2f} {got['stats'].get('task_cpu_s', 0):8.2f}  "
+                f"{got.get('digest', '')[:19]}"
+            )
 
 
 def main() -> None:
@@ -116,9 +145,13 @@ def main() -> None:
     parser.add_argument("--root", type=Path, required=True)
     parser.add_argument("--reuse", action="store_true", help="keep a home built before")
     parser.add_argument("--old", type=Path, help="another checkout to measure, e.g. /work/main")
+    parser.add_argument("--workers", help="worker counts to compare, e.g. 1,2 (this code)")
     args = parser.parse_args()
     root = args.root.resolve()
     parts = json.loads((root / "parts.json").read_text()) if args.reuse else setup(root)
+    if args.workers:
+        by_workers(root, parts, [int(n) for n in args.workers.split(",")])
+        return
     here = Path(__file__).resolve().parents[1]
     results = {"new": run(here, root, parts)}
     if args.old is not None:

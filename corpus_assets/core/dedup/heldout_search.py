@@ -143,6 +143,16 @@ def candidates(
         sides = [(heldout, members)]
     else:
         sides = [(heldout[np.isin(heldout, moved)], members), (heldout, moved)]
+    return side_candidates(blocks, sides, p, n)
+
+
+def side_candidates(
+    blocks: Sequence[SignatureBlock],
+    sides: Sequence[tuple[np.ndarray, np.ndarray]],
+    p: HeldoutParams,
+    n: int,
+) -> np.ndarray:
+    """``candidates`` of each (held-out rows, member rows) side, packed, sorted unique."""
     sides = [(h, m) for h, m in sides if len(h) and len(m)]
     found: list[np.ndarray] = []
     for band in range(p.bands if sides else 0):
@@ -203,6 +213,20 @@ def search(
     n = len(thresholds) if thresholds is not None else _total(blocks)
     packed = candidates(blocks, heldout, members, p, n, moved)
     a, b = np.divmod(packed, max(n, 1))
+    return settle(blocks, a, b, p, fingerprints, thresholds, known)
+
+
+def settle(
+    blocks: Sequence[SignatureBlock],
+    a: np.ndarray,
+    b: np.ndarray,
+    p: HeldoutParams,
+    fingerprints: Callable[[np.ndarray], list[np.ndarray]],
+    thresholds: np.ndarray | None = None,
+    known: Known | None = None,
+) -> HeldoutPairs:
+    """Of candidate pairs (rows of the blocks, in order), those the estimate keeps, verified
+    (known Jaccards taken as they are) and at or above their threshold; see ``search``."""
     stats: dict[str, int | float] = {"candidates": len(a)}
     agree = agreement(blocks, a, b, p.num_perm)
     likely = agree >= p.min_agree

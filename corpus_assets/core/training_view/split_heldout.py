@@ -43,7 +43,6 @@ import pyarrow.parquet as pq
 from corpus_assets.core.dedup.fingerprint_store import TextLookup
 from corpus_assets.core.dedup.heldout_search import HeldoutPairs, HeldoutParams, Known, search
 from corpus_assets.core.dedup.layer import CODE as DEDUP_CODE
-from corpus_assets.core.dedup.minhash import fingerprints
 from corpus_assets.core.dedup.near_rule import CHAR, ScriptThresholds
 from corpus_assets.core.dedup.pair_cache import PAIR_COLUMNS as VERIFIED_COLUMNS
 from corpus_assets.core.dedup.report import DedupReport
@@ -61,6 +60,12 @@ from corpus_assets.core.training_view.heldout_state import (
     PriorSearch,
     state_table,
     union_pairs,
+)
+from corpus_assets.core.training_view.heldout_tasks import (
+    by_digest,
+    fingerprint_rows,
+    known_jaccards,
+    pooled_search,
 )
 from corpus_assets.core.training_view.splits_schema import TRAIN
 
@@ -82,12 +87,6 @@ SELECT p.row, m.record_id, m.split FROM ({members}) m
 JOIN pos p ON m.record_id = p.record_id AND m.object = p.object AND m.line = p.line
 ORDER BY p.row
 """
-KNOWN = """
-WITH q AS (SELECT i, least(x, y) AS a, greatest(x, y) AS b FROM ho_estimated)
-SELECT i, min(jaccard) AS jaccard FROM (
-    SELECT i, 1.0::DOUBLE AS jaccard FROM q WHERE a = b
-    {sources}) GROUP BY i
-"""
 VERIFIED = """
 CREATE OR REPLACE TEMP TABLE ho_verified AS
 SELECT least(x, y) AS a, greatest(x, y) AS b, min(jaccard) AS jaccard
@@ -96,7 +95,6 @@ FROM ho_estimated WHERE x <> y GROUP BY ALL
 EMPTY_ROWS = np.empty(0, dtype=np.int64)
 UNSEARCHED, MEMBER, HELD = 0, 1, 2  # a row's part in the search (``status``)
 FULL, INCREMENTAL = "full", "incremental"
-FETCH = 256  # texts read and fingerprinted together
 Searched = tuple[LayerIndex | None, str, str]  # a splits index, the code it must have, a name
 
 
@@ -229,7 +227,7 @@ class HeldoutScan:
         held = pc.not_equal(found_in.splits, TRAIN).to_numpy(zero_copy_only=False)[found_in.order]
         heldout = rows[held]
         tables = known.tables if known is not None else ()
-        look_up = partial(_known, con, tables, found_in.digests)
+        look_up = (partial(known_jaccards, con, tables, found_in.digests), tables)
         status = np.zeros(len(self.thresholds), dtype=np.int8)
         status[rows] = np.where(held, HELD, MEMBER)
         if prior is not None:
@@ -282,15 +280,24 @@ class HeldoutScan:
         return _Members(rows, np.arange(len(rows)), ids, splits, digests)
 
     def _search(
-        self, heldout: np.ndarray, rows: np.ndarray, known: Known, moved: np.ndarray | None = None
+        self,
+        heldout: np.ndarray,
+        rows: np.ndarray,
+        known: tuple[Known, tuple[str, ...]],
+        moved: np.ndarray | None = None,
     ) -> HeldoutPairs:
+        """The search on the runner's workers (one task per chunk group) when it wants them,
+        else here; the same pairs either way. ``known``: the lookup and its tables."""
+        pooled = pooled_search(self, heldout, rows, known[1], moved)
+        if pooled is not None:
+            return pooled
         texts = TextLookup(self.ws, self.chunks, verified=True)  # _positions checked them
 
         def fetch(wanted: np.ndarray) -> list[np.ndarray]:
-            return _fingerprints(texts, self.spec, wanted)
+            return fingerprint_rows(texts, self.spec, wanted)
 
         taus = self.thresholds
-        return search(self.blocks, heldout, rows, self.params, fetch, taus, known, moved)
+        return search(self.blocks, heldout, rows, self.params, fetch, taus, known[0], moved)
 
 
 def _signatures(
@@ -335,28 +342,6 @@ class _Members:
         )
 
 
-def _known(
-    con: duckdb.DuckDBPyConnection,
-    tables: tuple[str, ...],
-    digests: pa.ChunkedArray,
-    a: np.ndarray,
-    b: np.ndarray,
-) -> np.ndarray:
-    """The Jaccard of each pair of member rows already known (nan where not): 1.0 for two
-    identical texts, else the one a table holds for the two text digests."""
-    union = "".join(
-        f" UNION ALL SELECT q.i, t.jaccard FROM q JOIN {t} t USING (a, b)" for t in tables
-    )
-    con.register("ho_estimated", _by_digest(digests, a, b, {"i": np.arange(len(a))}))
-    try:
-        found = con.sql(KNOWN.format(sources=union)).to_arrow_table()
-    finally:
-        con.unregister("ho_estimated")
-    out = np.full(len(a), np.nan, dtype=np.float64)
-    out[found["i"].to_numpy()] = found["jaccard"].to_numpy()
-    return out
-
-
 def _store_verified(
     con: duckdb.DuckDBPyConnection,
     digests: pa.ChunkedArray,
@@ -365,29 +350,11 @@ def _store_verified(
     jaccard: np.ndarray,
 ) -> None:
     """The verified pairs of member rows as text-digest pairs (``ho_verified``)."""
-    con.register("ho_estimated", _by_digest(digests, x, y, {"jaccard": jaccard}))
+    con.register("ho_estimated", by_digest(digests, x, y, {"jaccard": jaccard}))
     try:
         con.execute(VERIFIED)
     finally:
         con.unregister("ho_estimated")
-
-
-def _by_digest(
-    digests: pa.ChunkedArray, x: np.ndarray, y: np.ndarray, extra: dict[str, np.ndarray]
-) -> pa.Table:
-    """Pairs of rows as their two text digests ``x`` and ``y``, with ``extra`` columns."""
-    xs = digests.take(pa.array(x, pa.int64()))
-    ys = digests.take(pa.array(y, pa.int64()))
-    return pa.table({**extra, "x": xs, "y": ys})
-
-
-def _fingerprints(texts: TextLookup, spec: SignatureSpec, rows: np.ndarray) -> list[np.ndarray]:
-    """Fingerprint sets of ascending global rows, ``FETCH`` texts at a time (they are all
-    returned, so nothing is spilled; no garbage collection pass for a few texts)."""
-    out: list[np.ndarray] = []
-    for start in range(0, len(rows), FETCH):
-        out += fingerprints(texts.get(rows[start : start + FETCH]), spec)
-    return out
 
 
 def put_verified(ws: Workspace, con: duckdb.DuckDBPyConnection) -> Ref:
