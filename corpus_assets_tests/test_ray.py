@@ -19,6 +19,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import select
@@ -30,6 +31,7 @@ from corpus_assets.core.runtime.runners import RayRunner, RayUnavailable, Worker
 from corpus_assets.core.runtime.workspace import open_workspace
 from corpus_assets.core.storage.cas_s3 import S3ContentStore
 from corpus_assets.core.storage.catalog import chunk_tasks
+from corpus_assets.core.training_view.heldout_tasks import GROUP_ENV
 from corpus_assets_tests.test_s3_cas import bucket, moto_endpoint  # noqa: F401 - fixtures
 
 # Read when ray is imported: under ``uv run`` Ray would start workers with ``uv run`` in a copy of
@@ -147,17 +149,18 @@ def build_with_runner_pids(
 
 def _build(
     demo_home: Path, home: Path, execution: str, monkeypatch: pytest.MonkeyPatch, storage: str = ""
-) -> tuple[str, dict[str, str], set[int], dict[str, int]]:
+) -> tuple[str, dict[str, str], set[int], dict[str, int], dict[str, Any]]:
     """A whole build of a copy of the demo with ``execution`` (and ``storage``): its snapshotId,
     every layer's index digest but the (signed) manifest's, the pids that ran its chunk
-    tasks, and the dedup layer's run_stats."""
+    tasks, the dedup layer's run_stats and what the splits layer's held-out search did."""
     shutil.copytree(demo_home / "demo-sources", home / "demo-sources")
     config = (demo_home / "corpus.yaml").read_text() + f"execution: {execution}\n{storage}"
     (home / "corpus.yaml").write_text(config)
     results, pids = build_with_runner_pids(home, monkeypatch)
     layers = {layer: r.digest for layer, r in results.items() if layer != "manifest"}
     dedup = results["dedup_clusters"].run_stats
-    return results["manifest"].digests["snapshotId"], layers, pids, dedup
+    search = results["splits"].details["heldout_search"]
+    return results["manifest"].digests["snapshotId"], layers, pids, dedup, search
 
 
 @pytest.mark.postgres
@@ -170,6 +173,7 @@ def test_local_and_ray_builds_give_the_same_snapshot(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv("CORPUS_DEDUP_PARTITIONS", "2")  # two reduce tasks per near-dedup class
+    monkeypatch.setenv(GROUP_ENV, "1")  # a held-out search task per canonical chunk
     local = _build(demo_home, tmp_path / "local", "{engine: local}", monkeypatch)
 
     monkeypatch.setenv("CORPUS_CATALOG_URL", postgres_url)
@@ -187,6 +191,10 @@ def test_local_and_ray_builds_give_the_same_snapshot(
     assert on_ray[3]["band_reduce_elsewhere"] == on_ray[3]["band_reduce_tasks"]
     assert on_ray[3]["pair_verify_elsewhere"] == on_ray[3]["pair_verify_tasks"] == 2 * 2
     assert on_ray[3]["pairs_verified"] == local[3]["pairs_verified"] > 0
+    # the held-out search: in this process locally, a task per chunk in Ray workers on Ray
+    assert "tasks" not in local[4]
+    assert on_ray[4]["tasks"] >= 2 and on_ray[4]["task_processes"] >= 1, on_ray[4]
+    assert on_ray[4]["pairs"] == local[4]["pairs"] > 0
 
     # every object of the build, the Ray workers' included, is in the store: an empty cache
     # reads each back, verified
