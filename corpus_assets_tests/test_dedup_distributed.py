@@ -62,13 +62,20 @@ def _add_near_duplicates(home: Path, seed: int, name: str) -> None:
     (home / "demo-sources" / "chats" / f"{name}.jsonl").write_text(lines)
 
 
-def _home(demo_home: Path, home: Path, workers: int, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A copy of the demo sources with the near duplicates, ``workers`` and the small cap."""
+def _home(
+    demo_home: Path,
+    home: Path,
+    workers: int,
+    monkeypatch: pytest.MonkeyPatch,
+    stages: str = "runner",
+) -> Path:
+    """A copy of the demo sources with the near duplicates, ``workers``, ``stages`` and the
+    small cap."""
     if not (home / "demo-sources").exists():
         shutil.copytree(demo_home / "demo-sources", home / "demo-sources")
         _add_near_duplicates(home, 33, "near")
     config = (demo_home / "corpus.yaml").read_text().replace("policies:\n", "policies:\n" + _POLICY)
-    execution = f"execution: {{workers: {workers}, in_process_bytes: 0}}\n"
+    execution = f"execution: {{workers: {workers}, in_process_bytes: 0, stages: {stages}}}\n"
     (home / "corpus.yaml").write_text(config + execution)
     monkeypatch.setenv("CORPUS_HOME", str(home))
     monkeypatch.setenv("CORPUS_CONFIG", str(home / "corpus.yaml"))
@@ -95,12 +102,13 @@ def _build(
     workers: int,
     partitions: int | None,
     monkeypatch: pytest.MonkeyPatch,
+    stages: str = "runner",
 ) -> tuple[dict[str, object], LayerResult]:
     if partitions is None:
         monkeypatch.delenv("CORPUS_DEDUP_PARTITIONS", raising=False)
     else:
         monkeypatch.setenv("CORPUS_DEDUP_PARTITIONS", str(partitions))
-    ws = open_workspace(_home(demo_home, home, workers, monkeypatch) / "corpus.yaml")
+    ws = open_workspace(_home(demo_home, home, workers, monkeypatch, stages) / "corpus.yaml")
     try:
         result = _dedup(ws, "p1")
         return _published(ws, "p1", result), result
@@ -173,3 +181,15 @@ def test_incremental_child_on_workers_equals_a_fresh_build(
         outputs = _published(again, "p2", scratch)["outputs"]
         again.close()
         assert outputs == chain["outputs"], workers
+
+
+def test_the_local_pool_keeps_near_dedup_in_the_driver_unless_asked(
+    demo_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``execution.stages: auto`` (the default) sends the stages to Ray only: on the local pool
+    the in-process path is cheaper (it skips verifying linked pairs); the bytes are the same."""
+    asked, on_workers = _build(demo_home, tmp_path / "runner", 2, 3, monkeypatch)
+    auto, in_driver = _build(demo_home, tmp_path / "auto", 2, 3, monkeypatch, "auto")
+    assert on_workers.run_stats["band_reduce_tasks"] > 0
+    assert "band_reduce_tasks" not in in_driver.run_stats, in_driver.run_stats
+    assert auto == asked

@@ -46,7 +46,7 @@ def _add_near_copies(home: Path, name: str, seed: int) -> None:
 def _home(tmp_path: Path, workers: int, monkeypatch: pytest.MonkeyPatch) -> Path:
     """The demo with near copies, ``workers`` workers and the pool always used."""
     return demo_with_near_copies(
-        tmp_path, f"{{workers: {workers}, in_process_bytes: 0}}", monkeypatch
+        tmp_path, f"{{workers: {workers}, in_process_bytes: 0, stages: runner}}", monkeypatch
     )
 
 
@@ -64,7 +64,8 @@ def demo_with_near_copies(tmp_path: Path, execution: str, monkeypatch: pytest.Mo
 def _use_workers(home: Path, workers: int) -> None:
     config = home / "corpus.yaml"
     text = config.read_text().rsplit("execution:", 1)[0]
-    config.write_text(text + f"execution: {{workers: {workers}, in_process_bytes: 0}}\n")
+    execution = f"{{workers: {workers}, in_process_bytes: 0, stages: runner}}"
+    config.write_text(text + f"execution: {execution}\n")
 
 
 def found(result: LayerResult) -> tuple[str, dict[str, str], dict]:

@@ -46,8 +46,8 @@ MAP_RECORDS = 65536  # class records per map task at least (a group of signature
 
 
 def distributed(execution: Execution) -> bool:
-    """Whether near-dedup classes run on the task runner: more than one worker."""
-    return execution.engine == "ray" or execution.workers > 1
+    """Whether near-dedup classes run on the task runner (``execution.stages``)."""
+    return execution.stages_on_runner()
 
 
 def partitions(n: int) -> int:

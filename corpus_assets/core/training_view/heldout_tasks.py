@@ -99,8 +99,11 @@ def pooled_search(
     tables: tuple[str, ...],
     moved: np.ndarray | None,
 ) -> HeldoutPairs | None:
-    """The search as one task per chunk group on the configured runner; None when the runner
-    wants no workers for them (the caller searches in-process)."""
+    """The search as one task per chunk group on the configured runner; None when the stages
+    stay in the driver (``execution.stages``) or the runner wants no workers for them (the
+    caller searches in-process)."""
+    if not scan.ws.config.execution.stages_on_runner():
+        return None
     counts = [c.count for c in scan.chunks]
     groups = chunk_groups(counts, group_records())
     size = sum(c.stored_bytes() for c in scan.chunks)
