@@ -107,11 +107,17 @@ def main() -> None:
     parser.add_argument("--workers", default="1,2,4")
     parser.add_argument("--tmp", type=Path, default=Path("/tmp/corpus-dedup-scaling"))
     parser.add_argument("--child", metavar="CONFIG")
+    parser.add_argument("--reuse", action="store_true", help="keep a home an earlier run made")
     args = parser.parse_args()
     if args.child:
         return child(args.child)
     compile_package()
-    config, mb = prepare(args.corpora, args.tmp, args.mb)
+    made = args.tmp / "prepared.json"
+    if args.reuse and made.is_file():
+        config, mb = args.tmp / "corpus.yaml", json.loads(made.read_text())["mb"]
+    else:
+        config, mb = prepare(args.corpora, args.tmp, args.mb)
+        made.write_text(json.dumps({"mb": mb}))
     rows = {}
     for workers in (1, 2):  # the in-process path, then the local pool's tasks
         configure(config, f"{{workers: {workers}}}")

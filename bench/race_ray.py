@@ -15,11 +15,13 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 TICKS = os.sysconf("SC_CLK_TCK")
+SAMPLE_S = 0.1
 
 
 def _free_port() -> int:
@@ -37,6 +39,8 @@ class Cluster:
     address: str = ""
     temp: str = ""
     groups: list[int] = field(default_factory=list)
+    _seen: dict[tuple[int, str], int] = field(default_factory=dict)  # CPU ticks per process
+    _stop: threading.Event = field(default_factory=threading.Event)
 
     def __enter__(self) -> "Cluster":
         self.temp = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # Ray's socket paths are short
@@ -47,6 +51,7 @@ class Cluster:
             self.groups.append(self._start(head))
             for _ in range(self.nodes - 1):
                 self.groups.append(self._start([f"--address={self.address}"]))
+            threading.Thread(target=self._sampling, daemon=True).start()
         except BaseException:
             self.__exit__()
             raise
@@ -86,12 +91,24 @@ class Cluster:
         return process.pid
 
     def cpu_seconds(self) -> float:
-        """CPU seconds of every process in the cluster's sessions (each ``ray start`` began
-        one; its workers stay in it), with their reaped children."""
-        ticks = sum(sum(int(v) for v in f[11:15]) for f in _stats(set(self.groups)).values())
-        return ticks / TICKS  # fields 11-14: utime stime cutime cstime
+        """CPU seconds of every process seen in the cluster's sessions (each ``ray start``
+        began one; its workers stay in it), the ones gone since included: the raylet does not
+        reap its workers into its own children's times, so they are sampled while alive
+        (every ``SAMPLE_S``; what a worker spends in its last moments is missed)."""
+        self._sample()
+        return sum(self._seen.values()) / TICKS
+
+    def _sample(self) -> None:
+        for pid, f in _stats(set(self.groups)).items():
+            key = (pid, f[19])  # fields[19]: start time, so a reused pid is another process
+            self._seen[key] = max(self._seen.get(key, 0), sum(int(v) for v in f[11:15]))
+
+    def _sampling(self) -> None:
+        while not self._stop.wait(SAMPLE_S):
+            self._sample()
 
     def __exit__(self, *_exc: object) -> None:
+        self._stop.set()
         for group in reversed(self.groups):
             _stop(group)
         for pid in _stats(set(self.groups)):  # a worker its raylet did not take down
