@@ -311,10 +311,7 @@ def near_dedup(
     """
     n = len(order)
     pairs, band_stats = candidate_pairs(signature_chunks, order, params)
-    kept = np.ones(n, dtype=bool)
-    match = np.full(n, -1, dtype=np.int64)
-    match_j = np.full(n, np.nan, dtype=np.float64)
-    result = NearResult(kept, match, match_j, [], band_stats, candidate_pairs=len(pairs))
+    result = _unscanned(n, band_stats, len(pairs))
     if not len(pairs):
         return result
     cached = known(pairs) if known is not None else np.full(len(pairs), np.nan)
@@ -332,6 +329,14 @@ def near_dedup(
     return result
 
 
+def _unscanned(n: int, band_stats: list[BandStats], candidates: int) -> NearResult:
+    """Every record kept, no match yet: what the scan starts from."""
+    kept = np.ones(n, dtype=bool)
+    match = np.full(n, -1, dtype=np.int64)
+    match_j = np.full(n, np.nan, dtype=np.float64)
+    return NearResult(kept, match, match_j, [], band_stats, candidate_pairs=candidates)
+
+
 def scan_verified(
     n: int,
     pairs: np.ndarray,
@@ -343,10 +348,7 @@ def scan_verified(
     """:func:`near_dedup`'s result when every candidate pair's Jaccard is already known
     (``pairs`` unique packed ``x * n + y``, sorted; verified on workers): the same scan, so the
     same verdicts, edges and counts, with nothing fetched here."""
-    kept = np.ones(n, dtype=bool)
-    match = np.full(n, -1, dtype=np.int64)
-    match_j = np.full(n, np.nan, dtype=np.float64)
-    result = NearResult(kept, match, match_j, [], band_stats, candidate_pairs=len(pairs))
+    result = _unscanned(n, band_stats, len(pairs))
     if not len(pairs):
         return result
     xs, ys = np.divmod(pairs, n)
