@@ -17,8 +17,9 @@ class Execution(BaseModel):
     at most ``in_process_bytes`` (as stored) runs in the build's process unless the pool is
     already up: a spawn worker's start costs ~1 CPU-s of imports (0: always the pool).
     ``worker_memory_mb`` is what one task may use: on Ray every task asks for that much of a
-    node's memory (so a node runs no more tasks than fit), and partitioned stages (near-dedup's
-    band partitions) size their partitions to stay well inside it.
+    node's memory (so a node runs no more tasks than fit). The partitioned stages keep their
+    tasks far below the default by fixed sizes (16,384 records per band partition, 32,768 per
+    held-out group); they are not derived from this setting yet.
     ``stages``: where near-dedup's banding and verification and the held-out search run. ``auto``
     puts them on Ray's workers and keeps them in the driver with the local pool (measured on 2
     cores at 1.1 GB: the in-process path costs 30 CPU-s against 68 on two pool workers, since it
