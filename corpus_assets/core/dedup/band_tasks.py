@@ -27,7 +27,6 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
-import duckdb
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -41,10 +40,11 @@ from corpus_assets.core.dedup.signature_spec import SignatureSpec
 from corpus_assets.core.records.index import ChunkRecords
 from corpus_assets.core.runtime.workspace import Workspace
 from corpus_assets.core.storage.artifacts import Ref
-from corpus_assets.core.storage.duck import cas_parquet
+from corpus_assets.core.storage.duck import Spilling, cas_parquet
 
 ROW = np.dtype([("band", "<u4"), ("key", "<u8"), ("rank", "<i8")])
 _PAIR_MIX = np.uint64(0x9E3779B97F4A7C15)  # spreads packed pairs over the verify tasks
+LOOKUP_MEMORY_LIMIT = "128MB"  # the parent-pairs join's DuckDB buffers; beyond, it spills
 
 
 @dataclass(frozen=True)
@@ -252,15 +252,14 @@ def _known(
     swap = pc.greater(a, b)
     low, high = pc.if_else(swap, b, a), pc.if_else(swap, a, b)
     wanted = pa.table({"i": np.arange(len(xs), dtype=np.int64), "a": low, "b": high})
-    con = duckdb.connect(config={"threads": 1})  # one task per worker: one core each
-    try:
+    # capped and spilling under the home's tmp like every stage's DuckDB; one task per
+    # worker: one core each
+    with Spilling(ws.home / "tmp", LOOKUP_MEMORY_LIMIT, threads=1) as con:
         con.register("wanted", wanted)
         source = cas_parquet(ws.cas, job.parent_pairs, "parent dedup pairs")
         found = con.sql(
             f"SELECT w.i, q.jaccard FROM wanted w JOIN {source} q ON q.a = w.a AND q.b = w.b"
         ).fetchnumpy()
-    finally:
-        con.close()
     out = np.full(len(xs), np.nan, dtype=np.float64)
     out[np.asarray(found["i"], dtype=np.int64)] = found["jaccard"]
     return out

@@ -42,6 +42,7 @@ from corpus_assets.core.dedup.signature_spec import SignatureSpec
 from corpus_assets.core.records.index import ChunkRecords
 from corpus_assets.core.runtime.runners import task_runner
 from corpus_assets.core.runtime.workspace import Workspace, pooled
+from corpus_assets.core.training_view.duck import spilling
 
 if TYPE_CHECKING:
     from corpus_assets.core.training_view.split_heldout import HeldoutScan
@@ -205,7 +206,7 @@ def search_group(ws: Workspace, job: GroupJob, _spec: Any = None, _done: Any = N
     own_digests = _text_digests(ws, group, own - job.start).chunks
     digests = pa.chunked_array([held_digests, *own_digests], pa.string())
     texts = TextLookup(ws, job.chunks, verified=True)
-    with duckdb.connect() as con:
+    with spilling(ws.home, threads=1) as con:  # the view's cap, as the driver's search
         found = settle(
             blocks, a, b, job.params,
             lambda local: _local_prints(texts, job.spec, to_global[local]),
