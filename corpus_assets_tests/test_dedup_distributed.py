@@ -46,11 +46,12 @@ def _add_near_duplicates(home: Path, seed: int, name: str) -> None:
     rng = random.Random(seed)
     vocab = _vocabulary(rng)
     family = _long(rng, vocab)
-    essays = [(f"{name}-fam{n:02d}", _edited(family, rng, vocab)) for n in range(9)]
+    essays = [(f"{name}-fam{n:02d}", _edited(family, rng, vocab), "fam") for n in range(9)]
     for n in range(4):
         text = _long(rng, vocab, 100 + 10 * n)
-        essays += [(f"{name}-pair{n}a", text), (f"{name}-pair{n}b", _edited(text, rng, vocab))]
-    lines = "".join(json.dumps({"id": i, "text": t}) + "\n" for i, t in essays)
+        edited = _edited(text, rng, vocab)
+        essays += [(f"{name}-pair{n}a", text, f"p{n}"), (f"{name}-pair{n}b", edited, f"q{n}")]
+    lines = "".join(json.dumps({"id": i, "text": t, "topic": g}) + "\n" for i, t, g in essays)
     (home / "demo-sources" / "essays" / f"{name}.jsonl").write_text(lines)
     chat = [_long(rng, vocab, 80), _long(rng, vocab, 80)]
     chats = []
@@ -75,6 +76,8 @@ def _home(
         shutil.copytree(demo_home / "demo-sources", home / "demo-sources")
         _add_near_duplicates(home, 33, "near")
     config = (demo_home / "corpus.yaml").read_text().replace("policies:\n", "policies:\n" + _POLICY)
+    essays = "path: demo-sources/essays\n"  # grouped: group ids differ from record ids
+    config = config.replace(essays, essays + "    group_field: topic\n")
     execution = f"execution: {{workers: {workers}, in_process_bytes: 0, stages: {stages}}}\n"
     (home / "corpus.yaml").write_text(config + execution)
     monkeypatch.setenv("CORPUS_HOME", str(home))
@@ -106,8 +109,10 @@ def _build(
 ) -> tuple[dict[str, object], LayerResult]:
     if partitions is None:
         monkeypatch.delenv("CORPUS_DEDUP_PARTITIONS", raising=False)
-    else:
+        monkeypatch.delenv("CORPUS_GATHER_ROWS", raising=False)
+    else:  # ... and the clusters join in several gather tasks
         monkeypatch.setenv("CORPUS_DEDUP_PARTITIONS", str(partitions))
+        monkeypatch.setenv("CORPUS_GATHER_ROWS", str(40 * partitions + 7))
     ws = open_workspace(_home(demo_home, home, workers, monkeypatch, stages) / "corpus.yaml")
     try:
         result = _dedup(ws, "p1")
@@ -145,6 +150,8 @@ def test_workers_and_partitions_publish_the_same_dedup_bytes(
         # every candidate pair was verified once, the ones the scan skips too
         candidates = sum(c["candidate_pairs"] for c in classes.values())
         assert stats["band_pairs_verified"] == candidates > stats["pairs_verified"] > 0
+        # ... and the clusters table was joined by gather tasks in the pool's workers
+        assert stats["clusters_gather_elsewhere"] == stats["clusters_gather_tasks"] > 0, stats
 
 
 def test_incremental_child_on_workers_equals_a_fresh_build(
@@ -191,5 +198,7 @@ def test_the_local_pool_keeps_near_dedup_in_the_driver_unless_asked(
     asked, on_workers = _build(demo_home, tmp_path / "runner", 2, 3, monkeypatch)
     auto, in_driver = _build(demo_home, tmp_path / "auto", 2, 3, monkeypatch, "auto")
     assert on_workers.run_stats["band_reduce_tasks"] > 0
-    assert "band_reduce_tasks" not in in_driver.run_stats, in_driver.run_stats
+    assert on_workers.run_stats["clusters_gather_tasks"] > 0  # the join's tasks: same bytes
+    for stage in ("band_reduce_tasks", "clusters_gather_tasks"):
+        assert stage not in in_driver.run_stats, in_driver.run_stats
     assert auto == asked

@@ -174,6 +174,7 @@ def test_local_and_ray_builds_give_the_same_snapshot(
 ) -> None:
     monkeypatch.setenv("CORPUS_DEDUP_PARTITIONS", "2")  # two reduce tasks per near-dedup class
     monkeypatch.setenv(GROUP_ENV, "1")  # a held-out search task per canonical chunk
+    monkeypatch.setenv("CORPUS_GATHER_ROWS", "100")  # the clusters join in several tasks
     local = _build(demo_home, tmp_path / "local", "{engine: local}", monkeypatch)
 
     monkeypatch.setenv("CORPUS_CATALOG_URL", postgres_url)
@@ -191,6 +192,10 @@ def test_local_and_ray_builds_give_the_same_snapshot(
     assert on_ray[3]["band_reduce_elsewhere"] == on_ray[3]["band_reduce_tasks"]
     assert on_ray[3]["pair_verify_elsewhere"] == on_ray[3]["pair_verify_tasks"] == 2 * 2
     assert on_ray[3]["pairs_verified"] == local[3]["pairs_verified"] > 0
+    # the clusters table: joined by DuckDB here locally, by gather tasks on Ray's workers
+    assert "clusters_gather_tasks" not in local[3]
+    gathered = on_ray[3]["clusters_gather_tasks"]
+    assert on_ray[3]["clusters_gather_elsewhere"] == gathered > 1, on_ray[3]
     # the held-out search: in this process locally, a task per chunk in Ray workers on Ray
     assert "tasks" not in local[4]
     assert on_ray[4]["tasks"] >= 2 and on_ray[4]["task_processes"] >= 1, on_ray[4]

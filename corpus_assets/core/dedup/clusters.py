@@ -57,7 +57,7 @@ CLUSTER_COLUMNS = pa.schema(
 )
 # The columns of a canonical record that the dedup table carries over unchanged.
 CARRIED = ["record_id", "source_id", "object", "line", "group_id", "dedup_key"]
-_VERDICTS = (KEEP, EXACT, NEAR, EXCLUDED)  # by code
+VERDICTS = (KEEP, EXACT, NEAR, EXCLUDED)  # by code
 _T = TypeVar("_T")
 _KEEP, _EXACT, _NEAR, _EXCLUDED = range(4)
 
@@ -235,8 +235,8 @@ def _reasons(decided: Decided) -> tuple[np.ndarray, pa.Array]:
 def _verdict_names() -> pa.Table:
     """Code -> verdict name, built when used: ``pa.array`` of a list imports pandas when it is
     installed, which would cost every CLI command ~0.3 s at import."""
-    codes = pa.array(range(len(_VERDICTS)), pa.int8())
-    return pa.table({"code": codes, "name": pa.array(_VERDICTS, pa.string())})
+    codes = pa.array(range(len(VERDICTS)), pa.int8())
+    return pa.table({"code": codes, "name": pa.array(VERDICTS, pa.string())})
 
 
 # One join at a time into spillable temp tables, then the rows into a file in any order with

@@ -16,6 +16,7 @@ import numpy as np
 import pyarrow as pa
 
 from corpus_assets.core.dedup.band_runner import BandInputs, BandRunner, distributed
+from corpus_assets.core.dedup.cluster_tasks import cluster_batches_on_runner, decisions_by_position
 from corpus_assets.core.dedup.clusters import (
     CLUSTER_COLUMNS,
     EXACT,
@@ -24,6 +25,7 @@ from corpus_assets.core.dedup.clusters import (
     KEEP,
     NEAR,
     Decided,
+    Decisions,
     cluster_batches,
     decide,
     join_clusters,
@@ -91,18 +93,24 @@ def build_dedup_clusters(ws: Workspace, partition_key: str) -> LayerResult:
             fresh = reuse.fresh_rows if isinstance(reuse, Reuse) else None
             named = by_row.named(fresh) if fresh is not None else None
             del by_row
-            decisions = write_decisions(decided, Path(tmp), only=fresh)
-            del decided  # the per-row arrays: DuckDB reads the decisions from their file
+            by_tasks = fresh is None and distributed(ws.config.execution)
+            decisions = _decisions(decided, fresh, by_tasks, Path(tmp))
+            del decided  # the per-row arrays: the joins read the decisions from their file
             release_memory(collect=True)
             edges = put_table(ws.cas, edge_table(db, edges_by_row))
             del edges_by_row
-            unsorted = join_clusters(db, decisions, Path(tmp), few=named)
+            if not by_tasks:
+                unsorted = join_clusters(db, decisions, Path(tmp), few=named)
         release_memory(collect=True)
-        batches = cluster_batches(unsorted)
+        work = Counter[str]()  # the join's tasks, when it ran on the runner
+        if by_tasks:  # every row joined by tasks on the runner (the stages run there)
+            batches = cluster_batches_on_runner(ws, chunks, decisions, Path(tmp), work)
+        else:
+            batches = cluster_batches(unsorted)
         if isinstance(reuse, Reuse):
             batches = merged(reuse, batches, CLUSTER_COLUMNS)
         clusters = put_table_batches(ws.cas, CLUSTER_COLUMNS, batches, _tmp(ws))
-        run_stats |= _reuse_stats(reuse)
+        run_stats |= _reuse_stats(reuse) | dict(work)
     out: dict[str, Any] = {
         "clusters": clusters,
         "edges": edges,
@@ -137,6 +145,14 @@ def _result(
         run_stats=run_stats,
         details={**{k: v for k, v in report.document().items() if k != "per_source"}, **modes},
     )
+
+
+def _decisions(decided: Decided, fresh: np.ndarray | None, by_tasks: bool, tmp: Path) -> Decisions:
+    """The decisions file the clusters join reads: by row (of ``fresh`` only, when given) for
+    DuckDB here, in table order for the runner's tasks."""
+    if by_tasks:
+        return decisions_by_position(decided, tmp)
+    return write_decisions(decided, tmp, only=fresh)
 
 
 def _row_decisions(decided: Decided) -> RowDecisions:

@@ -23,8 +23,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from corpus_assets.core.records.index import RECORD_COLUMNS, ChunkRecords
-from corpus_assets.core.runtime.workspace import Workspace
-from corpus_assets.core.storage.artifacts import put_bytes
+from corpus_assets.core.runtime.workspace import Workspace, pooled
+from corpus_assets.core.storage.artifacts import BINARY, make_ref, put_bytes
 from corpus_assets.core.storage.duck import Spilling, sql_list
 from corpus_assets.core.storage.memory import release_memory
 
@@ -338,20 +338,27 @@ def chunk_lengths(
 ) -> tuple[list[np.ndarray], list[dict[str, Any]]]:
     """Each chunk's text lengths, read back from ``known`` (records digest -> lengths digest: a
     parent's, so an unchanged chunk's text column is not read again) or counted from its text
-    column; and one ``{records, lengths}`` ref per chunk for the layer to list."""
+    column by a task per chunk (:func:`count_lengths`, on the runner's workers when the work is
+    large enough); and one ``{records, lengths}`` ref per chunk for the layer to list."""
+    missing = [c for c in chunks if c.records["digest"] not in known]
+    size = sum(c.stored_bytes() for c in missing)
+    counted = pooled(ws, count_lengths, missing, input_bytes=size)
+    digests = {**known, **{c.records["digest"]: d for c, d in zip(missing, counted, strict=True)}}
     arrays, refs = [], []
     for chunk in chunks:
-        records = chunk.records["digest"]
-        digest = known.get(records)
-        if digest is not None:
-            data = ws.cas.get_bytes(digest, f"text lengths of {chunk.key}")
-            lengths = np.frombuffer(data, dtype="<i8").astype(np.int64)
-            if len(lengths) != chunk.count:
-                raise ValueError(f"text lengths {digest} of {chunk.key}: {len(lengths)} rows")
-        else:
-            ws.cas.verify(records, chunk.what)
-            lengths = text_lengths(ws.cas.path(records))
-        ref = put_bytes(ws.cas, lengths.astype("<i8").tobytes())
+        records, digest = chunk.records["digest"], digests[chunk.records["digest"]]
+        data = ws.cas.get_bytes(digest, f"text lengths of {chunk.key}")
+        lengths = np.frombuffer(data, dtype="<i8").astype(np.int64)
+        if len(lengths) != chunk.count:
+            raise ValueError(f"text lengths {digest} of {chunk.key}: {len(lengths)} rows")
         arrays.append(lengths)
-        refs.append({"records": records, "lengths": ref})
+        refs.append({"records": records, "lengths": make_ref(digest, BINARY, len(data))})
     return arrays, refs
+
+
+def count_lengths(ws: Workspace, chunk: ChunkRecords, spec: object, done: object) -> str:
+    """One chunk's text lengths (little-endian int64), verified, counted and stored; their
+    digest."""
+    records = chunk.records["digest"]
+    ws.cas.verify(records, chunk.what)
+    return put_bytes(ws.cas, text_lengths(ws.cas.path(records)).astype("<i8").tobytes())["digest"]
