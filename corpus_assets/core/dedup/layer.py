@@ -48,8 +48,7 @@ from corpus_assets.core.dedup.reuse import Reuse, RowDecisions, merged, plan, pu
 from corpus_assets.core.dedup.signature_cache import (
     ChunkSignatures,
     ensure_signatures,
-    load_modes,
-    load_signatures,
+    opened_signatures,
     signature_spec,
 )
 from corpus_assets.core.dedup.signature_spec import SignatureSpec
@@ -212,14 +211,14 @@ def _near_stage(
         return None, [], {}
     sig_spec = signature_spec(policy)
     cached = ensure_signatures(ws, chunks, sig_spec, ws.config.execution.workers)
-    arrays = [load_signatures(ws, c, sig_spec) for c in cached]
+    on_runner = distributed(ws.config.execution)
+    arrays, modes = opened_signatures(ws, cached, sig_spec, on_runner)
     content = {s.id: s.content for s in ws.config.sources}
     texts = TextLookup(ws, chunks, verified=True)  # PartitionDb verified the same files
-    modes = load_modes(arrays, sig_spec)
     pairs = PairLookup(db, mode.pairs_sql) if mode.pairs_sql is not None else None
     fresh = _fresh_rows(chunks, mode) if pairs is not None else None
     band = None
-    if distributed(ws.config.execution):  # banding and verification on the workers
+    if on_runner:  # banding and verification on the workers
         band = BandRunner(ws, _band_inputs(chunks, cached, sig_spec, mode))
     near = NearStage(policy, arrays, texts, content, ws.home / "tmp", modes, pairs, fresh, band)
     refs = [
