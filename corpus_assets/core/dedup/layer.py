@@ -45,10 +45,10 @@ from corpus_assets.core.dedup.pair_cache import (
 from corpus_assets.core.dedup.partition_db import PartitionDb, chunk_lengths
 from corpus_assets.core.dedup.report import DedupReport
 from corpus_assets.core.dedup.reuse import Reuse, RowDecisions, merged, plan, put_decisions
+from corpus_assets.core.dedup.signature_blocks import opened_signatures
 from corpus_assets.core.dedup.signature_cache import (
     ChunkSignatures,
     ensure_signatures,
-    opened_signatures,
     signature_spec,
 )
 from corpus_assets.core.dedup.signature_spec import SignatureSpec

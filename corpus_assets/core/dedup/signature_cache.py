@@ -34,7 +34,7 @@ from corpus_assets.core.dedup.signature_spec import SignatureSpec, spec_payload,
 from corpus_assets.core.records.index import ChunkRecords
 from corpus_assets.core.runtime.code_identity import code_identity
 from corpus_assets.core.runtime.config import NearDedupPolicy
-from corpus_assets.core.runtime.workspace import Workspace, cached_then_pooled, pooled
+from corpus_assets.core.runtime.workspace import Workspace, cached_then_pooled
 from corpus_assets.core.storage.digests import json_digest
 from corpus_assets.core.storage.tasks import ChunkOutcome, ChunkTask, preload, run_chunk
 
@@ -257,40 +257,3 @@ def load_modes(blocks: list[BandMajorFile], spec: SignatureSpec) -> np.ndarray |
         return None
     rows = [block.row(spec.num_perm).astype(bool) for block in blocks]
     return np.concatenate(rows) if rows else np.zeros(0, dtype=bool)
-
-
-class LazySignatures:
-    """A chunk's signatures, verified and opened on first use (a ``SignatureBlock``): when
-    the band tasks read them on the runner, the driver never hashes the files."""
-
-    def __init__(self, ws: Workspace, item: ChunkSignatures, spec: SignatureSpec) -> None:
-        self._open = (ws, item, spec)
-        self._block: BandMajorFile | None = None
-
-    def band(self, band: int, rows: int) -> np.ndarray:
-        if self._block is None:
-            self._block = load_signatures(*self._open)
-        return self._block.band(band, rows)
-
-
-def opened_signatures(
-    ws: Workspace, items: list[ChunkSignatures], spec: SignatureSpec, on_runner: bool
-) -> tuple[list[Any], np.ndarray | None]:
-    """Every chunk's signature block and the records' char-mode flags (:func:`load_modes`).
-    ``on_runner``: the blocks open when first used and the flags are read by a task per chunk
-    (:func:`chunk_modes`), so the driver reads no signature file it does not band itself."""
-    if not on_runner:
-        blocks = [load_signatures(ws, item, spec) for item in items]
-        return blocks, load_modes(blocks, spec)
-    lazy = [LazySignatures(ws, item, spec) for item in items]
-    if not stores_modes(spec):
-        return lazy, None
-    flags = pooled(ws, chunk_modes, items, spec)
-    return lazy, np.concatenate(flags) if flags else np.zeros(0, dtype=bool)
-
-
-def chunk_modes(
-    ws: Workspace, item: ChunkSignatures, spec: SignatureSpec, done: object
-) -> np.ndarray:
-    """One chunk's char-mode flags, from its verified signature file (a task)."""
-    return load_signatures(ws, item, spec).row(spec.num_perm).astype(bool)
