@@ -97,8 +97,9 @@ def test_every_layer_reports_plottable_series_typed_tables_and_a_summary(
     shares = [splits[f"share.{n}"].value for n in ("train", "validation", "test")]
     assert all(isinstance(s, float) for s in shares) and abs(sum(shares) - 1) < 1e-5
     mixed = meta["mixed_samples"]
-    assert isinstance(mixed["target.essays"], dg.FloatMetadataValue)
-    assert mixed["realised_docs.essays"].value == pytest.approx(mixed["target.essays"].value)
+    assert isinstance(mixed["share.essays.target"], dg.FloatMetadataValue)
+    target = mixed["share.essays.target"].value
+    assert mixed["share.essays.realised_docs"].value == pytest.approx(target)
     packed = meta["packed_blocks"]
     assert packed["padding_fraction"].value == pytest.approx(1095 / 49408, abs=1e-6)
     dedup = meta["dedup_clusters"]

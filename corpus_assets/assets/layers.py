@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 import dagster as dg
 
-from corpus_assets.assets.metadata import layer_metadata
+from corpus_assets.assets.metadata import column_schema, layer_metadata
 from corpus_assets.assets.partitions import snapshots
 from corpus_assets.assets.resources import CorpusResource
 from corpus_assets.core.dedup import layer as dedup_layer
@@ -95,6 +95,7 @@ def layer_asset(layer: str, deps: Sequence[str]) -> dg.AssetsDefinition:
         kinds=KINDS[layer],
         code_version=CODE_VERSIONS[layer],
         owners=OWNERS,
+        metadata=column_schema(layer),
         tags={"corpus/layer": layer, "corpus/stage": str(LAYERS.index(layer) + 1)},
     )
     def _layer(context: dg.AssetExecutionContext, corpus: CorpusResource) -> dg.MaterializeResult:
@@ -103,7 +104,7 @@ def layer_asset(layer: str, deps: Sequence[str]) -> dg.AssetsDefinition:
         with corpus.workspace() as ws, ws.cas_lock():
             result = build(ws, key)
             extra = lineage_markdown(ws, result.digest) if layer == "manifest" else None
-        context.log.info(f"{layer} {key}: {result.digest} {result.counts}")
+        context.log.info(f"{layer} {key}: {result.digest} {result.counts} run {result.run_stats}")
         return to_materialize_result(result, extra)
 
     return _layer

@@ -1,18 +1,97 @@
 """A layer's result as Dagster metadata the UI can plot and read.
 
+The ``summary`` (Markdown) comes first: Dagster lists entries in insertion order, so the
+sentence a person reads first is on top, not below twenty counts.
+
+Dagster's standard table metadata fills the catalog's built-in views: ``dagster/row_count`` and
+``dagster/column_schema`` describe one table, the layer's main Parquet table (``MAIN_TABLES``),
+so the row count is always that table's rows (records for canonical_records, dedup_clusters
+and splits; samples for mixed_samples; spans for packed_blocks, one row per block range of a
+record; members for the manifest) and the schema is the core's own pyarrow schema, mapped by
+``table_schema``. raw_snapshot has no table (its bytes are the source objects as frozen): it
+reports its objects as rows and no column schema.
+
 Integers and floats become numeric metadata, which the asset's Plots tab draws across
-partitions (counts, removed duplicates, tokens, padding, shares); lists of flat rows become
-tables whose columns carry their real types; each layer gets a short Markdown summary.
+partitions (counts, removed duplicates, tokens, padding, shares); the mixture's shares are
+named ``share.<source>.target`` / ``share.<source>.realised_docs`` /
+``share.<source>.realised_tokens`` so each source's three plots sit together. Lists of flat rows
+become tables whose columns carry their real types.
+
+A result's ``run_stats`` (cache hits and misses, tasks run, pairs and signatures reused) say
+what one run did, not what the asset is: a rebuild of the same bytes from a warm cache reports
+other numbers. They go under one JSON entry, ``run``, on the materialization (which Dagster
+ties to its run), never as numeric entries, so the Plots tab does not draw run noise as data.
 """
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import dagster as dg
+import pyarrow as pa
 
+from corpus_assets.core.dedup.clusters import CLUSTER_COLUMNS
+from corpus_assets.core.records.index import RECORD_COLUMNS
+from corpus_assets.core.release.manifest import MEMBERS_SCHEMA
 from corpus_assets.core.runtime.layers import LayerResult
+from corpus_assets.core.training_view.mixing_select import MIX_COLUMNS
+from corpus_assets.core.training_view.packing import SPAN_COLUMNS
+from corpus_assets.core.training_view.splits import SPLIT_COLUMNS
 
 Counts = Mapping[str, int]
+
+
+@dataclass(frozen=True)
+class MainTable:
+    """A layer's main Parquet table: the schema the core writes it with and the count (one of
+    the layer's ``counts``) that is its number of rows."""
+
+    schema: pa.Schema | None
+    rows: str
+
+
+MAIN_TABLES: dict[str, MainTable] = {
+    "raw_snapshot": MainTable(None, "objects"),  # source objects, not a table
+    "canonical_records": MainTable(RECORD_COLUMNS, "records"),
+    "dedup_clusters": MainTable(CLUSTER_COLUMNS, "records"),  # a verdict row per record
+    "splits": MainTable(SPLIT_COLUMNS, "records"),
+    "mixed_samples": MainTable(MIX_COLUMNS, "samples"),
+    "packed_blocks": MainTable(SPAN_COLUMNS, "spans"),  # the blocks are numpy shards
+    "manifest": MainTable(MEMBERS_SCHEMA, "members"),
+}
+
+
+def table_schema(schema: pa.Schema) -> dg.TableSchema:
+    """A pyarrow schema as Dagster's: each column's Arrow type (``int64``, ``string``, ...)
+    and whether it may be null."""
+    return dg.TableSchema(
+        columns=[
+            dg.TableColumn(
+                field.name,
+                str(field.type),
+                constraints=dg.TableColumnConstraints(nullable=field.nullable),
+            )
+            for field in schema
+        ]
+    )
+
+
+def column_schema(layer: str) -> dict[str, dg.MetadataValue]:
+    """``dagster/column_schema`` of the layer's main table; nothing for a layer without one.
+    Also the asset's definition metadata: the catalog shows the columns before the first
+    materialization (Dagster's advice for a schema known in advance)."""
+    schema = MAIN_TABLES[layer].schema
+    if schema is None:
+        return {}
+    return {"dagster/column_schema": dg.MetadataValue.table_schema(table_schema(schema))}
+
+
+def table_metadata(layer: str, counts: Counts) -> dict[str, dg.MetadataValue]:
+    """Dagster's standard ``dagster/row_count`` and ``dagster/column_schema`` of the layer's
+    main table (plain keys: dagster 1.13 exports no ``TableMetadataSet``)."""
+    rows = MAIN_TABLES[layer].rows
+    metadata = {"dagster/row_count": dg.MetadataValue.int(counts[rows])} if rows in counts else {}
+    return {**metadata, **column_schema(layer)}
 
 
 def _share(part: int, whole: int) -> float:
@@ -79,9 +158,9 @@ def _mixed(c: Counts, details: Mapping[str, Any]) -> tuple[dict[str, float], str
     in_unit = "doc_share" if details.get("mixing_unit") == "documents" else "token_share"
     for row in details.get("mixing_report", []):
         source, target = row["source"], float(row["target_share"])
-        series[f"target.{source}"] = target
-        series[f"realised_docs.{source}"] = float(row["doc_share"])
-        series[f"realised_tokens.{source}"] = float(row["token_share"])
+        series[f"share.{source}.target"] = target
+        series[f"share.{source}.realised_docs"] = float(row["doc_share"])
+        series[f"share.{source}.realised_tokens"] = float(row["token_share"])
         drawn.append(f"{source} {float(row[in_unit]):.1%} (target {target:.1%})")
     unit = details.get("mixing_unit", "?")
     text = (
@@ -174,10 +253,14 @@ def _flat(row: Any) -> bool:
 
 
 def layer_metadata(result: LayerResult) -> dict[str, Any]:
-    """Every count, digest, table and summary of ``result``, typed for the UI."""
-    metadata: dict[str, Any] = {"index_digest": dg.MetadataValue.text(result.digest)}
+    """Every count, digest, table and summary of ``result``, typed for the UI: the summary
+    first, then Dagster's table metadata, then numbers (plotted), then the rest."""
+    series, text = SUMMARIES[result.layer](result.counts, result.details)
+    metadata: dict[str, Any] = {"summary": dg.MetadataValue.md(text)}
+    metadata.update(table_metadata(result.layer, result.counts))
+    metadata["index_digest"] = dg.MetadataValue.text(result.digest)
     metadata.update({name: dg.MetadataValue.int(v) for name, v in result.counts.items()})
-    metadata.update({f"run.{k}": dg.MetadataValue.int(v) for k, v in result.run_stats.items()})
+    metadata.update({name: dg.MetadataValue.float(v) for name, v in series.items()})
     for name, digest in result.digests.items():  # a count of the same name keeps its label
         label = f"{name}_digest" if name in result.counts else name
         metadata[label] = dg.MetadataValue.text(digest)
@@ -186,7 +269,6 @@ def layer_metadata(result: LayerResult) -> dict[str, Any]:
     for name, value in result.details.items():
         flat = isinstance(value, list) and value and all(_flat(row) for row in value)
         metadata[name] = typed_table(value) if flat else dg.MetadataValue.json(value)
-    series, text = SUMMARIES[result.layer](result.counts, result.details)
-    metadata.update({name: dg.MetadataValue.float(v) for name, v in series.items()})
-    metadata["summary"] = dg.MetadataValue.md(text)
+    if result.run_stats:  # this run's cache use: one JSON entry, never a plotted number
+        metadata["run"] = dg.MetadataValue.json(dict(sorted(result.run_stats.items())))
     return metadata
