@@ -10,7 +10,7 @@ import re
 import shutil
 import struct
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
@@ -19,7 +19,7 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from corpus_assets.core.release import trust_root
 from corpus_assets.core.release.card import Card, load_card
-from corpus_assets.core.release.card_html import SECTIONS, card_markdown
+from corpus_assets.core.release.card_html import SECTIONS, card_html, card_markdown
 from corpus_assets.core.runtime.workspace import open_workspace
 from corpus_assets.selftest.attack.signatures import repoint, resign_with_new_key
 from corpus_assets_tests.test_cli import _field, run
@@ -140,6 +140,12 @@ def test_the_plots_agree_with_the_counts_and_the_markdown_embeds_them(
     linked = card_markdown(card, image_base="cards/x/")
     assert "![lineage](cards/x/lineage.png)" in linked and "base64" not in linked
     assert f"| snapshotId | {built.snapshot_id} |" in linked
+
+    hostile = replace(card, manifest={**card.manifest, "purpose": '<img src=x onerror="a|b">'})
+    assert "&lt;img src=x onerror=&quot;a|b&quot;&gt;" in card_html(hostile, PLOTS)
+    assert "<img src=x" not in card_html(hostile, PLOTS)
+    cell = "| purpose | &lt;img src=x onerror=&quot;a\\|b&quot;&gt; |"  # no raw HTML
+    assert cell in card_markdown(hostile, "x")
 
 
 def test_the_same_snapshot_gives_the_same_bytes(built: Built) -> None:

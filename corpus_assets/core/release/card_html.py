@@ -83,13 +83,18 @@ def card_markdown(card: Card, image_base: str | None = None) -> str:
     one, inline as ``data:`` URIs (each plot is tens of KB)."""
     plots = render_plots(card)
     lines = [f"**Dataset card** of `{card.snapshot_id}`", "", "| | |", "|---|---|"]
-    lines += [f"| {name} | {value} |" for name, value in _facts(card)]
+    lines += [f"| {name} | {_md(value)} |" for name, value in _facts(card)]
     lines.append("")
     for name, data in plots.items():
         inline = "data:image/png;base64," + base64.b64encode(data).decode()
         where = f"{image_base.rstrip('/')}/{name}" if image_base is not None else inline
         lines.append(f"![{name.removesuffix('.png')}]({where})")
     return "\n".join(lines) + "\n"
+
+
+def _md(value: Any) -> str:
+    """A Markdown table cell: no raw HTML, and a ``|`` in a value must not end the cell."""
+    return _e(value).replace("|", "\\|")
 
 
 def _e(value: Any) -> str:
