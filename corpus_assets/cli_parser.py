@@ -134,6 +134,15 @@ def _inspection_commands(sub: Subcommands) -> None:
     p.add_argument("digest")
     p = _command(
         sub,
+        "card",
+        lazy("cli_card", "cmd_card"),
+        "the dataset card: a static HTML page with plots of sources, shares, dedup, splits, "
+        "lengths, contamination, lineage, signature and fences",
+    )
+    p.add_argument("digest", help="snapshotId or manifest digest")
+    p.add_argument("--out", required=True, help="directory to write index.html and its plots into")
+    p = _command(
+        sub,
         "diff",
         lazy("cli_catalog", "cmd_diff"),
         "shadow diff of a snapshot against its alias's active one",

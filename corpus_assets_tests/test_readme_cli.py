@@ -56,6 +56,10 @@ def test_every_documented_command_is_exercised(tmp_path: Path) -> None:
     assert cli("activate", second) == f"alias demo -> {second} generation 2\n"
     lineage = cli.json("lineage", second, "--format", "json")
     assert {n["id"] for n in lineage["nodes"]} >= {"freeze", "manifest", "generation:demo/2"}
+    page = cli("card", second, "--out", str(tmp_path / "card"))
+    assert (
+        page == f"{tmp_path / 'card' / 'index.html'}\n" and second in Path(page.strip()).read_text()
+    )
     prov = cli.json("prov", second)
     assert second in prov["entity"] and "latest" not in json.dumps(prov)
     (activity,) = prov["activity"].values()

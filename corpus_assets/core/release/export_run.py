@@ -31,11 +31,12 @@ class ExportError(ValueError):
     """``--out`` cannot take the export (a file, or a folder this user cannot write)."""
 
 
-def check_out_folder(directory: Path) -> None:
-    """Before the permit is taken and a block read: ``directory``, or its nearest existing
-    parent, is a folder that takes new files. An existing file is never replaced."""
+def check_out_folder(directory: Path, command: str = "export") -> None:
+    """Before the permit is taken and a block read (or a card drawn: ``command``): ``directory``,
+    or its nearest existing parent, is a folder that takes new files. An existing file is never
+    replaced."""
     if directory.exists() and not directory.is_dir():
-        raise ExportError(f"export --out {directory}: not a folder (a file is there; kept)")
+        raise ExportError(f"{command} --out {directory}: not a folder (a file is there; kept)")
     existing = next(p for p in (directory, *directory.parents) if p.exists())
     try:
         if not existing.is_dir():
@@ -44,7 +45,7 @@ def check_out_folder(directory: Path) -> None:
             pass  # nothing is made before the permit: a refused export leaves no folder
     except OSError as error:
         raise ExportError(
-            f"export --out {directory}: not a writable folder ({error.strerror})"
+            f"{command} --out {directory}: not a writable folder ({error.strerror})"
         ) from None
 
 

@@ -29,13 +29,8 @@ from corpus_assets.core.release.block_reader import (
     ReaderState,
     load_state,
 )
-from corpus_assets.core.release.identity import snapshot_id as compute_snapshot_id
-from corpus_assets.core.release.signing import (
-    SignatureError,
-    check_alias_key,
-    verify_signature,
-)
-from corpus_assets.core.release.verify import load_manifest, resolve
+from corpus_assets.core.release.signing import SignatureError
+from corpus_assets.core.release.verify import resolve, signed_manifest
 from corpus_assets.core.runtime.layers import LayerIndex, load_index
 from corpus_assets.core.storage.artifacts import decode_table
 from corpus_assets.core.storage.cas import CasError, ContentStore
@@ -268,25 +263,12 @@ def _resume(existing: Permit, snapshot_id: str, purpose: str) -> Permit:
 def _manifest(
     cas: ContentStore, catalog: Catalog, snapshot: states.Snapshot, run_id: str
 ) -> dict[str, Any]:
-    """The one door of every permit and reader (read, exports, the torch and HF loaders): the
-    manifest re-hashed from the CAS, its snapshotId recomputed from its payload, and its DSSE
-    signature by a key of the trust root (outside the home) that the catalog pins for the
-    snapshot's alias (``trust_root``) - before any byte."""
-    manifest = load_manifest(cas, snapshot)
-    recomputed = compute_snapshot_id(manifest)
-    sid = snapshot.snapshot_id
-    if recomputed != sid or manifest.get("snapshotId") != sid:
-        raise TrainingError(
-            f"run {run_id!r}: manifest {snapshot.manifest_digest} says snapshotId "
-            f"{manifest.get('snapshotId')}, its payload hashes to {recomputed}, the catalog says "
-            f"{sid}"
-        )
+    """The one door of every permit and reader (read, exports, the torch and HF loaders):
+    ``verify.signed_manifest``, before any byte."""
     try:
-        keyid = verify_signature(manifest.get("signature"), sid, home=cas.root.parent)
-        check_alias_key(catalog, snapshot.alias, sid, keyid)
+        return signed_manifest(cas, catalog, snapshot)[0]
     except SignatureError as error:
         raise TrainingError(f"run {run_id!r}: manifest signature: {error}") from None
-    return manifest
 
 
 class TrainingReader:

@@ -66,6 +66,26 @@ def load_manifest(cas: ContentStore, snapshot: states.Snapshot) -> dict[str, Any
     return get_json(cas, snapshot.manifest_digest, "manifest")
 
 
+def signed_manifest(
+    cas: ContentStore, catalog: Catalog, snapshot: states.Snapshot
+) -> tuple[dict[str, Any], str]:
+    """The one door of every reader of a manifest's content (a permit, the training reader,
+    the dataset card): the manifest re-hashed from the CAS, its snapshotId recomputed from its
+    payload, and its DSSE signature by a key of the trust root (outside the home) that the
+    catalog pins for the snapshot's alias; (manifest, key id). Raises ``SignatureError``."""
+    manifest = load_manifest(cas, snapshot)
+    recomputed = compute_snapshot_id(manifest)
+    sid = snapshot.snapshot_id
+    if recomputed != sid or manifest.get("snapshotId") != sid:
+        raise SignatureError(
+            f"manifest {snapshot.manifest_digest} says snapshotId {manifest.get('snapshotId')}, "
+            f"its payload hashes to {recomputed}, the catalog says {sid}"
+        )
+    keyid = verify_signature(manifest.get("signature"), sid, home=cas.root.parent)
+    check_alias_key(catalog, snapshot.alias, sid, keyid)
+    return manifest, keyid
+
+
 def verify(
     cas: ContentStore,
     catalog: Catalog,
