@@ -31,9 +31,8 @@ from pathlib import Path
 
 from sqlalchemy import insert
 
-from corpus_assets import cli_benchmarks
-from corpus_assets.cli_benchmarks import read_items
-from corpus_assets.core.governance import benchmarks, gate
+from corpus_assets.core.records import benchmark_file, benchmarks, gate
+from corpus_assets.core.records.benchmark_file import read_items
 from corpus_assets.core.storage.cas import ContentStore
 from corpus_assets.core.storage.catalog import Catalog, benchmark_items
 from corpus_assets_tests.conftest import PG_URL
@@ -124,11 +123,11 @@ def main() -> None:
         tmp = Path(name)
         source = tmp / "quiz.jsonl"
         write_file(source, args.items)
-        reads: dict[int, list[float]] = {1: [], cli_benchmarks.PUT_THREADS: []}
+        reads: dict[int, list[float]] = {1: [], benchmark_file.PUT_THREADS: []}
         for n in range(args.repeats):
             for threads, runs in reads.items():
                 cas = ContentStore(tmp / f"cas{n}-{threads}")
-                cli_benchmarks.PUT_THREADS = threads
+                benchmark_file.PUT_THREADS = threads
                 runs.append(timed(lambda c=cas: read_items(c, "quiz", source, "text")))
         items = read_items(ContentStore(tmp / "cas0-1"), "quiz", source, "text")
         print(f"{args.items} items, {args.aliases} aliases, median of {args.repeats}")

@@ -7,6 +7,7 @@ import dagster as dg
 from corpus_assets.assets.checks import LAYER_CHECKS, snapshot_validates
 from corpus_assets.assets.deletion_audit import tombstone_audit, tombstone_hits_job
 from corpus_assets.assets.executor import pooled_in_process_executor
+from corpus_assets.assets.governance_jobs import GOVERNANCE_JOBS
 from corpus_assets.assets.jobs import activate_snapshot, approve_snapshot, build_snapshot
 from corpus_assets.assets.layers import LAYER_ASSETS
 from corpus_assets.assets.lineage_jobs import record_lineage
@@ -34,6 +35,7 @@ defs = dg.Definitions(
         tombstone_hits_job,
         record_lineage,
         scrub_job,
+        *GOVERNANCE_JOBS,
     ],
     sensors=[source_discovery, publication, tombstone_audit],
     schedules=[incremental_build, scrub_schedule],
