@@ -51,7 +51,10 @@ def test_a_kind_outside_the_choices_is_refused_before_the_run_starts(demo_home: 
 @pytest.mark.parametrize(
     ("target", "said"),
     [
-        ("essays/e0001\nforged", "config field 'target': character 13 is U+000A (LINE FEED)"),  # a forged audit line
+        (
+            "essays/e0001\nforged",
+            "config field 'target': character 13 is U+000A (LINE FEED)",
+        ),  # a forged audit line
         ("  ", "config field 'target' is empty"),
     ],
 )
