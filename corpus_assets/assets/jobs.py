@@ -92,7 +92,8 @@ class ApprovalConfig(dg.Config):
     @field_validator("approver")
     @classmethod
     def _one_line(cls, value: str) -> str:
-        """An audit field: refused at launch with a line break or control character in it."""
+        """An audit field: a line break or control character in it fails the run when it starts
+        (Dagster builds the config here, after the launch), before anything is written."""
         return audit_field("approver", value)
 
 
