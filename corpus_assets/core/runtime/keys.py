@@ -59,10 +59,14 @@ def launch_refusal(key: str | None) -> str | None:
     run-status check); None when the key is valid or the run has no partition."""
     if key is None or is_valid_partition_key(key):
         return None
+    how = (
+        f"`corpus-assets partition delete {shlex.quote(key)}`"
+        if key.isprintable()  # a line break in the key would break the line and the command
+        else "'Delete partitions' in the UI"
+    )
     return (
         f"refused: partition key {key!r} is invalid: {RULE}; nothing was started. "
-        f"Delete it: `corpus-assets partition delete {shlex.quote(key)}` (the "
-        "partition_key_guard sensor also removes it)"
+        f"Delete it: {how} (the partition_key_guard sensor also removes it)"
     )
 
 
