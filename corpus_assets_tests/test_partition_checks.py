@@ -23,18 +23,20 @@ def _history(instance: dg.DagsterInstance, key: dg.AssetCheckKey) -> dict[str, l
     return by_partition
 
 
-def _gate_passed(result: dg.ExecuteInProcessResult) -> bool:
+def _gate(result: dg.ExecuteInProcessResult) -> dg.AssetCheckEvaluation:
     (gate,) = [e for e in result.get_asset_check_evaluations() if e.asset_check_key == GATE]
-    return gate.passed
+    return gate
 
 
 def test_check_snapshot_rechecks_one_partition_only_and_builds_nothing(demo_home: Path) -> None:
     build, check = (defs.resolve_job_def(j) for j in ("build_snapshot", "check_snapshot"))
     with dg.instance_for_test() as instance:
-        built = {}
         for key in ("p1", "p2"):
             instance.add_dynamic_partitions("snapshots", [key])
-            built[key] = build.execute_in_process(partition_key=key, instance=instance).run_id
+        built_p1, built_p2 = (
+            build.execute_in_process(partition_key=key, instance=instance) for key in ("p1", "p2")
+        )
+        built = {"p1": built_p1.run_id, "p2": built_p2.run_id}
 
         result = check.execute_in_process(partition_key="p1", instance=instance)
         assert result.success and result.dagster_run.tags["dagster/partition"] == "p1"
@@ -45,6 +47,10 @@ def test_check_snapshot_rechecks_one_partition_only_and_builds_nothing(demo_home
             (e.asset_check_key, e.partition, e.passed) for e in result.get_asset_check_evaluations()
         }
         assert evaluated == {(c, "p1", True) for c in CHECKS}
+        trusted = {  # the build's check trusts unchanged files; a re-check re-hashes every byte
+            r.run_id: _gate(r).metadata["objects_trusted"].value for r in (result, built_p1)
+        }
+        assert trusted[result.run_id] == 0 < trusted[built_p1.run_id]
         for key in CHECKS:  # the UI's per-partition view reads exactly this
             assert _history(instance, key) == {
                 "p1": [result.run_id, built["p1"]],
@@ -59,14 +65,14 @@ def test_check_snapshot_rechecks_one_partition_only_and_builds_nothing(demo_home
         broken = check.execute_in_process(
             partition_key="p1", instance=instance, raise_on_error=False
         )
-        assert not _gate_passed(broken)
+        assert not _gate(broken).passed
         latest = instance.event_log_storage.get_asset_check_execution_history(GATE, limit=50)
         status = {}
         for record in latest:  # newest first: keep each partition's latest
             status.setdefault(record.partition, (record.run_id, record.status.value))
         assert status == {"p1": (broken.run_id, "FAILED"), "p2": (built["p2"], "SUCCEEDED")}
         again = check.execute_in_process(partition_key="p2", instance=instance)
-        assert _gate_passed(again)
+        assert _gate(again).passed
 
         # the Launchpad can launch it without a partition: every check is skipped, none fails
         unpartitioned = check.execute_in_process(instance=instance)

@@ -24,6 +24,7 @@ from corpus_assets.core.release.layer_checks import ERROR, RULES, check_layer
 from corpus_assets.core.release.validation import validate_snapshot
 from corpus_assets.core.runtime.keys import validate_partition_key
 
+CHECK_JOB = "check_snapshot"
 NO_PARTITION = (
     "skipped: {check} was launched without a snapshot partition; pick one "
     "(Materialize / Execute with a partition selected) to check it"
@@ -119,8 +120,9 @@ def _snapshot_validates(
             )
             return
         # the build's own check trusts tables unchanged since they last hashed right
-        # (storage.trust); approval and activation re-hash every byte
-        report = validate_snapshot(ws, manifest_digest, trust_unchanged=True)
+        # (storage.trust); a re-check asked for by hand, approval and activation re-hash every byte
+        rechecked = context.op_execution_context.job_name == CHECK_JOB
+        report = validate_snapshot(ws, manifest_digest, trust_unchanged=not rechecked)
         observation = state_observation(ws, report.snapshot_id)
     context.op_execution_context.log_event(observation)
     yield dg.AssetCheckResult(
@@ -148,10 +150,11 @@ def _no_config(_partition_key: str) -> dict[str, Any]:
 
 
 check_snapshot = dg.define_asset_job(
-    "check_snapshot",
+    CHECK_JOB,
     selection=dg.AssetSelection.checks(*LAYER_CHECKS, snapshot_validates),
     description="Run every check of one snapshot partition again, materializing nothing: pick "
-    "the partition in the Launchpad. Without one, each check is skipped.",
+    "the partition in the Launchpad. snapshot_validates re-hashes every byte here. Without a "
+    "partition, each check is skipped.",
     # a job selecting only checks infers no partitions (Dagster 1.13 reads them off the selected
     # assets, and `partitions_def=` is deprecated and ignored here); a PartitionedConfig gives
     # the Launchpad its partition picker and the run its `dagster/partition` tag
