@@ -17,6 +17,7 @@ from corpus_assets.core.runtime.keys import (
     new_partition_key,
     validate_partition_key,
 )
+from corpus_assets.core.runtime.workspace import open_workspace
 from corpus_assets.definitions import defs
 from corpus_assets_tests.test_cli import run
 
@@ -141,11 +142,14 @@ def _guard(instance: dg.DagsterInstance) -> dg.SensorResult:
 
 def test_the_guard_removes_a_key_added_in_the_ui_and_says_why(demo_home: Path) -> None:
     """The UI's "Add partition" and GraphQL ``addDynamicPartition`` call only
-    ``add_dynamic_partitions``: the guard's next tick deletes the bad key, keeps the good one,
-    keeps a bad one whose run is queued (that run refuses itself), and says so in one line each."""
+    ``add_dynamic_partitions``: the guard's next tick deletes the bad key; it keeps the good one, a
+    bad one whose run is queued (that run refuses itself) and one the catalog froze, saying so in
+    one line each."""
     with dg.instance_for_test() as instance:
         assert _guard(instance).skip_reason.skip_message == "every snapshots partition key is valid"
-        instance.add_dynamic_partitions("snapshots", ["snap-ok", BAD, "Queued Key"])
+        instance.add_dynamic_partitions("snapshots", ["snap-ok", BAD, "Queued Key", "Old.Key"])
+        with open_workspace() as ws:  # frozen under an older rule: its snapshots stay visible
+            ws.catalog.record_freeze("Old.Key", "sha256:" + "0" * 64, "fingerprint")
         instance.create_run_for_job(
             job_def=defs.resolve_job_def("check_snapshot"),
             tags={"dagster/partition": "Queued Key"},
@@ -156,7 +160,8 @@ def test_the_guard_removes_a_key_added_in_the_ui_and_says_why(demo_home: Path) -
         assert isinstance(request, dg.DeleteDynamicPartitionsRequest)
         assert (request.partitions_def_name, request.partition_keys) == ("snapshots", [BAD])
         rule = "use 1-64 characters from [a-z0-9._-], starting with a letter or digit"
-        kept, removed = sorted(result.skip_reason.skip_message.split("; "))
+        frozen, kept, removed = sorted(result.skip_reason.skip_message.split("; "))
         assert removed == f"removed partition key 'Bad Key!' is invalid: {rule}"
+        assert frozen == f"kept partition key 'Old.Key' is invalid: {rule}: the catalog froze it"
         assert kept.startswith(f"kept partition key 'Queued Key' is invalid: {rule}: run ")
         assert kept.endswith(" is queued or running")
