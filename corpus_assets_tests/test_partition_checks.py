@@ -74,6 +74,14 @@ def test_check_snapshot_rechecks_one_partition_only_and_builds_nothing(demo_home
         again = check.execute_in_process(partition_key="p2", instance=instance)
         assert _gate(again).passed
 
-        # the Launchpad can launch it without a partition: every check is skipped, none fails
+        # without a partition (the Launchpad allows it), or for one not built yet: every check is
+        # skipped saying why, none fails, so no partition turns red
         unpartitioned = check.execute_in_process(instance=instance)
         assert unpartitioned.success and unpartitioned.get_asset_check_evaluations() == []
+        instance.add_dynamic_partitions("snapshots", ["p3"])
+        unbuilt = check.execute_in_process(partition_key="p3", instance=instance)
+        assert unbuilt.success and unbuilt.get_asset_check_evaluations() == []
+        logs = [e.message for e in instance.all_logs(unbuilt.run_id) if e.message]
+        assert (
+            sum(m.startswith("skipped: ") and "not built for partition p3" in m for m in logs) == 7
+        )

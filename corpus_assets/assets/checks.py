@@ -114,10 +114,8 @@ def _snapshot_validates(
         return
     with corpus.workspace() as ws:
         manifest_digest = ws.catalog.layer_output(key, "manifest")
-        if manifest_digest is None:
-            yield dg.AssetCheckResult(
-                asset_key="manifest", passed=False, description=f"no manifest for {key}"
-            )
+        if manifest_digest is None:  # only a check_snapshot run gets here: skipped like a layer's
+            context.log.warning(f"skipped: manifest is not built for partition {key}")
             return
         # the build's own check trusts tables unchanged since they last hashed right
         # (storage.trust); a re-check asked for by hand, approval and activation re-hash every byte
