@@ -26,8 +26,8 @@ from corpus_assets.core.runtime.keys import validate_partition_key
 
 CHECK_JOB = "check_snapshot"
 NO_PARTITION = (
-    "skipped: {check} was launched without a snapshot partition; pick one "
-    "(Materialize / Execute with a partition selected) to check it"
+    "skipped: {check} was launched without a snapshot partition; to check one, launch "
+    "check_snapshot from its Launchpad with the partition picked"
 )
 
 CHECK_DESCRIPTIONS = {
@@ -114,7 +114,7 @@ def _snapshot_validates(
         return
     with corpus.workspace() as ws:
         manifest_digest = ws.catalog.layer_output(key, "manifest")
-        if manifest_digest is None:  # only a check_snapshot run gets here: skipped like a layer's
+        if manifest_digest is None:  # never in a build (the check follows the manifest's step)
             context.log.warning(f"skipped: manifest is not built for partition {key}")
             return
         # the build's own check trusts tables unchanged since they last hashed right
