@@ -4,13 +4,14 @@ import warnings
 
 import dagster as dg
 
-from corpus_assets.assets.checks import LAYER_CHECKS, snapshot_validates
+from corpus_assets.assets.checks import LAYER_CHECKS, check_snapshot, snapshot_validates
 from corpus_assets.assets.deletion_audit import tombstone_audit, tombstone_hits_job
 from corpus_assets.assets.executor import pooled_in_process_executor
 from corpus_assets.assets.governance_jobs import GOVERNANCE_JOBS
 from corpus_assets.assets.jobs import activate_snapshot, approve_snapshot, build_snapshot
 from corpus_assets.assets.layers import LAYER_ASSETS
 from corpus_assets.assets.lineage_jobs import record_lineage
+from corpus_assets.assets.partition_guard import partition_key_guard
 from corpus_assets.assets.resources import CorpusResource
 from corpus_assets.assets.schedules import incremental_build
 from corpus_assets.assets.scrub_job import scrub_job, scrub_schedule
@@ -30,6 +31,7 @@ defs = dg.Definitions(
     asset_checks=[*LAYER_CHECKS, snapshot_validates],
     jobs=[
         build_snapshot,
+        check_snapshot,
         approve_snapshot,
         activate_snapshot,
         tombstone_hits_job,
@@ -37,7 +39,7 @@ defs = dg.Definitions(
         scrub_job,
         *GOVERNANCE_JOBS,
     ],
-    sensors=[source_discovery, publication, tombstone_audit],
+    sensors=[source_discovery, publication, tombstone_audit, partition_key_guard],
     schedules=[incremental_build, scrub_schedule],
     resources={"corpus": CorpusResource()},
     # runs launched from the UI's Materialize button use this; jobs name it too (jobs.py)

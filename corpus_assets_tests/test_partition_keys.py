@@ -6,14 +6,18 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
+from corpus_assets.assets.partition_guard import partition_key_guard
+from corpus_assets.assets.resources import CorpusResource
 from corpus_assets.cli import main
 from corpus_assets.cli_instance import DAGSTER_YAML
 from corpus_assets.core.runtime.keys import (
     PartitionKeyError,
     check_new_partition_key,
+    launch_refusal,
     new_partition_key,
     validate_partition_key,
 )
+from corpus_assets.core.runtime.workspace import open_workspace
 from corpus_assets.definitions import defs
 from corpus_assets_tests.test_cli import run
 
@@ -116,3 +120,48 @@ def test_delete_refuses_a_frozen_or_running_partition_without_force(
     p2, p1 = capsys.readouterr().out.splitlines()
     assert p2 == "p2  dagster  not-frozen  no-snapshot"
     assert p1.startswith("p1  catalog-only  frozen  sha256:")  # the catalog keeps it
+
+
+def test_launch_refusal_is_one_line_naming_the_key_and_the_rule() -> None:
+    refusal = launch_refusal("Bad\nKey")
+    assert refusal is not None and "\n" not in refusal
+    assert refusal.startswith(
+        "refused: partition key 'Bad\\nKey' is invalid: use 1-64 characters from [a-z0-9._-]"
+    )
+    assert "Delete it: 'Delete partitions' in the UI" in refusal  # no command to paste
+    typed = launch_refusal("Bad Key!")
+    assert typed is not None and "`corpus-assets partition delete 'Bad Key!'`" in typed
+    assert launch_refusal("snap-1") is None and launch_refusal(None) is None
+
+
+def _guard(instance: dg.DagsterInstance) -> dg.SensorResult:
+    """One tick of the guard, as the daemon evaluates it."""
+    context = dg.build_sensor_context(instance=instance, resources={"corpus": CorpusResource()})
+    return partition_key_guard(context)
+
+
+def test_the_guard_removes_a_key_added_in_the_ui_and_says_why(demo_home: Path) -> None:
+    """The UI's "Add partition" and GraphQL ``addDynamicPartition`` call only
+    ``add_dynamic_partitions``: the guard's next tick deletes the bad key; it keeps the good one, a
+    bad one whose run is queued (that run refuses itself) and one the catalog froze, saying so in
+    one line each."""
+    with dg.instance_for_test() as instance:
+        assert _guard(instance).skip_reason.skip_message == "every snapshots partition key is valid"
+        instance.add_dynamic_partitions("snapshots", ["snap-ok", BAD, "Queued Key", "Old.Key"])
+        with open_workspace() as ws:  # frozen under an older rule: its snapshots stay visible
+            ws.catalog.record_freeze("Old.Key", "sha256:" + "0" * 64, "fingerprint")
+        instance.create_run_for_job(
+            job_def=defs.resolve_job_def("check_snapshot"),
+            tags={"dagster/partition": "Queued Key"},
+            status=dg.DagsterRunStatus.NOT_STARTED,
+        )
+        result = _guard(instance)
+        (request,) = result.dynamic_partitions_requests
+        assert isinstance(request, dg.DeleteDynamicPartitionsRequest)
+        assert (request.partitions_def_name, request.partition_keys) == ("snapshots", [BAD])
+        rule = "use 1-64 characters from [a-z0-9._-], starting with a letter or digit"
+        frozen, kept, removed = sorted(result.skip_reason.skip_message.split("; "))
+        assert removed == f"removed partition key 'Bad Key!' is invalid: {rule}"
+        assert frozen == f"kept partition key 'Old.Key' is invalid: {rule}: the catalog froze it"
+        assert kept.startswith(f"kept partition key 'Queued Key' is invalid: {rule}: run ")
+        assert kept.endswith(" is queued or running")

@@ -140,7 +140,10 @@ def layer_findings(layer: str, counts: Counts, upstream: Mapping[str, Counts]) -
 
 
 def check_layer(ws: Workspace, partition: str, layer: str) -> list[Finding] | None:
-    """The findings for ``layer`` of ``partition`` as built now; None when it is not built."""
+    """The findings for ``layer`` of ``partition`` as built now; None when it is not built (an
+    input layer missing under a built one is an ERROR)."""
+    if ws.catalog.layer_output(partition, layer) is None:
+        return None
     counts: dict[str, Counts] = {}
     for name in LAYERS[: LAYERS.index(layer) + 1]:
         digest = ws.catalog.layer_output(partition, name)

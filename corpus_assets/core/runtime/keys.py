@@ -3,11 +3,15 @@
 A key is checked where it is created (the sensor, the schedule, ``build --partition``) and again
 where a run uses it: the UI's "Add partition" accepts any text, so a mistyped key reaches the
 layer assets as an existing partition, and its error must say how to delete that partition.
+Dagster calls no project code when the UI (or GraphQL ``addDynamicPartition``) adds a key, so
+the earliest refusals there are the ``partition_key_guard`` sensor (``invalid_keys``, then a
+delete) and a launch check (``launch_refusal``).
 """
 
 import re
 import shlex
 import time
+from collections.abc import Iterable
 
 PARTITION_KEY_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
 RULE = "use 1-64 characters from [a-z0-9._-], starting with a letter or digit"
@@ -48,6 +52,31 @@ def validate_partition_key(key: str) -> str:
             + delete_instructions(key)
         )
     return key
+
+
+def launch_refusal(key: str | None) -> str | None:
+    """One line refusing a run of partition ``key`` before it starts (for a run launcher or a
+    run-status check); None when the key is valid or the run has no partition."""
+    if key is None or is_valid_partition_key(key):
+        return None
+    how = (
+        f"`corpus-assets partition delete {shlex.quote(key)}`"
+        if key.isprintable()  # a line break in the key would break the line and the command
+        else "'Delete partitions' in the UI"
+    )
+    return (
+        f"refused: partition key {key!r} is invalid: {RULE}; nothing was started. "
+        f"Delete it: {how} (the partition_key_guard sensor also removes it)"
+    )
+
+
+def invalid_keys(keys: Iterable[str]) -> list[tuple[str, str]]:
+    """Each invalid key with the line saying why, in the order given."""
+    return [
+        (key, f"partition key {key!r} is invalid: {RULE}")
+        for key in keys
+        if not is_valid_partition_key(key)
+    ]
 
 
 def new_partition_key(taken: set[str], now: float | None = None) -> str:
