@@ -7,7 +7,6 @@ they spawn go with them even when the test fails half-way.
 
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -22,6 +21,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import dagster as dg
+
+from corpus_assets.cli_instance import DAGSTER_YAML
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -110,12 +111,14 @@ def stop_groups(groups: list[Group], grace: float = 10.0) -> None:
         group.finish(deadline)
 
 
-def start_group(name: str, argv: list[str], env: dict[str, str], logs: Path) -> Group:
+def start_group(
+    name: str, argv: list[str], env: dict[str, str], logs: Path, cwd: Path = REPO
+) -> Group:
     """Start ``argv`` in a new session (its own process group), output to ``logs/name.log``."""
     log = logs / f"{name}.log"
     with log.open("wb") as out:
         process = subprocess.Popen(
-            argv, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            argv, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
         )
     return Group(name, process, log)
 
@@ -138,7 +141,7 @@ def dagster_home(path: Path) -> Path:
     empty home race to create the schedule database and can leave two alembic heads, after
     which the code location fails to load ("more than one head present")."""
     path.mkdir(parents=True, exist_ok=True)
-    shutil.copy(REPO / "instance" / "dagster.yaml", path / "dagster.yaml")
+    (path / "dagster.yaml").write_text(DAGSTER_YAML)  # the root config, storage in $DAGSTER_HOME
     # the config reads base_dir from $DAGSTER_HOME: point it here, whatever the caller's env says
     # (an in-process CLI call in the same worker leaves it set to ./.dagster)
     saved = os.environ.get("DAGSTER_HOME")

@@ -1,0 +1,143 @@
+"""The Dagster instance of a checkout is its root ``dagster.yaml``: ``dagster dev`` (``make ui``)
+started there warns about no stray instance file, and the CLI run there uses the same instance.
+
+The checkout is a throwaway folder holding the repository's ``dagster.yaml`` and
+``workspace.yaml`` (the repository's own ``.dagster`` is somebody's work), with
+``DAGSTER_HOME`` set as the Makefile sets it: to that folder.
+"""
+
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from corpus_assets.cli_common import CliError
+from corpus_assets.cli_instance import DAGSTER_YAML, dagster_instance
+from corpus_assets.demo import write_demo
+from corpus_assets_tests.ui_servers import (
+    BIN,
+    REPO,
+    GraphQL,
+    Servers,
+    free_port,
+    location_loaded,
+    start_group,
+    stop_groups,
+    wait_for,
+)
+
+STRAY_WARNING = "Found a dagster instance configuration"
+# folders Dagster's webserver makes in $DAGSTER_HOME whatever the config (telemetry upload, the
+# first-visit notice), empty with telemetry off; ignored by git at the repository root
+TELEMETRY_DIRS = {"logs", ".logs_queue", ".nux"}
+STORAGE_KEYS = ("storage", "local_artifact_storage", "compute_logs")
+ADD_PARTITION = """mutation($key: String!) { addDynamicPartition(partitionsDefName: "snapshots",
+  partitionKey: $key, repositorySelector: {repositoryName: "__repository__",
+  repositoryLocationName: "corpus_assets"}) { __typename ... on PythonError { message } } }"""
+
+
+def checkout_env(checkout: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CORPUS_", "DAGSTER_"))}
+    return {**env, "CORPUS_HOME": str(checkout / ".corpus"), "PYTHONUNBUFFERED": "1", **extra}
+
+
+@pytest.fixture(scope="module")
+def dev(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Servers]]:
+    """``dagster dev -w workspace.yaml`` in a checkout, ``DAGSTER_HOME`` = that folder."""
+    checkout = tmp_path_factory.mktemp("checkout")
+    for name in ("dagster.yaml", "workspace.yaml"):
+        shutil.copy(REPO / name, checkout / name)
+    write_demo(checkout / ".corpus")
+    env = checkout_env(checkout, DAGSTER_HOME=str(checkout))
+    port = free_port()
+    argv = [str(BIN / "dagster"), "dev", "-w", "workspace.yaml", "-h", "127.0.0.1", "-p", str(port)]
+    logs = checkout.parent / f"{checkout.name}-logs"
+    logs.mkdir()
+    groups = []
+    try:
+        group = start_group("dagster-dev", argv, env, logs, cwd=checkout)
+        groups.append(group)
+        gql = GraphQL(port)
+        wait_for("dagster dev and its code location", lambda: location_loaded(gql), 180)
+        yield checkout, Servers(gql, port, env, groups)
+    finally:
+        stop_groups(groups, grace=30)
+
+
+def test_dagster_dev_in_the_checkout_warns_of_no_stray_dagster_yaml(
+    dev: tuple[Path, Servers],
+) -> None:
+    checkout, servers = dev
+    log = servers.groups[0].log.read_text()
+    assert "Launching Dagster services" in log, log
+    assert STRAY_WARNING not in log, log
+    assert "Using temporary directory" not in log, log
+    assert (checkout / ".dagster" / "history" / "runs.db").exists()
+    made = {p.name for p in checkout.iterdir()} - {".corpus", "dagster.yaml", "workspace.yaml"}
+    assert ".dagster" in made and made <= {".dagster", *TELEMETRY_DIRS}, made
+    assert all(not any((checkout / d).iterdir()) for d in made & TELEMETRY_DIRS)
+    ignored = (REPO / ".gitignore").read_text().split()
+    assert all(f"/{d}/" in ignored for d in TELEMETRY_DIRS)
+
+
+def test_the_cli_in_the_checkout_uses_the_instance_dagster_dev_shows(
+    dev: tuple[Path, Servers],
+) -> None:
+    checkout, servers = dev
+    done = servers.gql.query(ADD_PARTITION, {"key": "snap-20260101-000000"})
+    assert done["addDynamicPartition"]["__typename"] == "AddDynamicPartitionSuccess", done
+    listed = subprocess.run(
+        [str(BIN / "corpus-assets"), "partition", "list"],
+        cwd=checkout,
+        env=checkout_env(checkout),  # no DAGSTER_HOME: the folder's dagster.yaml is the instance
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert listed.returncode == 0, listed.stderr
+    assert "snap-20260101-000000  dagster" in listed.stdout, listed.stdout
+    assert not (checkout / ".dagster" / "dagster.yaml").exists()  # no second instance
+
+
+def test_the_cli_elsewhere_refuses_a_home_whose_storage_is_relative(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Run from another folder with DAGSTER_HOME at a checkout, ./.dagster would be a second,
+    empty instance: refused in one line naming the folder to run from."""
+    checkout = tmp_path / "checkout"
+    checkout.mkdir()
+    shutil.copy(REPO / "dagster.yaml", checkout / "dagster.yaml")
+    monkeypatch.setenv("DAGSTER_HOME", str(checkout))
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(CliError, match=f"run corpus-assets from {checkout}$"):
+        dagster_instance()
+    assert not (tmp_path / ".dagster").exists()
+
+
+def test_the_cli_elsewhere_keeps_its_own_instance_in_dot_dagster(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fresh folder without dagster.yaml: the CLI's copy of the config in ./.dagster."""
+    monkeypatch.delenv("DAGSTER_HOME", raising=False)
+    monkeypatch.chdir(tmp_path)
+    with dagster_instance() as instance:
+        assert type(instance).__name__ == "CorpusInstance"
+        assert instance.get_runs() == []
+    assert (tmp_path / ".dagster" / "dagster.yaml").read_text() == DAGSTER_YAML
+    assert (tmp_path / ".dagster" / "history" / "runs.db").exists()
+
+
+def test_the_cli_copy_is_the_root_config_with_storage_in_dagster_home() -> None:
+    root = yaml.safe_load((REPO / "dagster.yaml").read_text())
+    copy = yaml.safe_load(DAGSTER_YAML)
+    assert {k: v for k, v in root.items() if k not in STORAGE_KEYS} == {
+        k: v for k, v in copy.items() if k != "storage"
+    }
+    assert root["storage"] == {"sqlite": {"base_dir": ".dagster"}}
+    assert copy["storage"] == {"sqlite": {"base_dir": {"env": "DAGSTER_HOME"}}}
+    for key in STORAGE_KEYS[1:]:
+        assert root[key]["config"]["base_dir"].startswith(".dagster"), root[key]
