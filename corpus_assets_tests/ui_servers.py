@@ -289,3 +289,23 @@ def corpus_status(env: dict[str, str]) -> dict[str, Any]:
         check=True,
     )
     return json.loads(out.stdout)
+
+
+BUILD_RUNS = """{ runsOrError(filter: {pipelineName: "build_snapshot"}) { ... on Runs { results {
+  runId status creationTime startTime endTime tags { key value } } } } }"""
+
+LATEST_INFO = """query Latest($keys: [AssetKeyInput!]!) { assetsLatestInfo(assetKeys: $keys) {
+  assetKey { path } latestRun { runId status } } }"""
+
+
+def build_runs(gql: GraphQL) -> list[dict[str, Any]]:
+    """Every ``build_snapshot`` run with its times (seconds) and tags as a dict, newest first."""
+    results = gql.query(BUILD_RUNS)["runsOrError"]["results"]
+    return [{**r, "tags": {t["key"]: t["value"] for t in r["tags"]}} for r in results]
+
+
+def latest_runs(gql: GraphQL, assets: list[str]) -> dict[str, str | None]:
+    """Each asset's latest run status, as the asset graph colours it (FAILURE: red)."""
+    keys = [{"path": [a]} for a in assets]
+    infos = gql.query(LATEST_INFO, {"keys": keys})["assetsLatestInfo"]
+    return {i["assetKey"]["path"][0]: (i["latestRun"] or {}).get("status") for i in infos}
