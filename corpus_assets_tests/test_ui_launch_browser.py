@@ -27,6 +27,7 @@ from corpus_assets_tests.ui_servers import (
     dagster_servers,
     group_alive,
     latest_runs,
+    launched_at,
     partition_keys,
     run_succeeded,
     wait_for,
@@ -105,9 +106,10 @@ def test_one_partitionless_launch_builds_a_new_snapshot_queued_behind_the_sensor
     built = {s["partition"]: s["state"] for s in corpus_status(servers.env)["snapshots"]}
     assert built[key] == "VALIDATED", built
 
-    # one build at a time: whichever was created while the other ran waited in the queue
-    first, second = sorted((ui_run, sensor_run), key=lambda r: r["startTime"])
-    assert first["endTime"] <= second["startTime"], (first, second)
-    print(f"created {second['creationTime']}, other ended {first['endTime']}")
+    # one build at a time: the later-created run left the queue once the other had ended
+    first, second = sorted((ui_run, sensor_run), key=lambda r: r["creationTime"])
+    launched = launched_at(servers.gql, second["runId"])
+    print(f"created {second['creationTime']}, launched {launched}, other ended {first['endTime']}")
+    assert launched >= first["endTime"], (first, second, launched)
 
     no_red_assets(page, servers, artifacts)

@@ -309,3 +309,14 @@ def latest_runs(gql: GraphQL, assets: list[str]) -> dict[str, str | None]:
     keys = [{"path": [a]} for a in assets]
     infos = gql.query(LATEST_INFO, {"keys": keys})["assetsLatestInfo"]
     return {i["assetKey"]["path"][0]: (i["latestRun"] or {}).get("status") for i in infos}
+
+
+STARTING = """query Logs($runId: ID!) { logsForRun(runId: $runId) { ... on EventConnection {
+  events { __typename ... on MessageEvent { timestamp } } } } }"""
+
+
+def launched_at(gql: GraphQL, run_id: str) -> float:
+    """When the daemon's run queue launched the run (seconds): its RUN_STARTING event."""
+    events = gql.query(STARTING, {"runId": run_id})["logsForRun"]["events"]
+    (stamp,) = [e["timestamp"] for e in events if e["__typename"] == "RunStartingEvent"]
+    return int(stamp) / 1000  # milliseconds, as a string
