@@ -141,3 +141,20 @@ def test_the_cli_copy_is_the_root_config_with_storage_in_dagster_home() -> None:
     assert copy["storage"] == {"sqlite": {"base_dir": {"env": "DAGSTER_HOME"}}}
     for key in STORAGE_KEYS[1:]:
         assert root[key]["config"]["base_dir"].startswith(".dagster"), root[key]
+
+
+def test_the_root_instance_limits_build_runs_to_one_and_every_build_run_is_tagged(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The run queue's limit is loaded from the root dagster.yaml; the tag is a run tag of the
+    job, so launched runs and the CLI's in-process build (execute_in_process merges the job's run
+    tags) carry it, and the queue counts a CLI build while it runs."""
+    from corpus_assets.definitions import defs
+
+    shutil.copy(REPO / "dagster.yaml", tmp_path / "dagster.yaml")
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    with dagster_instance() as instance:
+        limits = instance.get_concurrency_config().run_queue_config.tag_concurrency_limits
+    assert defs.resolve_job_def("build_snapshot").run_tags["corpus/build"] == "snapshot"
+    assert limits == [{"key": "corpus/build", "limit": 1}]
