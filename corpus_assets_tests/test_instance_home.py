@@ -11,12 +11,16 @@ import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import dagster as dg
 import pytest
 import yaml
 
+from corpus_assets.assets.instance import NEW_SNAPSHOT_TAG
 from corpus_assets.cli_common import CliError
 from corpus_assets.cli_instance import DAGSTER_YAML, dagster_instance
+from corpus_assets.core.runtime.keys import is_valid_partition_key
 from corpus_assets.demo import write_demo
 from corpus_assets_tests.ui_servers import (
     BIN,
@@ -158,3 +162,48 @@ def test_the_root_instance_limits_build_runs_to_one_and_every_build_run_is_tagge
         limits = instance.get_concurrency_config().run_queue_config.tag_concurrency_limits
     assert defs.resolve_job_def("build_snapshot").run_tags["corpus/build"] == "snapshot"
     assert limits == [{"key": "corpus/build", "limit": 1}]
+
+
+@pytest.fixture
+def corpus_instance(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """The CLI's instance (CorpusInstance) in a throwaway DAGSTER_HOME."""
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster"))
+    with dagster_instance() as instance:
+        yield instance
+
+
+def test_a_partitionless_build_run_is_created_for_a_new_valid_partition(
+    corpus_instance: Any,
+) -> None:
+    from corpus_assets.definitions import defs
+
+    job = defs.resolve_job_def("build_snapshot")
+    run = corpus_instance.create_run_for_job(job)
+    key = run.tags["dagster/partition"]
+    assert is_valid_partition_key(key) and run.tags[NEW_SNAPSHOT_TAG] == "true"
+    assert corpus_instance.get_dynamic_partitions("snapshots") == [key]
+    planned = corpus_instance.get_records_for_run(
+        run.run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION_PLANNED
+    ).records
+    assert len(planned) == 7  # what Dagster records at creation names the new partition
+    for record in planned:
+        data = record.event_log_entry.dagster_event.event_specific_data
+        subset = data.partitions_subset
+        assert (list(subset.get_partition_keys()) if subset else [data.partition]) == [key], data
+
+
+@pytest.mark.parametrize(
+    "tags",
+    [{"dagster/partition": "snap-20260101-000000"}, {"dagster/backfill": "abcd"}],
+    ids=["partition", "backfill"],
+)
+def test_a_build_run_that_names_its_partition_is_left_alone(
+    corpus_instance: Any, tags: dict[str, str]
+) -> None:
+    from corpus_assets.definitions import defs
+
+    run = corpus_instance.create_run_for_job(defs.resolve_job_def("build_snapshot"), tags=tags)
+    assert NEW_SNAPSHOT_TAG not in run.tags and run.tags.get("dagster/partition") == tags.get(
+        "dagster/partition"
+    )
+    assert corpus_instance.get_dynamic_partitions("snapshots") == []

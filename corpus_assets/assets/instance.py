@@ -54,8 +54,19 @@ class CorpusInstance(dg.DagsterInstance):
     def config_defaults(base_dir: str) -> Mapping[str, Any]:
         return InstanceRef.config_defaults(base_dir)
 
+    def new_snapshot_tags(self, job_name: str, tags: Mapping[str, Any] | None) -> Any:
+        """``tags`` with a new partition added when a build names none."""
+        if job_name != BUILD_JOB or names_partitions(tags):
+            return tags
+        key = add_new_snapshot(self)
+        return {**(tags or {}), PARTITION_NAME_TAG: key, NEW_SNAPSHOT_TAG: "true"}
+
     def create_run(self, *, job_name: str, tags: Mapping[str, Any] | None, **kwargs: Any) -> Any:
-        if job_name == BUILD_JOB and not names_partitions(tags):
-            key = add_new_snapshot(self)
-            tags = {**(tags or {}), PARTITION_NAME_TAG: key, NEW_SNAPSHOT_TAG: "true"}
+        """Every launch goes through here: the UI, sensors, schedules, backfills."""
+        tags = self.new_snapshot_tags(job_name, tags)
         return super().create_run(job_name=job_name, tags=tags, **kwargs)
+
+    def create_run_for_job(self, job_def: Any, *args: Any, **kwargs: Any) -> Any:
+        """In-process execution (``execute_in_process``, ``dagster job execute``)."""
+        kwargs["tags"] = self.new_snapshot_tags(job_def.name, kwargs.get("tags"))
+        return super().create_run_for_job(job_def, *args, **kwargs)
