@@ -112,6 +112,10 @@ def test_deploy_dagster_yaml_is_postgres_from_env(
         assert type(instance.run_coordinator).__name__ == "QueuedRunCoordinator"
         assert type(instance.run_launcher).__name__ == "DefaultRunLauncher"
         assert instance.telemetry_enabled is False
+        # the root config's launch and build-limit settings hold in the deployment too
+        assert type(instance).__name__ == "CorpusInstance"
+        limits = instance.get_concurrency_config().run_queue_config.tag_concurrency_limits
+        assert limits == [{"key": "corpus/build", "limit": 1}]
     monkeypatch.delenv("DAGSTER_PG_DB")
     with pytest.raises(Exception, match="DAGSTER_PG_DB"):  # no silent default database
         DagsterInstance.from_config(str(tmp_path / "dagster"))
