@@ -7,8 +7,6 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from corpus_assets.cli_common import CliError
-
 if TYPE_CHECKING:
     from dagster import DagsterInstance
 
@@ -36,35 +34,43 @@ def dagster_home() -> Path:
     return Path(".dagster").resolve()
 
 
-def relative_storage(home: Path) -> list[str]:
-    """The storage folders ``home/dagster.yaml`` names relative to the working folder."""
+def _anchor(value: Any, home: Path) -> Any:
+    """``value`` with every relative ``base_dir`` inside it made absolute against ``home``."""
+    if not isinstance(value, dict):
+        return value
+    return {
+        key: str(home / item)
+        if key == "base_dir" and isinstance(item, str) and not Path(item).is_absolute()
+        else _anchor(item, home)
+        for key, item in value.items()
+    }
+
+
+def anchored_storage(home: Path) -> dict[str, Any]:
+    """The sections of ``home/dagster.yaml`` naming a relative ``base_dir`` (the repository's
+    ``.dagster``), made absolute: Dagster reads them against the working folder, and the CLI
+    may run anywhere."""
     config = yaml.safe_load((home / "dagster.yaml").read_text()) or {}
-    found = []
-    for section in config.values():
-        for part in (section or {}).values() if isinstance(section, dict) else ():
-            holder = part.get("config", part) if isinstance(part, dict) else {}
-            base = holder.get("base_dir") if isinstance(holder, dict) else None
-            if isinstance(base, str) and not Path(base).is_absolute():
-                found.append(base)
-    return found
+    return {
+        name: fixed
+        for name, section in config.items()
+        if (fixed := _anchor(section, home)) != section
+    }
 
 
 def dagster_instance() -> "DagsterInstance":
     """The Dagster instance in ``dagster_home()`` (so CLI runs show in the UI), created on first
     use; dagster is imported only by the commands that run jobs."""
     from dagster import DagsterInstance
+    from dagster._core.instance.ref import InstanceRef
 
     home = dagster_home()
     home.mkdir(parents=True, exist_ok=True)
     if not (home / "dagster.yaml").exists():
         (home / "dagster.yaml").write_text(DAGSTER_YAML)
-    elif home != Path.cwd() and (relative := relative_storage(home)):
-        raise CliError(
-            f"DAGSTER_HOME={home}: its dagster.yaml keeps storage in {relative[0]} relative to "
-            f"the folder Dagster runs in; run corpus-assets from {home}"
-        )
     os.environ["DAGSTER_HOME"] = str(home)
-    return DagsterInstance.get()
+    ref = InstanceRef.from_dir(str(home), overrides=anchored_storage(home))
+    return DagsterInstance.from_ref(ref)
 
 
 def run_config() -> dict[str, Any]:
