@@ -205,3 +205,23 @@ def test_a_build_run_that_names_its_partition_is_left_alone(
         "dagster/partition"
     )
     assert corpus_instance.get_dynamic_partitions("snapshots") == []
+
+
+def test_the_sensor_counts_a_ui_launched_new_snapshot_as_in_flight(
+    demo_home: Path, corpus_instance: Any
+) -> None:
+    """A UI launch made before the sensor's tick: the sensor does not build the same sources
+    again while that run waits (it is tagged like any build, fingerprint unknown)."""
+    from corpus_assets.assets.resources import CorpusResource
+    from corpus_assets.assets.sensors import source_discovery
+    from corpus_assets.definitions import defs
+
+    run = corpus_instance.create_run_for_job(defs.resolve_job_def("build_snapshot"))
+    assert run.status == dg.DagsterRunStatus.NOT_STARTED  # created, not yet running
+    key = run.tags["dagster/partition"]
+    context = dg.build_sensor_context(
+        instance=corpus_instance, resources={"corpus": CorpusResource()}
+    )
+    result = source_discovery(context)
+    assert not result.run_requests
+    assert f"partition {key} is requested for this source state" in str(result.skip_reason)
