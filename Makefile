@@ -53,4 +53,4 @@ ui: .venv/.synced
 	$(UV) run --frozen --no-sync dagster dev -w workspace.yaml
 
 clean:
-	rm -rf .corpus .dagster
+	rm -rf .corpus .dagster logs .logs_queue .nux
