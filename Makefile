@@ -3,7 +3,8 @@ PYTHON ?= python3
 UV_VERSION := 0.13.8
 UV := .tools/bin/uv
 export CORPUS_HOME ?= $(CURDIR)/.corpus
-export DAGSTER_HOME ?= $(CURDIR)/.dagster
+# The instance is ./dagster.yaml (storage in ./.dagster): DAGSTER_HOME is the folder it is in.
+export DAGSTER_HOME ?= $(CURDIR)
 
 .PHONY: demo test lint ui clean chromium
 
@@ -49,9 +50,7 @@ lint: .venv/.synced
 
 ## The Dagster UI on the same data home and instance as the CLI.
 ui: .venv/.synced
-	mkdir -p $(DAGSTER_HOME)
-	test -f $(DAGSTER_HOME)/dagster.yaml || cp instance/dagster.yaml $(DAGSTER_HOME)/dagster.yaml
 	$(UV) run --frozen --no-sync dagster dev -w workspace.yaml
 
 clean:
-	rm -rf .corpus .dagster
+	rm -rf .corpus .dagster logs .logs_queue .nux

@@ -29,6 +29,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+from corpus_assets.cli_instance import DAGSTER_YAML
 from corpus_assets.demo import write_demo
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -53,7 +54,7 @@ def fresh_home(base: Path, name: str, with_sources: bool = True) -> dict[str, st
     """A data home (with the demo sources) and a Dagster home with the shipped SQLite config."""
     home, dagster = base / name / "corpus", base / name / "dagster"
     dagster.mkdir(parents=True)
-    shutil.copy(ROOT / "instance" / "dagster.yaml", dagster / "dagster.yaml")
+    (dagster / "dagster.yaml").write_text(DAGSTER_YAML)  # the root config, storage here
     if with_sources:
         write_demo(home)
     config = home / "corpus.yaml"

@@ -1,7 +1,8 @@
 """``corpus-assets``: build, verify, approve, activate and inspect snapshots without the UI.
 
 Builds and activations run the same Dagster jobs the UI and sensors run, on the instance in
-``DAGSTER_HOME`` (default ``./.dagster``), so every CLI run shows up in ``dagster dev`` afterwards.
+``DAGSTER_HOME`` (default: the folder's ``dagster.yaml``, else ``./.dagster``; ``cli_instance``),
+so every CLI run shows up in ``dagster dev`` afterwards.
 The command line is ``cli_parser``; each command's module is imported only when it runs.
 """
 

@@ -3,9 +3,7 @@ snapshot (running, or killed before its manifest and waiting to be resumed)."""
 
 import argparse
 import json
-import os
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.engine import make_url
@@ -40,11 +38,11 @@ def unfinished(catalog: Catalog, built: set[str]) -> list[dict[str, Any]]:
 def _last_build_runs() -> dict[str, str]:
     """One line per partition on its newest build run; nothing without a Dagster instance (the
     command never creates one)."""
-    home = Path(os.environ.get("DAGSTER_HOME") or ".dagster")
-    if not (home / "dagster.yaml").is_file():
+    from corpus_assets.cli_instance import dagster_home, dagster_instance
+
+    if not (dagster_home() / "dagster.yaml").is_file():
         return {}
     from corpus_assets.assets.run_workers import last_runs
-    from corpus_assets.cli_instance import dagster_instance
 
     instance = dagster_instance()
     return {

@@ -1,6 +1,6 @@
 """The two Dagster instance files load as real instances, and the CLI lifecycle runs on PostgreSQL.
 
-``instance/dagster.yaml`` is the one-machine SQLite default; ``deploy/dagster.yaml`` is the
+the root ``dagster.yaml`` is the one-machine SQLite default; ``deploy/dagster.yaml`` is the
 docker-compose instance (PostgreSQL, credentials from ``DAGSTER_PG_*``). The last test runs
 ``build``, ``approve`` and ``activate`` as processes with the Dagster instance and the catalog
 each in its own database on the local server, as the compose deployment does.
@@ -61,10 +61,13 @@ def loaded(home: Path) -> Iterator[DagsterInstance]:
 def test_root_dagster_yaml_is_the_sqlite_default(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    home = tmp_path / "dagster"
+    """The repository root's dagster.yaml, loaded as `make ui` does: DAGSTER_HOME is the folder
+    Dagster runs in, and all storage is in its .dagster/."""
+    home = tmp_path / "checkout"
     home.mkdir()
-    shutil.copyfile(ROOT / "instance" / "dagster.yaml", home / "dagster.yaml")
+    shutil.copyfile(ROOT / "dagster.yaml", home / "dagster.yaml")
     monkeypatch.setenv("DAGSTER_HOME", str(home))
+    monkeypatch.chdir(home)
     with loaded(home) as instance:
         storages = (instance.run_storage, instance.event_log_storage, instance.schedule_storage)
         assert [type(s).__name__ for s in storages] == [
@@ -74,7 +77,8 @@ def test_root_dagster_yaml_is_the_sqlite_default(
         ]
         assert instance.get_runs() == []
         assert instance.telemetry_enabled is False
-    assert (home / "history" / "runs.db").exists()  # under $DAGSTER_HOME, not elsewhere
+    assert (home / ".dagster" / "history" / "runs.db").exists()  # in .dagster, nowhere else
+    assert sorted(p.name for p in home.iterdir()) == [".dagster", "dagster.yaml"]
 
 
 def test_deploy_dagster_yaml_is_postgres_from_env(
@@ -108,6 +112,10 @@ def test_deploy_dagster_yaml_is_postgres_from_env(
         assert type(instance.run_coordinator).__name__ == "QueuedRunCoordinator"
         assert type(instance.run_launcher).__name__ == "DefaultRunLauncher"
         assert instance.telemetry_enabled is False
+        # the root config's launch and build-limit settings hold in the deployment too
+        assert type(instance).__name__ == "CorpusInstance"
+        limits = instance.get_concurrency_config().run_queue_config.tag_concurrency_limits
+        assert limits == [{"key": "corpus/build", "limit": 1}]
     monkeypatch.delenv("DAGSTER_PG_DB")
     with pytest.raises(Exception, match="DAGSTER_PG_DB"):  # no silent default database
         DagsterInstance.from_config(str(tmp_path / "dagster"))

@@ -6,7 +6,6 @@ from pathlib import Path
 
 import yaml
 
-from corpus_assets.cli_instance import DAGSTER_YAML
 from corpus_assets.core.runtime.config import parse_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -23,11 +22,6 @@ def test_every_core_stage_is_in_the_layering_contract() -> None:
     assert sorted(layered) == sorted(f"corpus_assets.core.{s}" for s in stages)
     forbidden = {m for c in contracts["contracts"] for m in c.get("forbidden_modules", [])}
     assert {"dagster", "corpus_assets.assets", "corpus_assets.cli"} <= forbidden
-
-
-def test_cli_writes_the_repository_dagster_yaml() -> None:
-    shipped = (ROOT / "instance" / "dagster.yaml").read_text()
-    assert yaml.safe_load(DAGSTER_YAML) == yaml.safe_load(shipped)
 
 
 def test_ci_runs_the_readme_test_command() -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from corpus_assets.cli_instance import DAGSTER_YAML
 from corpus_assets.core.runtime.liveness import Liveness, Worker, liveness, this_worker
 from corpus_assets.core.storage.failpoints import DIR_ENV, ENV
 from corpus_assets.selftest.lab import PARTITION, Home, Lab, parse_built
@@ -90,8 +91,8 @@ def test_the_daemons_run_monitoring_marks_a_killed_run_failed(home: Home) -> Non
     code, _err = _killed_build(home, "task/*=kill@3")
     assert code == -signal.SIGKILL
     [(killed, _status)] = _runs(home)
-    shipped = (ROOT / "instance" / "dagster.yaml").read_text()
-    (home.dir / "dagster" / "dagster.yaml").write_text(shipped)  # what `make ui` runs with
+    # what `make ui` runs with (the root config, its storage in this DAGSTER_HOME)
+    (home.dir / "dagster" / "dagster.yaml").write_text(DAGSTER_YAML)
     daemon = subprocess.Popen(
         [str(Path(sys.executable).with_name("dagster-daemon")), "run", "-w", "workspace.yaml"],
         env=home.env(),

@@ -7,7 +7,6 @@ they spawn go with them even when the test fails half-way.
 
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -22,6 +21,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import dagster as dg
+
+from corpus_assets.cli_instance import DAGSTER_YAML
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -110,12 +111,14 @@ def stop_groups(groups: list[Group], grace: float = 10.0) -> None:
         group.finish(deadline)
 
 
-def start_group(name: str, argv: list[str], env: dict[str, str], logs: Path) -> Group:
+def start_group(
+    name: str, argv: list[str], env: dict[str, str], logs: Path, cwd: Path = REPO
+) -> Group:
     """Start ``argv`` in a new session (its own process group), output to ``logs/name.log``."""
     log = logs / f"{name}.log"
     with log.open("wb") as out:
         process = subprocess.Popen(
-            argv, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            argv, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
         )
     return Group(name, process, log)
 
@@ -138,7 +141,7 @@ def dagster_home(path: Path) -> Path:
     empty home race to create the schedule database and can leave two alembic heads, after
     which the code location fails to load ("more than one head present")."""
     path.mkdir(parents=True, exist_ok=True)
-    shutil.copy(REPO / "instance" / "dagster.yaml", path / "dagster.yaml")
+    (path / "dagster.yaml").write_text(DAGSTER_YAML)  # the root config, storage in $DAGSTER_HOME
     # the config reads base_dir from $DAGSTER_HOME: point it here, whatever the caller's env says
     # (an in-process CLI call in the same worker leaves it set to ./.dagster)
     saved = os.environ.get("DAGSTER_HOME")
@@ -286,3 +289,34 @@ def corpus_status(env: dict[str, str]) -> dict[str, Any]:
         check=True,
     )
     return json.loads(out.stdout)
+
+
+BUILD_RUNS = """{ runsOrError(filter: {pipelineName: "build_snapshot"}) { ... on Runs { results {
+  runId status creationTime startTime endTime tags { key value } } } } }"""
+
+LATEST_INFO = """query Latest($keys: [AssetKeyInput!]!) { assetsLatestInfo(assetKeys: $keys) {
+  assetKey { path } latestRun { runId status } } }"""
+
+
+def build_runs(gql: GraphQL) -> list[dict[str, Any]]:
+    """Every ``build_snapshot`` run with its times (seconds) and tags as a dict, newest first."""
+    results = gql.query(BUILD_RUNS)["runsOrError"]["results"]
+    return [{**r, "tags": {t["key"]: t["value"] for t in r["tags"]}} for r in results]
+
+
+def latest_runs(gql: GraphQL, assets: list[str]) -> dict[str, str | None]:
+    """Each asset's latest run status, as the asset graph colours it (FAILURE: red)."""
+    keys = [{"path": [a]} for a in assets]
+    infos = gql.query(LATEST_INFO, {"keys": keys})["assetsLatestInfo"]
+    return {i["assetKey"]["path"][0]: (i["latestRun"] or {}).get("status") for i in infos}
+
+
+STARTING = """query Logs($runId: ID!) { logsForRun(runId: $runId) { ... on EventConnection {
+  events { __typename ... on MessageEvent { timestamp } } } } }"""
+
+
+def launched_at(gql: GraphQL, run_id: str) -> float:
+    """When the daemon's run queue launched the run (seconds): its RUN_STARTING event."""
+    events = gql.query(STARTING, {"runId": run_id})["logsForRun"]["events"]
+    (stamp,) = [e["timestamp"] for e in events if e["__typename"] == "RunStartingEvent"]
+    return int(stamp) / 1000  # milliseconds, as a string

@@ -18,14 +18,20 @@ from corpus_assets.core.release.shadow import shadow_diff
 from corpus_assets.core.release.verify import resolve
 from corpus_assets.core.runtime.workspace import Workspace
 
+BUILD_TAG = "corpus/build"
+
 build_snapshot = dg.define_asset_job(
     "build_snapshot",
     selection=dg.AssetSelection.assets(*LAYER_ASSETS),
-    description="Freeze (or reuse the freeze of) a partition and materialize all seven layers.",
+    description="Freeze (or reuse the freeze of) a partition and materialize all seven layers. "
+    "Launched without a partition (confirm the UI's question), it adds a new partition and "
+    "builds a new snapshot of the current sources.",
     # one process for the whole run: the multiprocess default re-imports the code in every step
     # (seconds each), which made a UI- or sensor-launched demo build take minutes; its steps
     # share one process pool (assets.executor)
     executor_def=pooled_in_process_executor,
+    # every build run carries it, however launched: dagster.yaml's run queue starts one at a time
+    tags={BUILD_TAG: "snapshot"},
 )
 
 

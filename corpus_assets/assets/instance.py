@@ -1,0 +1,72 @@
+"""The project's Dagster instance (``instance_class`` in ``dagster.yaml``): a launch of
+``build_snapshot`` without a partition means "a new snapshot of the current sources".
+
+The UI lets a partitioned job be launched without a partition (after an "Are you sure?"). Such a
+run used to fail inside Dagster, and since Dagster records which assets a run will materialize
+when it creates the run, all seven layers then showed as failed. The decision is therefore taken
+where the run is created, before anything is recorded: the run gets a new, validated partition
+(the key the discovery sensor would choose), added like the sensor adds it, and the tags of a
+requested build. It is then an ordinary ``build_snapshot`` run of that partition: same job as
+CLI and sensor builds, counted by the sensor as in flight, queued behind any other build.
+"""
+
+from collections.abc import Mapping
+from typing import Any
+
+import dagster as dg
+from dagster._core.instance.ref import InstanceRef
+from dagster._core.storage.tags import (
+    ASSET_PARTITION_RANGE_START_TAG,
+    BACKFILL_ID_TAG,
+    PARTITION_NAME_TAG,
+)
+
+from corpus_assets.assets.partitions import snapshots
+from corpus_assets.core.runtime.keys import new_partition_key
+
+BUILD_JOB = "build_snapshot"
+NEW_SNAPSHOT_TAG = "corpus/new-snapshot"  # the run added its own partition at launch
+PARTITION_TAGS = (PARTITION_NAME_TAG, ASSET_PARTITION_RANGE_START_TAG, BACKFILL_ID_TAG)
+
+
+def names_partitions(tags: Mapping[str, Any] | None) -> bool:
+    """Whether a run's tags already say which partition(s) it builds (or a backfill does)."""
+    return any(tag in (tags or {}) for tag in PARTITION_TAGS)
+
+
+def add_new_snapshot(instance: dg.DagsterInstance) -> str:
+    """Add the partition a new snapshot is built in, as the discovery sensor names it."""
+    key = new_partition_key(set(instance.get_dynamic_partitions(snapshots.name)))
+    instance.add_dynamic_partitions(snapshots.name, [key])
+    return key
+
+
+class CorpusInstance(dg.DagsterInstance):
+    """Dagster's instance, except that a partitionless ``build_snapshot`` run gets a new
+    partition before it is created."""
+
+    @classmethod
+    def config_schema(cls) -> dict[str, Any]:
+        """No settings of its own (Dagster asks a custom instance class for them)."""
+        return {}
+
+    @staticmethod
+    def config_defaults(base_dir: str) -> Mapping[str, Any]:
+        return InstanceRef.config_defaults(base_dir)
+
+    def new_snapshot_tags(self, job_name: str, tags: Mapping[str, Any] | None) -> Any:
+        """``tags`` with a new partition added when a build names none."""
+        if job_name != BUILD_JOB or names_partitions(tags):
+            return tags
+        key = add_new_snapshot(self)
+        return {**(tags or {}), PARTITION_NAME_TAG: key, NEW_SNAPSHOT_TAG: "true"}
+
+    def create_run(self, *, job_name: str, tags: Mapping[str, Any] | None, **kwargs: Any) -> Any:
+        """Every launch goes through here: the UI, sensors, schedules, backfills."""
+        tags = self.new_snapshot_tags(job_name, tags)
+        return super().create_run(job_name=job_name, tags=tags, **kwargs)
+
+    def create_run_for_job(self, job_def: Any, *args: Any, **kwargs: Any) -> Any:
+        """In-process execution (``execute_in_process``, ``dagster job execute``)."""
+        kwargs["tags"] = self.new_snapshot_tags(job_def.name, kwargs.get("tags"))
+        return super().create_run_for_job(job_def, *args, **kwargs)
