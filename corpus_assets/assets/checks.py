@@ -11,11 +11,13 @@ from typing import Any
 
 import dagster as dg
 
-from corpus_assets.assets.lifecycle import state_observation
+from corpus_assets.assets.lifecycle import observing
 from corpus_assets.assets.partitions import snapshots
 from corpus_assets.assets.resources import CorpusResource
+from corpus_assets.core.governance import states
 from corpus_assets.core.release.layer_checks import ERROR, RULES, check_layer
 from corpus_assets.core.release.validation import validate_snapshot
+from corpus_assets.core.release.verify import resolve
 from corpus_assets.core.runtime.keys import validate_partition_key
 
 NO_PARTITION = (
@@ -112,17 +114,21 @@ def _snapshot_validates(
                 asset_key="manifest", passed=False, description=f"no manifest for {key}"
             )
             return
-        # the build's own check trusts tables unchanged since they last hashed right
-        # (storage.trust); approval and activation re-hash every byte
-        report = validate_snapshot(ws, manifest_digest, trust_unchanged=True)
-        observation = state_observation(ws, report.snapshot_id)
-    context.op_execution_context.log_event(observation)
+        run = context.op_execution_context
+        snapshot = resolve(ws.catalog, manifest_digest)
+        # the verdict moves the snapshot: its partition and its alias are observed (with the
+        # shadow diff a reviewer reads before approving), in this code path
+        with observing(ws, snapshot.alias, run.instance, run.log_event, [snapshot.snapshot_id]):
+            # the build's own check trusts tables unchanged since they last hashed right
+            # (storage.trust); approval and activation re-hash every byte
+            report = validate_snapshot(ws, manifest_digest, trust_unchanged=True)
+        state = states.get(ws.catalog, report.snapshot_id).state
     yield dg.AssetCheckResult(
         asset_key="manifest",
         check_name="snapshot_validates",
         passed=report.ok,
         description="; ".join(report.findings[:5]) if report.findings else "all digests verified",
-        metadata=_gate_metadata(report, str(observation.metadata["state"].value)),
+        metadata=_gate_metadata(report, state),
     )
 
 
