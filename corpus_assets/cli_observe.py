@@ -22,5 +22,5 @@ def observed(cas: "ContentStore", catalog: "Catalog", alias: str) -> Iterator[No
         return
     from corpus_assets.assets.lifecycle import BareStore, observing, runless
 
-    with observing(BareStore(cas, catalog), alias, instance, runless(instance)):
+    with observing(BareStore(cas, catalog), alias, runless(instance)):
         yield

@@ -82,13 +82,10 @@ def test_history_shows_approvals_activation_rollback_and_a_fence_refusal(
 
 
 def _history_table(instance: dg.DagsterInstance, alias: str) -> list[dict[str, object]]:
-    """The ``alias_history`` table of the newest observation of the ``alias`` asset's
-    partition ``alias``: the alias's one place in the UI."""
-    records = instance.fetch_observations(
-        dg.AssetRecordsFilter(asset_key=dg.AssetKey("alias"), asset_partitions=[alias]), limit=20
-    ).records
-    (newest, *_older) = [r for r in records if "alias_history" in r.asset_observation.metadata]
-    table = newest.asset_observation.metadata["alias_history"]
+    """The ``alias_history.ALIAS`` table of the newest observation of the ``alias`` asset: the
+    aliases' one place in the UI."""
+    records = instance.fetch_observations(dg.AssetKey("alias"), limit=1).records
+    table = records[0].asset_observation.metadata[f"alias_history.{alias}"]
     assert isinstance(table, dg.TableMetadataValue) and table.schema is not None
     types = {c.name: c.type for c in table.schema.columns}
     assert types["generation"] == types["tombstone_watermark"] == "int"
@@ -96,10 +93,8 @@ def _history_table(instance: dg.DagsterInstance, alias: str) -> list[dict[str, o
 
 
 def _history_moves(instance: dg.DagsterInstance, alias: str) -> int:
-    records = instance.fetch_observations(
-        dg.AssetRecordsFilter(asset_key=dg.AssetKey("alias"), asset_partitions=[alias]), limit=1
-    ).records
-    return records[0].asset_observation.metadata["alias_history_moves"].value
+    records = instance.fetch_observations(dg.AssetKey("alias"), limit=1).records
+    return records[0].asset_observation.metadata[f"alias_history_moves.{alias}"].value
 
 
 def test_the_ui_shows_the_history_table_also_when_activation_is_refused(

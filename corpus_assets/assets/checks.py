@@ -118,7 +118,7 @@ def _snapshot_validates(
         snapshot = resolve(ws.catalog, manifest_digest)
         # the verdict moves the snapshot: its partition and its alias are observed (with the
         # shadow diff a reviewer reads before approving), in this code path
-        with observing(ws, snapshot.alias, run.instance, run.log_event, [snapshot.snapshot_id]):
+        with observing(ws, snapshot.alias, run.log_event, [snapshot.snapshot_id]):
             # the build's own check trusts tables unchanged since they last hashed right
             # (storage.trust); approval and activation re-hash every byte
             report = validate_snapshot(ws, manifest_digest, trust_unchanged=True)

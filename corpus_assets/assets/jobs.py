@@ -41,7 +41,7 @@ def activate_alias(
     with corpus.workspace() as ws:
         target = resolve(ws.catalog, config.snapshot_id)
         # a refusal is in the alias's history too: the target's partition shows it
-        with observing(ws, target.alias, context.instance, context.log_event, [target.snapshot_id]):
+        with observing(ws, target.alias, context.log_event, [target.snapshot_id]):
             row = activate(ws, config.snapshot_id, actor=f"run:{context.run_id}")
     context.log.info(f"alias {row.alias} -> {row.active_snapshot} generation {row.generation}")
 
@@ -107,7 +107,7 @@ def approve_digest(
             ws.catalog, ws.config.alias, config.partition.strip(), config.snapshot_id.strip()
         )
         alias = resolve(ws.catalog, target).alias
-        with observing(ws, alias, context.instance, context.log_event, [target]):
+        with observing(ws, alias, context.log_event, [target]):
             snapshot = approve(ws, target, by=by)
     context.log.info(f"{snapshot.snapshot_id} APPROVED by {snapshot.approved_by}")
 

@@ -25,7 +25,6 @@ from typing import Any, Protocol
 
 import dagster as dg
 
-from corpus_assets.assets.partitions import aliases
 from corpus_assets.core.governance import gate, states
 from corpus_assets.core.governance.history import (
     Move,
@@ -252,43 +251,85 @@ def _newest_validated(store: Store, alias: str) -> states.Snapshot | None:
     return max(found, key=lambda s: order[s.snapshot_id]) if found else None
 
 
-def alias_observation(store: Store, alias: str) -> dg.AssetObservation:
-    """The alias as one place: what it serves, what approval would pick, its history."""
-    row = gate.read_gate(store.catalog, alias)
-    partitions = {s.snapshot_id: s.partition_key for s in states.find(store.catalog)}
-    serving = row.active_snapshot or ""
-    candidate = _newest_validated(store, alias)
+ALIAS_COLUMNS = (
+    ("alias", "string", "the alias a training run names"),
+    ("serving", "string", "the snapshotId it serves now (empty: nothing yet)"),
+    ("partition", "string", "that snapshot's partition of manifest"),
+    ("generation", "int", "the alias's current generation"),
+    ("tombstone_watermark", "int", "no snapshot built behind it can activate"),
+    ("benchmark_fence", "int", "likewise for benchmark changes"),
+    ("newest_validated", "string", "what approve_snapshot's default config would approve"),
+)
+
+
+def _alias_text(store: Store, row: gate.Gate, partitions: dict[str, str]) -> list[str]:
+    """One alias as a reader of the catalog page wants it: what it serves, what is next."""
+    serving = row.active_snapshot
     text = [
-        f"Alias `{alias}` serves `{serving or 'nothing yet'}`"
-        + (f" (partition {partitions.get(serving, '?')})" if serving else "")
-        + f" at **generation {row.generation}**; tombstone watermark {row.tombstone_watermark}, "
-        f"benchmark fence {row.benchmark_fence}.",
+        f"### Alias `{row.alias}`",
+        "",
+        (
+            f"Serves `{serving}` (partition {partitions.get(serving, '?')})"
+            if serving
+            else "Serves nothing yet"
+        )
+        + f" at **generation {row.generation}**; tombstone watermark "
+        f"{row.tombstone_watermark}, benchmark fence {row.benchmark_fence}.",
         "",
     ]
+    candidate = _newest_validated(store, row.alias)
     if candidate is None:
-        text.append("No VALIDATED snapshot waits for approval.")
-    else:
-        text += [
-            f"`approve_snapshot` with `partition: newest-validated` would approve "
-            f"`{candidate.snapshot_id}` (partition {candidate.partition_key}); its `review` on "
-            "that `manifest` partition:",
-            "",
-            review_markdown(
-                shadow_diff(store.cas, store.catalog, candidate.snapshot_id), row, partitions
-            ),
-        ]
+        return [*text, "No VALIDATED snapshot waits for approval.", ""]
+    diff = shadow_diff(store.cas, store.catalog, candidate.snapshot_id)
+    return [
+        *text,
+        f"`approve_snapshot` with `partition: newest-validated` would approve "
+        f"`{candidate.snapshot_id}` (partition {candidate.partition_key}); its `review`, also "
+        "on that `manifest` partition:",
+        "",
+        review_markdown(diff, row, partitions),
+        "",
+    ]
+
+
+def alias_observation(store: Store) -> dg.AssetObservation:
+    """Every alias as one place, each observation complete (the page shows each key's newest
+    value): what each serves, at which generation, what approval would pick, its history."""
+    snapshots = states.find(store.catalog)
+    partitions = {s.snapshot_id: s.partition_key for s in snapshots}
+    rows = [gate.read_gate(store.catalog, a) for a in sorted({s.alias for s in snapshots})]
+    text: list[str] = []
+    records = []
+    history: dict[str, dg.MetadataValue] = {}
+    for row in rows:
+        text += _alias_text(store, row, partitions)
+        candidate = _newest_validated(store, row.alias)
+        serving = row.active_snapshot or ""
+        records.append(
+            dg.TableRecord(
+                {
+                    "alias": row.alias,
+                    "serving": serving,
+                    "partition": partitions.get(serving, ""),
+                    "generation": row.generation,
+                    "tombstone_watermark": row.tombstone_watermark,
+                    "benchmark_fence": row.benchmark_fence,
+                    "newest_validated": candidate.snapshot_id if candidate else "",
+                }
+            )
+        )
+        history.update(
+            {f"{k}.{row.alias}": v for k, v in alias_history_metadata(store, row.alias).items()}
+        )
+    schema = dg.TableSchema(
+        columns=[dg.TableColumn(name, kind, description=why) for name, kind, why in ALIAS_COLUMNS]
+    )
     return dg.AssetObservation(
         asset_key=ALIAS_ASSET,
-        partition=alias,
         metadata={
-            "summary": dg.MetadataValue.md("\n".join(text)),
-            "serving": dg.MetadataValue.text(serving),
-            "serving_partition": dg.MetadataValue.text(partitions.get(serving, "")),
-            "generation": dg.MetadataValue.int(row.generation),
-            "tombstone_watermark": dg.MetadataValue.int(row.tombstone_watermark),
-            "benchmark_fence": dg.MetadataValue.int(row.benchmark_fence),
-            "newest_validated": dg.MetadataValue.text(candidate.snapshot_id if candidate else ""),
-            **alias_history_metadata(store, alias),
+            "summary": dg.MetadataValue.md("\n".join(text) or "No snapshot yet."),
+            "aliases": dg.MetadataValue.table(records=records, schema=schema),
+            **history,
         },
     )
 
@@ -309,29 +350,14 @@ def moved_observations(
         if before.get(sid) != now or sid in also or (moved_active and now.state in CANDIDATES)
     ]
     partitions = [state_observation(store, sid, after[sid]) for sid in chosen]
-    return [*partitions, alias_observation(store, alias)]
+    return [*partitions, alias_observation(store)]
 
 
 Emit = Callable[[dg.AssetObservation], None]
 
 
-def record(
-    instance: dg.DagsterInstance, emit: Emit, observations: list[dg.AssetObservation]
-) -> None:
-    """Write ``observations`` through ``emit`` (a run's ``log_event``, or the CLI's runless
-    report), adding each alias's partition of the ``alias`` asset first."""
-    names = sorted({o.partition for o in observations if o.asset_key.path == [ALIAS_ASSET]})
-    missing = [n for n in names if n and not instance.has_dynamic_partition(aliases.name, n)]
-    if missing:
-        instance.add_dynamic_partitions(aliases.name, missing)
-    for observation in observations:
-        emit(observation)
-
-
 @contextmanager
-def observing(
-    store: Store, alias: str, instance: dg.DagsterInstance, emit: Emit, also: Iterable[str] = ()
-) -> Iterator[None]:
+def observing(store: Store, alias: str, emit: Emit, also: Iterable[str] = ()) -> Iterator[None]:
     """Around a move of ``alias``'s snapshots: afterwards (also when the move was refused, which
     leaves an event in the history) observe the alias and every snapshot whose standing
     changed, in the code path that moved it."""
@@ -339,7 +365,8 @@ def observing(
     try:
         yield
     finally:
-        record(instance, emit, moved_observations(store, alias, before, also))
+        for observation in moved_observations(store, alias, before, also):
+            emit(observation)
 
 
 def runless(instance: dg.DagsterInstance) -> Emit:
@@ -349,9 +376,8 @@ def runless(instance: dg.DagsterInstance) -> Emit:
 
 alias_asset = dg.AssetSpec(
     ALIAS_ASSET,
-    partitions_def=aliases,
     group_name="corpus",
-    description="Each alias (partition) as it stands: the snapshot it serves, its generation and "
+    description="Each alias as it stands: the snapshot it serves, its generation and "
     "fences, what `approve_snapshot` would approve by default with its shadow diff, and the "
     "alias's history. Observed by every move, never materialized.",
     deps=[dg.AssetDep("manifest", partition_mapping=dg.AllPartitionMapping())],
