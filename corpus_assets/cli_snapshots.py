@@ -126,8 +126,9 @@ def cmd_activate(args: argparse.Namespace) -> int:
 
 
 def cmd_rollback(args: argparse.Namespace) -> int:
+    actor = cli_actor()  # a refused login name is the first error, before any lookup
     _home, cas, catalog = storage()
     with observed(cas, catalog, resolve(catalog, args.digest).alias):
-        row = rollback(cas, catalog, args.digest, actor=cli_actor())
+        row = rollback(cas, catalog, args.digest, actor=actor)
     print(f"alias {row.alias} -> {row.active_snapshot} generation {row.generation} (rollback)")
     return 0
