@@ -10,6 +10,8 @@ import dagster as dg
 
 from corpus_assets.cli import main
 from corpus_assets.core.governance import states
+from corpus_assets.core.release.card import load_card
+from corpus_assets.core.release.card_html import card_markdown
 from corpus_assets.core.runtime.workspace import open_workspace
 
 
@@ -40,6 +42,18 @@ def test_cli_moves_observe_every_partition_they_change_and_the_alias(demo_home: 
         (new,) = states.for_partition(ws.catalog, "p2")
     _run("approve", new.snapshot_id, "--by", "cli-test")
     with dg.DagsterInstance.get() as instance:
+        # the card on the materialization is the signed snapshot's card, drawn again the same
+        built = (
+            instance.fetch_materializations(
+                dg.AssetRecordsFilter(asset_key=dg.AssetKey("manifest"), asset_partitions=["p2"]), 1
+            )
+            .records[0]
+            .asset_materialization.metadata
+        )
+        with open_workspace() as ws:
+            again = card_markdown(load_card(ws.cas, ws.catalog, new.snapshot_id))
+        assert built["card"].value == again and again.count("](data:image/png;base64,") == 8
+        assert Path(str(built["card_page"].value)).is_file()
         review = _newest(instance, "manifest", "p2")
         assert review["state"] == states.APPROVED and "+1 added" in str(review["review"])
         _run("activate", new.snapshot_id)
@@ -53,8 +67,7 @@ def test_cli_moves_observe_every_partition_they_change_and_the_alias(demo_home: 
         assert "generation 3" in str(_newest(instance, "alias", None)["summary"])
 
         # gc with one kept generation expires p2 (served at generation 2 only)
-        config = Path(str(demo_home / "corpus.yaml"))
-        with config.open("a") as out:
+        with (demo_home / "corpus.yaml").open("a") as out:
             out.write("retention: {keep_generations: 1}\n")
         _run("gc")
         expired = _newest(instance, "manifest", "p2")

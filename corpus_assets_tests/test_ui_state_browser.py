@@ -175,6 +175,8 @@ def test_the_review_shows_before_approval_and_one_partition_serves_after_each_mo
     expect(summary).to_contain_text("+1 added")
     expect(summary).to_contain_text("generation 1")
     shoot(page, artifacts, "2-alias-before-approval")
+    page.goto(f"http://127.0.0.1:{servers.port}/locations/corpus_assets/jobs/approve_snapshot")
+    expect(page.get_by_text("Before launching, review it").first).to_be_visible()  # says where
 
     approve_from_launchpad(page, servers, artifacts)
     wait_for("the publication sensor's activation", lambda: publication_run(servers), 240)

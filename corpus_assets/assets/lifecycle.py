@@ -151,7 +151,18 @@ def review_markdown(diff: dict[str, Any], gate_row: gate.Gate, partitions: dict[
     return "\n".join(lines)
 
 
-def _review(store: Store, snapshot: states.Snapshot, gate_row: gate.Gate) -> dict[str, Any]:
+Diffs = dict[str, dict[str, Any]]  # snapshotId -> its shadow diff, within one observation
+
+
+def _diff(store: Store, snapshot_id: str, diffs: Diffs) -> dict[str, Any]:
+    if snapshot_id not in diffs:
+        diffs[snapshot_id] = shadow_diff(store.cas, store.catalog, snapshot_id)
+    return diffs[snapshot_id]
+
+
+def _review(
+    store: Store, snapshot: states.Snapshot, gate_row: gate.Gate, diffs: Diffs
+) -> dict[str, Any]:
     """``review`` (and ``shadow_diff``) for a candidate; for any other state a line saying the
     snapshot is past review, so no stale diff reads as current."""
     if snapshot.state not in CANDIDATES:
@@ -161,7 +172,7 @@ def _review(store: Store, snapshot: states.Snapshot, gate_row: gate.Gate) -> dic
                 "its last review, against the snapshot it names as `active`."
             )
         }
-    diff = shadow_diff(store.cas, store.catalog, snapshot.snapshot_id)
+    diff = _diff(store, snapshot.snapshot_id, diffs)
     partitions = {s.snapshot_id: s.partition_key for s in states.find(store.catalog)}
     return {
         "review": dg.MetadataValue.md(review_markdown(diff, gate_row, partitions)),
@@ -170,7 +181,7 @@ def _review(store: Store, snapshot: states.Snapshot, gate_row: gate.Gate) -> dic
 
 
 def state_observation(
-    store: Store, snapshot_id: str, standing: Standing | None = None
+    store: Store, snapshot_id: str, standing: Standing | None = None, diffs: Diffs | None = None
 ) -> dg.AssetObservation:
     """What the UI shows on the snapshot's partition of ``manifest``, derived now."""
     snapshot = states.get(store.catalog, snapshot_id)
@@ -190,7 +201,7 @@ def state_observation(
             "snapshotId": dg.MetadataValue.text(snapshot_id),
             "approved_by": dg.MetadataValue.text(snapshot.approved_by or ""),
             "lifecycle": dg.MetadataValue.md(summary_markdown(snapshot, standing, events)),
-            **_review(store, snapshot, gate_row),
+            **_review(store, snapshot, gate_row, {} if diffs is None else diffs),
         },
     )
 
@@ -262,7 +273,9 @@ ALIAS_COLUMNS = (
 )
 
 
-def _alias_text(store: Store, row: gate.Gate, partitions: dict[str, str]) -> list[str]:
+def _alias_text(
+    store: Store, row: gate.Gate, partitions: dict[str, str], diffs: Diffs
+) -> list[str]:
     """One alias as a reader of the catalog page wants it: what it serves, what is next."""
     serving = row.active_snapshot
     text = [
@@ -280,7 +293,7 @@ def _alias_text(store: Store, row: gate.Gate, partitions: dict[str, str]) -> lis
     candidate = _newest_validated(store, row.alias)
     if candidate is None:
         return [*text, "No VALIDATED snapshot waits for approval.", ""]
-    diff = shadow_diff(store.cas, store.catalog, candidate.snapshot_id)
+    diff = _diff(store, candidate.snapshot_id, diffs)
     return [
         *text,
         f"`approve_snapshot` with `partition: newest-validated` would approve "
@@ -292,7 +305,7 @@ def _alias_text(store: Store, row: gate.Gate, partitions: dict[str, str]) -> lis
     ]
 
 
-def alias_observation(store: Store) -> dg.AssetObservation:
+def alias_observation(store: Store, diffs: Diffs | None = None) -> dg.AssetObservation:
     """Every alias as one place, each observation complete (the page shows each key's newest
     value): what each serves, at which generation, what approval would pick, its history."""
     snapshots = states.find(store.catalog)
@@ -302,7 +315,7 @@ def alias_observation(store: Store) -> dg.AssetObservation:
     records = []
     history: dict[str, dg.MetadataValue] = {}
     for row in rows:
-        text += _alias_text(store, row, partitions)
+        text += _alias_text(store, row, partitions, {} if diffs is None else diffs)
         candidate = _newest_validated(store, row.alias)
         serving = row.active_snapshot or ""
         records.append(
@@ -349,8 +362,9 @@ def moved_observations(
         for sid, now in after.items()
         if before.get(sid) != now or sid in also or (moved_active and now.state in CANDIDATES)
     ]
-    partitions = [state_observation(store, sid, after[sid]) for sid in chosen]
-    return [*partitions, alias_observation(store)]
+    diffs: Diffs = {}  # one shadow diff per candidate, however many views show it
+    partitions = [state_observation(store, sid, after[sid], diffs) for sid in chosen]
+    return [*partitions, alias_observation(store, diffs)]
 
 
 Emit = Callable[[dg.AssetObservation], None]
