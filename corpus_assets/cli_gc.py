@@ -7,6 +7,7 @@ import json
 from dataclasses import asdict
 
 from corpus_assets.cli_common import CliError, note
+from corpus_assets.cli_observe import observed
 from corpus_assets.core.release.gc import GcError, collect, expire, plan
 from corpus_assets.core.release.scrub import scrub
 from corpus_assets.core.runtime.workspace import open_workspace
@@ -19,7 +20,8 @@ def cmd_gc(args: argparse.Namespace) -> int:
         try:
             planned = plan(ws.cas, ws.catalog, config.alias, config.retention.keep_generations)
             if not args.dry_run:
-                expire(ws.catalog, planned)
+                with observed(ws.cas, ws.catalog, config.alias):  # expired: shown in the UI
+                    expire(ws.catalog, planned)
         except GcError as error:
             raise CliError(str(error)) from None
         if not args.dry_run:

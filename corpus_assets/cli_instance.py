@@ -76,3 +76,10 @@ def dagster_instance() -> "DagsterInstance":
 def run_config() -> dict[str, Any]:
     """Dagster's console logs only with ``CORPUS_VERBOSE``: the CLI prints its own lines."""
     return {} if os.environ.get("CORPUS_VERBOSE") else QUIET
+
+
+def existing_instance() -> "DagsterInstance | None":
+    """The instance the CLI's runs use, if one was ever made (``dagster_instance``, ``make ui``),
+    else None: a command that moves a state writes its observations there without creating a
+    Dagster home for someone who never uses Dagster."""
+    return dagster_instance() if (dagster_home() / "dagster.yaml").is_file() else None

@@ -7,10 +7,12 @@ import sys
 from typing import Any
 
 from corpus_assets.cli_common import CliError, cli_actor, storage
+from corpus_assets.cli_observe import observed
 from corpus_assets.cli_runs import activate_via_job, build
 from corpus_assets.core.governance import states
 from corpus_assets.core.release.publish import approve, rollback
 from corpus_assets.core.release.validation import verify_snapshot
+from corpus_assets.core.release.verify import resolve
 from corpus_assets.core.runtime.config import config_path, default_home
 from corpus_assets.core.runtime.workspace import open_home, open_workspace
 from corpus_assets.demo import write_demo
@@ -72,7 +74,7 @@ def cmd_demo(_args: argparse.Namespace) -> int:
     _print_build(built)
     if built["state"] != states.VALIDATED:
         raise CliError(f"snapshot {built['snapshotId']} did not validate")
-    with open_workspace() as ws:
+    with open_workspace() as ws, observed(ws.cas, ws.catalog, ws.config.alias):
         approve(ws, built["snapshotId"], by="demo")
     row = activate_via_job(built["snapshotId"])
     print(f"approved by demo; alias {row.alias} -> {row.active_snapshot}")
@@ -108,7 +110,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 def cmd_approve(args: argparse.Namespace) -> int:
     """Every validity rule needs the config (the canary re-parses its sources), not just a home."""
-    with open_workspace() as ws:
+    with (
+        open_workspace() as ws,
+        observed(ws.cas, ws.catalog, resolve(ws.catalog, args.digest).alias),
+    ):
         snapshot = approve(ws, args.digest, args.by)
     print(f"{snapshot.snapshot_id} APPROVED by {snapshot.approved_by}")
     return 0
@@ -121,7 +126,9 @@ def cmd_activate(args: argparse.Namespace) -> int:
 
 
 def cmd_rollback(args: argparse.Namespace) -> int:
+    actor = cli_actor()  # a refused login name is the first error, before any lookup
     _home, cas, catalog = storage()
-    row = rollback(cas, catalog, args.digest, actor=cli_actor())
+    with observed(cas, catalog, resolve(catalog, args.digest).alias):
+        row = rollback(cas, catalog, args.digest, actor=actor)
     print(f"alias {row.alias} -> {row.active_snapshot} generation {row.generation} (rollback)")
     return 0

@@ -10,6 +10,7 @@ from corpus_assets.assets.executor import pooled_in_process_executor
 from corpus_assets.assets.governance_jobs import GOVERNANCE_JOBS
 from corpus_assets.assets.jobs import activate_snapshot, approve_snapshot, build_snapshot
 from corpus_assets.assets.layers import LAYER_ASSETS
+from corpus_assets.assets.lifecycle import alias_asset
 from corpus_assets.assets.lineage_jobs import record_lineage
 from corpus_assets.assets.partition_guard import partition_key_guard
 from corpus_assets.assets.resources import CorpusResource
@@ -27,7 +28,7 @@ warnings.filterwarnings(
 )
 
 defs = dg.Definitions(
-    assets=LAYER_ASSETS,
+    assets=[*LAYER_ASSETS, alias_asset],
     asset_checks=[*LAYER_CHECKS, snapshot_validates],
     jobs=[
         build_snapshot,

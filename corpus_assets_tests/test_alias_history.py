@@ -81,24 +81,20 @@ def test_history_shows_approvals_activation_rollback_and_a_fence_refusal(
     assert alias_moves(ws.cas, ws.catalog, "demo", last=len(moves) + 5) == moves
 
 
-def _history_table(instance: dg.DagsterInstance, key: str) -> list[dict[str, object]]:
-    """The ``alias_history`` table of the newest observation of ``manifest`` on ``key``."""
-    records = instance.fetch_observations(
-        dg.AssetRecordsFilter(asset_key=dg.AssetKey("manifest"), asset_partitions=[key]), limit=20
-    ).records
-    (newest, *_older) = [r for r in records if "alias_history" in r.asset_observation.metadata]
-    table = newest.asset_observation.metadata["alias_history"]
+def _history_table(instance: dg.DagsterInstance, alias: str) -> list[dict[str, object]]:
+    """The ``alias_history.ALIAS`` table of the newest observation of the ``alias`` asset: the
+    aliases' one place in the UI."""
+    records = instance.fetch_observations(dg.AssetKey("alias"), limit=1).records
+    table = records[0].asset_observation.metadata[f"alias_history.{alias}"]
     assert isinstance(table, dg.TableMetadataValue) and table.schema is not None
     types = {c.name: c.type for c in table.schema.columns}
     assert types["generation"] == types["tombstone_watermark"] == "int"
     return [dict(record.data) for record in table.records]
 
 
-def _history_moves(instance: dg.DagsterInstance, key: str) -> int:
-    records = instance.fetch_observations(
-        dg.AssetRecordsFilter(asset_key=dg.AssetKey("manifest"), asset_partitions=[key]), limit=1
-    ).records
-    return records[0].asset_observation.metadata["alias_history_moves"].value
+def _history_moves(instance: dg.DagsterInstance, alias: str) -> int:
+    records = instance.fetch_observations(dg.AssetKey("alias"), limit=1).records
+    return records[0].asset_observation.metadata[f"alias_history_moves.{alias}"].value
 
 
 def test_the_ui_shows_the_history_table_also_when_activation_is_refused(
@@ -111,7 +107,7 @@ def test_the_ui_shows_the_history_table_also_when_activation_is_refused(
         instance.add_dynamic_partitions("snapshots", ["p1", "p2"])
         approve.execute_in_process(approval_run_config("p1", approver="alice"), instance=instance)
         run = activate.execute_in_process(activation_run_config(p1), instance=instance)
-        rows = _history_table(instance, "p1")
+        rows = _history_table(instance, "demo")
         last = rows[-1]
         assert (last["snapshot_id"], last["to_state"], last["generation"]) == (p1, "ACTIVE", 1)
         assert last["actor"] == f"run:{run.run_id}" and last["tombstone_watermark"] == 0
@@ -124,14 +120,14 @@ def test_the_ui_shows_the_history_table_also_when_activation_is_refused(
             activation_run_config(p2), instance=instance, raise_on_error=False
         )
         assert not refused.success
-        last = _history_table(instance, "p2")[-1]
+        last = _history_table(instance, "demo")[-1]
         moved = (last["snapshot_id"], last["from_state"], last["to_state"])
         assert moved == (p2, "APPROVED", "APPROVED")
         assert last["actor"] == f"run:{refused.run_id}" and last["generation"] == 1
         assert "gate is at tombstone 1" in str(last["detail"])
         with open_workspace() as ws:
             total = count_moves(ws.catalog, "demo")
-        assert _history_moves(instance, "p2") == total == len(_history_table(instance, "p2"))
+        assert _history_moves(instance, "demo") == total == len(_history_table(instance, "demo"))
 
 
 def test_the_ui_table_holds_only_the_newest_moves(

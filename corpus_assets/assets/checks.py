@@ -17,11 +17,13 @@ from typing import Any
 import dagster as dg
 
 from corpus_assets.assets.executor import pooled_in_process_executor
-from corpus_assets.assets.lifecycle import state_observation
+from corpus_assets.assets.lifecycle import observing
 from corpus_assets.assets.partitions import snapshots
 from corpus_assets.assets.resources import CorpusResource
+from corpus_assets.core.governance import states
 from corpus_assets.core.release.layer_checks import ERROR, RULES, check_layer
 from corpus_assets.core.release.validation import validate_snapshot
+from corpus_assets.core.release.verify import resolve
 from corpus_assets.core.runtime.keys import validate_partition_key
 
 CHECK_JOB = "check_snapshot"
@@ -117,18 +119,22 @@ def _snapshot_validates(
         if manifest_digest is None:  # never in a build (the check follows the manifest's step)
             context.log.warning(f"skipped: manifest is not built for partition {key}")
             return
+        run = context.op_execution_context
+        snapshot = resolve(ws.catalog, manifest_digest)
         # the build's own check trusts tables unchanged since they last hashed right
         # (storage.trust); a re-check asked for by hand, approval and activation re-hash every byte
-        rechecked = context.op_execution_context.job_name == CHECK_JOB
-        report = validate_snapshot(ws, manifest_digest, trust_unchanged=not rechecked)
-        observation = state_observation(ws, report.snapshot_id)
-    context.op_execution_context.log_event(observation)
+        rechecked = run.job_name == CHECK_JOB
+        # the verdict moves the snapshot: its partition and its alias are observed (with the
+        # shadow diff a reviewer reads before approving), in this code path
+        with observing(ws, snapshot.alias, run.log_event, [snapshot.snapshot_id]):
+            report = validate_snapshot(ws, manifest_digest, trust_unchanged=not rechecked)
+        state = states.get(ws.catalog, report.snapshot_id).state
     yield dg.AssetCheckResult(
         asset_key="manifest",
         check_name="snapshot_validates",
         passed=report.ok,
         description="; ".join(report.findings[:5]) if report.findings else "all digests verified",
-        metadata=_gate_metadata(report, str(observation.metadata["state"].value)),
+        metadata=_gate_metadata(report, state),
     )
 
 

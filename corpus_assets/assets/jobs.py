@@ -8,15 +8,11 @@ from pydantic import Field, field_validator
 
 from corpus_assets.assets.executor import pooled_in_process_executor
 from corpus_assets.assets.layers import LAYER_ASSETS
-from corpus_assets.assets.lifecycle import moved_observations, state_observation
+from corpus_assets.assets.lifecycle import observing
 from corpus_assets.assets.resources import CorpusResource
-from corpus_assets.core.governance import states
 from corpus_assets.core.governance.audit_fields import audit_field
-from corpus_assets.core.governance.gate import GateError
 from corpus_assets.core.release.publish import NEWEST_VALIDATED, activate, approval_target, approve
-from corpus_assets.core.release.shadow import shadow_diff
 from corpus_assets.core.release.verify import resolve
-from corpus_assets.core.runtime.workspace import Workspace
 
 BUILD_TAG = "corpus/build"
 
@@ -41,32 +37,19 @@ class ActivationConfig(dg.Config):
     snapshot_id: str
 
 
-def _alias_states(ws: Workspace, alias: str) -> dict[str, str]:
-    return {s.snapshot_id: s.state for s in states.find(ws.catalog) if s.alias == alias}
-
-
 @dg.op(
     description="Re-apply every validity rule, then compare-and-swap the alias gate row to this "
-    "APPROVED snapshot."
+    "APPROVED snapshot; observes the alias and every snapshot whose standing changed."
 )
 def activate_alias(
     context: dg.OpExecutionContext, config: ActivationConfig, corpus: CorpusResource
 ) -> None:
     with corpus.workspace() as ws:
         target = resolve(ws.catalog, config.snapshot_id)
-        alias = target.alias
-        before = _alias_states(ws, alias)
-        try:
+        # a refusal is in the alias's history too: the target's partition shows it
+        with observing(ws, target.alias, context.log_event, [target.snapshot_id]):
             row = activate(ws, config.snapshot_id, actor=f"run:{context.run_id}")
-        except GateError:  # the refusal is in the alias's history: show it on the partition
-            context.log_event(state_observation(ws, target.snapshot_id))
-            raise
-        after = _alias_states(ws, alias)
-        moved = [sid for sid, state in after.items() if before.get(sid) != state]
-        observations = moved_observations(ws, moved)
     context.log.info(f"alias {row.alias} -> {row.active_snapshot} generation {row.generation}")
-    for observation in observations:
-        context.log_event(observation)
 
 
 @dg.job(
@@ -77,7 +60,10 @@ def activate_snapshot() -> None:
 
 
 class ApprovalConfig(dg.Config):
-    """What to approve, chosen by partition, never by pasting a digest; and who says so."""
+    """What to approve, chosen by partition, never by pasting a digest; and who says so.
+    Review first (the launchpad cannot show it): the `alias` asset's partition of your alias
+    shows what `newest-validated` resolves to now and its shadow diff against what the alias
+    serves; each candidate's `manifest` partition shows the same as `review`."""
 
     partition: str = Field(
         default=NEWEST_VALIDATED,
@@ -86,8 +72,10 @@ class ApprovalConfig(dg.Config):
     )
     snapshot_id: str = Field(
         default="",
-        description="Optional: the snapshotId or manifest digest you reviewed. If given, "
-        "approval is refused unless the partition resolves to exactly that snapshot.",
+        description="Optional: the snapshotId or manifest digest you reviewed (the `alias` "
+        "asset's `newest_validated`, or `snapshotId` on the candidate's `manifest` partition, "
+        "beside its `review`). If given, approval is refused unless the partition resolves to "
+        "exactly that snapshot.",
     )
     approver: str = Field(
         default="",
@@ -124,23 +112,19 @@ def approve_digest(
         target = approval_target(
             ws.catalog, ws.config.alias, config.partition.strip(), config.snapshot_id.strip()
         )
-        diff = shadow_diff(ws.cas, ws.catalog, target)
-        snapshot = approve(ws, target, by=by)
-        observation = state_observation(ws, snapshot.snapshot_id)
+        alias = resolve(ws.catalog, target).alias
+        with observing(ws, alias, context.log_event, [target]):
+            snapshot = approve(ws, target, by=by)
     context.log.info(f"{snapshot.snapshot_id} APPROVED by {snapshot.approved_by}")
-    context.log_event(observation)
-    context.log_event(
-        dg.AssetObservation(
-            asset_key="manifest",
-            partition=snapshot.partition_key,
-            metadata={"shadow_diff": dg.MetadataValue.json(diff)},
-        )
-    )
 
 
 @dg.job(
-    description="Approve a snapshot from the UI: launch with the default config to approve the "
-    "newest VALIDATED snapshot, or set `partition`; no digest to paste."
+    description="Approve a snapshot from the UI. Before launching, review it: Catalog -> `alias` "
+    "-> your alias's partition shows what it serves and what the default config "
+    "(`partition: newest-validated`) would approve, with the shadow diff (members added, "
+    "removed, split migrations, share shifts); the candidate's `manifest` partition shows the "
+    "same as `review`. Set `snapshot_id` to the snapshot you reviewed to bind the approval to "
+    "it; no digest needs pasting otherwise."
 )
 def approve_snapshot() -> None:
     approve_digest()

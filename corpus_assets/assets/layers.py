@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 import dagster as dg
 
+from corpus_assets.assets.card import card_metadata
 from corpus_assets.assets.metadata import column_schema, layer_metadata
 from corpus_assets.assets.partitions import snapshots
 from corpus_assets.assets.resources import CorpusResource
@@ -103,7 +104,11 @@ def layer_asset(layer: str, deps: Sequence[str]) -> dg.AssetsDefinition:
         # the CAS lock, shared: a gc waits for this step as for a CLI build (``release.gc``)
         with corpus.workspace() as ws, ws.cas_lock():
             result = build(ws, key)
-            extra = lineage_markdown(ws, result.digest) if layer == "manifest" else None
+            extra = (
+                {**lineage_markdown(ws, result.digest), **card_metadata(ws, result.digest)}
+                if layer == "manifest"
+                else None
+            )
         context.log.info(f"{layer} {key}: {result.digest} {result.counts} run {result.run_stats}")
         return to_materialize_result(result, extra)
 

@@ -106,3 +106,16 @@ def _manifest_fences(cas: ContentStore, digest: str) -> tuple[int | None, int | 
     except CasError:
         return None, None
     return int(manifest["tombstoneWatermark"]), int(manifest["benchmarkFence"])
+
+
+def served_generations(catalog: Catalog, alias: str) -> dict[str, int]:
+    """Per snapshot of ``alias`` that ever served: the newest generation that pointed at it (an
+    activation or a rollback to it). A fact of the snapshot that only its own moves change,
+    unlike the alias's current generation, which every move of any snapshot changes."""
+    with catalog.begin() as conn:
+        rows = conn.execute(
+            select(alias_history.c.snapshot_id, func.max(alias_history.c.generation))
+            .where(alias_history.c.alias == alias)
+            .group_by(alias_history.c.snapshot_id)
+        ).all()
+    return {sid: int(generation) for sid, generation in rows}

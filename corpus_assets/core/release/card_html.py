@@ -31,10 +31,11 @@ SECTIONS = (
 )
 
 
-def write_card(card: Card, out: Path) -> Path:
-    """Write ``out/index.html`` and its plots (``out`` is created); the page's path."""
+def write_card(card: Card, out: Path, plots: Mapping[str, bytes] | None = None) -> Path:
+    """Write ``out/index.html`` and its plots (``out`` is created); the page's path.
+    ``plots``: ``render_plots(card)`` when the caller already drew them."""
     out.mkdir(parents=True, exist_ok=True)
-    plots = render_plots(card)
+    plots = render_plots(card) if plots is None else plots
     for name, data in plots.items():
         _publish(out / name, data)
     page = out / "index.html"
@@ -77,11 +78,14 @@ def card_html(card: Card, plots: Iterable[str]) -> str:
     )
 
 
-def card_markdown(card: Card, image_base: str | None = None) -> str:
+def card_markdown(
+    card: Card, image_base: str | None = None, plots: Mapping[str, bytes] | None = None
+) -> str:
     """Markdown for the manifest's materialization: the facts table and every plot, linked
     under ``image_base`` (where ``write_card`` wrote them, as the UI can reach them) or, without
-    one, inline as ``data:`` URIs (each plot is tens of KB)."""
-    plots = render_plots(card)
+    one, inline as ``data:`` URIs (each plot is tens of KB; Dagster's UI renders them).
+    ``plots``: ``render_plots(card)`` when the caller already drew them."""
+    plots = render_plots(card) if plots is None else plots
     lines = [f"**Dataset card** of `{card.snapshot_id}`", "", "| | |", "|---|---|"]
     lines += [f"| {name} | {_md(value)} |" for name, value in _facts(card)]
     lines.append("")

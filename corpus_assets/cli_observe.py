@@ -1,0 +1,26 @@
+"""A state move made on the command line shows in the UI at once: around the move the CLI
+writes the same observations a run writes (``assets.lifecycle.observing``) straight to the
+Dagster instance, when there is one."""
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING
+
+from corpus_assets.cli_instance import existing_instance
+
+if TYPE_CHECKING:
+    from corpus_assets.core.storage.cas import ContentStore
+    from corpus_assets.core.storage.catalog import Catalog
+
+
+@contextmanager
+def observed(cas: "ContentStore", catalog: "Catalog", alias: str) -> Iterator[None]:
+    """Observe ``alias`` and every snapshot of it whose standing the body changed."""
+    instance = existing_instance()
+    if instance is None:
+        yield
+        return
+    from corpus_assets.assets.lifecycle import BareStore, observing, runless
+
+    with observing(BareStore(cas, catalog), alias, runless(instance)):
+        yield
