@@ -33,7 +33,7 @@ from corpus_assets.core.governance.history import (
     served_generations,
 )
 from corpus_assets.core.release.shadow import shadow_diff
-from corpus_assets.core.storage.cas import ContentStore
+from corpus_assets.core.storage.cas import CasError, ContentStore
 from corpus_assets.core.storage.catalog import Catalog
 
 UI_HISTORY_ROWS = 100
@@ -172,7 +172,10 @@ def _review(
                 "its last review, against the snapshot it names as `active`."
             )
         }
-    diff = _diff(store, snapshot.snapshot_id, diffs)
+    try:
+        diff = _diff(store, snapshot.snapshot_id, diffs)
+    except CasError as e:  # e.g. its manifest gone from the store: the move is still shown
+        return {"review": dg.MetadataValue.md(f"**not reviewable**: {e}")}
     partitions = {s.snapshot_id: s.partition_key for s in states.find(store.catalog)}
     return {
         "review": dg.MetadataValue.md(review_markdown(diff, gate_row, partitions)),
