@@ -1,7 +1,7 @@
 """The held-out search as tasks on the runner: one per group of member chunks (issue 33).
 
 With more than one worker (or the Ray engine) the driver writes the held-out records' rows,
-signatures, text digests and every row's threshold once to a scratch file under the data
+signatures, text digests and every row's threshold once to a scratch folder under the data
 home's ``tmp`` (few records; every worker shares the home). Each task takes one group of
 consecutive signature chunks (a group closes once it holds ``GROUP_RECORDS`` records, so the
 groups never depend on the worker count), finds its members' candidates against the held-out
@@ -16,6 +16,7 @@ layer writes from it, is the in-process search's. Only the counts of work done d
 """
 
 import os
+import shutil
 import tempfile
 import time
 from collections.abc import Sequence
@@ -50,6 +51,8 @@ if TYPE_CHECKING:
 GROUP_RECORDS = 1 << 15  # member records a task searches at least (whole chunks)
 GROUP_ENV = "CORPUS_HELDOUT_GROUP_RECORDS"  # overrides it (tests: several groups)
 FETCH = 256  # texts read and fingerprinted together
+SIGNATURES, DIGESTS = "signatures.npy", "digests.arrow"  # the held-out side's files
+DIGEST_SCHEMA = pa.schema([("text_digest", pa.string())])
 KNOWN = """
 WITH q AS (SELECT i, least(x, y) AS a, greatest(x, y) AS b FROM ho_estimated)
 SELECT i, min(jaccard) AS jaccard FROM (
@@ -80,7 +83,7 @@ class GroupJob:
     """One task: a group's signature files, its member rows (and moved ones), and where the
     held-out side and the known Jaccards are."""
 
-    scratch: str  # the held-out side (``_write_heldout``)
+    scratch: str  # the held-out side's folder (``_write_heldout``)
     chunks: list[ChunkRecords]  # every chunk (texts of held-out records live anywhere)
     first: int  # the group's chunks: chunks[first:end], its rows start at ``start``
     end: int
@@ -113,14 +116,13 @@ def pooled_search(
         return None
     folder = scan.ws.home / "tmp"
     folder.mkdir(parents=True, exist_ok=True)
-    fd, scratch = tempfile.mkstemp(dir=folder, prefix=".heldout-", suffix=".npz")
+    scratch = tempfile.mkdtemp(dir=folder, prefix=".heldout-")
     try:
-        with os.fdopen(fd, "wb") as sink:
-            _write_heldout(sink, scan, heldout, moved)
+        _write_heldout(Path(scratch), scan, heldout, moved)
         jobs = [_job(scan, scratch, first, end, rows, moved, tables) for first, end in groups]
         results = pooled(scan.ws, search_group, jobs, None, None, None, size)
     finally:
-        Path(scratch).unlink(missing_ok=True)
+        shutil.rmtree(scratch, ignore_errors=True)
     return _joined(results)
 
 
@@ -150,32 +152,44 @@ def _within(rows: np.ndarray, lo: int, hi: int) -> np.ndarray:
 
 
 def _write_heldout(
-    sink: Any, scan: "HeldoutScan", heldout: np.ndarray, moved: np.ndarray | None
+    scratch: Path, scan: "HeldoutScan", heldout: np.ndarray, moved: np.ndarray | None
 ) -> None:
-    """The held-out side as an ``.npz``: rows, (records, num_perm) signatures read one
-    permutation row of a chunk at a time, text digests, moved flags, and every threshold."""
+    """The held-out side as files in ``scratch``: rows, (records, num_perm) signatures and
+    text digests written a chunk at a time (the driver never holds them all: at 1.1 GB they
+    were ~300 MB of its peak), moved flags and every threshold. Tasks memory-map them."""
     starts = np.cumsum([0, *(c.count for c in scan.chunks)])
-    signatures = np.empty((len(heldout), scan.params.num_perm), dtype=np.uint32)
     cut = np.searchsorted(heldout, starts)
-    for i, block in enumerate(scan.blocks):
-        local = heldout[cut[i] : cut[i + 1]] - starts[i]
-        if not len(local):
-            continue
-        for perm in range(scan.params.num_perm):
-            signatures[cut[i] : cut[i + 1], perm] = block.row(perm)[local]
-    digests = _text_digests(scan.ws, scan.chunks, heldout)
+    shape = (len(heldout), scan.params.num_perm)
+    header = {"descr": np.dtype(np.uint32).str, "fortran_order": False, "shape": shape}
+    with open(scratch / SIGNATURES, "wb") as sink:
+        np.lib.format.write_array_header_1_0(sink, header)
+        for i, block in enumerate(scan.blocks):
+            local = heldout[cut[i] : cut[i + 1]] - starts[i]
+            if len(local):
+                sink.write(np.stack([block.row(p)[local] for p in range(shape[1])], 1).tobytes())
+    with pa.ipc.new_file(scratch / DIGESTS, DIGEST_SCHEMA) as writer:
+        for i, chunk in enumerate(scan.chunks):
+            local = heldout[cut[i] : cut[i + 1]] - starts[i]
+            if len(local):
+                digests = text_digests(scan.ws, [chunk], local)
+                writer.write_table(pa.table([digests], schema=DIGEST_SCHEMA))
+    np.save(scratch / "rows.npy", heldout)
     is_moved = np.isin(heldout, moved) if moved is not None else np.zeros(len(heldout), bool)
-    np.savez(
-        sink,
-        rows=heldout,
-        signatures=signatures,
-        digests=np.array(digests.to_pylist(), dtype=str),
-        moved=is_moved,
-        thresholds=scan.thresholds,
-    )
+    np.save(scratch / "moved.npy", is_moved)
+    np.save(scratch / "thresholds.npy", scan.thresholds)
 
 
-def _text_digests(ws: Workspace, chunks: list[ChunkRecords], rows: np.ndarray) -> pa.ChunkedArray:
+def _read_heldout(scratch: Path) -> tuple[np.ndarray, np.ndarray, pa.Array, np.ndarray, np.ndarray]:
+    """``_write_heldout``'s files, memory-mapped (every task of a machine shares the pages):
+    rows, signatures, text digests, moved flags, thresholds."""
+    signatures = np.load(scratch / SIGNATURES, mmap_mode="r")
+    with pa.ipc.open_file(pa.memory_map(str(scratch / DIGESTS))) as reader:
+        digests = reader.read_all().column(0).combine_chunks()
+    load = [np.load(scratch / name) for name in ("rows.npy", "moved.npy", "thresholds.npy")]
+    return load[0], signatures, digests, load[1], load[2]
+
+
+def text_digests(ws: Workspace, chunks: list[ChunkRecords], rows: np.ndarray) -> pa.ChunkedArray:
     """Text digests of ascending rows of ``chunks`` (each chunk's digest column read only
     when needed), kept in Arrow."""
     starts = np.cumsum([0, *(c.count for c in chunks)])
@@ -190,20 +204,33 @@ def _text_digests(ws: Workspace, chunks: list[ChunkRecords], rows: np.ndarray) -
     return pa.chunked_array(parts, pa.string())
 
 
+class RowDigests:
+    """Every canonical row's text digest, by global row, read from the chunk tables only for
+    the rows taken (a chunk's column at a time): the driver holds no column of all rows (at
+    1.1 GB that column was ~270 MB of the splits layer's peak). The caller checked the tables."""
+
+    def __init__(self, ws: Workspace, chunks: list[ChunkRecords]) -> None:
+        self.ws, self.chunks = ws, chunks
+
+    def take(self, rows: pa.Array) -> pa.Array:
+        wanted = np.asarray(rows.to_numpy(zero_copy_only=False), dtype=np.int64)
+        unique = np.unique(wanted)
+        found = text_digests(self.ws, self.chunks, unique).combine_chunks()
+        return found.take(pa.array(np.searchsorted(unique, wanted), pa.int64()))
+
+
 def search_group(ws: Workspace, job: GroupJob, _spec: Any = None, _done: Any = None) -> Any:
     """A task: the group's verified pairs in global rows (``HeldoutPairs``, (a, b) order) and
     the id of the process that searched them. Local rows number the held-out records first,
     then the group's rows."""
     started = time.process_time()
-    with np.load(job.scratch) as held:
-        hrows, held_digests = held["rows"], pa.array(held["digests"], pa.string())
-        blocks = [RowMajor(held["signatures"]), *job.blocks]
-        is_moved, taus = held["moved"], held["thresholds"]
+    hrows, signatures, held_digests, is_moved, taus = _read_heldout(Path(job.scratch))
+    blocks = [RowMajor(signatures), *job.blocks]
     group = job.chunks[job.first : job.end]
     own = np.arange(job.start, job.start + sum(c.count for c in group))
     to_global = np.concatenate([hrows, own])
     a, b = _owned_candidates(job, blocks, hrows, is_moved, to_global)
-    own_digests = _text_digests(ws, group, own - job.start).chunks
+    own_digests = text_digests(ws, group, own - job.start).chunks
     digests = pa.chunked_array([held_digests, *own_digests], pa.string())
     texts = TextLookup(ws, job.chunks, verified=True)
     with spilling(ws.home, threads=1) as con:  # the view's cap, as the driver's search
@@ -287,7 +314,7 @@ def _joined(done: list[tuple[HeldoutPairs, int]]) -> HeldoutPairs:
 def known_jaccards(
     con: duckdb.DuckDBPyConnection,
     tables: tuple[str, ...],
-    digests: pa.Array | pa.ChunkedArray,
+    digests: "pa.Array | pa.ChunkedArray | RowDigests",
     a: np.ndarray,
     b: np.ndarray,
 ) -> np.ndarray:
@@ -307,15 +334,15 @@ def known_jaccards(
 
 
 def by_digest(
-    digests: pa.Array | pa.ChunkedArray,
+    digests: "pa.Array | pa.ChunkedArray | RowDigests",
     x: np.ndarray,
     y: np.ndarray,
     extra: dict[str, np.ndarray],
 ) -> pa.Table:
-    """Pairs of rows as their two text digests ``x`` and ``y``, with ``extra`` columns."""
-    xs = digests.take(pa.array(x, pa.int64()))
-    ys = digests.take(pa.array(y, pa.int64()))
-    return pa.table({**extra, "x": xs, "y": ys})
+    """Pairs of rows as their two text digests ``x`` and ``y``, with ``extra`` columns (the
+    digests taken once for both sides: a :class:`RowDigests` reads its chunks once)."""
+    both = digests.take(pa.array(np.concatenate([x, y]), pa.int64()))
+    return pa.table({**extra, "x": both.slice(0, len(x)), "y": both.slice(len(x))})
 
 
 def fingerprint_rows(texts: TextLookup, spec: SignatureSpec, rows: np.ndarray) -> list[np.ndarray]:

@@ -38,7 +38,6 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from corpus_assets.core.dedup.fingerprint_store import TextLookup
 from corpus_assets.core.dedup.heldout_search import HeldoutPairs, HeldoutParams, Known, search
@@ -62,6 +61,7 @@ from corpus_assets.core.training_view.heldout_state import (
     union_pairs,
 )
 from corpus_assets.core.training_view.heldout_tasks import (
+    RowDigests,
     by_digest,
     fingerprint_rows,
     known_jaccards,
@@ -252,23 +252,19 @@ class HeldoutScan:
         """The members' global canonical rows, record ids and splits, and every row's text
         digest. The rows come from one SQL join on (record id, object, line), which DuckDB runs
         within its cap: the canonical tables' ids and objects in Arrow, and their lookup,
-        raised a 1.1 GB build's peak by ~250 MB. Only the text digests are held, per row."""
+        raised a 1.1 GB build's peak by ~250 MB. Text digests are read when pairs ask for them."""
         if not self.chunks:
             none = pa.array([], pa.string())
             return _Members(np.empty(0, np.int64), EMPTY_ROWS, none, none, pa.chunked_array([none]))
         paths = [self.files.path(c.records["digest"], c.what) for c in self.chunks]
-        digests = pa.chunked_array(
-            pq.read_table(path, columns=["text_digest"])["text_digest"].combine_chunks()
-            for path in paths
-        )
-        return self._joined(con, members, paths, digests)
+        return self._joined(con, members, paths, RowDigests(self.ws, self.chunks))
 
     def _joined(
         self,
         con: duckdb.DuckDBPyConnection,
         members: str,
         paths: list[str],
-        digests: pa.ChunkedArray,
+        digests: RowDigests,
     ) -> "_Members":
         """``_positions`` as one SQL join on (record id, object, line)."""
         starts = np.cumsum([0, *(c.count for c in self.chunks)])[:-1].tolist()
@@ -323,7 +319,7 @@ class _Members:
     order: np.ndarray  # per ``rows[i]``, its index in ``ids`` and ``splits``
     ids: pa.Array | pa.ChunkedArray
     splits: pa.Array | pa.ChunkedArray
-    digests: pa.ChunkedArray  # per global row
+    digests: RowDigests  # per global row, read when taken
 
     def pairs(self, found: HeldoutPairs) -> pa.Table:
         """The found pairs as ``PAIR_COLUMNS`` rows, in the search's (a, b) order."""
@@ -344,7 +340,7 @@ class _Members:
 
 def _store_verified(
     con: duckdb.DuckDBPyConnection,
-    digests: pa.ChunkedArray,
+    digests: RowDigests,
     x: np.ndarray,
     y: np.ndarray,
     jaccard: np.ndarray,
