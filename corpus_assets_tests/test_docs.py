@@ -64,13 +64,11 @@ def comments_and_docstrings(source: str) -> list[tuple[int, str]]:
         for tok in tokenize.generate_tokens(io.StringIO(source).readline)
         if tok.type == tokenize.COMMENT
     ]
+    scopes = ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef
     for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
-            body = node.body
-            first = body[0] if body else None
-            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
-                if isinstance(first.value.value, str):
-                    found.append((first.lineno, first.value.value))
+        docstring = ast.get_docstring(node, clean=False) if isinstance(node, scopes) else None
+        if docstring is not None:
+            found.append((node.body[0].lineno, docstring))
     return found
 
 
