@@ -13,7 +13,7 @@ DOCS = [ROOT / "README.md", ROOT / "bench" / "README.md", *sorted((ROOT / "docs"
 CODE_DIRS = ("corpus_assets", "corpus_assets_tests", "bench")
 # A numbered design seed, a tracker issue by number or a section sign: none is in the
 # repository, so a reader cannot follow it.
-CITATION = re.compile(r"\bseeds? 0\d\d\b|\bseed0\d\d\b|\b[Ii]ssues? \d+\b|§")
+CITATION = re.compile(r"\b[Ss]eeds? 0\d\d\b|\b[Ss]eed0\d\d\b|\b[Ii]ssues? \d+\b|§")
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 FENCE = re.compile(r"^(```|~~~).*?^\1", re.MULTILINE | re.DOTALL)
 
