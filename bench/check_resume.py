@@ -1,4 +1,4 @@
-"""What a resume costs when a build was killed inside its validation check (issue 19).
+"""What a resume costs when a build was killed inside its validation check.
 
 For each kill point (a ``validate/<rule>`` failpoint, hit as that rule starts) on a data home
 whose layers are already built: forget the recorded gate outcomes (``gate_results``: the check

@@ -1,7 +1,7 @@
 """How much a finished chunk costs on resume, against the floor of one ``stat`` per chunk.
 
-Seed 004 promises that a SUCCESS chunk with the same input digest and its output present is
-skipped "in well under a millisecond". This builds N finished tasks in a real catalog (SQLite by
+A SUCCESS chunk with the same input digest and its output present must be skipped in well
+under a millisecond. This builds N finished tasks in a real catalog (SQLite by
 default, or ``--catalog-url``), then times, in the same run, median of ``--repeats``:
 
 - baseline ``stat-only``: ``os.stat`` of each output object (the least a skip can do);

@@ -20,7 +20,7 @@ baseline's size) gets a fresh corpus with the same statistics, generated outside
 Every measurement runs in a fresh child process (median of ``--repeats``): ours is
 ``near_dedup(band-major chunk files, order, LshParams(), fingerprints from the mmap'd sets,
 jaccard)``
-end to end (banding, pair generation, verification scan, algorithm 18.1); the baseline is
+end to end (banding, pair generation, verification scan, the deletion scan); the baseline is
 datasketch ``MinHashLSH(threshold=0.8, num_perm=128, params=(16, 8))`` building
 ``LeanMinHash(hashvalues=row, scheme="legacy")`` objects, inserting them all and querying each
 (no verification, no clustering: it does less work than ours). The parent samples each child's

@@ -1,4 +1,4 @@
-"""Peak memory of the dedup layer's main process, by phase, on an existing home (issue 14).
+"""Peak memory of the dedup layer's main process, by phase, on an existing home.
 
 For a config whose home already holds a built ``canonical_records`` (e.g. after
 ``race.py --layers CONFIG race-p1 --only raw_snapshot,canonical_records,dedup_clusters``), it

@@ -1,6 +1,6 @@
 """CPU of the held-out near-pair search: the splits layer's (full and incremental) and the gate's.
 
-Issue 32 found the search run twice per build (splits layer, then the validation gate), fully
+The search runs twice per build (splits layer, then the validation gate), fully
 each time. This bench builds the race corpus (``race.py``'s helpers, ~110 MB of JSONL), builds
 it, publishes, adds ~1% new documents and builds the child; then it re-runs, in a fresh process
 each, the parent's splits layer (a build without parent: no Jaccards to reuse but dedup's),
@@ -11,7 +11,7 @@ DuckDB's first ``register`` imports, is imported before, as it is in a real run)
 ``--workers 1,2`` measures this code at each worker count instead (the same home, a config per
 count): the driver's CPU in ``splits._heldout`` and the worker processes' CPU (their whole
 lives: spawn, imports and the search tasks; nothing else of the layer runs on the pool with
-its tokens cached), and the layer's digest, which must not change (issue 33).
+its tokens cached), and the layer's digest, which must not change.
 
 ``--old CHECKOUT`` measures another checkout's code the same way on a copy of the home (so its
 republished layers never touch the measured one), for a before/after ratio in one run:

@@ -1,4 +1,4 @@
-"""CPU of the manifest layer of one partition (issue 32: an incremental child's members table
+"""CPU of the manifest layer of one partition (an incremental child's members table
 and deletion index), the layers before it built first and not counted.
 
     .venv/bin/python bench/manifest_layer.py CONFIG PARTITION [--profile]

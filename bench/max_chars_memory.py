@@ -1,4 +1,4 @@
-"""Peak memory of one record of ``--chars`` characters through each row stage (issue 16).
+"""Peak memory of one record of ``--chars`` characters through each row stage.
 
 Each stage runs in a fresh child process: the child builds the record's JSONL line (and its
 text), the stage's inputs and a small benchmark index, then resets the kernel's peak-RSS mark

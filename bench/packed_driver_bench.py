@@ -1,5 +1,5 @@
 """The packed_blocks layer alone, rebuilt (no memo) in a fresh child per run: the driver's peak
-RSS (``VmHWM``) and CPU, the pool workers' CPU, and the shard index and spans digests (issue 33).
+RSS (``VmHWM``) and CPU, the pool workers' CPU, and the shard index and spans digests.
 
 ``--prepare MB ROOT`` writes a race corpus of about MB of raw JSONL (``race_corpus``: 122 MB a
 copy) under ROOT and builds it once with the CLI; ``ROOT [CONFIG]`` then measures the layer on

@@ -3,14 +3,14 @@
 For each backend, in fresh catalogs (with ``--aliases`` gate rows to fence), median of
 ``--repeats``:
 
-- baseline ``per-row``: the registration before issue 16, one ``INSERT ... RETURNING`` per item
+- baseline ``per-row``: the earlier registration, one ``INSERT ... RETURNING`` per item
   in one transaction (kept here as the named baseline);
 - ``register``: ``governance.benchmarks.register``, one executemany per 1,000 rows after one
   batched look-up of what is already active;
 - ``again``: the same file registered a second time (idempotent: reads only, writes nothing);
 - ``cli read``: what ``benchmark add`` does before the catalog: read the JSONL and put each text
   in a fresh CAS (every text an fsynced file and folder), one put at a time (the baseline, as
-  before issue 16) and ``PUT_THREADS`` at a time.
+  before) and ``PUT_THREADS`` at a time.
 
 Exits non-zero if a registration leaves other than N active items or the second one writes.
 Peak RSS is the process's ``ru_maxrss``.

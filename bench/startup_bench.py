@@ -8,7 +8,7 @@
   module (``corpus_assets.core.records.layer``), is done. Three parents: a bare one (the floor of
   a spawn worker), one whose ``__main__`` imports the CLI as the console script does, with the
   stock spawn context (a worker runs the parent's ``__main__`` again), and the same parent with
-  the build's pool (``core.runtime.pool``, absent before issue 32).
+  the build's pool (``core.runtime.pool``, absent in older checkouts).
 
 Usage: ``.venv/bin/python bench/startup_bench.py [--runs 5]``; for an older checkout's figures,
 run it with ``PYTHONPATH=<that checkout>``.
@@ -126,7 +126,7 @@ def main() -> None:
     try:
         import corpus_assets.core.runtime.pool  # noqa: F401
     except ImportError:
-        pass  # a checkout before issue 32
+        pass  # an older checkout, without the build pool
     else:
         rows.append(worker_row("worker, CLI parent, build pool", "core", True, env, args.runs))
     report(rows, os.getloadavg()[0])

@@ -1,4 +1,4 @@
-"""A demo build launched as the UI launches it, beside the CLI's (issue 15).
+"""A demo build launched as the UI launches it, beside the CLI's.
 
 Baseline: ``corpus-assets build`` in a fresh data home (the CLI runs the job in its own process).
 Measured under ``dagster dev`` (webserver + daemon, as ``make ui`` starts them):

@@ -1,6 +1,6 @@
 """Audit fields (who approved, why a tombstone, which run read what) refuse control characters
 and line breaks wherever they enter: the CLI, the Dagster job config and the core functions that
-write the catalog's events, tombstones, benchmark registry and permits (issue 31, point 8).
+write the catalog's events, tombstones, benchmark registry and permits.
 A newline in ``approve --by`` used to put a forged line into ``history``."""
 
 import json

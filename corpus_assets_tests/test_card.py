@@ -1,4 +1,4 @@
-"""``corpus-assets card DIGEST --out DIR`` (issue 34): a static page with matplotlib plots of what a
+"""``corpus-assets card DIGEST --out DIR``: a static page with matplotlib plots of what a
 snapshot is - sources, target vs realised shares, dedup, splits, lengths and padding,
 contamination per benchmark, lineage, signature and fences - read through the signed-manifest
 door, so a re-signed or edited manifest gets no card. Built once: the demo, a benchmark holding

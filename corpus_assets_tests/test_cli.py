@@ -237,7 +237,7 @@ def _cdc_event(lsn: int, key: int, body: str) -> str:
 def test_a_late_cdc_event_fails_verify_and_blocks_cli_approval(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """``verify`` applies the gate's boundary rule too (issue 19): a late CDC event fails it,
+    """``verify`` applies the gate's boundary rule too: a late CDC event fails it,
     naming the source, the offset and the watermark; without a config it says it could not
     look. Approval refuses the snapshot and makes it INCOMPLETE."""
     log = tmp_path / "cdc" / "000.jsonl"
@@ -301,7 +301,7 @@ def test_a_cdc_gap_build_names_the_incomplete_snapshot_and_the_missing_offsets(
 
 def test_build_prints_each_benchmark_checked_and_what_it_excluded(tmp_path: Path) -> None:
     """After ``benchmark add``, the next ``build`` says per benchmark how its items were checked
-    and how many records they excluded (issue 16: the report in the build output)."""
+    and how many records they excluded (the report in the build output)."""
     assert run(tmp_path, "demo").returncode == 0
     essays = tmp_path / ".corpus" / "demo-sources" / "essays" / "essays-00001.jsonl"
     leaked = json.loads(essays.read_text().splitlines()[0])["text"]  # a training record, whole

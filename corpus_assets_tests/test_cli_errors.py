@@ -1,4 +1,4 @@
-"""Issue 31 point 8: a careless or hostile user's mistakes give one clear line, never a traceback,
+"""A careless or hostile user's mistakes give one clear line, never a traceback,
 before any Dagster partition exists; secrets in URLs never show; Ctrl-C stops a build cleanly.
 
 Every command is a real ``corpus-assets`` process (``test_cli.run``) on a fresh home; nothing

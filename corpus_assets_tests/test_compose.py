@@ -143,7 +143,7 @@ def test_deployment_properties_hold() -> None:
 
 def test_no_default_password_ships() -> None:
     """Every password in the file comes from the operator's environment, required with a
-    message: ``${POSTGRES_PASSWORD:?...}`` (README "Deploy": how to set it)."""
+    message: ``${POSTGRES_PASSWORD:?...}`` (docs/OPERATIONS.md: how to set it)."""
     text = (ROOT / "docker-compose.yml").read_text()
     uses = re.findall(r"\$\{(POSTGRES_PASSWORD)(:\?[^}]+)?\}", text)
     assert uses and all(op.startswith(":?") and len(op) > 10 for _, op in uses), uses

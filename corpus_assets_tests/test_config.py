@@ -402,8 +402,8 @@ def test_packing_tokenizer_points_at_the_tokenizer_section() -> None:
 
 
 def test_max_chars_has_an_upper_bound() -> None:
-    """A record at ``max_chars`` costs a multiple of its size in its worker (README): the bound
-    keeps a typo from admitting gigabyte records."""
+    """A record at ``max_chars`` costs a multiple of its size in its worker
+    (docs/USER_GUIDE.md): the bound keeps a typo from admitting gigabyte records."""
     at_limit = {"quality": {"max_chars": 16_000_000}}
     config = parse_config(mutated(lambda r: r.update(policies=at_limit)), WHERE)
     assert config.policies.quality.max_chars == 16_000_000

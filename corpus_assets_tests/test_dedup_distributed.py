@@ -1,4 +1,4 @@
-"""Issue 33: near-dedup banding and verification on the task runner, same bytes as in-process.
+"""Near-dedup banding and verification on the task runner, same bytes as in-process.
 
 Real builds of the demo sources plus near duplicates in two classes (document/prose: a family
 of near copies of one long essay, larger than the bucket cap; messages/prose: near copies of a

@@ -1,4 +1,4 @@
-"""Issue 32, incremental dedup: a child snapshot reuses its parent's verified pairs.
+"""A child snapshot reuses its parent's verified pairs.
 
 Real builds on the demo home plus long essays: a parent is built and activated; the child's
 sources drop one parent object (its records leave their clusters, some were representatives),

@@ -1,4 +1,4 @@
-"""Issue 32: a child snapshot's deletion index is built over its parent's.
+"""A child snapshot's deletion index is built over its parent's.
 
 A real demo parent is built and activated, ~1% new essays are added and the child is built (the
 packing test's homes: shards of ~10 blocks, so most are kept). The child's index names the

@@ -1,4 +1,4 @@
-"""The Kubernetes recipe (deploy/k8s/, README "Scale-out") hangs together, without Kubernetes.
+"""The Kubernetes recipe (deploy/k8s/, docs/OPERATIONS.md) hangs together, without Kubernetes.
 
 No cluster here: these checks parse every manifest, hold the invariants the Ray runner needs
 (every pod runs the same image with the same config path, data home and Secret), parse the

@@ -1,4 +1,4 @@
-"""A full disk during a write (seed 004, issue 19): the error names the file and the data home
+"""A full disk during a write: the error names the file and the data home
 and says a rerun resumes; no partial file is left. Needs a small tmpfs (root, as in CI)."""
 
 import errno

@@ -1,5 +1,5 @@
 """Retries count attempts without progress, a server ignoring Range is bounded by a byte budget,
-and resume-only mode leaves nothing behind for a download it refuses (issue 19), over the real
+and resume-only mode leaves nothing behind for a download it refuses, over the real
 loopback server."""
 
 import json

@@ -1,4 +1,4 @@
-"""Fault injection from seed 001: each fault is caught with a named reason, never published."""
+"""Fault injection: each fault is caught with a named reason, never published."""
 
 import json
 import shutil

@@ -1,5 +1,5 @@
 """Activation racing a tombstone or a benchmark fence on one alias: exactly one order commits, and
-the loser ends as README "Publication and training" promises.
+the loser ends as docs/REFERENCE.md ("Snapshot states") promises.
 
 Both sides are the production paths: ``publish.activate`` (what ``corpus-assets activate`` and
 the ``activate_snapshot`` job run) against ``add_tombstone`` (``corpus-assets tombstone add``) or

@@ -1,4 +1,4 @@
-"""gc under ``retention: {keep_generations: 1}`` (issue 31, point 5), through the real CLI on
+"""gc under ``retention: {keep_generations: 1}``, through the real CLI on
 SQLite and PostgreSQL: an activated snapshot older than the kept generations is marked EXPIRED in
 the catalog before any of its objects is deleted (a gc killed in between leaves it EXPIRED with
 its objects still there, and the rerun removes them); ``status`` and ``history`` show it, and

@@ -1,4 +1,4 @@
-"""Issue 34: tombstones and benchmarks from the UI, as jobs whose config is checked at launch.
+"""Tombstones and benchmarks from the UI, as jobs whose config is checked at launch.
 
 The jobs run through Dagster (``execute_in_process`` on a real instance, the definitions the UI
 loads) against the demo data home; what they record is read back from the real catalog.

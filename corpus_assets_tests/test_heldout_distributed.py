@@ -1,4 +1,4 @@
-"""Issue 33: the held-out search runs as chunk-group tasks in worker processes, same bytes.
+"""The held-out search runs as chunk-group tasks in worker processes, same bytes.
 
 Real builds of the demo with near copies of its essays (one, two and three words changed, so
 the search finds held-out near pairs, some verified by dedup and many not): the splits layer's

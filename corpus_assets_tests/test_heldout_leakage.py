@@ -1,4 +1,4 @@
-"""Issue 31 point 7: a near-duplicate pair the dedup LSH misses never straddles two splits.
+"""A near-duplicate pair the dedup LSH misses never straddles two splits.
 
 The pair (``selftest.leak_pair``) is found by searching generated variants against the
 project's own signatures, band parameters and split hash: exact Jaccard just above the

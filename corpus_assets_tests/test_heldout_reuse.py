@@ -1,4 +1,4 @@
-"""Issue 32: the held-out search reuses Jaccards computed before, and finds the same pairs.
+"""The held-out search reuses Jaccards computed before, and finds the same pairs.
 
 Real builds on the demo home: a parent is built and activated, the child adds near copies of
 old essays and new ones. The child's splits layer must say it took its parent's verified

@@ -1,4 +1,4 @@
-"""The hot per-record paths give the bytes the code gave before issue 32's optimisation.
+"""The hot per-record paths give the bytes the code gave before their optimisation.
 
 Each digest below was recorded by running the code as it was before that work (commit
 0ec88fa) on ``golden_inputs``: canonical records, exclusions and stage counts through the

@@ -123,7 +123,7 @@ def test_changes_during_the_scan_belong_to_the_next_snapshot(site, tmp_path: Pat
 def test_an_object_deleted_before_its_copy_fails_the_freeze_and_a_rerun_works(
     site, tmp_path: Path
 ) -> None:
-    """Issue 31: an object listed, then gone before it was fetched, used to be deferred as
+    """An object listed, then gone before it was fetched, used to be deferred as
     removed and its records were silently missing from a snapshot that validated."""
     web, base = site
     for name in "abc":

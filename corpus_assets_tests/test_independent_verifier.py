@@ -1,6 +1,6 @@
 """A verifier that shares no code with the builder recomputes the snapshotId from the file alone.
 
-Seed 001: the snapshotId is the digest of the canonical payload without ``snapshotId`` and the
+The snapshotId is the digest of the canonical payload without ``snapshotId`` and the
 signature, and a verifier must re-derive it with the same exclusion rule. The builder runs in a
 subprocess; the verifier below uses only json, hashlib, base64 and rfc8785, and a second
 subprocess runs its source with nothing else imported to prove it needs no ``corpus_assets``.

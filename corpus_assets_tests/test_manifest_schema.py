@@ -88,7 +88,7 @@ def test_schema_is_valid_2020_12_and_loads_from_the_package() -> None:
     assert document["additionalProperties"] is False
 
 
-ADDED_AFTER_V1 = {"contamination", "packing"}  # per-benchmark report (issue 16), packing mode (32)
+ADDED_AFTER_V1 = {"contamination", "packing"}  # per-benchmark report, packing mode
 
 
 def test_demo_manifest_passes_and_every_damage_is_named_by_path(workspace: Workspace) -> None:

@@ -1,4 +1,4 @@
-"""Mixing: exact integer plans, content-keyed selection, the chapter's worked example, a build."""
+"""Mixing: exact integer plans, content-keyed selection, a worked example, a build."""
 
 import hashlib
 import os

@@ -1,4 +1,4 @@
-"""Near-dedup: algorithm 18.1 over verified LSH candidates, leakage groups, labelled recall."""
+"""Near-dedup: the deletion scan over verified LSH candidates, leakage groups, labelled recall."""
 
 import json
 import random
@@ -191,10 +191,10 @@ def _shingle_jaccard(a: str, b: str, policy: NearDedupPolicy) -> float:
 
 
 def test_chapter_example_through_real_text_keeps_a_and_c() -> None:
-    # Word 1-shingles make the chapter's sets; 64 x 2 bands make every pair a candidate.
+    # Word 1-shingles make the A-B-C sets; 64 x 2 bands make every pair a candidate.
     policy = NearDedupPolicy(shingle_words=1, bands=64, rows=2, threshold=0.66, bucket_heads=4)
     rows = [("s/a", "one two"), ("s/b", "one two three"), ("s/c", "two three")]
-    # Equal lengths would let B win; the chapter's order is A, B, C, so give A the most text.
+    # Equal lengths would let B win; the order is A, B, C, so give A the most text.
     rows[0] = ("s/a", "one two two two two two two two")
     out, _ = _cluster(rows, policy)
     assert out["s/a"]["verdict"] == KEEP and out["s/c"]["verdict"] == KEEP
@@ -340,8 +340,8 @@ def _real_dedup(tmp_path: Path, name: str, content: str) -> tuple[Workspace, lis
 
 
 def _near_figures(ws: Workspace, table: list[dict]) -> tuple[int, int, list[np.ndarray]]:
-    """README-style figures over exact-distinct records: pairs at J >= 0.8 (exact Jaccard) inside
-    our near-duplicate components, and the number of such components."""
+    """The corpora's reference figures over exact-distinct records: pairs at J >= 0.8 (exact
+    Jaccard) inside our near-duplicate components, and the number of such components."""
     canonical = CanonicalIndex.load(ws.cas, ws.catalog.layer_output("p1", "canonical_records"))
     records = canonical.table(["record_id", "text"]).to_pydict()
     text = dict(zip(records["record_id"], records["text"], strict=True))
@@ -394,14 +394,14 @@ def _text_identical_duplicates(ws: Workspace) -> int:
 @needs_corpora
 def test_real_licenses_match_the_corpora_readme(tmp_path: Path) -> None:
     ws, table, counts = _real_dedup(tmp_path, "licenses", "prose")
-    # README: 530 exact duplicate documents. One row is quarantined (NUL bytes) and PII
+    # Reference: 530 exact duplicate documents. One row is quarantined (NUL bytes) and PII
     # redaction makes one more pair identical: 531 by canonical text.
     assert _text_identical_duplicates(ws) == 531
     # The dedup key also folds case and whitespace in prose: 18 more copies.
     assert counts["exact_duplicates"] == 548
     pairs, clusters, everyone = _near_figures(ws, table)
-    assert abs(pairs - 5524) <= 0.2 * 5524  # README: 5,524 pairs at J >= 0.8
-    # README: 26 clusters, from datasketch's LSH with 9 x 13 bands, which finds a pair at
+    assert abs(pairs - 5524) <= 0.2 * 5524  # reference: 5,524 pairs at J >= 0.8
+    # Reference: 26 clusters, from datasketch's LSH with 9 x 13 bands, which finds a pair at
     # J = 0.8 with probability 0.40. Exact Jaccard over all pairs gives our count.
     assert clusters == _components_by_brute_force(everyone, 0.8)
     assert all(r["match_jaccard"] >= 0.8 for r in table if r["verdict"] == NEAR)
@@ -411,11 +411,11 @@ def test_real_licenses_match_the_corpora_readme(tmp_path: Path) -> None:
 @needs_corpora
 def test_real_python_stdlib_matches_the_corpora_readme(tmp_path: Path) -> None:
     ws, table, counts = _real_dedup(tmp_path, "python-stdlib", "code")
-    assert _text_identical_duplicates(ws) == 2182  # README: 2,182
+    assert _text_identical_duplicates(ws) == 2182  # reference: 2,182
     assert counts["exact_duplicates"] >= 2182  # code keys fold CRLF and trailing blanks only
     pairs, clusters, _ = _near_figures(ws, table)
-    assert abs(pairs - 1723) <= 0.2 * 1723  # README: 1,723 pairs
-    assert abs(clusters - 450) <= 0.2 * 450  # README: 450 clusters
+    assert abs(pairs - 1723) <= 0.2 * 1723  # reference: 1,723 pairs
+    assert abs(clusters - 450) <= 0.2 * 450  # reference: 450 clusters
     near = [r for r in table if r["verdict"] == NEAR]
     assert near and all(r["match_jaccard"] >= 0.8 for r in near)
     ws.close()

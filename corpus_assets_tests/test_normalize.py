@@ -232,7 +232,7 @@ def test_real_fortunes_corpus() -> None:
         assert CONTROL.search(text) is None, raw[:80]
         assert unicodedata.is_normalized("NFC", text)
         assert normalize_text(text).text == text
-    # The corpus README names ANSI colour codes, backspace overstrike and CRLF.
+    # Real corpora hold ANSI colour codes, backspace overstrike and CRLF.
     assert changes["ansi"] > 1000
     assert changes["overstrike"] > 50
     assert changes["crlf"] > 100

@@ -1,5 +1,5 @@
-"""The packing planner (``pack_plan``) and the per-block arrays (``pack_blocks``): the chapter's
-worked examples (seed 000, 18.6) exactly, then properties over random lengths (hypothesis)."""
+"""The packing planner (``pack_plan``) and the per-block arrays (``pack_blocks``): the
+worked packing examples exactly, then properties over random lengths (hypothesis)."""
 
 from hashlib import sha256
 
@@ -40,7 +40,7 @@ def all_batches(plan: PackPlan, lengths, batch_blocks=3, prompt=None):
     )
 
 
-# The chapter's examples -------------------------------------------------------------------------
+# Worked examples -------------------------------------------------------------------------------
 
 
 def test_next_fit_5_4_3_at_8_is_two_blocks_four_pad_75_percent():
@@ -62,7 +62,7 @@ def test_continuous_tail_drop_5_4_3_at_8_is_one_block_four_dropped_loss_a_third(
 def test_three_sixes_at_ten_need_three_blocks_though_the_bound_is_two():
     figures = plan_packing(np.array([6, 6, 6]), 10, "atomic").accounting()
     assert figures["blocks"] == 3 and figures["pad_tokens"] == 12
-    assert -(-18 // 10) == 2  # the lower bound the chapter contrasts it with
+    assert -(-18 // 10) == 2  # the lower bound it is contrasted with
 
 
 def test_210000_tokens_at_1024_keep_tail_206_blocks_944_pad_or_drop_205_blocks_80_dropped():
@@ -81,7 +81,7 @@ def test_210000_tokens_at_1024_keep_tail_206_blocks_944_pad_or_drop_205_blocks_8
 
 
 def test_210000_tokens_label_rate_with_every_prompt_masked_is_at_most_79_64_percent():
-    """The chapter: 42,000 prompt tokens masked -> at most 168,000 labels of 210,944 slots,
+    """42,000 prompt tokens masked -> at most 168,000 labels of 210,944 slots,
     less the boundary positions (here: records cut at a block boundary)."""
     lengths = np.array([100] * 900 + [400] * 300)
     np.random.default_rng(7).shuffle(lengths)

@@ -1,4 +1,4 @@
-"""Issue 32, incremental snapshots: a child's packed_blocks keeps its parent's blocks.
+"""A child's packed_blocks keeps its parent's blocks.
 
 Real builds of the demo in throwaway homes: a parent is built and activated, ~1% new essays are
 added (or a record is tombstoned) and the child is built. Most parent blocks come back byte for

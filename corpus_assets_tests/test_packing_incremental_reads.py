@@ -1,4 +1,4 @@
-"""Issue 32: a child's packing reads (and re-hashes) in proportion to what it adds.
+"""A child's packing reads (and re-hashes) in proportion to what it adds.
 
 A child that keeps its parent's shards builds only its new ones, so it verifies only the
 token-cache chunks those read, and of those, as of every table it reads, re-hashes only the ones

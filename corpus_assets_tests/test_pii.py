@@ -237,7 +237,7 @@ def _finditer_spans(text: str) -> list[tuple[int, int, str]]:
     return spans
 
 
-# Key-value secrets (issue 31): the value after a password/secret/API-key/token name goes, the
+# Key-value secrets: the value after a password/secret/API-key/token name goes, the
 # name and the quoting stay. Each: (line as it appears in real files, the line redacted).
 KEY_VALUE = [
     ("password=hunter2", "password=[SECRET]"),

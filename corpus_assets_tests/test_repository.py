@@ -31,16 +31,19 @@ def test_ci_runs_the_readme_test_command() -> None:
     assert "\nmake test\n" in ci
 
 
-def test_readme_config_examples_are_valid() -> None:
-    """Every YAML block in the README parses as (a source list entry of) a valid corpus.yaml."""
-    readme = (ROOT / "README.md").read_text()
-    blocks = readme.split("```yaml\n")[1:]
+def test_doc_config_examples_are_valid() -> None:
+    """Every YAML block in the README and docs/ parses as (a source list entry of) a valid
+    corpus.yaml, so the examples users copy cannot drift from the config model."""
+    blocks = []
+    for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        text = path.read_text()
+        blocks += [(path.name, b.split("```")[0]) for b in text.split("```yaml\n")[1:]]
     assert len(blocks) >= 5
-    for block in (b.split("```")[0] for b in blocks):
+    for name, block in blocks:
         raw = yaml.safe_load(block if "version:" in block else "sources:\n" + block)
         raw.setdefault("version", 1)
         raw.setdefault("purpose", "readme")
-        parse_config(raw, "README.md")
+        parse_config(raw, name)
 
 
 MAX_MODULE_LINES = 450

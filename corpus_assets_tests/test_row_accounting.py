@@ -1,4 +1,4 @@
-"""No row vanishes (issue 31, point 4): a repeated record id is counted, never silently lost,
+"""No row vanishes: a repeated record id is counted, never silently lost,
 and a snapshot whose per-source counts do not add up fails its gate."""
 
 import json

@@ -1,5 +1,5 @@
 """A build killed without reporting (SIGKILL of its process group) must not stay "started" in the
-Dagster run history (issue 19): Dagster's run monitoring, run by the real ``dagster-daemon`` with
+Dagster run history: Dagster's run monitoring, run by the real ``dagster-daemon`` with
 the shipped instance config, marks it failed; ``status`` names the partition killed before its
 manifest; the next ``build --partition`` says it resumes after the run that died."""
 

@@ -1,4 +1,4 @@
-"""Issue 31 points 3 and 4b: a source listing never leaves its folder nor reads the data home,
+"""A source listing never leaves its folder nor reads the data home,
 and an object deleted between the freeze's listing and its copy is never silently dropped.
 
 The attacks go through the real CLI (``corpus-assets build`` processes, a real failpoint pause);

@@ -1,4 +1,4 @@
-"""Issue 12, splits: a child snapshot inherits its parent's record -> split.
+"""A child snapshot inherits its parent's record -> split.
 
 Real builds: a child of an active snapshot keeps every old record's split, names its parent in
 the splits index (whose inputs then hold the parent's splits layer), moves nothing under pure

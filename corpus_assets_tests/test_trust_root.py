@@ -1,4 +1,4 @@
-"""Issue 31 points 1 and 2: every reader checks the signature against a trust root that lives
+"""Every reader checks the signature against a trust root that lives
 outside the data home. Each attack is made on a copy of one built home and refused through the
 real CLI (``read``, ``export``, ``verify``) or the reader the loaders are made from."""
 

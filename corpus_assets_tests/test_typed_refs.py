@@ -1,4 +1,4 @@
-"""CAS references are typed, not guessed (issue 31, point 6).
+"""CAS references are typed, not guessed.
 
 A Hugging Face ``tokenizer.json`` is an opaque object: its vocabulary may hold the words
 ``digest``, ``media`` and ``size`` (any large English BPE does), and a walk that took every dict
@@ -98,7 +98,7 @@ def test_a_tokenizer_whose_vocabulary_spells_a_ref_builds_validates_and_survives
 
 
 def _guessing_walk(cas: ContentStore, node: Any, seen: set[str]) -> None:
-    """The walk before issue 31: every dict with digest/media/size is a ref, every JSON one is
+    """The earlier guessing walk: every dict with digest/media/size is a ref, every JSON one is
     read and walked (kept here as the coverage reference for a snapshot with no opaque JSON)."""
     if isinstance(node, dict) and set(node) >= {"digest", "media", "size"}:
         if node["digest"] not in seen:

@@ -138,7 +138,7 @@ def test_a_build_killed_inside_its_check_resumes_with_the_rules_still_to_run(
     demo_home: Path, tmp_path: Path
 ) -> None:
     """SIGKILL of a real build's process group as its canary replay starts: the resumed build
-    re-runs the canary and the live rules, not the content rules that had passed (issue 19)."""
+    re-runs the canary and the live rules, not the content rules that had passed."""
     faults = tmp_path / "faults"
     faults.mkdir()
     kill = {ENV: "validate/canary_reproduces=kill@1", DIR_ENV: str(faults)}

@@ -1,4 +1,4 @@
-"""Seed 004 faults on one build of the standard corpus through the ``build_snapshot`` job: a
+"""Task-state faults on one build of the standard corpus through the ``build_snapshot`` job: a
 power loss at 95% resumed, a poison record, the same build triggered twice at once, a full
 disk. Each drives ``corpus-assets build`` processes and reads the home back afterwards."""
 

@@ -1,4 +1,4 @@
-"""Seed 003 faults on resumable downloads, through a real CLI build of an ``objects`` source
+"""Faults on resumable downloads, through a real CLI build of an ``objects`` source
 whose objects are URLs on a loopback server (``http_server``) that this process starts and stops:
 connections dropped at many offsets, a corrupted partial file, a server that ignores Range, an
 object rewritten mid-download. The server counts the body bytes it sends; what the build pinned

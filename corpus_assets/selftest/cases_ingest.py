@@ -1,4 +1,4 @@
-"""Seed 001 faults at the freeze and on what a snapshot is bound to: objects added or deleted
+"""Faults at the freeze and on what a snapshot is bound to: objects added or deleted
 during the scan, an object name reused with other bytes, a CDC offset gap, a late CDC event, a
 transform image retagged with other code, one record id in two splits.
 

@@ -1,4 +1,4 @@
-"""Concurrency faults (seeds 001 and 004) through CLI processes: activation racing a tombstone
+"""Concurrency faults through CLI processes: activation racing a tombstone
 or a benchmark registration on one alias, and two builds on one data home at once.
 
 A race holds both processes at their critical point with a failpoint (activation right after it

@@ -1,4 +1,4 @@
-"""Seed 001 faults on what a build stored: the manifest edited after signing, the members table
+"""Faults on what a build stored: the manifest edited after signing, the members table
 truncated. The stored bytes are tampered with in place, as an attacker or a bad disk would;
 ``verify`` and ``read`` (CLI processes) must name the damage and refuse it, and the signed
 originals must still be there, intact."""

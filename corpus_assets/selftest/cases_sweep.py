@@ -1,4 +1,4 @@
-"""The SIGKILL sweep (issue 17): random kill points across all seven layers of the real
+"""The SIGKILL sweep: random kill points across all seven layers of the real
 ``build_snapshot`` job, in CLI builds and in ``dagster job execute`` runs, each resumed to
 completion with a plain ``build --partition``. Points come from a traced reference build; the
 quick case samples 3 (seeded by ``lab.rng``), the slow one (``--full``, ``-m slow``) 50."""

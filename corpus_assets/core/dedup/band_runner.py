@@ -1,4 +1,4 @@
-"""A near-dedup class run with banding and verification on the task runner (issue 33).
+"""A near-dedup class run with banding and verification on the task runner.
 
 With more than one worker (``execution.workers > 1`` or engine ``ray``) the driver no longer
 bands, fingerprints and verifies a class itself: map tasks write every band's keys by

@@ -1,4 +1,4 @@
-"""The clusters table's join as worker tasks (issue 33): the driver writes integers, workers
+"""The clusters table's join as worker tasks: the driver writes integers, workers
 write the strings.
 
 The in-driver join (:func:`.clusters.join_clusters`) hands DuckDB every record's ids and hash

@@ -2,7 +2,7 @@
 
 Verdicts: ``excluded`` (revoked by a tombstone, or a record id already used at an earlier row:
 ``duplicate record_id`` for the same text, ``id.conflict`` for another), ``exact_duplicate``
-(its dedup key equals an earlier record's), ``near_duplicate`` (algorithm 18.1: it directly
+(its dedup key equals an earlier record's), ``near_duplicate`` (the deletion scan: it directly
 reaches the threshold with a *kept* record; ``match_id`` / ``match_jaccard`` are that evidence)
 or ``keep``. ``representative_id`` is the kept record that stands for a removed one;
 ``leakage_id`` names the component over group ids, exact clusters and verified near edges (its

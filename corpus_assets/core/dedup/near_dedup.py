@@ -1,4 +1,4 @@
-"""Near-duplicate clustering: sort-based LSH banding, verified edges, algorithm 18.1, leakage.
+"""Near-duplicate clustering: sort-based LSH banding, verified edges, deletion scan, leakage.
 
 Input: MinHash signatures (uint32 rows, possibly memory-mapped per chunk), the participants in a
 stated total order, and a way to fetch exact shingle fingerprints. Output, per participant: kept
@@ -15,10 +15,10 @@ or dropped, the direct match that justified a drop and its Jaccard, and the veri
 - **Verification** computes the exact Jaccard of the two shingle-fingerprint sets; an LSH
   collision alone never deletes anything. A pair needs ``threshold``, or with per-record
   ``thresholds`` (one per shingle mode, :mod:`.near_rule`) the larger of its two records'.
-- **Deletion (algorithm 18.1)** scans records in total order. A record is dropped only when a
+- **Deletion** scans records in total order. A record is dropped only when a
   candidate that is *kept* directly reaches ``threshold``; its direct match is the first such
-  candidate in total order. Kept records may still be linked through dropped ones (the chapter's
-  non-transitive A-B-C example keeps A and C).
+  candidate in total order. Kept records may still be linked through dropped ones (in the
+  non-transitive chain A-B-C, where only A-B and B-C match, A and C are kept).
 - **Leakage**: every verified edge (at or above threshold, in either state) joins two records in
   a union-find; its connected components are the leakage groups the splits layer keeps together.
   A candidate already in the record's component is not re-verified once the record's fate is
@@ -294,7 +294,7 @@ def near_dedup(
     known: Callable[[np.ndarray], np.ndarray] | None = None,
     fresh: np.ndarray | None = None,
 ) -> NearResult:
-    """Algorithm 18.1 over LSH candidates; see the module docstring.
+    """The deletion scan over LSH candidates; see the module docstring.
 
     ``fingerprints(ranks)`` returns the sorted-unique shingle fingerprints of the records at
     those ranks (only records that share a bucket are asked for, a window at a time);

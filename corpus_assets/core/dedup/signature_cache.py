@@ -1,6 +1,6 @@
 """MinHash signatures cached per canonical chunk, so a new snapshot only hashes new records.
 
-A chunk's signatures are a chunk task (seed 004) keyed by the chunk's records-table digest, the
+A chunk's signatures are a chunk task keyed by the chunk's records-table digest, the
 full signature spec and the code identity of this module (its closure holds the minhash modules,
 the ``.npy`` layout and the reader of the texts): the same records under the same spec and code
 are never hashed twice, whichever snapshot asks, and a crash mid-layer resumes with the chunks

@@ -23,7 +23,7 @@ Parquet shards of ``SHARD_ROWS`` rows as it arrives, so the bytes depend on the 
 The directory lists each shard's first and last key and digest as an Arrow IPC table (a
 lookup decodes it without parsing), its header (schema, manifest, ``CODE``) in the metadata.
 
-Incremental (issue 32): a child snapshot whose parent's index this ``CODE`` built is indexed
+Incremental: a child snapshot whose parent's index this ``CODE`` built is indexed
 over it. DuckDB diffs the child's inputs with the parent's (members, removed duplicates,
 spans); every key a changed row can reach is *affected*. A shard file holds a span's packed shard
 by number, the directory's header lists their digests (``shards``): a child whose packing kept

@@ -16,8 +16,8 @@ a fix to the builder builds a new index and a memo row pointing elsewhere is ref
 snapshotId is untouched: the index is a side table, built when the manifest is
 (``release.manifest`` calls ``ensure``), or on first use for a snapshot built before.
 
-A child snapshot is indexed over its parent's index when this code built that one (issue 32,
-``deletion_build``): the child's directory names the parent's as its base and holds only the keys
+A child snapshot is indexed over its parent's index when this code built that one
+(``deletion_build``): the child's directory names the parent's as its base and holds only the keys
 the new inputs change; a lookup reads the chain and gives the rows a whole build would. A parent
 without such an index: the child is built whole, its header saying why.
 """

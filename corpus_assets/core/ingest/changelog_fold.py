@@ -1,6 +1,6 @@
 """CDC changelog fold: Debezium-style events folded to the table state at a watermark.
 
-Seed 001: a source without a consistent snapshot is rebuilt from a controlled log up to a stated
+A source without a consistent snapshot is rebuilt from a controlled log up to a stated
 offset, and the offsets must be shown to be continuous. So the fold orders events by ``lsn`` (never
 by segment name), reports every missing range instead of guessing, refuses anything it cannot
 interpret (CDC state must never be silently wrong), and hashes the canonical events it folded so a

@@ -1,4 +1,4 @@
-"""Resumable streaming HTTP(S) downloads into the CAS (seed 003): requests, retries, resumes.
+"""Resumable streaming HTTP(S) downloads into the CAS: requests, retries, resumes.
 
 Each attempt asks for the bytes from the verified offset (``Range`` with ``If-Range``) and only
 appends a body that provably continues the same version; anything else restarts from zero or, when

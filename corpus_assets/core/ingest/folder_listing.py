@@ -1,6 +1,6 @@
 """Listing a source folder without leaving it: the one walk every folder source uses.
 
-A source is read from its folder and from nothing else (issue 31). A file symlink is followed
+A source is read from its folder and from nothing else. A file symlink is followed
 only when its target resolves inside the folder and outside the data home; any other is refused
 in one line naming the link and its target (``rsync --safe-links`` made an error, not a skip: a
 key or secret linked in beside the data, by mistake or by an attacker, must never be pinned into

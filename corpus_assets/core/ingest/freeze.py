@@ -1,6 +1,6 @@
 """The freeze: the consistent boundary a partition names, and the raw_snapshot layer built on it.
 
-Order matters (seed 001): read the tombstone watermark and benchmark fence first, then pin every
+Order matters: read the tombstone watermark and benchmark fence first, then pin every
 source (object versions and bytes, CDC high watermarks). The spec is written once per partition
 key; re-materializing reuses it, so every later layer sees exactly the same inputs. A freeze whose
 sources could not give a consistent boundary (a CDC offset gap) records why in ``incomplete``, and

@@ -1,4 +1,4 @@
-"""Pinning source objects into the CAS at freeze time, with the consistency rules of seed 001.
+"""Pinning source objects into the CAS at freeze time, with consistent-boundary rules.
 
 An object is pinned by the sha256 of the bytes actually copied (plus size, and the HTTP ETag /
 Last-Modified where the server gives them). Each copy is a chunk task, so a freeze killed halfway

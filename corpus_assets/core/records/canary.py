@@ -1,4 +1,4 @@
-"""The canary (seed 001): a fixed subset of source rows, re-canonicalised from their pinned
+"""The canary: a fixed subset of source rows, re-canonicalised from their pinned
 versions with this code, must give exactly the rows the snapshot recorded for them.
 
 The subset is fixed and bounded by rows, not by chunks: the first ``lines`` source lines

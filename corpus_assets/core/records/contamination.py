@@ -1,4 +1,4 @@
-"""Benchmark decontamination by n-gram containment (seed 000, 18.3; Broder 1997): the rules
+"""Benchmark decontamination by n-gram containment (Broder 1997): the rules
 of ``contamination.v1`` (selectable; the default ``contamination.v2`` is :mod:`.contamination_v2`).
 
 A training record is contaminated by a benchmark item when most of the item's n-grams occur in
@@ -16,7 +16,7 @@ An item uses character n-grams when at least half of its non-space characters be
 written without spaces (CJK, kana, Thai, Lao, Khmer, Myanmar, Tibetan) or when it has fewer than
 ``ngram_words`` tokens; an item that then has fewer than ``ngram_chars`` characters cannot be
 checked by this method and is listed as unchecked (so a gate report can say what was not
-checked) instead of being dropped silently. Records are n-grammed both ways. As seed 000 asks,
+checked) instead of being dropped silently. Records are n-grammed both ways.
 ``None`` from a match means "no match with this method, policy and reference set", not "not
 contaminated".
 

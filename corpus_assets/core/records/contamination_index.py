@@ -97,7 +97,7 @@ class ContainmentIndex:
         """sha256 over policy, Unicode version and (id, normalised text digest) of every item.
 
         Texts enter only as digests, so the digest can go into task keys and logs without
-        copying benchmark content (seed 000: keep the reference set's access boundary).
+        copying benchmark content (the reference set's access boundary is kept).
         """
         return self._digest
 

@@ -1,4 +1,4 @@
-"""PII redaction stage: rule-based, so it removes only the patterns defined here (seed 18.3).
+"""PII redaction stage: rule-based, so it removes only the patterns defined here.
 
 Values are replaced in place by a type placeholder and only per-type counts leave this module,
 so neither a log line nor an exclusion row can carry a removed value. Rules run in a fixed order

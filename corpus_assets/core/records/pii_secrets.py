@@ -1,7 +1,7 @@
 """The ``secret`` rules of PII redaction that stay within a line (``pii`` runs PEM blocks
 itself): token shapes, and values after a name that says they are secret.
 
-Key-value secrets (issue 31). A name - ``password``, ``passwd``, ``passphrase``, ``pwd``,
+Key-value secrets. A name - ``password``, ``passwd``, ``passphrase``, ``pwd``,
 ``secret``, ``secret_key``, ``api_key``/``apikey``/``api-key``, ``access_token``,
 ``auth_token``, ``refresh_token``, ``api_token``, any case, alone or at the end of a dotted,
 dashed or underscored name (``DB_PASSWORD``, ``spring.datasource.password``, ``X-Api-Key``,

@@ -1,6 +1,6 @@
 """Quality stage: a versioned, hashable heuristic policy with one reason code per rule.
 
-A quality reject means the text was interpretable but fails a stated condition (seed 18.3), so
+A quality reject means the text was interpretable but fails a stated condition, so
 each rule has its own ``quality.*`` code and the first failing rule, in the fixed order below,
 is the one reported. Ratios are integers in parts per million and compared exactly
 (``count * 1e6 > ppm * total`` in integers), so a hashed policy carries no float and a boundary

@@ -103,8 +103,8 @@ def chunk_findings(ev: Evidence) -> list[str]:
 
 
 def manifest_findings(manifest: dict[str, Any], counts: dict[str, SourceCounts]) -> list[str]:
-    """The manifest's restated totals must be what the tables hold (a term a snapshot built
-    before issue 31 does not state must be 0)."""
+    """The manifest's restated totals must be what the tables hold (a term an older snapshot's
+    manifest does not state must be 0)."""
     total: Counter[str] = Counter()
     for c in counts.values():
         total.update(c.terms)

@@ -5,7 +5,7 @@ indexes and the freeze, all named by digest and re-verified by ``verify`` first 
 and config that apply them: the canary replay, the dedup and packing invariants, lineage. Each
 one's passing outcome (with the metrics it showed) is recorded as soon as it passes, under
 ``rule_key`` (the rule set's ``gate_key`` and the rule's name), and reused: a resumed build whose
-check was left, or killed part-way (issue 19), runs only the rules that had not passed yet, and
+check was left, or killed part-way, runs only the rules that had not passed yet, and
 an unchanged snapshot in a new partition (the manifest differs only in naming its partition)
 runs none of them. The key holds:
 

@@ -1,4 +1,4 @@
-"""The validation gates of seed 001, one small function each, and the gate report they fill.
+"""The validation gates, one small function each, and the gate report they fill.
 
 A gate reads the evidence of one snapshot (manifest, freeze spec, layer indexes, members table,
 catalog), returns its findings - empty when it holds - and sets its metrics on the

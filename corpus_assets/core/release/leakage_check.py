@@ -76,7 +76,7 @@ def dedup_invariants(
     members: pa.Table,
     quarantined: Collection[str] = (),
 ) -> tuple[list[str], int]:
-    """Algorithm 18.1's invariant and the leakage promise, checked on the published tables.
+    """The deletion scan's invariant and the leakage promise, checked on the published tables.
 
     Every removed record stands behind a member (or a ``quarantined`` record); a near
     duplicate's direct match is a member at or above the threshold; on the leakage graph

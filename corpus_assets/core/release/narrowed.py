@@ -42,7 +42,7 @@ def narrowed(
 ) -> list[str]:
     """Each canonical chunk's records without their text (``NARROW``), as verified CAS files.
     A chunk's narrowed table is a function of its records file and this code: remembered in the
-    layer memo table, so a child snapshot decodes the texts of its new chunks only (issue 32).
+    layer memo table, so a child snapshot decodes the texts of its new chunks only.
     They are a side cache (``NARROWED``), outside every snapshot's closure: one that fails its
     re-hash is not used, the chunk is narrowed again into a scratch file."""
     paths = []

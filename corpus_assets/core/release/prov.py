@@ -1,5 +1,5 @@
 """W3C PROV-JSON lineage of a snapshot: which build, run by whom with which transform, made it
-from which pinned source objects and parent snapshots (seed 001).
+from which pinned source objects and parent snapshots.
 
 Every entity is named by an immutable digest - the snapshotId, the freeze spec, the bytes of each
 pinned object, the transform image - never by a name or "latest". Where an object was read from

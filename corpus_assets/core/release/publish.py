@@ -1,4 +1,4 @@
-"""Approval and activation, each bound to a manifest digest (seed 001).
+"""Approval and activation, each bound to a manifest digest.
 
 Both re-apply every validity rule (``validate_snapshot``) first, so nobody approves or activates
 bytes that no longer verify, a snapshot whose canary no longer replays, or one whose freeze a

@@ -1,4 +1,4 @@
-"""Record-level lineage, both directions (issue 18): one record of a snapshot through every layer.
+"""Record-level lineage, both directions: one record of a snapshot through every layer.
 
 For a record id: its origin (source, pinned object and where it was listed, line, byte offset,
 the raw line's size and digest read back at that offset, record digest); its canonical row (kind,

@@ -1,6 +1,6 @@
 """Snapshot signatures: a DSSE envelope over an in-toto Statement naming the snapshotId.
 
-The builder signs what it validated (seed 001: the manifest is signed after the checks); the
+The builder signs what it validated (the manifest is signed after the checks); the
 signature proves only that the statement comes from the trusted builder key, the set checks in
 ``verify`` prove the statement true. The signed subject is the snapshotId itself, which already
 excludes ``signature``, so the envelope can travel inside the manifest without self-reference.

@@ -1,4 +1,4 @@
-"""What makes a snapshot valid (seed 001), defined once: ``snapshot_rules``, ``validate_snapshot``.
+"""What makes a snapshot valid, defined once: ``snapshot_rules``, ``validate_snapshot``.
 
 Every path that lets a snapshot move on - the blocking Dagster check, approval (CLI, job, demo)
 and activation - calls ``validate_snapshot``; none of them picks rules. The rules: every digest

@@ -1,4 +1,4 @@
-"""One build of a partition at a time on a data home (seed 004: a duplicate trigger gives one
+"""One build of a partition at a time on a data home (a duplicate trigger gives one
 result and no duplicate work). A second ``build`` of the same partition waits for the first's
 lock, then runs the job over finished work: every chunk and layer is reused and it reports the
 same snapshot instead of racing the first one's validation."""

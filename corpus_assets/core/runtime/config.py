@@ -273,7 +273,7 @@ class TokenizerPolicy(_Strict):
 
 
 class PackingPolicy(_Strict):
-    """How samples become fixed-length blocks (seed 000, 18.6). ``mode`` ``atomic`` never splits
+    """How samples become fixed-length blocks. ``mode`` ``atomic`` never splits
     a sample that fits (global best-fit-decreasing); ``overlong`` decides the rest; ``tail``
     applies to ``continuous`` only; blocks are ordered by a hash keyed with ``seed``."""
 

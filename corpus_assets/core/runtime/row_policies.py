@@ -30,7 +30,7 @@ class QualityConfig(Strict):
 
 class ContaminationConfig(Strict):
     """v2 (default): any shared n-gram flags, short items checked whole (``min_whole_*``);
-    v1: ``threshold_ppm`` containment. README "Decontamination"."""
+    v1: ``threshold_ppm`` containment. docs/USER_GUIDE.md, "Decontamination"."""
 
     version: Literal["contamination.v1", "contamination.v2"] = "contamination.v2"
     ngram_words: Annotated[int, Field(ge=3, le=64)] = 13

@@ -1,4 +1,4 @@
-"""Chunk tasks (seed 004): idempotent per-chunk work with retries, heartbeats and a dead letter.
+"""Chunk tasks: idempotent per-chunk work with retries, heartbeats and a dead letter.
 
 A task is keyed by (layer, chunk key, input digest, code version). SUCCESS with the same key and an
 output present in the CAS at the recorded size is skipped; callers that walk many chunks preload

@@ -1,6 +1,6 @@
 """Token arrays cached per canonical chunk: a new snapshot only tokenises records it never saw.
 
-A chunk's tokens are a chunk task (seed 004) keyed by the chunk's records-table digest, the
+A chunk's tokens are a chunk task keyed by the chunk's records-table digest, the
 tokenizer (by digest, with its specials, dtype and chat template: ``TokenizerSpec.token_key``)
 and the code identity of this module (its closure holds the encoders and the file layout): the
 same records under the same tokenizer and code are never tokenised twice, whichever snapshot or

@@ -1,4 +1,4 @@
-"""The held-out search as tasks on the runner: one per group of member chunks (issue 33).
+"""The held-out search as tasks on the runner: one per group of member chunks.
 
 With more than one worker (or the Ray engine) the driver writes the held-out records' rows,
 signatures, text digests and every row's threshold once to a scratch folder under the data

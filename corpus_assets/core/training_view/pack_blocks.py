@@ -1,4 +1,4 @@
-"""Per-block training arrays from a ``PackPlan`` (seed 000, 18.6: segment isolation, labels,
+"""Per-block training arrays from a ``PackPlan`` (segment isolation, labels,
 provenance spans), built a batch of blocks at a time so memory is bounded by the batch.
 
 A sample's tokens come from ``fetch(sample_index)``, any callable returning a 1-D integer numpy
@@ -250,7 +250,7 @@ def unpack_segments(batch: BlockBatch) -> Iterator[tuple[int, int, np.ndarray]]:
 @dataclass
 class BuildAccounting:
     """Label and special-token occupancy over built blocks (the plan's accounting has the rest):
-    the chapter counts them apart from utilisation because each can be far lower."""
+    they are counted apart from utilisation because each can be far lower."""
 
     special_ids: Iterable[int] = ()
     blocks: int = 0

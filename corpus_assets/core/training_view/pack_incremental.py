@@ -1,4 +1,4 @@
-"""Parent-preserving packing (issue 32): a child snapshot keeps its parent's blocks.
+"""Parent-preserving packing: a child snapshot keeps its parent's blocks.
 
 The parent is the snapshot the freeze spec names (``spec.parents``: the alias's active snapshot
 when the partition was frozen). A parent sample is the child sample with the same record id,

@@ -1,4 +1,4 @@
-"""Each mixed sample's place in the token cache, found as a partitioned join (issue 33).
+"""Each mixed sample's place in the token cache, found as a partitioned join.
 
 The samples (stream position, record id), the dedup representatives (record id, object, line)
 and every canonical row (its key, kind, token-cache chunk and row, token count, pair split) are

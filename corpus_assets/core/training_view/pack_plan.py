@@ -1,10 +1,10 @@
-"""Packing plans on sample lengths only (seed 000, 18.6, algorithm 18.2): which piece of which
+"""Packing plans on sample lengths only: which piece of which
 sample goes where in which block, decided before any token is read.
 
 Input: the token count of every sample in mixed (stream) order; a sample's index is its stream
 position. Output: a ``PackPlan`` of numpy arrays, one row per placed piece (block, start offset in
 the block, sample index, offset in the sample, length), sorted by (block, start), plus the
-accounting the chapter asks for (blocks, pad, dropped tokens, utilisation, data-loss rate).
+accounting a packer owes (blocks, pad, dropped tokens, utilisation, data-loss rate).
 
 Modes, declared:
 
@@ -76,7 +76,7 @@ class PackPlan:
         return np.searchsorted(self.block, np.arange(self.blocks + 1), side="left")
 
     def accounting(self) -> dict[str, int | float | str]:
-        """The chapter's figures: utilisation alone hides a dropped tail, so loss is reported."""
+        """Utilisation alone hides a dropped tail, so loss is reported."""
         capacity = self.blocks * self.block_tokens
         content = int(self.length.sum())
         return {

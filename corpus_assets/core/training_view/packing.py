@@ -1,5 +1,4 @@
-"""packed_blocks: the mixed samples' cached tokens packed into verified block shards (seed 000,
-18.6, algorithm 18.2).
+"""packed_blocks: the mixed samples' cached tokens packed into verified block shards.
 
 The plan is made on token counts alone (``pack_plan``: ``policies.packing`` mode, overlong rule,
 tail, keyed block order), then blocks are built a batch at a time from the token cache

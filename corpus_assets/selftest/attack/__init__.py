@@ -1,5 +1,5 @@
 """The ``attack`` group of ``corpus-assets selftest --faults``: a hostile or careless user's
-moves against a built home (issue 31), each expected to be refused with nothing verified lost and
+moves against a built home, each expected to be refused with nothing verified lost and
 the digests of existing snapshots unchanged.
 
 Cases are named ``attack.<point>-<what>`` (``--only '^attack\\.'`` runs the group); one module

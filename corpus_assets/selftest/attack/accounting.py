@@ -1,4 +1,4 @@
-"""Issue 31 point 4 (first half), no row vanishes: a row repeating a record id with another text
+"""No row vanishes: a row repeating a record id with another text
 is quarantined as ``id.conflict`` and counted, never one of two silently lost, and a snapshot
 whose counts do not add up per source (a members row dropped, re-signed consistently) is refused
 by the gate every approval runs."""

@@ -1,4 +1,4 @@
-"""Issue 31, point 8 (audit trail): a forged line in an audit field. ``approve --by`` with a
+"""The audit trail: a forged line in an audit field. ``approve --by`` with a
 newline used to write a second, made-up row into ``history``; a tombstone reason or a permit's
 run id could do the same to their registries. Each must be refused with one line naming the
 field and the character, write nothing, and leave the snapshot as approvable as before."""

@@ -1,4 +1,4 @@
-"""Issue 31 point 8 (first half): a careless user's mistakes get one line and no traceback, before
+"""A careless user's mistakes get one line and no traceback, before
 any Dagster partition is added; a secret in a store URL is never shown; Ctrl-C stops a build in
 one line and the rerun resumes to the undisturbed build's snapshotId."""
 

@@ -1,4 +1,4 @@
-"""Issue 31 point 7: a near-duplicate pair dedup's LSH misses must not straddle two splits.
+"""A near-duplicate pair dedup's LSH misses must not straddle two splits.
 
 The attacker (or plain bad luck at the threshold edge) adds two essays at Jaccard just above the
 threshold that no band of the dedup layer's LSH puts in one bucket and whose dedup keys hash to

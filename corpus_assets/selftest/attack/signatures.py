@@ -1,4 +1,4 @@
-"""Issue 31 points 1-2: signatures are checked on read, against a trust root outside the home.
+"""Signatures are checked on read, against a trust root outside the home.
 
 The attacker here can write the data home (the CAS, the catalog, ``<home>/keys``) but not the
 operator's trust file: it re-signs a snapshot's manifest with a key of its own, strips the

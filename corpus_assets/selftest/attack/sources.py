@@ -1,4 +1,4 @@
-"""Issue 31 points 3 and 4b against a built home: a source folder holding a link to the home's
+"""Against a built home: a source folder holding a link to the home's
 private signing key, and an object deleted between the freeze's listing and its copy.
 
 Each starts from a copy of the reference home with a source folder of its own (a few objects of

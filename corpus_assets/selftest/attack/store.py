@@ -1,4 +1,4 @@
-"""Issue 31, points 5 and 6: what gc and the store walk do with a careless retention policy and
+"""What gc and the store walk do with a careless retention policy and
 with data that looks like a reference.
 
 - ``attack.5-gc-expires``: two generations activated, ``retention: {keep_generations: 1}``, gc.
