@@ -24,6 +24,12 @@ MEMORY_MB = 256  # DuckDB's own buffer cap; a query beyond it spills to the temp
 # at 1.1 GB of raw text they filled 256 MB on two threads (the check's peak, 638 MB), and one
 # thread needs fewer buffers (549 MB) for +0.7 s; below 160 MB one-thread runs got no smaller.
 EVIDENCE_MB, EVIDENCE_THREADS = 160, 1
+EVICT_MB = 16  # the evidence connection's limit for a moment between rules (``Evidence.evict``)
+# The members table's join and sort of every member's wide row (~350 B) on one thread under
+# 128 MB: at 1.1 GB of raw text two threads under 256 MB raised the manifest layer's peak by
+# ~450 MB (to 600 MB), one thread under 128 MB by ~270 MB, for the same ~2.5 CPU-s; two threads
+# under 128 MB ran out of memory (each thread reserves its own sort buffers).
+MEMBERS_MB, MEMBERS_THREADS = 128, 1
 FLUSH_MB = 16  # freed memory DuckDB may keep cached before returning it to the system
 BATCH_BYTES = 4 << 20  # decoded bytes of the widest column per streamed batch
 MAX_BATCH_ROWS = 65536

@@ -101,7 +101,7 @@ def put_members(ws: Workspace, indexes: Indexes) -> tuple[Ref, int, list[dict[st
             clusters=files.path(indexes["dedup_clusters"][1].output("clusters")["digest"]),
             splits=files.path(indexes["splits"][1].output("splits")["digest"]),
         )
-        with duck.connect(ws.cas, ws.config.execution.workers) as con:
+        with duck.connect(ws.cas, duck.MEMBERS_THREADS, duck.MEMBERS_MB) as con:
             seen = _Seen()
             rows = seen.watch(_typed(b) for b in storage_duck.batches(con, query, MEMBER_BATCH))
             ref = put_table_batches(ws.cas, MEMBERS_SCHEMA, rows, Path(tmp))

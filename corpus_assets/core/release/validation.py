@@ -180,7 +180,8 @@ def _apply(rules: tuple[Gate, ...], evidence: Evidence, report: GateReport) -> l
             failed += [(rule.__name__, finding) for finding in rule(evidence, report)]
         except CasError as error:
             failed.append((rule.__name__, str(error)))
-        release_memory()  # a rule's tables, before the next one
+        evidence.evict()  # a rule's DuckDB buffers and Python tables, before the next one
+        release_memory()
     return failed
 
 

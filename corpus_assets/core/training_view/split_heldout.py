@@ -37,7 +37,6 @@ from pathlib import Path
 import duckdb
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from corpus_assets.core.dedup.fingerprint_store import TextLookup
 from corpus_assets.core.dedup.heldout_search import HeldoutPairs, HeldoutParams, Known, search
@@ -224,12 +223,11 @@ class HeldoutScan:
         parent's."""
         found_in = self._positions(con, members)
         rows = found_in.rows
-        held = pc.not_equal(found_in.splits, TRAIN).to_numpy(zero_copy_only=False)[found_in.order]
-        heldout = rows[held]
+        heldout = rows[found_in.held]
         tables = known.tables if known is not None else ()
         look_up = (partial(known_jaccards, con, tables, found_in.digests), tables)
         status = np.zeros(len(self.thresholds), dtype=np.int8)
-        status[rows] = np.where(held, HELD, MEMBER)
+        status[rows] = np.where(found_in.held, HELD, MEMBER)
         if prior is not None:
             same = prior.unchanged(status)
             moved = rows[~same[rows]]
@@ -238,24 +236,24 @@ class HeldoutScan:
         elif changed is None:
             found = self._search(heldout, rows, look_up)
         else:
-            is_moved = pc.is_in(found_in.ids, value_set=changed).to_numpy(zero_copy_only=False)
-            moved = rows[is_moved[found_in.order]]
-            found = self._search(heldout, rows, look_up, moved)
+            found = self._search(heldout, rows, look_up, found_in.named(changed))
         if keep:
             _store_verified(con, found_in.digests, *found.verified)
         table = found_in.pairs(found)
+        found_in.close()
         stats = {"heldout": len(heldout), "members": len(rows), **found.stats}
         state = state_table(status, *found.verified) if keep else STATE_COLUMNS.empty_table()
         return table, stats, state
 
     def _positions(self, con: duckdb.DuckDBPyConnection, members: str) -> "_Members":
-        """The members' global canonical rows, record ids and splits, and every row's text
-        digest. The rows come from one SQL join on (record id, object, line), which DuckDB runs
-        within its cap: the canonical tables' ids and objects in Arrow, and their lookup,
-        raised a 1.1 GB build's peak by ~250 MB. Text digests are read when pairs ask for them."""
+        """The members' global canonical rows and whether each is held out; their record ids
+        and splits stay in ``con`` (``ho_members``), and text digests in the chunk tables, until
+        pairs ask for them. The rows come from one SQL join on (record id, object, line), which
+        DuckDB runs within its cap: the canonical tables' ids and objects in Arrow, and their
+        lookup, raised a 1.1 GB build's peak by ~250 MB; all members' ids and splits in Arrow,
+        by ~100 MB more."""
         if not self.chunks:
-            none = pa.array([], pa.string())
-            return _Members(np.empty(0, np.int64), EMPTY_ROWS, none, none, pa.chunked_array([none]))
+            return _Members(EMPTY_ROWS, np.empty(0, bool), None, RowDigests(self.ws, []))
         paths = [self.files.path(c.records["digest"], c.what) for c in self.chunks]
         return self._joined(con, members, paths, RowDigests(self.ws, self.chunks))
 
@@ -269,11 +267,16 @@ class HeldoutScan:
         """``_positions`` as one SQL join on (record id, object, line)."""
         starts = np.cumsum([0, *(c.count for c in self.chunks)])[:-1].tolist()
         con.register("ho_files", pa.table({"filename": paths, "start": starts}))
-        table = con.sql(POSITIONS.format(paths=sql_list(paths), members=members)).to_arrow_table()
-        con.unregister("ho_files")
-        rows = table["row"].to_numpy().astype(np.int64)
-        ids, splits = table["record_id"].combine_chunks(), table["split"].combine_chunks()
-        return _Members(rows, np.arange(len(rows)), ids, splits, digests)
+        try:
+            query = POSITIONS.format(paths=sql_list(paths), members=members)
+            con.execute(f"CREATE OR REPLACE TEMP TABLE ho_members AS {query}")
+        finally:
+            con.unregister("ho_files")
+        found = con.sql(
+            f"SELECT row, split <> '{TRAIN}' AS held FROM ho_members ORDER BY row"
+        ).fetchnumpy()
+        rows = np.asarray(found["row"], dtype=np.int64)
+        return _Members(rows, np.asarray(found["held"], dtype=bool), con, digests)
 
     def _search(
         self,
@@ -313,29 +316,59 @@ def _signatures(
 
 @dataclass(frozen=True)
 class _Members:
-    """The searched members by global row, and every canonical row's text digest."""
+    """The searched members by global row; their ids and splits in ``con``'s ``ho_members``
+    (None without chunks), looked up only for the rows asked for."""
 
     rows: np.ndarray  # ascending global rows
-    order: np.ndarray  # per ``rows[i]``, its index in ``ids`` and ``splits``
-    ids: pa.Array | pa.ChunkedArray
-    splits: pa.Array | pa.ChunkedArray
+    held: np.ndarray  # per ``rows[i]``: held out (not in train)
+    con: duckdb.DuckDBPyConnection | None
     digests: RowDigests  # per global row, read when taken
+
+    def named(self, changed: pa.Array) -> np.ndarray:
+        """The ascending rows of the members whose record id is in ``changed``."""
+        if self.con is None:
+            return EMPTY_ROWS
+        self.con.register("ho_changed", pa.table({"record_id": pa.array(changed, pa.string())}))
+        try:
+            found = self.con.sql(
+                "SELECT row FROM ho_members WHERE record_id IN (SELECT record_id FROM ho_changed) "
+                "ORDER BY row"
+            ).fetchnumpy()
+        finally:
+            self.con.unregister("ho_changed")
+        return np.asarray(found["row"], dtype=np.int64)
 
     def pairs(self, found: HeldoutPairs) -> pa.Table:
         """The found pairs as ``PAIR_COLUMNS`` rows, in the search's (a, b) order."""
-        at = self.order[np.searchsorted(self.rows, np.concatenate([found.a, found.b]))]
-        a_at = pa.array(at[: len(found.a)], pa.int64())
-        b_at = pa.array(at[len(found.a) :], pa.int64())
+        k = len(found.a)
+        if self.con is None or not k:
+            return PAIR_COLUMNS.empty_table()
+        wanted = np.concatenate([found.a, found.b]).astype(np.int64)
+        self.con.register("ho_wanted", pa.table({"i": np.arange(2 * k), "row": wanted}))
+        try:
+            got = self.con.sql(
+                "SELECT m.record_id, m.split FROM ho_wanted w JOIN ho_members m USING (row) "
+                "ORDER BY w.i"
+            ).to_arrow_table()
+        finally:
+            self.con.unregister("ho_wanted")
+        if got.num_rows != 2 * k:
+            raise ValueError(f"held-out pairs name {2 * k - got.num_rows} row(s) no member has")
+        ids, splits = got["record_id"].combine_chunks(), got["split"].combine_chunks()
         return pa.table(
             {
-                "record_a": self.ids.take(a_at),
-                "split_a": self.splits.take(a_at),
-                "record_b": self.ids.take(b_at),
-                "split_b": self.splits.take(b_at),
+                "record_a": ids.slice(0, k),
+                "split_a": splits.slice(0, k),
+                "record_b": ids.slice(k),
+                "split_b": splits.slice(k),
                 "jaccard": pa.array(found.jaccard, pa.float64()),
             },
             schema=PAIR_COLUMNS,
         )
+
+    def close(self) -> None:
+        if self.con is not None:
+            self.con.execute("DROP TABLE IF EXISTS ho_members")
 
 
 def _store_verified(
