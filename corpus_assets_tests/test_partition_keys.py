@@ -1,5 +1,6 @@
 """Partition keys are checked where they are created, and a bad one typed into the UI's "Add
-partition" fails its runs with a message saying how to delete it, which then works."""
+partition" has its runs refused (or, under Dagster's stock instance, failed) with a message saying
+how to delete it, which then works."""
 
 from pathlib import Path
 
@@ -67,9 +68,17 @@ def test_a_key_added_in_the_ui_fails_clearly_until_deleted(
 ) -> None:
     instance = _instance(demo_home)
     instance.add_dynamic_partitions("snapshots", [BAD])  # what the UI's "Add partition" does
-    failed = defs.resolve_job_def("build_snapshot").execute_in_process(
-        partition_key=BAD, instance=instance, raise_on_error=False
-    )
+    build = defs.resolve_job_def("build_snapshot")
+    # the project's instance (CorpusInstance) refuses the run before it exists, in one line
+    with pytest.raises(PartitionKeyError) as refused:
+        build.execute_in_process(partition_key=BAD, instance=instance)
+    assert str(refused.value) == launch_refusal(BAD)
+    assert "corpus-assets partition delete 'Bad Key!'" in str(refused.value)
+    assert instance.get_runs() == []
+    # under Dagster's stock instance the run starts, and its first step says the same
+    with dg.instance_for_test() as stock:
+        stock.add_dynamic_partitions("snapshots", [BAD])
+        failed = build.execute_in_process(partition_key=BAD, instance=stock, raise_on_error=False)
     assert not failed.success
     error = next(e for e in failed.all_events if e.is_step_failure).step_failure_data.error
     while error.cause is not None:

@@ -152,7 +152,9 @@ def type_config(page: Page, editor: Locator, artifacts: Path, text: str) -> None
 
 
 def approve_from_launchpad(page: Page, servers: Servers, artifacts: Path) -> str:
-    """Launch ``approve_snapshot`` from the UI with only the approver filled in; its run id."""
+    """Launch ``approve_snapshot`` from the UI with only the approver filled in, no partition
+    picked (the job is partitioned for its review, so Dagster asks "Are you sure?"); its run
+    id."""
     editor = open_launchpad(page, servers, artifacts)
     type_config(
         page,
@@ -165,6 +167,8 @@ def approve_from_launchpad(page: Page, servers: Servers, artifacts: Path) -> str
     expect(page.get_by_text("No errors")).to_be_visible()
     shoot(page, artifacts, "1-launchpad")
     page.get_by_role("button", name="Launch Run").click()
+    expect(page.get_by_text("launch a run without a partition")).to_be_visible()
+    page.get_by_role("button", name="Confirm").click()
     page.wait_for_url(re.compile(r"/runs/[0-9a-f-]{36}"))
     run_id = page.url.rsplit("/", 1)[-1].split("?")[0]
     wait_for("the approval run", lambda: run_succeeded(servers.gql, run_id), 180)

@@ -3,7 +3,8 @@
 One built pair of snapshots is shared by every test here (builds are the expensive part): the
 CLI's ``demo`` builds, approves and activates the first (generation 1), one more essay and
 ``build`` make the second, VALIDATED, before the servers start. Then, in the UI: the candidate's
-shadow diff is visible before the approval is launched; after the publication sensor activates it
+shadow diff is visible before the approval is launched, on its partition and in the approval
+Launchpad's config once its partition is picked; after the publication sensor activates it
 (generation 2) exactly one partition says ``serving`` and the ``alias`` asset says generation 2;
 a rollback on the command line moves both again; the manifest's card renders its plots.
 
@@ -19,12 +20,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from playwright.sync_api import Page, expect, sync_playwright
 
 from corpus_assets.demo import write_demo
 from corpus_assets_tests.test_ui_browser import (
     CHROMIUM,
-    approve_from_launchpad,
     metadata_row,
     require_chromium,
     shoot,
@@ -37,6 +38,7 @@ from corpus_assets_tests.ui_servers import (
     dagster_home,
     dagster_servers,
     group_alive,
+    run_succeeded,
     runs,
     server_env,
     wait_for,
@@ -143,6 +145,43 @@ def expect_serving(page: Page, servers: Servers, serving: str, other: str) -> No
     assert shown == {serving: "true", other: "false"}, shown
 
 
+LAUNCHED = """query Run($runId: ID!) { runOrError(runId: $runId) { ... on Run {
+  runConfigYaml tags { key value } } } }"""
+
+
+def approve_after_review(
+    page: Page, servers: Servers, artifacts: Path, candidate: dict[str, Any], served: str
+) -> str:
+    """Jobs -> approve_snapshot -> Launchpad -> pick the candidate's partition: its review (the
+    shadow diff against ``served``) shows in the config editor before anything is launched; then
+    Launch Run. The run id once the approval succeeded."""
+    page.goto(
+        f"http://127.0.0.1:{servers.port}/locations/corpus_assets/jobs/approve_snapshot/playground"
+    )
+    picker = page.get_by_placeholder("Partition")
+    picker.click()
+    page.get_by_role("menuitem", name=candidate["partition"], exact=True).click()
+    expect(picker).to_have_value(candidate["partition"])
+    editor = page.locator(".CodeMirror").first
+    expect(editor).to_contain_text("+1 added, -0 removed, 0 split migrations")
+    expect(editor).to_contain_text("added, e.g.: essays/e9000")
+    expect(editor).to_contain_text(served)  # what it is compared against
+    expect(editor).to_contain_text("review_digest: 'sha256:")
+    assert runs(servers.gql, "approve_snapshot") == []  # read before anything was launched
+    shoot(page, artifacts, "2-approval-launchpad-review")
+    page.get_by_role("button", name="Launch Run").click()
+    page.wait_for_url(re.compile(r"/runs/[0-9a-f-]{36}"))
+    run_id = page.url.rsplit("/", 1)[-1].split("?")[0]
+    wait_for("the approval run", lambda: run_succeeded(servers.gql, run_id), 180)
+    run = servers.gql.query(LAUNCHED, {"runId": run_id})["runOrError"]
+    config = yaml.safe_load(run["runConfigYaml"])["ops"]["approve_digest"]["config"]
+    assert config["snapshot_id"] == candidate["snapshotId"]  # bound to what was reviewed
+    assert config["review_digest"].startswith("sha256:")
+    tags = {t["key"]: t["value"] for t in run["tags"]}
+    assert tags["dagster/partition"] == candidate["partition"]
+    return run_id
+
+
 def publication_run(servers: Servers) -> dict[str, Any] | None:
     """The publication sensor's activation run once it succeeded (the CLI's ran before)."""
     found = [
@@ -168,17 +207,17 @@ def test_the_review_shows_before_approval_and_one_partition_serves_after_each_mo
     expect(review).to_contain_text(f"generation 1: {old['snapshotId']}")
     expect(review).to_contain_text("+1 added")
     expect(review).to_contain_text("essays/e9000")
-    shoot(page, artifacts, "1-candidate-review")
+    shoot(page, artifacts, "1a-candidate-review")
     alias_page(page, servers)
     summary = metadata_row(page, "summary")
     expect(summary).to_contain_text(f"would approve {new['snapshotId']}")
     expect(summary).to_contain_text("+1 added")
     expect(summary).to_contain_text("generation 1")
-    shoot(page, artifacts, "2-alias-before-approval")
+    shoot(page, artifacts, "1b-alias-before-approval")
     page.goto(f"http://127.0.0.1:{servers.port}/locations/corpus_assets/jobs/approve_snapshot")
-    expect(page.get_by_text("Before launching, review it").first).to_be_visible()  # says where
+    expect(page.get_by_text("Pick the candidate's partition").first).to_be_visible()
 
-    approve_from_launchpad(page, servers, artifacts)
+    approve_after_review(page, servers, artifacts, new, old["snapshotId"])
     wait_for("the publication sensor's activation", lambda: publication_run(servers), 240)
     (alias,) = corpus_status(servers.env)["aliases"]
     assert (alias["generation"], alias["active"]) == (2, new["snapshotId"])

@@ -10,8 +10,6 @@ change is recorded as made by the run (``dagster-run:<id>``, plus ``dagster/user
 records one), never by a name typed in.
 """
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Literal
 
@@ -19,11 +17,10 @@ import dagster as dg
 from pydantic import Field
 
 from corpus_assets.assets.jobs import approver_identity
+from corpus_assets.assets.refusals import refused_in_one_line
 from corpus_assets.assets.resources import CorpusResource
 from corpus_assets.core.governance import benchmarks
 from corpus_assets.core.governance.audit_fields import audit_field
-from corpus_assets.core.governance.benchmarks import RegistryError
-from corpus_assets.core.governance.gate import GateError
 from corpus_assets.core.governance.tombstones import add_tombstone
 from corpus_assets.core.records.benchmark_file import read_items
 
@@ -131,15 +128,6 @@ def _text(field: str, value: str) -> str:
     if not value.strip():
         raise ValueError(f"config field {field!r} is empty")
     return audit_field(f"config field {field!r}", value.strip())
-
-
-@contextmanager
-def refused_in_one_line() -> Iterator[None]:
-    """A refusal of the core (bad input, a gate or registry rule) as the run's one-line failure."""
-    try:
-        yield
-    except (ValueError, LookupError, GateError, RegistryError) as error:
-        raise dg.Failure(description=str(error), allow_retries=False) from None
 
 
 GOVERNANCE_JOBS = [tombstone_add, benchmark_add, benchmark_remove]

@@ -9,10 +9,18 @@ from pydantic import Field, field_validator
 from corpus_assets.assets.executor import pooled_in_process_executor
 from corpus_assets.assets.layers import LAYER_ASSETS
 from corpus_assets.assets.lifecycle import observing
+from corpus_assets.assets.partitions import snapshots
+from corpus_assets.assets.refusals import refused_in_one_line
 from corpus_assets.assets.resources import CorpusResource
 from corpus_assets.core.governance.audit_fields import audit_field
 from corpus_assets.core.release.publish import NEWEST_VALIDATED, activate, approval_target, approve
+from corpus_assets.core.release.review import (
+    partition_review,
+    preview_differ,
+    refuse_changed_review,
+)
 from corpus_assets.core.release.verify import resolve
+from corpus_assets.core.runtime.workspace import open_workspace
 
 BUILD_TAG = "corpus/build"
 
@@ -61,9 +69,9 @@ def activate_snapshot() -> None:
 
 class ApprovalConfig(dg.Config):
     """What to approve, chosen by partition, never by pasting a digest; and who says so.
-    Review first (the launchpad cannot show it): the `alias` asset's partition of your alias
-    shows what `newest-validated` resolves to now and its shadow diff against what the alias
-    serves; each candidate's `manifest` partition shows the same as `review`."""
+    Picking a partition in the Launchpad fills in its candidate, its shadow diff (``review``)
+    and the diff's digest: read it before launching. Without a partition, ``newest-validated``
+    is approved unreviewed here (the `alias` asset shows what it resolves to, with its diff)."""
 
     partition: str = Field(
         default=NEWEST_VALIDATED,
@@ -81,6 +89,18 @@ class ApprovalConfig(dg.Config):
         default="",
         description="Your name. Recorded as a claim beside the identity Dagster gives the run "
         "(its run id, and the launching user where Dagster records one), never alone.",
+    )
+    review: list[str] = Field(
+        default=[],
+        description="Filled in when you pick a partition: the candidate's shadow diff against "
+        "what its alias serves (members added, removed, split migrations, share shifts, example "
+        "ids), or why there is nothing to approve. For reading; editing it changes nothing.",
+    )
+    review_digest: str = Field(
+        default="",
+        description="Filled in with `review`: the digest of that shadow diff. If given, approval "
+        "is refused unless the diff computed at approval is still the one you read (a rebuild "
+        "or an alias move since changes it). 'none': the partition had nothing to approve.",
     )
 
     @field_validator("approver")
@@ -107,34 +127,64 @@ def approver_identity(run_id: str, tags: Mapping[str, str], claimed: str) -> str
 def approve_digest(
     context: dg.OpExecutionContext, config: ApprovalConfig, corpus: CorpusResource
 ) -> None:
-    by = approver_identity(context.run_id, context.run.tags, config.approver)
-    with corpus.workspace() as ws:
+    with refused_in_one_line(), corpus.workspace() as ws:
+        by = approver_identity(context.run_id, context.run.tags, config.approver)
         target = approval_target(
             ws.catalog, ws.config.alias, config.partition.strip(), config.snapshot_id.strip()
         )
+        if config.review_digest.strip():
+            refuse_changed_review(ws.cas, ws.catalog, target, config.review_digest.strip())
         alias = resolve(ws.catalog, target).alias
         with observing(ws, alias, context.log_event, [target]):
             snapshot = approve(ws, target, by=by)
     context.log.info(f"{snapshot.snapshot_id} APPROVED by {snapshot.approved_by}")
 
 
+def approval_for_partition(partition_key: str) -> dict[str, Any]:
+    """What picking ``partition_key`` in the Launchpad fills in: its candidate and the review
+    (Dagster calls this in the code server, with no resources: the default corpus config, as
+    ``CorpusResource()``). Cheap (stat-trusted tables), and a partition with nothing to approve
+    gets a review saying why, never an error."""
+    with open_workspace() as ws:
+        review = partition_review(
+            ws.catalog, ws.config.alias, partition_key, preview_differ(ws.cas, ws.catalog)
+        )
+    return approval_run_config(
+        partition_key, review.snapshot_id, review=review.lines, review_digest=review.digest
+    )
+
+
 @dg.job(
-    description="Approve a snapshot from the UI. Before launching, review it: Catalog -> `alias` "
-    "-> your alias's partition shows what it serves and what the default config "
-    "(`partition: newest-validated`) would approve, with the shadow diff (members added, "
-    "removed, split migrations, share shifts); the candidate's `manifest` partition shows the "
-    "same as `review`. Set `snapshot_id` to the snapshot you reviewed to bind the approval to "
-    "it; no digest needs pasting otherwise."
+    description="Approve a snapshot from the UI. Pick the candidate's partition in the "
+    "Launchpad: the config then shows its shadow diff against what the alias serves (`review`: "
+    "members added, removed, split migrations, share shifts, example ids) and binds the "
+    "approval to that snapshot and that diff; read it, add your name as `approver`, launch. "
+    "Without a partition, the default config (`partition: newest-validated`) approves the "
+    "newest VALIDATED snapshot; Catalog -> `alias` shows which, with its diff.",
+    # the partition picker, and the review filled in for the picked partition
+    config=dg.PartitionedConfig(
+        partitions_def=snapshots, run_config_for_partition_key_fn=approval_for_partition
+    ),
 )
 def approve_snapshot() -> None:
     approve_digest()
 
 
 def approval_run_config(
-    partition: str = NEWEST_VALIDATED, snapshot_id: str = "", approver: str = ""
+    partition: str = NEWEST_VALIDATED,
+    snapshot_id: str = "",
+    approver: str = "",
+    review: list[str] | None = None,
+    review_digest: str = "",
 ) -> dict[str, Any]:
     """Run config for ``approve_snapshot`` (the UI's launchpad takes the same)."""
-    config = {"partition": partition, "snapshot_id": snapshot_id, "approver": approver}
+    config: dict[str, Any] = {
+        "partition": partition,
+        "snapshot_id": snapshot_id,
+        "approver": approver,
+    }
+    if review is not None or review_digest:
+        config.update(review=review or [], review_digest=review_digest)
     return {"ops": {"approve_digest": {"config": config}}}
 
 

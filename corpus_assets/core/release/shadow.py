@@ -19,6 +19,7 @@ from corpus_assets.core.release.verify import load_manifest, resolve
 from corpus_assets.core.storage.cas import ContentStore
 from corpus_assets.core.storage.catalog import Catalog
 from corpus_assets.core.storage.duck import VerifiedFiles, sql_list
+from corpus_assets.core.storage.trust import StatTrust
 
 if TYPE_CHECKING:
     from duckdb import DuckDBPyConnection
@@ -65,19 +66,30 @@ def _profile(members: pa.Table) -> dict[str, Any]:
     }
 
 
-def shadow_diff(cas: ContentStore, catalog: Catalog, digest: str) -> dict[str, Any]:
-    """Candidate vs the active snapshot of its alias (or vs nothing, for the first one)."""
+def shadow_diff(
+    cas: ContentStore, catalog: Catalog, digest: str, trust: StatTrust | None = None
+) -> dict[str, Any]:
+    """Candidate vs the active snapshot of its alias (or vs nothing, for the first one).
+    ``trust``: a members table unchanged since it last hashed right is read without re-hashing
+    (for a preview, such as the approval Launchpad; approval itself re-hashes every byte)."""
     candidate = resolve(catalog, digest)
     manifest = load_manifest(cas, candidate)
     files = VerifiedFiles(cas)  # each members table re-hashed once, then read as often as needed
-    new = _members(files, manifest)
     active_id = gate.read_gate(catalog, candidate.alias).active_snapshot
+    old_manifest = (
+        load_manifest(cas, resolve(catalog, active_id))
+        if active_id not in (None, candidate.snapshot_id)
+        else None
+    )
+    if trust is not None:
+        tables = [m["members"]["digest"] for m in (manifest, old_manifest) if m is not None]
+        files.verified |= trust.unchanged(tables)
+    new = _members(files, manifest)
     diff: dict[str, Any] = {"candidate": candidate.snapshot_id, "active": active_id}
     diff["candidate_profile"] = _profile(new)
-    if active_id is None or active_id == candidate.snapshot_id:
+    if old_manifest is None:
         diff.update(added=new.num_rows, removed=0, split_migrations=0, examples={})
         return diff
-    old_manifest = load_manifest(cas, resolve(catalog, active_id))
     if old_manifest["members"]["digest"] == manifest["members"]["digest"]:  # a re-build
         diff.update(added=0, removed=0, split_migrations=0)
         diff["examples"] = {"added": [], "removed": [], "migrated": []}
