@@ -19,15 +19,13 @@ from playwright.sync_api import Locator, Page, expect, sync_playwright
 
 from corpus_assets.core.runtime.layers import LAYERS
 from corpus_assets.core.runtime.liveness import Worker
-from corpus_assets.demo import write_demo
 from corpus_assets_tests.ui_servers import (
     BIN,
     REPO,
     Servers,
     corpus_status,
-    dagster_servers,
+    demo_servers,
     finished_run,
-    group_alive,
     partition_keys,
     run_succeeded,
     wait_for,
@@ -62,15 +60,8 @@ def servers(tmp_path: Path) -> Iterator[Servers]:
     """Webserver + daemon on a demo CORPUS_HOME whose sources no build has seen yet; every
     process group they started is gone afterwards, checked by group id."""
     require_chromium()
-    home = tmp_path / "corpus"
-    config = write_demo(home)  # the sources are there; only the sensor may turn them into a run
-    logs = tmp_path / "logs"
-    logs.mkdir()
-    with dagster_servers(tmp_path / "dagster", home, config, logs) as started:
-        print(f"Dagster logs: {logs}")
+    with demo_servers(tmp_path) as started:
         yield started
-    for group in started.groups:
-        assert not group_alive(group.pgid), f"{group.name}'s process group {group.pgid} remains"
 
 
 @pytest.fixture

@@ -19,14 +19,12 @@ from playwright.sync_api import Page, expect
 from corpus_assets.assets.instance import NEW_SNAPSHOT_TAG
 from corpus_assets.core.runtime.keys import is_valid_partition_key
 from corpus_assets.core.runtime.layers import LAYERS
-from corpus_assets.demo import write_demo
 from corpus_assets_tests.test_ui_browser import artifacts, page, require_chromium, shoot
 from corpus_assets_tests.ui_servers import (
     Servers,
     build_runs,
     corpus_status,
-    dagster_servers,
-    group_alive,
+    demo_servers,
     latest_runs,
     launched_at,
     partition_keys,
@@ -42,15 +40,8 @@ __all__ = ["artifacts", "page"]  # the browser test's fixtures, shared
 def servers(tmp_path: Path) -> Iterator[Servers]:
     """Webserver + daemon (sensors on, as shipped) on a demo CORPUS_HOME no build has seen."""
     require_chromium()
-    home = tmp_path / "corpus"
-    config = write_demo(home)
-    logs = tmp_path / "logs"
-    logs.mkdir()
-    with dagster_servers(tmp_path / "dagster", home, config, logs) as started:
-        print(f"Dagster logs: {logs}")
+    with demo_servers(tmp_path) as started:
         yield started
-    for group in started.groups:
-        assert not group_alive(group.pgid), f"{group.name}'s process group {group.pgid} remains"
 
 
 def sensor_build_started(servers: Servers) -> dict[str, Any]:

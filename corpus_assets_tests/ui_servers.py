@@ -320,3 +320,21 @@ def launched_at(gql: GraphQL, run_id: str) -> float:
     events = gql.query(STARTING, {"runId": run_id})["logsForRun"]["events"]
     (stamp,) = [e["timestamp"] for e in events if e["__typename"] == "RunStartingEvent"]
     return int(stamp) / 1000  # milliseconds, as a string
+
+
+@contextmanager
+def demo_servers(tmp_path: Path) -> Iterator[Servers]:
+    """``dagster_servers`` on a demo CORPUS_HOME whose sources no build has seen yet (only the
+    sensor or a launch turns them into a run); every process group they started is gone
+    afterwards, checked by group id."""
+    from corpus_assets.demo import write_demo
+
+    home = tmp_path / "corpus"
+    config = write_demo(home)
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    with dagster_servers(tmp_path / "dagster", home, config, logs) as started:
+        print(f"Dagster logs: {logs}")
+        yield started
+    for group in started.groups:
+        assert not group_alive(group.pgid), f"{group.name}'s process group {group.pgid} remains"

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -56,6 +57,16 @@ def connect(
         config["allocator_flush_threshold"] = flush[0]
         config["allocator_bulk_deallocation_flush_threshold"] = flush[1]
     return duckdb.connect(config=config)
+
+
+@contextmanager
+def registered(con: DuckDBPyConnection, name: str, table: pa.Table) -> Iterator[str]:
+    """``table`` as the relation ``name`` on ``con`` within the block, unregistered after."""
+    con.register(name, table)
+    try:
+        yield name
+    finally:
+        con.unregister(name)
 
 
 class Spilling:

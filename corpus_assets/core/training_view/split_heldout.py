@@ -51,7 +51,13 @@ from corpus_assets.core.runtime.layers import LayerIndex
 from corpus_assets.core.runtime.workspace import Workspace
 from corpus_assets.core.storage.artifacts import Ref, get_json
 from corpus_assets.core.storage.digests import json_digest
-from corpus_assets.core.storage.duck import VerifiedFiles, cas_parquet, put_query, sql_list
+from corpus_assets.core.storage.duck import (
+    VerifiedFiles,
+    cas_parquet,
+    put_query,
+    registered,
+    sql_list,
+)
 from corpus_assets.core.storage.table_lookup import TrustedFiles
 from corpus_assets.core.training_view.heldout_state import (
     STATE_COLUMNS,
@@ -328,14 +334,12 @@ class _Members:
         """The ascending rows of the members whose record id is in ``changed``."""
         if self.con is None:
             return EMPTY_ROWS
-        self.con.register("ho_changed", pa.table({"record_id": pa.array(changed, pa.string())}))
-        try:
+        ids = pa.table({"record_id": pa.array(changed, pa.string())})
+        with registered(self.con, "ho_changed", ids):
             found = self.con.sql(
                 "SELECT row FROM ho_members WHERE record_id IN (SELECT record_id FROM ho_changed) "
                 "ORDER BY row"
             ).fetchnumpy()
-        finally:
-            self.con.unregister("ho_changed")
         return np.asarray(found["row"], dtype=np.int64)
 
     def pairs(self, found: HeldoutPairs) -> pa.Table:
@@ -344,14 +348,11 @@ class _Members:
         if self.con is None or not k:
             return PAIR_COLUMNS.empty_table()
         wanted = np.concatenate([found.a, found.b]).astype(np.int64)
-        self.con.register("ho_wanted", pa.table({"i": np.arange(2 * k), "row": wanted}))
-        try:
+        with registered(self.con, "ho_wanted", pa.table({"i": np.arange(2 * k), "row": wanted})):
             got = self.con.sql(
                 "SELECT m.record_id, m.split FROM ho_wanted w JOIN ho_members m USING (row) "
                 "ORDER BY w.i"
             ).to_arrow_table()
-        finally:
-            self.con.unregister("ho_wanted")
         if got.num_rows != 2 * k:
             raise ValueError(f"held-out pairs name {2 * k - got.num_rows} row(s) no member has")
         ids, splits = got["record_id"].combine_chunks(), got["split"].combine_chunks()
