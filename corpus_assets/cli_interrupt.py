@@ -42,6 +42,11 @@ def install() -> None:
     # Dagster points fd 2 at a step's compute log while the step runs (a ``tail`` child copies
     # it back); that child is killed with the rest, so the line must not travel through it.
     _TERMINAL[0] = os.dup(2)
+    # A parent that ignores SIGTERM (a supervisor, nohup-like wrappers, pytest-xdist's workers)
+    # hands that on to everything started from here; Dagster stops each step's compute-log
+    # ``tail`` with SIGTERM and waits for it, so every step hung and failed. SIGTERM stops this
+    # process and its children again, as the store expects of a kill.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, lambda _signo, _frame: stop())
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     threading.Thread(target=_wait, name="sigint", daemon=True).start()
