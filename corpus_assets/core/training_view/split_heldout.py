@@ -350,8 +350,11 @@ class _Members:
         wanted = np.concatenate([found.a, found.b]).astype(np.int64)
         with registered(self.con, "ho_wanted", pa.table({"i": np.arange(2 * k), "row": wanted})):
             got = self.con.sql(
-                "SELECT m.record_id, m.split FROM ho_wanted w JOIN ho_members m USING (row) "
-                "ORDER BY w.i"
+                "SELECT m.record_id, m.split FROM ho_wanted w JOIN (SELECT * FROM ho_members "
+                # one member per row: a forged members table may list a record twice (the
+                # record_ids_unique rule names it), which must not stop this rule
+                "QUALIFY row_number() OVER (PARTITION BY row ORDER BY record_id, split) = 1) m "
+                "USING (row) ORDER BY w.i"
             ).to_arrow_table()
         if got.num_rows != 2 * k:
             raise ValueError(f"held-out pairs name {2 * k - got.num_rows} row(s) no member has")
