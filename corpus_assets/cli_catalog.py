@@ -9,7 +9,14 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
-from corpus_assets.cli_common import CliError, note, print_json, storage, writing_storage
+from corpus_assets.cli_common import (
+    CliError,
+    cli_actor,
+    note,
+    print_json,
+    storage,
+    writing_storage,
+)
 from corpus_assets.core.dedup.explain import explain
 from corpus_assets.core.governance import tombstones
 from corpus_assets.core.governance.lineage import tombstone_hits
@@ -68,8 +75,15 @@ def cmd_dedup(args: argparse.Namespace) -> int:
 def cmd_tombstone_add(args: argparse.Namespace) -> int:
     _home, _cas, catalog = storage()
     kind, target = next((k, v) for k in ("record", "object", "group") if (v := getattr(args, k)))
-    seq = tombstones.add_tombstone(catalog, kind, target, args.reason)
+    seq = tombstones.add_tombstone(catalog, kind, target, args.reason, actor=cli_actor())
     print(f"tombstone {seq}: {kind} {target}; every alias is fenced at tombstone watermark {seq}")
+    return 0
+
+
+def cmd_tombstone_lift(args: argparse.Namespace) -> int:
+    _home, _cas, catalog = storage()
+    seq = tombstones.lift_tombstone(catalog, args.seq, args.reason, actor=cli_actor())
+    print(tombstones.lift_said(seq, args.seq))
     return 0
 
 

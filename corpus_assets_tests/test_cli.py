@@ -1,5 +1,6 @@
 """The ``corpus-assets`` command as a user runs it: real processes, data home, exit codes."""
 
+import getpass
 import json
 import os
 import re
@@ -140,6 +141,27 @@ def _tombstone_fences_the_candidate(home: Path, sid: str, candidate: str) -> Non
     assert after.returncode == 0, after.stderr
     shown = json.loads(run(home, "show", _field(after.stdout, "snapshotId")).stdout)
     assert shown["tombstoneWatermark"] == "1"
+    _lift_gives_the_record_back(home, sid, candidate)
+
+
+def _lift_gives_the_record_back(home: Path, sid: str, candidate: str) -> None:
+    """Lifting the tombstone fences every alias again; the next build holds the record (its
+    deletion lineage lists it), a second lift of the same tombstone is refused in one line."""
+    lifted = run(home, "tombstone", "lift", "1", "--reason", "request withdrawn")
+    assert lifted.returncode == 0, lifted.stderr
+    assert lifted.stdout.startswith("tombstone 2 lifts tombstone 1; every alias is fenced")
+    again = run(home, "tombstone", "lift", "1", "--reason", "twice")
+    assert again.returncode == 1
+    assert again.stderr == (
+        "corpus-assets: error: tombstone 1 was lifted already by 2; nothing lifted\n"
+    )
+    back = run(home, "build")
+    assert back.returncode == 0, back.stderr
+    rebuilt = _field(back.stdout, "snapshotId")
+    assert json.loads(run(home, "show", rebuilt).stdout)["tombstoneWatermark"] == "2"
+    hits = json.loads(run(home, "tombstone", "hits", "1").stdout)
+    assert (hits["lifted_by"], hits["actor"]) == (2, f"cli:{getpass.getuser()}")
+    assert {s["snapshotId"] for s in hits["snapshots"]} == {sid, candidate, rebuilt}
 
 
 def test_errors_are_one_clear_line(tmp_path: Path) -> None:

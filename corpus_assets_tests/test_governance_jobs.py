@@ -10,7 +10,7 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from corpus_assets.core.governance import benchmarks
+from corpus_assets.core.governance import benchmarks, tombstones
 from corpus_assets.core.governance.lineage import revoked_targets
 from corpus_assets.core.runtime.workspace import open_workspace
 from corpus_assets.definitions import defs
@@ -19,9 +19,11 @@ from corpus_assets.definitions import defs
 def _run(
     job: str, config: dict, instance: dg.DagsterInstance, **kw: object
 ) -> dg.ExecuteInProcessResult:
-    op = {"tombstone_add": "record_tombstone", "benchmark_add": "register_benchmark"}.get(
-        job, "withdraw_benchmark"
-    )
+    op = {
+        "tombstone_add": "record_tombstone",
+        "tombstone_lift": "lift_tombstone",
+        "benchmark_add": "register_benchmark",
+    }.get(job, "withdraw_benchmark")
     return defs.resolve_job_def(job).execute_in_process(
         run_config={"ops": {op: {"config": config}}}, instance=instance, **kw
     )
@@ -39,6 +41,37 @@ def test_a_tombstone_added_from_the_ui_revokes_its_target(demo_home: Path) -> No
     with open_workspace() as ws:
         revoked = revoked_targets(ws.catalog, seq)
     assert revoked == {"record": {"essays/e0001": f"tombstone {seq} (record 'essays/e0001')"}}
+
+
+def test_a_tombstone_lifted_from_the_ui_is_withdrawn_once_and_names_the_run(
+    demo_home: Path,
+) -> None:
+    with dg.instance_for_test() as instance:
+        added = _run(
+            "tombstone_add",
+            {"kind": "record", "target": "essays/e0001", "reason": "erasure request"},
+            instance,
+        )
+        seq = added.output_for_node("record_tombstone")
+        lifted = _run("tombstone_lift", {"seq": seq, "reason": "request withdrawn"}, instance)
+        assert lifted.success
+        lift = lifted.output_for_node("lift_tombstone")
+        again = _run(
+            "tombstone_lift", {"seq": seq, "reason": "twice"}, instance, raise_on_error=False
+        )
+    assert _failure(again) == f"tombstone {seq} was lifted already by {lift}; nothing lifted"
+    with open_workspace() as ws:
+        assert revoked_targets(ws.catalog, lift) == {}
+        shown = tombstones.entry(ws.catalog, lift)
+    assert shown is not None and shown["actor"] == f"dagster-run:{lifted.run_id}"
+    assert (shown["lifts"], shown["reason"]) == (seq, "request withdrawn")
+
+
+def test_a_lift_without_a_number_is_refused_before_the_run_starts(demo_home: Path) -> None:
+    with dg.instance_for_test() as instance:
+        with pytest.raises(dg.DagsterInvalidConfigError):
+            _run("tombstone_lift", {"reason": "no number"}, instance)
+        assert instance.get_runs() == []
 
 
 def test_a_kind_outside_the_choices_is_refused_before_the_run_starts(demo_home: Path) -> None:

@@ -1,13 +1,13 @@
 """Jobs the UI launches to revoke data and register benchmarks, with their config checked.
 
-The CLI's ``tombstone add``, ``benchmark add`` and ``benchmark remove`` as jobs: the same core
-calls, so the same fences move (a tombstone raises every alias's tombstone watermark, a
-benchmark change its benchmark fence) and the same refusals apply. The launchpad refuses a
-missing field or a kind outside record/object/group before the run starts (they are the config
-schema); every free-text field is an audit field, checked when the run starts, before anything
-is written. A refusal ends the run with one line (a ``Failure``: no stack trace to read). The
-change is recorded as made by the run (``dagster-run:<id>``, plus ``dagster/user`` where Dagster
-records one), never by a name typed in.
+The CLI's ``tombstone add``, ``tombstone lift``, ``benchmark add`` and ``benchmark remove`` as
+jobs: the same core calls, so the same fences move (a tombstone or its lift raises every alias's
+tombstone watermark, a benchmark change its benchmark fence) and the same refusals apply. The
+launchpad refuses a missing field or a kind outside record/object/group before the run starts
+(they are the config schema); every free-text field is an audit field, checked when the run
+starts, before anything is written. A refusal ends the run with one line (a ``Failure``: no
+stack trace to read). The change is recorded as made by the run (``dagster-run:<id>``, plus
+``dagster/user`` where Dagster records one), never by a name typed in.
 """
 
 from pathlib import Path
@@ -19,9 +19,8 @@ from pydantic import Field
 from corpus_assets.assets.jobs import approver_identity
 from corpus_assets.assets.refusals import refused_in_one_line
 from corpus_assets.assets.resources import CorpusResource
-from corpus_assets.core.governance import benchmarks
+from corpus_assets.core.governance import benchmarks, tombstones
 from corpus_assets.core.governance.audit_fields import audit_field
-from corpus_assets.core.governance.tombstones import add_tombstone
 from corpus_assets.core.records.benchmark_file import read_items
 
 
@@ -40,10 +39,11 @@ class TombstoneConfig(dg.Config):
 def record_tombstone(
     context: dg.OpExecutionContext, config: TombstoneConfig, corpus: CorpusResource
 ) -> int:
+    actor = approver_identity(context.run_id, context.run.tags, "")
     with refused_in_one_line():
         target, reason = _text("target", config.target), _text("reason", config.reason)
         with corpus.workspace() as ws:
-            seq = add_tombstone(ws.catalog, config.kind, target, reason)
+            seq = tombstones.add_tombstone(ws.catalog, config.kind, target, reason, actor=actor)
     context.log.info(
         f"tombstone {seq}: {config.kind} {target}; every alias is fenced at "
         f"tombstone watermark {seq}"
@@ -57,6 +57,34 @@ def record_tombstone(
 )
 def tombstone_add() -> None:
     record_tombstone()
+
+
+class TombstoneLiftConfig(dg.Config):
+    """Which tombstone to withdraw and why."""
+
+    seq: int = Field(gt=0, description="The tombstone's number (from `tombstone add` or its run).")
+    reason: str = Field(description="Why it is lifted (recorded, shown to auditors).")
+
+
+@dg.op(description="Lift a tombstone and fence every alias at the lift's sequence number.")
+def lift_tombstone(
+    context: dg.OpExecutionContext, config: TombstoneLiftConfig, corpus: CorpusResource
+) -> int:
+    actor = approver_identity(context.run_id, context.run.tags, "")
+    with refused_in_one_line():
+        reason = _text("reason", config.reason)
+        with corpus.workspace() as ws:
+            seq = tombstones.lift_tombstone(ws.catalog, config.seq, reason, actor=actor)
+    context.log.info(tombstones.lift_said(seq, config.seq))
+    return seq
+
+
+@dg.job(
+    description="Withdraw a tombstone (the CLI's `tombstone lift`): builds from then on may "
+    "hold its target again; snapshots built before never do, and none of them can activate."
+)
+def tombstone_lift() -> None:
+    lift_tombstone()
 
 
 class BenchmarkConfig(dg.Config):
@@ -130,4 +158,4 @@ def _text(field: str, value: str) -> str:
     return audit_field(f"config field {field!r}", value.strip())
 
 
-GOVERNANCE_JOBS = [tombstone_add, benchmark_add, benchmark_remove]
+GOVERNANCE_JOBS = [tombstone_add, tombstone_lift, benchmark_add, benchmark_remove]

@@ -15,11 +15,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from sqlalchemy import select
 
-from corpus_assets.core.governance import deletion_index, states
+from corpus_assets.core.governance import deletion_index, states, tombstones
 from corpus_assets.core.runtime.layers import load_index
 from corpus_assets.core.storage.artifacts import get_json, get_table
 from corpus_assets.core.storage.cas import ContentStore
-from corpus_assets.core.storage.catalog import Catalog, permits, tombstones
+from corpus_assets.core.storage.catalog import Catalog, permits
 
 COLUMN = deletion_index.COLUMN
 CARRIED_ORDER = deletion_index.CARRIED
@@ -27,17 +27,13 @@ SPAN_ORDER = ["record_id", "record_offset", "block", "start", "end", "shard"]  #
 
 
 def revoked_targets(catalog: Catalog, watermark: int) -> dict[str, dict[str, str]]:
-    """kind -> target -> "tombstone <seq> (<kind> '<target>')" of the first tombstone at or
-    below ``watermark`` revoking it; kinds in the order their first tombstone came."""
-    with catalog.begin() as conn:
-        revoked = conn.execute(
-            select(tombstones.c.seq, tombstones.c.kind, tombstones.c.record_id)
-            .where(tombstones.c.seq <= watermark)
-            .order_by(tombstones.c.seq)
-        ).all()
+    """kind -> target -> "tombstone <seq> (<kind> '<target>')" of the first tombstone in force
+    at ``watermark`` revoking it; kinds in the order their first tombstone came."""
     by_kind: dict[str, dict[str, str]] = {}
-    for seq, kind, target in revoked:
-        by_kind.setdefault(kind, {}).setdefault(target, f"tombstone {seq} ({kind} {target!r})")
+    for stone in tombstones.in_force(catalog, watermark):
+        by_kind.setdefault(stone.kind, {}).setdefault(
+            stone.target, f"tombstone {stone.seq} ({stone.kind} {stone.target!r})"
+        )
     return by_kind
 
 
@@ -180,15 +176,9 @@ def _carried_by(cas: ContentStore, manifest: dict[str, Any], kind: str, target: 
 
 
 def tombstone_hits(cas: ContentStore, catalog: Catalog, seq: int) -> dict[str, Any]:
-    """Deletion lineage of tombstone ``seq``: what it revokes and every snapshot it reaches."""
-    with catalog.begin() as conn:
-        row = conn.execute(select(tombstones).where(tombstones.c.seq == seq)).mappings().first()
-    if row is None:
+    """Deletion lineage of tombstone ``seq``: what it revokes (or, for a lift, what it gave
+    back), whether it is still in force, and every snapshot holding its target."""
+    entry = tombstones.entry(catalog, seq)
+    if entry is None:
         raise LookupError(f"no tombstone {seq}")
-    return {
-        "tombstone": seq,
-        "kind": row["kind"],
-        "target": row["record_id"],
-        "reason": row["reason"],
-        "snapshots": hits(cas, catalog, row["kind"], row["record_id"]),
-    }
+    return {**entry, "snapshots": hits(cas, catalog, entry["kind"], entry["target"])}

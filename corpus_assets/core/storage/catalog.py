@@ -31,12 +31,14 @@ from sqlalchemy import (
     create_engine,
     event,
     insert,
+    inspect,
     select,
     text,
     update,
 )
 from sqlalchemy.engine import ExceptionContext
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.schema import CreateColumn
 
 from corpus_assets.core.storage.fsio import disk_full
 
@@ -165,6 +167,10 @@ tombstones = Table(
     Column("record_id", String(512), nullable=False),  # the revoked record id, object or group
     Column("reason", Text, nullable=False),
     Column("at", Float, nullable=False),
+    # the log (``governance.tombstones``): "add" revokes, "lift" withdraws the add row ``lifts``
+    Column("action", String(8), nullable=False, server_default="add"),
+    Column("lifts", BigInteger, nullable=True),
+    Column("actor", String(128), nullable=True),  # who lifted (or revoked) it, if known
 )
 
 benchmark_items = Table(
@@ -255,6 +261,23 @@ def _schema_lock(path: Path | None) -> Iterator[None]:
         yield
 
 
+def _add_missing_columns(conn: Connection) -> None:
+    """A catalog created by an earlier version gets the columns added since, with their
+    defaults (``create_all`` creates missing tables only). Only nullable or server-defaulted
+    columns are ever added to an existing table, so old rows keep their meaning."""
+    inspector = inspect(conn)
+    existing_tables = set(inspector.get_table_names())
+    for table in metadata.sorted_tables:
+        if table.name not in existing_tables:
+            continue
+        present = {column["name"] for column in inspector.get_columns(table.name)}
+        for column in table.columns:
+            if column.name in present:
+                continue
+            ddl = CreateColumn(column).compile(dialect=conn.dialect)
+            conn.execute(text(f"ALTER TABLE {table.name} ADD COLUMN {ddl}"))
+
+
 class Catalog:
     """Engine plus schema; modules that own a concept (tasks, states, gate) query through it."""
 
@@ -275,6 +298,7 @@ class Catalog:
             if conn.dialect.name == "postgresql":  # processes opening a fresh catalog at once
                 conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": SCHEMA_LOCK})
             metadata.create_all(conn)
+            _add_missing_columns(conn)
 
     @contextmanager
     def begin(self) -> Iterator[Connection]:
