@@ -69,7 +69,7 @@ def _run(env: dict[str, str], *args: str) -> dict:
 
 def _prepare(config: str, parent: bool) -> None:
     from corpus_assets.core.pipeline import BUILDERS, build_all
-    from corpus_assets.core.release.publish import activate, approve
+    from corpus_assets.core.publication.publish import activate, approve
     from corpus_assets.core.runtime.workspace import open_workspace
 
     with open_workspace(config) as ws:

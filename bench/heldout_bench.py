@@ -31,8 +31,8 @@ import race
 MEASURE = r"""
 import json, resource, sys, time
 import pandas  # noqa: F401 - DuckDB's first register imports it: a validation run has it already
-from corpus_assets.core.release import gates, heldout_check
-from corpus_assets.core.release.evidence import Evidence
+from corpus_assets.core.publication import gates, heldout_check
+from corpus_assets.core.publication.evidence import Evidence
 from corpus_assets.core.runtime.pool import shared_pool
 from corpus_assets.core.runtime.workspace import open_workspace
 from corpus_assets.core.storage.artifacts import get_json

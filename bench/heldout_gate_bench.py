@@ -10,10 +10,10 @@ import sys
 import time
 
 from corpus_assets.core.governance import states
-from corpus_assets.core.release import heldout_check
-from corpus_assets.core.release.evidence import Evidence
-from corpus_assets.core.release.gates import GateReport
-from corpus_assets.core.release.verify import load_manifest, resolve
+from corpus_assets.core.publication import heldout_check
+from corpus_assets.core.publication.evidence import Evidence
+from corpus_assets.core.publication.gates import GateReport
+from corpus_assets.core.publication.verify import load_manifest, resolve
 from corpus_assets.core.runtime.layers import load_index
 from corpus_assets.core.runtime.workspace import open_workspace
 from corpus_assets.core.storage.artifacts import get_json

@@ -20,8 +20,8 @@ from pathlib import Path
 from corpus_assets.core.governance import deletion_index, states
 from corpus_assets.core.ingest.freeze import freeze
 from corpus_assets.core.pipeline import BUILDERS
+from corpus_assets.core.publication import narrowed as narrowing
 from corpus_assets.core.records.index import CanonicalIndex
-from corpus_assets.core.release import narrowed as narrowing
 from corpus_assets.core.runtime.layers import LAYERS
 from corpus_assets.core.runtime.pool import shared_pool
 from corpus_assets.core.runtime.workspace import Workspace, open_workspace

@@ -64,7 +64,7 @@ def _vm_kb(field: str) -> int:
 def child(config: str, partition: str, layer: str) -> None:
     """Run one layer (or the validation check) of ``partition`` and print what it cost."""
     from corpus_assets.core.pipeline import BUILDERS
-    from corpus_assets.core.release.validation import validate_snapshot
+    from corpus_assets.core.publication.validation import validate_snapshot
     from corpus_assets.core.runtime.workspace import open_workspace
 
     with open_workspace(config) as ws:

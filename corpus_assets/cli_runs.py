@@ -9,7 +9,7 @@ from corpus_assets.cli_instance import dagster_instance, run_config
 from corpus_assets.cli_interrupt import off_main_thread
 from corpus_assets.core.governance import gate
 from corpus_assets.core.ingest.sources import check_source_folders
-from corpus_assets.core.release.verify import resolve, verify
+from corpus_assets.core.publication.verify import resolve, verify
 from corpus_assets.core.runtime.build_lock import partition_build_lock
 from corpus_assets.core.runtime.keys import check_new_partition_key, new_partition_key
 from corpus_assets.core.runtime.layers import LAYERS, load_index

@@ -12,8 +12,8 @@ from corpus_assets.core.governance import gate, states
 from corpus_assets.core.governance.history import Move, alias_moves, count_moves
 from corpus_assets.core.governance.tombstones import add_tombstone
 from corpus_assets.core.pipeline import build_all
-from corpus_assets.core.release import publish
-from corpus_assets.core.release.validation import validate_snapshot
+from corpus_assets.core.publication import publish
+from corpus_assets.core.publication.validation import validate_snapshot
 from corpus_assets.core.runtime.workspace import Workspace, open_workspace
 from corpus_assets.definitions import defs
 

@@ -17,8 +17,8 @@ from corpus_assets.assets.sensors import publication
 from corpus_assets.cli import main
 from corpus_assets.core.governance import gate, states
 from corpus_assets.core.pipeline import build_all
-from corpus_assets.core.release.publish import next_to_activate
-from corpus_assets.core.release.validation import validate_snapshot
+from corpus_assets.core.publication.publish import next_to_activate
+from corpus_assets.core.publication.validation import validate_snapshot
 from corpus_assets.core.runtime.workspace import Workspace
 from corpus_assets.core.storage.catalog import snapshot_events, tombstones
 from corpus_assets.definitions import defs

@@ -8,8 +8,8 @@ import pytest
 
 from corpus_assets.cli import main
 from corpus_assets.core.governance import benchmarks, gate
+from corpus_assets.core.publication.publish import activate, approve
 from corpus_assets.core.records.normalize import dedup_key
-from corpus_assets.core.release.publish import activate, approve
 from corpus_assets.core.runtime.workspace import Workspace
 from corpus_assets_tests.test_fence_heads import BENCHMARKED, _built, _demo_text
 

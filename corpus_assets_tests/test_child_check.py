@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 
 from corpus_assets.core.pipeline import build_all
+from corpus_assets.core.publication import publish
+from corpus_assets.core.publication.evidence import Evidence
+from corpus_assets.core.publication.gates import canary_chunks
+from corpus_assets.core.publication.heldout_check import changed_since_parent
+from corpus_assets.core.publication.validation import validate_snapshot
+from corpus_assets.core.publication.verify import Report, load_manifest, resolve
 from corpus_assets.core.records.index import CanonicalIndex
-from corpus_assets.core.release import publish
-from corpus_assets.core.release.evidence import Evidence
-from corpus_assets.core.release.gates import canary_chunks
-from corpus_assets.core.release.heldout_check import changed_since_parent
-from corpus_assets.core.release.validation import validate_snapshot
-from corpus_assets.core.release.verify import Report, load_manifest, resolve
 from corpus_assets.core.runtime.layers import load_index
 from corpus_assets.core.runtime.workspace import Workspace, open_workspace
 from corpus_assets.core.storage.cas import ContentStore

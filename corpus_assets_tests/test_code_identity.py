@@ -28,7 +28,7 @@ from corpus_assets.core.runtime.workspace import open_workspace
 CORE = "corpus_assets.core"
 CHANGED_BY_PII = [  # every stage whose code imports records/pii.py
     f"{CORE}.records.layer",
-    f"{CORE}.release.manifest",
+    f"{CORE}.publication.manifest",
 ]
 UNCHANGED_BY_PII = [  # ingest never imports records; the rest read canonical records through
     # records.index, which holds the record contract but no row stage

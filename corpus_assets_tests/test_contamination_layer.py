@@ -9,10 +9,10 @@ import dagster as dg
 from corpus_assets.assets.metadata import layer_metadata
 from corpus_assets.core.governance import benchmarks, gate
 from corpus_assets.core.pipeline import build_all
+from corpus_assets.core.publication.manifest_schema import schema_errors
 from corpus_assets.core.records.contamination import policy_payload
 from corpus_assets.core.records.layer import contamination_policy
 from corpus_assets.core.records.normalize import dedup_key
-from corpus_assets.core.release.manifest_schema import schema_errors
 from corpus_assets.core.runtime.workspace import Workspace, open_workspace
 from corpus_assets.core.storage.artifacts import get_json
 from corpus_assets_tests.test_canonical import _exclusions

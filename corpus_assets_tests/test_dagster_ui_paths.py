@@ -17,7 +17,7 @@ from corpus_assets.assets.resources import CorpusResource
 from corpus_assets.assets.schedules import tick
 from corpus_assets.assets.sensors import publication, source_discovery
 from corpus_assets.core.governance import gate, states
-from corpus_assets.core.release.layer_checks import ERROR, WARN, layer_findings
+from corpus_assets.core.publication.layer_checks import ERROR, WARN, layer_findings
 from corpus_assets.core.runtime.workspace import open_workspace
 from corpus_assets.definitions import defs
 

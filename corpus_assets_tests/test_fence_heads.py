@@ -20,9 +20,9 @@ from sqlalchemy import func, select, text
 
 from corpus_assets.core.governance import benchmarks, gate, states, tombstones
 from corpus_assets.core.pipeline import build_all
+from corpus_assets.core.publication.publish import activate, approve
+from corpus_assets.core.publication.validation import validate_snapshot
 from corpus_assets.core.records.normalize import dedup_key
-from corpus_assets.core.release.publish import activate, approve
-from corpus_assets.core.release.validation import validate_snapshot
 from corpus_assets.core.runtime.workspace import Workspace
 from corpus_assets.core.storage.catalog import Catalog, benchmark_items
 from corpus_assets.core.storage.catalog import gate as gate_rows

@@ -27,9 +27,9 @@ from sqlalchemy import Engine, event, select
 
 from corpus_assets.core.governance import benchmarks, gate, states, tombstones
 from corpus_assets.core.pipeline import build_all
+from corpus_assets.core.publication import publish
+from corpus_assets.core.publication.verify import Report
 from corpus_assets.core.records.normalize import dedup_key
-from corpus_assets.core.release import publish
-from corpus_assets.core.release.verify import Report
 from corpus_assets.core.runtime.workspace import Workspace
 from corpus_assets.core.storage.catalog import Catalog, alias_history
 

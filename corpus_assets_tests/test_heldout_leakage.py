@@ -18,11 +18,11 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
+from corpus_assets.core.publication import gates
+from corpus_assets.core.publication.evidence import Evidence
+from corpus_assets.core.publication.heldout_check import heldout_near_apart
+from corpus_assets.core.publication.verify import load_manifest, resolve
 from corpus_assets.core.records.index import CanonicalIndex
-from corpus_assets.core.release import gates
-from corpus_assets.core.release.evidence import Evidence
-from corpus_assets.core.release.heldout_check import heldout_near_apart
-from corpus_assets.core.release.verify import load_manifest, resolve
 from corpus_assets.core.runtime.config import NearDedupPolicy, SplitPolicy
 from corpus_assets.core.runtime.layers import read_layer_index
 from corpus_assets.core.runtime.workspace import open_workspace

@@ -17,8 +17,8 @@ import pytest
 
 from corpus_assets.core.governance import states
 from corpus_assets.core.pipeline import build_all
+from corpus_assets.core.publication.publish import activate, approve
 from corpus_assets.core.records.index import CanonicalIndex
-from corpus_assets.core.release.publish import activate, approve
 from corpus_assets.core.runtime.layers import LayerIndex, load_index, read_layer_index
 from corpus_assets.core.runtime.workspace import Workspace, open_workspace
 from corpus_assets.core.storage.artifacts import get_json

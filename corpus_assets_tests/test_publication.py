@@ -10,10 +10,10 @@ import pytest
 from corpus_assets.core.governance import benchmarks, gate, states, tombstones
 from corpus_assets.core.governance.lineage import tombstone_hits
 from corpus_assets.core.pipeline import build_all
+from corpus_assets.core.publication.block_reader import BlockReader
+from corpus_assets.core.publication.publish import activate, approve, rollback
+from corpus_assets.core.publication.validation import validate_snapshot
 from corpus_assets.core.records.index import CanonicalIndex
-from corpus_assets.core.release.block_reader import BlockReader
-from corpus_assets.core.release.publish import activate, approve, rollback
-from corpus_assets.core.release.validation import validate_snapshot
 from corpus_assets.core.runtime.layers import load_index
 from corpus_assets.core.runtime.workspace import Workspace
 from corpus_assets.core.tokens.spec import UTF8_IDS

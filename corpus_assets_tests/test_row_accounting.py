@@ -12,13 +12,13 @@ import pyarrow.parquet as pq
 import pytest
 
 from corpus_assets.core.governance import states
-from corpus_assets.core.release import gates
-from corpus_assets.core.release.evidence import Evidence
-from corpus_assets.core.release.gates import GateReport
-from corpus_assets.core.release.identity import snapshot_id
-from corpus_assets.core.release.signing import sign_snapshot
-from corpus_assets.core.release.validation import validate_snapshot
-from corpus_assets.core.release.verify import load_manifest, resolve
+from corpus_assets.core.publication import gates
+from corpus_assets.core.publication.evidence import Evidence
+from corpus_assets.core.publication.gates import GateReport
+from corpus_assets.core.publication.identity import snapshot_id
+from corpus_assets.core.publication.signing import sign_snapshot
+from corpus_assets.core.publication.validation import validate_snapshot
+from corpus_assets.core.publication.verify import load_manifest, resolve
 from corpus_assets.core.runtime.workspace import Workspace, open_workspace
 from corpus_assets.core.storage.artifacts import get_json, put_json, put_table
 from corpus_assets.core.storage.digests import canonical_json

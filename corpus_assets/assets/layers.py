@@ -12,13 +12,13 @@ from corpus_assets.assets.card import card_metadata
 from corpus_assets.assets.metadata import column_schema, layer_metadata
 from corpus_assets.assets.partitions import snapshots
 from corpus_assets.assets.resources import CorpusResource
+from corpus_assets.core.audit.lineage_graph import snapshot_lineage
 from corpus_assets.core.dedup import layer as dedup_layer
 from corpus_assets.core.ingest import freeze
 from corpus_assets.core.pipeline import BUILDERS
+from corpus_assets.core.publication import manifest as release_manifest
+from corpus_assets.core.publication.verify import resolve
 from corpus_assets.core.records import layer as records_layer
-from corpus_assets.core.release import manifest as release_manifest
-from corpus_assets.core.release.lineage_graph import snapshot_lineage
-from corpus_assets.core.release.verify import resolve
 from corpus_assets.core.runtime.code_identity import stage_code
 from corpus_assets.core.runtime.keys import validate_partition_key
 from corpus_assets.core.runtime.layers import LAYERS, LayerResult
@@ -101,7 +101,7 @@ def layer_asset(layer: str, deps: Sequence[str]) -> dg.AssetsDefinition:
     )
     def _layer(context: dg.AssetExecutionContext, corpus: CorpusResource) -> dg.MaterializeResult:
         key = validate_partition_key(context.partition_key)
-        # the CAS lock, shared: a gc waits for this step as for a CLI build (``release.gc``)
+        # the CAS lock, shared: a gc waits for this step as for a CLI build (``publication.gc``)
         with corpus.workspace() as ws, ws.cas_lock():
             result = build(ws, key)
             extra = (

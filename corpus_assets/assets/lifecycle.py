@@ -32,7 +32,7 @@ from corpus_assets.core.governance.history import (
     count_moves,
     served_generations,
 )
-from corpus_assets.core.release.shadow import shadow_diff
+from corpus_assets.core.publication.shadow import shadow_diff
 from corpus_assets.core.storage.cas import CasError, ContentStore
 from corpus_assets.core.storage.catalog import Catalog
 

@@ -8,7 +8,7 @@ import dagster as dg
 from corpus_assets.core.governance.benchmarks import RegistryError
 from corpus_assets.core.governance.gate import GateError
 from corpus_assets.core.governance.states import StateError
-from corpus_assets.core.release.publish import PublishError
+from corpus_assets.core.publication.publish import PublishError
 
 REFUSALS = (ValueError, LookupError, GateError, RegistryError, PublishError, StateError)
 

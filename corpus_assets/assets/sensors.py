@@ -20,7 +20,7 @@ from corpus_assets.core.ingest.discovery import (
     build_run_key,
     discovery_skip,
 )
-from corpus_assets.core.release.publish import next_to_activate
+from corpus_assets.core.publication.publish import next_to_activate
 from corpus_assets.core.runtime.keys import new_partition_key
 
 IN_FLIGHT = [

@@ -17,8 +17,8 @@ from dataclasses import asdict
 
 from corpus_assets.core.dedup.layer import build_dedup_clusters
 from corpus_assets.core.ingest.freeze import build_raw_snapshot, freeze
+from corpus_assets.core.publication.manifest import build_manifest
 from corpus_assets.core.records.layer import build_canonical_records
-from corpus_assets.core.release.manifest import build_manifest
 from corpus_assets.core.runtime.layers import LAYERS, LayerIndex, LayerResult, load_index
 from corpus_assets.core.runtime.transform import transform_image
 from corpus_assets.core.runtime.workspace import Workspace

@@ -20,8 +20,8 @@ import pyarrow.parquet as pq
 
 from corpus_assets.core.governance import gate, states
 from corpus_assets.core.ingest.freeze_spec import FreezeSpec, ObjectsSourceSpec
-from corpus_assets.core.release.identity import snapshot_id
-from corpus_assets.core.release.signing import sign_snapshot
+from corpus_assets.core.publication.identity import snapshot_id
+from corpus_assets.core.publication.signing import sign_snapshot
 from corpus_assets.core.runtime.transform import PACKAGE_ROOT
 from corpus_assets.core.storage.artifacts import put_table
 from corpus_assets.core.storage.digests import canonical_json

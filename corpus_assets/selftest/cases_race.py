@@ -22,7 +22,7 @@ from pathlib import Path
 from sqlalchemy import func, select
 
 from corpus_assets.core.governance import gate, states
-from corpus_assets.core.release.publish import approve
+from corpus_assets.core.publication.publish import approve
 from corpus_assets.core.storage.catalog import alias_history, benchmark_items, tombstones
 from corpus_assets.selftest.case import NO_LOSS, Outcome, fault
 from corpus_assets.selftest.evidence import stray_temps, stuck_tasks, workspace
