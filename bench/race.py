@@ -46,7 +46,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from race_corpus import SOURCES, cipher, copy_line, shared_lines, write_corpus
 from race_ray import Cluster
 
-from corpus_assets.core.runtime.layers import LAYERS as BUILD_ORDER
+from corpus_assets.core.runtime.layer_index import LAYERS as BUILD_ORDER
 
 LAYERS = [*BUILD_ORDER, "validation"]
 CLI = [sys.executable, "-m", "corpus_assets.cli"]

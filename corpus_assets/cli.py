@@ -23,7 +23,7 @@ EXPECTED_ERRORS = (
     ("corpus_assets.core.runtime.config", "ConfigError"),
     ("corpus_assets.core.storage.cas", "CasError"),
     ("corpus_assets.core.governance.states", "StateError"),
-    ("corpus_assets.core.governance.gate", "GateError"),
+    ("corpus_assets.core.governance.alias_gate", "AliasGateError"),
     ("corpus_assets.core.publication.publish", "PublishError"),
     ("corpus_assets.core.runtime.keys", "PartitionKeyError"),
     ("corpus_assets.core.ingest.sources", "SourceError"),

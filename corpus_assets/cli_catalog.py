@@ -10,16 +10,16 @@ from dataclasses import asdict
 from pathlib import Path
 
 from corpus_assets.cli_common import CliError, note, print_json, storage, writing_storage
-from corpus_assets.core.audit.lineage_graph import lineage_prov, snapshot_lineage
 from corpus_assets.core.audit.prov import prov_document
+from corpus_assets.core.audit.snapshot_graph import lineage_prov, snapshot_lineage
 from corpus_assets.core.consumption.export_run import check_out_folder, export_snapshot
 from corpus_assets.core.consumption.training import TrainingReader, take_permit
 from corpus_assets.core.dedup.explain import explain
 from corpus_assets.core.governance import tombstones
-from corpus_assets.core.governance.lineage import tombstone_hits
+from corpus_assets.core.governance.deletion_reach import tombstone_hits
 from corpus_assets.core.publication.shadow import shadow_diff
 from corpus_assets.core.publication.verify import load_manifest, resolve
-from corpus_assets.core.runtime.layers import LayerOrderError
+from corpus_assets.core.runtime.layer_index import LayerOrderError
 from corpus_assets.core.runtime.workspace import open_workspace
 from corpus_assets.core.storage.artifacts import get_json
 from corpus_assets.core.storage.cas import ContentStore

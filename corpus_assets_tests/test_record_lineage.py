@@ -35,7 +35,7 @@ from corpus_assets.core.pipeline import build_all
 from corpus_assets.core.publication.publish import activate, approve
 from corpus_assets.core.publication.validation import validate_snapshot
 from corpus_assets.core.records.index import CanonicalIndex
-from corpus_assets.core.runtime.layers import load_index
+from corpus_assets.core.runtime.layer_index import load_index
 from corpus_assets.core.runtime.workspace import Workspace, open_workspace
 from corpus_assets.core.storage.artifacts import get_json, get_table
 from corpus_assets.core.storage.digests import sha256_digest

@@ -15,7 +15,7 @@ from corpus_assets.core.publication.narrowed import NARROWED
 from corpus_assets.core.publication.signing import key_paths
 from corpus_assets.core.publication.validation import validate_snapshot
 from corpus_assets.core.publication.verify import verify
-from corpus_assets.core.runtime.layers import LAYERS
+from corpus_assets.core.runtime.layer_index import LAYERS
 from corpus_assets.core.runtime.workspace import Workspace, open_workspace
 from corpus_assets.core.storage.catalog import chunk_tasks, layer_memo, tombstones
 

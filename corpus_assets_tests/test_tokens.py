@@ -22,7 +22,7 @@ from corpus_assets.core.publication.block_reader import BlockReader
 from corpus_assets.core.publication.publish import activate, approve
 from corpus_assets.core.publication.verify import verify
 from corpus_assets.core.records.index import CanonicalIndex
-from corpus_assets.core.runtime.layers import read_layer_index
+from corpus_assets.core.runtime.layer_index import read_layer_index
 from corpus_assets.core.runtime.workspace import Workspace, open_workspace
 from corpus_assets.core.storage.artifacts import get_json, get_table
 from corpus_assets.core.tokens.bpe import train_byte_level_bpe

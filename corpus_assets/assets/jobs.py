@@ -7,7 +7,7 @@ import dagster as dg
 from pydantic import Field, field_validator
 
 from corpus_assets.assets.executor import pooled_in_process_executor
-from corpus_assets.assets.layers import LAYER_ASSETS
+from corpus_assets.assets.layer_assets import LAYER_ASSETS
 from corpus_assets.assets.lifecycle import observing
 from corpus_assets.assets.partitions import snapshots
 from corpus_assets.assets.refusals import refused_in_one_line

@@ -13,11 +13,11 @@ from typing import Any
 import numpy as np
 import pyarrow.compute as pc
 
-from corpus_assets.core.audit.lineage_graph import LineageGraph, snapshot_lineage
+from corpus_assets.core.audit.snapshot_graph import LineageGraph, snapshot_lineage
 from corpus_assets.core.dedup.report import DedupReport
 from corpus_assets.core.governance import states
 from corpus_assets.core.publication.verify import resolve, signed_manifest
-from corpus_assets.core.runtime.layers import LayerIndex, load_index
+from corpus_assets.core.runtime.layer_index import LayerIndex, load_index
 from corpus_assets.core.storage.artifacts import get_json, get_table
 from corpus_assets.core.storage.cas import ContentStore
 from corpus_assets.core.storage.catalog import Catalog

@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from corpus_assets.core.audit.card import Card, Histogram
-from corpus_assets.core.audit.lineage_graph import LineageGraph, Node
+from corpus_assets.core.audit.snapshot_graph import LineageGraph, Node
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes

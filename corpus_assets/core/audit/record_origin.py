@@ -31,8 +31,8 @@ from corpus_assets.core.records.canonicalize import (
 )
 from corpus_assets.core.records.index import CanonicalIndex
 from corpus_assets.core.runtime.config import CorpusConfig, Source
+from corpus_assets.core.storage.cas_queries import VerifiedFiles
 from corpus_assets.core.storage.digests import sha256_digest
-from corpus_assets.core.storage.duck import VerifiedFiles
 
 MAX_LINE = 256 << 20
 SOURCE = TypeAdapter(Source)

@@ -16,7 +16,7 @@ from corpus_assets.core.governance import deletion_index, states
 from corpus_assets.core.ingest.freeze_spec import FreezeSpec
 from corpus_assets.core.publication.verify import load_manifest
 from corpus_assets.core.records.index import RECORD_COLUMNS, CanonicalIndex, ChunkEntry
-from corpus_assets.core.runtime.layers import LayerIndex, load_index
+from corpus_assets.core.runtime.layer_index import LayerIndex, load_index
 from corpus_assets.core.storage.artifacts import get_json
 from corpus_assets.core.storage.cas import ContentStore
 from corpus_assets.core.storage.catalog import Catalog, permits

@@ -31,7 +31,7 @@ from corpus_assets.core.publication.block_reader import (
 )
 from corpus_assets.core.publication.signing import SignatureError
 from corpus_assets.core.publication.verify import resolve, signed_manifest
-from corpus_assets.core.runtime.layers import LayerIndex, load_index
+from corpus_assets.core.runtime.layer_index import LayerIndex, load_index
 from corpus_assets.core.storage.artifacts import decode_table
 from corpus_assets.core.storage.cas import CasError, ContentStore
 from corpus_assets.core.storage.catalog import Catalog, gate, permits

@@ -51,7 +51,7 @@ from corpus_assets.core.governance.deletion_sql import (  # re-exported: the ind
     reach_key,
     span_key,
 )
-from corpus_assets.core.runtime.layers import load_index
+from corpus_assets.core.runtime.layer_index import load_index
 from corpus_assets.core.storage.artifacts import get_json
 from corpus_assets.core.storage.cas import ContentStore
 from corpus_assets.core.storage.catalog import Catalog, layer_memo

@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 
 from corpus_assets.core.dedup.clusters import DUPLICATE_ID, EXACT, ID_CONFLICT, KEEP, NEAR
 from corpus_assets.core.publication.evidence import Evidence
-from corpus_assets.core.storage.duck import sql_list
+from corpus_assets.core.storage.cas_queries import sql_list
 
 CLUSTER_TERMS = """
 SELECT source_id,

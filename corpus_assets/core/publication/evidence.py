@@ -19,13 +19,13 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from corpus_assets.core.ingest.freeze_spec import FreezeSpec
-from corpus_assets.core.publication import duck
+from corpus_assets.core.publication import manifest_queries
 from corpus_assets.core.records.index import CanonicalIndex
-from corpus_assets.core.runtime.layers import LayerIndex, load_index
+from corpus_assets.core.runtime.layer_index import LayerIndex, load_index
 from corpus_assets.core.storage.artifacts import get_table
 from corpus_assets.core.storage.cas import ContentStore
+from corpus_assets.core.storage.cas_queries import VerifiedFiles, sql_list
 from corpus_assets.core.storage.catalog import Catalog
-from corpus_assets.core.storage.duck import VerifiedFiles, sql_list
 from corpus_assets.core.training_view.splits import EXCLUDED, UNLINKED
 
 if TYPE_CHECKING:
@@ -90,8 +90,8 @@ class Evidence:
         1.1 GB of raw text the rules before the held-out one left ~150 MB cached under its peak."""
         if self._con is None:
             return
-        self._con.execute(f"SET memory_limit = '{duck.EVICT_MB}MB'")
-        self._con.execute(f"SET memory_limit = '{duck.EVIDENCE_MB}MB'")
+        self._con.execute(f"SET memory_limit = '{manifest_queries.EVICT_MB}MB'")
+        self._con.execute(f"SET memory_limit = '{manifest_queries.EVIDENCE_MB}MB'")
 
     @property
     def con(self) -> DuckDBPyConnection:
@@ -101,7 +101,9 @@ class Evidence:
         return self._con
 
     def _open(self) -> DuckDBPyConnection:
-        connection = duck.connect(self.cas, duck.EVIDENCE_THREADS, duck.EVIDENCE_MB)
+        connection = manifest_queries.connect(
+            self.cas, manifest_queries.EVIDENCE_THREADS, manifest_queries.EVIDENCE_MB
+        )
         con = self._stack.enter_context(connection)
         members = self.files.path(self.manifest["members"]["digest"], "members table")
         con.execute(

@@ -40,8 +40,8 @@ from sqlalchemy import func, select
 
 from corpus_assets.core.ingest.freeze_spec import FreezeSpec
 from corpus_assets.core.publication.evidence import Evidence
-from corpus_assets.core.publication.gates import canary_chunks
-from corpus_assets.core.runtime.layers import load_index
+from corpus_assets.core.publication.rules import canary_chunks
+from corpus_assets.core.runtime.layer_index import load_index
 from corpus_assets.core.runtime.transform import transform_image
 from corpus_assets.core.runtime.workspace import Workspace
 from corpus_assets.core.storage.catalog import Catalog, benchmark_items, gate_results, tombstones

@@ -28,12 +28,12 @@ from corpus_assets.core.governance import states
 from corpus_assets.core.ingest.freeze_spec import FreezeSpec
 from corpus_assets.core.publication import gate_memo
 from corpus_assets.core.publication.evidence import Evidence
-from corpus_assets.core.publication.gates import SHOWN, Gate, GateReport
-from corpus_assets.core.runtime.layers import LayerIndex, load_index
+from corpus_assets.core.publication.rules import SHOWN, RuleReport, ValidationRule
+from corpus_assets.core.runtime.layer_index import LayerIndex, load_index
 from corpus_assets.core.runtime.workspace import Workspace
 from corpus_assets.core.storage.artifacts import get_json
 from corpus_assets.core.storage.cas import CasError
-from corpus_assets.core.storage.duck import sql_list
+from corpus_assets.core.storage.cas_queries import sql_list
 from corpus_assets.core.storage.table_lookup import TrustedFiles
 from corpus_assets.core.training_view.split_heldout import HeldoutScan, reuse, searched_records
 from corpus_assets.core.training_view.splits import CODE as SPLITS_CODE
@@ -46,10 +46,10 @@ SELECT record_id FROM (
 """
 
 
-def heldout_near_apart(ws: Workspace) -> Gate:
+def heldout_near_apart(ws: Workspace) -> ValidationRule:
     """The gate (module docstring): no near pair spans a held-out split and another."""
 
-    def heldout_near_apart(ev: Evidence, report: GateReport) -> list[str]:
+    def heldout_near_apart(ev: Evidence, report: RuleReport) -> list[str]:
         scan = HeldoutScan.open(ws, ev.canonical.chunks(), ev.dedup, ev.files)
         if scan is None:  # near-dedup off: no signatures, no threshold
             return []

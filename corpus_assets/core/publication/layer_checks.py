@@ -9,7 +9,7 @@ cost milliseconds and never re-read a table.
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from corpus_assets.core.runtime.layers import LAYERS, load_index
+from corpus_assets.core.runtime.layer_index import LAYERS, load_index
 from corpus_assets.core.runtime.workspace import Workspace
 
 Counts = Mapping[str, int]

@@ -1,6 +1,6 @@
 """The dedup and leakage invariants a snapshot must hold, checked on its published tables.
 
-Kept apart from ``gates`` so the gate reads as one function per rule; this is the one rule
+Kept apart from ``rules`` so that module reads as one function per rule; this is the one rule
 that needs the leakage graph (the graph of ``training_view.leakage_graph``: records joined by a
 shared group id, an exact or a verified near edge), recomputed here from the dedup layer's
 clusters and edges, not taken from the splits layer's word. The joins run in DuckDB over four

@@ -20,17 +20,16 @@ import pyarrow.parquet as pq
 from corpus_assets.core.governance import deletion_index, states
 from corpus_assets.core.ingest.freeze import freeze
 from corpus_assets.core.ingest.freeze_spec import ChangelogSourceSpec, FreezeSpec
-from corpus_assets.core.publication import duck
+from corpus_assets.core.publication import manifest_queries
 from corpus_assets.core.publication.identity import SELF_EXCLUDED, snapshot_id
 from corpus_assets.core.publication.narrowed import NARROW, narrowed
 from corpus_assets.core.publication.shadow import shadow_diff
 from corpus_assets.core.publication.signing import sign_snapshot
 from corpus_assets.core.records.index import CanonicalIndex, record_schema_digest
-from corpus_assets.core.runtime.layers import LAYERS, LayerIndex, LayerResult, read_layer_index
+from corpus_assets.core.runtime.layer_index import LAYERS, LayerIndex, LayerResult, read_layer_index
 from corpus_assets.core.runtime.transform import transform_image
 from corpus_assets.core.runtime.workspace import Workspace
-from corpus_assets.core.storage import duck as storage_duck
-from corpus_assets.core.storage import failpoints
+from corpus_assets.core.storage import cas_queries, failpoints
 from corpus_assets.core.storage.artifacts import (
     PARQUET,
     Ref,
@@ -38,8 +37,8 @@ from corpus_assets.core.storage.artifacts import (
     make_ref,
     put_json,
 )
+from corpus_assets.core.storage.cas_queries import sql_list
 from corpus_assets.core.storage.digests import json_digest
-from corpus_assets.core.storage.duck import sql_list
 from corpus_assets.core.storage.parquet_sink import put_table_batches
 from corpus_assets.core.storage.table_lookup import TrustedFiles
 from corpus_assets.core.tokens.spec import resolve_tokenizer
@@ -101,9 +100,11 @@ def put_members(ws: Workspace, indexes: Indexes) -> tuple[Ref, int, list[dict[st
             clusters=files.path(indexes["dedup_clusters"][1].output("clusters")["digest"]),
             splits=files.path(indexes["splits"][1].output("splits")["digest"]),
         )
-        with duck.connect(ws.cas, duck.MEMBERS_THREADS, duck.MEMBERS_MB) as con:
+        with manifest_queries.connect(
+            ws.cas, manifest_queries.MEMBERS_THREADS, manifest_queries.MEMBERS_MB
+        ) as con:
             seen = _Seen()
-            rows = seen.watch(_typed(b) for b in storage_duck.batches(con, query, MEMBER_BATCH))
+            rows = seen.watch(_typed(b) for b in cas_queries.batches(con, query, MEMBER_BATCH))
             ref = put_table_batches(ws.cas, MEMBERS_SCHEMA, rows, Path(tmp))
     return ref, seen.count, seen.preview
 

@@ -12,13 +12,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from corpus_assets.core.publication.duck import batch_rows
+from corpus_assets.core.publication.manifest_queries import batch_rows
 from corpus_assets.core.records.index import CanonicalIndex
 from corpus_assets.core.runtime.code_identity import stage_code
 from corpus_assets.core.runtime.workspace import Workspace
 from corpus_assets.core.storage.cas import CorruptObjectError
+from corpus_assets.core.storage.cas_queries import VerifiedFiles
 from corpus_assets.core.storage.digests import json_digest
-from corpus_assets.core.storage.duck import VerifiedFiles
 from corpus_assets.core.storage.memory import release_memory
 from corpus_assets.core.storage.parquet_sink import put_table_batches
 

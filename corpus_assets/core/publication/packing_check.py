@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from corpus_assets.core.publication.block_reader import BlockReader
-from corpus_assets.core.runtime.layers import LayerIndex
+from corpus_assets.core.runtime.layer_index import LayerIndex
 from corpus_assets.core.storage.artifacts import get_table
 from corpus_assets.core.storage.cas import ContentStore
 from corpus_assets.core.storage.shards import ShardIndex, load_index

@@ -6,7 +6,7 @@ late CDC event has overtaken (which makes it INCOMPLETE instead). Activation the
 manifest's own watermarks to the gate's compare-and-swap.
 """
 
-from corpus_assets.core.governance import gate, states
+from corpus_assets.core.governance import alias_gate, states
 from corpus_assets.core.publication.validation import validate_snapshot
 from corpus_assets.core.publication.verify import load_manifest, resolve
 from corpus_assets.core.runtime.workspace import Workspace
@@ -25,8 +25,8 @@ def approve(ws: Workspace, digest: str, by: str) -> states.Snapshot:
     One older than what its alias serves is refused too: it could never be activated."""
     candidate = resolve(ws.catalog, digest)
     states.refuse_expired(candidate, "approve")
-    active = gate.read_gate(ws.catalog, candidate.alias).active_snapshot
-    gate.refuse_backwards(ws.catalog, candidate, active, action="approve")
+    active = alias_gate.read_alias_gate(ws.catalog, candidate.alias).active_snapshot
+    alias_gate.refuse_backwards(ws.catalog, candidate, active, action="approve")
     if candidate.state == states.REJECTED:
         raise PublishError(
             f"refusing to approve {candidate.snapshot_id}: it is REJECTED (its failed rules are "
@@ -72,15 +72,17 @@ def approval_target(catalog: Catalog, alias: str, partition: str, expected: str 
     return chosen.snapshot_id
 
 
-def activate(ws: Workspace, digest: str, actor: str) -> gate.Gate:
+def activate(ws: Workspace, digest: str, actor: str) -> alias_gate.AliasGate:
     """Compare-and-swap the alias to this APPROVED snapshot once every rule holds now.
 
     A snapshot older than the alias's active one is refused before the (costly) validation;
-    ``gate.activate`` checks it again against the gate row it swaps."""
+    ``alias_gate.activate`` checks it again against the gate row it swaps."""
     candidate = resolve(ws.catalog, digest)
     states.refuse_expired(candidate, "activate")
-    gate.refuse_backwards(
-        ws.catalog, candidate, gate.read_gate(ws.catalog, candidate.alias).active_snapshot
+    alias_gate.refuse_backwards(
+        ws.catalog,
+        candidate,
+        alias_gate.read_alias_gate(ws.catalog, candidate.alias).active_snapshot,
     )
     report = validate_snapshot(ws, digest)
     snapshot = states.get(ws.catalog, report.snapshot_id)
@@ -90,7 +92,7 @@ def activate(ws: Workspace, digest: str, actor: str) -> gate.Gate:
             f"{report.findings[0]}"
         )
     manifest = load_manifest(ws.cas, snapshot)
-    return gate.activate(
+    return alias_gate.activate(
         ws.catalog,
         snapshot.snapshot_id,
         tombstone_watermark=int(manifest["tombstoneWatermark"]),
@@ -107,18 +109,18 @@ def next_to_activate(catalog: Catalog) -> list[states.Snapshot]:
     for alias in sorted({s.alias for s in approved}):
         order = states.positions(catalog, alias)
         newest = max((s for s in approved if s.alias == alias), key=lambda s: order[s.snapshot_id])
-        active = gate.read_gate(catalog, alias).active_snapshot
+        active = alias_gate.read_alias_gate(catalog, alias).active_snapshot
         if active not in order or order[active] < order[newest.snapshot_id]:
             chosen.append(newest)
     return chosen
 
 
-def rollback(cas: ContentStore, catalog: Catalog, digest: str, actor: str) -> gate.Gate:
+def rollback(cas: ContentStore, catalog: Catalog, digest: str, actor: str) -> alias_gate.AliasGate:
     """Point the alias back at an earlier active snapshot, under the manifest's own watermarks."""
     snapshot = resolve(catalog, digest)
     states.refuse_expired(snapshot, "roll back to")
     manifest = load_manifest(cas, snapshot)
-    return gate.rollback(
+    return alias_gate.rollback(
         catalog,
         snapshot.snapshot_id,
         tombstone_watermark=int(manifest["tombstoneWatermark"]),

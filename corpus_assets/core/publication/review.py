@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from corpus_assets.core.governance import gate, states
+from corpus_assets.core.governance import alias_gate, states
 from corpus_assets.core.publication.publish import PublishError, approval_target
 from corpus_assets.core.publication.shadow import shadow_diff
 from corpus_assets.core.runtime.keys import launch_refusal
@@ -44,7 +44,7 @@ def diff_digest(diff: dict[str, Any]) -> str:
 
 
 def review_lines(
-    diff: dict[str, Any], gate_row: gate.Gate, partitions: dict[str, str]
+    diff: dict[str, Any], gate_row: alias_gate.AliasGate, partitions: dict[str, str]
 ) -> list[str]:
     """The shadow diff as short plain lines (the Launchpad's editor shows YAML, no Markdown)."""
     against = diff.get("active")
@@ -97,7 +97,7 @@ def partition_review(catalog: Catalog, alias: str, partition: str, differ: Diffe
         return _not_reviewed(partition, snapshot.snapshot_id, f"not reviewable: {error}")
     partitions = {s.snapshot_id: s.partition_key for s in states.find(catalog)}
     head = f"candidate: {snapshot.snapshot_id} (partition {partition}, {snapshot.state})"
-    lines = review_lines(diff, gate.read_gate(catalog, snapshot.alias), partitions)
+    lines = review_lines(diff, alias_gate.read_alias_gate(catalog, snapshot.alias), partitions)
     return Review(partition, snapshot.snapshot_id, [head, *lines], diff_digest(diff))
 
 

@@ -13,12 +13,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from corpus_assets.core.governance import gate
-from corpus_assets.core.publication import duck
+from corpus_assets.core.governance import alias_gate
+from corpus_assets.core.publication import manifest_queries
 from corpus_assets.core.publication.verify import load_manifest, resolve
 from corpus_assets.core.storage.cas import ContentStore
+from corpus_assets.core.storage.cas_queries import VerifiedFiles, sql_list
 from corpus_assets.core.storage.catalog import Catalog
-from corpus_assets.core.storage.duck import VerifiedFiles, sql_list
 from corpus_assets.core.storage.trust import StatTrust
 
 if TYPE_CHECKING:
@@ -75,7 +75,7 @@ def shadow_diff(
     candidate = resolve(catalog, digest)
     manifest = load_manifest(cas, candidate)
     files = VerifiedFiles(cas)  # each members table re-hashed once, then read as often as needed
-    active_id = gate.read_gate(catalog, candidate.alias).active_snapshot
+    active_id = alias_gate.read_alias_gate(catalog, candidate.alias).active_snapshot
     old_manifest = (
         load_manifest(cas, resolve(catalog, active_id))
         if active_id not in (None, candidate.snapshot_id)
@@ -110,7 +110,7 @@ def member_changes(
     counted and the first few named, joined in DuckDB rather than in Python sets; ``files``:
     the caller's verified files, so a table it read is not re-hashed."""
     files = files if files is not None else VerifiedFiles(cas)
-    with duck.connect(cas) as con:
+    with manifest_queries.connect(cas) as con:
         for name, ref in (("o", old), ("n", new)):
             path = files.path(ref["digest"], "members table")
             con.execute(SPLIT_OF.format(name=name, path=sql_list([path])))

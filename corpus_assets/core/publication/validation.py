@@ -2,7 +2,7 @@
 
 Every path that lets a snapshot move on - the blocking Dagster check, approval (CLI, job, demo)
 and activation - calls ``validate_snapshot``; none of them picks rules. The rules: every digest
-re-verified (``verify``), then the gates of ``gates``: fences equal to the freeze's, every pinned
+re-verified (``verify``), then the rules of ``rules``: fences equal to the freeze's, every pinned
 source version readable, every source row accounted for, no open dead letters, member count
 equal to the table, record ids unique and each in one known split, no unknown sources, lineage
 complete, every canonical row explained, per source every record counted in its layer's table
@@ -29,9 +29,9 @@ from dataclasses import dataclass
 from corpus_assets.core.governance import states
 from corpus_assets.core.ingest.freeze_spec import ChangelogSourceSpec, FreezeSpec
 from corpus_assets.core.ingest.pinning import late_changes
-from corpus_assets.core.publication import gate_memo, gates
-from corpus_assets.core.publication.gates import Evidence, Gate, GateReport
+from corpus_assets.core.publication import gate_memo, rules
 from corpus_assets.core.publication.heldout_check import heldout_near_apart
+from corpus_assets.core.publication.rules import Evidence, RuleReport, ValidationRule
 from corpus_assets.core.publication.verify import Report, load_manifest, resolve, verify
 from corpus_assets.core.records.canary import canary_replay
 from corpus_assets.core.runtime import transform
@@ -54,45 +54,45 @@ class SnapshotRules:
     items, dead letters, the CAS's pinned objects, the clock): they run on every check, while
     the others' passing outcome is reused for the same content (``gate_memo``)."""
 
-    gates: tuple[Gate, ...]
-    boundary: tuple[Gate, ...]
-    live: tuple[Gate, ...]
+    gates: tuple[ValidationRule, ...]
+    boundary: tuple[ValidationRule, ...]
+    live: tuple[ValidationRule, ...]
 
 
 def snapshot_rules(ws: Workspace) -> SnapshotRules:
     """Every rule, bound to this workspace's code, config and sources: the one place they are
     listed, so no caller can leave the canary, late CDC events or the image out."""
     live = (
-        gates.pinned_versions_readable,
-        gates.no_open_dead_letters,
-        gates.no_tombstone_hits,
-        gates.no_benchmark_hits,
-        gates.build_latency,
+        rules.pinned_versions_readable,
+        rules.no_open_dead_letters,
+        rules.no_tombstone_hits,
+        rules.no_benchmark_hits,
+        rules.build_latency,
     )
     return SnapshotRules(
         gates=(
-            gates.fences_match,
-            gates.pinned_versions_readable,
-            gates.canonical_rows_accounted,
-            gates.no_open_dead_letters,
-            gates.member_count_matches,
-            gates.record_ids_unique,
-            gates.splits_known,
-            gates.sources_known,
-            gates.lineage_complete,
-            gates.rows_explained,
-            gates.counts_add_up,
-            gates.dedup_invariants_hold,
+            rules.fences_match,
+            rules.pinned_versions_readable,
+            rules.canonical_rows_accounted,
+            rules.no_open_dead_letters,
+            rules.member_count_matches,
+            rules.record_ids_unique,
+            rules.splits_known,
+            rules.sources_known,
+            rules.lineage_complete,
+            rules.rows_explained,
+            rules.counts_add_up,
+            rules.dedup_invariants_hold,
             heldout_near_apart(ws),
-            gates.split_conflicts_resolved,
-            gates.packing_invariants_hold,
-            gates.no_tombstone_hits,
-            gates.no_benchmark_hits,
-            gates.transform_image_is(transform.transform_image()),
-            gates.canary_replays(canary_replay(ws)),
-            gates.build_latency,
+            rules.split_conflicts_resolved,
+            rules.packing_invariants_hold,
+            rules.no_tombstone_hits,
+            rules.no_benchmark_hits,
+            rules.transform_image_is(transform.transform_image()),
+            rules.canary_replays(canary_replay(ws)),
+            rules.build_latency,
         ),
-        boundary=(gates.freeze_consistent, gates.no_late_changes(late_changes(ws))),
+        boundary=(rules.freeze_consistent, rules.no_late_changes(late_changes(ws))),
         live=live,
     )
 
@@ -111,7 +111,7 @@ def validate_snapshot(ws: Workspace, digest: str, trust_unchanged: bool = False)
     trust = StatTrust(ws.cas, ws.catalog) if trust_unchanged else None
     report = verify(ws.cas, ws.catalog, digest, trust=trust)
     snapshot = resolve(ws.catalog, digest)
-    rules = snapshot_rules(ws)
+    rule_set = snapshot_rules(ws)
     failed = [("verify", finding) for finding in report.findings]
     try:
         evidence = Evidence.load(
@@ -125,9 +125,9 @@ def validate_snapshot(ws: Workspace, digest: str, trust_unchanged: bool = False)
         incomplete: list[str] = []
     else:
         with evidence:
-            failed += _apply_gates(ws, rules, evidence, report, snapshot.manifest_digest)
+            failed += _apply_gates(ws, rule_set, evidence, report, snapshot.manifest_digest)
             report.rules_narrowed = list(evidence.narrowed)
-            incomplete = [f for _rule, f in _apply(rules.boundary, evidence, report.gate)]
+            incomplete = [f for _rule, f in _apply(rule_set.boundary, evidence, report.gate)]
     report.findings.extend(dict.fromkeys(f for _rule, f in failed if f not in report.findings))
     report.findings.extend(incomplete)
     report.gate.incomplete = len(incomplete)
@@ -147,7 +147,7 @@ def verify_snapshot(
     if ws is not None:
         boundary = snapshot_rules(ws).boundary
     else:
-        boundary = (gates.freeze_consistent, gates.no_late_changes(_unreadable_change_logs))
+        boundary = (rules.freeze_consistent, rules.no_late_changes(_unreadable_change_logs))
     try:
         evidence = Evidence.load(
             cas, catalog, load_manifest(cas, resolve(catalog, digest)), verified=report.verified
@@ -170,11 +170,13 @@ def _unreadable_change_logs(spec: FreezeSpec) -> list[str]:
     ]
 
 
-def _apply(rules: tuple[Gate, ...], evidence: Evidence, report: GateReport) -> list[Failure]:
+def _apply(
+    chosen: tuple[ValidationRule, ...], evidence: Evidence, report: RuleReport
+) -> list[Failure]:
     """Every rule's findings in order, each with the rule's name; a rule whose evidence is
     unreadable reports that."""
     failed: list[Failure] = []
-    for rule in rules:
+    for rule in chosen:
         failpoints.hit(f"validate/{rule.__name__}")  # a kill here: the check left mid-way
         try:
             failed += [(rule.__name__, finding) for finding in rule(evidence, report)]
@@ -186,22 +188,22 @@ def _apply(rules: tuple[Gate, ...], evidence: Evidence, report: GateReport) -> l
 
 
 def _apply_gates(
-    ws: Workspace, rules: SnapshotRules, evidence: Evidence, report: Report, manifest: str
+    ws: Workspace, rule_set: SnapshotRules, evidence: Evidence, report: Report, manifest: str
 ) -> list[Failure]:
     """The gates' findings in order: ``live`` ones run; each other one reuses its passing outcome
     recorded for this content and rule set (when verify found nothing), else runs, and its
     passing outcome is recorded at once, so a check killed part-way resumes where it was."""
-    content = [rule.__name__ for rule in rules.gates if rule not in rules.live]
+    content = [rule.__name__ for rule in rule_set.gates if rule not in rule_set.live]
     keys = {} if report.findings else gate_memo.rule_keys(ws, evidence, content)
     recalled = gate_memo.recall(ws.catalog, keys)
     failed: list[Failure] = []
-    for rule in rules.gates:
+    for rule in rule_set.gates:
         name = rule.__name__
         if name in content and name in recalled:
             report.rules_reused.append(name)
             metrics = recalled[name]
         else:
-            own = GateReport()  # the metrics this rule sets, to record with its outcome
+            own = RuleReport()  # the metrics this rule sets, to record with its outcome
             found = _apply((rule,), evidence, own)
             failed += found
             metrics = own.serialized()

@@ -20,9 +20,9 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from corpus_assets.core.governance import states
-from corpus_assets.core.publication.gates import GateReport
 from corpus_assets.core.publication.identity import snapshot_id as compute_snapshot_id
 from corpus_assets.core.publication.manifest_schema import schema_errors
+from corpus_assets.core.publication.rules import RuleReport
 from corpus_assets.core.publication.signing import SignatureError, check_alias_key, verify_signature
 from corpus_assets.core.storage.artifacts import JSON, PARQUET, decode_json, get_json
 from corpus_assets.core.storage.cas import COPY_CHUNK, CasError, ContentStore
@@ -46,7 +46,7 @@ class Report:
     objects_trusted: int = 0  # of objects_checked: unchanged files since they last hashed right
     rules_reused: list[str] = field(default_factory=list)  # filled by validation (gate_memo)
     rules_narrowed: list[str] = field(default_factory=list)  # run over a child's delta only
-    gate: GateReport = field(default_factory=GateReport)
+    gate: RuleReport = field(default_factory=RuleReport)
 
     @property
     def ok(self) -> bool:

@@ -28,7 +28,7 @@ import pyarrow as pa
 from corpus_assets.core.records.index import CanonicalIndex
 from corpus_assets.core.runtime.code_identity import stage_code
 from corpus_assets.core.runtime.config import PackingPolicy
-from corpus_assets.core.runtime.layers import (
+from corpus_assets.core.runtime.layer_index import (
     LayerIndex,
     LayerResult,
     publish_index,

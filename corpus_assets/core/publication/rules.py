@@ -1,10 +1,11 @@
-"""The validation gates, one small function each, and the gate report they fill.
+"""The validation rules, one small function each (``ValidationRule``), and the report they fill.
 
-A gate reads the evidence of one snapshot (manifest, freeze spec, layer indexes, members table,
+A rule reads the evidence of one snapshot (manifest, freeze spec, layer indexes, members table,
 catalog), returns its findings - empty when it holds - and sets its metrics on the
-``GateReport`` that the blocking check shows. Which gates make a snapshot valid is decided in
+``RuleReport`` that the blocking check shows. Which rules make a snapshot valid is decided in
 one place only, ``validation.snapshot_rules``; this module defines them and nothing runs them
-but ``validation.validate_snapshot``.
+but ``validation.validate_snapshot``. (The alias gate that activation passes is another thing:
+``governance.alias_gate``.)
 """
 
 import time
@@ -17,7 +18,7 @@ from sqlalchemy import select
 
 from corpus_assets.core.dedup.report import DedupReport
 from corpus_assets.core.governance.benchmarks import active_items
-from corpus_assets.core.governance.lineage import COLUMN, revoked_targets
+from corpus_assets.core.governance.deletion_reach import COLUMN, revoked_targets
 from corpus_assets.core.ingest.freeze_spec import ChangelogSourceSpec, FreezeSpec
 from corpus_assets.core.publication import accounting_check
 from corpus_assets.core.publication.evidence import Evidence
@@ -29,11 +30,11 @@ from corpus_assets.core.publication.leakage_check import (
 from corpus_assets.core.publication.packing_check import packing_findings
 from corpus_assets.core.records.canary import Replay
 from corpus_assets.core.records.index import CanonicalIndex
-from corpus_assets.core.runtime.layers import load_index
+from corpus_assets.core.runtime.layer_index import load_index
 from corpus_assets.core.storage.artifacts import get_json
+from corpus_assets.core.storage.cas_queries import sql_list
 from corpus_assets.core.storage.catalog import freezes
 from corpus_assets.core.storage.digests import json_digest
-from corpus_assets.core.storage.duck import sql_list
 from corpus_assets.core.storage.tasks import ChunkTask, open_dead_letters
 from corpus_assets.core.training_view.splits import SPLITS
 
@@ -41,8 +42,8 @@ LateChanges = Callable[[FreezeSpec], list[str]]
 SHOWN = 20  # findings a gate lists per rule (the metric counts them all)
 
 
-class GateReport(BaseModel):
-    """The gate metrics, typed; a gate that could not read its evidence leaves its keys out.
+class RuleReport(BaseModel):
+    """The rules' metrics, typed; a rule that could not read its evidence leaves its keys out.
 
     Field order is the order the check's metadata shows them in.
     """
@@ -78,7 +79,7 @@ class GateReport(BaseModel):
         return self.model_dump(exclude_unset=True)
 
 
-Gate = Callable[[Evidence, GateReport], list[str]]
+ValidationRule = Callable[[Evidence, RuleReport], list[str]]
 # A member's own canonical row (record id, object, line): an id repeated in the canonical rows
 # (a duplicate or an id conflict dedup excluded) does not make the kept row's lineage ambiguous.
 LINEAGE_ORPHANS = """
@@ -90,7 +91,7 @@ ORDER BY m.file_row_number LIMIT 20
 """
 
 
-def fences_match(ev: Evidence, _report: GateReport) -> list[str]:
+def fences_match(ev: Evidence, _report: RuleReport) -> list[str]:
     """The manifest names the fences its freeze was built behind, not later ones."""
     frozen = {
         "tombstoneWatermark": str(ev.freeze.tombstone_watermark),
@@ -103,7 +104,7 @@ def fences_match(ev: Evidence, _report: GateReport) -> list[str]:
     ]
 
 
-def pinned_versions_readable(ev: Evidence, report: GateReport) -> list[str]:
+def pinned_versions_readable(ev: Evidence, report: RuleReport) -> list[str]:
     """A replay or an audit needs every pinned source version; coverage shows CDC gaps."""
     report.source_watermark_coverage = _coverage(ev.freeze)
     return [
@@ -111,7 +112,7 @@ def pinned_versions_readable(ev: Evidence, report: GateReport) -> list[str]:
     ]
 
 
-def canonical_rows_accounted(ev: Evidence, report: GateReport) -> list[str]:
+def canonical_rows_accounted(ev: Evidence, report: RuleReport) -> list[str]:
     """Every source row became a record or was excluded with a reason code."""
     unaccounted = ev.canonical.index.counts.get("unexplained", 0)
     report.canonical_unexplained_rows = unaccounted
@@ -120,7 +121,7 @@ def canonical_rows_accounted(ev: Evidence, report: GateReport) -> list[str]:
     return []
 
 
-def no_open_dead_letters(ev: Evidence, report: GateReport) -> list[str]:
+def no_open_dead_letters(ev: Evidence, report: RuleReport) -> list[str]:
     """A chunk that failed for good means records are missing: the index's or the task table's."""
     canonical = ev.canonical
     dead = [f"dead letter open: chunk {d.chunk}: {d.error}" for d in canonical.dead_letters]
@@ -134,7 +135,7 @@ def no_open_dead_letters(ev: Evidence, report: GateReport) -> list[str]:
     return list(dict.fromkeys(dead))
 
 
-def member_count_matches(ev: Evidence, _report: GateReport) -> list[str]:
+def member_count_matches(ev: Evidence, _report: RuleReport) -> list[str]:
     """The count a training run checks against is the table's."""
     stated = ev.manifest["members"]["count"]
     if ev.member_count != stated:
@@ -142,7 +143,7 @@ def member_count_matches(ev: Evidence, _report: GateReport) -> list[str]:
     return []
 
 
-def record_ids_unique(ev: Evidence, report: GateReport) -> list[str]:
+def record_ids_unique(ev: Evidence, report: RuleReport) -> list[str]:
     """One record id is one member, so it cannot sit in two splits."""
     duplicates = ev.rows(  # a count per id first: the splits are listed for repeated ids only
         "WITH repeated AS (SELECT record_id FROM members GROUP BY record_id HAVING count(*) > 1) "
@@ -157,13 +158,13 @@ def record_ids_unique(ev: Evidence, report: GateReport) -> list[str]:
     return findings
 
 
-def splits_known(ev: Evidence, _report: GateReport) -> list[str]:
+def splits_known(ev: Evidence, _report: RuleReport) -> list[str]:
     """Training reads only the splits the splits layer assigns."""
     unknown = {s for (s,) in ev.rows("SELECT DISTINCT split FROM members")} - set(SPLITS)
     return [f"members with unknown split: {sorted(unknown)}"] if unknown else []
 
 
-def sources_known(ev: Evidence, report: GateReport) -> list[str]:
+def sources_known(ev: Evidence, report: RuleReport) -> list[str]:
     """Every member comes from a source the freeze pinned."""
     frozen = {s.id for s in ev.freeze.sources}
     unknown = {s for (s,) in ev.rows("SELECT DISTINCT source_id FROM members")} - frozen
@@ -171,7 +172,7 @@ def sources_known(ev: Evidence, report: GateReport) -> list[str]:
     return [f"members from unknown sources: {sorted(unknown)}"] if unknown else []
 
 
-def lineage_complete(ev: Evidence, report: GateReport) -> list[str]:
+def lineage_complete(ev: Evidence, report: RuleReport) -> list[str]:
     """Every member traces to a pinned object and the canonical row it came from."""
     ev.register("pinned", pa.table({"digest": pa.array(list(ev.pinned), pa.string())}))
     orphans = ev.rows(LINEAGE_ORPHANS.format(canonical=ev.canonical_view))
@@ -181,7 +182,7 @@ def lineage_complete(ev: Evidence, report: GateReport) -> list[str]:
     return [f"member {rid!r} has no lineage to a pinned object row" for rid, _ in orphans]
 
 
-def rows_explained(ev: Evidence, report: GateReport) -> list[str]:
+def rows_explained(ev: Evidence, report: RuleReport) -> list[str]:
     """Each canonical row is a member, a removed duplicate, tombstoned or quarantined by a split
     conflict: nothing is lost."""
     counts = ev.dedup.counts
@@ -194,7 +195,7 @@ def rows_explained(ev: Evidence, report: GateReport) -> list[str]:
     return []
 
 
-def counts_add_up(ev: Evidence, report: GateReport) -> list[str]:
+def counts_add_up(ev: Evidence, report: RuleReport) -> list[str]:
     """No row vanishes: per source, records = members + duplicates removed + duplicate ids +
     id conflicts + tombstoned + split-quarantined, every term counted in its own layer's table
     (``accounting_check``); each chunk's account matches its tables; the manifest's totals are
@@ -207,7 +208,7 @@ def counts_add_up(ev: Evidence, report: GateReport) -> list[str]:
     return findings[:SHOWN]
 
 
-def dedup_invariants_hold(ev: Evidence, report: GateReport) -> list[str]:
+def dedup_invariants_hold(ev: Evidence, report: RuleReport) -> list[str]:
     """Dedup removed nothing without a member standing behind it, and no exact or verified
     near edge (through removed records too) joins two splits once quarantined records are
     out."""
@@ -229,7 +230,7 @@ def dedup_invariants_hold(ev: Evidence, report: GateReport) -> list[str]:
     return findings[:SHOWN]
 
 
-def split_conflicts_resolved(ev: Evidence, report: GateReport) -> list[str]:
+def split_conflicts_resolved(ev: Evidence, report: RuleReport) -> list[str]:
     """A split conflict quarantined its bridging records: none of them is a member."""
     report.split_conflicts = ev.split_conflicts.num_rows
     report.split_quarantined = len(ev.quarantined)
@@ -242,7 +243,7 @@ def split_conflicts_resolved(ev: Evidence, report: GateReport) -> list[str]:
     return [f"quarantined record {rid!r} is a member" for (rid,) in found]
 
 
-def packing_invariants_hold(ev: Evidence, report: GateReport) -> list[str]:
+def packing_invariants_hold(ev: Evidence, report: RuleReport) -> list[str]:
     """The spans are sound provenance: inside their blocks and shards, disjoint, covering the
     counted content, and only over train members (``packing_check``)."""
     packed = load_index(ev.cas, ev.manifest["layers"]["packed_blocks"], "packed_blocks")
@@ -254,7 +255,7 @@ def packing_invariants_hold(ev: Evidence, report: GateReport) -> list[str]:
     return findings
 
 
-def no_tombstone_hits(ev: Evidence, report: GateReport) -> list[str]:
+def no_tombstone_hits(ev: Evidence, report: RuleReport) -> list[str]:
     """No record revoked at or below the snapshot's watermark is a member."""
     watermark = int(ev.manifest["tombstoneWatermark"])
     reasons = _tombstone_reasons(ev, revoked_targets(ev.catalog, watermark))
@@ -262,7 +263,7 @@ def no_tombstone_hits(ev: Evidence, report: GateReport) -> list[str]:
     return [f"{reason} hits this snapshot" for reason in reasons]
 
 
-def no_benchmark_hits(ev: Evidence, report: GateReport) -> list[str]:
+def no_benchmark_hits(ev: Evidence, report: RuleReport) -> list[str]:
     """No benchmark item active at the snapshot's fence is a member."""
     with ev.catalog.begin() as conn:
         fence = int(ev.manifest["benchmarkFence"])
@@ -287,11 +288,11 @@ def no_benchmark_hits(ev: Evidence, report: GateReport) -> list[str]:
     return hits
 
 
-def transform_image_is(current: str) -> Gate:
+def transform_image_is(current: str) -> ValidationRule:
     """The gate that the manifest's transform image is ``current``: otherwise a replay (and the
     canary) would not run the transform that built the snapshot."""
 
-    def same_transform_image(ev: Evidence, _report: GateReport) -> list[str]:
+    def same_transform_image(ev: Evidence, _report: RuleReport) -> list[str]:
         recorded = ev.manifest["transformImage"]
         if recorded == current:
             return []
@@ -305,11 +306,11 @@ def transform_image_is(current: str) -> Gate:
     return same_transform_image
 
 
-def canary_replays(replay: Replay) -> Gate:
+def canary_replays(replay: Replay) -> ValidationRule:
     """The gate that re-canonicalising the canary rows from their pinned objects with ``replay``
     gives exactly the rows the snapshot recorded for them (``records.canary``)."""
 
-    def canary_reproduces(ev: Evidence, report: GateReport) -> list[str]:
+    def canary_reproduces(ev: Evidence, report: RuleReport) -> list[str]:
         ev.close()  # the replay re-canonicalises source rows: DuckDB's cache goes first
         chunks = canary_chunks(ev.canonical)
         for entry in ev.canonical.entries:  # the recorded side is read by path: whole first
@@ -330,7 +331,7 @@ def canary_replays(replay: Replay) -> Gate:
     return canary_reproduces
 
 
-def build_latency(ev: Evidence, report: GateReport) -> list[str]:
+def build_latency(ev: Evidence, report: RuleReport) -> list[str]:
     """Not a rule, a metric: seconds from the freeze to this validation."""
     with ev.catalog.begin() as conn:
         frozen_at = conn.scalar(
@@ -340,16 +341,16 @@ def build_latency(ev: Evidence, report: GateReport) -> list[str]:
     return []
 
 
-def freeze_consistent(ev: Evidence, _report: GateReport) -> list[str]:
+def freeze_consistent(ev: Evidence, _report: RuleReport) -> list[str]:
     """What the freeze itself found inconsistent (a CDC offset gap, say): INCOMPLETE."""
     return list(ev.freeze.incomplete)
 
 
-def no_late_changes(late_changes: LateChanges) -> Gate:
+def no_late_changes(late_changes: LateChanges) -> ValidationRule:
     """The gate that no source event at or below a frozen watermark arrived after the freeze
     (``late_changes`` re-reads the change logs): otherwise the freeze was no boundary."""
 
-    def nothing_arrived_late(ev: Evidence, _report: GateReport) -> list[str]:
+    def nothing_arrived_late(ev: Evidence, _report: RuleReport) -> list[str]:
         return late_changes(ev.freeze)
 
     return nothing_arrived_late

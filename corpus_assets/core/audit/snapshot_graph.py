@@ -17,7 +17,7 @@ from sqlalchemy import select
 from corpus_assets.core.audit.prov import PREFIXES
 from corpus_assets.core.governance import states
 from corpus_assets.core.publication.verify import load_manifest
-from corpus_assets.core.runtime.layers import LAYERS, load_index
+from corpus_assets.core.runtime.layer_index import LAYERS, load_index
 from corpus_assets.core.storage.cas import ContentStore
 from corpus_assets.core.storage.catalog import Catalog, alias_history, permits
 

@@ -1,6 +1,6 @@
 """DuckDB over the CAS's Parquet files, out of core: the one way a stage opens a connection.
 
-Dedup, the training view and the release join, group and sort tables of every record; in Arrow
+Dedup, the training view and publication join, group and sort tables of every record; in Arrow
 or Python that holds whole columns. DuckDB runs those queries with its buffers capped at a
 memory limit (each caller states its own) and spills beyond it to a private directory under the
 data home's ``tmp``, removed on close. Inputs are read straight from their CAS files once

@@ -46,7 +46,7 @@ from corpus_assets.core.records.kept import KeptRecords, exclude
 from corpus_assets.core.records.quality import policy_payload as quality_payload
 from corpus_assets.core.runtime.code_identity import stage_code
 from corpus_assets.core.runtime.config import Source
-from corpus_assets.core.runtime.layers import (
+from corpus_assets.core.runtime.layer_index import (
     LayerResult,
     publish_index,
     read_layer_index,

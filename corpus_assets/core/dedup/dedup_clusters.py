@@ -52,11 +52,11 @@ from corpus_assets.core.dedup.signature_cache import (
     signature_spec,
 )
 from corpus_assets.core.dedup.signature_spec import SignatureSpec
-from corpus_assets.core.governance.lineage import revoked_targets, tombstone_matches
+from corpus_assets.core.governance.deletion_reach import revoked_targets, tombstone_matches
 from corpus_assets.core.ingest.freeze import freeze
 from corpus_assets.core.records.index import CanonicalIndex, ChunkRecords
 from corpus_assets.core.runtime.code_identity import stage_code
-from corpus_assets.core.runtime.layers import LayerResult, publish_index
+from corpus_assets.core.runtime.layer_index import LayerResult, publish_index
 from corpus_assets.core.runtime.workspace import Workspace
 from corpus_assets.core.storage.artifacts import NPY, make_ref, put_json, put_table
 from corpus_assets.core.storage.memory import release_memory

@@ -12,16 +12,16 @@ from corpus_assets.assets.card import card_metadata
 from corpus_assets.assets.metadata import column_schema, layer_metadata
 from corpus_assets.assets.partitions import snapshots
 from corpus_assets.assets.resources import CorpusResource
-from corpus_assets.core.audit.lineage_graph import snapshot_lineage
-from corpus_assets.core.dedup import layer as dedup_layer
+from corpus_assets.core.audit.snapshot_graph import snapshot_lineage
+from corpus_assets.core.dedup import dedup_clusters as dedup_layer
 from corpus_assets.core.ingest import freeze
 from corpus_assets.core.pipeline import BUILDERS
 from corpus_assets.core.publication import manifest as release_manifest
 from corpus_assets.core.publication.verify import resolve
-from corpus_assets.core.records import layer as records_layer
+from corpus_assets.core.records import canonical_records as records_layer
 from corpus_assets.core.runtime.code_identity import stage_code
 from corpus_assets.core.runtime.keys import validate_partition_key
-from corpus_assets.core.runtime.layers import LAYERS, LayerResult
+from corpus_assets.core.runtime.layer_index import LAYERS, LayerResult
 from corpus_assets.core.runtime.workspace import Workspace
 from corpus_assets.core.training_view import mixing, packing
 from corpus_assets.core.training_view import splits as splits_layer

@@ -16,7 +16,7 @@ import pyarrow.compute as pc
 from sqlalchemy import select
 
 from corpus_assets.core.governance import deletion_index, states
-from corpus_assets.core.runtime.layers import load_index
+from corpus_assets.core.runtime.layer_index import load_index
 from corpus_assets.core.storage.artifacts import get_json, get_table
 from corpus_assets.core.storage.cas import ContentStore
 from corpus_assets.core.storage.catalog import Catalog, permits, tombstones

@@ -30,12 +30,12 @@ FENCES = ("tombstone_watermark", "benchmark_fence")
 REGISTRATION_LOCK = 0x636F7270_6761_7465  # "corp" "ga" "te"
 
 
-class GateError(RuntimeError):
+class AliasGateError(RuntimeError):
     """Activation refused: a fence moved, the generation raced, or the snapshot is not APPROVED."""
 
 
 @dataclass(frozen=True)
-class Gate:
+class AliasGate:
     """An alias's gate row as read: what a compare-and-swap expects still to be there."""
 
     alias: str
@@ -45,15 +45,15 @@ class Gate:
     active_snapshot: str | None
 
 
-def read_gate(catalog: Catalog, alias: str) -> Gate:
+def read_alias_gate(catalog: Catalog, alias: str) -> AliasGate:
     """The alias's gate row; on first use created at generation 0 with its fences at the
     registries' heads, so tombstones and benchmark items registered before it bind it too."""
     with catalog.begin() as conn:
         row = conn.execute(select(gate).where(gate.c.alias == alias)).mappings().first()
     if row is None:
         _create_at_heads(catalog, alias)
-        return read_gate(catalog, alias)
-    return Gate(**{k: row[k] for k in Gate.__dataclass_fields__})
+        return read_alias_gate(catalog, alias)
+    return AliasGate(**{k: row[k] for k in AliasGate.__dataclass_fields__})
 
 
 def lock_registrations(conn: Connection) -> None:
@@ -92,7 +92,7 @@ def _create_at_heads(catalog: Catalog, alias: str) -> None:
         pass
 
 
-def _swap(conn: Connection, seen: Gate, **values: object) -> bool:
+def _swap(conn: Connection, seen: AliasGate, **values: object) -> bool:
     """The one conditional UPDATE everything competes with: succeeds only on the row ``seen``."""
     return (
         conn.execute(
@@ -114,7 +114,7 @@ _MOVES = (
 )
 
 
-def _moved(conn: Connection, seen: Gate) -> str:
+def _moved(conn: Connection, seen: AliasGate) -> str:
     """What changed on the gate row since ``seen``, and what kind of change did it: the loser
     of a race is told which fence (or activation) won."""
     now = conn.execute(select(gate).where(gate.c.alias == seen.alias)).mappings().one()
@@ -126,11 +126,11 @@ def _moved(conn: Connection, seen: Gate) -> str:
     return "; ".join(what for what, _ in moved) + ": " + " and ".join(c for _, c in moved)
 
 
-def _point(conn: Connection, seen: Gate, snapshot_id: str, actor: str, detail: str) -> None:
+def _point(conn: Connection, seen: AliasGate, snapshot_id: str, actor: str, detail: str) -> None:
     """Swap the alias to ``snapshot_id`` at the next generation and record it in the history."""
     generation = seen.generation + 1
     if not _swap(conn, seen, generation=generation, active_snapshot=snapshot_id):
-        raise GateError(
+        raise AliasGateError(
             f"alias {seen.alias!r}: the gate moved while {detail} {snapshot_id} "
             f"({_moved(conn, seen)} committed first); nothing was changed"
         )
@@ -147,8 +147,8 @@ def activate(
     tombstone_watermark: int,
     benchmark_fence: int,
     actor: str,
-    seen: Gate | None = None,
-) -> Gate:
+    seen: AliasGate | None = None,
+) -> AliasGate:
     """Compare-and-swap the alias to ``snapshot_id``; returns the gate row after the swap.
 
     ``seen`` is the gate row the caller decided on (read now if not given); if anything moved
@@ -158,17 +158,19 @@ def activate(
     transaction, so none of them can be activated after it.
     """
     snapshot = states.get(catalog, snapshot_id)
-    seen = seen or read_gate(catalog, snapshot.alias)
+    seen = seen or read_alias_gate(catalog, snapshot.alias)
     refuse_backwards(catalog, snapshot, seen.active_snapshot)
     if snapshot.state != states.APPROVED:
-        raise GateError(f"snapshot {snapshot_id} is {snapshot.state}; only APPROVED can activate")
+        raise AliasGateError(
+            f"snapshot {snapshot_id} is {snapshot.state}; only APPROVED can activate"
+        )
     where = f"alias {snapshot.alias} generation {seen.generation + 1}"
     try:
         if (seen.tombstone_watermark, seen.benchmark_fence) != (
             tombstone_watermark,
             benchmark_fence,
         ):
-            raise GateError(
+            raise AliasGateError(
                 f"alias {snapshot.alias!r}: gate is at tombstone {seen.tombstone_watermark}, "
                 f"benchmark fence {seen.benchmark_fence}; the manifest was built at "
                 f"{tombstone_watermark}, {benchmark_fence}. Build a new snapshot."
@@ -183,14 +185,14 @@ def activate(
                 f"superseded by {snapshot_id} (partition {snapshot.partition_key}, {where})"
             )
             states.supersede_older(conn, snapshot.alias, snapshot_id, actor, superseded_by)
-    except GateError as error:
+    except AliasGateError as error:
         _refused(catalog, snapshot, actor, "activation", error)
         raise
-    return read_gate(catalog, snapshot.alias)
+    return read_alias_gate(catalog, snapshot.alias)
 
 
 def _refused(
-    catalog: Catalog, snapshot: states.Snapshot, actor: str, action: str, error: GateError
+    catalog: Catalog, snapshot: states.Snapshot, actor: str, action: str, error: AliasGateError
 ) -> None:
     """Leave a refused activation or rollback in the snapshot's audit trail (its state does not
     move: from and to are the same), so the alias's history shows who tried and which fence or
@@ -218,7 +220,7 @@ def refuse_backwards(
     order = states.positions(catalog, snapshot.alias)
     mine, served = order[snapshot.snapshot_id], order.get(active)
     if served is not None and mine < served:
-        raise GateError(
+        raise AliasGateError(
             f"refusing to {action} {snapshot.snapshot_id} ({snapshot.state}): alias "
             f"{snapshot.alias!r} serves {active}, and this snapshot {mine.older_reason(served)}; "
             "an alias only moves to a later freeze (only `corpus-assets rollback` goes back, to "
@@ -228,7 +230,7 @@ def refuse_backwards(
 
 def rollback(
     catalog: Catalog, snapshot_id: str, tombstone_watermark: int, benchmark_fence: int, actor: str
-) -> Gate:
+) -> AliasGate:
     """Point the alias back at an earlier ACTIVE snapshot under a new, higher generation.
 
     Refused if the snapshot was built before the gate's tombstone watermark or benchmark fence:
@@ -236,7 +238,7 @@ def rollback(
     """
     snapshot = states.get(catalog, snapshot_id)
     states.refuse_expired(snapshot, "roll back to")
-    seen = read_gate(catalog, snapshot.alias)
+    seen = read_alias_gate(catalog, snapshot.alias)
     with catalog.begin() as conn:
         was_active = conn.scalar(
             select(alias_history.c.generation)
@@ -245,34 +247,34 @@ def rollback(
             .limit(1)
         )
     if was_active is None or snapshot.state != states.ACTIVE:
-        raise GateError(f"snapshot {snapshot_id} was never active on {snapshot.alias!r}")
+        raise AliasGateError(f"snapshot {snapshot_id} was never active on {snapshot.alias!r}")
     if seen.active_snapshot == snapshot_id:
-        raise GateError(f"alias {snapshot.alias!r} already points at {snapshot_id}")
+        raise AliasGateError(f"alias {snapshot.alias!r} already points at {snapshot_id}")
     try:
         _roll_back(catalog, snapshot, seen, (tombstone_watermark, benchmark_fence), actor)
-    except GateError as error:
+    except AliasGateError as error:
         _refused(catalog, snapshot, actor, "rollback", error)
         raise
-    return read_gate(catalog, snapshot.alias)
+    return read_alias_gate(catalog, snapshot.alias)
 
 
 def _roll_back(
     catalog: Catalog,
     snapshot: states.Snapshot,
-    seen: Gate,
+    seen: AliasGate,
     built_at: tuple[int, int],
     actor: str,
 ) -> None:
-    """The fence checks and the swap of ``rollback``; GateError if either refuses."""
+    """The fence checks and the swap of ``rollback``; AliasGateError if either refuses."""
     snapshot_id = snapshot.snapshot_id
     if built_at[0] < seen.tombstone_watermark:
-        raise GateError(
+        raise AliasGateError(
             f"rollback to {snapshot_id} refused: it was built at tombstone watermark "
             f"{built_at[0]}, the gate is at {seen.tombstone_watermark}; it may hold "
             "revoked records"
         )
     if built_at[1] < seen.benchmark_fence:
-        raise GateError(
+        raise AliasGateError(
             f"rollback to {snapshot_id} refused: it was built at benchmark fence "
             f"{built_at[1]}, the gate is at {seen.benchmark_fence}"
         )
@@ -284,7 +286,7 @@ def _roll_back(
             .values(updated_at=time.time())
         ).rowcount
         if still_active != 1:
-            raise GateError(f"rollback to {snapshot_id} refused: gc expired it meanwhile")
+            raise AliasGateError(f"rollback to {snapshot_id} refused: gc expired it meanwhile")
         _point(conn, seen, snapshot_id, actor, "rolling back to")
         conn.execute(
             insert(snapshot_events).values(
@@ -310,7 +312,7 @@ def _raise_fence(conn: Connection, alias: str, column: str, value: int) -> None:
     again, so the fence always lands and an activation that read the old value cannot commit."""
     while True:
         row = conn.execute(select(gate).where(gate.c.alias == alias)).mappings().one()
-        seen = Gate(**{k: row[k] for k in Gate.__dataclass_fields__})
+        seen = AliasGate(**{k: row[k] for k in AliasGate.__dataclass_fields__})
         if row[column] >= value or _swap(conn, seen, **{column: value}):
             return
 
@@ -318,5 +320,5 @@ def _raise_fence(conn: Connection, alias: str, column: str, value: int) -> None:
 def _fence_column(fence: str) -> str:
     """The column name, checked: a fence name becomes SQL, so only the two known ones pass."""
     if fence not in FENCES:
-        raise GateError(f"{fence!r} is not a gate fence ({', '.join(FENCES)})")
+        raise AliasGateError(f"{fence!r} is not a gate fence ({', '.join(FENCES)})")
     return fence

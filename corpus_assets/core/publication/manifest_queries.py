@@ -1,8 +1,8 @@
-"""DuckDB for the joins and group-bys of the manifest and the gates, with the release's caps.
+"""DuckDB for the joins and group-bys of the manifest and the validation rules: their caps.
 
-The release stage reads tables of every record (canonical rows, dedup clusters, splits, members);
-``storage.duck`` runs those queries out of core. Each input is re-hashed (streamed) before
-DuckDB reads its file (``storage.duck.VerifiedFiles``), unless the caller already verified it.
+Publication reads tables of every record (canonical rows, dedup clusters, splits, members);
+``storage.cas_queries`` runs those queries out of core. Each input is re-hashed (streamed) before
+DuckDB reads its file (``cas_queries.VerifiedFiles``), unless the caller already verified it.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import pyarrow.parquet as pq
 
-from corpus_assets.core.storage import duck
+from corpus_assets.core.storage import cas_queries
 from corpus_assets.core.storage.cas import ContentStore
 
 if TYPE_CHECKING:  # imported where a query runs: a command that runs none never loads DuckDB
@@ -41,7 +41,9 @@ def connect(
 ) -> Iterator[DuckDBPyConnection]:
     """An in-memory DuckDB capped at ``memory_mb`` that spills under ``<home>/tmp``."""
     flush = (f"{FLUSH_MB}MB", f"{FLUSH_MB}MB")  # hand freed memory back soon
-    with duck.Spilling(cas.root.parent / "tmp", f"{memory_mb}MB", threads, flush=flush) as con:
+    with cas_queries.Spilling(
+        cas.root.parent / "tmp", f"{memory_mb}MB", threads, flush=flush
+    ) as con:
         yield con
 
 
