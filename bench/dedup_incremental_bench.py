@@ -45,12 +45,12 @@ def _cpu() -> float:
 
 def child(config: str, mode: str) -> None:
     """One layer run; ``full`` switches the parent lookup off (the baseline)."""
-    from corpus_assets.core.dedup import layer, pair_cache
+    from corpus_assets.core.dedup import dedup_clusters, pair_cache
     from corpus_assets.core.pipeline import DIRECT_BUILDERS
     from corpus_assets.core.runtime.workspace import open_workspace
 
     if mode == "full":
-        layer.parent_mode = lambda *_: pair_cache.Mode(pair_cache.FULL, "bench baseline")
+        dedup_clusters.parent_mode = lambda *_: pair_cache.Mode(pair_cache.FULL, "bench baseline")
     with open_workspace(config) as ws:
         start, wall = _cpu(), time.perf_counter()
         result = DIRECT_BUILDERS["dedup_clusters"](ws, "p2")
@@ -69,7 +69,7 @@ def _run(env: dict[str, str], *args: str) -> dict:
 
 def _prepare(config: str, parent: bool) -> None:
     from corpus_assets.core.pipeline import BUILDERS, build_all
-    from corpus_assets.core.release.publish import activate, approve
+    from corpus_assets.core.publication.publish import activate, approve
     from corpus_assets.core.runtime.workspace import open_workspace
 
     with open_workspace(config) as ws:

@@ -80,7 +80,7 @@ class Sampler(threading.Thread):
 
 def child(config: str, partition: str) -> None:
     from corpus_assets.core.pipeline import DIRECT_BUILDERS
-    from corpus_assets.core.runtime.layers import load_index
+    from corpus_assets.core.runtime.layer_index import load_index
     from corpus_assets.core.runtime.workspace import open_workspace
 
     with open_workspace(config) as ws:

@@ -18,10 +18,10 @@ Measured, each phase in a fresh child process (its peak RSS is ``VmHWM``, the ph
   put); with ``--baseline-tree DIR`` (a checkout of the code before, e.g. ``git archive``) the
   same call of that tree's code, the named baseline for the build's time and memory. Then the
   index of every snapshot not yet remembered (``deletion_index.ensure``, as the manifest build).
-- lookup: ``lineage.tombstone_hits`` (what ``corpus-assets tombstone hits SEQ`` prints) for a
+- lookup: ``deletion_reach.tombstone_hits`` (what ``corpus-assets tombstone hits SEQ`` prints) for a
   record, an object and a group tombstone, median of ``--repeats`` after the first call (also
   shown), every CAS read verified.
-- baseline: ``lineage.scan_hits`` (every snapshot's members, dedup and spans tables read and
+- baseline: ``deletion_reach.scan_hits`` (every snapshot's members, dedup and spans tables read and
   filtered) on a catalog of the first ``--scan`` snapshots, extrapolated linearly to all; the
   index's answer for those snapshots is compared with the scan's ("same on 5").
 
@@ -46,9 +46,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.ipc as ipc
 
-from corpus_assets.core.governance import deletion_index, lineage, states
+from corpus_assets.core.governance import deletion_index, deletion_reach, states
 from corpus_assets.core.governance.tombstones import add_tombstone
-from corpus_assets.core.runtime.layers import LayerIndex
+from corpus_assets.core.runtime.layer_index import LayerIndex
 from corpus_assets.core.storage.artifacts import put_json, put_table
 from corpus_assets.core.storage.cas import ContentStore
 from corpus_assets.core.storage.catalog import Catalog
@@ -218,9 +218,11 @@ def child_lookup(home: Path, repeats: int, scan: bool, first: int) -> dict:
         for _ in range(repeats + 1):
             start = time.perf_counter()
             if scan:
-                answer = lineage.scan_hits(cas, catalog, kind, target)
+                answer = deletion_reach.scan_hits(cas, catalog, kind, target)
             else:
-                answer = lineage.tombstone_hits(cas, catalog, record["seqs"][kind])["snapshots"]
+                answer = deletion_reach.tombstone_hits(cas, catalog, record["seqs"][kind])[
+                    "snapshots"
+                ]
             runs.append(time.perf_counter() - start)
         out[kind] = {
             "first_s": runs[0],

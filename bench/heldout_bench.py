@@ -31,8 +31,8 @@ import race
 MEASURE = r"""
 import json, resource, sys, time
 import pandas  # noqa: F401 - DuckDB's first register imports it: a validation run has it already
-from corpus_assets.core.release import gates, heldout_check
-from corpus_assets.core.release.evidence import Evidence
+from corpus_assets.core.publication import heldout_check, rules
+from corpus_assets.core.publication.evidence import Evidence
 from corpus_assets.core.runtime.pool import shared_pool
 from corpus_assets.core.runtime.workspace import open_workspace
 from corpus_assets.core.storage.artifacts import get_json
@@ -58,7 +58,7 @@ with open_workspace(config) as ws, shared_pool():
     else:
         manifest = get_json(ws.cas, ws.catalog.layer_output(part, "manifest"), "manifest")
         with Evidence.load(ws.cas, ws.catalog, manifest) as ev:
-            report = gates.GateReport()
+            report = rules.RuleReport()
             start = time.process_time()
             findings = heldout_check.heldout_near_apart(ws)(ev, report)
             spent["cpu"] = time.process_time() - start

@@ -10,11 +10,11 @@ import sys
 import time
 
 from corpus_assets.core.governance import states
-from corpus_assets.core.release import heldout_check
-from corpus_assets.core.release.evidence import Evidence
-from corpus_assets.core.release.gates import GateReport
-from corpus_assets.core.release.verify import load_manifest, resolve
-from corpus_assets.core.runtime.layers import load_index
+from corpus_assets.core.publication import heldout_check
+from corpus_assets.core.publication.evidence import Evidence
+from corpus_assets.core.publication.rules import RuleReport
+from corpus_assets.core.publication.verify import load_manifest, resolve
+from corpus_assets.core.runtime.layer_index import load_index
 from corpus_assets.core.runtime.workspace import open_workspace
 from corpus_assets.core.storage.artifacts import get_json
 from corpus_assets.core.storage.trust import StatTrust
@@ -36,7 +36,7 @@ def main(config: str, partition: str) -> None:
             StatTrust(ws.cas, ws.catalog).verify_all({d: "parent table" for d in tables})
             heldout_check._passed_parent = lambda *_: (theirs, dedup)  # type: ignore[assignment]
             heldout_check.SPLITS_CODE = ev.splits.code
-            report = GateReport()
+            report = RuleReport()
             wall, cpu = time.perf_counter(), time.process_time()
             found = heldout_check.heldout_near_apart(ws)(ev, report)
             print(

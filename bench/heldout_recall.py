@@ -42,11 +42,11 @@ from race_corpus import SOURCES
 
 from corpus_assets.core.dedup.fingerprint_store import TextLookup
 from corpus_assets.core.records.index import CanonicalIndex
-from corpus_assets.core.runtime.layers import read_layer_index
+from corpus_assets.core.runtime.layer_index import read_layer_index
 from corpus_assets.core.runtime.workspace import open_workspace
 from corpus_assets.core.storage.artifacts import get_table
-from corpus_assets.core.storage.duck import cas_parquet
-from corpus_assets.core.training_view import duck
+from corpus_assets.core.storage.cas_queries import cas_parquet
+from corpus_assets.core.training_view import view_queries
 from corpus_assets.core.training_view.split_heldout import (
     HeldoutScan,
     _fingerprints,
@@ -126,7 +126,7 @@ def main() -> None:
     state = re.search(r"state (\S+)", build["out"]).group(1)
     print(f"build: {build['wall']:.1f} s wall, {build['cpu']:.1f} CPU-s, state {state}")
     os.environ.update(CORPUS_HOME=str(args.tmp / "home"), CORPUS_CONFIG=str(config))
-    with open_workspace() as ws, duck.spilling(ws.home, 1) as con:
+    with open_workspace() as ws, view_queries.spilling(ws.home, 1) as con:
         _, canonical = CanonicalIndex.read(ws, key)
         _, dedup = read_layer_index(ws, key, "dedup_clusters")
         clusters = cas_parquet(ws.cas, dedup.output("clusters"), "clusters")

@@ -19,10 +19,10 @@ from corpus_assets.core.governance import states
 from corpus_assets.core.ingest.freeze import freeze
 from corpus_assets.core.pipeline import BUILDERS
 from corpus_assets.core.records.index import CanonicalIndex
-from corpus_assets.core.runtime.layers import load_index
+from corpus_assets.core.runtime.layer_index import load_index
 from corpus_assets.core.runtime.workspace import Workspace, open_workspace
 from corpus_assets.core.storage.artifacts import get_json
-from corpus_assets.core.storage.duck import cas_parquet
+from corpus_assets.core.storage.cas_queries import cas_parquet
 from corpus_assets.core.training_view import splits
 from corpus_assets.core.training_view.heldout_state import PriorSearch, row_map
 from corpus_assets.core.training_view.split_heldout import HeldoutScan, searched_records

@@ -20,13 +20,13 @@ from pathlib import Path
 from corpus_assets.core.governance import deletion_index, states
 from corpus_assets.core.ingest.freeze import freeze
 from corpus_assets.core.pipeline import BUILDERS
+from corpus_assets.core.publication import narrowed as narrowing
 from corpus_assets.core.records.index import CanonicalIndex
-from corpus_assets.core.release import narrowed as narrowing
-from corpus_assets.core.runtime.layers import LAYERS
+from corpus_assets.core.runtime.layer_index import LAYERS
 from corpus_assets.core.runtime.pool import shared_pool
 from corpus_assets.core.runtime.workspace import Workspace, open_workspace
 from corpus_assets.core.storage.artifacts import get_json
-from corpus_assets.core.storage.duck import VerifiedFiles
+from corpus_assets.core.storage.cas_queries import VerifiedFiles
 
 
 def main() -> None:

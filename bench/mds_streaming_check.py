@@ -29,8 +29,8 @@ import numpy as np
 
 def export(directory: Path) -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from corpus_assets.core.release.block_reader import BlockReader
-    from corpus_assets.core.release.export_mds import export_mds, materialize_mds
+    from corpus_assets.core.consumption.export_mds import export_mds, materialize_mds
+    from corpus_assets.core.publication.block_reader import BlockReader
     from corpus_assets.core.storage.cas import ContentStore
     from corpus_assets_tests.test_shards import make_blocks, write
 

@@ -65,7 +65,7 @@ def child(config: str) -> None:
 def prepare(root: Path, corpora: Path, mb: float, workers: int) -> Path:
     """Corpus, parent (built and active), +1% documents, the child's layers; the config."""
     from corpus_assets.core.pipeline import build_all
-    from corpus_assets.core.release.publish import activate, approve
+    from corpus_assets.core.publication.publish import activate, approve
     from corpus_assets.core.runtime.workspace import open_workspace
 
     made = write_corpus(corpora, root / "src", mb)

@@ -46,7 +46,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from race_corpus import SOURCES, cipher, copy_line, shared_lines, write_corpus
 from race_ray import Cluster
 
-from corpus_assets.core.runtime.layers import LAYERS as BUILD_ORDER
+from corpus_assets.core.runtime.layer_index import LAYERS as BUILD_ORDER
 
 LAYERS = [*BUILD_ORDER, "validation"]
 CLI = [sys.executable, "-m", "corpus_assets.cli"]
@@ -64,7 +64,7 @@ def _vm_kb(field: str) -> int:
 def child(config: str, partition: str, layer: str) -> None:
     """Run one layer (or the validation check) of ``partition`` and print what it cost."""
     from corpus_assets.core.pipeline import BUILDERS
-    from corpus_assets.core.release.validation import validate_snapshot
+    from corpus_assets.core.publication.validation import validate_snapshot
     from corpus_assets.core.runtime.workspace import open_workspace
 
     with open_workspace(config) as ws:

@@ -30,9 +30,9 @@ from pathlib import Path
 
 import numpy as np
 
-from corpus_assets.core.release.block_reader import BlockReader, ReaderState
-from corpus_assets.core.release.export_mds import export_mds
-from corpus_assets.core.release.loader_plan import LoaderPlan
+from corpus_assets.core.consumption.export_mds import export_mds
+from corpus_assets.core.consumption.loader_plan import LoaderPlan
+from corpus_assets.core.publication.block_reader import BlockReader, ReaderState
 from corpus_assets.core.storage.cas import ContentStore
 from corpus_assets.core.storage.shards import write_shards
 
@@ -86,13 +86,13 @@ def mds_export(cas: ContentStore, digest: str, _batch: int) -> int:
 
 
 def hf_rows(cas: ContentStore, digest: str, _batch: int) -> int:
-    from corpus_assets.core.release.hf_loader import _hf_dataset_of_pack
+    from corpus_assets.core.consumption.hf_loader import _hf_dataset_of_pack
 
     return sum(1 for _row in _hf_dataset_of_pack(cas, digest).with_format("numpy"))
 
 
 def hf_batches(cas: ContentStore, digest: str, batch: int) -> int:
-    from corpus_assets.core.release.hf_loader import _hf_dataset_of_pack
+    from corpus_assets.core.consumption.hf_loader import _hf_dataset_of_pack
 
     numpy_rows = _hf_dataset_of_pack(cas, digest).with_format("numpy")
     return sum(len(rows["input_ids"]) for rows in numpy_rows.iter(batch_size=batch))

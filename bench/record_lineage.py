@@ -32,10 +32,10 @@ import pyarrow.compute as pc
 
 from corpus_assets.core.dedup.clusters import CLUSTER_COLUMNS
 from corpus_assets.core.dedup.explain import explain
-from corpus_assets.core.runtime.layers import LayerIndex, load_index
+from corpus_assets.core.runtime.layer_index import LayerIndex, load_index
 from corpus_assets.core.storage.artifacts import get_table, put_json
 from corpus_assets.core.storage.cas import ContentStore
-from corpus_assets.core.storage.duck import VerifiedFiles
+from corpus_assets.core.storage.cas_queries import VerifiedFiles
 from corpus_assets.core.storage.parquet_sink import put_table_batches
 from corpus_assets.core.storage.table_lookup import matching_rows
 from corpus_assets.core.training_view.mixing_select import MIX_COLUMNS

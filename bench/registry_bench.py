@@ -71,7 +71,7 @@ def fresh_catalog(backend: str, tmp: Path, aliases: int) -> Iterator[Catalog]:
     catalog = Catalog(url)
     try:
         for n in range(aliases):
-            gate.read_gate(catalog, f"alias{n}")
+            gate.read_alias_gate(catalog, f"alias{n}")
         yield catalog
     finally:
         catalog.dispose()

@@ -37,7 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
-from corpus_assets.core.release.block_reader import BlockReader
+from corpus_assets.core.publication.block_reader import BlockReader
 from corpus_assets.core.storage.cas import ContentStore
 from corpus_assets.core.storage.shard_reader import verify_shards
 from corpus_assets.core.storage.shards import ShardIndex, write_shards

@@ -5,10 +5,10 @@
   top-level cumulative times), and, without ``-X importtime``, wall and CPU seconds. ``status``
   runs on an empty data home with no Dagster instance.
 - worker: CPU seconds a spawned worker has used when its first job, importing a chunk task's
-  module (``corpus_assets.core.records.layer``), is done. Three parents: a bare one (the floor of
-  a spawn worker), one whose ``__main__`` imports the CLI as the console script does, with the
-  stock spawn context (a worker runs the parent's ``__main__`` again), and the same parent with
-  the build's pool (``core.runtime.pool``, absent in older checkouts).
+  module (``corpus_assets.core.records.canonical_records``), is done. Three parents: a bare one
+  (the floor of a spawn worker), one whose ``__main__`` imports the CLI as the console script
+  does, with the stock spawn context (a worker runs the parent's ``__main__`` again), and the
+  same parent with the build's pool (``core.runtime.pool``, absent in older checkouts).
 
 Usage: ``.venv/bin/python bench/startup_bench.py [--runs 5]``; for an older checkout's figures,
 run it with ``PYTHONPATH=<that checkout>``.
@@ -28,7 +28,7 @@ from pathlib import Path
 if os.environ.get("STARTUP_BENCH_CLI"):  # the console script's import; a stock worker reruns it
     import corpus_assets.cli  # noqa: F401
 
-TASK_MODULE = "corpus_assets.core.records.layer"
+TASK_MODULE = "corpus_assets.core.records.canonical_records"
 
 
 def _timed(command: list[str], env: dict[str, str]) -> tuple[float, float, str]:

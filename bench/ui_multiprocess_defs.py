@@ -4,7 +4,7 @@ executor, to measure what the in-process executor saves on a UI- or sensor-launc
 import dagster as dg
 
 from corpus_assets import definitions
-from corpus_assets.assets.layers import LAYER_ASSETS
+from corpus_assets.assets.layer_assets import LAYER_ASSETS
 from corpus_assets.assets.sensors import publication, source_discovery
 
 build_snapshot = dg.define_asset_job(

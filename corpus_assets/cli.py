@@ -18,22 +18,22 @@ from corpus_assets.cli_parser import parser, with_add
 # The refusals a command may raise (module, class): one line each, exit 1. Looked up in the
 # modules already imported (an error of a module never imported cannot have been raised).
 EXPECTED_ERRORS = (
-    ("corpus_assets.core.release.training", "TrainingError"),
+    ("corpus_assets.core.consumption.training", "TrainingError"),
     ("corpus_assets.cli_common", "CliError"),
     ("corpus_assets.core.runtime.config", "ConfigError"),
     ("corpus_assets.core.storage.cas", "CasError"),
     ("corpus_assets.core.governance.states", "StateError"),
-    ("corpus_assets.core.governance.gate", "GateError"),
-    ("corpus_assets.core.release.publish", "PublishError"),
+    ("corpus_assets.core.governance.alias_gate", "AliasGateError"),
+    ("corpus_assets.core.publication.publish", "PublishError"),
     ("corpus_assets.core.runtime.keys", "PartitionKeyError"),
     ("corpus_assets.core.ingest.sources", "SourceError"),
     ("corpus_assets.core.storage.catalog", "LayerConflict"),
-    ("corpus_assets.core.release.manifest", "BuildConflict"),
+    ("corpus_assets.core.publication.manifest", "BuildConflict"),
     ("corpus_assets.core.ingest.pinning", "PinError"),
-    ("corpus_assets.core.release.signing", "SignatureError"),
-    ("corpus_assets.core.release.trust_root", "TrustRootError"),
+    ("corpus_assets.core.publication.signing", "SignatureError"),
+    ("corpus_assets.core.publication.trust_root", "TrustRootError"),
     ("corpus_assets.core.tokens.spec", "TokenizerError"),
-    ("corpus_assets.core.release.export_run", "ExportError"),
+    ("corpus_assets.core.consumption.export_run", "ExportError"),
     ("corpus_assets.core.governance.audit_fields", "AuditFieldError"),
 )
 EXIT_USAGE = 2  # argparse's code for a command line that cannot run

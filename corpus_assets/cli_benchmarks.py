@@ -20,9 +20,9 @@ from corpus_assets.cli_common import (
     writing_storage,
 )
 from corpus_assets.core.governance import benchmarks
+from corpus_assets.core.publication.verify import load_manifest, resolve
 from corpus_assets.core.records.benchmark_file import BenchmarkFileError, read_items
 from corpus_assets.core.records.index import CanonicalIndex
-from corpus_assets.core.release.verify import load_manifest, resolve
 
 
 def cmd_benchmark_add(args: argparse.Namespace) -> int:

@@ -1,13 +1,13 @@
 """``corpus-assets card DIGEST --out DIR``: the snapshot's dataset card, a static page and its
-plots (``core.release.card``), written into ``DIR``; prints the page's path."""
+plots (``core.audit.card``), written into ``DIR``; prints the page's path."""
 
 import argparse
 from pathlib import Path
 
 from corpus_assets.cli_common import storage
-from corpus_assets.core.release.card import load_card
-from corpus_assets.core.release.card_html import write_card
-from corpus_assets.core.release.export_run import check_out_folder
+from corpus_assets.core.audit.card import load_card
+from corpus_assets.core.audit.card_html import write_card
+from corpus_assets.core.consumption.export_run import check_out_folder
 
 
 def cmd_card(args: argparse.Namespace) -> int:

@@ -17,16 +17,16 @@ from corpus_assets.cli_common import (
     storage,
     writing_storage,
 )
+from corpus_assets.core.audit.prov import prov_document
+from corpus_assets.core.audit.snapshot_graph import lineage_prov, snapshot_lineage
+from corpus_assets.core.consumption.export_run import check_out_folder, export_snapshot
+from corpus_assets.core.consumption.training import TrainingReader, take_permit
 from corpus_assets.core.dedup.explain import explain
 from corpus_assets.core.governance import tombstones
-from corpus_assets.core.governance.lineage import tombstone_hits
-from corpus_assets.core.release.export_run import check_out_folder, export_snapshot
-from corpus_assets.core.release.lineage_graph import lineage_prov, snapshot_lineage
-from corpus_assets.core.release.prov import prov_document
-from corpus_assets.core.release.shadow import shadow_diff
-from corpus_assets.core.release.training import TrainingReader, take_permit
-from corpus_assets.core.release.verify import load_manifest, resolve
-from corpus_assets.core.runtime.layers import LayerOrderError
+from corpus_assets.core.governance.deletion_reach import tombstone_hits
+from corpus_assets.core.publication.shadow import shadow_diff
+from corpus_assets.core.publication.verify import load_manifest, resolve
+from corpus_assets.core.runtime.layer_index import LayerOrderError
 from corpus_assets.core.runtime.workspace import open_workspace
 from corpus_assets.core.storage.artifacts import get_json
 from corpus_assets.core.storage.cas import ContentStore

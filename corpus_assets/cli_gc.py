@@ -1,5 +1,5 @@
 """``corpus-assets gc`` and ``scrub``, the store's upkeep: gc removes the CAS objects no retained
-snapshot, permit, quarantine record or open build references (``core.release.gc`` says what is
+snapshot, permit, quarantine record or open build references (``core.publication.gc`` says what is
 live and why the lock is enough); scrub re-hashes everything the aliases can serve."""
 
 import argparse
@@ -8,8 +8,8 @@ from dataclasses import asdict
 
 from corpus_assets.cli_common import CliError, note
 from corpus_assets.cli_observe import observed
-from corpus_assets.core.release.gc import GcError, collect, expire, plan
-from corpus_assets.core.release.scrub import scrub
+from corpus_assets.core.publication.gc import GcError, collect, expire, plan
+from corpus_assets.core.publication.scrub import scrub
 from corpus_assets.core.runtime.workspace import open_workspace
 
 

@@ -7,17 +7,17 @@ from typing import Any
 
 from corpus_assets.cli_catalog import cmd_lineage
 from corpus_assets.cli_common import CliError, note, print_json
-from corpus_assets.core.release.record_lineage import RecordNotFound, record_lineage
-from corpus_assets.core.release.record_lineage_render import (
+from corpus_assets.core.audit.record_lineage import RecordNotFound, record_lineage
+from corpus_assets.core.audit.record_lineage_render import (
     record_sections,
     record_title,
     span_sections,
     span_title,
     text,
 )
-from corpus_assets.core.release.record_origin import OriginError
-from corpus_assets.core.release.span_records import SpanQuery, SpanQueryError, span_records
-from corpus_assets.core.release.verify import resolve
+from corpus_assets.core.audit.record_origin import OriginError
+from corpus_assets.core.audit.span_records import SpanQuery, SpanQueryError, span_records
+from corpus_assets.core.publication.verify import resolve
 from corpus_assets.core.runtime.config import config_path
 from corpus_assets.core.runtime.workspace import open_home, open_workspace
 from corpus_assets.core.storage.cas_lock import cas_lock
@@ -36,7 +36,7 @@ def cmd_lineage_query(args: argparse.Namespace) -> int:
             f"--format {args.format} draws the graph; a record or span query is text|json"
         )
     home, cas, catalog, config = _opened()
-    # the CAS lock, shared: a lookup may write the snapshot's deletion index (``release.gc``)
+    # the CAS lock, shared: a lookup may write the snapshot's deletion index (``publication.gc``)
     with cas_lock(home, cas, catalog.url, exclusive=False, on_wait=note):
         return _answer(args, cas, catalog, config)
 

@@ -10,7 +10,7 @@ from corpus_assets.cli_common import audited, lazy
 DESCRIPTION = (
     "``corpus-assets``: build, verify, approve, activate and inspect snapshots without the UI."
 )
-EXPORT_FORMATS = ("megatron", "mds", "croissant")  # core.release.export_run.FORMATS (a test)
+EXPORT_FORMATS = ("megatron", "mds", "croissant")  # core.consumption.export_run.FORMATS (a test)
 GRAPH_FORMATS = ("text", "mermaid", "json", "prov")  # cli_lineage draws these
 ACTIONS = ("add", "list", "remove")  # of ``benchmark``
 Subcommands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"

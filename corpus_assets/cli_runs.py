@@ -7,12 +7,12 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from corpus_assets.cli_common import CliError, note, storage
 from corpus_assets.cli_instance import dagster_instance, run_config
 from corpus_assets.cli_interrupt import off_main_thread
-from corpus_assets.core.governance import gate
+from corpus_assets.core.governance import alias_gate
 from corpus_assets.core.ingest.sources import check_source_folders
-from corpus_assets.core.release.verify import resolve, verify
+from corpus_assets.core.publication.verify import resolve, verify
 from corpus_assets.core.runtime.build_lock import partition_build_lock
 from corpus_assets.core.runtime.keys import check_new_partition_key, new_partition_key
-from corpus_assets.core.runtime.layers import LAYERS, load_index
+from corpus_assets.core.runtime.layer_index import LAYERS, load_index
 from corpus_assets.core.runtime.pool import shared_pool
 from corpus_assets.core.runtime.workspace import check_writable_home, open_workspace
 from corpus_assets.core.storage.trust import StatTrust
@@ -114,7 +114,7 @@ def _built(key: str, before: set[str], seconds: float) -> dict[str, Any]:
     }
 
 
-def activate_via_job(digest: str) -> gate.Gate:
+def activate_via_job(digest: str) -> alias_gate.AliasGate:
     """Activate through the same Dagster job the publication sensor requests."""
     from corpus_assets.assets.jobs import activation_run_config
     from corpus_assets.definitions import defs
@@ -130,4 +130,4 @@ def activate_via_job(digest: str) -> gate.Gate:
     )
     if not result.success:
         raise CliError(f"activation of {snapshot.snapshot_id} failed: {failure(result)}")
-    return gate.read_gate(catalog, snapshot.alias)
+    return alias_gate.read_alias_gate(catalog, snapshot.alias)

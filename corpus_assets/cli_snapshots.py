@@ -10,9 +10,9 @@ from corpus_assets.cli_common import CliError, cli_actor, storage
 from corpus_assets.cli_observe import observed
 from corpus_assets.cli_runs import activate_via_job, build
 from corpus_assets.core.governance import states
-from corpus_assets.core.release.publish import approve, rollback
-from corpus_assets.core.release.validation import verify_snapshot
-from corpus_assets.core.release.verify import resolve
+from corpus_assets.core.publication.publish import approve, rollback
+from corpus_assets.core.publication.validation import verify_snapshot
+from corpus_assets.core.publication.verify import resolve
 from corpus_assets.core.runtime.config import config_path, default_home
 from corpus_assets.core.runtime.workspace import open_home, open_workspace
 from corpus_assets.demo import write_demo

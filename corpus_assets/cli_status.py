@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy.engine import make_url
 
 from corpus_assets.cli_common import storage
-from corpus_assets.core.governance import gate, states
-from corpus_assets.core.runtime.layers import LAYERS
+from corpus_assets.core.governance import alias_gate, states
+from corpus_assets.core.runtime.layer_index import LAYERS
 from corpus_assets.core.storage.catalog import Catalog
 
 if TYPE_CHECKING:
@@ -67,7 +67,7 @@ def status_payload() -> dict[str, Any]:
     """What ``status`` prints, as data (``--json`` prints it as is)."""
     home, _cas, catalog = storage()
     snaps = states.find(catalog)
-    gates = [gate.read_gate(catalog, a) for a in sorted({s.alias for s in snaps})]
+    gates = [alias_gate.read_alias_gate(catalog, a) for a in sorted({s.alias for s in snaps})]
     current = {row.active_snapshot for row in gates}
     ended = (states.INCOMPLETE, states.REJECTED, states.SUPERSEDED, states.EXPIRED)
     reasons = {

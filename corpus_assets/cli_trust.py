@@ -1,4 +1,4 @@
-"""``corpus-assets trust list|add|rotate``: the readers' trust root (``core.release.trust_root``),
+"""``corpus-assets trust list|add|rotate``: the readers' trust root (``publication.trust_root``),
 the one file outside the data home that says which signing keys count. Keys enter it only here,
 when the builder creates a home's key pair, or from ``CORPUS_SIGNING_KEY``; nothing removes one,
 so a snapshot keeps verifying under the key id that signed it. ``add`` and ``rotate`` also pin
@@ -11,8 +11,8 @@ from pathlib import Path
 from sqlalchemy import select
 
 from corpus_assets.cli_common import CliError, storage
-from corpus_assets.core.release import trust_root
-from corpus_assets.core.release.signing import public_key_of, rotate_key
+from corpus_assets.core.publication import trust_root
+from corpus_assets.core.publication.signing import public_key_of, rotate_key
 from corpus_assets.core.storage.catalog import Catalog, snapshots
 
 

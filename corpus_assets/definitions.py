@@ -9,7 +9,7 @@ from corpus_assets.assets.deletion_audit import tombstone_audit, tombstone_hits_
 from corpus_assets.assets.executor import pooled_in_process_executor
 from corpus_assets.assets.governance_jobs import GOVERNANCE_JOBS
 from corpus_assets.assets.jobs import activate_snapshot, approve_snapshot, build_snapshot
-from corpus_assets.assets.layers import LAYER_ASSETS
+from corpus_assets.assets.layer_assets import LAYER_ASSETS
 from corpus_assets.assets.lifecycle import alias_asset
 from corpus_assets.assets.lineage_jobs import record_lineage
 from corpus_assets.assets.partition_guard import partition_key_guard

@@ -8,12 +8,12 @@ import pytest
 
 from corpus_assets.assets import lifecycle
 from corpus_assets.assets.jobs import activation_run_config, approval_run_config
-from corpus_assets.core.governance import gate, states
+from corpus_assets.core.governance import alias_gate, states
 from corpus_assets.core.governance.history import Move, alias_moves, count_moves
 from corpus_assets.core.governance.tombstones import add_tombstone
 from corpus_assets.core.pipeline import build_all
-from corpus_assets.core.release import publish
-from corpus_assets.core.release.validation import validate_snapshot
+from corpus_assets.core.publication import publish
+from corpus_assets.core.publication.validation import validate_snapshot
 from corpus_assets.core.runtime.workspace import Workspace, open_workspace
 from corpus_assets.definitions import defs
 
@@ -56,7 +56,7 @@ def test_history_shows_approvals_activation_rollback_and_a_fence_refusal(
     assert publish.rollback(ws.cas, ws.catalog, p1, actor="op-3").generation == 3
     publish.approve(ws, p3, by="carol")
     assert add_tombstone(ws.catalog, "record", "essays/none", "erase") == 1
-    with pytest.raises(gate.GateError, match="gate is at tombstone 1"):
+    with pytest.raises(alias_gate.AliasGateError, match="gate is at tombstone 1"):
         publish.activate(ws, p3, actor="op-4")
 
     moves = alias_moves(ws.cas, ws.catalog, "demo")
@@ -74,7 +74,9 @@ def test_history_shows_approvals_activation_rollback_and_a_fence_refusal(
     assert {(m.snapshot_id, m.from_state) for m in moves} >= {(p, None) for p in (p1, p2, p3)}
     assert moves[-1].detail.startswith("activation refused: alias 'demo': gate is at tombstone 1")
     assert "rollback: alias demo generation 3" in [m.detail for m in moves]
-    assert gate.read_gate(ws.catalog, "demo").active_snapshot == p1  # the refusal moved nothing
+    assert (
+        alias_gate.read_alias_gate(ws.catalog, "demo").active_snapshot == p1
+    )  # the refusal moved nothing
     assert alias_moves(ws.cas, ws.catalog, "other") == []
     assert count_moves(ws.catalog, "demo") == len(moves)
     assert alias_moves(ws.cas, ws.catalog, "demo", last=3) == moves[-3:]  # newest, oldest first

@@ -11,14 +11,14 @@ import pytest
 from sqlalchemy import insert, select
 
 from corpus_assets.assets.checks import snapshot_validates
-from corpus_assets.assets.layers import LAYER_ASSETS, manifest
+from corpus_assets.assets.layer_assets import LAYER_ASSETS, manifest
 from corpus_assets.assets.resources import CorpusResource
 from corpus_assets.assets.sensors import publication
 from corpus_assets.cli import main
-from corpus_assets.core.governance import gate, states
+from corpus_assets.core.governance import alias_gate, states
 from corpus_assets.core.pipeline import build_all
-from corpus_assets.core.release.publish import next_to_activate
-from corpus_assets.core.release.validation import validate_snapshot
+from corpus_assets.core.publication.publish import next_to_activate
+from corpus_assets.core.publication.validation import validate_snapshot
 from corpus_assets.core.runtime.workspace import Workspace
 from corpus_assets.core.storage.catalog import snapshot_events, tombstones
 from corpus_assets.definitions import defs
@@ -81,7 +81,7 @@ def test_the_sensor_leaves_the_alias_on_the_newer_snapshot(workspace: Workspace)
         states.approve(workspace.catalog, sid, by="reviewer")
     with dg.instance_for_test() as instance:
         activations = _run_publication_until_idle(instance)
-    row = gate.read_gate(workspace.catalog, "demo")
+    row = alias_gate.read_alias_gate(workspace.catalog, "demo")
     assert (row.active_snapshot, row.generation) == (newer, 1), f"older is {older}"
     assert activations == 1
     assert states.get(workspace.catalog, newer).state == states.ACTIVE
@@ -104,7 +104,7 @@ def test_the_cli_refuses_to_move_an_alias_to_an_older_freeze(
     code, out, err = _cli(capsys, "activate", older)
     assert code == 1 and len(err.strip().splitlines()) == 1, err
     assert older in err and newer in err and "an alias only moves to a later freeze" in err, err
-    row = gate.read_gate(workspace.catalog, "demo")
+    row = alias_gate.read_alias_gate(workspace.catalog, "demo")
     assert (row.active_snapshot, row.generation) == (newer, 1)
     shown = _status(capsys)
     assert (shown[older]["state"], shown[newer]["state"]) == ("SUPERSEDED", "ACTIVE")

@@ -14,9 +14,9 @@ import dagster as dg
 from corpus_assets.assets.jobs import approval_for_partition
 from corpus_assets.core.governance import states
 from corpus_assets.core.pipeline import build_all
-from corpus_assets.core.release import publish
-from corpus_assets.core.release.review import NOT_REVIEWED
-from corpus_assets.core.release.validation import validate_snapshot
+from corpus_assets.core.publication import publish
+from corpus_assets.core.publication.review import NOT_REVIEWED
+from corpus_assets.core.publication.validation import validate_snapshot
 from corpus_assets.core.runtime.workspace import Workspace, open_workspace
 from corpus_assets.definitions import defs
 

@@ -15,10 +15,10 @@ import pytest
 from sqlalchemy import func, insert, select
 
 from corpus_assets.assets.jobs import ApprovalConfig, approver_identity
+from corpus_assets.core.consumption.training import take_permit
 from corpus_assets.core.governance import benchmarks, states
 from corpus_assets.core.governance.audit_fields import AuditFieldError, audit_field
 from corpus_assets.core.governance.tombstones import add_tombstone
-from corpus_assets.core.release.training import take_permit
 from corpus_assets.core.runtime.workspace import Workspace, open_workspace
 from corpus_assets.core.storage.catalog import snapshot_events, tombstones
 

@@ -16,7 +16,7 @@ from sqlalchemy import func, select
 
 from corpus_assets.cli import main
 from corpus_assets.cli_parser import with_add
-from corpus_assets.core.governance import benchmarks, gate
+from corpus_assets.core.governance import alias_gate, benchmarks
 from corpus_assets.core.storage.catalog import Catalog, benchmark_items
 
 QUIZ = [
@@ -34,7 +34,7 @@ def home(tmp_path: Path, catalog_url: str, monkeypatch: pytest.MonkeyPatch) -> C
     monkeypatch.delenv("CORPUS_CONFIG", raising=False)
     monkeypatch.chdir(tmp_path)
     catalog = Catalog(catalog_url)
-    gate.read_gate(catalog, "demo")  # an alias exists: every change must fence it
+    alias_gate.read_alias_gate(catalog, "demo")  # an alias exists: every change must fence it
     return catalog
 
 
@@ -61,7 +61,7 @@ def _rows(catalog: Catalog) -> int:
 
 
 def _fence(catalog: Catalog) -> int:
-    return gate.read_gate(catalog, "demo").benchmark_fence
+    return alias_gate.read_alias_gate(catalog, "demo").benchmark_fence
 
 
 def test_registering_twice_is_one_item_and_another_text_is_refused(

@@ -7,9 +7,9 @@ import json
 import pytest
 
 from corpus_assets.cli import main
-from corpus_assets.core.governance import benchmarks, gate
+from corpus_assets.core.governance import alias_gate, benchmarks
+from corpus_assets.core.publication.publish import activate, approve
 from corpus_assets.core.records.normalize import dedup_key
-from corpus_assets.core.release.publish import activate, approve
 from corpus_assets.core.runtime.workspace import Workspace
 from corpus_assets_tests.test_fence_heads import BENCHMARKED, _built, _demo_text
 
@@ -46,8 +46,8 @@ def test_excluded_rows_and_a_removed_item_no_longer_excludes(
     approve(workspace, first, by="reviewer")
     change = benchmarks.remove(workspace.catalog, "quiz", actor="test")
     assert (change.seq, change.written) == (2, 1)
-    assert gate.read_gate(workspace.catalog, "demo").benchmark_fence == 2
-    with pytest.raises(gate.GateError, match="benchmark fence 2"):
+    assert alias_gate.read_alias_gate(workspace.catalog, "demo").benchmark_fence == 2
+    with pytest.raises(alias_gate.AliasGateError, match="benchmark fence 2"):
         activate(workspace, first, actor="test")  # built before the removal: must rebuild
 
     second, manifest, members = _built(workspace, "p2")
@@ -55,4 +55,4 @@ def test_excluded_rows_and_a_removed_item_no_longer_excludes(
     assert _excluded(capsys, second, "--reason", "contamination") == []
     approve(workspace, second, by="reviewer")
     activate(workspace, second, actor="test")
-    assert gate.read_gate(workspace.catalog, "demo").active_snapshot == second
+    assert alias_gate.read_alias_gate(workspace.catalog, "demo").active_snapshot == second

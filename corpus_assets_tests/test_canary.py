@@ -3,8 +3,8 @@
 from pathlib import Path
 
 from corpus_assets.core.pipeline import build_all
-from corpus_assets.core.release.validation import validate_snapshot
-from corpus_assets.core.release.verify import Report
+from corpus_assets.core.publication.validation import validate_snapshot
+from corpus_assets.core.publication.verify import Report
 from corpus_assets.core.runtime.workspace import open_workspace
 
 SOURCES = 3  # the demo's sources, each one chunk first in its source

@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 import zstandard
 
-from corpus_assets.core.governance import benchmarks, gate
+from corpus_assets.core.governance import alias_gate, benchmarks
 from corpus_assets.core.pipeline import BUILDERS, DIRECT_BUILDERS
 from corpus_assets.core.records.canonicalize import Excluded, Stages, canonicalize
 from corpus_assets.core.records.index import CanonicalIndex
@@ -81,7 +81,7 @@ def test_benchmark_item_embedded_in_a_document_is_excluded(demo_home: Path) -> N
         item = benchmarks.BenchmarkItem(
             "quiz/7", ws.cas.put_bytes(question.encode()), dedup_key(question)
         )
-        gate.read_gate(ws.catalog, "demo")
+        alias_gate.read_alias_gate(ws.catalog, "demo")
         benchmarks.add_benchmark_items(ws.catalog, "quiz", [item])
         index, records = _canonical(ws)
         excluded = [r for r in _exclusions(ws, index) if r["reason"] == "contamination.benchmark"]

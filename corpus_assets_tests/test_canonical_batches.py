@@ -8,7 +8,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from corpus_assets.core.governance import benchmarks, gate
+from corpus_assets.core.governance import alias_gate, benchmarks
 from corpus_assets.core.pipeline import BUILDERS
 from corpus_assets.core.records import kept
 from corpus_assets.core.records.normalize import dedup_key
@@ -42,7 +42,7 @@ def _build(home: Path) -> tuple[list[str], list[str]]:
         item = benchmarks.BenchmarkItem(
             "quiz/7", ws.cas.put_bytes(QUESTION.encode()), dedup_key(QUESTION)
         )
-        gate.read_gate(ws.catalog, "demo")
+        alias_gate.read_alias_gate(ws.catalog, "demo")
         benchmarks.add_benchmark_items(ws.catalog, "quiz", [item])
         BUILDERS["raw_snapshot"](ws, "p1")
         result = BUILDERS["canonical_records"](ws, "p1")

@@ -17,9 +17,9 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
-from corpus_assets.core.release import trust_root
-from corpus_assets.core.release.card import Card, load_card
-from corpus_assets.core.release.card_html import SECTIONS, card_html, card_markdown
+from corpus_assets.core.audit.card import Card, load_card
+from corpus_assets.core.audit.card_html import SECTIONS, card_html, card_markdown
+from corpus_assets.core.publication import trust_root
 from corpus_assets.core.runtime.workspace import open_workspace
 from corpus_assets.selftest.attack.signatures import repoint, resign_with_new_key
 from corpus_assets_tests.test_cli import _field, run

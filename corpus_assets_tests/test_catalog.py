@@ -5,7 +5,7 @@ import threading
 import pytest
 from sqlalchemy import select, update
 
-from corpus_assets.core.governance import gate, states
+from corpus_assets.core.governance import alias_gate, states
 from corpus_assets.core.storage.cas import ContentStore
 from corpus_assets.core.storage.catalog import Catalog, chunk_tasks
 from corpus_assets.core.storage.catalog import gate as gate_table
@@ -59,21 +59,21 @@ def test_states_only_move_forward(catalog: Catalog) -> None:
 
 def test_activation_swaps_alias_and_bumps_generation(catalog: Catalog) -> None:
     _approved(catalog)
-    row = gate.activate(catalog, SID, 0, 0, actor="test")
+    row = alias_gate.activate(catalog, SID, 0, 0, actor="test")
     assert (row.generation, row.active_snapshot) == (1, SID)
     assert states.get(catalog, SID).state == states.ACTIVE
-    with pytest.raises(gate.GateError, match="only APPROVED can activate"):
-        gate.activate(catalog, SID, 0, 0, actor="test")
+    with pytest.raises(alias_gate.AliasGateError, match="only APPROVED can activate"):
+        alias_gate.activate(catalog, SID, 0, 0, actor="test")
 
 
 def test_activation_loses_to_an_advanced_fence(catalog: Catalog) -> None:
     _approved(catalog)
-    gate.read_gate(catalog, "train")
+    alias_gate.read_alias_gate(catalog, "train")
     with catalog.begin() as conn:
         conn.execute(update(gate_table).values(tombstone_watermark=5))
-    with pytest.raises(gate.GateError, match="tombstone 5"):
-        gate.activate(catalog, SID, 0, 0, actor="test")
-    row = gate.read_gate(catalog, "train")
+    with pytest.raises(alias_gate.AliasGateError, match="tombstone 5"):
+        alias_gate.activate(catalog, SID, 0, 0, actor="test")
+    row = alias_gate.read_alias_gate(catalog, "train")
     assert (row.generation, row.active_snapshot) == (0, None)
     assert states.get(catalog, SID).state == states.APPROVED
 
@@ -87,8 +87,8 @@ def test_concurrent_activations_have_one_winner(catalog: Catalog) -> None:
     def attempt(sid: str) -> None:
         barrier.wait()
         try:
-            outcomes[sid] = gate.activate(catalog, sid, 0, 0, actor=sid)
-        except gate.GateError as error:
+            outcomes[sid] = alias_gate.activate(catalog, sid, 0, 0, actor=sid)
+        except alias_gate.AliasGateError as error:
             outcomes[sid] = error
 
     threads = [threading.Thread(target=attempt, args=(s,)) for s in (SID, SID2)]
@@ -96,8 +96,8 @@ def test_concurrent_activations_have_one_winner(catalog: Catalog) -> None:
         t.start()
     for t in threads:
         t.join()
-    row = gate.read_gate(catalog, "train")
-    winners = [s for s, o in outcomes.items() if isinstance(o, gate.Gate)]
+    row = alias_gate.read_alias_gate(catalog, "train")
+    winners = [s for s, o in outcomes.items() if isinstance(o, alias_gate.AliasGate)]
     # Both may win in turn (each read a fresh generation), but never both from generation 0.
     assert row.generation == len(winners) >= 1
     assert row.active_snapshot in winners

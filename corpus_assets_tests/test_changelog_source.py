@@ -10,9 +10,9 @@ from corpus_assets.core.ingest.freeze_spec import FreezeSpec
 from corpus_assets.core.ingest.pinning import late_changes
 from corpus_assets.core.ingest.sources import fingerprint
 from corpus_assets.core.pipeline import build_all
+from corpus_assets.core.publication.publish import PublishError, activate, approve
+from corpus_assets.core.publication.validation import validate_snapshot
 from corpus_assets.core.records.index import CanonicalIndex
-from corpus_assets.core.release.publish import PublishError, activate, approve
-from corpus_assets.core.release.validation import validate_snapshot
 from corpus_assets.core.runtime.workspace import Workspace, open_workspace
 
 

@@ -10,17 +10,17 @@ from pathlib import Path
 import pytest
 
 from corpus_assets.core.pipeline import build_all
+from corpus_assets.core.publication import publish
+from corpus_assets.core.publication.evidence import Evidence
+from corpus_assets.core.publication.heldout_check import changed_since_parent
+from corpus_assets.core.publication.rules import canary_chunks
+from corpus_assets.core.publication.validation import validate_snapshot
+from corpus_assets.core.publication.verify import Report, load_manifest, resolve
 from corpus_assets.core.records.index import CanonicalIndex
-from corpus_assets.core.release import publish
-from corpus_assets.core.release.evidence import Evidence
-from corpus_assets.core.release.gates import canary_chunks
-from corpus_assets.core.release.heldout_check import changed_since_parent
-from corpus_assets.core.release.validation import validate_snapshot
-from corpus_assets.core.release.verify import Report, load_manifest, resolve
-from corpus_assets.core.runtime.layers import load_index
+from corpus_assets.core.runtime.layer_index import load_index
 from corpus_assets.core.runtime.workspace import Workspace, open_workspace
 from corpus_assets.core.storage.cas import ContentStore
-from corpus_assets.core.storage.duck import sql_list
+from corpus_assets.core.storage.cas_queries import sql_list
 from corpus_assets.core.training_view.split_heldout import HeldoutScan, searched_records
 from corpus_assets.selftest.corpus import write_zstd_jsonl
 

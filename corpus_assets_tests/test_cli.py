@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from corpus_assets.cli import main
-from corpus_assets.core.governance import gate, states
+from corpus_assets.core.governance import alias_gate, states
 from corpus_assets.core.pipeline import build_all
 from corpus_assets.core.runtime.workspace import open_workspace
 
@@ -248,7 +248,7 @@ def test_a_snapshot_whose_canary_replay_differs_is_neither_approved_nor_activate
     assert code == 1 and "canary replay of" in err, err
     with open_workspace() as ws:
         assert states.get(ws.catalog, sid).state == states.APPROVED
-        assert gate.read_gate(ws.catalog, "demo").active_snapshot is None
+        assert alias_gate.read_alias_gate(ws.catalog, "demo").active_snapshot is None
 
 
 def _cdc_event(lsn: int, key: int, body: str) -> str:

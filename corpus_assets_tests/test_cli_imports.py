@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from corpus_assets.cli_parser import EXPORT_FORMATS
-from corpus_assets.core.release.export_run import FORMATS
+from corpus_assets.core.consumption.export_run import FORMATS
 
 # Runs ``main(argv)`` in a fresh interpreter and prints the modules it ended with.
 PROBE = """\
@@ -66,7 +66,13 @@ def test_status_with_a_dagster_instance_imports_none_of_a_build(tmp_path: Path) 
     (tmp_path / "dagster" / "dagster.yaml").write_text(DAGSTER_YAML)
     loaded = _modules_after(["status"], tmp_path)
     assert "corpus_assets.cli_status" in loaded and "dagster" in loaded
-    build_side = ("corpus_assets.cli_runs", "corpus_assets.core.release", "corpus_assets.assets.")
+    build_side = (
+        "corpus_assets.cli_runs",
+        "corpus_assets.core.publication",
+        "corpus_assets.core.audit",
+        "corpus_assets.core.consumption",
+        "corpus_assets.assets.",
+    )
     # the instance's own classes (dagster.yaml names them), light: no layer, verifier or gate
     instance_side = {
         "corpus_assets.assets.run_workers",

@@ -16,24 +16,24 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from corpus_assets.assets.layers import CODE_VERSIONS, canonical_records, raw_snapshot
+from corpus_assets.assets.layer_assets import CODE_VERSIONS, canonical_records, raw_snapshot
 from corpus_assets.assets.resources import CorpusResource
 from corpus_assets.core.pipeline import build_all
-from corpus_assets.core.records import layer as records_layer
+from corpus_assets.core.records import canonical_records as records_layer
 from corpus_assets.core.runtime.code_identity import CodeIdentityError, code_identity, stage_code
-from corpus_assets.core.runtime.layers import read_layer_index
+from corpus_assets.core.runtime.layer_index import read_layer_index
 from corpus_assets.core.runtime.transform import PACKAGE_ROOT
 from corpus_assets.core.runtime.workspace import open_workspace
 
 CORE = "corpus_assets.core"
 CHANGED_BY_PII = [  # every stage whose code imports records/pii.py
-    f"{CORE}.records.layer",
-    f"{CORE}.release.manifest",
+    f"{CORE}.records.canonical_records",
+    f"{CORE}.publication.manifest",
 ]
 UNCHANGED_BY_PII = [  # ingest never imports records; the rest read canonical records through
     # records.index, which holds the record contract but no row stage
     f"{CORE}.dedup.signature_cache",
-    f"{CORE}.dedup.layer",
+    f"{CORE}.dedup.dedup_clusters",
     f"{CORE}.training_view.packing",
     f"{CORE}.ingest.pinning",
     f"{CORE}.ingest.freeze",
@@ -137,9 +137,10 @@ def test_identical_trees_have_identical_identities_wherever_they_live(tmp_path: 
         identity = code_identity(module, here)
         assert identity.startswith("sha256:") and len(identity) == 71
         assert code_identity(module, there) == identity, module
-    assert code_identity(f"{CORE}.records.layer", here) != code_identity(f"{CORE}.ingest.pinning")
-    name = stage_code("canonical_records.v2", f"{CORE}.records.layer", there)
-    assert name == f"canonical_records.v2@{code_identity(f'{CORE}.records.layer', here)}"
+    records = f"{CORE}.records.canonical_records"
+    assert code_identity(records, here) != code_identity(f"{CORE}.ingest.pinning")
+    name = stage_code("canonical_records.v2", records, there)
+    assert name == f"canonical_records.v2@{code_identity(records, here)}"
     assert records_layer.CODE.startswith("canonical_records.v2@sha256:")  # this tree, at import
 
 

@@ -7,12 +7,12 @@ from pathlib import Path
 import dagster as dg
 
 from corpus_assets.assets.metadata import layer_metadata
-from corpus_assets.core.governance import benchmarks, gate
+from corpus_assets.core.governance import alias_gate, benchmarks
 from corpus_assets.core.pipeline import build_all
+from corpus_assets.core.publication.manifest_schema import schema_errors
+from corpus_assets.core.records.canonical_records import contamination_policy
 from corpus_assets.core.records.contamination import policy_payload
-from corpus_assets.core.records.layer import contamination_policy
 from corpus_assets.core.records.normalize import dedup_key
-from corpus_assets.core.release.manifest_schema import schema_errors
 from corpus_assets.core.runtime.workspace import Workspace, open_workspace
 from corpus_assets.core.storage.artifacts import get_json
 from corpus_assets_tests.test_canonical import _exclusions
@@ -41,7 +41,7 @@ def _leaks(home: Path, version: str | None) -> None:
 
 
 def _register(ws: Workspace) -> None:
-    gate.read_gate(ws.catalog, "demo")
+    alias_gate.read_alias_gate(ws.catalog, "demo")
     for name, items in (
         ("truthfulqa", [("tqa/1", ANSWER), ("tqa/2", "Why?")]),
         ("humaneval", [("he/0", SOLUTION)]),

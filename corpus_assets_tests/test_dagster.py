@@ -9,9 +9,9 @@ from sqlalchemy import select
 from corpus_assets.assets.jobs import approval_run_config
 from corpus_assets.assets.resources import CorpusResource
 from corpus_assets.assets.sensors import publication, source_discovery
-from corpus_assets.core.governance import deletion_index, gate, states
+from corpus_assets.core.governance import alias_gate, deletion_index, states
 from corpus_assets.core.runtime.keys import validate_partition_key
-from corpus_assets.core.runtime.layers import LAYERS
+from corpus_assets.core.runtime.layer_index import LAYERS
 from corpus_assets.core.runtime.workspace import open_workspace
 from corpus_assets.core.storage.catalog import freezes
 from corpus_assets.definitions import defs
@@ -193,7 +193,7 @@ def test_publication_sensor_requests_activation_of_approved_snapshot(demo_home: 
         job = defs.resolve_job_def("activate_snapshot")
         assert job.execute_in_process(run_config=run.run_config, instance=instance).success
         with open_workspace() as ws:
-            row = gate.read_gate(ws.catalog, "demo")
+            row = alias_gate.read_alias_gate(ws.catalog, "demo")
             assert (row.generation, row.active_snapshot) == (1, sid)
             assert states.get(ws.catalog, sid).state == states.ACTIVE
         assert not publication(

@@ -12,12 +12,12 @@ import pytest
 from corpus_assets.assets.checks import LAYER_CHECKS, snapshot_validates
 from corpus_assets.assets.deletion_audit import tombstone_audit
 from corpus_assets.assets.jobs import approval_run_config, approver_identity
-from corpus_assets.assets.layers import LAYER_ASSETS
+from corpus_assets.assets.layer_assets import LAYER_ASSETS
 from corpus_assets.assets.resources import CorpusResource
 from corpus_assets.assets.schedules import tick
 from corpus_assets.assets.sensors import publication, source_discovery
-from corpus_assets.core.governance import gate, states
-from corpus_assets.core.release.layer_checks import ERROR, WARN, layer_findings
+from corpus_assets.core.governance import alias_gate, states
+from corpus_assets.core.publication.layer_checks import ERROR, WARN, layer_findings
 from corpus_assets.core.runtime.workspace import open_workspace
 from corpus_assets.definitions import defs
 
@@ -148,7 +148,9 @@ def test_ui_approval_needs_no_digest_and_the_partition_shows_each_state_move(
         assert (seen["state"], seen["generation"], seen["serving"]) == (states.ACTIVE, 1, True)
         assert "APPROVED | ACTIVE" in str(seen["lifecycle"])
         with open_workspace() as ws:
-            assert gate.read_gate(ws.catalog, "demo").active_snapshot == built.snapshot_id
+            assert (
+                alias_gate.read_alias_gate(ws.catalog, "demo").active_snapshot == built.snapshot_id
+            )
 
 
 def test_approver_identity_is_the_run_first_and_a_typed_name_only_as_a_claim() -> None:

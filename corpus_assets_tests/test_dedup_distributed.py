@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from corpus_assets.core.pipeline import BUILDERS, build_all
-from corpus_assets.core.release.publish import activate, approve
-from corpus_assets.core.runtime.layers import LayerResult, read_layer_index
+from corpus_assets.core.publication.publish import activate, approve
+from corpus_assets.core.runtime.layer_index import LayerResult, read_layer_index
 from corpus_assets.core.runtime.pool import shared_pool
 from corpus_assets.core.runtime.workspace import Workspace, open_workspace
 

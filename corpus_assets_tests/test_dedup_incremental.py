@@ -22,9 +22,9 @@ from corpus_assets.core.dedup.jaccard import jaccard_sorted
 from corpus_assets.core.dedup.near_dedup import LshParams, NearResult, RowMajor, near_dedup
 from corpus_assets.core.dedup.signature_cache import signature_spec
 from corpus_assets.core.pipeline import BUILDERS, DIRECT_BUILDERS, build_all
+from corpus_assets.core.publication.publish import activate, approve
 from corpus_assets.core.records.index import CanonicalIndex
-from corpus_assets.core.release.publish import activate, approve
-from corpus_assets.core.runtime.layers import LayerResult, read_layer_index
+from corpus_assets.core.runtime.layer_index import LayerResult, read_layer_index
 from corpus_assets.core.runtime.workspace import Workspace, open_workspace
 from corpus_assets.core.storage.artifacts import get_table
 

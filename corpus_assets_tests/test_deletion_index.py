@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from sqlalchemy import update
 
 from corpus_assets.core.governance import deletion_build, deletion_index, states
-from corpus_assets.core.governance.lineage import hits, scan_hits
+from corpus_assets.core.governance.deletion_reach import hits, scan_hits
 from corpus_assets.core.pipeline import build_all
 from corpus_assets.core.runtime.workspace import Workspace, open_workspace
 from corpus_assets.core.storage.artifacts import get_table

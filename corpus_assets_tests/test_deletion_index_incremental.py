@@ -15,12 +15,12 @@ import pytest
 from sqlalchemy import delete, select
 
 from corpus_assets.core.governance import deletion_build, deletion_index, states
-from corpus_assets.core.governance.lineage import hits, scan_hits
+from corpus_assets.core.governance.deletion_reach import hits, scan_hits
 from corpus_assets.core.pipeline import build_all
+from corpus_assets.core.publication import gc, manifest, narrowed
+from corpus_assets.core.publication.publish import activate, approve
 from corpus_assets.core.records.index import CanonicalIndex
-from corpus_assets.core.release import gc, manifest, narrowed
-from corpus_assets.core.release.publish import activate, approve
-from corpus_assets.core.runtime.layers import LAYERS, load_index, read_layer_index
+from corpus_assets.core.runtime.layer_index import LAYERS, load_index, read_layer_index
 from corpus_assets.core.runtime.workspace import Workspace, open_workspace
 from corpus_assets.core.storage.artifacts import get_json, get_table
 from corpus_assets.core.storage.cas import CorruptObjectError

@@ -16,8 +16,8 @@ import pytest
 import yaml
 from dagster import DagsterInstance
 
-from corpus_assets.core.release.signing import KEY_ENV
-from corpus_assets.core.release.trust_root import TRUST_ENV, TrustRootError, trust_file
+from corpus_assets.core.publication.signing import KEY_ENV
+from corpus_assets.core.publication.trust_root import TRUST_ENV, TrustRootError, trust_file
 from corpus_assets.core.runtime.config import Storage
 from corpus_assets.core.runtime.execution import Execution
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from corpus_assets.core.release.export_croissant import croissant_type, sha256_hex
+from corpus_assets.core.consumption.export_croissant import croissant_type, sha256_hex
 from corpus_assets_tests.test_cli import _field, run
 
 # mlcroissant runs in its own process: importing it (absl logging) breaks pytest's capture of

@@ -11,22 +11,22 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from corpus_assets.core.release.block_reader import (
+from corpus_assets.core.consumption.export_mds import (
+    MDS_INDEX,
+    export_mds,
+    load_mds_export,
+    materialize_mds,
+)
+from corpus_assets.core.consumption.exports import ExportError, export_megatron, record_megatron
+from corpus_assets.core.consumption.hf_loader import _hf_dataset_of_pack
+from corpus_assets.core.consumption.loader_plan import LoaderPlan
+from corpus_assets.core.publication.block_reader import (
     BlockReader,
     BlockStream,
     ReaderState,
     ReaderStateError,
     epoch_order,
 )
-from corpus_assets.core.release.export_mds import (
-    MDS_INDEX,
-    export_mds,
-    load_mds_export,
-    materialize_mds,
-)
-from corpus_assets.core.release.exports import ExportError, export_megatron, record_megatron
-from corpus_assets.core.release.hf_loader import _hf_dataset_of_pack
-from corpus_assets.core.release.loader_plan import LoaderPlan
 from corpus_assets.core.storage.artifacts import get_json
 from corpus_assets.core.storage.cas import ContentStore, CorruptObjectError
 from corpus_assets.core.storage.shards import ShardCorruptError
@@ -246,7 +246,7 @@ def test_plan_reads_verified_blocks_and_refuses_a_foreign_state_before_reading(
 
 def test_readers_do_not_import_torch_or_datasets_until_used() -> None:
     modules = ["export_mds", "hf_loader", "loader_plan", "torch_dataset"]
-    code = "; ".join(f"import corpus_assets.core.release.{m}" for m in modules)
+    code = "; ".join(f"import corpus_assets.core.consumption.{m}" for m in modules)
     code += "; import sys; print(sorted({'torch', 'datasets'} & set(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
@@ -261,7 +261,7 @@ def test_torch_dataloader_with_workers_serves_the_plan_and_resumes(tmp_path: Pat
     import torch  # where the wheel is, `make` installed it: a missing torch is a failure
     from torch.utils.data import DataLoader
 
-    from corpus_assets.core.release.torch_dataset import _torch_dataset_of_pack
+    from corpus_assets.core.consumption.torch_dataset import _torch_dataset_of_pack
 
     cas = ContentStore(tmp_path)
     blocks = make_blocks(BLOCKS)

@@ -11,11 +11,11 @@ from sqlalchemy import update
 
 from corpus_assets.core.governance import states
 from corpus_assets.core.pipeline import build_all
-from corpus_assets.core.release.identity import snapshot_id
-from corpus_assets.core.release.manifest import BuildConflict
-from corpus_assets.core.release.signing import sign_snapshot
-from corpus_assets.core.release.validation import validate_snapshot
-from corpus_assets.core.release.verify import verify
+from corpus_assets.core.publication.identity import snapshot_id
+from corpus_assets.core.publication.manifest import BuildConflict
+from corpus_assets.core.publication.signing import sign_snapshot
+from corpus_assets.core.publication.validation import validate_snapshot
+from corpus_assets.core.publication.verify import verify
 from corpus_assets.core.runtime import transform
 from corpus_assets.core.runtime.transform import PACKAGE_ROOT, image_digest, transform_image
 from corpus_assets.core.runtime.workspace import Workspace, open_workspace

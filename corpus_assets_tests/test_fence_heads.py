@@ -18,11 +18,11 @@ import pyarrow.parquet as pq
 import pytest
 from sqlalchemy import func, select, text
 
-from corpus_assets.core.governance import benchmarks, gate, states, tombstones
+from corpus_assets.core.governance import alias_gate, benchmarks, states, tombstones
 from corpus_assets.core.pipeline import build_all
+from corpus_assets.core.publication.publish import activate, approve
+from corpus_assets.core.publication.validation import validate_snapshot
 from corpus_assets.core.records.normalize import dedup_key
-from corpus_assets.core.release.publish import activate, approve
-from corpus_assets.core.release.validation import validate_snapshot
 from corpus_assets.core.runtime.workspace import Workspace
 from corpus_assets.core.storage.catalog import Catalog, benchmark_items
 from corpus_assets.core.storage.catalog import gate as gate_rows
@@ -66,7 +66,7 @@ def test_benchmark_registered_before_the_first_build_binds_it(workspace: Workspa
     _sid, manifest, members = _built(workspace, "p1")
     assert manifest["benchmarkFence"] == str(seq)
     assert BENCHMARKED not in members
-    assert gate.read_gate(workspace.catalog, "demo").benchmark_fence == seq
+    assert alias_gate.read_alias_gate(workspace.catalog, "demo").benchmark_fence == seq
 
 
 def test_tombstone_added_before_the_first_build_excludes_the_record(workspace: Workspace) -> None:
@@ -74,7 +74,7 @@ def test_tombstone_added_before_the_first_build_excludes_the_record(workspace: W
     _sid, manifest, members = _built(workspace, "p1")
     assert manifest["tombstoneWatermark"] == str(seq)
     assert REVOKED not in members
-    assert gate.read_gate(workspace.catalog, "demo").tombstone_watermark == seq
+    assert alias_gate.read_alias_gate(workspace.catalog, "demo").tombstone_watermark == seq
 
 
 def test_registrations_after_a_build_fence_the_next_one(workspace: Workspace) -> None:
@@ -85,9 +85,11 @@ def test_registrations_after_a_build_fence_the_next_one(workspace: Workspace) ->
 
     fence = _register_benchmark(workspace)
     watermark = tombstones.add_tombstone(workspace.catalog, "record", REVOKED, "erase")
-    row = gate.read_gate(workspace.catalog, "demo")
+    row = alias_gate.read_alias_gate(workspace.catalog, "demo")
     assert (row.benchmark_fence, row.tombstone_watermark) == (fence, watermark)
-    with pytest.raises(gate.GateError, match=f"gate is at tombstone {watermark}, benchmark fence"):
+    with pytest.raises(
+        alias_gate.AliasGateError, match=f"gate is at tombstone {watermark}, benchmark fence"
+    ):
         activate(workspace, first, actor="test")
 
     _second, manifest, members = _built(workspace, "p2")
@@ -129,7 +131,7 @@ def _register(catalog: Catalog, registry: str, n: int) -> int:
     return benchmarks.add_benchmark_items(catalog, "race", [item])
 
 
-def _fence(row: gate.Gate, registry: str) -> int:
+def _fence(row: alias_gate.AliasGate, registry: str) -> int:
     return row.tombstone_watermark if registry == "tombstone" else row.benchmark_fence
 
 
@@ -170,13 +172,14 @@ def test_rows_created_among_registrations_end_at_the_head(catalog_url: str, regi
 
     def create() -> None:
         for n in range(40):
-            gate.read_gate(catalog, f"alias-{n}")
+            alias_gate.read_alias_gate(catalog, f"alias-{n}")
 
     errors = _threads(register, create)
     assert not errors, errors
     head = _head(catalog, registry)
     fences = {
-        f"alias-{n}": _fence(gate.read_gate(catalog, f"alias-{n}"), registry) for n in range(40)
+        f"alias-{n}": _fence(alias_gate.read_alias_gate(catalog, f"alias-{n}"), registry)
+        for n in range(40)
     }
     behind = {alias: fence for alias, fence in fences.items() if fence != head}
     assert head == 40 and not behind, f"aliases left behind head {head}: {behind}"
@@ -191,7 +194,7 @@ def test_a_row_created_while_a_registration_waits_is_behind_it(
     its row) must not miss an alias created meanwhile: the new row waits for it and starts at
     its sequence number. (On SQLite writers are serial, so this interleaving cannot happen.)"""
     catalog = Catalog(postgres_url)
-    gate.read_gate(catalog, "busy")
+    alias_gate.read_alias_gate(catalog, "busy")
     done: dict[str, object] = {}
     with catalog.engine.connect() as holder, holder.begin():
         holder.execute(select(gate_rows).where(gate_rows.c.alias == "busy").with_for_update())
@@ -200,7 +203,9 @@ def test_a_row_created_while_a_registration_waits_is_behind_it(
         )
         registering.start()
         _wait_for_lock_waiters(catalog, 1)
-        creating = threading.Thread(target=lambda: done.update(row=gate.read_gate(catalog, "new")))
+        creating = threading.Thread(
+            target=lambda: done.update(row=alias_gate.read_alias_gate(catalog, "new"))
+        )
         creating.start()
         creating.join(2)
         assert creating.is_alive(), "the new row did not wait for the registration"
@@ -208,7 +213,7 @@ def test_a_row_created_while_a_registration_waits_is_behind_it(
     creating.join(30)
     assert done["seq"] == 1
     assert _fence(done["row"], registry) == 1  # type: ignore[arg-type]
-    assert _fence(gate.read_gate(catalog, "busy"), registry) == 1
+    assert _fence(alias_gate.read_alias_gate(catalog, "busy"), registry) == 1
     catalog.dispose()
 
 

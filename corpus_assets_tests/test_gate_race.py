@@ -25,11 +25,11 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, event, select
 
-from corpus_assets.core.governance import benchmarks, gate, states, tombstones
+from corpus_assets.core.governance import alias_gate, benchmarks, states, tombstones
 from corpus_assets.core.pipeline import build_all
+from corpus_assets.core.publication import publish
+from corpus_assets.core.publication.verify import Report
 from corpus_assets.core.records.normalize import dedup_key
-from corpus_assets.core.release import publish
-from corpus_assets.core.release.verify import Report
 from corpus_assets.core.runtime.workspace import Workspace
 from corpus_assets.core.storage.catalog import Catalog, alias_history
 
@@ -45,8 +45,8 @@ class Race:
 
     delay: float  # > 0 holds the fence back, < 0 the activation
     barrier: threading.Barrier = field(default_factory=lambda: threading.Barrier(2))
-    activated: gate.Gate | None = None
-    refused: str | None = None  # the GateError activation raised
+    activated: alias_gate.AliasGate | None = None
+    refused: str | None = None  # the AliasGateError activation raised
     fence_seq: int | None = None
     errors: list[BaseException] = field(default_factory=list)
 
@@ -113,7 +113,7 @@ def _fence(kind: str, ws: Workspace, catalog: Catalog, n: int) -> Callable[[], i
 def _activate(ws: Workspace, sid: str, race: Race) -> None:
     try:
         race.activated = publish.activate(ws, sid, actor="race")
-    except gate.GateError as error:
+    except alias_gate.AliasGateError as error:
         race.refused = str(error)
     except BaseException as error:  # reported by the trial, not lost in the thread
         race.errors.append(error)
@@ -142,14 +142,14 @@ def _run(ws: Workspace, sid: str, fence: Callable[[], int], start: StartLine, ra
 
 
 def _outcome(
-    ws: Workspace, kind: str, sid: str, before: gate.Gate, race: Race, swaps: list[str]
+    ws: Workspace, kind: str, sid: str, before: alias_gate.AliasGate, race: Race, swaps: list[str]
 ) -> str:
     """Which order committed, after checking the catalog shows exactly that order's state."""
     assert not race.errors, race.errors
     assert (race.activated is None) != (race.refused is None), race
     # one order, never an activation after the fence: refused -> the fence alone swapped
     assert swaps == (["fence"] if race.refused else ["activation", "fence"]), (swaps, race)
-    after = gate.read_gate(ws.catalog, before.alias)
+    after = alias_gate.read_alias_gate(ws.catalog, before.alias)
     moved, kept = ("tombstone_watermark", "benchmark_fence")[:: 1 if kind == "tombstone" else -1]
     # the fence lands whichever order it came in, and fences the alias
     assert race.fence_seq is not None and race.fence_seq > getattr(before, moved)
@@ -192,7 +192,7 @@ def _race_trials(ws: Workspace, kind: str, trials: int, monkeypatch: pytest.Monk
     begun = time.perf_counter()
     for n in range(1, trials + 1):
         sid = _fresh_candidate(ws, n)
-        before = gate.read_gate(ws.catalog, ws.config.alias)
+        before = alias_gate.read_alias_gate(ws.catalog, ws.config.alias)
         race = Race(delay=offset + rng.uniform(-0.0005, 0.0005))
         _run(ws, sid, _fence(kind, ws, fence_catalog, n), start, race)
         outcome = _outcome(ws, kind, sid, before, race, log.take())

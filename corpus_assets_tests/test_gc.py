@@ -14,7 +14,7 @@ import pytest
 from sqlalchemy import insert
 
 from corpus_assets.core.governance import deletion_index, states
-from corpus_assets.core.release.gc import retained_snapshots
+from corpus_assets.core.publication.gc import retained_snapshots
 from corpus_assets.core.storage.cas import ContentStore
 from corpus_assets.core.storage.cas_lock import lock_path
 from corpus_assets.core.storage.catalog import Catalog, alias_history, gate, permits, snapshots

@@ -12,7 +12,7 @@ import pytest
 from sqlalchemy import insert
 
 from corpus_assets.core.governance import states
-from corpus_assets.core.release.gc import GcError, Plan, expire
+from corpus_assets.core.publication.gc import GcError, Plan, expire
 from corpus_assets.core.storage.cas import ContentStore
 from corpus_assets.core.storage.catalog import Catalog, gate, snapshots
 from corpus_assets.selftest.lab import Home, Lab

@@ -21,7 +21,7 @@ import boto3
 import psycopg2
 import pytest
 
-from corpus_assets.core.release.gc import Plan, plan
+from corpus_assets.core.publication.gc import Plan, plan
 from corpus_assets.core.storage.cas import ContentStore
 from corpus_assets.core.storage.cas_lock import cas_lock
 from corpus_assets.core.storage.cas_s3 import GC_LOG, S3ContentStore
@@ -38,7 +38,7 @@ pytestmark = pytest.mark.postgres
 HOLDER = """
 import sys
 from pathlib import Path
-from corpus_assets.core.release.gc import Plan, plan
+from corpus_assets.core.publication.gc import Plan, plan
 from corpus_assets.core.storage.cas_lock import cas_lock
 from corpus_assets.core.storage.catalog import Catalog
 from corpus_assets.core.storage.cas import ContentStore

@@ -11,7 +11,7 @@ import dagster as dg
 import pytest
 
 from corpus_assets.core.governance import benchmarks, tombstones
-from corpus_assets.core.governance.lineage import revoked_targets
+from corpus_assets.core.governance.deletion_reach import revoked_targets
 from corpus_assets.core.runtime.workspace import open_workspace
 from corpus_assets.definitions import defs
 

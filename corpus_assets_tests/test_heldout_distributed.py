@@ -15,8 +15,8 @@ import pytest
 
 from corpus_assets.core.governance import states
 from corpus_assets.core.pipeline import build_all
-from corpus_assets.core.release.publish import activate, approve
-from corpus_assets.core.runtime.layers import LayerResult, load_index, read_layer_index
+from corpus_assets.core.publication.publish import activate, approve
+from corpus_assets.core.runtime.layer_index import LayerResult, load_index, read_layer_index
 from corpus_assets.core.runtime.workspace import open_workspace
 from corpus_assets.core.storage.artifacts import get_json
 from corpus_assets.core.training_view.heldout_tasks import GROUP_ENV, chunk_groups

@@ -18,13 +18,13 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
+from corpus_assets.core.publication import rules
+from corpus_assets.core.publication.evidence import Evidence
+from corpus_assets.core.publication.heldout_check import heldout_near_apart
+from corpus_assets.core.publication.verify import load_manifest, resolve
 from corpus_assets.core.records.index import CanonicalIndex
-from corpus_assets.core.release import gates
-from corpus_assets.core.release.evidence import Evidence
-from corpus_assets.core.release.heldout_check import heldout_near_apart
-from corpus_assets.core.release.verify import load_manifest, resolve
 from corpus_assets.core.runtime.config import NearDedupPolicy, SplitPolicy
-from corpus_assets.core.runtime.layers import read_layer_index
+from corpus_assets.core.runtime.layer_index import read_layer_index
 from corpus_assets.core.runtime.workspace import open_workspace
 from corpus_assets.core.storage.artifacts import get_table
 from corpus_assets.core.storage.cas import CasError
@@ -117,10 +117,10 @@ def test_the_gate_refuses_a_near_pair_across_splits(
         gate = heldout_near_apart(ws)
         manifest = load_manifest(ws.cas, resolve(ws.catalog, sid))
         with Evidence.load(ws.cas, ws.catalog, manifest) as ev:
-            clean = gates.GateReport()
+            clean = rules.RuleReport()
             assert gate(ev, clean) == [] and clean.heldout_near_pairs == 0
             _leak(ev, manifest)
-            leaky = gates.GateReport()
+            leaky = rules.RuleReport()
             found = gate(ev, leaky)
     assert leaky.heldout_near_pairs == 1
     assert len(found) == 1 and IDS[0] in found[0] and IDS[1] in found[0], found
@@ -175,7 +175,7 @@ def test_the_gate_takes_only_the_splits_layers_checked_jaccards(
             with Evidence.load(ws.cas, ws.catalog, manifest) as ev:
                 _leak(ev, manifest)
                 with pytest.raises(CasError):
-                    gate(ev, gates.GateReport())
+                    gate(ev, rules.RuleReport())
         finally:
             path.write_bytes(stored)
 

@@ -17,12 +17,12 @@ import pytest
 
 from corpus_assets.core.governance import states
 from corpus_assets.core.pipeline import build_all
+from corpus_assets.core.publication.publish import activate, approve
 from corpus_assets.core.records.index import CanonicalIndex
-from corpus_assets.core.release.publish import activate, approve
-from corpus_assets.core.runtime.layers import LayerIndex, load_index, read_layer_index
+from corpus_assets.core.runtime.layer_index import LayerIndex, load_index, read_layer_index
 from corpus_assets.core.runtime.workspace import Workspace, open_workspace
 from corpus_assets.core.storage.artifacts import get_json
-from corpus_assets.core.storage.duck import cas_parquet
+from corpus_assets.core.storage.cas_queries import cas_parquet
 from corpus_assets.core.training_view.heldout_state import PriorSearch, prior_search
 from corpus_assets.core.training_view.split_heldout import (
     FULL,

@@ -18,7 +18,7 @@ from sqlalchemy import select
 from corpus_assets.core.ingest.pinning import PinError
 from corpus_assets.core.ingest.sources import fingerprint
 from corpus_assets.core.pipeline import BUILDERS, build_all
-from corpus_assets.core.release.validation import validate_snapshot
+from corpus_assets.core.publication.validation import validate_snapshot
 from corpus_assets.core.runtime.workspace import Workspace, open_workspace
 from corpus_assets.core.storage.catalog import chunk_tasks
 from corpus_assets.selftest.http_server import LoopbackServer

@@ -15,8 +15,8 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 
-from corpus_assets.core.release.verify import load_manifest, resolve
-from corpus_assets.core.runtime.layers import load_index
+from corpus_assets.core.publication.verify import load_manifest, resolve
+from corpus_assets.core.runtime.layer_index import load_index
 from corpus_assets.selftest.corpus import write_zstd_jsonl
 from corpus_assets.selftest.evidence import workspace
 from corpus_assets.selftest.lab import Home, Lab

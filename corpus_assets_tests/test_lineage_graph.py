@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from prov.serializers.provjson import ProvJSONSerializer
 
-from corpus_assets.core.release.verify import load_manifest, resolve
-from corpus_assets.core.runtime.layers import LAYERS, load_index
+from corpus_assets.core.publication.verify import load_manifest, resolve
+from corpus_assets.core.runtime.layer_index import LAYERS, load_index
 from corpus_assets.core.runtime.workspace import open_workspace
 from corpus_assets_tests.prov_json_schema import schema_errors
 from corpus_assets_tests.test_cli import _field, run

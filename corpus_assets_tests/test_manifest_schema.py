@@ -10,8 +10,8 @@ import pytest
 from jsonschema import Draft202012Validator
 
 from corpus_assets.core.pipeline import build_all
-from corpus_assets.core.release.manifest_schema import schema, schema_errors
-from corpus_assets.core.runtime.layers import LAYERS
+from corpus_assets.core.publication.manifest_schema import schema, schema_errors
+from corpus_assets.core.runtime.layer_index import LAYERS
 from corpus_assets.core.runtime.workspace import Workspace
 
 

@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from corpus_assets.core.records.index import CanonicalIndex
-from corpus_assets.core.runtime.layers import LAYERS, read_layer_index
+from corpus_assets.core.runtime.layer_index import LAYERS, read_layer_index
 from corpus_assets.core.runtime.workspace import Workspace, open_workspace
 from corpus_assets.core.storage.artifacts import get_json, get_parquet
 from corpus_assets.definitions import defs

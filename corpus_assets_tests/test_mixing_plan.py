@@ -14,7 +14,7 @@ from pydantic import ValidationError
 
 from corpus_assets.core.pipeline import build_all
 from corpus_assets.core.runtime.config import MixingPolicy
-from corpus_assets.core.runtime.layers import read_layer_index
+from corpus_assets.core.runtime.layer_index import read_layer_index
 from corpus_assets.core.runtime.workspace import Workspace, open_workspace
 from corpus_assets.core.storage.artifacts import get_table
 from corpus_assets.core.training_view.mixing_plan import (

@@ -24,7 +24,7 @@ import pytest
 import yaml
 
 from corpus_assets.assets.jobs import approval_run_config
-from corpus_assets.core.governance import gate, states
+from corpus_assets.core.governance import alias_gate, states
 from corpus_assets.core.storage.catalog import Catalog
 from corpus_assets.demo import write_demo
 from corpus_assets_tests.conftest import PG_URL
@@ -281,7 +281,7 @@ def test_sensors_build_and_publish_natively(services: Services, tmp_path: Path) 
     assert {t["key"]: t["value"] for t in run["tags"]}["dagster/sensor_name"] == "publication"
     catalog = Catalog(services.env["CORPUS_CATALOG_URL"])
     try:
-        row = gate.read_gate(catalog, "demo")
+        row = alias_gate.read_alias_gate(catalog, "demo")
     finally:
         catalog.dispose()
     assert (row.active_snapshot, row.generation) == (sid, 1)

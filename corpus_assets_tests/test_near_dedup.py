@@ -25,13 +25,13 @@ from corpus_assets.core.dedup.near_stage import NearStage
 from corpus_assets.core.dedup.report import NearReport
 from corpus_assets.core.dedup.signature_cache import signature_spec
 from corpus_assets.core.dedup.signature_spec import stores_modes
-from corpus_assets.core.governance.lineage import hits
+from corpus_assets.core.governance.deletion_reach import hits
 from corpus_assets.core.pipeline import BUILDERS, DIRECT_BUILDERS, build_all
+from corpus_assets.core.publication.leakage_check import dedup_invariants
 from corpus_assets.core.records.index import RECORD_COLUMNS, CanonicalIndex
 from corpus_assets.core.records.normalize import dedup_key
-from corpus_assets.core.release.leakage_check import dedup_invariants
 from corpus_assets.core.runtime.config import NearDedupPolicy
-from corpus_assets.core.runtime.layers import LayerResult
+from corpus_assets.core.runtime.layer_index import LayerResult
 from corpus_assets.core.runtime.workspace import Workspace, open_workspace
 from corpus_assets.core.storage.artifacts import get_table
 from corpus_assets.core.storage.cas import CasError

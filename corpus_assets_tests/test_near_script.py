@@ -19,7 +19,7 @@ from corpus_assets.core.dedup.report import NearReport
 from corpus_assets.core.dedup.segment import segment_words
 from corpus_assets.core.dedup.shingling import normalise
 from corpus_assets.core.runtime.config import NearDedupPolicy
-from corpus_assets.core.runtime.layers import LayerResult
+from corpus_assets.core.runtime.layer_index import LayerResult
 from corpus_assets_tests.test_near_dedup import _cluster, _shingle_jaccard
 
 EN = (

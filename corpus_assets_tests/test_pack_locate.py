@@ -14,7 +14,7 @@ import yaml
 
 from corpus_assets.core.pipeline import DIRECT_BUILDERS, build_all
 from corpus_assets.core.records.index import CanonicalIndex
-from corpus_assets.core.runtime.layers import LayerIndex, read_layer_index
+from corpus_assets.core.runtime.layer_index import LayerIndex, read_layer_index
 from corpus_assets.core.runtime.workspace import Workspace, open_workspace
 from corpus_assets.core.storage.artifacts import get_table
 from corpus_assets.core.tokens.cache import TokenCache, open_tokens, token_cache

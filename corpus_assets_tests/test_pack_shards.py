@@ -7,7 +7,7 @@ import pyarrow as pa
 
 from corpus_assets.core.pipeline import build_all
 from corpus_assets.core.records.index import CanonicalIndex
-from corpus_assets.core.runtime.layers import read_layer_index
+from corpus_assets.core.runtime.layer_index import read_layer_index
 from corpus_assets.core.runtime.workspace import open_workspace
 from corpus_assets.core.storage.artifacts import get_table
 from corpus_assets.core.storage.shards import ShardWriter

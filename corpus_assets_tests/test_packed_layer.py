@@ -13,11 +13,11 @@ import yaml
 
 from corpus_assets.core.governance import states
 from corpus_assets.core.pipeline import build_all
+from corpus_assets.core.publication.block_reader import BlockReader, cu_seqlens
+from corpus_assets.core.publication.packing_check import packing_findings, pair_findings
+from corpus_assets.core.publication.validation import validate_snapshot
 from corpus_assets.core.records.index import CanonicalIndex
-from corpus_assets.core.release.block_reader import BlockReader, cu_seqlens
-from corpus_assets.core.release.packing_check import packing_findings, pair_findings
-from corpus_assets.core.release.validation import validate_snapshot
-from corpus_assets.core.runtime.layers import read_layer_index
+from corpus_assets.core.runtime.layer_index import read_layer_index
 from corpus_assets.core.runtime.workspace import Workspace, open_workspace
 from corpus_assets.core.storage.artifacts import get_json, get_table, put_table
 from corpus_assets.core.storage.cas import ContentStore

@@ -21,10 +21,10 @@ from corpus_assets.assets.metadata import layer_metadata
 from corpus_assets.core.governance import states
 from corpus_assets.core.governance.tombstones import add_tombstone
 from corpus_assets.core.pipeline import DIRECT_BUILDERS, build_all
-from corpus_assets.core.release.block_reader import BlockReader
-from corpus_assets.core.release.publish import activate, approve
-from corpus_assets.core.release.validation import validate_snapshot
-from corpus_assets.core.runtime.layers import LayerIndex, read_layer_index
+from corpus_assets.core.publication.block_reader import BlockReader
+from corpus_assets.core.publication.publish import activate, approve
+from corpus_assets.core.publication.validation import validate_snapshot
+from corpus_assets.core.runtime.layer_index import LayerIndex, read_layer_index
 from corpus_assets.core.runtime.workspace import Workspace, open_workspace
 from corpus_assets.core.storage.artifacts import get_json, get_table
 from corpus_assets.core.storage.shards import load_index

@@ -14,9 +14,9 @@ import pytest
 
 from corpus_assets.core.governance import states
 from corpus_assets.core.pipeline import BUILDERS, DIRECT_BUILDERS
+from corpus_assets.core.publication.validation import validate_snapshot
 from corpus_assets.core.records.index import CanonicalIndex
-from corpus_assets.core.release.validation import validate_snapshot
-from corpus_assets.core.runtime.layers import LAYERS, read_layer_index
+from corpus_assets.core.runtime.layer_index import LAYERS, read_layer_index
 from corpus_assets.core.runtime.workspace import Workspace, open_workspace
 from corpus_assets.core.storage.artifacts import get_json
 from corpus_assets.core.storage.cas import ContentStore

@@ -16,7 +16,7 @@ import pytest
 
 from corpus_assets.cli_instance import dagster_instance
 from corpus_assets.core.runtime.keys import PartitionKeyError, launch_refusal
-from corpus_assets.core.runtime.layers import LAYERS
+from corpus_assets.core.runtime.layer_index import LAYERS
 from corpus_assets.definitions import defs
 from corpus_assets.demo import write_demo
 from corpus_assets_tests.ui_servers import (

@@ -318,5 +318,5 @@ def test_the_python_stdlib_keeps_its_code() -> None:
 def test_the_secret_rules_are_in_the_canonical_code_identity() -> None:
     """Redaction changes record bytes: the rules' module is in the canonical stage's import
     closure, so editing it re-runs canonical chunks (``runtime/code_identity``)."""
-    closure = _closure("corpus_assets.core.records.layer", PACKAGE_ROOT)
+    closure = _closure("corpus_assets.core.records.canonical_records", PACKAGE_ROOT)
     assert "corpus_assets/core/records/pii_secrets.py" in closure

@@ -20,7 +20,7 @@ import pytest
 import yaml
 from dagster import DagsterInstance, DagsterRunStatus
 
-from corpus_assets.core.governance import gate
+from corpus_assets.core.governance import alias_gate
 from corpus_assets.core.storage.catalog import Catalog
 from corpus_assets.demo import write_demo
 from corpus_assets_tests.conftest import PG_URL
@@ -167,7 +167,7 @@ def test_cli_lifecycle_with_instance_and_catalog_on_postgres(
     ]
     catalog = Catalog(catalog_url)
     try:
-        row = gate.read_gate(catalog, "demo")
+        row = alias_gate.read_alias_gate(catalog, "demo")
     finally:
         catalog.dispose()
     assert (row.active_snapshot, row.generation) == (sid, 1)

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
+from corpus_assets.core.audit.prov import prov_document
 from corpus_assets.core.pipeline import build_all
-from corpus_assets.core.release.prov import prov_document
 from corpus_assets.core.runtime.workspace import open_workspace
 from corpus_assets.core.storage.digests import DIGEST_RE, canonical_json, json_digest
 from corpus_assets_tests.prov_json_schema import schema_errors

@@ -7,14 +7,14 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from corpus_assets.core.governance import benchmarks, gate, states, tombstones
-from corpus_assets.core.governance.lineage import tombstone_hits
+from corpus_assets.core.governance import alias_gate, benchmarks, states, tombstones
+from corpus_assets.core.governance.deletion_reach import tombstone_hits
 from corpus_assets.core.pipeline import build_all
+from corpus_assets.core.publication.block_reader import BlockReader
+from corpus_assets.core.publication.publish import activate, approve, rollback
+from corpus_assets.core.publication.validation import validate_snapshot
 from corpus_assets.core.records.index import CanonicalIndex
-from corpus_assets.core.release.block_reader import BlockReader
-from corpus_assets.core.release.publish import activate, approve, rollback
-from corpus_assets.core.release.validation import validate_snapshot
-from corpus_assets.core.runtime.layers import load_index
+from corpus_assets.core.runtime.layer_index import load_index
 from corpus_assets.core.runtime.workspace import Workspace
 from corpus_assets.core.tokens.spec import UTF8_IDS
 
@@ -40,21 +40,23 @@ def test_rollback_bumps_generation_and_never_crosses_a_tombstone(workspace: Work
     second = _publish(workspace, "p2")
     row = rollback(workspace.cas, workspace.catalog, first, actor="test")
     assert (row.active_snapshot, row.generation) == (first, 3)
-    with pytest.raises(gate.GateError, match="already points"):
+    with pytest.raises(alias_gate.AliasGateError, match="already points"):
         rollback(workspace.cas, workspace.catalog, first, actor="test")
 
     seq = tombstones.add_tombstone(workspace.catalog, "record", "essays/e0001", "deletion request")
-    fenced = gate.read_gate(workspace.catalog, "demo")
+    fenced = alias_gate.read_alias_gate(workspace.catalog, "demo")
     assert (fenced.tombstone_watermark, fenced.generation) == (seq, 3)
-    with pytest.raises(gate.GateError, match=f"tombstone watermark 0, the gate is at {seq}"):
+    with pytest.raises(
+        alias_gate.AliasGateError, match=f"tombstone watermark 0, the gate is at {seq}"
+    ):
         rollback(workspace.cas, workspace.catalog, second, actor="test")
-    assert gate.read_gate(workspace.catalog, "demo").active_snapshot == first
+    assert alias_gate.read_alias_gate(workspace.catalog, "demo").active_snapshot == first
 
     # the next build excludes the revoked record, validates and activates past the fence
     third = _publish(workspace, "p3")
     assert "essays/e0001" in _members(workspace, second)
     assert "essays/e0001" not in _members(workspace, third)
-    assert gate.read_gate(workspace.catalog, "demo").generation == 4
+    assert alias_gate.read_alias_gate(workspace.catalog, "demo").generation == 4
 
     lineage = tombstone_hits(workspace.cas, workspace.catalog, seq)
     assert [s["snapshotId"] for s in lineage["snapshots"]] == [first, second]
@@ -87,7 +89,7 @@ def test_a_candidate_built_before_a_fence_cannot_activate(workspace: Workspace) 
     approve(workspace, sid, by="reviewer")
     item = benchmarks.BenchmarkItem("bench-x/1", "sha256:" + "8" * 64, "sha256:" + "9" * 64)
     benchmarks.add_benchmark_items(workspace.catalog, "bench-x", [item])
-    with pytest.raises(gate.GateError, match="benchmark fence 1"):
+    with pytest.raises(alias_gate.AliasGateError, match="benchmark fence 1"):
         activate(workspace, sid, actor="test")
     assert states.get(workspace.catalog, sid).state == states.APPROVED
-    assert gate.read_gate(workspace.catalog, "demo").active_snapshot is None
+    assert alias_gate.read_alias_gate(workspace.catalog, "demo").active_snapshot is None

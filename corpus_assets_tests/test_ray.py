@@ -26,7 +26,7 @@ from sqlalchemy import select
 
 from corpus_assets.core.pipeline import build_all
 from corpus_assets.core.runtime.config import ConfigError, parse_config
-from corpus_assets.core.runtime.layers import LayerResult
+from corpus_assets.core.runtime.layer_index import LayerResult
 from corpus_assets.core.runtime.runners import RayRunner, RayUnavailable, WorkerSetup
 from corpus_assets.core.runtime.workspace import open_workspace
 from corpus_assets.core.storage.cas_s3 import S3ContentStore

@@ -26,16 +26,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from corpus_assets.assets.lineage_jobs import record_lineage_run_config
+from corpus_assets.core.audit.record_lineage import RecordNotFound, record_lineage
+from corpus_assets.core.audit.span_records import SpanQuery, SpanQueryError, span_records
+from corpus_assets.core.consumption.training import take_permit
 from corpus_assets.core.dedup.explain import explain
 from corpus_assets.core.governance import states
 from corpus_assets.core.pipeline import build_all
+from corpus_assets.core.publication.publish import activate, approve
+from corpus_assets.core.publication.validation import validate_snapshot
 from corpus_assets.core.records.index import CanonicalIndex
-from corpus_assets.core.release.publish import activate, approve
-from corpus_assets.core.release.record_lineage import RecordNotFound, record_lineage
-from corpus_assets.core.release.span_records import SpanQuery, SpanQueryError, span_records
-from corpus_assets.core.release.training import take_permit
-from corpus_assets.core.release.validation import validate_snapshot
-from corpus_assets.core.runtime.layers import load_index
+from corpus_assets.core.runtime.layer_index import load_index
 from corpus_assets.core.runtime.workspace import Workspace, open_workspace
 from corpus_assets.core.storage.artifacts import get_json, get_table
 from corpus_assets.core.storage.digests import sha256_digest

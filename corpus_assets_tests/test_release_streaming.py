@@ -6,12 +6,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from corpus_assets.core.release.duck import BATCH_BYTES, batch_rows
-from corpus_assets.core.release.shadow import member_changes
+from corpus_assets.core.publication.manifest_queries import BATCH_BYTES, batch_rows
+from corpus_assets.core.publication.shadow import member_changes
 from corpus_assets.core.storage.artifacts import put_table, put_table_file, table_bytes
 from corpus_assets.core.storage.cas import ContentStore, CorruptObjectError
+from corpus_assets.core.storage.cas_queries import VerifiedFiles
 from corpus_assets.core.storage.digests import sha256_digest
-from corpus_assets.core.storage.duck import VerifiedFiles
 
 
 def test_member_changes_match_the_set_arithmetic(tmp_path: Path) -> None:

@@ -12,13 +12,13 @@ import pyarrow.parquet as pq
 import pytest
 
 from corpus_assets.core.governance import states
-from corpus_assets.core.release import gates
-from corpus_assets.core.release.evidence import Evidence
-from corpus_assets.core.release.gates import GateReport
-from corpus_assets.core.release.identity import snapshot_id
-from corpus_assets.core.release.signing import sign_snapshot
-from corpus_assets.core.release.validation import validate_snapshot
-from corpus_assets.core.release.verify import load_manifest, resolve
+from corpus_assets.core.publication import rules
+from corpus_assets.core.publication.evidence import Evidence
+from corpus_assets.core.publication.identity import snapshot_id
+from corpus_assets.core.publication.rules import RuleReport
+from corpus_assets.core.publication.signing import sign_snapshot
+from corpus_assets.core.publication.validation import validate_snapshot
+from corpus_assets.core.publication.verify import load_manifest, resolve
 from corpus_assets.core.runtime.workspace import Workspace, open_workspace
 from corpus_assets.core.storage.artifacts import get_json, put_json, put_table
 from corpus_assets.core.storage.digests import canonical_json
@@ -132,8 +132,8 @@ def test_counts_that_do_not_add_up_fail_the_gate(built: tuple[Path, str, str]) -
         stored = ws.cas.put_bytes(canonical_json(manifest))
         states.register(ws.catalog, forged_sid, "p1", stored, "train")
         with Evidence.load(ws.cas, ws.catalog, manifest) as evidence:
-            report = GateReport()
-            findings = gates.counts_add_up(evidence, report)
+            report = RuleReport()
+            findings = rules.counts_add_up(evidence, report)
         assert report.accounting_mismatches == 2
         assert findings == [
             "source 'docs': 17 canonical records != 16 accounted for (14 members, 0 duplicates "
@@ -164,7 +164,7 @@ def test_a_canonical_row_dropped_with_its_index_rewritten_is_named(
         entry["output"] = put_json(ws.cas, descriptor)
         manifest["layers"]["canonical_records"] = put_json(ws.cas, index)
         with Evidence.load(ws.cas, ws.catalog, manifest) as evidence:
-            findings = gates.counts_add_up(evidence, GateReport())
+            findings = rules.counts_add_up(evidence, RuleReport())
     chunk = entry["chunk"]
     assert findings == [
         "source 'docs': 16 canonical records != 17 accounted for (15 members, 0 duplicates "

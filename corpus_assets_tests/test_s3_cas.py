@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from corpus_assets.core.release.hf_loader import _hf_dataset_of_pack
-from corpus_assets.core.release.loader_plan import LoaderPlan
+from corpus_assets.core.consumption.hf_loader import _hf_dataset_of_pack
+from corpus_assets.core.consumption.loader_plan import LoaderPlan
 from corpus_assets.core.runtime.config import ConfigError, parse_config
 from corpus_assets.core.runtime.workspace import open_home
 from corpus_assets.core.storage.cas import (

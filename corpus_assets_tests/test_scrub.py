@@ -8,8 +8,8 @@ from sqlalchemy import update
 
 from corpus_assets.assets.resources import CorpusResource
 from corpus_assets.assets.scrub_job import ScrubConfig, scrub_job
-from corpus_assets.core.release.scrub import scrub, servable
-from corpus_assets.core.release.verify import resolve, verify
+from corpus_assets.core.publication.scrub import scrub, servable
+from corpus_assets.core.publication.verify import resolve, verify
 from corpus_assets.core.runtime.workspace import Workspace
 from corpus_assets.core.storage.catalog import verified_files
 from corpus_assets.core.storage.trust import StatTrust, file_stat

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from corpus_assets.core.pipeline import build_all
-from corpus_assets.core.release import publish, shadow
+from corpus_assets.core.publication import publish, shadow
 from corpus_assets.core.runtime.workspace import open_workspace
 
 

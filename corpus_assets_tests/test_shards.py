@@ -9,7 +9,8 @@ import blake3
 import numpy as np
 import pytest
 
-from corpus_assets.core.release.block_reader import (
+from corpus_assets.core.consumption.exports import ExportError, export_megatron
+from corpus_assets.core.publication.block_reader import (
     BlockReader,
     BlockStream,
     ReaderState,
@@ -17,7 +18,6 @@ from corpus_assets.core.release.block_reader import (
     assigned_positions,
     load_state,
 )
-from corpus_assets.core.release.exports import ExportError, export_megatron
 from corpus_assets.core.storage.artifacts import put_json
 from corpus_assets.core.storage.cas import ContentStore
 from corpus_assets.core.storage.shard_reader import verify_shards

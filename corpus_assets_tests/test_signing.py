@@ -17,7 +17,7 @@ from cryptography.hazmat.primitives.serialization import (
 from securesystemslib.dsse import Envelope
 from securesystemslib.signer import CryptoSigner
 
-from corpus_assets.core.release.signing import (
+from corpus_assets.core.publication.signing import (
     KEY_ENV,
     PAYLOAD_TYPE,
     SignatureError,
@@ -28,7 +28,7 @@ from corpus_assets.core.release.signing import (
     statement,
     verify_signature,
 )
-from corpus_assets.core.release.trust_root import load, trust_file
+from corpus_assets.core.publication.trust_root import load, trust_file
 from corpus_assets.core.storage.digests import canonical_json
 
 SID = "sha256:" + "5a" * 32

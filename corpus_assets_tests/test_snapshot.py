@@ -11,11 +11,11 @@ from sqlalchemy import insert, select
 from corpus_assets.core.governance import deletion_index, states
 from corpus_assets.core.governance.tombstones import add_tombstone
 from corpus_assets.core.pipeline import BUILDERS, DIRECT_BUILDERS, MEMOIZED, build_all
-from corpus_assets.core.release.narrowed import NARROWED
-from corpus_assets.core.release.signing import key_paths
-from corpus_assets.core.release.validation import validate_snapshot
-from corpus_assets.core.release.verify import verify
-from corpus_assets.core.runtime.layers import LAYERS
+from corpus_assets.core.publication.narrowed import NARROWED
+from corpus_assets.core.publication.signing import key_paths
+from corpus_assets.core.publication.validation import validate_snapshot
+from corpus_assets.core.publication.verify import verify
+from corpus_assets.core.runtime.layer_index import LAYERS
 from corpus_assets.core.runtime.workspace import Workspace, open_workspace
 from corpus_assets.core.storage.catalog import chunk_tasks, layer_memo, tombstones
 

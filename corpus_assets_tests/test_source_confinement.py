@@ -21,7 +21,7 @@ from corpus_assets.core.ingest.changelog_events import ChangelogError
 from corpus_assets.core.ingest.changelog_segments import list_segments
 from corpus_assets.core.ingest.freeze_spec import FreezeSpec
 from corpus_assets.core.ingest.sources import SourceError, fingerprint, list_objects
-from corpus_assets.core.release.signing import key_paths
+from corpus_assets.core.publication.signing import key_paths
 from corpus_assets.core.runtime.config import ObjectsSource, load_config
 from corpus_assets.core.runtime.workspace import open_workspace
 

@@ -16,11 +16,11 @@ import pyarrow as pa
 import pytest
 
 from corpus_assets.core.pipeline import build_all
+from corpus_assets.core.publication.publish import activate, approve
+from corpus_assets.core.publication.validation import validate_snapshot
 from corpus_assets.core.records.index import CanonicalIndex
-from corpus_assets.core.release.publish import activate, approve
-from corpus_assets.core.release.validation import validate_snapshot
 from corpus_assets.core.runtime.config import SplitPolicy
-from corpus_assets.core.runtime.layers import LayerIndex, read_layer_index
+from corpus_assets.core.runtime.layer_index import LayerIndex, read_layer_index
 from corpus_assets.core.runtime.workspace import Workspace, open_workspace
 from corpus_assets.core.storage.artifacts import get_table
 from corpus_assets.core.tokens.chat_template import DEFAULT_CHAT_TEMPLATE

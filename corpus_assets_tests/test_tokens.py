@@ -16,13 +16,13 @@ import pytest
 import yaml
 from tokenizers import Tokenizer, models, pre_tokenizers
 
+from corpus_assets.core.consumption.training import TrainingReader, take_permit
 from corpus_assets.core.pipeline import BUILDERS, build_all
+from corpus_assets.core.publication.block_reader import BlockReader
+from corpus_assets.core.publication.publish import activate, approve
+from corpus_assets.core.publication.verify import verify
 from corpus_assets.core.records.index import CanonicalIndex
-from corpus_assets.core.release.block_reader import BlockReader
-from corpus_assets.core.release.publish import activate, approve
-from corpus_assets.core.release.training import TrainingReader, take_permit
-from corpus_assets.core.release.verify import verify
-from corpus_assets.core.runtime.layers import read_layer_index
+from corpus_assets.core.runtime.layer_index import read_layer_index
 from corpus_assets.core.runtime.workspace import Workspace, open_workspace
 from corpus_assets.core.storage.artifacts import get_json, get_table
 from corpus_assets.core.tokens.bpe import train_byte_level_bpe

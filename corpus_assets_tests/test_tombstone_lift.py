@@ -9,11 +9,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from corpus_assets.core.governance import gate, states, tombstones
-from corpus_assets.core.governance.lineage import revoked_targets, tombstone_hits
+from corpus_assets.core.governance import alias_gate, states, tombstones
+from corpus_assets.core.governance.deletion_reach import revoked_targets, tombstone_hits
 from corpus_assets.core.pipeline import build_all
-from corpus_assets.core.release.publish import activate, approve, rollback
-from corpus_assets.core.release.validation import validate_snapshot
+from corpus_assets.core.publication.publish import activate, approve, rollback
+from corpus_assets.core.publication.validation import validate_snapshot
 from corpus_assets.core.runtime.workspace import Workspace
 from corpus_assets.core.storage.catalog import Catalog
 
@@ -43,8 +43,10 @@ def test_a_lift_gives_the_target_back_to_later_builds_only(workspace: Workspace)
 
     lift = tombstones.lift_tombstone(workspace.catalog, revoked, "request withdrawn", actor="bob")
     assert lift > revoked
-    assert gate.read_gate(workspace.catalog, "demo").tombstone_watermark == lift
-    with pytest.raises(gate.GateError, match=f"gate is at tombstone {lift}, .* built at {revoked}"):
+    assert alias_gate.read_alias_gate(workspace.catalog, "demo").tombstone_watermark == lift
+    with pytest.raises(
+        alias_gate.AliasGateError, match=f"gate is at tombstone {lift}, .* built at {revoked}"
+    ):
         activate(workspace, excluded, actor="test")  # built before the lift: fenced
     assert revoked_targets(workspace.catalog, lift - 1) == {
         "record": {RECORD: f"tombstone {revoked} (record {RECORD!r})"}
@@ -55,7 +57,7 @@ def test_a_lift_gives_the_target_back_to_later_builds_only(workspace: Workspace)
     activate(workspace, back, actor="test")
     assert RECORD in _members(workspace, back)
     assert RECORD not in _members(workspace, excluded)
-    with pytest.raises(gate.GateError, match=f"the gate is at {lift}"):
+    with pytest.raises(alias_gate.AliasGateError, match=f"the gate is at {lift}"):
         rollback(workspace.cas, workspace.catalog, first, actor="test")
 
     audit = tombstone_hits(workspace.cas, workspace.catalog, revoked)
@@ -88,14 +90,16 @@ def _rows(catalog: Catalog) -> int:
 def test_a_lift_of_no_tombstone_in_force_is_refused_and_writes_nothing(
     catalog: Catalog, which, said: str
 ) -> None:
-    gate.read_gate(catalog, "demo")  # the alias exists before the tombstones: it is fenced
+    alias_gate.read_alias_gate(
+        catalog, "demo"
+    )  # the alias exists before the tombstones: it is fenced
     seqs = [tombstones.add_tombstone(catalog, "record", f"r/{n}", "x") for n in range(2)]
     seqs.append(tombstones.lift_tombstone(catalog, seqs[0], "mistake"))
-    with pytest.raises(gate.GateError) as refused:
+    with pytest.raises(alias_gate.AliasGateError) as refused:
         tombstones.lift_tombstone(catalog, which(seqs), "again")
     assert str(refused.value) == said
     assert _rows(catalog) == 3
-    assert gate.read_gate(catalog, "demo").tombstone_watermark == 3
+    assert alias_gate.read_alias_gate(catalog, "demo").tombstone_watermark == 3
 
 
 def test_a_target_revoked_twice_stays_revoked_until_both_are_lifted(catalog: Catalog) -> None:

@@ -7,18 +7,18 @@ import time
 import pytest
 from sqlalchemy import select, text
 
-from corpus_assets.core.governance import states
-from corpus_assets.core.pipeline import build_all
-from corpus_assets.core.release.block_reader import ReaderStateError
-from corpus_assets.core.release.publish import activate, approve
-from corpus_assets.core.release.training import (
+from corpus_assets.core.consumption.training import (
     Permit,
     TrainingError,
     TrainingReader,
     resolve_alias,
     take_permit,
 )
-from corpus_assets.core.release.validation import validate_snapshot
+from corpus_assets.core.governance import states
+from corpus_assets.core.pipeline import build_all
+from corpus_assets.core.publication.block_reader import ReaderStateError
+from corpus_assets.core.publication.publish import activate, approve
+from corpus_assets.core.publication.validation import validate_snapshot
 from corpus_assets.core.runtime.workspace import Workspace
 from corpus_assets.core.storage.catalog import permits
 from corpus_assets.core.storage.shards import ShardCorruptError

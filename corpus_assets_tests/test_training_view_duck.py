@@ -14,9 +14,9 @@ import pytest
 from corpus_assets.core.runtime.config import SplitPolicy
 from corpus_assets.core.storage.artifacts import get_table, put_table
 from corpus_assets.core.storage.cas import ContentStore
-from corpus_assets.core.storage.duck import cas_parquet, put_query
+from corpus_assets.core.storage.cas_queries import cas_parquet, put_query
 from corpus_assets.core.storage.parquet_sink import ROW_GROUP_ROWS, put_tables
-from corpus_assets.core.training_view import duck
+from corpus_assets.core.training_view import view_queries
 from corpus_assets.core.training_view.split_assign import hash_split_sql, split_indices
 from corpus_assets.core.training_view.split_bridges import LeakageGraph, StoredGraph
 from corpus_assets.core.training_view.splits_schema import SPLITS
@@ -56,7 +56,7 @@ def test_put_tables_stores_put_table_bytes_from_uneven_batches(tmp_path: Path, c
 def test_put_query_is_sorted_and_spills_under_home(tmp_path: Path) -> None:
     cas = ContentStore(tmp_path / "cas")
     table = _rows(200_000, 1)
-    with duck.spilling(tmp_path, 2) as con:
+    with view_queries.spilling(tmp_path, 2) as con:
         spill = list((tmp_path / "tmp").iterdir())
         assert len(spill) == 1 and spill[0].name.startswith("duckdb-")
         con.register("rows", table)
@@ -70,7 +70,7 @@ def test_put_query_is_sorted_and_spills_under_home(tmp_path: Path) -> None:
 def test_sql_hash_equals_split_indices() -> None:
     policy = SplitPolicy(salt="s\u00e9", train_percent=70, validation_percent=20, test_percent=10)
     keys = pa.array([f"sha256:{i:064x}" for i in range(3000)] + ["", "k\u00fc", "a'b"])
-    con = duck.connect()
+    con = view_queries.connect()
     con.register("keys", pa.table({"key": keys}))
     for version in (0, 2):
         sql = f"SELECT key, {hash_split_sql(policy, version)} AS split FROM keys"
@@ -98,7 +98,7 @@ def test_stored_graph_reads_the_components_of_the_arrow_graph(tmp_path: Path) ->
     ).append_column("record_b", pa.array([f"r{(i + 40) % n:04d}" for i in range(0, n, 2)]))
     cas = ContentStore(tmp_path / "cas")
     refs = put_table(cas, clusters), put_table(cas, edges)
-    con = duck.connect()
+    con = view_queries.connect()
     stored = StoredGraph(
         con,
         cas_parquet(cas, refs[0], "clusters", numbered=True),

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from corpus_assets.core.release import hf_loader, torch_dataset
-from corpus_assets.core.release.hf_loader import hf_dataset_of
-from corpus_assets.core.release.signing import sign_snapshot
-from corpus_assets.core.release.torch_dataset import torch_dataset_of
-from corpus_assets.core.release.training import TrainingError, TrainingReader, take_permit
+from corpus_assets.core.consumption import hf_loader, torch_dataset
+from corpus_assets.core.consumption.hf_loader import hf_dataset_of
+from corpus_assets.core.consumption.torch_dataset import torch_dataset_of
+from corpus_assets.core.consumption.training import TrainingError, TrainingReader, take_permit
+from corpus_assets.core.publication.signing import sign_snapshot
 from corpus_assets.selftest.attack.signatures import (
     redirect_trust,
     replace_home_keys,

@@ -19,7 +19,7 @@ import pytest
 import zstandard
 
 from corpus_assets.core.governance import states
-from corpus_assets.core.release.verify import reachable
+from corpus_assets.core.publication.verify import reachable
 from corpus_assets.core.storage.artifacts import JSON, make_ref
 from corpus_assets.core.storage.cas import ContentStore
 from corpus_assets.core.storage.catalog import Catalog

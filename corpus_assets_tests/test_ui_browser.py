@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from playwright.sync_api import Locator, Page, expect, sync_playwright
 
-from corpus_assets.core.runtime.layers import LAYERS
+from corpus_assets.core.runtime.layer_index import LAYERS
 from corpus_assets.core.runtime.liveness import Worker
 from corpus_assets_tests.ui_servers import (
     BIN,

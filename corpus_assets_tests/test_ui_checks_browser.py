@@ -17,7 +17,7 @@ import pytest
 from playwright.sync_api import Page, expect
 
 from corpus_assets.core.runtime.keys import RULE
-from corpus_assets.core.runtime.layers import LAYERS
+from corpus_assets.core.runtime.layer_index import LAYERS
 from corpus_assets_tests import test_ui_browser as ui
 from corpus_assets_tests.ui_servers import (
     BIN,

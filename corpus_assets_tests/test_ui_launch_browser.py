@@ -18,7 +18,7 @@ from playwright.sync_api import Page, expect
 
 from corpus_assets.assets.instance import NEW_SNAPSHOT_TAG
 from corpus_assets.core.runtime.keys import is_valid_partition_key
-from corpus_assets.core.runtime.layers import LAYERS
+from corpus_assets.core.runtime.layer_index import LAYERS
 from corpus_assets_tests.test_ui_browser import artifacts, page, require_chromium, shoot
 from corpus_assets_tests.ui_servers import (
     Servers,

@@ -46,7 +46,7 @@ from corpus_assets_tests.ui_servers import (
 
 pytestmark = pytest.mark.browser
 NEW_ESSAY = {"id": "e9000", "text": "A new essay about harbor lanterns, for the second snapshot."}
-PLOTS = 8  # core.release.card_plots.render_plots draws eight
+PLOTS = 8  # core.audit.card_plots.render_plots draws eight
 
 
 def cli(env: dict[str, str], *argv: str) -> str:

@@ -12,8 +12,8 @@ import pytest
 from sqlalchemy import insert
 
 from corpus_assets.core.pipeline import build_all
-from corpus_assets.core.release.validation import validate_snapshot
-from corpus_assets.core.release.verify import verify
+from corpus_assets.core.publication.validation import validate_snapshot
+from corpus_assets.core.publication.verify import verify
 from corpus_assets.core.runtime.workspace import Workspace, open_workspace
 from corpus_assets.core.storage.artifacts import PARQUET
 from corpus_assets.core.storage.catalog import tombstones

@@ -10,13 +10,13 @@ from pathlib import Path
 
 from corpus_assets.core.governance import states
 from corpus_assets.core.pipeline import build_all
-from corpus_assets.core.release.validation import validate_snapshot
+from corpus_assets.core.publication.validation import validate_snapshot
 from corpus_assets.core.runtime.workspace import Workspace
 from corpus_assets.core.storage.failpoints import DIR_ENV, ENV
 
 VALIDATE = """
 import sys
-from corpus_assets.core.release.validation import validate_snapshot
+from corpus_assets.core.publication.validation import validate_snapshot
 from corpus_assets.core.runtime.workspace import open_workspace
 with open_workspace() as ws:
     validate_snapshot(ws, sys.argv[1])

@@ -135,7 +135,7 @@ def test_workers_parse_no_source_their_driver_parsed(monkeypatch: pytest.MonkeyP
     computes is the driver's, and it parses no file for it (~0.3 CPU-s a worker otherwise),
     even with no on-disk parse cache to fall back on."""
     monkeypatch.setenv("CORPUS_CODE_CACHE", "off")
-    module = "corpus_assets.core.records.layer"
+    module = "corpus_assets.core.records.canonical_records"
     driver = code_identity(module)  # imported by the stage modules before any pool starts
     with shared_pool():
         found = LocalRunner(2).map(identity_parses, [module] * 2, WorkerSetup(no_setup, ""))

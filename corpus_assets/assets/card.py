@@ -2,18 +2,18 @@
 the UI renders (plots inline as PNG ``data:`` URIs, which Dagster's Markdown shows), and the
 static page ``corpus-assets card`` writes, kept beside the data home (``cards/<hex>/``).
 
-The card is read from the signed manifest only (``core.release.card``), so it is the same bytes
+The card is read from the signed manifest only (``core.audit.card``), so it is the same bytes
 whenever it is drawn and never goes stale; where the snapshot stands is on its observations.
 """
 
 import dagster as dg
 
+from corpus_assets.core.audit.card import load_card
+from corpus_assets.core.audit.card_html import card_markdown, write_card
+from corpus_assets.core.audit.card_plots import render_plots
 from corpus_assets.core.governance.states import StateError
-from corpus_assets.core.release.card import load_card
-from corpus_assets.core.release.card_html import card_markdown, write_card
-from corpus_assets.core.release.card_plots import render_plots
-from corpus_assets.core.release.signing import SignatureError
-from corpus_assets.core.release.trust_root import TrustRootError
+from corpus_assets.core.publication.signing import SignatureError
+from corpus_assets.core.publication.trust_root import TrustRootError
 from corpus_assets.core.runtime.workspace import Workspace
 from corpus_assets.core.storage.cas import CasError
 

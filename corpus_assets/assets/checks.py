@@ -21,9 +21,9 @@ from corpus_assets.assets.lifecycle import observing
 from corpus_assets.assets.partitions import snapshots
 from corpus_assets.assets.resources import CorpusResource
 from corpus_assets.core.governance import states
-from corpus_assets.core.release.layer_checks import ERROR, RULES, check_layer
-from corpus_assets.core.release.validation import validate_snapshot
-from corpus_assets.core.release.verify import resolve
+from corpus_assets.core.publication.layer_checks import ERROR, RULES, check_layer
+from corpus_assets.core.publication.validation import validate_snapshot
+from corpus_assets.core.publication.verify import resolve
 from corpus_assets.core.runtime.keys import validate_partition_key
 
 CHECK_JOB = "check_snapshot"

@@ -1,7 +1,7 @@
 """Deletion lineage in the UI: what a tombstone reaches, on the run page and on every snapshot hit.
 
 ``corpus-assets tombstone hits SEQ`` answers on the command line; the ``tombstone_hits`` job
-answers the same question (``core.governance.lineage.tombstone_hits``, one function for both)
+answers the same question (``core.governance.deletion_reach.tombstone_hits``, one function for both)
 in the UI. Its op's output carries the whole answer as a table, and each snapshot the tombstone
 reaches gets an observation on its ``manifest`` partition (with the lifecycle fields, since the
 newest observation is where a snapshot stands), so an auditor reading a snapshot's page sees
@@ -16,7 +16,7 @@ from sqlalchemy import select
 
 from corpus_assets.assets.lifecycle import state_observation
 from corpus_assets.assets.resources import CorpusResource
-from corpus_assets.core.governance.lineage import tombstone_hits
+from corpus_assets.core.governance.deletion_reach import tombstone_hits
 from corpus_assets.core.storage.catalog import tombstones
 
 HIT_COLUMNS = (

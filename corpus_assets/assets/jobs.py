@@ -7,19 +7,24 @@ import dagster as dg
 from pydantic import Field, field_validator
 
 from corpus_assets.assets.executor import pooled_in_process_executor
-from corpus_assets.assets.layers import LAYER_ASSETS
+from corpus_assets.assets.layer_assets import LAYER_ASSETS
 from corpus_assets.assets.lifecycle import observing
 from corpus_assets.assets.partitions import snapshots
 from corpus_assets.assets.refusals import refused_in_one_line
 from corpus_assets.assets.resources import CorpusResource
 from corpus_assets.core.governance.audit_fields import audit_field
-from corpus_assets.core.release.publish import NEWEST_VALIDATED, activate, approval_target, approve
-from corpus_assets.core.release.review import (
+from corpus_assets.core.publication.publish import (
+    NEWEST_VALIDATED,
+    activate,
+    approval_target,
+    approve,
+)
+from corpus_assets.core.publication.review import (
     partition_review,
     preview_differ,
     refuse_changed_review,
 )
-from corpus_assets.core.release.verify import resolve
+from corpus_assets.core.publication.verify import resolve
 from corpus_assets.core.runtime.workspace import open_workspace
 
 BUILD_TAG = "corpus/build"

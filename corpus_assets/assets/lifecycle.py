@@ -25,14 +25,14 @@ from typing import Any, Protocol
 
 import dagster as dg
 
-from corpus_assets.core.governance import gate, states
+from corpus_assets.core.governance import alias_gate, states
 from corpus_assets.core.governance.history import (
     Move,
     alias_moves,
     count_moves,
     served_generations,
 )
-from corpus_assets.core.release.shadow import shadow_diff
+from corpus_assets.core.publication.shadow import shadow_diff
 from corpus_assets.core.storage.cas import CasError, ContentStore
 from corpus_assets.core.storage.catalog import Catalog
 
@@ -70,7 +70,7 @@ class Standing:
 
 def standings(store: Store, alias: str) -> dict[str, Standing]:
     """Every snapshot of ``alias`` and where it stands now."""
-    active = gate.read_gate(store.catalog, alias).active_snapshot
+    active = alias_gate.read_alias_gate(store.catalog, alias).active_snapshot
     served = served_generations(store.catalog, alias)
     return {
         s.snapshot_id: Standing(s.state, s.snapshot_id == active, served.get(s.snapshot_id))
@@ -118,7 +118,9 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def review_markdown(diff: dict[str, Any], gate_row: gate.Gate, partitions: dict[str, str]) -> str:
+def review_markdown(
+    diff: dict[str, Any], gate_row: alias_gate.AliasGate, partitions: dict[str, str]
+) -> str:
     """The shadow diff as a reviewer reads it: against what, how many members move, and how the
     shares shift."""
     against = diff.get("active")
@@ -161,7 +163,7 @@ def _diff(store: Store, snapshot_id: str, diffs: Diffs) -> dict[str, Any]:
 
 
 def _review(
-    store: Store, snapshot: states.Snapshot, gate_row: gate.Gate, diffs: Diffs
+    store: Store, snapshot: states.Snapshot, gate_row: alias_gate.AliasGate, diffs: Diffs
 ) -> dict[str, Any]:
     """``review`` (and ``shadow_diff``) for a candidate; for any other state a line saying the
     snapshot is past review, so no stale diff reads as current."""
@@ -189,7 +191,7 @@ def state_observation(
     """What the UI shows on the snapshot's partition of ``manifest``, derived now."""
     snapshot = states.get(store.catalog, snapshot_id)
     standing = standing or standings(store, snapshot.alias)[snapshot_id]
-    gate_row = gate.read_gate(store.catalog, snapshot.alias)
+    gate_row = alias_gate.read_alias_gate(store.catalog, snapshot.alias)
     events = states.history(store.catalog, snapshot_id)
     served = standing.served_generation
     return dg.AssetObservation(
@@ -277,7 +279,7 @@ ALIAS_COLUMNS = (
 
 
 def _alias_text(
-    store: Store, row: gate.Gate, partitions: dict[str, str], diffs: Diffs
+    store: Store, row: alias_gate.AliasGate, partitions: dict[str, str], diffs: Diffs
 ) -> list[str]:
     """One alias as a reader of the catalog page wants it: what it serves, what is next."""
     serving = row.active_snapshot
@@ -313,7 +315,9 @@ def alias_observation(store: Store, diffs: Diffs | None = None) -> dg.AssetObser
     value): what each serves, at which generation, what approval would pick, its history."""
     snapshots = states.find(store.catalog)
     partitions = {s.snapshot_id: s.partition_key for s in snapshots}
-    rows = [gate.read_gate(store.catalog, a) for a in sorted({s.alias for s in snapshots})]
+    rows = [
+        alias_gate.read_alias_gate(store.catalog, a) for a in sorted({s.alias for s in snapshots})
+    ]
     text: list[str] = []
     records = []
     history: dict[str, dg.MetadataValue] = {}

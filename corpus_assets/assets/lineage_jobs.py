@@ -1,7 +1,7 @@
 """The ``record_lineage`` job: record-level lineage in the UI (Launchpad -> the run's page).
 
 Launch it with a snapshot digest and a record id (or a shard / block / token range for the
-reverse); the op answers with ``core.release.record_lineage`` / ``span_records`` and shows the
+reverse); the op answers with ``core.audit.record_lineage`` / ``span_records`` and shows the
 answer as Markdown and JSON metadata on its output (the run page). It records nothing on the
 ``manifest`` partition: a lookup is a question about the snapshot, not an event of it, and the
 partition's newest observation must keep saying where the snapshot stands.
@@ -13,16 +13,16 @@ import dagster as dg
 from pydantic import Field
 
 from corpus_assets.assets.resources import CorpusResource
-from corpus_assets.core.release.record_lineage import record_lineage as trace_record
-from corpus_assets.core.release.record_lineage_render import (
+from corpus_assets.core.audit.record_lineage import record_lineage as trace_record
+from corpus_assets.core.audit.record_lineage_render import (
     markdown,
     record_sections,
     record_title,
     span_sections,
     span_title,
 )
-from corpus_assets.core.release.span_records import SpanQuery, span_records
-from corpus_assets.core.release.verify import resolve
+from corpus_assets.core.audit.span_records import SpanQuery, span_records
+from corpus_assets.core.publication.verify import resolve
 
 BLOCK = "A block number (numbered across the pack)."
 START = "First token of a range in the block."
@@ -53,7 +53,7 @@ class RecordLineageConfig(dg.Config):
 def trace_lineage(
     context: dg.OpExecutionContext, config: RecordLineageConfig, corpus: CorpusResource
 ) -> dg.Output:
-    # the CAS lock, shared: a lookup may write the snapshot's deletion index (``release.gc``)
+    # the CAS lock, shared: a lookup may write the snapshot's deletion index (``publication.gc``)
     with corpus.workspace() as ws, ws.cas_lock():
         snapshot = resolve(ws.catalog, config.digest.strip())
         if config.record_id.strip():

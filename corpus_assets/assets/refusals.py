@@ -5,12 +5,12 @@ from contextlib import contextmanager
 
 import dagster as dg
 
+from corpus_assets.core.governance.alias_gate import AliasGateError
 from corpus_assets.core.governance.benchmarks import RegistryError
-from corpus_assets.core.governance.gate import GateError
 from corpus_assets.core.governance.states import StateError
-from corpus_assets.core.release.publish import PublishError
+from corpus_assets.core.publication.publish import PublishError
 
-REFUSALS = (ValueError, LookupError, GateError, RegistryError, PublishError, StateError)
+REFUSALS = (ValueError, LookupError, AliasGateError, RegistryError, PublishError, StateError)
 
 
 @contextmanager

@@ -1,7 +1,7 @@
 """The ``scrub`` job and its weekly ``scrub_servable`` schedule (stopped until started).
 
 Builds trust unchanged files by stat; only a full re-hash finds corruption beneath the
-filesystem. The job re-hashes every snapshot the aliases can serve (``core.release.scrub``) and
+filesystem. The job re-hashes every snapshot the aliases can serve (``core.publication.scrub``) and
 fails naming each damaged snapshot and object, so a corrupt snapshot is seen before a training
 run reads it. Launch it from the Launchpad (``alias`` narrows it) or start the schedule.
 """
@@ -10,7 +10,7 @@ import dagster as dg
 from pydantic import Field
 
 from corpus_assets.assets.resources import CorpusResource
-from corpus_assets.core.release.scrub import scrub
+from corpus_assets.core.publication.scrub import scrub
 
 WEEKLY = "0 3 * * 0"
 
@@ -47,7 +47,7 @@ def scrub_servable(
     return dg.Output(None, metadata=metadata)
 
 
-@dg.job(description="Re-hash everything the aliases can serve (core.release.scrub).")
+@dg.job(description="Re-hash everything the aliases can serve (core.publication.scrub).")
 def scrub_job() -> None:
     scrub_servable()
 

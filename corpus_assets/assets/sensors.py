@@ -12,7 +12,7 @@ import dagster as dg
 from corpus_assets.assets.jobs import activate_snapshot, activation_run_config, build_snapshot
 from corpus_assets.assets.partitions import snapshots
 from corpus_assets.assets.resources import CorpusResource
-from corpus_assets.core.governance.gate import read_gate
+from corpus_assets.core.governance.alias_gate import read_alias_gate
 from corpus_assets.core.ingest.discovery import (
     FINGERPRINT_TAG,
     DiscoveryCursor,
@@ -20,7 +20,7 @@ from corpus_assets.core.ingest.discovery import (
     build_run_key,
     discovery_skip,
 )
-from corpus_assets.core.release.publish import next_to_activate
+from corpus_assets.core.publication.publish import next_to_activate
 from corpus_assets.core.runtime.keys import new_partition_key
 
 IN_FLIGHT = [
@@ -94,7 +94,8 @@ with warnings.catch_warnings():
             return dg.SensorResult(skip_reason=waiting)
         with corpus.workspace() as ws:
             ready = [
-                (s, read_gate(ws.catalog, s.alias).generation) for s in next_to_activate(ws.catalog)
+                (s, read_alias_gate(ws.catalog, s.alias).generation)
+                for s in next_to_activate(ws.catalog)
             ]
         if not ready:
             return dg.SensorResult(skip_reason="no APPROVED snapshot waiting")

@@ -15,11 +15,11 @@ import json
 from collections.abc import Callable
 from dataclasses import asdict
 
-from corpus_assets.core.dedup.layer import build_dedup_clusters
+from corpus_assets.core.dedup.dedup_clusters import build_dedup_clusters
 from corpus_assets.core.ingest.freeze import build_raw_snapshot, freeze
-from corpus_assets.core.records.layer import build_canonical_records
-from corpus_assets.core.release.manifest import build_manifest
-from corpus_assets.core.runtime.layers import LAYERS, LayerIndex, LayerResult, load_index
+from corpus_assets.core.publication.manifest import build_manifest
+from corpus_assets.core.records.canonical_records import build_canonical_records
+from corpus_assets.core.runtime.layer_index import LAYERS, LayerIndex, LayerResult, load_index
 from corpus_assets.core.runtime.transform import transform_image
 from corpus_assets.core.runtime.workspace import Workspace
 from corpus_assets.core.storage.digests import json_digest

@@ -10,7 +10,7 @@ import zstandard
 from sqlalchemy import select
 
 from corpus_assets.core.governance import states
-from corpus_assets.core.runtime.layers import LAYERS
+from corpus_assets.core.runtime.layer_index import LAYERS
 from corpus_assets.core.storage.catalog import chunk_tasks
 from corpus_assets.core.storage.failpoints import TRACE_ENV
 from corpus_assets.core.storage.tasks import FAILED, SUCCESS

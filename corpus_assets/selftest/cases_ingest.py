@@ -18,10 +18,10 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from corpus_assets.core.governance import gate, states
+from corpus_assets.core.governance import alias_gate, states
 from corpus_assets.core.ingest.freeze_spec import FreezeSpec, ObjectsSourceSpec
-from corpus_assets.core.release.identity import snapshot_id
-from corpus_assets.core.release.signing import sign_snapshot
+from corpus_assets.core.publication.identity import snapshot_id
+from corpus_assets.core.publication.signing import sign_snapshot
 from corpus_assets.core.runtime.transform import PACKAGE_ROOT
 from corpus_assets.core.storage.artifacts import put_table
 from corpus_assets.core.storage.digests import canonical_json
@@ -220,7 +220,7 @@ def _partition_state(home: Home, partition: str) -> tuple[str, str]:
 
 def _active(home: Home) -> str | None:
     with workspace(home) as ws:
-        return gate.read_gate(ws.catalog, ws.config.alias).active_snapshot
+        return alias_gate.read_alias_gate(ws.catalog, ws.config.alias).active_snapshot
 
 
 @fault(

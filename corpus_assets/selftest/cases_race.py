@@ -21,8 +21,8 @@ from pathlib import Path
 
 from sqlalchemy import func, select
 
-from corpus_assets.core.governance import gate, states
-from corpus_assets.core.release.publish import approve
+from corpus_assets.core.governance import alias_gate, states
+from corpus_assets.core.publication.publish import approve
 from corpus_assets.core.storage.catalog import alias_history, benchmark_items, tombstones
 from corpus_assets.selftest.case import NO_LOSS, Outcome, fault
 from corpus_assets.selftest.evidence import stray_temps, stuck_tasks, workspace
@@ -64,12 +64,12 @@ def _fence_args(home: Home, kind: str, n: int) -> tuple[str, ...]:
     return ("benchmark", "add", "race", str(items))
 
 
-def _candidate(lab: Lab, name: str) -> tuple[Home, str, gate.Gate]:
+def _candidate(lab: Lab, name: str) -> tuple[Home, str, alias_gate.AliasGate]:
     """A copy of the reference home with its snapshot approved, and the gate row before."""
     home, built = lab.copy_of_reference(name)
     with workspace(home) as ws:
         approve(ws, built.snapshot_id, by="selftest")
-        before = gate.read_gate(ws.catalog, ws.config.alias)
+        before = alias_gate.read_alias_gate(ws.catalog, ws.config.alias)
     return home, built.snapshot_id, before
 
 
@@ -98,11 +98,13 @@ def race_trial(lab: Lab, kind: str, n: int) -> str:
     return _judge(home, kind, sid, before, activation.returncode, act_err)
 
 
-def _judge(home: Home, kind: str, sid: str, before: gate.Gate, code: int, err: str) -> str:
+def _judge(
+    home: Home, kind: str, sid: str, before: alias_gate.AliasGate, code: int, err: str
+) -> str:
     """Check the catalog shows exactly one order, and that a refused activation said why."""
     with workspace(home) as ws, ws.catalog.begin() as conn:
         sqlite = conn.dialect.name == "sqlite"
-        after = gate.read_gate(ws.catalog, before.alias)
+        after = alias_gate.read_alias_gate(ws.catalog, before.alias)
         state = states.get(ws.catalog, sid).state
         swapped = conn.scalar(
             select(alias_history.c.at)
@@ -219,7 +221,7 @@ def tombstone_after_read(lab: Lab) -> Outcome:
     _, err = activation.communicate(timeout=PAUSE_TIMEOUT)
     with workspace(home) as ws:
         state = states.get(ws.catalog, candidate.snapshot_id).state
-        after = gate.read_gate(ws.catalog, ws.config.alias)
+        after = alias_gate.read_alias_gate(ws.catalog, ws.config.alias)
     again = home.cli(*pinned)
     reading = json.loads(again.out) if again.code == 0 else {}
     refused = activation.returncode != 0 and "tombstone watermark" in err

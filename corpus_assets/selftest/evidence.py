@@ -15,7 +15,7 @@ from pathlib import Path
 
 from sqlalchemy import func, select
 
-from corpus_assets.core.release.trust_root import TRUST_ENV
+from corpus_assets.core.publication.trust_root import TRUST_ENV
 from corpus_assets.core.runtime.workspace import Workspace, open_workspace
 from corpus_assets.core.storage.catalog import chunk_tasks
 from corpus_assets.core.storage.tasks import RUNNING

@@ -13,7 +13,7 @@ import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
-from corpus_assets.core.runtime.layers import LAYERS
+from corpus_assets.core.runtime.layer_index import LAYERS
 from corpus_assets.core.storage.failpoints import DIR_ENV, ENV, TRACE_ENV
 from corpus_assets.selftest.evidence import started_runs, stray_temps, stuck_tasks, workspace
 from corpus_assets.selftest.lab import PARTITION, Home, Lab, SelftestError, error_line, parse_built

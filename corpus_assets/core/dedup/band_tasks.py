@@ -40,7 +40,7 @@ from corpus_assets.core.dedup.signature_spec import SignatureSpec
 from corpus_assets.core.records.index import ChunkRecords
 from corpus_assets.core.runtime.workspace import Workspace
 from corpus_assets.core.storage.artifacts import Ref
-from corpus_assets.core.storage.duck import Spilling, cas_parquet
+from corpus_assets.core.storage.cas_queries import Spilling, cas_parquet
 
 ROW = np.dtype([("band", "<u4"), ("key", "<u8"), ("rank", "<i8")])
 _PAIR_MIX = np.uint64(0x9E3779B97F4A7C15)  # spreads packed pairs over the verify tasks

@@ -40,7 +40,7 @@ from corpus_assets.core.dedup.clusters import (
 )
 from corpus_assets.core.records.index import ChunkRecords
 from corpus_assets.core.runtime.workspace import Workspace, pooled
-from corpus_assets.core.storage.duck import VerifiedFiles
+from corpus_assets.core.storage.cas_queries import VerifiedFiles
 
 GATHER_ROWS = 1 << 16  # table rows per gather task (any count gives the same bytes)
 _CARRIED_SCHEMA = pa.schema([CLUSTER_COLUMNS.field(name) for name in CARRIED])

@@ -31,7 +31,7 @@ from corpus_assets.core.dedup.partition_db import (
     RecordCodes,
 )
 from corpus_assets.core.dedup.report import NearReport
-from corpus_assets.core.storage.duck import sql_path
+from corpus_assets.core.storage.cas_queries import sql_path
 
 KEEP, EXACT, NEAR, EXCLUDED = "keep", "exact_duplicate", "near_duplicate", "excluded"
 # Why an ``excluded`` row repeats an earlier row's record id: the same record again (same dedup

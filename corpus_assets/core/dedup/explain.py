@@ -1,6 +1,6 @@
 """Why dedup kept or removed one record of a snapshot (``corpus-assets dedup``, record lineage).
 
-A query, not part of the layer: it lives outside ``dedup/layer.py`` so that changing how an
+A query, not part of the layer: it lives outside ``dedup/dedup_clusters.py`` so that changing how an
 answer is read never changes the code identity of the layer that wrote the table. The clusters
 and splits tables are sorted by record id, so the record's row and its group's splits are found
 by row-group bisection; its cluster and leakage group (columns the table is not sorted by) by one
@@ -13,9 +13,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from corpus_assets.core.runtime.layers import load_index
+from corpus_assets.core.runtime.layer_index import load_index
 from corpus_assets.core.storage.cas import ContentStore
-from corpus_assets.core.storage.duck import VerifiedFiles
+from corpus_assets.core.storage.cas_queries import VerifiedFiles
 from corpus_assets.core.storage.table_lookup import scan, sorted_rows
 
 CLUSTER_COLUMNS = ["record_id", "source_id", "verdict", "match_id", "match_jaccard"]

@@ -20,10 +20,10 @@ import pyarrow as pa
 
 from corpus_assets.core.dedup.partition_db import PartitionDb
 from corpus_assets.core.governance import states
-from corpus_assets.core.runtime.layers import load_index
+from corpus_assets.core.runtime.layer_index import load_index
 from corpus_assets.core.runtime.workspace import Workspace
 from corpus_assets.core.storage.artifacts import Ref, get_json
-from corpus_assets.core.storage.duck import cas_parquet, put_query
+from corpus_assets.core.storage.cas_queries import cas_parquet, put_query
 
 PAIR_COLUMNS = pa.schema([("a", pa.string()), ("b", pa.string()), ("jaccard", pa.float64())])
 FULL, INCREMENTAL = "full", "incremental"

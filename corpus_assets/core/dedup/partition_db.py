@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 from corpus_assets.core.records.index import RECORD_COLUMNS, ChunkRecords
 from corpus_assets.core.runtime.workspace import Workspace, pooled
 from corpus_assets.core.storage.artifacts import BINARY, make_ref, put_bytes
-from corpus_assets.core.storage.duck import Spilling, sql_list
+from corpus_assets.core.storage.cas_queries import Spilling, sql_list
 from corpus_assets.core.storage.memory import release_memory
 
 _CARRIED_SQL = "record_id, source_id, object, line, group_id, dedup_key, kind"

@@ -29,7 +29,7 @@ from sqlalchemy import (
     select,
 )
 
-from corpus_assets.core.governance import gate
+from corpus_assets.core.governance import alias_gate
 from corpus_assets.core.governance.audit_fields import audit_field
 from corpus_assets.core.storage import failpoints
 from corpus_assets.core.storage.catalog import Catalog, benchmark_items
@@ -118,7 +118,7 @@ def register(
     _audit(benchmark, chosen, actor)
     failpoints.hit("fence/benchmark")  # the fault self-test races activation from here
     with catalog.begin() as conn:
-        gate.lock_registrations(conn)  # before reading what is active
+        alias_gate.lock_registrations(conn)  # before reading what is active
         current = {row.item_id: row for row in active_items(conn, None, item_ids=sorted(chosen))}
         new = []
         for item_id in sorted(chosen):
@@ -143,7 +143,7 @@ def remove(
     """Withdraw a whole benchmark, or the given item ids of it, and advance every fence."""
     _audit(benchmark, item_ids or (), actor)
     with catalog.begin() as conn:
-        gate.lock_registrations(conn)  # before reading what is active
+        alias_gate.lock_registrations(conn)  # before reading what is active
         wanted = sorted(set(item_ids)) if item_ids is not None else None
         rows = active_items(conn, None, benchmark=benchmark, item_ids=wanted)
         missing = sorted(set(wanted or ()) - {row.item_id for row in rows})
@@ -251,10 +251,10 @@ def _row(
 
 def _write(conn: Connection, rows: list[dict[str, Any]]) -> int:
     """Insert the rows a batch per executemany; fence every alias at the last seq written.
-    Under ``gate.lock_registrations`` no other writer interleaves: the highest seq is ours."""
+    Under ``alias_gate.lock_registrations`` no other writer interleaves: the highest seq is ours."""
     for start in range(0, len(rows), BATCH):
         conn.execute(insert(benchmark_items), rows[start : start + BATCH])
     seq = conn.scalar(select(func.coalesce(func.max(benchmark_items.c.seq), 0)))
     if rows:
-        gate.fence_every_alias(conn, "benchmark_fence", seq)
+        alias_gate.fence_every_alias(conn, "benchmark_fence", seq)
     return int(seq)

@@ -57,8 +57,8 @@ from corpus_assets.core.governance.deletion_sql import (
     staged,
 )
 from corpus_assets.core.runtime.code_identity import stage_code
-from corpus_assets.core.runtime.layers import load_index
-from corpus_assets.core.storage import duck
+from corpus_assets.core.runtime.layer_index import load_index
+from corpus_assets.core.storage import cas_queries
 from corpus_assets.core.storage.artifacts import get_json, put_bytes, put_table
 from corpus_assets.core.storage.cas import ContentStore
 from corpus_assets.core.storage.catalog import Catalog
@@ -143,12 +143,14 @@ def _put_shards(
     base: Base | None,
     cap_mb: int,
 ) -> tuple[list[Shard], int, list[str], dict[str, Any]]:
-    spilling = duck.Spilling(cas.root.parent / "tmp", f"{cap_mb}MB", THREADS)
+    spilling = cas_queries.Spilling(cas.root.parent / "tmp", f"{cap_mb}MB", THREADS)
     with spilling as con:
         con.execute("SET enable_progress_bar = false")  # a long sort drew one on stdout
         # staged rows go to a database file (removed with the spill directory): an in-memory
         # table of a pass ran out of memory at 128 MB on 3M members, a file's blocks are evicted
-        con.execute(f"ATTACH {duck.sql_path(str(spilling.dir / 'staged.duckdb'))} AS staging")
+        con.execute(
+            f"ATTACH {cas_queries.sql_path(str(spilling.dir / 'staged.duckdb'))} AS staging"
+        )
         columns = _relations(con, relations)
         _check_shard_numbers(con, what, columns["spans"], len(packed_shards))
         con.execute(span_rows(columns["spans"]))
@@ -171,7 +173,7 @@ def _relations(
     each (none if absent)."""
     for name, relation in relations.items():
         if isinstance(relation, str):
-            source = f"read_parquet({duck.sql_path(relation)})"
+            source = f"read_parquet({cas_queries.sql_path(relation)})"
             con.execute(f"CREATE VIEW {prefix}{name} AS SELECT * FROM {source}")
         elif relation is not None:
             con.register(prefix + name, relation)
@@ -222,7 +224,9 @@ def _passes(con: "DuckDBPyConnection", columns: dict[str, list[str]]) -> Iterato
     """Every row, sorted: each pass staged into a table on disk, then streamed in order."""
     for query in queries(columns):
         con.execute(f"CREATE OR REPLACE TABLE staging.staged AS {staged(query)}")
-        yield from duck.batches(con, f"SELECT * FROM staging.staged ORDER BY {ORDER}", BATCH_ROWS)
+        yield from cas_queries.batches(
+            con, f"SELECT * FROM staging.staged ORDER BY {ORDER}", BATCH_ROWS
+        )
     con.execute("DROP TABLE IF EXISTS staging.staged")
 
 
@@ -257,7 +261,9 @@ def _put_delta(
     if _count(con, "staging.gone") > MAX_GONE:
         return (f"{_count(con, 'staging.gone')} keys left the parent's index, over {MAX_GONE}",)
     gone = con.execute("SELECT key FROM staging.gone ORDER BY key").fetchall()
-    sorted_rows = duck.batches(con, f"SELECT * FROM staging.delta ORDER BY {ORDER}", BATCH_ROWS)
+    sorted_rows = cas_queries.batches(
+        con, f"SELECT * FROM staging.delta ORDER BY {ORDER}", BATCH_ROWS
+    )
     fanout, rows = _put_sorted(cas, what, sorted_rows, shard_rows)
     extra = {
         "base": {"index": base.index, "manifest": base.inputs.manifest},
@@ -332,7 +338,7 @@ def inputs(cas: ContentStore, manifest_digest: str, catalog: Catalog | None = No
     ``catalog``, a file unchanged since it last hashed right (a parent's tables, which its
     check hashed) is not hashed again, and one hashed now is recorded (the check trusts it)."""
     digests = input_digests(cas, manifest_digest)
-    files = TrustedFiles(cas, catalog) if catalog is not None else duck.VerifiedFiles(cas)
+    files = TrustedFiles(cas, catalog) if catalog is not None else cas_queries.VerifiedFiles(cas)
     relations: dict[str, Relation] = {
         name: files.path(digests[name], f"{name} table")
         for name in ("members", "clusters", "spans")

@@ -14,7 +14,7 @@ The index is a function of the manifest and the builder's code (``CODE``, the cl
 (manifest digest, ``CODE``) to the directory's digest, and the directory names both again, so
 a fix to the builder builds a new index and a memo row pointing elsewhere is refused. The
 snapshotId is untouched: the index is a side table, built when the manifest is
-(``release.manifest`` calls ``ensure``), or on first use for a snapshot built before.
+(``publication.manifest`` calls ``ensure``), or on first use for a snapshot built before.
 
 A child snapshot is indexed over its parent's index when this code built that one
 (``deletion_build``): the child's directory names the parent's as its base and holds only the keys
@@ -51,7 +51,7 @@ from corpus_assets.core.governance.deletion_sql import (  # re-exported: the ind
     reach_key,
     span_key,
 )
-from corpus_assets.core.runtime.layers import load_index
+from corpus_assets.core.runtime.layer_index import load_index
 from corpus_assets.core.storage.artifacts import get_json
 from corpus_assets.core.storage.cas import ContentStore
 from corpus_assets.core.storage.catalog import Catalog, layer_memo

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from sqlalchemy import Connection, and_, exists, insert, select
 
-from corpus_assets.core.governance import gate
+from corpus_assets.core.governance import alias_gate
 from corpus_assets.core.governance.audit_fields import audit_field
 from corpus_assets.core.storage import failpoints
 from corpus_assets.core.storage.catalog import Catalog, tombstones
@@ -43,12 +43,14 @@ def add_tombstone(
 ) -> int:
     """Record a revocation and fence every alias at its sequence number, in one transaction."""
     if kind not in TOMBSTONE_KINDS:
-        raise gate.GateError(f"tombstone kind {kind!r} is not one of {', '.join(TOMBSTONE_KINDS)}")
+        raise alias_gate.AliasGateError(
+            f"tombstone kind {kind!r} is not one of {', '.join(TOMBSTONE_KINDS)}"
+        )
     audit_field("target", target, tombstones.c.record_id)
     audit_field("reason", reason)
     failpoints.hit("fence/tombstone")  # the fault self-test races activation from here
     with catalog.begin() as conn:
-        gate.lock_registrations(conn)  # an alias created meanwhile starts at or above ``seq``
+        alias_gate.lock_registrations(conn)  # an alias created meanwhile starts at or above ``seq``
         return _append(conn, kind=kind, record_id=target, reason=reason, actor=actor)
 
 
@@ -58,7 +60,7 @@ def lift_tombstone(catalog: Catalog, seq: int, reason: str, actor: str | None = 
     audit_field("reason", reason)
     failpoints.hit("fence/tombstone")
     with catalog.begin() as conn:
-        gate.lock_registrations(conn)  # before reading what is in force
+        alias_gate.lock_registrations(conn)  # before reading what is in force
         lifted = _in_force(conn, seq)
         return _append(
             conn,
@@ -124,13 +126,15 @@ def _lifted_by(conn: Connection, seq: int) -> int | None:
 def _in_force(conn: Connection, seq: int) -> Tombstone:
     row = conn.execute(select(tombstones).where(tombstones.c.seq == seq)).mappings().first()
     if row is None:
-        raise gate.GateError(f"there is no tombstone {seq}; nothing lifted")
+        raise alias_gate.AliasGateError(f"there is no tombstone {seq}; nothing lifted")
     if row["action"] != ADD:
-        raise gate.GateError(
+        raise alias_gate.AliasGateError(
             f"tombstone {seq} is itself the lift of tombstone {row['lifts']}; nothing lifted"
         )
     if (lifted_by := _lifted_by(conn, seq)) is not None:
-        raise gate.GateError(f"tombstone {seq} was lifted already by {lifted_by}; nothing lifted")
+        raise alias_gate.AliasGateError(
+            f"tombstone {seq} was lifted already by {lifted_by}; nothing lifted"
+        )
     return Tombstone(seq, row["kind"], row["record_id"], row["reason"])
 
 
@@ -140,5 +144,5 @@ def _append(conn: Connection, **values: object) -> int:
     seq = conn.execute(
         insert(tombstones).values(at=time.time(), **values).returning(tombstones.c.seq)
     ).scalar_one()
-    gate.fence_every_alias(conn, "tombstone_watermark", seq)
+    alias_gate.fence_every_alias(conn, "tombstone_watermark", seq)
     return seq

@@ -9,7 +9,7 @@ validation moves its snapshot to INCOMPLETE instead of publishing it.
 
 from typing import Any
 
-from corpus_assets.core.governance import gate
+from corpus_assets.core.governance import alias_gate
 from corpus_assets.core.ingest.freeze_spec import (
     FREEZE_SCHEMA,
     ChangelogSourceSpec,
@@ -20,7 +20,7 @@ from corpus_assets.core.ingest.freeze_spec import (
 from corpus_assets.core.ingest.pinning import pin_source
 from corpus_assets.core.ingest.sources import fingerprint
 from corpus_assets.core.runtime.code_identity import stage_code
-from corpus_assets.core.runtime.layers import LayerResult, publish_index
+from corpus_assets.core.runtime.layer_index import LayerResult, publish_index
 from corpus_assets.core.runtime.workspace import Workspace
 from corpus_assets.core.storage.artifacts import (
     JSON,
@@ -48,7 +48,7 @@ def freeze(ws: Workspace, partition_key: str) -> tuple[Ref, FreezeSpec]:
 
 def _take_freeze(ws: Workspace, partition_key: str) -> FreezeSpec:
     config = ws.config
-    fence = gate.read_gate(ws.catalog, config.alias)  # first: the revocation boundary
+    fence = alias_gate.read_alias_gate(ws.catalog, config.alias)  # first: the revocation boundary
     pinned = [pin_source(ws, source) for source in config.sources]
     return FreezeSpec(
         schema_id=FREEZE_SCHEMA,

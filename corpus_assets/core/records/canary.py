@@ -25,10 +25,10 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from corpus_assets.core.ingest.freeze_spec import FreezeSpec
+from corpus_assets.core.records.canonical_records import benchmark_index, canonical_tables
 from corpus_assets.core.records.canonicalize import Stages
 from corpus_assets.core.records.index import RECORD_COLUMNS, CanonicalIndex, ChunkEntry
-from corpus_assets.core.records.layer import benchmark_index, canonical_tables
-from corpus_assets.core.runtime.layers import load_index
+from corpus_assets.core.runtime.layer_index import load_index
 from corpus_assets.core.runtime.workspace import Workspace
 from corpus_assets.core.storage.artifacts import get_table
 

@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from corpus_assets.core.runtime.layers import LayerIndex, load_index, read_layer_index
+from corpus_assets.core.runtime.layer_index import LayerIndex, load_index, read_layer_index
 from corpus_assets.core.runtime.workspace import Workspace
 from corpus_assets.core.storage.artifacts import Ref, get_json, get_parquet
 from corpus_assets.core.storage.cas import ContentStore

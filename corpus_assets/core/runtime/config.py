@@ -337,7 +337,7 @@ class Retention(_Strict):
 
 
 class Trust(_Strict):
-    """The readers' trust root (``release.trust_root``): its file, and the key ids it accepts."""
+    """The readers' trust root (``publication.trust_root``): its file and the key ids it accepts."""
 
     file: str | None = None
     keys: list[Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]] | None = None

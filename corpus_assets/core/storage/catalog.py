@@ -83,7 +83,7 @@ verified_files = Table(
     Column("verified_at", Float, nullable=False),
 )
 
-# The passing outcome of the content rules for one rule-set key (``release.gate_memo``).
+# The passing outcome of the content rules for one rule-set key (``publication.gate_memo``).
 gate_results = Table(
     "gate_results",
     metadata,
@@ -204,7 +204,7 @@ permits = Table(
     Column("at", Float, nullable=False),
 )
 
-# The signing key ids an alias's readers accept (``release.trust_root``): the key of the alias's
+# The signing key ids an alias's readers accept (``publication.trust_root``): the key of the alias's
 # first verified snapshot, then only what ``corpus-assets trust add|rotate`` records.
 alias_keys = Table(
     "alias_keys",

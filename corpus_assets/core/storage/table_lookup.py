@@ -18,8 +18,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from corpus_assets.core.storage.cas import ContentStore
+from corpus_assets.core.storage.cas_queries import VerifiedFiles
 from corpus_assets.core.storage.catalog import Catalog
-from corpus_assets.core.storage.duck import VerifiedFiles
 from corpus_assets.core.storage.trust import StatTrust
 
 SCAN_BATCH = 1 << 16  # rows decoded at a time by a scan

@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 from corpus_assets.core.dedup.heldout_search import HeldoutPairs
 from corpus_assets.core.dedup.signature_spec import spec_payload
 from corpus_assets.core.records.index import ChunkRecords
-from corpus_assets.core.runtime.layers import LayerIndex
+from corpus_assets.core.runtime.layer_index import LayerIndex
 from corpus_assets.core.runtime.workspace import Workspace
 from corpus_assets.core.storage.cas import CasError
 from corpus_assets.core.storage.digests import json_digest

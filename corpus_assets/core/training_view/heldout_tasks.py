@@ -43,7 +43,7 @@ from corpus_assets.core.dedup.signature_spec import SignatureSpec
 from corpus_assets.core.records.index import ChunkRecords
 from corpus_assets.core.runtime.runners import task_runner
 from corpus_assets.core.runtime.workspace import Workspace, pooled
-from corpus_assets.core.training_view.duck import spilling
+from corpus_assets.core.training_view.view_queries import spilling
 
 if TYPE_CHECKING:
     from corpus_assets.core.training_view.split_heldout import HeldoutScan

@@ -15,18 +15,18 @@ import pyarrow as pa
 
 from corpus_assets.core.records.index import CanonicalIndex
 from corpus_assets.core.runtime.code_identity import stage_code
-from corpus_assets.core.runtime.layers import (
+from corpus_assets.core.runtime.layer_index import (
     LayerIndex,
     LayerResult,
     publish_index,
     read_layer_index,
 )
 from corpus_assets.core.runtime.workspace import Workspace
-from corpus_assets.core.storage.duck import batches, cas_parquet
+from corpus_assets.core.storage.cas_queries import batches, cas_parquet
 from corpus_assets.core.storage.parquet_sink import put_tables
 from corpus_assets.core.tokens.cache import TokenCache, token_cache
 from corpus_assets.core.tokens.spec import resolve_tokenizer
-from corpus_assets.core.training_view import duck
+from corpus_assets.core.training_view import view_queries
 from corpus_assets.core.training_view.mixing_plan import Population, plan_mixture
 from corpus_assets.core.training_view.mixing_select import (
     MIX_COLUMNS,
@@ -95,7 +95,7 @@ def build_mixed_samples(ws: Workspace, partition_key: str) -> LayerResult:
     tokens = token_cache(ws, canonical.chunks(), resolve_tokenizer(ws))
     policy = ws.config.policies.mixing
     sources = [s.id for s in ws.config.sources]
-    with duck.spilling(ws.home, ws.config.execution.workers) as con:
+    with view_queries.spilling(ws.home, ws.config.execution.workers) as con:
         train_members(ws, con, splits, dedup, canonical, tokens)
         members = {s: source_members(con, s) for s in sources}
     populations = [

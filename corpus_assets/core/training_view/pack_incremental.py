@@ -31,10 +31,10 @@ from corpus_assets.core.governance import states
 from corpus_assets.core.ingest.freeze import freeze
 from corpus_assets.core.records.index import CanonicalIndex
 from corpus_assets.core.runtime.config import PackingPolicy
-from corpus_assets.core.runtime.layers import LayerIndex, load_index
+from corpus_assets.core.runtime.layer_index import LayerIndex, load_index
 from corpus_assets.core.runtime.workspace import Workspace
 from corpus_assets.core.storage.artifacts import Ref, get_json, get_table
-from corpus_assets.core.storage.duck import Spilling, batches, sql_list, sql_path
+from corpus_assets.core.storage.cas_queries import Spilling, batches, sql_list, sql_path
 from corpus_assets.core.storage.shards import (
     CHUNK_HASH,
     ShardIndex,
@@ -42,7 +42,6 @@ from corpus_assets.core.storage.shards import (
 )
 from corpus_assets.core.storage.shards import load_index as load_shard_index
 from corpus_assets.core.storage.table_lookup import TrustedFiles
-from corpus_assets.core.training_view.duck import MEMORY_LIMIT
 from corpus_assets.core.training_view.pack_plan import (
     PackPlan,
     Pieces,
@@ -53,6 +52,7 @@ from corpus_assets.core.training_view.pack_plan import (
     split_pairs,
 )
 from corpus_assets.core.training_view.pack_shards import KINDS, ShardOutcome
+from corpus_assets.core.training_view.view_queries import MEMORY_LIMIT
 
 SPAN_READ = ["block", "start", "end", "sample", "record_offset"]
 SAMPLE_MAP = (  # each step a table (spillable), then the join streamed in any order

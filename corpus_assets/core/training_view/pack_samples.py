@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from corpus_assets.core.records.index import CanonicalIndex
-from corpus_assets.core.runtime.layers import LayerIndex
+from corpus_assets.core.runtime.layer_index import LayerIndex
 from corpus_assets.core.runtime.workspace import Workspace, pooled
 from corpus_assets.core.storage.memory import release_memory
 from corpus_assets.core.storage.table_lookup import TrustedFiles

@@ -6,7 +6,7 @@ tail, keyed block order), then blocks are built a batch at a time from the token
 the same bytes either way), and written as chunk-verified shards (``storage.shards``): per block
 ``input_ids`` (the tokenizer's dtype), ``segment_ids`` and ``positions`` (uint16, uint32 when
 T > 65,535) and ``label_mask`` (uint8); ``cu_seqlens`` follow from the segment ids
-(``release.block_reader.cu_seqlens``). The spans table maps every half-open [start, end) of a
+(``publication.block_reader.cu_seqlens``). The spans table maps every half-open [start, end) of a
 block to its record, the offset in that record's token stream, the sample (stream position: a
 repeat of a record is another sample; both halves of a preference pair share one), its shard,
 the transform that made the tokens and the rule that inserted the special tokens inside it; pad
@@ -28,7 +28,7 @@ import pyarrow as pa
 from corpus_assets.core.records.index import CanonicalIndex
 from corpus_assets.core.runtime.code_identity import stage_code
 from corpus_assets.core.runtime.config import PackingPolicy
-from corpus_assets.core.runtime.layers import (
+from corpus_assets.core.runtime.layer_index import (
     LayerIndex,
     LayerResult,
     publish_index,

@@ -11,7 +11,7 @@ import pyarrow as pa
 
 from corpus_assets.core.records.index import CanonicalIndex
 from corpus_assets.core.runtime.workspace import Workspace
-from corpus_assets.core.storage.duck import cas_parquet
+from corpus_assets.core.storage.cas_queries import cas_parquet
 from corpus_assets.core.tokens.cache import TokenCache, open_tokens
 
 ROW_KEY = ("record_id", "object", "line")

@@ -2,7 +2,7 @@
 
 Inputs are Arrow tables or SQL over Parquet files (members: record_id, component,
 content_key, event_time; parent: record_id, split); everything per record is a join or a
-group-by in DuckDB (``duck``, spilling to disk), the hash included, and Python loops run only
+group-by in DuckDB (``view_queries``, spilling), the hash included, and Python loops run only
 over conflicts. A leakage component whose members had splits in the parent keeps that split. A
 component with no parent member is hashed: ``u(k)`` is the first 8 bytes of
 sha256(salt NUL k) scaled to [0, 100) without floats, and ``k`` is the smallest content key
@@ -32,7 +32,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from corpus_assets.core.runtime.config import SplitPolicy
-from corpus_assets.core.training_view import duck
+from corpus_assets.core.training_view import view_queries
 from corpus_assets.core.training_view.split_bridges import AnyGraph
 from corpus_assets.core.training_view.split_conflicts import Resolution, resolve_conflicts
 from corpus_assets.core.training_view.split_time import time_phase
@@ -146,7 +146,7 @@ def assign(
     """Split per member; moves by record id, conflicts by component. ``quarantine_new`` needs
     the ``graph`` to tell which newcomers bridge. ``members`` and ``parent`` are Arrow tables or
     queries over ``con`` (a fresh in-memory database when not given), which holds the result."""
-    con = con if con is not None else duck.connect()
+    con = con if con is not None else view_queries.connect()
     evidence = evidence if evidence is not None else {}  # a stored mapping is looked up lazily
     _relation(con, "member_rows", members, MEMBER_SCHEMA)
     _relation(con, "parent_rows", parent, SPLIT_TABLE)

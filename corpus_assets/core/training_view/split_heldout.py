@@ -38,26 +38,26 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
+from corpus_assets.core.dedup.dedup_clusters import CODE as DEDUP_CODE
 from corpus_assets.core.dedup.fingerprint_store import TextLookup
 from corpus_assets.core.dedup.heldout_search import HeldoutPairs, HeldoutParams, Known, search
-from corpus_assets.core.dedup.layer import CODE as DEDUP_CODE
 from corpus_assets.core.dedup.near_rule import CHAR, ScriptThresholds
 from corpus_assets.core.dedup.pair_cache import PAIR_COLUMNS as VERIFIED_COLUMNS
 from corpus_assets.core.dedup.report import DedupReport
 from corpus_assets.core.dedup.signature_cache import BandMajorFile, file_rows, load_modes
 from corpus_assets.core.dedup.signature_spec import SignatureSpec, spec_payload
 from corpus_assets.core.records.index import ChunkRecords
-from corpus_assets.core.runtime.layers import LayerIndex
+from corpus_assets.core.runtime.layer_index import LayerIndex
 from corpus_assets.core.runtime.workspace import Workspace
 from corpus_assets.core.storage.artifacts import Ref, get_json
-from corpus_assets.core.storage.digests import json_digest
-from corpus_assets.core.storage.duck import (
+from corpus_assets.core.storage.cas_queries import (
     VerifiedFiles,
     cas_parquet,
     put_query,
     registered,
     sql_list,
 )
+from corpus_assets.core.storage.digests import json_digest
 from corpus_assets.core.storage.table_lookup import TrustedFiles
 from corpus_assets.core.training_view.heldout_state import (
     STATE_COLUMNS,

@@ -23,7 +23,7 @@ from corpus_assets.core.governance import states
 from corpus_assets.core.ingest.freeze import freeze
 from corpus_assets.core.records.index import CanonicalIndex
 from corpus_assets.core.runtime.code_identity import stage_code
-from corpus_assets.core.runtime.layers import (
+from corpus_assets.core.runtime.layer_index import (
     LayerIndex,
     LayerResult,
     load_index,
@@ -32,10 +32,10 @@ from corpus_assets.core.runtime.layers import (
 )
 from corpus_assets.core.runtime.workspace import Workspace
 from corpus_assets.core.storage.artifacts import Ref, get_json, put_table
-from corpus_assets.core.storage.duck import cas_parquet, cas_parquets, put_query
+from corpus_assets.core.storage.cas_queries import cas_parquet, cas_parquets, put_query
 from corpus_assets.core.tokens.cache import TokenCache, token_cache
 from corpus_assets.core.tokens.spec import resolve_tokenizer
-from corpus_assets.core.training_view import duck
+from corpus_assets.core.training_view import view_queries
 from corpus_assets.core.training_view.heldout_resolve import resolve_heldout
 from corpus_assets.core.training_view.heldout_state import prior_search, rule_digest
 from corpus_assets.core.training_view.row_tokens import load_row_tokens
@@ -104,7 +104,7 @@ def build_splits(ws: Workspace, partition_key: str) -> LayerResult:
     parent = parents[0] if parents else None
     _, canonical = CanonicalIndex.read(ws, partition_key)
     tokens = token_cache(ws, canonical.chunks(), resolve_tokenizer(ws))
-    with duck.spilling(ws.home, ws.config.execution.workers) as con:
+    with view_queries.spilling(ws.home, ws.config.execution.workers) as con:
         built = _assign_and_report(ws, con, partition_key, parent, tokens)
     result, report = built.result, built.report
     counts = split_counts(report, result)
@@ -292,5 +292,3 @@ class StoredEvidence(Mapping[str, str]):
     def __len__(self) -> int:
         sql = f"SELECT count(DISTINCT leakage_id) FROM {self._table()}"
         return int(self._con.execute(sql).fetchone()[0])
-
-

@@ -16,7 +16,7 @@ import pyarrow.compute as pc
 from tokenizers import Tokenizer
 
 from corpus_assets.core.records.index import CanonicalIndex
-from corpus_assets.core.runtime.layers import read_layer_index
+from corpus_assets.core.runtime.layer_index import read_layer_index
 from corpus_assets.core.runtime.workspace import Workspace
 from corpus_assets.core.storage.artifacts import get_table
 from corpus_assets.core.storage.fsio import atomic_write

@@ -9,8 +9,8 @@ import shutil
 import pyarrow.parquet as pq
 
 from corpus_assets.core.governance import states
-from corpus_assets.core.release.identity import snapshot_id
-from corpus_assets.core.release.signing import sign_snapshot
+from corpus_assets.core.publication.identity import snapshot_id
+from corpus_assets.core.publication.signing import sign_snapshot
 from corpus_assets.core.storage.artifacts import put_table
 from corpus_assets.core.storage.digests import canonical_json
 from corpus_assets.selftest.case import NO_LOSS, Outcome, fault

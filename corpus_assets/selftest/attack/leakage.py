@@ -15,7 +15,7 @@ import pyarrow.compute as pc
 
 from corpus_assets.core.governance import states
 from corpus_assets.core.runtime.config import NearDedupPolicy, SplitPolicy
-from corpus_assets.core.runtime.layers import read_layer_index
+from corpus_assets.core.runtime.layer_index import read_layer_index
 from corpus_assets.core.storage.artifacts import get_table
 from corpus_assets.selftest.case import NO_LOSS, Outcome, fault
 from corpus_assets.selftest.evidence import intact, workspace

@@ -26,8 +26,8 @@ from securesystemslib.signer import CryptoSigner
 from sqlalchemy import update
 
 from corpus_assets.core.governance import states
-from corpus_assets.core.release import trust_root
-from corpus_assets.core.release.signing import PAYLOAD_TYPE, key_paths, statement
+from corpus_assets.core.publication import trust_root
+from corpus_assets.core.publication.signing import PAYLOAD_TYPE, key_paths, statement
 from corpus_assets.core.storage.catalog import snapshots
 from corpus_assets.core.storage.digests import canonical_json
 from corpus_assets.selftest.case import NO_LOSS, Outcome, fault

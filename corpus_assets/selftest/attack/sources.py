@@ -11,7 +11,7 @@ import shutil
 import time
 
 from corpus_assets.core.ingest.freeze_spec import FreezeSpec
-from corpus_assets.core.release.signing import key_paths
+from corpus_assets.core.publication.signing import key_paths
 from corpus_assets.selftest.case import NO_LOSS, Outcome, fault
 from corpus_assets.selftest.evidence import intact, workspace
 from corpus_assets.selftest.lab import PARTITION, Home, Lab, Ran, SelftestError

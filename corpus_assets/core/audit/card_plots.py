@@ -1,0 +1,221 @@
+"""The dataset card's plots, drawn with matplotlib into PNG bytes.
+
+matplotlib is imported here only when a card is drawn (no other command pays its ~0.5 s), and
+through its object API (``Figure``), never ``pyplot``: no global figure state, no GUI backend, so
+a Dagster process or a thread can draw too. The bytes are reproducible: matplotlib's default
+style whatever the user's matplotlibrc, the DejaVu fonts it ships, fixed sizes and dpi, and no
+``Software`` (version) text chunk in the PNG.
+"""
+
+import io
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+from corpus_assets.core.audit.card import Card, Histogram
+from corpus_assets.core.audit.snapshot_graph import LineageGraph, Node
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+DPI = 100
+SIZE = (7.0, 3.6)  # inches: 700 x 360 pixels at DPI
+COLOURS = ("#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860")
+SHOWN_PER_RANK = 8  # lineage boxes in one column; more are summed up in one box
+SPLITS = ("train", "validation", "test")
+
+
+def render_plots(card: Card) -> dict[str, bytes]:
+    """Every plot of the card: file name -> PNG bytes."""
+    drawers: dict[str, Callable[[Card], Figure]] = {
+        "shares.png": _shares,
+        "dedup_s_curve.png": _s_curve,
+        "cluster_sizes.png": _cluster_sizes,
+        "splits.png": _splits,
+        "sample_lengths.png": lambda c: _histogram(c.sample_lengths, "tokens per sample"),
+        "block_padding.png": lambda c: _histogram(c.block_padding, "pad tokens per block"),
+        "contamination.png": _contamination,
+        "lineage.png": lambda c: _lineage(c.lineage),
+    }
+    with _style():
+        return {name: _png(draw(card)) for name, draw in drawers.items()}
+
+
+@contextmanager
+def _style() -> Iterator[None]:
+    import matplotlib
+    import matplotlib.style
+
+    with matplotlib.style.context("default"), matplotlib.rc_context({"font.size": 9}):
+        yield
+
+
+def _figure(columns: int = 1, size: tuple[float, float] = SIZE) -> tuple["Figure", Any]:
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=size, dpi=DPI, layout="constrained")
+    return figure, figure.subplots(1, columns)
+
+
+def _png(figure: "Figure") -> bytes:
+    out = io.BytesIO()
+    figure.savefig(out, format="png", dpi=DPI, metadata={"Software": None})
+    return out.getvalue()
+
+
+def _shares(card: Card) -> "Figure":
+    """Target beside realised share per source, by documents and by tokens: one chart."""
+    figure, axes = _figure()
+    rows = card.manifest.get("mixture", [])
+    series = (("target", "target_share"), ("docs", "doc_share"), ("tokens", "token_share"))
+    width = 0.8 / len(series)
+    for n, (label, key) in enumerate(series):
+        xs = [i + (n - 1) * width for i in range(len(rows))]
+        bars = axes.bar(xs, [float(r[key]) for r in rows], width, label=label, color=COLOURS[n])
+        axes.bar_label(bars, fmt="{:.1%}", fontsize=7)
+    axes.set_xticks(range(len(rows)), [r["source"] for r in rows])
+    axes.set_ylabel("share")
+    axes.set_title("mixture: target vs realised share per source")
+    axes.legend()
+    return figure
+
+
+def _s_curve(card: Card) -> "Figure":
+    figure, axes = _figure()
+    near = card.dedup.near
+    if near is None:
+        return _empty(figure, axes, "near-dedup is off for this snapshot")
+    s = [float(p.s) for p in near.s_curve]
+    axes.plot(s, [float(p.p) for p in near.s_curve], marker="o", color=COLOURS[0])
+    axes.axvline(float(near.lsh.threshold), color=COLOURS[3], linestyle="--", label="threshold")
+    axes.set_xlabel("Jaccard similarity s")
+    axes.set_ylabel("P(candidate pair)")
+    axes.set_title(f"LSH S-curve: {near.lsh.bands} bands x {near.lsh.rows} rows")
+    axes.legend()
+    return figure
+
+
+def _cluster_sizes(card: Card) -> "Figure":
+    """Near-duplicate clusters by size (power-of-two bins), summed over the near-dedup classes."""
+    figure, axes = _figure()
+    sizes: dict[str, int] = {}
+    for report in (card.dedup.near.classes if card.dedup.near else {}).values():
+        for size, clusters in report.cluster_sizes.items():
+            sizes[size] = sizes.get(size, 0) + clusters
+    if not sizes:
+        return _empty(figure, axes, "no near-duplicate clusters")
+    labels = sorted(sizes, key=lambda label: int(label.split("-")[0]))
+    axes.bar_label(axes.bar(labels, [sizes[k] for k in labels], color=COLOURS[0]))
+    axes.set_xlabel("records in the cluster")
+    axes.set_ylabel("clusters")
+    axes.set_title("near-duplicate cluster sizes")
+    return figure
+
+
+def _splits(card: Card) -> "Figure":
+    figure, (records, tokens) = _figure(2)
+    counts = card.split_counts
+    for axes, suffix, title in ((records, "", "records"), (tokens, "_tokens", "tokens")):
+        values = [counts.get(f"{split}{suffix}", 0) for split in SPLITS]
+        axes.bar_label(axes.bar(SPLITS, values, color=COLOURS[: len(SPLITS)]))
+        axes.set_title(f"{title} per split")
+    return figure
+
+
+def _histogram(shape: Histogram, what: str) -> "Figure":
+    figure, axes = _figure()
+    widths = [b - a for a, b in zip(shape.edges, shape.edges[1:], strict=False)]
+    axes.bar(shape.edges[:-1], shape.counts, widths, align="edge", color=COLOURS[0])
+    axes.set_xlabel(what)
+    axes.set_ylabel("count")
+    axes.set_title(f"{what}: median {shape.median}, min {shape.low}, max {shape.high}")
+    return figure
+
+
+def _contamination(card: Card) -> "Figure":
+    figure, axes = _figure()
+    rows = card.manifest.get("contamination", {}).get("benchmarks", [])
+    if not rows:
+        return _empty(figure, axes, "no benchmark was registered when this snapshot was built")
+    names = [row["benchmark"] for row in rows]
+    xs = range(len(rows))
+    for n, key in enumerate(("items", "flagged")):
+        bars = axes.bar([x + (n - 0.5) * 0.4 for x in xs], [r[key] for r in rows], 0.4, label=key)
+        axes.bar_label(bars)
+    axes.set_xticks(list(xs), names)
+    axes.set_title("benchmark items and the records flagged against them")
+    axes.legend()
+    return figure
+
+
+def _empty(figure: "Figure", axes: "Axes", why: str) -> "Figure":
+    axes.set_axis_off()
+    axes.text(0.5, 0.5, why, ha="center", va="center", transform=axes.transAxes)
+    return figure
+
+
+def _ranks(graph: LineageGraph) -> dict[str, int]:
+    """Each node's column: the longest path reaching it (nodes come in dependency order)."""
+    rank = {node.id: 0 for node in graph.nodes}
+    for _ in graph.nodes:  # relax until stable; the graph is small and acyclic
+        for edge in graph.edges:
+            rank[edge.target] = max(rank[edge.target], rank[edge.source] + 1)
+    return rank
+
+
+def _box_text(node: Node) -> str:
+    name = node.id.split(":", 1)[1] if node.kind in ("source", "layer") else node.kind
+    return f"{name}\n{node.digest[:19]}…" if node.digest else name
+
+
+def _lineage(graph: LineageGraph) -> "Figure":
+    """Boxes in columns by rank, arrows from each index's inputs (arcs below when they skip
+    a column)."""
+    from matplotlib.patches import FancyArrowPatch
+
+    rank = _ranks(graph)
+    columns: dict[int, list[Node]] = {}
+    for node in graph.nodes:
+        columns.setdefault(rank[node.id], []).append(node)
+    height = max(min(len(c), SHOWN_PER_RANK + 1) for c in columns.values())
+    # one free row below the boxes for the arcs of the inputs that skip columns
+    figure, axes = _figure(size=(1.9 * len(columns), 1.0 + 0.75 * (height + 1)))
+    axes.set_xlim(-0.5, len(columns) - 0.5)
+    axes.set_ylim(-1.8, height - 0.4)
+    axes.set_axis_off()
+    where: dict[str, tuple[float, float]] = {}
+    for x, nodes in sorted(columns.items()):
+        shown = nodes if len(nodes) <= SHOWN_PER_RANK + 1 else nodes[:SHOWN_PER_RANK]
+        for y, node in enumerate(shown):
+            where[node.id] = (x, height - 1 - y)
+            _box(axes, where[node.id], _box_text(node), COLOURS[rank[node.id] % len(COLOURS)])
+        if len(shown) < len(nodes):
+            _box(axes, (x, height - 1 - len(shown)), f"+{len(nodes) - len(shown)} more", "#999")
+    for edge in graph.edges:
+        if edge.source in where and edge.target in where:
+            (x0, y0), (x1, y1) = where[edge.source], where[edge.target]
+            bend = 0.0 if x1 - x0 <= 1 else 0.2  # downwards, under the boxes between
+            arrow = FancyArrowPatch(
+                (x0 + 0.42, y0),
+                (x1 - 0.42, y1),
+                arrowstyle="-|>",
+                mutation_scale=10,
+                connectionstyle=f"arc3,rad={bend}",
+                color="#444",
+                linewidth=0.8,
+            )
+            axes.add_patch(arrow)
+    axes.set_title(f"lineage of {graph.snapshot_id[:19]}…")
+    return figure
+
+
+def _box(axes: "Axes", at: tuple[float, float], text: str, colour: str) -> None:
+    axes.text(
+        *at,
+        text,
+        ha="center",
+        va="center",
+        fontsize=7,
+        bbox={"boxstyle": "round,pad=0.4", "facecolor": colour, "alpha": 0.25},
+    )

@@ -1,0 +1,123 @@
+"""The held-out near-pair rule, and its bounded form for a child whose parent passed it.
+
+The rule searches again (``split_heldout``) for near pairs at or above the threshold between a
+held-out record and a record of another split (a removed duplicate in its representative's):
+there must be none. Candidates and estimates are its own, over the published splits; exact
+Jaccards the splits layer verified (its stored, digest-checked ``heldout_verified``, when it
+ran this code and spec) are not computed again.
+
+Whether a pair is found depends on its two records only - their texts (signatures, shingles,
+thresholds by script) and their splits - under the signature spec and thresholds: no bucket
+cap, no other record takes part. So when the parent snapshot's check passed this rule under this
+code and config (its outcome is in ``gate_memo`` under the parent's own key), with the same
+transform image, signature spec and thresholds, every pair of records the parent searched with
+the same (record id, object, line, split) holds in the child too, and the child searches only
+the pairs with at least one record that is new or changed against the parent's tables (read by
+digest, re-hashed unless unchanged on disk since they last hashed right, as the build's check
+trusts its own). Anything else - no parent, a parent not checked under this code, its tables
+gone from the store - searches every pair.
+"""
+
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from corpus_assets.core.dedup.report import DedupReport
+from corpus_assets.core.governance import states
+from corpus_assets.core.ingest.freeze_spec import FreezeSpec
+from corpus_assets.core.publication import gate_memo
+from corpus_assets.core.publication.evidence import Evidence
+from corpus_assets.core.publication.rules import SHOWN, RuleReport, ValidationRule
+from corpus_assets.core.runtime.layer_index import LayerIndex, load_index
+from corpus_assets.core.runtime.workspace import Workspace
+from corpus_assets.core.storage.artifacts import get_json
+from corpus_assets.core.storage.cas import CasError
+from corpus_assets.core.storage.cas_queries import sql_list
+from corpus_assets.core.storage.table_lookup import TrustedFiles
+from corpus_assets.core.training_view.split_heldout import HeldoutScan, reuse, searched_records
+from corpus_assets.core.training_view.splits import CODE as SPLITS_CODE
+
+RULE = "heldout_near_apart"
+CHANGED = """
+SELECT record_id FROM (
+    SELECT record_id, object, line, split FROM ({child})
+    EXCEPT SELECT record_id, object, line, split FROM ({parent}))
+"""
+
+
+def heldout_near_apart(ws: Workspace) -> ValidationRule:
+    """The gate (module docstring): no near pair spans a held-out split and another."""
+
+    def heldout_near_apart(ev: Evidence, report: RuleReport) -> list[str]:
+        scan = HeldoutScan.open(ws, ev.canonical.chunks(), ev.dedup, ev.files)
+        if scan is None:  # near-dedup off: no signatures, no threshold
+            return []
+        path = ev.files.path(ev.dedup.output("clusters")["digest"], "dedup clusters")
+        searched = searched_records(f"read_parquet({sql_list([path])})", "members")
+        ev.con.execute(f"CREATE OR REPLACE TEMP TABLE ho_searched AS {searched}")
+        records = "SELECT * FROM ho_searched"  # read twice: the changed records and the search
+        known = reuse(ws, ev.dedup, scan.spec, (ev.splits, SPLITS_CODE, "splits layer"))
+        changed = changed_since_parent(ws, ev, records)
+        if changed is not None:
+            ev.narrowed.append(RULE)
+        pairs = scan.pairs(ev.con, records, known, keep=False, changed=changed)[0]
+        cross = pairs.filter(pc.not_equal(pairs["split_a"], pairs["split_b"]))
+        report.heldout_near_pairs = cross.num_rows  # only the shown ones become Python objects
+        return [
+            f"near pair {p['record_a']!r} ({p['split_a']}) ~ {p['record_b']!r} "
+            f"({p['split_b']}) at Jaccard {p['jaccard']:.4f} spans two splits"
+            for p in cross.slice(0, SHOWN).to_pylist()
+        ]
+
+    return heldout_near_apart
+
+
+def changed_since_parent(ws: Workspace, ev: Evidence, records: str) -> pa.Array | None:
+    """The record ids searched in this snapshot but not, as they are, in its parent's passing
+    search; None when there is no such parent (search everything)."""
+    parent = _passed_parent(ws, ev)
+    if parent is None:
+        return None
+    manifest, dedup = parent
+    files = TrustedFiles(ws.cas, ws.catalog)  # the parent's tables: hashed by its check
+    try:
+        members = files.path(manifest["members"]["digest"], "parent members table")
+        clusters = files.path(dedup.output("clusters")["digest"], "parent dedup clusters")
+    except CasError:
+        return None
+    ev.con.execute(f"CREATE OR REPLACE VIEW ho_parent AS FROM read_parquet({sql_list([members])})")
+    theirs = searched_records(f"read_parquet({sql_list([clusters])})", "ho_parent")
+    return ev.con.sql(CHANGED.format(child=records, parent=theirs)).to_arrow_table()["record_id"]
+
+
+def _passed_parent(ws: Workspace, ev: Evidence) -> tuple[dict[str, Any], LayerIndex] | None:
+    """The parent's manifest and dedup index when its check passed this rule under this code
+    and config, with this snapshot's transform image and near-dedup settings."""
+    if not ev.freeze.parents:
+        return None
+    try:
+        snapshot = states.get(ws.catalog, ev.freeze.parents[0])
+        manifest = get_json(ws.cas, snapshot.manifest_digest, "parent manifest")
+        key = gate_memo.gate_key(ws, manifest, FreezeSpec.load(ws.cas, manifest["freeze"]))
+        dedup = load_index(ws.cas, manifest["layers"]["dedup_clusters"], "dedup_clusters")
+        same = _near_settings(ws, dedup) == _near_settings(ws, ev.dedup)
+    except (CasError, states.StateError):
+        return None
+    passed = gate_memo.recall(ws.catalog, {RULE: gate_memo.rule_key(key, RULE)})
+    if (
+        RULE not in passed
+        or not same
+        or manifest["transformImage"] != ev.manifest["transformImage"]
+    ):
+        return None
+    return manifest, dedup
+
+
+def _near_settings(ws: Workspace, dedup: LayerIndex) -> Any:
+    """What a pair's outcome depends on besides its records: signature spec and thresholds."""
+    near = DedupReport.parse(get_json(ws.cas, dedup.output("report"), "dedup report")).near
+    if near is None:
+        return None
+    scripts = [(r.script, r.threshold) for r in near.near_dedup_by_script]
+    return near.signature, near.lsh.threshold, scripts

@@ -1,0 +1,143 @@
+"""The dedup and leakage invariants a snapshot must hold, checked on its published tables.
+
+Kept apart from ``rules`` so that module reads as one function per rule; this is the one rule
+that needs the leakage graph (the graph of ``training_view.leakage_graph``: records joined by a
+shared group id, an exact or a verified near edge), recomputed here from the dedup layer's
+clusters and edges, not taken from the splits layer's word. The joins run in DuckDB over four
+relations - ``dd_clusters`` (with ``ord``, the row's place), ``dd_edges``, ``members`` and
+``dd_dropped`` - and the components in scipy over integer vertex numbers, so no record id is
+held in Python. ``dedup_invariants`` runs it on Arrow tables, the gate on the Parquet files.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pyarrow as pa
+
+from corpus_assets.core.training_view.leakage_graph import component_labels
+
+if TYPE_CHECKING:
+    from duckdb import DuckDBPyConnection
+
+REMOVED = """
+WITH ok AS (SELECT record_id FROM members UNION SELECT record_id FROM dd_dropped),
+checked AS (
+    SELECT ord, record_id, representative_id, verdict, match_id, match_jaccard,
+           NOT coalesce(representative_id IN (SELECT record_id FROM ok), false) AS rep_bad,
+           verdict = 'near_duplicate' AND (
+               NOT coalesce(match_id IN (SELECT record_id FROM ok), false)
+               OR coalesce(match_jaccard < ?, true)) AS near_bad
+    FROM dd_clusters WHERE verdict IN ('exact_duplicate', 'near_duplicate'))
+SELECT record_id, representative_id, match_id, match_jaccard, rep_bad, near_bad,
+       sum(rep_bad::INTEGER + near_bad::INTEGER) OVER () AS total
+FROM checked WHERE rep_bad OR near_bad ORDER BY ord LIMIT ?
+"""
+LIVE = """
+CREATE OR REPLACE TEMP TABLE dd_live AS
+WITH dropped AS (
+    SELECT record_id FROM dd_dropped
+    UNION SELECT record_id FROM dd_clusters
+    WHERE NOT is_representative AND representative_id IN (SELECT record_id FROM dd_dropped))
+SELECT record_id, group_id, leakage_id, ord AS v
+FROM dd_clusters
+WHERE verdict <> 'excluded' AND record_id NOT IN (SELECT record_id FROM dropped)
+"""
+# each group a number (any: a component's label is set by its lowest record vertex, and every
+# group vertex hangs on a record vertex), no sort; a null group id is one group, as in a GROUP BY
+GROUPS = """
+WITH numbered AS (SELECT group_id, row_number() OVER () - 1 AS g
+                  FROM (SELECT DISTINCT group_id FROM dd_live))
+SELECT l.v, n.g FROM dd_live l JOIN numbered n ON l.group_id IS NOT DISTINCT FROM n.group_id
+"""
+EDGES = """
+WITH first AS (SELECT record_id, min(v) AS v FROM dd_live GROUP BY record_id)
+SELECT a.v AS a, b.v AS b FROM dd_edges e
+JOIN first a ON e.record_a = a.record_id JOIN first b ON e.record_b = b.record_id
+"""
+LEAKS = """
+WITH cm AS (SELECT l.record_id, l.leakage_id, c.component FROM dd_live l JOIN dd_comp c USING (v)),
+per AS (SELECT cm.component, m.split, count(*) AS n
+        FROM cm JOIN members m USING (record_id) GROUP BY cm.component, m.split),
+wide AS (SELECT component FROM per GROUP BY component HAVING count(*) > 1),
+named AS (SELECT component, min(leakage_id) AS lid FROM cm
+          WHERE component IN (SELECT component FROM wide) GROUP BY component)
+SELECT any_value(named.lid), string_agg(per.split || ' (' || per.n || ')', ', ' ORDER BY per.split)
+FROM per JOIN named USING (component) GROUP BY component ORDER BY component
+"""
+
+
+def dedup_invariants(
+    clusters: pa.Table,
+    edges: pa.Table,
+    threshold: float,
+    members: pa.Table,
+    quarantined: Collection[str] = (),
+) -> tuple[list[str], int]:
+    """The deletion scan's invariant and the leakage promise, checked on the published tables.
+
+    Every removed record stands behind a member (or a ``quarantined`` record); a near
+    duplicate's direct match is a member at or above the threshold; on the leakage graph
+    without the quarantined records and the duplicates behind them, no component holds members
+    of two splits. Returns the findings and how many of them are split leaks.
+    """
+    import duckdb
+
+    with duckdb.connect() as con:
+        rows = pa.array(np.arange(clusters.num_rows, dtype=np.int64))
+        con.register("dd_clusters", clusters.append_column("ord", rows))
+        con.register("dd_edges", edges)
+        con.register("members", members.select(["record_id", "split"]))
+        register_dropped(con, quarantined)
+        removed, _count = removed_without_member(con, threshold, None)
+        leaks = leaked_components(con)
+    return removed + leaks, len(leaks)
+
+
+def register_dropped(con: DuckDBPyConnection, dropped: Collection[str]) -> None:
+    """The records a split conflict took out (quarantined or unlinked), as ``dd_dropped``."""
+    con.register("dd_dropped", pa.table({"record_id": pa.array(list(dropped), pa.string())}))
+
+
+def removed_without_member(
+    con: DuckDBPyConnection, threshold: float, shown: int | None
+) -> tuple[list[str], int]:
+    """Removed records whose representative, or direct near match, is not a member: the first
+    ``shown`` findings (all when None) in clusters order, and how many there are."""
+    limit = shown if shown is not None else np.iinfo(np.int64).max
+    found = con.execute(REMOVED, [threshold, limit]).fetchall()
+    findings: list[str] = []
+    for rid, rep, match, jaccard, rep_bad, near_bad, _total in found:
+        if rep_bad:
+            findings.append(f"removed record {rid!r} stands behind {rep!r}, which is no member")
+        if near_bad:
+            findings.append(
+                f"near duplicate {rid!r}: direct match {match!r} at Jaccard "
+                f"{jaccard} is not a member at or above {threshold}"
+            )
+    total = int(found[0][-1]) if found else 0
+    return (findings if shown is None else findings[:shown]), total
+
+
+def leaked_components(con: DuckDBPyConnection) -> list[str]:
+    """Components of the leakage graph whose members sit in more than one split. A vertex is a
+    live clusters row numbered by its place (``ord``): the components come out in the order of
+    their first row with no sort of the rows, and only those of two records or more are joined
+    with the members."""
+    con.execute(LIVE)
+    found = con.execute(GROUPS).fetchnumpy()
+    v, groups = (np.asarray(found[k], dtype=np.int64) for k in ("v", "g"))
+    n = int(v.max()) + 1 if len(v) else 0
+    pairs = con.execute(EDGES).fetchnumpy()
+    a, b = (np.asarray(pairs[k], dtype=np.int64) for k in ("a", "b"))
+    size = n + (int(groups.max()) + 1 if len(groups) else 0)
+    rows = np.concatenate([v, a])
+    cols = np.concatenate([n + groups, b])
+    labels = component_labels(size, rows, cols)
+    component = labels[v]
+    shared = np.bincount(component)[component] > 1  # a lone record's component cannot leak
+    con.register("dd_comp", pa.table({"v": v[shared], "component": component[shared]}))
+    found_leaks = con.execute(LEAKS).fetchall()
+    return [f"leakage group {lid!r} spans splits {spread}" for lid, spread in found_leaks]

@@ -1,0 +1,336 @@
+"""manifest: the ``training.dataset.snapshot.v1`` contract a training run names by digest.
+
+snapshotId = sha256 of the RFC 8785 payload with ``snapshotId`` and ``signature`` removed, so the
+manifest can carry its own id without referring to itself. It enumerates facts, not queries: the
+freeze (pinned object digests, watermarks), every layer index, the policy digests, the tokenizer
+the blocks were packed with (by digest, with its special tokens and vocabulary size), the realised
+mixture per source and the members table (stable record id, source object, line, record digest,
+split) in the CAS.
+"""
+
+import json
+import tempfile
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from corpus_assets.core.governance import deletion_index, states
+from corpus_assets.core.ingest.freeze import freeze
+from corpus_assets.core.ingest.freeze_spec import ChangelogSourceSpec, FreezeSpec
+from corpus_assets.core.publication import manifest_queries
+from corpus_assets.core.publication.identity import SELF_EXCLUDED, snapshot_id
+from corpus_assets.core.publication.narrowed import NARROW, narrowed
+from corpus_assets.core.publication.shadow import shadow_diff
+from corpus_assets.core.publication.signing import sign_snapshot
+from corpus_assets.core.records.index import CanonicalIndex, record_schema_digest
+from corpus_assets.core.runtime.layer_index import LAYERS, LayerIndex, LayerResult, read_layer_index
+from corpus_assets.core.runtime.transform import transform_image
+from corpus_assets.core.runtime.workspace import Workspace
+from corpus_assets.core.storage import cas_queries, failpoints
+from corpus_assets.core.storage.artifacts import (
+    PARQUET,
+    Ref,
+    get_json,
+    make_ref,
+    put_json,
+)
+from corpus_assets.core.storage.cas_queries import sql_list
+from corpus_assets.core.storage.digests import json_digest
+from corpus_assets.core.storage.parquet_sink import put_table_batches
+from corpus_assets.core.storage.table_lookup import TrustedFiles
+from corpus_assets.core.tokens.spec import resolve_tokenizer
+from corpus_assets.core.training_view.splits import SPLITS
+
+MANIFEST_SCHEMA = "training.dataset.snapshot.v1"
+Indexes = dict[str, tuple[Ref, LayerIndex]]  # layer -> (ref, index) of the six built layers
+MEMBER_LAYERS = ("canonical_records", "dedup_clusters", "splits")  # what members are made of
+MEMBER_BATCH = 65536  # rows of the joined members read and written at a time
+PREVIEW_ROWS = 10  # the first rows a layer result shows
+
+
+class BuildConflict(RuntimeError):
+    """The same build identity produced different content: nondeterminism, never overwritten."""
+
+
+MEMBERS_SCHEMA = pa.schema(
+    [
+        ("record_id", pa.string()),
+        ("source_id", pa.string()),
+        ("object", pa.string()),
+        ("line", pa.int64()),
+        ("record_digest", pa.string()),
+        ("dedup_key", pa.string()),
+        ("text_bytes", pa.int32()),
+        ("group_id", pa.string()),
+        ("split", pa.string()),
+    ]
+)
+MEMBERS_QUERY = """
+SELECT r.record_id, r.source_id, r.object, r.line, r.record_digest, c.dedup_key,
+       r.text_bytes, s.group_id, s.split
+FROM read_parquet({records}) r
+JOIN (SELECT record_id, object, line, dedup_key FROM read_parquet('{clusters}')
+      WHERE is_representative) c USING (record_id, object, line)
+JOIN read_parquet('{splits}') s USING (record_id)
+ORDER BY r.record_id, r.object, r.line
+"""
+
+
+def put_members(ws: Workspace, indexes: Indexes) -> tuple[Ref, int, list[dict[str, Any]]]:
+    """The members table put in the CAS: one row per member (stable id, source version,
+    logical digests, split - never the text); its ref, row count and first rows.
+
+    Members are the dedup representatives the splits layer assigned a split (a record a split
+    conflict quarantined is in no split, so no member). DuckDB joins and sorts the layer files
+    out of core, and its sorted rows stream into the store a row group at a time
+    (``put_table_batches``: the bytes ``put_table`` of the whole table writes, never the whole
+    table in memory: ~350 B per member, 160 MB at 1.1 GB of raw text), encoded once."""
+    canonical = CanonicalIndex(ws.cas, indexes["canonical_records"][1])
+    files = TrustedFiles(ws.cas, ws.catalog)  # a parent's narrowed chunks: hashed before
+    with tempfile.TemporaryDirectory(prefix="members-", dir=_spill(ws)) as tmp:
+        records = narrowed(ws, files, canonical, Path(tmp))
+        if not records:  # no chunk: DuckDB reads no empty list, an empty file instead
+            records = [str(Path(tmp) / "none.parquet")]
+            pq.write_table(NARROW.empty_table(), records[0])
+        query = MEMBERS_QUERY.format(
+            records=sql_list(records),
+            clusters=files.path(indexes["dedup_clusters"][1].output("clusters")["digest"]),
+            splits=files.path(indexes["splits"][1].output("splits")["digest"]),
+        )
+        with manifest_queries.connect(
+            ws.cas, manifest_queries.MEMBERS_THREADS, manifest_queries.MEMBERS_MB
+        ) as con:
+            seen = _Seen()
+            rows = seen.watch(_typed(b) for b in cas_queries.batches(con, query, MEMBER_BATCH))
+            ref = put_table_batches(ws.cas, MEMBERS_SCHEMA, rows, Path(tmp))
+    return ref, seen.count, seen.preview
+
+
+class _Seen:
+    """The row count and first rows of a stream of batches, taken as it passes."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.preview: list[dict[str, Any]] = []
+
+    def watch(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            if len(self.preview) < PREVIEW_ROWS:
+                self.preview += batch.slice(0, PREVIEW_ROWS - len(self.preview)).to_pylist()
+            self.count += batch.num_rows
+            yield batch
+
+
+def _typed(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """A batch of DuckDB's output in ``MEMBERS_SCHEMA``'s types."""
+    columns = [batch.column(f.name).cast(f.type) for f in MEMBERS_SCHEMA]
+    return pa.RecordBatch.from_arrays(columns, schema=MEMBERS_SCHEMA)
+
+
+def _spill(ws: Workspace) -> Path:
+    """The data home's scratch directory (same filesystem as the CAS, so files move in)."""
+    spill = ws.home / "tmp"
+    spill.mkdir(parents=True, exist_ok=True)
+    return spill
+
+
+def source_versions(spec: FreezeSpec) -> list[dict[str, Any]]:
+    """The seed's per-source fields: object versions, or table snapshot + CDC high watermark."""
+    out = []
+    for source in spec.sources:
+        entry = {"id": source.id, "kind": source.kind}
+        if isinstance(source, ChangelogSourceSpec):
+            entry["tableSnapshot"] = source.objects[0].sha256
+            entry["cdcHighWatermark"] = f"lsn:{source.watermark}"
+        else:
+            objects = [o.model_dump(mode="json") for o in source.objects]  # as frozen
+            entry["objects"] = str(len(objects))
+            entry["objectVersions"] = json_digest(objects)
+        out.append(entry)
+    return out
+
+
+def build_identity(freeze_digest: str, ws: Workspace, image: str) -> str:
+    """Digest of the build specification (inputs + config + code), apart from the content.
+
+    The tokenizer counts by its digest: the same config path may hold another file."""
+    config = ws.config
+    return json_digest(
+        {
+            "freeze": freeze_digest,
+            "transformImage": image,
+            "purpose": config.purpose,
+            "alias": config.alias,
+            "policies": {n: config.policy_digest(n) for n in type(config.policies).model_fields},
+            "sources": [s.model_dump(mode="json") for s in config.sources],
+            "tokenizer": resolve_tokenizer(ws).document(),
+        }
+    )
+
+
+def build_manifest(ws: Workspace, partition_key: str) -> LayerResult:
+    """Assemble, sign, store and register the snapshot of a partition from its six layers."""
+    freeze_ref, spec = freeze(ws, partition_key)
+    indexes = {layer: read_layer_index(ws, partition_key, layer) for layer in LAYERS[:-1]}
+    members_ref, count, preview = _members(ws, indexes)
+    members_entry = {
+        "uri": ws.cas.uri(members_ref["digest"]),
+        **members_ref,
+        "count": count,
+    }
+    image = transform_image()
+    manifest = _document(ws, partition_key, freeze_ref, spec, indexes, members_entry, image)
+    manifest["snapshotId"] = snapshot_id(manifest)
+    _refuse_conflicting_rebuild(ws, manifest)
+    manifest["signature"] = sign_snapshot(ws.home, manifest["snapshotId"])
+    manifest_ref = put_json(ws.cas, manifest)
+    failpoints.hit("layer/manifest/indexed")
+    _register(ws, partition_key, manifest, manifest_ref["digest"])
+    failpoints.hit("layer/manifest/published")
+    deletion_index.ensure(ws.cas, ws.catalog, manifest_ref["digest"])  # the first lookup is fast
+    diff = shadow_diff(ws.cas, ws.catalog, manifest["snapshotId"])
+    return LayerResult(
+        layer="manifest",
+        details={"shadow_diff": diff, "manifest": manifest},
+        run_stats={
+            "shadow.added": diff["added"],
+            "shadow.removed": diff["removed"],
+            "shadow.split_migrations": diff["split_migrations"],
+        },
+        digest=manifest_ref["digest"],
+        counts=dict(manifest["counts"]),
+        preview=preview,
+        digests={
+            "snapshotId": manifest["snapshotId"],
+            "buildId": manifest["buildId"],
+            "transformImage": image,
+            "members": members_ref["digest"],
+        },
+    )
+
+
+def _members(ws: Workspace, indexes: Indexes) -> tuple[Ref, int, list[dict[str, Any]]]:
+    """The members table's ref, row count and first rows. The table is a function of the
+    canonical, dedup and splits indexes and the code alone, so one built before from the same
+    three (an unchanged snapshot in a new partition) is reused through the layer memo table;
+    the check's ``verify`` still vouches for its bytes."""
+    key = json_digest(
+        {
+            "table": "manifest.members",
+            "image": transform_image(),
+            "layers": {n: indexes[n][0]["digest"] for n in MEMBER_LAYERS},
+        }
+    )
+    hit = ws.catalog.memo(key)
+    if hit is not None and ws.cas.contains(hit[0]):
+        saved = json.loads(hit[1])
+        return make_ref(hit[0], PARQUET, ws.cas.size(hit[0])), saved["count"], saved["preview"]
+    ref, count, preview = put_members(ws, indexes)
+    saved = json.dumps({"count": count, "preview": preview})
+    ws.catalog.remember(key, "manifest.members", ref["digest"], saved)
+    return ref, count, preview
+
+
+def _document(
+    ws: Workspace,
+    partition_key: str,
+    freeze_ref: Ref,
+    spec: FreezeSpec,
+    indexes: Indexes,
+    members: dict[str, Any],
+    image: str,
+) -> dict[str, Any]:
+    """The manifest payload (without snapshotId and signature): facts, each by digest."""
+    config = ws.config
+    return {
+        "schema": MANIFEST_SCHEMA,
+        "buildId": build_identity(freeze_ref["digest"], ws, image),
+        "partition": partition_key,
+        "parents": spec.parents,
+        "purpose": spec.purpose,
+        "alias": spec.alias,
+        "freeze": freeze_ref,
+        "sources": source_versions(spec),
+        "tombstoneWatermark": str(spec.tombstone_watermark),
+        "benchmarkFence": str(spec.benchmark_fence),
+        "recordSchema": record_schema_digest(),
+        "selectionPolicy": config.policy_digest("dedup"),
+        "splitPolicy": config.policy_digest("splits"),
+        "mixingPolicy": config.policy_digest("mixing"),
+        "packingPolicy": config.policy_digest("packing"),
+        "transformImage": image,
+        "transform": {layer: index.code for layer, (_, index) in indexes.items()},
+        "layers": {layer: ref for layer, (ref, _) in indexes.items()},
+        "tokenizer": indexes["packed_blocks"][1].output("tokenizer"),
+        "packing": indexes["packed_blocks"][1].outputs.get("packing"),
+        "mixture": indexes["mixed_samples"][1].output("report"),
+        "contamination": indexes["canonical_records"][1].output("contamination"),
+        "members": members,
+        "counts": _counts(indexes, members["count"]),
+    }
+
+
+def _counts(indexes: Indexes, members: int) -> dict[str, int]:
+    """The headline counts a reviewer compares, taken from the layers that produced them."""
+    counts = {layer: index.counts for layer, (_, index) in indexes.items()}
+    canonical, dedup = counts["canonical_records"], counts["dedup_clusters"]
+    return {
+        "records": canonical["records"],
+        "quarantined": canonical["quarantined"],
+        "dead_letters": canonical["dead_letters"],
+        "duplicates_removed": dedup["removed"],
+        "duplicate_ids": dedup["duplicate_ids"],  # the same record id and text again
+        "id_conflicts": dedup["id_conflicts"],  # the same record id, another text: quarantined
+        "tombstoned": dedup["tombstoned"],
+        "members": members,
+        **{split: counts["splits"][split] for split in SPLITS},
+        "blocks": counts["packed_blocks"]["blocks"],
+        "tokens": counts["packed_blocks"]["tokens"],
+    }
+
+
+def _register(
+    ws: Workspace, partition_key: str, manifest: dict[str, Any], manifest_digest: str
+) -> states.Snapshot:
+    """Point the partition's manifest layer at it and record the snapshot as BUILDING.
+
+    A build with open dead letters is marked partial, so a retry may replace it."""
+    partial = "~partial" if manifest["counts"]["dead_letters"] else ""
+    ws.catalog.set_layer_output(
+        partition_key, "manifest", manifest_digest, manifest["buildId"] + partial
+    )
+    return states.register(
+        ws.catalog,
+        manifest["snapshotId"],
+        partition_key,
+        manifest_digest,
+        ws.config.alias,
+        build_id=manifest["buildId"],
+    )
+
+
+def _refuse_conflicting_rebuild(ws: Workspace, manifest: dict[str, Any]) -> None:
+    """The same build identity must give the same snapshot; a difference is nondeterminism,
+    reported by field and never overwritten."""
+    for earlier in states.find(ws.catalog):
+        if (
+            earlier.build_id == manifest["buildId"]
+            and earlier.snapshot_id != manifest["snapshotId"]
+        ):
+            old = get_json(ws.cas, earlier.manifest_digest, "earlier manifest")
+            if old["counts"].get("dead_letters") or manifest["counts"]["dead_letters"]:
+                continue  # a build with open dead letters was never complete: retrying is progress
+            differing = sorted(
+                k
+                for k in set(old) | set(manifest)
+                if k not in SELF_EXCLUDED and old.get(k) != manifest.get(k)
+            )
+            raise BuildConflict(
+                f"build {manifest['buildId']} (partition {manifest['partition']}) was built before "
+                f"as {earlier.snapshot_id} and now gives {manifest['snapshotId']}: the same "
+                f"inputs, config and code produced different content in {', '.join(differing)}; "
+                "nothing was overwritten"
+            )

@@ -1,0 +1,133 @@
+"""Shadow diff: what approving a candidate would change against the alias's active snapshot.
+
+Reviewers approve a digest; this tells them what that digest means relative to what training
+reads today: members added and removed, records that migrated between splits, and distribution
+shifts (share of each source and split, byte-length quantiles).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from corpus_assets.core.governance import alias_gate
+from corpus_assets.core.publication import manifest_queries
+from corpus_assets.core.publication.verify import load_manifest, resolve
+from corpus_assets.core.storage.cas import ContentStore
+from corpus_assets.core.storage.cas_queries import VerifiedFiles, sql_list
+from corpus_assets.core.storage.catalog import Catalog
+from corpus_assets.core.storage.trust import StatTrust
+
+if TYPE_CHECKING:
+    from duckdb import DuckDBPyConnection
+
+QUANTILES = (0.1, 0.5, 0.9, 0.99)
+EXAMPLES = 5
+SPLIT_OF = """CREATE VIEW {name} AS SELECT record_id, arg_max_null(split, file_row_number) AS split
+FROM read_parquet({path}, file_row_number = true) GROUP BY record_id"""  # last row wins, as a dict
+MIGRATED = """SELECT record_id || ': ' || coalesce(o.split, 'None') || ' -> '
+    || coalesce(n.split, 'None') FROM n JOIN o USING (record_id)
+WHERE n.split IS DISTINCT FROM o.split"""
+
+
+def _members(files: VerifiedFiles, manifest: dict[str, Any]) -> pa.Table:
+    """The profile's columns (two of few distinct values, one integer): small per member."""
+    columns = ["source_id", "split", "text_bytes"]
+    return pq.read_table(
+        files.path(manifest["members"]["digest"], "members table"), columns=columns
+    )
+
+
+def _profile(members: pa.Table) -> dict[str, Any]:
+    total = max(members.num_rows, 1)
+    shares: dict[str, dict[str, str]] = {}
+    for column in ("source_id", "split"):
+        counts = pc.value_counts(members.column(column)).to_pylist()
+        shares[column] = {
+            c["values"]: f"{100 * c['counts'] / total:.2f}%"
+            for c in sorted(counts, key=lambda c: c["values"])
+        }
+    lengths = members.column("text_bytes")
+    quantiles = (
+        pc.quantile(lengths, q=list(QUANTILES), interpolation="nearest").to_pylist()
+        if members.num_rows
+        else [0] * len(QUANTILES)
+    )
+    return {
+        "members": members.num_rows,
+        "source_share": shares["source_id"],
+        "split_share": shares["split"],
+        "text_bytes_quantiles": {
+            f"p{int(q * 100)}": v for q, v in zip(QUANTILES, quantiles, strict=True)
+        },
+    }
+
+
+def shadow_diff(
+    cas: ContentStore, catalog: Catalog, digest: str, trust: StatTrust | None = None
+) -> dict[str, Any]:
+    """Candidate vs the active snapshot of its alias (or vs nothing, for the first one).
+    ``trust``: a members table unchanged since it last hashed right is read without re-hashing
+    (for a preview, such as the approval Launchpad; approval itself re-hashes every byte)."""
+    candidate = resolve(catalog, digest)
+    manifest = load_manifest(cas, candidate)
+    files = VerifiedFiles(cas)  # each members table re-hashed once, then read as often as needed
+    active_id = alias_gate.read_alias_gate(catalog, candidate.alias).active_snapshot
+    old_manifest = (
+        load_manifest(cas, resolve(catalog, active_id))
+        if active_id not in (None, candidate.snapshot_id)
+        else None
+    )
+    if trust is not None:
+        tables = [m["members"]["digest"] for m in (manifest, old_manifest) if m is not None]
+        files.verified |= trust.unchanged(tables)
+    new = _members(files, manifest)
+    diff: dict[str, Any] = {"candidate": candidate.snapshot_id, "active": active_id}
+    diff["candidate_profile"] = _profile(new)
+    if old_manifest is None:
+        diff.update(added=new.num_rows, removed=0, split_migrations=0, examples={})
+        return diff
+    if old_manifest["members"]["digest"] == manifest["members"]["digest"]:  # a re-build
+        diff.update(added=0, removed=0, split_migrations=0)
+        diff["examples"] = {"added": [], "removed": [], "migrated": []}
+        diff["active_profile"] = diff["candidate_profile"]
+        return diff
+    diff.update(member_changes(cas, old_manifest["members"], manifest["members"], files))
+    diff["active_profile"] = _profile(_members(files, old_manifest))
+    return diff
+
+
+def member_changes(
+    cas: ContentStore,
+    old: dict[str, Any],
+    new: dict[str, Any],
+    files: VerifiedFiles | None = None,
+) -> dict[str, Any]:
+    """Members added, removed and moved between splits from table ``old`` to ``new`` (refs),
+    counted and the first few named, joined in DuckDB rather than in Python sets; ``files``:
+    the caller's verified files, so a table it read is not re-hashed."""
+    files = files if files is not None else VerifiedFiles(cas)
+    with manifest_queries.connect(cas) as con:
+        for name, ref in (("o", old), ("n", new)):
+            path = files.path(ref["digest"], "members table")
+            con.execute(SPLIT_OF.format(name=name, path=sql_list([path])))
+        added, added_n = _first(con, "SELECT record_id FROM n ANTI JOIN o USING (record_id)")
+        removed, removed_n = _first(con, "SELECT record_id FROM o ANTI JOIN n USING (record_id)")
+        migrated, migrated_n = _first(con, MIGRATED)
+    return {
+        "added": added_n,
+        "removed": removed_n,
+        "split_migrations": migrated_n,
+        "examples": {"added": added, "removed": removed, "migrated": migrated},
+    }
+
+
+def _first(con: DuckDBPyConnection, query: str) -> tuple[list[str], int]:
+    """The first ``EXAMPLES`` rows of a one-column query in sorted order, and its row count."""
+    rows = con.execute(
+        f"SELECT v, count(*) OVER () FROM ({query}) t(v) ORDER BY v LIMIT {EXAMPLES}"
+    ).fetchall()
+    return [v for v, _ in rows], (rows[0][1] if rows else 0)

@@ -1,0 +1,161 @@
+"""DuckDB over the CAS's Parquet files, out of core: the one way a stage opens a connection.
+
+Dedup, the training view and publication join, group and sort tables of every record; in Arrow
+or Python that holds whole columns. DuckDB runs those queries with its buffers capped at a
+memory limit (each caller states its own) and spills beyond it to a private directory under the
+data home's ``tmp``, removed on close. Inputs are read straight from their CAS files once
+re-hashed (:class:`VerifiedFiles`), so no unverified byte reaches a result.
+
+``import duckdb`` happens where a connection is made: a command that runs no query (the release
+CLI's read-only commands) never loads it.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+
+from corpus_assets.core.storage.artifacts import Ref
+from corpus_assets.core.storage.cas import ContentStore
+from corpus_assets.core.storage.parquet_sink import put_tables
+
+if TYPE_CHECKING:
+    from duckdb import DuckDBPyConnection
+
+BATCH_ROWS = 1 << 16  # rows per streamed result batch
+
+
+def connect(
+    memory_limit: str,
+    threads: int = 2,
+    spill: Path | None = None,
+    *,
+    preserve_insertion_order: bool = True,
+    flush: tuple[str, str] | None = None,
+) -> DuckDBPyConnection:
+    """An in-memory database capped at ``memory_limit``, spilling to ``spill`` when given.
+
+    ``preserve_insertion_order`` True: with False a streamed ORDER BY result comes back in
+    parallel-sorted runs. ``flush``, the allocator's (flush, bulk-deallocation flush) thresholds,
+    hands freed memory back to the system sooner than DuckDB's defaults (128 MB / 512 MB)."""
+    import duckdb
+
+    config: dict[str, str | int | bool] = {
+        "memory_limit": memory_limit,
+        "threads": max(1, threads),
+        "preserve_insertion_order": preserve_insertion_order,
+    }
+    if spill is not None:
+        config["temp_directory"] = str(spill)
+    if flush is not None:
+        config["allocator_flush_threshold"] = flush[0]
+        config["allocator_bulk_deallocation_flush_threshold"] = flush[1]
+    return duckdb.connect(config=config)
+
+
+@contextmanager
+def registered(con: DuckDBPyConnection, name: str, table: pa.Table) -> Iterator[str]:
+    """``table`` as the relation ``name`` on ``con`` within the block, unregistered after."""
+    con.register(name, table)
+    try:
+        yield name
+    finally:
+        con.unregister(name)
+
+
+class Spilling:
+    """A :func:`connect` connection (``.con``) spilling to a fresh directory under ``tmp`` (the
+    data home's), which ``close`` removes; as a context manager it gives the connection."""
+
+    def __init__(
+        self,
+        tmp: Path,
+        memory_limit: str,
+        threads: int = 2,
+        *,
+        preserve_insertion_order: bool = True,
+        flush: tuple[str, str] | None = None,
+    ) -> None:
+        tmp.mkdir(parents=True, exist_ok=True)
+        self.dir = Path(tempfile.mkdtemp(prefix="duckdb-", dir=tmp))
+        try:
+            self.con = connect(
+                memory_limit,
+                threads,
+                self.dir / "spill",
+                preserve_insertion_order=preserve_insertion_order,
+                flush=flush,
+            )
+        except BaseException:
+            shutil.rmtree(self.dir, ignore_errors=True)
+            raise
+
+    def close(self) -> None:
+        self.con.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def __enter__(self) -> DuckDBPyConnection:
+        return self.con
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class VerifiedFiles:
+    """Local paths of CAS objects, each re-hashed once before it is handed out."""
+
+    def __init__(self, cas: ContentStore, verified: Iterable[str] = ()) -> None:
+        self.cas = cas
+        self.verified = set(verified)
+
+    def path(self, digest: str, what: str = "table") -> str:
+        """The object's file, after a streamed re-hash (CasError if missing or corrupt)."""
+        if digest not in self.verified:
+            self.cas.verify(digest, what)
+            self.verified.add(digest)
+        return str(self.cas.path(digest))
+
+    def paths(self, digests: Iterable[str], what: str = "table") -> list[str]:
+        return [self.path(d, what) for d in digests]
+
+
+def sql_list(paths: list[str]) -> str:
+    """A SQL list literal of file paths (for ``read_parquet``); paths are CAS paths, but quote."""
+    return "[" + ", ".join("'" + p.replace("'", "''") + "'" for p in paths) + "]"
+
+
+def sql_path(path: str) -> str:
+    """A SQL string literal of one file path."""
+    return "'" + path.replace("'", "''") + "'"
+
+
+def cas_parquet(cas: ContentStore, ref: Ref, what: str, numbered: bool = False) -> str:
+    """``read_parquet`` of a verified CAS table (with ``file_row_number`` when ``numbered``)."""
+    path = VerifiedFiles(cas).path(ref["digest"], what)
+    return f"read_parquet({sql_path(path)}{', file_row_number = true' if numbered else ''})"
+
+
+def cas_parquets(cas: ContentStore, refs: list[Ref], what: str, numbered: bool = False) -> str:
+    """``read_parquet`` of several verified CAS tables, in order (``file_row_number`` and
+    ``filename`` columns when ``numbered``)."""
+    paths = VerifiedFiles(cas).paths([ref["digest"] for ref in refs], what)
+    extra = ", file_row_number = true, filename = true" if numbered else ""
+    return f"read_parquet({sql_list(paths)}{extra})"
+
+
+def batches(con: DuckDBPyConnection, sql: str, rows: int = BATCH_ROWS) -> pa.RecordBatchReader:
+    return con.sql(sql).to_arrow_reader(rows)
+
+
+def put_query(
+    cas: ContentStore, con: DuckDBPyConnection, sql: str, schema: pa.Schema
+) -> tuple[Ref, pa.Table]:
+    """The rows of ``sql`` (in its ORDER BY) as ``put_table`` would store them, and the first
+    ten rows (:func:`~corpus_assets.core.storage.parquet_sink.put_tables`)."""
+    return put_tables(cas, batches(con, sql), schema)

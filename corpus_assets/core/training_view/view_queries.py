@@ -1,0 +1,26 @@
+"""DuckDB for the training view's per-record joins, group-bys and sorts: out of core.
+
+A layer's per-record state (its members, their splits, token counts) lives in an in-memory
+DuckDB database (``storage.cas_queries``) capped at ``MEMORY_LIMIT`` that spills to a directory
+under the data home's ``tmp``, so the Python process holds only batches and the small tables of
+conflicts and moves. Inputs and outputs go through ``storage.cas_queries`` (``cas_parquet``,
+``put_query``) and ``storage.parquet_sink.put_tables``.
+"""
+
+from pathlib import Path
+
+import duckdb
+
+from corpus_assets.core.storage import cas_queries
+
+MEMORY_LIMIT = "128MB"  # DuckDB's own buffers; beyond it joins and sorts spill to disk
+
+
+def connect(spill: Path | None = None, threads: int = 2) -> duckdb.DuckDBPyConnection:
+    """An in-memory database capped at ``MEMORY_LIMIT``; it spills to ``spill`` when given."""
+    return cas_queries.connect(MEMORY_LIMIT, threads, spill)
+
+
+def spilling(home: Path, threads: int) -> cas_queries.Spilling:
+    """A connection spilling to a fresh directory under ``home/tmp``, removed afterwards."""
+    return cas_queries.Spilling(home / "tmp", MEMORY_LIMIT, threads)
