@@ -6,6 +6,9 @@ layer's row path (with PII redaction and benchmark containment, and again under 
 quality policy without redaction), and each hot function alone (normalisation, PII, quality,
 script, dedup key, MinHash signatures, fingerprints, modes, shingles and ICU words). An
 optimisation that changes one byte changes a digest, and the failing key names the function.
+The ``canonical`` digests (the row path with the benchmark screen) were recorded again, from the
+unchanged tree, under ``contamination.v2`` when the whitespace-token rule they first ran was
+removed.
 The adversarial set always runs; each shared corpus only where ``../shared`` is present.
 """
 
@@ -30,8 +33,7 @@ from corpus_assets.core.records.canonicalize import (
     finish_records,
     parse_line,
 )
-from corpus_assets.core.records.contamination import ContaminationPolicy
-from corpus_assets.core.records.contamination_index import BenchmarkIndex
+from corpus_assets.core.records.contamination import BenchmarkIndex, TokenPolicy
 from corpus_assets.core.records.normalize import dedup_key, normalize_parts
 from corpus_assets.core.records.pii import redact_parts
 from corpus_assets.core.records.quality import QualityPolicy, check_quality
@@ -102,7 +104,7 @@ def _index() -> BenchmarkIndex:
         ("adv/2", "Return a new list containing all items from the iterable in ascending order"),
         ("adv/3", "日本語のテキスト 中文文本内容"),
     ]
-    return BenchmarkIndex.build(items, ContaminationPolicy())
+    return BenchmarkIndex.build(items, TokenPolicy())
 
 
 def _canonical(source: ObjectsSource, lines: list[bytes], stages: Stages) -> str:

@@ -3,7 +3,7 @@ every config model shares: unknown keys are errors, values are not coerced, mode
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
 class Strict(BaseModel):
@@ -29,15 +29,25 @@ class QualityConfig(Strict):
 
 
 class ContaminationConfig(Strict):
-    """v2 (default): any shared n-gram flags, short items checked whole (``min_whole_*``);
-    v1: ``threshold_ppm`` containment. docs/USER_GUIDE.md, "Decontamination"."""
+    """Any shared n-gram flags; short items are checked whole (``min_whole_*``).
+    docs/USER_GUIDE.md, "Decontamination"."""
 
-    version: Literal["contamination.v1", "contamination.v2"] = "contamination.v2"
+    version: Literal["contamination.v2"] = "contamination.v2"
     ngram_words: Annotated[int, Field(ge=3, le=64)] = 13
     ngram_chars: Annotated[int, Field(ge=8, le=256)] = 50
-    threshold_ppm: Annotated[int, Field(ge=1, le=1_000_000)] = 500_000
     min_whole_tokens: Annotated[int, Field(ge=1, le=64)] = 8
     min_whole_chars: Annotated[int, Field(ge=1, le=256)] = 20
+
+    @field_validator("version", mode="before")
+    @classmethod
+    def _removed_version(cls, value: object) -> object:
+        """The whitespace-token containment rule is gone: say so, not just "not allowed"."""
+        if value == "contamination.v1":
+            raise ValueError(
+                "contamination.v1 is no longer available (its engine was removed); use "
+                "contamination.v2, the default, or leave the key out"
+            )
+        return value
 
     @model_validator(mode="after")
     def _whole_checks_below_ngrams(self) -> "ContaminationConfig":

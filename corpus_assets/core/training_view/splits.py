@@ -292,5 +292,3 @@ class StoredEvidence(Mapping[str, str]):
     def __len__(self) -> int:
         sql = f"SELECT count(DISTINCT leakage_id) FROM {self._table()}"
         return int(self._con.execute(sql).fetchone()[0])
-
-

@@ -1,10 +1,10 @@
 """Vectorised ``contamination.v2`` tokenisation: a batch of texts as one token stream.
 
-The stream has the layout of :class:`.contamination_stream.Stream` (text ``r`` is
+The stream has the layout of :class:`.stream.Stream` (text ``r`` is
 ``out[off[r] + 1 : off[r + 1]]``, every token preceded by exactly one space), so its rolling
 hashes, window spans and validity checks are reused: a window of ``n`` tokens is the substring
 from a token's first character to the ``n``-th token's last, spaces included, and its hash is
-two prefix-sum lookups. Equal to :func:`.contamination_v2.normalise` text for text (tested).
+two prefix-sum lookups. Equal to :func:`.rules.normalise` text for text (tested).
 """
 
 import unicodedata
@@ -12,11 +12,11 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from corpus_assets.core.records.contamination_stream import Stream, _code_points
-from corpus_assets.core.records.contamination_v2 import (
+from corpus_assets.core.records.contamination.rules import (
     FIRST_UNSPACED as _FIRST_UNSPACED,
 )
-from corpus_assets.core.records.contamination_v2 import normalise, unspaced_table, word_table
+from corpus_assets.core.records.contamination.rules import normalise, unspaced_table, word_table
+from corpus_assets.core.records.contamination.stream import Stream, _code_points
 
 
 def token_stream(texts: Sequence[str], folded: bool = False) -> Stream:

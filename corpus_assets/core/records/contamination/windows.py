@@ -14,9 +14,9 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from corpus_assets.core.records.contamination_stream import _code_points
-from corpus_assets.core.records.contamination_tokens import fold
-from corpus_assets.core.records.contamination_v2 import unspaced_table, word_table
+from corpus_assets.core.records.contamination.rules import unspaced_table, word_table
+from corpus_assets.core.records.contamination.stream import _code_points
+from corpus_assets.core.records.contamination.tokens import fold
 
 WINDOW_CHARS = 1 << 18  # a longer text is screened in windows of about this size (a batch)
 _NON_WORD = re.compile(r"\W")  # the complement of ``word_table`` (built from ``\w``)

@@ -1,8 +1,10 @@
-"""Benchmark decontamination ``contamination.v2``: any shared token n-gram flags (the rules).
+"""Benchmark decontamination (``contamination.v2``): any shared token n-gram flags (the rules).
 
-v1 (:mod:`.contamination`) split on whitespace and asked for 50% containment; real leaks got
-through: a 12-token answer has no 13-gram once ``that's`` is two tokens elsewhere, and re-spaced
-code shares no whitespace-split n-gram at all. v2 follows the lm-eval-harness "janitor":
+A record is contaminated by a benchmark item when they share a token n-gram, or a short item
+occurs in it whole. Splitting on whitespace and asking for 50% containment (the earlier rule)
+let real leaks through: a 12-token answer has no 13-gram once ``that's`` is two tokens
+elsewhere, and re-spaced code shares no whitespace-split n-gram at all. This follows the
+lm-eval-harness "janitor":
 
 - Tokens (:func:`tokens`): NFKC, casefold, then the runs of word characters (Python ``re``
   Unicode ``\\w``: ``str.isalnum()`` or ``_``). Whitespace and punctuation never matter:
@@ -24,8 +26,9 @@ code shares no whitespace-split n-gram at all. v2 follows the lm-eval-harness "j
   (``min_whole_chars`` word characters when unspaced) is not checked at all and reported as
   unchecked: "why" or a 7-character common Chinese phrase would flag unrelated text.
 
-This module is the definition (reference functions the fast path must agree with); the fast
-path is :mod:`.contamination_tokens` (vectorised tokenisation) and :mod:`.contamination_v2_index`.
+``None`` from a match means "no match with this method, policy and reference set", not "not
+contaminated". This module is the definition (reference functions the fast path must agree
+with); the fast path is :mod:`.tokens` (vectorised tokenisation) and :mod:`.index`.
 """
 
 import functools
@@ -36,13 +39,12 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from corpus_assets.core.records.contamination import PPM, Match
-
-VERSION = "contamination.v2"
+VERSION = "contamination.v2"  # the policy's name in config, payloads and reports
 INDEX_FORMAT = "contamination.index.v2"
+PPM = 1_000_000
 UNCHECKED, NGRAM, WHOLE = 0, 1, 2  # how an item is checked
 _WORD = re.compile(r"\w+")
-_UNSPACED_RANGES = (  # Thai, Lao, Tibetan, Myanmar, Khmer, kana, CJK (as v1)
+_UNSPACED_RANGES = (  # Thai, Lao, Tibetan, Myanmar, Khmer, kana, CJK
     (0x0E00, 0x0EFF),
     (0x0F00, 0x0FFF),
     (0x1000, 0x109F),
@@ -61,7 +63,7 @@ _NO_SPACE_SCRIPTS = re.compile(
 
 @dataclass(frozen=True)
 class TokenPolicy:
-    """The v2 policy; integers only (it is hashed into task keys)."""
+    """The contamination policy; integers only (it is hashed into task keys)."""
 
     version: str = VERSION
     ngram_words: int = 13
@@ -81,6 +83,23 @@ class TokenPolicy:
 
     def payload(self) -> dict:
         return asdict(self)
+
+
+@dataclass(frozen=True)
+class Match:
+    """The benchmark item a record is excluded for (reason ``contamination.benchmark``).
+
+    ``containment_ppm`` is ``|A & B| / |A|`` in parts per million (``A`` the item's n-grams,
+    ``B`` the record's; 1_000_000 for an item found whole), the evidence, not a threshold;
+    ``shared`` counts the item n-grams found in the record; ``whole`` says a short item was
+    found whole; ``benchmark`` names the item's benchmark when the index was told it.
+    """
+
+    item_id: str
+    containment_ppm: int
+    shared: int = 0
+    whole: bool = False
+    benchmark: str = ""
 
 
 def tokens(text: str) -> list[str]:

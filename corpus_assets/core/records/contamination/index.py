@@ -1,12 +1,12 @@
-"""``TokenIndex``: the ``contamination.v2`` engine (rules in :mod:`.contamination_v2`).
+"""``TokenIndex``: the matching engine (rules in :mod:`.rules`).
 
-Four hashed tables, each of :class:`.contamination_tables.NgramTable` (sorted 64-bit keys,
+Four hashed tables, each of :class:`.tables.NgramTable` (sorted 64-bit keys,
 postings, screening bitmap): ``word`` (token n-grams of long spaced items), ``char`` (letter
 n-grams of long unspaced items), and for short items checked whole, ``word_head`` /
 ``char_head``: the hash of the item's first ``min_whole_tokens`` tokens (``min_whole_chars``
 letters), so one extra window size finds every place a short item could start. Records are
-tokenised a batch at a time (:mod:`.contamination_tokens`; a text longer than ``WINDOW_CHARS``
-alone, in overlapping windows: :mod:`.contamination_windows`) and every window of a table's
+tokenised a batch at a time (:mod:`.tokens`; a text longer than ``WINDOW_CHARS``
+alone, in overlapping windows: :mod:`.windows`) and every window of a table's
 size is probed; each hit is confirmed on the real strings (n-gram set membership, or the whole
 item at that position), so the hash decides nothing: a collision costs a comparison, and an
 equal string always has the equal hash, so nothing is missed.
@@ -18,23 +18,24 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from corpus_assets.core.records.contamination import PPM, Match
-from corpus_assets.core.records.contamination_stream import Stream, batches
-from corpus_assets.core.records.contamination_tables import NgramTable, _checked_pairs
-from corpus_assets.core.records.contamination_tokens import (
-    letter_stream,
-    single_stream,
-    token_stream,
-)
-from corpus_assets.core.records.contamination_v2 import (
+from corpus_assets.core.records.contamination.rules import (
     INDEX_FORMAT,
     NGRAM,
+    PPM,
     WHOLE,
+    Match,
     TokenPolicy,
     ngrams,
     plan,
 )
-from corpus_assets.core.records.contamination_windows import (
+from corpus_assets.core.records.contamination.stream import Stream, batches
+from corpus_assets.core.records.contamination.tables import NgramTable, checked_pairs
+from corpus_assets.core.records.contamination.tokens import (
+    letter_stream,
+    single_stream,
+    token_stream,
+)
+from corpus_assets.core.records.contamination.windows import (
     WINDOW_CHARS,
     folded_windows,
     holds_unspaced,
@@ -73,7 +74,7 @@ def _window_hashes(stream: Stream, count: int, kind: str, n: int) -> list[np.nda
 
 
 class TokenIndex:
-    """Benchmark items indexed for v2 matching; build with :meth:`build`."""
+    """Benchmark items indexed for matching; build with :meth:`build`."""
 
     def __init__(self, policy: TokenPolicy, ids: tuple[str, ...], texts: tuple[str, ...]) -> None:
         self.policy = policy
@@ -95,7 +96,7 @@ class TokenIndex:
     @classmethod
     def build(cls, items: Iterable[tuple[str, str]], policy: TokenPolicy) -> "TokenIndex":
         """Index ``(item_id, text)`` pairs; the result does not depend on their order."""
-        pairs = _checked_pairs(items)
+        pairs = checked_pairs(items)
         raw = [text for _, text in pairs]
         grams: dict[str, tuple[list[np.ndarray], list[np.ndarray]]] = {}
         texts: list[str] = []
