@@ -16,12 +16,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from corpus_assets.core.runtime.execution import Execution
 from corpus_assets.core.runtime.row_policies import (
     ContaminationConfig,
+    NearSignature,
     PiiConfig,
     QualityConfig,
 )
-from corpus_assets.core.runtime.row_policies import (
-    Strict as _Strict,
-)
+from corpus_assets.core.runtime.row_policies import Strict as _Strict
 from corpus_assets.core.runtime.schedule import Schedule
 from corpus_assets.core.runtime.yaml_loader import UniqueKeyLoader
 from corpus_assets.core.storage.cas_s3 import parse_cas_url
@@ -123,7 +122,7 @@ class NearDedupPolicy(_Strict):
     """MinHash/LSH near-dedup: every field changes which records survive, so all are hashed."""
 
     enabled: bool = True
-    signature: Literal["minhash.v3", "minhash.v2", "minhash.v1"] = "minhash.v3"
+    signature: NearSignature = "minhash.v3"
     num_perm: Annotated[int, Field(ge=8, le=1024)] = 128
     seed: Annotated[int, Field(ge=0)] = 1
     shingle_words: Annotated[int, Field(ge=1, le=64)] = 5

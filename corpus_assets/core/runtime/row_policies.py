@@ -3,7 +3,7 @@ every config model shares: unknown keys are errors, values are not coerced, mode
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 
 class Strict(BaseModel):
@@ -28,26 +28,35 @@ class QualityConfig(Strict):
     ngram: Annotated[int, Field(ge=1, le=32)] = 3
 
 
+def refuse_removed(version: str, why: str) -> BeforeValidator:
+    """A removed version named in the config is an error saying so, not just "not allowed"."""
+
+    def check(value: object) -> object:
+        if value == version:
+            raise ValueError(f"{version} is no longer available ({why})")
+        return value
+
+    return BeforeValidator(check)
+
+
+NearSignature = Annotated[
+    Literal["minhash.v3", "minhash.v2"],
+    refuse_removed("minhash.v1", "its sha1 scheme was removed; use minhash.v3 or minhash.v2"),
+]
+
+
 class ContaminationConfig(Strict):
     """Any shared n-gram flags; short items are checked whole (``min_whole_*``).
     docs/USER_GUIDE.md, "Decontamination"."""
 
-    version: Literal["contamination.v2"] = "contamination.v2"
+    version: Annotated[
+        Literal["contamination.v2"],
+        refuse_removed("contamination.v1", "its engine was removed; use contamination.v2"),
+    ] = "contamination.v2"
     ngram_words: Annotated[int, Field(ge=3, le=64)] = 13
     ngram_chars: Annotated[int, Field(ge=8, le=256)] = 50
     min_whole_tokens: Annotated[int, Field(ge=1, le=64)] = 8
     min_whole_chars: Annotated[int, Field(ge=1, le=256)] = 20
-
-    @field_validator("version", mode="before")
-    @classmethod
-    def _removed_version(cls, value: object) -> object:
-        """The whitespace-token containment rule is gone: say so, not just "not allowed"."""
-        if value == "contamination.v1":
-            raise ValueError(
-                "contamination.v1 is no longer available (its engine was removed); use "
-                "contamination.v2, the default, or leave the key out"
-            )
-        return value
 
     @model_validator(mode="after")
     def _whole_checks_below_ngrams(self) -> "ContaminationConfig":

@@ -16,7 +16,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from corpus_assets.core.dedup.heldout_search import HeldoutPairs
-from corpus_assets.core.dedup.signature_spec import spec_payload
+from corpus_assets.core.dedup.minhash import spec_payload
 from corpus_assets.core.records.index import ChunkRecords
 from corpus_assets.core.runtime.layers import LayerIndex
 from corpus_assets.core.runtime.workspace import Workspace

@@ -36,10 +36,9 @@ from corpus_assets.core.dedup.heldout_search import (
     settle,
     side_candidates,
 )
-from corpus_assets.core.dedup.minhash import fingerprints
+from corpus_assets.core.dedup.minhash import SignatureSpec, fingerprints
 from corpus_assets.core.dedup.near_dedup import RowMajor
 from corpus_assets.core.dedup.signature_cache import BandMajorFile
-from corpus_assets.core.dedup.signature_spec import SignatureSpec
 from corpus_assets.core.records.index import ChunkRecords
 from corpus_assets.core.runtime.runners import task_runner
 from corpus_assets.core.runtime.workspace import Workspace, pooled

@@ -1,8 +1,8 @@
-"""minhash.v2 shingle fingerprints: a polynomial unit hash combined per shingle, in numpy.
+"""MinHash shingle fingerprints: a polynomial unit hash combined per shingle, in numpy.
 
 This is the v2 hash on its own because it is both the definition (the scalar reference
 functions, which the tests and the docs follow) and the hot path (the vectorised functions,
-which must agree with the reference bit for bit); :mod:`.minhash_v2` only permutes its output.
+which must agree with the reference bit for bit); :mod:`.engine` only permutes its output.
 
 All arithmetic is on unsigned integers modulo ``2**64`` (``M``); ``^`` is xor.
 Constants: ``K = 0x9E3779B97F4A7C15``, ``C = 0xC2B2AE3D27D4EB4F``, ``R = 0x27D4EB2F165667C5``.

@@ -23,8 +23,8 @@ import re
 import unicodedata
 from collections.abc import Sequence
 
-from corpus_assets.core.dedup.segment import segment_words
-from corpus_assets.core.dedup.signature_spec import DEFAULT_SPEC, SignatureSpec, segments_unspaced
+from corpus_assets.core.dedup.minhash.segment import segment_words
+from corpus_assets.core.dedup.minhash.spec import DEFAULT_SPEC, SignatureSpec, segments_unspaced
 
 _UNSPACED_BLOCKS = (
     "\u0e00-\u0e7f\u0e80-\u0eff\u0f00-\u0fff\u1000-\u109f\u1780-\u17ff"

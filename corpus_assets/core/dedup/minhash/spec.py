@@ -3,14 +3,14 @@
 Signatures are cached and compared across builds, so everything that determines one lives in a
 versioned :class:`SignatureSpec` and is hashed into cache keys via :func:`spec_payload`: the
 normalisation and shingling rule (:mod:`.shingling`), the shingle hash, and the permutation
-family with its seed. ``minhash.v3`` is the default: v2's hashing (:mod:`.minhash_v2`, with
+family with its seed. ``minhash.v3`` is the default: v2's hashing (:mod:`.engine`, with
 :mod:`.unit_hash`), but a text in an unspaced script is cut into ICU words
 (:mod:`.segment`) and shingled like spaced text instead of in 5-character shingles, so a pair
 gets the verdict its translation into a spaced language gets; its signature files also store
 each record's shingle mode, for the per-script report and threshold (:mod:`.near_rule`).
-``minhash.v2`` (character shingles, today's digests) and ``minhash.v1`` (:mod:`.minhash_v1`)
-stay selectable with ``SignatureSpec(version=...)``. Signatures of different versions are not
-comparable (v2 and v3 agree on spaced text).
+``minhash.v2`` (character shingles, the earlier default) stays selectable with
+``SignatureSpec(version=...)``. Signatures of different versions are not comparable (v2 and v3
+agree on spaced text).
 
 Both versions: component ``j`` of the signature is the minimum over the document's shingles
 (duplicates do not matter); a document with no shingles (only the empty text) has every
@@ -19,12 +19,11 @@ component :data:`MAX_HASH` (``2**32 - 1``), datasketch's initial value.
 
 from dataclasses import dataclass
 
-from corpus_assets.core.dedup.segment import SEGMENTER
+from corpus_assets.core.dedup.minhash.segment import SEGMENTER
 
-VERSION_V1 = "minhash.v1"
 VERSION_V2 = "minhash.v2"
 VERSION_V3 = "minhash.v3"  # v2's hashing; the shingle mode per record; a threshold per mode
-VERSIONS = (VERSION_V1, VERSION_V2, VERSION_V3)
+VERSIONS = (VERSION_V2, VERSION_V3)
 VERSION = VERSION_V3  # the default
 MAX_HASH = (1 << 32) - 1
 
@@ -64,14 +63,9 @@ def spec_payload(spec: SignatureSpec) -> dict:
         "normalisation": "nfc+casefold+collapse_ws",
         "shingling": "words|chars(unspaced_letters*3>=letters)|whole_if_short",
     }
-    if spec.version == VERSION_V1:
-        payload["hash"] = "sha1_le32"
-        payload["fingerprint"] = "sha1_le64"
-        payload["permutation"] = "datasketch_legacy_mersenne61_mask32"
-    else:
-        payload["hash"] = "fp64_hi32"
-        payload["fingerprint"] = "fp64=fmix64(horner_r(unit_hash64)+m);unit=fmix64(poly_k+len*c)"
-        payload["permutation"] = "datasketch_affine32_fmix32"
+    payload["hash"] = "fp64_hi32"
+    payload["fingerprint"] = "fp64=fmix64(horner_r(unit_hash64)+m);unit=fmix64(poly_k+len*c)"
+    payload["permutation"] = "datasketch_affine32_fmix32"
     if spec.version == VERSION_V3:
         payload["shingling"] = f"words|{SEGMENTER}+words(unspaced_letters*3>=letters)"
         payload["modes"] = "row num_perm: 1 unspaced (segmented), 0 spaced"

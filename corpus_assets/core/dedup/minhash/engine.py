@@ -1,4 +1,4 @@
-"""minhash.v2: :mod:`.unit_hash` fingerprints under datasketch's ``affine32`` permutations.
+"""The MinHash scheme of ``minhash.v2`` and ``v3``: :mod:`.unit_hash` fingerprints, ``affine32``.
 
 Bit-compatible with ``datasketch.MinHash(num_perm, seed, scheme="affine32", hashfunc=lambda
 units: fingerprint64_units(units) >> 32)`` updated with ``shingling.shingle_units``, but computed
@@ -26,10 +26,10 @@ from itertools import repeat
 import numpy as np
 
 from corpus_assets.core.dedup.jaccard import EMPTY_FP, sorted_unique
-from corpus_assets.core.dedup.segment import segment_words
-from corpus_assets.core.dedup.shingling import is_unspaced, normalise
-from corpus_assets.core.dedup.signature_spec import MAX_HASH, SignatureSpec, segments_unspaced
-from corpus_assets.core.dedup.unit_hash import (
+from corpus_assets.core.dedup.minhash.segment import segment_words
+from corpus_assets.core.dedup.minhash.shingling import is_unspaced, normalise
+from corpus_assets.core.dedup.minhash.spec import MAX_HASH, SignatureSpec, segments_unspaced
+from corpus_assets.core.dedup.minhash.unit_hash import (
     char_units,
     codepoints,
     shingle_fingerprints,
@@ -93,7 +93,7 @@ def _affine_min_into(
         out[r] = np.minimum(out[r], mins)
 
 
-class _V2Sink:
+class _Sink:
     """Turns unit hashes of documents into signature rows and fingerprint arrays."""
 
     def __init__(self, count: int, spec: SignatureSpec, want_sig: bool, want_fp: bool) -> None:
@@ -147,7 +147,7 @@ class _V2Sink:
             self.fps[row] = sorted_unique(np.concatenate(parts))
 
 
-def sketch_v2(
+def sketch_texts(
     texts: Sequence[str],
     spec: SignatureSpec,
     want_sig: bool,
@@ -156,7 +156,7 @@ def sketch_v2(
 ) -> tuple[np.ndarray | None, list[np.ndarray]]:
     """``(signatures or None, fingerprints or [])`` of the texts under a v2/v3 ``spec``;
     ``modes``, if given, receives each text's char-mode flag (the empty text: word mode)."""
-    sink = _V2Sink(len(texts), spec, want_sig, want_fp)
+    sink = _Sink(len(texts), spec, want_sig, want_fp)
     limit = _BLOCK_CODEPOINTS
     pending: dict[bool, tuple[list[int], list[str]]] = {False: ([], []), True: ([], [])}
     size = 0
