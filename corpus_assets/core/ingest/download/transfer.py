@@ -7,8 +7,8 @@ advances the verified prefix resets the count, so a server that drops every few 
 delivers a large object. What a server ignoring Range costs is bounded instead by bytes: one call
 receives at most ``transfer_budget`` times the object's size, then names the server's behaviour.
 What is verified on disk, and when it is committed, is
-``download_checkpoint``'s business. Memory is flat: one chunk at a time. With ``validate`` a
-compressed object is also decoded as it arrives (``download_decode``), so the download fails with
+``checkpoint``'s business. Memory is flat: one chunk at a time. With ``validate`` a
+compressed object is also decoded as it arrives (``decode``), so the download fails with
 ``InvalidObject`` as soon as the object proves truncated, corrupt or a bomb (never publishing it).
 """
 
@@ -21,12 +21,8 @@ from functools import partial as bind
 from pathlib import Path
 
 from corpus_assets.core.ingest.codecs import CodecError, DecompressionLimits
-from corpus_assets.core.ingest.download_checkpoint import (
-    PartialFile,
-    ResumeRefused,
-    locked_partial,
-)
-from corpus_assets.core.ingest.download_decode import DecodeCheck, Decoded
+from corpus_assets.core.ingest.download.checkpoint import PartialFile, ResumeRefused, locked_partial
+from corpus_assets.core.ingest.download.decode import DecodeCheck, Decoded
 from corpus_assets.core.ingest.remote_http import (
     DownloadError,
     RemoteVersion,

@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
-from corpus_assets.core.ingest.download_decode import DecodeCheck, Decoded
+from corpus_assets.core.ingest.download.decode import DecodeCheck, Decoded
 from corpus_assets.core.ingest.remote_http import DownloadError, RemoteVersion
 from corpus_assets.core.storage.digests import PREFIX
 from corpus_assets.core.storage.fsio import atomic_write
