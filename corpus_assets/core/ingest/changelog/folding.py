@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from corpus_assets.core.ingest.changelog_events import ChangelogError, Event, as_offset
-from corpus_assets.core.ingest.changelog_merge import OutOfOrder, merged_events
-from corpus_assets.core.ingest.changelog_segments import Segment, whole_lines
+from corpus_assets.core.ingest.changelog.events import ChangelogError, Event, as_offset
+from corpus_assets.core.ingest.changelog.merge import OutOfOrder, merged_events
+from corpus_assets.core.ingest.changelog.segments import Segment, whole_lines
 from corpus_assets.core.storage.digests import hasher_digest
 
 _INT_KEY = re.compile(r"-?(?:0|[1-9][0-9]*)")

@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import BinaryIO
 
-from corpus_assets.core.ingest.changelog_events import ChangelogError, load_event, lsn_of
+from corpus_assets.core.ingest.changelog.events import ChangelogError, load_event, lsn_of
 from corpus_assets.core.ingest.codecs import CodecError, iter_lines, sniff_codec
 from corpus_assets.core.ingest.folder_listing import OutsideFolder, list_folder
 from corpus_assets.core.storage.digests import hasher_digest

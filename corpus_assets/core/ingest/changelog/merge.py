@@ -10,14 +10,14 @@ import itertools
 from collections.abc import Iterator
 from typing import Any
 
-from corpus_assets.core.ingest.changelog_events import (
+from corpus_assets.core.ingest.changelog.events import (
     ChangelogError,
     Event,
     load_event,
     lsn_of,
     parse_event,
 )
-from corpus_assets.core.ingest.changelog_segments import PinnedReader, Segment
+from corpus_assets.core.ingest.changelog.segments import PinnedReader, Segment
 from corpus_assets.core.ingest.codecs import CodecError, iter_lines
 
 
