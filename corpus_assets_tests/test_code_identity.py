@@ -38,7 +38,7 @@ UNCHANGED_BY_PII = [  # ingest never imports records; the rest read canonical re
     f"{CORE}.ingest.pinning",
     f"{CORE}.ingest.freeze",
     f"{CORE}.dedup.minhash",
-    f"{CORE}.training_view.splits",
+    f"{CORE}.training_view.splits.build",
     f"{CORE}.training_view.mixing",
 ]
 

@@ -59,20 +59,20 @@ from corpus_assets.core.storage.duck import (
     sql_list,
 )
 from corpus_assets.core.storage.table_lookup import TrustedFiles
-from corpus_assets.core.training_view.heldout_state import (
+from corpus_assets.core.training_view.splits.heldout_state import (
     STATE_COLUMNS,
     PriorSearch,
     state_table,
     union_pairs,
 )
-from corpus_assets.core.training_view.heldout_tasks import (
+from corpus_assets.core.training_view.splits.heldout_tasks import (
     RowDigests,
     by_digest,
     fingerprint_rows,
     known_jaccards,
     pooled_search,
 )
-from corpus_assets.core.training_view.splits_schema import TRAIN
+from corpus_assets.core.training_view.splits.schema import TRAIN
 
 PAIR_COLUMNS = pa.schema(
     [

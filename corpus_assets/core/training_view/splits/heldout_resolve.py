@@ -8,11 +8,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from corpus_assets.core.training_view.leakage_graph import component_labels
-from corpus_assets.core.training_view.split_assign import Assignment
-from corpus_assets.core.training_view.split_conflicts import largest_side
-from corpus_assets.core.training_view.split_heldout import searched_records
-from corpus_assets.core.training_view.split_residual import with_moves
-from corpus_assets.core.training_view.splits_schema import HELDOUT, Move
+from corpus_assets.core.training_view.splits.assign import Assignment
+from corpus_assets.core.training_view.splits.conflicts import largest_side
+from corpus_assets.core.training_view.splits.heldout import searched_records
+from corpus_assets.core.training_view.splits.residual import with_moves
+from corpus_assets.core.training_view.splits.schema import HELDOUT, Move
 
 
 def resolve_heldout(result: Assignment, pairs: pa.Table, clusters: str) -> Assignment:

@@ -19,7 +19,7 @@ by ``policies.splits.on_conflict``:
   the next evaluation version (``eval_version`` + 1) and every changed record is a listed move.
 
 The largest side is the split holding most parent members, ties broken by split order. The time
-boundary (``time_cutoff``, ``gap``) runs first: see ``split_time``.
+boundary (``time_cutoff``, ``gap``) runs first: see ``splits.by_time``.
 """
 
 import hashlib
@@ -33,10 +33,10 @@ import pyarrow.compute as pc
 
 from corpus_assets.core.runtime.config import SplitPolicy
 from corpus_assets.core.training_view import duck
-from corpus_assets.core.training_view.split_bridges import AnyGraph
-from corpus_assets.core.training_view.split_conflicts import Resolution, resolve_conflicts
-from corpus_assets.core.training_view.split_time import time_phase
-from corpus_assets.core.training_view.splits_schema import (
+from corpus_assets.core.training_view.splits.bridges import AnyGraph
+from corpus_assets.core.training_view.splits.by_time import time_phase
+from corpus_assets.core.training_view.splits.conflicts import Resolution, resolve_conflicts
+from corpus_assets.core.training_view.splits.schema import (
     EXCLUDED,
     MOVE_COLUMNS,
     NEW_VERSION,
@@ -194,7 +194,7 @@ def _relation(con: duckdb.DuckDBPyConnection, name: str, rows: Source, schema: p
 def _time_phase(
     con: duckdb.DuckDBPyConnection, policy: SplitPolicy, evidence: Mapping[str, str]
 ) -> tuple[pa.Table, list[Move], list[Conflict]]:
-    """The time boundary (``split_time``) over ``joined``, which keeps the members left for the
+    """The time boundary (``splits.by_time``) over ``joined``, which keeps the members left for the
     other rules. With a cutoff the members are read into Arrow (one narrow table)."""
     if policy.time_cutoff is None:
         return SPLIT_TABLE.empty_table(), [], []
@@ -214,7 +214,7 @@ def _parent_near(
     graph: AnyGraph | None,
 ) -> pa.Table:
     """The parent splits of the records (kept or removed) of the conflicted components: all
-    ``split_bridges`` reads of the parent."""
+    ``splits.bridges`` reads of the parent."""
     if not len(conflicted) or policy.on_conflict != "quarantine_new" or graph is None:
         return SPLIT_TABLE.empty_table()
     names = pc.unique(conflicted["component"].combine_chunks())

@@ -18,10 +18,10 @@ from corpus_assets.core.training_view.leakage_graph import (
     dropped_with_copies,
     straddling,
 )
-from corpus_assets.core.training_view.split_assign import Assignment
-from corpus_assets.core.training_view.split_bridges import AnyGraph
-from corpus_assets.core.training_view.split_conflicts import largest_side
-from corpus_assets.core.training_view.splits_schema import RESIDUAL, Conflict, Move, move_table
+from corpus_assets.core.training_view.splits.assign import Assignment
+from corpus_assets.core.training_view.splits.bridges import AnyGraph
+from corpus_assets.core.training_view.splits.conflicts import largest_side
+from corpus_assets.core.training_view.splits.schema import RESIDUAL, Conflict, Move, move_table
 
 
 def resolve_residual(result: Assignment, graph: AnyGraph) -> Assignment:

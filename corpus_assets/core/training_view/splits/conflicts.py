@@ -3,7 +3,7 @@
 Few by nature (a conflict needs a new edge between two splits), so each is resolved in Python,
 in component order, under ``policies.splits.on_conflict``. The side a component resolves to is
 the split holding most parent members, ties by split order. ``quarantine_new`` excludes exactly
-the newcomers whose region bridges two splits (``split_bridges``); the others join the one
+the newcomers whose region bridges two splits (``splits.bridges``); the others join the one
 split they touch and parent members stay put. Without a bridging newcomer (an edge between two
 old records) and under ``move_smaller`` the smaller sides move to the largest.
 """
@@ -15,8 +15,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from corpus_assets.core.runtime.config import SplitPolicy
-from corpus_assets.core.training_view.split_bridges import AnyGraph, bridge_regions
-from corpus_assets.core.training_view.splits_schema import (
+from corpus_assets.core.training_view.splits.bridges import AnyGraph, bridge_regions
+from corpus_assets.core.training_view.splits.schema import (
     BRIDGE,
     BRIDGE_COPY,
     EXCLUDED,

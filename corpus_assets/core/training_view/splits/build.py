@@ -4,7 +4,7 @@ The unit is the dedup layer's leakage component: records sharing a group id, an 
 a verified near-duplicate edge (even through a removed record) never straddle two splits. The
 parent is the snapshot the freeze spec names (the alias's active snapshot when the partition
 was frozen, the manifest's ``parents``); its ``splits`` table says where each old record is.
-``split_assign.assign`` keeps those, hashes components without a parent member by their
+``splits.assign.assign`` keeps those, hashes components without a parent member by their
 smallest ``dedup_key``, and lists every move (``split_moves``) and conflict
 (``split_conflicts``). Records a conflict quarantines are in no split. Quarantining a bridge
 can leave another path between two splits (a direct edge between old records, or one through a
@@ -36,12 +36,10 @@ from corpus_assets.core.storage.duck import cas_parquet, cas_parquets, put_query
 from corpus_assets.core.tokens.cache import TokenCache, token_cache
 from corpus_assets.core.tokens.spec import resolve_tokenizer
 from corpus_assets.core.training_view import duck
-from corpus_assets.core.training_view.heldout_resolve import resolve_heldout
-from corpus_assets.core.training_view.heldout_state import prior_search, rule_digest
 from corpus_assets.core.training_view.row_tokens import load_row_tokens
-from corpus_assets.core.training_view.split_assign import SPLIT_TABLE, Assignment, Source, assign
-from corpus_assets.core.training_view.split_bridges import StoredGraph
-from corpus_assets.core.training_view.split_heldout import (
+from corpus_assets.core.training_view.splits.assign import SPLIT_TABLE, Assignment, Source, assign
+from corpus_assets.core.training_view.splits.bridges import StoredGraph
+from corpus_assets.core.training_view.splits.heldout import (
     FULL,
     INCREMENTAL,
     PAIR_COLUMNS,
@@ -51,9 +49,11 @@ from corpus_assets.core.training_view.split_heldout import (
     searched_records,
     spec_digest,
 )
-from corpus_assets.core.training_view.split_report import split_counts, split_report
-from corpus_assets.core.training_view.split_residual import resolve_residual
-from corpus_assets.core.training_view.splits_schema import (
+from corpus_assets.core.training_view.splits.heldout_resolve import resolve_heldout
+from corpus_assets.core.training_view.splits.heldout_state import prior_search, rule_digest
+from corpus_assets.core.training_view.splits.report import split_counts, split_report
+from corpus_assets.core.training_view.splits.residual import resolve_residual
+from corpus_assets.core.training_view.splits.schema import (
     EXCLUDED,
     SPLITS,
     TEST,

@@ -45,7 +45,7 @@ from corpus_assets.core.runtime.workspace import Workspace, pooled
 from corpus_assets.core.training_view.duck import spilling
 
 if TYPE_CHECKING:
-    from corpus_assets.core.training_view.split_heldout import HeldoutScan
+    from corpus_assets.core.training_view.splits.heldout import HeldoutScan
 
 GROUP_RECORDS = 1 << 15  # member records a task searches at least (whole chunks)
 GROUP_ENV = "CORPUS_HELDOUT_GROUP_RECORDS"  # overrides it (tests: several groups)

@@ -6,8 +6,8 @@ from typing import Any
 import duckdb
 
 from corpus_assets.core.runtime.config import SplitPolicy
-from corpus_assets.core.training_view.split_assign import Assignment
-from corpus_assets.core.training_view.splits_schema import SPLITS
+from corpus_assets.core.training_view.splits.assign import Assignment
+from corpus_assets.core.training_view.splits.schema import SPLITS
 
 _PLACED = """
     SELECT s.split, s.group_id, s.leakage_id, k.source_id, t.tokens

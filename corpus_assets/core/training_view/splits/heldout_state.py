@@ -25,7 +25,7 @@ from corpus_assets.core.storage.digests import json_digest
 from corpus_assets.core.storage.table_lookup import TrustedFiles
 
 if TYPE_CHECKING:
-    from corpus_assets.core.training_view.split_heldout import HeldoutScan
+    from corpus_assets.core.training_view.splits.heldout import HeldoutScan
 
 STATE_COLUMNS = pa.schema(
     [

@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from corpus_assets.core.runtime.config import SplitPolicy
-from corpus_assets.core.training_view.splits_schema import (
+from corpus_assets.core.training_view.splits.schema import (
     EXCLUDED,
     TEST,
     TIME_GAP,
