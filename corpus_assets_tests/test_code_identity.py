@@ -39,7 +39,7 @@ UNCHANGED_BY_PII = [  # ingest never imports records; the rest read canonical re
     f"{CORE}.ingest.freeze",
     f"{CORE}.dedup.minhash",
     f"{CORE}.training_view.splits.build",
-    f"{CORE}.training_view.mixing",
+    f"{CORE}.training_view.mixing.build",
 ]
 
 PII_LINE = '_KIND = {"[EMAIL]": "email", '

@@ -195,7 +195,7 @@ class SourceMixing(_Strict):
 
 
 class MixingPolicy(_Strict):
-    """How the train split becomes the training stream (see ``training_view.mixing_plan``).
+    """How the train split becomes the training stream (see ``training_view.mixing.plan``).
 
     Shares and alpha are decimals (hashed as their exact text). ``budget`` counts ``unit``s; none
     means the train split's total. ``max_epochs`` is the default cap of every source.

@@ -1,7 +1,7 @@
 """mixed_samples: the training stream drawn from the train split under ``policies.mixing``.
 
-The plan (``mixing_plan``) says how many documents or tokens each source contributes; the
-selection (``mixing_select``) picks them by a content-keyed 64-bit key per source and pass
+The plan (:mod:`.plan`) says how many documents or tokens each source contributes; the
+selection (:mod:`.select`) picks them by a content-keyed 64-bit key per source and pass
 (vectorised numpy) and orders the stream by the same key. Token counts are the packing
 tokenizer's (``policies.tokenizer``, specials included), read from the per-chunk token cache
 (``tokens.cache``), whose refs and the tokenizer spec the index lists. The layer outputs the
@@ -27,8 +27,8 @@ from corpus_assets.core.storage.parquet_sink import put_tables
 from corpus_assets.core.tokens.cache import TokenCache, token_cache
 from corpus_assets.core.tokens.spec import resolve_tokenizer
 from corpus_assets.core.training_view import duck
-from corpus_assets.core.training_view.mixing_plan import Population, plan_mixture
-from corpus_assets.core.training_view.mixing_select import (
+from corpus_assets.core.training_view.mixing.plan import Population, plan_mixture
+from corpus_assets.core.training_view.mixing.select import (
     MIX_COLUMNS,
     Members,
     digest_bits,

@@ -32,7 +32,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from corpus_assets.core.training_view.mixing_plan import MixingError, SourcePlan, decimal_text
+from corpus_assets.core.training_view.mixing.plan import MixingError, SourcePlan, decimal_text
 
 log = logging.getLogger(__name__)
 
