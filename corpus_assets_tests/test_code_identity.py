@@ -34,7 +34,7 @@ UNCHANGED_BY_PII = [  # ingest never imports records; the rest read canonical re
     # records.index, which holds the record contract but no row stage
     f"{CORE}.dedup.signature_cache",
     f"{CORE}.dedup.layer",
-    f"{CORE}.training_view.packing",
+    f"{CORE}.training_view.packing.build",
     f"{CORE}.ingest.pinning",
     f"{CORE}.ingest.freeze",
     f"{CORE}.dedup.minhash",

@@ -282,7 +282,7 @@ class PackingPolicy(_Strict):
     tail: Literal["drop", "pad"] = "pad"
     positions: Literal["per_segment"] = "per_segment"
     seed: Annotated[str, Field(min_length=1)] = "pack-v1"
-    incremental: bool = True  # keep the parent's blocks (pack_incremental) unless the padding
+    incremental: bool = True  # keep the parent's blocks (packing.incremental) unless the padding
     max_extra_padding: _Fraction = Decimal("0.001")  # added over a full repack exceeds this
 
     @model_validator(mode="before")

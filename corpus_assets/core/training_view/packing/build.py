@@ -1,8 +1,8 @@
 """packed_blocks: the mixed samples' cached tokens packed into verified block shards.
 
-The plan is made on token counts alone (``pack_plan``: ``policies.packing`` mode, overlong rule,
+The plan is made on token counts alone (``packing.plan``: ``policies.packing`` mode, overlong rule,
 tail, keyed block order), then blocks are built a batch at a time from the token cache
-(``pack_blocks``), a shard per job on the task runner (``pack_shards``: the spawn pool or Ray,
+(``packing.blocks``), a shard per job on the task runner (``packing.shards``: the spawn pool or Ray,
 the same bytes either way), and written as chunk-verified shards (``storage.shards``): per block
 ``input_ids`` (the tokenizer's dtype), ``segment_ids`` and ``positions`` (uint16, uint32 when
 T > 65,535) and ``label_mask`` (uint8); ``cu_seqlens`` follow from the segment ids
@@ -11,7 +11,7 @@ block to its record, the offset in that record's token stream, the sample (strea
 repeat of a record is another sample; both halves of a preference pair share one), its shard,
 the transform that made the tokens and the rule that inserted the special tokens inside it; pad
 has no span; it is written from the plan alone (a span is a piece), beside no block.
-Memory: the plan (five int64 per piece), the samples' located columns (``pack_samples``: fixed
+Memory: the plan (five int64 per piece), the samples' located columns (``packing.samples``: fixed
 width, memory-mapped; record ids read a span batch at a time) and at most one Parquet row group
 of spans here; one batch of blocks and one shard buffer per worker.
 """
@@ -49,7 +49,7 @@ from corpus_assets.core.storage.table_lookup import TrustedFiles
 from corpus_assets.core.tokens import cache as token_cache_module
 from corpus_assets.core.tokens.cache import TokenCache, token_cache
 from corpus_assets.core.tokens.spec import TokenizerSpec, resolve_tokenizer
-from corpus_assets.core.training_view.pack_incremental import (
+from corpus_assets.core.training_view.packing.incremental import (
     Decision,
     ParentPack,
     child_pieces,
@@ -62,9 +62,9 @@ from corpus_assets.core.training_view.pack_incremental import (
     reused_shards,
     sample_map,
 )
-from corpus_assets.core.training_view.pack_plan import PackPlan, plan_packing, split_pairs
-from corpus_assets.core.training_view.pack_samples import DOCUMENT, SampleRows, locate_samples
-from corpus_assets.core.training_view.pack_shards import (
+from corpus_assets.core.training_view.packing.plan import PackPlan, plan_packing, split_pairs
+from corpus_assets.core.training_view.packing.samples import DOCUMENT, SampleRows, locate_samples
+from corpus_assets.core.training_view.packing.shards import (
     BATCH_BLOCKS,
     KINDS,
     ShardOutcome,
@@ -215,7 +215,7 @@ def write_blocks(
     cache: TokenCache,
     reused: Callable[[int], dict[int, ShardOutcome]] | None = None,
 ) -> tuple[ShardIndex, Ref, BuiltSpans, dict[str, Any]]:
-    """Every block in shards (``pack_shards``: a shard per job on the task runner), then the
+    """Every block in shards (``packing.shards``: a shard per job on the task runner), then the
     spans; (index, its ref, spans, label and special-token counts). A preference pair whose
     two sequences do not start with the same prompt tokens stops the build before the spans
     (``check_pair_prompts``): a pair gate that fails here never reaches a trainer."""
@@ -298,7 +298,7 @@ class Chosen:
 @dataclass(frozen=True)
 class Candidate:
     """The parent a child may keep blocks of (None, and why not, for a full repack), and each
-    parent sample's child sample (``pack_incremental.sample_map``)."""
+    parent sample's child sample (``packing.incremental.sample_map``)."""
 
     parent: ParentPack | None
     reason: str | None
@@ -321,7 +321,7 @@ def candidate(ws: Workspace, up: Upstream, spec: TokenizerSpec) -> Candidate:
 
 
 def choose_plan(ws: Workspace, can: Candidate, rows: SampleRows, spec: TokenizerSpec) -> Chosen:
-    """The full plan, or the parent-preserving one (``pack_incremental``) when the policy, the
+    """The full plan, or the parent-preserving one (``packing.incremental``) when the policy, the
     parent and the padding bound allow it; the decision says which and why."""
     policy = ws.config.policies.packing
     full = plan_for(rows, policy)

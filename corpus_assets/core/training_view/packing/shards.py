@@ -9,7 +9,7 @@ chunks the jobs read (each worker re-hashing them would multiply that cost): a c
 shards hold is not read, one unchanged on disk since it last hashed right is trusted
 (``storage.trust``, as the build's check does: a child does not re-hash its parent's chunks). A
 job reads the plan's rows for its blocks (sent with it) and each sample's place in the cache
-from the located columns (``pack_samples.SampleRows``: ``.npy`` files under the home's ``tmp``),
+from the located columns (``packing.samples.SampleRows``: ``.npy`` files under the home's ``tmp``),
 memory-mapped (on Ray the data home is a shared filesystem already, ``runtime.runners``).
 Memory per worker: one shard buffer and one batch of blocks.
 """
@@ -34,10 +34,10 @@ from corpus_assets.core.storage.shards import (
 from corpus_assets.core.storage.trust import StatTrust
 from corpus_assets.core.tokens.cache import TokenCache, TokensDescriptor, open_tokens
 from corpus_assets.core.tokens.spec import TokenizerSpec
-from corpus_assets.core.training_view.pack_blocks import BuildAccounting, build_batch
-from corpus_assets.core.training_view.pack_checks import check_pair_prompts
-from corpus_assets.core.training_view.pack_plan import PackPlan
-from corpus_assets.core.training_view.pack_samples import SampleRows, SampleTokens
+from corpus_assets.core.training_view.packing.blocks import BuildAccounting, build_batch
+from corpus_assets.core.training_view.packing.checks import check_pair_prompts
+from corpus_assets.core.training_view.packing.plan import PackPlan
+from corpus_assets.core.training_view.packing.samples import SampleRows, SampleTokens
 
 BATCH_BLOCKS = 256
 LOOKUP = ("chunk", "row", "pair_split")  # per sample, memory-mapped by every job
@@ -82,7 +82,7 @@ def build_shards(
     accounting has the label and special-token sums, ``shards``: those counts per shard, and
     ``reused``: how many shards were not rebuilt.
     ``workers``: as ``execution.workers`` (None: the config's). ``reused``: the shards (by number)
-    already written with exactly these blocks (a parent's, ``pack_incremental``), given the blocks
+    already written with exactly these blocks (a parent's, ``.incremental``), given the blocks
     per shard: not rebuilt."""
     per_shard = shard_blocks(plan.block_tokens, fields, shard_bytes)
     reused = reused(per_shard) if reused else {}

@@ -2,7 +2,7 @@
 
 A sample is a member, so its tokens are those of the dedup representative's row (record id,
 object, line): a repeated record id elsewhere (excluded by dedup) never stands in. The lookup is
-a partitioned join (``pack_locate``): samples, members and canonical rows hash-partitioned by
+a partitioned join (``packing.locate``): samples, members and canonical rows hash-partitioned by
 record id under the data home's ``tmp``, each partition joined on its own (on the task runner
 when there are workers), the result memory-mapped columns by stream position. The driver holds
 no string per sample (record ids are read a batch at a time from a flat file) and no table of
@@ -26,8 +26,8 @@ from corpus_assets.core.runtime.workspace import Workspace, pooled
 from corpus_assets.core.storage.memory import release_memory
 from corpus_assets.core.storage.table_lookup import TrustedFiles
 from corpus_assets.core.tokens.cache import TokenArrays, TokenCache, open_tokens
-from corpus_assets.core.training_view.pack_blocks import FileSamples
-from corpus_assets.core.training_view.pack_locate import (
+from corpus_assets.core.training_view.packing.blocks import FileSamples
+from corpus_assets.core.training_view.packing.locate import (
     BATCH_ROWS,
     KINDS,
     LOCATED,
@@ -54,10 +54,10 @@ class SampleLookupError(ValueError):
 
 
 class SampleRows:
-    """Per sample in stream order, memory-mapped from ``folder`` (``pack_locate.LOCATED``):
+    """Per sample in stream order, memory-mapped from ``folder`` (``packing.locate.LOCATED``):
     its token-cache ``chunk`` and ``row``, ``length``, ``pair_split`` (a preference record's
     first sequence length; 0 for every other record) and ``kind`` (a code into
-    ``pack_locate.KINDS``); ``record_ids.take(samples)`` reads record ids a batch at a time.
+    ``packing.locate.KINDS``); ``record_ids.take(samples)`` reads record ids a batch at a time.
     The folder (under the home's ``tmp``, shared with the workers) goes on ``close``."""
 
     def __init__(self, folder: Path) -> None:
@@ -94,7 +94,7 @@ def locate_samples(
     """Each sample's place in the cache (``samples``: record ids in stream order, or the
     mixed samples' Parquet file, read a batch at a time). ``workers``: as
     ``execution.workers`` (None: the config's); ``partitions``: None for one per
-    ``pack_locate.PARTITION_ROWS`` member rows (at least one per worker)."""
+    ``packing.locate.PARTITION_ROWS`` member rows (at least one per worker)."""
     (ws.home / "tmp").mkdir(parents=True, exist_ok=True)
     folder = Path(tempfile.mkdtemp(prefix="pack-samples-", dir=ws.home / "tmp"))
     try:
@@ -194,7 +194,7 @@ def _raise_on(reports: list[PartReport], count: int) -> None:
 
 class SampleTokens:
     """``fetch(sample)``: a sample's tokens, read with one ``pread`` from its chunk's verified
-    cache file (``pack_blocks.FileSamples``: a memory map read in mixed order would leave the
+    cache file (``packing.blocks.FileSamples``: a memory map read in mixed order would leave the
     whole token cache resident in the process); ``targets(sample)``: its training-target mask
     (``targets_fetch`` is None when every token of every chunk is a target, so blocks of
     documents skip the mask). ``chunk`` and ``row``: each sample's place in the cache. At most
@@ -223,7 +223,7 @@ class SampleTokens:
         return self._file(int(self._chunk[sample]))(int(self._row[sample]))
 
     def piece(self, sample: int, offset: int, length: int) -> np.ndarray:
-        """Only the planned piece of the sample (``pack_blocks.PieceReader``)."""
+        """Only the planned piece of the sample (``packing.blocks.PieceReader``)."""
         return self._file(int(self._chunk[sample])).piece(int(self._row[sample]), offset, length)
 
     def targets(self, sample: int) -> np.ndarray:

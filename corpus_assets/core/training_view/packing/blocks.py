@@ -32,7 +32,7 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from corpus_assets.core.training_view.pack_plan import PackPlan
+from corpus_assets.core.training_view.packing.plan import PackPlan
 
 Fetch = Callable[[int], np.ndarray]
 

@@ -1,4 +1,4 @@
-"""Gates over built blocks (``pack_blocks.BlockBatch``): pure functions returning violations.
+"""Gates over built blocks (``packing.blocks.BlockBatch``): pure functions returning violations.
 
 They read the block arrays as written, not the plan, so a packing bug or a tampered block shows
 up; each violation names the block (and the sample for pairs). An empty list means the batch
@@ -11,7 +11,7 @@ from itertools import pairwise
 
 import numpy as np
 
-from corpus_assets.core.training_view.pack_blocks import BlockBatch
+from corpus_assets.core.training_view.packing.blocks import BlockBatch
 
 Targets = Callable[[int], np.ndarray]
 SHOWN = 5  # positions listed per violation

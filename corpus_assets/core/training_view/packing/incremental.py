@@ -8,7 +8,7 @@ the same mixing ``repeat`` and the same record digest (a changed text is another
   its spans is such a sample, at a piece the child's overlong rule makes too; any other parent
   block is dropped;
 - every child piece no kept block holds (pieces of dropped blocks, new samples) is packed by
-  best-fit-decreasing into new blocks, ordered by the keyed hash (``pack_plan``), and pairs split;
+  best-fit-decreasing into new blocks, ordered by the keyed hash (``.plan``), and pairs split;
 - block ids: a kept block stays at its parent id, less the dropped slots no new block took; the
   dropped slots, in id order, take the new blocks in their order; new blocks left over follow.
 
@@ -43,7 +43,7 @@ from corpus_assets.core.storage.shards import (
 from corpus_assets.core.storage.shards import load_index as load_shard_index
 from corpus_assets.core.storage.table_lookup import TrustedFiles
 from corpus_assets.core.training_view.duck import MEMORY_LIMIT
-from corpus_assets.core.training_view.pack_plan import (
+from corpus_assets.core.training_view.packing.plan import (
     PackPlan,
     Pieces,
     apply_overlong,
@@ -52,7 +52,7 @@ from corpus_assets.core.training_view.pack_plan import (
     layout_pieces,
     split_pairs,
 )
-from corpus_assets.core.training_view.pack_shards import KINDS, ShardOutcome
+from corpus_assets.core.training_view.packing.shards import KINDS, ShardOutcome
 
 SPAN_READ = ["block", "start", "end", "sample", "record_offset"]
 SAMPLE_MAP = (  # each step a table (spillable), then the join streamed in any order
