@@ -36,8 +36,7 @@ from corpus_assets.core.records.canonicalize import (
     finish_records,
     parse_line,
 )
-from corpus_assets.core.records.contamination import ContaminationPolicy
-from corpus_assets.core.records.contamination_index import BenchmarkIndex
+from corpus_assets.core.records.contamination import BenchmarkIndex, TokenPolicy
 from corpus_assets.core.records.kept import BATCH_ROWS
 from corpus_assets.core.records.quality import QualityPolicy
 from corpus_assets.core.runtime.config import ObjectsSource
@@ -112,7 +111,7 @@ def main() -> None:
         raise SystemExit(f"no corpora at {args.corpora}")
     docs = [json.loads(x)["text"] for x in lines_of(args.corpora / "python-docs")]
     items = [(f"docs/{n}", " ".join(t.split()[:60])) for n, t in enumerate(docs[: args.items])]
-    index = BenchmarkIndex.build(items, ContaminationPolicy())
+    index = BenchmarkIndex.build(items, TokenPolicy())
     print(
         f"{'corpus':<14} {'MB':>6} {'baseline MB/cpu-s':>18} {'ours MB/cpu-s':>14} {'ratio':>6}"
         f" {'kept':>7}"

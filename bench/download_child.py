@@ -14,7 +14,7 @@ from collections import deque
 from pathlib import Path
 
 from corpus_assets.core.ingest.codecs import DEFAULT_LIMITS, iter_located_lines, open_decompressed
-from corpus_assets.core.ingest.download_transfer import fetch_to_cas
+from corpus_assets.core.ingest.download import fetch_to_cas
 from corpus_assets.core.storage.cas import ContentStore
 
 MB = 1_000_000

@@ -36,7 +36,7 @@ from corpus_assets.core.publication.evidence import Evidence
 from corpus_assets.core.runtime.pool import shared_pool
 from corpus_assets.core.runtime.workspace import open_workspace
 from corpus_assets.core.storage.artifacts import get_json
-from corpus_assets.core.training_view import splits
+from corpus_assets.core.training_view.splits import build as splits
 
 config, what, part = sys.argv[1:4]
 spent = {}

@@ -6,7 +6,7 @@ snapshot's members and the removed duplicates behind them, in their representati
 
 - the splits **before** the held-out rule (published splits with every ``split.heldout_near``
   move undone: what the old path published);
-- the **new step**: ``split_heldout.HeldoutScan.pairs`` over those splits (CPU-s, peak RSS);
+- the **new step**: ``splits.heldout.HeldoutScan.pairs`` over those splits (CPU-s, peak RSS);
 - the **named baseline, an exhaustive scan**: every record's shingle fingerprints (the
   project's own), a sparse records x shingles matrix, and the exact intersection of every
   held-out record with every record (blocks of rows, scipy), so every pair with J >= its
@@ -47,12 +47,9 @@ from corpus_assets.core.runtime.workspace import open_workspace
 from corpus_assets.core.storage.artifacts import get_table
 from corpus_assets.core.storage.cas_queries import cas_parquet
 from corpus_assets.core.training_view import view_queries
-from corpus_assets.core.training_view.split_heldout import (
-    HeldoutScan,
-    _fingerprints,
-    searched_records,
-)
-from corpus_assets.core.training_view.splits_schema import HELDOUT, TRAIN
+from corpus_assets.core.training_view.splits import TRAIN, HeldoutScan, searched_records
+from corpus_assets.core.training_view.splits.heldout import _fingerprints
+from corpus_assets.core.training_view.splits.schema import HELDOUT
 
 CORPORA = Path(__file__).resolve().parents[2] / "shared" / "corpora"
 

@@ -23,9 +23,9 @@ from corpus_assets.core.runtime.layer_index import load_index
 from corpus_assets.core.runtime.workspace import Workspace, open_workspace
 from corpus_assets.core.storage.artifacts import get_json
 from corpus_assets.core.storage.cas_queries import cas_parquet
-from corpus_assets.core.training_view import splits
-from corpus_assets.core.training_view.heldout_state import PriorSearch, row_map
-from corpus_assets.core.training_view.split_heldout import HeldoutScan, searched_records
+from corpus_assets.core.training_view.splits import HeldoutScan, searched_records
+from corpus_assets.core.training_view.splits import build as splits
+from corpus_assets.core.training_view.splits.heldout_state import PriorSearch, row_map
 
 
 def parent_state(ws: Workspace, partition: str) -> PriorSearch:

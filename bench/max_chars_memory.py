@@ -10,8 +10,7 @@ text), the stage's inputs and a small benchmark index, then resets the kernel's 
 - ``pii``: ``redact_parts`` on the text;
 - ``quality``: ``check_quality`` with every rule on (symbol/alpha ratios, repeated lines,
   repeated 3-grams) - a text at the limit must be judged, not only counted;
-- ``contamination``: ``contaminated`` (the benchmark screen) on the text, with the policy of
-  ``--policy`` (``v2``, the default, or ``v1``);
+- ``contamination``: ``contaminated`` (the benchmark screen) on the text;
 - ``row``: the whole row path of the layer: ``parse_line``, ``canonical_record`` (normalise,
   PII, quality) and ``KeptRecords`` (screen, envelope, Arrow columns, the object's table).
 
@@ -21,7 +20,7 @@ paragraph - the PII number scan's worst case), ``cjk`` (Chinese, 3 UTF-8 bytes p
 2 per character as a Python str). Exits non-zero if a stage's extra is
 above ``--limit`` times the record's size.
 
-Usage: .venv/bin/python bench/max_chars_memory.py [--chars 16000000] [--limit 10] [--policy v2]
+Usage: .venv/bin/python bench/max_chars_memory.py [--chars 16000000] [--limit 10]
 """
 
 import argparse
@@ -72,12 +71,10 @@ def _rss(field: str) -> int:
     raise RuntimeError(field)
 
 
-def child(stage: str, kind: str, chars: int, policy: str) -> dict[str, Any]:
+def child(stage: str, kind: str, chars: int) -> dict[str, Any]:
     """Run one stage on one record in this process; its peak extra memory."""
     from corpus_assets.core.records import canonicalize as c
-    from corpus_assets.core.records.contamination import ContaminationPolicy
-    from corpus_assets.core.records.contamination_index import BenchmarkIndex
-    from corpus_assets.core.records.contamination_v2 import TokenPolicy
+    from corpus_assets.core.records.contamination import BenchmarkIndex, TokenPolicy
     from corpus_assets.core.records.kept import KeptRecords
     from corpus_assets.core.records.normalize import normalize_parts
     from corpus_assets.core.records.pii import redact_parts
@@ -89,8 +86,7 @@ def child(stage: str, kind: str, chars: int, policy: str) -> dict[str, Any]:
     size = len(text.encode())
     # items the record does not contain (reversed), so the row is kept and its columns built
     items = [(f"b/{n}", make_text(kind, 2000 + n)[n * 10 :][::-1]) for n in range(20)]
-    engine = TokenPolicy() if policy == "v2" else ContaminationPolicy()
-    index = BenchmarkIndex.build(items, engine)
+    index = BenchmarkIndex.build(items, TokenPolicy())
     quality = QualityPolicy(
         max_chars=chars,
         max_symbol_ratio_ppm=900_000,
@@ -134,15 +130,14 @@ def main() -> None:
     parser.add_argument("--chars", type=int, default=16_000_000)
     parser.add_argument("--limit", type=float, default=10.0)
     parser.add_argument("--kinds", default="docs,ascii,cjk" if DOCS.is_file() else "ascii,cjk")
-    parser.add_argument("--policy", choices=("v1", "v2"), default="v2")
     parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         stage, kind, chars = args.child
-        print(json.dumps(child(stage, kind, int(chars), args.policy)))
+        print(json.dumps(child(stage, kind, int(chars))))
         return
     worst = 0.0
-    head = f"one record of {args.chars:,} characters, contamination.{args.policy}"
+    head = f"one record of {args.chars:,} characters"
     print(f"{head}; extra = peak RSS - baseline (MB)")
     print("| text | UTF-8 MB | " + " | ".join(STAGES) + " |")
     print("|---|---:|" + "---:|" * len(STAGES))
@@ -153,8 +148,6 @@ def main() -> None:
                 [
                     sys.executable,
                     __file__,
-                    "--policy",
-                    args.policy,
                     "--child",
                     stage,
                     kind,

@@ -6,12 +6,12 @@ Documents: paragraphs of the shared python-docs and licenses corpora packed into
 
 - baseline ``datasketch MinHash.bulk`` with its default scheme (affine32 + sha1_hash32), with
   the shingles given (shingling not timed), and end to end (our ``shingles`` + bulk);
-- ours ``signatures`` end to end from ``str`` for ``minhash.v1`` and ``minhash.v2``, and v2
+- ours ``signatures`` end to end from ``str`` for ``minhash.v2``, and v2
   ``sketch`` (signatures + sorted fingerprints); ``minhash.v3`` ``signatures_and_modes`` (what
   the v3 signature cache computes; on spaced text it must cost what v2 does).
 
-Before timing, v1 and v2 are checked bit for bit against datasketch (legacy, resp. affine32
-with our v2 hash) on a sample; a mismatch exits non-zero. Prints the ratios, whether v2 meets
+Before timing, v2 is checked bit for bit against datasketch (affine32 with our v2 hash) on a
+sample; a mismatch exits non-zero. Prints the ratios, whether v2 meets
 the 12 MB/s target, and the peak RSS.
 Usage: .venv/bin/python bench/minhash_bench.py [--corpora ../shared/corpora] [--docs 5000]
 """
@@ -28,10 +28,15 @@ from pathlib import Path
 import numpy as np
 from datasketch import MinHash
 
-from corpus_assets.core.dedup import shingling, unit_hash
-from corpus_assets.core.dedup.minhash import signatures, signatures_and_modes, sketch
-from corpus_assets.core.dedup.shingling import shingles
-from corpus_assets.core.dedup.signature_spec import SignatureSpec
+from corpus_assets.core.dedup.minhash import (
+    SignatureSpec,
+    shingles,
+    signatures,
+    signatures_and_modes,
+    sketch,
+)
+from corpus_assets.core.dedup.minhash.shingling import shingle_units
+from corpus_assets.core.dedup.minhash.unit_hash import fingerprint64_units
 
 TARGET_MBPS = 12.0
 _SYNTH_TEXT = (
@@ -100,29 +105,24 @@ def median_time(fn, repeats: int) -> float:
     return statistics.median(times)
 
 
-def check(docs: list[str], v1: SignatureSpec, v2: SignatureSpec) -> None:
+def check(docs: list[str], v2: SignatureSpec) -> None:
     """Bit-for-bit against datasketch on a sample; exits non-zero on a mismatch."""
     sample = docs[:: max(1, len(docs) // 200)]
-    ours1 = signatures(sample, v1)
-    ref1 = MinHash.bulk(
-        [shingles(d, v1) for d in sample], num_perm=v1.num_perm, seed=v1.seed, scheme="legacy"
-    )
     ours2 = signatures(sample, v2)
 
     def hv(units: tuple[str, ...]) -> int:
-        return unit_hash.fingerprint64_units(units) >> 32
+        return fingerprint64_units(units) >> 32
 
     ref2 = MinHash.bulk(
-        [shingling.shingle_units(d, v2) for d in sample],
+        [shingle_units(d, v2) for d in sample],
         num_perm=v2.num_perm,
         seed=v2.seed,
         scheme="affine32",
         hashfunc=hv,
     )
-    ok1 = np.array_equal(ours1, np.array([m.hashvalues for m in ref1], dtype=np.uint32))
     ok2 = np.array_equal(ours2, np.array([m.hashvalues for m in ref2], dtype=np.uint32))
-    print(f"check vs datasketch on {len(sample)} docs: v1 {ok1}, v2 {ok2}")
-    if not (ok1 and ok2):
+    print(f"check vs datasketch on {len(sample)} docs: v2 {ok2}")
+    if not ok2:
         sys.exit(1)
 
 
@@ -145,7 +145,6 @@ def main() -> None:
     ap.add_argument("--docs", type=int, default=5000)
     ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args()
-    v1 = SignatureSpec(version="minhash.v1")
     v2 = SignatureSpec(version="minhash.v2")
     v3 = SignatureSpec(version="minhash.v3")
     docs, origin = load_pieces(args.corpora, args.docs)
@@ -154,7 +153,7 @@ def main() -> None:
     n_sh = sum(map(len, sh))
     print(f"{len(docs)} docs from {origin}: {mb:.2f} MB, {mb * 1e6 / len(docs):.0f} B/doc,")
     print(f"  {n_sh / len(docs):.0f} shingles/doc, num_perm {v2.num_perm}, {args.repeats} repeats")
-    check(docs, v1, v2)
+    check(docs, v2)
 
     rows = [
         ("baseline: MinHash.bulk (shingles given)", lambda: MinHash.bulk(sh, num_perm=128, seed=1)),
@@ -162,7 +161,6 @@ def main() -> None:
             "baseline: shingles + MinHash.bulk",
             lambda: MinHash.bulk([shingles(d, v2) for d in docs], num_perm=128, seed=1),
         ),
-        ("ours minhash.v1 signatures", lambda: signatures(docs, v1)),
         ("ours minhash.v2 signatures", lambda: signatures(docs, v2)),
         ("ours minhash.v2 sketch (+fingerprints)", lambda: sketch(docs, v2)),
         ("ours minhash.v3 signatures + modes", lambda: signatures_and_modes(docs, v3)),
@@ -173,7 +171,7 @@ def main() -> None:
         results[name] = t
         print(f"{name:40s} {len(docs) / t:9.0f} docs/s {mb / t:8.2f} MB/s  ({t:.3f} s)")
     v2_t = results["ours minhash.v2 signatures"]
-    for name in (rows[0][0], rows[1][0], "ours minhash.v1 signatures"):
+    for name in (rows[0][0], rows[1][0]):
         print(f"ratio v2 signatures vs {name}: {results[name] / v2_t:.2f}x")
     print(f"v3/v2 time on this spaced text, interleaved pairs: {interleaved(docs, v2, v3):.3f}")
     verdict = "PASS" if mb / v2_t >= TARGET_MBPS else "FAIL"

@@ -53,8 +53,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from corpus_assets.core.runtime.config import MixingPolicy
-from corpus_assets.core.training_view.mixing_plan import Population, plan_mixture
-from corpus_assets.core.training_view.mixing_select import (
+from corpus_assets.core.training_view.mixing.plan import Population, plan_mixture
+from corpus_assets.core.training_view.mixing.select import (
     Members,
     digest_bits,
     mix,

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from corpus_assets.core.training_view import pack_plan
+from corpus_assets.core.training_view.packing import plan as pack_plan
 
 
 def lengths_of(documents: int) -> np.ndarray:

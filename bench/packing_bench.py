@@ -1,11 +1,11 @@
-"""Packing on a log-normal(600, 1.2) corpus: planning (``pack_plan``), the per-block arrays
-(``pack_blocks``), pack + write into verified shards, and peak RSS as the corpus grows, each
+"""Packing on a log-normal(600, 1.2) corpus: planning (``packing.plan``), the per-block arrays
+(``packing.blocks``), pack + write into verified shards, and peak RSS as the corpus grows, each
 against a named baseline measured in the same run.
 
 Corpus (seeded): ``--documents`` token counts ``max(1, int(lognormal(ln 600, 1.2)))`` in stream
 order, and their tokens as one flat uint16 ``.npy`` file (``(position * 7919) % 50000``),
 memory-mapped (``np.load(mmap_mode="r")``), never in RAM; a sample is fetched as a view
-``tokens[off[i]:off[i + 1]]`` (``--fetch mmap``) or read by ``pack_blocks.FileSamples``, one
+``tokens[off[i]:off[i + 1]]`` (``--fetch mmap``) or read by ``packing.blocks.FileSamples``, one
 ``pread`` per sample (``--fetch pread``). Overlong policy ``split``.
 
 Per T in ``--block-tokens``:
@@ -61,13 +61,13 @@ import numpy as np
 from corpus_assets.core.publication.block_reader import BlockReader
 from corpus_assets.core.storage.cas import ContentStore
 from corpus_assets.core.storage.shards import ShardIndex, ShardWriter
-from corpus_assets.core.training_view.pack_blocks import (
+from corpus_assets.core.training_view.packing.blocks import (
     BlockBatch,
     FileSamples,
     build_batch,
     iter_block_batches,
 )
-from corpus_assets.core.training_view.pack_plan import PackPlan, apply_overlong, plan_packing
+from corpus_assets.core.training_view.packing.plan import PackPlan, apply_overlong, plan_packing
 
 
 def corpus(documents: int, seed: int, folder: Path) -> tuple[np.ndarray, np.ndarray]:

@@ -49,9 +49,15 @@ import numpy as np
 from icu4py.breakers import WordBreaker
 
 from corpus_assets.core.dedup.jaccard import jaccard_sorted
-from corpus_assets.core.dedup.minhash import fingerprints, signatures
-from corpus_assets.core.dedup.shingling import is_unspaced, normalise
-from corpus_assets.core.dedup.signature_spec import VERSION_V2, VERSION_V3, SignatureSpec
+from corpus_assets.core.dedup.minhash import (
+    VERSION_V2,
+    VERSION_V3,
+    SignatureSpec,
+    fingerprints,
+    is_unspaced,
+    normalise,
+    signatures,
+)
 from corpus_assets.core.runtime.config import NearDedupPolicy
 
 PACKAGES = ("manpages", "manpages-ja", "manpages-zh", "manpages-fr", "manpages-de")

@@ -38,7 +38,7 @@ from corpus_assets.core.storage.cas import ContentStore
 from corpus_assets.core.storage.cas_queries import VerifiedFiles
 from corpus_assets.core.storage.parquet_sink import put_table_batches
 from corpus_assets.core.storage.table_lookup import matching_rows
-from corpus_assets.core.training_view.mixing_select import MIX_COLUMNS
+from corpus_assets.core.training_view.mixing import MIX_COLUMNS
 from corpus_assets.core.training_view.splits import SPLIT_COLUMNS
 
 BATCH = 1 << 16

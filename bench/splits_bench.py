@@ -5,7 +5,7 @@ keys as Arrow strings), then times, in the same run, median of ``--repeats``:
 
 - baseline ``arrow sort``: ``Table.sort_by("record_id")`` of the members (the least an
   assignment that returns its rows in record order can do);
-- ``first build``: ``split_assign.assign`` with no parent (every component hashed);
+- ``first build``: ``splits.assign.assign`` with no parent (every component hashed);
 - ``child +1 %``: the same members plus 1 % new ones, the first build as parent (inheritance
   by join, only new components hashed), then the residual check on the leakage graph.
 
@@ -24,10 +24,10 @@ import numpy as np
 import pyarrow as pa
 
 from corpus_assets.core.runtime.config import SplitPolicy
-from corpus_assets.core.training_view.split_assign import assign
-from corpus_assets.core.training_view.split_bridges import LeakageGraph
-from corpus_assets.core.training_view.split_residual import resolve_residual
-from corpus_assets.core.training_view.splits_schema import SPLIT_TABLE
+from corpus_assets.core.training_view.splits.assign import assign
+from corpus_assets.core.training_view.splits.bridges import LeakageGraph
+from corpus_assets.core.training_view.splits.residual import resolve_residual
+from corpus_assets.core.training_view.splits.schema import SPLIT_TABLE
 
 
 def members_table(n: int, seed: int, prefix: str) -> pa.Table:

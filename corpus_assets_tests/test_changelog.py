@@ -11,9 +11,16 @@ import pytest
 import rfc8785
 import zstandard
 
-from corpus_assets.core.ingest.changelog_events import ChangelogError, canonical_event, load_event
-from corpus_assets.core.ingest.changelog_fold import FoldResult, fold, late_events
-from corpus_assets.core.ingest.changelog_segments import DEFAULT_INCLUDE, head_offset, list_segments
+from corpus_assets.core.ingest.changelog import (
+    ChangelogError,
+    FoldResult,
+    fold,
+    head_offset,
+    late_events,
+    list_segments,
+)
+from corpus_assets.core.ingest.changelog.events import canonical_event, load_event
+from corpus_assets.core.ingest.changelog.segments import DEFAULT_INCLUDE
 from corpus_assets.core.storage.digests import canonical_foreign_json
 
 WHAT = "source 'orders'"

@@ -21,7 +21,7 @@ from corpus_assets.core.runtime.layer_index import load_index
 from corpus_assets.core.runtime.workspace import Workspace, open_workspace
 from corpus_assets.core.storage.cas import ContentStore
 from corpus_assets.core.storage.cas_queries import sql_list
-from corpus_assets.core.training_view.split_heldout import HeldoutScan, searched_records
+from corpus_assets.core.training_view.splits import HeldoutScan, searched_records
 from corpus_assets.selftest.corpus import write_zstd_jsonl
 
 SQLITE = pytest.mark.parametrize("catalog_url", ["sqlite"], indirect=True)

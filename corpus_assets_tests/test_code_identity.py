@@ -34,12 +34,12 @@ UNCHANGED_BY_PII = [  # ingest never imports records; the rest read canonical re
     # records.index, which holds the record contract but no row stage
     f"{CORE}.dedup.signature_cache",
     f"{CORE}.dedup.dedup_clusters",
-    f"{CORE}.training_view.packing",
+    f"{CORE}.training_view.packing.build",
     f"{CORE}.ingest.pinning",
     f"{CORE}.ingest.freeze",
     f"{CORE}.dedup.minhash",
-    f"{CORE}.training_view.splits",
-    f"{CORE}.training_view.mixing",
+    f"{CORE}.training_view.splits.build",
+    f"{CORE}.training_view.mixing.build",
 ]
 
 PII_LINE = '_KIND = {"[EMAIL]": "email", '

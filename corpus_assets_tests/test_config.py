@@ -359,6 +359,17 @@ def test_bad_near_dedup_policy_is_named(near: dict[str, Any], expected: str) -> 
     assert f"{WHERE}: {expected}" in message
 
 
+def test_removed_minhash_v1_is_an_error_naming_the_file_and_the_key(tmp_path: Path) -> None:
+    near = {"dedup": {"near": {"signature": "minhash.v1"}}}
+    path = write_yaml(tmp_path / "corpus.yaml", mutated(lambda r: r.update(policies=near)))
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert str(info.value) == (
+        f"{path.resolve()}: policies.dedup.near.signature: minhash.v1 is no longer available "
+        "(its sha1 scheme was removed; use minhash.v3 or minhash.v2)"
+    )
+
+
 def test_near_dedup_threshold_is_hashed_as_its_decimal_text() -> None:
     a = parse_config(mutated(lambda r: r.update(policies={"dedup": {"near": {}}})), WHERE)
     b = parse_config(

@@ -1,22 +1,22 @@
 """Decontamination through the layers: the report in the canonical_records index, the manifest
-and the Dagster metadata; ``policies.contamination.version`` selects v1 with its old payload."""
+and the Dagster metadata; a config still naming the removed ``contamination.v1`` is refused."""
 
 import json
 from pathlib import Path
 
 import dagster as dg
+import pytest
 
 from corpus_assets.assets.metadata import layer_metadata
 from corpus_assets.core.governance import alias_gate, benchmarks
 from corpus_assets.core.pipeline import build_all
 from corpus_assets.core.publication.manifest_schema import schema_errors
-from corpus_assets.core.records.canonical_records import contamination_policy
-from corpus_assets.core.records.contamination import policy_payload
 from corpus_assets.core.records.normalize import dedup_key
+from corpus_assets.core.runtime.config import ConfigError, load_config
 from corpus_assets.core.runtime.workspace import Workspace, open_workspace
 from corpus_assets.core.storage.artifacts import get_json
 from corpus_assets_tests.test_canonical import _exclusions
-from corpus_assets_tests.test_contamination_v2 import ANSWER, SOLUTION
+from corpus_assets_tests.test_contamination import ANSWER, SOLUTION
 
 
 def _leaks(home: Path, version: str | None) -> None:
@@ -98,19 +98,11 @@ def test_v2_report_reaches_the_index_the_manifest_and_the_metadata(demo_home: Pa
     assert metadata["contamination.flagged.truthfulqa"].value == 1.0
 
 
-def test_v1_stays_selectable_and_still_misses_the_two_leaks(demo_home: Path) -> None:
+def test_a_config_selecting_v1_is_an_error_naming_the_key_and_the_file(demo_home: Path) -> None:
     _leaks(demo_home, "contamination.v1")
-    with open_workspace() as ws:
-        assert policy_payload(contamination_policy(ws)) == {
-            "version": "contamination.v1",
-            "ngram_words": 13,
-            "ngram_chars": 50,
-            "threshold_ppm": 500_000,
-        }
-        _register(ws)
-        results = build_all(ws, "p1")
-        canonical = json.loads(ws.cas.get_bytes(results["canonical_records"].digest))
-    report = canonical["outputs"]["contamination"]
-    assert report["policy"] == "contamination.v1"
-    assert [r["flagged"] for r in report["benchmarks"]] == [0, 0]
-    assert report["flagged"] == []
+    with pytest.raises(ConfigError) as error:
+        load_config()
+    config = demo_home / "corpus.yaml"
+    assert str(error.value).startswith(
+        f"{config}: policies.contamination.version: contamination.v1 is no longer available"
+    )

@@ -1,8 +1,8 @@
-"""contamination.v2 screens a long text in bounded windows with exactly the unwindowed result.
+"""The contamination screen reads a long text in bounded windows with exactly the unwindowed result.
 
 A tiny window (the ``window`` parameter) makes every item straddle cuts; matches, containment
-and shared n-gram counts must equal the one-window computation, which the other v2 tests tie
-to the reference rules.
+and shared n-gram counts must equal the one-window computation, which the other contamination
+tests tie to the reference rules.
 """
 
 import random
@@ -10,10 +10,11 @@ from itertools import pairwise
 
 import pytest
 
-from corpus_assets.core.records.contamination_tokens import fold
-from corpus_assets.core.records.contamination_v2 import TokenPolicy, reference_match
-from corpus_assets.core.records.contamination_v2_index import TokenIndex
-from corpus_assets.core.records.contamination_windows import (
+from corpus_assets.core.records.contamination import TokenPolicy
+from corpus_assets.core.records.contamination.index import TokenIndex
+from corpus_assets.core.records.contamination.rules import reference_match
+from corpus_assets.core.records.contamination.tokens import fold
+from corpus_assets.core.records.contamination.windows import (
     _folded_pieces,
     folded_windows,
     windows,

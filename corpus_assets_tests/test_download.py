@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import corpus_assets
-from corpus_assets.core.ingest.download_transfer import Fetched, ResumeRefused, fetch_to_cas
+from corpus_assets.core.ingest.download import Fetched, ResumeRefused, fetch_to_cas
 from corpus_assets.core.ingest.remote_http import DownloadError, RemoteVersion, head
 from corpus_assets.core.storage.cas import ContentStore
 from corpus_assets.selftest.http_server import LAST_MODIFIED, Drop, LoopbackServer, Remote
@@ -373,7 +373,7 @@ CHILD = textwrap.dedent(
     import sys
     from pathlib import Path
     from corpus_assets.core.storage.cas import ContentStore
-    from corpus_assets.core.ingest.download_transfer import fetch_to_cas
+    from corpus_assets.core.ingest.download import fetch_to_cas
 
     url, cas_root, work = sys.argv[1:4]
     fetch_to_cas(url, ContentStore(Path(cas_root)), Path(work),

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from corpus_assets.core.ingest.download_checkpoint import PartialFile, locked_partial
+from corpus_assets.core.ingest.download.checkpoint import PartialFile, locked_partial
 
 URL = "http://example.invalid/object.zst"
 BLOCKS = [random.Random(seed).randbytes(300_000) for seed in range(8)]

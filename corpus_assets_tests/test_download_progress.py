@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from corpus_assets.core.ingest.download_transfer import OverBudget, ResumeRefused
+from corpus_assets.core.ingest.download import OverBudget, ResumeRefused
 from corpus_assets.core.ingest.pinning import PinError
 from corpus_assets.core.ingest.remote_http import DownloadError
 from corpus_assets.core.pipeline import BUILDERS

@@ -15,7 +15,7 @@ import pytest
 import zstandard
 
 from corpus_assets.core.ingest.codecs import DEFAULT_LIMITS, DecompressionLimits
-from corpus_assets.core.ingest.download_transfer import InvalidObject
+from corpus_assets.core.ingest.download import InvalidObject
 from corpus_assets.core.storage.cas import ContentStore
 from corpus_assets_tests import test_download
 from corpus_assets_tests.test_download import (
@@ -205,7 +205,7 @@ VALIDATING_CHILD = textwrap.dedent(
     import sys
     from pathlib import Path
     from corpus_assets.core.ingest.codecs import DEFAULT_LIMITS
-    from corpus_assets.core.ingest.download_transfer import fetch_to_cas
+    from corpus_assets.core.ingest.download import fetch_to_cas
     from corpus_assets.core.storage.cas import ContentStore
 
     url, cas_root, work = sys.argv[1:4]

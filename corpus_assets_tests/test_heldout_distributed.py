@@ -19,9 +19,9 @@ from corpus_assets.core.publication.publish import activate, approve
 from corpus_assets.core.runtime.layer_index import LayerResult, load_index, read_layer_index
 from corpus_assets.core.runtime.workspace import open_workspace
 from corpus_assets.core.storage.artifacts import get_json
-from corpus_assets.core.training_view.heldout_tasks import GROUP_ENV, chunk_groups
-from corpus_assets.core.training_view.split_heldout import FULL, INCREMENTAL
 from corpus_assets.core.training_view.splits import build_splits
+from corpus_assets.core.training_view.splits.heldout import FULL, INCREMENTAL
+from corpus_assets.core.training_view.splits.heldout_tasks import GROUP_ENV, chunk_groups
 from corpus_assets.demo import write_demo
 
 ESSAYS = Path("demo-sources") / "essays"

@@ -28,8 +28,8 @@ from corpus_assets.core.runtime.layer_index import read_layer_index
 from corpus_assets.core.runtime.workspace import open_workspace
 from corpus_assets.core.storage.artifacts import get_table
 from corpus_assets.core.storage.cas import CasError
-from corpus_assets.core.training_view.split_heldout import INCREMENTAL, HeldoutScan, reuse
 from corpus_assets.core.training_view.splits import CODE as SPLITS_CODE
+from corpus_assets.core.training_view.splits.heldout import INCREMENTAL, HeldoutScan, reuse
 from corpus_assets.demo import CONFIG
 from corpus_assets.selftest.leak_pair import LeakPair, find_leak_pair
 

@@ -23,8 +23,8 @@ from corpus_assets.core.runtime.layer_index import LayerIndex, load_index, read_
 from corpus_assets.core.runtime.workspace import Workspace, open_workspace
 from corpus_assets.core.storage.artifacts import get_json
 from corpus_assets.core.storage.cas_queries import cas_parquet
-from corpus_assets.core.training_view.heldout_state import PriorSearch, prior_search
-from corpus_assets.core.training_view.split_heldout import (
+from corpus_assets.core.training_view.splits import CODE, build_splits
+from corpus_assets.core.training_view.splits.heldout import (
     FULL,
     INCREMENTAL,
     HeldoutScan,
@@ -33,7 +33,7 @@ from corpus_assets.core.training_view.split_heldout import (
     reuse,
     searched_records,
 )
-from corpus_assets.core.training_view.splits import CODE, build_splits
+from corpus_assets.core.training_view.splits.heldout_state import PriorSearch, prior_search
 
 ESSAYS = Path("demo-sources") / "essays"
 

@@ -18,7 +18,7 @@ from corpus_assets.core.records.quality import QualityPolicy
 from corpus_assets.core.runtime.config import ObjectsSource, SplitPolicy
 from corpus_assets.core.tokens.encode import encode_batch
 from corpus_assets.core.tokens.spec import UTF8_IDS, utf8_spec
-from corpus_assets.core.training_view.split_assign import split_of
+from corpus_assets.core.training_view.splits import split_of
 from corpus_assets.demo import demo_objects
 
 SOURCE = ObjectsSource(id="s", kind="objects", path=".")

@@ -1,4 +1,3 @@
-import hashlib
 import random
 import sys
 import tracemalloc
@@ -8,16 +7,31 @@ import numpy as np
 import pytest
 from datasketch.minhash import _fmix
 
-from corpus_assets.core.dedup import minhash_v1, minhash_v2, shingling, unit_hash
 from corpus_assets.core.dedup.jaccard import jaccard, jaccard_sorted
-from corpus_assets.core.dedup.minhash import fingerprints, signatures, sketch
-from corpus_assets.core.dedup.shingling import is_unspaced, normalise, shingle_units, shingles
-from corpus_assets.core.dedup.signature_spec import MAX_HASH, VERSION, SignatureSpec, spec_payload
-from corpus_assets.core.dedup.unit_hash import fingerprint64, fingerprint64_units, unit_hash64
+from corpus_assets.core.dedup.minhash import (
+    engine,
+    fingerprints,
+    shingling,
+    signatures,
+    sketch,
+    unit_hash,
+)
+from corpus_assets.core.dedup.minhash.shingling import (
+    is_unspaced,
+    normalise,
+    shingle_units,
+    shingles,
+)
+from corpus_assets.core.dedup.minhash.spec import MAX_HASH, VERSION, SignatureSpec, spec_payload
+from corpus_assets.core.dedup.minhash.unit_hash import (
+    fingerprint64,
+    fingerprint64_units,
+    unit_hash64,
+)
 
-SPEC = SignatureSpec(version="minhash.v1")  # the v1 tests below
 V2 = SignatureSpec(version="minhash.v2")  # its golden vectors (v3 signs the same)
-BOTH = pytest.mark.parametrize("spec", [SPEC, V2], ids=["v1", "v2"])
+SPEC = V2  # the shingling tests (v2 and v3 shingle spaced text the same)
+BOTH = pytest.mark.parametrize("spec", [V2, SignatureSpec()], ids=["v2", "v3"])
 _WORDS = [
     "the",
     "of",
@@ -159,13 +173,6 @@ def _v2_hv(units: tuple[str, ...]) -> int:
     return fingerprint64_units(units) >> 32
 
 
-def _datasketch_sig(sh: list[bytes], spec: SignatureSpec = SPEC) -> np.ndarray:
-    m = datasketch.MinHash(num_perm=spec.num_perm, seed=spec.seed, scheme="legacy")
-    for s in sh:
-        m.update(s)
-    return m.hashvalues
-
-
 def _datasketch_v2(text: str, spec: SignatureSpec) -> np.ndarray:
     m = datasketch.MinHash(
         num_perm=spec.num_perm, seed=spec.seed, scheme="affine32", hashfunc=_v2_hv
@@ -174,54 +181,16 @@ def _datasketch_v2(text: str, spec: SignatureSpec) -> np.ndarray:
     return m.hashvalues
 
 
-# --- minhash.v1 -----------------------------------------------------------------------------
-
-
-def test_golden_vectors_match_datasketch_legacy_bit_for_bit():
-    texts = _golden_texts()
-    assert len(texts) == 50
-    ours = signatures(texts, SPEC)
-    assert ours.shape == (50, 128) and ours.dtype == np.uint32
-    for text, row in zip(texts, ours, strict=True):
-        ref = _datasketch_sig(shingles(text, SPEC))
-        assert ref.max() <= MAX_HASH
-        assert row.tobytes() == ref.astype(np.uint32).tobytes(), text
-
-
-def test_other_num_perm_and_seed_match_datasketch():
-    spec = SignatureSpec(version="minhash.v1", num_perm=64, seed=42)
-    texts = _golden_texts()[:20]
-    for text, row in zip(texts, signatures(texts, spec), strict=True):
-        assert np.array_equal(row, _datasketch_sig(shingles(text, spec), spec).astype(np.uint32))
-
-
-def test_fast_mod_equals_numpy_mod_including_edges():
-    a, b = minhash_v1._permutations(128, 1)
-    hv = np.random.default_rng(0).integers(0, 1 << 32, 20000, dtype=np.uint64)
-    hv = np.concatenate([hv, np.array([0, 1, MAX_HASH], dtype=np.uint64)])
-    ref = ((hv[:, None] * a + b) % np.uint64(minhash_v1.MERSENNE_PRIME)) & np.uint64(MAX_HASH)
-    assert np.array_equal(minhash_v1._permute(hv, a, b), ref.astype(np.uint32))
-
-
-def test_v1_fingerprints_are_sha1_prefixes():
-    texts = _golden_texts()[:25]
-    for text, fp in zip(texts, fingerprints(texts, SPEC), strict=True):
-        ref = {int.from_bytes(hashlib.sha1(s).digest()[:8], "little") for s in shingles(text, SPEC)}
-        assert fp.dtype == np.uint64 and fp.tolist() == sorted(ref), text
-
-
 # --- minhash.v2 -----------------------------------------------------------------------------
 
 
-def test_default_spec_is_v3_with_v2_signatures_and_v1_stays_selectable():
+def test_default_spec_is_v3_with_v2_signatures():
     assert SignatureSpec().version == VERSION == "minhash.v3"
     texts = [t for t in _golden_texts()[:10] if not is_unspaced(normalise(t))]
     # v3 segments unspaced scripts into words; on spaced text it signs as v2 does.
     assert np.array_equal(signatures(texts), signatures(texts, SignatureSpec(version="minhash.v2")))
-    v1 = signatures(texts, SPEC)
-    v2 = signatures(texts)
-    assert (v1[0] == v2[0]).all()  # "" has no shingles in either version
-    assert not np.array_equal(v1[2:], v2[2:])
+    with pytest.raises(ValueError, match="unsupported signature version"):
+        SignatureSpec(version="minhash.v1")
 
 
 @pytest.mark.parametrize(("num_perm", "seed"), [(128, 1), (64, 42), (16, 0), (200, 98765)])
@@ -239,7 +208,7 @@ def test_v2_golden_vectors_match_datasketch_affine32_bit_for_bit(num_perm, seed)
 
 def test_v2_permutations_and_finalisers_are_datasketchs():
     for num_perm, seed in [(128, 1), (7, 3)]:
-        a, b = minhash_v2._affine32_permutations(num_perm, seed)
+        a, b = engine._affine32_permutations(num_perm, seed)
         ref = datasketch.MinHash(num_perm=num_perm, seed=seed, scheme="affine32").permutations
         assert a.dtype == b.dtype == np.uint32
         assert np.array_equal(a, ref[0]) and np.array_equal(b, ref[1])
@@ -251,7 +220,7 @@ def test_v2_permutations_and_finalisers_are_datasketchs():
     assert np.array_equal(unit_hash._fmix64(x64.copy()), _fmix(x64, 64))
     assert [unit_hash._fmix64_int(int(v)) for v in x64[:200]] == _fmix(x64[:200], 64).tolist()
     x32 = x64.astype(np.uint32)
-    assert np.array_equal(minhash_v2._fmix32(x32.copy()), _fmix(x32, 32))
+    assert np.array_equal(engine._fmix32(x32.copy()), _fmix(x32, 32))
 
 
 def _spec_fmix64(x: int) -> int:
@@ -365,10 +334,8 @@ def test_block_sizes_do_not_change_results(monkeypatch, spec):
     one_by_one = np.vstack([signatures([t], spec) for t in texts])
     assert np.array_equal(whole_sig, one_by_one)
     for codepoints, rows in [(7, 3), (64, 7), (1000, 1), (5000, 50)]:
-        monkeypatch.setattr(minhash_v1, "_BLOCK_CODEPOINTS", codepoints)
-        monkeypatch.setattr(minhash_v2, "_BLOCK_CODEPOINTS", codepoints)  # long texts in pieces
-        monkeypatch.setattr(minhash_v1, "_BLOCK_CELLS", 128 * rows)  # documents span blocks
-        monkeypatch.setattr(minhash_v2, "_AFFINE_BLOCK_CELLS", 128 * rows)
+        monkeypatch.setattr(engine, "_BLOCK_CODEPOINTS", codepoints)  # long: in pieces
+        monkeypatch.setattr(engine, "_AFFINE_BLOCK_CELLS", 128 * rows)  # span blocks
         monkeypatch.setattr(shingling, "_SPLIT_MAX", codepoints)
         sig, fps = sketch(texts, spec)
         assert np.array_equal(whole_sig, sig), codepoints
@@ -379,7 +346,7 @@ def test_v2_long_documents_in_pieces_match_scalar_reference(monkeypatch):
     texts = [*_long_texts(), "w" * 40, "p q", "a" + " b" * 30, "数据" * 30]
     for spec in (V2, SignatureSpec(shingle_words=1, shingle_chars=2)):
         for limit in (3, 5, 16, 101):
-            monkeypatch.setattr(minhash_v2, "_BLOCK_CODEPOINTS", limit)
+            monkeypatch.setattr(engine, "_BLOCK_CODEPOINTS", limit)
             for text, fp in zip(texts, fingerprints(texts, spec), strict=True):
                 assert fp.tolist() == _reference_fps(text, spec), (limit, text[:40])
             assert np.array_equal(
@@ -416,15 +383,14 @@ def test_long_text_collapse_in_small_segments_equals_split_join(monkeypatch):
         assert shingling._collapse_segments(text) == " ".join(text.split())
 
 
-@pytest.mark.parametrize("spec", [SPEC, V2, "v2-long"], ids=["v1", "v2", "v2-long"])
+@pytest.mark.parametrize("spec", [V2, "v2-long"], ids=["v2", "v2-long"])
 def test_memory_is_bounded_by_blocks(monkeypatch, spec):
     rng = random.Random(9)
     texts = [_english(rng, 150) + str(i) for i in range(2000)]  # ~1.8 M code points
     if spec == "v2-long":
         spec, texts = V2, [" ".join(texts[:600])]
-    monkeypatch.setattr(minhash_v1, "_BLOCK_CODEPOINTS", 1 << 14)
-    monkeypatch.setattr(minhash_v2, "_BLOCK_CODEPOINTS", 1 << 14)
-    monkeypatch.setattr(minhash_v2, "_AFFINE_BLOCK_CELLS", 1 << 16)
+    monkeypatch.setattr(engine, "_BLOCK_CODEPOINTS", 1 << 14)
+    monkeypatch.setattr(engine, "_AFFINE_BLOCK_CELLS", 1 << 16)
     sketch(["warm up caches and lazy imports", "x " * 30], spec)
     for fn in (signatures, fingerprints):
         tracemalloc.start()
@@ -438,7 +404,7 @@ def test_memory_is_bounded_by_blocks(monkeypatch, spec):
         assert peak - kept < 4 << 20, (fn.__name__, peak, kept)
 
 
-# --- both versions --------------------------------------------------------------------------
+# --- v2 and v3 ------------------------------------------------------------------------------
 
 
 @BOTH
@@ -503,16 +469,12 @@ def test_shingle_units_are_the_shingles():
 
 
 def test_spec_payload_and_validation():
-    payload = spec_payload(SPEC)
-    assert all(isinstance(v, int | str) and not isinstance(v, bool) for v in payload.values())
-    assert payload["version"] == "minhash.v1" and payload["num_perm"] == 128
-    assert spec_payload(SignatureSpec(version="minhash.v1", seed=2)) != payload
     v2 = spec_payload(V2)
     assert all(isinstance(v, int | str) and not isinstance(v, bool) for v in v2.values())
-    assert v2["version"] == "minhash.v2"
-    for key in ("hash", "fingerprint", "permutation"):
-        assert v2[key] != payload[key]
-    assert spec_payload(SignatureSpec(seed=2)) != v2
+    assert v2["version"] == "minhash.v2" and v2["num_perm"] == 128
+    assert v2["permutation"] == "datasketch_affine32_fmix32"
+    assert spec_payload(SignatureSpec(version="minhash.v2", seed=2)) != v2
+    assert spec_payload(SignatureSpec())["shingling"] != v2["shingling"]
     with pytest.raises(ValueError):
         SignatureSpec(num_perm=0)
     with pytest.raises(ValueError):

@@ -17,14 +17,14 @@ from corpus_assets.core.runtime.config import MixingPolicy
 from corpus_assets.core.runtime.layer_index import read_layer_index
 from corpus_assets.core.runtime.workspace import Workspace, open_workspace
 from corpus_assets.core.storage.artifacts import get_table
-from corpus_assets.core.training_view.mixing_plan import (
+from corpus_assets.core.training_view.mixing.plan import (
     MixingError,
     Population,
     decimal_text,
     hamilton,
     plan_mixture,
 )
-from corpus_assets.core.training_view.mixing_select import Members, mix, report
+from corpus_assets.core.training_view.mixing.select import Members, mix, report
 from corpus_assets_tests.conftest import use_demo_copy
 
 

@@ -11,14 +11,14 @@ import pytest
 
 from corpus_assets.core.runtime.config import MixingPolicy
 from corpus_assets.core.storage.artifacts import table_bytes
-from corpus_assets.core.training_view.mixing_plan import (
+from corpus_assets.core.training_view.mixing.plan import (
     MixingError,
     Population,
     SourcePlan,
     decimal_text,
     plan_mixture,
 )
-from corpus_assets.core.training_view.mixing_select import (
+from corpus_assets.core.training_view.mixing.select import (
     Members,
     Stream,
     _first,

@@ -13,7 +13,12 @@ import pytest
 from corpus_assets.core.dedup.clusters import EXACT, KEEP, NEAR
 from corpus_assets.core.dedup.in_memory import cluster
 from corpus_assets.core.dedup.jaccard import jaccard_sorted
-from corpus_assets.core.dedup.minhash import fingerprints, signatures, signatures_and_modes
+from corpus_assets.core.dedup.minhash import (
+    fingerprints,
+    signatures,
+    signatures_and_modes,
+    stores_modes,
+)
 from corpus_assets.core.dedup.near_dedup import (
     LshParams,
     RowMajor,
@@ -24,7 +29,6 @@ from corpus_assets.core.dedup.near_dedup import (
 from corpus_assets.core.dedup.near_stage import NearStage
 from corpus_assets.core.dedup.report import NearReport
 from corpus_assets.core.dedup.signature_cache import signature_spec
-from corpus_assets.core.dedup.signature_spec import stores_modes
 from corpus_assets.core.governance.deletion_reach import hits
 from corpus_assets.core.pipeline import BUILDERS, DIRECT_BUILDERS, build_all
 from corpus_assets.core.publication.leakage_check import dedup_invariants

@@ -15,9 +15,9 @@ from pydantic import ValidationError
 
 from corpus_assets.assets.metadata import layer_metadata
 from corpus_assets.core.dedup.clusters import KEEP, NEAR
+from corpus_assets.core.dedup.minhash import normalise
+from corpus_assets.core.dedup.minhash.segment import segment_words
 from corpus_assets.core.dedup.report import NearReport
-from corpus_assets.core.dedup.segment import segment_words
-from corpus_assets.core.dedup.shingling import normalise
 from corpus_assets.core.runtime.config import NearDedupPolicy
 from corpus_assets.core.runtime.layer_index import LayerResult
 from corpus_assets_tests.test_near_dedup import _cluster, _shingle_jaccard

@@ -1,4 +1,4 @@
-"""Samples located by the partitioned join (``pack_locate``) are the old whole-table join's
+"""Samples located by the partitioned join (``packing.locate``) are the old whole-table join's
 places, whatever the partition or worker count; a missing or doubled row is named; the driver
 is left holding fixed-width columns, no string per sample."""
 
@@ -19,14 +19,14 @@ from corpus_assets.core.runtime.workspace import Workspace, open_workspace
 from corpus_assets.core.storage.artifacts import get_table
 from corpus_assets.core.tokens.cache import TokenCache, open_tokens, token_cache
 from corpus_assets.core.tokens.spec import resolve_tokenizer
-from corpus_assets.core.training_view.pack_locate import (
+from corpus_assets.core.training_view.packing.locate import (
     KINDS,
     PartitionWriter,
     PartJob,
     join_part,
     record_parts,
 )
-from corpus_assets.core.training_view.pack_samples import (
+from corpus_assets.core.training_view.packing.samples import (
     ROW_KEY,
     SampleLookupError,
     locate_samples,

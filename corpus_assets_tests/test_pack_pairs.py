@@ -10,17 +10,17 @@ from hypothesis import strategies as st
 
 from corpus_assets.core.tokens.chat import encode_structured
 from corpus_assets.core.tokens.spec import utf8_spec
-from corpus_assets.core.training_view.pack_blocks import (
+from corpus_assets.core.training_view.packing.blocks import (
     BlockBatch,
     build_batch,
     iter_block_batches,
     unpack_segments,
 )
-from corpus_assets.core.training_view.pack_checks import (
+from corpus_assets.core.training_view.packing.checks import (
     check_block_invariants,
     check_pair_prompts,
 )
-from corpus_assets.core.training_view.pack_plan import plan_packing, split_pairs
+from corpus_assets.core.training_view.packing.plan import plan_packing, split_pairs
 
 SPEC = utf8_spec()
 

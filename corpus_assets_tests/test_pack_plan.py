@@ -1,4 +1,4 @@
-"""The packing planner (``pack_plan``) and the per-block arrays (``pack_blocks``): the
+"""The packing planner (``packing.plan``) and the per-block arrays (``packing.blocks``): the
 worked packing examples exactly, then properties over random lengths (hypothesis)."""
 
 from hashlib import sha256
@@ -8,13 +8,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from corpus_assets.core.training_view.pack_blocks import (
+from corpus_assets.core.training_view.packing.blocks import (
     BuildAccounting,
     build_batch,
     iter_block_batches,
     unpack_segments,
 )
-from corpus_assets.core.training_view.pack_plan import PackPlan, plan_packing
+from corpus_assets.core.training_view.packing.plan import PackPlan, plan_packing
 
 PAD = 0
 

@@ -1,10 +1,10 @@
-"""pack_samples._lookup against the left join on record id it replaced (same rows, same count)."""
+"""packing.samples._lookup against the left join on record id it replaced: same rows and count."""
 
 import numpy as np
 import pyarrow as pa
 import pytest
 
-from corpus_assets.core.training_view.pack_samples import _lookup
+from corpus_assets.core.training_view.packing.samples import _lookup
 
 
 def _joined(samples: list, record_ids: list) -> tuple[list, int]:

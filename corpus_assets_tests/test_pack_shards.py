@@ -13,10 +13,10 @@ from corpus_assets.core.storage.artifacts import get_table
 from corpus_assets.core.storage.shards import ShardWriter
 from corpus_assets.core.tokens.cache import token_cache
 from corpus_assets.core.tokens.spec import resolve_tokenizer
-from corpus_assets.core.training_view.pack_blocks import iter_block_batches
-from corpus_assets.core.training_view.pack_samples import SampleTokens, locate_samples
-from corpus_assets.core.training_view.pack_shards import build_shards
-from corpus_assets.core.training_view.packing import plan_for, shard_fields
+from corpus_assets.core.training_view.packing.blocks import iter_block_batches
+from corpus_assets.core.training_view.packing.build import plan_for, shard_fields
+from corpus_assets.core.training_view.packing.samples import SampleTokens, locate_samples
+from corpus_assets.core.training_view.packing.shards import build_shards
 
 SMALL = 40 * 64 * 9  # 40 blocks of 64 tokens of input_ids, segment_ids, positions, labels
 

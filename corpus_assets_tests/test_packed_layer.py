@@ -24,8 +24,8 @@ from corpus_assets.core.storage.cas import ContentStore
 from corpus_assets.core.storage.shards import write_shards
 from corpus_assets.core.tokens.cache import open_tokens, token_cache
 from corpus_assets.core.tokens.spec import UTF8_IDS, resolve_tokenizer, utf8_spec
-from corpus_assets.core.training_view.pack_samples import SampleTokens, locate_samples
 from corpus_assets.core.training_view.packing import PackingError
+from corpus_assets.core.training_view.packing.samples import SampleTokens, locate_samples
 
 PAD, EOS = UTF8_IDS["pad"], UTF8_IDS["eos"]
 

@@ -28,8 +28,8 @@ from corpus_assets.core.runtime.layer_index import LayerIndex, read_layer_index
 from corpus_assets.core.runtime.workspace import Workspace, open_workspace
 from corpus_assets.core.storage.artifacts import get_json, get_table
 from corpus_assets.core.storage.shards import load_index
-from corpus_assets.core.training_view import pack_shards
-from corpus_assets.core.training_view.pack_incremental import memo_part
+from corpus_assets.core.training_view.packing import memo_part
+from corpus_assets.core.training_view.packing import shards as pack_shards
 from corpus_assets.demo import WORDS, write_demo
 
 NEW_ESSAYS = 3  # about 1% of the demo's ~280 records

@@ -20,7 +20,7 @@ from corpus_assets.core.runtime.layer_index import LAYERS, read_layer_index
 from corpus_assets.core.runtime.workspace import Workspace, open_workspace
 from corpus_assets.core.storage.artifacts import get_json
 from corpus_assets.core.storage.cas import ContentStore
-from corpus_assets.core.training_view import pack_shards
+from corpus_assets.core.training_view.packing import shards as pack_shards
 from corpus_assets_tests.test_packing_incremental import (  # noqa: F401 - autouse fixture
     _active,
     _add_essays,
@@ -84,7 +84,7 @@ def test_a_child_re_hashes_only_token_chunks_changed_since_they_hashed_right(
 
 
 def test_chunks_read_are_those_of_the_samples_of_the_shards_built() -> None:
-    from corpus_assets.core.training_view.pack_plan import PackPlan
+    from corpus_assets.core.training_view.packing.plan import PackPlan
 
     block = np.array([0, 0, 1, 2, 3, 3], np.int64)
     sample = np.array([0, 1, 2, 3, 4, 5], np.int64)

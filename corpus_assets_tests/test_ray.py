@@ -31,7 +31,7 @@ from corpus_assets.core.runtime.runners import RayRunner, RayUnavailable, Worker
 from corpus_assets.core.runtime.workspace import open_workspace
 from corpus_assets.core.storage.cas_s3 import S3ContentStore
 from corpus_assets.core.storage.catalog import chunk_tasks
-from corpus_assets.core.training_view.heldout_tasks import GROUP_ENV
+from corpus_assets.core.training_view.splits.heldout_tasks import GROUP_ENV
 from corpus_assets_tests.test_s3_cas import bucket, moto_endpoint  # noqa: F401 - fixtures
 
 # Read when ray is imported: under ``uv run`` Ray would start workers with ``uv run`` in a copy of

@@ -40,7 +40,7 @@ from corpus_assets.core.runtime.workspace import Workspace, open_workspace
 from corpus_assets.core.storage.artifacts import get_json, get_table
 from corpus_assets.core.storage.digests import sha256_digest
 from corpus_assets.core.storage.table_lookup import SortedTable
-from corpus_assets.core.training_view import pack_shards
+from corpus_assets.core.training_view.packing import shards as pack_shards
 from corpus_assets.definitions import defs
 from corpus_assets.demo import write_demo
 

@@ -28,12 +28,12 @@ from corpus_assets.core.storage.shards import (
     load_index,
     write_shards,
 )
-from corpus_assets.core.training_view.pack_blocks import (
+from corpus_assets.core.training_view.packing.blocks import (
     FileSamples,
     build_batch,
     iter_block_batches,
 )
-from corpus_assets.core.training_view.pack_plan import plan_packing
+from corpus_assets.core.training_view.packing.plan import plan_packing
 
 T = 64
 FIELDS = {"input_ids": "uint32", "segment_ids": "int32", "positions": "int32", "label_mask": "u1"}

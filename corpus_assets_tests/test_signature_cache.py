@@ -8,15 +8,19 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from corpus_assets.core.dedup import shingling, signature_cache
-from corpus_assets.core.dedup.minhash import signatures, signatures_and_modes
+from corpus_assets.core.dedup import signature_cache
+from corpus_assets.core.dedup.minhash import (
+    SignatureSpec,
+    shingling,
+    signatures,
+    signatures_and_modes,
+)
 from corpus_assets.core.dedup.signature_cache import (
     BandMajorFile,
     band_major_npy,
     load_modes,
     write_band_major,
 )
-from corpus_assets.core.dedup.signature_spec import SignatureSpec
 
 
 def _texts(count: int, seed: int) -> list[str]:

@@ -17,8 +17,7 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat
 
-from corpus_assets.core.ingest.changelog_events import ChangelogError
-from corpus_assets.core.ingest.changelog_segments import list_segments
+from corpus_assets.core.ingest.changelog import ChangelogError, list_segments
 from corpus_assets.core.ingest.freeze_spec import FreezeSpec
 from corpus_assets.core.ingest.sources import SourceError, fingerprint, list_objects
 from corpus_assets.core.publication.signing import key_paths

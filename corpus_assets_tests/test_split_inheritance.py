@@ -3,7 +3,7 @@
 Real builds: a child of an active snapshot keeps every old record's split, names its parent in
 the splits index (whose inputs then hold the parent's splits layer), moves nothing under pure
 additions, and lists a bridge between two splits as a conflict that ``on_conflict`` resolves
-visibly while validation still balances. Property tests run ``split_assign.assign`` on random
+visibly while validation still balances. Property tests run ``splits.assign.assign`` on random
 components.
 """
 
@@ -24,15 +24,16 @@ from corpus_assets.core.runtime.layer_index import LayerIndex, read_layer_index
 from corpus_assets.core.runtime.workspace import Workspace, open_workspace
 from corpus_assets.core.storage.artifacts import get_table
 from corpus_assets.core.tokens.chat_template import DEFAULT_CHAT_TEMPLATE
-from corpus_assets.core.training_view import split_assign
-from corpus_assets.core.training_view.split_assign import SPLIT_TABLE, split_of
-from corpus_assets.core.training_view.split_bridges import LeakageGraph
-from corpus_assets.core.training_view.split_residual import resolve_residual
-from corpus_assets.core.training_view.split_time import EventTimeError
-from corpus_assets.core.training_view.splits_schema import (
+from corpus_assets.core.training_view.splits import assign as split_assign
+from corpus_assets.core.training_view.splits import split_of
+from corpus_assets.core.training_view.splits.bridges import LeakageGraph
+from corpus_assets.core.training_view.splits.by_time import EventTimeError
+from corpus_assets.core.training_view.splits.residual import resolve_residual
+from corpus_assets.core.training_view.splits.schema import (
     BRIDGE,
     BRIDGE_COPY,
     EXCLUDED,
+    SPLIT_TABLE,
     SPLITS,
     UNLINKED,
     Move,

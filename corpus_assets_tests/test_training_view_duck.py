@@ -17,9 +17,9 @@ from corpus_assets.core.storage.cas import ContentStore
 from corpus_assets.core.storage.cas_queries import cas_parquet, put_query
 from corpus_assets.core.storage.parquet_sink import ROW_GROUP_ROWS, put_tables
 from corpus_assets.core.training_view import view_queries
-from corpus_assets.core.training_view.split_assign import hash_split_sql, split_indices
-from corpus_assets.core.training_view.split_bridges import LeakageGraph, StoredGraph
-from corpus_assets.core.training_view.splits_schema import SPLITS
+from corpus_assets.core.training_view.splits import SPLITS
+from corpus_assets.core.training_view.splits.assign import hash_split_sql, split_indices
+from corpus_assets.core.training_view.splits.bridges import LeakageGraph, StoredGraph
 
 SCHEMA = pa.schema([("record_id", pa.string()), ("n", pa.int64()), ("split", pa.string())])
 

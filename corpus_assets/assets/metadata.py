@@ -34,7 +34,7 @@ from corpus_assets.core.dedup.clusters import CLUSTER_COLUMNS
 from corpus_assets.core.publication.manifest import MEMBERS_SCHEMA
 from corpus_assets.core.records.index import RECORD_COLUMNS
 from corpus_assets.core.runtime.layer_index import LayerResult
-from corpus_assets.core.training_view.mixing_select import MIX_COLUMNS
+from corpus_assets.core.training_view.mixing import MIX_COLUMNS
 from corpus_assets.core.training_view.packing import SPAN_COLUMNS
 from corpus_assets.core.training_view.splits import SPLIT_COLUMNS
 

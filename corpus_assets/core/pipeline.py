@@ -5,7 +5,7 @@ not built again (the layer memo): its earlier index is published for this partit
 are the transform image (every byte of the package's code), the config's sources and policies,
 the partition's freeze spec less its partition key (pinned objects, fences, parents, alias,
 purpose) and the upstream layers' index digests of this partition; for packed_blocks also the
-parent's packed layer digest when it packs incrementally (``pack_incremental.memo_part``). Any
+parent's packed layer digest when it packs incrementally (``packing.incremental.memo_part``). Any
 change to one of them misses, so a memo hit is what a rebuild would produce; it only makes an
 unchanged snapshot cheap. The manifest (it names the partition) and raw_snapshot (it re-verifies
 the pinned objects) are always built.
@@ -27,8 +27,7 @@ from corpus_assets.core.storage.fsio import DiskFullError
 from corpus_assets.core.storage.memory import release_memory
 from corpus_assets.core.storage.refs import declared_refs
 from corpus_assets.core.training_view.mixing import build_mixed_samples
-from corpus_assets.core.training_view.pack_incremental import memo_part
-from corpus_assets.core.training_view.packing import build_packed_blocks
+from corpus_assets.core.training_view.packing import build_packed_blocks, memo_part
 from corpus_assets.core.training_view.splits import build_splits
 
 Builder = Callable[[Workspace, str], LayerResult]

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import zstandard
 
-from corpus_assets.core.ingest.download_transfer import TRANSFER_BUDGET
+from corpus_assets.core.ingest.download import TRANSFER_BUDGET
 from corpus_assets.core.publication.verify import verify
 from corpus_assets.selftest.case import NO_LOSS, Outcome, fault
 from corpus_assets.selftest.evidence import intact, stray_temps, workspace

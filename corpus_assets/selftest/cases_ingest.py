@@ -186,7 +186,7 @@ def name_reused(lab: Lab) -> Outcome:
 
 
 def _event(lsn: int, op: str, key: int, body: str | None = None) -> dict[str, Any]:
-    """A Debezium-style change event (``core/ingest/changelog_events``)."""
+    """A Debezium-style change event (``core/ingest/changelog/events.py``)."""
     after = None if body is None else {"id": key, "body": body}
     before = {"id": key, "body": "old"} if op in ("u", "d") else None
     return {"op": op, "before": before, "after": after, "source": {"lsn": lsn}}

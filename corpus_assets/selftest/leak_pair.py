@@ -18,7 +18,7 @@ from corpus_assets.core.dedup.near_dedup import band_keys
 from corpus_assets.core.dedup.signature_cache import signature_spec
 from corpus_assets.core.records.normalize import dedup_key
 from corpus_assets.core.runtime.config import NearDedupPolicy, SplitPolicy
-from corpus_assets.core.training_view.split_assign import split_of
+from corpus_assets.core.training_view.splits import split_of
 
 _WORDS = [f"{a}{b}" for a in ("ka", "lo", "mi", "nu", "pe", "ru", "so", "ti") for b in "aeiou"]
 

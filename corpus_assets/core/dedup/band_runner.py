@@ -32,8 +32,8 @@ from corpus_assets.core.dedup.band_tasks import (
     band_reduce,
     pair_verify,
 )
+from corpus_assets.core.dedup.minhash import SignatureSpec
 from corpus_assets.core.dedup.near_dedup import BandStats, LshParams, NearResult, scan_verified
-from corpus_assets.core.dedup.signature_spec import SignatureSpec
 from corpus_assets.core.records.index import ChunkRecords
 from corpus_assets.core.runtime.execution import Execution
 from corpus_assets.core.runtime.runners import task_runner

@@ -33,6 +33,7 @@ from corpus_assets.core.dedup.clusters import (
 )
 from corpus_assets.core.dedup.edges import edge_rows, edge_table
 from corpus_assets.core.dedup.fingerprint_store import TextLookup
+from corpus_assets.core.dedup.minhash import SignatureSpec
 from corpus_assets.core.dedup.near_stage import NearStage
 from corpus_assets.core.dedup.pair_cache import (
     FULL,
@@ -51,7 +52,6 @@ from corpus_assets.core.dedup.signature_cache import (
     ensure_signatures,
     signature_spec,
 )
-from corpus_assets.core.dedup.signature_spec import SignatureSpec
 from corpus_assets.core.governance.deletion_reach import revoked_targets, tombstone_matches
 from corpus_assets.core.ingest.freeze import freeze
 from corpus_assets.core.records.index import CanonicalIndex, ChunkRecords

@@ -13,7 +13,7 @@ from decimal import Decimal
 
 import numpy as np
 
-from corpus_assets.core.dedup.signature_spec import VERSION_V3
+from corpus_assets.core.dedup.minhash import VERSION_V3
 
 WORD, CHAR = "word", "char"  # script class names in reports
 

@@ -18,6 +18,7 @@ import numpy as np
 from corpus_assets.core.dedup.band_runner import BandRunner
 from corpus_assets.core.dedup.fingerprint_store import SpilledFingerprints, TextLookup
 from corpus_assets.core.dedup.jaccard import jaccard_sorted
+from corpus_assets.core.dedup.minhash import spec_payload, stores_modes
 from corpus_assets.core.dedup.near_dedup import (
     BAND_KEY,
     LshParams,
@@ -40,7 +41,6 @@ from corpus_assets.core.dedup.report import (
     size_histogram,
 )
 from corpus_assets.core.dedup.signature_cache import signature_spec
-from corpus_assets.core.dedup.signature_spec import spec_payload, stores_modes
 from corpus_assets.core.runtime.config import NearDedupPolicy
 
 

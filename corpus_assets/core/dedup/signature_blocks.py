@@ -8,13 +8,13 @@ from typing import Any
 
 import numpy as np
 
+from corpus_assets.core.dedup.minhash import SignatureSpec, stores_modes
 from corpus_assets.core.dedup.signature_cache import (
     BandMajorFile,
     ChunkSignatures,
     load_modes,
     load_signatures,
 )
-from corpus_assets.core.dedup.signature_spec import SignatureSpec, stores_modes
 from corpus_assets.core.runtime.workspace import Workspace, pooled
 
 

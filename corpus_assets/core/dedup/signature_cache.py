@@ -29,8 +29,13 @@ from typing import Any
 import numpy as np
 import pyarrow.parquet as pq
 
-from corpus_assets.core.dedup.minhash import signatures, signatures_and_modes
-from corpus_assets.core.dedup.signature_spec import SignatureSpec, spec_payload, stores_modes
+from corpus_assets.core.dedup.minhash import (
+    SignatureSpec,
+    signatures,
+    signatures_and_modes,
+    spec_payload,
+    stores_modes,
+)
 from corpus_assets.core.records.index import ChunkRecords
 from corpus_assets.core.runtime.code_identity import code_identity
 from corpus_assets.core.runtime.config import NearDedupPolicy

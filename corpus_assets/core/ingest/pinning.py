@@ -19,10 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from corpus_assets.core.ingest.changelog_fold import fold, late_events
-from corpus_assets.core.ingest.changelog_segments import list_segments
+from corpus_assets.core.ingest.changelog import fold, late_events, list_segments
 from corpus_assets.core.ingest.codecs import DecompressionLimits
-from corpus_assets.core.ingest.download_transfer import (
+from corpus_assets.core.ingest.download import (
     InvalidObject,
     OverBudget,
     ResumeRefused,

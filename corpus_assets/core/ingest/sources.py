@@ -12,7 +12,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from corpus_assets.core.ingest.changelog_segments import head_offset, list_segments
+from corpus_assets.core.ingest.changelog import head_offset, list_segments
 from corpus_assets.core.ingest.folder_listing import (
     FolderEntry,
     OutsideFolder,

@@ -1,6 +1,6 @@
 """The held-out near-pair rule, and its bounded form for a child whose parent passed it.
 
-The rule searches again (``split_heldout``) for near pairs at or above the threshold between a
+The rule searches again (``splits.heldout``) for near pairs at or above the threshold between a
 held-out record and a record of another split (a removed duplicate in its representative's):
 there must be none. Candidates and estimates are its own, over the published splits; exact
 Jaccards the splits layer verified (its stored, digest-checked ``heldout_verified``, when it
@@ -35,8 +35,8 @@ from corpus_assets.core.storage.artifacts import get_json
 from corpus_assets.core.storage.cas import CasError
 from corpus_assets.core.storage.cas_queries import sql_list
 from corpus_assets.core.storage.table_lookup import TrustedFiles
-from corpus_assets.core.training_view.split_heldout import HeldoutScan, reuse, searched_records
 from corpus_assets.core.training_view.splits import CODE as SPLITS_CODE
+from corpus_assets.core.training_view.splits import HeldoutScan, reuse, searched_records
 
 RULE = "heldout_near_apart"
 CHANGED = """

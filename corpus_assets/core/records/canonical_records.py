@@ -30,9 +30,11 @@ from corpus_assets.core.records.canonicalize import (
     canonical_record,
     parse_line,
 )
-from corpus_assets.core.records.contamination import ContaminationPolicy, policy_payload
-from corpus_assets.core.records.contamination_index import BenchmarkIndex, contamination_report
-from corpus_assets.core.records.contamination_v2 import TokenPolicy
+from corpus_assets.core.records.contamination import (
+    BenchmarkIndex,
+    TokenPolicy,
+    contamination_report,
+)
 from corpus_assets.core.records.index import (
     EXCLUSION_COLUMNS,
     CanonicalIndex,
@@ -182,15 +184,9 @@ def benchmark_index(ws: Workspace, fence: int) -> BenchmarkIndex | None:
     return BenchmarkIndex.build(texts, contamination_policy(ws), names)
 
 
-def contamination_policy(ws: Workspace) -> ContaminationPolicy | TokenPolicy:
-    """The configured version's policy; v1's payload (and so its digests) is what it was."""
+def contamination_policy(ws: Workspace) -> TokenPolicy:
+    """The configured policy (its payload is hashed into the layer's policy digest)."""
     config = ws.config.policies.contamination
-    if config.version == "contamination.v1":
-        return ContaminationPolicy(
-            ngram_words=config.ngram_words,
-            ngram_chars=config.ngram_chars,
-            threshold_ppm=config.threshold_ppm,
-        )
     return TokenPolicy(
         ngram_words=config.ngram_words,
         ngram_chars=config.ngram_chars,
@@ -205,7 +201,7 @@ def _policy_digest(ws: Workspace, index: BenchmarkIndex | None) -> str:
         {
             "recordSchema": record_schema_digest(),
             "quality": quality_payload(Stages.for_config(config, None).quality),
-            "contamination": policy_payload(contamination_policy(ws)),
+            "contamination": contamination_policy(ws).payload(),
             "benchmarkIndex": index.digest if index is not None else None,
             "pii": config.policies.pii.model_dump(mode="json"),
             "purpose": config.purpose,

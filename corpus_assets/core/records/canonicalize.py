@@ -25,8 +25,7 @@ from corpus_assets.core.records.adapters import (
     strings,
 )
 from corpus_assets.core.records.adapters import field as row_field
-from corpus_assets.core.records.contamination import Match
-from corpus_assets.core.records.contamination_index import BenchmarkIndex
+from corpus_assets.core.records.contamination import BenchmarkIndex, Match
 from corpus_assets.core.records.envelope import CANONICAL, digest_with, record_digest, template_for
 from corpus_assets.core.records.normalize import (
     ParseReject,
@@ -157,10 +156,8 @@ def contaminated(
 
 
 def _evidence(match: Match) -> str:
-    """v1's detail as it was; v2 adds the evidence and the benchmark."""
+    """The item, its containment, the evidence (whole or shared n-grams) and the benchmark."""
     detail = f"item {match.item_id} containment {match.containment_ppm / 10_000:.2f}%"
-    if not (match.whole or match.shared):  # a v1 match
-        return detail
     detail += " (whole item)" if match.whole else f" ({match.shared} shared n-grams)"
     return detail + (f" of benchmark {match.benchmark}" if match.benchmark else "")
 

@@ -16,12 +16,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from corpus_assets.core.runtime.execution import Execution
 from corpus_assets.core.runtime.row_policies import (
     ContaminationConfig,
+    NearSignature,
     PiiConfig,
     QualityConfig,
 )
-from corpus_assets.core.runtime.row_policies import (
-    Strict as _Strict,
-)
+from corpus_assets.core.runtime.row_policies import Strict as _Strict
 from corpus_assets.core.runtime.schedule import Schedule
 from corpus_assets.core.runtime.yaml_loader import UniqueKeyLoader
 from corpus_assets.core.storage.cas_s3 import parse_cas_url
@@ -123,7 +122,7 @@ class NearDedupPolicy(_Strict):
     """MinHash/LSH near-dedup: every field changes which records survive, so all are hashed."""
 
     enabled: bool = True
-    signature: Literal["minhash.v3", "minhash.v2", "minhash.v1"] = "minhash.v3"
+    signature: NearSignature = "minhash.v3"
     num_perm: Annotated[int, Field(ge=8, le=1024)] = 128
     seed: Annotated[int, Field(ge=0)] = 1
     shingle_words: Annotated[int, Field(ge=1, le=64)] = 5
@@ -196,7 +195,7 @@ class SourceMixing(_Strict):
 
 
 class MixingPolicy(_Strict):
-    """How the train split becomes the training stream (see ``training_view.mixing_plan``).
+    """How the train split becomes the training stream (see ``training_view.mixing.plan``).
 
     Shares and alpha are decimals (hashed as their exact text). ``budget`` counts ``unit``s; none
     means the train split's total. ``max_epochs`` is the default cap of every source.
@@ -283,7 +282,7 @@ class PackingPolicy(_Strict):
     tail: Literal["drop", "pad"] = "pad"
     positions: Literal["per_segment"] = "per_segment"
     seed: Annotated[str, Field(min_length=1)] = "pack-v1"
-    incremental: bool = True  # keep the parent's blocks (pack_incremental) unless the padding
+    incremental: bool = True  # keep the parent's blocks (packing.incremental) unless the padding
     max_extra_padding: _Fraction = Decimal("0.001")  # added over a full repack exceeds this
 
     @model_validator(mode="before")

@@ -3,7 +3,7 @@ every config model shares: unknown keys are errors, values are not coerced, mode
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 
 class Strict(BaseModel):
@@ -28,14 +28,33 @@ class QualityConfig(Strict):
     ngram: Annotated[int, Field(ge=1, le=32)] = 3
 
 
-class ContaminationConfig(Strict):
-    """v2 (default): any shared n-gram flags, short items checked whole (``min_whole_*``);
-    v1: ``threshold_ppm`` containment. docs/USER_GUIDE.md, "Decontamination"."""
+def refuse_removed(version: str, why: str) -> BeforeValidator:
+    """A removed version named in the config is an error saying so, not just "not allowed"."""
 
-    version: Literal["contamination.v1", "contamination.v2"] = "contamination.v2"
+    def check(value: object) -> object:
+        if value == version:
+            raise ValueError(f"{version} is no longer available ({why})")
+        return value
+
+    return BeforeValidator(check)
+
+
+NearSignature = Annotated[
+    Literal["minhash.v3", "minhash.v2"],
+    refuse_removed("minhash.v1", "its sha1 scheme was removed; use minhash.v3 or minhash.v2"),
+]
+
+
+class ContaminationConfig(Strict):
+    """Any shared n-gram flags; short items are checked whole (``min_whole_*``).
+    docs/USER_GUIDE.md, "Decontamination"."""
+
+    version: Annotated[
+        Literal["contamination.v2"],
+        refuse_removed("contamination.v1", "its engine was removed; use contamination.v2"),
+    ] = "contamination.v2"
     ngram_words: Annotated[int, Field(ge=3, le=64)] = 13
     ngram_chars: Annotated[int, Field(ge=8, le=256)] = 50
-    threshold_ppm: Annotated[int, Field(ge=1, le=1_000_000)] = 500_000
     min_whole_tokens: Annotated[int, Field(ge=1, le=64)] = 8
     min_whole_chars: Annotated[int, Field(ge=1, le=256)] = 20
 

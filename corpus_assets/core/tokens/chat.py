@@ -2,7 +2,7 @@
 
 Every record becomes one or two sequences, each ``[BOS] + tokens + [EOS]`` (BOS only when
 declared, as for documents), with ``targets`` (uint8, one per token): 1 where the token is a
-training target. The label rule lives in ``training_view.pack_blocks``: position t carries a
+training target. The label rule lives in ``training_view.packing.blocks``: position t carries a
 label when t + 1 is in its segment and ``targets[t + 1] == 1``.
 
 - ``document``: the ``text`` column, every token a target (``encode.encode_batch``: the fast path).

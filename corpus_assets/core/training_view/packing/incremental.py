@@ -1,0 +1,351 @@
+"""Parent-preserving packing: a child snapshot keeps its parent's blocks.
+
+The parent is the snapshot the freeze spec names (``spec.parents``: the alias's active snapshot
+when the partition was frozen). A parent sample is the child sample with the same record id,
+the same mixing ``repeat`` and the same record digest (a changed text is another sample). Rule:
+
+- a parent block is kept, byte for byte (its pieces in the parent's order), when every one of
+  its spans is such a sample, at a piece the child's overlong rule makes too; any other parent
+  block is dropped;
+- every child piece no kept block holds (pieces of dropped blocks, new samples) is packed by
+  best-fit-decreasing into new blocks, ordered by the keyed hash (``.plan``), and pairs split;
+- block ids: a kept block stays at its parent id, less the dropped slots no new block took; the
+  dropped slots, in id order, take the new blocks in their order; new blocks left over follow.
+
+So the layout is a function of the parent's packed layer, the child's samples and the policy,
+never of workers. A full repack instead when ``incremental`` is off, there is no parent, the
+tokenizer, chat template or layout (T, mode, overlong, positions, seed) changed, the mode is not
+``atomic``, or the padding the incremental layout adds over a full repack exceeds
+``max_extra_padding`` of its positions; ``Decision`` records which, and the manifest shows it.
+Memory: one int64 per parent and per child sample, the plan's five per piece; the parent's
+spans are read a row group at a time.
+"""
+
+from dataclasses import dataclass
+from decimal import Decimal
+
+import numpy as np
+import pyarrow.parquet as pq
+
+from corpus_assets.core.governance import states
+from corpus_assets.core.ingest.freeze import freeze
+from corpus_assets.core.records.index import CanonicalIndex
+from corpus_assets.core.runtime.config import PackingPolicy
+from corpus_assets.core.runtime.layer_index import LayerIndex, load_index
+from corpus_assets.core.runtime.workspace import Workspace
+from corpus_assets.core.storage.artifacts import Ref, get_json, get_table
+from corpus_assets.core.storage.cas_queries import Spilling, batches, sql_list, sql_path
+from corpus_assets.core.storage.shards import (
+    CHUNK_HASH,
+    ShardIndex,
+    little_endian,
+)
+from corpus_assets.core.storage.shards import load_index as load_shard_index
+from corpus_assets.core.storage.table_lookup import TrustedFiles
+from corpus_assets.core.training_view.packing.plan import (
+    PackPlan,
+    Pieces,
+    apply_overlong,
+    best_fit_blocks,
+    block_order,
+    layout_pieces,
+    split_pairs,
+)
+from corpus_assets.core.training_view.packing.shards import KINDS, ShardOutcome
+from corpus_assets.core.training_view.view_queries import MEMORY_LIMIT
+
+SPAN_READ = ["block", "start", "end", "sample", "record_offset"]
+SAMPLE_MAP = (  # each step a table (spillable), then the join streamed in any order
+    "CREATE TABLE child_digest AS SELECT r.record_id, r.record_digest FROM {records} r "
+    "JOIN (SELECT record_id, object, line FROM {clusters} WHERE is_representative) k "
+    "USING (record_id, object, line)",
+    'CREATE TABLE child AS SELECT m.file_row_number AS pos, m.record_id, m."repeat", '
+    "d.record_digest FROM {child} m JOIN child_digest d USING (record_id)",
+    "DROP TABLE child_digest",
+    'CREATE TABLE parent AS SELECT m.file_row_number AS pos, m.record_id, m."repeat", '
+    "p.record_digest FROM {parent} m JOIN {members} p USING (record_id)",
+)
+SAMPLE_PAIRS = (
+    "SELECT parent.pos AS parent, child.pos AS child "
+    'FROM parent JOIN child USING (record_id, "repeat", record_digest)'
+)
+
+
+@dataclass(frozen=True)
+class ParentPack:
+    """The parent snapshot's packed layer (ref and index), its mixed samples and members."""
+
+    snapshot: str
+    ref: Ref
+    index: LayerIndex
+    samples: Ref
+    members: Ref
+    layout: dict
+
+
+@dataclass(frozen=True)
+class Decision:
+    """How the layer packed and why; ``parent`` is the parent's packed layer digest."""
+
+    mode: str
+    reason: str
+    parent: str | None
+
+    def document(self) -> dict[str, str | None]:
+        return {"mode": self.mode, "reason": self.reason, "parent": self.parent}
+
+
+def parent_pack(ws: Workspace, partition_key: str) -> ParentPack | None:
+    """The frozen parent's packed layer, or None: a first build, or the parent's objects are no
+    longer stored (the decision then says "no parent snapshot")."""
+    parents = freeze(ws, partition_key)[1].parents
+    if not parents:
+        return None
+    snapshot = states.get(ws.catalog, parents[0])
+    if not ws.cas.contains(snapshot.manifest_digest):
+        return None
+    manifest = get_json(ws.cas, snapshot.manifest_digest, "parent manifest")
+    packed, mixed = manifest["layers"]["packed_blocks"], manifest["layers"]["mixed_samples"]
+    if not (ws.cas.contains(packed["digest"]) and ws.cas.contains(mixed["digest"])):
+        return None
+    samples = load_index(ws.cas, mixed, "mixed_samples").output("samples")
+    index = load_index(ws.cas, packed, "packed_blocks")
+    needed = [samples, manifest["members"], index.output("spans"), index.output("layout")]
+    if not all(ws.cas.contains(ref["digest"]) for ref in needed):
+        return None  # collected: the child cannot keep what is gone
+    layout = get_json(ws.cas, index.output("layout"), "parent packed layout")
+    return ParentPack(parents[0], packed, index, samples, manifest["members"], layout)
+
+
+def memo_part(ws: Workspace, partition_key: str) -> str | None:
+    """What the layer memo key adds for packed_blocks: the parent's packed layer digest when
+    the policy packs incrementally (a layout made for one parent is not another's)."""
+    if not ws.config.policies.packing.incremental:
+        return None
+    parent = parent_pack(ws, partition_key)
+    return parent.ref["digest"] if parent else None
+
+
+def full_reason(
+    policy: PackingPolicy, parent: ParentPack | None, outputs: dict, layout: dict
+) -> str | None:
+    """Why this build must be a full repack (None: it may be incremental). ``outputs`` hold
+    the child's ``tokenizer`` and ``chat_template`` documents, ``layout`` its layout."""
+    if not policy.incremental:
+        return "policies.packing.incremental is false"
+    if parent is None:
+        return "no parent snapshot"
+    if policy.mode != "atomic":
+        return f"mode {policy.mode} is packed whole (only atomic is incremental)"
+    theirs = parent.index.outputs
+    for name in ("tokenizer", "chat_template"):
+        if theirs.get(name) != outputs[name]:
+            return f"{name} changed"
+    keys = ("block_tokens", "mode", "overlong", "positions", "block_order", "fields")
+    changed = [key for key in keys if parent.layout.get(key) != layout.get(key)]
+    return f"layout changed: {', '.join(changed)}" if changed else None
+
+
+def sample_map(
+    ws: Workspace, parent: ParentPack, samples: Ref, canonical: CanonicalIndex, dedup: LayerIndex
+) -> np.ndarray:
+    """Each parent sample's child sample (stream positions), -1 when it has none: the same
+    record id, repeat and record digest. Joined in DuckDB, out of core."""
+    count = pq.ParquetFile(ws.cas.path(parent.samples["digest"])).metadata.num_rows
+    child_of = np.full(count, -1, dtype=np.int64)
+    chunks = [chunk.records for chunk in canonical.chunks()]
+    if not chunks or not count:
+        return child_of
+    files = TrustedFiles(ws.cas, ws.catalog)  # the parent's tables: hashed by its check
+    numbered = ", file_row_number = true"
+    tables = {
+        "records": f"read_parquet({sql_list(files.paths([c['digest'] for c in chunks]))})",
+        "clusters": _read(files, dedup.output("clusters"), "dedup clusters"),
+        "child": _read(files, samples, "mixed samples", numbered),
+        "parent": _read(files, parent.samples, "parent mixed samples", numbered),
+        "members": _read(files, parent.members, "parent members"),
+    }
+    threads = ws.config.execution.workers
+    # the training view's budget: 64 MB ran out reading a 1.1 GB parent's members (bench/race.py)
+    spill = Spilling(ws.home / "tmp", MEMORY_LIMIT, threads, preserve_insertion_order=False)
+    with spill as con:
+        for step in SAMPLE_MAP:
+            con.execute(step.format(**tables))
+        for batch in batches(con, SAMPLE_PAIRS):
+            child_of[batch.column("parent").to_numpy()] = batch.column("child").to_numpy()
+    return child_of
+
+
+def _read(files: TrustedFiles, ref: Ref, what: str, extra: str = "") -> str:
+    """``read_parquet`` of a CAS table, re-hashed unless unchanged since it last hashed right."""
+    return f"read_parquet({sql_path(files.path(ref['digest'], what))}{extra})"
+
+
+def piece_rows(pieces: Pieces, sample: np.ndarray, offset: np.ndarray, width: int) -> np.ndarray:
+    """Row of each (sample, offset) in ``pieces`` (stream order, cut every ``width``), -1: none."""
+    if not pieces.sample.size:
+        return np.full(sample.size, -1, dtype=np.int64)
+    at = np.searchsorted(pieces.sample, sample) + offset // width
+    safe = np.minimum(at, pieces.sample.size - 1)
+    hit = (at < pieces.sample.size) & (pieces.sample[safe] == sample)
+    hit &= pieces.offset[safe] == offset
+    return np.where(hit, at, -1)
+
+
+@dataclass(frozen=True)
+class Kept:
+    """The parent's blocks a child keeps: which (per parent block), and their rows already in
+    the child's samples (block as in the parent); ``taken``: the child pieces they hold."""
+
+    blocks: np.ndarray
+    block: np.ndarray
+    start: np.ndarray
+    sample: np.ndarray
+    offset: np.ndarray
+    length: np.ndarray
+    taken: np.ndarray
+
+
+def kept_blocks(
+    ws: Workspace, parent: ParentPack, child_of: np.ndarray, pieces: Pieces, pair_split: np.ndarray
+) -> Kept:
+    """Read the parent's spans a row group at a time; keep the blocks whose every span is a
+    child sample's piece (a preference pair's second sequence rides with its first)."""
+    width = int(parent.index.counts["block_tokens"])
+    parent_blocks = int(parent.index.counts["blocks"])
+    bad = np.zeros(parent_blocks, dtype=bool)
+    parts: list[tuple[np.ndarray, ...]] = []
+    spans = parent.index.output("spans")
+    path = TrustedFiles(ws.cas, ws.catalog).path(spans["digest"], "parent spans")
+    for batch in pq.ParquetFile(path).iter_batches(columns=SPAN_READ):
+        block = batch.column("block").to_numpy().astype(np.int64)
+        start = batch.column("start").to_numpy().astype(np.int64)
+        length = batch.column("end").to_numpy().astype(np.int64) - start
+        offset = batch.column("record_offset").to_numpy()
+        sample = child_of[batch.column("sample").to_numpy()]
+        known = sample >= 0
+        split = np.where(known, pair_split[np.maximum(sample, 0)], 0)
+        second = (split > 0) & (offset == split)
+        row = np.where(second, -1, piece_rows(pieces, np.maximum(sample, 0), offset, width))
+        whole = (row >= 0) & (
+            np.where(split > 0, length == split, pieces.length[np.maximum(row, 0)] == length)
+        )
+        ok = known & (second | whole)
+        bad[block[~ok]] = True
+        parts.append((block, start, sample, offset, length, row))
+    stacked = [np.concatenate(p) if p else np.empty(0, np.int64) for p in zip(*parts, strict=True)]
+    if not parts:
+        stacked = [np.empty(0, np.int64)] * 6
+    block, start, sample, offset, length, row = stacked
+    keep = ~bad[block]
+    taken = np.zeros(pieces.sample.size, dtype=bool)
+    taken[row[keep & (row >= 0)]] = True
+    return Kept(~bad, block[keep], start[keep], sample[keep], offset[keep], length[keep], taken)
+
+
+def slots(kept: np.ndarray, new_blocks: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """Child id of each parent block (-1: dropped) and of each new block, and the block count
+    (the rule in the module docstring)."""
+    dropped = np.flatnonzero(~kept)
+    fill = min(new_blocks, dropped.size)
+    alive = kept.copy()
+    alive[dropped[:fill]] = True
+    ids = np.cumsum(alive) - 1
+    live = int(alive.sum())
+    new = np.concatenate([ids[dropped[:fill]], live + np.arange(new_blocks - fill)])
+    return np.where(kept, ids, -1), new.astype(np.int64), live + new_blocks - fill
+
+
+def incremental_plan(
+    kept: Kept,
+    pieces: Pieces,
+    lengths: np.ndarray,
+    pair_split: np.ndarray,
+    policy: PackingPolicy,
+) -> tuple[PackPlan, np.ndarray]:
+    """The child's plan: the kept blocks' rows, then the pieces they do not hold packed by
+    best-fit-decreasing into new blocks in keyed-hash order, placed by ``slots``; and the child
+    id of each parent block (-1: dropped)."""
+    width = policy.block_tokens
+    rest = Pieces(
+        pieces.sample[~kept.taken], pieces.offset[~kept.taken], pieces.length[~kept.taken],
+        pieces.dropped_tokens, pieces.quarantined,
+    )  # fmt: skip
+    fresh = best_fit_blocks(rest.length, width)
+    count = int(fresh.max()) + 1 if fresh.size else 0
+    block, start, sample, offset, length = layout_pieces(rest, fresh)
+    if count:
+        seed = f"packed_blocks/{policy.seed}".encode()
+        block = block_order(block, sample, offset, count, seed)[block]
+    empty = np.empty(0, np.int64)
+    new = split_pairs(
+        PackPlan("atomic", width, count, block, start, sample, offset, length, empty, 0, 0),
+        pair_split,
+        lengths,
+    )
+    parent_id, new_id, blocks = slots(kept.blocks, count)
+    block = np.concatenate([parent_id[kept.block], new_id[new.block]]).astype(np.int64)
+    columns = [
+        np.concatenate([kept.start, new.start]),
+        np.concatenate([kept.sample, new.sample]),
+        np.concatenate([kept.offset, new.offset]),
+        np.concatenate([kept.length, new.length]),
+    ]
+    order = np.lexsort((columns[0], block))
+    start, sample, offset, length = (c[order] for c in columns)
+    plan = PackPlan("atomic", width, blocks, block[order], start, sample, offset, length,
+                    pieces.quarantined, int(lengths.sum()), pieces.dropped_tokens)  # fmt: skip
+    return plan, parent_id
+
+
+def extra_padding(plan: PackPlan, full: PackPlan) -> Decimal:
+    """Pad the incremental layout adds over a full repack, as a fraction of its positions."""
+    capacity = plan.blocks * plan.block_tokens
+    pad = capacity - int(plan.length.sum())
+    full_pad = full.blocks * full.block_tokens - int(full.length.sum())
+    return Decimal(max(pad - full_pad, 0)) / Decimal(max(capacity, 1))
+
+
+def child_pieces(lengths: np.ndarray, pair_split: np.ndarray, policy: PackingPolicy) -> Pieces:
+    """The child's pieces as a full plan would cut them (pairs whole)."""
+    pairs = pair_split > 0
+    return apply_overlong(
+        lengths, policy.block_tokens, policy.overlong, pairs if pairs.any() else None
+    )
+
+
+def reused_shards(
+    ws: Workspace,
+    parent: ParentPack,
+    parent_id: np.ndarray,
+    plan: PackPlan,
+    code: str,
+    fields: dict,
+    per_shard: int,
+) -> dict[int, ShardOutcome]:
+    """The parent's shards the child has unchanged, by number: every block of the shard kept
+    at its own id, the shard the same size, written by this very code (``code``) in the same
+    shard layout, its counts recorded (``shard_counts``) and its bytes still in the store."""
+    theirs = parent.index.outputs
+    if parent.index.code != code or "shard_counts" not in theirs:
+        return {}
+    index = load_shard_index(ws.cas, theirs["shard_index"]["digest"])
+    mine = {name: little_endian(dtype).str for name, dtype in fields.items()}
+    if (index.shard_blocks, index.chunk_hash, fields_of(index)) != (per_shard, CHUNK_HASH, mine):
+        return {}
+    counts = get_table(ws.cas, theirs["shard_counts"], "parent shard counts").to_pylist()
+    same = np.append(parent_id == np.arange(parent_id.size), False)
+    out = {}
+    for number, entry in enumerate(index.shards):
+        first, last = entry.first_block, entry.first_block + entry.blocks
+        whole = first == number * per_shard and last == min(first + per_shard, plan.blocks)
+        if whole and same[first:last].all() and ws.cas.contains(entry.digest):
+            row = counts[number]
+            accounting = {kind: int(row[f"{kind}_tokens"]) for kind in KINDS}
+            out[number] = ShardOutcome(entries=(entry,), accounting=accounting)
+    return out
+
+
+def fields_of(index: ShardIndex) -> dict[str, str]:
+    """The index's per-token fields and their dtypes."""
+    return {f.name: f.dtype for f in index.fields}

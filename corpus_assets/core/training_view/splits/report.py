@@ -1,0 +1,90 @@
+"""What the splits layer reports: per split its records, groups, components, source shares and
+deviation from the target percent; the headline counts the manifest and the gate read."""
+
+from typing import Any
+
+import duckdb
+
+from corpus_assets.core.runtime.config import SplitPolicy
+from corpus_assets.core.training_view.splits.assign import Assignment
+from corpus_assets.core.training_view.splits.schema import SPLITS
+
+_PLACED = """
+    SELECT s.split, s.group_id, s.leakage_id, k.source_id, t.tokens
+    FROM split_rows s
+    JOIN (SELECT record_id, source_id FROM {clusters} WHERE is_representative) k
+        ON s.record_id = k.record_id
+    JOIN (SELECT c.record_id, r.tokens FROM {clusters} c JOIN row_tokens r
+            ON c.record_id = r.record_id AND c.object = r.object AND c.line = r.line
+          WHERE c.is_representative) t
+        ON s.record_id = t.record_id
+"""
+
+
+def split_report(
+    con: duckdb.DuckDBPyConnection, clusters: str, policy: SplitPolicy
+) -> list[dict[str, Any]]:
+    """One row per split (a metadata table): records, tokens (the configured tokenizer's),
+    groups, components, each source's share of the split's records in basis points and the
+    deviation from the target. ``con`` holds ``split_rows`` (record_id, group_id, leakage_id,
+    split of every member) and ``row_tokens`` (record_id, object, line, tokens of every
+    canonical row); ``clusters`` is the dedup table."""
+    con.execute(f"CREATE TABLE placed AS {_PLACED.format(clusters=clusters)}")
+    con.execute("DROP TABLE row_tokens")
+    total = con.execute("SELECT count(*) FROM split_rows").fetchone()[0]
+    placed = con.execute("SELECT count(*) FROM placed").fetchone()[0]
+    if placed != total:  # every member has one kept row and its tokens
+        raise ValueError(f"{total} split members but {placed} with tokens")
+    names = [r[0] for r in con.execute(f"SELECT DISTINCT source_id FROM {clusters}").fetchall()]
+    names = sorted(n for n in names if n is not None)
+    per_split = {
+        row[0]: row[1:]
+        for row in con.execute(
+            "SELECT split, count(*), COALESCE(sum(tokens), 0), count(DISTINCT group_id), "
+            "count(DISTINCT leakage_id) FROM placed GROUP BY split"
+        ).fetchall()
+    }
+    per_source: dict[tuple[str, str], int] = {
+        (split, source): n
+        for split, source, n in con.execute(
+            "SELECT split, source_id, count(*) FROM placed GROUP BY split, source_id"
+        ).fetchall()
+    }
+    rows = []
+    for name in SPLITS:
+        n, tokens, groups, components = per_split.get(name, (0, 0, 0, 0))
+        target = getattr(policy, f"{name}_percent")
+        row: dict[str, Any] = {
+            "split": name,
+            "records": n,
+            "tokens": int(tokens),
+            "groups": groups,
+            "components": components,
+            "target_percent": target,
+            "deviation_bp": (n * 10000 // total if total else 0) - target * 100,
+        }
+        row.update(
+            {f"share_bp.{s}": per_source.get((name, s), 0) * 10000 // n if n else 0 for s in names}
+        )
+        rows.append(row)
+    return rows
+
+
+def split_counts(report: list[dict[str, Any]], result: Assignment) -> dict[str, int]:
+    """Records and components per split, deviations in basis points, moves (to a split),
+    exclusions (quarantined or in the time gap), conflicts and the evaluation version."""
+    counts: dict[str, int] = {}
+    for row in report:
+        name = row["split"]
+        counts[name] = row["records"]
+        counts[f"{name}_tokens"] = row["tokens"]
+        counts[f"{name}_components"] = row["components"]
+        counts[f"{name}_deviation_bp"] = row["deviation_bp"]
+    counts["records"] = sum(row["records"] for row in report)
+    excluded, unlinked = len(result.excluded), len(result.unlinked)
+    counts["moves"] = result.moves.num_rows - excluded - unlinked
+    counts["excluded"] = excluded
+    counts["unlinked"] = unlinked
+    counts["conflicts"] = len(result.conflicts)
+    counts["eval_version"] = result.eval_version
+    return counts
