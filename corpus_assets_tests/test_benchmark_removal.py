@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from corpus_assets.cli import main
+from corpus_assets.cli.main import main
 from corpus_assets.core.governance import benchmarks, gate
 from corpus_assets.core.records.normalize import dedup_key
 from corpus_assets.core.release.publish import activate, approve

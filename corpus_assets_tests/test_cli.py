@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from corpus_assets.cli import main
+from corpus_assets.cli.main import main
 from corpus_assets.core.governance import gate, states
 from corpus_assets.core.pipeline import build_all
 from corpus_assets.core.runtime.workspace import open_workspace

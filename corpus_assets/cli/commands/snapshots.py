@@ -1,14 +1,14 @@
 """The commands on one snapshot's life: build (and the demo's whole path), verify, approve,
-activate and rollback. ``corpus_assets.cli_parser`` names them; each is imported when it runs."""
+activate and rollback. ``corpus_assets.cli.parser`` names them; each is imported when it runs."""
 
 import argparse
 import os
 import sys
 from typing import Any
 
-from corpus_assets.cli_common import CliError, cli_actor, storage
-from corpus_assets.cli_observe import observed
-from corpus_assets.cli_runs import activate_via_job, build
+from corpus_assets.cli.common import CliError, cli_actor, storage
+from corpus_assets.cli.observe import observed
+from corpus_assets.cli.runs import activate_via_job, build
 from corpus_assets.core.governance import states
 from corpus_assets.core.release.publish import approve, rollback
 from corpus_assets.core.release.validation import verify_snapshot

@@ -9,7 +9,7 @@ import argparse
 import json
 import time
 
-from corpus_assets.cli_common import storage
+from corpus_assets.cli.common import storage
 from corpus_assets.core.governance.audit_fields import shown
 from corpus_assets.core.governance.history import Move, alias_moves
 

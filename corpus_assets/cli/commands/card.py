@@ -4,7 +4,7 @@ plots (``core.release.card``), written into ``DIR``; prints the page's path."""
 import argparse
 from pathlib import Path
 
-from corpus_assets.cli_common import storage
+from corpus_assets.cli.common import storage
 from corpus_assets.core.release.card import load_card
 from corpus_assets.core.release.card_html import write_card
 from corpus_assets.core.release.export_run import check_out_folder

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from sqlalchemy import select
 
-from corpus_assets.cli_common import CliError, storage
+from corpus_assets.cli.common import CliError, storage
 from corpus_assets.core.release import trust_root
 from corpus_assets.core.release.signing import public_key_of, rotate_key
 from corpus_assets.core.storage.catalog import Catalog, snapshots

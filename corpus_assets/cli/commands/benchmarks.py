@@ -2,7 +2,7 @@
 snapshot's canonical layer left rows out), as ``corpus_assets.cli`` dispatches them.
 
 ``corpus-assets benchmark NAME FILE``, the form before ``list`` and ``remove`` existed, still
-means ``benchmark add NAME FILE`` (``cli_parser.with_add``); a benchmark named ``add``, ``list`` or
+means ``benchmark add NAME FILE`` (``cli.parser.with_add``); a benchmark named ``add``, ``list`` or
 ``remove`` is registered with the explicit ``add``.
 """
 
@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from corpus_assets.cli_common import (
+from corpus_assets.cli.common import (
     CliError,
     cli_actor,
     print_json,

@@ -4,9 +4,9 @@ process (``build_snapshot``, ``activate_snapshot``), the same jobs the UI and se
 import time
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from corpus_assets.cli_common import CliError, note, storage
-from corpus_assets.cli_instance import dagster_instance, run_config
-from corpus_assets.cli_interrupt import off_main_thread
+from corpus_assets.cli.common import CliError, note, storage
+from corpus_assets.cli.instance import dagster_instance, run_config
+from corpus_assets.cli.interrupt import off_main_thread
 from corpus_assets.core.governance import gate
 from corpus_assets.core.ingest.sources import check_source_folders
 from corpus_assets.core.release.verify import resolve, verify

@@ -8,7 +8,7 @@ import argparse
 import shlex
 from dataclasses import dataclass
 
-from corpus_assets.cli_common import CliError, storage
+from corpus_assets.cli.common import CliError, storage
 from corpus_assets.core.governance import states
 from corpus_assets.core.runtime.keys import is_valid_partition_key
 

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from corpus_assets.core.storage.catalog import Catalog
 
 Command = Callable[[argparse.Namespace], int]
+COMMANDS = "corpus_assets.cli.commands"  # one module per group of commands
 
 
 class CliError(RuntimeError):
@@ -25,10 +26,10 @@ class CliError(RuntimeError):
 
 
 def lazy(module: str, name: str) -> Command:
-    """The command ``corpus_assets.<module>.<name>``, imported when it runs."""
+    """The command ``corpus_assets.cli.commands.<module>.<name>``, imported when it runs."""
 
     def run(args: argparse.Namespace) -> int:
-        command: Command = getattr(importlib.import_module(f"corpus_assets.{module}"), name)
+        command: Command = getattr(importlib.import_module(f"{COMMANDS}.{module}"), name)
         return command(args)
 
     run.__qualname__ = run.__name__ = name

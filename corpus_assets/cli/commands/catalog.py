@@ -9,7 +9,7 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
-from corpus_assets.cli_common import CliError, note, print_json, storage, writing_storage
+from corpus_assets.cli.common import CliError, note, print_json, storage, writing_storage
 from corpus_assets.core.dedup.explain import explain
 from corpus_assets.core.governance import tombstones
 from corpus_assets.core.governance.lineage import tombstone_hits

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.engine import make_url
 
-from corpus_assets.cli_common import storage
+from corpus_assets.cli.common import storage
 from corpus_assets.core.governance import gate, states
 from corpus_assets.core.runtime.layers import LAYERS
 from corpus_assets.core.storage.catalog import Catalog
@@ -38,7 +38,7 @@ def unfinished(catalog: Catalog, built: set[str]) -> list[dict[str, Any]]:
 def _last_build_runs() -> dict[str, str]:
     """One line per partition on its newest build run; nothing without a Dagster instance (the
     command never creates one)."""
-    from corpus_assets.cli_instance import dagster_home, dagster_instance
+    from corpus_assets.cli.instance import dagster_home, dagster_instance
 
     if not (dagster_home() / "dagster.yaml").is_file():
         return {}

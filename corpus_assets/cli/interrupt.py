@@ -13,7 +13,7 @@ thread, so the CLI runs its jobs on another one (``off_main_thread``).
 
 Leaving at once is the kill -9 path the store is built for (atomic renames, transactions,
 locks held by open files and sessions): what finished is kept, and the next build resumes it
-(a Dagster run left STARTED is marked failed by that build, ``cli_runs._report_dead_runs``).
+(a Dagster run left STARTED is marked failed by that build, ``cli.runs._report_dead_runs``).
 """
 
 import os

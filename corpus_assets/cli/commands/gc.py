@@ -6,8 +6,8 @@ import argparse
 import json
 from dataclasses import asdict
 
-from corpus_assets.cli_common import CliError, note
-from corpus_assets.cli_observe import observed
+from corpus_assets.cli.common import CliError, note
+from corpus_assets.cli.observe import observed
 from corpus_assets.core.release.gc import GcError, collect, expire, plan
 from corpus_assets.core.release.scrub import scrub
 from corpus_assets.core.runtime.workspace import open_workspace

@@ -5,8 +5,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from corpus_assets.cli_catalog import cmd_lineage
-from corpus_assets.cli_common import CliError, note, print_json
+from corpus_assets.cli.commands.catalog import cmd_lineage
+from corpus_assets.cli.common import CliError, note, print_json
 from corpus_assets.core.release.record_lineage import RecordNotFound, record_lineage
 from corpus_assets.core.release.record_lineage_render import (
     record_sections,

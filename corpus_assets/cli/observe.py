@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
-from corpus_assets.cli_instance import existing_instance
+from corpus_assets.cli.instance import existing_instance
 
 if TYPE_CHECKING:
     from corpus_assets.core.storage.cas import ContentStore
