@@ -1,7 +1,8 @@
 """What every ``corpus-assets`` command shares, light enough to import before the command line
-is parsed: the refusal error, the stderr note, JSON output, the audited-fields check, the data
-home opener, and ``lazy``, which names a command by module so it is imported only when it runs
-(``--help`` and ``status`` never load Dagster, pyarrow's readers or the release checks)."""
+is parsed: the refusal error, the stderr note, JSON output, the audited-fields check,
+``opened`` (the one way a command opens the data home), and ``lazy``, which names a command by
+module so it is imported only when it runs (``--help`` and ``status`` never load Dagster,
+pyarrow's readers or the release checks)."""
 
 import argparse
 import getpass
@@ -9,13 +10,11 @@ import importlib
 import json
 import sys
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from contextlib import AbstractContextManager, contextmanager
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 if TYPE_CHECKING:
-    from corpus_assets.core.storage.cas import ContentStore
-    from corpus_assets.core.storage.catalog import Catalog
+    from corpus_assets.core.runtime.workspace import Storage, Workspace
 
 Command = Callable[[argparse.Namespace], int]
 COMMANDS = "corpus_assets.cli.commands"  # one module per group of commands
@@ -36,27 +35,41 @@ def lazy(module: str, name: str) -> Command:
     return run
 
 
-def storage() -> tuple[Path, "ContentStore", "Catalog"]:
-    """The data home named by the config if there is one, else ``$CORPUS_HOME``."""
-    from corpus_assets.core.runtime.config import config_path
-    from corpus_assets.core.runtime.workspace import open_home, open_workspace
+@overload
+def opened(
+    writing: bool = False, *, exclusive: bool = False, config: Literal[True]
+) -> AbstractContextManager["Workspace"]: ...
 
-    if config_path().is_file():
-        ws = open_workspace()
-        return ws.home, ws.cas, ws.catalog
-    return open_home()
+
+@overload
+def opened(
+    writing: bool = False, *, exclusive: bool = False, config: bool = False
+) -> AbstractContextManager["Storage"]: ...
 
 
 @contextmanager
-def writing_storage() -> Iterator[tuple[Path, "ContentStore", "Catalog"]]:
-    """``storage()`` for a command that puts objects in the CAS outside a build: it holds the
-    CAS lock shared, as a build does, so gc cannot remove what it wrote before the catalog (or
-    its caller) names it; while gc runs, the command waits and says so."""
-    from corpus_assets.core.storage.cas_lock import cas_lock
+def opened(
+    writing: bool = False, *, exclusive: bool = False, config: bool = False
+) -> Iterator["Storage"]:
+    """The data home, the one way a command opens it; closed on exit (the catalog's engine and
+    the store), whether the command succeeded or was refused.
 
-    home, cas, catalog = storage()
-    with cas_lock(home, cas, catalog.url, exclusive=False, on_wait=note):
-        yield home, cas, catalog
+    With a config (``--config``, ``$CORPUS_CONFIG``, ``$CORPUS_HOME/corpus.yaml``) it is the
+    config's home, a ``Workspace``; else ``$CORPUS_HOME``, the store and catalog alone, unless
+    ``config`` requires one (the config's own error then). ``writing``: the command puts objects
+    in the CAS outside a build, or reads objects gc must not remove meanwhile, so it holds the
+    CAS lock shared, as a build does; ``exclusive``: gc's lock. While the lock is taken by the
+    other side, the command waits and says so."""
+    from corpus_assets.core.runtime.config import config_path
+    from corpus_assets.core.runtime.workspace import open_home, open_workspace
+
+    home = open_workspace() if config or config_path().is_file() else open_home()
+    with home:
+        if not (writing or exclusive):
+            yield home
+            return
+        with home.cas_lock(exclusive=exclusive, on_wait=note):
+            yield home
 
 
 def note(text: str) -> None:

@@ -4,11 +4,12 @@ snapshot (running, or killed before its manifest and waiting to be resumed)."""
 import argparse
 import json
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.engine import make_url
 
-from corpus_assets.cli.common import storage
+from corpus_assets.cli.common import opened
 from corpus_assets.core.governance import gate, states
 from corpus_assets.core.runtime.layers import LAYERS
 from corpus_assets.core.storage.catalog import Catalog
@@ -65,7 +66,11 @@ def _describe(instance: "DagsterInstance", key: str, run: "DagsterRun") -> str:
 
 def status_payload() -> dict[str, Any]:
     """What ``status`` prints, as data (``--json`` prints it as is)."""
-    home, _cas, catalog = storage()
+    with opened() as home:
+        return _payload(home.home, home.catalog)
+
+
+def _payload(home: Path, catalog: Catalog) -> dict[str, Any]:
     snaps = states.find(catalog)
     gates = [gate.read_gate(catalog, a) for a in sorted({s.alias for s in snaps})]
     current = {row.active_snapshot for row in gates}
