@@ -58,7 +58,8 @@ def main(argv: list[str] | None = None) -> int:
             return _error(f"--config {config}: {what}", EXIT_USAGE)
         os.environ["CORPUS_CONFIG"] = str(config)
     try:
-        return args.run(args)
+        with interrupt.sigterm_default():
+            return args.run(args)
     except Exception as error:
         if isinstance(error, _loaded(EXPECTED_ERRORS)):
             return _error(str(error))
