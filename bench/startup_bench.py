@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 if os.environ.get("STARTUP_BENCH_CLI"):  # the console script's import; a stock worker reruns it
-    import corpus_assets.cli  # noqa: F401
+    import corpus_assets.cli.main  # noqa: F401
 
 TASK_MODULE = "corpus_assets.core.records.canonical_records"
 

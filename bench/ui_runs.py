@@ -29,7 +29,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from corpus_assets.cli_instance import DAGSTER_YAML
+from corpus_assets.cli.instance import DAGSTER_YAML
 from corpus_assets.demo import write_demo
 
 ROOT = Path(__file__).resolve().parent.parent

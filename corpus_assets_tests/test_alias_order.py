@@ -14,7 +14,7 @@ from corpus_assets.assets.checks import snapshot_validates
 from corpus_assets.assets.layer_assets import LAYER_ASSETS, manifest
 from corpus_assets.assets.resources import CorpusResource
 from corpus_assets.assets.sensors import publication
-from corpus_assets.cli import main
+from corpus_assets.cli.main import main
 from corpus_assets.core.governance import alias_gate, states
 from corpus_assets.core.pipeline import build_all
 from corpus_assets.core.publication.publish import next_to_activate

@@ -14,8 +14,8 @@ import pytest
 import zstandard
 from sqlalchemy import func, select
 
-from corpus_assets.cli import main
-from corpus_assets.cli_parser import with_add
+from corpus_assets.cli.main import main
+from corpus_assets.cli.parser import with_add
 from corpus_assets.core.governance import alias_gate, benchmarks
 from corpus_assets.core.storage.catalog import Catalog, benchmark_items
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from corpus_assets.cli import main
+from corpus_assets.cli.main import main
 from corpus_assets.core.governance import alias_gate, benchmarks
 from corpus_assets.core.publication.publish import activate, approve
 from corpus_assets.core.records.normalize import dedup_key

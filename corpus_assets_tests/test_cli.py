@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from corpus_assets.cli import main
+from corpus_assets.cli.main import main
 from corpus_assets.core.governance import alias_gate, states
 from corpus_assets.core.pipeline import build_all
 from corpus_assets.core.runtime.workspace import open_workspace
@@ -367,3 +367,32 @@ def test_demo_completes_when_its_parent_ignores_sigterm(tmp_path: Path) -> None:
     )
     assert demo.returncode == 0, demo.stderr
     assert "alias demo generation 1" in demo.stdout
+
+
+def _tails() -> list[int]:
+    """This process's descendants that are ``tail`` (Dagster's compute-log helpers)."""
+    from corpus_assets.cli.interrupt import _children
+
+    found = []
+    for pid in _children(os.getpid()):
+        try:
+            if Path(f"/proc/{pid}/comm").read_text().strip() == "tail":
+                found.append(pid)
+        except OSError:
+            continue  # gone while looking
+    return found
+
+
+def test_an_in_process_build_under_an_ignored_sigterm_leaves_no_tail(demo_home: Path) -> None:
+    """In-process CLI tests run in a worker that may ignore SIGTERM (pytest-xdist's do on some
+    machines): ``main`` gives SIGTERM its default while the command runs, so each step's
+    compute-log ``tail`` stops when Dagster terminates it, and puts the caller's back."""
+    import signal
+
+    previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        assert main(["build", "--partition", "p1"]) == 0
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN  # the caller's, put back
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert _tails() == []

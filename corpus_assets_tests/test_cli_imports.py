@@ -7,13 +7,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-from corpus_assets.cli_parser import EXPORT_FORMATS
+from corpus_assets.cli.parser import EXPORT_FORMATS
 from corpus_assets.core.consumption.export_run import FORMATS
 
 # Runs ``main(argv)`` in a fresh interpreter and prints the modules it ended with.
 PROBE = """\
 import json, sys
-from corpus_assets.cli import main
+from corpus_assets.cli.main import main
 try:
     main(sys.argv[1:])
 except SystemExit:
@@ -41,15 +41,16 @@ def test_help_imports_only_the_parser(tmp_path: Path) -> None:
     assert not {m for m in loaded if m.startswith(("corpus_assets.core", "dagster"))}
     assert {m for m in loaded if m.startswith("corpus_assets.cli")} == {
         "corpus_assets.cli",
-        "corpus_assets.cli_common",
-        "corpus_assets.cli_interrupt",
-        "corpus_assets.cli_parser",
+        "corpus_assets.cli.main",
+        "corpus_assets.cli.common",
+        "corpus_assets.cli.interrupt",
+        "corpus_assets.cli.parser",
     }
 
 
 def test_status_without_a_dagster_instance_imports_no_dagster(tmp_path: Path) -> None:
     loaded = _modules_after(["status"], tmp_path)
-    assert "corpus_assets.cli_status" in loaded  # the command ran
+    assert "corpus_assets.cli.commands.status" in loaded  # the command ran
     assert not {m for m in loaded if m.startswith(("dagster", "corpus_assets.assets"))}
 
 
@@ -60,14 +61,14 @@ def test_the_parser_offers_every_export_format() -> None:
 def test_status_with_a_dagster_instance_imports_none_of_a_build(tmp_path: Path) -> None:
     """``status`` reads the instance's last runs: Dagster, but not the verifier, the gates or
     the layers a build runs (~1.3 s of imports it used to pay through the build module)."""
-    from corpus_assets.cli_instance import DAGSTER_YAML
+    from corpus_assets.cli.instance import DAGSTER_YAML
 
     (tmp_path / "dagster").mkdir()
     (tmp_path / "dagster" / "dagster.yaml").write_text(DAGSTER_YAML)
     loaded = _modules_after(["status"], tmp_path)
-    assert "corpus_assets.cli_status" in loaded and "dagster" in loaded
+    assert "corpus_assets.cli.commands.status" in loaded and "dagster" in loaded
     build_side = (
-        "corpus_assets.cli_runs",
+        "corpus_assets.cli.runs",
         "corpus_assets.core.publication",
         "corpus_assets.core.audit",
         "corpus_assets.core.consumption",

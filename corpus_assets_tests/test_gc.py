@@ -140,7 +140,7 @@ def test_a_dagster_step_holds_the_cas_lock_gc_waits_for(lab: Lab, tmp_path: Path
     """A run launched from the UI, a sensor or a schedule is not the CLI's build: each layer step
     holds the CAS lock shared while it writes, so gc cannot start while a step is paused."""
     home = lab.standard_home("gc-step")
-    add = "from corpus_assets.cli_instance import dagster_instance; "
+    add = "from corpus_assets.cli.instance import dagster_instance; "
     add += "dagster_instance().add_dynamic_partitions('snapshots', ['p1'])"
     subprocess.run([sys.executable, "-c", add], env=home.env(), cwd=home.dir, check=True)
     folder = tmp_path / "points"

@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from corpus_assets.assets.instance import NEW_SNAPSHOT_TAG
-from corpus_assets.cli_instance import DAGSTER_YAML, dagster_instance
+from corpus_assets.cli.instance import DAGSTER_YAML, dagster_instance
 from corpus_assets.core.runtime.keys import is_valid_partition_key
 from corpus_assets.demo import write_demo
 from corpus_assets_tests.ui_servers import (

@@ -14,7 +14,7 @@ from typing import Any
 import dagster as dg
 import pytest
 
-from corpus_assets.cli_instance import dagster_instance
+from corpus_assets.cli.instance import dagster_instance
 from corpus_assets.core.runtime.keys import PartitionKeyError, launch_refusal
 from corpus_assets.core.runtime.layer_index import LAYERS
 from corpus_assets.definitions import defs

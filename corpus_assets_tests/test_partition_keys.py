@@ -9,8 +9,8 @@ import pytest
 
 from corpus_assets.assets.partition_guard import partition_key_guard
 from corpus_assets.assets.resources import CorpusResource
-from corpus_assets.cli import main
-from corpus_assets.cli_instance import DAGSTER_YAML
+from corpus_assets.cli.instance import DAGSTER_YAML
+from corpus_assets.cli.main import main
 from corpus_assets.core.runtime.keys import (
     PartitionKeyError,
     check_new_partition_key,

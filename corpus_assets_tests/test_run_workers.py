@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from corpus_assets.cli_instance import DAGSTER_YAML
+from corpus_assets.cli.instance import DAGSTER_YAML
 from corpus_assets.core.runtime.liveness import Liveness, Worker, liveness, this_worker
 from corpus_assets.core.storage.failpoints import DIR_ENV, ENV
 from corpus_assets.selftest.lab import PARTITION, Home, Lab, parse_built

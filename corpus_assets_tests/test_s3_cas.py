@@ -263,13 +263,11 @@ def test_config_and_environment_select_the_store(
     parsed = parse_config({**raw, "storage": {"cas_url": f"s3://{bucket}/p"}}, "corpus.yaml")
     assert parsed.storage.cas_url == f"s3://{bucket}/p"
 
-    _home, cas, catalog = open_home(tmp_path / "h1")
-    catalog.dispose()
-    assert type(cas) is ContentStore  # unset: the local store, unchanged
+    with open_home(tmp_path / "h1") as opened:
+        assert type(opened.cas) is ContentStore  # unset: the local store, unchanged
     monkeypatch.setenv("CORPUS_CAS_URL", f"s3://{bucket}/env")
-    _home, cas, catalog = open_home(tmp_path / "h2", cas_url=f"s3://{bucket}/config")
-    catalog.dispose()
-    assert isinstance(cas, S3ContentStore) and cas.url == f"s3://{bucket}/env"
+    with open_home(tmp_path / "h2", cas_url=f"s3://{bucket}/config") as opened:
+        assert isinstance(opened.cas, S3ContentStore) and opened.cas.url == f"s3://{bucket}/env"
 
 
 def _demo_home(home: Path, storage: str = "") -> None:

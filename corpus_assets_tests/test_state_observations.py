@@ -8,7 +8,7 @@ from pathlib import Path
 
 import dagster as dg
 
-from corpus_assets.cli import main
+from corpus_assets.cli.main import main
 from corpus_assets.core.audit.card import load_card
 from corpus_assets.core.audit.card_html import card_markdown
 from corpus_assets.core.governance import states

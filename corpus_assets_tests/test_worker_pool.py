@@ -26,7 +26,7 @@ import json
 
 import dagster  # noqa: F401
 import corpus_assets.assets.resources  # noqa: F401
-import corpus_assets.cli  # noqa: F401
+import corpus_assets.cli.main  # noqa: F401
 from corpus_assets.core.runtime.runners import LocalRunner, WorkerSetup
 from corpus_assets_tests.worker_probe import forbidden_loaded, no_setup
 

@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 
 import dagster as dg
 
-from corpus_assets.cli_instance import DAGSTER_YAML
+from corpus_assets.cli.instance import DAGSTER_YAML
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent

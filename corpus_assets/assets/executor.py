@@ -3,7 +3,7 @@
 Every step of the run then shares one local process pool (``core.runtime.pool``), started at the
 first chunk map and shut down when the run ends, failed or not, instead of one pool per map. A
 resource cannot hold it: one with a teardown is a context manager, which sensors built without
-``with`` refuse. ``execute_in_process`` (the CLI) replaces any executor: ``cli_runs.build``
+``with`` refuse. ``execute_in_process`` (the CLI) replaces any executor: ``cli.runs.build``
 opens the session itself. With Dagster's multiprocess executor each step process would hold
 its own pool."""
 

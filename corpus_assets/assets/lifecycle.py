@@ -42,21 +42,14 @@ CANDIDATES = (states.VALIDATED, states.APPROVED)  # what an approval or activati
 
 
 class Store(Protocol):
-    """A workspace, or the CLI's bare store: what the observations are derived from."""
+    """An opened data home (``core.runtime.workspace.Storage``, with or without its config):
+    what the observations are derived from."""
 
     @property
     def cas(self) -> ContentStore: ...
 
     @property
     def catalog(self) -> Catalog: ...
-
-
-@dataclass(frozen=True)
-class BareStore:
-    """The CLI's ``storage()`` as a ``Store`` (commands that need no config)."""
-
-    cas: ContentStore
-    catalog: Catalog
 
 
 @dataclass(frozen=True)

@@ -186,7 +186,7 @@ class Lab:
         template = self.root / "dagster-template"
         if not template.is_dir():
             made = template.with_name(template.name + ".tmp")
-            code = "from corpus_assets.cli_instance import dagster_instance; dagster_instance()"
+            code = "from corpus_assets.cli.instance import dagster_instance; dagster_instance()"
             env = {**os.environ, "DAGSTER_HOME": str(made)}
             subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=600)
             made.rename(template)

@@ -169,7 +169,7 @@ def _start_cli(home: Home, env: dict[str, str]) -> "subprocess.Popen[str]":
 def _start_dagster(home: Home, env: dict[str, str]) -> "subprocess.Popen[str]":
     """``dagster job execute`` of ``build_snapshot`` for ``PARTITION`` in its own process group
     (the way a run launcher starts a run), after adding the partition as ``build`` would."""
-    add = "from corpus_assets.cli_instance import dagster_instance; dagster_instance()"
+    add = "from corpus_assets.cli.instance import dagster_instance; dagster_instance()"
     add += f".add_dynamic_partitions('snapshots', [{PARTITION!r}])"
     subprocess.run([sys.executable, "-c", add], env=home.env(), cwd=home.dir, check=True)
     dagster = Path(sys.executable).with_name("dagster")

@@ -85,7 +85,7 @@ class _CoreSpawn(multiprocessing.context.SpawnContext):
 def _new_pool(workers: int) -> ProcessPoolExecutor:
     """Workers start on demand (spawn), at most ``workers``, with this process's parses of the
     package's imports (code identities: no worker parses a file the driver has); they keep
-    SIGINT blocked if the parent does (``cli_interrupt``): a Ctrl-C kills them with the parent."""
+    SIGINT blocked if the parent does (``cli.interrupt``): a Ctrl-C kills them with the parent."""
     return ProcessPoolExecutor(
         workers,
         mp_context=_CoreSpawn(),

@@ -6,7 +6,7 @@ from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Self, TypeVar
 
 from corpus_assets.core.runtime.config import (
     ConfigError,
@@ -25,18 +25,17 @@ from corpus_assets.core.storage.url_secrets import masked
 
 
 @dataclass
-class Workspace:
-    loaded: LoadedConfig
+class Storage:
+    """An opened data home without its config: the content store and the catalog. Closing it
+    disposes the catalog's engine (its pooled connections and open files) and the store."""
+
     home: Path
     cas: ContentStore
     catalog: Catalog
 
-    @property
-    def config(self) -> CorpusConfig:
-        return self.loaded.config
-
     def close(self) -> None:
         self.catalog.dispose()
+        self.cas.close()
 
     def cas_lock(
         self, exclusive: bool = False, on_wait: Callable[[str], None] | None = None
@@ -44,16 +43,27 @@ class Workspace:
         """This home's CAS lock (``storage.cas_lock``): shared for a writer, exclusive for gc."""
         return cas_lock(self.home, self.cas, self.catalog.url, exclusive, on_wait)
 
-    def __enter__(self) -> "Workspace":
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *_exc: object) -> None:
         self.close()
 
 
+@dataclass
+class Workspace(Storage):
+    """A data home opened through its validated config."""
+
+    loaded: LoadedConfig
+
+    @property
+    def config(self) -> CorpusConfig:
+        return self.loaded.config
+
+
 def open_home(
     home: Path | None = None, catalog_url: str | None = None, cas_url: str | None = None
-) -> tuple[Path, ContentStore, Catalog]:
+) -> Storage:
     """Open storage only (CAS + catalog): enough for verify/status/show without a config file.
     ``CORPUS_CAS_URL`` (else ``cas_url``) puts the CAS in an object store, ``<home>/cas`` its
     cache."""
@@ -68,7 +78,7 @@ def open_home(
         raise ConfigError(f"storage.home {home}: not a folder (it is a file)")
     try:
         cas = open_content_store(home / "cas", cas_url)
-        return home, cas, Catalog(catalog_url or default_catalog_url(home))
+        return Storage(home, cas, Catalog(catalog_url or default_catalog_url(home)))
     except OSError as error:
         where = masked(str(error.filename or home))
         raise ConfigError(
@@ -95,8 +105,8 @@ def open_workspace(config: str | Path | None = None) -> Workspace:
     storage = loaded.config.storage
     home = loaded.data_home()
     url = os.environ.get("CORPUS_CATALOG_URL") or storage.catalog_url
-    home, cas, catalog = open_home(home, url, storage.cas_url)
-    return Workspace(loaded=loaded, home=home, cas=cas, catalog=catalog)
+    opened = open_home(home, url, storage.cas_url)
+    return Workspace(home=opened.home, cas=opened.cas, catalog=opened.catalog, loaded=loaded)
 
 
 def worker_setup(ws: Workspace, setup: Setup, *args: Any) -> WorkerSetup:

@@ -68,6 +68,10 @@ class ContentStore:
         self.stats = PutStats()
         self._tmp = self.root / "tmp"
 
+    def close(self) -> None:
+        """Release what the store holds open: nothing here (each read and write opens and closes
+        its own file); an object-store backend closes its client."""
+
     def local_path(self, digest: str) -> Path:
         """Where the object lives (or would live) on this disk; never fetches."""
         hexd = hex_of(digest)

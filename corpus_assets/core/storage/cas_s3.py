@@ -126,6 +126,12 @@ class S3ContentStore(ContentStore):
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_s3": None}  # a boto3 client is per process
 
+    def close(self) -> None:
+        """Close this process's client (its connection pool); the next request makes another."""
+        if self._s3 is not None and self._pid == os.getpid():
+            self._s3.close()
+        self._s3 = None
+
     def _claim_cache(self) -> None:
         """Refuse a local directory that holds objects written without this store: the rule
         'every cached object is in the store' would not hold for them."""

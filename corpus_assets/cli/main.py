@@ -1,9 +1,9 @@
 """``corpus-assets``: build, verify, approve, activate and inspect snapshots without the UI.
 
 Builds and activations run the same Dagster jobs the UI and sensors run, on the instance in
-``DAGSTER_HOME`` (default: the folder's ``dagster.yaml``, else ``./.dagster``; ``cli_instance``),
+``DAGSTER_HOME`` (default: the folder's ``dagster.yaml``, else ``./.dagster``; ``cli.instance``),
 so every CLI run shows up in ``dagster dev`` afterwards.
-The command line is ``cli_parser``; each command's module is imported only when it runs.
+The command line is ``cli.parser``; each command's module is imported only when it runs.
 """
 
 import os
@@ -12,14 +12,14 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from corpus_assets import cli_interrupt
-from corpus_assets.cli_parser import parser, with_add
+from corpus_assets.cli import interrupt
+from corpus_assets.cli.parser import parser, with_add
 
 # The refusals a command may raise (module, class): one line each, exit 1. Looked up in the
 # modules already imported (an error of a module never imported cannot have been raised).
 EXPECTED_ERRORS = (
     ("corpus_assets.core.consumption.training", "TrainingError"),
-    ("corpus_assets.cli_common", "CliError"),
+    ("corpus_assets.cli.common", "CliError"),
     ("corpus_assets.core.runtime.config", "ConfigError"),
     ("corpus_assets.core.storage.cas", "CasError"),
     ("corpus_assets.core.governance.states", "StateError"),
@@ -58,7 +58,8 @@ def main(argv: list[str] | None = None) -> int:
             return _error(f"--config {config}: {what}", EXIT_USAGE)
         os.environ["CORPUS_CONFIG"] = str(config)
     try:
-        return args.run(args)
+        with interrupt.sigterm_default():
+            return args.run(args)
     except Exception as error:
         if isinstance(error, _loaded(EXPECTED_ERRORS)):
             return _error(str(error))
@@ -85,7 +86,7 @@ def run() -> None:
     exit -6; apache/arrow#34314), after its output was written. Every store and catalog write is
     committed by then, so the process flushes its streams and leaves with its own exit code.
     """
-    cli_interrupt.install()
+    interrupt.install()
     sys.excepthook = _masked_traceback
     code = main()
     sys.stdout.flush()
@@ -100,7 +101,3 @@ def _masked_traceback(kind: type[BaseException], error: BaseException, tb: Any) 
     from corpus_assets.core.storage.url_secrets import masked
 
     sys.stderr.write(masked("".join(traceback.format_exception(kind, error, tb))))
-
-
-if __name__ == "__main__":
-    run()

@@ -8,7 +8,7 @@ import argparse
 import shlex
 from dataclasses import dataclass
 
-from corpus_assets.cli_common import CliError, storage
+from corpus_assets.cli.common import CliError, opened
 from corpus_assets.core.governance import states
 from corpus_assets.core.runtime.keys import is_valid_partition_key
 
@@ -35,10 +35,11 @@ class PartitionRow:
 def partition_rows(dagster_keys: list[str]) -> list[PartitionRow]:
     """Every partition of the instance, then every one only the catalog knows (built with
     another Dagster instance), with its freeze and snapshots."""
-    _home, _cas, catalog = storage()
-    frozen = catalog.partition_keys()
+    with opened() as home:
+        frozen = home.catalog.partition_keys()
+        found = states.find(home.catalog)
     snapshots: dict[str, list[str]] = {}
-    for snap in states.find(catalog):
+    for snap in found:
         snapshots.setdefault(snap.partition_key, []).append(f"{snap.snapshot_id} {snap.state}")
     keys = dagster_keys + [k for k in frozen if k not in dagster_keys]
     return [
@@ -79,11 +80,13 @@ def cmd_partition_delete(args: argparse.Namespace) -> int:
             f"partition {key!r} has a run queued or running ({running[0].run_id}): "
             "let it finish or terminate it first"
         )
-    _home, _cas, catalog = storage()
-    if catalog.freeze_digest(key) is not None and not args.force:
+    with opened() as home:
+        frozen = home.catalog.freeze_digest(key) is not None
+        built = [s.snapshot_id for s in states.for_partition(home.catalog, key)]
+    if frozen and not args.force:
         raise CliError(
             f"partition {key!r} is frozen in the catalog (snapshots: "
-            f"{', '.join(s.snapshot_id for s in states.for_partition(catalog, key)) or 'none'}); "
+            f"{', '.join(built) or 'none'}); "
             "deleting it keeps them but hides their materializations in the UI: pass --force"
         )
     instance.delete_dynamic_partition(PARTITIONS, key)

@@ -10,19 +10,18 @@ from pathlib import Path
 
 from sqlalchemy import select
 
-from corpus_assets.cli_common import CliError, storage
+from corpus_assets.cli.common import CliError, opened
 from corpus_assets.core.publication import trust_root
 from corpus_assets.core.publication.signing import public_key_of, rotate_key
 from corpus_assets.core.storage.catalog import Catalog, snapshots
 
 
-def _home() -> tuple[Path, Catalog]:
-    home, _cas, catalog = storage()
-    return home, catalog
-
-
 def cmd_trust_list(args: argparse.Namespace) -> int:
-    home, catalog = _home()
+    with opened() as opened_home:
+        return _list(args, opened_home.home, opened_home.catalog)
+
+
+def _list(args: argparse.Namespace, home: Path, catalog: Catalog) -> int:
     path = trust_root.trust_file(home)
     keys = [entry.model_dump(exclude={"public_pem"}) for entry in trust_root.load(path).keys]
     public = public_key_of(home)
@@ -55,23 +54,24 @@ def _aliases(catalog: Catalog) -> list[str]:
 
 
 def cmd_trust_add(args: argparse.Namespace) -> int:
-    home, catalog = _home()
-    source = Path(args.public_key).resolve()
-    try:
-        pem = source.read_bytes()
-    except OSError as error:
-        raise CliError(f"{source}: cannot read the public key ({error.strerror})") from None
-    keyid, new = trust_root.add_key(trust_root.trust_file(home), pem, f"added from {source}")
-    pinned = trust_root.pin(catalog, keyid, f"corpus-assets trust add {source}")
+    with opened() as home:
+        source = Path(args.public_key).resolve()
+        try:
+            pem = source.read_bytes()
+        except OSError as error:
+            raise CliError(f"{source}: cannot read the public key ({error.strerror})") from None
+        trust = trust_root.trust_file(home.home)
+        keyid, new = trust_root.add_key(trust, pem, f"added from {source}")
+        pinned = trust_root.pin(home.catalog, keyid, f"corpus-assets trust add {source}")
     print(f"{'trusted' if new else 'already trusted'}: {keyid}")
     print(f"pinned for aliases: {', '.join(pinned) or 'none new'}")
     return 0
 
 
 def cmd_trust_rotate(_args: argparse.Namespace) -> int:
-    home, catalog = _home()
-    old, new = rotate_key(home)
-    trust_root.pin(catalog, new, f"corpus-assets trust rotate from {old}")
-    path = trust_root.trust_file(home)
+    with opened() as home:
+        old, new = rotate_key(home.home)
+        trust_root.pin(home.catalog, new, f"corpus-assets trust rotate from {old}")
+        path = trust_root.trust_file(home.home)
     print(f"rotated: new snapshots are signed by {new}; {old} stays trusted in {path}")
     return 0

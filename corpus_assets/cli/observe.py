@@ -6,21 +6,20 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
-from corpus_assets.cli_instance import existing_instance
+from corpus_assets.cli.instance import existing_instance
 
 if TYPE_CHECKING:
-    from corpus_assets.core.storage.cas import ContentStore
-    from corpus_assets.core.storage.catalog import Catalog
+    from corpus_assets.core.runtime.workspace import Storage
 
 
 @contextmanager
-def observed(cas: "ContentStore", catalog: "Catalog", alias: str) -> Iterator[None]:
+def observed(home: "Storage", alias: str) -> Iterator[None]:
     """Observe ``alias`` and every snapshot of it whose standing the body changed."""
     instance = existing_instance()
     if instance is None:
         yield
         return
-    from corpus_assets.assets.lifecycle import BareStore, observing, runless
+    from corpus_assets.assets.lifecycle import observing, runless
 
-    with observing(BareStore(cas, catalog), alias, runless(instance)):
+    with observing(home, alias, runless(instance)):
         yield

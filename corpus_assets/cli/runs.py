@@ -4,9 +4,9 @@ process (``build_snapshot``, ``activate_snapshot``), the same jobs the UI and se
 import time
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from corpus_assets.cli_common import CliError, note, storage
-from corpus_assets.cli_instance import dagster_instance, run_config
-from corpus_assets.cli_interrupt import off_main_thread
+from corpus_assets.cli.common import CliError, note, opened
+from corpus_assets.cli.instance import dagster_instance, run_config
+from corpus_assets.cli.interrupt import off_main_thread
 from corpus_assets.core.governance import alias_gate
 from corpus_assets.core.ingest.sources import check_source_folders
 from corpus_assets.core.publication.verify import resolve, verify
@@ -14,7 +14,7 @@ from corpus_assets.core.runtime.build_lock import partition_build_lock
 from corpus_assets.core.runtime.keys import check_new_partition_key, new_partition_key
 from corpus_assets.core.runtime.layer_index import LAYERS, load_index
 from corpus_assets.core.runtime.pool import shared_pool
-from corpus_assets.core.runtime.workspace import check_writable_home, open_workspace
+from corpus_assets.core.runtime.workspace import check_writable_home
 from corpus_assets.core.storage.trust import StatTrust
 
 if TYPE_CHECKING:
@@ -46,7 +46,7 @@ def build(partition: str | None) -> dict[str, Any]:
         check_new_partition_key(partition)
     from corpus_assets.definitions import defs
 
-    with open_workspace() as ws:
+    with opened(config=True) as ws:
         # the user's mistakes, each one line, before Dagster is touched
         check_writable_home(ws.home)
         check_source_folders(ws.loaded)
@@ -55,12 +55,14 @@ def build(partition: str | None) -> dict[str, Any]:
     instance = dagster_instance()
     taken |= set(instance.get_dynamic_partitions("snapshots"))
     key = partition or new_partition_key(taken)
-    cas_held = ws.cas_lock(on_wait=note)
     # one pool for the run's layers: execute_in_process replaces the job's (assets.executor)
-    with partition_build_lock(home, key, note), cas_held, shared_pool():
+    with (
+        partition_build_lock(home, key, note),
+        opened(writing=True, config=True) as ws,
+        shared_pool(),
+    ):
         _report_dead_runs(instance, key)
-        with open_workspace() as ws:
-            before = set(ws.cas.iter_digests())
+        before = set(ws.cas.iter_digests())
         instance.add_dynamic_partitions("snapshots", [key])
         started = time.perf_counter()
         result = off_main_thread(
@@ -90,7 +92,7 @@ def _refuse_failed_build(result: "ExecuteInProcessResult", key: str) -> NoReturn
 
 def _built(key: str, before: set[str], seconds: float) -> dict[str, Any]:
     """What ``build`` prints for the partition just built: its snapshot, layers and reuse."""
-    with open_workspace() as ws:
+    with opened(config=True) as ws:
         manifest_digest = ws.catalog.layer_output(key, "manifest")
         snapshot = resolve(ws.catalog, manifest_digest)
         # only to count the objects: the check just verified them, so unchanged files are
@@ -119,8 +121,8 @@ def activate_via_job(digest: str) -> alias_gate.AliasGate:
     from corpus_assets.assets.jobs import activation_run_config
     from corpus_assets.definitions import defs
 
-    _home, _cas, catalog = storage()
-    snapshot = resolve(catalog, digest)
+    with opened() as home:
+        snapshot = resolve(home.catalog, digest)
     result = off_main_thread(
         defs.resolve_job_def("activate_snapshot").execute_in_process,
         run_config={**activation_run_config(snapshot.snapshot_id), **run_config()},
@@ -130,4 +132,5 @@ def activate_via_job(digest: str) -> alias_gate.AliasGate:
     )
     if not result.success:
         raise CliError(f"activation of {snapshot.snapshot_id} failed: {failure(result)}")
-    return alias_gate.read_alias_gate(catalog, snapshot.alias)
+    with opened() as home:
+        return alias_gate.read_alias_gate(home.catalog, snapshot.alias)

@@ -1,20 +1,20 @@
 """The commands on one snapshot's life: build (and the demo's whole path), verify, approve,
-activate and rollback. ``corpus_assets.cli_parser`` names them; each is imported when it runs."""
+activate and rollback. ``corpus_assets.cli.parser`` names them; each is imported when it runs."""
 
 import argparse
 import os
 import sys
 from typing import Any
 
-from corpus_assets.cli_common import CliError, cli_actor, storage
-from corpus_assets.cli_observe import observed
-from corpus_assets.cli_runs import activate_via_job, build
+from corpus_assets.cli.common import CliError, cli_actor, opened
+from corpus_assets.cli.observe import observed
+from corpus_assets.cli.runs import activate_via_job, build
 from corpus_assets.core.governance import states
 from corpus_assets.core.publication.publish import approve, rollback
 from corpus_assets.core.publication.validation import verify_snapshot
 from corpus_assets.core.publication.verify import resolve
-from corpus_assets.core.runtime.config import config_path, default_home
-from corpus_assets.core.runtime.workspace import open_home, open_workspace
+from corpus_assets.core.runtime.config import default_home
+from corpus_assets.core.runtime.workspace import Workspace
 from corpus_assets.demo import write_demo
 
 
@@ -74,7 +74,7 @@ def cmd_demo(_args: argparse.Namespace) -> int:
     _print_build(built)
     if built["state"] != states.VALIDATED:
         raise CliError(f"snapshot {built['snapshotId']} did not validate")
-    with open_workspace() as ws, observed(ws.cas, ws.catalog, ws.config.alias):
+    with opened(config=True) as ws, observed(ws, ws.config.alias):
         approve(ws, built["snapshotId"], by="demo")
     row = activate_via_job(built["snapshotId"])
     print(f"approved by demo; alias {row.alias} -> {row.active_snapshot}")
@@ -86,12 +86,9 @@ def cmd_demo(_args: argparse.Namespace) -> int:
 def cmd_verify(args: argparse.Namespace) -> int:
     """Every digest and the freeze's boundary rules (a late CDC event re-reads the change log,
     so it needs the config; without one verify says it could not look)."""
-    if config_path().is_file():
-        with open_workspace() as ws:
-            report = verify_snapshot(ws.cas, ws.catalog, args.digest, ws)
-    else:
-        _home, cas, catalog = open_home()
-        report = verify_snapshot(cas, catalog, args.digest, None)
+    with opened() as home:
+        ws = home if isinstance(home, Workspace) else None
+        report = verify_snapshot(home.cas, home.catalog, args.digest, ws)
     for finding in report.findings:
         print(f"FAIL {finding}", file=sys.stderr)
     if not report.ok:
@@ -111,8 +108,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
 def cmd_approve(args: argparse.Namespace) -> int:
     """Every validity rule needs the config (the canary re-parses its sources), not just a home."""
     with (
-        open_workspace() as ws,
-        observed(ws.cas, ws.catalog, resolve(ws.catalog, args.digest).alias),
+        opened(config=True) as ws,
+        observed(ws, resolve(ws.catalog, args.digest).alias),
     ):
         snapshot = approve(ws, args.digest, args.by)
     print(f"{snapshot.snapshot_id} APPROVED by {snapshot.approved_by}")
@@ -127,8 +124,10 @@ def cmd_activate(args: argparse.Namespace) -> int:
 
 def cmd_rollback(args: argparse.Namespace) -> int:
     actor = cli_actor()  # a refused login name is the first error, before any lookup
-    _home, cas, catalog = storage()
-    with observed(cas, catalog, resolve(catalog, args.digest).alias):
-        row = rollback(cas, catalog, args.digest, actor=actor)
+    with (
+        opened() as home,
+        observed(home, resolve(home.catalog, args.digest).alias),
+    ):
+        row = rollback(home.cas, home.catalog, args.digest, actor=actor)
     print(f"alias {row.alias} -> {row.active_snapshot} generation {row.generation} (rollback)")
     return 0

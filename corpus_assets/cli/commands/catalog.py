@@ -9,14 +9,7 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
-from corpus_assets.cli_common import (
-    CliError,
-    cli_actor,
-    note,
-    print_json,
-    storage,
-    writing_storage,
-)
+from corpus_assets.cli.common import CliError, cli_actor, opened, print_json
 from corpus_assets.core.audit.prov import prov_document
 from corpus_assets.core.audit.snapshot_graph import lineage_prov, snapshot_lineage
 from corpus_assets.core.consumption.export_run import check_out_folder, export_snapshot
@@ -27,7 +20,6 @@ from corpus_assets.core.governance.deletion_reach import tombstone_hits
 from corpus_assets.core.publication.shadow import shadow_diff
 from corpus_assets.core.publication.verify import load_manifest, resolve
 from corpus_assets.core.runtime.layer_index import LayerOrderError
-from corpus_assets.core.runtime.workspace import open_workspace
 from corpus_assets.core.storage.artifacts import get_json
 from corpus_assets.core.storage.cas import ContentStore
 from corpus_assets.core.storage.catalog import Catalog
@@ -35,26 +27,27 @@ from corpus_assets.core.training_view.tokenizer_fit import fit_tokenizer
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    _home, cas, catalog = storage()
-    print(json.dumps(load_manifest(cas, resolve(catalog, args.digest)), indent=2, sort_keys=True))
+    with opened() as home:
+        manifest = load_manifest(home.cas, resolve(home.catalog, args.digest))
+    print(json.dumps(manifest, indent=2, sort_keys=True))
     return 0
 
 
 def cmd_diff(args: argparse.Namespace) -> int:
-    _home, cas, catalog = storage()
-    return print_json(shadow_diff(cas, catalog, args.digest))
+    with opened() as home:
+        return print_json(shadow_diff(home.cas, home.catalog, args.digest))
 
 
 def cmd_prov(args: argparse.Namespace) -> int:
-    _home, cas, catalog = storage()
-    manifest = load_manifest(cas, resolve(catalog, args.digest))
-    freeze = get_json(cas, manifest["freeze"], "freeze spec")
+    with opened() as home:
+        manifest = load_manifest(home.cas, resolve(home.catalog, args.digest))
+        freeze = get_json(home.cas, manifest["freeze"], "freeze spec")
     return print_json(prov_document(manifest, freeze, agent=f"{getpass.getuser()}@corpus-assets"))
 
 
 def cmd_lineage(args: argparse.Namespace) -> int:
-    _home, cas, catalog = storage()
-    graph = snapshot_lineage(cas, catalog, resolve(catalog, args.digest))
+    with opened() as home:
+        graph = snapshot_lineage(home.cas, home.catalog, resolve(home.catalog, args.digest))
     if args.format == "json":
         return print_json(asdict(graph))
     if args.format == "prov":
@@ -64,51 +57,51 @@ def cmd_lineage(args: argparse.Namespace) -> int:
 
 
 def cmd_dedup(args: argparse.Namespace) -> int:
-    _home, cas, catalog = storage()
-    manifest = load_manifest(cas, resolve(catalog, args.digest))
-    try:
-        return print_json(explain(cas, manifest, args.record_id))
-    except KeyError as error:
-        raise CliError(error.args[0]) from None
+    with opened() as home:
+        manifest = load_manifest(home.cas, resolve(home.catalog, args.digest))
+        try:
+            return print_json(explain(home.cas, manifest, args.record_id))
+        except KeyError as error:
+            raise CliError(error.args[0]) from None
 
 
 def cmd_tombstone_add(args: argparse.Namespace) -> int:
-    _home, _cas, catalog = storage()
     kind, target = next((k, v) for k in ("record", "object", "group") if (v := getattr(args, k)))
-    seq = tombstones.add_tombstone(catalog, kind, target, args.reason, actor=cli_actor())
+    with opened() as home:
+        seq = tombstones.add_tombstone(home.catalog, kind, target, args.reason, actor=cli_actor())
     print(f"tombstone {seq}: {kind} {target}; every alias is fenced at tombstone watermark {seq}")
     return 0
 
 
 def cmd_tombstone_lift(args: argparse.Namespace) -> int:
-    _home, _cas, catalog = storage()
-    seq = tombstones.lift_tombstone(catalog, args.seq, args.reason, actor=cli_actor())
+    with opened() as home:
+        seq = tombstones.lift_tombstone(home.catalog, args.seq, args.reason, actor=cli_actor())
     print(tombstones.lift_said(seq, args.seq))
     return 0
 
 
 def cmd_tombstone_hits(args: argparse.Namespace) -> int:
     """Writes a snapshot's deletion index into the CAS if it has none yet."""
-    with writing_storage() as (_home, cas, catalog):
+    with opened(writing=True) as home:
         try:
-            return print_json(tombstone_hits(cas, catalog, args.seq))
+            return print_json(tombstone_hits(home.cas, home.catalog, args.seq))
         except LookupError as error:
             raise CliError(str(error)) from None
 
 
 def cmd_read(args: argparse.Namespace) -> int:
-    _home, cas, catalog = storage()
-    permit = take_permit(cas, catalog, args.digest, args.run_id, args.purpose)
-    reader = TrainingReader(cas, catalog, permit)
-    blocks = sum(1 for _ in reader.blocks())
-    return print_json({**reader.report(), "blocks": blocks, "resumed": permit.resumed})
+    with opened() as home:
+        permit = take_permit(home.cas, home.catalog, args.digest, args.run_id, args.purpose)
+        reader = TrainingReader(home.cas, home.catalog, permit)
+        blocks = sum(1 for _ in reader.blocks())
+        return print_json({**reader.report(), "blocks": blocks, "resumed": permit.resumed})
 
 
 def cmd_export(args: argparse.Namespace) -> int:
     """Writes the export's descriptor into the CAS; ``--out`` is checked first."""
     check_out_folder(Path(args.out))
-    with writing_storage() as (_home, cas, catalog):
-        return _export(cas, catalog, args)
+    with opened(writing=True) as home:
+        return _export(home.cas, home.catalog, args)
 
 
 def _export(cas: ContentStore, catalog: Catalog, args: argparse.Namespace) -> int:
@@ -122,10 +115,7 @@ DEFAULT_SPECIALS = {"eos": "<|endoftext|>", "pad": "<|pad|>", "bos": None}
 
 def cmd_tokenizer_train(args: argparse.Namespace) -> int:
     """Train on the partition's train split, pin the file, print how to use it."""
-    with (
-        open_workspace() as ws,
-        ws.cas_lock(on_wait=note),
-    ):
+    with opened(writing=True, config=True) as ws:
         declared = ws.config.policies.tokenizer
         specials = {}
         for name, default in DEFAULT_SPECIALS.items():

@@ -2,7 +2,7 @@
 snapshot's canonical layer left rows out), as ``corpus_assets.cli`` dispatches them.
 
 ``corpus-assets benchmark NAME FILE``, the form before ``list`` and ``remove`` existed, still
-means ``benchmark add NAME FILE`` (``cli_parser.with_add``); a benchmark named ``add``, ``list`` or
+means ``benchmark add NAME FILE`` (``cli.parser.with_add``); a benchmark named ``add``, ``list`` or
 ``remove`` is registered with the explicit ``add``.
 """
 
@@ -12,13 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from corpus_assets.cli_common import (
-    CliError,
-    cli_actor,
-    print_json,
-    storage,
-    writing_storage,
-)
+from corpus_assets.cli.common import CliError, cli_actor, opened, print_json
 from corpus_assets.core.governance import benchmarks
 from corpus_assets.core.publication.verify import load_manifest, resolve
 from corpus_assets.core.records.benchmark_file import BenchmarkFileError, read_items
@@ -27,10 +21,10 @@ from corpus_assets.core.records.index import CanonicalIndex
 
 def cmd_benchmark_add(args: argparse.Namespace) -> int:
     """The item texts are put in the CAS before the registry names them: under the CAS lock."""
-    with writing_storage() as (_home, cas, catalog):
+    with opened(writing=True) as home:
         try:
-            items = read_items(cas, args.name, Path(args.file), args.text_field)
-            change = benchmarks.register(catalog, args.name, items, actor=cli_actor())
+            items = read_items(home.cas, args.name, Path(args.file), args.text_field)
+            change = benchmarks.register(home.catalog, args.name, items, actor=cli_actor())
         except (BenchmarkFileError, benchmarks.RegistryError) as error:
             raise CliError(str(error)) from None
     kept = f" ({change.unchanged} already registered)" if change.unchanged else ""
@@ -39,20 +33,20 @@ def cmd_benchmark_add(args: argparse.Namespace) -> int:
 
 
 def cmd_benchmark_list(_args: argparse.Namespace) -> int:
-    _home, _cas, catalog = storage()
-    return print_json({"benchmarks": benchmarks.summary(catalog)})
+    with opened() as home:
+        return print_json({"benchmarks": benchmarks.summary(home.catalog)})
 
 
 def cmd_benchmark_remove(args: argparse.Namespace) -> int:
-    _home, _cas, catalog = storage()
     prefix = f"{args.name}/"
     ids = None
     if args.item:
         ids = [i if i.startswith(prefix) else prefix + i for i in args.item]
-    try:
-        change = benchmarks.remove(catalog, args.name, ids, actor=cli_actor())
-    except benchmarks.RegistryError as error:
-        raise CliError(str(error)) from None
+    with opened() as home:
+        try:
+            change = benchmarks.remove(home.catalog, args.name, ids, actor=cli_actor())
+        except benchmarks.RegistryError as error:
+            raise CliError(str(error)) from None
     print(
         f"benchmark {args.name}: {change.written} items removed; every alias is fenced at "
         f"benchmark fence {change.seq}"
@@ -61,13 +55,13 @@ def cmd_benchmark_remove(args: argparse.Namespace) -> int:
 
 
 def cmd_excluded(args: argparse.Namespace) -> int:
-    _home, cas, catalog = storage()
-    manifest = load_manifest(cas, resolve(catalog, args.digest))
     write = sys.stdout.write
-    index = CanonicalIndex.load(cas, manifest["layers"]["canonical_records"])
-    for row in index.excluded_rows(args.source):
-        if args.reason is None or row["reason"] == args.reason or _under(row, args.reason):
-            write(json.dumps(row, sort_keys=True) + "\n")
+    with opened() as home:
+        manifest = load_manifest(home.cas, resolve(home.catalog, args.digest))
+        index = CanonicalIndex.load(home.cas, manifest["layers"]["canonical_records"])
+        for row in index.excluded_rows(args.source):
+            if args.reason is None or row["reason"] == args.reason or _under(row, args.reason):
+                write(json.dumps(row, sort_keys=True) + "\n")
     return 0
 
 

@@ -6,21 +6,19 @@ import argparse
 import json
 from dataclasses import asdict
 
-from corpus_assets.cli_common import CliError, note
-from corpus_assets.cli_observe import observed
+from corpus_assets.cli.common import CliError, opened
+from corpus_assets.cli.observe import observed
 from corpus_assets.core.publication.gc import GcError, collect, expire, plan
 from corpus_assets.core.publication.scrub import scrub
-from corpus_assets.core.runtime.workspace import open_workspace
 
 
 def cmd_gc(args: argparse.Namespace) -> int:
-    ws = open_workspace()
-    config = ws.config
-    with ws.cas_lock(exclusive=True, on_wait=note):
+    with opened(exclusive=True, config=True) as ws:
+        config = ws.config
         try:
             planned = plan(ws.cas, ws.catalog, config.alias, config.retention.keep_generations)
             if not args.dry_run:
-                with observed(ws.cas, ws.catalog, config.alias):  # expired: shown in the UI
+                with observed(ws, config.alias):  # expired: shown in the UI
                     expire(ws.catalog, planned)
         except GcError as error:
             raise CliError(str(error)) from None
@@ -48,8 +46,7 @@ def cmd_gc(args: argparse.Namespace) -> int:
 
 def cmd_scrub(args: argparse.Namespace) -> int:
     """Exit 1 naming every damaged snapshot and object; 0 when all that can be served is whole."""
-    ws = open_workspace()
-    with ws.cas_lock(on_wait=note):  # gc must not remove what is being read
+    with opened(writing=True, config=True) as ws:  # gc must not remove what is being read
         report = scrub(ws.cas, ws.catalog, args.alias)
     if args.json:
         print(json.dumps({"ok": report.ok, "snapshots": [asdict(s) for s in report.snapshots]}))

@@ -4,7 +4,7 @@ plots (``core.audit.card``), written into ``DIR``; prints the page's path."""
 import argparse
 from pathlib import Path
 
-from corpus_assets.cli_common import storage
+from corpus_assets.cli.common import opened
 from corpus_assets.core.audit.card import load_card
 from corpus_assets.core.audit.card_html import write_card
 from corpus_assets.core.consumption.export_run import check_out_folder
@@ -13,6 +13,6 @@ from corpus_assets.core.consumption.export_run import check_out_folder
 def cmd_card(args: argparse.Namespace) -> int:
     out = Path(args.out).resolve()
     check_out_folder(out, "card")  # before the manifest is read: a refused card writes nothing
-    _home, cas, catalog = storage()
-    print(write_card(load_card(cas, catalog, args.digest), out))
+    with opened() as home:
+        print(write_card(load_card(home.cas, home.catalog, args.digest), out))
     return 0

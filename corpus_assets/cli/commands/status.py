@@ -4,11 +4,12 @@ snapshot (running, or killed before its manifest and waiting to be resumed)."""
 import argparse
 import json
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.engine import make_url
 
-from corpus_assets.cli_common import storage
+from corpus_assets.cli.common import opened
 from corpus_assets.core.governance import alias_gate, states
 from corpus_assets.core.runtime.layer_index import LAYERS
 from corpus_assets.core.storage.catalog import Catalog
@@ -38,7 +39,7 @@ def unfinished(catalog: Catalog, built: set[str]) -> list[dict[str, Any]]:
 def _last_build_runs() -> dict[str, str]:
     """One line per partition on its newest build run; nothing without a Dagster instance (the
     command never creates one)."""
-    from corpus_assets.cli_instance import dagster_home, dagster_instance
+    from corpus_assets.cli.instance import dagster_home, dagster_instance
 
     if not (dagster_home() / "dagster.yaml").is_file():
         return {}
@@ -65,7 +66,11 @@ def _describe(instance: "DagsterInstance", key: str, run: "DagsterRun") -> str:
 
 def status_payload() -> dict[str, Any]:
     """What ``status`` prints, as data (``--json`` prints it as is)."""
-    home, _cas, catalog = storage()
+    with opened() as home:
+        return _payload(home.home, home.catalog)
+
+
+def _payload(home: Path, catalog: Catalog) -> dict[str, Any]:
     snaps = states.find(catalog)
     gates = [alias_gate.read_alias_gate(catalog, a) for a in sorted({s.alias for s in snaps})]
     current = {row.active_snapshot for row in gates}

@@ -9,7 +9,7 @@ import argparse
 import json
 import time
 
-from corpus_assets.cli_common import storage
+from corpus_assets.cli.common import opened
 from corpus_assets.core.governance.audit_fields import shown
 from corpus_assets.core.governance.history import Move, alias_moves
 
@@ -17,8 +17,8 @@ COLUMNS = ("when (UTC)", "snapshot", "move", "actor", "gen", "tomb", "bench", "d
 
 
 def cmd_history(args: argparse.Namespace) -> int:
-    _home, cas, catalog = storage()
-    moves = alias_moves(cas, catalog, args.alias)
+    with opened() as home:
+        moves = alias_moves(home.cas, home.catalog, args.alias)
     if args.json:
         print(json.dumps({"alias": args.alias, "moves": [m.as_json() for m in moves]}, indent=2))
         return 0

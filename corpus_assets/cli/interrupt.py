@@ -13,15 +13,15 @@ thread, so the CLI runs its jobs on another one (``off_main_thread``).
 
 Leaving at once is the kill -9 path the store is built for (atomic renames, transactions,
 locks held by open files and sessions): what finished is kept, and the next build resumes it
-(a Dagster run left STARTED is marked failed by that build, ``cli_runs._report_dead_runs``).
+(a Dagster run left STARTED is marked failed by that build, ``cli.runs._report_dead_runs``).
 """
 
 import os
 import signal
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import suppress
+from contextlib import contextmanager, suppress
 from multiprocessing import resource_tracker
 from pathlib import Path
 from typing import Any, TypeVar
@@ -50,6 +50,25 @@ def install() -> None:
     signal.signal(signal.SIGINT, lambda _signo, _frame: stop())
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     threading.Thread(target=_wait, name="sigint", daemon=True).start()
+
+
+@contextmanager
+def sigterm_default() -> Iterator[None]:
+    """SIGTERM stops what the command starts, even when the caller ignores it: an ignored
+    signal is the one disposition a child inherits through exec, and Dagster stops each step's
+    compute-log ``tail`` with SIGTERM and waits 30 s for it; ignored, every step failed and its
+    ``tail`` was left running. ``main`` runs every command inside this, so an in-process caller
+    (a test under a worker that ignores SIGTERM) gets the same; the caller's disposition is put
+    back afterwards. Only the main thread may set it: elsewhere it is left as it is."""
+    ignored = signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
+    if not ignored or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 def _wait() -> None:

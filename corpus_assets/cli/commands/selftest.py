@@ -1,13 +1,26 @@
-"""``corpus-assets selftest --faults``: the seeds' faults injected through this installation."""
+"""``corpus-assets selftest --faults``: the seeds' faults injected through this installation.
+
+The fault cases (``corpus_assets.selftest``) are a source checkout's, not the wheel's: the wheel
+leaves the package out, and the command says so in one line."""
 
 import argparse
+import importlib.util
 import re
 import sys
 import tempfile
 from pathlib import Path
 
+from corpus_assets.cli.common import CliError
+
+NEEDS_CHECKOUT = (
+    "selftest needs a source checkout of corpus-assets: the corpus_assets.selftest package "
+    "is not installed with the wheel"
+)
+
 
 def cmd_selftest(args: argparse.Namespace) -> int:
+    if importlib.util.find_spec("corpus_assets.selftest") is None:
+        raise CliError(NEEDS_CHECKOUT)
     from corpus_assets.selftest.cases import selected
     from corpus_assets.selftest.lab import Lab
     from corpus_assets.selftest.report import run_cases, table

@@ -1,24 +1,24 @@
 """The ``corpus-assets`` command line: every subcommand, its arguments and its help, and nothing
-else. Each command is named by module (``cli_common.lazy``) and imported only when it runs, so
+else. Each command is named by module (``cli.common.lazy``) and imported only when it runs, so
 parsing any command line - and ``--help`` - imports argparse and this module only."""
 
 import argparse
 from typing import Any, TypeAlias
 
-from corpus_assets.cli_common import audited, lazy
+from corpus_assets.cli.common import audited, lazy
 
 DESCRIPTION = (
     "``corpus-assets``: build, verify, approve, activate and inspect snapshots without the UI."
 )
 EXPORT_FORMATS = ("megatron", "mds", "croissant")  # core.consumption.export_run.FORMATS (a test)
-GRAPH_FORMATS = ("text", "mermaid", "json", "prov")  # cli_lineage draws these
+GRAPH_FORMATS = ("text", "mermaid", "json", "prov")  # commands.lineage draws these
 ACTIONS = ("add", "list", "remove")  # of ``benchmark``
 Subcommands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
 
 def _instance() -> Any:
     """The Dagster instance, for ``partition`` (dagster is imported only then)."""
-    from corpus_assets.cli_instance import dagster_instance
+    from corpus_assets.cli.instance import dagster_instance
 
     return dagster_instance()
 
@@ -44,7 +44,7 @@ def parser() -> argparse.ArgumentParser:
     p = _command(
         sub,
         "read",
-        audited(lazy("cli_catalog", "cmd_read"), **run_fields),
+        audited(lazy("catalog", "cmd_read"), **run_fields),
         "training entry: take a permit for a digest and read it, verified",
     )
     p.add_argument("digest", help="a snapshotId (an alias is never accepted)")
@@ -53,7 +53,7 @@ def parser() -> argparse.ArgumentParser:
     p = _command(
         sub,
         "export",
-        audited(lazy("cli_catalog", "cmd_export"), **run_fields),
+        audited(lazy("catalog", "cmd_export"), **run_fields),
         "training read into Megatron .bin/.idx, MDS files or Croissant metadata, verified",
     )
     p.add_argument("format", choices=EXPORT_FORMATS)
@@ -75,14 +75,14 @@ def _build_commands(sub: Subcommands) -> None:
     _command(
         sub,
         "demo",
-        lazy("cli_snapshots", "cmd_demo"),
+        lazy("snapshots", "cmd_demo"),
         "write the demo sources + corpus.yaml, build, validate, approve, "
         "activate, and print the snapshotId and alias generation",
     )
     p = _command(
         sub,
         "build",
-        lazy("cli_snapshots", "cmd_build"),
+        lazy("snapshots", "cmd_build"),
         "freeze a partition and materialize all seven layers",
     )
     p.add_argument("--partition", help="partition key to (re)build; default: a new key")
@@ -94,29 +94,29 @@ def _build_commands(sub: Subcommands) -> None:
     p = _command(
         sub,
         "verify",
-        lazy("cli_snapshots", "cmd_verify"),
+        lazy("snapshots", "cmd_verify"),
         "recompute and check every digest of a snapshot",
     )
     p.add_argument("digest")
     p = sub.add_parser("partition", help="list the snapshot partitions, or delete one")
     actions = p.add_subparsers(required=True, metavar="ACTION")
     listing = actions.add_parser("list", help="Dagster's partitions with their catalog state")
-    listing.set_defaults(run=lazy("cli_partitions", "cmd_partition_list"), instance=_instance)
+    listing.set_defaults(run=lazy("partitions", "cmd_partition_list"), instance=_instance)
     delete = actions.add_parser("delete", help="delete one from the Dagster instance (not data)")
     delete.add_argument("key", help="the partition key, exactly as listed (quote it)")
     delete.add_argument("--force", action="store_true", help="even if the catalog froze it")
-    delete.set_defaults(run=lazy("cli_partitions", "cmd_partition_delete"), instance=_instance)
+    delete.set_defaults(run=lazy("partitions", "cmd_partition_delete"), instance=_instance)
 
 
 def _publication_commands(sub: Subcommands) -> None:
-    approve_cmd = audited(lazy("cli_snapshots", "cmd_approve"), by="--by")
+    approve_cmd = audited(lazy("snapshots", "cmd_approve"), by="--by")
     p = _command(sub, "approve", approve_cmd, "approve a VALIDATED snapshot (bound to its digest)")
     p.add_argument("digest")
     p.add_argument("--by", required=True, help="who approves")
     p = _command(
         sub,
         "activate",
-        lazy("cli_snapshots", "cmd_activate"),
+        lazy("snapshots", "cmd_activate"),
         "activate an APPROVED snapshot on its alias now",
     )
     p.add_argument("digest")
@@ -126,16 +126,16 @@ def _inspection_commands(sub: Subcommands) -> None:
     p = _command(
         sub,
         "status",
-        lazy("cli_status", "cmd_status"),
+        lazy("status", "cmd_status"),
         "snapshots, states, aliases and generations",
     )
     p.add_argument("--json", action="store_true", help="machine-readable output")
-    p = _command(sub, "show", lazy("cli_catalog", "cmd_show"), "print a snapshot's manifest JSON")
+    p = _command(sub, "show", lazy("catalog", "cmd_show"), "print a snapshot's manifest JSON")
     p.add_argument("digest")
     p = _command(
         sub,
         "card",
-        lazy("cli_card", "cmd_card"),
+        lazy("card", "cmd_card"),
         "the dataset card: a static HTML page with plots of sources, shares, dedup, splits, "
         "lengths, contamination, lineage, signature and fences",
     )
@@ -144,19 +144,19 @@ def _inspection_commands(sub: Subcommands) -> None:
     p = _command(
         sub,
         "diff",
-        lazy("cli_catalog", "cmd_diff"),
+        lazy("catalog", "cmd_diff"),
         "shadow diff of a snapshot against its alias's active one",
     )
     p.add_argument("digest")
     p = _command(
-        sub, "prov", lazy("cli_catalog", "cmd_prov"), "W3C PROV-JSON of how a snapshot was produced"
+        sub, "prov", lazy("catalog", "cmd_prov"), "W3C PROV-JSON of how a snapshot was produced"
     )
     p.add_argument("digest")
     add_lineage_command(sub)  # the graph, --record, --shard/--block
     p = _command(
         sub,
         "dedup",
-        lazy("cli_catalog", "cmd_dedup"),
+        lazy("catalog", "cmd_dedup"),
         "why a record was kept or removed: verdict, direct match and Jaccard, its cluster, "
         "and its leakage group with splits",
     )
@@ -168,7 +168,7 @@ def _governance_commands(sub: Subcommands) -> None:
     p = _command(
         sub,
         "rollback",
-        lazy("cli_snapshots", "cmd_rollback"),
+        lazy("snapshots", "cmd_rollback"),
         "point the alias back at an earlier active snapshot",
     )
     p.add_argument("digest")
@@ -176,7 +176,7 @@ def _governance_commands(sub: Subcommands) -> None:
     p = _command(
         sub,
         "tombstone",
-        lazy("cli_catalog", "cmd_tombstone_hits"),
+        lazy("catalog", "cmd_tombstone_hits"),
         "revoke data, or show where a tombstone hits",
     )
     tomb = p.add_subparsers(required=True, metavar="ACTION")
@@ -188,7 +188,7 @@ def _governance_commands(sub: Subcommands) -> None:
     add.add_argument("--reason", required=True)
     tomb_fields = {"record": "--record", "object": "--object", "group": "--group"}
     add.set_defaults(
-        run=audited(lazy("cli_catalog", "cmd_tombstone_add"), reason="--reason", **tomb_fields)
+        run=audited(lazy("catalog", "cmd_tombstone_add"), reason="--reason", **tomb_fields)
     )
     lift = tomb.add_parser(
         "lift",
@@ -220,7 +220,7 @@ def _tokenizer_commands(sub: Subcommands) -> None:
     train.add_argument("--eos", help="end-of-sequence token (default <|endoftext|>)")
     train.add_argument("--pad", help="padding token (default <|pad|>)")
     train.add_argument("--bos", help="beginning-of-sequence token (default: none)")
-    train.set_defaults(run=lazy("cli_catalog", "cmd_tokenizer_train"))
+    train.set_defaults(run=lazy("catalog", "cmd_tokenizer_train"))
 
 
 def add_gc_command(sub: Any) -> None:
@@ -229,7 +229,7 @@ def add_gc_command(sub: Any) -> None:
     p = sub.add_parser("gc", help=text, description=text)
     p.add_argument("--dry-run", action="store_true", help="list what would go; delete nothing")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
-    p.set_defaults(run=lazy("cli_gc", "cmd_gc"))
+    p.set_defaults(run=lazy("gc", "cmd_gc"))
 
 
 def add_scrub_command(sub: Any) -> None:
@@ -238,7 +238,7 @@ def add_scrub_command(sub: Any) -> None:
     p = sub.add_parser("scrub", help=text, description=text)
     p.add_argument("--alias", help="only this alias's snapshots (default: every alias)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
-    p.set_defaults(run=lazy("cli_gc", "cmd_scrub"))
+    p.set_defaults(run=lazy("gc", "cmd_scrub"))
 
 
 def add_history_command(sub: Any) -> None:
@@ -247,7 +247,7 @@ def add_history_command(sub: Any) -> None:
     p = sub.add_parser("history", help=help_text, description=help_text)
     p.add_argument("alias")
     p.add_argument("--json", action="store_true", help="one JSON object per move, in a list")
-    p.set_defaults(run=lazy("cli_history", "cmd_history"))
+    p.set_defaults(run=lazy("history", "cmd_history"))
 
 
 def add_trust_command(sub: Any) -> None:
@@ -257,14 +257,14 @@ def add_trust_command(sub: Any) -> None:
     actions = p.add_subparsers(required=True, metavar="ACTION")
     listing = actions.add_parser("list", help="the trust file, its keys and this home's key")
     listing.add_argument("--json", action="store_true", help="print it as JSON")
-    listing.set_defaults(run=lazy("cli_trust", "cmd_trust_list"))
+    listing.set_defaults(run=lazy("trust", "cmd_trust_list"))
     add = actions.add_parser("add", help="accept a public key (PEM), e.g. another builder's")
     add.add_argument("public_key", help="a PEM public key file")
-    add.set_defaults(run=lazy("cli_trust", "cmd_trust_add"))
+    add.set_defaults(run=lazy("trust", "cmd_trust_add"))
     rotate = actions.add_parser(
         "rotate", help="retire this home's signing key for a new one; old snapshots still verify"
     )
-    rotate.set_defaults(run=lazy("cli_trust", "cmd_trust_rotate"))
+    rotate.set_defaults(run=lazy("trust", "cmd_trust_rotate"))
 
 
 def add_lineage_command(sub: Any) -> None:
@@ -285,7 +285,7 @@ def add_lineage_command(sub: Any) -> None:
     spans.add_argument("--block", type=int, help="a block number (numbered across the pack)")
     spans.add_argument("--start", type=int, help="first token of the range in the block")
     spans.add_argument("--end", type=int, help="token after the range in the block")
-    p.set_defaults(run=lazy("cli_lineage", "cmd_lineage_query"))
+    p.set_defaults(run=lazy("lineage", "cmd_lineage_query"))
 
 
 def with_add(argv: list[str]) -> list[str]:
@@ -315,11 +315,9 @@ def add_benchmark_commands(sub: Any) -> None:
     add.add_argument("name", help="benchmark name")
     add.add_argument("file", help="JSONL file of benchmark items, plain, gzip or zstd")
     add.add_argument("--text-field", default="text")
-    add.set_defaults(
-        run=audited(lazy("cli_benchmarks", "cmd_benchmark_add"), name="benchmark name")
-    )
+    add.set_defaults(run=audited(lazy("benchmarks", "cmd_benchmark_add"), name="benchmark name"))
     listing = actions.add_parser("list", help="per benchmark: active items, seqs, times (JSON)")
-    listing.set_defaults(run=lazy("cli_benchmarks", "cmd_benchmark_list"))
+    listing.set_defaults(run=lazy("benchmarks", "cmd_benchmark_list"))
     remove = actions.add_parser("remove", help="withdraw a benchmark or some of its items")
     remove.add_argument("name", help="benchmark name")
     remove.add_argument(
@@ -327,7 +325,7 @@ def add_benchmark_commands(sub: Any) -> None:
     )
     remove.set_defaults(
         run=audited(
-            lazy("cli_benchmarks", "cmd_benchmark_remove"), name="benchmark name", item="--item"
+            lazy("benchmarks", "cmd_benchmark_remove"), name="benchmark name", item="--item"
         )
     )
     about = "a snapshot's excluded rows: source, object, line, reason (never their text), JSONL"
@@ -335,7 +333,7 @@ def add_benchmark_commands(sub: Any) -> None:
     p.add_argument("digest", help="snapshotId")
     p.add_argument("--source", help="only this source id")
     p.add_argument("--reason", help="only this reason code, or its prefix (e.g. quality)")
-    p.set_defaults(run=lazy("cli_benchmarks", "cmd_excluded"))
+    p.set_defaults(run=lazy("benchmarks", "cmd_excluded"))
 
 
 def add_selftest_command(sub: Any) -> None:
@@ -351,4 +349,4 @@ def add_selftest_command(sub: Any) -> None:
     p.add_argument("--full", action="store_true", help="also the slow cases and full sweeps")
     p.add_argument("--list", action="store_true", help="list the cases and exit")
     p.add_argument("--keep", help="keep the case homes under this folder (default: removed)")
-    p.set_defaults(run=lazy("cli_selftest", "cmd_selftest"))
+    p.set_defaults(run=lazy("selftest", "cmd_selftest"))

@@ -2,11 +2,10 @@
 or the records in a packed shard, block or token range (``--shard`` / ``--block``)."""
 
 import argparse
-from pathlib import Path
 from typing import Any
 
-from corpus_assets.cli_catalog import cmd_lineage
-from corpus_assets.cli_common import CliError, note, print_json
+from corpus_assets.cli.commands.catalog import cmd_lineage
+from corpus_assets.cli.common import CliError, opened, print_json
 from corpus_assets.core.audit.record_lineage import RecordNotFound, record_lineage
 from corpus_assets.core.audit.record_lineage_render import (
     record_sections,
@@ -18,9 +17,7 @@ from corpus_assets.core.audit.record_lineage_render import (
 from corpus_assets.core.audit.record_origin import OriginError
 from corpus_assets.core.audit.span_records import SpanQuery, SpanQueryError, span_records
 from corpus_assets.core.publication.verify import resolve
-from corpus_assets.core.runtime.config import config_path
-from corpus_assets.core.runtime.workspace import open_home, open_workspace
-from corpus_assets.core.storage.cas_lock import cas_lock
+from corpus_assets.core.runtime.workspace import Workspace
 
 QUERY_FORMATS = ("text", "json")
 
@@ -35,10 +32,11 @@ def cmd_lineage_query(args: argparse.Namespace) -> int:
         raise CliError(
             f"--format {args.format} draws the graph; a record or span query is text|json"
         )
-    home, cas, catalog, config = _opened()
     # the CAS lock, shared: a lookup may write the snapshot's deletion index (``publication.gc``)
-    with cas_lock(home, cas, catalog.url, exclusive=False, on_wait=note):
-        return _answer(args, cas, catalog, config)
+    with opened(writing=True) as home:
+        # with a config the record's raw line is replayed
+        config = home.config if isinstance(home, Workspace) else None
+        return _answer(args, home.cas, home.catalog, config)
 
 
 def _answer(args: argparse.Namespace, cas: Any, catalog: Any, config: Any) -> int:
@@ -57,12 +55,3 @@ def _answer(args: argparse.Namespace, cas: Any, catalog: Any, config: Any) -> in
         return print_json(answer)
     print(text(title, sections), end="")
     return 0
-
-
-def _opened() -> tuple[Path, Any, Any, Any]:
-    """(home, CAS, catalog, config or None): with a config the record's raw line is replayed."""
-    if config_path().is_file():
-        ws = open_workspace()
-        return ws.home, ws.cas, ws.catalog, ws.config
-    home, cas, catalog = open_home()
-    return home, cas, catalog, None

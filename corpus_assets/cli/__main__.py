@@ -1,0 +1,5 @@
+"""``python -m corpus_assets.cli``: the console script (``main.run``)."""
+
+from corpus_assets.cli.main import run
+
+run()
