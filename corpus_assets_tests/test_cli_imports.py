@@ -1,10 +1,13 @@
 """The command line imports a command's code only when that command runs: ``--help`` loads no
 project code but the parser, and ``status`` on a home without a Dagster instance no Dagster."""
 
+import argparse
+import importlib
 import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 from corpus_assets.cli.parser import EXPORT_FORMATS
@@ -93,3 +96,29 @@ def test_the_build_modules_import_no_scipy() -> None:
     )
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"
+
+
+def _commands(parser: argparse.ArgumentParser) -> Iterator[tuple[str, object]]:
+    """Every (command line, run function) the parser can dispatch to."""
+    if (run := parser.get_default("run")) is not None:
+        yield parser.prog, run
+    for action in parser._actions:  # argparse keeps subcommands only here
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                yield from _commands(child)
+
+
+def test_every_command_names_a_function_that_exists() -> None:
+    """A lazily imported command names its module and function as strings: a typo (or a
+    module moved without its name) would only fail when a user runs that command."""
+    from corpus_assets.cli.common import COMMANDS
+    from corpus_assets.cli.parser import parser
+
+    commands = list(_commands(parser()))
+    assert len(commands) > 30
+    for line, run in commands:
+        target = getattr(run, "target", None)
+        if target is None:
+            continue  # a function imported eagerly: it exists
+        module, name = target
+        assert callable(getattr(importlib.import_module(f"{COMMANDS}.{module}"), name)), line

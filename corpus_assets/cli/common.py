@@ -32,6 +32,7 @@ def lazy(module: str, name: str) -> Command:
         return command(args)
 
     run.__qualname__ = run.__name__ = name
+    run.target = (module, name)  # type: ignore[attr-defined]  # checked by the CLI's tests
     return run
 
 
@@ -104,4 +105,5 @@ def audited(run: Command, **fields: str) -> Command:
                     audit_field(shown, value)
         return run(args)
 
+    checked.target = getattr(run, "target", None)  # type: ignore[attr-defined]
     return checked

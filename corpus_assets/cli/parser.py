@@ -196,7 +196,7 @@ def _governance_commands(sub: Subcommands) -> None:
     )
     lift.add_argument("seq", type=int, help="the tombstone to lift (its `tombstone add` number)")
     lift.add_argument("--reason", required=True)
-    lift.set_defaults(run=audited(lazy("cli_catalog", "cmd_tombstone_lift"), reason="--reason"))
+    lift.set_defaults(run=audited(lazy("catalog", "cmd_tombstone_lift"), reason="--reason"))
     show_hits = tomb.add_parser("hits", help="deletion lineage: snapshots, members, spans, runs")
     show_hits.add_argument("seq", type=int)
     add_benchmark_commands(sub)  # benchmark add|list|remove, excluded
