@@ -64,7 +64,7 @@ def cmd_excluded(args: argparse.Namespace) -> int:
     _home, cas, catalog = storage()
     manifest = load_manifest(cas, resolve(catalog, args.digest))
     write = sys.stdout.write
-    index = CanonicalIndex.load(cas, manifest["layers"]["canonical_records"])
+    index = CanonicalIndex.load(cas, manifest.layers["canonical_records"])
     for row in index.excluded_rows(args.source):
         if args.reason is None or row["reason"] == args.reason or _under(row, args.reason):
             write(json.dumps(row, sort_keys=True) + "\n")

@@ -18,7 +18,7 @@ from corpus_assets.core.release.lineage_graph import lineage_prov, snapshot_line
 from corpus_assets.core.release.prov import prov_document
 from corpus_assets.core.release.shadow import shadow_diff
 from corpus_assets.core.release.training import TrainingReader, take_permit
-from corpus_assets.core.release.verify import load_manifest, resolve
+from corpus_assets.core.release.verify import load_manifest, resolve, stored_manifest
 from corpus_assets.core.runtime.layers import LayerOrderError
 from corpus_assets.core.runtime.workspace import open_workspace
 from corpus_assets.core.storage.artifacts import get_json
@@ -29,7 +29,8 @@ from corpus_assets.core.training_view.tokenizer_fit import fit_tokenizer
 
 def cmd_show(args: argparse.Namespace) -> int:
     _home, cas, catalog = storage()
-    print(json.dumps(load_manifest(cas, resolve(catalog, args.digest)), indent=2, sort_keys=True))
+    document = stored_manifest(cas, resolve(catalog, args.digest))  # as stored, even if malformed
+    print(json.dumps(document, indent=2, sort_keys=True))
     return 0
 
 
@@ -41,7 +42,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
 def cmd_prov(args: argparse.Namespace) -> int:
     _home, cas, catalog = storage()
     manifest = load_manifest(cas, resolve(catalog, args.digest))
-    freeze = get_json(cas, manifest["freeze"], "freeze spec")
+    freeze = get_json(cas, manifest.freeze, "freeze spec")
     return print_json(prov_document(manifest, freeze, agent=f"{getpass.getuser()}@corpus-assets"))
 
 

@@ -93,8 +93,8 @@ def activate(ws: Workspace, digest: str, actor: str) -> gate.Gate:
     return gate.activate(
         ws.catalog,
         snapshot.snapshot_id,
-        tombstone_watermark=int(manifest["tombstoneWatermark"]),
-        benchmark_fence=int(manifest["benchmarkFence"]),
+        tombstone_watermark=manifest.tombstone_seq,
+        benchmark_fence=manifest.benchmark_seq,
         actor=actor,
     )
 
@@ -121,7 +121,7 @@ def rollback(cas: ContentStore, catalog: Catalog, digest: str, actor: str) -> ga
     return gate.rollback(
         catalog,
         snapshot.snapshot_id,
-        tombstone_watermark=int(manifest["tombstoneWatermark"]),
-        benchmark_fence=int(manifest["benchmarkFence"]),
+        tombstone_watermark=manifest.tombstone_seq,
+        benchmark_fence=manifest.benchmark_seq,
         actor=actor,
     )
