@@ -192,7 +192,7 @@ def test_the_child_check_does_not_hash_again_what_it_or_its_parents_check_hashed
     assert theirs.isdisjoint(hashed), theirs & set(hashed)
     # the signatures it shares with its parent: trusted by verify, not hashed by the search
     ours = load_manifest(workspace.cas, resolve(workspace.catalog, child))
-    mine = load_index(workspace.cas, ours["layers"]["dedup_clusters"], "dedup_clusters")
+    mine = load_index(workspace.cas, ours.layers["dedup_clusters"], "dedup_clusters")
     shared = {s["signatures"]["digest"] for s in mine.outputs["signatures"]} & {
         s["signatures"]["digest"] for s in dedup.outputs["signatures"]
     }
