@@ -34,8 +34,11 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from corpus_assets.core.runtime.row_policies import ContaminationConfig
+
 INDEX_FORMAT = "contamination.index.v1"  # bump when normalisation or n-gram rules change
 PPM = 1_000_000
+DEFAULT = ContaminationConfig()  # the config's defaults are both engines': one source, never two
 WORD, SPACE, PUNCT = 0, 1, 2  # character classes of :func:`char_classes`
 _NO_SPACE_SCRIPTS = re.compile(
     "[\u0e00-\u0eff\u0f00-\u0fff\u1000-\u109f\u1780-\u17ff\u3040-\u30ff\u3400-\u4dbf"
@@ -52,9 +55,9 @@ class ContaminationPolicy:
     """
 
     version: str = "contamination.v1"
-    ngram_words: int = 13
-    ngram_chars: int = 50
-    threshold_ppm: int = 500_000
+    ngram_words: int = DEFAULT.ngram_words
+    ngram_chars: int = DEFAULT.ngram_chars
+    threshold_ppm: int = DEFAULT.threshold_ppm
 
     def __post_init__(self) -> None:
         if not isinstance(self.version, str) or not self.version:

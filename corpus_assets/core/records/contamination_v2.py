@@ -36,7 +36,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from corpus_assets.core.records.contamination import PPM, Match
+from corpus_assets.core.records.contamination import DEFAULT, PPM, Match
 
 VERSION = "contamination.v2"
 INDEX_FORMAT = "contamination.index.v2"
@@ -64,10 +64,10 @@ class TokenPolicy:
     """The v2 policy; integers only (it is hashed into task keys)."""
 
     version: str = VERSION
-    ngram_words: int = 13
-    ngram_chars: int = 50
-    min_whole_tokens: int = 8
-    min_whole_chars: int = 20
+    ngram_words: int = DEFAULT.ngram_words
+    ngram_chars: int = DEFAULT.ngram_chars
+    min_whole_tokens: int = DEFAULT.min_whole_tokens
+    min_whole_chars: int = DEFAULT.min_whole_chars
 
     def __post_init__(self) -> None:
         if self.version != VERSION:
