@@ -37,6 +37,7 @@ from corpus_assets.core.runtime.pool import shared_pool
 from corpus_assets.core.runtime.workspace import open_workspace
 from corpus_assets.core.storage.artifacts import get_json
 from corpus_assets.core.training_view.splits import build as splits
+from corpus_assets.core.runtime.snapshot_manifest import read_manifest
 
 config, what, part = sys.argv[1:4]
 spent = {}
@@ -56,7 +57,7 @@ with open_workspace(config) as ws, shared_pool():
     if what == "splits":
         spent["digest"] = splits.build_splits(ws, part).digest
     else:
-        manifest = get_json(ws.cas, ws.catalog.layer_output(part, "manifest"), "manifest")
+        manifest = read_manifest(ws.cas, ws.catalog.layer_output(part, "manifest"))
         with Evidence.load(ws.cas, ws.catalog, manifest) as ev:
             report = rules.RuleReport()
             start = time.process_time()

@@ -141,7 +141,9 @@ def test_the_plots_agree_with_the_counts_and_the_markdown_embeds_them(
     assert "![lineage](cards/x/lineage.png)" in linked and "base64" not in linked
     assert f"| snapshotId | {built.snapshot_id} |" in linked
 
-    hostile = replace(card, manifest={**card.manifest, "purpose": '<img src=x onerror="a|b">'})
+    hostile = replace(
+        card, manifest=card.manifest.model_copy(update={"purpose": '<img src=x onerror="a|b">'})
+    )
     assert "&lt;img src=x onerror=&quot;a|b&quot;&gt;" in card_html(hostile, PLOTS)
     assert "<img src=x" not in card_html(hostile, PLOTS)
     cell = "| purpose | &lt;img src=x onerror=&quot;a\\|b&quot;&gt; |"  # no raw HTML

@@ -60,7 +60,7 @@ def _flip_a_byte(path: Path) -> None:
 def _canary_records(ws: Workspace, digest: str) -> Path:
     """The records table of the snapshot's first canary chunk."""
     manifest = load_manifest(ws.cas, resolve(ws.catalog, digest))
-    canonical = CanonicalIndex.load(ws.cas, manifest["layers"]["canonical_records"])
+    canonical = CanonicalIndex.load(ws.cas, manifest.layers["canonical_records"])
     entry = next(e for e in canonical.entries if e.chunk == canary_chunks(canonical)[0])
     return ws.cas.path(canonical.descriptor(entry).records["digest"])
 
@@ -96,7 +96,7 @@ def test_a_child_whose_new_table_was_tampered_with_fails(
 ) -> None:
     _, child = _parent_and_child(workspace, demo_home)
     members = workspace.cas.path(
-        load_manifest(workspace.cas, resolve(workspace.catalog, child))["members"]["digest"]
+        load_manifest(workspace.cas, resolve(workspace.catalog, child)).members.digest
     )
     _flip_a_byte(members)
     report = validate_snapshot(workspace, child, trust_unchanged=True)
@@ -161,7 +161,7 @@ def test_a_parent_whose_table_was_tampered_with_is_not_trusted_for_the_held_out_
     searches every pair and still passes on its own tables."""
     parent, child = _parent_and_child(workspace, demo_home)
     manifest = load_manifest(workspace.cas, resolve(workspace.catalog, parent.snapshot_id))
-    _flip_a_byte(workspace.cas.path(manifest["members"]["digest"]))
+    _flip_a_byte(workspace.cas.path(manifest.members.digest))
     report = validate_snapshot(workspace, child, trust_unchanged=True)
     assert report.ok, report.findings
     assert report.rules_narrowed == []
@@ -177,8 +177,8 @@ def test_the_child_check_does_not_hash_again_what_it_or_its_parents_check_hashed
     signatures its own verify hashed."""
     parent, child = _parent_and_child(workspace, demo_home)
     manifest = load_manifest(workspace.cas, resolve(workspace.catalog, parent.snapshot_id))
-    dedup = load_index(workspace.cas, manifest["layers"]["dedup_clusters"], "dedup_clusters")
-    theirs = {manifest["members"]["digest"], dedup.output("clusters")["digest"]}
+    dedup = load_index(workspace.cas, manifest.layers["dedup_clusters"], "dedup_clusters")
+    theirs = {manifest.members.digest, dedup.output("clusters")["digest"]}
     hashed: list[str] = []
     verify = ContentStore.verify
 
@@ -192,7 +192,7 @@ def test_the_child_check_does_not_hash_again_what_it_or_its_parents_check_hashed
     assert theirs.isdisjoint(hashed), theirs & set(hashed)
     # the signatures it shares with its parent: trusted by verify, not hashed by the search
     ours = load_manifest(workspace.cas, resolve(workspace.catalog, child))
-    mine = load_index(workspace.cas, ours["layers"]["dedup_clusters"], "dedup_clusters")
+    mine = load_index(workspace.cas, ours.layers["dedup_clusters"], "dedup_clusters")
     shared = {s["signatures"]["digest"] for s in mine.outputs["signatures"]} & {
         s["signatures"]["digest"] for s in dedup.outputs["signatures"]
     }

@@ -25,6 +25,7 @@ from corpus_assets.core.publication.verify import load_manifest, resolve
 from corpus_assets.core.records.index import CanonicalIndex
 from corpus_assets.core.runtime.config import NearDedupPolicy, SplitPolicy
 from corpus_assets.core.runtime.layer_index import read_layer_index
+from corpus_assets.core.runtime.snapshot_manifest import Manifest
 from corpus_assets.core.runtime.workspace import open_workspace
 from corpus_assets.core.storage.artifacts import get_table
 from corpus_assets.core.storage.cas import CasError
@@ -180,13 +181,13 @@ def test_the_gate_takes_only_the_splits_layers_checked_jaccards(
             path.write_bytes(stored)
 
 
-def _leak(ev: Evidence, manifest: dict) -> None:
+def _leak(ev: Evidence, manifest: Manifest) -> None:
     """The members view with the planted pair's second record put in another split."""
     split = ev.scalar("SELECT split FROM members WHERE record_id = ?", [IDS[1]])
     other = "test" if split != "test" else "validation"
     ev.con.execute(
         "CREATE OR REPLACE VIEW members AS SELECT * REPLACE (CASE WHEN record_id = "
         f"'{IDS[1]}' THEN '{other}' ELSE split END AS split) FROM "
-        f"read_parquet('{ev.files.path(manifest['members']['digest'], 'members')}', "
+        f"read_parquet('{ev.files.path(manifest.members.digest, 'members')}', "
         "file_row_number = true)"
     )

@@ -81,7 +81,7 @@ def _tables(home: Home, sid: str) -> dict[str, list[dict[str, Any]]]:
     }
     with workspace(home) as ws:
         snapshot = resolve(ws.catalog, sid)
-        tables = {"members": load_manifest(ws.cas, snapshot)["members"]["digest"]}
+        tables = {"members": load_manifest(ws.cas, snapshot).members.digest}
         for layer, output in wanted.items():
             index = load_index(
                 ws.cas, ws.catalog.layer_output(snapshot.partition_key, layer), layer

@@ -32,15 +32,15 @@ def test_lineage_names_every_layer_digest_and_code_and_who_served_and_read_it(
     with open_workspace(tmp_path / ".corpus" / "corpus.yaml") as ws:
         manifest = load_manifest(ws.cas, resolve(ws.catalog, sid))
         for layer in LAYERS[:-1]:
-            ref = manifest["layers"][layer]
+            ref = manifest.layers[layer]
             node = nodes[f"layer:{layer}"]
             assert node["digest"] == ref["digest"]
             assert node["code"] == load_index(ws.cas, ref, layer).code
     assert {n["id"] for n in graph["nodes"] if n["kind"] == "source"} == {
-        f"source:{s['id']}" for s in manifest["sources"]
+        f"source:{s.id}" for s in manifest.sources
     }
     assert nodes["manifest"]["digest"] == sid
-    assert nodes["manifest"]["code"] == manifest["transformImage"]
+    assert nodes["manifest"]["code"] == manifest.transform_image
     assert ("freeze", "layer:raw_snapshot") in edges
     assert ("layer:canonical_records", "layer:dedup_clusters") in edges  # from the index inputs
     assert ("manifest", "generation:demo/1") in edges and ("manifest", "run:audit-1") in edges

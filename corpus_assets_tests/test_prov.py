@@ -9,6 +9,7 @@ import pytest
 
 from corpus_assets.core.audit.prov import prov_document
 from corpus_assets.core.pipeline import build_all
+from corpus_assets.core.runtime.snapshot_manifest import Manifest
 from corpus_assets.core.runtime.workspace import open_workspace
 from corpus_assets.core.storage.digests import DIGEST_RE, canonical_json, json_digest
 from corpus_assets_tests.prov_json_schema import schema_errors
@@ -36,6 +37,10 @@ ENDPOINTS = {  # relation attribute -> section its value must be declared in
 
 def _d(n: int) -> str:
     return "sha256:" + f"{n:064x}"
+
+
+REQUIRED_COUNTS = ("records", "quarantined", "duplicates_removed", "members", "train")
+REQUIRED_COUNTS += ("validation", "test", "blocks", "tokens")
 
 
 def _hand_built() -> tuple[dict[str, Any], dict[str, Any]]:
@@ -86,10 +91,47 @@ def _hand_built() -> tuple[dict[str, Any], dict[str, Any]]:
         "packingPolicy": _d(54),
         "transformImage": "corpus-assets/0.1.0@" + _d(60),
         "transform": {"raw_snapshot": "raw_snapshot.v2"},
-        "members": {"uri": "cas://sha256/" + "7" * 64, "digest": _d(70), "count": 3},
+        "members": {
+            "uri": "cas://sha256/" + "7" * 64,
+            "digest": _d(70),
+            "media": "application/vnd.apache.parquet",
+            "size": 1,
+            "count": 3,
+        },
         "snapshotId": _d(99),
+        **_unread_by_prov(),
     }
     return manifest, freeze
+
+
+def _unread_by_prov() -> dict[str, Any]:
+    """The manifest fields prov does not name: present so the document is a whole manifest."""
+    ref = {"digest": _d(80), "media": "application/json", "size": 1}
+    token = {"token": "<eos>", "id": 256}
+    return {
+        "sources": [{"id": "web", "kind": "objects", "objects": "3", "objectVersions": _d(81)}],
+        "layers": {"raw_snapshot": ref},
+        "tokenizer": {
+            "schema": "corpus.tokenizer.v1",
+            "kind": "utf8-bytes-v1",
+            "digest": "utf8-bytes-v1",
+            "vocabSize": 259,
+            "dtype": "uint16-le",
+            "specialTokens": {"eos": token, "pad": {"token": "<pad>", "id": 257}},
+        },
+        "mixture": [],
+        "counts": dict.fromkeys(REQUIRED_COUNTS, 0),
+        "signature": {
+            "payload": "",
+            "payloadType": "application/vnd.in-toto+json",
+            "signatures": [],
+        },
+    }
+
+
+def _prov(manifest: dict[str, Any], freeze: dict[str, Any], agent: str) -> dict[str, Any]:
+    """The PROV-JSON document of a manifest document, read through the typed model."""
+    return prov_document(Manifest.read(manifest), freeze, agent)
 
 
 def _check_shape(doc: dict[str, Any]) -> None:
@@ -116,7 +158,7 @@ def _check_shape(doc: dict[str, Any]) -> None:
 
 def test_hand_built_lineage_names_every_use_and_the_parent() -> None:
     manifest, freeze = _hand_built()
-    doc = prov_document(manifest, freeze, "builder@ci")
+    doc = _prov(manifest, freeze, "builder@ci")
     _check_shape(doc)
     snapshot = doc["entity"][_d(99)]
     assert snapshot["corpus:buildId"] == _d(40)
@@ -165,10 +207,10 @@ def test_hand_built_lineage_names_every_use_and_the_parent() -> None:
 
 def test_same_inputs_give_the_same_document_bytes() -> None:
     manifest, freeze = _hand_built()
-    first = canonical_json(prov_document(manifest, freeze, "builder"))
-    again = prov_document(copy.deepcopy(manifest), copy.deepcopy(freeze), "builder")
+    first = canonical_json(_prov(manifest, freeze, "builder"))
+    again = _prov(copy.deepcopy(manifest), copy.deepcopy(freeze), "builder")
     assert canonical_json(again) == first
-    assert list(again["used"]) == list(prov_document(manifest, freeze, "builder")["used"])
+    assert list(again["used"]) == list(_prov(manifest, freeze, "builder")["used"])
 
 
 @pytest.mark.parametrize(
@@ -189,13 +231,13 @@ def test_names_instead_of_digests_are_refused(damage, message: str) -> None:
     if json_digest(freeze) != digest_before:  # keep the pairing, so the digest check is reached
         manifest["freeze"]["digest"] = json_digest(freeze)
     with pytest.raises(ValueError, match=message):
-        prov_document(manifest, freeze, "builder")
+        _prov(manifest, freeze, "builder")
 
 
 def test_empty_agent_is_refused() -> None:
     manifest, freeze = _hand_built()
     with pytest.raises(ValueError, match="agent"):
-        prov_document(manifest, freeze, " ")
+        _prov(manifest, freeze, " ")
 
 
 def test_demo_snapshot_lineage_covers_every_pinned_object(demo_home: Path) -> None:
@@ -203,7 +245,7 @@ def test_demo_snapshot_lineage_covers_every_pinned_object(demo_home: Path) -> No
         build_all(ws, "p1")
         manifest = json.loads(ws.cas.get_bytes(ws.catalog.layer_output("p1", "manifest")))
         freeze = json.loads(ws.cas.get_bytes(manifest["freeze"]["digest"]))
-    doc = prov_document(manifest, freeze, "corpus-assets-builder")
+    doc = _prov(manifest, freeze, "corpus-assets-builder")
     _check_shape(doc)
     assert schema_errors(doc) == []  # the W3C PROV-JSON schema, not only our own shape check
     assert doc["entity"][manifest["snapshotId"]]["corpus:buildId"] == manifest["buildId"]
@@ -216,9 +258,7 @@ def test_demo_snapshot_lineage_covers_every_pinned_object(demo_home: Path) -> No
     }
     assert used == pinned
     assert doc["wasDerivedFrom"] == {}  # the first snapshot of the alias has no parent
-    assert canonical_json(doc) == canonical_json(
-        prov_document(manifest, freeze, "corpus-assets-builder")
-    )
+    assert canonical_json(doc) == canonical_json(_prov(manifest, freeze, "corpus-assets-builder"))
 
 
 def _first_entity(doc: dict[str, Any]) -> dict[str, Any]:
@@ -239,7 +279,7 @@ def test_the_prov_json_schema_refuses_what_prov_json_forbids(damage, where: str)
     """The vendored schema is live: each damage a PROV-JSON consumer would reject is reported
     at its path (a schema that accepted anything would make the validity checks vacuous)."""
     manifest, freeze = _hand_built()
-    doc = prov_document(manifest, freeze, "corpus-assets-builder")
+    doc = _prov(manifest, freeze, "corpus-assets-builder")
     assert schema_errors(doc) == []
     damage(doc)
     errors = schema_errors(doc)

@@ -107,7 +107,7 @@ def test_defaults_are_permissive() -> None:
         assert check_quality(text, "prose", default) is None
         assert check_quality(text, "code", default) is None
     assert check_quality("", "prose", default) == "quality.too_short"
-    assert check_quality("<<<>>>", "prose", default) == "quality.symbol_ratio"  # the one default
+    assert check_quality("<<<>>>", "prose", default) is None  # the config's: no symbol cap
 
 
 def test_too_few_words_are_not_judged_on_ngrams() -> None:

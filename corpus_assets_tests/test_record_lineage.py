@@ -36,8 +36,9 @@ from corpus_assets.core.publication.publish import activate, approve
 from corpus_assets.core.publication.validation import validate_snapshot
 from corpus_assets.core.records.index import CanonicalIndex
 from corpus_assets.core.runtime.layer_index import load_index
+from corpus_assets.core.runtime.snapshot_manifest import read_manifest
 from corpus_assets.core.runtime.workspace import Workspace, open_workspace
-from corpus_assets.core.storage.artifacts import get_json, get_table
+from corpus_assets.core.storage.artifacts import get_table
 from corpus_assets.core.storage.digests import sha256_digest
 from corpus_assets.core.storage.table_lookup import SortedTable
 from corpus_assets.core.training_view.packing import shards as pack_shards
@@ -94,15 +95,15 @@ class Layers:
     def __init__(self, ws: Workspace, sid: str) -> None:
         self.ws = ws
         self.snapshot = states.get(ws.catalog, sid)
-        self.manifest = get_json(ws.cas, self.snapshot.manifest_digest)
-        self.canonical = CanonicalIndex.load(ws.cas, self.manifest["layers"]["canonical_records"])
+        self.manifest = read_manifest(ws.cas, self.snapshot.manifest_digest)
+        self.canonical = CanonicalIndex.load(ws.cas, self.manifest.layers["canonical_records"])
         self.records = self.canonical.table([c for c in self.canonical_columns()])
-        self.members = get_table(ws.cas, self.manifest["members"])
+        self.members = get_table(ws.cas, self.manifest.members.ref())
         self.clusters = self.output("dedup_clusters", "clusters")
         self.splits = self.output("splits", "splits")
         self.samples = self.output("mixed_samples", "samples")
         self.spans = self.output("packed_blocks", "spans")
-        packed = load_index(ws.cas, self.manifest["layers"]["packed_blocks"], "packed_blocks")
+        packed = load_index(ws.cas, self.manifest.layers["packed_blocks"], "packed_blocks")
         self.shards = [ref["digest"] for ref in packed.outputs["shards"]]
 
     @staticmethod
@@ -110,7 +111,7 @@ class Layers:
         return ["record_id", "source_id", "object", "line", "byte_offset", "record_digest"]
 
     def output(self, layer: str, name: str) -> pa.Table:
-        index = load_index(self.ws.cas, self.manifest["layers"][layer], layer)
+        index = load_index(self.ws.cas, self.manifest.layers[layer], layer)
         return get_table(self.ws.cas, index.output(name))
 
     def rows(self, table: pa.Table, column: str, value: Any) -> list[dict[str, Any]]:

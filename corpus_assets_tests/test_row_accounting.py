@@ -18,7 +18,8 @@ from corpus_assets.core.publication.identity import snapshot_id
 from corpus_assets.core.publication.rules import RuleReport
 from corpus_assets.core.publication.signing import sign_snapshot
 from corpus_assets.core.publication.validation import validate_snapshot
-from corpus_assets.core.publication.verify import load_manifest, resolve
+from corpus_assets.core.publication.verify import resolve, stored_manifest
+from corpus_assets.core.runtime.snapshot_manifest import Manifest
 from corpus_assets.core.runtime.workspace import Workspace, open_workspace
 from corpus_assets.core.storage.artifacts import get_json, put_json, put_table
 from corpus_assets.core.storage.digests import canonical_json
@@ -120,7 +121,7 @@ def test_counts_that_do_not_add_up_fail_the_gate(built: tuple[Path, str, str]) -
     the accounting rule reads every layer's table and names the source whose rows vanished."""
     root, _stdout, sid = built
     with _open(root) as ws:
-        manifest = load_manifest(ws.cas, resolve(ws.catalog, sid))
+        manifest = stored_manifest(ws.cas, resolve(ws.catalog, sid))
         members = pq.read_table(ws.cas.path(manifest["members"]["digest"]))
         forged = members.slice(1)
         ref = put_table(ws.cas, forged)
@@ -131,7 +132,7 @@ def test_counts_that_do_not_add_up_fail_the_gate(built: tuple[Path, str, str]) -
         manifest["signature"] = sign_snapshot(ws.home, forged_sid)
         stored = ws.cas.put_bytes(canonical_json(manifest))
         states.register(ws.catalog, forged_sid, "p1", stored, "train")
-        with Evidence.load(ws.cas, ws.catalog, manifest) as evidence:
+        with Evidence.load(ws.cas, ws.catalog, Manifest.read(manifest)) as evidence:
             report = RuleReport()
             findings = rules.counts_add_up(evidence, report)
         assert report.accounting_mismatches == 2
@@ -155,7 +156,7 @@ def test_a_canonical_row_dropped_with_its_index_rewritten_is_named(
     was): the chunk's account and the source's identity both name it."""
     root, _stdout, sid = built
     with _open(root) as ws:
-        manifest = load_manifest(ws.cas, resolve(ws.catalog, sid))
+        manifest = stored_manifest(ws.cas, resolve(ws.catalog, sid))
         index = get_json(ws.cas, manifest["layers"]["canonical_records"], "canonical index")
         entry = index["outputs"]["chunks"][0]
         descriptor = get_json(ws.cas, entry["output"], "chunk")
@@ -163,7 +164,7 @@ def test_a_canonical_row_dropped_with_its_index_rewritten_is_named(
         descriptor["records"] = put_table(ws.cas, records.slice(1))
         entry["output"] = put_json(ws.cas, descriptor)
         manifest["layers"]["canonical_records"] = put_json(ws.cas, index)
-        with Evidence.load(ws.cas, ws.catalog, manifest) as evidence:
+        with Evidence.load(ws.cas, ws.catalog, Manifest.read(manifest)) as evidence:
             findings = rules.counts_add_up(evidence, RuleReport())
     chunk = entry["chunk"]
     assert findings == [

@@ -7,6 +7,7 @@ import json
 
 from sqlalchemy import update
 
+from corpus_assets.core.runtime.snapshot_manifest import read_manifest
 from corpus_assets.core.storage.catalog import snapshots
 from corpus_assets.selftest.case import NO_LOSS, Outcome, fault
 from corpus_assets.selftest.evidence import intact, workspace
@@ -70,8 +71,8 @@ def members_truncated(lab: Lab) -> Outcome:
     home, built = lab.copy_of_reference("members-truncated")
     home.publish(built.snapshot_id)
     with workspace(home) as ws:
-        manifest = json.loads(ws.cas.get_bytes(ws.catalog.layer_output(PARTITION, "manifest")))
-        members = manifest["members"]["digest"]
+        manifest = read_manifest(ws.cas, ws.catalog.layer_output(PARTITION, "manifest"))
+        members = manifest.members.digest
         path = ws.cas.path(members)
         path.chmod(0o644)
         path.write_bytes(path.read_bytes()[:-100])

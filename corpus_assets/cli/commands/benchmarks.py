@@ -58,7 +58,7 @@ def cmd_excluded(args: argparse.Namespace) -> int:
     write = sys.stdout.write
     with opened() as home:
         manifest = load_manifest(home.cas, resolve(home.catalog, args.digest))
-        index = CanonicalIndex.load(home.cas, manifest["layers"]["canonical_records"])
+        index = CanonicalIndex.load(home.cas, manifest.layers["canonical_records"])
         for row in index.excluded_rows(args.source):
             if args.reason is None or row["reason"] == args.reason or _under(row, args.reason):
                 write(json.dumps(row, sort_keys=True) + "\n")

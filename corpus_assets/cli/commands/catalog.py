@@ -18,7 +18,7 @@ from corpus_assets.core.dedup.explain import explain
 from corpus_assets.core.governance import tombstones
 from corpus_assets.core.governance.deletion_reach import tombstone_hits
 from corpus_assets.core.publication.shadow import shadow_diff
-from corpus_assets.core.publication.verify import load_manifest, resolve
+from corpus_assets.core.publication.verify import load_manifest, resolve, stored_manifest
 from corpus_assets.core.runtime.layer_index import LayerOrderError
 from corpus_assets.core.storage.artifacts import get_json
 from corpus_assets.core.storage.cas import ContentStore
@@ -28,8 +28,9 @@ from corpus_assets.core.training_view.tokenizer_fit import fit_tokenizer
 
 def cmd_show(args: argparse.Namespace) -> int:
     with opened() as home:
-        manifest = load_manifest(home.cas, resolve(home.catalog, args.digest))
-    print(json.dumps(manifest, indent=2, sort_keys=True))
+        # as stored, even if malformed
+        document = stored_manifest(home.cas, resolve(home.catalog, args.digest))
+    print(json.dumps(document, indent=2, sort_keys=True))
     return 0
 
 
@@ -41,7 +42,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
 def cmd_prov(args: argparse.Namespace) -> int:
     with opened() as home:
         manifest = load_manifest(home.cas, resolve(home.catalog, args.digest))
-        freeze = get_json(home.cas, manifest["freeze"], "freeze spec")
+        freeze = get_json(home.cas, manifest.freeze, "freeze spec")
     return print_json(prov_document(manifest, freeze, agent=f"{getpass.getuser()}@corpus-assets"))
 
 

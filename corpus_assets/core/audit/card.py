@@ -18,6 +18,7 @@ from corpus_assets.core.dedup.report import DedupReport
 from corpus_assets.core.governance import states
 from corpus_assets.core.publication.verify import resolve, signed_manifest
 from corpus_assets.core.runtime.layer_index import LayerIndex, load_index
+from corpus_assets.core.runtime.snapshot_manifest import Manifest
 from corpus_assets.core.storage.artifacts import get_json, get_table
 from corpus_assets.core.storage.cas import ContentStore
 from corpus_assets.core.storage.catalog import Catalog
@@ -46,7 +47,7 @@ class Card:
 
     snapshot: states.Snapshot
     keyid: str
-    manifest: dict[str, Any]
+    manifest: Manifest
     accounting: dict[str, dict[str, int]]  # canonical_records rows per source
     dedup_counts: dict[str, int]
     dedup: DedupReport
@@ -68,9 +69,7 @@ def load_card(cas: ContentStore, catalog: Catalog, digest: str) -> Card:
     manifest that is not the one a trusted key signed, ``CasError`` for a damaged object."""
     snapshot = resolve(catalog, digest)
     manifest, keyid = signed_manifest(cas, catalog, snapshot)
-    indexes = {
-        layer: load_index(cas, ref, layer) for layer, ref in sorted(manifest["layers"].items())
-    }
+    indexes = {layer: load_index(cas, ref, layer) for layer, ref in sorted(manifest.layers.items())}
     dedup, splits, packed = (
         indexes["dedup_clusters"],
         indexes["splits"],

@@ -114,31 +114,31 @@ def _table(header: Sequence[str] | None, rows: Iterable[Sequence[Any]]) -> str:
 
 
 def _facts(card: Card) -> list[tuple[str, Any]]:
-    m, counts = card.manifest, card.manifest.get("counts", {})
+    m, counts = card.manifest, card.manifest.counts
     return [
         ("snapshotId", card.snapshot_id),
-        ("alias", m.get("alias")),
-        ("partition", m.get("partition")),
-        ("purpose", m.get("purpose")),
-        ("members", f"{counts.get('members', 0):,}"),
-        ("tokens", f"{counts.get('tokens', 0):,} in {counts.get('blocks', 0):,} blocks"),
-        ("tokenizer", m.get("tokenizer", {}).get("kind")),
-        ("transform image", m.get("transformImage")),
+        ("alias", m.alias),
+        ("partition", m.partition),
+        ("purpose", m.purpose),
+        ("members", f"{counts.members:,}"),
+        ("tokens", f"{counts.tokens:,} in {counts.blocks:,} blocks"),
+        ("tokenizer", m.tokenizer.kind),
+        ("transform image", m.transform_image),
     ]
 
 
 def _sources(card: Card) -> tuple[str, list[str]]:
     rows = []
     per_source = card.dedup.per_source
-    for source in card.manifest.get("sources", []):
-        sid = source["id"]
+    for source in card.manifest.sources:
+        sid = source.id
         kept, dedup = card.accounting.get(sid, {}), per_source.get(sid, {})
         removed = dedup.get("exact_duplicate", 0) + dedup.get("near_duplicate", 0)
         rows.append(
             [
-                *(sid, source["kind"], source.get("objects"), kept.get("rows_in", 0)),
+                *(sid, source.kind, source.objects, kept.get("rows_in", 0)),
                 *(kept.get("quarantined", 0), kept.get("kept", 0), removed, dedup.get("keep", 0)),
-                source.get("objectVersions"),
+                source.object_versions,
             ]
         )
     header = ["source", "kind", "objects", "rows in", "quarantined", "records", "duplicates"]
@@ -148,10 +148,10 @@ def _sources(card: Card) -> tuple[str, list[str]]:
 def _shares(card: Card) -> tuple[str, list[str]]:
     rows = [
         [
-            *(r["source"], r["weight"], _pct(r["target_share"]), _pct(r["doc_share"])),
-            *(_pct(r["token_share"]), f"{r['selected_docs']:,}", f"{r['selected_tokens']:,}"),
+            *(r.source, r.weight, _pct(r.target_share), _pct(r.doc_share)),
+            *(_pct(r.token_share), f"{r.selected_docs or 0:,}", f"{r.selected_tokens or 0:,}"),
         ]
-        for r in card.manifest.get("mixture", [])
+        for r in card.manifest.mixture
     ]
     header = ["source", "weight", "target", "realised (docs)", "realised (tokens)", "docs"]
     return _table([*header, "tokens"], rows), ["shares.png"]
@@ -222,19 +222,17 @@ def _lengths(card: Card) -> tuple[str, list[str]]:
 
 
 def _contamination(card: Card) -> tuple[str, list[str]]:
-    report = card.manifest.get("contamination", {})
-    rows = report.get("benchmarks", [])
-    if not rows:
+    report = card.manifest.contamination
+    if report is None or not report.benchmarks:
         return "<p>No benchmark was registered when this snapshot was built.</p>", []
     columns = ["benchmark", "items", "short_items", "checked_whole", "unchecked", "flagged"]
-    text = _table(columns, [[r.get(k) for k in columns] for r in rows])
-    by_source = report.get("flagged", [])
-    if by_source:
+    text = _table(columns, [[getattr(r, k) for k in columns] for r in report.benchmarks])
+    if report.flagged:
         text += _table(
             ["benchmark", "source", "records flagged"],
-            [(r["benchmark"], r["source"], r["records"]) for r in by_source],
+            [(r.benchmark, r.source, r.records) for r in report.flagged],
         )
-    return f"<p>Policy {_e(report.get('policy'))}.</p>" + text, ["contamination.png"]
+    return f"<p>Policy {_e(report.policy)}.</p>" + text, ["contamination.png"]
 
 
 def _lineage(card: Card) -> tuple[str, list[str]]:
@@ -247,20 +245,14 @@ def _signature(card: Card) -> tuple[str, list[str]]:
     rows: list[tuple[str, Any]] = [
         (
             "signature",
-            f"DSSE, in-toto statement over the snapshotId ({m['signature']['payloadType']})",
+            f"DSSE, in-toto statement over the snapshotId ({m.signature.payload_type})",
         ),
         ("key id (verified, trusted, pinned for the alias)", card.keyid),
         ("manifest digest", card.snapshot.manifest_digest),
-        ("build id", m.get("buildId")),
-        ("tombstone watermark", m.get("tombstoneWatermark")),
-        ("benchmark fence", m.get("benchmarkFence")),
-        ("parents", ", ".join(m.get("parents", [])) or "none"),
+        ("build id", m.build_id),
+        ("tombstone watermark", m.tombstone_watermark),
+        ("benchmark fence", m.benchmark_fence),
+        ("parents", ", ".join(m.parents) or "none"),
     ]
-    rows += [(f"policy {k}", v) for k, v in _policies(m).items()]
+    rows += [(f"policy {k}", v) for k, v in m.policies().items()]
     return _table(None, rows), []
-
-
-def _policies(manifest: Mapping[str, Any]) -> dict[str, Any]:
-    return {
-        k.removesuffix("Policy"): v for k, v in sorted(manifest.items()) if k.endswith("Policy")
-    }

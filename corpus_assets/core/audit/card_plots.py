@@ -67,14 +67,15 @@ def _png(figure: "Figure") -> bytes:
 def _shares(card: Card) -> "Figure":
     """Target beside realised share per source, by documents and by tokens: one chart."""
     figure, axes = _figure()
-    rows = card.manifest.get("mixture", [])
+    rows = card.manifest.mixture
     series = (("target", "target_share"), ("docs", "doc_share"), ("tokens", "token_share"))
     width = 0.8 / len(series)
     for n, (label, key) in enumerate(series):
         xs = [i + (n - 1) * width for i in range(len(rows))]
-        bars = axes.bar(xs, [float(r[key]) for r in rows], width, label=label, color=COLOURS[n])
+        shares = [float(getattr(r, key) or 0) for r in rows]
+        bars = axes.bar(xs, shares, width, label=label, color=COLOURS[n])
         axes.bar_label(bars, fmt="{:.1%}", fontsize=7)
-    axes.set_xticks(range(len(rows)), [r["source"] for r in rows])
+    axes.set_xticks(range(len(rows)), [r.source for r in rows])
     axes.set_ylabel("share")
     axes.set_title("mixture: target vs realised share per source")
     axes.legend()
@@ -135,13 +136,16 @@ def _histogram(shape: Histogram, what: str) -> "Figure":
 
 def _contamination(card: Card) -> "Figure":
     figure, axes = _figure()
-    rows = card.manifest.get("contamination", {}).get("benchmarks", [])
+    report = card.manifest.contamination
+    rows = report.benchmarks if report is not None else []
     if not rows:
         return _empty(figure, axes, "no benchmark was registered when this snapshot was built")
-    names = [row["benchmark"] for row in rows]
+    names = [row.benchmark for row in rows]
     xs = range(len(rows))
     for n, key in enumerate(("items", "flagged")):
-        bars = axes.bar([x + (n - 0.5) * 0.4 for x in xs], [r[key] for r in rows], 0.4, label=key)
+        bars = axes.bar(
+            [x + (n - 0.5) * 0.4 for x in xs], [getattr(r, key) for r in rows], 0.4, label=key
+        )
         axes.bar_label(bars)
     axes.set_xticks(list(xs), names)
     axes.set_title("benchmark items and the records flagged against them")

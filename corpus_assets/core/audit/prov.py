@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
+from corpus_assets.core.runtime.snapshot_manifest import Manifest
 from corpus_assets.core.storage.digests import check_digest, hex_of, json_digest
 
 PREFIXES = {
@@ -50,7 +51,7 @@ class _Names:
     parents: list[str]
 
 
-def prov_document(manifest: dict[str, Any], freeze: dict[str, Any], agent: str) -> dict[str, Any]:
+def prov_document(manifest: Manifest, freeze: dict[str, Any], agent: str) -> dict[str, Any]:
     """PROV-JSON for ``manifest`` built from ``freeze`` (the spec its ``freeze`` ref names)."""
     names = _names(manifest, freeze)
     who = agent_id(agent)
@@ -78,42 +79,42 @@ def prov_document(manifest: dict[str, Any], freeze: dict[str, Any], agent: str) 
     }
 
 
-def _names(manifest: dict[str, Any], freeze: dict[str, Any]) -> _Names:
+def _names(manifest: Manifest, freeze: dict[str, Any]) -> _Names:
     """Refuse a manifest whose freeze is not this one or whose names are not digests."""
-    snapshot = check_digest(manifest["snapshotId"], "manifest snapshotId")
-    freeze_digest = check_digest(manifest["freeze"]["digest"], "manifest freeze digest")
+    snapshot = check_digest(manifest.snapshot_id, "manifest snapshotId")
+    freeze_digest = check_digest(manifest.freeze["digest"], "manifest freeze digest")
     if json_digest(freeze) != freeze_digest:
         raise ValueError(
             f"freeze spec hashes to {json_digest(freeze)}, manifest {snapshot} names "
             f"freeze {freeze_digest}"
         )
-    build = "build:" + hex_of(check_digest(manifest["buildId"], "manifest buildId"))
-    image = manifest["transformImage"]
+    build = "build:" + hex_of(check_digest(manifest.build_id, "manifest buildId"))
+    image = manifest.transform_image
     matched = IMAGE_RE.fullmatch(image) if isinstance(image, str) else None
     if matched is None:
         raise ValueError(f"transformImage {image!r} is not <name>@sha256:<hex>: no digest to name")
-    parents = [check_digest(p, f"parent of {snapshot}") for p in manifest["parents"]]
+    parents = [check_digest(p, f"parent of {snapshot}") for p in manifest.parents]
     return _Names(snapshot, freeze_digest, build, image, matched["digest"], parents)
 
 
 def _core_entities(
-    manifest: dict[str, Any], freeze: dict[str, Any], names: _Names
+    manifest: Manifest, freeze: dict[str, Any], names: _Names
 ) -> dict[str, dict[str, Any]]:
     """The snapshot, its freeze spec and the transform image (the plan)."""
     return {
         names.snapshot: {
             "prov:type": _qname("corpus:TrainingDatasetSnapshot"),
-            "prov:label": f"{manifest['alias']}/{manifest['partition']}",
-            "corpus:schema": manifest["schema"],
-            "corpus:buildId": manifest["buildId"],
+            "prov:label": f"{manifest.alias}/{manifest.partition}",
+            "corpus:schema": manifest.schema_name,
+            "corpus:buildId": manifest.build_id,
             "corpus:transformImage": names.image,
-            "corpus:purpose": manifest["purpose"],
-            "corpus:alias": manifest["alias"],
-            "corpus:partition": manifest["partition"],
-            "corpus:members": manifest["members"]["digest"],
-            "corpus:memberCount": manifest["members"]["count"],
-            "corpus:tombstoneWatermark": manifest["tombstoneWatermark"],
-            "corpus:benchmarkFence": manifest["benchmarkFence"],
+            "corpus:purpose": manifest.purpose,
+            "corpus:alias": manifest.alias,
+            "corpus:partition": manifest.partition,
+            "corpus:members": manifest.members.digest,
+            "corpus:memberCount": manifest.members.count,
+            "corpus:tombstoneWatermark": manifest.tombstone_watermark,
+            "corpus:benchmarkFence": manifest.benchmark_fence,
         },
         names.freeze: {
             "prov:type": _qname("corpus:FreezeSpec"),
@@ -179,18 +180,18 @@ def _revisions(names: _Names, entity: dict[str, dict[str, Any]]) -> dict[str, di
     return was_derived_from
 
 
-def _build_activity(manifest: dict[str, Any]) -> dict[str, Any]:
+def _build_activity(manifest: Manifest) -> dict[str, Any]:
     """The build: its identity, transform image, policy digests and per-layer code versions."""
     attributes: dict[str, Any] = {
         "prov:type": _qname("corpus:SnapshotBuild"),
-        "corpus:buildId": manifest["buildId"],
-        "corpus:transformImage": manifest["transformImage"],
-        "corpus:recordSchema": manifest["recordSchema"],
-        "corpus:selectionPolicy": manifest["selectionPolicy"],
-        "corpus:splitPolicy": manifest["splitPolicy"],
-        "corpus:mixingPolicy": manifest["mixingPolicy"],
-        "corpus:packingPolicy": manifest["packingPolicy"],
+        "corpus:buildId": manifest.build_id,
+        "corpus:transformImage": manifest.transform_image,
+        "corpus:recordSchema": manifest.record_schema,
+        "corpus:selectionPolicy": manifest.selection_policy,
+        "corpus:splitPolicy": manifest.split_policy,
+        "corpus:mixingPolicy": manifest.mixing_policy,
+        "corpus:packingPolicy": manifest.packing_policy,
     }
-    for layer, code in manifest["transform"].items():
+    for layer, code in manifest.transform.items():
         attributes[f"corpus:transform.{layer}"] = code
     return attributes

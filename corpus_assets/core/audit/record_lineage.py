@@ -142,9 +142,9 @@ def _canonical(
 ) -> dict[str, Any]:
     """The canonical row's envelope facts, the stages it passed and what they recorded."""
     keep = ("kind", "adapter", "lang", "script", "modality", "licence", "group_id")
-    contamination = tables.manifest.get("contamination", {})
+    contamination = tables.manifest.contamination
     source = frozen_source(tables.freeze, row["source_id"])
-    replayed = replay(config, source, tables.manifest["purpose"], row["name"], row["line"], raw)
+    replayed = replay(config, source, tables.manifest.purpose, row["name"], row["line"], raw)
     if replayed.get("record_digest") is not None:
         replayed["reproduced"] = replayed["record_digest"] == row["record_digest"]
         if not replayed["reproduced"]:
@@ -158,8 +158,10 @@ def _canonical(
         "reason": None,
         "pii_redacted": json.loads(row["pii"] or "{}"),
         "contamination": {
-            "policy": contamination.get("policy"),
-            "checked_against": [b["benchmark"] for b in contamination.get("benchmarks", [])],
+            "policy": contamination.policy if contamination else None,
+            "checked_against": [b.benchmark for b in contamination.benchmarks]
+            if contamination
+            else [],
             "flagged": False,
         },
         "replay": replayed,
@@ -240,7 +242,7 @@ def _excluded(
             "reason": row["reason"],
             "detail": row["detail"],
             "replay": replay(
-                config, source, tables.manifest["purpose"], row["name"], row["line"], raw
+                config, source, tables.manifest.purpose, row["name"], row["line"], raw
             ),
         },
         "also": found[1:],  # the same id on other excluded rows (a repeated id)

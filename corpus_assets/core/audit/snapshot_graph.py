@@ -18,6 +18,7 @@ from corpus_assets.core.audit.prov import PREFIXES
 from corpus_assets.core.governance import states
 from corpus_assets.core.publication.verify import load_manifest
 from corpus_assets.core.runtime.layer_index import LAYERS, load_index
+from corpus_assets.core.runtime.snapshot_manifest import Manifest
 from corpus_assets.core.storage.cas import ContentStore
 from corpus_assets.core.storage.catalog import Catalog, alias_history, permits
 
@@ -77,34 +78,34 @@ def snapshot_lineage(
     """The graph of ``snapshot`` from its verified manifest, layer indexes and the catalog."""
     manifest = load_manifest(cas, snapshot)
     nodes, edges = _sources(manifest), []
-    freeze = manifest["freeze"]["digest"]
+    freeze = manifest.freeze["digest"]
     nodes.append(Node("freeze", "freeze", f"freeze of partition {snapshot.partition_key}", freeze))
     edges += [Edge(n.id, "freeze", "pinned in") for n in nodes if n.kind == "source"]
     layer_nodes, layer_edges = _layers(cas, manifest, freeze)
     nodes += layer_nodes
     edges += layer_edges
-    image = manifest.get("transformImage")
+    image = manifest.transform_image
     nodes.append(Node("manifest", "manifest", "signed manifest", snapshot.snapshot_id, image))
     edges += [Edge(n.id, "manifest", "listed in") for n in layer_nodes]
     served, served_edges = _served(catalog, snapshot.snapshot_id)
     return LineageGraph(snapshot.snapshot_id, (*nodes, *served), (*edges, *served_edges))
 
 
-def _sources(manifest: dict) -> list[Node]:
+def _sources(manifest: Manifest) -> list[Node]:
     return [
         Node(
-            f"source:{s['id']}",
+            f"source:{s.id}",
             "source",
-            f"source {s['id']} ({s['kind']}): {s.get('objects', '?')} objects pinned",
-            s.get("objectVersions"),
+            f"source {s.id} ({s.kind}): {s.objects or '?'} objects pinned",
+            s.object_versions,
         )
-        for s in manifest.get("sources", [])
+        for s in manifest.sources
     ]
 
 
-def _layers(cas: ContentStore, manifest: dict, freeze: str) -> tuple[list[Node], list[Edge]]:
+def _layers(cas: ContentStore, manifest: Manifest, freeze: str) -> tuple[list[Node], list[Edge]]:
     """Each layer's index node, and an edge from every input its index names."""
-    refs = manifest["layers"]
+    refs = manifest.layers
     by_digest = {ref["digest"]: f"layer:{layer}" for layer, ref in refs.items()}
     by_digest[freeze] = "freeze"
     nodes: list[Node] = []

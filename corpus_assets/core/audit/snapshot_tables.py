@@ -47,7 +47,7 @@ class SnapshotTables:
 
     def index(self, layer: str) -> LayerIndex:
         if layer not in self._indexes:
-            self._indexes[layer] = load_index(self.cas, self.manifest["layers"][layer], layer)
+            self._indexes[layer] = load_index(self.cas, self.manifest.layers[layer], layer)
         return self._indexes[layer]
 
     def path(self, layer: str, output: str, what: str) -> str:
@@ -55,7 +55,7 @@ class SnapshotTables:
 
     @cached_property
     def freeze(self) -> FreezeSpec:
-        return FreezeSpec.load(self.cas, self.manifest["freeze"])
+        return FreezeSpec.load(self.cas, self.manifest.freeze)
 
     @cached_property
     def canonical(self) -> CanonicalIndex:
@@ -73,13 +73,13 @@ class SnapshotTables:
 
     def member(self, record_id: str) -> dict[str, Any] | None:
         """The record's members row (the members table is sorted by record id)."""
-        path = self.files.path(self.manifest["members"]["digest"], "members table")
+        path = self.files.path(self.manifest.members.digest, "members table")
         with SortedTable(path, "record_id") as table:
             rows = table.rows([record_id], MEMBER_COLUMNS).to_pylist()
         return rows[0] if rows else None
 
     def members(self, record_ids: list[str]) -> dict[str, dict[str, Any]]:
-        path = self.files.path(self.manifest["members"]["digest"], "members table")
+        path = self.files.path(self.manifest.members.digest, "members table")
         with SortedTable(path, "record_id") as table:
             rows = table.rows(record_ids, MEMBER_COLUMNS).to_pylist()
         return {row["record_id"]: row for row in rows}

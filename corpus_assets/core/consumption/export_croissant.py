@@ -14,6 +14,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from corpus_assets.core.runtime.snapshot_manifest import Manifest
 from corpus_assets.core.storage.shards import ShardIndex
 
 CROISSANT_SPEC = "http://mlcommons.org/croissant/1.0"
@@ -166,20 +167,19 @@ def shards_record_set(index: ShardIndex) -> dict[str, Any]:
 
 
 def croissant_document(
-    manifest: dict[str, Any],
+    manifest: Manifest,
     index: ShardIndex,
     members: pa.Schema,
     spans: tuple[dict[str, Any], pa.Schema],
 ) -> dict[str, Any]:
     """The Croissant Dataset of a snapshot: its files, by digest, and three record sets."""
-    sid, counts = manifest["snapshotId"], manifest["counts"]
+    sid, counts = manifest.snapshot_id, manifest.counts
     spans_ref, spans_schema = spans
-    member_ref = manifest["members"]
     files = [
         file_object(
             "members.parquet",
-            member_ref["digest"],
-            member_ref["size"],
+            manifest.members.digest,
+            manifest.members.size,
             PARQUET_MEDIA,
             "the members table: one row per record in the snapshot",
         ),
@@ -199,14 +199,14 @@ def croissant_document(
         "@context": CONTEXT,
         "@type": "sc:Dataset",
         "conformsTo": CROISSANT_SPEC,
-        "name": f"corpus-assets-{manifest['partition']}",
+        "name": f"corpus-assets-{manifest.partition}",
         "description": (
-            f"corpus-assets training snapshot {sid} (partition {manifest['partition']}, purpose "
-            f"{manifest['purpose']}): {counts['members']} members packed into {counts['blocks']} "
-            f"blocks, {counts['tokens']} tokens. Manifest schema {manifest['schema']}."
+            f"corpus-assets training snapshot {sid} (partition {manifest.partition}, purpose "
+            f"{manifest.purpose}): {counts.members} members packed into {counts.blocks} "
+            f"blocks, {counts.tokens} tokens. Manifest schema {manifest.schema_name}."
         ),
         "citeAs": f"corpus-assets snapshot {sid}",
-        "license": manifest.get("license") or UNSPECIFIED,
+        "license": UNSPECIFIED,  # the manifest names no licence: the sources each may
         "url": f"urn:corpus-assets:snapshot:{sid}",
         "version": sid,
         "distribution": files,

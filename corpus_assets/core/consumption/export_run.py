@@ -84,7 +84,7 @@ def export_croissant(reader: TrainingReader, directory: Path) -> dict[str, Any]:
     document = croissant_document(reader.manifest, index, members.schema, (spans_ref, spans.schema))
     data = croissant_bytes(document)
     ref = put_bytes(reader.cas, data, JSON)
-    named = [("members.parquet", reader.manifest["members"]["digest"])]
+    named = [("members.parquet", reader.manifest.members.digest)]
     named += [("spans.parquet", spans_ref["digest"])]
     named += [(shard_name(n), entry.digest) for n, entry in enumerate(index.shards)]
     files = [{"basename": name, "digest": digest} for name, digest in named]

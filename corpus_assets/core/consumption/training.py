@@ -32,6 +32,7 @@ from corpus_assets.core.publication.block_reader import (
 from corpus_assets.core.publication.signing import SignatureError
 from corpus_assets.core.publication.verify import resolve, signed_manifest
 from corpus_assets.core.runtime.layer_index import LayerIndex, load_index
+from corpus_assets.core.runtime.snapshot_manifest import Manifest, ManifestError
 from corpus_assets.core.storage.artifacts import decode_table
 from corpus_assets.core.storage.cas import CasError, ContentStore
 from corpus_assets.core.storage.catalog import Catalog, gate, permits
@@ -91,8 +92,8 @@ def take_permit(
         snapshot_id=snapshot.snapshot_id,
         alias=snapshot.alias,
         purpose=purpose,
-        tombstone_watermark=int(manifest["tombstoneWatermark"]),
-        benchmark_fence=int(manifest["benchmarkFence"]),
+        tombstone_watermark=manifest.tombstone_seq,
+        benchmark_fence=manifest.benchmark_seq,
     )
     try:
         return _record_permit(catalog, request)
@@ -123,7 +124,7 @@ def _requested(catalog: Catalog, snapshot_id: str, run_id: str) -> states.Snapsh
 
 def _trainable(
     cas: ContentStore, catalog: Catalog, snapshot: states.Snapshot, run_id: str, purpose: str
-) -> dict[str, Any]:
+) -> Manifest:
     """The verified manifest of an ACTIVE snapshot built for ``purpose`` and its own alias."""
     sid = snapshot.snapshot_id
     if snapshot.state != states.ACTIVE:
@@ -132,25 +133,25 @@ def _trainable(
             "through the gate (ACTIVE) can be trained on"
         )
     manifest = _manifest(cas, catalog, snapshot, run_id)
-    if manifest.get("purpose") != purpose:
+    if manifest.purpose != purpose:
         raise TrainingError(
-            f"run {run_id!r}: snapshot {sid} was built for purpose {manifest.get('purpose')!r}, "
+            f"run {run_id!r}: snapshot {sid} was built for purpose {manifest.purpose!r}, "
             f"the run asks for {purpose!r}; purposes must match"
         )
-    if manifest.get("alias") != snapshot.alias:
+    if manifest.alias != snapshot.alias:
         raise TrainingError(
-            f"run {run_id!r}: snapshot {sid} manifest names alias {manifest.get('alias')!r}, "
+            f"run {run_id!r}: snapshot {sid} manifest names alias {manifest.alias!r}, "
             f"the catalog {snapshot.alias!r}"
         )
     _check_members(cas, manifest, run_id, sid)
     return manifest
 
 
-def _check_members(cas: ContentStore, manifest: dict[str, Any], run_id: str, sid: str) -> None:
+def _check_members(cas: ContentStore, manifest: Manifest, run_id: str, sid: str) -> None:
     """The members table (the record of what the run reads) must be intact before a run is
     bound to the snapshot: the reader verifies each shard it reads, never this table."""
     try:
-        cas.verify(manifest["members"]["digest"], "manifest.members")
+        cas.verify(manifest.members.digest, "manifest.members")
     except CasError as error:
         raise TrainingError(f"run {run_id!r}: snapshot {sid} is damaged: {error}") from None
 
@@ -262,13 +263,15 @@ def _resume(existing: Permit, snapshot_id: str, purpose: str) -> Permit:
 
 def _manifest(
     cas: ContentStore, catalog: Catalog, snapshot: states.Snapshot, run_id: str
-) -> dict[str, Any]:
+) -> Manifest:
     """The one door of every permit and reader (read, exports, the torch and HF loaders):
     ``verify.signed_manifest``, before any byte."""
     try:
         return signed_manifest(cas, catalog, snapshot)[0]
     except SignatureError as error:
         raise TrainingError(f"run {run_id!r}: manifest signature: {error}") from None
+    except ManifestError as error:
+        raise TrainingError(f"run {run_id!r}: {error}") from None
 
 
 class TrainingReader:
@@ -297,7 +300,7 @@ class TrainingReader:
         snapshot = states.get(catalog, permit.snapshot_id)
         self.manifest = _manifest(cas, catalog, snapshot, permit.run_id)
         self._note("manifest", snapshot.manifest_digest, cas.size(snapshot.manifest_digest))
-        self.packed = self._index(self.manifest["layers"]["packed_blocks"], "packed_blocks")
+        self.packed = self._index(self.manifest.layers["packed_blocks"], "packed_blocks")
         self.block_tokens = int(self.packed.counts["block_tokens"])
         self.block_count = int(self.packed.counts["blocks"])
         self.tokenizer = self.packed.output("tokenizer")
@@ -364,7 +367,7 @@ class TrainingReader:
         expected = ReaderState(
             snapshot_id=self.permit.snapshot_id,
             pack_digest=self.pack_digest,
-            mix_digest=self.manifest["layers"]["mixed_samples"]["digest"],
+            mix_digest=self.manifest.layers["mixed_samples"]["digest"],
             tokenizer_digest=self.tokenizer["digest"],
             seed=seed,
             shuffle=shuffle,
@@ -383,12 +386,12 @@ class TrainingReader:
 
     def members(self) -> pa.Table:
         """The manifest's members table, verified, with the row count the manifest states."""
-        ref = self.manifest["members"]
-        table = decode_table(self._get(ref, "members"))
-        if table.num_rows != ref.get("count"):
+        members = self.manifest.members
+        table = decode_table(self._get(members.ref(), "members"))
+        if table.num_rows != members.count:
             raise TrainingError(
-                f"snapshot {self.permit.snapshot_id}: members {ref['digest']} has "
-                f"{table.num_rows} rows, the manifest says {ref.get('count')}"
+                f"snapshot {self.permit.snapshot_id}: members {members.digest} has "
+                f"{table.num_rows} rows, the manifest says {members.count}"
             )
         return table
 

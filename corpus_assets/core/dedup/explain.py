@@ -14,6 +14,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from corpus_assets.core.runtime.layer_index import load_index
+from corpus_assets.core.runtime.snapshot_manifest import Manifest
 from corpus_assets.core.storage.cas import ContentStore
 from corpus_assets.core.storage.cas_queries import VerifiedFiles
 from corpus_assets.core.storage.table_lookup import scan, sorted_rows
@@ -23,7 +24,7 @@ CLUSTER_COLUMNS = ["record_id", "source_id", "verdict", "match_id", "match_jacca
 
 def explain(
     cas: ContentStore,
-    manifest: dict[str, Any],
+    manifest: Manifest,
     record_id: str,
     files: VerifiedFiles | None = None,
 ) -> dict[str, Any]:
@@ -31,12 +32,12 @@ def explain(
     the same representative, and its leakage group with each kept member's split. ``KeyError``
     naming the record and snapshot when the dedup table has no row for it."""
     files = files or VerifiedFiles(cas)
-    layers = manifest["layers"]
+    layers = manifest.layers
     dedup = load_index(cas, layers["dedup_clusters"], "dedup_clusters")
     clusters = files.path(dedup.output("clusters")["digest"], "dedup clusters")
     mine = sorted_rows(clusters, "record_id", [record_id], dedup_columns(clusters)).to_pylist()
     if not mine:
-        raise KeyError(f"record {record_id!r} is not in snapshot {manifest['snapshotId']}")
+        raise KeyError(f"record {record_id!r} is not in snapshot {manifest.snapshot_id}")
     row = mine[0]
     representative, leakage = row["representative_id"], row["leakage_id"]
 

@@ -32,6 +32,8 @@ from typing import Protocol
 
 import numpy as np
 
+from corpus_assets.core.runtime.config import NearDedupPolicy
+
 BAND_KEY = "xor-mul-shift64(seed=band)"
 _MIX = np.uint64(0x9E3779B97F4A7C15)
 _SHIFT = np.uint64(29)
@@ -55,12 +57,15 @@ class RowMajor:
         return self.rows[:, band * rows : (band + 1) * rows].T
 
 
+DEFAULT = NearDedupPolicy()  # the config's defaults are the parameters': one source
+
+
 @dataclass(frozen=True)
 class LshParams:
-    bands: int = 16
-    rows: int = 8
-    threshold: float = 0.8
-    bucket_heads: int = 32
+    bands: int = DEFAULT.bands
+    rows: int = DEFAULT.rows
+    threshold: float = float(DEFAULT.threshold)
+    bucket_heads: int = DEFAULT.bucket_heads
 
 
 @dataclass

@@ -21,8 +21,9 @@ import pyarrow as pa
 from corpus_assets.core.dedup.partition_db import PartitionDb
 from corpus_assets.core.governance import states
 from corpus_assets.core.runtime.layer_index import load_index
+from corpus_assets.core.runtime.snapshot_manifest import read_manifest
 from corpus_assets.core.runtime.workspace import Workspace
-from corpus_assets.core.storage.artifacts import Ref, get_json
+from corpus_assets.core.storage.artifacts import Ref
 from corpus_assets.core.storage.cas_queries import cas_parquet, put_query
 
 PAIR_COLUMNS = pa.schema([("a", pa.string()), ("b", pa.string()), ("jaccard", pa.float64())])
@@ -52,8 +53,10 @@ def parent_mode(ws: Workspace, parents: list[str], code: str, policy: str | None
     if not parents:
         return Mode(FULL, "no parent snapshot")
     parent = parents[0]
-    manifest = get_json(ws.cas, states.get(ws.catalog, parent).manifest_digest, "parent manifest")
-    index = load_index(ws.cas, manifest["layers"]["dedup_clusters"], "dedup_clusters")
+    manifest = read_manifest(
+        ws.cas, states.get(ws.catalog, parent).manifest_digest, "parent manifest"
+    )
+    index = load_index(ws.cas, manifest.layers["dedup_clusters"], "dedup_clusters")
     if index.code != code:
         return Mode(FULL, f"parent {parent} ran other dedup code")
     if index.policy != policy:

@@ -58,8 +58,9 @@ from corpus_assets.core.governance.deletion_sql import (
 )
 from corpus_assets.core.runtime.code_identity import stage_code
 from corpus_assets.core.runtime.layer_index import load_index
+from corpus_assets.core.runtime.snapshot_manifest import read_manifest
 from corpus_assets.core.storage import cas_queries
-from corpus_assets.core.storage.artifacts import get_json, put_bytes, put_table
+from corpus_assets.core.storage.artifacts import put_bytes, put_table
 from corpus_assets.core.storage.cas import ContentStore
 from corpus_assets.core.storage.catalog import Catalog
 from corpus_assets.core.storage.table_lookup import TrustedFiles
@@ -322,11 +323,11 @@ def _ascending(keys: pa.ChunkedArray) -> bool:
 def input_digests(cas: ContentStore, manifest_digest: str) -> dict[str, Any]:
     """What an index's rows are a function of (with this code): the digests of the snapshot's
     members, dedup clusters and spans tables, and of its packed shards."""
-    manifest = get_json(cas, manifest_digest, "manifest")
-    dedup = load_index(cas, manifest["layers"]["dedup_clusters"], "dedup_clusters")
-    packed = load_index(cas, manifest["layers"]["packed_blocks"], "packed_blocks")
+    manifest = read_manifest(cas, manifest_digest)
+    dedup = load_index(cas, manifest.layers["dedup_clusters"], "dedup_clusters")
+    packed = load_index(cas, manifest.layers["packed_blocks"], "packed_blocks")
     return {
-        "members": manifest["members"]["digest"],
+        "members": manifest.members.digest,
         "clusters": dedup.output("clusters")["digest"],
         "spans": packed.output("spans")["digest"],
         "shards": [ref["digest"] for ref in packed.outputs.get("shards", [])],

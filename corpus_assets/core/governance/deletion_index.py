@@ -52,7 +52,7 @@ from corpus_assets.core.governance.deletion_sql import (  # re-exported: the ind
     span_key,
 )
 from corpus_assets.core.runtime.layer_index import load_index
-from corpus_assets.core.storage.artifacts import get_json
+from corpus_assets.core.runtime.snapshot_manifest import read_manifest
 from corpus_assets.core.storage.cas import ContentStore
 from corpus_assets.core.storage.catalog import Catalog, layer_memo
 from corpus_assets.core.storage.digests import json_digest
@@ -230,7 +230,7 @@ def parent_index(
 ) -> tuple[str, str] | str:
     """(manifest, index digest) of the parent snapshot's index by this code, whole in the CAS
     with its inputs; else why the child's index is built whole."""
-    parents = get_json(cas, manifest_digest, "manifest").get("parents") or []
+    parents = read_manifest(cas, manifest_digest).parents
     if not parents:
         return "no parent snapshot"
     try:
@@ -252,15 +252,15 @@ def parent_index(
 
 def _inputs_stored(cas: ContentStore, manifest_digest: str) -> bool:
     """Whether the members, clusters and spans tables an index reads are in the CAS."""
-    manifest = get_json(cas, manifest_digest, "manifest")
+    manifest = read_manifest(cas, manifest_digest)
     refs = [
-        manifest["members"],
-        *(manifest["layers"][n] for n in ("dedup_clusters", "packed_blocks")),
+        manifest.members.ref(),
+        *(manifest.layers[n] for n in ("dedup_clusters", "packed_blocks")),
     ]
     if not all(cas.contains(ref["digest"]) for ref in refs):
         return False
-    dedup = load_index(cas, manifest["layers"]["dedup_clusters"], "dedup_clusters")
-    packed = load_index(cas, manifest["layers"]["packed_blocks"], "packed_blocks")
+    dedup = load_index(cas, manifest.layers["dedup_clusters"], "dedup_clusters")
+    packed = load_index(cas, manifest.layers["packed_blocks"], "packed_blocks")
     tables = [dedup.output("clusters"), packed.output("spans")]
     return all(cas.contains(ref["digest"]) for ref in tables)
 

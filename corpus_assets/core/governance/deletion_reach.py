@@ -17,7 +17,8 @@ from sqlalchemy import select
 
 from corpus_assets.core.governance import deletion_index, states, tombstones
 from corpus_assets.core.runtime.layer_index import load_index
-from corpus_assets.core.storage.artifacts import get_json, get_table
+from corpus_assets.core.runtime.snapshot_manifest import Manifest, read_manifest
+from corpus_assets.core.storage.artifacts import get_table
 from corpus_assets.core.storage.cas import ContentStore
 from corpus_assets.core.storage.catalog import Catalog, permits
 
@@ -129,8 +130,8 @@ def scan_hits(cas: ContentStore, catalog: Catalog, kind: str, target: str) -> li
     deletion index must agree with, and a way to answer without building it."""
     found = []
     for snapshot in searchable(catalog):
-        manifest = get_json(cas, snapshot.manifest_digest, "manifest")
-        members = get_table(cas, manifest["members"], "members table")
+        manifest = read_manifest(cas, snapshot.manifest_digest)
+        members = get_table(cas, manifest.members.ref(), "members table")
         matched = members.filter(pc.equal(members.column(COLUMN[kind]), target))
         carried = _carried_by(cas, manifest, kind, target)
         if not matched.num_rows and not carried.num_rows:
@@ -147,9 +148,9 @@ def scan_hits(cas: ContentStore, catalog: Catalog, kind: str, target: str) -> li
     return [_hit(*entry, runs.get(entry[0].snapshot_id, [])) for entry in found]
 
 
-def _spans_of(cas: ContentStore, manifest: dict[str, Any], ids: pa.Array) -> pa.Table:
+def _spans_of(cas: ContentStore, manifest: Manifest, ids: pa.Array) -> pa.Table:
     """Every packed span of these records: shard (by digest), block, [start, end), offset."""
-    packed = load_index(cas, manifest["layers"]["packed_blocks"], "packed_blocks")
+    packed = load_index(cas, manifest.layers["packed_blocks"], "packed_blocks")
     spans = get_table(cas, packed.output("spans"), "spans table")
     spans = spans.filter(pc.is_in(spans.column("record_id"), value_set=ids))
     spans = spans.select([c for c in deletion_index.SPANS if c in spans.column_names])
@@ -160,9 +161,9 @@ def _spans_of(cas: ContentStore, manifest: dict[str, Any], ids: pa.Array) -> pa.
     return spans
 
 
-def _carried_by(cas: ContentStore, manifest: dict[str, Any], kind: str, target: str) -> pa.Table:
+def _carried_by(cas: ContentStore, manifest: Manifest, kind: str, target: str) -> pa.Table:
     """Removed duplicates matching the target, with the kept record that carried their content."""
-    dedup = load_index(cas, manifest["layers"]["dedup_clusters"], "dedup_clusters")
+    dedup = load_index(cas, manifest.layers["dedup_clusters"], "dedup_clusters")
     clusters = get_table(cas, dedup.output("clusters"), "dedup clusters")
     if "verdict" not in clusters.column_names:  # an index written before near-dedup
         return deletion_index.ROWS.empty_table().select(deletion_index.CARRIED)

@@ -19,7 +19,7 @@ from typing import Any
 
 from sqlalchemy import func, select
 
-from corpus_assets.core.storage.artifacts import get_json
+from corpus_assets.core.runtime.snapshot_manifest import ManifestError, read_manifest
 from corpus_assets.core.storage.cas import CasError, ContentStore
 from corpus_assets.core.storage.catalog import Catalog, alias_history, snapshot_events, snapshots
 
@@ -102,10 +102,10 @@ def _manifest_fences(cas: ContentStore, digest: str) -> tuple[int | None, int | 
     """The fences a manifest names; (None, None) if its bytes are gone or do not verify, so the
     audit trail still shows every move (``corpus-assets verify`` names the broken object)."""
     try:
-        manifest = get_json(cas, digest, "manifest")
-    except CasError:
+        manifest = read_manifest(cas, digest)
+    except (CasError, ManifestError):
         return None, None
-    return int(manifest["tombstoneWatermark"]), int(manifest["benchmarkFence"])
+    return manifest.tombstone_seq, manifest.benchmark_seq
 
 
 def served_generations(catalog: Catalog, alias: str) -> dict[str, int]:

@@ -17,6 +17,7 @@ from typing import Any, BinaryIO
 import zstandard
 
 from corpus_assets.core.ingest.read_ahead import ReadAhead
+from corpus_assets.core.runtime.config import Limits
 
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 GZIP_MAGIC = b"\x1f\x8b"
@@ -52,8 +53,8 @@ class DecompressionBombError(CodecError):
 class DecompressionLimits:
     """Caps on decompressed output; the ratio only counts past the floor, so tiny files pass."""
 
-    max_output_bytes: int = 64 << 30
-    max_ratio: int = 1000
+    max_output_bytes: int = Limits().max_output_bytes  # the config's defaults: one source
+    max_ratio: int = Limits().max_ratio
     min_ratio_floor_bytes: int = 16 << 20
 
 

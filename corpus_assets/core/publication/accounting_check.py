@@ -10,12 +10,12 @@ is named. Each canonical chunk must also hold its own account: rows in = records
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
 
 import pyarrow.parquet as pq
 
 from corpus_assets.core.dedup.clusters import DUPLICATE_ID, EXACT, ID_CONFLICT, KEEP, NEAR
 from corpus_assets.core.publication.evidence import Evidence
+from corpus_assets.core.runtime.snapshot_manifest import Manifest
 from corpus_assets.core.storage.cas_queries import sql_list
 
 CLUSTER_TERMS = """
@@ -102,14 +102,14 @@ def chunk_findings(ev: Evidence) -> list[str]:
     return findings
 
 
-def manifest_findings(manifest: dict[str, Any], counts: dict[str, SourceCounts]) -> list[str]:
+def manifest_findings(manifest: Manifest, counts: dict[str, SourceCounts]) -> list[str]:
     """The manifest's restated totals must be what the tables hold (a term an older snapshot's
     manifest does not state must be 0)."""
     total: Counter[str] = Counter()
     for c in counts.values():
         total.update(c.terms)
         total["records"] += c.records
-    stated = manifest["counts"]
+    stated = manifest.counts
     keys = {
         "records": "records",
         "members": "members",
@@ -119,7 +119,7 @@ def manifest_findings(manifest: dict[str, Any], counts: dict[str, SourceCounts])
         "tombstoned": "tombstoned",
     }
     return [
-        f"manifest counts.{key} is {stated.get(key, 0)}, the tables hold {total[term]}"
+        f"manifest counts.{key} is {getattr(stated, key) or 0}, the tables hold {total[term]}"
         for key, term in keys.items()
-        if stated.get(key, 0) != total[term]
+        if (getattr(stated, key) or 0) != total[term]
     ]

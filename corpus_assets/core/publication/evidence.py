@@ -22,6 +22,7 @@ from corpus_assets.core.ingest.freeze_spec import FreezeSpec
 from corpus_assets.core.publication import manifest_queries
 from corpus_assets.core.records.index import CanonicalIndex
 from corpus_assets.core.runtime.layer_index import LayerIndex, load_index
+from corpus_assets.core.runtime.snapshot_manifest import Manifest
 from corpus_assets.core.storage.artifacts import get_table
 from corpus_assets.core.storage.cas import ContentStore
 from corpus_assets.core.storage.cas_queries import VerifiedFiles, sql_list
@@ -39,7 +40,7 @@ class Evidence:
 
     cas: ContentStore
     catalog: Catalog
-    manifest: dict[str, Any]
+    manifest: Manifest
     freeze: FreezeSpec
     canonical: CanonicalIndex
     dedup: LayerIndex
@@ -54,19 +55,19 @@ class Evidence:
         cls,
         cas: ContentStore,
         catalog: Catalog,
-        manifest: dict[str, Any],
+        manifest: Manifest,
         verified: set[str] | frozenset[str] = frozenset(),
     ) -> Evidence:
         """Read the freeze spec and the layer indexes, and check the members table is whole
         (CasError if any is missing or corrupt); ``verified`` digests are not re-hashed."""
-        layers = manifest["layers"]
+        layers = manifest.layers
         files = VerifiedFiles(cas, verified)
-        files.path(manifest["members"]["digest"], "members table")
+        files.path(manifest.members.digest, "members table")
         return cls(
             cas=cas,
             catalog=catalog,
             manifest=manifest,
-            freeze=FreezeSpec.load(cas, manifest["freeze"]),
+            freeze=FreezeSpec.load(cas, manifest.freeze),
             canonical=CanonicalIndex.load(cas, layers["canonical_records"]),
             dedup=load_index(cas, layers["dedup_clusters"], "dedup_clusters"),
             splits=load_index(cas, layers["splits"], "splits"),
@@ -105,7 +106,7 @@ class Evidence:
             self.cas, manifest_queries.EVIDENCE_THREADS, manifest_queries.EVIDENCE_MB
         )
         con = self._stack.enter_context(connection)
-        members = self.files.path(self.manifest["members"]["digest"], "members table")
+        members = self.files.path(self.manifest.members.digest, "members table")
         con.execute(
             "CREATE VIEW members AS SELECT * FROM "
             f"read_parquet({sql_list([members])}, file_row_number = true)"
@@ -126,7 +127,7 @@ class Evidence:
     @cached_property
     def member_count(self) -> int:
         """Rows of the members table, from its footer."""
-        path = self.files.path(self.manifest["members"]["digest"], "members table")
+        path = self.files.path(self.manifest.members.digest, "members table")
         return pq.read_metadata(path).num_rows
 
     @property

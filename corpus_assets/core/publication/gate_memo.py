@@ -42,6 +42,7 @@ from corpus_assets.core.ingest.freeze_spec import FreezeSpec
 from corpus_assets.core.publication.evidence import Evidence
 from corpus_assets.core.publication.rules import canary_chunks
 from corpus_assets.core.runtime.layer_index import load_index
+from corpus_assets.core.runtime.snapshot_manifest import Manifest
 from corpus_assets.core.runtime.transform import transform_image
 from corpus_assets.core.runtime.workspace import Workspace
 from corpus_assets.core.storage.catalog import Catalog, benchmark_items, gate_results, tombstones
@@ -51,19 +52,17 @@ PARTITION_FIELDS = ("partition", "freeze", "buildId", "snapshotId", "signature")
 CANARY = "canary_reproduces"  # the rule keyed by its own inputs (``canary_key``)
 
 
-def gate_key(ws: Workspace, manifest: dict[str, Any], spec: FreezeSpec) -> str:
+def gate_key(ws: Workspace, manifest: Manifest, spec: FreezeSpec) -> str:
     """The digest of everything the content rules' outcome depends on (module docstring)."""
     frozen = spec.model_dump(mode="json", by_alias=True)
     frozen.pop("partition", None)
     return json_digest(
         {
-            "manifest": {k: v for k, v in manifest.items() if k not in PARTITION_FIELDS},
+            "manifest": {k: v for k, v in manifest.document().items() if k not in PARTITION_FIELDS},
             "freeze": frozen,
             "image": transform_image(),
             "config": ws.config.model_dump(mode="json", exclude={"execution", "storage"}),
-            "fences": fence_state(
-                ws.catalog, int(manifest["tombstoneWatermark"]), int(manifest["benchmarkFence"])
-            ),
+            "fences": fence_state(ws.catalog, manifest.tombstone_seq, manifest.benchmark_seq),
         }
     )
 

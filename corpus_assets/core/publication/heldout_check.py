@@ -30,6 +30,7 @@ from corpus_assets.core.publication import gate_memo
 from corpus_assets.core.publication.evidence import Evidence
 from corpus_assets.core.publication.rules import SHOWN, RuleReport, ValidationRule
 from corpus_assets.core.runtime.layer_index import LayerIndex, load_index
+from corpus_assets.core.runtime.snapshot_manifest import ManifestError, read_manifest
 from corpus_assets.core.runtime.workspace import Workspace
 from corpus_assets.core.storage.artifacts import get_json
 from corpus_assets.core.storage.cas import CasError
@@ -82,7 +83,7 @@ def changed_since_parent(ws: Workspace, ev: Evidence, records: str) -> pa.Array 
     manifest, dedup = parent
     files = TrustedFiles(ws.cas, ws.catalog)  # the parent's tables: hashed by its check
     try:
-        members = files.path(manifest["members"]["digest"], "parent members table")
+        members = files.path(manifest.members.digest, "parent members table")
         clusters = files.path(dedup.output("clusters")["digest"], "parent dedup clusters")
     except CasError:
         return None
@@ -98,18 +99,14 @@ def _passed_parent(ws: Workspace, ev: Evidence) -> tuple[dict[str, Any], LayerIn
         return None
     try:
         snapshot = states.get(ws.catalog, ev.freeze.parents[0])
-        manifest = get_json(ws.cas, snapshot.manifest_digest, "parent manifest")
-        key = gate_memo.gate_key(ws, manifest, FreezeSpec.load(ws.cas, manifest["freeze"]))
-        dedup = load_index(ws.cas, manifest["layers"]["dedup_clusters"], "dedup_clusters")
+        manifest = read_manifest(ws.cas, snapshot.manifest_digest, "parent manifest")
+        key = gate_memo.gate_key(ws, manifest, FreezeSpec.load(ws.cas, manifest.freeze))
+        dedup = load_index(ws.cas, manifest.layers["dedup_clusters"], "dedup_clusters")
         same = _near_settings(ws, dedup) == _near_settings(ws, ev.dedup)
-    except (CasError, states.StateError):
+    except (CasError, ManifestError, states.StateError):
         return None
     passed = gate_memo.recall(ws.catalog, {RULE: gate_memo.rule_key(key, RULE)})
-    if (
-        RULE not in passed
-        or not same
-        or manifest["transformImage"] != ev.manifest["transformImage"]
-    ):
+    if RULE not in passed or not same or manifest.transform_image != ev.manifest.transform_image:
         return None
     return manifest, dedup
 

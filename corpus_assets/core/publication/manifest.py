@@ -27,13 +27,13 @@ from corpus_assets.core.publication.shadow import shadow_diff
 from corpus_assets.core.publication.signing import sign_snapshot
 from corpus_assets.core.records.index import CanonicalIndex, record_schema_digest
 from corpus_assets.core.runtime.layer_index import LAYERS, LayerIndex, LayerResult, read_layer_index
+from corpus_assets.core.runtime.snapshot_manifest import MANIFEST_SCHEMA, Manifest, read_manifest
 from corpus_assets.core.runtime.transform import transform_image
 from corpus_assets.core.runtime.workspace import Workspace
 from corpus_assets.core.storage import cas_queries, failpoints
 from corpus_assets.core.storage.artifacts import (
     PARQUET,
     Ref,
-    get_json,
     make_ref,
     put_json,
 )
@@ -44,7 +44,6 @@ from corpus_assets.core.storage.table_lookup import TrustedFiles
 from corpus_assets.core.tokens.spec import resolve_tokenizer
 from corpus_assets.core.training_view.splits import SPLITS
 
-MANIFEST_SCHEMA = "training.dataset.snapshot.v1"
 Indexes = dict[str, tuple[Ref, LayerIndex]]  # layer -> (ref, index) of the six built layers
 MEMBER_LAYERS = ("canonical_records", "dedup_clusters", "splits")  # what members are made of
 MEMBER_BATCH = 65536  # rows of the joined members read and written at a time
@@ -182,30 +181,32 @@ def build_manifest(ws: Workspace, partition_key: str) -> LayerResult:
         "count": count,
     }
     image = transform_image()
-    manifest = _document(ws, partition_key, freeze_ref, spec, indexes, members_entry, image)
-    manifest["snapshotId"] = snapshot_id(manifest)
+    payload = _document(ws, partition_key, freeze_ref, spec, indexes, members_entry, image)
+    sid = snapshot_id(payload)
+    manifest = Manifest.new(
+        {**payload, "snapshotId": sid, "signature": sign_snapshot(ws.home, sid)}
+    )
     _refuse_conflicting_rebuild(ws, manifest)
-    manifest["signature"] = sign_snapshot(ws.home, manifest["snapshotId"])
-    manifest_ref = put_json(ws.cas, manifest)
+    manifest_ref = put_json(ws.cas, manifest.document())
     failpoints.hit("layer/manifest/indexed")
     _register(ws, partition_key, manifest, manifest_ref["digest"])
     failpoints.hit("layer/manifest/published")
     deletion_index.ensure(ws.cas, ws.catalog, manifest_ref["digest"])  # the first lookup is fast
-    diff = shadow_diff(ws.cas, ws.catalog, manifest["snapshotId"])
+    diff = shadow_diff(ws.cas, ws.catalog, manifest.snapshot_id)
     return LayerResult(
         layer="manifest",
-        details={"shadow_diff": diff, "manifest": manifest},
+        details={"shadow_diff": diff, "manifest": manifest.document()},
         run_stats={
             "shadow.added": diff["added"],
             "shadow.removed": diff["removed"],
             "shadow.split_migrations": diff["split_migrations"],
         },
         digest=manifest_ref["digest"],
-        counts=dict(manifest["counts"]),
+        counts=manifest.counts.document(),
         preview=preview,
         digests={
-            "snapshotId": manifest["snapshotId"],
-            "buildId": manifest["buildId"],
+            "snapshotId": manifest.snapshot_id,
+            "buildId": manifest.build_id,
             "transformImage": image,
             "members": members_ref["digest"],
         },
@@ -293,44 +294,42 @@ def _counts(indexes: Indexes, members: int) -> dict[str, int]:
 
 
 def _register(
-    ws: Workspace, partition_key: str, manifest: dict[str, Any], manifest_digest: str
+    ws: Workspace, partition_key: str, manifest: Manifest, manifest_digest: str
 ) -> states.Snapshot:
     """Point the partition's manifest layer at it and record the snapshot as BUILDING.
 
     A build with open dead letters is marked partial, so a retry may replace it."""
-    partial = "~partial" if manifest["counts"]["dead_letters"] else ""
+    partial = "~partial" if manifest.counts.dead_letters else ""
     ws.catalog.set_layer_output(
-        partition_key, "manifest", manifest_digest, manifest["buildId"] + partial
+        partition_key, "manifest", manifest_digest, manifest.build_id + partial
     )
     return states.register(
         ws.catalog,
-        manifest["snapshotId"],
+        manifest.snapshot_id,
         partition_key,
         manifest_digest,
         ws.config.alias,
-        build_id=manifest["buildId"],
+        build_id=manifest.build_id,
     )
 
 
-def _refuse_conflicting_rebuild(ws: Workspace, manifest: dict[str, Any]) -> None:
+def _refuse_conflicting_rebuild(ws: Workspace, manifest: Manifest) -> None:
     """The same build identity must give the same snapshot; a difference is nondeterminism,
     reported by field and never overwritten."""
     for earlier in states.find(ws.catalog):
-        if (
-            earlier.build_id == manifest["buildId"]
-            and earlier.snapshot_id != manifest["snapshotId"]
-        ):
-            old = get_json(ws.cas, earlier.manifest_digest, "earlier manifest")
-            if old["counts"].get("dead_letters") or manifest["counts"]["dead_letters"]:
+        if earlier.build_id == manifest.build_id and earlier.snapshot_id != manifest.snapshot_id:
+            old = read_manifest(ws.cas, earlier.manifest_digest, "earlier manifest")
+            if old.counts.dead_letters or manifest.counts.dead_letters:
                 continue  # a build with open dead letters was never complete: retrying is progress
+            was, now = old.document(), manifest.document()
             differing = sorted(
                 k
-                for k in set(old) | set(manifest)
-                if k not in SELF_EXCLUDED and old.get(k) != manifest.get(k)
+                for k in set(was) | set(now)
+                if k not in SELF_EXCLUDED and was.get(k) != now.get(k)
             )
             raise BuildConflict(
-                f"build {manifest['buildId']} (partition {manifest['partition']}) was built before "
-                f"as {earlier.snapshot_id} and now gives {manifest['snapshotId']}: the same "
+                f"build {manifest.build_id} (partition {manifest.partition}) was built before "
+                f"as {earlier.snapshot_id} and now gives {manifest.snapshot_id}: the same "
                 f"inputs, config and code produced different content in {', '.join(differing)}; "
                 "nothing was overwritten"
             )

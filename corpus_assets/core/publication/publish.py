@@ -95,8 +95,8 @@ def activate(ws: Workspace, digest: str, actor: str) -> alias_gate.AliasGate:
     return alias_gate.activate(
         ws.catalog,
         snapshot.snapshot_id,
-        tombstone_watermark=int(manifest["tombstoneWatermark"]),
-        benchmark_fence=int(manifest["benchmarkFence"]),
+        tombstone_watermark=manifest.tombstone_seq,
+        benchmark_fence=manifest.benchmark_seq,
         actor=actor,
     )
 
@@ -123,7 +123,7 @@ def rollback(cas: ContentStore, catalog: Catalog, digest: str, actor: str) -> al
     return alias_gate.rollback(
         catalog,
         snapshot.snapshot_id,
-        tombstone_watermark=int(manifest["tombstoneWatermark"]),
-        benchmark_fence=int(manifest["benchmarkFence"]),
+        tombstone_watermark=manifest.tombstone_seq,
+        benchmark_fence=manifest.benchmark_seq,
         actor=actor,
     )

@@ -97,10 +97,14 @@ def fences_match(ev: Evidence, _report: RuleReport) -> list[str]:
         "tombstoneWatermark": str(ev.freeze.tombstone_watermark),
         "benchmarkFence": str(ev.freeze.benchmark_fence),
     }
+    stated = {
+        "tombstoneWatermark": ev.manifest.tombstone_watermark,
+        "benchmarkFence": ev.manifest.benchmark_fence,
+    }
     return [
-        f"{key} {ev.manifest[key]} differs from the freeze's {value}"
+        f"{key} {stated[key]} differs from the freeze's {value}"
         for key, value in frozen.items()
-        if ev.manifest[key] != value
+        if stated[key] != value
     ]
 
 
@@ -137,7 +141,7 @@ def no_open_dead_letters(ev: Evidence, report: RuleReport) -> list[str]:
 
 def member_count_matches(ev: Evidence, _report: RuleReport) -> list[str]:
     """The count a training run checks against is the table's."""
-    stated = ev.manifest["members"]["count"]
+    stated = ev.manifest.members.count
     if ev.member_count != stated:
         return [f"members table has {ev.member_count} rows, manifest says {stated}"]
     return []
@@ -246,7 +250,7 @@ def split_conflicts_resolved(ev: Evidence, report: RuleReport) -> list[str]:
 def packing_invariants_hold(ev: Evidence, report: RuleReport) -> list[str]:
     """The spans are sound provenance: inside their blocks and shards, disjoint, covering the
     counted content, and only over train members (``packing_check``)."""
-    packed = load_index(ev.cas, ev.manifest["layers"]["packed_blocks"], "packed_blocks")
+    packed = load_index(ev.cas, ev.manifest.layers["packed_blocks"], "packed_blocks")
     train = ev.con.sql(  # a set of ids to the check: no order
         "SELECT record_id, split FROM members WHERE split = 'train'"
     ).to_arrow_table()
@@ -257,7 +261,7 @@ def packing_invariants_hold(ev: Evidence, report: RuleReport) -> list[str]:
 
 def no_tombstone_hits(ev: Evidence, report: RuleReport) -> list[str]:
     """No record revoked at or below the snapshot's watermark is a member."""
-    watermark = int(ev.manifest["tombstoneWatermark"])
+    watermark = ev.manifest.tombstone_seq
     reasons = _tombstone_reasons(ev, revoked_targets(ev.catalog, watermark))
     report.tombstone_hits = len(reasons)
     return [f"{reason} hits this snapshot" for reason in reasons]
@@ -266,7 +270,7 @@ def no_tombstone_hits(ev: Evidence, report: RuleReport) -> list[str]:
 def no_benchmark_hits(ev: Evidence, report: RuleReport) -> list[str]:
     """No benchmark item active at the snapshot's fence is a member."""
     with ev.catalog.begin() as conn:
-        fence = int(ev.manifest["benchmarkFence"])
+        fence = ev.manifest.benchmark_seq
         items = [(row.benchmark, row.dedup_key) for row in active_items(conn, fence)]
     names, keys = zip(*items, strict=True) if items else ((), ())
     ev.register(
@@ -293,7 +297,7 @@ def transform_image_is(current: str) -> ValidationRule:
     canary) would not run the transform that built the snapshot."""
 
     def same_transform_image(ev: Evidence, _report: RuleReport) -> list[str]:
-        recorded = ev.manifest["transformImage"]
+        recorded = ev.manifest.transform_image
         if recorded == current:
             return []
         same = recorded.partition("@")[0] == current.partition("@")[0]
@@ -335,7 +339,7 @@ def build_latency(ev: Evidence, report: RuleReport) -> list[str]:
     """Not a rule, a metric: seconds from the freeze to this validation."""
     with ev.catalog.begin() as conn:
         frozen_at = conn.scalar(
-            select(freezes.c.created_at).where(freezes.c.partition_key == ev.manifest["partition"])
+            select(freezes.c.created_at).where(freezes.c.partition_key == ev.manifest.partition)
         )
     report.build_latency_seconds = round(time.time() - frozen_at, 1) if frozen_at else None
     return []

@@ -16,6 +16,7 @@ import pyarrow.parquet as pq
 from corpus_assets.core.governance import alias_gate
 from corpus_assets.core.publication import manifest_queries
 from corpus_assets.core.publication.verify import load_manifest, resolve
+from corpus_assets.core.runtime.snapshot_manifest import Manifest
 from corpus_assets.core.storage.cas import ContentStore
 from corpus_assets.core.storage.cas_queries import VerifiedFiles, sql_list
 from corpus_assets.core.storage.catalog import Catalog
@@ -33,12 +34,10 @@ MIGRATED = """SELECT record_id || ': ' || coalesce(o.split, 'None') || ' -> '
 WHERE n.split IS DISTINCT FROM o.split"""
 
 
-def _members(files: VerifiedFiles, manifest: dict[str, Any]) -> pa.Table:
+def _members(files: VerifiedFiles, manifest: Manifest) -> pa.Table:
     """The profile's columns (two of few distinct values, one integer): small per member."""
     columns = ["source_id", "split", "text_bytes"]
-    return pq.read_table(
-        files.path(manifest["members"]["digest"], "members table"), columns=columns
-    )
+    return pq.read_table(files.path(manifest.members.digest, "members table"), columns=columns)
 
 
 def _profile(members: pa.Table) -> dict[str, Any]:
@@ -82,7 +81,7 @@ def shadow_diff(
         else None
     )
     if trust is not None:
-        tables = [m["members"]["digest"] for m in (manifest, old_manifest) if m is not None]
+        tables = [m.members.digest for m in (manifest, old_manifest) if m is not None]
         files.verified |= trust.unchanged(tables)
     new = _members(files, manifest)
     diff: dict[str, Any] = {"candidate": candidate.snapshot_id, "active": active_id}
@@ -90,12 +89,12 @@ def shadow_diff(
     if old_manifest is None:
         diff.update(added=new.num_rows, removed=0, split_migrations=0, examples={})
         return diff
-    if old_manifest["members"]["digest"] == manifest["members"]["digest"]:  # a re-build
+    if old_manifest.members.digest == manifest.members.digest:  # a re-build
         diff.update(added=0, removed=0, split_migrations=0)
         diff["examples"] = {"added": [], "removed": [], "migrated": []}
         diff["active_profile"] = diff["candidate_profile"]
         return diff
-    diff.update(member_changes(cas, old_manifest["members"], manifest["members"], files))
+    diff.update(member_changes(cas, old_manifest.members.ref(), manifest.members.ref(), files))
     diff["active_profile"] = _profile(_members(files, old_manifest))
     return diff
 

@@ -35,6 +35,7 @@ from corpus_assets.core.publication.rules import Evidence, RuleReport, Validatio
 from corpus_assets.core.publication.verify import Report, load_manifest, resolve, verify
 from corpus_assets.core.records.canary import canary_replay
 from corpus_assets.core.runtime import transform
+from corpus_assets.core.runtime.snapshot_manifest import ManifestError
 from corpus_assets.core.runtime.workspace import Workspace
 from corpus_assets.core.storage import failpoints
 from corpus_assets.core.storage.cas import CasError, ContentStore
@@ -120,7 +121,7 @@ def validate_snapshot(ws: Workspace, digest: str, trust_unchanged: bool = False)
             load_manifest(ws.cas, snapshot),
             verified=report.verified,  # re-hashed once, by verify
         )
-    except CasError as error:  # already reported by verify, by object name
+    except (CasError, ManifestError) as error:  # already reported by verify, by object name
         failed.append(("evidence", str(error)))
         incomplete: list[str] = []
     else:
@@ -152,7 +153,7 @@ def verify_snapshot(
         evidence = Evidence.load(
             cas, catalog, load_manifest(cas, resolve(catalog, digest)), verified=report.verified
         )
-    except CasError:  # already reported by verify, by object name
+    except (CasError, ManifestError):  # already reported by verify, by object name
         return report
     with evidence:
         found = [f for _rule, f in _apply(boundary, evidence, report.gate)]

@@ -24,6 +24,7 @@ from corpus_assets.core.publication.identity import snapshot_id as compute_snaps
 from corpus_assets.core.publication.manifest_schema import schema_errors
 from corpus_assets.core.publication.rules import RuleReport
 from corpus_assets.core.publication.signing import SignatureError, check_alias_key, verify_signature
+from corpus_assets.core.runtime.snapshot_manifest import Manifest
 from corpus_assets.core.storage.artifacts import JSON, PARQUET, decode_json, get_json
 from corpus_assets.core.storage.cas import COPY_CHUNK, CasError, ContentStore
 from corpus_assets.core.storage.catalog import Catalog
@@ -61,29 +62,37 @@ def resolve(catalog: Catalog, digest: str) -> states.Snapshot:
     raise states.StateError(f"no snapshot with id or manifest digest {digest} in the catalog")
 
 
-def load_manifest(cas: ContentStore, snapshot: states.Snapshot) -> dict[str, Any]:
-    """The manifest document, re-hashed by the CAS on read."""
+def load_manifest(cas: ContentStore, snapshot: states.Snapshot) -> Manifest:
+    """The manifest, re-hashed by the CAS on read, as the typed model (``ManifestError`` when
+    it does not fit; ``verify`` names why)."""
+    return Manifest.read(stored_manifest(cas, snapshot), f"manifest {snapshot.manifest_digest}")
+
+
+def stored_manifest(cas: ContentStore, snapshot: states.Snapshot) -> dict[str, Any]:
+    """The manifest document as stored, for the checks of the stored bytes alone (snapshotId,
+    schema, signature, the ref walk): they must name what is wrong with any document, which a
+    model could not read. Every other reader takes ``load_manifest``."""
     return get_json(cas, snapshot.manifest_digest, "manifest")
 
 
 def signed_manifest(
     cas: ContentStore, catalog: Catalog, snapshot: states.Snapshot
-) -> tuple[dict[str, Any], str]:
+) -> tuple[Manifest, str]:
     """The one door of every reader of a manifest's content (a permit, the training reader,
     the dataset card): the manifest re-hashed from the CAS, its snapshotId recomputed from its
     payload, and its DSSE signature by a key of the trust root (outside the home) that the
     catalog pins for the snapshot's alias; (manifest, key id). Raises ``SignatureError``."""
-    manifest = load_manifest(cas, snapshot)
-    recomputed = compute_snapshot_id(manifest)
+    document = stored_manifest(cas, snapshot)
+    recomputed = compute_snapshot_id(document)
     sid = snapshot.snapshot_id
-    if recomputed != sid or manifest.get("snapshotId") != sid:
+    if recomputed != sid or document.get("snapshotId") != sid:
         raise SignatureError(
-            f"manifest {snapshot.manifest_digest} says snapshotId {manifest.get('snapshotId')}, "
+            f"manifest {snapshot.manifest_digest} says snapshotId {document.get('snapshotId')}, "
             f"its payload hashes to {recomputed}, the catalog says {sid}"
         )
-    keyid = verify_signature(manifest.get("signature"), sid, home=cas.root.parent)
+    keyid = verify_signature(document.get("signature"), sid, home=cas.root.parent)
     check_alias_key(catalog, snapshot.alias, sid, keyid)
-    return manifest, keyid
+    return Manifest.read(document, f"manifest {snapshot.manifest_digest}"), keyid
 
 
 def verify(
@@ -100,7 +109,7 @@ def verify(
     snapshot = resolve(catalog, digest)
     report = Report(snapshot.snapshot_id)
     try:
-        manifest = load_manifest(cas, snapshot)
+        manifest = stored_manifest(cas, snapshot)
     except CasError as error:
         report.findings.append(f"manifest: {error}")
         return report

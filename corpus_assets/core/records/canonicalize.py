@@ -38,7 +38,7 @@ from corpus_assets.core.records.pii import redact, redact_parts
 from corpus_assets.core.records.quality import QualityPolicy, check_quality
 from corpus_assets.core.records.scripts import script_of, scripts_of
 from corpus_assets.core.records.text_chunks import utf8
-from corpus_assets.core.runtime.config import CorpusConfig, Source
+from corpus_assets.core.runtime.config import CorpusConfig, PiiConfig, Source
 from corpus_assets.core.storage.digests import sha256_digest
 
 QUARANTINE_PREFIXES = ("parse.", "schema.")
@@ -64,7 +64,7 @@ class Stages:
     purpose: str
     quality: QualityPolicy
     index: BenchmarkIndex | None
-    redact_pii: bool = True
+    redact_pii: bool = PiiConfig().redact  # the config's default: one source
     pii: Counter[str] = field(default_factory=Counter)
     normalized: Counter[str] = field(default_factory=Counter)
 

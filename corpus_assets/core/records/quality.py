@@ -39,25 +39,28 @@ from collections import Counter
 from dataclasses import dataclass
 
 from corpus_assets.core.records.quality_hashes import hashed_line_chars, hashed_ngrams
+from corpus_assets.core.runtime.row_policies import QualityConfig
 
 PPM = 1_000_000
 CODE_KIND = "code"
 # Characters per piece on a long text: bounds each rule's working memory (a test shrinks it).
 CHUNK_CHARS = 1 << 17
+DEFAULT = QualityConfig()  # the config's defaults are the policy's: one source, never two
 
 
 @dataclass(frozen=True)
 class QualityPolicy:
-    """Thresholds for ``check_quality``; the defaults are permissive, a config tightens them."""
+    """Thresholds for ``check_quality``; the defaults (``QualityConfig``'s) are permissive, a
+    config tightens them."""
 
     version: str = "quality.v1"
-    min_chars: int = 1
-    max_chars: int = 1_000_000
-    max_symbol_ratio_ppm: int = 500_000
-    min_alpha_ratio_ppm: int = 0
-    max_repeated_line_ratio_ppm: int = PPM
-    max_repeated_ngram_ratio_ppm: int = PPM
-    ngram: int = 3
+    min_chars: int = DEFAULT.min_chars
+    max_chars: int = DEFAULT.max_chars
+    max_symbol_ratio_ppm: int = DEFAULT.max_symbol_ratio_ppm
+    min_alpha_ratio_ppm: int = DEFAULT.min_alpha_ratio_ppm
+    max_repeated_line_ratio_ppm: int = DEFAULT.max_repeated_line_ratio_ppm
+    max_repeated_ngram_ratio_ppm: int = DEFAULT.max_repeated_ngram_ratio_ppm
+    ngram: int = DEFAULT.ngram
 
     def __post_init__(self) -> None:
         if not isinstance(self.version, str) or not self.version:

@@ -79,9 +79,9 @@ class RayRunner:
     asks for ``memory_mb`` of a node's memory: Ray starts no more tasks on a node than fit."""
 
     address: str
-    task_timeout_s: float = 1800.0
-    startup_timeout_s: float = 120.0
-    memory_mb: int = 2048
+    task_timeout_s: float = Execution().task_timeout_s  # the config's defaults: one source
+    startup_timeout_s: float = Execution().startup_timeout_s
+    memory_mb: int = Execution().worker_memory_mb
 
     def wants(self, jobs: int, input_bytes: int | None = None) -> bool:
         return jobs > 0  # the cluster's workers are up; the driver may not hold the data

@@ -11,6 +11,7 @@ import pyarrow.parquet as pq
 from corpus_assets.core.governance import states
 from corpus_assets.core.publication.identity import snapshot_id
 from corpus_assets.core.publication.signing import sign_snapshot
+from corpus_assets.core.runtime.snapshot_manifest import read_manifest
 from corpus_assets.core.storage.artifacts import put_table
 from corpus_assets.core.storage.digests import canonical_json
 from corpus_assets.selftest.case import NO_LOSS, Outcome, fault
@@ -24,8 +25,8 @@ def _member_rows(home: Home, sid: str, record_id: str) -> list[tuple[str, int]]:
     """(object, line) of every members row of ``record_id`` in snapshot ``sid``."""
     with workspace(home) as ws:
         digest = states.get(ws.catalog, sid).manifest_digest
-        manifest = json.loads(ws.cas.get_bytes(digest))
-        table = pq.read_table(ws.cas.path(manifest["members"]["digest"]))
+        manifest = read_manifest(ws.cas, digest)
+        table = pq.read_table(ws.cas.path(manifest.members.digest))
     rows = table.select(["record_id", "object", "line"]).to_pylist()
     return [(r["object"], r["line"]) for r in rows if r["record_id"] == record_id]
 

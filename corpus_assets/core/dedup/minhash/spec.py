@@ -20,11 +20,13 @@ component :data:`MAX_HASH` (``2**32 - 1``), datasketch's initial value.
 from dataclasses import dataclass
 
 from corpus_assets.core.dedup.minhash.segment import SEGMENTER
+from corpus_assets.core.runtime.config import NearDedupPolicy
 
 VERSION_V2 = "minhash.v2"
 VERSION_V3 = "minhash.v3"  # v2's hashing; the shingle mode per record; a threshold per mode
 VERSIONS = (VERSION_V2, VERSION_V3)
-VERSION = VERSION_V3  # the default
+DEFAULT = NearDedupPolicy()  # the config's defaults are the spec's: one source, never two
+VERSION = DEFAULT.signature  # the default
 MAX_HASH = (1 << 32) - 1
 
 
@@ -33,10 +35,10 @@ class SignatureSpec:
     """Versioned signature definition: shingling + hash + permutation family + seed."""
 
     version: str = VERSION
-    num_perm: int = 128
-    seed: int = 1
-    shingle_words: int = 5
-    shingle_chars: int = 5
+    num_perm: int = DEFAULT.num_perm
+    seed: int = DEFAULT.seed
+    shingle_words: int = DEFAULT.shingle_words
+    shingle_chars: int = DEFAULT.shingle_chars
 
     def __post_init__(self) -> None:
         if self.version not in VERSIONS:

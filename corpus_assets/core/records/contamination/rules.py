@@ -39,7 +39,10 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from corpus_assets.core.runtime.row_policies import ContaminationConfig
+
 VERSION = "contamination.v2"  # the policy's name in config, payloads and reports
+DEFAULT = ContaminationConfig()  # the config's defaults are the engine's: one source, never two
 INDEX_FORMAT = "contamination.index.v2"
 PPM = 1_000_000
 UNCHECKED, NGRAM, WHOLE = 0, 1, 2  # how an item is checked
@@ -66,10 +69,10 @@ class TokenPolicy:
     """The contamination policy; integers only (it is hashed into task keys)."""
 
     version: str = VERSION
-    ngram_words: int = 13
-    ngram_chars: int = 50
-    min_whole_tokens: int = 8
-    min_whole_chars: int = 20
+    ngram_words: int = DEFAULT.ngram_words
+    ngram_chars: int = DEFAULT.ngram_chars
+    min_whole_tokens: int = DEFAULT.min_whole_tokens
+    min_whole_chars: int = DEFAULT.min_whole_chars
 
     def __post_init__(self) -> None:
         if self.version != VERSION:

@@ -32,6 +32,7 @@ from corpus_assets.core.ingest.freeze import freeze
 from corpus_assets.core.records.index import CanonicalIndex
 from corpus_assets.core.runtime.config import PackingPolicy
 from corpus_assets.core.runtime.layer_index import LayerIndex, load_index
+from corpus_assets.core.runtime.snapshot_manifest import read_manifest
 from corpus_assets.core.runtime.workspace import Workspace
 from corpus_assets.core.storage.artifacts import Ref, get_json, get_table
 from corpus_assets.core.storage.cas_queries import Spilling, batches, sql_list, sql_path
@@ -104,17 +105,17 @@ def parent_pack(ws: Workspace, partition_key: str) -> ParentPack | None:
     snapshot = states.get(ws.catalog, parents[0])
     if not ws.cas.contains(snapshot.manifest_digest):
         return None
-    manifest = get_json(ws.cas, snapshot.manifest_digest, "parent manifest")
-    packed, mixed = manifest["layers"]["packed_blocks"], manifest["layers"]["mixed_samples"]
+    manifest = read_manifest(ws.cas, snapshot.manifest_digest, "parent manifest")
+    packed, mixed = manifest.layers["packed_blocks"], manifest.layers["mixed_samples"]
     if not (ws.cas.contains(packed["digest"]) and ws.cas.contains(mixed["digest"])):
         return None
     samples = load_index(ws.cas, mixed, "mixed_samples").output("samples")
     index = load_index(ws.cas, packed, "packed_blocks")
-    needed = [samples, manifest["members"], index.output("spans"), index.output("layout")]
+    needed = [samples, manifest.members.ref(), index.output("spans"), index.output("layout")]
     if not all(ws.cas.contains(ref["digest"]) for ref in needed):
         return None  # collected: the child cannot keep what is gone
     layout = get_json(ws.cas, index.output("layout"), "parent packed layout")
-    return ParentPack(parents[0], packed, index, samples, manifest["members"], layout)
+    return ParentPack(parents[0], packed, index, samples, manifest.members.ref(), layout)
 
 
 def memo_part(ws: Workspace, partition_key: str) -> str | None:

@@ -30,8 +30,9 @@ from corpus_assets.core.runtime.layer_index import (
     publish_index,
     read_layer_index,
 )
+from corpus_assets.core.runtime.snapshot_manifest import read_manifest
 from corpus_assets.core.runtime.workspace import Workspace
-from corpus_assets.core.storage.artifacts import Ref, get_json, put_table
+from corpus_assets.core.storage.artifacts import Ref, put_table
 from corpus_assets.core.storage.cas_queries import cas_parquet, cas_parquets, put_query
 from corpus_assets.core.tokens.cache import TokenCache, token_cache
 from corpus_assets.core.tokens.spec import resolve_tokenizer
@@ -91,8 +92,10 @@ def parent_splits(ws: Workspace, parent: str | None) -> tuple[list[Ref], Source,
     query over its Parquet table) and its evaluation version; nothing for a first build."""
     if parent is None:
         return [], SPLIT_TABLE.empty_table(), 0
-    manifest = get_json(ws.cas, states.get(ws.catalog, parent).manifest_digest, "parent manifest")
-    ref = manifest["layers"]["splits"]
+    manifest = read_manifest(
+        ws.cas, states.get(ws.catalog, parent).manifest_digest, "parent manifest"
+    )
+    ref = manifest.layers["splits"]
     index = load_index(ws.cas, ref, "splits")
     table = cas_parquet(ws.cas, index.output("splits"), "parent splits")
     rows = f"SELECT record_id, split FROM {table}"
@@ -208,9 +211,9 @@ def _heldout(
         return PAIR_COLUMNS.empty_table(), {}, {}
     index, chunks = None, []
     if parent is not None:
-        manifest = get_json(ws.cas, states.get(ws.catalog, parent).manifest_digest, "manifest")
-        index = load_index(ws.cas, manifest["layers"]["splits"], "splits")
-        chunks = CanonicalIndex.load(ws.cas, manifest["layers"]["canonical_records"]).chunks()
+        manifest = read_manifest(ws.cas, states.get(ws.catalog, parent).manifest_digest)
+        index = load_index(ws.cas, manifest.layers["splits"], "splits")
+        chunks = CanonicalIndex.load(ws.cas, manifest.layers["canonical_records"]).chunks()
     who = f"parent {parent}" if parent is not None else "parent snapshot"
     known = reuse(ws, dedup, scan.spec, (index, CODE, who))
     policy = ws.config.policy_digest("splits")
