@@ -2,6 +2,7 @@
 
 import os
 import shutil
+import signal
 import tempfile
 import uuid
 from collections.abc import Callable, Iterator
@@ -24,6 +25,19 @@ def pytest_configure(config: pytest.Config) -> None:
     writes the user's real ``~/.config/corpus-assets/trust.json``."""
     os.environ["XDG_CONFIG_HOME"] = tempfile.mkdtemp(prefix="corpus-test-config-")
     os.environ.pop("CORPUS_TRUST_FILE", None)
+    _default_stop_signals()
+
+
+def _default_stop_signals() -> None:
+    """SIGINT and SIGTERM as in a foreground process, whatever the suite was started from.
+
+    A shell starts a background job (``make test &``, many CI runners) with SIGINT ignored, and
+    a Dagster job run in-process maps SIGTERM to SIGINT's handler, so from then on the worker
+    ignored SIGTERM and so did every compute-log ``tail`` a later in-process CLI command
+    started: Dagster stops those with SIGTERM and waited on each until its timeout (about a
+    minute per activation)."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 PG_ADMIN_DSN = os.environ.get(
