@@ -213,8 +213,9 @@ def test_a_row_created_while_a_registration_waits_is_behind_it(
 
 
 def _wait_for_lock_waiters(catalog: Catalog, count: int) -> None:
-    """Until ``count`` sessions of this database wait on a lock (10 s at most)."""
-    deadline = time.monotonic() + 10
+    """Until ``count`` sessions of this database wait on a lock (60 s at most: a loaded
+    machine may take long to start a thread's transaction; a passing test never waits it)."""
+    deadline = time.monotonic() + 60
     query = text(
         "SELECT count(*) FROM pg_stat_activity "
         "WHERE datname = current_database() AND wait_event_type = 'Lock'"
