@@ -88,6 +88,13 @@ def make_postgres_db() -> Iterator[Callable[[], str]]:
         _admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
+# For a test whose PostgreSQL run repeats a full build (CLI processes, Dagster jobs) its SQLite
+# run already covers: the PostgreSQL run is in the slow tier (``make test-slow``).
+POSTGRES_IN_SLOW_TIER = pytest.mark.parametrize(
+    "catalog_url", ["sqlite", pytest.param("postgres", marks=pytest.mark.heavy)], indirect=True
+)
+
+
 @pytest.fixture(params=["sqlite", "postgres"])
 def catalog_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "sqlite":
