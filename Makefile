@@ -6,7 +6,7 @@ export CORPUS_HOME ?= $(CURDIR)/.corpus
 # The instance is ./dagster.yaml (storage in ./.dagster): DAGSTER_HOME is the folder it is in.
 export DAGSTER_HOME ?= $(CURDIR)
 
-.PHONY: demo test lint ui clean chromium
+.PHONY: demo test test-slow lint ui clean chromium
 
 $(UV):
 	$(PYTHON) -m venv .tools
@@ -37,11 +37,22 @@ chromium:
 	  && apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null \
 	  || echo "chromium missing: 'sudo apt-get install chromium' (the browser test skips locally, fails under CI)"; }
 
-## Run ruff, the import-layering contracts and the test suite (slow benchmarks are skipped; PostgreSQL tests need 127.0.0.1:5432).
+# The two test tiers partition the suite: every test runs in exactly one of them
+# (test_repository.py checks that the expressions are complements). FAST_TIER is also pyproject's
+# default, so a bare `pytest` runs the fast tier.
+FAST_TIER := not slow and not heavy and not browser and not faults
+SLOW_TIER := slow or heavy or browser or faults
+PYTEST := $(UV) run --frozen --no-sync pytest -n auto --maxprocesses=4 --durations=25
+
+## Run ruff, the import-layering contracts and the fast test tier (PostgreSQL tests need 127.0.0.1:5432).
 test: .venv/.synced chromium
 	$(UV) run --frozen --no-sync ruff check corpus_assets corpus_assets_tests bench
 	$(UV) run --frozen --no-sync lint-imports
-	$(UV) run --frozen --no-sync pytest -n auto --maxprocesses=4 --durations=25
+	$(PYTEST) -m "$(FAST_TIER)"
+
+## Run the slow test tier: real-browser UI, fault cases, crash and kill tests, clusters, soaks.
+test-slow: .venv/.synced chromium
+	$(PYTEST) -m "$(SLOW_TIER)"
 
 lint: .venv/.synced
 	$(UV) run --frozen --no-sync ruff check corpus_assets corpus_assets_tests bench

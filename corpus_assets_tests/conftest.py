@@ -2,15 +2,20 @@
 
 import os
 import shutil
+import signal
 import tempfile
 import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import psycopg2
 import pytest
+from sqlalchemy import func, select
 
+from corpus_assets.core.pipeline import build_all
 from corpus_assets.core.runtime.workspace import Workspace, open_workspace
+from corpus_assets.core.storage.catalog import Catalog, metadata
 from corpus_assets.demo import write_demo
 
 
@@ -20,6 +25,19 @@ def pytest_configure(config: pytest.Config) -> None:
     writes the user's real ``~/.config/corpus-assets/trust.json``."""
     os.environ["XDG_CONFIG_HOME"] = tempfile.mkdtemp(prefix="corpus-test-config-")
     os.environ.pop("CORPUS_TRUST_FILE", None)
+    _default_stop_signals()
+
+
+def _default_stop_signals() -> None:
+    """SIGINT and SIGTERM as in a foreground process, whatever the suite was started from.
+
+    A shell starts a background job (``make test &``, many CI runners) with SIGINT ignored, and
+    a Dagster job run in-process maps SIGTERM to SIGINT's handler, so from then on the worker
+    ignored SIGTERM and so did every compute-log ``tail`` a later in-process CLI command
+    started: Dagster stops those with SIGTERM and waited on each until its timeout (about a
+    minute per activation)."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 PG_ADMIN_DSN = os.environ.get(
@@ -70,6 +88,13 @@ def make_postgres_db() -> Iterator[Callable[[], str]]:
         _admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
+# For a test whose PostgreSQL run repeats a full build (CLI processes, Dagster jobs) its SQLite
+# run already covers: the PostgreSQL run is in the slow tier (``make test-slow``).
+POSTGRES_IN_SLOW_TIER = pytest.mark.parametrize(
+    "catalog_url", ["sqlite", pytest.param("postgres", marks=pytest.mark.heavy)], indirect=True
+)
+
+
 @pytest.fixture(params=["sqlite", "postgres"])
 def catalog_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "sqlite":
@@ -98,6 +123,93 @@ def workspace(
     ws = open_workspace()
     yield ws
     ws.close()
+
+
+TABLES = list(metadata.sorted_tables)
+
+
+@dataclass(frozen=True)
+class BuiltDemo:
+    """The demo built once (all seven layers of partition ``p1``) on one catalog backend."""
+
+    backend: str
+    home: Path
+    config: Path
+    catalog_url: str
+    snapshot_id: str
+    partition: str = "p1"
+
+
+def _build_demo(root: Path, backend: str, catalog_url: str) -> BuiltDemo:
+    home = root / "corpus"
+    config = write_demo(home)
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("CORPUS_HOME", str(home))
+        env.setenv("CORPUS_CONFIG", str(config))
+        env.setenv("CORPUS_CATALOG_URL", catalog_url)
+        with open_workspace(config) as ws:
+            sid = build_all(ws, "p1")["manifest"].digests["snapshotId"]
+    return BuiltDemo(backend, home, config, catalog_url, sid)
+
+
+def _fingerprint(built: BuiltDemo) -> tuple[int, ...]:
+    """What a read-only test must leave as it found it: the CAS objects, and the rows of every
+    catalog table."""
+    objects = sum(1 for p in (built.home / "cas").rglob("*") if p.is_file())
+    catalog = Catalog(built.catalog_url)
+    try:
+        with catalog.begin() as conn:
+            rows = [conn.execute(select(func.count()).select_from(t)).scalar() for t in TABLES]
+    finally:
+        catalog.dispose()
+    return objects, *rows
+
+
+@pytest.fixture(scope="session")
+def built_demos(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, BuiltDemo]]:
+    """One demo build per backend for the whole session (each xdist worker its own), made on
+    first use: most tests that read a built snapshot need not pay a seven-layer build each."""
+    made: dict[str, BuiltDemo] = {}
+    yield made
+    for built in made.values():
+        if built.backend == "postgres":
+            _admin(f'DROP DATABASE IF EXISTS "{built.catalog_url.rsplit("/", 1)[1]}" WITH (FORCE)')
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def built_demo(
+    request: pytest.FixtureRequest,
+    built_demos: dict[str, BuiltDemo],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> Iterator[BuiltDemo]:
+    """The shared demo build on each backend, with the environment pointing at it. Shared by
+    every test of the worker, so a test using it must only read: a new CAS object or a catalog
+    write fails the test at teardown (a test that changes state builds its own)."""
+    backend = request.param
+    if backend not in built_demos:
+        root = request.getfixturevalue("tmp_path_factory").mktemp(f"built-{backend}")
+        url = f"sqlite:///{root / 'catalog.sqlite'}"  # outside the home: its CAS is all there is
+        if backend == "postgres":
+            name = f"corpus_test_built_{uuid.uuid4().hex[:12]}"
+            _admin(f'CREATE DATABASE "{name}"')
+            url = f"{PG_URL}/{name}"
+        built_demos[backend] = _build_demo(root, backend, url)
+    built = built_demos[backend]
+    monkeypatch.setenv("CORPUS_HOME", str(built.home))
+    monkeypatch.setenv("CORPUS_CONFIG", str(built.config))
+    monkeypatch.setenv("CORPUS_CATALOG_URL", built.catalog_url)
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster"))
+    before = _fingerprint(built)
+    yield built
+    assert _fingerprint(built) == before, "a test sharing the built demo changed it"
+
+
+@pytest.fixture
+def built_workspace(built_demo: BuiltDemo) -> Iterator[Workspace]:
+    """The shared demo build opened (read only: see ``built_demo``)."""
+    with open_workspace(built_demo.config) as ws:
+        yield ws
 
 
 def use_demo_copy(

@@ -22,7 +22,9 @@ from corpus_assets.core.publication.validation import validate_snapshot
 from corpus_assets.core.runtime.workspace import Workspace
 from corpus_assets.core.storage.catalog import snapshot_events, tombstones
 from corpus_assets.definitions import defs
+from corpus_assets_tests.conftest import POSTGRES_IN_SLOW_TIER
 
+pytestmark = POSTGRES_IN_SLOW_TIER  # each test builds and publishes through the CLI and Dagster
 RESOURCES = {"corpus": CorpusResource()}
 
 

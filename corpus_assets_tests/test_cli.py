@@ -35,6 +35,7 @@ def _field(output: str, name: str) -> str:
     return match.group(1)
 
 
+@pytest.mark.heavy  # the whole CLI journey: a dozen CLI processes, three builds
 def test_demo_verify_rebuild_reuse_and_tamper(tmp_path: Path) -> None:
     demo = run(tmp_path, "demo")
     assert demo.returncode == 0, demo.stderr
@@ -198,6 +199,7 @@ def test_errors_are_one_clear_line(tmp_path: Path) -> None:
     assert "partition key 'Not/A/Key' is invalid" in bad_partition.stderr
 
 
+@pytest.mark.heavy  # the CLI demo again, on PostgreSQL: a duplicated full build
 @pytest.mark.postgres
 def test_demo_runs_on_postgresql_catalog(tmp_path: Path, postgres_url: str) -> None:
     demo = run(tmp_path, "demo", extra_env={"CORPUS_CATALOG_URL": postgres_url})
@@ -321,6 +323,7 @@ def test_a_cdc_gap_build_names_the_incomplete_snapshot_and_the_missing_offsets(
     assert "CDC offsets missing lsn 3-4 (watermark 5)" in err, err
 
 
+@pytest.mark.heavy  # CLI processes, two full builds
 def test_build_prints_each_benchmark_checked_and_what_it_excluded(tmp_path: Path) -> None:
     """After ``benchmark add``, the next ``build`` says per benchmark how its items were checked
     and how many records they excluded (the report in the build output)."""
@@ -350,6 +353,7 @@ def _ignore_sigterm() -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
+@pytest.mark.heavy  # a full CLI demo in a process
 def test_demo_completes_when_its_parent_ignores_sigterm(tmp_path: Path) -> None:
     """A parent that ignores SIGTERM (pytest-xdist's workers do; so can supervisors) passed that
     on to Dagster's compute-log ``tail`` helpers, which Dagster stops with SIGTERM and waits

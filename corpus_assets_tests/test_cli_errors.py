@@ -156,6 +156,7 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
     made.close()
 
 
+@pytest.mark.heavy  # a crash test: CLI builds interrupted mid-run and resumed
 @pytest.mark.parametrize("point", ["task/canonical_records", "validate/*"])
 def test_ctrl_c_stops_a_build_in_one_line_and_the_next_build_resumes(
     lab: Lab, point: str, tmp_path: Path

@@ -33,7 +33,9 @@ def _gate_check(result: dg.ExecuteInProcessResult) -> dg.AssetCheckEvaluation:
     return evaluation
 
 
-@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+@pytest.mark.parametrize(  # the PostgreSQL run repeats the seven-layer build: the slow tier
+    "backend", ["sqlite", pytest.param("postgres", marks=pytest.mark.heavy)]
+)
 def test_materialize_all_seven_layers(
     demo_home: Path, backend: str, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
 ) -> None:

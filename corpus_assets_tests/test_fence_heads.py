@@ -28,6 +28,7 @@ from corpus_assets.core.storage.catalog import Catalog, benchmark_items
 from corpus_assets.core.storage.catalog import gate as gate_rows
 from corpus_assets.core.storage.catalog import tombstones as tombstone_rows
 from corpus_assets.demo import demo_objects, write_demo
+from corpus_assets_tests.conftest import POSTGRES_IN_SLOW_TIER
 from corpus_assets_tests.test_cli import _field, run
 
 BENCHMARKED = "essays/e0124"  # a demo essay whose whole text is registered as a benchmark item
@@ -100,6 +101,7 @@ def test_registrations_after_a_build_fence_the_next_one(workspace: Workspace) ->
     assert not {BENCHMARKED, REVOKED} & set(members)
 
 
+@POSTGRES_IN_SLOW_TIER
 def test_cli_benchmark_before_the_first_build(tmp_path: Path, catalog_url: str) -> None:
     """As a new user: demo sources in place, ``benchmark`` the eval set, then ``build``."""
     write_demo(tmp_path / ".corpus")
@@ -218,8 +220,9 @@ def test_a_row_created_while_a_registration_waits_is_behind_it(
 
 
 def _wait_for_lock_waiters(catalog: Catalog, count: int) -> None:
-    """Until ``count`` sessions of this database wait on a lock (10 s at most)."""
-    deadline = time.monotonic() + 10
+    """Until ``count`` sessions of this database wait on a lock (60 s at most: a loaded
+    machine may take long to start a thread's transaction; a passing test never waits it)."""
+    deadline = time.monotonic() + 60
     query = text(
         "SELECT count(*) FROM pg_stat_activity "
         "WHERE datname = current_database() AND wait_event_type = 'Lock'"

@@ -97,13 +97,23 @@ def test_the_cas_lock_spans_nodes_sharing_the_catalog(
         waiter = _start(node_b, "gc", "--dry-run", "--json", env=env)
         said = "gc is waiting for running builds"
     try:
-        time.sleep(4.0)
-        assert waiter.poll() is None, waiter.communicate()  # it waits for the other node
+        _wait_until_it_waits(postgres_url, waiter)  # for the other node
     finally:
         held.communicate("\n", timeout=30)
     _out, err = waiter.communicate(timeout=120)
     assert waiter.returncode == 0, err
     assert said in err
+
+
+def _wait_until_it_waits(url: str, process: subprocess.Popen, timeout: float = 120) -> None:
+    """Until a request for the catalog's advisory lock is queued, ``process`` still running:
+    the process waits for the lock, where a fixed pause only guessed it would have by then."""
+    deadline = time.monotonic() + timeout
+    while _advisory_waiters(url) == 0:
+        assert process.poll() is None, process.communicate()  # it went ahead without the lock
+        assert time.monotonic() < deadline, "it never asked for the lock"
+        time.sleep(0.05)
+    assert process.poll() is None, process.communicate()
 
 
 def _advisory_waiters(url: str) -> int:
@@ -293,6 +303,7 @@ def _on_store(home: Home, sources: Path, url: str) -> None:
     )
 
 
+@pytest.mark.heavy  # a real build held in a process while gc waits
 def test_gc_on_another_node_waits_for_a_real_build(
     pg_lab: Lab,
     tmp_path: Path,
@@ -317,8 +328,7 @@ def test_gc_on_another_node_waits_for_a_real_build(
             assert build.poll() is None and time.monotonic() < deadline, build.communicate()
             time.sleep(0.02)
         gc = node_b.start("gc", "--json")
-        time.sleep(3.0)
-        assert gc.poll() is None  # it waits for node A's build
+        _wait_until_it_waits(node_a.catalog_url, gc)  # for node A's build
         (folder / "task_ANY.go").touch()
         out, err = build.communicate(timeout=300)
         assert build.returncode == 0, err

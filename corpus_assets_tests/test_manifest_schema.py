@@ -9,7 +9,6 @@ from typing import Any
 import pytest
 from jsonschema import Draft202012Validator
 
-from corpus_assets.core.pipeline import build_all
 from corpus_assets.core.publication.manifest_schema import schema, schema_errors
 from corpus_assets.core.runtime.layer_index import LAYERS
 from corpus_assets.core.runtime.workspace import Workspace
@@ -91,9 +90,10 @@ def test_schema_is_valid_2020_12_and_loads_from_the_package() -> None:
 ADDED_AFTER_V1 = {"contamination", "packing"}  # per-benchmark report, packing mode
 
 
-def test_demo_manifest_passes_and_every_damage_is_named_by_path(workspace: Workspace) -> None:
-    build_all(workspace, "p1")
-    manifest = json.loads(workspace.cas.get_bytes(workspace.catalog.layer_output("p1", "manifest")))
+def test_demo_manifest_passes_and_every_damage_is_named_by_path(built_workspace: Workspace) -> None:
+    manifest = json.loads(
+        built_workspace.cas.get_bytes(built_workspace.catalog.layer_output("p1", "manifest"))
+    )
     assert schema_errors(manifest) == []
     # the schema and the builder name the same top-level keys: neither may drift alone; a key
     # added after v1 was published is optional, so manifests built before it still validate

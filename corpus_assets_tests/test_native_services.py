@@ -228,6 +228,7 @@ def _approve(services: Services, port: int, repository: dict[str, Any], key: str
         catalog.dispose()
 
 
+@pytest.mark.heavy  # the Dagster webserver, daemon and code server as processes
 def test_compose_services_run_natively(services: Services, tmp_path: Path) -> None:
     """Webserver and daemon on the PostgreSQL instance, code from the gRPC server: a build of the
     demo corpus submitted through GraphQL is queued, launched by the daemon on the code server,

@@ -30,7 +30,7 @@ from corpus_assets.core.dedup.near_stage import NearStage
 from corpus_assets.core.dedup.report import NearReport
 from corpus_assets.core.dedup.signature_cache import signature_spec
 from corpus_assets.core.governance.deletion_reach import hits
-from corpus_assets.core.pipeline import BUILDERS, DIRECT_BUILDERS, build_all
+from corpus_assets.core.pipeline import BUILDERS, DIRECT_BUILDERS
 from corpus_assets.core.publication.leakage_check import dedup_invariants
 from corpus_assets.core.records.index import RECORD_COLUMNS, CanonicalIndex
 from corpus_assets.core.records.normalize import dedup_key
@@ -39,7 +39,7 @@ from corpus_assets.core.runtime.layer_index import LayerResult
 from corpus_assets.core.runtime.workspace import Workspace, open_workspace
 from corpus_assets.core.storage.artifacts import get_table
 from corpus_assets.core.storage.cas import CasError
-from corpus_assets_tests.conftest import use_demo_copy
+from corpus_assets_tests.conftest import BuiltDemo, use_demo_copy
 
 
 def _sets_jaccard(a: np.ndarray, b: np.ndarray) -> float:
@@ -433,14 +433,14 @@ def test_real_python_docs_lose_nothing(tmp_path: Path) -> None:
     ws.close()
 
 
+@pytest.mark.parametrize("built_demo", ["sqlite"], indirect=True)
 def test_a_removed_duplicate_stays_in_deletion_lineage_through_its_representative(
-    demo_home: Path,
+    built_workspace: Workspace, built_demo: BuiltDemo
 ) -> None:
-    with open_workspace() as ws:
-        sid = build_all(ws, "p1")["manifest"].digests["snapshotId"]
-        found = hits(ws.cas, ws.catalog, "record", "essays/e0020")  # the demo's near copy
-        (representative,) = hits(ws.cas, ws.catalog, "record", "essays/e0123")
-    assert [s["snapshotId"] for s in found] == [sid]
+    ws = built_workspace
+    found = hits(ws.cas, ws.catalog, "record", "essays/e0020")  # the demo's near copy
+    (representative,) = hits(ws.cas, ws.catalog, "record", "essays/e0123")
+    assert [s["snapshotId"] for s in found] == [built_demo.snapshot_id]
     assert found[0]["members"] == []  # not trained on as itself...
     (alias,) = found[0]["carried_by"]  # ...but through the record that stood for it
     assert (alias["verdict"], alias["representative_id"]) == (NEAR, "essays/e0123")

@@ -2,15 +2,13 @@
 
 import copy
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from corpus_assets.core.audit.prov import prov_document
-from corpus_assets.core.pipeline import build_all
 from corpus_assets.core.runtime.snapshot_manifest import Manifest
-from corpus_assets.core.runtime.workspace import open_workspace
+from corpus_assets.core.runtime.workspace import Workspace
 from corpus_assets.core.storage.digests import DIGEST_RE, canonical_json, json_digest
 from corpus_assets_tests.prov_json_schema import schema_errors
 
@@ -240,11 +238,11 @@ def test_empty_agent_is_refused() -> None:
         _prov(manifest, freeze, " ")
 
 
-def test_demo_snapshot_lineage_covers_every_pinned_object(demo_home: Path) -> None:
-    with open_workspace() as ws:
-        build_all(ws, "p1")
-        manifest = json.loads(ws.cas.get_bytes(ws.catalog.layer_output("p1", "manifest")))
-        freeze = json.loads(ws.cas.get_bytes(manifest["freeze"]["digest"]))
+@pytest.mark.parametrize("built_demo", ["sqlite"], indirect=True)
+def test_demo_snapshot_lineage_covers_every_pinned_object(built_workspace: Workspace) -> None:
+    ws = built_workspace
+    manifest = json.loads(ws.cas.get_bytes(ws.catalog.layer_output("p1", "manifest")))
+    freeze = json.loads(ws.cas.get_bytes(manifest["freeze"]["digest"]))
     doc = _prov(manifest, freeze, "corpus-assets-builder")
     _check_shape(doc)
     assert schema_errors(doc) == []  # the W3C PROV-JSON schema, not only our own shape check

@@ -163,6 +163,7 @@ def _build(
     return results["manifest"].digests["snapshotId"], layers, pids, dedup, search
 
 
+@pytest.mark.heavy  # a Ray cluster, S3 and PostgreSQL
 @pytest.mark.postgres
 def test_local_and_ray_builds_give_the_same_snapshot(
     bucket: str,  # noqa: F811 - first: sets the AWS environment the Ray nodes inherit

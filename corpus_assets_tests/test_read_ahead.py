@@ -51,7 +51,8 @@ def test_reads_at_most_depth_batches_ahead_of_a_stalled_consumer() -> None:
     source = Counting(1000)
     reader = ReadAhead(source, batch_bytes=4 * BLOCK, depth=2)
     try:
-        time.sleep(0.3)
+        # the queue full (depth batches) and a third batch read, waiting to be put: stalled
+        wait_until(lambda: source.calls >= 3 * 4, "the helper never filled its queue")
         # depth queued batches + one being filled + one waiting to be put, of 4 blocks each
         assert source.calls <= 4 * 4
         assert reader.readinto(bytearray(BLOCK)) == BLOCK
@@ -79,8 +80,7 @@ def test_close_stops_the_thread_before_returning_so_the_source_may_be_closed() -
     reader.close()
     assert not read_ahead_threads()
     calls = source.calls
-    time.sleep(0.1)
-    assert source.calls == calls  # nothing read after close returned
+    assert not read_ahead_threads() and source.calls == calls  # nothing read after close
 
 
 def test_an_abandoned_reader_is_collected_and_its_thread_ends() -> None:

@@ -9,6 +9,8 @@ import json
 import re
 from pathlib import Path
 
+import pytest
+
 from corpus_assets_tests.test_cli import _field, run
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -39,6 +41,7 @@ class Session:
         return [json.loads(line) for line in self(*args).splitlines()]
 
 
+@pytest.mark.heavy  # every README command as a process
 def test_every_documented_command_is_exercised(tmp_path: Path) -> None:
     cli = Session(tmp_path)
     first = _field(cli("demo"), "snapshotId")

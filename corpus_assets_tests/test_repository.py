@@ -1,10 +1,17 @@
 """Promises about the repository itself: layering, the front door, the instance config."""
 
 import ast
+import itertools
+import re
+import subprocess
+import sys
 import tomllib
+from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 import yaml
+from _pytest.mark.expression import Expression
 
 from corpus_assets.core.runtime.config import parse_config
 
@@ -25,11 +32,75 @@ def test_every_core_stage_is_in_the_layering_contract() -> None:
     assert {"dagster", "corpus_assets.assets", "corpus_assets.cli"} <= forbidden
 
 
-def test_ci_runs_the_readme_test_command() -> None:
-    readme = (ROOT / "README.md").read_text()
+def test_ci_runs_the_readme_test_commands() -> None:
+    readme = (ROOT / "README.md").read_text().split("## Open the UI")[0]
     ci = (ROOT / ".ci" / "run").read_text()
-    assert "make test" in readme.split("## Open the UI")[0]
-    assert "\nmake test\n" in ci
+    assert "make test " in readme and "make test-slow " in readme
+    assert "\nmake test\nmake test-slow\n" in ci
+
+
+def _tier(name: str) -> str:
+    """A marker expression the Makefile defines (``NAME := expression``)."""
+    makefile = (ROOT / "Makefile").read_text()
+    (expression,) = re.findall(rf"^{name} := (.+)$", makefile, re.MULTILINE)
+    return expression
+
+
+def _markers() -> list[str]:
+    ini = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
+    return [line.split(":")[0] for line in ini["markers"]]
+
+
+def test_the_two_test_tiers_partition_every_test() -> None:
+    """For every combination of registered markers a test could carry, exactly one of
+    ``make test`` and ``make test-slow`` selects it, and the fast tier is the default
+    selection (so a bare ``pytest`` runs what ``make test`` runs)."""
+    fast, slow = Expression.compile(_tier("FAST_TIER")), Expression.compile(_tier("SLOW_TIER"))
+    ini = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
+    assert f"-m '{_tier('FAST_TIER')}'" in ini["addopts"]
+    markers = _markers()
+    assert {"slow", "heavy", "browser", "faults"} <= set(markers)
+    for carried in itertools.product([False, True], repeat=len(markers)):
+        has = dict(zip(markers, carried, strict=True))
+        matcher = _carrying(has)
+        assert fast.evaluate(matcher) != slow.evaluate(matcher), has
+
+
+def _carrying(has: dict[str, bool]) -> Callable[..., bool]:
+    """A marker matcher for a test carrying the markers ``has`` maps to True."""
+    return lambda name, /, **_kwargs: has.get(name, False)
+
+
+def _collected(expression: str) -> set[str]:
+    """The node ids ``pytest -m expression`` selects (collected only, not run)."""
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "--collect-only",
+            "-q",
+            "-p",
+            "no:xdist",
+            "-m",
+            expression,
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    return {line for line in done.stdout.splitlines() if "::" in line}
+
+
+@pytest.mark.heavy  # three collections of the whole suite, about a minute
+def test_the_collected_tiers_are_disjoint_and_keep_every_test() -> None:
+    """Collected for real: no test is in both tiers, and the two together hold every test the
+    single default selection (``not slow``) held before the suite was split."""
+    fast, slow = _collected(_tier("FAST_TIER")), _collected(_tier("SLOW_TIER"))
+    assert fast and slow and not fast & slow
+    assert _collected("not slow") <= fast | slow
 
 
 def test_doc_config_examples_are_valid() -> None:

@@ -61,6 +61,7 @@ def home(tmp_path: Path) -> Home:
     return Lab(tmp_path).standard_home("killed")
 
 
+@pytest.mark.heavy  # a crash test: a build killed mid-run
 def test_status_and_the_next_build_name_a_run_killed_before_its_manifest(home: Home) -> None:
     code, _err = _killed_build(home, "task/*=kill@7")
     assert code == -signal.SIGKILL
@@ -87,6 +88,7 @@ def test_status_and_the_next_build_name_a_run_killed_before_its_manifest(home: H
     assert "no snapshot yet" not in home.cli("status").out
 
 
+@pytest.mark.heavy  # a crash test under the real dagster-daemon
 def test_the_daemons_run_monitoring_marks_a_killed_run_failed(home: Home) -> None:
     code, _err = _killed_build(home, "task/*=kill@3")
     assert code == -signal.SIGKILL
@@ -104,7 +106,7 @@ def test_the_daemons_run_monitoring_marks_a_killed_run_failed(home: Home) -> Non
     try:
         deadline = time.monotonic() + 120
         while dict(_runs(home))[killed] == "STARTED" and time.monotonic() < deadline:
-            time.sleep(1)
+            time.sleep(0.2)
     finally:
         os.killpg(daemon.pid, signal.SIGKILL)
         daemon.wait()
@@ -120,12 +122,20 @@ def test_a_worker_is_alive_until_killed_and_reaped_and_a_reused_pid_is_not_it() 
     assert liveness(worker) is Liveness.ALIVE
     assert liveness(Worker(me.host, child.pid, worker.start + 1)) is Liveness.DEAD  # reused pid
     child.kill()
-    time.sleep(0.2)
+    _until_a_zombie(child.pid)
     assert liveness(worker) is Liveness.DEAD  # a zombie: killed, not yet reaped
     child.wait()
     assert liveness(worker) is Liveness.DEAD
     assert liveness(Worker("another-host", os.getpid(), 0)) is Liveness.UNKNOWN
     assert Worker.parse(worker.tag()) == worker and Worker.parse("nonsense") is None
+
+
+def _until_a_zombie(pid: int, timeout: float = 60) -> None:
+    """Until the killed child is a zombie (state Z: dead, not yet reaped by its parent)."""
+    deadline = time.monotonic() + timeout
+    while Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z":
+        assert time.monotonic() < deadline, f"{pid} was never a zombie"
+        time.sleep(0.01)
 
 
 def _start(pid: int) -> int:

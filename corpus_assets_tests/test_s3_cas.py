@@ -292,6 +292,7 @@ def test_training_loaders_read_the_object_store_with_an_empty_cache(
         assert blocks.index.blocks == 40
 
 
+@pytest.mark.heavy  # the demo built twice, on S3 and PostgreSQL
 def test_demo_on_s3_and_postgresql_matches_local_and_reads_back_from_s3_alone(
     bucket: str, tmp_path: Path, postgres_url: str, moto_endpoint: str
 ) -> None:

@@ -111,16 +111,17 @@ def _rendered(row: dict) -> str:
     return row["text"]
 
 
-def test_first_build_has_no_parent_and_moves_nothing(workspace: Workspace) -> None:
-    build_all(workspace, "p1")
-    index, split, moves, conflicts = _splits(workspace, "p1")
+def test_first_build_has_no_parent_and_moves_nothing(built_workspace: Workspace) -> None:
+    index, split, moves, conflicts = _splits(built_workspace, "p1")
     assert index.outputs["parent"] is None and (moves, conflicts) == ([], [])
     assert (index.counts["moves"], index.counts["conflicts"], index.counts["excluded"]) == (0, 0, 0)
     assert sum(index.counts[s] for s in SPLITS) == index.counts["records"] == len(split)
-    table = get_table(workspace.cas, index.output("splits"), "splits")
+    table = get_table(built_workspace.cas, index.output("splits"), "splits")
     components = len(set(table["leakage_id"].to_pylist()))
     assert sum(index.counts[f"{s}_components"] for s in SPLITS) == components
-    rows = CanonicalIndex.read(workspace, "p1")[1].table(["record_id", "kind", "payload", "text"])
+    rows = CanonicalIndex.read(built_workspace, "p1")[1].table(
+        ["record_id", "kind", "payload", "text"]
+    )
     size = {r["record_id"]: len(_rendered(r).encode()) + 1 for r in rows.to_pylist()}  # + EOS
     for name in SPLITS:  # the configured tokenizer's tokens per split
         ids = [r for r, s in split.items() if s == name]

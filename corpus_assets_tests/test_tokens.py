@@ -207,13 +207,12 @@ def test_a_new_snapshot_tokenises_only_its_new_chunk(workspace: Workspace) -> No
     assert any(descriptor["ids"]["digest"] in f for f in findings), findings
 
 
-def test_packed_tokens_and_mixing_counts_come_from_the_cache(workspace: Workspace) -> None:
-    build_all(workspace, "p1")
-    expected = _expected_tokens(workspace, "p1", lambda text: [*text.encode("utf-8")], 256)
-    _packed_outputs, tokens, block, spans = _packed(workspace, "p1", "<u2")
+def test_packed_tokens_and_mixing_counts_come_from_the_cache(built_workspace: Workspace) -> None:
+    expected = _expected_tokens(built_workspace, "p1", lambda text: [*text.encode("utf-8")], 256)
+    _packed_outputs, tokens, block, spans = _packed(built_workspace, "p1", "<u2")
     _check_spans(tokens, block, spans, expected)
-    _ref, mixed = _index(workspace, "p1", "mixed_samples")
-    samples = get_table(workspace.cas, mixed["samples"]).column("record_id").to_pylist()
+    _ref, mixed = _index(built_workspace, "p1", "mixed_samples")
+    samples = get_table(built_workspace.cas, mixed["samples"]).column("record_id").to_pylist()
     for row in mixed["report"]:
         own = [len(expected[r]) for r in samples if r.startswith(row["source"] + "/")]
         assert row["selected_tokens"] == row["population_tokens"] == sum(own)

@@ -178,6 +178,25 @@ def test_a_fence_moved_after_activation_refuses_new_permits_not_pinned_runs(
     assert _all_tokens(TrainingReader(ws.cas, ws.catalog, again)) == before
 
 
+def _let_it_wait(ws: Workspace, worker: threading.Thread, timeout: float = 60) -> None:
+    """Until PostgreSQL shows a session of the catalog waiting on a lock (the permit on the gate
+    row). SQLite shows no waiter: there the worker gets half a second to decide wrongly."""
+    if ws.catalog.engine.dialect.name != "postgresql":
+        worker.join(timeout=0.5)
+        return
+    waiting = text(
+        "SELECT count(*) FROM pg_stat_activity "
+        "WHERE datname = current_database() AND wait_event_type = 'Lock'"
+    )
+    deadline = time.monotonic() + timeout
+    while True:
+        with ws.catalog.begin() as conn:
+            if conn.scalar(waiting):
+                return
+        assert worker.is_alive() and time.monotonic() < deadline, "the permit never waited"
+        time.sleep(0.02)
+
+
 def test_a_permit_serialises_with_a_concurrent_fence_advance(workspace: Workspace) -> None:
     """The advance holds the gate row; the permit waits for it and then sees the new fence."""
     ws = workspace
@@ -195,7 +214,7 @@ def test_a_permit_serialises_with_a_concurrent_fence_advance(workspace: Workspac
         conn.execute(text("UPDATE gate SET tombstone_watermark = tombstone_watermark + 1"))
         worker = threading.Thread(target=permit)
         worker.start()
-        time.sleep(0.5)
+        _let_it_wait(ws, worker)
         assert worker.is_alive(), outcome  # waiting on the gate row, not deciding on stale data
         advance.commit()
     worker.join(timeout=30)
