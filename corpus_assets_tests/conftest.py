@@ -28,6 +28,25 @@ def pytest_configure(config: pytest.Config) -> None:
     _default_stop_signals()
 
 
+HEAVY_TESTS = Path(__file__).with_name("heavy_tests.txt")
+
+
+def heavy_test_ids() -> set[str]:
+    """The node ids ``heavy_tests.txt`` puts in the slow tier (comments and blanks skipped)."""
+    lines = HEAVY_TESTS.read_text().splitlines()
+    return {line for line in lines if line.strip() and not line.startswith("#")}
+
+
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects by marker
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests listed in ``heavy_tests.txt`` (measured costly) are marked ``heavy``: the fast
+    tier (``make test``) leaves them to ``make test-slow``, which CI runs too."""
+    heavy = heavy_test_ids()
+    for item in items:
+        if item.nodeid in heavy:
+            item.add_marker(pytest.mark.heavy)
+
+
 def _default_stop_signals() -> None:
     """SIGINT and SIGTERM as in a foreground process, whatever the suite was started from.
 

@@ -103,6 +103,16 @@ def test_the_collected_tiers_are_disjoint_and_keep_every_test() -> None:
     assert _collected("not slow") <= fast | slow
 
 
+@pytest.mark.heavy  # a collection of the whole suite
+def test_every_heavy_test_listed_is_a_collected_test() -> None:
+    """A renamed or removed test must leave ``heavy_tests.txt`` too: a stale line would move
+    nothing, and a renamed heavy test would silently come back into the fast tier."""
+    from corpus_assets_tests.conftest import heavy_test_ids
+
+    listed = heavy_test_ids()
+    assert listed and listed <= _collected(_tier("SLOW_TIER"))
+
+
 def test_doc_config_examples_are_valid() -> None:
     """Every YAML block in the README and docs/ parses as (a source list entry of) a valid
     corpus.yaml, so the examples users copy cannot drift from the config model."""
