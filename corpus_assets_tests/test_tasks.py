@@ -1,5 +1,6 @@
 """Chunk task claims across real processes: stale heartbeats, dead owners, live owners."""
 
+import errno
 import subprocess
 import sys
 import textwrap
@@ -11,6 +12,7 @@ from sqlalchemy import select, update
 
 from corpus_assets.core.storage.cas import ContentStore
 from corpus_assets.core.storage.catalog import Catalog, chunk_tasks
+from corpus_assets.core.storage.fsio import DiskFullError
 from corpus_assets.core.storage.tasks import RUNNING, SUCCESS, ChunkTask, preload, run_chunk
 
 TASK = ChunkTask("canonical_records", "s/a.jsonl", "sha256:" + "d" * 64, "v1")
@@ -107,3 +109,23 @@ def test_preloaded_successes_skip_without_queries(catalog: Catalog, tmp_path: Pa
     broken = Catalog.__new__(Catalog)  # a catalog that cannot answer: skips must not ask it
     outcomes = [run_chunk(broken, cas, t, lambda: "unused", done=done) for t in tasks]
     assert all(o.skipped for o in outcomes)
+
+
+def test_a_full_disk_stops_the_task_at_once_saying_so(catalog: Catalog, tmp_path: Path) -> None:
+    """No space left is the machine's state, not the task's: one attempt, no dead letter, and
+    the one-line DiskFullError (a retry or a "task failed" would hide what to do)."""
+    cas = ContentStore(tmp_path / "cas")
+    task = ChunkTask("tokens", "s/0", "sha256:" + "0" * 64, "v1")
+    attempts = []
+
+    def work() -> str:
+        attempts.append(1)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with pytest.raises(DiskFullError, match="no space left on device writing the output of chunk"):
+        run_chunk(catalog, cas, task, work)
+    assert len(attempts) == 1
+    with catalog.begin() as conn:
+        row = conn.execute(select(chunk_tasks)).mappings().one()
+    assert (row["status"], row["dead_letter"]) == ("FAILED", False)
+    assert run_chunk(catalog, cas, task, lambda: cas.put_bytes(b"out")).output_digest

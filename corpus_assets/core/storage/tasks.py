@@ -29,6 +29,7 @@ from sqlalchemy.exc import IntegrityError
 from corpus_assets.core.storage import failpoints
 from corpus_assets.core.storage.cas import ContentStore
 from corpus_assets.core.storage.catalog import Catalog, chunk_tasks
+from corpus_assets.core.storage.fsio import FULL, DiskFullError, disk_full
 
 PENDING, RUNNING, SUCCESS, FAILED = "PENDING", "RUNNING", "SUCCESS", "FAILED"
 WORKER = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
@@ -115,6 +116,15 @@ def run_chunk(
             except passthrough as exc:
                 _finish(catalog, task, FAILED, error=f"{type(exc).__name__}: {exc}")
                 raise
+            except OSError as exc:
+                if exc.errno not in FULL:
+                    error = f"{type(exc).__name__}: {exc}"
+                    trace = traceback.format_exc(limit=5)
+                else:  # a full disk is the machine's state, not the task's: no retry, say so
+                    _finish(catalog, task, FAILED, error=f"{type(exc).__name__}: {exc}")
+                    if isinstance(exc, DiskFullError):
+                        raise
+                    raise disk_full(exc, f"the output of chunk task {task.layer}") from None
             except Exception as exc:
                 error = f"{type(exc).__name__}: {exc}"
                 trace = traceback.format_exc(limit=5)
