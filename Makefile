@@ -6,7 +6,7 @@ export CORPUS_HOME ?= $(CURDIR)/.corpus
 # The instance is ./dagster.yaml (storage in ./.dagster): DAGSTER_HOME is the folder it is in.
 export DAGSTER_HOME ?= $(CURDIR)
 
-.PHONY: demo test test-slow lint ui clean chromium
+.PHONY: demo test test-slow test-soak lint ui clean chromium
 
 $(UV):
 	$(PYTHON) -m venv .tools
@@ -37,11 +37,13 @@ chromium:
 	  && apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null \
 	  || echo "chromium missing: 'sudo apt-get install chromium' (the browser test skips locally, fails under CI)"; }
 
-# The two test tiers partition the suite: every test runs in exactly one of them
-# (test_repository.py checks that the expressions are complements). FAST_TIER is also pyproject's
-# default, so a bare `pytest` runs the fast tier.
+# The three test tiers partition the suite: every test runs in exactly one of them
+# (test_repository.py checks it). FAST_TIER is also pyproject's default, so a bare `pytest` runs
+# the fast tier; CI (.ci/run) runs the fast and the slow tier; the soaks (marker `slow`: sweeps
+# and 200-trial races, tens of minutes) run on demand.
 FAST_TIER := not slow and not heavy and not browser and not faults
-SLOW_TIER := slow or heavy or browser or faults
+SLOW_TIER := not slow and (heavy or browser or faults)
+SOAK_TIER := slow
 PYTEST := $(UV) run --frozen --no-sync pytest -n auto --maxprocesses=4 --durations=25
 
 ## Run ruff, the import-layering contracts and the fast test tier (PostgreSQL tests need 127.0.0.1:5432).
@@ -53,6 +55,10 @@ test: .venv/.synced chromium
 ## Run the slow test tier: real-browser UI, fault cases, crash and kill tests, clusters, soaks.
 test-slow: .venv/.synced chromium
 	$(PYTEST) -m "$(SLOW_TIER)"
+
+## Run the soaks: the full SIGKILL sweep, 200-trial gate races, Ray waits (not in CI).
+test-soak: .venv/.synced
+	$(PYTEST) -m "$(SOAK_TIER)"
 
 lint: .venv/.synced
 	$(UV) run --frozen --no-sync ruff check corpus_assets corpus_assets_tests bench
