@@ -145,6 +145,24 @@ def test_the_cli_copy_is_the_root_config_with_storage_in_dagster_home() -> None:
         assert root[key]["config"]["base_dir"].startswith(".dagster"), root[key]
 
 
+@pytest.mark.parametrize("config", ["root", "cli copy"])
+def test_no_instance_opens_the_community_dialog_over_the_ui(
+    config: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The "Join the Dagster community" dialog opens a second after a page loads and closes the
+    menu the user had open (a browser test's partition picker, once): every instance we ship
+    turns it off."""
+    text = (REPO / "dagster.yaml").read_text() if config == "root" else DAGSTER_YAML
+    (tmp_path / "dagster.yaml").write_text(text)
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    with dagster_instance() as instance:
+        assert instance.nux_enabled is False
+    assert yaml.safe_load((REPO / "deploy" / "dagster.yaml").read_text())["nux"] == {
+        "enabled": False
+    }
+
+
 def test_the_root_instance_limits_build_runs_to_one_and_every_build_run_is_tagged(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -20,6 +20,7 @@ run_monitoring:
   {enabled: true, poll_interval_seconds: 30, start_timeout_seconds: 300, max_resume_run_attempts: 0}
 concurrency: {runs: {tag_concurrency_limits: [{key: corpus/build, limit: 1}]}}
 telemetry: {enabled: false}
+nux: {enabled: false}
 """
 QUIET = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
 
