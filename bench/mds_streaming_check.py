@@ -32,7 +32,7 @@ def export(directory: Path) -> None:
     from corpus_assets.core.consumption.export_mds import export_mds, materialize_mds
     from corpus_assets.core.publication.block_reader import BlockReader
     from corpus_assets.core.storage.cas import ContentStore
-    from corpus_assets_tests.test_shards import make_blocks, write
+    from corpus_assets_tests.core.storage.test_shards import make_blocks, write
 
     with tempfile.TemporaryDirectory() as scratch:
         cas = ContentStore(Path(scratch))

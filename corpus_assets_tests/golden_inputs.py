@@ -5,11 +5,11 @@ are a property of the code alone."""
 
 import json
 import random
-from pathlib import Path
 
 import zstandard
 
-CORPORA = Path(__file__).parents[2] / "shared" / "corpora"
+from corpus_assets_tests.paths import CORPORA
+
 # Per corpus: up to this many lines spread evenly, and at most this many bytes of them.
 SAMPLE_LINES, SAMPLE_BYTES = 1500, 4_000_000
 

@@ -3,12 +3,13 @@ document we emit must validate against it, not merely parse with the ``prov`` pa
 
 import json
 from functools import cache
-from pathlib import Path
 from typing import Any
 
 from jsonschema import Draft4Validator
 
-SCHEMA_PATH = Path(__file__).parent / "data" / "prov-json.schema.json"
+from corpus_assets_tests.paths import DATA
+
+SCHEMA_PATH = DATA / "prov-json.schema.json"
 
 
 @cache

@@ -12,22 +12,22 @@ on a broken copy, so a regression fails here.
 import copy
 import json
 import re
-from pathlib import Path
 from typing import Any
 
 import jsonschema
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
-DEPLOY = ROOT / "deploy"
-SCHEMA = Path(__file__).parent / "data" / "compose-spec.json"
+from corpus_assets_tests.paths import DATA, REPO
+
+DEPLOY = REPO / "deploy"
+SCHEMA = DATA / "compose-spec.json"
 DAGSTER_SERVICES = ("code", "webserver", "daemon")
 
 
 def _compose() -> dict[str, Any]:
     """The file as Compose sees it (YAML anchors and ``<<`` merges resolved)."""
-    return yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    return yaml.safe_load((REPO / "docker-compose.yml").read_text())
 
 
 def _schema_errors(compose: dict[str, Any]) -> list[str]:
@@ -144,7 +144,7 @@ def test_deployment_properties_hold() -> None:
 def test_no_default_password_ships() -> None:
     """Every password in the file comes from the operator's environment, required with a
     message: ``${POSTGRES_PASSWORD:?...}`` (docs/OPERATIONS.md: how to set it)."""
-    text = (ROOT / "docker-compose.yml").read_text()
+    text = (REPO / "docker-compose.yml").read_text()
     uses = re.findall(r"\$\{(POSTGRES_PASSWORD)(:\?[^}]+)?\}", text)
     assert uses and all(op.startswith(":?") and len(op) > 10 for _, op in uses), uses
     assert default_passwords(_compose()) == []

@@ -20,8 +20,9 @@ from corpus_assets.core.publication.signing import KEY_ENV
 from corpus_assets.core.publication.trust_root import TRUST_ENV, TrustRootError, trust_file
 from corpus_assets.core.runtime.config import Storage
 from corpus_assets.core.runtime.execution import Execution
+from corpus_assets_tests.paths import REPO
 
-K8S = Path(__file__).resolve().parents[1] / "deploy" / "k8s"
+K8S = REPO / "deploy" / "k8s"
 
 
 def _load(name: str) -> Any:

@@ -7,9 +7,10 @@ import re
 import tokenize
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from corpus_assets_tests.paths import REPO
+
 README_MAX_LINES = 300
-DOCS = [ROOT / "README.md", ROOT / "bench" / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+DOCS = [REPO / "README.md", REPO / "bench" / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 CODE_DIRS = ("corpus_assets", "corpus_assets_tests", "bench")
 # A numbered design seed, a tracker issue by number or a section sign: none is in the
 # repository, so a reader cannot follow it.
@@ -19,7 +20,7 @@ FENCE = re.compile(r"^(```|~~~).*?^\1", re.MULTILINE | re.DOTALL)
 
 
 def test_readme_stays_short() -> None:
-    lines = (ROOT / "README.md").read_text().splitlines()
+    lines = (REPO / "README.md").read_text().splitlines()
     assert len(lines) <= README_MAX_LINES, f"README.md has {len(lines)} lines"
 
 
@@ -45,7 +46,7 @@ def broken_links(path: Path) -> list[str]:
             continue
         file, _, anchor = target.partition("#")
         resolved = (path.parent / file).resolve() if file else path
-        name = f"{path.relative_to(ROOT)}: {target}"
+        name = f"{path.relative_to(REPO)}: {target}"
         if not resolved.exists():
             broken.append(f"{name} (no such file)")
         elif anchor and resolved.suffix == ".md" and anchor not in slugs(resolved.read_text()):
@@ -77,11 +78,11 @@ def citations() -> list[str]:
     hits = []
     for path in DOCS:
         for number, line in enumerate(path.read_text().splitlines(), 1):
-            hits += [f"{path.relative_to(ROOT)}:{number}: {m}" for m in CITATION.findall(line)]
+            hits += [f"{path.relative_to(REPO)}:{number}: {m}" for m in CITATION.findall(line)]
     for folder in CODE_DIRS:
-        for path in sorted((ROOT / folder).rglob("*.py")):
+        for path in sorted((REPO / folder).rglob("*.py")):
             for number, text in comments_and_docstrings(path.read_text()):
-                name = path.relative_to(ROOT)
+                name = path.relative_to(REPO)
                 hits += [f"{name}:{number}: {m}" for m in CITATION.findall(text)]
     return hits
 

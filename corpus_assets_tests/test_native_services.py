@@ -27,11 +27,11 @@ from corpus_assets.assets.jobs import approval_run_config
 from corpus_assets.core.governance import alias_gate, states
 from corpus_assets.core.storage.catalog import Catalog
 from corpus_assets.demo import write_demo
+from corpus_assets_tests.assets.test_postgres_instance import deploy_home, pg_env
 from corpus_assets_tests.conftest import PG_URL
-from corpus_assets_tests.test_postgres_instance import deploy_home, pg_env
+from corpus_assets_tests.paths import REPO
 from corpus_assets_tests.ui_servers import GraphQL, Group, free_port, start_group, stop_groups
 
-ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 
 REPOSITORIES = """{ repositoriesOrError { __typename ... on RepositoryConnection {
@@ -128,7 +128,7 @@ def _start_code_and_webserver(services: Services, tmp_path: Path) -> tuple[int, 
     code = _swap(_swap(compose["code"]["command"], "-h", "127.0.0.1"), "-p", str(code_port))
     services.start("code", code)
     _wait_healthy(services, compose["code"]["healthcheck"]["test"], code_port)
-    workspace = yaml.safe_load((ROOT / "deploy" / "workspace.yaml").read_text())
+    workspace = yaml.safe_load((REPO / "deploy" / "workspace.yaml").read_text())
     (location,) = workspace["load_from"]
     location["grpc_server"].update(host="127.0.0.1", port=code_port)
     path = tmp_path / "workspace.yaml"
@@ -168,7 +168,7 @@ def _start_daemon(services: Services, workspace: Path, port: int) -> None:
 
 
 def _compose_services() -> dict[str, Any]:
-    return yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]
+    return yaml.safe_load((REPO / "docker-compose.yml").read_text())["services"]
 
 
 def _repository(services: Services, port: int) -> dict[str, Any]:

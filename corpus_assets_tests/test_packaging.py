@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-UV = ROOT / ".tools" / "bin" / "uv"  # the Makefile's uv
+from corpus_assets_tests.paths import REPO
+
+UV = REPO / ".tools" / "bin" / "uv"  # the Makefile's uv
 
 
 @pytest.fixture(scope="module")
@@ -18,7 +19,7 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     assert UV.is_file(), f"{UV} is missing: `make .venv/.synced` installs it"
     out = tmp_path_factory.mktemp("wheel")
     subprocess.run(
-        [str(UV), "build", "--wheel", "--out-dir", str(out), str(ROOT)],
+        [str(UV), "build", "--wheel", "--out-dir", str(out), str(REPO)],
         check=True,
         capture_output=True,
         timeout=300,

@@ -7,24 +7,22 @@ import subprocess
 import sys
 import tomllib
 from collections.abc import Callable
-from pathlib import Path
 
 import pytest
 import yaml
 from _pytest.mark.expression import Expression
 
 from corpus_assets.core.runtime.config import parse_config
-
-ROOT = Path(__file__).resolve().parents[1]
+from corpus_assets_tests.paths import REPO
 
 
 def test_every_core_stage_is_in_the_layering_contract() -> None:
     """`lint-imports` (run by `make test`) only guards the stages it names: a new subpackage of
     core must take its place in the layers, or it could import anything."""
-    contracts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
+    contracts = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]
     layers = next(c for c in contracts["contracts"] if c["type"] == "layers")["layers"]
     layered = [m.strip() for layer in layers for m in layer.split("|")]  # "a | b": siblings
-    core = ROOT / "corpus_assets" / "core"
+    core = REPO / "corpus_assets" / "core"
     stages = {p.name for p in core.iterdir() if (p / "__init__.py").is_file()}
     stages |= {p.stem for p in core.glob("*.py") if p.stem != "__init__"}
     assert sorted(layered) == sorted(f"corpus_assets.core.{s}" for s in stages)
@@ -33,21 +31,21 @@ def test_every_core_stage_is_in_the_layering_contract() -> None:
 
 
 def test_ci_runs_the_readme_test_commands() -> None:
-    readme = (ROOT / "README.md").read_text().split("## Open the UI")[0]
-    ci = (ROOT / ".ci" / "run").read_text()
+    readme = (REPO / "README.md").read_text().split("## Open the UI")[0]
+    ci = (REPO / ".ci" / "run").read_text()
     assert "make test " in readme and "make test-slow " in readme
     assert "\nmake test\nmake test-slow\n" in ci
 
 
 def _tier(name: str) -> str:
     """A marker expression the Makefile defines (``NAME := expression``)."""
-    makefile = (ROOT / "Makefile").read_text()
+    makefile = (REPO / "Makefile").read_text()
     (expression,) = re.findall(rf"^{name} := (.+)$", makefile, re.MULTILINE)
     return expression
 
 
 def _markers() -> list[str]:
-    ini = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
+    ini = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
     return [line.split(":")[0] for line in ini["markers"]]
 
 
@@ -56,7 +54,7 @@ def test_the_test_tiers_partition_every_test() -> None:
     ``make test``, ``make test-slow`` and ``make test-soak`` selects it, and the fast tier is
     the default selection (so a bare ``pytest`` runs what ``make test`` runs)."""
     tiers = [Expression.compile(_tier(n)) for n in ("FAST_TIER", "SLOW_TIER", "SOAK_TIER")]
-    ini = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
+    ini = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
     assert f"-m '{_tier('FAST_TIER')}'" in ini["addopts"]
     markers = _markers()
     assert {"slow", "heavy", "browser", "faults"} <= set(markers)
@@ -85,7 +83,7 @@ def _collected(expression: str) -> set[str]:
             "-m",
             expression,
         ],
-        cwd=ROOT,
+        cwd=REPO,
         capture_output=True,
         text=True,
         timeout=600,
@@ -117,7 +115,7 @@ def test_doc_config_examples_are_valid() -> None:
     """Every YAML block in the README and docs/ parses as (a source list entry of) a valid
     corpus.yaml, so the examples users copy cannot drift from the config model."""
     blocks = []
-    for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+    for path in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
         text = path.read_text()
         blocks += [(path.name, b.split("```")[0]) for b in text.split("```yaml\n")[1:]]
     assert len(blocks) >= 5
@@ -137,9 +135,9 @@ def test_core_modules_and_functions_stay_short() -> None:
     """A module reads at once under ~450 lines and a function under ~60; a longer function
     must say why inside it (``# long function: ...``)."""
     offenders = []
-    for path in sorted((ROOT / "corpus_assets" / "core").rglob("*.py")):
+    for path in sorted((REPO / "corpus_assets" / "core").rglob("*.py")):
         text = path.read_text()
-        name = path.relative_to(ROOT).as_posix()
+        name = path.relative_to(REPO).as_posix()
         lines = text.splitlines()
         if len(lines) > MAX_MODULE_LINES:
             offenders.append(f"{name}: {len(lines)} lines")
@@ -151,3 +149,32 @@ def test_core_modules_and_functions_stay_short() -> None:
             if length > MAX_FUNCTION_LINES and LONG_FUNCTION_MARK not in body:
                 offenders.append(f"{name}:{node.lineno} {node.name}: {length} lines")
     assert offenders == []
+
+
+# Tests of the project as a whole (its files, docs, packaging, deployment, process allocators)
+# sit at the top; every other test sits in the folder of the package it tests.
+PROJECT_TESTS = {
+    "test_compose.py",
+    "test_deploy_k8s.py",
+    "test_docs.py",
+    "test_native_services.py",
+    "test_packaging.py",
+    "test_repository.py",
+    "test_returning_allocators.py",
+}
+
+
+def test_the_test_tree_mirrors_the_package_tree() -> None:
+    tests = REPO / "corpus_assets_tests"
+    misplaced = []
+    for test in sorted(tests.rglob("test_*.py")):
+        folder = test.parent.relative_to(tests)
+        if folder == folder.parent:  # the top
+            ok = test.name in PROJECT_TESTS
+        else:
+            ok = (REPO / "corpus_assets" / folder / "__init__.py").is_file() and (
+                test.parent / "__init__.py"
+            ).is_file()
+        if not ok:
+            misplaced.append(str(test.relative_to(REPO)))
+    assert misplaced == [], f"not beside a package of corpus_assets: {misplaced}"

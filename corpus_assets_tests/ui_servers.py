@@ -23,8 +23,8 @@ from typing import Any, TypeVar
 import dagster as dg
 
 from corpus_assets.cli.instance import DAGSTER_YAML
+from corpus_assets_tests.paths import REPO
 
-REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 T = TypeVar("T")
 

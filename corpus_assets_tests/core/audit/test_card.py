@@ -1,0 +1,222 @@
+"""``corpus-assets card DIGEST --out DIR``: a static page with matplotlib plots of what a
+snapshot is - sources, target vs realised shares, dedup, splits, lengths and padding,
+contamination per benchmark, lineage, signature and fences - read through the signed-manifest
+door, so a re-signed or edited manifest gets no card. Built once: the demo, a benchmark holding
+one of its records, and the build after it (so contamination has a flagged record to show)."""
+
+import base64
+import json
+import re
+import shutil
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
+from corpus_assets.core.audit.card import Card, load_card
+from corpus_assets.core.audit.card_html import SECTIONS, card_html, card_markdown
+from corpus_assets.core.publication import trust_root
+from corpus_assets.core.runtime.workspace import open_workspace
+from corpus_assets.selftest.attack.signatures import repoint, resign_with_new_key
+from corpus_assets_tests.cli.test_cli import _field, run
+from corpus_assets_tests.cli.test_cli_imports import _modules_after
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+PLOTS = {
+    "shares.png",
+    "dedup_s_curve.png",
+    "cluster_sizes.png",
+    "splits.png",
+    "sample_lengths.png",
+    "block_padding.png",
+    "contamination.png",
+    "lineage.png",
+}
+
+
+@dataclass(frozen=True)
+class Built:
+    home: Path  # run() 's home: the data home is home/.corpus
+    snapshot_id: str
+    manifest: dict
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
+    home = tmp_path_factory.mktemp("card")
+    demo = run(home, "demo")
+    assert demo.returncode == 0, demo.stderr
+    essays = home / ".corpus" / "demo-sources" / "essays" / "essays-00001.jsonl"
+    leaked = json.loads(essays.read_text().splitlines()[0])["text"]  # a training record, whole
+    items = home / "quiz.jsonl"
+    items.write_text(json.dumps({"id": "q1", "text": leaked}) + "\n")
+    assert run(home, "benchmark", "add", "quiz", str(items)).returncode == 0
+    after = run(home, "build")
+    assert after.returncode == 0, after.stderr
+    sid = _field(after.stdout, "snapshotId")
+    return Built(home, sid, json.loads(run(home, "show", sid).stdout))
+
+
+@pytest.fixture
+def card(built: Built, monkeypatch: pytest.MonkeyPatch) -> Iterator[Card]:
+    """The card loaded in this process, from the same home the CLI processes use."""
+    monkeypatch.chdir(built.home)  # the demo config names its data home relative to it
+    monkeypatch.setenv("CORPUS_HOME", str(built.home / ".corpus"))
+    with open_workspace(built.home / ".corpus" / "corpus.yaml") as ws:
+        yield load_card(ws.cas, ws.catalog, built.snapshot_id)
+
+
+def _section(page: str, anchor: str) -> str:
+    return page.split(f'<section id="{anchor}">', 1)[1].split("</section>", 1)[0]
+
+
+def _png_size(data: bytes) -> tuple[int, int]:
+    assert data[:8] == PNG_MAGIC and data[12:16] == b"IHDR"
+    return struct.unpack(">II", data[16:24])
+
+
+def test_the_card_shows_every_section_with_the_manifests_values(built: Built) -> None:
+    out = built.home / "card"
+    ran = run(built.home, "card", built.snapshot_id, "--out", str(out))
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout == f"{out / 'index.html'}\n"
+    page = (out / "index.html").read_text()
+    m = built.manifest
+    assert [a for a, _ in SECTIONS] == re.findall(r'<section id="([a-z]+)">', page)
+    assert built.snapshot_id in page.split("<section", 1)[0]
+    assert f"<td>{m['counts']['members']:,}</td>" in page
+    sources = _section(page, "sources")
+    assert [s["id"] for s in m["sources"]] == re.findall(r"<tr><td>([a-z]+)</td>", sources)
+    shares = _section(page, "shares")
+    for row in m["mixture"]:  # target and realised, by documents and by tokens
+        shown = (row["target_share"], row["doc_share"], row["token_share"])
+        assert "".join(f"<td>{float(s):.2%}</td>" for s in shown) in shares
+        assert f"<td>{row['selected_tokens']:,}</td>" in shares
+    removed = m["counts"]["duplicates_removed"]
+    dedup = _section(page, "dedup")
+    assert f"{m['counts']['records']:,} records" in dedup and removed == 4  # 3 exact, 1 near
+    assert "3 exact and 1 near duplicates removed" in dedup
+    splits = _section(page, "splits")
+    assert all(
+        f"<td>{split}</td><td>{m['counts'][split]:,}</td>" in splits
+        for split in ("train", "validation", "test")
+    )
+    assert f"{m['counts']['blocks']:,} blocks" in _section(page, "lengths")
+    (quiz,) = m["contamination"]["benchmarks"]
+    assert quiz["flagged"] == 2  # the record and its exact copy
+    assert f"<td>quiz</td><td>{quiz['items']}</td>" in _section(page, "contamination")
+    lineage = _section(page, "lineage")
+    assert all(ref["digest"] in lineage for ref in m["layers"].values())
+    signature = _section(page, "signature")
+    assert m["signature"]["signatures"][0]["keyid"] in signature
+    assert f"<td>benchmark fence</td><td>{m['benchmarkFence']}</td>" in signature
+    assert f"<td>tombstone watermark</td><td>{m['tombstoneWatermark']}</td>" in signature
+    images = set(re.findall(r'<img src="([^"]+)"', page))
+    assert images == PLOTS and {p.name for p in out.iterdir()} == PLOTS | {"index.html"}
+    for name in images:
+        data = (out / name).read_bytes()
+        width, height = _png_size(data)
+        assert width >= 600 and height >= 300 and len(data) > 5000, name
+    assert "<script" not in page and not re.search(r'(src|href)="(https?:)?//', page)
+
+
+def test_the_plots_agree_with_the_counts_and_the_markdown_embeds_them(
+    built: Built, card: Card
+) -> None:
+    packed = built.manifest["counts"]
+    assert card.block_padding.values == packed["blocks"]
+    assert card.block_padding.total == packed["tokens"] - card.sample_lengths.total
+    assert sum(card.sample_lengths.counts) == card.sample_lengths.values
+    out = built.home / "card-md"
+    assert run(built.home, "card", built.snapshot_id, "--out", str(out)).returncode == 0
+    inline = card_markdown(card)
+    for name in PLOTS:  # the same bytes in this process as in the CLI's
+        data = base64.b64encode((out / name).read_bytes()).decode()
+        assert f"![{name[:-4]}](data:image/png;base64,{data})" in inline
+    linked = card_markdown(card, image_base="cards/x/")
+    assert "![lineage](cards/x/lineage.png)" in linked and "base64" not in linked
+    assert f"| snapshotId | {built.snapshot_id} |" in linked
+
+    hostile = replace(
+        card, manifest=card.manifest.model_copy(update={"purpose": '<img src=x onerror="a|b">'})
+    )
+    assert "&lt;img src=x onerror=&quot;a|b&quot;&gt;" in card_html(hostile, PLOTS)
+    assert "<img src=x" not in card_html(hostile, PLOTS)
+    cell = "| purpose | &lt;img src=x onerror=&quot;a\\|b&quot;&gt; |"  # no raw HTML
+    assert cell in card_markdown(hostile, "x")
+
+
+def test_the_same_snapshot_gives_the_same_bytes(built: Built) -> None:
+    first, second = built.home / "same-1", built.home / "same-2"
+    for out in (first, second):
+        assert run(built.home, "card", built.snapshot_id, "--out", str(out)).returncode == 0
+    for path in sorted(first.iterdir()):
+        data = path.read_bytes()
+        assert data == (second / path.name).read_bytes(), path.name
+        assert b"matplotlib" not in data  # no version text chunk in a PNG
+
+
+@dataclass(frozen=True)
+class _DemoHome:
+    """What the attacks of ``selftest.attack.signatures`` need of a home."""
+
+    config: Path
+    trust_file: Path
+
+
+def _copy(built: Built, name: str, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, _DemoHome]:
+    home = built.home.parent / f"{built.home.name}-{name}"
+    shutil.copytree(built.home / ".corpus", home / ".corpus")
+    monkeypatch.chdir(home)
+    monkeypatch.setenv("CORPUS_HOME", str(home / ".corpus"))
+    trust = trust_root.trust_file(home / ".corpus")  # the session's, as the CLI's
+    return home, _DemoHome(home / ".corpus" / "corpus.yaml", trust)
+
+
+def _refused(home: Path, sid: str, reason: str, env: dict[str, str] | None = None) -> None:
+    out = home / "refused-card"
+    ran = run(home, "card", sid, "--out", str(out), extra_env=env)
+    assert ran.returncode == 1, ran.stdout
+    lines = ran.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("corpus-assets: error: "), ran.stderr
+    assert reason in lines[0], ran.stderr
+    assert not out.exists()
+
+
+def test_a_resigned_or_edited_manifest_or_another_trust_root_gets_no_card(
+    built: Built, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sid = built.snapshot_id
+    home, attacked = _copy(built, "resigned", monkeypatch)
+    resign_with_new_key(attacked, sid)  # type: ignore[arg-type]
+    _refused(home, sid, "unknown key")
+
+    home, attacked = _copy(built, "edited", monkeypatch)
+    repoint(attacked, sid, lambda m: m["counts"].update(members=1))  # type: ignore[arg-type]
+    _refused(home, sid, "payload hashes to")
+
+    other = Ed25519PrivateKey.generate().public_key()
+    pem = other.public_bytes(Encoding.PEM, PublicFormat.SubjectPublicKeyInfo)
+    trust = built.home.parent / f"{built.home.name}-other-trust.json"
+    trust_root.add_key(trust, pem, "another operator's")
+    _refused(built.home, sid, "unknown key", {trust_root.TRUST_ENV: str(trust)})
+
+
+def test_an_unknown_digest_or_an_unwritable_out_is_one_line(built: Built, tmp_path: Path) -> None:
+    unknown = "sha256:" + "0" * 64
+    _refused(built.home, unknown, f"no snapshot with id or manifest digest {unknown}")
+    blocker = tmp_path / "a-file"
+    blocker.write_text("kept")
+    for out in (blocker, blocker / "card"):
+        ran = run(built.home, "card", built.snapshot_id, "--out", str(out))
+        assert ran.returncode == 1 and ran.stderr.count("\n") == 1, ran.stderr
+        assert f"card --out {out}: not a" in ran.stderr
+    assert blocker.read_text() == "kept"
+
+
+def test_no_other_command_imports_matplotlib(tmp_path: Path) -> None:
+    assert not {m for m in _modules_after(["status"], tmp_path) if m.startswith("matplotlib")}

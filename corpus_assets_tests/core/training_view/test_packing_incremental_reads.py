@@ -1,0 +1,97 @@
+"""A child's packing reads (and re-hashes) in proportion to what it adds.
+
+A child that keeps its parent's shards builds only its new ones, so it verifies only the
+token-cache chunks those read, and of those, as of every table it reads, re-hashes only the ones
+changed on disk since they last hashed right (its parent's build check hashed the rest): the
+same layer.
+"""
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from corpus_assets.core.governance import states
+from corpus_assets.core.pipeline import BUILDERS, DIRECT_BUILDERS
+from corpus_assets.core.publication.validation import validate_snapshot
+from corpus_assets.core.records.index import CanonicalIndex
+from corpus_assets.core.runtime.layer_index import LAYERS, read_layer_index
+from corpus_assets.core.runtime.workspace import Workspace, open_workspace
+from corpus_assets.core.storage.artifacts import get_json
+from corpus_assets.core.storage.cas import ContentStore
+from corpus_assets.core.training_view.packing import shards as pack_shards
+from corpus_assets_tests.core.training_view.test_packing_incremental import (  # noqa: F401 - autouse fixture
+    _active,
+    _add_essays,
+    _home,
+    _no_env_catalog,
+)
+
+
+def _token_ids(ws: Workspace, key: str) -> list[str]:
+    """The digest of each token-cache chunk's ids the partition's packed layer lists."""
+    _ref, index = read_layer_index(ws, key, "packed_blocks")
+    return [
+        get_json(ws.cas, c["tokens"]["digest"])["ids"]["digest"]
+        for c in index.outputs["token_cache"]
+    ]
+
+
+def _parent_tables(ws: Workspace, key: str, sid: str) -> list[str]:
+    """The parent's tables a child's packing reads: canonical chunks, mixed samples, members
+    and packed spans."""
+    _ref, canonical = CanonicalIndex.read(ws, key)
+    _ref, mixed = read_layer_index(ws, key, "mixed_samples")
+    _ref, packed = read_layer_index(ws, key, "packed_blocks")
+    manifest = get_json(ws.cas, states.get(ws.catalog, sid).manifest_digest)
+    own = [mixed.output("samples"), packed.output("spans"), manifest["members"]]
+    return [chunk.records["digest"] for chunk in canonical.chunks()] + [r["digest"] for r in own]
+
+
+def test_a_child_re_hashes_only_token_chunks_changed_since_they_hashed_right(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = tmp_path / "home"
+    with open_workspace(_home(folder)) as ws:
+        sid = _active(ws, "p1")
+        assert validate_snapshot(ws, sid, trust_unchanged=True).ok  # the build's check
+        parent = _token_ids(ws, "p1")
+        tables = _parent_tables(ws, "p1", sid)
+        _add_essays(folder)
+        for layer in LAYERS[: LAYERS.index("packed_blocks")]:
+            BUILDERS[layer](ws, "p2")
+        verified: list[str] = []
+        verify = ContentStore.verify
+
+        def recording(cas: ContentStore, digest: str, what: str = "object") -> None:
+            verified.append(digest)
+            verify(cas, digest, what)
+
+        monkeypatch.setattr(ContentStore, "verify", recording)
+        built = BUILDERS["packed_blocks"](ws, "p2")
+        assert built.details["packing"]["mode"] == "incremental"
+        child = _token_ids(ws, "p2")
+        hashed = [digest for digest in child if digest in verified]
+        assert hashed == [digest for digest in child if digest not in parent]  # the new chunk
+        assert not set(tables) & set(verified)  # the parent's tables its check hashed
+        verified.clear()
+        touched = ws.cas.path(parent[0])
+        os.utime(touched, ns=(touched.stat().st_atime_ns, touched.stat().st_mtime_ns))
+        again = DIRECT_BUILDERS["packed_blocks"](ws, "p2")  # no memo: a real rebuild
+    assert [digest for digest in child if digest in verified] == [parent[0]]  # its ctime moved
+    assert again.digest == built.digest
+
+
+def test_chunks_read_are_those_of_the_samples_of_the_shards_built() -> None:
+    from corpus_assets.core.training_view.packing.plan import PackPlan
+
+    block = np.array([0, 0, 1, 2, 3, 3], np.int64)
+    sample = np.array([0, 1, 2, 3, 4, 5], np.int64)
+    zeros = np.zeros(6, np.int64)
+    plan = PackPlan("atomic", 8, 4, block, zeros, sample, zeros, zeros + 1, zeros[:0], 6, 0)
+    chunk = np.array([0, 1, 2, 3, 4, 4], np.int64)
+    bounds = plan.block_bounds()
+    assert pack_shards.chunks_read(plan, bounds, [2], 2, chunk) == [3, 4]
+    assert pack_shards.chunks_read(plan, bounds, [0, 2], 2, chunk) == [0, 1, 2, 3, 4]
+    assert pack_shards.chunks_read(plan, bounds, [], 2, chunk) == []
