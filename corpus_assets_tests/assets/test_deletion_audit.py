@@ -11,7 +11,7 @@ import pytest
 from corpus_assets.assets.deletion_audit import tombstone_audit
 from corpus_assets.assets.resources import CorpusResource
 from corpus_assets.definitions import defs
-from corpus_assets_tests.cli.test_cli import _field, run
+from corpus_assets_tests.cli_process import output_field, run
 
 PURPOSE = "demo-pretraining"
 
@@ -26,7 +26,7 @@ def _observations(instance: dg.DagsterInstance, key: str) -> list[dict]:
 def test_each_new_tombstone_is_traced_in_the_ui_as_the_cli_answers_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    sid = _field(run(tmp_path, "demo").stdout, "snapshotId")
+    sid = output_field(run(tmp_path, "demo").stdout, "snapshotId")
     assert run(tmp_path, "read", sid, "--run-id", "audit-1", "--purpose", PURPOSE).returncode == 0
     for record in ("essays/e0001", "essays/e0020"):  # a member; a removed near copy
         added = run(tmp_path, "tombstone", "add", "--record", record, "--reason", "erasure")

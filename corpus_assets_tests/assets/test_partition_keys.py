@@ -20,7 +20,7 @@ from corpus_assets.core.runtime.keys import (
 )
 from corpus_assets.core.runtime.workspace import open_workspace
 from corpus_assets.definitions import defs
-from corpus_assets_tests.cli.test_cli import run
+from corpus_assets_tests.cli_process import run
 
 BAD = "Bad Key!"
 

@@ -5,7 +5,6 @@ import json
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,32 +13,14 @@ from corpus_assets.cli.main import main
 from corpus_assets.core.governance import alias_gate, states
 from corpus_assets.core.pipeline import build_all
 from corpus_assets.core.runtime.workspace import open_workspace
-
-CLI = str(Path(sys.executable).parent / "corpus-assets")
-
-
-def run(
-    home: Path, *args: str, extra_env: dict[str, str] | None = None
-) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("CORPUS_", "DAGSTER_"))}
-    env.update(CORPUS_HOME=str(home / ".corpus"), DAGSTER_HOME=str(home / ".dagster"))
-    env.update(extra_env or {})
-    return subprocess.run(
-        [CLI, *args], cwd=home, env=env, capture_output=True, text=True, timeout=300
-    )
-
-
-def _field(output: str, name: str) -> str:
-    match = re.search(rf"^{name} (\S+)", output, re.MULTILINE)
-    assert match, f"no {name!r} line in:\n{output}"
-    return match.group(1)
+from corpus_assets_tests.cli_process import CLI, output_field, run
 
 
 @pytest.mark.heavy  # the whole CLI journey: a dozen CLI processes, three builds
 def test_demo_verify_rebuild_reuse_and_tamper(tmp_path: Path) -> None:
     demo = run(tmp_path, "demo")
     assert demo.returncode == 0, demo.stderr
-    sid = _field(demo.stdout, "snapshotId")
+    sid = output_field(demo.stdout, "snapshotId")
     assert re.fullmatch(r"sha256:[0-9a-f]{64}", sid)
     assert re.search(r"^alias demo generation 1$", demo.stdout, re.MULTILINE)
     assert "dedup: 4 exact and 1 near duplicates removed from 289 records" in demo.stdout
@@ -79,7 +60,7 @@ def _rebuild_is_identical_and_reuses(home: Path, sid: str, partition: str) -> st
     Returns the new partition's snapshotId."""
     rebuilt = run(home, "build", "--partition", partition)
     assert rebuilt.returncode == 0, rebuilt.stderr
-    assert _field(rebuilt.stdout, "snapshotId") == sid
+    assert output_field(rebuilt.stdout, "snapshotId") == sid
 
     second = run(home, "build")
     assert second.returncode == 0, second.stderr
@@ -90,7 +71,7 @@ def _rebuild_is_identical_and_reuses(home: Path, sid: str, partition: str) -> st
     # new splits, mixed_samples and packed_blocks indexes (the splits index names its parent
     # and reads its splits layer); every table is reused
     assert total - reused == 5
-    candidate = _field(second.stdout, "snapshotId")
+    candidate = output_field(second.stdout, "snapshotId")
     assert candidate != sid
     return candidate
 
@@ -140,7 +121,7 @@ def _tombstone_fences_the_candidate(home: Path, sid: str, candidate: str) -> Non
     assert len(refused.stderr.strip().splitlines()) == 1
     after = run(home, "build")
     assert after.returncode == 0, after.stderr
-    shown = json.loads(run(home, "show", _field(after.stdout, "snapshotId")).stdout)
+    shown = json.loads(run(home, "show", output_field(after.stdout, "snapshotId")).stdout)
     assert shown["tombstoneWatermark"] == "1"
     _lift_gives_the_record_back(home, sid, candidate)
 
@@ -158,7 +139,7 @@ def _lift_gives_the_record_back(home: Path, sid: str, candidate: str) -> None:
     )
     back = run(home, "build")
     assert back.returncode == 0, back.stderr
-    rebuilt = _field(back.stdout, "snapshotId")
+    rebuilt = output_field(back.stdout, "snapshotId")
     assert json.loads(run(home, "show", rebuilt).stdout)["tombstoneWatermark"] == "2"
     hits = json.loads(run(home, "tombstone", "hits", "1").stdout)
     assert (hits["lifted_by"], hits["actor"]) == (2, f"cli:{getpass.getuser()}")
@@ -204,7 +185,7 @@ def test_errors_are_one_clear_line(tmp_path: Path) -> None:
 def test_demo_runs_on_postgresql_catalog(tmp_path: Path, postgres_url: str) -> None:
     demo = run(tmp_path, "demo", extra_env={"CORPUS_CATALOG_URL": postgres_url})
     assert demo.returncode == 0, demo.stderr
-    sid = _field(demo.stdout, "snapshotId")
+    sid = output_field(demo.stdout, "snapshotId")
     assert not (tmp_path / ".corpus" / "catalog.sqlite").exists()
     verified = run(tmp_path, "verify", sid, extra_env={"CORPUS_CATALOG_URL": postgres_url})
     assert verified.returncode == 0, verified.stderr

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from corpus_assets.selftest.lab import PARTITION, Lab, parse_built
-from corpus_assets_tests.cli.test_cli import run
+from corpus_assets_tests.cli_process import run
 
 SECRET = "wJalrXUtnFEMI/K7MDENG+bPxRfiCYzzSECRET"
 SOURCES = "sources:\n  - {id: docs, kind: objects, path: docs}\n"

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from corpus_assets_tests.cli.test_cli import _field, run
+from corpus_assets_tests.cli_process import output_field, run
 from corpus_assets_tests.paths import REPO
 
 
@@ -43,8 +43,8 @@ class Session:
 @pytest.mark.heavy  # every README command as a process
 def test_every_documented_command_is_exercised(tmp_path: Path) -> None:
     cli = Session(tmp_path)
-    first = _field(cli("demo"), "snapshotId")
-    second = _field(cli("build"), "snapshotId")
+    first = output_field(cli("demo"), "snapshotId")
+    second = output_field(cli("build"), "snapshotId")
     assert cli("verify", second).startswith(f"OK {second}: ")
     trust = cli.json("trust", "list", "--json")  # the demo's key, created and pinned on first use
     assert trust["home_key_trusted"] and trust["alias_keys"] == {"demo": [trust["home_key"]]}
@@ -122,7 +122,7 @@ def test_every_documented_command_is_exercised(tmp_path: Path) -> None:
 
     partition = next(s["partition"] for s in status["snapshots"] if s["snapshotId"] == first)
     trained = cli("tokenizer", "train", "--partition", partition, "--vocab-size", "300")
-    digest = _field(trained, "tokenizer")
+    digest = output_field(trained, "tokenizer")
     assert f"trained on {status_train(cli, first)} train records" in trained
     assert "    kind: huggingface\n" in trained and f"    digest: {digest}\n" in trained
 

@@ -22,8 +22,8 @@ from corpus_assets.core.audit.card_html import SECTIONS, card_html, card_markdow
 from corpus_assets.core.publication import trust_root
 from corpus_assets.core.runtime.workspace import open_workspace
 from corpus_assets.selftest.attack.signatures import repoint, resign_with_new_key
-from corpus_assets_tests.cli.test_cli import _field, run
 from corpus_assets_tests.cli.test_cli_imports import _modules_after
+from corpus_assets_tests.cli_process import output_field, run
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 PLOTS = {
@@ -57,7 +57,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
     assert run(home, "benchmark", "add", "quiz", str(items)).returncode == 0
     after = run(home, "build")
     assert after.returncode == 0, after.stderr
-    sid = _field(after.stdout, "snapshotId")
+    sid = output_field(after.stdout, "snapshotId")
     return Built(home, sid, json.loads(run(home, "show", sid).stdout))
 
 

@@ -13,14 +13,14 @@ from prov.serializers.provjson import ProvJSONSerializer
 from corpus_assets.core.publication.verify import load_manifest, resolve
 from corpus_assets.core.runtime.layer_index import LAYERS, load_index
 from corpus_assets.core.runtime.workspace import open_workspace
-from corpus_assets_tests.cli.test_cli import _field, run
+from corpus_assets_tests.cli_process import output_field, run
 from corpus_assets_tests.prov_json_schema import schema_errors
 
 
 def test_lineage_names_every_layer_digest_and_code_and_who_served_and_read_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    sid = _field(run(tmp_path, "demo").stdout, "snapshotId")
+    sid = output_field(run(tmp_path, "demo").stdout, "snapshotId")
     read = run(tmp_path, "read", sid, "--run-id", "audit-1", "--purpose", "demo-pretraining")
     assert read.returncode == 0, read.stderr
     graph = json.loads(run(tmp_path, "lineage", sid, "--format", "json").stdout)

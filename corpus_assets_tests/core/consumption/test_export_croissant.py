@@ -10,7 +10,7 @@ import pyarrow as pa
 import pytest
 
 from corpus_assets.core.consumption.export_croissant import croissant_type, sha256_hex
-from corpus_assets_tests.cli.test_cli import _field, run
+from corpus_assets_tests.cli_process import output_field, run
 
 # mlcroissant runs in its own process: importing it (absl logging) breaks pytest's capture of
 # every later test in the same worker ("I/O operation on closed file").
@@ -60,7 +60,7 @@ def _export(home: Path, sid: str, out: Path) -> dict:
 def test_croissant_export_validates_and_reads_the_members(tmp_path: Path) -> None:
     demo = run(tmp_path, "demo")
     assert demo.returncode == 0, demo.stderr
-    sid = _field(demo.stdout, "snapshotId")
+    sid = output_field(demo.stdout, "snapshotId")
     manifest = json.loads(run(tmp_path, "show", sid).stdout)
     exported = _export(tmp_path, sid, tmp_path / "a")
     path = Path(exported["croissant"])

@@ -28,7 +28,7 @@ from corpus_assets.core.storage.catalog import Catalog, benchmark_items
 from corpus_assets.core.storage.catalog import gate as gate_rows
 from corpus_assets.core.storage.catalog import tombstones as tombstone_rows
 from corpus_assets.demo import demo_objects, write_demo
-from corpus_assets_tests.cli.test_cli import _field, run
+from corpus_assets_tests.cli_process import output_field, run
 from corpus_assets_tests.conftest import POSTGRES_IN_SLOW_TIER
 
 BENCHMARKED = "essays/e0124"  # a demo essay whose whole text is registered as a benchmark item
@@ -115,7 +115,7 @@ def test_cli_benchmark_before_the_first_build(tmp_path: Path, catalog_url: str) 
     built = run(tmp_path, "build", extra_env=env)
     assert built.returncode == 0, built.stderr
     assert f"state {states.VALIDATED}" in built.stdout
-    sid = _field(built.stdout, "snapshotId")
+    sid = output_field(built.stdout, "snapshotId")
     shown = json.loads(run(tmp_path, "show", sid, extra_env=env).stdout)
     assert shown["benchmarkFence"] == "1"
     why = run(tmp_path, "dedup", sid, BENCHMARKED, extra_env=env)

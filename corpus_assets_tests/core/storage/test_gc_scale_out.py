@@ -29,7 +29,7 @@ from corpus_assets.core.storage.catalog import Catalog
 from corpus_assets.core.storage.digests import sha256_digest
 from corpus_assets.demo import write_demo
 from corpus_assets.selftest.lab import Home, Lab, parse_built
-from corpus_assets_tests.cli.test_cli import CLI, _field, run
+from corpus_assets_tests.cli_process import CLI, output_field, run
 from corpus_assets_tests.conftest import PG_ADMIN_DSN, PG_URL
 from corpus_assets_tests.core.storage.test_s3_cas import MOTO_CREDENTIALS, bucket, moto_endpoint  # noqa: F401
 
@@ -227,7 +227,7 @@ def test_gc_on_s3_removes_only_the_garbage_and_every_node_forgets_it(
     env.update(MOTO_CREDENTIALS)
     built = run(node_a, "build", "--partition", "p1", extra_env=env)
     assert built.returncode == 0, built.stderr
-    sid = _field(built.stdout, "snapshotId")
+    sid = output_field(built.stdout, "snapshotId")
 
     before = {o["digest"] for o in _gc(node_a, env, "--dry-run")["objects"]}
     heads_before = _plan_heads(tmp_path / "lister-1", url, postgres_url)[1]

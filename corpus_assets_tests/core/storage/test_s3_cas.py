@@ -35,7 +35,7 @@ from corpus_assets.core.storage.cas import (
 from corpus_assets.core.storage.cas_s3 import S3ContentStore
 from corpus_assets.core.storage.digests import sha256_digest
 from corpus_assets.demo import write_demo
-from corpus_assets_tests.cli.test_cli import _field, run
+from corpus_assets_tests.cli_process import output_field, run
 from corpus_assets_tests.core.storage.test_shards import identity, make_blocks, write
 
 boto3 = pytest.importorskip(
@@ -311,8 +311,8 @@ def test_demo_on_s3_and_postgresql_matches_local_and_reads_back_from_s3_alone(
     env.update(MOTO_CREDENTIALS)
     on_s3 = run(home, "build", "--partition", "p1", extra_env=env)
     assert on_s3.returncode == 0, on_s3.stderr
-    sid = _field(on_s3.stdout, "snapshotId")
-    assert sid == _field(local.stdout, "snapshotId")
+    sid = output_field(on_s3.stdout, "snapshotId")
+    assert sid == output_field(local.stdout, "snapshotId")
     shown = [on_s3]
     for step in (("approve", sid, "--by", "alice"), ("activate", sid), ("status", "--json")):
         done = run(home, *step, extra_env=env)
