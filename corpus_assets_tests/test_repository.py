@@ -178,3 +178,24 @@ def test_the_test_tree_mirrors_the_package_tree() -> None:
         if not ok:
             misplaced.append(str(test.relative_to(REPO)))
     assert misplaced == [], f"not beside a package of corpus_assets: {misplaced}"
+
+
+def test_no_file_cites_a_document_outside_the_repository() -> None:
+    """The design seeds and the issue tracker are not in the repository: a comment or doc says
+    the rule itself instead of citing a seed by number or an issue by number."""
+    cites = re.compile(r"\b(" + "seed" + r" ?0\d\d|" + "issue" + r" ?#?\d+)\b", re.IGNORECASE)
+    tracked = subprocess.run(
+        ["git", "ls-files", "corpus_assets", "corpus_assets_tests", "bench", "docs", "deploy"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    found = []
+    for name in [*tracked, "README.md", "Makefile", "pyproject.toml"]:
+        path = REPO / name
+        if path.suffix in {".py", ".md", ".json", ".yaml", ".yml", ".toml", ".txt", ""}:
+            for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+                if cites.search(line):
+                    found.append(f"{name}:{number}: {line.strip()[:80]}")
+    assert found == [], "\n".join(found)

@@ -102,8 +102,8 @@ def _paused_build(home: Home) -> tuple["subprocess.Popen[str]", Path]:
     "001.scan-add-delete",
     "001",
     "an object added and another deleted while the freeze lists the source",
-    "the object deleted before its copy fails the freeze in one line naming it (issue 31: its "
-    "records never silently vanish) and nothing is frozen; the next build pins the added object "
+    "the object deleted before its copy fails the freeze in one line naming it (its records "
+    "never silently vanish) and nothing is frozen; the next build pins the added object "
     "and drops the deleted one, as a fresh build of that folder does",
     catalog=False,
 )
