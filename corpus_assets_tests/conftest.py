@@ -11,6 +11,7 @@ from pathlib import Path
 
 import psycopg2
 import pytest
+import yaml
 from sqlalchemy import func, select
 
 from corpus_assets.core.pipeline import build_all
@@ -159,9 +160,30 @@ class BuiltDemo:
     partition: str = "p1"
 
 
-def _build_demo(root: Path, backend: str, catalog_url: str) -> BuiltDemo:
+def all_train_packing(config: Path, packing: dict, name: str) -> Path:
+    """``name``.yaml beside ``config``: the demo with its packing policy updated and every record
+    in train (so all pack)."""
+    document = yaml.safe_load(config.read_text())
+    document["policies"]["packing"].update(packing)
+    document["policies"]["splits"].update(
+        {"train_percent": 100, "validation_percent": 0, "test_percent": 0}
+    )
+    edited = config.with_name(f"{name}.yaml")
+    edited.write_text(yaml.safe_dump(document))
+    return edited
+
+
+# The shared builds: the demo as written, and the demo packed into 64-token blocks with every
+# record in train (the packing tests read its blocks).
+FLAVOURS: dict[str, Callable[[Path], Path]] = {
+    "demo": lambda config: config,
+    "packed64": lambda config: all_train_packing(config, {"block_tokens": 64}, "packed64"),
+}
+
+
+def _build_demo(root: Path, backend: str, catalog_url: str, flavour: str) -> BuiltDemo:
     home = root / "corpus"
-    config = write_demo(home)
+    config = FLAVOURS[flavour](write_demo(home))
     with pytest.MonkeyPatch.context() as env:
         env.setenv("CORPUS_HOME", str(home))
         env.setenv("CORPUS_CONFIG", str(config))
@@ -186,8 +208,9 @@ def _fingerprint(built: BuiltDemo) -> tuple[int, ...]:
 
 @pytest.fixture(scope="session")
 def built_demos(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, BuiltDemo]]:
-    """One demo build per backend for the whole session (each xdist worker its own), made on
-    first use: most tests that read a built snapshot need not pay a seven-layer build each."""
+    """One build per flavour and backend for the whole session (each xdist worker its own),
+    made on first use: most tests that read a built snapshot need not pay a seven-layer build
+    each."""
     made: dict[str, BuiltDemo] = {}
     yield made
     for built in made.values():
@@ -195,26 +218,23 @@ def built_demos(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, 
             _admin(f'DROP DATABASE IF EXISTS "{built.catalog_url.rsplit("/", 1)[1]}" WITH (FORCE)')
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
-def built_demo(
-    request: pytest.FixtureRequest,
-    built_demos: dict[str, BuiltDemo],
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
+def _shared_build(
+    request: pytest.FixtureRequest, flavour: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[BuiltDemo]:
-    """The shared demo build on each backend, with the environment pointing at it. Shared by
-    every test of the worker, so a test using it must only read: a new CAS object or a catalog
-    write fails the test at teardown (a test that changes state builds its own)."""
+    """The session's build of ``flavour`` on the requested backend, with the environment
+    pointing at it; fails the test at teardown if it added a CAS object or a catalog row."""
     backend = request.param
-    if backend not in built_demos:
-        root = request.getfixturevalue("tmp_path_factory").mktemp(f"built-{backend}")
+    built_demos: dict[str, BuiltDemo] = request.getfixturevalue("built_demos")
+    key = f"{flavour}-{backend}"
+    if key not in built_demos:
+        root = request.getfixturevalue("tmp_path_factory").mktemp(f"built-{key}")
         url = f"sqlite:///{root / 'catalog.sqlite'}"  # outside the home: its CAS is all there is
         if backend == "postgres":
             name = f"corpus_test_built_{uuid.uuid4().hex[:12]}"
             _admin(f'CREATE DATABASE "{name}"')
             url = f"{PG_URL}/{name}"
-        built_demos[backend] = _build_demo(root, backend, url)
-    built = built_demos[backend]
+        built_demos[key] = _build_demo(root, backend, url, flavour)
+    built = built_demos[key]
     monkeypatch.setenv("CORPUS_HOME", str(built.home))
     monkeypatch.setenv("CORPUS_CONFIG", str(built.config))
     monkeypatch.setenv("CORPUS_CATALOG_URL", built.catalog_url)
@@ -222,6 +242,25 @@ def built_demo(
     before = _fingerprint(built)
     yield built
     assert _fingerprint(built) == before, "a test sharing the built demo changed it"
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def built_demo(
+    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[BuiltDemo]:
+    """The shared demo build on each backend, with the environment pointing at it. Shared by
+    every test of the worker, so a test using it must only read: a new CAS object or a catalog
+    write fails the test at teardown (a test that changes state builds its own)."""
+    yield from _shared_build(request, "demo", tmp_path, monkeypatch)
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def built_packed_demo(
+    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[BuiltDemo]:
+    """The shared build of the demo with every record in train, packed into 64-token blocks
+    (``all_train_packing``); read only, as ``built_demo``."""
+    yield from _shared_build(request, "packed64", tmp_path, monkeypatch)
 
 
 @pytest.fixture

@@ -247,12 +247,11 @@ def test_a_child_fetches_only_records_of_fresh_or_verified_pairs(seed: int) -> N
     assert child.fingerprinted_now == len(fetched)
 
 
-def test_spilled_fingerprints_compute_a_record_not_prefetched(demo_home: Path) -> None:
+@pytest.mark.parametrize("built_demo", ["sqlite"], indirect=True)
+def test_spilled_fingerprints_compute_a_record_not_prefetched(built_workspace: Workspace) -> None:
     """The scan of a child may verify an old pair it did not schedule: that record's
     fingerprints are computed from its text then, equal to a prefetched copy's."""
-    ws = open_workspace()
-    for layer in ("raw_snapshot", "canonical_records"):
-        BUILDERS[layer](ws, "p1")
+    ws = built_workspace
     _, canonical = CanonicalIndex.read(ws, "p1")
     chunks = canonical.chunks()
     spec = signature_spec(ws.config.policies.dedup.near)
@@ -268,7 +267,6 @@ def test_spilled_fingerprints_compute_a_record_not_prefetched(demo_home: Path) -
     assert len(some.rows) < len(order)
     every.close()
     some.close()
-    ws.close()
 
 
 def test_child_joins_every_row_when_the_parents_decisions_are_gone(

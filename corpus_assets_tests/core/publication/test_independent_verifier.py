@@ -1,16 +1,16 @@
 """A verifier that shares no code with the builder recomputes the snapshotId from the file alone.
 
 The snapshotId is the digest of the canonical payload without ``snapshotId`` and the
-signature, and a verifier must re-derive it with the same exclusion rule. The builder runs in a
-subprocess; the verifier below uses only json, hashlib, base64 and rfc8785, and a second
-subprocess runs its source with nothing else imported to prove it needs no ``corpus_assets``.
+signature, and a verifier must re-derive it with the same exclusion rule. It is handed the
+stored manifest bytes of a demo build (the session's shared one) and the builder's claims as
+files; the verifier below uses only json, hashlib, base64 and rfc8785, and a subprocess runs
+its source with nothing else imported to prove it needs no ``corpus_assets``.
 """
 
 import base64
 import hashlib
 import inspect
 import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -19,6 +19,12 @@ from typing import Any
 
 import pytest
 import rfc8785
+
+from corpus_assets.core.runtime.workspace import Workspace
+from corpus_assets_tests.conftest import BuiltDemo
+
+# Every test reads the shared demo build (read only) on SQLite.
+pytestmark = pytest.mark.parametrize("built_demo", ["sqlite"], indirect=True)
 
 
 # --- the standalone verifier: json, hashlib, base64, rfc8785 only ------------------------------
@@ -57,49 +63,19 @@ def independent_check(manifest_bytes: bytes) -> dict[str, Any]:
 
 # ------------------------------------------------------------------------------------------------
 
-BUILD = """
-import json, sys
-from pathlib import Path
-from corpus_assets.core.pipeline import build_all
-from corpus_assets.core.runtime.workspace import open_workspace
 
-out = Path(sys.argv[1])
-with open_workspace() as ws:
-    result = build_all(ws, "p1")
-    digest = ws.catalog.layer_output("p1", "manifest")
-    (out / "manifest.json").write_bytes(ws.cas.get_bytes(digest))
-    (out / "build.json").write_text(json.dumps(
-        {"manifest_digest": digest, "snapshotId": result["manifest"].digests["snapshotId"]}
-    ))
-"""
-
-
-@pytest.fixture(scope="module")
-def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A demo snapshot built by a separate Python process; returns the folder with its files."""
-    base = tmp_path_factory.mktemp("independent")
-    home = base / "corpus"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("CORPUS_", "DAGSTER_"))}
-    setup = "from corpus_assets.demo import write_demo; import sys; "
-    setup += "print(write_demo(__import__('pathlib').Path(sys.argv[1])))"
-    config = subprocess.run(
-        [sys.executable, "-c", setup, str(home)],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
-    env.update(
-        CORPUS_HOME=str(home),
-        CORPUS_CONFIG=config,
-        CORPUS_CATALOG_URL=f"sqlite:///{base / 'catalog.sqlite'}",
-        DAGSTER_HOME=str(base / "dagster"),
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", BUILD, str(base)], env=env, capture_output=True, text=True
-    )
-    assert done.returncode == 0, done.stderr
-    return base
+@pytest.fixture
+def built(built_workspace: Workspace, built_demo: BuiltDemo, tmp_path: Path) -> Path:
+    """A folder holding the demo snapshot's stored manifest bytes and what its builder claims
+    (manifest digest, snapshotId): all the verifier is given."""
+    digest = built_workspace.catalog.layer_output(built_demo.partition, "manifest")
+    assert digest is not None
+    folder = tmp_path / "built"
+    folder.mkdir()
+    (folder / "manifest.json").write_bytes(built_workspace.cas.get_bytes(digest))
+    claims = {"manifest_digest": digest, "snapshotId": built_demo.snapshot_id}
+    (folder / "build.json").write_text(json.dumps(claims))
+    return folder
 
 
 def test_standalone_recomputation_matches_the_builder(built: Path) -> None:

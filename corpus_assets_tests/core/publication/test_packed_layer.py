@@ -26,26 +26,25 @@ from corpus_assets.core.tokens.cache import open_tokens, token_cache
 from corpus_assets.core.tokens.spec import UTF8_IDS, resolve_tokenizer, utf8_spec
 from corpus_assets.core.training_view.packing import PackingError
 from corpus_assets.core.training_view.packing.samples import SampleTokens, locate_samples
+from corpus_assets_tests.conftest import BuiltDemo, all_train_packing
 
 PAD, EOS = UTF8_IDS["pad"], UTF8_IDS["eos"]
 
 
 def _workspace(demo_home: Path, name: str, packing: dict) -> Workspace:
     """The demo with its packing policy updated and every record in train (so all pack)."""
-    document = yaml.safe_load((demo_home / "corpus.yaml").read_text())
-    document["policies"]["packing"].update(packing)
-    document["policies"]["splits"].update(
-        {"train_percent": 100, "validation_percent": 0, "test_percent": 0}
-    )
-    config = demo_home / f"{name}.yaml"
-    config.write_text(yaml.safe_dump(document))
-    return open_workspace(config)
+    return open_workspace(all_train_packing(demo_home / "corpus.yaml", packing, name))
 
 
 def _built(ws: Workspace, key: str = "p1") -> tuple[dict, dict, list[dict], dict]:
-    """Build; the packed index's outputs and counts, its spans, and every record's expected
-    (tokens, targets), derived here from the record and the pinned template."""
+    """Build, then ``_packed``."""
     build_all(ws, key)
+    return _packed(ws, key)
+
+
+def _packed(ws: Workspace, key: str = "p1") -> tuple[dict, dict, list[dict], dict]:
+    """The packed index's outputs and counts, its spans, and every record's expected (tokens,
+    targets), derived here from the record and the pinned template."""
     _ref, index = read_layer_index(ws, key, "packed_blocks")
     spans = get_table(ws.cas, index.output("spans")).to_pylist()
     records = CanonicalIndex.read(ws, key)[1].table(["record_id", "kind", "payload", "text"])
@@ -81,9 +80,16 @@ def _samples(ws: Workspace, key: str = "p1") -> Counter:
     return Counter(get_table(ws.cas, mixed.output("samples")).column("record_id").to_pylist())
 
 
-def test_packed_equals_unpacked_and_labels_stay_inside_segments(demo_home: Path) -> None:
-    with _workspace(demo_home, "atomic", {"block_tokens": 64}) as ws:
-        outputs, counts, spans, expected = _built(ws)
+# The shared build (read only) of ``_workspace``'s config with {"block_tokens": 64}.
+SHARED_64 = pytest.mark.parametrize("built_packed_demo", ["sqlite"], indirect=True)
+
+
+@SHARED_64
+def test_packed_equals_unpacked_and_labels_stay_inside_segments(
+    built_packed_demo: BuiltDemo,
+) -> None:
+    with open_workspace(built_packed_demo.config) as ws:
+        outputs, counts, spans, expected = _packed(ws)
         blocks, samples = _blocks(ws, outputs), _samples(ws)
     ids, segments, labels = blocks["input_ids"], blocks["segment_ids"], blocks["label_mask"]
     assert ids.shape == (counts["blocks"], 64)
@@ -107,9 +113,10 @@ def test_packed_equals_unpacked_and_labels_stay_inside_segments(demo_home: Path)
     assert int(labels.sum()) == counts["label_tokens"]
 
 
-def test_accounting_and_the_layout_are_declared(demo_home: Path) -> None:
-    with _workspace(demo_home, "atomic", {"block_tokens": 64}) as ws:
-        outputs, counts, spans, _tokens = _built(ws)
+@SHARED_64
+def test_accounting_and_the_layout_are_declared(built_packed_demo: BuiltDemo) -> None:
+    with open_workspace(built_packed_demo.config) as ws:
+        outputs, counts, spans, _tokens = _packed(ws)
         layout = json.loads(ws.cas.get_bytes(outputs["layout"]["digest"]))
     assert counts["tokens"] == counts["blocks"] * 64
     assert counts["content_tokens"] + counts["pad_tokens"] == counts["tokens"]
@@ -310,11 +317,13 @@ def test_the_pair_gate_reads_the_prompts_from_the_shards(tmp_path: Path) -> None
     ]
 
 
-def test_samples_are_read_by_pread_whatever_the_open_file_limit(demo_home: Path) -> None:
+@SHARED_64
+def test_samples_are_read_by_pread_whatever_the_open_file_limit(
+    built_packed_demo: BuiltDemo,
+) -> None:
     """With one chunk file open at a time (every other read reopens one), each sample's tokens
     are exactly the cache's mapped view of them."""
-    with _workspace(demo_home, "pread", {"block_tokens": 64}) as ws:
-        build_all(ws, "p1")
+    with open_workspace(built_packed_demo.config) as ws:
         canonical = CanonicalIndex.read(ws, "p1")[1]
         _ref, dedup = read_layer_index(ws, "p1", "dedup_clusters")
         cache = token_cache(ws, canonical.chunks(), resolve_tokenizer(ws))
@@ -328,9 +337,12 @@ def test_samples_are_read_by_pread_whatever_the_open_file_limit(demo_home: Path)
         assert len({int(c) for c in rows.chunk}) > 1
 
 
-def test_cu_seqlens_from_the_stored_segment_ids_match_the_built_ones(demo_home: Path) -> None:
-    with _workspace(demo_home, "cu", {"block_tokens": 64}) as ws:
-        outputs = _built(ws)[0]
+@SHARED_64
+def test_cu_seqlens_from_the_stored_segment_ids_match_the_built_ones(
+    built_packed_demo: BuiltDemo,
+) -> None:
+    with open_workspace(built_packed_demo.config) as ws:
+        outputs = _packed(ws)[0]
         stored = _blocks(ws, outputs)["segment_ids"]
     assert cu_seqlens(np.array([1, 1, 2, 2, 2, 3, 0, 0])).tolist() == [0, 2, 5, 6]
     for block in stored:

@@ -31,6 +31,12 @@ def _canonical(ws: Workspace, key: str = "p1") -> tuple[dict, pa.Table]:
     return index, CanonicalIndex.load(ws.cas, result.digest).table()
 
 
+def _built_canonical(ws: Workspace, key: str = "p1") -> tuple[dict, pa.Table]:
+    """``_canonical``'s answer from a partition already built."""
+    digest = ws.catalog.layer_output(key, "canonical_records")
+    return json.loads(ws.cas.get_bytes(digest)), CanonicalIndex.load(ws.cas, digest).table()
+
+
 def _exclusions(ws: Workspace, index: dict) -> list[dict]:
     rows = []
     for chunk in index["outputs"]["chunks"]:
@@ -40,9 +46,10 @@ def _exclusions(ws: Workspace, index: dict) -> list[dict]:
     return rows
 
 
-def test_demo_kinds_stages_and_accounting(demo_home: Path) -> None:
-    with open_workspace() as ws:
-        index, records = _canonical(ws)
+@pytest.mark.parametrize("built_demo", ["sqlite"], indirect=True)
+def test_demo_kinds_stages_and_accounting(built_workspace: Workspace) -> None:
+    ws = built_workspace
+    index, records = _built_canonical(ws)
     chats = {r["record_id"]: r for r in records.to_pylist() if r["source_id"] == "chats"}
     assert {r["kind"] for r in chats.values()} == {"messages"}
     tool = json.loads(chats["chats/c001"]["payload"])["messages"]
@@ -227,17 +234,18 @@ def test_purpose_outside_a_sources_licence_is_a_governance_rejection() -> None:
         _one("jsonl-text.v1", {"text": "x"}, purposes=["research"])
 
 
-def test_lineage_offsets_point_at_the_source_line(demo_home: Path) -> None:
-    with open_workspace() as ws:
-        _index, records = _canonical(ws)
-        rows = records.select(["record_id", "object", "line", "byte_offset"]).to_pylist()
-        objects = {r["object"] for r in rows}
-        raw = {
-            d: zstandard.ZstdDecompressor().decompressobj().decompress(ws.cas.get_bytes(d))
-            if ws.cas.get_bytes(d)[:4] == b"\x28\xb5\x2f\xfd"
-            else ws.cas.get_bytes(d)
-            for d in objects
-        }
+@pytest.mark.parametrize("built_demo", ["sqlite"], indirect=True)
+def test_lineage_offsets_point_at_the_source_line(built_workspace: Workspace) -> None:
+    ws = built_workspace
+    _index, records = _built_canonical(ws)
+    rows = records.select(["record_id", "object", "line", "byte_offset"]).to_pylist()
+    objects = {r["object"] for r in rows}
+    raw = {
+        d: zstandard.ZstdDecompressor().decompressobj().decompress(ws.cas.get_bytes(d))
+        if ws.cas.get_bytes(d)[:4] == b"\x28\xb5\x2f\xfd"
+        else ws.cas.get_bytes(d)
+        for d in objects
+    }
     for row in rows:
         data = raw[row["object"]]
         assert data[: row["byte_offset"]].count(b"\n") == row["line"] - 1
