@@ -89,6 +89,23 @@ def shoot(page: Page, artifacts: Path, name: str) -> None:
     print(f"screenshot {path}")
 
 
+def pick_partition(page: Page, key: str) -> None:
+    """On a job's launchpad: pick ``key`` in the partition picker and wait until the launchpad
+    has generated that partition's run config (its tags show). A Launch Run clicked while it
+    still says "Generating configuration..." launched nothing on a loaded machine."""
+    picker = page.get_by_placeholder("Partition")
+    picker.click()
+    item = page.get_by_role("menuitem", name=key, exact=True)
+    item.click()
+    expect(picker).to_have_value(key)
+    expect(item).to_be_hidden()
+    # the partition's run config is in once its tags show; until then the editor is loading
+    tag = page.get_by_text(f"partition: {key}", exact=True)
+    expect(tag).to_be_visible(timeout=120_000)
+    expect(page.get_by_text("Generating configuration")).to_be_hidden()
+    expect(page.get_by_role("button", name="Launch Run")).to_be_enabled()
+
+
 def sensor_build(servers: Servers) -> dict[str, Any]:
     """The discovery sensor added the partition and requested its build, which succeeded."""
     build = wait_for(

@@ -69,10 +69,7 @@ def check_from_launchpad(page: Page, servers: Servers, artifacts: Path, key: str
     page.goto(
         f"http://127.0.0.1:{servers.port}/locations/corpus_assets/jobs/check_snapshot/playground"
     )
-    picker = page.get_by_placeholder("Partition")
-    picker.click()
-    page.get_by_role("menuitem", name=key, exact=True).click()
-    expect(picker).to_have_value(key)
+    ui.pick_partition(page, key)
     ui.shoot(page, artifacts, "1-check-launchpad")
     page.get_by_role("button", name="Launch Run").click()
     page.wait_for_url(re.compile(r"/runs/[0-9a-f-]{36}"))

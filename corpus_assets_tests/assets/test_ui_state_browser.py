@@ -27,6 +27,7 @@ from corpus_assets.demo import write_demo
 from corpus_assets_tests.assets.test_ui_browser import (
     CHROMIUM,
     metadata_row,
+    pick_partition,
     require_chromium,
     shoot,
 )
@@ -158,10 +159,7 @@ def approve_after_review(
     page.goto(
         f"http://127.0.0.1:{servers.port}/locations/corpus_assets/jobs/approve_snapshot/playground"
     )
-    picker = page.get_by_placeholder("Partition")
-    picker.click()
-    page.get_by_role("menuitem", name=candidate["partition"], exact=True).click()
-    expect(picker).to_have_value(candidate["partition"])
+    pick_partition(page, candidate["partition"])
     editor = page.locator(".CodeMirror").first
     expect(editor).to_contain_text("+1 added, -0 removed, 0 split migrations")
     expect(editor).to_contain_text("added, e.g.: essays/e9000")
