@@ -63,6 +63,7 @@ from corpus_assets.core.training_view.splits.schema import (
     VALIDATION,
     conflict_table,
 )
+from corpus_assets.core.training_view.view_queries import SORT_LIMIT
 
 __all__ = [
     "EXCLUDED",
@@ -185,7 +186,7 @@ def _assign_and_report(
     )
     con.execute("DROP TABLE joined; DROP TABLE per")  # only split_rows is read from here on
     stored, head = put_query(
-        ws.cas, con, "SELECT * FROM split_rows ORDER BY record_id", SPLIT_COLUMNS
+        ws.cas, con, "SELECT * FROM split_rows ORDER BY record_id", SPLIT_COLUMNS, SORT_LIMIT
     )
     load_row_tokens(ws, con, CanonicalIndex.read(ws, partition_key)[1], tokens)
     report = split_report(con, clusters, policy)
