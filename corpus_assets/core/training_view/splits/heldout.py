@@ -56,6 +56,7 @@ from corpus_assets.core.storage.cas_queries import (
     put_query,
     registered,
     sql_list,
+    tightened,
 )
 from corpus_assets.core.storage.digests import json_digest
 from corpus_assets.core.storage.table_lookup import TrustedFiles
@@ -360,7 +361,10 @@ class _Members:
         if self.con is None or not k:
             return PAIR_COLUMNS.empty_table()
         wanted = np.concatenate([found.a, found.b]).astype(np.int64)
-        with registered(self.con, "ho_wanted", pa.table({"i": np.arange(2 * k), "row": wanted})):
+        wanted_rows = pa.table({"i": np.arange(2 * k), "row": wanted})
+        # one thread under the sort cap: at 1.1 GB the pairs name ~650k rows, and this join,
+        # window and sort on the connection's full cap was the gate's peak
+        with registered(self.con, "ho_wanted", wanted_rows), tightened(self.con, SORT_LIMIT):
             got = self.con.sql(
                 "SELECT m.record_id, m.split FROM ho_wanted w JOIN (SELECT * FROM ho_members "
                 # one member per row: a forged members table may list a record twice (the
@@ -368,9 +372,13 @@ class _Members:
                 "QUALIFY row_number() OVER (PARTITION BY row ORDER BY record_id, split) = 1) m "
                 "USING (row) ORDER BY w.i"
             ).to_arrow_table()
+        del wanted_rows
         if got.num_rows != 2 * k:
             raise ValueError(f"held-out pairs name {2 * k - got.num_rows} row(s) no member has")
-        ids, splits = got["record_id"].combine_chunks(), got["split"].combine_chunks()
+        ids = got["record_id"].combine_chunks()
+        got = got.drop_columns(["record_id"])  # each column held twice at most, not the table
+        splits = got["split"].combine_chunks()
+        del got
         return pa.table(
             {
                 "record_a": ids.slice(0, k),
