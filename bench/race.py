@@ -20,6 +20,13 @@ once), measured in the same run. Usage:
     .venv/bin/python bench/race.py --sizes 110,330,1100 [--workers 2] [--tmp DIR]
     .venv/bin/python bench/race.py --incremental-layers 110   # each layer of a +1% child
     .venv/bin/python bench/race.py --engine ray [--ray-nodes 1]  # chunk tasks on a Ray cluster
+    .venv/bin/python bench/race.py --engine ray --peaks --sizes 110,330,1100 --tmp DIR [--reuse]
+
+``--peaks`` prints only the driver's peak per layer (dedup_clusters on), each layer built again
+in a fresh child by its direct builder (no layer memo, no recorded gate outcome), over one data
+home per size under ``--tmp``; with ``--reuse`` a home (corpus, freeze, built layers) made by an
+earlier ``--peaks`` run is measured again instead of being made anew (the 1.1 GB corpus takes
+minutes of CPU to make and canonicalise).
 
 With ``--engine ray`` a local Ray cluster (``race_ray.py``: ``--ray-nodes`` nodes of
 ``--workers`` CPUs, loopback) runs the chunk tasks; every CPU figure adds what the cluster's
@@ -61,13 +68,18 @@ def _vm_kb(field: str) -> int:
     return 0
 
 
-def child(config: str, partition: str, layer: str) -> None:
-    """Run one layer (or the validation check) of ``partition`` and print what it cost."""
-    from corpus_assets.core.pipeline import BUILDERS
+def child(config: str, partition: str, layer: str, direct: bool = False) -> None:
+    """Run one layer (or the validation check) of ``partition`` and print what it cost; with
+    ``direct`` the layer is built again (no memo) and the check runs every rule."""
+    from corpus_assets.core.pipeline import BUILDERS, DIRECT_BUILDERS, released
     from corpus_assets.core.publication.validation import validate_snapshot
     from corpus_assets.core.runtime.workspace import open_workspace
+    from corpus_assets.core.storage.catalog import gate_results
 
     with open_workspace(config) as ws:
+        if direct and layer == "validation":  # no recorded outcome stands in for a rule
+            with ws.catalog.begin() as conn:
+                conn.execute(gate_results.delete())
         floor_kb = _vm_kb("VmRSS")
         wall, cpu = time.perf_counter(), time.process_time()
         digests: dict[str, str] = {}
@@ -75,6 +87,8 @@ def child(config: str, partition: str, layer: str) -> None:
             manifest = ws.catalog.layer_output(partition, "manifest")
             report = validate_snapshot(ws, manifest, trust_unchanged=True)  # as the build's check
             assert not report.findings, report.findings
+        elif direct:
+            digests = released(DIRECT_BUILDERS[layer])(ws, partition).digests
         else:
             digests = BUILDERS[layer](ws, partition).digests
         workers = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -144,11 +158,16 @@ def env_for(root: Path) -> dict[str, str]:
 
 
 def per_layer(
-    config: Path, env: dict[str, str] | None, partition: str, only: list[str] | None = None
+    config: Path,
+    env: dict[str, str] | None,
+    partition: str,
+    only: list[str] | None = None,
+    direct: bool = False,
 ) -> list[dict]:
     rows = []
     for layer in only or LAYERS:
         cmd = [sys.executable, __file__, "--child", str(config), partition, layer]
+        cmd += ["--direct"] if direct else []
         done = run_measured(cmd, env)
         rows.append({"layer": layer, **json.loads(done["out"].strip().splitlines()[-1])})
         rows[-1]["cpu"] += done["cluster_cpu"]
@@ -249,6 +268,41 @@ def incremental_layers(corpora: Path, tmp: Path, mb: float, workers: int) -> lis
     return per_layer(config, env_for(root), "race-p1")
 
 
+def peaks_size(corpora: Path, tmp: Path, mb: float, workers: int, reuse: bool) -> dict:
+    """``--peaks`` at one size: the driver's peak per layer, over a home made once."""
+    root = tmp / f"mb{int(mb)}-peaks"
+    made_file = root / "made.json"
+    if not (reuse and made_file.is_file()):
+        shutil.rmtree(root, ignore_errors=True)
+        made = write_corpus(corpora, root / "src", mb)
+        made_file.parent.mkdir(parents=True, exist_ok=True)
+        made_file.write_text(json.dumps({k: made[k] for k in ("sources", "jsonl_bytes")}))
+    made = json.loads(made_file.read_text())
+    config = write_config(root, made["sources"], workers)  # this run's cluster address
+    subprocess.run(
+        [sys.executable, __file__, "--freeze", str(config)], check=True, env=env_for(root)
+    )
+    built = LAYERS[: LAYERS.index("dedup_clusters")]
+    per_layer(config, env_for(root), "race-p1", built)  # memoised: made once, then reused
+    rows = per_layer(config, env_for(root), "race-p1", LAYERS[len(built) :], direct=True)
+    return {"mb": made["jsonl_bytes"] / 1e6, "layers": rows}
+
+
+def report_peaks(results: list[dict]) -> None:
+    print("\n#### Driver peak per layer (VmHWM MB, each layer in a fresh child)\n")
+    print("| layer | " + " | ".join(f"{r['mb']:.0f} MB" for r in results) + " | growth |")
+    print("|---|" + "---:|" * (len(results) + 1))
+    for n, row in enumerate(results[0]["layers"]):
+        peaks = [r["layers"][n]["peak_mb"] for r in results]
+        cells = " | ".join(f"{p:.0f}" for p in peaks)
+        print(f"| {row['layer']} | {cells} | {peaks[-1] / peaks[0]:.2f}x |")
+    largest = [max(c["peak_mb"] for c in r["layers"]) for r in results]
+    print(
+        f"\nlargest layer per size: {', '.join(f'{p:.0f}' for p in largest)} MB; "
+        f"last / first = {largest[-1] / largest[0]:.2f}x (target <= 1.3x)"
+    )
+
+
 def freeze_only(config: str, partition: str) -> None:
     from corpus_assets.core.ingest.freeze import freeze
     from corpus_assets.core.runtime.workspace import open_workspace
@@ -321,6 +375,9 @@ def main() -> None:
     parser.add_argument("--ray-nodes", type=int, default=1)
     parser.add_argument("--tmp", type=Path, default=Path("/tmp/corpus-race"))
     parser.add_argument("--child", nargs=3, metavar=("CONFIG", "PARTITION", "LAYER"))
+    parser.add_argument("--direct", action="store_true", help="with --child: no memo")
+    parser.add_argument("--peaks", action="store_true", help="only the driver peak per layer")
+    parser.add_argument("--reuse", action="store_true", help="with --peaks: keep each home")
     parser.add_argument("--freeze", metavar="CONFIG")
     parser.add_argument("--json", type=Path, help="also write the raw figures here")
     parser.add_argument(
@@ -340,7 +397,7 @@ def main() -> None:
     if not args.child:
         compile_package()
     if args.child:
-        return child(*args.child)
+        return child(*args.child, direct=args.direct)
     if args.freeze:
         return freeze_only(args.freeze, "race-p1")
     if args.incremental_layers:
@@ -373,6 +430,12 @@ def race(args: argparse.Namespace) -> None:
         f"machine: {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}; "
         f"workers={args.workers}; engine {engine}"
     )
+    if args.peaks:
+        sizes = [float(s) for s in args.sizes.split(",")]
+        peaks = [peaks_size(args.corpora, args.tmp, mb, args.workers, args.reuse) for mb in sizes]
+        if args.json:
+            args.json.write_text(json.dumps(peaks, indent=1))
+        return report_peaks(peaks)
     results = []
     for mb in (float(s) for s in args.sizes.split(",")):
         results.append(race_size(args.corpora, args.tmp, mb, args.workers))

@@ -20,7 +20,6 @@ code identities (the token cache's among them, which the packed spans name), so 
 there would re-run them all without changing a byte they make.
 """
 
-import io
 import os
 import tempfile
 from collections.abc import Iterable, Iterator
@@ -39,6 +38,7 @@ from corpus_assets.core.storage.artifacts import (
     table_bytes,
 )
 from corpus_assets.core.storage.cas import ContentStore
+from corpus_assets.core.storage.fsio import FULL, DiskFullError, disk_full
 from corpus_assets.core.storage.memory import release_memory
 
 ROW_GROUP_ROWS: int = PINNED_PARQUET["row_group_size"]
@@ -223,15 +223,27 @@ def put_tables(
 ) -> tuple[Ref, pa.Table]:
     """``parts`` in order (cast to ``schema``), stored as ``put_table`` would store their
     concatenation, each row group combined into one contiguous table, and the first ten rows.
-    Only one row group of rows is in memory at a time."""
+    Only one row group of rows is in memory at a time; the file is written under the store's
+    ``tmp`` and adopted (an in-memory sink held the whole encoded table, twice when read out)."""
     heads: list[pa.Table] = []
-    sink = io.BytesIO()
-    with _writer(sink, schema) as writer:
-        _write_groups(writer, schema, _contiguous(parts, schema, heads), ROW_GROUP_ROWS)
-    release_memory()
-    if not heads:
-        return put_bytes(cas, table_bytes(schema.empty_table()), PARQUET), schema.empty_table()
-    return put_bytes(cas, sink.getvalue(), PARQUET), heads[0]
+    path = _temp(cas)  # a file, not a buffer: the encoded table is never held in memory
+    try:
+        with path.open("wb") as handle:
+            with _writer(handle, schema) as writer:
+                _write_groups(writer, schema, _contiguous(parts, schema, heads), ROW_GROUP_ROWS)
+            handle.flush()
+            os.fsync(handle.fileno())
+        release_memory()
+        if not heads:
+            return put_bytes(cas, table_bytes(schema.empty_table()), PARQUET), schema.empty_table()
+        digest, size = cas.adopt_file(path)
+    except OSError as error:
+        if error.errno in FULL and not isinstance(error, DiskFullError):
+            raise disk_full(error, str(path)) from None
+        raise
+    finally:
+        path.unlink(missing_ok=True)
+    return make_ref(digest, PARQUET, size), heads[0]
 
 
 def _contiguous(

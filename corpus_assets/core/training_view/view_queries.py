@@ -14,6 +14,9 @@ import duckdb
 from corpus_assets.core.storage import cas_queries
 
 MEMORY_LIMIT = "128MB"  # DuckDB's own buffers; beyond it joins and sorts spill to disk
+# A sort of every member streamed out (the splits table, the verified pairs) on one thread
+# under this cap (``cas_queries.tightened``): the layer's peak was that sort.
+SORT_LIMIT = "64MB"
 
 
 def connect(spill: Path | None = None, threads: int = 2) -> duckdb.DuckDBPyConnection:

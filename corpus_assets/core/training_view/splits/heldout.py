@@ -56,6 +56,7 @@ from corpus_assets.core.storage.cas_queries import (
     put_query,
     registered,
     sql_list,
+    tightened,
 )
 from corpus_assets.core.storage.digests import json_digest
 from corpus_assets.core.storage.table_lookup import TrustedFiles
@@ -73,6 +74,7 @@ from corpus_assets.core.training_view.splits.heldout_tasks import (
     pooled_search,
 )
 from corpus_assets.core.training_view.splits.schema import TRAIN
+from corpus_assets.core.training_view.view_queries import SORT_LIMIT
 
 PAIR_COLUMNS = pa.schema(
     [
@@ -96,6 +98,17 @@ VERIFIED = """
 CREATE OR REPLACE TEMP TABLE ho_verified AS
 SELECT least(x, y) AS a, greatest(x, y) AS b, min(jaccard) AS jaccard
 FROM ho_estimated WHERE x <> y GROUP BY ALL
+"""
+VERIFIED_BY_ROW = """
+CREATE OR REPLACE TEMP TABLE ho_verified AS
+WITH d AS (
+    SELECT f.start + r.file_row_number AS row, r.text_digest
+    FROM read_parquet({paths}, filename = true, file_row_number = true) r
+    JOIN ho_digest_files f USING (filename)),
+p AS (SELECT dx.text_digest AS x, dy.text_digest AS y, e.jaccard
+      FROM ho_estimated e JOIN d dx ON e.x = dx.row JOIN d dy ON e.y = dy.row)
+SELECT least(x, y) AS a, greatest(x, y) AS b, min(jaccard) AS jaccard
+FROM p WHERE x <> y GROUP BY ALL
 """
 EMPTY_ROWS = np.empty(0, dtype=np.int64)
 UNSEARCHED, MEMBER, HELD = 0, 1, 2  # a row's part in the search (``status``)
@@ -348,7 +361,10 @@ class _Members:
         if self.con is None or not k:
             return PAIR_COLUMNS.empty_table()
         wanted = np.concatenate([found.a, found.b]).astype(np.int64)
-        with registered(self.con, "ho_wanted", pa.table({"i": np.arange(2 * k), "row": wanted})):
+        wanted_rows = pa.table({"i": np.arange(2 * k), "row": wanted})
+        # one thread under the sort cap: at 1.1 GB the pairs name ~650k rows, and this join,
+        # window and sort on the connection's full cap was the gate's peak
+        with registered(self.con, "ho_wanted", wanted_rows), tightened(self.con, SORT_LIMIT):
             got = self.con.sql(
                 "SELECT m.record_id, m.split FROM ho_wanted w JOIN (SELECT * FROM ho_members "
                 # one member per row: a forged members table may list a record twice (the
@@ -356,9 +372,13 @@ class _Members:
                 "QUALIFY row_number() OVER (PARTITION BY row ORDER BY record_id, split) = 1) m "
                 "USING (row) ORDER BY w.i"
             ).to_arrow_table()
+        del wanted_rows
         if got.num_rows != 2 * k:
             raise ValueError(f"held-out pairs name {2 * k - got.num_rows} row(s) no member has")
-        ids, splits = got["record_id"].combine_chunks(), got["split"].combine_chunks()
+        ids = got["record_id"].combine_chunks()
+        got = got.drop_columns(["record_id"])  # each column held twice at most, not the table
+        splits = got["split"].combine_chunks()
+        del got
         return pa.table(
             {
                 "record_a": ids.slice(0, k),
@@ -382,19 +402,25 @@ def _store_verified(
     y: np.ndarray,
     jaccard: np.ndarray,
 ) -> None:
-    """The verified pairs of member rows as text-digest pairs (``ho_verified``)."""
-    con.register("ho_estimated", by_digest(digests, x, y, {"jaccard": jaccard}))
-    try:
-        con.execute(VERIFIED)
-    finally:
-        con.unregister("ho_estimated")
+    """The verified pairs of member rows as text-digest pairs (``ho_verified``). The rows are
+    turned into digests by DuckDB, joined with the chunk tables' digest column under its cap:
+    both digests of every pair in Arrow were ~100 MB of a 1.1 GB build's peak."""
+    paths = digests.paths()
+    if not paths or len(set(paths)) != len(paths):  # a table listed twice: a name, two places
+        estimated = by_digest(digests, x, y, {"jaccard": jaccard})
+        with registered(con, "ho_estimated", estimated):
+            con.execute(VERIFIED)
+        return
+    rows = pa.table({"x": x.astype(np.int64), "y": y.astype(np.int64), "jaccard": jaccard})
+    files = pa.table({"filename": paths, "start": digests.starts()})
+    with registered(con, "ho_estimated", rows), registered(con, "ho_digest_files", files):
+        con.execute(VERIFIED_BY_ROW.format(paths=sql_list(paths)))
 
 
 def put_verified(ws: Workspace, con: duckdb.DuckDBPyConnection) -> Ref:
     """The last search's verified pairs (``ho_verified``) stored, sorted: ``heldout_verified``."""
-    ref, _ = put_query(
-        ws.cas, con, "SELECT a, b, jaccard FROM ho_verified ORDER BY a, b", VERIFIED_COLUMNS
-    )
+    sql = "SELECT a, b, jaccard FROM ho_verified ORDER BY a, b"
+    ref, _ = put_query(ws.cas, con, sql, VERIFIED_COLUMNS, SORT_LIMIT)
     return ref
 
 

@@ -211,6 +211,14 @@ class RowDigests:
     def __init__(self, ws: Workspace, chunks: list[ChunkRecords]) -> None:
         self.ws, self.chunks = ws, chunks
 
+    def paths(self) -> list[str]:
+        """The chunk tables' files, in row order."""
+        return [str(self.ws.cas.path(chunk.records["digest"])) for chunk in self.chunks]
+
+    def starts(self) -> list[int]:
+        """Each chunk table's first global row."""
+        return np.cumsum([0, *(c.count for c in self.chunks)])[:-1].tolist()
+
     def take(self, rows: pa.Array) -> pa.Array:
         wanted = np.asarray(rows.to_numpy(zero_copy_only=False), dtype=np.int64)
         unique = np.unique(wanted)
