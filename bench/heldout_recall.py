@@ -31,6 +31,7 @@ import sys
 import time
 from pathlib import Path
 
+import duckdb
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -48,7 +49,7 @@ from corpus_assets.core.storage.artifacts import get_table
 from corpus_assets.core.storage.cas_queries import cas_parquet
 from corpus_assets.core.training_view import view_queries
 from corpus_assets.core.training_view.splits import TRAIN, HeldoutScan, searched_records
-from corpus_assets.core.training_view.splits.heldout import _fingerprints
+from corpus_assets.core.training_view.splits.heldout_tasks import fingerprint_rows
 from corpus_assets.core.training_view.splits.schema import HELDOUT
 
 CORPORA = Path(__file__).resolve().parents[2] / "shared" / "corpora"
@@ -79,6 +80,20 @@ def old_splits(ws, key: str) -> pa.Table:
     splits = [undo.get(r, s) for r, s in zip(ids, published, strict=True)]
     print(f"held-out moves in the snapshot: {len(undo)}")
     return pa.table({"record_id": table["record_id"], "split": pa.array(splits)})
+
+
+def member_positions(
+    scan: HeldoutScan, con: duckdb.DuckDBPyConnection, members: str
+) -> tuple[np.ndarray, pa.Array, np.ndarray]:
+    """The searched members' global rows (ascending), record ids and splits, in one order:
+    the search keeps the ids and splits in ``con`` (``ho_members``), one member per row."""
+    rows = scan._positions(con, members).rows
+    named = con.sql(
+        "SELECT record_id, split FROM ho_members "
+        "QUALIFY row_number() OVER (PARTITION BY row ORDER BY record_id, split) = 1 ORDER BY row"
+    ).to_arrow_table()
+    assert named.num_rows == len(rows), (named.num_rows, len(rows))
+    return rows, named["record_id"].combine_chunks(), np.asarray(named["split"].to_pylist())
 
 
 def exhaustive(prints: list[np.ndarray], heldout: np.ndarray, taus: np.ndarray) -> set:
@@ -136,14 +151,14 @@ def main() -> None:
         step_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         print(f"new step: {step_cpu:.1f} CPU-s, peak RSS {step_rss:.0f} MB (was {rss / 1024:.0f})")
         print(f"  search counts: {stats}")
-        rows, ids, splits = scan._positions(con, members)
+        rows, ids, splits = member_positions(scan, con, members)
         leak = dict(
             con.sql(
                 f"SELECT record_id, leakage_id FROM {clusters} WHERE verdict <> 'excluded'"
             ).fetchall()
         )
         cpu = time.process_time()
-        prints = _fingerprints(TextLookup(ws, canonical.chunks()), scan.spec, rows)
+        prints = fingerprint_rows(TextLookup(ws, canonical.chunks()), scan.spec, rows)
         heldout = np.flatnonzero(splits != TRAIN)
         truth = exhaustive(prints, heldout, scan.thresholds[rows])
         base_cpu = time.process_time() - cpu
