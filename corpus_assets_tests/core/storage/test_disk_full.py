@@ -6,11 +6,15 @@ import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
+import pyarrow as pa
 import pytest
 from sqlalchemy import insert, select
 
+from corpus_assets.core.storage.cas import ContentStore
 from corpus_assets.core.storage.catalog import Catalog, freezes
 from corpus_assets.core.storage.fsio import DiskFullError, write_temp
+from corpus_assets.core.storage.parquet_sink import put_tables
 
 
 def _tmpfs(tmp_path: Path, size: str) -> Iterator[Path]:
@@ -69,3 +73,23 @@ def _fill(catalog: Catalog, path: Path) -> None:
     assert str(path) in str(raised.value) and "rerun" in str(raised.value)
     with catalog.begin() as conn:
         assert conn.scalar(select(freezes.c.fingerprint).where(freezes.c.partition_key == "kept"))
+
+
+def test_a_table_streamed_onto_a_full_disk_names_its_file_and_leaves_nothing(
+    small_disk: Path,
+) -> None:
+    """``put_tables`` writes its file under the store's ``tmp`` (not a buffer): a disk that
+    fills mid-table is the one-line DiskFullError naming that file, and neither the partial
+    file nor an object is left."""
+    cas = ContentStore(small_disk / "cas")
+    schema = pa.schema([("noise", pa.binary())])
+    rng = np.random.default_rng(7)
+    parts = (
+        pa.table({"noise": [rng.bytes(1024) for _ in range(256)]}, schema=schema)
+        for _ in range(16)  # 4 MiB that do not compress, onto a 1 MiB disk
+    )
+    with pytest.raises(DiskFullError) as raised:
+        put_tables(cas, parts, schema)
+    assert raised.value.errno == errno.ENOSPC
+    assert str(cas.root / "tmp") in str(raised.value) and "rerun" in str(raised.value)
+    assert [p for p in (small_disk / "cas").rglob("*") if p.is_file()] == []
