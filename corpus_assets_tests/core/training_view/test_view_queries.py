@@ -5,6 +5,7 @@ one."""
 import random
 from pathlib import Path
 
+import duckdb
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -14,7 +15,7 @@ import pytest
 from corpus_assets.core.runtime.config import SplitPolicy
 from corpus_assets.core.storage.artifacts import get_table, put_table
 from corpus_assets.core.storage.cas import ContentStore
-from corpus_assets.core.storage.cas_queries import cas_parquet, put_query
+from corpus_assets.core.storage.cas_queries import cas_parquet, put_query, tightened
 from corpus_assets.core.storage.parquet_sink import ROW_GROUP_ROWS, put_tables
 from corpus_assets.core.training_view import view_queries
 from corpus_assets.core.training_view.splits import SPLITS
@@ -65,6 +66,29 @@ def test_put_query_is_sorted_and_spills_under_home(tmp_path: Path) -> None:
     expected = table.sort_by([("record_id", "ascending"), ("n", "ascending")])
     assert ref == put_table(cas, expected)
     assert get_table(cas, ref).equals(expected)
+
+
+def test_a_tightened_sort_stores_the_same_bytes_and_gives_the_settings_back(
+    tmp_path: Path,
+) -> None:
+    """``put_query(sort_limit=...)`` sorts on one thread under the lower cap (what keeps a
+    driver's peak down) and stores the bytes the full cap stores; the connection's own cap and
+    threads are back afterwards, also when the query fails."""
+    cas = ContentStore(tmp_path / "cas")
+    table = _rows(120_000, 3)
+    sql = "SELECT * FROM rows ORDER BY record_id, n"
+    settings = "SELECT current_setting('memory_limit'), current_setting('threads')"
+    with view_queries.spilling(tmp_path, 2) as con:
+        con.register("rows", table)
+        before = con.execute(settings).fetchall()
+        wide, _ = put_query(cas, con, sql, SCHEMA)
+        narrow, _ = put_query(cas, con, sql, SCHEMA, sort_limit="16MB")
+        assert con.execute(settings).fetchall() == before
+        with pytest.raises(duckdb.Error), tightened(con, "16MB"):
+            assert con.execute(settings).fetchall()[0][1] == 1
+            con.execute("SELECT * FROM no_such_table")
+        assert con.execute(settings).fetchall() == before
+    assert narrow == wide
 
 
 def test_sql_hash_equals_split_indices() -> None:
