@@ -99,16 +99,23 @@ CREATE OR REPLACE TEMP TABLE ho_verified AS
 SELECT least(x, y) AS a, greatest(x, y) AS b, min(jaccard) AS jaccard
 FROM ho_estimated WHERE x <> y GROUP BY ALL
 """
+# Two statements: the digests of the rows the pairs name, then the pairs. As one query DuckDB
+# estimated the chunk tables' rows from a small first file and joined them with themselves
+# (70,000 rows: 4.9e9 pairs looked at); a temp table's row count is exact.
+PAIR_ROW_DIGESTS = """
+CREATE OR REPLACE TEMP TABLE ho_row_digests AS
+SELECT f.start + r.file_row_number AS row, r.text_digest
+FROM read_parquet({paths}, filename = true, file_row_number = true) r
+JOIN ho_digest_files f USING (filename)
+WHERE f.start + r.file_row_number IN (SELECT x FROM ho_estimated UNION SELECT y FROM ho_estimated)
+"""
 VERIFIED_BY_ROW = """
 CREATE OR REPLACE TEMP TABLE ho_verified AS
-WITH d AS (
-    SELECT f.start + r.file_row_number AS row, r.text_digest
-    FROM read_parquet({paths}, filename = true, file_row_number = true) r
-    JOIN ho_digest_files f USING (filename)),
-p AS (SELECT dx.text_digest AS x, dy.text_digest AS y, e.jaccard
-      FROM ho_estimated e JOIN d dx ON e.x = dx.row JOIN d dy ON e.y = dy.row)
 SELECT least(x, y) AS a, greatest(x, y) AS b, min(jaccard) AS jaccard
-FROM p WHERE x <> y GROUP BY ALL
+FROM (SELECT dx.text_digest AS x, dy.text_digest AS y, e.jaccard FROM ho_estimated e
+      JOIN ho_row_digests dx ON e.x = dx.row JOIN ho_row_digests dy ON e.y = dy.row)
+WHERE x <> y GROUP BY ALL;
+DROP TABLE ho_row_digests
 """
 EMPTY_ROWS = np.empty(0, dtype=np.int64)
 UNSEARCHED, MEMBER, HELD = 0, 1, 2  # a row's part in the search (``status``)
@@ -414,7 +421,8 @@ def _store_verified(
     rows = pa.table({"x": x.astype(np.int64), "y": y.astype(np.int64), "jaccard": jaccard})
     files = pa.table({"filename": paths, "start": digests.starts()})
     with registered(con, "ho_estimated", rows), registered(con, "ho_digest_files", files):
-        con.execute(VERIFIED_BY_ROW.format(paths=sql_list(paths)))
+        con.execute(PAIR_ROW_DIGESTS.format(paths=sql_list(paths)))
+        con.execute(VERIFIED_BY_ROW)
 
 
 def put_verified(ws: Workspace, con: duckdb.DuckDBPyConnection) -> Ref:
