@@ -70,7 +70,8 @@ def _vm_kb(field: str) -> int:
 
 def child(config: str, partition: str, layer: str, direct: bool = False) -> None:
     """Run one layer (or the validation check) of ``partition`` and print what it cost; with
-    ``direct`` the layer is built again (no memo) and the check runs every rule."""
+    ``direct`` the layer is built again (no memo) and the check runs every rule of its own (a
+    parent's recorded outcomes stay: they bound a child's held-out search, as in a build)."""
     from corpus_assets.core.pipeline import BUILDERS, DIRECT_BUILDERS, released
     from corpus_assets.core.publication.validation import validate_snapshot
     from corpus_assets.core.runtime.workspace import open_workspace
@@ -78,8 +79,10 @@ def child(config: str, partition: str, layer: str, direct: bool = False) -> None
 
     with open_workspace(config) as ws:
         if direct and layer == "validation":  # no recorded outcome stands in for a rule
+            # of this snapshot only: the parent's passing outcomes bound a child's search
+            mine = gate_results.c.manifest_digest == ws.catalog.layer_output(partition, "manifest")
             with ws.catalog.begin() as conn:
-                conn.execute(gate_results.delete())
+                conn.execute(gate_results.delete().where(mine))
         floor_kb = _vm_kb("VmRSS")
         wall, cpu = time.perf_counter(), time.process_time()
         digests: dict[str, str] = {}

@@ -10,7 +10,7 @@ import dagster as dg
 
 from corpus_assets.core.audit.card import load_card
 from corpus_assets.core.audit.card_html import card_markdown, write_card
-from corpus_assets.core.audit.card_plots import render_plots
+from corpus_assets.core.audit.card_plots import PlotCache, render_plots
 from corpus_assets.core.governance.states import StateError
 from corpus_assets.core.publication.signing import SignatureError
 from corpus_assets.core.publication.trust_root import TrustRootError
@@ -28,7 +28,7 @@ def card_metadata(ws: Workspace, digest: str) -> dict[str, dg.MetadataValue]:
         card = load_card(ws.cas, ws.catalog, digest)
     except (SignatureError, TrustRootError, StateError, CasError) as error:
         return {"card": dg.MetadataValue.md(f"No dataset card: {error}")}
-    plots = render_plots(card)
+    plots = render_plots(card, PlotCache(ws.cas, ws.catalog))  # an unchanged plot: not drawn
     page = write_card(card, ws.home / CARDS / card.snapshot_id.removeprefix("sha256:"), plots)
     return {
         "card": dg.MetadataValue.md(card_markdown(card, plots=plots)),

@@ -5,15 +5,31 @@ through its object API (``Figure``), never ``pyplot``: no global figure state, n
 a Dagster process or a thread can draw too. The bytes are reproducible: matplotlib's default
 style whatever the user's matplotlibrc, the DejaVu fonts it ships, fixed sizes and dpi, and no
 ``Software`` (version) text chunk in the PNG.
+
+Drawing is most of a build's card (~0.6 CPU-s, and ~0.45 more to import matplotlib). Each plot is
+a function of its own inputs alone (``PLOTS``: what it reads of the card, then how it draws
+that), so its bytes are cached (``PlotCache``) under the digest of those inputs, this module's
+code identity and matplotlib's version: an unchanged rebuild draws only the lineage (its title
+names the new snapshot), and a child redraws only the plots whose inputs moved.
 """
 
 import io
+import json
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from importlib.metadata import version
 from typing import TYPE_CHECKING, Any
+
+import pydantic_core
 
 from corpus_assets.core.audit.card import Card, Histogram
 from corpus_assets.core.audit.snapshot_graph import LineageGraph, Node
+from corpus_assets.core.dedup.report import NearReport
+from corpus_assets.core.runtime.code_identity import stage_code
+from corpus_assets.core.runtime.snapshot_manifest import ContaminationEntry, MixtureRow
+from corpus_assets.core.storage.cas import CasError, ContentStore
+from corpus_assets.core.storage.catalog import Catalog
+from corpus_assets.core.storage.digests import json_digest
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -26,20 +42,58 @@ SHOWN_PER_RANK = 8  # lineage boxes in one column; more are summed up in one box
 SPLITS = ("train", "validation", "test")
 
 
-def render_plots(card: Card) -> dict[str, bytes]:
-    """Every plot of the card: file name -> PNG bytes."""
-    drawers: dict[str, Callable[[Card], Figure]] = {
-        "shares.png": _shares,
-        "dedup_s_curve.png": _s_curve,
-        "cluster_sizes.png": _cluster_sizes,
-        "splits.png": _splits,
-        "sample_lengths.png": lambda c: _histogram(c.sample_lengths, "tokens per sample"),
-        "block_padding.png": lambda c: _histogram(c.block_padding, "pad tokens per block"),
-        "contamination.png": _contamination,
-        "lineage.png": lambda c: _lineage(c.lineage),
-    }
-    with _style():
-        return {name: _png(draw(card)) for name, draw in drawers.items()}
+CODE = stage_code("card.plots.v1", __name__)  # its closure, hashed at import
+MEMO = "card.plot"  # the memo rows' layer name
+
+
+class PlotCache:
+    """PNG bytes by plot key in the store, found through the memo table. Like every memo, not a
+    gc root: a plot collected (or damaged) is drawn again, never shown wrong - the store
+    re-hashes the bytes it returns."""
+
+    def __init__(self, cas: ContentStore, catalog: Catalog) -> None:
+        self.cas, self.catalog = cas, catalog
+
+    def get(self, key: str) -> bytes | None:
+        hit = self.catalog.memo(key)
+        if hit is None:
+            return None
+        try:
+            return self.cas.get_bytes(hit[0], "card plot")
+        except CasError:
+            return None
+
+    def put(self, key: str, data: bytes) -> None:
+        self.catalog.remember(key, MEMO, self.cas.put_bytes(data), "{}")
+
+
+def render_plots(card: Card, cache: PlotCache | None = None) -> dict[str, bytes]:
+    """Every plot of the card: file name -> PNG bytes; with ``cache``, a plot drawn before from
+    the same inputs under this code is taken from it, and a plot drawn here is put in it."""
+    plots: dict[str, bytes] = {}
+    for name, (inputs_of, draw) in PLOTS.items():
+        inputs = inputs_of(card)
+        key = plot_key(name, inputs)
+        cached = cache.get(key) if cache is not None else None
+        if cached is None:
+            with _style():
+                cached = _png(draw(inputs))
+            if cache is not None:
+                cache.put(key, cached)
+        plots[name] = cached
+    return plots
+
+
+def plot_key(name: str, inputs: Any) -> str:
+    """What a plot's bytes are a function of: its name and inputs, this code, matplotlib."""
+    return json_digest(
+        {
+            "plot": name,
+            "code": CODE,
+            "matplotlib": version("matplotlib"),
+            "inputs": json.loads(pydantic_core.to_json(inputs)),
+        }
+    )
 
 
 @contextmanager
@@ -64,10 +118,9 @@ def _png(figure: "Figure") -> bytes:
     return out.getvalue()
 
 
-def _shares(card: Card) -> "Figure":
+def _shares(rows: list[MixtureRow]) -> "Figure":
     """Target beside realised share per source, by documents and by tokens: one chart."""
     figure, axes = _figure()
-    rows = card.manifest.mixture
     series = (("target", "target_share"), ("docs", "doc_share"), ("tokens", "token_share"))
     width = 0.8 / len(series)
     for n, (label, key) in enumerate(series):
@@ -82,9 +135,8 @@ def _shares(card: Card) -> "Figure":
     return figure
 
 
-def _s_curve(card: Card) -> "Figure":
+def _s_curve(near: NearReport | None) -> "Figure":
     figure, axes = _figure()
-    near = card.dedup.near
     if near is None:
         return _empty(figure, axes, "near-dedup is off for this snapshot")
     s = [float(p.s) for p in near.s_curve]
@@ -97,11 +149,11 @@ def _s_curve(card: Card) -> "Figure":
     return figure
 
 
-def _cluster_sizes(card: Card) -> "Figure":
+def _cluster_sizes(near: NearReport | None) -> "Figure":
     """Near-duplicate clusters by size (power-of-two bins), summed over the near-dedup classes."""
     figure, axes = _figure()
     sizes: dict[str, int] = {}
-    for report in (card.dedup.near.classes if card.dedup.near else {}).values():
+    for report in (near.classes if near else {}).values():
         for size, clusters in report.cluster_sizes.items():
             sizes[size] = sizes.get(size, 0) + clusters
     if not sizes:
@@ -114,9 +166,8 @@ def _cluster_sizes(card: Card) -> "Figure":
     return figure
 
 
-def _splits(card: Card) -> "Figure":
+def _splits(counts: dict[str, int]) -> "Figure":
     figure, (records, tokens) = _figure(2)
-    counts = card.split_counts
     for axes, suffix, title in ((records, "", "records"), (tokens, "_tokens", "tokens")):
         values = [counts.get(f"{split}{suffix}", 0) for split in SPLITS]
         axes.bar_label(axes.bar(SPLITS, values, color=COLOURS[: len(SPLITS)]))
@@ -134,9 +185,8 @@ def _histogram(shape: Histogram, what: str) -> "Figure":
     return figure
 
 
-def _contamination(card: Card) -> "Figure":
+def _contamination(report: ContaminationEntry | None) -> "Figure":
     figure, axes = _figure()
-    report = card.manifest.contamination
     rows = report.benchmarks if report is not None else []
     if not rows:
         return _empty(figure, axes, "no benchmark was registered when this snapshot was built")
@@ -223,3 +273,23 @@ def _box(axes: "Axes", at: tuple[float, float], text: str, colour: str) -> None:
         fontsize=7,
         bbox={"boxstyle": "round,pad=0.4", "facecolor": colour, "alpha": 0.25},
     )
+
+
+Drawer = Callable[[Any], "Figure"]
+# each plot: what it reads of the card (all it reads: the cache key), and how it draws that
+PLOTS: dict[str, tuple[Callable[[Card], Any], Drawer]] = {
+    "shares.png": (lambda c: c.manifest.mixture, _shares),
+    "dedup_s_curve.png": (lambda c: c.dedup.near, _s_curve),
+    "cluster_sizes.png": (lambda c: c.dedup.near, _cluster_sizes),
+    "splits.png": (lambda c: c.split_counts, _splits),
+    "sample_lengths.png": (
+        lambda c: c.sample_lengths,
+        lambda shape: _histogram(shape, "tokens per sample"),
+    ),
+    "block_padding.png": (
+        lambda c: c.block_padding,
+        lambda shape: _histogram(shape, "pad tokens per block"),
+    ),
+    "contamination.png": (lambda c: c.manifest.contamination, _contamination),
+    "lineage.png": (lambda c: c.lineage, _lineage),
+}

@@ -1,7 +1,8 @@
 """``corpus-assets card DIGEST --out DIR``: a static page with matplotlib plots of what a
 snapshot is - sources, target vs realised shares, dedup, splits, lengths and padding,
 contamination per benchmark, lineage, signature and fences - read through the signed-manifest
-door, so a re-signed or edited manifest gets no card. Built once: the demo, a benchmark holding
+door, so a re-signed or edited manifest gets no card. A plot whose inputs, code and matplotlib are
+unchanged comes from the plot cache, not drawn again. Built once: the demo, a benchmark holding
 one of its records, and the build after it (so contamination has a flagged record to show)."""
 
 import base64
@@ -16,16 +17,22 @@ from pathlib import Path
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+from sqlalchemy import select
 
+from corpus_assets.core.audit import card_plots
 from corpus_assets.core.audit.card import Card, load_card
 from corpus_assets.core.audit.card_html import SECTIONS, card_html, card_markdown
+from corpus_assets.core.audit.card_plots import MEMO, PlotCache, plot_key, render_plots
 from corpus_assets.core.publication import trust_root
 from corpus_assets.core.runtime.workspace import open_workspace
+from corpus_assets.core.storage.cas import ContentStore
+from corpus_assets.core.storage.catalog import Catalog, layer_memo
 from corpus_assets.selftest.attack.signatures import repoint, resign_with_new_key
 from corpus_assets_tests.cli.test_cli_imports import _modules_after
 from corpus_assets_tests.cli_process import output_field, run
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+NOT_STORED = "sha256:" + "0" * 64
 PLOTS = {
     "shares.png",
     "dedup_s_curve.png",
@@ -148,6 +155,76 @@ def test_the_plots_agree_with_the_counts_and_the_markdown_embeds_them(
     assert "<img src=x" not in card_html(hostile, PLOTS)
     cell = "| purpose | &lt;img src=x onerror=&quot;a\\|b&quot;&gt; |"  # no raw HTML
     assert cell in card_markdown(hostile, "x")
+
+
+@pytest.fixture
+def cache(tmp_path: Path) -> PlotCache:
+    """A store and catalog of the test's own."""
+    return PlotCache(ContentStore(tmp_path / "cas"), Catalog(f"sqlite:///{tmp_path / 'c.db'}"))
+
+
+def test_a_plot_drawn_before_from_the_same_inputs_comes_from_the_cache(
+    card: Card, cache: PlotCache
+) -> None:
+    drawn = render_plots(card)
+    assert render_plots(card, cache) == drawn  # cached: the bytes a drawing gives
+    assert render_plots(card, cache) == drawn  # and given back
+    # the cache is what answers: a stand-in put under a plot's key is what the card shows
+    stand_in = PNG_MAGIC + b"stand-in"
+    other = PlotCache(cache.cas, Catalog(f"sqlite:///{Path(cache.cas.root).parent / 'o.db'}"))
+    key = plot_key("splits.png", card.split_counts)
+    other.put(key, stand_in)
+    plots = render_plots(card, other)
+    assert plots["splits.png"] == stand_in
+    assert {n: p for n, p in plots.items() if n != "splits.png"} == {
+        n: p for n, p in drawn.items() if n != "splits.png"
+    }
+
+
+def test_a_plot_is_drawn_again_when_its_inputs_move_or_its_bytes_are_gone(
+    card: Card, cache: PlotCache
+) -> None:
+    render_plots(card, cache)
+    moved = replace(card, split_counts={**card.split_counts, "train": 10**6})
+    inputs = {name: inputs_of for name, (inputs_of, _) in card_plots.PLOTS.items()}
+    keys = {name: plot_key(name, of(card)) for name, of in inputs.items()}
+    changed = {name for name, of in inputs.items() if plot_key(name, of(moved)) != keys[name]}
+    assert changed == {"splits.png"}  # only the plot that reads the split counts
+    assert render_plots(moved, cache)["splits.png"] == render_plots(moved)["splits.png"]
+    assert render_plots(moved)["splits.png"] != render_plots(card)["splits.png"]
+
+    gone = PlotCache(cache.cas, Catalog(f"sqlite:///{Path(cache.cas.root).parent / 'g.db'}"))
+    gone.catalog.remember(keys["lineage.png"], MEMO, NOT_STORED, "{}")  # collected by gc
+    assert render_plots(card, gone)["lineage.png"] == render_plots(card)["lineage.png"]
+
+
+def test_an_unchanged_rebuild_draws_only_its_lineage(
+    built: Built, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A build (through Dagster's assets) caches every plot it draws; a build over the same
+    sources draws again only the lineage, whose title names the new snapshot."""
+    home, demo = _copy(built, "rebuilt", monkeypatch)
+    again = run(home, "build")
+    assert again.returncode == 0, again.stderr
+    sids = (
+        built.manifest["parents"][0],
+        built.snapshot_id,
+        output_field(again.stdout, "snapshotId"),
+    )
+    with open_workspace(demo.config) as ws:
+        keys = [
+            {
+                name: plot_key(name, of(load_card(ws.cas, ws.catalog, sid)))
+                for name, (of, _) in card_plots.PLOTS.items()
+            }
+            for sid in sids
+        ]
+        with ws.catalog.begin() as conn:
+            memo = conn.execute(select(layer_memo.c.memo_key).where(layer_memo.c.layer == MEMO))
+            cached = {row.memo_key for row in memo}
+    assert cached == {key for plots in keys for key in plots.values()}
+    same = {name for name, key in keys[2].items() if keys[1][name] == key}
+    assert same == set(card_plots.PLOTS) - {"lineage.png"}
 
 
 def test_the_same_snapshot_gives_the_same_bytes(built: Built) -> None:
