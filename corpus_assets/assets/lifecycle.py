@@ -151,7 +151,7 @@ Diffs = dict[str, dict[str, Any]]  # snapshotId -> its shadow diff, within one o
 
 def _diff(store: Store, snapshot_id: str, diffs: Diffs) -> dict[str, Any]:
     if snapshot_id not in diffs:
-        diffs[snapshot_id] = shadow_diff(store.cas, store.catalog, snapshot_id)
+        diffs[snapshot_id] = shadow_diff(store.cas, store.catalog, snapshot_id, remembered=True)
     return diffs[snapshot_id]
 
 

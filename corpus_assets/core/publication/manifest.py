@@ -192,7 +192,7 @@ def build_manifest(ws: Workspace, partition_key: str) -> LayerResult:
     _register(ws, partition_key, manifest, manifest_ref["digest"])
     failpoints.hit("layer/manifest/published")
     deletion_index.ensure(ws.cas, ws.catalog, manifest_ref["digest"])  # the first lookup is fast
-    diff = shadow_diff(ws.cas, ws.catalog, manifest.snapshot_id)
+    diff = shadow_diff(ws.cas, ws.catalog, manifest.snapshot_id, remembered=True)
     return LayerResult(
         layer="manifest",
         details={"shadow_diff": diff, "manifest": manifest.document()},

@@ -3,10 +3,16 @@
 Reviewers approve a digest; this tells them what that digest means relative to what training
 reads today: members added and removed, records that migrated between splits, and distribution
 shifts (share of each source and split, byte-length quantiles).
+
+The member changes are a join of two whole members tables (~0.8 CPU-s at 1.1 GB) and a function
+of the two tables alone, so a build (its manifest, then the candidate's review observation) and
+every later build against the same active snapshot take them from a memo keyed by both tables'
+digests and this code (``remembered``); ``corpus-assets diff`` and approval join again.
 """
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -16,15 +22,19 @@ import pyarrow.parquet as pq
 from corpus_assets.core.governance import alias_gate
 from corpus_assets.core.publication import manifest_queries
 from corpus_assets.core.publication.verify import load_manifest, resolve
+from corpus_assets.core.runtime.code_identity import stage_code
 from corpus_assets.core.runtime.snapshot_manifest import Manifest
 from corpus_assets.core.storage.cas import ContentStore
 from corpus_assets.core.storage.cas_queries import VerifiedFiles, sql_list
 from corpus_assets.core.storage.catalog import Catalog
+from corpus_assets.core.storage.digests import json_digest
 from corpus_assets.core.storage.trust import StatTrust
 
 if TYPE_CHECKING:
     from duckdb import DuckDBPyConnection
 
+CODE = stage_code("shadow.member-changes.v1", __name__)  # its closure, hashed at import
+MEMO = "shadow.member_changes"  # the memo rows' layer name
 QUANTILES = (0.1, 0.5, 0.9, 0.99)
 EXAMPLES = 5
 SPLIT_OF = """CREATE VIEW {name} AS SELECT record_id, arg_max_null(split, file_row_number) AS split
@@ -66,11 +76,17 @@ def _profile(members: pa.Table) -> dict[str, Any]:
 
 
 def shadow_diff(
-    cas: ContentStore, catalog: Catalog, digest: str, trust: StatTrust | None = None
+    cas: ContentStore,
+    catalog: Catalog,
+    digest: str,
+    trust: StatTrust | None = None,
+    remembered: bool = False,
 ) -> dict[str, Any]:
     """Candidate vs the active snapshot of its alias (or vs nothing, for the first one).
     ``trust``: a members table unchanged since it last hashed right is read without re-hashing
-    (for a preview, such as the approval Launchpad; approval itself re-hashes every byte)."""
+    (for a preview, such as the approval Launchpad; approval itself re-hashes every byte).
+    ``remembered``: member changes joined before for the same two tables are taken from the
+    memo (module docstring)."""
     candidate = resolve(catalog, digest)
     manifest = load_manifest(cas, candidate)
     files = VerifiedFiles(cas)  # each members table re-hashed once, then read as often as needed
@@ -94,7 +110,13 @@ def shadow_diff(
         diff["examples"] = {"added": [], "removed": [], "migrated": []}
         diff["active_profile"] = diff["candidate_profile"]
         return diff
-    diff.update(member_changes(cas, old_manifest.members.ref(), manifest.members.ref(), files))
+    old, new_ref = old_manifest.members.ref(), manifest.members.ref()
+    changes = (
+        remembered_changes(cas, catalog, old, new_ref, files)
+        if remembered
+        else member_changes(cas, old, new_ref, files)
+    )
+    diff.update(changes)
     diff["active_profile"] = _profile(_members(files, old_manifest))
     return diff
 
@@ -122,6 +144,24 @@ def member_changes(
         "split_migrations": migrated_n,
         "examples": {"added": added, "removed": removed, "migrated": migrated},
     }
+
+
+def remembered_changes(
+    cas: ContentStore,
+    catalog: Catalog,
+    old: dict[str, Any],
+    new: dict[str, Any],
+    files: VerifiedFiles,
+) -> dict[str, Any]:
+    """``member_changes`` from the memo when this code joined the same two tables before, else
+    joined and remembered (the row names the newer table)."""
+    key = json_digest({"table": MEMO, "code": CODE, "old": old["digest"], "new": new["digest"]})
+    hit = catalog.memo(key)
+    if hit is not None:
+        return dict(json.loads(hit[1]))
+    changes = member_changes(cas, old, new, files)
+    catalog.remember(key, MEMO, new["digest"], json.dumps(changes))
+    return changes
 
 
 def _first(con: DuckDBPyConnection, query: str) -> tuple[list[str], int]:

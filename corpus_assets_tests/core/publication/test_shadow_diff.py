@@ -27,3 +27,28 @@ def test_a_rebuild_of_the_active_members_is_diffed_without_a_join(
     assert (diff["added"], diff["removed"], diff["split_migrations"]) == (0, 0, 0)
     assert diff["active"] == first and diff["active_profile"] == diff["candidate_profile"]
     assert diff["examples"] == {"added": [], "removed": [], "migrated": []}
+
+
+def test_a_builds_member_changes_are_joined_once_and_remembered(
+    demo_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The manifest and the candidate's review observation (``remembered``) join the two
+    members tables once between them; ``corpus-assets diff`` and approval join afresh."""
+    with open_workspace() as ws:
+        first = build_all(ws, "p1")["manifest"].digests["snapshotId"]
+        publish.approve(ws, first, by="alice")
+        publish.activate(ws, first, actor="op")
+        late = demo_home / "demo-sources" / "essays" / "essays-00002.jsonl"
+        late.write_text('{"id": "late", "text": "A late essay arrives, and it is new."}\n')
+        joined: list[str] = []
+        real = shadow.member_changes
+        monkeypatch.setattr(shadow, "member_changes", lambda *a: joined.append("join") or real(*a))
+        built = build_all(ws, "p2")["manifest"]
+        assert joined == ["join"]  # the manifest's diff
+        candidate = built.digests["snapshotId"]
+        again = shadow.shadow_diff(ws.cas, ws.catalog, candidate, remembered=True)
+        assert joined == ["join"]  # the review observation's: remembered
+        fresh = shadow.shadow_diff(ws.cas, ws.catalog, candidate)
+        assert joined == ["join", "join"]
+    assert again == fresh == built.details["shadow_diff"]
+    assert fresh["added"] == 1 and fresh["removed"] == 0
