@@ -44,7 +44,7 @@ chromium:
 FAST_TIER := not slow and not heavy and not browser and not faults
 SLOW_TIER := not slow and (heavy or browser or faults)
 SOAK_TIER := slow
-PYTEST := $(UV) run --frozen --no-sync pytest -n auto --maxprocesses=4 --durations=25
+PYTEST := $(UV) run --frozen --no-sync pytest -n auto --maxprocesses=4 --dist loadgroup --durations=25
 
 ## Run ruff, the import-layering contracts and the fast test tier (PostgreSQL tests need 127.0.0.1:5432).
 test: .venv/.synced chromium

@@ -59,11 +59,9 @@ def shared_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return _write(data, tmp_path_factory.mktemp("tok32k") / "tokenizer.json")
 
 
-@pytest.fixture(scope="module")
-def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
-    made = Lab(tmp_path_factory.mktemp("typed-refs"))
-    yield made
-    made.close(keep=True)
+@pytest.fixture
+def lab(selftest_lab: Lab) -> Lab:
+    return selftest_lab
 
 
 @pytest.fixture(params=["generated", "shared-32k"])
