@@ -47,22 +47,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if item.nodeid in heavy:
             item.add_marker(pytest.mark.heavy)
-        group = _xdist_group(item)
-        if group:
-            item.add_marker(pytest.mark.xdist_group(group))
-
-
-def _xdist_group(item: pytest.Item) -> str | None:
-    """The group of tests one xdist worker runs under ``--dist loadgroup`` (the Makefile's):
-    the tests that share a costly build a worker makes on first use (the session's selftest
-    lab, a module-scoped fixture), so it is made once per session, not once per worker that
-    happened to get one of them."""
-    if "selftest_lab" in getattr(item, "fixturenames", ()):
-        return "selftest-lab"
-    info = getattr(item, "_fixtureinfo", None)
-    if info and any(defs[-1].scope == "module" for defs in info.name2fixturedefs.values()):
-        return item.nodeid.split("::")[0]
-    return None
 
 
 def _default_stop_signals() -> None:
