@@ -18,6 +18,7 @@ from corpus_assets.core.pipeline import build_all
 from corpus_assets.core.runtime.workspace import Workspace, open_workspace
 from corpus_assets.core.storage.catalog import Catalog, metadata
 from corpus_assets.demo import write_demo
+from corpus_assets.selftest.lab import Lab
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -281,3 +282,31 @@ def use_demo_copy(
     (home / "corpus.yaml").write_text(config)
     monkeypatch.setenv("CORPUS_HOME", str(home))
     monkeypatch.setenv("CORPUS_CONFIG", str(home / "corpus.yaml"))
+
+
+@pytest.fixture(scope="session")
+def selftest_labs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Lab]]:
+    """One selftest lab per backend for the whole session (each xdist worker its own), made on
+    first use: a lab's Dagster template and reference build are what its cases start from, and
+    a lab per module made both again for every module."""
+    made: dict[str, Lab] = {}
+    yield made
+    for each in made.values():
+        each.close()
+
+
+def shared_lab(request: pytest.FixtureRequest, backend: str) -> Lab:
+    """The session's selftest lab on ``backend`` (``sqlite`` or ``postgres``)."""
+    labs: dict[str, Lab] = request.getfixturevalue("selftest_labs")
+    if backend not in labs:
+        root = request.getfixturevalue("tmp_path_factory").mktemp(f"lab-{backend}")
+        labs[backend] = Lab(root, PG_URL if backend == "postgres" else None)
+    return labs[backend]
+
+
+@pytest.fixture
+def selftest_lab(request: pytest.FixtureRequest) -> Lab:
+    """The session's SQLite selftest lab: a test takes a fresh home or a copy of the reference
+    build (``copy_of_reference``), never changes the reference itself, and shares the lab's
+    trust root as the cases of ``corpus-assets selftest`` do."""
+    return shared_lab(request, "sqlite")

@@ -24,9 +24,9 @@ from corpus_assets.selftest.lab import Home, Lab
 TOMBSTONED = "docs/2-17"
 
 
-@pytest.fixture(scope="module")
-def lab(tmp_path_factory: pytest.TempPathFactory) -> Lab:
-    return Lab(tmp_path_factory.mktemp("equivalence"))
+@pytest.fixture
+def lab(selftest_lab: Lab) -> Lab:
+    return selftest_lab
 
 
 def _rows(folder: Path, name: str) -> list[dict[str, Any]]:

@@ -7,15 +7,13 @@ Every case runs on SQLite; those whose outcome goes through the catalog's transa
 (the full kill sweep, 200 race trials) run with ``-m slow``.
 """
 
-from collections.abc import Iterator
-
 import pytest
 
 from corpus_assets.selftest.case import FaultCase
 from corpus_assets.selftest.cases import selected
 from corpus_assets.selftest.lab import Lab
 from corpus_assets.selftest.report import run_case, table
-from corpus_assets_tests.conftest import PG_URL
+from corpus_assets_tests.conftest import shared_lab
 
 
 def _pairs(cases: list[FaultCase]) -> list[object]:
@@ -33,24 +31,11 @@ QUICK = _pairs(selected(full=False))
 SLOW = _pairs([case for case in selected(full=True) if not case.quick])
 
 
-@pytest.fixture(scope="session")
-def labs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Lab]]:
-    """One lab per backend for the whole session (per xdist worker), made on first use: a lab's
-    Dagster template, reference build and traced build are what most cases start from, and a
-    parametrized module fixture is rebuilt whenever a worker's next test has the other backend."""
-    made: dict[str, Lab] = {}
-    yield made
-    for each in made.values():
-        each.close()
-
-
 @pytest.fixture
-def lab(request: pytest.FixtureRequest, labs: dict[str, Lab]) -> Lab:
-    backend = request.param
-    if backend not in labs:
-        root = request.getfixturevalue("tmp_path_factory").mktemp(f"faults-{backend}")
-        labs[backend] = Lab(root, PG_URL if backend == "postgres" else None)
-    return labs[backend]
+def lab(request: pytest.FixtureRequest) -> Lab:
+    """The session's lab on the case's backend (``selftest_labs``): a lab's Dagster template,
+    reference build and traced build are what most cases start from."""
+    return shared_lab(request, request.param)
 
 
 def _check(lab: Lab, case: FaultCase) -> None:

@@ -29,9 +29,9 @@ from corpus_assets.selftest.lab import Home, Lab
 READ = ("--run-id", "trust-run", "--purpose", "selftest")
 
 
-@pytest.fixture(scope="module")
-def lab(tmp_path_factory: pytest.TempPathFactory) -> Lab:
-    return Lab(tmp_path_factory.mktemp("trust"))
+@pytest.fixture
+def lab(selftest_lab: Lab) -> Lab:
+    return selftest_lab
 
 
 def _published(lab: Lab, name: str) -> tuple[Home, str]:

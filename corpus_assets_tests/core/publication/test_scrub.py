@@ -17,9 +17,9 @@ from corpus_assets.selftest.evidence import workspace
 from corpus_assets.selftest.lab import Home, Lab
 
 
-@pytest.fixture(scope="module")
-def lab(tmp_path_factory: pytest.TempPathFactory) -> Lab:
-    return Lab(tmp_path_factory.mktemp("scrub"))
+@pytest.fixture
+def lab(selftest_lab: Lab) -> Lab:
+    return selftest_lab
 
 
 def _rot_beneath_the_filesystem(ws: Workspace, sid: str) -> str:

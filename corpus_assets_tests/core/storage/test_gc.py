@@ -24,9 +24,9 @@ POINT = "task/*"
 SLUG = "task_ANY"  # failpoints.Rule.slug of POINT
 
 
-@pytest.fixture(scope="module")
-def lab(tmp_path_factory: pytest.TempPathFactory) -> Lab:
-    return Lab(tmp_path_factory.mktemp("gc"))
+@pytest.fixture
+def lab(selftest_lab: Lab) -> Lab:
+    return selftest_lab
 
 
 def _gc(home, *args: str) -> dict:

@@ -27,6 +27,7 @@ from corpus_assets.core.storage.refs import LEAF, declared_refs
 from corpus_assets.core.tokens.bpe import train_byte_level_bpe
 from corpus_assets.selftest.attack.store import SPECIALS, ref_word_text
 from corpus_assets.selftest.lab import Lab
+from corpus_assets_tests.conftest import BuiltDemo
 from corpus_assets_tests.paths import CORPORA
 
 CORPORA = CORPORA
@@ -59,11 +60,9 @@ def shared_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return _write(data, tmp_path_factory.mktemp("tok32k") / "tokenizer.json")
 
 
-@pytest.fixture(scope="module")
-def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
-    made = Lab(tmp_path_factory.mktemp("typed-refs"))
-    yield made
-    made.close(keep=True)
+@pytest.fixture
+def lab(selftest_lab: Lab) -> Lab:
+    return selftest_lab
 
 
 @pytest.fixture(params=["generated", "shared-32k"])
@@ -112,11 +111,13 @@ def _guessing_walk(cas: ContentStore, node: Any, seen: set[str]) -> None:
         _guessing_walk(cas, child, seen)
 
 
-def test_typed_walk_reaches_what_the_guessing_walk_reached_on_a_real_snapshot(lab: Lab) -> None:
-    home, built = lab.copy_of_reference("coverage")
-    cas = ContentStore(home.dir / "data" / "cas")
-    catalog = Catalog(f"sqlite:///{home.dir / 'data' / 'catalog.sqlite'}")
-    manifest = states.get(catalog, built.snapshot_id).manifest_digest
+@pytest.mark.parametrize("built_demo", ["sqlite"], indirect=True)
+def test_typed_walk_reaches_what_the_guessing_walk_reached_on_a_real_snapshot(
+    built_demo: BuiltDemo,
+) -> None:
+    cas = ContentStore(built_demo.home / "cas")
+    catalog = Catalog(built_demo.catalog_url)
+    manifest = states.get(catalog, built_demo.snapshot_id).manifest_digest
     catalog.dispose()
     root = make_ref(manifest, JSON, cas.size(manifest))
     typed, findings = reachable(cas, [root])
