@@ -151,12 +151,14 @@ def test_core_modules_and_functions_stay_short() -> None:
     assert offenders == []
 
 
-# Tests of the project as a whole (its files, docs, packaging, deployment, process allocators)
+# Tests of the project as a whole (its files, docs, packaging, deployment, a process's allocators
+# and garbage collection)
 # sit at the top; every other test sits in the folder of the package it tests.
 PROJECT_TESTS = {
     "test_compose.py",
     "test_deploy_k8s.py",
     "test_docs.py",
+    "test_gc_threshold.py",
     "test_native_services.py",
     "test_packaging.py",
     "test_repository.py",
