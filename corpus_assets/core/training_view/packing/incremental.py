@@ -74,12 +74,11 @@ SAMPLE_MAP = (  # each step a table (spillable), then the join streamed in any o
     'CREATE TABLE child AS SELECT m.file_row_number AS pos, m.record_id, m."repeat", '
     "d.record_digest, d.chunk, d.row, d.kind FROM {child} m JOIN child_digest d USING (record_id)",
     "DROP TABLE child_digest",
-    'CREATE TABLE parent AS SELECT m.file_row_number AS pos, m.record_id, m."repeat", '
-    "p.record_digest FROM {parent} m JOIN {members} p USING (record_id)",
 )
-SAMPLE_PAIRS = (
-    "SELECT parent.pos AS parent, child.pos AS child "
-    'FROM parent JOIN child USING (record_id, "repeat", record_digest)'
+SAMPLE_PAIRS = (  # streamed, the parent's side never a table (half the CPU of making it one)
+    "SELECT m.file_row_number AS parent, c.pos AS child FROM {parent} m "
+    "JOIN {members} p USING (record_id) JOIN child c ON c.record_id = m.record_id "
+    'AND c."repeat" = m."repeat" AND c.record_digest = p.record_digest'
 )
 ONCE = "SELECT count(chunk) = {count} AND count(DISTINCT pos) = {count} FROM child"
 PLACES = "SELECT pos, chunk, row, kind FROM child"
@@ -202,7 +201,7 @@ def sample_map(
     with spill as con:
         for step in SAMPLE_MAP:
             con.execute(step.format(**tables))
-        for batch in batches(con, SAMPLE_PAIRS):
+        for batch in batches(con, SAMPLE_PAIRS.format(**tables)):
             child_of[batch.column("parent").to_numpy()] = batch.column("child").to_numpy()
         size = pq.ParquetFile(child_path).metadata.num_rows
         if not con.execute(ONCE.format(count=size)).fetchall()[0][0]:

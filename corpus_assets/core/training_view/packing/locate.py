@@ -245,28 +245,21 @@ def scatter(root: Path, parts: int, count: int, folder: Path) -> None:
 
 class RecordIds:
     """Each sample's record id, by stream position, from two flat files: ``ids.offsets``
-    (int64, count + 1) and ``ids.utf8``; ``take`` reads a batch of them as an Arrow array."""
+    (int64, count + 1) and ``ids.utf8``; ``take`` reads a batch of them as an Arrow array
+    (Arrow's take over the memory-mapped files: no per-byte index, no Python string)."""
 
     def __init__(self, folder: Path) -> None:
-        self._offsets = np.memmap(folder / "ids.offsets", np.int64, "r")
+        offsets = np.memmap(folder / "ids.offsets", np.int64, "r")
         size = (folder / "ids.utf8").stat().st_size
-        self._data = (
-            np.memmap(folder / "ids.utf8", np.uint8, "r") if size else np.empty(0, np.uint8)
-        )
+        data = np.memmap(folder / "ids.utf8", np.uint8, "r") if size else np.empty(0, np.uint8)
+        buffers = [None, pa.py_buffer(offsets), pa.py_buffer(data)]
+        self._all = pa.Array.from_buffers(pa.large_string(), offsets.size - 1, buffers)
 
     def __len__(self) -> int:
-        return self._offsets.size - 1
+        return len(self._all)
 
     def take(self, index: np.ndarray) -> pa.Array:
-        index = np.asarray(index, np.int64)
-        lo, hi = self._offsets[index], self._offsets[index + 1]
-        sizes = hi - lo
-        offsets = np.zeros(index.size + 1, np.int64)
-        np.cumsum(sizes, out=offsets[1:])
-        gather = np.repeat(lo - offsets[:-1], sizes) + np.arange(int(offsets[-1]))
-        data = np.ascontiguousarray(self._data[gather])
-        buffers = [None, pa.py_buffer(offsets), pa.py_buffer(data)]
-        return pa.Array.from_buffers(pa.large_string(), index.size, buffers).cast(pa.string())
+        return self._all.take(pa.array(np.asarray(index, np.int64))).cast(pa.string())
 
 
 class RecordIdSink:
