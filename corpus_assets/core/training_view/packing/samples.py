@@ -165,11 +165,13 @@ def located_from(
     samples: Path,
     count: int,
     places: Iterable[pa.RecordBatch],
-) -> SampleRows:
-    """``SampleRows`` from places a caller's join found, each sample once (``pos``, ``chunk``,
-    ``row``, ``kind`` batches, any order): a child's sample map joins the same members and
-    canonical rows, so its packing need not partition and join them again. Token counts and
-    pair splits are read a chunk's offsets at a time; record ids from ``samples``."""
+) -> SampleRows | None:
+    """``SampleRows`` from the places a caller's join found (``pos``, ``chunk``, ``row``,
+    ``kind`` batches, any order), or None unless it found each of the ``count`` samples
+    exactly once (the partitioned lookup then names what is wrong): a child's sample map joins
+    the same members and canonical rows, so its packing need not partition and join them
+    again. Token counts and pair splits are read a chunk's offsets at a time; record ids from
+    ``samples``."""
     (ws.home / "tmp").mkdir(parents=True, exist_ok=True)
     folder = Path(tempfile.mkdtemp(prefix="pack-samples-", dir=ws.home / "tmp"))
     try:
@@ -181,10 +183,16 @@ def located_from(
             name: np.lib.format.open_memmap(folder / f"{name}.npy", "w+", dtype, (count,))
             for name, dtype in LOCATED.items()
         }
+        seen, found = np.zeros(count, dtype=bool), 0
         for batch in places:
             pos = batch.column("pos").to_numpy()
+            seen[pos], found = True, found + len(pos)
             for name in ("chunk", "row", "kind"):
                 columns[name][pos] = batch.column(name).to_numpy()
+        if found != count or not seen.all():
+            del columns
+            shutil.rmtree(folder, ignore_errors=True)
+            return None
         _token_counts(ws, cache, columns)
         for column in columns.values():
             column.flush()
