@@ -28,7 +28,8 @@ def _children_cpu() -> float:
 
 def test_shards_from_a_worker_pool_equal_one_writers(demo_home: Path) -> None:
     config = demo_home / "corpus.yaml"
-    config.write_text(config.read_text().replace("block_tokens: 256", "block_tokens: 64"))
+    text = config.read_text().replace("block_tokens: 256", "block_tokens: 64")
+    config.write_text(text + "execution: {in_process_bytes: 0}\n")  # workers=2: the pool, always
     with open_workspace() as ws:
         build_all(ws, "p1")
         canonical = CanonicalIndex.read(ws, "p1")[1]

@@ -7,20 +7,27 @@ same layer.
 """
 
 import os
+from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
 from corpus_assets.core.governance import states
-from corpus_assets.core.pipeline import BUILDERS, DIRECT_BUILDERS
+from corpus_assets.core.governance.tombstones import add_tombstone
+from corpus_assets.core.pipeline import BUILDERS, DIRECT_BUILDERS, build_all
 from corpus_assets.core.publication.validation import validate_snapshot
 from corpus_assets.core.records.index import CanonicalIndex
+from corpus_assets.core.runtime import runners
 from corpus_assets.core.runtime.layer_index import LAYERS, read_layer_index
 from corpus_assets.core.runtime.workspace import Workspace, open_workspace
-from corpus_assets.core.storage.artifacts import get_json
+from corpus_assets.core.storage.artifacts import get_json, get_table
 from corpus_assets.core.storage.cas import ContentStore
+from corpus_assets.core.training_view.packing import build as pack_build
 from corpus_assets.core.training_view.packing import shards as pack_shards
+from corpus_assets.core.training_view.packing.locate import PartitionWriter
 from corpus_assets_tests.core.training_view.test_packing_incremental import (  # noqa: F401 - autouse fixture
     _active,
     _add_essays,
@@ -95,3 +102,59 @@ def test_chunks_read_are_those_of_the_samples_of_the_shards_built() -> None:
     assert pack_shards.chunks_read(plan, bounds, [2], 2, chunk) == [3, 4]
     assert pack_shards.chunks_read(plan, bounds, [0, 2], 2, chunk) == [0, 1, 2, 3, 4]
     assert pack_shards.chunks_read(plan, bounds, [], 2, chunk) == []
+
+
+def test_a_child_locates_plans_and_builds_only_in_its_join_and_its_new_shards(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At two workers, a +1% child partitions no sample for the lookup's join (its sample
+    map's join located them), plans no full repack (the padding bound is met whatever a full
+    plan would pack), and starts no pool for its few new shards (a tombstoned record of block
+    0 makes them two: its first shard and the last): the same layer."""
+    folder = tmp_path / "home"
+    with open_workspace(_home(folder)) as ws:
+        _active(ws, "p1")
+        spans = get_table(ws.cas, read_layer_index(ws, "p1", "packed_blocks")[1].output("spans"))
+        add_tombstone(ws.catalog, "record", spans["record_id"][0].as_py(), "erasure")
+        _add_essays(folder)
+        first = build_all(ws, "p2")["packed_blocks"]
+    partitioned: Counter[str] = Counter()
+    planned: list[int] = []
+    maps: list[int] = []
+    write, plan, pool_map = PartitionWriter.write, pack_build.plan_packing, runners.pool_map
+
+    def partition(writer: PartitionWriter, side: str, table: pa.Table) -> None:
+        partitioned[side] += table.num_rows
+        write(writer, side, table)
+
+    def planning(lengths: np.ndarray, *args: Any, **kwargs: Any) -> Any:
+        planned.append(len(lengths))
+        return plan(lengths, *args, **kwargs)
+
+    def pooled(fn: Any, jobs: list, *args: Any) -> list:
+        maps.append(len(jobs))
+        return pool_map(fn, jobs, *args)
+
+    monkeypatch.setattr(PartitionWriter, "write", partition)
+    monkeypatch.setattr(pack_build, "plan_packing", planning)
+    monkeypatch.setattr(runners, "pool_map", pooled)
+    with open_workspace(_home(folder, workers=2)) as ws:
+        again = DIRECT_BUILDERS["packed_blocks"](ws, "p2")  # no memo: a real rebuild
+    assert again.details["packing"]["mode"] == "incremental"
+    assert again.run_stats["shards_reused"] > 0
+    assert (partitioned, planned, maps) == (Counter(), [], [])
+    assert again.digest == first.digest
+
+
+def test_the_padding_bound_is_never_below_a_full_repacks_extra_padding() -> None:
+    """``padding_bound`` stands in for the full plan only when it is an upper bound."""
+    from corpus_assets.core.training_view.packing.incremental import extra_padding, padding_bound
+    from corpus_assets.core.training_view.packing.plan import plan_packing
+
+    rng = np.random.default_rng(7)
+    for _ in range(20):
+        lengths = rng.integers(1, 200, rng.integers(1, 60))
+        full = plan_packing(lengths, 64, overlong="split")
+        worse = plan_packing(lengths, 64, "next_fit", overlong="split")
+        assert padding_bound(worse) >= extra_padding(worse, full)
+        assert padding_bound(full) >= extra_padding(full, full) == 0

@@ -58,6 +58,7 @@ from corpus_assets.core.training_view.packing.incremental import (
     full_reason,
     incremental_plan,
     kept_blocks,
+    padding_bound,
     parent_pack,
     reused_shards,
     sample_map,
@@ -303,40 +304,43 @@ class Candidate:
     parent: ParentPack | None
     reason: str | None
     child_of: np.ndarray | None = None
+    rows: SampleRows | None = None  # the child's samples, located by the same join
 
 
-def candidate(ws: Workspace, up: Upstream, spec: TokenizerSpec) -> Candidate:
-    """Whether the policy and the parent allow an incremental plan; the sample map if so. Run
-    before the samples are located, so DuckDB's join does not peak on top of them."""
-    policy = ws.config.policies.packing
+def candidate(ws: Workspace, up: Upstream, cache: TokenCache) -> Candidate:
+    """Whether the policy and the parent allow an incremental plan; the sample map if so, and
+    the child's samples located by its join (``sample_map``)."""
+    policy, spec = ws.config.policies.packing, cache.spec
     parent = parent_pack(ws, up.partition_key) if policy.incremental else None
     mine = {"tokenizer": spec.document(), "chat_template": spec.chat_template.document()}
     layout = layout_document(policy, shard_fields(spec, policy.block_tokens), spec)
     reason = full_reason(policy, parent, mine, layout)
     if reason is not None or parent is None:
         return Candidate(parent, reason or "no parent snapshot")
-    child_of = sample_map(ws, parent, up.samples, up.canonical, up.dedup)
-    release_memory()  # DuckDB's and Arrow's buffers, back before the samples are located
-    return Candidate(parent, None, child_of)
+    mapped = sample_map(ws, parent, up.samples, up.canonical, up.dedup, cache)
+    release_memory()  # DuckDB's and Arrow's buffers, back before any partitioned lookup
+    return Candidate(parent, None, mapped.child_of, mapped.rows)
 
 
 def choose_plan(ws: Workspace, can: Candidate, rows: SampleRows, spec: TokenizerSpec) -> Chosen:
     """The full plan, or the parent-preserving one (``packing.incremental``) when the policy, the
     parent and the padding bound allow it; the decision says which and why."""
     policy = ws.config.policies.packing
-    full = plan_for(rows, policy)
     parent = can.parent
     digest = parent.ref["digest"] if parent else None
     if can.reason is not None or parent is None or can.child_of is None:
-        return Chosen(full, Decision("full", can.reason or "no parent snapshot", digest))
+        why = can.reason or "no parent snapshot"
+        return Chosen(plan_for(rows, policy), Decision("full", why, digest))
     pieces = child_pieces(rows.length, rows.pair_split, policy)
     kept = kept_blocks(ws, parent, can.child_of, pieces, rows.pair_split)
     plan, placed = incremental_plan(kept, pieces, rows.length, rows.pair_split, policy)
-    extra = extra_padding(plan, full)
-    if extra > policy.max_extra_padding:
-        bound = policy.max_extra_padding
-        why = f"extra padding {extra:.6f} of positions over a full repack > bound {bound}"
-        return Chosen(full, Decision("full", why, digest))
+    if padding_bound(plan) > policy.max_extra_padding:  # else no full plan can exceed it
+        full = plan_for(rows, policy)
+        extra = extra_padding(plan, full)
+        if extra > policy.max_extra_padding:
+            bound = policy.max_extra_padding
+            why = f"extra padding {extra:.6f} of positions over a full repack > bound {bound}"
+            return Chosen(full, Decision("full", why, digest))
     held = int(kept.blocks.sum())
     why = f"kept {held} of {kept.blocks.size} parent blocks, {plan.blocks - held} new"
     fields = shard_fields(spec, policy.block_tokens)
@@ -351,8 +355,9 @@ def build_packed_blocks(ws: Workspace, partition_key: str) -> LayerResult:
     samples = TrustedFiles(ws.cas, ws.catalog).path(mixed.output("samples")["digest"], "samples")
     cache = token_cache(ws, canonical.chunks(), resolve_tokenizer(ws))
     spec, policy = cache.spec, ws.config.policies.packing
-    can = candidate(ws, Upstream(partition_key, mixed.output("samples"), canonical, dedup), spec)
-    with locate_samples(ws, canonical, cache, Path(samples), dedup) as rows:
+    can = candidate(ws, Upstream(partition_key, mixed.output("samples"), canonical, dedup), cache)
+    located = can.rows or locate_samples(ws, canonical, cache, Path(samples), dedup)
+    with located as rows:
         chosen = choose_plan(ws, can, rows, spec)
         plan, decision, parent = chosen.plan, chosen.decision, chosen.parent
         index, index_ref, spans, built = write_blocks(ws, plan, rows, spec, cache, chosen.reused)

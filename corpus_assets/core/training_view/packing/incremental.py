@@ -17,12 +17,17 @@ never of workers. A full repack instead when ``incremental`` is off, there is no
 tokenizer, chat template or layout (T, mode, overlong, positions, seed) changed, the mode is not
 ``atomic``, or the padding the incremental layout adds over a full repack exceeds
 ``max_extra_padding`` of its positions; ``Decision`` records which, and the manifest shows it.
+The sample map's join finds each child sample's member row, so it locates the child's samples
+too (``packing.samples.located_from``), and the full plan is made only when ``padding_bound``
+cannot settle the padding rule alone: a child's packing then joins, plans and builds in
+proportion to its change, besides the O(samples) vectorised steps (the join, the spans).
 Memory: one int64 per parent and per child sample, the plan's five per piece; the parent's
 spans are read a row group at a time.
 """
 
 from dataclasses import dataclass
 from decimal import Decimal
+from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -43,6 +48,8 @@ from corpus_assets.core.storage.shards import (
 )
 from corpus_assets.core.storage.shards import load_index as load_shard_index
 from corpus_assets.core.storage.table_lookup import TrustedFiles
+from corpus_assets.core.tokens.cache import TokenCache
+from corpus_assets.core.training_view.packing.locate import KINDS as SAMPLE_KINDS
 from corpus_assets.core.training_view.packing.plan import (
     PackPlan,
     Pieces,
@@ -52,24 +59,31 @@ from corpus_assets.core.training_view.packing.plan import (
     layout_pieces,
     split_pairs,
 )
+from corpus_assets.core.training_view.packing.samples import SampleRows, located_from
 from corpus_assets.core.training_view.packing.shards import KINDS, ShardOutcome
-from corpus_assets.core.training_view.view_queries import MEMORY_LIMIT
 
 SPAN_READ = ["block", "start", "end", "sample", "record_offset"]
+# DuckDB's budget for the sample map: 64 MB ran out reading a 1.1 GB parent's members, and the
+# view's 128 MB spilled its record join (1.2 CPU-s there, 1.0 at this). It runs first, while the
+# driver holds nothing else of the layer, so the layer's peak stays that of its later steps.
+MAP_MEMORY = "192MB"
+KIND_CODE = "CASE kind " + " ".join(f"WHEN '{k}' THEN {n}" for n, k in enumerate(SAMPLE_KINDS))
+KIND_CODE += f" ELSE {len(SAMPLE_KINDS)} END"  # ``packing.locate``'s codes
 SAMPLE_MAP = (  # each step a table (spillable), then the join streamed in any order
-    "CREATE TABLE child_digest AS SELECT r.record_id, r.record_digest FROM {records} r "
+    "CREATE TABLE child_digest AS SELECT r.record_id, r.record_digest, r.chunk, "
+    f"r.file_row_number AS row, {KIND_CODE}::TINYINT AS kind FROM {{records}} r "
     "JOIN (SELECT record_id, object, line FROM {clusters} WHERE is_representative) k "
     "USING (record_id, object, line)",
     'CREATE TABLE child AS SELECT m.file_row_number AS pos, m.record_id, m."repeat", '
-    "d.record_digest FROM {child} m JOIN child_digest d USING (record_id)",
+    "d.record_digest, d.chunk, d.row, d.kind FROM {child} m JOIN child_digest d USING (record_id)",
     "DROP TABLE child_digest",
-    'CREATE TABLE parent AS SELECT m.file_row_number AS pos, m.record_id, m."repeat", '
-    "p.record_digest FROM {parent} m JOIN {members} p USING (record_id)",
 )
-SAMPLE_PAIRS = (
-    "SELECT parent.pos AS parent, child.pos AS child "
-    'FROM parent JOIN child USING (record_id, "repeat", record_digest)'
+SAMPLE_PAIRS = (  # streamed, the parent's side never a table (half the CPU of making it one)
+    "SELECT m.file_row_number AS parent, c.pos AS child FROM {parent} m "
+    "JOIN {members} p USING (record_id) JOIN child c ON c.record_id = m.record_id "
+    'AND c."repeat" = m."repeat" AND c.record_digest = p.record_digest'
 )
+PLACES = "SELECT pos, chunk, row, kind FROM child WHERE chunk IS NOT NULL"
 
 
 @dataclass(frozen=True)
@@ -147,34 +161,63 @@ def full_reason(
     return f"layout changed: {', '.join(changed)}" if changed else None
 
 
+@dataclass(frozen=True)
+class SampleMap:
+    """Each parent sample's child sample (stream positions, -1: none) and, when the join found
+    every child sample exactly once, the child's samples located (``packing.samples``) from the
+    same join; None otherwise (the partitioned lookup then finds, and names, what is wrong)."""
+
+    child_of: np.ndarray
+    rows: SampleRows | None
+
+
 def sample_map(
-    ws: Workspace, parent: ParentPack, samples: Ref, canonical: CanonicalIndex, dedup: LayerIndex
-) -> np.ndarray:
-    """Each parent sample's child sample (stream positions), -1 when it has none: the same
-    record id, repeat and record digest. Joined in DuckDB, out of core."""
+    ws: Workspace,
+    parent: ParentPack,
+    samples: Ref,
+    canonical: CanonicalIndex,
+    dedup: LayerIndex,
+    cache: TokenCache,
+) -> SampleMap:
+    """Each parent sample's child sample: the same record id, repeat and record digest. Joined
+    in DuckDB, out of core; the child's side of the join is the samples' lookup too (member ->
+    canonical row -> token-cache chunk and row), so a child locates its samples here once."""
     count = pq.ParquetFile(ws.cas.path(parent.samples["digest"])).metadata.num_rows
     child_of = np.full(count, -1, dtype=np.int64)
     chunks = [chunk.records for chunk in canonical.chunks()]
     if not chunks or not count:
-        return child_of
+        return SampleMap(child_of, None)
     files = TrustedFiles(ws.cas, ws.catalog)  # the parent's tables: hashed by its check
     numbered = ", file_row_number = true"
+    child_path = files.path(samples["digest"], "mixed samples")
     tables = {
-        "records": f"read_parquet({sql_list(files.paths([c['digest'] for c in chunks]))})",
+        "records": _chunk_records(files.paths([c["digest"] for c in chunks])),
         "clusters": _read(files, dedup.output("clusters"), "dedup clusters"),
-        "child": _read(files, samples, "mixed samples", numbered),
+        "child": f"read_parquet({sql_path(child_path)}{numbered})",
         "parent": _read(files, parent.samples, "parent mixed samples", numbered),
         "members": _read(files, parent.members, "parent members"),
     }
     threads = ws.config.execution.workers
-    # the training view's budget: 64 MB ran out reading a 1.1 GB parent's members (bench/race.py)
-    spill = Spilling(ws.home / "tmp", MEMORY_LIMIT, threads, preserve_insertion_order=False)
+    spill = Spilling(ws.home / "tmp", MAP_MEMORY, threads, preserve_insertion_order=False)
     with spill as con:
         for step in SAMPLE_MAP:
             con.execute(step.format(**tables))
-        for batch in batches(con, SAMPLE_PAIRS):
+        for batch in batches(con, SAMPLE_PAIRS.format(**tables)):
             child_of[batch.column("parent").to_numpy()] = batch.column("child").to_numpy()
-    return child_of
+        size = pq.ParquetFile(child_path).metadata.num_rows
+        rows = located_from(ws, cache, Path(child_path), size, batches(con, PLACES))
+    return SampleMap(child_of, rows)
+
+
+def _chunk_records(paths: list[str]) -> str:
+    """Every canonical chunk's records with their chunk number and row (a chunk's rows are its
+    token-cache rows), one scan of all the files (a union of one scan per chunk runs out of
+    DuckDB's memory budget)."""
+    listed = sql_list(paths)
+    return (
+        "(SELECT list_position(" + listed + ", filename) - 1 AS chunk, * "
+        "FROM read_parquet(" + listed + ", filename = true, file_row_number = true))"
+    )
 
 
 def _read(files: TrustedFiles, ref: Ref, what: str, extra: str = "") -> str:
@@ -305,6 +348,16 @@ def extra_padding(plan: PackPlan, full: PackPlan) -> Decimal:
     pad = capacity - int(plan.length.sum())
     full_pad = full.blocks * full.block_tokens - int(full.length.sum())
     return Decimal(max(pad - full_pad, 0)) / Decimal(max(capacity, 1))
+
+
+def padding_bound(plan: PackPlan) -> Decimal:
+    """An upper bound of ``extra_padding(plan, full)`` for any full repack of the same pieces:
+    a full plan has at least ceil(content / T) blocks. When it is within the policy's bound,
+    the full plan (best-fit over every sample) need not be made to decide."""
+    capacity = plan.blocks * plan.block_tokens
+    content = int(plan.length.sum())
+    least = -(-content // plan.block_tokens) * plan.block_tokens - content
+    return Decimal(max(capacity - content - least, 0)) / Decimal(max(capacity, 1))
 
 
 def child_pieces(lengths: np.ndarray, pair_split: np.ndarray, policy: PackingPolicy) -> Pieces:

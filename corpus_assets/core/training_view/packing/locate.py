@@ -5,11 +5,12 @@ and every canonical row (its key, kind, token-cache chunk and row, token count, 
 hash-partitioned by record id into Parquet files under the data home's ``tmp`` (which every
 worker shares), streamed a batch at a time. Each partition is then joined on its own, in Arrow
 and with one partition in memory, as a task on the runner (``workspace.pooled``: in-process for
-one worker or small inputs), writing its samples' places by stream position. The driver scatters
-those into fixed-width ``.npy`` columns by stream position (``LOCATED``) that it and the shard
-jobs memory-map, and keeps the record ids as two flat files (offsets, UTF-8 bytes) read a batch
-of samples at a time. So the driver holds no string per sample and no table of every row; the
-partition count changes where work happens, never a byte of what is written.
+one worker or small inputs; ``local_when_small``: in the driver while the build's pool has not
+started and the join is small), writing its samples' places by stream position. The driver
+scatters those into fixed-width ``.npy`` columns by stream position (``LOCATED``) that it and
+the shard jobs memory-map, and keeps the record ids as two flat files (offsets, UTF-8 bytes)
+read a batch of samples at a time. So the driver holds no string per sample and no table of
+every row; the partition count changes where work happens, never a byte of what is written.
 """
 
 import math
@@ -23,6 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from corpus_assets.core.runtime.pool import pool_running
 from corpus_assets.core.runtime.workspace import Workspace
 
 PARTITION_ROWS = 1 << 18  # member rows per partition, about: one partition's join in memory
@@ -134,9 +136,19 @@ def part_path(root: Path, side: str, part: int) -> Path:
 
 
 def read_part(root: Path, side: str, part: int) -> pa.Table:
-    """A partition's rows of one side (none written: an empty table)."""
+    """A partition's rows of one side (none written: an empty table); one file, so no
+    dataset layer (whose import alone costs a worker ~0.5 CPU-s)."""
     path = part_path(root, side, part)
-    return pq.read_table(path) if path.exists() else SIDES[side].empty_table()
+    return pq.ParquetFile(path).read() if path.exists() else SIDES[side].empty_table()
+
+
+def local_when_small(ws: Workspace, workers: int | None, small: bool) -> int | None:
+    """The workers for a map: 1 (here) when its work is ``small`` and the build's pool has not
+    started, else ``workers``: a spawn worker pays ~1 CPU-s of imports before its first job.
+    ``execution.in_process_bytes`` 0 still means the pool, always."""
+    many = workers if workers is not None else ws.config.execution.workers
+    here = small and ws.config.execution.in_process_bytes > 0 and not pool_running(many)
+    return 1 if here else workers
 
 
 @dataclass(frozen=True)
@@ -233,28 +245,21 @@ def scatter(root: Path, parts: int, count: int, folder: Path) -> None:
 
 class RecordIds:
     """Each sample's record id, by stream position, from two flat files: ``ids.offsets``
-    (int64, count + 1) and ``ids.utf8``; ``take`` reads a batch of them as an Arrow array."""
+    (int64, count + 1) and ``ids.utf8``; ``take`` reads a batch of them as an Arrow array
+    (Arrow's take over the memory-mapped files: no per-byte index, no Python string)."""
 
     def __init__(self, folder: Path) -> None:
-        self._offsets = np.memmap(folder / "ids.offsets", np.int64, "r")
+        offsets = np.memmap(folder / "ids.offsets", np.int64, "r")
         size = (folder / "ids.utf8").stat().st_size
-        self._data = (
-            np.memmap(folder / "ids.utf8", np.uint8, "r") if size else np.empty(0, np.uint8)
-        )
+        data = np.memmap(folder / "ids.utf8", np.uint8, "r") if size else np.empty(0, np.uint8)
+        buffers = [None, pa.py_buffer(offsets), pa.py_buffer(data)]
+        self._all = pa.Array.from_buffers(pa.large_string(), offsets.size - 1, buffers)
 
     def __len__(self) -> int:
-        return self._offsets.size - 1
+        return len(self._all)
 
     def take(self, index: np.ndarray) -> pa.Array:
-        index = np.asarray(index, np.int64)
-        lo, hi = self._offsets[index], self._offsets[index + 1]
-        sizes = hi - lo
-        offsets = np.zeros(index.size + 1, np.int64)
-        np.cumsum(sizes, out=offsets[1:])
-        gather = np.repeat(lo - offsets[:-1], sizes) + np.arange(int(offsets[-1]))
-        data = np.ascontiguousarray(self._data[gather])
-        buffers = [None, pa.py_buffer(offsets), pa.py_buffer(data)]
-        return pa.Array.from_buffers(pa.large_string(), index.size, buffers).cast(pa.string())
+        return self._all.take(pa.array(np.asarray(index, np.int64))).cast(pa.string())
 
 
 class RecordIdSink:

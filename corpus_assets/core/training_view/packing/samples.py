@@ -7,13 +7,15 @@ record id under the data home's ``tmp``, each partition joined on its own (on th
 when there are workers), the result memory-mapped columns by stream position. The driver holds
 no string per sample (record ids are read a batch at a time from a flat file) and no table of
 every row. The token arrays stay on disk: a sample's tokens are read only when a block is built.
+A child's sample map joins the same members and rows already, so it hands its places to
+``located_from`` instead (no partitioning, no second join).
 """
 
 import shutil
 import tempfile
 import weakref
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -39,12 +41,16 @@ from corpus_assets.core.training_view.packing.locate import (
     RecordIdSink,
     join_part,
     left_join_rows,
+    local_when_small,
     partition_count,
     sample_batches,
     scatter,
 )
 
 ROW_KEY = ["record_id", "object", "line"]
+# The joins cost about a CPU-second per million member and sample rows, less than two spawn
+# workers' imports: up to this many, they run here unless the build's pool is up.
+LOCAL_JOIN_ROWS = 1 << 21
 DOCUMENT = KINDS.index("document")  # the kind code of a plain document
 _lookup = left_join_rows  # the name the lookup's tests know
 
@@ -143,12 +149,74 @@ def _locate(
         writer.write("rows", table.set_column(at, "object", objects.of_rows(table.column(at))))
     writer.close()
     jobs = [PartJob(str(root), part) for part in range(parts)]
+    small = clusters.metadata.num_rows + count <= LOCAL_JOIN_ROWS
+    workers = local_when_small(ws, workers, small)
     reports = pooled(ws, join_part, jobs, workers=workers, input_bytes=writer.bytes)
     release_memory()  # an in-process join's tables, back before the places are scattered
     _raise_on(reports, count)
     scatter(root, parts, count, folder)
     shutil.rmtree(root)
     release_memory()
+
+
+def located_from(
+    ws: Workspace,
+    cache: TokenCache,
+    samples: Path,
+    count: int,
+    places: Iterable[pa.RecordBatch],
+) -> SampleRows | None:
+    """``SampleRows`` from the places a caller's join found (``pos``, ``chunk``, ``row``,
+    ``kind`` batches, any order), or None unless it found each of the ``count`` samples
+    exactly once (the partitioned lookup then names what is wrong): a child's sample map joins
+    the same members and canonical rows, so its packing need not partition and join them
+    again. Token counts and pair splits are read a chunk's offsets at a time; record ids from
+    ``samples``."""
+    (ws.home / "tmp").mkdir(parents=True, exist_ok=True)
+    folder = Path(tempfile.mkdtemp(prefix="pack-samples-", dir=ws.home / "tmp"))
+    try:
+        ids = RecordIdSink(folder)
+        for batch in sample_batches(samples):
+            ids.write(batch)
+        ids.close()
+        columns = {
+            name: np.lib.format.open_memmap(folder / f"{name}.npy", "w+", dtype, (count,))
+            for name, dtype in LOCATED.items()
+        }
+        seen, found = np.zeros(count, dtype=bool), 0
+        for batch in places:
+            pos = batch.column("pos").to_numpy()
+            seen[pos], found = True, found + len(pos)
+            for name in ("chunk", "row", "kind"):
+                columns[name][pos] = batch.column(name).to_numpy()
+        if found != count or not seen.all():
+            del columns
+            shutil.rmtree(folder, ignore_errors=True)
+            return None
+        _token_counts(ws, cache, columns)
+        for column in columns.values():
+            column.flush()
+        del columns
+    except BaseException:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
+    return SampleRows(folder)
+
+
+def _token_counts(ws: Workspace, cache: TokenCache, columns: dict[str, np.ndarray]) -> None:
+    """Each sample's ``length`` and ``pair_split`` from its chunk's cached offsets and splits,
+    one chunk's arrays at a time (the samples taken in chunk order)."""
+    chunk = np.asarray(columns["chunk"])
+    order = np.argsort(chunk, kind="stable")
+    bounds = np.searchsorted(chunk[order], np.arange(len(cache.chunks) + 1))
+    for n, cached in enumerate(cache.chunks):
+        at = order[bounds[n] : bounds[n + 1]]
+        if not at.size:
+            continue
+        arrays = open_tokens(ws, cached, cache.spec, ids=False)
+        row = np.asarray(columns["row"])[at]
+        columns["length"][at] = arrays.counts()[row]
+        columns["pair_split"][at] = np.asarray(arrays.pair_splits)[row]
 
 
 def _canonical_rows(

@@ -36,10 +36,15 @@ from corpus_assets.core.tokens.cache import TokenCache, TokensDescriptor, open_t
 from corpus_assets.core.tokens.spec import TokenizerSpec
 from corpus_assets.core.training_view.packing.blocks import BuildAccounting, build_batch
 from corpus_assets.core.training_view.packing.checks import check_pair_prompts
+from corpus_assets.core.training_view.packing.locate import local_when_small
 from corpus_assets.core.training_view.packing.plan import PackPlan
 from corpus_assets.core.training_view.packing.samples import SampleRows, SampleTokens
 
 BATCH_BLOCKS = 256
+# Blocks build at tens of millions of tokens per CPU-second, so a child's few new shards cost
+# less here than a spawn worker's imports (``execution.in_process_bytes`` is sized for
+# tokenising, hundreds of times slower per byte): at most this many tokens run here.
+LOCAL_TOKENS = 1 << 24
 LOOKUP = ("chunk", "row", "pair_split")  # per sample, memory-mapped by every job
 KINDS = ("label", "special")  # the tokens counted per shard
 
@@ -96,7 +101,8 @@ def build_shards(
         last = min(first + per_shard, plan.blocks)
         piece = _plan_rows(plan, bounds, first, last)
         jobs.append(ShardJob(first, last, piece, lookup, cache, fields, pairs, shard_bytes))
-    done = pooled(ws, _build, jobs, workers=workers) if jobs else []
+    small = sum(int(job.plan.length.sum()) for job in jobs) <= LOCAL_TOKENS
+    done = pooled(ws, _build, jobs, workers=local_when_small(ws, workers, small)) if jobs else []
     built = dict(zip(firsts, done, strict=True))
     outcomes = [
         built.get(first) or reused[first // per_shard] for first in range(0, plan.blocks, per_shard)
