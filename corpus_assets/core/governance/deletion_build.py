@@ -79,7 +79,7 @@ MEMORY_MB, THREADS = 128, 2  # DuckDB's cap (the process: ~400 MB at 1M and 3M m
 # of raw text (a hash aggregate's partition is held at once, depending on how the rows fell).
 HEADROOM_MB = (256, 512)
 BATCH_ROWS = 1 << 16  # sorted rows fetched from DuckDB at a time
-Relation = str | pa.Table | None  # a Parquet file's path, a table in memory, or absent
+Relation = str | list[str] | pa.Table | None  # Parquet file(s), a table in memory, or absent
 Shard = tuple[str, str, str]  # its first key, last key and digest
 INPUTS = ("members", "clusters", "spans")
 MAX_DEPTH = 8  # directories a lookup may chain through; a deeper child is built whole
@@ -173,8 +173,9 @@ def _relations(
     """Each input as a view or registered table named ``prefix`` + its name; the columns of
     each (none if absent)."""
     for name, relation in relations.items():
-        if isinstance(relation, str):
-            source = f"read_parquet({cas_queries.sql_path(relation)})"
+        if isinstance(relation, str | list):
+            paths = [relation] if isinstance(relation, str) else relation
+            source = f"read_parquet({cas_queries.sql_list(paths)})"
             con.execute(f"CREATE VIEW {prefix}{name} AS SELECT * FROM {source}")
         elif relation is not None:
             con.register(prefix + name, relation)
@@ -346,9 +347,10 @@ def inputs(cas: ContentStore, manifest_digest: str, catalog: Catalog | None = No
     check hashed) is not hashed again, and one hashed now is recorded (the check trusts it)."""
     digests = input_digests(cas, manifest_digest)
     files = TrustedFiles(cas, catalog) if catalog is not None else cas_queries.VerifiedFiles(cas)
+    manifest = read_manifest(cas, manifest_digest)
     relations: dict[str, Relation] = {
-        name: files.path(digests[name], f"{name} table")
-        for name in ("members", "clusters", "spans")
+        "members": manifest.members.paths(files),
+        **{name: files.path(digests[name], f"{name} table") for name in ("clusters", "spans")},
     }
     return Inputs(manifest_digest, relations, digests["shards"])
 

@@ -80,7 +80,7 @@ class ParentPack:
     ref: Ref
     index: LayerIndex
     samples: Ref
-    members: Ref
+    members: list[Ref]  # the parts of its members table
     layout: dict
 
 
@@ -111,11 +111,14 @@ def parent_pack(ws: Workspace, partition_key: str) -> ParentPack | None:
         return None
     samples = load_index(ws.cas, mixed, "mixed_samples").output("samples")
     index = load_index(ws.cas, packed, "packed_blocks")
-    needed = [samples, manifest.members.ref(), index.output("spans"), index.output("layout")]
+    if not ws.cas.contains(manifest.members.digest):
+        return None
+    members = manifest.members.part_refs(ws.cas)
+    needed = [samples, *members, index.output("spans"), index.output("layout")]
     if not all(ws.cas.contains(ref["digest"]) for ref in needed):
         return None  # collected: the child cannot keep what is gone
     layout = get_json(ws.cas, index.output("layout"), "parent packed layout")
-    return ParentPack(parents[0], packed, index, samples, manifest.members.ref(), layout)
+    return ParentPack(parents[0], packed, index, samples, members, layout)
 
 
 def memo_part(ws: Workspace, partition_key: str) -> str | None:
@@ -159,12 +162,13 @@ def sample_map(
         return child_of
     files = TrustedFiles(ws.cas, ws.catalog)  # the parent's tables: hashed by its check
     numbered = ", file_row_number = true"
+    parent_members = [part["digest"] for part in parent.members]
     tables = {
         "records": f"read_parquet({sql_list(files.paths([c['digest'] for c in chunks]))})",
         "clusters": _read(files, dedup.output("clusters"), "dedup clusters"),
         "child": _read(files, samples, "mixed samples", numbered),
         "parent": _read(files, parent.samples, "parent mixed samples", numbered),
-        "members": _read(files, parent.members, "parent members"),
+        "members": f"read_parquet({sql_list(files.paths(parent_members, 'parent members'))})",
     }
     threads = ws.config.execution.workers
     # the training view's budget: 64 MB ran out reading a 1.1 GB parent's members (bench/race.py)
