@@ -20,6 +20,7 @@ from corpus_assets.core.publication.identity import SELF_EXCLUDED, snapshot_id
 from corpus_assets.core.publication.member_parts import (
     MEMBERS_CODE,
     Chunk,
+    Parent,
     Written,
     put_member_parts,
 )
@@ -27,10 +28,17 @@ from corpus_assets.core.publication.narrowed import narrowed
 from corpus_assets.core.publication.shadow import shadow_diff
 from corpus_assets.core.publication.signing import sign_snapshot
 from corpus_assets.core.records.index import CanonicalIndex, record_schema_digest
-from corpus_assets.core.runtime.layer_index import LAYERS, LayerIndex, LayerResult, read_layer_index
+from corpus_assets.core.runtime.layer_index import (
+    LAYERS,
+    LayerIndex,
+    LayerResult,
+    load_index,
+    read_layer_index,
+)
 from corpus_assets.core.runtime.snapshot_manifest import (
     MANIFEST_SCHEMA,
     Manifest,
+    ManifestError,
     read_manifest,
 )
 from corpus_assets.core.runtime.transform import transform_image
@@ -38,10 +46,12 @@ from corpus_assets.core.runtime.workspace import Workspace
 from corpus_assets.core.storage import failpoints
 from corpus_assets.core.storage.artifacts import (
     JSON,
+    PARQUET,
     Ref,
     make_ref,
     put_json,
 )
+from corpus_assets.core.storage.cas import CasError
 from corpus_assets.core.storage.digests import json_digest
 from corpus_assets.core.storage.table_lookup import TrustedFiles
 from corpus_assets.core.tokens.spec import resolve_tokenizer
@@ -56,13 +66,15 @@ class BuildConflict(RuntimeError):
     """The same build identity produced different content: nondeterminism, never overwritten."""
 
 
-def put_members(ws: Workspace, indexes: Indexes) -> Written:
+def put_members(ws: Workspace, indexes: Indexes, parents: list[str] | None = None) -> Written:
     """The members table put in the CAS as parts (``member_parts``): one row per member
     (stable id, source version, logical digests, split - never the text).
 
     Members are the dedup representatives the splits layer assigned a split (a record a split
     conflict quarantined is in no split, so no member). DuckDB joins and sorts the layer files
-    out of core, and its sorted rows stream into the store a row group at a time."""
+    out of core, and its sorted rows stream into the store a row group at a time. A child
+    (``parents``: its parent snapshot first) names its parent's part of every chunk whose
+    rows did not change (``member_parts.reusable``)."""
     canonical = CanonicalIndex(ws.cas, indexes["canonical_records"][1])
     files = TrustedFiles(ws.cas, ws.catalog)  # a parent's narrowed chunks: hashed before
     with tempfile.TemporaryDirectory(prefix="members-", dir=_spill(ws)) as tmp:
@@ -77,7 +89,31 @@ def put_members(ws: Workspace, indexes: Indexes) -> Written:
             clusters=files.path(indexes["dedup_clusters"][1].output("clusters")["digest"]),
             splits=files.path(indexes["splits"][1].output("splits")["digest"]),
             tmp=Path(tmp),
+            parent=parent_members(ws, files, parents or []),
         )
+
+
+def parent_members(ws: Workspace, files: TrustedFiles, parents: list[str]) -> Parent | None:
+    """The parent snapshot's members parts and the tables they were joined from, when this
+    code wrote them and all are stored; else None (every chunk is joined)."""
+    if not parents:
+        return None
+    try:
+        parent = read_manifest(ws.cas, states.get(ws.catalog, parents[0]).manifest_digest)
+        if parent.members.media == PARQUET:
+            return None
+        parts = parent.members.parts(ws.cas)
+        if parts.code != MEMBERS_CODE:
+            return None
+        dedup = load_index(ws.cas, parent.layers["dedup_clusters"], "dedup_clusters")
+        splits = load_index(ws.cas, parent.layers["splits"], "splits")
+        return Parent(
+            parts={part.chunk: part for part in parts.parts if ws.cas.contains(part.digest)},
+            clusters=files.path(dedup.output("clusters")["digest"], "parent dedup clusters"),
+            splits=files.path(splits.output("splits")["digest"], "parent splits"),
+        )
+    except (CasError, ManifestError, states.StateError):
+        return None
 
 
 def _spill(ws: Workspace) -> Path:
@@ -125,7 +161,7 @@ def build_manifest(ws: Workspace, partition_key: str) -> LayerResult:
     """Assemble, sign, store and register the snapshot of a partition from its six layers."""
     freeze_ref, spec = freeze(ws, partition_key)
     indexes = {layer: read_layer_index(ws, partition_key, layer) for layer in LAYERS[:-1]}
-    members_ref, count, preview = _members(ws, indexes)
+    members_ref, count, preview = _members(ws, indexes, spec.parents)
     members_entry = {
         "uri": ws.cas.uri(members_ref["digest"]),
         **members_ref,
@@ -164,7 +200,9 @@ def build_manifest(ws: Workspace, partition_key: str) -> LayerResult:
     )
 
 
-def _members(ws: Workspace, indexes: Indexes) -> tuple[Ref, int, list[dict[str, Any]]]:
+def _members(
+    ws: Workspace, indexes: Indexes, parents: list[str]
+) -> tuple[Ref, int, list[dict[str, Any]]]:
     """The members table's ref, row count and first rows. The table is a function of the
     canonical, dedup and splits indexes and the code alone, so one built before from the same
     three (an unchanged snapshot in a new partition) is reused through the layer memo table;
@@ -182,7 +220,7 @@ def _members(ws: Workspace, indexes: Indexes) -> tuple[Ref, int, list[dict[str, 
         saved = json.loads(hit[1])
         ref = make_ref(hit[0], JSON, ws.cas.size(hit[0]))
         return ref, saved["count"], saved["preview"]
-    written = put_members(ws, indexes)
+    written = put_members(ws, indexes, parents)
     saved = json.dumps({"count": written.count, "preview": written.preview})
     ws.catalog.remember(key, "manifest.members", written.ref["digest"], saved)
     return written.ref, written.count, written.preview

@@ -18,7 +18,7 @@ import itertools
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -38,6 +38,9 @@ from corpus_assets.core.storage.artifacts import Ref, get_table, put_json
 from corpus_assets.core.storage.cas import ContentStore
 from corpus_assets.core.storage.cas_queries import sql_path
 from corpus_assets.core.storage.parquet_sink import put_table_batches
+
+if TYPE_CHECKING:
+    from duckdb import DuckDBPyConnection
 
 MEMBERS_CODE = stage_code("release.member_parts", __name__)  # what writes a part's bytes
 MEMBER_BATCH = 65536  # rows of the joined members read and written at a time
@@ -78,52 +81,163 @@ class Chunk:
 
 @dataclass
 class Written:
-    """The parts document's ref, the member count and the first rows."""
+    """The parts document's ref, the member count, the first rows and how many parts were
+    joined now (the others are a parent's)."""
 
     ref: Ref
     count: int
     preview: list[dict[str, Any]] = field(default_factory=list)
+    joined: int = 0
+
+
+@dataclass(frozen=True)
+class Parent:
+    """A parent snapshot's members parts (by chunk key) and the clusters and splits tables
+    they were joined from (verified files)."""
+
+    parts: dict[str, MemberPart]
+    clusters: str
+    splits: str
+
+
+TOUCHED = """
+CREATE TEMP TABLE touched AS
+WITH child AS (SELECT source_id, object, record_id, line, dedup_key
+               FROM read_parquet({clusters}) WHERE is_representative),
+     parent AS (SELECT source_id, object, record_id, line, dedup_key
+                FROM read_parquet({parent_clusters}) WHERE is_representative),
+     verdicts AS (SELECT source_id, object FROM
+                  (SELECT *, 1 AS side FROM child UNION ALL SELECT *, -1 FROM parent)
+                  GROUP BY source_id, object, record_id, line, dedup_key
+                  HAVING sum(side) <> 0),
+     splits AS (SELECT record_id FROM
+                (SELECT record_id, group_id, split, 1 AS side FROM read_parquet({splits})
+                 UNION ALL
+                 SELECT record_id, group_id, split, -1 FROM read_parquet({parent_splits}))
+                GROUP BY record_id, group_id, split HAVING sum(side) <> 0)
+SELECT source_id, object FROM verdicts
+UNION SELECT source_id, object FROM child SEMI JOIN splits USING (record_id)
+"""
 
 
 def put_member_parts(
-    cas: ContentStore, chunks: list[Chunk], clusters: str, splits: str, tmp: Path
+    cas: ContentStore,
+    chunks: list[Chunk],
+    clusters: str,
+    splits: str,
+    tmp: Path,
+    parent: Parent | None = None,
 ) -> Written:
     """Join every chunk's records with their verdicts and splits (DuckDB, out of core, sorted
     by chunk then record id) and put each chunk's members as its part (an empty table for a
     chunk without members; one empty part named "" when there is no chunk); the parts
-    document."""
+    document. With a ``parent``, a chunk whose rows the joins give unchanged (``reusable``)
+    is its parent's part, not joined again."""
     chunks = chunks or [Chunk("", "", "")]
-    refs: dict[int, tuple[Ref, int]] = {}
-    preview: list[dict[str, Any]] = []
     with manifest_queries.connect(
         cas, manifest_queries.MEMBERS_THREADS, manifest_queries.MEMBERS_MB
     ) as con:
-        query = MEMBERS_QUERY.format(
-            records=_numbered(chunks, tmp), clusters=clusters, splits=splits
-        )
-        batches = cas_queries.batches(con, query, MEMBER_BATCH)
-        for number, rows in itertools.groupby(_by_part(batches), key=lambda pair: pair[0]):
-            seen = _Seen(preview)
-            ref = put_table_batches(cas, MEMBERS_SCHEMA, seen.watch(b for _, b in rows), tmp)
-            refs[number] = (ref, seen.count)
+        reused = reusable(con, chunks, clusters, splits, parent, tmp) if parent else {}
+        todo = [n for n, chunk in enumerate(chunks) if n not in reused]
+        written = _join(con, cas, chunks, todo, clusters, splits, tmp)
     empty = None
     parts = []
     for number, chunk in enumerate(chunks):
-        if number not in refs:
+        if number in reused:
+            parts.append(reused[number])
+            continue
+        if number not in written:
             empty = empty or put_table_batches(cas, MEMBERS_SCHEMA, [], tmp)
-        ref, count = refs.get(number, (empty, 0))
+        ref, count = written.get(number, (empty, 0))
         parts.append(_part(chunk, ref, count))
-    return _put_document(cas, parts, preview)
+    written_now = _put_document(cas, parts, _preview(cas, parts))
+    written_now.joined = len(todo)
+    return written_now
 
 
-def _numbered(chunks: list[Chunk], tmp: Path) -> str:
-    """The chunks' narrowed rows, each with its chunk's number (``part``)."""
+def reusable(
+    con: "DuckDBPyConnection",
+    chunks: list[Chunk],
+    clusters: str,
+    splits: str,
+    parent: Parent,
+    tmp: Path,
+) -> dict[int, MemberPart]:
+    """The parent's part of each chunk (by number) whose members rows are the parent's: the
+    same records table, and no (source, object) of it among the rows where the two snapshots'
+    representatives (clusters) or splits rows differ. Multiset differences over the whole
+    tables, out of core; if DuckDB runs out of memory, nothing is reused (the same bytes)."""
+    import duckdb
+
+    same = {
+        n: parent.parts[c.key]
+        for n, c in enumerate(chunks)
+        if c.key in parent.parts and parent.parts[c.key].records == c.records and c.narrowed
+    }
+    if not same:
+        return {}
+    paths = {"clusters": clusters, "splits": splits}
+    paths |= {"parent_clusters": parent.clusters, "parent_splits": parent.splits}
+    try:
+        con.execute(TOUCHED.format(**{k: sql_path(v) for k, v in paths.items()}))
+        numbered = _numbered([chunks[n] for n in same], tmp, list(same))
+        touched = con.execute(
+            f"SELECT DISTINCT part FROM ({numbered}) SEMI JOIN touched USING (source_id, object)"
+        ).fetchall()
+    except duckdb.OutOfMemoryException:
+        return {}
+    finally:
+        con.execute("DROP TABLE IF EXISTS touched")
+    return {n: part for n, part in same.items() if (n,) not in set(touched)}
+
+
+def _join(
+    con: "DuckDBPyConnection",
+    cas: ContentStore,
+    chunks: list[Chunk],
+    todo: list[int],
+    clusters: str,
+    splits: str,
+    tmp: Path,
+) -> dict[int, tuple[Ref, int]]:
+    """Each ``todo`` chunk's members put as a part: its ref and row count (a chunk without
+    members has none)."""
+    if not todo:
+        return {}
+    records = _numbered([chunks[n] for n in todo], tmp, todo)
+    query = MEMBERS_QUERY.format(records=records, clusters=clusters, splits=splits)
+    written = {}
+    batches = cas_queries.batches(con, query, MEMBER_BATCH)
+    for number, rows in itertools.groupby(_by_part(batches), key=lambda pair: pair[0]):
+        seen = _Seen()
+        ref = put_table_batches(cas, MEMBERS_SCHEMA, seen.watch(b for _, b in rows), tmp)
+        written[number] = (ref, seen.count)
+    return written
+
+
+def _preview(cas: ContentStore, parts: list[MemberPart]) -> list[dict[str, Any]]:
+    """The table's first rows (what a layer result shows), read from its first parts."""
+    preview: list[dict[str, Any]] = []
+    for part in parts:
+        if len(preview) >= PREVIEW_ROWS:
+            break
+        if part.count:
+            with pq.ParquetFile(cas.path(part.digest)) as table:
+                batch = next(table.iter_batches(PREVIEW_ROWS - len(preview)))
+            preview += batch.to_pylist()
+    return preview
+
+
+def _numbered(chunks: list[Chunk], tmp: Path, numbers: list[int] | None = None) -> str:
+    """The chunks' narrowed rows, each with its chunk's number (``part``: ``numbers``, or
+    its place in ``chunks``)."""
+    numbers = numbers if numbers is not None else list(range(len(chunks)))
     empty = tmp / "none.parquet"  # a chunk without a narrowed table (no chunk at all)
     if not all(c.narrowed for c in chunks):
         pq.write_table(NARROW.empty_table(), empty)
     return " UNION ALL ".join(
         f"SELECT {n} AS part, * FROM read_parquet({sql_path(c.narrowed or str(empty))})"
-        for n, c in enumerate(chunks)
+        for n, c in zip(numbers, chunks, strict=True)
     )
 
 
@@ -153,7 +267,9 @@ def _part(chunk: Chunk, ref: Ref, count: int) -> MemberPart:
     )
 
 
-def _put_document(cas: ContentStore, parts: list[MemberPart], preview: list) -> Written:
+def _put_document(
+    cas: ContentStore, parts: list[MemberPart], preview: list[dict[str, Any]]
+) -> Written:
     count = sum(part.count for part in parts)
     document = MemberParts(
         schema=MEMBER_PARTS_SCHEMA, code=MEMBERS_CODE, count=count, parts=parts
@@ -163,17 +279,13 @@ def _put_document(cas: ContentStore, parts: list[MemberPart], preview: list) -> 
 
 
 class _Seen:
-    """The row count of a stream of batches and the first rows of the whole table, taken as
-    it passes."""
+    """The row count of a stream of batches, taken as it passes."""
 
-    def __init__(self, preview: list[dict[str, Any]]) -> None:
+    def __init__(self) -> None:
         self.count = 0
-        self.preview = preview
 
     def watch(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
-            if len(self.preview) < PREVIEW_ROWS:
-                self.preview += batch.slice(0, PREVIEW_ROWS - len(self.preview)).to_pylist()
             self.count += batch.num_rows
             yield batch
 
