@@ -157,7 +157,7 @@ def _put_shards(
         con.execute(span_rows(columns["spans"]))
         span_columns = [c for c in SPANS if c in columns["spans"]]
         if base is not None:
-            delta = _put_delta(con, cas, what, columns, shard_rows, base)
+            delta = _put_delta(con, cas, what, relations, columns, shard_rows, base)
             if isinstance(delta[0], list):
                 return delta[0], delta[1], span_columns, delta[2]
             extra: dict[str, Any] = {"depth": 0, "full": delta[0]}
@@ -242,6 +242,7 @@ def _put_delta(
     con: "DuckDBPyConnection",
     cas: ContentStore,
     what: str,
+    relations: dict[str, Relation],
     columns: dict[str, list[str]],
     shard_rows: int,
     base: Base,
@@ -253,7 +254,8 @@ def _put_delta(
     if refused:
         return (refused,)
     con.execute(span_rows(theirs["spans"], "p_"))
-    for statement in affected(columns):  # one at a time: each holds one large operator
+    members = _unshared_members(con, relations["members"], base.inputs.relations["members"])
+    for statement in affected(columns, members):  # one at a time: each holds one large operator
         con.execute(statement)
     con.execute(f"CREATE TABLE staging.delta AS SELECT * FROM ({staged(empty(['key']))})")
     where = " AND key IN (SELECT key FROM staging.affected)"
@@ -281,6 +283,26 @@ def _put_delta(
         "totalRows": base.header["totalRows"] + rows,
     }
     return fanout, rows, extra
+
+
+def _unshared_members(
+    con: "DuckDBPyConnection", mine: Relation, theirs: Relation
+) -> tuple[str, str]:
+    """Views over the child's and the parent's members parts the other does not hold (same
+    file, same digest, same rows), for the members difference; the whole relations when
+    either is not parts."""
+    if not (isinstance(mine, list) and isinstance(theirs, list)):
+        return "members", "p_members"
+    shared = set(mine) & set(theirs)
+    for name, paths, whole in (("c_parts", mine, "members"), ("p_parts", theirs, "p_members")):
+        kept = [path for path in paths if path not in shared]
+        source = (
+            f"read_parquet({cas_queries.sql_list(kept)})"
+            if kept
+            else f"(SELECT * FROM {whole} WHERE false)"
+        )
+        con.execute(f"CREATE VIEW {name} AS SELECT * FROM {source}")
+    return "c_parts", "p_parts"
 
 
 def _refusal(base: Base, columns: dict[str, list[str]], theirs: dict[str, list[str]]) -> str | None:

@@ -80,16 +80,20 @@ def staged(query: str, where: str = "") -> str:
     )
 
 
-def affected(columns: dict[str, list[str]]) -> list[str]:
+def affected(
+    columns: dict[str, list[str]], members: tuple[str, str] = ("members", "p_members")
+) -> list[str]:
     """Statements staging (``staging.affected``) every key whose rows a changed member,
     removed duplicate or span may change: the symmetric multiset differences of the child's and
     parent's inputs; a changed member's targets' ``member`` and ``spans`` keys, a changed removed
     duplicate's ``carried`` and ``spans`` keys, and the ``spans`` keys of the targets reaching a
-    record whose spans changed. One operator a statement, so each may spill."""
+    record whose spans changed. One operator a statement, so each may spill. ``members``: the
+    child's and parent's relations the members difference reads (their parts the two do not
+    share: the rows of a shared part cancel out of a multiset difference)."""
     kept = ", ".join(f'"{c}"' for c in COLUMN.values() if c in columns["members"])
     spans = 'record_id, record_offset, shard, block, start, "end"'
     statements = [
-        *diff("mdiff", f"SELECT {kept} FROM members", f"SELECT {kept} FROM p_members"),
+        *diff("mdiff", f"SELECT {kept} FROM {members[0]}", f"SELECT {kept} FROM {members[1]}"),
         *diff(
             "sdiff",
             f"SELECT {spans} FROM spanrows",
