@@ -55,6 +55,7 @@ from corpus_assets.core.governance.deletion_sql import (
     queries,
     span_rows,
     staged,
+    unshared_members,
 )
 from corpus_assets.core.runtime.code_identity import stage_code
 from corpus_assets.core.runtime.layer_index import load_index
@@ -254,8 +255,8 @@ def _put_delta(
     if refused:
         return (refused,)
     con.execute(span_rows(theirs["spans"], "p_"))
-    members = _unshared_members(con, relations["members"], base.inputs.relations["members"])
-    for statement in affected(columns, members):  # one at a time: each holds one large operator
+    views, members = unshared_members(relations["members"], base.inputs.relations["members"])
+    for statement in [*views, *affected(columns, members)]:  # one at a time: one big operator
         con.execute(statement)
     con.execute(f"CREATE TABLE staging.delta AS SELECT * FROM ({staged(empty(['key']))})")
     where = " AND key IN (SELECT key FROM staging.affected)"
@@ -283,26 +284,6 @@ def _put_delta(
         "totalRows": base.header["totalRows"] + rows,
     }
     return fanout, rows, extra
-
-
-def _unshared_members(
-    con: "DuckDBPyConnection", mine: Relation, theirs: Relation
-) -> tuple[str, str]:
-    """Views over the child's and the parent's members parts the other does not hold (same
-    file, same digest, same rows), for the members difference; the whole relations when
-    either is not parts."""
-    if not (isinstance(mine, list) and isinstance(theirs, list)):
-        return "members", "p_members"
-    shared = set(mine) & set(theirs)
-    for name, paths, whole in (("c_parts", mine, "members"), ("p_parts", theirs, "p_members")):
-        kept = [path for path in paths if path not in shared]
-        source = (
-            f"read_parquet({cas_queries.sql_list(kept)})"
-            if kept
-            else f"(SELECT * FROM {whole} WHERE false)"
-        )
-        con.execute(f"CREATE VIEW {name} AS SELECT * FROM {source}")
-    return "c_parts", "p_parts"
 
 
 def _refusal(base: Base, columns: dict[str, list[str]], theirs: dict[str, list[str]]) -> str | None:
@@ -369,11 +350,8 @@ def inputs(cas: ContentStore, manifest_digest: str, catalog: Catalog | None = No
     check hashed) is not hashed again, and one hashed now is recorded (the check trusts it)."""
     digests = input_digests(cas, manifest_digest)
     files = TrustedFiles(cas, catalog) if catalog is not None else cas_queries.VerifiedFiles(cas)
-    manifest = read_manifest(cas, manifest_digest)
-    relations: dict[str, Relation] = {
-        "members": manifest.members.paths(files),
-        **{name: files.path(digests[name], f"{name} table") for name in ("clusters", "spans")},
-    }
+    relations: dict[str, Relation] = {n: files.path(digests[n], f"{n} table") for n in INPUTS[1:]}
+    relations["members"] = read_manifest(cas, manifest_digest).members.paths(files)
     return Inputs(manifest_digest, relations, digests["shards"])
 
 
