@@ -31,7 +31,7 @@ import dagster as dg
 import pyarrow as pa
 
 from corpus_assets.core.dedup.clusters import CLUSTER_COLUMNS
-from corpus_assets.core.publication.manifest import MEMBERS_SCHEMA
+from corpus_assets.core.publication.member_parts import MEMBERS_SCHEMA
 from corpus_assets.core.records.index import RECORD_COLUMNS
 from corpus_assets.core.runtime.layer_index import LayerResult
 from corpus_assets.core.training_view.mixing import MIX_COLUMNS

@@ -16,11 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from corpus_assets.core.governance import alias_gate, states
 from corpus_assets.core.ingest.freeze_spec import FreezeSpec, ObjectsSourceSpec
 from corpus_assets.core.publication.identity import snapshot_id
+from corpus_assets.core.publication.member_parts import read_members
 from corpus_assets.core.publication.signing import sign_snapshot
 from corpus_assets.core.runtime.transform import PACKAGE_ROOT
 from corpus_assets.core.storage.artifacts import put_table
@@ -341,7 +341,7 @@ def _forge_twin(home: Home) -> tuple[str, str]:
     another split, registered as a new snapshot: (its snapshotId, the twinned record id)."""
     with workspace(home) as ws:
         manifest = json.loads(ws.cas.get_bytes(ws.catalog.layer_output(PARTITION, "manifest")))
-        members = pq.read_table(pa.BufferReader(ws.cas.get_bytes(manifest["members"]["digest"])))
+        members = read_members(ws.cas, manifest["members"])
         row = members.slice(0, 1).to_pylist()[0]
         twin = {**row, "split": "test" if row["split"] != "test" else "train"}
         forged = pa.concat_tables([members, pa.Table.from_pylist([twin], schema=members.schema)])

@@ -13,13 +13,14 @@ from corpus_assets.core.governance import states
 from corpus_assets.core.pipeline import build_all
 from corpus_assets.core.publication.identity import snapshot_id
 from corpus_assets.core.publication.manifest import BuildConflict
+from corpus_assets.core.publication.member_parts import read_members
 from corpus_assets.core.publication.signing import sign_snapshot
 from corpus_assets.core.publication.validation import validate_snapshot
 from corpus_assets.core.publication.verify import verify
 from corpus_assets.core.runtime import transform
 from corpus_assets.core.runtime.transform import PACKAGE_ROOT, image_digest, transform_image
 from corpus_assets.core.runtime.workspace import Workspace, open_workspace
-from corpus_assets.core.storage.artifacts import put_table
+from corpus_assets.core.storage.artifacts import get_json, put_table
 from corpus_assets.core.storage.catalog import LayerConflict, snapshots
 from corpus_assets.core.storage.digests import canonical_json
 
@@ -53,7 +54,7 @@ def test_same_record_id_in_two_splits_is_refused(workspace: Workspace) -> None:
     """A forged (re-signed) manifest whose members table holds one id in two splits."""
     build_all(workspace, "p1")
     manifest = json.loads(workspace.cas.get_bytes(workspace.catalog.layer_output("p1", "manifest")))
-    members = pq.read_table(pa.BufferReader(workspace.cas.get_bytes(manifest["members"]["digest"])))
+    members = read_members(workspace.cas, manifest["members"])
     row = members.slice(0, 1).to_pylist()[0]
     twin = {**row, "split": "test" if row["split"] != "test" else "train"}
     forged = pa.concat_tables([members, pa.Table.from_pylist([twin], schema=members.schema)])
@@ -81,7 +82,7 @@ def test_a_member_without_its_canonical_row_is_named(workspace: Workspace) -> No
     its record id, counted in the metric."""
     build_all(workspace, "p1")
     manifest = json.loads(workspace.cas.get_bytes(workspace.catalog.layer_output("p1", "manifest")))
-    members = pq.read_table(pa.BufferReader(workspace.cas.get_bytes(manifest["members"]["digest"])))
+    members = read_members(workspace.cas, manifest["members"])
     line = members.column("line").to_pylist()
     moved = members.set_column(
         members.schema.get_field_index("line"), "line", pa.array([line[0] + 10**6, *line[1:]])
@@ -101,15 +102,21 @@ def test_a_member_without_its_canonical_row_is_named(workspace: Workspace) -> No
 
 
 def test_truncated_members_table_is_named(workspace: Workspace) -> None:
+    """A truncated part of the members table, and a truncated parts document, are named."""
     results = build_all(workspace, "p1")
+    sid = results["manifest"].digests["snapshotId"]
     members = results["manifest"].digests["members"]
-    path = workspace.cas.path(members)
-    path.write_bytes(path.read_bytes()[:-100])
-    report = verify(workspace.cas, workspace.catalog, results["manifest"].digests["snapshotId"])
-    assert any(
-        f.startswith(f"CAS object at manifest.members {members} is corrupt")
-        for f in report.findings
-    ), report.findings
+    part = get_json(workspace.cas, members)["parts"][0]["digest"]
+    for digest, where in ((part, "manifest.members.parts[0]"), (members, "manifest.members")):
+        path = workspace.cas.path(digest)
+        stored = path.read_bytes()
+        path.write_bytes(stored[:-100])
+        report = verify(workspace.cas, workspace.catalog, sid)
+        assert any(
+            f.startswith(f"CAS object at {where} {digest}") and f"{digest} is corrupt" in f
+            for f in report.findings
+        ), report.findings
+        path.write_bytes(stored)
 
 
 def test_manifest_edited_after_signing_is_named(workspace: Workspace) -> None:

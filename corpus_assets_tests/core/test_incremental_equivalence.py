@@ -15,6 +15,7 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 
+from corpus_assets.core.publication.member_parts import read_members
 from corpus_assets.core.publication.verify import load_manifest, resolve
 from corpus_assets.core.runtime.layer_index import load_index
 from corpus_assets.selftest.corpus import write_zstd_jsonl
@@ -81,17 +82,15 @@ def _tables(home: Home, sid: str) -> dict[str, list[dict[str, Any]]]:
     }
     with workspace(home) as ws:
         snapshot = resolve(ws.catalog, sid)
-        tables = {"members": load_manifest(ws.cas, snapshot).members.digest}
+        tables = {"members": read_members(ws.cas, load_manifest(ws.cas, snapshot).members)}
         for layer, output in wanted.items():
             index = load_index(
                 ws.cas, ws.catalog.layer_output(snapshot.partition_key, layer), layer
             )
-            tables[layer] = index.output(output)["digest"]
+            tables[layer] = pq.read_table(ws.cas.path(index.output(output)["digest"]))
         return {
-            name: sorted(
-                pq.read_table(ws.cas.path(digest)).to_pylist(), key=lambda r: sorted(r.items())
-            )
-            for name, digest in tables.items()
+            name: sorted(table.to_pylist(), key=lambda r: sorted(r.items()))
+            for name, table in tables.items()
         }
 
 

@@ -72,17 +72,19 @@ class SnapshotTables:
         return [ref["digest"] for ref in self.index("packed_blocks").outputs.get("shards", [])]
 
     def member(self, record_id: str) -> dict[str, Any] | None:
-        """The record's members row (the members table is sorted by record id)."""
-        path = self.files.path(self.manifest.members.digest, "members table")
-        with SortedTable(path, "record_id") as table:
-            rows = table.rows([record_id], MEMBER_COLUMNS).to_pylist()
-        return rows[0] if rows else None
+        """The record's members row."""
+        rows = self.members([record_id])
+        return rows.get(record_id)
 
     def members(self, record_ids: list[str]) -> dict[str, dict[str, Any]]:
-        path = self.files.path(self.manifest.members.digest, "members table")
-        with SortedTable(path, "record_id") as table:
-            rows = table.rows(record_ids, MEMBER_COLUMNS).to_pylist()
-        return {row["record_id"]: row for row in rows}
+        """The members rows of ``record_ids`` (each part is sorted by record id; of a record id
+        on two rows, the last in part order, as a dict built from the table would hold)."""
+        found: dict[str, dict[str, Any]] = {}
+        for path in self.manifest.members.paths(self.files):
+            with SortedTable(path, "record_id") as table:
+                for row in table.rows(record_ids, MEMBER_COLUMNS).to_pylist():
+                    found[row["record_id"]] = row
+        return found
 
     def chunk_names(self, source_id: str, digest: str) -> list[str]:
         """Names under which the source pinned these bytes (one, unless copies were listed)."""

@@ -169,17 +169,19 @@ def shards_record_set(index: ShardIndex) -> dict[str, Any]:
 def croissant_document(
     manifest: Manifest,
     index: ShardIndex,
-    members: pa.Schema,
+    members_file: tuple[dict[str, Any], pa.Schema],
     spans: tuple[dict[str, Any], pa.Schema],
 ) -> dict[str, Any]:
-    """The Croissant Dataset of a snapshot: its files, by digest, and three record sets."""
+    """The Croissant Dataset of a snapshot: its files, by digest, and three record sets.
+    ``members_file``: the members as one table (``members_table``) and its schema."""
     sid, counts = manifest.snapshot_id, manifest.counts
     spans_ref, spans_schema = spans
+    members_ref, members = members_file
     files = [
         file_object(
             "members.parquet",
-            manifest.members.digest,
-            manifest.members.size,
+            members_ref["digest"],
+            members_ref["size"],
             PARQUET_MEDIA,
             "the members table: one row per record in the snapshot",
         ),

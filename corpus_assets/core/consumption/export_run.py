@@ -13,6 +13,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+
 from corpus_assets.core.consumption.export_croissant import (
     croissant_bytes,
     croissant_document,
@@ -21,7 +23,7 @@ from corpus_assets.core.consumption.export_croissant import (
 from corpus_assets.core.consumption.export_mds import copy_object, export_mds, materialize_mds
 from corpus_assets.core.consumption.exports import export_megatron, record_megatron
 from corpus_assets.core.consumption.training import TrainingReader
-from corpus_assets.core.storage.artifacts import JSON, get_json, put_bytes
+from corpus_assets.core.storage.artifacts import JSON, PARQUET, Ref, get_json, put_bytes, put_table
 from corpus_assets.core.storage.cas import ContentStore
 
 FORMATS = ("megatron", "mds", "croissant")
@@ -76,15 +78,27 @@ def _copy_out(cas: ContentStore, files: list[dict[str, Any]], directory: Path) -
         copy_object(cas, entry["digest"], directory / entry["basename"], entry["basename"])
 
 
+def members_table(reader: TrainingReader, members: pa.Table) -> Ref:
+    """The members as one Parquet table in the store: the manifest's own table, or the
+    concatenation of its parts (the same rows in part order), written as every table is."""
+    entry = reader.manifest.members
+    if entry.media == PARQUET:
+        return entry.ref()
+    return put_table(reader.cas, members)
+
+
 def export_croissant(reader: TrainingReader, directory: Path) -> dict[str, Any]:
     """Copy the members, spans and shards out verified, and write ``croissant.json`` naming them
     (also put in the CAS: its digest names the export, as for the other formats)."""
     members, spans = reader.members(), reader.spans()  # both verified against their refs
     spans_ref, index = reader.packed.output("spans"), reader.block_reader.index  # notes shards
-    document = croissant_document(reader.manifest, index, members.schema, (spans_ref, spans.schema))
+    members_ref = members_table(reader, members)
+    document = croissant_document(
+        reader.manifest, index, (members_ref, members.schema), (spans_ref, spans.schema)
+    )
     data = croissant_bytes(document)
     ref = put_bytes(reader.cas, data, JSON)
-    named = [("members.parquet", reader.manifest.members.digest)]
+    named = [("members.parquet", members_ref["digest"])]
     named += [("spans.parquet", spans_ref["digest"])]
     named += [(shard_name(n), entry.digest) for n, entry in enumerate(index.shards)]
     files = [{"basename": name, "digest": digest} for name, digest in named]

@@ -33,7 +33,7 @@ from corpus_assets.core.publication.signing import SignatureError
 from corpus_assets.core.publication.verify import resolve, signed_manifest
 from corpus_assets.core.runtime.layer_index import LayerIndex, load_index
 from corpus_assets.core.runtime.snapshot_manifest import Manifest, ManifestError
-from corpus_assets.core.storage.artifacts import decode_table
+from corpus_assets.core.storage.artifacts import PARQUET, decode_table
 from corpus_assets.core.storage.cas import CasError, ContentStore
 from corpus_assets.core.storage.catalog import Catalog, gate, permits
 from corpus_assets.core.storage.digests import DIGEST_RE, json_digest
@@ -150,9 +150,13 @@ def _trainable(
 def _check_members(cas: ContentStore, manifest: Manifest, run_id: str, sid: str) -> None:
     """The members table (the record of what the run reads) must be intact before a run is
     bound to the snapshot: the reader verifies each shard it reads, never this table."""
+    members = manifest.members
     try:
-        cas.verify(manifest.members.digest, "manifest.members")
-    except CasError as error:
+        cas.verify(members.digest, "manifest.members")
+        if members.media != PARQUET:  # a parts document: each part too
+            for ref in members.part_refs(cas):
+                cas.verify(ref["digest"], f"manifest.members part of {members.digest}")
+    except (CasError, ManifestError) as error:
         raise TrainingError(f"run {run_id!r}: snapshot {sid} is damaged: {error}") from None
 
 
@@ -387,7 +391,10 @@ class TrainingReader:
     def members(self) -> pa.Table:
         """The manifest's members table, verified, with the row count the manifest states."""
         members = self.manifest.members
-        table = decode_table(self._get(members.ref(), "members"))
+        if members.media != PARQUET:
+            self._get(members.ref(), "members parts")  # re-hashed and noted, as each part
+        parts = members.part_refs(self.cas)
+        table = pa.concat_tables([decode_table(self._get(ref, "members")) for ref in parts])
         if table.num_rows != members.count:
             raise TrainingError(
                 f"snapshot {self.permit.snapshot_id}: members {members.digest} has "

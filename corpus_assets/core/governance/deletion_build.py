@@ -55,6 +55,7 @@ from corpus_assets.core.governance.deletion_sql import (
     queries,
     span_rows,
     staged,
+    unshared_members,
 )
 from corpus_assets.core.runtime.code_identity import stage_code
 from corpus_assets.core.runtime.layer_index import load_index
@@ -79,7 +80,7 @@ MEMORY_MB, THREADS = 128, 2  # DuckDB's cap (the process: ~400 MB at 1M and 3M m
 # of raw text (a hash aggregate's partition is held at once, depending on how the rows fell).
 HEADROOM_MB = (256, 512)
 BATCH_ROWS = 1 << 16  # sorted rows fetched from DuckDB at a time
-Relation = str | pa.Table | None  # a Parquet file's path, a table in memory, or absent
+Relation = str | list[str] | pa.Table | None  # Parquet file(s), a table in memory, or absent
 Shard = tuple[str, str, str]  # its first key, last key and digest
 INPUTS = ("members", "clusters", "spans")
 MAX_DEPTH = 8  # directories a lookup may chain through; a deeper child is built whole
@@ -157,7 +158,7 @@ def _put_shards(
         con.execute(span_rows(columns["spans"]))
         span_columns = [c for c in SPANS if c in columns["spans"]]
         if base is not None:
-            delta = _put_delta(con, cas, what, columns, shard_rows, base)
+            delta = _put_delta(con, cas, what, relations, columns, shard_rows, base)
             if isinstance(delta[0], list):
                 return delta[0], delta[1], span_columns, delta[2]
             extra: dict[str, Any] = {"depth": 0, "full": delta[0]}
@@ -173,8 +174,9 @@ def _relations(
     """Each input as a view or registered table named ``prefix`` + its name; the columns of
     each (none if absent)."""
     for name, relation in relations.items():
-        if isinstance(relation, str):
-            source = f"read_parquet({cas_queries.sql_path(relation)})"
+        if isinstance(relation, str | list):
+            paths = [relation] if isinstance(relation, str) else relation
+            source = f"read_parquet({cas_queries.sql_list(paths)})"
             con.execute(f"CREATE VIEW {prefix}{name} AS SELECT * FROM {source}")
         elif relation is not None:
             con.register(prefix + name, relation)
@@ -241,6 +243,7 @@ def _put_delta(
     con: "DuckDBPyConnection",
     cas: ContentStore,
     what: str,
+    relations: dict[str, Relation],
     columns: dict[str, list[str]],
     shard_rows: int,
     base: Base,
@@ -252,7 +255,8 @@ def _put_delta(
     if refused:
         return (refused,)
     con.execute(span_rows(theirs["spans"], "p_"))
-    for statement in affected(columns):  # one at a time: each holds one large operator
+    views, members = unshared_members(relations["members"], base.inputs.relations["members"])
+    for statement in [*views, *affected(columns, members)]:  # one at a time: one big operator
         con.execute(statement)
     con.execute(f"CREATE TABLE staging.delta AS SELECT * FROM ({staged(empty(['key']))})")
     where = " AND key IN (SELECT key FROM staging.affected)"
@@ -346,10 +350,8 @@ def inputs(cas: ContentStore, manifest_digest: str, catalog: Catalog | None = No
     check hashed) is not hashed again, and one hashed now is recorded (the check trusts it)."""
     digests = input_digests(cas, manifest_digest)
     files = TrustedFiles(cas, catalog) if catalog is not None else cas_queries.VerifiedFiles(cas)
-    relations: dict[str, Relation] = {
-        name: files.path(digests[name], f"{name} table")
-        for name in ("members", "clusters", "spans")
-    }
+    relations: dict[str, Relation] = {n: files.path(digests[n], f"{n} table") for n in INPUTS[1:]}
+    relations["members"] = read_manifest(cas, manifest_digest).members.paths(files)
     return Inputs(manifest_digest, relations, digests["shards"])
 
 

@@ -259,6 +259,8 @@ def _inputs_stored(cas: ContentStore, manifest_digest: str) -> bool:
     ]
     if not all(cas.contains(ref["digest"]) for ref in refs):
         return False
+    if not all(cas.contains(ref["digest"]) for ref in manifest.members.part_refs(cas)):
+        return False
     dedup = load_index(cas, manifest.layers["dedup_clusters"], "dedup_clusters")
     packed = load_index(cas, manifest.layers["packed_blocks"], "packed_blocks")
     tables = [dedup.output("clusters"), packed.output("spans")]

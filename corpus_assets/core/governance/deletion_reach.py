@@ -131,7 +131,8 @@ def scan_hits(cas: ContentStore, catalog: Catalog, kind: str, target: str) -> li
     found = []
     for snapshot in searchable(catalog):
         manifest = read_manifest(cas, snapshot.manifest_digest)
-        members = get_table(cas, manifest.members.ref(), "members table")
+        parts = manifest.members.part_refs(cas)
+        members = pa.concat_tables([get_table(cas, ref, "members table") for ref in parts])
         matched = members.filter(pc.equal(members.column(COLUMN[kind]), target))
         carried = _carried_by(cas, manifest, kind, target)
         if not matched.num_rows and not carried.num_rows:

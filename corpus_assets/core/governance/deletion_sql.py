@@ -3,6 +3,8 @@ them from a snapshot's members, dedup clusters and spans (whole, or the keys a c
 inputs reach over its parent's). Strings only: ``deletion_build`` runs them in DuckDB.
 """
 
+from typing import Any
+
 import pyarrow as pa
 
 SEP = "\x00"  # the smallest code point: "a" + SEP sorts before "ab", as the tuples would
@@ -80,16 +82,19 @@ def staged(query: str, where: str = "") -> str:
     )
 
 
-def affected(columns: dict[str, list[str]]) -> list[str]:
+def affected(columns: dict[str, list[str]], members: tuple[str, str] | None = None) -> list[str]:
     """Statements staging (``staging.affected``) every key whose rows a changed member,
     removed duplicate or span may change: the symmetric multiset differences of the child's and
     parent's inputs; a changed member's targets' ``member`` and ``spans`` keys, a changed removed
     duplicate's ``carried`` and ``spans`` keys, and the ``spans`` keys of the targets reaching a
-    record whose spans changed. One operator a statement, so each may spill."""
+    record whose spans changed. One operator a statement, so each may spill. ``members``: the
+    child's and parent's relations the members difference reads (their parts the two do not
+    share: the rows of a shared part cancel out of a multiset difference); default the whole."""
+    members = members or ("members", "p_members")
     kept = ", ".join(f'"{c}"' for c in COLUMN.values() if c in columns["members"])
     spans = 'record_id, record_offset, shard, block, start, "end"'
     statements = [
-        *diff("mdiff", f"SELECT {kept} FROM members", f"SELECT {kept} FROM p_members"),
+        *diff("mdiff", f"SELECT {kept} FROM {members[0]}", f"SELECT {kept} FROM {members[1]}"),
         *diff(
             "sdiff",
             f"SELECT {spans} FROM spanrows",
@@ -132,6 +137,25 @@ def affected(columns: dict[str, list[str]]) -> list[str]:
         "SELECT kind || chr(0) || target || chr(0) || fact FROM staging.targets"
     )
     return [*statements, f"CREATE TABLE staging.affected AS SELECT DISTINCT key FROM ({keys})"]
+
+
+def unshared_members(mine: Any, theirs: Any) -> tuple[list[str], tuple[str, str] | None]:
+    """Views over the child's and the parent's members parts (file paths) the other does not
+    hold (same file, same digest, same rows), and their names, for the members difference;
+    none unless both members are lists of parts."""
+    if not (isinstance(mine, list) and isinstance(theirs, list)):
+        return [], None
+    shared = set(mine) & set(theirs)
+    views = []
+    for name, paths, whole in (("c_parts", mine, "members"), ("p_parts", theirs, "p_members")):
+        kept = [path for path in paths if path not in shared]
+        source = f"read_parquet({_paths(kept)})" if kept else f"(FROM {whole} WHERE false)"
+        views.append(f"CREATE VIEW {name} AS SELECT * FROM {source}")
+    return views, ("c_parts", "p_parts")
+
+
+def _paths(paths: list[str]) -> str:
+    return "[" + ", ".join("'" + p.replace("'", "''") + "'" for p in paths) + "]"
 
 
 def diff(name: str, child: str, parent: str) -> list[str]:

@@ -25,7 +25,7 @@ from corpus_assets.core.runtime.layer_index import LayerIndex, load_index
 from corpus_assets.core.runtime.snapshot_manifest import Manifest
 from corpus_assets.core.storage.artifacts import get_table
 from corpus_assets.core.storage.cas import ContentStore
-from corpus_assets.core.storage.cas_queries import VerifiedFiles, sql_list
+from corpus_assets.core.storage.cas_queries import VerifiedFiles, ordered_parts, sql_list
 from corpus_assets.core.storage.catalog import Catalog
 from corpus_assets.core.training_view.splits import EXCLUDED, UNLINKED
 
@@ -62,7 +62,7 @@ class Evidence:
         (CasError if any is missing or corrupt); ``verified`` digests are not re-hashed."""
         layers = manifest.layers
         files = VerifiedFiles(cas, verified)
-        files.path(manifest.members.digest, "members table")
+        manifest.members.paths(files)
         return cls(
             cas=cas,
             catalog=catalog,
@@ -106,11 +106,8 @@ class Evidence:
             self.cas, manifest_queries.EVIDENCE_THREADS, manifest_queries.EVIDENCE_MB
         )
         con = self._stack.enter_context(connection)
-        members = self.files.path(self.manifest.members.digest, "members table")
-        con.execute(
-            "CREATE VIEW members AS SELECT * FROM "
-            f"read_parquet({sql_list([members])}, file_row_number = true)"
-        )
+        members = self.manifest.members.paths(self.files)
+        con.execute(f"CREATE VIEW members AS {ordered_parts(members, numbered=True)}")
         return con
 
     def rows(self, sql: str, params: list[Any] | None = None) -> list[tuple[Any, ...]]:
@@ -126,9 +123,9 @@ class Evidence:
 
     @cached_property
     def member_count(self) -> int:
-        """Rows of the members table, from its footer."""
-        path = self.files.path(self.manifest.members.digest, "members table")
-        return pq.read_metadata(path).num_rows
+        """Rows of the members table, from its parts' footers."""
+        paths = self.manifest.members.paths(self.files)
+        return sum(pq.read_metadata(path).num_rows for path in paths)
 
     @property
     def canonical_view(self) -> str:

@@ -34,7 +34,7 @@ from corpus_assets.core.runtime.snapshot_manifest import ManifestError, read_man
 from corpus_assets.core.runtime.workspace import Workspace
 from corpus_assets.core.storage.artifacts import get_json
 from corpus_assets.core.storage.cas import CasError
-from corpus_assets.core.storage.cas_queries import sql_list
+from corpus_assets.core.storage.cas_queries import ordered_parts, sql_list
 from corpus_assets.core.storage.table_lookup import TrustedFiles
 from corpus_assets.core.training_view.splits import CODE as SPLITS_CODE
 from corpus_assets.core.training_view.splits import HeldoutScan, reuse, searched_records
@@ -83,11 +83,11 @@ def changed_since_parent(ws: Workspace, ev: Evidence, records: str) -> pa.Array 
     manifest, dedup = parent
     files = TrustedFiles(ws.cas, ws.catalog)  # the parent's tables: hashed by its check
     try:
-        members = files.path(manifest.members.digest, "parent members table")
+        members = manifest.members.paths(files, "parent members table")
         clusters = files.path(dedup.output("clusters")["digest"], "parent dedup clusters")
-    except CasError:
+    except (CasError, ManifestError):
         return None
-    ev.con.execute(f"CREATE OR REPLACE VIEW ho_parent AS FROM read_parquet({sql_list([members])})")
+    ev.con.execute(f"CREATE OR REPLACE VIEW ho_parent AS {ordered_parts(members)}")
     theirs = searched_records(f"read_parquet({sql_list([clusters])})", "ho_parent")
     return ev.con.sql(CHANGED.format(child=records, parent=theirs)).to_arrow_table()["record_id"]
 

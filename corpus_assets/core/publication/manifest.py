@@ -10,43 +10,55 @@ split) in the CAS.
 
 import json
 import tempfile
-from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
-
-import pyarrow as pa
-import pyarrow.parquet as pq
 
 from corpus_assets.core.governance import deletion_index, states
 from corpus_assets.core.ingest.freeze import freeze
 from corpus_assets.core.ingest.freeze_spec import ChangelogSourceSpec, FreezeSpec
-from corpus_assets.core.publication import manifest_queries
 from corpus_assets.core.publication.identity import SELF_EXCLUDED, snapshot_id
-from corpus_assets.core.publication.narrowed import NARROW, narrowed
+from corpus_assets.core.publication.member_parts import (
+    MEMBERS_CODE,
+    Chunk,
+    Parent,
+    Written,
+    put_member_parts,
+)
+from corpus_assets.core.publication.narrowed import narrowed
 from corpus_assets.core.publication.shadow import shadow_diff
 from corpus_assets.core.publication.signing import sign_snapshot
 from corpus_assets.core.records.index import CanonicalIndex, record_schema_digest
-from corpus_assets.core.runtime.layer_index import LAYERS, LayerIndex, LayerResult, read_layer_index
-from corpus_assets.core.runtime.snapshot_manifest import MANIFEST_SCHEMA, Manifest, read_manifest
+from corpus_assets.core.runtime.layer_index import (
+    LAYERS,
+    LayerIndex,
+    LayerResult,
+    load_index,
+    read_layer_index,
+)
+from corpus_assets.core.runtime.snapshot_manifest import (
+    MANIFEST_SCHEMA,
+    Manifest,
+    ManifestError,
+    read_manifest,
+)
 from corpus_assets.core.runtime.transform import transform_image
 from corpus_assets.core.runtime.workspace import Workspace
-from corpus_assets.core.storage import cas_queries, failpoints
+from corpus_assets.core.storage import failpoints
 from corpus_assets.core.storage.artifacts import (
+    JSON,
     PARQUET,
     Ref,
     make_ref,
     put_json,
 )
-from corpus_assets.core.storage.cas_queries import sql_list
+from corpus_assets.core.storage.cas import CasError
 from corpus_assets.core.storage.digests import json_digest
-from corpus_assets.core.storage.parquet_sink import put_table_batches
 from corpus_assets.core.storage.table_lookup import TrustedFiles
 from corpus_assets.core.tokens.spec import resolve_tokenizer
 from corpus_assets.core.training_view.splits import SPLITS
 
 Indexes = dict[str, tuple[Ref, LayerIndex]]  # layer -> (ref, index) of the six built layers
 MEMBER_LAYERS = ("canonical_records", "dedup_clusters", "splits")  # what members are made of
-MEMBER_BATCH = 65536  # rows of the joined members read and written at a time
 PREVIEW_ROWS = 10  # the first rows a layer result shows
 
 
@@ -54,79 +66,54 @@ class BuildConflict(RuntimeError):
     """The same build identity produced different content: nondeterminism, never overwritten."""
 
 
-MEMBERS_SCHEMA = pa.schema(
-    [
-        ("record_id", pa.string()),
-        ("source_id", pa.string()),
-        ("object", pa.string()),
-        ("line", pa.int64()),
-        ("record_digest", pa.string()),
-        ("dedup_key", pa.string()),
-        ("text_bytes", pa.int32()),
-        ("group_id", pa.string()),
-        ("split", pa.string()),
-    ]
-)
-MEMBERS_QUERY = """
-SELECT r.record_id, r.source_id, r.object, r.line, r.record_digest, c.dedup_key,
-       r.text_bytes, s.group_id, s.split
-FROM read_parquet({records}) r
-JOIN (SELECT record_id, object, line, dedup_key FROM read_parquet('{clusters}')
-      WHERE is_representative) c USING (record_id, object, line)
-JOIN read_parquet('{splits}') s USING (record_id)
-ORDER BY r.record_id, r.object, r.line
-"""
-
-
-def put_members(ws: Workspace, indexes: Indexes) -> tuple[Ref, int, list[dict[str, Any]]]:
-    """The members table put in the CAS: one row per member (stable id, source version,
-    logical digests, split - never the text); its ref, row count and first rows.
+def put_members(ws: Workspace, indexes: Indexes, parents: list[str] | None = None) -> Written:
+    """The members table put in the CAS as parts (``member_parts``): one row per member
+    (stable id, source version, logical digests, split - never the text).
 
     Members are the dedup representatives the splits layer assigned a split (a record a split
     conflict quarantined is in no split, so no member). DuckDB joins and sorts the layer files
-    out of core, and its sorted rows stream into the store a row group at a time
-    (``put_table_batches``: the bytes ``put_table`` of the whole table writes, never the whole
-    table in memory: ~350 B per member, 160 MB at 1.1 GB of raw text), encoded once."""
+    out of core, and its sorted rows stream into the store a row group at a time. A child
+    (``parents``: its parent snapshot first) names its parent's part of every chunk whose
+    rows did not change (``member_parts.reusable``)."""
     canonical = CanonicalIndex(ws.cas, indexes["canonical_records"][1])
     files = TrustedFiles(ws.cas, ws.catalog)  # a parent's narrowed chunks: hashed before
     with tempfile.TemporaryDirectory(prefix="members-", dir=_spill(ws)) as tmp:
         records = narrowed(ws, files, canonical, Path(tmp))
-        if not records:  # no chunk: DuckDB reads no empty list, an empty file instead
-            records = [str(Path(tmp) / "none.parquet")]
-            pq.write_table(NARROW.empty_table(), records[0])
-        query = MEMBERS_QUERY.format(
-            records=sql_list(records),
+        chunks = [
+            Chunk(c.key, c.records["digest"], path)
+            for c, path in zip(canonical.chunks(), records, strict=True)
+        ]
+        return put_member_parts(
+            ws.cas,
+            chunks,
             clusters=files.path(indexes["dedup_clusters"][1].output("clusters")["digest"]),
             splits=files.path(indexes["splits"][1].output("splits")["digest"]),
+            tmp=Path(tmp),
+            parent=parent_members(ws, files, parents or []),
         )
-        with manifest_queries.connect(
-            ws.cas, manifest_queries.MEMBERS_THREADS, manifest_queries.MEMBERS_MB
-        ) as con:
-            seen = _Seen()
-            rows = seen.watch(_typed(b) for b in cas_queries.batches(con, query, MEMBER_BATCH))
-            ref = put_table_batches(ws.cas, MEMBERS_SCHEMA, rows, Path(tmp))
-    return ref, seen.count, seen.preview
 
 
-class _Seen:
-    """The row count and first rows of a stream of batches, taken as it passes."""
-
-    def __init__(self) -> None:
-        self.count = 0
-        self.preview: list[dict[str, Any]] = []
-
-    def watch(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        for batch in batches:
-            if len(self.preview) < PREVIEW_ROWS:
-                self.preview += batch.slice(0, PREVIEW_ROWS - len(self.preview)).to_pylist()
-            self.count += batch.num_rows
-            yield batch
-
-
-def _typed(batch: pa.RecordBatch) -> pa.RecordBatch:
-    """A batch of DuckDB's output in ``MEMBERS_SCHEMA``'s types."""
-    columns = [batch.column(f.name).cast(f.type) for f in MEMBERS_SCHEMA]
-    return pa.RecordBatch.from_arrays(columns, schema=MEMBERS_SCHEMA)
+def parent_members(ws: Workspace, files: TrustedFiles, parents: list[str]) -> Parent | None:
+    """The parent snapshot's members parts and the tables they were joined from, when this
+    code wrote them and all are stored; else None (every chunk is joined)."""
+    if not parents:
+        return None
+    try:
+        parent = read_manifest(ws.cas, states.get(ws.catalog, parents[0]).manifest_digest)
+        if parent.members.media == PARQUET:
+            return None
+        parts = parent.members.parts(ws.cas)
+        if parts.code != MEMBERS_CODE:
+            return None
+        dedup = load_index(ws.cas, parent.layers["dedup_clusters"], "dedup_clusters")
+        splits = load_index(ws.cas, parent.layers["splits"], "splits")
+        return Parent(
+            parts={part.chunk: part for part in parts.parts if ws.cas.contains(part.digest)},
+            clusters=files.path(dedup.output("clusters")["digest"], "parent dedup clusters"),
+            splits=files.path(splits.output("splits")["digest"], "parent splits"),
+        )
+    except (CasError, ManifestError, states.StateError):
+        return None
 
 
 def _spill(ws: Workspace) -> Path:
@@ -174,7 +161,7 @@ def build_manifest(ws: Workspace, partition_key: str) -> LayerResult:
     """Assemble, sign, store and register the snapshot of a partition from its six layers."""
     freeze_ref, spec = freeze(ws, partition_key)
     indexes = {layer: read_layer_index(ws, partition_key, layer) for layer in LAYERS[:-1]}
-    members_ref, count, preview = _members(ws, indexes)
+    members_ref, count, preview = _members(ws, indexes, spec.parents)
     members_entry = {
         "uri": ws.cas.uri(members_ref["digest"]),
         **members_ref,
@@ -213,7 +200,9 @@ def build_manifest(ws: Workspace, partition_key: str) -> LayerResult:
     )
 
 
-def _members(ws: Workspace, indexes: Indexes) -> tuple[Ref, int, list[dict[str, Any]]]:
+def _members(
+    ws: Workspace, indexes: Indexes, parents: list[str]
+) -> tuple[Ref, int, list[dict[str, Any]]]:
     """The members table's ref, row count and first rows. The table is a function of the
     canonical, dedup and splits indexes and the code alone, so one built before from the same
     three (an unchanged snapshot in a new partition) is reused through the layer memo table;
@@ -221,6 +210,7 @@ def _members(ws: Workspace, indexes: Indexes) -> tuple[Ref, int, list[dict[str, 
     key = json_digest(
         {
             "table": "manifest.members",
+            "code": MEMBERS_CODE,
             "image": transform_image(),
             "layers": {n: indexes[n][0]["digest"] for n in MEMBER_LAYERS},
         }
@@ -228,11 +218,12 @@ def _members(ws: Workspace, indexes: Indexes) -> tuple[Ref, int, list[dict[str, 
     hit = ws.catalog.memo(key)
     if hit is not None and ws.cas.contains(hit[0]):
         saved = json.loads(hit[1])
-        return make_ref(hit[0], PARQUET, ws.cas.size(hit[0])), saved["count"], saved["preview"]
-    ref, count, preview = put_members(ws, indexes)
-    saved = json.dumps({"count": count, "preview": preview})
-    ws.catalog.remember(key, "manifest.members", ref["digest"], saved)
-    return ref, count, preview
+        ref = make_ref(hit[0], JSON, ws.cas.size(hit[0]))
+        return ref, saved["count"], saved["preview"]
+    written = put_members(ws, indexes, parents)
+    saved = json.dumps({"count": written.count, "preview": written.preview})
+    ws.catalog.remember(key, "manifest.members", written.ref["digest"], saved)
+    return written.ref, written.count, written.preview
 
 
 def _document(

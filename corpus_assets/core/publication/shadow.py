@@ -23,9 +23,10 @@ from corpus_assets.core.governance import alias_gate
 from corpus_assets.core.publication import manifest_queries
 from corpus_assets.core.publication.verify import load_manifest, resolve
 from corpus_assets.core.runtime.code_identity import stage_code
-from corpus_assets.core.runtime.snapshot_manifest import Manifest
+from corpus_assets.core.runtime.snapshot_manifest import Manifest, MembersEntry
+from corpus_assets.core.storage.artifacts import Ref
 from corpus_assets.core.storage.cas import ContentStore
-from corpus_assets.core.storage.cas_queries import VerifiedFiles, sql_list
+from corpus_assets.core.storage.cas_queries import VerifiedFiles, ordered_parts
 from corpus_assets.core.storage.catalog import Catalog
 from corpus_assets.core.storage.digests import json_digest
 from corpus_assets.core.storage.trust import StatTrust
@@ -38,7 +39,7 @@ MEMO = "shadow.member_changes"  # the memo rows' layer name
 QUANTILES = (0.1, 0.5, 0.9, 0.99)
 EXAMPLES = 5
 SPLIT_OF = """CREATE VIEW {name} AS SELECT record_id, arg_max_null(split, file_row_number) AS split
-FROM read_parquet({path}, file_row_number = true) GROUP BY record_id"""  # last row wins, as a dict
+FROM ({table}) GROUP BY record_id"""  # last row wins, as a dict
 MIGRATED = """SELECT record_id || ': ' || coalesce(o.split, 'None') || ' -> '
     || coalesce(n.split, 'None') FROM n JOIN o USING (record_id)
 WHERE n.split IS DISTINCT FROM o.split"""
@@ -47,7 +48,8 @@ WHERE n.split IS DISTINCT FROM o.split"""
 def _members(files: VerifiedFiles, manifest: Manifest) -> pa.Table:
     """The profile's columns (two of few distinct values, one integer): small per member."""
     columns = ["source_id", "split", "text_bytes"]
-    return pq.read_table(files.path(manifest.members.digest, "members table"), columns=columns)
+    paths = manifest.members.paths(files)
+    return pa.concat_tables([pq.read_table(path, columns=columns) for path in paths])
 
 
 def _profile(members: pa.Table) -> dict[str, Any]:
@@ -97,8 +99,9 @@ def shadow_diff(
         else None
     )
     if trust is not None:
-        tables = [m.members.digest for m in (manifest, old_manifest) if m is not None]
-        files.verified |= trust.unchanged(tables)
+        tables = [m.members for m in (manifest, old_manifest) if m is not None]
+        parts = [ref["digest"] for entry in tables for ref in entry.part_refs(cas)]
+        files.verified |= trust.unchanged(parts)
     new = _members(files, manifest)
     diff: dict[str, Any] = {"candidate": candidate.snapshot_id, "active": active_id}
     diff["candidate_profile"] = _profile(new)
@@ -110,11 +113,11 @@ def shadow_diff(
         diff["examples"] = {"added": [], "removed": [], "migrated": []}
         diff["active_profile"] = diff["candidate_profile"]
         return diff
-    old, new_ref = old_manifest.members.ref(), manifest.members.ref()
+    old, new_entry = old_manifest.members, manifest.members
     changes = (
-        remembered_changes(cas, catalog, old, new_ref, files)
+        remembered_changes(cas, catalog, old, new_entry, files)
         if remembered
-        else member_changes(cas, old, new_ref, files)
+        else member_changes(cas, old.part_refs(cas), new_entry.part_refs(cas), files)
     )
     diff.update(changes)
     diff["active_profile"] = _profile(_members(files, old_manifest))
@@ -123,18 +126,19 @@ def shadow_diff(
 
 def member_changes(
     cas: ContentStore,
-    old: dict[str, Any],
-    new: dict[str, Any],
+    old: list[Ref],
+    new: list[Ref],
     files: VerifiedFiles | None = None,
 ) -> dict[str, Any]:
-    """Members added, removed and moved between splits from table ``old`` to ``new`` (refs),
-    counted and the first few named, joined in DuckDB rather than in Python sets; ``files``:
-    the caller's verified files, so a table it read is not re-hashed."""
+    """Members added, removed and moved between splits from table ``old`` to ``new`` (the
+    refs of their parts, in order), counted and the first few named, joined in DuckDB rather
+    than in Python sets; ``files``: the caller's verified files, so a table it read is not
+    re-hashed."""
     files = files if files is not None else VerifiedFiles(cas)
     with manifest_queries.connect(cas) as con:
-        for name, ref in (("o", old), ("n", new)):
-            path = files.path(ref["digest"], "members table")
-            con.execute(SPLIT_OF.format(name=name, path=sql_list([path])))
+        for name, refs in (("o", old), ("n", new)):
+            paths = files.paths([ref["digest"] for ref in refs], "members table")
+            con.execute(SPLIT_OF.format(name=name, table=ordered_parts(paths, numbered=True)))
         added, added_n = _first(con, "SELECT record_id FROM n ANTI JOIN o USING (record_id)")
         removed, removed_n = _first(con, "SELECT record_id FROM o ANTI JOIN n USING (record_id)")
         migrated, migrated_n = _first(con, MIGRATED)
@@ -149,18 +153,18 @@ def member_changes(
 def remembered_changes(
     cas: ContentStore,
     catalog: Catalog,
-    old: dict[str, Any],
-    new: dict[str, Any],
+    old: MembersEntry,
+    new: MembersEntry,
     files: VerifiedFiles,
 ) -> dict[str, Any]:
     """``member_changes`` from the memo when this code joined the same two tables before, else
     joined and remembered (the row names the newer table)."""
-    key = json_digest({"table": MEMO, "code": CODE, "old": old["digest"], "new": new["digest"]})
+    key = json_digest({"table": MEMO, "code": CODE, "old": old.digest, "new": new.digest})
     hit = catalog.memo(key)
     if hit is not None:
         return dict(json.loads(hit[1]))
-    changes = member_changes(cas, old, new, files)
-    catalog.remember(key, MEMO, new["digest"], json.dumps(changes))
+    changes = member_changes(cas, old.part_refs(cas), new.part_refs(cas), files)
+    catalog.remember(key, MEMO, new.digest, json.dumps(changes))
     return changes
 
 

@@ -24,11 +24,11 @@ from corpus_assets.core.publication.identity import snapshot_id as compute_snaps
 from corpus_assets.core.publication.manifest_schema import schema_errors
 from corpus_assets.core.publication.rules import RuleReport
 from corpus_assets.core.publication.signing import SignatureError, check_alias_key, verify_signature
-from corpus_assets.core.runtime.snapshot_manifest import Manifest
+from corpus_assets.core.runtime.snapshot_manifest import Manifest, ManifestError, MembersEntry
 from corpus_assets.core.storage.artifacts import JSON, PARQUET, decode_json, get_json
 from corpus_assets.core.storage.cas import COPY_CHUNK, CasError, ContentStore
 from corpus_assets.core.storage.catalog import Catalog
-from corpus_assets.core.storage.refs import LEAF, TYPED, declared_refs, is_well_formed
+from corpus_assets.core.storage.refs import BY_MEDIA, LEAF, TYPED, declared_refs, is_well_formed
 from corpus_assets.core.storage.trust import StatTrust, file_stat
 
 HASH_THREADS = min(4, os.cpu_count() or 1)  # objects re-hashed at once
@@ -135,13 +135,33 @@ def verify(
     _check_blobs(cas, blobs, report, trust)
     members = manifest.get("members", {})
     if report.ok and is_well_formed(members):
-        rows = pq.read_metadata(cas.path(members["digest"])).num_rows  # re-hashed by the walk
-        if rows != members.get("count"):
-            report.findings.append(
-                f"members table {members['digest']}: has {rows} rows, manifest says "
-                f"{members.get('count')}"
-            )
+        report.findings += _member_counts(cas, MembersEntry.model_validate(members))
     return report
+
+
+def _member_counts(cas: ContentStore, members: MembersEntry) -> list[str]:
+    """The members' rows (in every part, each re-hashed by the walk) are the manifest's count."""
+    if members.media == PARQUET:
+        return _rows_are(cas, members.digest, members.count, "the manifest")
+    try:
+        parts = members.parts(cas)
+    except ManifestError as error:
+        return [str(error)]
+    total = sum(part.count for part in parts.parts)
+    if parts.count != members.count or total != members.count:
+        return [
+            f"members parts {members.digest}: its parts hold {total} rows, it says "
+            f"{parts.count}, the manifest says {members.count}"
+        ]
+    said = f"members parts {members.digest}"
+    return [f for p in parts.parts for f in _rows_are(cas, p.digest, p.count, said)]
+
+
+def _rows_are(cas: ContentStore, digest: str, count: int, says: str) -> list[str]:
+    rows = pq.read_metadata(cas.path(digest)).num_rows
+    return (
+        [] if rows == count else [f"members table {digest}: has {rows} rows, {says} says {count}"]
+    )
 
 
 def reachable(
@@ -188,6 +208,8 @@ def _walk(
     if digest in seen:
         return
     seen.add(digest)
+    if target == BY_MEDIA:
+        target = TYPED if ref["media"] == JSON else LEAF
     if target == LEAF:
         blobs[digest] = (ref, where)
         return

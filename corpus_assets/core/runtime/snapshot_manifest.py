@@ -20,8 +20,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from corpus_assets.core.storage.artifacts import Ref, get_json
+from corpus_assets.core.storage.artifacts import PARQUET, Ref, get_json
 from corpus_assets.core.storage.cas import ContentStore
+from corpus_assets.core.storage.cas_queries import VerifiedFiles
 
 MANIFEST_SCHEMA = "training.dataset.snapshot.v1"
 
@@ -123,8 +124,39 @@ class ContaminationEntry(_Part):
     flagged: list[FlaggedRecords]
 
 
+MEMBER_PARTS_SCHEMA = "corpus.members-parts.v1"
+
+
+class MemberPart(_Part):
+    """One canonical chunk's members, sorted by record id: the chunk's key, the digest of its
+    records table (what the part's rows are read from) and the part's Parquet file."""
+
+    chunk: str
+    records: str
+    digest: str
+    media: str
+    size: int
+    count: int
+
+    def ref(self) -> Ref:
+        return {"digest": self.digest, "media": self.media, "size": self.size}
+
+
+class MemberParts(_Part):
+    """The members table as parts, one per canonical chunk holding members, in the canonical
+    index's chunk order; ``code``: what wrote them (a child reuses a parent's part only if
+    the same code wrote it)."""
+
+    schema_: str = Field(alias="schema")
+    code: str
+    count: int
+    parts: list[MemberPart]
+
+
 class MembersEntry(_Part):
-    """The members table by ref, its ``cas://`` URI and its row count."""
+    """The members table by ref, its ``cas://`` URI and its row count. The ref names a
+    ``MemberParts`` document (JSON), or, in manifests written before parts, the
+    one Parquet table itself."""
 
     uri: str
     digest: str
@@ -134,6 +166,25 @@ class MembersEntry(_Part):
 
     def ref(self) -> Ref:
         return {"digest": self.digest, "media": self.media, "size": self.size}
+
+    def part_refs(self, cas: ContentStore) -> list[Ref]:
+        """The Parquet tables that together hold the members, each read verified."""
+        if self.media == PARQUET:
+            return [self.ref()]
+        return [part.ref() for part in self.parts(cas).parts]
+
+    def paths(self, files: VerifiedFiles, what: str = "members table") -> list[str]:
+        """The parts' local files, each re-hashed (or trusted) by ``files``, in order."""
+        return files.paths([ref["digest"] for ref in self.part_refs(files.cas)], what)
+
+    def parts(self, cas: ContentStore) -> MemberParts:
+        """The parts document (verified against the digest the signed manifest names)."""
+        if self.media == PARQUET:
+            raise ManifestError(f"members {self.digest}: media {self.media} names no parts")
+        try:
+            return MemberParts.model_validate(get_json(cas, self.ref(), "members parts"))
+        except ValidationError as error:
+            raise ManifestError(f"members parts {self.digest}: {error}") from error
 
 
 class Counts(_Part):

@@ -130,6 +130,25 @@ def sql_list(paths: list[str]) -> str:
     return "[" + ", ".join("'" + p.replace("'", "''") + "'" for p in paths) + "]"
 
 
+PART_ROWS_BITS = 40  # a part's rows below 2**40: ``ordered_parts`` numbers rows part-major
+
+
+def ordered_parts(paths: list[str], numbered: bool = False) -> str:
+    """A relation over the Parquet ``paths`` read as one table, in order; with ``numbered``,
+    its ``file_row_number`` column is each row's place in that concatenation (part-major,
+    increasing, as for one file), not its place within its own file."""
+    if not numbered:
+        return f"SELECT * FROM read_parquet({sql_list(paths)})"
+    if len(paths) == 1:
+        return f"SELECT * FROM read_parquet({sql_list(paths)}, file_row_number = true)"
+    reads = " UNION ALL ".join(
+        f"SELECT * REPLACE (file_row_number + ({n}::BIGINT << {PART_ROWS_BITS}) "
+        f"AS file_row_number) FROM read_parquet({sql_path(p)}, file_row_number = true)"
+        for n, p in enumerate(paths)
+    )
+    return f"SELECT * FROM ({reads})"
+
+
 def sql_path(path: str) -> str:
     """A SQL string literal of one file path."""
     return "'" + path.replace("'", "''") + "'"

@@ -4,6 +4,8 @@ Every JSON document this project writes names its kind in ``schema`` (``corpus.l
 ``DECLARED`` lists, per kind, the fields that hold refs and what each ref points at:
 
 - ``TYPED``: another such document, walked in turn by its own declaration;
+- ``BY_MEDIA``: a typed document if its media is JSON, else an opaque object (a members table
+  stored whole, as manifests before parts name it, or its parts document);
 - ``LEAF``: an opaque object - a table, shard, array, or a JSON file that is data, not a
   document of ours (a Hugging Face ``tokenizer.json``, the dedup report, the shard index) -
   re-hashed by ``verify`` and kept by gc, never read for references.
@@ -21,7 +23,7 @@ from typing import Any
 
 from corpus_assets.core.storage.artifacts import Ref
 
-TYPED, LEAF = "typed", "leaf"
+TYPED, LEAF, BY_MEDIA = "typed", "leaf", "by-media"
 MANIFEST_KIND = "training.dataset.snapshot.v1"
 LAYER_KIND = "corpus.layer.v1"  # declared per layer: ``corpus.layer.v1/<layer>``
 _TOKENS = (("token_cache[].tokens", TYPED), ("tokenizer.file", LEAF))  # the spec inline
@@ -61,9 +63,10 @@ DECLARED: dict[str, tuple[tuple[str, str], ...]] = {
     MANIFEST_KIND: (
         ("freeze", TYPED),
         ("layers.*", TYPED),
-        ("members", LEAF),
+        ("members", BY_MEDIA),
         ("tokenizer.file", LEAF),
     ),
+    "corpus.members-parts.v1": (("parts[]", LEAF),),
     "corpus.freeze.v1": (),
     **{
         f"{LAYER_KIND}/{layer}": (

@@ -6,10 +6,9 @@ by the gate every approval runs."""
 import json
 import shutil
 
-import pyarrow.parquet as pq
-
 from corpus_assets.core.governance import states
 from corpus_assets.core.publication.identity import snapshot_id
+from corpus_assets.core.publication.member_parts import read_members
 from corpus_assets.core.publication.signing import sign_snapshot
 from corpus_assets.core.runtime.snapshot_manifest import read_manifest
 from corpus_assets.core.storage.artifacts import put_table
@@ -26,7 +25,7 @@ def _member_rows(home: Home, sid: str, record_id: str) -> list[tuple[str, int]]:
     with workspace(home) as ws:
         digest = states.get(ws.catalog, sid).manifest_digest
         manifest = read_manifest(ws.cas, digest)
-        table = pq.read_table(ws.cas.path(manifest.members.digest))
+        table = read_members(ws.cas, manifest.members)
     rows = table.select(["record_id", "object", "line"]).to_pylist()
     return [(r["object"], r["line"]) for r in rows if r["record_id"] == record_id]
 
@@ -102,7 +101,7 @@ def members_row_dropped(lab: Lab) -> Outcome:
     with workspace(home) as ws:
         signed = ws.catalog.layer_output(PARTITION, "manifest")
         manifest = json.loads(ws.cas.get_bytes(signed))
-        members = pq.read_table(ws.cas.path(manifest["members"]["digest"]))
+        members = read_members(ws.cas, manifest["members"])
         ref = put_table(ws.cas, members.slice(1))
         manifest["members"] = {**manifest["members"], **ref, "count": members.num_rows - 1}
         manifest["counts"] = {**manifest["counts"], "members": members.num_rows - 1}

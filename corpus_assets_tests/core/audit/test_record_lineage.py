@@ -32,6 +32,7 @@ from corpus_assets.core.consumption.training import take_permit
 from corpus_assets.core.dedup.explain import explain
 from corpus_assets.core.governance import states
 from corpus_assets.core.pipeline import build_all
+from corpus_assets.core.publication.member_parts import read_members
 from corpus_assets.core.publication.publish import activate, approve
 from corpus_assets.core.publication.validation import validate_snapshot
 from corpus_assets.core.records.index import CanonicalIndex
@@ -98,7 +99,7 @@ class Layers:
         self.manifest = read_manifest(ws.cas, self.snapshot.manifest_digest)
         self.canonical = CanonicalIndex.load(ws.cas, self.manifest.layers["canonical_records"])
         self.records = self.canonical.table([c for c in self.canonical_columns()])
-        self.members = get_table(ws.cas, self.manifest.members.ref())
+        self.members = read_members(ws.cas, self.manifest.members)
         self.clusters = self.output("dedup_clusters", "clusters")
         self.splits = self.output("splits", "splits")
         self.samples = self.output("mixed_samples", "samples")

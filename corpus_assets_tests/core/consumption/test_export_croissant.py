@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from corpus_assets.core.consumption.export_croissant import croissant_type, sha256_hex
@@ -77,7 +78,9 @@ def test_croissant_export_validates_and_reads_the_members(tmp_path: Path) -> Non
 
     document = json.loads(path.read_text())
     digests = {entry["basename"]: entry["digest"] for entry in exported["files"]}
-    assert digests["members.parquet"] == manifest["members"]["digest"]
+    exported_members = pq.read_table(tmp_path / "a" / "members.parquet")  # the parts as one
+    assert exported_members.num_rows == manifest["members"]["count"]
+    assert sorted(exported_members.column("record_id").to_pylist()) == sorted(members)
     for entry in document["distribution"]:  # sha256 is the CAS digest, and the file's bytes
         data = (path.parent / entry["contentUrl"]).read_bytes()
         assert "sha256:" + entry["sha256"] == digests[entry["name"]]

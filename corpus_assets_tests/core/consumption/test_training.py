@@ -20,6 +20,7 @@ from corpus_assets.core.publication.block_reader import ReaderStateError
 from corpus_assets.core.publication.publish import activate, approve
 from corpus_assets.core.publication.validation import validate_snapshot
 from corpus_assets.core.runtime.workspace import Workspace
+from corpus_assets.core.storage.artifacts import get_json
 from corpus_assets.core.storage.catalog import permits
 from corpus_assets.core.storage.shards import ShardCorruptError
 
@@ -124,7 +125,9 @@ def test_reader_yields_the_verified_tokens_and_reports_every_digest(workspace: W
     assert read["shard index"] == (outputs["shard_index"]["digest"], outputs["shard_index"]["size"])
     assert read["shard"] == (outputs["shards"][-1]["digest"], outputs["shards"][-1]["size"])
     assert read["spans"] == (outputs["spans"]["digest"], outputs["spans"]["size"])
-    assert read["members"] == (manifest["members"]["digest"], manifest["members"]["size"])
+    assert read["members parts"] == (manifest["members"]["digest"], manifest["members"]["size"])
+    parts = {(p["digest"], p["size"]) for p in get_json(ws.cas, manifest["members"])["parts"]}
+    assert {(e["digest"], e["bytes"]) for e in report["read"] if e["what"] == "members"} == parts
     assert read["manifest"][0] == states.get(ws.catalog, sid).manifest_digest
 
     # a Permit object that the catalog never granted opens nothing
@@ -249,8 +252,14 @@ def test_a_damaged_members_table_gets_no_permit_and_a_pinned_run_keeps_its_own(
     pinned = take_permit(ws.cas, ws.catalog, sid, "run-1", ws.config.purpose)
     members = json.loads(ws.cas.get_bytes(ws.catalog.layer_output("p1", "manifest")))["members"]
     path = ws.cas.path(members["digest"])
-    path.write_bytes(path.read_bytes()[:-100])
+    original = path.read_bytes()
+    path.write_bytes(original[:-100])
     with pytest.raises(TrainingError, match=rf"is damaged: .*manifest.members {members['digest']}"):
+        take_permit(ws.cas, ws.catalog, sid, "run-2", ws.config.purpose)
+    path.write_bytes(original)
+    part = ws.cas.path(get_json(ws.cas, members)["parts"][0]["digest"])
+    part.write_bytes(part.read_bytes()[:-100])
+    with pytest.raises(TrainingError, match=r"is damaged: .*manifest.members part of "):
         take_permit(ws.cas, ws.catalog, sid, "run-2", ws.config.purpose)
     again = take_permit(ws.cas, ws.catalog, sid, "run-1", ws.config.purpose)
     assert again.resumed and again.permit_id == pinned.permit_id

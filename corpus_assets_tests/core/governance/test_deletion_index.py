@@ -13,8 +13,8 @@ from sqlalchemy import update
 from corpus_assets.core.governance import deletion_build, deletion_index, states
 from corpus_assets.core.governance.deletion_reach import hits, scan_hits
 from corpus_assets.core.pipeline import build_all
+from corpus_assets.core.publication.member_parts import read_members
 from corpus_assets.core.runtime.workspace import Workspace, open_workspace
-from corpus_assets.core.storage.artifacts import get_table
 from corpus_assets.core.storage.cas import ContentStore
 from corpus_assets.core.storage.catalog import layer_memo
 
@@ -23,7 +23,7 @@ def _targets(ws: Workspace, sid: str) -> list[tuple[str, str]]:
     """Some members' record, object and group, the demo's near copy, and targets in no
     snapshot."""
     manifest = json.loads(ws.cas.get_bytes(states.get(ws.catalog, sid).manifest_digest))
-    members = get_table(ws.cas, manifest["members"], "members").slice(0, 40).to_pylist()
+    members = read_members(ws.cas, manifest["members"]).slice(0, 40).to_pylist()
     picked = {
         (kind, row[column])
         for row in members[::7]

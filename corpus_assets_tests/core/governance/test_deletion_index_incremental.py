@@ -18,9 +18,11 @@ from corpus_assets.core.governance import deletion_build, deletion_index, states
 from corpus_assets.core.governance.deletion_reach import hits, scan_hits
 from corpus_assets.core.pipeline import build_all
 from corpus_assets.core.publication import gc, manifest, narrowed
+from corpus_assets.core.publication.member_parts import read_members
 from corpus_assets.core.publication.publish import activate, approve
 from corpus_assets.core.records.index import CanonicalIndex
 from corpus_assets.core.runtime.layer_index import LAYERS, load_index, read_layer_index
+from corpus_assets.core.runtime.snapshot_manifest import read_manifest
 from corpus_assets.core.runtime.workspace import Workspace, open_workspace
 from corpus_assets.core.storage.artifacts import get_json, get_table
 from corpus_assets.core.storage.cas import CorruptObjectError
@@ -72,7 +74,7 @@ def test_a_child_index_over_its_parent_answers_tombstones_as_the_scan(tmp_path: 
         whole = deletion_index.load(ws.cas, child, deletion_index.build(ws.cas, child))
         assert "base" not in whole.directory
         over = deletion_index.for_snapshot(ws.cas, ws.catalog, child)
-        members = get_table(ws.cas, get_json(ws.cas, child, "manifest")["members"]).to_pylist()
+        members = read_members(ws.cas, get_json(ws.cas, child, "manifest")["members"]).to_pylist()
         by_id = {m["record_id"]: m for m in members}
         for record in (old, new):
             targets = [("record", record), ("object", by_id[record]["object"])]
@@ -135,11 +137,11 @@ def test_a_child_members_table_reuses_the_parents_narrowed_chunks(tmp_path: Path
         victim = ws.cas.path(sorted(before)[0])
         original = victim.read_bytes()
         victim.write_bytes(original[:-9] + bytes(9))
-        assert manifest.put_members(ws, indexes)[0]["digest"] == built
+        assert manifest.put_members(ws, indexes).ref["digest"] == built
         victim.write_bytes(original)
         with ws.catalog.begin() as conn:
             conn.execute(delete(layer_memo).where(layer_memo.c.layer == narrowed.NARROWED))
-        assert manifest.put_members(ws, indexes)[0]["digest"] == built
+        assert manifest.put_members(ws, indexes).ref["digest"] == built
         assert _narrowed_rows(ws) == after  # the same chunks, the same bytes
 
 
@@ -246,13 +248,14 @@ def test_a_child_index_records_the_tables_it_hashed_and_still_finds_a_corrupt_on
         deletion_index.ensure(ws.cas, ws.catalog, child)
         with ws.catalog.begin() as conn:
             recorded = {d for (d,) in conn.execute(select(verified_files.c.digest))}
-        assert {tables[n] for n in ("members", "clusters", "spans")} <= recorded
+        parts = {ref["digest"] for ref in read_manifest(ws.cas, child).members.part_refs(ws.cas)}
+        assert {tables[n] for n in ("clusters", "spans")} | parts <= recorded
         with ws.catalog.begin() as conn:
             conn.execute(
                 delete(layer_memo).where(layer_memo.c.layer == "governance.deletion_index")
             )
         deletion_index.ensure(ws.cas, ws.catalog, parent)
-        victim = ws.cas.path(deletion_build.input_digests(ws.cas, parent)["members"])
+        victim = ws.cas.path(read_manifest(ws.cas, parent).members.part_refs(ws.cas)[-1]["digest"])
         data = bytearray(victim.read_bytes())
         data[len(data) // 2] ^= 0x01
         victim.write_bytes(bytes(data))

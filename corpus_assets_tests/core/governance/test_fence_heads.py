@@ -13,13 +13,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 from sqlalchemy import func, select, text
 
 from corpus_assets.core.governance import alias_gate, benchmarks, states, tombstones
 from corpus_assets.core.pipeline import build_all
+from corpus_assets.core.publication.member_parts import read_members
 from corpus_assets.core.publication.publish import activate, approve
 from corpus_assets.core.publication.validation import validate_snapshot
 from corpus_assets.core.records.normalize import dedup_key
@@ -57,7 +56,7 @@ def _built(ws: Workspace, key: str) -> tuple[str, dict, list[str]]:
     assert report.ok, report.findings
     assert report.gate.benchmark_hits == 0 and report.gate.tombstone_hits == 0
     manifest = json.loads(ws.cas.get_bytes(states.get(ws.catalog, sid).manifest_digest))
-    table = pq.read_table(pa.BufferReader(ws.cas.get_bytes(manifest["members"]["digest"])))
+    table = read_members(ws.cas, manifest["members"])
     return sid, manifest, table.column("record_id").to_pylist()
 
 

@@ -5,13 +5,12 @@ import json
 import sqlite3
 from pathlib import Path
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
 from corpus_assets.core.governance import alias_gate, states, tombstones
 from corpus_assets.core.governance.deletion_reach import revoked_targets, tombstone_hits
 from corpus_assets.core.pipeline import build_all
+from corpus_assets.core.publication.member_parts import read_members
 from corpus_assets.core.publication.publish import activate, approve, rollback
 from corpus_assets.core.publication.validation import validate_snapshot
 from corpus_assets.core.runtime.workspace import Workspace
@@ -30,7 +29,7 @@ def _candidate(ws: Workspace, key: str) -> str:
 
 def _members(ws: Workspace, sid: str) -> set[str]:
     manifest = json.loads(ws.cas.get_bytes(states.get(ws.catalog, sid).manifest_digest))
-    table = pq.read_table(pa.BufferReader(ws.cas.get_bytes(manifest["members"]["digest"])))
+    table = read_members(ws.cas, manifest["members"])
     return set(table.column("record_id").to_pylist())
 
 

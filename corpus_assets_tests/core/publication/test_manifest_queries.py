@@ -18,7 +18,7 @@ def test_member_changes_match_the_set_arithmetic(tmp_path: Path) -> None:
     cas = ContentStore(tmp_path / "cas")
     old = pa.table({"record_id": ["a", "b", "c", "d"], "split": ["train", "test", "train", "x"]})
     new = pa.table({"record_id": ["e", "c", "b", "f"], "split": ["train", "train", "train", "x"]})
-    changes = member_changes(cas, put_table(cas, old), put_table(cas, new))
+    changes = member_changes(cas, [put_table(cas, old)], [put_table(cas, new)])
     assert changes == {
         "added": 2,
         "removed": 2,

@@ -14,6 +14,7 @@ import yaml
 from corpus_assets.core.governance import states
 from corpus_assets.core.pipeline import build_all
 from corpus_assets.core.publication.block_reader import BlockReader, cu_seqlens
+from corpus_assets.core.publication.member_parts import read_members
 from corpus_assets.core.publication.packing_check import packing_findings, pair_findings
 from corpus_assets.core.publication.validation import validate_snapshot
 from corpus_assets.core.records.index import CanonicalIndex
@@ -203,7 +204,7 @@ def test_the_packing_gate_refuses_unsound_spans(demo_home: Path) -> None:
         assert report.ok and report.gate.packing_violations == 0
         _ref, packed = read_layer_index(ws, "p1", "packed_blocks")
         manifest = get_json(ws.cas, states.get(ws.catalog, sid).manifest_digest)
-        members = get_table(ws.cas, manifest["members"])
+        members = read_members(ws.cas, manifest["members"])
         spans = get_table(ws.cas, packed.output("spans"))
 
         def findings(change) -> list[str]:

@@ -2,15 +2,14 @@
 
 import json
 
-import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 import pytest
 
 from corpus_assets.core.governance import alias_gate, benchmarks, states, tombstones
 from corpus_assets.core.governance.deletion_reach import tombstone_hits
 from corpus_assets.core.pipeline import build_all
 from corpus_assets.core.publication.block_reader import BlockReader
+from corpus_assets.core.publication.member_parts import read_members
 from corpus_assets.core.publication.publish import activate, approve, rollback
 from corpus_assets.core.publication.validation import validate_snapshot
 from corpus_assets.core.records.index import CanonicalIndex
@@ -31,7 +30,7 @@ def _publish(ws: Workspace, key: str) -> str:
 def _members(ws: Workspace, sid: str) -> list[str]:
     snapshot = states.get(ws.catalog, sid)
     manifest = json.loads(ws.cas.get_bytes(snapshot.manifest_digest))
-    table = pq.read_table(pa.BufferReader(ws.cas.get_bytes(manifest["members"]["digest"])))
+    table = read_members(ws.cas, manifest["members"])
     return table.column("record_id").to_pylist()
 
 

@@ -15,6 +15,7 @@ from corpus_assets.core.governance import states
 from corpus_assets.core.publication import rules
 from corpus_assets.core.publication.evidence import Evidence
 from corpus_assets.core.publication.identity import snapshot_id
+from corpus_assets.core.publication.member_parts import read_members
 from corpus_assets.core.publication.rules import RuleReport
 from corpus_assets.core.publication.signing import sign_snapshot
 from corpus_assets.core.publication.validation import validate_snapshot
@@ -122,7 +123,7 @@ def test_counts_that_do_not_add_up_fail_the_gate(built: tuple[Path, str, str]) -
     root, _stdout, sid = built
     with _open(root) as ws:
         manifest = stored_manifest(ws.cas, resolve(ws.catalog, sid))
-        members = pq.read_table(ws.cas.path(manifest["members"]["digest"]))
+        members = read_members(ws.cas, manifest["members"])
         forged = members.slice(1)
         ref = put_table(ws.cas, forged)
         manifest["members"] = {**manifest["members"], **ref, "count": forged.num_rows}

@@ -6,9 +6,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import dagster as dg
-import pyarrow.parquet as pq
 import pytest
 
+from corpus_assets.core.publication.member_parts import read_members
 from corpus_assets.core.records.index import CanonicalIndex
 from corpus_assets.core.runtime.layer_index import LAYERS, read_layer_index
 from corpus_assets.core.runtime.workspace import Workspace, open_workspace
@@ -66,8 +66,9 @@ def _real_table(ws: Workspace, layer: str) -> tuple[int, list[str]] | None:
         return table.num_rows, table.column_names
     if layer == "manifest":
         manifest = get_json(ws.cas, ws.catalog.layer_output(KEY, layer), "manifest")
-        file: pq.ParquetFile = get_parquet(ws.cas, manifest["members"], "members")
-    elif layer in TABLE_OUTPUTS:
+        members = read_members(ws.cas, manifest["members"])
+        return members.num_rows, members.column_names
+    if layer in TABLE_OUTPUTS:
         index = read_layer_index(ws, KEY, layer)[1]
         file = get_parquet(ws.cas, index.output(TABLE_OUTPUTS[layer]), layer)
     else:

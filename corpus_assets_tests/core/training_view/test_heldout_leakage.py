@@ -29,6 +29,7 @@ from corpus_assets.core.runtime.snapshot_manifest import Manifest
 from corpus_assets.core.runtime.workspace import open_workspace
 from corpus_assets.core.storage.artifacts import get_table
 from corpus_assets.core.storage.cas import CasError
+from corpus_assets.core.storage.cas_queries import ordered_parts
 from corpus_assets.core.training_view.splits import CODE as SPLITS_CODE
 from corpus_assets.core.training_view.splits.heldout import INCREMENTAL, HeldoutScan, reuse
 from corpus_assets.demo import CONFIG
@@ -188,6 +189,5 @@ def _leak(ev: Evidence, manifest: Manifest) -> None:
     ev.con.execute(
         "CREATE OR REPLACE VIEW members AS SELECT * REPLACE (CASE WHEN record_id = "
         f"'{IDS[1]}' THEN '{other}' ELSE split END AS split) FROM "
-        f"read_parquet('{ev.files.path(manifest.members.digest, 'members')}', "
-        "file_row_number = true)"
+        f"({ordered_parts(manifest.members.paths(ev.files), numbered=True)})"
     )

@@ -94,7 +94,7 @@ class ParentPack:
     ref: Ref
     index: LayerIndex
     samples: Ref
-    members: Ref
+    members: list[Ref]  # the parts of its members table
     layout: dict
 
 
@@ -125,11 +125,14 @@ def parent_pack(ws: Workspace, partition_key: str) -> ParentPack | None:
         return None
     samples = load_index(ws.cas, mixed, "mixed_samples").output("samples")
     index = load_index(ws.cas, packed, "packed_blocks")
-    needed = [samples, manifest.members.ref(), index.output("spans"), index.output("layout")]
+    if not ws.cas.contains(manifest.members.digest):
+        return None
+    members = manifest.members.part_refs(ws.cas)
+    needed = [samples, *members, index.output("spans"), index.output("layout")]
     if not all(ws.cas.contains(ref["digest"]) for ref in needed):
         return None  # collected: the child cannot keep what is gone
     layout = get_json(ws.cas, index.output("layout"), "parent packed layout")
-    return ParentPack(parents[0], packed, index, samples, manifest.members.ref(), layout)
+    return ParentPack(parents[0], packed, index, samples, members, layout)
 
 
 def memo_part(ws: Workspace, partition_key: str) -> str | None:
@@ -190,12 +193,13 @@ def sample_map(
     files = TrustedFiles(ws.cas, ws.catalog)  # the parent's tables: hashed by its check
     numbered = ", file_row_number = true"
     child_path = files.path(samples["digest"], "mixed samples")
+    parent_members = [part["digest"] for part in parent.members]
     tables = {
         "records": _chunk_records(files.paths([c["digest"] for c in chunks])),
         "clusters": _read(files, dedup.output("clusters"), "dedup clusters"),
         "child": f"read_parquet({sql_path(child_path)}{numbered})",
         "parent": _read(files, parent.samples, "parent mixed samples", numbered),
-        "members": _read(files, parent.members, "parent members"),
+        "members": f"read_parquet({sql_list(files.paths(parent_members, 'parent members'))})",
     }
     threads = ws.config.execution.workers
     spill = Spilling(ws.home / "tmp", MAP_MEMORY, threads, preserve_insertion_order=False)

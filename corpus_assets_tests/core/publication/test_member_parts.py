@@ -1,0 +1,125 @@
+"""The members table as parts: a child names its parent's part of every unchanged chunk, joins
+only the rest, and its parts are byte for byte those of a join of every chunk."""
+
+import tempfile
+from pathlib import Path
+
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+
+from corpus_assets.core.ingest.freeze import freeze
+from corpus_assets.core.pipeline import build_all
+from corpus_assets.core.publication import manifest
+from corpus_assets.core.publication.manifest_queries import connect
+from corpus_assets.core.publication.member_parts import (
+    MEMBERS_CODE,
+    Parent,
+    reusable,
+)
+from corpus_assets.core.runtime.layer_index import LAYERS, read_layer_index
+from corpus_assets.core.runtime.snapshot_manifest import read_manifest
+from corpus_assets.core.runtime.workspace import Workspace, open_workspace
+from corpus_assets.core.storage.artifacts import get_json
+from corpus_assets.core.storage.table_lookup import TrustedFiles
+from corpus_assets_tests.core.training_view.test_packing_incremental import (  # noqa: F401 (an autouse fixture)
+    _active,
+    _add_essays,
+    _home,
+    _no_env_catalog,
+)
+
+
+@pytest.fixture(scope="module")
+def child_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A home with an active parent (p1) and its child (p2, new essays) built."""
+    folder = tmp_path_factory.mktemp("parts")
+    config = _home(folder / "home")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.delenv("CORPUS_CATALOG_URL", raising=False)
+        with open_workspace(config) as ws:
+            _active(ws, "p1")
+            _add_essays(folder / "home")
+            build_all(ws, "p2")
+    return config
+
+
+def _parts(ws: Workspace, key: str) -> dict[str, dict]:
+    members = read_manifest(ws.cas, ws.catalog.layer_output(key, "manifest")).members
+    return {part.chunk: part.document() for part in members.parts(ws.cas).parts}
+
+
+def test_a_child_names_its_parents_parts_and_equals_a_join_of_every_chunk(
+    child_home: Path,
+) -> None:
+    with open_workspace(child_home) as ws:
+        parent, child = _parts(ws, "p1"), _parts(ws, "p2")
+        new = set(child) - set(parent)
+        assert len(new) == 1 and child[new.pop()]["count"] > 0  # the essays' chunk
+        kept = [c for c in parent if c in child and child[c] == parent[c]]
+        assert kept and len(kept) >= len(parent) - 1
+        indexes = {layer: read_layer_index(ws, "p2", layer) for layer in LAYERS[:-1]}
+        joined = manifest.put_members(ws, indexes)  # no parent: every chunk joined
+        reused = manifest.put_members(ws, indexes, freeze(ws, "p2")[1].parents)
+        assert joined.ref == reused.ref  # the same document, so the same parts
+        assert joined.joined == len(child) and reused.joined < len(child)
+        stored = ws.catalog.layer_output("p2", "manifest")
+        assert get_json(ws.cas, stored, "manifest")["members"]["digest"] == reused.ref["digest"]
+        assert get_json(ws.cas, reused.ref)["code"] == MEMBERS_CODE
+
+
+@pytest.mark.parametrize("table", ["splits", "clusters"])
+def test_a_chunk_with_a_changed_split_or_verdict_is_joined_again(
+    child_home: Path, table: str
+) -> None:
+    """The parent's tables with one old member's split (or dedup key) changed: its chunk is
+    no longer the parent's, every other unchanged chunk still is."""
+    with open_workspace(child_home) as ws, tempfile.TemporaryDirectory() as tmp:
+        files = TrustedFiles(ws.cas, ws.catalog)
+        parent = manifest.parent_members(ws, files, freeze(ws, "p2")[1].parents)
+        assert parent is not None
+        chunks = _chunks(ws, files, Path(tmp))
+        clusters, splits = _tables(ws, files, "p2")
+        with connect(ws.cas, 1, 128) as con:
+            before = reusable(con, chunks, clusters, splits, parent, Path(tmp))
+        kept = next(part for part in before.values() if part.count)
+        victim = pq.read_table(ws.cas.path(kept.digest)).slice(0, 1).to_pylist()[0]
+        changed = _changed_copy(parent, table, victim["record_id"], Path(tmp))
+        with connect(ws.cas, 1, 128) as con:
+            after = reusable(con, chunks, clusters, splits, changed, Path(tmp))
+        lost = {part.chunk for part in before.values()} - {p.chunk for p in after.values()}
+        assert lost == {kept.chunk}
+
+
+def _chunks(ws: Workspace, files: TrustedFiles, tmp: Path) -> list:
+    from corpus_assets.core.publication.member_parts import Chunk
+    from corpus_assets.core.publication.narrowed import narrowed
+    from corpus_assets.core.records.index import CanonicalIndex
+
+    canonical = CanonicalIndex(ws.cas, read_layer_index(ws, "p2", "canonical_records")[1])
+    paths = narrowed(ws, files, canonical, tmp)
+    return [
+        Chunk(c.key, c.records["digest"], p) for c, p in zip(canonical.chunks(), paths, strict=True)
+    ]
+
+
+def _tables(ws: Workspace, files: TrustedFiles, key: str) -> tuple[str, str]:
+    dedup = read_layer_index(ws, key, "dedup_clusters")[1].output("clusters")["digest"]
+    splits = read_layer_index(ws, key, "splits")[1].output("splits")["digest"]
+    return files.path(dedup), files.path(splits)
+
+
+def _changed_copy(parent: Parent, table: str, record_id: str, tmp: Path) -> Parent:
+    """The parent with a copy of its splits (or clusters) table where ``record_id``'s split
+    (or dedup key) is another."""
+    path = parent.splits if table == "splits" else parent.clusters
+    column = "split" if table == "splits" else "dedup_key"
+    rows = pq.read_table(path)
+    hit = pc.equal(rows.column("record_id"), record_id)
+    values = pc.if_else(hit, "changed", rows.column(column))
+    rows = rows.set_column(rows.schema.get_field_index(column), column, values)
+    copy = tmp / f"{table}.parquet"
+    pq.write_table(rows, copy)
+    if table == "splits":
+        return Parent(parent.parts, parent.clusters, str(copy))
+    return Parent(parent.parts, str(copy), parent.splits)
