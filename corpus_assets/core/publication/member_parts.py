@@ -36,7 +36,7 @@ from corpus_assets.core.runtime.snapshot_manifest import (
 from corpus_assets.core.storage import cas_queries
 from corpus_assets.core.storage.artifacts import Ref, get_table, put_json
 from corpus_assets.core.storage.cas import ContentStore
-from corpus_assets.core.storage.cas_queries import sql_path
+from corpus_assets.core.storage.cas_queries import sql_list, sql_path
 from corpus_assets.core.storage.parquet_sink import put_table_batches
 
 if TYPE_CHECKING:
@@ -230,14 +230,22 @@ def _preview(cas: ContentStore, parts: list[MemberPart]) -> list[dict[str, Any]]
 
 def _numbered(chunks: list[Chunk], tmp: Path, numbers: list[int] | None = None) -> str:
     """The chunks' narrowed rows, each with its chunk's number (``part``: ``numbers``, or
-    its place in ``chunks``)."""
+    its place in ``chunks``). One scan of every file: a union of one scan per chunk holds a
+    reader's buffers per chunk and ran out of the 128 MB cap at 1.1 GB of raw text."""
     numbers = numbers if numbers is not None else list(range(len(chunks)))
     empty = tmp / "none.parquet"  # a chunk without a narrowed table (no chunk at all)
     if not all(c.narrowed for c in chunks):
         pq.write_table(NARROW.empty_table(), empty)
-    return " UNION ALL ".join(
-        f"SELECT {n} AS part, * FROM read_parquet({sql_path(c.narrowed or str(empty))})"
-        for n, c in zip(numbers, chunks, strict=True)
+    paths = [c.narrowed or str(empty) for c in chunks]
+    if len(set(paths)) < len(paths):  # the same file twice: one scan would name it once
+        return " UNION ALL ".join(
+            f"SELECT {n} AS part, * FROM read_parquet({sql_path(path)})"
+            for n, path in zip(numbers, paths, strict=True)
+        )
+    listed = sql_list(paths)
+    return (
+        f"SELECT {numbers}[list_position({listed}, filename)] AS part, * EXCLUDE (filename) "
+        f"FROM read_parquet({listed}, filename = true)"
     )
 
 

@@ -123,3 +123,24 @@ def _changed_copy(parent: Parent, table: str, record_id: str, tmp: Path) -> Pare
     if table == "splits":
         return Parent(parent.parts, parent.clusters, str(copy))
     return Parent(parent.parts, str(copy), parent.splits)
+
+
+def test_each_chunk_gets_its_rows_even_when_two_share_a_narrowed_file(tmp_path: Path) -> None:
+    """One scan of all files numbers rows by file; a file named by two chunks (two objects
+    with the same records) must still give each chunk its rows."""
+    import duckdb
+    import pyarrow as pa
+
+    from corpus_assets.core.publication.member_parts import Chunk, _numbered
+    from corpus_assets.core.publication.narrowed import NARROW
+
+    rows = {f.name: [None] for f in NARROW}
+    rows |= {"record_id": ["r"], "line": [0], "text_bytes": [1]}
+    one, two = tmp_path / "one.parquet", tmp_path / "two.parquet"
+    pq.write_table(pa.table(rows, schema=NARROW), one)
+    pq.write_table(pa.table(rows, schema=NARROW), two)
+    con = duckdb.connect()
+    for paths, expected in (([one, two, one], [3, 5, 7]), ([one, two], [3, 5])):
+        chunks = [Chunk(f"c{n}", "", str(path)) for n, path in enumerate(paths)]
+        query = f"SELECT part FROM ({_numbered(chunks, tmp_path, [3, 5, 7][: len(paths)])})"
+        assert sorted(p for (p,) in con.execute(query).fetchall()) == expected
