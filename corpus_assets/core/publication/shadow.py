@@ -26,7 +26,7 @@ from corpus_assets.core.runtime.code_identity import stage_code
 from corpus_assets.core.runtime.snapshot_manifest import Manifest, MembersEntry
 from corpus_assets.core.storage.artifacts import Ref
 from corpus_assets.core.storage.cas import ContentStore
-from corpus_assets.core.storage.cas_queries import VerifiedFiles, ordered_parts
+from corpus_assets.core.storage.cas_queries import VerifiedFiles, ordered_parts, sql_list
 from corpus_assets.core.storage.catalog import Catalog
 from corpus_assets.core.storage.digests import json_digest
 from corpus_assets.core.storage.trust import StatTrust
@@ -39,7 +39,7 @@ MEMO = "shadow.member_changes"  # the memo rows' layer name
 QUANTILES = (0.1, 0.5, 0.9, 0.99)
 EXAMPLES = 5
 SPLIT_OF = """CREATE VIEW {name} AS SELECT record_id, arg_max_null(split, file_row_number) AS split
-FROM ({table}) GROUP BY record_id"""  # last row wins, as a dict
+FROM ({table}) {where} GROUP BY record_id"""  # last row wins, as a dict
 MIGRATED = """SELECT record_id || ': ' || coalesce(o.split, 'None') || ' -> '
     || coalesce(n.split, 'None') FROM n JOIN o USING (record_id)
 WHERE n.split IS DISTINCT FROM o.split"""
@@ -136,9 +136,11 @@ def member_changes(
     re-hashed."""
     files = files if files is not None else VerifiedFiles(cas)
     with manifest_queries.connect(cas) as con:
+        where = _changed_ids(con, files, old, new)
         for name, refs in (("o", old), ("n", new)):
             paths = files.paths([ref["digest"] for ref in refs], "members table")
-            con.execute(SPLIT_OF.format(name=name, table=ordered_parts(paths, numbered=True)))
+            table = ordered_parts(paths, numbered=True)
+            con.execute(SPLIT_OF.format(name=name, table=table, where=where))
         added, added_n = _first(con, "SELECT record_id FROM n ANTI JOIN o USING (record_id)")
         removed, removed_n = _first(con, "SELECT record_id FROM o ANTI JOIN n USING (record_id)")
         migrated, migrated_n = _first(con, MIGRATED)
@@ -148,6 +150,26 @@ def member_changes(
         "split_migrations": migrated_n,
         "examples": {"added": added, "removed": removed, "migrated": migrated},
     }
+
+
+def _changed_ids(
+    con: DuckDBPyConnection, files: VerifiedFiles, old: list[Ref], new: list[Ref]
+) -> str:
+    """A filter to the record ids of the parts the two tables do not share ("": every row).
+    An id found only in shared parts has the same rows, in the same order, in both, so it is
+    neither added, removed nor moved; reading only the others' ids keeps a child's diff in
+    proportion to its change."""
+    shared = {ref["digest"] for ref in old} & {ref["digest"] for ref in new}
+    changed = [r["digest"] for r in [*old, *new] if r["digest"] not in shared]
+    if not shared or not changed:
+        return ""
+    paths = files.paths(list(dict.fromkeys(changed)), "members table")
+    con.execute(f"CREATE TEMP TABLE changed AS SELECT DISTINCT record_id {_from(paths)}")
+    return "WHERE record_id IN (SELECT record_id FROM changed)"
+
+
+def _from(paths: list[str]) -> str:
+    return f"FROM read_parquet({sql_list(paths)})"
 
 
 def remembered_changes(

@@ -27,6 +27,34 @@ def test_member_changes_match_the_set_arithmetic(tmp_path: Path) -> None:
     }
 
 
+def test_member_changes_over_parts_read_only_unshared_parts_and_equal_the_whole_tables(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two members tables sharing a part: the diff of the parts equals the diff of the
+    concatenated tables (a twin id in a shared part included, last row winning), and the
+    shared part's ids are never listed as changed."""
+    cas = ContentStore(tmp_path / "cas")
+
+    def table(ids: str, splits: str) -> pa.Table:
+        return pa.table({"record_id": list(ids), "split": splits.split()})
+
+    shared = table("stuv", "train test train x")
+    old = [table("ab", "train test"), shared, table("s", "test")]  # s's last row: test
+    new = [table("bc", "train train"), shared]  # s's last row: train, in the shared part
+    whole = member_changes(
+        cas, [put_table(cas, pa.concat_tables(old))], [put_table(cas, pa.concat_tables(new))]
+    )
+    listed: list[list[str]] = []
+    real = VerifiedFiles.paths
+    monkeypatch.setattr(
+        VerifiedFiles, "paths", lambda self, d, w="": listed.append(list(d)) or real(self, d, w)
+    )
+    parts = member_changes(cas, [put_table(cas, t) for t in old], [put_table(cas, t) for t in new])
+    assert parts == whole
+    assert whole["examples"]["migrated"] == ["b: test -> train", "s: test -> train"]
+    assert put_table(cas, shared)["digest"] not in listed[0]  # the ids read: unshared only
+
+
 def test_verified_files_rehash_once_and_name_a_corrupt_object(tmp_path: Path) -> None:
     cas = ContentStore(tmp_path / "cas")
     digest = put_table(cas, pa.table({"x": [1, 2, 3]}))["digest"]
