@@ -4,8 +4,9 @@ Reviewers approve a digest; this tells them what that digest means relative to w
 reads today: members added and removed, records that migrated between splits, and distribution
 shifts (share of each source and split, byte-length quantiles).
 
-The member changes are a join of two whole members tables (~0.8 CPU-s at 1.1 GB) and a function
-of the two tables alone, so a build (its manifest, then the candidate's review observation) and
+The member changes are a join of the two members tables restricted to the record ids of the
+parts they do not share (whole, they cost ~0.8 CPU-s at 1.1 GB), and a function of the two
+tables alone, so a build (its manifest, then the candidate's review observation) and
 every later build against the same active snapshot take them from a memo keyed by both tables'
 digests and this code (``remembered``); ``corpus-assets diff`` and approval join again.
 """
