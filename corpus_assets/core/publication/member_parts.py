@@ -230,23 +230,15 @@ def _preview(cas: ContentStore, parts: list[MemberPart]) -> list[dict[str, Any]]
 
 def _numbered(chunks: list[Chunk], tmp: Path, numbers: list[int] | None = None) -> str:
     """The chunks' narrowed rows, each with its chunk's number (``part``: ``numbers``, or
-    its place in ``chunks``). One scan of every file: a union of one scan per chunk holds a
-    reader's buffers per chunk and ran out of the 128 MB cap at 1.1 GB of raw text."""
+    its place in ``chunks``), by the scan's ``file_index``. One scan of every file: a union of
+    one scan per chunk, or a ``filename`` column carried through the join, ran out of the
+    128 MB cap at 1.1 GB of raw text."""
     numbers = numbers if numbers is not None else list(range(len(chunks)))
     empty = tmp / "none.parquet"  # a chunk without a narrowed table (no chunk at all)
     if not all(c.narrowed for c in chunks):
         pq.write_table(NARROW.empty_table(), empty)
-    paths = [c.narrowed or str(empty) for c in chunks]
-    if len(set(paths)) < len(paths):  # the same file twice: one scan would name it once
-        return " UNION ALL ".join(
-            f"SELECT {n} AS part, * FROM read_parquet({sql_path(path)})"
-            for n, path in zip(numbers, paths, strict=True)
-        )
-    listed = sql_list(paths)
-    return (
-        f"SELECT {numbers}[list_position({listed}, filename)] AS part, * EXCLUDE (filename) "
-        f"FROM read_parquet({listed}, filename = true)"
-    )
+    listed = sql_list([c.narrowed or str(empty) for c in chunks])
+    return f"SELECT {numbers}[file_index::BIGINT + 1] AS part, * FROM read_parquet({listed})"
 
 
 def _by_part(batches: Iterable[pa.RecordBatch]) -> Iterator[tuple[int, pa.RecordBatch]]:
