@@ -226,7 +226,7 @@ def _heldout(
     known = reuse(ws, dedup, scan.spec, (index, CODE, who))
     policy = ws.config.policy_digest("splits")
     prior, why = prior_search(ws, scan, (index, chunks, who), CODE, policy)
-    records = searched_records(clusters, "assigned")
+    records = searched_records(clusters, "assigned", numbered=True)
     pairs, stats, state = scan.searched(con, records, known, prior=prior)
     verified = {
         "heldout_verified": put_verified(ws, con),

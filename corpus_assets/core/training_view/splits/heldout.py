@@ -37,6 +37,7 @@ from pathlib import Path
 import duckdb
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from corpus_assets.core.dedup.dedup_clusters import CODE as DEDUP_CODE
 from corpus_assets.core.dedup.fingerprint_store import TextLookup
@@ -50,12 +51,14 @@ from corpus_assets.core.records.index import ChunkRecords
 from corpus_assets.core.runtime.layer_index import LayerIndex
 from corpus_assets.core.runtime.workspace import Workspace
 from corpus_assets.core.storage.artifacts import Ref, get_json
+from corpus_assets.core.storage.cas import CasError
 from corpus_assets.core.storage.cas_queries import (
     VerifiedFiles,
     cas_parquet,
     put_query,
     registered,
     sql_list,
+    sql_path,
     tightened,
 )
 from corpus_assets.core.storage.digests import json_digest
@@ -93,6 +96,14 @@ WITH pos AS (
 SELECT p.row, m.record_id, m.split FROM ({members}) m
 JOIN pos p ON m.record_id = p.record_id AND m.object = p.object AND m.line = p.line
 ORDER BY p.row
+"""
+# The same rows by the dedup layer's decisions table (per global row, its clusters position):
+# one integer join instead of three string columns of every records table.
+BY_POSITION = """
+SELECT d.row, m.record_id, m.split FROM ({members}) m
+JOIN (SELECT file_row_number AS row, pos FROM read_parquet({path}, file_row_number = true)) d
+ON m.pos = d.pos
+ORDER BY d.row
 """
 VERIFIED = """
 CREATE OR REPLACE TEMP TABLE ho_verified AS
@@ -181,6 +192,7 @@ class HeldoutScan:
     params: HeldoutParams
     rule: ScriptThresholds
     files: VerifiedFiles  # how the canonical tables are read (verified, or trusted unchanged)
+    order: str | None = None  # the dedup decisions table's path (``_row_order``)
 
     @classmethod
     def open(
@@ -215,7 +227,8 @@ class HeldoutScan:
         total = sum(c.count for c in chunks)
         taus = rule.by_rank(modes) if modes is not None else np.full(total, float(word))
         params = HeldoutParams(spec.num_perm, float(word))
-        return cls(ws, chunks, blocks, spec, taus, params, rule, files)
+        order = _row_order(files, dedup, total)
+        return cls(ws, chunks, blocks, spec, taus, params, rule, files, order)
 
     def pairs(
         self,
@@ -280,8 +293,12 @@ class HeldoutScan:
         by ~100 MB more."""
         if not self.chunks:
             return _Members(EMPTY_ROWS, np.empty(0, bool), None, RowDigests(self.ws, []))
-        paths = [self.files.path(c.records["digest"], c.what) for c in self.chunks]
-        return self._joined(con, members, paths, RowDigests(self.ws, self.chunks))
+        digests = RowDigests(self.ws, self.chunks)
+        paths = [self.files.path(c.records["digest"], c.what) for c in self.chunks]  # checked
+        if self.order is not None and "pos" in con.sql(f"FROM ({members}) LIMIT 0").columns:
+            query = BY_POSITION.format(members=members, path=sql_path(self.order))
+            return self._created(con, query, digests)
+        return self._joined(con, members, paths, digests)
 
     def _joined(
         self,
@@ -295,9 +312,15 @@ class HeldoutScan:
         con.register("ho_files", pa.table({"filename": paths, "start": starts}))
         try:
             query = POSITIONS.format(paths=sql_list(paths), members=members)
-            con.execute(f"CREATE OR REPLACE TEMP TABLE ho_members AS {query}")
+            return self._created(con, query, digests)
         finally:
             con.unregister("ho_files")
+
+    def _created(
+        self, con: duckdb.DuckDBPyConnection, query: str, digests: RowDigests
+    ) -> "_Members":
+        """``ho_members`` from ``query`` (row, record_id, split), and its rows read back."""
+        con.execute(f"CREATE OR REPLACE TEMP TABLE ho_members AS {query}")
         found = con.sql(
             f"SELECT row, split <> '{TRAIN}' AS held FROM ho_members ORDER BY row"
         ).fetchnumpy()
@@ -323,6 +346,20 @@ class HeldoutScan:
 
         taus = self.thresholds
         return search(self.blocks, heldout, rows, self.params, fetch, taus, known[0], moved)
+
+
+def _row_order(files: VerifiedFiles, dedup: LayerIndex, total: int) -> str | None:
+    """The path of the dedup layer's decisions table (per global canonical row, its position
+    ``pos`` in the clusters table) when the current dedup code stored one for these rows: the
+    members' rows are then an integer join on the clusters table's row number. None (join on
+    record id, object and line) otherwise."""
+    if dedup.code != DEDUP_CODE or "decisions" not in dedup.outputs:
+        return None
+    try:
+        path = files.path(dedup.output("decisions")["digest"], "dedup decisions")
+    except CasError:
+        return None
+    return path if pq.ParquetFile(path).metadata.num_rows == total else None
 
 
 def _signatures(
@@ -374,6 +411,8 @@ class _Members:
         with registered(self.con, "ho_wanted", wanted_rows), tightened(self.con, SORT_LIMIT):
             got = self.con.sql(
                 "SELECT m.record_id, m.split FROM ho_wanted w JOIN (SELECT * FROM ho_members "
+                # only the rows wanted are numbered (the window was over every member)
+                "WHERE row IN (SELECT row FROM ho_wanted) "
                 # one member per row: a forged members table may list a record twice (the
                 # record_ids_unique rule names it), which must not stop this rule
                 "QUALIFY row_number() OVER (PARTITION BY row ORDER BY record_id, split) = 1) m "
@@ -432,12 +471,15 @@ def put_verified(ws: Workspace, con: duckdb.DuckDBPyConnection) -> Ref:
     return ref
 
 
-def searched_records(clusters: str, splits: str) -> str:
+def searched_records(clusters: str, splits: str, numbered: bool = False) -> str:
     """Every record of the dedup table but the excluded, with the split of the member standing
     for it (itself, or a removed duplicate's representative): a removed copy's content is in
-    that split, as in the leakage graph. Records whose member is gone (quarantined) drop out."""
+    that split, as in the leakage graph. Records whose member is gone (quarantined) drop out.
+    With ``numbered`` (``clusters`` read with ``file_row_number``), also the row's table
+    position ``pos`` (the search then finds rows by the dedup decisions table)."""
+    pos = ", k.file_row_number AS pos" if numbered else ""
     return (
-        f"SELECT k.record_id, k.object, k.line, k.leakage_id, s.split FROM {clusters} k "
+        f"SELECT k.record_id, k.object, k.line, k.leakage_id, s.split{pos} FROM {clusters} k "
         f"JOIN {splits} s ON s.record_id = CASE WHEN k.is_representative THEN k.record_id "
         "ELSE k.representative_id END WHERE k.verdict <> 'excluded'"
     )
