@@ -55,7 +55,8 @@ def heldout_near_apart(ws: Workspace) -> ValidationRule:
         if scan is None:  # near-dedup off: no signatures, no threshold
             return []
         path = ev.files.path(ev.dedup.output("clusters")["digest"], "dedup clusters")
-        searched = searched_records(f"read_parquet({sql_list([path])})", "members")
+        numbered = f"read_parquet({sql_list([path])}, file_row_number = true)"
+        searched = searched_records(numbered, "members", numbered=True)  # rows by position
         ev.con.execute(f"CREATE OR REPLACE TEMP TABLE ho_searched AS {searched}")
         records = "SELECT * FROM ho_searched"  # read twice: the changed records and the search
         known = reuse(ws, ev.dedup, scan.spec, (ev.splits, SPLITS_CODE, "splits layer"))

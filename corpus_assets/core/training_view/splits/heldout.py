@@ -192,7 +192,7 @@ class HeldoutScan:
     params: HeldoutParams
     rule: ScriptThresholds
     files: VerifiedFiles  # how the canonical tables are read (verified, or trusted unchanged)
-    order: str | None = None  # the dedup decisions table's path (``_row_order``)
+    order: str | None = None  # the dedup decisions table's path (``row_order``)
 
     @classmethod
     def open(
@@ -227,7 +227,7 @@ class HeldoutScan:
         total = sum(c.count for c in chunks)
         taus = rule.by_rank(modes) if modes is not None else np.full(total, float(word))
         params = HeldoutParams(spec.num_perm, float(word))
-        order = _row_order(files, dedup, total)
+        order = row_order(files, dedup, total)
         return cls(ws, chunks, blocks, spec, taus, params, rule, files, order)
 
     def pairs(
@@ -348,7 +348,7 @@ class HeldoutScan:
         return search(self.blocks, heldout, rows, self.params, fetch, taus, known[0], moved)
 
 
-def _row_order(files: VerifiedFiles, dedup: LayerIndex, total: int) -> str | None:
+def row_order(files: VerifiedFiles, dedup: LayerIndex, total: int) -> str | None:
     """The path of the dedup layer's decisions table (per global canonical row, its position
     ``pos`` in the clusters table) when the current dedup code stored one for these rows: the
     members' rows are then an integer join on the clusters table's row number. None (join on
