@@ -57,7 +57,9 @@ def heldout_near_apart(ws: Workspace) -> ValidationRule:
         path = ev.files.path(ev.dedup.output("clusters")["digest"], "dedup clusters")
         numbered = f"read_parquet({sql_list([path])}, file_row_number = true)"
         searched = searched_records(numbered, "members", numbered=True)  # rows by position
-        ev.con.execute(f"CREATE OR REPLACE TEMP TABLE ho_searched AS {searched}")
+        # the columns the changed records and the search read (no leakage id held)
+        kept = f"SELECT record_id, object, line, split, pos FROM ({searched})"
+        ev.con.execute(f"CREATE OR REPLACE TEMP TABLE ho_searched AS {kept}")
         records = "SELECT * FROM ho_searched"  # read twice: the changed records and the search
         known = reuse(ws, ev.dedup, scan.spec, (ev.splits, SPLITS_CODE, "splits layer"))
         changed = changed_since_parent(ws, ev, records)
