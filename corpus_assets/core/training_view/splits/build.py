@@ -44,15 +44,17 @@ from corpus_assets.core.training_view.splits.bridges import StoredGraph
 from corpus_assets.core.training_view.splits.heldout import (
     FULL,
     INCREMENTAL,
-    PAIR_COLUMNS,
     HeldoutScan,
     put_verified,
     reuse,
-    row_order,
-    searched_records,
     spec_digest,
 )
 from corpus_assets.core.training_view.splits.heldout_resolve import resolve_heldout
+from corpus_assets.core.training_view.splits.heldout_rows import (
+    PAIR_COLUMNS,
+    row_order,
+    searched_records,
+)
 from corpus_assets.core.training_view.splits.heldout_state import prior_search, rule_digest
 from corpus_assets.core.training_view.splits.report import split_counts, split_report
 from corpus_assets.core.training_view.splits.residual import resolve_residual
