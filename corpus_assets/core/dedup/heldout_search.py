@@ -82,9 +82,11 @@ def _unique(values: np.ndarray) -> np.ndarray:
 
 def _prefilter(held: np.ndarray, probe: np.ndarray) -> np.ndarray:
     """Indices of ``probe`` whose band may equal one of ``held``'s: a bitmap over the low bits
-    of the band's first values (at least 8 slots per held record) drops most members before
-    any key is computed."""
-    bits = min(26, max(16, len(held).bit_length() + 3))
+    of the band's first values (at least 8 slots per held record, and at least 2^20: a
+    child's few moved records probed by every member let ~1 in 700 through, not 1 in 45; a
+    4M-slot table cost more to clear and miss in than it saved) drops most members before any
+    key is computed."""
+    bits = min(26, max(20, len(held).bit_length() + 3))
     mask = np.uint32((1 << bits) - 1)
     table = np.zeros(1 << bits, dtype=bool)
     table[held & mask] = True

@@ -55,8 +55,11 @@ def heldout_near_apart(ws: Workspace) -> ValidationRule:
         if scan is None:  # near-dedup off: no signatures, no threshold
             return []
         path = ev.files.path(ev.dedup.output("clusters")["digest"], "dedup clusters")
+        # rows by (record id, object, line) against the records tables: the gate does not take
+        # the dedup layer's decisions table (its clusters positions) on trust
         searched = searched_records(f"read_parquet({sql_list([path])})", "members")
-        ev.con.execute(f"CREATE OR REPLACE TEMP TABLE ho_searched AS {searched}")
+        kept = f"SELECT record_id, object, line, split FROM ({searched})"  # what is read
+        ev.con.execute(f"CREATE OR REPLACE TEMP TABLE ho_searched AS {kept}")
         records = "SELECT * FROM ho_searched"  # read twice: the changed records and the search
         known = reuse(ws, ev.dedup, scan.spec, (ev.splits, SPLITS_CODE, "splits layer"))
         changed = changed_since_parent(ws, ev, records)

@@ -3,11 +3,15 @@
 The token cache keeps per-chunk offsets in the chunk's row order; the chunk's records table
 (read by DuckDB from the CAS, ``file_row_number`` giving the row) names each row. Object and
 line tell a repeated record id's rows apart, so consumers join on (record_id, object, line).
+Given the dedup layer's decisions table (per global row, its position ``pos`` in the clusters
+table), ``load_position_tokens`` keys the counts by that position instead: no records table is
+read, and a consumer joins the clusters table on one integer.
 """
 
 import duckdb
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from corpus_assets.core.records.index import CanonicalIndex
 from corpus_assets.core.runtime.workspace import Workspace
@@ -47,3 +51,22 @@ def load_row_tokens(
             "NULL::BIGINT AS line, NULL::VARCHAR AS source_id, "
             "NULL::VARCHAR AS record_digest) WHERE false"
         )
+
+
+def load_position_tokens(
+    ws: Workspace,
+    con: duckdb.DuckDBPyConnection,
+    tokens: TokenCache,
+    order: str,
+    name: str = "row_tokens",
+) -> None:
+    """Table ``name``: (pos, tokens) of every canonical row, ``pos`` its clusters-table
+    position read from the decisions table at ``order`` (one row per global row)."""
+    parts = [open_tokens(ws, cached, tokens.spec, ids=False).counts() for cached in tokens.chunks]
+    counts = np.concatenate(parts).astype(np.int64) if parts else np.empty(0, np.int64)
+    pos = pq.read_table(order, columns=["pos"])["pos"]
+    if len(pos) != len(counts):
+        raise ValueError(f"{len(pos)} decisions for {len(counts)} token counts")
+    con.register("position_counts", pa.table({"pos": pos, "tokens": counts}))
+    con.execute(f"CREATE TABLE {name} AS SELECT pos, tokens FROM position_counts")
+    con.unregister("position_counts")

@@ -31,8 +31,8 @@ from corpus_assets.core.training_view.splits.heldout import (
     Reuse,
     put_verified,
     reuse,
-    searched_records,
 )
+from corpus_assets.core.training_view.splits.heldout_rows import searched_records
 from corpus_assets.core.training_view.splits.heldout_state import PriorSearch, prior_search
 
 ESSAYS = Path("demo-sources") / "essays"

@@ -11,7 +11,8 @@ with :mod:`.heldout_state`, :mod:`.heldout_tasks` and :mod:`.heldout_resolve`, a
 
 from corpus_assets.core.training_view.splits.assign import split_of
 from corpus_assets.core.training_view.splits.build import CODE, SPLIT_COLUMNS, build_splits
-from corpus_assets.core.training_view.splits.heldout import HeldoutScan, reuse, searched_records
+from corpus_assets.core.training_view.splits.heldout import HeldoutScan, reuse
+from corpus_assets.core.training_view.splits.heldout_rows import searched_records
 from corpus_assets.core.training_view.splits.schema import EXCLUDED, SPLITS, TRAIN, UNLINKED
 
 __all__ = [

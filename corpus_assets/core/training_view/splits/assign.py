@@ -57,6 +57,12 @@ MEMBER_SCHEMA = pa.schema(
     ]
 )
 _BATCH = 65536
+# A component's parent splits: 0, 1, or 2 for more than one (only ``sides > 1`` is asked). A
+# min and a max per group, not a distinct count: a third of the group-by's time at 470k members.
+_SIDES = (
+    "CASE WHEN min(parent_split) IS NULL THEN 0 "
+    "WHEN min(parent_split) = max(parent_split) THEN 1 ELSE 2 END"
+)
 
 
 Source = pa.Table | str  # an Arrow table, or a SQL query over the connection's tables
@@ -158,8 +164,7 @@ def assign(
     timed, time_moves, time_conflicts = _time_phase(con, policy, evidence)
     con.execute(
         "CREATE OR REPLACE TABLE per AS SELECT component, min(content_key) AS key, "
-        "count(DISTINCT parent_split) AS sides, min(parent_split) AS inherited "
-        "FROM joined GROUP BY component"
+        f"{_SIDES} AS sides, min(parent_split) AS inherited FROM joined GROUP BY component"
     )
     conflicted = con.sql(
         "SELECT component, record_id, parent_split FROM joined "

@@ -34,23 +34,27 @@ from corpus_assets.core.runtime.snapshot_manifest import read_manifest
 from corpus_assets.core.runtime.workspace import Workspace
 from corpus_assets.core.storage.artifacts import Ref, put_table
 from corpus_assets.core.storage.cas_queries import cas_parquet, cas_parquets, put_query
+from corpus_assets.core.storage.table_lookup import TrustedFiles
 from corpus_assets.core.tokens.cache import TokenCache, token_cache
 from corpus_assets.core.tokens.spec import resolve_tokenizer
 from corpus_assets.core.training_view import view_queries
-from corpus_assets.core.training_view.row_tokens import load_row_tokens
+from corpus_assets.core.training_view.row_tokens import load_position_tokens, load_row_tokens
 from corpus_assets.core.training_view.splits.assign import SPLIT_TABLE, Assignment, Source, assign
 from corpus_assets.core.training_view.splits.bridges import StoredGraph
 from corpus_assets.core.training_view.splits.heldout import (
     FULL,
     INCREMENTAL,
-    PAIR_COLUMNS,
     HeldoutScan,
     put_verified,
     reuse,
-    searched_records,
     spec_digest,
 )
 from corpus_assets.core.training_view.splits.heldout_resolve import resolve_heldout
+from corpus_assets.core.training_view.splits.heldout_rows import (
+    PAIR_COLUMNS,
+    row_order,
+    searched_records,
+)
 from corpus_assets.core.training_view.splits.heldout_state import prior_search, rule_digest
 from corpus_assets.core.training_view.splits.report import split_counts, split_report
 from corpus_assets.core.training_view.splits.residual import resolve_residual
@@ -86,6 +90,7 @@ SPLIT_COLUMNS = pa.schema(
     ]
 )
 _PREVIEW = 50  # rows of moves and conflicts shown as metadata tables
+_STORED = ", ".join(SPLIT_COLUMNS.names)  # split_rows' columns the splits table holds
 
 
 def parent_splits(ws: Workspace, parent: str | None) -> tuple[list[Ref], Source, int]:
@@ -170,6 +175,7 @@ def _assign_and_report(
     """Everything per record, in ``con``: the assignment, the splits table (stored) and the
     report. Only the conflicts, the moves and one row group of output are Python objects."""
     parent_refs, parent_rows, parent_version = parent_splits(ws, parent)
+    _, canonical = CanonicalIndex.read(ws, partition_key)
     dedup_ref, dedup = read_layer_index(ws, partition_key, "dedup_clusters")
     clusters = cas_parquet(ws.cas, dedup.output("clusters"), "dedup clusters", True)
     edges = cas_parquet(ws.cas, dedup.output("edges"), "dedup edges", True)
@@ -184,17 +190,28 @@ def _assign_and_report(
     # stored now, not held through the sort and the report (O(pairs): ~35 MB at 1.1 GB)
     heldout_pairs = (put_table(ws.cas, pairs), pairs.num_rows)
     del pairs
+    files = TrustedFiles(ws.cas, ws.catalog)  # as the held-out scan reads them
+    order = row_order(files, dedup, sum(c.count for c in canonical.chunks()))
+    keys = "k.file_row_number AS pos" if order is not None else "k.object, k.line"
     con.execute(
-        "CREATE TABLE split_rows AS SELECT k.record_id, k.group_id, k.leakage_id, a.split "
+        "CREATE TABLE split_rows AS SELECT k.record_id, k.group_id, k.leakage_id, a.split, "
+        f"k.source_id, {keys} "  # the report's (``split_report``)
         f"FROM {clusters} k JOIN assigned a ON k.record_id = a.record_id "
         "WHERE k.is_representative"
     )
     con.execute("DROP TABLE joined; DROP TABLE per")  # only split_rows is read from here on
     stored, head = put_query(
-        ws.cas, con, "SELECT * FROM split_rows ORDER BY record_id", SPLIT_COLUMNS, SORT_LIMIT
+        ws.cas,
+        con,
+        f"SELECT {_STORED} FROM split_rows ORDER BY record_id",
+        SPLIT_COLUMNS,
+        SORT_LIMIT,
     )
-    load_row_tokens(ws, con, CanonicalIndex.read(ws, partition_key)[1], tokens)
-    report = split_report(con, clusters, policy)
+    if order is not None:  # token counts by clusters position: no records table read
+        load_position_tokens(ws, con, tokens, order)
+    else:
+        load_row_tokens(ws, con, canonical, tokens)
+    report = split_report(con, clusters, policy, by_position=order is not None)
     return _Built(
         dedup_ref, parent_refs, result, stored, head, report, heldout_pairs, stats, verified
     )
@@ -226,7 +243,7 @@ def _heldout(
     known = reuse(ws, dedup, scan.spec, (index, CODE, who))
     policy = ws.config.policy_digest("splits")
     prior, why = prior_search(ws, scan, (index, chunks, who), CODE, policy)
-    records = searched_records(clusters, "assigned")
+    records = searched_records(clusters, "assigned", numbered=True)
     pairs, stats, state = scan.searched(con, records, known, prior=prior)
     verified = {
         "heldout_verified": put_verified(ws, con),

@@ -56,10 +56,17 @@ from corpus_assets.core.storage.cas_queries import (
     put_query,
     registered,
     sql_list,
-    tightened,
+    sql_path,
 )
 from corpus_assets.core.storage.digests import json_digest
 from corpus_assets.core.storage.table_lookup import TrustedFiles
+from corpus_assets.core.training_view.splits.heldout_rows import (
+    BY_POSITION,
+    EMPTY_ROWS,
+    POSITIONS,
+    Members,
+    row_order,
+)
 from corpus_assets.core.training_view.splits.heldout_state import (
     STATE_COLUMNS,
     PriorSearch,
@@ -76,24 +83,6 @@ from corpus_assets.core.training_view.splits.heldout_tasks import (
 from corpus_assets.core.training_view.splits.schema import TRAIN
 from corpus_assets.core.training_view.view_queries import SORT_LIMIT
 
-PAIR_COLUMNS = pa.schema(
-    [
-        ("record_a", pa.string()),
-        ("split_a", pa.string()),
-        ("record_b", pa.string()),
-        ("split_b", pa.string()),
-        ("jaccard", pa.float64()),
-    ]
-)
-POSITIONS = """
-WITH pos AS (
-    SELECT r.record_id, r.object, r.line, f.start + r.file_row_number AS row
-    FROM read_parquet({paths}, filename = true, file_row_number = true) r
-    JOIN ho_files f USING (filename))
-SELECT p.row, m.record_id, m.split FROM ({members}) m
-JOIN pos p ON m.record_id = p.record_id AND m.object = p.object AND m.line = p.line
-ORDER BY p.row
-"""
 VERIFIED = """
 CREATE OR REPLACE TEMP TABLE ho_verified AS
 SELECT least(x, y) AS a, greatest(x, y) AS b, min(jaccard) AS jaccard
@@ -117,7 +106,6 @@ FROM (SELECT dx.text_digest AS x, dy.text_digest AS y, e.jaccard FROM ho_estimat
 WHERE x <> y GROUP BY ALL;
 DROP TABLE ho_row_digests
 """
-EMPTY_ROWS = np.empty(0, dtype=np.int64)
 UNSEARCHED, MEMBER, HELD = 0, 1, 2  # a row's part in the search (``status``)
 FULL, INCREMENTAL = "full", "incremental"
 Searched = tuple[LayerIndex | None, str, str]  # a splits index, the code it must have, a name
@@ -181,6 +169,7 @@ class HeldoutScan:
     params: HeldoutParams
     rule: ScriptThresholds
     files: VerifiedFiles  # how the canonical tables are read (verified, or trusted unchanged)
+    order: str | None = None  # the dedup decisions table's path (``row_order``)
 
     @classmethod
     def open(
@@ -215,7 +204,8 @@ class HeldoutScan:
         total = sum(c.count for c in chunks)
         taus = rule.by_rank(modes) if modes is not None else np.full(total, float(word))
         params = HeldoutParams(spec.num_perm, float(word))
-        return cls(ws, chunks, blocks, spec, taus, params, rule, files)
+        order = row_order(files, dedup, total)
+        return cls(ws, chunks, blocks, spec, taus, params, rule, files, order)
 
     def pairs(
         self,
@@ -271,7 +261,7 @@ class HeldoutScan:
         state = state_table(status, *found.verified) if keep else STATE_COLUMNS.empty_table()
         return table, stats, state
 
-    def _positions(self, con: duckdb.DuckDBPyConnection, members: str) -> "_Members":
+    def _positions(self, con: duckdb.DuckDBPyConnection, members: str) -> "Members":
         """The members' global canonical rows and whether each is held out; their record ids
         and splits stay in ``con`` (``ho_members``), and text digests in the chunk tables, until
         pairs ask for them. The rows come from one SQL join on (record id, object, line), which
@@ -279,9 +269,13 @@ class HeldoutScan:
         lookup, raised a 1.1 GB build's peak by ~250 MB; all members' ids and splits in Arrow,
         by ~100 MB more."""
         if not self.chunks:
-            return _Members(EMPTY_ROWS, np.empty(0, bool), None, RowDigests(self.ws, []))
-        paths = [self.files.path(c.records["digest"], c.what) for c in self.chunks]
-        return self._joined(con, members, paths, RowDigests(self.ws, self.chunks))
+            return Members(EMPTY_ROWS, np.empty(0, bool), None, RowDigests(self.ws, []))
+        digests = RowDigests(self.ws, self.chunks)
+        paths = [self.files.path(c.records["digest"], c.what) for c in self.chunks]  # checked
+        if self.order is not None and "pos" in con.sql(f"FROM ({members}) LIMIT 0").columns:
+            query = BY_POSITION.format(members=members, path=sql_path(self.order))
+            return self._created(con, query, digests)
+        return self._joined(con, members, paths, digests)
 
     def _joined(
         self,
@@ -289,20 +283,26 @@ class HeldoutScan:
         members: str,
         paths: list[str],
         digests: RowDigests,
-    ) -> "_Members":
+    ) -> "Members":
         """``_positions`` as one SQL join on (record id, object, line)."""
         starts = np.cumsum([0, *(c.count for c in self.chunks)])[:-1].tolist()
         con.register("ho_files", pa.table({"filename": paths, "start": starts}))
         try:
             query = POSITIONS.format(paths=sql_list(paths), members=members)
-            con.execute(f"CREATE OR REPLACE TEMP TABLE ho_members AS {query}")
+            return self._created(con, query, digests)
         finally:
             con.unregister("ho_files")
+
+    def _created(
+        self, con: duckdb.DuckDBPyConnection, query: str, digests: RowDigests
+    ) -> "Members":
+        """``ho_members`` from ``query`` (row, record_id, split), and its rows read back."""
+        con.execute(f"CREATE OR REPLACE TEMP TABLE ho_members AS {query}")
         found = con.sql(
             f"SELECT row, split <> '{TRAIN}' AS held FROM ho_members ORDER BY row"
         ).fetchnumpy()
         rows = np.asarray(found["row"], dtype=np.int64)
-        return _Members(rows, np.asarray(found["held"], dtype=bool), con, digests)
+        return Members(rows, np.asarray(found["held"], dtype=bool), con, digests)
 
     def _search(
         self,
@@ -340,68 +340,6 @@ def _signatures(
     return block
 
 
-@dataclass(frozen=True)
-class _Members:
-    """The searched members by global row; their ids and splits in ``con``'s ``ho_members``
-    (None without chunks), looked up only for the rows asked for."""
-
-    rows: np.ndarray  # ascending global rows
-    held: np.ndarray  # per ``rows[i]``: held out (not in train)
-    con: duckdb.DuckDBPyConnection | None
-    digests: RowDigests  # per global row, read when taken
-
-    def named(self, changed: pa.Array) -> np.ndarray:
-        """The ascending rows of the members whose record id is in ``changed``."""
-        if self.con is None:
-            return EMPTY_ROWS
-        ids = pa.table({"record_id": pa.array(changed, pa.string())})
-        with registered(self.con, "ho_changed", ids):
-            found = self.con.sql(
-                "SELECT row FROM ho_members WHERE record_id IN (SELECT record_id FROM ho_changed) "
-                "ORDER BY row"
-            ).fetchnumpy()
-        return np.asarray(found["row"], dtype=np.int64)
-
-    def pairs(self, found: HeldoutPairs) -> pa.Table:
-        """The found pairs as ``PAIR_COLUMNS`` rows, in the search's (a, b) order."""
-        k = len(found.a)
-        if self.con is None or not k:
-            return PAIR_COLUMNS.empty_table()
-        wanted = np.concatenate([found.a, found.b]).astype(np.int64)
-        wanted_rows = pa.table({"i": np.arange(2 * k), "row": wanted})
-        # one thread under the sort cap: at 1.1 GB the pairs name ~650k rows, and this join,
-        # window and sort on the connection's full cap was the gate's peak
-        with registered(self.con, "ho_wanted", wanted_rows), tightened(self.con, SORT_LIMIT):
-            got = self.con.sql(
-                "SELECT m.record_id, m.split FROM ho_wanted w JOIN (SELECT * FROM ho_members "
-                # one member per row: a forged members table may list a record twice (the
-                # record_ids_unique rule names it), which must not stop this rule
-                "QUALIFY row_number() OVER (PARTITION BY row ORDER BY record_id, split) = 1) m "
-                "USING (row) ORDER BY w.i"
-            ).to_arrow_table()
-        del wanted_rows
-        if got.num_rows != 2 * k:
-            raise ValueError(f"held-out pairs name {2 * k - got.num_rows} row(s) no member has")
-        ids = got["record_id"].combine_chunks()
-        got = got.drop_columns(["record_id"])  # each column held twice at most, not the table
-        splits = got["split"].combine_chunks()
-        del got
-        return pa.table(
-            {
-                "record_a": ids.slice(0, k),
-                "split_a": splits.slice(0, k),
-                "record_b": ids.slice(k),
-                "split_b": splits.slice(k),
-                "jaccard": pa.array(found.jaccard, pa.float64()),
-            },
-            schema=PAIR_COLUMNS,
-        )
-
-    def close(self) -> None:
-        if self.con is not None:
-            self.con.execute("DROP TABLE IF EXISTS ho_members")
-
-
 def _store_verified(
     con: duckdb.DuckDBPyConnection,
     digests: RowDigests,
@@ -430,14 +368,3 @@ def put_verified(ws: Workspace, con: duckdb.DuckDBPyConnection) -> Ref:
     sql = "SELECT a, b, jaccard FROM ho_verified ORDER BY a, b"
     ref, _ = put_query(ws.cas, con, sql, VERIFIED_COLUMNS, SORT_LIMIT)
     return ref
-
-
-def searched_records(clusters: str, splits: str) -> str:
-    """Every record of the dedup table but the excluded, with the split of the member standing
-    for it (itself, or a removed duplicate's representative): a removed copy's content is in
-    that split, as in the leakage graph. Records whose member is gone (quarantined) drop out."""
-    return (
-        f"SELECT k.record_id, k.object, k.line, k.leakage_id, s.split FROM {clusters} k "
-        f"JOIN {splits} s ON s.record_id = CASE WHEN k.is_representative THEN k.record_id "
-        "ELSE k.representative_id END WHERE k.verdict <> 'excluded'"
-    )

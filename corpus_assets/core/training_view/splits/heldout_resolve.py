@@ -10,7 +10,7 @@ import pyarrow.compute as pc
 from corpus_assets.core.training_view.leakage_graph import component_labels
 from corpus_assets.core.training_view.splits.assign import Assignment
 from corpus_assets.core.training_view.splits.conflicts import largest_side
-from corpus_assets.core.training_view.splits.heldout import searched_records
+from corpus_assets.core.training_view.splits.heldout_rows import searched_records
 from corpus_assets.core.training_view.splits.residual import with_moves
 from corpus_assets.core.training_view.splits.schema import HELDOUT, Move
 

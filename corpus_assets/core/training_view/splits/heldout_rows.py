@@ -1,0 +1,142 @@
+"""Where the held-out search's members are: their global canonical rows, ids and splits.
+
+The search works on global rows (``HeldoutScan``); the members' record ids and splits stay in
+DuckDB (``ho_members``) and are looked up only for the rows a pair names. The rows come from
+the dedup layer's decisions table (per global row, its clusters-table position: an integer
+join) or, without one, from a join on (record id, object, line) against every records table.
+"""
+
+from dataclasses import dataclass
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from corpus_assets.core.dedup.dedup_clusters import CODE as DEDUP_CODE
+from corpus_assets.core.dedup.heldout_search import HeldoutPairs
+from corpus_assets.core.runtime.layer_index import LayerIndex
+from corpus_assets.core.storage.cas import CasError
+from corpus_assets.core.storage.cas_queries import VerifiedFiles, registered, tightened
+from corpus_assets.core.training_view.splits.heldout_tasks import RowDigests
+from corpus_assets.core.training_view.view_queries import SORT_LIMIT
+
+PAIR_COLUMNS = pa.schema(
+    [
+        ("record_a", pa.string()),
+        ("split_a", pa.string()),
+        ("record_b", pa.string()),
+        ("split_b", pa.string()),
+        ("jaccard", pa.float64()),
+    ]
+)
+POSITIONS = """
+WITH pos AS (
+    SELECT r.record_id, r.object, r.line, f.start + r.file_row_number AS row
+    FROM read_parquet({paths}, filename = true, file_row_number = true) r
+    JOIN ho_files f USING (filename))
+SELECT p.row, m.record_id, m.split FROM ({members}) m
+JOIN pos p ON m.record_id = p.record_id AND m.object = p.object AND m.line = p.line
+ORDER BY p.row
+"""
+# The same rows by the dedup layer's decisions table (per global row, its clusters position):
+# one integer join instead of three string columns of every records table.
+BY_POSITION = """
+SELECT d.row, m.record_id, m.split FROM ({members}) m
+JOIN (SELECT file_row_number AS row, pos FROM read_parquet({path}, file_row_number = true)) d
+ON m.pos = d.pos
+ORDER BY d.row
+"""
+EMPTY_ROWS = np.empty(0, dtype=np.int64)
+
+
+def row_order(files: VerifiedFiles, dedup: LayerIndex, total: int) -> str | None:
+    """The path of the dedup layer's decisions table (per global canonical row, its position
+    ``pos`` in the clusters table) when the current dedup code stored one for these rows: the
+    members' rows are then an integer join on the clusters table's row number. None (join on
+    record id, object and line) otherwise."""
+    if dedup.code != DEDUP_CODE or "decisions" not in dedup.outputs:
+        return None
+    try:
+        path = files.path(dedup.output("decisions")["digest"], "dedup decisions")
+    except CasError:
+        return None
+    return path if pq.ParquetFile(path).metadata.num_rows == total else None
+
+
+@dataclass(frozen=True)
+class Members:
+    """The searched members by global row; their ids and splits in ``con``'s ``ho_members``
+    (None without chunks), looked up only for the rows asked for."""
+
+    rows: np.ndarray  # ascending global rows
+    held: np.ndarray  # per ``rows[i]``: held out (not in train)
+    con: duckdb.DuckDBPyConnection | None
+    digests: RowDigests  # per global row, read when taken
+
+    def named(self, changed: pa.Array) -> np.ndarray:
+        """The ascending rows of the members whose record id is in ``changed``."""
+        if self.con is None:
+            return EMPTY_ROWS
+        ids = pa.table({"record_id": pa.array(changed, pa.string())})
+        with registered(self.con, "ho_changed", ids):
+            found = self.con.sql(
+                "SELECT row FROM ho_members WHERE record_id IN (SELECT record_id FROM ho_changed) "
+                "ORDER BY row"
+            ).fetchnumpy()
+        return np.asarray(found["row"], dtype=np.int64)
+
+    def pairs(self, found: HeldoutPairs) -> pa.Table:
+        """The found pairs as ``PAIR_COLUMNS`` rows, in the search's (a, b) order."""
+        k = len(found.a)
+        if self.con is None or not k:
+            return PAIR_COLUMNS.empty_table()
+        wanted = np.concatenate([found.a, found.b]).astype(np.int64)
+        wanted_rows = pa.table({"i": np.arange(2 * k), "row": wanted})
+        # one thread under the sort cap: at 1.1 GB the pairs name ~650k rows, and this join,
+        # window and sort on the connection's full cap was the gate's peak
+        with registered(self.con, "ho_wanted", wanted_rows), tightened(self.con, SORT_LIMIT):
+            got = self.con.sql(
+                "SELECT m.record_id, m.split FROM ho_wanted w JOIN (SELECT * FROM ho_members "
+                # only the rows wanted are numbered (the window was over every member)
+                "WHERE row IN (SELECT row FROM ho_wanted) "
+                # one member per row: a forged members table may list a record twice (the
+                # record_ids_unique rule names it), which must not stop this rule
+                "QUALIFY row_number() OVER (PARTITION BY row ORDER BY record_id, split) = 1) m "
+                "USING (row) ORDER BY w.i"
+            ).to_arrow_table()
+        del wanted_rows
+        if got.num_rows != 2 * k:
+            raise ValueError(f"held-out pairs name {2 * k - got.num_rows} row(s) no member has")
+        ids = got["record_id"].combine_chunks()
+        got = got.drop_columns(["record_id"])  # each column held twice at most, not the table
+        splits = got["split"].combine_chunks()
+        del got
+        return pa.table(
+            {
+                "record_a": ids.slice(0, k),
+                "split_a": splits.slice(0, k),
+                "record_b": ids.slice(k),
+                "split_b": splits.slice(k),
+                "jaccard": pa.array(found.jaccard, pa.float64()),
+            },
+            schema=PAIR_COLUMNS,
+        )
+
+    def close(self) -> None:
+        if self.con is not None:
+            self.con.execute("DROP TABLE IF EXISTS ho_members")
+
+
+def searched_records(clusters: str, splits: str, numbered: bool = False) -> str:
+    """Every record of the dedup table but the excluded, with the split of the member standing
+    for it (itself, or a removed duplicate's representative): a removed copy's content is in
+    that split, as in the leakage graph. Records whose member is gone (quarantined) drop out.
+    With ``numbered`` (``clusters`` read with ``file_row_number``), also the row's table
+    position ``pos`` (the search then finds rows by the dedup decisions table)."""
+    pos = ", k.file_row_number AS pos" if numbered else ""
+    return (
+        f"SELECT k.record_id, k.object, k.line, k.leakage_id, s.split{pos} FROM {clusters} k "
+        f"JOIN {splits} s ON s.record_id = CASE WHEN k.is_representative THEN k.record_id "
+        "ELSE k.representative_id END WHERE k.verdict <> 'excluded'"
+    )
