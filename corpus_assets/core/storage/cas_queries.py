@@ -134,19 +134,16 @@ PART_ROWS_BITS = 40  # a part's rows below 2**40: ``ordered_parts`` numbers rows
 
 
 def ordered_parts(paths: list[str], numbered: bool = False) -> str:
-    """A relation over the Parquet ``paths`` read as one table, in order; with ``numbered``,
-    its ``file_row_number`` column is each row's place in that concatenation (part-major,
-    increasing, as for one file), not its place within its own file."""
+    """A relation over the Parquet ``paths`` read as one table, in order (one scan); with
+    ``numbered``, its ``file_row_number`` column is each row's place in that concatenation
+    (part-major, increasing, as for one file: the scan's ``file_index`` above its own row
+    number), not its place within its own file."""
     if not numbered:
         return f"SELECT * FROM read_parquet({sql_list(paths)})"
-    if len(paths) == 1:
-        return f"SELECT * FROM read_parquet({sql_list(paths)}, file_row_number = true)"
-    reads = " UNION ALL ".join(
-        f"SELECT * REPLACE (file_row_number + ({n}::BIGINT << {PART_ROWS_BITS}) "
-        f"AS file_row_number) FROM read_parquet({sql_path(p)}, file_row_number = true)"
-        for n, p in enumerate(paths)
+    return (
+        f"SELECT * REPLACE (file_row_number + (file_index::BIGINT << {PART_ROWS_BITS}) "
+        f"AS file_row_number) FROM read_parquet({sql_list(paths)}, file_row_number = true)"
     )
-    return f"SELECT * FROM ({reads})"
 
 
 def sql_path(path: str) -> str:
