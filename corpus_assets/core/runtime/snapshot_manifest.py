@@ -127,12 +127,9 @@ class ContaminationEntry(_Part):
 MEMBER_PARTS_SCHEMA = "corpus.members-parts.v1"
 
 
-class MemberPart(_Part):
-    """One canonical chunk's members, sorted by record id: the chunk's key, the digest of its
-    records table (what the part's rows are read from) and the part's Parquet file."""
+class _CountedTable(_Part):
+    """A table by ref (digest, media, size) and its row count."""
 
-    chunk: str
-    records: str
     digest: str
     media: str
     size: int
@@ -142,10 +139,18 @@ class MemberPart(_Part):
         return {"digest": self.digest, "media": self.media, "size": self.size}
 
 
+class MemberPart(_CountedTable):
+    """One canonical chunk's members, sorted by record id: the chunk's key, the digest of its
+    records table (what the part's rows are read from) and the part's Parquet file."""
+
+    chunk: str
+    records: str
+
+
 class MemberParts(_Part):
-    """The members table as parts, one per canonical chunk holding members, in the canonical
-    index's chunk order; ``code``: what wrote them (a child reuses a parent's part only if
-    the same code wrote it)."""
+    """The members table as parts, one per canonical chunk (empty for a chunk without
+    members), in the canonical index's chunk order; ``code``: what wrote them (a child reuses
+    a parent's part only if the same code wrote it)."""
 
     schema_: str = Field(alias="schema")
     code: str
@@ -153,19 +158,12 @@ class MemberParts(_Part):
     parts: list[MemberPart]
 
 
-class MembersEntry(_Part):
+class MembersEntry(_CountedTable):
     """The members table by ref, its ``cas://`` URI and its row count. The ref names a
     ``MemberParts`` document (JSON), or, in manifests written before parts, the
     one Parquet table itself."""
 
     uri: str
-    digest: str
-    media: str
-    size: int
-    count: int
-
-    def ref(self) -> Ref:
-        return {"digest": self.digest, "media": self.media, "size": self.size}
 
     def part_refs(self, cas: ContentStore) -> list[Ref]:
         """The Parquet tables that together hold the members, each read verified."""
