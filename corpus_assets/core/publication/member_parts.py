@@ -181,14 +181,15 @@ def reusable(
     try:
         con.execute(TOUCHED.format(**{k: sql_path(v) for k, v in paths.items()}))
         numbered = _numbered([chunks[n] for n in same], tmp, list(same))
-        touched = con.execute(
+        rows = con.execute(
             f"SELECT DISTINCT part FROM ({numbered}) SEMI JOIN touched USING (source_id, object)"
         ).fetchall()
+        touched = {part for (part,) in rows}
     except duckdb.OutOfMemoryException:
         return {}
     finally:
         con.execute("DROP TABLE IF EXISTS touched")
-    return {n: part for n, part in same.items() if (n,) not in set(touched)}
+    return {n: part for n, part in same.items() if n not in touched}
 
 
 def _join(

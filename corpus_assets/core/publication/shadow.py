@@ -27,7 +27,7 @@ from corpus_assets.core.runtime.code_identity import stage_code
 from corpus_assets.core.runtime.snapshot_manifest import Manifest, MembersEntry
 from corpus_assets.core.storage.artifacts import Ref
 from corpus_assets.core.storage.cas import ContentStore
-from corpus_assets.core.storage.cas_queries import VerifiedFiles, ordered_parts, sql_list
+from corpus_assets.core.storage.cas_queries import VerifiedFiles, ordered_parts
 from corpus_assets.core.storage.catalog import Catalog
 from corpus_assets.core.storage.digests import json_digest
 from corpus_assets.core.storage.trust import StatTrust
@@ -165,12 +165,10 @@ def _changed_ids(
     if not shared or not changed:
         return ""
     paths = files.paths(list(dict.fromkeys(changed)), "members table")
-    con.execute(f"CREATE TEMP TABLE changed AS SELECT DISTINCT record_id {_from(paths)}")
+    con.execute(
+        f"CREATE TEMP TABLE changed AS SELECT DISTINCT record_id FROM ({ordered_parts(paths)})"
+    )
     return "WHERE record_id IN (SELECT record_id FROM changed)"
-
-
-def _from(paths: list[str]) -> str:
-    return f"FROM read_parquet({sql_list(paths)})"
 
 
 def remembered_changes(
