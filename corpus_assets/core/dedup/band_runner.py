@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from corpus_assets.core.dedup.band_index import IndexWriter
 from corpus_assets.core.dedup.band_tasks import (
     MapJob,
     ReduceDone,
@@ -30,6 +31,7 @@ from corpus_assets.core.dedup.band_tasks import (
     VerifyJob,
     band_map,
     band_reduce,
+    index_path,
     pair_verify,
 )
 from corpus_assets.core.dedup.minhash import SignatureSpec
@@ -82,9 +84,14 @@ class BandRunner:
         return task_runner(self.ws.config.execution).wants(partitions(n))
 
     def run_class(
-        self, order: np.ndarray, params: LshParams, thresholds: np.ndarray | None
+        self,
+        order: np.ndarray,
+        params: LshParams,
+        thresholds: np.ndarray | None,
+        index: IndexWriter | None = None,
     ) -> NearResult:
-        """The class's :class:`NearResult`, as :func:`.near_dedup.near_dedup` gives it."""
+        """The class's :class:`NearResult`, as :func:`.near_dedup.near_dedup` gives it;
+        ``index``, if given, receives the class's bands in bucket order (the band index)."""
         n = len(order)
         count = partitions(n)
         base = self.ws.home / "tmp"
@@ -95,10 +102,14 @@ class BandRunner:
             maps = self._map_jobs(scratch, order, params, count)
             pooled(self.ws, band_map, maps)
             reduces = [
-                ReduceJob(scratch, p, len(maps), count, n, params.bands, params.bucket_heads)
+                ReduceJob(
+                    scratch, p, len(maps), count, n, params.bands, params.bucket_heads, bool(index)
+                )
                 for p in range(count)
             ]
             bands = pooled(self.ws, band_reduce, reduces)
+            if index is not None:
+                _write_index(index, scratch, count, order)
             verified = pooled(
                 self.ws, pair_verify, [self._verify_job(scratch, q, count, n) for q in range(count)]
             )
@@ -161,6 +172,22 @@ class BandRunner:
         self.work["pair_verify_elsewhere"] += sum(d.pid != here for d in verified)
         self.work["band_pairs_verified"] += sum(d.pairs for d in verified)
         self.work["pairs_reused"] += reused
+
+
+def _write_index(index: IndexWriter, scratch: str, count: int, order: np.ndarray) -> None:
+    """Each band's rows of every reduce partition, merged into bucket order (keys are sorted
+    in each partition and a bucket lies in one: a stable sort by key merges them)."""
+    parts = [np.load(index_path(scratch, p), mmap_mode="r") for p in range(count)]
+    bounds = [
+        np.searchsorted(part["band"], np.arange(index.bands + 1, dtype=np.uint32)) for part in parts
+    ]
+    for band in range(index.bands):
+        rows = np.concatenate(
+            [part[int(b[band]) : int(b[band + 1])] for part, b in zip(parts, bounds, strict=True)]
+        )
+        by_key = np.argsort(rows["key"], kind="stable")
+        index.add(rows["key"][by_key], order[rows["rank"][by_key]])
+    index.close()
 
 
 def _band_stats(done: list[ReduceDone], bands: int) -> list[BandStats]:

@@ -70,6 +70,7 @@ class ReduceJob:
     n: int
     bands: int
     heads: int
+    index: bool = False  # keep the partition's sorted rows for the band index
 
 
 @dataclass(frozen=True)
@@ -154,9 +155,16 @@ def _partition_rows(job: ReduceJob) -> np.ndarray:
     return rows[np.lexsort((rows["rank"], rows["key"], rows["band"]))]
 
 
+def index_path(scratch: str, partition: int) -> Path:
+    """A reduce task's rows sorted by (band, key, rank): its share of the band index."""
+    return Path(scratch) / f"index-{partition:05d}.npy"
+
+
 def _pairs(job: ReduceJob) -> tuple[np.ndarray, list[BandStats]]:
     """The partition's unique packed pairs and each band's figures over its buckets."""
     rows = _partition_rows(job)
+    if job.index:
+        np.save(index_path(job.scratch, job.partition), rows)
     bounds = np.searchsorted(rows["band"], np.arange(job.bands + 1, dtype=np.uint32))
     found, stats = [], []
     for band in range(job.bands):

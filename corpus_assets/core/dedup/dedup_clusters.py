@@ -7,6 +7,7 @@ MinHash signatures per canonical chunk, the near-dedup stage, then the verdicts 
 are listed with its outputs, so ``verify`` covers them.
 """
 
+import shutil
 import tempfile
 from collections import Counter
 from pathlib import Path
@@ -15,6 +16,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from corpus_assets.core.dedup.band_index import Banding
 from corpus_assets.core.dedup.band_runner import BandInputs, BandRunner, distributed
 from corpus_assets.core.dedup.cluster_tasks import cluster_batches_on_runner, decisions_by_position
 from corpus_assets.core.dedup.clusters import (
@@ -34,6 +36,7 @@ from corpus_assets.core.dedup.clusters import (
 from corpus_assets.core.dedup.edges import edge_rows, edge_table
 from corpus_assets.core.dedup.fingerprint_store import TextLookup
 from corpus_assets.core.dedup.minhash import SignatureSpec
+from corpus_assets.core.dedup.near_dedup import LshParams
 from corpus_assets.core.dedup.near_stage import NearStage
 from corpus_assets.core.dedup.pair_cache import (
     FULL,
@@ -45,7 +48,14 @@ from corpus_assets.core.dedup.pair_cache import (
 )
 from corpus_assets.core.dedup.partition_db import PartitionDb, chunk_lengths
 from corpus_assets.core.dedup.report import DedupReport
-from corpus_assets.core.dedup.reuse import Reuse, RowDecisions, merged, plan, put_decisions
+from corpus_assets.core.dedup.reuse import (
+    Reuse,
+    RowDecisions,
+    merged,
+    plan,
+    put_decisions,
+    row_maps,
+)
 from corpus_assets.core.dedup.signature_blocks import opened_signatures
 from corpus_assets.core.dedup.signature_cache import (
     ChunkSignatures,
@@ -61,6 +71,7 @@ from corpus_assets.core.runtime.workspace import Workspace
 from corpus_assets.core.storage.artifacts import NPY, make_ref, put_json, put_table
 from corpus_assets.core.storage.memory import release_memory
 from corpus_assets.core.storage.parquet_sink import put_table_batches
+from corpus_assets.core.storage.table_lookup import TrustedFiles
 
 CODE = stage_code("dedup_clusters.v3", __name__)  # this module's closure, hashed at import
 
@@ -77,8 +88,9 @@ def build_dedup_clusters(ws: Workspace, partition_key: str) -> LayerResult:
         with PartitionDb.from_chunks(ws, chunks, lengths) as db:
             del lengths
             revoked = _revoked(ws, db, spec.tombstone_watermark)
-            near, signature_refs, run_stats = _near_stage(ws, chunks, db, mode)
+            near, signature_refs, run_stats = _near_stage(ws, chunks, db, mode, Path(tmp))
             decided = decide(db, order, revoked, near)
+            bands = _put_bands(ws, near.banding) if near and near.banding else []
             pairs = store_pairs(ws, db, *near.verified_arrays()) if near else None
             run_stats |= _near_work(near, mode, chunks)
             del near
@@ -118,6 +130,7 @@ def build_dedup_clusters(ws: Workspace, partition_key: str) -> LayerResult:
         "lengths": length_refs,
         "decisions": decision_ref,
         **({"pairs": pairs} if pairs is not None else {}),
+        **({"bands": bands} if bands else {}),
     }
     inputs = [canonical_ref]
     ref = publish_index(ws, partition_key, "dedup_clusters", CODE, policy, inputs, out, counts)
@@ -201,11 +214,12 @@ def _revoked(ws: Workspace, db: PartitionDb, watermark: int) -> dict[int, str]:
 
 
 def _near_stage(
-    ws: Workspace, chunks: list[ChunkRecords], db: PartitionDb, mode: Mode
+    ws: Workspace, chunks: list[ChunkRecords], db: PartitionDb, mode: Mode, tmp: Path
 ) -> tuple[NearStage | None, list[dict[str, Any]], dict[str, int]]:
     """The near-dedup stage over cached signatures (None when switched off), the signature
     refs this layer lists, and how many records were hashed or reused in this run. When
-    ``mode`` is incremental the stage first looks pairs up in the parent's verified pairs."""
+    ``mode`` is incremental the stage first looks pairs up in the parent's verified pairs and
+    bands the classes its parent's band index holds from that index."""
     policy = ws.config.policies.dedup.near
     if not policy.enabled:
         return None, [], {}
@@ -220,7 +234,10 @@ def _near_stage(
     band = None
     if on_runner:  # banding and verification on the workers
         band = BandRunner(ws, _band_inputs(chunks, cached, sig_spec, mode))
-    near = NearStage(policy, arrays, texts, content, ws.home / "tmp", modes, pairs, fresh, band)
+    banding = _banding(ws, chunks, cached, arrays, mode)
+    near = NearStage(
+        policy, arrays, texts, content, ws.home / "tmp", modes, pairs, fresh, band, banding
+    )
     refs = [
         {"chunk": c.chunk, "signatures": make_ref(c.digest, NPY, ws.cas.size(c.digest))}
         for c in cached
@@ -230,6 +247,41 @@ def _near_stage(
         "signatures_reused": sum(c.records for c in cached if not c.hashed),
     }
     return near, refs, run_stats
+
+
+def _banding(
+    ws: Workspace,
+    chunks: list[ChunkRecords],
+    cached: list[ChunkSignatures],
+    arrays: list[Any],
+    mode: Mode,
+) -> Banding:
+    """The band index's source and sink: the parent's index (verified) mapped onto this
+    partition's rows when incremental, files in the store's temp folder for this run's."""
+    starts = np.cumsum([0, *(c.records for c in cached)], dtype=np.int64)
+    params = LshParams.of(ws.config.policies.dedup.near)
+    folder = ws.cas.root / "tmp"
+    folder.mkdir(parents=True, exist_ok=True)
+    folder = Path(tempfile.mkdtemp(dir=folder, prefix=".bands-"))
+    if mode.mode != INCREMENTAL or not mode.bands:
+        return Banding(arrays, starts, params, folder)
+    files = TrustedFiles(ws.cas, ws.catalog)
+    parent = {
+        name: Path(files.path(ref["digest"], f"parent band index ({name})"))
+        for name, ref in mode.bands.items()
+    }
+    _, parent_to_child = row_maps(mode.chunks, [(c.records["digest"], c.count) for c in chunks])
+    return Banding(arrays, starts, params, folder, parent, parent_to_child)
+
+
+def _put_bands(ws: Workspace, banding: Banding) -> list[dict[str, Any]]:
+    """This run's band index in the store, one file per class, sorted by class name."""
+    out = []
+    for name, path in sorted(banding.written.items()):
+        digest, size = ws.cas.adopt_file(path)
+        out.append({"class": name, "index": make_ref(digest, NPY, size)})
+    shutil.rmtree(banding.folder, ignore_errors=True)
+    return out
 
 
 def _band_inputs(
@@ -260,6 +312,8 @@ def _near_work(near: NearStage | None, mode: Mode, chunks: list[ChunkRecords]) -
     band = near.band_work()
     reused = band.pop("pairs_reused", 0)
     work = {**near.work, **band, "near_incremental": int(mode.mode == INCREMENTAL)}
+    if near.banding is not None:
+        work |= near.banding.work
     if near.pairs is not None:
         work["pairs_reused"] = near.pairs.found + reused
         work["lengths_reused"] = sum(c.records["digest"] in mode.lengths for c in chunks)

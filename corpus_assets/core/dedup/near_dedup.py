@@ -25,7 +25,7 @@ or dropped, the direct match that justified a drop and its Jaccard, and the veri
   known (it can add neither a match nor a new link).
 """
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import Protocol
@@ -66,6 +66,10 @@ class LshParams:
     rows: int = DEFAULT.rows
     threshold: float = float(DEFAULT.threshold)
     bucket_heads: int = DEFAULT.bucket_heads
+
+    @classmethod
+    def of(cls, policy: NearDedupPolicy) -> "LshParams":
+        return cls(policy.bands, policy.rows, float(policy.threshold), policy.bucket_heads)
 
 
 @dataclass
@@ -127,17 +131,12 @@ def _unique(values: np.ndarray) -> np.ndarray:
     return values[np.r_[True, values[1:] != values[:-1]]] if len(values) else values
 
 
-def _band_pairs(keys_by_rank: np.ndarray, heads: int, band: int) -> tuple[np.ndarray, BandStats]:
-    """(x, y) rank pairs, y < x, packed as ``x * n + y``, of one band's buckets (star + cap)."""
-    by_key = np.argsort(keys_by_rank, kind="stable")  # ties keep rank order
-    return star_pairs(keys_by_rank[by_key], by_key, len(keys_by_rank), heads, band)
-
-
 def star_pairs(
     sorted_keys: np.ndarray, by_key: np.ndarray, n: int, heads: int, band: int
 ) -> tuple[np.ndarray, BandStats]:
-    """:func:`_band_pairs` of records already sorted by (key, rank): ``by_key`` their ranks,
-    ``n`` the class size (for packing). Any subset of whole buckets gives those buckets' pairs
+    """(x, y) rank pairs, y < x, packed as ``x * n + y``, of one band's buckets (star + cap),
+    from records sorted by (key, rank) (:func:`sorted_band`): ``by_key`` their ranks, ``n`` the
+    class size (for packing). Any subset of whole buckets gives those buckets' pairs
     and figures, so a band-key partition (:mod:`.band_tasks`) needs no other records."""
     starts = np.flatnonzero(np.r_[True, sorted_keys[1:] != sorted_keys[:-1]])
     sizes = np.diff(np.r_[starts, len(sorted_keys)])
@@ -169,24 +168,49 @@ def star_pairs(
     return x * n + y, stats
 
 
-def candidate_pairs(
+def sorted_bands(
     signature_chunks: Sequence[SignatureBlock], order: np.ndarray, params: LshParams
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """Each band's keys of the records at the ranks of ``order`` in bucket order (sorted, ties
+    in rank order), with the ranks in that order. One band is in memory at a time."""
+    for band in range(params.bands):
+        yield sorted_band(band_keys_of(signature_chunks, band, params.rows)[order])
+
+
+def band_keys_of(signature_chunks: Sequence[SignatureBlock], band: int, rows: int) -> np.ndarray:
+    """One band's key of every record of ``signature_chunks`` (their concatenation)."""
+    return np.concatenate(
+        [band_keys(chunk.band(band, rows), band) for chunk in signature_chunks]
+        or [np.empty(0, dtype=np.uint64)]
+    )
+
+
+def sorted_band(keys_by_rank: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Keys in bucket order and the ranks in that order (a stable sort: ties keep rank order)."""
+    by_key = np.argsort(keys_by_rank, kind="stable")
+    return keys_by_rank[by_key], by_key
+
+
+def candidate_pairs(
+    signature_chunks: Sequence[SignatureBlock],
+    order: np.ndarray,
+    params: LshParams,
+    bands: Iterable[tuple[np.ndarray, np.ndarray]] | None = None,
 ) -> tuple[np.ndarray, list[BandStats]]:
     """Unique packed (x, y) rank pairs over all bands, sorted by x then y.
 
     ``signature_chunks`` are blocks whose concatenation indexes records; ``order`` lists the
-    participating record indices in total order. One band is in memory at a time.
+    participating record indices in total order. ``bands``, if given, yields each band in
+    bucket order instead (:func:`sorted_bands`' output, e.g. from a parent's band index).
     """
     pending: list[np.ndarray] = []
     pending_rows = compacted = 0
     stats = []
-    for band in range(params.bands):
-        keys = np.concatenate(
-            [band_keys(chunk.band(band, params.rows), band) for chunk in signature_chunks]
-            or [np.empty(0, dtype=np.uint64)]
-        )
-        band_pairs, band_stats = _band_pairs(keys[order], params.bucket_heads, band)
-        del keys
+    n = len(order)
+    for band, (sorted_keys, by_key) in enumerate(
+        bands if bands is not None else sorted_bands(signature_chunks, order, params)
+    ):
+        band_pairs, band_stats = star_pairs(sorted_keys, by_key, n, params.bucket_heads, band)
         stats.append(band_stats)
         pending.append(band_pairs)
         pending_rows += len(band_pairs)
@@ -298,6 +322,7 @@ def near_dedup(
     thresholds: np.ndarray | None = None,
     known: Callable[[np.ndarray], np.ndarray] | None = None,
     fresh: np.ndarray | None = None,
+    bands: Iterable[tuple[np.ndarray, np.ndarray]] | None = None,
 ) -> NearResult:
     """The deletion scan over LSH candidates; see the module docstring.
 
@@ -313,9 +338,10 @@ def near_dedup(
     ``prefetch``), any other record is fetched alone if the scan verifies one of its pairs
     (most such pairs the earlier scan skipped too, and this one skips again).
     The scan, and so every verdict, edge and count, is the same with or without ``known``.
+    ``bands``, if given, are the class's bands in bucket order (:func:`candidate_pairs`).
     """
     n = len(order)
-    pairs, band_stats = candidate_pairs(signature_chunks, order, params)
+    pairs, band_stats = candidate_pairs(signature_chunks, order, params, bands)
     result = _unscanned(n, band_stats, len(pairs))
     if not len(pairs):
         return result

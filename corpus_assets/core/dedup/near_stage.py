@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from corpus_assets.core.dedup.band_index import Banding
 from corpus_assets.core.dedup.band_runner import BandRunner
 from corpus_assets.core.dedup.fingerprint_store import SpilledFingerprints, TextLookup
 from corpus_assets.core.dedup.jaccard import jaccard_sorted
@@ -58,11 +59,14 @@ class NearStage:
         pairs: PairLookup | None = None,
         fresh: np.ndarray | None = None,
         band_runner: BandRunner | None = None,
+        banding: Banding | None = None,
     ) -> None:
         """``modes``: each record's char-mode flag (bool, by row), for a v3 spec; ``pairs``:
         a parent's verified pairs, looked up before any pair is verified; ``fresh``: with
         them, whether each row is new since the parent (only its pairs are prefetched);
-        ``band_runner``: banding and verification on the task runner's workers instead."""
+        ``band_runner``: banding and verification on the task runner's workers instead;
+        ``banding``: where bands come from and go (the band index: a class its parent's index
+        holds is banded here from it, whatever the runner)."""
         self.policy = policy
         self.spec = signature_spec(policy)
         if stores_modes(self.spec) and modes is None:
@@ -75,12 +79,11 @@ class NearStage:
         self.texts = texts
         self.content_of = content_of
         self.tmp = tmp
-        self.params = LshParams(
-            policy.bands, policy.rows, float(policy.threshold), policy.bucket_heads
-        )
+        self.params = LshParams.of(policy)
         self.pairs = pairs
         self.fresh = fresh
         self.band_runner = band_runner
+        self.banding = banding
         self._edges: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
         self._matches: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
         self._verified: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
@@ -101,7 +104,7 @@ class NearStage:
     def run(self, records: RecordCodes, eligible: np.ndarray) -> NearReport:
         classes, buckets, scripts = {}, [], []
         for name, order in self._classes(records, eligible).items():
-            result = self._run_class(order)
+            result = self._run_class(name, order)
             classes[name] = _class_report(result, len(order))
             buckets += [BucketStats(class_name=name, **asdict(b)) for b in result.bands]
             scripts += self._script_rows(name, result, order)
@@ -141,13 +144,18 @@ class NearStage:
         """What the task runner's band tasks did (nothing when the classes ran here)."""
         return dict(self.band_runner.work) if self.band_runner is not None else {}
 
-    def _run_class(self, order: np.ndarray) -> NearResult:
+    def _run_class(self, name: str, order: np.ndarray) -> NearResult:
         taus = None  # one threshold for the class: the scan's plain (faster) comparison
         t = self.thresholds
         if self.modes is not None and t.char != t.word and self.modes[order].any():
             taus = t.by_rank(self.modes[order])
-        if self.band_runner is not None and self.band_runner.wants(len(order)):
-            return self.band_runner.run_class(order, self.params, taus)
+        banding = self.banding
+        from_parent = banding is not None and banding.incremental(name)
+        runner = self.band_runner
+        if not from_parent and runner is not None and runner.wants(len(order)):
+            index = banding.runner_index(name, len(order)) if banding is not None else None
+            return runner.run_class(order, self.params, taus, index)
+        bands = banding.bands(name, order) if banding is not None else None
         prints = SpilledFingerprints(self.texts, self.spec, order, self.tmp)
         known = None if self.pairs is None else partial(self.pairs.known, order)
         fresh = None if known is None or self.fresh is None else self.fresh[order]
@@ -162,6 +170,7 @@ class NearStage:
                 taus,
                 known,
                 fresh,
+                bands,
             )
         finally:
             prints.close()

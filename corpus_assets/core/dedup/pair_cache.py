@@ -43,6 +43,7 @@ class Mode:
     clusters: Ref | None = None
     decisions: Ref | None = None
     pairs: Ref | None = None  # the parent's pairs table (what ``pairs_sql`` reads)
+    bands: dict[str, Ref] = field(default_factory=dict)  # class -> the parent's band index
 
 
 def parent_mode(ws: Workspace, parents: list[str], code: str, policy: str | None) -> Mode:
@@ -78,6 +79,7 @@ def parent_mode(ws: Workspace, parents: list[str], code: str, policy: str | None
         index.output("clusters"),
         index.outputs.get("decisions"),
         index.output("pairs"),
+        {entry["class"]: entry["index"] for entry in index.outputs.get("bands", [])},
     )
 
 

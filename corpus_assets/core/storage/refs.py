@@ -38,6 +38,7 @@ _LAYER_OUTPUTS: dict[str, tuple[tuple[str, str], ...]] = {
         ("pairs", LEAF),  # verified pairs: text digests and Jaccard, reused by a child
         ("lengths[].lengths", LEAF),  # per chunk: its texts' lengths, reused by a child
         ("decisions", LEAF),  # per row: verdict, rows it names, position; reused by a child
+        ("bands[].index", LEAF),  # per class: every band's records in bucket order
     ),
     "splits": (
         ("splits", LEAF),

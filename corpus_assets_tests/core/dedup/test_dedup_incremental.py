@@ -76,7 +76,8 @@ def _dedup(ws: Workspace, key: str) -> LayerResult:
 
 def _outputs(ws: Workspace, key: str) -> dict[str, str]:
     _, index = read_layer_index(ws, key, "dedup_clusters")
-    return {k: index.output(k)["digest"] for k in ("clusters", "edges", "report", "pairs")}
+    out = {k: index.output(k)["digest"] for k in ("clusters", "edges", "report", "pairs")}
+    return out | {f"bands {b['class']}": b["index"]["digest"] for b in index.output("bands")}
 
 
 def _open(home: Path, monkeypatch: pytest.MonkeyPatch, workers: int = 1) -> Workspace:
@@ -111,6 +112,10 @@ def test_child_dedup_is_incremental_and_equals_a_fresh_build(
     # every chunk but the removed and changed objects': their texts are not read for lengths
     assert stats["lengths_reused"] == first["canonical_records"].counts["chunks"] - 2
     assert stats["pairs_computed"] < stats["pairs_verified"]
+    # banded from the parent's band index: keys computed for the class records it lacks only
+    assert stats["band_classes_incremental"] >= 1
+    full_keys = first["dedup_clusters"].run_stats["band_keys_computed"]
+    assert 0 < stats["band_keys_computed"] < full_keys / 2
     # rows whose decisions did not change come from the parent's clusters table, not a join
     assert child.details["clusters_mode"]["mode"] == "incremental", child.details
     assert 0 < stats["clusters_joined"] < stats["clusters_copied"]
@@ -124,7 +129,8 @@ def test_child_dedup_is_incremental_and_equals_a_fresh_build(
     scratch = _dedup(fresh, "p2")
     assert scratch.run_stats["near_incremental"] == 0
     assert "clusters_copied" not in scratch.run_stats
-    assert _outputs(fresh, "p2") == chain  # same verdicts, clusters, edges, report and pairs
+    assert scratch.run_stats["band_classes_incremental"] == 0
+    assert _outputs(fresh, "p2") == chain  # same verdicts, clusters, edges, report, pairs, bands
     table = get_table(
         fresh.cas, read_layer_index(fresh, "p2", "dedup_clusters")[1].output("clusters"), "c"
     )
