@@ -2,10 +2,10 @@
 
 Dedup decides on integers (row numbers, codes of strings, lengths); only its output needs the
 strings again. DuckDB reads the canonical chunk files straight from the CAS (each verified
-first), numbers their rows in index order (``row``), codes the string columns from streamed
-external sorts, sorts the total order, and joins the decisions back to the strings for the
-output tables, spilling under ``temp_directory`` when its ``memory_limit`` is reached. Python
-keeps a few integers per record.
+first, unless unchanged on disk since it last hashed right), numbers their rows in index order
+(``row``), codes the string columns from streamed external sorts, sorts the total order, and
+joins the decisions back to the strings for the output tables, spilling under
+``temp_directory`` when its ``memory_limit`` is reached. Python keeps a few integers per record.
 
 Orderings match the Arrow ones they replace: strings compare as bytes (UTF-8, no collation),
 nulls sort last, and ``row`` breaks every remaining tie the way a stable sort would.
@@ -27,6 +27,7 @@ from corpus_assets.core.runtime.workspace import Workspace, pooled
 from corpus_assets.core.storage.artifacts import BINARY, make_ref, put_bytes
 from corpus_assets.core.storage.cas_queries import Spilling, sql_list
 from corpus_assets.core.storage.memory import release_memory
+from corpus_assets.core.storage.trust import StatTrust
 
 _CARRIED_SQL = "record_id, source_id, object, line, group_id, dedup_key, kind"
 MEMORY_LIMIT = "160MB"  # DuckDB's buffer pool; it spills to disk beyond this
@@ -107,9 +108,10 @@ class PartitionDb:
         if not chunks:
             self._from_arrow(RECORD_COLUMNS.empty_table())
             return
+        # re-hashed unless unchanged on disk since they last hashed right (a child's old chunks)
+        StatTrust(ws.cas, ws.catalog).verify_all({c.records["digest"]: c.what for c in chunks})
         paths, starts, lengths, start = [], [], [], 0
         for n, chunk in enumerate(chunks):
-            ws.cas.verify(chunk.records["digest"], chunk.what)
             path = ws.cas.path(chunk.records["digest"])
             paths.append(str(path))
             starts.append(start)

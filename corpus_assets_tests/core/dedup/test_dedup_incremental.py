@@ -27,6 +27,7 @@ from corpus_assets.core.records.index import CanonicalIndex
 from corpus_assets.core.runtime.layer_index import LayerResult, read_layer_index
 from corpus_assets.core.runtime.workspace import Workspace, open_workspace
 from corpus_assets.core.storage.artifacts import get_table
+from corpus_assets.core.storage.cas import CasError
 
 ESSAYS = Path("demo-sources") / "essays"
 _OTHER_POLICY = "policies:\n  dedup: {near: {bucket_heads: 31}}\n"
@@ -295,4 +296,28 @@ def test_child_joins_every_row_when_the_parents_decisions_are_gone(
     assert "clusters_copied" not in joined.run_stats
     assert "gone" in joined.details["clusters_mode"]["reason"]
     assert _outputs(ws, "p2") == chain
+    ws.close()
+
+
+def test_a_childs_old_chunk_changed_on_disk_is_named(
+    demo_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A child reads an old chunk's lengths from its parent, so only the records join verifies
+    that chunk: trusted while its file is unchanged since it last hashed right, hashed again
+    (and named) once bytes changed in place."""
+    _, new = _sources(demo_home)
+    ws = _open(demo_home, monkeypatch)
+    sid = build_all(ws, "p1")["manifest"].digests["snapshotId"]
+    approve(ws, sid, by="reviewer")
+    activate(ws, sid, actor="test")
+    _write(demo_home, "long-00002.jsonl", new)
+    assert _dedup(ws, "p2").run_stats["lengths_reused"] > 0
+    _, canonical = CanonicalIndex.read(ws, "p1")
+    chunk = canonical.chunks()[0]
+    path = ws.cas.path(chunk.records["digest"])
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01  # same size, new bytes
+    path.write_bytes(bytes(data))
+    with pytest.raises(CasError, match=chunk.records["digest"]):
+        DIRECT_BUILDERS["dedup_clusters"](ws, "p2")
     ws.close()
