@@ -8,7 +8,9 @@ The member changes are a join of the two members tables restricted to the record
 parts they do not share (whole, they cost ~0.8 CPU-s at 1.1 GB), and a function of the two
 tables alone, so a build (its manifest, then the candidate's review observation) and
 every later build against the same active snapshot take them from a memo keyed by both tables'
-digests and this code (``remembered``); ``corpus-assets diff`` and approval join again.
+digests and this code (``remembered``), and each table's profile from a memo keyed by its
+digest (a build's candidate is profiled once; as the active snapshot of the next build it is
+not read again); ``corpus-assets diff`` and approval join and read again.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ if TYPE_CHECKING:
 
 CODE = stage_code("shadow.member-changes.v1", __name__)  # its closure, hashed at import
 MEMO = "shadow.member_changes"  # the memo rows' layer name
+PROFILE_MEMO = "shadow.profile"  # a members table's profile, by its digest
 QUANTILES = (0.1, 0.5, 0.9, 0.99)
 EXAMPLES = 5
 SPLIT_OF = """CREATE VIEW {name} AS SELECT record_id, arg_max_null(split, file_row_number) AS split
@@ -103,11 +106,12 @@ def shadow_diff(
         tables = [m.members for m in (manifest, old_manifest) if m is not None]
         parts = [ref["digest"] for entry in tables for ref in entry.part_refs(cas)]
         files.verified |= trust.unchanged(parts)
-    new = _members(files, manifest)
+    profile = remembered_profile if remembered else _read_profile
     diff: dict[str, Any] = {"candidate": candidate.snapshot_id, "active": active_id}
-    diff["candidate_profile"] = _profile(new)
+    diff["candidate_profile"] = profile(catalog, files, manifest)
     if old_manifest is None:
-        diff.update(added=new.num_rows, removed=0, split_migrations=0, examples={})
+        added = diff["candidate_profile"]["members"]
+        diff.update(added=added, removed=0, split_migrations=0, examples={})
         return diff
     if old_manifest.members.digest == manifest.members.digest:  # a re-build
         diff.update(added=0, removed=0, split_migrations=0)
@@ -121,8 +125,27 @@ def shadow_diff(
         else member_changes(cas, old.part_refs(cas), new_entry.part_refs(cas), files)
     )
     diff.update(changes)
-    diff["active_profile"] = _profile(_members(files, old_manifest))
+    diff["active_profile"] = profile(catalog, files, old_manifest)
     return diff
+
+
+def _read_profile(_catalog: Catalog, files: VerifiedFiles, manifest: Manifest) -> dict[str, Any]:
+    return _profile(_members(files, manifest))
+
+
+def remembered_profile(
+    catalog: Catalog, files: VerifiedFiles, manifest: Manifest
+) -> dict[str, Any]:
+    """A members table's profile from the memo when this code profiled the same table before
+    (a build's candidate is the next build's active snapshot), else read and remembered."""
+    table = manifest.members.digest
+    key = json_digest({"table": PROFILE_MEMO, "code": CODE, "members": table})
+    hit = catalog.memo(key)
+    if hit is not None:
+        return dict(json.loads(hit[1]))
+    profile = _read_profile(catalog, files, manifest)
+    catalog.remember(key, PROFILE_MEMO, table, json.dumps(profile))
+    return profile
 
 
 def member_changes(

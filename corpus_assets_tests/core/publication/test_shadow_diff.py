@@ -52,3 +52,30 @@ def test_a_builds_member_changes_are_joined_once_and_remembered(
         assert joined == ["join", "join"]
     assert again == fresh == built.details["shadow_diff"]
     assert fresh["added"] == 1 and fresh["removed"] == 0
+
+
+def test_a_members_tables_profile_is_read_once_then_remembered(
+    demo_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A build profiles its candidate's members; as the active snapshot of the next build
+    that table is not read again, and an unchanged re-build reads no members table at all.
+    The remembered diff is the one read afresh."""
+    read: list[str] = []
+    real = shadow._members
+    monkeypatch.setattr(
+        shadow, "_members", lambda files, m: read.append(m.members.digest) or real(files, m)
+    )
+    with open_workspace() as ws:
+        first = build_all(ws, "p1")["manifest"]
+        assert read == [first.digests["members"]]
+        publish.approve(ws, first.digests["snapshotId"], by="alice")
+        publish.activate(ws, first.digests["snapshotId"], actor="op")
+        late = demo_home / "demo-sources" / "essays" / "essays-00002.jsonl"
+        late.write_text('{"id": "late", "text": "A late essay arrives, and it is new."}\n')
+        child = build_all(ws, "p2")["manifest"]
+        assert read == [first.digests["members"], child.digests["members"]]
+        again = build_all(ws, "p3")["manifest"]  # unchanged: the child's members again
+        assert len(read) == 2
+        fresh = shadow.shadow_diff(ws.cas, ws.catalog, again.digests["snapshotId"])
+    assert again.details["shadow_diff"] == fresh
+    assert fresh["candidate_profile"]["members"] == fresh["active_profile"]["members"] + 1
