@@ -54,6 +54,7 @@ from corpus_assets.core.dedup.reuse import (
     merged,
     plan,
     put_decisions,
+    remember_changed,
     row_maps,
 )
 from corpus_assets.core.dedup.signature_blocks import opened_signatures
@@ -68,7 +69,7 @@ from corpus_assets.core.records.index import CanonicalIndex, ChunkRecords
 from corpus_assets.core.runtime.code_identity import stage_code
 from corpus_assets.core.runtime.layer_index import LayerResult, publish_index
 from corpus_assets.core.runtime.workspace import Workspace
-from corpus_assets.core.storage.artifacts import NPY, make_ref, put_json, put_table
+from corpus_assets.core.storage.artifacts import NPY, Ref, make_ref, put_json, put_table
 from corpus_assets.core.storage.memory import release_memory
 from corpus_assets.core.storage.parquet_sink import put_table_batches
 from corpus_assets.core.storage.table_lookup import TrustedFiles
@@ -110,18 +111,13 @@ def build_dedup_clusters(ws: Workspace, partition_key: str) -> LayerResult:
             release_memory(collect=True)
             edges = put_table(ws.cas, edge_table(db, edges_by_row))
             del edges_by_row
-            if not by_tasks:
-                unsorted = join_clusters(db, decisions, Path(tmp), few=named)
+            unsorted = None if by_tasks else join_clusters(db, decisions, Path(tmp), few=named)
         release_memory(collect=True)
-        work = Counter[str]()  # the join's tasks, when it ran on the runner
-        if by_tasks:  # every row joined by tasks on the runner (the stages run there)
-            batches = cluster_batches_on_runner(ws, chunks, decisions, Path(tmp), work)
-        else:
-            batches = cluster_batches(unsorted)
-        if isinstance(reuse, Reuse):
-            batches = merged(reuse, batches, CLUSTER_COLUMNS)
-        clusters = put_table_batches(ws.cas, CLUSTER_COLUMNS, batches, _tmp(ws))
-        run_stats |= _reuse_stats(reuse) | dict(work)
+        clusters, work = _put_clusters(ws, chunks, decisions, unsorted, reuse, Path(tmp))
+        run_stats |= _reuse_stats(reuse) | work
+    if isinstance(reuse, Reuse) and mode.clusters is not None:
+        tables = (mode.clusters["digest"], clusters["digest"])
+        remember_changed(ws.catalog, CODE, tables, chunk_rows, reuse)
     out: dict[str, Any] = {
         "clusters": clusters,
         "edges": edges,
@@ -137,6 +133,27 @@ def build_dedup_clusters(ws: Workspace, partition_key: str) -> LayerResult:
     modes = {"near_mode": {"mode": mode.mode, "reason": mode.reason}}
     modes["clusters_mode"] = _reuse_mode(reuse)
     return _result(ref["digest"], counts, report, out, run_stats, modes)
+
+
+def _put_clusters(
+    ws: Workspace,
+    chunks: list[ChunkRecords],
+    decisions: Decisions,
+    unsorted: Path | None,
+    reuse: Reuse | str,
+    tmp: Path,
+) -> tuple[Ref, dict[str, int]]:
+    """The clusters table from the joined rows (``unsorted``; None: joined by tasks on the
+    runner, where the stages run), merged with the parent's copied rows when reused; and the
+    join tasks' work figures."""
+    work = Counter[str]()
+    if unsorted is None:
+        batches = cluster_batches_on_runner(ws, chunks, decisions, tmp, work)
+    else:
+        batches = cluster_batches(unsorted)
+    if isinstance(reuse, Reuse):
+        batches = merged(reuse, batches, CLUSTER_COLUMNS)
+    return put_table_batches(ws.cas, CLUSTER_COLUMNS, batches, _tmp(ws)), dict(work)
 
 
 def _result(

@@ -12,6 +12,7 @@ is joined, and the two streams are merged by output position. When anything does
 (no parent, parent without decisions, an order that differs) the whole table is joined.
 """
 
+import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +26,8 @@ from corpus_assets.core.dedup.clusters import representatives_at
 from corpus_assets.core.dedup.pair_cache import INCREMENTAL, Mode
 from corpus_assets.core.runtime.workspace import Workspace
 from corpus_assets.core.storage.artifacts import Ref
+from corpus_assets.core.storage.catalog import Catalog
+from corpus_assets.core.storage.digests import json_digest
 from corpus_assets.core.storage.parquet_sink import put_table_batches
 from corpus_assets.core.storage.table_lookup import TrustedFiles
 
@@ -40,6 +43,7 @@ DECISION_COLUMNS = pa.schema(
     ]
 )
 _GONE = -2  # a parent row the child does not have (never equal to a child row or to -1)
+CHANGED = "dedup.changed_chunks"  # memo rows: the chunks whose clusters rows a child joined
 BATCH_ROWS = 1 << 16
 MERGE_ROWS = 1 << 14  # rows merged at a time: the parent's rows are decoded this many at once
 
@@ -264,3 +268,35 @@ def merged(
         index[~flags] = np.arange(len(flags) - k_new)
         index[flags] = len(flags) - k_new + np.arange(k_new)
         yield from both.take(pa.array(index)).to_batches()
+
+
+def changed_key(code: str, parent_clusters: str, clusters: str) -> str:
+    """The memo key of the chunks whose rows may differ between two clusters tables."""
+    return json_digest(
+        {"table": CHANGED, "code": code, "parent": parent_clusters, "child": clusters}
+    )
+
+
+def remember_changed(
+    catalog: Catalog,
+    code: str,
+    tables: tuple[str, str],
+    chunk_rows: list[tuple[str, int]],
+    reuse: Reuse,
+) -> None:
+    """Record which chunks (records digests) hold a row this child joined rather than copied
+    from its parent's table (``tables``: the parent's clusters digest, then the child's).
+    Every other row is the parent's row byte for byte, so a reader comparing the two tables
+    (the members parts) needs to look at these chunks only."""
+    starts = np.cumsum([0, *(rows for _, rows in chunk_rows)])
+    holding = np.unique(np.searchsorted(starts, reuse.fresh_rows, side="right") - 1)
+    digests = sorted({chunk_rows[int(n)][0] for n in holding})
+    catalog.remember(changed_key(code, *tables), CHANGED, tables[1], json.dumps(digests))
+
+
+def changed_chunks(
+    catalog: Catalog, code: str, parent_clusters: str, clusters: str
+) -> set[str] | None:
+    """The records digests :func:`remember_changed` recorded for the two tables, or None."""
+    hit = catalog.memo(changed_key(code, parent_clusters, clusters))
+    return None if hit is None else set(json.loads(hit[1]))

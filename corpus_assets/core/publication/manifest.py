@@ -13,6 +13,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from corpus_assets.core.dedup.reuse import changed_chunks
 from corpus_assets.core.governance import deletion_index, states
 from corpus_assets.core.ingest.freeze import freeze
 from corpus_assets.core.ingest.freeze_spec import ChangelogSourceSpec, FreezeSpec
@@ -89,13 +90,17 @@ def put_members(ws: Workspace, indexes: Indexes, parents: list[str] | None = Non
             clusters=files.path(indexes["dedup_clusters"][1].output("clusters")["digest"]),
             splits=files.path(indexes["splits"][1].output("splits")["digest"]),
             tmp=Path(tmp),
-            parent=parent_members(ws, files, parents or []),
+            parent=parent_members(ws, files, parents or [], indexes["dedup_clusters"][1]),
         )
 
 
-def parent_members(ws: Workspace, files: TrustedFiles, parents: list[str]) -> Parent | None:
+def parent_members(
+    ws: Workspace, files: TrustedFiles, parents: list[str], dedup: LayerIndex | None = None
+) -> Parent | None:
     """The parent snapshot's members parts and the tables they were joined from, when this
-    code wrote them and all are stored; else None (every chunk is joined)."""
+    code wrote them and all are stored; else None (every chunk is joined). With the child's
+    dedup index, also the chunks its dedup recorded as holding rows not copied from the
+    parent's clusters table (``dedup.reuse.changed_chunks``)."""
     if not parents:
         return None
     try:
@@ -105,12 +110,19 @@ def parent_members(ws: Workspace, files: TrustedFiles, parents: list[str]) -> Pa
         parts = parent.members.parts(ws.cas)
         if parts.code != MEMBERS_CODE:
             return None
-        dedup = load_index(ws.cas, parent.layers["dedup_clusters"], "dedup_clusters")
+        parent_dedup = load_index(ws.cas, parent.layers["dedup_clusters"], "dedup_clusters")
         splits = load_index(ws.cas, parent.layers["splits"], "splits")
+        parent_clusters = parent_dedup.output("clusters")["digest"]
+        changed = None
+        if dedup is not None:
+            child_clusters = dedup.output("clusters")["digest"]
+            found = changed_chunks(ws.catalog, dedup.code, parent_clusters, child_clusters)
+            changed = None if found is None else frozenset(found)
         return Parent(
             parts={part.chunk: part for part in parts.parts if ws.cas.contains(part.digest)},
-            clusters=files.path(dedup.output("clusters")["digest"], "parent dedup clusters"),
+            clusters=files.path(parent_clusters, "parent dedup clusters"),
             splits=files.path(splits.output("splits")["digest"], "parent splits"),
+            clusters_changed=changed,
         )
     except (CasError, ManifestError, states.StateError):
         return None

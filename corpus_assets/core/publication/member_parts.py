@@ -98,9 +98,23 @@ class Parent:
     parts: dict[str, MemberPart]
     clusters: str
     splits: str
+    # the records digests of the chunks holding every clusters row the child's dedup did not
+    # copy from the parent's table (``dedup.reuse.remember_changed``); None: not recorded
+    clusters_changed: frozenset[str] | None = None
 
 
-TOUCHED = """
+# The record ids whose splits rows differ between the two snapshots (an exact multiset
+# difference), then the (source, object) of the child's representatives among them.
+_SPLITS_CHANGED = """
+     splits AS (SELECT record_id FROM
+                (SELECT record_id, group_id, split, 1 AS side FROM read_parquet({splits})
+                 UNION ALL
+                 SELECT record_id, group_id, split, -1 FROM read_parquet({parent_splits}))
+                GROUP BY record_id, group_id, split HAVING sum(side) <> 0)
+SELECT source_id, object FROM child SEMI JOIN splits USING (record_id)
+"""
+TOUCHED = (
+    """
 CREATE TEMP TABLE touched AS
 WITH child AS (SELECT source_id, object, record_id, line, dedup_key
                FROM read_parquet({clusters}) WHERE is_representative),
@@ -109,15 +123,19 @@ WITH child AS (SELECT source_id, object, record_id, line, dedup_key
      verdicts AS (SELECT source_id, object FROM
                   (SELECT *, 1 AS side FROM child UNION ALL SELECT *, -1 FROM parent)
                   GROUP BY source_id, object, record_id, line, dedup_key
-                  HAVING sum(side) <> 0),
-     splits AS (SELECT record_id FROM
-                (SELECT record_id, group_id, split, 1 AS side FROM read_parquet({splits})
-                 UNION ALL
-                 SELECT record_id, group_id, split, -1 FROM read_parquet({parent_splits}))
-                GROUP BY record_id, group_id, split HAVING sum(side) <> 0)
-SELECT source_id, object FROM verdicts
-UNION SELECT source_id, object FROM child SEMI JOIN splits USING (record_id)
-"""
+                  HAVING sum(side) <> 0),"""
+    + _SPLITS_CHANGED
+    + "UNION SELECT source_id, object FROM verdicts"
+)
+# The same when dedup recorded which chunks hold rows its child did not copy from the parent's
+# table (``Parent.clusters_changed``): only the splits tables are compared.
+TOUCHED_BY_SPLITS = (
+    """
+CREATE TEMP TABLE touched AS
+WITH child AS (SELECT source_id, object, record_id FROM read_parquet({clusters})
+               WHERE is_representative),"""
+    + _SPLITS_CHANGED
+)
 
 
 def put_member_parts(
@@ -166,20 +184,27 @@ def reusable(
     """The parent's part of each chunk (by number) whose members rows are the parent's: the
     same records table, and no (source, object) of it among the rows where the two snapshots'
     representatives (clusters) or splits rows differ. Multiset differences over the whole
-    tables, out of core; if DuckDB runs out of memory, nothing is reused (the same bytes)."""
+    tables, out of core; if DuckDB runs out of memory, nothing is reused (the same bytes).
+    When dedup recorded the chunks holding the clusters rows it did not copy from the
+    parent's table, those chunks are joined and only the splits tables are compared."""
     import duckdb
 
+    changed = parent.clusters_changed
     same = {
         n: parent.parts[c.key]
         for n, c in enumerate(chunks)
-        if c.key in parent.parts and parent.parts[c.key].records == c.records and c.narrowed
+        if c.key in parent.parts
+        and parent.parts[c.key].records == c.records
+        and c.narrowed
+        and (changed is None or c.records not in changed)
     }
     if not same:
         return {}
     paths = {"clusters": clusters, "splits": splits}
     paths |= {"parent_clusters": parent.clusters, "parent_splits": parent.splits}
+    touched_sql = TOUCHED if changed is None else TOUCHED_BY_SPLITS
     try:
-        con.execute(TOUCHED.format(**{k: sql_path(v) for k, v in paths.items()}))
+        con.execute(touched_sql.format(**{k: sql_path(v) for k, v in paths.items()}))
         numbered = _numbered([chunks[n] for n in same], tmp, list(same))
         rows = con.execute(
             f"SELECT DISTINCT part FROM ({numbered}) SEMI JOIN touched USING (source_id, object)"

@@ -10,7 +10,7 @@ import pytest
 
 from corpus_assets.core.ingest.freeze import freeze
 from corpus_assets.core.pipeline import build_all
-from corpus_assets.core.publication import manifest
+from corpus_assets.core.publication import manifest, member_parts
 from corpus_assets.core.publication.manifest_queries import connect
 from corpus_assets.core.publication.member_parts import (
     MEMBERS_CODE,
@@ -66,6 +66,27 @@ def test_a_child_names_its_parents_parts_and_equals_a_join_of_every_chunk(
         stored = ws.catalog.layer_output("p2", "manifest")
         assert get_json(ws.cas, stored, "manifest")["members"]["digest"] == reused.ref["digest"]
         assert get_json(ws.cas, reused.ref)["code"] == MEMBERS_CODE
+
+
+def test_dedups_record_of_the_chunks_it_joined_spares_the_clusters_difference(
+    child_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The child's dedup recorded which chunks hold rows it did not copy from its parent's
+    clusters table: the members reuse joins those, compares only the splits tables (the
+    clusters difference never runs) and names the same parts as a join of every chunk."""
+    with open_workspace(child_home) as ws, tempfile.TemporaryDirectory() as tmp:
+        files = TrustedFiles(ws.cas, ws.catalog)
+        parents = freeze(ws, "p2")[1].parents
+        indexes = {layer: read_layer_index(ws, "p2", layer) for layer in LAYERS[:-1]}
+        parent = manifest.parent_members(ws, files, parents, indexes["dedup_clusters"][1])
+        assert parent is not None and parent.clusters_changed is not None
+        chunks = {chunk.records for chunk in _chunks(ws, files, Path(tmp))}
+        assert 0 < len(parent.clusters_changed) < len(chunks)
+        assert parent.clusters_changed <= chunks
+        monkeypatch.setattr(member_parts, "TOUCHED", "SELECT error('clusters compared')")
+        reused = manifest.put_members(ws, indexes, parents)
+        joined = manifest.put_members(ws, indexes)
+    assert reused.ref == joined.ref and reused.joined < joined.joined
 
 
 @pytest.mark.parametrize("table", ["splits", "clusters"])
