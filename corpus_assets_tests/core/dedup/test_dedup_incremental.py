@@ -90,16 +90,22 @@ def _open(home: Path, monkeypatch: pytest.MonkeyPatch, workers: int = 1) -> Work
     return open_workspace()
 
 
+def _active_parent(ws: Workspace) -> dict[str, LayerResult]:
+    """p1 built, approved and activated: the parent of the next build."""
+    first = build_all(ws, "p1")
+    sid = first["manifest"].digests["snapshotId"]
+    approve(ws, sid, by="reviewer")
+    activate(ws, sid, actor="test")
+    return first
+
+
 def test_child_dedup_is_incremental_and_equals_a_fresh_build(
     demo_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     old, new = _sources(demo_home)
     ws = _open(demo_home, monkeypatch)
-    first = build_all(ws, "p1")
+    first = _active_parent(ws)
     assert first["dedup_clusters"].run_stats["near_incremental"] == 0
-    sid = first["manifest"].digests["snapshotId"]
-    approve(ws, sid, by="reviewer")
-    activate(ws, sid, actor="test")
     (demo_home / ESSAYS / "long-00001.jsonl").unlink()
     changed = dict(old)  # a changed record: long-copy03 now copies long10 (and long03 loses it)
     changed["long-copy03"] = changed["long10"] + " zeta"
@@ -283,9 +289,7 @@ def test_child_joins_every_row_when_the_parents_decisions_are_gone(
     says why), publishing what a child that copied rows publishes."""
     _, new = _sources(demo_home)
     ws = _open(demo_home, monkeypatch)
-    sid = build_all(ws, "p1")["manifest"].digests["snapshotId"]
-    approve(ws, sid, by="reviewer")
-    activate(ws, sid, actor="test")
+    _active_parent(ws)
     _write(demo_home, "long-00002.jsonl", new)
     copied = _dedup(ws, "p2")
     assert copied.run_stats["clusters_copied"] > 0, copied.details["clusters_mode"]
