@@ -29,25 +29,26 @@ WHERE m.object IS NULL OR m.object NOT IN (SELECT digest FROM pinned) OR NOT EXI
     WHERE c.record_id = m.record_id AND c.object = m.object AND c.line = m.line)
 ORDER BY m.file_row_number LIMIT 20
 """
-# the rows of the parts checked now (numbered as in the whole ``members`` view) that their own
-# chunk's records table does not hold, or whose object is not pinned
-SUSPECTS = """
-CREATE OR REPLACE TEMP TABLE lineage_suspects AS
+# the rows of the parts checked now (numbered as in the whole ``members`` view, each with its
+# chunk's records table's number ``rec``), and the records tables' rows
+ROWS = """
 WITH n AS (SELECT {parts}[file_index::BIGINT + 1]::BIGINT AS part, *
            FROM read_parquet({part_files}, file_row_number = true)),
-     m AS (SELECT part, record_id, object, line,
+     m AS (SELECT part, {owner}[part + 1]::BIGINT AS rec, record_id, object, line,
                   file_row_number + (part << {bits}) AS file_row_number FROM n),
-     r AS (SELECT file_index::BIGINT AS records, record_id, object, line
-           FROM read_parquet({records_files}))
-SELECT m.* FROM m
-WHERE m.object IS NULL OR m.object NOT IN (SELECT digest FROM pinned) OR NOT EXISTS (
-    SELECT 1 FROM r WHERE r.records = {owner}[m.part + 1] AND r.record_id = m.record_id
-    AND r.object = m.object AND r.line = m.line)
+     r AS (SELECT file_index::BIGINT AS rec, record_id, object, line
+           FROM read_parquet({records_files})),
+     checked AS (SELECT m.*, m.object IS NULL OR m.object NOT IN (SELECT digest FROM pinned)
+                             OR NOT EXISTS (SELECT 1 FROM r WHERE r.rec = m.rec
+                                 AND r.record_id = m.record_id AND r.object = m.object
+                                 AND r.line = m.line) AS bad FROM m)
 """
-OBJECTS = """
-SELECT {parts}[file_index::BIGINT + 1] AS part, list(DISTINCT object ORDER BY object)
-FROM read_parquet({part_files}) GROUP BY ALL
-"""
+# per part: its objects' bounds (they meet: the one object of its chunk) and how many of its
+# rows its own chunk does not account for
+PARTS = ROWS + (
+    "SELECT part, min(object), max(object), count(*) FILTER (WHERE bad) FROM checked GROUP BY part"
+)
+SUSPECTS = "CREATE OR REPLACE TEMP TABLE lineage_suspects AS " + ROWS + "FROM checked WHERE bad"
 
 
 def orphans(ev: Evidence) -> tuple[list[str], int]:
@@ -66,12 +67,14 @@ def orphans(ev: Evidence) -> tuple[list[str], int]:
         ev.narrowed.append(RULE)
     if not todo:
         return [], 0
-    suspects = _suspects(ev, parts, todo)
-    for number, objects in _objects(ev, parts, todo).items():
-        if number not in suspects:
-            ev.proven[keys[number]] = {"objects": objects}
+    found = {n: (low, high, bad) for n, low, high, bad in ev.rows(_query(PARTS, ev, parts, todo))}
+    suspects = [n for n in todo if found[n][2]]
+    for n in todo:  # a part of one object (a chunk's) that held: recorded with its object
+        if n not in suspects and found[n][0] == found[n][1]:
+            ev.proven[keys[n]] = {"objects": [found[n][0]]}
     if not suspects:
         return [], 0
+    ev.con.execute(_query(SUSPECTS, ev, parts, suspects))
     return _found(ev.rows(_orphans("lineage_suspects", ev.canonical_view)))
 
 
@@ -83,28 +86,19 @@ def _holds(ev: Evidence, part: MemberPart, facts: dict[str, Any] | None) -> bool
     return part.records in ev.records_digests and all(o in ev.pinned for o in facts["objects"])
 
 
-def _suspects(ev: Evidence, parts: list[MemberPart], todo: list[int]) -> set[int]:
-    """Stage the rows of the ``todo`` parts their own chunk does not account for; their parts."""
-    owners = list(dict.fromkeys(parts[n].records for n in todo))
+def _query(template: str, ev: Evidence, parts: list[MemberPart], chosen: list[int]) -> str:
+    """``template`` over the rows of the ``chosen`` parts and their chunks' records tables."""
+    owners = list(dict.fromkeys(parts[n].records for n in chosen))
     owner = [0] * len(parts)
-    for n in todo:
+    for n in chosen:
         owner[n] = owners.index(parts[n].records)
-    ev.con.execute(
-        SUSPECTS.format(
-            parts=todo,
-            bits=PART_ROWS_BITS,
-            part_files=sql_list(_part_paths(ev, parts, todo)),
-            records_files=sql_list([ev.files.path(d, "canonical records") for d in owners]),
-            owner=owner,
-        )
+    return template.format(
+        parts=chosen,
+        owner=owner,
+        bits=PART_ROWS_BITS,
+        part_files=sql_list(_part_paths(ev, parts, chosen)),
+        records_files=sql_list([ev.files.path(d, "canonical records") for d in owners]),
     )
-    return {n for (n,) in ev.rows("SELECT DISTINCT part FROM lineage_suspects")}
-
-
-def _objects(ev: Evidence, parts: list[MemberPart], todo: list[int]) -> dict[int, list[str]]:
-    """The objects each ``todo`` part's rows name."""
-    query = OBJECTS.format(parts=todo, part_files=sql_list(_part_paths(ev, parts, todo)))
-    return {int(n): list(objects) for n, objects in ev.rows(query)}
 
 
 def _part_paths(ev: Evidence, parts: list[MemberPart], todo: list[int]) -> list[str]:
