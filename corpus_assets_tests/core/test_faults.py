@@ -20,7 +20,7 @@ from corpus_assets.core.publication.verify import verify
 from corpus_assets.core.runtime import transform
 from corpus_assets.core.runtime.transform import PACKAGE_ROOT, image_digest, transform_image
 from corpus_assets.core.runtime.workspace import Workspace, open_workspace
-from corpus_assets.core.storage.artifacts import get_json, put_table
+from corpus_assets.core.storage.artifacts import get_json, put_json, put_table
 from corpus_assets.core.storage.catalog import LayerConflict, snapshots
 from corpus_assets.core.storage.digests import canonical_json
 
@@ -177,3 +177,35 @@ def test_a_layer_pointer_is_never_overwritten_by_the_same_spec(workspace: Worksp
     assert workspace.catalog.layer_output("p9", "splits") == "sha256:" + "1" * 64
     workspace.catalog.set_layer_output("p9", "splits", "sha256:" + "2" * 64, spec + "~partial")
     assert workspace.catalog.layer_output("p9", "splits") == "sha256:" + "2" * 64
+
+
+def test_a_member_without_its_canonical_row_in_a_part_is_named_after_its_parts_passed(
+    workspace: Workspace,
+) -> None:
+    """The members as parts, every part's lineage recorded as holding by a passing check: a
+    re-signed manifest naming a part whose first row moved to a line no canonical row has is
+    named as the whole check names it (the forged part is another digest, so it is read)."""
+    digest = build_all(workspace, "p1")["manifest"].digest
+    assert validate_snapshot(workspace, digest).ok
+    manifest = json.loads(workspace.cas.get_bytes(digest))
+    parts = get_json(workspace.cas, manifest["members"], "members parts")
+    first = next(n for n, part in enumerate(parts["parts"]) if part["count"])
+    table = pq.read_table(workspace.cas.path(parts["parts"][first]["digest"]))
+    line = table.column("line").to_pylist()
+    moved = table.set_column(
+        table.schema.get_field_index("line"), "line", pa.array([line[0] + 10**6, *line[1:]])
+    )
+    parts["parts"][first] |= put_table(workspace.cas, moved)
+    ref = put_json(workspace.cas, parts)
+    manifest["members"] = {**manifest["members"], **ref, "uri": workspace.cas.uri(ref["digest"])}
+    manifest.pop("signature")
+    manifest["snapshotId"] = sid = snapshot_id(manifest)
+    manifest["signature"] = sign_snapshot(workspace.home, sid)
+    states.register(
+        workspace.catalog, sid, "p1", workspace.cas.put_bytes(canonical_json(manifest)), "demo"
+    )
+    report = validate_snapshot(workspace, sid)
+    rid = table.column("record_id")[0].as_py()
+    assert f"member {rid!r} has no lineage to a pinned object row" in report.findings
+    assert report.gate.orphan_ids == 1
+    assert report.parts_checked == {"lineage_complete": 1}

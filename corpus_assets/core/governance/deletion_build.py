@@ -17,17 +17,18 @@ first stages its rows (a join and a DISTINCT) in a table of a database file in t
 directory, then sorts them by every column, so that each statement holds one large operator
 under ``MEMORY_MB`` and spills beyond it (one statement doing both ran out of memory at 256 MB
 on a million members, an in-memory staging table at 128 MB on three million); a build peaks
-at ~400 MB RSS at 1M and at 3M members. As every key begins with its
-kind, or ``span`` after every kind, the passes' concatenation is sorted; it is cut into
-Parquet shards of ``SHARD_ROWS`` rows as it arrives, so the bytes depend on the rows alone.
+at ~400 MB RSS at 1M and at 3M members. As every key begins with its kind, or ``span`` after
+every kind, the passes' concatenation is sorted; it is cut into Parquet shards of
+``SHARD_ROWS`` rows as it arrives, so the bytes depend on the rows alone.
 The directory lists each shard's first and last key and digest as an Arrow IPC table (a
 lookup decodes it without parsing), its header (schema, manifest, ``CODE``) in the metadata.
 
 Incremental: a child snapshot whose parent's index this ``CODE`` built is indexed
 over it. DuckDB diffs the child's inputs with the parent's (members, removed duplicates,
-spans); every key a changed row can reach is *affected*. A shard file holds a span's packed shard
-by number, the directory's header lists their digests (``shards``): a child whose packing kept
-the parent's blocks but appended to its last shard has the same numbered spans. The child's
+spans; one thread, ``DELTA_MB``); every key a changed row can reach is *affected*, the rows
+naming one are staged in one scan of each input (``reached``). A shard file holds a span's
+packed shard by number, the header lists their digests (``shards``): a child whose packing
+kept the parent's blocks but appended to its last shard has the same numbered spans. The child's
 shards hold the rows of the affected keys only, its header names the parent's directory
 (``base``) and the affected keys left without rows (``gone``); a lookup answers an affected key
 from the child, any other from the base (whose rows for it the child's inputs give unchanged),
@@ -53,6 +54,7 @@ from corpus_assets.core.governance.deletion_sql import (
     affected,
     empty,
     queries,
+    reached,
     span_rows,
     staged,
     unshared_members,
@@ -75,10 +77,10 @@ SHARD_ROWS = 1 << 12  # ~35 KB of Parquet: a lookup hashes and decodes one or tw
 FANOUT = pa.schema([("first", pa.string()), ("last", pa.string()), ("digest", pa.string())])
 HEADER = b"corpus.deletion-index"  # the directory's metadata key holding its JSON header
 MEMORY_MB, THREADS = 128, 2  # DuckDB's cap (the process: ~400 MB at 1M and 3M members)
-# Caps a build that ran out of memory under ``MEMORY_MB`` is run again under, whole: a child's
-# diffs of 685k members with its parent's ran out at 128 MB about one build in four at 1.1 GB
-# of raw text (a hash aggregate's partition is held at once, depending on how the rows fell).
-HEADROOM_MB = (256, 512)
+HEADROOM_MB = (256, 512)  # caps a build that ran out of memory is run again under, whole
+# a child's delta, on one thread (less CPU): its removed duplicates' difference (215k rows a
+# side at 1.1 GB) ran out of 128 MB one build in two to four, then ran whole again
+DELTA_MB = 256
 BATCH_ROWS = 1 << 16  # sorted rows fetched from DuckDB at a time
 Relation = str | list[str] | pa.Table | None  # Parquet file(s), a table in memory, or absent
 Shard = tuple[str, str, str]  # its first key, last key and digest
@@ -158,7 +160,8 @@ def _put_shards(
         con.execute(span_rows(columns["spans"]))
         span_columns = [c for c in SPANS if c in columns["spans"]]
         if base is not None:
-            delta = _put_delta(con, cas, what, relations, columns, shard_rows, base)
+            with cas_queries.tightened(con, f"{max(cap_mb, DELTA_MB)}MB", threads=1):
+                delta = _put_delta(con, cas, what, relations, columns, shard_rows, base)
             if isinstance(delta[0], list):
                 return delta[0], delta[1], span_columns, delta[2]
             extra: dict[str, Any] = {"depth": 0, "full": delta[0]}
@@ -256,8 +259,8 @@ def _put_delta(
         return (refused,)
     con.execute(span_rows(theirs["spans"], "p_"))
     views, members = unshared_members(relations["members"], base.inputs.relations["members"])
-    for statement in [*views, *affected(columns, members)]:  # one at a time: one big operator
-        con.execute(statement)
+    for statement in [*views, *affected(columns, members), *reached(columns)]:
+        con.execute(statement)  # one at a time: one big operator each
     con.execute(f"CREATE TABLE staging.delta AS SELECT * FROM ({staged(empty(['key']))})")
     where = " AND key IN (SELECT key FROM staging.affected)"
     for query in queries(columns, narrow=True):
@@ -272,10 +275,8 @@ def _put_delta(
     if _count(con, "staging.gone") > MAX_GONE:
         return (f"{_count(con, 'staging.gone')} keys left the parent's index, over {MAX_GONE}",)
     gone = con.execute("SELECT key FROM staging.gone ORDER BY key").fetchall()
-    sorted_rows = cas_queries.batches(
-        con, f"SELECT * FROM staging.delta ORDER BY {ORDER}", BATCH_ROWS
-    )
-    fanout, rows = _put_sorted(cas, what, sorted_rows, shard_rows)
+    ordered = cas_queries.batches(con, f"SELECT * FROM staging.delta ORDER BY {ORDER}", BATCH_ROWS)
+    fanout, rows = _put_sorted(cas, what, ordered, shard_rows)
     extra = {
         "base": {"index": base.index, "manifest": base.inputs.manifest},
         "depth": base.header["depth"] + 1,

@@ -33,6 +33,8 @@ STORED = ROWS.set(ROWS.get_field_index("shard"), pa.field("shard", pa.int64()))
 SQL_TYPES = {"key": "VARCHAR", "record_id": "VARCHAR", "verdict": "VARCHAR"}
 SQL_TYPES |= {"representative_id": "VARCHAR", "match_id": "VARCHAR", "match_jaccard": "DOUBLE"}
 SQL_TYPES |= {c: "BIGINT" for c in ("record_offset", "shard", "block", "start", "end")}
+# the rows the narrowed passes read, staged once (``reached``)
+HIT = {name: f"staging.{name}_hit" for name in ("members", "clusters", "spans")}
 ORDER = ", ".join(f'"{f.name}" ASC NULLS FIRST' for f in ROWS)  # the index order
 
 
@@ -64,12 +66,51 @@ def span_rows(span_columns: list[str], prefix: str = "") -> str:
 
 def queries(columns: dict[str, list[str]], narrow: bool = False) -> list[str]:
     """One query a pass: each kind's rows, then the ``span`` rows (keys in that order);
-    ``narrow``: those of the affected targets and records (``staging.targets``, ``rids``)."""
+    ``narrow``: those of the affected targets and records (``staging.targets``, ``rids``),
+    read from the rows ``reached`` staged."""
     spans = ", ".join(f'"{c}"' for c in SPANS)
     last = f"SELECT 'span' || chr(0) || record_id AS key, {spans} FROM spanrows"
     if narrow:
+        last = last.replace("FROM spanrows", f"FROM {HIT['spans']}")
         last += " WHERE record_id IN (SELECT record_id FROM staging.rids)"
     return [*(kind_rows(kind, columns, narrow) for kind in sorted(COLUMN)), last]
+
+
+def reached(columns: dict[str, list[str]]) -> list[str]:
+    """Statements staging the only rows the narrowed passes read (``HIT``): the members and
+    removed duplicates naming an affected target of any kind (the columns the passes read), and
+    the spans of their records, of their representatives and of the changed records. Each input
+    is scanned once here, not once a kind; a kind's pass takes its own rows from these."""
+    kinds = [kind for kind in sorted(COLUMN) if COLUMN[kind] in columns["members"]]
+    named = [COLUMN[kind] for kind in kinds]
+    statements = [
+        f"CREATE TABLE {HIT['members']} AS SELECT {_names(['record_id', *named])} FROM members "
+        f"WHERE {' OR '.join(_wanted(kind) for kind in kinds) or 'false'}"
+    ]
+    rids = ["SELECT record_id FROM staging.rids", f"SELECT record_id FROM {HIT['members']}"]
+    carried = [k for k in kinds if _carries(columns, k)]
+    if carried:
+        kept = _names([*(COLUMN[k] for k in carried), "verdict", *CARRIED])
+        statements.append(
+            f"CREATE TABLE {HIT['clusters']} AS SELECT {kept} FROM clusters WHERE "
+            f"{_duplicates('verdict')} AND ({' OR '.join(_wanted(k) for k in carried)})"
+        )
+        rids.append(f"SELECT representative_id FROM {HIT['clusters']}")
+    statements.append(
+        f"CREATE TABLE {HIT['spans']} AS SELECT * FROM spanrows WHERE record_id IN "
+        f"({' UNION ALL '.join(rids)})"
+    )
+    return statements
+
+
+def _carries(columns: dict[str, list[str]], kind: str) -> bool:
+    """Whether the clusters table names removed duplicates by ``kind`` (not before near-dedup
+    wrote verdicts)."""
+    return "verdict" in columns["clusters"] and COLUMN[kind] in columns["clusters"]
+
+
+def _names(names: list[str]) -> str:
+    return ", ".join(f'"{n}"' for n in dict.fromkeys(names))
 
 
 def staged(query: str, where: str = "") -> str:
@@ -103,23 +144,40 @@ def affected(columns: dict[str, list[str]], members: tuple[str, str] | None = No
         "CREATE TABLE staging.rids AS SELECT DISTINCT record_id FROM staging.sdiff "
         "WHERE record_id IS NOT NULL",
     ]
-    duplicates = f"verdict IN ({', '.join(repr(d) for d in DUPLICATES)})"
+    duplicates = _duplicates("verdict")
     changed = "IN (SELECT record_id FROM staging.rids)"
+    # the members and removed duplicates whose spans changed, each input scanned once
+    statements.append(
+        f"CREATE TABLE staging.mrids AS SELECT {kept} FROM members WHERE record_id {changed}"
+    )
     carried = "verdict" in columns["clusters"]
     if carried:
         picked = [c for c in COLUMN.values() if c in columns["clusters"]]
         cols = ", ".join(f'"{c}"' for c in dict.fromkeys([*picked, "verdict", *CARRIED]))
         child = f"SELECT {cols} FROM clusters WHERE {duplicates}"
         statements += diff("cdiff", child, child.replace("FROM clusters", "FROM p_clusters"))
-    targets = []  # (kind, target, the facts of it a source's change reaches)
+        statements.append(
+            f"CREATE TABLE staging.creps AS SELECT {_names(picked)} FROM clusters "
+            f"WHERE {duplicates} AND representative_id {changed}"
+        )
+    statements.append(_targets(columns, carried))
+    keys = (
+        "SELECT 'span' || chr(0) || record_id AS key FROM staging.rids UNION ALL "
+        "SELECT kind || chr(0) || target || chr(0) || fact FROM staging.targets"
+    )
+    return [*statements, f"CREATE TABLE staging.affected AS SELECT DISTINCT key FROM ({keys})"]
+
+
+def _targets(columns: dict[str, list[str]], carried: bool) -> str:
+    """Staging ``staging.targets``: (kind, target, fact) of every key the staged changes reach."""
+    targets = []
     for kind in sorted(COLUMN):
         col = COLUMN[kind]
         if col not in columns["members"]:
             continue
-        sources = [("staging.mdiff", "member"), (f"members WHERE record_id {changed}", None)]
+        sources = [("staging.mdiff", "member"), ("staging.mrids", None)]
         if carried and col in columns["clusters"]:
-            reps = f"clusters WHERE {duplicates} AND representative_id {changed}"
-            sources += [("staging.cdiff", "carried"), (reps, None)]
+            sources += [("staging.cdiff", "carried"), ("staging.creps", None)]
         for source, fact in sources:
             facts = f"['{fact}', 'spans']" if fact else "['spans']"
             targets.append(
@@ -128,15 +186,10 @@ def affected(columns: dict[str, list[str]], members: tuple[str, str] | None = No
             )
     union = " UNION ALL ".join(f"({t})" for t in targets)
     union = union or "SELECT NULL AS kind, NULL AS target, NULL AS fact"
-    statements.append(
+    return (
         "CREATE TABLE staging.targets AS SELECT DISTINCT kind, target, fact "
         f"FROM ({union}) WHERE target IS NOT NULL"
     )
-    keys = (
-        "SELECT 'span' || chr(0) || record_id AS key FROM staging.rids UNION ALL "
-        "SELECT kind || chr(0) || target || chr(0) || fact FROM staging.targets"
-    )
-    return [*statements, f"CREATE TABLE staging.affected AS SELECT DISTINCT key FROM ({keys})"]
 
 
 def unshared_members(mine: Any, theirs: Any) -> tuple[list[str], tuple[str, str] | None]:
@@ -170,17 +223,16 @@ def diff(name: str, child: str, parent: str) -> list[str]:
 
 def kind_rows(kind: str, columns: dict[str, list[str]], narrow: bool = False) -> str:
     """The member, carried and spans rows of one kind's targets (a null target names nothing,
-    its key is null); ``narrow``: of its affected targets only."""
+    its key is null); ``narrow``: of its affected targets only, from the rows staged by
+    ``reached``."""
     col = COLUMN[kind]
     if col not in columns["members"]:
         return "SELECT NULL AS key"
-    members, clusters = "members", "clusters"
+    members, clusters, spanrows = "members", "clusters", "spanrows"
     if narrow:
-        wanted = (
-            f"CAST({col} AS VARCHAR) IN (SELECT target FROM staging.targets WHERE kind = '{kind}')"
-        )
-        members = f"(SELECT * FROM members WHERE {wanted})"
-        clusters = f"(SELECT * FROM clusters WHERE {wanted})"
+        members = f"(SELECT * FROM {HIT['members']} WHERE {_wanted(kind)})"
+        clusters = f"(SELECT * FROM {HIT['clusters']} WHERE {_wanted(kind)})"
+        spanrows = HIT["spans"]
 
     def key(target: str, fact: str) -> str:
         return f"'{kind}' || chr(0) || CAST({target} AS VARCHAR) || chr(0) || '{fact}' AS key"
@@ -202,10 +254,22 @@ def kind_rows(kind: str, columns: dict[str, list[str]], narrow: bool = False) ->
     if columns["spans"]:
         spans = ", ".join(f's."{c}"' for c in SPANS)
         parts.append(
-            f"SELECT {key('r.target', 'spans')}, {spans} FROM spanrows s JOIN "
+            f"SELECT {key('r.target', 'spans')}, {spans} FROM {spanrows} s JOIN "
             f"(SELECT DISTINCT target, rid FROM ({reached})) r ON s.record_id = r.rid"
         )
     return " UNION ALL BY NAME ".join(f"({p})" for p in parts)
+
+
+def _wanted(kind: str) -> str:
+    """A row names an affected target of ``kind``."""
+    return (
+        f"CAST({COLUMN[kind]} AS VARCHAR) IN "
+        f"(SELECT target FROM staging.targets WHERE kind = '{kind}')"
+    )
+
+
+def _duplicates(column: str) -> str:
+    return f"{column} IN ({', '.join(repr(d) for d in DUPLICATES)})"
 
 
 def empty(names: list[str]) -> str:

@@ -22,8 +22,8 @@ from corpus_assets.core.ingest.freeze_spec import FreezeSpec
 from corpus_assets.core.publication import manifest_queries
 from corpus_assets.core.records.index import CanonicalIndex
 from corpus_assets.core.runtime.layer_index import LayerIndex, load_index
-from corpus_assets.core.runtime.snapshot_manifest import Manifest
-from corpus_assets.core.storage.artifacts import get_table
+from corpus_assets.core.runtime.snapshot_manifest import Manifest, MemberPart
+from corpus_assets.core.storage.artifacts import PARQUET, get_table
 from corpus_assets.core.storage.cas import ContentStore
 from corpus_assets.core.storage.cas_queries import VerifiedFiles, ordered_parts, sql_list
 from corpus_assets.core.storage.catalog import Catalog
@@ -47,6 +47,8 @@ class Evidence:
     splits: LayerIndex
     files: VerifiedFiles
     narrowed: list[str] = field(default_factory=list)  # rules run over a child's delta only
+    parts_checked: dict[str, int] = field(default_factory=dict)  # rule -> members parts read
+    proven: dict[str, dict[str, Any]] = field(default_factory=dict)  # part outcomes to record
     _stack: ExitStack = field(default_factory=ExitStack, repr=False)
     _con: DuckDBPyConnection | None = field(default=None, repr=False)
 
@@ -126,6 +128,18 @@ class Evidence:
         """Rows of the members table, from its parts' footers."""
         paths = self.manifest.members.paths(self.files)
         return sum(pq.read_metadata(path).num_rows for path in paths)
+
+    @cached_property
+    def member_parts(self) -> list[MemberPart] | None:
+        """The members table's parts in order (None: one table, a manifest before parts)."""
+        if self.manifest.members.media == PARQUET:
+            return None
+        return self.manifest.members.parts(self.cas).parts
+
+    @cached_property
+    def records_digests(self) -> set[str]:
+        """The digests of every canonical chunk's records table (what ``canonical`` reads)."""
+        return {chunk.records["digest"] for chunk in self.canonical.chunks()}
 
     @property
     def canonical_view(self) -> str:

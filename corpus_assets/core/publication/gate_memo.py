@@ -33,20 +33,23 @@ pinned versions, open dead letters, tombstone and benchmark hits, late CDC event
 indexed joins on the members table).
 """
 
-import json
 from typing import Any
 
 from sqlalchemy import func, select
 
 from corpus_assets.core.ingest.freeze_spec import FreezeSpec
+from corpus_assets.core.publication import part_memo
 from corpus_assets.core.publication.evidence import Evidence
+from corpus_assets.core.publication.part_memo import remember
 from corpus_assets.core.publication.rules import canary_chunks
 from corpus_assets.core.runtime.layer_index import load_index
 from corpus_assets.core.runtime.snapshot_manifest import Manifest
 from corpus_assets.core.runtime.transform import transform_image
 from corpus_assets.core.runtime.workspace import Workspace
-from corpus_assets.core.storage.catalog import Catalog, benchmark_items, gate_results, tombstones
+from corpus_assets.core.storage.catalog import Catalog, benchmark_items, tombstones
 from corpus_assets.core.storage.digests import json_digest
+
+__all__ = ["gate_key", "recall", "remember", "rule_key", "rule_keys"]
 
 PARTITION_FIELDS = ("partition", "freeze", "buildId", "snapshotId", "signature")
 CANARY = "canary_reproduces"  # the rule keyed by its own inputs (``canary_key``)
@@ -122,21 +125,6 @@ def recall(catalog: Catalog, keys: dict[str, str]) -> dict[str, dict[str, Any]]:
     """The metrics of each rule whose passing outcome is recorded under its key (``keys``:
     rule -> key, from ``rule_keys``)."""
     wanted = {key: rule for rule, key in keys.items()}
-    with catalog.begin() as conn:
-        found = conn.execute(
-            select(gate_results.c.gate_key, gate_results.c.metrics).where(
-                gate_results.c.gate_key.in_(list(wanted))
-            )
-        ).all()
-    return {wanted[row.gate_key]: json.loads(row.metrics) for row in found}
-
-
-def remember(catalog: Catalog, key: str, manifest_digest: str, metrics: dict[str, Any]) -> None:
-    """Record a rule's passing outcome under its key (``rule_keys``); the first one for a key
-    stays (same key, same outcome)."""
-    catalog.insert_once(
-        gate_results,
-        gate_key=key,
-        manifest_digest=manifest_digest,
-        metrics=json.dumps(metrics, sort_keys=True),
-    )
+    return {
+        wanted[key]: metrics for key, metrics in part_memo.recall(catalog, list(wanted)).items()
+    }

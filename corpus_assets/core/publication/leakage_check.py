@@ -45,11 +45,12 @@ SELECT record_id, group_id, leakage_id, ord AS v
 FROM dd_clusters
 WHERE verdict <> 'excluded' AND record_id NOT IN (SELECT record_id FROM dropped)
 """
-# each group a number (any: a component's label is set by its lowest record vertex, and every
-# group vertex hangs on a record vertex), no sort; a null group id is one group, as in a GROUP BY
+# each group of two records or more a number (any: a component's label is set by its lowest
+# record vertex), no sort; a null group id is one group, as in a GROUP BY. A group of one record
+# joins nothing: it is no vertex (at 1.1 GB of raw text every group was one record)
 GROUPS = """
-WITH numbered AS (SELECT group_id, row_number() OVER () - 1 AS g
-                  FROM (SELECT DISTINCT group_id FROM dd_live))
+WITH numbered AS (SELECT group_id, row_number() OVER () - 1 AS g FROM
+                  (SELECT group_id FROM dd_live GROUP BY group_id HAVING count(*) > 1))
 SELECT l.v, n.g FROM dd_live l JOIN numbered n ON l.group_id IS NOT DISTINCT FROM n.group_id
 """
 EDGES = """
@@ -124,18 +125,18 @@ def removed_without_member(
 def leaked_components(con: DuckDBPyConnection) -> list[str]:
     """Components of the leakage graph whose members sit in more than one split. A vertex is a
     live clusters row numbered by its place (``ord``): the components come out in the order of
-    their first row with no sort of the rows, and only those of two records or more are joined
-    with the members."""
+    their first row with no sort of the rows. Only rows joined to another (a shared group, an
+    edge) are vertices, and only their components of two records or more are joined with the
+    members: a row joined to none is a component of one record, which cannot leak."""
     con.execute(LIVE)
     found = con.execute(GROUPS).fetchnumpy()
-    v, groups = (np.asarray(found[k], dtype=np.int64) for k in ("v", "g"))
-    n = int(v.max()) + 1 if len(v) else 0
+    grouped, groups = (np.asarray(found[k], dtype=np.int64) for k in ("v", "g"))
     pairs = con.execute(EDGES).fetchnumpy()
     a, b = (np.asarray(pairs[k], dtype=np.int64) for k in ("a", "b"))
+    v = np.unique(np.concatenate([grouped, a, b]))  # ascending: the first row's order
+    n = int(v[-1]) + 1 if len(v) else 0
     size = n + (int(groups.max()) + 1 if len(groups) else 0)
-    rows = np.concatenate([v, a])
-    cols = np.concatenate([n + groups, b])
-    labels = component_labels(size, rows, cols)
+    labels = component_labels(size, np.concatenate([grouped, a]), np.concatenate([n + groups, b]))
     component = labels[v]
     shared = np.bincount(component)[component] > 1  # a lone record's component cannot leak
     con.register("dd_comp", pa.table({"v": v[shared], "component": component[shared]}))

@@ -20,7 +20,7 @@ from corpus_assets.core.dedup.report import DedupReport
 from corpus_assets.core.governance.benchmarks import active_items
 from corpus_assets.core.governance.deletion_reach import COLUMN, revoked_targets
 from corpus_assets.core.ingest.freeze_spec import ChangelogSourceSpec, FreezeSpec
-from corpus_assets.core.publication import accounting_check
+from corpus_assets.core.publication import accounting_check, lineage_check
 from corpus_assets.core.publication.evidence import Evidence
 from corpus_assets.core.publication.leakage_check import (
     leaked_components,
@@ -80,15 +80,6 @@ class RuleReport(BaseModel):
 
 
 ValidationRule = Callable[[Evidence, RuleReport], list[str]]
-# A member's own canonical row (record id, object, line): an id repeated in the canonical rows
-# (a duplicate or an id conflict dedup excluded) does not make the kept row's lineage ambiguous.
-LINEAGE_ORPHANS = """
-SELECT m.record_id, count(*) OVER () FROM members m
-WHERE m.object IS NULL OR m.object NOT IN (SELECT digest FROM pinned) OR NOT EXISTS (
-    SELECT 1 FROM {canonical} c
-    WHERE c.record_id = m.record_id AND c.object = m.object AND c.line = m.line)
-ORDER BY m.file_row_number LIMIT 20
-"""
 
 
 def fences_match(ev: Evidence, _report: RuleReport) -> list[str]:
@@ -178,12 +169,10 @@ def sources_known(ev: Evidence, report: RuleReport) -> list[str]:
 
 def lineage_complete(ev: Evidence, report: RuleReport) -> list[str]:
     """Every member traces to a pinned object and the canonical row it came from."""
-    ev.register("pinned", pa.table({"digest": pa.array(list(ev.pinned), pa.string())}))
-    orphans = ev.rows(LINEAGE_ORPHANS.format(canonical=ev.canonical_view))
-    count = orphans[0][1] if orphans else 0
+    shown, count = lineage_check.orphans(ev)
     report.orphan_ids = count
     report.lineage_completeness = _percent(ev.member_count - count, ev.member_count)
-    return [f"member {rid!r} has no lineage to a pinned object row" for rid, _ in orphans]
+    return [f"member {rid!r} has no lineage to a pinned object row" for rid in shown]
 
 
 def rows_explained(ev: Evidence, report: RuleReport) -> list[str]:

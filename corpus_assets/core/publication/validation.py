@@ -106,8 +106,10 @@ def validate_snapshot(ws: Workspace, digest: str, trust_unchanged: bool = False)
     The report's findings are verify's, then the gates', then the boundary's; ``report.gate`` is
     the typed gate report the blocking check shows, ``report.rules_reused`` the rules whose
     recorded passing outcome stood in for running them, ``report.rules_narrowed`` those that
-    checked only what changed since a parent whose check passed them. ``trust_unchanged``
-    (the build's check) lets verify skip tables unchanged on disk since they last hashed right.
+    checked only what changed since a parent whose check passed them (or only the members
+    parts no checked snapshot shares, ``report.parts_checked`` counting those read).
+    ``trust_unchanged`` (the build's check) lets verify skip tables unchanged on disk since they
+    last hashed right.
     """
     trust = StatTrust(ws.cas, ws.catalog) if trust_unchanged else None
     report = verify(ws.cas, ws.catalog, digest, trust=trust)
@@ -128,6 +130,7 @@ def validate_snapshot(ws: Workspace, digest: str, trust_unchanged: bool = False)
         with evidence:
             failed += _apply_gates(ws, rule_set, evidence, report, snapshot.manifest_digest)
             report.rules_narrowed = list(evidence.narrowed)
+            report.parts_checked = dict(evidence.parts_checked)
             incomplete = [f for _rule, f in _apply(rule_set.boundary, evidence, report.gate)]
     report.findings.extend(dict.fromkeys(f for _rule, f in failed if f not in report.findings))
     report.findings.extend(incomplete)
@@ -210,6 +213,10 @@ def _apply_gates(
             metrics = own.serialized()
             if name in content and not found and not report.findings:
                 gate_memo.remember(ws.catalog, keys[name], manifest, metrics)
+            if not report.findings:  # the parts this rule found holding (``part_memo``)
+                for key, facts in evidence.proven.items():
+                    gate_memo.remember(ws.catalog, key, manifest, facts)
+            evidence.proven.clear()
         for metric, value in metrics.items():
             setattr(report.gate, metric, value)
     return failed

@@ -47,6 +47,7 @@ class Report:
     objects_trusted: int = 0  # of objects_checked: unchanged files since they last hashed right
     rules_reused: list[str] = field(default_factory=list)  # filled by validation (gate_memo)
     rules_narrowed: list[str] = field(default_factory=list)  # run over a child's delta only
+    parts_checked: dict[str, int] = field(default_factory=dict)  # rule -> members parts read
     gate: RuleReport = field(default_factory=RuleReport)
 
     @property

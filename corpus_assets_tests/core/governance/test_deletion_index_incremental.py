@@ -8,6 +8,7 @@ rebuild gives the same bytes; a parent indexed by other code gives a whole build
 The child's members table is joined from the parent's narrowed canonical chunks and its new one.
 """
 
+import re
 from pathlib import Path
 
 import duckdb
@@ -24,6 +25,7 @@ from corpus_assets.core.records.index import CanonicalIndex
 from corpus_assets.core.runtime.layer_index import LAYERS, load_index, read_layer_index
 from corpus_assets.core.runtime.snapshot_manifest import read_manifest
 from corpus_assets.core.runtime.workspace import Workspace, open_workspace
+from corpus_assets.core.storage import cas_queries
 from corpus_assets.core.storage.artifacts import get_json, get_table
 from corpus_assets.core.storage.cas import CorruptObjectError
 from corpus_assets.core.storage.catalog import layer_memo, verified_files
@@ -275,13 +277,51 @@ def test_an_index_build_that_runs_out_of_memory_at_the_cap_runs_again_with_headr
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A child's diffs with its parent ran out of DuckDB's 128 MB about one build in four at
-    1.1 GB of raw text, and the build failed; the build now runs again under a larger cap."""
+    1.1 GB of raw text, and the build failed; the build now runs again under a larger cap (the
+    delta's own cap set as low, so that it runs out first)."""
     config, _parent, child = _child(tmp_path)
     with open_workspace(config) as ws:
         expected = ws.catalog.memo(deletion_index.memo_key(child))[0]
         base = deletion_index.parent_index(ws.cas, ws.catalog, child)
         monkeypatch.setattr(deletion_build, "MEMORY_MB", 1)  # every statement runs out here
+        monkeypatch.setattr(deletion_build, "DELTA_MB", 1)
         assert deletion_index.build(ws.cas, child, base=base) == expected
         monkeypatch.setattr(deletion_build, "HEADROOM_MB", (1,))  # no room on the retry either
         with pytest.raises(duckdb.OutOfMemoryException):  # so the first try did run out
             deletion_index.build(ws.cas, child, base=base)
+
+
+def test_a_child_index_scans_each_whole_input_once_a_stage(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The delta reads the child's whole members, clusters and spans only to diff them and to
+    stage the rows its affected keys need (each once), not once for every kind of target: the
+    same directory's rows as before, with two scans of the members, three of the clusters
+    (their difference, the representatives of changed spans, the rows naming an affected
+    target) and two of the spans."""
+    config, _parent, child = _child(tmp_path)
+    statements: list[str] = []
+    spilling = cas_queries.Spilling.__enter__
+
+    class Counted:
+        def __init__(self, con: duckdb.DuckDBPyConnection) -> None:
+            self.con = con
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(self.con, name)
+
+        def execute(self, sql: str, *args: object) -> object:
+            statements.append(sql)
+            return self.con.execute(sql, *args)
+
+    monkeypatch.setattr(cas_queries.Spilling, "__enter__", lambda s: Counted(spilling(s)))
+    with open_workspace(config) as ws:
+        expected = ws.catalog.memo(deletion_index.memo_key(child))[0]
+        base = deletion_index.parent_index(ws.cas, ws.catalog, child)
+        assert deletion_index.build(ws.cas, child, base=base) == expected
+    run = [s for s in statements if not s.lstrip().startswith("CREATE VIEW")]
+    scans = {
+        name: sum(len(re.findall(rf"(?<![\w.])FROM {name}\b", s)) for s in run)
+        for name in ("members", "clusters", "spanrows")
+    }
+    assert scans == {"members": 2, "clusters": 3, "spanrows": 2}

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from corpus_assets.core.pipeline import build_all
-from corpus_assets.core.publication import publish
+from corpus_assets.core.publication import lineage_check, publish
 from corpus_assets.core.publication.evidence import Evidence
 from corpus_assets.core.publication.heldout_check import changed_since_parent
 from corpus_assets.core.publication.rules import canary_chunks
@@ -73,7 +73,7 @@ def test_a_child_reuses_its_parents_canary_and_runs_the_rules_its_new_objects_to
     report = validate_snapshot(workspace, child, trust_unchanged=True)
     assert report.ok, report.findings
     assert report.rules_reused == ["canary_reproduces"]  # every other rule reads the new rows
-    assert report.rules_narrowed == ["heldout_near_apart"]
+    assert report.rules_narrowed == ["lineage_complete", "heldout_near_apart"]
     shown, before = report.gate.serialized(), parent.gate.serialized()
     assert {k: shown[k] for k in CANARY} == {k: before[k] for k in CANARY}
 
@@ -164,7 +164,7 @@ def test_a_parent_whose_table_was_tampered_with_is_not_trusted_for_the_held_out_
     _flip_a_byte(workspace.cas.path(manifest.members.digest))
     report = validate_snapshot(workspace, child, trust_unchanged=True)
     assert report.ok, report.findings
-    assert report.rules_narrowed == []
+    assert "heldout_near_apart" not in report.rules_narrowed
 
 
 @SQLITE
@@ -197,3 +197,43 @@ def test_the_child_check_does_not_hash_again_what_it_or_its_parents_check_hashed
         s["signatures"]["digest"] for s in dedup.outputs["signatures"]
     }
     assert shared and shared.isdisjoint(hashed), shared & set(hashed)
+
+
+def _nonempty_parts(ws: Workspace, digest: str) -> list[str]:
+    members = load_manifest(ws.cas, resolve(ws.catalog, digest)).members
+    return [part.digest for part in members.parts(ws.cas).parts if part.count]
+
+
+@SQLITE
+def test_a_child_checks_the_lineage_of_the_members_parts_it_does_not_share_only(
+    workspace: Workspace, demo_home: Path
+) -> None:
+    """The parent's check read every part; the child's reads only its parts the parent does
+    not name (the others' pass is the rule's own, recorded under their digests)."""
+    parent, child = _parent_and_child(workspace, demo_home)
+    theirs = _nonempty_parts(workspace, parent.snapshot_id)
+    mine = _nonempty_parts(workspace, child)
+    new = [digest for digest in mine if digest not in theirs]
+    assert 0 < len(new) < len(mine)
+    assert parent.parts_checked == {"lineage_complete": len(theirs)}
+    report = validate_snapshot(workspace, child, trust_unchanged=True)
+    assert report.ok, report.findings
+    assert report.parts_checked == {"lineage_complete": len(new)}
+
+
+@SQLITE
+def test_a_recorded_part_naming_an_object_the_snapshot_does_not_pin_is_read_again(
+    workspace: Workspace, demo_home: Path
+) -> None:
+    """A part's recorded pass assumed its objects pinned: in a snapshot that does not pin one
+    of them, its rows are orphans again, exactly as the whole check over every row finds."""
+    _, child = _parent_and_child(workspace, demo_home)
+    assert validate_snapshot(workspace, child, trust_unchanged=True).ok
+    manifest = load_manifest(workspace.cas, resolve(workspace.catalog, child))
+    with Evidence.load(workspace.cas, workspace.catalog, manifest) as ev:
+        first = ev.rows("SELECT object FROM members ORDER BY file_row_number LIMIT 1")[0][0]
+        ev.__dict__["pinned"] = {d: s for d, s in ev.pinned.items() if d != first}
+        shown, count = lineage_check.orphans(ev)
+        whole = ev.rows(lineage_check.ORPHANS_OF.format(members="members", canonical="canonical"))
+    assert count > 0 and ev.parts_checked["lineage_complete"] == 1
+    assert (shown, count) == ([rid for rid, _ in whole], whole[0][1])
