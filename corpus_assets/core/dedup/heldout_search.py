@@ -30,6 +30,7 @@ import numpy as np
 from corpus_assets.core.dedup.binomial import lower_quantile
 from corpus_assets.core.dedup.jaccard import jaccard_sorted
 from corpus_assets.core.dedup.near_dedup import SignatureBlock, band_keys
+from corpus_assets.core.dedup.signature_cache import BandMajorFile
 
 ROWS = 3  # rows per band of the held-out search
 MISS = 1e-12  # the estimate's allowed miss probability for a pair at the threshold
@@ -181,11 +182,22 @@ def agreement(
     parts = [
         (i, involved[cut[i] : cut[i + 1]] - (ends[i - 1] if i else 0)) for i in range(len(blocks))
     ]
-    parts = [(i, local) for i, local in parts if len(local)]
+    parts = [(_rows_of(blocks[i]), local) for i, local in parts if len(local)]
     for row in range(perms):
-        values = np.concatenate([blocks[i].band(row, 1)[0][local] for i, local in parts])
+        values = np.concatenate([rows_of(row, local) for rows_of, local in parts])
         agree += values[at_a] == values[at_b]
     return agree
+
+
+def _rows_of(block: SignatureBlock) -> Callable[[int, np.ndarray], np.ndarray]:
+    """A permutation row's values at some records of ``block``: a signature file is mapped and
+    only the pages holding them are read (a few candidates' records, not every record of
+    every row: a child's search verifies a few pairs)."""
+    if isinstance(block, BandMajorFile):
+        shape = (block.num_perm, block.records)
+        mapped = np.memmap(block.path, "<u4", "r", block.offset, shape)
+        return lambda row, local: np.asarray(mapped[row, local])
+    return lambda row, local: block.band(row, 1)[0][local]
 
 
 def _total(blocks: Sequence[SignatureBlock]) -> int:

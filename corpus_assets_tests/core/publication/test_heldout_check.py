@@ -57,5 +57,6 @@ def test_the_narrowed_gate_finds_no_members_row_but_the_changed_and_their_candid
             narrow, stats = narrowed_pairs(scan, ev.con, members, None, changed)
             assert narrow.to_pylist() == wide and wide
             assert stats["changed"] == len(changed), stats
+            assert 0 < stats["tables_read"] < len(scan.chunks), stats  # those of the changed
             assert stats["looked_up"] < ev.member_count // 2, (stats, ev.member_count)
         assert any(p["split_a"] != p["split_b"] for p in narrow.to_pylist())

@@ -62,7 +62,7 @@ def narrowed_pairs(
     digests = RowDigests(scan.ws, scan.chunks)
     paths = [scan.files.path(c.records["digest"], c.what) for c in scan.chunks]  # checked
     n = len(scan.thresholds)
-    moved = _changed_rows(con, members, paths, digests, changed)
+    moved, read = _changed_rows(con, members, paths, digests, changed)
     packed = side_candidates(scan.blocks, [(moved, np.arange(n))], scan.params, n)
     a, b = np.divmod(packed, max(n, 1))
     partners = np.setdiff1d(np.concatenate([a, b]), moved)
@@ -85,7 +85,8 @@ def narrowed_pairs(
     )
     table = found_in.pairs(found)
     found_in.close()
-    stats = {"changed": len(moved), "looked_up": len(found_in.rows), **found.stats}
+    stats = {"changed": len(moved), "tables_read": read, "looked_up": len(found_in.rows)}
+    stats |= found.stats
     return table, stats
 
 
@@ -95,16 +96,39 @@ def _changed_rows(
     paths: list[str],
     digests: RowDigests,
     changed: pa.Array,
-) -> np.ndarray:
+) -> tuple[np.ndarray, int]:
     """``ho_members`` (row, record_id, split) of the searched records in ``changed``; their
-    ascending unique rows."""
-    files = pa.table({"filename": paths, "start": digests.starts()})
+    ascending unique rows, and how many chunk tables were read: only those that may hold their
+    objects."""
     ids = pa.table({"record_id": pa.array(changed, pa.string())})
-    with registered(con, "ho_files", files), registered(con, "ho_changed", ids):
-        query = CHANGED_ROWS.format(paths=sql_list(paths), members=members)
-        con.execute(f"CREATE OR REPLACE TEMP TABLE ho_members AS {query}")
+    with registered(con, "ho_changed", ids):
+        objects = con.sql(
+            f"SELECT DISTINCT object FROM ({members}) "
+            "WHERE record_id IN (SELECT record_id FROM ho_changed)"
+        ).fetchnumpy()["object"]
+        read = _holding(paths, {str(o) for o in objects})
+        files = pa.table(
+            {"filename": [paths[i] for i in read], "start": [digests.starts()[i] for i in read]}
+        )
+        query = CHANGED_ROWS.format(paths=sql_list(files["filename"].to_pylist()), members=members)
+        with registered(con, "ho_files", files):
+            empty = "SELECT NULL::BIGINT AS row, NULL::VARCHAR AS record_id, NULL::VARCHAR AS split"
+            body = query if read else f"{empty} WHERE false"
+            con.execute(f"CREATE OR REPLACE TEMP TABLE ho_members AS {body}")
     rows = con.sql("SELECT DISTINCT row FROM ho_members ORDER BY row").fetchnumpy()["row"]
-    return np.asarray(rows, dtype=np.int64)
+    return np.asarray(rows, dtype=np.int64), len(read)
+
+
+def _holding(paths: list[str], objects: set[str]) -> list[int]:
+    """The indices of the tables whose ``object`` column holds one of ``objects`` (read as
+    its dictionary: a chunk table holds one object, the column's pages are a few bytes)."""
+    kept = []
+    for i, path in enumerate(paths):
+        column = pq.read_table(path, columns=["object"], read_dictionary=["object"])["object"]
+        values = {v for part in column.chunks for v in part.dictionary.to_pylist()}
+        if values & objects:
+            kept.append(i)
+    return kept
 
 
 def _add_rows(
