@@ -76,6 +76,45 @@ def _columns(blocks: Sequence[SignatureBlock], band: int, rows: int) -> np.ndarr
     return np.concatenate(parts, axis=1) if parts else np.empty((rows, 0), dtype=np.uint32)
 
 
+class _Band:
+    """One band of every record (blocks end to end): its first row whole (the prefilter's),
+    the band's values taken at some records. Over signature files only those records' values
+    of the other rows are read (the prefilter lets few through); else the band is read whole."""
+
+    def __init__(self, blocks: Sequence[SignatureBlock], band: int, rows: int) -> None:
+        self.rows = rows
+        if blocks and all(isinstance(b, BandMajorFile) for b in blocks):
+            self._maps = [_mapped(b) for b in blocks]  # type: ignore[arg-type]
+            self._at = band * rows
+            self.first = np.concatenate([m[self._at] for m in self._maps])
+            self._ends = np.cumsum([m.shape[1] for m in self._maps])
+            self._whole = None
+        else:
+            self._whole = _columns(blocks, band, rows)
+            self.first = self._whole[0]
+
+    def take(self, records: np.ndarray) -> np.ndarray:
+        """The ``(rows, len(records))`` values of the band at global ``records``."""
+        if self._whole is not None:
+            return self._whole[:, records]
+        order = np.argsort(records, kind="stable")
+        ascending = records[order]
+        cut = np.searchsorted(ascending, np.r_[0, self._ends])
+        band = slice(self._at, self._at + self.rows)
+        parts = [
+            m[band, ascending[cut[i] : cut[i + 1]] - (self._ends[i - 1] if i else 0)]
+            for i, m in enumerate(self._maps)
+        ]
+        out = np.empty((self.rows, len(records)), dtype=np.uint32)
+        out[:, order] = np.concatenate(parts, axis=1)
+        return out
+
+
+def _mapped(block: BandMajorFile) -> np.ndarray:
+    """A signature file's ``(num_perm, records)`` values, mapped: read where indexed."""
+    return np.memmap(block.path, "<u4", "r", block.offset, (block.num_perm, block.records))
+
+
 def _unique(values: np.ndarray) -> np.ndarray:
     values = np.sort(values)
     return values[np.r_[True, values[1:] != values[:-1]]] if len(values) else values
@@ -101,18 +140,18 @@ def _runs(values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 def _band_pairs(
-    columns: np.ndarray, band: int, heldout: np.ndarray, members: np.ndarray, n: int
+    columns: _Band, band: int, heldout: np.ndarray, members: np.ndarray, n: int
 ) -> np.ndarray:
     """Packed ``a * n + b`` (sorted unique, no self pairs) of the held-out records and members
     whose keys of this band are equal (keys computed only for the smaller side and the
     prefilter's hits on the other: a pair is the same whichever side it is looked up from)."""
     if len(heldout) > len(members):
         heldout, members = members, heldout
-    probing = members[_prefilter(columns[0, heldout], columns[0, members])]
-    held = band_keys(columns[:, heldout], band)
+    probing = members[_prefilter(columns.first[heldout], columns.first[members])]
+    held = band_keys(columns.take(heldout), band)
     order = np.argsort(held, kind="stable")
     starts, unique_keys, counts = _runs(held[order])
-    probe = band_keys(columns[:, probing], band)
+    probe = band_keys(columns.take(probing), band)
     by_key = np.argsort(probe)  # sorted needles: the binary search walks forward
     probe, probing = probe[by_key], probing[by_key]
     at = np.minimum(np.searchsorted(unique_keys, probe), len(unique_keys) - 1)
@@ -159,7 +198,7 @@ def side_candidates(
     sides = [(h, m) for h, m in sides if len(h) and len(m)]
     found: list[np.ndarray] = []
     for band in range(p.bands if sides else 0):
-        columns = _columns(blocks, band, p.rows)
+        columns = _Band(blocks, band, p.rows)
         found += [_band_pairs(columns, band, h, m, n) for h, m in sides]
         del columns
         if sum(len(f) for f in found) > 1 << 22:
@@ -194,8 +233,7 @@ def _rows_of(block: SignatureBlock) -> Callable[[int, np.ndarray], np.ndarray]:
     only the pages holding them are read (a few candidates' records, not every record of
     every row: a child's search verifies a few pairs)."""
     if isinstance(block, BandMajorFile):
-        shape = (block.num_perm, block.records)
-        mapped = np.memmap(block.path, "<u4", "r", block.offset, shape)
+        mapped = _mapped(block)
         return lambda row, local: np.asarray(mapped[row, local])
     return lambda row, local: block.band(row, 1)[0][local]
 

@@ -132,3 +132,32 @@ def test_agreement_reads_a_signature_files_values_of_the_pairs_records_only(
     read.clear()
     assert agreement(files, a, b, PARAMS.num_perm).tolist() == expected.tolist()
     assert sum(read) <= sum(f.records for f in files), read  # the blocks' sizes, once at most
+
+
+def test_candidates_over_signature_files_read_a_bands_first_row_and_the_hits_values(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Over band-major files the candidates are those in memory; no band of every record is
+    read (the prefilter reads a band's first row, the keys only the records it lets through)."""
+    rng = np.random.default_rng(3)
+    blocks, _ = _families(rng, 90)
+    files = []
+    for i, block in enumerate(blocks):
+        path = tmp_path / f"{i}.npy"
+        path.write_bytes(band_major_npy(block.band(0, PARAMS.num_perm).T))
+        files.append(BandMajorFile.open(path))
+    bands: list[int] = []
+    whole = BandMajorFile.band
+
+    def counted(self: BandMajorFile, band: int, rows: int) -> np.ndarray:
+        bands.append(rows)
+        return whole(self, band, rows)
+
+    monkeypatch.setattr(BandMajorFile, "band", counted)
+    heldout, members = np.array([4, 40, 77]), np.arange(90)
+    for moved in (None, np.array([5, 41, 60])):
+        expected = candidates(blocks, heldout, members, PARAMS, 90, moved)
+        assert len(expected)
+        got = candidates(files, heldout, members, PARAMS, 90, moved)
+        assert got.tolist() == expected.tolist()
+    assert bands == [], bands
