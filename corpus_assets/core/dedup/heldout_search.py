@@ -81,10 +81,16 @@ class _Band:
     the band's values taken at some records. Over signature files only those records' values
     of the other rows are read (the prefilter lets few through); else the band is read whole."""
 
-    def __init__(self, blocks: Sequence[SignatureBlock], band: int, rows: int) -> None:
+    def __init__(
+        self,
+        blocks: Sequence[SignatureBlock],
+        maps: list[np.ndarray] | None,
+        band: int,
+        rows: int,
+    ) -> None:
         self.rows = rows
-        if blocks and all(isinstance(b, BandMajorFile) for b in blocks):
-            self._maps = [_mapped(b) for b in blocks]  # type: ignore[arg-type]
+        if maps is not None:
+            self._maps = maps
             self._at = band * rows
             self.first = np.concatenate([m[self._at] for m in self._maps])
             self._ends = np.cumsum([m.shape[1] for m in self._maps])
@@ -113,6 +119,13 @@ class _Band:
 def _mapped(block: BandMajorFile) -> np.ndarray:
     """A signature file's ``(num_perm, records)`` values, mapped: read where indexed."""
     return np.memmap(block.path, "<u4", "r", block.offset, (block.num_perm, block.records))
+
+
+def _maps(blocks: Sequence[SignatureBlock]) -> list[np.ndarray] | None:
+    """Every block mapped, when all are signature files (else None: read by band)."""
+    if blocks and all(isinstance(b, BandMajorFile) for b in blocks):
+        return [_mapped(b) for b in blocks]  # type: ignore[arg-type]
+    return None
 
 
 def _unique(values: np.ndarray) -> np.ndarray:
@@ -197,8 +210,9 @@ def side_candidates(
     """``candidates`` of each (held-out rows, member rows) side, packed, sorted unique."""
     sides = [(h, m) for h, m in sides if len(h) and len(m)]
     found: list[np.ndarray] = []
+    maps = _maps(blocks) if sides else None
     for band in range(p.bands if sides else 0):
-        columns = _Band(blocks, band, p.rows)
+        columns = _Band(blocks, maps, band, p.rows)
         found += [_band_pairs(columns, band, h, m, n) for h, m in sides]
         del columns
         if sum(len(f) for f in found) > 1 << 22:

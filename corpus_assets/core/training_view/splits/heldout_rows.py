@@ -37,15 +37,14 @@ WITH pos AS (
     JOIN ho_files f USING (filename))
 SELECT p.row, m.record_id, m.split FROM ({members}) m
 JOIN pos p ON m.record_id = p.record_id AND m.object = p.object AND m.line = p.line
-ORDER BY p.row
 """
 # The same rows by the dedup layer's decisions table (per global row, its clusters position):
-# one integer join instead of three string columns of every records table.
+# one integer join instead of three string columns of every records table. Neither sorts: its
+# readers order by row themselves (sorting every member's id and split here was wasted).
 BY_POSITION = """
 SELECT d.row, m.record_id, m.split FROM ({members}) m
 JOIN (SELECT file_row_number AS row, pos FROM read_parquet({path}, file_row_number = true)) d
 ON m.pos = d.pos
-ORDER BY d.row
 """
 EMPTY_ROWS = np.empty(0, dtype=np.int64)
 
