@@ -171,7 +171,9 @@ def _empty_keys() -> dict[str, pa.Array]:
 def _members(con: duckdb.DuckDBPyConnection, digests: RowDigests) -> Members:
     """The rows looked up (ascending, once each) and whether a held-out record stands there."""
     found = con.sql(
-        f"SELECT row, bool_or(split <> '{TRAIN}') AS held FROM ho_members GROUP BY row ORDER BY row"
+        f"SELECT row, bool_or(split <> '{TRAIN}') AS held, count(*) AS n FROM ho_members "
+        "GROUP BY row ORDER BY row"
     ).fetchnumpy()
     rows = np.asarray(found["row"], dtype=np.int64) if len(found["row"]) else EMPTY
-    return Members(rows, np.asarray(found["held"], dtype=bool), con, digests)
+    single = bool(np.all(np.asarray(found["n"]) == 1))
+    return Members(rows, np.asarray(found["held"], dtype=bool), con, digests, single)
