@@ -22,6 +22,7 @@ Pure numpy over ``SignatureBlock``s and a fingerprint callable; pairs come back 
 (a, b) on global rows, so the result does not depend on the worker count or chunk timing.
 """
 
+import mmap
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -76,6 +77,35 @@ def _columns(blocks: Sequence[SignatureBlock], band: int, rows: int) -> np.ndarr
     return np.concatenate(parts, axis=1) if parts else np.empty((rows, 0), dtype=np.uint32)
 
 
+@dataclass(frozen=True)
+class _Mapped:
+    """A signature file mapped read-only: ``values`` ``(num_perm, records)``, read where
+    indexed. ``release`` drops the pages read from this process (the page cache keeps them): a
+    mapped file's resident pages count in the process's memory, and every band read would
+    leave the whole file there."""
+
+    values: np.ndarray
+    pages: mmap.mmap
+
+    @classmethod
+    def open(cls, block: BandMajorFile) -> "_Mapped":
+        with open(block.path, "rb") as f:
+            pages = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        count = block.num_perm * block.records
+        values = np.frombuffer(pages, "<u4", count, block.offset)
+        return cls(values.reshape(block.num_perm, block.records), pages)
+
+    def release(self) -> None:
+        self.pages.madvise(mmap.MADV_DONTNEED)
+
+
+def _maps(blocks: Sequence[SignatureBlock]) -> list[_Mapped] | None:
+    """Every block mapped, when all are signature files (else None: read by band)."""
+    if blocks and all(isinstance(b, BandMajorFile) for b in blocks):
+        return [_Mapped.open(b) for b in blocks]  # type: ignore[arg-type]
+    return None
+
+
 class _Band:
     """One band of every record (blocks end to end): its first row whole (the prefilter's),
     the band's values taken at some records. Over signature files only those records' values
@@ -84,13 +114,13 @@ class _Band:
     def __init__(
         self,
         blocks: Sequence[SignatureBlock],
-        maps: list[np.ndarray] | None,
+        maps: list[_Mapped] | None,
         band: int,
         rows: int,
     ) -> None:
         self.rows = rows
         if maps is not None:
-            self._maps = maps
+            self._maps = [m.values for m in maps]
             self._at = band * rows
             self.first = np.concatenate([m[self._at] for m in self._maps])
             self._ends = np.cumsum([m.shape[1] for m in self._maps])
@@ -114,18 +144,6 @@ class _Band:
         out = np.empty((self.rows, len(records)), dtype=np.uint32)
         out[:, order] = np.concatenate(parts, axis=1)
         return out
-
-
-def _mapped(block: BandMajorFile) -> np.ndarray:
-    """A signature file's ``(num_perm, records)`` values, mapped: read where indexed."""
-    return np.memmap(block.path, "<u4", "r", block.offset, (block.num_perm, block.records))
-
-
-def _maps(blocks: Sequence[SignatureBlock]) -> list[np.ndarray] | None:
-    """Every block mapped, when all are signature files (else None: read by band)."""
-    if blocks and all(isinstance(b, BandMajorFile) for b in blocks):
-        return [_mapped(b) for b in blocks]  # type: ignore[arg-type]
-    return None
 
 
 def _unique(values: np.ndarray) -> np.ndarray:
@@ -215,6 +233,8 @@ def side_candidates(
         columns = _Band(blocks, maps, band, p.rows)
         found += [_band_pairs(columns, band, h, m, n) for h, m in sides]
         del columns
+        for mapped in maps or []:
+            mapped.release()
         if sum(len(f) for f in found) > 1 << 22:
             found = [_unique(np.concatenate(found))]
     return _unique(np.concatenate(found)) if found else np.empty(0, dtype=np.int64)
@@ -247,8 +267,14 @@ def _rows_of(block: SignatureBlock) -> Callable[[int, np.ndarray], np.ndarray]:
     only the pages holding them are read (a few candidates' records, not every record of
     every row: a child's search verifies a few pairs)."""
     if isinstance(block, BandMajorFile):
-        mapped = _mapped(block)
-        return lambda row, local: np.asarray(mapped[row, local])
+        mapped = _Mapped.open(block)
+
+        def values(row: int, local: np.ndarray) -> np.ndarray:
+            taken = mapped.values[row, local]  # a copy: the pages can go
+            mapped.release()
+            return taken
+
+        return values
     return lambda row, local: block.band(row, 1)[0][local]
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from corpus_assets.core.dedup import heldout_search
 from corpus_assets.core.dedup.heldout_search import (
     HeldoutParams,
     _prefilter,
@@ -154,10 +155,18 @@ def test_candidates_over_signature_files_read_a_bands_first_row_and_the_hits_val
         return whole(self, band, rows)
 
     monkeypatch.setattr(BandMajorFile, "band", counted)
+    released: list[int] = []
+    release = heldout_search._Mapped.release
+    monkeypatch.setattr(
+        heldout_search._Mapped, "release", lambda self: released.append(1) or release(self)
+    )
     heldout, members = np.array([4, 40, 77]), np.arange(90)
     for moved in (None, np.array([5, 41, 60])):
         expected = candidates(blocks, heldout, members, PARAMS, 90, moved)
         assert len(expected)
         got = candidates(files, heldout, members, PARAMS, 90, moved)
         assert got.tolist() == expected.tolist()
+        # every band's pages dropped from the process once read: the file never stays mapped in
+        assert len(released) == PARAMS.bands * len(files), len(released)
+        released.clear()
     assert bands == [], bands
