@@ -15,8 +15,8 @@ from corpus_assets.core.publication.evidence import Evidence
 from corpus_assets.core.publication.rules import RuleReport
 from corpus_assets.core.publication.verify import load_manifest, resolve
 from corpus_assets.core.runtime.layer_index import load_index
+from corpus_assets.core.runtime.snapshot_manifest import read_manifest
 from corpus_assets.core.runtime.workspace import open_workspace
-from corpus_assets.core.storage.artifacts import get_json
 from corpus_assets.core.storage.trust import StatTrust
 
 
@@ -30,9 +30,12 @@ def main(config: str, partition: str) -> None:
             ev.files.verified |= {c.records["digest"] for c in ev.canonical.chunks()}
             ev.files.verified.add(ev.dedup.output("clusters")["digest"])
             parent = ev.freeze.parents[0]
-            theirs = get_json(ws.cas, states.get(ws.catalog, parent).manifest_digest, "manifest")
-            dedup = load_index(ws.cas, theirs["layers"]["dedup_clusters"], "dedup_clusters")
-            tables = [theirs["members"]["digest"], dedup.output("clusters")["digest"]]
+            theirs = read_manifest(
+                ws.cas, states.get(ws.catalog, parent).manifest_digest, "manifest"
+            )
+            dedup = load_index(ws.cas, theirs.layers["dedup_clusters"], "dedup_clusters")
+            parts = [ref["digest"] for ref in theirs.members.part_refs(ws.cas)]
+            tables = [*parts, dedup.output("clusters")["digest"]]
             StatTrust(ws.cas, ws.catalog).verify_all({d: "parent table" for d in tables})
             heldout_check._passed_parent = lambda *_: (theirs, dedup)  # type: ignore[assignment]
             heldout_check.SPLITS_CODE = ev.splits.code

@@ -22,6 +22,7 @@ Pure numpy over ``SignatureBlock``s and a fingerprint callable; pairs come back 
 (a, b) on global rows, so the result does not depend on the worker count or chunk timing.
 """
 
+import mmap
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -30,6 +31,7 @@ import numpy as np
 from corpus_assets.core.dedup.binomial import lower_quantile
 from corpus_assets.core.dedup.jaccard import jaccard_sorted
 from corpus_assets.core.dedup.near_dedup import SignatureBlock, band_keys
+from corpus_assets.core.dedup.signature_cache import BandMajorFile
 
 ROWS = 3  # rows per band of the held-out search
 MISS = 1e-12  # the estimate's allowed miss probability for a pair at the threshold
@@ -75,6 +77,75 @@ def _columns(blocks: Sequence[SignatureBlock], band: int, rows: int) -> np.ndarr
     return np.concatenate(parts, axis=1) if parts else np.empty((rows, 0), dtype=np.uint32)
 
 
+@dataclass(frozen=True)
+class _Mapped:
+    """A signature file mapped read-only: ``values`` ``(num_perm, records)``, read where
+    indexed. ``release`` drops the pages read from this process (the page cache keeps them): a
+    mapped file's resident pages count in the process's memory, and every band read would
+    leave the whole file there."""
+
+    values: np.ndarray
+    pages: mmap.mmap
+
+    @classmethod
+    def open(cls, block: BandMajorFile) -> "_Mapped":
+        with open(block.path, "rb") as f:
+            pages = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        count = block.num_perm * block.records
+        values = np.frombuffer(pages, "<u4", count, block.offset)
+        return cls(values.reshape(block.num_perm, block.records), pages)
+
+    def release(self) -> None:
+        self.pages.madvise(mmap.MADV_DONTNEED)
+
+
+def _maps(blocks: Sequence[SignatureBlock]) -> list[_Mapped] | None:
+    """Every block mapped, when all are signature files (else None: read by band)."""
+    if blocks and all(isinstance(b, BandMajorFile) for b in blocks):
+        return [_Mapped.open(b) for b in blocks]  # type: ignore[arg-type]
+    return None
+
+
+class _Band:
+    """One band of every record (blocks end to end): its first row whole (the prefilter's),
+    the band's values taken at some records. Over signature files only those records' values
+    of the other rows are read (the prefilter lets few through); else the band is read whole."""
+
+    def __init__(
+        self,
+        blocks: Sequence[SignatureBlock],
+        maps: list[_Mapped] | None,
+        band: int,
+        rows: int,
+    ) -> None:
+        self.rows = rows
+        if maps is not None:
+            self._maps = [m.values for m in maps]
+            self._at = band * rows
+            self.first = np.concatenate([m[self._at] for m in self._maps])
+            self._ends = np.cumsum([m.shape[1] for m in self._maps])
+            self._whole = None
+        else:
+            self._whole = _columns(blocks, band, rows)
+            self.first = self._whole[0]
+
+    def take(self, records: np.ndarray) -> np.ndarray:
+        """The ``(rows, len(records))`` values of the band at global ``records``."""
+        if self._whole is not None:
+            return self._whole[:, records]
+        order = np.argsort(records, kind="stable")
+        ascending = records[order]
+        cut = np.searchsorted(ascending, np.r_[0, self._ends])
+        band = slice(self._at, self._at + self.rows)
+        parts = [
+            m[band, ascending[cut[i] : cut[i + 1]] - (self._ends[i - 1] if i else 0)]
+            for i, m in enumerate(self._maps)
+        ]
+        out = np.empty((self.rows, len(records)), dtype=np.uint32)
+        out[:, order] = np.concatenate(parts, axis=1)
+        return out
+
+
 def _unique(values: np.ndarray) -> np.ndarray:
     values = np.sort(values)
     return values[np.r_[True, values[1:] != values[:-1]]] if len(values) else values
@@ -100,18 +171,18 @@ def _runs(values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 def _band_pairs(
-    columns: np.ndarray, band: int, heldout: np.ndarray, members: np.ndarray, n: int
+    columns: _Band, band: int, heldout: np.ndarray, members: np.ndarray, n: int
 ) -> np.ndarray:
     """Packed ``a * n + b`` (sorted unique, no self pairs) of the held-out records and members
     whose keys of this band are equal (keys computed only for the smaller side and the
     prefilter's hits on the other: a pair is the same whichever side it is looked up from)."""
     if len(heldout) > len(members):
         heldout, members = members, heldout
-    probing = members[_prefilter(columns[0, heldout], columns[0, members])]
-    held = band_keys(columns[:, heldout], band)
+    probing = members[_prefilter(columns.first[heldout], columns.first[members])]
+    held = band_keys(columns.take(heldout), band)
     order = np.argsort(held, kind="stable")
     starts, unique_keys, counts = _runs(held[order])
-    probe = band_keys(columns[:, probing], band)
+    probe = band_keys(columns.take(probing), band)
     by_key = np.argsort(probe)  # sorted needles: the binary search walks forward
     probe, probing = probe[by_key], probing[by_key]
     at = np.minimum(np.searchsorted(unique_keys, probe), len(unique_keys) - 1)
@@ -157,10 +228,13 @@ def side_candidates(
     """``candidates`` of each (held-out rows, member rows) side, packed, sorted unique."""
     sides = [(h, m) for h, m in sides if len(h) and len(m)]
     found: list[np.ndarray] = []
+    maps = _maps(blocks) if sides else None
     for band in range(p.bands if sides else 0):
-        columns = _columns(blocks, band, p.rows)
+        columns = _Band(blocks, maps, band, p.rows)
         found += [_band_pairs(columns, band, h, m, n) for h, m in sides]
         del columns
+        for mapped in maps or []:
+            mapped.release()
         if sum(len(f) for f in found) > 1 << 22:
             found = [_unique(np.concatenate(found))]
     return _unique(np.concatenate(found)) if found else np.empty(0, dtype=np.int64)
@@ -181,11 +255,27 @@ def agreement(
     parts = [
         (i, involved[cut[i] : cut[i + 1]] - (ends[i - 1] if i else 0)) for i in range(len(blocks))
     ]
-    parts = [(i, local) for i, local in parts if len(local)]
+    parts = [(_rows_of(blocks[i]), local) for i, local in parts if len(local)]
     for row in range(perms):
-        values = np.concatenate([blocks[i].band(row, 1)[0][local] for i, local in parts])
+        values = np.concatenate([rows_of(row, local) for rows_of, local in parts])
         agree += values[at_a] == values[at_b]
     return agree
+
+
+def _rows_of(block: SignatureBlock) -> Callable[[int, np.ndarray], np.ndarray]:
+    """A permutation row's values at some records of ``block``: a signature file is mapped and
+    only the pages holding them are read (a few candidates' records, not every record of
+    every row: a child's search verifies a few pairs)."""
+    if isinstance(block, BandMajorFile):
+        mapped = _Mapped.open(block)
+
+        def values(row: int, local: np.ndarray) -> np.ndarray:
+            taken = mapped.values[row, local]  # a copy: the pages can go
+            mapped.release()
+            return taken
+
+        return values
+    return lambda row, local: block.band(row, 1)[0][local]
 
 
 def _total(blocks: Sequence[SignatureBlock]) -> int:

@@ -37,7 +37,12 @@ from corpus_assets.core.storage.cas import CasError
 from corpus_assets.core.storage.cas_queries import ordered_parts, sql_list
 from corpus_assets.core.storage.table_lookup import TrustedFiles
 from corpus_assets.core.training_view.splits import CODE as SPLITS_CODE
-from corpus_assets.core.training_view.splits import HeldoutScan, reuse, searched_records
+from corpus_assets.core.training_view.splits import (
+    HeldoutScan,
+    narrowed_pairs,
+    reuse,
+    searched_records,
+)
 
 RULE = "heldout_near_apart"
 CHANGED = """
@@ -63,9 +68,11 @@ def heldout_near_apart(ws: Workspace) -> ValidationRule:
         records = "SELECT * FROM ho_searched"  # read twice: the changed records and the search
         known = reuse(ws, ev.dedup, scan.spec, (ev.splits, SPLITS_CODE, "splits layer"))
         changed = changed_since_parent(ws, ev, records)
-        if changed is not None:
+        if changed is None:
+            pairs = scan.pairs(ev.con, records, known, keep=False)[0]
+        else:  # only the changed records' rows and their candidates' are looked up
             ev.narrowed.append(RULE)
-        pairs = scan.pairs(ev.con, records, known, keep=False, changed=changed)[0]
+            pairs = narrowed_pairs(scan, ev.con, records, known, changed)[0]
         cross = pairs.filter(pc.not_equal(pairs["split_a"], pairs["split_b"]))
         report.heldout_near_pairs = cross.num_rows  # only the shown ones become Python objects
         return [

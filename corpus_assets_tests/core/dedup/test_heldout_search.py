@@ -6,12 +6,22 @@ every band finds, and a search told some Jaccards (nan for the rest) must return
 pairs and Jaccards as one computing them all, fingerprinting only what it was not told.
 """
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
-from corpus_assets.core.dedup.heldout_search import HeldoutParams, _prefilter, candidates, search
+from corpus_assets.core.dedup import heldout_search
+from corpus_assets.core.dedup.heldout_search import (
+    HeldoutParams,
+    _prefilter,
+    agreement,
+    candidates,
+    search,
+)
 from corpus_assets.core.dedup.jaccard import jaccard_sorted
 from corpus_assets.core.dedup.near_dedup import RowMajor, band_keys
+from corpus_assets.core.dedup.signature_cache import BandMajorFile, band_major_npy
 
 PARAMS = HeldoutParams(num_perm=24, threshold=0.5, rows=3)
 
@@ -96,3 +106,67 @@ def test_the_prefilter_lets_few_members_through_for_a_few_moved_records() -> Non
     kept = _prefilter(held, probe)
     assert len(kept) < 1_000, len(kept)
     assert set(np.flatnonzero(np.isin(probe, held))) <= set(kept.tolist())  # no true hit lost
+
+
+def test_agreement_reads_a_signature_files_values_of_the_pairs_records_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Over band-major signature files, the agreement of a few pairs is that of the same
+    signatures in memory, and no permutation row of every record is read."""
+    blocks, _ = _families(np.random.default_rng(7), 60)
+    files = []
+    for i, block in enumerate(blocks):
+        path = tmp_path / f"{i}.npy"
+        path.write_bytes(band_major_npy(block.band(0, PARAMS.num_perm).T))
+        files.append(BandMajorFile.open(path))
+    read: list[int] = []
+    whole = BandMajorFile.band
+
+    def counted(self: BandMajorFile, band: int, rows: int) -> np.ndarray:
+        read.append(rows * self.records)
+        return whole(self, band, rows)
+
+    monkeypatch.setattr(BandMajorFile, "band", counted)
+    a, b = np.array([0, 1, 30, 6]), np.array([2, 5, 31, 50])
+    expected = agreement(blocks, a, b, PARAMS.num_perm)
+    assert (expected > 0).any()
+    read.clear()
+    assert agreement(files, a, b, PARAMS.num_perm).tolist() == expected.tolist()
+    assert sum(read) <= sum(f.records for f in files), read  # the blocks' sizes, once at most
+
+
+def test_candidates_over_signature_files_read_a_bands_first_row_and_the_hits_values(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Over band-major files the candidates are those in memory; no band of every record is
+    read (the prefilter reads a band's first row, the keys only the records it lets through)."""
+    rng = np.random.default_rng(3)
+    blocks, _ = _families(rng, 90)
+    files = []
+    for i, block in enumerate(blocks):
+        path = tmp_path / f"{i}.npy"
+        path.write_bytes(band_major_npy(block.band(0, PARAMS.num_perm).T))
+        files.append(BandMajorFile.open(path))
+    bands: list[int] = []
+    whole = BandMajorFile.band
+
+    def counted(self: BandMajorFile, band: int, rows: int) -> np.ndarray:
+        bands.append(rows)
+        return whole(self, band, rows)
+
+    monkeypatch.setattr(BandMajorFile, "band", counted)
+    released: list[int] = []
+    release = heldout_search._Mapped.release
+    monkeypatch.setattr(
+        heldout_search._Mapped, "release", lambda self: released.append(1) or release(self)
+    )
+    heldout, members = np.array([4, 40, 77]), np.arange(90)
+    for moved in (None, np.array([5, 41, 60])):
+        expected = candidates(blocks, heldout, members, PARAMS, 90, moved)
+        assert len(expected)
+        got = candidates(files, heldout, members, PARAMS, 90, moved)
+        assert got.tolist() == expected.tolist()
+        # every band's pages dropped from the process once read: the file never stays mapped in
+        assert len(released) == PARAMS.bands * len(files), len(released)
+        released.clear()
+    assert bands == [], bands

@@ -5,13 +5,15 @@ Other packages import from here only. :mod:`.build` is the layer (parent, tables
 hashing, :mod:`.by_time` the time boundary, :mod:`.conflicts` and :mod:`.bridges` conflict
 resolution, :mod:`.residual` the rule that no path joins two splits, :mod:`.heldout` the
 held-out members searched again for near pairs dedup missed (also run by the validation gate)
-with :mod:`.heldout_state`, :mod:`.heldout_tasks` and :mod:`.heldout_resolve`, and
+with :mod:`.heldout_state`, :mod:`.heldout_tasks`, :mod:`.heldout_narrowed` (the gate's
+search bounded to changed records) and :mod:`.heldout_resolve`, and
 :mod:`.report` what the layer reports.
 """
 
 from corpus_assets.core.training_view.splits.assign import split_of
 from corpus_assets.core.training_view.splits.build import CODE, SPLIT_COLUMNS, build_splits
 from corpus_assets.core.training_view.splits.heldout import HeldoutScan, reuse
+from corpus_assets.core.training_view.splits.heldout_narrowed import narrowed_pairs
 from corpus_assets.core.training_view.splits.heldout_rows import searched_records
 from corpus_assets.core.training_view.splits.schema import EXCLUDED, SPLITS, TRAIN, UNLINKED
 
@@ -24,6 +26,7 @@ __all__ = [
     "UNLINKED",
     "HeldoutScan",
     "build_splits",
+    "narrowed_pairs",
     "reuse",
     "searched_records",
     "split_of",

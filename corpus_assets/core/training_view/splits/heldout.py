@@ -302,7 +302,8 @@ class HeldoutScan:
             f"SELECT row, split <> '{TRAIN}' AS held FROM ho_members ORDER BY row"
         ).fetchnumpy()
         rows = np.asarray(found["row"], dtype=np.int64)
-        return Members(rows, np.asarray(found["held"], dtype=bool), con, digests)
+        single = bool(np.all(rows[1:] > rows[:-1]))  # each row once, as it is listed
+        return Members(rows, np.asarray(found["held"], dtype=bool), con, digests, single)
 
     def _search(
         self,

@@ -37,15 +37,14 @@ WITH pos AS (
     JOIN ho_files f USING (filename))
 SELECT p.row, m.record_id, m.split FROM ({members}) m
 JOIN pos p ON m.record_id = p.record_id AND m.object = p.object AND m.line = p.line
-ORDER BY p.row
 """
 # The same rows by the dedup layer's decisions table (per global row, its clusters position):
-# one integer join instead of three string columns of every records table.
+# one integer join instead of three string columns of every records table. Neither sorts: its
+# readers order by row themselves (sorting every member's id and split here was wasted).
 BY_POSITION = """
 SELECT d.row, m.record_id, m.split FROM ({members}) m
 JOIN (SELECT file_row_number AS row, pos FROM read_parquet({path}, file_row_number = true)) d
 ON m.pos = d.pos
-ORDER BY d.row
 """
 EMPTY_ROWS = np.empty(0, dtype=np.int64)
 
@@ -73,6 +72,7 @@ class Members:
     held: np.ndarray  # per ``rows[i]``: held out (not in train)
     con: duckdb.DuckDBPyConnection | None
     digests: RowDigests  # per global row, read when taken
+    single: bool = False  # whether ``con`` lists every row once (no forged duplicate)
 
     def named(self, changed: pa.Array) -> np.ndarray:
         """The ascending rows of the members whose record id is in ``changed``."""
@@ -95,15 +95,22 @@ class Members:
         wanted_rows = pa.table({"i": np.arange(2 * k), "row": wanted})
         # one thread under the sort cap: at 1.1 GB the pairs name ~650k rows, and this join,
         # window and sort on the connection's full cap was the gate's peak
+        # one member per row: a forged members table may list a record twice (the
+        # record_ids_unique rule names it), which must not stop this rule; only the rows
+        # wanted are numbered (the window was over every member), and only when some row is
+        # listed twice
+        once = (
+            ""
+            if self.single
+            else (
+                "WHERE row IN (SELECT row FROM ho_wanted) "
+                "QUALIFY row_number() OVER (PARTITION BY row ORDER BY record_id, split) = 1"
+            )
+        )
         with registered(self.con, "ho_wanted", wanted_rows), tightened(self.con, SORT_LIMIT):
             got = self.con.sql(
-                "SELECT m.record_id, m.split FROM ho_wanted w JOIN (SELECT * FROM ho_members "
-                # only the rows wanted are numbered (the window was over every member)
-                "WHERE row IN (SELECT row FROM ho_wanted) "
-                # one member per row: a forged members table may list a record twice (the
-                # record_ids_unique rule names it), which must not stop this rule
-                "QUALIFY row_number() OVER (PARTITION BY row ORDER BY record_id, split) = 1) m "
-                "USING (row) ORDER BY w.i"
+                f"SELECT m.record_id, m.split FROM ho_wanted w JOIN (SELECT * FROM ho_members "
+                f"{once}) m USING (row) ORDER BY w.i"
             ).to_arrow_table()
         del wanted_rows
         if got.num_rows != 2 * k:

@@ -1,0 +1,62 @@
+"""The held-out gate of a child whose parent passed it looks up the rows of the changed records
+and of their candidates only, not every member's, and finds the pairs the narrowed search over
+every member's row finds (a leak planted on a changed record included)."""
+
+from pathlib import Path
+
+import pytest
+
+from corpus_assets.core.publication.evidence import Evidence
+from corpus_assets.core.publication.heldout_check import changed_since_parent
+from corpus_assets.core.publication.validation import validate_snapshot
+from corpus_assets.core.publication.verify import load_manifest, resolve
+from corpus_assets.core.runtime.workspace import Workspace
+from corpus_assets.core.storage.cas_queries import sql_list
+from corpus_assets.core.training_view.splits import HeldoutScan, narrowed_pairs, searched_records
+from corpus_assets_tests.core.publication.test_child_check import SQLITE, _parent_and_child
+
+
+@SQLITE
+def test_the_narrowed_gate_finds_no_members_row_but_the_changed_and_their_candidates(
+    workspace: Workspace, demo_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, child = _parent_and_child(workspace, demo_home)
+    positions: list[int] = []
+    found = HeldoutScan._positions
+
+    def counted(self: HeldoutScan, *args: object) -> object:
+        members = found(self, *args)
+        positions.append(len(members.rows))
+        return members
+
+    monkeypatch.setattr(HeldoutScan, "_positions", counted)
+    report = validate_snapshot(workspace, child, trust_unchanged=True)
+    assert report.ok and "heldout_near_apart" in report.rules_narrowed, report.findings
+    assert positions == [], positions  # no join of every member's row
+
+    manifest = load_manifest(workspace.cas, resolve(workspace.catalog, child))
+    with Evidence.load(workspace.cas, workspace.catalog, manifest) as ev:
+        scan = HeldoutScan.open(workspace, ev.canonical.chunks(), ev.dedup)
+        assert scan is not None
+        path = ev.files.path(ev.dedup.output("clusters")["digest"])
+        records = searched_records(f"read_parquet({sql_list([path])})", "members")
+        changed = changed_since_parent(workspace, ev, records)
+        assert changed is not None and 0 < len(changed) < ev.member_count
+        # a changed record in train beside its unchanged held-out near twin, as it stands
+        # and moved: the pairs of the search over every member's row, in the same order
+        wide = scan.pairs(ev.con, records, keep=False, changed=changed)[0].to_pylist()
+        ids = set(changed.to_pylist())
+        pair = next(p for p in wide if (p["record_a"] in ids) != (p["record_b"] in ids))
+        moved = pair["record_a"] if pair["record_a"] in ids else pair["record_b"]
+        tampered = (
+            "SELECT record_id, object, line, leakage_id, CASE WHEN record_id = "
+            f"'{moved}' THEN 'train' ELSE split END AS split FROM ({records})"
+        )
+        for members in (records, tampered):
+            wide = scan.pairs(ev.con, members, keep=False, changed=changed)[0].to_pylist()
+            narrow, stats = narrowed_pairs(scan, ev.con, members, None, changed)
+            assert narrow.to_pylist() == wide and wide
+            assert stats["changed"] == len(changed), stats
+            assert 0 < stats["tables_read"] < len(scan.chunks), stats  # those of the changed
+            assert stats["looked_up"] < ev.member_count // 2, (stats, ev.member_count)
+        assert any(p["split_a"] != p["split_b"] for p in narrow.to_pylist())

@@ -1,0 +1,30 @@
+"""The searched members' ids and splits are looked up for the rows pairs name: a row a forged
+members table lists twice gives its first (record id, split), one listed once its own."""
+
+import duckdb
+import numpy as np
+
+from corpus_assets.core.dedup.heldout_search import HeldoutPairs
+from corpus_assets.core.training_view.splits.heldout_rows import Members
+from corpus_assets.core.training_view.splits.heldout_tasks import RowDigests
+
+
+def _pairs(rows: list[tuple[int, str, str]], single: bool) -> list[dict]:
+    con = duckdb.connect()
+    con.execute("CREATE TABLE ho_members (row BIGINT, record_id VARCHAR, split VARCHAR)")
+    con.executemany("INSERT INTO ho_members VALUES (?, ?, ?)", rows)
+    listed = np.array(sorted(r for r, _, _ in rows), dtype=np.int64)
+    members = Members(listed, np.ones(len(listed), bool), con, RowDigests(None, []), single)  # type: ignore[arg-type]
+    found = HeldoutPairs(np.array([1, 2]), np.array([2, 3]), np.array([0.9, 0.8]))
+    return members.pairs(found).to_pylist()
+
+
+def test_a_row_listed_twice_gives_its_first_member_and_one_listed_once_its_own() -> None:
+    twice = [(3, "z", "test"), (1, "b", "test"), (1, "a", "train"), (2, "c", "validation")]
+    got = _pairs(twice, single=False)
+    assert [(p["record_a"], p["split_a"], p["record_b"]) for p in got] == [
+        ("a", "train", "c"),
+        ("c", "validation", "z"),
+    ]
+    once = [(3, "z", "test"), (1, "a", "train"), (2, "c", "validation")]
+    assert _pairs(once, single=True) == got
