@@ -23,8 +23,11 @@ Pure numpy over ``SignatureBlock``s and a fingerprint callable; pairs come back 
 """
 
 import mmap
+import os
+import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -292,12 +295,15 @@ def search(
     thresholds: np.ndarray | None = None,
     known: Known | None = None,
     moved: np.ndarray | None = None,
+    spill: Path | None = None,
 ) -> HeldoutPairs:
     """Every pair (held-out record, member) at or above its threshold; see the module doc.
 
     ``heldout`` and ``members`` are global rows (``members`` may include the held-out ones);
-    ``fingerprints(rows)`` gets ascending unique rows once and returns their fingerprint
-    sets; ``thresholds`` is each global row's threshold (else ``p.threshold`` for all);
+    ``fingerprints(rows)`` gets ascending unique rows (in ascending windows, each row once) and
+    returns their fingerprint sets, which go to a temporary file in ``spill`` (else the
+    system's temporary folder); ``thresholds`` is each global row's threshold (else
+    ``p.threshold`` for all);
     ``known(a, b)`` gives the exact Jaccards already computed elsewhere (nan where not), so
     only the other pairs are fingerprinted and verified. With ``moved`` (ascending member
     rows), only the pairs with at least one of them.
@@ -305,7 +311,7 @@ def search(
     n = len(thresholds) if thresholds is not None else _total(blocks)
     packed = candidates(blocks, heldout, members, p, n, moved)
     a, b = np.divmod(packed, max(n, 1))
-    return settle(blocks, a, b, p, fingerprints, thresholds, known)
+    return settle(blocks, a, b, p, fingerprints, thresholds, known, spill)
 
 
 def settle(
@@ -316,6 +322,7 @@ def settle(
     fingerprints: Callable[[np.ndarray], list[np.ndarray]],
     thresholds: np.ndarray | None = None,
     known: Known | None = None,
+    spill: Path | None = None,
 ) -> HeldoutPairs:
     """Of candidate pairs (rows of the blocks, in order), those the estimate keeps, verified
     (known Jaccards taken as they are) and at or above their threshold; see ``search``."""
@@ -326,7 +333,7 @@ def settle(
     stats["estimated"] = len(a)
     jaccards = np.full(len(a), np.nan) if known is None or not len(a) else known(a, b)
     todo = np.flatnonzero(np.isnan(jaccards))
-    jaccards[todo], stats["fingerprinted"] = _verify(a[todo], b[todo], fingerprints)
+    jaccards[todo], stats["fingerprinted"] = _verify(a[todo], b[todo], fingerprints, spill)
     stats["known"], stats["computed"] = len(a) - len(todo), len(todo)
     if thresholds is None:
         need = np.full(len(a), p.threshold)
@@ -339,13 +346,61 @@ def settle(
 
 
 def _verify(
-    a: np.ndarray, b: np.ndarray, fingerprints: Callable[[np.ndarray], list[np.ndarray]]
+    a: np.ndarray,
+    b: np.ndarray,
+    fingerprints: Callable[[np.ndarray], list[np.ndarray]],
+    spill: Path | None = None,
 ) -> tuple[np.ndarray, int]:
-    """The exact Jaccard of each pair of rows, and how many records were fingerprinted."""
+    """The exact Jaccard of each pair of rows, and how many records were fingerprinted. The
+    sets are spilled as they are made (:class:`SpilledPrints`) and read back a pair at a time,
+    in held-out row order so each held-out set is read once: memory holds a window of sets,
+    not every record's (110 MB of them at 1.1 GB of raw text, and the heap they fragmented)."""
     if not len(a):
         return np.empty(0, dtype=np.float64), 0
     involved = _unique(np.concatenate([a, b]))
-    prints = fingerprints(involved)
-    at_a, at_b = np.searchsorted(involved, a).tolist(), np.searchsorted(involved, b).tolist()
-    out = [jaccard_sorted(prints[x], prints[y]) for x, y in zip(at_a, at_b, strict=True)]
-    return np.array(out, dtype=np.float64), len(involved)
+    at_a, at_b = np.searchsorted(involved, a), np.searchsorted(involved, b)
+    out = np.empty(len(a), dtype=np.float64)
+    with SpilledPrints(fingerprints, involved, spill) as prints:
+        last, held = -1, EMPTY
+        for i in np.lexsort((at_b, at_a)).tolist():
+            x = int(at_a[i])
+            if x != last:
+                last, held = x, prints.get(x)
+            out[i] = jaccard_sorted(held, prints.get(int(at_b[i])))
+    return out, len(involved)
+
+
+class SpilledPrints:
+    """Fingerprint sets of ascending rows, made ``WINDOW`` rows at a time and written to a
+    temporary file, then read back one set at a time by its index."""
+
+    WINDOW = 1024
+
+    def __init__(
+        self,
+        fingerprints: Callable[[np.ndarray], list[np.ndarray]],
+        rows: np.ndarray,
+        folder: Path | None,
+    ) -> None:
+        if folder is not None:
+            folder.mkdir(parents=True, exist_ok=True)
+        self.file = tempfile.TemporaryFile(dir=folder)  # noqa: SIM115 (closed by __exit__)
+        sizes = np.zeros(len(rows), dtype=np.int64)
+        for lo in range(0, len(rows), self.WINDOW):
+            for n, found in enumerate(fingerprints(rows[lo : lo + self.WINDOW]), start=lo):
+                data = np.ascontiguousarray(found, dtype="<u8")
+                sizes[n] = len(data)
+                self.file.write(data.tobytes())
+        self.file.flush()
+        self.offsets = np.concatenate([[0], np.cumsum(sizes)])
+
+    def get(self, index: int) -> np.ndarray:
+        start, end = int(self.offsets[index]), int(self.offsets[index + 1])
+        data = os.pread(self.file.fileno(), (end - start) * 8, start * 8)
+        return np.frombuffer(data, dtype="<u8")
+
+    def __enter__(self) -> "SpilledPrints":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.file.close()

@@ -170,3 +170,32 @@ def test_candidates_over_signature_files_read_a_bands_first_row_and_the_hits_val
         assert len(released) == PARAMS.bands * len(files), len(released)
         released.clear()
     assert bands == [], bands
+
+
+def test_verification_holds_a_window_of_fingerprint_sets_not_every_records(
+    tmp_path: Path,
+) -> None:
+    """The sets are asked for in ascending windows (each row once) and spilled; the Jaccards
+    are those of the sets held whole."""
+    rng = np.random.default_rng(5)
+    n = 3000
+    sets = [np.unique(rng.integers(0, 400, size=int(rng.integers(1, 60)))).astype(np.uint64)]
+    sets += [
+        np.unique(rng.integers(0, 400, size=int(rng.integers(1, 60)))).astype(np.uint64)
+        for _ in range(n - 1)
+    ]
+    a = rng.integers(0, 200, size=5000)
+    b = rng.integers(200, n, size=5000)
+    asked: list[np.ndarray] = []
+
+    def fingerprints(rows: np.ndarray) -> list[np.ndarray]:
+        asked.append(rows.copy())
+        return [sets[r] for r in rows.tolist()]
+
+    got, fingerprinted = heldout_search._verify(a, b, fingerprints, tmp_path)
+    want = [jaccard_sorted(sets[x], sets[y]) for x, y in zip(a.tolist(), b.tolist(), strict=True)]
+    np.testing.assert_array_equal(got, np.array(want))
+    every = np.concatenate(asked)
+    assert fingerprinted == len(every) == len(np.unique(np.r_[a, b]))
+    assert bool(np.all(np.diff(every) > 0))  # ascending, each row once
+    assert max(len(rows) for rows in asked) <= heldout_search.SpilledPrints.WINDOW < len(every)

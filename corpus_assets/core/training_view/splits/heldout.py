@@ -323,7 +323,8 @@ class HeldoutScan:
             return fingerprint_rows(texts, self.spec, wanted)
 
         taus = self.thresholds
-        return search(self.blocks, heldout, rows, self.params, fetch, taus, known[0], moved)
+        spill = self.ws.home / "tmp"
+        return search(self.blocks, heldout, rows, self.params, fetch, taus, known[0], moved, spill)
 
 
 def _signatures(

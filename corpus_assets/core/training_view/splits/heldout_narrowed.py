@@ -82,6 +82,7 @@ def narrowed_pairs(
         partial(fingerprint_rows, texts, scan.spec),
         scan.thresholds,
         partial(known_jaccards, con, tables, digests),
+        scan.ws.home / "tmp",
     )
     table = found_in.pairs(found)
     found_in.close()

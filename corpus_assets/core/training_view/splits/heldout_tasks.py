@@ -246,6 +246,7 @@ def search_group(ws: Workspace, job: GroupJob, _spec: Any = None, _done: Any = N
             lambda local: _local_prints(texts, job.spec, to_global[local]),
             taus[to_global],
             lambda x, y: known_jaccards(con, job.tables, digests, x, y),
+            ws.home / "tmp",
         )  # fmt: skip
     found.stats["task_cpu_s"] = time.process_time() - started
     return _to_global(found, to_global), os.getpid()
