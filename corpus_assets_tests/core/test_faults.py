@@ -16,11 +16,11 @@ from corpus_assets.core.publication.manifest import BuildConflict
 from corpus_assets.core.publication.member_parts import read_members
 from corpus_assets.core.publication.signing import sign_snapshot
 from corpus_assets.core.publication.validation import validate_snapshot
-from corpus_assets.core.publication.verify import verify
+from corpus_assets.core.publication.verify import Report, verify
 from corpus_assets.core.runtime import transform
 from corpus_assets.core.runtime.transform import PACKAGE_ROOT, image_digest, transform_image
 from corpus_assets.core.runtime.workspace import Workspace, open_workspace
-from corpus_assets.core.storage.artifacts import get_json, put_json, put_table
+from corpus_assets.core.storage.artifacts import Ref, get_json, put_json, put_table
 from corpus_assets.core.storage.catalog import LayerConflict, snapshots
 from corpus_assets.core.storage.digests import canonical_json
 
@@ -77,6 +77,22 @@ def test_same_record_id_in_two_splits_is_refused(workspace: Workspace) -> None:
     ), report.findings
 
 
+def _resigned_report(workspace: Workspace, manifest: dict, members: Ref) -> Report:
+    """``manifest`` naming ``members`` instead, re-signed, registered and checked."""
+    manifest["members"] = {
+        **manifest["members"],
+        **members,
+        "uri": workspace.cas.uri(members["digest"]),
+    }
+    manifest.pop("signature")
+    manifest["snapshotId"] = sid = snapshot_id(manifest)
+    manifest["signature"] = sign_snapshot(workspace.home, sid)
+    states.register(
+        workspace.catalog, sid, "p1", workspace.cas.put_bytes(canonical_json(manifest)), "demo"
+    )
+    return validate_snapshot(workspace, sid)
+
+
 def test_a_member_without_its_canonical_row_is_named(workspace: Workspace) -> None:
     """A member whose (record id, object, line) is no canonical row has no lineage: named by
     its record id, counted in the metric."""
@@ -87,15 +103,7 @@ def test_a_member_without_its_canonical_row_is_named(workspace: Workspace) -> No
     moved = members.set_column(
         members.schema.get_field_index("line"), "line", pa.array([line[0] + 10**6, *line[1:]])
     )
-    ref = put_table(workspace.cas, moved)
-    manifest["members"] = {**manifest["members"], **ref, "uri": workspace.cas.uri(ref["digest"])}
-    manifest.pop("signature")
-    manifest["snapshotId"] = sid = snapshot_id(manifest)
-    manifest["signature"] = sign_snapshot(workspace.home, sid)
-    states.register(
-        workspace.catalog, sid, "p1", workspace.cas.put_bytes(canonical_json(manifest)), "demo"
-    )
-    report = validate_snapshot(workspace, sid)
+    report = _resigned_report(workspace, manifest, put_table(workspace.cas, moved))
     rid = members.column("record_id")[0].as_py()
     assert f"member {rid!r} has no lineage to a pinned object row" in report.findings
     assert report.gate.orphan_ids == 1
@@ -196,15 +204,7 @@ def test_a_member_without_its_canonical_row_in_a_part_is_named_after_its_parts_p
         table.schema.get_field_index("line"), "line", pa.array([line[0] + 10**6, *line[1:]])
     )
     parts["parts"][first] |= put_table(workspace.cas, moved)
-    ref = put_json(workspace.cas, parts)
-    manifest["members"] = {**manifest["members"], **ref, "uri": workspace.cas.uri(ref["digest"])}
-    manifest.pop("signature")
-    manifest["snapshotId"] = sid = snapshot_id(manifest)
-    manifest["signature"] = sign_snapshot(workspace.home, sid)
-    states.register(
-        workspace.catalog, sid, "p1", workspace.cas.put_bytes(canonical_json(manifest)), "demo"
-    )
-    report = validate_snapshot(workspace, sid)
+    report = _resigned_report(workspace, manifest, put_json(workspace.cas, parts))
     rid = table.column("record_id")[0].as_py()
     assert f"member {rid!r} has no lineage to a pinned object row" in report.findings
     assert report.gate.orphan_ids == 1

@@ -108,17 +108,23 @@ def test_the_prefilter_lets_few_members_through_for_a_few_moved_records() -> Non
     assert set(np.flatnonzero(np.isin(probe, held))) <= set(kept.tolist())  # no true hit lost
 
 
+def _band_major_files(blocks: list[RowMajor], folder: Path) -> list[BandMajorFile]:
+    """The blocks written as band-major signature files, opened."""
+    files = []
+    for i, block in enumerate(blocks):
+        path = folder / f"{i}.npy"
+        path.write_bytes(band_major_npy(block.band(0, PARAMS.num_perm).T))
+        files.append(BandMajorFile.open(path))
+    return files
+
+
 def test_agreement_reads_a_signature_files_values_of_the_pairs_records_only(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Over band-major signature files, the agreement of a few pairs is that of the same
     signatures in memory, and no permutation row of every record is read."""
     blocks, _ = _families(np.random.default_rng(7), 60)
-    files = []
-    for i, block in enumerate(blocks):
-        path = tmp_path / f"{i}.npy"
-        path.write_bytes(band_major_npy(block.band(0, PARAMS.num_perm).T))
-        files.append(BandMajorFile.open(path))
+    files = _band_major_files(blocks, tmp_path)
     read: list[int] = []
     whole = BandMajorFile.band
 
@@ -142,11 +148,7 @@ def test_candidates_over_signature_files_read_a_bands_first_row_and_the_hits_val
     read (the prefilter reads a band's first row, the keys only the records it lets through)."""
     rng = np.random.default_rng(3)
     blocks, _ = _families(rng, 90)
-    files = []
-    for i, block in enumerate(blocks):
-        path = tmp_path / f"{i}.npy"
-        path.write_bytes(band_major_npy(block.band(0, PARAMS.num_perm).T))
-        files.append(BandMajorFile.open(path))
+    files = _band_major_files(blocks, tmp_path)
     bands: list[int] = []
     whole = BandMajorFile.band
 

@@ -6,6 +6,7 @@ shared table, a tampered new one, or a changed rule set."""
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -119,6 +120,18 @@ def test_a_child_checked_under_another_rule_set_replays_its_canary(
     assert any(f.startswith("canary replay of") for f in report.findings), report.findings
 
 
+def _changed_search(workspace: Workspace, ev: Evidence) -> tuple[HeldoutScan, str, Any]:
+    """The child's held-out scan, its searched members and the records changed since its
+    parent (some, not every member)."""
+    scan = HeldoutScan.open(workspace, ev.canonical.chunks(), ev.dedup)
+    assert scan is not None
+    path = ev.files.path(ev.dedup.output("clusters")["digest"])
+    records = searched_records(f"read_parquet({sql_list([path])})", "members")
+    changed = changed_since_parent(workspace, ev, records)
+    assert changed is not None and 0 < len(changed) < ev.member_count
+    return scan, records, changed
+
+
 @SQLITE
 def test_the_narrowed_heldout_search_finds_every_pair_touching_a_changed_record(
     workspace: Workspace, demo_home: Path
@@ -128,12 +141,7 @@ def test_the_narrowed_heldout_search_finds_every_pair_touching_a_changed_record(
     _, child = _parent_and_child(workspace, demo_home)
     manifest = load_manifest(workspace.cas, resolve(workspace.catalog, child))
     with Evidence.load(workspace.cas, workspace.catalog, manifest) as ev:
-        scan = HeldoutScan.open(workspace, ev.canonical.chunks(), ev.dedup)
-        assert scan is not None
-        path = ev.files.path(ev.dedup.output("clusters")["digest"])
-        records = searched_records(f"read_parquet({sql_list([path])})", "members")
-        changed = changed_since_parent(workspace, ev, records)
-        assert changed is not None and 0 < len(changed) < ev.member_count
+        scan, records, changed = _changed_search(workspace, ev)
         full = scan.pairs(ev.con, records, keep=False)[0].to_pylist()
         part = scan.pairs(ev.con, records, keep=False, changed=changed)[0].to_pylist()
         ids = set(changed.to_pylist())

@@ -7,13 +7,15 @@ from pathlib import Path
 import pytest
 
 from corpus_assets.core.publication.evidence import Evidence
-from corpus_assets.core.publication.heldout_check import changed_since_parent
 from corpus_assets.core.publication.validation import validate_snapshot
 from corpus_assets.core.publication.verify import load_manifest, resolve
 from corpus_assets.core.runtime.workspace import Workspace
-from corpus_assets.core.storage.cas_queries import sql_list
-from corpus_assets.core.training_view.splits import HeldoutScan, narrowed_pairs, searched_records
-from corpus_assets_tests.core.publication.test_child_check import SQLITE, _parent_and_child
+from corpus_assets.core.training_view.splits import HeldoutScan, narrowed_pairs
+from corpus_assets_tests.core.publication.test_child_check import (
+    SQLITE,
+    _changed_search,
+    _parent_and_child,
+)
 
 
 @SQLITE
@@ -36,12 +38,7 @@ def test_the_narrowed_gate_finds_no_members_row_but_the_changed_and_their_candid
 
     manifest = load_manifest(workspace.cas, resolve(workspace.catalog, child))
     with Evidence.load(workspace.cas, workspace.catalog, manifest) as ev:
-        scan = HeldoutScan.open(workspace, ev.canonical.chunks(), ev.dedup)
-        assert scan is not None
-        path = ev.files.path(ev.dedup.output("clusters")["digest"])
-        records = searched_records(f"read_parquet({sql_list([path])})", "members")
-        changed = changed_since_parent(workspace, ev, records)
-        assert changed is not None and 0 < len(changed) < ev.member_count
+        scan, records, changed = _changed_search(workspace, ev)
         # a changed record in train beside its unchanged held-out near twin, as it stands
         # and moved: the pairs of the search over every member's row, in the same order
         wide = scan.pairs(ev.con, records, keep=False, changed=changed)[0].to_pylist()
