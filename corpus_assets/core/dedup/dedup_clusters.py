@@ -7,7 +7,6 @@ MinHash signatures per canonical chunk, the near-dedup stage, then the verdicts 
 are listed with its outputs, so ``verify`` covers them.
 """
 
-import shutil
 import tempfile
 from collections import Counter
 from pathlib import Path
@@ -251,7 +250,7 @@ def _near_stage(
     band = None
     if on_runner:  # banding and verification on the workers
         band = BandRunner(ws, _band_inputs(chunks, cached, sig_spec, mode))
-    banding = _banding(ws, chunks, cached, arrays, mode)
+    banding = _banding(ws, chunks, cached, arrays, mode, tmp / "bands")
     near = NearStage(
         policy, arrays, texts, content, ws.home / "tmp", modes, pairs, fresh, band, banding
     )
@@ -272,14 +271,14 @@ def _banding(
     cached: list[ChunkSignatures],
     arrays: list[Any],
     mode: Mode,
+    folder: Path,
 ) -> Banding:
     """The band index's source and sink: the parent's index (verified) mapped onto this
-    partition's rows when incremental, files in the store's temp folder for this run's."""
+    partition's rows when incremental, files in ``folder`` (in the layer's temporary
+    directory, gone with it whatever happens) for this run's."""
     starts = np.cumsum([0, *(c.records for c in cached)], dtype=np.int64)
     params = LshParams.of(ws.config.policies.dedup.near)
-    folder = ws.cas.root / "tmp"
     folder.mkdir(parents=True, exist_ok=True)
-    folder = Path(tempfile.mkdtemp(dir=folder, prefix=".bands-"))
     if mode.mode != INCREMENTAL or not mode.bands:
         return Banding(arrays, starts, params, folder)
     files = TrustedFiles(ws.cas, ws.catalog)
@@ -297,7 +296,6 @@ def _put_bands(ws: Workspace, banding: Banding) -> list[dict[str, Any]]:
     for name, path in sorted(banding.written.items()):
         digest, size = ws.cas.adopt_file(path)
         out.append({"class": name, "index": make_ref(digest, NPY, size)})
-    shutil.rmtree(banding.folder, ignore_errors=True)
     return out
 
 
