@@ -26,7 +26,7 @@ from corpus_assets.core.records.index import RECORD_COLUMNS, ChunkRecords
 from corpus_assets.core.runtime.workspace import Workspace, pooled
 from corpus_assets.core.storage.artifacts import BINARY, make_ref, put_bytes
 from corpus_assets.core.storage.cas_queries import Spilling, sql_list
-from corpus_assets.core.storage.memory import release_memory
+from corpus_assets.core.storage.memory import hand_back_duckdb, release_memory
 from corpus_assets.core.storage.trust import StatTrust
 
 _CARRIED_SQL = "record_id, source_id, object, line, group_id, dedup_key, kind"
@@ -196,16 +196,10 @@ class PartitionDb:
         self.con.execute(f"SET threads = {self.threads}")
 
     def flush(self) -> None:
-        """Hand the pages DuckDB freed back to the system now, at the end of a phase.
-
-        DuckDB's allocator (jemalloc on Linux) keeps the pages of finished queries for reuse:
-        after the coding sorts of 677k records that was ~130 MB, growing with the partition and
-        sitting under every later phase's peak (per-task flushes do not reach it). Changing the
-        thread count makes DuckDB flush every arena (its scheduler calls ``FlushAll`` when the
-        threads are relaunched), so the count goes up by one and straight back."""
-        self.con.execute(f"SET threads = {self.threads + 1}")
-        self.con.execute(f"SET threads = {self.threads}")
-        release_memory()
+        """Hand the pages DuckDB freed back to the system now, at the end of a phase: after the
+        coding sorts of 677k records they were ~130 MB, growing with the partition and sitting
+        under every later phase's peak (per-task flushes do not reach them)."""
+        hand_back_duckdb(self.con)
 
     def __enter__(self) -> "PartitionDb":
         return self

@@ -11,6 +11,7 @@ is first imported, before pyarrow loads: ``corpus_assets._allocators``.
 
 import ctypes
 import gc
+from typing import Any
 
 import pyarrow as pa
 
@@ -33,6 +34,20 @@ def release_memory(collect: bool = False) -> None:
     pa.default_memory_pool().release_unused()
     if _LIBC is not None:
         _LIBC.malloc_trim(0)
+
+
+def hand_back_duckdb(con: Any) -> None:
+    """Hand the pages a DuckDB connection freed back to the system now, at the end of a phase.
+
+    DuckDB's allocator (jemalloc on Linux) keeps the pages of finished queries for reuse, so a
+    join's working memory would sit under whatever the next phase allocates elsewhere (numpy,
+    Arrow, Python). Changing the thread count makes DuckDB flush every arena (its scheduler
+    calls ``FlushAll`` when the threads are relaunched), so the count goes up by one and
+    straight back; then Arrow's and glibc's unused pages go too."""
+    threads = int(con.execute("SELECT current_setting('threads')").fetchall()[0][0])
+    con.execute(f"SET threads = {threads + 1}")
+    con.execute(f"SET threads = {threads}")
+    release_memory()
 
 
 def collect_cycles() -> None:
