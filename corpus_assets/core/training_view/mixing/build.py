@@ -12,8 +12,9 @@ sources whose importance weight exceeds ``max_weight``, which is also logged as 
 import duckdb
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 
-from corpus_assets.core.records.index import CanonicalIndex
+from corpus_assets.core.records.index import CanonicalIndex, ChunkRecords
 from corpus_assets.core.runtime.code_identity import stage_code
 from corpus_assets.core.runtime.layer_index import (
     LayerIndex,
@@ -24,7 +25,8 @@ from corpus_assets.core.runtime.layer_index import (
 from corpus_assets.core.runtime.workspace import Workspace
 from corpus_assets.core.storage.cas_queries import batches, cas_parquet
 from corpus_assets.core.storage.parquet_sink import put_tables
-from corpus_assets.core.tokens.cache import TokenCache, token_cache
+from corpus_assets.core.storage.table_lookup import TrustedFiles
+from corpus_assets.core.tokens.cache import TokenCache, open_tokens, token_cache
 from corpus_assets.core.tokens.spec import resolve_tokenizer
 from corpus_assets.core.training_view import view_queries
 from corpus_assets.core.training_view.mixing.plan import Population, plan_mixture
@@ -36,7 +38,7 @@ from corpus_assets.core.training_view.mixing.select import (
     report,
 )
 from corpus_assets.core.training_view.row_tokens import load_row_tokens
-from corpus_assets.core.training_view.splits import TRAIN
+from corpus_assets.core.training_view.splits import TRAIN, row_order
 
 CODE = stage_code("mixed_samples.planned.v4", __name__)  # its closure, hashed at import
 MEMBER_COLUMNS = ("record_id", "source_id", "record_digest")
@@ -51,38 +53,85 @@ def train_members(
     canonical: CanonicalIndex,
     tokens: TokenCache,
 ) -> None:
-    """Table ``train_members``: record_id, source_id, record_digest and tokens of the train
-    records.
+    """Table ``train_members``: record_id, source_id, tokens and ``bits`` (D of the record
+    digest, the selection key's input) of the train records - or ``record_digest`` instead of
+    its bits when matched on keys.
 
-    The splits table names the train members, the dedup table each member's row (record_id,
-    object, line: the row dedup kept), so a record id repeated in another row is one candidate.
-    A record's tokens are its count in the token cache (only the offsets are read)."""
-    load_row_tokens(ws, con, canonical, tokens, (*MEMBER_COLUMNS, "object", "line"))
+    The splits table names the train members, the dedup table each member's row (the row dedup
+    kept), so a record id repeated in another row is one candidate. A record's tokens are its
+    count in the token cache (only the offsets are read). With the dedup layer's decisions
+    table the kept rows are matched on their clusters-table position (integers, no canonical
+    string read but the digests); without it, on (record_id, object, line)."""
+    files = TrustedFiles(ws.cas, ws.catalog)
+    chunks = canonical.chunks()
+    order = row_order(files, dedup, sum(c.count for c in chunks))
     table = cas_parquet(ws.cas, splits.output("splits"), "splits table")
+    train = f"(SELECT record_id FROM {table} WHERE split = '{TRAIN}')"
+    if order is None:
+        _members_by_keys(ws, con, dedup, canonical, tokens, train)
+        return
+    clusters = cas_parquet(ws.cas, dedup.output("clusters"), "dedup clusters", numbered=True)
+    positions = pq.read_table(order, columns=["pos"])["pos"]
+    con.register("row_bits", _row_bits(ws, files, chunks, tokens).append_column("pos", positions))
+    con.execute(
+        "CREATE TABLE train_members AS SELECT c.record_id, c.source_id, r.bits, r.tokens "
+        f"FROM {clusters} c JOIN row_bits r ON c.file_row_number = r.pos "
+        f"JOIN {train} t ON c.record_id = t.record_id WHERE c.is_representative"
+    )
+    con.unregister("row_bits")
+
+
+def _row_bits(
+    ws: Workspace, files: TrustedFiles, chunks: list[ChunkRecords], tokens: TokenCache
+) -> pa.Table:
+    """(bits, tokens) of every canonical row in global row order: each chunk's digest column
+    read and parsed to integers at once (16 bytes a row stay, no strings)."""
+    bits, counts = [np.empty(0, np.uint64)], [np.empty(0, np.int64)]
+    for chunk, cached in zip(chunks, tokens.chunks, strict=True):
+        path = files.path(chunk.records["digest"], chunk.what)
+        digests = pq.read_table(path, columns=["record_digest"]).column(0).combine_chunks()
+        bits.append(digest_bits(digests))
+        counts.append(np.asarray(open_tokens(ws, cached, tokens.spec, ids=False).counts()))
+    return pa.table({"bits": np.concatenate(bits).view(np.int64), "tokens": np.concatenate(counts)})
+
+
+def _members_by_keys(
+    ws: Workspace,
+    con: duckdb.DuckDBPyConnection,
+    dedup: LayerIndex,
+    canonical: CanonicalIndex,
+    tokens: TokenCache,
+    train: str,
+) -> None:
+    """``train_members`` joined on (record_id, object, line), with the digests: a dedup
+    layer without this code's decisions table."""
+    load_row_tokens(ws, con, canonical, tokens, (*MEMBER_COLUMNS, "object", "line"))
     clusters = cas_parquet(ws.cas, dedup.output("clusters"), "dedup clusters")
     con.execute(
         "CREATE TABLE train_members AS SELECT r.record_id, r.source_id, r.record_digest, "
         f"r.tokens FROM row_tokens r JOIN (SELECT c.record_id, c.object, c.line FROM {clusters} c "
-        f"JOIN (SELECT record_id FROM {table} WHERE split = '{TRAIN}') t "
-        "ON c.record_id = t.record_id WHERE c.is_representative) k "
+        f"JOIN {train} t ON c.record_id = t.record_id WHERE c.is_representative) k "
         "ON r.record_id = k.record_id AND r.object = k.object AND r.line = k.line"
     )
     con.execute("DROP TABLE row_tokens")
 
 
 def source_members(con: duckdb.DuckDBPyConnection, source: str) -> Members:
-    """One source's train members by record_id; digests are parsed a batch at a time."""
+    """One source's train members by record_id; digests (when the table holds them rather
+    than their bits) are parsed a batch at a time."""
     literal = "'" + source.replace("'", "''") + "'"
+    parsed = "bits" in con.sql("FROM train_members LIMIT 0").columns
     reader = batches(
         con,
-        "SELECT record_id, record_digest, tokens FROM train_members "
+        f"SELECT record_id, {'bits' if parsed else 'record_digest'}, tokens FROM train_members "
         f"WHERE source_id = {literal} ORDER BY record_id",
         _BATCH,
     )
     ids, bits, tokens = [], [np.empty(0, np.uint64)], [np.empty(0, np.int64)]
     for batch in reader:
         ids.append(batch.column("record_id").cast(pa.string()))
-        bits.append(digest_bits(batch.column("record_digest")))
+        column = batch.column(1)
+        bits.append(column.to_numpy().view(np.uint64) if parsed else digest_bits(column))
         tokens.append(batch.column("tokens").to_numpy().astype(np.int64))
     record_id = pa.concat_arrays(ids) if ids else pa.array([], pa.string())
     return Members(record_id, None, np.concatenate(tokens), np.concatenate(bits))

@@ -14,7 +14,7 @@ from corpus_assets.core.training_view.splits.assign import split_of
 from corpus_assets.core.training_view.splits.build import CODE, SPLIT_COLUMNS, build_splits
 from corpus_assets.core.training_view.splits.heldout import HeldoutScan, reuse
 from corpus_assets.core.training_view.splits.heldout_narrowed import narrowed_pairs
-from corpus_assets.core.training_view.splits.heldout_rows import searched_records
+from corpus_assets.core.training_view.splits.heldout_rows import row_order, searched_records
 from corpus_assets.core.training_view.splits.schema import EXCLUDED, SPLITS, TRAIN, UNLINKED
 
 __all__ = [
@@ -28,6 +28,7 @@ __all__ = [
     "build_splits",
     "narrowed_pairs",
     "reuse",
+    "row_order",
     "searched_records",
     "split_of",
 ]

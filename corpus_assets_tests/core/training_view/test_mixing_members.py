@@ -1,0 +1,68 @@
+"""The mixing layer finds its train members' rows through the dedup decisions table (integer
+positions, digests parsed once per chunk) and gives the bytes of the join on (record id, object,
+line), which still runs without a decisions table. Real builds: the demo, and a source whose
+second object repeats two record ids of the first (an exact repeat and an id conflict), every
+record in train, so a repeated id's excluded row must not become a second candidate."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from corpus_assets.core.pipeline import build_all
+from corpus_assets.core.runtime.workspace import open_workspace
+from corpus_assets.core.training_view.mixing import build
+from corpus_assets.core.training_view.mixing.build import build_mixed_samples
+
+WORDS = "river mountain window garden lantern harbor meadow orbit pebble quartz velvet ember"
+
+
+def _text(n: int) -> str:
+    words = WORDS.split()
+    return " ".join(f"{words[(n * 7 + k * 5) % len(words)]}{n}x{k}" for k in range(12)) + "."
+
+
+def _repeated_ids(root: Path) -> Path:
+    source = root / "src"
+    source.mkdir()
+    rows = [{"id": f"a{n}", "text": _text(n)} for n in range(10)]
+    (source / "a.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    again = [{"id": "a7", "text": _text(7) + " " + _text(99)}, {"id": "a3", "text": _text(3)}]
+    (source / "b.jsonl").write_text("".join(json.dumps(r) + "\n" for r in again))
+    config = root / "corpus.yaml"
+    config.write_text(
+        f"version: 1\npurpose: mixing-test\nstorage: {{home: {root / 'home'}}}\n"
+        "sources:\n  - {id: docs, kind: objects, path: src}\n"
+        "policies:\n  splits: {train_percent: 100, validation_percent: 0, test_percent: 0}\n"
+    )
+    return config
+
+
+@pytest.mark.parametrize("corpus", ["demo", "repeated_ids"])
+def test_members_by_position_give_the_bytes_of_the_join_on_keys(
+    corpus: str, request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if corpus == "demo":
+        request.getfixturevalue("demo_home")
+        ws = open_workspace()
+    else:
+        ws = open_workspace(_repeated_ids(tmp_path))
+    built = build_all(ws, "p1")
+    keyed: list[int] = []
+    by_keys = build._members_by_keys
+
+    def counted(*args: object) -> None:
+        keyed.append(1)
+        by_keys(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(build, "_members_by_keys", counted)
+    again = build_mixed_samples(ws, "p1")
+    assert keyed == []  # matched on positions: the dedup layer has its decisions table
+    assert again.digests == built["mixed_samples"].digests
+    if corpus == "repeated_ids":
+        assert again.counts["samples"] == 10  # a3 and a7 once each
+    monkeypatch.setattr(build, "row_order", lambda *_: None)  # no decisions table
+    fallback = build_mixed_samples(ws, "p1")
+    assert keyed == [1]
+    assert fallback.digests == built["mixed_samples"].digests
+    ws.close()
