@@ -54,7 +54,10 @@ FETCH = 256  # texts read and fingerprinted together
 SIGNATURES, DIGESTS = "signatures.npy", "digests.arrow"  # the held-out side's files
 DIGEST_SCHEMA = pa.schema([("text_digest", pa.string())])
 KNOWN = """
-WITH q AS (SELECT i, least(x, y) AS a, greatest(x, y) AS b FROM ho_estimated)
+WITH e AS (
+    SELECT p.i, x.digest AS x, y.digest AS y FROM ho_estimated p
+    JOIN ho_digests x ON p.ra = x.r JOIN ho_digests y ON p.rb = y.r
+), q AS (SELECT i, least(x, y) AS a, greatest(x, y) AS b FROM e)
 SELECT i, min(jaccard) AS jaccard FROM (
     SELECT i, 1.0::DOUBLE AS jaccard FROM q WHERE a = b
     {sources}) GROUP BY i
@@ -330,17 +333,23 @@ def known_jaccards(
     """The Jaccard of each pair of rows already known (nan where not): 1.0 for two identical
     texts, else the one a table holds for the two text digests (``digests``: per row).
 
-    The join's pages are handed back before returning: the pairs' digests and DuckDB's join
-    (~100 MB at 1.1 GB of raw text) would otherwise sit under the fingerprinting that follows,
-    the splits layer's peak."""
+    Each row's digest is taken once (a held-out record pairs with many members: 410k pairs
+    named 65k rows at 1.1 GB of raw text, and their digests pair by pair were ~100 MB of the
+    splits layer's peak), the pairs go in as row numbers. The join's pages are handed back
+    before returning, so they do not sit under the fingerprinting that follows."""
     union = "".join(
         f" UNION ALL SELECT q.i, t.jaccard FROM q JOIN {t} t USING (a, b)" for t in tables
     )
-    con.register("ho_estimated", by_digest(digests, a, b, {"i": np.arange(len(a))}))
+    rows, inverse = np.unique(np.concatenate([a, b]), return_inverse=True)
+    named = digests.take(pa.array(rows, pa.int64()))
+    pairs = {"i": np.arange(len(a)), "ra": inverse[: len(a)], "rb": inverse[len(a) :]}
+    con.register("ho_digests", pa.table({"r": np.arange(len(rows)), "digest": named}))
+    con.register("ho_estimated", pa.table(pairs))
     try:
         found = con.sql(KNOWN.format(sources=union)).to_arrow_table()
     finally:
         con.unregister("ho_estimated")
+        con.unregister("ho_digests")
         hand_back_duckdb(con)
     out = np.full(len(a), np.nan, dtype=np.float64)
     out[found["i"].to_numpy()] = found["jaccard"].to_numpy()
