@@ -96,10 +96,12 @@ class Members:
         k = len(found.a)
         if self.con is None or not k:
             return PAIR_COLUMNS.empty_table()
-        wanted = np.concatenate([found.a, found.b]).astype(np.int64)
-        wanted_rows = pa.table({"i": np.arange(2 * k), "row": wanted})
+        a, b = found.a.astype(np.int64), found.b.astype(np.int64)
+        rows = np.unique(np.concatenate([a, b]))  # each row named once, ascending
         # one thread under the sort cap: at 1.1 GB the pairs name ~650k rows, and this join,
-        # window and sort on the connection's full cap was the gate's peak
+        # window and sort on the connection's full cap was the gate's peak; each row's member
+        # is read and sorted once, then taken for the pairs naming it (a join and sort of both
+        # sides of every pair took ~7x the query's CPU at 1.1 GB)
         # one member per row: a forged members table may list a record twice (the
         # record_ids_unique rule names it), which must not stop this rule; only the rows
         # wanted are numbered (the window was over every member), and only when some row is
@@ -107,29 +109,28 @@ class Members:
         once = (
             ""
             if self.single
-            else (
-                "WHERE row IN (SELECT row FROM ho_wanted) "
-                "QUALIFY row_number() OVER (PARTITION BY row ORDER BY record_id, split) = 1"
-            )
+            else "QUALIFY row_number() OVER (PARTITION BY row ORDER BY record_id, split) = 1"
         )
+        wanted_rows = pa.table({"row": rows})
         with registered(self.con, "ho_wanted", wanted_rows), tightened(self.con, SORT_LIMIT):
             got = self.con.sql(
-                f"SELECT m.record_id, m.split FROM ho_wanted w JOIN (SELECT * FROM ho_members "
-                f"{once}) m USING (row) ORDER BY w.i"
+                "SELECT row, record_id, split FROM ho_members "
+                f"WHERE row IN (SELECT row FROM ho_wanted) {once} ORDER BY row"
             ).to_arrow_table()
         del wanted_rows
-        if got.num_rows != 2 * k:
-            raise ValueError(f"held-out pairs name {2 * k - got.num_rows} row(s) no member has")
-        ids = got["record_id"].combine_chunks()
-        got = got.drop_columns(["record_id"])  # each column held twice at most, not the table
-        splits = got["split"].combine_chunks()
+        if got.num_rows != len(rows):
+            named = np.asarray(got["row"], dtype=np.int64)
+            missing = int(np.isin(np.concatenate([a, b]), named, invert=True).sum())
+            raise ValueError(f"held-out pairs name {missing} row(s) no member has")
+        at_a, at_b = (pa.array(np.searchsorted(rows, x)) for x in (a, b))
+        ids, splits = got["record_id"], got["split"]
         del got
         return pa.table(
             {
-                "record_a": ids.slice(0, k),
-                "split_a": splits.slice(0, k),
-                "record_b": ids.slice(k),
-                "split_b": splits.slice(k),
+                "record_a": ids.take(at_a).combine_chunks(),
+                "split_a": splits.take(at_a).combine_chunks(),
+                "record_b": ids.take(at_b).combine_chunks(),
+                "split_b": splits.take(at_b).combine_chunks(),
                 "jaccard": pa.array(found.jaccard, pa.float64()),
             },
             schema=PAIR_COLUMNS,
