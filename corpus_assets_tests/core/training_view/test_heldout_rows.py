@@ -1,21 +1,27 @@
 """The searched members' ids and splits are looked up for the rows pairs name: a row a forged
-members table lists twice gives its first (record id, split), one listed once its own."""
+members table lists twice gives its first (record id, split), one listed once its own; each
+row is looked up once however many pairs name it, and a row no member has is an error."""
 
 import duckdb
 import numpy as np
+import pytest
 
 from corpus_assets.core.dedup.heldout_search import HeldoutPairs
 from corpus_assets.core.training_view.splits.heldout_rows import Members
 from corpus_assets.core.training_view.splits.heldout_tasks import RowDigests
 
 
-def _pairs(rows: list[tuple[int, str, str]], single: bool) -> list[dict]:
+def _pairs(
+    rows: list[tuple[int, str, str]],
+    single: bool,
+    found: HeldoutPairs | None = None,
+) -> list[dict]:
     con = duckdb.connect()
     con.execute("CREATE TABLE ho_members (row BIGINT, record_id VARCHAR, split VARCHAR)")
     con.executemany("INSERT INTO ho_members VALUES (?, ?, ?)", rows)
     listed = np.array(sorted(r for r, _, _ in rows), dtype=np.int64)
     members = Members(listed, np.ones(len(listed), bool), con, RowDigests(None, []), single)  # type: ignore[arg-type]
-    found = HeldoutPairs(np.array([1, 2]), np.array([2, 3]), np.array([0.9, 0.8]))
+    found = found or HeldoutPairs(np.array([1, 2]), np.array([2, 3]), np.array([0.9, 0.8]))
     return members.pairs(found).to_pylist()
 
 
@@ -28,3 +34,21 @@ def test_a_row_listed_twice_gives_its_first_member_and_one_listed_once_its_own()
     ]
     once = [(3, "z", "test"), (1, "a", "train"), (2, "c", "validation")]
     assert _pairs(once, single=True) == got
+
+
+def test_rows_named_by_many_pairs_give_each_pair_its_sides_and_a_missing_row_is_counted() -> None:
+    rows = [(3, "z", "test"), (1, "a", "train"), (2, "c", "validation")]
+    many = HeldoutPairs(
+        np.array([1, 1, 2, 3]), np.array([3, 2, 3, 3]), np.array([0.9, 0.8, 0.7, 1])
+    )
+    got = _pairs(rows, single=True, found=many)
+    assert [(p["record_a"], p["split_a"], p["record_b"], p["split_b"]) for p in got] == [
+        ("a", "train", "z", "test"),
+        ("a", "train", "c", "validation"),
+        ("c", "validation", "z", "test"),
+        ("z", "test", "z", "test"),
+    ]
+    assert [p["jaccard"] for p in got] == [0.9, 0.8, 0.7, 1]
+    gone = HeldoutPairs(np.array([1, 4]), np.array([4, 4]), np.array([0.9, 0.8]))
+    with pytest.raises(ValueError, match="name 3 row"):
+        _pairs(rows, single=True, found=gone)

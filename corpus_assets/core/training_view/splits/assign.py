@@ -70,8 +70,9 @@ Source = pa.Table | str  # an Arrow table, or a SQL query over the connection's 
 
 @dataclass
 class Assignment:
-    """The members' splits, held by ``con`` as its table ``assigned`` (record_id, split, in no
-    particular order), with the moves (by record_id) and conflicts (by component)."""
+    """The members' splits, held by ``con`` as its table ``assigned`` (record_id, split, and
+    ``pos`` when the members had it; in no particular order), with the moves (by record_id) and
+    conflicts (by component)."""
 
     con: duckdb.DuckDBPyConnection
     moves: pa.Table  # MOVE_COLUMNS, by record_id
@@ -156,14 +157,19 @@ def assign(
     evidence = evidence if evidence is not None else {}  # a stored mapping is looked up lazily
     _relation(con, "member_rows", members, MEMBER_SCHEMA)
     _relation(con, "parent_rows", parent, SPLIT_TABLE)
+    pos = ", m.pos" if _positioned(con) else ""
     con.execute(
         "CREATE OR REPLACE TABLE joined AS SELECT m.record_id, m.component, m.content_key, "
-        "m.event_time, p.split AS parent_split FROM member_rows m "
+        f"m.event_time, p.split AS parent_split{pos} FROM member_rows m "
         "LEFT JOIN parent_rows p ON m.record_id = p.record_id"
     )  # in no particular order: every consumer of a row order sorts
     timed, time_moves, time_conflicts = _time_phase(con, policy, evidence)
+    # a key is hashed only for a component with no parent member: the others' keys are not
+    # compared (the min of every member's 71-character key was half the group-by's time) nor
+    # hashed (the hash of every key was two thirds of ``_calm_splits``' at 470k members)
     con.execute(
-        "CREATE OR REPLACE TABLE per AS SELECT component, min(content_key) AS key, "
+        "CREATE OR REPLACE TABLE per AS SELECT component, "
+        "min(content_key) FILTER (WHERE parent_split IS NULL) AS key, "
         f"{_SIDES} AS sides, min(parent_split) AS inherited FROM joined GROUP BY component"
     )
     conflicted = con.sql(
@@ -185,6 +191,13 @@ def assign(
         sorted([*time_conflicts, *conflicts], key=lambda c: c.component),
         parent_version,
     )
+
+
+def _positioned(con: duckdb.DuckDBPyConnection) -> bool:
+    """Whether the members carry ``pos`` (a query over the dedup clusters table: each row's
+    position there), which ``assigned`` then keeps: the layer's later joins with that table
+    are on integers, not record ids."""
+    return "pos" in con.sql("FROM member_rows LIMIT 0").columns
 
 
 def _relation(con: duckdb.DuckDBPyConnection, name: str, rows: Source, schema: pa.Schema) -> None:
@@ -240,18 +253,28 @@ def _calm_splits(
     inherit: bool,
 ) -> None:
     """``assigned``: members of components with at most one parent split, inherited (when
-    ``inherit``) or hashed by key, then the ``extra`` (record_id, split) rows."""
-    target = f"COALESCE(inherited, {hash_split_sql(policy, version)})" if inherit else None
+    ``inherit``) or hashed by key, then the ``extra`` (record_id, split) rows. The hash runs
+    only where nothing is inherited."""
+    hashed = hash_split_sql(policy, version)
+    target = f"CASE WHEN inherited IS NULL THEN {hashed} ELSE inherited END" if inherit else None
     where = "WHERE sides <= 1" if inherit else ""
+    positioned = _positioned(con)
     con.execute(
-        "CREATE OR REPLACE TABLE assigned AS SELECT j.record_id, t.split FROM joined j JOIN "
-        f"(SELECT component, {target or hash_split_sql(policy, version)} AS split FROM per "
+        f"CREATE OR REPLACE TABLE assigned AS SELECT j.record_id, t.split{', j.pos' * positioned} "
+        f"FROM joined j JOIN (SELECT component, {target or hashed} AS split FROM per "
         f"{where}) t ON j.component = t.component"
+    )
+    # the extra rows' positions by record id (only when there are any: conflicts, a cutoff)
+    insert = (
+        "SELECT e.record_id, e.split, m.pos FROM extra_rows e "
+        "LEFT JOIN member_rows m ON e.record_id = m.record_id"
+        if positioned
+        else "SELECT record_id, split FROM extra_rows"
     )
     for rows in extra:
         if len(rows):
             con.register("extra_rows", rows.cast(SPLIT_TABLE))
-            con.execute("INSERT INTO assigned SELECT record_id, split FROM extra_rows")
+            con.execute(f"INSERT INTO assigned {insert}")
             con.unregister("extra_rows")
 
 
@@ -270,6 +293,10 @@ def _new_version(
     listing = Resolution(policy.model_copy(update={"on_conflict": "move_smaller"}), evidence, None)
     _, _, found = resolve_conflicts(conflicted, pa.table({}), listing)
     conflicts = [replace(c, resolution="new_eval_version") for c in found]
+    con.execute(  # every component hashed: by the smallest key of all its members
+        "CREATE OR REPLACE TABLE per AS SELECT component, min(content_key) AS key FROM joined "
+        "GROUP BY component"
+    )
     _calm_splits(con, policy, version, [timed], inherit=False)
     changed = con.sql(
         "SELECT j.record_id, j.parent_split, a.split FROM joined j "

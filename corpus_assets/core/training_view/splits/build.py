@@ -52,8 +52,8 @@ from corpus_assets.core.training_view.splits.heldout import (
 from corpus_assets.core.training_view.splits.heldout_resolve import resolve_heldout
 from corpus_assets.core.training_view.splits.heldout_rows import (
     PAIR_COLUMNS,
+    Represented,
     row_order,
-    searched_records,
 )
 from corpus_assets.core.training_view.splits.heldout_state import prior_search, rule_digest
 from corpus_assets.core.training_view.splits.report import split_counts, split_report
@@ -193,11 +193,10 @@ def _assign_and_report(
     files = TrustedFiles(ws.cas, ws.catalog)  # as the held-out scan reads them
     order = row_order(files, dedup, sum(c.count for c in canonical.chunks()))
     keys = "k.file_row_number AS pos" if order is not None else "k.object, k.line"
-    con.execute(
+    con.execute(  # ``assigned`` keeps each member's (a representative's) clusters position
         "CREATE TABLE split_rows AS SELECT k.record_id, k.group_id, k.leakage_id, a.split, "
         f"k.source_id, {keys} "  # the report's (``split_report``)
-        f"FROM {clusters} k JOIN assigned a ON k.record_id = a.record_id "
-        "WHERE k.is_representative"
+        f"FROM {clusters} k JOIN assigned a ON k.file_row_number = a.pos"
     )
     con.execute("DROP TABLE joined; DROP TABLE per")  # only split_rows is read from here on
     stored, head = put_query(
@@ -243,7 +242,7 @@ def _heldout(
     known = reuse(ws, dedup, scan.spec, (index, CODE, who))
     policy = ws.config.policy_digest("splits")
     prior, why = prior_search(ws, scan, (index, chunks, who), CODE, policy)
-    records = searched_records(clusters, "assigned", numbered=True)
+    records = Represented(clusters, "assigned")
     pairs, stats, state = scan.searched(con, records, known, prior=prior)
     verified = {
         "heldout_verified": put_verified(ws, con),
@@ -271,10 +270,12 @@ class _Built:
 
 
 def _members(ws: Workspace, partition_key: str, clusters: str, timed: bool) -> str:
-    """Kept records: record_id, component, content_key and (with a time cutoff) event_time."""
+    """Kept records: record_id, component, content_key, (with a time cutoff) event_time and
+    their position in ``clusters`` (read with file_row_number), which ``assigned`` keeps."""
     kept = (
         "SELECT k.record_id, k.leakage_id AS component, k.dedup_key AS content_key, "
-        "{time} AS event_time FROM {clusters} k {join} WHERE k.is_representative"
+        "{time} AS event_time, k.file_row_number AS pos FROM {clusters} k {join} "
+        "WHERE k.is_representative"
     )
     if not timed:
         return kept.format(time="NULL::VARCHAR", clusters=clusters, join="")

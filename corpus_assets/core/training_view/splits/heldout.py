@@ -61,10 +61,10 @@ from corpus_assets.core.storage.cas_queries import (
 from corpus_assets.core.storage.digests import json_digest
 from corpus_assets.core.storage.table_lookup import TrustedFiles
 from corpus_assets.core.training_view.splits.heldout_rows import (
-    BY_POSITION,
     EMPTY_ROWS,
     POSITIONS,
     Members,
+    Represented,
     row_order,
 )
 from corpus_assets.core.training_view.splits.heldout_state import (
@@ -210,14 +210,15 @@ class HeldoutScan:
     def pairs(
         self,
         con: duckdb.DuckDBPyConnection,
-        members: str,
+        members: str | Represented,
         known: Reuse | None = None,
         keep: bool = True,
         changed: pa.Array | None = None,
     ) -> tuple[pa.Table, dict]:
         """Every pair (a held-out member, any member) at or above its threshold, as
         ``PAIR_COLUMNS`` rows in (a, b) row order, and the search's counts. ``members`` is a
-        query over ``con`` with columns record_id, object, line, split (``searched_records``);
+        query over ``con`` with columns record_id, object, line, split (``searched_records``),
+        or ``Represented``;
         Jaccards are taken from ``known``'s tables where they hold the pair. With ``keep``,
         every verified pair is left in ``con`` as ``ho_verified`` (for ``put_verified``).
         With ``changed`` (record ids), only the pairs with at least one of them."""
@@ -227,7 +228,7 @@ class HeldoutScan:
     def searched(
         self,
         con: duckdb.DuckDBPyConnection,
-        members: str,
+        members: str | Represented,
         known: Reuse | None = None,
         keep: bool = True,
         changed: pa.Array | None = None,
@@ -261,20 +262,21 @@ class HeldoutScan:
         state = state_table(status, *found.verified) if keep else STATE_COLUMNS.empty_table()
         return table, stats, state
 
-    def _positions(self, con: duckdb.DuckDBPyConnection, members: str) -> "Members":
+    def _positions(self, con: duckdb.DuckDBPyConnection, members: str | Represented) -> Members:
         """The members' global canonical rows and whether each is held out; their record ids
-        and splits stay in ``con`` (``ho_members``), and text digests in the chunk tables, until
-        pairs ask for them. The rows come from one SQL join on (record id, object, line), which
+        (or clusters positions) and splits stay in ``con`` (``ho_members``), and text digests in
+        the chunk tables, until pairs ask for them. The rows come from one SQL join, which
         DuckDB runs within its cap: the canonical tables' ids and objects in Arrow, and their
         lookup, raised a 1.1 GB build's peak by ~250 MB; all members' ids and splits in Arrow,
-        by ~100 MB more."""
+        by ~100 MB more. ``Represented`` members are found by the dedup decisions table."""
         if not self.chunks:
             return Members(EMPTY_ROWS, np.empty(0, bool), None, RowDigests(self.ws, []))
         digests = RowDigests(self.ws, self.chunks)
         paths = [self.files.path(c.records["digest"], c.what) for c in self.chunks]  # checked
-        if self.order is not None and "pos" in con.sql(f"FROM ({members}) LIMIT 0").columns:
-            query = BY_POSITION.format(members=members, path=sql_path(self.order))
-            return self._created(con, query, digests)
+        if isinstance(members, Represented) and self.order is not None:
+            return self._created(con, members.query(con, sql_path(self.order)), digests)
+        if isinstance(members, Represented):
+            members = members.records()
         return self._joined(con, members, paths, digests)
 
     def _joined(
@@ -283,7 +285,7 @@ class HeldoutScan:
         members: str,
         paths: list[str],
         digests: RowDigests,
-    ) -> "Members":
+    ) -> Members:
         """``_positions`` as one SQL join on (record id, object, line)."""
         starts = np.cumsum([0, *(c.count for c in self.chunks)])[:-1].tolist()
         con.register("ho_files", pa.table({"filename": paths, "start": starts}))
@@ -293,9 +295,7 @@ class HeldoutScan:
         finally:
             con.unregister("ho_files")
 
-    def _created(
-        self, con: duckdb.DuckDBPyConnection, query: str, digests: RowDigests
-    ) -> "Members":
+    def _created(self, con: duckdb.DuckDBPyConnection, query: str, digests: RowDigests) -> Members:
         """``ho_members`` from ``query`` (row, record_id, split), and its rows read back."""
         con.execute(f"CREATE OR REPLACE TEMP TABLE ho_members AS {query}")
         found = con.sql(

@@ -38,13 +38,18 @@ WITH pos AS (
 SELECT p.row, m.record_id, m.split FROM ({members}) m
 JOIN pos p ON m.record_id = p.record_id AND m.object = p.object AND m.line = p.line
 """
-# The same rows by the dedup layer's decisions table (per global row, its clusters position):
-# one integer join instead of three string columns of every records table. Neither sorts: its
-# readers order by row themselves (sorting every member's id and split here was wasted).
-BY_POSITION = """
-SELECT d.row, m.record_id, m.split FROM ({members}) m
-JOIN (SELECT file_row_number AS row, pos FROM read_parquet({path}, file_row_number = true)) d
-ON m.pos = d.pos
+# The same rows by the dedup layer's decisions table (per global row, its clusters position
+# ``pos`` and its representative's global row ``rep``, null for an excluded row): integer joins
+# only, from each representative's split by clusters position (``Represented``). A join of
+# every clusters row on its representative's id cost the layer ~0.3 CPU-s more at 1.1 GB.
+# Neither sorts: its readers order by row themselves (sorting every member was wasted).
+BY_REPRESENTATIVE = """
+WITH d AS (
+    SELECT file_row_number AS row, rep, pos FROM read_parquet({path}, file_row_number = true))
+SELECT d.row, k.record_id, s.split FROM d
+JOIN d r ON d.rep = r.row
+JOIN ({splits}) s ON s.pos = r.pos
+JOIN (SELECT file_row_number AS pos, record_id FROM {clusters}) k ON k.pos = d.pos
 """
 EMPTY_ROWS = np.empty(0, dtype=np.int64)
 
@@ -91,10 +96,12 @@ class Members:
         k = len(found.a)
         if self.con is None or not k:
             return PAIR_COLUMNS.empty_table()
-        wanted = np.concatenate([found.a, found.b]).astype(np.int64)
-        wanted_rows = pa.table({"i": np.arange(2 * k), "row": wanted})
+        a, b = found.a.astype(np.int64), found.b.astype(np.int64)
+        rows = np.unique(np.concatenate([a, b]))  # each row named once, ascending
         # one thread under the sort cap: at 1.1 GB the pairs name ~650k rows, and this join,
-        # window and sort on the connection's full cap was the gate's peak
+        # window and sort on the connection's full cap was the gate's peak; each row's member
+        # is read and sorted once, then taken for the pairs naming it (a join and sort of both
+        # sides of every pair took ~7x the query's CPU at 1.1 GB)
         # one member per row: a forged members table may list a record twice (the
         # record_ids_unique rule names it), which must not stop this rule; only the rows
         # wanted are numbered (the window was over every member), and only when some row is
@@ -102,29 +109,28 @@ class Members:
         once = (
             ""
             if self.single
-            else (
-                "WHERE row IN (SELECT row FROM ho_wanted) "
-                "QUALIFY row_number() OVER (PARTITION BY row ORDER BY record_id, split) = 1"
-            )
+            else "QUALIFY row_number() OVER (PARTITION BY row ORDER BY record_id, split) = 1"
         )
+        wanted_rows = pa.table({"row": rows})
         with registered(self.con, "ho_wanted", wanted_rows), tightened(self.con, SORT_LIMIT):
             got = self.con.sql(
-                f"SELECT m.record_id, m.split FROM ho_wanted w JOIN (SELECT * FROM ho_members "
-                f"{once}) m USING (row) ORDER BY w.i"
+                "SELECT row, record_id, split FROM ho_members "
+                f"WHERE row IN (SELECT row FROM ho_wanted) {once} ORDER BY row"
             ).to_arrow_table()
         del wanted_rows
-        if got.num_rows != 2 * k:
-            raise ValueError(f"held-out pairs name {2 * k - got.num_rows} row(s) no member has")
-        ids = got["record_id"].combine_chunks()
-        got = got.drop_columns(["record_id"])  # each column held twice at most, not the table
-        splits = got["split"].combine_chunks()
+        if got.num_rows != len(rows):
+            named = np.asarray(got["row"], dtype=np.int64)
+            missing = int(np.isin(np.concatenate([a, b]), named, invert=True).sum())
+            raise ValueError(f"held-out pairs name {missing} row(s) no member has")
+        at_a, at_b = (pa.array(np.searchsorted(rows, x)) for x in (a, b))
+        ids, splits = got["record_id"], got["split"]
         del got
         return pa.table(
             {
-                "record_a": ids.slice(0, k),
-                "split_a": splits.slice(0, k),
-                "record_b": ids.slice(k),
-                "split_b": splits.slice(k),
+                "record_a": ids.take(at_a).combine_chunks(),
+                "split_a": splits.take(at_a).combine_chunks(),
+                "record_b": ids.take(at_b).combine_chunks(),
+                "split_b": splits.take(at_b).combine_chunks(),
                 "jaccard": pa.array(found.jaccard, pa.float64()),
             },
             schema=PAIR_COLUMNS,
@@ -135,15 +141,38 @@ class Members:
             self.con.execute("DROP TABLE IF EXISTS ho_members")
 
 
-def searched_records(clusters: str, splits: str, numbered: bool = False) -> str:
+def searched_records(clusters: str, splits: str) -> str:
     """Every record of the dedup table but the excluded, with the split of the member standing
     for it (itself, or a removed duplicate's representative): a removed copy's content is in
-    that split, as in the leakage graph. Records whose member is gone (quarantined) drop out.
-    With ``numbered`` (``clusters`` read with ``file_row_number``), also the row's table
-    position ``pos`` (the search then finds rows by the dedup decisions table)."""
-    pos = ", k.file_row_number AS pos" if numbered else ""
+    that split, as in the leakage graph. Records whose member is gone (quarantined) drop out."""
     return (
-        f"SELECT k.record_id, k.object, k.line, k.leakage_id, s.split{pos} FROM {clusters} k "
+        f"SELECT k.record_id, k.object, k.line, k.leakage_id, s.split FROM {clusters} k "
         f"JOIN {splits} s ON s.record_id = CASE WHEN k.is_representative THEN k.record_id "
         "ELSE k.representative_id END WHERE k.verdict <> 'excluded'"
     )
+
+
+@dataclass(frozen=True)
+class Represented:
+    """The searched records given by the dedup ``clusters`` table (read with
+    ``file_row_number``) and ``splits``, its members' record_id and split (and their clusters
+    position ``pos``, when it has one): with the dedup decisions table each global row's split
+    is its representative's, found by integer joins (``BY_REPRESENTATIVE``); without,
+    ``searched_records`` is joined on (record id, object, line)."""
+
+    clusters: str
+    splits: str
+
+    def query(self, con: duckdb.DuckDBPyConnection, decisions: str) -> str:
+        """row, record_id, split of every searched row (``decisions``: the table's path)."""
+        if "pos" in con.sql(f"FROM {self.splits} LIMIT 0").columns:
+            splits = f"SELECT pos, split FROM {self.splits}"
+        else:
+            splits = (
+                f"SELECT k.file_row_number AS pos, s.split FROM {self.clusters} k "
+                f"JOIN {self.splits} s ON s.record_id = k.record_id WHERE k.is_representative"
+            )
+        return BY_REPRESENTATIVE.format(path=decisions, splits=splits, clusters=self.clusters)
+
+    def records(self) -> str:
+        return searched_records(self.clusters, self.splits)

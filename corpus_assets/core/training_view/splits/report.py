@@ -9,18 +9,17 @@ from corpus_assets.core.runtime.config import SplitPolicy
 from corpus_assets.core.training_view.splits.assign import Assignment
 from corpus_assets.core.training_view.splits.schema import SPLITS
 
-# split_rows carries each member's source, object and line: one join with the token counts (it
-# was two more joins with the clusters table, a third of the report's time)
-_PLACED = """
-    SELECT s.split, s.group_id, s.leakage_id, s.source_id, r.tokens
-    FROM split_rows s JOIN row_tokens r
-        ON s.record_id = r.record_id AND s.object = r.object AND s.line = r.line
+# split_rows carries each member's group, component and source, and its object and line: one
+# join with the token counts (it was two more joins with the clusters table, a third of the
+# report's time), grouped by split as it streams (no table of every member's join made first)
+_PER_SPLIT = """
+    SELECT s.split, count(*), COALESCE(sum(r.tokens), 0), count(DISTINCT s.group_id),
+        count(DISTINCT s.leakage_id)
+    FROM split_rows s JOIN row_tokens r ON {on} GROUP BY s.split
 """
+_BY_KEYS = "s.record_id = r.record_id AND s.object = r.object AND s.line = r.line"
 # the same rows when both are keyed by the clusters-table position (``load_position_tokens``)
-_PLACED_BY_POSITION = """
-    SELECT s.split, s.group_id, s.leakage_id, s.source_id, r.tokens
-    FROM split_rows s JOIN row_tokens r ON s.pos = r.pos
-"""
+_BY_POSITION = "s.pos = r.pos"
 
 
 def split_report(
@@ -32,25 +31,19 @@ def split_report(
     split, source_id, object and line of every member) and ``row_tokens`` (record_id, object,
     line, tokens of every canonical row), or with ``by_position`` both keyed by ``pos`` (the
     clusters-table position) instead; ``clusters`` is the dedup table (its sources)."""
-    con.execute(f"CREATE TABLE placed AS {_PLACED_BY_POSITION if by_position else _PLACED}")
+    on = _BY_POSITION if by_position else _BY_KEYS
+    per_split = {row[0]: row[1:] for row in con.execute(_PER_SPLIT.format(on=on)).fetchall()}
     con.execute("DROP TABLE row_tokens")
     total = con.execute("SELECT count(*) FROM split_rows").fetchone()[0]
-    placed = con.execute("SELECT count(*) FROM placed").fetchone()[0]
+    placed = sum(row[0] for row in per_split.values())
     if placed != total:  # every member has one kept row and its tokens
         raise ValueError(f"{total} split members but {placed} with tokens")
     names = [r[0] for r in con.execute(f"SELECT DISTINCT source_id FROM {clusters}").fetchall()]
     names = sorted(n for n in names if n is not None)
-    per_split = {
-        row[0]: row[1:]
-        for row in con.execute(
-            "SELECT split, count(*), COALESCE(sum(tokens), 0), count(DISTINCT group_id), "
-            "count(DISTINCT leakage_id) FROM placed GROUP BY split"
-        ).fetchall()
-    }
-    per_source: dict[tuple[str, str], int] = {
+    per_source: dict[tuple[str, str], int] = {  # every member is placed: split_rows' counts
         (split, source): n
         for split, source, n in con.execute(
-            "SELECT split, source_id, count(*) FROM placed GROUP BY split, source_id"
+            "SELECT split, source_id, count(*) FROM split_rows GROUP BY split, source_id"
         ).fetchall()
     }
     rows = []
