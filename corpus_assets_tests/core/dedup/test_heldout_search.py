@@ -53,8 +53,12 @@ def _plain(blocks: list[RowMajor], heldout: np.ndarray, members: np.ndarray) -> 
     return out
 
 
-@pytest.mark.parametrize("seed", range(4))
-def test_candidates_are_the_double_loops_pairs(seed: int) -> None:
+@pytest.mark.parametrize(("seed", "merge_at"), [(0, 1 << 20), (1, 1 << 20), (2, 3), (3, 3)])
+def test_candidates_are_the_double_loops_pairs(
+    seed: int, merge_at: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Whether the bands' pairs are merged once at the end or after every few (``merge_at``)."""
+    monkeypatch.setattr(heldout_search, "_MERGE_AT", merge_at)
     rng = np.random.default_rng(seed)
     blocks, _ = _families(rng, 90)
     members = np.sort(rng.choice(90, 80, replace=False))
