@@ -35,6 +35,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from dagster._core.storage.event_log import SqliteEventLogStorage
+from dagster._core.storage.event_log.sqlite.sqlite_event_log import INDEX_SHARD_NAME
 from dagster._core.storage.sql import create_engine
 from dagster._core.storage.sqlite import SQLITE_BUSY_TIMEOUT_SECONDS
 from sqlalchemy.engine import Connection, Engine
@@ -53,6 +54,7 @@ class SharedEngineSqliteEventLogStorage(SqliteEventLogStorage):
         self._engines: OrderedDict[str, Engine] = OrderedDict()
         self._engines_pid = os.getpid()
         self._engines_lock = threading.Lock()
+        self._tables_found: set[str] = set()
         _LIVE.add(self)
 
     def _shard_engine(self, shard: str) -> Engine:
@@ -66,7 +68,7 @@ class SharedEngineSqliteEventLogStorage(SqliteEventLogStorage):
                 engine = create_engine(
                     self.conn_string_for_shard(shard),
                     poolclass=QueuePool,
-                    pool_size=1,
+                    pool_size=2,  # a transaction, and has_table inside it
                     max_overflow=2,
                     connect_args={
                         "timeout": SQLITE_BUSY_TIMEOUT_SECONDS,
@@ -89,6 +91,17 @@ class SharedEngineSqliteEventLogStorage(SqliteEventLogStorage):
                 self._initialized_dbs.add(shard)
             with engine.connect() as conn, conn.begin():
                 yield conn
+
+    def has_table(self, table_name: str) -> bool:
+        """Dagster's asks a new engine of the index file each time (a few times an event); here
+        the kept one, and a table once found is remembered (tables are only ever added)."""
+        if table_name in self._tables_found:
+            return True
+        with self._shard_engine(INDEX_SHARD_NAME).connect() as conn:
+            found = bool(conn.dialect.has_table(conn, table_name))
+        if found:
+            self._tables_found.add(table_name)
+        return found
 
     def close_connections(self) -> None:
         """Close this process's connections (they reopen on the next use)."""

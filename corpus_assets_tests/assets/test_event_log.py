@@ -70,6 +70,24 @@ def test_a_runs_events_open_no_connection_each(
     assert len(instance.all_logs("r1")) == EVENTS + 1
 
 
+def test_asset_events_and_partition_reads_open_no_connection_each(
+    instance: dg.DagsterInstance, opened: list[object]
+) -> None:
+    """An asset event is mirrored in the index file; a partition read first asks whether the
+    partitions table exists (Dagster's storage makes a new engine of the index file for that)."""
+    materialization = dg.AssetMaterialization("a", partition="k1")
+    instance.add_dynamic_partitions("snapshots", ["k1"])
+    instance.report_runless_asset_event(materialization)
+    before = len(opened)
+    for _ in range(EVENTS):
+        instance.report_runless_asset_event(materialization)
+        assert instance.has_dynamic_partition("snapshots", "k1")
+    assert len(opened) == before
+    event = instance.get_latest_materialization_event(dg.AssetKey("a"))
+    assert event is not None and event.asset_materialization is not None
+    assert event.asset_materialization.partition == "k1"
+
+
 def test_each_event_is_visible_to_other_connections_once_stored(
     instance: dg.DagsterInstance,
 ) -> None:
