@@ -126,8 +126,9 @@ class SharedEngineSqliteEventLogStorage(SqliteEventLogStorage):
 
 
 @atexit.register
-def _close_at_exit() -> None:
-    """Close every live storage's connections, so a process leaves checkpointed files."""
+def close_all_connections() -> None:
+    """Close every live storage's connections, so a process leaves checkpointed files (at
+    interpreter exit, and from the CLI, which leaves with ``os._exit``)."""
     for storage in list(_LIVE):
         storage.close_connections()
 

@@ -5,6 +5,8 @@ child makes its own, and nothing stays open after ``dispose``."""
 import multiprocessing
 import os
 import sqlite3
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -140,3 +142,26 @@ def test_dispose_closes_the_connections_and_the_wal_is_checkpointed(
     assert not Path(f"{db}-wal").exists()
     instance.report_engine_event("two", run)  # reopened on the next use
     assert stored(db) == 2
+
+
+CLI_EXIT = """
+import sys
+from dagster._core.storage.dagster_run import DagsterRun
+from corpus_assets.cli.instance import dagster_instance
+from corpus_assets.cli.main import run
+instance = dagster_instance()
+instance.report_engine_event("stored", instance.add_run(DagsterRun(job_name="j", run_id="r5")))
+sys.argv = ["corpus-assets", "--config", "/nonexistent/corpus.yaml", "history", "a"]
+run()
+"""
+
+
+def test_the_cli_closes_the_connections_before_it_leaves(tmp_path: Path) -> None:
+    """The console script leaves with ``os._exit`` (no atexit): it closes them first, so the
+    run's file is checkpointed (no ``-wal`` left) with the event in it."""
+    env = {**os.environ, "DAGSTER_HOME": str(tmp_path / "dagster")}
+    done = subprocess.run([sys.executable, "-c", CLI_EXIT], env=env, capture_output=True)
+    assert done.returncode == 2, done.stderr  # the command's refusal: the config is not there
+    runs = tmp_path / "dagster" / "history" / "runs"
+    assert not list(runs.glob("*.db-wal"))
+    assert stored(runs / "r5.db") == 1
