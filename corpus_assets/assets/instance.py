@@ -29,6 +29,7 @@ from dagster._core.storage.tags import (
     PARTITION_NAME_TAG,
 )
 
+from corpus_assets.assets.event_log import shared_engine_event_log
 from corpus_assets.assets.partitions import snapshots
 from corpus_assets.core.runtime.keys import PartitionKeyError, launch_refusal, new_partition_key
 
@@ -61,7 +62,11 @@ def add_new_snapshot(instance: dg.DagsterInstance) -> str:
 
 class CorpusInstance(dg.DagsterInstance):
     """Dagster's instance, except that a partitionless ``build_snapshot`` run gets a new
-    partition before it is created, and a run of an invalid partition key is not created."""
+    partition before it is created, a run of an invalid partition key is not created, and a
+    SQLite event log keeps one engine per database file (``event_log``)."""
+
+    def __init__(self, *args: Any, event_storage: Any, **kwargs: Any) -> None:
+        super().__init__(*args, event_storage=shared_engine_event_log(event_storage), **kwargs)
 
     @classmethod
     def config_schema(cls) -> dict[str, Any]:

@@ -84,11 +84,15 @@ def run() -> None:
     With pyarrow and DuckDB loaded, tearing down their C++ thread pools at interpreter exit
     sometimes aborts the finished process ("terminate called without an active exception",
     exit -6; apache/arrow#34314), after its output was written. Every store and catalog write is
-    committed by then, so the process flushes its streams and leaves with its own exit code.
+    committed by then, so the process closes the Dagster event log's kept SQLite connections,
+    flushes its streams and leaves with its own exit code.
     """
     interrupt.install()
     sys.excepthook = _masked_traceback
     code = main()
+    event_log = sys.modules.get("corpus_assets.assets.event_log")  # loaded by a Dagster instance
+    if event_log is not None:
+        event_log.close_all_connections()  # os._exit skips atexit
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

@@ -72,7 +72,7 @@ def test_root_dagster_yaml_is_the_sqlite_default(
         storages = (instance.run_storage, instance.event_log_storage, instance.schedule_storage)
         assert [type(s).__name__ for s in storages] == [
             "SqliteRunStorage",
-            "SqliteEventLogStorage",
+            "SharedEngineSqliteEventLogStorage",  # Dagster's, one engine a file (assets.event_log)
             "SqliteScheduleStorage",
         ]
         assert instance.get_runs() == []

@@ -6,11 +6,13 @@ a Dagster process or a thread can draw too. The bytes are reproducible: matplotl
 style whatever the user's matplotlibrc, the DejaVu fonts it ships, fixed sizes and dpi, and no
 ``Software`` (version) text chunk in the PNG.
 
-Drawing is most of a build's card (~0.6 CPU-s, and ~0.45 more to import matplotlib). Each plot is
-a function of its own inputs alone (``PLOTS``: what it reads of the card, then how it draws
-that), so its bytes are cached (``PlotCache``) under the digest of those inputs, this module's
-code identity and matplotlib's version: an unchanged rebuild draws only the lineage (its title
-names the new snapshot), and a child redraws only the plots whose inputs moved.
+Drawing is most of a build's card (~0.5 CPU-s for all eight, and ~0.45 more to import
+matplotlib); figures have fixed margins, no layout engine, so each is drawn once (``_figure``).
+Each plot is a function of its own inputs alone (``PLOTS``: the least it reads of the card, then
+how it draws that), so its bytes are cached (``PlotCache``) under the digest of those inputs, this
+module's code identity and matplotlib's version: an unchanged rebuild draws only the lineage (its
+title names the new snapshot), and a child redraws only the plots whose inputs moved (not the
+S-curve, which reads the LSH settings only, nor contamination while the benchmarks and flags stay).
 """
 
 import functools
@@ -25,7 +27,7 @@ import pydantic_core
 
 from corpus_assets.core.audit.card import Card, Histogram
 from corpus_assets.core.audit.snapshot_graph import LineageGraph, Node
-from corpus_assets.core.dedup.report import NearReport
+from corpus_assets.core.dedup.report import LshSettings, NearReport, SCurvePoint
 from corpus_assets.core.runtime.code_identity import stage_code
 from corpus_assets.core.runtime.snapshot_manifest import ContaminationEntry, MixtureRow
 from corpus_assets.core.storage.cas import CasError, ContentStore
@@ -38,6 +40,13 @@ if TYPE_CHECKING:
 
 DPI = 100
 SIZE = (7.0, 3.6)  # inches: 700 x 360 pixels at DPI
+# Fixed margins in inches (left, right, bottom, top; and between two charts side by side), not
+# a layout engine: matplotlib's constrained layout drew every figure twice (once unrendered, to
+# measure each tick label) - half of a card's drawing. These leave room for 7-digit tick labels,
+# an axis label on each side and the title, which is all the charts here have.
+Margins = tuple[float, float, float, float, float]
+AXES_MARGINS: Margins = (0.85, 0.15, 0.5, 0.3, 0.75)
+FRAMELESS: Margins = (0.05, 0.05, 0.05, 0.3, 0.0)  # no axes drawn: the lineage's boxes
 COLOURS = ("#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860")
 SHOWN_PER_RANK = 8  # lineage boxes in one column; more are summed up in one box
 SPLITS = ("train", "validation", "test")
@@ -118,10 +127,21 @@ def _style() -> Iterator[None]:
         yield
 
 
-def _figure(columns: int = 1, size: tuple[float, float] = SIZE) -> tuple["Figure", Any]:
+def _figure(
+    columns: int = 1, size: tuple[float, float] = SIZE, margins: Margins = AXES_MARGINS
+) -> tuple["Figure", Any]:
     from matplotlib.figure import Figure
 
-    figure = Figure(figsize=size, dpi=DPI, layout="constrained")
+    figure = Figure(figsize=size, dpi=DPI)
+    (width, height), (left, right, bottom, top, between) = size, margins
+    chart = (width - left - right - between * (columns - 1)) / columns
+    figure.subplots_adjust(
+        left=left / width,
+        right=1 - right / width,
+        bottom=bottom / height,
+        top=1 - top / height,
+        wspace=between / chart,
+    )
     return figure, figure.subplots(1, columns)
 
 
@@ -148,27 +168,39 @@ def _shares(rows: list[MixtureRow]) -> "Figure":
     return figure
 
 
-def _s_curve(near: NearReport | None) -> "Figure":
+def _s_curve_inputs(near: NearReport | None) -> tuple[LshSettings, list[SCurvePoint]] | None:
+    """The curve's settings and points only: they move with the settings, not with the data,
+    so a child's card takes its S-curve from the cache."""
+    return None if near is None else (near.lsh, near.s_curve)
+
+
+def _s_curve(curve: tuple[LshSettings, list[SCurvePoint]] | None) -> "Figure":
     figure, axes = _figure()
-    if near is None:
+    if curve is None:
         return _empty(figure, axes, "near-dedup is off for this snapshot")
-    s = [float(p.s) for p in near.s_curve]
-    axes.plot(s, [float(p.p) for p in near.s_curve], marker="o", color=COLOURS[0])
-    axes.axvline(float(near.lsh.threshold), color=COLOURS[3], linestyle="--", label="threshold")
+    lsh, points = curve
+    s = [float(p.s) for p in points]
+    axes.plot(s, [float(p.p) for p in points], marker="o", color=COLOURS[0])
+    axes.axvline(float(lsh.threshold), color=COLOURS[3], linestyle="--", label="threshold")
     axes.set_xlabel("Jaccard similarity s")
     axes.set_ylabel("P(candidate pair)")
-    axes.set_title(f"LSH S-curve: {near.lsh.bands} bands x {near.lsh.rows} rows")
+    axes.set_title(f"LSH S-curve: {lsh.bands} bands x {lsh.rows} rows")
     axes.legend()
     return figure
 
 
-def _cluster_sizes(near: NearReport | None) -> "Figure":
-    """Near-duplicate clusters by size (power-of-two bins), summed over the near-dedup classes."""
-    figure, axes = _figure()
+def _cluster_size_totals(near: NearReport | None) -> dict[str, int]:
+    """Near-duplicate clusters by size (power-of-two bins), summed over the near-dedup classes:
+    all the chart reads of the report."""
     sizes: dict[str, int] = {}
     for report in (near.classes if near else {}).values():
         for size, clusters in report.cluster_sizes.items():
             sizes[size] = sizes.get(size, 0) + clusters
+    return dict(sorted(sizes.items()))
+
+
+def _cluster_sizes(sizes: dict[str, int]) -> "Figure":
+    figure, axes = _figure()
     if not sizes:
         return _empty(figure, axes, "no near-duplicate clusters")
     labels = sorted(sizes, key=lambda label: int(label.split("-")[0]))
@@ -247,7 +279,7 @@ def _lineage(graph: LineageGraph) -> "Figure":
         columns.setdefault(rank[node.id], []).append(node)
     height = max(min(len(c), SHOWN_PER_RANK + 1) for c in columns.values())
     # one free row below the boxes for the arcs of the inputs that skip columns
-    figure, axes = _figure(size=(1.9 * len(columns), 1.0 + 0.75 * (height + 1)))
+    figure, axes = _figure(size=(1.9 * len(columns), 1.0 + 0.75 * (height + 1)), margins=FRAMELESS)
     axes.set_xlim(-0.5, len(columns) - 0.5)
     axes.set_ylim(-1.8, height - 0.4)
     axes.set_axis_off()
@@ -273,7 +305,7 @@ def _lineage(graph: LineageGraph) -> "Figure":
                 linewidth=0.8,
             )
             axes.add_patch(arrow)
-    axes.set_title(f"lineage of {graph.snapshot_id[:19]}…")
+    axes.set_title(f"lineage of {graph.snapshot_id[:19]}…", y=1.0)  # y: no tick-label search
     return figure
 
 
@@ -292,8 +324,8 @@ Drawer = Callable[[Any], "Figure"]
 # each plot: what it reads of the card (all it reads: the cache key), and how it draws that
 PLOTS: dict[str, tuple[Callable[[Card], Any], Drawer]] = {
     "shares.png": (lambda c: c.manifest.mixture, _shares),
-    "dedup_s_curve.png": (lambda c: c.dedup.near, _s_curve),
-    "cluster_sizes.png": (lambda c: c.dedup.near, _cluster_sizes),
+    "dedup_s_curve.png": (lambda c: _s_curve_inputs(c.dedup.near), _s_curve),
+    "cluster_sizes.png": (lambda c: _cluster_size_totals(c.dedup.near), _cluster_sizes),
     "splits.png": (lambda c: c.split_counts, _splits),
     "sample_lengths.png": (
         lambda c: c.sample_lengths,

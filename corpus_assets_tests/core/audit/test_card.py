@@ -198,6 +198,46 @@ def test_a_plot_is_drawn_again_when_its_inputs_move_or_its_bytes_are_gone(
     assert render_plots(card, gone)["lineage.png"] == render_plots(card)["lineage.png"]
 
 
+def test_a_childs_moved_dedup_counts_leave_its_s_curve_cached(card: Card) -> None:
+    """The S-curve is a function of the LSH settings only: a child whose near-dedup counts moved
+    (every build over new data) takes it from the cache; the cluster sizes chart is drawn again
+    only when the cluster sizes moved."""
+    near = card.dedup.near
+    assert near is not None
+    classes = {
+        name: report.model_copy(update={"participants": report.participants + 1})
+        for name, report in near.classes.items()
+    }
+    counted = replace(
+        card,
+        dedup=card.dedup.model_copy(update={"near": near.model_copy(update={"classes": classes})}),
+    )
+    inputs = {name: inputs_of for name, (inputs_of, _) in card_plots.PLOTS.items()}
+    moved = {n for n, of in inputs.items() if plot_key(n, of(counted)) != plot_key(n, of(card))}
+    assert moved == set()
+    first = next(iter(classes))
+    grown = {**classes[first].cluster_sizes, "2-3": classes[first].cluster_sizes.get("2-3", 0) + 1}
+    classes[first] = classes[first].model_copy(update={"cluster_sizes": grown})
+    clustered = replace(
+        card,
+        dedup=card.dedup.model_copy(update={"near": near.model_copy(update={"classes": classes})}),
+    )
+    moved = {n for n, of in inputs.items() if plot_key(n, of(clustered)) != plot_key(n, of(card))}
+    assert moved == {"cluster_sizes.png"}
+
+
+def test_every_plot_is_drawn_in_one_pass(card: Card) -> None:
+    """No layout engine: each figure is rendered once when saved, not first drawn unrendered to
+    measure its labels (which doubled a card's drawing)."""
+    for name, (inputs_of, draw) in card_plots.PLOTS.items():
+        draws: list[object] = []
+        with card_plots._style():
+            figure = draw(inputs_of(card))
+            figure.canvas.mpl_connect("draw_event", draws.append)
+            assert card_plots._png(figure).startswith(PNG_MAGIC)
+        assert len(draws) == 1, name
+
+
 def test_an_unchanged_rebuild_draws_only_its_lineage(
     built: Built, monkeypatch: pytest.MonkeyPatch
 ) -> None:
