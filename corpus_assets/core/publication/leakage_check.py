@@ -22,8 +22,9 @@ from corpus_assets.core.training_view.leakage_graph import component_labels
 if TYPE_CHECKING:
     from duckdb import DuckDBPyConnection
 
+# ``ok`` only answers IN: kept with its repeats (no distinct over every member id) and once
 REMOVED = """
-WITH ok AS (SELECT record_id FROM members UNION SELECT record_id FROM dd_dropped),
+WITH ok AS MATERIALIZED (SELECT record_id FROM members UNION ALL SELECT record_id FROM dd_dropped),
 checked AS (
     SELECT ord, record_id, representative_id, verdict, match_id, match_jaccard,
            NOT coalesce(representative_id IN (SELECT record_id FROM ok), false) AS rep_bad,
@@ -53,10 +54,13 @@ WITH numbered AS (SELECT group_id, row_number() OVER () - 1 AS g FROM
                   (SELECT group_id FROM dd_live GROUP BY group_id HAVING count(*) > 1))
 SELECT l.v, n.g FROM dd_live l JOIN numbered n ON l.group_id IS NOT DISTINCT FROM n.group_id
 """
+# an edge joins the first live row of each of its record ids: the minimum taken per edge end
+# (grouped on the edge's number) rather than per record id over every live row
 EDGES = """
-WITH first AS (SELECT record_id, min(v) AS v FROM dd_live GROUP BY record_id)
-SELECT a.v AS a, b.v AS b FROM dd_edges e
-JOIN first a ON e.record_a = a.record_id JOIN first b ON e.record_b = b.record_id
+WITH e AS (SELECT row_number() OVER () AS i, record_a, record_b FROM dd_edges),
+a AS (SELECT e.i, min(l.v) AS v FROM e JOIN dd_live l ON l.record_id = e.record_a GROUP BY e.i),
+b AS (SELECT e.i, min(l.v) AS v FROM e JOIN dd_live l ON l.record_id = e.record_b GROUP BY e.i)
+SELECT a.v AS a, b.v AS b FROM a JOIN b USING (i)
 """
 LEAKS = """
 WITH cm AS (SELECT l.record_id, l.leakage_id, c.component FROM dd_live l JOIN dd_comp c USING (v)),

@@ -1,5 +1,6 @@
-"""The leakage components the gate finds: only rows joined to another are graph vertices, and
-the findings are those of the graph over every live row."""
+"""The leakage components the gate finds: only rows joined to another are graph vertices, an
+edge joins its ids' first live rows, and the findings are those of the graph over every live
+row."""
 
 import random
 
@@ -10,7 +11,6 @@ import pytest
 
 from corpus_assets.core.publication import leakage_check
 from corpus_assets.core.publication.leakage_check import (
-    EDGES,
     LEAKS,
     LIVE,
     leaked_components,
@@ -23,6 +23,12 @@ WITH numbered AS (SELECT group_id, row_number() OVER () - 1 AS g
                   FROM (SELECT DISTINCT group_id FROM dd_live))
 SELECT l.v, n.g FROM dd_live l JOIN numbered n ON l.group_id IS NOT DISTINCT FROM n.group_id
 """
+# every edge end at its record id's first live row, by a table of each id's first row
+FIRST_ROWS = """
+WITH first AS (SELECT record_id, min(v) AS v FROM dd_live GROUP BY record_id)
+SELECT a.v AS a, b.v AS b FROM dd_edges e
+JOIN first a ON e.record_a = a.record_id JOIN first b ON e.record_b = b.record_id
+"""
 
 
 def _every_row(con: duckdb.DuckDBPyConnection) -> list[str]:
@@ -31,7 +37,7 @@ def _every_row(con: duckdb.DuckDBPyConnection) -> list[str]:
     found = con.execute(EVERY_GROUP).fetchnumpy()
     v, groups = (np.asarray(found[k], dtype=np.int64) for k in ("v", "g"))
     n = int(v.max()) + 1 if len(v) else 0
-    pairs = con.execute(EDGES).fetchnumpy()
+    pairs = con.execute(FIRST_ROWS).fetchnumpy()
     a, b = (np.asarray(pairs[k], dtype=np.int64) for k in ("a", "b"))
     size = n + (int(groups.max()) + 1 if len(groups) else 0)
     labels = component_labels(size, np.concatenate([v, a]), np.concatenate([n + groups, b]))
