@@ -22,8 +22,9 @@ from corpus_assets.core.training_view.leakage_graph import component_labels
 if TYPE_CHECKING:
     from duckdb import DuckDBPyConnection
 
+# ``ok`` only answers IN: kept with its repeats (no distinct over every member id) and once
 REMOVED = """
-WITH ok AS (SELECT record_id FROM members UNION SELECT record_id FROM dd_dropped),
+WITH ok AS MATERIALIZED (SELECT record_id FROM members UNION ALL SELECT record_id FROM dd_dropped),
 checked AS (
     SELECT ord, record_id, representative_id, verdict, match_id, match_jaccard,
            NOT coalesce(representative_id IN (SELECT record_id FROM ok), false) AS rep_bad,
@@ -41,7 +42,7 @@ WITH dropped AS (
     SELECT record_id FROM dd_dropped
     UNION SELECT record_id FROM dd_clusters
     WHERE NOT is_representative AND representative_id IN (SELECT record_id FROM dd_dropped))
-SELECT record_id, group_id, leakage_id, ord AS v
+SELECT record_id, group_id, ord AS v
 FROM dd_clusters
 WHERE verdict <> 'excluded' AND record_id NOT IN (SELECT record_id FROM dropped)
 """
@@ -53,20 +54,26 @@ WITH numbered AS (SELECT group_id, row_number() OVER () - 1 AS g FROM
                   (SELECT group_id FROM dd_live GROUP BY group_id HAVING count(*) > 1))
 SELECT l.v, n.g FROM dd_live l JOIN numbered n ON l.group_id IS NOT DISTINCT FROM n.group_id
 """
+# an edge joins the first live row of each of its record ids: the minimum taken per edge end
+# (grouped on the edge's number) rather than per record id over every live row
 EDGES = """
-WITH first AS (SELECT record_id, min(v) AS v FROM dd_live GROUP BY record_id)
-SELECT a.v AS a, b.v AS b FROM dd_edges e
-JOIN first a ON e.record_a = a.record_id JOIN first b ON e.record_b = b.record_id
+WITH e AS (SELECT row_number() OVER () AS i, record_a, record_b FROM dd_edges),
+a AS (SELECT e.i, min(l.v) AS v FROM e JOIN dd_live l ON l.record_id = e.record_a GROUP BY e.i),
+b AS (SELECT e.i, min(l.v) AS v FROM e JOIN dd_live l ON l.record_id = e.record_b GROUP BY e.i)
+SELECT a.v AS a, b.v AS b FROM a JOIN b USING (i)
 """
-LEAKS = """
-WITH cm AS (SELECT l.record_id, l.leakage_id, c.component FROM dd_live l JOIN dd_comp c USING (v)),
+# the components of members in more than one split, with their spread; only those are named
+# (their smallest leakage id, read at their rows: no leakage id is carried for every live row)
+SPREAD = """
+WITH cm AS (SELECT l.record_id, c.component FROM dd_live l JOIN dd_comp c USING (v)),
 per AS (SELECT cm.component, m.split, count(*) AS n
-        FROM cm JOIN members m USING (record_id) GROUP BY cm.component, m.split),
-wide AS (SELECT component FROM per GROUP BY component HAVING count(*) > 1),
-named AS (SELECT component, min(leakage_id) AS lid FROM cm
-          WHERE component IN (SELECT component FROM wide) GROUP BY component)
-SELECT any_value(named.lid), string_agg(per.split || ' (' || per.n || ')', ', ' ORDER BY per.split)
-FROM per JOIN named USING (component) GROUP BY component ORDER BY component
+        FROM cm JOIN members m USING (record_id) GROUP BY cm.component, m.split)
+SELECT component, string_agg(split || ' (' || n || ')', ', ' ORDER BY split)
+FROM per GROUP BY component HAVING count(*) > 1 ORDER BY component
+"""
+NAMES = """
+SELECT c.component, min(k.leakage_id) FROM dd_comp c JOIN dd_clusters k ON k.ord = c.v
+WHERE c.component IN (SELECT component FROM dd_wide) GROUP BY c.component
 """
 
 
@@ -140,5 +147,9 @@ def leaked_components(con: DuckDBPyConnection) -> list[str]:
     component = labels[v]
     shared = np.bincount(component)[component] > 1  # a lone record's component cannot leak
     con.register("dd_comp", pa.table({"v": v[shared], "component": component[shared]}))
-    found_leaks = con.execute(LEAKS).fetchall()
-    return [f"leakage group {lid!r} spans splits {spread}" for lid, spread in found_leaks]
+    spread = con.execute(SPREAD).fetchall()
+    if not spread:
+        return []
+    con.register("dd_wide", pa.table({"component": [c for c, _ in spread]}))
+    names = dict(con.execute(NAMES).fetchall())
+    return [f"leakage group {names[c]!r} spans splits {wide}" for c, wide in spread]

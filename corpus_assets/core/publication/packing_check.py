@@ -8,6 +8,8 @@ start with the same prompt tokens (read from the shards: a pair's prompt is what
 label before its first labelled target). ``verify`` re-hashes the shards.
 """
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -16,14 +18,27 @@ from corpus_assets.core.publication.block_reader import BlockReader
 from corpus_assets.core.runtime.layer_index import LayerIndex
 from corpus_assets.core.storage.artifacts import get_table
 from corpus_assets.core.storage.cas import ContentStore
+from corpus_assets.core.storage.cas_queries import registered
 from corpus_assets.core.storage.shards import ShardIndex, load_index
+
+if TYPE_CHECKING:
+    from duckdb import DuckDBPyConnection
 
 SHOWN = 5  # findings listed per kind
 SPAN_COLUMNS = ["block", "start", "end", "record_id", "sample", "shard", "specials"]  # read
+# each packed record that is no train member once, at its first span
+STRANGERS = """
+SELECT record_id, count(*) OVER () FROM (
+    SELECT s.record_id, min(s.n) AS first FROM pk_spans s
+    ANTI JOIN (SELECT record_id FROM members WHERE split = 'train') m USING (record_id)
+    GROUP BY s.record_id)
+ORDER BY first LIMIT ?
+"""
 
 
-def packing_findings(cas: ContentStore, packed: LayerIndex, members: pa.Table) -> list[str]:
-    """Every broken packing invariant, one line per kind (with up to ``SHOWN`` examples)."""
+def packing_findings(cas: ContentStore, packed: LayerIndex, con: "DuckDBPyConnection") -> list[str]:
+    """Every broken packing invariant, one line per kind (with up to ``SHOWN`` examples);
+    ``con`` holds the snapshot's ``members`` (record_id, split)."""
     index = load_index(cas, packed.output("shard_index")["digest"])
     spans = get_table(cas, packed.output("spans"), "spans table", SPAN_COLUMNS)
     findings = _index_findings(index, packed.counts)
@@ -35,18 +50,21 @@ def packing_findings(cas: ContentStore, packed: LayerIndex, members: pa.Table) -
         findings.append(
             f"spans cover {content} tokens, the layer counts {packed.counts.get('content_tokens')}"
         )
-    train = members.filter(pc.equal(members.column("split"), "train")).column("record_id")
-    strangers = pc.unique(
-        spans.filter(pc.invert(pc.is_in(spans.column("record_id"), value_set=train))).column(
-            "record_id"
-        )
+    return findings + _strangers(spans, con)
+
+
+def _strangers(spans: pa.Table, con: "DuckDBPyConnection") -> list[str]:
+    """Packed records that are no train member: how many, and the first ``SHOWN`` in spans
+    order (an anti join in DuckDB: no Arrow table of the train members, no hash set of them
+    built in Arrow)."""
+    numbered = pa.table(
+        {"record_id": spans.column("record_id"), "n": pa.array(range(spans.num_rows), pa.int64())}
     )
-    if len(strangers):
-        findings.append(
-            f"{len(strangers)} packed records are not train members, e.g. "
-            f"{strangers.slice(0, SHOWN).to_pylist()}"
-        )
-    return findings
+    with registered(con, "pk_spans", numbered):
+        found = con.execute(STRANGERS, [SHOWN]).fetchall()
+    if not found:
+        return []
+    return [f"{found[0][1]} packed records are not train members, e.g. {[r for r, _ in found]}"]
 
 
 def _index_findings(index: ShardIndex, counts: dict) -> list[str]:

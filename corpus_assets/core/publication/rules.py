@@ -240,10 +240,7 @@ def packing_invariants_hold(ev: Evidence, report: RuleReport) -> list[str]:
     """The spans are sound provenance: inside their blocks and shards, disjoint, covering the
     counted content, and only over train members (``packing_check``)."""
     packed = load_index(ev.cas, ev.manifest.layers["packed_blocks"], "packed_blocks")
-    train = ev.con.sql(  # a set of ids to the check: no order
-        "SELECT record_id, split FROM members WHERE split = 'train'"
-    ).to_arrow_table()
-    findings = packing_findings(ev.cas, packed, train)
+    findings = packing_findings(ev.cas, packed, ev.con)
     report.packing_violations = len(findings)
     return findings
 

@@ -1,5 +1,6 @@
-"""The leakage components the gate finds: only rows joined to another are graph vertices, and
-the findings are those of the graph over every live row."""
+"""The leakage components the gate finds: only rows joined to another are graph vertices, an
+edge joins its ids' first live rows, and the findings are those of the graph over every live
+row."""
 
 import random
 
@@ -9,19 +10,40 @@ import pyarrow as pa
 import pytest
 
 from corpus_assets.core.publication import leakage_check
-from corpus_assets.core.publication.leakage_check import (
-    EDGES,
-    LEAKS,
-    LIVE,
-    leaked_components,
-    register_dropped,
-)
+from corpus_assets.core.publication.leakage_check import leaked_components, register_dropped
 from corpus_assets.core.training_view.leakage_graph import component_labels
 
 EVERY_GROUP = """
 WITH numbered AS (SELECT group_id, row_number() OVER () - 1 AS g
                   FROM (SELECT DISTINCT group_id FROM dd_live))
 SELECT l.v, n.g FROM dd_live l JOIN numbered n ON l.group_id IS NOT DISTINCT FROM n.group_id
+"""
+# the reference graph's tables: every live row with its leakage id, each edge end at its
+# record id's first live row (a table of each id's first row), every component named
+LIVE = """
+CREATE OR REPLACE TEMP TABLE dd_live AS
+WITH dropped AS (
+    SELECT record_id FROM dd_dropped
+    UNION SELECT record_id FROM dd_clusters
+    WHERE NOT is_representative AND representative_id IN (SELECT record_id FROM dd_dropped))
+SELECT record_id, group_id, leakage_id, ord AS v
+FROM dd_clusters
+WHERE verdict <> 'excluded' AND record_id NOT IN (SELECT record_id FROM dropped)
+"""
+LEAKS = """
+WITH cm AS (SELECT l.record_id, l.leakage_id, c.component FROM dd_live l JOIN dd_comp c USING (v)),
+per AS (SELECT cm.component, m.split, count(*) AS n
+        FROM cm JOIN members m USING (record_id) GROUP BY cm.component, m.split),
+wide AS (SELECT component FROM per GROUP BY component HAVING count(*) > 1),
+named AS (SELECT component, min(leakage_id) AS lid FROM cm
+          WHERE component IN (SELECT component FROM wide) GROUP BY component)
+SELECT any_value(named.lid), string_agg(per.split || ' (' || per.n || ')', ', ' ORDER BY per.split)
+FROM per JOIN named USING (component) GROUP BY component ORDER BY component
+"""
+FIRST_ROWS = """
+WITH first AS (SELECT record_id, min(v) AS v FROM dd_live GROUP BY record_id)
+SELECT a.v AS a, b.v AS b FROM dd_edges e
+JOIN first a ON e.record_a = a.record_id JOIN first b ON e.record_b = b.record_id
 """
 
 
@@ -31,7 +53,7 @@ def _every_row(con: duckdb.DuckDBPyConnection) -> list[str]:
     found = con.execute(EVERY_GROUP).fetchnumpy()
     v, groups = (np.asarray(found[k], dtype=np.int64) for k in ("v", "g"))
     n = int(v.max()) + 1 if len(v) else 0
-    pairs = con.execute(EDGES).fetchnumpy()
+    pairs = con.execute(FIRST_ROWS).fetchnumpy()
     a, b = (np.asarray(pairs[k], dtype=np.int64) for k in ("a", "b"))
     size = n + (int(groups.max()) + 1 if len(groups) else 0)
     labels = component_labels(size, np.concatenate([v, a]), np.concatenate([n + groups, b]))

@@ -5,6 +5,7 @@ import json
 from collections import Counter
 from pathlib import Path
 
+import duckdb
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -209,7 +210,9 @@ def test_the_packing_gate_refuses_unsound_spans(demo_home: Path) -> None:
 
         def findings(change) -> list[str]:
             outputs = {**packed.outputs, "spans": put_table(ws.cas, change(spans))}
-            return packing_findings(ws.cas, packed.model_copy(update={"outputs": outputs}), members)
+            with duckdb.connect() as con:
+                con.register("members", members)
+                return packing_findings(ws.cas, packed.model_copy(update={"outputs": outputs}), con)
 
     assert findings(lambda t: t) == []
     backwards = pa.array(range(spans.num_rows - 1, -1, -1))
@@ -223,6 +226,11 @@ def test_the_packing_gate_refuses_unsound_spans(demo_home: Path) -> None:
     assert any("1 spans lie outside their block or shard" in f for f in moved)
     stranger = findings(_replaced("record_id", ["x/y"]))
     assert any("1 packed records are not train members" in f and "x/y" in f for f in stranger)
+    # each stranger once, the first ``SHOWN`` in spans order (not sorted)
+    many = findings(_replaced("record_id", ["z/9", "x/y", "z/9", *(f"a/{n}" for n in range(6))]))
+    assert (
+        "8 packed records are not train members, e.g. ['z/9', 'x/y', 'a/0', 'a/1', 'a/2']" in many
+    )
 
 
 PAIRS = [
