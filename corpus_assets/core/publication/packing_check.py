@@ -58,7 +58,7 @@ def _strangers(spans: pa.Table, con: "DuckDBPyConnection") -> list[str]:
     order (an anti join in DuckDB: no Arrow table of the train members, no hash set of them
     built in Arrow)."""
     numbered = pa.table(
-        {"record_id": spans.column("record_id"), "n": pa.array(range(spans.num_rows), pa.int64())}
+        {"record_id": spans.column("record_id"), "n": np.arange(spans.num_rows, dtype=np.int64)}
     )
     with registered(con, "pk_spans", numbered):
         found = con.execute(STRANGERS, [SHOWN]).fetchall()
