@@ -7,6 +7,8 @@ conflicts and moves. Inputs and outputs go through ``storage.cas_queries`` (``ca
 ``put_query``) and ``storage.parquet_sink.put_tables``.
 """
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import duckdb
@@ -27,3 +29,20 @@ def connect(spill: Path | None = None, threads: int = 2) -> duckdb.DuckDBPyConne
 def spilling(home: Path, threads: int) -> cas_queries.Spilling:
     """A connection spilling to a fresh directory under ``home/tmp``, removed afterwards."""
     return cas_queries.Spilling(home / "tmp", MEMORY_LIMIT, threads)
+
+
+@contextmanager
+def right_built(con: duckdb.DuckDBPyConnection) -> Iterator[None]:
+    """Within the block a hash join builds its table on the side written on its right. DuckDB
+    builds on the side it estimates smaller: for a filtered Parquet scan (a guessed fifth of
+    its rows) it then copies every wide row of that scan into the table (a LEFT JOIN of 470k
+    members on their parent's 463k (record_id, split) rows took 0.42 CPU-s so, 0.26 not)."""
+    old = con.execute("SELECT current_setting('disabled_optimizers')").fetchone()[0]
+    con.execute(f"SET disabled_optimizers = '{','.join(filter(None, [old, _FLIP]))}'")
+    try:
+        yield
+    finally:
+        con.execute(f"SET disabled_optimizers = '{old}'")
+
+
+_FLIP = "build_side_probe_side"  # the optimizer that picks a join's build side

@@ -270,6 +270,7 @@ class Result:
     moves: list[Move]
     conflicts: list
     excluded: list[str]
+    rows: int = 0  # rows of the assignment's table (a member placed twice counts twice)
 
 
 def _graph(members: list[Member], edges: list[tuple[str, str]], leakage: dict[str, str]):
@@ -311,7 +312,7 @@ def assign(
     old = pa.table({"record_id": list(parent), "split": list(parent.values())}, schema=SPLIT_TABLE)
     out = resolve_residual(split_assign.assign(table, old, policy, graph=graph), graph)
     moves = [Move(*row.values()) for row in out.moves.to_pylist()]
-    return Result(out.as_dict(), moves, out.conflicts, out.excluded)
+    return Result(out.as_dict(), moves, out.conflicts, out.excluded, out.table.num_rows)
 
 
 def _oracle_components(members: list[Member], edges, dropped: set[str]) -> list[set[str]]:
@@ -584,3 +585,30 @@ def test_a_real_build_holds_out_records_at_or_after_the_cutoff(demo_home: Path) 
         ("essays/t-gap", EXCLUDED, "split.time_gap")
     ]
     assert index.counts["test"] == 1 and index.counts["excluded"] == 1 and conflicts == []
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_calm_components_inherit_or_hash_beside_a_conflict(seed: int) -> None:
+    """Beside a bridged pair of old components, every other member is placed once: a parent
+    member where it was, a newcomer with its component's parent split, a new component by the
+    hash of its smallest key (the inheritance without a join on the component, the keys read
+    for newcomers only)."""
+    rng = random.Random(seed)
+    policy = SplitPolicy(on_conflict="move_smaller")
+    old = _components(rng, 40, "g")
+    parent = assign(_flat(old), {}, policy).split
+    side = {c[0].component: parent[c[0].record_id] for c in old}
+    a, b = next((x, y) for x in old for y in old if side[x[0].component] < side[y[0].component])
+    grown = [[*c, Member(f"{c[0].component}-n", c[0].component, f"{rng.random()}")] for c in old]
+    fresh = _components(rng, 20, "h")
+    members = _flat(grown + fresh)
+    bridged = {a[0].component, b[0].component}
+    leakage = {name: "a-bridged" for name in bridged}
+    result = assign(members, parent, policy, [(a[0].record_id, b[0].record_id)], leakage)
+    expected = {m.record_id: parent.get(m.record_id, side.get(m.component)) for m in members}
+    for c in fresh:
+        expected |= {m.record_id: split_of(min(x.content_key for x in c), policy) for m in c}
+    calm = {m.record_id for m in members if m.component not in bridged}
+    assert {r: result.split[r] for r in calm} == {r: expected[r] for r in calm}
+    assert [c.component for c in result.conflicts] == ["a-bridged"]
+    assert result.rows == len(members)  # none placed twice

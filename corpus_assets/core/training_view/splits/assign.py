@@ -58,11 +58,11 @@ MEMBER_SCHEMA = pa.schema(
 )
 _BATCH = 65536
 # A component's parent splits: 0, 1, or 2 for more than one (only ``sides > 1`` is asked). A
-# min and a max per group, not a distinct count: a third of the group-by's time at 470k members.
-_SIDES = (
-    "CASE WHEN min(parent_split) IS NULL THEN 0 "
-    "WHEN min(parent_split) = max(parent_split) THEN 1 ELSE 2 END"
-)
+# min and a max per group, not a distinct count: a third of the group-by's time at 470k members;
+# of an enum (``_PARENT_SPLIT``, each parent split name an integer), not of strings: the string
+# min and max were two thirds of what remained.
+_SIDES = "CASE WHEN min(code) IS NULL THEN 0 WHEN min(code) = max(code) THEN 1 ELSE 2 END"
+_PARENT_SPLIT = "parent_split_name"  # the enum type of the parent's split names
 
 
 Source = pa.Table | str  # an Arrow table, or a SQL query over the connection's tables
@@ -158,20 +158,18 @@ def assign(
     _relation(con, "member_rows", members, MEMBER_SCHEMA)
     _relation(con, "parent_rows", parent, SPLIT_TABLE)
     pos = ", m.pos" if _positioned(con) else ""
-    con.execute(
-        "CREATE OR REPLACE TABLE joined AS SELECT m.record_id, m.component, m.content_key, "
-        f"m.event_time, p.split AS parent_split{pos} FROM member_rows m "
-        "LEFT JOIN parent_rows p ON m.record_id = p.record_id"
-    )  # in no particular order: every consumer of a row order sorts
+    # a member's key is read only where it can name a hashed component: a new member's (every
+    # member's when a conflict hashes every component again); the copies of the parent members'
+    # 71-character keys were two fifths of this join's time at 470k members
+    key = "m.content_key" if policy.on_conflict == "new_eval_version" else _NEW_KEY
+    with view_queries.right_built(con):  # the parent's narrow rows hashed, not the members'
+        con.execute(
+            f"CREATE OR REPLACE TABLE joined AS SELECT m.record_id, m.component, {key} AS "
+            f"content_key, m.event_time, p.split AS parent_split{pos} FROM member_rows m "
+            "LEFT JOIN parent_rows p ON m.record_id = p.record_id"
+        )  # in no particular order: every consumer of a row order sorts
     timed, time_moves, time_conflicts = _time_phase(con, policy, evidence)
-    # a key is hashed only for a component with no parent member: the others' keys are not
-    # compared (the min of every member's 71-character key was half the group-by's time) nor
-    # hashed (the hash of every key was two thirds of ``_calm_splits``' at 470k members)
-    con.execute(
-        "CREATE OR REPLACE TABLE per AS SELECT component, "
-        "min(content_key) FILTER (WHERE parent_split IS NULL) AS key, "
-        f"{_SIDES} AS sides, min(parent_split) AS inherited FROM joined GROUP BY component"
-    )
+    _per_component(con)
     conflicted = con.sql(
         "SELECT component, record_id, parent_split FROM joined "
         "WHERE component IN (SELECT component FROM per WHERE sides > 1)"
@@ -184,12 +182,34 @@ def assign(
     resolved, moves, conflicts = resolve_conflicts(
         conflicted, near, Resolution(policy, evidence, graph)
     )
-    _calm_splits(con, policy, parent_version, [timed, resolved], inherit=True)
+    extra = [timed, resolved]
+    _calm_splits(con, policy, parent_version, extra, inherit=True, conflicts=len(conflicted) > 0)
     return Assignment(
         con,
         move_table([*time_moves, *moves]),
         sorted([*time_conflicts, *conflicts], key=lambda c: c.component),
         parent_version,
+    )
+
+
+_NEW_KEY = "CASE WHEN p.split IS NULL THEN m.content_key END"
+
+
+def _per_component(con: duckdb.DuckDBPyConnection) -> None:
+    """``per``: each component's smallest new member's key, its parent sides and (with one
+    side) the split it inherits. A key is hashed only for a component with no parent member:
+    the others' keys are not compared (the min of every member's 71-character key was half the
+    group-by's time) nor hashed (the hash of every key was two thirds of ``_calm_splits``' at
+    470k members). The sides are compared as enum codes of the parent's split names."""
+    con.execute(
+        f"DROP TYPE IF EXISTS {_PARENT_SPLIT}; CREATE TYPE {_PARENT_SPLIT} AS ENUM "
+        "(SELECT DISTINCT split FROM parent_rows WHERE split IS NOT NULL ORDER BY split)"
+    )
+    con.execute(
+        "CREATE OR REPLACE TABLE per AS SELECT component, "
+        "min(content_key) FILTER (WHERE code IS NULL) AS key, "
+        f"{_SIDES} AS sides, min(code)::VARCHAR AS inherited FROM (SELECT component, "
+        f"content_key, parent_split::{_PARENT_SPLIT} AS code FROM joined) GROUP BY component"
     )
 
 
@@ -251,19 +271,21 @@ def _calm_splits(
     version: int,
     extra: list[pa.Table],
     inherit: bool,
+    conflicts: bool = False,
 ) -> None:
-    """``assigned``: members of components with at most one parent split, inherited (when
-    ``inherit``) or hashed by key, then the ``extra`` (record_id, split) rows. The hash runs
-    only where nothing is inherited."""
-    hashed = hash_split_sql(policy, version)
-    target = f"CASE WHEN inherited IS NULL THEN {hashed} ELSE inherited END" if inherit else None
-    where = "WHERE sides <= 1" if inherit else ""
+    """``assigned``: members of components with at most one parent split (``conflicts``: some
+    have more), inherited (when ``inherit``) or hashed by key, then the ``extra`` (record_id,
+    split) rows. The hash runs only where nothing is inherited."""
     positioned = _positioned(con)
-    con.execute(
-        f"CREATE OR REPLACE TABLE assigned AS SELECT j.record_id, t.split{', j.pos' * positioned} "
-        f"FROM joined j JOIN (SELECT component, {target or hashed} AS split FROM per "
-        f"{where}) t ON j.component = t.component"
-    )
+    pos = ", j.pos" * positioned
+    hashed = hash_split_sql(policy, version)
+    if inherit:
+        _inherited(con, hashed, pos, conflicts)
+    else:
+        con.execute(
+            f"CREATE OR REPLACE TABLE assigned AS SELECT j.record_id, t.split{pos} FROM joined j "
+            f"JOIN (SELECT component, {hashed} AS split FROM per) t ON j.component = t.component"
+        )
     # the extra rows' positions by record id (only when there are any: conflicts, a cutoff)
     insert = (
         "SELECT e.record_id, e.split, m.pos FROM extra_rows e "
@@ -276,6 +298,27 @@ def _calm_splits(
             con.register("extra_rows", rows.cast(SPLIT_TABLE))
             con.execute(f"INSERT INTO assigned {insert}")
             con.unregister("extra_rows")
+
+
+def _inherited(con: duckdb.DuckDBPyConnection, hashed: str, pos: str, conflicts: bool) -> None:
+    """``assigned`` of the calm components: a parent member keeps its parent split (its calm
+    component's only one), so only the new members look their component up (a join of every
+    member on its component's name was most of this query's time at 470k members). As by a
+    join on the component, a member without one is in no split."""
+    calm = "j.component IS NOT NULL"
+    if conflicts:  # the members of a component with two parent sides are placed elsewhere
+        calm += (
+            " AND j.component NOT IN "
+            "(SELECT component FROM per WHERE sides > 1 AND component IS NOT NULL)"
+        )
+    target = f"CASE WHEN inherited IS NULL THEN {hashed} ELSE inherited END"
+    con.execute(
+        "CREATE OR REPLACE TABLE assigned AS SELECT j.record_id, "
+        f"CASE WHEN j.parent_split IS NULL THEN t.split ELSE j.parent_split END AS split{pos} "
+        f"FROM joined j LEFT JOIN (SELECT component, {target} AS split FROM per "
+        "WHERE sides <= 1) t ON j.component = t.component AND j.parent_split IS NULL "
+        f"WHERE {calm}"
+    )
 
 
 def _new_version(
