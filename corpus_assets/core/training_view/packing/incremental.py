@@ -17,10 +17,11 @@ never of workers. A full repack instead when ``incremental`` is off, there is no
 tokenizer, chat template or layout (T, mode, overlong, positions, seed) changed, the mode is not
 ``atomic``, or the padding the incremental layout adds over a full repack exceeds
 ``max_extra_padding`` of its positions; ``Decision`` records which, and the manifest shows it.
-The sample map's join finds each child sample's member row, so it locates the child's samples
-too (``packing.samples.located_from``), and the full plan is made only when ``padding_bound``
-cannot settle the padding rule alone: a child's packing then joins, plans and builds in
-proportion to its change, besides the O(samples) vectorised steps (the join, the spans).
+The sample map's join finds each child sample's member row (by the dedup decisions' clusters
+positions when it can, integers; else on record id, object and line), so it locates the child's
+samples too (``packing.samples.located_from``), and the full plan is made only when
+``padding_bound`` cannot settle the padding rule alone: a child's packing then joins, plans and
+builds in proportion to its change, besides the O(samples) vectorised steps (the join, the spans).
 Memory: one int64 per parent and per child sample, the plan's five per piece; the parent's
 spans are read a row group at a time.
 """
@@ -34,7 +35,7 @@ import pyarrow.parquet as pq
 
 from corpus_assets.core.governance import states
 from corpus_assets.core.ingest.freeze import freeze
-from corpus_assets.core.records.index import CanonicalIndex
+from corpus_assets.core.records.index import CanonicalIndex, ChunkRecords
 from corpus_assets.core.runtime.config import PackingPolicy
 from corpus_assets.core.runtime.layer_index import LayerIndex, load_index
 from corpus_assets.core.runtime.snapshot_manifest import read_manifest
@@ -203,7 +204,7 @@ def sample_map(
     canonical row -> token-cache chunk and row), so a child locates its samples here once."""
     count = pq.ParquetFile(ws.cas.path(parent.samples["digest"])).metadata.num_rows
     child_of = np.full(count, -1, dtype=np.int64)
-    chunks = [chunk.records for chunk in canonical.chunks()]
+    chunks = canonical.chunks()
     if not chunks or not count:
         return SampleMap(child_of, None)
     files = TrustedFiles(ws.cas, ws.catalog)  # the parent's tables: hashed by its check
@@ -211,13 +212,13 @@ def sample_map(
     child_path = files.path(samples["digest"], "mixed samples")
     parent_members = [part["digest"] for part in parent.members]
     tables = {
-        "records": _chunk_records(files.paths([c["digest"] for c in chunks])),
+        "records": _chunk_records(files.paths([c.records["digest"] for c in chunks])),
         "clusters": _read(files, dedup.output("clusters"), "dedup clusters", numbered),
         "child": f"read_parquet({sql_path(child_path)}{numbered})",
         "parent": _read(files, parent.samples, "parent mixed samples", numbered),
         "members": f"read_parquet({sql_list(files.paths(parent_members, 'parent members'))})",
     }
-    steps = _by_row(files, dedup, canonical, tables)
+    steps = sample_steps(files, dedup, chunks, tables)
     threads = ws.config.execution.workers
     spill = Spilling(ws.home / "tmp", MAP_MEMORY, threads, preserve_insertion_order=False)
     with spill as con:
@@ -230,14 +231,13 @@ def sample_map(
     return SampleMap(child_of, rows)
 
 
-def _by_row(
-    files: TrustedFiles, dedup: LayerIndex, canonical: CanonicalIndex, tables: dict[str, str]
+def sample_steps(
+    files: TrustedFiles, dedup: LayerIndex, chunks: list[ChunkRecords], tables: dict[str, str]
 ) -> tuple[str, ...]:
     """The steps that make the ``child`` table: by canonical row (``SAMPLE_MAP_BY_ROW``, adding
     its tables) when the dedup layer stored this code's decisions for these rows and no two
     chunks share a records file (a file's rows are numbered by its first chunk); else joined
     on (record id, object, line)."""
-    chunks = canonical.chunks()
     digests = [chunk.records["digest"] for chunk in chunks]
     decisions = row_order(files, dedup, sum(chunk.count for chunk in chunks))
     if decisions is None or len(set(digests)) != len(digests):
