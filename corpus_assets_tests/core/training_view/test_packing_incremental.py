@@ -10,6 +10,7 @@ that is exceeded forces a full repack, recorded in the manifest with its reason.
 import json
 import random
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -20,16 +21,29 @@ import yaml
 from corpus_assets.assets.metadata import layer_metadata
 from corpus_assets.core.governance import states
 from corpus_assets.core.governance.tombstones import add_tombstone
-from corpus_assets.core.pipeline import DIRECT_BUILDERS, build_all
+from corpus_assets.core.pipeline import BUILDERS, DIRECT_BUILDERS, build_all
 from corpus_assets.core.publication.block_reader import BlockReader
 from corpus_assets.core.publication.publish import activate, approve
 from corpus_assets.core.publication.validation import validate_snapshot
-from corpus_assets.core.runtime.layer_index import LayerIndex, read_layer_index
+from corpus_assets.core.records.index import CanonicalIndex
+from corpus_assets.core.runtime.layer_index import LAYERS, LayerIndex, read_layer_index
 from corpus_assets.core.runtime.workspace import Workspace, open_workspace
 from corpus_assets.core.storage.artifacts import get_json, get_table
 from corpus_assets.core.storage.shards import load_index
+from corpus_assets.core.storage.table_lookup import TrustedFiles
+from corpus_assets.core.tokens.cache import token_cache
+from corpus_assets.core.tokens.spec import resolve_tokenizer
 from corpus_assets.core.training_view.packing import memo_part
 from corpus_assets.core.training_view.packing import shards as pack_shards
+from corpus_assets.core.training_view.packing.incremental import (
+    SAMPLE_MAP,
+    SAMPLE_MAP_BY_ROW,
+    SampleMap,
+    parent_pack,
+    sample_map,
+    sample_steps,
+)
+from corpus_assets.core.training_view.packing.locate import KINDS, LOCATED
 from corpus_assets.demo import WORDS, write_demo
 
 NEW_ESSAYS = 3  # about 1% of the demo's ~280 records
@@ -337,3 +351,64 @@ def _stream(ws: Workspace, key: str) -> list[tuple[str, int]]:
     _ref, mixed = read_layer_index(ws, key, "mixed_samples")
     table = get_table(ws.cas, mixed.output("samples"), "samples", ["record_id", "repeat"])
     return list(zip(table["record_id"].to_pylist(), table["repeat"].to_pylist(), strict=True))
+
+
+def _change_text(folder: Path, sampled: set[str]) -> str:
+    """Give the first essay of the second essays file that is ``sampled`` a new text (same id):
+    the child's record is another sample than the parent's."""
+    path = folder / "demo-sources" / "essays" / "essays-00001.jsonl"
+    rows = [json.loads(r) for r in path.read_text().splitlines() if r.strip()]
+    row = next(r for r in rows if f"essays/{r['id']}" in sampled)
+    row["text"] = " ".join(random.Random(7).choice(WORDS) for _ in range(60))
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return f"essays/{row['id']}"
+
+
+def _sample_maps(ws: Workspace, key: str) -> tuple[SampleMap, SampleMap]:
+    """The child's sample map by canonical row (the dedup decisions' positions) and by the
+    (record id, object, line) join (the same dedup layer without its decisions table)."""
+    _ref, mixed = read_layer_index(ws, key, "mixed_samples")
+    _ref, canonical = CanonicalIndex.read(ws, key)
+    _ref, dedup = read_layer_index(ws, key, "dedup_clusters")
+    outputs = {name: ref for name, ref in dedup.outputs.items() if name != "decisions"}
+    by_keys = dedup.model_copy(update={"outputs": outputs})
+    files = TrustedFiles(ws.cas, ws.catalog)
+    chunks = canonical.chunks()
+    assert sample_steps(files, dedup, chunks, {}) == SAMPLE_MAP_BY_ROW
+    assert sample_steps(files, by_keys, chunks, {}) == SAMPLE_MAP
+    shared = [chunks[0], replace(chunks[1], records=chunks[0].records), *chunks[2:]]
+    assert sample_steps(files, dedup, shared, {}) == SAMPLE_MAP  # rows numbered by file
+    cache = token_cache(ws, canonical.chunks(), resolve_tokenizer(ws))
+    parent = parent_pack(ws, key)
+    assert parent is not None
+    samples = mixed.output("samples")
+    maps = [sample_map(ws, parent, samples, canonical, d, cache) for d in (dedup, by_keys)]
+    return maps[0], maps[1]
+
+
+def test_the_sample_map_by_canonical_row_is_the_record_key_join(tmp_path: Path) -> None:
+    """Each parent sample maps to the child sample of the same record id, repeat and text, and
+    every child sample to its representative's cached row, whichever way the map joins."""
+    folder = tmp_path / "home"
+    config = _home(folder)
+    _with_pairs(folder, config)
+    with open_workspace(config) as ws:
+        _active(ws, "p1")
+        before = _stream(ws, "p1")
+        _add_essays(folder)
+        changed = _change_text(folder, {record for record, _ in before})
+        for layer in LAYERS[: LAYERS.index("packed_blocks")]:
+            BUILDERS[layer](ws, "p2")
+        after = _stream(ws, "p2")
+        by_row, by_keys = _sample_maps(ws, "p2")
+        assert by_row.rows is not None and by_keys.rows is not None
+        for name in LOCATED:
+            assert np.array_equal(getattr(by_row.rows, name), getattr(by_keys.rows, name)), name
+        kinds = set(np.asarray(by_row.rows.kind).tolist())
+        by_row.rows.close()
+        by_keys.rows.close()
+    at = {sample: n for n, sample in enumerate(after)}
+    expected = [-1 if record == changed else at.get((record, r), -1) for record, r in before]
+    assert by_row.child_of.tolist() == expected == by_keys.child_of.tolist()
+    assert 0 < expected.count(-1) < len(before)
+    assert kinds == {KINDS.index("document"), KINDS.index("messages"), KINDS.index("preference")}
