@@ -7,7 +7,9 @@ hash to train and test leaks. Held-out records are few, so they are searched aga
 - **Candidates**: the held-out records' signatures are banded with few rows per band (``rows``
   = 3, ``num_perm // 3`` bands: a pair at J = 0.8 is missed with probability
   ``(1 - 0.8^3)^42`` = 9e-14), and every member's band key is looked up among them by sort and
-  ``searchsorted``: no bucket cap, one band of keys in memory at a time.
+  ``searchsorted``: no bucket cap, one band of keys in memory at a time. A band's pairs found in
+  an earlier band (most of them: a near-duplicate cluster collides in nearly every band) are
+  dropped by a hash table of the distinct pairs found; only new pairs are sorted.
 - **Estimate**: a candidate is kept only if its full signatures agree on at least
   ``min_agree`` permutations, the lower ``1e-12`` quantile of the binomial at the threshold, so
   a pair at the threshold survives with probability 1 - 1e-12 while the many low-J collisions of
@@ -149,14 +151,81 @@ class _Band:
         return out
 
 
-# the bands' pairs are merged once they hold this many: their merge (a concatenation, sorted in
-# place) was a ~60 MB spike of the gate at 1.1 GB of raw text at 2^22, with no CPU saved
-_MERGE_AT = 1 << 20
+# the found pairs' table starts at 2^16 slots (512 KB) and doubles as they come
+_TABLE_BITS = 16
+_FIB = np.uint64(0x9E3779B97F4A7C15)  # 2^64 / golden ratio: the hash's multiplier
+
+
+class _Found:
+    """The distinct packed pairs found so far, in an open-addressing hash table (linear
+    probing, at most half full, -1 empty). The bands repeat most pairs (a near-duplicate
+    cluster's pairs collide in nearly every band: at 1.1 GB of raw text a child's 42 bands
+    found ~88k pairs each, ~92k distinct in all), so a band's pairs are looked up (a hash and a
+    gather or two each) and only the new ones sorted, not every band's pairs sorted and merged.
+    Memory: the table, 2 to 4 slots of 8 bytes per distinct pair (the output's own size)."""
+
+    def __init__(self) -> None:
+        self.table = np.full(1 << _TABLE_BITS, -1, dtype=np.int64)
+        self.count = 0
+
+    def _slots(self, values: np.ndarray) -> np.ndarray:
+        """Each value's home slot: the high bits of a Fibonacci (multiply-shift) hash."""
+        shift = np.uint64(64 - (len(self.table).bit_length() - 1))
+        return ((values.view(np.uint64) * _FIB) >> shift).astype(np.intp)
+
+    def _has(self, values: np.ndarray) -> np.ndarray:
+        """Whether each value is in the table: its probe walks on from its slot while the slot
+        holds another value (vectorised: every round moves only the values still walking)."""
+        mask = len(self.table) - 1
+        slot = self._slots(values)
+        at = self.table[slot]
+        hit = at == values
+        todo = np.flatnonzero(~hit & (at >= 0))
+        slot = slot[todo]
+        while len(todo):
+            slot = (slot + 1) & mask
+            at = self.table[slot]
+            same = at == values[todo]
+            hit[todo[same]] = True
+            walking = ~same & (at >= 0)
+            todo, slot = todo[walking], slot[walking]
+        return hit
+
+    def _put(self, values: np.ndarray) -> None:
+        """Place distinct values not in the table, each at the first free slot of its probe
+        (values racing for one free slot: the one written wins, the others walk on)."""
+        mask = len(self.table) - 1
+        slot = self._slots(values)
+        while len(values):
+            free = self.table[slot] < 0
+            self.table[slot[free]] = values[free]
+            placed = np.zeros(len(values), dtype=bool)
+            placed[free] = self.table[slot[free]] == values[free]
+            slot = np.where(free, slot, (slot + 1) & mask)
+            values, slot = values[~placed], slot[~placed]
+
+    def add(self, packed: np.ndarray) -> None:
+        """Keep the values of ``packed`` (any order, repeats allowed) not found before."""
+        new = np.unique(packed[~self._has(packed)]) if len(packed) else packed
+        if 2 * (self.count + len(new)) > len(self.table):
+            held = self.table[self.table >= 0]
+            size = len(self.table)
+            while 2 * (self.count + len(new)) > size:
+                size *= 2
+            self.table = np.full(size, -1, dtype=np.int64)
+            self._put(held)
+        self._put(new)
+        self.count += len(new)
+
+    def sorted(self) -> np.ndarray:
+        """Every pair found, sorted."""
+        values = self.table[self.table >= 0]
+        values.sort()
+        return values
 
 
 def _unique(values: np.ndarray) -> np.ndarray:
-    """``values`` sorted unique; sorted in place (every caller hands over a fresh array, so a
-    merge of the bands' pairs holds one copy of them, not two)."""
+    """``values`` sorted unique; sorted in place (every caller hands over a fresh array)."""
     values.sort()
     return values[np.r_[True, values[1:] != values[:-1]]] if len(values) else values
 
@@ -183,7 +252,7 @@ def _runs(values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 def _band_pairs(
     columns: _Band, band: int, heldout: np.ndarray, members: np.ndarray, n: int
 ) -> np.ndarray:
-    """Packed ``a * n + b`` (sorted unique, no self pairs) of the held-out records and members
+    """Packed ``a * n + b`` (any order, no self pairs) of the held-out records and members
     whose keys of this band are equal (keys computed only for the smaller side and the
     prefilter's hits on the other: a pair is the same whichever side it is looked up from)."""
     if len(heldout) > len(members):
@@ -201,12 +270,11 @@ def _band_pairs(
     total = int(count.sum())
     if not total:
         return EMPTY
-    m = np.repeat(probing, count)
-    step = np.arange(total) - np.repeat(np.cumsum(count) - count, count)
-    h = heldout[order[np.repeat(lo, count) + step]]
-    keep = h != m
-    a, b = np.minimum(h[keep], m[keep]), np.maximum(h[keep], m[keep])
-    return _unique(a.astype(np.int64) * n + b)
+    m = np.repeat(probing.astype(np.int64), count)
+    step = np.repeat(lo - (count.cumsum() - count), count)  # run start minus pair offset
+    h = heldout.astype(np.int64)[order][np.arange(total) + step]
+    packed = np.minimum(h, m) * n + np.maximum(h, m)
+    return packed[h != m]
 
 
 def candidates(
@@ -237,17 +305,16 @@ def side_candidates(
 ) -> np.ndarray:
     """``candidates`` of each (held-out rows, member rows) side, packed, sorted unique."""
     sides = [(h, m) for h, m in sides if len(h) and len(m)]
-    found: list[np.ndarray] = []
+    found = _Found()
     maps = _maps(blocks) if sides else None
     for band in range(p.bands if sides else 0):
         columns = _Band(blocks, maps, band, p.rows)
-        found += [_band_pairs(columns, band, h, m, n) for h, m in sides]
+        for h, m in sides:
+            found.add(_band_pairs(columns, band, h, m, n))
         del columns
         for mapped in maps or []:
             mapped.release()
-        if sum(len(f) for f in found) > _MERGE_AT:
-            found = [_unique(np.concatenate(found))]
-    return _unique(np.concatenate(found)) if found else np.empty(0, dtype=np.int64)
+    return found.sorted()
 
 
 def agreement(

@@ -18,6 +18,7 @@ from corpus_assets.core.dedup.heldout_search import (
     agreement,
     candidates,
     search,
+    side_candidates,
 )
 from corpus_assets.core.dedup.jaccard import jaccard_sorted
 from corpus_assets.core.dedup.near_dedup import RowMajor, band_keys
@@ -53,12 +54,12 @@ def _plain(blocks: list[RowMajor], heldout: np.ndarray, members: np.ndarray) -> 
     return out
 
 
-@pytest.mark.parametrize(("seed", "merge_at"), [(0, 1 << 20), (1, 1 << 20), (2, 3), (3, 3)])
+@pytest.mark.parametrize(("seed", "table_bits"), [(0, 16), (1, 16), (2, 1), (3, 1)])
 def test_candidates_are_the_double_loops_pairs(
-    seed: int, merge_at: int, monkeypatch: pytest.MonkeyPatch
+    seed: int, table_bits: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Whether the bands' pairs are merged once at the end or after every few (``merge_at``)."""
-    monkeypatch.setattr(heldout_search, "_MERGE_AT", merge_at)
+    """Whether the found pairs' table starts large or at 2 slots (grown many times)."""
+    monkeypatch.setattr(heldout_search, "_TABLE_BITS", table_bits)
     rng = np.random.default_rng(seed)
     blocks, _ = _families(rng, 90)
     members = np.sort(rng.choice(90, 80, replace=False))
@@ -112,12 +113,14 @@ def test_the_prefilter_lets_few_members_through_for_a_few_moved_records() -> Non
     assert set(np.flatnonzero(np.isin(probe, held))) <= set(kept.tolist())  # no true hit lost
 
 
-def _band_major_files(blocks: list[RowMajor], folder: Path) -> list[BandMajorFile]:
+def _band_major_files(
+    blocks: list[RowMajor], folder: Path, perms: int = PARAMS.num_perm
+) -> list[BandMajorFile]:
     """The blocks written as band-major signature files, opened."""
     files = []
     for i, block in enumerate(blocks):
         path = folder / f"{i}.npy"
-        path.write_bytes(band_major_npy(block.band(0, PARAMS.num_perm).T))
+        path.write_bytes(band_major_npy(block.band(0, perms).T))
         files.append(BandMajorFile.open(path))
     return files
 
@@ -205,3 +208,77 @@ def test_verification_holds_a_window_of_fingerprint_sets_not_every_records(
     assert fingerprinted == len(every) == len(np.unique(np.r_[a, b]))
     assert bool(np.all(np.diff(every) > 0))  # ascending, each row once
     assert max(len(rows) for rows in asked) <= heldout_search.SpilledPrints.WINDOW < len(every)
+
+
+CLUSTERED = HeldoutParams(num_perm=30, threshold=0.5, rows=3)
+
+
+def _clustered(rng: np.random.Generator, n: int) -> np.ndarray:
+    """``(n, num_perm)`` signatures: random records, and near-duplicate clusters (sizes 2 to
+    24) whose records keep ~95% of their head's values, so most of a cluster's pairs share a
+    key in nearly every band (the repeats the search drops), a few in only some."""
+    sigs = rng.integers(0, 2**32, size=(n, CLUSTERED.num_perm), dtype=np.uint32)
+    rows = rng.permutation(n)
+    at = 0
+    while at < n * 2 // 3:
+        size = int(rng.integers(2, 25))
+        cluster = rows[at : at + size]
+        keep = rng.random((len(cluster), CLUSTERED.num_perm)) < 0.95
+        sigs[cluster] = np.where(keep, sigs[cluster[0]], sigs[cluster])
+        at += size
+    return sigs
+
+
+def _band_union(
+    blocks: list[RowMajor], sides: list[tuple[np.ndarray, np.ndarray]], n: int
+) -> tuple[np.ndarray, int]:
+    """The oracle: every band's pairs of each side with equal keys (all against all), packed
+    ``a * n + b`` (a < b), sorted unique; and how many band pairs there were with repeats."""
+    found, total = [np.empty(0, dtype=np.int64)], 0
+    for band in range(CLUSTERED.bands):
+        keys = np.concatenate([band_keys(b.band(band, CLUSTERED.rows), band) for b in blocks])
+        for held, members in sides:
+            i, j = np.nonzero(keys[held][:, None] == keys[members][None, :])
+            a, b = held[i], members[j]
+            a, b = np.minimum(a, b)[a != b], np.maximum(a, b)[a != b]
+            found.append(a.astype(np.int64) * n + b)
+            total += len(a)
+    return np.unique(np.concatenate(found)), total
+
+
+@pytest.mark.parametrize(("seed", "n", "table_bits"), [(0, 301, 16), (1, 457, 1), (2, 613, 3)])
+@pytest.mark.parametrize("files", [False, True])
+def test_side_candidates_are_every_bands_pairs_once(
+    seed: int,
+    n: int,
+    table_bits: int,
+    files: bool,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With clusters colliding in nearly every band, several sides (overlapping, empty ones,
+    held-out records among the members), blocks in memory or signature files, and the found
+    pairs' table starting small (grown, long probes) or not: exactly the oracle's array."""
+    monkeypatch.setattr(heldout_search, "_TABLE_BITS", table_bits)
+    rng = np.random.default_rng(seed)
+    sigs = _clustered(rng, n)
+    cuts = sorted(rng.choice(np.arange(1, n), 2, replace=False).tolist())
+    blocks = [RowMajor(part) for part in np.split(sigs, cuts)]
+    members = np.sort(rng.choice(n, n * 4 // 5, replace=False))
+    heldout = np.sort(rng.choice(n, n // 4, replace=False))
+    moved = np.sort(rng.choice(members, n // 10, replace=False))
+    sides = [
+        (heldout, members),
+        (heldout[np.isin(heldout, moved)], members),
+        (heldout, moved),
+        (moved, np.arange(n)),
+        (np.empty(0, dtype=np.int64), members),
+        (heldout, np.empty(0, dtype=np.int64)),
+    ]
+    expected, total = _band_union(blocks, sides, n)
+    assert total > 5 * len(expected) > 0  # most pairs are found again in later bands
+    searched = _band_major_files(blocks, tmp_path, CLUSTERED.num_perm) if files else blocks
+    got = side_candidates(searched, sides, CLUSTERED, n)
+    assert got.dtype == np.int64 and np.array_equal(got, expected)
+    empty = side_candidates(searched, sides[4:], CLUSTERED, n)
+    assert empty.dtype == np.int64 and len(empty) == 0
