@@ -133,14 +133,9 @@ def affected(columns: dict[str, list[str]], members: tuple[str, str] | None = No
     share: the rows of a shared part cancel out of a multiset difference); default the whole."""
     members = members or ("members", "p_members")
     kept = ", ".join(f'"{c}"' for c in COLUMN.values() if c in columns["members"])
-    spans = 'record_id, record_offset, shard, block, start, "end"'
     statements = [
         *diff("mdiff", f"SELECT {kept} FROM {members[0]}", f"SELECT {kept} FROM {members[1]}"),
-        *diff(
-            "sdiff",
-            f"SELECT {spans} FROM spanrows",
-            f"SELECT {spans} FROM p_spanrows",
-        ),
+        *aligned_diff("sdiff", "spanrows", "p_spanrows", SPANS),
         "CREATE TABLE staging.rids AS SELECT DISTINCT record_id FROM staging.sdiff "
         "WHERE record_id IS NOT NULL",
     ]
@@ -218,6 +213,30 @@ def diff(name: str, child: str, parent: str) -> list[str]:
     return [
         f"CREATE TABLE staging.{name} AS SELECT * EXCLUDE (side) FROM ({both}) "
         "GROUP BY ALL HAVING sum(side) <> 0"
+    ]
+
+
+def aligned_diff(name: str, child: str, parent: str, names: list[str]) -> list[str]:
+    """``diff`` of the ``names`` columns of two tables, only over the rows that differ from the
+    other's row at the same position (a ``POSITIONAL JOIN``; the longer table's tail differs):
+    an equal pair cancels out of a multiset difference whatever the order, and a child's spans
+    keep the parent's in place but for its last shard's (at 1.1 GB: 2.8k of 500k rows, the
+    difference 0.28 -> 0.09 CPU-s). ``here`` tells a row of nulls from the shorter side's pad."""
+    cols = ", ".join(f'"{c}"' for c in names)
+    same = " AND ".join(f'c."{c}" IS NOT DISTINCT FROM p."{c}"' for c in names)
+    picked = ", ".join(f'{t}."{c}" AS "{t}_{c}"' for t in "cp" for c in names)
+    pairs = f"staging.{name}_pairs"
+
+    def side(s: str) -> str:
+        renamed = ", ".join(f'"{s}_{c}" AS "{c}"' for c in names)
+        return f"SELECT {renamed} FROM {pairs} WHERE {s}_here"
+
+    return [
+        f"CREATE TABLE {pairs} AS SELECT {picked}, c.here AS c_here, p.here AS p_here "
+        f"FROM (SELECT {cols}, true AS here FROM {child}) c POSITIONAL JOIN "
+        f"(SELECT {cols}, true AS here FROM {parent}) p "
+        f"WHERE c.here IS NULL OR p.here IS NULL OR NOT ({same})",
+        *diff(name, side("c"), side("p")),
     ]
 
 
