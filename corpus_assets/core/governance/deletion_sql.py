@@ -128,7 +128,9 @@ def affected(columns: dict[str, list[str]], members: tuple[str, str] | None = No
     removed duplicate or span may change: the symmetric multiset differences of the child's and
     parent's inputs; a changed member's targets' ``member`` and ``spans`` keys, a changed removed
     duplicate's ``carried`` and ``spans`` keys, and the ``spans`` keys of the targets reaching a
-    record whose spans changed. One operator a statement, so each may spill. ``members``: the
+    record whose spans changed (the removed duplicates naming such a record as representative
+    are picked in the scan that diffs them). One operator a statement, so each may spill.
+    ``members``: the
     child's and parent's relations the members difference reads (their parts the two do not
     share: the rows of a shared part cancel out of a multiset difference); default the whole."""
     members = members or ("members", "p_members")
@@ -149,12 +151,14 @@ def affected(columns: dict[str, list[str]], members: tuple[str, str] | None = No
     if carried:
         picked = [c for c in COLUMN.values() if c in columns["clusters"]]
         cols = ", ".join(f'"{c}"' for c in dict.fromkeys([*picked, "verdict", *CARRIED]))
-        child = f"SELECT {cols} FROM clusters WHERE {duplicates}"
-        statements += diff("cdiff", child, child.replace("FROM clusters", "FROM p_clusters"))
-        statements.append(
-            f"CREATE TABLE staging.creps AS SELECT {_names(picked)} FROM clusters "
-            f"WHERE {duplicates} AND representative_id {changed}"
-        )
+        # their difference and the child's rows naming a changed representative, in one scan
+        child = f"SELECT {cols}, representative_id {changed} AS flag FROM clusters"
+        parent = f"SELECT {cols}, false FROM p_clusters"
+        statements += [
+            *flagged_diff("cboth", f"{child} WHERE {duplicates}", f"{parent} WHERE {duplicates}"),
+            f"CREATE TABLE staging.cdiff AS SELECT {cols} FROM staging.cboth WHERE moved",
+            f"CREATE TABLE staging.creps AS SELECT {_names(picked)} FROM staging.cboth WHERE flag",
+        ]
     statements.append(_targets(columns, carried))
     keys = (
         "SELECT 'span' || chr(0) || record_id AS key FROM staging.rids UNION ALL "
@@ -213,6 +217,18 @@ def diff(name: str, child: str, parent: str) -> list[str]:
     return [
         f"CREATE TABLE staging.{name} AS SELECT * EXCLUDE (side) FROM ({both}) "
         "GROUP BY ALL HAVING sum(side) <> 0"
+    ]
+
+
+def flagged_diff(name: str, child: str, parent: str) -> list[str]:
+    """Staging ``name``: ``diff``'s rows (``moved``) and the child's rows its last column,
+    ``flag``, marks (``flag``), each distinct row once: what a second scan of the child would
+    select is taken from the difference's."""
+    both = f"SELECT *, 1 AS side FROM ({child}) UNION ALL SELECT *, -1 FROM ({parent})"
+    return [
+        f"CREATE TABLE staging.{name} AS SELECT * EXCLUDE (side, flag), sum(side) <> 0 AS moved, "
+        f"coalesce(bool_or(flag), false) AS flag FROM ({both}) GROUP BY ALL "
+        "HAVING sum(side) <> 0 OR bool_or(flag)"
     ]
 
 
