@@ -25,7 +25,8 @@ lookup decodes it without parsing), its header (schema, manifest, ``CODE``) in t
 
 Incremental: a child snapshot whose parent's index this ``CODE`` built is indexed
 over it. DuckDB diffs the child's inputs with the parent's (members, removed duplicates,
-spans; one thread, ``DELTA_MB``); every key a changed row can reach is *affected*, the rows
+spans, the latter over the rows unlike the parent's at the same position; one thread,
+``DELTA_MB``); every key a changed row can reach is *affected*, the rows
 naming one are staged in one scan of each input (``reached``). A shard file holds a span's
 packed shard by number, the header lists their digests (``shards``): a child whose packing
 kept the parent's blocks but appended to its last shard has the same numbered spans. The child's

@@ -277,3 +277,34 @@ def test_a_child_indexed_over_its_parent_answers_as_a_whole_build(
     assert incremental.rows(keys).to_pylist() == full.rows(keys).to_pylist()
     for key in keys:
         assert incremental.rows([key]).to_pylist() == full.rows([key]).to_pylist(), key
+
+
+def test_a_removed_duplicate_reaches_its_representatives_moved_spans_over_the_parent(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only the kept record's spans move (repacked) and no member or removed duplicate changes:
+    its removed copy's object and group (found in the same scan as the clusters' difference)
+    answer the moved spans, as a whole build does."""
+    monkeypatch.setattr(deletion_build, "DELTA_SHARE", 0)
+    theirs = _inputs([("r", "o", "g", 1, ("copy", "cg")), ("s", "p", None, 1, None)])
+    blocks = theirs[2].column("block")
+    moved = theirs[2].set_column(0, "block", pc.add(blocks, pa.scalar(7, pa.int64())))
+    ours = (theirs[0], theirs[1], moved)
+    cas = ContentStore(tmp_path / "cas")
+    parent_manifest, manifest = "sha256:" + "3" * 64, "sha256:" + "4" * 64
+    base_digest = deletion_index.build_tables(cas, parent_manifest, *theirs, SHARDS)
+    relations = dict(zip(deletion_build.INPUTS, theirs, strict=True))
+    base = deletion_build.Base(
+        base_digest,
+        deletion_build.read_header(cas, base_digest),
+        deletion_build.Inputs(parent_manifest, relations, SHARDS),
+    )
+    over = deletion_index.build_tables(cas, manifest, *ours, SHARDS, base=base)
+    whole = deletion_index.build_tables(cas, manifest, *ours, SHARDS)
+    incremental, full = (deletion_index.load(cas, manifest, d) for d in (over, whole))
+    assert "base" in incremental.directory
+    for kind, target in (("object", "copy"), ("group", "cg")):
+        key = deletion_index.reach_key(kind, target)
+        rows = incremental.rows([key]).to_pylist()
+        assert rows == full.rows([key]).to_pylist()
+        assert [row["block"] for row in rows] == [7]
