@@ -48,10 +48,14 @@ WHERE verdict <> 'excluded' AND record_id NOT IN (SELECT record_id FROM dropped)
 """
 # each group of two records or more a number (any: a component's label is set by its lowest
 # record vertex), no sort; a null group id is one group, as in a GROUP BY. A group of one record
-# joins nothing: it is no vertex (at 1.1 GB of raw text every group was one record)
+# joins nothing: it is no vertex (at 1.1 GB of raw text every group was one record). The ids are
+# grouped first by their 64-bit hashes (an integer aggregate): a group of two has a repeated
+# hash, so only the ids behind repeated hashes are grouped by the id itself
 GROUPS = """
-WITH numbered AS (SELECT group_id, row_number() OVER () - 1 AS g FROM
-                  (SELECT group_id FROM dd_live GROUP BY group_id HAVING count(*) > 1))
+WITH hashes AS (SELECT hash(group_id) AS h FROM dd_live GROUP BY h HAVING count(*) > 1),
+numbered AS (SELECT group_id, row_number() OVER () - 1 AS g FROM
+             (SELECT group_id FROM dd_live WHERE hash(group_id) IN (SELECT h FROM hashes)
+              GROUP BY group_id HAVING count(*) > 1))
 SELECT l.v, n.g FROM dd_live l JOIN numbered n ON l.group_id IS NOT DISTINCT FROM n.group_id
 """
 # an edge joins the first live row of each of its record ids: the minimum taken per edge end
