@@ -5,8 +5,10 @@ that needs the leakage graph (the graph of ``training_view.leakage_graph``: reco
 shared group id, an exact or a verified near edge), recomputed here from the dedup layer's
 clusters and edges, not taken from the splits layer's word. The joins run in DuckDB over four
 relations - ``dd_clusters`` (with ``ord``, the row's place), ``dd_edges``, ``members`` and
-``dd_dropped`` - and the components in scipy over integer vertex numbers, so no record id is
-held in Python. ``dedup_invariants`` runs it on Arrow tables, the gate on the Parquet files.
+``dd_dropped`` - and the components in numpy over integer vertex numbers (``min_labels``: no
+scipy, whose ~0.2 CPU-s of imports the check would pay for a graph numpy labels in ~0.05), so
+no record id is held in Python. ``dedup_invariants`` runs it on Arrow tables, the gate on the
+Parquet files.
 """
 
 from __future__ import annotations
@@ -16,8 +18,6 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
-
-from corpus_assets.core.training_view.leakage_graph import component_labels
 
 if TYPE_CHECKING:
     from duckdb import DuckDBPyConnection
@@ -48,10 +48,14 @@ WHERE verdict <> 'excluded' AND record_id NOT IN (SELECT record_id FROM dropped)
 """
 # each group of two records or more a number (any: a component's label is set by its lowest
 # record vertex), no sort; a null group id is one group, as in a GROUP BY. A group of one record
-# joins nothing: it is no vertex (at 1.1 GB of raw text every group was one record)
+# joins nothing: it is no vertex (at 1.1 GB of raw text every group was one record). The ids are
+# grouped first by their 64-bit hashes (an integer aggregate): a group of two has a repeated
+# hash, so only the ids behind repeated hashes are grouped by the id itself
 GROUPS = """
-WITH numbered AS (SELECT group_id, row_number() OVER () - 1 AS g FROM
-                  (SELECT group_id FROM dd_live GROUP BY group_id HAVING count(*) > 1))
+WITH hashes AS (SELECT hash(group_id) AS h FROM dd_live GROUP BY h HAVING count(*) > 1),
+numbered AS (SELECT group_id, row_number() OVER () - 1 AS g FROM
+             (SELECT group_id FROM dd_live WHERE hash(group_id) IN (SELECT h FROM hashes)
+              GROUP BY group_id HAVING count(*) > 1))
 SELECT l.v, n.g FROM dd_live l JOIN numbered n ON l.group_id IS NOT DISTINCT FROM n.group_id
 """
 # an edge joins the first live row of each of its record ids: the minimum taken per edge end
@@ -131,19 +135,23 @@ def removed_without_member(
 
 def leaked_components(con: DuckDBPyConnection) -> list[str]:
     """Components of the leakage graph whose members sit in more than one split. A vertex is a
-    live clusters row numbered by its place (``ord``): the components come out in the order of
-    their first row with no sort of the rows. Only rows joined to another (a shared group, an
-    edge) are vertices, and only their components of two records or more are joined with the
-    members: a row joined to none is a component of one record, which cannot leak."""
+    live clusters row numbered by its place (``ord``), a component is labelled by its lowest
+    vertex: the components come out in the order of their first row with no sort of the rows.
+    Only rows joined to another (a shared group, an edge) are vertices, and only their
+    components of two records or more are joined with the members: a row joined to none is a
+    component of one record, which cannot leak."""
     con.execute(LIVE)
     found = con.execute(GROUPS).fetchnumpy()
     grouped, groups = (np.asarray(found[k], dtype=np.int64) for k in ("v", "g"))
     pairs = con.execute(EDGES).fetchnumpy()
     a, b = (np.asarray(pairs[k], dtype=np.int64) for k in ("a", "b"))
-    v = np.unique(np.concatenate([grouped, a, b]))  # ascending: the first row's order
-    n = int(v[-1]) + 1 if len(v) else 0
+    ends = np.concatenate([grouped, a, b])
+    n = int(ends.max()) + 1 if len(ends) else 0
+    seen = np.zeros(n, dtype=bool)
+    seen[ends] = True
+    v = np.flatnonzero(seen)  # ascending, the first row's order: a mask, not np.unique's sort
     size = n + (int(groups.max()) + 1 if len(groups) else 0)
-    labels = component_labels(size, np.concatenate([grouped, a]), np.concatenate([n + groups, b]))
+    labels = min_labels(size, np.concatenate([grouped, a]), np.concatenate([n + groups, b]))
     component = labels[v]
     shared = np.bincount(component)[component] > 1  # a lone record's component cannot leak
     con.register("dd_comp", pa.table({"v": v[shared], "component": component[shared]}))
@@ -153,3 +161,21 @@ def leaked_components(con: DuckDBPyConnection) -> list[str]:
     con.register("dd_wide", pa.table({"component": [c for c, _ in spread]}))
     names = dict(con.execute(NAMES).fetchall())
     return [f"leakage group {names[c]!r} spans splits {wide}" for c, wide in spread]
+
+
+def min_labels(size: int, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Per vertex 0..size-1 the lowest vertex of its component over the undirected edges (a, b).
+    Hook and compress, all vectors: every root takes the lowest root across its edges, then
+    each vertex jumps to its label's label until none moves; done when every edge's two ends
+    share a label. A label never rises and stays in its vertex's component, so the one label
+    left per component is its lowest vertex. The rounds are at most the graph's diameter and
+    few on dedup graphs (a chain hooks in one round, its jumps collapse it in log steps)."""
+    label = np.arange(size, dtype=np.int64)
+    while True:
+        la, lb = label[a], label[b]
+        if np.array_equal(la, lb):
+            return label
+        low = np.minimum(la, lb)
+        np.minimum.at(label, np.concatenate([la, lb]), np.concatenate([low, low]))
+        while not np.array_equal(jumped := label[label], label):
+            label = jumped

@@ -116,7 +116,7 @@ def test_a_row_joined_to_no_other_is_no_vertex(monkeypatch: pytest.MonkeyPatch) 
         seen.append(size)
         return component_labels(size, rows, cols)
 
-    monkeypatch.setattr(leakage_check, "component_labels", counted)
+    monkeypatch.setattr(leakage_check, "min_labels", counted)
     ids = [f"r{n}" for n in range(50)]
     con = duckdb.connect()
     con.register(
@@ -142,3 +142,24 @@ def test_a_row_joined_to_no_other_is_no_vertex(monkeypatch: pytest.MonkeyPatch) 
         "leakage group 'r2' spans splits test (1), train (1)",
     ]
     assert seen == [5]
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_min_labels_are_the_components_of_scipy_labelled_by_their_lowest_vertex(
+    seed: int,
+) -> None:
+    """Random graphs (isolated vertices, stars, chains in shuffled order, self loops, repeated
+    edges): the same partition as scipy's, each vertex labelled by its component's lowest."""
+    rng = np.random.default_rng(seed)
+    size = int(rng.integers(1, 400))
+    m = int(rng.integers(0, 300))
+    a, b = rng.integers(0, size, m), rng.integers(0, size, m)
+    chain = rng.permutation(size)[: size // 3]  # a long path, its edges shuffled
+    order = rng.permutation(max(len(chain) - 1, 0))
+    a = np.concatenate([a, chain[:-1][order], np.full(5, size - 1)])
+    b = np.concatenate([b, chain[1:][order], rng.integers(0, size, 5)])
+    labels = leakage_check.min_labels(size, a, b)
+    reference = component_labels(size, a, b)
+    lowest = np.full(size, size)
+    np.minimum.at(lowest, reference, np.arange(size))  # each scipy component's lowest vertex
+    assert np.array_equal(labels, lowest[reference])
