@@ -274,7 +274,8 @@ class HeldoutScan:
         digests = RowDigests(self.ws, self.chunks)
         paths = [self.files.path(c.records["digest"], c.what) for c in self.chunks]  # checked
         if isinstance(members, Represented) and self.order is not None:
-            return self._created(con, members.query(con, sql_path(self.order)), digests)
+            query = members.query(con, sql_path(self.order))
+            return self._created(con, query, digests, members.named("ho_members"))
         if isinstance(members, Represented):
             members = members.records()
         return self._joined(con, members, paths, digests)
@@ -295,15 +296,23 @@ class HeldoutScan:
         finally:
             con.unregister("ho_files")
 
-    def _created(self, con: duckdb.DuckDBPyConnection, query: str, digests: RowDigests) -> Members:
-        """``ho_members`` from ``query`` (row, record_id, split), and its rows read back."""
+    def _created(
+        self,
+        con: duckdb.DuckDBPyConnection,
+        query: str,
+        digests: RowDigests,
+        named: str = "ho_members",
+    ) -> Members:
+        """``ho_members`` from ``query`` (row, record_id or pos, split), and its rows read back;
+        ``named``: the relation (row, record_id, split) over it."""
         con.execute(f"CREATE OR REPLACE TEMP TABLE ho_members AS {query}")
         found = con.sql(
             f"SELECT row, split <> '{TRAIN}' AS held FROM ho_members ORDER BY row"
         ).fetchnumpy()
         rows = np.asarray(found["row"], dtype=np.int64)
         single = bool(np.all(rows[1:] > rows[:-1]))  # each row once, as it is listed
-        return Members(rows, np.asarray(found["held"], dtype=bool), con, digests, single)
+        held = np.asarray(found["held"], dtype=bool)
+        return Members(rows, held, con, digests, single, named)
 
     def _search(
         self,
