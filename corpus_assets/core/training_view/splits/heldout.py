@@ -75,6 +75,7 @@ from corpus_assets.core.training_view.splits.heldout_state import (
 )
 from corpus_assets.core.training_view.splits.heldout_tasks import (
     RowDigests,
+    distinct_rows,
     fingerprint_rows,
     known_jaccards,
     pooled_search,
@@ -348,9 +349,9 @@ def _store_verified(
     go in as numbers of those rows: both digests of every pair in Arrow were ~100 MB of a
     1.1 GB build's peak, and a DuckDB scan of every chunk table's digests for the rows named
     cost ~0.1 CPU-s more (a child's ~68k rows of ~690k)."""
-    rows, inverse = np.unique(np.concatenate([x, y]).astype(np.int64), return_inverse=True)
+    rows, ra, rb = distinct_rows(x.astype(np.int64), y.astype(np.int64))
     named = pa.table({"r": np.arange(len(rows)), "digest": digests.take(pa.array(rows))})
-    pairs = pa.table({"ra": inverse[: len(x)], "rb": inverse[len(x) :], "jaccard": jaccard})
+    pairs = pa.table({"ra": ra, "rb": rb, "jaccard": jaccard})
     with registered(con, "ho_estimated", pairs), registered(con, "ho_row_digests", named):
         con.execute(VERIFIED)
 

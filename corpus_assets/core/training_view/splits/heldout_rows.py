@@ -19,7 +19,7 @@ from corpus_assets.core.dedup.heldout_search import HeldoutPairs
 from corpus_assets.core.runtime.layer_index import LayerIndex
 from corpus_assets.core.storage.cas import CasError
 from corpus_assets.core.storage.cas_queries import VerifiedFiles, registered, tightened
-from corpus_assets.core.training_view.splits.heldout_tasks import RowDigests
+from corpus_assets.core.training_view.splits.heldout_tasks import RowDigests, distinct_rows
 from corpus_assets.core.training_view.view_queries import SORT_LIMIT
 
 PAIR_COLUMNS = pa.schema(
@@ -106,7 +106,7 @@ class Members:
         if self.con is None or not k:
             return PAIR_COLUMNS.empty_table()
         a, b = found.a.astype(np.int64), found.b.astype(np.int64)
-        rows = np.unique(np.concatenate([a, b]))  # each row named once, ascending
+        rows, at_a, at_b = distinct_rows(a, b)  # each row named once, ascending
         # one thread under the sort cap: at 1.1 GB the pairs name ~650k rows, and this join,
         # window and sort on the connection's full cap was the gate's peak; each row's member
         # is read and sorted once, then taken for the pairs naming it (a join and sort of both
@@ -131,15 +131,14 @@ class Members:
             named = np.asarray(got["row"], dtype=np.int64)
             missing = int(np.isin(np.concatenate([a, b]), named, invert=True).sum())
             raise ValueError(f"held-out pairs name {missing} row(s) no member has")
-        at_a, at_b = (pa.array(np.searchsorted(rows, x)) for x in (a, b))
         ids, splits = got["record_id"], got["split"]
         del got
         return pa.table(
             {
-                "record_a": ids.take(at_a).combine_chunks(),
-                "split_a": splits.take(at_a).combine_chunks(),
-                "record_b": ids.take(at_b).combine_chunks(),
-                "split_b": splits.take(at_b).combine_chunks(),
+                "record_a": ids.take(pa.array(at_a)).combine_chunks(),
+                "split_a": splits.take(pa.array(at_a)).combine_chunks(),
+                "record_b": ids.take(pa.array(at_b)).combine_chunks(),
+                "split_b": splits.take(pa.array(at_b)).combine_chunks(),
                 "jaccard": pa.array(found.jaccard, pa.float64()),
             },
             schema=PAIR_COLUMNS,
