@@ -22,7 +22,8 @@ PAIRS = 3500
 
 
 class _Chunks:
-    """The two facts ``_store_verified`` reads of the chunk tables: files and first rows."""
+    """Chunk tables of text digests and what ``_store_verified`` takes of them: the digests of
+    global rows (read from the files, as ``RowDigests`` reads them)."""
 
     def __init__(self, tmp: Path) -> None:
         self.files: list[str] = []
@@ -39,11 +40,12 @@ class _Chunks:
             self.first.append(len(self.digests))
             self.digests.extend(digests)
 
-    def paths(self) -> list[str]:
-        return self.files
-
-    def starts(self) -> list[int]:
-        return self.first
+    def take(self, rows: pa.Array) -> pa.Array:
+        column = pa.concat_arrays(
+            [pq.read_table(f, columns=["text_digest"])["text_digest"].combine_chunks()
+             for f in self.files]
+        )  # fmt: skip
+        return column.take(rows)
 
 
 class _Profiled:

@@ -304,7 +304,9 @@ def _inherited(con: duckdb.DuckDBPyConnection, hashed: str, pos: str, conflicts:
     """``assigned`` of the calm components: a parent member keeps its parent split (its calm
     component's only one), so only the new members look their component up (a join of every
     member on its component's name was most of this query's time at 470k members). As by a
-    join on the component, a member without one is in no split."""
+    join on the component, a member without one is in no split. Only the components with a
+    new member are looked up (every component's name hashed, for a child's few new members,
+    was a fifth of the query)."""
     calm = "j.component IS NOT NULL"
     if conflicts:  # the members of a component with two parent sides are placed elsewhere
         calm += (
@@ -316,7 +318,8 @@ def _inherited(con: duckdb.DuckDBPyConnection, hashed: str, pos: str, conflicts:
         "CREATE OR REPLACE TABLE assigned AS SELECT j.record_id, "
         f"CASE WHEN j.parent_split IS NULL THEN t.split ELSE j.parent_split END AS split{pos} "
         f"FROM joined j LEFT JOIN (SELECT component, {target} AS split FROM per "
-        "WHERE sides <= 1) t ON j.component = t.component AND j.parent_split IS NULL "
+        "WHERE sides <= 1 AND component IN (SELECT component FROM joined "
+        "WHERE parent_split IS NULL)) t ON j.component = t.component AND j.parent_split IS NULL "
         f"WHERE {calm}"
     )
 

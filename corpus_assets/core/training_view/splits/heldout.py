@@ -75,7 +75,7 @@ from corpus_assets.core.training_view.splits.heldout_state import (
 )
 from corpus_assets.core.training_view.splits.heldout_tasks import (
     RowDigests,
-    by_digest,
+    distinct_rows,
     fingerprint_rows,
     known_jaccards,
     pooled_search,
@@ -83,28 +83,14 @@ from corpus_assets.core.training_view.splits.heldout_tasks import (
 from corpus_assets.core.training_view.splits.schema import TRAIN
 from corpus_assets.core.training_view.view_queries import SORT_LIMIT
 
+# The verified pairs as numbers of the distinct rows they name (``ho_estimated``: ra, rb) and
+# those rows' digests (``ho_row_digests``: r, digest), both Arrow tables of exact row counts
 VERIFIED = """
 CREATE OR REPLACE TEMP TABLE ho_verified AS
 SELECT least(x, y) AS a, greatest(x, y) AS b, min(jaccard) AS jaccard
-FROM ho_estimated WHERE x <> y GROUP BY ALL
-"""
-# Two statements: the digests of the rows the pairs name, then the pairs. As one query DuckDB
-# estimated the chunk tables' rows from a small first file and joined them with themselves
-# (70,000 rows: 4.9e9 pairs looked at); a temp table's row count is exact.
-PAIR_ROW_DIGESTS = """
-CREATE OR REPLACE TEMP TABLE ho_row_digests AS
-SELECT f.start + r.file_row_number AS row, r.text_digest
-FROM read_parquet({paths}, filename = true, file_row_number = true) r
-JOIN ho_digest_files f USING (filename)
-WHERE f.start + r.file_row_number IN (SELECT x FROM ho_estimated UNION SELECT y FROM ho_estimated)
-"""
-VERIFIED_BY_ROW = """
-CREATE OR REPLACE TEMP TABLE ho_verified AS
-SELECT least(x, y) AS a, greatest(x, y) AS b, min(jaccard) AS jaccard
-FROM (SELECT dx.text_digest AS x, dy.text_digest AS y, e.jaccard FROM ho_estimated e
-      JOIN ho_row_digests dx ON e.x = dx.row JOIN ho_row_digests dy ON e.y = dy.row)
-WHERE x <> y GROUP BY ALL;
-DROP TABLE ho_row_digests
+FROM (SELECT dx.digest AS x, dy.digest AS y, e.jaccard FROM ho_estimated e
+      JOIN ho_row_digests dx ON e.ra = dx.r JOIN ho_row_digests dy ON e.rb = dy.r)
+WHERE x <> y GROUP BY ALL
 """
 UNSEARCHED, MEMBER, HELD = 0, 1, 2  # a row's part in the search (``status``)
 FULL, INCREMENTAL = "full", "incremental"
@@ -274,7 +260,8 @@ class HeldoutScan:
         digests = RowDigests(self.ws, self.chunks)
         paths = [self.files.path(c.records["digest"], c.what) for c in self.chunks]  # checked
         if isinstance(members, Represented) and self.order is not None:
-            return self._created(con, members.query(con, sql_path(self.order)), digests)
+            query = members.query(con, sql_path(self.order))
+            return self._created(con, query, digests, members.named("ho_members"))
         if isinstance(members, Represented):
             members = members.records()
         return self._joined(con, members, paths, digests)
@@ -295,15 +282,23 @@ class HeldoutScan:
         finally:
             con.unregister("ho_files")
 
-    def _created(self, con: duckdb.DuckDBPyConnection, query: str, digests: RowDigests) -> Members:
-        """``ho_members`` from ``query`` (row, record_id, split), and its rows read back."""
+    def _created(
+        self,
+        con: duckdb.DuckDBPyConnection,
+        query: str,
+        digests: RowDigests,
+        named: str = "ho_members",
+    ) -> Members:
+        """``ho_members`` from ``query`` (row, record_id or pos, split), and its rows read back;
+        ``named``: the relation (row, record_id, split) over it."""
         con.execute(f"CREATE OR REPLACE TEMP TABLE ho_members AS {query}")
         found = con.sql(
             f"SELECT row, split <> '{TRAIN}' AS held FROM ho_members ORDER BY row"
         ).fetchnumpy()
         rows = np.asarray(found["row"], dtype=np.int64)
         single = bool(np.all(rows[1:] > rows[:-1]))  # each row once, as it is listed
-        return Members(rows, np.asarray(found["held"], dtype=bool), con, digests, single)
+        held = np.asarray(found["held"], dtype=bool)
+        return Members(rows, held, con, digests, single, named)
 
     def _search(
         self,
@@ -349,20 +344,16 @@ def _store_verified(
     y: np.ndarray,
     jaccard: np.ndarray,
 ) -> None:
-    """The verified pairs of member rows as text-digest pairs (``ho_verified``). The rows are
-    turned into digests by DuckDB, joined with the chunk tables' digest column under its cap:
-    both digests of every pair in Arrow were ~100 MB of a 1.1 GB build's peak."""
-    paths = digests.paths()
-    if not paths or len(set(paths)) != len(paths):  # a table listed twice: a name, two places
-        estimated = by_digest(digests, x, y, {"jaccard": jaccard})
-        with registered(con, "ho_estimated", estimated):
-            con.execute(VERIFIED)
-        return
-    rows = pa.table({"x": x.astype(np.int64), "y": y.astype(np.int64), "jaccard": jaccard})
-    files = pa.table({"filename": paths, "start": digests.starts()})
-    with registered(con, "ho_estimated", rows), registered(con, "ho_digest_files", files):
-        con.execute(PAIR_ROW_DIGESTS.format(paths=sql_list(paths)))
-        con.execute(VERIFIED_BY_ROW)
+    """The verified pairs of member rows as text-digest pairs (``ho_verified``). Each row
+    named is read once, by ``digests`` (a chunk table's digest column at a time), and the pairs
+    go in as numbers of those rows: both digests of every pair in Arrow were ~100 MB of a
+    1.1 GB build's peak, and a DuckDB scan of every chunk table's digests for the rows named
+    cost ~0.1 CPU-s more (a child's ~68k rows of ~690k)."""
+    rows, ra, rb = distinct_rows(x.astype(np.int64), y.astype(np.int64))
+    named = pa.table({"r": np.arange(len(rows)), "digest": digests.take(pa.array(rows))})
+    pairs = pa.table({"ra": ra, "rb": rb, "jaccard": jaccard})
+    with registered(con, "ho_estimated", pairs), registered(con, "ho_row_digests", named):
+        con.execute(VERIFIED)
 
 
 def put_verified(ws: Workspace, con: duckdb.DuckDBPyConnection) -> Ref:

@@ -3,7 +3,8 @@
 The search works on global rows (``HeldoutScan``); the members' record ids and splits stay in
 DuckDB (``ho_members``) and are looked up only for the rows a pair names. The rows come from
 the dedup layer's decisions table (per global row, its clusters-table position: an integer
-join) or, without one, from a join on (record id, object, line) against every records table.
+join; the record ids are joined by that position only for the rows looked up) or, without one,
+from a join on (record id, object, line) against every records table.
 """
 
 from dataclasses import dataclass
@@ -18,7 +19,7 @@ from corpus_assets.core.dedup.heldout_search import HeldoutPairs
 from corpus_assets.core.runtime.layer_index import LayerIndex
 from corpus_assets.core.storage.cas import CasError
 from corpus_assets.core.storage.cas_queries import VerifiedFiles, registered, tightened
-from corpus_assets.core.training_view.splits.heldout_tasks import RowDigests
+from corpus_assets.core.training_view.splits.heldout_tasks import RowDigests, distinct_rows
 from corpus_assets.core.training_view.view_queries import SORT_LIMIT
 
 PAIR_COLUMNS = pa.schema(
@@ -42,14 +43,19 @@ JOIN pos p ON m.record_id = p.record_id AND m.object = p.object AND m.line = p.l
 # ``pos`` and its representative's global row ``rep``, null for an excluded row): integer joins
 # only, from each representative's split by clusters position (``Represented``). A join of
 # every clusters row on its representative's id cost the layer ~0.3 CPU-s more at 1.1 GB.
-# Neither sorts: its readers order by row themselves (sorting every member was wasted).
+# Neither sorts: its readers order by row themselves (sorting every member was wasted). Each
+# row keeps its own clusters position, not its record id: the ids are joined only for the rows
+# a pair names (``BY_POSITION``; every row's id copied into ``ho_members`` was ~0.1 CPU-s).
 BY_REPRESENTATIVE = """
 WITH d AS (
     SELECT file_row_number AS row, rep, pos FROM read_parquet({path}, file_row_number = true))
-SELECT d.row, k.record_id, s.split FROM d
+SELECT d.row, d.pos, s.split FROM d
 JOIN d r ON d.rep = r.row
 JOIN ({splits}) s ON s.pos = r.pos
-JOIN (SELECT file_row_number AS pos, record_id FROM {clusters}) k ON k.pos = d.pos
+"""
+BY_POSITION = """
+(SELECT m.row, k.record_id, m.split FROM {members} m
+ JOIN (SELECT file_row_number AS pos, record_id FROM {clusters}) k ON k.pos = m.pos)
 """
 EMPTY_ROWS = np.empty(0, dtype=np.int64)
 
@@ -78,6 +84,9 @@ class Members:
     con: duckdb.DuckDBPyConnection | None
     digests: RowDigests  # per global row, read when taken
     single: bool = False  # whether ``con`` lists every row once (no forged duplicate)
+    # the relation (row, record_id, split) lookups read: ``ho_members``, or its rows' ids
+    # joined by clusters position (``Represented.named``)
+    named_rows: str = "ho_members"
 
     def named(self, changed: pa.Array) -> np.ndarray:
         """The ascending rows of the members whose record id is in ``changed``."""
@@ -86,8 +95,8 @@ class Members:
         ids = pa.table({"record_id": pa.array(changed, pa.string())})
         with registered(self.con, "ho_changed", ids):
             found = self.con.sql(
-                "SELECT row FROM ho_members WHERE record_id IN (SELECT record_id FROM ho_changed) "
-                "ORDER BY row"
+                f"SELECT row FROM {self.named_rows} WHERE record_id IN "
+                "(SELECT record_id FROM ho_changed) ORDER BY row"
             ).fetchnumpy()
         return np.asarray(found["row"], dtype=np.int64)
 
@@ -97,7 +106,7 @@ class Members:
         if self.con is None or not k:
             return PAIR_COLUMNS.empty_table()
         a, b = found.a.astype(np.int64), found.b.astype(np.int64)
-        rows = np.unique(np.concatenate([a, b]))  # each row named once, ascending
+        rows, at_a, at_b = distinct_rows(a, b)  # each row named once, ascending
         # one thread under the sort cap: at 1.1 GB the pairs name ~650k rows, and this join,
         # window and sort on the connection's full cap was the gate's peak; each row's member
         # is read and sorted once, then taken for the pairs naming it (a join and sort of both
@@ -114,7 +123,7 @@ class Members:
         wanted_rows = pa.table({"row": rows})
         with registered(self.con, "ho_wanted", wanted_rows), tightened(self.con, SORT_LIMIT):
             got = self.con.sql(
-                "SELECT row, record_id, split FROM ho_members "
+                f"SELECT row, record_id, split FROM {self.named_rows} "
                 f"WHERE row IN (SELECT row FROM ho_wanted) {once} ORDER BY row"
             ).to_arrow_table()
         del wanted_rows
@@ -122,15 +131,14 @@ class Members:
             named = np.asarray(got["row"], dtype=np.int64)
             missing = int(np.isin(np.concatenate([a, b]), named, invert=True).sum())
             raise ValueError(f"held-out pairs name {missing} row(s) no member has")
-        at_a, at_b = (pa.array(np.searchsorted(rows, x)) for x in (a, b))
         ids, splits = got["record_id"], got["split"]
         del got
         return pa.table(
             {
-                "record_a": ids.take(at_a).combine_chunks(),
-                "split_a": splits.take(at_a).combine_chunks(),
-                "record_b": ids.take(at_b).combine_chunks(),
-                "split_b": splits.take(at_b).combine_chunks(),
+                "record_a": ids.take(pa.array(at_a)).combine_chunks(),
+                "split_a": splits.take(pa.array(at_a)).combine_chunks(),
+                "record_b": ids.take(pa.array(at_b)).combine_chunks(),
+                "split_b": splits.take(pa.array(at_b)).combine_chunks(),
                 "jaccard": pa.array(found.jaccard, pa.float64()),
             },
             schema=PAIR_COLUMNS,
@@ -164,7 +172,8 @@ class Represented:
     splits: str
 
     def query(self, con: duckdb.DuckDBPyConnection, decisions: str) -> str:
-        """row, record_id, split of every searched row (``decisions``: the table's path)."""
+        """row, pos (its clusters position), split of every searched row (``decisions``: the
+        table's path); ``named`` gives their record ids."""
         if "pos" in con.sql(f"FROM {self.splits} LIMIT 0").columns:
             splits = f"SELECT pos, split FROM {self.splits}"
         else:
@@ -173,6 +182,10 @@ class Represented:
                 f"JOIN {self.splits} s ON s.record_id = k.record_id WHERE k.is_representative"
             )
         return BY_REPRESENTATIVE.format(path=decisions, splits=splits, clusters=self.clusters)
+
+    def named(self, members: str) -> str:
+        """row, record_id, split of ``members`` (a table of ``query``'s rows), as a subquery."""
+        return BY_POSITION.format(members=members, clusters=self.clusters)
 
     def records(self) -> str:
         return searched_records(self.clusters, self.splits)

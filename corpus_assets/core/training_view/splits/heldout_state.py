@@ -23,6 +23,7 @@ from corpus_assets.core.runtime.workspace import Workspace
 from corpus_assets.core.storage.cas import CasError
 from corpus_assets.core.storage.digests import json_digest
 from corpus_assets.core.storage.table_lookup import TrustedFiles
+from corpus_assets.core.training_view.splits.heldout_tasks import pair_order
 
 if TYPE_CHECKING:
     from corpus_assets.core.training_view.splits.heldout import HeldoutScan
@@ -66,7 +67,7 @@ class PriorSearch:
         kept[kept] = same[x[kept]] & same[y[kept]]
         x, y, jaccard = x[kept], y[kept], self.jaccard[kept]
         a, b = np.minimum(x, y), np.maximum(x, y)
-        order = np.lexsort((b, a))
+        order = pair_order(a, b)
         a, b, jaccard = a[order], b[order], jaccard[order]
         hit = jaccard >= np.maximum(thresholds[a], thresholds[b])
         stats: dict[str, int | float] = {"reused": len(a)}
@@ -77,11 +78,11 @@ def state_table(status: np.ndarray, a: np.ndarray, b: np.ndarray, jaccard: np.nd
     """The search's state: per global row its status and the rows after it that it was
     estimated with, and their exact Jaccards (each pair once, partners ascending)."""
     a, b = a.astype(np.int64), b.astype(np.int64)
-    order = np.lexsort((b, a))
+    order = pair_order(a, b)
     a, b, jaccard = a[order], b[order], jaccard[order]
     first = np.r_[True, (np.diff(a) != 0) | (np.diff(b) != 0)][: len(a)]
     a, b, jaccard = a[first], b[first], jaccard[first]
-    offsets = pa.array(np.searchsorted(a, np.arange(len(status) + 1)), pa.int32())
+    offsets = pa.array(np.r_[0, np.cumsum(np.bincount(a, minlength=len(status)))], pa.int32())
     return pa.table(
         {
             "status": pa.array(status, pa.int8()),
@@ -155,7 +156,7 @@ def union_pairs(first: HeldoutPairs, second: HeldoutPairs) -> HeldoutPairs:
     a, b, jaccard = (
         np.concatenate([x, y]) for x, y in zip(triple(first), triple(second), strict=True)
     )
-    order = np.lexsort((b, a))
+    order = pair_order(a, b)
     first_of_pair = np.r_[True, (np.diff(a[order]) != 0) | (np.diff(b[order]) != 0)]
     keep = order[first_of_pair[: len(order)]]
     keys = dict.fromkeys([*first.stats, *second.stats])

@@ -192,6 +192,28 @@ def _read_heldout(scratch: Path) -> tuple[np.ndarray, np.ndarray, pa.Array, np.n
     return load[0], signatures, digests, load[1], load[2]
 
 
+def distinct_rows(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The ascending distinct rows (non-negative) of ``x`` and ``y``, and each entry's index
+    among them: ``np.unique`` with its inverse, by a mask over the rows instead of a sort
+    (~0.1 CPU-s less for a 1.1 GB child's ~500k verified pairs)."""
+    size = max(int(x.max(initial=-1)), int(y.max(initial=-1))) + 1
+    seen = np.zeros(size, dtype=bool)
+    seen[x] = True
+    seen[y] = True
+    rank = np.cumsum(seen, dtype=np.int64) - 1
+    return np.flatnonzero(seen), rank[x], rank[y]
+
+
+def pair_order(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``np.lexsort((b, a))`` of non-negative rows: a stable sort of one key ``a * n + b``
+    (about half the CPU of the two-key sort)."""
+    a, b = a.astype(np.int64), b.astype(np.int64)
+    n = max(int(a.max(initial=0)), int(b.max(initial=0))) + 1
+    if n > 1 << 31:  # the key would overflow
+        return np.lexsort((b, a))
+    return np.argsort(a * n + b, kind="stable")
+
+
 def text_digests(ws: Workspace, chunks: list[ChunkRecords], rows: np.ndarray) -> pa.ChunkedArray:
     """Text digests of ascending rows of ``chunks`` (each chunk's digest column read only
     when needed), kept in Arrow."""
@@ -225,6 +247,8 @@ class RowDigests:
 
     def take(self, rows: pa.Array) -> pa.Array:
         wanted = np.asarray(rows.to_numpy(zero_copy_only=False), dtype=np.int64)
+        if np.all(wanted[1:] > wanted[:-1]):  # distinct and ascending already: read as asked
+            return text_digests(self.ws, self.chunks, wanted).combine_chunks()
         unique = np.unique(wanted)
         found = text_digests(self.ws, self.chunks, unique).combine_chunks()
         return found.take(pa.array(np.searchsorted(unique, wanted), pa.int64()))
@@ -340,9 +364,9 @@ def known_jaccards(
     union = "".join(
         f" UNION ALL SELECT q.i, t.jaccard FROM q JOIN {t} t USING (a, b)" for t in tables
     )
-    rows, inverse = np.unique(np.concatenate([a, b]), return_inverse=True)
+    rows, ra, rb = distinct_rows(a, b)
     named = digests.take(pa.array(rows, pa.int64()))
-    pairs = {"i": np.arange(len(a)), "ra": inverse[: len(a)], "rb": inverse[len(a) :]}
+    pairs = {"i": np.arange(len(a)), "ra": ra, "rb": rb}
     con.register("ho_digests", pa.table({"r": np.arange(len(rows)), "digest": named}))
     con.register("ho_estimated", pa.table(pairs))
     try:
