@@ -28,7 +28,7 @@ from corpus_assets.core.runtime.workspace import Workspace
 from corpus_assets.core.storage.artifacts import Ref
 from corpus_assets.core.storage.catalog import Catalog
 from corpus_assets.core.storage.digests import json_digest
-from corpus_assets.core.storage.parquet_sink import put_table_batches
+from corpus_assets.core.storage.parquet_sink import ROW_GROUP_ROWS, put_table_batches
 from corpus_assets.core.storage.table_lookup import TrustedFiles
 
 DECISION_COLUMNS = pa.schema(
@@ -45,7 +45,7 @@ DECISION_COLUMNS = pa.schema(
 _GONE = -2  # a parent row the child does not have (never equal to a child row or to -1)
 CHANGED = "dedup.changed_chunks"  # memo rows: the chunks whose clusters rows a child joined
 BATCH_ROWS = 1 << 16
-MERGE_ROWS = 1 << 14  # rows merged at a time: the parent's rows are decoded this many at once
+MERGE_ROWS = ROW_GROUP_ROWS  # rows merged at a time: one row group of the table written
 
 
 @dataclass
@@ -242,32 +242,54 @@ class _Stream:
         return out
 
 
-def _parent_rows(reuse: Reuse, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
-    """The parent's table rows that are copied, in its order."""
-    parquet = pq.ParquetFile(reuse.parent_table, buffer_size=1 << 20, pre_buffer=False)
-    lo = 0
-    for batch in parquet.iter_batches(batch_size=MERGE_ROWS, use_threads=False):
-        mask = reuse.keep[lo : lo + len(batch)]
-        lo += len(batch)
-        if mask.any():
-            yield batch.filter(pa.array(mask)).cast(schema)
+class _ParentWindow:
+    """The parent's table decoded a row group at a time, holding only the batches that cover
+    the parent rows asked for (which only move forward)."""
+
+    def __init__(self, path: str, schema: pa.Schema, rows: int) -> None:
+        parquet = pq.ParquetFile(path, buffer_size=1 << 20, pre_buffer=False)
+        self.batches = parquet.iter_batches(batch_size=rows, use_threads=False)
+        self.schema = schema
+        self.held: list[pa.RecordBatch] = []
+        self.start = self.end = 0  # parent rows held: start..end-1
+
+    def covering(self, lo: int, hi: int) -> tuple[pa.Table, int]:
+        """The held rows once rows lo..hi-1 are held and none before lo's batch; their first
+        parent row."""
+        while self.held and self.start + len(self.held[0]) <= lo:
+            self.start += len(self.held.pop(0))
+        while self.end < hi:
+            batch = next(self.batches).cast(self.schema)
+            self.held.append(batch)
+            self.end += len(batch)
+            if self.end <= lo:  # a whole batch before lo: dropped unread by the rows
+                self.held.pop()
+                self.start = self.end
+        return pa.Table.from_batches(self.held, self.schema), self.start
 
 
 def merged(
-    reuse: Reuse, fresh: Iterator[pa.RecordBatch], schema: pa.Schema
+    reuse: Reuse, fresh: Iterator[pa.RecordBatch], schema: pa.Schema, rows: int = MERGE_ROWS
 ) -> Iterator[pa.RecordBatch]:
     """The child's table in output order: the joined rows where ``fresh_at``, the parent's
-    copied rows elsewhere, both streams in that order already."""
-    old, new = _Stream(_parent_rows(reuse, schema), schema), _Stream(fresh, schema)
-    n = len(reuse.fresh_at)
-    for lo in range(0, n, MERGE_ROWS):
-        flags = reuse.fresh_at[lo : lo + MERGE_ROWS]
+    copied rows elsewhere, both streams in that order already. Each output batch is one row
+    group of rows gathered by one ``take`` from the parent's decoded rows and the joined ones
+    (no filtered copy of the parent's rows, no rechunking by the writer)."""
+    parent, new = _ParentWindow(reuse.parent_table, schema, rows), _Stream(fresh, schema)
+    copied = np.flatnonzero(reuse.keep)  # the parent rows copied, in output order
+    n, taken = len(reuse.fresh_at), 0
+    for lo in range(0, n, rows):
+        flags = reuse.fresh_at[lo : lo + rows]
         k_new = int(flags.sum())
-        both = pa.concat_tables([old.take(len(flags) - k_new), new.take(k_new)])
+        at = copied[taken : taken + len(flags) - k_new]
+        taken += len(at)
+        old, first = parent.covering(int(at[0]), int(at[-1]) + 1) if len(at) else (None, 0)
+        parts = [new.take(k_new)] if old is None else [old, new.take(k_new)]
+        both = pa.concat_tables(parts)
         index = np.empty(len(flags), dtype=np.int64)
-        index[~flags] = np.arange(len(flags) - k_new)
-        index[flags] = len(flags) - k_new + np.arange(k_new)
-        yield from both.take(pa.array(index)).to_batches()
+        index[~flags] = at - first
+        index[flags] = both.num_rows - k_new + np.arange(k_new)
+        yield from both.take(pa.array(index)).combine_chunks().to_batches()
 
 
 def changed_key(code: str, parent_clusters: str, clusters: str) -> str:
