@@ -95,3 +95,39 @@ def test_output_joins_retry_at_the_coding_limit_when_duckdb_runs_out(
     monkeypatch.setattr(clusters, "MEMORY_LIMIT", "256KB")  # no room on the retry either
     with pytest.raises(duckdb.OutOfMemoryException):  # so the first try did run out
         in_memory.cluster(records, {"s": 0})
+
+
+def _dense(values: list[str | None]) -> list[int]:
+    """Dense ranks of ``values`` in byte order, None last."""
+    ranked = sorted(set(values), key=lambda v: (v is None, (v or "").encode()))
+    return [ranked.index(v) for v in values]
+
+
+def _dense_codes(codes: np.ndarray) -> list[int]:
+    return np.unique(codes, return_inverse=True)[1].tolist()
+
+
+def test_record_and_group_id_codes_rank_each_column_in_byte_order() -> None:
+    """Codes from one sort of both id columns: per column, equal values share a code and
+    codes order as the values' bytes (None last); a group id that is its row's record id, one
+    that is another row's record id, one that is no record's id, and nulls."""
+    ids = ["b", "a", "é", "b", "Z", None, "a", "ü", "c", "aa"]
+    groups = ["b", "g", "é", "ü", None, None, "a", "zz", "a", "Z"]
+    n = len(ids)
+    records = pa.table(
+        {
+            "record_id": pa.array(ids, pa.string()),
+            "source_id": ["s"] * n,
+            "object": ["o"] * n,
+            "line": pa.array(range(n), pa.int64()),
+            "group_id": pa.array(groups, pa.string()),
+            "dedup_key": [f"k{i % 4}" for i in range(n)],
+            "kind": ["document"] * n,
+            "text": ["t"] * n,
+        }
+    )
+    with PartitionDb.from_table(records) as db:
+        codes = db.codes()
+    for values, coded in ((ids, codes.record_id), (groups, codes.group_id)):
+        assert _dense(values) == _dense_codes(coded.codes)
+    assert codes.dedup_key.codes.tolist() == [i % 4 for i in range(n)]
