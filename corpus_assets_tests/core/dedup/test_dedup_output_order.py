@@ -10,6 +10,7 @@ import pytest
 
 from corpus_assets.core.dedup import clusters, in_memory
 from corpus_assets.core.dedup.clusters import CLUSTER_COLUMNS
+from corpus_assets.core.dedup.edges import EdgeIds, edge_rows, edge_table
 from corpus_assets.core.dedup.output_order import bucket, output_positions, sorted_batches
 from corpus_assets.core.dedup.partition_db import PartitionDb
 
@@ -131,3 +132,27 @@ def test_record_and_group_id_codes_rank_each_column_in_byte_order() -> None:
     for values, coded in ((ids, codes.record_id), (groups, codes.group_id)):
         assert _dense(values) == _dense_codes(coded.codes)
     assert codes.dedup_key.codes.tolist() == [i % 4 for i in range(n)]
+
+
+@pytest.mark.parametrize("copies", [3, 1])  # every third text repeats; no copy at all
+def test_edge_ids_from_the_written_table_give_the_scanned_edges(
+    tmp_path: Path, copies: int
+) -> None:
+    """The edges by record id gathered from the clusters table's batches as they pass (ids
+    not in row order, a repeated id, batches of 7 rows) equal those the records scan gives."""
+    n = 60
+    rng = np.random.default_rng(3)
+    ids = [f"id-{p:03d}" for p in rng.permutation(n)]
+    ids[5] = ids[40]  # excluded as a repeat: named by no edge
+    records = _duplicated_records(n).set_column(0, "record_id", pa.array(ids))
+    records = records.set_column(5, "dedup_key", pa.array([f"k{i - i % copies}" for i in range(n)]))
+    with PartitionDb.from_table(records) as db:
+        decided = clusters.decide(db, {"s": 0})
+        expected = edge_table(db, edge_rows(decided))
+        path = clusters.join_clusters(db, clusters.write_decisions(decided, tmp_path), tmp_path)
+    gathered = EdgeIds(edge_rows(decided), decided.position)
+    table = pa.Table.from_batches(list(clusters.cluster_batches(path)), CLUSTER_COLUMNS)
+    passed = list(gathered.tap(iter(table.to_batches(max_chunksize=7))))
+    assert pa.Table.from_batches(passed).equals(table)
+    assert gathered.table().equals(expected)
+    assert expected.num_rows == (39 if copies > 1 else 0)  # 40 copies, one excluded
