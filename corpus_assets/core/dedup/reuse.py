@@ -139,15 +139,25 @@ def plan(
     same, parent_pos = _unchanged(decisions, d, c2p, p2c)
     copied = np.flatnonzero(same)
     child_pos, from_parent = d.pos[copied], parent_pos[copied]
-    by = np.argsort(child_pos, kind="stable")
-    if len(by) > 1 and not bool(np.all(np.diff(from_parent[by]) > 0)):
+    fresh_at = fresh_positions(len(d.verdict), child_pos, from_parent)
+    if fresh_at is None:
         return "the parent's rows are in another order"
-    fresh_at = np.ones(len(d.verdict), dtype=bool)
-    fresh_at[child_pos] = False
     keep = np.zeros(len(p2c), dtype=bool)
     keep[from_parent] = True
     table = files.path(mode.clusters["digest"], "parent dedup clusters")
     return Reuse(np.flatnonzero(~same), fresh_at, keep, table)
+
+
+def fresh_positions(n: int, child_pos: np.ndarray, from_parent: np.ndarray) -> np.ndarray | None:
+    """Per child output position, whether no copied row goes there, given each copied row's
+    child position (distinct: positions are a permutation) and parent table position; None
+    when the copied rows are not in the parent's order. Placed by position, not sorted."""
+    by_position = np.full(n, -1, dtype=np.int64)
+    by_position[child_pos] = from_parent
+    fresh_at = by_position < 0
+    if not bool(np.all(np.diff(by_position[~fresh_at]) > 0)):
+        return None
+    return fresh_at
 
 
 def row_maps(

@@ -8,7 +8,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from corpus_assets.core.dedup.reuse import Reuse, changed_chunks, merged, remember_changed
+from corpus_assets.core.dedup.reuse import (
+    Reuse,
+    changed_chunks,
+    fresh_positions,
+    merged,
+    remember_changed,
+)
 from corpus_assets.core.storage.catalog import Catalog
 
 
@@ -77,3 +83,12 @@ def test_merged_with_nothing_joined_or_nothing_copied(tmp_path: Path) -> None:
         assert pa.Table.from_batches(list(out), parent.schema).to_pylist() == _expected(
             reuse, parent, fresh
         )
+
+
+def test_fresh_positions_place_copied_rows_and_refuse_another_order() -> None:
+    child_pos = np.array([4, 0, 2], dtype=np.int64)
+    fresh_at = fresh_positions(6, child_pos, np.array([9, 1, 5], dtype=np.int64))
+    assert fresh_at is not None
+    assert fresh_at.tolist() == [False, True, False, True, False, True]
+    assert fresh_positions(6, child_pos, np.array([5, 1, 9], dtype=np.int64)) is None
+    assert fresh_positions(3, np.empty(0, np.int64), np.empty(0, np.int64)) is not None
