@@ -156,3 +156,18 @@ def test_edge_ids_from_the_written_table_give_the_scanned_edges(
     assert pa.Table.from_batches(passed).equals(table)
     assert gathered.table().equals(expected)
     assert expected.num_rows == (39 if copies > 1 else 0)  # 40 copies, one excluded
+
+
+def test_a_repeated_record_id_is_excluded_after_its_first_row() -> None:
+    """Only ids that repeat are ordered: each later row names its id's first row, as a
+    duplicate (same dedup key) or a conflict (another text); ids seen once stay."""
+    ids = ["b", "a", "b", "c", "a", "b", "d"]
+    records = _duplicated_records(len(ids)).set_column(0, "record_id", pa.array(ids))
+    keys = ["k0", "k1", "k0", "k2", "kX", "k0", "k3"]
+    records = records.set_column(5, "dedup_key", pa.array(keys))
+    with PartitionDb.from_table(records) as db:
+        decided = clusters.decide(db, {"s": 0})
+    kinds = (clusters.DUPLICATE_ID, clusters.ID_CONFLICT)
+    reasons = {r: next(k for k in kinds if v.startswith(k)) for r, v in decided.excluded.items()}
+    assert reasons == {2: kinds[0], 4: kinds[1], 5: kinds[0]}
+    assert "line 0)" in decided.excluded[5] and "line 1" in decided.excluded[4]
