@@ -254,28 +254,45 @@ class _Stream:
 
 class _ParentWindow:
     """The parent's table decoded a row group at a time, holding only the batches that cover
-    the parent rows asked for (which only move forward)."""
+    the parent rows asked for (which only move forward). A batch whose rows are mostly not
+    copied is held filtered, so what is held stays within a few row groups however sparse
+    the copied rows are."""
 
-    def __init__(self, path: str, schema: pa.Schema, rows: int) -> None:
+    def __init__(self, path: str, keep: np.ndarray, schema: pa.Schema, rows: int) -> None:
         parquet = pq.ParquetFile(path, buffer_size=1 << 20, pre_buffer=False)
         self.batches = parquet.iter_batches(batch_size=rows, use_threads=False)
-        self.schema = schema
-        self.held: list[pa.RecordBatch] = []
-        self.start = self.end = 0  # parent rows held: start..end-1
+        self.keep, self.schema = keep, schema
+        # per held batch: its first parent row, its rows, each parent row's place in it
+        self.held: list[tuple[int, pa.RecordBatch, np.ndarray]] = []
+        self.end = 0  # parent rows read
 
-    def covering(self, lo: int, hi: int) -> tuple[pa.Table, int]:
-        """The held rows once rows lo..hi-1 are held and none before lo's batch; their first
-        parent row."""
-        while self.held and self.start + len(self.held[0]) <= lo:
-            self.start += len(self.held.pop(0))
-        while self.end < hi:
-            batch = next(self.batches).cast(self.schema)
-            self.held.append(batch)
-            self.end += len(batch)
-            if self.end <= lo:  # a whole batch before lo: dropped unread by the rows
-                self.held.pop()
-                self.start = self.end
-        return pa.Table.from_batches(self.held, self.schema), self.start
+    def _read(self) -> None:
+        start = self.end
+        batch = next(self.batches).cast(self.schema)
+        self.end += len(batch)
+        mask = self.keep[start : self.end]
+        if mask.any():
+            place = np.cumsum(mask) - 1
+            if 2 * int(mask.sum()) < len(batch):
+                batch = batch.filter(pa.array(mask))
+            else:
+                place = np.arange(len(mask))
+            self.held.append((start, batch, place))
+
+    def gather(self, at: np.ndarray) -> tuple[pa.Table, np.ndarray]:
+        """The held rows, and where copied parent rows ``at`` (ascending) are in them."""
+        while self.held and self.held[0][0] + len(self.held[0][2]) <= at[0]:
+            self.held.pop(0)
+        while self.end <= at[-1]:
+            self._read()
+        index = np.empty(len(at), dtype=np.int64)
+        offset = 0
+        for start, batch, place in self.held:
+            lo, hi = np.searchsorted(at, [start, start + len(place)])
+            index[lo:hi] = offset + place[at[lo:hi] - start]
+            offset += len(batch)
+        table = pa.Table.from_batches([batch for _, batch, _ in self.held], self.schema)
+        return table, index
 
 
 def merged(
@@ -284,8 +301,9 @@ def merged(
     """The child's table in output order: the joined rows where ``fresh_at``, the parent's
     copied rows elsewhere, both streams in that order already. Each output batch is one row
     group of rows gathered by one ``take`` from the parent's decoded rows and the joined ones
-    (no filtered copy of the parent's rows, no rechunking by the writer)."""
-    parent, new = _ParentWindow(reuse.parent_table, schema, rows), _Stream(fresh, schema)
+    (no rechunking by the writer)."""
+    parent = _ParentWindow(reuse.parent_table, reuse.keep, schema, rows)
+    new = _Stream(fresh, schema)
     copied = np.flatnonzero(reuse.keep)  # the parent rows copied, in output order
     n, taken = len(reuse.fresh_at), 0
     for lo in range(0, n, rows):
@@ -293,11 +311,12 @@ def merged(
         k_new = int(flags.sum())
         at = copied[taken : taken + len(flags) - k_new]
         taken += len(at)
-        old, first = parent.covering(int(at[0]), int(at[-1]) + 1) if len(at) else (None, 0)
-        parts = [new.take(k_new)] if old is None else [old, new.take(k_new)]
-        both = pa.concat_tables(parts)
         index = np.empty(len(flags), dtype=np.int64)
-        index[~flags] = at - first
+        parts = [new.take(k_new)]
+        if len(at):
+            old, index[~flags] = parent.gather(at)
+            parts.insert(0, old)
+        both = pa.concat_tables(parts)
         index[flags] = both.num_rows - k_new + np.arange(k_new)
         yield from both.take(pa.array(index)).combine_chunks().to_batches()
 

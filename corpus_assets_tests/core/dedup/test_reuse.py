@@ -10,6 +10,7 @@ import pytest
 
 from corpus_assets.core.dedup.reuse import (
     Reuse,
+    _ParentWindow,
     changed_chunks,
     fresh_positions,
     merged,
@@ -92,3 +93,19 @@ def test_fresh_positions_place_copied_rows_and_refuse_another_order() -> None:
     assert fresh_at.tolist() == [False, True, False, True, False, True]
     assert fresh_positions(6, child_pos, np.array([5, 1, 9], dtype=np.int64)) is None
     assert fresh_positions(3, np.empty(0, np.int64), np.empty(0, np.int64)) is not None
+
+
+def test_merged_holds_sparse_copied_rows_filtered(tmp_path: Path) -> None:
+    """One copied parent row in ten: the output is the same, and the parent's batches that
+    cover an output batch are held filtered, not whole."""
+    keep = np.zeros(200, dtype=bool)
+    keep[::10] = True
+    fresh_at = np.zeros(int(keep.sum()) + 4, dtype=bool)
+    fresh_at[[0, 7, 8, 23]] = True
+    reuse, parent, fresh = _merge_case(tmp_path, keep, fresh_at, group_rows=8)
+    out = merged(reuse, iter(fresh.to_batches()), parent.schema, 8)
+    assert pa.Table.from_batches(list(out)).to_pylist() == _expected(reuse, parent, fresh)
+    window = _ParentWindow(reuse.parent_table, keep, parent.schema, 8)
+    table, index = window.gather(np.flatnonzero(keep)[:8])  # parent rows 0..70
+    assert table.num_rows == 8  # not 72 rows of 9 batches
+    assert table.take(pa.array(index)).column("n").to_pylist() == list(range(0, 80, 10))
