@@ -67,17 +67,19 @@ class ParentBands:
     """A parent's index of one class, read through the child's rows and ranks."""
 
     entries: np.ndarray  # (bands, parent n) of ENTRY, memory-mapped
-    parent_to_child: np.ndarray  # parent row -> child row (negative: gone)
-    rank_of: np.ndarray  # child row -> its rank in this class (-1: not in it)
+    rank_of: np.ndarray  # parent row -> its child row's rank in this class (-1: not in it)
 
     @classmethod
     def open(cls, path: Path, parent_to_child: np.ndarray, rank_of: np.ndarray) -> "ParentBands":
-        return cls(np.load(path, mmap_mode="r"), parent_to_child, rank_of)
+        """``parent_to_child``: parent row -> child row (negative: gone); ``rank_of``: child
+        row -> its rank in this class (-1: not in it). Composed once, so each band's ranks
+        are one gather."""
+        ranks = np.where(parent_to_child >= 0, rank_of[np.maximum(parent_to_child, 0)], -1)
+        return cls(np.load(path, mmap_mode="r"), ranks)
 
     def ranks(self, band: int) -> np.ndarray:
         """Each parent entry's child rank in this class (-1 where it left the class)."""
-        child = self.parent_to_child[self.entries[band]["row"].astype(np.int64)]
-        return np.where(child >= 0, self.rank_of[np.maximum(child, 0)], -1)
+        return self.rank_of[self.entries[band]["row"]]
 
     def missing(self, n: int) -> np.ndarray:
         """Ranks of the class records the parent's index lacks, ascending."""

@@ -161,12 +161,13 @@ def _exclude_repeated_ids(
     same dedup key is the same record again (``duplicate record_id``); with another text it is
     an ``id.conflict``, quarantined and counted, never silently one of two."""
     id_codes = codes.record_id.codes
-    first = first_in_order(id_codes)  # rows are in index order already
-    repeated = np.flatnonzero(~first)
-    if not len(repeated):
+    tied = np.flatnonzero(np.bincount(id_codes)[id_codes] > 1) if len(id_codes) else id_codes
+    if not len(tied):  # every id once (the usual case): no sort
         return excluded
+    first = first_in_order(id_codes[tied])  # rows are in index order already
+    repeated = tied[~first]
     first_row_of = np.empty(int(id_codes.max(initial=-1)) + 1, dtype=np.int64)
-    first_row_of[id_codes[first]] = np.flatnonzero(first)
+    first_row_of[id_codes[tied[first]]] = tied[first]
     at = first_row_of[id_codes[repeated]]
     same = codes.dedup_key.codes[repeated] == codes.dedup_key.codes[at]
     where = db.object_lines(np.unique(at))

@@ -32,7 +32,7 @@ from corpus_assets.core.dedup.clusters import (
     join_clusters,
     write_decisions,
 )
-from corpus_assets.core.dedup.edges import edge_rows, edge_table
+from corpus_assets.core.dedup.edges import EdgeIds, edge_rows
 from corpus_assets.core.dedup.fingerprint_store import TextLookup
 from corpus_assets.core.dedup.minhash import SignatureSpec
 from corpus_assets.core.dedup.near_dedup import LshParams
@@ -96,7 +96,7 @@ def build_dedup_clusters(ws: Workspace, partition_key: str) -> LayerResult:
             del near
             report = DedupReport(near=decided.report, per_source=_per_source(decided))
             counts = _counts(decided, report, tombstoned=len(revoked))
-            edges_by_row = edge_rows(decided)
+            edge_ids = EdgeIds(edge_rows(decided), decided.position)
             by_row = _row_decisions(decided)
             decision_ref = put_decisions(ws, by_row, _tmp(ws))
             chunk_rows = [(c.records["digest"], c.count) for c in chunks]
@@ -108,12 +108,12 @@ def build_dedup_clusters(ws: Workspace, partition_key: str) -> LayerResult:
             decisions = _decisions(decided, fresh, by_tasks, Path(tmp))
             del decided  # the per-row arrays: the joins read the decisions from their file
             release_memory(collect=True)
-            edges = put_table(ws.cas, edge_table(db, edges_by_row))
-            del edges_by_row
             unsorted = None if by_tasks else join_clusters(db, decisions, Path(tmp), few=named)
         release_memory(collect=True)
-        clusters, work = _put_clusters(ws, chunks, decisions, unsorted, reuse, Path(tmp))
+        clusters, work = _put_clusters(ws, chunks, decisions, unsorted, reuse, edge_ids, Path(tmp))
         run_stats |= _reuse_stats(reuse) | work
+        edges = put_table(ws.cas, edge_ids.table())
+        del edge_ids
     if isinstance(reuse, Reuse) and mode.clusters is not None:
         tables = (mode.clusters["digest"], clusters["digest"])
         remember_changed(ws.catalog, CODE, tables, chunk_rows, reuse)
@@ -140,11 +140,12 @@ def _put_clusters(
     decisions: Decisions,
     unsorted: Path | None,
     reuse: Reuse | str,
+    edge_ids: EdgeIds,
     tmp: Path,
 ) -> tuple[Ref, dict[str, int]]:
     """The clusters table from the joined rows (``unsorted``; None: joined by tasks on the
-    runner, where the stages run), merged with the parent's copied rows when reused; and the
-    join tasks' work figures."""
+    runner, where the stages run), merged with the parent's copied rows when reused, the
+    edges' record ids taken as it passes; and the join tasks' work figures."""
     work = Counter[str]()
     if unsorted is None:
         batches = cluster_batches_on_runner(ws, chunks, decisions, tmp, work)
@@ -152,6 +153,7 @@ def _put_clusters(
         batches = cluster_batches(unsorted)
     if isinstance(reuse, Reuse):
         batches = merged(reuse, batches, CLUSTER_COLUMNS)
+    batches = edge_ids.tap(batches)
     return put_table_batches(ws.cas, CLUSTER_COLUMNS, batches, _tmp(ws)), dict(work)
 
 

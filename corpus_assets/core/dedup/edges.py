@@ -1,6 +1,11 @@
 """The dedup edges table: why records are joined, by record id (exact copy -> its key's
-representative, then verified near pairs with their Jaccard), the input of the leakage graph."""
+representative, then verified near pairs with their Jaccard), the input of the leakage graph.
 
+The layer takes the ids from the clusters table as it is written (:class:`EdgeIds`: the rows in
+output position order, each edge's rows at their positions), not from a scan of the records.
+"""
+
+from collections.abc import Iterator
 from typing import NamedTuple
 
 import numpy as np
@@ -52,14 +57,18 @@ def edge_rows(decided: Decided) -> EdgeRows:
     )
 
 
+def _kinds(rows: EdgeRows) -> pa.Array:
+    kinds = np.repeat(["exact", "near"], [rows.exact, len(rows.a) - rows.exact])
+    return pa.array(kinds, pa.string())
+
+
 def edge_table(db: PartitionDb, rows: EdgeRows) -> pa.Table:
     """The edges by record id, sorted."""
-    kinds = np.repeat(["exact", "near"], [rows.exact, len(rows.a) - rows.exact])
     edges = pa.table(
         {
             "a": rows.a,
             "b": rows.b,
-            "kind": pa.array(kinds, pa.string()),
+            "kind": _kinds(rows),
             "jaccard": rows.jaccard,
             "seq": np.arange(len(rows.a), dtype=np.int64),
         }
@@ -72,5 +81,50 @@ def edge_table(db: PartitionDb, rows: EdgeRows) -> pa.Table:
     db.flush()
     if not batches:
         return EDGE_COLUMNS.empty_table()
-    table = pa.Table.from_batches(batches).sort_by(_EDGE_ORDER).drop_columns(["seq"])
+    return _sorted(pa.Table.from_batches(batches))
+
+
+def _sorted(table: pa.Table) -> pa.Table:
+    table = table.sort_by(_EDGE_ORDER).drop_columns(["seq"])
     return table.cast(EDGE_COLUMNS).combine_chunks()
+
+
+class EdgeIds:
+    """The record ids of the rows edges name, gathered from the clusters table's batches as
+    they are written (``tap``): its rows are in output position order, so a row's id is at its
+    position. Holds the ids of the named rows only, as the edges table does."""
+
+    def __init__(self, rows: EdgeRows, position: np.ndarray) -> None:
+        self.rows = rows
+        self.a, self.b = position[rows.a], position[rows.b]
+        self.wanted = np.unique(np.concatenate([self.a, self.b]))  # positions, ascending
+        self.parts: list[pa.Array] = []
+        self.seen = 0  # rows of the table passed
+
+    def tap(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        """``batches`` unchanged, the wanted ids taken from each as it passes."""
+        for batch in batches:
+            lo, hi = np.searchsorted(self.wanted, [self.seen, self.seen + len(batch)])
+            if hi > lo:
+                at = pa.array(self.wanted[lo:hi] - self.seen)
+                self.parts.append(batch.column("record_id").take(at))
+            self.seen += len(batch)
+            yield batch
+
+    def table(self) -> pa.Table:
+        """The edges by record id, sorted (as :func:`edge_table`), once the table passed."""
+        ids = pa.chunked_array(self.parts, pa.string()).combine_chunks()
+        if len(ids) != len(self.wanted):
+            raise ValueError(f"edge ids: {len(ids)} of {len(self.wanted)} rows passed")
+        if not len(self.rows.a):
+            return EDGE_COLUMNS.empty_table()
+        edges = pa.table(
+            {
+                "record_a": ids.take(pa.array(np.searchsorted(self.wanted, self.a))),
+                "record_b": ids.take(pa.array(np.searchsorted(self.wanted, self.b))),
+                "kind": _kinds(self.rows),
+                "jaccard": self.rows.jaccard,
+                "seq": np.arange(len(self.rows.a), dtype=np.int64),
+            }
+        )
+        return _sorted(edges)

@@ -92,14 +92,16 @@ class PairLookup:
 
     def known(self, order: np.ndarray, packed: np.ndarray) -> np.ndarray:
         """Jaccard per packed candidate pair ``x * n + y`` of the ranks of ``order`` (nan when
-        the parent did not verify the pair)."""
+        the parent did not verify the pair). Only the ranks the pairs name are joined: a
+        class's candidates name a fraction of its records, and a pair found needs both."""
         n = len(order)
-        ranks = pa.table({"rank": np.arange(n, dtype=np.int64), "row": order.astype(np.int64)})
-        self.db.register("class_rows", ranks)
+        named = np.unique(np.concatenate(np.divmod(packed, n))) if n else packed
+        rows = order[named].astype(np.int64)
+        self.db.register("class_rows", pa.table({"rank": named.astype(np.int64), "row": rows}))
         try:
             table = self.db.con.sql(
                 "WITH p AS (SELECT c.rank, t.text_digest AS td FROM class_rows c "
-                f"JOIN {self.db.texts_of(order)} t ON t.row = c.row) "
+                f"JOIN {self.db.texts_of(rows)} t ON t.row = c.row) "
                 f"SELECT a.rank AS ra, b.rank AS rb, q.jaccard FROM {self.pairs_sql} q "
                 "JOIN p a ON q.a = a.td JOIN p b ON q.b = b.td"
             ).to_arrow_table()

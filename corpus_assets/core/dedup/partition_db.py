@@ -212,12 +212,18 @@ class PartitionDb:
         return int(self.con.execute("SELECT count(*) FROM meta").fetchall()[0][0])
 
     def codes(self) -> RecordCodes:
-        """Codes by row; codes follow the byte order of the values. (Lengths stay in DuckDB's
-        ``meta``: only the total order reads them.)"""
+        """Codes by row; codes follow the byte order of the values (record and group ids' may
+        skip numbers: :meth:`_coded_ids`). (Lengths stay in DuckDB's ``meta``: only the total
+        order reads them.)"""
         n = self.n
-        coded = {name: self._coded(name, n) for name in ("record_id", "dedup_key", "group_id")}
+        record_id, group_id = self._coded_ids(n)
         codes = RecordCodes(
-            n, **coded, kind=self._coded_few("kind", n), source_id=self._coded_few("source_id", n)
+            n,
+            record_id,
+            self._coded("dedup_key", n),
+            group_id,
+            kind=self._coded_few("kind", n),
+            source_id=self._coded_few("source_id", n),
         )
         self.flush()
         return codes
@@ -240,6 +246,31 @@ class PartitionDb:
                 values += batch.column(1).filter(pa.array(new)).to_pylist()
             code, previous = int(codes[rows[-1]]), batch.column(1).slice(len(batch) - 1)
         return Coded(codes, values)
+
+    def _coded_ids(self, n: int) -> tuple[Coded, Coded]:
+        """Codes of record ids and group ids by one external sort of both: most records are
+        their own group (the group id is the record id), and those group ids are not sorted
+        again. A code ranks a value among the values of both columns, so each column's codes
+        follow its byte order (nulls last) and equal values share one, numbers skipped."""
+        codes = np.zeros(n, dtype=code_dtype(2 * n))
+        groups = np.full(n, -1, dtype=code_dtype(2 * n))  # -1: the record id's code
+        code, previous = -1, None
+        sql = (
+            "SELECT row, record_id AS v, false AS g FROM recs UNION ALL "
+            "SELECT row, group_id, true FROM recs WHERE group_id IS DISTINCT FROM record_id "
+            "ORDER BY v"
+        )
+        for batch in self.batches(sql):
+            if not len(batch):
+                continue
+            rows = np.asarray(batch.column(0).to_numpy(), dtype=np.int64)
+            ranked = code + np.cumsum(_changes(batch.column(1), previous))
+            group = np.asarray(batch.column(2).to_numpy(zero_copy_only=False), dtype=bool)
+            codes[rows[~group]], groups[rows[group]] = ranked[~group], ranked[group]
+            code, previous = int(ranked[-1]), batch.column(1).slice(len(batch) - 1)
+        own = groups < 0
+        groups[own] = codes[own]
+        return Coded(codes, []), Coded(groups, [])
 
     def _coded_few(self, column: str, n: int) -> Coded:
         """Codes of a column of a handful of values (kind, source): the distinct values sorted

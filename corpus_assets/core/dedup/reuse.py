@@ -28,7 +28,7 @@ from corpus_assets.core.runtime.workspace import Workspace
 from corpus_assets.core.storage.artifacts import Ref
 from corpus_assets.core.storage.catalog import Catalog
 from corpus_assets.core.storage.digests import json_digest
-from corpus_assets.core.storage.parquet_sink import put_table_batches
+from corpus_assets.core.storage.parquet_sink import ROW_GROUP_ROWS, put_table_batches
 from corpus_assets.core.storage.table_lookup import TrustedFiles
 
 DECISION_COLUMNS = pa.schema(
@@ -45,7 +45,7 @@ DECISION_COLUMNS = pa.schema(
 _GONE = -2  # a parent row the child does not have (never equal to a child row or to -1)
 CHANGED = "dedup.changed_chunks"  # memo rows: the chunks whose clusters rows a child joined
 BATCH_ROWS = 1 << 16
-MERGE_ROWS = 1 << 14  # rows merged at a time: the parent's rows are decoded this many at once
+MERGE_ROWS = ROW_GROUP_ROWS  # rows merged at a time: one row group of the table written
 
 
 @dataclass
@@ -139,15 +139,25 @@ def plan(
     same, parent_pos = _unchanged(decisions, d, c2p, p2c)
     copied = np.flatnonzero(same)
     child_pos, from_parent = d.pos[copied], parent_pos[copied]
-    by = np.argsort(child_pos, kind="stable")
-    if len(by) > 1 and not bool(np.all(np.diff(from_parent[by]) > 0)):
+    fresh_at = fresh_positions(len(d.verdict), child_pos, from_parent)
+    if fresh_at is None:
         return "the parent's rows are in another order"
-    fresh_at = np.ones(len(d.verdict), dtype=bool)
-    fresh_at[child_pos] = False
     keep = np.zeros(len(p2c), dtype=bool)
     keep[from_parent] = True
     table = files.path(mode.clusters["digest"], "parent dedup clusters")
     return Reuse(np.flatnonzero(~same), fresh_at, keep, table)
+
+
+def fresh_positions(n: int, child_pos: np.ndarray, from_parent: np.ndarray) -> np.ndarray | None:
+    """Per child output position, whether no copied row goes there, given each copied row's
+    child position (distinct: positions are a permutation) and parent table position; None
+    when the copied rows are not in the parent's order. Placed by position, not sorted."""
+    by_position = np.full(n, -1, dtype=np.int64)
+    by_position[child_pos] = from_parent
+    fresh_at = by_position < 0
+    if not bool(np.all(np.diff(by_position[~fresh_at]) > 0)):
+        return None
+    return fresh_at
 
 
 def row_maps(
@@ -242,32 +252,73 @@ class _Stream:
         return out
 
 
-def _parent_rows(reuse: Reuse, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
-    """The parent's table rows that are copied, in its order."""
-    parquet = pq.ParquetFile(reuse.parent_table, buffer_size=1 << 20, pre_buffer=False)
-    lo = 0
-    for batch in parquet.iter_batches(batch_size=MERGE_ROWS, use_threads=False):
-        mask = reuse.keep[lo : lo + len(batch)]
-        lo += len(batch)
+class _ParentWindow:
+    """The parent's table decoded a row group at a time, holding only the batches that cover
+    the parent rows asked for (which only move forward). A batch whose rows are mostly not
+    copied is held filtered, so what is held stays within a few row groups however sparse
+    the copied rows are."""
+
+    def __init__(self, path: str, keep: np.ndarray, schema: pa.Schema, rows: int) -> None:
+        parquet = pq.ParquetFile(path, buffer_size=1 << 20, pre_buffer=False)
+        self.batches = parquet.iter_batches(batch_size=rows, use_threads=False)
+        self.keep, self.schema = keep, schema
+        # per held batch: its first parent row, its rows, each parent row's place in it
+        self.held: list[tuple[int, pa.RecordBatch, np.ndarray]] = []
+        self.end = 0  # parent rows read
+
+    def _read(self) -> None:
+        start = self.end
+        batch = next(self.batches).cast(self.schema)
+        self.end += len(batch)
+        mask = self.keep[start : self.end]
         if mask.any():
-            yield batch.filter(pa.array(mask)).cast(schema)
+            place = np.cumsum(mask) - 1
+            if 2 * int(mask.sum()) < len(batch):
+                batch = batch.filter(pa.array(mask))
+            else:
+                place = np.arange(len(mask))
+            self.held.append((start, batch, place))
+
+    def gather(self, at: np.ndarray) -> tuple[pa.Table, np.ndarray]:
+        """The held rows, and where copied parent rows ``at`` (ascending) are in them."""
+        while self.held and self.held[0][0] + len(self.held[0][2]) <= at[0]:
+            self.held.pop(0)
+        while self.end <= at[-1]:
+            self._read()
+        index = np.empty(len(at), dtype=np.int64)
+        offset = 0
+        for start, batch, place in self.held:
+            lo, hi = np.searchsorted(at, [start, start + len(place)])
+            index[lo:hi] = offset + place[at[lo:hi] - start]
+            offset += len(batch)
+        table = pa.Table.from_batches([batch for _, batch, _ in self.held], self.schema)
+        return table, index
 
 
 def merged(
-    reuse: Reuse, fresh: Iterator[pa.RecordBatch], schema: pa.Schema
+    reuse: Reuse, fresh: Iterator[pa.RecordBatch], schema: pa.Schema, rows: int = MERGE_ROWS
 ) -> Iterator[pa.RecordBatch]:
     """The child's table in output order: the joined rows where ``fresh_at``, the parent's
-    copied rows elsewhere, both streams in that order already."""
-    old, new = _Stream(_parent_rows(reuse, schema), schema), _Stream(fresh, schema)
-    n = len(reuse.fresh_at)
-    for lo in range(0, n, MERGE_ROWS):
-        flags = reuse.fresh_at[lo : lo + MERGE_ROWS]
+    copied rows elsewhere, both streams in that order already. Each output batch is one row
+    group of rows gathered by one ``take`` from the parent's decoded rows and the joined ones
+    (no rechunking by the writer)."""
+    parent = _ParentWindow(reuse.parent_table, reuse.keep, schema, rows)
+    new = _Stream(fresh, schema)
+    copied = np.flatnonzero(reuse.keep)  # the parent rows copied, in output order
+    n, taken = len(reuse.fresh_at), 0
+    for lo in range(0, n, rows):
+        flags = reuse.fresh_at[lo : lo + rows]
         k_new = int(flags.sum())
-        both = pa.concat_tables([old.take(len(flags) - k_new), new.take(k_new)])
+        at = copied[taken : taken + len(flags) - k_new]
+        taken += len(at)
         index = np.empty(len(flags), dtype=np.int64)
-        index[~flags] = np.arange(len(flags) - k_new)
-        index[flags] = len(flags) - k_new + np.arange(k_new)
-        yield from both.take(pa.array(index)).to_batches()
+        parts = [new.take(k_new)]
+        if len(at):
+            old, index[~flags] = parent.gather(at)
+            parts.insert(0, old)
+        both = pa.concat_tables(parts)
+        index[flags] = both.num_rows - k_new + np.arange(k_new)
+        yield from both.take(pa.array(index)).combine_chunks().to_batches()
 
 
 def changed_key(code: str, parent_clusters: str, clusters: str) -> str:

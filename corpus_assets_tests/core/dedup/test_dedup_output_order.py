@@ -10,6 +10,7 @@ import pytest
 
 from corpus_assets.core.dedup import clusters, in_memory
 from corpus_assets.core.dedup.clusters import CLUSTER_COLUMNS
+from corpus_assets.core.dedup.edges import EdgeIds, edge_rows, edge_table
 from corpus_assets.core.dedup.output_order import bucket, output_positions, sorted_batches
 from corpus_assets.core.dedup.partition_db import PartitionDb
 
@@ -95,3 +96,78 @@ def test_output_joins_retry_at_the_coding_limit_when_duckdb_runs_out(
     monkeypatch.setattr(clusters, "MEMORY_LIMIT", "256KB")  # no room on the retry either
     with pytest.raises(duckdb.OutOfMemoryException):  # so the first try did run out
         in_memory.cluster(records, {"s": 0})
+
+
+def _dense(values: list[str | None]) -> list[int]:
+    """Dense ranks of ``values`` in byte order, None last."""
+    ranked = sorted(set(values), key=lambda v: (v is None, (v or "").encode()))
+    return [ranked.index(v) for v in values]
+
+
+def _dense_codes(codes: np.ndarray) -> list[int]:
+    return np.unique(codes, return_inverse=True)[1].tolist()
+
+
+def test_record_and_group_id_codes_rank_each_column_in_byte_order() -> None:
+    """Codes from one sort of both id columns: per column, equal values share a code and
+    codes order as the values' bytes (None last); a group id that is its row's record id, one
+    that is another row's record id, one that is no record's id, and nulls."""
+    ids = ["b", "a", "é", "b", "Z", None, "a", "ü", "c", "aa"]
+    groups = ["b", "g", "é", "ü", None, None, "a", "zz", "a", "Z"]
+    n = len(ids)
+    records = pa.table(
+        {
+            "record_id": pa.array(ids, pa.string()),
+            "source_id": ["s"] * n,
+            "object": ["o"] * n,
+            "line": pa.array(range(n), pa.int64()),
+            "group_id": pa.array(groups, pa.string()),
+            "dedup_key": [f"k{i % 4}" for i in range(n)],
+            "kind": ["document"] * n,
+            "text": ["t"] * n,
+        }
+    )
+    with PartitionDb.from_table(records) as db:
+        codes = db.codes()
+    for values, coded in ((ids, codes.record_id), (groups, codes.group_id)):
+        assert _dense(values) == _dense_codes(coded.codes)
+    assert codes.dedup_key.codes.tolist() == [i % 4 for i in range(n)]
+
+
+@pytest.mark.parametrize("copies", [3, 1])  # every third text repeats; no copy at all
+def test_edge_ids_from_the_written_table_give_the_scanned_edges(
+    tmp_path: Path, copies: int
+) -> None:
+    """The edges by record id gathered from the clusters table's batches as they pass (ids
+    not in row order, a repeated id, batches of 7 rows) equal those the records scan gives."""
+    n = 60
+    rng = np.random.default_rng(3)
+    ids = [f"id-{p:03d}" for p in rng.permutation(n)]
+    ids[5] = ids[40]  # excluded as a repeat: named by no edge
+    records = _duplicated_records(n).set_column(0, "record_id", pa.array(ids))
+    records = records.set_column(5, "dedup_key", pa.array([f"k{i - i % copies}" for i in range(n)]))
+    with PartitionDb.from_table(records) as db:
+        decided = clusters.decide(db, {"s": 0})
+        expected = edge_table(db, edge_rows(decided))
+        path = clusters.join_clusters(db, clusters.write_decisions(decided, tmp_path), tmp_path)
+    gathered = EdgeIds(edge_rows(decided), decided.position)
+    table = pa.Table.from_batches(list(clusters.cluster_batches(path)), CLUSTER_COLUMNS)
+    passed = list(gathered.tap(iter(table.to_batches(max_chunksize=7))))
+    assert pa.Table.from_batches(passed).equals(table)
+    assert gathered.table().equals(expected)
+    assert expected.num_rows == (39 if copies > 1 else 0)  # 40 copies, one excluded
+
+
+def test_a_repeated_record_id_is_excluded_after_its_first_row() -> None:
+    """Only ids that repeat are ordered: each later row names its id's first row, as a
+    duplicate (same dedup key) or a conflict (another text); ids seen once stay."""
+    ids = ["b", "a", "b", "c", "a", "b", "d"]
+    records = _duplicated_records(len(ids)).set_column(0, "record_id", pa.array(ids))
+    keys = ["k0", "k1", "k0", "k2", "kX", "k0", "k3"]
+    records = records.set_column(5, "dedup_key", pa.array(keys))
+    with PartitionDb.from_table(records) as db:
+        decided = clusters.decide(db, {"s": 0})
+    kinds = (clusters.DUPLICATE_ID, clusters.ID_CONFLICT)
+    reasons = {r: next(k for k in kinds if v.startswith(k)) for r, v in decided.excluded.items()}
+    assert reasons == {2: kinds[0], 4: kinds[1], 5: kinds[0]}
+    assert "line 0)" in decided.excluded[5] and "line 1" in decided.excluded[4]
