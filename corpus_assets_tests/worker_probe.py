@@ -18,6 +18,22 @@ def forbidden_loaded(_job: Any) -> list[str]:
     return sorted(name for name in sys.modules if name.startswith(FORBIDDEN))
 
 
+def arrow_without_pandas(_job: Any) -> tuple[bool, int, bool]:
+    """Build Arrow arrays and a table as tasks do: whether pandas was imported for it, the
+    table's rows, and whether importing pandas is refused here."""
+    import numpy as np
+    import pyarrow as pa
+
+    table = pa.table({"a": pa.array([1, 2]), "b": np.arange(2)})
+    try:
+        import pandas  # noqa: F401
+    except ModuleNotFoundError:
+        refused = True
+    else:
+        refused = False
+    return "pandas" in sys.modules, table.num_rows, refused
+
+
 def worker_pid(_job: Any) -> int:
     return os.getpid()
 

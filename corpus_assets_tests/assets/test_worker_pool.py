@@ -1,6 +1,7 @@
 """The local engine's pool: one per build, reused by every layer, with workers that import only
 the code their tasks need (never the CLI, Dagster or the Dagster wrappers of the parent)."""
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -16,7 +17,12 @@ from corpus_assets.core.runtime.code_identity import code_identity
 from corpus_assets.core.runtime.pool import shared_pool
 from corpus_assets.core.runtime.runners import LocalRunner, WorkerSetup
 from corpus_assets_tests.paths import REPO
-from corpus_assets_tests.worker_probe import identity_parses, no_setup, worker_pid
+from corpus_assets_tests.worker_probe import (
+    arrow_without_pandas,
+    identity_parses,
+    no_setup,
+    worker_pid,
+)
 
 # A parent that has loaded what the CLI's build and Dagster's run worker load, then maps a probe
 # on the local pool: spawn would run this main module again in every worker.
@@ -46,6 +52,14 @@ def test_workers_never_import_the_cli_or_dagster(tmp_path: Path, how: str) -> No
     )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout.splitlines()[-1]) == []
+
+
+def test_workers_build_arrow_tables_without_importing_pandas() -> None:
+    """pyarrow imports pandas (installed here: the dev tools need it) at a process's first
+    array, ~0.25 CPU-s per worker; the workers build their arrays and tables without it."""
+    assert importlib.util.find_spec("pandas") is not None, "without pandas this proves nothing"
+    found = LocalRunner(2).map(arrow_without_pandas, [0, 1, 2, 3], WorkerSetup(no_setup, ""))
+    assert found == [(False, 2, True)] * 4
 
 
 def _alive(pid: int) -> bool:
