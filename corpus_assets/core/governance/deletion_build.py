@@ -23,17 +23,16 @@ every kind, the passes' concatenation is sorted; it is cut into Parquet shards o
 The directory lists each shard's first and last key and digest as an Arrow IPC table (a
 lookup decodes it without parsing), its header (schema, manifest, ``CODE``) in the metadata.
 
-Incremental: a child snapshot whose parent's index this ``CODE`` built is indexed
-over it. DuckDB diffs the child's inputs with the parent's (members, removed duplicates,
-spans, the latter over the rows unlike the parent's at the same position; one thread,
-``DELTA_MB``); every key a changed row can reach is *affected*, the rows
-naming one are staged in one scan of each input (``reached``). A shard file holds a span's
-packed shard by number, the header lists their digests (``shards``): a child whose packing
-kept the parent's blocks but appended to its last shard has the same numbered spans. The child's
-shards hold the rows of the affected keys only, its header names the parent's directory
-(``base``) and the affected keys left without rows (``gone``); a lookup answers an affected key
-from the child, any other from the base (whose rows for it the child's inputs give unchanged),
-and sorts the union in index order: the rows a full build gives. A chain deeper than
+Incremental: a child snapshot whose parent's index this ``CODE`` built is indexed over it.
+DuckDB diffs the child's inputs with the parent's (members, removed duplicates, spans, the
+latter over the rows unlike the parent's at the same position; one thread, ``DELTA_MB``); every
+key a changed row can reach is *affected*, the rows naming one are staged in one scan of each
+input (``reached``). A shard file holds a span's packed shard by number, the header lists their
+digests (``shards``): a child whose packing kept the parent's blocks but appended to its last
+shard has the same numbered spans. The child's shards hold the rows of the affected keys only,
+its header names the parent's directory (``base``) and the affected keys left without rows
+(``gone``); a lookup answers an affected key from the child, any other from the base, and
+sorts the union in index order: the rows a full build gives. A chain deeper than
 ``MAX_DEPTH``, a delta over a quarter of the base's rows, more than ``MAX_GONE`` gone keys,
 inputs of other columns: a full build, its header saying why.
 """

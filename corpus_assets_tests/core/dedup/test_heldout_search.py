@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from corpus_assets.core.dedup import heldout_search
+from corpus_assets.core.dedup import heldout_search, pair_set
 from corpus_assets.core.dedup.heldout_search import (
     HeldoutParams,
     _prefilter,
@@ -59,7 +59,7 @@ def test_candidates_are_the_double_loops_pairs(
     seed: int, table_bits: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Whether the found pairs' table starts large or at 2 slots (grown many times)."""
-    monkeypatch.setattr(heldout_search, "_TABLE_BITS", table_bits)
+    monkeypatch.setattr(pair_set, "TABLE_BITS", table_bits)
     rng = np.random.default_rng(seed)
     blocks, _ = _families(rng, 90)
     members = np.sort(rng.choice(90, 80, replace=False))
@@ -259,7 +259,7 @@ def test_side_candidates_are_every_bands_pairs_once(
     """With clusters colliding in nearly every band, several sides (overlapping, empty ones,
     held-out records among the members), blocks in memory or signature files, and the found
     pairs' table starting small (grown, long probes) or not: exactly the oracle's array."""
-    monkeypatch.setattr(heldout_search, "_TABLE_BITS", table_bits)
+    monkeypatch.setattr(pair_set, "TABLE_BITS", table_bits)
     rng = np.random.default_rng(seed)
     sigs = _clustered(rng, n)
     cuts = sorted(rng.choice(np.arange(1, n), 2, replace=False).tolist())
