@@ -21,12 +21,18 @@ once), measured in the same run. Usage:
     .venv/bin/python bench/race.py --incremental-layers 110   # each layer of a +1% child
     .venv/bin/python bench/race.py --engine ray [--ray-nodes 1]  # chunk tasks on a Ray cluster
     .venv/bin/python bench/race.py --engine ray --peaks --sizes 110,330,1100 --tmp DIR [--reuse]
+    .venv/bin/python bench/race.py --child CONFIG PARTITION LAYER --direct [--identity-as DIR]
 
 ``--peaks`` prints only the driver's peak per layer (dedup_clusters on), each layer built again
 in a fresh child by its direct builder (no layer memo, no recorded gate outcome), over one data
 home per size under ``--tmp``; with ``--reuse`` a home (corpus, freeze, built layers) made by an
 earlier ``--peaks`` run is measured again instead of being made anew (the 1.1 GB corpus takes
 minutes of CPU to make and canonicalise).
+
+``--child`` rebuilds one layer of an existing partition in this process and prints its cost;
+``--identity-as DIR`` runs this checkout's code under the code identities of the checkout at
+``DIR`` (``identity_as/sitecustomize.py``), so an edited layer finds the state its parent's
+build (by the code at ``DIR``) left and is measured as a child, not as a first build.
 
 With ``--engine ray`` a local Ray cluster (``race_ray.py``: ``--ray-nodes`` nodes of
 ``--workers`` CPUs, loopback) runs the chunk tasks; every CPU figure adds what the cluster's
@@ -396,7 +402,18 @@ def main() -> None:
         metavar=("CONFIG", "PARTITION"),
         help="only the per-layer table, for an existing config and new partition",
     )
+    parser.add_argument(
+        "--identity-as",
+        type=Path,
+        metavar="CHECKOUT",
+        help="code identities of CHECKOUT's files (identity_as/sitecustomize.py): new code "
+        "measured over a parent another checkout built",
+    )
     args = parser.parse_args()
+    if args.identity_as:
+        as_if = _identity_as(args.identity_as)
+        if as_if:  # the shim must load at start-up: this process again, with it
+            os.execve(sys.executable, [sys.executable, *sys.argv], as_if)
     if not args.child:
         compile_package()
     if args.child:
@@ -425,6 +442,15 @@ def main() -> None:
         with Cluster(args.ray_nodes, args.workers) as CLUSTER:
             return race(args)
     return race(args)
+
+
+def _identity_as(checkout: Path) -> dict[str, str] | None:
+    """The environment that loads the identity shim for ``checkout``; None once it is loaded."""
+    if os.environ.get("CORPUS_IDENTITY_AS") == str(checkout.resolve()):
+        return None
+    shim = str(Path(__file__).parent / "identity_as")
+    path = os.pathsep.join(p for p in (shim, os.environ.get("PYTHONPATH")) if p)
+    return dict(os.environ, CORPUS_IDENTITY_AS=str(checkout.resolve()), PYTHONPATH=path)
 
 
 def race(args: argparse.Namespace) -> None:
