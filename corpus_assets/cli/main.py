@@ -44,13 +44,20 @@ def _loaded(named: tuple[tuple[str, str], ...]) -> tuple[type[BaseException], ..
     return tuple(getattr(sys.modules[m], c) for m, c in named if m in sys.modules)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, console: bool = False) -> int:
     """Run one command; expected errors become one ``corpus-assets: error:`` line and exit 1
     (a command line naming a missing ``--config`` exits 2, as argparse's usage errors do).
-    Every line is masked (``url_secrets``): no password in a URL reaches the terminal."""
+    Every line is masked (``url_secrets``): no password in a URL reaches the terminal. As the
+    console script (``console``: the process is this command's alone) a command goes without
+    the packages it names (``goes_without``); called in another program's process, it does not
+    take them away from it."""
     # Dagster's own beta/preview notices are for framework users, not for this command's users.
     warnings.filterwarnings("ignore", module="dagster")
     args = parser().parse_args(with_add(sys.argv[1:] if argv is None else argv))
+    if console and getattr(args, "goes_without", ()):
+        from corpus_assets.core.runtime.absent_imports import go_without
+
+        go_without(*args.goes_without)
     if args.config:
         config = Path(args.config).resolve()
         if not config.is_file():
@@ -89,7 +96,7 @@ def run() -> None:
     """
     interrupt.install()
     sys.excepthook = _masked_traceback
-    code = main()
+    code = main(console=True)
     event_log = sys.modules.get("corpus_assets.assets.event_log")  # loaded by a Dagster instance
     if event_log is not None:
         event_log.close_all_connections()  # os._exit skips atexit

@@ -13,6 +13,9 @@ DESCRIPTION = (
 EXPORT_FORMATS = ("megatron", "mds", "croissant")  # core.consumption.export_run.FORMATS (a test)
 GRAPH_FORMATS = ("text", "mermaid", "json", "prov")  # commands.lineage draws these
 ACTIONS = ("add", "list", "remove")  # of ``benchmark``
+# What a build's process never imports (core.runtime.absent_imports): pyarrow would import
+# pandas at its first array, ~0.25 CPU-s a build; nothing a build runs takes a pandas object.
+NO_PANDAS = ("pandas",)
 Subcommands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
 
@@ -72,19 +75,21 @@ def _command(sub: Subcommands, name: str, run: Any, help_text: str) -> argparse.
 
 
 def _build_commands(sub: Subcommands) -> None:
-    _command(
+    p = _command(
         sub,
         "demo",
         lazy("snapshots", "cmd_demo"),
         "write the demo sources + corpus.yaml, build, validate, approve, "
         "activate, and print the snapshotId and alias generation",
     )
+    p.set_defaults(goes_without=NO_PANDAS)
     p = _command(
         sub,
         "build",
         lazy("snapshots", "cmd_build"),
         "freeze a partition and materialize all seven layers",
     )
+    p.set_defaults(goes_without=NO_PANDAS)
     p.add_argument("--partition", help="partition key to (re)build; default: a new key")
     p.add_argument(
         "--resume-only",

@@ -18,8 +18,12 @@ from corpus_assets_tests.cli_process import CLI, output_field, run
 
 @pytest.mark.heavy  # the whole CLI journey: a dozen CLI processes, three builds
 def test_demo_verify_rebuild_reuse_and_tamper(tmp_path: Path) -> None:
-    demo = run(tmp_path, "demo")
+    demo = run(tmp_path, "demo", extra_env={"PYTHONPROFILEIMPORTTIME": "1"})
     assert demo.returncode == 0, demo.stderr
+    # -X importtime lists refused imports too: a package really imported loads its submodules
+    imported = {line.rsplit("|", 1)[1].strip() for line in demo.stderr.splitlines() if "|" in line}
+    assert "dagster._core" in imported
+    assert not {m for m in imported if m.startswith(("pandas.", "boto3."))}  # absent_imports
     sid = output_field(demo.stdout, "snapshotId")
     assert re.fullmatch(r"sha256:[0-9a-f]{64}", sid)
     assert re.search(r"^alias demo generation 1$", demo.stdout, re.MULTILINE)

@@ -10,6 +10,8 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
+
 from corpus_assets.cli.parser import EXPORT_FORMATS
 from corpus_assets.core.consumption.export_run import FORMATS
 
@@ -123,3 +125,46 @@ def test_every_command_names_a_function_that_exists() -> None:
             continue  # a function imported eagerly: it exists
         module, name = target
         assert callable(getattr(importlib.import_module(f"{COMMANDS}.{module}"), name)), line
+
+
+# Runs ``main(argv, console=...)`` in a fresh interpreter, then tries to import pandas.
+GOES_WITHOUT = """\
+import sys
+from corpus_assets.cli.main import main
+main(sys.argv[2:], console=sys.argv[1] == "console")
+try:
+    import pandas
+    print("pandas imported")
+except ModuleNotFoundError as error:
+    print(error)
+"""
+
+
+@pytest.mark.parametrize("console", [True, False])
+def test_a_build_process_goes_without_pandas_only_as_the_console_script(
+    tmp_path: Path, console: bool
+) -> None:
+    """pyarrow would import pandas at a build's first array (~0.25 CPU-s); the console script's
+    ``build`` goes without it, but ``main`` called in another program's process (a notebook,
+    these tests) never takes it away from that program."""
+    assert importlib.util.find_spec("pandas") is not None, "without pandas this proves nothing"
+    argv = ["console" if console else "caller", "--config", str(tmp_path / "none.yaml"), "build"]
+    done = subprocess.run(
+        [sys.executable, "-c", GOES_WITHOUT, *argv], capture_output=True, text=True, check=True
+    )
+    expected = "not imported in this process: pandas" if console else "pandas imported"
+    assert done.stdout.splitlines()[-1] == expected
+
+
+def test_signing_loads_securesystemslib_without_boto3() -> None:
+    """Its AWS KMS signer would import boto3 (~0.15 CPU-s a process; never used here): hidden
+    while securesystemslib loads, importable right after for the S3 store."""
+    probe = (
+        "import sys, corpus_assets.core.publication.signing\n"
+        "print('securesystemslib.signer' in sys.modules, 'boto3' in sys.modules)\n"
+        "import boto3\n"
+        "print(boto3.client('s3', region_name='us-east-1').meta.region_name)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["True", "False", "us-east-1"]

@@ -30,11 +30,15 @@ from cryptography.hazmat.primitives.serialization import (
     load_pem_private_key,
     load_pem_public_key,
 )
-from securesystemslib.dsse import Envelope
-from securesystemslib.exceptions import UnverifiedSignatureError, VerificationError
-from securesystemslib.signer import CryptoSigner, SSlibKey
 
 from corpus_assets.core.publication import trust_root
+from corpus_assets.core.publication.sslib import (
+    CryptoSigner,
+    Envelope,
+    SSlibKey,
+    UnverifiedSignatureError,
+    VerificationError,
+)
 from corpus_assets.core.storage.catalog import Catalog
 from corpus_assets.core.storage.digests import DigestError, canonical_json, check_digest, hex_of
 from corpus_assets.core.storage.fsio import atomic_create, atomic_write

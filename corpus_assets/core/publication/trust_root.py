@@ -29,10 +29,10 @@ from typing import Literal
 
 from cryptography.hazmat.primitives.serialization import load_pem_public_key
 from pydantic import BaseModel, ConfigDict, ValidationError
-from securesystemslib.signer import SSlibKey
 from sqlalchemy import insert, select
 from sqlalchemy.exc import IntegrityError
 
+from corpus_assets.core.publication.sslib import SSlibKey
 from corpus_assets.core.runtime.config import ConfigError, config_path, load_config
 from corpus_assets.core.storage.catalog import Catalog, alias_keys, snapshots
 from corpus_assets.core.storage.fsio import atomic_write

@@ -13,12 +13,10 @@ CLI, pytest or Dagster's code server, with everything they import. Here:
   ``corpus_assets.core``, which the worker imports by name when it unpickles the first job.
 - a worker runs a job's ``WorkerSetup`` before it, only when it differs from the last one it
   ran (one process serves every layer, each with its own setup), as Ray workers do.
-- workers never import pandas: pyarrow imports it, when installed, at the first array or
-  table a process builds, only to recognise pandas objects (~0.25 CPU-s a worker, two or more
-  workers a build); no task takes or returns one, so to the workers' pyarrow it is absent.
+- workers never import pandas (``absent_imports``: pyarrow would at a worker's first array,
+  ~0.25 CPU-s a worker, two or more workers a build; no task takes or returns one).
 """
 
-import importlib.abc
 import multiprocessing.context
 import os
 import sys
@@ -31,6 +29,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from corpus_assets.core.runtime.absent_imports import go_without
 from corpus_assets.core.runtime.code_identity import (
     ParsedImports,
     parsed_imports,
@@ -90,20 +89,9 @@ class _CoreSpawn(multiprocessing.context.SpawnContext):
     Process = _CoreProcess
 
 
-class _Absent(importlib.abc.MetaPathFinder):
-    """An import finder for which some top-level packages do not exist (ModuleNotFoundError)."""
-
-    def __init__(self, *names: str) -> None:
-        self.names = names
-
-    def find_spec(self, fullname: str, path: Any, target: Any = None) -> None:
-        if fullname.split(".", 1)[0] in self.names:
-            raise ModuleNotFoundError(f"not imported in a pool worker: {fullname}", name=fullname)
-
-
 def _start_worker(parsed: ParsedImports) -> None:
     """A worker's start: the driver's parses taken, pandas absent (see the module doc)."""
-    sys.meta_path.insert(0, _Absent("pandas"))
+    go_without("pandas")
     seed_parsed_imports(parsed)
 
 

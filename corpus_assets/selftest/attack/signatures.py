@@ -21,13 +21,12 @@ from cryptography.hazmat.primitives.serialization import (
     PrivateFormat,
     PublicFormat,
 )
-from securesystemslib.dsse import Envelope
-from securesystemslib.signer import CryptoSigner
 from sqlalchemy import update
 
 from corpus_assets.core.governance import states
 from corpus_assets.core.publication import trust_root
 from corpus_assets.core.publication.signing import PAYLOAD_TYPE, key_paths, statement
+from corpus_assets.core.publication.sslib import CryptoSigner, Envelope
 from corpus_assets.core.storage.catalog import snapshots
 from corpus_assets.core.storage.digests import canonical_json
 from corpus_assets.selftest.case import NO_LOSS, Outcome, fault
