@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import pyarrow.compute as pc
 
 from corpus_assets.core.audit.snapshot_graph import LineageGraph, snapshot_lineage
 from corpus_assets.core.dedup.report import DedupReport
@@ -99,18 +98,17 @@ def _conflicts(cas: ContentStore, splits: LayerIndex) -> list[dict[str, Any]]:
 
 def _packed_shapes(cas: ContentStore, packed: LayerIndex) -> tuple[Histogram, Histogram]:
     """(tokens per sample, pad tokens per block) from the packed spans: a sample split across
-    blocks is summed back, and a block's padding is what its spans leave of it."""
+    blocks is summed back, and a block's padding is what its spans leave of it (a block no span
+    reaches is all padding). Sums by ``bincount`` over the integer ids: no hash grouping."""
     spans = get_table(
         cas, packed.output("spans"), "packed spans", ["block", "sample", "start", "end"]
     )
-    spans = spans.append_column("tokens", pc.subtract(spans["end"], spans["start"]))
-    per_sample = spans.group_by("sample").aggregate([("tokens", "sum")])["tokens_sum"]
-    per_block = spans.group_by("block").aggregate([("tokens", "sum")])["tokens_sum"]
+    tokens = spans["end"].to_numpy() - spans["start"].to_numpy()
+    block, sample = spans["block"].to_numpy(), spans["sample"].to_numpy()
+    used = np.bincount(block, weights=tokens, minlength=int(packed.counts["blocks"]))
     block_tokens = int(packed.counts["block_tokens"])
-    used = np.asarray(per_block.to_numpy(), dtype=np.int64)
-    empty = int(packed.counts["blocks"]) - len(used)  # a block no span reaches is all padding
-    padding = np.concatenate([block_tokens - used, np.full(empty, block_tokens, np.int64)])
-    lengths = np.asarray(per_sample.to_numpy(), dtype=np.int64)
+    padding = block_tokens - used.astype(np.int64)
+    lengths = np.bincount(sample, weights=tokens)[np.bincount(sample) > 0].astype(np.int64)
     return histogram(lengths, int(lengths.max(initial=0))), histogram(padding, block_tokens)
 
 
