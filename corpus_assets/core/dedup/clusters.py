@@ -27,6 +27,7 @@ from corpus_assets.core.dedup.output_order import bucket, output_positions, sort
 from corpus_assets.core.dedup.partition_db import (
     MEMORY_LIMIT,
     OUTPUT_MEMORY_LIMIT,
+    Coded,
     PartitionDb,
     RecordCodes,
 )
@@ -122,9 +123,11 @@ def decide(
     source_order: dict[str, int],
     revoked: dict[int, str] | None = None,
     near: NearStage | None = None,
+    carried: tuple[Coded, Coded, Coded] | None = None,
 ) -> Decided:
-    """Exclusions, exact dedup, near-dedup and leakage groups over the codes of ``db``."""
-    codes = db.codes()
+    """Exclusions, exact dedup, near-dedup and leakage groups over the codes of ``db``
+    (``carried``: its record id, dedup key and group id codes, known)."""
+    codes = db.codes(carried)
     position = output_positions(db, codes.record_id.codes)
     order = db.total_order(source_order, codes.source_id, position)
     state = _Verdicts(codes.n)

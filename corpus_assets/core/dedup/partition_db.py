@@ -211,16 +211,21 @@ class PartitionDb:
     def n(self) -> int:
         return int(self.con.execute("SELECT count(*) FROM meta").fetchall()[0][0])
 
-    def codes(self) -> RecordCodes:
+    def codes(self, carried: tuple[Coded, Coded, Coded] | None = None) -> RecordCodes:
         """Codes by row; codes follow the byte order of the values (record and group ids' may
-        skip numbers: :meth:`_coded_ids`). (Lengths stay in DuckDB's ``meta``: only the total
-        order reads them.)"""
+        skip numbers: :meth:`_coded_ids`). ``carried``: record id, dedup key and group id codes
+        a child took from its parent (:mod:`.carried_codes`), not sorted again. (Lengths stay
+        in DuckDB's ``meta``: only the total order reads them.)"""
         n = self.n
-        record_id, group_id = self._coded_ids(n)
+        if carried is None:
+            record_id, group_id = self._coded_ids(n)
+            dedup_key = self._coded("dedup_key", n)
+        else:
+            record_id, dedup_key, group_id = carried
         codes = RecordCodes(
             n,
             record_id,
-            self._coded("dedup_key", n),
+            dedup_key,
             group_id,
             kind=self._coded_few("kind", n),
             source_id=self._coded_few("source_id", n),
