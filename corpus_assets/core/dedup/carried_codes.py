@@ -97,15 +97,22 @@ def carried_codes(
 
 
 def _parent_rows(path: str) -> tuple[np.ndarray, np.ndarray] | None:
-    """Per parent row its table position and the first row of its dedup key; None when the
-    parent excluded a row (an excluded row's key names no first row)."""
-    table = pq.read_table(path, columns=["verdict", "match", "pos", "reason"], use_threads=False)
-    verdict = table.column("verdict").to_numpy()
-    if (verdict == _EXCLUDED).any() or pc.any(pc.not_equal(table.column("reason"), "")).as_py():
-        return None
-    match = table.column("match").to_numpy()
-    head = np.where(verdict == _EXACT, match, np.arange(len(verdict), dtype=np.int64))
-    return table.column("pos").to_numpy().astype(np.int64), head
+    """Per parent row its table position and the first row of its dedup key, read a batch at
+    a time; None when the parent excluded a row (an excluded row's key names no first row)."""
+    parquet = pq.ParquetFile(path, buffer_size=1 << 20, pre_buffer=False)
+    rows = parquet.metadata.num_rows
+    pos, head = np.empty(rows, dtype=np.int64), np.empty(rows, dtype=np.int64)
+    columns, lo = ["verdict", "match", "pos", "reason"], 0
+    for batch in parquet.iter_batches(BATCH_ROWS, columns=columns, use_threads=False):
+        verdict, match, at, reason = (batch.column(c) for c in columns)
+        verdicts = verdict.to_numpy()
+        if (verdicts == _EXCLUDED).any() or pc.any(pc.not_equal(reason, "")).as_py():
+            return None
+        hi = lo + len(batch)
+        pos[lo:hi] = at.to_numpy()
+        head[lo:hi] = np.where(verdicts == _EXACT, match.to_numpy(), np.arange(lo, hi))
+        lo = hi
+    return pos, head
 
 
 def _new_values(

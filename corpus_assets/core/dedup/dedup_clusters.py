@@ -309,7 +309,9 @@ def _carried(
     decisions = files.path(tables[0], "parent dedup decisions")
     clusters = files.path(tables[1], "parent dedup clusters")
     child_to_parent, _ = row_maps(mode.chunks, chunk_rows)
-    return carried_codes(db, child_to_parent, decisions, clusters)
+    carried = carried_codes(db, child_to_parent, decisions, clusters)
+    db.flush()  # what reading the parent's tables freed goes back before the verdicts
+    return carried
 
 
 def _put_bands(ws: Workspace, banding: Banding) -> list[dict[str, Any]]:

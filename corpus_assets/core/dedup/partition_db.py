@@ -57,9 +57,11 @@ class RecordCodes:
 
     def forget(self, *names: str) -> None:
         """Drop the codes of columns no later phase reads (4 bytes per record each), so they
-        do not sit under the near-dedup and output peaks."""
+        do not sit under the near-dedup and output peaks; emptied in place, as a caller that
+        handed them in (carried codes) may still hold them."""
         for name in names:
-            setattr(self, name, Coded(np.empty(0, dtype=np.int64), []))
+            coded = getattr(self, name)
+            coded.codes, coded.values = np.empty(0, dtype=np.int64), []
 
 
 def code_dtype(n: int) -> type[np.signedinteger]:
