@@ -105,7 +105,7 @@ def build_dedup_clusters(ws: Workspace, partition_key: str) -> LayerResult:
             decision_ref = put_decisions(ws, by_row, _tmp(ws))
             reuse = plan(ws, mode, chunk_rows, by_row)
             fresh = reuse.fresh_rows if isinstance(reuse, Reuse) else None
-            named = by_row.named(fresh) if fresh is not None else None
+            named = (fresh, by_row.named(fresh)) if fresh is not None else None
             del by_row
             by_tasks = fresh is None and distributed(ws.config.execution)
             decisions = _decisions(decided, fresh, by_tasks, Path(tmp))
