@@ -97,7 +97,9 @@ class EdgeIds:
     def __init__(self, rows: EdgeRows, position: np.ndarray) -> None:
         self.rows = rows
         self.a, self.b = position[rows.a], position[rows.b]
-        self.wanted = np.unique(np.concatenate([self.a, self.b]))  # positions, ascending
+        named = np.zeros(len(position), dtype=bool)  # a mask, not a sort of the edges' ends
+        named[self.a], named[self.b] = True, True
+        self.wanted = np.flatnonzero(named)  # positions, ascending
         self.parts: list[pa.Array] = []
         self.seen = 0  # rows of the table passed
 
