@@ -224,14 +224,8 @@ class PartitionDb:
             dedup_key = self._coded("dedup_key", n)
         else:
             record_id, dedup_key, group_id = carried
-        codes = RecordCodes(
-            n,
-            record_id,
-            dedup_key,
-            group_id,
-            kind=self._coded_few("kind", n),
-            source_id=self._coded_few("source_id", n),
-        )
+        kind, source_id = self._coded_few(("kind", "source_id"), n)
+        codes = RecordCodes(n, record_id, dedup_key, group_id, kind=kind, source_id=source_id)
         self.flush()
         return codes
 
@@ -279,30 +273,27 @@ class PartitionDb:
         groups[own] = codes[own]
         return Coded(codes, []), Coded(groups, [])
 
-    def _coded_few(self, column: str, n: int) -> Coded:
-        """Codes of a column of a handful of values (kind, source): the distinct values sorted
-        as :meth:`_coded` sorts them, then each row's code by a join on that small table, so
-        the partition is never sorted for them."""
-        found = self.con.execute(f"SELECT DISTINCT {column} FROM recs ORDER BY 1").fetchall()
-        values = [v for (v,) in found]
-        self.register(
-            "value_codes",
-            pa.table(
-                {"v": pa.array(values, pa.string()), "code": np.arange(len(values), dtype=np.int64)}
-            ),
-        )
-        codes = np.zeros(n, dtype=code_dtype(n))
-        try:
-            sql = (
-                "SELECT r.row, c.code FROM recs r "
-                f"JOIN value_codes c ON r.{column} IS NOT DISTINCT FROM c.v"
-            )
-            for batch in self.batches(sql):
-                rows = np.asarray(batch.column(0).to_numpy(), dtype=np.int64)
-                codes[rows] = batch.column(1).to_numpy()
-        finally:
-            self.unregister("value_codes")
-        return Coded(codes, values)
+    def _coded_few(self, columns: tuple[str, ...], n: int) -> list[Coded]:
+        """Codes of columns of a handful of values each (kind, source) from one scan, the
+        partition never sorted for them: each batch's values dictionary-encoded, then every
+        code mapped onto the distinct values sorted as :meth:`_coded` sorts them (byte order,
+        null last)."""
+        seen: list[dict[str | None, int]] = [{} for _ in columns]
+        first = [np.zeros(n, dtype=code_dtype(n)) for _ in columns]  # by first appearance
+        for batch in self.batches(f"SELECT row, {', '.join(columns)} FROM recs"):
+            rows = np.asarray(batch.column(0).to_numpy(), dtype=np.int64)
+            for k in range(len(columns)):
+                coded = pc.dictionary_encode(batch.column(k + 1), null_encoding="encode")
+                ids = [seen[k].setdefault(v, len(seen[k])) for v in coded.dictionary.to_pylist()]
+                local = coded.indices.to_numpy(zero_copy_only=False)
+                first[k][rows] = np.asarray(ids, dtype=np.int64)[local] if ids else 0
+        out = []
+        for k in range(len(columns)):
+            values = sorted(seen[k], key=lambda v: (v is None, v or ""))
+            final = np.empty(max(len(values), 1), dtype=np.int64)
+            final[[seen[k][v] for v in values]] = np.arange(len(values))
+            out.append(Coded(final[first[k]].astype(code_dtype(n)), values))
+        return out
 
     def total_order(
         self, source_order: dict[str, int], sources: Coded, position: np.ndarray

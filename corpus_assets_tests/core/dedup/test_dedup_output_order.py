@@ -203,3 +203,19 @@ def test_positions_without_repeated_ids_are_a_stable_sort() -> None:
         ).fetchnumpy()["row"]
         positions = output_positions(db, db.codes().record_id.codes)
     assert np.array_equal(np.argsort(positions), expected)
+
+
+def test_kind_and_source_codes_follow_duckdbs_order_of_their_values() -> None:
+    """One scan codes both: values sorted by bytes (non-ASCII after ASCII), null last."""
+    records = _records()
+    sources = ["s", "é", None, "S", "s", "b", None, "é", "s", "a"]
+    records = records.set_column(1, "source_id", pa.array(sources, pa.string()))
+    with PartitionDb.from_table(records) as db:
+        codes = db.codes()
+        expected = [
+            v
+            for (v,) in db.con.execute("SELECT DISTINCT source_id FROM recs ORDER BY 1").fetchall()
+        ]
+    assert codes.source_id.values == expected == ["S", "a", "b", "s", "é", None]
+    assert [expected[c] for c in codes.source_id.codes.tolist()] == sources
+    assert codes.kind.values == ["document"] and not codes.kind.codes.any()
