@@ -112,7 +112,11 @@ def _parent_rows(path: str) -> tuple[np.ndarray, np.ndarray] | None:
         pos[lo:hi] = at.to_numpy()
         head[lo:hi] = np.where(verdicts == _EXACT, match.to_numpy(), np.arange(lo, hi))
         lo = hi
-    return pos, head
+    placed = np.zeros(rows, dtype=bool)  # positions are a permutation of the rows
+    if rows and (pos.min() < 0 or pos.max() >= rows):
+        return None
+    placed[pos] = True
+    return (pos, head) if placed.all() else None
 
 
 def _new_values(
