@@ -27,6 +27,7 @@ from corpus_assets.core.dedup.output_order import bucket, output_positions, sort
 from corpus_assets.core.dedup.partition_db import (
     MEMORY_LIMIT,
     OUTPUT_MEMORY_LIMIT,
+    Coded,
     PartitionDb,
     RecordCodes,
 )
@@ -122,9 +123,11 @@ def decide(
     source_order: dict[str, int],
     revoked: dict[int, str] | None = None,
     near: NearStage | None = None,
+    carried: tuple[Coded, Coded, Coded] | None = None,
 ) -> Decided:
-    """Exclusions, exact dedup, near-dedup and leakage groups over the codes of ``db``."""
-    codes = db.codes()
+    """Exclusions, exact dedup, near-dedup and leakage groups over the codes of ``db``
+    (``carried``: its record id, dedup key and group id codes, known)."""
+    codes = db.codes(carried)
     position = output_positions(db, codes.record_id.codes)
     order = db.total_order(source_order, codes.source_id, position)
     state = _Verdicts(codes.n)
@@ -266,8 +269,8 @@ COPY (
 DROP TABLE d3;
 DROP TABLE IF EXISTS ids;
 """
-# With few decisions, one scan of the records gathers every row they name with all its columns
-# (the full path scans twice: narrow ids for the hash tables, then the wide rows).
+# With few decisions, the ids of every row they name come from the files holding those rows,
+# the wide rows only from the files holding the decided rows (a child's: its new chunks).
 _FEW_IDS = (
     " WHERE row IN (SELECT row FROM decided UNION SELECT rep FROM decided"
     " UNION SELECT match FROM decided UNION SELECT leak FROM decided)"
@@ -279,7 +282,7 @@ _FULL_SQL = {
     "rows": "recs",
     "source": "recs",
 }
-_FEW_SQL = {"ids_columns": "*", "ids_filter": _FEW_IDS, "drop_ids": "", "rows": "ids"}
+_FEW_SQL = {"ids_columns": "row, record_id, group_id", "ids_filter": _FEW_IDS}
 
 
 def write_decisions(
@@ -327,13 +330,16 @@ _DECISIONS = pa.schema(
 
 
 def join_clusters(
-    db: PartitionDb, decisions: Decisions, directory: Path, few: np.ndarray | None = None
+    db: PartitionDb,
+    decisions: Decisions,
+    directory: Path,
+    few: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> Path:
     """The dedup table's rows, in any order with their ``pos``, joined into a Parquet file by
     DuckDB (the joins spill as needed), so the connection can go before the table is sorted
-    (:func:`cluster_batches`) and written. ``few``: the decisions are a few rows and these
-    are every row they name (ascending), so only those are gathered, from the files holding
-    them."""
+    (:func:`cluster_batches`) and written. ``few``: the decisions are a few rows (the first
+    array, ascending) and the second is every row they name (ascending), so only those are
+    gathered: their ids from the files holding them, the decided rows' columns from theirs."""
     reasons = decisions.reasons
     db.con.execute(
         f"CREATE TEMP VIEW decided AS SELECT * FROM read_parquet({sql_path(str(decisions.path))})"
@@ -345,7 +351,10 @@ def join_clusters(
     path = directory / "clusters-unsorted.parquet"
     try:
         sql = _CLUSTERS_SQL.replace("{path}", str(path).replace("'", "''"))
-        parts = _FULL_SQL if few is None else {**_FEW_SQL, "source": db.recs_of(few)}
+        parts = _FULL_SQL
+        if few is not None:
+            rows = {"rows": db.recs_of(few[0]), "source": db.recs_of(few[1])}
+            parts = {**_FULL_SQL, **_FEW_SQL, **rows}
         for name, value in parts.items():
             sql = sql.replace("{" + name + "}", value)
         output_query(db, lambda: db.con.execute(sql))

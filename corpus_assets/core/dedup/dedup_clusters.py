@@ -17,6 +17,7 @@ import pyarrow as pa
 
 from corpus_assets.core.dedup.band_index import Banding
 from corpus_assets.core.dedup.band_runner import BandInputs, BandRunner, distributed
+from corpus_assets.core.dedup.carried_codes import Carried, carried_codes
 from corpus_assets.core.dedup.cluster_tasks import cluster_batches_on_runner, decisions_by_position
 from corpus_assets.core.dedup.clusters import (
     CLUSTER_COLUMNS,
@@ -89,7 +90,10 @@ def build_dedup_clusters(ws: Workspace, partition_key: str) -> LayerResult:
             del lengths
             revoked = _revoked(ws, db, spec.tombstone_watermark)
             near, signature_refs, run_stats = _near_stage(ws, chunks, db, mode, Path(tmp))
-            decided = decide(db, order, revoked, near)
+            chunk_rows = [(c.records["digest"], c.count) for c in chunks]
+            carried = _carried(ws, mode, chunk_rows, db)
+            decided = decide(db, order, revoked, near, carried)
+            run_stats |= {"codes_carried": 1} if carried is not None else {}
             bands = _put_bands(ws, near.banding) if near and near.banding else []
             pairs = store_pairs(ws, db, *near.verified_arrays()) if near else None
             run_stats |= _near_work(near, mode, chunks)
@@ -99,10 +103,9 @@ def build_dedup_clusters(ws: Workspace, partition_key: str) -> LayerResult:
             edge_ids = EdgeIds(edge_rows(decided), decided.position)
             by_row = _row_decisions(decided)
             decision_ref = put_decisions(ws, by_row, _tmp(ws))
-            chunk_rows = [(c.records["digest"], c.count) for c in chunks]
             reuse = plan(ws, mode, chunk_rows, by_row)
             fresh = reuse.fresh_rows if isinstance(reuse, Reuse) else None
-            named = by_row.named(fresh) if fresh is not None else None
+            named = (fresh, by_row.named(fresh)) if fresh is not None else None
             del by_row
             by_tasks = fresh is None and distributed(ws.config.execution)
             decisions = _decisions(decided, fresh, by_tasks, Path(tmp))
@@ -290,6 +293,25 @@ def _banding(
     }
     _, parent_to_child = row_maps(mode.chunks, [(c.records["digest"], c.count) for c in chunks])
     return Banding(arrays, starts, params, folder, parent, parent_to_child)
+
+
+def _carried(
+    ws: Workspace, mode: Mode, chunk_rows: list[tuple[str, int]], db: PartitionDb
+) -> Carried | None:
+    """The record codes carried from the parent's clusters and decisions (verified) when it
+    ran this code and both are at hand; None: the coding sorts."""
+    if mode.mode != INCREMENTAL or mode.decisions is None or mode.clusters is None:
+        return None
+    tables = (mode.decisions["digest"], mode.clusters["digest"])
+    if not all(ws.cas.contains(digest) for digest in tables):
+        return None
+    files = TrustedFiles(ws.cas, ws.catalog)
+    decisions = files.path(tables[0], "parent dedup decisions")
+    clusters = files.path(tables[1], "parent dedup clusters")
+    child_to_parent, _ = row_maps(mode.chunks, chunk_rows)
+    carried = carried_codes(db, child_to_parent, decisions, clusters)
+    db.flush()  # what reading the parent's tables freed goes back before the verdicts
+    return carried
 
 
 def _put_bands(ws: Workspace, banding: Banding) -> list[dict[str, Any]]:

@@ -97,7 +97,9 @@ class EdgeIds:
     def __init__(self, rows: EdgeRows, position: np.ndarray) -> None:
         self.rows = rows
         self.a, self.b = position[rows.a], position[rows.b]
-        self.wanted = np.unique(np.concatenate([self.a, self.b]))  # positions, ascending
+        named = np.zeros(len(position), dtype=bool)  # a mask, not a sort of the edges' ends
+        named[self.a], named[self.b] = True, True
+        self.wanted = np.flatnonzero(named)  # positions, ascending
         self.parts: list[pa.Array] = []
         self.seen = 0  # rows of the table passed
 
@@ -112,19 +114,25 @@ class EdgeIds:
             yield batch
 
     def table(self) -> pa.Table:
-        """The edges by record id, sorted (as :func:`edge_table`), once the table passed."""
+        """The edges by record id, sorted (as :func:`edge_table`), once the table passed.
+        Sorted on positions, not strings: an edge's rows are never excluded and the ids of
+        rows not excluded are distinct, so positions order them as their ids do."""
         ids = pa.chunked_array(self.parts, pa.string()).combine_chunks()
         if len(ids) != len(self.wanted):
             raise ValueError(f"edge ids: {len(ids)} of {len(self.wanted)} rows passed")
         if not len(self.rows.a):
             return EDGE_COLUMNS.empty_table()
+        near = np.arange(len(self.rows.a)) >= self.rows.exact  # "exact" < "near"
+        order = np.lexsort((near, self.b, self.a))  # stable: the edges' own order last
+        at = pa.array(np.searchsorted(self.wanted, self.a[order]))
+        bt = pa.array(np.searchsorted(self.wanted, self.b[order]))
+        kinds = pa.array(["exact", "near"], pa.string()).take(pa.array(near[order].view(np.int8)))
         edges = pa.table(
             {
-                "record_a": ids.take(pa.array(np.searchsorted(self.wanted, self.a))),
-                "record_b": ids.take(pa.array(np.searchsorted(self.wanted, self.b))),
-                "kind": _kinds(self.rows),
-                "jaccard": self.rows.jaccard,
-                "seq": np.arange(len(self.rows.a), dtype=np.int64),
+                "record_a": ids.take(at),
+                "record_b": ids.take(bt),
+                "kind": kinds,
+                "jaccard": self.rows.jaccard[order],
             }
         )
-        return _sorted(edges)
+        return edges.cast(EDGE_COLUMNS).combine_chunks()

@@ -46,7 +46,8 @@ def output_positions(db: PartitionDb, id_codes: np.ndarray) -> np.ndarray:
             key=lambda row: (_last(where[row][0]), _last(where[row][1]), row),
         )
         tie[np.asarray(ranked, dtype=np.int64)] = np.arange(len(ranked))
-    by = np.lexsort((np.arange(n), tie, id_codes))
+    # the rows' own order breaks ties: a stable sort by id is the lexsort when no id repeats
+    by = np.lexsort((tie, id_codes)) if len(tied) else np.argsort(id_codes, kind="stable")
     positions = np.empty(n, dtype=np.int64)
     positions[by] = np.arange(n)
     return positions

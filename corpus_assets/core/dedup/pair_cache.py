@@ -83,12 +83,19 @@ def parent_mode(ws: Workspace, parents: list[str], code: str, policy: str | None
     )
 
 
+FETCHED = "fetched_texts"  # (row, text_digest) of every row a lookup named, over the classes
+
+
 class PairLookup:
-    """The parent's verified pairs, looked up by the rank pairs of one class run."""
+    """The parent's verified pairs, looked up by the rank pairs of one class run. The text
+    digests each lookup reads are kept in DuckDB (``FETCHED``): the rows a run verifies are
+    among those its lookups named, so :func:`store_pairs` reads them from there instead of
+    scanning every chunk file's digests again."""
 
     def __init__(self, db: PartitionDb, pairs_sql: str) -> None:
         self.db, self.pairs_sql = db, pairs_sql
         self.found = 0  # candidate pairs found in the parent's table, over every class
+        db.con.execute(f"CREATE OR REPLACE TEMP TABLE {FETCHED} (row BIGINT, text_digest VARCHAR)")
 
     def known(self, order: np.ndarray, packed: np.ndarray) -> np.ndarray:
         """Jaccard per packed candidate pair ``x * n + y`` of the ranks of ``order`` (nan when
@@ -99,14 +106,18 @@ class PairLookup:
         rows = order[named].astype(np.int64)
         self.db.register("class_rows", pa.table({"rank": named.astype(np.int64), "row": rows}))
         try:
+            self.db.con.execute(
+                "CREATE OR REPLACE TEMP TABLE class_texts AS SELECT c.rank, c.row, "
+                f"t.text_digest AS td FROM class_rows c JOIN {self.db.texts_of(rows)} t "
+                f"ON t.row = c.row; INSERT INTO {FETCHED} SELECT row, td FROM class_texts"
+            )
             table = self.db.con.sql(
-                "WITH p AS (SELECT c.rank, t.text_digest AS td FROM class_rows c "
-                f"JOIN {self.db.texts_of(rows)} t ON t.row = c.row) "
                 f"SELECT a.rank AS ra, b.rank AS rb, q.jaccard FROM {self.pairs_sql} q "
-                "JOIN p a ON q.a = a.td JOIN p b ON q.b = b.td"
+                "JOIN class_texts a ON q.a = a.td JOIN class_texts b ON q.b = b.td"
             ).to_arrow_table()
         finally:
             self.db.unregister("class_rows")
+            self.db.con.execute("DROP TABLE IF EXISTS class_texts")
         ra, rb = table["ra"].to_numpy(), table["rb"].to_numpy()
         keys = np.maximum(ra, rb) * n + np.minimum(ra, rb)
         by_key = np.argsort(keys, kind="stable")
@@ -121,10 +132,10 @@ class PairLookup:
 
 
 # The text digests of the rows the pairs name, gathered in one scan of the records (joining
-# ``texts`` twice scanned every chunk file twice).
+# ``texts`` twice scanned every chunk file twice), or of the lookups' digests (``FETCHED``).
 _PAIRS_SQL = """
 WITH named AS MATERIALIZED (
-  SELECT row, text_digest FROM texts
+  SELECT DISTINCT row, text_digest FROM {texts}
   WHERE row IN (SELECT x FROM verified UNION SELECT y FROM verified)
 )
 SELECT least(ta.text_digest, tb.text_digest) AS a,
@@ -137,15 +148,27 @@ GROUP BY ALL ORDER BY a, b
 def store_pairs(
     ws: Workspace, db: PartitionDb, x: np.ndarray, y: np.ndarray, jaccard: np.ndarray
 ) -> Ref:
-    """The verified pairs (rows and Jaccards) as the ``pairs`` table: text digests, sorted."""
+    """The verified pairs (rows and Jaccards) as the ``pairs`` table: text digests, sorted;
+    read from the lookups' digests when they hold every row the pairs name."""
     db.register("verified", pa.table({"x": x, "y": y, "jaccard": jaccard}))
     try:
-        ref, _ = put_query(
-            ws.cas,
-            db.con,
-            _PAIRS_SQL,
-            PAIR_COLUMNS,
-        )
+        texts = FETCHED if _fetched_all(db) else "texts"
+        ref, _ = put_query(ws.cas, db.con, _PAIRS_SQL.replace("{texts}", texts), PAIR_COLUMNS)
     finally:
         db.unregister("verified")
+        db.con.execute(f"DROP TABLE IF EXISTS {FETCHED}")
     return ref
+
+
+def _fetched_all(db: PartitionDb) -> bool:
+    """Whether ``FETCHED`` exists and holds every row of ``verified``."""
+    held = db.con.execute(
+        "SELECT count(*) FROM duckdb_tables() WHERE table_name = ? AND temporary", [FETCHED]
+    ).fetchall()[0][0]
+    if not held:
+        return False
+    missing = db.con.execute(
+        "SELECT count(*) FROM (SELECT x AS row FROM verified UNION SELECT y FROM verified) v "
+        f"ANTI JOIN {FETCHED} f ON f.row = v.row"
+    ).fetchall()[0][0]
+    return not missing

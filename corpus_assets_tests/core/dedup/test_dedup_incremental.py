@@ -127,6 +127,7 @@ def test_child_dedup_is_incremental_and_equals_a_fresh_build(
     assert child.details["clusters_mode"]["mode"] == "incremental", child.details
     assert 0 < stats["clusters_joined"] < stats["clusters_copied"]
     assert stats["clusters_copied"] + stats["clusters_joined"] == child.counts["records"]
+    assert stats["codes_carried"] == 1  # record codes from the parent's tables, no sorts
     assert child.counts["near_duplicates"] >= 8
     chain = _outputs(_open(demo_home, monkeypatch), "p2")
     fresh_home = tmp_path / "fresh"
@@ -136,6 +137,7 @@ def test_child_dedup_is_incremental_and_equals_a_fresh_build(
     scratch = _dedup(fresh, "p2")
     assert scratch.run_stats["near_incremental"] == 0
     assert "clusters_copied" not in scratch.run_stats
+    assert "codes_carried" not in scratch.run_stats
     assert scratch.run_stats["band_classes_incremental"] == 0
     assert _outputs(fresh, "p2") == chain  # same verdicts, clusters, edges, report, pairs, bands
     table = get_table(

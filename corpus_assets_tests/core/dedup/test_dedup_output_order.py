@@ -171,3 +171,51 @@ def test_a_repeated_record_id_is_excluded_after_its_first_row() -> None:
     reasons = {r: next(k for k in kinds if v.startswith(k)) for r, v in decided.excluded.items()}
     assert reasons == {2: kinds[0], 4: kinds[1], 5: kinds[0]}
     assert "line 0)" in decided.excluded[5] and "line 1" in decided.excluded[4]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_total_order_on_one_key_equals_the_lexsort(seed: int) -> None:
+    """Source rank, longer first (missing lengths last), position: one int64 key, one sort."""
+    from corpus_assets.core.dedup.partition_db import _sorted_by
+
+    rng = np.random.default_rng(seed)
+    n = 5000
+    source_rank = rng.integers(0, 4, n).astype(np.int64)
+    longer_first = -rng.integers(0 if seed else 3, 50, n).astype(np.int64)
+    longer_first[rng.random(n) < 0.05] = np.iinfo(np.int64).max
+    position = rng.permutation(n).astype(np.int64)
+    expected = np.lexsort((position, longer_first, source_rank))
+    assert np.array_equal(_sorted_by(source_rank, longer_first, position), expected)
+    huge = longer_first.copy()
+    huge[0] = -(2**60)  # past the one key's range: the lexsort itself
+    assert np.array_equal(
+        _sorted_by(source_rank, huge, position), np.lexsort((position, huge, source_rank))
+    )
+
+
+def test_positions_without_repeated_ids_are_a_stable_sort() -> None:
+    records = _records().set_column(
+        0, "record_id", pa.array([f"id{i}" for i in (3, 1, 2, 0, 9, 5, 4, 8, 7, 6)])
+    )
+    with PartitionDb.from_table(records) as db:
+        expected = db.con.sql(
+            "SELECT row FROM recs ORDER BY record_id, object, line, row"
+        ).fetchnumpy()["row"]
+        positions = output_positions(db, db.codes().record_id.codes)
+    assert np.array_equal(np.argsort(positions), expected)
+
+
+def test_kind_and_source_codes_follow_duckdbs_order_of_their_values() -> None:
+    """One scan codes both: values sorted by bytes (non-ASCII after ASCII), null last."""
+    records = _records()
+    sources = ["s", "é", None, "S", "s", "b", None, "é", "s", "a"]
+    records = records.set_column(1, "source_id", pa.array(sources, pa.string()))
+    with PartitionDb.from_table(records) as db:
+        codes = db.codes()
+        expected = [
+            v
+            for (v,) in db.con.execute("SELECT DISTINCT source_id FROM recs ORDER BY 1").fetchall()
+        ]
+    assert codes.source_id.values == expected == ["S", "a", "b", "s", "é", None]
+    assert [expected[c] for c in codes.source_id.codes.tolist()] == sources
+    assert codes.kind.values == ["document"] and not codes.kind.codes.any()

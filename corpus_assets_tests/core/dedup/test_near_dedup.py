@@ -38,7 +38,7 @@ from corpus_assets.core.runtime.config import NearDedupPolicy
 from corpus_assets.core.runtime.layer_index import LayerResult
 from corpus_assets.core.runtime.workspace import Workspace, open_workspace
 from corpus_assets.core.storage.artifacts import get_table
-from corpus_assets.core.storage.cas import CasError
+from corpus_assets.core.storage.cas import CasError, ContentStore
 from corpus_assets_tests.conftest import BuiltDemo, use_demo_copy
 from corpus_assets_tests.paths import CORPORA
 
@@ -323,6 +323,28 @@ def test_a_corrupt_cached_signature_file_is_named_not_used(demo_home: Path) -> N
         # corrupt bytes to the validation check's verify) names the file instead of using it
         with pytest.raises(CasError, match=f"MinHash signatures of chunk {victim['chunk']}"):
             DIRECT_BUILDERS["dedup_clusters"](ws, "p1")
+
+
+def test_unchanged_signature_files_are_not_hashed_again(
+    demo_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A rebuild trusts the signature files unchanged on disk since they last hashed right
+    (a child's old chunks); a changed file is hashed and named (the test above)."""
+    with open_workspace() as ws:
+        first = _build(ws, "p1")
+        index = json.loads(ws.cas.get_bytes(first.digest))
+        signatures = {s["signatures"]["digest"] for s in index["outputs"]["signatures"]}
+        hashed: list[str] = []
+        verify = ContentStore.verify
+
+        def counted(self: ContentStore, digest: str, what: str = "object") -> None:
+            hashed.append(digest)
+            verify(self, digest, what)
+
+        monkeypatch.setattr(ContentStore, "verify", counted)
+        again = DIRECT_BUILDERS["dedup_clusters"](ws, "p1")
+    assert again.digest == first.digest
+    assert signatures and not signatures & set(hashed)
 
 
 # --- real corpora (../shared/corpora; skipped when absent) --------------------------------------

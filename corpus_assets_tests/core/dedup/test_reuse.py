@@ -13,6 +13,7 @@ from corpus_assets.core.dedup.reuse import (
     _ParentWindow,
     changed_chunks,
     fresh_positions,
+    gathered,
     merged,
     remember_changed,
 )
@@ -109,3 +110,23 @@ def test_merged_holds_sparse_copied_rows_filtered(tmp_path: Path) -> None:
     table, index = window.gather(np.flatnonzero(keep)[:8])  # parent rows 0..70
     assert table.num_rows == 8  # not 72 rows of 9 batches
     assert table.take(pa.array(index)).column("n").to_pylist() == list(range(0, 80, 10))
+
+
+@pytest.mark.parametrize("runs", [1, 3, 40, 900])
+def test_gathered_equals_a_take_in_runs_or_row_by_row(runs: int) -> None:
+    """Long runs of consecutive rows are sliced, many short ones taken: one contiguous table
+    equal to ``take`` either way."""
+    rng = np.random.default_rng(runs)
+    n = 1000
+    table = pa.concat_tables(
+        [
+            pa.table({"s": [f"v{i}" for i in range(lo, lo + 250)], "x": range(lo, lo + 250)})
+            for lo in range(0, n, 250)
+        ]
+    )
+    starts = np.sort(rng.choice(n - 1, runs, replace=False))
+    index = np.concatenate([np.arange(a, min(a + rng.integers(1, 60), n)) for a in starts])
+    got = gathered(table, index)
+    assert got.equals(table.take(pa.array(index)))
+    assert all(c.num_chunks == 1 for c in got.columns)
+    assert gathered(table, index[:0]).num_rows == 0
