@@ -123,7 +123,11 @@ def staged(query: str, where: str = "") -> str:
     )
 
 
-def affected(columns: dict[str, list[str]], members: tuple[str, str] | None = None) -> list[str]:
+def affected(
+    columns: dict[str, list[str]],
+    members: tuple[str, str] | None = None,
+    objects: list[str] | None = None,
+) -> list[str]:
     """Statements staging (``staging.affected``) every key whose rows a changed member,
     removed duplicate or span may change: the symmetric multiset differences of the child's and
     parent's inputs; a changed member's targets' ``member`` and ``spans`` keys, a changed removed
@@ -132,7 +136,10 @@ def affected(columns: dict[str, list[str]], members: tuple[str, str] | None = No
     are picked in the scan that diffs them). One operator a statement, so each may spill.
     ``members``: the
     child's and parent's relations the members difference reads (their parts the two do not
-    share: the rows of a shared part cancel out of a multiset difference); default the whole."""
+    share: the rows of a shared part cancel out of a multiset difference); default the whole.
+    ``objects``: the only objects whose clusters rows may differ
+    (``deletion_changed``): the removed duplicates are diffed over their rows and the rows
+    naming no object, the changed representatives picked in a scan of their own."""
     members = members or ("members", "p_members")
     kept = ", ".join(f'"{c}"' for c in COLUMN.values() if c in columns["members"])
     statements = [
@@ -141,7 +148,6 @@ def affected(columns: dict[str, list[str]], members: tuple[str, str] | None = No
         "CREATE TABLE staging.rids AS SELECT DISTINCT record_id FROM staging.sdiff "
         "WHERE record_id IS NOT NULL",
     ]
-    duplicates = _duplicates("verdict")
     changed = "IN (SELECT record_id FROM staging.rids)"
     # the members and removed duplicates whose spans changed, each input scanned once
     statements.append(
@@ -151,20 +157,40 @@ def affected(columns: dict[str, list[str]], members: tuple[str, str] | None = No
     if carried:
         picked = [c for c in COLUMN.values() if c in columns["clusters"]]
         cols = ", ".join(f'"{c}"' for c in dict.fromkeys([*picked, "verdict", *CARRIED]))
-        # their difference and the child's rows naming a changed representative, in one scan
-        child = f"SELECT {cols}, representative_id {changed} AS flag FROM clusters"
-        parent = f"SELECT {cols}, false FROM p_clusters"
-        statements += [
-            *flagged_diff("cboth", f"{child} WHERE {duplicates}", f"{parent} WHERE {duplicates}"),
-            f"CREATE TABLE staging.cdiff AS SELECT {cols} FROM staging.cboth WHERE moved",
-            f"CREATE TABLE staging.creps AS SELECT {_names(picked)} FROM staging.cboth WHERE flag",
-        ]
+        statements += _carried_changes(cols, _names(picked), changed, objects)
     statements.append(_targets(columns, carried))
     keys = (
         "SELECT 'span' || chr(0) || record_id AS key FROM staging.rids UNION ALL "
         "SELECT kind || chr(0) || target || chr(0) || fact FROM staging.targets"
     )
     return [*statements, f"CREATE TABLE staging.affected AS SELECT DISTINCT key FROM ({keys})"]
+
+
+def _carried_changes(cols: str, picked: str, changed: str, objects: list[str] | None) -> list[str]:
+    """Staging ``staging.cdiff`` (the removed duplicates' difference) and ``staging.creps``
+    (the child's naming a changed representative): in one scan of each whole table, or, with
+    ``objects``, over the rows of those objects (a constant list: the scan filters the rows
+    before reading the other columns) and a filtered scan of the child's."""
+    duplicates = _duplicates("verdict")
+    if objects is not None and '"object"' in cols:
+        listed = ", ".join("'" + o.replace("'", "''") + "'" for o in objects)
+        mine = f"{duplicates} AND (object IS NULL OR object IN ({listed or 'NULL'}))"
+        return [
+            *diff(
+                "cdiff",
+                f"SELECT {cols} FROM clusters WHERE {mine}",
+                f"SELECT {cols} FROM p_clusters WHERE {mine}",
+            ),
+            f"CREATE TABLE staging.creps AS SELECT {picked} FROM clusters "
+            f"WHERE {duplicates} AND representative_id {changed}",
+        ]
+    child = f"SELECT {cols}, representative_id {changed} AS flag FROM clusters"
+    parent = f"SELECT {cols}, false FROM p_clusters"
+    return [
+        *flagged_diff("cboth", f"{child} WHERE {duplicates}", f"{parent} WHERE {duplicates}"),
+        f"CREATE TABLE staging.cdiff AS SELECT {cols} FROM staging.cboth WHERE moved",
+        f"CREATE TABLE staging.creps AS SELECT {picked} FROM staging.cboth WHERE flag",
+    ]
 
 
 def _targets(columns: dict[str, list[str]], carried: bool) -> str:
