@@ -234,6 +234,8 @@ def split_conflicts_resolved(ev: Evidence, report: RuleReport) -> list[str]:
     """A split conflict quarantined its bridging records: none of them is a member."""
     report.split_conflicts = ev.split_conflicts.num_rows
     report.split_quarantined = len(ev.quarantined)
+    if not ev.quarantined:  # nothing to look for: no join with every member's id
+        return []
     ids = pa.array(ev.quarantined, pa.string())
     ev.register("quarantined", pa.table({"record_id": ids, "ord": pa.array(range(len(ids)))}))
     found = ev.rows(
@@ -265,7 +267,10 @@ def no_benchmark_hits(ev: Evidence, report: RuleReport) -> list[str]:
     with ev.catalog.begin() as conn:
         fence = ev.manifest.benchmark_seq
         items = [(row.benchmark, row.dedup_key) for row in active_items(conn, fence)]
-    names, keys = zip(*items, strict=True) if items else ((), ())
+    if not items:  # no item can be a member: no join with every member's key
+        report.benchmark_hits = 0
+        return []
+    names, keys = zip(*items, strict=True)
     ev.register(
         "items",
         pa.table(
