@@ -55,6 +55,7 @@ from corpus_assets.core.governance.deletion_sql import (
     queries,
     reached,
     span_rows,
+    span_tails,
     staged,
     unshared_members,
 )
@@ -257,6 +258,7 @@ def _put_delta(
         return (refused,)
     con.execute(span_rows(theirs["spans"], "p_"))
     views, members = unshared_members(relations["members"], base.inputs.relations["members"])
+    views += span_tails(columns["spans"], relations["spans"], base.inputs.relations["spans"])
     for statement in [*views, *affected(columns, members, base.objects), *reached(columns)]:
         con.execute(statement)  # one at a time: one big operator each
     con.execute(f"CREATE TABLE staging.delta AS SELECT * FROM ({staged(empty(['key']))})")
@@ -355,9 +357,8 @@ def inputs(cas: ContentStore, manifest_digest: str, catalog: Catalog | None = No
 
 
 def readdressed(cas: ContentStore, directory: str, manifest_digest: str) -> str:
-    """The index ``directory`` (its shards and any base) as the index of another manifest with
-    the same inputs: a new directory naming ``manifest_digest``, nothing sorted or written again
-    (a re-build over unchanged sources)."""
+    """The index ``directory`` (its shards and any base) as another manifest's of the same
+    inputs: a new directory naming it, nothing sorted or written again (an unchanged re-build)."""
     fanout, header = read_directory(cas, directory)
     return _put_directory(cas, fanout, {**header, "manifest": manifest_digest})
 
