@@ -20,7 +20,7 @@ from corpus_assets.core.dedup.report import DedupReport
 from corpus_assets.core.governance.benchmarks import active_items
 from corpus_assets.core.governance.deletion_reach import COLUMN, revoked_targets
 from corpus_assets.core.ingest.freeze_spec import ChangelogSourceSpec, FreezeSpec
-from corpus_assets.core.publication import accounting_check, lineage_check
+from corpus_assets.core.publication import accounting_check, ids_check, lineage_check
 from corpus_assets.core.publication.evidence import Evidence
 from corpus_assets.core.publication.leakage_check import (
     leaked_components,
@@ -150,13 +150,20 @@ def member_count_matches(ev: Evidence, _report: RuleReport) -> list[str]:
 
 
 def record_ids_unique(ev: Evidence, report: RuleReport) -> list[str]:
-    """One record id is one member, so it cannot sit in two splits."""
+    """One record id is one member, so it cannot sit in two splits. A child whose parent's ids
+    held looks at the parts it adds first (``ids_check``)."""
+    if ids_check.unique_over_parent(ev):
+        report.duplicate_ids = 0
+        ids_check.held(ev)
+        return []
     duplicates = ev.rows(REPEATED_IDS)
     findings = []
     for rid, count, splits in duplicates:
         where = f" in splits {', '.join(splits)}" if len(splits) > 1 else ""
         findings.append(f"record_id {rid!r} appears {count} times in members{where}")
     report.duplicate_ids = len(duplicates)
+    if not findings:
+        ids_check.held(ev)
     return findings
 
 

@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 
 from corpus_assets.core.pipeline import build_all
-from corpus_assets.core.publication import lineage_check, publish
+from corpus_assets.core.publication import ids_check, lineage_check, publish, rules
 from corpus_assets.core.publication.evidence import Evidence
 from corpus_assets.core.publication.heldout_check import changed_since_parent
-from corpus_assets.core.publication.rules import canary_chunks
+from corpus_assets.core.publication.rules import RuleReport, canary_chunks
 from corpus_assets.core.publication.validation import validate_snapshot
 from corpus_assets.core.publication.verify import Report, load_manifest, resolve
 from corpus_assets.core.records.index import CanonicalIndex
@@ -74,7 +74,8 @@ def test_a_child_reuses_its_parents_canary_and_runs_the_rules_its_new_objects_to
     report = validate_snapshot(workspace, child, trust_unchanged=True)
     assert report.ok, report.findings
     assert report.rules_reused == ["canary_reproduces"]  # every other rule reads the new rows
-    assert report.rules_narrowed == ["lineage_complete", "heldout_near_apart"]
+    narrowed = ["record_ids_unique", "lineage_complete", "heldout_near_apart"]
+    assert report.rules_narrowed == narrowed
     shown, before = report.gate.serialized(), parent.gate.serialized()
     assert {k: shown[k] for k in CANARY} == {k: before[k] for k in CANARY}
 
@@ -226,7 +227,29 @@ def test_a_child_checks_the_lineage_of_the_members_parts_it_does_not_share_only(
     assert parent.parts_checked == {"lineage_complete": len(theirs)}
     report = validate_snapshot(workspace, child, trust_unchanged=True)
     assert report.ok, report.findings
-    assert report.parts_checked == {"lineage_complete": len(new)}
+    assert report.parts_checked == {"record_ids_unique": len(new), "lineage_complete": len(new)}
+
+
+@SQLITE
+def test_a_child_groups_only_the_ids_of_its_added_parts_over_its_parents_unique_ones(
+    workspace: Workspace, demo_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The parent's check recorded its members' ids unique: the child's looks only at the
+    ids of the parts it adds (no grouping of every member's id); when those are found again,
+    the whole query decides, as it always did."""
+    _, child = _parent_and_child(workspace, demo_home)
+    manifest = load_manifest(workspace.cas, resolve(workspace.catalog, child))
+    monkeypatch.setattr(rules, "REPEATED_IDS", "SELECT error('every id grouped')")
+    with Evidence.load(workspace.cas, workspace.catalog, manifest) as ev:
+        report = RuleReport()
+        assert rules.record_ids_unique(ev, report) == [] and report.duplicate_ids == 0
+        assert ev.narrowed == ["record_ids_unique"] and ev.proven  # the child's held too
+    monkeypatch.undo()
+    monkeypatch.setattr(ids_check, "REPEATED_OVER", "SELECT 1")  # an id found again
+    with Evidence.load(workspace.cas, workspace.catalog, manifest) as ev:
+        report = RuleReport()
+        assert rules.record_ids_unique(ev, report) == [] and report.duplicate_ids == 0
+        assert ev.narrowed == []
 
 
 @SQLITE
