@@ -194,7 +194,7 @@ def rows_explained(ev: Evidence, report: RuleReport) -> list[str]:
     conflict: nothing is lost."""
     counts = ev.dedup.counts
     removed = counts["removed"] + counts.get("tombstoned", 0) + len(ev.quarantined)
-    records = ev.scalar(f"SELECT count(DISTINCT record_id) FROM {ev.canonical_view}")
+    records = ids_check.distinct_records(ev)  # over the parent's recorded count when it can
     unexplained = records - ev.member_count - removed
     report.unexplained_rows = unexplained
     if unexplained:
