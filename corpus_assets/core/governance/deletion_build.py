@@ -24,17 +24,16 @@ The directory lists each shard's first and last key and digest as an Arrow IPC t
 lookup decodes it without parsing), its header (schema, manifest, ``CODE``) in the metadata.
 
 Incremental: a child snapshot whose parent's index this ``CODE`` built is indexed over it.
-DuckDB diffs the child's inputs with the parent's (members, removed duplicates, spans, the
-latter over the rows unlike the parent's at the same position; one thread, ``DELTA_MB``); every
-key a changed row can reach is *affected*, the rows naming one are staged in one scan of each
-input (``reached``). A shard file holds a span's packed shard by number, the header lists their
-digests (``shards``): a child whose packing kept the parent's blocks but appended to its last
-shard has the same numbered spans. The child's shards hold the rows of the affected keys only,
+DuckDB diffs the child's inputs with the parent's (members, removed duplicates - of the objects
+dedup joined anew when known, ``Base.objects`` -, spans over the rows unlike the parent's at the
+same position; one thread, ``DELTA_MB``); every key a changed row can reach is *affected*, its
+rows staged in one scan of each input (``reached``). A shard file holds a span's packed shard by
+number, the header their digests (``shards``): a child whose packing appended to the parent's
+last shard has the same numbered spans. The child's shards hold the affected keys' rows only,
 its header names the parent's directory (``base``) and the affected keys left without rows
-(``gone``); a lookup answers an affected key from the child, any other from the base, and
-sorts the union in index order: the rows a full build gives. A chain deeper than
-``MAX_DEPTH``, a delta over a quarter of the base's rows, more than ``MAX_GONE`` gone keys,
-inputs of other columns: a full build, its header saying why.
+(``gone``); a lookup answers an affected key from the child, any other from the base, sorted
+in index order: the rows a full build gives. A chain deeper than ``MAX_DEPTH``, a delta over a
+quarter of the base's rows, over ``MAX_GONE`` gone keys, inputs of other columns: a full build.
 """
 
 import io
@@ -56,6 +55,7 @@ from corpus_assets.core.governance.deletion_sql import (
     queries,
     reached,
     span_rows,
+    span_tails,
     staged,
     unshared_members,
 )
@@ -78,9 +78,7 @@ FANOUT = pa.schema([("first", pa.string()), ("last", pa.string()), ("digest", pa
 HEADER = b"corpus.deletion-index"  # the directory's metadata key holding its JSON header
 MEMORY_MB, THREADS = 128, 2  # DuckDB's cap (the process: ~400 MB at 1M and 3M members)
 HEADROOM_MB = (256, 512)  # caps a build that ran out of memory is run again under, whole
-# a child's delta, on one thread (less CPU): its removed duplicates' difference (215k rows a
-# side at 1.1 GB) ran out of 128 MB one build in two to four, then ran whole again
-DELTA_MB = 256
+DELTA_MB = 256  # a child's delta, one thread: a removed duplicates' difference outgrew 128 MB
 BATCH_ROWS = 1 << 16  # sorted rows fetched from DuckDB at a time
 Relation = str | list[str] | pa.Table | None  # Parquet file(s), a table in memory, or absent
 Shard = tuple[str, str, str]  # its first key, last key and digest
@@ -106,6 +104,7 @@ class Base:
     index: str
     header: dict[str, Any]
     inputs: Inputs
+    objects: list[str] | None = None  # the only ones whose clusters rows differ (deletion_changed)
 
 
 class DeletionIndexError(RuntimeError):
@@ -259,7 +258,8 @@ def _put_delta(
         return (refused,)
     con.execute(span_rows(theirs["spans"], "p_"))
     views, members = unshared_members(relations["members"], base.inputs.relations["members"])
-    for statement in [*views, *affected(columns, members), *reached(columns)]:
+    views += span_tails(columns["spans"], relations["spans"], base.inputs.relations["spans"])
+    for statement in [*views, *affected(columns, members, base.objects), *reached(columns)]:
         con.execute(statement)  # one at a time: one big operator each
     con.execute(f"CREATE TABLE staging.delta AS SELECT * FROM ({staged(empty(['key']))})")
     where = " AND key IN (SELECT key FROM staging.affected)"
@@ -357,9 +357,8 @@ def inputs(cas: ContentStore, manifest_digest: str, catalog: Catalog | None = No
 
 
 def readdressed(cas: ContentStore, directory: str, manifest_digest: str) -> str:
-    """The index ``directory`` (its shards and any base) as the index of another manifest with
-    the same inputs: a new directory naming ``manifest_digest``, nothing sorted or written again
-    (a re-build over unchanged sources)."""
+    """The index ``directory`` (its shards and any base) as another manifest's of the same
+    inputs: a new directory naming it, nothing sorted or written again (an unchanged re-build)."""
     fanout, header = read_directory(cas, directory)
     return _put_directory(cas, fanout, {**header, "manifest": manifest_digest})
 
@@ -370,14 +369,15 @@ def build(
     shard_rows: int = SHARD_ROWS,
     base: tuple[str, str] | str = "no parent index named",
     catalog: Catalog | None = None,
+    objects: list[str] | None = None,
 ) -> str:
     """The snapshot's index, sorted out of core from its verified CAS files (``inputs``), over
     ``base`` (the parent's manifest and index digests) when given, else whole (``base`` says
-    why); the index directory's digest."""
+    why); the index directory's digest. ``objects``: ``Base.objects`` (the same bytes)."""
     over = None
     if isinstance(base, tuple):
         parent, index = base
-        over = Base(index, read_header(cas, index), inputs(cas, parent, catalog))
+        over = Base(index, read_header(cas, index), inputs(cas, parent, catalog), objects)
     found = inputs(cas, manifest_digest, catalog)
     extra = {} if over else {"full": base}
     return _put(cas, found, shard_rows, over, extra)

@@ -23,7 +23,7 @@ without such an index: the child is built whole, its header saying why.
 """
 
 from bisect import bisect_left, bisect_right
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pyarrow as pa
@@ -184,11 +184,16 @@ def for_snapshots(
 
 
 def ensure(
-    cas: ContentStore, catalog: Catalog, manifest_digest: str, remembered: str | None = None
+    cas: ContentStore,
+    catalog: Catalog,
+    manifest_digest: str,
+    remembered: str | None = None,
+    objects: Callable[[str, str], list[str] | None] | None = None,
 ) -> str:
     """The index directory's digest: the remembered one if its object is present, else built
     now (over the parent's index when it can be) and remembered (what the manifest build calls,
-    so the first lookup finds it)."""
+    so the first lookup finds it). ``objects`` (the manifest's): of the child's and parent's
+    manifests, the only objects whose clusters rows differ, or None (``deletion_build.Base``)."""
     if remembered is None:
         hit = catalog.memo(memo_key(manifest_digest))
         remembered = None if hit is None else hit[0]
@@ -198,7 +203,8 @@ def ensure(
     digest = _same_inputs(cas, catalog, same, manifest_digest)
     if digest is None:
         base = parent_index(cas, catalog, manifest_digest)
-        digest = build(cas, manifest_digest, base=base, catalog=catalog)
+        changed = objects(manifest_digest, base[0]) if objects and isinstance(base, tuple) else None
+        digest = build(cas, manifest_digest, base=base, catalog=catalog, objects=changed)
     catalog.remember(memo_key(manifest_digest), "governance.deletion_index", digest, "{}")
     catalog.remember(same, "governance.deletion_index", digest, "{}")
     return digest

@@ -10,6 +10,7 @@ split) in the CAS.
 
 import json
 import tempfile
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from corpus_assets.core.governance import deletion_index, states
 from corpus_assets.core.ingest.freeze import freeze
 from corpus_assets.core.ingest.freeze_spec import ChangelogSourceSpec, FreezeSpec
 from corpus_assets.core.publication.identity import SELF_EXCLUDED, snapshot_id
+from corpus_assets.core.publication.manifest_deletion import changed_objects
 from corpus_assets.core.publication.member_parts import (
     MEMBERS_CODE,
     Chunk,
@@ -190,7 +192,8 @@ def build_manifest(ws: Workspace, partition_key: str) -> LayerResult:
     failpoints.hit("layer/manifest/indexed")
     _register(ws, partition_key, manifest, manifest_ref["digest"])
     failpoints.hit("layer/manifest/published")
-    deletion_index.ensure(ws.cas, ws.catalog, manifest_ref["digest"])  # the first lookup is fast
+    objects = partial(changed_objects, ws.cas, ws.catalog)  # the clusters rows to diff
+    deletion_index.ensure(ws.cas, ws.catalog, manifest_ref["digest"], objects=objects)
     diff = shadow_diff(ws.cas, ws.catalog, manifest.snapshot_id, remembered=True)
     return LayerResult(
         layer="manifest",

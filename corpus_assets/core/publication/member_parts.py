@@ -103,14 +103,37 @@ class Parent:
     clusters_changed: frozenset[str] | None = None
 
 
-# The record ids whose splits rows differ between the two snapshots (an exact multiset
-# difference), then the (source, object) of the child's representatives among them.
+# The record ids whose splits rows differ between the two snapshots, staged in
+# ``splits_changed``: a full join on the id (at 1.1 GB ~0.2 CPU-s, the multiset difference's
+# aggregate over three strings ~0.45) grouped by the changed id (one NULL group for the rest),
+# counting each side's rows. It is that difference exactly when every id both tables hold is
+# once in each: then the join gives each side's rows once, so the counts equal the tables'.
+SPLITS_JOINED = """
+CREATE OR REPLACE TEMP TABLE splits_changed AS
+SELECT CASE WHEN c.here AND p.here AND c.group_id IS NOT DISTINCT FROM p.group_id
+                 AND c.split IS NOT DISTINCT FROM p.split THEN NULL
+            ELSE coalesce(c.record_id, p.record_id) END AS record_id,
+       count(c.here) AS child_rows, count(p.here) AS parent_rows
+FROM (SELECT record_id, group_id, split, true AS here FROM read_parquet({splits})) c
+FULL JOIN (SELECT record_id, group_id, split, true AS here FROM read_parquet({parent_splits})) p
+USING (record_id) GROUP BY 1
+"""
+SPLITS_COUNTED = """
+SELECT coalesce(sum(child_rows), 0) = (SELECT count(*) FROM read_parquet({splits}))
+   AND coalesce(sum(parent_rows), 0) = (SELECT count(*) FROM read_parquet({parent_splits}))
+FROM splits_changed
+"""
+# else (an id repeated): the exact multiset difference
+SPLITS_DIFFERENCE = """
+CREATE OR REPLACE TEMP TABLE splits_changed AS SELECT record_id FROM
+    (SELECT record_id, group_id, split, 1 AS side FROM read_parquet({splits})
+     UNION ALL
+     SELECT record_id, group_id, split, -1 FROM read_parquet({parent_splits}))
+GROUP BY record_id, group_id, split HAVING sum(side) <> 0
+"""
+# then the (source, object) of the child's representatives among them
 _SPLITS_CHANGED = """
-     splits AS (SELECT record_id FROM
-                (SELECT record_id, group_id, split, 1 AS side FROM read_parquet({splits})
-                 UNION ALL
-                 SELECT record_id, group_id, split, -1 FROM read_parquet({parent_splits}))
-                GROUP BY record_id, group_id, split HAVING sum(side) <> 0)
+     splits AS (SELECT record_id FROM splits_changed WHERE record_id IS NOT NULL)
 SELECT source_id, object FROM child SEMI JOIN splits USING (record_id)
 """
 TOUCHED = (
@@ -203,8 +226,10 @@ def reusable(
     paths = {"clusters": clusters, "splits": splits}
     paths |= {"parent_clusters": parent.clusters, "parent_splits": parent.splits}
     touched_sql = TOUCHED if changed is None else TOUCHED_BY_SPLITS
+    named = {k: sql_path(v) for k, v in paths.items()}
     try:
-        con.execute(touched_sql.format(**{k: sql_path(v) for k, v in paths.items()}))
+        _splits_changed(con, named)
+        con.execute(touched_sql.format(**named))
         numbered = _numbered([chunks[n] for n in same], tmp, list(same))
         rows = con.execute(
             f"SELECT DISTINCT part FROM ({numbered}) SEMI JOIN touched USING (source_id, object)"
@@ -214,7 +239,19 @@ def reusable(
         return {}
     finally:
         con.execute("DROP TABLE IF EXISTS touched")
+        con.execute("DROP TABLE IF EXISTS splits_changed")
     return {n: part for n, part in same.items() if n not in touched}
+
+
+def _splits_changed(con: "DuckDBPyConnection", paths: dict[str, str]) -> str:
+    """Stage ``splits_changed``: the ids whose splits rows differ between the child's and the
+    parent's table, by the join when it proves them exact, else by the multiset difference;
+    which of the two ran."""
+    con.execute(SPLITS_JOINED.format(**paths))
+    if con.execute(SPLITS_COUNTED.format(**paths)).fetchall()[0][0]:
+        return "joined"
+    con.execute(SPLITS_DIFFERENCE.format(**paths))
+    return "difference"
 
 
 def _join(

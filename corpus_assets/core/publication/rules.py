@@ -20,7 +20,7 @@ from corpus_assets.core.dedup.report import DedupReport
 from corpus_assets.core.governance.benchmarks import active_items
 from corpus_assets.core.governance.deletion_reach import COLUMN, revoked_targets
 from corpus_assets.core.ingest.freeze_spec import ChangelogSourceSpec, FreezeSpec
-from corpus_assets.core.publication import accounting_check, lineage_check
+from corpus_assets.core.publication import accounting_check, ids_check, lineage_check
 from corpus_assets.core.publication.evidence import Evidence
 from corpus_assets.core.publication.leakage_check import (
     leaked_components,
@@ -150,13 +150,20 @@ def member_count_matches(ev: Evidence, _report: RuleReport) -> list[str]:
 
 
 def record_ids_unique(ev: Evidence, report: RuleReport) -> list[str]:
-    """One record id is one member, so it cannot sit in two splits."""
+    """One record id is one member, so it cannot sit in two splits. A child whose parent's ids
+    held looks at the parts it adds first (``ids_check``)."""
+    if ids_check.unique_over_parent(ev):
+        report.duplicate_ids = 0
+        ids_check.held(ev)
+        return []
     duplicates = ev.rows(REPEATED_IDS)
     findings = []
     for rid, count, splits in duplicates:
         where = f" in splits {', '.join(splits)}" if len(splits) > 1 else ""
         findings.append(f"record_id {rid!r} appears {count} times in members{where}")
     report.duplicate_ids = len(duplicates)
+    if not findings:
+        ids_check.held(ev)
     return findings
 
 
@@ -187,7 +194,7 @@ def rows_explained(ev: Evidence, report: RuleReport) -> list[str]:
     conflict: nothing is lost."""
     counts = ev.dedup.counts
     removed = counts["removed"] + counts.get("tombstoned", 0) + len(ev.quarantined)
-    records = ev.scalar(f"SELECT count(DISTINCT record_id) FROM {ev.canonical_view}")
+    records = ids_check.distinct_records(ev)  # over the parent's recorded count when it can
     unexplained = records - ev.member_count - removed
     report.unexplained_rows = unexplained
     if unexplained:
@@ -234,6 +241,8 @@ def split_conflicts_resolved(ev: Evidence, report: RuleReport) -> list[str]:
     """A split conflict quarantined its bridging records: none of them is a member."""
     report.split_conflicts = ev.split_conflicts.num_rows
     report.split_quarantined = len(ev.quarantined)
+    if not ev.quarantined:  # nothing to look for: no join with every member's id
+        return []
     ids = pa.array(ev.quarantined, pa.string())
     ev.register("quarantined", pa.table({"record_id": ids, "ord": pa.array(range(len(ids)))}))
     found = ev.rows(
@@ -265,7 +274,10 @@ def no_benchmark_hits(ev: Evidence, report: RuleReport) -> list[str]:
     with ev.catalog.begin() as conn:
         fence = ev.manifest.benchmark_seq
         items = [(row.benchmark, row.dedup_key) for row in active_items(conn, fence)]
-    names, keys = zip(*items, strict=True) if items else ((), ())
+    if not items:  # no item can be a member: no join with every member's key
+        report.benchmark_hits = 0
+        return []
+    names, keys = zip(*items, strict=True)
     ev.register(
         "items",
         pa.table(

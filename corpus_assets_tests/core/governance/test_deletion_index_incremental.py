@@ -18,7 +18,7 @@ from sqlalchemy import delete, select
 from corpus_assets.core.governance import deletion_build, deletion_index, states
 from corpus_assets.core.governance.deletion_reach import hits, scan_hits
 from corpus_assets.core.pipeline import build_all
-from corpus_assets.core.publication import gc, manifest, narrowed
+from corpus_assets.core.publication import gc, manifest, manifest_deletion, narrowed
 from corpus_assets.core.publication.member_parts import read_members
 from corpus_assets.core.publication.publish import activate, approve
 from corpus_assets.core.records.index import CanonicalIndex
@@ -325,3 +325,43 @@ def test_a_child_index_scans_each_whole_input_once_a_stage(
         for name in ("members", "clusters", "spanrows")
     }
     assert scans == {"members": 2, "clusters": 2, "spanrows": 2}
+
+
+def test_the_removed_duplicates_difference_reads_only_the_objects_dedup_joined_anew(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The child's dedup recorded the chunks whose clusters rows it joined rather than copied
+    from its parent's table: the delta diffs the removed duplicates of those chunks' objects
+    only (no difference of the whole tables runs) and gives the directory a difference of the
+    whole tables gives; without that record it diffs the whole tables."""
+    config, parent, child = _child(tmp_path)
+    statements: list[str] = []
+    spilling = cas_queries.Spilling.__enter__
+
+    class Logged:
+        def __init__(self, con: duckdb.DuckDBPyConnection) -> None:
+            self.con = con
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(self.con, name)
+
+        def execute(self, sql: str, *args: object) -> object:
+            statements.append(sql)
+            return self.con.execute(sql, *args)
+
+    monkeypatch.setattr(cas_queries.Spilling, "__enter__", lambda s: Logged(spilling(s)))
+    with open_workspace(config) as ws:
+        expected = ws.catalog.memo(deletion_index.memo_key(child))[0]  # built by ensure
+        objects = manifest_deletion.changed_objects(ws.cas, ws.catalog, child, parent)
+        every = get_json(ws.cas, child, "manifest")["sources"]
+        assert objects and len(objects) < sum(int(s["objects"]) for s in every)
+        base = deletion_index.parent_index(ws.cas, ws.catalog, child)
+        assert deletion_index.build(ws.cas, child, base=base, objects=objects) == expected
+        narrowed, statements[:] = list(statements), []
+        assert deletion_index.build(ws.cas, child, base=base) == expected
+        with ws.catalog.begin() as conn:  # as if dedup had recorded nothing
+            conn.execute(delete(layer_memo).where(layer_memo.c.layer == "dedup.changed_chunks"))
+        assert manifest_deletion.changed_objects(ws.cas, ws.catalog, child, parent) is None
+    assert not any("staging.cboth" in s for s in narrowed)
+    assert any("staging.cdiff" in s and objects[0] in s for s in narrowed)
+    assert any("staging.cboth" in s for s in statements)

@@ -9,12 +9,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy import delete
 
 from corpus_assets.core.pipeline import build_all
-from corpus_assets.core.publication import lineage_check, publish
+from corpus_assets.core.publication import ids_check, lineage_check, publish, rules
 from corpus_assets.core.publication.evidence import Evidence
 from corpus_assets.core.publication.heldout_check import changed_since_parent
-from corpus_assets.core.publication.rules import canary_chunks
+from corpus_assets.core.publication.rules import RuleReport, canary_chunks
 from corpus_assets.core.publication.validation import validate_snapshot
 from corpus_assets.core.publication.verify import Report, load_manifest, resolve
 from corpus_assets.core.records.index import CanonicalIndex
@@ -22,6 +23,7 @@ from corpus_assets.core.runtime.layer_index import load_index
 from corpus_assets.core.runtime.workspace import Workspace, open_workspace
 from corpus_assets.core.storage.cas import ContentStore
 from corpus_assets.core.storage.cas_queries import sql_list
+from corpus_assets.core.storage.catalog import gate_results
 from corpus_assets.core.training_view.splits import HeldoutScan, searched_records
 from corpus_assets.selftest.corpus import write_zstd_jsonl
 
@@ -74,7 +76,8 @@ def test_a_child_reuses_its_parents_canary_and_runs_the_rules_its_new_objects_to
     report = validate_snapshot(workspace, child, trust_unchanged=True)
     assert report.ok, report.findings
     assert report.rules_reused == ["canary_reproduces"]  # every other rule reads the new rows
-    assert report.rules_narrowed == ["lineage_complete", "heldout_near_apart"]
+    narrowed = ["record_ids_unique", "lineage_complete", "rows_explained", "heldout_near_apart"]
+    assert report.rules_narrowed == narrowed
     shown, before = report.gate.serialized(), parent.gate.serialized()
     assert {k: shown[k] for k in CANARY} == {k: before[k] for k in CANARY}
 
@@ -207,6 +210,24 @@ def test_the_child_check_does_not_hash_again_what_it_or_its_parents_check_hashed
     assert shared and shared.isdisjoint(hashed), shared & set(hashed)
 
 
+@SQLITE
+def test_a_child_counts_the_distinct_ids_of_its_added_chunks_over_its_parents_count(
+    workspace: Workspace, demo_home: Path
+) -> None:
+    """The parent's check recorded how many distinct ids its canonical rows hold: the child's
+    count is that plus the ids of its added chunks no kept chunk holds, the count over every
+    row; a parent whose count was not recorded: every row is counted."""
+    _, child = _parent_and_child(workspace, demo_home)
+    manifest = load_manifest(workspace.cas, resolve(workspace.catalog, child))
+    with Evidence.load(workspace.cas, workspace.catalog, manifest) as ev:
+        whole = ev.scalar(f"SELECT count(DISTINCT record_id) FROM {ev.canonical_view}")
+        assert ids_check.distinct_records(ev) == whole and ev.narrowed == ["rows_explained"]
+    with workspace.catalog.begin() as conn:  # as if the parent's check had not counted
+        conn.execute(delete(gate_results).where(gate_results.c.metrics.like('{"records":%')))
+    with Evidence.load(workspace.cas, workspace.catalog, manifest) as ev:
+        assert ids_check.distinct_records(ev) == whole and ev.narrowed == []
+
+
 def _nonempty_parts(ws: Workspace, digest: str) -> list[str]:
     members = load_manifest(ws.cas, resolve(ws.catalog, digest)).members
     return [part.digest for part in members.parts(ws.cas).parts if part.count]
@@ -226,7 +247,29 @@ def test_a_child_checks_the_lineage_of_the_members_parts_it_does_not_share_only(
     assert parent.parts_checked == {"lineage_complete": len(theirs)}
     report = validate_snapshot(workspace, child, trust_unchanged=True)
     assert report.ok, report.findings
-    assert report.parts_checked == {"lineage_complete": len(new)}
+    assert report.parts_checked == {"record_ids_unique": len(new), "lineage_complete": len(new)}
+
+
+@SQLITE
+def test_a_child_groups_only_the_ids_of_its_added_parts_over_its_parents_unique_ones(
+    workspace: Workspace, demo_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The parent's check recorded its members' ids unique: the child's looks only at the
+    ids of the parts it adds (no grouping of every member's id); when those are found again,
+    the whole query decides, as it always did."""
+    _, child = _parent_and_child(workspace, demo_home)
+    manifest = load_manifest(workspace.cas, resolve(workspace.catalog, child))
+    monkeypatch.setattr(rules, "REPEATED_IDS", "SELECT error('every id grouped')")
+    with Evidence.load(workspace.cas, workspace.catalog, manifest) as ev:
+        report = RuleReport()
+        assert rules.record_ids_unique(ev, report) == [] and report.duplicate_ids == 0
+        assert ev.narrowed == ["record_ids_unique"] and ev.proven  # the child's held too
+    monkeypatch.undo()
+    monkeypatch.setattr(ids_check, "REPEATED_OVER", "SELECT 1")  # an id found again
+    with Evidence.load(workspace.cas, workspace.catalog, manifest) as ev:
+        report = RuleReport()
+        assert rules.record_ids_unique(ev, report) == [] and report.duplicate_ids == 0
+        assert ev.narrowed == []
 
 
 @SQLITE

@@ -4,6 +4,7 @@ only the rest, and its parts are byte for byte those of a join of every chunk.""
 import tempfile
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
@@ -21,6 +22,7 @@ from corpus_assets.core.runtime.layer_index import LAYERS, read_layer_index
 from corpus_assets.core.runtime.snapshot_manifest import read_manifest
 from corpus_assets.core.runtime.workspace import Workspace, open_workspace
 from corpus_assets.core.storage.artifacts import get_json
+from corpus_assets.core.storage.cas_queries import sql_path
 from corpus_assets.core.storage.table_lookup import TrustedFiles
 from corpus_assets_tests.core.training_view.test_packing_incremental import (  # noqa: F401 (an autouse fixture)
     _active,
@@ -108,6 +110,36 @@ def test_a_chunk_with_a_changed_split_or_verdict_is_joined_again(
         changed = _changed_copy(parent, table, victim["record_id"], Path(tmp))
         with connect(ws.cas, 1, 128) as con:
             after = reusable(con, chunks, clusters, splits, changed, Path(tmp))
+        lost = {part.chunk for part in before.values()} - {p.chunk for p in after.values()}
+        assert lost == {kept.chunk}
+
+
+def test_a_repeated_split_row_is_a_change_the_join_alone_would_miss(child_home: Path) -> None:
+    """The splits difference is a join on the record id when each id is once in each table;
+    the parent's table with one old member's row twice (same values: the join pairs both with
+    the child's row and finds them equal) is a change the side counts catch: the multiset
+    difference runs, and that member's chunk is joined again."""
+    with open_workspace(child_home) as ws, tempfile.TemporaryDirectory() as tmp:
+        files = TrustedFiles(ws.cas, ws.catalog)
+        parent = manifest.parent_members(ws, files, freeze(ws, "p2")[1].parents)
+        assert parent is not None
+        chunks = _chunks(ws, files, Path(tmp))
+        clusters, splits = _tables(ws, files, "p2")
+        with connect(ws.cas, 1, 128) as con:
+            before = reusable(con, chunks, clusters, splits, parent, Path(tmp))
+            paths = {"splits": sql_path(splits), "parent_splits": sql_path(parent.splits)}
+            assert member_parts._splits_changed(con, paths) == "joined"
+        kept = next(part for part in before.values() if part.count)
+        victim = pq.read_table(ws.cas.path(kept.digest)).slice(0, 1).to_pylist()[0]
+        rows = pq.read_table(parent.splits)
+        hit = pc.equal(rows.column("record_id"), victim["record_id"])
+        copy = Path(tmp) / "splits.parquet"
+        pq.write_table(pa.concat_tables([rows, rows.filter(hit)]), copy)
+        twice = Parent(parent.parts, parent.clusters, str(copy))
+        with connect(ws.cas, 1, 128) as con:
+            paths["parent_splits"] = sql_path(str(copy))
+            assert member_parts._splits_changed(con, paths) == "difference"
+            after = reusable(con, chunks, clusters, splits, twice, Path(tmp))
         lost = {part.chunk for part in before.values()} - {p.chunk for p in after.values()}
         assert lost == {kept.chunk}
 
