@@ -37,7 +37,6 @@ from pathlib import Path
 import duckdb
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from corpus_assets.core.dedup.dedup_clusters import CODE as DEDUP_CODE
 from corpus_assets.core.dedup.fingerprint_store import TextLookup
@@ -266,7 +265,9 @@ class HeldoutScan:
             if found is not None:  # read where it is (``Members.close`` unregisters it)
                 con.execute("DROP TABLE IF EXISTS ho_members")
                 con.register("ho_members", found)
-                held = pc.not_equal(found["split"], TRAIN).to_numpy(zero_copy_only=False)
+                split = found["split"].combine_chunks()
+                names = np.asarray(split.dictionary.to_pylist(), dtype=object)
+                held = (names != TRAIN)[split.indices.to_numpy()]
                 rows = found["row"].to_numpy()
                 hand_back_duckdb(con)  # the reads' pages, before the search
                 return Members(rows, held, con, digests, True, members.named("ho_members"))

@@ -186,10 +186,11 @@ class Represented:
         return BY_REPRESENTATIVE.format(path=decisions, splits=splits, clusters=self.clusters)
 
     def positions(self, con: duckdb.DuckDBPyConnection, decisions: str) -> pa.Table | None:
-        """``query``'s rows (row, pos, split) in row order, joined in numpy over the decisions
-        table's rep and pos columns and the splits' (pos, split) rows: DuckDB's two joins of
-        every row were ~0.3 CPU-s of a 1.1 GB child. None (``query`` then) when the splits
-        have no pos, or a null or repeated one, or a null split."""
+        """``query``'s rows (row, pos, split: dictionary-encoded, a byte a row) in row order,
+        joined in numpy over the decisions table's rep and pos columns and the splits' (pos,
+        split) rows: DuckDB's two joins of every row were ~0.3 CPU-s of a 1.1 GB child. None
+        (``query`` then) when the splits have no pos, or a null or repeated one, or a null
+        split."""
         if "pos" not in con.sql(f"FROM {self.splits} LIMIT 0").columns:
             return None
         splits = con.sql(f"SELECT pos, split FROM {self.splits}").to_arrow_table()
@@ -213,7 +214,9 @@ class Represented:
         at[ok] = where[at[ok]]  # its row of ``splits``
         at[~ok] = -1
         rows = np.flatnonzero(at >= 0)
-        split = splits["split"].take(pa.array(at[rows])).combine_chunks()
+        names = pc.dictionary_encode(splits["split"]).combine_chunks()  # a byte per row
+        codes = names.indices.take(pa.array(at[rows])).cast(pa.int8())
+        split = pa.DictionaryArray.from_arrays(codes, names.dictionary)  # VARCHAR in SQL
         return pa.table({"row": rows.astype(np.int64), "pos": pos[rows], "split": split})
 
     def named(self, members: str) -> str:
