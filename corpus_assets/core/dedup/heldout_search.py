@@ -114,18 +114,16 @@ def _maps(blocks: Sequence[SignatureBlock]) -> list[_Mapped] | None:
     return None
 
 
+Blocks = Sequence[SignatureBlock]
+Maps = list[_Mapped] | None
+
+
 class _Band:
     """One band of every record (blocks end to end): its first row whole (the prefilter's),
     the band's values taken at some records. Over signature files only those records' values
     of the other rows are read (the prefilter lets few through); else the band is read whole."""
 
-    def __init__(
-        self,
-        blocks: Sequence[SignatureBlock],
-        maps: list[_Mapped] | None,
-        band: int,
-        rows: int,
-    ) -> None:
+    def __init__(self, blocks: Blocks, maps: Maps, band: int, rows: int) -> None:
         self.rows = rows
         if maps is not None:
             self._maps = [m.values for m in maps]
@@ -137,8 +135,7 @@ class _Band:
 
     @cached_property
     def first(self) -> np.ndarray:
-        """The band's first row of every record (read only when asked: a band whose keys are
-        wanted at a few records only reads those)."""
+        """The band's first row of every record (read when asked: keys of a few records not)."""
         if self._whole is not None:
             return self._whole[0]
         return np.concatenate([m[self._at] for m in self._maps])
@@ -224,16 +221,17 @@ def _band_pairs(
     return packed[h != m]
 
 
-def _side_keys(
-    blocks: Sequence[SignatureBlock], maps: list[_Mapped] | None, rows: np.ndarray, p: HeldoutParams
-) -> KeyClasses:
-    """``rows``' keys in every band (their values read at those records only), as classes."""
-    keys = np.empty((p.bands, len(rows)), dtype=np.uint64)
-    for band in range(p.bands):
+def _side_keys(blocks: Blocks, maps: Maps, sides: list[np.ndarray], p: HeldoutParams) -> list:
+    """Each side of at most ``CLASSES`` records as ``KeyClasses`` (None: a larger one), the
+    keys in every band read in one pass for all such sides (at their records only)."""
+    rows = _unique(np.concatenate([EMPTY, *(s for s in sides if len(s) <= CLASSES)]))
+    keys = np.empty((p.bands if len(rows) else 0, len(rows)), dtype=np.uint64)
+    for band in range(len(keys)):
         keys[band] = band_keys(_Band(blocks, maps, band, p.rows).take(rows), band)
         for mapped in maps or []:
             mapped.release()
-    return KeyClasses(rows, keys)
+    at = [np.searchsorted(rows, s) if len(s) <= CLASSES else None for s in sides]
+    return [i if i is None else KeyClasses(s, keys[:, i]) for s, i in zip(sides, at, strict=True)]
 
 
 def candidates(
@@ -267,7 +265,7 @@ def side_candidates(
     read in a first pass over the bands); a larger one record by record."""
     sides = [(h, m) if len(h) <= len(m) else (m, h) for h, m in sides if len(h) and len(m)]
     maps = _maps(blocks) if sides else None
-    classes = [_side_keys(blocks, maps, s, p) if len(s) <= CLASSES else None for s, _ in sides]
+    classes = _side_keys(blocks, maps, [small for small, _ in sides], p)
     found = [DistinctPairs() for _ in sides]
     every = [len(m) == n and m[0] == 0 and bool(np.all(np.diff(m) == 1)) for _, m in sides]
     for band in range(p.bands if sides else 0):
@@ -287,9 +285,7 @@ def side_candidates(
     return parts[0] if len(parts) == 1 else _unique(np.concatenate([EMPTY, *parts]))
 
 
-def agreement(
-    blocks: Sequence[SignatureBlock], a: np.ndarray, b: np.ndarray, perms: int
-) -> np.ndarray:
+def agreement(blocks: Blocks, a: np.ndarray, b: np.ndarray, perms: int) -> np.ndarray:
     """Per pair, on how many of the ``perms`` permutations the two signatures agree (one
     permutation row of a block in memory at a time, only the pairs' records kept)."""
     agree = np.zeros(len(a), dtype=np.int32)
