@@ -29,6 +29,7 @@ import os
 import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -36,11 +37,12 @@ import numpy as np
 from corpus_assets.core.dedup.binomial import lower_quantile
 from corpus_assets.core.dedup.jaccard import jaccard_sorted
 from corpus_assets.core.dedup.near_dedup import SignatureBlock, band_keys
-from corpus_assets.core.dedup.pair_set import DistinctPairs
+from corpus_assets.core.dedup.pair_set import DistinctPairs, KeyClasses
 from corpus_assets.core.dedup.signature_cache import BandMajorFile
 
 ROWS = 3  # rows per band of the held-out search
 MISS = 1e-12  # the estimate's allowed miss probability for a pair at the threshold
+CLASSES = 1 << 15  # a side's smaller half searched by key classes up to this many records
 EMPTY = np.empty(0, dtype=np.int64)
 Known = Callable[[np.ndarray, np.ndarray], np.ndarray]  # rows a, b -> Jaccard or nan
 
@@ -112,28 +114,31 @@ def _maps(blocks: Sequence[SignatureBlock]) -> list[_Mapped] | None:
     return None
 
 
+Blocks = Sequence[SignatureBlock]
+Maps = list[_Mapped] | None
+
+
 class _Band:
     """One band of every record (blocks end to end): its first row whole (the prefilter's),
     the band's values taken at some records. Over signature files only those records' values
     of the other rows are read (the prefilter lets few through); else the band is read whole."""
 
-    def __init__(
-        self,
-        blocks: Sequence[SignatureBlock],
-        maps: list[_Mapped] | None,
-        band: int,
-        rows: int,
-    ) -> None:
+    def __init__(self, blocks: Blocks, maps: Maps, band: int, rows: int) -> None:
         self.rows = rows
         if maps is not None:
             self._maps = [m.values for m in maps]
             self._at = band * rows
-            self.first = np.concatenate([m[self._at] for m in self._maps])
             self._ends = np.cumsum([m.shape[1] for m in self._maps])
             self._whole = None
         else:
             self._whole = _columns(blocks, band, rows)
-            self.first = self._whole[0]
+
+    @cached_property
+    def first(self) -> np.ndarray:
+        """The band's first row of every record (read when asked: keys of a few records not)."""
+        if self._whole is not None:
+            return self._whole[0]
+        return np.concatenate([m[self._at] for m in self._maps])
 
     def take(self, records: np.ndarray) -> np.ndarray:
         """The ``(rows, len(records))`` values of the band at global ``records``."""
@@ -168,7 +173,7 @@ def _prefilter(held: np.ndarray, probe: np.ndarray) -> np.ndarray:
     mask = np.uint32((1 << bits) - 1)
     table = np.zeros(1 << bits, dtype=bool)
     table[held & mask] = True
-    return np.flatnonzero(table[probe & mask])
+    return np.flatnonzero(np.take(table, probe & mask))  # take: no cast of the index to intp
 
 
 def _runs(values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -177,18 +182,18 @@ def _runs(values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return starts, values[starts], np.diff(np.r_[starts, len(values)])
 
 
-def _band_pairs(
-    columns: _Band, band: int, heldout: np.ndarray, members: np.ndarray, n: int
-) -> np.ndarray:
-    """Packed ``a * n + b`` (any order, no self pairs) of the held-out records and members
-    whose keys of this band are equal (keys computed only for the smaller side and the
-    prefilter's hits on the other: a pair is the same whichever side it is looked up from)."""
-    if len(heldout) > len(members):
-        heldout, members = members, heldout
-    probing = members[_prefilter(columns.first[heldout], columns.first[members])]
-    held = band_keys(columns.take(heldout), band)
-    order = np.argsort(held, kind="stable")
-    starts, unique_keys, counts = _runs(held[order])
+def _hits(
+    columns: _Band, band: int, small: np.ndarray, keys: np.ndarray, large: np.ndarray | None
+) -> tuple[np.ndarray, np.ndarray]:
+    """The (entry of ``keys``, record of ``large`` or of all when None) pairs of equal keys in
+    this band, int64; the prefilter's bitmap holds every ``small`` record's first value."""
+    first = columns.first
+    if large is None:  # every record: no gather of the whole band's first row
+        probing = _prefilter(first[small], first)
+    else:
+        probing = large[_prefilter(first[small], first[large])]
+    order = np.argsort(keys, kind="stable")
+    starts, unique_keys, counts = _runs(keys[order])
     probe = band_keys(columns.take(probing), band)
     by_key = np.argsort(probe)  # sorted needles: the binary search walks forward
     probe, probing = probe[by_key], probing[by_key]
@@ -197,12 +202,36 @@ def _band_pairs(
     probing, lo, count = probing[hit], starts[at[hit]], counts[at[hit]]
     total = int(count.sum())
     if not total:
-        return EMPTY
+        return EMPTY, EMPTY
     m = np.repeat(probing.astype(np.int64), count)
     step = np.repeat(lo - (count.cumsum() - count), count)  # run start minus pair offset
-    h = heldout.astype(np.int64)[order][np.arange(total) + step]
+    return order[np.arange(total) + step].astype(np.int64), m
+
+
+def _band_pairs(
+    columns: _Band, band: int, small: np.ndarray, large: np.ndarray | None, n: int
+) -> np.ndarray:
+    """Packed ``a * n + b`` (any order, no self pairs) of the records of the smaller side and
+    of the larger whose keys of this band are equal (keys computed only for the smaller side
+    and the prefilter's hits on the other: a pair is the same whichever side it is looked up
+    from)."""
+    entry, m = _hits(columns, band, small, band_keys(columns.take(small), band), large)
+    h = small.astype(np.int64)[entry]
     packed = np.minimum(h, m) * n + np.maximum(h, m)
     return packed[h != m]
+
+
+def _side_keys(blocks: Blocks, maps: Maps, sides: list[np.ndarray], p: HeldoutParams) -> list:
+    """Each side of at most ``CLASSES`` records as ``KeyClasses`` (None: a larger one), the
+    keys in every band read in one pass for all such sides (at their records only)."""
+    rows = _unique(np.concatenate([EMPTY, *(s for s in sides if len(s) <= CLASSES)]))
+    keys = np.empty((p.bands if len(rows) else 0, len(rows)), dtype=np.uint64)
+    for band in range(len(keys)):
+        keys[band] = band_keys(_Band(blocks, maps, band, p.rows).take(rows), band)
+        for mapped in maps or []:
+            mapped.release()
+    at = [np.searchsorted(rows, s) if len(s) <= CLASSES else None for s in sides]
+    return [i if i is None else KeyClasses(s, keys[:, i]) for s, i in zip(sides, at, strict=True)]
 
 
 def candidates(
@@ -231,23 +260,32 @@ def side_candidates(
     p: HeldoutParams,
     n: int,
 ) -> np.ndarray:
-    """``candidates`` of each (held-out rows, member rows) side, packed, sorted unique."""
-    sides = [(h, m) for h, m in sides if len(h) and len(m)]
-    found = DistinctPairs()
+    """``candidates`` of each (held-out rows, member rows) side, packed, sorted unique. A
+    side's smaller half of at most ``CLASSES`` records is searched by ``KeyClasses`` (its keys
+    read in a first pass over the bands); a larger one record by record."""
+    sides = [(h, m) if len(h) <= len(m) else (m, h) for h, m in sides if len(h) and len(m)]
     maps = _maps(blocks) if sides else None
+    classes = _side_keys(blocks, maps, [small for small, _ in sides], p)
+    found = [DistinctPairs() for _ in sides]
+    every = [len(m) == n and m[0] == 0 and bool(np.all(np.diff(m) == 1)) for _, m in sides]
     for band in range(p.bands if sides else 0):
         columns = _Band(blocks, maps, band, p.rows)
-        for h, m in sides:
-            found.add(_band_pairs(columns, band, h, m, n))
+        for i, (small, large) in enumerate(sides):
+            large = None if every[i] else large  # every record, in order
+            if classes[i] is None:
+                found[i].add(_band_pairs(columns, band, small, large, n))
+            else:  # (class, record): a class's own records too, for its other records
+                entry, m = _hits(columns, band, small, classes[i].keys[band], large)
+                found[i].add(entry * n + m)
         del columns
         for mapped in maps or []:
             mapped.release()
-    return found.sorted()
+    each = zip(classes, found, strict=True)
+    parts = [f.sorted() if c is None else c.expand(f.sorted(), n) for c, f in each]
+    return parts[0] if len(parts) == 1 else _unique(np.concatenate([EMPTY, *parts]))
 
 
-def agreement(
-    blocks: Sequence[SignatureBlock], a: np.ndarray, b: np.ndarray, perms: int
-) -> np.ndarray:
+def agreement(blocks: Blocks, a: np.ndarray, b: np.ndarray, perms: int) -> np.ndarray:
     """Per pair, on how many of the ``perms`` permutations the two signatures agree (one
     permutation row of a block in memory at a time, only the pairs' records kept)."""
     agree = np.zeros(len(a), dtype=np.int32)

@@ -176,7 +176,8 @@ def test_candidates_over_signature_files_read_a_bands_first_row_and_the_hits_val
         got = candidates(files, heldout, members, PARAMS, 90, moved)
         assert got.tolist() == expected.tolist()
         # every band's pages dropped from the process once read: the file never stays mapped in
-        assert len(released) == PARAMS.bands * len(files), len(released)
+        # (two passes: the small sides' key classes, then the search)
+        assert len(released) == 2 * PARAMS.bands * len(files), len(released)
         released.clear()
     assert bands == [], bands
 
@@ -248,20 +249,26 @@ def _band_union(
 
 @pytest.mark.parametrize(("seed", "n", "table_bits"), [(0, 301, 16), (1, 457, 1), (2, 613, 3)])
 @pytest.mark.parametrize("files", [False, True])
+@pytest.mark.parametrize("classes", [0, heldout_search.CLASSES])
 def test_side_candidates_are_every_bands_pairs_once(
     seed: int,
     n: int,
     table_bits: int,
     files: bool,
+    classes: int,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """With clusters colliding in nearly every band, several sides (overlapping, empty ones,
-    held-out records among the members), blocks in memory or signature files, and the found
-    pairs' table starting small (grown, long probes) or not: exactly the oracle's array."""
+    """With clusters colliding in nearly every band and exact copies, several sides
+    (overlapping, empty ones, held-out records among the members), blocks in memory or
+    signature files, the found pairs' table starting small (grown, long probes) or not, and the
+    small sides searched record by record or by key classes: exactly the oracle's array."""
     monkeypatch.setattr(pair_set, "TABLE_BITS", table_bits)
+    monkeypatch.setattr(heldout_search, "CLASSES", classes)
     rng = np.random.default_rng(seed)
     sigs = _clustered(rng, n)
+    copies = rng.choice(n, n // 5, replace=False)  # exact copies: one key class per band
+    sigs[copies] = sigs[rng.choice(copies[: n // 20], len(copies))]
     cuts = sorted(rng.choice(np.arange(1, n), 2, replace=False).tolist())
     blocks = [RowMajor(part) for part in np.split(sigs, cuts)]
     members = np.sort(rng.choice(n, n * 4 // 5, replace=False))
@@ -282,3 +289,22 @@ def test_side_candidates_are_every_bands_pairs_once(
     assert got.dtype == np.int64 and np.array_equal(got, expected)
     empty = side_candidates(searched, sides[4:], CLUSTERED, n)
     assert empty.dtype == np.int64 and len(empty) == 0
+
+
+def test_a_small_sides_copies_are_searched_once_per_band(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Copies on the small side (the same key in every band) are searched as one record: a
+    band adds each partner once, not once per copy, and the pairs are every copy's."""
+    rng = np.random.default_rng(11)
+    sigs = rng.integers(0, 2**32, size=(200, CLUSTERED.num_perm), dtype=np.uint32)
+    sigs[100:140] = sigs[0]  # 41 copies of record 0: 0 and 100..139
+    blocks = [RowMajor(sigs)]
+    small, large = np.r_[0, np.arange(100, 130)], np.arange(200)
+    added: list[int] = []
+    add = pair_set.DistinctPairs.add
+    monkeypatch.setattr(
+        pair_set.DistinctPairs, "add", lambda self, p: added.append(len(p)) or add(self, p)
+    )
+    got = side_candidates(blocks, [(small, large)], CLUSTERED, 200)
+    expected, _ = _band_union(blocks, [(small, large)], 200)
+    assert np.array_equal(got, expected) and len(got) == 31 * 40 - 31 * 30 // 2
+    assert max(added) <= 41  # one class against its 41 copies, not 31 x 41 pairs

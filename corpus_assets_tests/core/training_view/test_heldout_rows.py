@@ -2,12 +2,17 @@
 members table lists twice gives its first (record id, split), one listed once its own; each
 row is looked up once however many pairs name it, and a row no member has is an error."""
 
+from pathlib import Path
+
 import duckdb
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from corpus_assets.core.dedup.heldout_search import HeldoutPairs
-from corpus_assets.core.training_view.splits.heldout_rows import Members
+from corpus_assets.core.storage.cas_queries import sql_path
+from corpus_assets.core.training_view.splits.heldout_rows import Members, Represented
 from corpus_assets.core.training_view.splits.heldout_tasks import RowDigests
 
 
@@ -52,3 +57,30 @@ def test_rows_named_by_many_pairs_give_each_pair_its_sides_and_a_missing_row_is_
     gone = HeldoutPairs(np.array([1, 4]), np.array([4, 4]), np.array([0.9, 0.8]))
     with pytest.raises(ValueError, match="name 3 row"):
         _pairs(rows, single=True, found=gone)
+
+
+def _decided(tmp_path: Path, reps: list[int | None], pos: list[int]) -> str:
+    path = tmp_path / "decisions.parquet"
+    pq.write_table(pa.table({"rep": pa.array(reps, pa.int64()), "pos": pos}), path)
+    return str(path)
+
+
+def test_the_represented_rows_by_numpy_are_the_joins_rows(tmp_path: Path) -> None:
+    """Each row takes its representative's split by clusters position: an excluded row (no
+    representative) and one whose representative has no split (quarantined) are in no row;
+    the rows are the SQL joins', in row order. A position listed twice is left to the join."""
+    con = duckdb.connect()
+    reps = [0, 0, None, 3, 3, 5, 0, 3]
+    decisions = _decided(tmp_path, reps, [4, 0, 1, 2, 6, 3, 5, 7])
+    splits = [(4, "train"), (2, "test"), (6, "validation"), (7, "train")]  # no 3: row 5 gone
+    con.execute("CREATE TABLE assigned (pos BIGINT, split VARCHAR)")
+    con.executemany("INSERT INTO assigned VALUES (?, ?)", splits)
+    members = Represented("clusters", "assigned")
+    got = members.positions(con, decisions)
+    assert got is not None
+    sql = con.sql(f"{members.query(con, sql_path(decisions))} ORDER BY row").to_arrow_table()
+    assert got.to_pylist() == sql.to_pylist()
+    assert got["row"].to_pylist() == [0, 1, 3, 4, 6, 7]
+    assert got["split"].to_pylist() == ["train", "train", "test", "test", "train", "test"]
+    con.execute("INSERT INTO assigned VALUES (2, 'train')")  # position 2 twice
+    assert members.positions(con, decisions) is None

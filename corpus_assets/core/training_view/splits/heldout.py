@@ -59,6 +59,7 @@ from corpus_assets.core.storage.cas_queries import (
     sql_path,
 )
 from corpus_assets.core.storage.digests import json_digest
+from corpus_assets.core.storage.memory import hand_back_duckdb
 from corpus_assets.core.storage.table_lookup import TrustedFiles
 from corpus_assets.core.training_view.splits.heldout_rows import (
     EMPTY_ROWS,
@@ -260,6 +261,16 @@ class HeldoutScan:
         digests = RowDigests(self.ws, self.chunks)
         paths = [self.files.path(c.records["digest"], c.what) for c in self.chunks]  # checked
         if isinstance(members, Represented) and self.order is not None:
+            found = members.positions(con, self.order)
+            if found is not None:  # read where it is (``Members.close`` unregisters it)
+                con.execute("DROP TABLE IF EXISTS ho_members")
+                con.register("ho_members", found)
+                split = found["split"].combine_chunks()
+                names = np.asarray(split.dictionary.to_pylist(), dtype=object)
+                held = (names != TRAIN)[split.indices.to_numpy()]
+                rows = found["row"].to_numpy()
+                hand_back_duckdb(con)  # the reads' pages, before the search
+                return Members(rows, held, con, digests, True, members.named("ho_members"))
             query = members.query(con, sql_path(self.order))
             return self._created(con, query, digests, members.named("ho_members"))
         if isinstance(members, Represented):
