@@ -38,7 +38,8 @@ from corpus_assets.core.runtime.config import NearDedupPolicy
 from corpus_assets.core.runtime.layer_index import LayerResult
 from corpus_assets.core.runtime.workspace import Workspace, open_workspace
 from corpus_assets.core.storage.artifacts import get_table
-from corpus_assets.core.storage.cas import CasError, ContentStore
+from corpus_assets.core.storage.cas import CasError
+from corpus_assets_tests.cas_hashing import hashed_digests
 from corpus_assets_tests.conftest import BuiltDemo, use_demo_copy
 from corpus_assets_tests.paths import CORPORA
 
@@ -334,14 +335,7 @@ def test_unchanged_signature_files_are_not_hashed_again(
         first = _build(ws, "p1")
         index = json.loads(ws.cas.get_bytes(first.digest))
         signatures = {s["signatures"]["digest"] for s in index["outputs"]["signatures"]}
-        hashed: list[str] = []
-        verify = ContentStore.verify
-
-        def counted(self: ContentStore, digest: str, what: str = "object") -> None:
-            hashed.append(digest)
-            verify(self, digest, what)
-
-        monkeypatch.setattr(ContentStore, "verify", counted)
+        hashed = hashed_digests(monkeypatch)
         again = DIRECT_BUILDERS["dedup_clusters"](ws, "p1")
     assert again.digest == first.digest
     assert signatures and not signatures & set(hashed)

@@ -291,6 +291,30 @@ def test_an_index_build_that_runs_out_of_memory_at_the_cap_runs_again_with_headr
             deletion_index.build(ws.cas, child, base=base)
 
 
+class _Logged:
+    """A DuckDB connection whose ``execute`` calls are appended to ``statements``."""
+
+    def __init__(self, con: duckdb.DuckDBPyConnection, statements: list[str]) -> None:
+        self.con, self.statements = con, statements
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.con, name)
+
+    def execute(self, sql: str, *args: object) -> object:
+        self.statements.append(sql)
+        return self.con.execute(sql, *args)
+
+
+def _logged_statements(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The statements every ``Spilling`` connection opened from now on executes, in order."""
+    statements: list[str] = []
+    spilling = cas_queries.Spilling.__enter__
+    monkeypatch.setattr(
+        cas_queries.Spilling, "__enter__", lambda s: _Logged(spilling(s), statements)
+    )
+    return statements
+
+
 def test_a_child_index_scans_each_whole_input_once_a_stage(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -300,21 +324,7 @@ def test_a_child_index_scans_each_whole_input_once_a_stage(
     (their difference with the representatives of changed spans, the rows naming an affected
     target) and two of the spans."""
     config, _parent, child = _child(tmp_path)
-    statements: list[str] = []
-    spilling = cas_queries.Spilling.__enter__
-
-    class Counted:
-        def __init__(self, con: duckdb.DuckDBPyConnection) -> None:
-            self.con = con
-
-        def __getattr__(self, name: str) -> object:
-            return getattr(self.con, name)
-
-        def execute(self, sql: str, *args: object) -> object:
-            statements.append(sql)
-            return self.con.execute(sql, *args)
-
-    monkeypatch.setattr(cas_queries.Spilling, "__enter__", lambda s: Counted(spilling(s)))
+    statements = _logged_statements(monkeypatch)
     with open_workspace(config) as ws:
         expected = ws.catalog.memo(deletion_index.memo_key(child))[0]
         base = deletion_index.parent_index(ws.cas, ws.catalog, child)
@@ -335,21 +345,7 @@ def test_the_removed_duplicates_difference_reads_only_the_objects_dedup_joined_a
     only (no difference of the whole tables runs) and gives the directory a difference of the
     whole tables gives; without that record it diffs the whole tables."""
     config, parent, child = _child(tmp_path)
-    statements: list[str] = []
-    spilling = cas_queries.Spilling.__enter__
-
-    class Logged:
-        def __init__(self, con: duckdb.DuckDBPyConnection) -> None:
-            self.con = con
-
-        def __getattr__(self, name: str) -> object:
-            return getattr(self.con, name)
-
-        def execute(self, sql: str, *args: object) -> object:
-            statements.append(sql)
-            return self.con.execute(sql, *args)
-
-    monkeypatch.setattr(cas_queries.Spilling, "__enter__", lambda s: Logged(spilling(s)))
+    statements = _logged_statements(monkeypatch)
     with open_workspace(config) as ws:
         expected = ws.catalog.memo(deletion_index.memo_key(child))[0]  # built by ensure
         objects = manifest_deletion.changed_objects(ws.cas, ws.catalog, child, parent)

@@ -21,11 +21,11 @@ from corpus_assets.core.publication.verify import Report, load_manifest, resolve
 from corpus_assets.core.records.index import CanonicalIndex
 from corpus_assets.core.runtime.layer_index import load_index
 from corpus_assets.core.runtime.workspace import Workspace, open_workspace
-from corpus_assets.core.storage.cas import ContentStore
 from corpus_assets.core.storage.cas_queries import sql_list
 from corpus_assets.core.storage.catalog import gate_results
 from corpus_assets.core.training_view.splits import HeldoutScan, searched_records
 from corpus_assets.selftest.corpus import write_zstd_jsonl
+from corpus_assets_tests.cas_hashing import hashed_digests
 
 SQLITE = pytest.mark.parametrize("catalog_url", ["sqlite"], indirect=True)
 CANARY = ("canary_chunks", "canary_lines", "transform_replay_hash", "set_difference")
@@ -190,14 +190,7 @@ def test_the_child_check_does_not_hash_again_what_it_or_its_parents_check_hashed
     manifest = load_manifest(workspace.cas, resolve(workspace.catalog, parent.snapshot_id))
     dedup = load_index(workspace.cas, manifest.layers["dedup_clusters"], "dedup_clusters")
     theirs = {manifest.members.digest, dedup.output("clusters")["digest"]}
-    hashed: list[str] = []
-    verify = ContentStore.verify
-
-    def counted(self: ContentStore, digest: str, *args: object, **kwargs: object) -> object:
-        hashed.append(digest)
-        return verify(self, digest, *args, **kwargs)
-
-    monkeypatch.setattr(ContentStore, "verify", counted)
+    hashed = hashed_digests(monkeypatch)
     report = validate_snapshot(workspace, child, trust_unchanged=True)
     assert report.ok and "heldout_near_apart" in report.rules_narrowed, report.findings
     assert theirs.isdisjoint(hashed), theirs & set(hashed)

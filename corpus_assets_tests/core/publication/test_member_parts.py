@@ -98,11 +98,7 @@ def test_a_chunk_with_a_changed_split_or_verdict_is_joined_again(
     """The parent's tables with one old member's split (or dedup key) changed: its chunk is
     no longer the parent's, every other unchanged chunk still is."""
     with open_workspace(child_home) as ws, tempfile.TemporaryDirectory() as tmp:
-        files = TrustedFiles(ws.cas, ws.catalog)
-        parent = manifest.parent_members(ws, files, freeze(ws, "p2")[1].parents)
-        assert parent is not None
-        chunks = _chunks(ws, files, Path(tmp))
-        clusters, splits = _tables(ws, files, "p2")
+        parent, chunks, clusters, splits = _child_and_parent(ws, Path(tmp))
         with connect(ws.cas, 1, 128) as con:
             before = reusable(con, chunks, clusters, splits, parent, Path(tmp))
         kept = next(part for part in before.values() if part.count)
@@ -120,11 +116,7 @@ def test_a_repeated_split_row_is_a_change_the_join_alone_would_miss(child_home: 
     the child's row and finds them equal) is a change the side counts catch: the multiset
     difference runs, and that member's chunk is joined again."""
     with open_workspace(child_home) as ws, tempfile.TemporaryDirectory() as tmp:
-        files = TrustedFiles(ws.cas, ws.catalog)
-        parent = manifest.parent_members(ws, files, freeze(ws, "p2")[1].parents)
-        assert parent is not None
-        chunks = _chunks(ws, files, Path(tmp))
-        clusters, splits = _tables(ws, files, "p2")
+        parent, chunks, clusters, splits = _child_and_parent(ws, Path(tmp))
         with connect(ws.cas, 1, 128) as con:
             before = reusable(con, chunks, clusters, splits, parent, Path(tmp))
             paths = {"splits": sql_path(splits), "parent_splits": sql_path(parent.splits)}
@@ -142,6 +134,15 @@ def test_a_repeated_split_row_is_a_change_the_join_alone_would_miss(child_home: 
             after = reusable(con, chunks, clusters, splits, twice, Path(tmp))
         lost = {part.chunk for part in before.values()} - {p.chunk for p in after.values()}
         assert lost == {kept.chunk}
+
+
+def _child_and_parent(ws: Workspace, tmp: Path) -> tuple[Parent, list, str, str]:
+    """Child ``p2``'s parent members, its chunks and its clusters and splits tables."""
+    files = TrustedFiles(ws.cas, ws.catalog)
+    parent = manifest.parent_members(ws, files, freeze(ws, "p2")[1].parents)
+    assert parent is not None
+    clusters, splits = _tables(ws, files, "p2")
+    return parent, _chunks(ws, files, tmp), clusters, splits
 
 
 def _chunks(ws: Workspace, files: TrustedFiles, tmp: Path) -> list:

@@ -24,10 +24,10 @@ from corpus_assets.core.runtime import runners
 from corpus_assets.core.runtime.layer_index import LAYERS, read_layer_index
 from corpus_assets.core.runtime.workspace import Workspace, open_workspace
 from corpus_assets.core.storage.artifacts import get_json, get_table
-from corpus_assets.core.storage.cas import ContentStore
 from corpus_assets.core.training_view.packing import build as pack_build
 from corpus_assets.core.training_view.packing import shards as pack_shards
 from corpus_assets.core.training_view.packing.locate import PartitionWriter
+from corpus_assets_tests.cas_hashing import hashed_digests
 from corpus_assets_tests.core.training_view.test_packing_incremental import (  # noqa: F401 - autouse fixture
     _active,
     _add_essays,
@@ -68,14 +68,7 @@ def test_a_child_re_hashes_only_token_chunks_changed_since_they_hashed_right(
         _add_essays(folder)
         for layer in LAYERS[: LAYERS.index("packed_blocks")]:
             BUILDERS[layer](ws, "p2")
-        verified: list[str] = []
-        verify = ContentStore.verify
-
-        def recording(cas: ContentStore, digest: str, what: str = "object") -> None:
-            verified.append(digest)
-            verify(cas, digest, what)
-
-        monkeypatch.setattr(ContentStore, "verify", recording)
+        verified = hashed_digests(monkeypatch)
         built = BUILDERS["packed_blocks"](ws, "p2")
         assert built.details["packing"]["mode"] == "incremental"
         child = _token_ids(ws, "p2")
