@@ -270,7 +270,7 @@ def _join(
     records = _numbered([chunks[n] for n in todo], tmp, todo)
     query = MEMBERS_QUERY.format(records=records, clusters=clusters, splits=splits)
     written = {}
-    batches = cas_queries.batches(con, query, MEMBER_BATCH)
+    batches = cas_queries.sorted_batches(con, query, tmp, MEMBER_BATCH)
     for number, rows in itertools.groupby(_by_part(batches), key=lambda pair: pair[0]):
         seen = _Seen()
         ref = put_table_batches(cas, MEMBERS_SCHEMA, seen.watch(b for _, b in rows), tmp)

@@ -1,0 +1,52 @@
+"""Sorted query results through a file, and Parquet files read a row group at a time."""
+
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from corpus_assets.core.storage.cas_queries import Spilling, batches, sorted_batches, streamed
+
+GROUPS, GROUP_ROWS, TEXT = 24, 2048, 512  # ~1 MB of text per row group, ~24 MB in all
+
+
+def _wide(path: Path) -> Path:
+    """A Parquet file of ``GROUPS`` row groups of distinct texts, written without compression
+    (what Arrow reads is the size of what it buffers)."""
+    texts = [f"{n:08d}" + "x" * TEXT for n in range(GROUPS * GROUP_ROWS)]
+    table = pa.table({"n": range(len(texts)), "text": texts})
+    pq.write_table(table, path, row_group_size=GROUP_ROWS, compression="none")
+    return path
+
+
+def test_a_streamed_file_holds_about_one_row_group(tmp_path: Path) -> None:
+    """Arrow's default pre-buffering keeps every row group read until the file closes: the
+    reader would end holding the whole file (~24 MB here)."""
+    path = _wide(tmp_path / "wide.parquet")
+    one_group = path.stat().st_size // GROUPS
+    before, held, rows = pa.total_allocated_bytes(), 0, 0
+    for batch in streamed(path, GROUP_ROWS // 2):
+        rows += batch.num_rows
+        held = max(held, pa.total_allocated_bytes() - before)
+    assert rows == GROUPS * GROUP_ROWS
+    assert held < 4 * one_group, f"{held} bytes held; a row group is {one_group}"
+
+
+def test_sorted_batches_give_the_streamed_query_rows_in_order_and_leave_no_file(
+    tmp_path: Path,
+) -> None:
+    path = _wide(tmp_path / "wide.parquet")
+    sql = f"SELECT text, n % 7 AS k, n FROM read_parquet('{path}') ORDER BY k DESC, text"
+    folder = tmp_path / "sorted"
+    folder.mkdir()
+    with Spilling(tmp_path / "tmp", "64MB", threads=1) as con:
+        expected = pa.Table.from_batches(list(batches(con, sql)))
+        got = pa.Table.from_batches(list(sorted_batches(con, sql, folder, 1000)))
+        assert got.schema == expected.schema  # every column nullable, as a streamed result's
+        assert got.equals(expected)
+        assert not list(folder.iterdir())
+
+        early = sorted_batches(con, f"SELECT n FROM read_parquet('{path}') ORDER BY n", folder)
+        assert next(early).column(0)[0].as_py() == 0
+        early.close()  # a consumer that stops part-way
+        assert not list(folder.iterdir())
