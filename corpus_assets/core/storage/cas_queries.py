@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -198,12 +198,14 @@ def _nullable(schema: pa.Schema) -> pa.Schema:
     return pa.schema([field.with_nullable(True) for field in schema])
 
 
-def streamed(path: Path, rows: int = BATCH_ROWS) -> Iterator[pa.RecordBatch]:
-    """A Parquet file's rows a batch at a time, holding about one row group: Arrow's default
-    pre-buffering keeps every row group it read until the file is closed (a 112 MB file read
-    in 8,192-row batches held 110 MB of Arrow memory at the end)."""
+def streamed(
+    path: str | Path, rows: int = BATCH_ROWS, columns: Sequence[str] | None = None
+) -> Iterator[pa.RecordBatch]:
+    """A Parquet file's rows (``columns`` only, when given) a batch at a time, holding about
+    one row group: Arrow's default pre-buffering keeps every row group it read until the file
+    is closed (a 112 MB file read in 8,192-row batches held 110 MB of Arrow memory at the end)."""
     with pq.ParquetFile(path, pre_buffer=False, buffer_size=1 << 20) as parquet:
-        yield from parquet.iter_batches(rows)
+        yield from parquet.iter_batches(rows, columns=None if columns is None else list(columns))
 
 
 def put_query(

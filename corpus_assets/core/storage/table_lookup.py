@@ -18,7 +18,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from corpus_assets.core.storage.cas import ContentStore
-from corpus_assets.core.storage.cas_queries import VerifiedFiles
+from corpus_assets.core.storage.cas_queries import VerifiedFiles, streamed
 from corpus_assets.core.storage.catalog import Catalog
 from corpus_assets.core.storage.trust import StatTrust
 
@@ -135,10 +135,9 @@ def scan(path: str, columns: Sequence[str], keep: Callable[[pa.RecordBatch], pa.
     """The rows where ``keep(batch)`` holds, only ``columns``, in file order: ``SCAN_BATCH``
     rows decoded at a time, so memory holds one batch and the matches."""
     names = list(dict.fromkeys(columns))
-    with pq.ParquetFile(path) as source:
-        empty = source.schema_arrow.empty_table().select(names)
-        parts = [
-            pa.Table.from_batches([batch]).filter(keep(batch))
-            for batch in source.iter_batches(SCAN_BATCH, columns=names)
-        ]
+    empty = pq.read_schema(path).empty_table().select(names)
+    parts = [
+        pa.Table.from_batches([batch]).filter(keep(batch))
+        for batch in streamed(path, SCAN_BATCH, names)
+    ]
     return pa.concat_tables([empty, *parts]).combine_chunks()

@@ -3,9 +3,11 @@
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from corpus_assets.core.storage.cas_queries import Spilling, batches, sorted_batches, streamed
+from corpus_assets.core.storage.table_lookup import SCAN_BATCH, scan
 
 GROUPS, GROUP_ROWS, TEXT = 24, 2048, 512  # ~1 MB of text per row group, ~24 MB in all
 
@@ -50,3 +52,23 @@ def test_sorted_batches_give_the_streamed_query_rows_in_order_and_leave_no_file(
         assert next(early).column(0)[0].as_py() == 0
         early.close()  # a consumer that stops part-way
         assert not list(folder.iterdir())
+
+
+def test_a_table_scan_holds_one_batch_and_the_matches(tmp_path: Path) -> None:
+    """``matching_rows`` and ``explain`` scan whole clusters tables: the scan's reader must not
+    keep the row groups it already read (it held the whole file with pre-buffering on)."""
+    rows = 16 * SCAN_BATCH
+    texts = pa.array([f"{n:032d}" for n in range(rows)])
+    path = tmp_path / "long.parquet"
+    table = pa.table({"n": range(rows), "text": texts})
+    pq.write_table(table, path, row_group_size=SCAN_BATCH // 4, compression="none")
+    batch_bytes = table.nbytes // 16
+    before, held = pa.total_allocated_bytes(), [0]
+
+    def keep(batch: pa.RecordBatch) -> pa.Array:
+        held[0] = max(held[0], pa.total_allocated_bytes() - before)
+        return pc.equal(pc.bit_wise_and(batch.column("n"), 65535), 0)
+
+    found = scan(str(path), ["n", "text"], keep)
+    assert found.column("n").to_pylist() == list(range(0, rows, 65536))
+    assert held[0] < 4 * batch_bytes, f"{held[0]} bytes held; a batch is {batch_bytes}"
