@@ -9,8 +9,14 @@ candidate pairs, band figures and every Jaccard are those of the in-process path
 edges, report and pairs are the same bytes. The driver holds pairs, never texts, fingerprints
 or signatures of all records.
 
-The partition count is a function of the class size only (never the worker count), though any
-count gives the same bytes; tests set another with ``CORPUS_DEDUP_PARTITIONS``.
+The partition count is a function of the class size, the band count and
+``execution.worker_memory_mb`` (never the worker count), though any count gives the same bytes;
+tests set another with ``CORPUS_DEDUP_PARTITIONS``. A reduce task holds its partition's
+(band, key, rank) rows, their sorted copy and sort order (48 bytes a record and band traced by
+``test_band_memory``; the sizing takes 52), then, the rows freed, its candidate pairs (~40
+bytes each while they are made unique and split): up to ``bands * 52 / 40`` pairs a record (20
+at 16 bands) the rows are the peak. Near-duplicate families larger than that (up to
+``bucket_heads`` pairs a record and band) take more, so the bound is an estimate for them.
 """
 
 import os
@@ -43,8 +49,11 @@ from corpus_assets.core.runtime.workspace import Workspace, pooled
 from corpus_assets.core.storage.artifacts import Ref
 
 PARTITION_RECORDS = 16384  # class records per band-key partition ...
-MAX_PARTITIONS = 256  # ... up to this many partitions
-MAP_RECORDS = 65536  # class records per map task at least (a group of signature chunks)
+MAX_PARTITIONS = 256  # ... up to this many partitions, unless the memory bound needs more
+MAP_RECORDS = 65536  # class records per map task at least (a group of signature chunks) ...
+REDUCE_ROW_BYTES = 52  # a reduce task's bytes per (record, band): rows, sorted copy, order (48)
+PAIR_BYTES = 40  # a reduce task's bytes per candidate pair, once its rows are freed
+MAP_ROW_BYTES = 80  # a map task's bytes per (record, band): keys, rows, partition, sorted copy
 
 
 def distributed(execution: Execution) -> bool:
@@ -52,10 +61,19 @@ def distributed(execution: Execution) -> bool:
     return execution.stages_on_runner()
 
 
-def partitions(n: int) -> int:
-    """Band-key partitions of a class of ``n`` records (the environment may fix it)."""
+def partitions(n: int, bands: int, budget: int) -> int:
+    """Band-key partitions of a class of ``n`` records: one per ``PARTITION_RECORDS`` up to
+    ``MAX_PARTITIONS``, or more if a reduce task's estimate would exceed ``budget`` bytes
+    (``Execution.task_budget_bytes``); the environment may fix it."""
     fixed = int(os.environ.get("CORPUS_DEDUP_PARTITIONS") or 0)
-    return fixed or max(1, min(MAX_PARTITIONS, -(-n // PARTITION_RECORDS)))
+    by_records = min(MAX_PARTITIONS, -(-n // PARTITION_RECORDS))
+    return fixed or max(1, by_records, -(-n * bands * REDUCE_ROW_BYTES // budget))
+
+
+def map_records(bands: int, budget: int) -> int:
+    """Class records a map task takes at least (whole signature chunks): ``MAP_RECORDS``, or
+    fewer if their keys would exceed ``budget`` bytes."""
+    return max(1, min(MAP_RECORDS, budget // (bands * MAP_ROW_BYTES)))
 
 
 @dataclass(frozen=True)
@@ -81,7 +99,13 @@ class BandRunner:
         """Whether a class of ``n`` records goes to the runner: its reduce tasks would run on
         workers. (A lone reduce the local runner would run here: the in-process path is the
         same bytes and cheaper, it skips verifying pairs already linked.)"""
-        return task_runner(self.ws.config.execution).wants(partitions(n))
+        return task_runner(self.ws.config.execution).wants(self._partitions(n))
+
+    def _partitions(self, n: int) -> int:
+        execution = self.ws.config.execution
+        return partitions(
+            n, self.ws.config.policies.dedup.near.bands, execution.task_budget_bytes()
+        )
 
     def run_class(
         self,
@@ -93,7 +117,7 @@ class BandRunner:
         """The class's :class:`NearResult`, as :func:`.near_dedup.near_dedup` gives it;
         ``index``, if given, receives the class's bands in bucket order (the band index)."""
         n = len(order)
-        count = partitions(n)
+        count = self._partitions(n)
         base = self.ws.home / "tmp"
         base.mkdir(parents=True, exist_ok=True)
         scratch = tempfile.mkdtemp(dir=base, prefix="near-band-")
@@ -133,9 +157,10 @@ class BandRunner:
     def _map_jobs(
         self, scratch: str, order: np.ndarray, params: LshParams, count: int
     ) -> list[MapJob]:
-        """Consecutive signature chunks holding class rows, grouped to ``MAP_RECORDS``."""
+        """Consecutive signature chunks holding class rows, grouped to :func:`map_records`."""
         signatures = self.inputs.signatures
         starts = np.array([start for _, start, _ in signatures], dtype=np.int64)
+        size = map_records(params.bands, self.ws.config.execution.task_budget_bytes())
         held = np.bincount(
             np.searchsorted(starts, order, side="right") - 1, minlength=len(signatures)
         )
@@ -144,7 +169,7 @@ class BandRunner:
         for chunk, rows in zip(signatures, held.tolist(), strict=True):
             if not rows:
                 continue
-            if in_group >= MAP_RECORDS:
+            if in_group >= size:
                 groups.append([])
                 in_group = 0
             groups[-1].append(chunk)

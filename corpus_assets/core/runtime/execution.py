@@ -5,6 +5,10 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+# What a worker holds before its first task (interpreter, numpy, pyarrow, corpus_assets.core):
+# ~200 MB measured for a spawn worker, Ray's own modules on top.
+WORKER_FOOTPRINT_MB = 256
+MIN_TASK_BUDGET_MB = 64  # a task's share when worker_memory_mb leaves less beyond the footprint
 # host:port, ray://host:port, "auto" (the cluster this machine joined) or "local" (start one here)
 RAY_ADDRESS = r"^(auto|local|(ray://)?[A-Za-z0-9._-]+:[0-9]{1,5})$"
 
@@ -17,9 +21,11 @@ class Execution(BaseModel):
     at most ``in_process_bytes`` (as stored) runs in the build's process unless the pool is
     already up: a spawn worker's start costs ~1 CPU-s of imports (0: always the pool).
     ``worker_memory_mb`` is what one task may use: on Ray every task asks for that much of a
-    node's memory (so a node runs no more tasks than fit). The partitioned stages keep their
-    tasks far below the default by fixed sizes (16,384 records per band partition, 32,768 per
-    held-out group); they are not derived from this setting yet.
+    node's memory (so a node runs no more tasks than fit), and near-dedup sizes its band-key
+    partitions and map groups so that one task's arrays fit in it beyond the worker's own
+    footprint (:meth:`task_budget_bytes`); the other partitioned stages have fixed sizes
+    whose tasks stay far below the default (65,536 clusters rows a gather task, 32,768
+    member records a held-out task, 262,144 member rows a packing lookup).
     ``stages``: where near-dedup's banding and verification and the held-out search run. ``auto``
     puts them on Ray's workers and keeps them in the driver with the local pool (measured on 2
     cores at 1.1 GB: the in-process path costs 30 CPU-s against 68 on two pool workers, since it
@@ -36,6 +42,11 @@ class Execution(BaseModel):
     startup_timeout_s: Annotated[float, Field(gt=0, le=86400)] = 120.0
     worker_memory_mb: Annotated[int, Field(ge=256, le=1 << 22)] = 2048
     stages: Literal["auto", "runner", "driver"] = "auto"
+
+    def task_budget_bytes(self) -> int:
+        """What one task's own data may take: ``worker_memory_mb`` less the worker's footprint
+        (at least ``MIN_TASK_BUDGET_MB``)."""
+        return max(self.worker_memory_mb - WORKER_FOOTPRINT_MB, MIN_TASK_BUDGET_MB) << 20
 
     def stages_on_runner(self) -> bool:
         """Whether the partitioned stages run as tasks on the runner (see ``stages``)."""

@@ -1,0 +1,95 @@
+"""Near-dedup's band tasks are sized from ``execution.worker_memory_mb``: what a task holds
+(numpy's allocations, traced) stays within the estimate its size was chosen by."""
+
+import tracemalloc
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from corpus_assets.core.dedup.band_runner import (
+    MAP_ROW_BYTES,
+    MAX_PARTITIONS,
+    PAIR_BYTES,
+    REDUCE_ROW_BYTES,
+    map_records,
+    partitions,
+)
+from corpus_assets.core.dedup.band_tasks import (
+    ROW,
+    MapJob,
+    ReduceJob,
+    _write_split,
+    band_map,
+    band_reduce,
+    map_path,
+)
+from corpus_assets.core.runtime.execution import Execution
+
+BANDS, ROWS = 16, 8
+
+
+def _traced_peak(run: object) -> int:
+    tracemalloc.start()
+    try:
+        run()  # type: ignore[operator]
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def test_a_reduce_task_holds_no_more_than_its_estimate(tmp_path: Path) -> None:
+    """A partition of 60,000 records whose keys collide so that each record has as many
+    candidate pairs as the estimate allows (bands * 52 / 40): the rows and their sort are the
+    peak, within the per-record estimate and close to it."""
+    records, rng = 60_000, np.random.default_rng(7)
+    allowed = BANDS * REDUCE_ROW_BYTES // PAIR_BYTES
+    rows = np.empty(records * BANDS, dtype=ROW)
+    rows["band"] = np.repeat(np.arange(BANDS, dtype=np.uint32), records)
+    rows["key"] = rng.integers(0, records // 2, len(rows)).astype(np.uint64)
+    rows["rank"] = np.tile(np.arange(records, dtype=np.int64), BANDS)
+    _write_split(map_path(str(tmp_path), 0), rows, np.zeros(len(rows), dtype=np.int64), 1)
+    del rows
+    job = ReduceJob(str(tmp_path), 0, 1, 1, records, BANDS, 32)
+    done: list = []
+    peak = _traced_peak(lambda: done.append(band_reduce(None, job)))  # type: ignore[arg-type]
+    pairs = sum(band[4] for band in done[0].bands)
+    assert 0.7 * allowed * records <= pairs <= allowed * records
+    estimate = records * BANDS * REDUCE_ROW_BYTES
+    assert 0.8 * estimate <= peak <= estimate, f"{peak} bytes traced, {estimate} estimated"
+
+
+def test_a_map_task_holds_no_more_than_its_estimate(tmp_path: Path) -> None:
+    records = 40_000
+    signatures = np.random.default_rng(3).integers(0, 2**32, (BANDS * ROWS, records))
+    path = tmp_path / "signatures.npy"
+    np.save(path, signatures.astype("<u4"))
+    np.save(tmp_path / "ranks.npy", np.arange(records, dtype=np.int64))
+    ws = SimpleNamespace(cas=SimpleNamespace(path=Path))  # the digest is the file's path
+    job = MapJob(str(tmp_path), 0, ((str(path), 0, records),), BANDS, ROWS, 4)
+    peak = _traced_peak(lambda: band_map(ws, job))  # type: ignore[arg-type]
+    assert peak <= records * BANDS * MAP_ROW_BYTES, peak
+
+
+@pytest.mark.parametrize("memory_mb", [256, 2048, 16384])
+def test_partitions_follow_the_memory_bound_past_the_record_count_cap(memory_mb: int) -> None:
+    """A class of 10 billion records: its partitions are as many as the task budget needs (far
+    beyond ``MAX_PARTITIONS``), each within the budget; map groups shrink with the budget."""
+    budget = Execution(worker_memory_mb=memory_mb).task_budget_bytes()
+    per_record = BANDS * REDUCE_ROW_BYTES
+    n = 10_000_000_000
+    count = partitions(n, BANDS, budget)
+    assert count > MAX_PARTITIONS
+    assert n * per_record / count <= budget  # a partition's share, on average
+    assert partitions(n, BANDS, budget * 2) < count  # more memory, fewer and larger tasks
+    assert map_records(BANDS, budget) * BANDS * MAP_ROW_BYTES <= budget
+
+
+def test_small_classes_keep_the_record_count_sizing() -> None:
+    """Below the memory bound the count is one per 16,384 records (what the tests and the
+    measured figures used): a class's partitions do not move with the bound there."""
+    budget = Execution().task_budget_bytes()
+    assert partitions(1, BANDS, budget) == 1
+    assert partitions(100_000, BANDS, budget) == 7
+    assert partitions(100_000, BANDS, Execution(worker_memory_mb=256).task_budget_bytes()) == 7
