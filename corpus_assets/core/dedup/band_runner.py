@@ -30,6 +30,7 @@ import numpy as np
 
 from corpus_assets.core.dedup.band_index import IndexWriter
 from corpus_assets.core.dedup.band_tasks import (
+    ROW,
     MapJob,
     ReduceDone,
     ReduceJob,
@@ -201,18 +202,37 @@ class BandRunner:
 
 def _write_index(index: IndexWriter, scratch: str, count: int, order: np.ndarray) -> None:
     """Each band's rows of every reduce partition, merged into bucket order (keys are sorted
-    in each partition and a bucket lies in one: a stable sort by key merges them)."""
-    parts = [np.load(index_path(scratch, p), mmap_mode="r") for p in range(count)]
-    bounds = [
-        np.searchsorted(part["band"], np.arange(index.bands + 1, dtype=np.uint32)) for part in parts
-    ]
+    in each partition and a bucket lies in one: a stable sort by key merges them). Each band
+    is read from the files on its own: mapped whole, the partitions' pages stayed resident
+    (the driver's peak at 1.1 GB of raw text: +140 MB of file pages)."""
+    runs = [_BandRuns.open(index_path(scratch, p), index.bands) for p in range(count)]
     for band in range(index.bands):
-        rows = np.concatenate(
-            [part[int(b[band]) : int(b[band + 1])] for part, b in zip(parts, bounds, strict=True)]
-        )
+        rows = np.concatenate([run.band(band) for run in runs])
         by_key = np.argsort(rows["key"], kind="stable")
         index.add(rows["key"][by_key], order[rows["rank"][by_key]])
     index.close()
+
+
+@dataclass(frozen=True)
+class _BandRuns:
+    """A reduce partition's sorted ``ROW`` file (an ``.npy``): where each band's rows lie."""
+
+    path: Path
+    offset: int  # the data's first byte
+    bounds: np.ndarray  # band b's rows are [bounds[b], bounds[b + 1])
+
+    @classmethod
+    def open(cls, path: Path, bands: int) -> "_BandRuns":
+        mapped = np.load(path, mmap_mode="r")  # a binary search touches a few pages only
+        bounds = np.searchsorted(mapped["band"], np.arange(bands + 1, dtype=np.uint32))
+        offset = mapped.offset
+        del mapped
+        return cls(path, offset, bounds)
+
+    def band(self, band: int) -> np.ndarray:
+        lo, hi = int(self.bounds[band]), int(self.bounds[band + 1])
+        start = self.offset + lo * ROW.itemsize
+        return np.fromfile(self.path, dtype=ROW, count=hi - lo, offset=start)
 
 
 def _band_stats(done: list[ReduceDone], bands: int) -> list[BandStats]:

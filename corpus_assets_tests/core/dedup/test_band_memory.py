@@ -1,6 +1,8 @@
 """Near-dedup's band tasks are sized from ``execution.worker_memory_mb``: what a task holds
 (numpy's allocations, traced) stays within the estimate its size was chosen by."""
 
+import subprocess
+import sys
 import tracemalloc
 from pathlib import Path
 from types import SimpleNamespace
@@ -23,6 +25,7 @@ from corpus_assets.core.dedup.band_tasks import (
     _write_split,
     band_map,
     band_reduce,
+    index_path,
     map_path,
 )
 from corpus_assets.core.runtime.execution import Execution
@@ -93,3 +96,49 @@ def test_small_classes_keep_the_record_count_sizing() -> None:
     assert partitions(1, BANDS, budget) == 1
     assert partitions(100_000, BANDS, budget) == 7
     assert partitions(100_000, BANDS, Execution(worker_memory_mb=256).task_budget_bytes()) == 7
+
+
+INDEX_PROBE = """
+import sys
+from pathlib import Path
+import numpy as np
+from corpus_assets.core.dedup.band_index import IndexWriter
+from corpus_assets.core.dedup.band_runner import _write_index
+
+scratch, count, n, bands = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+
+def kb(field):
+    for line in open("/proc/self/status"):
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+
+before = kb("VmRSS")
+writer = IndexWriter(Path(scratch) / "index.npy", bands, n)
+_write_index(writer, scratch, count, np.arange(n, dtype=np.int64))
+print((kb("VmHWM") - before) * 1024)
+"""
+
+
+def test_the_band_index_writer_holds_one_band_not_every_partition(tmp_path: Path) -> None:
+    """The driver merges the reduce tasks' sorted partitions a band at a time: what it holds
+    grows with one band's rows (~20 bytes a record, with its sort), not with the partition
+    files (20 bytes a record and band), which it must not keep mapped (their pages counted
+    in its peak: +140 MB at 1.1 GB of raw text)."""
+    count, n, bands = 4, 400_000, 16
+    rng = np.random.default_rng(5)
+    for partition in range(count):
+        size = n // count
+        rows = np.empty(size * bands, dtype=ROW)
+        rows["band"] = np.repeat(np.arange(bands, dtype=np.uint32), size)
+        rows["key"] = rng.integers(0, 2**62, len(rows)).astype(np.uint64) * count + partition
+        rows["rank"] = np.tile(np.arange(partition * size, (partition + 1) * size), bands)
+        order = np.lexsort((rows["rank"], rows["key"], rows["band"]))
+        np.save(index_path(str(tmp_path), partition), rows[order])
+    files = n * bands * ROW.itemsize
+    probe = [sys.executable, "-c", INDEX_PROBE, str(tmp_path), str(count), str(n), str(bands)]
+    grown = int(subprocess.run(probe, check=True, capture_output=True, text=True).stdout)
+    assert grown < files // 3, f"{grown} bytes over the files' {files}"
+    written = np.load(tmp_path / "index.npy")
+    assert written.shape == (bands, n)
+    keys = written["key"]
+    assert (keys[:, 1:] >= keys[:, :-1]).all()  # each band in bucket order
