@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 from corpus_assets.core.records.index import RECORD_COLUMNS, ChunkRecords
 from corpus_assets.core.runtime.workspace import Workspace, pooled
 from corpus_assets.core.storage.artifacts import BINARY, make_ref, put_bytes
-from corpus_assets.core.storage.cas_queries import Spilling, sql_list
+from corpus_assets.core.storage.cas_queries import Spilling, sql_list, tightened
 from corpus_assets.core.storage.memory import hand_back_duckdb, release_memory
 from corpus_assets.core.storage.trust import StatTrust
 
@@ -33,6 +33,7 @@ _CARRIED_SQL = "record_id, source_id, object, line, group_id, dedup_key, kind"
 MEMORY_LIMIT = "160MB"  # DuckDB's buffer pool; it spills to disk beyond this
 # ... and for the clusters joins (no sort, unlike the edges query): what DuckDB uses grows with
 # the partition up to its limit, so a lower one keeps the layer's peak flat; the joins spill.
+SORT_LIMIT = "64MB"  # the coding sorts, on one thread
 OUTPUT_MEMORY_LIMIT = "64MB"  # on one thread (two needed more than 96 MB at 677k records)
 
 
@@ -220,8 +221,9 @@ class PartitionDb:
         in DuckDB's ``meta``: only the total order reads them.)"""
         n = self.n
         if carried is None:
-            record_id, group_id = self._coded_ids(n)
-            dedup_key = self._coded("dedup_key", n)
+            with tightened(self.con, SORT_LIMIT):
+                record_id, group_id = self._coded_ids(n)
+                dedup_key = self._coded("dedup_key", n)
         else:
             record_id, dedup_key, group_id = carried
         kind, source_id = self._coded_few(("kind", "source_id"), n)
