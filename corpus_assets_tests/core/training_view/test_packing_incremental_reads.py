@@ -151,3 +151,26 @@ def test_the_padding_bound_is_never_below_a_full_repacks_extra_padding() -> None
         worse = plan_packing(lengths, 64, "next_fit", overlong="split")
         assert padding_bound(worse) >= extra_padding(worse, full)
         assert padding_bound(full) >= extra_padding(full, full) == 0
+
+
+def test_piece_rows_gathers_what_a_binary_search_of_the_pieces_finds() -> None:
+    """``piece_rows`` by each sample's first row (one pass, no search per span) finds the rows
+    a binary search of the stream-ordered pieces finds: a split sample's later pieces, and -1
+    for a sample with no piece, an offset off a cut or past the sample's last piece."""
+    from corpus_assets.core.training_view.packing.incremental import first_pieces, piece_rows
+    from corpus_assets.core.training_view.packing.plan import apply_overlong
+
+    rng = np.random.default_rng(32)
+    for _ in range(20):
+        lengths = rng.integers(1, 300, rng.integers(1, 80))
+        lengths[rng.random(lengths.size) < 0.2] = 0  # samples with no piece
+        pieces = apply_overlong(lengths, 64, "split")
+        count = int(rng.integers(1, 200))
+        sample = rng.integers(0, lengths.size, count)
+        offset = rng.integers(0, 6, count) * 64 + np.where(rng.random(count) < 0.1, 5, 0)
+        at = np.searchsorted(pieces.sample, sample) + offset // 64
+        safe = np.minimum(at, max(pieces.sample.size - 1, 0))
+        hit = (at < pieces.sample.size) & (pieces.sample[safe] == sample)
+        expected = np.where(hit & (pieces.offset[safe] == offset), at, -1)
+        first = first_pieces(pieces, lengths.size)
+        assert np.array_equal(piece_rows(pieces, first, sample, offset, 64), expected)
