@@ -139,7 +139,16 @@ def leaked_components(con: DuckDBPyConnection) -> list[str]:
     vertex: the components come out in the order of their first row with no sort of the rows.
     Only rows joined to another (a shared group, an edge) are vertices, and only their
     components of two records or more are joined with the members: a row joined to none is a
-    component of one record, which cannot leak."""
+    component of one record, which cannot leak. The live rows' table is dropped after: the
+    gate's next eviction would write it to the spill directory (~0.07 CPU-s at 1.1 GB)."""
+    try:
+        return _leaked(con)
+    finally:
+        con.execute("DROP TABLE IF EXISTS dd_live")
+
+
+def _leaked(con: DuckDBPyConnection) -> list[str]:
+    """``leaked_components`` over ``dd_live``, made here."""
     con.execute(LIVE)
     found = con.execute(GROUPS).fetchnumpy()
     grouped, groups = (np.asarray(found[k], dtype=np.int64) for k in ("v", "g"))

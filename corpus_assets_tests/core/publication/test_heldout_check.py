@@ -87,3 +87,26 @@ def test_row_keys_are_the_plain_read_of_the_rows_taken(tmp_path: Path) -> None:
     plain = whole.take(pa.array(rows)).add_column(0, "row", pa.array(rows))
     assert keys.schema.field("object").type == pa.string()
     assert keys.to_pylist() == plain.to_pylist()
+
+
+@SQLITE
+def test_the_heldout_and_leakage_rules_leave_no_table_to_the_eviction_between_rules(
+    workspace: Workspace, demo_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The held-out rule's searched records and the leakage rule's live rows are dropped when
+    the rule ends: the check's eviction between rules would write them to its spill directory."""
+    _, child = _parent_and_child(workspace, demo_home)
+    left: list[str] = []
+    evict = Evidence.evict
+
+    def listed(self: Evidence) -> None:
+        if self._con is not None:
+            tables = self._con.execute("SELECT table_name FROM duckdb_tables() WHERE temporary")
+            left.extend(name for (name,) in tables.fetchall())
+        evict(self)
+
+    monkeypatch.setattr(Evidence, "evict", listed)
+    report = validate_snapshot(workspace, child, trust_unchanged=True)
+    ran = {"heldout_near_apart", "dedup_invariants_hold"} - set(report.rules_reused)
+    assert report.ok and ran == {"heldout_near_apart", "dedup_invariants_hold"}, report.findings
+    assert not {"ho_searched", "ho_objects", "dd_live"} & set(left), left
