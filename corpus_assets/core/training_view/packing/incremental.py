@@ -22,8 +22,8 @@ positions when it can, integers; else on record id, object and line), so it loca
 samples too (``packing.samples.located_from``), and the full plan is made only when
 ``padding_bound`` cannot settle the padding rule alone: a child's packing then joins, plans and
 builds in proportion to its change, besides the O(samples) vectorised steps (the join, the spans).
-Memory: one int64 per parent and per child sample, the plan's five per piece; the parent's
-spans are read a row group at a time.
+Memory: one int64 per parent and per child sample (and one more per child sample, its first
+piece, while the parent's spans are read a row group at a time), the plan's five per piece.
 """
 
 from dataclasses import dataclass
