@@ -174,3 +174,22 @@ def test_piece_rows_gathers_what_a_binary_search_of_the_pieces_finds() -> None:
         expected = np.where(hit & (pieces.offset[safe] == offset), at, -1)
         first = first_pieces(pieces, lengths.size)
         assert np.array_equal(piece_rows(pieces, first, sample, offset, 64), expected)
+
+
+def test_the_block_start_order_is_the_two_key_sort() -> None:
+    """One stable key sort gives ``np.lexsort((start, block))``'s order: ties kept in place,
+    sorted runs and random rows, and the two-key sort where a key could overflow."""
+    from corpus_assets.core.training_view.packing.incremental import block_start_order
+
+    rng = np.random.default_rng(32)
+    for _ in range(20):
+        n = int(rng.integers(0, 300))
+        block = rng.integers(0, 40, n).astype(np.int64)
+        start = rng.integers(0, 8, n).astype(np.int64)
+        cut = int(rng.integers(0, n + 1))
+        block[:cut] = np.sort(block[:cut])  # the kept rows: in order already
+        expected = np.lexsort((start, block))
+        assert np.array_equal(block_start_order(block, start), expected)
+    huge = np.array([1 << 62, 0, 1 << 62], np.int64)
+    starts = np.array([2, 1, 0], np.int64)
+    assert np.array_equal(block_start_order(huge, starts), [1, 2, 0])

