@@ -77,11 +77,16 @@ def _vm_kb(field: str) -> int:
 def child(config: str, partition: str, layer: str, direct: bool = False) -> None:
     """Run one layer (or the validation check) of ``partition`` and print what it cost; with
     ``direct`` the layer is built again (no memo) and the check runs every rule of its own (a
-    parent's recorded outcomes stay: they bound a child's held-out search, as in a build)."""
+    parent's recorded outcomes stay: they bound a child's held-out search, as in a build).
+    Without pandas, as ``corpus-assets build`` runs (``cli.parser.NO_PANDAS``): pyarrow would
+    import it at the layer's first table, ~0.2 CPU-s a build never pays."""
     from corpus_assets.core.pipeline import BUILDERS, DIRECT_BUILDERS, released
     from corpus_assets.core.publication.validation import validate_snapshot
+    from corpus_assets.core.runtime.absent_imports import go_without
     from corpus_assets.core.runtime.workspace import open_workspace
     from corpus_assets.core.storage.catalog import gate_results
+
+    go_without("pandas")
 
     with open_workspace(config) as ws:
         if direct and layer == "validation":  # no recorded outcome stands in for a rule

@@ -82,14 +82,11 @@ def heldout_near_apart(ws: Workspace) -> ValidationRule:
         searched = searched_records(f"read_parquet({sql_list([path])})", "members")
         kept = f"SELECT record_id, object, line, split FROM ({searched})"  # what is read
         ev.con.execute(f"CREATE OR REPLACE TEMP TABLE ho_searched AS {kept}")
-        records = "SELECT * FROM ho_searched"  # read twice: the changed records and the search
-        known = reuse(ws, ev.dedup, scan.spec, (ev.splits, SPLITS_CODE, "splits layer"))
-        changed = changed_since_parent(ws, ev, records)
-        if changed is None:
-            pairs = scan.pairs(ev.con, records, known, keep=False)[0]
-        else:  # only the changed records' rows and their candidates' are looked up
-            ev.narrowed.append(RULE)
-            pairs = narrowed_pairs(scan, ev.con, records, known, changed)[0]
+        try:
+            pairs = _searched_pairs(ws, ev, scan)
+        finally:  # the gate's next eviction would write them to its spill directory
+            ev.con.execute("DROP TABLE IF EXISTS ho_searched")
+            ev.con.execute("DROP TABLE IF EXISTS ho_objects")
         cross = pairs.filter(pc.not_equal(pairs["split_a"], pairs["split_b"]))
         report.heldout_near_pairs = cross.num_rows  # only the shown ones become Python objects
         return [
@@ -99,6 +96,18 @@ def heldout_near_apart(ws: Workspace) -> ValidationRule:
         ]
 
     return heldout_near_apart
+
+
+def _searched_pairs(ws: Workspace, ev: Evidence, scan: HeldoutScan) -> pa.Table:
+    """The near pairs of the records in ``ho_searched``: of the changed ones only when a
+    parent passed the rule (``changed_since_parent``), else of all."""
+    records = "SELECT * FROM ho_searched"  # read twice: the changed records and the search
+    known = reuse(ws, ev.dedup, scan.spec, (ev.splits, SPLITS_CODE, "splits layer"))
+    changed = changed_since_parent(ws, ev, records)
+    if changed is None:
+        return scan.pairs(ev.con, records, known, keep=False)[0]
+    ev.narrowed.append(RULE)  # only the changed records' rows and their candidates' are read
+    return narrowed_pairs(scan, ev.con, records, known, changed)[0]
 
 
 def changed_since_parent(ws: Workspace, ev: Evidence, records: str) -> pa.Array | None:

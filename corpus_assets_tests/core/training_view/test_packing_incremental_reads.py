@@ -151,3 +151,45 @@ def test_the_padding_bound_is_never_below_a_full_repacks_extra_padding() -> None
         worse = plan_packing(lengths, 64, "next_fit", overlong="split")
         assert padding_bound(worse) >= extra_padding(worse, full)
         assert padding_bound(full) >= extra_padding(full, full) == 0
+
+
+def test_piece_rows_gathers_what_a_binary_search_of_the_pieces_finds() -> None:
+    """``piece_rows`` by each sample's first row (one pass, no search per span) finds the rows
+    a binary search of the stream-ordered pieces finds: a split sample's later pieces, and -1
+    for a sample with no piece, an offset off a cut or past the sample's last piece."""
+    from corpus_assets.core.training_view.packing.incremental import first_pieces, piece_rows
+    from corpus_assets.core.training_view.packing.plan import apply_overlong
+
+    rng = np.random.default_rng(32)
+    for _ in range(20):
+        lengths = rng.integers(1, 300, rng.integers(1, 80))
+        lengths[rng.random(lengths.size) < 0.2] = 0  # samples with no piece
+        pieces = apply_overlong(lengths, 64, "split")
+        count = int(rng.integers(1, 200))
+        sample = rng.integers(0, lengths.size, count)
+        offset = rng.integers(0, 6, count) * 64 + np.where(rng.random(count) < 0.1, 5, 0)
+        at = np.searchsorted(pieces.sample, sample) + offset // 64
+        safe = np.minimum(at, max(pieces.sample.size - 1, 0))
+        hit = (at < pieces.sample.size) & (pieces.sample[safe] == sample)
+        expected = np.where(hit & (pieces.offset[safe] == offset), at, -1)
+        first = first_pieces(pieces, lengths.size)
+        assert np.array_equal(piece_rows(pieces, first, sample, offset, 64), expected)
+
+
+def test_the_block_start_order_is_the_two_key_sort() -> None:
+    """One stable key sort gives ``np.lexsort((start, block))``'s order: ties kept in place,
+    sorted runs and random rows, and the two-key sort where a key could overflow."""
+    from corpus_assets.core.training_view.packing.incremental import block_start_order
+
+    rng = np.random.default_rng(32)
+    for _ in range(20):
+        n = int(rng.integers(0, 300))
+        block = rng.integers(0, 40, n).astype(np.int64)
+        start = rng.integers(0, 8, n).astype(np.int64)
+        cut = int(rng.integers(0, n + 1))
+        block[:cut] = np.sort(block[:cut])  # the kept rows: in order already
+        expected = np.lexsort((start, block))
+        assert np.array_equal(block_start_order(block, start), expected)
+    huge = np.array([1 << 62, 0, 1 << 62], np.int64)
+    starts = np.array([2, 1, 0], np.int64)
+    assert np.array_equal(block_start_order(huge, starts), [1, 2, 0])

@@ -22,8 +22,8 @@ positions when it can, integers; else on record id, object and line), so it loca
 samples too (``packing.samples.located_from``), and the full plan is made only when
 ``padding_bound`` cannot settle the padding rule alone: a child's packing then joins, plans and
 builds in proportion to its change, besides the O(samples) vectorised steps (the join, the spans).
-Memory: one int64 per parent and per child sample, the plan's five per piece; the parent's
-spans are read a row group at a time.
+Memory: one int64 per parent and per child sample (and one more per child sample, its first
+piece, while the parent's spans are read a row group at a time), the plan's five per piece.
 """
 
 from dataclasses import dataclass
@@ -264,13 +264,28 @@ def _read(files: TrustedFiles, ref: Ref, what: str, extra: str = "") -> str:
     return f"read_parquet({sql_path(files.path(ref['digest'], what))}{extra})"
 
 
-def piece_rows(pieces: Pieces, sample: np.ndarray, offset: np.ndarray, width: int) -> np.ndarray:
-    """Row of each (sample, offset) in ``pieces`` (stream order, cut every ``width``), -1: none."""
+def first_pieces(pieces: Pieces, samples: int) -> np.ndarray:
+    """Each of ``samples`` samples' first row in ``pieces`` (stream order: samples ascending),
+    -1: none. One pass, so ``piece_rows`` gathers where a binary search of every parent span's
+    sample (in random order) cost ~0.06 CPU-s of a 1.1 GB child."""
+    first = np.full(max(samples, int(pieces.sample.max(initial=-1)) + 1), -1, dtype=np.int64)
+    if pieces.sample.size:
+        heads = np.flatnonzero(np.r_[True, pieces.sample[1:] != pieces.sample[:-1]])
+        first[pieces.sample[heads]] = heads
+    return first
+
+
+def piece_rows(
+    pieces: Pieces, first: np.ndarray, sample: np.ndarray, offset: np.ndarray, width: int
+) -> np.ndarray:
+    """Row of each (sample, offset) in ``pieces`` (stream order, cut every ``width``), -1: none;
+    ``first``: each sample's first row (``first_pieces``)."""
     if not pieces.sample.size:
         return np.full(sample.size, -1, dtype=np.int64)
-    at = np.searchsorted(pieces.sample, sample) + offset // width
-    safe = np.minimum(at, pieces.sample.size - 1)
-    hit = (at < pieces.sample.size) & (pieces.sample[safe] == sample)
+    head = first[sample]
+    at = head + offset // width
+    safe = np.clip(at, 0, pieces.sample.size - 1)
+    hit = (head >= 0) & (at < pieces.sample.size) & (pieces.sample[safe] == sample)
     hit &= pieces.offset[safe] == offset
     return np.where(hit, at, -1)
 
@@ -300,6 +315,7 @@ def kept_blocks(
     parts: list[tuple[np.ndarray, ...]] = []
     spans = parent.index.output("spans")
     path = TrustedFiles(ws.cas, ws.catalog).path(spans["digest"], "parent spans")
+    first = first_pieces(pieces, pair_split.size)
     for batch in pq.ParquetFile(path).iter_batches(columns=SPAN_READ):
         block = batch.column("block").to_numpy().astype(np.int64)
         start = batch.column("start").to_numpy().astype(np.int64)
@@ -309,7 +325,7 @@ def kept_blocks(
         known = sample >= 0
         split = np.where(known, pair_split[np.maximum(sample, 0)], 0)
         second = (split > 0) & (offset == split)
-        row = np.where(second, -1, piece_rows(pieces, np.maximum(sample, 0), offset, width))
+        row = np.where(second, -1, piece_rows(pieces, first, np.maximum(sample, 0), offset, width))
         whole = (row >= 0) & (
             np.where(split > 0, length == split, pieces.length[np.maximum(row, 0)] == length)
         )
@@ -374,11 +390,22 @@ def incremental_plan(
         np.concatenate([kept.offset, new.offset]),
         np.concatenate([kept.length, new.length]),
     ]
-    order = np.lexsort((columns[0], block))
+    order = block_start_order(block, columns[0])
     start, sample, offset, length = (c[order] for c in columns)
     plan = PackPlan("atomic", width, blocks, block[order], start, sample, offset, length,
                     pieces.quarantined, int(lengths.sum()), pieces.dropped_tokens)  # fmt: skip
     return plan, parent_id
+
+
+def block_start_order(block: np.ndarray, start: np.ndarray) -> np.ndarray:
+    """``np.lexsort((start, block))`` as a stable sort of one key ``block * span + start``: the
+    kept rows come in that order already, which the one-key sort runs through (~0.04 CPU-s
+    less at 1.1 GB). The two-key sort when a key could overflow or a value is negative."""
+    span = int(start.max(initial=0)) + 1
+    top = int(block.max(initial=0))
+    if min(int(block.min(initial=0)), int(start.min(initial=0))) < 0 or top >= (1 << 62) // span:
+        return np.lexsort((start, block))
+    return np.argsort(block * span + start, kind="stable")
 
 
 def extra_padding(plan: PackPlan, full: PackPlan) -> Decimal:
