@@ -87,3 +87,50 @@ def test_a_duckdb_connections_freed_pages_are_handed_back(call: str) -> None:
     last = done.stdout.splitlines()[-1]  # after any progress bar DuckDB printed
     after_sort, after_call = map(int, last.split()[-2:])
     assert after_sort - after_call > 80, (after_sort, after_call)
+
+
+STARTUP_SCRIPT = textwrap.dedent(
+    """
+    import gc, weakref
+    import corpus_assets.core.pipeline  # a start-up heap: ~100k objects
+    from corpus_assets.core.storage import memory
+
+    class Node:
+        pass
+
+    def cycle():
+        node = Node()
+        node.self = node  # only the collector frees it
+        return node
+
+    unfrozen = []
+    real_unfreeze = gc.unfreeze
+    memory.gc.unfreeze = lambda: (unfrozen.append(1), real_unfreeze())[1]
+    node = cycle()
+    gc.collect()  # an old survivor...
+    old = weakref.ref(node)
+    del node  # ...that start-up left as garbage
+    memory.freeze_startup_heap()
+    startup = gc.get_freeze_count()
+    assert startup > 50_000, startup
+    memory.freeze_startup_heap()  # once per process
+    assert gc.get_freeze_count() == startup
+    young = weakref.ref(cycle())  # garbage of the run
+    memory.collect_cycles()
+    assert young() is None, "a cycle made after start-up was not freed"
+    assert not unfrozen, "the first collection walked the start-up heap"
+    assert old() is not None  # start-up garbage waits for a full collection...
+    keep = [[] for _ in range(2 * startup)]  # ...which runs once the frozen heap doubled
+    for _ in range(3):
+        memory.collect_cycles()
+    assert unfrozen and old() is None, "start-up garbage was never freed"
+    """
+)
+
+
+def test_the_start_up_heap_is_frozen_without_a_full_collection() -> None:
+    """A build's first ``collect_cycles`` after ``freeze_startup_heap`` walks only what was
+    made since (no unfreeze: no full collection over the ~200k objects of start-up), still
+    frees the run's garbage cycles, and start-up garbage goes at the doubling rule's full one."""
+    done = subprocess.run([sys.executable, "-c", STARTUP_SCRIPT], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
