@@ -61,7 +61,7 @@ from corpus_assets.core.training_view.packing.plan import (
     split_pairs,
 )
 from corpus_assets.core.training_view.packing.samples import SampleRows, located_from
-from corpus_assets.core.training_view.packing.shards import KINDS, ShardOutcome
+from corpus_assets.core.training_view.packing.shards import KINDS, KeptPrefix, ShardOutcome
 from corpus_assets.core.training_view.splits import row_order
 
 SPAN_READ = ["block", "start", "end", "sample", "record_offset"]
@@ -415,10 +415,12 @@ def reused_shards(
     code: str,
     fields: dict,
     per_shard: int,
-) -> dict[int, ShardOutcome]:
+) -> dict[int, ShardOutcome | KeptPrefix]:
     """The parent's shards the child has unchanged, by number: every block of the shard kept
     at its own id, the shard the same size, written by this very code (``code``) in the same
-    shard layout, its counts recorded (``shard_counts``) and its bytes still in the store."""
+    shard layout, its counts recorded (``shard_counts``) and its bytes still in the store.
+    A parent shard whose blocks are all kept so but which the child's shard goes on past (the
+    parent's last, short one, when blocks are added) is a ``KeptPrefix`` of that shard."""
     theirs = parent.index.outputs
     if parent.index.code != code or "shard_counts" not in theirs:
         return {}
@@ -428,14 +430,26 @@ def reused_shards(
         return {}
     counts = get_table(ws.cas, theirs["shard_counts"], "parent shard counts").to_pylist()
     same = np.append(parent_id == np.arange(parent_id.size), False)
-    out = {}
+    out: dict[int, ShardOutcome | KeptPrefix] = {}
     for number, entry in enumerate(index.shards):
         first, last = entry.first_block, entry.first_block + entry.blocks
-        whole = first == number * per_shard and last == min(first + per_shard, plan.blocks)
-        if whole and same[first:last].all() and ws.cas.contains(entry.digest):
-            row = counts[number]
-            accounting = {kind: int(row[f"{kind}_tokens"]) for kind in KINDS}
+        mine_last = min(first + per_shard, plan.blocks)
+        if first != number * per_shard or last > mine_last or not same[first:last].all():
+            continue
+        if not ws.cas.contains(entry.digest):
+            continue
+        row = counts[number]
+        accounting = {kind: int(row[f"{kind}_tokens"]) for kind in KINDS}
+        if last == mine_last:
             out[number] = ShardOutcome(entries=(entry,), accounting=accounting)
+        elif ws.cas.local_path(entry.digest).is_file():  # copied by path: a local file only
+            out[number] = KeptPrefix(
+                digest=entry.digest,
+                path=str(ws.cas.local_path(entry.digest)),
+                blocks=entry.blocks,
+                offsets=index.field_offsets(entry.blocks),
+                accounting=accounting,
+            )
     return out
 
 
