@@ -15,6 +15,8 @@ from typing import Any
 
 import pyarrow as pa
 
+from corpus_assets._gc import resume_deferred
+
 try:
     _LIBC: ctypes.CDLL | None = ctypes.CDLL("libc.so.6")
     _LIBC.malloc_trim  # noqa: B018 - glibc only
@@ -78,7 +80,8 @@ def collect_cycles() -> None:
 
 def freeze_startup_heap() -> None:
     """Freeze what start-up left (imports, Dagster's definitions and instance: ~200k objects)
-    without a full collection walking it, once per process, before a run's first layer.
+    without a full collection walking it, once per process, before a run's first layer; then
+    collections deferred during start-up (``_gc.defer_collections``) resume.
 
     ``collect_cycles``' first call is otherwise a full collection, and at that point the
     start-up heap is nearly all of what it walks (~0.1 CPU-s; a +1% child build's whole layer
@@ -88,8 +91,11 @@ def freeze_startup_heap() -> None:
     (or froze at start-up) is left as it is."""
     global _FROZEN, _FROZEN_AT_FULL, _STARTUP_FROZEN
     if _STARTUP_FROZEN or _FROZEN:
+        resume_deferred()
         return
     _STARTUP_FROZEN = True
-    gc.collect(1)  # survivors of the young generations join the oldest
-    _FROZEN = _FROZEN_AT_FULL = len(gc.get_objects(generation=2))
-    gc.freeze()
+    if gc.isenabled():
+        gc.collect(1)  # survivors of the young generations join the oldest
+    gc.freeze()  # a start-up that deferred collections (the CLI's build): frozen as it is
+    resume_deferred()
+    _FROZEN = _FROZEN_AT_FULL = gc.get_freeze_count()

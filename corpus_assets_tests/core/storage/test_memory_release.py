@@ -5,6 +5,7 @@ frozen heap has doubled. Run in a fresh interpreter: the collector's state is pe
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -133,4 +134,54 @@ def test_the_start_up_heap_is_frozen_without_a_full_collection() -> None:
     made since (no unfreeze: no full collection over the ~200k objects of start-up), still
     frees the run's garbage cycles, and start-up garbage goes at the doubling rule's full one."""
     done = subprocess.run([sys.executable, "-c", STARTUP_SCRIPT], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+
+
+DEFERRED_SCRIPT = textwrap.dedent(
+    """
+    import gc, sys
+    from corpus_assets.cli import main
+    from corpus_assets.cli.commands import snapshots
+    from corpus_assets.core.storage import memory
+
+    seen = {}
+    collections = []
+    gc.callbacks.append(lambda phase, info: collections.append(phase))
+
+    def build(partition):
+        seen["during start-up"] = gc.isenabled()
+        before = len(collections)
+        junk = [[] for _ in range(50_000)]  # start-up's allocations: no collection runs
+        seen["collections"] = len(collections) - before
+        memory.freeze_startup_heap()  # as cli.runs.build does before the run
+        seen["after the freeze"] = gc.isenabled()
+        seen["frozen"] = gc.get_freeze_count()
+        seen["collections after"] = len(collections) - before
+        raise SystemExit(0)
+
+    snapshots.build = build
+    try:
+        main.main(["--config", sys.argv[1], "build", "--partition", "p1"], console=True)
+    except SystemExit:
+        pass
+    assert seen["during start-up"] is False, seen
+    assert seen["collections"] == 0, seen
+    assert seen["after the freeze"] is True, seen
+    assert seen["frozen"] > 50_000, seen
+    assert seen["collections after"] == 0, seen  # frozen as it was: nothing walked it
+    """
+)
+
+
+def test_the_cli_build_defers_collections_until_the_start_up_heap_is_frozen(
+    tmp_path: Path,
+) -> None:
+    """``corpus-assets build`` (the console script) collects no garbage while it starts (its
+    imports, Dagster's definitions and instance: young collections walked that heap again and
+    again), then freezes it as it is before the run's first layer and collects as usual."""
+    config = tmp_path / "corpus.yaml"
+    config.write_text("version: 1\n")
+    done = subprocess.run(
+        [sys.executable, "-c", DEFERRED_SCRIPT, str(config)], capture_output=True, text=True
+    )
     assert done.returncode == 0, done.stderr
