@@ -21,7 +21,7 @@ def use_rarer_young_collections() -> None:
         gc.set_threshold(YOUNG, *older)
 
 
-_DEFERRED = False  # defer_collections disabled the collector; resumed_deferred re-enables it
+_DEFERRED = False  # defer_collections disabled the collector; resume_deferred re-enables it
 
 
 def defer_collections() -> None:

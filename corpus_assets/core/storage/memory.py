@@ -87,8 +87,9 @@ def freeze_startup_heap() -> None:
     start-up heap is nearly all of what it walks (~0.1 CPU-s; a +1% child build's whole layer
     work is a few CPU-s). The heap counts as frozen at a full collection, so the doubling rule
     still decides when one runs: a garbage cycle left by start-up waits for it, like any other
-    frozen one. Only young garbage is collected here (cheap). A process that already collected
-    (or froze at start-up) is left as it is."""
+    frozen one. Only young garbage is collected here (cheap), and none when collections were
+    deferred (nothing was promoted: collecting the young generations would walk it all). A
+    process that already collected (or froze at start-up) is left as it is."""
     global _FROZEN, _FROZEN_AT_FULL, _STARTUP_FROZEN
     if _STARTUP_FROZEN or _FROZEN:
         resume_deferred()
