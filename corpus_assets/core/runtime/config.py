@@ -3,8 +3,6 @@
 Every policy changes output bytes, so each is hashed into the manifest; a typo fails loudly.
 """
 
-import copy
-import functools
 import os
 import re
 from datetime import UTC, datetime, timedelta
@@ -24,7 +22,7 @@ from corpus_assets.core.runtime.row_policies import (
 )
 from corpus_assets.core.runtime.row_policies import Strict as _Strict
 from corpus_assets.core.runtime.schedule import Schedule
-from corpus_assets.core.runtime.yaml_loader import UniqueKeyLoader
+from corpus_assets.core.runtime.yaml_loader import load_config_yaml
 from corpus_assets.core.storage.cas_s3 import parse_cas_url
 from corpus_assets.core.storage.digests import DIGEST_RE, json_digest
 
@@ -445,15 +443,7 @@ def load_config(explicit: str | os.PathLike[str] | None = None) -> LoadedConfig:
     except OSError as error:
         raise ConfigError(f"{path}: cannot read config file: {error.strerror}") from None
     try:
-        raw = copy.deepcopy(_parsed_yaml(text))  # the caller's own copy
+        raw = load_config_yaml(text)
     except yaml.YAMLError as error:
         raise ConfigError(f"{path}: not valid YAML: {error}") from None
     return LoadedConfig(config=parse_config(raw, str(path)), path=path)
-
-
-@functools.lru_cache(maxsize=8)
-def _parsed_yaml(text: str) -> Any:
-    """The YAML of a config's text, parsed once per process: a build opens its config ~20 times
-    (each Dagster step's workspace, the trust root's lookups), and the pure-Python parse was ~5
-    ms of each. The file is still read every time, so an edit is seen at the next open."""
-    return yaml.load(text, Loader=UniqueKeyLoader)  # a SafeLoader subclass

@@ -40,6 +40,7 @@ from sqlalchemy.engine import ExceptionContext
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.schema import CreateColumn
 
+from corpus_assets.core.storage import schema_seen
 from corpus_assets.core.storage.fsio import disk_full
 
 metadata = MetaData()
@@ -278,42 +279,6 @@ def _add_missing_columns(conn: Connection) -> None:
             conn.execute(text(f"ALTER TABLE {table.name} ADD COLUMN {ddl}"))
 
 
-# SQLite catalog files whose schema this process brought up to date: (device, inode) -> the
-# file's schema version then. A build opens its catalog ~15 times (each Dagster step's workspace)
-# and each ``create_all`` and column check was ~60 PRAGMA queries (~2 ms); SQLite bumps
-# ``schema_version`` at every DDL statement, so a file whose version is unchanged since (and
-# that is the same file) still has every table and column.
-_SCHEMAS_ENSURED: dict[tuple[int, int], int] = {}
-
-
-def _schema_key(db: Path) -> tuple[int, int] | None:
-    """(device, inode) of the SQLite file ``db``, or None if there is none yet."""
-    try:
-        st = os.stat(db)
-    except OSError:
-        return None
-    return st.st_dev, st.st_ino
-
-
-def _schema_version(engine: Engine) -> int:
-    with engine.connect() as conn:
-        return int(conn.exec_driver_sql("PRAGMA schema_version").scalar() or 0)
-
-
-def _schema_ensured(engine: Engine, db: Path) -> bool:
-    """True when this process made this file's schema current and no DDL ran on it since."""
-    key = _schema_key(db)
-    if key is None or key not in _SCHEMAS_ENSURED:
-        return False
-    return _SCHEMAS_ENSURED[key] == _schema_version(engine)
-
-
-def _remember_schema(engine: Engine, db: Path) -> None:
-    key = _schema_key(db)
-    if key is not None:
-        _SCHEMAS_ENSURED[key] = _schema_version(engine)
-
-
 class Catalog:
     """Engine plus schema; modules that own a concept (tasks, states, gate) query through it."""
 
@@ -331,7 +296,7 @@ class Catalog:
             event.listen(self.engine, "handle_error", _full_disk_named(path))
         else:
             self.engine = create_engine(url, pool_pre_ping=True)
-        if db is not None and _schema_ensured(self.engine, db):
+        if db is not None and schema_seen.current(self.engine, db):
             return
         with _schema_lock(lock), self.engine.begin() as conn:
             if conn.dialect.name == "postgresql":  # processes opening a fresh catalog at once
@@ -339,7 +304,7 @@ class Catalog:
             metadata.create_all(conn)
             _add_missing_columns(conn)
         if db is not None:
-            _remember_schema(self.engine, db)
+            schema_seen.remember(self.engine, db)
 
     @contextmanager
     def begin(self) -> Iterator[Connection]:

@@ -47,7 +47,7 @@ def test_a_catalog_reopened_skips_the_schema_check_until_its_schema_or_file_chan
     from corpus_assets.core.storage import catalog as catalog_module
 
     checks: list[str] = []
-    real = catalog_module._add_missing_columns
+    real = catalog_module._add_missing_columns  # the check a reopen skips
     monkeypatch.setattr(
         catalog_module, "_add_missing_columns", lambda conn: (checks.append("x"), real(conn))
     )

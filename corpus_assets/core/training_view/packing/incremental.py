@@ -418,9 +418,8 @@ def reused_shards(
 ) -> dict[int, ShardOutcome | KeptPrefix]:
     """The parent's shards the child has unchanged, by number: every block of the shard kept
     at its own id, the shard the same size, written by this very code (``code``) in the same
-    shard layout, its counts recorded (``shard_counts``) and its bytes still in the store.
-    A parent shard whose blocks are all kept so but which the child's shard goes on past (the
-    parent's last, short one, when blocks are added) is a ``KeptPrefix`` of that shard."""
+    shard layout, its counts recorded (``shard_counts``) and its bytes still in the store; one
+    the child's shard goes on past (the parent's last, when blocks are added): a ``KeptPrefix``."""
     theirs = parent.index.outputs
     if parent.index.code != code or "shard_counts" not in theirs:
         return {}
@@ -433,23 +432,15 @@ def reused_shards(
     out: dict[int, ShardOutcome | KeptPrefix] = {}
     for number, entry in enumerate(index.shards):
         first, last = entry.first_block, entry.first_block + entry.blocks
-        mine_last = min(first + per_shard, plan.blocks)
-        if first != number * per_shard or last > mine_last or not same[first:last].all():
+        mine, path = min(first + per_shard, plan.blocks), ws.cas.local_path(entry.digest)
+        if first != number * per_shard or last > mine or not same[first:last].all():
             continue
-        if not ws.cas.contains(entry.digest):
-            continue
-        row = counts[number]
-        accounting = {kind: int(row[f"{kind}_tokens"]) for kind in KINDS}
-        if last == mine_last:
+        accounting = {kind: int(counts[number][f"{kind}_tokens"]) for kind in KINDS}
+        if last == mine and ws.cas.contains(entry.digest):
             out[number] = ShardOutcome(entries=(entry,), accounting=accounting)
-        elif ws.cas.local_path(entry.digest).is_file():  # copied by path: a local file only
-            out[number] = KeptPrefix(
-                digest=entry.digest,
-                path=str(ws.cas.local_path(entry.digest)),
-                blocks=entry.blocks,
-                offsets=index.field_offsets(entry.blocks),
-                accounting=accounting,
-            )
+        elif last < mine and path.is_file():  # copied by path: a local file only
+            offsets = index.field_offsets(entry.blocks)
+            out[number] = KeptPrefix(entry.digest, str(path), entry.blocks, offsets, accounting)
     return out
 
 
