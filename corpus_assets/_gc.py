@@ -19,3 +19,28 @@ def use_rarer_young_collections() -> None:
     young, *older = gc.get_threshold()
     if young == PYTHON_DEFAULT_YOUNG:
         gc.set_threshold(YOUNG, *older)
+
+
+_DEFERRED = False  # defer_collections disabled the collector; resume_deferred re-enables it
+
+
+def defer_collections() -> None:
+    """No garbage collection until ``resume_deferred``: for a command whose start-up (the
+    command's imports, Dagster's definitions and instance: ~200k objects, nearly all kept for
+    the process's life) is followed by a run that freezes that heap anyway
+    (``storage.memory.freeze_startup_heap``). The young collections start-up paid walked it
+    again and again (~0.1 CPU-s of a CLI build). A collector already off is left so."""
+    global _DEFERRED
+    if gc.isenabled():
+        gc.disable()
+        _DEFERRED = True
+
+
+def resume_deferred() -> bool:
+    """Re-enable the collector ``defer_collections`` disabled; True if it had."""
+    global _DEFERRED
+    if not _DEFERRED:
+        return False
+    _DEFERRED = False
+    gc.enable()
+    return True

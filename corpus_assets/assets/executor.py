@@ -13,6 +13,7 @@ from typing import Any
 import dagster as dg
 
 from corpus_assets.core.runtime.pool import shared_pool
+from corpus_assets.core.storage.memory import freeze_startup_heap
 
 
 class _Pooled(dg.Executor):
@@ -30,6 +31,7 @@ class _Pooled(dg.Executor):
         return self._inner.step_dependency_config
 
     def execute(self, plan_context: Any, execution_plan: Any) -> Iterator[Any]:
+        freeze_startup_heap()  # the run worker's start-up heap, before its first layer
         with shared_pool():
             yield from self._inner.execute(plan_context, execution_plan)
 

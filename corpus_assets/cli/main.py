@@ -58,6 +58,10 @@ def main(argv: list[str] | None = None, console: bool = False) -> int:
         from corpus_assets.core.runtime.absent_imports import go_without
 
         go_without(*args.goes_without)
+    if console and getattr(args, "defers_collections", False):
+        from corpus_assets._gc import defer_collections
+
+        defer_collections()  # until the run freezes the start-up heap (storage.memory)
     if args.config:
         config = Path(args.config).resolve()
         if not config.is_file():

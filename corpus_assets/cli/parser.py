@@ -89,7 +89,7 @@ def _build_commands(sub: Subcommands) -> None:
         lazy("snapshots", "cmd_build"),
         "freeze a partition and materialize all seven layers",
     )
-    p.set_defaults(goes_without=NO_PANDAS)
+    p.set_defaults(goes_without=NO_PANDAS, defers_collections=True)
     p.add_argument("--partition", help="partition key to (re)build; default: a new key")
     p.add_argument(
         "--resume-only",

@@ -15,6 +15,7 @@ from corpus_assets.core.runtime.keys import check_new_partition_key, new_partiti
 from corpus_assets.core.runtime.layer_index import LAYERS, load_index
 from corpus_assets.core.runtime.pool import shared_pool
 from corpus_assets.core.runtime.workspace import check_writable_home
+from corpus_assets.core.storage.memory import freeze_startup_heap
 from corpus_assets.core.storage.trust import StatTrust
 
 if TYPE_CHECKING:
@@ -64,6 +65,7 @@ def build(partition: str | None) -> dict[str, Any]:
         _report_dead_runs(instance, key)
         before = set(ws.cas.iter_digests())
         instance.add_dynamic_partitions("snapshots", [key])
+        freeze_startup_heap()  # the layers' collections then walk only what the run makes
         started = time.perf_counter()
         result = off_main_thread(
             defs.resolve_job_def("build_snapshot").execute_in_process,

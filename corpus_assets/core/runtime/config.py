@@ -22,7 +22,7 @@ from corpus_assets.core.runtime.row_policies import (
 )
 from corpus_assets.core.runtime.row_policies import Strict as _Strict
 from corpus_assets.core.runtime.schedule import Schedule
-from corpus_assets.core.runtime.yaml_loader import UniqueKeyLoader
+from corpus_assets.core.runtime.yaml_loader import load_config_yaml
 from corpus_assets.core.storage.cas_s3 import parse_cas_url
 from corpus_assets.core.storage.digests import DIGEST_RE, json_digest
 
@@ -443,7 +443,7 @@ def load_config(explicit: str | os.PathLike[str] | None = None) -> LoadedConfig:
     except OSError as error:
         raise ConfigError(f"{path}: cannot read config file: {error.strerror}") from None
     try:
-        raw = yaml.load(text, Loader=UniqueKeyLoader)  # a SafeLoader subclass
+        raw = load_config_yaml(text)
     except yaml.YAMLError as error:
         raise ConfigError(f"{path}: not valid YAML: {error}") from None
     return LoadedConfig(config=parse_config(raw, str(path)), path=path)

@@ -40,6 +40,7 @@ from sqlalchemy.engine import ExceptionContext
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.schema import CreateColumn
 
+from corpus_assets.core.storage import schema_seen
 from corpus_assets.core.storage.fsio import disk_full
 
 metadata = MetaData()
@@ -284,21 +285,26 @@ class Catalog:
     def __init__(self, url: str) -> None:
         self.url = url
         lock: Path | None = None
+        db: Path | None = None  # the SQLite file, if any
         if url.startswith("sqlite"):
             path = url.split("///", 1)[-1]
             if path and path != ":memory:":
                 Path(path).parent.mkdir(parents=True, exist_ok=True)
-                lock = Path(path + ".schema-lock")
+                lock, db = Path(path + ".schema-lock"), Path(path)
             self.engine: Engine = create_engine(url, connect_args={"timeout": 30})
             event.listen(self.engine, "connect", _sqlite_pragmas)
             event.listen(self.engine, "handle_error", _full_disk_named(path))
         else:
             self.engine = create_engine(url, pool_pre_ping=True)
+        if db is not None and schema_seen.current(self.engine, db):
+            return
         with _schema_lock(lock), self.engine.begin() as conn:
             if conn.dialect.name == "postgresql":  # processes opening a fresh catalog at once
                 conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": SCHEMA_LOCK})
             metadata.create_all(conn)
             _add_missing_columns(conn)
+        if db is not None:
+            schema_seen.remember(self.engine, db)
 
     @contextmanager
     def begin(self) -> Iterator[Connection]:

@@ -87,6 +87,27 @@ def test_schema_is_valid_2020_12_and_loads_from_the_package() -> None:
     assert document["additionalProperties"] is False
 
 
+def test_a_process_validating_manifests_does_not_recheck_the_shipped_schema(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The metaschema check is the test above's, once, not every process's (~0.03 CPU-s of a
+    build's check)."""
+    from corpus_assets.core.publication import manifest_schema
+
+    checked: list[object] = []
+    monkeypatch.setattr(
+        Draft202012Validator,
+        "check_schema",
+        classmethod(lambda _cls, document, *_a, **_k: checked.append(document)),
+    )
+    manifest_schema._validator.cache_clear()
+    try:
+        assert schema_errors({}) != []  # an empty document is invalid: the validator works
+    finally:
+        manifest_schema._validator.cache_clear()
+    assert checked == []
+
+
 ADDED_AFTER_V1 = {"contamination", "packing"}  # per-benchmark report, packing mode
 
 

@@ -7,15 +7,19 @@ random and adversarial inputs: ties between scripts, the 64-letter sample bounda
 """
 
 import json
+import unicodedata
+from types import SimpleNamespace
 from typing import Any
 
+import numpy as np
 import pytest
 import zstandard
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from corpus_assets.core.records import scripts
 from corpus_assets.core.records.envelope import envelope, record_digest
-from corpus_assets.core.records.scripts import script_by_names, script_of
+from corpus_assets.core.records.scripts import script_by_names, script_of, scripts_of
 from corpus_assets.core.storage.digests import canonical_json, json_digest
 from corpus_assets_tests.paths import CORPORA
 
@@ -68,6 +72,44 @@ def test_script_of_matches_the_per_letter_rule(text: str) -> None:
 def test_script_of_matches_at_any_sample_size(pieces: list[str], sample: int) -> None:
     text = "".join(pieces)
     assert script_of(text, sample) == script_by_names(text, sample)
+
+
+def _fresh_table(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """This process's script lookups forgotten; returns the characters named from now on."""
+    monkeypatch.setattr(scripts, "_TABLE", np.full(0x110000, scripts._UNSEEN, dtype=np.uint8))
+    named: list[str] = []
+
+    def name(char: str, default: str = "") -> str:
+        named.append(char)
+        return unicodedata.name(char, default)
+
+    monkeypatch.setattr(scripts, "unicodedata", SimpleNamespace(name=name))
+    return named
+
+
+def test_a_few_texts_look_up_only_their_own_letters(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A process that canonicalises a few records (a +1% child's new chunks) names the letters
+    it meets, not all 1.1M code points (~0.15 CPU-s), and gets the rule's answers."""
+    texts = ["Привет, мир", "漢字かな交じり文", "αβγ abc", "plain ascii", "ሀሁ é"]
+    expected = [script_by_names(t) for t in texts]
+    named = _fresh_table(monkeypatch)
+    assert scripts_of(texts) == expected
+    assert [script_of(t) for t in texts] == expected
+    assert 0 < len(named) <= len(set("".join(texts)))
+
+
+def test_lazy_lookups_equal_the_whole_table(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Code points looked up one by one (surrogates, astral planes, non-characters included)
+    get the codes of the one-pass table, and a batch with more unseen code points than
+    ``WHOLE_TABLE_AFTER`` fills the whole table."""
+    _fresh_table(monkeypatch)
+    sparse = np.arange(0, 0x110000, 97, dtype=np.uint32)  # fewer than WHOLE_TABLE_AFTER
+    lazy = scripts._codes(sparse).copy()
+    assert (scripts._TABLE == scripts._UNSEEN).sum() == 0x110000 - len(sparse)
+    everything = scripts._codes(np.arange(0x110000, dtype=np.uint32))
+    assert (scripts._TABLE == scripts._UNSEEN).sum() == 0
+    assert np.array_equal(lazy, everything[sparse])
+    assert everything.max() == len(scripts._CODES)  # every listed script has letters
 
 
 STRINGS = st.text(max_size=40) | st.sampled_from(

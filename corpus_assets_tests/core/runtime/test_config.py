@@ -83,6 +83,31 @@ def test_load_config_reads_yaml_and_resolves_sources_against_its_folder(tmp_path
     assert loaded.resolve(source.path) == (tmp_path / "sources" / "web").resolve()
 
 
+def test_a_config_opened_again_is_parsed_once_and_an_edit_is_seen(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A build opens its config ~20 times: the YAML of the same text is parsed once per process
+    (each caller still gets its own config), and an edited file is read and parsed anew."""
+    from corpus_assets.core.runtime import config as config_module
+
+    parses: list[str] = []
+    real_load = yaml.load
+
+    def counting_load(text: str, Loader: Any) -> Any:
+        parses.append(text)
+        return real_load(text, Loader=Loader)
+
+    monkeypatch.setattr(config_module.yaml, "load", counting_load)
+    raw = mutated(lambda r: r.update(purpose="parsed-once-test"))
+    path = write_yaml(tmp_path / "corpus.yaml", raw)
+    first, second = load_config(path), load_config(path)
+    assert len(parses) == 1
+    assert first.config == second.config and first.config is not second.config
+    write_yaml(path, mutated(lambda r: r.update(purpose="edited-test")))
+    assert load_config(path).config.purpose == "edited-test"
+    assert len(parses) == 2
+
+
 @pytest.mark.parametrize(
     ("change", "key"),
     [

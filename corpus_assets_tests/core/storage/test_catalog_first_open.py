@@ -34,3 +34,36 @@ def test_concurrent_first_opens_of_a_sqlite_catalog_all_succeed(tmp_path: Path) 
         ]
         errors = [run.communicate(timeout=120)[1] for run in runs]
         assert [run.returncode for run in runs] == [0] * 6, [e[-400:] for e in errors if e]
+
+
+def test_a_catalog_reopened_skips_the_schema_check_until_its_schema_or_file_changes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A build reopens its catalog ~15 times: a file this process brought up to date is not
+    checked again (~60 PRAGMA queries each time) while SQLite's schema version is unchanged;
+    a DDL statement since, or another file at the path, is checked (and fixed) again."""
+    import sqlite3
+
+    from corpus_assets.core.storage import catalog as catalog_module
+
+    checks: list[str] = []
+    real = catalog_module._add_missing_columns  # the check a reopen skips
+    monkeypatch.setattr(
+        catalog_module, "_add_missing_columns", lambda conn: (checks.append("x"), real(conn))
+    )
+    path = tmp_path / "catalog.sqlite"
+    url = f"sqlite:///{path}"
+    for _ in range(3):
+        catalog_module.Catalog(url).dispose()
+    assert len(checks) == 1
+    with sqlite3.connect(path) as conn:  # another process's DDL: an older build's table
+        conn.execute("DROP TABLE freezes")
+    catalog_module.Catalog(url).dispose()
+    assert len(checks) == 2
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("SELECT count(*) FROM freezes").fetchone() == (0,)
+    path.unlink()
+    catalog_module.Catalog(url).dispose()  # a new file: its tables are created
+    assert len(checks) == 3
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("SELECT count(*) FROM freezes").fetchone() == (0,)

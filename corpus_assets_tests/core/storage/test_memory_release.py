@@ -5,6 +5,7 @@ frozen heap has doubled. Run in a fresh interpreter: the collector's state is pe
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -87,3 +88,100 @@ def test_a_duckdb_connections_freed_pages_are_handed_back(call: str) -> None:
     last = done.stdout.splitlines()[-1]  # after any progress bar DuckDB printed
     after_sort, after_call = map(int, last.split()[-2:])
     assert after_sort - after_call > 80, (after_sort, after_call)
+
+
+STARTUP_SCRIPT = textwrap.dedent(
+    """
+    import gc, weakref
+    import corpus_assets.core.pipeline  # a start-up heap: ~100k objects
+    from corpus_assets.core.storage import memory
+
+    class Node:
+        pass
+
+    def cycle():
+        node = Node()
+        node.self = node  # only the collector frees it
+        return node
+
+    unfrozen = []
+    real_unfreeze = gc.unfreeze
+    memory.gc.unfreeze = lambda: (unfrozen.append(1), real_unfreeze())[1]
+    node = cycle()
+    gc.collect()  # an old survivor...
+    old = weakref.ref(node)
+    del node  # ...that start-up left as garbage
+    memory.freeze_startup_heap()
+    startup = gc.get_freeze_count()
+    assert startup > 50_000, startup
+    memory.freeze_startup_heap()  # once per process
+    assert gc.get_freeze_count() == startup
+    young = weakref.ref(cycle())  # garbage of the run
+    memory.collect_cycles()
+    assert young() is None, "a cycle made after start-up was not freed"
+    assert not unfrozen, "the first collection walked the start-up heap"
+    assert old() is not None  # start-up garbage waits for a full collection...
+    keep = [[] for _ in range(2 * startup)]  # ...which runs once the frozen heap doubled
+    for _ in range(3):
+        memory.collect_cycles()
+    assert unfrozen and old() is None, "start-up garbage was never freed"
+    """
+)
+
+
+def test_the_start_up_heap_is_frozen_without_a_full_collection() -> None:
+    """A build's first ``collect_cycles`` after ``freeze_startup_heap`` walks only what was
+    made since (no unfreeze: no full collection over the ~200k objects of start-up), still
+    frees the run's garbage cycles, and start-up garbage goes at the doubling rule's full one."""
+    done = subprocess.run([sys.executable, "-c", STARTUP_SCRIPT], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+
+
+DEFERRED_SCRIPT = textwrap.dedent(
+    """
+    import gc, sys
+    from corpus_assets.cli import main
+    from corpus_assets.cli.commands import snapshots
+    from corpus_assets.core.storage import memory
+
+    seen = {}
+    collections = []
+    gc.callbacks.append(lambda phase, info: collections.append(phase))
+
+    def build(partition):
+        seen["during start-up"] = gc.isenabled()
+        before = len(collections)
+        junk = [[] for _ in range(50_000)]  # start-up's allocations: no collection runs
+        seen["collections"] = len(collections) - before
+        memory.freeze_startup_heap()  # as cli.runs.build does before the run
+        seen["after the freeze"] = gc.isenabled()
+        seen["frozen"] = gc.get_freeze_count()
+        seen["collections after"] = len(collections) - before
+        raise SystemExit(0)
+
+    snapshots.build = build
+    try:
+        main.main(["--config", sys.argv[1], "build", "--partition", "p1"], console=True)
+    except SystemExit:
+        pass
+    assert seen["during start-up"] is False, seen
+    assert seen["collections"] == 0, seen
+    assert seen["after the freeze"] is True, seen
+    assert seen["frozen"] > 50_000, seen
+    assert seen["collections after"] == 0, seen  # frozen as it was: nothing walked it
+    """
+)
+
+
+def test_the_cli_build_defers_collections_until_the_start_up_heap_is_frozen(
+    tmp_path: Path,
+) -> None:
+    """``corpus-assets build`` (the console script) collects no garbage while it starts (its
+    imports, Dagster's definitions and instance: young collections walked that heap again and
+    again), then freezes it as it is before the run's first layer and collects as usual."""
+    config = tmp_path / "corpus.yaml"
+    config.write_text("version: 1\n")
+    done = subprocess.run(
+        [sys.executable, "-c", DEFERRED_SCRIPT, str(config)], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr

@@ -177,7 +177,12 @@ def test_a_new_snapshot_tokenises_only_its_new_chunk(workspace: Workspace) -> No
     first = build_all(workspace, "p1")  # splits tokenises first (per-split token counts)
     assert _tokens(first["splits"].run_stats) == {"tokens_tokenized": 289, "tokens_reused": 0}
     assert first["mixed_samples"].run_stats == {"tokens_tokenized": 0, "tokens_reused": 289}
-    packed = {"tokens_tokenized": 0, "tokens_reused": 289, "shards_reused": 0}  # no parent
+    packed = {  # no parent: nothing reused or copied
+        "tokens_tokenized": 0,
+        "tokens_reused": 289,
+        "shards_reused": 0,
+        "shard_blocks_copied": 0,
+    }
     assert first["packed_blocks"].run_stats == packed
     extra = [{"id": f"x{n}", "text": f"A new essay number {n} about rivers."} for n in range(5)]
     path = workspace.home / "demo-sources" / "essays" / "essays-00002.jsonl"

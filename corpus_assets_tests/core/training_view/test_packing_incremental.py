@@ -177,6 +177,54 @@ def test_a_child_keeps_most_parent_blocks_byte_for_byte(tmp_path: Path) -> None:
     assert summary.endswith(f"Packed incremental: {packing['reason']}.")
 
 
+def test_the_parents_last_shard_is_copied_into_the_childs_as_a_rebuild_would_write_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The child's shard that goes on past the parent's last (short) one begins with that
+    shard's blocks copied from its bytes, not rebuilt from the token cache: the layer is the
+    one the rebuild gives, byte for byte, and no block of it is built from samples."""
+    from corpus_assets.core.training_view.packing import incremental
+    from corpus_assets.core.training_view.packing.blocks import build_batch
+
+    folder = tmp_path / "home"
+    with open_workspace(_home(folder)) as ws:
+        _active(ws, "p1")
+        _add_essays(folder)
+        built = {}
+        for layer in LAYERS[: LAYERS.index("packed_blocks")]:
+            BUILDERS[layer](ws, "p2")
+        _ref, parent = read_layer_index(ws, "p1", "packed_blocks")
+        last = load_index(ws.cas, parent.output("shard_index")["digest"]).shards[-1]
+        batches: list[int] = []
+
+        def counting_batch(plan: Any, first: int, last: int, *args: Any) -> Any:
+            batches.extend(range(first, last))
+            return build_batch(plan, first, last, *args)
+
+        with monkeypatch.context() as patched:
+            patched.setattr(pack_shards, "build_batch", counting_batch)
+            built["copied"] = DIRECT_BUILDERS["packed_blocks"](ws, "p2")
+        copied_blocks = list(batches)
+        whole_only = incremental.reused_shards
+
+        def no_prefix(*args: Any) -> dict:
+            kept = whole_only(*args)
+            return {n: o for n, o in kept.items() if not isinstance(o, pack_shards.KeptPrefix)}
+
+        monkeypatch.setattr(incremental, "reused_shards", no_prefix)
+        import corpus_assets.core.training_view.packing.build as pack_build
+
+        monkeypatch.setattr(pack_build, "reused_shards", no_prefix)
+        built["rebuilt"] = DIRECT_BUILDERS["packed_blocks"](ws, "p2")
+    assert last.blocks < 10  # the parent's last shard is a short one the child goes on past
+    assert built["copied"].run_stats["shard_blocks_copied"] == last.blocks
+    assert built["rebuilt"].run_stats["shard_blocks_copied"] == 0
+    assert built["copied"].digest == built["rebuilt"].digest
+    assert built["copied"].counts == built["rebuilt"].counts
+    assert not set(range(last.first_block, last.first_block + last.blocks)) & set(copied_blocks)
+    assert copied_blocks  # the new blocks are built
+
+
 def test_the_child_layer_is_the_same_on_a_rerun_and_at_one_or_two_workers(tmp_path: Path) -> None:
     folder = tmp_path / "home"
     with open_workspace(_home(folder)) as ws:

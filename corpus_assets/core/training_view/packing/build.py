@@ -396,7 +396,11 @@ def build_packed_blocks(ws: Workspace, partition_key: str) -> LayerResult:
         counts=counts,
         preview=spans.preview,
         digests={"shard_index": index_ref["digest"], "spans": spans_ref["digest"]},
-        run_stats={**cache.run_stats(), "shards_reused": built["reused"]},
+        run_stats={
+            **cache.run_stats(),
+            "shards_reused": built["reused"],
+            "shard_blocks_copied": built["blocks_copied"],
+        },
         details={"packing": decision.document()},
     )
 

@@ -61,7 +61,7 @@ from corpus_assets.core.training_view.packing.plan import (
     split_pairs,
 )
 from corpus_assets.core.training_view.packing.samples import SampleRows, located_from
-from corpus_assets.core.training_view.packing.shards import KINDS, ShardOutcome
+from corpus_assets.core.training_view.packing.shards import KINDS, KeptPrefix, ShardOutcome
 from corpus_assets.core.training_view.splits import row_order
 
 SPAN_READ = ["block", "start", "end", "sample", "record_offset"]
@@ -442,10 +442,11 @@ def reused_shards(
     code: str,
     fields: dict,
     per_shard: int,
-) -> dict[int, ShardOutcome]:
+) -> dict[int, ShardOutcome | KeptPrefix]:
     """The parent's shards the child has unchanged, by number: every block of the shard kept
     at its own id, the shard the same size, written by this very code (``code``) in the same
-    shard layout, its counts recorded (``shard_counts``) and its bytes still in the store."""
+    shard layout, its counts recorded (``shard_counts``) and its bytes still in the store; one
+    the child's shard goes on past (the parent's last, when blocks are added): a ``KeptPrefix``."""
     theirs = parent.index.outputs
     if parent.index.code != code or "shard_counts" not in theirs:
         return {}
@@ -455,14 +456,18 @@ def reused_shards(
         return {}
     counts = get_table(ws.cas, theirs["shard_counts"], "parent shard counts").to_pylist()
     same = np.append(parent_id == np.arange(parent_id.size), False)
-    out = {}
+    out: dict[int, ShardOutcome | KeptPrefix] = {}
     for number, entry in enumerate(index.shards):
         first, last = entry.first_block, entry.first_block + entry.blocks
-        whole = first == number * per_shard and last == min(first + per_shard, plan.blocks)
-        if whole and same[first:last].all() and ws.cas.contains(entry.digest):
-            row = counts[number]
-            accounting = {kind: int(row[f"{kind}_tokens"]) for kind in KINDS}
+        mine, path = min(first + per_shard, plan.blocks), ws.cas.local_path(entry.digest)
+        if first != number * per_shard or last > mine or not same[first:last].all():
+            continue
+        accounting = {kind: int(counts[number][f"{kind}_tokens"]) for kind in KINDS}
+        if last == mine and ws.cas.contains(entry.digest):
             out[number] = ShardOutcome(entries=(entry,), accounting=accounting)
+        elif last < mine and path.is_file():  # copied by path: a local file only
+            offsets = index.field_offsets(entry.blocks)
+            out[number] = KeptPrefix(entry.digest, str(path), entry.blocks, offsets, accounting)
     return out
 
 
