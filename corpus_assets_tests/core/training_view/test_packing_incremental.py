@@ -183,7 +183,7 @@ def test_the_parents_last_shard_is_copied_into_the_childs_as_a_rebuild_would_wri
     """The child's shard that goes on past the parent's last (short) one begins with that
     shard's blocks copied from its bytes, not rebuilt from the token cache: the layer is the
     one the rebuild gives, byte for byte, and no block of it is built from samples."""
-    from corpus_assets.core.training_view.packing import incremental
+    from corpus_assets.core.training_view.packing import kept_shards
     from corpus_assets.core.training_view.packing.blocks import build_batch
 
     folder = tmp_path / "home"
@@ -205,13 +205,13 @@ def test_the_parents_last_shard_is_copied_into_the_childs_as_a_rebuild_would_wri
             patched.setattr(pack_shards, "build_batch", counting_batch)
             built["copied"] = DIRECT_BUILDERS["packed_blocks"](ws, "p2")
         copied_blocks = list(batches)
-        whole_only = incremental.reused_shards
+        whole_only = kept_shards.reused_shards
 
         def no_prefix(*args: Any) -> dict:
             kept = whole_only(*args)
             return {n: o for n, o in kept.items() if not isinstance(o, pack_shards.KeptPrefix)}
 
-        monkeypatch.setattr(incremental, "reused_shards", no_prefix)
+        monkeypatch.setattr(kept_shards, "reused_shards", no_prefix)
         import corpus_assets.core.training_view.packing.build as pack_build
 
         monkeypatch.setattr(pack_build, "reused_shards", no_prefix)

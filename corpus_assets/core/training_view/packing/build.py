@@ -54,15 +54,14 @@ from corpus_assets.core.training_view.packing.incremental import (
     ParentPack,
     child_pieces,
     extra_padding,
-    fields_of,
     full_reason,
     incremental_plan,
     kept_blocks,
     padding_bound,
     parent_pack,
-    reused_shards,
     sample_map,
 )
+from corpus_assets.core.training_view.packing.kept_shards import fields_of, reused_shards
 from corpus_assets.core.training_view.packing.plan import PackPlan, plan_packing, split_pairs
 from corpus_assets.core.training_view.packing.samples import DOCUMENT, SampleRows, locate_samples
 from corpus_assets.core.training_view.packing.shards import (

@@ -40,14 +40,8 @@ from corpus_assets.core.runtime.config import PackingPolicy
 from corpus_assets.core.runtime.layer_index import LayerIndex, load_index
 from corpus_assets.core.runtime.snapshot_manifest import read_manifest
 from corpus_assets.core.runtime.workspace import Workspace
-from corpus_assets.core.storage.artifacts import Ref, get_json, get_table
+from corpus_assets.core.storage.artifacts import Ref, get_json
 from corpus_assets.core.storage.cas_queries import Spilling, batches, sql_list, sql_path
-from corpus_assets.core.storage.shards import (
-    CHUNK_HASH,
-    ShardIndex,
-    little_endian,
-)
-from corpus_assets.core.storage.shards import load_index as load_shard_index
 from corpus_assets.core.storage.table_lookup import TrustedFiles
 from corpus_assets.core.tokens.cache import TokenCache
 from corpus_assets.core.training_view.packing.locate import KINDS as SAMPLE_KINDS
@@ -61,7 +55,6 @@ from corpus_assets.core.training_view.packing.plan import (
     split_pairs,
 )
 from corpus_assets.core.training_view.packing.samples import SampleRows, located_from
-from corpus_assets.core.training_view.packing.shards import KINDS, KeptPrefix, ShardOutcome
 from corpus_assets.core.training_view.splits import row_order
 
 SPAN_READ = ["block", "start", "end", "sample", "record_offset"]
@@ -432,45 +425,3 @@ def child_pieces(lengths: np.ndarray, pair_split: np.ndarray, policy: PackingPol
     return apply_overlong(
         lengths, policy.block_tokens, policy.overlong, pairs if pairs.any() else None
     )
-
-
-def reused_shards(
-    ws: Workspace,
-    parent: ParentPack,
-    parent_id: np.ndarray,
-    plan: PackPlan,
-    code: str,
-    fields: dict,
-    per_shard: int,
-) -> dict[int, ShardOutcome | KeptPrefix]:
-    """The parent's shards the child has unchanged, by number: every block of the shard kept
-    at its own id, the shard the same size, written by this very code (``code``) in the same
-    shard layout, its counts recorded (``shard_counts``) and its bytes still in the store; one
-    the child's shard goes on past (the parent's last, when blocks are added): a ``KeptPrefix``."""
-    theirs = parent.index.outputs
-    if parent.index.code != code or "shard_counts" not in theirs:
-        return {}
-    index = load_shard_index(ws.cas, theirs["shard_index"]["digest"])
-    mine = {name: little_endian(dtype).str for name, dtype in fields.items()}
-    if (index.shard_blocks, index.chunk_hash, fields_of(index)) != (per_shard, CHUNK_HASH, mine):
-        return {}
-    counts = get_table(ws.cas, theirs["shard_counts"], "parent shard counts").to_pylist()
-    same = np.append(parent_id == np.arange(parent_id.size), False)
-    out: dict[int, ShardOutcome | KeptPrefix] = {}
-    for number, entry in enumerate(index.shards):
-        first, last = entry.first_block, entry.first_block + entry.blocks
-        mine, path = min(first + per_shard, plan.blocks), ws.cas.local_path(entry.digest)
-        if first != number * per_shard or last > mine or not same[first:last].all():
-            continue
-        accounting = {kind: int(counts[number][f"{kind}_tokens"]) for kind in KINDS}
-        if last == mine and ws.cas.contains(entry.digest):
-            out[number] = ShardOutcome(entries=(entry,), accounting=accounting)
-        elif last < mine and path.is_file():  # copied by path: a local file only
-            offsets = index.field_offsets(entry.blocks)
-            out[number] = KeptPrefix(entry.digest, str(path), entry.blocks, offsets, accounting)
-    return out
-
-
-def fields_of(index: ShardIndex) -> dict[str, str]:
-    """The index's per-token fields and their dtypes."""
-    return {f.name: f.dtype for f in index.fields}
