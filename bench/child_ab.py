@@ -1,0 +1,92 @@
+"""+1% children of two checkouts, each over its own race home, interleaved: CPU of each build.
+
+A race home (``bench/race.py --sizes N --tmp DIR`` leaves ``DIR/mbN``: sources, config, an
+active parent) gets a new ~1% delta per run, copy K of the shared corpora (copy K rotates ASCII
+letters by K mod 26; the 1.1 GB corpus holds copies 0-8 and the race's own delta copy 25, so
+new text is K in 9-24), replacing the last delta, and ``corpus-assets build`` runs with that
+checkout's Python. Each child is +1% over the same active parent (nothing is approved). The
+named baseline is the first checkout; medians of the build's process-tree CPU (``wait4``).
+
+    .venv/bin/python bench/child_ab.py --base CHECKOUT HOME --new CHECKOUT HOME --copies 11,12,13
+"""
+
+import argparse
+import os
+import statistics
+import subprocess
+import time
+from pathlib import Path
+
+import zstandard
+from race_corpus import SOURCES, cipher, copy_line, shared_lines
+
+CORPORA = Path(__file__).resolve().parents[2] / "shared" / "corpora"
+
+
+def write_delta(corpora: Path, src: Path, copy: int, budget: int) -> None:
+    """``budget`` bytes of copy ``copy`` spread over the sources, as ``delta-00000``."""
+    for name, (source_id, _content) in SOURCES.items():
+        if not (corpora / name).is_dir():
+            continue
+        out = src / source_id / "delta-00000.jsonl.zst"
+        with zstandard.ZstdCompressor().stream_writer(out.open("wb")) as sink:
+            written, table = 0, cipher(copy)
+            for line in shared_lines(corpora / name):
+                if written >= budget // len(SOURCES):
+                    break
+                data = copy_line(line, copy, table).encode()
+                sink.write(data)
+                written += len(data)
+
+
+def build(checkout: Path, home: Path) -> tuple[float, str]:
+    """CPU-s of one ``corpus-assets build`` in ``home`` by ``checkout``'s Python; its snapshotId."""
+    env = dict(os.environ, DAGSTER_HOME=str(home / "dagster"), CORPUS_HOME=str(home / "home"))
+    python = checkout / ".venv" / "bin" / "python"
+    cmd = [str(python), "-m", "corpus_assets.cli", "--config", str(home / "corpus.yaml"), "build"]
+    proc = subprocess.Popen(cmd, env=env, cwd=checkout, stdout=subprocess.PIPE, text=True)
+    out = proc.stdout.read() if proc.stdout else ""
+    _pid, status, usage = os.wait4(proc.pid, 0)
+    if os.waitstatus_to_exitcode(status):
+        raise SystemExit(f"{' '.join(cmd)} failed:\n{out[-2000:]}")
+    sid = next((line.split()[1] for line in out.splitlines() if line.startswith("snapshotId")), "")
+    return usage.ru_utime + usage.ru_stime, sid
+
+
+def raw_bytes(src: Path) -> int:
+    """The sources' decompressed bytes, the delta apart (what the race's 1% is of)."""
+    total = 0
+    for path in sorted(src.rglob("*.jsonl.zst")):
+        if path.name.startswith("delta-"):
+            continue
+        with zstandard.ZstdDecompressor().stream_reader(path.open("rb")) as reader:
+            while chunk := reader.read(1 << 22):
+                total += len(chunk)
+    return total
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--base", nargs=2, type=Path, metavar=("CHECKOUT", "HOME"), required=True)
+    parser.add_argument("--new", nargs=2, type=Path, metavar=("CHECKOUT", "HOME"), required=True)
+    parser.add_argument("--copies", default="11,12,13")
+    parser.add_argument("--corpora", type=Path, default=CORPORA)
+    args = parser.parse_args()
+    sides = {"base": args.base, "new": args.new}
+    budget = raw_bytes(args.new[1] / "src") // 100
+    cpu: dict[str, list[float]] = {"base": [], "new": []}
+    for n, copy in enumerate(int(c) for c in args.copies.split(",")):
+        for label in ("base", "new") if n % 2 == 0 else ("new", "base"):
+            checkout, home = sides[label]
+            write_delta(args.corpora, home / "src", copy, budget)
+            start = time.perf_counter()
+            seconds, sid = build(checkout.resolve(), home.resolve())
+            cpu[label].append(seconds)
+            wall = time.perf_counter() - start
+            print(f"{label} copy {copy}: {seconds:.2f} CPU-s, {wall:.1f} s wall, {sid[:23]}")
+    base, new = (statistics.median(cpu[k]) for k in ("base", "new"))
+    print(f"median CPU-s: base {base:.2f}, new {new:.2f}, new / base {new / base:.3f}")
+
+
+if __name__ == "__main__":
+    main()
