@@ -23,6 +23,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from corpus_assets.core.dedup.partition_db import Coded, PartitionDb, code_dtype
+from corpus_assets.core.storage.cas_queries import streamed
 
 _EXACT, _EXCLUDED = 1, 3  # verdict codes of the decisions table (``clusters.VERDICTS``)
 NEW_SHARE = 8  # more than one row in NEW_SHARE new: the sorts (what is placed is held)
@@ -188,10 +189,7 @@ def _scan_parent(path: str, rows: int, ids: pa.Array) -> tuple[_Placed, _Groups]
     its record ids, and its group ids other than their record ids. None when the table does
     not line up (row count, a repeated or null id, a null group)."""
     placer, at, values = _Placer(ids, rows), [], []
-    parquet = pq.ParquetFile(path, buffer_size=1 << 20, pre_buffer=False)
-    for batch in parquet.iter_batches(
-        BATCH_ROWS, columns=["record_id", "group_id"], use_threads=False
-    ):
+    for batch in streamed(path, BATCH_ROWS, ["record_id", "group_id"]):
         record, group = batch.column(0), batch.column(1)
         if group.null_count or not placer.feed(record):
             return None
@@ -211,8 +209,7 @@ def _scan_parent(path: str, rows: int, ids: pa.Array) -> tuple[_Placed, _Groups]
 def _place_all(path: str, rows: int, ids: pa.Array) -> _Placed:
     """``ids`` placed among the parent's record ids (checked by a first pass already)."""
     placer = _Placer(ids, rows)
-    parquet = pq.ParquetFile(path, buffer_size=1 << 20, pre_buffer=False)
-    for batch in parquet.iter_batches(BATCH_ROWS, columns=["record_id"], use_threads=False):
+    for batch in streamed(path, BATCH_ROWS, ["record_id"]):
         placer.feed(batch.column(0))
     return placer.placed()
 
@@ -220,9 +217,8 @@ def _place_all(path: str, rows: int, ids: pa.Array) -> _Placed:
 def _find_keys(path: str, keys: pa.Array) -> np.ndarray:
     """Per value of ``keys`` a parent table position holding it (-1: none)."""
     key_pos = np.full(len(keys), -1, dtype=np.int64)
-    parquet = pq.ParquetFile(path, buffer_size=1 << 20, pre_buffer=False)
     start = 0
-    for batch in parquet.iter_batches(BATCH_ROWS, columns=["dedup_key"], use_threads=False):
+    for batch in streamed(path, BATCH_ROWS, ["dedup_key"]):
         found = pc.index_in(batch.column(0), value_set=keys)
         valid = pc.is_valid(found)
         hit = np.flatnonzero(valid.to_numpy(zero_copy_only=False))

@@ -13,11 +13,11 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from corpus_assets.core.dedup.minhash import fingerprints
 from corpus_assets.core.records.index import ChunkRecords
 from corpus_assets.core.runtime.workspace import Workspace
+from corpus_assets.core.storage.cas_queries import streamed
 from corpus_assets.core.storage.memory import release_memory
 
 
@@ -44,8 +44,7 @@ class TextLookup:
         digest = self.chunks[c].records["digest"]
         if not self.verified:
             self.ws.cas.verify(digest, self.chunks[c].what)
-        parquet = pq.ParquetFile(self.ws.cas.path(digest), buffer_size=1 << 20, pre_buffer=False)
-        self._reader = parquet.iter_batches(batch_size=self.BATCH_ROWS, columns=["text"])
+        self._reader = streamed(self.ws.cas.path(digest), self.BATCH_ROWS, ["text"])
         self._at, self._batch = (c, 0), pa.array([], pa.string())
 
     def _texts(self, c: int, local: np.ndarray) -> list[str]:

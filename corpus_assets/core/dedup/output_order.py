@@ -17,9 +17,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.ipc as ipc
-import pyarrow.parquet as pq
 
 from corpus_assets.core.dedup.partition_db import PartitionDb
+from corpus_assets.core.storage.cas_queries import streamed
 
 BUCKET_ROWS = 1 << 16  # rows per bucket: one row group of the pinned table
 
@@ -58,9 +58,8 @@ def bucket(unsorted: Path, directory: Path, rows: int = BUCKET_ROWS) -> list[Pat
     ``pos // rows``, a batch at a time; the files in position order."""
     writers: dict[int, ipc.RecordBatchStreamWriter] = {}
     paths: dict[int, Path] = {}
-    parquet = pq.ParquetFile(unsorted, buffer_size=1 << 20, pre_buffer=False)
     try:
-        for batch in parquet.iter_batches(batch_size=rows, use_threads=False):
+        for batch in streamed(unsorted, rows):
             group = batch.column("pos").to_numpy() // rows
             by = np.argsort(group, kind="stable")
             cuts = np.flatnonzero(np.diff(group[by])) + 1

@@ -20,12 +20,11 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from corpus_assets.core.records.index import RECORD_COLUMNS, ChunkRecords
 from corpus_assets.core.runtime.workspace import Workspace, pooled
 from corpus_assets.core.storage.artifacts import BINARY, make_ref, put_bytes
-from corpus_assets.core.storage.cas_queries import Spilling, sql_list, tightened
+from corpus_assets.core.storage.cas_queries import Spilling, sql_list, streamed, tightened
 from corpus_assets.core.storage.memory import hand_back_duckdb, release_memory
 from corpus_assets.core.storage.trust import StatTrust
 
@@ -380,8 +379,7 @@ def _changes(values: pa.Array, previous: pa.Array | None) -> np.ndarray:
 def text_lengths(path: Path, batch_rows: int = 1024) -> np.ndarray:
     """Code point length of every text of a chunk file, reading a page at a time (a chunk's
     text column can be one large row group)."""
-    parquet = pq.ParquetFile(path, buffer_size=1 << 20, pre_buffer=False)
-    batches = parquet.iter_batches(batch_size=batch_rows, columns=["text"], use_threads=False)
+    batches = streamed(path, batch_rows, ["text"])
     parts = [pc.utf8_length(batch.column(0)).to_numpy().astype(np.int64) for batch in batches]
     return np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
 

@@ -20,12 +20,12 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from corpus_assets.core.dedup.clusters import representatives_at
 from corpus_assets.core.dedup.pair_cache import INCREMENTAL, Mode
 from corpus_assets.core.runtime.workspace import Workspace
 from corpus_assets.core.storage.artifacts import Ref
+from corpus_assets.core.storage.cas_queries import streamed
 from corpus_assets.core.storage.catalog import Catalog
 from corpus_assets.core.storage.digests import json_digest
 from corpus_assets.core.storage.parquet_sink import ROW_GROUP_ROWS, put_table_batches
@@ -190,9 +190,8 @@ def _unchanged(
     batch at a time."""
     same = np.zeros(len(c2p), dtype=bool)
     parent_pos = np.full(len(c2p), -1, dtype=np.int64)
-    parquet = pq.ParquetFile(path, buffer_size=1 << 20, pre_buffer=False)
     lo = 0
-    for batch in parquet.iter_batches(batch_size=BATCH_ROWS, use_threads=False):
+    for batch in streamed(path, BATCH_ROWS):
         hi = lo + len(batch)
         child = p2c[lo:hi]
         kept = np.flatnonzero(child >= 0)
@@ -259,8 +258,7 @@ class _ParentWindow:
     the copied rows are."""
 
     def __init__(self, path: str, keep: np.ndarray, schema: pa.Schema, rows: int) -> None:
-        parquet = pq.ParquetFile(path, buffer_size=1 << 20, pre_buffer=False)
-        self.batches = parquet.iter_batches(batch_size=rows, use_threads=False)
+        self.batches = streamed(path, rows)
         self.keep, self.schema = keep, schema
         # per held batch: its first parent row, its rows, each parent row's place in it
         self.held: list[tuple[int, pa.RecordBatch, np.ndarray]] = []
