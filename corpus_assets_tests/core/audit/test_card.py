@@ -44,6 +44,25 @@ PLOTS = {
     "lineage.png",
 }
 
+# a user's settings that would change every plot's pixels
+HOSTILE_RCPARAMS = {
+    "font.size": 20.0,
+    "font.family": ["serif"],
+    "axes.facecolor": "red",
+    "figure.facecolor": "black",
+    "lines.linewidth": 5.0,
+    "text.antialiased": False,
+    "savefig.transparent": True,
+}
+HOSTILE_RC = """font.size: 20
+font.family: serif
+axes.facecolor: red
+figure.facecolor: black
+lines.linewidth: 5
+text.antialiased: False
+savefig.transparent: True
+"""
+
 
 @dataclass(frozen=True)
 class Built:
@@ -226,6 +245,33 @@ def test_a_childs_moved_dedup_counts_leave_its_s_curve_cached(card: Card) -> Non
     assert moved == {"cluster_sizes.png"}
 
 
+def test_a_users_rcparams_change_no_plot_and_are_theirs_again_after(card: Card) -> None:
+    import matplotlib
+
+    drawn = render_plots(card)
+    with matplotlib.rc_context(HOSTILE_RCPARAMS):
+        assert render_plots(card) == drawn
+        assert {k: matplotlib.rcParams[k] for k in HOSTILE_RCPARAMS} == HOSTILE_RCPARAMS
+
+
+def test_the_plots_style_is_what_matplotlibs_default_style_sets(card: Card) -> None:
+    """``_style`` (one rc_context a card, its dict built once) sets every rcParam as
+    ``style.context("default")`` with the card's font size did, from any user's rcParams."""
+    import matplotlib
+    import matplotlib.style
+
+    def now() -> dict[str, object]:
+        return {k: matplotlib.rcParams[k] for k in matplotlib.rcParams if k != "backend"}
+
+    with matplotlib.rc_context(HOSTILE_RCPARAMS):
+        with matplotlib.style.context("default"), matplotlib.rc_context({"font.size": 9}):
+            expected = now()
+        with card_plots._style():
+            assert now() == expected
+        with card_plots._style():  # the cached dict, again
+            assert now() == expected
+
+
 def test_every_plot_is_drawn_in_one_pass(card: Card) -> None:
     """No layout engine: each figure is rendered once when saved, not first drawn unrendered to
     measure its labels (which doubled a card's drawing)."""
@@ -268,9 +314,15 @@ def test_an_unchanged_rebuild_draws_only_its_lineage(
 
 
 def test_the_same_snapshot_gives_the_same_bytes(built: Built) -> None:
+    """Whatever the user's matplotlibrc: the second card is drawn under one that changes the
+    font, the colours, the lines and the saving."""
     first, second = built.home / "same-1", built.home / "same-2"
-    for out in (first, second):
-        assert run(built.home, "card", built.snapshot_id, "--out", str(out)).returncode == 0
+    rc = built.home / "user" / "matplotlibrc"  # not in the CLI's cwd, which matplotlib reads
+    rc.parent.mkdir(exist_ok=True)
+    rc.write_text(HOSTILE_RC)
+    for out, env in ((first, None), (second, {"MATPLOTLIBRC": str(rc)})):
+        ran = run(built.home, "card", built.snapshot_id, "--out", str(out), extra_env=env)
+        assert ran.returncode == 0, ran.stderr
     for path in sorted(first.iterdir()):
         data = path.read_bytes()
         assert data == (second / path.name).read_bytes(), path.name
