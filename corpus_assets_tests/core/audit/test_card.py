@@ -6,6 +6,7 @@ unchanged comes from the plot cache, not drawn again. Built once: the demo, a be
 one of its records, and the build after it (so contamination has a flagged record to show)."""
 
 import base64
+import io
 import json
 import re
 import shutil
@@ -270,6 +271,34 @@ def test_the_plots_style_is_what_matplotlibs_default_style_sets(card: Card) -> N
             assert now() == expected
         with card_plots._style():  # the cached dict, again
             assert now() == expected
+
+
+def test_a_pinned_title_is_where_matplotlibs_search_puts_it(
+    card: Card, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Titles are pinned at the axes' top instead of searched for (``_pin_title``): the same
+    pixels, on this card and on one whose counts are large enough for the y axes to show an
+    offset text (``1e7``) above them."""
+    shape = card.sample_lengths
+    large = replace(
+        card,
+        split_counts={k: v * 10**7 + 3 for k, v in card.split_counts.items()},
+        sample_lengths=replace(shape, counts=[c * 10**7 for c in shape.counts]),
+    )
+    for drawn in (card, large):
+        pinned = render_plots(drawn)
+        with monkeypatch.context() as patched:
+            patched.setattr(card_plots, "_pin_title", lambda axes: None)
+            searched = render_plots(drawn)
+        assert {n: _pixels(p) for n, p in pinned.items()} == {
+            n: _pixels(p) for n, p in searched.items()
+        }
+
+
+def _pixels(png: bytes) -> bytes:
+    from PIL import Image
+
+    return Image.open(io.BytesIO(png)).convert("RGB").tobytes()
 
 
 def test_every_plot_is_drawn_in_one_pass(card: Card) -> None:
