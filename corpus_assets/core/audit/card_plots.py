@@ -50,7 +50,9 @@ FRAMELESS: Margins = (0.05, 0.05, 0.05, 0.3, 0.0)  # no axes drawn: the lineage'
 COLOURS = ("#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860")
 SHOWN_PER_RANK = 8  # lineage boxes in one column; more are summed up in one box
 SPLITS = ("train", "validation", "test")
-PNG_LEVEL = 6  # zlib's (and PIL's) default
+# zlib's level: 3 deflates a card in ~0.6x the CPU of the default 6 for ~8% more bytes (still
+# ~3% fewer than the RGBA PNGs at 6 the card had before)
+PNG_LEVEL = 3
 # rcParams that are not style: those style.use("default") leaves alone (its blacklist)
 NOT_STYLE = frozenset(
     (
@@ -352,7 +354,7 @@ def _lineage(graph: LineageGraph) -> "Figure":
                 color="#444",
                 linewidth=0.8,
             )
-            axes.add_patch(arrow)
+            axes.add_artist(arrow)  # not add_patch: the limits are set, no data limits
     axes.set_title(f"lineage of {graph.snapshot_id[:19]}…", y=1.0)  # y: no tick-label search
     return figure
 
