@@ -275,12 +275,12 @@ def test_the_plots_style_is_what_matplotlibs_default_style_sets(card: Card) -> N
             assert now() == expected
 
 
-def test_a_pinned_title_is_where_matplotlibs_search_puts_it(
+def test_a_pinned_title_or_label_is_where_matplotlibs_search_puts_it(
     card: Card, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Titles are pinned at the axes' top instead of searched for (``_pin_title``): the same
-    pixels, on this card and on one whose counts are large enough for the y axes to show an
-    offset text (``1e7``) above them."""
+    """Titles are pinned at the axes' top and empty axis labels anywhere instead of searched
+    for (``_pin_layout``): the same pixels, on this card and on one whose counts are large
+    enough for the y axes to show an offset text (``1e7``) above them."""
     shape = card.sample_lengths
     large = replace(
         card,
@@ -290,7 +290,7 @@ def test_a_pinned_title_is_where_matplotlibs_search_puts_it(
     for drawn in (card, large):
         pinned = render_plots(drawn)
         with monkeypatch.context() as patched:
-            patched.setattr(card_plots, "_pin_title", lambda axes: None)
+            patched.setattr(card_plots, "_pin_layout", lambda axes: None)
             searched = render_plots(drawn)
         assert {n: _pixels(p) for n, p in pinned.items()} == {
             n: _pixels(p) for n, p in searched.items()
