@@ -23,7 +23,7 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from sqlalchemy import select
 
 from corpus_assets.core.audit import card_plots
-from corpus_assets.core.audit.card import Card, load_card
+from corpus_assets.core.audit.card import Card, Histogram, load_card
 from corpus_assets.core.audit.card_html import SECTIONS, card_html, card_markdown
 from corpus_assets.core.audit.card_plots import MEMO, PlotCache, plot_key, render_plots
 from corpus_assets.core.publication import trust_root
@@ -295,6 +295,26 @@ def test_a_pinned_title_or_label_is_where_matplotlibs_search_puts_it(
         assert {n: _pixels(p) for n, p in pinned.items()} == {
             n: _pixels(p) for n, p in searched.items()
         }
+
+
+@pytest.mark.parametrize(
+    "counts",
+    [[0, 2, 15, 15, 9, 0, 1] * 4, [0] * 30, [7], [10**9, 3, 0, 10**7] * 7, list(range(30))],
+)
+def test_a_histogram_is_the_pixels_of_a_bar_per_bin(counts: list[int]) -> None:
+    """Drawn as one filled step outline (``stairs``), a histogram has the pixels its bars had
+    (bars: matplotlib's ``bar`` per bin, as the card drew it before)."""
+    for width in (1, 7, 683):
+        edges = [width * n for n in range(len(counts) + 1)]
+        shape = Histogram(edges, counts, sum(counts), 0, 0, 1, 2)
+        with card_plots._style():
+            steps = card_plots._png(card_plots._histogram(shape, "tokens"))
+            figure, axes = card_plots._figure()
+            axes.bar(edges[:-1], counts, width, align="edge", color=card_plots.COLOURS[0])
+            axes.set_xlabel("tokens")
+            axes.set_ylabel("count")
+            axes.set_title("tokens: median 1, min 0, max 2")
+            assert _pixels(steps) == _pixels(card_plots._png(figure)), (counts, width)
 
 
 def _pixels(png: bytes) -> bytes:
