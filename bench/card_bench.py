@@ -1,6 +1,7 @@
 """The CPU of drawing a dataset card's plots: ``render_plots(card)``, no plot cache, in a fresh
 child process per repetition (so importing matplotlib counts, as in a build's manifest step),
-for a named baseline checkout and this one, interleaved; medians, their ratio, peak RSS.
+for a named baseline checkout and this one, interleaved; medians, their ratio (and the median
+of each repetition's pair: the load moves less within a pair), peak RSS.
 
 Each child opens the workspace, loads the card (not timed), then times (CPU) importing
 ``card_plots`` and drawing every plot (the figure compared), then a second ``render_plots``
@@ -105,7 +106,9 @@ def report(runs: dict[str, list[dict]], load: tuple[float, ...]) -> int:
         print(f"{name}: CPU-s {cpu[name]:.3f} ({every}), peak RSS {peak:.0f} MB", end="")
         print(f"; a second render_plots in the same child {again[name]:.3f}")
     ratio, drawing = cpu["new"] / cpu["base"], again["new"] / again["base"]
-    print(f"new / base: {ratio:.3f} (the second render: {drawing:.3f})")
+    pairs = [n["cpu_s"] / b["cpu_s"] for b, n in zip(runs["base"], runs["new"], strict=True)]
+    print(f"new / base: {ratio:.3f} (the second render: {drawing:.3f}); ", end="")
+    print(f"median of each rep's pair: {statistics.median(pairs):.3f}")
     wrong = [n for n, rows in runs.items() if any(r["png"] != rows[0]["png"] for r in rows)]
     for name in wrong:
         print(f"{name}: the same card gave different PNG bytes")
