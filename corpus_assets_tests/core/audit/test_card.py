@@ -6,10 +6,13 @@ unchanged comes from the plot cache, not drawn again. Built once: the demo, a be
 one of its records, and the build after it (so contamination has a flagged record to show)."""
 
 import base64
+import io
 import json
 import re
 import shutil
 import struct
+import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -20,7 +23,7 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from sqlalchemy import select
 
 from corpus_assets.core.audit import card_plots
-from corpus_assets.core.audit.card import Card, load_card
+from corpus_assets.core.audit.card import Card, Histogram, load_card
 from corpus_assets.core.audit.card_html import SECTIONS, card_html, card_markdown
 from corpus_assets.core.audit.card_plots import MEMO, PlotCache, plot_key, render_plots
 from corpus_assets.core.publication import trust_root
@@ -43,6 +46,25 @@ PLOTS = {
     "contamination.png",
     "lineage.png",
 }
+
+# a user's settings that would change every plot's pixels
+HOSTILE_RCPARAMS = {
+    "font.size": 20.0,
+    "font.family": ["serif"],
+    "axes.facecolor": "red",
+    "figure.facecolor": "black",
+    "lines.linewidth": 5.0,
+    "text.antialiased": False,
+    "savefig.transparent": True,
+}
+HOSTILE_RC = """font.size: 20
+font.family: serif
+axes.facecolor: red
+figure.facecolor: black
+lines.linewidth: 5
+text.antialiased: False
+savefig.transparent: True
+"""
 
 
 @dataclass(frozen=True)
@@ -226,6 +248,81 @@ def test_a_childs_moved_dedup_counts_leave_its_s_curve_cached(card: Card) -> Non
     assert moved == {"cluster_sizes.png"}
 
 
+def test_a_users_rcparams_change_no_plot_and_are_theirs_again_after(card: Card) -> None:
+    import matplotlib
+
+    drawn = render_plots(card)
+    with matplotlib.rc_context(HOSTILE_RCPARAMS):
+        assert render_plots(card) == drawn
+        assert {k: matplotlib.rcParams[k] for k in HOSTILE_RCPARAMS} == HOSTILE_RCPARAMS
+
+
+def test_the_plots_style_is_what_matplotlibs_default_style_sets(card: Card) -> None:
+    """``_style`` (one rc_context a card, its dict built once) sets every rcParam as
+    ``style.context("default")`` with the card's font size did, from any user's rcParams."""
+    import matplotlib
+    import matplotlib.style
+
+    def now() -> dict[str, object]:
+        return {k: matplotlib.rcParams[k] for k in matplotlib.rcParams if k != "backend"}
+
+    with matplotlib.rc_context(HOSTILE_RCPARAMS):
+        with matplotlib.style.context("default"), matplotlib.rc_context({"font.size": 9}):
+            expected = now()
+        with card_plots._style():
+            assert now() == expected
+        with card_plots._style():  # the cached dict, again
+            assert now() == expected
+
+
+def test_a_pinned_title_or_label_is_where_matplotlibs_search_puts_it(
+    card: Card, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Titles are pinned at the axes' top and empty axis labels anywhere instead of searched
+    for (``_pin_layout``): the same pixels, on this card and on one whose counts are large
+    enough for the y axes to show an offset text (``1e7``) above them."""
+    shape = card.sample_lengths
+    large = replace(
+        card,
+        split_counts={k: v * 10**7 + 3 for k, v in card.split_counts.items()},
+        sample_lengths=replace(shape, counts=[c * 10**7 for c in shape.counts]),
+    )
+    for drawn in (card, large):
+        pinned = render_plots(drawn)
+        with monkeypatch.context() as patched:
+            patched.setattr(card_plots, "_pin_layout", lambda axes: None)
+            searched = render_plots(drawn)
+        assert {n: _pixels(p) for n, p in pinned.items()} == {
+            n: _pixels(p) for n, p in searched.items()
+        }
+
+
+@pytest.mark.parametrize(
+    "counts",
+    [[0, 2, 15, 15, 9, 0, 1] * 4, [0] * 30, [7], [10**9, 3, 0, 10**7] * 7, list(range(30))],
+)
+def test_a_histogram_is_the_pixels_of_a_bar_per_bin(counts: list[int]) -> None:
+    """Drawn as one filled step outline (``stairs``), a histogram has the pixels its bars had
+    (bars: matplotlib's ``bar`` per bin, as the card drew it before)."""
+    for width in (1, 7, 683):
+        edges = [width * n for n in range(len(counts) + 1)]
+        shape = Histogram(edges, counts, sum(counts), 0, 0, 1, 2)
+        with card_plots._style():
+            steps = card_plots._png(card_plots._histogram(shape, "tokens"))
+            figure, axes = card_plots._figure()
+            axes.bar(edges[:-1], counts, width, align="edge", color=card_plots.COLOURS[0])
+            axes.set_xlabel("tokens")
+            axes.set_ylabel("count")
+            axes.set_title("tokens: median 1, min 0, max 2")
+            assert _pixels(steps) == _pixels(card_plots._png(figure)), (counts, width)
+
+
+def _pixels(png: bytes) -> bytes:
+    from PIL import Image
+
+    return Image.open(io.BytesIO(png)).convert("RGB").tobytes()
+
+
 def test_every_plot_is_drawn_in_one_pass(card: Card) -> None:
     """No layout engine: each figure is rendered once when saved, not first drawn unrendered to
     measure its labels (which doubled a card's drawing)."""
@@ -268,9 +365,15 @@ def test_an_unchanged_rebuild_draws_only_its_lineage(
 
 
 def test_the_same_snapshot_gives_the_same_bytes(built: Built) -> None:
+    """Whatever the user's matplotlibrc: the second card is drawn under one that changes the
+    font, the colours, the lines and the saving."""
     first, second = built.home / "same-1", built.home / "same-2"
-    for out in (first, second):
-        assert run(built.home, "card", built.snapshot_id, "--out", str(out)).returncode == 0
+    rc = built.home / "user" / "matplotlibrc"  # not in the CLI's cwd, which matplotlib reads
+    rc.parent.mkdir(exist_ok=True)
+    rc.write_text(HOSTILE_RC)
+    for out, env in ((first, None), (second, {"MATPLOTLIBRC": str(rc)})):
+        ran = run(built.home, "card", built.snapshot_id, "--out", str(out), extra_env=env)
+        assert ran.returncode == 0, ran.stderr
     for path in sorted(first.iterdir()):
         data = path.read_bytes()
         assert data == (second / path.name).read_bytes(), path.name
@@ -333,6 +436,30 @@ def test_an_unknown_digest_or_an_unwritable_out_is_one_line(built: Built, tmp_pa
         assert ran.returncode == 1 and ran.stderr.count("\n") == 1, ran.stderr
         assert f"card --out {out}: not a" in ran.stderr
     assert blocker.read_text() == "kept"
+
+
+def test_matplotlib_imported_for_a_card_keeps_its_docstrings_for_later_classes() -> None:
+    """The card imports matplotlib without its docstrings' property tables (``kwdoc``: a
+    third of the import) and puts ``kwdoc`` back: an Artist class defined after gets its table;
+    where matplotlib was imported first, its docstrings are whole."""
+    later = """
+import sys
+from corpus_assets.core.audit import card_plots
+if sys.argv[1] == "first":
+    import matplotlib.figure
+with card_plots._style():
+    pass
+from matplotlib.artist import Artist
+from matplotlib.lines import Line2D
+class Later(Artist):
+    def set_flavour(self, flavour):
+        "Set the flavour."
+assert "flavour: unknown" in Later.set.__doc__
+print("linestyle" in Line2D.set.__doc__)
+"""
+    for first, whole in (("card", "False"), ("first", "True")):
+        ran = subprocess.run([sys.executable, "-c", later, first], capture_output=True, text=True)
+        assert ran.returncode == 0 and ran.stdout.strip() == whole, ran.stderr
 
 
 def test_no_other_command_imports_matplotlib(tmp_path: Path) -> None:
