@@ -25,7 +25,6 @@ while the benchmarks and flags stay).
 import functools
 import io
 import json
-import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from importlib.metadata import version
@@ -140,36 +139,10 @@ def _style() -> Iterator[None]:
     ``rcParams``, which are theirs again after: one ``rc_context`` for a whole card. Not
     ``style.context("default")`` per plot: that builds and validates every rcParam each time
     (and imports ``matplotlib.style``), 1.5% of a +1% child's CPU for eight plots."""
-    _import_matplotlib()
     import matplotlib
 
     with matplotlib.rc_context(_default_style()):
         yield
-
-
-def _import_matplotlib() -> None:
-    """What a card draws with (``Figure``, the Agg canvas, patches), imported without the
-    property tables matplotlib writes into docstrings as it defines its classes: each Artist
-    subclass's ``set`` and the plotting methods (``artist.kwdoc``, which inspects every setter
-    of the class; ~40% of importing ``matplotlib.figure``, ~0.3 CPU-s). Only ``help()`` reads
-    them, and nothing does in a build; ``kwdoc`` is restored after, so classes defined later
-    get theirs. Where matplotlib's figure module is imported already, nothing is done."""
-    if "matplotlib.figure" in sys.modules:
-        return
-    import matplotlib.artist
-
-    kwdoc = matplotlib.artist.kwdoc
-    matplotlib.artist.kwdoc = _no_property_table
-    try:
-        import matplotlib.backends.backend_agg
-        import matplotlib.figure
-        import matplotlib.patches
-    finally:
-        matplotlib.artist.kwdoc = kwdoc
-
-
-def _no_property_table(artist: Any) -> str:
-    return "(not listed: matplotlib imported by corpus_assets' card plots)"
 
 
 @functools.cache

@@ -11,8 +11,6 @@ import json
 import re
 import shutil
 import struct
-import subprocess
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -436,30 +434,6 @@ def test_an_unknown_digest_or_an_unwritable_out_is_one_line(built: Built, tmp_pa
         assert ran.returncode == 1 and ran.stderr.count("\n") == 1, ran.stderr
         assert f"card --out {out}: not a" in ran.stderr
     assert blocker.read_text() == "kept"
-
-
-def test_matplotlib_imported_for_a_card_keeps_its_docstrings_for_later_classes() -> None:
-    """The card imports matplotlib without its docstrings' property tables (``kwdoc``: a
-    third of the import) and puts ``kwdoc`` back: an Artist class defined after gets its table;
-    where matplotlib was imported first, its docstrings are whole."""
-    later = """
-import sys
-from corpus_assets.core.audit import card_plots
-if sys.argv[1] == "first":
-    import matplotlib.figure
-with card_plots._style():
-    pass
-from matplotlib.artist import Artist
-from matplotlib.lines import Line2D
-class Later(Artist):
-    def set_flavour(self, flavour):
-        "Set the flavour."
-assert "flavour: unknown" in Later.set.__doc__
-print("linestyle" in Line2D.set.__doc__)
-"""
-    for first, whole in (("card", "False"), ("first", "True")):
-        ran = subprocess.run([sys.executable, "-c", later, first], capture_output=True, text=True)
-        assert ran.returncode == 0 and ran.stdout.strip() == whole, ran.stderr
 
 
 def test_no_other_command_imports_matplotlib(tmp_path: Path) -> None:
