@@ -1,25 +1,24 @@
 """The dataset card's plots, drawn with matplotlib into PNG bytes.
 
-matplotlib is imported here only when a card is drawn (no other command pays for it), and
-through its object API (``Figure``), never ``pyplot``: no global figure state, no GUI backend, so
-a Dagster process or a thread can draw too. The bytes are reproducible: matplotlib's default
-style whatever the user's matplotlibrc or rcParams (one ``rc_context`` a card, ``_style``), the
-DejaVu fonts it ships, fixed sizes and dpi, and no text chunk (no ``Software`` version) in the
-PNG, which PIL writes from the Agg canvas as RGB (the figures are opaque).
+matplotlib is imported here only when a card is drawn (no other command pays for it), and through
+its object API (``Figure``), never ``pyplot``: no global figure state, no GUI backend, so a Dagster
+process can draw (one card at a time: the style is matplotlib's process-wide rcParams). The bytes
+are reproducible: matplotlib's default style whatever the user's matplotlibrc or rcParams (one
+``rc_context`` a card, ``_style``), the DejaVu fonts it ships, fixed sizes and dpi, and no text
+chunk (no ``Software`` version) in the PNG, which PIL writes from the Agg canvas as RGB (the figures
+are opaque).
 
-A +1% child redraws nearly every plot, so drawing them is most of a build's card. What it costs
-was cut without a pixel moving (the tests compare decoded pixels): figures have fixed margins,
-no layout engine, so each is drawn once (``_figure``); titles and empty axis labels are placed
-before the draw where matplotlib's search would place them (``_pin_layout``: each search laid
-out the tick labels once more); histograms are one step outline, not a bar a bin; the arrows of
-the lineage skip the data-limit update of its fixed axes; zlib at level 3; and matplotlib is
-imported without the property tables it writes into its docstrings (``_import_matplotlib``, a
-third of its import). Each plot is a function of its own inputs alone (``PLOTS``: the least it
-reads of the card, then how it draws that), so its bytes are cached (``PlotCache``) under the
-digest of those inputs, this module's code identity and matplotlib's version: an unchanged
-rebuild draws only the lineage (its title names the new snapshot), and a child redraws only the
-plots whose inputs moved (not the S-curve, which reads the LSH settings only, nor contamination
-while the benchmarks and flags stay).
+A +1% child redraws nearly every plot, so drawing them is most of a build's card. What it costs was
+cut without a pixel moving (the tests compare decoded pixels): figures have fixed margins, no layout
+engine, so each is drawn once (``_figure``); titles and empty axis labels are placed before the draw
+where matplotlib's search would place them (``_pin_layout``: each search laid out the tick labels
+once more); histograms are one step outline, not a bar a bin; the arrows of the lineage skip the
+data-limit update of its fixed axes; zlib at level 3. Each plot is a function of its own inputs
+alone (``PLOTS``: the least it reads of the card, then how it draws that), so its bytes are cached
+(``PlotCache``) under the digest of those inputs, this module's code identity and matplotlib's
+version: an unchanged rebuild draws only the lineage (its title names the new snapshot), and a child
+redraws only the plots whose inputs moved (not the S-curve, which reads the LSH settings only, nor
+contamination while the benchmarks and flags stay).
 """
 
 import functools
