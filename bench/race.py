@@ -15,7 +15,9 @@ keep their internal duplicates and share nothing with each other) it measures, o
   layers that reuse a parent's work - dedup's verified pairs, packing's blocks - do so).
 
 The named baseline for speed is ``zstd -dc | wc -l`` over the same objects (reading the bytes
-once), measured in the same run. Usage:
+once), measured in the same run. The first line also gives the machine's speed (a 10^7-add Python
+loop's CPU-s): machines of one class differ, and one machine's speed drifts (2.3-3.4 s, then
+0.69 s, on one machine within two hours of 2026-12-05). Usage:
 
     .venv/bin/python bench/race.py --sizes 110,330,1100 [--workers 2] [--tmp DIR]
     .venv/bin/python bench/race.py --incremental-layers 110   # each layer of a +1% child
@@ -458,11 +460,21 @@ def _identity_as(checkout: Path) -> dict[str, str] | None:
     return dict(os.environ, CORPUS_IDENTITY_AS=str(checkout.resolve()), PYTHONPATH=path)
 
 
+def python_loop_s(count: int = 10**7) -> float:
+    """CPU-s of ``count`` integer additions in a Python loop: the machine's speed, printed with
+    every race, so a slow machine of the class is told apart from a slower build (the same
+    code's 122 MB build took 25.5 CPU-s on one machine of the class and 69.8 on another)."""
+    start, total = time.process_time(), 0
+    for n in range(count):
+        total += n
+    return time.process_time() - start
+
+
 def race(args: argparse.Namespace) -> None:
     engine = f"ray ({args.ray_nodes} node(s))" if CLUSTER else "local"
     print(
-        f"machine: {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}; "
-        f"workers={args.workers}; engine {engine}"
+        f"machine: {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}, a 10^7-add Python loop "
+        f"{python_loop_s():.2f} CPU-s; workers={args.workers}; engine {engine}"
     )
     if args.peaks:
         sizes = [float(s) for s in args.sizes.split(",")]
