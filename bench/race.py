@@ -15,9 +15,11 @@ keep their internal duplicates and share nothing with each other) it measures, o
   layers that reuse a parent's work - dedup's verified pairs, packing's blocks - do so).
 
 The named baseline for speed is ``zstd -dc | wc -l`` over the same objects (reading the bytes
-once), measured in the same run. The first line also gives the machine's speed (a 10^7-add Python
-loop's CPU-s): machines of one class differ, and one machine's speed drifts (2.3-3.4 s, then
-0.69 s, on one machine within two hours of 2026-12-05). Usage:
+once), measured in the same run. The first line also gives a probe of the machine's speed (a
+10^7-add Python loop's CPU-s): machines of one class differ, and one machine's speed drifts
+(2.3-3.4 s, then 0.66 s, on one machine within two hours of 2026-12-05). It catches the CPU's
+drift, not all of it: at 0.66 s that machine's 122 MB build still took 50.8 CPU-s (25.5 on a fast
+one) and ``status`` 2.3 s (about 1): compare builds only with a build run beside them. Usage:
 
     .venv/bin/python bench/race.py --sizes 110,330,1100 [--workers 2] [--tmp DIR]
     .venv/bin/python bench/race.py --incremental-layers 110   # each layer of a +1% child
@@ -461,9 +463,9 @@ def _identity_as(checkout: Path) -> dict[str, str] | None:
 
 
 def python_loop_s(count: int = 10**7) -> float:
-    """CPU-s of ``count`` integer additions in a Python loop: the machine's speed, printed with
-    every race, so a slow machine of the class is told apart from a slower build (the same
-    code's 122 MB build took 25.5 CPU-s on one machine of the class and 69.8 on another)."""
+    """CPU-s of ``count`` integer additions in a Python loop, printed with every race: a first
+    probe of the machine's speed (the same code's 122 MB build took 25.5 CPU-s on one machine of
+    the class and 69.8 on another), which misses what slows memory-bound work."""
     start, total = time.process_time(), 0
     for n in range(count):
         total += n
