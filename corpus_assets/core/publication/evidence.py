@@ -22,7 +22,7 @@ from corpus_assets.core.ingest.freeze_spec import FreezeSpec
 from corpus_assets.core.publication import manifest_queries
 from corpus_assets.core.records.index import CanonicalIndex
 from corpus_assets.core.runtime.layer_index import LayerIndex, load_index
-from corpus_assets.core.runtime.snapshot_manifest import Manifest, MemberPart
+from corpus_assets.core.runtime.snapshot_manifest import ChunkPart, Manifest
 from corpus_assets.core.storage.artifacts import PARQUET, get_table
 from corpus_assets.core.storage.cas import ContentStore
 from corpus_assets.core.storage.cas_queries import VerifiedFiles, ordered_parts, sql_list
@@ -130,7 +130,7 @@ class Evidence:
         return sum(pq.read_metadata(path).num_rows for path in paths)
 
     @cached_property
-    def member_parts(self) -> list[MemberPart] | None:
+    def member_parts(self) -> list[ChunkPart] | None:
         """The members table's parts in order (None: one table, a manifest before parts)."""
         if self.manifest.members.media == PARQUET:
             return None

@@ -16,7 +16,7 @@ import pyarrow as pa
 
 from corpus_assets.core.publication import part_memo
 from corpus_assets.core.publication.evidence import Evidence
-from corpus_assets.core.runtime.snapshot_manifest import MemberPart
+from corpus_assets.core.runtime.snapshot_manifest import ChunkPart
 from corpus_assets.core.storage.cas_queries import PART_ROWS_BITS, sql_list
 
 RULE = "lineage_complete"
@@ -78,7 +78,7 @@ def orphans(ev: Evidence) -> tuple[list[str], int]:
     return _found(ev.rows(_orphans("lineage_suspects", ev.canonical_view)))
 
 
-def _holds(ev: Evidence, part: MemberPart, facts: dict[str, Any] | None) -> bool:
+def _holds(ev: Evidence, part: ChunkPart, facts: dict[str, Any] | None) -> bool:
     """Whether a recorded pass of the part stands for this snapshot: its records table is one
     of this snapshot's chunks and every object it named is pinned here."""
     if facts is None:
@@ -86,7 +86,7 @@ def _holds(ev: Evidence, part: MemberPart, facts: dict[str, Any] | None) -> bool
     return part.records in ev.records_digests and all(o in ev.pinned for o in facts["objects"])
 
 
-def _query(template: str, ev: Evidence, parts: list[MemberPart], chosen: list[int]) -> str:
+def _query(template: str, ev: Evidence, parts: list[ChunkPart], chosen: list[int]) -> str:
     """``template`` over the rows of the ``chosen`` parts and their chunks' records tables."""
     owners = list(dict.fromkeys(parts[n].records for n in chosen))
     owner = [0] * len(parts)
@@ -101,7 +101,7 @@ def _query(template: str, ev: Evidence, parts: list[MemberPart], chosen: list[in
     )
 
 
-def _part_paths(ev: Evidence, parts: list[MemberPart], todo: list[int]) -> list[str]:
+def _part_paths(ev: Evidence, parts: list[ChunkPart], todo: list[int]) -> list[str]:
     return ev.files.paths([parts[n].digest for n in todo], "members table")
 
 

@@ -8,7 +8,7 @@ rows, and every reader diffing two snapshots (shadow diff, deletion index) would
 whole. As parts, a child names its parent's part for every chunk whose rows are unchanged, and
 two snapshots share the digests of every such part.
 
-The manifest's ``members`` entry names a ``MemberParts`` document (chunk key, the chunk's
+The manifest's ``members`` entry names a ``ChunkParts`` document (chunk key, the chunk's
 records digest, the part's digest, size and row count), in the canonical index's chunk order;
 each part is sorted by record id. The document records this module's code identity
 (``MEMBERS_CODE``): a part is reused only under the code that wrote it.
@@ -29,8 +29,8 @@ from corpus_assets.core.publication.narrowed import NARROW
 from corpus_assets.core.runtime.code_identity import stage_code
 from corpus_assets.core.runtime.snapshot_manifest import (
     MEMBER_PARTS_SCHEMA,
-    MemberPart,
-    MemberParts,
+    ChunkPart,
+    ChunkParts,
     MembersEntry,
 )
 from corpus_assets.core.storage import cas_queries
@@ -95,7 +95,7 @@ class Parent:
     """A parent snapshot's members parts (by chunk key) and the clusters and splits tables
     they were joined from (verified files)."""
 
-    parts: dict[str, MemberPart]
+    parts: dict[str, ChunkPart]
     clusters: str
     splits: str
     # the records digests of the chunks holding every clusters row the child's dedup did not
@@ -203,7 +203,7 @@ def reusable(
     splits: str,
     parent: Parent,
     tmp: Path,
-) -> dict[int, MemberPart]:
+) -> dict[int, ChunkPart]:
     """The parent's part of each chunk (by number) whose members rows are the parent's: the
     same records table, and no (source, object) of it among the rows where the two snapshots'
     representatives (clusters) or splits rows differ. Multiset differences over the whole
@@ -278,7 +278,7 @@ def _join(
     return written
 
 
-def _preview(cas: ContentStore, parts: list[MemberPart]) -> list[dict[str, Any]]:
+def _preview(cas: ContentStore, parts: list[ChunkPart]) -> list[dict[str, Any]]:
     """The table's first rows (what a layer result shows), read from its first parts."""
     preview: list[dict[str, Any]] = []
     for part in parts:
@@ -319,8 +319,8 @@ def _typed(batch: pa.RecordBatch) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays(columns, schema=MEMBERS_SCHEMA)
 
 
-def _part(chunk: Chunk, ref: Ref, count: int) -> MemberPart:
-    return MemberPart(
+def _part(chunk: Chunk, ref: Ref, count: int) -> ChunkPart:
+    return ChunkPart(
         chunk=chunk.key,
         records=chunk.records,
         digest=ref["digest"],
@@ -331,10 +331,10 @@ def _part(chunk: Chunk, ref: Ref, count: int) -> MemberPart:
 
 
 def _put_document(
-    cas: ContentStore, parts: list[MemberPart], preview: list[dict[str, Any]]
+    cas: ContentStore, parts: list[ChunkPart], preview: list[dict[str, Any]]
 ) -> Written:
     count = sum(part.count for part in parts)
-    document = MemberParts(
+    document = ChunkParts(
         schema=MEMBER_PARTS_SCHEMA, code=MEMBERS_CODE, count=count, parts=parts
     ).document()
     ref = put_json(cas, document)

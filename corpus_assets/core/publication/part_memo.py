@@ -18,7 +18,7 @@ from typing import Any
 
 from sqlalchemy import select
 
-from corpus_assets.core.runtime.snapshot_manifest import MemberPart
+from corpus_assets.core.runtime.snapshot_manifest import ChunkPart
 from corpus_assets.core.runtime.transform import transform_image
 from corpus_assets.core.storage.catalog import Catalog, gate_results
 from corpus_assets.core.storage.digests import json_digest
@@ -26,7 +26,7 @@ from corpus_assets.core.storage.digests import json_digest
 BATCH = 500  # keys a catalog query names at once (well under any bound-parameter limit)
 
 
-def part_key(rule: str, part: MemberPart) -> str:
+def part_key(rule: str, part: ChunkPart) -> str:
     """Where ``rule``'s passing outcome over ``part`` (against its chunk's records) is kept."""
     return json_digest(
         {

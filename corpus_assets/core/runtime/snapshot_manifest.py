@@ -125,6 +125,8 @@ class ContaminationEntry(_Part):
 
 
 MEMBER_PARTS_SCHEMA = "corpus.members-parts.v1"
+CLUSTER_PARTS_SCHEMA = "corpus.clusters-parts.v1"
+PARTS_SCHEMAS = (MEMBER_PARTS_SCHEMA, CLUSTER_PARTS_SCHEMA)  # the chunk-parts documents
 
 
 class _CountedTable(_Part):
@@ -139,28 +141,29 @@ class _CountedTable(_Part):
         return {"digest": self.digest, "media": self.media, "size": self.size}
 
 
-class MemberPart(_CountedTable):
-    """One canonical chunk's members, sorted by record id: the chunk's key, the digest of its
-    records table (what the part's rows are read from) and the part's Parquet file."""
+class ChunkPart(_CountedTable):
+    """One canonical chunk's rows of a table stored as parts (members, dedup clusters), each
+    sorted by record id: the chunk's key, the digest of its records table (what the part's rows
+    are read from) and the part's Parquet file."""
 
     chunk: str
     records: str
 
 
-class MemberParts(_Part):
-    """The members table as parts, one per canonical chunk (empty for a chunk without
-    members), in the canonical index's chunk order; ``code``: what wrote them (a child reuses
-    a parent's part only if the same code wrote it)."""
+class ChunkParts(_Part):
+    """A table as parts, one per canonical chunk (empty for a chunk without rows), in the
+    canonical index's chunk order; ``schema`` names the table (``PARTS_SCHEMAS``); ``code``:
+    what wrote them (a child reuses a parent's part only if the same code wrote it)."""
 
     schema_: str = Field(alias="schema")
     code: str
     count: int
-    parts: list[MemberPart]
+    parts: list[ChunkPart]
 
 
 class MembersEntry(_CountedTable):
     """The members table by ref, its ``cas://`` URI and its row count. The ref names a
-    ``MemberParts`` document (JSON), or, in manifests written before parts, the
+    ``ChunkParts`` document (JSON), or, in manifests written before parts, the
     one Parquet table itself."""
 
     uri: str
@@ -175,12 +178,12 @@ class MembersEntry(_CountedTable):
         """The parts' local files, each re-hashed (or trusted) by ``files``, in order."""
         return files.paths([ref["digest"] for ref in self.part_refs(files.cas)], what)
 
-    def parts(self, cas: ContentStore) -> MemberParts:
+    def parts(self, cas: ContentStore) -> ChunkParts:
         """The parts document (verified against the digest the signed manifest names)."""
         if self.media == PARQUET:
             raise ManifestError(f"members {self.digest}: media {self.media} names no parts")
         try:
-            return MemberParts.model_validate(get_json(cas, self.ref(), "members parts"))
+            return ChunkParts.model_validate(get_json(cas, self.ref(), "members parts"))
         except ValidationError as error:
             raise ManifestError(f"members parts {self.digest}: {error}") from error
 

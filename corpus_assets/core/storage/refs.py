@@ -4,8 +4,8 @@ Every JSON document this project writes names its kind in ``schema`` (``corpus.l
 ``DECLARED`` lists, per kind, the fields that hold refs and what each ref points at:
 
 - ``TYPED``: another such document, walked in turn by its own declaration;
-- ``BY_MEDIA``: a typed document if its media is JSON, else an opaque object (a members table
-  stored whole, as manifests before parts name it, or its parts document);
+- ``BY_MEDIA``: a typed document if its media is JSON, else an opaque object (a members or
+  dedup clusters table stored whole, as snapshots before parts name it, or its parts document);
 - ``LEAF``: an opaque object - a table, shard, array, or a JSON file that is data, not a
   document of ours (a Hugging Face ``tokenizer.json``, the dedup report, the shard index) -
   re-hashed by ``verify`` and kept by gc, never read for references.
@@ -31,7 +31,7 @@ _LAYER_OUTPUTS: dict[str, tuple[tuple[str, str], ...]] = {
     "raw_snapshot": (("objects[].object", LEAF),),  # the pinned source objects
     "canonical_records": (("chunks[].output", TYPED),),  # corpus.chunk.v2 per chunk
     "dedup_clusters": (
-        ("clusters", LEAF),
+        ("clusters", BY_MEDIA),  # its parts document; a table stored whole before parts
         ("edges", LEAF),
         ("report", LEAF),  # a JSON document of figures, no refs
         ("signatures[].signatures", LEAF),
@@ -68,6 +68,7 @@ DECLARED: dict[str, tuple[tuple[str, str], ...]] = {
         ("tokenizer.file", LEAF),
     ),
     "corpus.members-parts.v1": (("parts[]", LEAF),),
+    "corpus.clusters-parts.v1": (("parts[]", LEAF),),
     "corpus.freeze.v1": (),
     **{
         f"{LAYER_KIND}/{layer}": (
