@@ -31,7 +31,7 @@ from corpus_assets.core.runtime.snapshot_manifest import (
     read_manifest,
 )
 from corpus_assets.core.runtime.workspace import Workspace, open_workspace
-from corpus_assets.core.storage.artifacts import get_json, put_json, put_table
+from corpus_assets.core.storage.artifacts import Ref, get_json, put_json, put_table
 from corpus_assets.core.storage.cas import ContentStore
 from corpus_assets.core.storage.cas_queries import sql_path
 from corpus_assets.core.storage.table_lookup import TrustedFiles
@@ -156,10 +156,16 @@ def _with(parent: Parent, clusters: PartedTable, files: TrustedFiles, same: froz
 
 
 def _clusters_as_parts(ws: Workspace, files: TrustedFiles, key: str) -> PartedTable:
+    """Snapshot ``key``'s clusters table as parts (``clusters_parts_ref``), read."""
+    return PartedTable.read(ws.cas, clusters_parts_ref(ws, files, key), "dedup clusters")
+
+
+def clusters_parts_ref(ws: Workspace, files: TrustedFiles, key: str) -> Ref:
     """Snapshot ``key``'s clusters table stored as the dedup writer will: one part per
     canonical chunk in order (its records' rows, sorted by record id, object and line) behind a
     ``corpus.clusters-parts.v1`` document. Equal rows give equal parts, so two snapshots share
-    the part of every chunk whose rows are the same."""
+    the part of every chunk whose rows are the same. Its rows' places are not the whole
+    table's, so it does not fit the dedup layer's edges and decisions (clusters positions)."""
     whole = _tables(ws, files, key)[0]
     canonical = CanonicalIndex(ws.cas, read_layer_index(ws, key, "canonical_records")[1])
     con = duckdb.connect()
@@ -178,7 +184,7 @@ def _clusters_as_parts(ws: Workspace, files: TrustedFiles, key: str) -> PartedTa
     count = sum(part.count for part in parts)
     assert count == pq.read_metadata(whole).num_rows  # every row in exactly one part
     document = ChunkParts(schema=CLUSTER_PARTS_SCHEMA, code="test", count=count, parts=parts)
-    return PartedTable.read(ws.cas, put_json(ws.cas, document.document()), "dedup clusters")
+    return put_json(ws.cas, document.document())
 
 
 def _edited_part(cas: ContentStore, table: PartedTable, chunk: str, record_id: str) -> PartedTable:
