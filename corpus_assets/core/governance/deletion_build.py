@@ -23,17 +23,17 @@ every kind, the passes' concatenation is sorted; it is cut into Parquet shards o
 The directory lists each shard's first and last key and digest as an Arrow IPC table (a
 lookup decodes it without parsing), its header (schema, manifest, ``CODE``) in the metadata.
 
-Incremental: a child snapshot whose parent's index this ``CODE`` built is indexed over it.
-DuckDB diffs the child's inputs with the parent's (members, removed duplicates - of the objects
-dedup joined anew when known, ``Base.objects`` -, spans over the rows unlike the parent's at the
-same position; one thread, ``DELTA_MB``); every key a changed row can reach is *affected*, its
-rows staged in one scan of each input (``reached``). A shard file holds a span's packed shard by
-number, the header their digests (``shards``): a child whose packing appended to the parent's
-last shard has the same numbered spans. The child's shards hold the affected keys' rows only,
-its header names the parent's directory (``base``) and the affected keys left without rows
-(``gone``); a lookup answers an affected key from the child, any other from the base, sorted
-in index order: the rows a full build gives. A chain deeper than ``MAX_DEPTH``, a delta over a
-quarter of the base's rows, over ``MAX_GONE`` gone keys, inputs of other columns: a full build.
+Incremental: a child snapshot whose parent's index this ``CODE`` built is indexed over it. DuckDB
+diffs the child's inputs with the parent's (members, removed duplicates - of the objects of the
+clusters parts the two do not share, when both are parts, ``Base.objects`` -, spans over the rows
+unlike the parent's at the same position; one thread, ``DELTA_MB``); every key a changed row can
+reach is *affected*, its rows staged in one scan of each input (``reached``). A shard file holds a
+span's packed shard by number, the header their digests (``shards``): a child whose packing appended
+to the parent's last shard has the same numbered spans. The child's shards hold the affected keys'
+rows only, its header names the parent's directory (``base``) and the affected keys left without
+rows (``gone``); a lookup answers an affected key from the child, any other from the base, sorted in
+index order: the rows a full build gives. A chain deeper than ``MAX_DEPTH``, a delta over a quarter
+of the base's rows, over ``MAX_GONE`` gone keys, inputs of other columns: a full build.
 """
 
 import io
@@ -61,6 +61,7 @@ from corpus_assets.core.governance.deletion_sql import (
 )
 from corpus_assets.core.runtime.code_identity import stage_code
 from corpus_assets.core.runtime.layer_index import load_index
+from corpus_assets.core.runtime.parted_table import PartedTable
 from corpus_assets.core.runtime.snapshot_manifest import read_manifest
 from corpus_assets.core.storage import cas_queries
 from corpus_assets.core.storage.artifacts import put_bytes, put_table
@@ -104,7 +105,7 @@ class Base:
     index: str
     header: dict[str, Any]
     inputs: Inputs
-    objects: list[str] | None = None  # the only ones whose clusters rows differ (deletion_changed)
+    objects: list[str] | None = None  # the only ones whose clusters rows differ (manifest_deletion)
 
 
 class DeletionIndexError(RuntimeError):
@@ -333,7 +334,8 @@ def _ascending(keys: pa.ChunkedArray) -> bool:
 
 def input_digests(cas: ContentStore, manifest_digest: str) -> dict[str, Any]:
     """What an index's rows are a function of (with this code): the digests of the snapshot's
-    members, dedup clusters and spans tables, and of its packed shards."""
+    members, dedup clusters and spans tables (a parts document's digest names its parts), and
+    of its packed shards."""
     manifest = read_manifest(cas, manifest_digest)
     dedup = load_index(cas, manifest.layers["dedup_clusters"], "dedup_clusters")
     packed = load_index(cas, manifest.layers["packed_blocks"], "packed_blocks")
@@ -346,13 +348,20 @@ def input_digests(cas: ContentStore, manifest_digest: str) -> dict[str, Any]:
 
 
 def inputs(cas: ContentStore, manifest_digest: str, catalog: Catalog | None = None) -> Inputs:
-    """The snapshot's members, dedup clusters and spans as verified CAS files; with the
-    ``catalog``, a file unchanged since it last hashed right (a parent's tables, which its
-    check hashed) is not hashed again, and one hashed now is recorded (the check trusts it)."""
+    """The snapshot's members, dedup clusters and spans as verified CAS files (the members
+    and clusters tables: their parts in order, or the one table); with the ``catalog``, a
+    file unchanged since it last hashed right (a parent's tables, which its check hashed) is
+    not hashed again, and one hashed now is recorded (the check trusts it)."""
     digests = input_digests(cas, manifest_digest)
+    manifest = read_manifest(cas, manifest_digest)
+    dedup = load_index(cas, manifest.layers["dedup_clusters"], "dedup_clusters")
+    clusters = PartedTable.read(cas, dedup.output("clusters"), "clusters table")
     files = TrustedFiles(cas, catalog) if catalog is not None else cas_queries.VerifiedFiles(cas)
-    relations: dict[str, Relation] = {n: files.path(digests[n], f"{n} table") for n in INPUTS[1:]}
-    relations["members"] = read_manifest(cas, manifest_digest).members.paths(files)
+    relations: dict[str, Relation] = {
+        "members": manifest.members.paths(files),
+        "clusters": clusters.paths(files, "clusters table"),
+        "spans": files.path(digests["spans"], "spans table"),
+    }
     return Inputs(manifest_digest, relations, digests["shards"])
 
 
