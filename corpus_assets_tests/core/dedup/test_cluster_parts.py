@@ -39,7 +39,7 @@ def _chunk(key: str, count: int) -> ChunkRecords:
 
 
 def _edge_ids(n: int, a: list[int], b: list[int]) -> EdgeIds:
-    rows = EdgeRows(np.array(a), np.array(b), 0, np.ones(len(a)))
+    rows = EdgeRows(np.array(a, np.int64), np.array(b, np.int64), 0, np.ones(len(a)))
     position = np.arange(n, dtype=np.int64)
     return EdgeIds(rows, position, position)
 
