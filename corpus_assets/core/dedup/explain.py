@@ -1,10 +1,12 @@
 """Why dedup kept or removed one record of a snapshot (``corpus-assets dedup``, record lineage).
 
 A query, not part of the layer: it lives outside ``dedup/dedup_clusters.py`` so that changing how an
-answer is read never changes the code identity of the layer that wrote the table. The clusters
-and splits tables are sorted by record id, so the record's row and its group's splits are found
-by row-group bisection; its cluster and leakage group (columns the table is not sorted by) by one
-streamed scan of the few columns they need. Nothing holds a whole table.
+answer is read never changes the code identity of the layer that wrote the table. The splits
+table and each part of the clusters table (one table stored whole, or one part per canonical
+chunk) are sorted by record id, so the record's row (in every part) and its group's splits are
+found by row-group bisection; its cluster and leakage group (columns the table is not sorted by)
+by one streamed scan of the few columns they need, in record id order whatever the parts.
+Nothing holds a whole table.
 """
 
 from typing import Any
@@ -14,6 +16,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from corpus_assets.core.runtime.layer_index import load_index
+from corpus_assets.core.runtime.parted_table import PartedTable
 from corpus_assets.core.runtime.snapshot_manifest import Manifest
 from corpus_assets.core.storage.cas import ContentStore
 from corpus_assets.core.storage.cas_queries import VerifiedFiles
@@ -34,21 +37,13 @@ def explain(
     files = files or VerifiedFiles(cas)
     layers = manifest.layers
     dedup = load_index(cas, layers["dedup_clusters"], "dedup_clusters")
-    clusters = files.path(dedup.output("clusters")["digest"], "dedup clusters")
-    mine = sorted_rows(clusters, "record_id", [record_id], dedup_columns(clusters)).to_pylist()
-    if not mine:
+    table = PartedTable.read(cas, dedup.output("clusters"), "dedup clusters")
+    clusters = table.paths(files, "dedup clusters")
+    row = record_row(clusters, record_id)
+    if row is None:
         raise KeyError(f"record {record_id!r} is not in snapshot {manifest.snapshot_id}")
-    row = mine[0]
     representative, leakage = row["representative_id"], row["leakage_id"]
-
-    def related(batch: pa.RecordBatch) -> pa.Array:
-        same_group = pc.equal(batch.column("leakage_id"), leakage)
-        if not representative:  # an excluded row stands behind no representative
-            return same_group
-        return pc.or_kleene(pc.equal(batch.column("representative_id"), representative), same_group)
-
-    wanted = [*CLUSTER_COLUMNS, "representative_id", "leakage_id"]
-    near = scan(clusters, wanted, related)
+    near = related_rows(clusters, representative, leakage)
     cluster = near.filter(pc.equal(near.column("representative_id"), representative or ""))
     group = near.filter(pc.equal(near.column("leakage_id"), leakage))
     splits_index = load_index(cas, layers["splits"], "splits")
@@ -67,6 +62,34 @@ def explain(
             ],
         },
     }
+
+
+def record_row(parts: list[str], record_id: str) -> dict[str, Any] | None:
+    """The record's clusters row, found by bisection in every part (each is sorted by record
+    id, their concatenation need not be): of a record id on two rows, the first by object and
+    line (nulls last), as in a table stored whole. None when no part holds it."""
+    found = [sorted_rows(path, "record_id", [record_id], dedup_columns(path)) for path in parts]
+    rows = pa.concat_tables(found, promote_options="default") if found else None
+    if rows is None or not rows.num_rows:
+        return None
+    keys = [(name, "ascending") for name in ("object", "line") if name in rows.column_names]
+    at = pc.sort_indices(rows, keys)[0].as_py() if keys else 0  # stable: the first of ties
+    return rows.slice(at, 1).to_pylist()[0]
+
+
+def related_rows(parts: list[str], representative: str | None, leakage: str) -> pa.Table:
+    """The rows standing behind ``representative`` or in leakage group ``leakage``, by one
+    streamed scan of every part (neither column is a sort key), in record id order."""
+
+    def related(batch: pa.RecordBatch) -> pa.Array:
+        same_group = pc.equal(batch.column("leakage_id"), leakage)
+        if not representative:  # an excluded row stands behind no representative
+            return same_group
+        return pc.or_kleene(pc.equal(batch.column("representative_id"), representative), same_group)
+
+    wanted = [*CLUSTER_COLUMNS, "representative_id", "leakage_id"]
+    near = pa.concat_tables([scan(path, wanted, related) for path in parts])
+    return near.take(pc.sort_indices(near, [("record_id", "ascending")]))  # a stable sort
 
 
 def dedup_columns(path: str) -> list[str]:
