@@ -2,7 +2,8 @@
 stored whole: a real build's table is re-stored as parts whose record ids interleave (each part
 sorted by record id, their concatenation not), its decisions' ``pos`` renumbered to positions in
 that concatenation, and the splits, mixed samples and packed layers built again from it give the
-same tables (digests and counts); the tokenizer's train lines and ``explain`` agree too."""
+same tables (digests and counts), for a first snapshot and for a child of one; the tokenizer's
+train lines and ``explain`` agree too."""
 
 from pathlib import Path
 from types import SimpleNamespace
@@ -13,8 +14,13 @@ import pyarrow.compute as pc
 import pytest
 
 from corpus_assets.core.dedup.explain import explain
-from corpus_assets.core.pipeline import DIRECT_BUILDERS, build_all
-from corpus_assets.core.runtime.layer_index import LayerIndex, read_layer_index
+from corpus_assets.core.pipeline import BUILDERS, DIRECT_BUILDERS, build_all
+from corpus_assets.core.runtime.layer_index import (
+    LAYERS,
+    LayerIndex,
+    LayerResult,
+    read_layer_index,
+)
 from corpus_assets.core.runtime.snapshot_manifest import (
     CLUSTER_PARTS_SCHEMA,
     ChunkPart,
@@ -24,6 +30,12 @@ from corpus_assets.core.runtime.workspace import Workspace, open_workspace
 from corpus_assets.core.storage.artifacts import get_table, put_json, put_table
 from corpus_assets.core.training_view.tokenizer_fit import train_lines
 from corpus_assets_tests.core.training_view.test_mixing_members import _repeated_ids
+from corpus_assets_tests.core.training_view.test_packing_incremental import (  # noqa: F401 - autouse fixture
+    _active,
+    _add_essays,
+    _home,
+    _no_env_catalog,
+)
 
 PARTS = 3
 VIEW = ("splits", "mixed_samples", "packed_blocks")
@@ -64,11 +76,21 @@ def _as_parts(ws: Workspace, dedup: LayerIndex) -> LayerIndex:
     return dedup.model_copy(update={"outputs": outputs})
 
 
-def _use(ws: Workspace, index: LayerIndex) -> None:
+def _use(ws: Workspace, index: LayerIndex, key: str = "p1") -> None:
     """Point the partition's dedup layer at ``index`` (another spec: not a conflict)."""
     ref = put_json(ws.cas, index.document())
     spec = index.build_spec() + "+parts"
-    ws.catalog.set_layer_output("p1", "dedup_clusters", ref["digest"], spec)
+    ws.catalog.set_layer_output(key, "dedup_clusters", ref["digest"], spec)
+
+
+def _rebuilt(ws: Workspace, key: str, built: dict[str, LayerResult]) -> None:
+    """The view layers built again (from the dedup index the catalog now names) give the
+    tables they gave."""
+    for layer in VIEW:
+        again = DIRECT_BUILDERS[layer](ws, key)
+        assert again.digest != built[layer].digest, layer  # built again, from the parts
+        assert again.digests == built[layer].digests, layer
+        assert again.counts == built[layer].counts, layer
 
 
 def _explained(ws: Workspace, dedup: LayerIndex, splits: LayerIndex, ids: list[str]) -> list[dict]:
@@ -103,12 +125,25 @@ def test_view_layers_from_clusters_parts_are_those_from_the_whole_table(
     answers = _explained(ws, dedup, splits, ids)
     parted = _as_parts(ws, dedup)
     _use(ws, parted)
-    for layer in VIEW:
-        again = DIRECT_BUILDERS[layer](ws, "p1")
-        assert again.digest != built[layer].digest, layer  # built again, from the parts
-        assert again.digests == built[layer].digests, layer
-        assert again.counts == built[layer].counts, layer
+    _rebuilt(ws, "p1", built)
     got = {name: sorted(rows.to_pylist()) for name, rows in train_lines(ws, "p1").items()}
     assert got == lines
     assert _explained(ws, parted, splits, ids) == answers
     ws.close()
+
+
+def test_a_childs_view_layers_from_clusters_parts_are_those_from_the_whole_table(
+    tmp_path: Path,
+) -> None:
+    """With a parent: the splits inherited, the packing incremental (its sample map joins the
+    clusters by position)."""
+    folder = tmp_path / "home"
+    with open_workspace(_home(folder)) as ws:
+        _active(ws, "p1")
+        _add_essays(folder)
+        built = {layer: BUILDERS[layer](ws, "p2") for layer in LAYERS[: LAYERS.index("manifest")]}
+        _, dedup = read_layer_index(ws, "p2", "dedup_clusters")
+        _use(ws, _as_parts(ws, dedup), "p2")
+        _rebuilt(ws, "p2", built)
+        _, packed = read_layer_index(ws, "p2", "packed_blocks")
+    assert packed.outputs["packing"]["mode"] == "incremental"
