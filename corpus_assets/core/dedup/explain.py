@@ -5,7 +5,7 @@ answer is read never changes the code identity of the layer that wrote the table
 table and each part of the clusters table (one table stored whole, or one part per canonical
 chunk) are sorted by record id, so the record's row (in every part) and its group's splits are
 found by row-group bisection; its cluster and leakage group (columns the table is not sorted by)
-by one streamed scan of the few columns they need, in record id order whatever the parts.
+by one streamed scan of the few columns they need, in record order whatever the parts.
 Nothing holds a whole table.
 """
 
@@ -23,6 +23,7 @@ from corpus_assets.core.storage.cas_queries import VerifiedFiles
 from corpus_assets.core.storage.table_lookup import scan, sorted_rows
 
 CLUSTER_COLUMNS = ["record_id", "source_id", "verdict", "match_id", "match_jaccard"]
+RECORD_ORDER = ("record_id", "object", "line")  # the clusters table's sort keys
 
 
 def explain(
@@ -67,19 +68,15 @@ def explain(
 def record_row(parts: list[str], record_id: str) -> dict[str, Any] | None:
     """The record's clusters row, found by bisection in every part (each is sorted by record
     id, their concatenation need not be): of a record id on two rows, the first by object and
-    line (nulls last), as in a table stored whole. None when no part holds it."""
+    line, as in a table stored whole. None when no part holds it."""
     found = [sorted_rows(path, "record_id", [record_id], dedup_columns(path)) for path in parts]
-    rows = pa.concat_tables(found, promote_options="default") if found else None
-    if rows is None or not rows.num_rows:
-        return None
-    keys = [(name, "ascending") for name in ("object", "line") if name in rows.column_names]
-    at = pc.sort_indices(rows, keys)[0].as_py() if keys else 0  # stable: the first of ties
-    return rows.slice(at, 1).to_pylist()[0]
+    rows = in_record_order(pa.concat_tables(found, promote_options="default")) if found else None
+    return rows.slice(0, 1).to_pylist()[0] if rows is not None and rows.num_rows else None
 
 
 def related_rows(parts: list[str], representative: str | None, leakage: str) -> pa.Table:
     """The rows standing behind ``representative`` or in leakage group ``leakage``, by one
-    streamed scan of every part (neither column is a sort key), in record id order."""
+    streamed scan of every part (neither column is a sort key), in record order."""
 
     def related(batch: pa.RecordBatch) -> pa.Array:
         same_group = pc.equal(batch.column("leakage_id"), leakage)
@@ -87,9 +84,19 @@ def related_rows(parts: list[str], representative: str | None, leakage: str) -> 
             return same_group
         return pc.or_kleene(pc.equal(batch.column("representative_id"), representative), same_group)
 
-    wanted = [*CLUSTER_COLUMNS, "representative_id", "leakage_id"]
-    near = pa.concat_tables([scan(path, wanted, related) for path in parts])
-    return near.take(pc.sort_indices(near, [("record_id", "ascending")]))  # a stable sort
+    wanted = [*CLUSTER_COLUMNS, "representative_id", "leakage_id", *RECORD_ORDER]
+    found = []
+    for path in parts:
+        present = set(dedup_columns(path))  # an older table may lack object and line
+        found.append(scan(path, [c for c in wanted if c in present], related))
+    return in_record_order(pa.concat_tables(found, promote_options="default"))
+
+
+def in_record_order(rows: pa.Table) -> pa.Table:
+    """``rows`` stably sorted by record id, object and line (those it has; nulls last): the
+    order of a clusters table stored whole, which chunk parts keep only each on its own."""
+    keys = [(name, "ascending") for name in RECORD_ORDER if name in rows.column_names]
+    return rows.take(pc.sort_indices(rows, keys))
 
 
 def dedup_columns(path: str) -> list[str]:
