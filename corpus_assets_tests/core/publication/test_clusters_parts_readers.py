@@ -23,7 +23,8 @@ from corpus_assets.core.runtime.snapshot_manifest import (
     read_manifest,
 )
 from corpus_assets.core.runtime.workspace import Workspace, open_workspace
-from corpus_assets.core.storage.artifacts import Ref, get_table, put_json
+from corpus_assets.core.storage.artifacts import Ref, put_json
+from corpus_assets.core.storage.cas_queries import VerifiedFiles
 from corpus_assets.core.storage.table_lookup import TrustedFiles
 from corpus_assets_tests.core.publication.test_member_parts import clusters_parts_ref
 from corpus_assets_tests.core.training_view.test_packing_incremental import (  # noqa: F401 (an autouse fixture)
@@ -80,7 +81,8 @@ def test_the_reach_scan_finds_the_same_removed_duplicates_over_parts(child_home:
         manifest = _manifest(ws, "p2")
         parted = _parted_manifest(ws, manifest, clusters_parts_ref(ws, _files(ws), "p2"))
         dedup = load_index(ws.cas, manifest.layers["dedup_clusters"], "dedup_clusters")
-        clusters = get_table(ws.cas, dedup.output("clusters"), "dedup clusters")
+        parted = PartedTable.read(ws.cas, dedup.output("clusters"), "dedup clusters")
+        clusters = parted.table(VerifiedFiles(ws.cas), "dedup clusters")
         removed = pc.is_in(clusters.column("verdict"), pa.array(["exact_duplicate"]))
         row = clusters.filter(removed).slice(0, 1).to_pylist()[0]
         for kind, target in (("record", row["record_id"]), ("object", row["object"])):

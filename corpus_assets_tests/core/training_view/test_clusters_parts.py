@@ -21,6 +21,7 @@ from corpus_assets.core.runtime.layer_index import (
     LayerResult,
     read_layer_index,
 )
+from corpus_assets.core.runtime.parted_table import PartedTable
 from corpus_assets.core.runtime.snapshot_manifest import (
     CLUSTER_PARTS_SCHEMA,
     ChunkPart,
@@ -28,6 +29,7 @@ from corpus_assets.core.runtime.snapshot_manifest import (
 )
 from corpus_assets.core.runtime.workspace import Workspace, open_workspace
 from corpus_assets.core.storage.artifacts import get_table, put_json, put_table
+from corpus_assets.core.storage.cas_queries import VerifiedFiles
 from corpus_assets.core.training_view.tokenizer_fit import train_lines
 from corpus_assets_tests.core.training_view.test_mixing_members import _repeated_ids
 from corpus_assets_tests.core.training_view.test_packing_incremental import (  # noqa: F401 - autouse fixture
@@ -46,7 +48,8 @@ def _as_parts(ws: Workspace, dedup: LayerIndex) -> LayerIndex:
     renumbered to match. The rows are dealt to the parts by object and line, so that record ids
     interleave across parts (a real part holds one chunk's rows; the readers do not ask which,
     and the demo's record ids follow their objects)."""
-    whole = get_table(ws.cas, dedup.output("clusters"), "dedup clusters")
+    parted = PartedTable.read(ws.cas, dedup.output("clusters"), "dedup clusters")
+    whole = parted.table(VerifiedFiles(ws.cas), "dedup clusters")
     objects = {name: n for n, name in enumerate(sorted(set(whole["object"].to_pylist())))}
     where = zip(whole["object"].to_pylist(), whole["line"].to_pylist(), strict=True)
     part_of = np.array([(objects[name] + line) % PARTS for name, line in where])
@@ -102,7 +105,8 @@ def _explained(ws: Workspace, dedup: LayerIndex, splits: LayerIndex, ids: list[s
 
 def _some_ids(ws: Workspace, dedup: LayerIndex) -> list[str]:
     """A dozen record ids spread over the table (with every repeated one)."""
-    ids = get_table(ws.cas, dedup.output("clusters"), "dedup clusters", ["record_id"])
+    parted = PartedTable.read(ws.cas, dedup.output("clusters"), "dedup clusters")
+    ids = parted.table(VerifiedFiles(ws.cas), "dedup clusters", ["record_id"])
     names = ids["record_id"].to_pylist()
     repeated = {name for name in names if names.count(name) > 1}
     return sorted(set(names[:: max(1, len(names) // 12)]) | repeated)
