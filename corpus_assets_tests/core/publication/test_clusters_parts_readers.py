@@ -23,7 +23,7 @@ from corpus_assets.core.runtime.snapshot_manifest import (
     read_manifest,
 )
 from corpus_assets.core.runtime.workspace import Workspace, open_workspace
-from corpus_assets.core.storage.artifacts import Ref, put_json
+from corpus_assets.core.storage.artifacts import Ref, put_json, put_table
 from corpus_assets.core.storage.cas_queries import VerifiedFiles
 from corpus_assets.core.storage.table_lookup import TrustedFiles
 from corpus_assets_tests.core.publication.test_member_parts import clusters_parts_ref
@@ -65,24 +65,31 @@ def _parted_manifest(ws: Workspace, manifest: Manifest, clusters: Ref) -> Manife
     return manifest.model_copy(update={"layers": {**manifest.layers, "dedup_clusters": ref}})
 
 
+def _whole_ref(ws: Workspace, parts: Ref) -> Ref:
+    """The clusters table ``parts`` names stored whole, as snapshots before parts stored it."""
+    table = PartedTable.read(ws.cas, parts, "dedup clusters")
+    return put_table(ws.cas, table.table(VerifiedFiles(ws.cas), "dedup clusters"))
+
+
 def test_the_accounting_counts_the_same_terms_over_parts(child_home: Path) -> None:
     with open_workspace(child_home) as ws:
         parts = clusters_parts_ref(ws, TrustedFiles(ws.cas, ws.catalog), "p2")
         with Evidence.load(ws.cas, ws.catalog, _manifest(ws, "p2")) as ev:
-            whole, one = accounting_check.per_source(ev), ev.clusters()
-            ev.dedup = _with_clusters(ev.dedup, parts)
-            assert ev.clusters() != one  # the parts are read
-            assert accounting_check.per_source(ev) == whole
+            over_parts, read = accounting_check.per_source(ev), ev.clusters()
+            ev.dedup = _with_clusters(ev.dedup, _whole_ref(ws, parts))
+            assert ev.clusters() != read  # the one table is read
+            whole = accounting_check.per_source(ev)
+            assert over_parts == whole
     assert sum(c.terms["duplicates removed"] for c in whole.values()) > 0
 
 
 def test_the_reach_scan_finds_the_same_removed_duplicates_over_parts(child_home: Path) -> None:
     with open_workspace(child_home) as ws:
         manifest = _manifest(ws, "p2")
-        parted = _parted_manifest(ws, manifest, clusters_parts_ref(ws, _files(ws), "p2"))
-        dedup = load_index(ws.cas, manifest.layers["dedup_clusters"], "dedup_clusters")
-        parted = PartedTable.read(ws.cas, dedup.output("clusters"), "dedup clusters")
-        clusters = parted.table(VerifiedFiles(ws.cas), "dedup clusters")
+        parts = clusters_parts_ref(ws, _files(ws), "p2")
+        parted = _parted_manifest(ws, manifest, _whole_ref(ws, parts))  # stored whole
+        table = PartedTable.read(ws.cas, parts, "dedup clusters")
+        clusters = table.table(VerifiedFiles(ws.cas), "dedup clusters")
         removed = pc.is_in(clusters.column("verdict"), pa.array(["exact_duplicate"]))
         row = clusters.filter(removed).slice(0, 1).to_pylist()[0]
         for kind, target in (("record", row["record_id"]), ("object", row["object"])):

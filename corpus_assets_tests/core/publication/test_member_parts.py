@@ -31,7 +31,7 @@ from corpus_assets.core.runtime.snapshot_manifest import (
     read_manifest,
 )
 from corpus_assets.core.runtime.workspace import Workspace, open_workspace
-from corpus_assets.core.storage.artifacts import Ref, get_json, put_json, put_table
+from corpus_assets.core.storage.artifacts import JSON, Ref, get_json, put_json, put_table
 from corpus_assets.core.storage.cas import ContentStore
 from corpus_assets.core.storage.cas_queries import sql_path
 from corpus_assets.core.storage.table_lookup import TrustedFiles
@@ -94,8 +94,10 @@ def test_shared_clusters_parts_spare_the_clusters_difference(
         chunks = _chunks(ws, files, Path(tmp))
         same = same_clusters_parts(ours, theirs)
         assert same is not None and 0 < len(same) < len(chunks)
-        parent = manifest.parent_members(ws, files, freeze(ws, "p2")[1].parents)
-        assert parent is not None and parent.clusters_same is None  # stored whole: unknown
+        child_dedup = read_layer_index(ws, "p2", "dedup_clusters")[1]
+        parents = freeze(ws, "p2")[1].parents
+        parent = manifest.parent_members(ws, files, parents, child_dedup)
+        assert parent is not None and parent.clusters_same == same  # both stored as parts
         parted = Parent(parent.parts, theirs.relation(files, "p"), parent.splits, same)
         indexes = {layer: read_layer_index(ws, "p2", layer) for layer in LAYERS[:-1]}
         joined = manifest.put_members(ws, indexes)
@@ -161,30 +163,13 @@ def _clusters_as_parts(ws: Workspace, files: TrustedFiles, key: str) -> PartedTa
 
 
 def clusters_parts_ref(ws: Workspace, files: TrustedFiles, key: str) -> Ref:
-    """Snapshot ``key``'s clusters table stored as the dedup writer will: one part per
-    canonical chunk in order (its records' rows, sorted by record id, object and line) behind a
+    """Snapshot ``key``'s clusters table as the dedup layer stores it: one part per canonical
+    chunk in order (its records' rows, sorted by record id, object and line) behind a
     ``corpus.clusters-parts.v1`` document. Equal rows give equal parts, so two snapshots share
-    the part of every chunk whose rows are the same. Its rows' places are not the whole
-    table's, so it does not fit the dedup layer's edges and decisions (clusters positions)."""
-    whole = _tables(ws, files, key)[0]
-    canonical = CanonicalIndex(ws.cas, read_layer_index(ws, key, "canonical_records")[1])
-    con = duckdb.connect()
-    parts = []
-    for chunk in canonical.chunks():
-        records = files.path(chunk.records["digest"])
-        rows = con.sql(
-            f"SELECT k.* FROM read_parquet({sql_path(whole)}) k "
-            f"SEMI JOIN read_parquet({sql_path(records)}) r USING (record_id, object, line) "
-            "ORDER BY record_id, object, line"
-        ).to_arrow_table()
-        ref = put_table(ws.cas, rows)
-        parts.append(
-            ChunkPart(chunk=chunk.key, records=chunk.records["digest"], count=rows.num_rows, **ref)
-        )
-    count = sum(part.count for part in parts)
-    assert count == pq.read_metadata(whole).num_rows  # every row in exactly one part
-    document = ChunkParts(schema=CLUSTER_PARTS_SCHEMA, code="test", count=count, parts=parts)
-    return put_json(ws.cas, document.document())
+    the part of every chunk whose rows are the same."""
+    ref = read_layer_index(ws, key, "dedup_clusters")[1].output("clusters")
+    assert ref["media"] == JSON  # the writer's parts document
+    return ref
 
 
 def _edited_part(cas: ContentStore, table: PartedTable, chunk: str, record_id: str) -> PartedTable:
@@ -263,7 +248,6 @@ def _child_and_parent(ws: Workspace, tmp: Path) -> tuple[Parent, list, str, str]
 def _chunks(ws: Workspace, files: TrustedFiles, tmp: Path) -> list:
     from corpus_assets.core.publication.member_parts import Chunk
     from corpus_assets.core.publication.narrowed import narrowed
-    from corpus_assets.core.records.index import CanonicalIndex
 
     canonical = CanonicalIndex(ws.cas, read_layer_index(ws, "p2", "canonical_records")[1])
     paths = narrowed(ws, files, canonical, tmp)
@@ -273,9 +257,14 @@ def _chunks(ws: Workspace, files: TrustedFiles, tmp: Path) -> list:
 
 
 def _tables(ws: Workspace, files: TrustedFiles, key: str) -> tuple[str, str]:
-    dedup = read_layer_index(ws, key, "dedup_clusters")[1].output("clusters")["digest"]
+    """Snapshot ``key``'s clusters table stored whole (its parts concatenated into one file,
+    as snapshots before parts stored it) and its splits table."""
+    parted = PartedTable.read(ws.cas, clusters_parts_ref(ws, files, key), "dedup clusters")
+    whole = ws.home / "tmp" / f"whole-clusters-{key}.parquet"
+    whole.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(parted.table(files, "dedup clusters"), whole)
     splits = read_layer_index(ws, key, "splits")[1].output("splits")["digest"]
-    return files.path(dedup), files.path(splits)
+    return str(whole), files.path(splits)
 
 
 def _changed_copy(parent: Parent, clusters: str, table: str, record_id: str, tmp: Path) -> Parent:
@@ -297,7 +286,6 @@ def _changed_copy(parent: Parent, clusters: str, table: str, record_id: str, tmp
 def test_each_chunk_gets_its_rows_even_when_two_share_a_narrowed_file(tmp_path: Path) -> None:
     """One scan of all files numbers rows by file; a file named by two chunks (two objects
     with the same records) must still give each chunk its rows."""
-    import duckdb
     import pyarrow as pa
 
     from corpus_assets.core.publication.member_parts import Chunk, _numbered
