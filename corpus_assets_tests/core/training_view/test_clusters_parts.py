@@ -49,13 +49,18 @@ def _as_parts(ws: Workspace, dedup: LayerIndex) -> LayerIndex:
     interleave across parts (a real part holds one chunk's rows; the readers do not ask which,
     and the demo's record ids follow their objects)."""
     parted = PartedTable.read(ws.cas, dedup.output("clusters"), "dedup clusters")
-    whole = parted.table(VerifiedFiles(ws.cas), "dedup clusters")
+    stored = parted.table(VerifiedFiles(ws.cas), "dedup clusters")
+    keys = [(name, "ascending") for name in ("record_id", "object", "line")]
+    order = pc.sort_indices(stored, sort_keys=keys).to_numpy()
+    whole = stored.take(pa.array(order))  # in record order: each part dealt from it is too
     objects = {name: n for n, name in enumerate(sorted(set(whole["object"].to_pylist())))}
     where = zip(whole["object"].to_pylist(), whole["line"].to_pylist(), strict=True)
     part_of = np.array([(objects[name] + line) % PARTS for name, line in where])
     rows = [np.flatnonzero(part_of == k) for k in range(PARTS)]
-    moved = np.empty(whole.num_rows, dtype=np.int64)
-    moved[np.concatenate(rows)] = np.arange(whole.num_rows)
+    dealt = np.empty(whole.num_rows, dtype=np.int64)
+    dealt[np.concatenate(rows)] = np.arange(whole.num_rows)
+    moved = np.empty(whole.num_rows, dtype=np.int64)  # stored position -> position in parts
+    moved[order] = dealt
     assert (moved != np.arange(whole.num_rows)).any()  # the positions change
     parts = []
     for k, taken in enumerate(rows):
