@@ -254,7 +254,9 @@ def test_a_child_index_records_the_tables_it_hashed_and_still_finds_a_corrupt_on
         with ws.catalog.begin() as conn:
             recorded = {d for (d,) in conn.execute(select(verified_files.c.digest))}
         parts = {ref["digest"] for ref in read_manifest(ws.cas, child).members.part_refs(ws.cas)}
-        assert {tables[n] for n in ("clusters", "spans")} | parts <= recorded
+        dedup = load_index(ws.cas, read_manifest(ws.cas, child).layers["dedup_clusters"], "d")
+        parts |= {r["digest"] for r in PartedTable.read(ws.cas, dedup.output("clusters"), "c").refs}
+        assert {tables["spans"]} | parts <= recorded
         with ws.catalog.begin() as conn:
             conn.execute(
                 delete(layer_memo).where(layer_memo.c.layer == "governance.deletion_index")
@@ -346,8 +348,7 @@ def test_the_removed_duplicates_difference_reads_only_the_objects_of_unshared_cl
     """Both snapshots' clusters tables as chunk parts (as the dedup writer stores them): the
     delta diffs the removed duplicates of the objects of the parts the two do not share only
     (no difference of the whole tables runs) and gives the directory a difference of the
-    whole tables gives; with a table stored whole there are no such objects and it diffs the
-    whole tables."""
+    whole tables gives; without those objects it diffs the whole tables."""
     config, parent, child = _child(tmp_path)
     statements = _logged_statements(monkeypatch)
     with open_workspace(config) as ws:
@@ -362,8 +363,8 @@ def test_the_removed_duplicates_difference_reads_only_the_objects_of_unshared_cl
         assert deletion_index.build(ws.cas, child, base=base, objects=objects) == expected
         narrowed, statements[:] = list(statements), []
         assert deletion_index.build(ws.cas, child, base=base) == expected
-        # this branch's dedup stores the clusters table whole: nothing to narrow by
-        assert manifest_deletion.changed_objects(ws.cas, ws.catalog, child, parent) is None
+        # the build's own narrowing: the objects of the parts the two do not share
+        assert manifest_deletion.changed_objects(ws.cas, ws.catalog, child, parent) == objects
     assert not any("staging.cboth" in s for s in narrowed)
     assert any("staging.cdiff" in s and objects[0] in s for s in narrowed)
     assert any("staging.cboth" in s for s in statements)
