@@ -15,6 +15,7 @@ from corpus_assets.core.publication.evidence import Evidence
 from corpus_assets.core.publication.rules import RuleReport
 from corpus_assets.core.publication.verify import load_manifest, resolve
 from corpus_assets.core.runtime.layer_index import load_index
+from corpus_assets.core.runtime.parted_table import PartedTable
 from corpus_assets.core.runtime.snapshot_manifest import read_manifest
 from corpus_assets.core.runtime.workspace import open_workspace
 from corpus_assets.core.storage.trust import StatTrust
@@ -28,14 +29,16 @@ def main(config: str, partition: str) -> None:
             # as the build's check: verify hashed the child's tables (``ev.files``), the
             # parent's check hashed the parent's (recorded; a staged copy's links moved ctime)
             ev.files.verified |= {c.records["digest"] for c in ev.canonical.chunks()}
-            ev.files.verified.add(ev.dedup.output("clusters")["digest"])
+            ours = PartedTable.read(ws.cas, ev.dedup.output("clusters"), "clusters")
+            ev.files.verified |= {ref["digest"] for ref in ours.refs}
             parent = ev.freeze.parents[0]
             theirs = read_manifest(
                 ws.cas, states.get(ws.catalog, parent).manifest_digest, "manifest"
             )
             dedup = load_index(ws.cas, theirs.layers["dedup_clusters"], "dedup_clusters")
             parts = [ref["digest"] for ref in theirs.members.part_refs(ws.cas)]
-            tables = [*parts, dedup.output("clusters")["digest"]]
+            theirs_clusters = PartedTable.read(ws.cas, dedup.output("clusters"), "clusters")
+            tables = [*parts, *(ref["digest"] for ref in theirs_clusters.refs)]
             StatTrust(ws.cas, ws.catalog).verify_all({d: "parent table" for d in tables})
             heldout_check._passed_parent = lambda *_: (theirs, dedup)  # type: ignore[assignment]
             heldout_check.SPLITS_CODE = ev.splits.code

@@ -44,9 +44,10 @@ from race_corpus import SOURCES
 from corpus_assets.core.dedup.fingerprint_store import TextLookup
 from corpus_assets.core.records.index import CanonicalIndex
 from corpus_assets.core.runtime.layer_index import read_layer_index
+from corpus_assets.core.runtime.parted_table import PartedTable
 from corpus_assets.core.runtime.workspace import open_workspace
 from corpus_assets.core.storage.artifacts import get_table
-from corpus_assets.core.storage.cas_queries import cas_parquet
+from corpus_assets.core.storage.cas_queries import VerifiedFiles
 from corpus_assets.core.training_view import view_queries
 from corpus_assets.core.training_view.splits import TRAIN, HeldoutScan, searched_records
 from corpus_assets.core.training_view.splits.heldout_tasks import fingerprint_rows
@@ -141,7 +142,8 @@ def main() -> None:
     with open_workspace() as ws, view_queries.spilling(ws.home, 1) as con:
         _, canonical = CanonicalIndex.read(ws, key)
         _, dedup = read_layer_index(ws, key, "dedup_clusters")
-        clusters = cas_parquet(ws.cas, dedup.output("clusters"), "clusters")
+        parted = PartedTable.read(ws.cas, dedup.output("clusters"), "clusters")
+        clusters = parted.relation(VerifiedFiles(ws.cas), "clusters")
         con.register("old", old_splits(ws, key))
         members = searched_records(clusters, "old")
         scan = HeldoutScan.open(ws, canonical.chunks(), dedup)

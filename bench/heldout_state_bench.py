@@ -20,9 +20,10 @@ from corpus_assets.core.ingest.freeze import freeze
 from corpus_assets.core.pipeline import BUILDERS
 from corpus_assets.core.records.index import CanonicalIndex
 from corpus_assets.core.runtime.layer_index import load_index
+from corpus_assets.core.runtime.parted_table import PartedTable
 from corpus_assets.core.runtime.workspace import Workspace, open_workspace
 from corpus_assets.core.storage.artifacts import get_json
-from corpus_assets.core.storage.cas_queries import cas_parquet
+from corpus_assets.core.storage.cas_queries import VerifiedFiles, cas_parquet
 from corpus_assets.core.training_view.splits import HeldoutScan, searched_records
 from corpus_assets.core.training_view.splits import build as splits
 from corpus_assets.core.training_view.splits.heldout_state import PriorSearch, row_map
@@ -41,7 +42,8 @@ def parent_state(ws: Workspace, partition: str) -> PriorSearch:
     with duckdb.connect() as con:
         table = cas_parquet(ws.cas, index.output("splits"), "splits")
         con.execute(f"CREATE TABLE final AS SELECT record_id, split FROM {table}")
-        clusters = cas_parquet(ws.cas, dedup.output("clusters"), "clusters")
+        parted = PartedTable.read(ws.cas, dedup.output("clusters"), "clusters")
+        clusters = parted.relation(VerifiedFiles(ws.cas), "clusters")
         _, _, state = scan.searched(con, searched_records(clusters, "final"))
     child = CanonicalIndex.read(ws, partition)[1].chunks()
     partners = state["partners"].combine_chunks()

@@ -35,6 +35,7 @@ import pyarrow.compute as pc
 from corpus_assets.core.dedup.clusters import CLUSTER_COLUMNS
 from corpus_assets.core.dedup.explain import explain
 from corpus_assets.core.runtime.layer_index import LayerIndex, load_index
+from corpus_assets.core.runtime.parted_table import PartedTable
 from corpus_assets.core.storage.artifacts import get_table, put_json
 from corpus_assets.core.storage.cas import ContentStore
 from corpus_assets.core.storage.cas_queries import VerifiedFiles
@@ -136,7 +137,8 @@ def _old_explain(cas: ContentStore, manifest: dict, record_id: str) -> dict:
     """The baseline: ``explain`` as it was (whole tables, a dict of every split)."""
     layers = manifest["layers"]
     dedup = load_index(cas, layers["dedup_clusters"], "dedup_clusters")
-    table = get_table(cas, dedup.output("clusters"), "dedup clusters")
+    parted = PartedTable.read(cas, dedup.output("clusters"), "dedup clusters")
+    table = parted.table(VerifiedFiles(cas), "dedup clusters")
     row = table.filter(pc.equal(table.column("record_id"), record_id)).to_pylist()[0]
     splits_index = load_index(cas, layers["splits"], "splits")
     splits = get_table(cas, splits_index.output("splits"), "splits table")

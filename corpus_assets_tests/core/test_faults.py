@@ -18,9 +18,11 @@ from corpus_assets.core.publication.signing import sign_snapshot
 from corpus_assets.core.publication.validation import validate_snapshot
 from corpus_assets.core.publication.verify import Report, verify
 from corpus_assets.core.runtime import transform
+from corpus_assets.core.runtime.parted_table import PartedTable
 from corpus_assets.core.runtime.transform import PACKAGE_ROOT, image_digest, transform_image
 from corpus_assets.core.runtime.workspace import Workspace, open_workspace
 from corpus_assets.core.storage.artifacts import Ref, get_json, put_json, put_table
+from corpus_assets.core.storage.cas_queries import VerifiedFiles
 from corpus_assets.core.storage.catalog import LayerConflict, snapshots
 from corpus_assets.core.storage.digests import canonical_json
 
@@ -41,9 +43,8 @@ def test_duplicate_record_ids_are_excluded_by_name_at_build(tmp_path: Path) -> N
         assert (dedup["duplicate_ids"], dedup["id_conflicts"]) == (0, 1)  # another text
         assert results["manifest"].counts["members"] == 1
         clusters = json.loads(ws.cas.get_bytes(ws.catalog.layer_output("p1", "dedup_clusters")))
-        table = pq.read_table(
-            pa.BufferReader(ws.cas.get_bytes(clusters["outputs"]["clusters"]["digest"]))
-        )
+        parted = PartedTable.read(ws.cas, clusters["outputs"]["clusters"], "clusters")
+        table = parted.table(VerifiedFiles(ws.cas), "clusters")
         reasons = [e for e in table.column("excluded").to_pylist() if e]
         assert len(reasons) == 1
         assert reasons[0].startswith("id.conflict: another text than the first at sha256:")

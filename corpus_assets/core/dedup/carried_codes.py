@@ -5,14 +5,15 @@ Coding sorts every record id, group id and dedup key of the partition (~1.1 of a
 columns line for line). Dedup reads those codes only for byte order (record and group ids:
 table positions, the smallest group of a component) and equality (dedup keys, repeated ids)
 (:func:`.clusters.decide`), so any codes with the same order and equalities give the same
-verdicts. The parent's clusters table lists its record ids sorted (row ``pos`` of its
-decisions), and its decisions name each dedup key's first row (an exact copy's match, else the
-row itself). Only the values of the new rows are placed among the parent's: each parent row
-group is stably sorted with the new values that fall in it (sorted input, cheap), and a new
-key is looked up among the parent's keys by hash (group ids other than their record ids are
-placed too, the parent's with a second pass). None (the sorts) when the parent excluded a row
-(its keys' first rows are not all named) or lists a record id twice, or when many rows are
-new.
+verdicts. Each of the parent's clusters parts lists its chunk's record ids sorted, its
+decisions give every row's rank among all of them (``rank``) and name each dedup key's first
+row (an exact copy's match, else the row itself). Only the values of the new rows are placed
+among the parent's: in each part, each row group is stably sorted with the new values that fall
+in it (sorted input, cheap) and the counts of smaller ids are summed over the parts; a new key
+is looked up among the parent's keys by hash (group ids other than their record ids are placed
+too, the parent's with a second pass). None (the sorts) when the parent excluded a row (its
+keys' first rows are not all named), lists a record id twice in a part, wrote no ranks, or
+when many rows are new (or parts times new ids outweigh the parent's rows).
 """
 
 from typing import NamedTuple
@@ -27,6 +28,7 @@ from corpus_assets.core.storage.cas_queries import streamed
 
 _EXACT, _EXCLUDED = 1, 3  # verdict codes of the decisions table (``clusters.VERDICTS``)
 NEW_SHARE = 8  # more than one row in NEW_SHARE new: the sorts (what is placed is held)
+PLACED_SHARE = 4  # parts x new ids beyond PLACED_SHARE x the parent's rows: the sorts
 BATCH_ROWS = 1 << 16
 
 
@@ -55,69 +57,97 @@ class _Groups(NamedTuple):
 
 
 def carried_codes(
-    db: PartitionDb, child_to_parent: np.ndarray, decisions: str, clusters: str
+    db: PartitionDb, child_to_parent: np.ndarray, decisions: str, clusters: list[str]
 ) -> Carried | None:
     """The codes of ``db``'s rows given each row's parent row (-1: new) and the parent's
-    decisions and clusters table files (verified); None when they cannot be carried."""
+    decisions and clusters parts files (verified, in order); None when they cannot be
+    carried."""
     n = len(child_to_parent)
     new_rows = np.flatnonzero(child_to_parent < 0)
     if not n or len(new_rows) * NEW_SHARE > n:
         return None
     parent = _parent_rows(decisions)
     fresh = _new_values(db, new_rows)
-    if parent is None or fresh is None or int(child_to_parent.max()) >= len(parent[0]):
+    if parent is None or fresh is None or int(child_to_parent.max()) >= len(parent.pos):
         return None  # (or the decisions do not list the parent's chunks' rows)
-    pos, head = parent
     rows, ids, groups, keys = fresh
+    if len(clusters) * len(ids) > PLACED_SHARE * len(parent.pos):
+        return None  # every part places every new id: more than sorting them all
     other = ~pc.equal(groups, ids).to_numpy(zero_copy_only=False)
     new_groups = groups.filter(pa.array(other))
     placed_keys = _distinct(keys)
-    scan = _scan_parent(clusters, len(pos), _distinct(pa.concat_arrays([ids, new_groups])))
+    scan = _scan_parent(clusters, parent, _distinct(pa.concat_arrays([ids, new_groups])))
     if scan is None:
         return None
     found = _find_keys(clusters, placed_keys)
     placed, old_groups = scan
     if len(old_groups.at):  # placed again with them: a second pass over the parent's ids
         values = pa.concat_arrays([placed.values, old_groups.values])
-        placed = _place_all(clusters, len(pos), _distinct(values))
+        placed = _place_all(clusters, _distinct(values))
     old = np.flatnonzero(child_to_parent >= 0)
-    ranks, codes = _id_codes(placed, len(pos))
-    record = np.empty(n, dtype=code_dtype(len(pos) + len(placed.values)))
-    record[old] = ranks[pos[child_to_parent[old]]]
+    count = len(parent.pos)
+    ranks, codes = _id_codes(placed, count)
+    old_rank = parent.rank[child_to_parent[old]]
+    record = np.empty(n, dtype=code_dtype(count + len(placed.values)))
+    record[old] = ranks[old_rank]
     record[rows] = codes[_index(ids, placed.values)]
     group = record.copy()
     group[rows[other]] = codes[_index(new_groups, placed.values)]
-    child_at = np.full(len(pos), -1, dtype=np.int64)  # parent table position -> child row
-    child_at[pos[child_to_parent[old]]] = old
+    child_at = np.full(count, -1, dtype=np.int64)  # parent rank -> child row
+    child_at[old_rank] = old
     kept = child_at[old_groups.at] >= 0
     group[child_at[old_groups.at[kept]]] = codes[
         _index(old_groups.values.filter(pa.array(kept)), placed.values)
     ]
-    key_codes = _key_codes(child_to_parent, old, head, pos, rows, keys, placed_keys, found)
+    key_codes = _key_codes(
+        child_to_parent, old, parent.head, parent.pos, rows, keys, placed_keys, found
+    )
     return Carried(Coded(record, []), Coded(key_codes, []), Coded(group, []))
 
 
-def _parent_rows(path: str) -> tuple[np.ndarray, np.ndarray] | None:
-    """Per parent row its table position and the first row of its dedup key, read a batch at
-    a time; None when the parent excluded a row (an excluded row's key names no first row)."""
+class _Parent(NamedTuple):
+    """Per parent row: its clusters table position, its record id's rank and the first row of
+    its dedup key."""
+
+    pos: np.ndarray
+    rank: np.ndarray
+    head: np.ndarray
+
+
+def _parent_rows(path: str) -> _Parent | None:
+    """Per parent row its table position, rank and the first row of its dedup key, read a
+    batch at a time; None when the parent excluded a row (an excluded row's key names no first
+    row) or its decisions hold no ranks (written before parts)."""
     parquet = pq.ParquetFile(path, buffer_size=1 << 20, pre_buffer=False)
+    if "rank" not in parquet.schema_arrow.names:
+        return None
     rows = parquet.metadata.num_rows
-    pos, head = np.empty(rows, dtype=np.int64), np.empty(rows, dtype=np.int64)
-    columns, lo = ["verdict", "match", "pos", "reason"], 0
+    pos, rank = np.empty(rows, dtype=np.int64), np.empty(rows, dtype=np.int64)
+    head = np.empty(rows, dtype=np.int64)
+    columns, lo = ["verdict", "match", "pos", "rank", "reason"], 0
     for batch in parquet.iter_batches(BATCH_ROWS, columns=columns, use_threads=False):
-        verdict, match, at, reason = (batch.column(c) for c in columns)
+        verdict, match, at, ranked, reason = (batch.column(c) for c in columns)
         verdicts = verdict.to_numpy()
         if (verdicts == _EXCLUDED).any() or pc.any(pc.not_equal(reason, "")).as_py():
             return None
         hi = lo + len(batch)
-        pos[lo:hi] = at.to_numpy()
+        pos[lo:hi], rank[lo:hi] = at.to_numpy(), ranked.to_numpy()
         head[lo:hi] = np.where(verdicts == _EXACT, match.to_numpy(), np.arange(lo, hi))
         lo = hi
-    placed = np.zeros(rows, dtype=bool)  # positions are a permutation of the rows
-    if rows and (pos.min() < 0 or pos.max() >= rows):
+    if not (_permutation(pos) and _permutation(rank)):
         return None
-    placed[pos] = True
-    return (pos, head) if placed.all() else None
+    return _Parent(pos, rank, head)
+
+
+def _permutation(values: np.ndarray) -> bool:
+    """Whether ``values`` are 0..len-1, each once."""
+    if not len(values):
+        return True
+    if values.min() < 0 or values.max() >= len(values):
+        return False
+    seen = np.zeros(len(values), dtype=bool)
+    seen[values] = True
+    return bool(seen.all())
 
 
 def _new_values(
@@ -160,7 +190,7 @@ class _Placer:
     pass (ascending, checked): for each, how many ids are smaller and whether one is equal."""
 
     def __init__(self, values: pa.Array, rows: int) -> None:
-        self.values = values
+        self.values, self.rows = values, rows
         self.at = np.full(len(values), rows, dtype=np.int64)  # past every id, unless placed
         self.equal = np.zeros(len(values), dtype=bool)
         self.start, self.done, self.last = 0, 0, None
@@ -184,46 +214,71 @@ class _Placer:
         return _Placed(self.values, self.at, self.equal)
 
 
-def _scan_parent(path: str, rows: int, ids: pa.Array) -> tuple[_Placed, _Groups] | None:
-    """One pass over the parent's clusters table (record ids ascending): ``ids`` placed among
-    its record ids, and its group ids other than their record ids. None when the table does
-    not line up (row count, a repeated or null id, a null group)."""
-    placer, at, values = _Placer(ids, rows), [], []
-    for batch in streamed(path, BATCH_ROWS, ["record_id", "group_id"]):
-        record, group = batch.column(0), batch.column(1)
-        if group.null_count or not placer.feed(record):
+def _scan_parent(
+    paths: list[str], parent: _Parent, ids: pa.Array
+) -> tuple[_Placed, _Groups] | None:
+    """One pass over the parent's clusters parts (each sorted by record id): ``ids`` placed
+    among its record ids (the counts of smaller ids summed over the parts), and its group ids
+    other than their record ids, by rank. None when the parts do not line up (row count, a
+    repeated or null id in a part, a null group)."""
+    rank_at = np.empty(len(parent.pos), dtype=np.int64)  # table position -> rank
+    rank_at[parent.pos] = parent.rank
+    total, at, values, start = _Placed(ids, *_nothing_placed(len(ids))), [], [], 0
+    for path in paths:
+        placer = _Placer(ids, pq.ParquetFile(path).metadata.num_rows)
+        for batch in streamed(path, BATCH_ROWS, ["record_id", "group_id"]):
+            record, group = batch.column(0), batch.column(1)
+            if group.null_count or not placer.feed(record):
+                return None
+            other = pc.invert(pc.equal(group, record))
+            if pc.any(other).as_py():
+                here = start + placer.start - len(record)
+                at.append(rank_at[here + np.flatnonzero(other.to_numpy(False))])
+                values.append(group.filter(other))
+        if placer.start != placer.rows or start + placer.start > len(rank_at):
             return None
-        other = pc.invert(pc.equal(group, record))
-        if pc.any(other).as_py():
-            at.append(placer.start - len(record) + np.flatnonzero(other.to_numpy(False)))
-            values.append(group.filter(other))
-    if placer.start != rows:
+        total = _summed(total, placer.placed())
+        start += placer.start
+    if start != len(rank_at):
         return None
     groups = _Groups(
         np.concatenate(at) if at else np.empty(0, dtype=np.int64),
         pa.concat_arrays(values) if values else pa.array([], pa.string()),
     )
-    return placer.placed(), groups
+    return total, groups
 
 
-def _place_all(path: str, rows: int, ids: pa.Array) -> _Placed:
+def _place_all(paths: list[str], ids: pa.Array) -> _Placed:
     """``ids`` placed among the parent's record ids (checked by a first pass already)."""
-    placer = _Placer(ids, rows)
-    for batch in streamed(path, BATCH_ROWS, ["record_id"]):
-        placer.feed(batch.column(0))
-    return placer.placed()
+    total = _Placed(ids, *_nothing_placed(len(ids)))
+    for path in paths:
+        placer = _Placer(ids, pq.ParquetFile(path).metadata.num_rows)
+        for batch in streamed(path, BATCH_ROWS, ["record_id"]):
+            placer.feed(batch.column(0))
+        total = _summed(total, placer.placed())
+    return total
 
 
-def _find_keys(path: str, keys: pa.Array) -> np.ndarray:
+def _nothing_placed(n: int) -> tuple[np.ndarray, np.ndarray]:
+    return np.zeros(n, dtype=np.int64), np.zeros(n, dtype=bool)
+
+
+def _summed(total: _Placed, part: _Placed) -> _Placed:
+    """Placements over two disjoint sets of ids: smaller ids counted in both, equal in either."""
+    return _Placed(total.values, total.at + part.at, total.equal | part.equal)
+
+
+def _find_keys(paths: list[str], keys: pa.Array) -> np.ndarray:
     """Per value of ``keys`` a parent table position holding it (-1: none)."""
     key_pos = np.full(len(keys), -1, dtype=np.int64)
     start = 0
-    for batch in streamed(path, BATCH_ROWS, ["dedup_key"]):
-        found = pc.index_in(batch.column(0), value_set=keys)
-        valid = pc.is_valid(found)
-        hit = np.flatnonzero(valid.to_numpy(zero_copy_only=False))
-        key_pos[found.filter(valid).to_numpy().astype(np.int64)] = start + hit
-        start += len(batch)
+    for path in paths:
+        for batch in streamed(path, BATCH_ROWS, ["dedup_key"]):
+            found = pc.index_in(batch.column(0), value_set=keys)
+            valid = pc.is_valid(found)
+            hit = np.flatnonzero(valid.to_numpy(zero_copy_only=False))
+            key_pos[found.filter(valid).to_numpy().astype(np.int64)] = start + hit
+            start += len(batch)
     return key_pos
 
 

@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 
 from corpus_assets.core.dedup.near_stage import NearStage
 from corpus_assets.core.dedup.order import first_in_order
-from corpus_assets.core.dedup.output_order import bucket, output_positions, sorted_batches
+from corpus_assets.core.dedup.output_order import bucket, chunk_major, id_ranks, sorted_batches
 from corpus_assets.core.dedup.partition_db import (
     MEMORY_LIMIT,
     OUTPUT_MEMORY_LIMIT,
@@ -107,7 +107,8 @@ class Decided:
     near_y: np.ndarray
     near_j: np.ndarray
     leakage: np.ndarray  # per row, a row of the group naming its leakage group (smallest code)
-    position: np.ndarray  # per row, its position in the clusters table
+    position: np.ndarray  # per row, its position in the clusters table (chunk parts in order)
+    rank: np.ndarray  # per row, its rank by record id, object, line, row (the total order's key)
     report: NearReport | None
 
 
@@ -124,12 +125,15 @@ def decide(
     revoked: dict[int, str] | None = None,
     near: NearStage | None = None,
     carried: tuple[Coded, Coded, Coded] | None = None,
+    chunk_starts: np.ndarray | None = None,
 ) -> Decided:
     """Exclusions, exact dedup, near-dedup and leakage groups over the codes of ``db``
-    (``carried``: its record id, dedup key and group id codes, known)."""
+    (``carried``: its record id, dedup key and group id codes, known; ``chunk_starts``: each
+    canonical chunk's first row, whose rows make one part of the clusters table)."""
     codes = db.codes(carried)
-    position = output_positions(db, codes.record_id.codes)
-    order = db.total_order(source_order, codes.source_id, position)
+    rank = id_ranks(db, codes.record_id.codes)
+    position = chunk_major(rank, chunk_starts)
+    order = db.total_order(source_order, codes.source_id, rank)
     state = _Verdicts(codes.n)
     excluded = _exclude_repeated_ids(db, codes, dict(revoked or {}))
     if excluded:
@@ -150,7 +154,7 @@ def decide(
     leakage = _leakage_rows(codes.group_id.codes, a, b)
     codes.forget("group_id")
     return Decided(
-        codes, state, excluded, copies, near_x, near_y, near_j, leakage, position, report
+        codes, state, excluded, copies, near_x, near_y, near_j, leakage, position, rank, report
     )
 
 

@@ -18,9 +18,9 @@ import pyarrow as pa
 from corpus_assets.core.dedup.band_index import Banding
 from corpus_assets.core.dedup.band_runner import BandInputs, BandRunner, distributed
 from corpus_assets.core.dedup.carried_codes import Carried, carried_codes
+from corpus_assets.core.dedup.cluster_parts import put_cluster_parts
 from corpus_assets.core.dedup.cluster_tasks import cluster_batches_on_runner, decisions_by_position
 from corpus_assets.core.dedup.clusters import (
-    CLUSTER_COLUMNS,
     EXACT,
     EXCLUDED,
     ID_CONFLICT,
@@ -51,10 +51,8 @@ from corpus_assets.core.dedup.report import DedupReport
 from corpus_assets.core.dedup.reuse import (
     Reuse,
     RowDecisions,
-    merged,
-    plan,
     put_decisions,
-    remember_changed,
+    reused_parts,
     row_maps,
 )
 from corpus_assets.core.dedup.signature_blocks import opened_signatures
@@ -68,10 +66,10 @@ from corpus_assets.core.ingest.freeze import freeze
 from corpus_assets.core.records.index import CanonicalIndex, ChunkRecords
 from corpus_assets.core.runtime.code_identity import stage_code
 from corpus_assets.core.runtime.layer_index import LayerResult, publish_index
+from corpus_assets.core.runtime.parted_table import PartedTable
 from corpus_assets.core.runtime.workspace import Workspace
 from corpus_assets.core.storage.artifacts import NPY, Ref, make_ref, put_json, put_table
 from corpus_assets.core.storage.memory import release_memory
-from corpus_assets.core.storage.parquet_sink import put_table_batches
 from corpus_assets.core.storage.table_lookup import TrustedFiles
 
 CODE = stage_code("dedup_clusters.v3", __name__)  # this module's closure, hashed at import
@@ -92,7 +90,8 @@ def build_dedup_clusters(ws: Workspace, partition_key: str) -> LayerResult:
             near, signature_refs, run_stats = _near_stage(ws, chunks, db, mode, Path(tmp))
             chunk_rows = [(c.records["digest"], c.count) for c in chunks]
             carried = _carried(ws, mode, chunk_rows, db)
-            decided = decide(db, order, revoked, near, carried)
+            starts = np.cumsum([0, *(c.count for c in chunks)])[:-1]
+            decided = decide(db, order, revoked, near, carried, starts)
             run_stats |= {"codes_carried": 1} if carried is not None else {}
             bands = _put_bands(ws, near.banding) if near and near.banding else []
             pairs = store_pairs(ws, db, *near.verified_arrays()) if near else None
@@ -100,10 +99,10 @@ def build_dedup_clusters(ws: Workspace, partition_key: str) -> LayerResult:
             del near
             report = DedupReport(near=decided.report, per_source=_per_source(decided))
             counts = _counts(decided, report, tombstoned=len(revoked))
-            edge_ids = EdgeIds(edge_rows(decided), decided.position)
+            edge_ids = EdgeIds(edge_rows(decided), decided.position, decided.rank)
             by_row = _row_decisions(decided)
             decision_ref = put_decisions(ws, by_row, _tmp(ws))
-            reuse = plan(ws, mode, chunk_rows, by_row)
+            reuse = reused_parts(ws, mode, chunk_rows, by_row)
             fresh = reuse.fresh_rows if isinstance(reuse, Reuse) else None
             named = (fresh, by_row.named(fresh)) if fresh is not None else None
             del by_row
@@ -117,9 +116,6 @@ def build_dedup_clusters(ws: Workspace, partition_key: str) -> LayerResult:
         run_stats |= _reuse_stats(reuse) | work
         edges = put_table(ws.cas, edge_ids.table())
         del edge_ids
-    if isinstance(reuse, Reuse) and mode.clusters is not None:
-        tables = (mode.clusters["digest"], clusters["digest"])
-        remember_changed(ws.catalog, CODE, tables, chunk_rows, reuse)
     out: dict[str, Any] = {
         "clusters": clusters,
         "edges": edges,
@@ -146,18 +142,17 @@ def _put_clusters(
     edge_ids: EdgeIds,
     tmp: Path,
 ) -> tuple[Ref, dict[str, int]]:
-    """The clusters table from the joined rows (``unsorted``; None: joined by tasks on the
-    runner, where the stages run), merged with the parent's copied rows when reused, the
-    edges' record ids taken as it passes; and the join tasks' work figures."""
+    """The clusters parts from the joined rows (``unsorted``; None: joined by tasks on the
+    runner, where the stages run), the parent's parts kept when reused, the edges' record ids
+    taken as they pass; and the join tasks' work figures."""
     work = Counter[str]()
     if unsorted is None:
         batches = cluster_batches_on_runner(ws, chunks, decisions, tmp, work)
     else:
         batches = cluster_batches(unsorted)
-    if isinstance(reuse, Reuse):
-        batches = merged(reuse, batches, CLUSTER_COLUMNS)
-    batches = edge_ids.tap(batches)
-    return put_table_batches(ws.cas, CLUSTER_COLUMNS, batches, _tmp(ws)), dict(work)
+    kept = reuse if isinstance(reuse, Reuse) else None
+    ref = put_cluster_parts(ws.cas, CODE, chunks, batches, kept, edge_ids, _tmp(ws))
+    return ref, dict(work)
 
 
 def _result(
@@ -196,6 +191,7 @@ def _row_decisions(decided: Decided) -> RowDecisions:
         state.jaccard,
         decided.leakage,
         decided.position,
+        decided.rank,
         decided.excluded,
     )
 
@@ -204,13 +200,17 @@ def _reuse_stats(reuse: Reuse | str) -> dict[str, int]:
     """Clusters rows copied from the parent's table and rows joined in this run (nothing when
     every row was joined)."""
     if isinstance(reuse, Reuse):
-        return {"clusters_copied": reuse.copied, "clusters_joined": len(reuse.fresh_rows)}
+        return {
+            "clusters_copied": reuse.copied,
+            "clusters_joined": len(reuse.fresh_rows),
+            "clusters_parts_kept": len(reuse.parts),
+        }
     return {}  # the details say why
 
 
 def _reuse_mode(reuse: Reuse | str) -> dict[str, str]:
     if isinstance(reuse, Reuse):
-        return {"mode": INCREMENTAL, "reason": "rows with unchanged decisions copied"}
+        return {"mode": INCREMENTAL, "reason": "parts of chunks with unchanged decisions kept"}
     return {"mode": FULL, "reason": reuse}
 
 
@@ -307,7 +307,10 @@ def _carried(
         return None
     files = TrustedFiles(ws.cas, ws.catalog)
     decisions = files.path(tables[0], "parent dedup decisions")
-    clusters = files.path(tables[1], "parent dedup clusters")
+    parted = PartedTable.read(ws.cas, mode.clusters, "parent dedup clusters")
+    if not all(ws.cas.contains(ref["digest"]) for ref in parted.refs):
+        return None
+    clusters = parted.paths(files, "parent dedup clusters")
     child_to_parent, _ = row_maps(mode.chunks, chunk_rows)
     carried = carried_codes(db, child_to_parent, decisions, clusters)
     db.flush()  # what reading the parent's tables freed goes back before the verdicts

@@ -2,10 +2,11 @@
 representative, then verified near pairs with their Jaccard), the input of the leakage graph.
 
 The layer takes the ids from the clusters table as it is written (:class:`EdgeIds`: the rows in
-output position order, each edge's rows at their positions), not from a scan of the records.
+output position order, each edge's rows at their positions; a part kept from the parent is read
+for them), not from a scan of the records.
 """
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import NamedTuple
 
 import numpy as np
@@ -94,9 +95,10 @@ class EdgeIds:
     they are written (``tap``): its rows are in output position order, so a row's id is at its
     position. Holds the ids of the named rows only, as the edges table does."""
 
-    def __init__(self, rows: EdgeRows, position: np.ndarray) -> None:
+    def __init__(self, rows: EdgeRows, position: np.ndarray, rank: np.ndarray) -> None:
         self.rows = rows
         self.a, self.b = position[rows.a], position[rows.b]
+        self.rank_a, self.rank_b = rank[rows.a], rank[rows.b]
         named = np.zeros(len(position), dtype=bool)  # a mask, not a sort of the edges' ends
         named[self.a], named[self.b] = True, True
         self.wanted = np.flatnonzero(named)  # positions, ascending
@@ -113,17 +115,30 @@ class EdgeIds:
             self.seen += len(batch)
             yield batch
 
+    def pass_part(self, rows: int, ids: Callable[[], Iterator[pa.RecordBatch]]) -> None:
+        """The next ``rows`` table rows are a part not written in this run: the wanted ids
+        among them read from ``ids()`` (its record ids in order), if any is wanted."""
+        lo, hi = np.searchsorted(self.wanted, [self.seen, self.seen + rows])
+        if hi == lo:
+            self.seen += rows
+            return
+        start = self.seen
+        for _ in self.tap(ids()):
+            pass
+        if self.seen != start + rows:
+            raise ValueError(f"dedup clusters part: {self.seen - start} rows, it says {rows}")
+
     def table(self) -> pa.Table:
         """The edges by record id, sorted (as :func:`edge_table`), once the table passed.
-        Sorted on positions, not strings: an edge's rows are never excluded and the ids of
-        rows not excluded are distinct, so positions order them as their ids do."""
+        Sorted on ranks, not strings: an edge's rows are never excluded and the ids of rows
+        not excluded are distinct, so ranks order them as their ids do."""
         ids = pa.chunked_array(self.parts, pa.string()).combine_chunks()
         if len(ids) != len(self.wanted):
             raise ValueError(f"edge ids: {len(ids)} of {len(self.wanted)} rows passed")
         if not len(self.rows.a):
             return EDGE_COLUMNS.empty_table()
         near = np.arange(len(self.rows.a)) >= self.rows.exact  # "exact" < "near"
-        order = np.lexsort((near, self.b, self.a))  # stable: the edges' own order last
+        order = np.lexsort((near, self.rank_b, self.rank_a))  # stable: edges' order last
         at = pa.array(np.searchsorted(self.wanted, self.a[order]))
         bt = pa.array(np.searchsorted(self.wanted, self.b[order]))
         kinds = pa.array(["exact", "near"], pa.string()).take(pa.array(near[order].view(np.int8)))

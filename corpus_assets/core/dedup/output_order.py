@@ -1,12 +1,13 @@
 """The dedup table's row order without sorting its strings.
 
-The clusters table is sorted by record id, object, line and row. Dedup already holds codes of
-the record ids that follow their byte order, so every row's position in the table is computed
-on integers (object and line are fetched only for rows whose record id repeats, which are
-few). DuckDB then only joins, writing the rows in any order with their position; the rows are
-bucketed into files of one output row group each and every bucket is sorted when it is read
-back. Memory holds one bucket and one input batch, however large the partition: DuckDB's sort
-of the wide rows needed more than 128 MB at 677k records and grew with them.
+The clusters table is one part per canonical chunk, each sorted by record id, object, line and
+row. Dedup already holds codes of the record ids that follow their byte order, so every row's
+rank (the total order's last keys) and its position in the table are computed on integers
+(object and line are fetched only for rows whose record id repeats, which are few). DuckDB then
+only joins, writing the rows in any order with their position; the rows are bucketed into files
+of one output row group each and every bucket is sorted when it is read back. Memory holds one
+bucket and one input batch, however large the partition: DuckDB's sort of the wide rows needed
+more than 128 MB at 677k records and grew with them.
 """
 
 from collections.abc import Iterator
@@ -29,8 +30,21 @@ def _last(value: Any) -> tuple[int, Any]:
     return (1, 0) if value is None else (0, value)
 
 
-def output_positions(db: PartitionDb, id_codes: np.ndarray) -> np.ndarray:
-    """Per row, its position in the table ordered by record id, object, line, row.
+def chunk_major(rank: np.ndarray, chunk_starts: np.ndarray | None) -> np.ndarray:
+    """Per row, its position in the clusters table: chunk by chunk (each chunk's rows are one
+    part), by ``rank`` within a chunk. Rows are in chunk order, so a chunk's positions are its
+    rows' numbers; None: one chunk (the rank is the position)."""
+    if chunk_starts is None or len(chunk_starts) <= 1 or not len(rank):
+        return rank
+    chunk = np.searchsorted(chunk_starts, np.arange(len(rank)), side="right") - 1
+    by = np.lexsort((rank, chunk))
+    positions = np.empty(len(rank), dtype=np.int64)
+    positions[by] = np.arange(len(rank))
+    return positions
+
+
+def id_ranks(db: PartitionDb, id_codes: np.ndarray) -> np.ndarray:
+    """Per row, its rank by record id, object, line, row: the stated total order's last keys.
 
     ``id_codes`` follow the record ids' byte order (nulls last); Python compares strings by code
     point, which is UTF-8's byte order, so the repeated ids' objects order as in DuckDB."""

@@ -297,17 +297,17 @@ class PartitionDb:
         return out
 
     def total_order(
-        self, source_order: dict[str, int], sources: Coded, position: np.ndarray
+        self, source_order: dict[str, int], sources: Coded, rank: np.ndarray
     ) -> np.ndarray:
         """Rows in the stated total order: source rank, longer first, record id, object, line
-        (nulls last, ``row`` breaking ties). Sorted on integers: ``position`` (each row's place
-        by record id, object, line and row: :func:`.output_order.output_positions`) stands for
+        (nulls last, ``row`` breaking ties). Sorted on integers: ``rank`` (each row's rank
+        by record id, object, line and row: :func:`.output_order.id_ranks`) stands for
         the last four keys, so no string is sorted again. Once only: the lengths are dropped
         after it."""
         last = max(source_order.values(), default=-1) + 1  # an unranked source: after all
         ranks = np.array([source_order.get(v, last) for v in sources.values], dtype=np.int64)
         source_rank = ranks[sources.codes] if len(ranks) else np.zeros(0, dtype=np.int64)
-        longer_first = np.empty(len(position), dtype=np.int64)
+        longer_first = np.empty(len(rank), dtype=np.int64)
         for batch in self.batches("SELECT row, length FROM meta"):
             rows = np.asarray(batch.column(0).to_numpy(), dtype=np.int64)
             length = batch.column(1)
@@ -316,7 +316,7 @@ class PartitionDb:
             longer_first[rows] = np.where(missing, np.iinfo(np.int64).max, -values)
         self.con.execute("DROP TABLE meta")  # the lengths: read by nothing after the order
         self.flush()
-        return _sorted_by(source_rank, longer_first, position)
+        return _sorted_by(source_rank, longer_first, rank)
 
     def batches(self, sql: str, rows: int = 65536) -> Iterator[pa.RecordBatch]:
         """A query's result a batch at a time."""

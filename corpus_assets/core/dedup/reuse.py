@@ -1,18 +1,18 @@
-"""A child's clusters table from its parent's: rows whose decisions did not change are copied.
+"""A child's clusters parts from its parent's: a chunk whose rows' decisions did not change
+keeps its parent's part.
 
 Joining every record's strings to its verdict costs a third of a child's dedup at 685k records,
 yet a +1% child changes few rows. The layer stores its per-row decisions (``decisions``: verdict,
-representative, match and leakage rows, Jaccard, exclusion reason, table position). A child
-whose parent ran the same code and policy maps rows of the canonical chunks both list (same
-records digest: same columns, line for line) onto the parent's rows; a mapped row whose
+representative, match and leakage rows, Jaccard, exclusion reason, table position, rank). A
+child whose parent ran the same code and policy maps rows of the canonical chunks both list
+(same records digest: same columns, line for line) onto the parent's rows; a mapped row whose
 verdict, Jaccard and reason are equal and whose representative, match and leakage rows map onto
-the child's own is the parent's row, byte for byte. Those rows stream from the parent's table
-(in its order, which is theirs: same strings, rows in the same relative order); only the rest
-is joined, and the two streams are merged by output position. When anything does not line up
-(no parent, parent without decisions, an order that differs) the whole table is joined.
+the child's own is the parent's row, byte for byte. A chunk whose rows all are is the parent's
+part (the same rows in the same order: the same bytes); only the other chunks are joined. When
+anything does not line up (no parent, parent without decisions, a parent table not in parts)
+every chunk is joined.
 """
 
-import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,12 +23,12 @@ import pyarrow.compute as pc
 
 from corpus_assets.core.dedup.clusters import representatives_at
 from corpus_assets.core.dedup.pair_cache import INCREMENTAL, Mode
+from corpus_assets.core.runtime.parted_table import PartedTable
+from corpus_assets.core.runtime.snapshot_manifest import ChunkPart
 from corpus_assets.core.runtime.workspace import Workspace
-from corpus_assets.core.storage.artifacts import Ref
+from corpus_assets.core.storage.artifacts import JSON, Ref
 from corpus_assets.core.storage.cas_queries import streamed
-from corpus_assets.core.storage.catalog import Catalog
-from corpus_assets.core.storage.digests import json_digest
-from corpus_assets.core.storage.parquet_sink import ROW_GROUP_ROWS, put_table_batches
+from corpus_assets.core.storage.parquet_sink import put_table_batches
 from corpus_assets.core.storage.table_lookup import TrustedFiles
 
 DECISION_COLUMNS = pa.schema(
@@ -39,13 +39,12 @@ DECISION_COLUMNS = pa.schema(
         ("jaccard", pa.float64()),  # nan without a match
         ("leak", pa.int64()),
         ("reason", pa.string()),  # "" unless excluded
-        ("pos", pa.int64()),
+        ("pos", pa.int64()),  # its clusters table position (chunk parts in order)
+        ("rank", pa.int64()),  # its rank by record id (what a child's carried codes read)
     ]
 )
 _GONE = -2  # a parent row the child does not have (never equal to a child row or to -1)
-CHANGED = "dedup.changed_chunks"  # memo rows: the chunks whose clusters rows a child joined
 BATCH_ROWS = 1 << 16
-MERGE_ROWS = ROW_GROUP_ROWS  # rows merged at a time: one row group of the table written
 
 
 @dataclass
@@ -57,6 +56,7 @@ class RowDecisions:
     jaccard: np.ndarray
     leak: np.ndarray
     pos: np.ndarray
+    rank: np.ndarray
     excluded: dict[int, str]
     excluded_rows: np.ndarray = field(init=False)  # the keys of ``excluded``, ascending
 
@@ -102,62 +102,56 @@ def _decision_batches(d: RowDecisions) -> Iterator[pa.RecordBatch]:
                 pa.array(d.leak[rows]),
                 d.reasons(lo, lo + len(rows)),
                 pa.array(d.pos[rows]),
+                pa.array(d.rank[rows]),
             ],
             schema=DECISION_COLUMNS,
         )
 
 
-@dataclass
+@dataclass(frozen=True)
 class Reuse:
-    """Which output positions come from the parent's table, and from which of its rows."""
+    """The parent's parts a child keeps (by chunk number) and the rows of the other chunks,
+    joined in this run."""
 
-    fresh_rows: np.ndarray  # child rows to join, ascending
-    fresh_at: np.ndarray  # per child output position, whether a joined row goes there
-    keep: np.ndarray  # per parent table position, whether its row is copied
-    parent_table: str  # the parent's clusters table, verified
+    parts: dict[int, ChunkPart]
+    fresh_rows: np.ndarray  # ascending
 
     @property
     def copied(self) -> int:
-        return int(len(self.fresh_at) - self.fresh_at.sum())
+        return sum(part.count for part in self.parts.values())
 
 
-def plan(
+def reused_parts(
     ws: Workspace, mode: Mode, chunk_rows: list[tuple[str, int]], d: RowDecisions
 ) -> Reuse | str:
-    """The rows the parent's table gives, or why none."""
+    """The parent's part of every chunk whose rows it holds with the same decisions, or why
+    none."""
     if mode.mode != INCREMENTAL:
         return f"no reusable parent ({mode.reason})"
     if mode.decisions is None or mode.clusters is None:
         return "the parent stored no decisions"
-    if not ws.cas.contains(mode.decisions["digest"]) or not ws.cas.contains(
-        mode.clusters["digest"]
-    ):
-        return "the parent's clusters or decisions are gone from the store"
+    if mode.clusters["media"] != JSON:
+        return "the parent's clusters table is not in chunk parts"
+    if not ws.cas.contains(mode.decisions["digest"]):
+        return "the parent's decisions are gone from the store"
+    parent = PartedTable.read(ws.cas, mode.clusters, "parent dedup clusters")
     c2p, p2c = row_maps(mode.chunks, chunk_rows)
     files = TrustedFiles(ws.cas, ws.catalog)
     decisions = files.path(mode.decisions["digest"], "parent dedup decisions")
-    same, parent_pos = _unchanged(decisions, d, c2p, p2c)
-    copied = np.flatnonzero(same)
-    child_pos, from_parent = d.pos[copied], parent_pos[copied]
-    fresh_at = fresh_positions(len(d.verdict), child_pos, from_parent)
-    if fresh_at is None:
-        return "the parent's rows are in another order"
-    keep = np.zeros(len(p2c), dtype=bool)
-    keep[from_parent] = True
-    table = files.path(mode.clusters["digest"], "parent dedup clusters")
-    return Reuse(np.flatnonzero(~same), fresh_at, keep, table)
-
-
-def fresh_positions(n: int, child_pos: np.ndarray, from_parent: np.ndarray) -> np.ndarray | None:
-    """Per child output position, whether no copied row goes there, given each copied row's
-    child position (distinct: positions are a permutation) and parent table position; None
-    when the copied rows are not in the parent's order. Placed by position, not sorted."""
-    by_position = np.full(n, -1, dtype=np.int64)
-    by_position[child_pos] = from_parent
-    fresh_at = by_position < 0
-    if not bool(np.all(np.diff(by_position[~fresh_at]) > 0)):
-        return None
-    return fresh_at
+    same = _unchanged(decisions, d, c2p, p2c)
+    by_records = {(part.records, part.count): part for part in parent.parts}
+    starts = np.cumsum([0, *(rows for _, rows in chunk_rows)])
+    parts: dict[int, ChunkPart] = {}
+    for number, (digest, rows) in enumerate(chunk_rows):
+        part = by_records.get((digest, rows))
+        if part is None or not ws.cas.contains(part.digest):
+            continue
+        if bool(same[starts[number] : starts[number + 1]].all()):
+            parts[number] = part
+    fresh = np.ones(len(c2p), dtype=bool)
+    for number in parts:
+        fresh[starts[number] : starts[number + 1]] = False
+    return Reuse(parts, np.flatnonzero(fresh))
 
 
 def row_maps(
@@ -182,21 +176,17 @@ def row_maps(
     return c2p, p2c
 
 
-def _unchanged(
-    path: str, d: RowDecisions, c2p: np.ndarray, p2c: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
-    """Per child row, whether its parent row's decisions are its own; and per child row the
-    parent's table position (meaningful where unchanged). Reads the parent's decisions a
-    batch at a time."""
+def _unchanged(path: str, d: RowDecisions, c2p: np.ndarray, p2c: np.ndarray) -> np.ndarray:
+    """Per child row, whether its parent row's decisions are its own. Reads the parent's
+    decisions a batch at a time."""
     same = np.zeros(len(c2p), dtype=bool)
-    parent_pos = np.full(len(c2p), -1, dtype=np.int64)
     lo = 0
     for batch in streamed(path, BATCH_ROWS):
         hi = lo + len(batch)
         child = p2c[lo:hi]
         kept = np.flatnonzero(child >= 0)
         rows = child[kept]
-        col = {name: batch.column(name) for name in DECISION_COLUMNS.names}
+        col = {name: batch.column(name) for name in ("verdict", "rep", "match", "leak", "jaccard")}
 
         def parent(name: str) -> np.ndarray:
             return col[name].to_numpy()[kept]  # noqa: B023
@@ -207,11 +197,10 @@ def _unchanged(
         ok &= d.leak[rows] == _mapped(parent("leak"), p2c)
         cj, pj = d.jaccard[rows], parent("jaccard")
         ok &= (cj == pj) | (np.isnan(cj) & np.isnan(pj))
-        ok &= _same_reasons(col["reason"], kept, rows, d)
+        ok &= _same_reasons(batch.column("reason"), kept, rows, d)
         same[rows] = ok
-        parent_pos[rows] = parent("pos")
         lo = hi
-    return same, parent_pos
+    return same
 
 
 def _mapped(rows: np.ndarray, p2c: np.ndarray) -> np.ndarray:
@@ -229,141 +218,3 @@ def _same_reasons(
     for k in check.tolist():
         ok[k] = reasons[int(kept[k])].as_py() == d.excluded.get(int(rows[k]), "")
     return ok
-
-
-class _Stream:
-    """Rows of a batch iterator handed out ``take`` at a time."""
-
-    def __init__(self, batches: Iterator[pa.RecordBatch], schema: pa.Schema) -> None:
-        self.batches, self.schema = batches, schema
-        self.held: list[pa.RecordBatch] = []
-        self.rows = 0
-
-    def take(self, k: int) -> pa.Table:
-        while self.rows < k:
-            batch = next(self.batches)
-            self.held.append(batch)
-            self.rows += len(batch)
-        table = pa.Table.from_batches(self.held, self.schema)
-        out, rest = table.slice(0, k), table.slice(k)
-        self.held = rest.to_batches()
-        self.rows -= k
-        return out
-
-
-class _ParentWindow:
-    """The parent's table decoded a row group at a time, holding only the batches that cover
-    the parent rows asked for (which only move forward). A batch whose rows are mostly not
-    copied is held filtered, so what is held stays within a few row groups however sparse
-    the copied rows are."""
-
-    def __init__(self, path: str, keep: np.ndarray, schema: pa.Schema, rows: int) -> None:
-        self.batches = streamed(path, rows)
-        self.keep, self.schema = keep, schema
-        # per held batch: its first parent row, its rows, each parent row's place in it
-        self.held: list[tuple[int, pa.RecordBatch, np.ndarray]] = []
-        self.end = 0  # parent rows read
-
-    def _read(self) -> None:
-        start = self.end
-        batch = next(self.batches).cast(self.schema)
-        self.end += len(batch)
-        mask = self.keep[start : self.end]
-        if mask.any():
-            place = np.cumsum(mask) - 1
-            if 2 * int(mask.sum()) < len(batch):
-                batch = batch.filter(pa.array(mask))
-            else:
-                place = np.arange(len(mask))
-            self.held.append((start, batch, place))
-
-    def gather(self, at: np.ndarray) -> tuple[pa.Table, np.ndarray]:
-        """The held rows, and where copied parent rows ``at`` (ascending) are in them."""
-        while self.held and self.held[0][0] + len(self.held[0][2]) <= at[0]:
-            self.held.pop(0)
-        while self.end <= at[-1]:
-            self._read()
-        index = np.empty(len(at), dtype=np.int64)
-        offset = 0
-        for start, batch, place in self.held:
-            lo, hi = np.searchsorted(at, [start, start + len(place)])
-            index[lo:hi] = offset + place[at[lo:hi] - start]
-            offset += len(batch)
-        table = pa.Table.from_batches([batch for _, batch, _ in self.held], self.schema)
-        return table, index
-
-
-def merged(
-    reuse: Reuse, fresh: Iterator[pa.RecordBatch], schema: pa.Schema, rows: int = MERGE_ROWS
-) -> Iterator[pa.RecordBatch]:
-    """The child's table in output order: the joined rows where ``fresh_at``, the parent's
-    copied rows elsewhere, both streams in that order already. Each output batch is one row
-    group of rows gathered by one ``take`` from the parent's decoded rows and the joined ones
-    (no rechunking by the writer)."""
-    parent = _ParentWindow(reuse.parent_table, reuse.keep, schema, rows)
-    new = _Stream(fresh, schema)
-    copied = np.flatnonzero(reuse.keep)  # the parent rows copied, in output order
-    n, taken = len(reuse.fresh_at), 0
-    for lo in range(0, n, rows):
-        flags = reuse.fresh_at[lo : lo + rows]
-        k_new = int(flags.sum())
-        at = copied[taken : taken + len(flags) - k_new]
-        taken += len(at)
-        index = np.empty(len(flags), dtype=np.int64)
-        parts = [new.take(k_new)]
-        if len(at):
-            old, index[~flags] = parent.gather(at)
-            parts.insert(0, old)
-        both = pa.concat_tables(parts)
-        index[flags] = both.num_rows - k_new + np.arange(k_new)
-        yield from gathered(both, index).to_batches()
-
-
-RUNS_SHARE = 16  # more runs than one in RUNS_SHARE rows: a take
-
-
-def gathered(table: pa.Table, index: np.ndarray) -> pa.Table:
-    """``table.take(index)`` as one contiguous table. A child's merge takes long runs of
-    consecutive rows (copied rows between a few joined ones), so the runs are sliced and
-    concatenated (copies of whole runs: half the CPU of a take row by row at 685k rows)."""
-    if not len(index):
-        return table.slice(0, 0).combine_chunks()
-    cuts = np.flatnonzero(np.diff(index) != 1) + 1
-    if (len(cuts) + 1) * RUNS_SHARE > len(index):
-        return table.take(pa.array(index)).combine_chunks()
-    starts = np.concatenate([[0], cuts])
-    ends = np.concatenate([cuts, [len(index)]])
-    runs = [table.slice(int(index[a]), int(b - a)) for a, b in zip(starts, ends, strict=True)]
-    return pa.concat_tables(runs).combine_chunks()
-
-
-def changed_key(code: str, parent_clusters: str, clusters: str) -> str:
-    """The memo key of the chunks whose rows may differ between two clusters tables."""
-    return json_digest(
-        {"table": CHANGED, "code": code, "parent": parent_clusters, "child": clusters}
-    )
-
-
-def remember_changed(
-    catalog: Catalog,
-    code: str,
-    tables: tuple[str, str],
-    chunk_rows: list[tuple[str, int]],
-    reuse: Reuse,
-) -> None:
-    """Record which chunks (records digests) hold a row this child joined rather than copied
-    from its parent's table (``tables``: the parent's clusters digest, then the child's).
-    Every other row is the parent's row byte for byte, so a reader comparing the two tables
-    (the members parts) needs to look at these chunks only."""
-    starts = np.cumsum([0, *(rows for _, rows in chunk_rows)])
-    holding = np.unique(np.searchsorted(starts, reuse.fresh_rows, side="right") - 1)
-    digests = sorted({chunk_rows[int(n)][0] for n in holding})
-    catalog.remember(changed_key(code, *tables), CHANGED, tables[1], json.dumps(digests))
-
-
-def changed_chunks(
-    catalog: Catalog, code: str, parent_clusters: str, clusters: str
-) -> set[str] | None:
-    """The records digests :func:`remember_changed` recorded for the two tables, or None."""
-    hit = catalog.memo(changed_key(code, parent_clusters, clusters))
-    return None if hit is None else set(json.loads(hit[1]))

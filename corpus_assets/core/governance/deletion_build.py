@@ -1,39 +1,34 @@
-"""The deletion index's bytes: its keys and rows, the DuckDB passes that sort them, the shards
-and the directory (``deletion_index`` reads them).
+"""The deletion index's bytes: keys, rows, the DuckDB passes that sort them, shards, directory.
 
 One row per (key, fact), keyed by the target first so that everything one tombstone needs is
 adjacent, usually in one shard:
 
 - ``<kind>/<target>/carried``: a removed duplicate (verdict, kept representative, match);
 - ``<kind>/<target>/member``: a member (its record id);
-- ``<kind>/<target>/spans``: every packed span of those members and representatives, so a
-  group or object whose records are scattered over the record-id order is one read, not one
-  per record;
+- ``<kind>/<target>/spans``: every packed span of those members and representatives (a group
+  or object scattered over the record-id order: one read, not one per record);
 - ``span/<record id>``: a record's packed spans (for callers asking about one record).
 
-The build streams and its memory is bounded: DuckDB reads the inputs (verified CAS files, or
-tables a test registers), and makes one pass per kind, then one for the ``span`` rows. A pass
-first stages its rows (a join and a DISTINCT) in a table of a database file in the spill
-directory, then sorts them by every column, so that each statement holds one large operator
-under ``MEMORY_MB`` and spills beyond it (one statement doing both ran out of memory at 256 MB
-on a million members, an in-memory staging table at 128 MB on three million); a build peaks
-at ~400 MB RSS at 1M and at 3M members. As every key begins with its kind, or ``span`` after
-every kind, the passes' concatenation is sorted; it is cut into Parquet shards of
-``SHARD_ROWS`` rows as it arrives, so the bytes depend on the rows alone.
+The build streams, its memory bounded: DuckDB reads the inputs (verified CAS files, or tables
+a test registers) in one pass per kind, then one for ``span`` rows. A pass stages its rows (a
+join and a DISTINCT) in a table of a database file in the spill directory, then sorts them, so
+each statement holds one large operator under ``MEMORY_MB`` and spills beyond it (both in one
+statement ran out of memory at 256 MB on 1M members); a build peaks at ~400 MB RSS at 1M and
+3M members. Every key begins with its kind (``span`` after all), so the passes' concatenation
+is sorted; it is cut into Parquet shards of ``SHARD_ROWS`` rows: bytes depend on rows alone.
 The directory lists each shard's first and last key and digest as an Arrow IPC table (a
 lookup decodes it without parsing), its header (schema, manifest, ``CODE``) in the metadata.
 
-Incremental: a child snapshot whose parent's index this ``CODE`` built is indexed over it.
-DuckDB diffs the child's inputs with the parent's (members, removed duplicates - of the objects
-dedup joined anew when known, ``Base.objects`` -, spans over the rows unlike the parent's at the
-same position; one thread, ``DELTA_MB``); every key a changed row can reach is *affected*, its
-rows staged in one scan of each input (``reached``). A shard file holds a span's packed shard by
-number, the header their digests (``shards``): a child whose packing appended to the parent's
-last shard has the same numbered spans. The child's shards hold the affected keys' rows only,
-its header names the parent's directory (``base``) and the affected keys left without rows
-(``gone``); a lookup answers an affected key from the child, any other from the base, sorted
-in index order: the rows a full build gives. A chain deeper than ``MAX_DEPTH``, a delta over a
-quarter of the base's rows, over ``MAX_GONE`` gone keys, inputs of other columns: a full build.
+Incremental: a child whose parent's index this ``CODE`` built is indexed over it. DuckDB diffs
+the child's inputs with the parent's (members; removed duplicates, of the objects of the clusters
+parts the two do not share when both are parts, ``Base.objects``; spans unlike the parent's at
+the same position; one thread, ``DELTA_MB``); every key a changed row can reach is *affected*,
+its rows staged in one scan of each input (``reached``). Spans name their packed shard by number,
+the header their digests (``shards``). The child's shards hold the affected keys' rows only, its
+header names the parent's directory (``base``) and the affected keys left without rows
+(``gone``); a lookup answers an affected key from the child, any other from the base: the rows a
+full build gives. A chain deeper than ``MAX_DEPTH``, a delta over a quarter of the base's rows,
+over ``MAX_GONE`` gone keys, inputs of other columns: a full build.
 """
 
 import io
@@ -61,6 +56,7 @@ from corpus_assets.core.governance.deletion_sql import (
 )
 from corpus_assets.core.runtime.code_identity import stage_code
 from corpus_assets.core.runtime.layer_index import load_index
+from corpus_assets.core.runtime.parted_table import PartedTable
 from corpus_assets.core.runtime.snapshot_manifest import read_manifest
 from corpus_assets.core.storage import cas_queries
 from corpus_assets.core.storage.artifacts import put_bytes, put_table
@@ -104,7 +100,7 @@ class Base:
     index: str
     header: dict[str, Any]
     inputs: Inputs
-    objects: list[str] | None = None  # the only ones whose clusters rows differ (deletion_changed)
+    objects: list[str] | None = None  # the only ones whose clusters rows differ (manifest_deletion)
 
 
 class DeletionIndexError(RuntimeError):
@@ -333,7 +329,7 @@ def _ascending(keys: pa.ChunkedArray) -> bool:
 
 def input_digests(cas: ContentStore, manifest_digest: str) -> dict[str, Any]:
     """What an index's rows are a function of (with this code): the digests of the snapshot's
-    members, dedup clusters and spans tables, and of its packed shards."""
+    members, dedup clusters and spans tables (or parts documents), and of its packed shards."""
     manifest = read_manifest(cas, manifest_digest)
     dedup = load_index(cas, manifest.layers["dedup_clusters"], "dedup_clusters")
     packed = load_index(cas, manifest.layers["packed_blocks"], "packed_blocks")
@@ -346,13 +342,17 @@ def input_digests(cas: ContentStore, manifest_digest: str) -> dict[str, Any]:
 
 
 def inputs(cas: ContentStore, manifest_digest: str, catalog: Catalog | None = None) -> Inputs:
-    """The snapshot's members, dedup clusters and spans as verified CAS files; with the
-    ``catalog``, a file unchanged since it last hashed right (a parent's tables, which its
-    check hashed) is not hashed again, and one hashed now is recorded (the check trusts it)."""
+    """The snapshot's members, dedup clusters (parts in order) and spans as verified CAS files;
+    with the ``catalog``, a file unchanged since it last hashed right (a parent's tables, which
+    its check hashed) is not hashed again, and one hashed now is recorded (the check trusts it)."""
     digests = input_digests(cas, manifest_digest)
+    manifest = read_manifest(cas, manifest_digest)
+    dedup = load_index(cas, manifest.layers["dedup_clusters"], "dedup_clusters")
+    clusters = PartedTable.read(cas, dedup.output("clusters"), "clusters table")
     files = TrustedFiles(cas, catalog) if catalog is not None else cas_queries.VerifiedFiles(cas)
-    relations: dict[str, Relation] = {n: files.path(digests[n], f"{n} table") for n in INPUTS[1:]}
-    relations["members"] = read_manifest(cas, manifest_digest).members.paths(files)
+    relations: dict[str, Relation] = {"members": manifest.members.paths(files)}
+    relations["clusters"] = clusters.paths(files, "clusters table")
+    relations["spans"] = files.path(digests["spans"], "spans table")
     return Inputs(manifest_digest, relations, digests["shards"])
 
 

@@ -52,6 +52,7 @@ from corpus_assets.core.governance.deletion_sql import (  # re-exported: the ind
     span_key,
 )
 from corpus_assets.core.runtime.layer_index import load_index
+from corpus_assets.core.runtime.parted_table import PartedTable
 from corpus_assets.core.runtime.snapshot_manifest import read_manifest
 from corpus_assets.core.storage.cas import ContentStore
 from corpus_assets.core.storage.catalog import Catalog, layer_memo
@@ -270,7 +271,10 @@ def _inputs_stored(cas: ContentStore, manifest_digest: str) -> bool:
     dedup = load_index(cas, manifest.layers["dedup_clusters"], "dedup_clusters")
     packed = load_index(cas, manifest.layers["packed_blocks"], "packed_blocks")
     tables = [dedup.output("clusters"), packed.output("spans")]
-    return all(cas.contains(ref["digest"]) for ref in tables)
+    if not all(cas.contains(ref["digest"]) for ref in tables):
+        return False
+    clusters = PartedTable.read(cas, tables[0], "dedup clusters")  # its parts, or itself
+    return all(cas.contains(ref["digest"]) for ref in clusters.refs)
 
 
 def _whole(index: DeletionIndex, digest: str) -> set[str] | None:

@@ -17,6 +17,7 @@ from sqlalchemy import select
 
 from corpus_assets.core.governance import deletion_index, states, tombstones
 from corpus_assets.core.runtime.layer_index import load_index
+from corpus_assets.core.runtime.parted_table import PartedTable
 from corpus_assets.core.runtime.snapshot_manifest import Manifest, read_manifest
 from corpus_assets.core.storage.artifacts import get_table
 from corpus_assets.core.storage.cas import ContentStore
@@ -163,11 +164,21 @@ def _spans_of(cas: ContentStore, manifest: Manifest, ids: pa.Array) -> pa.Table:
 
 
 def _carried_by(cas: ContentStore, manifest: Manifest, kind: str, target: str) -> pa.Table:
-    """Removed duplicates matching the target, with the kept record that carried their content."""
+    """Removed duplicates matching the target, with the kept record that carried their content:
+    every part of the clusters table read (one table, or its chunk parts in order)."""
     dedup = load_index(cas, manifest.layers["dedup_clusters"], "dedup_clusters")
-    clusters = get_table(cas, dedup.output("clusters"), "dedup clusters")
-    if "verdict" not in clusters.column_names:  # an index written before near-dedup
+    parts = PartedTable.read(cas, dedup.output("clusters"), "dedup clusters").refs
+    found = [_carried_in(get_table(cas, ref, "dedup clusters"), kind, target) for ref in parts]
+    if not found or any(rows is None for rows in found):
         return deletion_index.ROWS.empty_table().select(deletion_index.CARRIED)
+    return pa.concat_tables(found)
+
+
+def _carried_in(clusters: pa.Table, kind: str, target: str) -> pa.Table | None:
+    """The rows of one clusters table (or part) a target's removed duplicates are; None for a
+    table written before near-dedup (no verdicts)."""
+    if "verdict" not in clusters.column_names:
+        return None
     rows = clusters.filter(
         pc.and_(
             pc.equal(clusters.column(COLUMN[kind]), target),

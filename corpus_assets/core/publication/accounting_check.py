@@ -16,7 +16,6 @@ import pyarrow.parquet as pq
 from corpus_assets.core.dedup.clusters import DUPLICATE_ID, EXACT, ID_CONFLICT, KEEP, NEAR
 from corpus_assets.core.publication.evidence import Evidence
 from corpus_assets.core.runtime.snapshot_manifest import Manifest
-from corpus_assets.core.storage.cas_queries import sql_list
 
 CLUSTER_TERMS = """
 SELECT source_id,
@@ -25,7 +24,7 @@ SELECT source_id,
        WHEN starts_with(excluded, ?) THEN 'duplicate_ids'
        WHEN starts_with(excluded, 'tombstone ') THEN 'tombstoned'
        ELSE 'excluded for no known reason' END AS term, count(*)
-FROM read_parquet({path}) GROUP BY ALL
+FROM {clusters} GROUP BY ALL
 """
 TERMS = ("members", "duplicates removed", "duplicate ids", "id conflicts", "tombstoned")
 
@@ -48,8 +47,7 @@ def per_source(ev: Evidence) -> dict[str, SourceCounts]:
         path = ev.files.path(chunk.records["digest"], chunk.what)
         source = found.setdefault(chunk.key.split("/", 1)[0], SourceCounts())
         source.records += pq.read_metadata(path).num_rows
-    clusters = ev.files.path(ev.dedup.output("clusters")["digest"], "dedup clusters")
-    query = CLUSTER_TERMS.format(path=sql_list([clusters]))
+    query = CLUSTER_TERMS.format(clusters=ev.clusters())
     names = {KEEP: "dedup kept", EXACT: "duplicates removed", NEAR: "duplicates removed"}
     names.update(id_conflicts="id conflicts", duplicate_ids="duplicate ids")
     for source, term, n in ev.rows(query, [ID_CONFLICT, DUPLICATE_ID]):

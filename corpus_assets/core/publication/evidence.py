@@ -22,6 +22,7 @@ from corpus_assets.core.ingest.freeze_spec import FreezeSpec
 from corpus_assets.core.publication import manifest_queries
 from corpus_assets.core.records.index import CanonicalIndex
 from corpus_assets.core.runtime.layer_index import LayerIndex, load_index
+from corpus_assets.core.runtime.parted_table import PartedTable
 from corpus_assets.core.runtime.snapshot_manifest import ChunkPart, Manifest
 from corpus_assets.core.storage.artifacts import PARQUET, get_table
 from corpus_assets.core.storage.cas import ContentStore
@@ -135,6 +136,13 @@ class Evidence:
         if self.manifest.members.media == PARQUET:
             return None
         return self.manifest.members.parts(self.cas).parts
+
+    def clusters(self, numbered: bool = False) -> str:
+        """The dedup clusters table as a DuckDB FROM item, its parts verified: one Parquet
+        table or chunk parts (``PartedTable``), so no gate assumes the whole table is sorted
+        by record id; with ``numbered``, ``file_row_number`` is a row's clusters position."""
+        table = PartedTable.read(self.cas, self.dedup.output("clusters"), "dedup clusters")
+        return table.relation(self.files, "dedup clusters", numbered)
 
     @cached_property
     def records_digests(self) -> set[str]:

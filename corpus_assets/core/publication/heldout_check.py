@@ -32,11 +32,12 @@ from corpus_assets.core.publication import gate_memo
 from corpus_assets.core.publication.evidence import Evidence
 from corpus_assets.core.publication.rules import SHOWN, RuleReport, ValidationRule
 from corpus_assets.core.runtime.layer_index import LayerIndex, load_index
+from corpus_assets.core.runtime.parted_table import PartedTable
 from corpus_assets.core.runtime.snapshot_manifest import ManifestError, read_manifest
 from corpus_assets.core.runtime.workspace import Workspace
 from corpus_assets.core.storage.artifacts import get_json
 from corpus_assets.core.storage.cas import CasError
-from corpus_assets.core.storage.cas_queries import ordered_parts, sql_list
+from corpus_assets.core.storage.cas_queries import ordered_parts
 from corpus_assets.core.storage.table_lookup import TrustedFiles
 from corpus_assets.core.training_view.splits import CODE as SPLITS_CODE
 from corpus_assets.core.training_view.splits import (
@@ -76,10 +77,9 @@ def heldout_near_apart(ws: Workspace) -> ValidationRule:
         scan = HeldoutScan.open(ws, ev.canonical.chunks(), ev.dedup, ev.files)
         if scan is None:  # near-dedup off: no signatures, no threshold
             return []
-        path = ev.files.path(ev.dedup.output("clusters")["digest"], "dedup clusters")
         # rows by (record id, object, line) against the records tables: the gate does not take
         # the dedup layer's decisions table (its clusters positions) on trust
-        searched = searched_records(f"read_parquet({sql_list([path])})", "members")
+        searched = searched_records(ev.clusters(), "members")
         kept = f"SELECT record_id, object, line, split FROM ({searched})"  # what is read
         ev.con.execute(f"CREATE OR REPLACE TEMP TABLE ho_searched AS {kept}")
         try:
@@ -120,11 +120,11 @@ def changed_since_parent(ws: Workspace, ev: Evidence, records: str) -> pa.Array 
     files = TrustedFiles(ws.cas, ws.catalog)  # the parent's tables: hashed by its check
     try:
         members = manifest.members.paths(files, "parent members table")
-        clusters = files.path(dedup.output("clusters")["digest"], "parent dedup clusters")
+        clusters = PartedTable.read(ws.cas, dedup.output("clusters"), "parent dedup clusters")
+        table = clusters.relation(files, "parent dedup clusters")  # whole or parts, either
     except (CasError, ManifestError):
         return None
     ev.con.execute(f"CREATE OR REPLACE VIEW ho_parent AS {ordered_parts(members)}")
-    table = f"read_parquet({sql_list([clusters])})"
     theirs = searched_records(table, "ho_parent")  # every object it names is in the table
     return changed_records(ev.con, records, theirs, f"SELECT object FROM {table}")
 

@@ -14,7 +14,6 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from corpus_assets.core.dedup.reuse import changed_chunks
 from corpus_assets.core.governance import deletion_index, states
 from corpus_assets.core.ingest.freeze import freeze
 from corpus_assets.core.ingest.freeze_spec import ChangelogSourceSpec, FreezeSpec
@@ -26,6 +25,7 @@ from corpus_assets.core.publication.member_parts import (
     Parent,
     Written,
     put_member_parts,
+    same_clusters_parts,
 )
 from corpus_assets.core.publication.narrowed import narrowed
 from corpus_assets.core.publication.shadow import shadow_diff
@@ -38,6 +38,7 @@ from corpus_assets.core.runtime.layer_index import (
     load_index,
     read_layer_index,
 )
+from corpus_assets.core.runtime.parted_table import PartedTable
 from corpus_assets.core.runtime.snapshot_manifest import (
     MANIFEST_SCHEMA,
     Manifest,
@@ -86,13 +87,15 @@ def put_members(ws: Workspace, indexes: Indexes, parents: list[str] | None = Non
             Chunk(c.key, c.records["digest"], path)
             for c, path in zip(canonical.chunks(), records, strict=True)
         ]
+        dedup = indexes["dedup_clusters"][1]
+        clusters = PartedTable.read(ws.cas, dedup.output("clusters"), "dedup clusters")
         return put_member_parts(
             ws.cas,
             chunks,
-            clusters=files.path(indexes["dedup_clusters"][1].output("clusters")["digest"]),
+            clusters=clusters.relation(files, "dedup clusters"),
             splits=files.path(indexes["splits"][1].output("splits")["digest"]),
             tmp=Path(tmp),
-            parent=parent_members(ws, files, parents or [], indexes["dedup_clusters"][1]),
+            parent=parent_members(ws, files, parents or [], dedup),
         )
 
 
@@ -101,8 +104,8 @@ def parent_members(
 ) -> Parent | None:
     """The parent snapshot's members parts and the tables they were joined from, when this
     code wrote them and all are stored; else None (every chunk is joined). With the child's
-    dedup index, also the chunks its dedup recorded as holding rows not copied from the
-    parent's clusters table (``dedup.reuse.changed_chunks``)."""
+    dedup index, also the chunks whose clusters part the child's and the parent's clusters
+    tables share, when both are parts (``member_parts.same_clusters_parts``)."""
     if not parents:
         return None
     try:
@@ -114,17 +117,16 @@ def parent_members(
             return None
         parent_dedup = load_index(ws.cas, parent.layers["dedup_clusters"], "dedup_clusters")
         splits = load_index(ws.cas, parent.layers["splits"], "splits")
-        parent_clusters = parent_dedup.output("clusters")["digest"]
-        changed = None
+        theirs = PartedTable.read(ws.cas, parent_dedup.output("clusters"), "parent dedup clusters")
+        same = None
         if dedup is not None:
-            child_clusters = dedup.output("clusters")["digest"]
-            found = changed_chunks(ws.catalog, dedup.code, parent_clusters, child_clusters)
-            changed = None if found is None else frozenset(found)
+            ours = PartedTable.read(ws.cas, dedup.output("clusters"), "dedup clusters")
+            same = same_clusters_parts(ours, theirs)
         return Parent(
             parts={part.chunk: part for part in parts.parts if ws.cas.contains(part.digest)},
-            clusters=files.path(parent_clusters, "parent dedup clusters"),
+            clusters=theirs.relation(files, "parent dedup clusters"),
             splits=files.path(splits.output("splits")["digest"], "parent splits"),
-            clusters_changed=changed,
+            clusters_same=same,
         )
     except (CasError, ManifestError, states.StateError):
         return None

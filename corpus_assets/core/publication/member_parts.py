@@ -27,6 +27,7 @@ import pyarrow.parquet as pq
 from corpus_assets.core.publication import manifest_queries
 from corpus_assets.core.publication.narrowed import NARROW
 from corpus_assets.core.runtime.code_identity import stage_code
+from corpus_assets.core.runtime.parted_table import PartedTable
 from corpus_assets.core.runtime.snapshot_manifest import (
     MEMBER_PARTS_SCHEMA,
     ChunkPart,
@@ -63,7 +64,7 @@ MEMBERS_QUERY = """
 SELECT r.part, r.record_id, r.source_id, r.object, r.line, r.record_digest, c.dedup_key,
        r.text_bytes, s.group_id, s.split
 FROM ({records}) r
-JOIN (SELECT record_id, object, line, dedup_key FROM read_parquet('{clusters}')
+JOIN (SELECT record_id, object, line, dedup_key FROM {clusters}
       WHERE is_representative) c USING (record_id, object, line)
 JOIN read_parquet('{splits}') s USING (record_id)
 ORDER BY r.part, r.record_id, r.object, r.line
@@ -93,14 +94,28 @@ class Written:
 @dataclass(frozen=True)
 class Parent:
     """A parent snapshot's members parts (by chunk key) and the clusters and splits tables
-    they were joined from (verified files)."""
+    they were joined from: the clusters table as a DuckDB FROM item over its verified files
+    (one table or chunk parts, ``PartedTable.relation``), the splits table's verified file."""
 
     parts: dict[str, ChunkPart]
     clusters: str
     splits: str
-    # the records digests of the chunks holding every clusters row the child's dedup did not
-    # copy from the parent's table (``dedup.reuse.remember_changed``); None: not recorded
-    clusters_changed: frozenset[str] | None = None
+    # the keys of the chunks whose clusters part the child's and the parent's parts documents
+    # share (``same_clusters_parts``); None: either table is stored whole
+    clusters_same: frozenset[str] | None = None
+
+
+def same_clusters_parts(child: PartedTable, parent: PartedTable) -> frozenset[str] | None:
+    """The keys of the chunks whose clusters part is the same object (and the same records)
+    in both tables, or None when either is stored whole. A chunk's members are joined from
+    its own clusters part alone (``MEMBERS_QUERY`` joins on the record's object and line,
+    which are its chunk's), so a shared part leaves only the splits rows to compare."""
+    if child.counts is None or parent.counts is None:
+        return None
+    theirs = {(part.chunk, part.records): part.digest for part in parent.parts}
+    return frozenset(
+        part.chunk for part in child.parts if theirs.get((part.chunk, part.records)) == part.digest
+    )
 
 
 # The record ids whose splits rows differ between the two snapshots, staged in
@@ -140,9 +155,9 @@ TOUCHED = (
     """
 CREATE TEMP TABLE touched AS
 WITH child AS (SELECT source_id, object, record_id, line, dedup_key
-               FROM read_parquet({clusters}) WHERE is_representative),
+               FROM {clusters} WHERE is_representative),
      parent AS (SELECT source_id, object, record_id, line, dedup_key
-                FROM read_parquet({parent_clusters}) WHERE is_representative),
+                FROM {parent_clusters} WHERE is_representative),
      verdicts AS (SELECT source_id, object FROM
                   (SELECT *, 1 AS side FROM child UNION ALL SELECT *, -1 FROM parent)
                   GROUP BY source_id, object, record_id, line, dedup_key
@@ -150,12 +165,12 @@ WITH child AS (SELECT source_id, object, record_id, line, dedup_key
     + _SPLITS_CHANGED
     + "UNION SELECT source_id, object FROM verdicts"
 )
-# The same when dedup recorded which chunks hold rows its child did not copy from the parent's
-# table (``Parent.clusters_changed``): only the splits tables are compared.
+# The same when both clusters tables are parts and only chunks whose part the two share are
+# candidates (``Parent.clusters_same``): only the splits tables are compared.
 TOUCHED_BY_SPLITS = (
     """
 CREATE TEMP TABLE touched AS
-WITH child AS (SELECT source_id, object, record_id FROM read_parquet({clusters})
+WITH child AS (SELECT source_id, object, record_id FROM {clusters}
                WHERE is_representative),"""
     + _SPLITS_CHANGED
 )
@@ -172,8 +187,10 @@ def put_member_parts(
     """Join every chunk's records with their verdicts and splits (DuckDB, out of core, sorted
     by chunk then record id) and put each chunk's members as its part (an empty table for a
     chunk without members; one empty part named "" when there is no chunk); the parts
-    document. With a ``parent``, a chunk whose rows the joins give unchanged (``reusable``)
-    is its parent's part, not joined again."""
+    document. ``clusters`` is a DuckDB FROM item over the dedup clusters table (one table or
+    chunk parts: ``PartedTable.relation``), ``splits`` the splits table's file. With a
+    ``parent``, a chunk whose rows the joins give unchanged (``reusable``) is its parent's
+    part, not joined again."""
     chunks = chunks or [Chunk("", "", "")]
     with manifest_queries.connect(
         cas, manifest_queries.MEMBERS_THREADS, manifest_queries.MEMBERS_MB
@@ -208,25 +225,24 @@ def reusable(
     same records table, and no (source, object) of it among the rows where the two snapshots'
     representatives (clusters) or splits rows differ. Multiset differences over the whole
     tables, out of core; if DuckDB runs out of memory, nothing is reused (the same bytes).
-    When dedup recorded the chunks holding the clusters rows it did not copy from the
-    parent's table, those chunks are joined and only the splits tables are compared."""
+    When both clusters tables are parts, a chunk whose clusters part differs (or is new) is
+    joined, and for the others only the splits tables are compared."""
     import duckdb
 
-    changed = parent.clusters_changed
+    shared = parent.clusters_same
     same = {
         n: parent.parts[c.key]
         for n, c in enumerate(chunks)
         if c.key in parent.parts
         and parent.parts[c.key].records == c.records
         and c.narrowed
-        and (changed is None or c.records not in changed)
+        and (shared is None or c.key in shared)
     }
     if not same:
         return {}
-    paths = {"clusters": clusters, "splits": splits}
-    paths |= {"parent_clusters": parent.clusters, "parent_splits": parent.splits}
-    touched_sql = TOUCHED if changed is None else TOUCHED_BY_SPLITS
-    named = {k: sql_path(v) for k, v in paths.items()}
+    named = {"clusters": clusters, "parent_clusters": parent.clusters}
+    named |= {"splits": sql_path(splits), "parent_splits": sql_path(parent.splits)}
+    touched_sql = TOUCHED if shared is None else TOUCHED_BY_SPLITS
     try:
         _splits_changed(con, named)
         con.execute(touched_sql.format(**named))
@@ -264,7 +280,7 @@ def _join(
     tmp: Path,
 ) -> dict[int, tuple[Ref, int]]:
     """Each ``todo`` chunk's members put as a part: its ref and row count (a chunk without
-    members has none)."""
+    members has none); ``clusters`` a FROM item, ``splits`` a file (``put_member_parts``)."""
     if not todo:
         return {}
     records = _numbered([chunks[n] for n in todo], tmp, todo)

@@ -219,11 +219,11 @@ def dedup_invariants_hold(ev: Evidence, report: RuleReport) -> list[str]:
     """Dedup removed nothing without a member standing behind it, and no exact or verified
     near edge (through removed records too) joins two splits once quarantined records are
     out."""
-    clusters = ev.files.path(ev.dedup.output("clusters")["digest"], "dedup clusters")
     edges = ev.files.path(ev.dedup.output("edges")["digest"], "dedup edges")
+    # ord: a row's clusters position (what the edges name), counted across parts
+    clusters = ev.clusters(numbered=True)
     ev.con.execute(
-        "CREATE OR REPLACE VIEW dd_clusters AS SELECT *, file_row_number AS ord FROM "
-        f"read_parquet({sql_list([clusters])}, file_row_number = true)"
+        f"CREATE OR REPLACE VIEW dd_clusters AS SELECT *, file_row_number AS ord FROM {clusters}"
     )
     ev.con.execute(f"CREATE OR REPLACE VIEW dd_edges AS FROM read_parquet({sql_list([edges])})")
     dedup = DedupReport.parse(get_json(ev.cas, ev.dedup.output("report"), "dedup report"))

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from itertools import accumulate
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 from pydantic import ValidationError
 
 from corpus_assets.core.runtime.snapshot_manifest import (
@@ -85,6 +86,15 @@ class PartedTable:
         """The table's rows in order, a batch at a time (a batch never spans two parts)."""
         for path in self.paths(files, what):
             yield from streamed(path, rows, columns)
+
+    def table(
+        self, files: VerifiedFiles, what: str, columns: Sequence[str] | None = None
+    ) -> pa.Table:
+        """The whole table in memory, parts concatenated in order: for small tables (tests, an
+        audit's few rows) and callers that hold a few columns of it anyway."""
+        names = None if columns is None else list(columns)
+        tables = [pq.read_table(path, columns=names) for path in self.paths(files, what)]
+        return pa.concat_tables(tables)
 
     def starts(self) -> list[int]:
         """Each part's first row position in the table (needs a parts document)."""

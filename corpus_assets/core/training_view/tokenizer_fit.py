@@ -13,12 +13,15 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 from tokenizers import Tokenizer
 
 from corpus_assets.core.records.index import CanonicalIndex
 from corpus_assets.core.runtime.layer_index import read_layer_index
+from corpus_assets.core.runtime.parted_table import PartedTable
 from corpus_assets.core.runtime.workspace import Workspace
 from corpus_assets.core.storage.artifacts import get_table
+from corpus_assets.core.storage.cas_queries import VerifiedFiles
 from corpus_assets.core.storage.fsio import atomic_write
 from corpus_assets.core.tokens.bpe import train_byte_level_bpe
 from corpus_assets.core.training_view.splits import TRAIN
@@ -41,14 +44,19 @@ class FittedTokenizer:
 
 def train_lines(ws: Workspace, partition_key: str) -> dict[str, pa.Array]:
     """Object -> lines of the partition's train members (the splits table by record id, the
-    dedup representatives for where each member is)."""
+    dedup representatives for where each member is: the clusters table stored whole or as
+    chunk parts, every part read)."""
     _ref, splits = read_layer_index(ws, partition_key, "splits")
     table = get_table(ws.cas, splits.output("splits"), "splits table", ["record_id", "split"])
     train = table.filter(pc.equal(table.column("split"), TRAIN)).column("record_id")
     _ref, dedup = read_layer_index(ws, partition_key, "dedup_clusters")
+    clusters = PartedTable.read(ws.cas, dedup.output("clusters"), "dedup clusters")
+    paths = clusters.paths(VerifiedFiles(ws.cas), "dedup clusters")
+    if not paths:  # no canonical chunk: no parts
+        return {}
     columns = ["record_id", "object", "line", "is_representative"]
-    clusters = get_table(ws.cas, dedup.output("clusters"), "dedup clusters", columns)
-    chosen = clusters.filter(clusters.column("is_representative"))
+    table = pa.concat_tables([pq.read_table(path, columns=columns) for path in paths])
+    chosen = table.filter(table.column("is_representative"))
     chosen = chosen.filter(pc.is_in(chosen.column("record_id"), value_set=train.combine_chunks()))
     out: dict[str, pa.Array] = {}
     for group in chosen.group_by("object").aggregate([("line", "list")]).to_pylist():

@@ -4,7 +4,8 @@ A layer's per-record state (its members, their splits, token counts) lives in an
 DuckDB database (``storage.cas_queries``) capped at ``MEMORY_LIMIT`` that spills to a directory
 under the data home's ``tmp``, so the Python process holds only batches and the small tables of
 conflicts and moves. Inputs and outputs go through ``storage.cas_queries`` (``cas_parquet``,
-``put_query``) and ``storage.parquet_sink.put_tables``.
+``put_query``) and ``storage.parquet_sink.put_tables``; the dedup clusters table, stored whole
+or as chunk parts, through ``runtime.parted_table`` (``dedup_clusters``).
 """
 
 from collections.abc import Iterator
@@ -13,12 +14,18 @@ from pathlib import Path
 
 import duckdb
 
+from corpus_assets.core.runtime.layer_index import LayerIndex
+from corpus_assets.core.runtime.parted_table import PartedTable
 from corpus_assets.core.storage import cas_queries
 
 MEMORY_LIMIT = "128MB"  # DuckDB's own buffers; beyond it joins and sorts spill to disk
 # A sort of every member streamed out (the splits table, the verified pairs) on one thread
 # under this cap (``cas_queries.tightened``): the layer's peak was that sort.
 SORT_LIMIT = "64MB"
+# The dedup clusters table's record order. A table stored whole is in it; chunk parts are only
+# each in it (their concatenation is in chunk order), so a reader that needs record order asks
+# for it (the clusters position, ``file_row_number``, breaks the ties a forged table could hold).
+RECORD_ORDER = "record_id, object, line, file_row_number"
 
 
 def connect(spill: Path | None = None, threads: int = 2) -> duckdb.DuckDBPyConnection:
@@ -46,3 +53,13 @@ def right_built(con: duckdb.DuckDBPyConnection) -> Iterator[None]:
 
 
 _FLIP = "build_side_probe_side"  # the optimizer that picks a join's build side
+
+
+def dedup_clusters(
+    files: cas_queries.VerifiedFiles, dedup: LayerIndex, numbered: bool = False
+) -> str:
+    """The dedup layer's clusters table as a DuckDB relation, stored whole or as chunk parts,
+    each part verified by ``files``; ``numbered``: its ``file_row_number`` is each row's
+    clusters position (what the dedup decisions' ``pos`` names), dense over the parts."""
+    table = PartedTable.read(files.cas, dedup.output("clusters"), "dedup clusters")
+    return table.relation(files, "dedup clusters", numbered)

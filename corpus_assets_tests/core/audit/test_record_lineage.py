@@ -37,9 +37,10 @@ from corpus_assets.core.publication.publish import activate, approve
 from corpus_assets.core.publication.validation import validate_snapshot
 from corpus_assets.core.records.index import CanonicalIndex
 from corpus_assets.core.runtime.layer_index import load_index
+from corpus_assets.core.runtime.parted_table import PartedTable
 from corpus_assets.core.runtime.snapshot_manifest import read_manifest
 from corpus_assets.core.runtime.workspace import Workspace, open_workspace
-from corpus_assets.core.storage.artifacts import get_table
+from corpus_assets.core.storage.cas_queries import VerifiedFiles
 from corpus_assets.core.storage.digests import sha256_digest
 from corpus_assets.core.storage.table_lookup import SortedTable
 from corpus_assets.core.training_view.packing import shards as pack_shards
@@ -113,7 +114,11 @@ class Layers:
 
     def output(self, layer: str, name: str) -> pa.Table:
         index = load_index(self.ws.cas, self.manifest.layers[layer], layer)
-        return get_table(self.ws.cas, index.output(name))
+        table = PartedTable.read(self.ws.cas, index.output(name), name)  # whole or chunk parts
+        rows = table.table(VerifiedFiles(self.ws.cas), name)
+        if name != "clusters":
+            return rows
+        return rows.sort_by([(k, "ascending") for k in ("record_id", "object", "line")])
 
     def rows(self, table: pa.Table, column: str, value: Any) -> list[dict[str, Any]]:
         return table.filter(pc.equal(table.column(column), value)).to_pylist()

@@ -29,10 +29,12 @@ def _records(ids: list[str], keys: list[str], groups: list[str] | None = None) -
     )
 
 
-def _parent_files(parent: pa.Table, folder: Path, rows: int) -> tuple[str, str]:
-    """The parent's decisions and clusters tables as the layer stores them (the columns read)."""
+def _parent_files(parent: pa.Table, folder: Path, rows: int) -> tuple[str, list[str]]:
+    """The parent's decisions and clusters parts (chunks of four rows) as the layer stores
+    them (the columns read)."""
+    starts = np.arange(0, parent.num_rows, 4)
     with PartitionDb.from_table(parent) as db:
-        decided = decide(db, {"s": 0})
+        decided = decide(db, {"s": 0}, chunk_starts=starts)
     state = decided.state
     decisions = folder / "decisions.parquet"
     reasons = [decided.excluded.get(r, "") for r in range(parent.num_rows)]
@@ -42,16 +44,20 @@ def _parent_files(parent: pa.Table, folder: Path, rows: int) -> tuple[str, str]:
                 "verdict": state.verdict,
                 "match": state.match,
                 "pos": decided.position,
+                "rank": decided.rank,
                 "reason": pa.array(reasons, pa.string()),
             }
         ),
         decisions,
     )
-    clusters = folder / "clusters.parquet"
     by_position = np.argsort(decided.position)
     table = parent.select(["record_id", "group_id", "dedup_key"]).take(pa.array(by_position))
-    pq.write_table(table, clusters, row_group_size=rows)
-    return str(decisions), str(clusters)
+    parts = []
+    for start in starts.tolist():
+        part = folder / f"clusters-{start}.parquet"
+        pq.write_table(table.slice(start, 4), part, row_group_size=rows)
+        parts.append(str(part))
+    return str(decisions), parts
 
 
 def _same_order(a: np.ndarray, b: np.ndarray) -> bool:
@@ -122,17 +128,21 @@ def test_many_new_rows_are_sorted(tmp_path: Path) -> None:
         assert carried_codes(db, child_to_parent, decisions, clusters) is None
 
 
-@pytest.mark.parametrize("case", ["excluded", "not ascending"])
+@pytest.mark.parametrize("case", ["excluded", "not ascending", "no ranks", "a part short"])
 def test_a_parent_that_does_not_line_up_gives_no_codes(tmp_path: Path, case: str) -> None:
-    """A parent that excluded a row (a repeated id) or whose table is not in record id order:
-    the sorts."""
+    """A parent that excluded a row (a repeated id), a part not in record id order, decisions
+    without ranks (written before parts) or parts short of the decisions' rows: the sorts."""
     ids = list(_PARENT_IDS)
     if case == "excluded":
         ids[3] = ids[2]
     decisions, clusters = _parent_files(_records(ids, _PARENT_KEYS), tmp_path, 4)
     if case == "not ascending":
-        table = pq.read_table(clusters)
-        pq.write_table(table.take(pa.array(range(table.num_rows - 1, -1, -1))), clusters)
+        table = pq.read_table(clusters[1])
+        pq.write_table(table.take(pa.array(range(table.num_rows - 1, -1, -1))), clusters[1])
+    if case == "no ranks":
+        pq.write_table(pq.read_table(decisions).drop_columns(["rank"]), decisions)
+    if case == "a part short":
+        clusters = clusters[:-1]
     child = _records([*_PARENT_IDS, "zz"], [*_PARENT_KEYS, "k1"])
     child_to_parent = np.array([*range(12), -1], dtype=np.int64)
     with PartitionDb.from_table(child) as db:

@@ -25,9 +25,10 @@ from corpus_assets.core.pipeline import BUILDERS, DIRECT_BUILDERS, build_all
 from corpus_assets.core.publication.publish import activate, approve
 from corpus_assets.core.records.index import CanonicalIndex
 from corpus_assets.core.runtime.layer_index import LayerResult, read_layer_index
+from corpus_assets.core.runtime.parted_table import PartedTable
 from corpus_assets.core.runtime.workspace import Workspace, open_workspace
-from corpus_assets.core.storage.artifacts import get_table
 from corpus_assets.core.storage.cas import CasError
+from corpus_assets.core.storage.cas_queries import VerifiedFiles
 
 ESSAYS = Path("demo-sources") / "essays"
 _OTHER_POLICY = "policies:\n  dedup: {near: {bucket_heads: 31}}\n"
@@ -127,6 +128,7 @@ def test_child_dedup_is_incremental_and_equals_a_fresh_build(
     assert child.details["clusters_mode"]["mode"] == "incremental", child.details
     assert 0 < stats["clusters_joined"] < stats["clusters_copied"]
     assert stats["clusters_copied"] + stats["clusters_joined"] == child.counts["records"]
+    assert stats["clusters_parts_kept"] >= 1  # a kept part: the parent's, not written again
     assert stats["codes_carried"] == 1  # record codes from the parent's tables, no sorts
     assert child.counts["near_duplicates"] >= 8
     chain = _outputs(_open(demo_home, monkeypatch), "p2")
@@ -140,9 +142,8 @@ def test_child_dedup_is_incremental_and_equals_a_fresh_build(
     assert "codes_carried" not in scratch.run_stats
     assert scratch.run_stats["band_classes_incremental"] == 0
     assert _outputs(fresh, "p2") == chain  # same verdicts, clusters, edges, report, pairs, bands
-    table = get_table(
-        fresh.cas, read_layer_index(fresh, "p2", "dedup_clusters")[1].output("clusters"), "c"
-    )
+    ref = read_layer_index(fresh, "p2", "dedup_clusters")[1].output("clusters")
+    table = PartedTable.read(fresh.cas, ref, "c").table(VerifiedFiles(fresh.cas), "c")
     rows = {r["record_id"]: r for r in table.to_pylist()}
     assert rows["essays/long09"]["verdict"] == "near_duplicate"  # its longer copy came first
     assert not any(r.startswith("essays/gone") for r in rows)

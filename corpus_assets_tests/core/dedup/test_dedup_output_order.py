@@ -11,7 +11,7 @@ import pytest
 from corpus_assets.core.dedup import clusters, in_memory
 from corpus_assets.core.dedup.clusters import CLUSTER_COLUMNS
 from corpus_assets.core.dedup.edges import EdgeIds, edge_rows, edge_table
-from corpus_assets.core.dedup.output_order import bucket, output_positions, sorted_batches
+from corpus_assets.core.dedup.output_order import bucket, id_ranks, sorted_batches
 from corpus_assets.core.dedup.partition_db import PartitionDb
 
 
@@ -42,7 +42,7 @@ def test_positions_equal_duckdbs_order_by_record_id_object_line_row() -> None:
             "SELECT row FROM recs ORDER BY record_id, object, line, row"
         ).fetchnumpy()["row"]
         codes = db.codes()
-        positions = output_positions(db, codes.record_id.codes)
+        positions = id_ranks(db, codes.record_id.codes)
     assert np.array_equal(np.argsort(positions), expected)
 
 
@@ -150,7 +150,7 @@ def test_edge_ids_from_the_written_table_give_the_scanned_edges(
         decided = clusters.decide(db, {"s": 0})
         expected = edge_table(db, edge_rows(decided))
         path = clusters.join_clusters(db, clusters.write_decisions(decided, tmp_path), tmp_path)
-    gathered = EdgeIds(edge_rows(decided), decided.position)
+    gathered = EdgeIds(edge_rows(decided), decided.position, decided.rank)
     table = pa.Table.from_batches(list(clusters.cluster_batches(path)), CLUSTER_COLUMNS)
     passed = list(gathered.tap(iter(table.to_batches(max_chunksize=7))))
     assert pa.Table.from_batches(passed).equals(table)
@@ -201,7 +201,7 @@ def test_positions_without_repeated_ids_are_a_stable_sort() -> None:
         expected = db.con.sql(
             "SELECT row FROM recs ORDER BY record_id, object, line, row"
         ).fetchnumpy()["row"]
-        positions = output_positions(db, db.codes().record_id.codes)
+        positions = id_ranks(db, db.codes().record_id.codes)
     assert np.array_equal(np.argsort(positions), expected)
 
 

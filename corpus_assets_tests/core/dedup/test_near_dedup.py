@@ -36,9 +36,10 @@ from corpus_assets.core.records.index import RECORD_COLUMNS, CanonicalIndex
 from corpus_assets.core.records.normalize import dedup_key
 from corpus_assets.core.runtime.config import NearDedupPolicy
 from corpus_assets.core.runtime.layer_index import LayerResult
+from corpus_assets.core.runtime.parted_table import PartedTable
 from corpus_assets.core.runtime.workspace import Workspace, open_workspace
-from corpus_assets.core.storage.artifacts import get_table
 from corpus_assets.core.storage.cas import CasError
+from corpus_assets.core.storage.cas_queries import VerifiedFiles
 from corpus_assets_tests.cas_hashing import hashed_digests
 from corpus_assets_tests.conftest import BuiltDemo, use_demo_copy
 from corpus_assets_tests.paths import CORPORA
@@ -356,7 +357,8 @@ def _real_dedup(tmp_path: Path, name: str, content: str) -> tuple[Workspace, lis
     ws = open_workspace(config)
     result = _build(ws, "p1")
     index = json.loads(ws.cas.get_bytes(result.digest))
-    table = get_table(ws.cas, index["outputs"]["clusters"]).to_pylist()
+    parted = PartedTable.read(ws.cas, index["outputs"]["clusters"], "clusters")
+    table = parted.table(VerifiedFiles(ws.cas), "clusters").to_pylist()
     return ws, table, result.counts
 
 

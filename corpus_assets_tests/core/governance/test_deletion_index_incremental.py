@@ -23,12 +23,15 @@ from corpus_assets.core.publication.member_parts import read_members
 from corpus_assets.core.publication.publish import activate, approve
 from corpus_assets.core.records.index import CanonicalIndex
 from corpus_assets.core.runtime.layer_index import LAYERS, load_index, read_layer_index
+from corpus_assets.core.runtime.parted_table import PartedTable
 from corpus_assets.core.runtime.snapshot_manifest import read_manifest
 from corpus_assets.core.runtime.workspace import Workspace, open_workspace
 from corpus_assets.core.storage import cas_queries
 from corpus_assets.core.storage.artifacts import get_json, get_table
 from corpus_assets.core.storage.cas import CorruptObjectError
 from corpus_assets.core.storage.catalog import layer_memo, verified_files
+from corpus_assets.core.storage.table_lookup import TrustedFiles
+from corpus_assets_tests.core.publication.test_member_parts import _clusters_as_parts
 from corpus_assets_tests.core.training_view.test_packing_incremental import (  # noqa: F401 (an autouse fixture)
     _active,
     _add_essays,
@@ -251,7 +254,9 @@ def test_a_child_index_records_the_tables_it_hashed_and_still_finds_a_corrupt_on
         with ws.catalog.begin() as conn:
             recorded = {d for (d,) in conn.execute(select(verified_files.c.digest))}
         parts = {ref["digest"] for ref in read_manifest(ws.cas, child).members.part_refs(ws.cas)}
-        assert {tables[n] for n in ("clusters", "spans")} | parts <= recorded
+        dedup = load_index(ws.cas, read_manifest(ws.cas, child).layers["dedup_clusters"], "d")
+        parts |= {r["digest"] for r in PartedTable.read(ws.cas, dedup.output("clusters"), "c").refs}
+        assert {tables["spans"]} | parts <= recorded
         with ws.catalog.begin() as conn:
             conn.execute(
                 delete(layer_memo).where(layer_memo.c.layer == "governance.deletion_index")
@@ -337,27 +342,52 @@ def test_a_child_index_scans_each_whole_input_once_a_stage(
     assert scans == {"members": 2, "clusters": 2, "spanrows": 2}
 
 
-def test_the_removed_duplicates_difference_reads_only_the_objects_dedup_joined_anew(
+def test_the_removed_duplicates_difference_reads_only_the_objects_of_unshared_clusters_parts(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The child's dedup recorded the chunks whose clusters rows it joined rather than copied
-    from its parent's table: the delta diffs the removed duplicates of those chunks' objects
-    only (no difference of the whole tables runs) and gives the directory a difference of the
-    whole tables gives; without that record it diffs the whole tables."""
+    """Both snapshots' clusters tables as chunk parts (as the dedup writer stores them): the
+    delta diffs the removed duplicates of the objects of the parts the two do not share only
+    (no difference of the whole tables runs) and gives the directory a difference of the
+    whole tables gives; without those objects it diffs the whole tables."""
     config, parent, child = _child(tmp_path)
     statements = _logged_statements(monkeypatch)
     with open_workspace(config) as ws:
         expected = ws.catalog.memo(deletion_index.memo_key(child))[0]  # built by ensure
-        objects = manifest_deletion.changed_objects(ws.cas, ws.catalog, child, parent)
+        files = TrustedFiles(ws.cas, ws.catalog)
+        ours, theirs = _clusters_as_parts(ws, files, "p2"), _clusters_as_parts(ws, files, "p1")
+        objects = manifest_deletion.unshared_objects(files, ours, theirs)
         every = get_json(ws.cas, child, "manifest")["sources"]
         assert objects and len(objects) < sum(int(s["objects"]) for s in every)
         base = deletion_index.parent_index(ws.cas, ws.catalog, child)
+        statements[:] = []
         assert deletion_index.build(ws.cas, child, base=base, objects=objects) == expected
         narrowed, statements[:] = list(statements), []
         assert deletion_index.build(ws.cas, child, base=base) == expected
-        with ws.catalog.begin() as conn:  # as if dedup had recorded nothing
-            conn.execute(delete(layer_memo).where(layer_memo.c.layer == "dedup.changed_chunks"))
-        assert manifest_deletion.changed_objects(ws.cas, ws.catalog, child, parent) is None
+        # the build's own narrowing: the objects of the parts the two do not share
+        assert manifest_deletion.changed_objects(ws.cas, ws.catalog, child, parent) == objects
     assert not any("staging.cboth" in s for s in narrowed)
     assert any("staging.cdiff" in s and objects[0] in s for s in narrowed)
     assert any("staging.cboth" in s for s in statements)
+
+
+def test_shared_clusters_parts_name_no_object() -> None:
+    """Only the parts one document names more often than the other are read for objects: a
+    part both name (as often) is never opened; a table stored whole gives None."""
+
+    class Files:
+        def __init__(self) -> None:
+            self.read: list[str] = []
+
+        def paths(self, digests: list[str], what: str) -> list[str]:
+            self.read += digests
+            return []
+
+    def table(*digests: str) -> PartedTable:
+        refs = tuple({"digest": d, "media": "m", "size": 1} for d in digests)
+        return PartedTable(refs, (1,) * len(refs))
+
+    files = Files()
+    found = manifest_deletion.unshared_objects(files, table("a", "b", "b"), table("b", "c"))
+    assert found == [] and files.read == ["a", "b", "c"]
+    whole = PartedTable(({"digest": "a", "media": "m", "size": 1},), None)
+    assert manifest_deletion.unshared_objects(files, whole, table("a")) is None

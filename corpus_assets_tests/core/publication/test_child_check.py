@@ -20,8 +20,8 @@ from corpus_assets.core.publication.validation import validate_snapshot
 from corpus_assets.core.publication.verify import Report, load_manifest, resolve
 from corpus_assets.core.records.index import CanonicalIndex
 from corpus_assets.core.runtime.layer_index import load_index
+from corpus_assets.core.runtime.parted_table import PartedTable
 from corpus_assets.core.runtime.workspace import Workspace, open_workspace
-from corpus_assets.core.storage.cas_queries import sql_list
 from corpus_assets.core.storage.catalog import gate_results
 from corpus_assets.core.training_view.splits import HeldoutScan, searched_records
 from corpus_assets.selftest.corpus import write_zstd_jsonl
@@ -128,8 +128,8 @@ def _changed_search(workspace: Workspace, ev: Evidence) -> tuple[HeldoutScan, st
     parent (some, not every member)."""
     scan = HeldoutScan.open(workspace, ev.canonical.chunks(), ev.dedup)
     assert scan is not None
-    path = ev.files.path(ev.dedup.output("clusters")["digest"])
-    records = searched_records(f"read_parquet({sql_list([path])})", "members")
+    parted = PartedTable.read(workspace.cas, ev.dedup.output("clusters"), "clusters")
+    records = searched_records(parted.relation(ev.files, "clusters"), "members")
     changed = changed_since_parent(workspace, ev, records)
     assert changed is not None and 0 < len(changed) < ev.member_count
     return scan, records, changed

@@ -4,6 +4,7 @@ only the rest, and its parts are byte for byte those of a join of every chunk.""
 import tempfile
 from pathlib import Path
 
+import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -16,12 +17,22 @@ from corpus_assets.core.publication.manifest_queries import connect
 from corpus_assets.core.publication.member_parts import (
     MEMBERS_CODE,
     Parent,
+    put_member_parts,
     reusable,
+    same_clusters_parts,
 )
+from corpus_assets.core.records.index import CanonicalIndex
 from corpus_assets.core.runtime.layer_index import LAYERS, read_layer_index
-from corpus_assets.core.runtime.snapshot_manifest import read_manifest
+from corpus_assets.core.runtime.parted_table import PartedTable
+from corpus_assets.core.runtime.snapshot_manifest import (
+    CLUSTER_PARTS_SCHEMA,
+    ChunkPart,
+    ChunkParts,
+    read_manifest,
+)
 from corpus_assets.core.runtime.workspace import Workspace, open_workspace
-from corpus_assets.core.storage.artifacts import get_json
+from corpus_assets.core.storage.artifacts import JSON, Ref, get_json, put_json, put_table
+from corpus_assets.core.storage.cas import ContentStore
 from corpus_assets.core.storage.cas_queries import sql_path
 from corpus_assets.core.storage.table_lookup import TrustedFiles
 from corpus_assets_tests.core.training_view.test_packing_incremental import (  # noqa: F401 (an autouse fixture)
@@ -70,25 +81,112 @@ def test_a_child_names_its_parents_parts_and_equals_a_join_of_every_chunk(
         assert get_json(ws.cas, reused.ref)["code"] == MEMBERS_CODE
 
 
-def test_dedups_record_of_the_chunks_it_joined_spares_the_clusters_difference(
+def test_shared_clusters_parts_spare_the_clusters_difference(
     child_home: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The child's dedup recorded which chunks hold rows it did not copy from its parent's
-    clusters table: the members reuse joins those, compares only the splits tables (the
-    clusters difference never runs) and names the same parts as a join of every chunk."""
+    """Both snapshots' clusters tables as chunk parts (as the dedup writer stores them): a
+    chunk whose clusters part the two share needs only the splits tables compared, the new
+    chunk's part is joined, the clusters difference never runs, and the parts are those of a
+    join of every chunk."""
     with open_workspace(child_home) as ws, tempfile.TemporaryDirectory() as tmp:
         files = TrustedFiles(ws.cas, ws.catalog)
+        ours, theirs = _clusters_as_parts(ws, files, "p2"), _clusters_as_parts(ws, files, "p1")
+        chunks = _chunks(ws, files, Path(tmp))
+        same = same_clusters_parts(ours, theirs)
+        assert same is not None and 0 < len(same) < len(chunks)
+        child_dedup = read_layer_index(ws, "p2", "dedup_clusters")[1]
         parents = freeze(ws, "p2")[1].parents
+        parent = manifest.parent_members(ws, files, parents, child_dedup)
+        assert parent is not None and parent.clusters_same == same  # both stored as parts
+        parted = Parent(parent.parts, theirs.relation(files, "p"), parent.splits, same)
         indexes = {layer: read_layer_index(ws, "p2", layer) for layer in LAYERS[:-1]}
-        parent = manifest.parent_members(ws, files, parents, indexes["dedup_clusters"][1])
-        assert parent is not None and parent.clusters_changed is not None
-        chunks = {chunk.records for chunk in _chunks(ws, files, Path(tmp))}
-        assert 0 < len(parent.clusters_changed) < len(chunks)
-        assert parent.clusters_changed <= chunks
-        monkeypatch.setattr(member_parts, "TOUCHED", "SELECT error('clusters compared')")
-        reused = manifest.put_members(ws, indexes, parents)
         joined = manifest.put_members(ws, indexes)
-    assert reused.ref == joined.ref and reused.joined < joined.joined
+        monkeypatch.setattr(member_parts, "TOUCHED", "SELECT error('clusters compared')")
+        splits = _tables(ws, files, "p2")[1]
+        clusters = ours.relation(files, "c")
+        reused = put_member_parts(ws.cas, chunks, clusters, splits, Path(tmp), parted)
+    assert reused.ref == joined.ref and 0 < reused.joined < joined.joined
+
+
+def test_a_chunk_whose_clusters_part_differs_is_joined_again(child_home: Path) -> None:
+    """The parent's clusters parts with one old member's dedup key changed in its chunk's
+    part: that chunk is no longer shared, so it is joined; every other shared chunk is not."""
+    with open_workspace(child_home) as ws, tempfile.TemporaryDirectory() as tmp:
+        files = TrustedFiles(ws.cas, ws.catalog)
+        ours, theirs = _clusters_as_parts(ws, files, "p2"), _clusters_as_parts(ws, files, "p1")
+        parent, chunks, _whole, splits = _child_and_parent(ws, Path(tmp))
+        clusters = ours.relation(files, "c")
+        same = same_clusters_parts(ours, theirs)
+        assert same is not None
+        before = _reused(ws, chunks, clusters, splits, _with(parent, theirs, files, same))
+        kept = next(part for part in before.values() if part.count)
+        victim = pq.read_table(ws.cas.path(kept.digest)).slice(0, 1).to_pylist()[0]
+        edited = _edited_part(ws.cas, theirs, kept.chunk, victim["record_id"])
+        same = same_clusters_parts(ours, edited)
+        assert same is not None and kept.chunk not in same
+        after = _reused(ws, chunks, clusters, splits, _with(parent, edited, files, same))
+    lost = {part.chunk for part in before.values()} - {p.chunk for p in after.values()}
+    assert lost == {kept.chunk}
+
+
+def test_shared_clusters_parts_are_the_chunks_with_the_same_part() -> None:
+    """A chunk counts as shared when both documents name the same part for the same chunk
+    and records; a changed, new or moved part does not; a table stored whole gives None."""
+
+    def table(*parts: tuple[str, str, str]) -> PartedTable:
+        entries = [
+            ChunkPart(chunk=c, records=r, digest=d, media="m", size=1, count=1) for c, r, d in parts
+        ]
+        return PartedTable(tuple(p.ref() for p in entries), (1,) * len(entries), tuple(entries))
+
+    parent = table(("a", "ra", "d1"), ("b", "rb", "d2"), ("c", "rc", "d3"))
+    child = table(("a", "ra", "d1"), ("b", "rb", "d9"), ("c", "rx", "d3"), ("n", "rn", "d4"))
+    assert same_clusters_parts(child, parent) == {"a"}
+    whole = PartedTable(({"digest": "d", "media": "m", "size": 1},), None)
+    assert same_clusters_parts(whole, parent) is None
+    assert same_clusters_parts(child, whole) is None
+
+
+def _reused(ws: Workspace, chunks: list, clusters: str, splits: str, parent: Parent) -> dict:
+    with tempfile.TemporaryDirectory() as tmp, connect(ws.cas, 1, 128) as con:
+        return reusable(con, chunks, clusters, splits, parent, Path(tmp))
+
+
+def _with(parent: Parent, clusters: PartedTable, files: TrustedFiles, same: frozenset) -> Parent:
+    """``parent`` reading ``clusters`` (parts), with the chunks it shares with the child's."""
+    return Parent(parent.parts, clusters.relation(files, "p"), parent.splits, same)
+
+
+def _clusters_as_parts(ws: Workspace, files: TrustedFiles, key: str) -> PartedTable:
+    """Snapshot ``key``'s clusters table as parts (``clusters_parts_ref``), read."""
+    return PartedTable.read(ws.cas, clusters_parts_ref(ws, files, key), "dedup clusters")
+
+
+def clusters_parts_ref(ws: Workspace, files: TrustedFiles, key: str) -> Ref:
+    """Snapshot ``key``'s clusters table as the dedup layer stores it: one part per canonical
+    chunk in order (its records' rows, sorted by record id, object and line) behind a
+    ``corpus.clusters-parts.v1`` document. Equal rows give equal parts, so two snapshots share
+    the part of every chunk whose rows are the same."""
+    ref = read_layer_index(ws, key, "dedup_clusters")[1].output("clusters")
+    assert ref["media"] == JSON  # the writer's parts document
+    return ref
+
+
+def _edited_part(cas: ContentStore, table: PartedTable, chunk: str, record_id: str) -> PartedTable:
+    """``table`` with ``chunk``'s part replaced by a copy where ``record_id``'s dedup key is
+    another."""
+    parts = []
+    for part in table.parts:
+        if part.chunk == chunk:
+            rows = pq.read_table(cas.path(part.digest))
+            hit = pc.equal(rows.column("record_id"), record_id)
+            values = pc.if_else(hit, "changed", rows.column("dedup_key"))
+            rows = rows.set_column(rows.schema.get_field_index("dedup_key"), "dedup_key", values)
+            part = part.model_copy(update=put_table(cas, rows))
+        parts.append(part)
+    count = sum(part.count for part in parts)
+    document = ChunkParts(schema=CLUSTER_PARTS_SCHEMA, code="test", count=count, parts=parts)
+    return PartedTable.read(cas, put_json(cas, document.document()), "dedup clusters")
 
 
 @pytest.mark.parametrize("table", ["splits", "clusters"])
@@ -103,7 +201,8 @@ def test_a_chunk_with_a_changed_split_or_verdict_is_joined_again(
             before = reusable(con, chunks, clusters, splits, parent, Path(tmp))
         kept = next(part for part in before.values() if part.count)
         victim = pq.read_table(ws.cas.path(kept.digest)).slice(0, 1).to_pylist()[0]
-        changed = _changed_copy(parent, table, victim["record_id"], Path(tmp))
+        whole = _tables(ws, TrustedFiles(ws.cas, ws.catalog), "p1")[0]  # the parent's clusters
+        changed = _changed_copy(parent, whole, table, victim["record_id"], Path(tmp))
         with connect(ws.cas, 1, 128) as con:
             after = reusable(con, chunks, clusters, splits, changed, Path(tmp))
         lost = {part.chunk for part in before.values()} - {p.chunk for p in after.values()}
@@ -137,18 +236,18 @@ def test_a_repeated_split_row_is_a_change_the_join_alone_would_miss(child_home: 
 
 
 def _child_and_parent(ws: Workspace, tmp: Path) -> tuple[Parent, list, str, str]:
-    """Child ``p2``'s parent members, its chunks and its clusters and splits tables."""
+    """Child ``p2``'s parent members, its chunks, its clusters table (a FROM item) and its
+    splits table (a file)."""
     files = TrustedFiles(ws.cas, ws.catalog)
     parent = manifest.parent_members(ws, files, freeze(ws, "p2")[1].parents)
     assert parent is not None
     clusters, splits = _tables(ws, files, "p2")
-    return parent, _chunks(ws, files, tmp), clusters, splits
+    return parent, _chunks(ws, files, tmp), f"read_parquet({sql_path(clusters)})", splits
 
 
 def _chunks(ws: Workspace, files: TrustedFiles, tmp: Path) -> list:
     from corpus_assets.core.publication.member_parts import Chunk
     from corpus_assets.core.publication.narrowed import narrowed
-    from corpus_assets.core.records.index import CanonicalIndex
 
     canonical = CanonicalIndex(ws.cas, read_layer_index(ws, "p2", "canonical_records")[1])
     paths = narrowed(ws, files, canonical, tmp)
@@ -158,15 +257,20 @@ def _chunks(ws: Workspace, files: TrustedFiles, tmp: Path) -> list:
 
 
 def _tables(ws: Workspace, files: TrustedFiles, key: str) -> tuple[str, str]:
-    dedup = read_layer_index(ws, key, "dedup_clusters")[1].output("clusters")["digest"]
+    """Snapshot ``key``'s clusters table stored whole (its parts concatenated into one file,
+    as snapshots before parts stored it) and its splits table."""
+    parted = PartedTable.read(ws.cas, clusters_parts_ref(ws, files, key), "dedup clusters")
+    whole = ws.home / "tmp" / f"whole-clusters-{key}.parquet"
+    whole.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(parted.table(files, "dedup clusters"), whole)
     splits = read_layer_index(ws, key, "splits")[1].output("splits")["digest"]
-    return files.path(dedup), files.path(splits)
+    return str(whole), files.path(splits)
 
 
-def _changed_copy(parent: Parent, table: str, record_id: str, tmp: Path) -> Parent:
-    """The parent with a copy of its splits (or clusters) table where ``record_id``'s split
-    (or dedup key) is another."""
-    path = parent.splits if table == "splits" else parent.clusters
+def _changed_copy(parent: Parent, clusters: str, table: str, record_id: str, tmp: Path) -> Parent:
+    """The parent with a copy of its splits (or ``clusters``) table where ``record_id``'s
+    split (or dedup key) is another."""
+    path = parent.splits if table == "splits" else clusters
     column = "split" if table == "splits" else "dedup_key"
     rows = pq.read_table(path)
     hit = pc.equal(rows.column("record_id"), record_id)
@@ -176,13 +280,12 @@ def _changed_copy(parent: Parent, table: str, record_id: str, tmp: Path) -> Pare
     pq.write_table(rows, copy)
     if table == "splits":
         return Parent(parent.parts, parent.clusters, str(copy))
-    return Parent(parent.parts, str(copy), parent.splits)
+    return Parent(parent.parts, f"read_parquet({sql_path(str(copy))})", parent.splits)
 
 
 def test_each_chunk_gets_its_rows_even_when_two_share_a_narrowed_file(tmp_path: Path) -> None:
     """One scan of all files numbers rows by file; a file named by two chunks (two objects
     with the same records) must still give each chunk its rows."""
-    import duckdb
     import pyarrow as pa
 
     from corpus_assets.core.publication.member_parts import Chunk, _numbered

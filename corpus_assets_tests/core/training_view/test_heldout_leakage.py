@@ -25,11 +25,12 @@ from corpus_assets.core.publication.verify import load_manifest, resolve
 from corpus_assets.core.records.index import CanonicalIndex
 from corpus_assets.core.runtime.config import NearDedupPolicy, SplitPolicy
 from corpus_assets.core.runtime.layer_index import read_layer_index
+from corpus_assets.core.runtime.parted_table import PartedTable
 from corpus_assets.core.runtime.snapshot_manifest import Manifest
 from corpus_assets.core.runtime.workspace import open_workspace
 from corpus_assets.core.storage.artifacts import get_table
 from corpus_assets.core.storage.cas import CasError
-from corpus_assets.core.storage.cas_queries import ordered_parts
+from corpus_assets.core.storage.cas_queries import VerifiedFiles, ordered_parts
 from corpus_assets.core.training_view.splits import CODE as SPLITS_CODE
 from corpus_assets.core.training_view.splits.heldout import INCREMENTAL, HeldoutScan, reuse
 from corpus_assets.demo import CONFIG
@@ -94,7 +95,9 @@ def test_a_pair_dedup_missed_lands_in_one_split(
     monkeypatch.setenv("CORPUS_CONFIG", str(home / ".corpus" / "corpus.yaml"))
     with open_workspace() as ws:
         _, dedup = read_layer_index(ws, key, "dedup_clusters")
-        clusters = get_table(ws.cas, dedup.output("clusters"), "clusters")
+        clusters = PartedTable.read(ws.cas, dedup.output("clusters"), "c").table(
+            VerifiedFiles(ws.cas), "c"
+        )
         mine = clusters.filter(pc.is_in(clusters["record_id"], value_set=pa.array(IDS)))
         assert mine["verdict"].to_pylist() == ["keep", "keep"]  # dedup's LSH missed them
         _, splits = read_layer_index(ws, key, "splits")

@@ -20,9 +20,10 @@ from corpus_assets.core.pipeline import build_all
 from corpus_assets.core.publication.publish import activate, approve
 from corpus_assets.core.records.index import CanonicalIndex
 from corpus_assets.core.runtime.layer_index import LayerIndex, load_index, read_layer_index
+from corpus_assets.core.runtime.parted_table import PartedTable
 from corpus_assets.core.runtime.workspace import Workspace, open_workspace
 from corpus_assets.core.storage.artifacts import get_json
-from corpus_assets.core.storage.cas_queries import cas_parquet
+from corpus_assets.core.storage.cas_queries import VerifiedFiles, cas_parquet
 from corpus_assets.core.training_view.splits import CODE, build_splits
 from corpus_assets.core.training_view.splits.heldout import (
     FULL,
@@ -71,7 +72,9 @@ def _search(ws: Workspace, key: str, known: Reuse | None) -> tuple[list, dict, s
             "CREATE TABLE final AS SELECT record_id, split FROM "
             + cas_parquet(ws.cas, splits.output("splits"), "splits")
         )
-        clusters = cas_parquet(ws.cas, dedup.output("clusters"), "clusters")
+        clusters = PartedTable.read(ws.cas, dedup.output("clusters"), "c").relation(
+            VerifiedFiles(ws.cas), "c"
+        )
         pairs, stats = scan.pairs(con, searched_records(clusters, "final"), known)
         return pairs.to_pylist(), stats, put_verified(ws, con)["digest"]
 
@@ -149,7 +152,8 @@ def _searched(
             f"CREATE TABLE final AS SELECT record_id, CASE WHEN {flip} THEN 'test' ELSE split "
             f"END AS split FROM {cas_parquet(ws.cas, splits.output('splits'), 'splits')}"
         )
-        clusters = cas_parquet(ws.cas, scan_dedup(ws).output("clusters"), "clusters")
+        parted = PartedTable.read(ws.cas, scan_dedup(ws).output("clusters"), "c")
+        clusters = parted.relation(VerifiedFiles(ws.cas), "c")
         pairs, _, state = scan.searched(con, searched_records(clusters, "final"), prior=prior)
         return pairs.to_pylist(), put_verified(ws, con)["digest"], state
 

@@ -15,8 +15,10 @@ import yaml
 from corpus_assets.core.pipeline import DIRECT_BUILDERS, build_all
 from corpus_assets.core.records.index import CanonicalIndex
 from corpus_assets.core.runtime.layer_index import LayerIndex, read_layer_index
+from corpus_assets.core.runtime.parted_table import PartedTable
 from corpus_assets.core.runtime.workspace import Workspace, open_workspace
 from corpus_assets.core.storage.artifacts import get_table
+from corpus_assets.core.storage.cas_queries import VerifiedFiles
 from corpus_assets.core.tokens.cache import TokenCache, open_tokens, token_cache
 from corpus_assets.core.tokens.spec import resolve_tokenizer
 from corpus_assets.core.training_view.packing.locate import (
@@ -80,7 +82,9 @@ def _old_join(ws: Workspace, samples: list[str]) -> dict[str, list]:
     """The replaced lookup's answer, as one table of every member row in memory: members
     joined to the canonical rows on (record id, object, line), samples looked up by id."""
     canonical, cache, dedup = _parts(ws)
-    clusters = get_table(ws.cas, dedup.output("clusters"), "clusters")
+    clusters = PartedTable.read(ws.cas, dedup.output("clusters"), "c").table(
+        VerifiedFiles(ws.cas), "c"
+    )
     members = clusters.filter(clusters.column("is_representative")).select(ROW_KEY)
     tables = []
     for n, (chunk, cached) in enumerate(zip(canonical.chunks(), cache.chunks, strict=True)):

@@ -21,8 +21,10 @@ from corpus_assets.core.publication.validation import validate_snapshot
 from corpus_assets.core.records.index import CanonicalIndex
 from corpus_assets.core.runtime.config import SplitPolicy
 from corpus_assets.core.runtime.layer_index import LayerIndex, read_layer_index
+from corpus_assets.core.runtime.parted_table import PartedTable
 from corpus_assets.core.runtime.workspace import Workspace, open_workspace
 from corpus_assets.core.storage.artifacts import get_table
+from corpus_assets.core.storage.cas_queries import VerifiedFiles
 from corpus_assets.core.tokens.chat_template import DEFAULT_CHAT_TEMPLATE
 from corpus_assets.core.training_view.splits import assign as split_assign
 from corpus_assets.core.training_view.splits import split_of
@@ -185,7 +187,8 @@ def test_a_renamed_component_keeps_its_split(workspace: Workspace, demo_home: Pa
     _add_dialogs(demo_home, [{"id": "zz-copy", "thread": name, "text": rows[0]["text"]}])
     build_all(workspace, "p2")
     _ref, dedup = read_layer_index(workspace, "p2", "dedup_clusters")
-    clusters = get_table(workspace.cas, dedup.output("clusters"), "clusters").to_pylist()
+    parted = PartedTable.read(workspace.cas, dedup.output("clusters"), "clusters")
+    clusters = parted.table(VerifiedFiles(workspace.cas), "clusters").to_pylist()
     leakage = {r["record_id"]: r["leakage_id"] for r in clusters}
     assert leakage[f"dialogs/{rows[0]['id']}"] == f"dialogs/{name}"  # renamed
     index, after = _split_map(workspace, "p2")

@@ -1,6 +1,6 @@
 """The DuckDB helpers of the training view: stored bytes equal ``put_table``'s, spills land under
 the data home, the SQL split hash equals ``split_indices``, the stored graph equals the Arrow
-one."""
+one (the clusters table stored whole or as chunk parts)."""
 
 import random
 from pathlib import Path
@@ -13,14 +13,29 @@ import pyarrow.parquet as pq
 import pytest
 
 from corpus_assets.core.runtime.config import SplitPolicy
-from corpus_assets.core.storage.artifacts import get_table, put_table
+from corpus_assets.core.runtime.layer_index import LayerIndex
+from corpus_assets.core.runtime.snapshot_manifest import (
+    CLUSTER_PARTS_SCHEMA,
+    ChunkPart,
+    ChunkParts,
+)
+from corpus_assets.core.storage.artifacts import get_table, put_json, put_table
 from corpus_assets.core.storage.cas import ContentStore
-from corpus_assets.core.storage.cas_queries import cas_parquet, put_query, tightened
+from corpus_assets.core.storage.cas_queries import (
+    VerifiedFiles,
+    cas_parquet,
+    put_query,
+    tightened,
+)
 from corpus_assets.core.storage.parquet_sink import ROW_GROUP_ROWS, put_tables
 from corpus_assets.core.training_view import view_queries
 from corpus_assets.core.training_view.splits import SPLITS
 from corpus_assets.core.training_view.splits.assign import hash_split_sql, split_indices
-from corpus_assets.core.training_view.splits.bridges import LeakageGraph, StoredGraph
+from corpus_assets.core.training_view.splits.bridges import (
+    GRAPH_CLUSTER_COLUMNS,
+    LeakageGraph,
+    StoredGraph,
+)
 
 SCHEMA = pa.schema([("record_id", pa.string()), ("n", pa.int64()), ("split", pa.string())])
 
@@ -104,11 +119,14 @@ def test_sql_hash_equals_split_indices() -> None:
         assert len(set(got.values())) == 3
 
 
-def test_stored_graph_reads_the_components_of_the_arrow_graph(tmp_path: Path) -> None:
-    n = 500
+def _graph_tables(n: int = 500) -> tuple[pa.Table, pa.Table]:
+    """A clusters table in record order (with the object and line the order ends on) and its
+    edges."""
     clusters = pa.table(
         {
             "record_id": [f"r{i:04d}" for i in range(n)],
+            "object": ["o"] * n,
+            "line": list(range(n)),
             "group_id": [f"g{i // 3}" for i in range(n)],
             "leakage_id": [f"c{(i * 7) % 40}" for i in range(n)],
             "verdict": ["keep"] * n,
@@ -120,6 +138,20 @@ def test_stored_graph_reads_the_components_of_the_arrow_graph(tmp_path: Path) ->
     edges = pa.table(
         {"record_a": [f"r{i:04d}" for i in range(0, n, 2)]},
     ).append_column("record_b", pa.array([f"r{(i + 40) % n:04d}" for i in range(0, n, 2)]))
+    return clusters, edges
+
+
+def _assert_same_graph(stored: StoredGraph, clusters: pa.Table, edges: pa.Table) -> None:
+    wanted = pa.array(["c3", "c17", "c39", "nothing"])
+    arrow = LeakageGraph(clusters, edges).within(wanted)
+    got = stored.within(wanted)
+    assert got.clusters.to_pylist() == arrow.clusters.select(GRAPH_CLUSTER_COLUMNS).to_pylist()
+    assert got.edges.to_pylist() == arrow.edges.to_pylist()
+    assert len(got.clusters) == pc.sum(pc.is_in(clusters["leakage_id"], value_set=wanted)).as_py()
+
+
+def test_stored_graph_reads_the_components_of_the_arrow_graph(tmp_path: Path) -> None:
+    clusters, edges = _graph_tables()
     cas = ContentStore(tmp_path / "cas")
     refs = put_table(cas, clusters), put_table(cas, edges)
     con = view_queries.connect()
@@ -128,9 +160,36 @@ def test_stored_graph_reads_the_components_of_the_arrow_graph(tmp_path: Path) ->
         cas_parquet(cas, refs[0], "clusters", numbered=True),
         cas_parquet(cas, refs[1], "edges", numbered=True),
     )
-    wanted = pa.array(["c3", "c17", "c39", "nothing"])
-    arrow = LeakageGraph(clusters, edges).within(wanted)
-    got = stored.within(wanted)
-    assert got.clusters.to_pylist() == arrow.clusters.drop_columns(["other"]).to_pylist()
-    assert got.edges.to_pylist() == arrow.edges.to_pylist()
-    assert len(got.clusters) == pc.sum(pc.is_in(clusters["leakage_id"], value_set=wanted)).as_py()
+    _assert_same_graph(stored, clusters, edges)
+
+
+def test_stored_graph_of_chunk_parts_is_in_record_order(tmp_path: Path) -> None:
+    """Clusters parts whose record ids interleave (each part sorted, their concatenation not)
+    give the graph of the table stored whole: rows in record order, not in part order."""
+    clusters, edges = _graph_tables()
+    cas = ContentStore(tmp_path / "cas")
+    rows = [[i for i in range(clusters.num_rows) if i % 3 == k] for k in (2, 0, 1)]
+    parts = [clusters.take(pa.array(part, pa.int64())) for part in rows]
+    entries = [
+        ChunkPart(chunk=f"c{n}", records=f"r{n}", count=part.num_rows, **put_table(cas, part))
+        for n, part in enumerate(parts)
+    ]
+    document = ChunkParts(
+        schema=CLUSTER_PARTS_SCHEMA, code="test", count=clusters.num_rows, parts=entries
+    ).document()
+    index = LayerIndex(
+        layer="dedup_clusters",
+        code="test",
+        policy=None,
+        inputs=[],
+        outputs={"clusters": put_json(cas, document)},
+        counts={},
+    )
+    files = VerifiedFiles(cas)
+    relation = view_queries.dedup_clusters(files, index, numbered=True)
+    con = view_queries.connect()
+    positions = con.sql(f"SELECT line FROM {relation} ORDER BY file_row_number").fetchall()
+    assert [line for (line,) in positions] == [i for part in rows for i in part]
+    edges_ref = put_table(cas, edges)
+    stored = StoredGraph(con, relation, cas_parquet(cas, edges_ref, "edges", numbered=True))
+    _assert_same_graph(stored, clusters, edges)

@@ -23,7 +23,7 @@ from corpus_assets.core.runtime.layer_index import (
     read_layer_index,
 )
 from corpus_assets.core.runtime.workspace import Workspace
-from corpus_assets.core.storage.cas_queries import batches, cas_parquet
+from corpus_assets.core.storage.cas_queries import VerifiedFiles, batches, cas_parquet
 from corpus_assets.core.storage.parquet_sink import put_tables
 from corpus_assets.core.storage.table_lookup import TrustedFiles
 from corpus_assets.core.tokens.cache import TokenCache, open_tokens, token_cache
@@ -70,7 +70,7 @@ def train_members(
     if order is None:
         _members_by_keys(ws, con, dedup, canonical, tokens, train)
         return
-    clusters = cas_parquet(ws.cas, dedup.output("clusters"), "dedup clusters", numbered=True)
+    clusters = view_queries.dedup_clusters(VerifiedFiles(ws.cas), dedup, numbered=True)
     positions = pq.read_table(order, columns=["pos"])["pos"]
     con.register("row_bits", _row_bits(ws, files, chunks, tokens).append_column("pos", positions))
     con.execute(
@@ -106,7 +106,7 @@ def _members_by_keys(
     """``train_members`` joined on (record_id, object, line), with the digests: a dedup
     layer without this code's decisions table."""
     load_row_tokens(ws, con, canonical, tokens, (*MEMBER_COLUMNS, "object", "line"))
-    clusters = cas_parquet(ws.cas, dedup.output("clusters"), "dedup clusters")
+    clusters = view_queries.dedup_clusters(VerifiedFiles(ws.cas), dedup)
     con.execute(
         "CREATE TABLE train_members AS SELECT r.record_id, r.source_id, r.record_digest, "
         f"r.tokens FROM row_tokens r JOIN (SELECT c.record_id, c.object, c.line FROM {clusters} c "

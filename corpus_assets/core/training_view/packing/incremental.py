@@ -56,6 +56,7 @@ from corpus_assets.core.training_view.packing.plan import (
 )
 from corpus_assets.core.training_view.packing.samples import SampleRows, located_from
 from corpus_assets.core.training_view.splits import row_order
+from corpus_assets.core.training_view.view_queries import dedup_clusters
 
 SPAN_READ = ["block", "start", "end", "sample", "record_offset"]
 # DuckDB's budget for the sample map: 64 MB ran out reading a 1.1 GB parent's members, and the
@@ -206,7 +207,7 @@ def sample_map(
     parent_members = [part["digest"] for part in parent.members]
     tables = {
         "records": _chunk_records(files.paths([c.records["digest"] for c in chunks])),
-        "clusters": _read(files, dedup.output("clusters"), "dedup clusters", numbered),
+        "clusters": dedup_clusters(files, dedup, numbered=True),
         "child": f"read_parquet({sql_path(child_path)}{numbered})",
         "parent": _read(files, parent.samples, "parent mixed samples", numbered),
         "members": f"read_parquet({sql_list(files.paths(parent_members, 'parent members'))})",

@@ -24,6 +24,7 @@ import pyarrow.parquet as pq
 
 from corpus_assets.core.records.index import CanonicalIndex
 from corpus_assets.core.runtime.layer_index import LayerIndex
+from corpus_assets.core.runtime.parted_table import PartedTable
 from corpus_assets.core.runtime.workspace import Workspace, pooled
 from corpus_assets.core.storage.memory import release_memory
 from corpus_assets.core.storage.table_lookup import TrustedFiles
@@ -122,12 +123,11 @@ def _locate(
     partitions: int | None,
 ) -> None:
     """Partition the three sides, join each partition, scatter the places into ``folder``."""
-    clusters = pq.ParquetFile(
-        TrustedFiles(ws.cas, ws.catalog).path(dedup.output("clusters")["digest"], "clusters"),
-        read_dictionary=["object"],
-    )
+    clusters = PartedTable.read(ws.cas, dedup.output("clusters"), "dedup clusters")
+    paths = clusters.paths(TrustedFiles(ws.cas, ws.catalog), "dedup clusters")
+    members = sum(pq.read_metadata(path).num_rows for path in paths)
     many = workers if workers is not None else ws.config.execution.workers
-    parts = partitions or partition_count(clusters.metadata.num_rows, many)
+    parts = partitions or partition_count(members, many)
     root = folder / "parts"
     root.mkdir()
     writer, ids, count = PartitionWriter(root, parts), RecordIdSink(folder), 0
@@ -138,18 +138,15 @@ def _locate(
         count += len(batch)
     ids.close()
     objects = ObjectCodes()
-    for members in clusters.iter_batches(BATCH_ROWS, columns=[*ROW_KEY, "is_representative"]):
-        kept = pa.Table.from_batches([members.filter(members.column("is_representative"))])
-        codes = objects.of_members(kept.column("object").combine_chunks())
-        kept = kept.set_column(kept.schema.get_field_index("object"), "object", codes)
-        writer.write("members", kept.select(ROW_KEY))
+    for path in paths:
+        _write_members(writer, objects, path)
     release_memory()  # the partitioning's transient batches, back before the joins
     for table in _canonical_rows(ws, canonical, cache):
         at = table.schema.get_field_index("object")
         writer.write("rows", table.set_column(at, "object", objects.of_rows(table.column(at))))
     writer.close()
     jobs = [PartJob(str(root), part) for part in range(parts)]
-    small = clusters.metadata.num_rows + count <= LOCAL_JOIN_ROWS
+    small = members + count <= LOCAL_JOIN_ROWS
     workers = local_when_small(ws, workers, small)
     reports = pooled(ws, join_part, jobs, workers=workers, input_bytes=writer.bytes)
     release_memory()  # an in-process join's tables, back before the places are scattered
@@ -157,6 +154,17 @@ def _locate(
     scatter(root, parts, count, folder)
     shutil.rmtree(root)
     release_memory()
+
+
+def _write_members(writer: PartitionWriter, objects: ObjectCodes, path: str) -> None:
+    """The representatives' rows (record id, object code, line) of one clusters part, a batch
+    at a time: a part is a whole table's rows or one chunk's, in any order (the join is by key)."""
+    with pq.ParquetFile(path, read_dictionary=["object"]) as part:
+        for batch in part.iter_batches(BATCH_ROWS, columns=[*ROW_KEY, "is_representative"]):
+            kept = pa.Table.from_batches([batch.filter(batch.column("is_representative"))])
+            codes = objects.of_members(kept.column("object").combine_chunks())
+            kept = kept.set_column(kept.schema.get_field_index("object"), "object", codes)
+            writer.write("members", kept.select(ROW_KEY))
 
 
 def located_from(

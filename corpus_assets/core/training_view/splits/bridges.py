@@ -16,6 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from corpus_assets.core.training_view.leakage_graph import components
+from corpus_assets.core.training_view.view_queries import RECORD_ORDER
 
 
 @dataclass(frozen=True)
@@ -50,8 +51,9 @@ GRAPH_CLUSTER_COLUMNS = [
 @dataclass(frozen=True)
 class StoredGraph:
     """The leakage graph left in the dedup layer's Parquet files (``clusters`` and ``edges``
-    are ``read_parquet`` sources over ``con``): only the components asked for are read, in
-    the files' row order, as a ``LeakageGraph``."""
+    are numbered relations over ``con``): only the components asked for are read, as a
+    ``LeakageGraph``: clusters rows in record order (``RECORD_ORDER``: chunk parts are not in
+    it as a whole), edges in their file's order."""
 
     con: duckdb.DuckDBPyConnection
     clusters: str
@@ -64,7 +66,7 @@ class StoredGraph:
         self.con.register("graph_ids", pa.table({"leakage_id": leakage_ids.cast(pa.string())}))
         own = self.con.sql(
             f"SELECT {', '.join(GRAPH_CLUSTER_COLUMNS)} FROM {self.clusters} "
-            "WHERE leakage_id IN (SELECT leakage_id FROM graph_ids) ORDER BY file_row_number"
+            f"WHERE leakage_id IN (SELECT leakage_id FROM graph_ids) ORDER BY {RECORD_ORDER}"
         ).to_arrow_table()
         self.con.unregister("graph_ids")
         self.con.register("graph_records", own.select(["record_id"]))

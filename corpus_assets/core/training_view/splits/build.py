@@ -33,7 +33,12 @@ from corpus_assets.core.runtime.layer_index import (
 from corpus_assets.core.runtime.snapshot_manifest import read_manifest
 from corpus_assets.core.runtime.workspace import Workspace
 from corpus_assets.core.storage.artifacts import Ref, put_table
-from corpus_assets.core.storage.cas_queries import cas_parquet, cas_parquets, put_query
+from corpus_assets.core.storage.cas_queries import (
+    VerifiedFiles,
+    cas_parquet,
+    cas_parquets,
+    put_query,
+)
 from corpus_assets.core.storage.table_lookup import TrustedFiles
 from corpus_assets.core.tokens.cache import TokenCache, token_cache
 from corpus_assets.core.tokens.spec import resolve_tokenizer
@@ -67,7 +72,7 @@ from corpus_assets.core.training_view.splits.schema import (
     VALIDATION,
     conflict_table,
 )
-from corpus_assets.core.training_view.view_queries import SORT_LIMIT
+from corpus_assets.core.training_view.view_queries import RECORD_ORDER, SORT_LIMIT
 
 __all__ = [
     "EXCLUDED",
@@ -177,7 +182,7 @@ def _assign_and_report(
     parent_refs, parent_rows, parent_version = parent_splits(ws, parent)
     _, canonical = CanonicalIndex.read(ws, partition_key)
     dedup_ref, dedup = read_layer_index(ws, partition_key, "dedup_clusters")
-    clusters = cas_parquet(ws.cas, dedup.output("clusters"), "dedup clusters", True)
+    clusters = view_queries.dedup_clusters(VerifiedFiles(ws.cas), dedup, numbered=True)
     edges = cas_parquet(ws.cas, dedup.output("edges"), "dedup edges", True)
     policy = ws.config.policies.splits
     members = _members(ws, partition_key, clusters, policy.time_cutoff is not None)
@@ -290,7 +295,7 @@ def _members(ws: Workspace, partition_key: str, clusters: str, timed: bool) -> s
 
 class StoredEvidence(Mapping[str, str]):
     """Per leakage component, its dedup matches as ``record->match@jaccard`` (first three, in
-    the clusters table's order), looked up only for the components a conflict names."""
+    record order: ``RECORD_ORDER``), looked up only for the components a conflict names."""
 
     def __init__(self, con: duckdb.DuckDBPyConnection, clusters: str) -> None:
         self._con, self._clusters, self._ready = con, clusters, False
@@ -300,7 +305,7 @@ class StoredEvidence(Mapping[str, str]):
             self._con.execute(
                 "CREATE TABLE evidence AS SELECT * FROM (SELECT leakage_id, record_id, match_id, "
                 "match_jaccard, row_number() OVER (PARTITION BY leakage_id "
-                f"ORDER BY file_row_number) AS n FROM {self._clusters} WHERE match_id <> '') "
+                f"ORDER BY {RECORD_ORDER}) AS n FROM {self._clusters} WHERE match_id <> '') "
                 "WHERE n <= 3"
             )
             self._ready = True
