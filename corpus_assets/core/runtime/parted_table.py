@@ -8,6 +8,7 @@ the table's row positions (``file_row_number``) counted over their concatenation
 exactly as they were in the one file. Every part is verified before it is handed out.
 """
 
+import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from itertools import accumulate
@@ -63,16 +64,25 @@ class PartedTable:
         return files.paths([ref["digest"] for ref in self.refs], what)
 
     def relation(self, files: VerifiedFiles, what: str, numbered: bool = False) -> str:
-        """A DuckDB relation over the whole table (a FROM item); with ``numbered``, its
-        ``file_row_number`` is each row's position in the table, dense from 0."""
-        listed = sql_list(self.paths(files, what))
+        """A DuckDB relation over the whole table (a FROM item; rows in no stated order); with
+        ``numbered``, its ``file_row_number`` is each row's position in the table, dense from 0.
+
+        The parts are listed typical part first: DuckDB estimates a scan of several files as
+        the first file's rows times their number, and a first chunk of 189 rows made 685k rows
+        look like 4k, so hash joins built on the table instead of the smaller side (a held-out
+        query 0.49 against 0.30 CPU-s at 1.1 GB of raw text)."""
+        paths = self.paths(files, what)
+        if self.counts is None or len(paths) == 1:
+            numbering = ", file_row_number = true" if numbered else ""
+            return f"read_parquet({sql_list(paths)}{numbering})"
+        order = _typical_first(self.counts)
+        listed = sql_list([paths[n] for n in order])
         if not numbered:
             return f"read_parquet({listed})"
-        if self.counts is None or len(self.refs) == 1:
-            return f"read_parquet({listed}, file_row_number = true)"
-        starts = list(accumulate(self.counts[:-1], initial=0))
+        starts = self.starts()
+        at = [starts[n] for n in order]
         return (
-            f"(SELECT * REPLACE (file_row_number + {starts}[file_index::BIGINT + 1] "
+            f"(SELECT * REPLACE (file_row_number + {at}[file_index::BIGINT + 1] "
             f"AS file_row_number) FROM read_parquet({listed}, file_row_number = true))"
         )
 
@@ -101,3 +111,16 @@ class PartedTable:
         if self.counts is None:
             raise ValueError("a table stored whole has no part starts")
         return list(accumulate(self.counts[:-1], initial=0)) if self.counts else []
+
+
+def _typical_first(counts: tuple[int, ...]) -> list[int]:
+    """The parts' numbers with a typical one first (its rows times the parts nearest the table's
+    rows by ratio: chunk sizes are skewed, so the part nearest the mean can be far off), the
+    others in order."""
+    total, parts = sum(counts), len(counts)
+
+    def off(n: int) -> float:
+        return abs(math.log(counts[n] * parts / total)) if counts[n] else math.inf
+
+    first = min(range(parts), key=lambda n: (off(n), n)) if total else 0
+    return [first, *(n for n in range(parts) if n != first)]

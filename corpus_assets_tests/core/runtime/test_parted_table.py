@@ -66,3 +66,14 @@ def test_another_kind_of_document_is_refused(tmp_path):
     document = _parts(cas, [pa.table({"id": ["a"]})], schema="corpus.layer.v1")
     with pytest.raises(ManifestError, match="is not a parts kind"):
         PartedTable.read(cas, put_json(cas, document), "dedup clusters")
+
+
+def test_the_typical_part_is_listed_first_for_duckdbs_estimate(tmp_path):
+    """DuckDB estimates a multi-file scan as the first file's rows times the files: the part
+    nearest the mean goes first (positions stay the table's, as the first test shows)."""
+    from corpus_assets.core.runtime.parted_table import _typical_first
+
+    sizes = (189, 6747, 211704, 68706, 0)  # 287k rows: 68706 x 5 is nearest by ratio
+    assert _typical_first(sizes) == [3, 0, 1, 2, 4]
+    assert _typical_first((5, 5, 5)) == [0, 1, 2]
+    assert _typical_first((0, 0)) == [0, 1]
