@@ -1,17 +1,13 @@
 """The readers of the dedup clusters table give the same answers over it stored as chunk parts
-as over the one table. Until dedup writes parts, the parts are cut from a real build's table
-(``clusters_parts_ref``): their rows' places differ from the table's, so only the readers that
-do not join on clusters positions (the dedup edges, decisions) are compared here."""
+(as dedup writes it) as over the one table (as snapshots before parts stored it)."""
 
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pytest
 
 from corpus_assets.core.governance import deletion_index
 from corpus_assets.core.governance.deletion_reach import _carried_by
-from corpus_assets.core.pipeline import build_all
 from corpus_assets.core.publication import accounting_check
 from corpus_assets.core.publication.evidence import Evidence
 from corpus_assets.core.runtime.layer_index import LayerIndex, load_index
@@ -28,25 +24,8 @@ from corpus_assets.core.storage.cas_queries import VerifiedFiles
 from corpus_assets.core.storage.table_lookup import TrustedFiles
 from corpus_assets_tests.core.publication.test_member_parts import clusters_parts_ref
 from corpus_assets_tests.core.training_view.test_packing_incremental import (  # noqa: F401 (an autouse fixture)
-    _active,
-    _add_essays,
-    _home,
     _no_env_catalog,
 )
-
-
-@pytest.fixture(scope="module")
-def child_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A home with an active parent (p1) and its child (p2, new essays) built."""
-    folder = tmp_path_factory.mktemp("parts")
-    config = _home(folder / "home")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.delenv("CORPUS_CATALOG_URL", raising=False)
-        with open_workspace(config) as ws:
-            _active(ws, "p1")
-            _add_essays(folder / "home")
-            build_all(ws, "p2")
-    return config
 
 
 def _manifest(ws: Workspace, key: str) -> Manifest:

@@ -11,7 +11,6 @@ import pyarrow.parquet as pq
 import pytest
 
 from corpus_assets.core.ingest.freeze import freeze
-from corpus_assets.core.pipeline import build_all
 from corpus_assets.core.publication import manifest, member_parts
 from corpus_assets.core.publication.manifest_queries import connect
 from corpus_assets.core.publication.member_parts import (
@@ -41,20 +40,6 @@ from corpus_assets_tests.core.training_view.test_packing_incremental import (  #
     _home,
     _no_env_catalog,
 )
-
-
-@pytest.fixture(scope="module")
-def child_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A home with an active parent (p1) and its child (p2, new essays) built."""
-    folder = tmp_path_factory.mktemp("parts")
-    config = _home(folder / "home")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.delenv("CORPUS_CATALOG_URL", raising=False)
-        with open_workspace(config) as ws:
-            _active(ws, "p1")
-            _add_essays(folder / "home")
-            build_all(ws, "p2")
-    return config
 
 
 def _parts(ws: Workspace, key: str) -> dict[str, dict]:

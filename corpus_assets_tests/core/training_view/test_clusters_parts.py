@@ -31,7 +31,7 @@ from corpus_assets.core.runtime.workspace import Workspace, open_workspace
 from corpus_assets.core.storage.artifacts import get_table, put_json, put_table
 from corpus_assets.core.storage.cas_queries import VerifiedFiles
 from corpus_assets.core.training_view.tokenizer_fit import train_lines
-from corpus_assets_tests.core.training_view.test_mixing_members import _repeated_ids
+from corpus_assets_tests.core.training_view.test_mixing_members import corpus_workspace
 from corpus_assets_tests.core.training_view.test_packing_incremental import (  # noqa: F401 - autouse fixture
     _active,
     _add_essays,
@@ -121,11 +121,7 @@ def _some_ids(ws: Workspace, dedup: LayerIndex) -> list[str]:
 def test_view_layers_from_clusters_parts_are_those_from_the_whole_table(
     corpus: str, request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:
-    if corpus == "demo":
-        request.getfixturevalue("demo_home")
-        ws = open_workspace()
-    else:
-        ws = open_workspace(_repeated_ids(tmp_path))
+    ws = corpus_workspace(corpus, request, tmp_path)
     built = build_all(ws, "p1")
     _, dedup = read_layer_index(ws, "p1", "dedup_clusters")
     _, splits = read_layer_index(ws, "p1", "splits")

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from corpus_assets.core.pipeline import build_all
-from corpus_assets.core.runtime.workspace import open_workspace
+from corpus_assets.core.runtime.workspace import Workspace, open_workspace
 from corpus_assets.core.training_view.mixing import build
 from corpus_assets.core.training_view.mixing.build import build_mixed_samples
 
@@ -38,15 +38,19 @@ def _repeated_ids(root: Path) -> Path:
     return config
 
 
+def corpus_workspace(corpus: str, request: pytest.FixtureRequest, tmp_path: Path) -> Workspace:
+    """The demo's workspace (``demo_home``) or one over ``_repeated_ids``, by name."""
+    if corpus == "demo":
+        request.getfixturevalue("demo_home")
+        return open_workspace()
+    return open_workspace(_repeated_ids(tmp_path))
+
+
 @pytest.mark.parametrize("corpus", ["demo", "repeated_ids"])
 def test_members_by_position_give_the_bytes_of_the_join_on_keys(
     corpus: str, request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    if corpus == "demo":
-        request.getfixturevalue("demo_home")
-        ws = open_workspace()
-    else:
-        ws = open_workspace(_repeated_ids(tmp_path))
+    ws = corpus_workspace(corpus, request, tmp_path)
     built = build_all(ws, "p1")
     keyed: list[int] = []
     by_keys = build._members_by_keys
