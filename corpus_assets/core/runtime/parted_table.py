@@ -8,7 +8,6 @@ the table's row positions (``file_row_number``) counted over their concatenation
 exactly as they were in the one file. Every part is verified before it is handed out.
 """
 
-import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from itertools import accumulate
@@ -25,7 +24,13 @@ from corpus_assets.core.runtime.snapshot_manifest import (
 )
 from corpus_assets.core.storage.artifacts import JSON, PARQUET, Ref, get_json
 from corpus_assets.core.storage.cas import ContentStore
-from corpus_assets.core.storage.cas_queries import BATCH_ROWS, VerifiedFiles, sql_list, streamed
+from corpus_assets.core.storage.cas_queries import (
+    BATCH_ROWS,
+    VerifiedFiles,
+    sql_list,
+    streamed,
+    typical_first,
+)
 
 
 @dataclass(frozen=True)
@@ -75,7 +80,7 @@ class PartedTable:
         if self.counts is None or len(paths) == 1:
             numbering = ", file_row_number = true" if numbered else ""
             return f"read_parquet({sql_list(paths)}{numbering})"
-        order = _typical_first(self.counts)
+        order = typical_first(self.counts)
         listed = sql_list([paths[n] for n in order])
         if not numbered:
             return f"read_parquet({listed})"
@@ -111,16 +116,3 @@ class PartedTable:
         if self.counts is None:
             raise ValueError("a table stored whole has no part starts")
         return list(accumulate(self.counts[:-1], initial=0)) if self.counts else []
-
-
-def _typical_first(counts: tuple[int, ...]) -> list[int]:
-    """The parts' numbers with a typical one first (its rows times the parts nearest the table's
-    rows by ratio: chunk sizes are skewed, so the part nearest the mean can be far off), the
-    others in order."""
-    total, parts = sum(counts), len(counts)
-
-    def off(n: int) -> float:
-        return abs(math.log(counts[n] * parts / total)) if counts[n] else math.inf
-
-    first = min(range(parts), key=lambda n: (off(n), n)) if total else 0
-    return [first, *(n for n in range(parts) if n != first)]
