@@ -12,12 +12,13 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import pyarrow.parquet as pq
 import pytest
 
 from corpus_assets.core.publication.member_parts import read_members
 from corpus_assets.core.publication.verify import load_manifest, resolve
 from corpus_assets.core.runtime.layer_index import load_index
+from corpus_assets.core.runtime.parted_table import PartedTable
+from corpus_assets.core.storage.cas_queries import VerifiedFiles
 from corpus_assets.selftest.corpus import write_zstd_jsonl
 from corpus_assets.selftest.evidence import workspace
 from corpus_assets.selftest.lab import Home, Lab
@@ -87,7 +88,8 @@ def _tables(home: Home, sid: str) -> dict[str, list[dict[str, Any]]]:
             index = load_index(
                 ws.cas, ws.catalog.layer_output(snapshot.partition_key, layer), layer
             )
-            tables[layer] = pq.read_table(ws.cas.path(index.output(output)["digest"]))
+            table = PartedTable.read(ws.cas, index.output(output), output)  # whole or parts
+            tables[layer] = table.table(VerifiedFiles(ws.cas), output)
         return {
             name: sorted(table.to_pylist(), key=lambda r: sorted(r.items()))
             for name, table in tables.items()

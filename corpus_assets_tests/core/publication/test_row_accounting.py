@@ -20,9 +20,11 @@ from corpus_assets.core.publication.rules import RuleReport
 from corpus_assets.core.publication.signing import sign_snapshot
 from corpus_assets.core.publication.validation import validate_snapshot
 from corpus_assets.core.publication.verify import resolve, stored_manifest
+from corpus_assets.core.runtime.parted_table import PartedTable
 from corpus_assets.core.runtime.snapshot_manifest import Manifest
 from corpus_assets.core.runtime.workspace import Workspace, open_workspace
 from corpus_assets.core.storage.artifacts import get_json, put_json, put_table
+from corpus_assets.core.storage.cas_queries import VerifiedFiles
 from corpus_assets.core.storage.digests import canonical_json
 
 CLI = str(Path(sys.executable).parent / "corpus-assets")
@@ -101,7 +103,8 @@ def test_a_repeated_id_with_other_text_is_quarantined_as_an_id_conflict(
     assert "1 record quarantined as id.conflict" in stdout, stdout
     with _open(root) as ws:
         dedup = json.loads(ws.cas.get_bytes(ws.catalog.layer_output("p1", "dedup_clusters")))
-        clusters = pq.read_table(ws.cas.path(dedup["outputs"]["clusters"]["digest"])).to_pylist()
+        parted = PartedTable.read(ws.cas, dedup["outputs"]["clusters"], "clusters")
+        clusters = parted.table(VerifiedFiles(ws.cas), "clusters").to_pylist()
         a7 = {
             r["verdict"]: (r["line"], r["excluded"])
             for r in clusters

@@ -11,6 +11,7 @@ import pytest
 from corpus_assets.core.publication.member_parts import read_members
 from corpus_assets.core.records.index import CanonicalIndex
 from corpus_assets.core.runtime.layer_index import LAYERS, read_layer_index
+from corpus_assets.core.runtime.parted_table import PartedTable
 from corpus_assets.core.runtime.workspace import Workspace, open_workspace
 from corpus_assets.core.storage.artifacts import get_json, get_parquet
 from corpus_assets.definitions import defs
@@ -68,12 +69,12 @@ def _real_table(ws: Workspace, layer: str) -> tuple[int, list[str]] | None:
         manifest = get_json(ws.cas, ws.catalog.layer_output(KEY, layer), "manifest")
         members = read_members(ws.cas, manifest["members"])
         return members.num_rows, members.column_names
-    if layer in TABLE_OUTPUTS:
-        index = read_layer_index(ws, KEY, layer)[1]
-        file = get_parquet(ws.cas, index.output(TABLE_OUTPUTS[layer]), layer)
-    else:
+    if layer not in TABLE_OUTPUTS:
         return None
-    return file.metadata.num_rows, file.schema_arrow.names
+    index = read_layer_index(ws, KEY, layer)[1]
+    table = PartedTable.read(ws.cas, index.output(TABLE_OUTPUTS[layer]), layer)  # or parts
+    files = [get_parquet(ws.cas, ref, layer) for ref in table.refs]
+    return sum(f.metadata.num_rows for f in files), files[0].schema_arrow.names
 
 
 def test_each_layer_reports_row_count_and_column_schema_of_its_real_table(
