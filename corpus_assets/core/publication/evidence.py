@@ -110,9 +110,7 @@ class Evidence:
         )
         con = self._stack.enter_context(connection)
         members = self.manifest.members.paths(self.files)
-        parts = self.member_parts
-        counts = [part.count for part in parts] if parts is not None else None
-        con.execute(f"CREATE VIEW members AS {ordered_parts(members, True, counts)}")
+        con.execute(f"CREATE VIEW members AS {ordered_parts(members, numbered=True)}")
         return con
 
     def rows(self, sql: str, params: list[Any] | None = None) -> list[tuple[Any, ...]]:

@@ -75,24 +75,3 @@ def test_the_typical_part_is_listed_first_for_duckdbs_estimate(tmp_path):
     assert typical_first(sizes) == [3, 0, 1, 2, 4]
     assert typical_first((5, 5, 5)) == [0, 1, 2]
     assert typical_first((0, 0)) == [0, 1]
-
-
-def test_ordered_parts_number_rows_part_major_whatever_part_is_listed_first(tmp_path):
-    """The members' relation lists a typical part first; its numbering is still each row's
-    place in the parts' concatenation in order (part number above row number)."""
-    import pyarrow.parquet as pq
-
-    from corpus_assets.core.storage.cas_queries import PART_ROWS_BITS, ordered_parts
-
-    paths = []
-    for n, ids in enumerate([["a"], ["b", "c", "d"], ["e", "f"]]):
-        paths.append(str(tmp_path / f"p{n}.parquet"))
-        pq.write_table(pa.table({"id": ids}), paths[-1])
-    expected = [(0, "a"), (1 << PART_ROWS_BITS, "b"), ((1 << PART_ROWS_BITS) + 1, "c")]
-    expected += [((1 << PART_ROWS_BITS) + 2, "d"), (2 << PART_ROWS_BITS, "e")]
-    expected += [((2 << PART_ROWS_BITS) + 1, "f")]
-    for counts in (None, [1, 3, 2]):
-        relation = ordered_parts(paths, True, counts)
-        sql = f"SELECT file_row_number, id FROM ({relation}) ORDER BY 1"
-        assert duckdb.connect().sql(sql).fetchall() == expected
-    assert typical_first([1, 3, 2]) == [2, 0, 1]
