@@ -24,6 +24,8 @@ from corpus_assets.core.publication.identity import snapshot_id as compute_snaps
 from corpus_assets.core.publication.manifest_schema import schema_errors
 from corpus_assets.core.publication.rules import RuleReport
 from corpus_assets.core.publication.signing import SignatureError, check_alias_key, verify_signature
+from corpus_assets.core.runtime.layer_index import load_index
+from corpus_assets.core.runtime.parted_table import PartedTable
 from corpus_assets.core.runtime.snapshot_manifest import Manifest, ManifestError, MembersEntry
 from corpus_assets.core.storage.artifacts import JSON, PARQUET, decode_json, get_json
 from corpus_assets.core.storage.cas import COPY_CHUNK, CasError, ContentStore
@@ -137,6 +139,8 @@ def verify(
     members = manifest.get("members", {})
     if report.ok and is_well_formed(members):
         report.findings += _member_counts(cas, MembersEntry.model_validate(members))
+    if report.ok:
+        report.findings += cluster_counts(cas, manifest.get("layers", {}).get("dedup_clusters"))
     return report
 
 
@@ -158,11 +162,27 @@ def _member_counts(cas: ContentStore, members: MembersEntry) -> list[str]:
     return [f for p in parts.parts for f in _rows_are(cas, p.digest, p.count, said)]
 
 
-def _rows_are(cas: ContentStore, digest: str, count: int, says: str) -> list[str]:
+def cluster_counts(cas: ContentStore, dedup: Any) -> list[str]:
+    """Each dedup clusters part (re-hashed by the walk) holds the rows its document states:
+    readers number the table's rows by those counts (``PartedTable``)."""
+    if not is_well_formed(dedup):
+        return []
+    clusters = load_index(cas, dedup, "dedup_clusters").outputs.get("clusters")
+    if not is_well_formed(clusters) or clusters["media"] != JSON:
+        return []  # a table stored whole: no stated counts
+    try:
+        table = PartedTable.read(cas, clusters, "dedup clusters")
+    except ManifestError as error:
+        return [str(error)]
+    said = f"dedup clusters parts {clusters['digest']}"
+    return [f for p in table.parts for f in _rows_are(cas, p.digest, p.count, said, "clusters")]
+
+
+def _rows_are(
+    cas: ContentStore, digest: str, count: int, says: str, what: str = "members"
+) -> list[str]:
     rows = pq.read_metadata(cas.path(digest)).num_rows
-    return (
-        [] if rows == count else [f"members table {digest}: has {rows} rows, {says} says {count}"]
-    )
+    return [] if rows == count else [f"{what} table {digest}: has {rows} rows, {says} says {count}"]
 
 
 def reachable(

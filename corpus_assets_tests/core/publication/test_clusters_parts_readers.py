@@ -8,7 +8,7 @@ import pyarrow.compute as pc
 
 from corpus_assets.core.governance import deletion_index
 from corpus_assets.core.governance.deletion_reach import _carried_by
-from corpus_assets.core.publication import accounting_check
+from corpus_assets.core.publication import accounting_check, verify
 from corpus_assets.core.publication.evidence import Evidence
 from corpus_assets.core.runtime.layer_index import LayerIndex, load_index
 from corpus_assets.core.runtime.parted_table import PartedTable
@@ -105,3 +105,27 @@ def _files(ws: Workspace) -> TrustedFiles:
 
 def _sorted(table: pa.Table) -> list[dict]:
     return sorted(table.to_pylist(), key=lambda row: sorted((k, str(v)) for k, v in row.items()))
+
+
+def test_verify_finds_a_clusters_part_whose_rows_are_not_the_count_its_document_states(
+    child_home: Path,
+) -> None:
+    """Readers number the clusters rows by the parts' stated counts, so ``verify`` checks each
+    part's footer against them: the real parts pass; two parts whose counts are swapped (the
+    total still right) are each named."""
+    with open_workspace(child_home) as ws:
+        manifest = _manifest(ws, "p2")
+        ref = manifest.layers["dedup_clusters"]
+        assert verify.cluster_counts(ws.cas, ref) == []
+        table = PartedTable.read(ws.cas, load_index(ws.cas, ref, "d").output("clusters"), "c")
+        counted = [n for n, part in enumerate(table.parts) if part.count]
+        a = counted[0]
+        b = next(n for n in counted if table.parts[n].count != table.parts[a].count)
+        parts = list(table.parts)
+        parts[a] = parts[a].model_copy(update={"count": table.parts[b].count})
+        parts[b] = parts[b].model_copy(update={"count": table.parts[a].count})
+        count = sum(table.counts or ())
+        document = ChunkParts(schema=CLUSTER_PARTS_SCHEMA, code="test", count=count, parts=parts)
+        forged = _parted_manifest(ws, manifest, put_json(ws.cas, document.document()))
+        findings = verify.cluster_counts(ws.cas, forged.layers["dedup_clusters"])
+    assert len(findings) == 2 and all(f.startswith("clusters table sha256:") for f in findings)
