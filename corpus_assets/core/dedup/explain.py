@@ -15,6 +15,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from corpus_assets.core.dedup.order import RECORD_ORDER
 from corpus_assets.core.runtime.layer_index import load_index
 from corpus_assets.core.runtime.parted_table import PartedTable
 from corpus_assets.core.runtime.snapshot_manifest import Manifest
@@ -23,7 +24,6 @@ from corpus_assets.core.storage.cas_queries import VerifiedFiles
 from corpus_assets.core.storage.table_lookup import scan, sorted_rows
 
 CLUSTER_COLUMNS = ["record_id", "source_id", "verdict", "match_id", "match_jaccard"]
-RECORD_ORDER = ("record_id", "object", "line")  # the clusters table's sort keys
 
 
 def explain(

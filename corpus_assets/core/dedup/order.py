@@ -4,11 +4,15 @@ Every "earlier record" in dedup is earlier in the total order, never in completi
 priority (config order - where a user ranks sources by governance and trust), longer text first
 (the fuller copy wins), record id, object, line. The order itself is sorted on integers
 (:meth:`~corpus_assets.core.dedup.partition_db.PartitionDb.total_order`: source rank, length,
-the row's position by record id); dedup then works on integer codes in that order, a few
-machine words per record.
+the row's rank by record id); dedup then works on integer codes in that order, a few machine
+words per record.
 """
 
 import numpy as np
+
+# The clusters table's sort keys (the total order's last ones): each part, one per canonical
+# chunk, is in this order, their concatenation is not, so a reader that needs it asks for it.
+RECORD_ORDER = ("record_id", "object", "line")
 
 
 def first_in_order(codes_in_order: np.ndarray) -> np.ndarray:

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 from tokenizers import Tokenizer
 
 from corpus_assets.core.records.index import CanonicalIndex
@@ -51,11 +50,8 @@ def train_lines(ws: Workspace, partition_key: str) -> dict[str, pa.Array]:
     train = table.filter(pc.equal(table.column("split"), TRAIN)).column("record_id")
     _ref, dedup = read_layer_index(ws, partition_key, "dedup_clusters")
     clusters = PartedTable.read(ws.cas, dedup.output("clusters"), "dedup clusters")
-    paths = clusters.paths(VerifiedFiles(ws.cas), "dedup clusters")
-    if not paths:  # no canonical chunk: no parts
-        return {}
     columns = ["record_id", "object", "line", "is_representative"]
-    table = pa.concat_tables([pq.read_table(path, columns=columns) for path in paths])
+    table = clusters.table(VerifiedFiles(ws.cas), "dedup clusters", columns)
     chosen = table.filter(table.column("is_representative"))
     chosen = chosen.filter(pc.is_in(chosen.column("record_id"), value_set=train.combine_chunks()))
     out: dict[str, pa.Array] = {}

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import duckdb
 
+from corpus_assets.core.dedup.order import RECORD_ORDER as CLUSTERS_ORDER
 from corpus_assets.core.runtime.layer_index import LayerIndex
 from corpus_assets.core.runtime.parted_table import PartedTable
 from corpus_assets.core.storage import cas_queries
@@ -22,10 +23,10 @@ MEMORY_LIMIT = "128MB"  # DuckDB's own buffers; beyond it joins and sorts spill 
 # A sort of every member streamed out (the splits table, the verified pairs) on one thread
 # under this cap (``cas_queries.tightened``): the layer's peak was that sort.
 SORT_LIMIT = "64MB"
-# The dedup clusters table's record order. A table stored whole is in it; chunk parts are only
-# each in it (their concatenation is in chunk order), so a reader that needs record order asks
-# for it (the clusters position, ``file_row_number``, breaks the ties a forged table could hold).
-RECORD_ORDER = "record_id, object, line, file_row_number"
+# The dedup clusters table's record order (``dedup.clusters.RECORD_ORDER``, which chunk parts
+# keep only each on its own) in SQL; the clusters position, ``file_row_number``, breaks the ties
+# a forged table could hold.
+RECORD_ORDER = ", ".join([*CLUSTERS_ORDER, "file_row_number"])
 
 
 def connect(spill: Path | None = None, threads: int = 2) -> duckdb.DuckDBPyConnection:
