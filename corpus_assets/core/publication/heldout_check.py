@@ -30,12 +30,13 @@ from corpus_assets.core.governance import states
 from corpus_assets.core.ingest.freeze_spec import FreezeSpec
 from corpus_assets.core.publication import gate_memo
 from corpus_assets.core.publication.evidence import Evidence
+from corpus_assets.core.publication.heldout_parts import Side, changed_by_parts, unshared_parts
 from corpus_assets.core.publication.rules import SHOWN, RuleReport, ValidationRule
 from corpus_assets.core.runtime.layer_index import LayerIndex, load_index
 from corpus_assets.core.runtime.parted_table import PartedTable
-from corpus_assets.core.runtime.snapshot_manifest import ManifestError, read_manifest
+from corpus_assets.core.runtime.snapshot_manifest import Manifest, ManifestError, read_manifest
 from corpus_assets.core.runtime.workspace import Workspace
-from corpus_assets.core.storage.artifacts import get_json
+from corpus_assets.core.storage.artifacts import PARQUET, get_json
 from corpus_assets.core.storage.cas import CasError
 from corpus_assets.core.storage.cas_queries import ordered_parts
 from corpus_assets.core.storage.table_lookup import TrustedFiles
@@ -121,12 +122,31 @@ def changed_since_parent(ws: Workspace, ev: Evidence, records: str) -> pa.Array 
     try:
         members = manifest.members.paths(files, "parent members table")
         clusters = PartedTable.read(ws.cas, dedup.output("clusters"), "parent dedup clusters")
+        ev.con.execute(f"CREATE OR REPLACE VIEW ho_parent AS {ordered_parts(members)}")
+        sides = _sides(ws, ev, manifest, clusters)
+        if sides is not None:  # both in parts: only the parts they do not share are joined
+            ev.parts_checked[RULE] = unshared_parts(*sides)
+            return changed_by_parts(ev.con, files, *sides)
         table = clusters.relation(files, "parent dedup clusters")  # whole or parts, either
     except (CasError, ManifestError):
         return None
-    ev.con.execute(f"CREATE OR REPLACE VIEW ho_parent AS {ordered_parts(members)}")
     theirs = searched_records(table, "ho_parent")  # every object it names is in the table
     return changed_records(ev.con, records, theirs, f"SELECT object FROM {table}")
+
+
+def _sides(
+    ws: Workspace, ev: Evidence, manifest: Manifest, clusters: PartedTable
+) -> tuple[Side, Side] | None:
+    """The child's and the parent's clusters and members parts (``heldout_parts``), or None
+    when either table of either snapshot is stored whole."""
+    mine = PartedTable.read(ws.cas, ev.dedup.output("clusters"), "dedup clusters")
+    if mine.counts is None or clusters.counts is None or ev.member_parts is None:
+        return None
+    if manifest.members.media == PARQUET:
+        return None
+    theirs = manifest.members.parts(ws.cas).parts
+    child = Side(mine.parts, tuple(ev.member_parts), "members")
+    return child, Side(clusters.parts, tuple(theirs), "ho_parent")
 
 
 def changed_records(
@@ -138,7 +158,7 @@ def changed_records(
     return con.sql(CHANGED.format(child=child, parent=parent)).to_arrow_table()["record_id"]
 
 
-def _passed_parent(ws: Workspace, ev: Evidence) -> tuple[dict[str, Any], LayerIndex] | None:
+def _passed_parent(ws: Workspace, ev: Evidence) -> tuple[Manifest, LayerIndex] | None:
     """The parent's manifest and dedup index when its check passed this rule under this code
     and config, with this snapshot's transform image and near-dedup settings."""
     if not ev.freeze.parents:

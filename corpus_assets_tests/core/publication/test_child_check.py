@@ -14,7 +14,7 @@ from sqlalchemy import delete
 from corpus_assets.core.pipeline import build_all
 from corpus_assets.core.publication import ids_check, lineage_check, publish, rules
 from corpus_assets.core.publication.evidence import Evidence
-from corpus_assets.core.publication.heldout_check import changed_since_parent
+from corpus_assets.core.publication.heldout_check import changed_records, changed_since_parent
 from corpus_assets.core.publication.rules import RuleReport, canary_chunks
 from corpus_assets.core.publication.validation import validate_snapshot
 from corpus_assets.core.publication.verify import Report, load_manifest, resolve
@@ -162,6 +162,29 @@ def test_the_narrowed_heldout_search_finds_every_pair_touching_a_changed_record(
     assert any(
         p["split_a"] != p["split_b"] and moved in (p["record_a"], p["record_b"]) for p in leaks
     )
+
+
+@SQLITE
+def test_the_changed_records_from_the_unshared_parts_are_the_whole_tables_difference(
+    workspace: Workspace, demo_home: Path
+) -> None:
+    """The child's check reads only the parts it does not share with its parent: the same
+    record ids as the difference over every row of both snapshots (``changed_records``)."""
+    parent, child = _parent_and_child(workspace, demo_home)
+    theirs = load_manifest(workspace.cas, resolve(workspace.catalog, parent.snapshot_id))
+    dedup = load_index(workspace.cas, theirs.layers["dedup_clusters"], "dedup_clusters")
+    manifest = load_manifest(workspace.cas, resolve(workspace.catalog, child))
+    with Evidence.load(workspace.cas, workspace.catalog, manifest) as ev:
+        _, records, changed = _changed_search(workspace, ev)  # creates the view ho_parent
+        table = PartedTable.read(workspace.cas, dedup.output("clusters"), "parent clusters")
+        relation = table.relation(ev.files, "parent clusters")
+        whole = changed_records(
+            ev.con,
+            records,
+            searched_records(relation, "ho_parent"),
+            f"SELECT object FROM {relation}",
+        )
+    assert sorted(changed.to_pylist()) == sorted(whole.to_pylist())
 
 
 @SQLITE
