@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from corpus_assets.core.dedup.cluster_tasks import GatheredPart
 from corpus_assets.core.dedup.clusters import CLUSTER_COLUMNS
 from corpus_assets.core.dedup.edges import EdgeIds
 from corpus_assets.core.dedup.reuse import Reuse
@@ -35,8 +36,7 @@ def put_cluster_parts(
     tmp: Path,
 ) -> Ref:
     """Every chunk's part (the parent's when ``reuse`` keeps it, else cut from ``joined``: the
-    other chunks' rows in table order) and the parts document naming them; with no chunk at
-    all, one empty part named "" (a reader always has a file)."""
+    other chunks' rows in table order) and the parts document naming them."""
     rows = _Rows(joined)
     kept = reuse.parts if reuse is not None else {}
     parts = []
@@ -51,10 +51,38 @@ def put_cluster_parts(
         parts.append(
             ChunkPart(chunk=chunk.key, records=chunk.records["digest"], count=chunk.count, **ref)
         )
+    rows.done()
+    return parts_document(cas, code, parts, tmp)
+
+
+def gathered_parts(
+    cas: ContentStore,
+    code: str,
+    chunks: list[ChunkRecords],
+    gathered: list[GatheredPart],
+    tmp: Path,
+) -> Ref:
+    """The parts document naming the parts the runner's gather tasks put, a chunk each."""
+    parts = []
+    for chunk, part in zip(chunks, gathered, strict=True):
+        if part.count != chunk.count:
+            raise ValueError(
+                f"dedup clusters part of {chunk.what}: {part.count} rows, not {chunk.count}"
+            )
+        parts.append(
+            ChunkPart(
+                chunk=chunk.key, records=chunk.records["digest"], count=part.count, **part.ref
+            )
+        )
+    return parts_document(cas, code, parts, tmp)
+
+
+def parts_document(cas: ContentStore, code: str, parts: list[ChunkPart], tmp: Path) -> Ref:
+    """The parts document naming ``parts`` in chunk order; with no chunk at all, one empty part
+    named "" (a reader always has a file)."""
     if not parts:
         ref = put_table_batches(cas, CLUSTER_COLUMNS, [], tmp)
-        parts.append(ChunkPart(chunk="", records="", count=0, **ref))
-    rows.done()
+        parts = [ChunkPart(chunk="", records="", count=0, **ref)]
     count = sum(part.count for part in parts)
     document = ChunkParts(schema=CLUSTER_PARTS_SCHEMA, code=code, count=count, parts=parts)
     return put_json(cas, document.document())

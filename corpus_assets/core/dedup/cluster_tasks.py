@@ -8,14 +8,16 @@ come from two stages over a scratch folder under the data home (every worker see
 - **names** (one task per canonical chunk): the chunk's carried columns (record id, source,
   object, line, group id, dedup key), verified and read from its file, written as one
   uncompressed Arrow IPC batch, so any task can memory-map it and take rows by number;
-- **gather** (one task per output bucket of :func:`gather_rows` rows): the
-  decisions of the bucket's rows, already in table order (the driver wrote them by position),
-  joined by row number to the memory-mapped names: each row's own columns, its
-  representative's and direct match's record ids, its leakage group's id. Written as the
-  bucket's rows in CLUSTER_COLUMNS.
+- **gather** (one task per canonical chunk): the decisions of the chunk's rows, already in
+  table order (the driver wrote them by position, a chunk's rows are its positions), joined by
+  row number to the memory-mapped names: each row's own columns, its representative's and
+  direct match's record ids, its leakage group's id. The task puts the rows in the store as
+  the chunk's clusters part and returns its ref, with the record ids of the rows the edges
+  name (the edges table's input: O(edges) strings, not the rows).
 
-The driver then streams the buckets in order into the table's Parquet file. The rows are those
-of the DuckDB join, so the table's bytes are the same whichever path ran.
+The driver only names the parts in a parts document: no row of the table passes through it.
+The rows are those of the DuckDB join and a part's bytes depend on its rows alone, so the
+table's bytes are the same whichever path ran.
 """
 
 import os
@@ -38,11 +40,14 @@ from corpus_assets.core.dedup.clusters import (
     Decisions,
     write_decisions,
 )
+from corpus_assets.core.dedup.edges import EdgeIds
 from corpus_assets.core.records.index import ChunkRecords
 from corpus_assets.core.runtime.workspace import Workspace, pooled
+from corpus_assets.core.storage.artifacts import Ref
 from corpus_assets.core.storage.cas_queries import VerifiedFiles
+from corpus_assets.core.storage.parquet_sink import put_table_batches
 
-GATHER_ROWS = 1 << 16  # table rows per gather task (any count gives the same bytes)
+GATHER_ROWS = 1 << 16  # decisions rows per row group (any count gives the same bytes)
 _CARRIED_SCHEMA = pa.schema([CLUSTER_COLUMNS.field(name) for name in CARRIED])
 
 
@@ -57,50 +62,85 @@ class NamesJob:
 
 @dataclass(frozen=True)
 class GatherJob:
-    """One output bucket: row group ``bucket`` of the decisions, joined to the names."""
+    """One canonical chunk's rows of the decisions, joined to the names, put as its part."""
 
     scratch: str
-    bucket: int
-    starts: tuple[int, ...]  # each chunk's first row
+    chunk: int  # its number among the chunks
+    starts: tuple[int, ...]  # each chunk's first row (and table position)
+    count: int  # its rows
+    wanted: tuple[int, ...]  # the positions in it whose record ids the edges name, ascending
     reasons: tuple[str, ...]  # exclusion reason by code
+    group_rows: int  # the decisions' rows per row group
+
+
+@dataclass(frozen=True)
+class GatheredPart:
+    """What a gather task put: its part's ref and the record ids at the wanted positions."""
+
+    ref: Ref
+    count: int
+    ids: pa.Array
+    pid: int
 
 
 def decisions_by_position(decided: Decided, scratch: Path) -> Decisions:
-    """The decisions in table order, a row group per output bucket (what gather tasks read)."""
+    """The decisions in table order, in row groups of :func:`gather_rows` rows (what gather
+    tasks read: a chunk's rows are a range of positions)."""
     by_position = np.empty(decided.codes.n, dtype=np.int64)
     by_position[decided.position] = np.arange(decided.codes.n, dtype=np.int64)
     return write_decisions(decided, scratch, gather_rows(), only=by_position)
 
 
 def gather_rows() -> int:
-    """Rows per gather task (tests set fewer with ``CORPUS_GATHER_ROWS``)."""
+    """Decisions rows per row group (tests set fewer with ``CORPUS_GATHER_ROWS``)."""
     return int(os.environ.get("CORPUS_GATHER_ROWS") or GATHER_ROWS)
 
 
-def cluster_batches_on_runner(
+def cluster_parts_on_runner(
     ws: Workspace,
     chunks: list[ChunkRecords],
     decisions: Decisions,
+    edge_ids: EdgeIds,
     scratch: Path,
     work: Counter[str],
-) -> Iterator[pa.RecordBatch]:
-    """The clusters table in its order, joined by tasks on the runner (see the module);
-    ``decisions`` from :func:`decisions_by_position` in ``scratch``. ``work`` counts the
-    gather tasks and those that ran in another process (run figures, never hashed)."""
+) -> list[GatheredPart]:
+    """Every chunk's clusters part, joined and put by a task on the runner (see the module),
+    in chunk order, the ids the edges name handed to ``edge_ids``; ``decisions`` from
+    :func:`decisions_by_position` in ``scratch``. ``work`` counts the gather tasks and those
+    that ran in another process (run figures, never hashed)."""
     pooled(ws, chunk_names, [NamesJob(str(scratch), i, c) for i, c in enumerate(chunks)])
     starts = tuple(np.cumsum([0, *(c.count for c in chunks)])[:-1].tolist())
     reasons = tuple(decisions.reasons.to_pylist())
-    buckets = pq.ParquetFile(decisions.path).num_row_groups
-    jobs = [GatherJob(str(scratch), b, starts, reasons) for b in range(buckets)]
-    done = pooled(ws, gather_bucket, jobs)
-    work["clusters_gather_tasks"] += len(done)
-    work["clusters_gather_elsewhere"] += sum(pid != os.getpid() for _, pid in done)
+    meta = pq.ParquetFile(decisions.path).metadata
+    group_rows = max(meta.row_group(0).num_rows if meta.num_row_groups else 0, 1)
+    jobs = [
+        GatherJob(
+            str(scratch),
+            i,
+            starts,
+            chunk.count,
+            tuple(edge_ids.wanted_in(starts[i], chunk.count).tolist()),
+            reasons,
+            group_rows,
+        )
+        for i, chunk in enumerate(chunks)
+        if chunk.count  # a chunk without rows: its empty part is put here
+    ]
+    gathered = iter(pooled(ws, gather_part, jobs))
+    work["clusters_gather_tasks"] += len(jobs)
+    done = [next(gathered) if c.count else _empty_part(ws, scratch) for c in chunks]
+    work["clusters_gather_elsewhere"] += sum(p.pid != os.getpid() for p in done if p.count)
     for i in range(len(chunks)):
         _names_path(scratch, i).unlink()
-    for path, _ in done:
-        with pa.memory_map(path) as source:
-            yield from ipc.open_file(source).read_all().to_batches()
-        Path(path).unlink()
+    for part in done:
+        edge_ids.given(part.count, part.ids)
+    return done
+
+
+def _empty_part(ws: Workspace, scratch: Path) -> GatheredPart:
+    """A chunk without rows: an empty part (the bytes the joined path puts for it)."""
+    ref = put_table_batches(ws.cas, CLUSTER_COLUMNS, [], scratch)
+    return GatheredPart(ref, 0, pa.array([], pa.string()), os.getpid())
 
 
 def _names_path(scratch: Path, index: int) -> Path:
@@ -154,12 +194,39 @@ class _Names:
         return pc.if_else(valid, taken, pa.scalar(empty, pa.string()))
 
 
-def gather_bucket(ws: Workspace, job: GatherJob, spec: object, done: object) -> tuple[str, int]:
-    """One bucket's rows of the clusters table, in table order, into an Arrow file; its path
-    and the process that wrote it."""
+def gather_part(ws: Workspace, job: GatherJob, spec: object, done: object) -> GatheredPart:
+    """One chunk's rows of the clusters table, in table order, put in the store as its part
+    a decisions row group at a time (a task holds one slice and one row group, whatever the
+    chunk's size); its ref, the record ids at the wanted positions and the process."""
     scratch = Path(job.scratch)
-    decided = pq.ParquetFile(scratch / "decisions.parquet").read_row_group(job.bucket)
     names = _Names(scratch, job.starts)
+    ids: list[pa.Array] = []
+    slices = _joined_slices(scratch / "decisions.parquet", job, names, ids)
+    ref = put_table_batches(ws.cas, CLUSTER_COLUMNS, slices, scratch)
+    taken = pa.concat_arrays(ids) if ids else pa.array([], pa.string())
+    return GatheredPart(ref, job.count, taken, os.getpid())
+
+
+def _joined_slices(
+    path: Path, job: GatherJob, names: _Names, ids: list[pa.Array]
+) -> Iterator[pa.RecordBatch]:
+    """The chunk's rows, joined, one decisions row group's slice at a time; the record ids at
+    the wanted positions of each slice appended to ``ids``."""
+    lo, hi = job.starts[job.chunk], job.starts[job.chunk] + job.count
+    wanted = np.asarray(job.wanted, dtype=np.int64)
+    decisions = pq.ParquetFile(path)
+    for group in range(lo // job.group_rows, -(-hi // job.group_rows)):
+        first = group * job.group_rows
+        table = decisions.read_row_group(group)
+        start, end = max(lo, first), min(hi, first + table.num_rows)
+        joined = _joined(table.slice(start - first, end - start), names, job.reasons)
+        at = wanted[(wanted >= start) & (wanted < end)] - start
+        ids.append(joined.column("record_id").take(pa.array(at)).combine_chunks())
+        yield from joined.to_batches()
+
+
+def _joined(decided: pa.Table, names: _Names, reasons: tuple[str, ...]) -> pa.Table:
+    """Decided rows joined by row number to the names: the clusters table's columns."""
     rows = decided.column("row").to_numpy()
     verdict = decided.column("verdict").combine_chunks()
     columns = {name: names.take(rows, name) for name in CARRIED}
@@ -170,13 +237,9 @@ def gather_bucket(ws: Workspace, job: GatherJob, spec: object, done: object) -> 
         "match_id": names.take_nullable(_one(decided, "match"), "record_id", ""),
         "match_jaccard": _one(decided, "jaccard"),
         "leakage_id": names.take(decided.column("leak").to_numpy(), "group_id"),
-        "excluded": pa.array(job.reasons, pa.string()).take(_one(decided, "reason")),
+        "excluded": pa.array(reasons, pa.string()).take(_one(decided, "reason")),
     }
-    table = pa.table(columns).cast(CLUSTER_COLUMNS)
-    path = scratch / f"clusters-{job.bucket:08d}.arrow"
-    with ipc.new_file(str(path), CLUSTER_COLUMNS) as out:
-        out.write_table(table)
-    return str(path), os.getpid()
+    return pa.table(columns).cast(CLUSTER_COLUMNS)
 
 
 def _one(table: pa.Table, column: str) -> pa.Array:

@@ -18,8 +18,8 @@ import pyarrow as pa
 from corpus_assets.core.dedup.band_index import Banding
 from corpus_assets.core.dedup.band_runner import BandInputs, BandRunner, distributed
 from corpus_assets.core.dedup.carried_codes import Carried, carried_codes
-from corpus_assets.core.dedup.cluster_parts import put_cluster_parts
-from corpus_assets.core.dedup.cluster_tasks import cluster_batches_on_runner, decisions_by_position
+from corpus_assets.core.dedup.cluster_parts import gathered_parts, put_cluster_parts
+from corpus_assets.core.dedup.cluster_tasks import cluster_parts_on_runner, decisions_by_position
 from corpus_assets.core.dedup.clusters import (
     EXACT,
     EXCLUDED,
@@ -142,15 +142,15 @@ def _put_clusters(
     edge_ids: EdgeIds,
     tmp: Path,
 ) -> tuple[Ref, dict[str, int]]:
-    """The clusters parts from the joined rows (``unsorted``; None: joined by tasks on the
-    runner, where the stages run), the parent's parts kept when reused, the edges' record ids
-    taken as they pass; and the join tasks' work figures."""
+    """The clusters parts from the joined rows (``unsorted``; None: joined and put by tasks
+    on the runner, where the stages run), the parent's parts kept when reused, the edges'
+    record ids taken as they pass; and the join tasks' work figures."""
     work = Counter[str]()
-    if unsorted is None:
-        batches = cluster_batches_on_runner(ws, chunks, decisions, tmp, work)
-    else:
-        batches = cluster_batches(unsorted)
+    if unsorted is None:  # a full join (no part kept), each chunk's part put by its task
+        gathered = cluster_parts_on_runner(ws, chunks, decisions, edge_ids, tmp, work)
+        return gathered_parts(ws.cas, CODE, chunks, gathered, _tmp(ws)), dict(work)
     kept = reuse if isinstance(reuse, Reuse) else None
+    batches = cluster_batches(unsorted)
     ref = put_cluster_parts(ws.cas, CODE, chunks, batches, kept, edge_ids, _tmp(ws))
     return ref, dict(work)
 

@@ -128,6 +128,21 @@ class EdgeIds:
         if self.seen != start + rows:
             raise ValueError(f"dedup clusters part: {self.seen - start} rows, it says {rows}")
 
+    def wanted_in(self, start: int, rows: int) -> np.ndarray:
+        """The wanted positions among table rows ``[start, start + rows)``, ascending."""
+        lo, hi = np.searchsorted(self.wanted, [start, start + rows])
+        return self.wanted[lo:hi]
+
+    def given(self, rows: int, ids: pa.Array) -> None:
+        """The next ``rows`` table rows were written elsewhere (a task on the runner), which
+        read ``ids``: the record ids at their wanted positions (``wanted_in``), in order."""
+        expected = len(self.wanted_in(self.seen, rows))
+        if len(ids) != expected:
+            raise ValueError(f"edge ids: {len(ids)} of {expected} wanted rows given")
+        if len(ids):
+            self.parts.append(ids)
+        self.seen += rows
+
     def table(self) -> pa.Table:
         """The edges by record id, sorted (as :func:`edge_table`), once the table passed.
         Sorted on ranks, not strings: an edge's rows are never excluded and the ids of rows

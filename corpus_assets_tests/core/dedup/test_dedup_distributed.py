@@ -20,6 +20,7 @@ import pytest
 from corpus_assets.core.pipeline import BUILDERS, build_all
 from corpus_assets.core.publication.publish import activate, approve
 from corpus_assets.core.runtime.layer_index import LayerResult, read_layer_index
+from corpus_assets.core.runtime.parted_table import PartedTable
 from corpus_assets.core.runtime.pool import shared_pool
 from corpus_assets.core.runtime.workspace import Workspace, open_workspace
 
@@ -75,6 +76,8 @@ def _home(
     if not (home / "demo-sources").exists():
         shutil.copytree(demo_home / "demo-sources", home / "demo-sources")
         _add_near_duplicates(home, 33, "near")
+        # an object without a record: a chunk of no rows, whose part the runner's path puts too
+        (home / "demo-sources" / "essays" / "blank.jsonl").write_text("\n")
     config = (demo_home / "corpus.yaml").read_text().replace("policies:\n", "policies:\n" + _POLICY)
     essays = "path: demo-sources/essays\n"  # grouped: group ids differ from record ids
     config = config.replace(essays, essays + "    group_field: topic\n")
@@ -126,6 +129,10 @@ def test_workers_and_partitions_publish_the_same_dedup_bytes(
 ) -> None:
     one, here = _build(demo_home, tmp_path / "w1", 1, None, monkeypatch)
     assert "band_reduce_tasks" not in here.run_stats  # one worker: the in-process path
+    ws = open_workspace(tmp_path / "w1" / "corpus.yaml")
+    counts = PartedTable.read(ws.cas, one["outputs"]["clusters"], "clusters").counts  # type: ignore[index]
+    ws.close()
+    assert counts is not None and 0 in counts and sum(counts) > 0  # the blank object's part
     assert here.counts["near_duplicates"] >= 12
     classes = here.details["classes"]
     assert {c for c, v in classes.items() if v["near_duplicates"]} >= {
