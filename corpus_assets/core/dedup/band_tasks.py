@@ -6,8 +6,10 @@ every row (``ranks.npy``, -1 outside the class) and its rows in total order (``o
 
 - **map** (one task per group of signature chunks): every band's key of the group's class
   rows (:func:`.near_dedup.band_keys`, unchanged), written as ``(band, key, rank)`` rows
-  grouped by partition (``key % partitions``) into one file with the partition offsets. It
-  holds one group's keys.
+  grouped by partition into one file with the partition offsets. It holds one group's keys.
+  A partition is a range of keys (:func:`key_partition`: the keys' top bits, which their
+  fold mixes evenly), so the partitions' sorted rows of a band, one after another, are that
+  band's rows in key order: the band index is their concatenation, no merge.
 - **reduce** (one task per partition): the partition's rows from every map file, sorted by
   (band, key, rank); a bucket is one (band, key), so it lies in one partition whole and
   :func:`.near_dedup.star_pairs` gives exactly its pairs and figures. Its unique pairs are
@@ -125,9 +127,15 @@ def band_map(ws: Workspace, job: MapJob, _spec: Any = None, _done: Any = None) -
             parts.append(rows)
     rows = np.concatenate(parts) if parts else np.empty(0, dtype=ROW)
     del parts
-    partition = (rows["key"] % np.uint64(job.partitions)).astype(np.int64)
+    partition = key_partition(rows["key"], job.partitions)
     _write_split(map_path(job.scratch, job.index), rows, partition, job.partitions)
     return len(rows)
+
+
+def key_partition(keys: np.ndarray, partitions: int) -> np.ndarray:
+    """Each key's partition of ``partitions`` equal ranges of the 64-bit keys (by their top 32
+    bits): partition numbers rise with the keys."""
+    return (((keys >> np.uint64(32)) * np.uint64(partitions)) >> np.uint64(32)).astype(np.int64)
 
 
 def _write_split(path: Path, values: np.ndarray, partition: np.ndarray, count: int) -> None:

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from corpus_assets.core.dedup.band_index import Banding
+from corpus_assets.core.dedup.band_tasks import key_partition
 from corpus_assets.core.dedup.near_dedup import LshParams, RowMajor, candidate_pairs
 
 PARAMS = LshParams(bands=6, rows=2, threshold=0.8, bucket_heads=3)
@@ -131,3 +132,19 @@ def test_survivors_out_of_order_fall_back_to_a_full_sort(tmp_path: Path) -> None
     np.testing.assert_array_equal(got[1], want[1])
     assert got[2] == want[2]
     assert child.work["band_keys_computed"] == 200 * PARAMS.bands  # every band sorted again
+
+
+def test_key_partitions_are_ranges_of_keys_in_order() -> None:
+    """The map tasks' partitions are key ranges: a band's partitions, sorted one by one and
+    put one after another, are sorted (the band index is their concatenation), and random
+    keys spread over every partition."""
+    rng = np.random.default_rng(7)
+    keys = rng.integers(0, np.iinfo(np.uint64).max, 20_000, dtype=np.uint64, endpoint=True)
+    keys = np.concatenate([keys, np.array([0, np.iinfo(np.uint64).max], dtype=np.uint64)])
+    for partitions in (1, 3, 5, 64):
+        parts = key_partition(keys, partitions)
+        assert parts.min() == 0 and parts.max() == partitions - 1
+        joined = np.concatenate([np.sort(keys[parts == p]) for p in range(partitions)])
+        assert np.array_equal(joined, np.sort(keys)), partitions
+        counts = np.bincount(parts, minlength=partitions)
+        assert counts.min() > 0.8 * len(keys) / partitions, counts

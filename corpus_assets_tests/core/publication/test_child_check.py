@@ -263,7 +263,12 @@ def test_a_child_checks_the_lineage_of_the_members_parts_it_does_not_share_only(
     assert parent.parts_checked == {"lineage_complete": len(theirs)}
     report = validate_snapshot(workspace, child, trust_unchanged=True)
     assert report.ok, report.findings
-    assert report.parts_checked == {"record_ids_unique": len(new), "lineage_complete": len(new)}
+    # the held-out rule joins the new chunk's clusters part and its members part
+    assert report.parts_checked == {
+        "record_ids_unique": len(new),
+        "lineage_complete": len(new),
+        "heldout_near_apart": 2 * len(new),
+    }
 
 
 @SQLITE
