@@ -7,14 +7,16 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from corpus_assets.cli.common import CliError, note, opened
 from corpus_assets.cli.instance import dagster_instance, run_config
 from corpus_assets.cli.interrupt import off_main_thread
-from corpus_assets.core.governance import alias_gate
+from corpus_assets.core.governance import alias_gate, states
 from corpus_assets.core.ingest.sources import check_source_folders
-from corpus_assets.core.publication.verify import resolve, verify
+from corpus_assets.core.publication.verify import load_manifest, reachable, resolve, verify
 from corpus_assets.core.runtime.build_lock import partition_build_lock
 from corpus_assets.core.runtime.keys import check_new_partition_key, new_partition_key
 from corpus_assets.core.runtime.layer_index import LAYERS, load_index
 from corpus_assets.core.runtime.pool import shared_pool
-from corpus_assets.core.runtime.workspace import check_writable_home
+from corpus_assets.core.runtime.workspace import Workspace, check_writable_home
+from corpus_assets.core.storage.artifacts import JSON, make_ref
+from corpus_assets.core.storage.cas import CasError
 from corpus_assets.core.storage.memory import freeze_startup_heap
 from corpus_assets.core.storage.trust import StatTrust
 
@@ -63,7 +65,6 @@ def build(partition: str | None) -> dict[str, Any]:
         shared_pool(),
     ):
         _report_dead_runs(instance, key)
-        before = set(ws.cas.iter_digests())
         instance.add_dynamic_partitions("snapshots", [key])
         freeze_startup_heap()  # the layers' collections then walk only what the run makes
         started = time.perf_counter()
@@ -76,7 +77,7 @@ def build(partition: str | None) -> dict[str, Any]:
         )
     if not result.success:
         _refuse_failed_build(result, key)
-    return _built(key, before, round(time.perf_counter() - started, 2))
+    return _built(key, round(time.perf_counter() - started, 2))
 
 
 def _refuse_failed_build(result: "ExecuteInProcessResult", key: str) -> NoReturn:
@@ -92,7 +93,7 @@ def _refuse_failed_build(result: "ExecuteInProcessResult", key: str) -> NoReturn
     raise CliError(f"build of partition {key} failed: {failure(result)}")
 
 
-def _built(key: str, before: set[str], seconds: float) -> dict[str, Any]:
+def _built(key: str, seconds: float) -> dict[str, Any]:
     """What ``build`` prints for the partition just built: its snapshot, layers and reuse."""
     with opened(config=True) as ws:
         manifest_digest = ws.catalog.layer_output(key, "manifest")
@@ -102,6 +103,8 @@ def _built(key: str, before: set[str], seconds: float) -> dict[str, Any]:
         report = verify(
             ws.cas, ws.catalog, snapshot.snapshot_id, trust=StatTrust(ws.cas, ws.catalog)
         )
+        parents = load_manifest(ws.cas, snapshot).parents
+        parent_objects = _named_by(ws, parents[0]) if parents else set()
         layers = {layer: ws.catalog.layer_output(key, layer) for layer in LAYERS}
         dedup = load_index(ws.cas, layers["dedup_clusters"], "dedup_clusters")
         records = load_index(ws.cas, layers["canonical_records"], "canonical_records")
@@ -114,8 +117,20 @@ def _built(key: str, before: set[str], seconds: float) -> dict[str, Any]:
         "layers": layers,
         "seconds": seconds,
         "casObjects": len(report.digests),
-        "casReused": len(report.digests & before),
+        "casReused": len(report.digests & parent_objects),
     }
+
+
+def _named_by(ws: Workspace, snapshot_id: str) -> set[str]:
+    """Every CAS object the snapshot ``snapshot_id`` names (its documents walked, no table
+    read): what a child reused is what it shares with its parent. Not a listing of the store,
+    which grows with every build the home ever kept (on S3, a request per 1,000 objects)."""
+    try:
+        manifest = states.get(ws.catalog, snapshot_id).manifest_digest
+        named, _ = reachable(ws.cas, [make_ref(manifest, JSON, ws.cas.size(manifest))])
+    except (states.StateError, CasError):  # a parent gone from the catalog or the store
+        return set()
+    return named
 
 
 def activate_via_job(digest: str) -> alias_gate.AliasGate:

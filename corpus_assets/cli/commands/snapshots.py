@@ -38,7 +38,7 @@ def _print_build(built: dict[str, Any]) -> None:
     _print_contamination(built["contamination"])
     print(
         f"CAS objects in this snapshot: {built['casObjects']}, "
-        f"already present before this build (reused): {built['casReused']}"
+        f"also named by its parent snapshot (reused): {built['casReused']}"
     )
     print(f"snapshotId {built['snapshotId']} state {built['state']}")
 
