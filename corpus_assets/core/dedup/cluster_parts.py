@@ -47,9 +47,8 @@ def put_cluster_parts(
             parts.append(ChunkPart(**{**part.document(), "chunk": chunk.key}))
             continue
         batches = edge_ids.tap(rows.take(chunk.count))
-        ref = put_table_batches(cas, CLUSTER_COLUMNS, batches, tmp)
         parts.append(
-            ChunkPart(chunk=chunk.key, records=chunk.records["digest"], count=chunk.count, **ref)
+            _part(chunk, chunk.count, put_table_batches(cas, CLUSTER_COLUMNS, batches, tmp))
         )
     rows.done()
     return parts_document(cas, code, parts, tmp)
@@ -69,12 +68,14 @@ def gathered_parts(
             raise ValueError(
                 f"dedup clusters part of {chunk.what}: {part.count} rows, not {chunk.count}"
             )
-        parts.append(
-            ChunkPart(
-                chunk=chunk.key, records=chunk.records["digest"], count=part.count, **part.ref
-            )
-        )
+        parts.append(_part(chunk, part.count, part.ref))
     return parts_document(cas, code, parts, tmp)
+
+
+def _part(chunk: ChunkRecords, count: int, ref: Ref) -> ChunkPart:
+    """The parts document's entry for a part written in this run: its chunk, the records its
+    rows were read from, its rows and its file."""
+    return ChunkPart(chunk=chunk.key, records=chunk.records["digest"], count=count, **ref)
 
 
 def parts_document(cas: ContentStore, code: str, parts: list[ChunkPart], tmp: Path) -> Ref:

@@ -200,18 +200,19 @@ def gather_part(ws: Workspace, job: GatherJob, spec: object, done: object) -> Ga
     chunk's size); its ref, the record ids at the wanted positions and the process."""
     scratch = Path(job.scratch)
     names = _Names(scratch, job.starts)
-    ids: list[pa.Array] = []
-    slices = _joined_slices(scratch / "decisions.parquet", job, names, ids)
+    taken: list[tuple[int, pa.Array]] = []
+    slices = _joined_slices(scratch / "decisions.parquet", job, names, taken)
     ref = put_table_batches(ws.cas, CLUSTER_COLUMNS, slices, scratch)
-    taken = pa.concat_arrays(ids) if ids else pa.array([], pa.string())
-    return GatheredPart(ref, job.count, taken, os.getpid())
+    ids = pa.concat_arrays([i for _, i in taken]) if taken else pa.array([], pa.string())
+    return GatheredPart(ref, sum(rows for rows, _ in taken), ids, os.getpid())
 
 
 def _joined_slices(
-    path: Path, job: GatherJob, names: _Names, ids: list[pa.Array]
+    path: Path, job: GatherJob, names: _Names, taken: list[tuple[int, pa.Array]]
 ) -> Iterator[pa.RecordBatch]:
-    """The chunk's rows, joined, one decisions row group's slice at a time; the record ids at
-    the wanted positions of each slice appended to ``ids``."""
+    """The chunk's rows, joined, one decisions row group's slice at a time; each slice's rows
+    and the record ids at its wanted positions appended to ``taken`` (the rows really put,
+    which the driver checks against the chunk's count)."""
     lo, hi = job.starts[job.chunk], job.starts[job.chunk] + job.count
     wanted = np.asarray(job.wanted, dtype=np.int64)
     decisions = pq.ParquetFile(path)
@@ -221,7 +222,9 @@ def _joined_slices(
         start, end = max(lo, first), min(hi, first + table.num_rows)
         joined = _joined(table.slice(start - first, end - start), names, job.reasons)
         at = wanted[(wanted >= start) & (wanted < end)] - start
-        ids.append(joined.column("record_id").take(pa.array(at)).combine_chunks())
+        taken.append(
+            (joined.num_rows, joined.column("record_id").take(pa.array(at)).combine_chunks())
+        )
         yield from joined.to_batches()
 
 
