@@ -37,6 +37,7 @@ from corpus_assets.core.records.contamination import (
 )
 from corpus_assets.core.records.index import (
     EXCLUSION_COLUMNS,
+    RECORD_COLUMNS,
     CanonicalIndex,
     ChunkAccount,
     ChunkDescriptor,
@@ -99,7 +100,7 @@ def _rows(
 
 @dataclass
 class ObjectTables:
-    """What canonicalising (a prefix of) one raw object gave, before anything is written."""
+    """What canonicalising a prefix of one raw object gave, held whole (the canary's)."""
 
     records: pa.Table
     excluded: pa.Table
@@ -111,9 +112,19 @@ def canonical_tables(
     ws: Workspace, source: Source, item: dict[str, Any], stages: Stages, lines: int | None = None
 ) -> ObjectTables:
     """Canonicalise the object's rows (only the first ``lines`` when given: the canary)."""
+    kept = KeptRecords(item["object"]["digest"], stages)
+    excluded, rows_in = _canonicalize_rows(ws, source, item, kept, lines)
+    records = kept.table()
+    return ObjectTables(records, _exclusions(excluded, kept), kept, rows_in)
+
+
+def _canonicalize_rows(
+    ws: Workspace, source: Source, item: dict[str, Any], kept: KeptRecords, lines: int | None
+) -> tuple[dict[str, list[Any]], int]:
+    """Every row (the first ``lines``) into ``kept`` or an exclusion; the exclusions so far
+    (the kept records' contamination apart) and how many rows were read."""
     digest = item["object"]["digest"]
     excluded: dict[str, list[Any]] = {f.name: [] for f in EXCLUSION_COLUMNS}
-    kept = KeptRecords(digest, stages)
     rows_in = 0
     what = f"raw object {source.id}/{item['name']} ({digest})"
     with closing(_rows(ws, item, what)) as rows:  # closed at once when the canary stops early
@@ -124,7 +135,7 @@ def canonical_tables(
             try:
                 if isinstance(obj, Excluded):
                     raise obj
-                record = canonical_record(source, item["name"], number, obj, stages)
+                record = canonical_record(source, item["name"], number, obj, kept.stages)
             except Excluded as why:
                 kept.reasons[why.reason] += 1
                 exclude(excluded, digest, number, why)
@@ -134,30 +145,40 @@ def canonical_tables(
                 source_id=source.id, object=digest, line=number, byte_offset=offset, cdc_lsn=lsn
             )
             kept.add(record)
-    records = kept.table()
+    return excluded, rows_in
+
+
+def _exclusions(excluded: dict[str, list[Any]], kept: KeptRecords) -> pa.Table:
+    """The exclusions table: the rows' own, then the contaminated records' (once every kept
+    batch was screened)."""
     for key, values in kept.contaminated.items():
         excluded[key] += values
-    table = pa.Table.from_pydict(excluded, schema=EXCLUSION_COLUMNS)
-    return ObjectTables(records, table, kept, rows_in)
+    return pa.Table.from_pydict(excluded, schema=EXCLUSION_COLUMNS)
 
 
 def _canonicalize_object(
     ws: Workspace, source: Source, item: dict[str, Any], stages: Stages
 ) -> str:
-    made = canonical_tables(ws, source, item, stages)
-    kept, reasons = made.kept, made.kept.reasons
+    """The object's records Parquet written a row group at a time as they fill (never the
+    whole object's records at once), its exclusions and account; the descriptor's digest."""
+    writer = TableWriter(ws.cas, RECORD_COLUMNS)  # each group one call: put_table's bytes
+    try:
+        kept = KeptRecords(item["object"]["digest"], stages, sink=writer.write_table)
+        excluded, rows_in = _canonicalize_rows(ws, source, item, kept, None)
+        kept.finish()
+        records_ref = writer.close()
+    except BaseException:
+        writer.abort()  # no partial file left under the store's tmp
+        raise
+    reasons = kept.reasons
     quarantined = {r: n for r, n in sorted(reasons.items()) if r.startswith(QUARANTINE_PREFIXES)}
     rejected = {r: n for r, n in sorted(reasons.items()) if r not in quarantined}
-    writer = TableWriter(ws.cas, made.records.schema)  # through a file: put_table's bytes
-    writer.write_table(made.records)
-    records_ref = writer.close()
-    made.records = made.records.slice(0, 0)  # the object's texts go now, not at return
     descriptor = ChunkDescriptor(
         records=records_ref,
         count=kept.rows,
-        excluded=put_table(ws.cas, made.excluded),
+        excluded=put_table(ws.cas, _exclusions(excluded, kept)),
         account=ChunkAccount(
-            rows_in=made.rows_in,
+            rows_in=rows_in,
             kept=kept.rows,
             quarantined=quarantined,
             rejected=rejected,

@@ -1,15 +1,22 @@
-"""The kept records of one raw object, held columnar while the object is canonicalised.
+"""The kept records of one raw object, held columnar a Parquet row group at a time.
 
 A whole object's rows as Python dicts cost ~1 GB for a 64 MiB JSONL object, so rows wait as
 Python objects only a bounded batch at a time (``BATCH_ROWS`` rows or ``BATCH_CHARS`` characters
 of text), then become Arrow arrays; the two large columns (``text`` and its ``payload`` JSON) go
 straight into one UTF-8 buffer each, so they are never held twice (no chunks to concatenate).
-The table handed to the writer is one contiguous array per column, what ``from_pydict`` of every
-row gave, so the records Parquet keeps its bytes.
+With a sink, each row group of the records Parquet goes to it as soon as it is full, so an object
+is never held whole, whatever its size: a group is full at ``ROW_GROUP_ROWS`` kept rows or at the
+row whose ``text`` and ``payload`` bring the group's UTF-8 bytes to ``GROUP_BYTES``, a rule on rows
+alone, so the batch bounds move no group boundary (no byte). Holding the whole object had cost
+~290 MB for a 64 MB object of 206k short records, and grew with the object (a 1 GB object of long
+documents was held whole). Each group is one contiguous array per column, written in one call.
 """
 
+import sys
 from array import array
+from bisect import bisect_left
 from collections import Counter
+from collections.abc import Callable
 from itertools import accumulate, islice
 from typing import Any
 
@@ -17,11 +24,13 @@ import pyarrow as pa
 
 from corpus_assets.core.records.canonicalize import Excluded, Stages, contaminated, finish_records
 from corpus_assets.core.records.index import EXCLUSION_COLUMNS, RECORD_COLUMNS
+from corpus_assets.core.storage.parquet_sink import ROW_GROUP_ROWS
 
 # A batch of kept rows waits as Python objects until either bound: rows, or characters of text
 # (the payload JSON holds about as many again), so a few long documents are no bigger a batch.
 BATCH_ROWS = 4096
 BATCH_CHARS = 1 << 20
+GROUP_BYTES = 32 << 20  # UTF-8 bytes of text and payload in one row group (with a sink)
 LARGE = {"payload": "payload", "text": "text_utf8"}  # column -> record key of its UTF-8 bytes
 _SMALL = pa.schema([f for f in RECORD_COLUMNS if f.name not in LARGE])
 _MAX_OFFSET = (1 << 31) - 1  # a ``string`` array's int32 offsets
@@ -66,14 +75,21 @@ class KeptRecords:
     """Kept records of one object (module docstring), screened for benchmark contamination a
     batch at a time: ``match_many`` judges each text alone, so the batch changes no verdict.
     Contamination exclusions are kept apart and written after every other exclusion, the order
-    the whole-object screen had."""
+    the whole-object screen had. ``sink``: takes each full row group (then :meth:`finish` the
+    last); without one, the rows are held for :meth:`table`."""
 
-    def __init__(self, digest: str, stages: Stages) -> None:
+    def __init__(
+        self, digest: str, stages: Stages, sink: Callable[[pa.Table], None] | None = None
+    ) -> None:
         self.digest, self.stages = digest, stages
+        self.sink = sink
+        self.group_rows = ROW_GROUP_ROWS if sink is not None else sys.maxsize
+        self.group_bytes = GROUP_BYTES if sink is not None else sys.maxsize
         self.pending: list[dict[str, Any]] = []
         self.pending_chars = 0
         self.arrays: dict[str, list[pa.Array]] = {name: [] for name in _SMALL.names}
         self.large = {name: Utf8Column(name) for name in LARGE}
+        self.held = 0  # rows of the group being filled
         self.contaminated: dict[str, list[Any]] = {f.name: [] for f in EXCLUSION_COLUMNS}
         self.reasons: Counter[str] = Counter()
         self.flagged: Counter[str] = Counter()  # records excluded per benchmark item id
@@ -95,6 +111,28 @@ class KeptRecords:
         if hits:
             pending = [record for n, record in enumerate(pending) if n not in hits]
         finish_records(pending)
+        while pending:  # a batch may fill the group and start the next
+            room = self._room(pending)
+            self._append(pending[:room])
+            pending = pending[room:]
+            if self._full() and self.sink is not None:
+                self.sink(self._group())
+
+    def _held_bytes(self) -> int:
+        return sum(len(column.data) for column in self.large.values())
+
+    def _full(self) -> bool:
+        return self.held == self.group_rows or self._held_bytes() >= self.group_bytes
+
+    def _room(self, pending: list[dict[str, Any]]) -> int:
+        """How many of ``pending`` the group takes: up to its row bound, and up to the row
+        that brings its bytes to the byte bound (that row included)."""
+        rows = pending[: self.group_rows - self.held]
+        sizes = accumulate(len(r["text_utf8"]) + len(r["payload"]) for r in rows)
+        return min(len(rows), bisect_left(list(sizes), self.group_bytes - self._held_bytes()) + 1)
+
+    def _append(self, pending: list[dict[str, Any]]) -> None:
+        """Rows onto the group being filled, as Arrow arrays."""
         # a comprehension per column: ~3x faster than appending row by row to every column
         columns = {name: [record[name] for record in pending] for name in self.arrays}
         self.chars += sum(len(text) for text in (record["text"] for record in pending))
@@ -104,18 +142,30 @@ class KeptRecords:
             record["text"] = record["text_utf8"] = record["payload"] = None
         batch = pa.RecordBatch.from_pydict(columns, schema=_SMALL)
         self.rows += batch.num_rows
+        self.held += batch.num_rows
         for name, values in zip(_SMALL.names, batch.columns, strict=True):
             self.arrays[name].append(values)
 
-    def table(self) -> pa.Table:
-        """Every kept record, one contiguous array per column."""
-        self.flush()
+    def _group(self) -> pa.Table:
+        """The group being filled, one contiguous array per column; the group is empty after."""
         columns = []
         for field in RECORD_COLUMNS:
             if field.name in self.large:
                 columns.append(self.large[field.name].finish())
                 continue
-            chunks = self.arrays.pop(field.name)
+            chunks, self.arrays[field.name] = self.arrays[field.name], []
             columns.append(chunks[0] if len(chunks) == 1 else pa.concat_arrays(chunks))
             del chunks
+        self.held = 0
         return pa.Table.from_arrays(columns, schema=RECORD_COLUMNS)
+
+    def finish(self) -> None:
+        """The last rows to the sink (nothing when every group was full or no row was kept)."""
+        self.flush()
+        if self.held and self.sink is not None:
+            self.sink(self._group())
+
+    def table(self) -> pa.Table:
+        """Every kept record, one contiguous array per column (without a sink)."""
+        self.flush()
+        return self._group()

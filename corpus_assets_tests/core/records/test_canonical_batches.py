@@ -70,3 +70,35 @@ def test_batch_bounds_change_no_byte(
     monkeypatch.setattr(kept, "BATCH_CHARS", chars)
     use_demo_copy(demo_home, tmp_path / "batched", 1, monkeypatch)
     assert _build(tmp_path / "batched") == (whole, reasons)
+
+
+def _essays_groups(home: Path) -> list[int]:
+    """Rows per row group of the essays object's records file."""
+    with open_workspace() as ws:
+        chunks = json.loads(ws.cas.get_bytes(ws.catalog.layer_output("p1", "canonical_records")))
+        for chunk in chunks["outputs"]["chunks"]:
+            if "essays-00001" in chunk["chunk"]:
+                descriptor = json.loads(ws.cas.get_bytes(chunk["output"]["digest"]))
+                meta = pq.ParquetFile(ws.cas.path(descriptor["records"]["digest"])).metadata
+                return [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
+    raise AssertionError("no essays chunk")
+
+
+@pytest.mark.parametrize(("rows", "chars"), [(1, 1 << 20), (3, 1)])
+def test_records_leave_by_row_groups_whatever_the_batches(
+    demo_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, rows: int, chars: int
+) -> None:
+    """Small group bounds cut the essays' records file into several row groups, a group
+    written as it fills; the batch bounds move none of them (the same chunk bytes)."""
+    _leaky_essays(demo_home)
+    monkeypatch.setattr(kept, "ROW_GROUP_ROWS", 6)
+    monkeypatch.setattr(kept, "GROUP_BYTES", 1500)
+    use_demo_copy(demo_home, tmp_path / "whole", 1, monkeypatch)
+    whole = _build(tmp_path / "whole")
+    groups = _essays_groups(tmp_path / "whole")
+    assert len(groups) > 1 and any(n < 6 for n in groups[:-1])  # by rows and by bytes
+    monkeypatch.setattr(kept, "BATCH_ROWS", rows)
+    monkeypatch.setattr(kept, "BATCH_CHARS", chars)
+    use_demo_copy(demo_home, tmp_path / "batched", 1, monkeypatch)
+    assert _build(tmp_path / "batched") == whole
+    assert _essays_groups(tmp_path / "batched") == groups
