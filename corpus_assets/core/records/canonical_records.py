@@ -45,7 +45,7 @@ from corpus_assets.core.records.index import (
     DeadLetter,
     record_schema_digest,
 )
-from corpus_assets.core.records.kept import KeptRecords, exclude
+from corpus_assets.core.records.kept import ExclusionRows, KeptRecords
 from corpus_assets.core.records.quality import policy_payload as quality_payload
 from corpus_assets.core.runtime.code_identity import stage_code
 from corpus_assets.core.runtime.config import Source
@@ -60,7 +60,6 @@ from corpus_assets.core.storage.artifacts import (
     JSON,
     make_ref,
     put_json,
-    put_table,
 )
 from corpus_assets.core.storage.digests import json_digest
 from corpus_assets.core.storage.parquet_sink import TableWriter
@@ -113,18 +112,23 @@ def canonical_tables(
 ) -> ObjectTables:
     """Canonicalise the object's rows (only the first ``lines`` when given: the canary)."""
     kept = KeptRecords(item["object"]["digest"], stages)
-    excluded, rows_in = _canonicalize_rows(ws, source, item, kept, lines)
+    excluded = ExclusionRows(item["object"]["digest"])
+    rows_in = _canonicalize_rows(ws, source, item, kept, excluded, lines)
     records = kept.table()
-    return ObjectTables(records, _exclusions(excluded, kept), kept, rows_in)
+    excluded.extend(kept.contaminated)  # after every other exclusion
+    return ObjectTables(records, excluded.table(), kept, rows_in)
 
 
 def _canonicalize_rows(
-    ws: Workspace, source: Source, item: dict[str, Any], kept: KeptRecords, lines: int | None
-) -> tuple[dict[str, list[Any]], int]:
-    """Every row (the first ``lines``) into ``kept`` or an exclusion; the exclusions so far
-    (the kept records' contamination apart) and how many rows were read."""
+    ws: Workspace,
+    source: Source,
+    item: dict[str, Any],
+    kept: KeptRecords,
+    excluded: ExclusionRows,
+    lines: int | None,
+) -> int:
+    """Every row (the first ``lines``) into ``kept`` or ``excluded``; how many were read."""
     digest = item["object"]["digest"]
-    excluded: dict[str, list[Any]] = {f.name: [] for f in EXCLUSION_COLUMNS}
     rows_in = 0
     what = f"raw object {source.id}/{item['name']} ({digest})"
     with closing(_rows(ws, item, what)) as rows:  # closed at once when the canary stops early
@@ -138,37 +142,35 @@ def _canonicalize_rows(
                 record = canonical_record(source, item["name"], number, obj, kept.stages)
             except Excluded as why:
                 kept.reasons[why.reason] += 1
-                exclude(excluded, digest, number, why)
+                excluded.add(number, why)
                 continue
             lsn = obj.get(CDC_LSN_FIELD) if source.kind == "changelog" else None
             record.update(
                 source_id=source.id, object=digest, line=number, byte_offset=offset, cdc_lsn=lsn
             )
             kept.add(record)
-    return excluded, rows_in
-
-
-def _exclusions(excluded: dict[str, list[Any]], kept: KeptRecords) -> pa.Table:
-    """The exclusions table: the rows' own, then the contaminated records' (once every kept
-    batch was screened)."""
-    for key, values in kept.contaminated.items():
-        excluded[key] += values
-    return pa.Table.from_pydict(excluded, schema=EXCLUSION_COLUMNS)
+    return rows_in
 
 
 def _canonicalize_object(
     ws: Workspace, source: Source, item: dict[str, Any], stages: Stages
 ) -> str:
-    """The object's records Parquet written a row group at a time as they fill (never the
-    whole object's records at once), its exclusions and account; the descriptor's digest."""
-    writer = TableWriter(ws.cas, RECORD_COLUMNS)  # each group one call: put_table's bytes
+    """The object's records and exclusions Parquet, each written a row group at a time as it
+    fills (never the whole object's rows at once), and its account; the descriptor's digest."""
+    digest = item["object"]["digest"]
+    records = TableWriter(ws.cas, RECORD_COLUMNS)  # each group one call: put_table's bytes
+    exclusions = TableWriter(ws.cas, EXCLUSION_COLUMNS)
     try:
-        kept = KeptRecords(item["object"]["digest"], stages, sink=writer.write_table)
-        excluded, rows_in = _canonicalize_rows(ws, source, item, kept, None)
+        kept = KeptRecords(digest, stages, sink=records.write_table)
+        excluded = ExclusionRows(digest, sink=exclusions.write_table)
+        rows_in = _canonicalize_rows(ws, source, item, kept, excluded, None)
         kept.finish()
-        records_ref = writer.close()
+        excluded.extend(kept.contaminated)  # after every other exclusion
+        excluded.finish()
+        records_ref, excluded_ref = records.close(), exclusions.close()
     except BaseException:
-        writer.abort()  # no partial file left under the store's tmp
+        records.abort()  # no partial file left under the store's tmp
+        exclusions.abort()
         raise
     reasons = kept.reasons
     quarantined = {r: n for r, n in sorted(reasons.items()) if r.startswith(QUARANTINE_PREFIXES)}
@@ -176,7 +178,7 @@ def _canonicalize_object(
     descriptor = ChunkDescriptor(
         records=records_ref,
         count=kept.rows,
-        excluded=put_table(ws.cas, _exclusions(excluded, kept)),
+        excluded=excluded_ref,
         account=ChunkAccount(
             rows_in=rows_in,
             kept=kept.rows,

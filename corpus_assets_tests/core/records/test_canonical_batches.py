@@ -11,8 +11,12 @@ import pytest
 from corpus_assets.core.governance import alias_gate, benchmarks
 from corpus_assets.core.pipeline import BUILDERS
 from corpus_assets.core.records import kept
+from corpus_assets.core.records.canonical_records import canonical_tables
+from corpus_assets.core.records.canonicalize import Stages
+from corpus_assets.core.records.index import ChunkDescriptor
 from corpus_assets.core.records.normalize import dedup_key
 from corpus_assets.core.runtime.workspace import open_workspace
+from corpus_assets.core.storage.artifacts import put_table
 from corpus_assets_tests.conftest import use_demo_copy
 
 QUESTION = (
@@ -102,3 +106,29 @@ def test_records_leave_by_row_groups_whatever_the_batches(
     use_demo_copy(demo_home, tmp_path / "batched", 1, monkeypatch)
     assert _build(tmp_path / "batched") == whole
     assert _essays_groups(tmp_path / "batched") == groups
+
+
+def test_streamed_tables_are_the_whole_tables_bytes(demo_home: Path) -> None:
+    """An object of more exclusions and kept rows than one row group: the layer writes both
+    tables a group at a time, and each file is ``put_table`` of the table held whole (the
+    canary's path) - several row groups, the same bytes."""
+    lines = [json.dumps({"id": f"k{n}", "text": f"Kept essay number {n}."}) for n in range(70_000)]
+    lines += ['{"id": "broken' for _ in range(66_000)]  # malformed: one exclusion each
+    essays = demo_home / "demo-sources" / "essays" / "essays-00002.jsonl"
+    essays.write_text("\n".join(lines) + "\n")
+    with open_workspace() as ws:
+        BUILDERS["raw_snapshot"](ws, "p1")
+        index = json.loads(ws.cas.get_bytes(BUILDERS["canonical_records"](ws, "p1").digest))
+        chunk = next(c for c in index["outputs"]["chunks"] if "essays-00002" in c["chunk"])
+        stored = ChunkDescriptor.model_validate(
+            json.loads(ws.cas.get_bytes(chunk["output"]["digest"]))
+        )
+        raw = json.loads(ws.cas.get_bytes(ws.catalog.layer_output("p1", "raw_snapshot")))
+        item = next(
+            o for o in raw["outputs"]["objects"] if o["name"].endswith("essays-00002.jsonl")
+        )
+        source = next(s for s in ws.config.sources if s.id == item["source"])
+        whole = canonical_tables(ws, source, item, Stages.for_config(ws.config, None))
+        for table, ref in ((whole.records, stored.records), (whole.excluded, stored.excluded)):
+            assert pq.ParquetFile(ws.cas.path(ref["digest"])).metadata.num_row_groups == 2
+            assert put_table(ws.cas, table)["digest"] == ref["digest"]

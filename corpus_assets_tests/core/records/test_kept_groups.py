@@ -6,7 +6,7 @@ import pyarrow as pa
 import pytest
 
 from corpus_assets.core.records import kept
-from corpus_assets.core.records.canonicalize import Stages, canonical_record
+from corpus_assets.core.records.canonicalize import Excluded, Stages, canonical_record
 from corpus_assets.core.records.quality import QualityPolicy
 from corpus_assets.core.runtime.config import ObjectsSource
 
@@ -88,3 +88,24 @@ def test_without_a_sink_the_rows_are_held_for_one_table() -> None:
     streamed, _ = _stream(batch_rows=4096)
     assert table.equals(pa.concat_tables(streamed))
     assert all(column.num_chunks == 1 for column in table.columns)
+
+
+def test_exclusions_leave_a_group_at_a_time(small_groups: None) -> None:
+    """Exclusion rows too: full groups go while the object is read, the contaminated records'
+    rows after every other, and the groups are the held table cut at the row bound."""
+    groups: list[pa.Table] = []
+    streamed, held = kept.ExclusionRows("d", sink=groups.append), kept.ExclusionRows("d")
+    after = []
+    for line in range(1, 17):
+        for rows in (streamed, held):
+            rows.add(line, Excluded("parse.invalid_json", f"line {line}"))
+        after.append(len(groups))
+    contaminated = {"object": ["d"] * 3, "line": [3, 5, 9], "reason": ["c"] * 3, "detail": [""] * 3}
+    for rows in (streamed, held):
+        rows.extend(contaminated)
+    streamed.finish()
+    assert after[8] == 1 and after[-1] == 2  # two groups of 7 left before the end
+    assert [g.num_rows for g in groups] == [7, 7, 5]
+    whole = held.table()
+    assert pa.concat_tables(groups).equals(whole)
+    assert whole.column("line").to_pylist()[-3:] == [3, 5, 9]
