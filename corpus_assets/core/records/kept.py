@@ -191,6 +191,7 @@ class KeptRecords:
                 columns.append(self.large[field.name].finish())
                 continue
             chunks, self.arrays[field.name] = self.arrays[field.name], []
+            chunks = chunks or [pa.array([], field.type)]  # no row kept: an empty column
             columns.append(chunks[0] if len(chunks) == 1 else pa.concat_arrays(chunks))
             del chunks
         self.held = 0

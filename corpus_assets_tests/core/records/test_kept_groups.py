@@ -109,3 +109,14 @@ def test_exclusions_leave_a_group_at_a_time(small_groups: None) -> None:
     whole = held.table()
     assert pa.concat_tables(groups).equals(whole)
     assert whole.column("line").to_pylist()[-3:] == [3, 5, 9]
+
+
+def test_an_object_with_no_kept_row() -> None:
+    """Every row excluded: held, an empty table of the records' columns; streamed, no group
+    (the writer then writes the one empty group an empty table has)."""
+    table = kept.KeptRecords("d", Stages("p", QualityPolicy(), None)).table()
+    assert table.num_rows == 0 and table.schema == kept.RECORD_COLUMNS
+    groups: list[pa.Table] = []
+    records = kept.KeptRecords("d", Stages("p", QualityPolicy(), None), sink=groups.append)
+    records.finish()
+    assert groups == [] and records.rows == 0
