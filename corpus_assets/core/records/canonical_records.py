@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from corpus_assets.core.governance.benchmarks import active_items
 from corpus_assets.core.ingest.codecs import DecompressionLimits, iter_located_lines
@@ -61,6 +60,7 @@ from corpus_assets.core.storage.artifacts import (
     make_ref,
     put_json,
 )
+from corpus_assets.core.storage.cas_queries import streamed
 from corpus_assets.core.storage.digests import json_digest
 from corpus_assets.core.storage.parquet_sink import TableWriter
 from corpus_assets.core.storage.tasks import ChunkOutcome, ChunkTask, preload, run_chunk
@@ -80,7 +80,9 @@ def _rows(
     if item["format"] == "parquet":
         ws.cas.verify(digest, what)
         number = 0
-        for batch in pq.ParquetFile(ws.cas.path(digest)).iter_batches(batch_size=4096):
+        # no pre-buffering (every group read would stay until the file closed), and batches of
+        # about 1 MiB decoded: another tool's file may hold long documents in large row groups
+        for batch in streamed(ws.cas.path(digest), 4096, batch_bytes=1 << 20):
             for row in batch.to_pylist():
                 number += 1
                 yield number, None, row

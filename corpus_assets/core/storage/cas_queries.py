@@ -217,15 +217,30 @@ def _nullable(schema: pa.Schema) -> pa.Schema:
 
 
 def streamed(
-    path: str | Path, rows: int = BATCH_ROWS, columns: Sequence[str] | None = None
+    path: str | Path,
+    rows: int = BATCH_ROWS,
+    columns: Sequence[str] | None = None,
+    batch_bytes: int | None = None,
 ) -> Iterator[pa.RecordBatch]:
     """A Parquet file's rows (``columns`` only, when given) a batch at a time, holding about
     one row group: Arrow's default pre-buffering keeps every row group it read until the file
     is closed (a 112 MB file read in 8,192-row batches held 110 MB of Arrow memory at the end).
-    Decoded on the calling thread: a task runs on one core."""
+    With ``batch_bytes`` a batch is also about that many decoded bytes, by each row group's
+    stated size (a file written by another tool may hold long documents: 4,096 rows of them
+    would be one batch of gigabytes). Decoded on the calling thread: a task runs on one core."""
     names = None if columns is None else list(columns)
     with pq.ParquetFile(path, pre_buffer=False, buffer_size=1 << 20) as parquet:
-        yield from parquet.iter_batches(rows, columns=names, use_threads=False)
+        if batch_bytes is None:
+            yield from parquet.iter_batches(rows, columns=names, use_threads=False)
+            return
+        meta = parquet.metadata
+        for group in range(meta.num_row_groups):
+            info = meta.row_group(group)
+            fit = batch_bytes * info.num_rows // max(info.total_byte_size, 1)
+            size = max(1, min(rows, fit))
+            yield from parquet.iter_batches(
+                size, row_groups=[group], columns=names, use_threads=False
+            )
 
 
 def put_query(

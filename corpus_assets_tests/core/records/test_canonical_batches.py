@@ -2,6 +2,7 @@
 bounds must not change a byte of any chunk output (records, exclusions and their order)."""
 
 import json
+import random
 from pathlib import Path
 
 import pyarrow as pa
@@ -11,6 +12,7 @@ import pytest
 from corpus_assets.core.governance import alias_gate, benchmarks
 from corpus_assets.core.pipeline import BUILDERS
 from corpus_assets.core.records import kept
+from corpus_assets.core.records.canonical_records import _rows as raw_rows
 from corpus_assets.core.records.canonical_records import canonical_tables
 from corpus_assets.core.records.canonicalize import Stages
 from corpus_assets.core.records.index import ChunkDescriptor
@@ -132,3 +134,24 @@ def test_streamed_tables_are_the_whole_tables_bytes(demo_home: Path) -> None:
         for table, ref in ((whole.records, stored.records), (whole.excluded, stored.excluded)):
             assert pq.ParquetFile(ws.cas.path(ref["digest"])).metadata.num_row_groups == 2
             assert put_table(ws.cas, table)["digest"] == ref["digest"]
+
+
+def test_a_parquet_object_is_read_without_holding_its_row_groups(demo_home: Path) -> None:
+    """A Parquet raw object as other tools write it (here 16 row groups of 8 long documents,
+    32 MB of text): its rows are read in batches of about 1 MiB, holding about one row group of
+    Arrow memory. Before, Arrow's pre-buffering kept every group read until the file closed, and
+    4,096-row batches took the whole file at once: a worker's peak grew with the file."""
+    letters = bytes.maketrans(bytes(range(256)), bytes(97 + n % 26 for n in range(256)))
+    texts = [random.Random(n).randbytes(1 << 18).translate(letters).decode() for n in range(128)]
+    table = pa.table({"id": [f"p{n}" for n in range(128)], "text": texts})
+    pq.write_table(table, demo_home / "demo-sources" / "essays" / "big.parquet", row_group_size=8)
+    with open_workspace() as ws:
+        BUILDERS["raw_snapshot"](ws, "p1")
+        raw = json.loads(ws.cas.get_bytes(ws.catalog.layer_output("p1", "raw_snapshot")))
+        item = next(o for o in raw["outputs"]["objects"] if o["name"].endswith("big.parquet"))
+        before, held, rows = pa.total_allocated_bytes(), 0, 0
+        for _ in raw_rows(ws, item, "big.parquet"):
+            held = max(held, pa.total_allocated_bytes() - before)
+            rows += 1
+    assert rows == 128 and item["format"] == "parquet"
+    assert held < 12 << 20, held  # one group is 2 MB of text, the file 32 MB
