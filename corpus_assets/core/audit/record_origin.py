@@ -15,10 +15,14 @@ from collections.abc import Iterator
 from contextlib import closing
 from typing import Any
 
-import pyarrow.parquet as pq
 from pydantic import TypeAdapter
 
-from corpus_assets.core.ingest.codecs import CodecError, iter_located_lines, sniff_codec
+from corpus_assets.core.ingest.codecs import (
+    CodecError,
+    iter_located_lines,
+    iter_parquet_rows,
+    sniff_codec,
+)
 from corpus_assets.core.ingest.freeze_spec import FreezeSpec
 from corpus_assets.core.records.canonicalize import (
     QUARANTINE_PREFIXES,
@@ -78,12 +82,8 @@ def object_rows(
     streamed as the canonical layer reads it."""
     path = files.path(digest, what)
     if fmt == "parquet":
-        number = 0
-        with pq.ParquetFile(path) as table:
-            for batch in table.iter_batches(batch_size=4096):
-                for row in batch.to_pylist():
-                    number += 1
-                    yield number, None, row
+        for number, row in iter_parquet_rows(path):
+            yield number, None, row
         return
     with open(path, "rb") as stream:
         yield from iter_located_lines(stream, what)

@@ -12,12 +12,14 @@ import operator
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, BinaryIO
 
 import zstandard
 
 from corpus_assets.core.ingest.read_ahead import ReadAhead
 from corpus_assets.core.runtime.config import Limits
+from corpus_assets.core.storage.cas_queries import streamed
 
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 GZIP_MAGIC = b"\x1f\x8b"
@@ -111,6 +113,21 @@ def iter_lines(
     """
     located = iter_located_lines(stream, what, limits, max_line_bytes=max_line_bytes)
     return map(_NUMBER_AND_LINE, located)  # a C-level projection: no Python frame per line
+
+
+PARQUET_BATCH_BYTES = 1 << 20  # decoded bytes per batch of a Parquet object's rows, about
+
+
+def iter_parquet_rows(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(1-based row number, row) of a Parquet object, read without pre-buffering (every row
+    group read would stay until the file closed) in batches of about ``PARQUET_BATCH_BYTES``
+    decoded: another tool's file may hold long documents in large row groups, and 4,096-row
+    batches of them took a whole file at once."""
+    number = 0
+    for batch in streamed(path, 4096, batch_bytes=PARQUET_BATCH_BYTES):
+        for row in batch.to_pylist():
+            number += 1
+            yield number, row
 
 
 def iter_located_lines(

@@ -19,7 +19,11 @@ from typing import Any
 import pyarrow as pa
 
 from corpus_assets.core.governance.benchmarks import active_items
-from corpus_assets.core.ingest.codecs import DecompressionLimits, iter_located_lines
+from corpus_assets.core.ingest.codecs import (
+    DecompressionLimits,
+    iter_located_lines,
+    iter_parquet_rows,
+)
 from corpus_assets.core.ingest.freeze import freeze
 from corpus_assets.core.ingest.pinning import CDC_LSN_FIELD
 from corpus_assets.core.records.canonicalize import (
@@ -60,7 +64,6 @@ from corpus_assets.core.storage.artifacts import (
     make_ref,
     put_json,
 )
-from corpus_assets.core.storage.cas_queries import streamed
 from corpus_assets.core.storage.digests import json_digest
 from corpus_assets.core.storage.parquet_sink import TableWriter
 from corpus_assets.core.storage.tasks import ChunkOutcome, ChunkTask, preload, run_chunk
@@ -79,13 +82,8 @@ def _rows(
     digest = item["object"]["digest"]
     if item["format"] == "parquet":
         ws.cas.verify(digest, what)
-        number = 0
-        # no pre-buffering (every group read would stay until the file closed), and batches of
-        # about 1 MiB decoded: another tool's file may hold long documents in large row groups
-        for batch in streamed(ws.cas.path(digest), 4096, batch_bytes=1 << 20):
-            for row in batch.to_pylist():
-                number += 1
-                yield number, None, row
+        for number, row in iter_parquet_rows(ws.cas.path(digest)):
+            yield number, None, row
         return
     bounds = ws.config.limits
     limits = DecompressionLimits(
