@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import zstandard
-from race_corpus import SOURCES, cipher, copy_line, shared_lines
+from race_corpus import DELTA, SOURCES, cipher, copy_line, shared_lines
 
 CORPORA = Path(__file__).resolve().parents[2] / "shared" / "corpora"
 
@@ -28,7 +28,7 @@ def write_delta(corpora: Path, src: Path, copy: int, budget: int) -> None:
     for name, (source_id, _content) in SOURCES.items():
         if not (corpora / name).is_dir():
             continue
-        out = src / source_id / "delta-00000.jsonl.zst"
+        out = src / source_id / DELTA
         with zstandard.ZstdCompressor().stream_writer(out.open("wb")) as sink:
             written, table = 0, cipher(copy)
             for line in shared_lines(corpora / name):

@@ -62,7 +62,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from race_corpus import SOURCES, cipher, copy_line, shared_lines, write_corpus
+from race_corpus import DELTA, SOURCES, cipher, copy_line, shared_lines, write_corpus
 from race_ray import Cluster
 
 from corpus_assets.core.runtime.layer_index import LAYERS as BUILD_ORDER
@@ -214,7 +214,7 @@ def add_one_percent(corpora: Path, src: Path, jsonl_bytes: int) -> int:
         if not (corpora / name).is_dir():
             continue
         share = budget // len(SOURCES)
-        out = src / source_id / "delta-00000.jsonl.zst"
+        out = src / source_id / DELTA
         with zstandard.ZstdCompressor().stream_writer(out.open("wb")) as sink:
             written = 0
             table = cipher(25)
@@ -238,7 +238,7 @@ def delta_alone(root: Path, alone: Path, sources: list[dict], workers: int) -> d
     for s in sources:
         folder = alone / "src" / s["id"]
         folder.mkdir(parents=True)
-        shutil.copy(root / "src" / s["id"] / "delta-00000.jsonl.zst", folder)
+        shutil.copy(root / "src" / s["id"] / DELTA, folder)
         moved.append({**s, "path": str(folder)})
     done = cli_build(write_config(alone, moved, workers), alone)
     shutil.rmtree(alone, ignore_errors=True)

@@ -29,6 +29,9 @@ LOWER = "abcdefghijklmnopqrstuvwxyz"
 UPPER = LOWER.upper()
 
 
+DELTA = "delta-00000.jsonl.zst"  # the object per source a +1% step adds (race, child_ab)
+
+
 def cipher(k: int) -> dict[int, int]:
     """The translation table of copy ``k`` (identity for k = 0)."""
     shift = k % 26
