@@ -58,6 +58,7 @@ class NamesJob:
     scratch: str
     index: int
     chunk: ChunkRecords
+    start: int = 0  # its first row in the partition
 
 
 @dataclass(frozen=True)
@@ -103,12 +104,15 @@ def cluster_parts_on_runner(
     edge_ids: EdgeIds,
     scratch: Path,
     work: Counter[str],
+    named: bool = False,
 ) -> list[GatheredPart]:
     """Every chunk's clusters part, joined and put by a task on the runner (see the module),
     in chunk order, the ids the edges name handed to ``edge_ids``; ``decisions`` from
-    :func:`decisions_by_position` in ``scratch``. ``work`` counts the gather tasks and those
-    that ran in another process (run figures, never hashed)."""
-    pooled(ws, chunk_names, [NamesJob(str(scratch), i, c) for i, c in enumerate(chunks)])
+    :func:`decisions_by_position` in ``scratch`` (``named``: the chunks' names are there
+    already, written by the coding's tasks). ``work`` counts the gather tasks and those that
+    ran in another process (run figures, never hashed)."""
+    if not named:
+        pooled(ws, chunk_names, [NamesJob(str(scratch), i, c) for i, c in enumerate(chunks)])
     starts = tuple(np.cumsum([0, *(c.count for c in chunks)])[:-1].tolist())
     reasons = tuple(decisions.reasons.to_pylist())
     meta = pq.ParquetFile(decisions.path).metadata
@@ -149,6 +153,12 @@ def _names_path(scratch: Path, index: int) -> Path:
 
 def chunk_names(ws: Workspace, job: NamesJob, spec: object, done: object) -> int:
     """Write one chunk's carried columns as a memory-mappable Arrow file; its row count."""
+    return write_names(ws, job).num_rows
+
+
+def write_names(ws: Workspace, job: NamesJob) -> pa.Table:
+    """One chunk's carried columns, verified and read from its file, written as a
+    memory-mappable Arrow file; the table."""
     chunk = job.chunk
     path = VerifiedFiles(ws.cas).path(chunk.records["digest"], chunk.what)
     table = pq.read_table(path, columns=CARRIED, use_threads=False).cast(_CARRIED_SCHEMA)
@@ -158,7 +168,7 @@ def chunk_names(ws: Workspace, job: NamesJob, spec: object, done: object) -> int
     with ipc.new_file(str(_names_path(Path(job.scratch), job.index)), _CARRIED_SCHEMA) as out:
         for part in batch:  # one batch: the table was combined
             out.write_batch(part)
-    return table.num_rows
+    return table
 
 
 class _Names:

@@ -33,6 +33,7 @@ from corpus_assets.core.dedup.clusters import (
     join_clusters,
     write_decisions,
 )
+from corpus_assets.core.dedup.code_tasks import runner_codes
 from corpus_assets.core.dedup.edges import EdgeIds, edge_rows
 from corpus_assets.core.dedup.fingerprint_store import TextLookup
 from corpus_assets.core.dedup.minhash import SignatureSpec
@@ -46,7 +47,7 @@ from corpus_assets.core.dedup.pair_cache import (
     parent_mode,
     store_pairs,
 )
-from corpus_assets.core.dedup.partition_db import PartitionDb, chunk_lengths
+from corpus_assets.core.dedup.partition_db import Coded, PartitionDb, chunk_lengths
 from corpus_assets.core.dedup.report import DedupReport
 from corpus_assets.core.dedup.reuse import (
     Reuse,
@@ -90,9 +91,11 @@ def build_dedup_clusters(ws: Workspace, partition_key: str) -> LayerResult:
             near, signature_refs, run_stats = _near_stage(ws, chunks, db, mode, Path(tmp))
             chunk_rows = [(c.records["digest"], c.count) for c in chunks]
             carried = _carried(ws, mode, chunk_rows, db)
+            work = Counter[str]()
+            codes = carried if carried is not None else _runner_codes(ws, chunks, Path(tmp), work)
             starts = np.cumsum([0, *(c.count for c in chunks)])[:-1]
-            decided = decide(db, order, revoked, near, carried, starts)
-            run_stats |= {"codes_carried": 1} if carried is not None else {}
+            decided = decide(db, order, revoked, near, codes, starts)
+            run_stats |= {"codes_carried": 1} if carried is not None else dict(work)
             bands = _put_bands(ws, near.banding) if near and near.banding else []
             pairs = store_pairs(ws, db, *near.verified_arrays()) if near else None
             run_stats |= _near_work(near, mode, chunks)
@@ -112,7 +115,9 @@ def build_dedup_clusters(ws: Workspace, partition_key: str) -> LayerResult:
             release_memory(collect=True)
             unsorted = None if by_tasks else join_clusters(db, decisions, Path(tmp), few=named)
         release_memory(collect=True)
-        clusters, work = _put_clusters(ws, chunks, decisions, unsorted, reuse, edge_ids, Path(tmp))
+        named = "code_run_tasks" in run_stats  # the chunks' names are in tmp already
+        parts = _put_clusters(ws, chunks, decisions, unsorted, reuse, edge_ids, Path(tmp), named)
+        clusters, work = parts
         run_stats |= _reuse_stats(reuse) | work
         edges = put_table(ws.cas, edge_ids.table())
         del edge_ids
@@ -141,13 +146,15 @@ def _put_clusters(
     reuse: Reuse | str,
     edge_ids: EdgeIds,
     tmp: Path,
+    named: bool,
 ) -> tuple[Ref, dict[str, int]]:
     """The clusters parts from the joined rows (``unsorted``; None: joined and put by tasks
-    on the runner, where the stages run), the parent's parts kept when reused, the edges'
-    record ids taken as they pass; and the join tasks' work figures."""
+    on the runner, where the stages run; ``named``: the chunks' names are in ``tmp``), the
+    parent's parts kept when reused, the edges' record ids taken as they pass; and the join
+    tasks' work figures."""
     work = Counter[str]()
     if unsorted is None:  # a full join (no part kept), each chunk's part put by its task
-        gathered = cluster_parts_on_runner(ws, chunks, decisions, edge_ids, tmp, work)
+        gathered = cluster_parts_on_runner(ws, chunks, decisions, edge_ids, tmp, work, named)
         return gathered_parts(ws.cas, CODE, chunks, gathered, _tmp(ws)), dict(work)
     kept = reuse if isinstance(reuse, Reuse) else None
     batches = cluster_batches(unsorted)
@@ -315,6 +322,16 @@ def _carried(
     carried = carried_codes(db, child_to_parent, decisions, clusters)
     db.flush()  # what reading the parent's tables freed goes back before the verdicts
     return carried
+
+
+def _runner_codes(
+    ws: Workspace, chunks: list[ChunkRecords], scratch: Path, work: Counter[str]
+) -> tuple[Coded, Coded, Coded] | None:
+    """The record id, dedup key and group id codes by tasks on the runner where the stages
+    run there (:mod:`.code_tasks`); None: the partition database sorts for them here."""
+    if not distributed(ws.config.execution):
+        return None
+    return runner_codes(ws, chunks, scratch, work)
 
 
 def _put_bands(ws: Workspace, banding: Banding) -> list[dict[str, Any]]:

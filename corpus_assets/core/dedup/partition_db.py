@@ -242,7 +242,7 @@ class PartitionDb:
             if not len(batch):
                 continue
             rows = np.asarray(batch.column(0).to_numpy(), dtype=np.int64)
-            new = _changes(batch.column(1), previous)
+            new = value_changes(batch.column(1), previous)
             codes[rows] = code + np.cumsum(new)
             if keep_values:
                 values += batch.column(1).filter(pa.array(new)).to_pylist()
@@ -266,7 +266,7 @@ class PartitionDb:
             if not len(batch):
                 continue
             rows = np.asarray(batch.column(0).to_numpy(), dtype=np.int64)
-            ranked = code + np.cumsum(_changes(batch.column(1), previous))
+            ranked = code + np.cumsum(value_changes(batch.column(1), previous))
             group = np.asarray(batch.column(2).to_numpy(zero_copy_only=False), dtype=bool)
             codes[rows[~group]], groups[rows[group]] = ranked[~group], ranked[group]
             code, previous = int(ranked[-1]), batch.column(1).slice(len(batch) - 1)
@@ -363,7 +363,7 @@ def _sorted_by(
     return np.argsort(key, kind="stable")
 
 
-def _changes(values: pa.Array, previous: pa.Array | None) -> np.ndarray:
+def value_changes(values: pa.Array, previous: pa.Array | None) -> np.ndarray:
     """Per position of sorted ``values``, whether it differs from the one before (``previous``
     for the first, a one-value array or None); null equals null, as in a sort's rank."""
     first = values.slice(0, 1) if previous is None else previous

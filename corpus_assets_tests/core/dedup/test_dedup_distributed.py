@@ -113,9 +113,11 @@ def _build(
     if partitions is None:
         monkeypatch.delenv("CORPUS_DEDUP_PARTITIONS", raising=False)
         monkeypatch.delenv("CORPUS_GATHER_ROWS", raising=False)
-    else:  # ... and the clusters join in several gather tasks
+        monkeypatch.delenv("CORPUS_CODE_PARTITIONS", raising=False)
+    else:  # ... the clusters join in several gather tasks, the codes in several merges
         monkeypatch.setenv("CORPUS_DEDUP_PARTITIONS", str(partitions))
         monkeypatch.setenv("CORPUS_GATHER_ROWS", str(40 * partitions + 7))
+        monkeypatch.setenv("CORPUS_CODE_PARTITIONS", str(partitions))
     ws = open_workspace(_home(demo_home, home, workers, monkeypatch, stages) / "corpus.yaml")
     try:
         result = _dedup(ws, "p1")
@@ -129,6 +131,7 @@ def test_workers_and_partitions_publish_the_same_dedup_bytes(
 ) -> None:
     one, here = _build(demo_home, tmp_path / "w1", 1, None, monkeypatch)
     assert "band_reduce_tasks" not in here.run_stats  # one worker: the in-process path
+    assert "code_run_tasks" not in here.run_stats  # ... and the coding sorts in DuckDB
     ws = open_workspace(tmp_path / "w1" / "corpus.yaml")
     counts = PartedTable.read(ws.cas, one["outputs"]["clusters"], "clusters").counts  # type: ignore[index]
     ws.close()
@@ -146,6 +149,10 @@ def test_workers_and_partitions_publish_the_same_dedup_bytes(
         assert published == one, (workers, partitions)
         stats = result.run_stats
         assert stats["pairs_verified"] == here.run_stats["pairs_verified"]
+        # the record codes came from the pool's workers: a run per chunk, merges per partition
+        assert stats["code_run_tasks"] == len(counts), stats
+        merges = 2 * (partitions or 1)  # record and group ids, dedup keys
+        assert stats["code_merge_elsewhere"] == stats["code_merge_tasks"] == merges, stats
         if partitions is None:  # small classes, one partition: in-process, as one worker does
             assert "band_reduce_tasks" not in stats, stats
             continue
