@@ -91,11 +91,11 @@ def build_dedup_clusters(ws: Workspace, partition_key: str) -> LayerResult:
             near, signature_refs, run_stats = _near_stage(ws, chunks, db, mode, Path(tmp))
             chunk_rows = [(c.records["digest"], c.count) for c in chunks]
             carried = _carried(ws, mode, chunk_rows, db)
-            work = Counter[str]()
-            codes = carried if carried is not None else _runner_codes(ws, chunks, Path(tmp), work)
+            coding = Counter[str]()
+            codes = carried if carried is not None else _runner_codes(ws, chunks, Path(tmp), coding)
             starts = np.cumsum([0, *(c.count for c in chunks)])[:-1]
             decided = decide(db, order, revoked, near, codes, starts)
-            run_stats |= {"codes_carried": 1} if carried is not None else dict(work)
+            run_stats |= {"codes_carried": 1} if carried is not None else dict(coding)
             bands = _put_bands(ws, near.banding) if near and near.banding else []
             pairs = store_pairs(ws, db, *near.verified_arrays()) if near else None
             run_stats |= _near_work(near, mode, chunks)
@@ -115,9 +115,10 @@ def build_dedup_clusters(ws: Workspace, partition_key: str) -> LayerResult:
             release_memory(collect=True)
             unsorted = None if by_tasks else join_clusters(db, decisions, Path(tmp), few=named)
         release_memory(collect=True)
-        named = "code_run_tasks" in run_stats  # the chunks' names are in tmp already
-        parts = _put_clusters(ws, chunks, decisions, unsorted, reuse, edge_ids, Path(tmp), named)
-        clusters, work = parts
+        names_written = bool(coding)  # by the coding's tasks: the chunks' names are in tmp
+        clusters, work = _put_clusters(
+            ws, chunks, decisions, unsorted, reuse, edge_ids, Path(tmp), names_written
+        )
         run_stats |= _reuse_stats(reuse) | work
         edges = put_table(ws.cas, edge_ids.table())
         del edge_ids
