@@ -42,16 +42,20 @@ from corpus_assets.core.dedup.partition_db import Coded, code_dtype, value_chang
 from corpus_assets.core.records.index import ChunkRecords
 from corpus_assets.core.runtime.workspace import Workspace, pooled
 
-PARTITION_VALUES = 1 << 18  # values per merge partition (tests fix the count instead)
+PARTITION_VALUES = 1 << 18  # values per merge partition at most (tests fix the count instead)
+MERGE_COPIES = 3  # a merge task holds its slices, their concatenation and the sorted copy
+ROW_BYTES = 9  # beside each value: its row (int64) and flag
 SAMPLES = 64  # evenly spaced values per run and set
 SETS = ("ids", "keys")
 
 
 @dataclass(frozen=True)
 class RunSamples:
-    """What a runs task wrote, per set: its values and evenly spaced non-null ones."""
+    """What a runs task wrote, per set: its values, their UTF-8 bytes and evenly spaced
+    non-null ones."""
 
     values: dict[str, int]
+    value_bytes: dict[str, int]
     samples: dict[str, list[str]]
 
 
@@ -87,7 +91,8 @@ def runner_codes(
     sampled: list[RunSamples] = pooled(ws, chunk_runs, jobs)
     n = int(starts[-1])
     work["code_run_tasks"] += len(jobs)
-    merges = [job for kind in SETS for job in _merge_jobs(scratch, kind, sampled)]
+    budget = ws.config.execution.task_budget_bytes()
+    merges = [job for kind in SETS for job in _merge_jobs(scratch, kind, sampled, budget)]
     merged: list[Merged] = pooled(ws, merge_partition, merges)  # both sets' at once
     work["code_merge_tasks"] += len(merges)
     work["code_merge_elsewhere"] += sum(m.pid != os.getpid() for m in merged)
@@ -102,10 +107,12 @@ def runner_codes(
     return Coded(ids, []), Coded(keys, []), Coded(groups, [])
 
 
-def _merge_jobs(scratch: Path, kind: str, sampled: list[RunSamples]) -> list[MergeJob]:
+def _merge_jobs(scratch: Path, kind: str, sampled: list[RunSamples], budget: int) -> list[MergeJob]:
     """A set's merge jobs, one per partition between the splitters of its samples."""
     values = sum(s.values[kind] for s in sampled)
-    cuts = splitters([v for s in sampled for v in s.samples[kind]], values)
+    value_bytes = sum(s.value_bytes[kind] for s in sampled)
+    count = merge_partitions(values, value_bytes, budget)
+    cuts = splitters([v for s in sampled for v in s.samples[kind]], count)
     bounds = [None, *cuts, None]
     return [
         MergeJob(str(scratch), kind, p, len(sampled), bounds[p], bounds[p + 1])
@@ -130,12 +137,19 @@ def _placed(
     return codes, groups
 
 
-def splitters(samples: list[str], values: int, count: int | None = None) -> list[str]:
-    """Ascending distinct values cutting a set of ``values`` values into ``count`` partitions
-    (default: one per ``PARTITION_VALUES``, ``CORPUS_CODE_PARTITIONS`` in tests) at the
-    samples' quantiles; fewer when the samples hold fewer distinct values."""
+def merge_partitions(values: int, value_bytes: int, budget: int) -> int:
+    """Partitions of a set of ``values`` values of ``value_bytes`` UTF-8 bytes: one per
+    ``PARTITION_VALUES``, or more if a merge task's copies would exceed ``budget`` bytes
+    (``Execution.task_budget_bytes``, evenly spread values assumed); the environment may fix
+    it (``CORPUS_CODE_PARTITIONS``)."""
     fixed = int(os.environ.get("CORPUS_CODE_PARTITIONS") or 0)
-    count = count or fixed or -(-values // PARTITION_VALUES)
+    held = MERGE_COPIES * (value_bytes + ROW_BYTES * values)
+    return fixed or max(1, -(-values // PARTITION_VALUES), -(-held // max(budget, 1)))
+
+
+def splitters(samples: list[str], count: int) -> list[str]:
+    """Ascending distinct values cutting a set into ``count`` partitions at the samples'
+    quantiles; fewer when the samples hold fewer distinct values."""
     ordered = sorted(set(samples))  # code point order: UTF-8's byte order
     if count <= 1 or not ordered:
         return []
@@ -156,12 +170,13 @@ def chunk_runs(ws: Workspace, job: NamesJob, spec: object, done: object) -> RunS
         ),
         "keys": _run(_whole(table, "dedup_key"), rows, 0),
     }
-    samples = {}
+    samples, sizes = {}, {}
     for kind, run in sets.items():
+        sizes[kind] = pc.sum(pc.binary_length(run.column("v"))).as_py() or 0
         ordered = run.take(pc.sort_indices(run, [("v", "ascending", "at_end")]))
         _write(_run_path(Path(job.scratch), kind, job.index), ordered.combine_chunks())
         samples[kind] = _samples(ordered.column("v"))
-    return RunSamples({k: t.num_rows for k, t in sets.items()}, samples)
+    return RunSamples({k: t.num_rows for k, t in sets.items()}, sizes, samples)
 
 
 def _whole(table: pa.Table, column: str) -> pa.Array:

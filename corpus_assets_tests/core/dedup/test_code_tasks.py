@@ -8,7 +8,12 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from corpus_assets.core.dedup.code_tasks import runner_codes, splitters
+from corpus_assets.core.dedup.code_tasks import (
+    PARTITION_VALUES,
+    merge_partitions,
+    runner_codes,
+    splitters,
+)
 from corpus_assets.core.dedup.partition_db import PartitionDb
 from corpus_assets.core.records.index import RECORD_COLUMNS, ChunkRecords
 from corpus_assets.core.runtime.workspace import Workspace, open_workspace
@@ -102,7 +107,23 @@ def test_runner_codes_order_and_equal_as_the_coding_sorts(
 
 def test_splitters_cut_at_distinct_sample_quantiles() -> None:
     samples = ["d", "a", "c", "b", "b", "e", "f", "g"]
-    assert splitters(samples, 10, count=1) == []
-    assert splitters(samples, 10, count=3) == ["c", "e"]  # of a..g at 7/3 and 14/3
-    assert splitters(["x"] * 9, 10, count=4) == ["x"]  # one distinct sample: two partitions
-    assert splitters([], 10, count=4) == []
+    assert splitters(samples, 1) == []
+    assert splitters(samples, 3) == ["c", "e"]  # of a..g at 7/3 and 14/3
+    assert splitters(["x"] * 9, 4) == ["x"]  # one distinct sample: two partitions
+    assert splitters([], 4) == []
+
+
+def test_merge_partitions_follow_the_values_and_the_task_budget(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("CORPUS_CODE_PARTITIONS", raising=False)
+    big = 1 << 40
+    assert merge_partitions(0, 0, big) == 1
+    assert merge_partitions(PARTITION_VALUES, 0, big) == 1
+    assert merge_partitions(PARTITION_VALUES + 1, 0, big) == 2
+    # 1M values of 80 bytes: ~267 MB held in a task's copies -> four tasks under 64 MB each
+    assert merge_partitions(1_000_000, 80_000_000, 64 << 20) == 4
+    assert merge_partitions(1_000_000, 80_000_000, 1 << 30) == 4  # by the value count
+    assert merge_partitions(100_000, 800_000_000, 256 << 20) == 9  # long values: by bytes
+    monkeypatch.setenv("CORPUS_CODE_PARTITIONS", "5")
+    assert merge_partitions(10, 10, big) == 5
