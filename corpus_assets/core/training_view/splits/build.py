@@ -39,6 +39,7 @@ from corpus_assets.core.storage.cas_queries import (
     cas_parquets,
     put_query,
 )
+from corpus_assets.core.storage.memory import hand_back_duckdb
 from corpus_assets.core.storage.table_lookup import TrustedFiles
 from corpus_assets.core.tokens.cache import TokenCache, token_cache
 from corpus_assets.core.tokens.spec import resolve_tokenizer
@@ -190,6 +191,8 @@ def _assign_and_report(
     evidence = StoredEvidence(con, clusters)
     result = assign(members, parent_rows, policy, evidence, parent_version, graph, con)
     result = resolve_residual(result, graph)
+    con.execute("DROP TABLE joined; DROP TABLE per")  # only ``assigned`` is read from here on
+    hand_back_duckdb(con)  # ... so the held-out search does not sit on their pages
     pairs, stats, verified = _heldout(ws, partition_key, dedup, con, clusters, parent)
     result = resolve_heldout(result, pairs, clusters)
     # stored now, not held through the sort and the report (O(pairs): ~35 MB at 1.1 GB)
@@ -203,7 +206,6 @@ def _assign_and_report(
         f"k.source_id, {keys} "  # the report's (``split_report``)
         f"FROM {clusters} k JOIN assigned a ON k.file_row_number = a.pos"
     )
-    con.execute("DROP TABLE joined; DROP TABLE per")  # only split_rows is read from here on
     stored, head = put_query(
         ws.cas,
         con,
