@@ -206,10 +206,22 @@ def _exact(
 def _leakage_rows(group_codes: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Per row, a row whose group has the smallest group code of its component over groups and
     the edges (a, b) (any row of a group names it: they share the group id)."""
-    roots = components(int(group_codes.max(initial=-1)) + 1, group_codes[a], group_codes[b])
-    first_row_of_group = np.empty(len(roots), np.int64)
+    first_row_of_group = np.empty(int(group_codes.max(initial=-1)) + 1, np.int64)
     first_row_of_group[group_codes] = np.arange(len(group_codes))
-    return first_row_of_group[roots[group_codes]]
+    return first_row_of_group[edge_group_roots(group_codes, group_codes[a], group_codes[b])]
+
+
+def edge_group_roots(groups: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Per element of ``groups``, the smallest group of its component over the edges (a, b)
+    between groups: the components are found among the groups the edges touch only (O(edges)
+    per pass, not O(groups)); an untouched group is its own."""
+    touched = np.unique(np.concatenate([a, b]))  # ascending: a component's smallest index is
+    if not len(touched):  # ... its smallest group
+        return np.asarray(groups, dtype=np.int64)
+    local = components(len(touched), np.searchsorted(touched, a), np.searchsorted(touched, b))
+    at = np.minimum(np.searchsorted(touched, groups), len(touched) - 1)
+    hit = touched[at] == groups
+    return np.where(hit, touched[local[at]], groups).astype(np.int64)
 
 
 def components(n: int, a: np.ndarray, b: np.ndarray) -> np.ndarray:
