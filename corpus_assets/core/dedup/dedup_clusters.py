@@ -90,12 +90,10 @@ def build_dedup_clusters(ws: Workspace, partition_key: str) -> LayerResult:
             revoked = _revoked(ws, db, spec.tombstone_watermark)
             near, signature_refs, run_stats = _near_stage(ws, chunks, db, mode, Path(tmp))
             chunk_rows = [(c.records["digest"], c.count) for c in chunks]
-            carried = _carried(ws, mode, chunk_rows, db)
-            coding = Counter[str]()
-            codes = carried if carried is not None else _runner_codes(ws, chunks, Path(tmp), coding)
+            codes, coding = _codes(ws, chunks, _carried(ws, mode, chunk_rows, db), Path(tmp))
             starts = np.cumsum([0, *(c.count for c in chunks)])[:-1]
             decided = decide(db, order, revoked, near, codes, starts)
-            run_stats |= {"codes_carried": 1} if carried is not None else dict(coding)
+            run_stats |= coding
             bands = _put_bands(ws, near.banding) if near and near.banding else []
             pairs = store_pairs(ws, db, *near.verified_arrays()) if near else None
             run_stats |= _near_work(near, mode, chunks)
@@ -115,7 +113,7 @@ def build_dedup_clusters(ws: Workspace, partition_key: str) -> LayerResult:
             release_memory(collect=True)
             unsorted = None if by_tasks else join_clusters(db, decisions, Path(tmp), few=named)
         release_memory(collect=True)
-        names_written = bool(coding)  # by the coding's tasks: the chunks' names are in tmp
+        names_written = "code_run_tasks" in coding  # the coding's tasks wrote them in tmp
         clusters, work = _put_clusters(
             ws, chunks, decisions, unsorted, reuse, edge_ids, Path(tmp), names_written
         )
@@ -325,14 +323,19 @@ def _carried(
     return carried
 
 
-def _runner_codes(
-    ws: Workspace, chunks: list[ChunkRecords], scratch: Path, work: Counter[str]
-) -> tuple[Coded, Coded, Coded] | None:
-    """The record id, dedup key and group id codes by tasks on the runner where the stages
-    run there (:mod:`.code_tasks`); None: the partition database sorts for them here."""
+def _codes(
+    ws: Workspace, chunks: list[ChunkRecords], carried: Carried | None, scratch: Path
+) -> tuple[tuple[Coded, Coded, Coded] | None, dict[str, int]]:
+    """The record id, dedup key and group id codes ``decide`` takes, and their run figures:
+    carried from the parent, or sorted by tasks on the runner where the stages run there
+    (:mod:`.code_tasks`, which leave the chunks' names in ``scratch``); None: the partition
+    database sorts for them here."""
+    if carried is not None:
+        return carried, {"codes_carried": 1}
     if not distributed(ws.config.execution):
-        return None
-    return runner_codes(ws, chunks, scratch, work)
+        return None, {}
+    work = Counter[str]()
+    return runner_codes(ws, chunks, scratch, work), dict(work)
 
 
 def _put_bands(ws: Workspace, banding: Banding) -> list[dict[str, Any]]:
