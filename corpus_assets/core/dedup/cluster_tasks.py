@@ -189,7 +189,7 @@ class _Names:
         parts = []
         for part in np.split(by_chunk, cuts) if len(by_chunk) else []:
             c = int(chunk[part[0]])
-            values = _whole(self.tables[c].column(column))
+            values = whole_array(self.tables[c].column(column))
             parts.append(values.take(pa.array(rows[part] - self.starts[c])))
         if not parts:
             return pa.array([], _CARRIED_SCHEMA.field(column).type)
@@ -256,9 +256,9 @@ def _joined(decided: pa.Table, names: _Names, reasons: tuple[str, ...]) -> pa.Ta
 
 
 def _one(table: pa.Table, column: str) -> pa.Array:
-    return _whole(table.column(column))
+    return whole_array(table.column(column))
 
 
-def _whole(column: pa.ChunkedArray) -> pa.Array:
+def whole_array(column: pa.ChunkedArray) -> pa.Array:
     """One array (a memory-mapped single chunk is not copied)."""
     return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()

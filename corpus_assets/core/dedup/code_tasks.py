@@ -37,7 +37,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.ipc as ipc
 
-from corpus_assets.core.dedup.cluster_tasks import NamesJob, write_names
+from corpus_assets.core.dedup.cluster_tasks import NamesJob, whole_array, write_names
 from corpus_assets.core.dedup.partition_db import Coded, code_dtype, value_changes
 from corpus_assets.core.records.index import ChunkRecords
 from corpus_assets.core.runtime.workspace import Workspace, pooled
@@ -160,7 +160,7 @@ def chunk_runs(ws: Workspace, job: NamesJob, spec: object, done: object) -> RunS
     """One chunk's names (for the gather tasks) and its sorted runs of both sets."""
     table = write_names(ws, job)
     rows = pa.array(np.arange(job.start, job.start + table.num_rows, dtype=np.int64))
-    record, group = _whole(table, "record_id"), _whole(table, "group_id")
+    record, group = whole_array(table["record_id"]), whole_array(table["group_id"])
     unlike = _distinct(group, record)
     sets = {
         "ids": _run(
@@ -168,7 +168,7 @@ def chunk_runs(ws: Workspace, job: NamesJob, spec: object, done: object) -> RunS
             pa.concat_arrays([rows, rows.filter(unlike)]),
             pc.sum(unlike).as_py() or 0,
         ),
-        "keys": _run(_whole(table, "dedup_key"), rows, 0),
+        "keys": _run(whole_array(table["dedup_key"]), rows, 0),
     }
     samples, sizes = {}, {}
     for kind, run in sets.items():
@@ -177,10 +177,6 @@ def chunk_runs(ws: Workspace, job: NamesJob, spec: object, done: object) -> RunS
         _write(_run_path(Path(job.scratch), kind, job.index), ordered.combine_chunks())
         samples[kind] = _samples(ordered.column("v"))
     return RunSamples({k: t.num_rows for k, t in sets.items()}, sizes, samples)
-
-
-def _whole(table: pa.Table, column: str) -> pa.Array:
-    return table.column(column).combine_chunks()
 
 
 def _run(values: pa.Array, rows: pa.Array, flagged: int) -> pa.Table:
