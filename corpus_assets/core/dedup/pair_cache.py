@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 
-from corpus_assets.core.dedup.partition_db import PartitionDb
+from corpus_assets.core.dedup.partition_db import SORT_LIMIT, PartitionDb
 from corpus_assets.core.governance import states
 from corpus_assets.core.runtime.layer_index import load_index
 from corpus_assets.core.runtime.snapshot_manifest import read_manifest
@@ -153,7 +153,8 @@ def store_pairs(
     db.register("verified", pa.table({"x": x, "y": y, "jaccard": jaccard}))
     try:
         texts = FETCHED if _fetched_all(db) else "texts"
-        ref, _ = put_query(ws.cas, db.con, _PAIRS_SQL.replace("{texts}", texts), PAIR_COLUMNS)
+        sql = _PAIRS_SQL.replace("{texts}", texts)
+        ref, _ = put_query(ws.cas, db.con, sql, PAIR_COLUMNS, SORT_LIMIT)
     finally:
         db.unregister("verified")
         db.con.execute(f"DROP TABLE IF EXISTS {FETCHED}")
