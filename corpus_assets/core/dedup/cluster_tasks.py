@@ -87,8 +87,8 @@ class GatheredPart:
 def decisions_by_position(decided: Decided, scratch: Path) -> Decisions:
     """The decisions in table order, in row groups of :func:`gather_rows` rows (what gather
     tasks read: a chunk's rows are a range of positions)."""
-    by_position = np.empty(decided.codes.n, dtype=np.int64)
-    by_position[decided.position] = np.arange(decided.codes.n, dtype=np.int64)
+    by_position = np.empty(decided.codes.n, dtype=decided.position.dtype)
+    by_position[decided.position] = np.arange(decided.codes.n, dtype=by_position.dtype)
     return write_decisions(decided, scratch, gather_rows(), only=by_position)
 
 

@@ -30,6 +30,7 @@ from corpus_assets.core.dedup.partition_db import (
     Coded,
     PartitionDb,
     RecordCodes,
+    code_dtype,
 )
 from corpus_assets.core.dedup.report import NearReport
 from corpus_assets.core.storage.cas_queries import sql_path
@@ -65,7 +66,7 @@ _KEEP, _EXACT, _NEAR, _EXCLUDED = range(4)
 
 @dataclass
 class _Verdicts:
-    """Per row: verdict code, direct match row (-1: none) and its Jaccard."""
+    """Per row: verdict code, direct match row (-1: none; ``code_dtype``) and its Jaccard."""
 
     n: int
     verdict: np.ndarray = field(init=False)
@@ -74,14 +75,8 @@ class _Verdicts:
 
     def __post_init__(self) -> None:
         self.verdict = np.full(self.n, _KEEP, dtype=np.int8)
-        self.match = np.full(self.n, -1, dtype=np.int64)
+        self.match = np.full(self.n, -1, dtype=code_dtype(self.n))
         self.jaccard = np.full(self.n, np.nan, dtype=np.float64)
-
-    def representatives(self, at: slice | None = None) -> np.ndarray:
-        """The kept row each row (of ``at``, else all) stands behind (-1 for excluded); chains
-        end at a keep."""
-        lo, hi = (0, self.n) if at is None else (at.start, at.stop)
-        return representatives_at(self.verdict, self.match, np.arange(lo, hi, dtype=np.int64))
 
 
 def representatives_at(verdict: np.ndarray, match: np.ndarray, rows: np.ndarray) -> np.ndarray:
@@ -106,9 +101,12 @@ class Decided:
     near_x: np.ndarray  # verified near edges (rows), later record first
     near_y: np.ndarray
     near_j: np.ndarray
-    leakage: np.ndarray  # per row, a row of the group naming its leakage group (smallest code)
-    position: np.ndarray  # per row, its position in the clusters table (chunk parts in order)
-    rank: np.ndarray  # per row, its rank by record id, object, line, row (the total order's key)
+    # per row (``code_dtype``): a row of the group naming its leakage group (smallest code),
+    # its position in the clusters table (chunk parts in order), its rank by record id, object,
+    # line, row (the total order's last keys)
+    leakage: np.ndarray
+    position: np.ndarray
+    rank: np.ndarray
     report: NearReport | None
 
 
@@ -206,22 +204,33 @@ def _exact(
 def _leakage_rows(group_codes: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Per row, a row whose group has the smallest group code of its component over groups and
     the edges (a, b) (any row of a group names it: they share the group id)."""
-    first_row_of_group = np.empty(int(group_codes.max(initial=-1)) + 1, np.int64)
-    first_row_of_group[group_codes] = np.arange(len(group_codes))
-    return first_row_of_group[edge_group_roots(group_codes, group_codes[a], group_codes[b])]
+    n = len(group_codes)
+    first_row_of_group = np.empty(int(group_codes.max(initial=-1)) + 1, code_dtype(n))
+    first_row_of_group[group_codes] = np.arange(n, dtype=first_row_of_group.dtype)
+    roots = edge_group_roots(group_codes, group_codes[a], group_codes[b])
+    return first_row_of_group[roots]
+
+
+ROOT_SLICE = 1 << 20  # groups mapped to their roots at a time (bounds the int64 temporaries)
 
 
 def edge_group_roots(groups: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Per element of ``groups``, the smallest group of its component over the edges (a, b)
-    between groups: the components are found among the groups the edges touch only (O(edges)
-    per pass, not O(groups)); an untouched group is its own."""
+    between groups (in ``groups``' dtype): the components are found among the groups the
+    edges touch only (O(edges) per pass, not O(groups)); an untouched group is its own. The
+    groups are mapped a slice at a time, so the lookups' temporaries stay a slice's."""
     touched = np.unique(np.concatenate([a, b]))  # ascending: a component's smallest index is
-    if not len(touched):  # ... its smallest group
-        return np.asarray(groups, dtype=np.int64)
+    roots = np.array(groups, copy=True)  # ... its smallest group
+    if not len(touched):
+        return roots
     local = components(len(touched), np.searchsorted(touched, a), np.searchsorted(touched, b))
-    at = np.minimum(np.searchsorted(touched, groups), len(touched) - 1)
-    hit = touched[at] == groups
-    return np.where(hit, touched[local[at]], groups).astype(np.int64)
+    root_of_touched = touched[local]
+    for lo in range(0, len(roots), ROOT_SLICE):
+        part = roots[lo : lo + ROOT_SLICE]  # a view: written in place
+        at = np.minimum(np.searchsorted(touched, part), len(touched) - 1)
+        hit = touched[at] == part
+        part[hit] = root_of_touched[at[hit]]
+    return roots
 
 
 def components(n: int, a: np.ndarray, b: np.ndarray) -> np.ndarray:

@@ -387,8 +387,6 @@ def _counts(decided: Decided, report: DedupReport, tombstoned: int) -> dict[str,
     verdicts = Counter[str]()
     for per_verdict in report.per_source.values():
         verdicts.update(per_verdict)
-    reps = decided.state.representatives()
-    kept = reps[reps >= 0]  # kept rows: their record ids are distinct (repeats are excluded)
     conflicts = sum(reason.startswith(ID_CONFLICT) for reason in decided.excluded.values())
     return {
         "records": decided.codes.n,
@@ -399,7 +397,9 @@ def _counts(decided: Decided, report: DedupReport, tombstoned: int) -> dict[str,
         "tombstoned": tombstoned,
         "duplicate_ids": verdicts[EXCLUDED] - tombstoned - conflicts,
         "id_conflicts": conflicts,
-        "clusters": _distinct(kept),
+        # a kept row stands for itself, every removed one behind a kept row (an exact copy's
+        # representative is kept or near, a near one's match kept): a cluster per kept row
+        "clusters": verdicts[KEEP],
         "leakage_groups": _distinct(decided.leakage),
     }
 

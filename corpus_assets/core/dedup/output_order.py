@@ -11,6 +11,7 @@ more than 128 MB at 677k records and grew with them.
 """
 
 from collections.abc import Iterator
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.ipc as ipc
 
-from corpus_assets.core.dedup.partition_db import PartitionDb
+from corpus_assets.core.dedup.partition_db import PartitionDb, code_dtype
 from corpus_assets.core.storage.cas_queries import streamed
 
 BUCKET_ROWS = 1 << 16  # rows per bucket: one row group of the pinned table
@@ -33,13 +34,15 @@ def _last(value: Any) -> tuple[int, Any]:
 def chunk_major(rank: np.ndarray, chunk_starts: np.ndarray | None) -> np.ndarray:
     """Per row, its position in the clusters table: chunk by chunk (each chunk's rows are one
     part), by ``rank`` within a chunk. Rows are in chunk order, so a chunk's positions are its
-    rows' numbers; None: one chunk (the rank is the position)."""
+    rows' numbers, and each chunk is sorted alone (no sort of every row); None: one chunk (the
+    rank is the position)."""
     if chunk_starts is None or len(chunk_starts) <= 1 or not len(rank):
         return rank
-    chunk = np.searchsorted(chunk_starts, np.arange(len(rank)), side="right") - 1
-    by = np.lexsort((rank, chunk))
-    positions = np.empty(len(rank), dtype=np.int64)
-    positions[by] = np.arange(len(rank))
+    positions = np.empty(len(rank), dtype=rank.dtype)
+    bounds = [*np.asarray(chunk_starts).tolist(), len(rank)]
+    for lo, hi in pairwise(bounds):
+        by = np.argsort(rank[lo:hi], kind="stable")
+        positions[lo + by] = np.arange(lo, hi, dtype=rank.dtype)
     return positions
 
 
@@ -50,20 +53,22 @@ def id_ranks(db: PartitionDb, id_codes: np.ndarray) -> np.ndarray:
     point, which is UTF-8's byte order, so the repeated ids' objects order as in DuckDB."""
     n = len(id_codes)
     if not n:
-        return np.empty(0, dtype=np.int64)
-    tie = np.zeros(n, dtype=np.int64)
+        return np.empty(0, dtype=code_dtype(0))
     tied = np.flatnonzero(np.bincount(id_codes)[id_codes] > 1)
     if len(tied):
+        tie = np.zeros(n, dtype=code_dtype(n))
         where = db.object_lines(tied)
         ranked = sorted(
             tied.tolist(),
             key=lambda row: (_last(where[row][0]), _last(where[row][1]), row),
         )
         tie[np.asarray(ranked, dtype=np.int64)] = np.arange(len(ranked))
-    # the rows' own order breaks ties: a stable sort by id is the lexsort when no id repeats
-    by = np.lexsort((tie, id_codes)) if len(tied) else np.argsort(id_codes, kind="stable")
-    positions = np.empty(n, dtype=np.int64)
-    positions[by] = np.arange(n)
+        by = np.lexsort((tie, id_codes))
+        del tie
+    else:  # the rows' own order breaks ties: a stable sort by id is the lexsort
+        by = np.argsort(id_codes, kind="stable")
+    positions = np.empty(n, dtype=code_dtype(n))
+    positions[by] = np.arange(n, dtype=positions.dtype)
     return positions
 
 

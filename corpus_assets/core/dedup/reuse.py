@@ -95,14 +95,14 @@ def _decision_batches(d: RowDecisions) -> Iterator[pa.RecordBatch]:
         rows = np.arange(lo, min(lo + BATCH_ROWS, n), dtype=np.int64)
         yield pa.RecordBatch.from_arrays(
             [
-                pa.array(d.verdict[rows]),
-                pa.array(d.reps(rows)),
-                pa.array(d.match[rows]),
-                pa.array(d.jaccard[rows]),
-                pa.array(d.leak[rows]),
+                pa.array(d.verdict[rows], pa.int8()),
+                pa.array(d.reps(rows), pa.int64()),  # rows in memory may be int32 (code_dtype)
+                pa.array(d.match[rows], pa.int64()),
+                pa.array(d.jaccard[rows], pa.float64()),
+                pa.array(d.leak[rows], pa.int64()),
                 d.reasons(lo, lo + len(rows)),
-                pa.array(d.pos[rows]),
-                pa.array(d.rank[rows]),
+                pa.array(d.pos[rows], pa.int64()),
+                pa.array(d.rank[rows], pa.int64()),
             ],
             schema=DECISION_COLUMNS,
         )

@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 
+from corpus_assets.core.dedup import clusters
 from corpus_assets.core.dedup.clusters import components, edge_group_roots
 
 
@@ -15,13 +16,19 @@ def _over_every_group(groups: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.nd
 
 
 @pytest.mark.parametrize("seed", range(12))
-def test_edge_group_roots_equal_the_components_of_every_group(seed: int) -> None:
+def test_edge_group_roots_equal_the_components_of_every_group(
+    seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     rng = np.random.default_rng(seed)
     n = int(rng.integers(1, 400))
     groups = rng.integers(0, max(1, n // int(rng.integers(1, 5))), n)  # groups of many rows too
+    groups = groups.astype(np.int32 if seed % 2 else np.int64)  # as the codes come
     edges = int(rng.integers(0, n))  # none, few or many: chains, stars and cycles by chance
     a, b = rng.integers(0, groups.max() + 1, (2, edges))
+    if seed % 3:  # the groups mapped in several slices, the last one short
+        monkeypatch.setattr(clusters, "ROOT_SLICE", int(rng.integers(1, 50)))
     got = edge_group_roots(groups, a, b)
+    assert got.dtype == groups.dtype
     assert got.tolist() == _over_every_group(groups, a, b).tolist()
 
 
