@@ -15,6 +15,8 @@ import random
 import shutil
 from pathlib import Path
 
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 import pytest
 
 from corpus_assets.core.pipeline import BUILDERS, build_all
@@ -23,6 +25,7 @@ from corpus_assets.core.runtime.layer_index import LayerResult, read_layer_index
 from corpus_assets.core.runtime.parted_table import PartedTable
 from corpus_assets.core.runtime.pool import shared_pool
 from corpus_assets.core.runtime.workspace import Workspace, open_workspace
+from corpus_assets.core.storage.table_lookup import TrustedFiles
 
 _POLICY = "  dedup: {near: {bucket_heads: 3}}\n"  # a family of 9 fills capped buckets
 
@@ -133,8 +136,15 @@ def test_workers_and_partitions_publish_the_same_dedup_bytes(
     assert "band_reduce_tasks" not in here.run_stats  # one worker: the in-process path
     assert "code_run_tasks" not in here.run_stats  # ... and the coding sorts in DuckDB
     ws = open_workspace(tmp_path / "w1" / "corpus.yaml")
-    counts = PartedTable.read(ws.cas, one["outputs"]["clusters"], "clusters").counts  # type: ignore[index]
+    parted = PartedTable.read(ws.cas, one["outputs"]["clusters"], "clusters")  # type: ignore[index]
+    counts = parted.counts
+    rows = [pq.read_table(p) for p in parted.paths(TrustedFiles(ws.cas, ws.catalog), "clusters")]
     ws.close()
+    # the clusters count is the kept rows': every row not excluded stands behind one of them
+    standing = [t.filter(pc.not_equal(t["verdict"], "excluded")) for t in rows]
+    representatives = {r for t in standing for r in t["representative_id"].to_pylist()}
+    kept = {r for t in standing for r in t.filter(t["is_representative"])["record_id"].to_pylist()}
+    assert representatives == kept and here.counts["clusters"] == len(kept) > 0
     assert counts is not None and 0 in counts and sum(counts) > 0  # the blank object's part
     assert here.counts["near_duplicates"] >= 12
     classes = here.details["classes"]
