@@ -13,7 +13,7 @@ on the records' own fields); should a band show otherwise, the class is banded i
 """
 
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,13 +43,23 @@ class IndexWriter:
 
     def add(self, keys: np.ndarray, rows: np.ndarray) -> None:
         """The next band: its keys in bucket order and the partition row of each."""
-        if len(keys) != self.n or self.written >= self.bands:
-            raise ValueError(f"band {self.written} of {self.path.name}: {len(keys)} entries")
-        if len(rows) and int(rows.max()) >= MAX_ROWS:
-            raise ValueError(f"{self.path.name}: partition rows beyond {MAX_ROWS}")
-        entries = np.empty(len(keys), dtype=ENTRY)
-        entries["key"], entries["row"] = keys, rows
-        entries.tofile(self._file)
+        self.add_parts([(keys, rows)])
+
+    def add_parts(self, parts: Iterable[tuple[np.ndarray, np.ndarray]]) -> None:
+        """The next band from consecutive parts of it (keys in bucket order, the partition row
+        of each), written as they come: the bytes of :meth:`add` with the parts joined."""
+        if self.written >= self.bands:
+            raise ValueError(f"{self.path.name}: a band past its {self.bands}")
+        entries_written = 0
+        for keys, rows in parts:
+            if len(rows) and int(rows.max()) >= MAX_ROWS:
+                raise ValueError(f"{self.path.name}: partition rows beyond {MAX_ROWS}")
+            entries = np.empty(len(keys), dtype=ENTRY)
+            entries["key"], entries["row"] = keys, rows
+            entries.tofile(self._file)
+            entries_written += len(keys)
+        if entries_written != self.n:
+            raise ValueError(f"band {self.written} of {self.path.name}: {entries_written} entries")
         self.written += 1
 
     def close(self) -> Path:

@@ -171,7 +171,7 @@ def _exclude_repeated_ids(
         return excluded
     first = first_in_order(id_codes[tied])  # rows are in index order already
     repeated = tied[~first]
-    first_row_of = np.empty(int(id_codes.max(initial=-1)) + 1, dtype=np.int64)
+    first_row_of = np.empty(int(id_codes.max(initial=-1)) + 1, dtype=code_dtype(len(id_codes)))
     first_row_of[id_codes[tied[first]]] = tied[first]
     at = first_row_of[id_codes[repeated]]
     same = codes.dedup_key.codes[repeated] == codes.dedup_key.codes[at]
@@ -193,7 +193,7 @@ def _exact(
     only records near-dedup looks at) and the copies, both in total order."""
     key_codes = codes.dedup_key.codes
     first = first_in_order(key_codes[eligible])
-    rep_of = np.empty(int(key_codes.max(initial=-1)) + 1, dtype=np.int64)
+    rep_of = np.empty(int(key_codes.max(initial=-1)) + 1, dtype=code_dtype(len(key_codes)))
     rep_of[key_codes[eligible[first]]] = eligible[first]
     copies = eligible[~first]
     state.verdict[copies], state.match[copies] = _EXACT, rep_of[key_codes[copies]]
@@ -211,7 +211,7 @@ def _leakage_rows(group_codes: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.n
     return first_row_of_group[roots]
 
 
-ROOT_SLICE = 1 << 20  # groups mapped to their roots at a time (bounds the int64 temporaries)
+ROOT_SLICE = 1 << 16  # groups mapped to their roots at a time (bounds the int64 temporaries)
 
 
 def edge_group_roots(groups: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:

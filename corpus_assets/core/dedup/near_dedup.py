@@ -85,11 +85,15 @@ class BandStats:
 
 @dataclass
 class NearResult:
-    """By rank (position in the total order): kept flag, direct match, verified edges."""
+    """By rank (position in the class's total order): the dropped records with their direct
+    matches (every other record is kept), the verified edges. Sparse: a class's scan holds
+    O(pairs), never an array over its records; ``kept``, ``match`` and ``match_jaccard`` are
+    the dense views, built on demand (tests, benchmarks)."""
 
-    kept: np.ndarray  # bool, by rank
-    match: np.ndarray  # int64 rank of the direct match, -1 when kept
-    match_jaccard: np.ndarray  # float64, nan when kept
+    n: int  # the class's records
+    dropped: np.ndarray  # int64 ranks of the dropped records, ascending
+    dropped_match: np.ndarray  # int64 rank of each one's direct match
+    dropped_jaccard: np.ndarray  # float64, its Jaccard
     edges: list[tuple[int, int, float]]  # verified (x, y, J) with J >= threshold, y < x
     bands: list[BandStats] = field(default_factory=list)
     candidate_pairs: int = 0  # unique (x, y) pairs after all bands
@@ -101,6 +105,27 @@ class NearResult:
     pair_x: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
     pair_y: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
     verified: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.float64))
+
+    @property
+    def kept(self) -> np.ndarray:
+        """Per rank, whether the record is kept."""
+        kept = np.ones(self.n, dtype=bool)
+        kept[self.dropped] = False
+        return kept
+
+    @property
+    def match(self) -> np.ndarray:
+        """Per rank, its direct match's rank (-1: kept)."""
+        match = np.full(self.n, -1, dtype=np.int64)
+        match[self.dropped] = self.dropped_match
+        return match
+
+    @property
+    def match_jaccard(self) -> np.ndarray:
+        """Per rank, its direct match's Jaccard (nan: kept)."""
+        jaccard = np.full(self.n, np.nan, dtype=np.float64)
+        jaccard[self.dropped] = self.dropped_jaccard
+        return jaccard
 
 
 def s_curve(bands: int, rows: int) -> list[dict[str, float]]:
@@ -348,7 +373,6 @@ def near_dedup(
     cached = known(pairs) if known is not None else np.full(len(pairs), np.nan)
     xs, ys = np.divmod(pairs, n)
     del pairs
-    result.fingerprinted = len(_unique(np.concatenate([xs, ys])))
     unknown = np.isnan(cached)
     scheduled = unknown if fresh is None else unknown & (fresh[xs] | fresh[ys])
     prints = _Prints(xs[scheduled], ys[scheduled], fingerprints) if unknown.any() else None
@@ -362,10 +386,10 @@ def near_dedup(
 
 def _unscanned(n: int, band_stats: list[BandStats], candidates: int) -> NearResult:
     """Every record kept, no match yet: what the scan starts from."""
-    kept = np.ones(n, dtype=bool)
-    match = np.full(n, -1, dtype=np.int64)
-    match_j = np.full(n, np.nan, dtype=np.float64)
-    return NearResult(kept, match, match_j, [], band_stats, candidate_pairs=candidates)
+    none = np.empty(0, dtype=np.int64)
+    return NearResult(
+        n, none, none, np.empty(0, np.float64), [], band_stats, candidate_pairs=candidates
+    )
 
 
 def scan_verified(
@@ -383,7 +407,6 @@ def scan_verified(
     if not len(pairs):
         return result
     xs, ys = np.divmod(pairs, n)
-    result.fingerprinted = len(_unique(np.concatenate([xs, ys])))
     _scan(result, xs, ys, jaccards, None, _no_jaccard, params.threshold, thresholds)
     return result
 
@@ -406,24 +429,31 @@ def _scan(
     tau: float,
     thresholds: np.ndarray | None,
 ) -> None:
-    """The scan in total order: kept flags, direct matches, edges and every pair's Jaccard
-    (``result.verified``, nan for pairs skipped)."""
-    n = len(result.kept)
-    groups = UnionFind(n)
-    alive = bytearray(b"\x01") * n  # kept flags as a bytearray: cheap to index in the loop
-    taus = thresholds.tolist() if thresholds is not None else None
+    """The scan in total order: dropped records, direct matches, edges and every pair's
+    Jaccard (``result.verified``, nan for pairs skipped). Its state (kept flags, the leakage
+    union-find, thresholds) is over the records in a pair only, numbered in rank order: the
+    components run on the edges' records, not on the class."""
+    touched = _unique(np.concatenate([xs, ys]))  # ranks; local numbers keep their order
+    result.fingerprinted = len(touched)
+    local_x, local_y = np.searchsorted(touched, xs), np.searchsorted(touched, ys)
+    groups = UnionFind(len(touched))
+    alive = bytearray(b"\x01") * len(touched)  # kept flags: cheap to index in the loop
+    taus = thresholds[touched].tolist() if thresholds is not None else None
     verified = np.full(len(xs), np.nan, dtype=np.float64)
+    dropped: list[tuple[int, int, float]] = []
     bounds = np.flatnonzero(np.r_[True, xs[1:] != xs[:-1], True]).tolist()
     get = prints.get if prints is not None else _nothing_unknown
     for lo, hi in pairwise(bounds):
-        x = int(xs[lo])
-        tau_x = tau if taus is None else taus[x]
+        x, u = int(xs[lo]), int(local_x[lo])
+        tau_x = tau if taus is None else taus[u]
         if prints is not None:
             prints.before(x)
-        direct = -1
-        ys_x, cached_x = ys[lo:hi].tolist(), cached[lo:hi].tolist()
-        for i, y in enumerate(ys_x):  # ascending rank: the first kept match is the direct one
-            if (direct >= 0 or not alive[y]) and groups.find(x) == groups.find(y):
+        direct, direct_j = -1, np.nan
+        ys_x, vs_x = ys[lo:hi].tolist(), local_y[lo:hi].tolist()
+        cached_x = cached[lo:hi].tolist()
+        # ascending rank: the first kept match is the direct one
+        for i, (y, v) in enumerate(zip(ys_x, vs_x, strict=True)):
+            if (direct >= 0 or not alive[v]) and groups.find(u) == groups.find(v):
                 result.skipped_same_group += 1
                 continue
             j = cached_x[i]
@@ -432,17 +462,20 @@ def _scan(
                 result.computed_pairs += 1
             verified[lo + i] = j
             result.verified_pairs += 1
-            if j >= (tau_x if taus is None else max(tau_x, taus[y])):
-                groups.union(x, y)
+            if j >= (tau_x if taus is None else max(tau_x, taus[v])):
+                groups.union(u, v)
                 result.edges.append((x, y, j))
-                if direct < 0 and alive[y]:
-                    direct = y
-                    result.match_jaccard[x] = j
+                if direct < 0 and alive[v]:
+                    direct, direct_j = y, j
         if direct >= 0:
-            alive[x] = 0
-            result.match[x] = direct
+            alive[u] = 0
+            dropped.append((x, direct, direct_j))
         if prints is not None:
             prints.after(x)
-    result.kept[:] = np.frombuffer(bytes(alive), dtype=np.uint8).astype(bool)
+    if dropped:  # scanned in rank order: ascending
+        x_of, match_of, j_of = zip(*dropped, strict=True)
+        result.dropped = np.array(x_of, dtype=np.int64)
+        result.dropped_match = np.array(match_of, dtype=np.int64)
+        result.dropped_jaccard = np.array(j_of, dtype=np.float64)
     result.verified = verified
     result.pair_x, result.pair_y = xs, ys

@@ -187,7 +187,7 @@ class NearStage:
                 class_name=name,
                 script=script,
                 records=int(mask.sum()),
-                removed=int((mask & ~result.kept).sum()),
+                removed=int(mask[result.dropped].sum()),
                 threshold=str(threshold),
             )
             for script, mask, threshold in split
@@ -199,9 +199,8 @@ class NearStage:
         edges = np.array([(x, y) for x, y, _ in result.edges], dtype=np.int64).reshape(-1, 2)
         jaccards = np.array([j for _, _, j in result.edges], dtype=np.float64)
         self._edges.append((order[edges[:, 0]], order[edges[:, 1]], jaccards))
-        dropped = np.flatnonzero(~result.kept)
         self._matches.append(
-            (order[dropped], order[result.match[dropped]], result.match_jaccard[dropped])
+            (order[result.dropped], order[result.dropped_match], result.dropped_jaccard)
         )
         done = ~np.isnan(result.verified)
         self._verified.append(
@@ -223,11 +222,11 @@ def _joined(
 
 
 def _class_report(result: NearResult, participants: int) -> ClassReport:
-    clusters = Counter(result.match[~result.kept].tolist())
+    clusters = Counter(result.dropped_match.tolist())
     sizes = Counter(1 + n for n in clusters.values())
     return ClassReport(
         participants=participants,
-        near_duplicates=int((~result.kept).sum()),
+        near_duplicates=len(result.dropped),
         candidate_pairs=result.candidate_pairs,
         verified_pairs=result.verified_pairs,
         verified_edges=len(result.edges),

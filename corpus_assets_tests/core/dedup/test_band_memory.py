@@ -142,3 +142,42 @@ def test_the_band_index_writer_holds_one_band_not_every_partition(tmp_path: Path
     assert written.shape == (bands, n)
     keys = written["key"]
     assert (keys[:, 1:] >= keys[:, :-1]).all()  # each band in bucket order
+
+
+def _range_partitions(scratch: Path, count: int, n: int, bands: int) -> np.ndarray:
+    """Reduce files as the tasks write them (partition p holds the p-th range of keys, each
+    sorted by key then rank) and every row of them; keys repeat, so ties are kept by rank."""
+    rng = np.random.default_rng(11)
+    size = n // count
+    rows = np.empty(n * bands, dtype=ROW)
+    rows["band"] = np.repeat(np.arange(bands, dtype=np.uint32), n)
+    rows["key"] = rng.integers(0, 2**40, len(rows)).astype(np.uint64) // 7  # repeats
+    rows["rank"] = np.tile(rng.permutation(n), bands)
+    cut = np.quantile(rows["key"], np.linspace(0, 1, count + 1)[1:-1]).astype(np.uint64)
+    part = np.searchsorted(cut, rows["key"], side="right")
+    for partition in range(count):
+        mine = rows[part == partition]
+        np.save(
+            index_path(str(scratch), partition),
+            mine[np.lexsort((mine["rank"], mine["key"], mine["band"]))],
+        )
+    assert size  # every partition gets rows of every band here
+    return rows
+
+
+def test_a_band_in_bucket_order_is_written_a_slice_at_a_time(tmp_path: Path) -> None:
+    """Partitions that are ranges of keys (as ``key_partition`` cuts them) concatenate in
+    bucket order: each band goes from the files to the index a slice at a time, the same
+    bytes as the band sorted whole, and the driver grows by less than one band's rows."""
+    count, n, bands = 3, 400_000, 8
+    rows = _range_partitions(tmp_path, count, n, bands)
+    probe = [sys.executable, "-c", INDEX_PROBE, str(tmp_path), str(count), str(n), str(bands)]
+    grown = int(subprocess.run(probe, check=True, capture_output=True, text=True).stdout)
+    order = np.arange(n, dtype=np.int64)
+    assert grown < n * ROW.itemsize, f"{grown} bytes, one band's rows are {n * ROW.itemsize}"
+    written = np.load(tmp_path / "index.npy")
+    for band in range(bands):
+        mine = rows[rows["band"] == band]
+        whole = mine[np.lexsort((mine["rank"], mine["key"]))]
+        assert np.array_equal(written[band]["key"], whole["key"])
+        assert np.array_equal(written[band]["row"], order[whole["rank"]])
