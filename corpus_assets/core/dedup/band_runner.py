@@ -205,10 +205,11 @@ class BandRunner:
 def _write_index(index: IndexWriter, scratch: str, count: int, order: np.ndarray) -> None:
     """Each band's rows of every reduce partition in bucket order: keys are sorted in each
     partition and the partitions are ranges of keys in order (``band_tasks.key_partition``),
-    so their concatenation is sorted (checked first; a stable sort by key otherwise, which
-    gives the same rows). A sorted band goes from the files to the index a slice at a time:
-    the driver holds ``WRITE_ROWS`` rows, not a band's (~50 bytes a class record: +26 MB at
-    459k), nor the partitions mapped whole (+140 MB at 1.1 GB of raw text)."""
+    so their concatenation is sorted (the boundaries checked first; a stable sort by key
+    otherwise, which gives the same rows). A sorted band goes from the files to the index a
+    slice at a time: the driver holds ``WRITE_ROWS`` rows, not a band's (~50 bytes a class
+    record: +26 MB at 459k), nor the partitions mapped whole (+140 MB at 1.1 GB of raw
+    text)."""
     runs = [_BandRuns.open(index_path(scratch, p), index.bands) for p in range(count)]
     for band in range(index.bands):
         if _in_bucket_order(runs, band):
@@ -222,17 +223,17 @@ def _write_index(index: IndexWriter, scratch: str, count: int, order: np.ndarray
 
 
 def _in_bucket_order(runs: list["_BandRuns"], band: int) -> bool:
-    """Whether the band's keys, partition after partition, never decrease (read a slice at a
-    time)."""
+    """Whether the band's keys never decrease from one partition to the next. Each partition's
+    rows are sorted by its reduce task (as the bisection for the band bounds assumes), so only
+    the boundaries are read: two keys a partition, not the band again."""
     last = None
     for run in runs:
-        for part in run.slices(band):
-            keys = part["key"]
-            if not len(keys):
-                continue
-            if (last is not None and keys[0] < last) or bool(np.any(keys[1:] < keys[:-1])):
-                return False
-            last = keys[-1]
+        ends = run.end_keys(band)
+        if ends is None:
+            continue
+        if last is not None and ends[0] < last:
+            return False
+        last = ends[1]
     return True
 
 
@@ -269,6 +270,13 @@ class _BandRuns:
         lo, hi = int(self.bounds[band]), int(self.bounds[band + 1])
         for start in range(lo, hi, WRITE_ROWS):
             yield self._read(start, min(start + WRITE_ROWS, hi))
+
+    def end_keys(self, band: int) -> tuple[int, int] | None:
+        """The band's first and last key here (None: no row of it)."""
+        lo, hi = int(self.bounds[band]), int(self.bounds[band + 1])
+        if hi == lo:
+            return None
+        return int(self._read(lo, lo + 1)["key"][0]), int(self._read(hi - 1, hi)["key"][0])
 
     def _read(self, lo: int, hi: int) -> np.ndarray:
         start = self.offset + lo * ROW.itemsize
