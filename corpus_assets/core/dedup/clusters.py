@@ -21,13 +21,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from corpus_assets.core.dedup.coding import Coding, DriverCoding, exclusions
 from corpus_assets.core.dedup.near_stage import NearStage
-from corpus_assets.core.dedup.order import first_in_order
-from corpus_assets.core.dedup.output_order import bucket, chunk_major, id_ranks, sorted_batches
+from corpus_assets.core.dedup.output_order import bucket, chunk_major, sorted_batches
 from corpus_assets.core.dedup.partition_db import (
     MEMORY_LIMIT,
     OUTPUT_MEMORY_LIMIT,
-    Coded,
     PartitionDb,
     RecordCodes,
     code_dtype,
@@ -36,10 +35,6 @@ from corpus_assets.core.dedup.report import NearReport
 from corpus_assets.core.storage.cas_queries import sql_path
 
 KEEP, EXACT, NEAR, EXCLUDED = "keep", "exact_duplicate", "near_duplicate", "excluded"
-# Why an ``excluded`` row repeats an earlier row's record id: the same record again (same dedup
-# key), or another text under the same id - quarantined, counted as ``id_conflicts``. Decided
-# here, the first layer that sees the whole partition (a canonical chunk sees one object).
-DUPLICATE_ID, ID_CONFLICT = "duplicate record_id", "id.conflict"
 CLUSTER_COLUMNS = pa.schema(
     [
         ("record_id", pa.string()),
@@ -122,31 +117,36 @@ def decide(
     source_order: dict[str, int],
     revoked: dict[int, str] | None = None,
     near: NearStage | None = None,
-    carried: tuple[Coded, Coded, Coded] | None = None,
+    coding: Coding | None = None,
     chunk_starts: np.ndarray | None = None,
 ) -> Decided:
     """Exclusions, exact dedup, near-dedup and leakage groups over the codes of ``db``
-    (``carried``: its record id, dedup key and group id codes, known; ``chunk_starts``: each
-    canonical chunk's first row, whose rows make one part of the clusters table)."""
-    codes = db.codes(carried)
-    rank = id_ranks(db, codes.record_id.codes)
+    (``coding``: where the codes, repeated ids and exact copies come from; the driver's
+    sorts by default; ``chunk_starts``: each canonical chunk's first row, whose rows make
+    one part of the clusters table)."""
+    coding = coding if coding is not None else DriverCoding()
+    codes = coding.codes(db)
+    rank = coding.id_rank(db, codes)
     position = chunk_major(rank, chunk_starts)
     order = db.total_order(source_order, codes.source_id, rank)
     state = _Verdicts(codes.n)
-    excluded = _exclude_repeated_ids(db, codes, dict(revoked or {}))
-    if excluded:
-        state.verdict[np.fromiter(excluded, dtype=np.int64, count=len(excluded))] = _EXCLUDED
-    representatives, copies = _exact(codes, order[state.verdict[order] == _KEEP], state)
-    del order
+    excluded = exclusions(db, coding.repeated(codes), dict(revoked or {}))
+    excluded_rows = np.fromiter(sorted(excluded), dtype=np.int64, count=len(excluded))
+    state.verdict[excluded_rows] = _EXCLUDED
+    exact = coding.exact(codes, order[state.verdict[order] == _KEEP], excluded_rows)
+    del order, excluded_rows
+    copies = exact.copies
+    state.verdict[copies], state.match[copies], state.jaccard[copies] = _EXACT, exact.match, 1.0
     codes.forget("record_id", "dedup_key")
     report = None
     near_x = near_y = np.empty(0, dtype=np.int64)
     near_j = np.empty(0, dtype=np.float64)
     if near is not None:
-        report = near.run(codes, representatives)
+        report = near.run(codes, exact.representatives)
         near_x, near_y, near_j = near.edge_arrays()
         rows, match, jaccard = near.match_arrays()
         state.verdict[rows], state.match[rows], state.jaccard[rows] = _NEAR, match, jaccard
+    del exact
     a = np.concatenate([copies, near_x])
     b = np.concatenate([state.match[copies], near_y])
     leakage = _leakage_rows(codes.group_id.codes, a, b)
@@ -154,51 +154,6 @@ def decide(
     return Decided(
         codes, state, excluded, copies, near_x, near_y, near_j, leakage, position, rank, report
     )
-
-
-def _exclude_repeated_ids(
-    db: PartitionDb, codes: RecordCodes, excluded: dict[int, str]
-) -> dict[int, str]:
-    """Add every row whose record id already appeared at an earlier row (ids are unique).
-
-    Rows are numbered in index order (source, object by name, line), so the first row of an
-    id stays: a row appended later never displaces it, whatever its length. A repeat with the
-    same dedup key is the same record again (``duplicate record_id``); with another text it is
-    an ``id.conflict``, quarantined and counted, never silently one of two."""
-    id_codes = codes.record_id.codes
-    tied = np.flatnonzero(np.bincount(id_codes)[id_codes] > 1) if len(id_codes) else id_codes
-    if not len(tied):  # every id once (the usual case): no sort
-        return excluded
-    first = first_in_order(id_codes[tied])  # rows are in index order already
-    repeated = tied[~first]
-    first_row_of = np.empty(int(id_codes.max(initial=-1)) + 1, dtype=code_dtype(len(id_codes)))
-    first_row_of[id_codes[tied[first]]] = tied[first]
-    at = first_row_of[id_codes[repeated]]
-    same = codes.dedup_key.codes[repeated] == codes.dedup_key.codes[at]
-    where = db.object_lines(np.unique(at))
-    for row, first_row, same_text in zip(repeated.tolist(), at.tolist(), same, strict=True):
-        obj, line = where[first_row]
-        if same_text:
-            reason = f"{DUPLICATE_ID} (first at {obj} line {line})"
-        else:
-            reason = f"{ID_CONFLICT}: another text than the first at {obj} line {line}"
-        excluded.setdefault(row, reason)
-    return excluded
-
-
-def _exact(
-    codes: RecordCodes, eligible: np.ndarray, state: _Verdicts
-) -> tuple[np.ndarray, np.ndarray]:
-    """Mark later copies of a dedup key as exact duplicates; return the representatives (the
-    only records near-dedup looks at) and the copies, both in total order."""
-    key_codes = codes.dedup_key.codes
-    first = first_in_order(key_codes[eligible])
-    rep_of = np.empty(int(key_codes.max(initial=-1)) + 1, dtype=code_dtype(len(key_codes)))
-    rep_of[key_codes[eligible[first]]] = eligible[first]
-    copies = eligible[~first]
-    state.verdict[copies], state.match[copies] = _EXACT, rep_of[key_codes[copies]]
-    state.jaccard[copies] = 1.0
-    return eligible[first], copies
 
 
 def _leakage_rows(group_codes: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:

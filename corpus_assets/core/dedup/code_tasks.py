@@ -1,34 +1,37 @@
-"""Record codes by a sample sort on the task runner: the driver's coding sorts, distributed.
+"""Record codes and exact copies by a sample sort on the task runner, beside the values.
 
-Dedup decides on integer codes of record ids, group ids and dedup keys
-(:class:`.partition_db.RecordCodes`). In the driver they cost DuckDB external sorts of every
-value: 1.1 of the dedup driver's 3.3-3.5 CPU-s at 1.1 GB of raw text on Ray. Where the stages
-run on the runner (:func:`.band_runner.distributed`) they come from three stages over the
-layer's scratch folder under the data home instead (every worker sees it):
+Dedup decides on integer codes of record ids and group ids, on each row's rank by record id,
+and on which rows repeat an id or a dedup key. On the driver these cost DuckDB external sorts
+of every value and numpy over every row. Where the stages run on the runner
+(:func:`.band_runner.distributed`) they come from tasks over the layer's scratch folder under
+the data home instead (every worker sees it), driven by :class:`.task_coding.TaskCoding`:
 
 - **runs** (one task per canonical chunk; it is the clusters join's *names* task, so the chunk
-  is verified and read once): each coded set of the chunk sorted by value (byte order, nulls
-  last) with its rows, written as an Arrow IPC file - ``ids``: every record id and each group
-  id unlike its record id (flagged), ranked together as the driver ranks them; ``keys``: the
-  dedup keys. It returns evenly spaced samples of each set.
+  is verified and read once): each set of the chunk sorted by value (byte order, nulls last)
+  with its rows and what deciding needs next to the value, written as an Arrow IPC file -
+  ``ids``: every record id with its object, line and dedup key, and each group id unlike its
+  record id (flagged), ranked together as the driver ranks them; ``keys``: every dedup key with
+  the row's place in the total order (source rank, longer first, record id, object, line). It
+  returns evenly spaced samples of each set.
 - **splitters** (the driver): from the samples, the values that cut each set into partitions
   of about ``PARTITION_VALUES`` values (a function of the sizes and samples, never of the
-  worker count; any cut gives codes in the same order).
+  worker count; any cut gives the same answers).
 - **merge** (one task per partition of a set): every run's rows between the partition's
-  splitters (a binary search of the memory-mapped run), sorted, numbered where the value
-  changes; rows and codes written as ``.npy``.
+  splitters (a binary search of the memory-mapped run), sorted. An ids partition numbers its
+  values where they change, ranks its record rows by (record id, object, line, row) and finds
+  the rows whose record id an earlier row holds; a keys partition, run once the driver knows
+  the excluded rows, finds each dedup key's first eligible row in the total order and the
+  copies behind it. All of a value's rows are in one partition, so each answer is whole.
 
-The driver places each partition's codes at their rows, offset by the values of the
-partitions before it: codes follow byte order, equal values share one and numbers are
-skipped, as :meth:`.partition_db.PartitionDb.codes` promises. No output depends on the
-numbering itself (a child's carried codes number differently too), so the layer's bytes are
-the in-driver path's (``test_dedup_distributed``). The driver holds the codes (4 bytes a
-record each) and one partition's arrays at a time, never a value.
+The driver places the codes and ranks at their rows, offset by the partitions before, and
+collects the sparse answers; it holds no value. Codes follow byte order, equal values share
+one and numbers are skipped, as :meth:`.partition_db.PartitionDb.codes` promises; no output
+depends on the numbering itself, so the layer's bytes are the in-driver path's
+(``test_dedup_distributed``, ``test_code_tasks``).
 """
 
 import bisect
 import os
-from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,21 +41,59 @@ import pyarrow.compute as pc
 import pyarrow.ipc as ipc
 
 from corpus_assets.core.dedup.cluster_tasks import NamesJob, whole_array, write_names
-from corpus_assets.core.dedup.partition_db import Coded, code_dtype, value_changes
-from corpus_assets.core.records.index import ChunkRecords
-from corpus_assets.core.runtime.workspace import Workspace, pooled
+from corpus_assets.core.dedup.partition_db import value_changes
+from corpus_assets.core.runtime.workspace import Workspace
 
 PARTITION_VALUES = 1 << 18  # values per merge partition at most (tests fix the count instead)
 MERGE_COPIES = 3  # a merge task holds its slices, their concatenation and the sorted copy
 ROW_BYTES = 9  # beside each value: its row (int64) and flag
 SAMPLES = 64  # evenly spaced values per run and set
 SETS = ("ids", "keys")
+_AT_END = "at_end"  # nulls last, as DuckDB's ascending ORDER BY
+_SCHEMAS = {
+    "ids": pa.schema(
+        [
+            ("v", pa.string()),
+            ("row", pa.int64()),
+            ("flag", pa.bool_()),  # a group id (its record columns null)
+            ("object", pa.string()),
+            ("line", pa.int64()),
+            ("key", pa.string()),
+        ]
+    ),
+    "keys": pa.schema(
+        [
+            ("v", pa.string()),
+            ("row", pa.int64()),
+            ("source_rank", pa.int32()),
+            ("longer_first", pa.int64()),
+            ("record_id", pa.string()),
+            ("object", pa.string()),
+            ("line", pa.int64()),
+        ]
+    ),
+}
+# each set's sort in a merge: by value, then what orders a value's rows
+_SORT_KEYS = {
+    "ids": ["v", "object", "line", "row"],
+    "keys": ["v", "source_rank", "longer_first", "record_id", "object", "line", "row"],
+}
+
+
+@dataclass(frozen=True)
+class RunJob:
+    """One canonical chunk's runs: its names, the digest of its text lengths, and each
+    source's rank in the total order (a source not listed ranks after all)."""
+
+    names: NamesJob
+    lengths: str
+    source_order: tuple[tuple[str, int], ...]
 
 
 @dataclass(frozen=True)
 class RunSamples:
-    """What a runs task wrote, per set: its values, their UTF-8 bytes and evenly spaced
-    non-null ones."""
+    """What a runs task wrote, per set: its values, the bytes beside their rows and flags,
+    and evenly spaced non-null values."""
 
     values: dict[str, int]
     value_bytes: dict[str, int]
@@ -62,7 +103,8 @@ class RunSamples:
 @dataclass(frozen=True)
 class MergeJob:
     """One partition of a set: the values ``lo <= v < hi`` of every run (None: unbounded;
-    nulls sort last, so they belong to the last partition)."""
+    nulls sort last, so they belong to the last partition); ``excluded``: for keys, a file of
+    the excluded rows (ascending), which are no dedup key's copy or representative."""
 
     scratch: str
     kind: str
@@ -70,71 +112,17 @@ class MergeJob:
     runs: int
     lo: str | None
     hi: str | None
+    excluded: str | None = None
 
 
 @dataclass(frozen=True)
 class Merged:
-    """A merge task's value count (the next partition's code offset) and its process."""
+    """A merge task's value count (the next partition's code offset), its record rows (the
+    next partition's rank offset) and its process."""
 
     values: int
+    records: int
     pid: int
-
-
-def runner_codes(
-    ws: Workspace, chunks: list[ChunkRecords], scratch: Path, work: Counter[str]
-) -> tuple[Coded, Coded, Coded]:
-    """Record id, dedup key and group id codes by row (as ``PartitionDb.codes`` takes them
-    carried); the chunks' names are left in ``scratch`` for the clusters join's gather tasks.
-    ``work`` counts the tasks and those run in another process."""
-    starts = np.cumsum([0, *(c.count for c in chunks)], dtype=np.int64)
-    jobs = [NamesJob(str(scratch), i, c, int(starts[i])) for i, c in enumerate(chunks)]
-    sampled: list[RunSamples] = pooled(ws, chunk_runs, jobs)
-    n = int(starts[-1])
-    work["code_run_tasks"] += len(jobs)
-    budget = ws.config.execution.task_budget_bytes()
-    merges = [job for kind in SETS for job in _merge_jobs(scratch, kind, sampled, budget)]
-    merged: list[Merged] = pooled(ws, merge_partition, merges)  # both sets' at once
-    work["code_merge_tasks"] += len(merges)
-    work["code_merge_elsewhere"] += sum(m.pid != os.getpid() for m in merged)
-    for kind in SETS:
-        for index in range(len(sampled)):
-            _run_path(scratch, kind, index).unlink()
-    done = list(zip(merges, merged, strict=True))
-    ids, groups = _placed(scratch, [d for d in done if d[0].kind == "ids"], n)
-    keys, _ = _placed(scratch, [d for d in done if d[0].kind == "keys"], n)
-    own = groups < 0
-    groups[own] = ids[own]
-    return Coded(ids, []), Coded(keys, []), Coded(groups, [])
-
-
-def _merge_jobs(scratch: Path, kind: str, sampled: list[RunSamples], budget: int) -> list[MergeJob]:
-    """A set's merge jobs, one per partition between the splitters of its samples."""
-    values = sum(s.values[kind] for s in sampled)
-    value_bytes = sum(s.value_bytes[kind] for s in sampled)
-    count = merge_partitions(values, value_bytes, budget)
-    cuts = splitters([v for s in sampled for v in s.samples[kind]], count)
-    bounds = [None, *cuts, None]
-    return [
-        MergeJob(str(scratch), kind, p, len(sampled), bounds[p], bounds[p + 1])
-        for p in range(len(cuts) + 1)
-    ]
-
-
-def _placed(
-    scratch: Path, done: list[tuple[MergeJob, Merged]], n: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """A set's codes by row from its partitions, and its flagged rows' (group ids; -1:
-    none): each partition's local codes offset by the values of the partitions before."""
-    dtype = code_dtype(max(sum(m.values for _, m in done), 1))
-    codes = np.zeros(n, dtype=dtype)
-    groups = np.full(n, -1, dtype=dtype)
-    offset = 0
-    for job, merged in done:
-        rows, local, flagged = _load_merge(scratch, job.kind, job.partition)
-        placed = (local + offset).astype(dtype)
-        codes[rows[~flagged]], groups[rows[flagged]] = placed[~flagged], placed[flagged]
-        offset += merged.values
-    return codes, groups
 
 
 def merge_partitions(values: int, value_bytes: int, budget: int) -> int:
@@ -156,33 +144,66 @@ def splitters(samples: list[str], count: int) -> list[str]:
     return sorted({ordered[k * len(ordered) // count] for k in range(1, count)})
 
 
-def chunk_runs(ws: Workspace, job: NamesJob, spec: object, done: object) -> RunSamples:
+def chunk_runs(ws: Workspace, job: RunJob, spec: object, done: object) -> RunSamples:
     """One chunk's names (for the gather tasks) and its sorted runs of both sets."""
-    table = write_names(ws, job)
-    rows = pa.array(np.arange(job.start, job.start + table.num_rows, dtype=np.int64))
-    record, group = whole_array(table["record_id"]), whole_array(table["group_id"])
-    unlike = _distinct(group, record)
-    sets = {
-        "ids": _run(
-            pa.concat_arrays([record, group.filter(unlike)]),
-            pa.concat_arrays([rows, rows.filter(unlike)]),
-            pc.sum(unlike).as_py() or 0,
-        ),
-        "keys": _run(whole_array(table["dedup_key"]), rows, 0),
-    }
+    table = write_names(ws, job.names)
+    sets = {"ids": _ids_run(table, job.names.start), "keys": _keys_run(ws, job, table)}
     samples, sizes = {}, {}
     for kind, run in sets.items():
-        sizes[kind] = pc.sum(pc.binary_length(run.column("v"))).as_py() or 0
-        ordered = run.take(pc.sort_indices(run, [("v", "ascending", "at_end")]))
-        _write(_run_path(Path(job.scratch), kind, job.index), ordered.combine_chunks())
+        sizes[kind] = run.nbytes - ROW_BYTES * run.num_rows
+        ordered = run.take(pc.sort_indices(run, [("v", "ascending", _AT_END)]))
+        _write(run_path(Path(job.names.scratch), kind, job.names.index), ordered, kind)
         samples[kind] = _samples(ordered.column("v"))
     return RunSamples({k: t.num_rows for k, t in sets.items()}, sizes, samples)
 
 
-def _run(values: pa.Array, rows: pa.Array, flagged: int) -> pa.Table:
-    """A set's rows of a chunk, its last ``flagged`` rows flagged (group ids)."""
-    flags = np.r_[np.zeros(len(rows) - flagged, bool), np.ones(flagged, bool)]
-    return pa.table([values, rows, pa.array(flags)], schema=_SCHEMA)
+def _ids_run(table: pa.Table, start: int) -> pa.Table:
+    """Every record id with its row, object, line and dedup key, then each group id unlike
+    its record id (flagged, the record columns null)."""
+    rows = pa.array(np.arange(start, start + table.num_rows, dtype=np.int64))
+    record, group = whole_array(table["record_id"]), whole_array(table["group_id"])
+    unlike = _distinct(group, record)
+    flagged = pc.sum(unlike).as_py() or 0
+    flags = np.r_[np.zeros(table.num_rows, bool), np.ones(flagged, bool)]
+    columns = [
+        pa.concat_arrays([record, group.filter(unlike)]),
+        pa.concat_arrays([rows, rows.filter(unlike)]),
+        pa.array(flags),
+    ]
+    for name in ("object", "line", "dedup_key"):
+        field = _SCHEMAS["ids"].field("key" if name == "dedup_key" else name)
+        columns.append(
+            pa.concat_arrays(
+                [whole_array(table[name]).cast(field.type), pa.nulls(flagged, field.type)]
+            )
+        )
+    return pa.Table.from_arrays(columns, schema=_SCHEMAS["ids"])
+
+
+def _keys_run(ws: Workspace, job: RunJob, table: pa.Table) -> pa.Table:
+    """Every dedup key with its row's place in the total order."""
+    n, start = table.num_rows, job.names.start
+    data = ws.cas.get_bytes(job.lengths, f"text lengths of {job.names.chunk.key}")
+    lengths = np.frombuffer(data, dtype="<i8").astype(np.int64)
+    if len(lengths) != n:
+        raise ValueError(
+            f"text lengths {job.lengths} of {job.names.chunk.key}: {len(lengths)} rows"
+        )
+    order = dict(job.source_order)
+    last = max(order.values(), default=-1) + 1  # an unranked source: after all
+    sources = pc.dictionary_encode(whole_array(table["source_id"]), null_encoding="encode")
+    ranks = [order.get(source, last) for source in sources.dictionary.to_pylist()]
+    source_rank = np.asarray(ranks, dtype=np.int32)[sources.indices.to_numpy(zero_copy_only=False)]
+    columns = [
+        whole_array(table["dedup_key"]),
+        pa.array(np.arange(start, start + n, dtype=np.int64)),
+        pa.array(source_rank if n else np.zeros(0, np.int32)),
+        pa.array(-lengths),
+        whole_array(table["record_id"]),
+        whole_array(table["object"]),
+        whole_array(table["line"]),
+    ]
+    return pa.Table.from_arrays(columns, schema=_SCHEMAS["keys"])
 
 
 def _distinct(a: pa.Array, b: pa.Array) -> pa.Array:
@@ -201,22 +222,71 @@ def _samples(values: pa.ChunkedArray) -> list[str]:
 
 
 def merge_partition(ws: Workspace, job: MergeJob, spec: object, done: object) -> Merged:
-    """One partition of a set: its rows of every run, sorted and numbered, written."""
+    """One partition of a set: its rows of every run, sorted and decided, written."""
     scratch = Path(job.scratch)
     parts = []
     for index in range(job.runs):
-        run = _read(_run_path(scratch, job.kind, index))
+        run = _read(run_path(scratch, job.kind, index))
         lo, hi = _Sorted(run.column("v")).range(job.lo, job.hi)
         parts.append(run.slice(lo, hi - lo))
-    table = pa.concat_tables(parts) if parts else _empty()
-    table = table.take(pc.sort_indices(table, [("v", "ascending", "at_end")]))
-    values = table.column("v").combine_chunks()
+    table = pa.concat_tables(parts) if parts else _SCHEMAS[job.kind].empty_table()
+    order = [(name, "ascending", _AT_END) for name in _SORT_KEYS[job.kind]]
+    table = table.take(pc.sort_indices(table, order)).combine_chunks()
+    base = merge_path(scratch, job.kind, job.partition)
+    if job.kind == "ids":
+        records = _merge_ids(table, base)
+    else:
+        records = _merge_keys(table, base, job.excluded)
+    return Merged(table.num_rows, records, os.getpid())
+
+
+def _merge_ids(table: pa.Table, base: str) -> int:
+    """Codes of every value (a new one where it changes), the record rows in rank order, and
+    the record rows whose id an earlier row holds; how many record rows."""
+    values = table.column("v").chunk(0) if table.num_rows else pa.array([], pa.string())
     local = np.cumsum(value_changes(values, None)) - 1 if len(values) else np.zeros(0, np.int64)
-    base = _merge_path(scratch, job.kind, job.partition)
-    np.save(f"{base}-rows.npy", table.column("row").to_numpy())
-    np.save(f"{base}-codes.npy", local.astype(np.int64))
-    np.save(f"{base}-flags.npy", table.column("flag").to_numpy(zero_copy_only=False))
-    return Merged(table.num_rows, os.getpid())
+    flags = table.column("flag").to_numpy(zero_copy_only=False).astype(bool)
+    rows = table.column("row").to_numpy()
+    _save(base, rows=rows, codes=local.astype(np.int64), flags=flags, ranked=rows[~flags])
+    records = table.filter(pa.array(~flags))
+    repeated, first, same = _repeats(records, local[~flags])
+    _save(base, repeated=repeated, first=first, same=same)
+    return records.num_rows
+
+
+def _repeats(records: pa.Table, codes: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Of record rows sorted by id (``codes``: their values' codes), each row after the first
+    (lowest row) of its id, that first row, and whether their dedup keys are equal."""
+    rows = records.column("row").to_numpy()
+    by = np.lexsort((rows, codes))  # each id's rows ascending: its first row leads
+    rows, codes = rows[by], codes[by]
+    lead = np.r_[True, codes[1:] != codes[:-1]] if len(codes) else np.zeros(0, bool)
+    first_at = np.flatnonzero(lead)[np.cumsum(lead) - 1]
+    keys = (
+        records.column("key").chunk(0).take(pa.array(by)) if len(by) else pa.array([], pa.string())
+    )
+    later = np.flatnonzero(~lead)
+    distinct = _distinct(keys.take(pa.array(later)), keys.take(pa.array(first_at[later])))
+    same = ~np.asarray(distinct.to_numpy(zero_copy_only=False), dtype=bool)
+    return rows[later], rows[first_at[later]], same
+
+
+def _merge_keys(table: pa.Table, base: str, excluded: str | None) -> int:
+    """Among the eligible rows of each dedup key, in total order: the first stands for the
+    key, the later ones are its copies; the copies and their representatives written."""
+    rows = table.column("row").to_numpy()
+    out = np.load(excluded) if excluded else np.empty(0, np.int64)
+    at = np.minimum(np.searchsorted(out, rows), max(len(out) - 1, 0))
+    eligible = ~(out[at] == rows) if len(out) else np.ones(len(rows), bool)
+    rows = rows[eligible]
+    values = table.column("v").chunk(0).filter(pa.array(eligible)) if len(eligible) else None
+    if values is None or not len(values):
+        _save(base, copies=rows[:0], match=rows[:0])
+        return 0
+    lead = value_changes(values, None)
+    representative = rows[np.flatnonzero(lead)][np.cumsum(lead) - 1]
+    _save(base, copies=rows[~lead], match=representative[~lead])
+    return 0
 
 
 class _Sorted:
@@ -238,33 +308,31 @@ class _Sorted:
         return start, end
 
 
-_SCHEMA = pa.schema([("v", pa.string()), ("row", pa.int64()), ("flag", pa.bool_())])
-
-
-def _empty() -> pa.Table:
-    return _SCHEMA.empty_table()
-
-
-def _write(path: Path, table: pa.Table) -> None:
-    with ipc.new_file(str(path), _SCHEMA) as out:
-        out.write_table(table.cast(_SCHEMA))
+def _write(path: Path, table: pa.Table, kind: str) -> None:
+    with ipc.new_file(str(path), _SCHEMAS[kind]) as out:
+        out.write_table(table.combine_chunks().cast(_SCHEMAS[kind]))
 
 
 def _read(path: Path) -> pa.Table:
     return ipc.open_file(pa.memory_map(str(path))).read_all()
 
 
-def _load_merge(scratch: Path, kind: str, partition: int) -> tuple[np.ndarray, ...]:
-    base = _merge_path(scratch, kind, partition)
-    loaded = tuple(np.load(f"{base}-{name}.npy") for name in ("rows", "codes", "flags"))
-    for name in ("rows", "codes", "flags"):
+def _save(base: str, **arrays: np.ndarray) -> None:
+    for name, array in arrays.items():
+        np.save(f"{base}-{name}.npy", array)
+
+
+def load_merged(base: str, *names: str) -> tuple[np.ndarray, ...]:
+    """A merge task's arrays (deleted once read)."""
+    loaded = tuple(np.load(f"{base}-{name}.npy") for name in names)
+    for name in names:
         Path(f"{base}-{name}.npy").unlink()
     return loaded
 
 
-def _run_path(scratch: Path, kind: str, index: int) -> Path:
+def run_path(scratch: Path, kind: str, index: int) -> Path:
     return scratch / f"run-{kind}-{index:06d}.arrow"
 
 
-def _merge_path(scratch: Path, kind: str, partition: int) -> Path:
-    return scratch / f"merged-{kind}-{partition:05d}"
+def merge_path(scratch: Path, kind: str, partition: int) -> str:
+    return str(scratch / f"merged-{kind}-{partition:05d}")

@@ -23,7 +23,6 @@ from corpus_assets.core.dedup.cluster_tasks import cluster_parts_on_runner, deci
 from corpus_assets.core.dedup.clusters import (
     EXACT,
     EXCLUDED,
-    ID_CONFLICT,
     KEEP,
     NEAR,
     Decided,
@@ -33,7 +32,7 @@ from corpus_assets.core.dedup.clusters import (
     join_clusters,
     write_decisions,
 )
-from corpus_assets.core.dedup.code_tasks import runner_codes
+from corpus_assets.core.dedup.coding import ID_CONFLICT, Coding, DriverCoding
 from corpus_assets.core.dedup.edges import EdgeIds, edge_rows
 from corpus_assets.core.dedup.fingerprint_store import TextLookup
 from corpus_assets.core.dedup.minhash import SignatureSpec
@@ -47,7 +46,7 @@ from corpus_assets.core.dedup.pair_cache import (
     parent_mode,
     store_pairs,
 )
-from corpus_assets.core.dedup.partition_db import Coded, PartitionDb, chunk_lengths
+from corpus_assets.core.dedup.partition_db import PartitionDb, chunk_lengths
 from corpus_assets.core.dedup.report import DedupReport
 from corpus_assets.core.dedup.reuse import (
     Reuse,
@@ -62,6 +61,7 @@ from corpus_assets.core.dedup.signature_cache import (
     ensure_signatures,
     signature_spec,
 )
+from corpus_assets.core.dedup.task_coding import TaskCoding
 from corpus_assets.core.governance.deletion_reach import revoked_targets, tombstone_matches
 from corpus_assets.core.ingest.freeze import freeze
 from corpus_assets.core.records.index import CanonicalIndex, ChunkRecords
@@ -90,10 +90,11 @@ def build_dedup_clusters(ws: Workspace, partition_key: str) -> LayerResult:
             revoked = _revoked(ws, db, spec.tombstone_watermark)
             near, signature_refs, run_stats = _near_stage(ws, chunks, db, mode, Path(tmp))
             chunk_rows = [(c.records["digest"], c.count) for c in chunks]
-            codes, coding = _codes(ws, chunks, _carried(ws, mode, chunk_rows, db), Path(tmp))
+            coding = _coding(ws, chunks, _carried(ws, mode, chunk_rows, db), length_refs, Path(tmp))
             starts = np.cumsum([0, *(c.count for c in chunks)])[:-1]
-            decided = decide(db, order, revoked, near, codes, starts)
-            run_stats |= coding
+            decided = decide(db, order, revoked, near, coding, starts)
+            run_stats |= _coding_work(coding)
+            del coding
             bands = _put_bands(ws, near.banding) if near and near.banding else []
             pairs = store_pairs(ws, db, *near.verified_arrays()) if near else None
             run_stats |= _near_work(near, mode, chunks)
@@ -113,7 +114,7 @@ def build_dedup_clusters(ws: Workspace, partition_key: str) -> LayerResult:
             release_memory(collect=True)
             unsorted = None if by_tasks else join_clusters(db, decisions, Path(tmp), few=named)
         release_memory(collect=True)
-        names_written = "code_run_tasks" in coding  # the coding's tasks wrote them in tmp
+        names_written = "code_run_tasks" in run_stats  # the coding's tasks wrote them in tmp
         clusters, work = _put_clusters(
             ws, chunks, decisions, unsorted, reuse, edge_ids, Path(tmp), names_written
         )
@@ -323,19 +324,30 @@ def _carried(
     return carried
 
 
-def _codes(
-    ws: Workspace, chunks: list[ChunkRecords], carried: Carried | None, scratch: Path
-) -> tuple[tuple[Coded, Coded, Coded] | None, dict[str, int]]:
-    """The record id, dedup key and group id codes ``decide`` takes, and their run figures:
-    carried from the parent, or sorted by tasks on the runner where the stages run there
-    (:mod:`.code_tasks`, which leave the chunks' names in ``scratch``); None: the partition
-    database sorts for them here."""
-    if carried is not None:
-        return carried, {"codes_carried": 1}
-    if not distributed(ws.config.execution):
-        return None, {}
-    work = Counter[str]()
-    return runner_codes(ws, chunks, scratch, work), dict(work)
+def _coding(
+    ws: Workspace,
+    chunks: list[ChunkRecords],
+    carried: Carried | None,
+    length_refs: list[dict[str, Any]],
+    scratch: Path,
+) -> Coding:
+    """Where ``decide`` takes its codes, repeated ids and exact copies from: the codes carried
+    from the parent, or tasks on the runner where the stages run there (:mod:`.task_coding`,
+    which leave the chunks' names in ``scratch``), or else the partition database's sorts."""
+    if carried is not None or not distributed(ws.config.execution):
+        return DriverCoding(carried)
+    lengths = [ref["lengths"]["digest"] for ref in length_refs]
+    order = {s.id: n for n, s in enumerate(ws.config.sources)}
+    return TaskCoding(ws, chunks, lengths, order, scratch)
+
+
+def _coding_work(coding: Coding) -> dict[str, int]:
+    """The coding's run figures: carried codes, or the tasks it ran (never hashed)."""
+    if isinstance(coding, TaskCoding):
+        return dict(coding.work)
+    if isinstance(coding, DriverCoding) and coding.carried is not None:
+        return {"codes_carried": 1}
+    return {}
 
 
 def _put_bands(ws: Workspace, banding: Banding) -> list[dict[str, Any]]:

@@ -1,20 +1,17 @@
-"""The runner's record codes (a sample sort by tasks) order and equal like the coding sorts'."""
+"""The runner's coding (a sample sort by tasks) decides as the driver's sorts and numpy do."""
 
 import random
-from collections import Counter
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pytest
 
-from corpus_assets.core.dedup.code_tasks import (
-    PARTITION_VALUES,
-    merge_partitions,
-    runner_codes,
-    splitters,
-)
-from corpus_assets.core.dedup.partition_db import PartitionDb
+from corpus_assets.core.dedup import clusters
+from corpus_assets.core.dedup.code_tasks import PARTITION_VALUES, merge_partitions, splitters
+from corpus_assets.core.dedup.output_order import id_ranks
+from corpus_assets.core.dedup.partition_db import PartitionDb, chunk_lengths
+from corpus_assets.core.dedup.task_coding import TaskCoding
 from corpus_assets.core.records.index import RECORD_COLUMNS, ChunkRecords
 from corpus_assets.core.runtime.workspace import Workspace, open_workspace
 from corpus_assets.core.storage.artifacts import put_table
@@ -28,9 +25,10 @@ def _value(rng: random.Random) -> str:
 
 
 def _records(rng: random.Random, n: int) -> pa.Table:
-    """Ids that repeat (across chunks too), group ids that are null, the record's own id,
-    another record's id or a new value, dedup keys that repeat."""
-    ids = [_value(rng) for _ in range(n)]
+    """Ids that repeat (across chunks too) or are null, group ids that are null, the record's
+    own id, another record's id or a new value, dedup keys that repeat or are null, three
+    sources (one unranked) and texts of a few lengths, so the total order's every key counts."""
+    ids = [None if rng.random() < 0.03 else _value(rng) for _ in range(n)]
     groups: list[str | None] = []
     for i in range(n):
         pick = rng.random()
@@ -43,16 +41,17 @@ def _records(rng: random.Random, n: int) -> pa.Table:
             if pick < 0.8
             else "g" + _value(rng)
         )
+    keys = [None if rng.random() < 0.05 else f"sha256:{rng.randrange(n // 3 + 1):04x}" for _ in ids]
     columns = {field.name: pa.nulls(n, field.type) for field in RECORD_COLUMNS}
     columns |= {
         "record_id": pa.array(ids, pa.string()),
         "group_id": pa.array(groups, pa.string()),
-        "dedup_key": pa.array([f"sha256:{rng.randrange(n // 3 + 1):04x}" for _ in range(n)]),
-        "source_id": pa.array(["s"] * n),
+        "dedup_key": pa.array(keys, pa.string()),
+        "source_id": pa.array([rng.choice(["s", "t", "u"]) for _ in ids]),
         "kind": pa.array(["document"] * n),
         "object": pa.array([f"o{i // 50}" for i in range(n)]),
-        "line": pa.array(range(n), pa.int64()),
-        "text": pa.array(["t"] * n),
+        "line": pa.array([i % 7 for i in range(n)], pa.int64()),  # lines repeat across objects
+        "text": pa.array([rng.choice(["t", "tt", "ttt"]) for _ in ids]),
     }
     return pa.table(columns, schema=RECORD_COLUMNS)
 
@@ -71,38 +70,79 @@ def _ranks(values: np.ndarray) -> np.ndarray:
     return np.unique(values, return_inverse=True)[1]
 
 
+_SIZES = [250, 0, 1, 149, 200]  # an empty chunk too
+_SOURCES = {"t": 0, "s": 1}  # "u" is not listed: it ranks after both
+_REVOKED = {5: "tombstone a", 17: "tombstone b", 300: "tombstone c"}
+
+
+def _decided(
+    ws: Workspace, chunks: list[ChunkRecords], scratch: Path | None
+) -> tuple[clusters.Decided, TaskCoding | None]:
+    """Verdicts of the chunks with the driver's coding, or the tasks' with ``scratch``."""
+    lengths, refs = chunk_lengths(ws, chunks, {})
+    starts = np.cumsum([0, *(c.count for c in chunks)])[:-1]
+    with PartitionDb.from_chunks(ws, chunks, lengths) as db:
+        coding = None
+        if scratch is not None:
+            digests = [ref["lengths"]["digest"] for ref in refs]
+            coding = TaskCoding(ws, chunks, digests, _SOURCES, scratch)
+        decided = clusters.decide(db, _SOURCES, dict(_REVOKED), None, coding, starts)
+    return decided, coding
+
+
 @pytest.mark.parametrize("partitions", [None, 1, 3, 7])
-def test_runner_codes_order_and_equal_as_the_coding_sorts(
+def test_task_coding_decides_as_the_driver(
     demo_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, partitions: int | None
 ) -> None:
+    """Repeated ids (with their reasons), exact copies in total order, ranks, positions and
+    leakage rows: the same from the merge tasks as from the driver's sorts."""
     if partitions is None:
         monkeypatch.delenv("CORPUS_CODE_PARTITIONS", raising=False)
     else:
         monkeypatch.setenv("CORPUS_CODE_PARTITIONS", str(partitions))
-    rng = random.Random(7)
-    table = _records(rng, 600)
+    table = _records(random.Random(7), 600)
     ws = open_workspace()
     try:
-        chunks = _chunks(ws, table, [250, 0, 1, 149, 200])  # an empty chunk too
-        work = Counter[str]()
-        ids, keys, groups = runner_codes(ws, chunks, tmp_path, work)
+        chunks = _chunks(ws, table, _SIZES)
+        want, _ = _decided(ws, chunks, None)
+        got, coding = _decided(ws, chunks, tmp_path)
     finally:
         ws.close()
-    with PartitionDb.from_table(
-        table.drop_columns(["text"]).append_column("length", pa.array(np.ones(600, np.int64)))
-    ) as db:
-        expected = db.codes()
-    n = table.num_rows
-    # record ids and group ids are ranked together: a group id equal to a record id shares its code
-    both = np.concatenate([ids.codes, groups.codes])
-    want = np.concatenate([expected.record_id.codes, expected.group_id.codes])
-    assert _ranks(both).tolist() == _ranks(want).tolist()
-    assert _ranks(keys.codes).tolist() == _ranks(expected.dedup_key.codes).tolist()
-    assert len(ids.codes) == len(keys.codes) == len(groups.codes) == n
-    assert work["code_run_tasks"] == len(chunks)
-    assert work["code_merge_tasks"] == 2 * (partitions or 1)  # ids and keys
+    assert coding is not None
+    assert list(got.excluded.items()) == list(want.excluded.items())
+    kinds = {reason.split(" ")[0].rstrip(":") for reason in want.excluded.values()}
+    assert kinds == {"tombstone", "duplicate", "id.conflict"}  # every kind of exclusion met
+    assert len(want.copies) > 50  # dedup keys repeat among eligible rows
+    for name in ("copies", "leakage", "position", "rank"):
+        assert getattr(got, name).tolist() == getattr(want, name).tolist(), name
+    for name in ("verdict", "match", "jaccard"):
+        np.testing.assert_array_equal(getattr(got.state, name), getattr(want.state, name))
+    assert coding.work["code_run_tasks"] == len(chunks)
+    assert coding.work["code_merge_tasks"] == 2 * (partitions or 1)  # ids, then dedup keys
     assert not list(tmp_path.glob("run-*")) and not list(tmp_path.glob("merged-*"))
+    assert not (tmp_path / "excluded.npy").exists()
     assert len(list(tmp_path.glob("names-*.arrow"))) == len(chunks)  # for the gather tasks
+
+
+def test_task_coding_orders_and_equals_group_ids_as_the_coding_sorts(
+    demo_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CORPUS_CODE_PARTITIONS", "3")
+    table = _records(random.Random(11), 400)
+    ws = open_workspace()
+    try:
+        chunks = _chunks(ws, table, [150, 250])
+        lengths, refs = chunk_lengths(ws, chunks, {})
+        with PartitionDb.from_chunks(ws, chunks, lengths) as db:
+            expected = db.codes()
+            coding = TaskCoding(ws, chunks, [r["lengths"]["digest"] for r in refs], {}, tmp_path)
+            groups = coding.codes(db).group_id.codes
+            rank = coding.id_rank(db, expected)
+            want_rank = id_ranks(db, expected.record_id.codes)
+    finally:
+        ws.close()
+    assert _ranks(groups).tolist() == _ranks(expected.group_id.codes).tolist()
+    assert rank.tolist() == want_rank.tolist()
 
 
 def test_splitters_cut_at_distinct_sample_quantiles() -> None:

@@ -8,7 +8,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from corpus_assets.core.dedup import clusters, in_memory
+from corpus_assets.core.dedup import clusters, coding, in_memory
 from corpus_assets.core.dedup.clusters import CLUSTER_COLUMNS
 from corpus_assets.core.dedup.edges import EdgeIds, edge_rows, edge_table
 from corpus_assets.core.dedup.output_order import bucket, id_ranks, sorted_batches
@@ -167,7 +167,7 @@ def test_a_repeated_record_id_is_excluded_after_its_first_row() -> None:
     records = records.set_column(5, "dedup_key", pa.array(keys))
     with PartitionDb.from_table(records) as db:
         decided = clusters.decide(db, {"s": 0})
-    kinds = (clusters.DUPLICATE_ID, clusters.ID_CONFLICT)
+    kinds = (coding.DUPLICATE_ID, coding.ID_CONFLICT)
     reasons = {r: next(k for k in kinds if v.startswith(k)) for r, v in decided.excluded.items()}
     assert reasons == {2: kinds[0], 4: kinds[1], 5: kinds[0]}
     assert "line 0)" in decided.excluded[5] and "line 1" in decided.excluded[4]

@@ -1,0 +1,120 @@
+"""Where dedup's per-record facts come from: codes, the id order, repeated ids, exact copies.
+
+:func:`.clusters.decide` asks a :class:`Coding` for them. Two give the same answers:
+
+- :class:`DriverCoding`: the partition database's sorts (or the codes a child carried from its
+  parent), then numpy over every row on the driver;
+- :class:`.task_coding.TaskCoding`, where the stages run on the task runner: the sample sort's
+  merge tasks decide repeated ids and exact copies next to the values they hold, and the driver
+  receives the id order, the group codes and the sparse answers (repeated rows, copies), never
+  a record id or a dedup key code.
+
+The answers are sparse where the facts are (repeated ids and copies are few next to the
+records); the id order and the codes are one integer per row.
+"""
+
+from typing import NamedTuple, Protocol
+
+import numpy as np
+
+from corpus_assets.core.dedup.order import first_in_order
+from corpus_assets.core.dedup.output_order import id_ranks
+from corpus_assets.core.dedup.partition_db import Coded, PartitionDb, RecordCodes, code_dtype
+
+# Why an ``excluded`` row repeats an earlier row's record id: the same record again (same dedup
+# key), or another text under the same id - quarantined, counted as ``id_conflicts``. Decided
+# here, the first layer that sees the whole partition (a canonical chunk sees one object).
+DUPLICATE_ID, ID_CONFLICT = "duplicate record_id", "id.conflict"
+
+
+class Repeated(NamedTuple):
+    """Rows whose record id appeared at an earlier row (ascending), that id's first row, and
+    whether the dedup keys are equal (null equals null)."""
+
+    rows: np.ndarray
+    first: np.ndarray
+    same: np.ndarray
+
+
+class Exact(NamedTuple):
+    """Among the eligible rows: the first of each dedup key (the representatives near-dedup
+    looks at) and the later copies, both in total order, with each copy's representative."""
+
+    representatives: np.ndarray
+    copies: np.ndarray
+    match: np.ndarray
+
+
+class Coding(Protocol):
+    """The facts :func:`.clusters.decide` asks for, in the order it asks."""
+
+    def codes(self, db: PartitionDb) -> RecordCodes: ...
+
+    def id_rank(self, db: PartitionDb, codes: RecordCodes) -> np.ndarray: ...
+
+    def repeated(self, codes: RecordCodes) -> Repeated: ...
+
+    def exact(self, codes: RecordCodes, eligible: np.ndarray, excluded: np.ndarray) -> Exact: ...
+
+
+class DriverCoding:
+    """Every fact from codes by row on the driver (``carried``: a child's record id, dedup key
+    and group id codes from its parent, not sorted again)."""
+
+    def __init__(self, carried: tuple[Coded, Coded, Coded] | None = None) -> None:
+        self.carried = carried
+
+    def codes(self, db: PartitionDb) -> RecordCodes:
+        return db.codes(self.carried)
+
+    def id_rank(self, db: PartitionDb, codes: RecordCodes) -> np.ndarray:
+        return id_ranks(db, codes.record_id.codes)
+
+    def repeated(self, codes: RecordCodes) -> Repeated:
+        """Rows are in index order (source, object by name, line), so the first row of an id
+        stays: a row appended later never displaces it, whatever its length."""
+        id_codes = codes.record_id.codes
+        tied = np.flatnonzero(np.bincount(id_codes)[id_codes] > 1) if len(id_codes) else id_codes
+        if not len(tied):  # every id once (the usual case): no sort
+            return no_repeats()
+        first = first_in_order(id_codes[tied])
+        repeated = tied[~first]
+        first_row_of = np.empty(int(id_codes.max(initial=-1)) + 1, code_dtype(len(id_codes)))
+        first_row_of[id_codes[tied[first]]] = tied[first]
+        at = first_row_of[id_codes[repeated]]
+        same = codes.dedup_key.codes[repeated] == codes.dedup_key.codes[at]
+        return Repeated(repeated, at, same)
+
+    def exact(self, codes: RecordCodes, eligible: np.ndarray, excluded: np.ndarray) -> Exact:
+        """``eligible``: the rows not excluded, in total order."""
+        key_codes = codes.dedup_key.codes
+        first = first_in_order(key_codes[eligible])
+        rep_of = np.empty(int(key_codes.max(initial=-1)) + 1, dtype=code_dtype(len(key_codes)))
+        rep_of[key_codes[eligible[first]]] = eligible[first]
+        copies = eligible[~first]
+        return Exact(eligible[first], copies, rep_of[key_codes[copies]])
+
+
+def no_repeats() -> Repeated:
+    empty = np.empty(0, dtype=np.int64)
+    return Repeated(empty, empty, np.empty(0, dtype=bool))
+
+
+def exclusions(db: PartitionDb, repeated: Repeated, excluded: dict[int, str]) -> dict[int, str]:
+    """``excluded`` plus every repeated row with its reason (a row revoked already keeps its
+    tombstone's): a repeat with the same dedup key is the same record again (``duplicate
+    record_id``); with another text it is an ``id.conflict``, quarantined and counted, never
+    silently one of two."""
+    if not len(repeated.rows):
+        return excluded
+    where = db.object_lines(np.unique(repeated.first))
+    for row, first_row, same_text in zip(
+        repeated.rows.tolist(), repeated.first.tolist(), repeated.same.tolist(), strict=True
+    ):
+        obj, line = where[first_row]
+        if same_text:
+            reason = f"{DUPLICATE_ID} (first at {obj} line {line})"
+        else:
+            reason = f"{ID_CONFLICT}: another text than the first at {obj} line {line}"
+        excluded.setdefault(row, reason)
+    return excluded
