@@ -13,6 +13,7 @@ high. Signatures are reused from the CAS when present (the main process is what 
 """
 
 import argparse
+import hashlib
 import json
 import os
 import subprocess
@@ -21,6 +22,7 @@ import threading
 import time
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 _FIELDS = ("VmRSS", "VmHWM", "RssAnon", "RssFile")
 
@@ -80,7 +82,6 @@ class Sampler(threading.Thread):
 
 def child(config: str, partition: str) -> None:
     from corpus_assets.core.pipeline import DIRECT_BUILDERS
-    from corpus_assets.core.runtime.layer_index import load_index
     from corpus_assets.core.runtime.workspace import open_workspace
 
     with open_workspace(config) as ws:
@@ -92,8 +93,7 @@ def child(config: str, partition: str) -> None:
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
         sampler.stop.set()
         sampler.join()
-        index = load_index(ws.cas, result.digest, "dedup_clusters")
-        out = {name: index.output(name)["digest"] for name in ("clusters", "edges", "report")}
+        out = _output_digests(ws, result.digest)
         print(
             json.dumps(
                 {
@@ -110,6 +110,21 @@ def child(config: str, partition: str) -> None:
                 }
             )
         )
+
+
+def _output_digests(ws: Any, digest: str) -> dict[str, str]:
+    """Each output's digest, and the clusters parts' own (the parts document also names the
+    code that wrote it: equal parts are equal bytes across code versions)."""
+    from corpus_assets.core.runtime.layer_index import load_index
+    from corpus_assets.core.runtime.parted_table import PartedTable
+
+    index = load_index(ws.cas, digest, "dedup_clusters")
+    names = ("clusters", "edges", "report", "decisions", "pairs")
+    out = {name: index.outputs[name]["digest"] for name in names if name in index.outputs}
+    parted = PartedTable.read(ws.cas, index.output("clusters"), "clusters")
+    parts = "".join(ref["digest"] for ref in parted.refs)
+    out["clusters_parts"] = "sha256:" + hashlib.sha256(parts.encode()).hexdigest()
+    return out
 
 
 def prepare(config: str, partition: str) -> None:

@@ -45,6 +45,7 @@ from corpus_assets.core.dedup.band_tasks import (
 )
 from corpus_assets.core.dedup.minhash import SignatureSpec
 from corpus_assets.core.dedup.near_dedup import BandStats, LshParams, NearResult, scan_verified
+from corpus_assets.core.dedup.partition_db import code_dtype
 from corpus_assets.core.records.index import ChunkRecords
 from corpus_assets.core.runtime.execution import Execution
 from corpus_assets.core.runtime.runners import task_runner
@@ -151,11 +152,13 @@ class BandRunner:
         return result
 
     def _write_ranks(self, scratch: Path, order: np.ndarray) -> None:
-        """Each row's rank in the class (-1 outside it) and the rows in rank order."""
-        ranks = np.full(self.rows, -1, dtype=np.int64)
-        ranks[order] = np.arange(len(order), dtype=np.int64)
+        """Each row's rank in the class (-1 outside it) and the rows in rank order, as row
+        numbers are held (``code_dtype``: 4 bytes a row, not 8)."""
+        ranks = np.full(self.rows, -1, dtype=code_dtype(self.rows))
+        ranks[order] = np.arange(len(order), dtype=ranks.dtype)
         np.save(scratch / "ranks.npy", ranks)
-        np.save(scratch / "order.npy", np.asarray(order, dtype=np.int64))
+        del ranks
+        np.save(scratch / "order.npy", order)
 
     def _map_jobs(
         self, scratch: str, order: np.ndarray, params: LshParams, count: int

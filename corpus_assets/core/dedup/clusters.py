@@ -59,6 +59,30 @@ _T = TypeVar("_T")
 _KEEP, _EXACT, _NEAR, _EXCLUDED = range(4)
 
 
+class Jaccards:
+    """Per row, the Jaccard of its direct match, read by rows like an array: 1.0 for an exact
+    copy, the verified one for a near duplicate, NaN without a match. Only the near
+    duplicates' values are held (a dense float64 array was 8 bytes a record)."""
+
+    def __init__(self, verdict: np.ndarray) -> None:
+        self.verdict = verdict
+        self.rows = np.empty(0, dtype=np.int64)
+        self.values = np.empty(0, dtype=np.float64)
+
+    def set_near(self, rows: np.ndarray, values: np.ndarray) -> None:
+        by = np.argsort(rows, kind="stable")
+        self.rows, self.values = np.asarray(rows)[by], np.asarray(values, np.float64)[by]
+
+    def __getitem__(self, rows: np.ndarray) -> np.ndarray:
+        rows = np.asarray(rows)
+        verdict = self.verdict[rows]
+        out = np.where(verdict == _EXACT, 1.0, np.nan)
+        near = np.flatnonzero(verdict == _NEAR)
+        if len(near):
+            out[near] = self.values[np.searchsorted(self.rows, rows[near])]
+        return out
+
+
 @dataclass
 class _Verdicts:
     """Per row: verdict code, direct match row (-1: none; ``code_dtype``) and its Jaccard."""
@@ -66,12 +90,12 @@ class _Verdicts:
     n: int
     verdict: np.ndarray = field(init=False)
     match: np.ndarray = field(init=False)
-    jaccard: np.ndarray = field(init=False)
+    jaccard: Jaccards = field(init=False)
 
     def __post_init__(self) -> None:
         self.verdict = np.full(self.n, _KEEP, dtype=np.int8)
         self.match = np.full(self.n, -1, dtype=code_dtype(self.n))
-        self.jaccard = np.full(self.n, np.nan, dtype=np.float64)
+        self.jaccard = Jaccards(self.verdict)
 
 
 def representatives_at(verdict: np.ndarray, match: np.ndarray, rows: np.ndarray) -> np.ndarray:
@@ -136,7 +160,7 @@ def decide(
     exact = coding.exact(codes, order[state.verdict[order] == _KEEP], excluded_rows)
     del order, excluded_rows
     copies = exact.copies
-    state.verdict[copies], state.match[copies], state.jaccard[copies] = _EXACT, exact.match, 1.0
+    state.verdict[copies], state.match[copies] = _EXACT, exact.match  # Jaccard 1.0
     codes.forget("record_id", "dedup_key")
     report = None
     near_x = near_y = np.empty(0, dtype=np.int64)
@@ -145,7 +169,8 @@ def decide(
         report = near.run(codes, exact.representatives)
         near_x, near_y, near_j = near.edge_arrays()
         rows, match, jaccard = near.match_arrays()
-        state.verdict[rows], state.match[rows], state.jaccard[rows] = _NEAR, match, jaccard
+        state.verdict[rows], state.match[rows] = _NEAR, match
+        state.jaccard.set_near(rows, jaccard)
     del exact
     a = np.concatenate([copies, near_x])
     b = np.concatenate([state.match[copies], near_y])

@@ -21,7 +21,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from corpus_assets.core.dedup.clusters import representatives_at
+from corpus_assets.core.dedup.clusters import Jaccards, representatives_at
 from corpus_assets.core.dedup.pair_cache import INCREMENTAL, Mode
 from corpus_assets.core.runtime.parted_table import PartedTable
 from corpus_assets.core.runtime.snapshot_manifest import ChunkPart
@@ -53,7 +53,7 @@ class RowDecisions:
 
     verdict: np.ndarray
     match: np.ndarray
-    jaccard: np.ndarray
+    jaccard: Jaccards  # read by rows, as an array
     leak: np.ndarray
     pos: np.ndarray
     rank: np.ndarray
