@@ -426,7 +426,7 @@ def _per_source(decided: Decided) -> dict[str, dict[str, int]]:
     """Verdict counts per source, every verdict listed (zeros too)."""
     sources = decided.codes.source_id
     names = (KEEP, EXACT, NEAR, EXCLUDED)
-    pair = sources.codes * len(names) + decided.state.verdict
+    pair = sources.codes.astype(np.int64) * len(names) + decided.state.verdict
     counts = np.bincount(pair, minlength=len(sources.values) * len(names)).reshape(-1, len(names))
     out = {
         source: dict(zip(names, counts[code].tolist(), strict=True))

@@ -132,7 +132,7 @@ class NearStage:
         """Class name -> its eligible rows, still in total order; classes sorted by name."""
         kind_codes, kind_names = records.kind.codes, records.kind.values
         source_codes, source_names = records.source_id.codes, records.source_id.values
-        pair = kind_codes[eligible] * len(source_names) + source_codes[eligible]
+        pair = kind_codes[eligible].astype(np.int64) * len(source_names) + source_codes[eligible]
         masks: dict[str, np.ndarray] = {}
         for code in np.unique(pair).tolist():
             kind, source = divmod(code, len(source_names))

@@ -73,6 +73,12 @@ def code_dtype(n: int) -> type[np.signedinteger]:
     return np.int32 if n < 2**31 else np.int64
 
 
+def few_dtype(values: int) -> type[np.signedinteger]:
+    """Codes of a column of ``values`` distinct values (kinds, sources): one byte a row for
+    a handful, held by row through near-dedup. Arithmetic on them widens first."""
+    return np.int8 if values <= 127 else np.int16 if values <= 32767 else np.int32
+
+
 class PartitionDb:
     """A DuckDB connection whose view ``recs`` holds row, the carried columns and kind, and
     whose table ``meta`` holds (row, length); over chunk files, the view ``texts`` holds (row,
@@ -295,7 +301,7 @@ class PartitionDb:
             values = sorted(seen[k], key=lambda v: (v is None, v or ""))
             final = np.empty(max(len(values), 1), dtype=np.int64)
             final[[seen[k][v] for v in values]] = np.arange(len(values))
-            out.append(Coded(final[first[k]].astype(code_dtype(n)), values))
+            out.append(Coded(final[first[k]].astype(few_dtype(len(values))), values))
         return out
 
     def total_order(

@@ -1,0 +1,49 @@
+"""Kind and source codes are one byte a row; what multiplies them widens first."""
+
+from types import SimpleNamespace
+
+import numpy as np
+import pyarrow as pa
+
+from corpus_assets.core.dedup.dedup_clusters import _per_source
+from corpus_assets.core.dedup.near_stage import NearStage
+from corpus_assets.core.dedup.partition_db import PartitionDb
+from corpus_assets.core.records.index import RECORD_COLUMNS
+
+SOURCES = [f"s{k:03d}" for k in range(100)]  # 100 sources x 2 kinds or x 4 verdicts > 127
+
+
+def _codes() -> SimpleNamespace:
+    n = 2 * len(SOURCES)
+    columns = {field.name: pa.nulls(n, field.type) for field in RECORD_COLUMNS}
+    columns |= {
+        "record_id": pa.array([f"r{k}" for k in range(n)]),
+        "source_id": pa.array(SOURCES * 2),
+        "kind": pa.array(["document"] * len(SOURCES) + ["messages"] * len(SOURCES)),
+        "text": pa.array(["t"] * n),
+    }
+    with PartitionDb.from_table(pa.table(columns, schema=RECORD_COLUMNS)) as db:
+        return SimpleNamespace(codes=db.codes(), n=n)
+
+
+def test_few_valued_codes_are_a_byte_and_their_products_do_not_wrap() -> None:
+    got = _codes()
+    codes = got.codes
+    assert codes.kind.codes.dtype == codes.source_id.codes.dtype == np.int8
+    # every source's verdict counts: code * 4 + verdict exceeds int8 from source 32 on
+    verdict = np.array([3] * len(SOURCES) + [0] * len(SOURCES), dtype=np.int8)
+    decided = SimpleNamespace(codes=codes, state=SimpleNamespace(verdict=verdict))
+    per_source = _per_source(decided)  # type: ignore[arg-type]
+    assert list(per_source) == SOURCES
+    assert all(
+        c == {"keep": 1, "exact_duplicate": 0, "near_duplicate": 0, "excluded": 1}
+        for c in per_source.values()
+    )
+    # near-dedup classes: kind code * sources + source code exceeds int8 for messages
+    stage = object.__new__(NearStage)
+    stage.content_of = {source: "prose" for source in SOURCES}
+    classes = stage._classes(codes, np.arange(got.n))
+    assert {name: len(rows) for name, rows in classes.items()} == {
+        "document/prose": len(SOURCES),
+        "messages/prose": len(SOURCES),
+    }
