@@ -139,10 +139,13 @@ def _placed_ids(
     offset = ranked = 0
     for job, merged in done:
         base = merge_path(scratch, job.kind, job.partition)
-        rows, local, flagged, in_rank_order = load_merged(base, "rows", "codes", "flags", "ranked")
-        placed = (local + offset).astype(dtype)
+        rows, placed, flagged, in_rank_order = load_merged(base, "rows", "codes", "flags", "ranked")
+        placed = placed.astype(dtype, copy=False)
+        placed += offset
         codes[rows[~flagged]], groups[rows[flagged]] = placed[~flagged], placed[flagged]
+        del rows, placed, flagged  # before the next partition's are loaded
         rank[in_rank_order] = np.arange(ranked, ranked + len(in_rank_order), dtype=rank.dtype)
+        del in_rank_order
         repeated.append(load_merged(base, "repeated", "first", "same"))
         offset += merged.values
         ranked += merged.records
