@@ -151,7 +151,6 @@ def decide(
     coding = coding if coding is not None else DriverCoding()
     codes = coding.codes(db)
     rank = coding.id_rank(db, codes)
-    position = chunk_major(rank, chunk_starts)
     order = db.total_order(source_order, codes.source_id, rank)
     state = _Verdicts(codes.n)
     excluded = exclusions(db, coding.repeated(codes), dict(revoked or {}))
@@ -174,8 +173,9 @@ def decide(
     del exact
     a = np.concatenate([copies, near_x])
     b = np.concatenate([state.match[copies], near_y])
-    leakage = _leakage_rows(codes.group_id.codes, a, b)
+    leakage = _leakage_rows(coding.group_codes(codes), a, b)
     codes.forget("group_id")
+    position = chunk_major(rank, chunk_starts)  # here: not held through near-dedup
     return Decided(
         codes, state, excluded, copies, near_x, near_y, near_j, leakage, position, rank, report
     )

@@ -56,6 +56,8 @@ class Coding(Protocol):
 
     def exact(self, codes: RecordCodes, eligible: np.ndarray, excluded: np.ndarray) -> Exact: ...
 
+    def group_codes(self, codes: RecordCodes) -> np.ndarray: ...
+
 
 class DriverCoding:
     """Every fact from codes by row on the driver (``carried``: a child's record id, dedup key
@@ -93,6 +95,9 @@ class DriverCoding:
         rep_of[key_codes[eligible[first]]] = eligible[first]
         copies = eligible[~first]
         return Exact(eligible[first], copies, rep_of[key_codes[copies]])
+
+    def group_codes(self, codes: RecordCodes) -> np.ndarray:
+        return codes.group_id.codes
 
 
 def no_repeats() -> Repeated:

@@ -2,8 +2,9 @@
 
 The :class:`.coding.Coding` where the stages run on the task runner. At construction a runs
 task per canonical chunk and a merge task per partition of the ids set run
-(:mod:`.code_tasks`); the driver places each row's group code and rank by record id, and keeps
-the repeated rows the merges found. Exact copies need the excluded rows first (tombstones and
+(:mod:`.code_tasks`); the driver places each row's rank by record id and keeps the repeated
+rows the merges found. The group codes stay in the merges' files until the leakage groups ask
+for them, after the near stage. Exact copies need the excluded rows first (tombstones and
 repeated ids), so the keys set's merges run when ``decide`` asks for them, and hand back only
 the copies and their representatives. The driver never holds a record id code or a dedup key
 code, and sorts no value.
@@ -58,15 +59,19 @@ class TaskCoding:
         ]
         self.sampled: list[RunSamples] = pooled(ws, chunk_runs, jobs)
         self.work["code_run_tasks"] += len(jobs)
-        done = self._merged("ids")
+        self._ids = self._merged("ids")
         self._remove_runs("ids")
-        self._groups, self._rank, self._repeated = _placed_ids(scratch, done, self.n)
+        self._rank, self._repeated = _placed_ranks(scratch, self._ids, self.n)
 
     def codes(self, db: PartitionDb) -> RecordCodes:
-        """The group codes placed here; no record id or dedup key code (nothing asks)."""
-        none = Coded(np.empty(0, dtype=np.int64), [])
-        groups, self._groups = self._groups, Coded(np.empty(0, dtype=np.int64), [])
-        return db.codes((none, Coded(np.empty(0, dtype=np.int64), []), groups))
+        """Kind and source codes: no record id, dedup key or group code is held (the group
+        codes are placed when :meth:`group_codes` asks, after the near stage)."""
+        return db.codes(tuple(Coded(np.empty(0, dtype=np.int64), []) for _ in range(3)))
+
+    def group_codes(self, codes: RecordCodes) -> np.ndarray:
+        groups = _placed_groups(self.scratch, self._ids, self.n)
+        self._ids = []
+        return groups
 
     def id_rank(self, db: PartitionDb, codes: RecordCodes) -> np.ndarray:
         rank, self._rank = self._rank, np.empty(0, dtype=np.int64)
@@ -126,33 +131,42 @@ def _merge_jobs(
     ]
 
 
-def _placed_ids(
+def _placed_ranks(
     scratch: Path, done: list[tuple[MergeJob, Merged]], n: int
-) -> tuple[Coded, np.ndarray, Repeated]:
-    """Group codes and ranks by record id, by row, from the ids partitions (each one's local
-    codes and ranks offset by the partitions before), and the repeated rows they found."""
+) -> tuple[np.ndarray, Repeated]:
+    """Ranks by record id, by row, from the ids partitions (each one's local ranks offset by
+    the record rows of the partitions before), and the repeated rows they found."""
+    rank = np.empty(n, dtype=code_dtype(n))
+    repeated: list[tuple[np.ndarray, ...]] = []
+    ranked = 0
+    for job, merged in done:
+        base = merge_path(scratch, job.kind, job.partition)
+        (in_rank_order,) = load_merged(base, "ranked")
+        rank[in_rank_order] = np.arange(ranked, ranked + len(in_rank_order), dtype=rank.dtype)
+        del in_rank_order  # before the next partition's are loaded
+        repeated.append(load_merged(base, "repeated", "first", "same"))
+        ranked += merged.records
+    return rank, _joined_repeats(repeated)
+
+
+def _placed_groups(scratch: Path, done: list[tuple[MergeJob, Merged]], n: int) -> np.ndarray:
+    """Group codes by row from the ids partitions (each one's local codes offset by the
+    values of the partitions before): a row's group id is its record id unless flagged."""
     dtype = code_dtype(max(sum(m.values for _, m in done), 1))
     codes = np.zeros(n, dtype=dtype)
     groups = np.full(n, -1, dtype=dtype)
-    rank = np.empty(n, dtype=code_dtype(n))
-    repeated: list[tuple[np.ndarray, ...]] = []
-    offset = ranked = 0
+    offset = 0
     for job, merged in done:
         base = merge_path(scratch, job.kind, job.partition)
-        rows, placed, flagged, in_rank_order = load_merged(base, "rows", "codes", "flags", "ranked")
+        rows, placed, flagged = load_merged(base, "rows", "codes", "flags")
         placed = placed.astype(dtype, copy=False)
         placed += offset
         codes[rows[~flagged]], groups[rows[flagged]] = placed[~flagged], placed[flagged]
         del rows, placed, flagged  # before the next partition's are loaded
-        rank[in_rank_order] = np.arange(ranked, ranked + len(in_rank_order), dtype=rank.dtype)
-        del in_rank_order
-        repeated.append(load_merged(base, "repeated", "first", "same"))
         offset += merged.values
-        ranked += merged.records
     own = groups < 0
     groups[own] = codes[own]
-    del codes
-    return Coded(groups, []), rank, _joined_repeats(repeated)
+    return groups
 
 
 def _joined_repeats(parts: list[tuple[np.ndarray, ...]]) -> Repeated:

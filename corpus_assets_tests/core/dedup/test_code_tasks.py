@@ -138,7 +138,9 @@ def test_task_coding_orders_and_equals_group_ids_as_the_coding_sorts(
         with PartitionDb.from_chunks(ws, chunks, lengths) as db:
             expected = db.codes()
             coding = TaskCoding(ws, chunks, [r["lengths"]["digest"] for r in refs], {}, tmp_path)
-            groups = coding.codes(db).group_id.codes
+            codes = coding.codes(db)
+            assert not len(codes.record_id.codes) and not len(codes.group_id.codes)  # not held
+            groups = coding.group_codes(codes)
             rank = coding.id_rank(db, expected)
             want_rank = id_ranks(db, expected.record_id.codes)
     finally:
