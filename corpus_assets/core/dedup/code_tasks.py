@@ -41,7 +41,7 @@ import pyarrow.compute as pc
 import pyarrow.ipc as ipc
 
 from corpus_assets.core.dedup.cluster_tasks import NamesJob, whole_array, write_names
-from corpus_assets.core.dedup.partition_db import value_changes
+from corpus_assets.core.dedup.partition_db import stored_lengths, value_changes
 from corpus_assets.core.runtime.workspace import Workspace
 
 PARTITION_VALUES = 1 << 18  # values per merge partition at most (tests fix the count instead)
@@ -183,12 +183,7 @@ def _ids_run(table: pa.Table, start: int) -> pa.Table:
 def _keys_run(ws: Workspace, job: RunJob, table: pa.Table) -> pa.Table:
     """Every dedup key with its row's place in the total order."""
     n, start = table.num_rows, job.names.start
-    data = ws.cas.get_bytes(job.lengths, f"text lengths of {job.names.chunk.key}")
-    lengths = np.frombuffer(data, dtype="<i8").astype(np.int64)
-    if len(lengths) != n:
-        raise ValueError(
-            f"text lengths {job.lengths} of {job.names.chunk.key}: {len(lengths)} rows"
-        )
+    lengths = stored_lengths(ws, job.names.chunk, job.lengths)
     order = dict(job.source_order)
     last = max(order.values(), default=-1) + 1  # an unranked source: after all
     sources = pc.dictionary_encode(whole_array(table["source_id"]), null_encoding="encode")
@@ -197,7 +192,7 @@ def _keys_run(ws: Workspace, job: RunJob, table: pa.Table) -> pa.Table:
     columns = [
         whole_array(table["dedup_key"]),
         pa.array(np.arange(start, start + n, dtype=np.int64)),
-        pa.array(source_rank if n else np.zeros(0, np.int32)),
+        pa.array(source_rank),
         pa.array(-lengths),
         whole_array(table["record_id"]),
         whole_array(table["object"]),
@@ -233,10 +228,11 @@ def merge_partition(ws: Workspace, job: MergeJob, spec: object, done: object) ->
     order = [(name, "ascending", _AT_END) for name in _SORT_KEYS[job.kind]]
     table = table.take(pc.sort_indices(table, order)).combine_chunks()
     base = merge_path(scratch, job.kind, job.partition)
+    records = 0  # record rows, counted for the ids set's ranks
     if job.kind == "ids":
         records = _merge_ids(table, base)
     else:
-        records = _merge_keys(table, base, job.excluded)
+        _merge_keys(table, base, job.excluded)
     return Merged(table.num_rows, records, os.getpid())
 
 
@@ -271,7 +267,7 @@ def _repeats(records: pa.Table, codes: np.ndarray) -> tuple[np.ndarray, ...]:
     return rows[later], rows[first_at[later]], same
 
 
-def _merge_keys(table: pa.Table, base: str, excluded: str | None) -> int:
+def _merge_keys(table: pa.Table, base: str, excluded: str | None) -> None:
     """Among the eligible rows of each dedup key, in total order: the first stands for the
     key, the later ones are its copies; the copies and their representatives written."""
     rows = table.column("row").to_numpy()
@@ -279,14 +275,12 @@ def _merge_keys(table: pa.Table, base: str, excluded: str | None) -> int:
     at = np.minimum(np.searchsorted(out, rows), max(len(out) - 1, 0))
     eligible = ~(out[at] == rows) if len(out) else np.ones(len(rows), bool)
     rows = rows[eligible]
-    values = table.column("v").chunk(0).filter(pa.array(eligible)) if len(eligible) else None
-    if values is None or not len(values):
-        _save(base, copies=rows[:0], match=rows[:0])
-        return 0
-    lead = value_changes(values, None)
+    if not len(rows):
+        _save(base, copies=rows, match=rows)
+        return
+    lead = value_changes(table.column("v").chunk(0).filter(pa.array(eligible)), None)
     representative = rows[np.flatnonzero(lead)][np.cumsum(lead) - 1]
     _save(base, copies=rows[~lead], match=representative[~lead])
-    return 0
 
 
 class _Sorted:

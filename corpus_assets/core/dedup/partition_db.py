@@ -414,13 +414,20 @@ def chunk_lengths(
     arrays, refs = [], []
     for chunk in chunks:
         records, digest = chunk.records["digest"], digests[chunk.records["digest"]]
-        data = ws.cas.get_bytes(digest, f"text lengths of {chunk.key}")
-        lengths = np.frombuffer(data, dtype="<i8").astype(np.int64)
-        if len(lengths) != chunk.count:
-            raise ValueError(f"text lengths {digest} of {chunk.key}: {len(lengths)} rows")
+        lengths = stored_lengths(ws, chunk, digest)
         arrays.append(lengths)
-        refs.append({"records": records, "lengths": make_ref(digest, BINARY, len(data))})
+        refs.append({"records": records, "lengths": make_ref(digest, BINARY, 8 * len(lengths))})
     return arrays, refs
+
+
+def stored_lengths(ws: Workspace, chunk: ChunkRecords, digest: str) -> np.ndarray:
+    """A chunk's text lengths from the store (``digest``: little-endian int64, verified as
+    read), one per record of the chunk, or an error naming both."""
+    data = ws.cas.get_bytes(digest, f"text lengths of {chunk.key}")
+    lengths = np.frombuffer(data, dtype="<i8").astype(np.int64)
+    if len(lengths) != chunk.count:
+        raise ValueError(f"text lengths {digest} of {chunk.key}: {len(lengths)} rows")
+    return lengths
 
 
 def count_lengths(ws: Workspace, chunk: ChunkRecords, spec: object, done: object) -> str:
