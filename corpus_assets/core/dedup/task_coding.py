@@ -38,7 +38,8 @@ from corpus_assets.core.runtime.workspace import Workspace, pooled
 
 class TaskCoding:
     """The runs and the ids merges, run at construction; the keys merges on :meth:`exact`.
-    ``lengths``: each chunk's text lengths digest; ``work`` counts the tasks and those that
+    ``lengths``: each chunk's text lengths digest. Each fact is handed over once, as
+    ``decide`` asks (this object keeps no copy); its ``work`` counts the tasks and those that
     ran in another process (run figures, never hashed)."""
 
     def __init__(
