@@ -139,7 +139,8 @@ def test_task_coding_orders_and_equals_group_ids_as_the_coding_sorts(
             expected = db.codes()
             coding = TaskCoding(ws, chunks, [r["lengths"]["digest"] for r in refs], {}, tmp_path)
             codes = coding.codes(db)
-            assert not len(codes.record_id.codes) and not len(codes.group_id.codes)  # not held
+            held = (codes.record_id, codes.dedup_key, codes.group_id)
+            assert not any(len(c.codes) for c in held)  # the driver holds none of these codes
             groups = coding.group_codes(codes)
             rank = coding.id_rank(db, expected)
             want_rank = id_ranks(db, expected.record_id.codes)
