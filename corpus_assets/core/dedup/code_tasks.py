@@ -41,6 +41,7 @@ import pyarrow.compute as pc
 import pyarrow.ipc as ipc
 
 from corpus_assets.core.dedup.cluster_tasks import NamesJob, whole_array, write_names
+from corpus_assets.core.dedup.order import source_ranks
 from corpus_assets.core.dedup.partition_db import stored_lengths, value_changes
 from corpus_assets.core.runtime.workspace import Workspace
 
@@ -184,11 +185,9 @@ def _keys_run(ws: Workspace, job: RunJob, table: pa.Table) -> pa.Table:
     """Every dedup key with its row's place in the total order."""
     n, start = table.num_rows, job.names.start
     lengths = stored_lengths(ws, job.names.chunk, job.lengths)
-    order = dict(job.source_order)
-    last = max(order.values(), default=-1) + 1  # an unranked source: after all
     sources = pc.dictionary_encode(whole_array(table["source_id"]), null_encoding="encode")
-    ranks = [order.get(source, last) for source in sources.dictionary.to_pylist()]
-    source_rank = np.asarray(ranks, dtype=np.int32)[sources.indices.to_numpy(zero_copy_only=False)]
+    ranks = source_ranks(dict(job.source_order), sources.dictionary.to_pylist())
+    source_rank = ranks[sources.indices.to_numpy(zero_copy_only=False)]
     columns = [
         whole_array(table["dedup_key"]),
         pa.array(np.arange(start, start + n, dtype=np.int64)),

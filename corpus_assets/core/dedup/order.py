@@ -8,6 +8,8 @@ the row's rank by record id); dedup then works on integer codes in that order, a
 words per record.
 """
 
+from collections.abc import Mapping, Sequence
+
 import numpy as np
 
 # The clusters table's sort keys (the total order's last ones): each part, one per canonical
@@ -24,3 +26,12 @@ def first_in_order(codes_in_order: np.ndarray) -> np.ndarray:
         return first
     first[by_code[np.r_[True, sorted_codes[1:] != sorted_codes[:-1]]]] = True
     return first
+
+
+def source_ranks(source_order: Mapping[str, int], sources: Sequence[str | None]) -> np.ndarray:
+    """Each of ``sources``' rank in the total order (config order; a source not listed, or
+    none, after all of them), as int32."""
+    last = max(source_order.values(), default=-1) + 1
+    return np.array(
+        [source_order.get(s, last) if s is not None else last for s in sources], np.int32
+    )

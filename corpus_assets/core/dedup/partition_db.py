@@ -21,6 +21,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from corpus_assets.core.dedup.order import source_ranks
 from corpus_assets.core.records.index import RECORD_COLUMNS, ChunkRecords
 from corpus_assets.core.runtime.workspace import Workspace, pooled
 from corpus_assets.core.storage.artifacts import BINARY, make_ref, put_bytes
@@ -68,8 +69,7 @@ def code_dtype(n: int) -> type[np.signedinteger]:
     """Codes of ``n`` rows (at most ``n`` distinct values), or row numbers among ``n`` rows:
     int32 below 2**31 rows, half the driver memory of int64 (the five coded columns were ~76 MB
     at 3.8 million records; ranks, positions, matches and leakage rows are the same size).
-    Products of two codes (kind x source pairs) stay far below 2**31; anything multiplied by a
-    row count is widened first."""
+    Anything multiplied by a row count is widened first."""
     return np.int32 if n < 2**31 else np.int64
 
 
@@ -312,8 +312,7 @@ class PartitionDb:
         by record id, object, line and row: :func:`.output_order.id_ranks`) stands for
         the last four keys, so no string is sorted again. Once only: the lengths are dropped
         after it."""
-        last = max(source_order.values(), default=-1) + 1  # an unranked source: after all
-        ranks = np.array([source_order.get(v, last) for v in sources.values], dtype=np.int32)
+        ranks = source_ranks(source_order, sources.values)
         source_rank = ranks[sources.codes] if len(ranks) else np.zeros(0, dtype=np.int32)
         longer_first = np.empty(len(rank), dtype=np.int64)
         for batch in self.batches("SELECT row, length FROM meta"):
