@@ -32,7 +32,6 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from corpus_assets.core.dedup.fingerprint_store import SpilledFingerprints, TextLookup
 from corpus_assets.core.dedup.jaccard import jaccard_sorted
@@ -43,6 +42,7 @@ from corpus_assets.core.records.index import ChunkRecords
 from corpus_assets.core.runtime.workspace import Workspace
 from corpus_assets.core.storage.artifacts import Ref
 from corpus_assets.core.storage.cas_queries import Spilling, cas_parquet
+from corpus_assets.core.storage.table_lookup import rows_at
 
 ROW = np.dtype([("band", "<u4"), ("key", "<u8"), ("rank", "<i8")])
 _PAIR_MIX = np.uint64(0x9E3779B97F4A7C15)  # spreads packed pairs over the verify tasks
@@ -287,7 +287,6 @@ def _text_digests(ws: Workspace, records: tuple[ChunkRecords, ...], rows: np.nda
     chunk_of = np.searchsorted(starts, rows, side="right") - 1
     parts = []
     for c in np.unique(chunk_of).tolist():
-        path = ws.cas.path(records[c].records["digest"])
-        column = pq.read_table(path, columns=["text_digest"]).column(0)
-        parts.append(column.take(pa.array(rows[chunk_of == c] - starts[c])).combine_chunks())
+        path = str(ws.cas.path(records[c].records["digest"]))
+        parts.append(rows_at(path, "text_digest", rows[chunk_of == c] - starts[c]).combine_chunks())
     return pa.concat_arrays(parts) if parts else pa.array([], pa.string())

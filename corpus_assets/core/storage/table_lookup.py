@@ -10,9 +10,11 @@ asked for. A column the table is not sorted by is scanned a batch at a time
 (:func:`matching_rows`): memory holds one batch and the matches, never the table.
 """
 
+import itertools
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -141,3 +143,24 @@ def scan(path: str, columns: Sequence[str], keep: Callable[[pa.RecordBatch], pa.
         for batch in streamed(path, SCAN_BATCH, names)
     ]
     return pa.concat_tables([empty, *parts]).combine_chunks()
+
+
+def rows_at(path: str, column: str, rows: np.ndarray) -> pa.ChunkedArray:
+    """``column`` at positions ``rows`` of a Parquet file, in their order, reading only the row
+    groups that hold one (each once when ``rows`` ascend), a group at a time: memory holds one
+    group's column and the values taken (a chunk's whole column, read and then taken, was
+    ~70 MB under the held-out search's peak at 1.1 GB)."""
+    rows = np.asarray(rows, dtype=np.int64)
+    with pq.ParquetFile(path, pre_buffer=False) as parquet:
+        meta = parquet.metadata
+        ends = np.cumsum([meta.row_group(g).num_rows for g in range(meta.num_row_groups)])
+        group_of = np.searchsorted(ends, rows, side="right")
+        bounds = np.flatnonzero(np.r_[True, group_of[1:] != group_of[:-1], True]).tolist()
+        parts = []
+        for lo, hi in itertools.pairwise(bounds if len(rows) else []):
+            group = int(group_of[lo])
+            values = parquet.read_row_group(group, [column], use_threads=False).column(0)
+            first = int(ends[group]) - meta.row_group(group).num_rows
+            parts += values.take(pa.array(rows[lo:hi] - first)).chunks
+        kind = parquet.schema_arrow.field(column).type
+    return pa.chunked_array(parts, kind)

@@ -330,7 +330,12 @@ class HeldoutScan:
 
         taus = self.thresholds
         spill = self.ws.home / "tmp"
-        return search(self.blocks, heldout, rows, self.params, fetch, taus, known[0], moved, spill)
+        try:
+            return search(
+                self.blocks, heldout, rows, self.params, fetch, taus, known[0], moved, spill
+            )
+        finally:
+            texts.release()  # the texts' pages, before the joins that follow
 
 
 def _signatures(

@@ -27,7 +27,6 @@ from typing import TYPE_CHECKING, Any
 import duckdb
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from corpus_assets.core.dedup.fingerprint_store import TextLookup
 from corpus_assets.core.dedup.heldout_search import (
@@ -43,6 +42,7 @@ from corpus_assets.core.records.index import ChunkRecords
 from corpus_assets.core.runtime.runners import task_runner
 from corpus_assets.core.runtime.workspace import Workspace, pooled
 from corpus_assets.core.storage.memory import hand_back_duckdb
+from corpus_assets.core.storage.table_lookup import rows_at
 from corpus_assets.core.training_view.view_queries import spilling
 
 if TYPE_CHECKING:
@@ -223,9 +223,8 @@ def text_digests(ws: Workspace, chunks: list[ChunkRecords], rows: np.ndarray) ->
     for i, chunk in enumerate(chunks):
         local = rows[cut[i] : cut[i + 1]] - starts[i]
         if len(local):
-            path = ws.cas.path(chunk.records["digest"])  # the search's caller checked it
-            column = pq.read_table(path, columns=["text_digest"])["text_digest"]
-            parts += column.take(pa.array(local, pa.int64())).chunks
+            path = str(ws.cas.path(chunk.records["digest"]))  # the search's caller checked it
+            parts += rows_at(path, "text_digest", local).chunks
     return pa.chunked_array(parts, pa.string())
 
 
