@@ -52,7 +52,7 @@ DUCKDB_SCRIPT = textwrap.dedent(
     import numpy as np, pyarrow as pa
     from corpus_assets.core.storage import cas_queries
     from corpus_assets.core.storage.memory import hand_back_duckdb
-    from corpus_assets.core.training_view.splits.heldout_tasks import known_jaccards
+    from corpus_assets.core.training_view.splits.heldout_known import known_jaccards
 
     def rss():
         for line in open("/proc/self/status"):

@@ -5,8 +5,9 @@ state depend on both (ties included: a pair found twice keeps its first Jaccard)
 import numpy as np
 import pytest
 
+from corpus_assets.core.training_view.splits.heldout_known import distinct_rows
 from corpus_assets.core.training_view.splits.heldout_state import state_table
-from corpus_assets.core.training_view.splits.heldout_tasks import distinct_rows, pair_order
+from corpus_assets.core.training_view.splits.heldout_tasks import pair_order
 
 
 @pytest.mark.parametrize("n", [0, 1, 7, 5000])

@@ -61,6 +61,7 @@ from corpus_assets.core.storage.cas_queries import (
 from corpus_assets.core.storage.digests import json_digest
 from corpus_assets.core.storage.memory import hand_back_duckdb
 from corpus_assets.core.storage.table_lookup import TrustedFiles
+from corpus_assets.core.training_view.splits.heldout_known import distinct_rows, known_jaccards
 from corpus_assets.core.training_view.splits.heldout_rows import (
     EMPTY_ROWS,
     POSITIONS,
@@ -76,9 +77,7 @@ from corpus_assets.core.training_view.splits.heldout_state import (
 )
 from corpus_assets.core.training_view.splits.heldout_tasks import (
     RowDigests,
-    distinct_rows,
     fingerprint_rows,
-    known_jaccards,
     pooled_search,
 )
 from corpus_assets.core.training_view.splits.schema import TRAIN

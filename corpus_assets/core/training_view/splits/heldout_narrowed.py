@@ -22,12 +22,9 @@ import pyarrow.parquet as pq
 from corpus_assets.core.dedup.fingerprint_store import TextLookup
 from corpus_assets.core.dedup.heldout_search import EMPTY, settle, side_candidates
 from corpus_assets.core.storage.cas_queries import registered, sql_list
+from corpus_assets.core.training_view.splits.heldout_known import known_jaccards
 from corpus_assets.core.training_view.splits.heldout_rows import Members
-from corpus_assets.core.training_view.splits.heldout_tasks import (
-    RowDigests,
-    fingerprint_rows,
-    known_jaccards,
-)
+from corpus_assets.core.training_view.splits.heldout_tasks import RowDigests, fingerprint_rows
 from corpus_assets.core.training_view.splits.schema import TRAIN
 
 if TYPE_CHECKING:

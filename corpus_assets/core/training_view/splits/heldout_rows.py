@@ -20,7 +20,8 @@ from corpus_assets.core.dedup.heldout_search import HeldoutPairs
 from corpus_assets.core.runtime.layer_index import LayerIndex
 from corpus_assets.core.storage.cas import CasError
 from corpus_assets.core.storage.cas_queries import VerifiedFiles, registered, tightened
-from corpus_assets.core.training_view.splits.heldout_tasks import RowDigests, distinct_rows
+from corpus_assets.core.training_view.splits.heldout_known import distinct_rows
+from corpus_assets.core.training_view.splits.heldout_tasks import RowDigests
 from corpus_assets.core.training_view.view_queries import SORT_LIMIT
 
 PAIR_COLUMNS = pa.schema(

@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import duckdb
 import numpy as np
 import pyarrow as pa
 
@@ -41,8 +40,8 @@ from corpus_assets.core.dedup.signature_cache import BandMajorFile
 from corpus_assets.core.records.index import ChunkRecords
 from corpus_assets.core.runtime.runners import task_runner
 from corpus_assets.core.runtime.workspace import Workspace, pooled
-from corpus_assets.core.storage.memory import hand_back_duckdb
 from corpus_assets.core.storage.table_lookup import rows_at
+from corpus_assets.core.training_view.splits.heldout_known import known_jaccards
 from corpus_assets.core.training_view.view_queries import spilling
 
 if TYPE_CHECKING:
@@ -53,15 +52,6 @@ GROUP_ENV = "CORPUS_HELDOUT_GROUP_RECORDS"  # overrides it (tests: several group
 FETCH = 256  # texts read and fingerprinted together
 SIGNATURES, DIGESTS = "signatures.npy", "digests.arrow"  # the held-out side's files
 DIGEST_SCHEMA = pa.schema([("text_digest", pa.string())])
-KNOWN = """
-WITH e AS (
-    SELECT p.i, x.digest AS x, y.digest AS y FROM ho_estimated p
-    JOIN ho_digests x ON p.ra = x.r JOIN ho_digests y ON p.rb = y.r
-), q AS (SELECT i, least(x, y) AS a, greatest(x, y) AS b FROM e)
-SELECT i, min(jaccard) AS jaccard FROM (
-    SELECT i, 1.0::DOUBLE AS jaccard FROM q WHERE a = b
-    {sources}) GROUP BY i
-"""
 
 
 def chunk_groups(counts: Sequence[int], size: int) -> list[tuple[int, int]]:
@@ -190,18 +180,6 @@ def _read_heldout(scratch: Path) -> tuple[np.ndarray, np.ndarray, pa.Array, np.n
         digests = reader.read_all().column(0).combine_chunks()
     load = [np.load(scratch / name) for name in ("rows.npy", "moved.npy", "thresholds.npy")]
     return load[0], signatures, digests, load[1], load[2]
-
-
-def distinct_rows(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The ascending distinct rows (non-negative) of ``x`` and ``y``, and each entry's index
-    among them: ``np.unique`` with its inverse, by a mask over the rows instead of a sort
-    (~0.1 CPU-s less for a 1.1 GB child's ~500k verified pairs)."""
-    size = max(int(x.max(initial=-1)), int(y.max(initial=-1))) + 1
-    seen = np.zeros(size, dtype=bool)
-    seen[x] = True
-    seen[y] = True
-    rank = np.cumsum(seen, dtype=np.int64) - 1
-    return np.flatnonzero(seen), rank[x], rank[y]
 
 
 def pair_order(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -344,39 +322,6 @@ def _joined(done: list[tuple[HeldoutPairs, int]]) -> HeldoutPairs:
     stats["tasks"] = len(done)
     stats["task_processes"] = len({pid for _, pid in done} - {os.getpid()})
     return HeldoutPairs(a, b, jaccard, stats, verified)  # type: ignore[arg-type]
-
-
-def known_jaccards(
-    con: duckdb.DuckDBPyConnection,
-    tables: tuple[str, ...],
-    digests: "pa.Array | pa.ChunkedArray | RowDigests",
-    a: np.ndarray,
-    b: np.ndarray,
-) -> np.ndarray:
-    """The Jaccard of each pair of rows already known (nan where not): 1.0 for two identical
-    texts, else the one a table holds for the two text digests (``digests``: per row).
-
-    Each row's digest is taken once (a held-out record pairs with many members: 410k pairs
-    named 65k rows at 1.1 GB of raw text, and their digests pair by pair were ~100 MB of the
-    splits layer's peak), the pairs go in as row numbers. The join's pages are handed back
-    before returning, so they do not sit under the fingerprinting that follows."""
-    union = "".join(
-        f" UNION ALL SELECT q.i, t.jaccard FROM q JOIN {t} t USING (a, b)" for t in tables
-    )
-    rows, ra, rb = distinct_rows(a, b)
-    named = digests.take(pa.array(rows, pa.int64()))
-    pairs = {"i": np.arange(len(a)), "ra": ra, "rb": rb}
-    con.register("ho_digests", pa.table({"r": np.arange(len(rows)), "digest": named}))
-    con.register("ho_estimated", pa.table(pairs))
-    try:
-        found = con.sql(KNOWN.format(sources=union)).to_arrow_table()
-    finally:
-        con.unregister("ho_estimated")
-        con.unregister("ho_digests")
-        hand_back_duckdb(con)
-    out = np.full(len(a), np.nan, dtype=np.float64)
-    out[found["i"].to_numpy()] = found["jaccard"].to_numpy()
-    return out
 
 
 def by_digest(
