@@ -9,6 +9,8 @@ samples table and a per-source report (also in ``counts`` and the run's details;
 sources whose importance weight exceeds ``max_weight``, which is also logged as a warning).
 """
 
+from dataclasses import dataclass
+
 import duckdb
 import numpy as np
 import pyarrow as pa
@@ -23,13 +25,13 @@ from corpus_assets.core.runtime.layer_index import (
     read_layer_index,
 )
 from corpus_assets.core.runtime.workspace import Workspace
-from corpus_assets.core.storage.cas_queries import VerifiedFiles, batches, cas_parquet
+from corpus_assets.core.storage.cas_queries import VerifiedFiles, batches, cas_parquet, streamed
 from corpus_assets.core.storage.parquet_sink import put_tables
 from corpus_assets.core.storage.table_lookup import TrustedFiles
 from corpus_assets.core.tokens.cache import TokenCache, open_tokens, token_cache
 from corpus_assets.core.tokens.spec import resolve_tokenizer
 from corpus_assets.core.training_view import view_queries
-from corpus_assets.core.training_view.mixing.plan import Population, plan_mixture
+from corpus_assets.core.training_view.mixing.plan import MixingError, Population, plan_mixture
 from corpus_assets.core.training_view.mixing.select import (
     MIX_COLUMNS,
     Members,
@@ -45,6 +47,15 @@ MEMBER_COLUMNS = ("record_id", "source_id", "record_digest")
 _BATCH = 1 << 16
 
 
+@dataclass(frozen=True)
+class RowValues:
+    """Every clusters row's selection input (D of its record digest) and token count, by its
+    clusters position: the members join names positions only, numpy takes the values."""
+
+    bits: np.ndarray  # uint64
+    tokens: np.ndarray  # int64
+
+
 def train_members(
     ws: Workspace,
     con: duckdb.DuckDBPyConnection,
@@ -52,16 +63,17 @@ def train_members(
     dedup: LayerIndex,
     canonical: CanonicalIndex,
     tokens: TokenCache,
-) -> None:
-    """Table ``train_members``: record_id, source_id, tokens and ``bits`` (D of the record
-    digest, the selection key's input) of the train records - or ``record_digest`` instead of
-    its bits when matched on keys.
+) -> RowValues | None:
+    """Table ``train_members``: record_id, source_id and the clusters position ``pos`` of the
+    train records, whose bits and tokens the returned ``RowValues`` hold - or, matched on
+    keys, record_id, source_id, ``record_digest`` and tokens (and None returned).
 
     The splits table names the train members, the dedup table each member's row (the row dedup
     kept), so a record id repeated in another row is one candidate. A record's tokens are its
     count in the token cache (only the offsets are read). With the dedup layer's decisions
     table the kept rows are matched on their clusters-table position (integers, no canonical
-    string read but the digests); without it, on (record_id, object, line)."""
+    string read but the digests; a DuckDB join of every row's values on position was ~40 MB
+    of the layer's peak at 1.1 GB); without it, on (record_id, object, line)."""
     files = TrustedFiles(ws.cas, ws.catalog)
     chunks = canonical.chunks()
     order = row_order(files, dedup, sum(c.count for c in chunks))
@@ -69,30 +81,45 @@ def train_members(
     train = f"(SELECT record_id FROM {table} WHERE split = '{TRAIN}')"
     if order is None:
         _members_by_keys(ws, con, dedup, canonical, tokens, train)
-        return
+        return None
     clusters = view_queries.dedup_clusters(VerifiedFiles(ws.cas), dedup, numbered=True)
-    positions = pq.read_table(order, columns=["pos"])["pos"]
-    con.register("row_bits", _row_bits(ws, files, chunks, tokens).append_column("pos", positions))
+    positions = pq.read_table(order, columns=["pos"])["pos"].to_numpy()
+    values = _row_values(ws, files, chunks, tokens, positions)
     con.execute(
-        "CREATE TABLE train_members AS SELECT c.record_id, c.source_id, r.bits, r.tokens "
-        f"FROM {clusters} c JOIN row_bits r ON c.file_row_number = r.pos "
-        f"JOIN {train} t ON c.record_id = t.record_id WHERE c.is_representative"
+        "CREATE TABLE train_members AS SELECT c.record_id, c.source_id, c.file_row_number AS pos "
+        f"FROM {clusters} c JOIN {train} t ON c.record_id = t.record_id WHERE c.is_representative"
     )
-    con.unregister("row_bits")
+    return values
 
 
-def _row_bits(
-    ws: Workspace, files: TrustedFiles, chunks: list[ChunkRecords], tokens: TokenCache
-) -> pa.Table:
-    """(bits, tokens) of every canonical row in global row order: each chunk's digest column
-    read and parsed to integers at once (16 bytes a row stay, no strings)."""
-    bits, counts = [np.empty(0, np.uint64)], [np.empty(0, np.int64)]
+def _row_values(
+    ws: Workspace,
+    files: TrustedFiles,
+    chunks: list[ChunkRecords],
+    tokens: TokenCache,
+    positions: np.ndarray,
+) -> RowValues:
+    """Each canonical row's bits and tokens placed at its clusters position (``positions``,
+    by global row): each chunk's digest column read and parsed a batch at a time (16 bytes a
+    row stay, no strings; a whole column of 71-character digests read and parsed at once
+    raised the layer's RSS by ~100 MB at 1.1 GB)."""
+    values = RowValues(np.empty(len(positions), np.uint64), np.empty(len(positions), np.int64))
+    start = 0
     for chunk, cached in zip(chunks, tokens.chunks, strict=True):
         path = files.path(chunk.records["digest"], chunk.what)
-        digests = pq.read_table(path, columns=["record_digest"]).column(0).combine_chunks()
-        bits.append(digest_bits(digests))
-        counts.append(np.asarray(open_tokens(ws, cached, tokens.spec, ids=False).counts()))
-    return pa.table({"bits": np.concatenate(bits).view(np.int64), "tokens": np.concatenate(counts)})
+        at = start
+        for batch in streamed(path, _BATCH, ["record_digest"]):
+            values.bits[positions[at : at + batch.num_rows]] = digest_bits(batch.column(0))
+            at += batch.num_rows
+        counts = open_tokens(ws, cached, tokens.spec, ids=False).counts()
+        if at - start != chunk.count or len(counts) != chunk.count:
+            raise MixingError(
+                f"{chunk.what}: {at - start} digests and {len(counts)} token counts, "
+                f"not its {chunk.count} rows"
+            )
+        values.tokens[positions[start : start + chunk.count]] = counts
+        start += chunk.count
+    return values
 
 
 def _members_by_keys(
@@ -116,23 +143,29 @@ def _members_by_keys(
     con.execute("DROP TABLE row_tokens")
 
 
-def source_members(con: duckdb.DuckDBPyConnection, source: str) -> Members:
-    """One source's train members by record_id; digests (when the table holds them rather
-    than their bits) are parsed a batch at a time."""
+def source_members(
+    con: duckdb.DuckDBPyConnection, source: str, values: RowValues | None = None
+) -> Members:
+    """One source's train members by record_id: their bits and tokens taken from ``values``
+    by position, or (a table matched on keys) their digests parsed a batch at a time."""
     literal = "'" + source.replace("'", "''") + "'"
-    parsed = "bits" in con.sql("FROM train_members LIMIT 0").columns
+    columns = "pos" if values is not None else "record_digest, tokens"
     reader = batches(
         con,
-        f"SELECT record_id, {'bits' if parsed else 'record_digest'}, tokens FROM train_members "
-        f"WHERE source_id = {literal} ORDER BY record_id",
+        f"SELECT record_id, {columns} FROM train_members WHERE source_id = {literal} "
+        "ORDER BY record_id",
         _BATCH,
     )
     ids, bits, tokens = [], [np.empty(0, np.uint64)], [np.empty(0, np.int64)]
     for batch in reader:
         ids.append(batch.column("record_id").cast(pa.string()))
-        column = batch.column(1)
-        bits.append(column.to_numpy().view(np.uint64) if parsed else digest_bits(column))
-        tokens.append(batch.column("tokens").to_numpy().astype(np.int64))
+        if values is not None:
+            at = batch.column("pos").to_numpy()
+            bits.append(values.bits[at])
+            tokens.append(values.tokens[at])
+        else:
+            bits.append(digest_bits(batch.column("record_digest")))
+            tokens.append(batch.column("tokens").to_numpy().astype(np.int64))
     record_id = pa.concat_arrays(ids) if ids else pa.array([], pa.string())
     return Members(record_id, None, np.concatenate(tokens), np.concatenate(bits))
 
@@ -147,8 +180,9 @@ def build_mixed_samples(ws: Workspace, partition_key: str) -> LayerResult:
     # one DuckDB thread, as splits: the members join fills its buffers per thread (two: peak
     # 343 MB against 329 median of three at 1.1 GB, same bytes)
     with view_queries.spilling(ws.home, 1) as con:
-        train_members(ws, con, splits, dedup, canonical, tokens)
-        members = {s: source_members(con, s) for s in sources}
+        values = train_members(ws, con, splits, dedup, canonical, tokens)
+        members = {s: source_members(con, s, values) for s in sources}
+        del values
     populations = [
         Population(s, len(members[s].record_id), int(np.sum(members[s].tokens))) for s in sources
     ]
