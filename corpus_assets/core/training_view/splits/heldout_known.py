@@ -7,7 +7,7 @@ is coded by its rank among the named ones in byte order, so a pair's (least, gre
 are its digests' and two equal texts share a code; each table is then scanned a batch at a
 time, its digests coded by a hash lookup, and the pairs meet on integers in numpy. Nothing
 per pair goes through a DuckDB join (on the digest strings the join, its group-by and the
-CTE it materialised were ~100 MB of the validation check's peak at 1.1 GB).
+CTE it materialised were ~60 MB of the validation check's peak at 1.1 GB).
 """
 
 from typing import Protocol
