@@ -33,7 +33,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from corpus_assets.core.dedup.fingerprint_store import SpilledFingerprints, TextLookup
+from corpus_assets.core.dedup.fingerprint_store import (
+    SpilledFingerprints,
+    TextLookup,
+    text_digests,
+)
 from corpus_assets.core.dedup.jaccard import jaccard_sorted
 from corpus_assets.core.dedup.minhash import SignatureSpec
 from corpus_assets.core.dedup.near_dedup import BandStats, _unique, band_keys, star_pairs
@@ -42,7 +46,6 @@ from corpus_assets.core.records.index import ChunkRecords
 from corpus_assets.core.runtime.workspace import Workspace
 from corpus_assets.core.storage.artifacts import Ref
 from corpus_assets.core.storage.cas_queries import Spilling, cas_parquet
-from corpus_assets.core.storage.table_lookup import rows_at
 
 ROW = np.dtype([("band", "<u4"), ("key", "<u8"), ("rank", "<i8")])
 _PAIR_MIX = np.uint64(0x9E3779B97F4A7C15)  # spreads packed pairs over the verify tasks
@@ -260,7 +263,7 @@ def _known(
     ranks = _unique(np.concatenate([xs, ys]))
     rows = np.asarray(order[ranks], dtype=np.int64)  # in total order, not row order
     by_row = np.argsort(rows, kind="stable")
-    digests = _text_digests(ws, job.records, rows[by_row])
+    digests = text_digests(ws, job.records, rows[by_row]).combine_chunks()
     place = np.empty(len(rows), dtype=np.int64)
     place[by_row] = np.arange(len(rows), dtype=np.int64)  # rank's index -> its digest's
     at_x, at_y = place[np.searchsorted(ranks, xs)], place[np.searchsorted(ranks, ys)]
@@ -279,14 +282,3 @@ def _known(
     out = np.full(len(xs), np.nan, dtype=np.float64)
     out[np.asarray(found["i"], dtype=np.int64)] = found["jaccard"]
     return out
-
-
-def _text_digests(ws: Workspace, records: tuple[ChunkRecords, ...], rows: np.ndarray) -> pa.Array:
-    """``text_digest`` of ascending rows, reading that one column of the chunks that hold them."""
-    starts = np.cumsum([0, *(c.count for c in records)])
-    chunk_of = np.searchsorted(starts, rows, side="right") - 1
-    parts = []
-    for c in np.unique(chunk_of).tolist():
-        path = str(ws.cas.path(records[c].records["digest"]))
-        parts.append(rows_at(path, "text_digest", rows[chunk_of == c] - starts[c]).combine_chunks())
-    return pa.concat_arrays(parts) if parts else pa.array([], pa.string())

@@ -7,6 +7,7 @@ fingerprints are computed once and spilled to a temporary file, and read back pe
 
 import os
 import tempfile
+from collections.abc import Sequence
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from corpus_assets.core.records.index import ChunkRecords
 from corpus_assets.core.runtime.workspace import Workspace
 from corpus_assets.core.storage.cas_queries import streamed
 from corpus_assets.core.storage.memory import release_memory
+from corpus_assets.core.storage.table_lookup import rows_at
 
 
 class TextLookup:
@@ -151,3 +153,19 @@ class SpilledFingerprints:
         if self.file is not None:
             self.file.close()
             self.file = None
+
+
+def text_digests(
+    ws: Workspace, chunks: Sequence[ChunkRecords], rows: np.ndarray
+) -> pa.ChunkedArray:
+    """``text_digest`` of ascending global rows of ``chunks``, each chunk's column read only
+    for the row groups holding one (``rows_at``); the caller checked the chunk files. The one
+    reader for near-dedup's verify tasks and the held-out search."""
+    starts = np.cumsum([0, *(c.count for c in chunks)])
+    cut = np.searchsorted(rows, starts)
+    parts = [pa.array([], pa.string())]
+    for i, chunk in enumerate(chunks):
+        local = rows[cut[i] : cut[i + 1]] - starts[i]
+        if len(local):
+            parts += rows_at(str(ws.cas.path(chunk.records["digest"])), "text_digest", local).chunks
+    return pa.chunked_array(parts, pa.string())

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
-from corpus_assets.core.dedup.fingerprint_store import TextLookup
+from corpus_assets.core.dedup.fingerprint_store import TextLookup, text_digests
 from corpus_assets.core.dedup.heldout_search import (
     HeldoutPairs,
     HeldoutParams,
@@ -40,7 +40,6 @@ from corpus_assets.core.dedup.signature_cache import BandMajorFile
 from corpus_assets.core.records.index import ChunkRecords
 from corpus_assets.core.runtime.runners import task_runner
 from corpus_assets.core.runtime.workspace import Workspace, pooled
-from corpus_assets.core.storage.table_lookup import rows_at
 from corpus_assets.core.training_view.splits.heldout_known import known_jaccards
 from corpus_assets.core.training_view.view_queries import spilling
 
@@ -190,20 +189,6 @@ def pair_order(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     if n > 1 << 31:  # the key would overflow
         return np.lexsort((b, a))
     return np.argsort(a * n + b, kind="stable")
-
-
-def text_digests(ws: Workspace, chunks: list[ChunkRecords], rows: np.ndarray) -> pa.ChunkedArray:
-    """Text digests of ascending rows of ``chunks`` (each chunk's digest column read only
-    when needed), kept in Arrow."""
-    starts = np.cumsum([0, *(c.count for c in chunks)])
-    cut = np.searchsorted(rows, starts)
-    parts = [pa.array([], pa.string())]
-    for i, chunk in enumerate(chunks):
-        local = rows[cut[i] : cut[i + 1]] - starts[i]
-        if len(local):
-            path = str(ws.cas.path(chunk.records["digest"]))  # the search's caller checked it
-            parts += rows_at(path, "text_digest", local).chunks
-    return pa.chunked_array(parts, pa.string())
 
 
 class RowDigests:
