@@ -57,6 +57,7 @@ _SCHEMAS = {
             ("v", pa.string()),
             ("row", pa.int64()),
             ("flag", pa.bool_()),  # a group id (its record columns null)
+            ("own", pa.bool_()),  # a record id that is also its row's group id
             ("object", pa.string()),
             ("line", pa.int64()),
             ("key", pa.string()),
@@ -159,17 +160,20 @@ def chunk_runs(ws: Workspace, job: RunJob, spec: object, done: object) -> RunSam
 
 
 def _ids_run(table: pa.Table, start: int) -> pa.Table:
-    """Every record id with its row, object, line and dedup key, then each group id unlike
-    its record id (flagged, the record columns null)."""
+    """Every record id with its row, object, line and dedup key (``own``: it is also the
+    row's group id), then each group id unlike its record id (flagged, the record columns
+    null). Each row's group is named once: by its flagged value, or its own record id."""
     rows = pa.array(np.arange(start, start + table.num_rows, dtype=np.int64))
     record, group = whole_array(table["record_id"]), whole_array(table["group_id"])
     unlike = _distinct(group, record)
     flagged = pc.sum(unlike).as_py() or 0
     flags = np.r_[np.zeros(table.num_rows, bool), np.ones(flagged, bool)]
+    own = pc.invert(unlike).to_numpy(zero_copy_only=False)
     columns = [
         pa.concat_arrays([record, group.filter(unlike)]),
         pa.concat_arrays([rows, rows.filter(unlike)]),
         pa.array(flags),
+        pa.array(np.r_[own, np.zeros(flagged, bool)]),
     ]
     for name in ("object", "line", "dedup_key"):
         field = _SCHEMAS["ids"].field("key" if name == "dedup_key" else name)
@@ -236,17 +240,31 @@ def merge_partition(ws: Workspace, job: MergeJob, spec: object, done: object) ->
 
 
 def _merge_ids(table: pa.Table, base: str) -> int:
-    """Codes of every value (a new one where it changes), the record rows in rank order, and
-    the record rows whose id an earlier row holds; how many record rows."""
+    """Codes of every value (a new one where it changes), the record rows in rank order, each
+    group's rows and naming row, and the record rows whose id an earlier row holds; how many
+    record rows."""
     values = table.column("v").chunk(0) if table.num_rows else pa.array([], pa.string())
     local = np.cumsum(value_changes(values, None)) - 1 if len(values) else np.zeros(0, np.int64)
     flags = table.column("flag").to_numpy(zero_copy_only=False).astype(bool)
     rows = table.column("row").to_numpy()
-    _save(base, rows=_narrow(rows), codes=_narrow(local), flags=flags, ranked=_narrow(rows[~flags]))
+    _save(base, ranked=_narrow(rows[~flags]))
+    _save_groups(base, rows, local, flags | table.column("own").to_numpy(zero_copy_only=False))
     records = table.filter(pa.array(~flags))
     repeated, first, same = _repeats(records, local[~flags])
     _save(base, repeated=repeated, first=first, same=same)
     return records.num_rows
+
+
+def _save_groups(base: str, rows: np.ndarray, codes: np.ndarray, named: np.ndarray) -> None:
+    """The rows whose group a value of this partition names (``named``), ascending, with
+    their groups' local codes, and per local code its naming row: the group's last row, as
+    the driver's :func:`.leakage.leakage_rows` names it (-1: the value names no group)."""
+    rows, codes = rows[named], codes[named]
+    by = np.argsort(rows, kind="stable")
+    rows, codes = rows[by], codes[by]
+    naming = np.full(int(codes.max(initial=-1)) + 1, -1, dtype=np.int64)
+    np.maximum.at(naming, codes, rows)
+    _save(base, group_rows=_narrow(rows), group_codes=_narrow(codes), naming=_narrow(naming))
 
 
 def _repeats(records: pa.Table, codes: np.ndarray) -> tuple[np.ndarray, ...]:

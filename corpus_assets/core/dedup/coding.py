@@ -6,17 +6,18 @@
   parent), then numpy over every row on the driver;
 - :class:`.task_coding.TaskCoding`, where the stages run on the task runner: the sample sort's
   merge tasks decide repeated ids and exact copies next to the values they hold, and the driver
-  receives the id order, the group codes and the sparse answers (repeated rows, copies), never
-  a record id or a dedup key code.
+  receives the id order, each row's leakage row and the sparse answers (repeated rows, copies),
+  never a record id, dedup key or group code.
 
 The answers are sparse where the facts are (repeated ids and copies are few next to the
-records); the id order and the codes are one integer per row.
+records); the id order and the leakage rows are one integer per row.
 """
 
 from typing import NamedTuple, Protocol
 
 import numpy as np
 
+from corpus_assets.core.dedup.leakage import leakage_rows
 from corpus_assets.core.dedup.order import first_in_order
 from corpus_assets.core.dedup.output_order import id_ranks
 from corpus_assets.core.dedup.partition_db import Coded, PartitionDb, RecordCodes, code_dtype
@@ -56,7 +57,10 @@ class Coding(Protocol):
 
     def exact(self, codes: RecordCodes, eligible: np.ndarray, excluded: np.ndarray) -> Exact: ...
 
-    def group_codes(self, codes: RecordCodes) -> np.ndarray: ...
+    def leakage(self, codes: RecordCodes, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """Per row, the row naming its leakage group over the edges (a, b) between rows
+        (:mod:`.leakage`)."""
+        ...
 
 
 class DriverCoding:
@@ -96,8 +100,8 @@ class DriverCoding:
         copies = eligible[~first]
         return Exact(eligible[first], copies, rep_of[key_codes[copies]])
 
-    def group_codes(self, codes: RecordCodes) -> np.ndarray:
-        return codes.group_id.codes
+    def leakage(self, codes: RecordCodes, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        return leakage_rows(codes.group_id.codes, a, b)
 
 
 def no_repeats() -> Repeated:

@@ -3,15 +3,17 @@
 The :class:`.coding.Coding` where the stages run on the task runner. At construction a runs
 task per canonical chunk and a merge task per partition of the ids set run
 (:mod:`.code_tasks`); the driver places each row's rank by record id and keeps the repeated
-rows the merges found. The group codes stay in the merges' files until the leakage groups ask
-for them, after the near stage. Exact copies need the excluded rows first (tombstones and
-repeated ids), so the keys set's merges run when ``decide`` asks for them, and hand back only
-the copies and their representatives. The driver never holds a record id code or a dedup key
-code, and sorts no value.
+rows the merges found. The groups stay in the merges' files until the leakage groups ask for
+them, after the near stage: the driver looks up only the edges' rows' groups, finds the
+components among those, and places each row's naming row, a partition at a time. Exact copies
+need the excluded rows first (tombstones and repeated ids), so the keys set's merges run when
+``decide`` asks for them, and hand back only the copies and their representatives. The driver
+never holds a record id, dedup key or group code, and sorts no value.
 """
 
 import os
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -31,6 +33,7 @@ from corpus_assets.core.dedup.code_tasks import (
     splitters,
 )
 from corpus_assets.core.dedup.coding import Exact, Repeated
+from corpus_assets.core.dedup.leakage import components
 from corpus_assets.core.dedup.partition_db import Coded, PartitionDb, RecordCodes, code_dtype
 from corpus_assets.core.records.index import ChunkRecords
 from corpus_assets.core.runtime.workspace import Workspace, pooled
@@ -65,14 +68,25 @@ class TaskCoding:
         self._rank, self._repeated = _placed_ranks(scratch, self._ids, self.n)
 
     def codes(self, db: PartitionDb) -> RecordCodes:
-        """Kind and source codes: no record id, dedup key or group code is held (the group
-        codes are placed when :meth:`group_codes` asks, after the near stage)."""
+        """Kind and source codes: no record id, dedup key or group code is held (the groups
+        stay in the merges' files until :meth:`leakage` asks, after the near stage)."""
         return db.codes(tuple(Coded(np.empty(0, dtype=np.int64), []) for _ in range(3)))
 
-    def group_codes(self, codes: RecordCodes) -> np.ndarray:
-        groups = _placed_groups(self.scratch, self._ids, self.n)
+    def leakage(self, codes: RecordCodes, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """Per row, its leakage group's naming row (:func:`.leakage.leakage_rows`' answer)
+        from the ids merges' group rows, a partition at a time: the driver holds the edges'
+        groups and the rows' answers, never a group code per row."""
+        parts = _group_parts(self.scratch, self._ids)
         self._ids = []
-        return groups
+        edge_rows = np.unique(np.concatenate([a, b]).astype(np.int64))
+        edge_groups, edge_names = _edge_groups(parts, edge_rows)
+        touched, at = np.unique(edge_groups, return_inverse=True)
+        names = np.empty(len(touched), dtype=np.int64)
+        names[at] = edge_names
+        group_of = edge_groups[np.searchsorted(edge_rows, np.concatenate([a, b]))]
+        ends = np.searchsorted(touched, group_of)
+        roots = components(len(touched), ends[: len(a)], ends[len(a) :])
+        return _placed_leakage(parts, self.n, touched, names[roots])
 
     def id_rank(self, db: PartitionDb, codes: RecordCodes) -> np.ndarray:
         rank, self._rank = self._rank, np.empty(0, dtype=np.int64)
@@ -150,24 +164,60 @@ def _placed_ranks(
     return rank, _joined_repeats(repeated)
 
 
-def _placed_groups(scratch: Path, done: list[tuple[MergeJob, Merged]], n: int) -> np.ndarray:
-    """Group codes by row from the ids partitions (each one's local codes offset by the
-    values of the partitions before): a row's group id is its record id unless flagged."""
-    dtype = code_dtype(max(sum(m.values for _, m in done), 1))
-    codes = np.zeros(n, dtype=dtype)
-    groups = np.full(n, -1, dtype=dtype)
-    offset = 0
-    for job, merged in done:
-        base = merge_path(scratch, job.kind, job.partition)
-        rows, placed, flagged = load_merged(base, "rows", "codes", "flags")
-        placed = placed.astype(dtype, copy=False)
-        placed += offset
-        codes[rows[~flagged]], groups[rows[flagged]] = placed[~flagged], placed[flagged]
-        del rows, placed, flagged  # before the next partition's are loaded
-        offset += merged.values
-    own = groups < 0
-    groups[own] = codes[own]
-    return groups
+@dataclass(frozen=True)
+class _GroupPart:
+    """One ids partition's group files and the codes of the partitions before it."""
+
+    base: str
+    offset: int
+
+
+def _group_parts(scratch: Path, done: list[tuple[MergeJob, Merged]]) -> list[_GroupPart]:
+    offsets = np.cumsum([0, *(merged.values for _, merged in done)])
+    return [
+        _GroupPart(merge_path(scratch, job.kind, job.partition), int(offsets[i]))
+        for i, (job, _) in enumerate(done)
+    ]
+
+
+def _edge_groups(parts: list[_GroupPart], edge_rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per edge row (ascending), its group code and that group's naming row: each
+    partition's group rows looked up among the edge rows (O(rows log edges) in all)."""
+    groups = np.full(len(edge_rows), -1, dtype=np.int64)
+    names = np.full(len(edge_rows), -1, dtype=np.int64)
+    for part in parts if len(edge_rows) else []:
+        rows, codes, naming = (np.load(f"{part.base}-{n}.npy") for n in _GROUP_FILES)
+        at = np.minimum(np.searchsorted(edge_rows, rows), len(edge_rows) - 1)
+        hit = edge_rows[at] == rows
+        groups[at[hit]] = codes[hit].astype(np.int64) + part.offset
+        names[at[hit]] = naming[codes[hit]]
+    if (groups < 0).any():
+        raise RuntimeError("an edge row is in no ids partition's groups")
+    return groups, names
+
+
+def _placed_leakage(
+    parts: list[_GroupPart], n: int, touched: np.ndarray, root_names: np.ndarray
+) -> np.ndarray:
+    """Per row, its group's naming row, or its component root's where the edges touch its
+    group (``touched`` codes ascending, ``root_names`` theirs): a partition at a time, each
+    one's files deleted once read."""
+    leakage = np.full(n, -1, dtype=code_dtype(n))
+    for part in parts:
+        rows, codes, naming = load_merged(part.base, *_GROUP_FILES)
+        named = naming[codes]
+        if len(touched):
+            global_codes = codes.astype(np.int64) + part.offset
+            at = np.minimum(np.searchsorted(touched, global_codes), len(touched) - 1)
+            hit = touched[at] == global_codes
+            named[hit] = root_names[at[hit]]
+        leakage[rows] = named
+    if n and leakage.min() < 0:
+        raise RuntimeError("a row is in no ids partition's groups")
+    return leakage
+
+
+_GROUP_FILES = ("group_rows", "group_codes", "naming")
 
 
 def _joined_repeats(parts: list[tuple[np.ndarray, ...]]) -> Repeated:

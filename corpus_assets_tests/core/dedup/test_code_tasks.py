@@ -9,6 +9,7 @@ import pytest
 
 from corpus_assets.core.dedup import clusters
 from corpus_assets.core.dedup.code_tasks import PARTITION_VALUES, merge_partitions, splitters
+from corpus_assets.core.dedup.leakage import leakage_rows
 from corpus_assets.core.dedup.output_order import id_ranks
 from corpus_assets.core.dedup.partition_db import PartitionDb, chunk_lengths
 from corpus_assets.core.dedup.task_coding import TaskCoding
@@ -126,11 +127,16 @@ def test_task_coding_decides_as_the_driver(
     assert len(list(tmp_path.glob("names-*.arrow"))) == len(chunks)  # for the gather tasks
 
 
-def test_task_coding_orders_and_equals_group_ids_as_the_coding_sorts(
-    demo_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("partitions", [1, 3])
+def test_task_coding_names_leakage_groups_and_ranks_as_the_coding_sorts(
+    demo_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, partitions: int
 ) -> None:
-    monkeypatch.setenv("CORPUS_CODE_PARTITIONS", "3")
+    """Leakage rows over edges between any rows (near edges join rows of any group, across
+    partitions), none, and ranks: the merges' group files against the driver's group codes."""
+    monkeypatch.setenv("CORPUS_CODE_PARTITIONS", str(partitions))
     table = _records(random.Random(11), 400)
+    rng = np.random.default_rng(11)
+    a, b = rng.integers(0, table.num_rows, (2, 60))  # chains, stars and cycles by chance
     ws = open_workspace()
     try:
         chunks = _chunks(ws, table, [150, 250])
@@ -141,13 +147,17 @@ def test_task_coding_orders_and_equals_group_ids_as_the_coding_sorts(
             codes = coding.codes(db)
             held = (codes.record_id, codes.dedup_key, codes.group_id)
             assert not any(len(c.codes) for c in held)  # the driver holds none of these codes
-            groups = coding.group_codes(codes)
             rank = coding.id_rank(db, expected)
             want_rank = id_ranks(db, expected.record_id.codes)
+            got = coding.leakage(codes, a, b)
     finally:
         ws.close()
-    assert _ranks(groups).tolist() == _ranks(expected.group_id.codes).tolist()
+    want = leakage_rows(expected.group_id.codes, a, b)
+    assert got.tolist() == want.tolist()
+    alone = leakage_rows(expected.group_id.codes, a[:0], b[:0])
+    assert len(np.unique(want)) < len(np.unique(alone))  # the edges joined groups
     assert rank.tolist() == want_rank.tolist()
+    assert not list(tmp_path.glob("merged-ids-*"))  # each group file deleted once read
 
 
 def test_splitters_cut_at_distinct_sample_quantiles() -> None:

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from corpus_assets.core.dedup import clusters
-from corpus_assets.core.dedup.clusters import components, edge_group_roots
+from corpus_assets.core.dedup import leakage
+from corpus_assets.core.dedup.leakage import components, edge_group_roots
 
 
 def _over_every_group(groups: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -26,7 +26,7 @@ def test_edge_group_roots_equal_the_components_of_every_group(
     edges = int(rng.integers(0, n))  # none, few or many: chains, stars and cycles by chance
     a, b = rng.integers(0, groups.max() + 1, (2, edges))
     if seed % 3:  # the groups mapped in several slices, the last one short
-        monkeypatch.setattr(clusters, "ROOT_SLICE", int(rng.integers(1, 50)))
+        monkeypatch.setattr(leakage, "ROOT_SLICE", int(rng.integers(1, 50)))
     got = edge_group_roots(groups, a, b)
     assert got.dtype == groups.dtype
     assert got.tolist() == _over_every_group(groups, a, b).tolist()
