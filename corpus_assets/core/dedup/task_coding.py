@@ -13,6 +13,7 @@ never holds a record id, dedup key or group code, and sorts no value.
 
 import os
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,7 +34,7 @@ from corpus_assets.core.dedup.code_tasks import (
     splitters,
 )
 from corpus_assets.core.dedup.coding import Exact, Repeated
-from corpus_assets.core.dedup.leakage import components
+from corpus_assets.core.dedup.leakage import ROOT_SLICE, components
 from corpus_assets.core.dedup.partition_db import Coded, PartitionDb, RecordCodes, code_dtype
 from corpus_assets.core.records.index import ChunkRecords
 from corpus_assets.core.runtime.workspace import Workspace, pooled
@@ -78,14 +79,17 @@ class TaskCoding:
         groups and the rows' answers, never a group code per row."""
         parts = _group_parts(self.scratch, self._ids)
         self._ids = []
-        edge_rows = np.unique(np.concatenate([a, b]).astype(np.int64))
-        edge_groups, edge_names = _edge_groups(parts, edge_rows)
-        touched, at = np.unique(edge_groups, return_inverse=True)
-        names = np.empty(len(touched), dtype=np.int64)
-        names[at] = edge_names
-        group_of = edge_groups[np.searchsorted(edge_rows, np.concatenate([a, b]))]
-        ends = np.searchsorted(touched, group_of)
+        dtype = code_dtype(self.n)
+        edge_rows = np.unique(np.concatenate([a, b]).astype(dtype, copy=False))
+        edge_groups, edge_names = _edge_groups(parts, edge_rows, dtype)
+        touched = np.unique(edge_groups)
+        names = np.empty(len(touched), dtype=dtype)
+        names[np.searchsorted(touched, edge_groups)] = edge_names
+        del edge_names
+        ends = _touched_ends(edge_rows, edge_groups, touched, a, b)
+        del edge_rows, edge_groups
         roots = components(len(touched), ends[: len(a)], ends[len(a) :])
+        del ends
         return _placed_leakage(parts, self.n, touched, names[roots])
 
     def id_rank(self, db: PartitionDb, codes: RecordCodes) -> np.ndarray:
@@ -170,48 +174,84 @@ class _GroupPart:
 
     base: str
     offset: int
+    values: int
 
 
 def _group_parts(scratch: Path, done: list[tuple[MergeJob, Merged]]) -> list[_GroupPart]:
     offsets = np.cumsum([0, *(merged.values for _, merged in done)])
     return [
-        _GroupPart(merge_path(scratch, job.kind, job.partition), int(offsets[i]))
-        for i, (job, _) in enumerate(done)
+        _GroupPart(merge_path(scratch, job.kind, job.partition), int(offsets[i]), merged.values)
+        for i, (job, merged) in enumerate(done)
     ]
 
 
-def _edge_groups(parts: list[_GroupPart], edge_rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per edge row (ascending), its group code and that group's naming row: each
-    partition's group rows looked up among the edge rows (O(rows log edges) in all)."""
-    groups = np.full(len(edge_rows), -1, dtype=np.int64)
-    names = np.full(len(edge_rows), -1, dtype=np.int64)
+def _group_slices(part: _GroupPart) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """A partition's group rows and their local codes ``ROOT_SLICE`` at a time, with its
+    naming rows by local code, all memory-mapped: memory holds a slice's temporaries."""
+    rows, codes, naming = (np.load(f"{part.base}-{n}.npy", mmap_mode="r") for n in _GROUP_FILES)
+    for lo in range(0, len(rows), ROOT_SLICE):
+        yield (
+            np.asarray(rows[lo : lo + ROOT_SLICE]),
+            np.asarray(codes[lo : lo + ROOT_SLICE]),
+            naming,
+        )
+
+
+def _edge_groups(
+    parts: list[_GroupPart], edge_rows: np.ndarray, dtype: np.dtype
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per edge row (ascending), its group code and that group's naming row (``dtype``):
+    each partition's group rows looked up among the edge rows (O(rows log edges) in all)."""
+    total = parts[-1].offset + parts[-1].values if parts else 0
+    groups = np.full(len(edge_rows), -1, dtype=code_dtype(total))
+    names = np.full(len(edge_rows), -1, dtype=dtype)
     for part in parts if len(edge_rows) else []:
-        rows, codes, naming = (np.load(f"{part.base}-{n}.npy") for n in _GROUP_FILES)
-        at = np.minimum(np.searchsorted(edge_rows, rows), len(edge_rows) - 1)
-        hit = edge_rows[at] == rows
-        groups[at[hit]] = codes[hit].astype(np.int64) + part.offset
-        names[at[hit]] = naming[codes[hit]]
+        for rows, codes, naming in _group_slices(part):
+            at = np.minimum(np.searchsorted(edge_rows, rows), len(edge_rows) - 1)
+            hit = edge_rows[at] == rows
+            groups[at[hit]] = codes[hit] + groups.dtype.type(part.offset)
+            names[at[hit]] = naming[codes[hit]]
     if (groups < 0).any():
         raise RuntimeError("an edge row is in no ids partition's groups")
     return groups, names
+
+
+def _touched_ends(
+    edge_rows: np.ndarray,
+    edge_groups: np.ndarray,
+    touched: np.ndarray,
+    a: np.ndarray,
+    b: np.ndarray,
+) -> np.ndarray:
+    """Each edge's two ends (``a`` then ``b``) as indices into the ``touched`` groups, in
+    ``edge_rows``' dtype, found a slice of ends at a time (bounds the searches' temporaries)."""
+    ends = np.empty(len(a) + len(b), dtype=edge_rows.dtype)
+    for offset, side in ((0, a), (len(a), b)):
+        for lo in range(0, len(side), ROOT_SLICE):
+            rows = side[lo : lo + ROOT_SLICE]
+            groups = edge_groups[np.searchsorted(edge_rows, rows)]
+            ends[offset + lo : offset + lo + len(rows)] = np.searchsorted(touched, groups)
+    return ends
 
 
 def _placed_leakage(
     parts: list[_GroupPart], n: int, touched: np.ndarray, root_names: np.ndarray
 ) -> np.ndarray:
     """Per row, its group's naming row, or its component root's where the edges touch its
-    group (``touched`` codes ascending, ``root_names`` theirs): a partition at a time, each
-    one's files deleted once read."""
+    group (``touched`` codes ascending, ``root_names`` theirs): a slice of a partition at a
+    time, each partition's files deleted once read."""
     leakage = np.full(n, -1, dtype=code_dtype(n))
     for part in parts:
-        rows, codes, naming = load_merged(part.base, *_GROUP_FILES)
-        named = naming[codes]
-        if len(touched):
-            global_codes = codes.astype(np.int64) + part.offset
-            at = np.minimum(np.searchsorted(touched, global_codes), len(touched) - 1)
-            hit = touched[at] == global_codes
-            named[hit] = root_names[at[hit]]
-        leakage[rows] = named
+        for rows, codes, naming in _group_slices(part):
+            named = naming[codes].astype(leakage.dtype)
+            if len(touched):
+                global_codes = codes + touched.dtype.type(part.offset)
+                at = np.minimum(np.searchsorted(touched, global_codes), len(touched) - 1)
+                hit = touched[at] == global_codes
+                named[hit] = root_names[at[hit]]
+            leakage[rows] = named
+        for name in _GROUP_FILES:
+            Path(f"{part.base}-{name}.npy").unlink()
     if n and leakage.min() < 0:
         raise RuntimeError("a row is in no ids partition's groups")
     return leakage
