@@ -1,0 +1,97 @@
+"""numpy bytes the dedup driver holds in each phase of ``decide``, traced (``tracemalloc``).
+
+One dedup rebuild of a ``race.py --peaks`` home in this process, as ``race.py --child --direct``
+runs it, with each phase wrapped: the traced bytes when the phase starts and its peak, and both
+per record above what was traced when ``decide`` started (the driver's own arrays: the tasks'
+memory is in their workers, and DuckDB's and Arrow's pages are not traced). The named baseline
+is another checkout measured the same way (``--checkout``): a phase it lacks is left out. Run
+with ``stages: runner`` in the config (``execution: {workers: 2, stages: runner}``), the path a
+Ray build's driver takes.
+
+    DAGSTER_HOME=H/dagster CORPUS_HOME=H/home .venv/bin/python bench/decide_memory.py \\
+        H/runner.yaml [--checkout DIR]
+"""
+
+import argparse
+import importlib
+import sys
+import tracemalloc
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+# (module under corpus_assets.core.dedup, attribute path, label), in the order decide runs them
+PHASES = (
+    ("clusters", "decide", "decide"),
+    ("task_coding", "TaskCoding.id_rank", "id ranks placed"),
+    ("partition_db", "PartitionDb.total_order", "total order"),
+    ("task_coding", "TaskCoding.exact", "exact copies"),
+    ("near_stage", "NearStage.run", "near stage"),
+    ("task_coding", "TaskCoding.group_codes", "group codes placed"),
+    ("clusters", "_leakage_rows", "leakage rows (driver codes)"),
+    ("task_coding", "TaskCoding.leakage", "leakage rows (merges' groups)"),
+    ("clusters", "chunk_major", "table positions"),
+)
+
+
+def _wrapped(label: str, fn: Callable[..., Any], seen: list[tuple[str, float, float]]) -> Any:
+    def phase(*args: Any, **kwargs: Any) -> Any:
+        before = tracemalloc.get_traced_memory()[0]
+        tracemalloc.reset_peak()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            seen.append((label, before, tracemalloc.get_traced_memory()[1]))
+
+    return phase
+
+
+def _wrap(seen: list[tuple[str, float, float]]) -> None:
+    """Wrap each phase the checkout has (a nested phase resets the outer one's peak, so the
+    outer ``decide`` line shows its start only)."""
+    for module_name, path, label in PHASES:
+        owner: Any = importlib.import_module(f"corpus_assets.core.dedup.{module_name}")
+        *parents, name = path.split(".")
+        for parent in parents:
+            owner = getattr(owner, parent)
+        if hasattr(owner, name):
+            setattr(owner, name, _wrapped(label, getattr(owner, name), seen))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("config")
+    parser.add_argument("--partition", default="race-p1")
+    parser.add_argument("--checkout", type=Path, default=Path(__file__).resolve().parents[1])
+    args = parser.parse_args()
+    sys.path[:0] = [str(args.checkout), str(Path(__file__).parent)]
+    import race  # bench/ is not a package: its folder is on the path
+
+    seen: list[tuple[str, float, float]] = []
+    _wrap(seen)
+    tracemalloc.start()
+    race.child(args.config, args.partition, "dedup_clusters", direct=True)
+
+    start = next(before for label, before, _ in seen if label == "decide")
+    records = _records(args.config, args.partition)
+    print(f"{records} records; traced at decide's start {start / 1e6:.1f} MB")
+    for label, before, peak in seen:
+        if label == "decide":
+            continue
+        print(
+            f"{label:32} start {before / 1e6:6.1f} MB  peak {peak / 1e6:6.1f} MB  "
+            f"{(peak - start) / max(records, 1):5.1f} B a record above decide's start"
+        )
+
+
+def _records(config: str, partition: str) -> int:
+    from corpus_assets.core.records.index import CanonicalIndex
+    from corpus_assets.core.runtime.workspace import open_workspace
+
+    with open_workspace(config) as ws:
+        _, canonical = CanonicalIndex.read(ws, partition)
+        return sum(chunk.count for chunk in canonical.chunks())
+
+
+if __name__ == "__main__":
+    main()
