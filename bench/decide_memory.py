@@ -74,7 +74,10 @@ def main() -> None:
 
     start = next(before for label, before, _ in seen if label == "decide")
     records = _records(args.config, args.partition)
-    print(f"{records} records; traced at decide's start {start / 1e6:.1f} MB")
+    print(
+        f"{records} records; outputs {_outputs(args.config, args.partition)} (the same bytes: "
+        f"the same digest); traced at decide's start {start / 1e6:.1f} MB"
+    )
     for label, before, peak in seen:
         if label == "decide":
             continue
@@ -82,6 +85,23 @@ def main() -> None:
             f"{label:32} start {before / 1e6:6.1f} MB  peak {peak / 1e6:6.1f} MB  "
             f"{(peak - start) / max(records, 1):5.1f} B a record above decide's start"
         )
+
+
+def _outputs(config: str, partition: str) -> str:
+    """A digest of the layer's bytes that does not name the code: every clusters part, the
+    edges, decisions and report (the parts document itself names the code)."""
+    import hashlib
+
+    from corpus_assets.core.runtime.layer_index import read_layer_index
+    from corpus_assets.core.runtime.parted_table import PartedTable
+    from corpus_assets.core.runtime.workspace import open_workspace
+
+    with open_workspace(config) as ws:
+        _, index = read_layer_index(ws, partition, "dedup_clusters")
+        parts = PartedTable.read(ws.cas, index.output("clusters"), "dedup clusters").refs
+        names = [ref["digest"] for ref in parts]
+        names += [index.output(name)["digest"] for name in ("edges", "decisions", "report")]
+    return hashlib.sha256(" ".join(names).encode()).hexdigest()[:16]
 
 
 def _records(config: str, partition: str) -> int:

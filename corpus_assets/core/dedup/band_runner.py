@@ -167,9 +167,10 @@ class BandRunner:
         signatures = self.inputs.signatures
         starts = np.array([start for _, start, _ in signatures], dtype=np.int64)
         size = map_records(params.bands, self.ws.config.execution.task_budget_bytes())
-        held = np.bincount(
-            np.searchsorted(starts, order, side="right") - 1, minlength=len(signatures)
-        )
+        held = np.zeros(len(signatures), dtype=np.int64)  # class rows per chunk
+        for lo in range(0, len(order), MAP_RECORDS):  # a slice at a time: no int64 per row
+            chunk = np.searchsorted(starts, order[lo : lo + MAP_RECORDS], side="right") - 1
+            held += np.bincount(chunk, minlength=len(signatures))
         groups: list[list[tuple[str, int, int]]] = [[]]
         in_group = 0
         for chunk, rows in zip(signatures, held.tolist(), strict=True):
