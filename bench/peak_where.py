@@ -6,6 +6,9 @@ project's frames) and Arrow's allocated bytes at the highest RSS seen, then a ti
 each time RSS moved by 20 MB, with Arrow's bytes and the innermost frame. The stack at the peak
 names the phase that was running, not what holds the memory: read the timeline for the phases
 that raised the floor under it (DuckDB's pages stay with its allocator until handed back).
+Quote peaks from ``race.py --child``, not from here: under this sampler the packed_blocks layer
+at 1.1 GB peaked at 480-520 MB in five runs against 330-360 in ``race.py --child`` (not
+understood: a bare thread reading the same ``/proc`` line and Arrow's bytes did not raise it).
 Usage (a home made by ``race.py --peaks``; ``--identity-as`` as in ``race.py``):
 
     DAGSTER_HOME=H/dagster CORPUS_HOME=H/home .venv/bin/python bench/peak_where.py \\
