@@ -10,7 +10,12 @@ from pathlib import Path
 import pytest
 
 from corpus_assets.core.pipeline import build_all
+from corpus_assets.core.records.index import CanonicalIndex
+from corpus_assets.core.runtime.layer_index import read_layer_index
 from corpus_assets.core.runtime.workspace import Workspace, open_workspace
+from corpus_assets.core.tokens.cache import token_cache
+from corpus_assets.core.tokens.spec import resolve_tokenizer
+from corpus_assets.core.training_view import view_queries
 from corpus_assets.core.training_view.mixing import build
 from corpus_assets.core.training_view.mixing.build import build_mixed_samples
 
@@ -70,3 +75,57 @@ def test_members_by_position_give_the_bytes_of_the_join_on_keys(
     assert keyed == [1]
     assert fallback.digests == built["mixed_samples"].digests
     ws.close()
+
+
+def _interleaved(root: Path) -> Path:
+    """Two objects whose record ids interleave (m0, m2, ... and m1, m3, ...): the clusters
+    table's positions (chunk by chunk) are not record id order."""
+    source = root / "src"
+    source.mkdir()
+    for name, first in (("a", 0), ("b", 1)):
+        rows = [{"id": f"m{n}", "text": _text(n)} for n in range(first, 10, 2)]
+        (source / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    config = root / "corpus.yaml"
+    config.write_text(
+        f"version: 1\npurpose: mixing-test\nstorage: {{home: {root / 'home'}}}\n"
+        "sources:\n  - {id: docs, kind: objects, path: src}\n"
+        "policies:\n  splits: {train_percent: 100, validation_percent: 0, test_percent: 0}\n"
+    )
+    return config
+
+
+def _members(ws: Workspace, monkeypatch: pytest.MonkeyPatch, by_keys: bool) -> build.Members:
+    """The source's members as the layer reads them, by positions or (``by_keys``) on keys."""
+    if by_keys:
+        monkeypatch.setattr(build, "row_order", lambda *_: None)
+    _, splits = read_layer_index(ws, "p1", "splits")
+    _, canonical = CanonicalIndex.read(ws, "p1")
+    _, dedup = read_layer_index(ws, "p1", "dedup_clusters")
+    tokens = token_cache(ws, canonical.chunks(), resolve_tokenizer(ws))
+    with view_queries.spilling(ws.home, 1) as con:
+        values = build.train_members(ws, con, splits, dedup, canonical, tokens)
+        assert (values is None) == by_keys
+        if values is not None:  # the premise: positions do not follow the record ids
+            rows = con.sql("SELECT record_id, pos FROM train_members ORDER BY pos").fetchall()
+            assert [r[0] for r in rows] != sorted(r[0] for r in rows)
+        return build.source_members(con, "docs", values)
+
+
+def test_members_come_in_record_id_order_whatever_their_positions(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by position, the members come in record id order as the keyed join's do:
+    ids, digest bits and token counts alike (positions are chunk by chunk, so an order by
+    position would not be record id order here)."""
+    ws = open_workspace(_interleaved(tmp_path))
+    try:
+        build_all(ws, "p1")
+        by_position = _members(ws, monkeypatch, by_keys=False)
+        by_keys = _members(ws, monkeypatch, by_keys=True)
+    finally:
+        ws.close()
+    ids = by_position.record_id.to_pylist()
+    assert ids == sorted(ids) and len(ids) == 10
+    assert ids == by_keys.record_id.to_pylist()
+    assert by_position.digest_bits().tolist() == by_keys.digest_bits().tolist()
+    assert by_position.tokens.tolist() == by_keys.tokens.tolist()
