@@ -21,7 +21,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from corpus_assets.core.dedup.order import source_ranks
+from corpus_assets.core.dedup.order import code_dtype, ordered_by_key, sorted_by, source_ranks
 from corpus_assets.core.records.index import RECORD_COLUMNS, ChunkRecords
 from corpus_assets.core.runtime.workspace import Workspace, pooled
 from corpus_assets.core.storage.artifacts import BINARY, make_ref, put_bytes
@@ -63,14 +63,6 @@ class RecordCodes:
         for name in names:
             coded = getattr(self, name)
             coded.codes, coded.values = np.empty(0, dtype=np.int64), []
-
-
-def code_dtype(n: int) -> type[np.signedinteger]:
-    """Codes of ``n`` rows (at most ``n`` distinct values), or row numbers among ``n`` rows:
-    int32 below 2**31 rows, half the driver memory of int64 (the five coded columns were ~76 MB
-    at 3.8 million records; ranks, positions, matches and leakage rows are the same size).
-    Anything multiplied by a row count is widened first."""
-    return np.int32 if n < 2**31 else np.int64
 
 
 def few_dtype(values: int) -> type[np.signedinteger]:
@@ -348,7 +340,7 @@ class PartitionDb:
         for rows, length, missing in self._lengths():
             longer_first[rows] = np.where(missing, np.iinfo(np.int64).max, -length)
         self._drop_lengths()
-        return _sorted_by(source_rank, longer_first, rank)
+        return sorted_by(source_rank, longer_first, rank)
 
     def batches(self, sql: str, rows: int = 65536) -> Iterator[pa.RecordBatch]:
         """A query's result a batch at a time."""
@@ -374,49 +366,6 @@ class PartitionDb:
         ).fetchall()
         self.unregister("wanted")
         return {int(row): (obj, int(line)) for row, obj, line in got}
-
-
-def _sorted_by(
-    source_rank: np.ndarray, longer_first: np.ndarray, position: np.ndarray
-) -> np.ndarray:
-    """``np.lexsort((position, longer_first, source_rank))``: positions are distinct, so the
-    three keys fit one int64 key when small enough and one sort of it gives the same order
-    (:func:`ordered_by_key`); else the lexsort itself."""
-    n = len(position)
-    missing = longer_first == np.iinfo(np.int64).max
-    shortest = int(longer_first[~missing].max(initial=0))  # minus the shortest length
-    longest = int(-longer_first[~missing].min(initial=0))
-    span = longest + shortest + 2  # longer-first keys 0..longest+shortest, missing one past
-    ranks = int(source_rank.max(initial=0)) + 1
-    if not n or ranks * span * n >= 2**62 or shortest > 0:
-        return np.lexsort((position, longer_first, source_rank)).astype(code_dtype(n))
-    key = np.full(n, span - 1, dtype=np.int64)  # the length key (a missing length: last)
-    np.add(longer_first, longest, out=key, where=~missing)
-    del missing
-    for rank in range(1, ranks):  # a handful of sources: a mask each, no int64 temporary
-        key[source_rank == rank] += rank * span
-    return ordered_by_key(key, position)
-
-
-ORDER_SLICE = 1 << 16  # positions inverted at a time (bounds the arange temporaries)
-
-
-def ordered_by_key(key: np.ndarray, position: np.ndarray) -> np.ndarray:
-    """Rows in ascending (``key``, ``position``) order, ``position`` a permutation of the
-    rows. ``key`` (int64, below 2**62 / n) is consumed: it becomes key * n + position in
-    place, sorted (a sort, not an argsort: no int64 order beside it), reduced to the
-    positions in order, and each mapped to its row: 16 bytes a row at most beside the
-    inputs. The order is held through near-dedup in ``code_dtype``: 4 bytes a row."""
-    n = len(position)
-    key *= n
-    key += position
-    key.sort()
-    np.remainder(key, max(n, 1), out=key)
-    row_of = np.empty(n, dtype=code_dtype(n))
-    for lo in range(0, n, ORDER_SLICE):
-        at = position[lo : lo + ORDER_SLICE]
-        row_of[at] = np.arange(lo, lo + len(at), dtype=row_of.dtype)
-    return row_of[key]
 
 
 def value_changes(values: pa.Array, previous: pa.Array | None) -> np.ndarray:

@@ -176,7 +176,7 @@ def test_a_repeated_record_id_is_excluded_after_its_first_row() -> None:
 @pytest.mark.parametrize("seed", range(4))
 def test_the_total_order_on_one_key_equals_the_lexsort(seed: int) -> None:
     """Source rank, longer first (missing lengths last), position: one int64 key, one sort."""
-    from corpus_assets.core.dedup.partition_db import _sorted_by
+    from corpus_assets.core.dedup.order import sorted_by
 
     rng = np.random.default_rng(seed)
     n = 5000
@@ -185,11 +185,11 @@ def test_the_total_order_on_one_key_equals_the_lexsort(seed: int) -> None:
     longer_first[rng.random(n) < 0.05] = np.iinfo(np.int64).max
     position = rng.permutation(n).astype(np.int64)
     expected = np.lexsort((position, longer_first, source_rank))
-    assert np.array_equal(_sorted_by(source_rank, longer_first, position), expected)
+    assert np.array_equal(sorted_by(source_rank, longer_first, position), expected)
     huge = longer_first.copy()
     huge[0] = -(2**60)  # past the one key's range: the lexsort itself
     assert np.array_equal(
-        _sorted_by(source_rank, huge, position), np.lexsort((position, huge, source_rank))
+        sorted_by(source_rank, huge, position), np.lexsort((position, huge, source_rank))
     )
 
 
