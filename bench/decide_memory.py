@@ -1,4 +1,5 @@
-"""numpy bytes the dedup driver holds in each phase of ``decide``, traced (``tracemalloc``).
+"""numpy bytes the dedup driver holds in each phase of ``decide`` and of the output after it,
+traced (``tracemalloc``).
 
 One dedup rebuild of a ``race.py --peaks`` home in this process, as ``race.py --child --direct``
 runs it, with each phase wrapped: the traced bytes when the phase starts and its peak, and both
@@ -31,6 +32,11 @@ PHASES = (
     ("clusters", "_leakage_rows", "leakage rows (driver codes)"),
     ("task_coding", "TaskCoding.leakage", "leakage rows (merges' groups)"),
     ("clusters", "chunk_major", "table positions"),
+    ("dedup_clusters", "store_pairs", "verified pairs stored"),
+    ("dedup_clusters", "put_decisions", "decisions table"),
+    ("dedup_clusters", "reused_parts", "parent parts kept"),
+    ("dedup_clusters", "_decisions", "decisions file for the join"),
+    ("dedup_clusters", "_put_clusters", "clusters parts"),
 )
 
 

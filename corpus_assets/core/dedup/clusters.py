@@ -181,14 +181,23 @@ def decide(
     )
 
 
-def _reasons(decided: Decided) -> tuple[np.ndarray, pa.Array]:
-    """A code per row into the distinct exclusion reasons (code 0 is "")."""
-    values = sorted(set(decided.excluded.values()))
-    code_of = {v: k + 1 for k, v in enumerate(values)}
-    codes = np.zeros(decided.codes.n, dtype=np.int32)
-    for row, reason in decided.excluded.items():
-        codes[row] = code_of[reason]
-    return codes, pa.array(["", *values], pa.string())
+class _Reasons:
+    """The exclusion reasons as codes into their distinct values (code 0 is ""), looked up for
+    any rows: held for the excluded rows only (a code per row was 4 bytes a record)."""
+
+    def __init__(self, excluded: dict[int, str]) -> None:
+        values = sorted(set(excluded.values()))
+        code_of = {v: k + 1 for k, v in enumerate(values)}
+        self.rows = np.fromiter(sorted(excluded), dtype=np.int64, count=len(excluded))
+        self.codes = np.array([code_of[excluded[r]] for r in self.rows.tolist()], np.int32)
+        self.values = pa.array(["", *values], pa.string())
+
+    def at(self, rows: np.ndarray) -> np.ndarray:
+        """Each of ``rows``' reason code (0: not excluded)."""
+        if not len(self.rows):
+            return np.zeros(len(rows), dtype=np.int32)
+        at = np.minimum(np.searchsorted(self.rows, rows), len(self.rows) - 1)
+        return np.where(self.rows[at] == rows, self.codes[at], 0).astype(np.int32)
 
 
 def _verdict_names() -> pa.Table:
@@ -247,7 +256,7 @@ def write_decisions(
     slice at a time, so the per-row arrays can be dropped before DuckDB joins and sorts the
     output (its buffers grow with the partition up to their limit; the arrays would sit under
     that)."""
-    reason_codes, reasons = _reasons(decided)
+    reasons = _Reasons(decided.excluded)
     state, n = decided.state, decided.codes.n
     count = n if only is None else len(only)
     path = directory / "decisions.parquet"
@@ -263,11 +272,11 @@ def write_decisions(
                 "match": pa.array(match, mask=match < 0),
                 "jaccard": pa.array(state.jaccard[at], mask=match < 0),
                 "leak": decided.leakage[at],
-                "reason": reason_codes[at],
+                "reason": reasons.at(at),
                 "pos": decided.position[at],
             }
             writer.write_table(pa.table(columns, schema=_DECISIONS), row_group_size=rows)
-    return Decisions(path, reasons)
+    return Decisions(path, reasons.values)
 
 
 _DECISIONS = pa.schema(
