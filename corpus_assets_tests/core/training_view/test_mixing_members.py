@@ -27,13 +27,8 @@ def _text(n: int) -> str:
     return " ".join(f"{words[(n * 7 + k * 5) % len(words)]}{n}x{k}" for k in range(12)) + "."
 
 
-def _repeated_ids(root: Path) -> Path:
-    source = root / "src"
-    source.mkdir()
-    rows = [{"id": f"a{n}", "text": _text(n)} for n in range(10)]
-    (source / "a.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    again = [{"id": "a7", "text": _text(7) + " " + _text(99)}, {"id": "a3", "text": _text(3)}]
-    (source / "b.jsonl").write_text("".join(json.dumps(r) + "\n" for r in again))
+def _train_only(root: Path) -> Path:
+    """A config over ``root/src`` (one source) with every record in train."""
     config = root / "corpus.yaml"
     config.write_text(
         f"version: 1\npurpose: mixing-test\nstorage: {{home: {root / 'home'}}}\n"
@@ -41,6 +36,16 @@ def _repeated_ids(root: Path) -> Path:
         "policies:\n  splits: {train_percent: 100, validation_percent: 0, test_percent: 0}\n"
     )
     return config
+
+
+def _repeated_ids(root: Path) -> Path:
+    source = root / "src"
+    source.mkdir()
+    rows = [{"id": f"a{n}", "text": _text(n)} for n in range(10)]
+    (source / "a.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    again = [{"id": "a7", "text": _text(7) + " " + _text(99)}, {"id": "a3", "text": _text(3)}]
+    (source / "b.jsonl").write_text("".join(json.dumps(r) + "\n" for r in again))
+    return _train_only(root)
 
 
 def corpus_workspace(corpus: str, request: pytest.FixtureRequest, tmp_path: Path) -> Workspace:
@@ -85,13 +90,7 @@ def _interleaved(root: Path) -> Path:
     for name, first in (("a", 0), ("b", 1)):
         rows = [{"id": f"m{n}", "text": _text(n)} for n in range(first, 10, 2)]
         (source / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    config = root / "corpus.yaml"
-    config.write_text(
-        f"version: 1\npurpose: mixing-test\nstorage: {{home: {root / 'home'}}}\n"
-        "sources:\n  - {id: docs, kind: objects, path: src}\n"
-        "policies:\n  splits: {train_percent: 100, validation_percent: 0, test_percent: 0}\n"
-    )
-    return config
+    return _train_only(root)
 
 
 def _members(ws: Workspace, monkeypatch: pytest.MonkeyPatch, by_keys: bool) -> build.Members:
