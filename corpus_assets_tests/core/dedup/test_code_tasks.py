@@ -5,9 +5,11 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from corpus_assets.core.dedup import clusters, task_coding
+from corpus_assets.core.dedup.cluster_tasks import decisions_by_position
 from corpus_assets.core.dedup.code_tasks import PARTITION_VALUES, merge_partitions, splitters
 from corpus_assets.core.dedup.leakage import leakage_rows
 from corpus_assets.core.dedup.output_order import id_ranks
@@ -184,3 +186,27 @@ def test_merge_partitions_follow_the_values_and_the_task_budget(
     assert merge_partitions(100_000, 800_000_000, 256 << 20) == 9  # long values: by bytes
     monkeypatch.setenv("CORPUS_CODE_PARTITIONS", "5")
     assert merge_partitions(10, 10, big) == 5
+
+
+@pytest.mark.parametrize("by_position", [False, True])
+def test_the_decisions_files_name_every_exclusion_reason(
+    demo_home: Path, tmp_path: Path, by_position: bool
+) -> None:
+    """The decisions file the clusters join reads (by row) and the one the gather tasks read
+    (in table order) give each excluded row its own reason and every other row none: the
+    reasons are held for the excluded rows only and looked up a slice at a time."""
+    table = _records(random.Random(7), 600)
+    ws = open_workspace()
+    try:
+        decided, _ = _decided(ws, _chunks(ws, table, _SIZES), None)
+    finally:
+        ws.close()
+    if by_position:
+        written = decisions_by_position(decided, tmp_path)
+    else:
+        written = clusters.write_decisions(decided, tmp_path, rows=37)  # several slices
+    rows = pq.read_table(written.path, columns=["row", "reason"]).to_pydict()
+    names = written.reasons.to_pylist()
+    got = {r: names[c] for r, c in zip(rows["row"], rows["reason"], strict=True) if c}
+    assert got == decided.excluded and len(got) > 10
+    assert sorted(rows["row"]) == list(range(table.num_rows))  # every row once
