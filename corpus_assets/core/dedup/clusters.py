@@ -23,6 +23,7 @@ import pyarrow.parquet as pq
 
 from corpus_assets.core.dedup.coding import Coding, DriverCoding, exclusions
 from corpus_assets.core.dedup.near_stage import NearStage
+from corpus_assets.core.dedup.order import sorted_hits
 from corpus_assets.core.dedup.output_order import bucket, chunk_major, sorted_batches
 from corpus_assets.core.dedup.partition_db import (
     MEMORY_LIMIT,
@@ -194,10 +195,10 @@ class _Reasons:
 
     def at(self, rows: np.ndarray) -> np.ndarray:
         """Each of ``rows``' reason code (0: not excluded)."""
-        if not len(self.rows):
-            return np.zeros(len(rows), dtype=np.int32)
-        at = np.minimum(np.searchsorted(self.rows, rows), len(self.rows) - 1)
-        return np.where(self.rows[at] == rows, self.codes[at], 0).astype(np.int32)
+        at, hit = sorted_hits(self.rows, rows)
+        codes = np.zeros(len(rows), dtype=np.int32)
+        codes[hit] = self.codes[at[hit]]
+        return codes
 
 
 def _verdict_names() -> pa.Table:

@@ -41,7 +41,7 @@ import pyarrow.compute as pc
 import pyarrow.ipc as ipc
 
 from corpus_assets.core.dedup.cluster_tasks import NamesJob, whole_array, write_names
-from corpus_assets.core.dedup.order import source_ranks
+from corpus_assets.core.dedup.order import sorted_hits, source_ranks
 from corpus_assets.core.dedup.partition_db import stored_lengths, value_changes
 from corpus_assets.core.runtime.workspace import Workspace
 
@@ -289,8 +289,7 @@ def _merge_keys(table: pa.Table, base: str, excluded: str | None) -> None:
     key, the later ones are its copies; the copies and their representatives written."""
     rows = table.column("row").to_numpy()
     out = np.load(excluded) if excluded else np.empty(0, np.int64)
-    at = np.minimum(np.searchsorted(out, rows), max(len(out) - 1, 0))
-    eligible = ~(out[at] == rows) if len(out) else np.ones(len(rows), bool)
+    eligible = ~sorted_hits(out, rows)[1]
     rows = rows[eligible]
     if not len(rows):
         _save(base, copies=rows, match=rows)

@@ -16,6 +16,7 @@ import numpy as np
 import pyarrow as pa
 
 from corpus_assets.core.dedup.minhash import fingerprints
+from corpus_assets.core.dedup.order import sorted_hits
 from corpus_assets.core.records.index import ChunkRecords
 from corpus_assets.core.runtime.workspace import Workspace
 from corpus_assets.core.storage.cas_queries import streamed
@@ -132,8 +133,7 @@ class SpilledFingerprints:
     def __call__(self, ranks: np.ndarray) -> list[np.ndarray]:
         """The records' fingerprints: prefetched ones read back, any other computed now."""
         rows = self.order[ranks]
-        at = np.minimum(np.searchsorted(self.rows, rows), max(len(self.rows) - 1, 0))
-        spilled = (self.rows[at] == rows) if len(self.rows) else np.zeros(len(rows), bool)
+        at, spilled = sorted_hits(self.rows, rows)
         fd = self.file.fileno() if self.file is not None else -1
         out = []
         for i, row, found in zip(at.tolist(), rows.tolist(), spilled.tolist(), strict=True):

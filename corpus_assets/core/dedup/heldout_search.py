@@ -37,6 +37,7 @@ import numpy as np
 from corpus_assets.core.dedup.binomial import lower_quantile
 from corpus_assets.core.dedup.jaccard import jaccard_sorted
 from corpus_assets.core.dedup.near_dedup import SignatureBlock, band_keys
+from corpus_assets.core.dedup.order import sorted_hits
 from corpus_assets.core.dedup.pair_set import DistinctPairs, KeyClasses
 from corpus_assets.core.dedup.signature_cache import BandMajorFile
 
@@ -197,8 +198,7 @@ def _hits(
     probe = band_keys(columns.take(probing), band)
     by_key = np.argsort(probe)  # sorted needles: the binary search walks forward
     probe, probing = probe[by_key], probing[by_key]
-    at = np.minimum(np.searchsorted(unique_keys, probe), len(unique_keys) - 1)
-    hit = unique_keys[at] == probe
+    at, hit = sorted_hits(unique_keys, probe)
     probing, lo, count = probing[hit], starts[at[hit]], counts[at[hit]]
     total = int(count.sum())
     if not total:

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from corpus_assets.core.dedup.partition_db import code_dtype
+from corpus_assets.core.dedup.order import code_dtype, sorted_hits
 
 
 def leakage_rows(group_codes: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -52,10 +52,8 @@ def root_slices(
     root_of_touched = touched[local]  # ... its smallest group
     for lo in range(0, len(groups), ROOT_SLICE):
         part = np.array(groups[lo : lo + ROOT_SLICE], copy=True)
-        if len(touched):
-            at = np.minimum(np.searchsorted(touched, part), len(touched) - 1)
-            hit = touched[at] == part
-            part[hit] = root_of_touched[at[hit]]
+        at, hit = sorted_hits(touched, part)
+        part[hit] = root_of_touched[at[hit]]
         yield lo, part
 
 

@@ -37,6 +37,16 @@ def source_ranks(source_order: Mapping[str, int], sources: Sequence[str | None])
     )
 
 
+def sorted_hits(sorted_values: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Where each of ``values`` would sit in ascending ``sorted_values`` (clipped to its last
+    index) and whether it is there: the membership lookup by binary search (none is there in an
+    empty array)."""
+    if not len(sorted_values):
+        return np.zeros(len(values), dtype=np.intp), np.zeros(len(values), dtype=bool)
+    at = np.minimum(np.searchsorted(sorted_values, values), len(sorted_values) - 1)
+    return at, sorted_values[at] == values
+
+
 def code_dtype(n: int) -> type[np.signedinteger]:
     """Codes of ``n`` rows (at most ``n`` distinct values), or row numbers among ``n`` rows:
     int32 below 2**31 rows, half the driver memory of int64 (the five coded columns were ~76 MB

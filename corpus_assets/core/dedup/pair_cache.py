@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 
+from corpus_assets.core.dedup.order import sorted_hits
 from corpus_assets.core.dedup.partition_db import SORT_LIMIT, PartitionDb
 from corpus_assets.core.governance import states
 from corpus_assets.core.runtime.layer_index import load_index
@@ -124,8 +125,7 @@ class PairLookup:
         keys, jaccards = keys[by_key], table["jaccard"].to_numpy()[by_key]
         out = np.full(len(packed), np.nan, dtype=np.float64)
         if len(keys):
-            at = np.minimum(np.searchsorted(keys, packed), len(keys) - 1)
-            hit = keys[at] == packed
+            at, hit = sorted_hits(keys, packed)
             out[hit] = jaccards[at[hit]]
             self.found += int(hit.sum())
         return out

@@ -35,6 +35,7 @@ from corpus_assets.core.dedup.code_tasks import (
 )
 from corpus_assets.core.dedup.coding import Exact, Repeated
 from corpus_assets.core.dedup.leakage import ROOT_SLICE, components
+from corpus_assets.core.dedup.order import sorted_hits
 from corpus_assets.core.dedup.partition_db import Coded, PartitionDb, RecordCodes, code_dtype
 from corpus_assets.core.records.index import ChunkRecords
 from corpus_assets.core.runtime.workspace import Workspace, pooled
@@ -207,8 +208,7 @@ def _edge_groups(
     names = np.full(len(edge_rows), -1, dtype=dtype)
     for part in parts if len(edge_rows) else []:
         for rows, codes, naming in _group_slices(part):
-            at = np.minimum(np.searchsorted(edge_rows, rows), len(edge_rows) - 1)
-            hit = edge_rows[at] == rows
+            at, hit = sorted_hits(edge_rows, rows)
             groups[at[hit]] = codes[hit] + groups.dtype.type(part.offset)
             names[at[hit]] = naming[codes[hit]]
     if (groups < 0).any():
@@ -244,11 +244,8 @@ def _placed_leakage(
     for part in parts:
         for rows, codes, naming in _group_slices(part):
             named = naming[codes].astype(leakage.dtype)
-            if len(touched):
-                global_codes = codes + touched.dtype.type(part.offset)
-                at = np.minimum(np.searchsorted(touched, global_codes), len(touched) - 1)
-                hit = touched[at] == global_codes
-                named[hit] = root_names[at[hit]]
+            at, hit = sorted_hits(touched, codes + touched.dtype.type(part.offset))
+            named[hit] = root_names[at[hit]]
             leakage[rows] = named
         for name in _GROUP_FILES:
             Path(f"{part.base}-{name}.npy").unlink()
