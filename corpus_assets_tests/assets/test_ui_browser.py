@@ -89,13 +89,27 @@ def shoot(page: Page, artifacts: Path, name: str) -> None:
     print(f"screenshot {path}")
 
 
-def pick_partition(page: Page, key: str) -> None:
+def pick_partition(page: Page, key: str, artifacts: Path) -> None:
     """On a job's launchpad: pick ``key`` in the partition picker and wait until the launchpad
     has generated that partition's run config (its tags show). A Launch Run clicked while it
-    still says "Generating configuration..." launched nothing on a loaded machine."""
+    still says "Generating configuration..." launched nothing on a loaded machine.
+
+    On a loaded CI box the picker's menu once never listed the key in 60 s; a menu that closes
+    (a popup taking the focus closes it) is not opened again by waiting. So an attempt that sees
+    no item within 20 s is shot, the menu closed and the picker opened again, three in all.
+    """
     picker = page.get_by_placeholder("Partition")
-    picker.click()
     item = page.get_by_role("menuitem", name=key, exact=True)
+    for attempt in (1, 2, 3):
+        picker.click()
+        try:
+            expect(item).to_be_visible(timeout=20_000)
+            break
+        except AssertionError:
+            shoot(page, artifacts, f"partition-picker-attempt-{attempt}")
+            page.keyboard.press("Escape")
+    else:
+        raise AssertionError(f"the partition picker never listed {key} (see the screenshots)")
     item.click()
     expect(picker).to_have_value(key)
     expect(item).to_be_hidden()

@@ -69,7 +69,7 @@ def check_from_launchpad(page: Page, servers: Servers, artifacts: Path, key: str
     page.goto(
         f"http://127.0.0.1:{servers.port}/locations/corpus_assets/jobs/check_snapshot/playground"
     )
-    ui.pick_partition(page, key)
+    ui.pick_partition(page, key, artifacts)
     ui.shoot(page, artifacts, "1-check-launchpad")
     page.get_by_role("button", name="Launch Run").click()
     page.wait_for_url(re.compile(r"/runs/[0-9a-f-]{36}"))

@@ -159,7 +159,7 @@ def approve_after_review(
     page.goto(
         f"http://127.0.0.1:{servers.port}/locations/corpus_assets/jobs/approve_snapshot/playground"
     )
-    pick_partition(page, candidate["partition"])
+    pick_partition(page, candidate["partition"], artifacts)
     editor = page.locator(".CodeMirror").first
     expect(editor).to_contain_text("+1 added, -0 removed, 0 split migrations")
     expect(editor).to_contain_text("added, e.g.: essays/e9000")
