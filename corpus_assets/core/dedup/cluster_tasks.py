@@ -48,6 +48,7 @@ from corpus_assets.core.storage.cas_queries import VerifiedFiles
 from corpus_assets.core.storage.parquet_sink import put_table_batches
 
 GATHER_ROWS = 1 << 16  # decisions rows per row group (any count gives the same bytes)
+WANTED = "wanted.npy"  # the table positions whose record ids the edges name, for every task
 _CARRIED_SCHEMA = pa.schema([CLUSTER_COLUMNS.field(name) for name in CARRIED])
 
 
@@ -69,7 +70,6 @@ class GatherJob:
     chunk: int  # its number among the chunks
     starts: tuple[int, ...]  # each chunk's first row (and table position)
     count: int  # its rows
-    wanted: tuple[int, ...]  # the positions in it whose record ids the edges name, ascending
     reasons: tuple[str, ...]  # exclusion reason by code
     group_rows: int  # the decisions' rows per row group
 
@@ -114,6 +114,7 @@ def cluster_parts_on_runner(
     if not named:
         pooled(ws, chunk_names, [NamesJob(str(scratch), i, c) for i, c in enumerate(chunks)])
     starts = tuple(np.cumsum([0, *(c.count for c in chunks)])[:-1].tolist())
+    np.save(scratch / WANTED, edge_ids.wanted)  # O(edges) int64s, not a tuple of ints per job
     reasons = tuple(decisions.reasons.to_pylist())
     meta = pq.ParquetFile(decisions.path).metadata
     group_rows = max(meta.row_group(0).num_rows if meta.num_row_groups else 0, 1)
@@ -123,7 +124,6 @@ def cluster_parts_on_runner(
             i,
             starts,
             chunk.count,
-            tuple(edge_ids.wanted_in(starts[i], chunk.count).tolist()),
             reasons,
             group_rows,
         )
@@ -136,6 +136,7 @@ def cluster_parts_on_runner(
     work["clusters_gather_elsewhere"] += sum(p.pid != os.getpid() for p in done if p.count)
     for i in range(len(chunks)):
         _names_path(scratch, i).unlink()
+    (scratch / WANTED).unlink()
     for part in done:
         edge_ids.given(part.count, part.ids)
     return done
@@ -224,7 +225,7 @@ def _joined_slices(
     and the record ids at its wanted positions appended to ``taken`` (the rows really put,
     which the driver checks against the chunk's count)."""
     lo, hi = job.starts[job.chunk], job.starts[job.chunk] + job.count
-    wanted = np.asarray(job.wanted, dtype=np.int64)
+    wanted = _wanted_in(Path(job.scratch), lo, hi)
     decisions = pq.ParquetFile(path)
     for group in range(lo // job.group_rows, -(-hi // job.group_rows)):
         first = group * job.group_rows
@@ -236,6 +237,14 @@ def _joined_slices(
             (joined.num_rows, joined.column("record_id").take(pa.array(at)).combine_chunks())
         )
         yield from joined.to_batches()
+
+
+def _wanted_in(scratch: Path, lo: int, hi: int) -> np.ndarray:
+    """The positions in ``[lo, hi)`` whose record ids the edges name, ascending: a slice of
+    the driver's file, memory-mapped."""
+    wanted = np.load(scratch / WANTED, mmap_mode="r")
+    first, last = np.searchsorted(wanted, [lo, hi])
+    return np.array(wanted[first:last], dtype=np.int64)
 
 
 def _joined(decided: pa.Table, names: _Names, reasons: tuple[str, ...]) -> pa.Table:
