@@ -45,7 +45,7 @@ from corpus_assets.core.dedup.band_tasks import (
 )
 from corpus_assets.core.dedup.minhash import SignatureSpec
 from corpus_assets.core.dedup.near_dedup import BandStats, LshParams, NearResult, scan_verified
-from corpus_assets.core.dedup.partition_db import code_dtype
+from corpus_assets.core.dedup.order import code_dtype, place_ranks
 from corpus_assets.core.records.index import ChunkRecords
 from corpus_assets.core.runtime.execution import Execution
 from corpus_assets.core.runtime.runners import task_runner
@@ -154,8 +154,7 @@ class BandRunner:
     def _write_ranks(self, scratch: Path, order: np.ndarray) -> None:
         """Each row's rank in the class (-1 outside it) and the rows in rank order, as row
         numbers are held (``code_dtype``: 4 bytes a row, not 8)."""
-        ranks = np.full(self.rows, -1, dtype=code_dtype(self.rows))
-        ranks[order] = np.arange(len(order), dtype=ranks.dtype)
+        ranks = place_ranks(np.full(self.rows, -1, dtype=code_dtype(self.rows)), order)
         np.save(scratch / "ranks.npy", ranks)
         del ranks
         np.save(scratch / "order.npy", order)

@@ -41,6 +41,7 @@ from corpus_assets.core.dedup.clusters import (
     write_decisions,
 )
 from corpus_assets.core.dedup.edges import EdgeIds
+from corpus_assets.core.dedup.order import place_ranks
 from corpus_assets.core.records.index import ChunkRecords
 from corpus_assets.core.runtime.workspace import Workspace, pooled
 from corpus_assets.core.storage.artifacts import Ref
@@ -87,8 +88,7 @@ class GatheredPart:
 def decisions_by_position(decided: Decided, scratch: Path) -> Decisions:
     """The decisions in table order, in row groups of :func:`gather_rows` rows (what gather
     tasks read: a chunk's rows are a range of positions)."""
-    by_position = np.empty(decided.codes.n, dtype=decided.position.dtype)
-    by_position[decided.position] = np.arange(decided.codes.n, dtype=by_position.dtype)
+    by_position = place_ranks(np.empty(decided.codes.n, decided.position.dtype), decided.position)
     return write_decisions(decided, scratch, gather_rows(), only=by_position)
 
 

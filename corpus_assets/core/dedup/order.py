@@ -80,6 +80,15 @@ def sorted_by(
 ORDER_SLICE = 1 << 16  # positions inverted at a time (bounds the arange temporaries)
 
 
+def place_ranks(into: np.ndarray, order: np.ndarray) -> np.ndarray:
+    """``into[order[i]] = i`` for every ``i``, a slice at a time: a permutation's inverse, or
+    each ordered row's rank, with no ``arange`` of every row beside it; ``into``."""
+    for lo in range(0, len(order), ORDER_SLICE):
+        at = order[lo : lo + ORDER_SLICE]
+        into[at] = np.arange(lo, lo + len(at), dtype=into.dtype)
+    return into
+
+
 def ordered_by_key(key: np.ndarray, position: np.ndarray) -> np.ndarray:
     """Rows in ascending (``key``, ``position``) order, ``position`` a permutation of the
     rows. ``key`` (int64, below 2**62 / n) is consumed: it becomes key * n + position in
@@ -91,8 +100,4 @@ def ordered_by_key(key: np.ndarray, position: np.ndarray) -> np.ndarray:
     key += position
     key.sort()
     np.remainder(key, max(n, 1), out=key)
-    row_of = np.empty(n, dtype=code_dtype(n))
-    for lo in range(0, n, ORDER_SLICE):
-        at = position[lo : lo + ORDER_SLICE]
-        row_of[at] = np.arange(lo, lo + len(at), dtype=row_of.dtype)
-    return row_of[key]
+    return place_ranks(np.empty(n, dtype=code_dtype(n)), position)[key]

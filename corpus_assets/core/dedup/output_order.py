@@ -20,7 +20,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.ipc as ipc
 
-from corpus_assets.core.dedup.partition_db import PartitionDb, code_dtype
+from corpus_assets.core.dedup.order import code_dtype, place_ranks
+from corpus_assets.core.dedup.partition_db import PartitionDb
 from corpus_assets.core.storage.cas_queries import streamed
 
 BUCKET_ROWS = 1 << 16  # rows per bucket: one row group of the pinned table
@@ -67,9 +68,7 @@ def id_ranks(db: PartitionDb, id_codes: np.ndarray) -> np.ndarray:
         del tie
     else:  # the rows' own order breaks ties: a stable sort by id is the lexsort
         by = np.argsort(id_codes, kind="stable")
-    positions = np.empty(n, dtype=code_dtype(n))
-    positions[by] = np.arange(n, dtype=positions.dtype)
-    return positions
+    return place_ranks(np.empty(n, dtype=code_dtype(n)), by)
 
 
 def bucket(unsorted: Path, directory: Path, rows: int = BUCKET_ROWS) -> list[Path]:

@@ -193,6 +193,23 @@ def test_the_total_order_on_one_key_equals_the_lexsort(seed: int) -> None:
     )
 
 
+def test_ranks_are_placed_across_slices_for_a_permutation_and_a_class() -> None:
+    """``place_ranks`` is ``into[order] = arange(len(order))`` over several slices: a whole
+    permutation's inverse, and a class's rows ranked with the rows outside it untouched."""
+    from corpus_assets.core.dedup.order import ORDER_SLICE, place_ranks
+
+    rng = np.random.default_rng(7)
+    n = 3 * ORDER_SLICE + 17
+    order = rng.permutation(n)
+    inverse = place_ranks(np.empty(n, dtype=np.int32), order)
+    assert np.array_equal(inverse, np.argsort(order))
+    some = order[: 2 * ORDER_SLICE + 5]
+    ranks = place_ranks(np.full(n, -1, dtype=np.int32), some)
+    expected = np.full(n, -1, dtype=np.int32)
+    expected[some] = np.arange(len(some))
+    assert np.array_equal(ranks, expected)
+
+
 def test_positions_without_repeated_ids_are_a_stable_sort() -> None:
     records = _records().set_column(
         0, "record_id", pa.array([f"id{i}" for i in (3, 1, 2, 0, 9, 5, 4, 8, 7, 6)])
