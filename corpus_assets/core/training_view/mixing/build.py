@@ -10,6 +10,7 @@ sources whose importance weight exceeds ``max_weight``, which is also logged as 
 """
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import duckdb
 import numpy as np
@@ -25,7 +26,12 @@ from corpus_assets.core.runtime.layer_index import (
     read_layer_index,
 )
 from corpus_assets.core.runtime.workspace import Workspace
-from corpus_assets.core.storage.cas_queries import VerifiedFiles, batches, cas_parquet, streamed
+from corpus_assets.core.storage.cas_queries import (
+    VerifiedFiles,
+    cas_parquet,
+    sorted_batches,
+    streamed,
+)
 from corpus_assets.core.storage.parquet_sink import put_tables
 from corpus_assets.core.storage.table_lookup import TrustedFiles
 from corpus_assets.core.tokens.cache import TokenCache, open_tokens, token_cache
@@ -144,16 +150,19 @@ def _members_by_keys(
 
 
 def source_members(
-    con: duckdb.DuckDBPyConnection, source: str, values: RowValues | None = None
+    con: duckdb.DuckDBPyConnection, source: str, folder: Path, values: RowValues | None = None
 ) -> Members:
     """One source's train members by record_id: their bits and tokens taken from ``values``
-    by position, or (a table matched on keys) their digests parsed a batch at a time."""
+    by position, or (a table matched on keys) their digests parsed a batch at a time. The
+    sort goes through a file in ``folder`` (``sorted_batches``): DuckDB's streamed ORDER BY
+    held ~10 MB more at the layer's peak at 1.1 GB (328.7 -> 318.8 MB, median of three)."""
     literal = "'" + source.replace("'", "''") + "'"
     columns = "pos" if values is not None else "record_digest, tokens"
-    reader = batches(
+    reader = sorted_batches(
         con,
         f"SELECT record_id, {columns} FROM train_members WHERE source_id = {literal} "
         "ORDER BY record_id",
+        folder,
         _BATCH,
     )
     ids, bits, tokens = [], [np.empty(0, np.uint64)], [np.empty(0, np.int64)]
@@ -181,7 +190,7 @@ def build_mixed_samples(ws: Workspace, partition_key: str) -> LayerResult:
     # 343 MB against 329 median of three at 1.1 GB, same bytes)
     with view_queries.spilling(ws.home, 1) as con:
         values = train_members(ws, con, splits, dedup, canonical, tokens)
-        members = {s: source_members(con, s, values) for s in sources}
+        members = {s: source_members(con, s, ws.home / "tmp", values) for s in sources}
         del values
     populations = [
         Population(s, len(members[s].record_id), int(np.sum(members[s].tokens))) for s in sources
