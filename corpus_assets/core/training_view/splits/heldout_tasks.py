@@ -158,7 +158,7 @@ def _write_heldout(
         for i, block in enumerate(scan.blocks):
             local = heldout[cut[i] : cut[i + 1]] - starts[i]
             if len(local):
-                sink.write(np.stack([block.row(p)[local] for p in range(shape[1])], 1).tobytes())
+                _signature_rows(block, local, shape[1]).tofile(sink)
     with pa.ipc.new_file(scratch / DIGESTS, DIGEST_SCHEMA) as writer:
         for i, chunk in enumerate(scan.chunks):
             local = heldout[cut[i] : cut[i + 1]] - starts[i]
@@ -169,6 +169,16 @@ def _write_heldout(
     is_moved = np.isin(heldout, moved) if moved is not None else np.zeros(len(heldout), bool)
     np.save(scratch / "moved.npy", is_moved)
     np.save(scratch / "thresholds.npy", scan.thresholds)
+
+
+def _signature_rows(block: BandMajorFile, local: np.ndarray, perms: int) -> np.ndarray:
+    """The (rows, perms) signatures of a chunk's ``local`` rows, one array filled a
+    permutation at a time: a stack of the per-permutation copies held them twice, and its
+    bytes a third time (+43 MB traced at 1.1 GB, 42k held-out rows in a chunk)."""
+    out = np.empty((len(local), perms), dtype="<u4")
+    for p in range(perms):
+        out[:, p] = block.row(p)[local]
+    return out
 
 
 def _read_heldout(scratch: Path) -> tuple[np.ndarray, np.ndarray, pa.Array, np.ndarray, np.ndarray]:
