@@ -199,13 +199,30 @@ def sorted_batches(
     (removed after): a wide sort of every record streamed straight from DuckDB held ~150 MB
     beyond its cap while the rows were fetched (the members of 1.1 GB of raw text: the
     manifest layer's peak, 548 MB); the file is read back a row group at a time."""
+    yield from sorted_rows(sorted_file(con, sql, folder), rows)
+
+
+def sorted_file(con: DuckDBPyConnection, sql: str, folder: Path) -> Path:
+    """The rows of ``sql`` in its ORDER BY written by DuckDB to a new uncompressed Parquet
+    file in ``folder``, for :func:`sorted_rows` (so the tables the sort read can be dropped
+    before the rows are read back)."""
     fd, name = tempfile.mkstemp(prefix="sorted-", suffix=".parquet", dir=folder)
     os.close(fd)
     path = Path(name)
     try:
         options = f"FORMAT parquet, COMPRESSION uncompressed, ROW_GROUP_SIZE {SORTED_GROUP_ROWS}"
         con.execute(f"COPY ({sql}) TO {sql_path(str(path))} ({options})")
-        for batch in streamed(path, rows):  # nullable, as a streamed result's columns are
+    except BaseException:
+        path.unlink(missing_ok=True)
+        raise
+    return path
+
+
+def sorted_rows(path: Path, rows: int = BATCH_ROWS) -> Iterator[pa.RecordBatch]:
+    """A :func:`sorted_file`'s rows a row group at a time, its columns nullable as a streamed
+    result's are; the file is removed after."""
+    try:
+        for batch in streamed(path, rows):
             yield pa.RecordBatch.from_arrays(batch.columns, schema=_nullable(batch.schema))
     finally:
         path.unlink(missing_ok=True)

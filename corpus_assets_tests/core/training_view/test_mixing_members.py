@@ -107,7 +107,7 @@ def _members(ws: Workspace, monkeypatch: pytest.MonkeyPatch, by_keys: bool) -> b
         if values is not None:  # the premise: positions do not follow the record ids
             rows = con.sql("SELECT record_id, pos FROM train_members ORDER BY pos").fetchall()
             assert [r[0] for r in rows] != sorted(r[0] for r in rows)
-        return build.source_members(con, "docs", ws.home / "tmp", values)
+        return build.source_members(con, ["docs"], ws.home / "tmp", values)["docs"]
 
 
 def test_members_come_in_record_id_order_whatever_their_positions(
