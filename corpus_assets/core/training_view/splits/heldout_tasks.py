@@ -158,7 +158,7 @@ def _write_heldout(
         for i, block in enumerate(scan.blocks):
             local = heldout[cut[i] : cut[i + 1]] - starts[i]
             if len(local):
-                _signature_rows(block, local, shape[1]).tofile(sink)
+                sink.write(_signature_rows(block, local, shape[1]).data)
     with pa.ipc.new_file(scratch / DIGESTS, DIGEST_SCHEMA) as writer:
         for i, chunk in enumerate(scan.chunks):
             local = heldout[cut[i] : cut[i + 1]] - starts[i]
