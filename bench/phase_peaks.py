@@ -5,8 +5,9 @@ kernel's high-water mark (``VmHWM``) is read and reset (``/proc/self/clear_refs`
 starts and when it returns, so each line is the peak of one phase or of the gap before it.
 ``peak_where.py``'s sampler inflated the peaks it watched (see its docstring); this reads the
 same figure ``race.py`` quotes (the cost line printed first is ``race.py``'s, but its peak is
-only the last stretch's once the marks were reset). Linux only. Phases are ``module:attribute.path`` under
-``corpus_assets.core``; a nested phase resets its outer phase's mark, so name siblings.
+only the last stretch's once the marks were reset). Linux only. Phases are
+``module:attribute.path`` under ``corpus_assets.core``; a nested phase resets its outer phase's
+mark, so name siblings.
 
     DAGSTER_HOME=H/dagster CORPUS_HOME=H/home .venv/bin/python bench/phase_peaks.py \\
         H/corpus.yaml splits training_view.splits.build:resolve_heldout \\
@@ -25,14 +26,6 @@ sys.path.insert(0, str(Path(__file__).parent))
 import race  # bench/ is not a package: its folder is put on the path first
 
 
-def _high_water_mb() -> float:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    return 0.0
-
-
 def _reset() -> None:
     with open("/proc/self/clear_refs", "w") as refs:
         refs.write("5")  # the high-water mark back to the current RSS
@@ -45,7 +38,7 @@ class Marks:
         self.seen: list[tuple[str, float]] = []
 
     def checkpoint(self, label: str) -> None:
-        self.seen.append((label, _high_water_mb()))
+        self.seen.append((label, race._vm_kb("VmHWM") / 1024))
         _reset()
 
     def wrapped(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:

@@ -189,8 +189,10 @@ class _Reasons:
     def __init__(self, excluded: dict[int, str]) -> None:
         values = sorted(set(excluded.values()))
         code_of = {v: k + 1 for k, v in enumerate(values)}
-        self.rows = np.fromiter(sorted(excluded), dtype=np.int64, count=len(excluded))
-        self.codes = np.array([code_of[excluded[r]] for r in self.rows.tolist()], np.int32)
+        rows = np.fromiter(excluded, dtype=np.int64, count=len(excluded))
+        codes = np.fromiter((code_of[v] for v in excluded.values()), np.int32, len(excluded))
+        by_row = np.argsort(rows)  # no list of the rows, sorted or looked up
+        self.rows, self.codes = rows[by_row], codes[by_row]
         self.values = pa.array(["", *values], pa.string())
 
     def at(self, rows: np.ndarray) -> np.ndarray:

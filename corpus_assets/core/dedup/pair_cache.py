@@ -124,10 +124,9 @@ class PairLookup:
         by_key = np.argsort(keys, kind="stable")
         keys, jaccards = keys[by_key], table["jaccard"].to_numpy()[by_key]
         out = np.full(len(packed), np.nan, dtype=np.float64)
-        if len(keys):
-            at, hit = sorted_hits(keys, packed)
-            out[hit] = jaccards[at[hit]]
-            self.found += int(hit.sum())
+        at, hit = sorted_hits(keys, packed)
+        out[hit] = jaccards[at[hit]]
+        self.found += int(hit.sum())
         return out
 
 
