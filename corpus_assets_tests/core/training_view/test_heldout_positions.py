@@ -15,6 +15,8 @@ import pytest
 from corpus_assets.core.pipeline import build_all
 from corpus_assets.core.publication.validation import validate_snapshot
 from corpus_assets.core.runtime.workspace import open_workspace
+from corpus_assets.core.storage import cas_queries
+from corpus_assets.core.training_view import view_queries
 from corpus_assets.core.training_view.splits import build, build_splits, heldout
 from corpus_assets.core.training_view.splits.heldout import HeldoutScan
 
@@ -83,3 +85,29 @@ def test_the_held_out_search_runs_beside_only_the_assignment_it_reads(
     assert len(seen) == 1 and "assigned" in seen[0], seen
     assert not {"joined", "per"} & seen[0], seen
     assert again.digests == built["splits"].digests
+
+
+def test_the_splits_layer_runs_under_its_own_cap_and_its_bytes_do_not_depend_on_it(
+    demo_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The layer's connection is capped at ``SPLITS_LIMIT``, below the view's: the four phases
+    of its peak each fill the cap, so the cap is what keeps its driver peak flat as the corpus
+    grows (BENCHMARKS). Spilling sooner moves no byte."""
+    ws = open_workspace()
+    built = build_all(ws, "p1")
+    caps: list[str] = []
+    search = build._heldout
+
+    def recorded(ws: Any, key: str, dedup: Any, con: Any, *rest: Any) -> Any:
+        caps.append(con.execute("SELECT current_setting('memory_limit')").fetchall()[0][0])
+        return search(ws, key, dedup, con, *rest)
+
+    monkeypatch.setattr(build, "_heldout", recorded)
+    build_splits(ws, "p1")
+    with view_queries.connect() as wide, cas_queries.connect(view_queries.SPLITS_LIMIT) as own:
+        expected = own.execute("SELECT current_setting('memory_limit')").fetchall()[0][0]
+        view = wide.execute("SELECT current_setting('memory_limit')").fetchall()[0][0]
+    assert caps == [expected] and expected != view, (caps, expected, view)
+    monkeypatch.setattr(view_queries, "SPLITS_LIMIT", view_queries.MEMORY_LIMIT)
+    assert build_splits(ws, "p1").digests == built["splits"].digests
+    ws.close()

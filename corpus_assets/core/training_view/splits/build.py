@@ -121,7 +121,7 @@ def build_splits(ws: Workspace, partition_key: str) -> LayerResult:
     tokens = token_cache(ws, canonical.chunks(), resolve_tokenizer(ws))
     # one DuckDB thread: every query here is a join, group-by or sort of every member, and each
     # thread fills its own buffers up to the cap (two raised a 1.1 GB build's peak by ~50 MB)
-    with view_queries.spilling(ws.home, 1) as con:
+    with view_queries.spilling(ws.home, 1, view_queries.SPLITS_LIMIT) as con:
         built = _assign_and_report(ws, con, partition_key, parent, tokens)
     result, report = built.result, built.report
     counts = split_counts(report, result)
