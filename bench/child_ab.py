@@ -97,6 +97,8 @@ def main() -> None:
     parser.add_argument("--corpora", type=Path, default=CORPORA)
     args = parser.parse_args()
     sides = {"base": args.base, "new": args.new}
+    if args.base[1].resolve() == args.new[1].resolve():  # the second build would be a re-build
+        raise SystemExit("--base and --new need a home each: a copy is built once in a home")
     copies = [int(c) for c in args.copies.split(",")]
     check_copies(copies, [args.base[1], args.new[1]], args.corpora)
     budget = raw_bytes(args.new[1] / "src") // 100
