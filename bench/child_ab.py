@@ -73,8 +73,9 @@ USED = "child_ab_copies"  # in each home: the copies built there, one a line
 
 def check_copies(copies: list[int], homes: list[Path], corpora: Path) -> None:
     """Exit naming the first copy that would not make a +1% child of new text in every home."""
+    per_copy = shared_bytes(corpora)  # the shared corpora decompressed: read once
     for home in homes:
-        held = round(raw_bytes(home / "src") / shared_bytes(corpora))  # copies 0..held-1
+        held = round(raw_bytes(home / "src") / per_copy)  # copies 0..held-1
         holds = f"copies 0-{held - 1}" if held > 1 else "copy 0"
         used_file = home / USED
         used = set(used_file.read_text().split()) if used_file.is_file() else set()

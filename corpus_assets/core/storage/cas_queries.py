@@ -169,9 +169,14 @@ def typical_first(counts: Sequence[int]) -> list[int]:
     return [first, *(n for n in range(parts) if n != first)]
 
 
+def sql_literal(text: str) -> str:
+    """A SQL string literal of ``text`` (quotes doubled)."""
+    return "'" + text.replace("'", "''") + "'"
+
+
 def sql_path(path: str) -> str:
     """A SQL string literal of one file path."""
-    return "'" + path.replace("'", "''") + "'"
+    return sql_literal(path)
 
 
 def cas_parquet(cas: ContentStore, ref: Ref, what: str, numbered: bool = False) -> str:

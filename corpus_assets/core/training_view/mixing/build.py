@@ -32,6 +32,7 @@ from corpus_assets.core.storage.cas_queries import (
     cas_parquet,
     sorted_file,
     sorted_rows,
+    sql_literal,
     streamed,
 )
 from corpus_assets.core.storage.memory import hand_back_duckdb
@@ -167,10 +168,9 @@ def source_members(
     columns = "pos" if values is not None else "record_digest, tokens"
     files: dict[str, Path] = {}
     for source in sources:
-        literal = "'" + source.replace("'", "''") + "'"
         sql = (
-            f"SELECT record_id, {columns} FROM train_members WHERE source_id = {literal} "
-            "ORDER BY record_id"
+            f"SELECT record_id, {columns} FROM train_members "
+            f"WHERE source_id = {sql_literal(source)} ORDER BY record_id"
         )
         files[source] = sorted_file(con, sql, folder)
     con.execute("DROP TABLE train_members")
@@ -203,10 +203,10 @@ def build_mixed_samples(ws: Workspace, partition_key: str) -> LayerResult:
     sources = [s.id for s in ws.config.sources]
     # one DuckDB thread, as splits: the members join fills its buffers per thread (two: peak
     # 343 MB against 329 median of three at 1.1 GB, same bytes)
-    spilling = view_queries.spilling(ws.home, 1)
-    with spilling as con:
+    scratch = view_queries.spilling(ws.home, 1)
+    with scratch as con:
         values = train_members(ws, con, splits, dedup, canonical, tokens)
-        members = source_members(con, sources, spilling.dir, values)
+        members = source_members(con, sources, scratch.dir, values)
         del values
     populations = [
         Population(s, len(members[s].record_id), int(np.sum(members[s].tokens))) for s in sources
