@@ -13,7 +13,7 @@ record ids and tombstoned rows.
 """
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple, TypeVar
 
@@ -65,8 +65,8 @@ class Jaccards:
     copy, the verified one for a near duplicate, NaN without a match. Only the near
     duplicates' values are held (a dense float64 array was 8 bytes a record)."""
 
-    def __init__(self, verdict: np.ndarray) -> None:
-        self.verdict = verdict
+    def __init__(self, verdicts: "Verdicts") -> None:
+        self.verdicts = verdicts
         self.rows = np.empty(0, dtype=np.int64)
         self.values = np.empty(0, dtype=np.float64)
 
@@ -76,7 +76,7 @@ class Jaccards:
 
     def __getitem__(self, rows: np.ndarray) -> np.ndarray:
         rows = np.asarray(rows)
-        verdict = self.verdict[rows]
+        verdict = self.verdicts.verdict(rows)
         out = np.where(verdict == _EXACT, 1.0, np.nan)
         near = np.flatnonzero(verdict == _NEAR)
         if len(near):
@@ -84,30 +84,65 @@ class Jaccards:
         return out
 
 
-@dataclass
-class _Verdicts:
-    """Per row: verdict code, direct match row (-1: none; ``code_dtype``) and its Jaccard."""
+class Verdicts:
+    """Per row: its verdict code and direct match row (-1: none), and its match's Jaccard.
+    Held for the rows not kept only: each removed row is an edge's end and each excluded one
+    an exclusion, so the driver holds O(edges) here (a dense code and match per row were 5
+    bytes a record); any rows are read back as dense arrays."""
 
-    n: int
-    verdict: np.ndarray = field(init=False)
-    match: np.ndarray = field(init=False)
-    jaccard: Jaccards = field(init=False)
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.rows = np.empty(0, dtype=code_dtype(n))  # ascending
+        self.codes = np.empty(0, dtype=np.int8)
+        self.matches = np.empty(0, dtype=code_dtype(n))
+        self.jaccard = Jaccards(self)
 
-    def __post_init__(self) -> None:
-        self.verdict = np.full(self.n, _KEEP, dtype=np.int8)
-        self.match = np.full(self.n, -1, dtype=code_dtype(self.n))
-        self.jaccard = Jaccards(self.verdict)
+    def set(self, rows: np.ndarray, code: int, match: np.ndarray | None = None) -> None:
+        """``rows``, none of them set before, get ``code`` and ``match`` (-1 when None)."""
+        dtype = self.rows.dtype
+        match = np.full(len(rows), -1, dtype) if match is None else np.asarray(match, dtype)
+        rows = np.concatenate([self.rows, np.asarray(rows, dtype)])
+        by = np.argsort(rows, kind="stable")
+        self.rows = rows[by]
+        if len(rows) > 1 and not (np.diff(self.rows) > 0).all():
+            raise ValueError("a row's verdict was set twice")
+        codes = np.concatenate([self.codes, np.full(len(match), code, dtype=np.int8)])
+        self.codes, self.matches = codes[by], np.concatenate([self.matches, match])[by]
 
+    def verdict(self, rows: np.ndarray) -> np.ndarray:
+        """Each of ``rows``' verdict code (int8)."""
+        at, hit = sorted_hits(self.rows, rows)
+        out = np.full(len(rows), _KEEP, dtype=np.int8)
+        out[hit] = self.codes[at[hit]]
+        return out
 
-def representatives_at(verdict: np.ndarray, match: np.ndarray, rows: np.ndarray) -> np.ndarray:
-    """The kept row each of ``rows`` stands behind (-1 for excluded); chains end at a keep."""
-    at_verdict, at_match = verdict[rows], match[rows]
-    final = np.where(at_verdict == _KEEP, rows, at_match)
-    exact = np.flatnonzero(at_verdict == _EXACT)
-    rep = at_match[exact]
-    final[exact] = np.where(verdict[rep] == _NEAR, match[rep], rep)
-    final[at_verdict == _EXCLUDED] = -1
-    return final
+    def match(self, rows: np.ndarray) -> np.ndarray:
+        """Each of ``rows``' direct match row (-1: none), in ``code_dtype``."""
+        at, hit = sorted_hits(self.rows, rows)
+        out = np.full(len(rows), -1, dtype=self.matches.dtype)
+        out[hit] = self.matches[at[hit]]
+        return out
+
+    def representatives(self, rows: np.ndarray) -> np.ndarray:
+        """The kept row each of ``rows`` stands behind (-1 for excluded); chains end at a
+        keep: an exact copy's representative may be a near duplicate, whose match is kept."""
+        rows = np.asarray(rows)
+        verdict, match = self.verdict(rows), self.match(rows)
+        final = np.where(verdict == _KEEP, rows, match)
+        exact = np.flatnonzero(verdict == _EXACT)
+        rep = match[exact]
+        final[exact] = np.where(self.verdict(rep) == _NEAR, self.match(rep), rep)
+        final[verdict == _EXCLUDED] = -1
+        return final
+
+    def counts(self, sources: np.ndarray, kinds: int) -> np.ndarray:
+        """Rows per (source code, verdict code): ``sources`` is each row's source code."""
+        counts = np.zeros((kinds, len(VERDICTS)), dtype=np.int64)
+        counts[:, _KEEP] = np.bincount(sources, minlength=kinds)[:kinds]
+        set_sources = sources[self.rows]
+        np.add.at(counts, (set_sources, self.codes), 1)
+        np.subtract.at(counts[:, _KEEP], set_sources, 1)
+        return counts
 
 
 @dataclass
@@ -115,7 +150,7 @@ class Decided:
     """Every verdict of a run, by row, plus what the output tables and counts are made of."""
 
     codes: RecordCodes  # source_id and kind only: the other codes are dropped once used
-    state: _Verdicts
+    state: Verdicts
     excluded: dict[int, str]  # row -> reason, only excluded rows
     copies: np.ndarray  # exact duplicate rows, in total order
     near_x: np.ndarray  # verified near edges (rows), later record first
@@ -153,14 +188,14 @@ def decide(
     codes = coding.codes(db)
     rank = coding.id_rank(db, codes)
     order = db.total_order(source_order, codes.source_id, rank)
-    state = _Verdicts(codes.n)
+    state = Verdicts(codes.n)
     excluded = exclusions(db, coding.repeated(codes), dict(revoked or {}))
     excluded_rows = np.fromiter(sorted(excluded), dtype=np.int64, count=len(excluded))
-    state.verdict[excluded_rows] = _EXCLUDED
-    exact = coding.exact(codes, order[state.verdict[order] == _KEEP], excluded_rows)
+    state.set(excluded_rows, _EXCLUDED)
+    exact = coding.exact(codes, _eligible(order, excluded_rows), excluded_rows)
     del order, excluded_rows
     copies = exact.copies
-    state.verdict[copies], state.match[copies] = _EXACT, exact.match  # Jaccard 1.0
+    state.set(copies, _EXACT, exact.match)  # Jaccard 1.0
     codes.forget("record_id", "dedup_key")
     report = None
     near_x = near_y = np.empty(0, dtype=np.int64)
@@ -169,17 +204,26 @@ def decide(
         report = near.run(codes, exact.representatives)
         near_x, near_y, near_j = near.edge_arrays()
         rows, match, jaccard = near.match_arrays()
-        state.verdict[rows], state.match[rows] = _NEAR, match
+        state.set(rows, _NEAR, match)
         state.jaccard.set_near(rows, jaccard)
     del exact
     a = np.concatenate([copies, near_x])
-    b = np.concatenate([state.match[copies], near_y])
+    b = np.concatenate([state.match(copies), near_y])
     leakage = coding.leakage(codes, a, b)
     codes.forget("group_id")
     position = chunk_major(rank, chunk_starts)  # here: not held through near-dedup
     return Decided(
         codes, state, excluded, copies, near_x, near_y, near_j, leakage, position, rank, report
     )
+
+
+def _eligible(order: np.ndarray, excluded_rows: np.ndarray) -> np.ndarray:
+    """The rows of ``order`` not excluded (``excluded_rows`` ascending), in its order."""
+    if not len(excluded_rows):
+        return order
+    eligible = np.ones(len(order), dtype=bool)  # by row: a byte a row, no search temporaries
+    eligible[excluded_rows] = False
+    return order[eligible[order]]
 
 
 class _Reasons:
@@ -267,10 +311,10 @@ def write_decisions(
         for lo in range(0, count, rows):
             hi = min(lo + rows, count)
             at = np.arange(lo, hi, dtype=np.int64) if only is None else only[lo:hi]
-            reps, match = representatives_at(state.verdict, state.match, at), state.match[at]
+            reps, match = state.representatives(at), state.match(at)
             columns = {
                 "row": at,
-                "verdict": state.verdict[at],
+                "verdict": state.verdict(at),
                 "rep": pa.array(reps, mask=reps < 0),
                 "match": pa.array(match, mask=match < 0),
                 "jaccard": pa.array(state.jaccard[at], mask=match < 0),

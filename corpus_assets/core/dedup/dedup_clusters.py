@@ -191,11 +191,8 @@ def _decisions(decided: Decided, fresh: np.ndarray | None, by_tasks: bool, tmp: 
 
 
 def _row_decisions(decided: Decided) -> RowDecisions:
-    state = decided.state
     return RowDecisions(
-        state.verdict,
-        state.match,
-        state.jaccard,
+        decided.state,
         decided.leakage,
         decided.position,
         decided.rank,
@@ -426,8 +423,7 @@ def _per_source(decided: Decided) -> dict[str, dict[str, int]]:
     """Verdict counts per source, every verdict listed (zeros too)."""
     sources = decided.codes.source_id
     names = (KEEP, EXACT, NEAR, EXCLUDED)
-    pair = sources.codes.astype(np.int64) * len(names) + decided.state.verdict
-    counts = np.bincount(pair, minlength=len(sources.values) * len(names)).reshape(-1, len(names))
+    counts = decided.state.counts(sources.codes, len(sources.values))
     out = {
         source: dict(zip(names, counts[code].tolist(), strict=True))
         for code, source in enumerate(sources.values)

@@ -52,7 +52,7 @@ def edge_rows(decided: Decided) -> EdgeRows:
     copies = decided.copies
     return EdgeRows(
         np.concatenate([copies, decided.near_x]),
-        np.concatenate([decided.state.match[copies], decided.near_y]),
+        np.concatenate([decided.state.match(copies), decided.near_y]),
         len(copies),
         np.concatenate([np.ones(len(copies)), decided.near_j]),
     )

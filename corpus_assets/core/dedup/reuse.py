@@ -21,7 +21,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from corpus_assets.core.dedup.clusters import Jaccards, representatives_at
+from corpus_assets.core.dedup.clusters import Verdicts
 from corpus_assets.core.dedup.pair_cache import INCREMENTAL, Mode
 from corpus_assets.core.runtime.parted_table import PartedTable
 from corpus_assets.core.runtime.snapshot_manifest import ChunkPart
@@ -51,9 +51,7 @@ BATCH_ROWS = 1 << 16
 class RowDecisions:
     """What the child decided, by row, in the decisions table's terms."""
 
-    verdict: np.ndarray
-    match: np.ndarray
-    jaccard: Jaccards  # read by rows, as an array
+    verdicts: Verdicts  # verdict, match and Jaccard, read by rows
     leak: np.ndarray
     pos: np.ndarray
     rank: np.ndarray
@@ -76,12 +74,9 @@ class RowDecisions:
     def named(self, rows: np.ndarray) -> np.ndarray:
         """``rows`` and every row their decisions name (representative, match, leakage),
         ascending: what joining only ``rows`` reads."""
-        named = np.concatenate([rows, self.reps(rows), self.match[rows], self.leak[rows]])
+        v = self.verdicts
+        named = np.concatenate([rows, v.representatives(rows), v.match(rows), self.leak[rows]])
         return np.unique(named[named >= 0])
-
-    def reps(self, rows: np.ndarray) -> np.ndarray:
-        """The representative row of each of ``rows`` (as ``_Verdicts.representatives``)."""
-        return representatives_at(self.verdict, self.match, rows)
 
 
 def put_decisions(ws: Workspace, decided: RowDecisions, tmp: Path) -> Ref:
@@ -90,15 +85,15 @@ def put_decisions(ws: Workspace, decided: RowDecisions, tmp: Path) -> Ref:
 
 
 def _decision_batches(d: RowDecisions) -> Iterator[pa.RecordBatch]:
-    n = len(d.verdict)
+    v, n = d.verdicts, d.verdicts.n
     for lo in range(0, n, BATCH_ROWS):
         rows = np.arange(lo, min(lo + BATCH_ROWS, n), dtype=np.int64)
         yield pa.RecordBatch.from_arrays(
             [
-                pa.array(d.verdict[rows], pa.int8()),
-                pa.array(d.reps(rows), pa.int64()),  # rows in memory may be int32 (code_dtype)
-                pa.array(d.match[rows], pa.int64()),
-                pa.array(d.jaccard[rows], pa.float64()),
+                pa.array(v.verdict(rows), pa.int8()),
+                pa.array(v.representatives(rows), pa.int64()),  # rows in memory: code_dtype
+                pa.array(v.match(rows), pa.int64()),
+                pa.array(v.jaccard[rows], pa.float64()),
                 pa.array(d.leak[rows], pa.int64()),
                 d.reasons(lo, lo + len(rows)),
                 pa.array(d.pos[rows], pa.int64()),
@@ -191,11 +186,12 @@ def _unchanged(path: str, d: RowDecisions, c2p: np.ndarray, p2c: np.ndarray) -> 
         def parent(name: str) -> np.ndarray:
             return col[name].to_numpy()[kept]  # noqa: B023
 
-        ok = d.verdict[rows] == parent("verdict")
-        ok &= d.reps(rows) == _mapped(parent("rep"), p2c)
-        ok &= d.match[rows] == _mapped(parent("match"), p2c)
+        v = d.verdicts
+        ok = v.verdict(rows) == parent("verdict")
+        ok &= v.representatives(rows) == _mapped(parent("rep"), p2c)
+        ok &= v.match(rows) == _mapped(parent("match"), p2c)
         ok &= d.leak[rows] == _mapped(parent("leak"), p2c)
-        cj, pj = d.jaccard[rows], parent("jaccard")
+        cj, pj = v.jaccard[rows], parent("jaccard")
         ok &= (cj == pj) | (np.isnan(cj) & np.isnan(pj))
         ok &= _same_reasons(batch.column("reason"), kept, rows, d)
         same[rows] = ok

@@ -5,6 +5,7 @@ from types import SimpleNamespace
 import numpy as np
 import pyarrow as pa
 
+from corpus_assets.core.dedup.clusters import VERDICTS, Verdicts
 from corpus_assets.core.dedup.dedup_clusters import _per_source
 from corpus_assets.core.dedup.near_stage import NearStage
 from corpus_assets.core.dedup.partition_db import PartitionDb
@@ -30,9 +31,11 @@ def test_few_valued_codes_are_a_byte_and_their_products_do_not_wrap() -> None:
     got = _codes()
     codes = got.codes
     assert codes.kind.codes.dtype == codes.source_id.codes.dtype == np.int8
-    # every source's verdict counts: code * 4 + verdict exceeds int8 from source 32 on
-    verdict = np.array([3] * len(SOURCES) + [0] * len(SOURCES), dtype=np.int8)
-    decided = SimpleNamespace(codes=codes, state=SimpleNamespace(verdict=verdict))
+    # every source's verdict counts, indexed by int8 source codes past 32 (code * 4 + verdict
+    # would exceed int8 there)
+    verdicts = Verdicts(2 * len(SOURCES))
+    verdicts.set(np.arange(len(SOURCES)), VERDICTS.index("excluded"))
+    decided = SimpleNamespace(codes=codes, state=verdicts)
     per_source = _per_source(decided)  # type: ignore[arg-type]
     assert list(per_source) == SOURCES
     assert all(
