@@ -24,9 +24,10 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from corpus_assets.core.dedup.partition_db import Coded, PartitionDb, code_dtype
+from corpus_assets.core.dedup.verdicts import EXACT_CODE, EXCLUDED_CODE
 from corpus_assets.core.storage.cas_queries import streamed
 
-_EXACT, _EXCLUDED = 1, 3  # verdict codes of the decisions table (``clusters.VERDICTS``)
+_EXACT, _EXCLUDED = EXACT_CODE, EXCLUDED_CODE  # the decisions table's verdict codes
 NEW_SHARE = 8  # more than one row in NEW_SHARE new: the sorts (what is placed is held)
 PLACED_SHARE = 4  # parts x new ids beyond PLACED_SHARE x the parent's rows: the sorts
 BATCH_ROWS = 1 << 16

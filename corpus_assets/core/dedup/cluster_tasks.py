@@ -35,13 +35,13 @@ import pyarrow.parquet as pq
 from corpus_assets.core.dedup.clusters import (
     CARRIED,
     CLUSTER_COLUMNS,
-    VERDICTS,
     Decided,
     Decisions,
     write_decisions,
 )
 from corpus_assets.core.dedup.edges import EdgeIds
 from corpus_assets.core.dedup.order import place_ranks
+from corpus_assets.core.dedup.verdicts import VERDICTS
 from corpus_assets.core.records.index import ChunkRecords
 from corpus_assets.core.runtime.workspace import Workspace, pooled
 from corpus_assets.core.storage.artifacts import Ref

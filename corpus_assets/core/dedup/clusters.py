@@ -30,12 +30,17 @@ from corpus_assets.core.dedup.partition_db import (
     OUTPUT_MEMORY_LIMIT,
     PartitionDb,
     RecordCodes,
-    code_dtype,
 )
 from corpus_assets.core.dedup.report import NearReport
+from corpus_assets.core.dedup.verdicts import (
+    EXACT_CODE,
+    EXCLUDED_CODE,
+    NEAR_CODE,
+    VERDICTS,
+    Verdicts,
+)
 from corpus_assets.core.storage.cas_queries import sql_path
 
-KEEP, EXACT, NEAR, EXCLUDED = "keep", "exact_duplicate", "near_duplicate", "excluded"
 CLUSTER_COLUMNS = pa.schema(
     [
         ("record_id", pa.string()),
@@ -55,94 +60,7 @@ CLUSTER_COLUMNS = pa.schema(
 )
 # The columns of a canonical record that the dedup table carries over unchanged.
 CARRIED = ["record_id", "source_id", "object", "line", "group_id", "dedup_key"]
-VERDICTS = (KEEP, EXACT, NEAR, EXCLUDED)  # by code
 _T = TypeVar("_T")
-_KEEP, _EXACT, _NEAR, _EXCLUDED = range(4)
-
-
-class Jaccards:
-    """Per row, the Jaccard of its direct match, read by rows like an array: 1.0 for an exact
-    copy, the verified one for a near duplicate, NaN without a match. Only the near
-    duplicates' values are held (a dense float64 array was 8 bytes a record)."""
-
-    def __init__(self, verdicts: "Verdicts") -> None:
-        self.verdicts = verdicts
-        self.rows = np.empty(0, dtype=np.int64)
-        self.values = np.empty(0, dtype=np.float64)
-
-    def set_near(self, rows: np.ndarray, values: np.ndarray) -> None:
-        by = np.argsort(rows, kind="stable")
-        self.rows, self.values = np.asarray(rows)[by], np.asarray(values, np.float64)[by]
-
-    def __getitem__(self, rows: np.ndarray) -> np.ndarray:
-        rows = np.asarray(rows)
-        verdict = self.verdicts.verdict(rows)
-        out = np.where(verdict == _EXACT, 1.0, np.nan)
-        near = np.flatnonzero(verdict == _NEAR)
-        if len(near):
-            out[near] = self.values[np.searchsorted(self.rows, rows[near])]
-        return out
-
-
-class Verdicts:
-    """Per row: its verdict code and direct match row (-1: none), and its match's Jaccard.
-    Held for the rows not kept only: each removed row is an edge's end and each excluded one
-    an exclusion, so the driver holds O(edges) here (a dense code and match per row were 5
-    bytes a record); any rows are read back as dense arrays."""
-
-    def __init__(self, n: int) -> None:
-        self.n = n
-        self.rows = np.empty(0, dtype=code_dtype(n))  # ascending
-        self.codes = np.empty(0, dtype=np.int8)
-        self.matches = np.empty(0, dtype=code_dtype(n))
-        self.jaccard = Jaccards(self)
-
-    def set(self, rows: np.ndarray, code: int, match: np.ndarray | None = None) -> None:
-        """``rows``, none of them set before, get ``code`` and ``match`` (-1 when None)."""
-        dtype = self.rows.dtype
-        match = np.full(len(rows), -1, dtype) if match is None else np.asarray(match, dtype)
-        rows = np.concatenate([self.rows, np.asarray(rows, dtype)])
-        by = np.argsort(rows, kind="stable")
-        self.rows = rows[by]
-        if len(rows) > 1 and not (np.diff(self.rows) > 0).all():
-            raise ValueError("a row's verdict was set twice")
-        codes = np.concatenate([self.codes, np.full(len(match), code, dtype=np.int8)])
-        self.codes, self.matches = codes[by], np.concatenate([self.matches, match])[by]
-
-    def verdict(self, rows: np.ndarray) -> np.ndarray:
-        """Each of ``rows``' verdict code (int8)."""
-        at, hit = sorted_hits(self.rows, rows)
-        out = np.full(len(rows), _KEEP, dtype=np.int8)
-        out[hit] = self.codes[at[hit]]
-        return out
-
-    def match(self, rows: np.ndarray) -> np.ndarray:
-        """Each of ``rows``' direct match row (-1: none), in ``code_dtype``."""
-        at, hit = sorted_hits(self.rows, rows)
-        out = np.full(len(rows), -1, dtype=self.matches.dtype)
-        out[hit] = self.matches[at[hit]]
-        return out
-
-    def representatives(self, rows: np.ndarray) -> np.ndarray:
-        """The kept row each of ``rows`` stands behind (-1 for excluded); chains end at a
-        keep: an exact copy's representative may be a near duplicate, whose match is kept."""
-        rows = np.asarray(rows)
-        verdict, match = self.verdict(rows), self.match(rows)
-        final = np.where(verdict == _KEEP, rows, match)
-        exact = np.flatnonzero(verdict == _EXACT)
-        rep = match[exact]
-        final[exact] = np.where(self.verdict(rep) == _NEAR, self.match(rep), rep)
-        final[verdict == _EXCLUDED] = -1
-        return final
-
-    def counts(self, sources: np.ndarray, kinds: int) -> np.ndarray:
-        """Rows per (source code, verdict code): ``sources`` is each row's source code."""
-        counts = np.zeros((kinds, len(VERDICTS)), dtype=np.int64)
-        counts[:, _KEEP] = np.bincount(sources, minlength=kinds)[:kinds]
-        set_sources = sources[self.rows]
-        np.add.at(counts, (set_sources, self.codes), 1)
-        np.subtract.at(counts[:, _KEEP], set_sources, 1)
-        return counts
 
 
 @dataclass
@@ -191,11 +109,11 @@ def decide(
     state = Verdicts(codes.n)
     excluded = exclusions(db, coding.repeated(codes), dict(revoked or {}))
     excluded_rows = np.fromiter(sorted(excluded), dtype=np.int64, count=len(excluded))
-    state.set(excluded_rows, _EXCLUDED)
+    state.set(excluded_rows, EXCLUDED_CODE)
     exact = coding.exact(codes, _eligible(order, excluded_rows), excluded_rows)
     del order, excluded_rows
     copies = exact.copies
-    state.set(copies, _EXACT, exact.match)  # Jaccard 1.0
+    state.set(copies, EXACT_CODE, exact.match)  # Jaccard 1.0
     codes.forget("record_id", "dedup_key")
     report = None
     near_x = near_y = np.empty(0, dtype=np.int64)
@@ -204,7 +122,7 @@ def decide(
         report = near.run(codes, exact.representatives)
         near_x, near_y, near_j = near.edge_arrays()
         rows, match, jaccard = near.match_arrays()
-        state.set(rows, _NEAR, match)
+        state.set(rows, NEAR_CODE, match)
         state.jaccard.set_near(rows, jaccard)
     del exact
     a = np.concatenate([copies, near_x])
@@ -310,14 +228,14 @@ def write_decisions(
     with pq.ParquetWriter(path, _DECISIONS, compression="none") as writer:
         for lo in range(0, count, rows):
             hi = min(lo + rows, count)
-            at = np.arange(lo, hi, dtype=np.int64) if only is None else only[lo:hi]
-            reps, match = state.representatives(at), state.match(at)
+            looked = state.span(lo, hi) if only is None else state.look(only[lo:hi])
+            at, match, reps = looked.rows, looked.match, state.representatives(looked)
             columns = {
                 "row": at,
-                "verdict": state.verdict(at),
+                "verdict": looked.verdict,
                 "rep": pa.array(reps, mask=reps < 0),
                 "match": pa.array(match, mask=match < 0),
-                "jaccard": pa.array(state.jaccard[at], mask=match < 0),
+                "jaccard": pa.array(state.jaccard.of(looked), mask=match < 0),
                 "leak": decided.leakage[at],
                 "reason": reasons.at(at),
                 "pos": decided.position[at],

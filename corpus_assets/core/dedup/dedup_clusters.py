@@ -21,10 +21,6 @@ from corpus_assets.core.dedup.carried_codes import Carried, carried_codes
 from corpus_assets.core.dedup.cluster_parts import gathered_parts, put_cluster_parts
 from corpus_assets.core.dedup.cluster_tasks import cluster_parts_on_runner, decisions_by_position
 from corpus_assets.core.dedup.clusters import (
-    EXACT,
-    EXCLUDED,
-    KEEP,
-    NEAR,
     Decided,
     Decisions,
     cluster_batches,
@@ -62,6 +58,7 @@ from corpus_assets.core.dedup.signature_cache import (
     signature_spec,
 )
 from corpus_assets.core.dedup.task_coding import TaskCoding
+from corpus_assets.core.dedup.verdicts import EXACT, EXCLUDED, KEEP, NEAR
 from corpus_assets.core.governance.deletion_reach import revoked_targets, tombstone_matches
 from corpus_assets.core.ingest.freeze import freeze
 from corpus_assets.core.records.index import CanonicalIndex, ChunkRecords

@@ -21,8 +21,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from corpus_assets.core.dedup.clusters import Verdicts
 from corpus_assets.core.dedup.pair_cache import INCREMENTAL, Mode
+from corpus_assets.core.dedup.verdicts import Verdicts
 from corpus_assets.core.runtime.parted_table import PartedTable
 from corpus_assets.core.runtime.snapshot_manifest import ChunkPart
 from corpus_assets.core.runtime.workspace import Workspace
@@ -74,8 +74,9 @@ class RowDecisions:
     def named(self, rows: np.ndarray) -> np.ndarray:
         """``rows`` and every row their decisions name (representative, match, leakage),
         ascending: what joining only ``rows`` reads."""
-        v = self.verdicts
-        named = np.concatenate([rows, v.representatives(rows), v.match(rows), self.leak[rows]])
+        looked = self.verdicts.look(rows)
+        reps = self.verdicts.representatives(looked)
+        named = np.concatenate([rows, reps, looked.match, self.leak[rows]])
         return np.unique(named[named >= 0])
 
 
@@ -87,13 +88,14 @@ def put_decisions(ws: Workspace, decided: RowDecisions, tmp: Path) -> Ref:
 def _decision_batches(d: RowDecisions) -> Iterator[pa.RecordBatch]:
     v, n = d.verdicts, d.verdicts.n
     for lo in range(0, n, BATCH_ROWS):
-        rows = np.arange(lo, min(lo + BATCH_ROWS, n), dtype=np.int64)
+        looked = v.span(lo, min(lo + BATCH_ROWS, n))
+        rows = looked.rows
         yield pa.RecordBatch.from_arrays(
             [
-                pa.array(v.verdict(rows), pa.int8()),
-                pa.array(v.representatives(rows), pa.int64()),  # rows in memory: code_dtype
-                pa.array(v.match(rows), pa.int64()),
-                pa.array(v.jaccard[rows], pa.float64()),
+                pa.array(looked.verdict, pa.int8()),
+                pa.array(v.representatives(looked), pa.int64()),  # rows held: code_dtype
+                pa.array(looked.match, pa.int64()),
+                pa.array(v.jaccard.of(looked), pa.float64()),
                 pa.array(d.leak[rows], pa.int64()),
                 d.reasons(lo, lo + len(rows)),
                 pa.array(d.pos[rows], pa.int64()),
@@ -186,12 +188,12 @@ def _unchanged(path: str, d: RowDecisions, c2p: np.ndarray, p2c: np.ndarray) -> 
         def parent(name: str) -> np.ndarray:
             return col[name].to_numpy()[kept]  # noqa: B023
 
-        v = d.verdicts
-        ok = v.verdict(rows) == parent("verdict")
-        ok &= v.representatives(rows) == _mapped(parent("rep"), p2c)
-        ok &= v.match(rows) == _mapped(parent("match"), p2c)
+        looked = d.verdicts.look(rows)
+        ok = looked.verdict == parent("verdict")
+        ok &= d.verdicts.representatives(looked) == _mapped(parent("rep"), p2c)
+        ok &= looked.match == _mapped(parent("match"), p2c)
         ok &= d.leak[rows] == _mapped(parent("leak"), p2c)
-        cj, pj = v.jaccard[rows], parent("jaccard")
+        cj, pj = d.verdicts.jaccard.of(looked), parent("jaccard")
         ok &= (cj == pj) | (np.isnan(cj) & np.isnan(pj))
         ok &= _same_reasons(batch.column("reason"), kept, rows, d)
         same[rows] = ok

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 
 import pyarrow.parquet as pq
 
-from corpus_assets.core.dedup.clusters import EXACT, KEEP, NEAR
 from corpus_assets.core.dedup.coding import DUPLICATE_ID, ID_CONFLICT
+from corpus_assets.core.dedup.verdicts import EXACT, KEEP, NEAR
 from corpus_assets.core.publication.evidence import Evidence
 from corpus_assets.core.runtime.snapshot_manifest import Manifest
 

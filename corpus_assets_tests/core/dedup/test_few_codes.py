@@ -5,10 +5,10 @@ from types import SimpleNamespace
 import numpy as np
 import pyarrow as pa
 
-from corpus_assets.core.dedup.clusters import VERDICTS, Verdicts
 from corpus_assets.core.dedup.dedup_clusters import _per_source
 from corpus_assets.core.dedup.near_stage import NearStage
 from corpus_assets.core.dedup.partition_db import PartitionDb
+from corpus_assets.core.dedup.verdicts import VERDICTS, Verdicts
 from corpus_assets.core.records.index import RECORD_COLUMNS
 
 SOURCES = [f"s{k:03d}" for k in range(100)]  # 100 sources x 2 kinds or x 4 verdicts > 127

@@ -10,7 +10,6 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from corpus_assets.core.dedup.clusters import EXACT, KEEP, NEAR
 from corpus_assets.core.dedup.in_memory import cluster
 from corpus_assets.core.dedup.jaccard import jaccard_sorted
 from corpus_assets.core.dedup.minhash import (
@@ -29,6 +28,7 @@ from corpus_assets.core.dedup.near_dedup import (
 from corpus_assets.core.dedup.near_stage import NearStage
 from corpus_assets.core.dedup.report import NearReport
 from corpus_assets.core.dedup.signature_cache import signature_spec
+from corpus_assets.core.dedup.verdicts import EXACT, KEEP, NEAR
 from corpus_assets.core.governance.deletion_reach import hits
 from corpus_assets.core.pipeline import BUILDERS, DIRECT_BUILDERS
 from corpus_assets.core.publication.leakage_check import dedup_invariants

@@ -14,10 +14,10 @@ from icu4py.breakers import WordBreaker
 from pydantic import ValidationError
 
 from corpus_assets.assets.metadata import layer_metadata
-from corpus_assets.core.dedup.clusters import KEEP, NEAR
 from corpus_assets.core.dedup.minhash import normalise
 from corpus_assets.core.dedup.minhash.segment import segment_words
 from corpus_assets.core.dedup.report import NearReport
+from corpus_assets.core.dedup.verdicts import KEEP, NEAR
 from corpus_assets.core.runtime.config import NearDedupPolicy
 from corpus_assets.core.runtime.layer_index import LayerResult
 from corpus_assets_tests.core.dedup.test_near_dedup import _cluster, _shingle_jaccard

@@ -4,7 +4,7 @@ the direct match and its Jaccard (1.0 for exact copies, the near ones', NaN othe
 import numpy as np
 import pytest
 
-from corpus_assets.core.dedup.clusters import VERDICTS, Verdicts
+from corpus_assets.core.dedup.verdicts import VERDICTS, Looked, Verdicts
 
 CODE = {name: k for k, name in enumerate(VERDICTS)}
 
@@ -33,10 +33,15 @@ def test_verdicts_read_by_rows_as_the_dense_arrays() -> None:
     for rows_of in (rows, np.arange(6, dtype=np.int32)):
         np.testing.assert_array_equal(verdicts.verdict(rows_of), dense["verdict"][rows_of])
         np.testing.assert_array_equal(verdicts.match(rows_of), dense["match"][rows_of])
-        np.testing.assert_array_equal(verdicts.jaccard[rows_of], dense["jaccard"][rows_of])
+        looked = verdicts.look(rows_of)
+        np.testing.assert_array_equal(verdicts.jaccard.of(looked), dense["jaccard"][rows_of])
         want = dense["representatives"][rows_of]
-        np.testing.assert_array_equal(verdicts.representatives(rows_of), want)
-    assert verdicts.jaccard[np.empty(0, dtype=np.int64)].shape == (0,)
+        np.testing.assert_array_equal(verdicts.representatives(looked), want)
+    for lo, hi in ((0, 6), (2, 5), (4, 4)):  # a range of rows: the same arrays, no search
+        spanned, looked = verdicts.span(lo, hi), verdicts.look(np.arange(lo, hi))
+        for name in Looked._fields:
+            np.testing.assert_array_equal(getattr(spanned, name), getattr(looked, name))
+    assert verdicts.jaccard.of(verdicts.look(np.empty(0, dtype=np.int64))).shape == (0,)
     assert verdicts.rows.tolist() == [1, 2, 3, 4]  # the kept rows are not held
 
 
