@@ -27,7 +27,6 @@ from corpus_assets.core.dedup.partition_db import Coded, PartitionDb, code_dtype
 from corpus_assets.core.dedup.verdicts import EXACT_CODE, EXCLUDED_CODE
 from corpus_assets.core.storage.cas_queries import streamed
 
-_EXACT, _EXCLUDED = EXACT_CODE, EXCLUDED_CODE  # the decisions table's verdict codes
 NEW_SHARE = 8  # more than one row in NEW_SHARE new: the sorts (what is placed is held)
 PLACED_SHARE = 4  # parts x new ids beyond PLACED_SHARE x the parent's rows: the sorts
 BATCH_ROWS = 1 << 16
@@ -129,11 +128,11 @@ def _parent_rows(path: str) -> _Parent | None:
     for batch in parquet.iter_batches(BATCH_ROWS, columns=columns, use_threads=False):
         verdict, match, at, ranked, reason = (batch.column(c) for c in columns)
         verdicts = verdict.to_numpy()
-        if (verdicts == _EXCLUDED).any() or pc.any(pc.not_equal(reason, "")).as_py():
+        if (verdicts == EXCLUDED_CODE).any() or pc.any(pc.not_equal(reason, "")).as_py():
             return None
         hi = lo + len(batch)
         pos[lo:hi], rank[lo:hi] = at.to_numpy(), ranked.to_numpy()
-        head[lo:hi] = np.where(verdicts == _EXACT, match.to_numpy(), np.arange(lo, hi))
+        head[lo:hi] = np.where(verdicts == EXACT_CODE, match.to_numpy(), np.arange(lo, hi))
         lo = hi
     if not (_permutation(pos) and _permutation(rank)):
         return None
