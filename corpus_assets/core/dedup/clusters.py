@@ -112,19 +112,19 @@ def decide(
     state.set(excluded_rows, EXCLUDED_CODE)
     exact = coding.exact(codes, _eligible(order, excluded_rows), excluded_rows)
     del order, excluded_rows
-    copies = exact.copies
+    copies, representatives = exact.copies, [exact.representatives]
     state.set(copies, EXACT_CODE, exact.match)  # Jaccard 1.0
+    del exact  # its matches are in the verdicts, its representatives handed to the near stage
     codes.forget("record_id", "dedup_key")
     report = None
     near_x = near_y = np.empty(0, dtype=np.int64)
     near_j = np.empty(0, dtype=np.float64)
     if near is not None:
-        report = near.run(codes, exact.representatives)
+        report = near.run(codes, representatives)
         near_x, near_y, near_j = near.edge_arrays()
         rows, match, jaccard = near.match_arrays()
         state.set(rows, NEAR_CODE, match)
         state.jaccard.set_near(rows, jaccard)
-    del exact
     a = np.concatenate([copies, near_x])
     b = np.concatenate([state.match(copies), near_y])
     leakage = coding.leakage(codes, a, b)

@@ -101,9 +101,12 @@ class NearStage:
         """Every pair the scans verified (computed or known) as rows, and its Jaccard."""
         return _joined(self._verified)
 
-    def run(self, records: RecordCodes, eligible: np.ndarray) -> NearReport:
+    def run(self, records: RecordCodes, handed: list[np.ndarray]) -> NearReport:
+        """Every class's run over the exact representatives (in total order), ``handed``
+        over in a list and taken from it: once split into classes they are freed, not held
+        by the caller through the classes' runs (4 bytes a representative)."""
         classes, buckets, scripts = {}, [], []
-        for name, order in self._classes(records, eligible).items():
+        for name, order in self._classes(records, handed.pop()).items():
             result = self._run_class(name, order)
             classes[name] = _class_report(result, len(order))
             buckets += [BucketStats(class_name=name, **asdict(b)) for b in result.bands]
