@@ -88,10 +88,8 @@ class Verdicts:
         verdict[at], match[at] = self.codes[a:b], self.matches[a:b]
         return Looked(np.arange(lo, hi, dtype=np.int64), verdict, match)
 
-    def verdict(self, rows: np.ndarray) -> np.ndarray:
-        return self.look(rows).verdict
-
     def match(self, rows: np.ndarray) -> np.ndarray:
+        """Each of ``rows``' direct match row (-1: none)."""
         return self.look(rows).match
 
     def representatives(self, looked: Looked) -> np.ndarray:

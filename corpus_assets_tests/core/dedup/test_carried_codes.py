@@ -35,14 +35,14 @@ def _parent_files(parent: pa.Table, folder: Path, rows: int) -> tuple[str, list[
     starts = np.arange(0, parent.num_rows, 4)
     with PartitionDb.from_table(parent) as db:
         decided = decide(db, {"s": 0}, chunk_starts=starts)
-    state, every = decided.state, np.arange(parent.num_rows)
+    looked = decided.state.look(np.arange(parent.num_rows))
     decisions = folder / "decisions.parquet"
     reasons = [decided.excluded.get(r, "") for r in range(parent.num_rows)]
     pq.write_table(
         pa.table(
             {
-                "verdict": state.verdict(every),
-                "match": state.match(every),
+                "verdict": looked.verdict,
+                "match": looked.match,
                 "pos": decided.position,
                 "rank": decided.rank,
                 "reason": pa.array(reasons, pa.string()),

@@ -31,9 +31,9 @@ def test_verdicts_read_by_rows_as_the_dense_arrays() -> None:
     }
     rows = np.array([5, 4, 0, 2, 1, 3, 4])  # any order, repeats
     for rows_of in (rows, np.arange(6, dtype=np.int32)):
-        np.testing.assert_array_equal(verdicts.verdict(rows_of), dense["verdict"][rows_of])
-        np.testing.assert_array_equal(verdicts.match(rows_of), dense["match"][rows_of])
         looked = verdicts.look(rows_of)
+        np.testing.assert_array_equal(looked.verdict, dense["verdict"][rows_of])
+        np.testing.assert_array_equal(verdicts.match(rows_of), dense["match"][rows_of])
         np.testing.assert_array_equal(verdicts.jaccard.of(looked), dense["jaccard"][rows_of])
         want = dense["representatives"][rows_of]
         np.testing.assert_array_equal(verdicts.representatives(looked), want)
