@@ -31,7 +31,6 @@ PHASES = (
     ("task_coding", "TaskCoding.group_codes", "group codes placed"),
     ("clusters", "_leakage_rows", "leakage rows (driver codes)"),
     ("task_coding", "TaskCoding.leakage", "leakage rows (merges' groups)"),
-    ("clusters", "chunk_major", "table positions"),
     ("dedup_clusters", "store_pairs", "verified pairs stored"),
     ("dedup_clusters", "put_decisions", "decisions table"),
     ("dedup_clusters", "reused_parts", "parent parts kept"),
@@ -40,9 +39,13 @@ PHASES = (
 )
 
 
-def _wrapped(label: str, fn: Callable[..., Any], seen: list[tuple[str, float, float]]) -> Any:
+def _wrapped(
+    label: str, fn: Callable[..., Any], seen: list[tuple[str, float, float]], held: list[Any]
+) -> Any:
     def phase(*args: Any, **kwargs: Any) -> Any:
         before = tracemalloc.get_traced_memory()[0]
+        if held and held[0] == label:
+            held.append(tracemalloc.take_snapshot())
         tracemalloc.reset_peak()
         try:
             return fn(*args, **kwargs)
@@ -52,7 +55,7 @@ def _wrapped(label: str, fn: Callable[..., Any], seen: list[tuple[str, float, fl
     return phase
 
 
-def _wrap(seen: list[tuple[str, float, float]]) -> None:
+def _wrap(seen: list[tuple[str, float, float]], held: list[Any]) -> None:
     """Wrap each phase the checkout has (a nested phase resets the outer one's peak, so the
     outer ``decide`` line shows its start only)."""
     for module_name, path, label in PHASES:
@@ -61,7 +64,7 @@ def _wrap(seen: list[tuple[str, float, float]]) -> None:
         for parent in parents:
             owner = getattr(owner, parent)
         if hasattr(owner, name):
-            setattr(owner, name, _wrapped(label, getattr(owner, name), seen))
+            setattr(owner, name, _wrapped(label, getattr(owner, name), seen, held))
 
 
 def main() -> None:
@@ -69,13 +72,17 @@ def main() -> None:
     parser.add_argument("config")
     parser.add_argument("--partition", default="race-p1")
     parser.add_argument("--checkout", type=Path, default=Path(__file__).resolve().parents[1])
+    parser.add_argument(
+        "--held", metavar="PHASE", help="also list what is held when PHASE starts, by site"
+    )
     args = parser.parse_args()
     sys.path[:0] = [str(args.checkout), str(Path(__file__).parent)]
     import race  # bench/ is not a package: its folder is on the path
 
     seen: list[tuple[str, float, float]] = []
-    _wrap(seen)
-    tracemalloc.start()
+    held: list[Any] = [args.held] if args.held else []
+    _wrap(seen, held)
+    tracemalloc.start(HELD_FRAMES if args.held else 1)
     race.child(args.config, args.partition, "dedup_clusters", direct=True)
 
     start = next(before for label, before, _ in seen if label == "decide")
@@ -91,6 +98,25 @@ def main() -> None:
             f"{label:32} start {before / 1e6:6.1f} MB  peak {peak / 1e6:6.1f} MB  "
             f"{(peak - start) / max(records, 1):5.1f} B a record above decide's start"
         )
+    if len(held) > 1:
+        _print_held(held[0], held[1], records)
+
+
+HELD_FRAMES = 12  # frames kept per allocation: enough to reach the dedup module that holds it
+
+
+def _print_held(label: str, snapshot: tracemalloc.Snapshot, records: int) -> None:
+    """The largest blocks held when ``label`` started, by the innermost corpus_assets frame
+    that allocated them (numpy's own frames say nothing of who holds the array)."""
+    sizes: dict[str, int] = {}
+    for trace in snapshot.traces:
+        ours = [f for f in trace.traceback if "corpus_assets" in f.filename]
+        frame = ours[-1] if ours else trace.traceback[-1]
+        site = f"{Path(frame.filename).name}:{frame.lineno}"
+        sizes[site] = sizes.get(site, 0) + trace.size
+    print(f"held when {label!r} started, by site:")
+    for site, size in sorted(sizes.items(), key=lambda kv: -kv[1])[:15]:
+        print(f"  {site:40} {size / 1e6:7.1f} MB  {size / max(records, 1):5.1f} B a record")
 
 
 def _outputs(config: str, partition: str) -> str:

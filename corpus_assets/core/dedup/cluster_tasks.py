@@ -8,9 +8,10 @@ come from two stages over a scratch folder under the data home (every worker see
 - **names** (one task per canonical chunk): the chunk's carried columns (record id, source,
   object, line, group id, dedup key), verified and read from its file, written as one
   uncompressed Arrow IPC batch, so any task can memory-map it and take rows by number;
-- **gather** (one task per canonical chunk): the decisions of the chunk's rows, already in
-  table order (the driver wrote them by position, a chunk's rows are its positions), joined by
-  row number to the memory-mapped names: each row's own columns, its representative's and
+- **gather** (one task per canonical chunk): the decisions of the chunk's rows (the driver
+  wrote them by row; a chunk's rows are a range of rows and the same range of table
+  positions), put in table order by their positions and joined by row number to the
+  memory-mapped names: each row's own columns, its representative's and
   direct match's record ids, its leakage group's id. The task puts the rows in the store as
   the chunk's clusters part and returns its ref, with the record ids of the rows the edges
   name (the edges table's input: O(edges) strings, not the rows).
@@ -35,12 +36,9 @@ import pyarrow.parquet as pq
 from corpus_assets.core.dedup.clusters import (
     CARRIED,
     CLUSTER_COLUMNS,
-    Decided,
     Decisions,
-    write_decisions,
 )
 from corpus_assets.core.dedup.edges import EdgeIds
-from corpus_assets.core.dedup.order import place_ranks
 from corpus_assets.core.dedup.verdicts import VERDICTS
 from corpus_assets.core.records.index import ChunkRecords
 from corpus_assets.core.runtime.workspace import Workspace, pooled
@@ -83,13 +81,6 @@ class GatheredPart:
     count: int
     ids: pa.Array
     pid: int
-
-
-def decisions_by_position(decided: Decided, scratch: Path) -> Decisions:
-    """The decisions in table order, in row groups of :func:`gather_rows` rows (what gather
-    tasks read: a chunk's rows are a range of positions)."""
-    by_position = place_ranks(np.empty(decided.codes.n, decided.position.dtype), decided.position)
-    return write_decisions(decided, scratch, gather_rows(), only=by_position)
 
 
 def gather_rows() -> int:
@@ -207,8 +198,9 @@ class _Names:
 
 def gather_part(ws: Workspace, job: GatherJob, spec: object, done: object) -> GatheredPart:
     """One chunk's rows of the clusters table, in table order, put in the store as its part
-    a decisions row group at a time (a task holds one slice and one row group, whatever the
-    chunk's size); its ref, the record ids at the wanted positions and the process."""
+    a slice of :attr:`GatherJob.group_rows` rows at a time (a task holds the chunk's
+    decisions and one joined slice); its ref, the record ids at the wanted positions and the
+    process."""
     scratch = Path(job.scratch)
     names = _Names(scratch, job.starts)
     taken: list[tuple[int, pa.Array]] = []
@@ -221,22 +213,41 @@ def gather_part(ws: Workspace, job: GatherJob, spec: object, done: object) -> Ga
 def _joined_slices(
     path: Path, job: GatherJob, names: _Names, taken: list[tuple[int, pa.Array]]
 ) -> Iterator[pa.RecordBatch]:
-    """The chunk's rows, joined, one decisions row group's slice at a time; each slice's rows
-    and the record ids at its wanted positions appended to ``taken`` (the rows really put,
-    which the driver checks against the chunk's count)."""
-    lo, hi = job.starts[job.chunk], job.starts[job.chunk] + job.count
-    wanted = _wanted_in(Path(job.scratch), lo, hi)
-    decisions = pq.ParquetFile(path)
-    for group in range(lo // job.group_rows, -(-hi // job.group_rows)):
-        first = group * job.group_rows
-        table = decisions.read_row_group(group)
-        start, end = max(lo, first), min(hi, first + table.num_rows)
-        joined = _joined(table.slice(start - first, end - start), names, job.reasons)
+    """The chunk's rows, joined, a slice at a time in table order; each slice's rows and the
+    record ids at its wanted positions appended to ``taken`` (the rows really put, which the
+    driver checks against the chunk's count)."""
+    lo = job.starts[job.chunk]
+    decided = _in_table_order(_chunk_decisions(path, job), lo)
+    wanted = _wanted_in(Path(job.scratch), lo, lo + job.count) - lo
+    for start in range(0, decided.num_rows, job.group_rows):
+        joined = _joined(decided.slice(start, job.group_rows), names, job.reasons)
+        end = start + joined.num_rows
         at = wanted[(wanted >= start) & (wanted < end)] - start
         taken.append(
             (joined.num_rows, joined.column("record_id").take(pa.array(at)).combine_chunks())
         )
         yield from joined.to_batches()
+
+
+def _chunk_decisions(path: Path, job: GatherJob) -> pa.Table:
+    """The decisions of the chunk's rows, read from the row groups holding them."""
+    lo = job.starts[job.chunk]
+    hi = lo + job.count
+    groups = list(range(lo // job.group_rows, -(-hi // job.group_rows)))
+    table = pq.ParquetFile(path).read_row_groups(groups)
+    return table.slice(lo - groups[0] * job.group_rows, job.count)
+
+
+def _in_table_order(decided: pa.Table, lo: int) -> pa.Table:
+    """A chunk's decisions by position: its positions are ``lo`` onwards, one a row."""
+    positions = decided.column("pos").to_numpy() - lo
+    count = len(positions)
+    by_position = np.full(count, -1, dtype=np.int64)
+    if count and positions.min() >= 0 and positions.max() < count:
+        by_position[positions] = np.arange(count, dtype=np.int64)
+    if (by_position < 0).any():  # out of range, or two rows at one position
+        raise ValueError(f"dedup decisions: rows {lo}.. are not at positions {lo}..")
+    return decided.take(pa.array(by_position))
 
 
 def _wanted_in(scratch: Path, lo: int, hi: int) -> np.ndarray:

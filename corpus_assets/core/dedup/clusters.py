@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 from corpus_assets.core.dedup.coding import Coding, DriverCoding, exclusions
 from corpus_assets.core.dedup.near_stage import NearStage
 from corpus_assets.core.dedup.order import sorted_hits
-from corpus_assets.core.dedup.output_order import bucket, chunk_major, sorted_batches
+from corpus_assets.core.dedup.output_order import TablePositions, bucket, sorted_batches
 from corpus_assets.core.dedup.partition_db import (
     MEMORY_LIMIT,
     OUTPUT_MEMORY_LIMIT,
@@ -75,11 +75,10 @@ class Decided:
     near_y: np.ndarray
     near_j: np.ndarray
     # per row (``code_dtype``): a row of the group naming its leakage group (smallest code),
-    # its position in the clusters table (chunk parts in order), its rank by record id, object,
-    # line, row (the total order's last keys)
+    # its rank by record id, object, line, row (the total order's last keys)
     leakage: np.ndarray
-    position: np.ndarray
     rank: np.ndarray
+    positions: TablePositions  # in the clusters table (chunk parts in order), from the ranks
     report: NearReport | None
 
 
@@ -129,9 +128,9 @@ def decide(
     b = np.concatenate([state.match(copies), near_y])
     leakage = coding.leakage(codes, a, b)
     codes.forget("group_id")
-    position = chunk_major(rank, chunk_starts)  # here: not held through near-dedup
+    positions = TablePositions(rank, chunk_starts)
     return Decided(
-        codes, state, excluded, copies, near_x, near_y, near_j, leakage, position, rank, report
+        codes, state, excluded, copies, near_x, near_y, near_j, leakage, rank, positions, report
     )
 
 
@@ -229,7 +228,9 @@ def write_decisions(
         for lo in range(0, count, rows):
             hi = min(lo + rows, count)
             looked = state.span(lo, hi) if only is None else state.look(only[lo:hi])
-            at, match, reps = looked.rows, looked.match, state.representatives(looked)
+            at = looked.rows
+            pos = decided.positions.span(lo, hi) if only is None else decided.positions.of(at)
+            match, reps = looked.match, state.representatives(looked)
             columns = {
                 "row": at,
                 "verdict": looked.verdict,
@@ -238,7 +239,7 @@ def write_decisions(
                 "jaccard": pa.array(state.jaccard.of(looked), mask=match < 0),
                 "leak": decided.leakage[at],
                 "reason": reasons.at(at),
-                "pos": decided.position[at],
+                "pos": pos,
             }
             writer.write_table(pa.table(columns, schema=_DECISIONS), row_group_size=rows)
     return Decisions(path, reasons.values)

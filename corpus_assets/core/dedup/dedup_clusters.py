@@ -19,7 +19,7 @@ from corpus_assets.core.dedup.band_index import Banding
 from corpus_assets.core.dedup.band_runner import BandInputs, BandRunner, distributed
 from corpus_assets.core.dedup.carried_codes import Carried, carried_codes
 from corpus_assets.core.dedup.cluster_parts import gathered_parts, put_cluster_parts
-from corpus_assets.core.dedup.cluster_tasks import cluster_parts_on_runner, decisions_by_position
+from corpus_assets.core.dedup.cluster_tasks import cluster_parts_on_runner, gather_rows
 from corpus_assets.core.dedup.clusters import (
     Decided,
     Decisions,
@@ -98,7 +98,7 @@ def build_dedup_clusters(ws: Workspace, partition_key: str) -> LayerResult:
             del near
             report = DedupReport(near=decided.report, per_source=_per_source(decided))
             counts = _counts(decided, report, tombstoned=len(revoked))
-            edge_ids = EdgeIds(edge_rows(decided), decided.position, decided.rank)
+            edge_ids = EdgeIds(edge_rows(decided), decided.positions)
             by_row = _row_decisions(decided)
             decision_ref = put_decisions(ws, by_row, _tmp(ws))
             reuse = reused_parts(ws, mode, chunk_rows, by_row)
@@ -180,10 +180,10 @@ def _result(
 
 
 def _decisions(decided: Decided, fresh: np.ndarray | None, by_tasks: bool, tmp: Path) -> Decisions:
-    """The decisions file the clusters join reads: by row (of ``fresh`` only, when given) for
-    DuckDB here, in table order for the runner's tasks."""
+    """The decisions file the clusters join reads, by row: of ``fresh`` only, when given, for
+    DuckDB here; in row groups of :func:`.cluster_tasks.gather_rows` for the runner's tasks."""
     if by_tasks:
-        return decisions_by_position(decided, tmp)
+        return write_decisions(decided, tmp, gather_rows())
     return write_decisions(decided, tmp, only=fresh)
 
 
@@ -191,8 +191,7 @@ def _row_decisions(decided: Decided) -> RowDecisions:
     return RowDecisions(
         decided.state,
         decided.leakage,
-        decided.position,
-        decided.rank,
+        decided.positions,
         decided.excluded,
     )
 

@@ -13,6 +13,7 @@ import numpy as np
 import pyarrow as pa
 
 from corpus_assets.core.dedup.clusters import Decided, output_query
+from corpus_assets.core.dedup.output_order import TablePositions
 from corpus_assets.core.dedup.partition_db import PartitionDb
 
 EDGE_COLUMNS = pa.schema(
@@ -95,12 +96,13 @@ class EdgeIds:
     they are written (``tap``): its rows are in output position order, so a row's id is at its
     position. Holds the ids of the named rows only, as the edges table does."""
 
-    def __init__(self, rows: EdgeRows, position: np.ndarray, rank: np.ndarray) -> None:
+    def __init__(self, rows: EdgeRows, positions: TablePositions) -> None:
         self.rows = rows
-        self.a, self.b = position[rows.a], position[rows.b]
-        self.rank_a, self.rank_b = rank[rows.a], rank[rows.b]
-        named = np.zeros(len(position), dtype=bool)  # a mask, not a sort of the edges' ends
-        named[self.a], named[self.b] = True, True
+        ends = positions.of(np.concatenate([rows.a, rows.b]))  # each chunk sorted once
+        self.a, self.b = ends[: len(rows.a)], ends[len(rows.a) :]
+        self.rank_a, self.rank_b = positions.rank[rows.a], positions.rank[rows.b]
+        named = np.zeros(len(positions.rank), dtype=bool)  # a mask, not a sort of the ends
+        named[ends] = True
         self.wanted = np.flatnonzero(named)  # positions, ascending
         self.parts: list[pa.Array] = []
         self.seen = 0  # rows of the table passed

@@ -11,7 +11,6 @@ more than 128 MB at 677k records and grew with them.
 """
 
 from collections.abc import Iterator
-from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -32,19 +31,57 @@ def _last(value: Any) -> tuple[int, Any]:
     return (1, 0) if value is None else (0, value)
 
 
-def chunk_major(rank: np.ndarray, chunk_starts: np.ndarray | None) -> np.ndarray:
-    """Per row, its position in the clusters table: chunk by chunk (each chunk's rows are one
-    part), by ``rank`` within a chunk. Rows are in chunk order, so a chunk's positions are its
-    rows' numbers, and each chunk is sorted alone (no sort of every row); None: one chunk (the
-    rank is the position)."""
-    if chunk_starts is None or len(chunk_starts) <= 1 or not len(rank):
-        return rank
-    positions = np.empty(len(rank), dtype=rank.dtype)
-    bounds = [*np.asarray(chunk_starts).tolist(), len(rank)]
-    for lo, hi in pairwise(bounds):
-        by = np.argsort(rank[lo:hi], kind="stable")
-        positions[lo + by] = np.arange(lo, hi, dtype=rank.dtype)
-    return positions
+class TablePositions:
+    """Each row's position in the clusters table: chunk by chunk (each chunk's rows are one
+    part), by rank within a chunk. Rows are in chunk order, so a chunk's positions are its
+    rows' numbers; each chunk is sorted alone when asked for (the last one kept), so no array
+    of every row's position is held (it was 4 bytes a record through the output phases).
+    ``chunk_starts`` None: one chunk (the rank is the position)."""
+
+    def __init__(self, rank: np.ndarray, chunk_starts: np.ndarray | None) -> None:
+        self.rank = rank
+        starts = [] if chunk_starts is None else np.asarray(chunk_starts).tolist()
+        self.bounds = np.asarray([*starts, len(rank)], dtype=np.int64)  # starts[0] is 0
+        self.whole = len(self.bounds) <= 2  # one chunk: its ranks are its positions
+        self._last: tuple[int, np.ndarray] = (-1, rank[:0])
+
+    def span(self, lo: int, hi: int) -> np.ndarray:
+        """The positions of rows ``lo`` to ``hi - 1``."""
+        if self.whole:
+            return self.rank[lo:hi]
+        out = np.empty(hi - lo, dtype=self.rank.dtype)
+        start, row = lo, lo
+        chunk = int(np.searchsorted(self.bounds, lo, side="right")) - 1
+        while row < hi:
+            first, end = int(self.bounds[chunk]), min(hi, int(self.bounds[chunk + 1]))
+            out[row - start : end - start] = self._chunk(chunk)[row - first : end - first]
+            row, chunk = end, chunk + 1
+        return out
+
+    def of(self, rows: np.ndarray) -> np.ndarray:
+        """The positions of ``rows`` (any order, repeats), each chunk sorted once."""
+        rows = np.asarray(rows)
+        if self.whole:
+            return self.rank[rows]
+        chunk = np.searchsorted(self.bounds, rows, side="right") - 1
+        by = np.argsort(chunk, kind="stable")
+        out = np.empty(len(rows), dtype=self.rank.dtype)
+        cuts = np.flatnonzero(np.diff(chunk[by])) + 1
+        for part in np.split(by, cuts) if len(by) else []:
+            c = int(chunk[part[0]])
+            out[part] = self._chunk(c)[rows[part] - self.bounds[c]]
+        return out
+
+    def _chunk(self, chunk: int) -> np.ndarray:
+        """Chunk ``chunk``'s positions by row."""
+        if self._last[0] != chunk:
+            lo, hi = int(self.bounds[chunk]), int(self.bounds[chunk + 1])
+            self._last = (-1, self.rank[:0])  # the last chunk's freed first
+            by = np.argsort(self.rank[lo:hi], kind="stable")
+            positions = place_ranks(np.empty(hi - lo, dtype=self.rank.dtype), by)
+            positions += positions.dtype.type(lo)
+            self._last = (chunk, positions)
+        return self._last[1]
 
 
 def id_ranks(db: PartitionDb, id_codes: np.ndarray) -> np.ndarray:

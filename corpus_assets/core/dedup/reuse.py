@@ -21,6 +21,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from corpus_assets.core.dedup.output_order import TablePositions
 from corpus_assets.core.dedup.pair_cache import INCREMENTAL, Mode
 from corpus_assets.core.dedup.verdicts import Verdicts
 from corpus_assets.core.runtime.parted_table import PartedTable
@@ -53,8 +54,7 @@ class RowDecisions:
 
     verdicts: Verdicts  # verdict, match and Jaccard, read by rows
     leak: np.ndarray
-    pos: np.ndarray
-    rank: np.ndarray
+    positions: TablePositions  # with the ranks
     excluded: dict[int, str]
     excluded_rows: np.ndarray = field(init=False)  # the keys of ``excluded``, ascending
 
@@ -98,8 +98,8 @@ def _decision_batches(d: RowDecisions) -> Iterator[pa.RecordBatch]:
                 pa.array(v.jaccard.of(looked), pa.float64()),
                 pa.array(d.leak[rows], pa.int64()),
                 d.reasons(lo, lo + len(rows)),
-                pa.array(d.pos[rows], pa.int64()),
-                pa.array(d.rank[rows], pa.int64()),
+                pa.array(d.positions.span(lo, lo + len(rows)), pa.int64()),
+                pa.array(d.positions.rank[rows], pa.int64()),
             ],
             schema=DECISION_COLUMNS,
         )

@@ -43,14 +43,14 @@ def _parent_files(parent: pa.Table, folder: Path, rows: int) -> tuple[str, list[
             {
                 "verdict": looked.verdict,
                 "match": looked.match,
-                "pos": decided.position,
+                "pos": decided.positions.span(0, parent.num_rows),
                 "rank": decided.rank,
                 "reason": pa.array(reasons, pa.string()),
             }
         ),
         decisions,
     )
-    by_position = np.argsort(decided.position)
+    by_position = np.argsort(decided.positions.span(0, parent.num_rows))
     table = parent.select(["record_id", "group_id", "dedup_key"]).take(pa.array(by_position))
     parts = []
     for start in starts.tolist():

@@ -11,7 +11,7 @@ import pytest
 from corpus_assets.core.dedup.cluster_parts import put_cluster_parts
 from corpus_assets.core.dedup.clusters import CLUSTER_COLUMNS
 from corpus_assets.core.dedup.edges import EdgeIds, EdgeRows
-from corpus_assets.core.dedup.output_order import chunk_major
+from corpus_assets.core.dedup.output_order import TablePositions
 from corpus_assets.core.dedup.reuse import Reuse
 from corpus_assets.core.records.index import ChunkRecords
 from corpus_assets.core.runtime.parted_table import PartedTable
@@ -24,8 +24,30 @@ from corpus_assets.core.storage.parquet_sink import put_table_batches
 
 def test_positions_are_chunk_major_and_ranked_within_a_chunk() -> None:
     rank = np.array([4, 0, 3, 1, 2], dtype=np.int64)  # rows 0-1 in chunk 0, 2-4 in chunk 1
-    assert chunk_major(rank, np.array([0, 2])).tolist() == [1, 0, 4, 2, 3]
-    assert chunk_major(rank, None).tolist() == rank.tolist()
+    positions = TablePositions(rank, np.array([0, 2]))
+    assert positions.span(0, 5).tolist() == [1, 0, 4, 2, 3]
+    assert positions.of(np.array([4, 0, 4, 2])).tolist() == [3, 1, 3, 4]
+    assert TablePositions(rank, None).span(0, 5).tolist() == rank.tolist()
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_positions_worked_out_by_chunk_are_those_of_one_sort(seed: int) -> None:
+    """Any span or any rows (repeats, empty chunks, ranges across chunks) get the positions
+    an argsort of each whole chunk gives, whichever chunk was asked for before."""
+    rng = np.random.default_rng(seed)
+    sizes = rng.integers(0, 9, size=12)
+    n = int(sizes.sum())
+    starts = np.cumsum([0, *sizes])[:-1]
+    rank = rng.permutation(n).astype(np.int32)
+    expected = np.empty(n, dtype=np.int64)
+    for lo, size in zip(starts.tolist(), sizes.tolist(), strict=True):
+        expected[lo + np.argsort(rank[lo : lo + size])] = np.arange(lo, lo + size)
+    positions = TablePositions(rank, starts)
+    for _ in range(20):
+        lo, hi = sorted(rng.integers(0, n + 1, size=2).tolist())
+        assert positions.span(lo, hi).tolist() == expected[lo:hi].tolist()
+        rows = rng.integers(0, n, size=int(rng.integers(0, 30)))
+        assert positions.of(rows).tolist() == expected[rows].tolist()
 
 
 def _rows(ids: list[str]) -> pa.Table:
@@ -40,8 +62,7 @@ def _chunk(key: str, count: int) -> ChunkRecords:
 
 def _edge_ids(n: int, a: list[int], b: list[int]) -> EdgeIds:
     rows = EdgeRows(np.array(a, np.int64), np.array(b, np.int64), 0, np.ones(len(a)))
-    position = np.arange(n, dtype=np.int64)
-    return EdgeIds(rows, position, position)
+    return EdgeIds(rows, TablePositions(np.arange(n, dtype=np.int64), None))
 
 
 def _ids(cas: ContentStore, ref: dict) -> list[str]:

@@ -9,7 +9,6 @@ import pyarrow.parquet as pq
 import pytest
 
 from corpus_assets.core.dedup import clusters, task_coding
-from corpus_assets.core.dedup.cluster_tasks import decisions_by_position
 from corpus_assets.core.dedup.code_tasks import PARTITION_VALUES, merge_partitions, splitters
 from corpus_assets.core.dedup.leakage import leakage_rows
 from corpus_assets.core.dedup.output_order import id_ranks
@@ -116,8 +115,10 @@ def test_task_coding_decides_as_the_driver(
     kinds = {reason.split(" ")[0].rstrip(":") for reason in want.excluded.values()}
     assert kinds == {"tombstone", "duplicate", "id.conflict"}  # every kind of exclusion met
     assert len(want.copies) > 50  # dedup keys repeat among eligible rows
-    for name in ("copies", "leakage", "position", "rank"):
+    for name in ("copies", "leakage", "rank"):
         assert getattr(got, name).tolist() == getattr(want, name).tolist(), name
+    n = len(want.rank)
+    assert got.positions.span(0, n).tolist() == want.positions.span(0, n).tolist()
     every = np.arange(table.num_rows)
     got_looked, want_looked = got.state.look(every), want.state.look(every)
     for name in ("verdict", "match"):
@@ -190,25 +191,29 @@ def test_merge_partitions_follow_the_values_and_the_task_budget(
     assert merge_partitions(10, 10, big) == 5
 
 
-@pytest.mark.parametrize("by_position", [False, True])
+@pytest.mark.parametrize("subset", [False, True])
 def test_the_decisions_files_name_every_exclusion_reason(
-    demo_home: Path, tmp_path: Path, by_position: bool
+    demo_home: Path, tmp_path: Path, subset: bool
 ) -> None:
-    """The decisions file the clusters join reads (by row) and the one the gather tasks read
-    (in table order) give each excluded row its own reason and every other row none: the
-    reasons are held for the excluded rows only and looked up a slice at a time."""
+    """The decisions file the clusters joins read (every row, or the rows of a child's fresh
+    chunks) gives each excluded row its own reason and every other row none, and each row its
+    table position: the reasons are held for the excluded rows only and looked up a slice at
+    a time, the positions worked out a chunk at a time."""
     table = _records(random.Random(7), 600)
     ws = open_workspace()
     try:
         decided, _ = _decided(ws, _chunks(ws, table, _SIZES), None)
     finally:
         ws.close()
-    if by_position:
-        written = decisions_by_position(decided, tmp_path)
-    else:
-        written = clusters.write_decisions(decided, tmp_path, rows=37)  # several slices
-    rows = pq.read_table(written.path, columns=["row", "reason"]).to_pydict()
+    only = np.arange(3, table.num_rows, 2) if subset else None
+    written = clusters.write_decisions(decided, tmp_path, rows=37, only=only)  # several slices
+    rows = pq.read_table(written.path, columns=["row", "reason", "pos"]).to_pydict()
     names = written.reasons.to_pylist()
     got = {r: names[c] for r, c in zip(rows["row"], rows["reason"], strict=True) if c}
-    assert got == decided.excluded and len(got) > 10
-    assert sorted(rows["row"]) == list(range(table.num_rows))  # every row once
+    expected = list(range(table.num_rows)) if only is None else only.tolist()
+    assert got == {r: why for r, why in decided.excluded.items() if r in set(expected)}
+    assert len(got) > 5
+    assert rows["row"] == expected  # each row once, ascending
+    every = decided.positions.span(0, table.num_rows)
+    assert sorted(every.tolist()) == list(range(table.num_rows))
+    assert rows["pos"] == every[expected].tolist()

@@ -150,7 +150,7 @@ def test_edge_ids_from_the_written_table_give_the_scanned_edges(
         decided = clusters.decide(db, {"s": 0})
         expected = edge_table(db, edge_rows(decided))
         path = clusters.join_clusters(db, clusters.write_decisions(decided, tmp_path), tmp_path)
-    gathered = EdgeIds(edge_rows(decided), decided.position, decided.rank)
+    gathered = EdgeIds(edge_rows(decided), decided.positions)
     table = pa.Table.from_batches(list(clusters.cluster_batches(path)), CLUSTER_COLUMNS)
     passed = list(gathered.tap(iter(table.to_batches(max_chunksize=7))))
     assert pa.Table.from_batches(passed).equals(table)
