@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 
 from corpus_assets.core.dedup.coding import Coding, DriverCoding, exclusions
 from corpus_assets.core.dedup.near_stage import NearStage
-from corpus_assets.core.dedup.order import sorted_hits
+from corpus_assets.core.dedup.order import code_dtype, sorted_hits
 from corpus_assets.core.dedup.output_order import TablePositions, bucket, sorted_batches
 from corpus_assets.core.dedup.partition_db import (
     MEMORY_LIMIT,
@@ -37,6 +37,7 @@ from corpus_assets.core.dedup.verdicts import (
     EXCLUDED_CODE,
     NEAR_CODE,
     VERDICTS,
+    EdgeRows,
     Verdicts,
 )
 from corpus_assets.core.storage.cas_queries import sql_path
@@ -70,16 +71,21 @@ class Decided:
     codes: RecordCodes  # source_id and kind only: the other codes are dropped once used
     state: Verdicts
     excluded: dict[int, str]  # row -> reason, only excluded rows
-    copies: np.ndarray  # exact duplicate rows, in total order
-    near_x: np.ndarray  # verified near edges (rows), later record first
-    near_y: np.ndarray
-    near_j: np.ndarray
-    # per row (``code_dtype``): a row of the group naming its leakage group (smallest code),
-    # its rank by record id, object, line, row (the total order's last keys)
+    edges: EdgeRows  # why rows are joined: copies (in total order), then verified near pairs
+    # per row (``code_dtype``): a row of the group naming its leakage group (smallest code)
     leakage: np.ndarray
-    rank: np.ndarray
-    positions: TablePositions  # in the clusters table (chunk parts in order), from the ranks
+    # per row: its position in the clusters table (chunk parts in order) from its rank by
+    # record id, object, line, row (the total order's last keys: ``positions.rank``)
+    positions: TablePositions
     report: NearReport | None
+
+    def take_edges(self) -> EdgeRows:
+        """The edges, handed over: this object no longer holds them (O(edges) arrays the
+        output phases need only once)."""
+        edges = self.edges
+        empty = np.empty(0, dtype=edges.a.dtype)
+        self.edges = EdgeRows(empty, empty, 0, np.empty(0, dtype=np.float64))
+        return edges
 
 
 class Decisions(NamedTuple):
@@ -103,8 +109,7 @@ def decide(
     one part of the clusters table)."""
     coding = coding if coding is not None else DriverCoding()
     codes = coding.codes(db)
-    rank = coding.id_rank(db, codes)
-    order = db.total_order(source_order, codes.source_id, rank)
+    order = db.total_order(source_order, codes.source_id, coding.id_rank(db, codes))
     state = Verdicts(codes.n)
     excluded = exclusions(db, coding.repeated(codes), dict(revoked or {}))
     excluded_rows = np.fromiter(sorted(excluded), dtype=np.int64, count=len(excluded))
@@ -124,14 +129,16 @@ def decide(
         rows, match, jaccard = near.match_arrays()
         state.set(rows, NEAR_CODE, match)
         state.jaccard.set_near(rows, jaccard)
-    a = np.concatenate([copies, near_x])
-    b = np.concatenate([state.match(copies), near_y])
+    dtype = code_dtype(codes.n)
+    a = np.concatenate([copies, near_x], dtype=dtype)
+    b = np.concatenate([state.match(copies), near_y], dtype=dtype)
+    edges = EdgeRows(a, b, len(copies), near_j)
+    del copies, near_x, near_y
     leakage = coding.leakage(codes, a, b)
     codes.forget("group_id")
-    positions = TablePositions(rank, chunk_starts)
-    return Decided(
-        codes, state, excluded, copies, near_x, near_y, near_j, leakage, rank, positions, report
-    )
+    positions = TablePositions(coding.id_rank(db, codes), chunk_starts)  # ranked again:
+    # not held through the near stage
+    return Decided(codes, state, excluded, edges, leakage, positions, report)
 
 
 def _eligible(order: np.ndarray, excluded_rows: np.ndarray) -> np.ndarray:

@@ -340,10 +340,11 @@ def _narrow(values: np.ndarray) -> np.ndarray:
     return values.astype(np.int32)
 
 
-def load_merged(base: str, *names: str) -> tuple[np.ndarray, ...]:
-    """A merge task's arrays (deleted once read)."""
+def load_merged(base: str, *names: str, keep: bool = False) -> tuple[np.ndarray, ...]:
+    """A merge task's arrays, deleted once read unless ``keep`` (read again later; the
+    scratch folder goes at the end)."""
     loaded = tuple(np.load(f"{base}-{name}.npy") for name in names)
-    for name in names:
+    for name in names if not keep else ():
         Path(f"{base}-{name}.npy").unlink()
     return loaded
 

@@ -51,7 +51,11 @@ class Coding(Protocol):
 
     def codes(self, db: PartitionDb) -> RecordCodes: ...
 
-    def id_rank(self, db: PartitionDb, codes: RecordCodes) -> np.ndarray: ...
+    def id_rank(self, db: PartitionDb, codes: RecordCodes) -> np.ndarray:
+        """Each row's rank by record id, object, line and row. Asked twice: for the total
+        order and, after the near stage, for the table positions; a coding that can place it
+        again does, so that it is not held through the near stage."""
+        ...
 
     def repeated(self, codes: RecordCodes) -> Repeated: ...
 
@@ -69,12 +73,16 @@ class DriverCoding:
 
     def __init__(self, carried: tuple[Coded, Coded, Coded] | None = None) -> None:
         self.carried = carried
+        self._rank: np.ndarray | None = None
 
     def codes(self, db: PartitionDb) -> RecordCodes:
         return db.codes(self.carried)
 
     def id_rank(self, db: PartitionDb, codes: RecordCodes) -> np.ndarray:
-        return id_ranks(db, codes.record_id.codes)
+        """Ranked once and kept: the record id codes are dropped after the exact stage."""
+        if self._rank is None:
+            self._rank = id_ranks(db, codes.record_id.codes)
+        return self._rank
 
     def repeated(self, codes: RecordCodes) -> Repeated:
         """Rows are in index order (source, object by name, line), so the first row of an id

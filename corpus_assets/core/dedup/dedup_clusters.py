@@ -29,7 +29,7 @@ from corpus_assets.core.dedup.clusters import (
     write_decisions,
 )
 from corpus_assets.core.dedup.coding import ID_CONFLICT, Coding, DriverCoding
-from corpus_assets.core.dedup.edges import EdgeIds, edge_rows
+from corpus_assets.core.dedup.edges import EdgeIds
 from corpus_assets.core.dedup.fingerprint_store import TextLookup
 from corpus_assets.core.dedup.minhash import SignatureSpec
 from corpus_assets.core.dedup.near_dedup import LshParams
@@ -98,7 +98,7 @@ def build_dedup_clusters(ws: Workspace, partition_key: str) -> LayerResult:
             del near
             report = DedupReport(near=decided.report, per_source=_per_source(decided))
             counts = _counts(decided, report, tombstoned=len(revoked))
-            edge_ids = EdgeIds(edge_rows(decided), decided.positions)
+            edge_ids = EdgeIds(decided.take_edges(), decided.positions)
             by_row = _row_decisions(decided)
             decision_ref = put_decisions(ws, by_row, _tmp(ws))
             reuse = reused_parts(ws, mode, chunk_rows, by_row)

@@ -7,14 +7,14 @@ for them), not from a scan of the records.
 """
 
 from collections.abc import Callable, Iterator
-from typing import NamedTuple
 
 import numpy as np
 import pyarrow as pa
 
-from corpus_assets.core.dedup.clusters import Decided, output_query
+from corpus_assets.core.dedup.clusters import output_query
 from corpus_assets.core.dedup.output_order import TablePositions
 from corpus_assets.core.dedup.partition_db import PartitionDb
+from corpus_assets.core.dedup.verdicts import EdgeRows
 
 EDGE_COLUMNS = pa.schema(
     [
@@ -24,15 +24,6 @@ EDGE_COLUMNS = pa.schema(
         ("jaccard", pa.float64()),
     ]
 )
-
-
-class EdgeRows(NamedTuple):
-    """The edges table by row: exact (copy -> its key's representative), then verified near."""
-
-    a: np.ndarray
-    b: np.ndarray
-    exact: int  # the first ``exact`` edges are exact
-    jaccard: np.ndarray
 
 
 # The ids of the rows the edges name, gathered in one scan of the records (joining ``recs``
@@ -46,17 +37,6 @@ FROM edges e JOIN ids a ON a.row = e.a JOIN ids b ON b.row = e.b
 """
 # Sorted by Arrow (byte order, as DuckDB's default collation): DuckDB only joins.
 _EDGE_ORDER = [(name, "ascending") for name in ("record_a", "record_b", "kind", "seq")]
-
-
-def edge_rows(decided: Decided) -> EdgeRows:
-    """Exact (copy -> its key's representative) and verified near edges, by row."""
-    copies = decided.copies
-    return EdgeRows(
-        np.concatenate([copies, decided.near_x]),
-        np.concatenate([decided.state.match(copies), decided.near_y]),
-        len(copies),
-        np.concatenate([np.ones(len(copies)), decided.near_j]),
-    )
 
 
 def _kinds(rows: EdgeRows) -> pa.Array:
@@ -97,13 +77,21 @@ class EdgeIds:
     position. Holds the ids of the named rows only, as the edges table does."""
 
     def __init__(self, rows: EdgeRows, positions: TablePositions) -> None:
-        self.rows = rows
+        """Each edge's ends as table positions, the edges already in the table's order: by
+        the ends' ranks, "exact" before "near" (sorted on ranks, not strings: an edge's rows
+        are never excluded and the ids of rows not excluded are distinct, so ranks order them
+        as their ids do), then the edges' own order. The rows and ranks are not kept."""
+        count = len(rows.a)
+        near = np.arange(count) >= rows.exact  # "exact" < "near"
+        rank = positions.rank
+        order = np.lexsort((near, rank[rows.b], rank[rows.a]))
         ends = positions.of(np.concatenate([rows.a, rows.b]))  # each chunk sorted once
-        self.a, self.b = ends[: len(rows.a)], ends[len(rows.a) :]
-        self.rank_a, self.rank_b = positions.rank[rows.a], positions.rank[rows.b]
-        named = np.zeros(len(positions.rank), dtype=bool)  # a mask, not a sort of the ends
+        self.a, self.b = ends[:count][order], ends[count:][order]
+        self.near = near[order]
+        self.near_jaccard = rows.jaccard[order][self.near]
+        named = np.zeros(len(rank), dtype=bool)  # a mask, not a sort of the edges' ends
         named[ends] = True
-        self.wanted = np.flatnonzero(named)  # positions, ascending
+        self.wanted = np.flatnonzero(named).astype(rank.dtype)  # positions, ascending
         self.parts: list[pa.Array] = []
         self.seen = 0  # rows of the table passed
 
@@ -146,25 +134,22 @@ class EdgeIds:
         self.seen += rows
 
     def table(self) -> pa.Table:
-        """The edges by record id, sorted (as :func:`edge_table`), once the table passed.
-        Sorted on ranks, not strings: an edge's rows are never excluded and the ids of rows
-        not excluded are distinct, so ranks order them as their ids do."""
+        """The edges by record id, sorted (as :func:`edge_table`), once the table passed."""
         ids = pa.chunked_array(self.parts, pa.string()).combine_chunks()
         if len(ids) != len(self.wanted):
             raise ValueError(f"edge ids: {len(ids)} of {len(self.wanted)} rows passed")
-        if not len(self.rows.a):
+        if not len(self.a):
             return EDGE_COLUMNS.empty_table()
-        near = np.arange(len(self.rows.a)) >= self.rows.exact  # "exact" < "near"
-        order = np.lexsort((near, self.rank_b, self.rank_a))  # stable: edges' order last
-        at = pa.array(np.searchsorted(self.wanted, self.a[order]))
-        bt = pa.array(np.searchsorted(self.wanted, self.b[order]))
-        kinds = pa.array(["exact", "near"], pa.string()).take(pa.array(near[order].view(np.int8)))
+        jaccard = np.ones(len(self.a))
+        jaccard[self.near] = self.near_jaccard
         edges = pa.table(
             {
-                "record_a": ids.take(at),
-                "record_b": ids.take(bt),
-                "kind": kinds,
-                "jaccard": self.rows.jaccard[order],
+                "record_a": ids.take(pa.array(np.searchsorted(self.wanted, self.a))),
+                "record_b": ids.take(pa.array(np.searchsorted(self.wanted, self.b))),
+                "kind": pa.array(["exact", "near"], pa.string()).take(
+                    pa.array(self.near.view(np.int8))
+                ),
+                "jaccard": jaccard,
             }
         )
         return edges.cast(EDGE_COLUMNS).combine_chunks()

@@ -15,7 +15,7 @@ from corpus_assets.core.dedup.clusters import (
     join_clusters,
     write_decisions,
 )
-from corpus_assets.core.dedup.edges import edge_rows, edge_table
+from corpus_assets.core.dedup.edges import edge_table
 from corpus_assets.core.dedup.near_stage import NearStage
 from corpus_assets.core.dedup.partition_db import PartitionDb
 from corpus_assets.core.dedup.report import NearReport
@@ -42,7 +42,7 @@ def cluster(
     with tempfile.TemporaryDirectory() as tmp:
         with PartitionDb.from_table(records) as db:
             decided = decide(db, source_order, revoked, near)
-            edges = edge_table(db, edge_rows(decided))
+            edges = edge_table(db, decided.edges)
             path = join_clusters(db, write_decisions(decided, Path(tmp)), Path(tmp))
         table = pa.Table.from_batches(list(cluster_batches(path)), CLUSTER_COLUMNS)
         return Clustered(table.combine_chunks(), decided.report, edges)

@@ -67,7 +67,11 @@ class TaskCoding:
         self.work["code_run_tasks"] += len(jobs)
         self._ids = self._merged("ids")
         self._remove_runs("ids")
-        self._rank, self._repeated = _placed_ranks(scratch, self._ids, self.n)
+        self._ranked = [(merge_path(scratch, j.kind, j.partition), m.records) for j, m in self._ids]
+        self._rank_asked = 0
+        self._repeated = _joined_repeats(
+            [load_merged(base, "repeated", "first", "same") for base, _ in self._ranked]
+        )
 
     def codes(self, db: PartitionDb) -> RecordCodes:
         """Kind and source codes: no record id, dedup key or group code is held (the groups
@@ -94,8 +98,10 @@ class TaskCoding:
         return _placed_leakage(parts, self.n, touched, names[roots])
 
     def id_rank(self, db: PartitionDb, codes: RecordCodes) -> np.ndarray:
-        rank, self._rank = self._rank, np.empty(0, dtype=np.int64)
-        return rank
+        """Placed from the ids merges' files each time it is asked (no copy kept); the files
+        go when it is asked the second time."""
+        self._rank_asked += 1
+        return _placed_ranks(self._ranked, self.n, keep=self._rank_asked < 2)
 
     def repeated(self, codes: RecordCodes) -> Repeated:
         return self._repeated
@@ -151,22 +157,17 @@ def _merge_jobs(
     ]
 
 
-def _placed_ranks(
-    scratch: Path, done: list[tuple[MergeJob, Merged]], n: int
-) -> tuple[np.ndarray, Repeated]:
-    """Ranks by record id, by row, from the ids partitions (each one's local ranks offset by
-    the record rows of the partitions before), and the repeated rows they found."""
+def _placed_ranks(ranked: list[tuple[str, int]], n: int, keep: bool) -> np.ndarray:
+    """Ranks by record id, by row, from the ids partitions (each one's rows in rank order,
+    offset by the record rows of the partitions before)."""
     rank = np.empty(n, dtype=code_dtype(n))
-    repeated: list[tuple[np.ndarray, ...]] = []
-    ranked = 0
-    for job, merged in done:
-        base = merge_path(scratch, job.kind, job.partition)
-        (in_rank_order,) = load_merged(base, "ranked")
-        rank[in_rank_order] = np.arange(ranked, ranked + len(in_rank_order), dtype=rank.dtype)
+    start = 0
+    for base, records in ranked:
+        (in_rank_order,) = load_merged(base, "ranked", keep=keep)
+        rank[in_rank_order] = np.arange(start, start + len(in_rank_order), dtype=rank.dtype)
         del in_rank_order  # before the next partition's are loaded
-        repeated.append(load_merged(base, "repeated", "first", "same"))
-        ranked += merged.records
-    return rank, _joined_repeats(repeated)
+        start += records
+    return rank
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,22 @@ class Looked(NamedTuple):
     match: np.ndarray
 
 
+class EdgeRows(NamedTuple):
+    """The edges by row (``code_dtype``): exact (copy -> its key's representative), then
+    verified near (the later record first), with the near ones' Jaccards (an exact edge's is
+    1.0: not held)."""
+
+    a: np.ndarray
+    b: np.ndarray
+    exact: int  # the first ``exact`` edges are exact
+    near_jaccard: np.ndarray
+
+    @property
+    def jaccard(self) -> np.ndarray:
+        """Every edge's Jaccard."""
+        return np.concatenate([np.ones(self.exact), self.near_jaccard])
+
+
 class Jaccards:
     """The near duplicates' match Jaccards (a dense float64 array was 8 bytes a record); an
     exact copy's is 1.0, a row without a match has none (NaN)."""

@@ -10,9 +10,10 @@ import pytest
 
 from corpus_assets.core.dedup.cluster_parts import put_cluster_parts
 from corpus_assets.core.dedup.clusters import CLUSTER_COLUMNS
-from corpus_assets.core.dedup.edges import EdgeIds, EdgeRows
+from corpus_assets.core.dedup.edges import EdgeIds
 from corpus_assets.core.dedup.output_order import TablePositions
 from corpus_assets.core.dedup.reuse import Reuse
+from corpus_assets.core.dedup.verdicts import EdgeRows
 from corpus_assets.core.records.index import ChunkRecords
 from corpus_assets.core.runtime.parted_table import PartedTable
 from corpus_assets.core.runtime.snapshot_manifest import ChunkPart

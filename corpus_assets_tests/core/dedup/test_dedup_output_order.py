@@ -10,7 +10,7 @@ import pytest
 
 from corpus_assets.core.dedup import clusters, coding, in_memory
 from corpus_assets.core.dedup.clusters import CLUSTER_COLUMNS
-from corpus_assets.core.dedup.edges import EdgeIds, edge_rows, edge_table
+from corpus_assets.core.dedup.edges import EdgeIds, edge_table
 from corpus_assets.core.dedup.output_order import bucket, id_ranks, sorted_batches
 from corpus_assets.core.dedup.partition_db import PartitionDb
 
@@ -148,9 +148,9 @@ def test_edge_ids_from_the_written_table_give_the_scanned_edges(
     records = records.set_column(5, "dedup_key", pa.array([f"k{i - i % copies}" for i in range(n)]))
     with PartitionDb.from_table(records) as db:
         decided = clusters.decide(db, {"s": 0})
-        expected = edge_table(db, edge_rows(decided))
+        expected = edge_table(db, decided.edges)
         path = clusters.join_clusters(db, clusters.write_decisions(decided, tmp_path), tmp_path)
-    gathered = EdgeIds(edge_rows(decided), decided.positions)
+    gathered = EdgeIds(decided.take_edges(), decided.positions)
     table = pa.Table.from_batches(list(clusters.cluster_batches(path)), CLUSTER_COLUMNS)
     passed = list(gathered.tap(iter(table.to_batches(max_chunksize=7))))
     assert pa.Table.from_batches(passed).equals(table)
