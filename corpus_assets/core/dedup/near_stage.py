@@ -199,9 +199,8 @@ class NearStage:
 
     def _collect(self, result: NearResult, order: np.ndarray) -> None:
         """Map a class run's ranks back to partition rows."""
-        edges = np.array([(x, y) for x, y, _ in result.edges], dtype=np.int64).reshape(-1, 2)
-        jaccards = np.array([j for _, _, j in result.edges], dtype=np.float64)
-        self._edges.append((order[edges[:, 0]], order[edges[:, 1]], jaccards))
+        x, y, jaccards = result.edges.arrays()
+        self._edges.append((order[x], order[y], jaccards))
         self._matches.append(
             (order[result.dropped], order[result.dropped_match], result.dropped_jaccard)
         )

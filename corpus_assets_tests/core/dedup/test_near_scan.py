@@ -26,7 +26,7 @@ def test_a_large_class_with_few_pairs_scans_in_memory_of_its_pairs() -> None:
     assert result.dropped.tolist() == [500_000]
     assert result.dropped_match.tolist() == [10]
     assert result.dropped_jaccard.tolist() == [0.9]
-    assert result.edges == [(500_000, 10, 0.9), (2_999_999, 500_000, 0.95)]
+    assert list(result.edges) == [(500_000, 10, 0.9), (2_999_999, 500_000, 0.95)]
     assert (result.verified_pairs, result.fingerprinted, result.skipped_same_group) == (3, 3, 0)
     assert result.verified.tolist() == [0.9, 0.5, 0.95]
 
