@@ -68,7 +68,8 @@ _T = TypeVar("_T")
 class Decided:
     """Every verdict of a run, by row, plus what the output tables and counts are made of."""
 
-    codes: RecordCodes  # source_id and kind only: the other codes are dropped once used
+    codes: RecordCodes  # its row count (every code is dropped once used)
+    per_source: dict[str, dict[str, int]]  # verdict counts by source
     state: Verdicts
     excluded: dict[int, str]  # row -> reason, only excluded rows
     edges: EdgeRows  # why rows are joined: copies (in total order), then verified near pairs
@@ -129,6 +130,8 @@ def decide(
         rows, match, jaccard = near.match_arrays()
         state.set(rows, NEAR_CODE, match)
         state.jaccard.set_near(rows, jaccard)
+    per_source = state.per_source(codes.source_id.codes, codes.source_id.values)  # final
+    codes.forget("source_id", "kind")
     dtype = code_dtype(codes.n)
     a = np.concatenate([copies, near_x], dtype=dtype)
     b = np.concatenate([state.match(copies), near_y], dtype=dtype)
@@ -138,7 +141,7 @@ def decide(
     codes.forget("group_id")
     positions = TablePositions(coding.id_rank(db, codes), chunk_starts)  # ranked again:
     # not held through the near stage
-    return Decided(codes, state, excluded, edges, leakage, positions, report)
+    return Decided(codes, per_source, state, excluded, edges, leakage, positions, report)
 
 
 def _eligible(order: np.ndarray, excluded_rows: np.ndarray) -> np.ndarray:

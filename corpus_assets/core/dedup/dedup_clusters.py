@@ -96,7 +96,7 @@ def build_dedup_clusters(ws: Workspace, partition_key: str) -> LayerResult:
             pairs = store_pairs(ws, db, *near.verified_arrays()) if near else None
             run_stats |= _near_work(near, mode, chunks)
             del near
-            report = DedupReport(near=decided.report, per_source=_per_source(decided))
+            report = DedupReport(near=decided.report, per_source=decided.per_source)
             counts = _counts(decided, report, tombstoned=len(revoked))
             edge_ids = EdgeIds(decided.take_edges(), decided.positions)
             by_row = _row_decisions(decided)
@@ -413,16 +413,3 @@ def _distinct(rows: np.ndarray) -> int:
     """How many distinct row numbers: a count over rows, not a sort (``np.unique`` took ~0.5 s
     per call at 685k records)."""
     return int(np.count_nonzero(np.bincount(rows))) if len(rows) else 0
-
-
-def _per_source(decided: Decided) -> dict[str, dict[str, int]]:
-    """Verdict counts per source, every verdict listed (zeros too)."""
-    sources = decided.codes.source_id
-    names = (KEEP, EXACT, NEAR, EXCLUDED)
-    counts = decided.state.counts(sources.codes, len(sources.values))
-    out = {
-        source: dict(zip(names, counts[code].tolist(), strict=True))
-        for code, source in enumerate(sources.values)
-        if counts[code].sum()
-    }
-    return dict(sorted(out.items()))

@@ -118,6 +118,17 @@ class Verdicts:
         final[looked.verdict == EXCLUDED_CODE] = -1
         return final
 
+    def per_source(self, sources: np.ndarray, names: list[str]) -> dict[str, dict[str, int]]:
+        """Verdict counts per source name (``sources``: each row's code into ``names``), every
+        verdict listed (zeros too), the sources with rows only, by name."""
+        counts = self.counts(sources, len(names))
+        out = {
+            name: dict(zip(VERDICTS, counts[code].tolist(), strict=True))
+            for code, name in enumerate(names)
+            if counts[code].sum()
+        }
+        return dict(sorted(out.items()))
+
     def counts(self, sources: np.ndarray, kinds: int) -> np.ndarray:
         """Rows per (source code, verdict code): ``sources`` is each row's source code."""
         counts = np.zeros((kinds, len(VERDICTS)), dtype=np.int64)

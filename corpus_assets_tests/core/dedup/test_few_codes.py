@@ -5,7 +5,6 @@ from types import SimpleNamespace
 import numpy as np
 import pyarrow as pa
 
-from corpus_assets.core.dedup.dedup_clusters import _per_source
 from corpus_assets.core.dedup.near_stage import NearStage
 from corpus_assets.core.dedup.partition_db import PartitionDb
 from corpus_assets.core.dedup.verdicts import VERDICTS, Verdicts
@@ -35,8 +34,7 @@ def test_few_valued_codes_are_a_byte_and_their_products_do_not_wrap() -> None:
     # would exceed int8 there)
     verdicts = Verdicts(2 * len(SOURCES))
     verdicts.set(np.arange(len(SOURCES)), VERDICTS.index("excluded"))
-    decided = SimpleNamespace(codes=codes, state=verdicts)
-    per_source = _per_source(decided)  # type: ignore[arg-type]
+    per_source = verdicts.per_source(codes.source_id.codes, codes.source_id.values)
     assert list(per_source) == SOURCES
     assert all(
         c == {"keep": 1, "exact_duplicate": 0, "near_duplicate": 0, "excluded": 1}
