@@ -4,13 +4,16 @@ traced (``tracemalloc``).
 One dedup rebuild of a ``race.py --peaks`` home in this process, as ``race.py --child --direct``
 runs it, with each phase wrapped: the traced bytes when the phase starts and its peak, and both
 per record above what was traced when ``decide`` started (the driver's own arrays: the tasks'
-memory is in their workers, and DuckDB's and Arrow's pages are not traced). The named baseline
-is another checkout measured the same way (``--checkout``): a phase it lacks is left out. Run
-with ``stages: runner`` in the config (``execution: {workers: 2, stages: runner}``), the path a
-Ray build's driver takes.
+memory is in their workers, and DuckDB's and Arrow's pages are not traced; but the local runner
+runs a lone job in the driver, so a class with one band map job puts that task's arrays in the
+near stage's peak, where Ray runs it on a worker). The named baseline is another checkout
+measured the same way (``--checkout``): a phase it lacks is left out. Run with ``stages:
+runner`` in the config (``execution: {workers: 2, stages: runner}``), the path a Ray build's
+driver takes. ``--held PHASE`` also lists what is held when PHASE starts, by the allocating
+line (tracing 12 frames a block: slower).
 
     DAGSTER_HOME=H/dagster CORPUS_HOME=H/home .venv/bin/python bench/decide_memory.py \\
-        H/runner.yaml [--checkout DIR]
+        H/runner.yaml [--checkout DIR] [--held PHASE]
 """
 
 import argparse
