@@ -32,6 +32,7 @@ from corpus_assets.core.dedup.partition_db import (
     RecordCodes,
 )
 from corpus_assets.core.dedup.report import NearReport
+from corpus_assets.core.dedup.row_values import RowValues
 from corpus_assets.core.dedup.verdicts import (
     EXACT_CODE,
     EXCLUDED_CODE,
@@ -74,7 +75,7 @@ class Decided:
     excluded: dict[int, str]  # row -> reason, only excluded rows
     edges: EdgeRows  # why rows are joined: copies (in total order), then verified near pairs
     # per row (``code_dtype``): a row of the group naming its leakage group (smallest code)
-    leakage: np.ndarray
+    leakage: RowValues
     # per row: its position in the clusters table (chunk parts in order) from its rank by
     # record id, object, line, row (the total order's last keys: ``positions.rank``)
     positions: TablePositions
@@ -139,8 +140,7 @@ def decide(
     del copies, near_x, near_y
     leakage = coding.leakage(codes, a, b)
     codes.forget("group_id")
-    positions = TablePositions(coding.id_rank(db, codes), chunk_starts)  # ranked again:
-    # not held through the near stage
+    positions = TablePositions(coding.rank_rows(db, codes), chunk_starts)
     return Decided(codes, per_source, state, excluded, edges, leakage, positions, report)
 
 
@@ -239,7 +239,10 @@ def write_decisions(
             hi = min(lo + rows, count)
             looked = state.span(lo, hi) if only is None else state.look(only[lo:hi])
             at = looked.rows
-            pos = decided.positions.span(lo, hi) if only is None else decided.positions.of(at)
+            if only is None:
+                pos, leak = decided.positions.span(lo, hi), decided.leakage.span(lo, hi)
+            else:
+                pos, leak = decided.positions.of(at), decided.leakage.of(at)
             match, reps = looked.match, state.representatives(looked)
             columns = {
                 "row": at,
@@ -247,7 +250,7 @@ def write_decisions(
                 "rep": pa.array(reps, mask=reps < 0),
                 "match": pa.array(match, mask=match < 0),
                 "jaccard": pa.array(state.jaccard.of(looked), mask=match < 0),
-                "leak": decided.leakage[at],
+                "leak": leak,
                 "reason": reasons.at(at),
                 "pos": pos,
             }

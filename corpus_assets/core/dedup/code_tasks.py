@@ -240,14 +240,16 @@ def merge_partition(ws: Workspace, job: MergeJob, spec: object, done: object) ->
 
 
 def _merge_ids(table: pa.Table, base: str) -> int:
-    """Codes of every value (a new one where it changes), the record rows in rank order, each
-    group's rows and naming row, and the record rows whose id an earlier row holds; how many
-    record rows."""
+    """Codes of every value (a new one where it changes), the record rows (ascending) with
+    their ranks in the partition, each group's rows and naming row, and the record rows whose
+    id an earlier row holds; how many record rows."""
     values = table.column("v").chunk(0) if table.num_rows else pa.array([], pa.string())
     local = np.cumsum(value_changes(values, None)) - 1 if len(values) else np.zeros(0, np.int64)
     flags = table.column("flag").to_numpy(zero_copy_only=False).astype(bool)
     rows = table.column("row").to_numpy()
-    _save(base, ranked=_narrow(rows[~flags]))
+    ranked = rows[~flags]  # the record rows in rank order
+    by_row = np.argsort(ranked, kind="stable")
+    _save(base, rank_rows=_narrow(ranked[by_row]), rank_local=_narrow(by_row))
     _save_groups(base, rows, local, flags | table.column("own").to_numpy(zero_copy_only=False))
     records = table.filter(pa.array(~flags))
     repeated, first, same = _repeats(records, local[~flags])
@@ -340,13 +342,18 @@ def _narrow(values: np.ndarray) -> np.ndarray:
     return values.astype(np.int32)
 
 
-def load_merged(base: str, *names: str, keep: bool = False) -> tuple[np.ndarray, ...]:
-    """A merge task's arrays, deleted once read unless ``keep`` (read again later; the
-    scratch folder goes at the end)."""
+def load_merged(base: str, *names: str) -> tuple[np.ndarray, ...]:
+    """A merge task's arrays (deleted once read)."""
     loaded = tuple(np.load(f"{base}-{name}.npy") for name in names)
-    for name in names if not keep else ():
+    for name in names:
         Path(f"{base}-{name}.npy").unlink()
     return loaded
+
+
+def mapped_merged(base: str, *names: str) -> tuple[np.ndarray, ...]:
+    """A merge task's arrays, memory-mapped (read again and again; the scratch folder they
+    are in goes with the layer's run)."""
+    return tuple(np.load(f"{base}-{name}.npy", mmap_mode="r") for name in names)
 
 
 def run_path(scratch: Path, kind: str, index: int) -> Path:

@@ -21,6 +21,7 @@ from corpus_assets.core.dedup.leakage import leakage_rows
 from corpus_assets.core.dedup.order import first_in_order
 from corpus_assets.core.dedup.output_order import id_ranks
 from corpus_assets.core.dedup.partition_db import Coded, PartitionDb, RecordCodes, code_dtype
+from corpus_assets.core.dedup.row_values import HeldRows, RowValues
 
 # Why an ``excluded`` row repeats an earlier row's record id: the same record again (same dedup
 # key), or another text under the same id - quarantined, counted as ``id_conflicts``. Decided
@@ -52,16 +53,20 @@ class Coding(Protocol):
     def codes(self, db: PartitionDb) -> RecordCodes: ...
 
     def id_rank(self, db: PartitionDb, codes: RecordCodes) -> np.ndarray:
-        """Each row's rank by record id, object, line and row. Asked twice: for the total
-        order and, after the near stage, for the table positions; a coding that can place it
-        again does, so that it is not held through the near stage."""
+        """Each row's rank by record id, object, line and row, for the total order."""
+        ...
+
+    def rank_rows(self, db: PartitionDb, codes: RecordCodes) -> RowValues:
+        """The same ranks after the near stage, for the table positions and the stored
+        decisions: read a slice at a time where the coding can (not held through the near
+        stage or the output phases)."""
         ...
 
     def repeated(self, codes: RecordCodes) -> Repeated: ...
 
     def exact(self, codes: RecordCodes, eligible: np.ndarray, excluded: np.ndarray) -> Exact: ...
 
-    def leakage(self, codes: RecordCodes, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    def leakage(self, codes: RecordCodes, a: np.ndarray, b: np.ndarray) -> RowValues:
         """Per row, the row naming its leakage group over the edges (a, b) between rows
         (:mod:`.leakage`)."""
         ...
@@ -83,6 +88,9 @@ class DriverCoding:
         if self._rank is None:
             self._rank = id_ranks(db, codes.record_id.codes)
         return self._rank
+
+    def rank_rows(self, db: PartitionDb, codes: RecordCodes) -> RowValues:
+        return HeldRows(self.id_rank(db, codes))
 
     def repeated(self, codes: RecordCodes) -> Repeated:
         """Rows are in index order (source, object by name, line), so the first row of an id
@@ -108,8 +116,8 @@ class DriverCoding:
         copies = eligible[~first]
         return Exact(eligible[first], copies, rep_of[key_codes[copies]])
 
-    def leakage(self, codes: RecordCodes, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        return leakage_rows(codes.group_id.codes, a, b)
+    def leakage(self, codes: RecordCodes, a: np.ndarray, b: np.ndarray) -> RowValues:
+        return HeldRows(leakage_rows(codes.group_id.codes, a, b))
 
 
 def no_repeats() -> Repeated:

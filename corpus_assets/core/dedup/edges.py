@@ -84,12 +84,12 @@ class EdgeIds:
         count = len(rows.a)
         near = np.arange(count) >= rows.exact  # "exact" < "near"
         rank = positions.rank
-        order = np.lexsort((near, rank[rows.b], rank[rows.a]))
+        order = np.lexsort((near, rank.of(rows.b), rank.of(rows.a)))
         ends = positions.of(np.concatenate([rows.a, rows.b]))  # each chunk sorted once
         self.a, self.b = ends[:count][order], ends[count:][order]
         self.near = near[order]
         self.near_jaccard = rows.jaccard[order][self.near]
-        named = np.zeros(len(rank), dtype=bool)  # a mask, not a sort of the edges' ends
+        named = np.zeros(rank.n, dtype=bool)  # a mask, not a sort of the edges' ends
         named[ends] = True
         self.wanted = np.flatnonzero(named).astype(rank.dtype)  # positions, ascending
         self.parts: list[pa.Array] = []

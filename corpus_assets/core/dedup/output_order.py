@@ -21,6 +21,7 @@ import pyarrow.ipc as ipc
 
 from corpus_assets.core.dedup.order import code_dtype, place_ranks
 from corpus_assets.core.dedup.partition_db import PartitionDb
+from corpus_assets.core.dedup.row_values import RowValues
 from corpus_assets.core.storage.cas_queries import streamed
 
 BUCKET_ROWS = 1 << 16  # rows per bucket: one row group of the pinned table
@@ -35,21 +36,22 @@ class TablePositions:
     """Each row's position in the clusters table: chunk by chunk (each chunk's rows are one
     part), by rank within a chunk. Rows are in chunk order, so a chunk's positions are its
     rows' numbers; each chunk is sorted alone when asked for (the last one kept), so no array
-    of every row's position is held (it was 4 bytes a record through the output phases).
-    ``chunk_starts`` None: one chunk (the rank is the position)."""
+    of every row's position is held (it was 4 bytes a record through the output phases), nor
+    of every rank where ``rank`` reads them a slice at a time. ``chunk_starts`` None: one chunk
+    (the rank is the position)."""
 
-    def __init__(self, rank: np.ndarray, chunk_starts: np.ndarray | None) -> None:
-        self.rank = rank
+    def __init__(self, rank: RowValues, chunk_starts: np.ndarray | None) -> None:
+        self.rank, self.dtype = rank, rank.dtype
         starts = [] if chunk_starts is None else np.asarray(chunk_starts).tolist()
-        self.bounds = np.asarray([*starts, len(rank)], dtype=np.int64)  # starts[0] is 0
+        self.bounds = np.asarray([*starts, rank.n], dtype=np.int64)  # starts[0] is 0
         self.whole = len(self.bounds) <= 2  # one chunk: its ranks are its positions
-        self._last: tuple[int, np.ndarray] = (-1, rank[:0])
+        self._last: tuple[int, np.ndarray] = (-1, np.empty(0, dtype=self.dtype))
 
     def span(self, lo: int, hi: int) -> np.ndarray:
         """The positions of rows ``lo`` to ``hi - 1``."""
         if self.whole:
-            return self.rank[lo:hi]
-        out = np.empty(hi - lo, dtype=self.rank.dtype)
+            return self.rank.span(lo, hi)
+        out = np.empty(hi - lo, dtype=self.dtype)
         start, row = lo, lo
         chunk = int(np.searchsorted(self.bounds, lo, side="right")) - 1
         while row < hi:
@@ -62,10 +64,10 @@ class TablePositions:
         """The positions of ``rows`` (any order, repeats), each chunk sorted once."""
         rows = np.asarray(rows)
         if self.whole:
-            return self.rank[rows]
+            return self.rank.of(rows)
         chunk = np.searchsorted(self.bounds, rows, side="right") - 1
         by = np.argsort(chunk, kind="stable")
-        out = np.empty(len(rows), dtype=self.rank.dtype)
+        out = np.empty(len(rows), dtype=self.dtype)
         cuts = np.flatnonzero(np.diff(chunk[by])) + 1
         for part in np.split(by, cuts) if len(by) else []:
             c = int(chunk[part[0]])
@@ -75,10 +77,10 @@ class TablePositions:
     def _chunk(self, chunk: int) -> np.ndarray:
         """Chunk ``chunk``'s positions by row."""
         if self._last[0] != chunk:
+            self._last = (-1, self._last[1][:0])  # the last chunk's freed first
             lo, hi = int(self.bounds[chunk]), int(self.bounds[chunk + 1])
-            self._last = (-1, self.rank[:0])  # the last chunk's freed first
-            by = np.argsort(self.rank[lo:hi], kind="stable")
-            positions = place_ranks(np.empty(hi - lo, dtype=self.rank.dtype), by)
+            by = np.argsort(self.rank.span(lo, hi), kind="stable")
+            positions = place_ranks(np.empty(hi - lo, dtype=self.dtype), by)
             positions += positions.dtype.type(lo)
             self._last = (chunk, positions)
         return self._last[1]

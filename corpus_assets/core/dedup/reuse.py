@@ -23,6 +23,7 @@ import pyarrow.compute as pc
 
 from corpus_assets.core.dedup.output_order import TablePositions
 from corpus_assets.core.dedup.pair_cache import INCREMENTAL, Mode
+from corpus_assets.core.dedup.row_values import RowValues
 from corpus_assets.core.dedup.verdicts import Verdicts
 from corpus_assets.core.runtime.parted_table import PartedTable
 from corpus_assets.core.runtime.snapshot_manifest import ChunkPart
@@ -53,7 +54,7 @@ class RowDecisions:
     """What the child decided, by row, in the decisions table's terms."""
 
     verdicts: Verdicts  # verdict, match and Jaccard, read by rows
-    leak: np.ndarray
+    leak: RowValues
     positions: TablePositions  # with the ranks
     excluded: dict[int, str]
     excluded_rows: np.ndarray = field(init=False)  # the keys of ``excluded``, ascending
@@ -76,7 +77,7 @@ class RowDecisions:
         ascending: what joining only ``rows`` reads."""
         looked = self.verdicts.look(rows)
         reps = self.verdicts.representatives(looked)
-        named = np.concatenate([rows, reps, looked.match, self.leak[rows]])
+        named = np.concatenate([rows, reps, looked.match, self.leak.of(rows)])
         return np.unique(named[named >= 0])
 
 
@@ -96,10 +97,10 @@ def _decision_batches(d: RowDecisions) -> Iterator[pa.RecordBatch]:
                 pa.array(v.representatives(looked), pa.int64()),  # rows held: code_dtype
                 pa.array(looked.match, pa.int64()),
                 pa.array(v.jaccard.of(looked), pa.float64()),
-                pa.array(d.leak[rows], pa.int64()),
+                pa.array(d.leak.span(lo, lo + len(rows)), pa.int64()),
                 d.reasons(lo, lo + len(rows)),
                 pa.array(d.positions.span(lo, lo + len(rows)), pa.int64()),
-                pa.array(d.positions.rank[rows], pa.int64()),
+                pa.array(d.positions.rank.span(lo, lo + len(rows)), pa.int64()),
             ],
             schema=DECISION_COLUMNS,
         )
@@ -192,7 +193,7 @@ def _unchanged(path: str, d: RowDecisions, c2p: np.ndarray, p2c: np.ndarray) -> 
         ok = looked.verdict == parent("verdict")
         ok &= d.verdicts.representatives(looked) == _mapped(parent("rep"), p2c)
         ok &= looked.match == _mapped(parent("match"), p2c)
-        ok &= d.leak[rows] == _mapped(parent("leak"), p2c)
+        ok &= d.leak.of(rows) == _mapped(parent("leak"), p2c)
         cj, pj = d.verdicts.jaccard.of(looked), parent("jaccard")
         ok &= (cj == pj) | (np.isnan(cj) & np.isnan(pj))
         ok &= _same_reasons(batch.column("reason"), kept, rows, d)

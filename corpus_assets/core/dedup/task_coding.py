@@ -27,6 +27,7 @@ from corpus_assets.core.dedup.code_tasks import (
     RunSamples,
     chunk_runs,
     load_merged,
+    mapped_merged,
     merge_partition,
     merge_partitions,
     merge_path,
@@ -37,6 +38,7 @@ from corpus_assets.core.dedup.coding import Exact, Repeated
 from corpus_assets.core.dedup.leakage import ROOT_SLICE, components
 from corpus_assets.core.dedup.order import sorted_hits
 from corpus_assets.core.dedup.partition_db import Coded, PartitionDb, RecordCodes, code_dtype
+from corpus_assets.core.dedup.row_values import PartedRows, RowValues, Values
 from corpus_assets.core.records.index import ChunkRecords
 from corpus_assets.core.runtime.workspace import Workspace, pooled
 
@@ -67,10 +69,11 @@ class TaskCoding:
         self.work["code_run_tasks"] += len(jobs)
         self._ids = self._merged("ids")
         self._remove_runs("ids")
-        self._ranked = [(merge_path(scratch, j.kind, j.partition), m.records) for j, m in self._ids]
-        self._rank_asked = 0
+        bases = [merge_path(scratch, j.kind, j.partition) for j, _ in self._ids]
+        offsets = np.cumsum([0, *(m.records for _, m in self._ids)])[:-1].tolist()
+        self._ranked = list(zip(bases, offsets, strict=True))  # each partition's first rank
         self._repeated = _joined_repeats(
-            [load_merged(base, "repeated", "first", "same") for base, _ in self._ranked]
+            [load_merged(base, "repeated", "first", "same") for base in bases]
         )
 
     def codes(self, db: PartitionDb) -> RecordCodes:
@@ -78,10 +81,10 @@ class TaskCoding:
         stay in the merges' files until :meth:`leakage` asks, after the near stage)."""
         return db.codes(tuple(Coded(np.empty(0, dtype=np.int64), []) for _ in range(3)))
 
-    def leakage(self, codes: RecordCodes, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    def leakage(self, codes: RecordCodes, a: np.ndarray, b: np.ndarray) -> RowValues:
         """Per row, its leakage group's naming row (:func:`.leakage.leakage_rows`' answer)
-        from the ids merges' group rows, a partition at a time: the driver holds the edges'
-        groups and the rows' answers, never a group code per row."""
+        from the ids merges' group rows, read a slice at a time: the driver holds the edges'
+        groups and their components' naming rows, never a group code or an answer per row."""
         parts = _group_parts(self.scratch, self._ids)
         self._ids = []
         dtype = code_dtype(self.n)
@@ -95,13 +98,26 @@ class TaskCoding:
         del edge_rows, edge_groups
         roots = components(len(touched), ends[: len(a)], ends[len(a) :])
         del ends
-        return _placed_leakage(parts, self.n, touched, names[roots])
+        return _leakage_rows(parts, self.n, touched, names[roots])
 
     def id_rank(self, db: PartitionDb, codes: RecordCodes) -> np.ndarray:
-        """Placed from the ids merges' files each time it is asked (no copy kept); the files
-        go when it is asked the second time."""
-        self._rank_asked += 1
-        return _placed_ranks(self._ranked, self.n, keep=self._rank_asked < 2)
+        """Placed from the ids merges' files (for the total order)."""
+        rank = np.empty(self.n, dtype=code_dtype(self.n))
+        for base, first in self._ranked:
+            rows, local = mapped_merged(base, "rank_rows", "rank_local")
+            for lo in range(0, len(rows), ROOT_SLICE):  # a slice at a time, mapped
+                at = slice(lo, lo + ROOT_SLICE)
+                rank[rows[at]] = local[at] + rank.dtype.type(first)
+        return rank
+
+    def rank_rows(self, db: PartitionDb, codes: RecordCodes) -> RowValues:
+        """Read a slice at a time from the ids merges' files."""
+        dtype = np.dtype(code_dtype(self.n))
+        parts = []
+        for base, first in self._ranked:
+            rows, local = mapped_merged(base, "rank_rows", "rank_local")
+            parts.append((rows, _offset(local, dtype.type(first), dtype)))
+        return PartedRows(self.n, dtype, parts)
 
     def repeated(self, codes: RecordCodes) -> Repeated:
         return self._repeated
@@ -157,17 +173,9 @@ def _merge_jobs(
     ]
 
 
-def _placed_ranks(ranked: list[tuple[str, int]], n: int, keep: bool) -> np.ndarray:
-    """Ranks by record id, by row, from the ids partitions (each one's rows in rank order,
-    offset by the record rows of the partitions before)."""
-    rank = np.empty(n, dtype=code_dtype(n))
-    start = 0
-    for base, records in ranked:
-        (in_rank_order,) = load_merged(base, "ranked", keep=keep)
-        rank[in_rank_order] = np.arange(start, start + len(in_rank_order), dtype=rank.dtype)
-        del in_rank_order  # before the next partition's are loaded
-        start += records
-    return rank
+def _offset(local: np.ndarray, first: np.integer, dtype: np.dtype) -> Values:
+    """A partition's ranks: its local ranks after the partitions before."""
+    return lambda at: np.asarray(local[at], dtype=dtype) + first
 
 
 @dataclass(frozen=True)
@@ -190,7 +198,7 @@ def _group_parts(scratch: Path, done: list[tuple[MergeJob, Merged]]) -> list[_Gr
 def _group_slices(part: _GroupPart) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
     """A partition's group rows and their local codes ``ROOT_SLICE`` at a time, with its
     naming rows by local code, all memory-mapped: memory holds a slice's temporaries."""
-    rows, codes, naming = (np.load(f"{part.base}-{n}.npy", mmap_mode="r") for n in _GROUP_FILES)
+    rows, codes, naming = mapped_merged(part.base, *_GROUP_FILES)
     for lo in range(0, len(rows), ROOT_SLICE):
         yield (
             np.asarray(rows[lo : lo + ROOT_SLICE]),
@@ -235,24 +243,39 @@ def _touched_ends(
     return ends
 
 
-def _placed_leakage(
+def _leakage_rows(
     parts: list[_GroupPart], n: int, touched: np.ndarray, root_names: np.ndarray
-) -> np.ndarray:
+) -> PartedRows:
     """Per row, its group's naming row, or its component root's where the edges touch its
-    group (``touched`` codes ascending, ``root_names`` theirs): a slice of a partition at a
-    time, each partition's files deleted once read."""
-    leakage = np.full(n, -1, dtype=code_dtype(n))
+    group (``touched`` codes ascending, ``root_names`` theirs), from each partition's mapped
+    group rows and codes."""
+    dtype = np.dtype(code_dtype(n))
+    found = []
     for part in parts:
-        for rows, codes, naming in _group_slices(part):
-            named = naming[codes].astype(leakage.dtype)
-            at, hit = sorted_hits(touched, codes + touched.dtype.type(part.offset))
-            named[hit] = root_names[at[hit]]
-            leakage[rows] = named
-        for name in _GROUP_FILES:
-            Path(f"{part.base}-{name}.npy").unlink()
-    if n and leakage.min() < 0:
-        raise RuntimeError("a row is in no ids partition's groups")
-    return leakage
+        rows, codes, naming = mapped_merged(part.base, *_GROUP_FILES)
+        found.append((rows, _named(codes, naming, touched, root_names, part.offset, dtype)))
+    return PartedRows(n, dtype, found)
+
+
+def _named(
+    codes: np.ndarray,
+    naming: np.ndarray,
+    touched: np.ndarray,
+    root_names: np.ndarray,
+    offset: int,
+    dtype: np.dtype,
+) -> Values:
+    """A partition's answers: each group row's naming row, its component root's where the
+    edges touch its group."""
+
+    def values(at: slice | np.ndarray) -> np.ndarray:
+        local = np.asarray(codes[at])
+        named = np.asarray(naming[local], dtype=dtype)
+        hits, hit = sorted_hits(touched, local + touched.dtype.type(offset))
+        named[hit] = root_names[hits[hit]]
+        return named
+
+    return values
 
 
 _GROUP_FILES = ("group_rows", "group_codes", "naming")

@@ -44,7 +44,7 @@ def _parent_files(parent: pa.Table, folder: Path, rows: int) -> tuple[str, list[
                 "verdict": looked.verdict,
                 "match": looked.match,
                 "pos": decided.positions.span(0, parent.num_rows),
-                "rank": decided.positions.rank,
+                "rank": decided.positions.rank.span(0, parent.num_rows),
                 "reason": pa.array(reasons, pa.string()),
             }
         ),

@@ -13,6 +13,7 @@ from corpus_assets.core.dedup.clusters import CLUSTER_COLUMNS
 from corpus_assets.core.dedup.edges import EdgeIds
 from corpus_assets.core.dedup.output_order import TablePositions
 from corpus_assets.core.dedup.reuse import Reuse
+from corpus_assets.core.dedup.row_values import HeldRows
 from corpus_assets.core.dedup.verdicts import EdgeRows
 from corpus_assets.core.records.index import ChunkRecords
 from corpus_assets.core.runtime.parted_table import PartedTable
@@ -25,10 +26,10 @@ from corpus_assets.core.storage.parquet_sink import put_table_batches
 
 def test_positions_are_chunk_major_and_ranked_within_a_chunk() -> None:
     rank = np.array([4, 0, 3, 1, 2], dtype=np.int64)  # rows 0-1 in chunk 0, 2-4 in chunk 1
-    positions = TablePositions(rank, np.array([0, 2]))
+    positions = TablePositions(HeldRows(rank), np.array([0, 2]))
     assert positions.span(0, 5).tolist() == [1, 0, 4, 2, 3]
     assert positions.of(np.array([4, 0, 4, 2])).tolist() == [3, 1, 3, 4]
-    assert TablePositions(rank, None).span(0, 5).tolist() == rank.tolist()
+    assert TablePositions(HeldRows(rank), None).span(0, 5).tolist() == rank.tolist()
 
 
 @pytest.mark.parametrize("seed", range(5))
@@ -43,7 +44,7 @@ def test_positions_worked_out_by_chunk_are_those_of_one_sort(seed: int) -> None:
     expected = np.empty(n, dtype=np.int64)
     for lo, size in zip(starts.tolist(), sizes.tolist(), strict=True):
         expected[lo + np.argsort(rank[lo : lo + size])] = np.arange(lo, lo + size)
-    positions = TablePositions(rank, starts)
+    positions = TablePositions(HeldRows(rank), starts)
     for _ in range(20):
         lo, hi = sorted(rng.integers(0, n + 1, size=2).tolist())
         assert positions.span(lo, hi).tolist() == expected[lo:hi].tolist()
@@ -63,7 +64,7 @@ def _chunk(key: str, count: int) -> ChunkRecords:
 
 def _edge_ids(n: int, a: list[int], b: list[int]) -> EdgeIds:
     rows = EdgeRows(np.array(a, np.int64), np.array(b, np.int64), 0, np.ones(len(a)))
-    return EdgeIds(rows, TablePositions(np.arange(n, dtype=np.int64), None))
+    return EdgeIds(rows, TablePositions(HeldRows(np.arange(n, dtype=np.int64)), None))
 
 
 def _ids(cas: ContentStore, ref: dict) -> list[str]:

@@ -13,6 +13,7 @@ from corpus_assets.core.dedup.code_tasks import PARTITION_VALUES, merge_partitio
 from corpus_assets.core.dedup.leakage import leakage_rows
 from corpus_assets.core.dedup.output_order import id_ranks
 from corpus_assets.core.dedup.partition_db import PartitionDb, chunk_lengths
+from corpus_assets.core.dedup.row_values import fixed_points
 from corpus_assets.core.dedup.task_coding import TaskCoding
 from corpus_assets.core.records.index import RECORD_COLUMNS, ChunkRecords
 from corpus_assets.core.runtime.workspace import Workspace, open_workspace
@@ -118,9 +119,9 @@ def test_task_coding_decides_as_the_driver(
     for name in ("a", "b", "near_jaccard"):
         assert getattr(got.edges, name).tolist() == getattr(want.edges, name).tolist(), name
     assert got.edges.exact == want.edges.exact
-    assert got.leakage.tolist() == want.leakage.tolist()
-    assert got.positions.rank.tolist() == want.positions.rank.tolist()
-    n = len(want.positions.rank)
+    n = table.num_rows
+    assert got.leakage.span(0, n).tolist() == want.leakage.span(0, n).tolist()
+    assert got.positions.rank.span(0, n).tolist() == want.positions.rank.span(0, n).tolist()
     assert got.positions.span(0, n).tolist() == want.positions.span(0, n).tolist()
     every = np.arange(table.num_rows)
     got_looked, want_looked = got.state.look(every), want.state.look(every)
@@ -130,7 +131,9 @@ def test_task_coding_decides_as_the_driver(
     np.testing.assert_array_equal(got_j, want_j)
     assert coding.work["code_run_tasks"] == len(chunks)
     assert coding.work["code_merge_tasks"] == 2 * (partitions or 1)  # ids, then dedup keys
-    assert not list(tmp_path.glob("run-*")) and not list(tmp_path.glob("merged-*"))
+    assert not list(tmp_path.glob("run-*")) and not list(tmp_path.glob("merged-keys-*"))
+    left = {p.name.split("-", 3)[-1] for p in tmp_path.glob("merged-*")}  # read to the end
+    assert left == {f"{f}.npy" for f in ("group_rows", "group_codes", "naming", *_RANK_FILES)}
     assert not (tmp_path / "excluded.npy").exists()
     assert len(list(tmp_path.glob("names-*.arrow"))) == len(chunks)  # for the gather tasks
 
@@ -160,15 +163,24 @@ def test_task_coding_names_leakage_groups_and_ranks_as_the_coding_sorts(
             rank = coding.id_rank(db, expected)
             want_rank = id_ranks(db, expected.record_id.codes)
             got = coding.leakage(codes, a, b)
-            again = coding.id_rank(db, expected)  # as decide asks after the near stage
+            ranks = coding.rank_rows(db, expected)  # as decide reads them after the near stage
     finally:
         ws.close()
+    n, some = table.num_rows, rng.integers(0, table.num_rows, 97)  # any rows, repeats
     want = leakage_rows(expected.group_id.codes, a, b)
-    assert got.tolist() == want.tolist()
+    assert np.concatenate([got.span(0, 13), got.span(13, n)]).tolist() == want.tolist()
+    assert got.of(some).tolist() == want[some].tolist()
+    assert fixed_points(got) == len(np.unique(want))  # a group's naming row names itself
     alone = leakage_rows(expected.group_id.codes, a[:0], b[:0])
     assert len(np.unique(want)) < len(np.unique(alone)) or not edges  # the edges joined groups
-    assert rank.tolist() == want_rank.tolist() == again.tolist()
-    assert not list(tmp_path.glob("merged-ids-*"))  # each file deleted once last read
+    assert rank.tolist() == want_rank.tolist() == ranks.span(0, n).tolist()
+    assert ranks.of(some).tolist() == want_rank[some].tolist()
+    # what the slices are read from stays in the scratch folder, and goes with it
+    left = {p.name.split("-", 3)[-1] for p in tmp_path.glob("merged-ids-*")}
+    assert left == {f"{f}.npy" for f in ("group_rows", "group_codes", "naming", *_RANK_FILES)}
+
+
+_RANK_FILES = ("rank_rows", "rank_local")
 
 
 def test_splitters_cut_at_distinct_sample_quantiles() -> None:

@@ -1,0 +1,90 @@
+"""Integers by row that the output phases read a slice at a time: the rank by record id and the
+leakage group's naming row.
+
+The driver's own coding holds them in arrays (:class:`HeldRows`). Where the runner's merge
+tasks coded the rows, each partition's files hold its rows (ascending) and what gives their
+values, memory-mapped (:class:`PartedRows`): the driver then holds no array of every row
+through the output phases, only a slice's values (the leakage's answers for the groups the
+edges touch are O(edges)).
+"""
+
+from collections.abc import Callable
+from typing import Protocol
+
+import numpy as np
+
+from corpus_assets.core.dedup.order import sorted_hits
+
+# Where a partition's values come from: positions into its rows (a slice or an index array)
+# -> each one's value.
+Values = Callable[[slice | np.ndarray], np.ndarray]
+
+
+class RowValues(Protocol):
+    """One integer per row of ``n`` rows, read by range or by rows."""
+
+    n: int
+    dtype: np.dtype
+
+    def span(self, lo: int, hi: int) -> np.ndarray:
+        """The values of rows ``lo`` to ``hi - 1``."""
+        ...
+
+    def of(self, rows: np.ndarray) -> np.ndarray:
+        """The values of ``rows`` (any order, repeats)."""
+        ...
+
+
+class HeldRows:
+    """The values in an array."""
+
+    def __init__(self, values: np.ndarray) -> None:
+        self.values, self.n, self.dtype = values, len(values), values.dtype
+
+    def span(self, lo: int, hi: int) -> np.ndarray:
+        return self.values[lo:hi]
+
+    def of(self, rows: np.ndarray) -> np.ndarray:
+        return self.values[rows]
+
+
+class PartedRows:
+    """The values from partitions whose rows are disjoint, together every row, each
+    partition's ascending (``parts``: its rows, mapped, and where their values come from)."""
+
+    def __init__(self, n: int, dtype: np.dtype, parts: list[tuple[np.ndarray, Values]]) -> None:
+        self.n, self.dtype, self.parts = n, np.dtype(dtype), parts
+
+    def span(self, lo: int, hi: int) -> np.ndarray:
+        out = np.empty(hi - lo, dtype=self.dtype)
+        found = 0
+        for rows, values in self.parts:
+            a, b = (int(i) for i in np.searchsorted(rows, [lo, hi]))
+            out[np.asarray(rows[a:b]) - lo] = values(slice(a, b))
+            found += b - a
+        if found != hi - lo:
+            raise RuntimeError(f"rows {lo}..{hi - 1}: {found} of them in the partitions")
+        return out
+
+    def of(self, rows: np.ndarray) -> np.ndarray:
+        rows = np.asarray(rows)
+        out = np.empty(len(rows), dtype=self.dtype)
+        found = np.zeros(len(rows), dtype=bool)
+        for part_rows, values in self.parts:
+            at, hit = sorted_hits(part_rows, rows)
+            if hit.any():
+                out[hit] = values(at[hit])
+                found |= hit
+        if not found.all():
+            raise RuntimeError(f"row {int(rows[~found][0])} is in no partition")
+        return out
+
+
+def fixed_points(values: RowValues, rows: int = 1 << 16) -> int:
+    """How many rows name themselves (a leakage group's naming row is its own: so many
+    groups), a slice at a time."""
+    count = 0
+    for lo in range(0, values.n, rows):
+        hi = min(lo + rows, values.n)
+        count += int(np.count_nonzero(values.span(lo, hi) == np.arange(lo, hi)))
+    return count
