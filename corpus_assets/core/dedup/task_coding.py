@@ -2,13 +2,17 @@
 
 The :class:`.coding.Coding` where the stages run on the task runner. At construction a runs
 task per canonical chunk and a merge task per partition of the ids set run
-(:mod:`.code_tasks`); the driver places each row's rank by record id and keeps the repeated
-rows the merges found. The groups stay in the merges' files until the leakage groups ask for
-them, after the near stage: the driver looks up only the edges' rows' groups, finds the
-components among those, and places each row's naming row, a partition at a time. Exact copies
-need the excluded rows first (tombstones and repeated ids), so the keys set's merges run when
-``decide`` asks for them, and hand back only the copies and their representatives. The driver
-never holds a record id, dedup key or group code, and sorts no value.
+(:mod:`.code_tasks`); the driver keeps the repeated rows the merges found. Each merge keeps
+its record rows (ascending) with their ranks in the partition: the driver places every row's
+rank for the total order, and after the near stage reads the ranks a slice at a time from the
+mapped files (:class:`.row_values.PartedRows`). The groups stay in the merges' files until
+the leakage groups ask for them, after the near stage: the driver looks up only the edges'
+rows' groups, finds the components among those, and reads each row's naming row from the
+mapped files a slice at a time as the output phases ask. Exact copies need the excluded rows
+first (tombstones and repeated ids), so the keys set's merges run when ``decide`` asks for
+them, and hand back only the copies and their representatives. The driver never holds a
+record id, dedup key or group code, and sorts no value; the ids merges' files stay in the
+scratch folder to the end of the layer's run.
 """
 
 import os
