@@ -32,7 +32,7 @@ from corpus_assets.core.dedup.partition_db import (
     RecordCodes,
 )
 from corpus_assets.core.dedup.report import NearReport
-from corpus_assets.core.dedup.row_values import RowValues
+from corpus_assets.core.dedup.row_values import Leakage
 from corpus_assets.core.dedup.verdicts import (
     EXACT_CODE,
     EXCLUDED_CODE,
@@ -74,8 +74,8 @@ class Decided:
     state: Verdicts
     excluded: dict[int, str]  # row -> reason, only excluded rows
     edges: EdgeRows  # why rows are joined: copies (in total order), then verified near pairs
-    # per row (``code_dtype``): a row of the group naming its leakage group (smallest code)
-    leakage: RowValues
+    # per row (``code_dtype``): a row of the group naming its leakage group; and how many
+    leakage: Leakage
     # per row: its position in the clusters table (chunk parts in order) from its rank by
     # record id, object, line, row (the total order's last keys: ``positions.rank``)
     positions: TablePositions
@@ -240,9 +240,9 @@ def write_decisions(
             looked = state.span(lo, hi) if only is None else state.look(only[lo:hi])
             at = looked.rows
             if only is None:
-                pos, leak = decided.positions.span(lo, hi), decided.leakage.span(lo, hi)
+                pos, leak = decided.positions.span(lo, hi), decided.leakage.rows.span(lo, hi)
             else:
-                pos, leak = decided.positions.of(at), decided.leakage.of(at)
+                pos, leak = decided.positions.of(at), decided.leakage.rows.of(at)
             match, reps = looked.match, state.representatives(looked)
             columns = {
                 "row": at,

@@ -21,7 +21,7 @@ from corpus_assets.core.dedup.leakage import leakage_rows
 from corpus_assets.core.dedup.order import first_in_order
 from corpus_assets.core.dedup.output_order import id_ranks
 from corpus_assets.core.dedup.partition_db import Coded, PartitionDb, RecordCodes, code_dtype
-from corpus_assets.core.dedup.row_values import HeldRows, RowValues
+from corpus_assets.core.dedup.row_values import HeldRows, Leakage, RowValues
 
 # Why an ``excluded`` row repeats an earlier row's record id: the same record again (same dedup
 # key), or another text under the same id - quarantined, counted as ``id_conflicts``. Decided
@@ -66,9 +66,9 @@ class Coding(Protocol):
 
     def exact(self, codes: RecordCodes, eligible: np.ndarray, excluded: np.ndarray) -> Exact: ...
 
-    def leakage(self, codes: RecordCodes, a: np.ndarray, b: np.ndarray) -> RowValues:
+    def leakage(self, codes: RecordCodes, a: np.ndarray, b: np.ndarray) -> Leakage:
         """Per row, the row naming its leakage group over the edges (a, b) between rows
-        (:mod:`.leakage`)."""
+        (:mod:`.leakage`), and how many groups."""
         ...
 
 
@@ -116,8 +116,10 @@ class DriverCoding:
         copies = eligible[~first]
         return Exact(eligible[first], copies, rep_of[key_codes[copies]])
 
-    def leakage(self, codes: RecordCodes, a: np.ndarray, b: np.ndarray) -> RowValues:
-        return HeldRows(leakage_rows(codes.group_id.codes, a, b))
+    def leakage(self, codes: RecordCodes, a: np.ndarray, b: np.ndarray) -> Leakage:
+        rows = leakage_rows(codes.group_id.codes, a, b)
+        groups = int(np.count_nonzero(np.bincount(rows))) if len(rows) else 0  # no sort
+        return Leakage(HeldRows(rows), groups)
 
 
 def no_repeats() -> Repeated:

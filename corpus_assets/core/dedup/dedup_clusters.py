@@ -51,7 +51,6 @@ from corpus_assets.core.dedup.reuse import (
     reused_parts,
     row_maps,
 )
-from corpus_assets.core.dedup.row_values import fixed_points
 from corpus_assets.core.dedup.signature_blocks import opened_signatures
 from corpus_assets.core.dedup.signature_cache import (
     ChunkSignatures,
@@ -191,7 +190,7 @@ def _decisions(decided: Decided, fresh: np.ndarray | None, by_tasks: bool, tmp: 
 def _row_decisions(decided: Decided) -> RowDecisions:
     return RowDecisions(
         decided.state,
-        decided.leakage,
+        decided.leakage.rows,
         decided.positions,
         decided.excluded,
     )
@@ -406,5 +405,5 @@ def _counts(decided: Decided, report: DedupReport, tombstoned: int) -> dict[str,
         # a kept row stands for itself, every removed one behind a kept row (an exact copy's
         # representative is kept or near, a near one's match kept): a cluster per kept row
         "clusters": verdicts[KEEP],
-        "leakage_groups": fixed_points(decided.leakage),
+        "leakage_groups": decided.leakage.groups,
     }

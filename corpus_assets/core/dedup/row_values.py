@@ -8,8 +8,9 @@ through the output phases, only a slice's values (the leakage's answers for the 
 edges touch are O(edges)).
 """
 
-from collections.abc import Callable
-from typing import Protocol
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import NamedTuple, Protocol
 
 import numpy as np
 
@@ -80,11 +81,22 @@ class PartedRows:
         return out
 
 
-def fixed_points(values: RowValues, rows: int = 1 << 16) -> int:
-    """How many rows name themselves (a leakage group's naming row is its own: so many
-    groups), a slice at a time."""
-    count = 0
-    for lo in range(0, values.n, rows):
-        hi = min(lo + rows, values.n)
-        count += int(np.count_nonzero(values.span(lo, hi) == np.arange(lo, hi)))
-    return count
+class Leakage(NamedTuple):
+    """Each row's leakage group's naming row, and how many groups there are."""
+
+    rows: RowValues
+    groups: int
+
+
+def write_npy(path: Path, dtype: np.dtype, n: int, slices: Iterable[np.ndarray]) -> None:
+    """An ``.npy`` file of ``n`` values written a slice at a time (never held whole)."""
+    dtype = np.dtype(dtype)
+    header = {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False, "shape": (n,)}
+    written = 0
+    with open(path, "wb") as out:
+        np.lib.format.write_array_header_2_0(out, header)
+        for part in slices:
+            out.write(np.ascontiguousarray(part, dtype=dtype).tobytes())
+            written += len(part)
+    if written != n:
+        raise RuntimeError(f"{path.name}: {written} values written, {n} stated")

@@ -42,7 +42,13 @@ from corpus_assets.core.dedup.coding import Exact, Repeated
 from corpus_assets.core.dedup.leakage import ROOT_SLICE, components
 from corpus_assets.core.dedup.order import sorted_hits
 from corpus_assets.core.dedup.partition_db import Coded, PartitionDb, RecordCodes, code_dtype
-from corpus_assets.core.dedup.row_values import PartedRows, RowValues, Values
+from corpus_assets.core.dedup.row_values import (
+    Leakage,
+    PartedRows,
+    RowValues,
+    Values,
+    write_npy,
+)
 from corpus_assets.core.records.index import ChunkRecords
 from corpus_assets.core.runtime.workspace import Workspace, pooled
 
@@ -85,10 +91,11 @@ class TaskCoding:
         stay in the merges' files until :meth:`leakage` asks, after the near stage)."""
         return db.codes(tuple(Coded(np.empty(0, dtype=np.int64), []) for _ in range(3)))
 
-    def leakage(self, codes: RecordCodes, a: np.ndarray, b: np.ndarray) -> RowValues:
+    def leakage(self, codes: RecordCodes, a: np.ndarray, b: np.ndarray) -> Leakage:
         """Per row, its leakage group's naming row (:func:`.leakage.leakage_rows`' answer)
-        from the ids merges' group rows, read a slice at a time: the driver holds the edges'
-        groups and their components' naming rows, never a group code or an answer per row."""
+        from the ids merges' group rows, read a slice at a time, and how many groups: the
+        driver holds the edges' groups and their components' naming rows, never a group code
+        or an answer per row."""
         parts = _group_parts(self.scratch, self._ids)
         self._ids = []
         dtype = code_dtype(self.n)
@@ -102,7 +109,11 @@ class TaskCoding:
         del edge_rows, edge_groups
         roots = components(len(touched), ends[: len(a)], ends[len(a) :])
         del ends
-        return _leakage_rows(parts, self.n, touched, names[roots])
+        groups = _named_groups(parts, touched, names[roots], dtype)
+        merged = len(touched) - len(np.unique(roots))  # groups an edge joined to another
+        found = [(mapped_merged(p.base, "group_rows", "group_codes"), p.base) for p in parts]
+        rows = [(rows, _named(codes, base, dtype)) for (rows, codes), base in found]
+        return Leakage(PartedRows(self.n, np.dtype(dtype), rows), groups - merged)
 
     def id_rank(self, db: PartitionDb, codes: RecordCodes) -> np.ndarray:
         """Placed from the ids merges' files (for the total order)."""
@@ -247,39 +258,34 @@ def _touched_ends(
     return ends
 
 
-def _leakage_rows(
-    parts: list[_GroupPart], n: int, touched: np.ndarray, root_names: np.ndarray
-) -> PartedRows:
-    """Per row, its group's naming row, or its component root's where the edges touch its
-    group (``touched`` codes ascending, ``root_names`` theirs), from each partition's mapped
-    group rows and codes."""
-    dtype = np.dtype(code_dtype(n))
-    found = []
+def _named_groups(
+    parts: list[_GroupPart], touched: np.ndarray, root_names: np.ndarray, dtype: type
+) -> int:
+    """Each partition's naming row by local code written as its ``named`` file, a slice at a
+    time: the group's own, or its component root's where the edges touch it (``touched``
+    codes ascending, ``root_names`` theirs); how many groups in all."""
+    groups = 0
+
+    def rooted(naming: np.ndarray, offset: int) -> Iterator[np.ndarray]:
+        nonlocal groups
+        for lo in range(0, len(naming), ROOT_SLICE):
+            named = np.array(naming[lo : lo + ROOT_SLICE], dtype=dtype)  # a copy: mapped
+            groups += int(np.count_nonzero(named >= 0))  # -1: a value naming no group
+            a, b = np.searchsorted(touched, [offset + lo, offset + lo + len(named)])
+            named[touched[a:b] - (offset + lo)] = root_names[a:b]
+            yield named
+
     for part in parts:
-        rows, codes, naming = mapped_merged(part.base, *_GROUP_FILES)
-        found.append((rows, _named(codes, naming, touched, root_names, part.offset, dtype)))
-    return PartedRows(n, dtype, found)
+        (naming,) = mapped_merged(part.base, "naming")
+        path = Path(f"{part.base}-named.npy")
+        write_npy(path, np.dtype(dtype), len(naming), rooted(naming, part.offset))
+    return groups
 
 
-def _named(
-    codes: np.ndarray,
-    naming: np.ndarray,
-    touched: np.ndarray,
-    root_names: np.ndarray,
-    offset: int,
-    dtype: np.dtype,
-) -> Values:
-    """A partition's answers: each group row's naming row, its component root's where the
-    edges touch its group."""
-
-    def values(at: slice | np.ndarray) -> np.ndarray:
-        local = np.asarray(codes[at])
-        named = np.asarray(naming[local], dtype=dtype)
-        hits, hit = sorted_hits(touched, local + touched.dtype.type(offset))
-        named[hit] = root_names[hits[hit]]
-        return named
-
-    return values
+def _named(codes: np.ndarray, base: str, dtype: type) -> Values:
+    """A partition's answers: each group row's naming row, from its ``named`` file."""
+    (named,) = mapped_merged(base, "named")
+    return lambda at: np.asarray(named[np.asarray(codes[at])], dtype=dtype)
 
 
 _GROUP_FILES = ("group_rows", "group_codes", "naming")

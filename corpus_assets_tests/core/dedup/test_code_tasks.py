@@ -13,7 +13,6 @@ from corpus_assets.core.dedup.code_tasks import PARTITION_VALUES, merge_partitio
 from corpus_assets.core.dedup.leakage import leakage_rows
 from corpus_assets.core.dedup.output_order import id_ranks
 from corpus_assets.core.dedup.partition_db import PartitionDb, chunk_lengths
-from corpus_assets.core.dedup.row_values import fixed_points
 from corpus_assets.core.dedup.task_coding import TaskCoding
 from corpus_assets.core.records.index import RECORD_COLUMNS, ChunkRecords
 from corpus_assets.core.runtime.workspace import Workspace, open_workspace
@@ -120,7 +119,8 @@ def test_task_coding_decides_as_the_driver(
         assert getattr(got.edges, name).tolist() == getattr(want.edges, name).tolist(), name
     assert got.edges.exact == want.edges.exact
     n = table.num_rows
-    assert got.leakage.span(0, n).tolist() == want.leakage.span(0, n).tolist()
+    assert got.leakage.rows.span(0, n).tolist() == want.leakage.rows.span(0, n).tolist()
+    assert got.leakage.groups == want.leakage.groups
     assert got.positions.rank.span(0, n).tolist() == want.positions.rank.span(0, n).tolist()
     assert got.positions.span(0, n).tolist() == want.positions.span(0, n).tolist()
     every = np.arange(table.num_rows)
@@ -133,7 +133,7 @@ def test_task_coding_decides_as_the_driver(
     assert coding.work["code_merge_tasks"] == 2 * (partitions or 1)  # ids, then dedup keys
     assert not list(tmp_path.glob("run-*")) and not list(tmp_path.glob("merged-keys-*"))
     left = {p.name.split("-", 3)[-1] for p in tmp_path.glob("merged-*")}  # read to the end
-    assert left == {f"{f}.npy" for f in ("group_rows", "group_codes", "naming", *_RANK_FILES)}
+    assert left == {f"{f}.npy" for f in _KEPT_FILES}
     assert not (tmp_path / "excluded.npy").exists()
     assert len(list(tmp_path.glob("names-*.arrow"))) == len(chunks)  # for the gather tasks
 
@@ -168,19 +168,21 @@ def test_task_coding_names_leakage_groups_and_ranks_as_the_coding_sorts(
         ws.close()
     n, some = table.num_rows, rng.integers(0, table.num_rows, 97)  # any rows, repeats
     want = leakage_rows(expected.group_id.codes, a, b)
-    assert np.concatenate([got.span(0, 13), got.span(13, n)]).tolist() == want.tolist()
-    assert got.of(some).tolist() == want[some].tolist()
-    assert fixed_points(got) == len(np.unique(want))  # a group's naming row names itself
+    rows = got.rows
+    assert np.concatenate([rows.span(0, 13), rows.span(13, n)]).tolist() == want.tolist()
+    assert rows.of(some).tolist() == want[some].tolist()
+    assert got.groups == len(np.unique(want))
     alone = leakage_rows(expected.group_id.codes, a[:0], b[:0])
     assert len(np.unique(want)) < len(np.unique(alone)) or not edges  # the edges joined groups
     assert rank.tolist() == want_rank.tolist() == ranks.span(0, n).tolist()
     assert ranks.of(some).tolist() == want_rank[some].tolist()
     # what the slices are read from stays in the scratch folder, and goes with it
     left = {p.name.split("-", 3)[-1] for p in tmp_path.glob("merged-ids-*")}
-    assert left == {f"{f}.npy" for f in ("group_rows", "group_codes", "naming", *_RANK_FILES)}
+    assert left == {f"{f}.npy" for f in _KEPT_FILES}
 
 
-_RANK_FILES = ("rank_rows", "rank_local")
+# the ids merges' files the output phases read, kept to the end of the layer's run
+_KEPT_FILES = ("group_rows", "group_codes", "naming", "named", "rank_rows", "rank_local")
 
 
 def test_splitters_cut_at_distinct_sample_quantiles() -> None:

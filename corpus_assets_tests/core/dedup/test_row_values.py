@@ -1,10 +1,13 @@
 """Integers by row read a slice at a time from partitions of rows (the merge tasks' files)
-are those of one array, for any range or rows; a row no partition holds is refused."""
+are those of one array, for any range or rows; a row no partition holds is refused; an
+``.npy`` written a slice at a time is one array."""
+
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from corpus_assets.core.dedup.row_values import HeldRows, PartedRows, fixed_points
+from corpus_assets.core.dedup.row_values import HeldRows, PartedRows, write_npy
 
 
 def _parted(values: np.ndarray, partitions: int, seed: int) -> PartedRows:
@@ -45,6 +48,11 @@ def test_a_row_in_no_partition_is_refused() -> None:
         parted.of(np.array([4, 3]))
 
 
-def test_fixed_points_count_the_rows_naming_themselves() -> None:
-    naming = np.array([0, 0, 2, 2, 2, 5, 0], dtype=np.int32)  # three groups: rows 0, 2, 5
-    assert fixed_points(HeldRows(naming), rows=2) == 3 == len(np.unique(naming))
+def test_an_npy_written_by_slices_loads_as_one_array(tmp_path: Path) -> None:
+    values = np.arange(1000, dtype=np.int32) * 7
+    path = tmp_path / "x.npy"
+    write_npy(path, np.dtype(np.int32), 1000, (values[lo : lo + 37] for lo in range(0, 1000, 37)))
+    loaded = np.load(path, mmap_mode="r")
+    assert loaded.dtype == np.int32 and loaded.tolist() == values.tolist()
+    with pytest.raises(RuntimeError, match="999 values written, 1000 stated"):
+        write_npy(path, np.dtype(np.int32), 1000, [values[:999]])
