@@ -4,8 +4,8 @@ leakage group's naming row.
 The driver's own coding holds them in arrays (:class:`HeldRows`). Where the runner's merge
 tasks coded the rows, each partition's files hold its rows (ascending) and what gives their
 values, memory-mapped (:class:`PartedRows`): the driver then holds no array of every row
-through the output phases, only a slice's values (the leakage's answers for the groups the
-edges touch are O(edges)).
+through the output phases, only a slice's values. The files are the merges' own, or written
+a slice at a time by the driver (:func:`write_npy`: the leakage step's answers by group).
 """
 
 from collections.abc import Callable, Iterable
