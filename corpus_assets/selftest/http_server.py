@@ -8,6 +8,7 @@ user's installation without pytest; the download tests import it from here too.
 
 import hashlib
 import re
+import select
 import socket
 import struct
 import threading
@@ -52,6 +53,11 @@ class Remote:
     after_get: Callable[[], None] | None = None  # runs once, after a GET was answered
     piece: int = 64 << 10
     delay: float = 0.0
+    # from ``hold_at`` body bytes of a response on, each further piece waits up to
+    # ``hold_seconds`` for the client to close the connection (then nothing more is sent): a
+    # client that stops early is seen to, however slowly either side runs
+    hold_at: int | None = None
+    hold_seconds: float = 1.0
     sent: int = 0
     gets: int = 0
     ranges: list[str | None] = field(default_factory=list)
@@ -173,9 +179,14 @@ class Handler(BaseHTTPRequestHandler):
         chunked = remote.chunked and status == 200
         limit = len(payload) if drop is None else _limit(drop, start)
         position = 0
+        hold = len(payload) if remote.hold_at is None else remote.hold_at
         try:
             while position < min(limit, len(payload)):
-                piece = payload[position : min(position + remote.piece, limit)]
+                if position >= hold and self._closed_by_client(remote.hold_seconds):
+                    self.close_connection = True
+                    return
+                end = min(position + remote.piece, limit, hold if position < hold else limit)
+                piece = payload[position:end]
                 if chunked:
                     self.wfile.write(b"%x\r\n" % len(piece) + bytes(piece) + b"\r\n")
                 else:
@@ -191,6 +202,18 @@ class Handler(BaseHTTPRequestHandler):
                 self.wfile.write(b"0\r\n\r\n")
         except OSError:  # the client went away (killed, or gave up after a timeout)
             self.close_connection = True
+
+    def _closed_by_client(self, seconds: float) -> bool:
+        """Whether the client closes the connection within ``seconds`` (everything sent so far
+        flushed first)."""
+        self.wfile.flush()
+        ready, _, _ = select.select([self.connection], [], [], seconds)
+        if not ready:
+            return False
+        try:
+            return self.connection.recv(1, socket.MSG_PEEK) == b""
+        except OSError:  # reset by the client: closed too
+            return True
 
     def _validators(self, etag: str | None, last_modified: str | None) -> None:
         if etag:
