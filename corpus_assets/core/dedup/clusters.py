@@ -29,7 +29,6 @@ from corpus_assets.core.dedup.partition_db import (
     MEMORY_LIMIT,
     OUTPUT_MEMORY_LIMIT,
     PartitionDb,
-    RecordCodes,
 )
 from corpus_assets.core.dedup.report import NearReport
 from corpus_assets.core.dedup.row_values import Leakage
@@ -69,7 +68,7 @@ _T = TypeVar("_T")
 class Decided:
     """Every verdict of a run, by row, plus what the output tables and counts are made of."""
 
-    codes: RecordCodes  # its row count (every code is dropped once used)
+    n: int  # rows
     per_source: dict[str, dict[str, int]]  # verdict counts by source
     state: Verdicts
     excluded: dict[int, str]  # row -> reason, only excluded rows
@@ -141,7 +140,7 @@ def decide(
     leakage = coding.leakage(codes, a, b)
     codes.forget("group_id")
     positions = TablePositions(coding.rank_rows(db, codes), chunk_starts)
-    return Decided(codes, per_source, state, excluded, edges, leakage, positions, report)
+    return Decided(codes.n, per_source, state, excluded, edges, leakage, positions, report)
 
 
 def _eligible(order: np.ndarray, excluded_rows: np.ndarray) -> np.ndarray:
@@ -231,7 +230,7 @@ def write_decisions(
     output (its buffers grow with the partition up to their limit; the arrays would sit under
     that)."""
     reasons = _Reasons(decided.excluded)
-    state, n = decided.state, decided.codes.n
+    state, n = decided.state, decided.n
     count = n if only is None else len(only)
     path = directory / "decisions.parquet"
     with pq.ParquetWriter(path, _DECISIONS, compression="none") as writer:

@@ -394,7 +394,7 @@ def _counts(decided: Decided, report: DedupReport, tombstoned: int) -> dict[str,
         verdicts.update(per_verdict)
     conflicts = sum(reason.startswith(ID_CONFLICT) for reason in decided.excluded.values())
     return {
-        "records": decided.codes.n,
+        "records": decided.n,
         "kept": verdicts[KEEP],
         "removed": verdicts[EXACT] + verdicts[NEAR],
         "exact_duplicates": verdicts[EXACT],

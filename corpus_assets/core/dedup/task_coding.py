@@ -111,18 +111,15 @@ class TaskCoding:
         del ends
         groups = _named_groups(parts, touched, names[roots], dtype)
         merged = len(touched) - len(np.unique(roots))  # groups an edge joined to another
-        found = [(mapped_merged(p.base, "group_rows", "group_codes"), p.base) for p in parts]
-        rows = [(rows, _named(codes, base, dtype)) for (rows, codes), base in found]
-        return Leakage(PartedRows(self.n, np.dtype(dtype), rows), groups - merged)
+        rows = PartedRows(self.n, np.dtype(dtype), [_named(p.base, dtype) for p in parts])
+        return Leakage(rows, groups - merged)
 
     def id_rank(self, db: PartitionDb, codes: RecordCodes) -> np.ndarray:
-        """Placed from the ids merges' files (for the total order)."""
-        rank = np.empty(self.n, dtype=code_dtype(self.n))
-        for base, first in self._ranked:
-            rows, local = mapped_merged(base, "rank_rows", "rank_local")
-            for lo in range(0, len(rows), ROOT_SLICE):  # a slice at a time, mapped
-                at = slice(lo, lo + ROOT_SLICE)
-                rank[rows[at]] = local[at] + rank.dtype.type(first)
+        """Every row's rank in one array (for the total order), read a slice at a time."""
+        ranks = self.rank_rows(db, codes)
+        rank = np.empty(self.n, dtype=ranks.dtype)
+        for lo in range(0, self.n, ROOT_SLICE):
+            rank[lo : lo + ROOT_SLICE] = ranks.span(lo, min(lo + ROOT_SLICE, self.n))
         return rank
 
     def rank_rows(self, db: PartitionDb, codes: RecordCodes) -> RowValues:
@@ -282,10 +279,11 @@ def _named_groups(
     return groups
 
 
-def _named(codes: np.ndarray, base: str, dtype: type) -> Values:
-    """A partition's answers: each group row's naming row, from its ``named`` file."""
-    (named,) = mapped_merged(base, "named")
-    return lambda at: np.asarray(named[np.asarray(codes[at])], dtype=dtype)
+def _named(base: str, dtype: type) -> tuple[np.ndarray, Values]:
+    """A partition's group rows with their answers: each one's naming row, from its group's
+    code and the partition's ``named`` file."""
+    rows, codes, named = mapped_merged(base, "group_rows", "group_codes", "named")
+    return rows, lambda at: np.asarray(named[np.asarray(codes[at])], dtype=dtype)
 
 
 _GROUP_FILES = ("group_rows", "group_codes", "naming")
