@@ -148,18 +148,21 @@ def chunk_names(ws: Workspace, job: NamesJob, spec: object, done: object) -> int
     return write_names(ws, job).num_rows
 
 
-def write_names(ws: Workspace, job: NamesJob) -> pa.Table:
+def write_names(ws: Workspace, job: NamesJob, also: tuple[str, ...] = ()) -> pa.Table:
     """One chunk's carried columns, verified and read from its file, written as a
-    memory-mappable Arrow file; the table."""
+    memory-mappable Arrow file; the table, with the columns ``also`` read beside them."""
     chunk = job.chunk
     path = VerifiedFiles(ws.cas).path(chunk.records["digest"], chunk.what)
-    table = pq.read_table(path, columns=CARRIED, use_threads=False).cast(_CARRIED_SCHEMA)
-    if table.num_rows != chunk.count:
-        raise ValueError(f"{chunk.what}: {table.num_rows} rows, the index says {chunk.count}")
+    read = pq.read_table(path, columns=[*CARRIED, *also], use_threads=False)
+    if read.num_rows != chunk.count:
+        raise ValueError(f"{chunk.what}: {read.num_rows} rows, the index says {chunk.count}")
+    table = read.select(CARRIED).cast(_CARRIED_SCHEMA)
     batch = table.combine_chunks().to_batches()
     with ipc.new_file(str(_names_path(Path(job.scratch), job.index)), _CARRIED_SCHEMA) as out:
         for part in batch:  # one batch: the table was combined
             out.write_batch(part)
+    for name in also:
+        table = table.append_column(name, read.column(name))
     return table
 
 

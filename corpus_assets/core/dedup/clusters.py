@@ -110,22 +110,22 @@ def decide(
     one part of the clusters table)."""
     coding = coding if coding is not None else DriverCoding()
     codes = coding.codes(db)
-    order = db.total_order(source_order, codes.source_id, coding.id_rank(db, codes))
     state = Verdicts(codes.n)
     excluded = exclusions(db, coding.repeated(codes), dict(revoked or {}))
     excluded_rows = np.fromiter(sorted(excluded), dtype=np.int64, count=len(excluded))
     state.set(excluded_rows, EXCLUDED_CODE)
-    exact = coding.exact(codes, _eligible(order, excluded_rows), excluded_rows)
-    del order, excluded_rows
-    copies, representatives = exact.copies, [exact.representatives]
+    content_of = near.content_of if near is not None else None
+    exact = coding.exact(db, codes, source_order, excluded_rows, content_of)
+    del excluded_rows
+    copies, classes = exact.copies, exact.classes
     state.set(copies, EXACT_CODE, exact.match)  # Jaccard 1.0
-    del exact  # its matches are in the verdicts, its representatives handed to the near stage
+    del exact  # its matches are in the verdicts, its classes handed to the near stage
     codes.forget("record_id", "dedup_key")
     report = None
     near_x = near_y = np.empty(0, dtype=np.int64)
     near_j = np.empty(0, dtype=np.float64)
     if near is not None:
-        report = near.run(codes, representatives)
+        report = near.run(classes)
         near_x, near_y, near_j = near.edge_arrays()
         rows, match, jaccard = near.match_arrays()
         state.set(rows, NEAR_CODE, match)
@@ -141,15 +141,6 @@ def decide(
     codes.forget("group_id")
     positions = TablePositions(coding.rank_rows(db, codes), chunk_starts)
     return Decided(codes.n, per_source, state, excluded, edges, leakage, positions, report)
-
-
-def _eligible(order: np.ndarray, excluded_rows: np.ndarray) -> np.ndarray:
-    """The rows of ``order`` not excluded (``excluded_rows`` ascending), in its order."""
-    if not len(excluded_rows):
-        return order
-    eligible = np.ones(len(order), dtype=bool)  # by row: a byte a row, no search temporaries
-    eligible[excluded_rows] = False
-    return order[eligible[order]]
 
 
 class _Reasons:

@@ -49,7 +49,6 @@ PARTITION_VALUES = 1 << 18  # values per merge partition at most (tests fix the 
 MERGE_COPIES = 3  # a merge task holds its slices, their concatenation and the sorted copy
 ROW_BYTES = 9  # beside each value: its row (int64) and flag
 SAMPLES = 64  # evenly spaced values per run and set
-SETS = ("ids", "keys")
 _AT_END = "at_end"  # nulls last, as DuckDB's ascending ORDER BY
 _SCHEMAS = {
     "ids": pa.schema(
@@ -72,6 +71,16 @@ _SCHEMAS = {
             ("record_id", pa.string()),
             ("object", pa.string()),
             ("line", pa.int64()),
+            ("cls", pa.string()),  # the row's near-dedup class (kept for the order run)
+        ]
+    ),
+    "order": pa.schema(
+        [
+            ("v", pa.string()),  # class, source rank, longer first, record id (:func:`_order`)
+            ("row", pa.int64()),
+            ("object", pa.string()),
+            ("line", pa.int64()),
+            ("cls", pa.string()),  # "0" and its class for a representative, "1" for a copy
         ]
     ),
 }
@@ -79,7 +88,9 @@ _SCHEMAS = {
 _SORT_KEYS = {
     "ids": ["v", "object", "line", "row"],
     "keys": ["v", "source_rank", "longer_first", "record_id", "object", "line", "row"],
+    "order": ["v", "object", "line", "row"],
 }
+REPRESENTATIVE, COPY = "0", "1"  # an order run's groups: the classes' rows, then the copies
 
 
 @dataclass(frozen=True)
@@ -90,6 +101,20 @@ class RunJob:
     names: NamesJob
     lengths: str
     source_order: tuple[tuple[str, int], ...]
+    content_of: tuple[tuple[str, str], ...] = ()  # each source's content (its classes)
+
+
+@dataclass(frozen=True)
+class OrderJob:
+    """One chunk's order run, once the exact stage is decided: its keys run's rows less the
+    ``excluded`` ones, the ``copies`` flagged (both files of rows, ascending)."""
+
+    scratch: str
+    index: int
+    start: int
+    count: int
+    excluded: str
+    copies: str
 
 
 @dataclass(frozen=True)
@@ -125,6 +150,7 @@ class Merged:
     values: int
     records: int
     pid: int
+    groups: tuple[tuple[str, int], ...] = ()  # an order partition's rows per group, in order
 
 
 def merge_partitions(values: int, value_bytes: int, budget: int) -> int:
@@ -148,15 +174,85 @@ def splitters(samples: list[str], count: int) -> list[str]:
 
 def chunk_runs(ws: Workspace, job: RunJob, spec: object, done: object) -> RunSamples:
     """One chunk's names (for the gather tasks) and its sorted runs of both sets."""
-    table = write_names(ws, job.names)
+    table = write_names(ws, job.names, also=("kind",))
     sets = {"ids": _ids_run(table, job.names.start), "keys": _keys_run(ws, job, table)}
+    return _sorted_runs(Path(job.names.scratch), job.names.index, sets)
+
+
+def _sorted_runs(scratch: Path, index: int, sets: dict[str, pa.Table]) -> RunSamples:
+    """Each set's run sorted by value and written, with its samples and sizes."""
     samples, sizes = {}, {}
     for kind, run in sets.items():
         sizes[kind] = run.nbytes - ROW_BYTES * run.num_rows
         ordered = run.take(pc.sort_indices(run, [("v", "ascending", _AT_END)]))
-        _write(run_path(Path(job.names.scratch), kind, job.names.index), ordered, kind)
+        _write(run_path(scratch, kind, index), ordered, kind)
         samples[kind] = _samples(ordered.column("v"))
     return RunSamples({k: t.num_rows for k, t in sets.items()}, sizes, samples)
+
+
+def order_runs(ws: Workspace, job: OrderJob, spec: object, done: object) -> RunSamples:
+    """One chunk's eligible rows sorted by group (its class, or the copies), then the total
+    order: the near stage's classes and the copies in total order, with no sort on the
+    driver."""
+    scratch = Path(job.scratch)
+    keys = _read(run_path(scratch, "keys", job.index))
+    rows = keys.column("row").to_numpy()
+    span = (job.start, job.start + job.count)
+    eligible = ~sorted_hits(_within(job.excluded, span), rows)[1]
+    keys = keys.filter(pa.array(eligible))
+    copy = sorted_hits(_within(job.copies, span), rows[eligible])[1]
+    group = pc.if_else(
+        pa.array(copy),
+        pa.scalar(COPY),
+        pc.binary_join_element_wise(REPRESENTATIVE, keys.column("cls"), ""),
+    )
+    run = pa.table(
+        {
+            "v": _order(group, keys),
+            "row": keys.column("row"),
+            "object": keys.column("object"),
+            "line": keys.column("line"),
+            "cls": group,
+        },
+        schema=_SCHEMAS["order"],
+    )
+    return _sorted_runs(scratch, job.index, {"order": run})
+
+
+def _within(path: str, span: tuple[int, int]) -> np.ndarray:
+    """The rows of an ascending file of rows within ``span``."""
+    rows = np.load(path, mmap_mode="r")
+    lo, hi = np.searchsorted(rows, span)
+    return np.asarray(rows[lo:hi])
+
+
+def _order(group: pa.ChunkedArray | pa.Array, keys: pa.Table) -> pa.Array:
+    """A string per row whose byte order is (group, source rank, longer first, record id with
+    nulls last): the group then NUL (below every character: a group that is another's prefix
+    sorts first, as the names do), the integers in fixed-width hex, the id flagged present.
+    Equal strings differ by (object, line, row) only, which the merge sorts."""
+    ids = keys.column("record_id")
+    present = pc.binary_join_element_wise("0", pc.fill_null(ids, ""), "")
+    return pc.binary_join_element_wise(
+        group,
+        "\x00",
+        _hex(keys.column("source_rank").to_numpy().astype(np.uint64), 8),
+        _hex((keys.column("longer_first").to_numpy() + 2**62).astype(np.uint64), 16),
+        pc.if_else(pc.is_null(ids), pa.scalar("1"), present),
+        "",
+    )
+
+
+_HEX = np.frombuffer(b"0123456789abcdef", np.uint8)
+
+
+def _hex(values: np.ndarray, width: int) -> pa.Array:
+    """Non-negative integers as ``width`` lower-case hex digits (byte order = numeric)."""
+    digits = np.empty((len(values), width), np.uint8)
+    for k in range(width):
+        nibble = (values >> np.uint64(4 * k)) & np.uint64(15)
+        digits[:, width - 1 - k] = _HEX[nibble.astype(np.intp)]
+    return pa.array(digits.view(f"S{width}").ravel(), pa.binary()).cast(pa.string())
 
 
 def _ids_run(table: pa.Table, start: int) -> pa.Table:
@@ -200,8 +296,31 @@ def _keys_run(ws: Workspace, job: RunJob, table: pa.Table) -> pa.Table:
         whole_array(table["record_id"]),
         whole_array(table["object"]),
         whole_array(table["line"]),
+        _classes(table, dict(job.content_of)),
     ]
     return pa.Table.from_arrays(columns, schema=_SCHEMAS["keys"])
+
+
+def _classes(table: pa.Table, content_of: dict[str, str]) -> pa.Array:
+    """Each row's near-dedup class, named as the near stage names it (kind / its source's
+    content); "" for every row without the sources' contents (no near stage)."""
+    if not content_of:
+        return pa.array(np.full(table.num_rows, ""), pa.string())
+    kinds = pc.dictionary_encode(whole_array(table["kind"]), null_encoding="encode")
+    sources = pc.dictionary_encode(whole_array(table["source_id"]), null_encoding="encode")
+    width = len(sources.dictionary)
+    pair = kinds.indices.to_numpy(zero_copy_only=False).astype(np.int64) * width
+    pair += sources.indices.to_numpy(zero_copy_only=False)
+    kind_names, source_names = kinds.dictionary.to_pylist(), sources.dictionary.to_pylist()
+    present, at = np.unique(pair, return_inverse=True)
+    names = []
+    for code in present.tolist():
+        kind, source = divmod(code, width)
+        name = f"{kind_names[kind]}/{content_of[source_names[source]]}"
+        if "\x00" in name:
+            raise ValueError(f"near-dedup class {name!r} holds a NUL character")
+        names.append(name)
+    return pa.array(names, pa.string()).take(pa.array(at))
 
 
 def _distinct(a: pa.Array, b: pa.Array) -> pa.Array:
@@ -232,11 +351,25 @@ def merge_partition(ws: Workspace, job: MergeJob, spec: object, done: object) ->
     table = table.take(pc.sort_indices(table, order)).combine_chunks()
     base = merge_path(scratch, job.kind, job.partition)
     records = 0  # record rows, counted for the ids set's ranks
+    groups: tuple[tuple[str, int], ...] = ()
     if job.kind == "ids":
         records = _merge_ids(table, base)
-    else:
+    elif job.kind == "keys":
         _merge_keys(table, base, job.excluded)
-    return Merged(table.num_rows, records, os.getpid())
+    else:
+        groups = _merge_order(table, base)
+    return Merged(table.num_rows, records, os.getpid(), groups)
+
+
+def _merge_order(table: pa.Table, base: str) -> tuple[tuple[str, int], ...]:
+    """The partition's rows in order, and how many of them each group holds, in order."""
+    _save(base, order_rows=_narrow(table.column("row").to_numpy()))
+    if not table.num_rows:
+        return ()
+    counts = pc.value_counts(table.column("cls"))  # first seen first: groups are sorted
+    return tuple(
+        zip(counts.field("values").to_pylist(), counts.field("counts").to_pylist(), strict=True)
+    )
 
 
 def _merge_ids(table: pa.Table, base: str) -> int:

@@ -13,6 +13,7 @@ The answers are sparse where the facts are (repeated ids and copies are few next
 records); the id order and the leakage rows are one integer per row.
 """
 
+from collections.abc import Callable
 from typing import NamedTuple, Protocol
 
 import numpy as np
@@ -38,11 +39,16 @@ class Repeated(NamedTuple):
     same: np.ndarray
 
 
+# near-dedup class name -> its rows in total order, read when called (one class at a time)
+Classes = dict[str, Callable[[], np.ndarray]]
+
+
 class Exact(NamedTuple):
     """Among the eligible rows: the first of each dedup key (the representatives near-dedup
-    looks at) and the later copies, both in total order, with each copy's representative."""
+    looks at) by near-dedup class, and the later copies in total order with each copy's
+    representative."""
 
-    representatives: np.ndarray
+    classes: Classes
     copies: np.ndarray
     match: np.ndarray
 
@@ -52,19 +58,26 @@ class Coding(Protocol):
 
     def codes(self, db: PartitionDb) -> RecordCodes: ...
 
-    def id_rank(self, db: PartitionDb, codes: RecordCodes) -> np.ndarray:
-        """Each row's rank by record id, object, line and row, for the total order."""
-        ...
-
     def rank_rows(self, db: PartitionDb, codes: RecordCodes) -> RowValues:
-        """The same ranks after the near stage, for the table positions and the stored
-        decisions: read a slice at a time where the coding can (not held through the near
-        stage or the output phases)."""
+        """Each row's rank by record id, object, line and row (the total order's last keys),
+        for the table positions and the stored decisions: read a slice at a time where the
+        coding can (not held through the near stage or the output phases)."""
         ...
 
     def repeated(self, codes: RecordCodes) -> Repeated: ...
 
-    def exact(self, codes: RecordCodes, eligible: np.ndarray, excluded: np.ndarray) -> Exact: ...
+    def exact(
+        self,
+        db: PartitionDb,
+        codes: RecordCodes,
+        source_order: dict[str, int],
+        excluded: np.ndarray,
+        content_of: dict[str, str] | None,
+    ) -> Exact:
+        """The exact stage over the rows not ``excluded`` (ascending) in the stated total
+        order (``source_order``: each source's rank); the representatives by near-dedup
+        class (kind / ``content_of`` its source; one class "" without it)."""
+        ...
 
     def leakage(self, codes: RecordCodes, a: np.ndarray, b: np.ndarray) -> Leakage:
         """Per row, the row naming its leakage group over the edges (a, b) between rows
@@ -84,7 +97,8 @@ class DriverCoding:
         return db.codes(self.carried)
 
     def id_rank(self, db: PartitionDb, codes: RecordCodes) -> np.ndarray:
-        """Ranked once and kept: the record id codes are dropped after the exact stage."""
+        """Each row's rank by record id, object, line and row, ranked once and kept: the
+        record id codes are dropped after the exact stage."""
         if self._rank is None:
             self._rank = id_ranks(db, codes.record_id.codes)
         return self._rank
@@ -107,19 +121,62 @@ class DriverCoding:
         same = codes.dedup_key.codes[repeated] == codes.dedup_key.codes[at]
         return Repeated(repeated, at, same)
 
-    def exact(self, codes: RecordCodes, eligible: np.ndarray, excluded: np.ndarray) -> Exact:
-        """``eligible``: the rows not excluded, in total order."""
+    def exact(
+        self,
+        db: PartitionDb,
+        codes: RecordCodes,
+        source_order: dict[str, int],
+        excluded: np.ndarray,
+        content_of: dict[str, str] | None,
+    ) -> Exact:
+        """The total order sorted here (:meth:`.partition_db.PartitionDb.total_order`), the
+        first of each dedup key among its eligible rows."""
+        order = db.total_order(source_order, codes.source_id, self.id_rank(db, codes))
+        eligible = _eligible(order, excluded)
+        del order
         key_codes = codes.dedup_key.codes
         first = first_in_order(key_codes[eligible])
         rep_of = np.empty(int(key_codes.max(initial=-1)) + 1, dtype=code_dtype(len(key_codes)))
         rep_of[key_codes[eligible[first]]] = eligible[first]
         copies = eligible[~first]
-        return Exact(eligible[first], copies, rep_of[key_codes[copies]])
+        classes = near_classes(codes, eligible[first], content_of)
+        return Exact(classes, copies, rep_of[key_codes[copies]])
 
     def leakage(self, codes: RecordCodes, a: np.ndarray, b: np.ndarray) -> Leakage:
         rows = leakage_rows(codes.group_id.codes, a, b)
         groups = int(np.count_nonzero(np.bincount(rows))) if len(rows) else 0  # no sort
         return Leakage(HeldRows(rows), groups)
+
+
+def _eligible(order: np.ndarray, excluded_rows: np.ndarray) -> np.ndarray:
+    """The rows of ``order`` not excluded (``excluded_rows`` ascending), in its order."""
+    if not len(excluded_rows):
+        return order
+    eligible = np.ones(len(order), dtype=bool)  # by row: a byte a row, no search temporaries
+    eligible[excluded_rows] = False
+    return order[eligible[order]]
+
+
+def near_classes(
+    records: RecordCodes, rows: np.ndarray, content_of: dict[str, str] | None
+) -> Classes:
+    """Class name (kind / its source's content) -> its ``rows``, still in their order;
+    classes sorted by name (one class "" of every row without ``content_of``)."""
+    if content_of is None:
+        return {"": lambda: rows}
+    kind_codes, kind_names = records.kind.codes, records.kind.values
+    source_codes, source_names = records.source_id.codes, records.source_id.values
+    pair = kind_codes[rows].astype(np.int64) * len(source_names) + source_codes[rows]
+    masks: dict[str, np.ndarray] = {}
+    for code in np.unique(pair).tolist():
+        kind, source = divmod(code, len(source_names))
+        name = f"{kind_names[kind]}/{content_of[source_names[source]]}"
+        masks[name] = masks.get(name, False) | (pair == code)
+    return {name: _held(rows[mask]) for name, mask in sorted(masks.items())}
+
+
+def _held(rows: np.ndarray) -> Callable[[], np.ndarray]:
+    return lambda: rows
 
 
 def no_repeats() -> Repeated:

@@ -331,7 +331,9 @@ def _coding(
         return DriverCoding(carried)
     lengths = [ref["lengths"]["digest"] for ref in length_refs]
     order = {s.id: n for n, s in enumerate(ws.config.sources)}
-    return TaskCoding(ws, chunks, lengths, order, scratch)
+    content = {s.id: s.content for s in ws.config.sources}
+    near = ws.config.policies.dedup.near.enabled
+    return TaskCoding(ws, chunks, lengths, order, scratch, content if near else None)
 
 
 def _coding_work(coding: Coding) -> dict[str, int]:

@@ -17,6 +17,7 @@ import numpy as np
 
 from corpus_assets.core.dedup.band_index import Banding
 from corpus_assets.core.dedup.band_runner import BandRunner
+from corpus_assets.core.dedup.coding import Classes
 from corpus_assets.core.dedup.fingerprint_store import SpilledFingerprints, TextLookup
 from corpus_assets.core.dedup.jaccard import jaccard_sorted
 from corpus_assets.core.dedup.minhash import spec_payload, stores_modes
@@ -30,7 +31,6 @@ from corpus_assets.core.dedup.near_dedup import (
 )
 from corpus_assets.core.dedup.near_rule import CHAR, WORD, ScriptThresholds
 from corpus_assets.core.dedup.pair_cache import PairLookup
-from corpus_assets.core.dedup.partition_db import RecordCodes
 from corpus_assets.core.dedup.report import (
     BandTotals,
     BucketStats,
@@ -101,12 +101,14 @@ class NearStage:
         """Every pair the scans verified (computed or known) as rows, and its Jaccard."""
         return _joined(self._verified)
 
-    def run(self, records: RecordCodes, handed: list[np.ndarray]) -> NearReport:
-        """Every class's run over the exact representatives (in total order), ``handed``
-        over in a list and taken from it: once split into classes they are freed, not held
-        by the caller through the classes' runs (4 bytes a representative)."""
+    def run(self, handed: Classes) -> NearReport:
+        """Every class's run over the exact representatives (each class's rows in total
+        order, read when its run starts), ``handed`` over and taken from: a class's rows are
+        freed once its run is done, not held by the caller through the other classes' runs
+        (4 bytes a representative)."""
         classes, buckets, scripts = {}, [], []
-        for name, order in self._classes(records, handed.pop()).items():
+        for name in list(handed):
+            order = handed.pop(name)()
             result = self._run_class(name, order)
             classes[name] = _class_report(result, len(order))
             buckets += [BucketStats(class_name=name, **asdict(b)) for b in result.bands]
@@ -130,18 +132,6 @@ class NearStage:
             bucket_stats=buckets,
             near_dedup_by_script=scripts,
         )
-
-    def _classes(self, records: RecordCodes, eligible: np.ndarray) -> dict[str, np.ndarray]:
-        """Class name -> its eligible rows, still in total order; classes sorted by name."""
-        kind_codes, kind_names = records.kind.codes, records.kind.values
-        source_codes, source_names = records.source_id.codes, records.source_id.values
-        pair = kind_codes[eligible].astype(np.int64) * len(source_names) + source_codes[eligible]
-        masks: dict[str, np.ndarray] = {}
-        for code in np.unique(pair).tolist():
-            kind, source = divmod(code, len(source_names))
-            name = f"{kind_names[kind]}/{self.content_of[source_names[source]]}"
-            masks[name] = masks.get(name, False) | (pair == code)
-        return {name: eligible[mask] for name, mask in sorted(masks.items())}
 
     def band_work(self) -> dict[str, int]:
         """What the task runner's band tasks did (nothing when the classes ran here)."""

@@ -318,7 +318,7 @@ class PartitionDb:
             if len(ranks):
                 part += ranks[sources.codes[rows]] * span
             key[rows] = part
-        self._drop_lengths()
+        self.drop_lengths()
         return ordered_by_key(key, rank)
 
     def _lengths(self) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
@@ -329,7 +329,7 @@ class PartitionDb:
             missing = np.asarray(length.is_null().to_numpy(zero_copy_only=False))
             yield rows, np.asarray(pc.fill_null(length, 0).to_numpy(), dtype=np.int64), missing
 
-    def _drop_lengths(self) -> None:
+    def drop_lengths(self) -> None:
         self.con.execute("DROP TABLE meta")  # the lengths: read by nothing after the order
         self.flush()
 
@@ -339,7 +339,7 @@ class PartitionDb:
         longer_first = np.empty(len(rank), dtype=np.int64)
         for rows, length, missing in self._lengths():
             longer_first[rows] = np.where(missing, np.iinfo(np.int64).max, -length)
-        self._drop_lengths()
+        self.drop_lengths()
         return sorted_by(source_rank, longer_first, rank)
 
     def batches(self, sql: str, rows: int = 65536) -> Iterator[pa.RecordBatch]:

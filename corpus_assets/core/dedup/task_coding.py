@@ -19,14 +19,18 @@ import os
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 
 from corpus_assets.core.dedup.cluster_tasks import NamesJob
 from corpus_assets.core.dedup.code_tasks import (
+    COPY,
+    REPRESENTATIVE,
     Merged,
     MergeJob,
+    OrderJob,
     RunJob,
     RunSamples,
     chunk_runs,
@@ -35,6 +39,7 @@ from corpus_assets.core.dedup.code_tasks import (
     merge_partition,
     merge_partitions,
     merge_path,
+    order_runs,
     run_path,
     splitters,
 )
@@ -66,18 +71,23 @@ class TaskCoding:
         lengths: list[str],
         source_order: dict[str, int],
         scratch: Path,
+        content_of: dict[str, str] | None = None,
     ) -> None:
+        """``content_of``: each source's content, which names the near-dedup classes (None:
+        no near stage, one class)."""
         self.ws, self.scratch, self.work = ws, scratch, Counter[str]()
         starts = np.cumsum([0, *(c.count for c in chunks)], dtype=np.int64)
         self.n = int(starts[-1])
+        self._spans = [(int(starts[i]), c.count) for i, c in enumerate(chunks)]
         ranks = tuple(sorted(source_order.items()))
+        contents = tuple(sorted((content_of or {}).items()))
         jobs = [
-            RunJob(NamesJob(str(scratch), i, c, int(starts[i])), lengths[i], ranks)
+            RunJob(NamesJob(str(scratch), i, c, int(starts[i])), lengths[i], ranks, contents)
             for i, c in enumerate(chunks)
         ]
         self.sampled: list[RunSamples] = pooled(ws, chunk_runs, jobs)
         self.work["code_run_tasks"] += len(jobs)
-        self._ids = self._merged("ids")
+        self._ids = self._merged("ids", self.sampled)
         self._remove_runs("ids")
         bases = [merge_path(scratch, j.kind, j.partition) for j, _ in self._ids]
         offsets = np.cumsum([0, *(m.records for _, m in self._ids)])[:-1].tolist()
@@ -114,14 +124,6 @@ class TaskCoding:
         rows = PartedRows(self.n, np.dtype(dtype), [_named(p.base, dtype) for p in parts])
         return Leakage(rows, groups - merged)
 
-    def id_rank(self, db: PartitionDb, codes: RecordCodes) -> np.ndarray:
-        """Every row's rank in one array (for the total order), read a slice at a time."""
-        ranks = self.rank_rows(db, codes)
-        rank = np.empty(self.n, dtype=ranks.dtype)
-        for lo in range(0, self.n, ROOT_SLICE):
-            rank[lo : lo + ROOT_SLICE] = ranks.span(lo, min(lo + ROOT_SLICE, self.n))
-        return rank
-
     def rank_rows(self, db: PartitionDb, codes: RecordCodes) -> RowValues:
         """Read a slice at a time from the ids merges' files."""
         dtype = np.dtype(code_dtype(self.n))
@@ -134,32 +136,61 @@ class TaskCoding:
     def repeated(self, codes: RecordCodes) -> Repeated:
         return self._repeated
 
-    def exact(self, codes: RecordCodes, eligible: np.ndarray, excluded: np.ndarray) -> Exact:
-        """The keys merges over the rows not ``excluded`` (ascending); their copies put back
-        in ``eligible``'s order (the total order's)."""
-        path = self.scratch / "excluded.npy"
-        np.save(path, np.asarray(excluded, dtype=np.int64))
-        done = self._merged("keys", str(path))
+    def exact(
+        self,
+        db: PartitionDb,
+        codes: RecordCodes,
+        source_order: dict[str, int],
+        excluded: np.ndarray,
+        content_of: dict[str, str] | None,
+    ) -> Exact:
+        """The keys merges over the rows not ``excluded`` (ascending), then the order runs
+        and merges over the rest: each class's representatives and the copies in total order
+        come from the runner (``source_order`` and ``content_of`` were the runs'). The
+        driver holds the copies and their representatives, never an order of every row."""
+        db.drop_lengths()  # read by the driver's total order only
+        out = self.scratch / "excluded.npy"
+        np.save(out, np.asarray(excluded, dtype=np.int64))
+        copies, match = self._copies(self._merged("keys", self.sampled, str(out)))
+        copied = self.scratch / "copies.npy"
+        np.save(copied, copies)
+        jobs = [
+            OrderJob(str(self.scratch), i, start, count, str(out), str(copied))
+            for i, (start, count) in enumerate(self._spans)
+        ]
+        sampled = pooled(self.ws, order_runs, jobs)
+        self.work["code_order_run_tasks"] += len(jobs)
         self._remove_runs("keys")
-        path.unlink()
+        out.unlink()
+        copied.unlink()
+        groups = _order_groups(self.scratch, self._merged("order", sampled))
+        self._remove_runs("order")
+        dtype = code_dtype(self.n)
+        in_order = _read_slices(groups.pop(COPY, []), dtype)
+        match_in_order = match[np.searchsorted(copies, in_order)].astype(dtype)
+        classes = {
+            name.removeprefix(REPRESENTATIVE): partial(_read_slices, slices, dtype)
+            for name, slices in groups.items()
+        }
+        return Exact(classes, in_order, match_in_order)
+
+    def _copies(self, done: list[tuple[MergeJob, Merged]]) -> tuple[np.ndarray, np.ndarray]:
+        """The keys merges' copies (ascending) and each one's representative."""
         found = [
             load_merged(merge_path(self.scratch, "keys", j.partition), "copies", "match")
             for j, _ in done
         ]
         copies = np.concatenate([c for c, _ in found]) if found else np.empty(0, np.int64)
         match = np.concatenate([m for _, m in found]) if found else np.empty(0, np.int64)
-        dtype = code_dtype(self.n)
-        match_of = np.full(self.n, -1, dtype=dtype)  # by row: its representative, -1 if none
-        match_of[copies] = match
-        del copies, match, found
-        copied = match_of[eligible] >= 0
-        in_order = eligible[copied]
-        return Exact(eligible[~copied], in_order, match_of[in_order])
+        by_row = np.argsort(copies)
+        return copies[by_row], match[by_row]
 
-    def _merged(self, kind: str, excluded: str | None = None) -> list[tuple[MergeJob, Merged]]:
+    def _merged(
+        self, kind: str, sampled: list[RunSamples], excluded: str | None = None
+    ) -> list[tuple[MergeJob, Merged]]:
         """One set's merge tasks, run, with what each returned."""
         budget = self.ws.config.execution.task_budget_bytes()
-        jobs = _merge_jobs(self.scratch, kind, self.sampled, budget, excluded)
+        jobs = _merge_jobs(self.scratch, kind, sampled, budget, excluded)
         merged: list[Merged] = pooled(self.ws, merge_partition, jobs)
         self.work["code_merge_tasks"] += len(jobs)
         self.work["code_merge_elsewhere"] += sum(m.pid != os.getpid() for m in merged)
@@ -183,6 +214,27 @@ def _merge_jobs(
         MergeJob(str(scratch), kind, p, len(sampled), bounds[p], bounds[p + 1], excluded)
         for p in range(len(cuts) + 1)
     ]
+
+
+def _order_groups(
+    scratch: Path, merged: list[tuple[MergeJob, Merged]]
+) -> dict[str, list[tuple[str, int, int]]]:
+    """Each group of the order set (a class's representatives, the copies) as slices of the
+    partitions' files of rows, in order; the groups in order."""
+    groups: dict[str, list[tuple[str, int, int]]] = {}
+    for job, done in merged:
+        path = f"{merge_path(scratch, 'order', job.partition)}-order_rows.npy"
+        at = 0
+        for name, count in done.groups:
+            groups.setdefault(name, []).append((path, at, at + count))
+            at += count
+    return groups
+
+
+def _read_slices(slices: list[tuple[str, int, int]], dtype: type) -> np.ndarray:
+    """A group's rows from the order partitions' files, in order."""
+    parts = [np.load(path, mmap_mode="r")[lo:hi] for path, lo, hi in slices]
+    return np.concatenate(parts).astype(dtype) if parts else np.empty(0, dtype)
 
 
 def _offset(local: np.ndarray, first: np.integer, dtype: np.dtype) -> Values:

@@ -10,6 +10,7 @@ import pytest
 
 from corpus_assets.core.dedup import clusters, task_coding
 from corpus_assets.core.dedup.code_tasks import PARTITION_VALUES, merge_partitions, splitters
+from corpus_assets.core.dedup.coding import Coding, DriverCoding, exclusions
 from corpus_assets.core.dedup.leakage import leakage_rows
 from corpus_assets.core.dedup.output_order import id_ranks
 from corpus_assets.core.dedup.partition_db import PartitionDb, chunk_lengths
@@ -50,7 +51,7 @@ def _records(rng: random.Random, n: int) -> pa.Table:
         "group_id": pa.array(groups, pa.string()),
         "dedup_key": pa.array(keys, pa.string()),
         "source_id": pa.array([rng.choice(["s", "t", "u"]) for _ in ids]),
-        "kind": pa.array(["document"] * n),
+        "kind": pa.array(["messages" if i % 5 == 0 else "document" for i in range(n)]),
         "object": pa.array([f"o{i // 50}" for i in range(n)]),
         "line": pa.array([i % 7 for i in range(n)], pa.int64()),  # lines repeat across objects
         "text": pa.array([rng.choice(["t", "tt", "ttt"]) for _ in ids]),
@@ -130,12 +131,51 @@ def test_task_coding_decides_as_the_driver(
     got_j, want_j = (d.state.jaccard.of(d.state.look(every)) for d in (got, want))
     np.testing.assert_array_equal(got_j, want_j)
     assert coding.work["code_run_tasks"] == len(chunks)
-    assert coding.work["code_merge_tasks"] == 2 * (partitions or 1)  # ids, then dedup keys
+    assert coding.work["code_order_run_tasks"] == len(chunks)
+    # ids, then dedup keys, then the total order
+    assert coding.work["code_merge_tasks"] == 3 * (partitions or 1)
     assert not list(tmp_path.glob("run-*")) and not list(tmp_path.glob("merged-keys-*"))
     left = {p.name.split("-", 3)[-1] for p in tmp_path.glob("merged-*")}  # read to the end
-    assert left == {f"{f}.npy" for f in _KEPT_FILES}
+    assert left == {f"{f}.npy" for f in (*_KEPT_FILES, "order_rows")}  # classes: when run
     assert not (tmp_path / "excluded.npy").exists()
     assert len(list(tmp_path.glob("names-*.arrow"))) == len(chunks)  # for the gather tasks
+
+
+@pytest.mark.parametrize("partitions", [1, 3, 7])
+def test_task_coding_orders_each_near_class_as_the_driver(
+    demo_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, partitions: int
+) -> None:
+    """Each near-dedup class's representatives in total order, and the copies with their
+    representatives: the runner's order sort against the driver's total order, over two
+    kinds and three sources whose contents name classes one of which prefixes another."""
+    monkeypatch.setenv("CORPUS_CODE_PARTITIONS", str(partitions))
+    table = _records(random.Random(5), 600)
+    content = {"s": "prose", "t": "pro", "u": "prose"}
+    answers = []
+    ws = open_workspace()
+    try:
+        chunks = _chunks(ws, table, _SIZES)
+        lengths, refs = chunk_lengths(ws, chunks, {})
+        digests = [ref["lengths"]["digest"] for ref in refs]
+        for scratch in (None, tmp_path):
+            with PartitionDb.from_chunks(ws, chunks, lengths) as db:
+                coding: Coding = DriverCoding()
+                if scratch is not None:
+                    coding = TaskCoding(ws, chunks, digests, _SOURCES, scratch, content)
+                codes = coding.codes(db)
+                excluded = exclusions(db, coding.repeated(codes), dict(_REVOKED))
+                out = np.array(sorted(excluded), dtype=np.int64)
+                exact = coding.exact(db, codes, _SOURCES, out, content)
+                classes = {name: rows().tolist() for name, rows in exact.classes.items()}
+                answers.append((classes, exact.copies.tolist(), exact.match.tolist(), len(out)))
+    finally:
+        ws.close()
+    want, got = answers
+    names = ["document/pro", "document/prose", "messages/pro", "messages/prose"]
+    assert list(got[0]) == list(want[0]) == names  # sorted by name: a prefix first
+    assert got == want
+    held = sum(len(rows) for rows in want[0].values()) + len(want[1]) + want[3]
+    assert held == table.num_rows and len(want[1]) > 50  # every row once; copies met
 
 
 @pytest.mark.parametrize(("partitions", "edges"), [(1, 60), (3, 60), (3, 0)])
@@ -160,7 +200,6 @@ def test_task_coding_names_leakage_groups_and_ranks_as_the_coding_sorts(
             codes = coding.codes(db)
             held = (codes.record_id, codes.dedup_key, codes.group_id)
             assert not any(len(c.codes) for c in held)  # the driver holds none of these codes
-            rank = coding.id_rank(db, expected)
             want_rank = id_ranks(db, expected.record_id.codes)
             got = coding.leakage(codes, a, b)
             ranks = coding.rank_rows(db, expected)  # as decide reads them after the near stage
@@ -174,7 +213,7 @@ def test_task_coding_names_leakage_groups_and_ranks_as_the_coding_sorts(
     assert got.groups == len(np.unique(want))
     alone = leakage_rows(expected.group_id.codes, a[:0], b[:0])
     assert len(np.unique(want)) < len(np.unique(alone)) or not edges  # the edges joined groups
-    assert rank.tolist() == want_rank.tolist() == ranks.span(0, n).tolist()
+    assert want_rank.tolist() == ranks.span(0, n).tolist()
     assert ranks.of(some).tolist() == want_rank[some].tolist()
     # what the slices are read from stays in the scratch folder, and goes with it
     left = {p.name.split("-", 3)[-1] for p in tmp_path.glob("merged-ids-*")}

@@ -160,8 +160,8 @@ def test_workers_and_partitions_publish_the_same_dedup_bytes(
         stats = result.run_stats
         assert stats["pairs_verified"] == here.run_stats["pairs_verified"]
         # the record codes came from tasks: a run per chunk, merges per partition of each set
-        assert stats["code_run_tasks"] == len(counts), stats
-        merges = 2 * (partitions or 1)  # record and group ids, then dedup keys
+        assert stats["code_run_tasks"] == stats["code_order_run_tasks"] == len(counts), stats
+        merges = 3 * (partitions or 1)  # record and group ids, dedup keys, the total order
         assert stats["code_merge_tasks"] == merges, stats
         # each set's merges are one call: a lone merge runs here (as any lone job on the local
         # pool: same bytes, no worker started for it), several on the pool's workers

@@ -5,7 +5,7 @@ from types import SimpleNamespace
 import numpy as np
 import pyarrow as pa
 
-from corpus_assets.core.dedup.near_stage import NearStage
+from corpus_assets.core.dedup.coding import near_classes
 from corpus_assets.core.dedup.partition_db import PartitionDb
 from corpus_assets.core.dedup.verdicts import VERDICTS, Verdicts
 from corpus_assets.core.records.index import RECORD_COLUMNS
@@ -41,10 +41,8 @@ def test_few_valued_codes_are_a_byte_and_their_products_do_not_wrap() -> None:
         for c in per_source.values()
     )
     # near-dedup classes: kind code * sources + source code exceeds int8 for messages
-    stage = object.__new__(NearStage)
-    stage.content_of = {source: "prose" for source in SOURCES}
-    classes = stage._classes(codes, np.arange(got.n))
-    assert {name: len(rows) for name, rows in classes.items()} == {
+    classes = near_classes(codes, np.arange(got.n), {source: "prose" for source in SOURCES})
+    assert {name: len(rows()) for name, rows in classes.items()} == {
         "document/prose": len(SOURCES),
         "messages/prose": len(SOURCES),
     }
