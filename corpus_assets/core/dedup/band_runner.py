@@ -43,9 +43,9 @@ from corpus_assets.core.dedup.band_tasks import (
     index_path,
     pair_verify,
 )
+from corpus_assets.core.dedup.class_rows import ClassOrder, FiledClass, RankLookup
 from corpus_assets.core.dedup.minhash import SignatureSpec
 from corpus_assets.core.dedup.near_dedup import BandStats, LshParams, NearResult, scan_verified
-from corpus_assets.core.dedup.order import code_dtype, place_ranks
 from corpus_assets.core.records.index import ChunkRecords
 from corpus_assets.core.runtime.execution import Execution
 from corpus_assets.core.runtime.runners import task_runner
@@ -96,7 +96,6 @@ class BandRunner:
 
     def __init__(self, ws: Workspace, inputs: BandInputs) -> None:
         self.ws, self.inputs = ws, inputs
-        self.rows = sum(count for _, _, count in inputs.signatures)
         self.work: Counter[str] = Counter()
 
     def wants(self, n: int) -> bool:
@@ -113,20 +112,22 @@ class BandRunner:
 
     def run_class(
         self,
-        order: np.ndarray,
+        order: ClassOrder,
         params: LshParams,
-        thresholds: np.ndarray | None,
+        thresholds: RankLookup | None,
         index: IndexWriter | None = None,
     ) -> NearResult:
         """The class's :class:`NearResult`, as :func:`.near_dedup.near_dedup` gives it;
-        ``index``, if given, receives the class's bands in bucket order (the band index)."""
-        n = len(order)
+        ``index``, if given, receives the class's bands in bucket order (the band index).
+        A held order is written for the tasks first (a filed one is the order merges')."""
+        n = order.n
         count = self._partitions(n)
         base = self.ws.home / "tmp"
         base.mkdir(parents=True, exist_ok=True)
         scratch = tempfile.mkdtemp(dir=base, prefix="near-band-")
         try:
-            self._write_ranks(Path(scratch), order)
+            if not isinstance(order, FiledClass):
+                order = FiledClass.write(Path(scratch) / "class", order.rows())
             maps = self._map_jobs(scratch, order, params, count)
             pooled(self.ws, band_map, maps)
             reduces = [
@@ -139,7 +140,9 @@ class BandRunner:
             if index is not None:
                 _write_index(index, scratch, count, order)
             verified = pooled(
-                self.ws, pair_verify, [self._verify_job(scratch, q, count, n) for q in range(count)]
+                self.ws,
+                pair_verify,
+                [self._verify_job(scratch, q, count, order) for q in range(count)],
             )
             pairs, jaccards, reused = _merged(Path(scratch), count)
         finally:
@@ -151,24 +154,16 @@ class BandRunner:
         self._count(len(maps), bands, verified, reused)
         return result
 
-    def _write_ranks(self, scratch: Path, order: np.ndarray) -> None:
-        """Each row's rank in the class (-1 outside it) and the rows in rank order, as row
-        numbers are held (``code_dtype``: 4 bytes a row, not 8)."""
-        ranks = place_ranks(np.full(self.rows, -1, dtype=code_dtype(self.rows)), order)
-        np.save(scratch / "ranks.npy", ranks)
-        del ranks
-        np.save(scratch / "order.npy", order)
-
     def _map_jobs(
-        self, scratch: str, order: np.ndarray, params: LshParams, count: int
+        self, scratch: str, order: FiledClass, params: LshParams, count: int
     ) -> list[MapJob]:
         """Consecutive signature chunks holding class rows, grouped to :func:`map_records`."""
         signatures = self.inputs.signatures
         starts = np.array([start for _, start, _ in signatures], dtype=np.int64)
         size = map_records(params.bands, self.ws.config.execution.task_budget_bytes())
         held = np.zeros(len(signatures), dtype=np.int64)  # class rows per chunk
-        for lo in range(0, len(order), MAP_RECORDS):  # a slice at a time: no int64 per row
-            chunk = np.searchsorted(starts, order[lo : lo + MAP_RECORDS], side="right") - 1
+        for piece in order.pieces():  # a piece at a time: no int64 per row
+            chunk = np.searchsorted(starts, piece, side="right") - 1
             held += np.bincount(chunk, minlength=len(signatures))
         groups: list[list[tuple[str, int, int]]] = [[]]
         in_group = 0
@@ -181,14 +176,23 @@ class BandRunner:
             groups[-1].append(chunk)
             in_group += rows
         return [
-            MapJob(scratch, i, tuple(g), params.bands, params.rows, count)
+            MapJob(scratch, i, tuple(g), params.bands, params.rows, count, order)
             for i, g in enumerate(groups)
         ]
 
-    def _verify_job(self, scratch: str, partition: int, reduces: int, n: int) -> VerifyJob:
+    def _verify_job(
+        self, scratch: str, partition: int, reduces: int, order: FiledClass
+    ) -> VerifyJob:
         inputs = self.inputs
         return VerifyJob(
-            scratch, partition, reduces, n, inputs.spec, inputs.records, inputs.parent_pairs
+            scratch,
+            partition,
+            reduces,
+            order.n,
+            inputs.spec,
+            inputs.records,
+            inputs.parent_pairs,
+            order,
         )
 
     def _count(
@@ -205,7 +209,7 @@ class BandRunner:
         self.work["pairs_reused"] += reused
 
 
-def _write_index(index: IndexWriter, scratch: str, count: int, order: np.ndarray) -> None:
+def _write_index(index: IndexWriter, scratch: str, count: int, order: ClassOrder) -> None:
     """Each band's rows of every reduce partition in bucket order: keys are sorted in each
     partition and the partitions are ranges of keys in order (``band_tasks.key_partition``),
     so their concatenation is sorted (the boundaries checked first; a stable sort by key

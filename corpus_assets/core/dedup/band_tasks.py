@@ -1,8 +1,9 @@
 """Near-dedup banding and verification as worker tasks: map by band key, reduce by partition.
 
 A class run on more than one worker (:mod:`.band_runner`) shares a scratch folder under the
-data home (every worker, Ray's included, sees the same paths) holding the class's rank of
-every row (``ranks.npy``, -1 outside the class) and its rows in total order (``order.npy``).
+data home (every worker, Ray's included, sees the same paths); the class's rows in total
+order are the order merges' files, named in each job (:class:`.class_rows.FiledClass`: a map
+task reads the ranks of its rows, a verify task the rows of its ranks).
 
 - **map** (one task per group of signature chunks): every band's key of the group's class
   rows (:func:`.near_dedup.band_keys`, unchanged), written as ``(band, key, rank)`` rows
@@ -33,6 +34,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from corpus_assets.core.dedup.class_rows import FiledClass, KnownRanks, RankLookup
 from corpus_assets.core.dedup.fingerprint_store import (
     SpilledFingerprints,
     TextLookup,
@@ -62,6 +64,7 @@ class MapJob:
     bands: int
     rows: int
     partitions: int
+    order: FiledClass
 
 
 @dataclass(frozen=True)
@@ -89,6 +92,7 @@ class VerifyJob:
     spec: SignatureSpec
     records: tuple[ChunkRecords, ...]
     parent_pairs: Ref | None
+    order: FiledClass
 
 
 @dataclass(frozen=True)
@@ -117,16 +121,15 @@ def map_path(scratch: str, index: int) -> Path:
 
 def band_map(ws: Workspace, job: MapJob, _spec: Any = None, _done: Any = None) -> int:
     """Write the group's (band, key, rank) rows by partition; returns how many rows."""
-    ranks_of = np.load(Path(job.scratch) / "ranks.npy", mmap_mode="r")
     parts = []
     for digest, start, count in job.chunks:
-        ranks = np.asarray(ranks_of[start : start + count])
-        inside = ranks >= 0
+        inside, ranks = job.order.ranks_within(start, start + count)
+        inside -= start  # the class's rows of the chunk, ascending
         block = BandMajorFile.open(ws.cas.path(digest))  # verified by the driver's load
         for band in range(job.bands):
             keys = band_keys(block.band(band, job.rows), band)[inside]
             rows = np.empty(len(keys), dtype=ROW)
-            rows["band"], rows["key"], rows["rank"] = band, keys, ranks[inside]
+            rows["band"], rows["key"], rows["rank"] = band, keys, ranks
             parts.append(rows)
     rows = np.concatenate(parts) if parts else np.empty(0, dtype=ROW)
     del parts
@@ -211,8 +214,8 @@ def pair_verify(ws: Workspace, job: VerifyJob, _spec: Any = None, _done: Any = N
     fingerprints; pairs, Jaccards and known flags go to the scratch folder."""
     paths = [_paired_path(job.scratch, p) for p in range(job.reduces)]
     pairs = _unique(_read_split(paths, job.partition, np.dtype(np.int64)))
-    order = np.load(Path(job.scratch) / "order.npy", mmap_mode="r")
     xs, ys = np.divmod(pairs, job.n)
+    order = KnownRanks(job.order, np.concatenate([xs, ys]))  # read once: rows by rank
     jaccards = np.full(len(pairs), np.nan, dtype=np.float64)
     if job.parent_pairs is not None and len(pairs):
         jaccards = _known(ws, job, order, xs, ys)
@@ -227,7 +230,7 @@ def pair_verify(ws: Workspace, job: VerifyJob, _spec: Any = None, _done: Any = N
 def _verify(
     ws: Workspace,
     job: VerifyJob,
-    order: np.ndarray,
+    order: RankLookup,
     xs: np.ndarray,
     ys: np.ndarray,
     jaccards: np.ndarray,
@@ -255,7 +258,7 @@ def _verify(
 
 
 def _known(
-    ws: Workspace, job: VerifyJob, order: np.ndarray, xs: np.ndarray, ys: np.ndarray
+    ws: Workspace, job: VerifyJob, order: RankLookup, xs: np.ndarray, ys: np.ndarray
 ) -> np.ndarray:
     """The parent's Jaccard of each pair (nan when it has none), found by the two texts'
     digests in its ``pairs`` table, as :class:`.pair_cache.PairLookup` does."""

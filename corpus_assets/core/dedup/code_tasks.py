@@ -362,8 +362,12 @@ def merge_partition(ws: Workspace, job: MergeJob, spec: object, done: object) ->
 
 
 def _merge_order(table: pa.Table, base: str) -> tuple[tuple[str, int], ...]:
-    """The partition's rows in order, and how many of them each group holds, in order."""
-    _save(base, order_rows=_narrow(table.column("row").to_numpy()))
+    """The partition's rows in order, the same rows ascending with their places (the rank
+    of a row: :class:`.class_rows.FiledClass`), and how many rows each group holds, in
+    order."""
+    rows = _narrow(table.column("row").to_numpy())
+    by_row = np.argsort(rows, kind="stable")
+    _save(base, order_rows=rows, order_by_row=rows[by_row], order_at=_narrow(by_row))
     if not table.num_rows:
         return ()
     counts = pc.value_counts(table.column("cls"))  # first seen first: groups are sorted

@@ -13,11 +13,11 @@ The answers are sparse where the facts are (repeated ids and copies are few next
 records); the id order and the leakage rows are one integer per row.
 """
 
-from collections.abc import Callable
 from typing import NamedTuple, Protocol
 
 import numpy as np
 
+from corpus_assets.core.dedup.class_rows import ClassOrder, HeldClass
 from corpus_assets.core.dedup.leakage import leakage_rows
 from corpus_assets.core.dedup.order import first_in_order
 from corpus_assets.core.dedup.output_order import id_ranks
@@ -39,8 +39,8 @@ class Repeated(NamedTuple):
     same: np.ndarray
 
 
-# near-dedup class name -> its rows in total order, read when called (one class at a time)
-Classes = dict[str, Callable[[], np.ndarray]]
+# near-dedup class name -> its rows in total order (read as the class's run asks)
+Classes = dict[str, ClassOrder]
 
 
 class Exact(NamedTuple):
@@ -163,7 +163,7 @@ def near_classes(
     """Class name (kind / its source's content) -> its ``rows``, still in their order;
     classes sorted by name (one class "" of every row without ``content_of``)."""
     if content_of is None:
-        return {"": lambda: rows}
+        return {"": HeldClass(rows)}
     kind_codes, kind_names = records.kind.codes, records.kind.values
     source_codes, source_names = records.source_id.codes, records.source_id.values
     pair = kind_codes[rows].astype(np.int64) * len(source_names) + source_codes[rows]
@@ -172,11 +172,7 @@ def near_classes(
         kind, source = divmod(code, len(source_names))
         name = f"{kind_names[kind]}/{content_of[source_names[source]]}"
         masks[name] = masks.get(name, False) | (pair == code)
-    return {name: _held(rows[mask]) for name, mask in sorted(masks.items())}
-
-
-def _held(rows: np.ndarray) -> Callable[[], np.ndarray]:
-    return lambda: rows
+    return {name: HeldClass(rows[mask]) for name, mask in sorted(masks.items())}
 
 
 def no_repeats() -> Repeated:

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from corpus_assets.core.dedup.class_rows import RankLookup
 from corpus_assets.core.dedup.minhash import fingerprints
 from corpus_assets.core.dedup.order import sorted_hits
 from corpus_assets.core.records.index import ChunkRecords
@@ -95,7 +96,7 @@ class SpilledFingerprints:
     BATCH_CHARS = 1 << 23  # ... and about this much text (code files can be long)
     FETCH = 256  # texts asked for at a time
 
-    def __init__(self, texts: TextLookup, spec: Any, order: np.ndarray, tmp: Path) -> None:
+    def __init__(self, texts: TextLookup, spec: Any, order: RankLookup, tmp: Path) -> None:
         self.texts, self.spec, self.order, self.tmp = texts, spec, order, tmp
         self.rows = np.empty(0, dtype=np.int64)
         self.offsets = np.zeros(1, dtype=np.int64)

@@ -33,6 +33,7 @@ from typing import Protocol
 
 import numpy as np
 
+from corpus_assets.core.dedup.class_rows import RankLookup
 from corpus_assets.core.dedup.fingerprint_window import FingerprintWindow
 from corpus_assets.core.runtime.config import NearDedupPolicy
 
@@ -311,7 +312,7 @@ def near_dedup(
     fingerprints: Callable[[np.ndarray], list[np.ndarray]],
     jaccard: Callable[[np.ndarray, np.ndarray], float],
     prefetch: Callable[[np.ndarray], None] | None = None,
-    thresholds: np.ndarray | None = None,
+    thresholds: RankLookup | None = None,
     known: Callable[[np.ndarray], np.ndarray] | None = None,
     fresh: np.ndarray | None = None,
     bands: Iterable[tuple[np.ndarray, np.ndarray]] | None = None,
@@ -367,7 +368,7 @@ def scan_verified(
     jaccards: np.ndarray,
     band_stats: list[BandStats],
     params: LshParams,
-    thresholds: np.ndarray | None = None,
+    thresholds: RankLookup | None = None,
 ) -> NearResult:
     """:func:`near_dedup`'s result when every candidate pair's Jaccard is already known
     (``pairs`` unique packed ``x * n + y``, sorted; verified on workers): the same scan, so the
@@ -396,7 +397,7 @@ def _scan(
     prints: FingerprintWindow | None,
     jaccard: Callable[[np.ndarray, np.ndarray], float],
     tau: float,
-    thresholds: np.ndarray | None,
+    thresholds: RankLookup | None,
 ) -> None:
     """The scan in total order: dropped records, direct matches, edges and every pair's
     Jaccard (``result.verified``, nan for pairs skipped). Its state (kept flags, the leakage

@@ -17,6 +17,7 @@ import numpy as np
 
 from corpus_assets.core.dedup.band_index import Banding
 from corpus_assets.core.dedup.band_runner import BandRunner
+from corpus_assets.core.dedup.class_rows import ClassOrder, RankLookup
 from corpus_assets.core.dedup.coding import Classes
 from corpus_assets.core.dedup.fingerprint_store import SpilledFingerprints, TextLookup
 from corpus_assets.core.dedup.jaccard import jaccard_sorted
@@ -108,9 +109,9 @@ class NearStage:
         (4 bytes a representative)."""
         classes, buckets, scripts = {}, [], []
         for name in list(handed):
-            order = handed.pop(name)()
+            order = handed.pop(name)
             result = self._run_class(name, order)
-            classes[name] = _class_report(result, len(order))
+            classes[name] = _class_report(result, order.n)
             buckets += [BucketStats(class_name=name, **asdict(b)) for b in result.bands]
             scripts += self._script_rows(name, result, order)
             self._collect(result, order)
@@ -137,25 +138,24 @@ class NearStage:
         """What the task runner's band tasks did (nothing when the classes ran here)."""
         return dict(self.band_runner.work) if self.band_runner is not None else {}
 
-    def _run_class(self, name: str, order: np.ndarray) -> NearResult:
-        taus = None  # one threshold for the class: the scan's plain (faster) comparison
-        t = self.thresholds
-        if self.modes is not None and t.char != t.word and self.modes[order].any():
-            taus = t.by_rank(self.modes[order])
+    def _run_class(self, name: str, order: ClassOrder) -> NearResult:
+        """On the runner (the class's rows read by the tasks), or here over its rows."""
+        taus = self._thresholds(order)
         banding = self.banding
         from_parent = banding is not None and banding.incremental(name)
         runner = self.band_runner
-        if not from_parent and runner is not None and runner.wants(len(order)):
-            index = banding.runner_index(name, len(order)) if banding is not None else None
+        if not from_parent and runner is not None and runner.wants(order.n):
+            index = banding.runner_index(name, order.n) if banding is not None else None
             return runner.run_class(order, self.params, taus, index)
-        bands = banding.bands(name, order) if banding is not None else None
-        prints = SpilledFingerprints(self.texts, self.spec, order, self.tmp)
-        known = None if self.pairs is None else partial(self.pairs.known, order)
-        fresh = None if known is None or self.fresh is None else self.fresh[order]
+        rows = order.rows()
+        bands = banding.bands(name, rows) if banding is not None else None
+        prints = SpilledFingerprints(self.texts, self.spec, rows, self.tmp)
+        known = None if self.pairs is None else partial(self.pairs.known, rows)
+        fresh = None if known is None or self.fresh is None else self.fresh[rows]
         try:
             return near_dedup(
                 self.chunks,
-                order,
+                rows,
                 self.params,
                 prints,
                 jaccard_sorted,
@@ -168,26 +168,39 @@ class NearStage:
         finally:
             prints.close()
 
-    def _script_rows(self, name: str, result: NearResult, order: np.ndarray) -> list[ScriptRow]:
+    def _thresholds(self, order: ClassOrder) -> RankLookup | None:
+        """Each rank's threshold by its shingle mode, looked up for the ranks a scan touches;
+        None: one threshold for the class (the scan's plain, faster comparison)."""
+        t, modes = self.thresholds, self.modes
+        if modes is None or t.char == t.word or not any(modes[p].any() for p in order.pieces()):
+            return None
+        return _Thresholds(t, modes, order)
+
+    def _script_rows(self, name: str, result: NearResult, order: ClassOrder) -> list[ScriptRow]:
         """Records, removals and threshold per script class of one class run."""
+        removed = len(result.dropped)
         if self.modes is None:
-            split = [("all", np.ones(len(order), dtype=bool), self.thresholds.word)]
+            split = [("all", order.n, removed, self.thresholds.word)]
         else:
-            char = self.modes[order]
-            split = [(WORD, ~char, self.thresholds.word), (CHAR, char, self.thresholds.char)]
+            char = sum(int(self.modes[piece].sum()) for piece in order.pieces())
+            char_removed = int(self.modes[order[result.dropped]].sum())
+            split = [
+                (WORD, order.n - char, removed - char_removed, self.thresholds.word),
+                (CHAR, char, char_removed, self.thresholds.char),
+            ]
         return [
             ScriptRow(
                 class_name=name,
                 script=script,
-                records=int(mask.sum()),
-                removed=int(mask[result.dropped].sum()),
+                records=records,
+                removed=dropped,
                 threshold=str(threshold),
             )
-            for script, mask, threshold in split
-            if mask.any()
+            for script, records, dropped, threshold in split
+            if records
         ]
 
-    def _collect(self, result: NearResult, order: np.ndarray) -> None:
+    def _collect(self, result: NearResult, order: ClassOrder) -> None:
         """Map a class run's ranks back to partition rows."""
         x, y, jaccards = result.edges.arrays()
         self._edges.append((order[x], order[y], jaccards))
@@ -201,6 +214,16 @@ class NearStage:
         self.work["pairs_verified"] += result.verified_pairs
         self.work["pairs_computed"] += result.computed_pairs
         self.work["records_fingerprinted"] += result.fingerprinted_now
+
+
+class _Thresholds:
+    """Each rank's threshold, from its row's shingle mode (read for the ranks asked)."""
+
+    def __init__(self, thresholds: ScriptThresholds, modes: np.ndarray, order: ClassOrder):
+        self.thresholds, self.modes, self.order = thresholds, modes, order
+
+    def __getitem__(self, ranks: np.ndarray) -> np.ndarray:
+        return self.thresholds.by_rank(self.modes[self.order[ranks]])
 
 
 def _joined(

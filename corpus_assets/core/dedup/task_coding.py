@@ -19,11 +19,11 @@ import os
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 
 import numpy as np
 
+from corpus_assets.core.dedup.class_rows import FiledClass, OrderSlice
 from corpus_assets.core.dedup.cluster_tasks import NamesJob
 from corpus_assets.core.dedup.code_tasks import (
     COPY,
@@ -43,7 +43,7 @@ from corpus_assets.core.dedup.code_tasks import (
     run_path,
     splitters,
 )
-from corpus_assets.core.dedup.coding import Exact, Repeated
+from corpus_assets.core.dedup.coding import Classes, Exact, Repeated
 from corpus_assets.core.dedup.leakage import ROOT_SLICE, components
 from corpus_assets.core.dedup.order import sorted_hits
 from corpus_assets.core.dedup.partition_db import Coded, PartitionDb, RecordCodes, code_dtype
@@ -165,11 +165,11 @@ class TaskCoding:
         copied.unlink()
         groups = _order_groups(self.scratch, self._merged("order", sampled))
         self._remove_runs("order")
-        dtype = code_dtype(self.n)
-        in_order = _read_slices(groups.pop(COPY, []), dtype)
+        dtype = np.dtype(code_dtype(self.n)).name
+        in_order = FiledClass(tuple(groups.pop(COPY, [])), dtype).rows()
         match_in_order = match[np.searchsorted(copies, in_order)].astype(dtype)
-        classes = {
-            name.removeprefix(REPRESENTATIVE): partial(_read_slices, slices, dtype)
+        classes: Classes = {
+            name.removeprefix(REPRESENTATIVE): FiledClass(tuple(slices), dtype)
             for name, slices in groups.items()
         }
         return Exact(classes, in_order, match_in_order)
@@ -218,23 +218,17 @@ def _merge_jobs(
 
 def _order_groups(
     scratch: Path, merged: list[tuple[MergeJob, Merged]]
-) -> dict[str, list[tuple[str, int, int]]]:
+) -> dict[str, list[OrderSlice]]:
     """Each group of the order set (a class's representatives, the copies) as slices of the
-    partitions' files of rows, in order; the groups in order."""
-    groups: dict[str, list[tuple[str, int, int]]] = {}
+    partitions' files, in order; the groups in order."""
+    groups: dict[str, list[OrderSlice]] = {}
     for job, done in merged:
-        path = f"{merge_path(scratch, 'order', job.partition)}-order_rows.npy"
+        base = merge_path(scratch, "order", job.partition)
         at = 0
         for name, count in done.groups:
-            groups.setdefault(name, []).append((path, at, at + count))
+            groups.setdefault(name, []).append(OrderSlice(base, at, at + count))
             at += count
     return groups
-
-
-def _read_slices(slices: list[tuple[str, int, int]], dtype: type) -> np.ndarray:
-    """A group's rows from the order partitions' files, in order."""
-    parts = [np.load(path, mmap_mode="r")[lo:hi] for path, lo, hi in slices]
-    return np.concatenate(parts).astype(dtype) if parts else np.empty(0, dtype)
 
 
 def _offset(local: np.ndarray, first: np.integer, dtype: np.dtype) -> Values:

@@ -28,6 +28,7 @@ from corpus_assets.core.dedup.band_tasks import (
     index_path,
     map_path,
 )
+from corpus_assets.core.dedup.class_rows import FiledClass
 from corpus_assets.core.runtime.execution import Execution
 
 BANDS, ROWS = 16, 8
@@ -68,9 +69,10 @@ def test_a_map_task_holds_no_more_than_its_estimate(tmp_path: Path) -> None:
     signatures = np.random.default_rng(3).integers(0, 2**32, (BANDS * ROWS, records))
     path = tmp_path / "signatures.npy"
     np.save(path, signatures.astype("<u4"))
-    np.save(tmp_path / "ranks.npy", np.arange(records, dtype=np.int64))
+    order = np.random.default_rng(4).permutation(records).astype(np.int32)
+    filed = FiledClass.write(tmp_path / "class", order)  # every row, ranked in another order
     ws = SimpleNamespace(cas=SimpleNamespace(path=Path))  # the digest is the file's path
-    job = MapJob(str(tmp_path), 0, ((str(path), 0, records),), BANDS, ROWS, 4)
+    job = MapJob(str(tmp_path), 0, ((str(path), 0, records),), BANDS, ROWS, 4, filed)
     peak = _traced_peak(lambda: band_map(ws, job))  # type: ignore[arg-type]
     assert peak <= records * BANDS * MAP_ROW_BYTES, peak
 

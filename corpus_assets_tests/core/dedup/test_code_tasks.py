@@ -136,7 +136,7 @@ def test_task_coding_decides_as_the_driver(
     assert coding.work["code_merge_tasks"] == 3 * (partitions or 1)
     assert not list(tmp_path.glob("run-*")) and not list(tmp_path.glob("merged-keys-*"))
     left = {p.name.split("-", 3)[-1] for p in tmp_path.glob("merged-*")}  # read to the end
-    assert left == {f"{f}.npy" for f in (*_KEPT_FILES, "order_rows")}  # classes: when run
+    assert left == {f"{f}.npy" for f in (*_KEPT_FILES, *_ORDER_FILES)}  # classes: when run
     assert not (tmp_path / "excluded.npy").exists()
     assert len(list(tmp_path.glob("names-*.arrow"))) == len(chunks)  # for the gather tasks
 
@@ -166,7 +166,7 @@ def test_task_coding_orders_each_near_class_as_the_driver(
                 excluded = exclusions(db, coding.repeated(codes), dict(_REVOKED))
                 out = np.array(sorted(excluded), dtype=np.int64)
                 exact = coding.exact(db, codes, _SOURCES, out, content)
-                classes = {name: rows().tolist() for name, rows in exact.classes.items()}
+                classes = {name: rows.rows().tolist() for name, rows in exact.classes.items()}
                 answers.append((classes, exact.copies.tolist(), exact.match.tolist(), len(out)))
     finally:
         ws.close()
@@ -222,6 +222,8 @@ def test_task_coding_names_leakage_groups_and_ranks_as_the_coding_sorts(
 
 # the ids merges' files the output phases read, kept to the end of the layer's run
 _KEPT_FILES = ("group_rows", "group_codes", "naming", "named", "rank_rows", "rank_local")
+# the order merges' files the near stage's classes are read from (by the driver and the tasks)
+_ORDER_FILES = ("order_rows", "order_by_row", "order_at")
 
 
 def test_splitters_cut_at_distinct_sample_quantiles() -> None:

@@ -19,6 +19,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
+from corpus_assets.core.dedup.band_index import Banding
 from corpus_assets.core.pipeline import BUILDERS, build_all
 from corpus_assets.core.publication.publish import activate, approve
 from corpus_assets.core.runtime.layer_index import LayerResult, read_layer_index
@@ -181,9 +182,13 @@ def test_workers_and_partitions_publish_the_same_dedup_bytes(
         assert stats["clusters_gather_elsewhere"] == stats["clusters_gather_tasks"] > 0, stats
 
 
+@pytest.mark.parametrize("from_index", [True, False])
 def test_incremental_child_on_workers_equals_a_fresh_build(
-    demo_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    demo_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, from_index: bool
 ) -> None:
+    """A child's classes banded from its parent's band index in the driver, or (a class its
+    parent's index lacks) on the band tasks over the record codes carried from the parent:
+    the order the driver holds, written for the tasks."""
     monkeypatch.setenv("CORPUS_DEDUP_PARTITIONS", "2")
     home = _home(demo_home, tmp_path / "chain", 2, monkeypatch)
     ws = open_workspace(home / "corpus.yaml")
@@ -198,16 +203,22 @@ def test_incremental_child_on_workers_equals_a_fresh_build(
         for line in extra[:3]:  # ... and of old records (new ids, edited texts)
             row = json.loads(line)
             f.write(json.dumps({"id": row["id"] + "-again", "text": row["text"] + " more"}) + "\n")
-    child = _dedup(ws, "p2")
+    with monkeypatch.context() as patched:
+        if not from_index:  # as for a class the parent's index lacks
+            patched.setattr(Banding, "incremental", lambda self, name: False)
+        child = _dedup(ws, "p2")
     chain = _published(ws, "p2", child)
     ws.close()
     stats = child.run_stats
     assert stats["near_incremental"] == 1, child.details["near_mode"]
-    assert stats["pairs_reused"] > 0
-    # its classes are banded from the parent's band index in the driver (a merge of the new
-    # records' keys), so no band task runs and the scan verifies only what it needs
-    assert stats["band_classes_incremental"] >= 1 and "band_reduce_tasks" not in stats, stats
-    assert 0 < stats["pairs_computed"] < stats["pairs_verified"]
+    assert stats["pairs_reused"] > 0 and stats["codes_carried"] == 1
+    if from_index:
+        # its classes are banded from the parent's band index in the driver (a merge of the
+        # new records' keys), so no band task runs and the scan verifies only what it needs
+        assert stats["band_classes_incremental"] >= 1 and "band_reduce_tasks" not in stats
+        assert 0 < stats["pairs_computed"] < stats["pairs_verified"]
+    else:
+        assert stats["band_reduce_tasks"] > 0 and not stats.get("band_classes_incremental")
     for workers in (2, 1):
         fresh = tmp_path / f"fresh{workers}"
         shutil.copytree(home / "demo-sources", fresh / "demo-sources")

@@ -42,7 +42,7 @@ def test_few_valued_codes_are_a_byte_and_their_products_do_not_wrap() -> None:
     )
     # near-dedup classes: kind code * sources + source code exceeds int8 for messages
     classes = near_classes(codes, np.arange(got.n), {source: "prose" for source in SOURCES})
-    assert {name: len(rows()) for name, rows in classes.items()} == {
+    assert {name: rows.n for name, rows in classes.items()} == {
         "document/prose": len(SOURCES),
         "messages/prose": len(SOURCES),
     }
