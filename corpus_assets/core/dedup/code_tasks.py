@@ -435,7 +435,7 @@ def _merge_keys(table: pa.Table, base: str, excluded: str | None) -> None:
         return
     lead = value_changes(table.column("v").chunk(0).filter(pa.array(eligible)), None)
     representative = rows[np.flatnonzero(lead)][np.cumsum(lead) - 1]
-    _save(base, copies=rows[~lead], match=representative[~lead])
+    _save(base, copies=_narrow(rows[~lead]), match=_narrow(representative[~lead]))
 
 
 class _Sorted:

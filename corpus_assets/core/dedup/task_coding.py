@@ -180,8 +180,10 @@ class TaskCoding:
             load_merged(merge_path(self.scratch, "keys", j.partition), "copies", "match")
             for j, _ in done
         ]
-        copies = np.concatenate([c for c, _ in found]) if found else np.empty(0, np.int64)
-        match = np.concatenate([m for _, m in found]) if found else np.empty(0, np.int64)
+        dtype = code_dtype(self.n)
+        copies = np.concatenate([c for c, _ in found], dtype=dtype) if found else np.empty(0, dtype)
+        match = np.concatenate([m for _, m in found], dtype=dtype) if found else np.empty(0, dtype)
+        del found
         by_row = np.argsort(copies)
         return copies[by_row], match[by_row]
 
