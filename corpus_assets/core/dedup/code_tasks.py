@@ -42,7 +42,9 @@ import pyarrow.ipc as ipc
 
 from corpus_assets.core.dedup.cluster_tasks import NamesJob, whole_array, write_names
 from corpus_assets.core.dedup.order import sorted_hits, source_ranks
+from corpus_assets.core.dedup.order_key import class_names, order_key
 from corpus_assets.core.dedup.partition_db import stored_lengths, value_changes
+from corpus_assets.core.dedup.row_values import rows_within
 from corpus_assets.core.runtime.workspace import Workspace
 
 PARTITION_VALUES = 1 << 18  # values per merge partition at most (tests fix the count instead)
@@ -198,9 +200,9 @@ def order_runs(ws: Workspace, job: OrderJob, spec: object, done: object) -> RunS
     keys = _read(run_path(scratch, "keys", job.index))
     rows = keys.column("row").to_numpy()
     span = (job.start, job.start + job.count)
-    eligible = ~sorted_hits(_within(job.excluded, span), rows)[1]
+    eligible = ~sorted_hits(rows_within(job.excluded, span), rows)[1]
     keys = keys.filter(pa.array(eligible))
-    copy = sorted_hits(_within(job.copies, span), rows[eligible])[1]
+    copy = sorted_hits(rows_within(job.copies, span), rows[eligible])[1]
     group = pc.if_else(
         pa.array(copy),
         pa.scalar(COPY),
@@ -208,7 +210,12 @@ def order_runs(ws: Workspace, job: OrderJob, spec: object, done: object) -> RunS
     )
     run = pa.table(
         {
-            "v": _order(group, keys),
+            "v": order_key(
+                group,
+                keys.column("source_rank").to_numpy(),
+                keys.column("longer_first").to_numpy(),
+                keys.column("record_id"),
+            ),
             "row": keys.column("row"),
             "object": keys.column("object"),
             "line": keys.column("line"),
@@ -217,42 +224,6 @@ def order_runs(ws: Workspace, job: OrderJob, spec: object, done: object) -> RunS
         schema=_SCHEMAS["order"],
     )
     return _sorted_runs(scratch, job.index, {"order": run})
-
-
-def _within(path: str, span: tuple[int, int]) -> np.ndarray:
-    """The rows of an ascending file of rows within ``span``."""
-    rows = np.load(path, mmap_mode="r")
-    lo, hi = np.searchsorted(rows, span)
-    return np.asarray(rows[lo:hi])
-
-
-def _order(group: pa.ChunkedArray | pa.Array, keys: pa.Table) -> pa.Array:
-    """A string per row whose byte order is (group, source rank, longer first, record id with
-    nulls last): the group then NUL (below every character: a group that is another's prefix
-    sorts first, as the names do), the integers in fixed-width hex, the id flagged present.
-    Equal strings differ by (object, line, row) only, which the merge sorts."""
-    ids = keys.column("record_id")
-    present = pc.binary_join_element_wise("0", pc.fill_null(ids, ""), "")
-    return pc.binary_join_element_wise(
-        group,
-        "\x00",
-        _hex(keys.column("source_rank").to_numpy().astype(np.uint64), 8),
-        _hex((keys.column("longer_first").to_numpy() + 2**62).astype(np.uint64), 16),
-        pc.if_else(pc.is_null(ids), pa.scalar("1"), present),
-        "",
-    )
-
-
-_HEX = np.frombuffer(b"0123456789abcdef", np.uint8)
-
-
-def _hex(values: np.ndarray, width: int) -> pa.Array:
-    """Non-negative integers as ``width`` lower-case hex digits (byte order = numeric)."""
-    digits = np.empty((len(values), width), np.uint8)
-    for k in range(width):
-        nibble = (values >> np.uint64(4 * k)) & np.uint64(15)
-        digits[:, width - 1 - k] = _HEX[nibble.astype(np.intp)]
-    return pa.array(digits.view(f"S{width}").ravel(), pa.binary()).cast(pa.string())
 
 
 def _ids_run(table: pa.Table, start: int) -> pa.Table:
@@ -296,31 +267,9 @@ def _keys_run(ws: Workspace, job: RunJob, table: pa.Table) -> pa.Table:
         whole_array(table["record_id"]),
         whole_array(table["object"]),
         whole_array(table["line"]),
-        _classes(table, dict(job.content_of)),
+        class_names(table, dict(job.content_of)),
     ]
     return pa.Table.from_arrays(columns, schema=_SCHEMAS["keys"])
-
-
-def _classes(table: pa.Table, content_of: dict[str, str]) -> pa.Array:
-    """Each row's near-dedup class, named as the near stage names it (kind / its source's
-    content); "" for every row without the sources' contents (no near stage)."""
-    if not content_of:
-        return pa.array(np.full(table.num_rows, ""), pa.string())
-    kinds = pc.dictionary_encode(whole_array(table["kind"]), null_encoding="encode")
-    sources = pc.dictionary_encode(whole_array(table["source_id"]), null_encoding="encode")
-    width = len(sources.dictionary)
-    pair = kinds.indices.to_numpy(zero_copy_only=False).astype(np.int64) * width
-    pair += sources.indices.to_numpy(zero_copy_only=False)
-    kind_names, source_names = kinds.dictionary.to_pylist(), sources.dictionary.to_pylist()
-    present, at = np.unique(pair, return_inverse=True)
-    names = []
-    for code in present.tolist():
-        kind, source = divmod(code, width)
-        name = f"{kind_names[kind]}/{content_of[source_names[source]]}"
-        if "\x00" in name:
-            raise ValueError(f"near-dedup class {name!r} holds a NUL character")
-        names.append(name)
-    return pa.array(names, pa.string()).take(pa.array(at))
 
 
 def _distinct(a: pa.Array, b: pa.Array) -> pa.Array:

@@ -100,3 +100,11 @@ def write_npy(path: Path, dtype: np.dtype, n: int, slices: Iterable[np.ndarray])
             written += len(part)
     if written != n:
         raise RuntimeError(f"{path.name}: {written} values written, {n} stated")
+
+
+def rows_within(path: str, span: tuple[int, int]) -> np.ndarray:
+    """The rows of an ascending ``.npy`` of rows within ``span`` (memory-mapped, a range
+    read)."""
+    rows = np.load(path, mmap_mode="r")
+    lo, hi = np.searchsorted(rows, span)
+    return np.asarray(rows[lo:hi])
