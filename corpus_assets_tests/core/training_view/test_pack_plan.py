@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from corpus_assets.core.training_view.packing import plan as plan_module
 from corpus_assets.core.training_view.packing.blocks import (
     BuildAccounting,
     build_batch,
@@ -142,6 +143,28 @@ def test_blocks_are_ordered_by_the_documented_keyed_hash():
     assert contents == {tuple(plan.sample[plan.block == b]) for b in range(plan.blocks)}
     other = plan_packing(lengths, 10, "atomic", seed=b"epoch-1")
     assert other.block.tobytes() != plan.block.tobytes()  # (true for these two seeds)
+
+
+def test_the_keyed_hash_order_holds_across_key_batches_and_first_word_ties(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Keys hashed a batch of blocks at a time give the documented order (batches of two
+    here), and digests sharing their first word are ordered by the rest."""
+    monkeypatch.setattr(plan_module, "KEY_BLOCKS", 2)
+    lengths = np.random.default_rng(2).integers(1, 25, 60)
+    plan = plan_packing(lengths, 10, "atomic", overlong="split", seed=b"epoch-0")
+    bounds = plan.block_bounds()
+    digests = []
+    for b in range(plan.blocks):
+        rows = slice(bounds[b], bounds[b + 1])
+        key = np.stack([plan.sample[rows], plan.offset[rows]], axis=1).astype("<i8").tobytes()
+        digests.append(sha256(b"epoch-0" + b"\0" + key).digest())
+    assert plan.blocks > 10 and digests == sorted(digests)
+    rows = np.random.default_rng(3).integers(0, 256, (500, 32), dtype=np.uint8)
+    rows[7, :8] = rows[9, :8]  # a first word shared: the other words decide, against
+    rows[7, 8:], rows[9, 8:] = 255, 0  # the rows' own order
+    ordered = [bytes(rows[i]) for i in plan_module._digest_order(rows)]
+    assert ordered == sorted(bytes(r) for r in rows)
 
 
 def test_block_arrays_of_a_small_plan_exactly():
