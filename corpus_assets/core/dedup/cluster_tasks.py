@@ -166,7 +166,7 @@ def write_names(ws: Workspace, job: NamesJob, also: tuple[str, ...] = ()) -> pa.
     return table
 
 
-class _Names:
+class Names:
     """Every chunk's names, memory-mapped, taken by global row number."""
 
     def __init__(self, scratch: Path, starts: tuple[int, ...]) -> None:
@@ -205,7 +205,7 @@ def gather_part(ws: Workspace, job: GatherJob, spec: object, done: object) -> Ga
     decisions and one joined slice); its ref, the record ids at the wanted positions and the
     process."""
     scratch = Path(job.scratch)
-    names = _Names(scratch, job.starts)
+    names = Names(scratch, job.starts)
     taken: list[tuple[int, pa.Array]] = []
     slices = _joined_slices(scratch / "decisions.parquet", job, names, taken)
     ref = put_table_batches(ws.cas, CLUSTER_COLUMNS, slices, scratch)
@@ -214,7 +214,7 @@ def gather_part(ws: Workspace, job: GatherJob, spec: object, done: object) -> Ga
 
 
 def _joined_slices(
-    path: Path, job: GatherJob, names: _Names, taken: list[tuple[int, pa.Array]]
+    path: Path, job: GatherJob, names: Names, taken: list[tuple[int, pa.Array]]
 ) -> Iterator[pa.RecordBatch]:
     """The chunk's rows, joined, a slice at a time in table order; each slice's rows and the
     record ids at its wanted positions appended to ``taken`` (the rows really put, which the
@@ -261,7 +261,7 @@ def _wanted_in(scratch: Path, lo: int, hi: int) -> np.ndarray:
     return np.array(wanted[first:last], dtype=np.int64)
 
 
-def _joined(decided: pa.Table, names: _Names, reasons: tuple[str, ...]) -> pa.Table:
+def _joined(decided: pa.Table, names: Names, reasons: tuple[str, ...]) -> pa.Table:
     """Decided rows joined by row number to the names: the clusters table's columns."""
     rows = decided.column("row").to_numpy()
     verdict = decided.column("verdict").combine_chunks()

@@ -130,7 +130,7 @@ def decide(
         rows, match, jaccard = near.match_arrays()
         state.set(rows, NEAR_CODE, match)
         state.jaccard.set_near(rows, jaccard)
-    per_source = state.per_source(codes.source_id.codes, codes.source_id.values)  # final
+    per_source = coding.per_source(codes, state)  # final
     codes.forget("source_id", "kind")
     dtype = code_dtype(codes.n)
     a = np.concatenate([copies, near_x], dtype=dtype)

@@ -127,6 +127,7 @@ class RunSamples:
     values: dict[str, int]
     value_bytes: dict[str, int]
     samples: dict[str, list[str]]
+    sources: tuple[tuple[str | None, int], ...] = ()  # the chunk's rows per source
 
 
 @dataclass(frozen=True)
@@ -178,7 +179,10 @@ def chunk_runs(ws: Workspace, job: RunJob, spec: object, done: object) -> RunSam
     """One chunk's names (for the gather tasks) and its sorted runs of both sets."""
     table = write_names(ws, job.names, also=("kind",))
     sets = {"ids": _ids_run(table, job.names.start), "keys": _keys_run(ws, job, table)}
-    return _sorted_runs(Path(job.names.scratch), job.names.index, sets)
+    done = _sorted_runs(Path(job.names.scratch), job.names.index, sets)
+    counts = pc.value_counts(table["source_id"]).to_pylist() if table.num_rows else []
+    sources = tuple((c["values"], c["counts"]) for c in counts)
+    return RunSamples(done.values, done.value_bytes, done.samples, sources)
 
 
 def _sorted_runs(scratch: Path, index: int, sets: dict[str, pa.Table]) -> RunSamples:

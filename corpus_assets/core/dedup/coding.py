@@ -23,6 +23,7 @@ from corpus_assets.core.dedup.order import first_in_order
 from corpus_assets.core.dedup.output_order import id_ranks
 from corpus_assets.core.dedup.partition_db import Coded, PartitionDb, RecordCodes, code_dtype
 from corpus_assets.core.dedup.row_values import HeldRows, Leakage, RowValues
+from corpus_assets.core.dedup.verdicts import Verdicts
 
 # Why an ``excluded`` row repeats an earlier row's record id: the same record again (same dedup
 # key), or another text under the same id - quarantined, counted as ``id_conflicts``. Decided
@@ -65,6 +66,10 @@ class Coding(Protocol):
         ...
 
     def repeated(self, codes: RecordCodes) -> Repeated: ...
+
+    def per_source(self, codes: RecordCodes, state: Verdicts) -> dict[str, dict[str, int]]:
+        """The verdict counts by source (``state``'s, final)."""
+        ...
 
     def exact(
         self,
@@ -141,6 +146,9 @@ class DriverCoding:
         copies = eligible[~first]
         classes = near_classes(codes, eligible[first], content_of)
         return Exact(classes, copies, rep_of[key_codes[copies]])
+
+    def per_source(self, codes: RecordCodes, state: Verdicts) -> dict[str, dict[str, int]]:
+        return state.per_source(codes.source_id.codes, codes.source_id.values)
 
     def leakage(self, codes: RecordCodes, a: np.ndarray, b: np.ndarray) -> Leakage:
         rows = leakage_rows(codes.group_id.codes, a, b)

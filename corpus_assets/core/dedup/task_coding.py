@@ -22,9 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import pyarrow.compute as pc
 
 from corpus_assets.core.dedup.class_rows import FiledClass, OrderSlice
-from corpus_assets.core.dedup.cluster_tasks import NamesJob
+from corpus_assets.core.dedup.cluster_tasks import Names, NamesJob
 from corpus_assets.core.dedup.code_tasks import (
     COPY,
     REPRESENTATIVE,
@@ -54,6 +55,7 @@ from corpus_assets.core.dedup.row_values import (
     Values,
     write_npy,
 )
+from corpus_assets.core.dedup.verdicts import Verdicts
 from corpus_assets.core.records.index import ChunkRecords
 from corpus_assets.core.runtime.workspace import Workspace, pooled
 
@@ -97,9 +99,29 @@ class TaskCoding:
         )
 
     def codes(self, db: PartitionDb) -> RecordCodes:
-        """Kind and source codes: no record id, dedup key or group code is held (the groups
-        stay in the merges' files until :meth:`leakage` asks, after the near stage)."""
-        return db.codes(tuple(Coded(np.empty(0, dtype=np.int64), []) for _ in range(3)))
+        """No codes: no record id, dedup key or group code is held (the groups stay in the
+        merges' files until :meth:`leakage` asks, after the near stage), and no kind or source
+        code (the classes come from the order merges, the counts by source from the runs and
+        the names of the rows not kept)."""
+        none = [Coded(np.empty(0, dtype=np.int64), []) for _ in range(5)]
+        return RecordCodes(self.n, *none)
+
+    def per_source(self, codes: RecordCodes, state: Verdicts) -> dict[str, dict[str, int]]:
+        """Each source's rows from the runs, the sources of the rows not kept read from the
+        chunks' names: no source code per row."""
+        totals: Counter[str | None] = Counter()
+        for sampled in self.sampled:
+            totals.update(dict(sampled.sources))
+        names = sorted(totals, key=lambda v: (v is None, v or ""))
+        code_of = {name: code for code, name in enumerate(names)}
+        starts = tuple(start for start, _ in self._spans)
+        held = pc.dictionary_encode(
+            Names(self.scratch, starts).take(state.rows, "source_id"), null_encoding="encode"
+        )
+        codes_of = np.array([code_of[v] for v in held.dictionary.to_pylist()], dtype=np.int64)
+        held_codes = codes_of[held.indices.to_numpy(zero_copy_only=False)] if len(held) else []
+        totals_in = np.array([totals[name] for name in names], dtype=np.int64)
+        return state.per_source_held(totals_in, np.asarray(held_codes, np.int64), names)
 
     def leakage(self, codes: RecordCodes, a: np.ndarray, b: np.ndarray) -> Leakage:
         """Per row, its leakage group's naming row (:func:`.leakage.leakage_rows`' answer)

@@ -121,19 +121,21 @@ class Verdicts:
     def per_source(self, sources: np.ndarray, names: list[str]) -> dict[str, dict[str, int]]:
         """Verdict counts per source name (``sources``: each row's code into ``names``), every
         verdict listed (zeros too), the sources with rows only, by name."""
-        counts = self.counts(sources, len(names))
+        totals = np.bincount(sources, minlength=len(names))[: len(names)]
+        return self.per_source_held(totals, sources[self.rows], names)
+
+    def per_source_held(
+        self, totals: np.ndarray, held_sources: np.ndarray, names: list[str]
+    ) -> dict[str, dict[str, int]]:
+        """The same from each source's row count and the source codes of the rows not kept
+        only (the rows held here, in their order): no code per row is needed."""
+        counts = np.zeros((len(names), len(VERDICTS)), dtype=np.int64)
+        counts[:, KEEP_CODE] = totals
+        np.add.at(counts, (held_sources, self.codes), 1)
+        np.subtract.at(counts[:, KEEP_CODE], held_sources, 1)
         out = {
             name: dict(zip(VERDICTS, counts[code].tolist(), strict=True))
             for code, name in enumerate(names)
             if counts[code].sum()
         }
         return dict(sorted(out.items()))
-
-    def counts(self, sources: np.ndarray, kinds: int) -> np.ndarray:
-        """Rows per (source code, verdict code): ``sources`` is each row's source code."""
-        counts = np.zeros((kinds, len(VERDICTS)), dtype=np.int64)
-        counts[:, KEEP_CODE] = np.bincount(sources, minlength=kinds)[:kinds]
-        held_sources = sources[self.rows]
-        np.add.at(counts, (held_sources, self.codes), 1)
-        np.subtract.at(counts[:, KEEP_CODE], held_sources, 1)
-        return counts

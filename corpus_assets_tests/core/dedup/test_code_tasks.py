@@ -119,6 +119,8 @@ def test_task_coding_decides_as_the_driver(
     for name in ("a", "b", "near_jaccard"):
         assert getattr(got.edges, name).tolist() == getattr(want.edges, name).tolist(), name
     assert got.edges.exact == want.edges.exact
+    assert got.per_source == want.per_source  # from the runs and the names, no source codes
+    assert set(want.per_source) == {"s", "t", "u"}
     n = table.num_rows
     assert got.leakage.rows.span(0, n).tolist() == want.leakage.rows.span(0, n).tolist()
     assert got.leakage.groups == want.leakage.groups

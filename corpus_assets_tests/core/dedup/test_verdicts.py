@@ -46,9 +46,17 @@ def test_verdicts_read_by_rows_as_the_dense_arrays() -> None:
 
 
 def test_counts_per_source_and_verdict() -> None:
-    sources = np.array([1, 0, 1, 1, 0, 1])
-    counts = _verdicts().counts(sources, 3)
-    assert counts.tolist() == [[0, 1, 1, 0], [2, 0, 1, 1], [0, 0, 0, 0]]
+    """From each row's source, or from the sources' totals and the held rows' sources only
+    (the runner's coding): the same counts, a source without rows left out."""
+    sources, names = np.array([1, 0, 1, 1, 0, 1]), ["a", "b", "c"]
+    verdicts = _verdicts()
+    want = {
+        "a": dict(zip(VERDICTS, [0, 1, 1, 0], strict=True)),
+        "b": dict(zip(VERDICTS, [2, 0, 1, 1], strict=True)),
+    }
+    assert verdicts.per_source(sources, names) == want
+    totals = np.array([2, 4, 0])
+    assert verdicts.per_source_held(totals, sources[verdicts.rows], names) == want
 
 
 def test_a_verdict_set_twice_is_refused() -> None:
