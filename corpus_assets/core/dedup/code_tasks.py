@@ -432,20 +432,6 @@ def _narrow(values: np.ndarray) -> np.ndarray:
     return values.astype(np.int32)
 
 
-def load_merged(base: str, *names: str) -> tuple[np.ndarray, ...]:
-    """A merge task's arrays (deleted once read)."""
-    loaded = tuple(np.load(f"{base}-{name}.npy") for name in names)
-    for name in names:
-        Path(f"{base}-{name}.npy").unlink()
-    return loaded
-
-
-def mapped_merged(base: str, *names: str) -> tuple[np.ndarray, ...]:
-    """A merge task's arrays, memory-mapped (read again and again; the scratch folder they
-    are in goes with the layer's run)."""
-    return tuple(np.load(f"{base}-{name}.npy", mmap_mode="r") for name in names)
-
-
 def run_path(scratch: Path, kind: str, index: int) -> Path:
     return scratch / f"run-{kind}-{index:06d}.arrow"
 

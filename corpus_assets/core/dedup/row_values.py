@@ -108,3 +108,17 @@ def rows_within(path: str, span: tuple[int, int]) -> np.ndarray:
     rows = np.load(path, mmap_mode="r")
     lo, hi = np.searchsorted(rows, span)
     return np.asarray(rows[lo:hi])
+
+
+def load_merged(base: str, *names: str) -> tuple[np.ndarray, ...]:
+    """A merge task's arrays (deleted once read)."""
+    loaded = tuple(np.load(f"{base}-{name}.npy") for name in names)
+    for name in names:
+        Path(f"{base}-{name}.npy").unlink()
+    return loaded
+
+
+def mapped_merged(base: str, *names: str) -> tuple[np.ndarray, ...]:
+    """A merge task's arrays, memory-mapped (read again and again; the scratch folder they
+    are in goes with the layer's run)."""
+    return tuple(np.load(f"{base}-{name}.npy", mmap_mode="r") for name in names)

@@ -35,8 +35,6 @@ from corpus_assets.core.dedup.code_tasks import (
     RunJob,
     RunSamples,
     chunk_runs,
-    load_merged,
-    mapped_merged,
     merge_partition,
     merge_partitions,
     merge_path,
@@ -53,6 +51,8 @@ from corpus_assets.core.dedup.row_values import (
     PartedRows,
     RowValues,
     Values,
+    load_merged,
+    mapped_merged,
     write_npy,
 )
 from corpus_assets.core.dedup.verdicts import Verdicts

@@ -9,6 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from corpus_assets.core.dedup import clusters, task_coding
+from corpus_assets.core.dedup import coding as coding_module
 from corpus_assets.core.dedup.code_tasks import PARTITION_VALUES, merge_partitions, splitters
 from corpus_assets.core.dedup.coding import Coding, DriverCoding, exclusions
 from corpus_assets.core.dedup.leakage import leakage_rows
@@ -141,6 +142,29 @@ def test_task_coding_decides_as_the_driver(
     assert left == {f"{f}.npy" for f in (*_KEPT_FILES, *_ORDER_FILES)}  # classes: when run
     assert not (tmp_path / "excluded.npy").exists()
     assert len(list(tmp_path.glob("names-*.arrow"))) == len(chunks)  # for the gather tasks
+
+
+def test_the_runners_coding_sorts_and_codes_nothing_per_row_on_the_driver(
+    demo_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On the runner's path the driver never sorts the total order, ranks every row by id nor
+    codes a column of every row (kind, source): those are the tasks'."""
+
+    def refused(*_args: object, **_kwargs: object) -> None:
+        raise AssertionError("a per-row sort or coding on the driver")
+
+    table = _records(random.Random(9), 400)
+    ws = open_workspace()
+    try:
+        chunks = _chunks(ws, table, [150, 250])
+        want, _ = _decided(ws, chunks, None)
+        for name in ("total_order", "codes", "_coded_few", "_coded", "_coded_ids"):
+            monkeypatch.setattr(PartitionDb, name, refused)
+        monkeypatch.setattr(coding_module, "id_ranks", refused)
+        got, _ = _decided(ws, chunks, tmp_path)
+    finally:
+        ws.close()
+    assert got.per_source == want.per_source and got.edges.a.tolist() == want.edges.a.tolist()
 
 
 @pytest.mark.parametrize("partitions", [1, 3, 7])
