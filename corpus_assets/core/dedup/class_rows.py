@@ -9,7 +9,8 @@ mapped files. A filed class is a small frozen value, handed to the band tasks as
 """
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Protocol
 
@@ -82,10 +83,27 @@ class OrderSlice:
 
 @dataclass(frozen=True)
 class FiledClass:
-    """A class's rows as slices of order partitions, in order (``dtype``: of the rows)."""
+    """A class's rows as slices of order partitions, in order (``dtype``: of the rows). Each
+    file is mapped once per object and the maps are not pickled: a task maps its own."""
 
     slices: tuple[OrderSlice, ...]
     dtype: str
+    _maps: dict[tuple[str, str], np.ndarray] = field(
+        default_factory=dict, compare=False, repr=False
+    )
+
+    def __getstate__(self) -> dict[str, object]:
+        return {"slices": self.slices, "dtype": self.dtype}
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        for name, value in (*state.items(), ("_maps", {})):
+            object.__setattr__(self, name, value)
+
+    def _mapped(self, s: OrderSlice, name: str) -> np.ndarray:
+        key = (s.base, name)
+        if key not in self._maps:
+            self._maps[key] = s.mapped(name)
+        return self._maps[key]
 
     @classmethod
     def write(cls, base: Path, order: np.ndarray) -> "FiledClass":
@@ -96,7 +114,7 @@ class FiledClass:
         np.save(f"{base}-order_at.npy", by_row.astype(order.dtype))
         return cls((OrderSlice(str(base), 0, len(order)),), str(order.dtype))
 
-    @property
+    @cached_property
     def starts(self) -> np.ndarray:
         """Each slice's first rank, and the class's size last."""
         return np.cumsum([0, *(s.hi - s.lo for s in self.slices)], dtype=np.int64)
@@ -106,12 +124,12 @@ class FiledClass:
         return int(self.starts[-1])
 
     def rows(self) -> np.ndarray:
-        parts = [np.asarray(s.mapped("order_rows")[s.lo : s.hi]) for s in self.slices]
+        parts = [np.asarray(self._mapped(s, "order_rows")[s.lo : s.hi]) for s in self.slices]
         return np.concatenate(parts).astype(self.dtype) if parts else np.empty(0, self.dtype)
 
     def pieces(self) -> Iterator[np.ndarray]:
         for s in self.slices:
-            mapped = s.mapped("order_rows")
+            mapped = self._mapped(s, "order_rows")
             for lo in range(s.lo, s.hi, PIECE):
                 yield np.asarray(mapped[lo : min(lo + PIECE, s.hi)], dtype=self.dtype)
 
@@ -125,16 +143,16 @@ class FiledClass:
         for i in np.unique(which).tolist():
             at = which == i
             s = self.slices[i]
-            out[at] = s.mapped("order_rows")[s.lo + ranks[at] - starts[i]]
+            out[at] = self._mapped(s, "order_rows")[s.lo + ranks[at] - starts[i]]
         return out
 
     def ranks_within(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
         """The class's rows in ``[lo, hi)``, ascending, and each one's rank."""
         rows, ranks = [], []
         for s, first in zip(self.slices, self.starts[:-1].tolist(), strict=True):
-            by_row = s.mapped("order_by_row")
+            by_row = self._mapped(s, "order_by_row")
             a, b = np.searchsorted(by_row, [lo, hi])
-            at = np.asarray(s.mapped("order_at")[a:b], dtype=np.int64)
+            at = np.asarray(self._mapped(s, "order_at")[a:b], dtype=np.int64)
             keep = (at >= s.lo) & (at < s.hi)
             rows.append(np.asarray(by_row[a:b])[keep])
             ranks.append(at[keep] - s.lo + first)
