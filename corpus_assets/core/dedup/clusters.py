@@ -108,14 +108,14 @@ def decide(
     (``coding``: where the codes, repeated ids and exact copies come from; the driver's
     sorts by default; ``chunk_starts``: each canonical chunk's first row, whose rows make
     one part of the clusters table)."""
-    coding = coding if coding is not None else DriverCoding()
+    content_of = near.content_of if near is not None else None
+    coding = coding if coding is not None else DriverCoding(None, source_order, content_of)
     codes = coding.codes(db)
     state = Verdicts(codes.n)
     excluded = exclusions(db, coding.repeated(codes), dict(revoked or {}))
     excluded_rows = np.fromiter(sorted(excluded), dtype=np.int64, count=len(excluded))
     state.set(excluded_rows, EXCLUDED_CODE)
-    content_of = near.content_of if near is not None else None
-    exact = coding.exact(db, codes, source_order, excluded_rows, content_of)
+    exact = coding.exact(db, codes, excluded_rows)
     del excluded_rows
     copies, classes = exact.copies, exact.classes
     state.set(copies, EXACT_CODE, exact.match)  # Jaccard 1.0

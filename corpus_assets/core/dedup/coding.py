@@ -71,17 +71,10 @@ class Coding(Protocol):
         """The verdict counts by source (``state``'s, final)."""
         ...
 
-    def exact(
-        self,
-        db: PartitionDb,
-        codes: RecordCodes,
-        source_order: dict[str, int],
-        excluded: np.ndarray,
-        content_of: dict[str, str] | None,
-    ) -> Exact:
+    def exact(self, db: PartitionDb, codes: RecordCodes, excluded: np.ndarray) -> Exact:
         """The exact stage over the rows not ``excluded`` (ascending) in the stated total
-        order (``source_order``: each source's rank); the representatives by near-dedup
-        class (kind / ``content_of`` its source; one class "" without it)."""
+        order (each source's rank, given at construction); the representatives by near-dedup
+        class (kind / its source's content; one class "" without the contents)."""
         ...
 
     def leakage(self, codes: RecordCodes, a: np.ndarray, b: np.ndarray) -> Leakage:
@@ -92,10 +85,16 @@ class Coding(Protocol):
 
 class DriverCoding:
     """Every fact from codes by row on the driver (``carried``: a child's record id, dedup key
-    and group id codes from its parent, not sorted again)."""
+    and group id codes from its parent, not sorted again; ``source_order``: each source's
+    rank; ``content_of``: each source's content, which names the near classes)."""
 
-    def __init__(self, carried: tuple[Coded, Coded, Coded] | None = None) -> None:
-        self.carried = carried
+    def __init__(
+        self,
+        carried: tuple[Coded, Coded, Coded] | None = None,
+        source_order: dict[str, int] | None = None,
+        content_of: dict[str, str] | None = None,
+    ) -> None:
+        self.carried, self.source_order, self.content_of = carried, source_order, content_of
         self._rank: np.ndarray | None = None
 
     def codes(self, db: PartitionDb) -> RecordCodes:
@@ -126,17 +125,11 @@ class DriverCoding:
         same = codes.dedup_key.codes[repeated] == codes.dedup_key.codes[at]
         return Repeated(repeated, at, same)
 
-    def exact(
-        self,
-        db: PartitionDb,
-        codes: RecordCodes,
-        source_order: dict[str, int],
-        excluded: np.ndarray,
-        content_of: dict[str, str] | None,
-    ) -> Exact:
+    def exact(self, db: PartitionDb, codes: RecordCodes, excluded: np.ndarray) -> Exact:
         """The total order sorted here (:meth:`.partition_db.PartitionDb.total_order`), the
         first of each dedup key among its eligible rows."""
-        order = db.total_order(source_order, codes.source_id, self.id_rank(db, codes))
+        ranks = self.source_order or {}
+        order = db.total_order(ranks, codes.source_id, self.id_rank(db, codes))
         eligible = _eligible(order, excluded)
         del order
         key_codes = codes.dedup_key.codes
@@ -144,7 +137,7 @@ class DriverCoding:
         rep_of = np.empty(int(key_codes.max(initial=-1)) + 1, dtype=code_dtype(len(key_codes)))
         rep_of[key_codes[eligible[first]]] = eligible[first]
         copies = eligible[~first]
-        classes = near_classes(codes, eligible[first], content_of)
+        classes = near_classes(codes, eligible[first], self.content_of)
         return Exact(classes, copies, rep_of[key_codes[copies]])
 
     def per_source(self, codes: RecordCodes, state: Verdicts) -> dict[str, dict[str, int]]:

@@ -327,13 +327,13 @@ def _coding(
     """Where ``decide`` takes its codes, repeated ids and exact copies from: the codes carried
     from the parent, or tasks on the runner where the stages run there (:mod:`.task_coding`,
     which leave the chunks' names in ``scratch``), or else the partition database's sorts."""
-    if carried is not None or not distributed(ws.config.execution):
-        return DriverCoding(carried)
-    lengths = [ref["lengths"]["digest"] for ref in length_refs]
     order = {s.id: n for n, s in enumerate(ws.config.sources)}
-    content = {s.id: s.content for s in ws.config.sources}
     near = ws.config.policies.dedup.near.enabled
-    return TaskCoding(ws, chunks, lengths, order, scratch, content if near else None)
+    content = {s.id: s.content for s in ws.config.sources} if near else None
+    if carried is not None or not distributed(ws.config.execution):
+        return DriverCoding(carried, order, content)
+    lengths = [ref["lengths"]["digest"] for ref in length_refs]
+    return TaskCoding(ws, chunks, lengths, order, scratch, content)
 
 
 def _coding_work(coding: Coding) -> dict[str, int]:

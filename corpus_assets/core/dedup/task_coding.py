@@ -158,18 +158,11 @@ class TaskCoding:
     def repeated(self, codes: RecordCodes) -> Repeated:
         return self._repeated
 
-    def exact(
-        self,
-        db: PartitionDb,
-        codes: RecordCodes,
-        source_order: dict[str, int],
-        excluded: np.ndarray,
-        content_of: dict[str, str] | None,
-    ) -> Exact:
+    def exact(self, db: PartitionDb, codes: RecordCodes, excluded: np.ndarray) -> Exact:
         """The keys merges over the rows not ``excluded`` (ascending), then the order runs
         and merges over the rest: each class's representatives and the copies in total order
-        come from the runner (``source_order`` and ``content_of`` were the runs'). The
-        driver holds the copies and their representatives, never an order of every row."""
+        come from the runner (the source ranks and contents were the runs'). The driver
+        holds the copies and their representatives, never an order of every row."""
         db.drop_lengths()  # read by the driver's total order only
         out = self.scratch / "excluded.npy"
         np.save(out, np.asarray(excluded, dtype=np.int64))

@@ -185,13 +185,13 @@ def test_task_coding_orders_each_near_class_as_the_driver(
         digests = [ref["lengths"]["digest"] for ref in refs]
         for scratch in (None, tmp_path):
             with PartitionDb.from_chunks(ws, chunks, lengths) as db:
-                coding: Coding = DriverCoding()
+                coding: Coding = DriverCoding(None, _SOURCES, content)
                 if scratch is not None:
                     coding = TaskCoding(ws, chunks, digests, _SOURCES, scratch, content)
                 codes = coding.codes(db)
                 excluded = exclusions(db, coding.repeated(codes), dict(_REVOKED))
                 out = np.array(sorted(excluded), dtype=np.int64)
-                exact = coding.exact(db, codes, _SOURCES, out, content)
+                exact = coding.exact(db, codes, out)
                 classes = {name: rows.rows().tolist() for name, rows in exact.classes.items()}
                 answers.append((classes, exact.copies.tolist(), exact.match.tolist(), len(out)))
     finally:

@@ -128,15 +128,21 @@ def test_best_fit_puts_a_piece_in_the_tightest_block_that_fits():
     assert plan_packing(np.array([3, 6, 7, 4]), 10, "next_fit").blocks == 3
 
 
-def test_blocks_are_ordered_by_the_documented_keyed_hash():
-    lengths = np.array([5, 9, 2, 7, 3, 8, 1])
-    plan = plan_packing(lengths, 10, "atomic", seed=b"epoch-0")
+def _keyed_digests(plan: PackPlan, seed: bytes) -> list[bytes]:
+    """Each block's documented key digest: sha256(seed NUL its (sample, offset) int64 LE)."""
     bounds = plan.block_bounds()
     digests = []
     for b in range(plan.blocks):
         rows = slice(bounds[b], bounds[b + 1])
         key = np.stack([plan.sample[rows], plan.offset[rows]], axis=1).astype("<i8").tobytes()
-        digests.append(sha256(b"epoch-0" + b"\0" + key).digest())
+        digests.append(sha256(seed + b"\0" + key).digest())
+    return digests
+
+
+def test_blocks_are_ordered_by_the_documented_keyed_hash():
+    lengths = np.array([5, 9, 2, 7, 3, 8, 1])
+    plan = plan_packing(lengths, 10, "atomic", seed=b"epoch-0")
+    digests = _keyed_digests(plan, b"epoch-0")
     assert digests == sorted(digests)
     unordered = plan_packing(lengths, 10, "atomic")
     contents = {tuple(unordered.sample[unordered.block == b]) for b in range(unordered.blocks)}
@@ -153,12 +159,7 @@ def test_the_keyed_hash_order_holds_across_key_batches_and_first_word_ties(
     monkeypatch.setattr(plan_module, "KEY_BLOCKS", 2)
     lengths = np.random.default_rng(2).integers(1, 25, 60)
     plan = plan_packing(lengths, 10, "atomic", overlong="split", seed=b"epoch-0")
-    bounds = plan.block_bounds()
-    digests = []
-    for b in range(plan.blocks):
-        rows = slice(bounds[b], bounds[b + 1])
-        key = np.stack([plan.sample[rows], plan.offset[rows]], axis=1).astype("<i8").tobytes()
-        digests.append(sha256(b"epoch-0" + b"\0" + key).digest())
+    digests = _keyed_digests(plan, b"epoch-0")
     assert plan.blocks > 10 and digests == sorted(digests)
     rows = np.random.default_rng(3).integers(0, 256, (500, 32), dtype=np.uint8)
     rows[7, :8] = rows[9, :8]  # a first word shared: the other words decide, against
