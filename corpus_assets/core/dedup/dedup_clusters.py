@@ -80,9 +80,10 @@ def build_dedup_clusters(ws: Workspace, partition_key: str) -> LayerResult:
     order = {s.id: n for n, s in enumerate(ws.config.sources)}
     policy = ws.config.policy_digest("dedup")
     mode = parent_mode(ws, spec.parents, CODE, policy)
-    lengths, length_refs = chunk_lengths(ws, chunks, mode.lengths)
+    by_tasks = _coded_by_tasks(ws, mode)
+    lengths, length_refs = chunk_lengths(ws, chunks, mode.lengths, read=not by_tasks)
     with tempfile.TemporaryDirectory(dir=_tmp(ws)) as tmp:
-        with PartitionDb.from_chunks(ws, chunks, lengths) as db:
+        with PartitionDb.from_chunks(ws, chunks, lengths, with_lengths=not by_tasks) as db:
             del lengths
             revoked = _revoked(ws, db, spec.tombstone_watermark)
             near, signature_refs, run_stats = _near_stage(ws, chunks, db, mode, Path(tmp))
@@ -300,7 +301,7 @@ def _carried(
 ) -> Carried | None:
     """The record codes carried from the parent's clusters and decisions (verified) when it
     ran this code and both are at hand; None: the coding sorts."""
-    if mode.mode != INCREMENTAL or mode.decisions is None or mode.clusters is None:
+    if not _may_carry(mode):
         return None
     tables = (mode.decisions["digest"], mode.clusters["digest"])
     if not all(ws.cas.contains(digest) for digest in tables):
@@ -315,6 +316,17 @@ def _carried(
     carried = carried_codes(db, child_to_parent, decisions, clusters)
     db.flush()  # what reading the parent's tables freed goes back before the verdicts
     return carried
+
+
+def _coded_by_tasks(ws: Workspace, mode: Mode) -> bool:
+    """Whether the records are surely coded by tasks (:func:`_coding`: on the runner, with no
+    parent whose codes a child could carry), so the driver needs no text lengths."""
+    return distributed(ws.config.execution) and not _may_carry(mode)
+
+
+def _may_carry(mode: Mode) -> bool:
+    """Whether a child may carry its parent's record codes (its tables are named)."""
+    return mode.mode == INCREMENTAL and mode.decisions is not None and mode.clusters is not None
 
 
 def _coding(

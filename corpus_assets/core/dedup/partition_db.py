@@ -92,21 +92,32 @@ class PartitionDb:
 
     @classmethod
     def from_chunks(
-        cls, ws: Workspace, chunks: list[ChunkRecords], lengths: list[np.ndarray] | None = None
+        cls,
+        ws: Workspace,
+        chunks: list[ChunkRecords],
+        lengths: list[np.ndarray] | None = None,
+        with_lengths: bool = True,
     ) -> "PartitionDb":
         """The canonical chunks' files, verified against their digests, read in place;
-        ``lengths``: each chunk's text lengths when known (:func:`chunk_lengths`)."""
+        ``lengths``: each chunk's text lengths when known (:func:`chunk_lengths`). Only the
+        driver's total order reads them: without ``with_lengths`` (the runner's coding) no
+        table of them is made."""
         db = cls(ws.home / "tmp", ws.config.execution.workers)
         try:
-            db._attach(ws, chunks, lengths)
+            db._attach(ws, chunks, lengths, with_lengths)
         except BaseException:
             db.close()  # its spill directory too
             raise
         return db
 
     def _attach(
-        self, ws: Workspace, chunks: list[ChunkRecords], known: list[np.ndarray] | None
+        self,
+        ws: Workspace,
+        chunks: list[ChunkRecords],
+        known: list[np.ndarray] | None,
+        with_lengths: bool,
     ) -> None:
+        """``known``: the chunks' lengths (None: counted here), loaded ``with_lengths``."""
         if not chunks:
             self._from_arrow(RECORD_COLUMNS.empty_table())
             return
@@ -117,27 +128,29 @@ class PartitionDb:
             path = ws.cas.path(chunk.records["digest"])
             paths.append(str(path))
             starts.append(start)
-            lengths.append(text_lengths(path) if known is None else known[n])
-            release_memory()
+            if with_lengths:
+                lengths.append(text_lengths(path) if known is None else known[n])
+                release_memory()
             start += chunk.count
         files = pa.table({"path": paths, "start": pa.array(starts, pa.int64())})
-        meta = pa.table(
-            {"row": np.arange(start, dtype=np.int64), "length": np.concatenate(lengths)}
-        )
-        del lengths
         self.con.register("chunk_files", files)
-        self.con.register("lengths", meta)
         self.paths, self.starts = paths, np.asarray(starts, dtype=np.int64)
+        if with_lengths:
+            self._load_lengths(np.arange(start, dtype=np.int64), np.concatenate(lengths))
+        del lengths
         scan = f"read_parquet({sql_list(paths)}, filename = true, file_row_number = true)"
         self.con.execute(
             f"CREATE TEMP TABLE files AS SELECT * FROM chunk_files;"
-            f"CREATE TEMP TABLE meta AS SELECT * FROM lengths;"
             f"CREATE VIEW recs AS SELECT f.start + p.file_row_number AS row, {_CARRIED_SQL} "
             f"FROM {scan} p JOIN files f ON p.filename = f.path;"
             f"CREATE VIEW texts AS SELECT f.start + p.file_row_number AS row, text_digest "
             f"FROM {scan} p JOIN files f ON p.filename = f.path"
         )
         self.con.unregister("chunk_files")
+
+    def _load_lengths(self, rows: np.ndarray, lengths: np.ndarray) -> None:
+        self.con.register("lengths", pa.table({"row": rows, "length": lengths}))
+        self.con.execute("CREATE TEMP TABLE meta AS SELECT * FROM lengths")
         self.con.unregister("lengths")
 
     @classmethod
@@ -330,7 +343,7 @@ class PartitionDb:
             yield rows, np.asarray(pc.fill_null(length, 0).to_numpy(), dtype=np.int64), missing
 
     def drop_lengths(self) -> None:
-        self.con.execute("DROP TABLE meta")  # the lengths: read by nothing after the order
+        self.con.execute("DROP TABLE IF EXISTS meta")  # read by nothing after the order
         self.flush()
 
     def _lexsorted(self, ranks: np.ndarray, sources: Coded, rank: np.ndarray) -> np.ndarray:
@@ -390,12 +403,13 @@ def text_lengths(path: Path, batch_rows: int = 1024) -> np.ndarray:
 
 
 def chunk_lengths(
-    ws: Workspace, chunks: list[ChunkRecords], known: Mapping[str, str]
+    ws: Workspace, chunks: list[ChunkRecords], known: Mapping[str, str], read: bool = True
 ) -> tuple[list[np.ndarray], list[dict[str, Any]]]:
     """Each chunk's text lengths, read back from ``known`` (records digest -> lengths digest: a
     parent's, so an unchanged chunk's text column is not read again) or counted from its text
     column by a task per chunk (:func:`count_lengths`, on the runner's workers when the work is
-    large enough); and one ``{records, lengths}`` ref per chunk for the layer to list."""
+    large enough); and one ``{records, lengths}`` ref per chunk for the layer to list. Without
+    ``read`` no lengths come back (the runner's coding reads them in its tasks, verified)."""
     missing = [c for c in chunks if c.records["digest"] not in known]
     size = sum(c.stored_bytes() for c in missing)
     counted = pooled(ws, count_lengths, missing, input_bytes=size)
@@ -403,9 +417,9 @@ def chunk_lengths(
     arrays, refs = [], []
     for chunk in chunks:
         records, digest = chunk.records["digest"], digests[chunk.records["digest"]]
-        lengths = stored_lengths(ws, chunk, digest)
-        arrays.append(lengths)
-        refs.append({"records": records, "lengths": make_ref(digest, BINARY, 8 * len(lengths))})
+        if read:
+            arrays.append(stored_lengths(ws, chunk, digest))
+        refs.append({"records": records, "lengths": make_ref(digest, BINARY, 8 * chunk.count)})
     return arrays, refs
 
 
