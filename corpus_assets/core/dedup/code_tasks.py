@@ -1,4 +1,4 @@
-"""Record codes and exact copies by a sample sort on the task runner, beside the values.
+"""Record codes, exact copies and the total order by sample sorts on the task runner.
 
 Dedup decides on integer codes of record ids and group ids, on each row's rank by record id,
 and on which rows repeat an id or a dedup key. On the driver these cost DuckDB external sorts
@@ -11,8 +11,11 @@ the data home instead (every worker sees it), driven by :class:`.task_coding.Tas
   with its rows and what deciding needs next to the value, written as an Arrow IPC file -
   ``ids``: every record id with its object, line and dedup key, and each group id unlike its
   record id (flagged), ranked together as the driver ranks them; ``keys``: every dedup key with
-  the row's place in the total order (source rank, longer first, record id, object, line). It
-  returns evenly spaced samples of each set.
+  the row's place in the total order (source rank, longer first, record id, object, line) and
+  its near-dedup class. It returns evenly spaced samples of each set and its rows per source.
+- **order runs** (one task per chunk, once the exact stage is decided): the chunk's keys run
+  less the excluded rows, the copies flagged, keyed by one string whose byte order is (class,
+  source rank, longer first, record id) (:mod:`.order_key`).
 - **splitters** (the driver): from the samples, the values that cut each set into partitions
   of about ``PARTITION_VALUES`` values (a function of the sizes and samples, never of the
   worker count; any cut gives the same answers).
@@ -21,13 +24,16 @@ the data home instead (every worker sees it), driven by :class:`.task_coding.Tas
   values where they change, ranks its record rows by (record id, object, line, row) and finds
   the rows whose record id an earlier row holds; a keys partition, run once the driver knows
   the excluded rows, finds each dedup key's first eligible row in the total order and the
-  copies behind it. All of a value's rows are in one partition, so each answer is whole.
+  copies behind it; an order partition writes its rows in order, the same rows ascending with
+  their places, and each class's count. All of a value's rows are in one partition, so each
+  answer is whole.
 
-The driver places the codes and ranks at their rows, offset by the partitions before, and
-collects the sparse answers; it holds no value. Codes follow byte order, equal values share
-one and numbers are skipped, as :meth:`.partition_db.PartitionDb.codes` promises; no output
-depends on the numbering itself, so the layer's bytes are the in-driver path's
-(``test_dedup_distributed``, ``test_code_tasks``).
+The driver reads the ranks and each class's rows from the merges' files, offset by the
+partitions before, and collects the sparse answers; it holds no value. Codes follow byte
+order, equal values share one and numbers are skipped, as
+:meth:`.partition_db.PartitionDb.codes` promises; no output depends on the numbering itself,
+so the layer's bytes are the in-driver path's (``test_dedup_distributed``,
+``test_code_tasks``).
 """
 
 import bisect

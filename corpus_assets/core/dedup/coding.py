@@ -5,9 +5,10 @@
 - :class:`DriverCoding`: the partition database's sorts (or the codes a child carried from its
   parent), then numpy over every row on the driver;
 - :class:`.task_coding.TaskCoding`, where the stages run on the task runner: the sample sort's
-  merge tasks decide repeated ids and exact copies next to the values they hold, and the driver
-  receives the id order, each row's leakage row and the sparse answers (repeated rows, copies),
-  never a record id, dedup key or group code.
+  merge tasks decide repeated ids and exact copies next to the values they hold and put the
+  near classes in total order, and the driver reads the id order, each row's leakage row and
+  each class's rows from their files and receives the sparse answers (repeated rows, copies),
+  never a code of every row nor an order of every row.
 
 The answers are sparse where the facts are (repeated ids and copies are few next to the
 records); the id order and the leakage rows are one integer per row.

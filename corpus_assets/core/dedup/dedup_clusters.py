@@ -80,11 +80,9 @@ def build_dedup_clusters(ws: Workspace, partition_key: str) -> LayerResult:
     order = {s.id: n for n, s in enumerate(ws.config.sources)}
     policy = ws.config.policy_digest("dedup")
     mode = parent_mode(ws, spec.parents, CODE, policy)
-    by_tasks = _coded_by_tasks(ws, mode)
-    lengths, length_refs = chunk_lengths(ws, chunks, mode.lengths, read=not by_tasks)
     with tempfile.TemporaryDirectory(dir=_tmp(ws)) as tmp:
-        with PartitionDb.from_chunks(ws, chunks, lengths, with_lengths=not by_tasks) as db:
-            del lengths
+        db, length_refs = _opened(ws, chunks, mode)
+        with db:
             revoked = _revoked(ws, db, spec.tombstone_watermark)
             near, signature_refs, run_stats = _near_stage(ws, chunks, db, mode, Path(tmp))
             chunk_rows = [(c.records["digest"], c.count) for c in chunks]
@@ -316,6 +314,16 @@ def _carried(
     carried = carried_codes(db, child_to_parent, decisions, clusters)
     db.flush()  # what reading the parent's tables freed goes back before the verdicts
     return carried
+
+
+def _opened(
+    ws: Workspace, chunks: list[ChunkRecords], mode: Mode
+) -> tuple[PartitionDb, list[dict[str, Any]]]:
+    """The partition database and each chunk's lengths ref: the lengths read and tabled only
+    where the driver may sort the total order itself."""
+    by_tasks = _coded_by_tasks(ws, mode)
+    lengths, refs = chunk_lengths(ws, chunks, mode.lengths, read=not by_tasks)
+    return PartitionDb.from_chunks(ws, chunks, lengths, with_lengths=not by_tasks), refs
 
 
 def _coded_by_tasks(ws: Workspace, mode: Mode) -> bool:

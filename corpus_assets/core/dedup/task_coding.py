@@ -1,18 +1,20 @@
-"""Dedup's codes, id order, repeated ids and exact copies from the runner's merge tasks.
+"""Dedup's id order, repeated ids, exact copies and total order from the runner's merge tasks.
 
 The :class:`.coding.Coding` where the stages run on the task runner. At construction a runs
 task per canonical chunk and a merge task per partition of the ids set run
 (:mod:`.code_tasks`); the driver keeps the repeated rows the merges found. Each merge keeps
-its record rows (ascending) with their ranks in the partition: the driver places every row's
-rank for the total order, and after the near stage reads the ranks a slice at a time from the
-mapped files (:class:`.row_values.PartedRows`). The groups stay in the merges' files until
+its record rows (ascending) with their ranks in the partition, which the output phases read a
+slice at a time from the mapped files (:class:`.row_values.PartedRows`). The groups stay in
+the merges' files until
 the leakage groups ask for them, after the near stage: the driver looks up only the edges'
 rows' groups, finds the components among those, and reads each row's naming row from the
 mapped files a slice at a time as the output phases ask. Exact copies need the excluded rows
 first (tombstones and repeated ids), so the keys set's merges run when ``decide`` asks for
-them, and hand back only the copies and their representatives. The driver never holds a
-record id, dedup key or group code, and sorts no value; the ids merges' files stay in the
-scratch folder to the end of the layer's run.
+them, and hand back only the copies and their representatives; then the order set's runs and
+merges put each near class's representatives and the copies in total order, in files the
+near stage's band tasks read (:class:`.class_rows.FiledClass`). The driver never holds a
+record id, dedup key, group, kind or source code, nor any order of every row, and sorts no
+value; the merges' files stay in the scratch folder to the end of the layer's run.
 """
 
 import os
