@@ -38,7 +38,7 @@ so the layer's bytes are the in-driver path's (``test_dedup_distributed``,
 
 import bisect
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -185,10 +185,9 @@ def chunk_runs(ws: Workspace, job: RunJob, spec: object, done: object) -> RunSam
     """One chunk's names (for the gather tasks) and its sorted runs of both sets."""
     table = write_names(ws, job.names, also=("kind",))
     sets = {"ids": _ids_run(table, job.names.start), "keys": _keys_run(ws, job, table)}
-    done = _sorted_runs(Path(job.names.scratch), job.names.index, sets)
     counts = pc.value_counts(table["source_id"]).to_pylist() if table.num_rows else []
     sources = tuple((c["values"], c["counts"]) for c in counts)
-    return RunSamples(done.values, done.value_bytes, done.samples, sources)
+    return replace(_sorted_runs(Path(job.names.scratch), job.names.index, sets), sources=sources)
 
 
 def _sorted_runs(scratch: Path, index: int, sets: dict[str, pa.Table]) -> RunSamples:

@@ -21,6 +21,7 @@ import numpy as np
 from corpus_assets.core.dedup.class_rows import ClassOrder, HeldClass
 from corpus_assets.core.dedup.leakage import leakage_rows
 from corpus_assets.core.dedup.order import first_in_order
+from corpus_assets.core.dedup.order_key import class_name
 from corpus_assets.core.dedup.output_order import id_ranks
 from corpus_assets.core.dedup.partition_db import Coded, PartitionDb, RecordCodes, code_dtype
 from corpus_assets.core.dedup.row_values import HeldRows, Leakage, RowValues
@@ -172,7 +173,7 @@ def near_classes(
     masks: dict[str, np.ndarray] = {}
     for code in np.unique(pair).tolist():
         kind, source = divmod(code, len(source_names))
-        name = f"{kind_names[kind]}/{content_of[source_names[source]]}"
+        name = class_name(kind_names[kind], source_names[source], content_of)
         masks[name] = masks.get(name, False) | (pair == code)
     return {name: HeldClass(rows[mask]) for name, mask in sorted(masks.items())}
 

@@ -59,8 +59,14 @@ def class_names(table: pa.Table, content_of: dict[str, str]) -> pa.Array:
     names = []
     for code in present.tolist():
         kind, source = divmod(code, width)
-        name = f"{kind_names[kind]}/{content_of[source_names[source]]}"
-        if "\x00" in name:
-            raise ValueError(f"near-dedup class {name!r} holds a NUL character")
-        names.append(name)
+        names.append(class_name(kind_names[kind], source_names[source], content_of))
     return pa.array(names, pa.string()).take(pa.array(at))
+
+
+def class_name(kind: str | None, source: str, content_of: dict[str, str]) -> str:
+    """The near-dedup class of a record of ``kind`` from ``source``: kind / the source's
+    content (the order key ends a class's name with NUL, so none may hold one)."""
+    name = f"{kind}/{content_of[source]}"  # a source not listed: KeyError, as ever
+    if "\x00" in name:
+        raise ValueError(f"near-dedup class {name!r} holds a NUL character")
+    return name

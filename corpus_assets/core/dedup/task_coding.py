@@ -114,16 +114,16 @@ class TaskCoding:
         totals: Counter[str | None] = Counter()
         for sampled in self.sampled:
             totals.update(dict(sampled.sources))
-        names = sorted(totals, key=lambda v: (v is None, v or ""))
+        names = list(totals)  # any order: the counts come back by name
         code_of = {name: code for code, name in enumerate(names)}
         starts = tuple(start for start, _ in self._spans)
         held = pc.dictionary_encode(
             Names(self.scratch, starts).take(state.rows, "source_id"), null_encoding="encode"
         )
         codes_of = np.array([code_of[v] for v in held.dictionary.to_pylist()], dtype=np.int64)
-        held_codes = codes_of[held.indices.to_numpy(zero_copy_only=False)] if len(held) else []
-        totals_in = np.array([totals[name] for name in names], dtype=np.int64)
-        return state.per_source_held(totals_in, np.asarray(held_codes, np.int64), names)
+        held_codes = codes_of[held.indices.to_numpy(zero_copy_only=False)]
+        totals_in = np.array(list(totals.values()), dtype=np.int64)
+        return state.per_source_held(totals_in, held_codes, names)
 
     def leakage(self, codes: RecordCodes, a: np.ndarray, b: np.ndarray) -> Leakage:
         """Per row, its leakage group's naming row (:func:`.leakage.leakage_rows`' answer)
