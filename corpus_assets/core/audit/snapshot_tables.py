@@ -93,18 +93,20 @@ class SnapshotTables:
     def canonical_rows(
         self, source_id: str, digest: str, lines: list[int], record_ids: set[str] | None = None
     ) -> list[dict[str, Any]]:
-        """The canonical rows at ``lines`` of the object (by line within its chunk, whose table
-        is in line order), without payload and text; only ``record_ids``' when given."""
+        """The canonical rows at ``lines`` of the object (by line within each of its records
+        pieces, each in line order), without payload and text; only ``record_ids``' when
+        given."""
         entries = {entry.chunk: entry for entry in self.canonical.entries}
         found = []
         for name in self.chunk_names(source_id, digest):
             entry: ChunkEntry | None = entries.get(f"{source_id}/{name}")
             if entry is None:
                 continue
-            records = self.canonical.descriptor(entry).records
-            path = self.files.path(records["digest"], f"records of {entry.chunk}")
-            with SortedTable(path, "line") as table:
-                rows = table.rows(lines, CANONICAL_COLUMNS).to_pylist()
+            rows = []
+            for piece in self.canonical.descriptor(entry).parts():
+                what = f"records of {entry.chunk}"
+                with SortedTable(self.files.path(piece.records["digest"], what), "line") as table:
+                    rows += table.rows(lines, CANONICAL_COLUMNS).to_pylist()
             found += [
                 {**row, "name": name}
                 for row in rows

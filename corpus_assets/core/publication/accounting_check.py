@@ -87,15 +87,18 @@ def chunk_findings(ev: Evidence) -> list[str]:
     for entry in ev.canonical.entries:
         descriptor = ev.canonical.descriptor(entry)
         account = descriptor.account
-        records = pq.read_metadata(ev.files.path(descriptor.records["digest"], entry.chunk))
+        records = sum(
+            pq.read_metadata(ev.files.path(p.records["digest"], entry.chunk)).num_rows
+            for p in descriptor.parts()
+        )
         excluded = pq.read_metadata(ev.files.path(descriptor.excluded["digest"], entry.chunk))
         reasons = sum(account.quarantined.values()) + sum(account.rejected.values())
-        if (records.num_rows, excluded.num_rows) != (account.kept, reasons) or (
+        if (records, excluded.num_rows) != (account.kept, reasons) or (
             account.rows_in != account.kept + reasons
         ):
             findings.append(
                 f"chunk {entry.chunk}: {account.rows_in} rows in, account {account.kept} kept + "
-                f"{reasons} excluded, tables hold {records.num_rows} records + "
+                f"{reasons} excluded, tables hold {records} records + "
                 f"{excluded.num_rows} exclusions"
             )
     return findings

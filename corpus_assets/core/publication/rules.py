@@ -324,7 +324,8 @@ def canary_replays(replay: Replay) -> ValidationRule:
         chunks = canary_chunks(ev.canonical)
         for entry in ev.canonical.entries:  # the recorded side is read by path: whole first
             if entry.chunk in chunks:
-                ev.files.path(ev.canonical.descriptor(entry).records["digest"], entry.chunk)
+                for piece in ev.canonical.descriptor(entry).parts():
+                    ev.files.path(piece.records["digest"], entry.chunk)
         outcomes = replay(ev.canonical, ev.freeze, chunks)
         differ = [o for o in outcomes if o.replayed != o.recorded]
         report.canary_chunks = len(outcomes)

@@ -86,19 +86,26 @@ def _recorded(
     """The snapshot's records and exclusions of the chunk's first ``lines`` source lines
     (records are stored in line order, so reading stops at the first batch past them)."""
     descriptor = canonical.descriptor(entry)
-    path = ws.cas.path(descriptor.records["digest"])
     groups = []
-    with closing(pq.ParquetFile(path)) as records:
-        for batch in records.iter_batches(batch_size=ROWS, columns=COMPARED.names):
-            groups.append(batch)
-            if lines is not None and batch.num_rows and batch.column("line")[-1].as_py() > lines:
-                break
-        kept = pa.Table.from_batches(groups, COMPARED)
+    for piece in descriptor.parts():  # in line order, each piece's records too
+        with closing(pq.ParquetFile(ws.cas.path(piece.records["digest"]))) as records:
+            for batch in records.iter_batches(batch_size=ROWS, columns=COMPARED.names):
+                groups.append(batch)
+                if _past(batch, lines):
+                    break
+        if groups and _past(groups[-1], lines):
+            break
+    kept = pa.Table.from_batches(groups, COMPARED)
     excluded = get_table(ws.cas, descriptor.excluded, f"exclusions of {entry.chunk}")
     if lines is None:
         return kept, excluded
     within = (pc.less_equal(t.column("line"), lines) for t in (kept, excluded))
     return kept.filter(next(within)), excluded.filter(next(within))
+
+
+def _past(batch: pa.RecordBatch, lines: int | None) -> bool:
+    """Whether the batch reaches past the first ``lines`` source lines (never, without)."""
+    return lines is not None and batch.num_rows > 0 and batch.column("line")[-1].as_py() > lines
 
 
 def _rows(tables: tuple[pa.Table, pa.Table]) -> Iterator[dict[str, Any]]:

@@ -49,6 +49,7 @@ from corpus_assets.core.records.index import (
     record_schema_digest,
 )
 from corpus_assets.core.records.kept import ExclusionRows, KeptRecords
+from corpus_assets.core.records.pieces import PiecedWriter
 from corpus_assets.core.records.quality import policy_payload as quality_payload
 from corpus_assets.core.runtime.code_identity import stage_code
 from corpus_assets.core.runtime.config import Source
@@ -155,10 +156,11 @@ def _canonicalize_rows(
 def _canonicalize_object(
     ws: Workspace, source: Source, item: dict[str, Any], stages: Stages
 ) -> str:
-    """The object's records and exclusions Parquet, each written a row group at a time as it
-    fills (never the whole object's rows at once), and its account; the descriptor's digest."""
+    """The object's records (in pieces, :mod:`.pieces`) and exclusions Parquet, each written
+    a row group at a time as it fills (never the whole object's rows at once), and its
+    account; the descriptor's digest."""
     digest = item["object"]["digest"]
-    records = TableWriter(ws.cas, RECORD_COLUMNS)  # each group one call: put_table's bytes
+    records = PiecedWriter(ws.cas, RECORD_COLUMNS)  # each group one call: put_table's bytes
     exclusions = TableWriter(ws.cas, EXCLUSION_COLUMNS)
     try:
         kept = KeptRecords(digest, stages, sink=records.write_table)
@@ -167,7 +169,7 @@ def _canonicalize_object(
         kept.finish()
         excluded.extend(kept.contaminated)  # after every other exclusion
         excluded.finish()
-        records_ref, excluded_ref = records.close(), exclusions.close()
+        pieces, excluded_ref = records.close(), exclusions.close()
     except BaseException:
         records.abort()  # no partial file left under the store's tmp
         exclusions.abort()
@@ -176,7 +178,7 @@ def _canonicalize_object(
     quarantined = {r: n for r, n in sorted(reasons.items()) if r.startswith(QUARANTINE_PREFIXES)}
     rejected = {r: n for r, n in sorted(reasons.items()) if r not in quarantined}
     descriptor = ChunkDescriptor(
-        records=records_ref,
+        pieces=pieces,
         count=kept.rows,
         excluded=excluded_ref,
         account=ChunkAccount(

@@ -1,9 +1,12 @@
 """The canonical_records documents and their one reader.
 
-The layer index lists one entry per raw object (chunk); each entry points at a chunk descriptor
-naming the chunk's records table, its exclusions table and its account. Every later stage reads
-canonical records through ``CanonicalIndex`` (all records, or one chunk at a time), so the
-layout lives here and nowhere else.
+The layer index lists one entry per raw object; each entry points at a chunk descriptor naming
+the object's records tables (its pieces, in line order), its exclusions table and its account.
+A piece holds at most ``PIECE_GROUPS`` row groups (65,536 records or 32 MB of text each), so
+every later stage's task over a chunk - one piece - is bounded however large the object is,
+and a large object's records are spread over several tasks. Every later stage reads canonical
+records through ``CanonicalIndex`` (all records, or one chunk at a time), so the layout lives
+here and nowhere else.
 """
 
 from collections.abc import Iterator
@@ -12,7 +15,7 @@ from typing import Any, Literal
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from corpus_assets.core.runtime.layer_index import LayerIndex, load_index, read_layer_index
 from corpus_assets.core.runtime.workspace import Workspace
@@ -22,7 +25,8 @@ from corpus_assets.core.storage.digests import json_digest
 
 LAYER = "canonical_records"
 RECORD_SCHEMA = "corpus.record.v2"  # the record contract: envelope + payload kinds + columns
-CHUNK_SCHEMA = "corpus.chunk.v2"
+CHUNK_SCHEMA = "corpus.chunk.v3"  # v2 (one records table an object) is still read
+PIECE_GROUPS = 4  # row groups a records piece holds at most: what one chunk task reads
 RECORD_COLUMNS = pa.schema(
     [
         ("record_id", pa.string()),
@@ -88,15 +92,54 @@ class ChunkAccount(_Document):
     contaminated: dict[str, int] = {}  # records excluded per benchmark item id (ids, no text)
 
 
-class ChunkDescriptor(_Document):
-    """What one chunk task produced: its records, its exclusions and their account."""
+class ChunkPiece(_Document):
+    """One records table of an object, and how many records it holds."""
 
-    chunk_schema: Literal["corpus.chunk.v2"] = Field(CHUNK_SCHEMA, alias="schema")
-    layer: Literal["canonical_records"] = LAYER
     records: Ref
+    count: int
+
+
+class ChunkDescriptor(_Document):
+    """What one chunk task produced: its records (v3: in pieces; v2: one table), its
+    exclusions and their account."""
+
+    chunk_schema: Literal["corpus.chunk.v2", "corpus.chunk.v3"] = Field(
+        CHUNK_SCHEMA, alias="schema"
+    )
+    layer: Literal["canonical_records"] = LAYER
+    records: Ref | None = None  # v2 only
+    pieces: list[ChunkPiece] | None = None  # v3 only
     count: int
     excluded: Ref
     account: ChunkAccount
+
+    @model_validator(mode="after")
+    def _one_layout(self) -> "ChunkDescriptor":
+        if self.chunk_schema == CHUNK_SCHEMA:
+            if self.pieces is None or self.records is not None or not self.pieces:
+                raise ValueError(f"{CHUNK_SCHEMA} names its records in pieces, and only so")
+            held = sum(p.count for p in self.pieces)
+            if held != self.count:
+                raise ValueError(f"its pieces hold {held} records, its count says {self.count}")
+        elif self.records is None or self.pieces is not None:
+            raise ValueError(f"{self.chunk_schema} names one records table, and no pieces")
+        return self
+
+    def parts(self) -> list[ChunkPiece]:
+        """The records tables in line order (a v2 descriptor's one table)."""
+        if self.pieces is not None:
+            return self.pieces
+        assert self.records is not None  # _one_layout
+        return [ChunkPiece(records=self.records, count=self.count)]
+
+    def document(self) -> dict[str, Any]:
+        return self.model_dump(by_alias=True, exclude_none=True)
+
+
+def piece_key(chunk: str, number: int) -> str:
+    """The chunk key of an object's ``number``-th records piece: the first is the object's
+    (``source/name``), the others ``source/name//number`` (no object's name holds ``//``)."""
+    return chunk if number == 0 else f"{chunk}//{number}"
 
 
 class ChunkEntry(_Document):
@@ -178,12 +221,12 @@ class CanonicalIndex:
             raise ValueError(f"chunk {entry.chunk} descriptor is malformed: {error}") from None
 
     def chunks(self) -> list[ChunkRecords]:
-        """Every chunk's records table in index (source, object) order; one descriptor read
-        per chunk."""
+        """Every records piece in index (source, object, line) order, each a chunk of the
+        later stages; one descriptor read per object."""
         out = []
         for entry in self.entries:
-            descriptor = self.descriptor(entry)
-            out.append(ChunkRecords(entry.chunk, descriptor.records, descriptor.count))
+            for n, piece in enumerate(self.descriptor(entry).parts()):
+                out.append(ChunkRecords(piece_key(entry.chunk, n), piece.records, piece.count))
         return out
 
     def table(self, columns: list[str] | None = None) -> pa.Table:

@@ -29,7 +29,7 @@ LAYER_KIND = "corpus.layer.v1"  # declared per layer: ``corpus.layer.v1/<layer>`
 _TOKENS = (("token_cache[].tokens", TYPED), ("tokenizer.file", LEAF))  # the spec inline
 _LAYER_OUTPUTS: dict[str, tuple[tuple[str, str], ...]] = {
     "raw_snapshot": (("objects[].object", LEAF),),  # the pinned source objects
-    "canonical_records": (("chunks[].output", TYPED),),  # corpus.chunk.v2 per chunk
+    "canonical_records": (("chunks[].output", TYPED),),  # corpus.chunk.v3 (or v2) per object
     "dedup_clusters": (
         ("clusters", BY_MEDIA),  # its parts document; a table stored whole before parts
         ("edges", LEAF),
@@ -78,6 +78,7 @@ DECLARED: dict[str, tuple[tuple[str, str], ...]] = {
         for layer, outputs in _LAYER_OUTPUTS.items()
     },
     "corpus.chunk.v2": (("records", LEAF), ("excluded", LEAF)),
+    "corpus.chunk.v3": (("pieces[].records", LEAF), ("excluded", LEAF)),
     "corpus.tokens.v2": (("ids", LEAF), ("targets", LEAF), ("offsets", LEAF), ("pairSplit", LEAF)),
     "corpus.tokenizer.v1": (("file", LEAF),),
     "corpus.packed-layout.v1": (),

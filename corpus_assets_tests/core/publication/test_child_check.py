@@ -65,7 +65,7 @@ def _canary_records(ws: Workspace, digest: str) -> Path:
     manifest = load_manifest(ws.cas, resolve(ws.catalog, digest))
     canonical = CanonicalIndex.load(ws.cas, manifest.layers["canonical_records"])
     entry = next(e for e in canonical.entries if e.chunk == canary_chunks(canonical)[0])
-    return ws.cas.path(canonical.descriptor(entry).records["digest"])
+    return ws.cas.path(canonical.descriptor(entry).parts()[0].records["digest"])
 
 
 @SQLITE

@@ -164,8 +164,9 @@ def test_a_canonical_row_dropped_with_its_index_rewritten_is_named(
         index = get_json(ws.cas, manifest["layers"]["canonical_records"], "canonical index")
         entry = index["outputs"]["chunks"][0]
         descriptor = get_json(ws.cas, entry["output"], "chunk")
-        records = pq.read_table(ws.cas.path(descriptor["records"]["digest"]))
-        descriptor["records"] = put_table(ws.cas, records.slice(1))
+        (piece,) = descriptor["pieces"]
+        records = pq.read_table(ws.cas.path(piece["records"]["digest"]))
+        piece["records"] = put_table(ws.cas, records.slice(1))
         entry["output"] = put_json(ws.cas, descriptor)
         manifest["layers"]["canonical_records"] = put_json(ws.cas, index)
         with Evidence.load(ws.cas, ws.catalog, Manifest.read(manifest)) as evidence:
