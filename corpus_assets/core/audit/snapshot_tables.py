@@ -102,9 +102,8 @@ class SnapshotTables:
             entry: ChunkEntry | None = entries.get(f"{source_id}/{name}")
             if entry is None:
                 continue
-            rows = []
+            rows, what = [], f"records of {entry.chunk}"
             for piece in self.canonical.descriptor(entry).parts():
-                what = f"records of {entry.chunk}"
                 with SortedTable(self.files.path(piece.records["digest"], what), "line") as table:
                     rows += table.rows(lines, CANONICAL_COLUMNS).to_pylist()
             found += [

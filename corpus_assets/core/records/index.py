@@ -116,7 +116,7 @@ class ChunkDescriptor(_Document):
     @model_validator(mode="after")
     def _one_layout(self) -> "ChunkDescriptor":
         if self.chunk_schema == CHUNK_SCHEMA:
-            if self.pieces is None or self.records is not None or not self.pieces:
+            if not self.pieces or self.records is not None:
                 raise ValueError(f"{CHUNK_SCHEMA} names its records in pieces, and only so")
             held = sum(p.count for p in self.pieces)
             if held != self.count:
