@@ -2,6 +2,8 @@
 run a task over, and a snapshot whose objects are cut into pieces decides every record as one
 whose objects are not."""
 
+import json
+import random
 from pathlib import Path
 
 import pyarrow as pa
@@ -133,3 +135,46 @@ def test_objects_in_pieces_decide_every_record_as_whole_objects_do(
     assert lineage["origin"]["line"] == 120 and lineage["status"] == "member", lineage
     whole.close()
     cut.close()
+
+
+def _one_large_file(home: Path, workers: int) -> None:
+    """A source of one file of 300,000 short documents (random words: no near pairs), more
+    than four row groups of 65,536 records, with ``workers`` (2: the pool for every map of
+    more than one job)."""
+    rng = random.Random(7)
+    words = [f"w{n}" for n in range(5000)]
+    folder = home / "big"
+    folder.mkdir(parents=True)
+    with (folder / "all.jsonl").open("w") as out:
+        for n in range(300_000):
+            text = " ".join(rng.choice(words) for _ in range(8))
+            out.write(json.dumps({"id": f"d{n}", "text": text}) + "\n")
+    execution = f"{{workers: {workers}, in_process_bytes: 0}}"
+    (home / "corpus.yaml").write_text(
+        "version: 1\npurpose: pieces\nsources:\n  - {id: big, kind: objects, path: big}\n"
+        f"execution: {execution}\n"
+    )
+
+
+def test_one_large_file_is_cut_alike_in_the_pool_and_in_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One file of 300,000 documents: two pieces (262,144 and 37,856 records), whose tasks
+    (signatures, tokens, members, shards) run here with one worker and in spawned pool workers
+    with two; the same layers byte for byte and the same snapshot id, both validated. (The
+    file's canonical task runs here either way: one job never leaves the process.)"""
+    built = {}
+    for workers in (1, 2):
+        home = tmp_path / f"w{workers}"
+        _one_large_file(home, workers)
+        monkeypatch.setenv("CORPUS_HOME", str(home))
+        monkeypatch.setenv("CORPUS_CONFIG", str(home / "corpus.yaml"))
+        with open_workspace() as ws:
+            results = build_all(ws, "p1")
+            _, canonical = CanonicalIndex.read(ws, "p1")
+            assert [c.count for c in canonical.chunks()] == [262_144, 37_856]
+            sid = results["manifest"].digests["snapshotId"]
+            assert validate_snapshot(ws, sid).ok
+            built[workers] = {layer: result.digest for layer, result in results.items()}
+            built[workers]["manifest"] = sid  # the manifest also names the home's paths
+    assert built[1] == built[2]
