@@ -9,11 +9,13 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import zstandard
 from pydantic import ValidationError
 
 from corpus_assets.core.audit.record_lineage import record_lineage
 from corpus_assets.core.governance import states
 from corpus_assets.core.pipeline import build_all
+from corpus_assets.core.publication.publish import activate, approve
 from corpus_assets.core.publication.validation import validate_snapshot
 from corpus_assets.core.publication.verify import verify
 from corpus_assets.core.records import kept, pieces
@@ -99,9 +101,11 @@ def _build(home: Path, monkeypatch: pytest.MonkeyPatch, piece_groups: int) -> tu
     return ws, sid
 
 
-def _rows(ws: Workspace, layer: str, output: str, columns: list[str]) -> list[dict[str, object]]:
-    """A layer's table (stored whole or in parts), by record id."""
-    _, index = read_layer_index(ws, "p1", layer)
+def _rows(
+    ws: Workspace, layer: str, output: str, columns: list[str], key: str = "p1"
+) -> list[dict[str, object]]:
+    """A layer's table of partition ``key`` (stored whole or in parts), by record id."""
+    _, index = read_layer_index(ws, key, layer)
     table = PartedTable.read(ws.cas, index.output(output), output)
     paths = table.paths(VerifiedFiles(ws.cas), output)
     rows = pa.concat_tables(pq.read_table(path, columns=columns) for path in paths).to_pylist()
@@ -135,6 +139,54 @@ def test_objects_in_pieces_decide_every_record_as_whole_objects_do(
     assert lineage["origin"]["line"] == 120 and lineage["status"] == "member", lineage
     whole.close()
     cut.close()
+
+
+def _later_essays(home: Path) -> None:
+    """A new object: three new essays and edited copies (new ids) of two essays of the big
+    object's last piece."""
+    essays = home / "demo-sources" / "essays"
+    old = zstandard.ZstdDecompressor().decompress(
+        (essays / "essays-00000.jsonl.zst").read_bytes(), max_output_size=1 << 24
+    )
+    rows = {r["id"]: r for r in map(json.loads, old.decode().splitlines()[:120])}
+    later = [{"id": f"new{n}", "text": f"A new essay number {n} about lanterns."} for n in range(3)]
+    later += [{"id": f"{i}-again", "text": rows[i]["text"] + " again"} for i in ("e0100", "e0110")]
+    (essays / "later.jsonl").write_text("".join(json.dumps(r) + "\n" for r in later))
+
+
+DECIDED = {
+    ("dedup_clusters", "clusters"): ["record_id", "verdict", "match_id", "leakage_id", "excluded"],
+    ("splits", "splits"): ["record_id", "split"],
+    ("mixed_samples", "samples"): ["record_id", "repeat"],
+}
+
+
+def test_a_child_over_objects_in_pieces_decides_as_a_fresh_build(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A parent whose largest object is four pieces, approved and active; a child adding an
+    object (new essays, edited copies of the last piece's) keeps its parent's work (dedup
+    incremental over the parent's parts) and decides every record as a fresh build of the
+    same sources does."""
+    chain, sid = _build(tmp_path / "chain", monkeypatch, piece_groups=2)
+    approve(chain, sid, by="reviewer")
+    activate(chain, sid, actor="test")
+    _later_essays(tmp_path / "chain")
+    child = build_all(chain, "p2")
+    assert validate_snapshot(chain, child["manifest"].digests["snapshotId"]).ok
+    stats = child["dedup_clusters"].run_stats
+    assert stats["near_incremental"] == 1 and stats["pairs_reused"] > 0, stats
+    write_demo(tmp_path / "fresh")
+    _later_essays(tmp_path / "fresh")
+    monkeypatch.setenv("CORPUS_HOME", str(tmp_path / "fresh"))
+    monkeypatch.setenv("CORPUS_CONFIG", str(tmp_path / "fresh" / "corpus.yaml"))
+    with open_workspace() as fresh:
+        build_all(fresh, "p2")
+        for (layer, output), columns in DECIDED.items():
+            assert _rows(chain, layer, output, columns, "p2") == _rows(
+                fresh, layer, output, columns, "p2"
+            ), layer
+    chain.close()
 
 
 def _one_large_file(home: Path, workers: int) -> None:
