@@ -77,7 +77,7 @@ def build_dedup_clusters(ws: Workspace, partition_key: str) -> LayerResult:
     canonical_ref, canonical = CanonicalIndex.read(ws, partition_key)
     chunks = canonical.chunks()
     _, spec = freeze(ws, partition_key)
-    order = {s.id: n for n, s in enumerate(ws.config.sources)}
+    order = _source_ranks(ws)
     policy = ws.config.policy_digest("dedup")
     mode = parent_mode(ws, spec.parents, CODE, policy)
     with tempfile.TemporaryDirectory(dir=_tmp(ws)) as tmp:
@@ -247,7 +247,7 @@ def _near_stage(
     cached = ensure_signatures(ws, chunks, sig_spec, ws.config.execution.workers)
     on_runner = distributed(ws.config.execution)
     arrays, modes = opened_signatures(ws, cached, sig_spec, on_runner)
-    content = {s.id: s.content for s in ws.config.sources}
+    content = _source_contents(ws)
     texts = TextLookup(ws, chunks, verified=True)  # PartitionDb verified the same files
     pairs = PairLookup(db, mode.pairs_sql) if mode.pairs_sql is not None else None
     fresh = _fresh_rows(chunks, mode) if pairs is not None else None
@@ -347,13 +347,22 @@ def _coding(
     """Where ``decide`` takes its codes, repeated ids and exact copies from: the codes carried
     from the parent, or tasks on the runner where the stages run there (:mod:`.task_coding`,
     which leave the chunks' names in ``scratch``), or else the partition database's sorts."""
-    order = {s.id: n for n, s in enumerate(ws.config.sources)}
-    near = ws.config.policies.dedup.near.enabled
-    content = {s.id: s.content for s in ws.config.sources} if near else None
+    order = _source_ranks(ws)
+    content = _source_contents(ws) if ws.config.policies.dedup.near.enabled else None
     if carried is not None or not distributed(ws.config.execution):
         return DriverCoding(carried, order, content)
     lengths = [ref["lengths"]["digest"] for ref in length_refs]
     return TaskCoding(ws, chunks, lengths, order, scratch, content)
+
+
+def _source_ranks(ws: Workspace) -> dict[str, int]:
+    """Each source's rank in the config: the total order's first key."""
+    return {s.id: n for n, s in enumerate(ws.config.sources)}
+
+
+def _source_contents(ws: Workspace) -> dict[str, str]:
+    """Each source's content, which names its records' near-dedup classes."""
+    return {s.id: s.content for s in ws.config.sources}
 
 
 def _coding_work(coding: Coding) -> dict[str, int]:

@@ -27,7 +27,12 @@ import pyarrow.parquet as pq
 from corpus_assets.core.ingest.freeze_spec import FreezeSpec
 from corpus_assets.core.records.canonical_records import benchmark_index, canonical_tables
 from corpus_assets.core.records.canonicalize import Stages
-from corpus_assets.core.records.index import RECORD_COLUMNS, CanonicalIndex, ChunkEntry
+from corpus_assets.core.records.index import (
+    RECORD_COLUMNS,
+    CanonicalIndex,
+    ChunkDescriptor,
+    ChunkEntry,
+)
 from corpus_assets.core.runtime.layer_index import load_index
 from corpus_assets.core.runtime.workspace import Workspace
 from corpus_assets.core.storage.artifacts import get_table
@@ -87,14 +92,11 @@ def _recorded(
     (records are stored in line order, so reading stops at the first batch past them)."""
     descriptor = canonical.descriptor(entry)
     groups = []
-    for piece in descriptor.parts():  # in line order, each piece's records too
-        with closing(pq.ParquetFile(ws.cas.path(piece.records["digest"]))) as records:
-            for batch in records.iter_batches(batch_size=ROWS, columns=COMPARED.names):
-                groups.append(batch)
-                if _past(batch, lines):
-                    break
-        if groups and _past(groups[-1], lines):
-            break
+    with closing(_batches(ws, descriptor)) as batches:
+        for batch in batches:
+            groups.append(batch)
+            if lines is not None and batch.num_rows and batch.column("line")[-1].as_py() > lines:
+                break
     kept = pa.Table.from_batches(groups, COMPARED)
     excluded = get_table(ws.cas, descriptor.excluded, f"exclusions of {entry.chunk}")
     if lines is None:
@@ -103,9 +105,11 @@ def _recorded(
     return kept.filter(next(within)), excluded.filter(next(within))
 
 
-def _past(batch: pa.RecordBatch, lines: int | None) -> bool:
-    """Whether the batch reaches past the first ``lines`` source lines (never, without)."""
-    return lines is not None and batch.num_rows > 0 and batch.column("line")[-1].as_py() > lines
+def _batches(ws: Workspace, descriptor: ChunkDescriptor) -> Iterator[pa.RecordBatch]:
+    """The compared columns of the object's records, piece after piece (each in line order)."""
+    for piece in descriptor.parts():
+        with closing(pq.ParquetFile(ws.cas.path(piece.records["digest"]))) as records:
+            yield from records.iter_batches(batch_size=ROWS, columns=COMPARED.names)
 
 
 def _rows(tables: tuple[pa.Table, pa.Table]) -> Iterator[dict[str, Any]]:
