@@ -189,10 +189,12 @@ def test_a_child_over_objects_in_pieces_decides_as_a_fresh_build(
     chain.close()
 
 
-def _one_large_file(home: Path, workers: int) -> None:
+LARGE_FILE_PIECES = [262_144, 37_856]  # the records of each piece of ``one_large_file``
+
+
+def one_large_file(home: Path, execution: str) -> None:
     """A source of one file of 300,000 short documents (random words: no near pairs), more
-    than four row groups of 65,536 records, with ``workers`` (2: the pool for every map of
-    more than one job)."""
+    than four row groups of 65,536 records (``LARGE_FILE_PIECES``), built with ``execution``."""
     rng = random.Random(7)
     words = [f"w{n}" for n in range(5000)]
     folder = home / "big"
@@ -201,7 +203,6 @@ def _one_large_file(home: Path, workers: int) -> None:
         for n in range(300_000):
             text = " ".join(rng.choice(words) for _ in range(8))
             out.write(json.dumps({"id": f"d{n}", "text": text}) + "\n")
-    execution = f"{{workers: {workers}, in_process_bytes: 0}}"
     (home / "corpus.yaml").write_text(
         "version: 1\npurpose: pieces\nsources:\n  - {id: big, kind: objects, path: big}\n"
         f"execution: {execution}\n"
@@ -218,13 +219,14 @@ def test_one_large_file_is_cut_alike_in_the_pool_and_in_process(
     built = {}
     for workers in (1, 2):
         home = tmp_path / f"w{workers}"
-        _one_large_file(home, workers)
+        # in_process_bytes 0: with two workers, the pool for every map of more than one job
+        one_large_file(home, f"{{workers: {workers}, in_process_bytes: 0}}")
         monkeypatch.setenv("CORPUS_HOME", str(home))
         monkeypatch.setenv("CORPUS_CONFIG", str(home / "corpus.yaml"))
         with open_workspace() as ws:
             results = build_all(ws, "p1")
             _, canonical = CanonicalIndex.read(ws, "p1")
-            assert [c.count for c in canonical.chunks()] == [262_144, 37_856]
+            assert [c.count for c in canonical.chunks()] == LARGE_FILE_PIECES
             sid = results["manifest"].digests["snapshotId"]
             assert validate_snapshot(ws, sid).ok
             built[workers] = {layer: result.digest for layer, result in results.items()}

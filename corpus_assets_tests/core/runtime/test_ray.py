@@ -25,6 +25,8 @@ import pytest
 from sqlalchemy import select
 
 from corpus_assets.core.pipeline import build_all
+from corpus_assets.core.publication.validation import validate_snapshot
+from corpus_assets.core.records.index import CanonicalIndex
 from corpus_assets.core.runtime.config import ConfigError, parse_config
 from corpus_assets.core.runtime.layer_index import LayerResult
 from corpus_assets.core.runtime.runners import RayRunner, RayUnavailable, WorkerSetup
@@ -32,6 +34,7 @@ from corpus_assets.core.runtime.workspace import open_workspace
 from corpus_assets.core.storage.cas_s3 import S3ContentStore
 from corpus_assets.core.storage.catalog import chunk_tasks
 from corpus_assets.core.training_view.splits.heldout_tasks import GROUP_ENV
+from corpus_assets_tests.core.records.test_pieces import LARGE_FILE_PIECES, one_large_file
 from corpus_assets_tests.core.storage.test_s3_cas import bucket, moto_endpoint  # noqa: F401 - fixtures
 
 # Read when ray is imported: under ``uv run`` Ray would start workers with ``uv run`` in a copy of
@@ -219,6 +222,32 @@ def test_local_and_ray_builds_give_the_same_snapshot(
     assert RayRunner(ray_cluster, startup_timeout_s=60, memory_mb=256).map(
         abs, [-1, 2], NO_SETUP
     ) == [1, 2]
+
+
+@pytest.mark.heavy  # a Ray node and 300,000 documents
+def test_one_large_file_in_pieces_on_ray_as_in_process(
+    ray_head: tuple[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file larger than a piece: its canonical task on a Ray worker cuts it where this
+    process does, and each piece's tasks (signatures, tokens) run on Ray too; the same layers
+    byte for byte and the same snapshot id, validated."""
+    built = {}
+    for engine, execution in (
+        ("local", "{workers: 1}"),
+        ("ray", f"{{engine: ray, address: '{ray_head[0]}'}}"),
+    ):
+        home = tmp_path / engine
+        one_large_file(home, execution)
+        results, pids = build_with_runner_pids(home, monkeypatch)
+        with open_workspace() as ws:
+            _, canonical = CanonicalIndex.read(ws, "p1")
+            assert [c.count for c in canonical.chunks()] == LARGE_FILE_PIECES
+            sid = results["manifest"].digests["snapshotId"]
+            assert validate_snapshot(ws, sid).ok
+        built[engine] = ({k: r.digest for k, r in results.items() if k != "manifest"}, sid, pids)
+    assert built["local"][2] == {os.getpid()}
+    assert built["ray"][2] and os.getpid() not in built["ray"][2]  # every chunk task on Ray
+    assert built["ray"][:2] == built["local"][:2]
 
 
 @pytest.mark.parametrize(
