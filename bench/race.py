@@ -385,11 +385,14 @@ def report(results: list[dict]) -> None:
             )
             + " |"
         )
+    # issue 33's target is for Ray; with the local pool, banding, verification and the held-out
+    # search stay in the driver by design (``execution.stages``: cheaper there on two cores)
+    target = "target <= 10%" if CLUSTER else "stages in the driver on the local engine"
     for r in results:
         dedup = next(c for c in r["layers"] if c["layer"] == "dedup_clusters")
         print(
             f"\n{r['mb']:.0f} MB: dedup driver CPU {dedup['driver_cpu']:.1f} of "
-            f"{dedup['cpu']:.1f} s ({dedup['driver_cpu'] / dedup['cpu']:.0%}; target <= 10%)"
+            f"{dedup['cpu']:.1f} s ({dedup['driver_cpu'] / dedup['cpu']:.0%}; {target})"
         )
     peaks = [max(max(c["peak_mb"], c["worker_peak_mb"]) for c in r["layers"]) for r in results]
     print(
