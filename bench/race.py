@@ -385,8 +385,8 @@ def report(results: list[dict]) -> None:
             )
             + " |"
         )
-    # issue 33's target is for Ray; with the local pool, banding, verification and the held-out
-    # search stay in the driver by design (``execution.stages``: cheaper there on two cores)
+    # the driver's share is a target on Ray; with the local pool, banding, verification and
+    # the held-out search stay in the driver by design (``execution.stages``: cheaper there)
     target = "target <= 10%" if CLUSTER else "stages in the driver on the local engine"
     for r in results:
         dedup = next(c for c in r["layers"] if c["layer"] == "dedup_clusters")
