@@ -183,6 +183,28 @@ def test_a_corrupt_object_stops_the_download_early(
     assert _cas_is_empty(cas)
 
 
+def test_a_server_stalling_after_a_corrupt_prefix_does_not_hold_the_download(
+    serve: Serve, cas: ContentStore, tmp_path: Path
+) -> None:
+    """The server sends a prefix holding corruption, then waits up to a minute for the client
+    to close before sending more, and the client's read timeout is longer still. The decoder
+    finds the corruption in what arrived and shuts the connection down, so the download stops
+    with its error while the server still waits: nothing past the prefix was sent, and there
+    was no second request. (Before, the read waited for bytes that were not coming, and only
+    the next piece, a minute later, let the download see the error.)"""
+    body = bytearray(ZST)
+    for position in range(200_000, 200_064):
+        body[position] ^= 0x5A
+    prefix = 400_000
+    remote, url = serve(body=bytes(body), piece=32 << 10, hold_at=prefix, hold_seconds=60.0)
+    with pytest.raises(InvalidObject, match=re.escape(url) + r": .*corrupt zstd data") as caught:
+        fetch(url, cas, tmp_path / "work", validate=DEFAULT_LIMITS, timeout=120.0)
+    assert "so the download stopped" in str(caught.value)
+    assert remote.sent <= prefix
+    assert remote.gets == 1
+    assert _cas_is_empty(cas)
+
+
 def test_a_checksum_mismatch_is_refused(serve: Serve, cas: ContentStore, tmp_path: Path) -> None:
     """The frame's content checksum (its last 4 bytes) is checked too."""
     body = ZST[:-1] + bytes([ZST[-1] ^ 1])

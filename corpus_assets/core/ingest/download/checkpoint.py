@@ -309,6 +309,11 @@ class PartialFile:
         decoder = self.state.decoder
         return None if decoder is None else decoder.error
 
+    def on_decode_error(self, hook: Callable[[], None] | None) -> None:
+        """Have the current decoder call ``hook`` from its thread when it fails (None: not)."""
+        if self.state.decoder is not None:
+            self.state.decoder.on_failure = hook
+
     def decoded(self) -> Decoded | None:
         """Wait for the decoder to reach the end of the bytes appended; raise its error."""
         decoder = self.state.decoder

@@ -9,11 +9,14 @@ counted and dropped. Plain objects (JSONL, Parquet) are not decoded at all.
 
 Memory is bounded: at most ``depth`` received blocks wait for the decoder, and a download that
 outruns it waits (back-pressure, like a pipe). The decoder's error is kept and raised to the
-downloader at its next block, so a corrupt object stops the download early.
+downloader at its next block, so a corrupt object stops the download early; the downloader's
+``on_failure`` hook is also called from the decoder's thread at once, so a read waiting on a
+server that stalled after a corrupt prefix is woken instead of waiting for its timeout.
 """
 
 import queue
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import BinaryIO, cast
 
@@ -66,6 +69,7 @@ class DecodeCheck:
     ``feed`` never raises (a checkpoint's prefix is fed while it is re-hashed); ``error`` is the
     decoder's failure as soon as it is known, and ``finish`` waits for the end and raises it.
     ``close`` stops the thread without waiting for the end (a restart or an abandoned download).
+    ``on_failure``, when set, is called once from the decoder's thread when it fails.
     """
 
     def __init__(self, what: str, limits: DecompressionLimits, *, depth: int = 8) -> None:
@@ -73,6 +77,7 @@ class DecodeCheck:
         self.limits = limits
         self.codec: str | None = None
         self.error: BaseException | None = None
+        self.on_failure: Callable[[], None] | None = None
         self._head: list[bytes] = []
         self._queue: queue.Queue[bytes] = queue.Queue(maxsize=depth)
         self._thread: threading.Thread | None = None
@@ -134,6 +139,9 @@ class DecodeCheck:
                 while count := reader.readinto(buffer):
                     self._decoded += count
         except BaseException as error:  # kept for the downloader; the thread must not die
-            self.error = error
+            self.error = error  # before the hook is read: a hook set later finds the error
+            hook = self.on_failure
+            if hook is not None:
+                hook()
         while blocks.read(1 << 30):
             pass

@@ -12,10 +12,13 @@ compressed object is also decoded as it arrives (``decode``), so the download fa
 ``InvalidObject`` as soon as the object proves truncated, corrupt or a bomb (never publishing it).
 """
 
+import contextlib
 import http.client
 import os
+import socket
 import time
 import urllib.error
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial as bind
 from pathlib import Path
@@ -170,6 +173,7 @@ class _Download:
             except _Dropped as drop:
                 self.last_error = str(drop)
                 self.partial.save()
+                self._check_decoding()  # bytes that do not decode are final: no retry
             fruitless = 0 if self.partial.state.verified > before else fruitless + 1
         return self._publish()
 
@@ -328,6 +332,18 @@ class _Download:
         return True
 
     def _stream(self, response: http.client.HTTPResponse, total: int | None) -> None:
+        """``_receive`` the body. A decoder that fails meanwhile shuts the connection down, so
+        a read waiting on a server that stalled after a corrupt prefix returns at once instead
+        of at its timeout, and the download stops with the decoder's error."""
+        with _waker(response) as wake:
+            self.partial.on_decode_error(wake)
+            try:
+                self._check_decoding()  # failed before the hook was set: nothing would wake
+                self._receive(response, total)
+            finally:
+                self.partial.on_decode_error(None)
+
+    def _receive(self, response: http.client.HTTPResponse, total: int | None) -> None:
         """Append the body chunk by chunk, checkpointing as it goes; a short body is a drop."""
         partial = self.partial
         declared = response.length
@@ -336,8 +352,10 @@ class _Download:
             try:
                 block = response.read1(self.chunk_size)
             except (OSError, http.client.HTTPException) as error:
+                self._check_decoding()  # the decoder's failure, which woke this read
                 raise _Dropped(f"connection dropped after {received} bytes: {error!r}") from error
             if not block:
+                self._check_decoding()
                 break
             self._check_budget(len(block), partial.state.verified + len(block))
             if total is not None and partial.state.verified + len(block) > total:
@@ -408,3 +426,22 @@ class _Download:
         invalid = InvalidObject(f"{error} ({when}; nothing published, the partial is kept)")
         invalid.__cause__ = error
         return invalid
+
+
+@contextlib.contextmanager
+def _waker(response: http.client.HTTPResponse) -> Iterator[Callable[[], None]]:
+    """A callable that shuts ``response``'s connection down from another thread, waking a read
+    blocked on it. It holds a duplicate of the socket's descriptor for the block's length, so
+    a late call never reaches a descriptor reused by another connection."""
+    try:
+        duplicate = socket.socket(fileno=os.dup(response.fileno()))
+    except (OSError, ValueError, AttributeError):  # no socket under it (closed): nothing to wake
+        yield lambda: None
+        return
+
+    def wake() -> None:
+        with contextlib.suppress(OSError):  # closed already, or the peer went first
+            duplicate.shutdown(socket.SHUT_RDWR)
+
+    with duplicate:
+        yield wake
