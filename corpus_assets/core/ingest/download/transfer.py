@@ -351,10 +351,9 @@ class _Download:
         while True:
             try:
                 block = response.read1(self.chunk_size)
-            except (OSError, http.client.HTTPException) as error:
-                self._check_decoding()  # the decoder's failure, which woke this read
+            except (OSError, http.client.HTTPException) as error:  # run() checks decoding
                 raise _Dropped(f"connection dropped after {received} bytes: {error!r}") from error
-            if not block:
+            if not block:  # also a read the decoder woke: not a clean end of unknown length
                 self._check_decoding()
                 break
             self._check_budget(len(block), partial.state.verified + len(block))
