@@ -10,11 +10,17 @@ keep their internal duplicates and share nothing with each other) it measures, o
   MB/s and MB per CPU-second of raw text, peak RSS of the largest process;
 - an unchanged re-build (a second partition over the same bytes) against Dagster's start-up
   (``corpus-assets status`` on the same home, the floor any command pays);
-- an incremental build after adding 1% more documents (a new object per source) against the
-  full build; the build before it is approved and activated, so it is the child's parent (the
-  layers that reuse a parent's work - dedup's verified pairs, packing's blocks - do so);
-- a first build of only the objects that step added, in a fresh home: what the new documents
-  cost with no parent, so the floor under the incremental ratio (a build's fixed cost) shows.
+- incremental builds after adding 1% more documents (a new object per source) against the
+  full build; the build before them is approved and activated, so it is their parent (the
+  layers that reuse a parent's work - dedup's verified pairs, packing's blocks - do so).
+  ``--children N`` (default 3) builds N such children over that one parent, each of new text
+  (nothing is approved between them), and shows the median by CPU with every child's CPU: one
+  child is one sample of a machine whose speed drifts. Beside it, the median child's CPU beyond
+  the unchanged re-build's (the cost every build pays: imports, Dagster's run, the check and the
+  card over reused layers), over the full build's;
+- a first build of only the objects the last child added, in a fresh home: what the new
+  documents cost with no parent, so the floor under the incremental ratio (a build's fixed
+  cost) shows.
 
 The named baseline for speed is ``zstd -dc | wc -l`` over the same objects (reading the bytes
 once), measured in the same run. The first line also gives a probe of the machine's speed (a
@@ -205,8 +211,12 @@ def baseline_read(src: Path) -> float:
     return time.perf_counter() - start
 
 
-def add_one_percent(corpora: Path, src: Path, jsonl_bytes: int) -> int:
-    """A new object per source holding ~1% of the corpus's bytes as new documents (copy 25)."""
+CHILD_COPIES = (25, 24, 23, 22, 21)  # new text at every size: the corpora hold copies 0-8
+
+
+def add_one_percent(corpora: Path, src: Path, jsonl_bytes: int, copy: int = 25) -> int:
+    """A new object per source holding ~1% of the corpus's bytes as new documents of ``copy``
+    (replacing the one an earlier call wrote)."""
     budget, added = jsonl_bytes // 100, 0
     import zstandard
 
@@ -217,11 +227,11 @@ def add_one_percent(corpora: Path, src: Path, jsonl_bytes: int) -> int:
         out = src / source_id / DELTA
         with zstandard.ZstdCompressor().stream_writer(out.open("wb")) as sink:
             written = 0
-            table = cipher(25)
+            table = cipher(copy)
             for line in shared_lines(corpora / name):
                 if written >= share:
                     break
-                data = copy_line(line, 25, table).encode()
+                data = copy_line(line, copy, table).encode()
                 sink.write(data)
                 written += len(data)
         added += written
@@ -256,7 +266,21 @@ def publish(config: Path, root: Path, built: str) -> None:
         run_measured([*CLI, "--config", str(config), *command], env_for(root))
 
 
-def race_size(corpora: Path, tmp: Path, mb: float, workers: int) -> dict:
+def children(config: Path, root: Path, corpora: Path, jsonl_bytes: int, count: int) -> dict:
+    """``count`` +1% children of the active parent, each of new text (``CHILD_COPIES``): nothing
+    is approved, so each is a child of the same parent. One child is one sample of a noisy
+    machine; the figure is their median (by CPU), with every child's CPU beside it."""
+    if not 1 <= count <= len(CHILD_COPIES):
+        sys.exit(f"--children: 1 to {len(CHILD_COPIES)}")
+    runs = []
+    for copy in CHILD_COPIES[:count]:
+        added = add_one_percent(corpora, root / "src", jsonl_bytes, copy)
+        runs.append({**cli_build(config, root), "added": added})
+    median = sorted(runs, key=lambda run: run["cpu"])[(count - 1) // 2]
+    return {**median, "cpus": [run["cpu"] for run in runs]}
+
+
+def race_size(corpora: Path, tmp: Path, mb: float, workers: int, count: int = 3) -> dict:
     root = tmp / f"mb{int(mb)}"
     shutil.rmtree(root, ignore_errors=True)
     made = write_corpus(corpora, root / "src", mb)
@@ -267,8 +291,8 @@ def race_size(corpora: Path, tmp: Path, mb: float, workers: int) -> dict:
     start = run_measured([*CLI, "--config", str(config), "status"], env_for(root))
     again = cli_build(config, root)
     publish(config, root, again["out"])  # the incremental build's parent: the alias's active one
-    added = add_one_percent(corpora, root / "src", made["jsonl_bytes"])
-    incremental = cli_build(config, root)
+    incremental = children(config, root, corpora, made["jsonl_bytes"], count)
+    added = incremental["added"]
     alone = delta_alone(root, tmp / f"mb{int(mb)}-delta", made["sources"], workers)
     layers_root = tmp / f"mb{int(mb)}-layers"
     shutil.rmtree(layers_root, ignore_errors=True)
@@ -354,18 +378,21 @@ def report(results: list[dict]) -> None:
     print("\n#### Whole build (`corpus-assets build`, fresh home)\n")
     print(
         "| raw MB | wall s | CPU s | MB/s | MB/CPU-s | peak RSS MB | vs zstd -dc | "
-        "unchanged re-build s | status s | incremental s (+MB) | incr/full CPU | "
+        "unchanged re-build s (CPU s) | status s | incremental s (+MB) | "
+        "incr/full CPU (each child's CPU s) | incr beyond the re-build's CPU / full | "
         "the +1% alone, fresh home / full CPU |"
     )
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in results:
         f, mb = r["full"], r["mb"]
+        cpus = r["incremental"].get("cpus", [r["incremental"]["cpu"]])
         print(
             f"| {mb:.0f} | {f['wall']:.1f} | {f['cpu']:.1f} | {mb / f['wall']:.2f} | "
             f"{mb / f['cpu']:.2f} | {f['peak_mb']:.0f} | {r['baseline_s'] / f['wall']:.3f}x | "
-            f"{r['again']['wall']:.1f} | {r['status']['wall']:.1f} | "
+            f"{r['again']['wall']:.1f} ({r['again']['cpu']:.1f}) | {r['status']['wall']:.1f} | "
             f"{r['incremental']['wall']:.1f} (+{r['added_mb']:.1f}) | "
-            f"{r['incremental']['cpu'] / f['cpu']:.2f} | "
+            f"{r['incremental']['cpu'] / f['cpu']:.3f} ({', '.join(f'{c:.1f}' for c in cpus)}) | "
+            f"{(r['incremental']['cpu'] - r['again']['cpu']) / f['cpu']:.3f} | "
             f"{r['delta_alone']['cpu'] / f['cpu']:.2f} |"
         )
     print("\n#### Per layer (each in a fresh child; peak = VmHWM of the child, workers apart)\n")
@@ -424,6 +451,9 @@ def main() -> None:
     parser.add_argument("--reuse", action="store_true", help="with --peaks: keep each home")
     parser.add_argument("--freeze", metavar="CONFIG")
     parser.add_argument("--json", type=Path, help="also write the raw figures here")
+    parser.add_argument(
+        "--children", type=int, default=3, help="+1%% children per size: their median is shown"
+    )
     parser.add_argument(
         "--incremental-layers",
         type=float,
@@ -512,7 +542,7 @@ def race(args: argparse.Namespace) -> None:
         return report_peaks(peaks)
     results = []
     for mb in (float(s) for s in args.sizes.split(",")):
-        results.append(race_size(args.corpora, args.tmp, mb, args.workers))
+        results.append(race_size(args.corpora, args.tmp, mb, args.workers, args.children))
         print(f"size {results[-1]['mb']:.0f} MB done", file=sys.stderr)
         if args.json:  # after each size, so a long run keeps what it measured
             args.json.write_text(json.dumps(results, indent=1))
