@@ -193,6 +193,16 @@ def test_the_closure_follows_relative_star_and_late_imports(
     assert same is not changes
 
 
+def test_a_module_file_comes_before_a_package_of_the_same_name(tmp_path: Path) -> None:
+    """``toy/late.py`` and ``toy/late/__init__.py`` both there: the closure holds the file."""
+    files = {**TOY, "toy/late/__init__.py": "W = 1\n"}
+    before = code_identity("toy.stage.run", _toy(tmp_path / "before", files))
+    package_edited = {**files, "toy/late/__init__.py": "W = 2\n"}
+    assert code_identity("toy.stage.run", _toy(tmp_path / "package", package_edited)) == before
+    file_edited = {**files, "toy/late.py": "Y = 2\n"}
+    assert code_identity("toy.stage.run", _toy(tmp_path / "file", file_edited)) != before
+
+
 def test_a_module_outside_the_package_or_missing_is_named(tmp_path: Path) -> None:
     toy = _toy(tmp_path, {**TOY, "toy/stage/rows.py": "import toy.gone\n"})
     with pytest.raises(CodeIdentityError, match=r"'toy\.gone' has no source"):
