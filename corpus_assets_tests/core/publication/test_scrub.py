@@ -107,3 +107,21 @@ def test_scrub_of_a_missing_object_names_it(lab: Lab) -> None:
         ws.cas.local_path(digest).unlink()
         report = scrub(ws.cas, ws.catalog)
     assert not report.ok and any(digest in f for f in report.snapshots[0].findings)
+
+
+def test_a_copied_home_trusts_nothing_until_a_scrub_records_what_the_aliases_serve(
+    lab: Lab,
+) -> None:
+    """A home copied or restored from a backup has new inodes and ctimes: no recorded stat
+    matches, so a check would re-hash every object; a scrub records them again (OPERATIONS)."""
+    home, built = lab.copy_of_reference("scrub-restored")
+    sid = built.snapshot_id
+    with workspace(home) as ws:
+        home.publish(sid)
+        digests = verify(ws.cas, ws.catalog, sid).digests
+        assert StatTrust(ws.cas, ws.catalog).unchanged(digests) == set()
+        scrub(ws.cas, ws.catalog)
+        trusted = StatTrust(ws.cas, ws.catalog).unchanged(digests)
+        checked = verify(ws.cas, ws.catalog, sid, trust=StatTrust(ws.cas, ws.catalog))
+    assert trusted and checked.ok
+    assert checked.objects_trusted == len(trusted) > 0
