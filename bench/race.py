@@ -97,6 +97,7 @@ def child(config: str, partition: str, layer: str, direct: bool = False) -> None
     from corpus_assets.core.runtime.absent_imports import go_without
     from corpus_assets.core.runtime.workspace import open_workspace
     from corpus_assets.core.storage.catalog import gate_results
+    from corpus_assets.core.storage.memory import freeze_startup_heap
 
     go_without("pandas")
 
@@ -106,7 +107,8 @@ def child(config: str, partition: str, layer: str, direct: bool = False) -> None
             mine = gate_results.c.manifest_digest == ws.catalog.layer_output(partition, "manifest")
             with ws.catalog.begin() as conn:
                 conn.execute(gate_results.delete().where(mine))
-        floor_kb = _vm_kb("VmRSS")
+        freeze_startup_heap()  # as the build does before its first layer: no full collection
+        floor_kb = _vm_kb("VmRSS")  # of the start-up heap is counted in the layer's CPU
         wall, cpu = time.perf_counter(), time.process_time()
         digests: dict[str, str] = {}
         if layer == "validation":
