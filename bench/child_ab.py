@@ -21,25 +21,9 @@ import time
 from pathlib import Path
 
 import zstandard
-from race_corpus import DELTA, SOURCES, cipher, copy_line, shared_bytes, shared_lines
+from race_corpus import shared_bytes, write_delta
 
 CORPORA = Path(__file__).resolve().parents[2] / "shared" / "corpora"
-
-
-def write_delta(corpora: Path, src: Path, copy: int, budget: int) -> None:
-    """``budget`` bytes of copy ``copy`` spread over the sources, as ``delta-00000``."""
-    for name, (source_id, _content) in SOURCES.items():
-        if not (corpora / name).is_dir():
-            continue
-        out = src / source_id / DELTA
-        with zstandard.ZstdCompressor().stream_writer(out.open("wb")) as sink:
-            written, table = 0, cipher(copy)
-            for line in shared_lines(corpora / name):
-                if written >= budget // len(SOURCES):
-                    break
-                data = copy_line(line, copy, table).encode()
-                sink.write(data)
-                written += len(data)
 
 
 def build(checkout: Path, home: Path) -> tuple[float, str]:

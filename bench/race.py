@@ -68,7 +68,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from race_corpus import DELTA, SOURCES, cipher, copy_line, shared_lines, write_corpus
+from race_corpus import DELTA, write_corpus, write_delta
 from race_ray import Cluster
 
 from corpus_assets.core.runtime.layer_index import LAYERS as BUILD_ORDER
@@ -218,26 +218,8 @@ CHILD_COPIES = (25, 24, 23, 22, 21)  # new text at every size: the corpora hold 
 
 def add_one_percent(corpora: Path, src: Path, jsonl_bytes: int, copy: int = 25) -> int:
     """A new object per source holding ~1% of the corpus's bytes as new documents of ``copy``
-    (replacing the one an earlier call wrote)."""
-    budget, added = jsonl_bytes // 100, 0
-    import zstandard
-
-    for name, (source_id, _content) in SOURCES.items():
-        if not (corpora / name).is_dir():
-            continue
-        share = budget // len(SOURCES)
-        out = src / source_id / DELTA
-        with zstandard.ZstdCompressor().stream_writer(out.open("wb")) as sink:
-            written = 0
-            table = cipher(copy)
-            for line in shared_lines(corpora / name):
-                if written >= share:
-                    break
-                data = copy_line(line, copy, table).encode()
-                sink.write(data)
-                written += len(data)
-        added += written
-    return added
+    (replacing the one an earlier call wrote); the bytes written."""
+    return write_delta(corpora, src, copy, jsonl_bytes // 100)
 
 
 def delta_alone(root: Path, alone: Path, sources: list[dict], workers: int) -> dict:

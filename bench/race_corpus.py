@@ -56,6 +56,26 @@ def copy_line(line: bytes, k: int, table: dict[int, int]) -> str:
     return json.dumps(doc, ensure_ascii=False) + "\n"
 
 
+def write_delta(corpora: Path, src: Path, copy: int, budget: int) -> int:
+    """``budget`` bytes of copy ``copy`` spread over the sources, each as its ``DELTA`` object
+    (replacing one written before); the bytes written."""
+    added = 0
+    for name, (source_id, _content) in SOURCES.items():
+        if not (corpora / name).is_dir():
+            continue
+        out = src / source_id / DELTA
+        with zstandard.ZstdCompressor().stream_writer(out.open("wb")) as sink:
+            written, table = 0, cipher(copy)
+            for line in shared_lines(corpora / name):
+                if written >= budget // len(SOURCES):
+                    break
+                data = copy_line(line, copy, table).encode()
+                sink.write(data)
+                written += len(data)
+        added += written
+    return added
+
+
 def shared_bytes(corpora: Path) -> int:
     return sum(
         len(line)
