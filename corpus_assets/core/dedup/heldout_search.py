@@ -349,9 +349,11 @@ def search(
     rows), only the pairs with at least one of them.
     """
     n = len(thresholds) if thresholds is not None else _total(blocks)
+    # no name holds the candidates through the verification, only the likely pairs
     packed = candidates(blocks, heldout, members, p, n, moved)
-    a, b = np.divmod(packed, max(n, 1))
-    return settle(blocks, a, b, p, fingerprints, thresholds, known, spill)
+    likely = likely_pairs(blocks, *np.divmod(packed, max(n, 1)), p)
+    del packed
+    return verified_pairs(likely, p, fingerprints, thresholds, known, spill)
 
 
 def settle(
@@ -366,11 +368,41 @@ def settle(
 ) -> HeldoutPairs:
     """Of candidate pairs (rows of the blocks, in order), those the estimate keeps, verified
     (known Jaccards taken as they are) and at or above their threshold; see ``search``."""
-    stats: dict[str, int | float] = {"candidates": len(a)}
-    agree = agreement(blocks, a, b, p.num_perm)
-    likely = agree >= p.min_agree
-    a, b = a[likely], b[likely]
-    stats["estimated"] = len(a)
+    likely = likely_pairs(blocks, a, b, p)
+    del a, b
+    return verified_pairs(likely, p, fingerprints, thresholds, known, spill)
+
+
+@dataclass(frozen=True)
+class LikelyPairs:
+    """The candidate pairs the signatures' agreement keeps, and how many candidates there were:
+    all the verification needs, so the candidates themselves (~25 MB at 1.1 GB of raw text)
+    can go before it reads texts (the search's peak)."""
+
+    a: np.ndarray
+    b: np.ndarray
+    candidates: int
+
+
+def likely_pairs(
+    blocks: Sequence[SignatureBlock], a: np.ndarray, b: np.ndarray, p: HeldoutParams
+) -> LikelyPairs:
+    likely = agreement(blocks, a, b, p.num_perm) >= p.min_agree
+    return LikelyPairs(a[likely], b[likely], len(a))
+
+
+def verified_pairs(
+    likely: LikelyPairs,
+    p: HeldoutParams,
+    fingerprints: Callable[[np.ndarray], list[np.ndarray]],
+    thresholds: np.ndarray | None = None,
+    known: Known | None = None,
+    spill: Path | None = None,
+) -> HeldoutPairs:
+    """The likely pairs verified (known Jaccards taken as they are), those at or above their
+    threshold kept."""
+    a, b = likely.a, likely.b
+    stats: dict[str, int | float] = {"candidates": likely.candidates, "estimated": len(a)}
     jaccards = np.full(len(a), np.nan) if known is None or not len(a) else known(a, b)
     todo = np.flatnonzero(np.isnan(jaccards))
     jaccards[todo], stats["fingerprinted"] = _verify(a[todo], b[todo], fingerprints, spill)
