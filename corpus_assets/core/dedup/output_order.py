@@ -5,9 +5,10 @@ row. Dedup already holds codes of the record ids that follow their byte order, s
 rank (the total order's last keys) and its position in the table are computed on integers
 (object and line are fetched only for rows whose record id repeats, which are few). DuckDB then
 only joins, writing the rows in any order with their position; the rows are bucketed into files
-of one output row group each and every bucket is sorted when it is read back. Memory holds one
-bucket and one input batch, however large the partition: DuckDB's sort of the wide rows needed
-more than 128 MB at 677k records and grew with them.
+of half an output row group each and every bucket is sorted when it is read back. Memory holds one
+bucket (twice while its sorted copy is made) beside the writer's row group and one input batch,
+however large the partition: DuckDB's sort of the wide rows needed more than 128 MB at 677k
+records and grew with them. The bucket's size moves no byte of the table.
 """
 
 from collections.abc import Iterator
@@ -24,7 +25,7 @@ from corpus_assets.core.dedup.partition_db import PartitionDb
 from corpus_assets.core.dedup.row_values import RowValues
 from corpus_assets.core.storage.cas_queries import streamed
 
-BUCKET_ROWS = 1 << 16  # rows per bucket: one row group of the pinned table
+BUCKET_ROWS = 1 << 15  # rows per bucket: half a row group of the pinned table
 
 
 def _last(value: Any) -> tuple[int, Any]:
