@@ -25,8 +25,6 @@ Pure numpy over ``SignatureBlock``s and a fingerprint callable; pairs come back 
 """
 
 import mmap
-import os
-import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -35,11 +33,11 @@ from pathlib import Path
 import numpy as np
 
 from corpus_assets.core.dedup.binomial import lower_quantile
-from corpus_assets.core.dedup.jaccard import jaccard_sorted
 from corpus_assets.core.dedup.near_dedup import SignatureBlock, band_keys
 from corpus_assets.core.dedup.order import sorted_hits
 from corpus_assets.core.dedup.pair_set import DistinctPairs, KeyClasses
 from corpus_assets.core.dedup.signature_cache import BandMajorFile
+from corpus_assets.core.dedup.spilled_prints import pair_jaccards
 
 ROWS = 3  # rows per band of the held-out search
 MISS = 1e-12  # the estimate's allowed miss probability for a pair at the threshold
@@ -368,9 +366,7 @@ def settle(
 ) -> HeldoutPairs:
     """Of candidate pairs (rows of the blocks, in order), those the estimate keeps, verified
     (known Jaccards taken as they are) and at or above their threshold; see ``search``."""
-    likely = likely_pairs(blocks, a, b, p)
-    del a, b
-    return verified_pairs(likely, p, fingerprints, thresholds, known, spill)
+    return verified_pairs(likely_pairs(blocks, a, b, p), p, fingerprints, thresholds, known, spill)
 
 
 @dataclass(frozen=True)
@@ -387,6 +383,7 @@ class LikelyPairs:
 def likely_pairs(
     blocks: Sequence[SignatureBlock], a: np.ndarray, b: np.ndarray, p: HeldoutParams
 ) -> LikelyPairs:
+    """The estimate: the candidates whose full signatures agree on ``min_agree`` permutations."""
     likely = agreement(blocks, a, b, p.num_perm) >= p.min_agree
     return LikelyPairs(a[likely], b[likely], len(a))
 
@@ -405,7 +402,7 @@ def verified_pairs(
     stats: dict[str, int | float] = {"candidates": likely.candidates, "estimated": len(a)}
     jaccards = np.full(len(a), np.nan) if known is None or not len(a) else known(a, b)
     todo = np.flatnonzero(np.isnan(jaccards))
-    jaccards[todo], stats["fingerprinted"] = _verify(a[todo], b[todo], fingerprints, spill)
+    jaccards[todo], stats["fingerprinted"] = pair_jaccards(a[todo], b[todo], fingerprints, spill)
     stats["known"], stats["computed"] = len(a) - len(todo), len(todo)
     if thresholds is None:
         need = np.full(len(a), p.threshold)
@@ -415,64 +412,3 @@ def verified_pairs(
     stats["verified"] = len(a)
     stats["pairs"] = int(hit.sum())
     return HeldoutPairs(a[hit], b[hit], jaccards[hit], stats, (a, b, jaccards))
-
-
-def _verify(
-    a: np.ndarray,
-    b: np.ndarray,
-    fingerprints: Callable[[np.ndarray], list[np.ndarray]],
-    spill: Path | None = None,
-) -> tuple[np.ndarray, int]:
-    """The exact Jaccard of each pair of rows, and how many records were fingerprinted. The
-    sets are spilled as they are made (:class:`SpilledPrints`) and read back a pair at a time,
-    in held-out row order so each held-out set is read once: memory holds a window of sets,
-    not every record's (110 MB of them at 1.1 GB of raw text, and the heap they fragmented)."""
-    if not len(a):
-        return np.empty(0, dtype=np.float64), 0
-    involved = _unique(np.concatenate([a, b]))
-    at_a, at_b = np.searchsorted(involved, a), np.searchsorted(involved, b)
-    out = np.empty(len(a), dtype=np.float64)
-    with SpilledPrints(fingerprints, involved, spill) as prints:
-        last, held = -1, EMPTY
-        for i in np.lexsort((at_b, at_a)).tolist():
-            x = int(at_a[i])
-            if x != last:
-                last, held = x, prints.get(x)
-            out[i] = jaccard_sorted(held, prints.get(int(at_b[i])))
-    return out, len(involved)
-
-
-class SpilledPrints:
-    """Fingerprint sets of ascending rows, made ``WINDOW`` rows at a time and written to a
-    temporary file, then read back one set at a time by its index."""
-
-    WINDOW = 1024
-
-    def __init__(
-        self,
-        fingerprints: Callable[[np.ndarray], list[np.ndarray]],
-        rows: np.ndarray,
-        folder: Path | None,
-    ) -> None:
-        if folder is not None:
-            folder.mkdir(parents=True, exist_ok=True)
-        self.file = tempfile.TemporaryFile(dir=folder)  # noqa: SIM115 (closed by __exit__)
-        sizes = np.zeros(len(rows), dtype=np.int64)
-        for lo in range(0, len(rows), self.WINDOW):
-            for n, found in enumerate(fingerprints(rows[lo : lo + self.WINDOW]), start=lo):
-                data = np.ascontiguousarray(found, dtype="<u8")
-                sizes[n] = len(data)
-                self.file.write(data.tobytes())
-        self.file.flush()
-        self.offsets = np.concatenate([[0], np.cumsum(sizes)])
-
-    def get(self, index: int) -> np.ndarray:
-        start, end = int(self.offsets[index]), int(self.offsets[index + 1])
-        data = os.pread(self.file.fileno(), (end - start) * 8, start * 8)
-        return np.frombuffer(data, dtype="<u8")
-
-    def __enter__(self) -> "SpilledPrints":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.file.close()

@@ -6,12 +6,13 @@ every band finds, and a search told some Jaccards (nan for the rest) must return
 pairs and Jaccards as one computing them all, fingerprinting only what it was not told.
 """
 
+import weakref
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from corpus_assets.core.dedup import heldout_search, pair_set
+from corpus_assets.core.dedup import heldout_search, pair_set, spilled_prints
 from corpus_assets.core.dedup.heldout_search import (
     HeldoutParams,
     _prefilter,
@@ -99,6 +100,36 @@ def test_known_jaccards_give_the_same_pairs(seed: int) -> None:
         and told.stats["computed"] == full.stats["estimated"] - (told.stats["known"])
     )
     assert len(fetched) == told.stats["fingerprinted"] < every
+
+
+def test_no_candidate_array_is_held_while_texts_are_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The search's peak is its verification reading texts: by then the candidates (packed and
+    unpacked) are gone, only the pairs the estimate kept are held."""
+    rng = np.random.default_rng(7)
+    blocks, sets = _families(rng, 90)
+    made: list[weakref.ref] = []
+    find, keep = heldout_search.candidates, heldout_search.likely_pairs
+
+    def candidates_made(*args: object) -> np.ndarray:
+        packed = find(*args)
+        made.append(weakref.ref(packed))
+        return packed
+
+    def likely_kept(blocks: object, a: np.ndarray, b: np.ndarray, p: HeldoutParams) -> object:
+        made.extend([weakref.ref(a), weakref.ref(b)])
+        return keep(blocks, a, b, p)
+
+    monkeypatch.setattr(heldout_search, "candidates", candidates_made)
+    monkeypatch.setattr(heldout_search, "likely_pairs", likely_kept)
+    alive: list[int] = []
+
+    def fingerprints(rows: np.ndarray) -> list[np.ndarray]:
+        alive.append(sum(ref() is not None for ref in made))
+        return [sets[r] for r in rows]
+
+    found = search(blocks, np.arange(0, 90, 5), np.arange(90), PARAMS, fingerprints)
+    assert len(made) == 3 and len(found.a) > 0
+    assert alive and alive[0] == 0  # every candidate array freed before the first text
 
 
 def test_the_prefilter_lets_few_members_through_for_a_few_moved_records() -> None:
@@ -202,13 +233,13 @@ def test_verification_holds_a_window_of_fingerprint_sets_not_every_records(
         asked.append(rows.copy())
         return [sets[r] for r in rows.tolist()]
 
-    got, fingerprinted = heldout_search._verify(a, b, fingerprints, tmp_path)
+    got, fingerprinted = spilled_prints.pair_jaccards(a, b, fingerprints, tmp_path)
     want = [jaccard_sorted(sets[x], sets[y]) for x, y in zip(a.tolist(), b.tolist(), strict=True)]
     np.testing.assert_array_equal(got, np.array(want))
     every = np.concatenate(asked)
     assert fingerprinted == len(every) == len(np.unique(np.r_[a, b]))
     assert bool(np.all(np.diff(every) > 0))  # ascending, each row once
-    assert max(len(rows) for rows in asked) <= heldout_search.SpilledPrints.WINDOW < len(every)
+    assert max(len(rows) for rows in asked) <= spilled_prints.SpilledPrints.WINDOW < len(every)
 
 
 CLUSTERED = HeldoutParams(num_perm=30, threshold=0.5, rows=3)
