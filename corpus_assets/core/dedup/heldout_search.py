@@ -354,21 +354,6 @@ def search(
     return verified_pairs(likely, p, fingerprints, thresholds, known, spill)
 
 
-def settle(
-    blocks: Sequence[SignatureBlock],
-    a: np.ndarray,
-    b: np.ndarray,
-    p: HeldoutParams,
-    fingerprints: Callable[[np.ndarray], list[np.ndarray]],
-    thresholds: np.ndarray | None = None,
-    known: Known | None = None,
-    spill: Path | None = None,
-) -> HeldoutPairs:
-    """Of candidate pairs (rows of the blocks, in order), those the estimate keeps, verified
-    (known Jaccards taken as they are) and at or above their threshold; see ``search``."""
-    return verified_pairs(likely_pairs(blocks, a, b, p), p, fingerprints, thresholds, known, spill)
-
-
 @dataclass(frozen=True)
 class LikelyPairs:
     """The candidate pairs the signatures' agreement keeps, and how many candidates there were:

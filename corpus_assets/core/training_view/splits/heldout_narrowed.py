@@ -20,7 +20,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from corpus_assets.core.dedup.fingerprint_store import TextLookup
-from corpus_assets.core.dedup.heldout_search import EMPTY, settle, side_candidates
+from corpus_assets.core.dedup.heldout_search import (
+    EMPTY,
+    likely_pairs,
+    side_candidates,
+    verified_pairs,
+)
 from corpus_assets.core.storage.cas_queries import registered, sql_list
 from corpus_assets.core.training_view.splits.heldout_known import known_jaccards
 from corpus_assets.core.training_view.splits.heldout_rows import Members
@@ -60,21 +65,21 @@ def narrowed_pairs(
     paths = [scan.files.path(c.records["digest"], c.what) for c in scan.chunks]  # checked
     n = len(scan.thresholds)
     moved, read = _changed_rows(con, members, paths, digests, changed)
-    packed = side_candidates(scan.blocks, [(moved, np.arange(n))], scan.params, n)
-    a, b = np.divmod(packed, max(n, 1))
+    a, b = np.divmod(
+        side_candidates(scan.blocks, [(moved, np.arange(n))], scan.params, n), max(n, 1)
+    )
     partners = np.setdiff1d(np.concatenate([a, b]), moved)
     _add_rows(con, members, paths, digests, partners)
     found_in = _members(con, digests)
     is_member = np.isin(a, found_in.rows) & np.isin(b, found_in.rows)
     held = found_in.rows[found_in.held]
     keep = is_member & (np.isin(a, held) | np.isin(b, held))
-    a, b = a[keep], b[keep]
+    likely = likely_pairs(scan.blocks, a[keep], b[keep], scan.params)
+    del a, b  # only the likely pairs live through the verification (its texts: the peak)
     tables = known.tables if known is not None else ()
     texts = TextLookup(scan.ws, scan.chunks, verified=True)  # the paths above checked them
-    found = settle(
-        scan.blocks,
-        a,
-        b,
+    found = verified_pairs(
+        likely,
         scan.params,
         partial(fingerprint_rows, texts, scan.spec),
         scan.thresholds,

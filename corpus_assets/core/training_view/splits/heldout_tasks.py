@@ -31,8 +31,9 @@ from corpus_assets.core.dedup.fingerprint_store import TextLookup, text_digests
 from corpus_assets.core.dedup.heldout_search import (
     HeldoutPairs,
     HeldoutParams,
-    settle,
+    likely_pairs,
     side_candidates,
+    verified_pairs,
 )
 from corpus_assets.core.dedup.minhash import SignatureSpec, fingerprints
 from corpus_assets.core.dedup.near_dedup import RowMajor
@@ -236,13 +237,15 @@ def search_group(ws: Workspace, job: GroupJob, _spec: Any = None, _done: Any = N
     group = job.chunks[job.first : job.end]
     own = np.arange(job.start, job.start + sum(c.count for c in group))
     to_global = np.concatenate([hrows, own])
-    a, b = _owned_candidates(job, blocks, hrows, is_moved, to_global)
+    likely = likely_pairs(
+        blocks, *_owned_candidates(job, blocks, hrows, is_moved, to_global), job.params
+    )
     own_digests = text_digests(ws, group, own - job.start).chunks
     digests = pa.chunked_array([held_digests, *own_digests], pa.string())
     texts = TextLookup(ws, job.chunks, verified=True)
     with spilling(ws.home, threads=1) as con:  # the view's cap, as the driver's search
-        found = settle(
-            blocks, a, b, job.params,
+        found = verified_pairs(
+            likely, job.params,
             lambda local: _local_prints(texts, job.spec, to_global[local]),
             taus[to_global],
             lambda x, y: known_jaccards(con, job.tables, digests, x, y),
