@@ -369,7 +369,7 @@ def report(results: list[dict]) -> None:
     print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in results:
         f, mb = r["full"], r["mb"]
-        cpus = r["incremental"].get("cpus", [r["incremental"]["cpu"]])
+        cpus = r["incremental"]["cpus"]  # every child's, beside their median
         print(
             f"| {mb:.0f} | {f['wall']:.1f} | {f['cpu']:.1f} | {mb / f['wall']:.2f} | "
             f"{mb / f['cpu']:.2f} | {f['peak_mb']:.0f} | {r['baseline_s'] / f['wall']:.3f}x | "
