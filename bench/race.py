@@ -10,15 +10,19 @@ keep their internal duplicates and share nothing with each other) it measures, o
   MB/s and MB per CPU-second of raw text, peak RSS of the largest process;
 - an unchanged re-build (a second partition over the same bytes) against Dagster's start-up
   (``corpus-assets status`` on the same home, the floor any command pays);
-- incremental builds after adding 1% more documents (a new object per source) against the
-  full build; the build before them is approved and activated, so it is their parent (the
-  layers that reuse a parent's work - dedup's verified pairs, packing's blocks - do so).
-  ``--children N`` (default 3) builds N such children over that one parent, each of new text
-  (nothing is approved between them), and shows the median by CPU with every child's CPU: one
-  child is one sample of a machine whose speed drifts. Beside it, the median child's CPU beyond
-  the unchanged re-build's (the cost every build pays: imports, Dagster's run, the check and the
-  card over reused layers), over the full build's;
-- a first build of only the objects the last child added, in a fresh home: what the new
+- incremental builds after appending 1% more documents (a new object per source, named to sort
+  after the source's objects, as a numbered or dated part does) against the full build; the
+  build before them is approved and activated, so it is their parent (the layers that reuse a
+  parent's work - dedup's verified pairs, packing's blocks - do so). ``--children N`` (default
+  3) builds N such children over that one parent, each of new text (nothing is approved between
+  them), and shows the median by CPU with every child's CPU: one child is one sample of a
+  machine whose speed drifts. Interleaved with them, N children whose new object sorts before
+  the source's others (``race_corpus.PREPENDED``, the race's only kind until 2026-12-07): each
+  source's first chunk - the canary's - is then the new one, and every parent row moves; their
+  median is shown beside. Beside both, the median appended child's CPU beyond the unchanged
+  re-build's (the cost every build pays: imports, Dagster's run, the check and the card over
+  reused layers), over the full build's;
+- a first build of only the objects the last appended child added, in a fresh home: what the new
   documents cost with no parent, so the floor under the incremental ratio (a build's fixed
   cost) shows.
 
@@ -68,7 +72,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from race_corpus import DELTA, write_corpus, write_delta
+from race_corpus import APPENDED, PREPENDED, write_corpus, write_delta
 from race_ray import Cluster
 
 from corpus_assets.core.runtime.layer_index import LAYERS as BUILD_ORDER
@@ -213,12 +217,14 @@ def baseline_read(src: Path) -> float:
     return time.perf_counter() - start
 
 
-CHILD_COPIES = (25, 24, 23, 22, 21)  # new text at every size: the corpora hold copies 0-8
+CHILD_COPIES = tuple(range(25, 15, -1))  # new text at every size: the corpora hold copies 0-8
+MAX_CHILDREN = len(CHILD_COPIES) // 2  # each count is built twice: appended, and sorting first
 
 
 def add_one_percent(corpora: Path, src: Path, jsonl_bytes: int, copy: int = 25) -> int:
-    """A new object per source holding ~1% of the corpus's bytes as new documents of ``copy``
-    (replacing the one an earlier call wrote); the bytes written."""
+    """A new object per source holding ~1% of the corpus's bytes as new documents of ``copy``,
+    appended (sorting after the source's objects; replacing the one an earlier call wrote); the
+    bytes written."""
     return write_delta(corpora, src, copy, jsonl_bytes // 100)
 
 
@@ -232,7 +238,7 @@ def delta_alone(root: Path, alone: Path, sources: list[dict], workers: int) -> d
     for s in sources:
         folder = alone / "src" / s["id"]
         folder.mkdir(parents=True)
-        shutil.copy(root / "src" / s["id"] / DELTA, folder)
+        shutil.copy(root / "src" / s["id"] / APPENDED, folder)
         moved.append({**s, "path": str(folder)})
     done = cli_build(write_config(alone, moved, workers), alone)
     shutil.rmtree(alone, ignore_errors=True)
@@ -251,16 +257,25 @@ def publish(config: Path, root: Path, built: str) -> None:
 
 
 def children(config: Path, root: Path, corpora: Path, jsonl_bytes: int, count: int) -> dict:
-    """``count`` +1% children of the active parent, each of new text (``CHILD_COPIES``): nothing
-    is approved, so each is a child of the same parent. One child is one sample of a noisy
-    machine; the figure is their median (by CPU), with every child's CPU beside it."""
-    if not 1 <= count <= len(CHILD_COPIES):
-        sys.exit(f"--children: 1 to {len(CHILD_COPIES)}")
-    runs = []
-    for copy in CHILD_COPIES[:count]:
-        added = add_one_percent(corpora, root / "src", jsonl_bytes, copy)
-        runs.append({**cli_build(config, root), "added": added})
-    median = sorted(runs, key=lambda run: run["cpu"])[(count - 1) // 2]
+    """``count`` +1% children of the active parent whose new object is appended (it sorts after
+    each source's objects: the figure), and ``count`` whose new object sorts first (``first``:
+    each source's first chunk is then the new one), interleaved, each of new text
+    (``CHILD_COPIES``). Nothing is approved, so each is a child of the same parent. One child is
+    one sample of a noisy machine; each figure is a median (by CPU), every child's CPU beside it."""
+    if not 1 <= count <= MAX_CHILDREN:
+        sys.exit(f"--children: 1 to {MAX_CHILDREN}")
+    runs: dict[str, list[dict]] = {PREPENDED: [], APPENDED: []}  # the appended last: kept
+    copies = iter(CHILD_COPIES)
+    for _ in range(count):
+        for name, done in runs.items():
+            added = write_delta(corpora, root / "src", next(copies), jsonl_bytes // 100, name)
+            done.append({**cli_build(config, root), "added": added})
+    return {**_median(runs[APPENDED]), "first": _median(runs[PREPENDED])}
+
+
+def _median(runs: list[dict]) -> dict:
+    """The median run by CPU, with every run's CPU (``cpus``) in the order they ran."""
+    median = sorted(runs, key=lambda run: run["cpu"])[(len(runs) - 1) // 2]
     return {**median, "cpus": [run["cpu"] for run in runs]}
 
 
@@ -363,22 +378,27 @@ def report(results: list[dict]) -> None:
     print(
         "| raw MB | wall s | CPU s | MB/s | MB/CPU-s | peak RSS MB | vs zstd -dc | "
         "unchanged re-build s (CPU s) | status s | incremental s (+MB) | "
-        "incr/full CPU (each child's CPU s) | incr beyond the re-build's CPU / full | "
-        "the +1% alone, fresh home / full CPU |"
+        "incr/full CPU (each child's CPU s) | the same, the +1% sorting first | "
+        "incr beyond the re-build's CPU / full | the +1% alone, fresh home / full CPU |"
     )
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in results:
         f, mb = r["full"], r["mb"]
-        cpus = r["incremental"]["cpus"]  # every child's, beside their median
+        incremental, first = r["incremental"], r["incremental"]["first"]
         print(
             f"| {mb:.0f} | {f['wall']:.1f} | {f['cpu']:.1f} | {mb / f['wall']:.2f} | "
             f"{mb / f['cpu']:.2f} | {f['peak_mb']:.0f} | {r['baseline_s'] / f['wall']:.3f}x | "
             f"{r['again']['wall']:.1f} ({r['again']['cpu']:.1f}) | {r['status']['wall']:.1f} | "
-            f"{r['incremental']['wall']:.1f} (+{r['added_mb']:.1f}) | "
-            f"{r['incremental']['cpu'] / f['cpu']:.3f} ({', '.join(f'{c:.1f}' for c in cpus)}) | "
-            f"{(r['incremental']['cpu'] - r['again']['cpu']) / f['cpu']:.3f} | "
+            f"{incremental['wall']:.1f} (+{r['added_mb']:.1f}) | "
+            f"{_ratio(incremental, f['cpu'])} | {_ratio(first, f['cpu'])} | "
+            f"{(incremental['cpu'] - r['again']['cpu']) / f['cpu']:.3f} | "
             f"{r['delta_alone']['cpu'] / f['cpu']:.2f} |"
         )
+    print(
+        "\nThe +1% is one new object per source, appended: it sorts after the source's objects, "
+        "as a\nnumbered or dated part does. Sorting first, it is each source's first chunk "
+        "(the canary's)."
+    )
     print("\n#### Per layer (each in a fresh child; peak = VmHWM of the child, workers apart)\n")
     sizes = " | ".join(
         f"{r['mb']:.0f} MB: s / CPU s (driver) / peak MB / worker MB" for r in results
@@ -410,6 +430,12 @@ def report(results: list[dict]) -> None:
         f"\npeak RSS per size: {', '.join(f'{p:.0f} MB' for p in peaks)}; "
         f"largest / smallest = {max(peaks) / min(peaks):.2f}x (target <= 1.3x, each <= 1024 MB)"
     )
+
+
+def _ratio(children: dict, full_cpu: float) -> str:
+    """The median child's CPU over the full build's, every child's CPU beside it."""
+    cpus = ", ".join(f"{c:.1f}" for c in children["cpus"])
+    return f"{children['cpu'] / full_cpu:.3f} ({cpus})"
 
 
 def compile_package() -> None:

@@ -29,7 +29,13 @@ LOWER = "abcdefghijklmnopqrstuvwxyz"
 UPPER = LOWER.upper()
 
 
-DELTA = "delta-00000.jsonl.zst"  # the object per source a +1% step adds (race, child_ab)
+# The object per source a +1% step adds (race, child_ab, ...): by default named as a source's
+# next numbered part, so it sorts after the objects already there, as an append of numbered or
+# dated parts does. ``PREPENDED`` (the race's only name until 2026-12-07) sorts before them: the
+# new chunk is then each source's first, so the canary replays it and every parent row moves.
+APPENDED = "part-99999.jsonl.zst"
+PREPENDED = "delta-00000.jsonl.zst"
+DELTAS = (APPENDED, PREPENDED)
 
 
 def cipher(k: int) -> dict[int, int]:
@@ -56,17 +62,19 @@ def copy_line(line: bytes, k: int, table: dict[int, int]) -> str:
     return json.dumps(doc, ensure_ascii=False) + "\n"
 
 
-def write_delta(corpora: Path, src: Path, copy: int, budget: int) -> int:
-    """``budget`` bytes of copy ``copy`` spread over the sources, each as its ``DELTA`` object
-    (replacing one written before); the bytes written."""
+def write_delta(corpora: Path, src: Path, copy: int, budget: int, name: str = APPENDED) -> int:
+    """``budget`` bytes of copy ``copy`` spread over the sources, each as its object ``name``
+    (one of ``DELTAS``, replacing any of them written before); the bytes written."""
     added = 0
-    for name, (source_id, _content) in SOURCES.items():
-        if not (corpora / name).is_dir():
+    for shared, (source_id, _content) in SOURCES.items():
+        if not (corpora / shared).is_dir():
             continue
-        out = src / source_id / DELTA
+        for other in DELTAS:
+            (src / source_id / other).unlink(missing_ok=True)
+        out = src / source_id / name
         with zstandard.ZstdCompressor().stream_writer(out.open("wb")) as sink:
             written, table = 0, cipher(copy)
-            for line in shared_lines(corpora / name):
+            for line in shared_lines(corpora / shared):
                 if written >= budget // len(SOURCES):
                     break
                 data = copy_line(line, copy, table).encode()
