@@ -121,15 +121,13 @@ def put_shards(
     and what the header adds (the base and gone keys of a delta, or why the build is whole).
     Run again under each of ``HEADROOM_MB`` if DuckDB runs out of memory: the shards are the
     same under any cap, and those an attempt put before it failed are put again."""
-    import duckdb
-
     caps = [MEMORY_MB, *HEADROOM_MB]
     while True:
         cap = caps.pop(0)
         try:
             return _put_shards(cas, what, relations, packed_shards, shard_rows, base, cap)
-        except duckdb.OutOfMemoryException:
-            if not caps:
+        except Exception as error:  # from a statement, or from a sorted pass's reader
+            if not caps or not cas_queries.out_of_memory(error):
                 raise
 
 

@@ -197,6 +197,17 @@ def batches(con: DuckDBPyConnection, sql: str, rows: int = BATCH_ROWS) -> pa.Rec
     return con.sql(sql).to_arrow_reader(rows)
 
 
+def out_of_memory(error: BaseException) -> bool:
+    """Whether ``error`` is DuckDB running out of its memory cap: raised by a statement, or by
+    the reader of a streamed result (:func:`batches`), where Arrow hands DuckDB's message on as
+    an ``OSError``."""
+    import duckdb
+
+    if isinstance(error, duckdb.OutOfMemoryException):
+        return True
+    return isinstance(error, OSError) and str(error).startswith("Out of Memory Error")
+
+
 def sorted_batches(
     con: DuckDBPyConnection, sql: str, folder: Path, rows: int = BATCH_ROWS
 ) -> Iterator[pa.RecordBatch]:

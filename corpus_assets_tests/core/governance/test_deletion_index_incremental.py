@@ -296,6 +296,42 @@ def test_an_index_build_that_runs_out_of_memory_at_the_cap_runs_again_with_headr
             deletion_index.build(ws.cas, child, base=base)
 
 
+def test_a_whole_build_whose_sorted_pass_runs_out_of_memory_while_streaming_runs_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A whole index's passes stream out of DuckDB sorted: running out of the cap while a pass's
+    rows stream (the sort reading its spilled runs back) surfaces from Arrow's reader as an
+    ``OSError`` (the form ``test_sorted_batches`` sees DuckDB give), not as a statement's
+    ``OutOfMemoryException``. The build runs again under more memory for both (it ran again
+    for the statement's only); with no headroom left the error is raised."""
+    config, _parent, child = _child(tmp_path)
+    streamed = cas_queries.batches
+    failed: list[str] = []
+
+    def running_out_once(con: duckdb.DuckDBPyConnection, sql: str, rows: int) -> object:
+        reader = streamed(con, sql, rows)
+        if failed or "ORDER BY" not in sql:
+            return reader
+        failed.append(sql)
+
+        def first_batch_then_out() -> object:
+            yield next(iter(reader))
+            reader.close()  # a result that failed is gone, as DuckDB's is
+            raise OSError("Out of Memory Error: failed to pin block of size 256.0 KiB")
+
+        return first_batch_then_out()
+
+    with open_workspace(config) as ws:
+        expected = deletion_build.build(ws.cas, child, base=None)
+        monkeypatch.setattr(cas_queries, "batches", running_out_once)
+        assert deletion_build.build(ws.cas, child, base=None) == expected
+        assert len(failed) == 1
+        failed.clear()
+        monkeypatch.setattr(deletion_build, "HEADROOM_MB", ())
+        with pytest.raises(OSError, match=r"^Out of Memory Error"):
+            deletion_build.build(ws.cas, child, base=None)
+
+
 class _Logged:
     """A DuckDB connection whose ``execute`` calls are appended to ``statements``."""
 

@@ -4,12 +4,20 @@ import subprocess
 import sys
 from pathlib import Path
 
+import duckdb
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+import pytest
 
-from corpus_assets.core.storage.cas_queries import Spilling, batches, sorted_batches, streamed
+from corpus_assets.core.storage.cas_queries import (
+    Spilling,
+    batches,
+    out_of_memory,
+    sorted_batches,
+    streamed,
+)
 from corpus_assets.core.storage.table_lookup import SCAN_BATCH, rows_at, scan
 
 GROUPS, GROUP_ROWS, TEXT = 24, 2048, 512  # ~1 MB of text per row group, ~24 MB in all
@@ -55,6 +63,31 @@ def test_sorted_batches_give_the_streamed_query_rows_in_order_and_leave_no_file(
         assert next(early).column(0)[0].as_py() == 0
         early.close()  # a consumer that stops part-way
         assert not list(folder.iterdir())
+
+
+def test_a_sort_out_of_memory_while_its_rows_stream_is_told_from_other_errors(
+    tmp_path: Path,
+) -> None:
+    """A sorted query streamed through ``batches`` can run out of DuckDB's cap after its first
+    batch, while it reads its spilled runs back: the error then comes out of Arrow's reader as
+    an ``OSError`` carrying DuckDB's message, not as ``duckdb.OutOfMemoryException``. A builder
+    that runs again under more memory must take both, and no other ``OSError`` (a full disk)."""
+    sql = "SELECT r, repeat('x', 50) || hash(r)::VARCHAR AS s FROM range(3000000) t(r) ORDER BY s"
+    rows = 0
+    with Spilling(tmp_path / "tmp", "32MB", threads=1) as con, pytest.raises(OSError) as raised:
+        for batch in batches(con, sql, 1 << 16):
+            rows += batch.num_rows
+    assert rows, "the first batch came out before the sort ran out"
+    assert not isinstance(raised.value, duckdb.Error)
+    assert out_of_memory(raised.value)
+    with (
+        Spilling(tmp_path / "tmp", "1MB", threads=1) as con,
+        pytest.raises(duckdb.OutOfMemoryException) as statement,
+    ):
+        con.execute(sql)
+    assert out_of_memory(statement.value)
+    assert not out_of_memory(OSError(28, "No space left on device"))
+    assert not out_of_memory(duckdb.IOException("Out of Memory Error: not this kind"))
 
 
 def test_a_table_scan_holds_one_batch_and_the_matches(tmp_path: Path) -> None:
