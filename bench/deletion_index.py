@@ -115,7 +115,44 @@ def _snapshot(cas: ContentStore, base: pa.Table, first: int, window: int) -> dic
             cas, "packed_blocks", {"spans": put_table(cas, spans), "shards": _shard_refs()}
         ),
     }
-    return {"schema": "bench", "first": first, "members": put_table(cas, members), "layers": layers}
+    return _manifest(first, {**put_table(cas, members), "count": n, "uri": "bench"}, layers)
+
+
+def _manifest(first: int, members: dict[str, Any], layers: dict[str, Any]) -> dict[str, Any]:
+    """A manifest document of the model's shape around the tables the index reads (``members``
+    and the two layers); every other field a placeholder. Never signed nor verified: the
+    index reads it through ``read_manifest``, which checks the shape only."""
+    token = {"token": "</s>", "id": 0}
+    counts = ("records", "quarantined", "duplicates_removed", "members", "train", "validation")
+    return {
+        "schema": "bench",
+        "buildId": f"bench-{first}",
+        "partition": f"b{first}",
+        "parents": [],
+        "purpose": "bench",
+        "alias": "bench",
+        "freeze": layers["dedup_clusters"],
+        "sources": [{"id": "bench", "kind": "objects"}],
+        "tombstoneWatermark": "0",
+        "benchmarkFence": "0",
+        **dict.fromkeys(("recordSchema", "selectionPolicy", "splitPolicy"), "bench"),
+        **dict.fromkeys(("mixingPolicy", "packingPolicy", "transformImage"), "bench"),
+        "transform": {},
+        "layers": layers,
+        "tokenizer": {
+            "schema": "bench",
+            "kind": "bench",
+            "digest": "bench",
+            "vocabSize": 1,
+            "dtype": "uint16",
+            "specialTokens": {"eos": token, "pad": token},
+        },
+        "mixture": [],
+        "members": members,
+        "counts": {**dict.fromkeys((*counts, "test", "blocks", "tokens"), 0)},
+        "snapshotId": f"bench-{first}",
+        "signature": {"payload": "", "payloadType": "bench", "signatures": []},
+    }
 
 
 def _shard_refs() -> list[dict[str, Any]]:
