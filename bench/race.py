@@ -462,7 +462,10 @@ def main() -> None:
     parser.add_argument("--freeze", metavar="CONFIG")
     parser.add_argument("--json", type=Path, help="also write the raw figures here")
     parser.add_argument(
-        "--children", type=int, default=3, help="+1%% children per size: their median is shown"
+        "--children",
+        type=int,
+        default=3,
+        help="+1%% children per size, appended (as many sorting first beside them): medians",
     )
     parser.add_argument(
         "--incremental-layers",
