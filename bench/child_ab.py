@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 import zstandard
-from race_corpus import shared_bytes, write_delta
+from race_corpus import DELTAS, shared_bytes, write_delta
 
 CORPORA = Path(__file__).resolve().parents[2] / "shared" / "corpora"
 
@@ -44,7 +44,7 @@ def raw_bytes(src: Path) -> int:
     """The sources' decompressed bytes, the delta apart (what the race's 1% is of)."""
     total = 0
     for path in sorted(src.rglob("*.jsonl.zst")):
-        if path.name.startswith("delta-"):
+        if path.name in DELTAS:  # appended or sorting first
             continue
         with zstandard.ZstdDecompressor().stream_reader(path.open("rb")) as reader:
             while chunk := reader.read(1 << 22):

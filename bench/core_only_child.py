@@ -3,21 +3,20 @@ Dagster and no dataset card - what a child would cost if the build's fixed cost 
 
 A race home (``bench/race.py --sizes N --tmp DIR`` leaves ``DIR/mbN``: sources, config, an
 active parent) gets a new appended ~1% object per source per child, copy K of the shared corpora
-(``race_corpus.write_delta``; the caller picks K as new text: not among the copies the home's
-corpus holds, nor one built in it before). The child is built either by ``corpus-assets build``
+(``race_corpus.write_delta``; K new text: ``child_ab.check_copies`` refuses a copy the home's
+corpus holds or one built in it before, as ``race.py``, ``child_ab.py`` and this script list
+theirs in the home). The child is built either by ``corpus-assets build``
 or, in a fresh process that imports ``corpus_assets.core`` only, by the freeze,
 ``pipeline.build_all`` (the seven layers) and the build's check (``validate_snapshot`` as the
 validation asset runs it). Nothing is approved, so each is a child of the same parent. CPU-s
-of each process tree (``wait4``); the named baseline is the CLI build; medians, and each over
-``--full`` (a full build's CPU-s, e.g. the race's) when given.
+of each process tree (``race.run_measured``); the named baseline is the CLI build; medians,
+and each over ``--full`` (a full build's CPU-s, e.g. the race's) when given.
 
     .venv/bin/python bench/core_only_child.py HOME --copies 19,18,17,16,15,14 [--full 26.6]
 """
 
 import argparse
-import os
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
@@ -44,16 +43,6 @@ def core_only(config: str, partition: str) -> None:
             raise SystemExit(f"the check refused {partition}: {report.findings}")
 
 
-def measured(cmd: list[str], home: Path) -> float:
-    """CPU-s of ``cmd``'s process tree, run with ``home``'s Dagster and data homes."""
-    env = dict(os.environ, DAGSTER_HOME=str(home / "dagster"), CORPUS_HOME=str(home / "home"))
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL)
-    _pid, status, usage = os.wait4(proc.pid, 0)
-    if os.waitstatus_to_exitcode(status):
-        raise SystemExit(f"{' '.join(cmd)} failed")
-    return usage.ru_utime + usage.ru_stime
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("home", type=Path)
@@ -66,36 +55,30 @@ def main() -> None:
         return core_only(*args.core_only)
     if not args.copies:
         parser.error("--copies is required")
-    from race_corpus import write_delta  # not in the core-only process: it imports core only
+    # not in the core-only process, which imports corpus_assets.core only
+    from child_ab import USED, check_copies, raw_bytes
+    from race import env_for, run_measured
+    from race_corpus import write_delta
 
+    copies = [int(c) for c in args.copies.split(",")]
+    check_copies(copies, [args.home], args.corpora)  # new text, built nowhere in the home yet
     config = str(args.home / "corpus.yaml")
-    jsonl = _corpus_bytes(args.home / "src")
+    jsonl = raw_bytes(args.home / "src")
     cli = [sys.executable, "-m", "corpus_assets.cli", "--config", config, "build"]
     here = [sys.executable, __file__, str(args.home), "--core-only", config]
     ways = {"cli": lambda copy: cli, "core only": lambda copy: [*here, f"core-only-{copy}"]}
     cpus: dict[str, list[float]] = {way: [] for way in ways}
-    for n, copy in enumerate(int(c) for c in args.copies.split(",")):
+    for n, copy in enumerate(copies):
         way = list(ways)[n % 2]
         write_delta(args.corpora, args.home / "src", copy, jsonl // 100)
-        cpus[way].append(measured(ways[way](copy), args.home))
+        cpus[way].append(run_measured(ways[way](copy), env_for(args.home))["cpu"])
+        with (args.home / USED).open("a") as used:
+            used.write(f"{copy}\n")
         print(f"{way} copy {copy}: {cpus[way][-1]:.2f} CPU-s", file=sys.stderr)
     for way, runs in cpus.items():
         median = statistics.median(runs)
         ratio = f", {median / args.full:.3f} of the full build" if args.full else ""
         print(f"{way}: median {median:.2f} CPU-s ({', '.join(f'{c:.2f}' for c in runs)}){ratio}")
-
-
-def _corpus_bytes(src: Path) -> int:
-    """The JSONL bytes of the home's corpus: its ``part-0*`` objects decompressed (not the
-    appended ``part-99999`` nor a ``delta-*`` a child added)."""
-    import zstandard
-
-    total = 0
-    for path in sorted(src.rglob("part-0*.jsonl.zst")):
-        with path.open("rb") as fh, zstandard.ZstdDecompressor().stream_reader(fh) as reader:
-            while chunk := reader.read(1 << 22):
-                total += len(chunk)
-    return total
 
 
 if __name__ == "__main__":

@@ -72,6 +72,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
+from child_ab import USED
 from race_corpus import APPENDED, PREPENDED, write_corpus, write_delta
 from race_ray import Cluster
 
@@ -268,8 +269,11 @@ def children(config: Path, root: Path, corpora: Path, jsonl_bytes: int, count: i
     copies = iter(CHILD_COPIES)
     for _ in range(count):
         for name, done in runs.items():
-            added = write_delta(corpora, root / "src", next(copies), jsonl_bytes // 100, name)
+            copy = next(copies)
+            added = write_delta(corpora, root / "src", copy, jsonl_bytes // 100, name)
             done.append({**cli_build(config, root), "added": added})
+            with (root / USED).open("a") as used:  # refused by later benches over this home
+                used.write(f"{copy}\n")
     return {**_median(runs[APPENDED]), "first": _median(runs[PREPENDED])}
 
 
