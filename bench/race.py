@@ -253,12 +253,18 @@ def delta_alone(
     done = cli_build(config, alone)
     publish(config, alone, done["out"])
     jsonl = raw_bytes(alone / "src")  # the objects the step added, now the parent
-    floor = []
-    for copy in FLOOR_COPIES[:count]:
-        write_delta(corpora, alone / "src", copy, jsonl // 100)
-        floor.append(cli_build(config, alone))
+    floor = [build_child(config, alone, corpora, copy, jsonl) for copy in FLOOR_COPIES[:count]]
     shutil.rmtree(alone, ignore_errors=True)
     return done, _median(floor)
+
+
+def build_child(
+    config: Path, root: Path, corpora: Path, copy: int, jsonl_bytes: int, name: str = APPENDED
+) -> dict:
+    """A +1% child of the home's active snapshot: ~1% of ``jsonl_bytes`` of copy ``copy`` as
+    each source's object ``name`` (replacing the last child's), built; with ``added`` bytes."""
+    added = write_delta(corpora, root / "src", copy, jsonl_bytes // 100, name)
+    return {**cli_build(config, root), "added": added}
 
 
 def cli_build(config: Path, root: Path, args: list[str] | None = None) -> dict:
@@ -285,8 +291,7 @@ def children(config: Path, root: Path, corpora: Path, jsonl_bytes: int, count: i
     for _ in range(count):
         for name, done in runs.items():
             copy = next(copies)
-            added = write_delta(corpora, root / "src", copy, jsonl_bytes // 100, name)
-            done.append({**cli_build(config, root), "added": added})
+            done.append(build_child(config, root, corpora, copy, jsonl_bytes, name))
             with (root / USED).open("a") as used:  # refused by later benches over this home
                 used.write(f"{copy}\n")
     return {**_median(runs[APPENDED]), "first": _median(runs[PREPENDED])}
