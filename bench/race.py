@@ -7,7 +7,12 @@ keep their internal duplicates and share nothing with each other) it measures, o
   wall seconds, CPU seconds (the child and its pool workers), peak RSS of the child (VmHWM) and
   of its largest worker;
 - the whole ``corpus-assets build`` (the CLI through Dagster, fresh data home): wall, CPU,
-  MB/s and MB per CPU-second of raw text, peak RSS of the largest process;
+  MB/s and MB per CPU-second of raw text, peak RSS of the largest process; built once before
+  the children and again, in a fresh home each time, before each later pair of children (see
+  below): the figure is the median by CPU, every build's CPU beside it. The machine's speed
+  drifts by up to 3x over minutes (its 10^7-add loop took 0.36 to 1.20 s on one evening), so a
+  ratio of children to one full build measured minutes apart read the drift as much as the
+  code (122 MB: 27.0 CPU-s one evening, 40.8 the next start);
 - an unchanged re-build (a second partition over the same bytes) against Dagster's start-up
   (``corpus-assets status`` on the same home, the floor any command pays);
 - incremental builds after appending 1% more documents (a new object per source, named to sort
@@ -72,11 +77,12 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 from child_ab import USED, raw_bytes
-from race_corpus import APPENDED, PREPENDED, write_corpus, write_delta
+from race_corpus import APPENDED, DELTAS, PREPENDED, write_corpus, write_delta
 from race_ray import Cluster
 
 from corpus_assets.core.runtime.layer_index import LAYERS as BUILD_ORDER
@@ -278,23 +284,46 @@ def publish(config: Path, root: Path, built: str) -> None:
         run_measured([*CLI, "--config", str(config), *command], env_for(root))
 
 
-def children(config: Path, root: Path, corpora: Path, jsonl_bytes: int, count: int) -> dict:
+def children(
+    config: Path,
+    root: Path,
+    corpora: Path,
+    jsonl_bytes: int,
+    count: int,
+    between: Callable[[], None] = lambda: None,
+) -> dict:
     """``count`` +1% children of the active parent whose new object is appended (it sorts after
     each source's objects: the figure), and ``count`` whose new object sorts first (``first``:
     each source's first chunk is then the new one), interleaved, each of new text
     (``CHILD_COPIES``). Nothing is approved, so each is a child of the same parent. One child is
-    one sample of a noisy machine; each figure is a median (by CPU), every child's CPU beside it."""
+    one sample of a noisy machine; each figure is a median (by CPU), every child's CPU beside it.
+    ``between`` runs after each pair but the last (another full build: ``race_size``)."""
     if not 1 <= count <= MAX_CHILDREN:
         sys.exit(f"--children: 1 to {MAX_CHILDREN}")
     runs: dict[str, list[dict]] = {PREPENDED: [], APPENDED: []}  # the appended last: kept
     copies = iter(CHILD_COPIES)
-    for _ in range(count):
+    for pair in range(count):
         for name, done in runs.items():
             copy = next(copies)
             done.append(build_child(config, root, corpora, copy, jsonl_bytes, name))
             with (root / USED).open("a") as used:  # refused by later benches over this home
                 used.write(f"{copy}\n")
+        if pair < count - 1:
+            between()
     return {**_median(runs[APPENDED]), "first": _median(runs[PREPENDED])}
+
+
+def another_full(root: Path, sources: list[dict], workers: int) -> dict:
+    """A full build again, in a fresh home of its own, of the sources the first one read (the
+    last child's new objects taken out first; the next child writes its own): the full build's
+    CPU is a sample of the machine's phase as each child's is, so it is sampled between them."""
+    for s in sources:
+        for name in DELTAS:
+            (Path(s["path"]) / name).unlink(missing_ok=True)
+    config = write_config(root, sources, workers)
+    done = cli_build(config, root)
+    shutil.rmtree(root)
+    return done
 
 
 def _median(runs: list[dict]) -> dict:
@@ -310,11 +339,20 @@ def race_size(corpora: Path, tmp: Path, mb: float, workers: int, count: int = 3)
     raw_mb = made["jsonl_bytes"] / 1e6
     config = write_config(root, made["sources"], workers)
     base = baseline_read(root / "src")
-    full = cli_build(config, root)
+    fulls = [cli_build(config, root)]
     start = run_measured([*CLI, "--config", str(config), "status"], env_for(root))
     again = cli_build(config, root)
     publish(config, root, again["out"])  # the incremental build's parent: the alias's active one
-    incremental = children(config, root, corpora, made["jsonl_bytes"], count)
+    incremental = children(
+        config,
+        root,
+        corpora,
+        made["jsonl_bytes"],
+        count,
+        lambda: fulls.append(another_full(tmp / f"mb{int(mb)}-full", made["sources"], workers)),
+    )
+    # as many as children of each kind, one before each pair; the peak is the largest
+    full = {**_median(fulls), "peak_mb": max(run["peak_mb"] for run in fulls)}
     added = incremental["added"]
     alone, floor = delta_alone(
         root, tmp / f"mb{int(mb)}-delta", made["sources"], workers, corpora, count
@@ -414,7 +452,7 @@ def report(results: list[dict]) -> None:
         f, mb = r["full"], r["mb"]
         incremental, first = r["incremental"], r["incremental"]["first"]
         print(
-            f"| {mb:.0f} | {f['wall']:.1f} | {f['cpu']:.1f} | {mb / f['wall']:.2f} | "
+            f"| {mb:.0f} | {f['wall']:.1f} | {_each(f)} | {mb / f['wall']:.2f} | "
             f"{mb / f['cpu']:.2f} | {f['peak_mb']:.0f} | {r['baseline_s'] / f['wall']:.3f}x | "
             f"{r['again']['wall']:.1f} ({r['again']['cpu']:.1f}) | {r['status']['wall']:.1f} | "
             f"{incremental['wall']:.1f} (+{r['added_mb']:.1f}) | "
@@ -465,6 +503,12 @@ def _ratio(children: dict, full_cpu: float) -> str:
     """The median child's CPU over the full build's, every child's CPU beside it."""
     cpus = ", ".join(f"{c:.1f}" for c in children["cpus"])
     return f"{children['cpu'] / full_cpu:.3f} ({cpus})"
+
+
+def _each(runs: dict) -> str:
+    """The median run's CPU, every run's beside it when there were several."""
+    cpus = runs.get("cpus", [runs["cpu"]])
+    return f"{runs['cpu']:.1f}" + (f" ({', '.join(f'{c:.1f}' for c in cpus)})" * (len(cpus) > 1))
 
 
 def compile_package() -> None:
