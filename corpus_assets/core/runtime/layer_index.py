@@ -1,7 +1,8 @@
 """The layer index: the one small JSON document each layer publishes per partition.
 
 An index names the layer's code version, the policy digest it ran under, its inputs (upstream
-indexes) and its outputs (refs). It carries no partition key, so an unchanged layer of a new
+indexes), the parent snapshot's index of the same layer when its bytes depend on it, and its
+outputs (refs). It carries no partition key, so an unchanged layer of a new
 snapshot has the same digest as before and nothing downstream of it is rewritten.
 """
 
@@ -64,7 +65,11 @@ class LayerIndex(BaseModel):
     layer: str
     code: str
     policy: str | None
-    inputs: list[Ref]
+    inputs: list[Ref]  # this snapshot's upstream indexes (and the tokenizer): walked
+    # A parent snapshot's index of the same layer, which the bytes depend on (splits inherit its
+    # assignments, packing keeps its blocks): pinned by digest, but not walked, so a snapshot's
+    # closure - what verify re-hashes and gc keeps - is its own, not every ancestor's
+    parents: list[Ref] = Field(default_factory=list)
     outputs: dict[str, Any]  # per layer: refs and small facts, read through the layer's reader
     counts: dict[str, int]
 
@@ -89,6 +94,7 @@ class LayerIndex(BaseModel):
                 "image": transform_image(),
                 "policy": self.policy,
                 "inputs": [i["digest"] for i in self.inputs],
+                "parents": [p["digest"] for p in self.parents],
             }
         )
         return spec + ("~partial" if self.outputs.get("dead_letters") else "")
@@ -103,9 +109,16 @@ def publish_index(
     inputs: list[Ref],
     outputs: dict[str, Any],
     counts: dict[str, int],
+    parents: list[Ref] | None = None,
 ) -> Ref:
     index = LayerIndex(
-        layer=layer, code=code, policy=policy, inputs=inputs, outputs=outputs, counts=counts
+        layer=layer,
+        code=code,
+        policy=policy,
+        inputs=inputs,
+        parents=parents or [],
+        outputs=outputs,
+        counts=counts,
     )
     ref = put_json(ws.cas, index.document())
     failpoints.hit(f"layer/{layer}/indexed")

@@ -73,6 +73,9 @@ DECLARED: dict[str, tuple[tuple[str, str], ...]] = {
     **{
         f"{LAYER_KIND}/{layer}": (
             ("inputs[]", TYPED),
+            # a parent snapshot's index: re-hashed and kept, never walked - its closure is the
+            # parent's, so a snapshot's closure does not run on through every ancestor's tables
+            ("parents[]", LEAF),
             *((f"outputs.{path}", target) for path, target in outputs),
         )
         for layer, outputs in _LAYER_OUTPUTS.items()

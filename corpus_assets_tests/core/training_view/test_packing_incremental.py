@@ -168,7 +168,7 @@ def test_a_child_keeps_most_parent_blocks_byte_for_byte(tmp_path: Path) -> None:
     packing = manifest["packing"]
     assert (packing["mode"], packing["parent"]) == ("incremental", parent_digest)
     assert packing["reason"].startswith(f"kept {len(kept)} of {blocks} parent blocks")
-    assert parent_digest in [i["digest"] for i in child.inputs]  # the layout names its parent
+    assert parent_digest in [p["digest"] for p in child.parents]  # the layout names its parent
     assert digest != parent_digest
     assert len(entries[0]) > 5  # every parent shard but the last (short) one is reused as is
     assert entries[1][: len(entries[0]) - 1] == entries[0][:-1]

@@ -154,7 +154,7 @@ def test_a_child_with_pure_additions_keeps_every_split_and_moves_nothing(
     index, after, moves, conflicts = _splits(workspace, "p2")
     assert index.outputs["parent"] == parent
     parent_ref = json.loads(workspace.cas.get_bytes(_manifest_digest(workspace, parent)))
-    assert parent_ref["layers"]["splits"] in index.inputs  # the index's bytes depend on it
+    assert parent_ref["layers"]["splits"] in index.parents  # the index's bytes depend on it
     manifest = json.loads(workspace.cas.get_bytes(_manifest_digest(workspace, child)))
     assert manifest["parents"] == [parent]  # the same parent as the freeze spec's
     assert {r: after[r] for r in before} == before

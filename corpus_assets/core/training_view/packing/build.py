@@ -384,10 +384,10 @@ def build_packed_blocks(ws: Workspace, partition_key: str) -> LayerResult:
         "packed_blocks",
         CODE,
         ws.config.policy_digest("packing"),
-        [mixed_ref, canonical_ref, dedup_ref, cache.tokenizer_ref(ws)]
-        + ([parent.ref] if parent else []),  # an incremental layout depends on its parent's
+        [mixed_ref, canonical_ref, dedup_ref, cache.tokenizer_ref(ws)],
         outputs,
         counts,
+        [parent.ref] if parent else None,  # an incremental layout depends on its parent's
     )
     return LayerResult(
         layer="packed_blocks",

@@ -100,7 +100,7 @@ _STORED = ", ".join(SPLIT_COLUMNS.names)  # split_rows' columns the splits table
 
 
 def parent_splits(ws: Workspace, parent: str | None) -> tuple[list[Ref], Source, int]:
-    """The parent snapshot's splits index (as an input ref), its record_id/split rows (a
+    """The parent snapshot's splits index (as a parent ref), its record_id/split rows (a
     query over its Parquet table) and its evaluation version; nothing for a first build."""
     if parent is None:
         return [], SPLIT_TABLE.empty_table(), 0
@@ -137,10 +137,13 @@ def build_splits(ws: Workspace, partition_key: str) -> LayerResult:
         "tokenizer": tokens.spec.document(),
         "token_cache": tokens.refs(ws),
     }
-    # a child's bytes depend on its parent's splits; the token counts on the tokenizer
-    inputs = [built.dedup_ref, *built.parent_refs, tokens.tokenizer_ref(ws)]
+    # a child's bytes depend on its parent's splits (named, not walked: ``LayerIndex.parents``);
+    # the token counts on the tokenizer
+    inputs = [built.dedup_ref, tokens.tokenizer_ref(ws)]
     digest = ws.config.policy_digest("splits")
-    ref = publish_index(ws, partition_key, "splits", CODE, digest, inputs, outputs, counts)
+    ref = publish_index(
+        ws, partition_key, "splits", CODE, digest, inputs, outputs, counts, built.parent_refs
+    )
     return LayerResult(
         layer="splits",
         digest=ref["digest"],
