@@ -277,11 +277,14 @@ def cli_build(config: Path, root: Path, args: list[str] | None = None) -> dict:
     return run_measured([*CLI, "--config", str(config), "build", *(args or [])], env_for(root))
 
 
-def publish(config: Path, root: Path, built: str) -> None:
-    """Approve and activate the snapshot a build printed, as an operator would."""
+def publish(config: Path, root: Path, built: str) -> float:
+    """Approve and activate the snapshot a build printed, as an operator would; their CPU-s."""
     sid = next(line.split()[1] for line in built.splitlines() if line.startswith("snapshotId "))
-    for command in (["approve", sid, "--by", "race"], ["activate", sid]):
+    runs = [
         run_measured([*CLI, "--config", str(config), *command], env_for(root))
+        for command in (["approve", sid, "--by", "race"], ["activate", sid])
+    ]
+    return sum(run["cpu"] for run in runs)
 
 
 def children(
