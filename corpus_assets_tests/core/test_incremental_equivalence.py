@@ -26,6 +26,7 @@ from corpus_assets.core.publication.member_parts import read_members
 from corpus_assets.core.publication.verify import load_manifest, reachable, resolve
 from corpus_assets.core.runtime.layer_index import load_index
 from corpus_assets.core.runtime.parted_table import PartedTable
+from corpus_assets.core.runtime.workspace import Workspace
 from corpus_assets.core.storage.artifacts import JSON, make_ref
 from corpus_assets.core.storage.cas_queries import VerifiedFiles
 from corpus_assets.selftest.corpus import write_zstd_jsonl
@@ -154,7 +155,7 @@ def test_an_incremental_chain_equals_a_build_from_scratch(chain: Chain) -> None:
 
 def test_a_snapshot_reaches_none_of_its_ancestors_tables(chain: Chain) -> None:
     """The last generation's closure holds none of the first one's tables it does not use
-    itself, and gc under ``keep_generations: 1`` removes them; the last still verifies."""
+    itself, and gc under ``keep_generations: 1`` would remove them; the last still verifies."""
     first, last = chain.published[0], chain.published[-1]
     with workspace(chain.home) as ws:
         retired = _own_tables(ws, first) - _own_tables(ws, last)
@@ -172,7 +173,7 @@ def test_a_snapshot_reaches_none_of_its_ancestors_tables(chain: Chain) -> None:
     chain.home.must("verify", last)  # what it names is all there
 
 
-def _own_tables(ws: Any, snapshot_id: str) -> set[str]:
+def _own_tables(ws: Workspace, snapshot_id: str) -> set[str]:
     """The ``RETIRED`` tables ``snapshot_id``'s own layer indexes name as outputs."""
     layers = load_manifest(ws.cas, resolve(ws.catalog, snapshot_id)).layers
     return {
