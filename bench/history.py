@@ -42,6 +42,7 @@ from race import (
     publish,
     python_loop_s,
     run_measured,
+    snapshot_of,
     write_config,
 )
 from race_corpus import write_corpus
@@ -59,10 +60,7 @@ def generation(config: Path, root: Path, copy: int, jsonl_bytes: int) -> dict:
     built = build_child(config, root, CORPORA, copy, jsonl_bytes)
     published = publish(config, root, built["out"])
     status = run_measured([*CLI, "--config", str(config), "status"], env_for(root))
-    sid = next(
-        line.split()[1] for line in built["out"].splitlines() if line.startswith("snapshotId")
-    )
-    objects, size = closure(config, sid)
+    objects, size = closure(config, snapshot_of(built["out"]))
     return {
         "copy": copy,
         "build_cpu": built["cpu"],

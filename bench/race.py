@@ -277,9 +277,14 @@ def cli_build(config: Path, root: Path, args: list[str] | None = None) -> dict:
     return run_measured([*CLI, "--config", str(config), "build", *(args or [])], env_for(root))
 
 
+def snapshot_of(built: str) -> str:
+    """The snapshot id a ``corpus-assets build`` printed."""
+    return next(line.split()[1] for line in built.splitlines() if line.startswith("snapshotId "))
+
+
 def publish(config: Path, root: Path, built: str) -> float:
     """Approve and activate the snapshot a build printed, as an operator would; their CPU-s."""
-    sid = next(line.split()[1] for line in built.splitlines() if line.startswith("snapshotId "))
+    sid = snapshot_of(built)
     runs = [
         run_measured([*CLI, "--config", str(config), *command], env_for(root))
         for command in (["approve", sid, "--by", "race"], ["activate", sid])
@@ -502,16 +507,19 @@ def report(results: list[dict]) -> None:
     )
 
 
+def _cpus(runs: dict) -> str:
+    """Every run's CPU of a ``_median``, in the order they ran."""
+    return ", ".join(f"{c:.1f}" for c in runs.get("cpus", [runs["cpu"]]))
+
+
 def _ratio(children: dict, full_cpu: float) -> str:
     """The median child's CPU over the full build's, every child's CPU beside it."""
-    cpus = ", ".join(f"{c:.1f}" for c in children["cpus"])
-    return f"{children['cpu'] / full_cpu:.3f} ({cpus})"
+    return f"{children['cpu'] / full_cpu:.3f} ({_cpus(children)})"
 
 
 def _each(runs: dict) -> str:
     """The median run's CPU, every run's beside it when there were several."""
-    cpus = runs.get("cpus", [runs["cpu"]])
-    return f"{runs['cpu']:.1f}" + (f" ({', '.join(f'{c:.1f}' for c in cpus)})" * (len(cpus) > 1))
+    return f"{runs['cpu']:.1f}" + (f" ({_cpus(runs)})" if len(runs.get("cpus", [])) > 1 else "")
 
 
 def compile_package() -> None:

@@ -2,8 +2,8 @@
 
 An index names the layer's code version, the policy digest it ran under, its inputs (upstream
 indexes), the parent snapshot's index of the same layer when its bytes depend on it, and its
-outputs (refs). It carries no partition key, so an unchanged layer of a new
-snapshot has the same digest as before and nothing downstream of it is rewritten.
+outputs (refs). It carries no partition key, so an unchanged layer of a new snapshot has the
+same digest as before and nothing downstream of it is rewritten.
 """
 
 from dataclasses import dataclass, field
@@ -109,6 +109,7 @@ def publish_index(
     inputs: list[Ref],
     outputs: dict[str, Any],
     counts: dict[str, int],
+    *,
     parents: list[Ref] | None = None,
 ) -> Ref:
     index = LayerIndex(

@@ -387,7 +387,7 @@ def build_packed_blocks(ws: Workspace, partition_key: str) -> LayerResult:
         [mixed_ref, canonical_ref, dedup_ref, cache.tokenizer_ref(ws)],
         outputs,
         counts,
-        [parent.ref] if parent else None,  # an incremental layout depends on its parent's
+        parents=[parent.ref] if parent else None,  # an incremental layout depends on it
     )
     return LayerResult(
         layer="packed_blocks",

@@ -142,7 +142,15 @@ def build_splits(ws: Workspace, partition_key: str) -> LayerResult:
     inputs = [built.dedup_ref, tokens.tokenizer_ref(ws)]
     digest = ws.config.policy_digest("splits")
     ref = publish_index(
-        ws, partition_key, "splits", CODE, digest, inputs, outputs, counts, built.parent_refs
+        ws,
+        partition_key,
+        "splits",
+        CODE,
+        digest,
+        inputs,
+        outputs,
+        counts,
+        parents=built.parent_refs,
     )
     return LayerResult(
         layer="splits",
