@@ -22,7 +22,8 @@ machine. ``polyfit`` needs three generations for its error.
 
     .venv/bin/python bench/history.py --tmp DIR [--mb 110] [--generations 24] [--json OUT]
 
-At 110 MB the corpus is copy 0, so 25 generations of new text are possible.
+At 110 MB the corpus is copy 0, and each of copies 1-25 holds 17 slices of 1% (the smallest
+source's count): 425 generations of new text.
 """
 
 import argparse
@@ -45,7 +46,7 @@ from race import (
     snapshot_of,
     write_config,
 )
-from race_corpus import write_corpus
+from race_corpus import delta_parts, write_corpus
 
 from corpus_assets.core.publication.verify import reachable, resolve
 from corpus_assets.core.runtime.workspace import open_workspace
@@ -55,14 +56,19 @@ CORPORA = Path(__file__).resolve().parents[2] / "shared" / "corpora"
 ROTATIONS = 26  # copy K rotates letters by K mod 26: copies from the corpus's count to 25 are new
 
 
-def generation(config: Path, root: Path, copy: int, jsonl_bytes: int) -> dict:
-    """One day: a +1% object of copy ``copy`` built as a child, then approved and activated."""
-    built = build_child(config, root, CORPORA, copy, jsonl_bytes)
+def generation(
+    config: Path, root: Path, copy: int, part: int, jsonl_bytes: int, gc: bool = False
+) -> dict:
+    """One day: a +1% object (slice ``part`` of copy ``copy``) built as a child, then approved
+    and activated (then ``corpus-assets gc`` when ``gc``)."""
+    built = build_child(config, root, CORPORA, copy, jsonl_bytes, part=part)
     published = publish(config, root, built["out"])
+    collected = run_measured([*CLI, "--config", str(config), "gc"], env_for(root)) if gc else None
     status = run_measured([*CLI, "--config", str(config), "status"], env_for(root))
     objects, size = closure(config, snapshot_of(built["out"]))
     return {
         "copy": copy,
+        "part": part,
         "build_cpu": built["cpu"],
         "build_wall": built["wall"],
         "publish_cpu": published,
@@ -70,7 +76,16 @@ def generation(config: Path, root: Path, copy: int, jsonl_bytes: int) -> dict:
         "loop_s": python_loop_s(),
         "closure_objects": objects,
         "closure_mb": size / 1e6,
+        "gc_cpu": collected["cpu"] if collected else None,
+        "cas_mb": tree_bytes(root / "home" / "cas") / 1e6,
+        "dagster_mb": tree_bytes(root / "dagster") / 1e6,
+        "catalog_mb": (root / "home" / "catalog.sqlite").stat().st_size / 1e6,
     }
+
+
+def tree_bytes(folder: Path) -> int:
+    """The bytes of every file under ``folder``: what the home keeps of its history."""
+    return sum(path.stat().st_size for path in folder.rglob("*") if path.is_file())
 
 
 def closure(config: Path, snapshot_id: str) -> tuple[int, int]:
@@ -85,10 +100,18 @@ def closure(config: Path, snapshot_id: str) -> tuple[int, int]:
         ws.close()
 
 
+def new_text(held: int, parts: int) -> list[tuple[int, int]]:
+    """Each day's (copy, slice): copies from ``held`` (those the corpus holds apart) to 25, each
+    slice of every copy before the next slice of any."""
+    return [(copy, part) for part in range(parts) for copy in range(held, ROTATIONS)]
+
+
 SERIES = {  # what each generation's row is summed up by: name -> (key, unit)
     "build CPU": ("build_cpu", "s"),
     "approve+activate CPU": ("publish_cpu", "s"),
     "closure": ("closure_mb", "MB"),
+    "Dagster's storage": ("dagster_mb", "MB"),
+    "catalog": ("catalog_mb", "MB"),
 }
 
 
@@ -101,21 +124,29 @@ def summary(days: list[dict], key: str, window: int) -> dict:
     return {"first": first, "last": last, "ratio": last / first, "slope": slope, "error": error}
 
 
+def _cpu(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
 def report(days: list[dict], window: int, mb: float) -> None:
     print(f"\n#### A +1% child a day over {mb:.0f} MB, approved and activated each day\n")
     print(
-        "| generation | copy | build CPU s | build wall s | approve+activate CPU s | status s "
-        "| loop s | closure: objects, MB |"
+        "| generation | copy/slice | build CPU s | build wall s | approve+activate CPU s "
+        "| status s | loop s | closure: objects, MB | gc CPU s | CAS, Dagster, catalog MB |"
     )
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for n, day in enumerate(days, 1):
         print(
-            f"| {n} | {day['copy']} | {day['build_cpu']:.2f} | {day['build_wall']:.2f} | "
-            f"{day['publish_cpu']:.2f} | {day['status_wall']:.2f} | {day['loop_s']:.2f} | "
-            f"{day['closure_objects']}, {day['closure_mb']:.0f} |"
+            f"| {n} | {day['copy']}/{day.get('part', 0)} | {day['build_cpu']:.2f} | "
+            f"{day['build_wall']:.2f} | {day['publish_cpu']:.2f} | {day['status_wall']:.2f} | "
+            f"{day['loop_s']:.2f} | "
+            f"{day['closure_objects']}, {day['closure_mb']:.0f} | {_cpu(day.get('gc_cpu'))} | "
+            f"{day.get('cas_mb', 0):.0f}, {day.get('dagster_mb', 0):.1f}, "
+            f"{day.get('catalog_mb', 0):.1f} |"
         )
     print()
-    for name, (key, unit) in SERIES.items():
+    series = {**SERIES, **({"gc CPU": ("gc_cpu", "s")} if days[0].get("gc_cpu") else {})}
+    for name, (key, unit) in series.items():
         s = summary(days, key, window)
         print(
             f"{name}: median of the first {window} generations {s['first']:.2f} {unit}, of the "
@@ -133,19 +164,25 @@ def main() -> None:
     parser.add_argument("--window", type=int, default=5)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--json", type=Path)
+    parser.add_argument(
+        "--keep", type=int, help="retention.keep_generations, and gc after each generation"
+    )
     args = parser.parse_args()
     compile_package()
     root = args.tmp / "history"
     shutil.rmtree(root, ignore_errors=True)
     made = write_corpus(CORPORA, root / "src", args.mb)
     config = write_config(root, made["sources"], args.workers)
+    if args.keep:
+        with config.open("a") as out:
+            out.write(f"retention: {{keep_generations: {args.keep}}}\n")
     publish(config, root, cli_build(config, root)["out"])  # generation 0: the first parent
     days = []
-    copies = range(made["copies"], ROTATIONS)  # new text: letters the corpus does not hold
-    if args.generations > len(copies):
-        sys.exit(f"--generations: at most {len(copies)} at {args.mb} MB (new text each day)")
-    for copy in copies[: args.generations]:
-        days.append(generation(config, root, copy, made["jsonl_bytes"]))
+    news = new_text(made["copies"], delta_parts(CORPORA, made["jsonl_bytes"] // 100))
+    if args.generations > len(news):
+        sys.exit(f"--generations: at most {len(news)} at {args.mb} MB (new text each day)")
+    for copy, part in news[: args.generations]:
+        days.append(generation(config, root, copy, part, made["jsonl_bytes"], bool(args.keep)))
         print(f"generation {len(days)}: {days[-1]['build_cpu']:.2f} CPU-s", file=sys.stderr)
         if args.json:
             args.json.write_text(json.dumps(days, indent=1))

@@ -265,11 +265,18 @@ def delta_alone(
 
 
 def build_child(
-    config: Path, root: Path, corpora: Path, copy: int, jsonl_bytes: int, name: str = APPENDED
+    config: Path,
+    root: Path,
+    corpora: Path,
+    copy: int,
+    jsonl_bytes: int,
+    name: str = APPENDED,
+    part: int = 0,
 ) -> dict:
-    """A +1% child of the home's active snapshot: ~1% of ``jsonl_bytes`` of copy ``copy`` as
-    each source's object ``name`` (replacing the last child's), built; with ``added`` bytes."""
-    added = write_delta(corpora, root / "src", copy, jsonl_bytes // 100, name)
+    """A +1% child of the home's active snapshot: ~1% of ``jsonl_bytes`` of copy ``copy`` (its
+    slice ``part``) as each source's object ``name`` (replacing the last child's), built; with
+    ``added`` bytes."""
+    added = write_delta(corpora, root / "src", copy, jsonl_bytes // 100, name, part)
     return {**cli_build(config, root), "added": added}
 
 

@@ -62,10 +62,14 @@ def copy_line(line: bytes, k: int, table: dict[int, int]) -> str:
     return json.dumps(doc, ensure_ascii=False) + "\n"
 
 
-def write_delta(corpora: Path, src: Path, copy: int, budget: int, name: str = APPENDED) -> int:
+def write_delta(
+    corpora: Path, src: Path, copy: int, budget: int, name: str = APPENDED, part: int = 0
+) -> int:
     """``budget`` bytes of copy ``copy`` spread over the sources, each as its object ``name``
-    (one of ``DELTAS``, replacing any of them written before); the bytes written."""
-    added = 0
+    (one of ``DELTAS``, replacing any of them written before); the bytes written. ``part``:
+    which ``budget``-sized slice of the copy (each source's lines after the first ``part``
+    slices' worth), so one copy gives several deltas of new text (``delta_parts``)."""
+    added, share = 0, budget // len(SOURCES)
     for shared, (source_id, _content) in SOURCES.items():
         if not (corpora / shared).is_dir():
             continue
@@ -73,15 +77,30 @@ def write_delta(corpora: Path, src: Path, copy: int, budget: int, name: str = AP
             (src / source_id / other).unlink(missing_ok=True)
         out = src / source_id / name
         with zstandard.ZstdCompressor().stream_writer(out.open("wb")) as sink:
-            written, table = 0, cipher(copy)
+            skipped, written, table = 0, 0, cipher(copy)
             for line in shared_lines(corpora / shared):
-                if written >= budget // len(SOURCES):
+                if written >= share:
                     break
                 data = copy_line(line, copy, table).encode()
+                if skipped < part * share:  # counted as written: slices never overlap
+                    skipped += len(data)
+                    continue
                 sink.write(data)
                 written += len(data)
         added += written
     return added
+
+
+def delta_parts(corpora: Path, budget: int) -> int:
+    """How many whole ``write_delta`` slices of ``budget`` bytes every copy holds (the smallest
+    source's count: a copy's text is new in each), as copy 25 writes them (the longest ids)."""
+    share, table = budget // len(SOURCES), cipher(25)
+    sizes = [
+        sum(len(copy_line(line, 25, table).encode()) for line in shared_lines(corpora / name))
+        for name in SOURCES
+        if (corpora / name).is_dir()
+    ]
+    return min(sizes) // share if share else 0
 
 
 def shared_bytes(corpora: Path) -> int:
