@@ -11,6 +11,7 @@ import json
 import re
 import shutil
 import struct
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -199,6 +200,19 @@ def test_a_plot_drawn_before_from_the_same_inputs_comes_from_the_cache(
     assert {n: p for n, p in plots.items() if n != "splits.png"} == {
         n: p for n, p in drawn.items() if n != "splits.png"
     }
+
+
+def test_a_card_whose_plots_are_all_cached_never_imports_matplotlib(
+    card: Card, cache: PlotCache, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every unchanged re-build draws its card from the cache: matplotlib's import (~0.4 CPU-s)
+    is paid only where a plot is drawn."""
+    drawn = render_plots(card, cache)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # ``import matplotlib`` now fails
+    assert render_plots(card, cache) == drawn
+    moved = replace(card, split_counts={**card.split_counts, "train": 10**6})
+    with pytest.raises(ImportError):  # a plot to draw: the guard above is what would stop it
+        render_plots(moved, cache)
 
 
 def test_a_plot_is_drawn_again_when_its_inputs_move_or_its_bytes_are_gone(
