@@ -14,12 +14,16 @@ def run(
     home: Path, *args: str, extra_env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess:
     """``corpus-assets ARGS`` in ``home``, its data home and Dagster instance inside it."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("CORPUS_", "DAGSTER_"))}
-    env.update(CORPUS_HOME=str(home / ".corpus"), DAGSTER_HOME=str(home / ".dagster"))
-    env.update(extra_env or {})
+    env = cli_env(home) | (extra_env or {})
     return subprocess.run(
         [CLI, *args], cwd=home, env=env, capture_output=True, text=True, timeout=300
     )
+
+
+def cli_env(home: Path) -> dict[str, str]:
+    """The environment ``run`` gives a command: ``home``'s data home and Dagster instance."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CORPUS_", "DAGSTER_"))}
+    return env | {"CORPUS_HOME": str(home / ".corpus"), "DAGSTER_HOME": str(home / ".dagster")}
 
 
 def output_field(output: str, name: str) -> str:

@@ -27,9 +27,12 @@ print(json.dumps(sorted(sys.modules)))
 """
 
 
-def _modules_after(argv: list[str], tmp_path: Path) -> set[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("CORPUS_", "DAGSTER_"))}
-    env |= {"CORPUS_HOME": str(tmp_path / "home"), "DAGSTER_HOME": str(tmp_path / "dagster")}
+def _modules_after(argv: list[str], tmp_path: Path, env: dict[str, str] | None = None) -> set[str]:
+    """The modules ``corpus-assets ARGV`` ended with, run in ``tmp_path``: by default on a data
+    home and an instance of its own there, else on ``env``'s (``cli_process.cli_env``)."""
+    if env is None:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("CORPUS_", "DAGSTER_"))}
+        env |= {"CORPUS_HOME": str(tmp_path / "home"), "DAGSTER_HOME": str(tmp_path / "dagster")}
     done = subprocess.run(
         [sys.executable, "-c", PROBE, *argv],
         cwd=tmp_path,

@@ -7,6 +7,7 @@ from pathlib import Path
 from corpus_assets.cli.common import opened
 from corpus_assets.core.audit.card import load_card
 from corpus_assets.core.audit.card_html import write_card
+from corpus_assets.core.audit.card_plots import PlotCache
 from corpus_assets.core.consumption.export_run import check_out_folder
 
 
@@ -14,5 +15,7 @@ def cmd_card(args: argparse.Namespace) -> int:
     out = Path(args.out).resolve()
     check_out_folder(out, "card")  # before the manifest is read: a refused card writes nothing
     with opened() as home:
-        print(write_card(load_card(home.cas, home.catalog, args.digest), out))
+        card = load_card(home.cas, home.catalog, args.digest)
+        # the plots the build drew (re-hashed as read): no drawing, nor matplotlib's import
+        print(write_card(card, out, cache=PlotCache(home.cas, home.catalog, keep=False)))
     return 0

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from corpus_assets.core.audit.card import Card, Histogram
-from corpus_assets.core.audit.card_plots import render_plots
+from corpus_assets.core.audit.card_plots import PlotCache, render_plots
 from corpus_assets.core.storage.fsio import atomic_write
 
 STYLE = """body{font-family:sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}
@@ -31,11 +31,17 @@ SECTIONS = (
 )
 
 
-def write_card(card: Card, out: Path, plots: Mapping[str, bytes] | None = None) -> Path:
+def write_card(
+    card: Card,
+    out: Path,
+    plots: Mapping[str, bytes] | None = None,
+    cache: PlotCache | None = None,
+) -> Path:
     """Write ``out/index.html`` and its plots (``out`` is created); the page's path.
-    ``plots``: ``render_plots(card)`` when the caller already drew them."""
+    ``plots``: ``render_plots(card)`` when the caller already drew them; else they are drawn,
+    those ``cache`` holds taken from it."""
     out.mkdir(parents=True, exist_ok=True)
-    plots = render_plots(card) if plots is None else plots
+    plots = render_plots(card, cache) if plots is None else plots
     for name, data in plots.items():
         _publish(out / name, data)
     page = out / "index.html"

@@ -79,8 +79,10 @@ class PlotCache:
     gc root: a plot collected (or damaged) is drawn again, never shown wrong - the store
     re-hashes the bytes it returns."""
 
-    def __init__(self, cas: ContentStore, catalog: Catalog) -> None:
-        self.cas, self.catalog = cas, catalog
+    def __init__(self, cas: ContentStore, catalog: Catalog, keep: bool = True) -> None:
+        """``keep=False``: a reader's cache (``corpus-assets card``), which takes the plots a
+        build drew and writes nothing to the home."""
+        self.cas, self.catalog, self.keep = cas, catalog, keep
 
     def get(self, key: str) -> bytes | None:
         hit = self.catalog.memo(key)
@@ -92,7 +94,8 @@ class PlotCache:
             return None
 
     def put(self, key: str, data: bytes) -> None:
-        self.catalog.remember(key, MEMO, self.cas.put_bytes(data), "{}")
+        if self.keep:
+            self.catalog.remember(key, MEMO, self.cas.put_bytes(data), "{}")
 
 
 def render_plots(card: Card, cache: PlotCache | None = None) -> dict[str, bytes]:

@@ -31,7 +31,7 @@ from corpus_assets.core.storage.cas import ContentStore
 from corpus_assets.core.storage.catalog import Catalog, layer_memo
 from corpus_assets.selftest.attack.signatures import repoint, resign_with_new_key
 from corpus_assets_tests.cli.test_cli_imports import _modules_after
-from corpus_assets_tests.cli_process import output_field, run
+from corpus_assets_tests.cli_process import cli_env, output_field, run
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 NOT_STORED = "sha256:" + "0" * 64
@@ -448,6 +448,17 @@ def test_an_unknown_digest_or_an_unwritable_out_is_one_line(built: Built, tmp_pa
         assert ran.returncode == 1 and ran.stderr.count("\n") == 1, ran.stderr
         assert f"card --out {out}: not a" in ran.stderr
     assert blocker.read_text() == "kept"
+
+
+def test_the_card_command_takes_the_plots_the_build_drew(built: Built, card: Card) -> None:
+    """A built snapshot's card is written from the plots its build drew (re-hashed as read):
+    no drawing, no matplotlib; the same bytes a drawing gives."""
+    out = built.home / "card-cached"
+    argv = ["card", built.snapshot_id, "--out", str(out)]
+    loaded = _modules_after(argv, built.home, cli_env(built.home))
+    assert "corpus_assets.cli.commands.card" in loaded  # the command ran
+    assert not {m for m in loaded if m.startswith("matplotlib")}
+    assert {n: (out / n).read_bytes() for n in PLOTS} == render_plots(card)
 
 
 def test_no_other_command_imports_matplotlib(tmp_path: Path) -> None:
