@@ -4,6 +4,15 @@ Both re-apply every validity rule (``validate_snapshot``) first, so nobody appro
 bytes that no longer verify, a snapshot whose canary no longer replays, or one whose freeze a
 late CDC event has overtaken (which makes it INCOMPLETE instead). Activation then takes the
 manifest's own watermarks to the gate's compare-and-swap.
+
+Approval re-hashes every byte the snapshot names, trusting no stat: what a human approves has
+been read whole by the approving command. Activation, which follows it (the publication sensor,
+seconds later, or a deferred ``activate``), trusts a file unchanged on disk since it last hashed
+right (``storage.trust``: any write through the filesystem moves its stat, so it is hashed again),
+as the build's check does: a second full re-hash cost as much as the approval (~3 CPU-s for a
+600 MB snapshot, ten times that at 1.1 GB of raw text) and guarded only against corruption
+beneath the filesystem in between, which ``corpus-assets scrub`` (every snapshot an alias can
+serve, APPROVED ones too) and every training read's own hashing find.
 """
 
 from corpus_assets.core.governance import alias_gate, states
@@ -84,7 +93,7 @@ def activate(ws: Workspace, digest: str, actor: str) -> alias_gate.AliasGate:
         candidate,
         alias_gate.read_alias_gate(ws.catalog, candidate.alias).active_snapshot,
     )
-    report = validate_snapshot(ws, digest)
+    report = validate_snapshot(ws, digest, trust_unchanged=True)  # approval hashed every byte
     snapshot = states.get(ws.catalog, report.snapshot_id)
     if not report.ok:
         raise PublishError(

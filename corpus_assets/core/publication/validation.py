@@ -21,7 +21,8 @@ What a check repeats is bounded without weakening it: the rules that are functio
 snapshot's content (all but ``SnapshotRules.live``) reuse a passing outcome recorded for the same
 content, code and config (``gate_memo``), the rules in ``live`` always run, and the build's check
 (``trust_unchanged``) does not re-read a table whose file is unchanged since it last hashed right
-(``storage.trust``); ``verify``, approval and activation still hash every byte.
+(``storage.trust``), nor does activation (``publish``); ``verify`` and approval still hash every
+byte.
 """
 
 from dataclasses import dataclass
@@ -108,8 +109,8 @@ def validate_snapshot(ws: Workspace, digest: str, trust_unchanged: bool = False)
     recorded passing outcome stood in for running them, ``report.rules_narrowed`` those that
     checked only what changed since a parent whose check passed them (or only the members
     parts no checked snapshot shares, ``report.parts_checked`` counting those read).
-    ``trust_unchanged`` (the build's check) lets verify skip tables unchanged on disk since they
-    last hashed right.
+    ``trust_unchanged`` (the build's check, activation) lets verify skip tables unchanged on
+    disk since they last hashed right.
     """
     trust = StatTrust(ws.cas, ws.catalog) if trust_unchanged else None
     report = verify(ws.cas, ws.catalog, digest, trust=trust)

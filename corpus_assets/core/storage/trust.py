@@ -8,7 +8,8 @@ table). Any write through the filesystem changes the mtime and the ctime - a fli
 truncation, a replaced or re-linked file, even a ``touch`` that restores the mtime (the ctime
 cannot be set back) - so it is hashed again and reported. What stat cannot see is corruption
 beneath the filesystem (bit rot, a bad sector): ``corpus-assets verify`` and approval re-hash
-every byte and never trust a stat, so nothing reaches training unhashed by the approving command.
+every byte and never trust a stat, so nothing reaches training unhashed by the approving command;
+activation, which follows approval, trusts it as a build does, and ``scrub`` finds rot later.
 """
 
 import os

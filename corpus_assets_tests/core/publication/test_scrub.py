@@ -1,6 +1,7 @@
 """Scrub re-hashes every byte the aliases can serve and trusts no stat: bit rot beneath the
 filesystem (a file whose bytes changed while its recorded stat still matches, which a build's
-stat-trusted check would pass) is found, named, and fails the Dagster job too."""
+stat-trusted check and an activation would pass) is found, named, and fails the Dagster job
+too. Approval trusts no stat either; activation re-hashes only what moved on disk."""
 
 import pytest
 from dagster import ExecuteInProcessResult
@@ -8,6 +9,7 @@ from sqlalchemy import update
 
 from corpus_assets.assets.resources import CorpusResource
 from corpus_assets.assets.scrub_job import ScrubConfig, scrub_job
+from corpus_assets.core.publication.publish import PublishError, activate, approve
 from corpus_assets.core.publication.scrub import scrub, servable
 from corpus_assets.core.publication.verify import resolve, verify
 from corpus_assets.core.runtime.workspace import Workspace
@@ -40,6 +42,33 @@ def _rot_beneath_the_filesystem(ws: Workspace, sid: str) -> str:
         )
     assert StatTrust(ws.cas, ws.catalog).unchanged([digest]) == {digest}  # a build would trust it
     return digest
+
+
+def test_approval_hashes_every_byte_and_activation_what_moved_on_disk(lab: Lab) -> None:
+    """Approval refuses rot beneath the filesystem; activation re-hashes a file written since it
+    last hashed right (its stat moved) and trusts the others, so rot beneath them after approval
+    is activated - and scrub, which covers APPROVED and ACTIVE snapshots, names it."""
+    home, built = lab.copy_of_reference("publish-trust")
+    sid = built.snapshot_id
+    with workspace(home) as ws:
+        rotted = _rot_beneath_the_filesystem(ws, sid)
+        with pytest.raises(PublishError, match=rotted):
+            approve(ws, sid, by="reviewer")
+        _rot_beneath_the_filesystem(ws, sid)  # the same byte flipped back: clean again
+        approve(ws, sid, by="reviewer")
+        assert scrub(ws.cas, ws.catalog).ok  # and every object's stat recorded
+        written = sorted(verify(ws.cas, ws.catalog, sid).digests - {rotted})[0]
+        path = ws.cas.local_path(written)
+        original = path.read_bytes()
+        path.chmod(0o644)
+        path.write_bytes(original[:-1] + bytes([original[-1] ^ 0x01]))  # through the filesystem
+        with pytest.raises(PublishError, match=written):
+            activate(ws, sid, actor="test")
+        path.write_bytes(original)  # right bytes, a moved stat: hashed again, and passes
+        assert _rot_beneath_the_filesystem(ws, sid) == rotted
+        assert activate(ws, sid, actor="test").active_snapshot == sid  # trusted, not re-read
+        (served,) = scrub(ws.cas, ws.catalog).snapshots
+    assert any(rotted in finding for finding in served.findings), served.findings
 
 
 def test_scrub_reads_only_servable_snapshots_and_finds_rot_that_stat_trust_passes(
