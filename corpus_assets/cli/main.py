@@ -37,6 +37,7 @@ EXPECTED_ERRORS = (
     ("corpus_assets.core.governance.audit_fields", "AuditFieldError"),
 )
 EXIT_USAGE = 2  # argparse's code for a command line that cannot run
+EXIT_BROKEN_PIPE = 128 + 13  # the reader of stdout went away (``status | head``): SIGPIPE's
 
 
 def _loaded(named: tuple[tuple[str, str], ...]) -> tuple[type[BaseException], ...]:
@@ -96,15 +97,20 @@ def run() -> None:
     sometimes aborts the finished process ("terminate called without an active exception",
     exit -6; apache/arrow#34314), after its output was written. Every store and catalog write is
     committed by then, so the process closes the Dagster event log's kept SQLite connections,
-    flushes its streams and leaves with its own exit code.
+    flushes its streams and leaves with its own exit code. A reader of its output that went
+    away (``status | head``) ends it quietly with SIGPIPE's code, as a Unix tool.
     """
     interrupt.install()
     sys.excepthook = _masked_traceback
-    code = main(console=True)
+    try:
+        code = main(console=True)
+        sys.stdout.flush()
+    except BrokenPipeError:  # quietly, as a Unix tool killed by SIGPIPE: no traceback
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing left to flush
+        code = EXIT_BROKEN_PIPE
     event_log = sys.modules.get("corpus_assets.assets.event_log")  # loaded by a Dagster instance
     if event_log is not None:
         event_log.close_all_connections()  # os._exit skips atexit
-    sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
 

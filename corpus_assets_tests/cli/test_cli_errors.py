@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from corpus_assets.cli.main import EXIT_BROKEN_PIPE
 from corpus_assets.selftest.lab import PARTITION, Lab, parse_built
-from corpus_assets_tests.cli_process import run
+from corpus_assets_tests.cli_process import CLI, cli_env, run
 
 SECRET = "wJalrXUtnFEMI/K7MDENG+bPxRfiCYzzSECRET"
 SOURCES = "sources:\n  - {id: docs, kind: objects, path: docs}\n"
@@ -193,3 +194,25 @@ def test_ctrl_c_stops_a_build_in_one_line_and_the_next_build_resumes(
     assert resumed.code == 0, resumed.err
     assert "Traceback" not in resumed.err, resumed.err
     assert parse_built(resumed.out).snapshot_id == reference.snapshot_id
+
+
+def test_a_reader_that_goes_away_ends_a_command_quietly(tmp_path: Path) -> None:
+    """``corpus-assets status | head``: the reader closes the pipe before the command writes;
+    the command ends with SIGPIPE's code and no traceback, as a Unix tool does."""
+    home = _home(tmp_path)
+    read, write = os.pipe()
+    os.close(read)  # gone before the first byte
+    try:
+        done = subprocess.run(
+            [CLI, "status"],
+            cwd=home,
+            env=cli_env(home),
+            stdout=write,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+        )
+    finally:
+        os.close(write)
+    assert done.returncode == EXIT_BROKEN_PIPE == 141
+    assert done.stderr == ""
