@@ -135,6 +135,9 @@ def _inspection_commands(sub: Subcommands) -> None:
         "snapshots, states, aliases and generations",
     )
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument(
+        "--all", action="store_true", help="every ended snapshot too, not only the newest ten"
+    )
     p = _command(sub, "show", lazy("catalog", "cmd_show"), "print a snapshot's manifest JSON")
     p.add_argument("digest")
     p = _command(

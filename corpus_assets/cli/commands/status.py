@@ -4,6 +4,7 @@ snapshot (running, or killed before its manifest and waiting to be resumed)."""
 import argparse
 import json
 import time
+from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +19,7 @@ if TYPE_CHECKING:
     from dagster import DagsterInstance, DagsterRun
 
 BUILD_JOB = "build_snapshot"
+ENDED = (states.INCOMPLETE, states.REJECTED, states.SUPERSEDED, states.EXPIRED)  # terminal
 
 
 def unfinished(catalog: Catalog, built: set[str]) -> list[dict[str, Any]]:
@@ -74,11 +76,10 @@ def _payload(home: Path, catalog: Catalog) -> dict[str, Any]:
     snaps = states.find(catalog)
     gates = [alias_gate.read_alias_gate(catalog, a) for a in sorted({s.alias for s in snaps})]
     current = {row.active_snapshot for row in gates}
-    ended = (states.INCOMPLETE, states.REJECTED, states.SUPERSEDED, states.EXPIRED)
     reasons = {
         s.snapshot_id: states.history(catalog, s.snapshot_id)[-1].detail
         for s in snaps
-        if s.state in ended
+        if s.state in ENDED
     }
     return {
         "home": str(home),
@@ -110,28 +111,57 @@ def _payload(home: Path, catalog: Catalog) -> dict[str, Any]:
     }
 
 
+ENDED_SHOWN = 10  # ended snapshots listed by default, newest first; older ones are counted
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     payload = status_payload()
     if args.json:
         print(json.dumps(payload, indent=2))
         return 0
-    print(f"home {payload['home']}  catalog {payload['catalog']}")
+    print("\n".join(status_lines(payload, show_all=args.all)))
+    return 0
+
+
+def status_lines(payload: dict[str, Any], show_all: bool = False) -> list[str]:
+    """The text view: aliases, then every snapshot still in play and the newest ``ENDED_SHOWN``
+    ended ones (a daily build with retention ends one a day: the rest become one count line,
+    so the view stays a screen long after a year), then unfinished partitions."""
+    lines = [f"home {payload['home']}  catalog {payload['catalog']}"]
     for a in payload["aliases"]:
-        print(
+        lines.append(
             f"alias {a['alias']}: generation {a['generation']} -> {a['active'] or '(none)'} "
             f"(tombstone {a['tombstoneWatermark']}, benchmark fence {a['benchmarkFence']})"
         )
     if not payload["snapshots"]:
-        print("no snapshots yet")
-    for s in payload["snapshots"]:
+        lines.append("no snapshots yet")
+    snapshots, hidden = _shown(payload["snapshots"], show_all)
+    for s in snapshots:
         mark = "*" if s["current"] else " "
-        print(f"{mark} {s['createdAt']}  {s['partition']:<24} {s['state']:<10} {s['snapshotId']}")
+        lines.append(
+            f"{mark} {s['createdAt']}  {s['partition']:<24} {s['state']:<10} {s['snapshotId']}"
+        )
         if s["reason"]:
             reason = s["reason"] if len(s["reason"]) <= 160 else s["reason"][:159] + "…"
-            print(f"    {reason}")
-    if any(s["current"] for s in payload["snapshots"]):
-        print("(* = what its alias points at now)")
+            lines.append(f"    {reason}")
+    if hidden:
+        counts = ", ".join(f"{state} {n}" for state, n in sorted(hidden.items()))
+        lines.append(
+            f"  ... and {sum(hidden.values())} older ended snapshots ({counts}): "
+            "`corpus-assets status --all` (or --json) lists every one"
+        )
+    if any(s["current"] for s in snapshots):
+        lines.append("(* = what its alias points at now)")
     for u in payload["unfinished"]:
         built = f"{u['layersBuilt']}/{len(LAYERS)} layers built"
-        print(f"partition {u['partition']}: no snapshot yet, {built}; {u['run']}")
-    return 0
+        lines.append(f"partition {u['partition']}: no snapshot yet, {built}; {u['run']}")
+    return lines
+
+
+def _shown(snapshots: list[dict[str, Any]], show_all: bool) -> tuple[list[dict], Counter[str]]:
+    """Every snapshot not ended, and the newest ``ENDED_SHOWN`` ended ones (``snapshots`` come
+    oldest first), in their order; the states of the ended ones left out."""
+    ended = [n for n, s in enumerate(snapshots) if s["state"] in ENDED and not s["current"]]
+    left = set() if show_all else set(ended[:-ENDED_SHOWN])
+    shown = [s for n, s in enumerate(snapshots) if n not in left]
+    return shown, Counter(snapshots[n]["state"] for n in left)
