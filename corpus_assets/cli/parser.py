@@ -13,8 +13,9 @@ DESCRIPTION = (
 EXPORT_FORMATS = ("megatron", "mds", "croissant")  # core.consumption.export_run.FORMATS (a test)
 GRAPH_FORMATS = ("text", "mermaid", "json", "prov")  # commands.lineage draws these
 ACTIONS = ("add", "list", "remove")  # of ``benchmark``
-# What a build's process never imports (core.runtime.absent_imports): pyarrow would import
-# pandas at its first array, ~0.25 CPU-s a build; nothing a build runs takes a pandas object.
+# What a command's process never imports (core.runtime.absent_imports): pyarrow would import
+# pandas at its first array or Parquet read, ~0.25 CPU-s (a sixth of ``card``); no command takes
+# or returns a pandas object (the ``hf`` extra's loader is a Python API, never a command's).
 NO_PANDAS = ("pandas",)
 Subcommands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
@@ -34,6 +35,7 @@ def parser() -> argparse.ArgumentParser:
         help="corpus.yaml (default: $CORPUS_CONFIG or "
         "$CORPUS_HOME/corpus.yaml; CORPUS_HOME defaults to ./.corpus)",
     )
+    parser.set_defaults(goes_without=NO_PANDAS)  # every command
     sub = parser.add_subparsers(required=True, metavar="COMMAND")
     _build_commands(sub)
     _publication_commands(sub)
@@ -82,14 +84,13 @@ def _build_commands(sub: Subcommands) -> None:
         "write the demo sources + corpus.yaml, build, validate, approve, "
         "activate, and print the snapshotId and alias generation",
     )
-    p.set_defaults(goes_without=NO_PANDAS)
     p = _command(
         sub,
         "build",
         lazy("snapshots", "cmd_build"),
         "freeze a partition and materialize all seven layers",
     )
-    p.set_defaults(goes_without=NO_PANDAS, defers_collections=True)
+    p.set_defaults(defers_collections=True)
     p.add_argument("--partition", help="partition key to (re)build; default: a new key")
     p.add_argument(
         "--resume-only",

@@ -15,26 +15,32 @@ import pytest
 from corpus_assets.cli.parser import EXPORT_FORMATS
 from corpus_assets.core.consumption.export_run import FORMATS
 
-# Runs ``main(argv)`` in a fresh interpreter and prints the modules it ended with.
+# Runs ``main(argv)`` in a fresh interpreter and prints the modules it ended with; as the
+# console script runs it (``console=True``: the packages the command goes without) when the
+# first argument is ``--console``.
 PROBE = """\
 import json, sys
 from corpus_assets.cli.main import main
+console = sys.argv[1:2] == ["--console"]
 try:
-    main(sys.argv[1:])
+    main(sys.argv[1 + console:], console=console)
 except SystemExit:
     pass
 print(json.dumps(sorted(sys.modules)))
 """
 
 
-def _modules_after(argv: list[str], tmp_path: Path, env: dict[str, str] | None = None) -> set[str]:
+def _modules_after(
+    argv: list[str], tmp_path: Path, env: dict[str, str] | None = None, console: bool = False
+) -> set[str]:
     """The modules ``corpus-assets ARGV`` ended with, run in ``tmp_path``: by default on a data
-    home and an instance of its own there, else on ``env``'s (``cli_process.cli_env``)."""
+    home and an instance of its own there, else on ``env``'s (``cli_process.cli_env``); with
+    ``console``, as the console script runs a command."""
     if env is None:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("CORPUS_", "DAGSTER_"))}
         env |= {"CORPUS_HOME": str(tmp_path / "home"), "DAGSTER_HOME": str(tmp_path / "dagster")}
     done = subprocess.run(
-        [sys.executable, "-c", PROBE, *argv],
+        [sys.executable, "-c", PROBE, *(["--console"] if console else []), *argv],
         cwd=tmp_path,
         env=env,
         capture_output=True,

@@ -3,7 +3,7 @@
 - pyarrow imports pandas, when installed, at the first array or table a process builds, only to
   recognise pandas objects (~0.25 CPU-s). pandas is here through the ``hf`` extra and the dev
   group; no core task and no build step takes or returns a pandas object, so pool workers
-  (``runtime.pool``) and the ``corpus-assets build``/``demo`` processes go without it.
+  (``runtime.pool``) and every ``corpus-assets`` command's process go without it.
 - securesystemslib's signer package imports boto3 for its AWS KMS signer (~0.15 CPU-s, every
   process that reads a manifest; secure-systems-lab/securesystemslib#1198), which is never used
   here: boto3 is hidden while that package loads (``hidden_while``), so its AWS signer records
