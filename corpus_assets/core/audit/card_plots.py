@@ -106,8 +106,9 @@ def render_plots(card: Card, cache: PlotCache | None = None) -> dict[str, bytes]
     cached = {} if cache is None else {name: cache.get(key) for name, key in keys.items()}
     plots = {name: found for name, found in cached.items() if found is not None}
     if missing := [name for name in PLOTS if name not in plots]:
-        # one style for the plots drawn here; a card whose plots are all cached (every
-        # unchanged re-build) never imports matplotlib, ~0.4 CPU-s
+        # one style for the plots drawn here; a card whose plots are all cached (the same
+        # snapshot's card again: ``corpus-assets card``, a re-materialization) never imports
+        # matplotlib, ~0.4 CPU-s
         with _style():
             for name in missing:
                 plots[name] = _png(PLOTS[name][1](inputs[name]))

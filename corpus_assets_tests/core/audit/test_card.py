@@ -205,8 +205,8 @@ def test_a_plot_drawn_before_from_the_same_inputs_comes_from_the_cache(
 def test_a_card_whose_plots_are_all_cached_never_imports_matplotlib(
     card: Card, cache: PlotCache, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Every unchanged re-build draws its card from the cache: matplotlib's import (~0.4 CPU-s)
-    is paid only where a plot is drawn."""
+    """A card drawn again (``corpus-assets card``, a re-materialization of the same snapshot)
+    comes from the cache: matplotlib's import (~0.4 CPU-s) is paid only where a plot is drawn."""
     drawn = render_plots(card, cache)
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # ``import matplotlib`` now fails
     assert render_plots(card, cache) == drawn
