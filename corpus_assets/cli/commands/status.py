@@ -76,11 +76,8 @@ def _payload(home: Path, catalog: Catalog) -> dict[str, Any]:
     snaps = states.find(catalog)
     gates = [alias_gate.read_alias_gate(catalog, a) for a in sorted({s.alias for s in snaps})]
     current = {row.active_snapshot for row in gates}
-    reasons = {
-        s.snapshot_id: states.history(catalog, s.snapshot_id)[-1].detail
-        for s in snaps
-        if s.state in ENDED
-    }
+    ended = states.last_events(catalog, [s.snapshot_id for s in snaps if s.state in ENDED])
+    reasons = {sid: event.detail for sid, event in ended.items()}
     return {
         "home": str(home),
         "catalog": make_url(catalog.url).render_as_string(hide_password=True),

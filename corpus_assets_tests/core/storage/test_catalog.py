@@ -57,6 +57,27 @@ def test_states_only_move_forward(catalog: Catalog) -> None:
     assert states.register(catalog, SID, "p1", MANIFEST, "train").state == states.APPROVED
 
 
+def test_a_partitions_snapshots_and_each_ones_newest_event_are_read_by_query(
+    catalog: Catalog,
+) -> None:
+    """``for_partition`` and ``last_events`` (gc and ``status``, once per call, not once per
+    partition or snapshot) give what a scan of every snapshot and its history gives."""
+    third = "sha256:" + "d" * 64
+    for sid, key in ((SID, "p1"), (SID2, "p2"), (third, "p1")):
+        states.register(catalog, sid, key, MANIFEST, "train")
+    states.transition(catalog, SID, states.BUILDING, states.REJECTED, "validator", "canary")
+    states.transition(catalog, third, states.BUILDING, states.VALIDATED, "validator", "ok")
+    assert [s.snapshot_id for s in states.for_partition(catalog, "p1")] == [
+        s.snapshot_id for s in states.find(catalog) if s.partition_key == "p1"
+    ]
+    assert {s.snapshot_id for s in states.for_partition(catalog, "p1")} == {SID, third}
+    assert states.for_partition(catalog, "p3") == []
+    newest = states.last_events(catalog, [SID, third])
+    assert newest == {sid: states.history(catalog, sid)[-1] for sid in (SID, third)}
+    assert (newest[SID].to_state, newest[SID].detail) == (states.REJECTED, "canary")
+    assert states.last_events(catalog, []) == {}
+
+
 def test_activation_swaps_alias_and_bumps_generation(catalog: Catalog) -> None:
     _approved(catalog)
     row = alias_gate.activate(catalog, SID, 0, 0, actor="test")
