@@ -59,10 +59,10 @@ class StartLine:
         self.race: Race | None = None
         self.validate = publish.validate_snapshot
 
-    def __call__(self, ws: Workspace, digest: str) -> Report:
+    def __call__(self, ws: Workspace, digest: str, trust_unchanged: bool = False) -> Report:
         race = self.race
         try:
-            return self.validate(ws, digest)
+            return self.validate(ws, digest, trust_unchanged=trust_unchanged)
         finally:
             if race is not None:
                 race.barrier.wait(BARRIER_TIMEOUT)
