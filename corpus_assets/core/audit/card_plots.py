@@ -102,7 +102,7 @@ def render_plots(card: Card, cache: PlotCache | None = None) -> dict[str, bytes]
     """Every plot of the card: file name -> PNG bytes; with ``cache``, a plot drawn before from
     the same inputs under this code is taken from it, and a plot drawn here is put in it."""
     inputs = {name: inputs_of(card) for name, (inputs_of, _) in PLOTS.items()}
-    keys = {name: plot_key(name, value) for name, value in inputs.items()}
+    keys = {} if cache is None else {n: plot_key(n, value) for n, value in inputs.items()}
     cached = {} if cache is None else {name: cache.get(key) for name, key in keys.items()}
     plots = {name: found for name, found in cached.items() if found is not None}
     if missing := [name for name in PLOTS if name not in plots]:
